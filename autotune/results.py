@@ -1,0 +1,153 @@
+"""The records one trial produces: capacity, metrics, GPU peaks, and the TrialResult that holds them.
+
+These are the contract between the harness (which fills them), the study (which stores ``to_dict()`` as an
+Optuna user attribute under ``"result"``) and everything downstream (report, apply, trials), which read them
+back with ``TrialResult.from_dict``. Keys are stable: add fields, never rename them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+Status = Literal[
+    "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted"
+]
+FailureKind = Literal["startup_oom", "runtime_oom", "crash", "timeout", "bad_args"]
+STATUSES: tuple[str, ...] = (
+    "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted"
+)
+OOM_STATUSES: frozenset[str] = frozenset({"startup_oom", "runtime_oom", "skipped_infeasible"})
+
+
+def _from(cls, data: dict[str, Any] | None):
+    """Build a dataclass from a dict, ignoring keys this version does not know (forward compatible)."""
+    if data is None:
+        return None
+    names = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in names})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capacity:
+    """What the server actually allocated, read from its startup log and ``/server_info``."""
+
+    max_running_requests: int | None = None  # effective, per DP worker
+    kv_tokens: int | None = None  # max_total_num_tokens
+    mamba_slots: int | None = None  # derived max_mamba_cache_size
+    mem_fraction_static: float | None = None  # resolved
+    context_len: int | None = None
+    chunked_prefill_size: int | None = None
+    weights_gib: float | None = None
+    kv_gib: float | None = None
+    mamba_gib: float | None = None  # ssm + conv + speculative intermediates
+    graphs_gib: float | None = None
+    available_gib: float | None = None  # available_gpu_mem after startup
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Capacity | None:
+        return _from(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Percentiles:
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    mean: float | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Percentiles | None:
+        return _from(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Metrics:
+    """Client-side measurements over the measured window (ramp-up and drain tail excluded)."""
+
+    output_tok_s: float
+    request_s: float
+    ttft_ms: Percentiles
+    itl_ms: Percentiles
+    e2e_ms: Percentiles
+    accept_length: float | None = None  # server-side, for the window only
+    output_tokens: int = 0  # tokens that arrived inside the window
+    completed: int = 0  # requests finished inside the window
+    errors: int = 0  # failed or aborted streams (never dropped silently)
+    window_s: float = 0.0
+    concurrency: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Metrics | None:
+        if data is None:
+            return None
+        data = dict(data)
+        for key in ("ttft_ms", "itl_ms", "e2e_ms"):
+            data[key] = Percentiles.from_dict(data.get(key)) or Percentiles()
+        return _from(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuPeaks:
+    """What the GPU monitor saw during the trial."""
+
+    peak_used_gib: float | None = None
+    total_gib: float | None = None
+    headroom_gib: float | None = None  # total - peak
+    mean_util_pct: float | None = None
+    peak_power_w: float | None = None
+    samples: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> GpuPeaks | None:
+        return _from(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrialResult:
+    """One trial's outcome. A failure is data: ``status`` says what happened, ``reason`` the log line why."""
+
+    status: Status
+    config: dict[str, Any]  # SGLang flags by dest name (fixed + tuned), exactly what was launched
+    engine: str = "sim"
+    capacity: Capacity | None = None
+    metrics: Metrics | None = None
+    gpu: GpuPeaks | None = None
+    gpu_index: int | None = None
+    durations_s: dict[str, float] = field(default_factory=dict)  # startup, warmup, measure, teardown
+    reason: str | None = None  # the log line (or planner message) that decided a failure
+    log_path: str | None = None
+    log_tail: str | None = None
+    trial_dir: str | None = None
+    exit_code: int | None = None
+    modelled_startup_s: float | None = None  # server-reported startup_time (load + graphs), for cost accounting
+    plan: dict[str, Any] | None = None  # the planner's prediction for this config (MemoryPlan.to_dict())
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def output_tok_s(self) -> float | None:
+        return self.metrics.output_tok_s if self.metrics else None
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+        data = dict(data)
+        data["capacity"] = Capacity.from_dict(data.get("capacity"))
+        data["metrics"] = Metrics.from_dict(data.get("metrics"))
+        data["gpu"] = GpuPeaks.from_dict(data.get("gpu"))
+        return _from(cls, data)
