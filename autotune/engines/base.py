@@ -42,8 +42,8 @@ class Engine(Protocol):
         """The failure kind a finished or dead server's log shows, or None when the log shows no failure."""
         ...
 
-    def failure_line(self, log_text: str) -> str | None:
-        """The log line that decided ``classify`` (shown in reports), if any."""
+    def failure_line(self, log_text: str, exit_code: int | None = None) -> str | None:
+        """The log line that decided ``classify`` (shown in reports), if any; same ``exit_code`` as classify."""
         ...
 
     def capacity(self, log_text: str, server_info: Mapping[str, Any] | None) -> Capacity:

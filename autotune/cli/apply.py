@@ -1,0 +1,133 @@
+"""``autotune apply``: write the winner's artifacts, show what would change, or roll it out to a fleet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from autotune.errors import ConfigError
+
+
+def parse_gpus(text: str) -> list[int]:
+    """``0-6`` or ``0,2,5`` → GPU indices."""
+    gpus: list[int] = []
+    try:
+        for part in text.split(","):
+            lo, _, hi = part.strip().partition("-")
+            gpus += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
+    except ValueError:
+        raise ConfigError(f"cannot read GPU list {text!r}", key="--gpus", fix="write e.g. 0-6 or 0,1,2") from None
+    if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
+        raise ConfigError(f"GPU list {text!r} is empty or repeats an index", key="--gpus", fix="write e.g. 0-6")
+    return gpus
+
+
+def _winner(config: Path | None, study: str | None, storage: str | None, trial: int | None):
+    from autotune.apply import load_winner, winner_from_yaml
+
+    if config is not None and config.suffix in (".yaml", ".yml"):
+        if study or storage or trial is not None:
+            raise ConfigError("give either an sglang.yaml or a study, not both", key="--config")
+        return winner_from_yaml(config)
+    if config is not None:
+        from autotune.config import load_config
+
+        cfg = load_config(config, name=study, storage=storage)
+        study, storage = cfg.name, cfg.storage_url
+    if not storage:
+        raise ConfigError("no study to read", key="--storage", fix="pass --config study.toml or --storage URL")
+    return load_winner(storage, study, trial=trial)
+
+
+def _dry_run(winner, fleet_file: Path | None) -> None:
+    from autotune.apply import config_diff
+    from autotune.fleet import load_fleet, server_config
+
+    if fleet_file is not None:
+        fleet = load_fleet(fleet_file)
+        targets = [(f"{s.name} ({s.config})", server_config(fleet, s)) for s in fleet.servers]
+    elif winner.baseline_config is not None:
+        targets = [("study baseline", winner.baseline_config)]
+    else:
+        raise ConfigError("nothing to compare with", key="--dry-run", fix="pass --fleet fleet.toml")
+    click.echo(f"study {winner.study}, trial {winner.trial}: {winner.tok_s or 0:.0f} tok/s")
+    for label, current in targets:
+        changes = config_diff(current, winner.config)
+        click.echo(f"{label}: {len(changes)} flag(s) change" + (":" if changes else ""))
+        for key, old, new in changes:
+            click.echo(f"  {key}: {old!r} -> {new!r}")
+
+
+@click.command("apply")
+@click.option("--config", "config", type=click.Path(path_type=Path, dir_okay=False),
+              help="A study TOML (the study to read), or an sglang.yaml to deploy as is.")
+@click.option("--study", help="Study name (default: the only study in the storage).")
+@click.option("--storage", help="Optuna storage URL, e.g. sqlite:///study.db.")
+@click.option("--trial", type=int, help="Deploy this trial instead of the confirmed winner.")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Write the artifacts here.")
+@click.option("--gpus", default="0-6", show_default=True, help="GPUs of the fleet the artifacts describe.")
+@click.option("--base-port", type=click.IntRange(1, 65535), default=30000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address the servers listen on.")
+@click.option("--python", "python", default="python", show_default=True, help="Interpreter in the scripts.")
+@click.option("--model", help="Model path for the launch command (default: the study's).")
+@click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False), help="fleet.toml")
+@click.option("--dry-run", is_flag=True, help="Print what would change and write nothing.")
+@click.option("--rolling", is_flag=True, help="Roll the config out to --fleet, one server at a time.")
+@click.option("--resume", is_flag=True, help="Finish an interrupted rollout of --fleet.")
+@click.option("--rollback", is_flag=True, help="Return every server of --fleet to its previous config.")
+@click.option("--prompts", type=click.Path(path_type=Path, dir_okay=False), help="Canary prompts (JSONL).")
+@click.option("--canary-s", type=click.FloatRange(min=0), default=20.0, show_default=True,
+              help="Canary measured window per server; 0 checks capacity only.")
+@click.option("--canary-warmup-s", type=click.FloatRange(min=0), default=5.0, show_default=True)
+@click.option("--canary-concurrency", type=click.IntRange(min=1), help="Default: the study's.")
+@click.option("--tolerance", type=click.FloatRange(0, 1), default=0.15, show_default=True,
+              help="How much slower than the study's tok/s a canary may run.")
+@click.option("--kv-tolerance", type=click.FloatRange(0, 1), default=0.0, show_default=True,
+              help="Relative KV-token difference allowed (real GPUs vary slightly).")
+@click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds SGLang may drain in-flight requests before SIGKILL.")
+@click.option("--startup-timeout", type=click.FloatRange(min=1), default=900.0, show_default=True)
+@click.option("--keep-partial", is_flag=True, help="On a failure keep verified servers on the new config.")
+def apply(config, study, storage, trial, out, gpus, base_port, host, python, model, fleet_file, dry_run,
+          rolling, resume, rollback, prompts, canary_s, canary_warmup_s, canary_concurrency, tolerance,
+          kv_tolerance, grace, startup_timeout, keep_partial) -> None:
+    """Write the winner's sglang.yaml, launch_fleet.sh, fleet.toml and provenance.json, or roll it out."""
+    from autotune import rollout
+
+    modes = [m for m, on in (("--rolling", rolling), ("--resume", resume), ("--rollback", rollback),
+                             ("--dry-run", dry_run)) if on]
+    if len(modes) > 1:
+        raise click.UsageError(f"choose one of {', '.join(modes)}")
+    timing = rollout.Timing(grace_s=grace, startup_timeout_s=startup_timeout)
+    if resume or rollback:
+        if fleet_file is None:
+            raise click.UsageError(f"{modes[0]} needs --fleet")
+        report = (rollout.resume if resume else rollout.rollback)(fleet_file, timing=timing, say=click.echo)
+        click.echo(report.summary())
+        return
+    winner = _winner(config, study, storage, trial)
+    if dry_run:
+        _dry_run(winner, fleet_file)
+        return
+    if rolling:
+        if fleet_file is None:
+            raise click.UsageError("--rolling needs --fleet")
+        expect = rollout.Expectation.from_winner(winner, kv_tolerance=kv_tolerance, tok_s_tolerance=tolerance)
+        canary = None
+        if canary_s > 0:
+            canary = rollout.Canary.from_workload(winner.workload, prompts=str(prompts) if prompts else None,
+                                                  warmup_s=canary_warmup_s, measure_s=canary_s,
+                                                  concurrency=canary_concurrency)
+        report = rollout.start(fleet_file, winner.config, expect=expect, canary=canary, timing=timing,
+                               rollback_on_failure=not keep_partial, say=click.echo,
+                               source={"study": winner.study, "trial": winner.trial})
+        click.echo(report.summary())
+        return
+    if out is None:
+        raise click.UsageError("give --out DIR (or --dry-run, --rolling, --resume, --rollback)")
+    from autotune.apply import write_artifacts
+
+    paths = write_artifacts(winner, out, gpus=parse_gpus(gpus), base_port=base_port, host=host, python=python,
+                            model=model)
+    click.echo(f"study {winner.study}, trial {winner.trial}: wrote " + ", ".join(str(p) for p in paths))

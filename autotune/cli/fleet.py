@@ -1,0 +1,75 @@
+"""``autotune fleet up|status|down --fleet fleet.toml``: the servers a fleet file describes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+FLEET_OPTION = click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False),
+                            default="fleet.toml", show_default=True, help="The fleet file.")
+SERVER_OPTION = click.option("--server", "names", multiple=True, help="Only this server (repeatable).")
+
+
+@click.group("fleet")
+def fleet() -> None:
+    """Start, inspect or stop the servers of a fleet file (local, or remote over SSH)."""
+
+
+@fleet.command("up")
+@FLEET_OPTION
+@SERVER_OPTION
+@click.option("--timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
+              help="Seconds each server may take to become healthy.")
+def up(fleet_file: Path, names: tuple[str, ...], timeout: float) -> None:
+    """Start every server that is not running (detached: they keep running after this command)."""
+    from autotune.fleet import load_fleet
+    from autotune.fleet import up as fleet_up
+
+    started = fleet_up(load_fleet(fleet_file), timeout_s=timeout, names=names or None)
+    click.echo(f"started: {', '.join(started)}" if started else "all servers already running")
+
+
+@fleet.command("status")
+@FLEET_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def status(fleet_file: Path, as_json: bool) -> None:
+    """Health, effective capacity, config in use and tok/s of every server."""
+    from autotune.fleet import load_fleet
+    from autotune.fleet import status as fleet_status
+
+    rows = fleet_status(load_fleet(fleet_file))
+    if as_json:
+        click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=str(fleet_file))
+    for column in ("server", "host", "gpu", "port", "state", "running req", "KV tokens", "mamba slots",
+                   "tok/s", "config"):
+        table.add_column(column, justify="right" if column in ("gpu", "port", "running req", "KV tokens",
+                                                             "mamba slots", "tok/s") else "left")
+    for r in rows:
+        cap = r.capacity
+        config = r.config + (f" (differs: {', '.join(r.drift)})" if r.drift else "")
+        table.add_row(r.name, r.host, str(r.gpu), str(r.port), r.state,
+                      *(str(getattr(cap, k)) if cap and getattr(cap, k) is not None else "-"
+                        for k in ("max_running_requests", "kv_tokens", "mamba_slots")),
+                      f"{r.tok_s:.0f}" if r.tok_s is not None else "-", config)
+    Console().print(table)
+
+
+@fleet.command("down")
+@FLEET_OPTION
+@SERVER_OPTION
+@click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds SGLang may drain in-flight requests before SIGKILL.")
+def down(fleet_file: Path, names: tuple[str, ...], grace: float) -> None:
+    """Stop the servers (SIGTERM, then SIGKILL of the process group after --grace)."""
+    from autotune.fleet import down as fleet_down
+    from autotune.fleet import load_fleet
+
+    stopped = fleet_down(load_fleet(fleet_file), grace_s=grace, names=names or None)
+    click.echo(f"stopped: {', '.join(stopped)}" if stopped else "no server was running")

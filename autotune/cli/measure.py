@@ -1,0 +1,177 @@
+"""``autotune measure``: one trial outside any study — start a server, replay the sample, stop, print."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autotune.errors import ConfigError, WorkloadError
+
+DEFAULT_PROMPTS = Path("examples") / "prompts.jsonl"
+FAILED_TRIAL_EXIT = 3
+
+
+def load_config_file(path: Path) -> dict[str, Any]:
+    """SGLang flags from a .toml/.yaml/.json mapping (a top-level ``flags`` table is also accepted)."""
+    if not path.is_file():
+        raise ConfigError("config file not found", file=str(path), fix="pass an existing .toml, .yaml or .json file")
+    text = path.read_text(encoding="utf-8")
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".toml":
+            import tomllib
+
+            data = tomllib.loads(text)
+        elif suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        elif suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError(f"unsupported config type {suffix!r}", file=str(path), fix="use .toml, .yaml or .json")
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any parser's error becomes one line naming the file
+        raise ConfigError(f"cannot parse: {exc}", file=str(path), fix="fix the syntax") from exc
+    if isinstance(data, dict) and set(data) == {"flags"}:
+        data = data["flags"]
+    if not isinstance(data, dict):
+        raise ConfigError("expected a mapping of SGLang flags", file=str(path), fix="e.g. max-mamba-cache-size = 200")
+    return data
+
+
+def resolve_prompts(path: Path | None) -> Path:
+    """The given file, else examples/prompts.jsonl in the cwd or beside the package."""
+    if path is not None:
+        if not path.is_file():
+            raise WorkloadError("prompts file not found", file=str(path), fix="pass --prompts with a JSONL file")
+        return path
+    import autotune
+
+    for candidate in (Path.cwd() / DEFAULT_PROMPTS, Path(autotune.__file__).resolve().parents[1] / DEFAULT_PROMPTS):
+        if candidate.is_file():
+            return candidate
+    raise WorkloadError("no prompt sample given and examples/prompts.jsonl not found", fix="pass --prompts FILE.jsonl")
+
+
+def _sim_options(items: tuple[str, ...]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--sim-opt expects KEY=VALUE, got {item!r}", fix="e.g. --sim-opt startup_s=0.3")
+        out[key.strip()] = True if value.strip().lower() == "true" else value.strip()
+    return out
+
+
+@click.command("measure")
+@click.option("--engine", "engine_name", default="sim", show_default=True, help="sim or sglang.")
+@click.option("--model", default="qwen3.6-27b", show_default=True, help="Model path (sglang) or profile (sim).")
+@click.option("--gpu", default="b200", show_default=True, help="Simulated GPU profile (sim engine).")
+@click.option("--gpu-index", default=0, show_default=True, type=int, help="Which device the server runs on.")
+@click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False), help="Flags file (.toml/.yaml/.json).")
+@click.option("--set", "sets", multiple=True, metavar="FLAG=VALUE", help="An SGLang flag (repeatable; overrides --config).")
+@click.option("--prompts", type=click.Path(path_type=Path, dir_okay=False), help="JSONL prompt sample [examples/prompts.jsonl].")
+@click.option("--sample", default=200, show_default=True, type=click.IntRange(min=1), help="Rows in the fixed sample.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sample.")
+@click.option("--warmup", default=10.0, show_default=True, type=click.FloatRange(min=0), help="Warm-up seconds.")
+@click.option("--window", default=30.0, show_default=True, type=click.FloatRange(min=0.1), help="Measured seconds.")
+@click.option("--concurrency", type=click.IntRange(min=1), help="Requests in flight [2 × max running requests].")
+@click.option("--max-tokens", default=4096, show_default=True, type=click.IntRange(min=1))
+@click.option("--endpoint", default="generate", show_default=True, type=click.Choice(["generate", "completions", "chat"]))
+@click.option("--ignore-eos", is_flag=True, help="Force every request to max tokens.")
+@click.option("--python", "python", help="Interpreter with sglang installed (sglang engine).")
+@click.option("--device", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]), help="sglang engine device.")
+@click.option("--sim-opt", "sim_opts", multiple=True, metavar="KEY=VALUE", help="Simulator option, e.g. startup_s=0.3.")
+@click.option("--startup-timeout", default=900.0, show_default=True, type=click.FloatRange(min=1), help="Seconds.")
+@click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Trial directory [runs/measure-<time>].")
+@click.option("--json", "as_json", is_flag=True, help="Print the TrialResult as JSON.")
+def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, sample, seed, warmup, window, concurrency,
+            max_tokens, endpoint, ignore_eos, python, device, sim_opts, startup_timeout, out, as_json) -> None:
+    """Run one trial: start a server with the given flags, replay the sample, stop it, print the result.
+
+    Exit status: 0 when the trial is ok, 3 when it failed (OOM, crash, timeout), 1 for bad input.
+    """
+    from autotune.engines import make_engine
+    from autotune.flags import parse_sets
+    from autotune.trial import Timeouts, run_trial
+    from autotune.workload import PromptSample, WorkloadSpec
+
+    engine = make_engine(engine_name, model_path=model, python=python, sim_gpu=gpu,
+                         sim_options=_sim_options(sim_opts), device=device)
+    config = load_config_file(config_file) if config_file else {}
+    config = {**engine.check(config), **parse_sets(sets)}
+    config = engine.check(config)  # bad flags end here, before any server starts
+    spec = WorkloadSpec(prompts=resolve_prompts(prompts), sample_size=sample, seed=seed, max_tokens=max_tokens,
+                        concurrency=concurrency, warmup_s=warmup, measure_s=window, endpoint=endpoint,
+                        ignore_eos=ignore_eos)
+    loaded = PromptSample.load(spec.prompts, spec.sample_size, spec.seed)
+    trial_dir = out or Path("runs") / time.strftime("measure-%Y%m%d-%H%M%S")
+    stop = threading.Event()
+    box: dict[str, Any] = {}
+
+    def phase(name: str, info: dict) -> None:
+        if not as_json and name != "measuring":
+            click.echo(f"[{name}]", err=True)
+
+    def work() -> None:
+        try:
+            box["result"] = run_trial(engine, config, spec, trial_dir=trial_dir, gpu_index=gpu_index,
+                                      timeouts=Timeouts(startup_s=startup_timeout), on_phase=phase,
+                                      stop_event=stop, sample=loaded)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=work, name="trial")
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.2)
+    except KeyboardInterrupt:
+        stop.set()  # the trial stops its server cleanly and reports "interrupted"
+        thread.join()
+    if "error" in box:
+        raise box["error"]
+    result = box["result"]
+    if as_json:
+        click.echo(json.dumps(result.to_dict(), indent=2, default=str))
+    else:
+        _render(result)
+    if not result.ok:
+        raise SystemExit(FAILED_TRIAL_EXIT)
+
+
+def _render(result) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    colour = "green" if result.ok else "red"
+    console.print(f"Trial [{colour}]{result.status}[/{colour}]  ({result.trial_dir})")
+    if result.reason:
+        console.print(f"  reason: {result.reason}")
+    table = Table(show_header=False, box=None)
+    m, cap, g = result.metrics, result.capacity, result.gpu
+    if m is not None:
+        table.add_row("output tok/s", f"{m.output_tok_s:,.1f}")
+        table.add_row("requests/s", f"{m.request_s:.3f}  (completed {m.completed}, errors {m.errors}, concurrency {m.concurrency})")
+        for name, p in (("TTFT ms", m.ttft_ms), ("ITL ms", m.itl_ms), ("E2E ms", m.e2e_ms)):
+            if p.p50 is not None:
+                table.add_row(name, f"p50 {p.p50:,.1f}  p90 {p.p90:,.1f}  p99 {p.p99:,.1f}  mean {p.mean:,.1f}")
+        if m.accept_length is not None:
+            table.add_row("accept length", f"{m.accept_length:.3f}")
+    if cap is not None:
+        table.add_row("max running requests", str(cap.max_running_requests))
+        table.add_row("KV tokens / Mamba slots", f"{cap.kv_tokens} / {cap.mamba_slots}")
+    if g is not None and g.peak_used_gib is not None:
+        table.add_row("GPU peak used", f"{g.peak_used_gib:.2f} GiB of {g.total_gib or 0:.2f}")
+    table.add_row("durations s", ", ".join(f"{k} {v:.2f}" for k, v in result.durations_s.items()))
+    if result.modelled_startup_s is not None:
+        table.add_row("modelled startup s", f"{result.modelled_startup_s:.1f}")
+    console.print(table)

@@ -1,0 +1,61 @@
+"""``autotune plan``: SGLang's memory plan for a model, GPU and flags, without starting anything."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("plan")
+@click.option("--model", "model_name", required=True,
+              help="Bundled profile (qwen3.6-27b, qwen3-next-80b-a3b) or a HuggingFace config.json / model dir.")
+@click.option("--gpu", "gpu_name", required=True, help="GPU profile: b200, h200 or h100.")
+@click.option("--gpu-memory-mib", type=click.IntRange(min=1), help="Override the GPU's total memory (MiB).")
+@click.option("--free-gib", type=click.FloatRange(min=0), help="Memory free before load (default: total − context).")
+@click.option("--set", "sets", multiple=True, metavar="FLAG=VALUE",
+              help="An SGLang flag, e.g. --set max-mamba-cache-size=200 (repeatable; switches as FLAG=true).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
+def plan(model_name: str, gpu_name: str, gpu_memory_mib: int | None, free_gib: float | None,
+         sets: tuple[str, ...], as_json: bool) -> None:
+    """Print what SGLang 0.5.23 would allocate, and whether it would start."""
+    from autotune.flags import parse_sets
+    from autotune.planner import plan as make_plan
+    from autotune.profiles import load_gpu, load_model
+
+    flags = parse_sets(sets)
+    memory_plan = make_plan(load_model(model_name), load_gpu(gpu_name, memory_mib=gpu_memory_mib), flags,
+                            free_gib=free_gib)
+    data = memory_plan.to_dict()
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    _render(data)
+
+
+def _render(data: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    extra = data["extra"]
+    verdict = "[green]fits[/green]" if data["fits"] else f"[red]{data['failure']}[/red]"
+    console.print(f"Plan: {verdict}  mem_fraction_static={data['mem_fraction_static']}  "
+                  f"strategy={extra.get('strategy')}  ratio={extra.get('ratio')}  "
+                  f"D={extra.get('draft_tokens')}  page_size={extra.get('page_size')}")
+    summary = Table(show_header=False, box=None)
+    summary.add_row("max_running_requests", f"{data['max_running_requests']} (binding: {extra.get('binding')})")
+    summary.add_row("max_mamba_cache_size", str(data["max_mamba_cache_size"]))
+    summary.add_row("kv_tokens", f"{data['kv_tokens']:,}")
+    summary.add_row("modelled startup", f"{extra.get('startup_s', 0):.0f} s")
+    if data["inert"]:
+        summary.add_row("inert flags", ", ".join(data["inert"]))
+    console.print(summary)
+    table = Table(title="GPU memory (GiB)")
+    table.add_column("pool")
+    table.add_column("GiB", justify="right")
+    for key, value in data["gib"].items():
+        table.add_row(key, f"{value:.2f}")
+    console.print(table)
+    if data["message"]:
+        console.print(data["message"], style="red" if data["failure"] else "yellow", markup=False)

@@ -1,0 +1,85 @@
+"""``autotune sweep``: run (or resume) a study, confirm the winner, print the summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autotune.errors import ConfigError
+
+DEFAULT_STUDY = Path("studies") / "example.toml"
+
+
+def resolve_config(path: Path | None) -> Path:
+    """The given file, else ``studies/example.toml`` in the working directory, else beside the package."""
+    if path is not None:
+        return path
+    here = Path.cwd() / DEFAULT_STUDY
+    if here.is_file():
+        return here
+    packaged = Path(__file__).resolve().parents[2] / DEFAULT_STUDY
+    if packaged.is_file():
+        return packaged
+    raise ConfigError("no study file given and studies/example.toml not found", file=str(DEFAULT_STUDY),
+                      fix="pass --config FILE.toml")
+
+
+def _x(value: float | None) -> str:
+    return f"{value:.2f}×" if value else "n/a"
+
+
+def _tok(value: float | None) -> str:
+    return f"{value:,.0f} tok/s" if value is not None else "n/a"
+
+
+def render(summary: dict[str, Any]) -> str:
+    """The human summary: statuses, baseline, winner, gains over the baseline and SGLang's defaults."""
+    statuses = ", ".join(f"{n} {s}" for s, n in sorted(summary["statuses"].items()))
+    lines = [f"Study {summary['study']} ({summary['storage']}): {summary['n_trials']} trials ({statuses})"]
+    base, best = summary["baseline"], summary["best"]
+    lines.append(f"  baseline (trial {base['trial']}): {_tok(base['output_tok_s'])}")
+    for e in summary["enqueued"]:
+        lines.append(f"  {e['label']} (trial {e['trial']}): {_tok(e['output_tok_s'])}")
+    if best:
+        ci = (f" (95 % CI of the median {best['ci_low']:,.0f}–{best['ci_high']:,.0f})"
+              if best.get("ci_low") is not None else "")
+        lines.append(f"  winner: trial {best['trial']}: {_tok(best['output_tok_s'])}{ci}")
+        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in (best["params"] or {}).items())
+        lines.append(f"    {flags}")
+    gain_ci = summary.get("gain_ci")
+    ci = f" (95 % CI {gain_ci[0]:.2f}–{gain_ci[1]:.2f}×)" if gain_ci and gain_ci[0] is not None else ""
+    lines.append(f"  gain over baseline: {_x(summary['gain_over_baseline'])}{ci}")
+    defaults = summary.get("defaults")
+    if defaults:
+        lines.append(f"  gain over SGLang 0.5.23 defaults ({_tok(defaults['output_tok_s'])}, {defaults['how']}): "
+                     f"{_x(summary['gain_over_defaults'])}")
+    if summary.get("note"):
+        lines.append(f"  note: {summary['note']}")
+    if summary.get("interrupted"):
+        lines.append("  interrupted: run the same command again to resume")
+    return "\n".join(lines)
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Study file (default: studies/example.toml).")
+@click.option("--study", "study_name", help="Study name (default: [study] name, else the file name).")
+@click.option("--storage", help="Optuna storage URL (default: sqlite beside the study file).")
+@click.option("--trials", type=click.IntRange(min=1), help="Total number of trials (counting finished ones).")
+@click.option("--engine", type=click.Choice(["sim", "sglang"]), help="Override [engine] kind.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+def sweep(config_path: Path | None, study_name: str | None, storage: str | None, trials: int | None,
+          engine: str | None, as_json: bool) -> None:
+    """Run (or resume) a study: search configs, then confirm the winner."""
+    from autotune.config import load_config
+    from autotune.confirm import run_sweep
+    from autotune.progress import make_progress
+
+    cfg = load_config(resolve_config(config_path), name=study_name, storage=storage, trials=trials, engine=engine)
+    summary = run_sweep(cfg, progress=make_progress(quiet_stdout=as_json))
+    click.echo(json.dumps(summary, indent=2, default=str) if as_json else render(summary))
+    if summary.get("interrupted"):
+        raise SystemExit(130)

@@ -1,0 +1,95 @@
+"""``autotune trials``: a study's trials as a table, CSV or JSON (read from the study alone)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from autotune.errors import StudyError
+
+COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "max_running_requests", "kv_tokens",
+           "mamba_slots", "peak_gib", "reason"]
+
+
+def rows(study) -> list[dict[str, Any]]:
+    """One dict per trial with the columns above; capacity and peak memory from the stored TrialResult."""
+    out = []
+    for t in study.get_trials(deepcopy=False):
+        result = t.user_attrs.get("result") or {}
+        cap = result.get("capacity") or {}
+        gpu = result.get("gpu") or {}
+        metrics = result.get("metrics") or {}
+        role = t.user_attrs.get("role", "")
+        label = t.user_attrs.get("label")
+        out.append({
+            "number": t.number, "state": t.state.name, "status": t.user_attrs.get("status", ""),
+            "role": f"{role}:{label}" if label and label != role else role,
+            "params": result.get("config") or t.user_attrs.get("config") or t.params,
+            "output_tok_s": metrics.get("output_tok_s"),
+            "max_running_requests": cap.get("max_running_requests"), "kv_tokens": cap.get("kv_tokens"),
+            "mamba_slots": cap.get("mamba_slots"), "peak_gib": gpu.get("peak_used_gib"),
+            "reason": t.user_attrs.get("reason"),
+        })
+    return out
+
+
+def _open(config_path: Path | None, study_name: str | None, storage: str | None):
+    import optuna
+
+    from autotune.study import open_study, redact
+
+    if config_path is not None or storage is None:
+        from autotune.cli.sweep import resolve_config
+        from autotune.config import load_config
+
+        cfg = load_config(resolve_config(config_path), name=study_name, storage=storage)
+        return open_study(cfg, create=False)
+    try:
+        if study_name is None:
+            names = optuna.get_all_study_names(storage)
+            if not names:
+                raise StudyError(f"{redact(storage)} holds no study; run `autotune sweep` first")
+            if len(names) > 1:
+                raise StudyError(f"{redact(storage)} holds several studies ({', '.join(names)}); pass --study NAME")
+            study_name = names[0]
+        return optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        raise StudyError(f"no study named {study_name!r} in {redact(storage)}") from None
+
+
+@click.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path), help="Study file.")
+@click.option("--study", "study_name", help="Study name.")
+@click.option("--storage", help="Optuna storage URL.")
+@click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def trials(config_path: Path | None, study_name: str | None, storage: str | None, as_csv: bool,
+           as_json: bool) -> None:
+    """Print a study's trials as a table, CSV or JSON."""
+    if as_csv and as_json:
+        raise click.UsageError("--csv and --json are exclusive")
+    data = rows(_open(config_path, study_name, storage))
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+        return
+    if as_csv:
+        import pandas as pd
+
+        frame = pd.DataFrame(data, columns=COLUMNS)
+        frame["params"] = frame["params"].map(lambda p: json.dumps(p, sort_keys=True))
+        click.echo(frame.to_csv(index=False), nl=False)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(*["#", "status", "role", "params", "tok/s", "running", "KV tokens", "Mamba slots", "peak GiB"])
+    for r in data:
+        params = " ".join(f"{k}={v}" for k, v in (r["params"] or {}).items())
+        fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
+        table.add_row(str(r["number"]), r["status"] or r["state"].lower(), r["role"], params,
+                      fmt(r["output_tok_s"], ",.0f"), fmt(r["max_running_requests"], "d"), fmt(r["kv_tokens"], ","),
+                      fmt(r["mamba_slots"], "d"), fmt(r["peak_gib"], ".1f"))
+    Console().print(table)

@@ -1,0 +1,411 @@
+"""A study file (TOML) → a frozen, validated ``StudyConfig``.
+
+Everything a sweep could trip on later (unknown keys, wrong types, empty ranges, unknown SGLang flags, an
+unreadable prompt file) is caught here, before any server starts, as one ``ConfigError`` naming the file, the
+dotted key and the fix. Relative paths (prompts, sqlite storage, trial directories) resolve against the
+TOML's own directory, so a study behaves the same whatever the working directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from autotune.errors import ConfigError
+
+Scalar = str | int | float | bool
+UNSET = "unset"  # a choice meaning "leave the flag out: SGLang's default"
+METRICS = (
+    "output_tok_s", "request_s", "accept_length",
+    *(f"{p}_{m}_ms" for m in ("ttft", "itl", "e2e") for p in ("p50", "p90", "p99", "mean")),
+)
+_CONSTRAINT = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class StudySection(_Model):
+    name: str | None = None  # default: the TOML's file name without suffix
+    storage: str | None = None  # default: sqlite:///<toml dir>/<name>.db
+    trials: int = Field(40, ge=1)  # the total target, counting trials a previous run finished
+    seed: int = 0
+    sampler: Literal["tpe", "random", "gp", "cmaes"] = "tpe"
+    confirm_top_k: int = Field(3, ge=0)
+    confirm_repeats: int = Field(3, ge=1)
+
+
+class EngineSection(_Model):
+    kind: Literal["sim", "sglang"] = "sim"
+    python: str | None = None
+    model: str = "qwen3.6-27b"  # bundled profile name, HF config.json directory, or checkpoint path
+    profile: str | None = None  # model profile for the planner when `model` is not one (default: model)
+    gpu: int = Field(0, ge=0)
+    port: int | None = Field(None, ge=1, le=65535)
+    sim_gpu: str = "b200"  # the simulated device, and the GPU profile the planner assumes
+    sim_options: dict[str, Any] = {}
+    env: dict[str, str] = {}
+    device: str = "cuda"
+    timeouts: dict[str, float] = {}
+    fixed: dict[str, Any] = {}
+
+
+class Condition(_Model):
+    flag: str
+    in_: list[Scalar | None] | None = Field(None, alias="in")
+    not_in: list[Scalar | None] | None = None
+
+    @model_validator(mode="after")
+    def _one_test(self) -> Condition:
+        if (self.in_ is None) == (self.not_in is None):
+            raise ValueError("give exactly one of `in` or `not_in`")
+        return self
+
+
+class ParamSpec(_Model):
+    type: Literal["int", "float", "categorical"] | None = None
+    low: float | None = None
+    high: float | None = None
+    step: float | None = None
+    log: bool = False
+    choices: list[Scalar] | None = None
+    when: str | None = None  # e.g. "speculative_algorithm != none"
+    condition: Condition | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> ParamSpec:
+        kind = self.kind
+        if kind == "categorical":
+            if not self.choices:
+                raise ValueError("choices must be a non-empty list")
+            if self.low is not None or self.high is not None:
+                raise ValueError("give either choices or low/high, not both")
+            return self
+        if self.low is None or self.high is None:
+            raise ValueError("an int/float range needs both low and high (or give choices=[...])")
+        if self.low >= self.high:
+            raise ValueError(f"empty range: low ({self.low:g}) must be below high ({self.high:g})")
+        if self.step is not None and self.log:
+            raise ValueError("step and log cannot be combined (Optuna)")
+        if self.log and self.low <= 0:
+            raise ValueError("a log range needs low > 0")
+        if self.step is not None and self.step <= 0:
+            raise ValueError("step must be positive")
+        if kind == "int" and any(v is not None and v != int(v) for v in (self.low, self.high, self.step)):
+            raise ValueError("an int range needs whole-number low, high and step")
+        return self
+
+    @property
+    def kind(self) -> str:
+        if self.type:
+            return self.type
+        return "categorical" if self.choices is not None else "float"
+
+    @property
+    def choice_values(self) -> list[Scalar | None]:
+        """Choices with "unset" turned into None (flag left out)."""
+        return [None if c == UNSET else c for c in self.choices or []]
+
+
+class WorkloadSection(_Model):
+    prompts: Path = Path("../examples/prompts.jsonl")
+    sample_size: int = Field(200, ge=1)
+    seed: int = 0
+    max_tokens: int = Field(4096, ge=1)
+    concurrency: int | None = Field(None, ge=1)
+    warmup_s: float = Field(10, ge=0)
+    measure_s: float = Field(30, gt=0)
+    endpoint: Literal["generate", "completions", "chat"] = "generate"
+    ignore_eos: bool = False
+
+
+class SecondObjective(_Model):
+    metric: str
+    direction: Literal["minimize", "maximize"] = "minimize"
+
+    @field_validator("metric")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in METRICS:
+            raise ValueError(f"unknown metric {v!r}; known: {', '.join(METRICS)}")
+        return v
+
+
+class ObjectiveSection(_Model):
+    metric: Literal["output_tok_s"] = "output_tok_s"
+    constraints: list[str] = []  # SLOs such as "p99_ttft_ms <= 5000"
+    second: SecondObjective | None = None
+
+    @field_validator("constraints")
+    @classmethod
+    def _parse(cls, values: list[str]) -> list[str]:
+        for text in values:
+            m = _CONSTRAINT.match(text)
+            if not m or m.group(1) not in METRICS:
+                raise ValueError(f"cannot read constraint {text!r}: write '<metric> <= <number>' with a metric "
+                                 f"from {', '.join(METRICS)}")
+        return values
+
+    def parsed_constraints(self) -> list[tuple[str, str, float]]:
+        out = []
+        for text in self.constraints:
+            m = _CONSTRAINT.match(text)
+            assert m  # validated above
+            out.append((m.group(1), m.group(2), float(m.group(3))))
+        return out
+
+
+class BaselineSection(_Model):
+    label: str = "baseline"
+    flags: dict[str, Any] = {}  # empty: engine defaults + fixed flags
+
+
+class Enqueued(_Model):
+    label: str
+    flags: dict[str, Any]
+
+
+class StudyConfig(_Model):
+    study: StudySection = StudySection()
+    engine: EngineSection = EngineSection()
+    space: dict[str, ParamSpec] = {}
+    derived: dict[str, str] = {}  # [space.derived]: flag = expression over other flags
+    workload: WorkloadSection = WorkloadSection()
+    objective: ObjectiveSection = ObjectiveSection()
+    baseline: BaselineSection = BaselineSection()
+    enqueue: list[Enqueued] = []
+    # Filled by load_config, not read from the file.
+    path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        assert self.study.name
+        return self.study.name
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    @property
+    def work_dir(self) -> Path:
+        """``<toml dir>/<name>/``: trial directories, confirmation runs and the server run dir."""
+        return self.base_dir / self.name
+
+    @property
+    def storage_url(self) -> str:
+        assert self.study.storage
+        return self.study.storage
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON stored as ``study.user_attrs["autotune"]``."""
+        data = self.model_dump(mode="json", by_alias=True)
+        data["path"] = str(self.path) if self.path else None
+        return data
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in loc if p not in ("function-after[_shape()]",))
+
+
+def _fix_for(err: dict[str, Any]) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return "remove it or check its spelling"
+    if kind.startswith(("int_", "float_", "string_", "bool_", "list_", "dict_", "model_")):
+        return f"expected {kind.split('_')[0]}"
+    if kind == "literal_error":
+        return "use one of the listed values"
+    if kind in ("greater_than_equal", "greater_than", "less_than_equal"):
+        return "use a value in range"
+    return "see the study file reference"
+
+
+def _raise_validation(exc: ValidationError, file: str) -> None:
+    err = exc.errors(include_url=False)[0]
+    loc = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    raise ConfigError(msg, file=file, key=_where(loc) or None, fix=_fix_for(err)) from None
+
+
+def _split_space(raw: dict[str, Any], file: str) -> dict[str, Any]:
+    """TOML puts ``[space.derived]`` inside ``[space]``; lift it out so params and derived flags stay apart."""
+    space = raw.get("space")
+    if space is None:
+        return raw
+    if not isinstance(space, dict):
+        raise ConfigError("must be a table of flag = {…}", file=file, key="space", fix="write [space] entries")
+    space = dict(space)
+    derived = space.pop("derived", {})
+    for name, spec in space.items():
+        if not isinstance(spec, dict):
+            raise ConfigError("a parameter must be a table", file=file, key=f"space.{name}",
+                              fix='write e.g. {type = "int", low = 1, high = 8} or {choices = [...]}')
+    return {**raw, "space": space, "derived": derived}
+
+
+def load_config(path: str | Path, *, name: str | None = None, storage: str | None = None,
+                trials: int | None = None, engine: str | None = None) -> StudyConfig:
+    """Read, validate and resolve a study file; keyword arguments are CLI overrides."""
+    path = Path(path)
+    file = str(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("study file not found", file=file, fix="pass --config with an existing .toml") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read study file ({exc.strerror})", file=file, fix="check permissions") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"not valid TOML ({exc})", file=file, fix="fix the TOML syntax") from None
+    raw = _split_space(raw, file)
+    study = dict(raw.get("study", {}))
+    study.setdefault("name", path.stem)
+    for key, value in (("name", name), ("storage", storage), ("trials", trials)):
+        if value is not None:
+            study[key] = value
+    raw["study"] = study
+    if engine is not None:
+        raw["engine"] = {**raw.get("engine", {}), "kind": engine}
+    try:
+        cfg = StudyConfig.model_validate(raw)
+    except ValidationError as exc:
+        _raise_validation(exc, file)
+    return _resolve(cfg, path.resolve(), file)
+
+
+def _resolve_storage(url: str | None, base: Path, name: str) -> str:
+    if not url:
+        return f"sqlite:///{base / (name + '.db')}"
+    prefix = "sqlite:///"
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and url[len(prefix):] not in ("", ":memory:"):
+        return prefix + str(base / url[len(prefix):])
+    return url
+
+
+def _resolve(cfg: StudyConfig, path: Path, file: str) -> StudyConfig:
+    base = path.parent
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", cfg.study.name or ""):
+        raise ConfigError(f"study name {cfg.study.name!r} is not usable as a file name", file=file,
+                          key="study.name", fix="use letters, digits, '.', '_' or '-'")
+    study = cfg.study.model_copy(update={"storage": _resolve_storage(cfg.study.storage, base, cfg.study.name)})
+    prompts = cfg.workload.prompts if cfg.workload.prompts.is_absolute() else (base / cfg.workload.prompts)
+    workload = cfg.workload.model_copy(update={"prompts": prompts.resolve()})
+    cfg = cfg.model_copy(update={"study": study, "workload": workload, "path": path})
+    return _check_flags(_check_engine(cfg, file), file)
+
+
+def _flag_error(exc: ConfigError, file: str, key: str, *, table: bool = False) -> ConfigError:
+    """Re-anchor another module's ConfigError at the study file's dotted key (``table``: add the flag name)."""
+    text = str(exc)
+    where = ": ".join(p for p in (exc.file, exc.key) if p)
+    if where and text.startswith(where + ": "):
+        text = text[len(where) + 2:]
+    if exc.fix and text.endswith(f" ({exc.fix})"):
+        text = text[: -len(exc.fix) - 3]
+    if table and exc.key:
+        key = f"{key}.{exc.key}"
+    return ConfigError(text, file=file, key=key, fix=exc.fix)
+
+
+def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
+    """Normalise every flag name to SGLang's dest and every value to its type, through the bundled flag table."""
+    from autotune.flags import FlagTable
+
+    table = FlagTable.bundled()
+
+    def flags(config: dict[str, Any], key: str) -> dict[str, Any]:
+        try:
+            return dict(table.check(config))
+        except ConfigError as exc:
+            raise _flag_error(exc, file, key, table=True) from None
+
+    def dest(name: str, key: str) -> str:
+        try:
+            return table.lookup(name).dest
+        except ConfigError as exc:
+            raise _flag_error(exc, file, key) from None
+
+    def coerce(name: str, value: Any, key: str) -> Any:
+        if value is None:
+            return None
+        try:
+            return table.coerce(name, value)
+        except ConfigError as exc:
+            raise _flag_error(exc, file, key) from None
+
+    space: dict[str, ParamSpec] = {}
+    for name, spec in cfg.space.items():
+        key = f"space.{name}"
+        flag = dest(name, key)
+        update: dict[str, Any] = {}
+        if spec.kind == "categorical":
+            values = [coerce(flag, v, f"{key}.choices") for v in spec.choice_values]
+            update["choices"] = [UNSET if v is None else v for v in values]
+        if spec.condition is not None:
+            update["condition"] = spec.condition.model_copy(
+                update={"flag": dest(spec.condition.flag, f"{key}.condition.flag")})
+        space[flag] = spec.model_copy(update=update)
+    derived = {dest(name, f"space.derived.{name}"): expr for name, expr in cfg.derived.items()}
+    clash = sorted(set(space) & set(derived))
+    if clash:
+        raise ConfigError("a flag cannot be both searched and derived", file=file, key=f"space.derived.{clash[0]}",
+                          fix="remove it from one of the two tables")
+    engine = cfg.engine.model_copy(update={"fixed": flags(cfg.engine.fixed, "engine.fixed")})
+    baseline = cfg.baseline.model_copy(update={"flags": flags(cfg.baseline.flags, "baseline.flags")})
+    enqueue = [e.model_copy(update={"flags": flags(e.flags, f"enqueue.{i}.flags")}) for i, e in enumerate(cfg.enqueue)]
+    return cfg.model_copy(update={"space": space, "derived": derived, "engine": engine, "baseline": baseline,
+                                  "enqueue": enqueue})
+
+
+def _check_engine(cfg: StudyConfig, file: str) -> StudyConfig:
+    """Profiles, timeouts, sampler extras and the prompt file: each failure is one line before any launch."""
+    from autotune.profiles import load_gpu, load_model
+    from autotune.trial import Timeouts
+    from autotune.workload import PromptSample
+
+    eng = cfg.engine
+    profile = eng.profile or eng.model
+    model_key = "engine.profile" if eng.profile else "engine.model"
+    if eng.kind == "sim" or eng.profile:
+        try:
+            load_model(_maybe_path(profile, cfg.base_dir))
+        except ConfigError as exc:
+            raise _flag_error(exc, file, model_key) from None
+    try:
+        load_gpu(eng.sim_gpu)
+    except ConfigError as exc:
+        raise _flag_error(exc, file, "engine.sim_gpu") from None
+    known = {f.name for f in dataclasses.fields(Timeouts)}
+    for key in eng.timeouts:
+        if key not in known:
+            raise ConfigError("unknown timeout", file=file, key=f"engine.timeouts.{key}",
+                              fix=f"use one of {', '.join(sorted(known))}")
+    extra = {"gp": ("torch", "pip install torch"), "cmaes": ("cmaes", "pip install cmaes")}.get(cfg.study.sampler)
+    if extra and importlib.util.find_spec(extra[0]) is None:
+        raise ConfigError(f"sampler {cfg.study.sampler!r} needs the {extra[0]} package", file=file,
+                          key="study.sampler", fix=f"{extra[1]}, or use sampler = \"tpe\"")
+    try:
+        PromptSample.load(cfg.workload.prompts, cfg.workload.sample_size, cfg.workload.seed)
+    except ConfigError as exc:
+        raise _flag_error(exc, file, "workload.prompts") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot read prompts {cfg.workload.prompts} ({exc.strerror})", file=file,
+                          key="workload.prompts", fix="point it at a readable JSONL file") from None
+    if eng.kind == "sim" or eng.profile:
+        model = _maybe_path(profile, cfg.base_dir)
+        return cfg.model_copy(update={"engine": eng.model_copy(update={"profile": model})})
+    return cfg
+
+
+def _maybe_path(name: str, base: Path) -> str:
+    """A profile given as a relative path resolves against the TOML; a bundled name stays a name."""
+    candidate = base / name
+    return str(candidate.resolve()) if ("/" in name or name.endswith(".json")) and candidate.exists() else name

@@ -1,0 +1,151 @@
+"""What a sweep shows while it runs: a live rich panel on a terminal, plain log lines anywhere else.
+
+Both sinks take the same calls from the loop (trial started/finished, phase from ``run_trial``'s
+``on_phase``, confirmation runs), so the loop never knows where its output goes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import IO, Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from autotune.results import TrialResult
+
+
+def _fmt_diff(diff: dict[str, Any]) -> str:
+    if not diff:
+        return "= baseline"
+    return " ".join(f"{k}={'unset' if v is None else v}" for k, v in diff.items())
+
+
+def _fmt_result(result: TrialResult) -> str:
+    if result.ok and result.metrics:
+        cap = result.capacity
+        running = f", {cap.max_running_requests} running" if cap and cap.max_running_requests else ""
+        return f"ok {result.metrics.output_tok_s:,.0f} tok/s{running}"
+    return f"{result.status}: {result.reason or ''}".rstrip(": ")
+
+
+class PlainProgress:
+    """One line per event; for logs, pipes and CI."""
+
+    def __init__(self, stream: IO[str] | None = None):
+        self.stream = stream or sys.stdout
+        self.started = time.monotonic()
+        self.durations: list[float] = []
+        self.done = self.target = 0
+        self._t0 = 0.0
+        self.number: int | None = None
+        self._phase = ""
+
+    def _print(self, text: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {text}", file=self.stream, flush=True)
+
+    def log(self, message: str) -> None:
+        self._print(message)
+
+    def eta_s(self) -> float | None:
+        if not self.durations or self.target <= self.done:
+            return None
+        return sum(self.durations) / len(self.durations) * (self.target - self.done)
+
+    def trial_started(self, number: int, done: int, target: int, role: str, label: str | None,
+                      diff: dict[str, Any]) -> None:
+        self.number, self.done, self.target, self._t0 = number, done, target, time.monotonic()
+        self._phase = ""
+        who = f"{role} {label}" if label and label != role else role
+        eta = self.eta_s()
+        tail = f" (ETA {eta / 60:.1f} min)" if eta else ""
+        self._print(f"trial {number} [{done + 1}/{target}] {who}: {_fmt_diff(diff)}{tail}")
+
+    def phase(self, name: str, info: dict[str, Any] | None = None) -> None:
+        if name == self._phase:
+            return  # live updates repeat a phase; a log keeps one line per phase
+        self._phase = name
+        self._print(f"  {name}")
+
+    def trial_finished(self, number: int, result: TrialResult, best: float | None) -> None:
+        self.durations.append(time.monotonic() - self._t0)
+        self.done += 1
+        best_txt = f" (best {best:,.0f} tok/s)" if best else ""
+        self._print(f"trial {number}: {_fmt_result(result)}{best_txt}")
+
+    def confirm_started(self, index: int, total: int, trial: int, repeat: int) -> None:
+        self._phase = ""
+        self._print(f"confirm {index}/{total}: trial {trial}, repeat {repeat + 1}")
+
+    def confirm_finished(self, trial: int, result: TrialResult) -> None:
+        self._print(f"  trial {trial}: {_fmt_result(result)}")
+
+    def close(self) -> None:
+        return None
+
+
+class LiveProgress(PlainProgress):
+    """A rich panel: trial n/N, phase, live tok/s, the config's difference from the baseline, best, ETA."""
+
+    def __init__(self, console: Console | None = None):
+        super().__init__()
+        self.console = console or Console()
+        self.state: dict[str, Any] = {"title": "starting", "phase": "", "diff": "", "tok_s": None, "best": None}
+        self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
+        self.live.start()
+
+    def _render(self) -> Group:
+        s = self.state
+        table = Table.grid(padding=(0, 2))
+        table.add_row("trial", Text(s["title"], style="bold"))
+        table.add_row("phase", s["phase"])
+        table.add_row("vs baseline", s["diff"])
+        table.add_row("live", f"{s['tok_s']:,.0f} tok/s" if s["tok_s"] is not None else "-")
+        table.add_row("best", f"{s['best']:,.0f} tok/s" if s["best"] else "-")
+        eta = self.eta_s()
+        table.add_row("ETA", f"{eta / 60:.1f} min" if eta else "-")
+        return Group(table)
+
+    def _refresh(self) -> None:
+        self.live.update(self._render())
+
+    def _print(self, text: str) -> None:
+        # Text, not markup: messages hold brackets ("[3/30]") and SGLang's own lines.
+        self.live.console.print(Text.assemble((time.strftime("%H:%M:%S"), "dim"), " ", text), highlight=False)
+
+    def trial_started(self, number, done, target, role, label, diff) -> None:
+        super().trial_started(number, done, target, role, label, diff)
+        who = f"{role} {label}" if label and label != role else role
+        self.state.update(title=f"{number} ({done + 1}/{target}) {who}", phase="planning", diff=_fmt_diff(diff),
+                          tok_s=None)
+        self._refresh()
+
+    def phase(self, name: str, info: dict[str, Any] | None = None) -> None:
+        self.state["phase"] = name
+        if info and info.get("tok_s") is not None:
+            self.state["tok_s"] = info["tok_s"]
+        self._refresh()
+
+    def trial_finished(self, number, result, best) -> None:
+        super().trial_finished(number, result, best)
+        self.state.update(best=best, phase="done")
+        self._refresh()
+
+    def confirm_started(self, index, total, trial, repeat) -> None:
+        self.state.update(title=f"confirmation {index}/{total}: trial {trial} repeat {repeat + 1}", tok_s=None)
+        self._refresh()
+
+    def close(self) -> None:
+        self.live.stop()
+
+
+def make_progress(*, quiet_stdout: bool = False) -> PlainProgress:
+    """The live panel on a terminal, plain lines otherwise (stderr when stdout carries JSON)."""
+    if quiet_stdout:
+        return PlainProgress(sys.stderr)
+    if sys.stdout.isatty():
+        return LiveProgress()
+    return PlainProgress()

@@ -1,0 +1,183 @@
+"""The simulated GPU: a per-index memory registry shared across processes, the simulator's "driver".
+
+Each sim server registers ``<dir>/<index>/<pid>.json`` with the memory it holds. A reader sums the live
+registrations. A registration whose process has died keeps counting until ``release_s`` after its death was
+first observed (by ``mark_exited`` or by a reader noticing the pid is gone), because a real driver frees memory
+asynchronously and the next server sizes its pools from *free* memory. Writers replace files atomically, so
+concurrent readers never see half a record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ENV_DIR = "AUTOTUNE_SIM_DEVICE_DIR"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeviceReading:
+    """One reading of one simulated device, like an NVML memory + utilisation query."""
+
+    used_mib: float
+    total_mib: float | None  # None when nothing ever registered on this index
+    util_pct: float
+    processes: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def free_mib(self) -> float | None:
+        return None if self.total_mib is None else max(0.0, self.total_mib - self.used_mib)
+
+
+def device_dir(index: int, directory: str | os.PathLike[str] | None = None) -> Path:
+    """The folder of GPU ``index``: ``directory`` or ``$AUTOTUNE_SIM_DEVICE_DIR`` or ``<tmp>/autotune-sim-devices``."""
+    base = directory or os.environ.get(ENV_DIR) or Path(tempfile.gettempdir()) / "autotune-sim-devices"
+    return Path(base) / str(int(index))
+
+
+def visible_index(env: dict[str, str] | None = None) -> int:
+    """The first entry of ``CUDA_VISIBLE_DEVICES`` (what a server on that machine would call device 0)."""
+    raw = (env if env is not None else os.environ).get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return int(raw) if raw.isdigit() else 0
+
+
+def _write(path: Path, record: dict[str, Any]) -> None:
+    # Write a temp file in the same folder and rename: readers see the old or the new record, never a torn one.
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(record, fh)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _load(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None  # removed or replaced under us; the next reading sees the new state
+
+
+def _create_time(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
+def _alive(record: dict[str, Any]) -> bool:
+    """True while the registering process runs (a reused pid with another start time counts as dead)."""
+    pid = int(record["pid"])
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        started = record.get("create_time")
+        return started is None or abs(proc.create_time() - float(started)) < 1.0
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:
+        return True  # another user's live process: we cannot look, but it exists
+
+
+def register(
+    index: int,
+    *,
+    pid: int,
+    gpu_name: str,
+    total_mib: float,
+    used_mib: float,
+    release_s: float,
+    directory: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Record that ``pid`` holds ``used_mib`` of GPU ``index`` (total ``total_mib``). Returns the record's path."""
+    path = device_dir(index, directory) / f"{int(pid)}.json"
+    record = {
+        "pid": int(pid),
+        "create_time": _create_time(pid),
+        "gpu_name": gpu_name,
+        "total_mib": float(total_mib),
+        "used_mib": float(used_mib),
+        "util_pct": 0.0,
+        "release_s": float(release_s),
+        "exited_at": None,
+        "updated_at": time.time(),
+    }
+    _write(path, record)
+    return path
+
+
+def update(
+    index: int,
+    pid: int,
+    *,
+    used_mib: float | None = None,
+    util_pct: float | None = None,
+    directory: str | os.PathLike[str] | None = None,
+) -> None:
+    """Change what a registered process holds or how busy it is. Unknown pids are ignored (already released)."""
+    path = device_dir(index, directory) / f"{int(pid)}.json"
+    record = _load(path)
+    if record is None:
+        return
+    if used_mib is not None:
+        record["used_mib"] = float(used_mib)
+    if util_pct is not None:
+        record["util_pct"] = float(util_pct)
+    record["updated_at"] = time.time()
+    _write(path, record)
+
+
+def mark_exited(index: int, pid: int, directory: str | os.PathLike[str] | None = None) -> None:
+    """A clean exit: the memory stays visible for the record's ``release_s`` from now."""
+    path = device_dir(index, directory) / f"{int(pid)}.json"
+    record = _load(path)
+    if record is None or record.get("exited_at") is not None:
+        return
+    record["exited_at"] = time.time()
+    record["util_pct"] = 0.0
+    _write(path, record)
+
+
+def read(index: int, directory: str | os.PathLike[str] | None = None) -> DeviceReading:
+    """Sum the registrations on GPU ``index``; note deaths and drop records whose release delay has passed."""
+    folder = device_dir(index, directory)
+    now = time.time()
+    used = util = 0.0
+    total: float | None = None
+    processes: list[dict[str, Any]] = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        record = _load(path)
+        if record is None:
+            continue
+        if record.get("exited_at") is None and not _alive(record):
+            record["exited_at"] = now  # first reader to see the death starts the release clock
+            record["util_pct"] = 0.0
+            _write(path, record)
+        exited = record.get("exited_at")
+        if exited is not None and now - float(exited) >= float(record.get("release_s", 0.0)):
+            path.unlink(missing_ok=True)
+            continue
+        total = float(record["total_mib"]) if total is None else max(total, float(record["total_mib"]))
+        used += float(record["used_mib"])
+        util = max(util, float(record.get("util_pct") or 0.0))
+        processes.append(record)
+    if total is not None:
+        used = min(used, total)
+    return DeviceReading(used_mib=used, total_mib=total, util_pct=util, processes=processes)
+
+
+def others_used_mib(index: int, pid: int, directory: str | os.PathLike[str] | None = None) -> float:
+    """What every registration except ``pid``'s holds: the memory a starting server cannot have."""
+    reading = read(index, directory)
+    return sum(float(p["used_mib"]) for p in reading.processes if int(p["pid"]) != int(pid))

@@ -1,0 +1,664 @@
+"""SGLang's continuous-batching scheduler, reduced to what decides throughput, on an injected clock.
+
+``Scheduler.step()`` plans and "runs" one iteration the way SGLang's event loop does: a prefill batch if one can
+be formed (admission bounded by max_running_requests, KV room and the chunked-prefill budget), otherwise one
+decode cycle over every running request. It never sleeps and never reads a clock; it returns the step's modelled
+duration, and the caller decides what time means (the HTTP server sleeps, ``evaluate`` adds it to a counter).
+
+Running requests live in numpy arrays (one slot each) so a decode cycle costs a fixed handful of vector ops,
+whatever the batch size: a simulated hour must take seconds of CPU.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from autotune.errors import ConfigError
+from autotune.sim.perf import PerfModel
+from autotune.sim.requests import SimRequest
+
+__all__ = ["Emission", "Scheduler", "SchedulerLimits", "SchedulerStats", "StepResult"]
+
+# SGLang's admission estimate of the tokens running requests will still need (global_config defaults).
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
+NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
+CLIP_MAX_NEW_TOKENS = 4096
+RETRACT_DECODE_STEPS = 20
+ACTIVATION_BYTES_PER_TOKEN = 1.5 * 2**20  # what one prefill token's activations take (CALIBRATION.md)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerLimits:
+    """The plan's numbers that bound scheduling (per DP worker, as SGLang reports them)."""
+
+    max_running_requests: int
+    kv_tokens: int  # max_total_num_tokens
+    chunked_prefill_size: int = 8192  # ≤ 0: no chunking
+    page_size: int = 1
+    spec: bool = False
+    draft_tokens: int = 1  # D, tokens per request per verify pass
+    runtime_oom_tokens: int | None = None  # a prefill batch with more new tokens dies with CUDA OOM
+    mamba_slots: int | None = None  # K; None for models without a Mamba pool
+    ratio: int = 1  # Mamba slots per running request in SGLang's cap (FACTS §1.6)
+    decode_log_interval: int = 40
+    decode_graph_bs: int = 256  # largest decode batch with a captured CUDA graph
+    prefill_graph_tokens: int = 0  # largest prefill batch with a captured graph
+
+    def __post_init__(self) -> None:
+        for name in ("max_running_requests", "kv_tokens", "page_size", "draft_tokens", "decode_log_interval"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"must be at least 1, got {getattr(self, name)}", key=name,
+                                  fix="the plan that produced these limits does not fit")
+
+    @property
+    def hybrid(self) -> bool:
+        return self.mamba_slots is not None
+
+    @property
+    def mamba_slots_per_req(self) -> int:
+        """Slots one running request holds: its state plus extra_buffer's tracking copies (ratio − 3)."""
+        return 1 + max(0, self.ratio - 3)
+
+    @classmethod
+    def from_plan(cls, plan: Any, *, decode_log_interval: int = 40) -> SchedulerLimits:
+        """From a fitting ``planner.MemoryPlan`` (its fields plus the ``extra`` resolution details)."""
+        extra = plan.extra
+        spec = bool(extra.get("spec"))
+        oom = extra.get("runtime_oom_tokens")
+        graph_bs = extra.get("decode_graph_bs")  # the captured batch sizes (or just the largest)
+        return cls(
+            max_running_requests=int(plan.max_running_requests),
+            kv_tokens=int(plan.kv_tokens),
+            chunked_prefill_size=int(extra.get("chunked_prefill_size") or -1),
+            page_size=int(extra.get("page_size") or 1),
+            spec=spec,
+            draft_tokens=int(extra.get("draft_tokens") or 1) if spec else 1,
+            runtime_oom_tokens=None if oom is None else int(oom),
+            mamba_slots=plan.max_mamba_cache_size,
+            ratio=int(extra.get("ratio") or 1),
+            decode_log_interval=decode_log_interval,
+            decode_graph_bs=max(graph_bs) if isinstance(graph_bs, (list, tuple)) and graph_bs else int(graph_bs or 0),
+            prefill_graph_tokens=int(extra.get("prefill_graph_tokens") or 0),
+        )
+
+
+@dataclass
+class SchedulerStats:
+    """Live counters for /metrics, /server_info and log lines. Spec counters reset on /flush_cache."""
+
+    kv_total: int = 0
+    mamba_total: int = 0
+    num_running: int = 0
+    num_queue: int = 0
+    kv_used: int = 0
+    mamba_used: int = 0
+    spec_verify_ct: int = 0
+    spec_accepted_tokens: int = 0  # includes the bonus token of every verify pass, like SGLang
+    retractions: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    requests_total: int = 0  # finished (length or stop)
+    aborted_total: int = 0
+    last_gen_throughput: float = 0.0
+    new_token_ratio: float = 0.7
+    clock_s: float = 0.0  # Σ step durations so far
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used / self.kv_total if self.kv_total else 0.0
+
+    @property
+    def mamba_usage(self) -> float:
+        return self.mamba_used / self.mamba_total if self.mamba_total else 0.0
+
+    @property
+    def avg_spec_accept_length(self) -> float | None:
+        return self.spec_accepted_tokens / self.spec_verify_ct if self.spec_verify_ct else None
+
+    def reset_spec(self) -> None:
+        self.spec_verify_ct = self.spec_accepted_tokens = 0
+
+
+def prefill_line(*, new_seq: int, new_token: int, kv_usage: float, mamba_usage: float, hybrid: bool, running: int,
+                 queue: int, pending: int, graph: bool, throughput: float) -> str:
+    if hybrid:
+        usage = f"full token usage: {kv_usage:.2f}, mamba usage: {mamba_usage:.2f}"
+    else:
+        usage = f"token usage: {kv_usage:.2f}"
+    return (f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: 0, {usage}, "
+            f"#running-req: {running}, #queue-req: {queue}, #pending-token: {pending}, cuda graph: {graph}, "
+            f"input throughput (token/s): {throughput:.2f}")
+
+
+def decode_line(*, running: int, kv_used: int, kv_usage: float, mamba_num: int, mamba_usage: float, hybrid: bool,
+                spec: bool, accept_len: float, accept_rate: float, graph: bool, throughput: float, queue: int) -> str:
+    if hybrid:
+        pools = (f"#full token: {kv_used}, full token usage: {kv_usage:.2f}, mamba num: {mamba_num}, "
+                 f"mamba usage: {mamba_usage:.2f}")
+    else:
+        pools = f"#token: {kv_used}, token usage: {kv_usage:.2f}"
+    spec_part = f"accept len: {accept_len:.2f}, accept rate: {accept_rate:.2f}, " if spec else ""
+    return (f"Decode batch, #running-req: {running}, {pools}, {spec_part}cuda graph: {graph}, "
+            f"gen throughput (token/s): {throughput:.2f}, #queue-req: {queue}")
+
+
+def retract_line(retracted: int, gained: int, mamba_gained: int | None, old: float, new: float) -> str:
+    mamba = f", #mamba_num_gained: {mamba_gained}" if mamba_gained is not None else ""
+    return (f"KV cache pool is full. Retract requests. #retracted_reqs: {retracted}, #new_tokens_gained: {gained}"
+            f"{mamba}, #new_token_ratio: {old:.4f} -> {new:.4f}")
+
+
+@dataclass(slots=True)
+class Emission:
+    """Tokens one request produced in one step (``completion_tokens`` is its running total)."""
+
+    rid: str
+    new_tokens: int
+    completion_tokens: int
+    finished: bool
+    finish_reason: str | None  # "length" | "stop" | "abort" (could never fit) when finished
+    verify_ct: int = 0  # speculative verify passes so far
+    accepted_drafts: int = 0  # draft tokens accepted so far (bonus tokens excluded)
+    prompt_tokens: int = 0
+    retractions: int = 0
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One iteration: how long it takes on the modelled GPU and what it produced."""
+
+    duration_s: float
+    kind: str  # "prefill" | "decode" | "idle"
+    # Sequences default to a shared empty tuple: building lists nobody fills costs more than the step itself.
+    emissions: Sequence[Emission] = ()  # every request's tokens (empty when the scheduler does not emit)
+    log_lines: Sequence[str] = ()  # SGLang's messages, without timestamps
+    runtime_oom: str | None = None  # fatal: the server dies with this message
+    tokens: int = 0  # output tokens produced this step
+    verify: int = 0  # verify passes this step (speculative decode cycles: one per running request)
+    started: Sequence[str] = ()  # rids whose first token came out this step
+    finished: Sequence[Emission] = ()  # always filled, even when emissions are not
+    # decode: seconds since each request's previous token (one float when that is the same for all)
+    gaps_s: float | np.ndarray | None = None
+    new: np.ndarray | None = None  # decode: per request, tokens this cycle (aligned with gaps_s)
+    # A block of k decode cycles (``step(max_cycles)``): each cycle's end on the clock and its tokens; then
+    # ``gaps_s`` holds one gap per cycle and ``new`` is k × running.
+    ends_s: np.ndarray | None = None
+    cycle_tokens: np.ndarray | None = None
+
+
+class _Req:
+    """A request's mutable state while it waits, prefills, or is retracted."""
+
+    __slots__ = ("req", "gen", "done_prefill", "seq", "verify", "accepted", "retractions", "started", "last_t",
+                 "entry")
+
+    def __init__(self, req: SimRequest, seq: int):
+        self.req, self.seq = req, seq
+        self.gen = 0  # completion tokens so far (kept across retraction, re-prefilled with the prompt)
+        self.done_prefill = 0  # tokens of the current (re-)prefill already in KV
+        self.verify = self.accepted = self.retractions = 0
+        self.started = False
+        self.last_t = 0.0
+        self.entry = (0, 0)  # (decode cycle, gen) when it last entered the running batch
+
+    @property
+    def extend_len(self) -> int:
+        return self.req.prompt_tokens + self.gen
+
+
+class Scheduler:
+    """Continuous batching for one server: ``add`` and ``abort`` requests, ``step`` one iteration at a time."""
+
+    def __init__(self, limits: SchedulerLimits, perf: PerfModel, *, seed: int = 0, emit: bool = True):
+        self.limits, self.perf = limits, perf
+        # False (evaluate): nobody reads per-request Emissions or batch log lines, so none are built; the events
+        # (started, finished), counters and arrays are the same either way.
+        self.emit = emit
+        self._stats = SchedulerStats(kv_total=limits.kv_tokens, mamba_total=limits.mamba_slots or 0)
+        self._rng = np.random.default_rng([seed, 0xACCE])
+        self._expo = np.empty(0)  # a block of Exp(1) draws consumed n at a time by decode cycles
+        self._expo_pos = 0
+        self._d = limits.draft_tokens if limits.spec else 1
+        self._page = max(1, limits.page_size)
+        self._budget = limits.chunked_prefill_size if limits.chunked_prefill_size > 0 else 1 << 62
+        self.waiting: deque[_Req] = deque()
+        self.chunked: _Req | None = None  # the request whose prompt is split across prefill steps
+        self._aborts: set[str] = set()
+        self._unfit: list[Emission] = []  # requests that can never fit, finished with "abort" at the next return
+        self._seq = 0
+        self.clock = 0.0  # Σ step durations: the scheduler's own time (for gaps and throughput), never a clock read
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self._dead: str | None = None
+        self._cycles = 0  # decode cycles so far; a running request's verify count is cycles since it entered
+        self._log_tokens = self._log_verify = 0
+        self._log_t = self._prefill_log_t = 0.0
+        # Running requests, one slot each, contiguous in [0, n). ctx_sum = Σ (prompt + generated) over them.
+        cap = max(1, limits.max_running_requests)
+        self._n = 0
+        self._ctx_sum = 0.0
+        self._reqs: list[_Req] = []
+        # left = tokens still to generate; slack = max_new_tokens − target (so max_new − generated = slack + left).
+        self._prompt, self._target, self._left, self._slack = (np.zeros(cap) for _ in range(4))
+        self._inv_nla = np.zeros(cap)  # 1/(−ln α): floor(Exp(1) · this) has P(≥ k) = α^k accepted drafts
+        self._last = np.zeros(cap)  # when each request entered (its prefill token); older ones: _prev_end
+        self._prev_end = 0.0  # when the previous decode cycle ended
+        self._fresh = False  # a request entered since the previous decode cycle
+        self._min_left = math.inf  # ≤ the fewest tokens any running request has left
+        self._ones = np.ones(cap)
+
+    @classmethod
+    def from_plan(cls, plan: Any, model: Any, gpu: Any, *, noise: float = 0.0, seed: int = 0,
+                  emit: bool = True) -> Scheduler:
+        """The scheduler and speed model for a fitting plan: one constructor for the paced and the virtual clock."""
+        from autotune.sim.perf import PerfParams
+
+        limits = SchedulerLimits.from_plan(plan)
+        x = plan.extra
+        params = PerfParams.from_profiles(model, gpu, kv_cell_bytes=x.get("kv_cell_bytes"),
+                                          mamba_slot_bytes=x.get("mamba_slot_bytes"), with_draft=limits.spec,
+                                          tp=int(x.get("tp_size") or 1))
+        perf = PerfModel(params, spec=limits.spec, draft_tokens=limits.draft_tokens, noise=noise, seed=seed)
+        return cls(limits, perf, seed=seed, emit=emit)
+
+    # -- the contract the HTTP server uses ----------------------------------------------------------------
+    def add(self, req: SimRequest) -> None:
+        self._seq += 1
+        self.waiting.append(_Req(req, self._seq))
+
+    def abort(self, rid: str) -> None:
+        self._aborts.add(rid)
+
+    def has_work(self) -> bool:
+        return self._dead is None and bool(self._n or self.waiting or self.chunked or self._aborts)
+
+    def step(self, max_cycles: int = 1) -> StepResult:
+        """One iteration. Without emissions, ``max_cycles`` > 1 lets a quiet stretch of decode cycles (no request
+        finishing, nothing to admit, no log line) run as one block: the same cycles, draws and times as one by one."""
+        if self._dead is not None:
+            return StepResult(0.0, "idle", runtime_oom=self._dead)
+        if self._aborts:
+            self._apply_aborts()
+        result = self._prefill() or (self._decode(max_cycles) if self._n else StepResult(0.0, "idle"))
+        if self._unfit:
+            result.finished = [*result.finished, *self._unfit]
+            if self.emit:
+                result.emissions = [*result.emissions, *self._unfit]
+            self._unfit = []
+        self.clock = float(result.ends_s[-1]) if result.ends_s is not None else self.clock + result.duration_s
+        return result
+
+    @property
+    def stats(self) -> SchedulerStats:
+        """The counters, with the gauges refreshed now (refreshing them every step would cost the hot loop)."""
+        s = self._stats
+        s.num_running, s.num_queue = self._n, len(self.waiting) + (self.chunked is not None)
+        s.kv_used = int(self._ctx_sum) + (self.chunked.done_prefill if self.chunked else 0)
+        s.mamba_used = self._mamba_num()
+        s.new_token_ratio = self.new_token_ratio
+        s.clock_s = self.clock
+        return s
+
+    def kv_used_tokens(self) -> int:
+        """KV tokens held, page-aligned per request as SGLang's allocator counts them."""
+        n, page = self._n, self._page
+        if page > 1:
+            ctx = self._prompt[:n] + self._target[:n] - self._left[:n]
+            used = int(np.ceil(ctx / page).sum()) * page
+        else:
+            used = int(self._ctx_sum)
+        if self.chunked is not None:
+            used += -(-self.chunked.done_prefill // page) * page
+        return used
+
+    # -- prefill ------------------------------------------------------------------------------------------
+    def _prefill(self) -> StepResult | None:
+        lim = self.limits
+        if self.chunked is None and (not self.waiting or self._n >= lim.max_running_requests):
+            return None
+        budget = self._budget
+        n = self._n
+        # SGLang holds back new_token_ratio × what running requests may still generate (optimistic on purpose:
+        # when it is wrong, decode retracts and the ratio goes up).
+        left = np.minimum(self._slack[:n] + self._left[:n], CLIP_MAX_NEW_TOKENS).sum() if n else 0.0
+        free = lim.kv_tokens - self.kv_used_tokens() - float(left) * self.new_token_ratio
+        batch: list[tuple[_Req, int]] = []
+        if self.chunked is not None:
+            r = self.chunked
+            take = min(r.extend_len - r.done_prefill, budget)
+            batch.append((r, take))
+            budget -= take
+            free -= take
+        while self.waiting and budget > 0 and n + len(batch) < lim.max_running_requests:
+            r = self.waiting[0]
+            need = r.extend_len
+            if need + self._d + self._page > lim.kv_tokens:
+                self.waiting.popleft()  # can never fit, even alone: SGLang rejects it
+                self._finish_unfit(r)
+                continue
+            future = min(r.req.max_new_tokens - r.gen, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
+            if need + future > free and (n or batch):
+                break  # wait for running requests to finish and free KV
+            self.waiting.popleft()
+            if need > budget:  # split: this chunk now, the rest in the next prefill steps
+                take = budget // self._page * self._page or budget
+                batch.append((r, take))
+                break
+            batch.append((r, need))
+            budget -= need
+            free -= need + future
+        return self._run_prefill(batch) if batch else None
+
+    def _run_prefill(self, batch: list[tuple[_Req, int]]) -> StepResult:
+        lim = self.limits
+        new_tokens = sum(take for _, take in batch)
+        if lim.runtime_oom_tokens is not None and new_tokens > lim.runtime_oom_tokens:
+            self._dead = (
+                f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                f"{new_tokens * ACTIVATION_BYTES_PER_TOKEN / 2**30:.2f} GiB. The activations of a {new_tokens}-token "
+                f"prefill batch do not fit in the memory left outside the static pools."
+            )
+            return StepResult(0.0, "prefill", runtime_oom=self._dead)
+        running_before = self._n
+        duration = self.perf.prefill_s(new_tokens, len(batch))
+        now = self.clock + duration
+        started: list[str] = []
+        finished: list[Emission] = []
+        emissions: list[Emission] = []
+        self.chunked = None
+        for r, take in batch:
+            r.done_prefill += take
+            if r.done_prefill < r.extend_len:
+                self.chunked = r
+                continue
+            if r.gen == 0:
+                self._stats.prompt_tokens_total += r.req.prompt_tokens
+            r.gen += 1  # the last chunk samples the next token
+            r.done_prefill = 0
+            r.last_t = now
+            if not r.started:
+                r.started = True
+                started.append(r.req.rid)
+            if r.gen >= r.req.target_len:
+                em = self._emission(r, 1, finished=True, reason=r.req.finish_reason)
+                finished.append(em)
+            else:
+                self._enter(r)
+                em = self._emission(r, 1, finished=False, reason=None)
+            if self.emit:
+                emissions.append(em)
+        tokens = sum(1 for r, _ in batch if r is not self.chunked)
+        self._stats.generation_tokens_total += tokens
+        self._stats.requests_total += len(finished)
+        lines = []
+        if self.emit:
+            elapsed = max(now - self._prefill_log_t, 1e-9)
+            self._prefill_log_t = now
+            lines.append(prefill_line(
+                new_seq=len(batch), new_token=new_tokens, kv_usage=self.kv_used_tokens() / lim.kv_tokens,
+                mamba_usage=self._mamba_usage(), hybrid=lim.hybrid, running=running_before,
+                queue=len(self.waiting), pending=sum(r.extend_len for r in self.waiting),
+                graph=new_tokens <= lim.prefill_graph_tokens, throughput=new_tokens / elapsed,
+            ))
+        return StepResult(duration, "prefill", emissions=emissions, log_lines=lines, tokens=tokens, started=started,
+                          finished=finished)
+
+    def _enter(self, r: _Req) -> None:
+        i = self._n
+        self._n += 1
+        self._reqs.append(r)
+        req = r.req
+        self._prompt[i], self._target[i], self._left[i] = req.prompt_tokens, req.target_len, req.target_len - r.gen
+        self._slack[i], self._last[i] = req.max_new_tokens - req.target_len, r.last_t
+        self._fresh = True
+        self._min_left = min(self._min_left, req.target_len - r.gen)
+        self._inv_nla[i] = -1.0 / math.log(req.alpha)
+        self._ctx_sum += req.prompt_tokens + r.gen
+        r.entry = (self._cycles, r.gen)
+
+    def _sync(self, i: int) -> _Req:
+        """Write slot ``i``'s array state back to its request (verify passes = cycles since it entered)."""
+        r = self._reqs[i]
+        cycles0, gen0 = r.entry
+        gen = int(self._target[i] - self._left[i])
+        if self._d > 1:
+            cycles = self._cycles - cycles0
+            r.verify += cycles
+            r.accepted += gen - gen0 - cycles
+        r.gen, r.last_t = gen, max(float(self._last[i]), self._prev_end)
+        r.entry = (self._cycles, gen)
+        return r
+
+    def _leave(self, i: int) -> _Req:
+        """Remove slot ``i`` (swap with the last slot)."""
+        r = self._sync(i)
+        self._ctx_sum -= r.req.prompt_tokens + r.gen
+        last = self._n - 1
+        if i != last:
+            for arr in (self._prompt, self._target, self._left, self._slack, self._inv_nla, self._last):
+                arr[i] = arr[last]
+            self._reqs[i] = self._reqs[last]
+        self._reqs.pop()
+        self._n = last
+        return r
+
+    # -- decode -------------------------------------------------------------------------------------------
+    def _decode(self, max_cycles: int = 1) -> StepResult:
+        lines: list[str] = []
+        self._ensure_decode_room(lines)
+        n = self._n
+        if n == 0:
+            return StepResult(0.0, "idle", log_lines=lines)
+        lim, d = self.limits, self._d
+        if max_cycles > 1 and not self.emit and not self._fresh and not lines:
+            k = self._quiet_cycles(max_cycles)
+            if k > 1:
+                return self._decode_block(k, lines)
+        duration = self.perf.decode_s(n, self._ctx_sum, graph=n <= lim.decode_graph_bs)
+        now = self.clock + duration
+        left = self._left[:n]
+        if d > 1:
+            if self._expo_pos + n > len(self._expo):
+                self._expo = self._rng.standard_exponential(1 << 16)
+                self._expo_pos = 0
+            # accepted drafts = floor(E·c), P(≥ k) = α^k; tokens = min(accepted + 1, D, left), folded into one floor
+            new = self._expo[self._expo_pos:self._expo_pos + n] * self._inv_nla[:n]
+            self._expo_pos += n
+            new += 1.0
+            np.minimum(new, d, out=new)
+            if self._min_left < d:  # only then can a request have fewer tokens left than a full accept
+                np.minimum(new, left, out=new)
+            np.floor(new, out=new)
+        else:
+            new = self._ones[:n].copy()  # a running request always has a token left
+        left -= new
+        # Every request in the previous cycle last got tokens when it ended; only entrants since differ.
+        if self._fresh:
+            gaps: float | np.ndarray = now - np.maximum(self._last[:n], self._prev_end)
+            self._fresh = False
+        else:
+            gaps = now - self._prev_end
+        self._prev_end = now
+        tokens = int(np.add.reduce(new))
+        self._ctx_sum += tokens
+        self._cycles += 1
+        emissions = self._emit_all(new) if self.emit else []
+        finished: list[Emission] = []
+        self._min_left -= d  # a lower bound on what any request has left, so most cycles skip the exact check
+        if self._min_left <= 0:
+            if np.minimum.reduce(left) <= 0:
+                for i in np.flatnonzero(left <= 0)[::-1]:  # highest slot first: swap-removal keeps the rest valid
+                    r = self._leave(int(i))
+                    em = self._emission(r, int(new[i]), finished=True, reason=r.req.finish_reason)
+                    finished.append(em)
+                    if self.emit:
+                        emissions[int(i)] = em
+            self._min_left = float(np.minimum.reduce(self._left[: self._n])) if self._n else math.inf
+        result = StepResult(duration, "decode", emissions=emissions, log_lines=lines, tokens=tokens,
+                            verify=n if d > 1 else 0, finished=finished, gaps_s=gaps, new=new)
+        st = self._stats
+        st.requests_total += len(finished)
+        st.generation_tokens_total += tokens
+        if d > 1:
+            st.spec_verify_ct += n
+            st.spec_accepted_tokens += tokens
+        self._log_tokens += tokens
+        self._log_verify += n
+        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        if self._cycles % lim.decode_log_interval == 0:
+            self._log_decode(lines, now, n)
+        return result
+
+    def _quiet_cycles(self, max_cycles: int) -> int:
+        """How many cycles may run as one block: up to the next decode-log line, while the KV fast path holds
+        for every one of them, and within the current block of acceptance draws (refilled as one by one would)."""
+        lim, n, d, page = self.limits, self._n, self._d, self._page
+        k = min(max_cycles, lim.decode_log_interval - self._cycles % lim.decode_log_interval)
+        room = lim.kv_tokens - self._ctx_sum - n * (page - 1 + d)
+        k = min(k, int(room // (n * d)) + 1)
+        if d > 1:
+            if self._expo_pos + n > len(self._expo):
+                self._expo = self._rng.standard_exponential(1 << 16)
+                self._expo_pos = 0
+            k = min(k, (len(self._expo) - self._expo_pos) // n)
+        return k
+
+    def _decode_block(self, k: int, lines: list[str]) -> StepResult:
+        """Up to ``k`` decode cycles at once, ending early at the first cycle in which a request finishes."""
+        lim, n, d = self.limits, self._n, self._d
+        left = self._left[:n]
+        if d > 1:
+            new = self._expo[self._expo_pos:self._expo_pos + k * n].reshape(k, n) * self._inv_nla[:n]
+            new += 1.0
+            np.minimum(new, d, out=new)
+            np.floor(new, out=new)
+        else:
+            new = np.ones((k, n))
+        cum = np.cumsum(new, axis=0)
+        hit = (cum >= left).any(axis=1)
+        if hit.any():  # stop at the first finishing cycle; cap its tokens at what each request had left
+            k = int(np.argmax(hit)) + 1
+            new, cum = new[:k], cum[:k]
+            np.minimum(new[-1], left - (cum[-2] if k > 1 else 0.0), out=new[-1])
+        if d > 1:
+            self._expo_pos += k * n
+        row_tokens = new.sum(axis=1)
+        starts = self._ctx_sum + np.concatenate(([0.0], np.cumsum(row_tokens[:-1])))
+        durations = self.perf.decode_s_many(n, starts, graph=n <= lim.decode_graph_bs)
+        ends = np.cumsum(np.concatenate(([self.clock], durations)))[1:]
+        gaps = np.diff(np.concatenate(([self._prev_end], ends)))
+        left -= new.sum(axis=0)
+        tokens = int(row_tokens.sum())
+        self._ctx_sum += tokens
+        self._cycles += k
+        self._prev_end = float(ends[-1])
+        finished: list[Emission] = []
+        for i in np.flatnonzero(left <= 0)[::-1]:
+            r = self._leave(int(i))
+            finished.append(self._emission(r, int(new[-1, i]), finished=True, reason=r.req.finish_reason))
+        self._min_left = float(np.minimum.reduce(self._left[: self._n])) if self._n else math.inf
+        st = self._stats
+        st.requests_total += len(finished)
+        st.generation_tokens_total += tokens
+        if d > 1:
+            st.spec_verify_ct += n * k
+            st.spec_accepted_tokens += tokens
+        self._log_tokens += tokens
+        self._log_verify += n * k
+        for _ in range(k):  # one subtraction per cycle, as stepping does, so the float matches exactly
+            self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        if self._cycles % lim.decode_log_interval == 0:
+            self._log_decode(lines, self._prev_end, n)
+        return StepResult(float(ends[-1]) - self.clock, "decode", log_lines=lines, tokens=tokens,
+                          verify=n * k if d > 1 else 0, finished=finished, gaps_s=gaps, new=new, ends_s=ends,
+                          cycle_tokens=row_tokens)
+
+    def _log_decode(self, lines: list[str], now: float, n: int) -> None:
+        lim = self.limits
+        gen_tps = self._log_tokens / max(now - self._log_t, 1e-9)
+        accept = self._log_tokens / self._log_verify if self._log_verify else 1.0
+        self._stats.last_gen_throughput = gen_tps
+        self._log_tokens = self._log_verify = 0
+        self._log_t = now
+        if self.emit:
+            used = self.kv_used_tokens()
+            lines.append(decode_line(
+                running=self._n, kv_used=used, kv_usage=used / lim.kv_tokens, mamba_num=self._mamba_num(),
+                mamba_usage=self._mamba_usage(), hybrid=lim.hybrid, spec=self._d > 1, accept_len=accept,
+                accept_rate=(accept - 1) / max(1, self._d - 1), graph=n <= lim.decode_graph_bs,
+                throughput=gen_tps, queue=len(self.waiting),
+            ))
+
+    def _emit_all(self, new: np.ndarray) -> list[Emission]:
+        gens = (self._target[: self._n] - self._left[: self._n]).tolist()
+        spec, cycles_now = self._d > 1, self._cycles
+        out = []
+        for r, k, g in zip(self._reqs, new.tolist(), gens, strict=True):
+            cycles = cycles_now - r.entry[0] if spec else 0
+            out.append(Emission(r.req.rid, int(k), int(g), False, None, r.verify + cycles,
+                                r.accepted + int(g) - r.entry[1] - cycles, r.req.prompt_tokens, r.retractions))
+        return out
+
+    def _emission(self, r: _Req, new_tokens: int, *, finished: bool, reason: str | None) -> Emission:
+        return Emission(r.req.rid, new_tokens, r.gen, finished, reason, r.verify, r.accepted, r.req.prompt_tokens,
+                        r.retractions)
+
+    def _ensure_decode_room(self, lines: list[str]) -> None:
+        """Retract the newest requests until the next cycle's D tokens per request fit (SGLang's retract_decode)."""
+        lim, page, d = self.limits, self._page, self._d
+        if self._ctx_sum + self._n * (page - 1 + d) <= lim.kv_tokens:
+            return  # fast path: fits even if every request sits at a page boundary
+        retracted, gained, before = 0, 0, self.kv_used_tokens()
+        while self._n and self.kv_used_tokens() + self._n * (d + page - 1) > lim.kv_tokens:
+            r = self._leave(max(range(self._n), key=lambda i: self._reqs[i].seq))
+            if not self._n:  # even alone it cannot grow: SGLang aborts the last request
+                self._finish_unfit(r)
+                lines.append(f"retract_decode: aborted last request {r.req.rid} due to OOM")
+                return
+            r.retractions += 1
+            r.done_prefill = 0
+            self.waiting.appendleft(r)
+            retracted += 1
+        gained = before - self.kv_used_tokens()
+        old, n = self.new_token_ratio, self._n
+        target, left = float(self._target[:n].sum()), float(self._left[:n].sum())
+        total_max = target + float(self._slack[:n].sum()) or 1.0
+        self.new_token_ratio = min(1.0, (target - left + RETRACT_DECODE_STEPS * n) / total_max)
+        self._stats.retractions += retracted
+        mamba_gained = retracted * lim.mamba_slots_per_req if lim.hybrid else None
+        lines.append(retract_line(retracted, gained, mamba_gained, old, self.new_token_ratio))
+
+    def _finish_unfit(self, r: _Req) -> None:
+        self._unfit.append(self._emission(r, 0, finished=True, reason="abort"))
+        self._stats.aborted_total += 1
+
+    # -- aborts and pools ---------------------------------------------------------------------------------
+    def _apply_aborts(self) -> None:
+        gone, self._aborts = self._aborts, set()
+        kept = deque(r for r in self.waiting if r.req.rid not in gone)
+        count = len(self.waiting) - len(kept)
+        self.waiting = kept
+        if self.chunked is not None and self.chunked.req.rid in gone:
+            self.chunked, count = None, count + 1
+        for i in range(self._n - 1, -1, -1):
+            if self._reqs[i].req.rid in gone:
+                self._leave(i)
+                count += 1
+        self._stats.aborted_total += count
+
+    def _mamba_num(self) -> int:
+        """Slots in use: each busy request's state and tracking copies, plus one the radix cache keeps."""
+        lim = self.limits
+        if not lim.hybrid:
+            return 0
+        busy = self._n + (self.chunked is not None)
+        return min(lim.mamba_slots or 0, busy * lim.mamba_slots_per_req + (1 if busy else 0))
+
+    def _mamba_usage(self) -> float:
+        return self._mamba_num() / self.limits.mamba_slots if self.limits.mamba_slots else 0.0

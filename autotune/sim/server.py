@@ -1,0 +1,473 @@
+"""The simulated server's HTTP side: SGLang's endpoints over a ``Scheduler`` paced on the wall clock.
+
+One task drives the scheduler: it computes a step (pure, instant), sleeps until the step's modelled end, then
+hands the emitted tokens to each request's stream. Each step's end is an absolute deadline chained from the
+previous one, so lag never accumulates and no token is delivered before its modelled time. A stream that falls
+behind sends everything it holds in one chunk, and chunks are formatted by hand from a pre-built filler text:
+that keeps the hot path to a string join and one ``send`` per request per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from autotune.sim import logs
+from autotune.sim.requests import count_tokens, make_request
+
+NATIVE, COMPLETION, CHAT = "generate", "text_completion", "chat.completion"
+EOS_ID = 248046  # what a "stop" finish reports as the matched token
+_N = 1 << 14  # filler tokens before the text repeats (longer outputs take a slower path)
+_IDS = [1000 + (i * 7919) % 9000 for i in range(2 * _N)]  # 4-digit ids: every token is exactly 6 text chars
+_TEXT = "".join(f" w{i}" for i in _IDS)
+_IDTXT = ",".join(map(str, _IDS)) + ","
+
+
+def filler(offset: int, start: int, end: int) -> tuple[str, str]:
+    """Text and comma-joined ids of tokens [start, end) of a stream whose filler starts at ``offset``."""
+    a, b = offset + start, offset + end
+    if b <= 2 * _N:
+        return _TEXT[a * 6 : b * 6], _IDTXT[a * 5 : b * 5 - 1]
+    ids = [_IDS[(offset + i) % (2 * _N)] for i in range(start, end)]
+    return "".join(f" w{i}" for i in ids), ",".join(map(str, ids))
+
+
+class Stream:
+    """One request's tokens as they are delivered, and what its response needs to say about them."""
+
+    __slots__ = ("rid", "kind", "prompt_tokens", "completion_tokens", "sent", "finished", "reason", "verify_ct",
+                 "accepted", "retractions", "event", "created", "first_at", "done_at", "offset", "model",
+                 "include_usage", "draft_tokens", "gone", "interval")
+
+    def __init__(self, rid: str, kind: str, prompt_tokens: int, *, model: str, draft_tokens: int):
+        self.rid, self.kind, self.prompt_tokens = rid, kind, prompt_tokens
+        self.completion_tokens = self.sent = self.verify_ct = self.accepted = self.retractions = 0
+        self.finished, self.gone, self.include_usage = False, False, False
+        self.reason: str | None = None
+        self.event = asyncio.Event()
+        self.created = time.time()
+        self.first_at = self.done_at = 0.0
+        self.offset = int(rid[:4], 16)
+        self.model, self.draft_tokens = model, draft_tokens
+        self.interval = 1  # SGLang's --stream-interval: send every N tokens (and always the last)
+
+    def push(self, em: Any) -> None:
+        if not self.first_at and em.completion_tokens:
+            self.first_at = time.time()
+        self.completion_tokens = em.completion_tokens
+        self.verify_ct, self.accepted, self.retractions = em.verify_ct, em.accepted_drafts, em.retractions
+        if em.finished:
+            self.finished, self.reason, self.done_at = True, em.finish_reason or "length", time.time()
+        self.event.set()
+
+    async def wait_finished(self) -> None:
+        while not self.finished and not self.gone:
+            await self.event.wait()
+            self.event.clear()
+
+    # -- response bodies ------------------------------------------------------------------------------------
+    def _finish_native(self) -> dict[str, Any] | None:
+        if not self.finished:
+            return None
+        if self.reason == "stop":
+            return {"type": "stop", "matched": EOS_ID}
+        if self.reason == "abort":
+            return {"type": "abort", "message": "Aborted: the request cannot fit in the KV cache."}
+        return {"type": "length", "length": self.completion_tokens}
+
+    def meta(self) -> dict[str, Any]:
+        n = self.completion_tokens
+        meta: dict[str, Any] = {
+            "id": self.rid, "finish_reason": self._finish_native(), "prompt_tokens": self.prompt_tokens,
+            "weight_version": "default", "num_retractions": self.retractions, "reasoning_tokens": 0,
+            "completion_tokens": n, "cached_tokens": 0, "cached_tokens_details": None, "dp_rank": None,
+        }
+        if self.finished:
+            meta["e2e_latency"] = self.done_at - self.created
+            if self.draft_tokens > 1:
+                proposed = self.verify_ct * (self.draft_tokens - 1)
+                meta["spec_verify_ct"] = self.verify_ct
+                meta["spec_accept_length"] = n / self.verify_ct if self.verify_ct else 0.0
+                meta["spec_accept_rate"] = self.accepted / proposed if proposed else 0.0
+                meta["spec_num_correct_drafts"] = self.accepted
+                meta["spec_num_proposed_drafts"] = proposed
+        return meta
+
+    def usage(self) -> dict[str, Any]:
+        p, n = self.prompt_tokens, self.completion_tokens
+        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n, "prompt_tokens_details": None,
+                "reasoning_tokens": 0}
+
+    def chunk(self, start: int, end: int) -> str:
+        """One SSE event with tokens [start, end) (cumulative text for native, a delta for OpenAI)."""
+        if self.kind == NATIVE:
+            text, ids = filler(self.offset, 0, end)
+            if self.finished:
+                return f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{json.dumps(self.meta(), separators=(",", ":"))}}}\n\n'
+            return (f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{{"id":"{self.rid}",'
+                    f'"finish_reason":null,"prompt_tokens":{self.prompt_tokens},"weight_version":"default",'
+                    f'"num_retractions":{self.retractions},"reasoning_tokens":0,"completion_tokens":{end},'
+                    '"cached_tokens":0,"cached_tokens_details":null,"dp_rank":null}}\n\n')
+        text, _ = filler(self.offset, start, end)
+        reason = f'"{self.reason}"' if self.finished else "null"
+        matched = EOS_ID if self.finished and self.reason == "stop" else "null"
+        if self.kind == CHAT:
+            role = '"assistant"' if start == 0 else "null"
+            choice = (f'{{"index":0,"delta":{{"role":{role},"content":"{text}","reasoning_content":null,'
+                      f'"tool_calls":null}},"logprobs":null,"finish_reason":{reason},"matched_stop":{matched}}}')
+            obj = "chat.completion.chunk"
+        else:
+            choice = (f'{{"index":0,"text":"{text}","logprobs":null,"finish_reason":{reason},'
+                      f'"matched_stop":{matched}}}')
+            obj = "text_completion"
+        head = f'data: {{"id":"{self.rid}","object":"{obj}","created":{int(self.created)},"model":{json.dumps(self.model)},'
+        out = f'{head}"choices":[{choice}],"usage":null}}\n\n'
+        if self.finished and self.include_usage:
+            out += f'{head}"choices":[],"usage":{json.dumps(self.usage(), separators=(",", ":"))}}}\n\n'
+        return out
+
+    def body(self) -> dict[str, Any]:
+        """The non-streaming response."""
+        text, ids = filler(self.offset, 0, self.completion_tokens)
+        if self.kind == NATIVE:
+            return {"text": text, "output_ids": json.loads(f"[{ids}]"), "meta_info": self.meta()}
+        reason = self.reason or "abort"
+        matched = EOS_ID if reason == "stop" else None
+        if self.kind == CHAT:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
+                                              "tool_calls": None}, "logprobs": None, "finish_reason": reason,
+                      "matched_stop": matched}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "matched_stop": matched}
+            obj = "text_completion"
+        return {"id": self.rid, "object": obj, "created": int(self.created), "model": self.model,
+                "choices": [choice], "usage": self.usage()}
+
+
+class SSEResponse(Response):
+    """A server-sent-event stream fed by a ``Stream``; a client disconnect aborts the request."""
+
+    def __init__(self, stream: Stream, on_close: Callable[[Stream], None]):
+        self.stream, self.on_close = stream, on_close
+        self.status_code = 200
+        self.background = None
+
+    async def _watch(self, receive: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.stream.gone = True
+                self.stream.event.set()
+                return
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        s = self.stream
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        try:
+            while not s.gone:
+                await s.event.wait()
+                s.event.clear()
+                if s.gone:
+                    break
+                end = s.completion_tokens
+                if end - s.sent >= s.interval or s.finished:
+                    text = s.chunk(s.sent, end)
+                    s.sent = end
+                    if s.finished:
+                        await send({"type": "http.response.body", "body": (text + "data: [DONE]\n\n").encode(),
+                                    "more_body": False})
+                        return
+                    await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+        except OSError:
+            s.gone = True
+        finally:
+            watcher.cancel()
+            self.on_close(s)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"object": "error", "message": message, "type": "BadRequestError", "param": None,
+                         "code": status}, status_code=status)
+
+
+class SimServer:
+    """One simulated SGLang server: endpoints, request streams, and the pacing task."""
+
+    def __init__(self, status: Any, *, log: logs.Log, on_fatal: Callable[[], None]):
+        # ``status`` is the process's ServerStatus (in ``__main__``): facts, counters and report bodies.
+        self.status = status
+        self.sched = status.scheduler
+        self.log = log
+        self.on_fatal = on_fatal  # SGLang SIGKILLs its own process tree when a child fails
+        self.streams: dict[str, Stream] = {}
+        self.ready = False
+        self.draining = False
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._last_device_write = 0.0
+        # How well the wall clock follows the model: how late each step's tokens went out (sim-only figures).
+        self.pace = {"steps": 0, "modelled_s": 0.0, "late_s_sum": 0.0, "late_s_max": 0.0}
+        self.app = Starlette(routes=self._routes())
+
+    # -- pacing ---------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._pace())
+
+    async def _pace(self) -> None:
+        loop = asyncio.get_running_loop()
+        sched = self.sched
+        deadline = loop.time()
+        while True:
+            if not sched.has_work():
+                self._device(busy=False)
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = loop.time()  # idle time is not lag: the next step starts now
+                continue
+            res = sched.step()
+            for line in res.log_lines:
+                self.log(line)
+            if res.runtime_oom:
+                self._runtime_oom(res.runtime_oom)
+                return
+            if res.duration_s > 0:
+                deadline += res.duration_s
+                # Behind (negative delay): catch up, but always yield so the streams send what they hold.
+                await asyncio.sleep(max(0.0, deadline - loop.time()))
+                late = loop.time() - deadline
+                pace = self.pace
+                pace["steps"] += 1
+                pace["modelled_s"] += res.duration_s
+                pace["late_s_sum"] += late
+                pace["late_s_max"] = max(pace["late_s_max"], late)
+            else:  # nothing could run (e.g. no waiting prompt fits): do not spin
+                await asyncio.sleep(0.001)
+                deadline = loop.time()
+            streams = self.streams
+            for em in res.emissions:
+                stream = streams.get(em.rid)
+                if stream is not None:
+                    stream.push(em)
+            self._device(busy=True, prefill=res.kind == "prefill")
+
+    def _runtime_oom(self, message: str) -> None:
+        self.log.lines(logs.scheduler_exception(message, phase="runtime"))
+        self.log("SIGQUIT received. signum=None, frame=None. It usually means one child failed.")
+        self.log(logs.kill_tree(os.getpid(), include_parent=True))
+        self.on_fatal()
+
+    def _device(self, *, busy: bool, prefill: bool = False) -> None:
+        now = time.monotonic()
+        if busy and now - self._last_device_write < 0.2:
+            return  # the monitor samples every ~200 ms; writing more often only costs CPU
+        self._last_device_write = now
+        self.status.report_device(busy=busy, prefill=prefill)
+
+    # -- requests -------------------------------------------------------------------------------------------
+    def _submit(self, kind: str, text: str, prompt_tokens: int, max_new: int, ignore_eos: bool,
+                body: dict[str, Any]) -> Stream:
+        st = self.status
+        rid = uuid.uuid4().hex
+        req = make_request(rid, text, max_new, ignore_eos=ignore_eos, seed=st.seed, acceptance_mean=st.acceptance,
+                           output_mean=st.output_mean, output_dist=st.output_dist, prompt_tokens=prompt_tokens)
+        stream = Stream(rid, kind, req.prompt_tokens, model=str(body.get("model") or st.served_model_name),
+                        draft_tokens=st.draft_tokens)
+        stream.interval = max(1, int(st.server_args.get("stream_interval") or 1))
+        stream.include_usage = bool((body.get("stream_options") or {}).get("include_usage")) or bool(
+            st.server_args.get("stream_response_default_include_usage"))
+        self.streams[rid] = stream
+        self.sched.add(req)
+        st.on_request(req.prompt_tokens)
+        self._wake.set()
+        return stream
+
+    def _close(self, stream: Stream) -> None:
+        """Forget a stream; abort it in the scheduler if the client left before it finished (like SGLang)."""
+        self.streams.pop(stream.rid, None)
+        if not stream.finished:
+            self.sched.abort(stream.rid)
+            self._wake.set()
+        self.status.on_done(stream.completion_tokens, finished=stream.finished,
+                            e2e_s=(stream.done_at or time.time()) - stream.created,
+                            ttft_s=(stream.first_at - stream.created) if stream.first_at else None)
+
+    async def _serve(self, kind: str, text: str, prompt_tokens: int, max_new: Any, ignore_eos: bool,
+                     stream: bool, body: dict[str, Any]) -> Response:
+        if self.draining or not self.ready:
+            return _error(503, "The server is not ready or is shutting down.")
+        ctx = self.status.context_len
+        if max_new is None:
+            max_new = max(1, ctx - prompt_tokens)
+        if not isinstance(max_new, int) or max_new < 0:
+            return _error(400, f"max_new_tokens must be a non-negative integer, got {max_new!r}")
+        if prompt_tokens >= ctx:
+            return _error(400, f"The input ({prompt_tokens} tokens) is longer than the model's context length "
+                               f"({ctx} tokens).")
+        if prompt_tokens + max_new > ctx and not self.status.server_args.get("allow_auto_truncate"):
+            return _error(400, f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+                               f"You requested a total of {prompt_tokens + max_new} tokens: {prompt_tokens} tokens "
+                               f"from the input messages and {max_new} tokens for the completion.")
+        s = self._submit(kind, text, prompt_tokens, max(1, max_new), ignore_eos, body)
+        if stream:
+            return SSEResponse(s, self._close)
+        try:
+            await s.wait_finished()
+        finally:
+            self._close(s)
+        return JSONResponse(s.body())
+
+    async def generate(self, request: Request) -> Response:
+        body = await _json(request)
+        if body is None:
+            return _error(400, "The request body must be a JSON object.")
+        sp = body.get("sampling_params") or {}
+        ids, text = body.get("input_ids"), body.get("text")
+        if ids is not None and (not isinstance(ids, list) or not all(isinstance(i, int) for i in ids) or not ids):
+            return _error(400, "input_ids must be a non-empty list of token ids (batches are not simulated).")
+        if ids is None and not isinstance(text, str):
+            return _error(400, "Either text (a string) or input_ids should be provided.")
+        prompt = text if ids is None else " ".join(map(str, ids))
+        tokens = len(ids) if ids is not None else count_tokens(text)
+        return await self._serve(NATIVE, prompt, tokens, sp.get("max_new_tokens", 128),
+                                 bool(sp.get("ignore_eos")), bool(body.get("stream")), body)
+
+    async def completions(self, request: Request) -> Response:
+        body = await _json(request)
+        prompt = (body or {}).get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+            text, tokens = " ".join(map(str, prompt)), len(prompt)
+        elif isinstance(prompt, str):
+            text, tokens = prompt, count_tokens(prompt)
+        else:
+            return _error(400, "prompt must be a string or a list of token ids (batches are not simulated).")
+        return await self._serve(COMPLETION, text, tokens, body.get("max_tokens", 16), bool(body.get("ignore_eos")),
+                                 bool(body.get("stream")), body)
+
+    async def chat(self, request: Request) -> Response:
+        body = await _json(request)
+        messages = (body or {}).get("messages")
+        if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+            return _error(400, "messages must be a non-empty list of {role, content} objects.")
+        text = "".join(f"<|im_start|>{m.get('role', 'user')}\n{_content(m.get('content'))}<|im_end|>\n"
+                       for m in messages) + "<|im_start|>assistant\n"
+        max_new = body.get("max_completion_tokens", body.get("max_tokens"))
+        return await self._serve(CHAT, text, count_tokens(text), max_new, bool(body.get("ignore_eos")),
+                                 bool(body.get("stream")), body)
+
+    # -- status endpoints -----------------------------------------------------------------------------------
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200 if self.ready and not self.draining else 503)
+
+    async def model_info(self, request: Request) -> Response:
+        return JSONResponse(self.status.model_info())
+
+    async def server_info(self, request: Request) -> Response:
+        return JSONResponse(self.status.server_info(ready=self.ready))
+
+    async def models(self, request: Request) -> Response:
+        st = self.status
+        return JSONResponse({"object": "list", "data": [{
+            "id": st.served_model_name, "object": "model", "created": int(st.started_at), "owned_by": "sglang",
+            "root": st.served_model_name, "parent": None, "max_model_len": st.context_len}]})
+
+    async def metrics(self, request: Request) -> Response:
+        if not self.status.server_args.get("enable_metrics"):
+            return JSONResponse({"detail": "Not Found"}, status_code=404)
+        return PlainTextResponse(self.status.metrics_text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def flush_cache(self, request: Request) -> Response:
+        if self.streams or self.sched.has_work():
+            return PlainTextResponse("Cache not flushed. Please check the server status.", status_code=400)
+        self.status.flush()
+        return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. (When there are "
+                                 "running or waiting requests, the operation will not be performed.)\n")
+
+    async def sim_gpu(self, request: Request) -> Response:
+        return JSONResponse(self.status.device_reading())
+
+    async def sim_pace(self, request: Request) -> Response:
+        return JSONResponse(self.pace)
+
+    def _routes(self) -> list[Route]:
+        return [
+            Route("/health", self.health), Route("/health_generate", self.health), Route("/ready", self.health),
+            Route("/model_info", self.model_info), Route("/get_model_info", self.model_info),
+            Route("/server_info", self.server_info), Route("/get_server_info", self.server_info),
+            Route("/generate", self.generate, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat, methods=["POST"]),
+            Route("/v1/models", self.models), Route("/metrics", self.metrics),
+            Route("/flush_cache", self.flush_cache, methods=["GET", "POST"]),
+            Route("/sim/gpu", self.sim_gpu), Route("/sim/pace", self.sim_pace),
+        ]
+
+    # -- warm-up and shutdown -------------------------------------------------------------------------------
+    async def warmup(self) -> None:
+        """SGLang's warm-up request (8 tokens), run through the scheduler before the server reports ready."""
+        s = self._submit(NATIVE, "The capital city of France is", 8, 8, False, {})
+        try:
+            await s.wait_finished()
+        finally:
+            self._close(s)
+
+    async def drain(self, *, interval_s: float = 5.0) -> None:
+        """SIGTERM: refuse new work, let in-flight requests finish, report what is left every ``interval_s``."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        next_report = loop.time() + interval_s
+        while self.streams or self.sched.has_work():
+            if loop.time() >= next_report:
+                self.log(logs.graceful(list(self.streams)))
+                next_report += interval_s
+            await asyncio.sleep(0.05)
+        self.log(logs.graceful([]))
+
+
+async def _json(request: Request) -> dict[str, Any] | None:
+    try:
+        body = json.loads(await request.body())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _content(content: Any) -> str:
+    if isinstance(content, list):  # multimodal parts: keep the text ones
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return "" if content is None else str(content)
+
+
+def install_sigterm(server: SimServer, exit_now: Callable[[], None]) -> None:
+    """SIGTERM drains like SGLang, then exits; a second SIGTERM or SIGINT while draining exits at once."""
+    loop = asyncio.get_running_loop()
+
+    def handle() -> None:
+        if server.draining:
+            exit_now()
+            return
+        server.log(logs.sigterm())
+
+        async def drain_then_exit() -> None:
+            await server.drain()
+            exit_now()
+
+        loop.create_task(drain_then_exit())
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, handle)

@@ -1,0 +1,453 @@
+"""The Optuna loop: baseline and enqueued configs first, then the sampler; planner pre-check; resume.
+
+Every outcome is data. OOMs and infeasible configs are COMPLETE trials with value 0 and a violated constraint
+(the sampler learns where the wall is); crashes and timeouts are FAIL with their class and log. The study is
+written after every step, so a sweep killed at any moment resumes where it stopped: a trial left RUNNING by a
+dead process is failed as interrupted and its config queued again, once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import StudyConfig
+from autotune.errors import ConfigError, StorageError, StudyError
+from autotune.results import OOM_STATUSES, TrialResult
+from autotune.space import Feasibility, Space, config_diff
+
+Runner = Callable[[dict[str, Any], int], TrialResult]
+INFEASIBLE = OOM_STATUSES | {"bad_args"}  # deterministic: the same config fails the same way
+WORST = 1e9  # the second objective's value for a config that never served (finite: plots and samplers cope)
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
+# --- storage -----------------------------------------------------------------------------------------------
+def redact(url: str) -> str:
+    """The URL with any password replaced, for messages."""
+    head, sep, tail = url.partition("://")
+    if sep and "@" in tail:
+        cred, _, host = tail.rpartition("@")
+        user = cred.split(":", 1)[0]
+        return f"{head}://{user}:***@{host}"
+    return url
+
+
+def constraints(trial: FrozenTrial) -> list[float]:
+    """Optuna's constraints_func: values > 0 are violations (stored by the loop as ``user_attrs["constraint"]``)."""
+    return list(trial.user_attrs.get("constraint", [0.0]))
+
+
+def make_sampler(cfg: StudyConfig, *, salt: int = 0) -> optuna.samplers.BaseSampler:
+    """The configured sampler. ``salt`` (trials already stored) keeps a resumed sweep from replaying the
+    random start-up proposals of the first run."""
+    seed, kind = cfg.study.seed + salt, cfg.study.sampler
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed, constraints_func=constraints)
+    if kind == "cmaes":
+        if cfg.objective.second:
+            raise ConfigError("CMA-ES cannot optimise two objectives", file=str(cfg.path), key="study.sampler",
+                              fix='use sampler = "tpe"')
+        return optuna.samplers.CmaEsSampler(seed=seed)
+    # Multivariate + group TPE models the flags jointly (memory levers interact) and copes with conditions.
+    startup = max(4, min(10, cfg.study.trials // 4))
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=startup,
+                                      constraints_func=constraints)
+
+
+def directions(cfg: StudyConfig) -> list[str]:
+    second = cfg.objective.second
+    return ["maximize"] + ([second.direction] if second else [])
+
+
+def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
+    """Create or resume the study (``load_if_exists``: re-running continues it)."""
+    url = cfg.storage_url
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if not create:
+            return optuna.load_study(study_name=cfg.name, storage=url, sampler=make_sampler(cfg))
+        return optuna.create_study(study_name=cfg.name, storage=url, sampler=make_sampler(cfg),
+                                   directions=directions(cfg), load_if_exists=True)
+    except KeyError:
+        raise StudyError(f"no study named {cfg.name!r} in {redact(url)}; run `autotune sweep` first") from None
+    except ImportError:
+        raise StorageError(f"no database driver for {redact(url)}: install it (PostgreSQL: pip install "
+                           "psycopg2-binary, and write postgresql+psycopg2://...)") from None
+    except ValueError as exc:
+        raise StudyError(f"study {cfg.name!r} in {redact(url)} cannot be used: {exc}") from None
+    except Exception as exc:  # SQLAlchemy's errors for malformed or unreachable URLs
+        if type(exc).__module__.startswith(("sqlalchemy", "optuna")):
+            first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise StorageError(f"cannot open storage {redact(url)}: {first}") from None
+        raise
+
+
+# --- the trial runner --------------------------------------------------------------------------------------
+class HarnessRunner:
+    """The real trial: ``run_trial`` with the study's engine. Directory ``trials/<n>/``; repeats go inside it."""
+
+    def __init__(self, cfg: StudyConfig, *, stop_event: threading.Event, on_phase: Callable[..., None] | None = None):
+        from autotune.engines import make_engine
+        from autotune.trial import Timeouts
+        from autotune.workload import PromptSample, WorkloadSpec
+
+        eng, wl = cfg.engine, cfg.workload
+        model = eng.profile if eng.kind == "sim" and eng.profile else eng.model
+        self.engine = make_engine(eng.kind, model_path=model, python=eng.python, env=eng.env, sim_gpu=eng.sim_gpu,
+                                  sim_options=eng.sim_options, device=eng.device)
+        self.workload = WorkloadSpec(prompts=wl.prompts, sample_size=wl.sample_size, seed=wl.seed,
+                                     max_tokens=wl.max_tokens, concurrency=wl.concurrency, warmup_s=wl.warmup_s,
+                                     measure_s=wl.measure_s, endpoint=wl.endpoint, ignore_eos=wl.ignore_eos)
+        self.timeouts = Timeouts(**eng.timeouts)
+        self.sample = PromptSample.load(wl.prompts, wl.sample_size, wl.seed)  # once: every trial replays the same
+        self.cfg, self.stop_event, self.on_phase = cfg, stop_event, on_phase
+
+    def trial_dir(self, number: int) -> Path:
+        base = self.cfg.work_dir / "trials" / str(number)
+        if not base.exists():
+            return base
+        k = 1
+        while (base / f"repeat-{k}").exists():
+            k += 1
+        return base / f"repeat-{k}"
+
+    def __call__(self, config: dict[str, Any], trial_number: int) -> TrialResult:
+        from autotune.trial import run_trial
+
+        return run_trial(self.engine, config, self.workload, trial_dir=self.trial_dir(trial_number),
+                         gpu_index=self.cfg.engine.gpu, port=self.cfg.engine.port, timeouts=self.timeouts,
+                         on_phase=self.on_phase, stop_event=self.stop_event, run_dir=self.cfg.work_dir / "runs",
+                         sample=self.sample)
+
+
+def simulate(cfg: StudyConfig, config: Mapping[str, Any], *, seed: int = 0) -> TrialResult:
+    """One trial on the simulator's virtual clock (no server, no waiting): the same model, GPU and workload."""
+    from autotune.sim import SimWorkload, evaluate
+    from autotune.workload import PromptSample
+
+    wl = cfg.workload
+    sample = PromptSample.load(wl.prompts, wl.sample_size, wl.seed)
+    workload = SimWorkload(prompts=[row.as_text() for row in sample.rows], max_tokens=wl.max_tokens,
+                           concurrency=wl.concurrency, warmup_s=wl.warmup_s, measure_s=wl.measure_s,
+                           ignore_eos=wl.ignore_eos)
+    options = cfg.engine.sim_options
+    ev = evaluate(dict(config), workload, model=cfg.engine.profile or cfg.engine.model, gpu=cfg.engine.sim_gpu,
+                  seed=seed, noise=float(options.get("noise", 0.0)))
+    status = ev.status if ev.status in ("ok", "startup_oom", "runtime_oom", "bad_args", "crash", "timeout") else "crash"
+    return TrialResult(status=status, config=dict(config), engine="sim", capacity=ev.capacity, metrics=ev.metrics,
+                       reason=ev.reason, modelled_startup_s=ev.startup_s, plan=ev.plan)
+
+
+def simulated_runner(cfg: StudyConfig) -> Runner:
+    """A runner on the simulator's virtual clock, seeded per trial: for benchmarks and fast tests."""
+    calls: dict[int, int] = {}
+
+    def run(config: dict[str, Any], number: int) -> TrialResult:
+        calls[number] = calls.get(number, 0) + 1  # a repeat of the same trial gets fresh noise, like a re-run
+        return simulate(cfg, config, seed=(cfg.study.seed * 100_003 + number) * 101 + calls[number])
+
+    return run
+
+
+# --- bookkeeping -------------------------------------------------------------------------------------------
+def key_of(config: Mapping[str, Any]) -> str:
+    return json.dumps(dict(config), sort_keys=True, default=str)
+
+
+def result_of(trial: FrozenTrial) -> TrialResult | None:
+    data = trial.user_attrs.get("result")
+    return TrialResult.from_dict(data) if data else None
+
+
+def finished(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """Trials that count toward the target: everything done except interrupted ones (they run again)."""
+    return [t for t in trials if t.state == TrialState.COMPLETE
+            or (t.state == TrialState.FAIL and t.user_attrs.get("status") != "interrupted")]
+
+
+def _requeue(study: optuna.Study, trial: FrozenTrial, trials: list[FrozenTrial]) -> None:
+    """Queue an interrupted trial's config again unless an earlier resume already did."""
+    if trial.user_attrs.get("requeued_from") is not None:
+        return  # interrupted twice: once is enough
+    if any(t.user_attrs.get("requeued_from") == trial.number for t in trials):
+        return
+    attrs = {k: trial.user_attrs[k] for k in ("role", "label", "config") if k in trial.user_attrs}
+    study.enqueue_trial(trial.params, user_attrs={**attrs, "requeued_from": trial.number})
+
+
+def _mark_interrupted(study: optuna.Study, number: int, trial_id: int, reason: str) -> None:
+    handle = optuna.Trial(study, trial_id)
+    handle.set_user_attr("status", "interrupted")
+    handle.set_user_attr("reason", reason)
+    if "result" not in handle.user_attrs and "config" in handle.user_attrs:
+        handle.set_user_attr("result", TrialResult(status="interrupted", config=handle.user_attrs["config"],
+                                                   reason=reason).to_dict())
+
+
+def recover(study: optuna.Study) -> list[int]:
+    """Fail trials a killed sweep left RUNNING and queue their configs again. Returns their numbers."""
+    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    for trial in stale:
+        _mark_interrupted(study, trial.number, trial._trial_id, "the sweep process died during this trial")
+        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+    trials = study.get_trials(deepcopy=False)
+    for trial in trials:
+        if trial.state == TrialState.FAIL and trial.user_attrs.get("status") == "interrupted":
+            _requeue(study, trial, trials)
+    return [t.number for t in stale]
+
+
+def seed_trials(study: optuna.Study, cfg: StudyConfig) -> None:
+    """Enqueue the baseline (trial 0 of a new study) and the hand-written configs, once each."""
+    present = {(t.user_attrs.get("role"), t.user_attrs.get("label")) for t in study.get_trials(deepcopy=False)}
+    fixed = cfg.engine.fixed
+    wanted = [("baseline", cfg.baseline.label, {**fixed, **cfg.baseline.flags})]
+    wanted += [("enqueued", e.label, {**fixed, **e.flags}) for e in cfg.enqueue]
+    for role, label, config in wanted:
+        if (role, label) not in present:
+            params = {k: v for k, v in config.items() if k in cfg.space}
+            study.enqueue_trial(params, user_attrs={"role": role, "label": label, "config": config})
+
+
+def known_outcome(trials: list[FrozenTrial], key: str) -> FrozenTrial | None:
+    """A finished trial that launched exactly this config and failed deterministically (OOM, bad args)."""
+    for t in trials:
+        if t.state == TrialState.COMPLETE and t.user_attrs.get("launch_key") == key:
+            if t.user_attrs.get("status") in INFEASIBLE:
+                return t
+    return None
+
+
+def objective_values(cfg: StudyConfig, result: TrialResult) -> tuple[list[float], list[float]]:
+    """(values, constraint) for a COMPLETE trial. Constraint entries > 0 are violations."""
+    second = cfg.objective.second
+    slos = cfg.objective.parsed_constraints()
+    if result.status != "ok" or result.metrics is None:
+        worst = [WORST if second and second.direction == "minimize" else 0.0] if second else []
+        return [0.0, *worst], [1.0] + [0.0] * len(slos)
+    values = [result.metrics.output_tok_s]
+    if second:
+        values.append(_metric(result, second.metric) or (WORST if second.direction == "minimize" else 0.0))
+    violations = [-1.0]
+    for metric, op, limit in slos:
+        value = _metric(result, metric)
+        if value is None:
+            violations.append(0.0)
+        else:
+            violations.append(value - limit if op in ("<=", "<") else limit - value)
+    return values, violations
+
+
+def _metric(result: TrialResult, name: str) -> float | None:
+    m = result.metrics
+    if m is None:
+        return None
+    if name in ("output_tok_s", "request_s", "accept_length"):
+        return getattr(m, name)
+    stat, family, _ = name.split("_")
+    return getattr(getattr(m, f"{family}_ms"), stat)
+
+
+# --- the loop ----------------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def sigint_stops(stop: threading.Event) -> Iterator[None]:
+    """First Ctrl-C: stop the current server cleanly and end the sweep. Second: give up at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+class Sweep:
+    """One sweep over a study: holds the study, space, planner check, runner and progress sink."""
+
+    def __init__(self, cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None,
+                 stop_event: threading.Event | None = None):
+        from autotune.progress import PlainProgress
+
+        self.cfg = cfg
+        self.progress = progress or PlainProgress()
+        self.stop = stop_event or threading.Event()
+        self.space = Space.from_config(cfg)
+        self.feasibility = Feasibility.from_config(cfg)
+        self.study = open_study(cfg)
+        self.harness = runner is None
+        self.runner: Runner = runner or HarnessRunner(cfg, stop_event=self.stop, on_phase=self.progress.phase)
+
+    def _lock(self) -> None:
+        """One sweep per study at a time: a second one would fail the first one's running trial as stale."""
+        self.cfg.work_dir.mkdir(parents=True, exist_ok=True)
+        path = self.cfg.work_dir / "sweep.lock"
+        self._lock_file = open(path, "a+")  # noqa: SIM115  (held for the sweep's lifetime)
+        try:
+            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock_file.seek(0)
+            holder = self._lock_file.read().strip() or "another process"
+            self._lock_file.close()
+            raise StudyError(f"study {self.cfg.name!r} is being swept by pid {holder}; wait for it or stop it "
+                             f"(the lock is {path})") from None
+        self._lock_file.seek(0)
+        self._lock_file.truncate()
+        self._lock_file.write(str(os.getpid()))
+        self._lock_file.flush()
+
+    def prepare(self) -> None:
+        cfg, study = self.cfg, self.study
+        self._lock()
+        study.set_user_attr("autotune", cfg.to_dict())
+        if self.harness:
+            from autotune.server import cleanup_orphans
+
+            for pid in cleanup_orphans(cfg.work_dir / "runs"):
+                self.progress.log(f"stopped orphan server pid {pid} left by an earlier sweep")
+        for number in recover(study):
+            self.progress.log(f"trial {number} was left running by a stopped sweep: failed it, queued it again")
+        if self.feasibility is not None:
+            for trial in finished(study.get_trials(deepcopy=False)):
+                r = result_of(trial)
+                if r and r.ok and r.capacity and r.status == "ok" and not trial.user_attrs.get("reused_from"):
+                    self.feasibility.learn(r.config, r.capacity.kv_tokens)
+            contexts = [{**cfg.engine.fixed, **cfg.baseline.flags}, *({**cfg.engine.fixed, **e.flags} for e in cfg.enqueue)]
+            inert = self.feasibility.inert_everywhere(self.space, contexts)
+            for name, why in inert.items():
+                self.progress.log(f"not searching {name}: {why}")
+            self.space = self.space.without(set(inert))
+        seed_trials(study, cfg)
+        study.sampler = make_sampler(cfg, salt=len(study.get_trials(deepcopy=False)))
+
+    def close(self) -> None:
+        """Release the study lock (also released when the process dies, however it dies)."""
+        lock = getattr(self, "_lock_file", None)
+        if lock is not None and not lock.closed:
+            lock.close()
+
+    def run(self) -> optuna.Study:
+        """The search; the lock is kept for a confirmation that follows and released by ``close``."""
+        self.prepare()
+        target = self.cfg.study.trials
+        with sigint_stops(self.stop):
+            while not self.stop.is_set():
+                trials = self.study.get_trials(deepcopy=False)
+                done = len(finished(trials))
+                if done >= target:
+                    break
+                self.run_one(done, target)
+        return self.study
+
+    def _baseline_config(self) -> dict[str, Any]:
+        return {**self.cfg.engine.fixed, **self.cfg.baseline.flags}
+
+    def run_one(self, done: int, target: int) -> None:
+        study = self.study
+        trial = study.ask()
+        attrs = trial.user_attrs
+        role = attrs.get("role", "search")
+        if "config" in attrs:
+            config = dict(attrs["config"])
+            self.space.record(trial, config)
+        else:
+            config = self.space.suggest(trial)
+        memory_plan = self.feasibility.predict(config) if self.feasibility else None
+        launch = config
+        if memory_plan is not None and role == "search" and memory_plan.inert:
+            # Only searched flags: fixed and derived ones are the user's, and launched as written.
+            dropped = set(memory_plan.inert) & set(self.space.names)
+            launch = {k: v for k, v in config.items() if k not in dropped}
+        key = key_of(launch)
+        for name, value in (("role", role), ("config", config), ("launch_key", key)):
+            trial.set_user_attr(name, value)
+        self.progress.trial_started(trial.number, done, target, role, attrs.get("label"),
+                                    config_diff(launch, self._baseline_config()))
+        started = time.monotonic()
+        try:
+            result = self._outcome(trial, launch, key, memory_plan)
+        except BaseException as exc:  # an environment error or a second Ctrl-C: not this config's fault
+            reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+            result = TrialResult(status="interrupted", config=launch, engine=self.cfg.engine.kind, reason=reason)
+            self._record(trial, result, time.monotonic() - started)
+            raise
+        if memory_plan is not None and result.plan is None:
+            result = TrialResult.from_dict({**result.to_dict(), "plan": memory_plan.to_dict()})
+        self._record(trial, result, time.monotonic() - started)
+
+    def _outcome(self, trial: optuna.Trial, launch: dict[str, Any], key: str, memory_plan: Any) -> TrialResult:
+        prior = known_outcome(self.study.get_trials(deepcopy=False), key)
+        if prior is not None:
+            trial.set_user_attr("reused_from", prior.number)
+            return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind,
+                               reason=f"trial {prior.number} with this config ended {prior.user_attrs['status']}: "
+                                      f"{prior.user_attrs.get('reason') or ''}".rstrip(": "))
+        if memory_plan is not None and self.feasibility.sure_failure(memory_plan):
+            return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind,
+                               reason=memory_plan.message or f"planner: {memory_plan.failure}")
+        result = self.runner(launch, trial.number)
+        if self.feasibility is not None and result.ok and result.capacity is not None:
+            offset = self.feasibility.learn(launch, result.capacity.kv_tokens)
+            if offset is not None:
+                trial.set_user_attr("planner_offset_gib", round(offset, 3))
+        return result
+
+    def _record(self, trial: optuna.Trial, result: TrialResult, elapsed: float) -> None:
+        study = self.study
+        for name, value in (("result", result.to_dict()), ("status", result.status),
+                            ("reason", result.reason), ("log_path", result.log_path), ("elapsed_s", round(elapsed, 2))):
+            trial.set_user_attr(name, value)
+        if result.status == "interrupted":
+            reason = result.reason or "interrupted (Ctrl-C)"
+            _mark_interrupted(study, trial.number, trial._trial_id, reason)
+            frozen = study.get_trials(deepcopy=False)
+            _requeue(study, next(t for t in frozen if t.number == trial.number), frozen)
+            study.tell(trial, state=TrialState.FAIL)
+        elif result.status == "ok" or result.status in INFEASIBLE:
+            values, violation = objective_values(self.cfg, result)
+            trial.set_user_attr("constraint", violation)
+            study.tell(trial, values)
+        else:  # crash, timeout: the sampler should not read these as the memory wall
+            trial.set_user_attr("failure", result.status)
+            study.tell(trial, state=TrialState.FAIL)
+        self.progress.trial_finished(trial.number, result, best_value(study))
+
+
+def best_value(study: optuna.Study) -> float | None:
+    ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+          if t.user_attrs.get("status") == "ok"]
+    return max((t.values[0] for t in ok), default=None)
+
+
+def run_study(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None,
+              stop_event: threading.Event | None = None) -> optuna.Study:
+    """Run (or resume) the search until ``cfg.study.trials`` trials are finished; returns the study."""
+    sweep = Sweep(cfg, runner=runner, progress=progress, stop_event=stop_event)
+    try:
+        return sweep.run()
+    finally:
+        sweep.close()

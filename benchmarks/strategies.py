@@ -1,0 +1,405 @@
+"""The search strategies the tuner is compared against, and the simulated launch they all pay for.
+
+Every strategy proposes configs of the same study space and "launches" them through one ``Oracle``: the
+simulator's in-process evaluator (``autotune.sim.evaluate``) memoised per config, with measurement noise drawn
+per launch, and the modelled GPU time each launch would cost on the real machine. Memoising is what makes
+thousands of trials affordable; the noise model keeps the search as noisy as a real sweep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.trial import TrialState
+
+from autotune.config import StudyConfig
+from autotune.results import TrialResult
+from autotune.sim import SimWorkload, evaluate
+from autotune.space import Space
+from autotune.study import Sweep, directions, key_of, make_sampler
+
+BAD_ARGS_S = 10.0  # SGLang rejects bad arguments while parsing them, before any weight is loaded
+OOM = frozenset({"startup_oom", "runtime_oom"})
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark case: a study (space, baseline, workload) on one simulated model and GPU."""
+
+    name: str
+    cfg: StudyConfig
+    workload: SimWorkload
+    tp: int  # GPUs one server occupies: GPU time = wall time × tp
+
+    @property
+    def baseline(self) -> dict[str, Any]:
+        return {**self.cfg.engine.fixed, **self.cfg.baseline.flags}
+
+    @property
+    def space(self) -> Space:
+        return Space.from_config(self.cfg)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What launching a config once, noise-free, gives: status, tok/s, and the modelled seconds it costs."""
+
+    status: str
+    tok_s: float
+    cost_s: float  # GPU-seconds of one launch: startup (+ warm-up + window, or until the OOM hit) × tp
+    result: TrialResult
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One trial of a strategy. ``observed`` is what the strategy saw; ``true`` what the config is worth."""
+
+    config: dict[str, Any]
+    status: str  # a TrialResult status; "skipped_infeasible" is not a launch and costs nothing
+    observed: float
+    true: float
+    cost_s: float
+
+    @property
+    def launched(self) -> bool:
+        return self.status != "skipped_infeasible"
+
+
+class Oracle:
+    """Noise-free evaluation of each distinct config once (seed 0), shared by every strategy and seed."""
+
+    def __init__(self, case: Case, *, noise_cv: float):
+        self.case, self.noise_cv = case, noise_cv
+        self.memo: dict[str, Outcome] = {}
+        eng = case.cfg.engine
+        self.model, self.gpu = eng.profile or eng.model, eng.sim_gpu
+
+    def outcome(self, config: Mapping[str, Any]) -> Outcome:
+        key = key_of(config)
+        if key not in self.memo:
+            self.memo[key] = self._evaluate(dict(config))
+        return self.memo[key]
+
+    def _evaluate(self, config: dict[str, Any]) -> Outcome:
+        ev = evaluate(config, self.case.workload, model=self.model, gpu=self.gpu, seed=0, noise=0.0)
+        wl, startup = self.case.workload, ev.startup_s or 0.0
+        status = ev.status if ev.status in ("ok", "startup_oom", "runtime_oom", "bad_args") else "crash"
+        if status == "ok":
+            wall = startup + wl.warmup_s + wl.measure_s
+        elif status == "startup_oom":
+            wall = startup  # the load (and capture) until the failure
+        elif status == "runtime_oom":
+            wall = startup + ev.sim_s  # served until the batch that did not fit
+        else:
+            wall = BAD_ARGS_S
+        result = TrialResult(status=status, config=config, engine="sim", capacity=ev.capacity, metrics=ev.metrics,
+                             reason=ev.reason, modelled_startup_s=ev.startup_s, plan=ev.plan)
+        return Outcome(status=status, tok_s=ev.output_tok_s if status == "ok" else 0.0,
+                       cost_s=wall * self.case.tp, result=result)
+
+    def launch(self, config: Mapping[str, Any], rng: np.random.Generator) -> tuple[Launch, TrialResult]:
+        """One measured launch: the true value times (1 + noise), the way a re-run scatters."""
+        out = self.outcome(config)
+        observed = out.tok_s * (1.0 + self.noise_cv * float(rng.standard_normal())) if out.tok_s else 0.0
+        result = out.result
+        if result.metrics is not None:
+            result = dataclasses.replace(result, metrics=dataclasses.replace(result.metrics, output_tok_s=observed))
+        return Launch(dict(config), out.status, observed, out.tok_s, out.cost_s), result
+
+
+Strategy = Callable[[Case, Oracle, int, int], list[Launch]]
+
+
+# --- ours: the real study loop ------------------------------------------------------------------------------
+class _Quiet:
+    """A progress sink that prints nothing (the benchmark prints its own summary)."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
+
+
+def ours(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch]:
+    """``autotune.study``'s Sweep: baseline + enqueued first, TPE with OOM constraints, the planner pre-check."""
+    study_cfg = case.cfg.study.model_copy(update={"trials": budget, "seed": seed, "storage": "sqlite:///:memory:"})
+    cfg = case.cfg.model_copy(update={"study": study_cfg})
+    rng = np.random.default_rng([seed, 0])
+    launches: dict[int, Launch] = {}
+
+    def runner(config: dict[str, Any], number: int) -> TrialResult:
+        launches[number], result = oracle.launch(config, rng)
+        return result
+
+    sweep = Sweep(cfg, runner=runner, progress=_Quiet())
+    # The same loop on Optuna's in-memory storage: SQLite bookkeeping would cost more CPU than the simulator.
+    sweep.study = optuna.create_study(directions=directions(cfg), sampler=make_sampler(cfg))
+    study = sweep.run()
+    out = []
+    for trial in study.get_trials(deepcopy=False):
+        if trial.number in launches:
+            out.append(launches[trial.number])
+        elif trial.user_attrs.get("status") == "skipped_infeasible":
+            out.append(Launch(dict(trial.user_attrs.get("config", {})), "skipped_infeasible", 0.0, 0.0, 0.0))
+    return out
+
+
+# --- what existing tools do ---------------------------------------------------------------------------------
+def _sampled(case: Case, oracle: Oracle, budget: int, seed: int, sampler: optuna.samplers.BaseSampler,
+             tag: int) -> list[Launch]:
+    """Ask/tell over the whole declared space with no planner: every proposal is launched, an OOM is FAIL."""
+    space, rng = case.space, np.random.default_rng([seed, tag])
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    out = []
+    for _ in range(budget):
+        trial = study.ask()
+        launch, _ = oracle.launch(space.suggest(trial), rng)
+        out.append(launch)
+        if launch.status == "ok":
+            study.tell(trial, launch.observed)
+        else:
+            study.tell(trial, state=TrialState.FAIL)
+    return out
+
+
+def tpe_plain(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch]:
+    """Optuna's default TPE, OOM as a failed trial, no planner (how generic tuning scripts use Optuna)."""
+    return _sampled(case, oracle, budget, seed, optuna.samplers.TPESampler(seed=seed), 1)
+
+
+def random_search(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch]:
+    return _sampled(case, oracle, budget, seed, optuna.samplers.RandomSampler(seed=seed), 2)
+
+
+def _levels(dist: Any, n: int, rng: np.random.Generator) -> list[Any]:
+    """``n`` evenly spaced values of a distribution (categoricals: all choices, shuffled if more than n)."""
+    if isinstance(dist, CategoricalDistribution):
+        choices = list(dist.choices)
+        return choices if len(choices) <= n else list(rng.choice(np.array(choices, dtype=object), n, replace=False))
+    if n <= 1:
+        return [dist.high]
+    raw = np.linspace(dist.low, dist.high, n)
+    if isinstance(dist, IntDistribution):
+        step = dist.step or 1
+        return sorted({int(dist.low + round((v - dist.low) / step) * step) for v in raw})
+    assert isinstance(dist, FloatDistribution)
+    step = dist.step
+    return sorted({round(dist.low + round((v - dist.low) / step) * step, 6) if step else round(float(v), 6)
+                   for v in raw})
+
+
+class _Runner:
+    """Launches configs for the grid strategies, stopping at the budget; remembers what each config scored."""
+
+    def __init__(self, case: Case, oracle: Oracle, budget: int, rng: np.random.Generator):
+        self.case, self.oracle, self.budget, self.rng = case, oracle, budget, rng
+        self.space = case.space
+        self.launches: list[Launch] = []
+        self.seen: dict[str, float] = {}
+
+    @property
+    def full(self) -> bool:
+        return len(self.launches) >= self.budget
+
+    def run(self, values: Mapping[str, Any]) -> float:
+        """The observed tok/s of a config (0 for a failure); a config already measured is not run again."""
+        config = self.space.complete({**self.space.fixed, **values})
+        key = key_of(config)
+        if key not in self.seen and not self.full:
+            launch, _ = self.oracle.launch(config, self.rng)
+            self.launches.append(launch)
+            self.seen[key] = launch.observed
+        return self.seen.get(key, 0.0)
+
+
+def tiered_grid(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch]:
+    """SGLang ``auto_benchmark`` style: from the baseline, sweep one knob at a time in tiers (keeping each
+    tier's best), then a small factorial over the two best values of the first three knobs."""
+    run = _Runner(case, oracle, budget, np.random.default_rng([seed, 3]))
+    params = [p for p in run.space.params if p.spec.when is None and p.spec.condition is None]
+    base = {k: v for k, v in case.baseline.items() if k not in case.cfg.engine.fixed}
+    best, best_value = dict(base), run.run(base)
+    factorial = min(8, budget // 4)
+    per_knob = max(1, (budget - 1 - factorial) // max(1, len(params)))
+    top: dict[str, list[Any]] = {}
+    for param in params:
+        scores = {}
+        for value in _levels(param.distribution, per_knob, run.rng):
+            scores[value] = run.run({**best, param.name: value})
+        ranked = sorted(scores, key=lambda v: -scores[v])
+        top[param.name] = ranked[:2]
+        if ranked and scores[ranked[0]] > best_value:
+            best, best_value = {**best, param.name: ranked[0]}, scores[ranked[0]]
+    knobs = [p.name for p in params if len(top.get(p.name, [])) == 2][:3]
+    for combo in itertools.product(*(top[k] for k in knobs)):
+        run.run({**best, **dict(zip(knobs, combo, strict=True))})
+    _fill_random(run, seed)
+    return run.launches
+
+
+def vllm_grid(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch]:
+    """vLLM ``auto_tune.sh`` style: a 2-knob grid, max running requests × the memory fraction (highest first),
+    everything else at the baseline."""
+    run = _Runner(case, oracle, budget, np.random.default_rng([seed, 4]))
+    dists = {p.name: p.distribution for p in run.space.params}
+    base = {k: v for k, v in case.baseline.items() if k not in case.cfg.engine.fixed}
+    n_mem = 2 if budget < 20 else 4 if budget < 40 else 5
+    n_seqs = max(1, budget // n_mem)
+    seqs = _levels(dists["max_running_requests"], n_seqs, run.rng)
+    mems = sorted(_levels(dists["mem_fraction_static"], n_mem, run.rng), reverse=True)
+    for seqs_value, mem in itertools.product(seqs, mems):
+        run.run({**base, "max_running_requests": seqs_value, "mem_fraction_static": mem})
+    _fill_random(run, seed)
+    return run.launches
+
+
+def _fill_random(run: _Runner, seed: int) -> None:
+    """Spend a budget the design left over (duplicates collapsed) on random configs, so budgets are equal."""
+    sampler = optuna.samplers.RandomSampler(seed=seed + 7919)
+    study = optuna.create_study(direction="maximize", sampler=sampler)
+    tries = 0
+    while not run.full and tries < 50 * run.budget:
+        tries += 1
+        trial = study.ask()
+        config = run.space.suggest(trial)
+        study.tell(trial, state=TrialState.FAIL)
+        run.run({k: v for k, v in config.items() if k not in run.space.fixed})
+
+
+STRATEGIES: dict[str, Strategy] = {
+    "ours": ours,
+    "tpe-no-planner": tpe_plain,
+    "random": random_search,
+    "tiered-grid": tiered_grid,
+    "vllm-2knob-grid": vllm_grid,
+}
+
+
+def best_so_far(launches: list[Launch]) -> list[float]:
+    """After each trial: the true value of the config the strategy would pick (its best observed so far)."""
+    out, pick, pick_obs = [], 0.0, -math.inf
+    for launch in launches:
+        if launch.status == "ok" and launch.observed > pick_obs:
+            pick, pick_obs = launch.true, launch.observed
+        out.append(pick)
+    return out
+
+
+# --- the ground truth ---------------------------------------------------------------------------------------
+MEMORY_KNOB = "mem_fraction_static"
+
+
+def grid_values(param: Any) -> list[Any]:
+    """Every value of a parameter on its declared grid (a float range needs a step to have one)."""
+    dist = param.distribution
+    if isinstance(dist, CategoricalDistribution):
+        return list(dist.choices)
+    if isinstance(dist, IntDistribution):
+        return list(range(dist.low, dist.high + 1, dist.step or 1))
+    if not dist.step:
+        raise ValueError(f"{param.name} is a continuous range: give it a step to grid it")
+    n = round((dist.high - dist.low) / dist.step)
+    return [round(dist.low + i * dist.step, 6) for i in range(n + 1)]
+
+
+def _families(params: list[Any], values: dict[str, Any]):
+    """Every combination of the parameters, honouring conditions (an inactive parameter is left out)."""
+    if not params:
+        yield dict(values)
+        return
+    head, rest = params[0], params[1:]
+    if not head.active(values):
+        yield from _families(rest, values)
+        return
+    for value in grid_values(head):
+        values[head.name] = value
+        yield from _families(rest, values)
+    values.pop(head.name, None)
+
+
+def signature(mp: Any) -> tuple:
+    """What the simulated scheduler and speed model read from a plan, with the KV pool size left out.
+
+    The Mamba slot count and ratio only feed gauges (the running cap already holds them), so configs that
+    differ only there behave identically.
+    """
+    from autotune.sim.scheduler import SchedulerLimits
+
+    limits = dataclasses.replace(SchedulerLimits.from_plan(mp), kv_tokens=1, mamba_slots=None, ratio=1)
+    x = mp.extra
+    return (limits, x.get("kv_cell_bytes"), x.get("mamba_slot_bytes"), x.get("tp_size"))
+
+
+def _plan_families(case: Case, model_name: str, gpu_name: str, fractions: list[Any],
+                  families: list[dict[str, Any]]) -> list[tuple[tuple, int, dict[str, Any]]]:
+    """(signature, KV tokens, config) of each family's highest memory fraction that starts (none if none)."""
+    from autotune.planner import plan
+    from autotune.profiles import load_gpu, load_model
+
+    model, gpu, space, out = load_model(model_name), load_gpu(gpu_name), case.space, []
+    for values in families:
+        for fraction in fractions:
+            config = space.complete(values if fraction is None else {**values, MEMORY_KNOB: fraction})
+            mp = plan(model, gpu, config, _inert=False)
+            if mp.fits:
+                out.append((signature(mp), mp.kv_tokens, config))
+                break
+    return out
+
+
+def _outcomes(case: Case, configs: list[dict[str, Any]]) -> list[Outcome]:
+    oracle = Oracle(case, noise_cv=0.0)
+    return [oracle.outcome(c) for c in configs]
+
+
+def _chunks(items: list[Any], n: int) -> list[list[Any]]:
+    size = max(1, math.ceil(len(items) / n))
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def exhaustive(case: Case, oracle: Oracle, *, jobs: int = 2) -> dict[str, Any]:
+    """The grid optimum over the study's space (planner-inert flags dropped, as the study drops them).
+
+    Exact shortcuts keep it affordable: within one setting of every other flag the memory fraction only
+    grows the KV pool, so only the highest fraction that starts is kept; configs whose plans give the same
+    scheduler signature are simulated once, at the largest KV pool among them. Both rest on one assumption,
+    checked by the tests: more KV never lowers throughput.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from autotune.space import Feasibility
+
+    cfg = case.cfg
+    space = case.space
+    feas = Feasibility.from_config(cfg)
+    contexts = [case.baseline, *({**cfg.engine.fixed, **e.flags} for e in cfg.enqueue)]
+    space = space.without(set(feas.inert_everywhere(space, contexts))) if feas else space
+    memory = next((p for p in space.params if p.name == MEMORY_KNOB), None)
+    fractions = sorted(grid_values(memory), reverse=True) if memory else [None]
+    families = list(_families([p for p in space.params if p is not memory], dict(space.fixed)))
+    groups: dict[tuple, tuple[int, dict[str, Any]]] = {}
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        parts = pool.map(_plan_families, *zip(*[(case, oracle.model, oracle.gpu, fractions, chunk)
+                                                for chunk in _chunks(families, 8 * jobs)], strict=True))
+        for part in parts:
+            for key, kv, config in part:
+                if key not in groups or kv > groups[key][0]:
+                    groups[key] = (kv, config)
+        configs = [config for _, config in groups.values()]
+        chunks = _chunks(configs, 8 * jobs)
+        for chunk, outs in zip(chunks, pool.map(_outcomes, [case] * len(chunks), chunks), strict=True):
+            for config, out in zip(chunk, outs, strict=True):
+                oracle.memo[key_of(config)] = out
+    best_config, best = case.baseline, oracle.outcome(case.baseline).tok_s
+    for config in configs:
+        if oracle.outcome(config).tok_s > best:
+            best_config, best = config, oracle.outcome(config).tok_s
+    return {"config": best_config, "tok_s": best, "grid": len(families) * len(fractions), "families": len(families),
+            "groups": len(groups), "baseline_tok_s": oracle.outcome(case.baseline).tok_s}

@@ -1,0 +1,116 @@
+"""``autotune measure``: bad input is one line and exit 1 before any server starts; one real trial prints JSON."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from autotune.cli import main
+from autotune.cli.measure import load_config_file
+from autotune.errors import ConfigError
+
+pytestmark = pytest.mark.timeout(60)
+PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
+
+
+def run(capsys, *args: str) -> tuple[int, str, str]:
+    with pytest.raises(SystemExit) as info:
+        main(["measure", *args])
+    out, err = capsys.readouterr()
+    return info.value.code, out, err
+
+
+@pytest.fixture
+def quiet_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def _one_error_line(err: str, *needles: str) -> None:
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: "), err
+    for needle in needles:
+        assert needle in lines[0]
+
+
+def test_unknown_flag_is_one_line_before_any_server(capsys, quiet_env):
+    code, _, err = run(capsys, "--set", "mamba-scheduler-strategy=extra_buffer", "--prompts", str(PROMPTS), "--out", "t")
+    assert code == 1
+    _one_error_line(err, "--mamba-scheduler-strategy", "--mamba-radix-cache-strategy")
+    assert not (quiet_env / "t").exists() and not (quiet_env / "runs").exists()
+
+
+def test_unknown_engine(capsys, quiet_env):
+    code, _, err = run(capsys, "--engine", "vllm")
+    assert code == 1
+    _one_error_line(err, "vllm", "sglang, sim")
+
+
+def test_missing_prompts_file(capsys, quiet_env):
+    code, _, err = run(capsys, "--prompts", str(quiet_env / "nope.jsonl"))
+    assert code == 1
+    _one_error_line(err, "nope.jsonl", "not found", "--prompts")
+
+
+def test_default_prompts_found_beside_the_package(capsys, quiet_env):
+    # cwd has no examples/ here; the shipped sample is found next to the package, so only the bad flag fails
+    code, _, err = run(capsys, "--set", "no-such-flag=1")
+    assert code == 1
+    _one_error_line(err, "--no-such-flag")
+
+
+def test_bad_jsonl_line_names_file_and_line(capsys, quiet_env):
+    bad = quiet_env / "p.jsonl"
+    bad.write_text('{"prompt": "fine"}\n{"prompt": \n')
+    code, _, err = run(capsys, "--prompts", str(bad))
+    assert code == 1
+    _one_error_line(err, f"{bad}:2", "not valid JSON")
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("c.toml", 'max-mamba-cache-size = 200\ndisable-radix-cache = true\n', {"max-mamba-cache-size": 200, "disable-radix-cache": True}),
+        ("c.yaml", "max_running_requests: 8\n", {"max_running_requests": 8}),
+        ("c.json", '{"flags": {"mem_fraction_static": 0.8}}', {"mem_fraction_static": 0.8}),
+    ],
+)
+def test_config_files(tmp_path, name, text, expected):
+    path = tmp_path / name
+    path.write_text(text)
+    assert load_config_file(path) == expected
+
+
+@pytest.mark.parametrize(("name", "text", "match"), [("c.toml", "x = [", "cannot parse"), ("c.ini", "x=1", "unsupported"), ("c.yaml", "- 1\n", "mapping")])
+def test_bad_config_files_name_the_file(tmp_path, name, text, match):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config_file(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.slow
+def test_measure_prints_the_trial_result_as_json(capsys, quiet_env):
+    cfg = quiet_env / "flags.yaml"
+    cfg.write_text("max-running-requests: 8\n")
+    shm = quiet_env / "shm"
+    shm.mkdir()
+    code, out, _ = run(
+        capsys, "--engine", "sim", "--config", str(cfg), "--set", "mem-fraction-static=0.85", "--prompts", str(PROMPTS),
+        "--sample", "40", "--warmup", "1", "--window", "2", "--json", "--out", str(quiet_env / "trial"), "--gpu-index", "6",
+        "--sim-opt", "startup_s=0.3", "--sim-opt", "release_s=0.3", "--sim-opt", f"shm={shm}",
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["status"] == "ok"
+    assert data["config"] == {"max_running_requests": 8, "mem_fraction_static": 0.85}
+    assert data["capacity"]["max_running_requests"] == 8
+    assert data["metrics"]["output_tok_s"] > 0 and data["metrics"]["concurrency"] == 16
+    assert set(data["metrics"]["itl_ms"]) == {"p50", "p90", "p99", "mean"}
+    assert "accept_length" in data["metrics"] and data["gpu"]["peak_used_gib"] > 0
+    assert set(data["durations_s"]) == {"startup", "warmup", "measure", "teardown"}
+    assert (quiet_env / "trial" / "result.json").exists() and not list(shm.iterdir())

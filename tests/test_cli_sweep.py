@@ -1,0 +1,220 @@
+"""``autotune sweep`` and ``autotune trials`` end to end on the simulated engine (tiny studies, short windows)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+
+from autotune.cli import main
+
+TINY = """
+[study]
+name = "tiny"
+trials = {trials}
+seed = 0
+confirm_top_k = {top_k}
+confirm_repeats = 1
+
+[engine]
+kind = "sim"
+model = "qwen3.6-27b"
+sim_gpu = "b200"
+sim_options = {{ startup_s = 0.2, warmup_s = 0.1, release_s = 0.2 }}
+
+[engine.fixed]
+speculative_algorithm = "EAGLE"
+speculative_eagle_topk = 1
+speculative_num_steps = 3
+speculative_num_draft_tokens = 4
+
+[space]
+max_mamba_cache_size = {{ type = "int", low = 80, high = 240, step = 80 }}
+mem_fraction_static = {{ type = "float", low = 0.86, high = 0.90, step = 0.02 }}
+
+[workload]
+prompts = "prompts.jsonl"
+sample_size = 16
+max_tokens = 256
+warmup_s = 0.5
+measure_s = {measure_s}
+
+[baseline]
+flags = {{ max_mamba_cache_size = 80 }}
+"""
+
+
+def tiny(tmp_path: Path, *, trials: int = 2, top_k: int = 1, measure_s: float = 1.0) -> Path:
+    (tmp_path / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"Explain topic {i} in detail. " * 4}) + "\n" for i in range(16)))
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.format(trials=trials, top_k=top_k, measure_s=measure_s))
+    return path
+
+
+@pytest.fixture
+def sim_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    return {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}
+
+
+def cli(*args: str, env: dict, timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (("[study]", "[study]\ncolour = 1"), "study.colour"),
+        (("trials = 2", "trials = [2]"), "study.trials"),
+        (("low = 80, high = 240", "low = 240, high = 80"), "empty range"),
+        (("speculative_eagle_topk = 1", "speculative_eagle_top_k = 1"), "did you mean"),
+        (('prompts = "prompts.jsonl"', 'prompts = "nowhere.jsonl"'), "workload.prompts"),
+    ],
+)
+def test_bad_study_file_is_one_line_and_exit_1_before_any_server(tmp_path, capsys, edit, words):
+    path = tiny(tmp_path)
+    path.write_text(path.read_text().replace(*edit))
+    with pytest.raises(SystemExit) as info:
+        main(["sweep", "--config", str(path)])
+    err = capsys.readouterr().err
+    assert info.value.code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and str(path) in lines[0] and words in lines[0]
+    assert not (tmp_path / "tiny").exists() and not (tmp_path / "tiny.db").exists()  # nothing was started
+
+
+def test_sweep_json_then_trials(tmp_path, sim_env, capsys):
+    path = tiny(tmp_path)
+    done = cli("sweep", "--config", str(path), "--json", env=sim_env)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["study"] == "tiny" and summary["n_trials"] == 2
+    assert sum(summary["statuses"].values()) == 2
+    assert summary["baseline"]["params"]["max_mamba_cache_size"] == 80
+    assert summary["baseline"]["output_tok_s"] > 0
+    best = summary["best"]
+    assert best["output_tok_s"] > 0 and best["ci_low"] <= best["output_tok_s"] <= best["ci_high"]
+    assert summary["gain_over_baseline"] == pytest.approx(best["output_tok_s"] / summary["baseline"]["output_tok_s"])
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'tiny.db'}")
+    assert study.user_attrs["confirmation"]["winner_trial"] == best["trial"]
+    assert (tmp_path / "tiny" / "trials" / "0" / "server.log").is_file()
+
+    main_rc = _run_main(["trials", "--config", str(path), "--json"])
+    rows = json.loads(capsys.readouterr().out)
+    assert main_rc == 0 and [r["number"] for r in rows] == [0, 1]
+    assert rows[0]["status"] == "ok" and rows[0]["max_running_requests"] == 16 and rows[0]["kv_tokens"] > 0
+    _run_main(["trials", "--storage", f"sqlite:///{tmp_path / 'tiny.db'}", "--csv"])
+    csv = capsys.readouterr().out.splitlines()
+    assert csv[0].startswith("number,state,status") and len(csv) == 3
+    _run_main(["trials", "--config", str(path)])
+    table = capsys.readouterr().out
+    assert "baseline" in table and "max_mamba_cache_size=80" in table
+
+
+def _run_main(argv: list[str]) -> int:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    return info.value.code
+
+
+def _lines(proc: subprocess.Popen) -> queue.Queue:
+    out: queue.Queue = queue.Queue()
+
+    def pump():
+        for line in proc.stdout:
+            out.put(line)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return out
+
+
+def _wait_for(lines: queue.Queue, needle: str, deadline: float) -> list[str]:
+    seen = []
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=0.2)
+        except queue.Empty:
+            continue
+        seen.append(line)
+        if needle in line:
+            return seen
+    raise AssertionError(f"{needle!r} never appeared in {''.join(seen)}")
+
+
+def test_sigkill_mid_trial_then_resume_loses_nothing_and_cleans_the_orphan(tmp_path, sim_env):
+    path = tiny(tmp_path, trials=2, top_k=0, measure_s=3.0)
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "sweep", "--config", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=sim_env)
+    try:
+        lines = _lines(proc)
+        deadline = time.monotonic() + 60
+        _wait_for(lines, "trial 0: ok", deadline)
+        _wait_for(lines, "measuring", deadline)  # trial 1 is measuring: kill the sweep, not its server
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    pid_files = list((tmp_path / "tiny" / "runs").glob("server-*.json"))
+    assert len(pid_files) == 1
+    orphan = json.loads(pid_files[0].read_text())["pid"]
+    assert psutil.pid_exists(orphan)
+
+    done = cli("sweep", "--config", str(path), env=sim_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    gone = time.monotonic() + 10
+    while psutil.pid_exists(orphan) and psutil.Process(orphan).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < gone, "the orphan server survived the resume"
+        time.sleep(0.1)
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'tiny.db'}")
+    trials = study.get_trials()
+    assert trials[0].state == TrialState.COMPLETE and trials[0].user_attrs["status"] == "ok"  # not lost
+    assert trials[1].state == TrialState.FAIL and trials[1].user_attrs["status"] == "interrupted"
+    requeued = [t for t in trials if t.user_attrs.get("requeued_from") == 1]
+    assert len(requeued) == 1 and requeued[0].state == TrialState.COMPLETE  # re-run once, not twice
+    assert requeued[0].user_attrs["config"] == trials[1].user_attrs["config"]
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+def _pid_file_pid(runs: Path, deadline: float) -> int:
+    while time.monotonic() < deadline:
+        files = list(runs.glob("server-*.json"))
+        if files:
+            return json.loads(files[0].read_text())["pid"]
+        time.sleep(0.05)
+    raise AssertionError("no server pid file appeared")
+
+
+def test_ctrl_c_stops_the_server_and_records_the_trial_as_interrupted(tmp_path, sim_env):
+    path = tiny(tmp_path, trials=1, top_k=0, measure_s=5.0)
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "sweep", "--config", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=sim_env)
+    try:
+        lines = _lines(proc)
+        deadline = time.monotonic() + 60
+        _wait_for(lines, "measuring", deadline)
+        server = _pid_file_pid(tmp_path / "tiny" / "runs", deadline)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'tiny.db'}")
+    first = study.trials[0]
+    assert first.state == TrialState.FAIL and first.user_attrs["status"] == "interrupted"
+    assert [t.user_attrs.get("requeued_from") for t in study.get_trials(states=(TrialState.WAITING,))] == [0]

@@ -1,0 +1,240 @@
+"""Fleet files, `autotune fleet up|status|down` on simulated servers, and the remote (SSH) command lines.
+
+``make_fleet`` and ``teardown`` are shared with the rollout tests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from autotune.apply import split_config
+from autotune.cli import cli
+from autotune.errors import FleetError
+from autotune.fleet import Fleet, FleetServer, down, drift, load_fleet, status, up, write_fleet
+from autotune.remote import split_host, start_command, stop_command
+from autotune.server import free_port
+
+FAST = {"startup_s": 0.1, "warmup_s": 0.05, "release_s": 0.2}
+OLD = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 120}
+
+
+def write_yaml(path: Path, config: dict[str, Any]) -> str:
+    document, cli = split_config(config)
+    assert not cli
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(document, sort_keys=False))
+    return path.name
+
+
+def make_fleet(tmp_path: Path, n: int, *, config: dict[str, Any] = OLD,
+               sim_options: dict[int, dict[str, Any]] | None = None) -> Path:
+    """``n`` simulated servers on GPUs 0..n-1, all on ``config``; ``sim_options[i]`` adds to server i's."""
+    name = write_yaml(tmp_path / "old.yaml", config)
+    servers = [
+        FleetServer(name=f"s{i}", gpu=i, port=free_port(), config=name, log=f"logs/s{i}.log", pid=f"run/s{i}.pid",
+                    sim_options={**FAST, **(sim_options or {}).get(i, {})})
+        for i in range(n)
+    ]
+    fleet = Fleet(engine="sim", model="qwen3.6-27b", sim_gpu="b200", servers=servers)
+    return write_fleet(fleet, tmp_path / "fleet.toml")
+
+
+def teardown(path: Path) -> None:
+    """Stop every server of the fleet, and SIGKILL anything a pid file still names (nothing outlives a test)."""
+    with contextlib.suppress(Exception):
+        down(load_fleet(path), grace_s=2.0)
+    for pid_file in path.parent.glob("run/*.pid"):
+        with contextlib.suppress(ValueError, OSError):
+            os.killpg(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+
+
+GOOD = """
+engine = "sim"
+model = "qwen3.6-27b"
+[[servers]]
+name = "a"
+gpu = 0
+port = 30000
+config = "sglang.yaml"
+log = "logs/a.log"
+pid = "run/a.pid"
+"""
+
+
+@pytest.fixture(autouse=True)
+def sim_devices(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+
+
+@pytest.mark.parametrize("text, message", [
+    ("engine = 'sim'\nmodel = [", "not valid TOML"),
+    (GOOD + "colour = 'red'\n", "servers.0.colour: unknown key"),
+    (GOOD.replace("port = 30000", "port = 70000"), "servers.0.port"),
+    (GOOD + GOOD.split("[[servers]]")[1].join(["[[servers]]", ""]).replace('"a"', '"b"'), "same port"),
+    (GOOD.replace('engine = "sim"', 'engine = "vllm"'), "engine"),
+    (GOOD + 'password = "hunter2"\n', "servers.0.password: passwords and secrets are not allowed"),
+    (GOOD.replace('name = "a"', 'name = "a"\nhost = "ops@gpu-box"'), "cannot be polled from here"),
+])
+def test_malformed_fleet_files(tmp_path, text, message):
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    with pytest.raises(FleetError, match=message) as info:
+        load_fleet(path)
+    assert str(path) in str(info.value)
+
+
+def test_cli_names_the_bad_field_in_one_line(tmp_path, capsys):
+    from autotune.cli import main
+
+    path = tmp_path / "fleet.toml"
+    path.write_text(GOOD.replace("gpu = 0", "gpu = -1"))
+    with pytest.raises(SystemExit) as info:
+        main(["fleet", "up", "--fleet", str(path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 1 and len(err) == 1
+    assert err[0].startswith(f"Error: {path}: servers.0.gpu: ") and not list(tmp_path.glob("run/*"))
+
+
+def test_fleet_file_round_trips(tmp_path):
+    path = tmp_path / "fleet.toml"
+    path.write_text(GOOD)
+    fleet = load_fleet(path)
+    fleet.servers.append(FleetServer(name="r", host="ops@gpu-box:2222", gpu=1, port=30001, bind="0.0.0.0",
+                                     config="c.yaml", log="l", pid="p", extra_args=["--x", 'a "b"'],
+                                     sim_options={"gpu_memory_mib": 90000}))
+    write_fleet(fleet)
+    again = load_fleet(path)
+    assert again.model_dump() == fleet.model_dump()
+    assert not again.servers[1].local and again.servers[1].url == "http://gpu-box:30001"
+
+
+def test_split_host():
+    assert split_host("ops@gpu-box:2222") == ("ops", "gpu-box", 2222)
+    assert split_host("gpu-box") == (None, "gpu-box", None)
+    with pytest.raises(FleetError):
+        split_host("ops@box:ssh")
+
+
+def test_remote_command_lines_start_and_stop_a_detached_group(tmp_path):
+    """The exact lines sent over SSH, run here by a local shell (no other host is ever contacted)."""
+    argv = ["sleep", "30"]
+    line = start_command(argv, env={"CUDA_VISIBLE_DEVICES": "3", "ODD": "a b'c"}, log="logs/x.log",
+                         pid="run/x.pid", remote_dir=str(tmp_path / "remote dir"))
+    assert "env CUDA_VISIBLE_DEVICES=3 'ODD=a b'\"'\"'c' setsid sleep 30" in line
+    out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=10, check=True).stdout
+    pid = int(out.strip())
+    try:
+        deadline = time.monotonic() + 5
+        while os.getpgid(pid) != pid:  # `$!` is known before env has exec'd setsid
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert psutil.Process(pid).environ()["ODD"] == "a b'c"
+        assert (tmp_path / "remote dir/run/x.pid").read_text().strip() == str(pid)
+        stop = stop_command(pid="run/x.pid", remote_dir=str(tmp_path / "remote dir"), grace_s=1.0)
+        assert subprocess.run(["sh", "-c", stop], capture_output=True, text=True, timeout=10).stdout.strip() == "stopped"
+        deadline = time.monotonic() + 5
+        while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not (tmp_path / "remote dir/run/x.pid").exists()
+    finally:
+        try:
+            os.killpg(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def test_drift_compares_recorded_flags_with_server_info():
+    assert drift({"max_mamba_cache_size": 120, "mem_fraction_static": 0.9}, {"max_mamba_cache_size": 120,
+                                                                            "mem_fraction_static": 0.9}) == []
+    assert drift({"max_mamba_cache_size": 120}, {"max_mamba_cache_size": 200}) == ["max_mamba_cache_size"]
+
+
+@pytest.fixture
+def fleet_of_two(tmp_path):
+    path = make_fleet(tmp_path, 2)
+    yield path
+    teardown(path)
+
+
+@pytest.mark.timeout(120)
+def test_up_status_down(fleet_of_two):
+    fleet = load_fleet(fleet_of_two)
+    assert sorted(up(fleet, timeout_s=60)) == ["s0", "s1"]
+    assert up(fleet, timeout_s=60) == []  # already running: nothing restarted
+    rows = status(fleet)
+    assert [r.state for r in rows] == ["healthy", "healthy"]
+    for row, server in zip(rows, fleet.servers, strict=True):
+        info = httpx.get(f"{server.url}/server_info", timeout=5).json()
+        assert row.capacity.mamba_slots == info["internal_states"][0]["max_mamba_cache_size"]
+        assert row.capacity.max_running_requests == info["internal_states"][0]["effective_max_running_requests_per_dp"]
+        assert row.capacity.kv_tokens == info["max_total_num_tokens"] and row.drift == []
+        assert row.pid == int(fleet.resolve(server.pid).read_text())
+
+    runner = CliRunner()
+    res = runner.invoke(cli, ["fleet", "status", "--fleet", str(fleet_of_two), "--json"])
+    assert res.exit_code == 0, res.output
+    assert [r["state"] for r in json.loads(res.output)] == ["healthy", "healthy"]
+    res = runner.invoke(cli, ["fleet", "status", "--fleet", str(fleet_of_two)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "healthy" in res.output and "old.yaml" in res.output
+
+    pids = [r.pid for r in rows]
+    res = runner.invoke(cli, ["fleet", "down", "--fleet", str(fleet_of_two), "--grace", "5"])
+    assert res.exit_code == 0 and "stopped: s0, s1" in res.output
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    assert [r.state for r in status(fleet)] == ["down", "down"]
+    assert not list(Path(fleet_of_two).parent.glob("run/*.pid"))
+
+
+@pytest.mark.timeout(60)
+def test_busy_port_is_refused_before_anything_starts(fleet_of_two, capsys):
+    from autotune.cli import main
+
+    fleet = load_fleet(fleet_of_two)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", fleet.servers[1].port))
+        holder.listen()
+        with pytest.raises(SystemExit) as info:
+            main(["fleet", "up", "--fleet", str(fleet_of_two)])
+    assert info.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"port 127.0.0.1:{fleet.servers[1].port} of server s1 is in use" in err[0]
+    assert [r.state for r in status(fleet)] == ["down", "down"]  # s0 was not started either
+
+
+@pytest.mark.timeout(60)
+def test_a_server_that_cannot_start_is_reported_with_the_logs_reason(tmp_path):
+    path = make_fleet(tmp_path, 1, config={**OLD, "mem_fraction_static": 0.2})
+    try:
+        with pytest.raises(FleetError, match="server s0 .* did not start: .*mem-fraction-static"):
+            up(load_fleet(path), timeout_s=30)
+        assert status(load_fleet(path))[0].state == "down"
+    finally:
+        teardown(path)
+
+
+def test_unreadable_config_stops_up_before_any_launch(tmp_path):
+    path = make_fleet(tmp_path, 1)
+    (tmp_path / "old.yaml").write_text("mem_fraction_static: 0.9\n")
+    with pytest.raises(Exception, match="mem_fraction_static"):
+        up(load_fleet(path), timeout_s=10)
+    assert not list(tmp_path.glob("run/*.pid"))
+
+
+def test_model_is_required(tmp_path):
+    with pytest.raises(Exception, match="model"):
+        Fleet.model_validate({"servers": []})

@@ -1,0 +1,294 @@
+"""Rolling restart of a local fleet of three simulated servers: verified rollout, OOM → rollback, resume after
+SIGKILL, and the invariant that at most one server is ever down."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import optuna
+import pytest
+from test_fleet import OLD, make_fleet, teardown, write_yaml
+
+from autotune import rollout
+from autotune.apply import read_config_file
+from autotune.errors import FleetError
+from autotune.fleet import load_fleet, start_server, status, stop_server, up
+from autotune.planner import plan
+from autotune.profiles import load_gpu, load_model
+from autotune.results import Capacity, Metrics, Percentiles, TrialResult
+from autotune.server import ServerProcess, free_port
+
+# The seed's hand-tuned config: fits a B200, not a GPU shrunk to 120,000 MiB (where OLD still fits).
+NEW = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 200, "mem_fraction_static": 0.93,
+       "max_running_requests": 64}
+SMALL_GPU = {"gpu_memory_mib": 120000}
+CANARY = {"sample_size": 16, "concurrency": 8, "max_tokens": 64, "warmup_s": 0.3, "measure_s": 0.8}
+FAST = rollout.Timing(grace_s=5.0, startup_timeout_s=30.0, release_timeout_s=10.0)
+
+
+@pytest.fixture(autouse=True)
+def sim_devices(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+
+
+def prompts(directory: Path) -> Path:
+    path = directory / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"Write item {i} of a numbered list about GPUs."}) + "\n"
+                            for i in range(32)))
+    return path
+
+
+def predicted(config) -> Capacity:
+    """What the study would have recorded: SGLang's memory plan for a whole B200."""
+    p = plan(load_model("qwen3.6-27b"), load_gpu("b200"), config)
+    assert p.fits
+    return Capacity(max_running_requests=p.max_running_requests, kv_tokens=p.kv_tokens,
+                    mamba_slots=p.max_mamba_cache_size)
+
+
+@pytest.fixture(scope="module")
+def study_tok_s(tmp_path_factory) -> float:
+    """The study's figure for NEW: the same canary against one server launched outside the fleet."""
+    directory = tmp_path_factory.mktemp("measure")
+    os.environ["AUTOTUNE_SIM_DEVICE_DIR"] = str(directory / "devices")
+    try:
+        from autotune.engines import make_engine
+
+        engine = make_engine("sim", model_path="qwen3.6-27b", sim_options={"startup_s": 0.1, "warmup_s": 0.05})
+        port = free_port()
+        with ServerProcess(engine.argv(NEW, port=port), port=port, env=engine.env(gpu_index=0),
+                           log_path=directory / "server.log", run_dir=directory / "run") as proc:
+            proc.wait_ready(30)
+            canary = rollout.Canary(prompts=str(prompts(directory)), **CANARY)
+            return rollout.run_canary(stub_server(port), canary, None).output_tok_s
+    finally:
+        os.environ.pop("AUTOTUNE_SIM_DEVICE_DIR", None)
+
+
+def stub_server(port: int):
+    from autotune.fleet import FleetServer
+
+    return FleetServer(name="m", gpu=0, port=port, config="x", log="x", pid="x")
+
+
+def expectation(tok_s: float) -> rollout.Expectation:
+    cap = predicted(NEW)
+    return rollout.Expectation(max_running_requests=cap.max_running_requests, kv_tokens=cap.kv_tokens,
+                               mamba_slots=cap.mamba_slots, tok_s=tok_s, tok_s_tolerance=0.5)  # shared CI cores slow the sim
+
+
+class HealthPoller:
+    """Counts healthy servers every ~20 ms in a thread; ``minimum`` is the fewest it ever saw."""
+
+    def __init__(self, urls: list[str]):
+        self.urls, self.minimum, self.samples = urls, len(urls), 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=1.0, trust_env=False) as client:
+            while not self._stop.is_set():
+                ok = 0
+                for url in self.urls:
+                    try:
+                        ok += client.get(f"{url}/health").status_code == 200
+                    except httpx.HTTPError:
+                        pass
+                self.minimum, self.samples = min(self.minimum, ok), self.samples + 1
+                self._stop.wait(0.02)
+
+    def __enter__(self) -> HealthPoller:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def running_configs(path: Path) -> list[dict]:
+    fleet = load_fleet(path)
+    return [read_config_file(fleet.resolve(s.config)) for s in fleet.servers]
+
+
+@pytest.fixture
+def fleet3(tmp_path):
+    path = make_fleet(tmp_path, 3, sim_options={1: SMALL_GPU})
+    up(load_fleet(path), timeout_s=30)
+    yield path
+    teardown(path)
+
+
+@pytest.mark.timeout(120)
+def test_good_rollout_moves_every_server_and_never_two_down(tmp_path, study_tok_s):
+    path = make_fleet(tmp_path, 3)
+    try:
+        fleet = load_fleet(path)
+        up(fleet, timeout_s=30)
+        canary = rollout.Canary(prompts=str(prompts(tmp_path)), **CANARY)
+        with HealthPoller([s.url for s in fleet.servers]) as poller:
+            report = rollout.start(path, NEW, expect=expectation(study_tok_s), canary=canary, timing=FAST)
+        assert report.verified == ["s0", "s1", "s2"] and report.failed is None
+        assert poller.samples > 10 and poller.minimum >= 2
+        want = predicted(NEW)
+        for row in status(load_fleet(path)):
+            assert row.state == "healthy" and row.drift == []
+            assert (row.capacity.max_running_requests, row.capacity.kv_tokens, row.capacity.mamba_slots) == (
+                want.max_running_requests, want.kv_tokens, want.mamba_slots)
+        assert all(c["max_mamba_cache_size"] == 200 for c in running_configs(path))
+        events = [json.loads(line) for line in (tmp_path / "fleet.rollout.jsonl").read_text().splitlines()]
+        assert [e["event"] for e in events].count("verified") == 3 and events[-1]["result"] == "done"
+        assert all(e["tok_s"] >= study_tok_s * 0.5 for e in events if e["event"] == "verified")
+    finally:
+        teardown(path)
+
+
+@pytest.mark.timeout(120)
+def test_oom_on_server_2_is_rolled_back_and_the_others_stay_healthy(fleet3, study_tok_s, tmp_path):
+    fleet = load_fleet(fleet3)
+    canary = rollout.Canary(prompts=str(prompts(tmp_path)), **CANARY)
+    with HealthPoller([s.url for s in fleet.servers]) as poller:
+        with pytest.raises(FleetError, match="server s1 failed: .*did not start") as info:
+            rollout.start(fleet3, NEW, expect=expectation(study_tok_s), canary=canary, timing=FAST)
+    assert "restored: s1" in str(info.value) and "rolled back: s0" in str(info.value)
+    assert "not touched: s2" in str(info.value)
+    assert poller.minimum >= 2
+    rows = status(load_fleet(fleet3))
+    assert [r.state for r in rows] == ["healthy"] * 3 and all(r.drift == [] for r in rows)
+    assert [s.config for s in load_fleet(fleet3).servers] == ["old.yaml"] * 3
+    assert all(c["max_mamba_cache_size"] == OLD["max_mamba_cache_size"] for c in running_configs(fleet3))
+
+
+@pytest.mark.timeout(60)
+def test_keep_partial_leaves_verified_servers_until_rollback(fleet3):
+    with pytest.raises(FleetError, match="s1 failed"):
+        rollout.start(fleet3, NEW, expect=expectation(0.0), canary=None, timing=FAST, rollback_on_failure=False)
+    configs = [s.config for s in load_fleet(fleet3).servers]
+    assert configs[0].startswith("configs/") and configs[1:] == ["old.yaml", "old.yaml"]  # s0 was verified: kept
+    report = rollout.rollback(fleet3, timing=FAST)
+    assert report.reverted == ["s0"]  # s1 was restored already (the log says so): left alone
+    assert [s.config for s in load_fleet(fleet3).servers] == ["old.yaml"] * 3
+    assert [r.state for r in status(load_fleet(fleet3))] == ["healthy"] * 3
+
+
+def test_capacity_check():
+    want = rollout.Expectation(max_running_requests=40, kv_tokens=800_000, mamba_slots=200, kv_tolerance=0.01)
+    assert rollout.check_capacity(want, Capacity(max_running_requests=40, kv_tokens=795_000, mamba_slots=200)) is None
+    assert rollout.check_capacity(want, Capacity(max_running_requests=40, kv_tokens=700_000, mamba_slots=200)) == (
+        "kv_tokens 700000 (study: 800000)")
+    assert rollout.check_capacity(want, Capacity(max_running_requests=16, kv_tokens=None, mamba_slots=80)) == (
+        "max_running_requests 16 (study: 40), mamba_slots 80 (study: 200), kv_tokens None (study: 800000)")
+    assert rollout.check_capacity(rollout.Expectation(), Capacity()) is None
+
+
+@pytest.mark.timeout(60)
+def test_a_slow_canary_fails_the_step(tmp_path, study_tok_s):
+    path = make_fleet(tmp_path, 1)
+    try:
+        up(load_fleet(path), timeout_s=30)
+        canary = rollout.Canary(prompts=str(prompts(tmp_path)), **CANARY)
+        too_fast = rollout.Expectation(tok_s=study_tok_s * 3, tok_s_tolerance=0.15)
+        with pytest.raises(FleetError, match="canary ran at .* below the study's"):
+            rollout.start(path, NEW, expect=too_fast, canary=canary, timing=FAST)
+        assert [s.config for s in load_fleet(path).servers] == ["old.yaml"]
+        assert status(load_fleet(path))[0].drift == []  # back on the old config
+    finally:
+        teardown(path)
+
+
+def study_storage(directory: Path, tok_s: float) -> str:
+    url = f"sqlite:///{directory / 'study.db'}"
+    study = optuna.create_study(study_name="tuned", storage=url, direction="maximize")
+    study.set_user_attr("autotune", {"engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
+                                     "workload": {"prompts": str(prompts(directory)), **CANARY}})
+    metrics = Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=Percentiles(), itl_ms=Percentiles(),
+                      e2e_ms=Percentiles())
+    result = TrialResult(status="ok", config=NEW, capacity=predicted(NEW), metrics=metrics)
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=tok_s,
+                                              user_attrs={"result": result.to_dict(), "role": "search"}))
+    return url
+
+
+@pytest.mark.timeout(180)
+def test_resume_after_sigkill_finishes_the_rollout(tmp_path, study_tok_s):
+    path = make_fleet(tmp_path, 3)
+    log = tmp_path / "fleet.rollout.jsonl"
+    try:
+        up(load_fleet(path), timeout_s=30)
+        url = study_storage(tmp_path, study_tok_s)
+        argv = [sys.executable, "-m", "autotune", "apply", "--storage", url, "--fleet", str(path), "--rolling",
+                "--canary-s", "0.8", "--canary-warmup-s", "0.3", "--tolerance", "0.5", "--grace", "5",
+                "--startup-timeout", "30"]
+        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")})
+        try:
+            deadline = time.monotonic() + 90
+            while '"server": "s1"' not in (log.read_text() if log.exists() else ""):
+                assert proc.poll() is None and time.monotonic() < deadline, "rollout ended before server s1"
+                time.sleep(0.02)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        assert events[-1]["event"] == "step" and events[-1]["server"] == "s1"
+        with pytest.raises(FleetError, match="did not finish"):
+            rollout.start(path, NEW, expect=rollout.Expectation(), canary=None, timing=FAST)
+
+        report = rollout.resume(path, timing=FAST)
+        assert report.verified == ["s0", "s1", "s2"]
+        rows = status(load_fleet(path))
+        assert [r.state for r in rows] == ["healthy"] * 3
+        assert all(r.capacity.mamba_slots == 200 for r in rows)
+        assert all(c["max_mamba_cache_size"] == 200 for c in running_configs(path))
+        with pytest.raises(FleetError, match="no unfinished rollout"):
+            rollout.resume(path, timing=FAST)
+    finally:
+        teardown(path)
+
+
+def test_unfinished_log_and_missing_expectations_are_refused(tmp_path):
+    path = make_fleet(tmp_path, 1)
+    write_yaml(tmp_path / "bare.yaml", NEW)
+    from autotune.apply import winner_from_yaml
+
+    with pytest.raises(FleetError, match="nothing to verify"):
+        rollout.Expectation.from_winner(winner_from_yaml(tmp_path / "bare.yaml"))
+    with pytest.raises(FleetError, match="no rollout recorded"):
+        rollout.rollback(path, timing=FAST)
+    with pytest.raises(FleetError, match="no prompt file"):
+        rollout.Canary.from_workload({}, prompts=None, warmup_s=1, measure_s=1)
+
+
+@pytest.mark.timeout(60)
+def test_rollback_restarts_a_server_killed_mid_step_even_if_the_fleet_file_says_old(tmp_path):
+    """The state a SIGKILL leaves after a step started NEW on s0 but before it was verified."""
+    path = make_fleet(tmp_path, 2)
+    try:
+        up(load_fleet(path), timeout_s=30)
+        fleet = load_fleet(path)
+        target = rollout.stage_config(fleet, NEW)
+        log = rollout.RolloutLog(rollout.log_path(fleet))
+        log.append("begin", config=target, previous={"s0": "old.yaml", "s1": "old.yaml"}, servers=["s0", "s1"],
+                   expect={}, canary=None, rollback_on_failure=True)
+        log.append("step", server="s0", to=target)
+        stop_server(fleet, fleet.servers[0], grace_s=5)
+        start_server(fleet, fleet.servers[0], NEW, timeout_s=30)
+        assert status(load_fleet(path))[0].drift == ["max_mamba_cache_size"]  # runs NEW; the file says old
+
+        report = rollout.rollback(path, timing=FAST)
+        assert report.reverted == ["s0"] and report.untouched == ["s1"]
+        rows = status(load_fleet(path))
+        assert [r.state for r in rows] == ["healthy"] * 2 and [r.drift for r in rows] == [[], []]
+        assert rows[0].capacity.mamba_slots == OLD["max_mamba_cache_size"]
+        with pytest.raises(FleetError, match="already rolled back"):
+            rollout.rollback(path, timing=FAST)
+    finally:
+        teardown(path)
