@@ -210,10 +210,6 @@ class StudyConfig(_Model):
         return data
 
 
-def _where(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc if p not in ("function-after[_shape()]",))
-
-
 def _fix_for(err: dict[str, Any]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
@@ -233,7 +229,7 @@ def _raise_validation(exc: ValidationError, file: str) -> None:
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
-    raise ConfigError(msg, file=file, key=_where(loc) or None, fix=_fix_for(err)) from None
+    raise ConfigError(msg, file=file, key=".".join(map(str, loc)) or None, fix=_fix_for(err)) from None
 
 
 def _split_space(raw: dict[str, Any], file: str) -> dict[str, Any]:
@@ -265,6 +261,9 @@ def load_config(path: str | Path, *, name: str | None = None, storage: str | Non
         raise ConfigError(f"cannot read study file ({exc.strerror})", file=file, fix="check permissions") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML ({exc})", file=file, fix="fix the TOML syntax") from None
+    if "path" in raw or "derived" in raw:  # fields load_config fills, not keys of the file
+        key = "path" if "path" in raw else "derived"
+        raise ConfigError("unknown key", file=file, key=key, fix="remove it or check its spelling")
     raw = _split_space(raw, file)
     study = dict(raw.get("study", {}))
     study.setdefault("name", path.stem)

@@ -49,24 +49,15 @@ def resolve(*, config: Path | None, study: str | None, storage: str | None) -> t
     return study, storage
 
 
-def _redact(url: str) -> str:
+def _redacted(url: str) -> tuple[str, str | None]:
+    """(the URL with its password hidden, the password) so neither message nor driver text leaks it."""
     try:
         from sqlalchemy.engine import make_url
 
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
+        return parsed.render_as_string(hide_password=True), parsed.password
     except Exception:  # noqa: BLE001 - a URL too broken to parse has no password we could find either
-        return url
-
-
-def _scrub(text: str, url: str) -> str:
-    """Driver messages sometimes echo the URL; never let one carry the password to the terminal."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        password = make_url(url).password
-    except Exception:  # noqa: BLE001
-        password = None
-    return text.replace(str(password), "***") if password else text
+        return url, None
 
 
 def open_study(study: str | None, storage: str | None) -> optuna.Study:
@@ -77,27 +68,28 @@ def open_study(study: str | None, storage: str | None) -> optuna.Study:
         path = Path(storage.removeprefix("sqlite:///"))
         if str(path) != ":memory:" and not path.is_file():
             raise StorageError(f"no study storage at {path} (run `autotune sweep` first, or pass --storage URL)")
+    shown, password = _redacted(storage)
     try:
         names = optuna.study.get_all_study_names(storage=storage)
     except Exception as exc:  # noqa: BLE001 - optuna/sqlalchemy raise many types for a bad URL
         detail = (str(exc).splitlines() or [type(exc).__name__])[0]
-        raise StorageError(f"cannot open storage {_redact(storage)}: {_scrub(detail, storage)}") from None
+        if password:
+            detail = detail.replace(password, "***")
+        raise StorageError(f"cannot open storage {shown}: {detail}") from None
     if study is None:
         if len(names) != 1:
-            raise StudyError(f"storage {_redact(storage)} holds {len(names)} studies; pick one with --study "
+            raise StudyError(f"storage {shown} holds {len(names)} studies; pick one with --study "
                              f"({', '.join(names) or 'none'})")
         study = names[0]
     if study not in names:
         known = ", ".join(names) or "none"
-        raise StudyError(f"unknown study '{study}' in {_redact(storage)} (studies there: {known})")
+        raise StudyError(f"unknown study '{study}' in {shown} (studies there: {known})")
     return optuna.load_study(study_name=study, storage=storage)
 
 
 def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study] = ()) -> Report:
     """Trials → tables (the tested numbers), plus the facts the header card states."""
-    trials = data.trials_frame(study)
-    if trials.empty or not (trials["state"] == "COMPLETE").any():
-        raise StudyError(f"study '{study.study_name}' has no completed trials yet (run or resume `autotune sweep`)")
+    trials = _trials(study)
     headline = data.headline_frame(trials, study)
     base_no, win_no = data.baseline_trial(trials, study), data.winner_trial(trials, study)
     base_cfg, win_cfg = data.trial_config(study, base_no), data.trial_config(study, win_no)
@@ -124,10 +116,17 @@ def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study
         frames = {study.study_name: trials}
         configs = {study.study_name: config}
         for other in compare:
-            frames[other.study_name] = data.trials_frame(other)
+            frames[other.study_name] = _trials(other)
             configs[other.study_name] = data.study_config(other)
         tables["compare"] = data.compare_frame(frames, configs)
     return Report(study=study, tables=tables, facts=facts, compare=frames)
+
+
+def _trials(study: optuna.Study) -> pd.DataFrame:
+    trials = data.trials_frame(study)
+    if trials.empty or not (trials["state"] == "COMPLETE").any():
+        raise StudyError(f"study '{study.study_name}' has no completed trials yet (run or resume `autotune sweep`)")
+    return trials
 
 
 def launch_command(config: Mapping[str, Any], model: str) -> str:
@@ -217,7 +216,9 @@ def report(*, study: str | None = None, storage: str | None = None, config: Path
 
 
 def _open_compare(name: str, storage: str | None) -> optuna.Study:
-    """A study to overlay: in the main storage when it is there, else in its own ``studies/<name>.db``."""
+    """A study to overlay: a study file (``*.toml``), a study in the main storage, or ``studies/<name>.db``."""
+    if name.endswith(".toml"):
+        return open_study(*resolve(config=Path(name), study=None, storage=None))
     if storage:
         try:
             if name in optuna.study.get_all_study_names(storage=storage):

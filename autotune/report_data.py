@@ -134,7 +134,7 @@ def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str]) -> dict[str, Any
         "itl_p99_ms": _get(metrics.itl_ms, "p99") if metrics else math.nan,
         "e2e_p99_ms": _get(metrics.e2e_ms, "p99") if metrics else math.nan,
         "accept_length": _get(metrics, "accept_length"),
-        "reason": (result.reason if result else None) or trial.user_attrs.get("fail_reason") or "",
+        "reason": (result.reason if result else None) or trial.user_attrs.get("reason") or "",
         "log_path": (result.log_path if result else None) or "",
         "trial_dir": (result.trial_dir if result else None) or "",
     }

@@ -302,12 +302,18 @@ def _run(fleet_path: Path, begin: dict[str, Any], done: set[str], log: RolloutLo
             log.append("failed", server=name, reason=str(exc))
             report.failed, report.reason = name, str(exc)
             report.untouched = remaining[index + 1:]
-            if _restore(fleet_path, name, previous[name], log, timing, say):
+            if not _restore(fleet_path, name, previous[name], log, timing, say):
+                # Reverting others now would take a second server down: leave that to --rollback.
+                report.reason = f"{exc}; it did not come back on {previous[name]} either"
+            else:
                 log.append("restored", server=name)
                 report.restored.append(name)
-            if begin.get("rollback_on_failure", True):
-                report.reverted = _revert(fleet_path, report.verified, previous, log, timing, say)
-                report.verified = [n for n in report.verified if n not in report.reverted]
+                if begin.get("rollback_on_failure", True):
+                    try:
+                        report.reverted = _revert(fleet_path, report.verified, previous, log, timing, say)
+                    except FleetError as revert_error:
+                        report.reason = f"{exc}; {revert_error}"
+                    report.verified = [n for n in report.verified if n not in report.reverted]
             log.append("end", result="failed", summary=report.summary())
             raise FleetError(f"rollout stopped: {report.summary()}") from None
         write_fleet(set_server_config(load_fleet(fleet_path), name, target))

@@ -363,7 +363,8 @@ def _harness_alive(record: dict) -> bool:
 def cleanup_orphans(run_dir: Path, *, grace_s: float = 5.0) -> list[int]:
     """Kill servers whose harness died (pid files in ``run_dir``), verified by start time and cmdline.
 
-    Detached servers (fleets) and servers whose harness still runs are left alone. Returns the killed pids.
+    Detached servers (fleets) and servers whose harness still runs are left alone; pid files of servers that
+    are gone are removed. Returns the killed pids.
     """
     killed: list[int] = []
     run_dir = Path(run_dir)
@@ -374,13 +375,18 @@ def cleanup_orphans(run_dir: Path, *, grace_s: float = 5.0) -> list[int]:
             record = json.loads(pid_file.read_text())
         except (OSError, ValueError):
             continue
-        if record.get("detached") or _harness_alive(record):
-            continue
-        if _record_matches(record):
-            pgid = os.getpgid(record["pid"])
-            stop_process_group(record["pid"], grace_s=grace_s)
-            _wait_group_gone(pgid, grace_s)
-            killed.append(record["pid"])
+        alive = _record_matches(record)
+        if alive and (record.get("detached") or _harness_alive(record)):
+            continue  # a fleet server, or one whose harness still runs: not an orphan
+        if alive:
+            try:
+                pgid = os.getpgid(record["pid"])
+            except ProcessLookupError:
+                pgid = None  # it died just now
+            if pgid is not None:
+                stop_process_group(record["pid"], grace_s=grace_s)
+                _wait_group_gone(pgid, grace_s)
+                killed.append(record["pid"])
         remove_new_shm(Path(record.get("shm_dir", SHM_DIR)), set(record.get("shm_before", [])), {record["pid"]})
         pid_file.unlink(missing_ok=True)
     return killed

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import signal
@@ -138,16 +139,21 @@ class HarnessRunner:
                          sample=self.sample)
 
 
+@functools.lru_cache(maxsize=8)
+def _prompt_texts(path: Path, n: int, seed: int) -> tuple[str, ...]:
+    from autotune.workload import PromptSample
+
+    return tuple(row.as_text() for row in PromptSample.load(path, n, seed).rows)
+
+
 def simulate(cfg: StudyConfig, config: Mapping[str, Any], *, seed: int = 0) -> TrialResult:
     """One trial on the simulator's virtual clock (no server, no waiting): the same model, GPU and workload."""
     from autotune.sim import SimWorkload, evaluate
-    from autotune.workload import PromptSample
 
     wl = cfg.workload
-    sample = PromptSample.load(wl.prompts, wl.sample_size, wl.seed)
-    workload = SimWorkload(prompts=[row.as_text() for row in sample.rows], max_tokens=wl.max_tokens,
-                           concurrency=wl.concurrency, warmup_s=wl.warmup_s, measure_s=wl.measure_s,
-                           ignore_eos=wl.ignore_eos)
+    workload = SimWorkload(prompts=list(_prompt_texts(wl.prompts, wl.sample_size, wl.seed)),
+                           max_tokens=wl.max_tokens, concurrency=wl.concurrency, warmup_s=wl.warmup_s,
+                           measure_s=wl.measure_s, ignore_eos=wl.ignore_eos)
     options = cfg.engine.sim_options
     ev = evaluate(dict(config), workload, model=cfg.engine.profile or cfg.engine.model, gpu=cfg.engine.sim_gpu,
                   seed=seed, noise=float(options.get("noise", 0.0)))
@@ -193,7 +199,7 @@ def _requeue(study: optuna.Study, trial: FrozenTrial, trials: list[FrozenTrial])
     study.enqueue_trial(trial.params, user_attrs={**attrs, "requeued_from": trial.number})
 
 
-def _mark_interrupted(study: optuna.Study, number: int, trial_id: int, reason: str) -> None:
+def _mark_interrupted(study: optuna.Study, trial_id: int, reason: str) -> None:
     handle = optuna.Trial(study, trial_id)
     handle.set_user_attr("status", "interrupted")
     handle.set_user_attr("reason", reason)
@@ -206,7 +212,7 @@ def recover(study: optuna.Study) -> list[int]:
     """Fail trials a killed sweep left RUNNING and queue their configs again. Returns their numbers."""
     stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
     for trial in stale:
-        _mark_interrupted(study, trial.number, trial._trial_id, "the sweep process died during this trial")
+        _mark_interrupted(study, trial._trial_id, "the sweep process died during this trial")
         study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
     trials = study.get_trials(deepcopy=False)
     for trial in trials:
@@ -423,7 +429,7 @@ class Sweep:
             trial.set_user_attr(name, value)
         if result.status == "interrupted":
             reason = result.reason or "interrupted (Ctrl-C)"
-            _mark_interrupted(study, trial.number, trial._trial_id, reason)
+            _mark_interrupted(study, trial._trial_id, reason)
             frozen = study.get_trials(deepcopy=False)
             _requeue(study, next(t for t in frozen if t.number == trial.number), frozen)
             study.tell(trial, state=TrialState.FAIL)

@@ -104,6 +104,7 @@ def run_trial(
     config = dict(checked) if isinstance(checked, Mapping) else dict(config)
     run_dir = Path(run_dir) if run_dir is not None else Path.cwd() / "runs"
     cleanup_orphans(run_dir)
+    log_path.unlink(missing_ok=True)  # a rerun into the same directory must not classify an old log
     port = port or free_port()
     reader = engine.gpu_reader(gpu_index)
     server = ServerProcess(

@@ -150,9 +150,19 @@ class ReplayRecords:
     stopped_early: str | None = None  # why the replay ended before the window did
 
     def write_jsonl(self, path: Path) -> None:
+        """One line per request; times rounded to 0.1 ms (a long window has ~1k chunks per request)."""
         with open(path, "w", encoding="utf-8") as fh:
             for rec in self.requests:
-                fh.write(json.dumps(asdict(rec)) + "\n")
+                row = asdict(rec)
+                row["chunks"] = [[round(t, 4), n] for t, n in rec.chunks]
+                for key in ("sent", "ended"):
+                    row[key] = None if row[key] is None else round(row[key], 4)
+                fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+    @staticmethod
+    def read_jsonl(path: Path) -> list[RequestRecord]:
+        rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [RequestRecord(**{**r, "chunks": [tuple(c) for c in r["chunks"]]}) for r in rows]
 
 
 def _request(endpoint: str, row: PromptRow, *, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:

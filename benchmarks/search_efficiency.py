@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from strategies import OOM, STRATEGIES, Case, Launch, Oracle, best_so_far, exhaustive  # noqa: E402
 
-from autotune.config import load_config  # noqa: E402
+from autotune.config import StudyConfig, load_config  # noqa: E402
 from autotune.errors import ConfigError  # noqa: E402
 from autotune.space import config_diff  # noqa: E402
 from autotune.sim import SimWorkload, evaluate  # noqa: E402
@@ -35,6 +35,7 @@ from autotune.workload import PromptSample  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 0.98
+CENSORED = 1e300  # stands for "never reached" inside percentiles
 METHOD = 1  # bump when the ground-truth method changes, to invalidate cached optima
 CASES = {  # name: (study file, model profile override, fixed flags added)
     "qwen3.6-27b-b200": ("studies/qwen3.6-27b-b200.toml", None, {}),
@@ -53,6 +54,11 @@ def make_case(name: str) -> Case:
         eng = cfg.engine.model_copy(update={"model": model or cfg.engine.model, "profile": model or cfg.engine.profile,
                                             "fixed": {**cfg.engine.fixed, **extra}})
         cfg = cfg.model_copy(update={"engine": eng})
+    return case_from_config(name, cfg)
+
+
+def case_from_config(name: str, cfg: StudyConfig) -> Case:
+    """A case for a loaded study: its workload as the in-process evaluator replays it."""
     wl = cfg.workload
     sample = PromptSample.load(wl.prompts, wl.sample_size, wl.seed)
     workload = SimWorkload(prompts=[row.as_text() for row in sample.rows], max_tokens=wl.max_tokens,
@@ -128,10 +134,11 @@ def summarise(launches: list[Launch], optimum: float) -> dict[str, float]:
 
 def med_iqr(values: list[float], fmt: str, budget: int | None = None) -> str:
     """Median [q25–q75]; a censored value (target never reached) prints as '>budget' or '∞'."""
-    q25, q50, q75 = (float(np.percentile(values, q)) for q in (25, 50, 75))
+    finite = np.where(np.isinf(values), CENSORED, values)  # percentiles of inf warn; order is all we need
+    q25, q50, q75 = (float(np.percentile(finite, q)) for q in (25, 50, 75))
 
     def show(v: float) -> str:
-        if np.isinf(v):
+        if v >= CENSORED / 1e10:  # a percentile between a reached and a censored seed is censored too
             return f">{budget}" if budget else "∞"
         return format(v, fmt)
 
@@ -139,11 +146,11 @@ def med_iqr(values: list[float], fmt: str, budget: int | None = None) -> str:
 
 
 # --- the run --------------------------------------------------------------------------------------------------
-def run_case(case: Case, *, seeds: int, budgets: list[int], say) -> dict[str, Any]:
+def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path = RESULTS) -> dict[str, Any]:
     started = time.monotonic()
     cv = noise_cv(case)
     oracle = Oracle(case, noise_cv=cv)
-    truth = ground_truth(case, oracle, cache_dir=RESULTS, say=say)
+    truth = ground_truth(case, oracle, cache_dir=cache_dir, say=say)
     runs: dict[tuple[str, int], list[list[Launch]]] = {}
     for name, strategy in STRATEGIES.items():
         for budget in budgets:

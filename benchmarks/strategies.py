@@ -350,6 +350,8 @@ def _plan_families(case: Case, model_name: str, gpu_name: str, fractions: list[A
             if mp.fits:
                 out.append((signature(mp), mp.kv_tokens, config))
                 break
+            if mp.failure == "bad_args" or not mp.gib.activations:
+                break  # it failed sizing the pools (or parsing): a smaller fraction fails the same way
     return out
 
 

@@ -187,9 +187,11 @@ def test_launch_script_starts_servers_that_the_pid_files_name(storage, tmp_path)
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
             assert (out / f"logs/gpu{gpu}.log").exists()
-        while not (out / "argv-4.txt").exists() and time.monotonic() < deadline:
+        recorded = out / "argv-4.txt"
+        while not (recorded.exists() and recorded.read_text().endswith("\n")):
+            assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert "--config sglang.yaml --model-path qwen3.6-27b" in (out / "argv-4.txt").read_text()
+        assert "--config sglang.yaml --model-path qwen3.6-27b" in recorded.read_text()
     finally:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -227,7 +229,8 @@ def test_cli_writes_artifacts_and_dry_run_writes_nothing(storage, tmp_path):
     assert "study baseline" in res.output and "max_mamba_cache_size: 80 -> 200" in res.output
     assert not dry.exists()
 
-    res = runner.invoke(cli, ["apply", "--storage", storage, "--dry-run", "--fleet", str(out / "fleet.toml")])
+    res = runner.invoke(cli, ["apply", "--storage", storage, "--rolling", "--dry-run", "--fleet",
+                              str(out / "fleet.toml")])
     assert res.exit_code == 0 and "gpu6 (sglang.yaml): 0 flag(s) change" in res.output
 
 

@@ -121,7 +121,7 @@ def test_sweep_json_then_trials(tmp_path, sim_env, capsys):
     assert csv[0].startswith("number,state,status") and len(csv) == 3
     _run_main(["trials", "--config", str(path)])
     table = capsys.readouterr().out
-    assert "baseline" in table and "max_mamba_cache_size=80" in table
+    assert "baseline" in table and "flags vs baseline" in table and table.count(" ok ") == 2
 
 
 def _run_main(argv: list[str]) -> int:
@@ -218,3 +218,41 @@ def test_ctrl_c_stops_the_server_and_records_the_trial_as_interrupted(tmp_path, 
     first = study.trials[0]
     assert first.state == TrialState.FAIL and first.user_attrs["status"] == "interrupted"
     assert [t.user_attrs.get("requeued_from") for t in study.get_trials(states=(TrialState.WAITING,))] == [0]
+
+
+def test_live_panel_and_plain_lines_show_the_same_events():
+    import io
+
+    from rich.console import Console
+
+    from autotune.progress import LiveProgress, PlainProgress
+    from autotune.results import Metrics, Percentiles, TrialResult
+
+    p = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
+    ok = TrialResult(status="ok", config={}, metrics=Metrics(output_tok_s=4321.0, request_s=1.0, ttft_ms=p,
+                                                               itl_ms=p, e2e_ms=p))
+    buf = io.StringIO()
+    live = LiveProgress(console=Console(file=buf, force_terminal=True, width=120))
+    plain_buf = io.StringIO()
+    plain = PlainProgress(plain_buf)
+    for sink in (live, plain):
+        sink.log("not searching [x]: inert")  # brackets are text, not markup
+        sink.trial_started(3, 2, 10, "search", None, {"max_mamba_cache_size": 384})
+        sink.phase("measuring", {"tok_s": 4000.0})
+        sink.trial_finished(3, ok, 4321.0)
+        sink.close()
+    assert live.state["tok_s"] == 4000.0 and live.state["best"] == 4321.0
+    for text in (buf.getvalue(), plain_buf.getvalue()):
+        assert "not searching [x]: inert" in text and "4,321 tok/s" in text
+    assert "trial 3 [3/10] search: max_mamba_cache_size=384" in plain_buf.getvalue()
+
+
+def test_no_config_means_the_example_study(tmp_path, monkeypatch):
+    from autotune.cli.sweep import resolve_config
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config(None) == repo / "studies" / "example.toml"  # beside the package
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "studies" / "example.toml").write_text("")
+    assert resolve_config(None) == tmp_path / "studies" / "example.toml"  # the working directory wins

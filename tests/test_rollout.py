@@ -15,10 +15,12 @@ from pathlib import Path
 import httpx
 import optuna
 import pytest
+from click.testing import CliRunner
 from test_fleet import OLD, make_fleet, teardown, write_yaml
 
 from autotune import rollout
 from autotune.apply import read_config_file
+from autotune.cli import cli
 from autotune.errors import FleetError
 from autotune.fleet import load_fleet, start_server, status, stop_server, up
 from autotune.planner import plan
@@ -242,8 +244,10 @@ def test_resume_after_sigkill_finishes_the_rollout(tmp_path, study_tok_s):
         with pytest.raises(FleetError, match="did not finish"):
             rollout.start(path, NEW, expect=rollout.Expectation(), canary=None, timing=FAST)
 
-        report = rollout.resume(path, timing=FAST)
-        assert report.verified == ["s0", "s1", "s2"]
+        res = CliRunner().invoke(cli, ["apply", "--fleet", str(path), "--resume", "--grace", "5",
+                                       "--startup-timeout", "30"])
+        assert res.exit_code == 0, res.output
+        assert res.output.strip().splitlines()[-1] == "on the new config: s0, s1, s2"
         rows = status(load_fleet(path))
         assert [r.state for r in rows] == ["healthy"] * 3
         assert all(r.capacity.mamba_slots == 200 for r in rows)
@@ -283,8 +287,9 @@ def test_rollback_restarts_a_server_killed_mid_step_even_if_the_fleet_file_says_
         start_server(fleet, fleet.servers[0], NEW, timeout_s=30)
         assert status(load_fleet(path))[0].drift == ["max_mamba_cache_size"]  # runs NEW; the file says old
 
-        report = rollout.rollback(path, timing=FAST)
-        assert report.reverted == ["s0"] and report.untouched == ["s1"]
+        res = CliRunner().invoke(cli, ["apply", "--fleet", str(path), "--rollback", "--grace", "5"])
+        assert res.exit_code == 0, res.output
+        assert res.output.strip().splitlines()[-1] == "rolled back: s0; not touched: s1"
         rows = status(load_fleet(path))
         assert [r.state for r in rows] == ["healthy"] * 2 and [r.drift for r in rows] == [[], []]
         assert rows[0].capacity.mamba_slots == OLD["max_mamba_cache_size"]

@@ -267,3 +267,16 @@ def test_cleanup_leaves_servers_of_a_live_harness_and_detached_ones(tmp_path, fa
         assert detached.alive
     finally:
         detached.stop(grace_s=1, release_timeout_s=5)
+
+
+def test_stop_process_group_stops_a_detached_server(tmp_path, fake):
+    port = free_port()
+    server = _server(tmp_path, fake(port, "--child"), port, detach=True)
+    with server:
+        server.wait_ready(10)
+    assert server.alive  # detached: leaving the block does not stop it (a fleet's server)
+    assert stop_process_group(server.pid, grace_s=2) == -signal.SIGTERM
+    assert _group_pids(server.pid) == []
+    assert port_is_free("127.0.0.1", port)
+    assert cleanup_orphans(tmp_path / "runs") == []  # nothing to kill, and the stale pid file goes
+    assert not list((tmp_path / "runs").glob("server-*.json"))

@@ -43,6 +43,7 @@ def test_clean_exit_keeps_memory_for_release_s(tmp_path):
     assert device.read(2, tmp_path).used_mib == 300  # still held right after exit
     assert _wait(lambda: device.read(2, tmp_path).used_mib == 0, timeout=3)
     assert not list((tmp_path / "2").glob("*.json"))
+    assert device.read(2, tmp_path).total_mib == 1000  # the device still knows its size
 
 
 def test_dead_process_counts_until_release_after_first_seen(tmp_path):

@@ -88,6 +88,19 @@ def test_same_seed_same_result_and_noise_is_seeded(work: SimWorkload) -> None:
     assert c.output_tok_s == pytest.approx(a.output_tok_s, rel=0.25)
 
 
+def test_same_result_in_another_process(work: SimWorkload) -> None:
+    code = ("from autotune.sim.evaluate import SimWorkload, _seed_prompts, evaluate; "
+            "w = SimWorkload(prompts=_seed_prompts(256), warmup_s=10, measure_s=30); "
+            "m = evaluate({'speculative_algorithm': 'EAGLE', 'max_mamba_cache_size': 80}, w, seed=9, noise=0.05).metrics; "
+            "print(repr((m.output_tokens, m.completed, m.itl_ms.p99)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=Path(__file__).parents[1], env={"PYTHONHASHSEED": "123"})
+    here = evaluate({"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 80},
+                    SimWorkload(prompts=_seed_prompts(256), warmup_s=10, measure_s=30), seed=9, noise=0.05).metrics
+    assert here is not None
+    assert out.stdout.strip() == repr((here.output_tokens, here.completed, here.itl_ms.p99))
+
+
 def test_kv_pressure_retracts_and_keeps_serving(work: SimWorkload) -> None:
     ev = evaluate({**BASELINE, "max_total_tokens": 20_000}, SimWorkload(prompts=work.prompts, warmup_s=30,
                                                                         measure_s=90))
@@ -112,6 +125,13 @@ def test_unknown_or_renamed_flags_are_bad_args(work: SimWorkload) -> None:
     typed = evaluate({**BASELINE, "max_mamba_cache_size": "80"}, SimWorkload(prompts=work.prompts, warmup_s=5,
                                                                              measure_s=10))
     assert typed.status == "ok" and typed.mamba_slots == 80
+
+
+def test_prompts_too_long_for_the_pool_are_errors_not_a_hang(work: SimWorkload) -> None:
+    huge = SimWorkload(prompts=["word " * 40_000], warmup_s=5, measure_s=10)
+    ev = evaluate({**BASELINE, "max_total_tokens": 20_000}, huge)
+    assert ev.status == "ok" and "too long" in (ev.reason or "")
+    assert ev.metrics is not None and ev.metrics.errors > 0 and ev.metrics.output_tokens == 0
 
 
 def test_bad_workloads_are_workload_errors() -> None:

@@ -306,3 +306,17 @@ def test_emitting_and_virtual_runs_are_the_same_run(spec: bool) -> None:
     many = [req(str(i), prompt=100 + i, target=300 + 37 * i, alpha=0.85) for i in range(40)]
     emitting, virtual = run_both_ways(limits(max_running_requests=16, kv_tokens=400_000), many, noise=0.0, seed=1)
     assert emitting == virtual and len(emitting) > 40
+
+
+@pytest.mark.parametrize("spec", [True, False])
+def test_from_plan_builds_the_same_model_for_both_clocks(spec: bool) -> None:
+    from autotune.planner import plan
+
+    model, gpu = load_model("qwen3.6-27b"), load_gpu("b200")
+    flags = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 80} if spec else {"max_mamba_cache_size": 80}
+    s = Scheduler.from_plan(plan(model, gpu, flags), model, gpu, decode_log_interval=10, emit=False)
+    assert s.limits.decode_log_interval == 10 and s.limits.spec is spec and not s.emit
+    assert s.limits.draft_tokens == (4 if spec else 1) and s.limits.page_size == 64
+    # The plan's KV cell includes the MTP draft's share only under speculation; the target cell stays 64 KiB.
+    assert s.perf.params.kv_cell_bytes == 65_536
+    assert s.perf.params.draft_cell_bytes == 4_096

@@ -105,6 +105,13 @@ def test_bad_flag_is_bad_args_before_launch(env):
     assert not (env / "bad" / "server.log").exists()  # nothing was launched
 
 
+def test_bad_combination_rejected_by_the_server_is_bad_args(env):
+    result, _ = trial(env, {"mamba_radix_cache_strategy": "no_buffer", "page_size": 64})
+    assert result.status == "bad_args"
+    assert result.exit_code == 1
+    assert result.reason.startswith("ValueError: --mamba-radix-cache-strategy no_buffer")
+
+
 def test_startup_oom_is_classified_from_sglangs_line(env):
     result, _ = trial(env, {"mem_fraction_static": 0.3})
     assert result.status == "startup_oom"
@@ -115,7 +122,10 @@ def test_startup_oom_is_classified_from_sglangs_line(env):
 
 def test_runtime_oom_during_the_replay(env):
     config = {"mem_fraction_static": 0.95, "chunked_prefill_size": 32768, "cuda_graph_backend_prefill": "disabled"}
-    result, _ = trial(env, config, workload=spec(concurrency=120))
+    # Activations for a prefill chunk above ~17k tokens do not fit this config: one 25k-token prompt is enough.
+    long = env / "long.jsonl"
+    long.write_text(json.dumps({"prompt": "lorem ipsum " * 8_500}) + "\n")
+    result, _ = trial(env, config, workload=spec(prompts=long, concurrency=2))
     assert result.status == "runtime_oom"
     assert "CUDA out of memory" in result.reason
 

@@ -234,7 +234,8 @@ def test_metrics_count_only_the_window():
     b = RequestRecord(row=2, sent=1.0, chunks=[(1.2, 2), (1.4, 2)], finish_reason="length", ended=1.4, accept_length=2.0)
     c = RequestRecord(row=3, sent=1.8, chunks=[(2.9, 4), (3.5, 4)], finish_reason=CUT, ended=3.5)
     d = RequestRecord(row=4, sent=1.1, error="HTTP 500: boom", ended=1.2)
-    m = metrics_from_records(ReplayRecords([a, b, c, d], (1.0, 3.0), 4, "generate"))
+    records = ReplayRecords([a, b, c, d], (1.0, 3.0), 4, "generate")
+    m = metrics_from_records(records)
     assert m.output_tokens == 3 + 2 + 2 + 3 + 4  # tokens arriving in [1, 3); the ramp (0.5) and tail (3.5) excluded
     assert m.output_tok_s == pytest.approx(14 / 2.0)
     assert m.completed == 2 and m.request_s == pytest.approx(1.0)  # a and b end in the window; c was cut
@@ -243,3 +244,10 @@ def test_metrics_count_only_the_window():
     assert m.e2e_ms.mean == pytest.approx((2500 + 400) / 2)
     assert m.accept_length == pytest.approx((3.0 * 9 + 2.0 * 4) / 13, abs=1e-3)
     assert m.itl_ms.p50 == pytest.approx(1000 / 3, rel=1e-3)  # a: 1 s gaps over 3 tokens dominate the list
+
+
+def test_records_round_trip_through_jsonl(tmp_path):
+    rec = RequestRecord(row=7, sent=0.123456, chunks=[(0.5, 3), (0.75, 2)], finish_reason="length", ended=0.75)
+    ReplayRecords([rec], (0.0, 1.0), 1, "generate").write_jsonl(tmp_path / "r.jsonl")
+    (back,) = ReplayRecords.read_jsonl(tmp_path / "r.jsonl")
+    assert back.chunks == rec.chunks and back.sent == pytest.approx(0.1235) and back.tokens == 5

@@ -95,7 +95,8 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
     """Write the winner's sglang.yaml, launch_fleet.sh, fleet.toml and provenance.json, or roll it out."""
     from autotune import rollout
 
-    modes = [m for m, on in (("--rolling", rolling), ("--resume", resume), ("--rollback", rollback),
+    # --dry-run may accompany --rolling (show what the rollout would change); the other modes exclude each other.
+    modes = [m for m, on in (("--rolling", rolling and not dry_run), ("--resume", resume), ("--rollback", rollback),
                              ("--dry-run", dry_run)) if on]
     if len(modes) > 1:
         raise click.UsageError(f"choose one of {', '.join(modes)}")

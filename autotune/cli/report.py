@@ -14,7 +14,8 @@ import click
 @click.option("--out", "out", type=click.Path(path_type=Path),
               help="Output file (html, json) or directory (csv). Default: reports/<study>.html; csv/json print.")
 @click.option("--compare", "compare", multiple=True, metavar="STUDY",
-              help="Overlay another study (repeatable or comma-separated), e.g. the same model on another GPU.")
+              help="Overlay another study: a name, or its study .toml (repeatable or comma-separated), "
+                   "e.g. the same model on another GPU.")
 @click.option("--format", "fmt", type=click.Choice(["html", "csv", "json"]), default="html", show_default=True,
               help="html: the page; csv/json: the tables behind it.")
 def report(config: Path | None, study: str | None, storage: str | None, out: Path | None,

@@ -85,11 +85,17 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(*["#", "status", "role", "params", "tok/s", "running", "KV tokens", "Mamba slots", "peak GiB"])
+    from autotune.space import config_diff
+
+    # The table shows each config as its difference from the baseline; CSV and JSON carry the full flags.
+    base = next((r["params"] for r in data if r["role"].startswith("baseline")), None) or {}
+    table = Table(*["#", "status", "role", "flags vs baseline", "tok/s", "running", "KV tokens", "Mamba slots",
+                    "peak GiB"])
     for r in data:
-        params = " ".join(f"{k}={v}" for k, v in (r["params"] or {}).items())
+        diff = config_diff(r["params"] or {}, base)
+        params = " ".join(f"{k}={'unset' if v is None else v}" for k, v in diff.items()) or "="
         fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
         table.add_row(str(r["number"]), r["status"] or r["state"].lower(), r["role"], params,
                       fmt(r["output_tok_s"], ",.0f"), fmt(r["max_running_requests"], "d"), fmt(r["kv_tokens"], ","),
                       fmt(r["mamba_slots"], "d"), fmt(r["peak_gib"], ".1f"))
-    Console().print(table)
+    Console(width=max(Console().width, 160)).print(table)

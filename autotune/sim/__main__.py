@@ -314,7 +314,7 @@ class ServerStatus:
         g = self.plan.gib
         cg = self.startup_time["cuda_graph"]
         total_cg = sum(cg.values()) or 1.0
-        return {"weight": round(g.weights, 3), "kvcache": round(g.kv + g.mamba_total, 3),
+        return {"weight": round(g.weights, 3), "kvcache": round(g.kv, 3),  # KV only, like SGLang (no Mamba)
                 "startup_available": round(self.pre_gib - self.pools_gib - g.graphs, 3),
                 "token_capacity": self.plan.kv_tokens, "token_capacity_swa": None,
                 "graph": {p: round(g.graphs * cg[p] / total_cg, 3) for p in GRAPH_PHASES}}
@@ -379,7 +379,7 @@ class ServerStatus:
             "num_retracted_reqs": snap.get("retractions", 0), "new_token_ratio": snap.get("new_token_ratio", 0.0),
             "max_total_num_tokens": self.plan.kv_tokens, "context_len": self.context_len,
             "page_size": self.plan.extra.get("page_size", 1),
-            "weight_memory_usage_gb": g.weights, "kv_cache_memory_usage_gb": g.kv + g.mamba_total,
+            "weight_memory_usage_gb": g.weights, "kv_cache_memory_usage_gb": g.kv,
             "graph_memory_usage_gb": g.graphs,
             "startup_available_gpu_memory_gb": self.pre_gib - self.pools_gib - g.graphs,
             "startup_time_seconds": self.startup_time["scheduler_e2e"],

@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 
 ENV_DIR = "AUTOTUNE_SIM_DEVICE_DIR"
+DEVICE_FILE = "device.info"  # not *.json: never mistaken for a process record
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -27,7 +28,7 @@ class DeviceReading:
     """One reading of one simulated device, like an NVML memory + utilisation query."""
 
     used_mib: float
-    total_mib: float | None  # None when nothing ever registered on this index
+    total_mib: float | None  # the last registered total; None only if nothing ever registered on this index
     util_pct: float
     processes: list[dict[str, Any]] = field(default_factory=list)
 
@@ -101,7 +102,10 @@ def register(
     directory: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Record that ``pid`` holds ``used_mib`` of GPU ``index`` (total ``total_mib``). Returns the record's path."""
-    path = device_dir(index, directory) / f"{int(pid)}.json"
+    folder = device_dir(index, directory)
+    # The device's own record outlives every process, so a reader still knows the total after all are released.
+    _write(folder / DEVICE_FILE, {"gpu_name": gpu_name, "total_mib": float(total_mib)})
+    path = folder / f"{int(pid)}.json"
     record = {
         "pid": int(pid),
         "create_time": _create_time(pid),
@@ -172,6 +176,8 @@ def read(index: int, directory: str | os.PathLike[str] | None = None) -> DeviceR
         used += float(record["used_mib"])
         util = max(util, float(record.get("util_pct") or 0.0))
         processes.append(record)
+    if total is None and (info := _load(folder / DEVICE_FILE)) is not None:
+        total = float(info["total_mib"])
     if total is not None:
         used = min(used, total)
     return DeviceReading(used_mib=used, total_mib=total, util_pct=util, processes=processes)

@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from autotune.errors import ConfigError, WorkloadError
 from autotune.results import Capacity, Metrics, Percentiles
-from autotune.sim.requests import check_request_params, make_request
+from autotune.sim.requests import SimRequest, check_request_params, make_request
 from autotune.sim.scheduler import Emission, Scheduler, StepResult
 
-STALL_STEPS = 10_000  # zero-time steps in a row: nothing can run (every prompt is too long for the KV pool)
+STALL_STEPS = 100  # zero-time steps in a row: nothing can run (every prompt is too long for the KV pool)
 BLOCK_CYCLES = 64  # quiet decode cycles the scheduler may run as one block (it stops at every event)
 
 
@@ -148,18 +148,22 @@ class _ClosedLoop:
         self.t = 0.0
         self.lo, self.hi = workload.warmup_s, workload.warmup_s + workload.measure_s
         self.sent = 0
+        self.drawn: dict[int, SimRequest] = {}
         self.arrival: dict[str, float] = {}
         self.tokens = self.completed = self.errors = 0
         self.accept_num = self.accept_den = 0.0  # Σ per-request accept length × tokens, Σ tokens
         self.ttft: list[float] = []
         self.e2e: list[float] = []
-        self.gaps: list[float | np.ndarray] = []  # per decode cycle in the window: the gap before its tokens
-        self.news: list[np.ndarray] = []  # ... and the tokens that gap delivered
+        self.gaps: list[float | np.ndarray] = []  # per decode cycle (or block) in the window: gaps before tokens
+        self.news: list[np.ndarray] = []  # ... and the tokens each request got
 
     def _send(self) -> None:
-        prompts = self.w.prompts
+        index = self.sent % len(self.w.prompts)
         rid = str(self.sent)
-        self.sched.add(make_request(rid, prompts[self.sent % len(prompts)], self.w.max_tokens, **self.req_args))
+        template = self.drawn.get(index)
+        if template is None:  # a prompt's draws depend only on its text and the seed: derive them once
+            template = self.drawn[index] = make_request(rid, self.w.prompts[index], self.w.max_tokens, **self.req_args)
+        self.sched.add(replace(template, rid=rid))
         self.arrival[rid] = self.t
         self.sent += 1
 
@@ -189,8 +193,8 @@ class _ClosedLoop:
                 mask = (r.ends_s >= lo) & (r.ends_s < hi)
                 if mask.any():
                     tokens += int(r.cycle_tokens[mask].sum())
-                    self.gaps.extend(r.gaps_s[mask].tolist())
-                    self.news.extend(r.new[mask])
+                    add_gap(r.gaps_s[mask])
+                    add_new(r.new[mask])
             elif inside:
                 tokens += r.tokens
                 if r.new is not None:
@@ -209,10 +213,10 @@ class _ClosedLoop:
 
     def _done(self, em: Emission, inside: bool) -> None:
         arrival = self.arrival.pop(em.rid)
-        if not inside:
-            return
-        if em.finish_reason == "abort":
+        if em.finish_reason == "abort":  # rejected (never fits): an error wherever it happens, as the harness counts
             self.errors += 1
+            return
+        if not inside:
             return
         self.completed += 1
         self.e2e.append(self.t - arrival)
@@ -224,27 +228,35 @@ class _ClosedLoop:
         """Per-token ITL percentiles over the window's decode cycles.
 
         A request's tokens from one cycle arrive as one chunk: each token's ITL is the chunk's gap over its size,
-        weighted by that size. Cycles whose gap all requests share (most) collapse to ≤ D distinct values."""
-        if not self.news:
+        weighted by that size. A cycle whose gap all its requests share (most) collapses to ≤ D weighted values.
+        Entries are one cycle (``new`` 1-D; gap a float, or per request after an admission) or a block of cycles
+        (``new`` k × n; one gap per cycle)."""
+        row_gaps, row_new, loose_vals, loose_wts = [], [], [], []
+        for gap, new in zip(self.gaps, self.news, strict=True):
+            if new.ndim == 2:
+                row_gaps.append(gap)
+                row_new.append(new)
+            elif isinstance(gap, float):
+                row_gaps.append(np.array([gap]))
+                row_new.append(new[None, :])
+            else:
+                loose_vals.append(gap * 1e3 / new)
+                loose_wts.append(new)
+        if row_gaps:
+            gaps = np.concatenate(row_gaps)
+            sizes = np.concatenate([np.full(len(b), b.shape[1]) for b in row_new])
+            flat = np.concatenate([b.ravel() for b in row_new])
+            per = flat.astype(np.int64)
+            top = int(per.max())
+            rows = np.repeat(np.arange(len(gaps)), sizes)
+            weight = np.bincount(rows * top + per - 1, weights=flat, minlength=len(gaps) * top).reshape(-1, top)
+            values = gaps[:, None] * 1e3 / np.arange(1, top + 1)[None, :]
+            keep = weight > 0
+            loose_vals.append(values[keep])
+            loose_wts.append(weight[keep])
+        if not loose_vals:
             return Percentiles()
-        new = np.concatenate(self.news)
-        sizes = np.fromiter((len(x) for x in self.news), dtype=np.int64, count=len(self.news))
-        shared = np.array([g if isinstance(g, float) else np.nan for g in self.gaps])
-        cycle = np.repeat(np.arange(len(sizes)), sizes)
-        per = new.astype(np.int64)
-        top = int(per.max())
-        # Σ tokens per (cycle, tokens-in-chunk): one weighted value per pair instead of one per request.
-        weight = np.bincount(cycle * top + (per - 1), weights=new, minlength=len(sizes) * top).reshape(-1, top)
-        values = shared[:, None] * 1e3 / np.arange(1, top + 1)[None, :]
-        keep = (weight > 0) & ~np.isnan(values)
-        vals, wts = [values[keep]], [weight[keep]]
-        ends = np.cumsum(sizes)
-        for k, g in enumerate(self.gaps):
-            if not isinstance(g, float):
-                chunk = new[ends[k] - sizes[k]:ends[k]]
-                vals.append(g * 1e3 / chunk)
-                wts.append(chunk)
-        return _percentiles(np.concatenate(vals), np.concatenate(wts))
+        return _percentiles(np.concatenate(loose_vals), np.concatenate(loose_wts))
 
     def metrics(self) -> Metrics:
         window = self.w.measure_s

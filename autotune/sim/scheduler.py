@@ -6,7 +6,8 @@ decode cycle over every running request. It never sleeps and never reads a clock
 duration, and the caller decides what time means (the HTTP server sleeps, ``evaluate`` adds it to a counter).
 
 Running requests live in numpy arrays (one slot each) so a decode cycle costs a fixed handful of vector ops,
-whatever the batch size: a simulated hour must take seconds of CPU.
+whatever the batch size, and a caller that reads no per-request emissions (``evaluate``) may let a quiet stretch
+of cycles run as one block that takes the same draws in the same order: a simulated hour takes seconds of CPU.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from autotune.errors import ConfigError
-from autotune.sim.perf import PerfModel
+from autotune.sim.perf import PerfModel, PerfParams
 from autotune.sim.requests import SimRequest
 
 __all__ = ["Emission", "Scheduler", "SchedulerLimits", "SchedulerStats", "StepResult"]
@@ -250,16 +251,12 @@ class Scheduler:
         self._last = np.zeros(cap)  # when each request entered (its prefill token); older ones: _prev_end
         self._prev_end = 0.0  # when the previous decode cycle ended
         self._fresh = False  # a request entered since the previous decode cycle
-        self._min_left = math.inf  # ≤ the fewest tokens any running request has left
-        self._ones = np.ones(cap)
 
     @classmethod
-    def from_plan(cls, plan: Any, model: Any, gpu: Any, *, noise: float = 0.0, seed: int = 0,
-                  emit: bool = True) -> Scheduler:
+    def from_plan(cls, plan: Any, model: Any, gpu: Any, *, noise: float = 0.0, seed: int = 0, emit: bool = True,
+                  decode_log_interval: int = 40) -> Scheduler:
         """The scheduler and speed model for a fitting plan: one constructor for the paced and the virtual clock."""
-        from autotune.sim.perf import PerfParams
-
-        limits = SchedulerLimits.from_plan(plan)
+        limits = SchedulerLimits.from_plan(plan, decode_log_interval=decode_log_interval)
         x = plan.extra
         params = PerfParams.from_profiles(model, gpu, kv_cell_bytes=x.get("kv_cell_bytes"),
                                           mamba_slot_bytes=x.get("mamba_slot_bytes"), with_draft=limits.spec,
@@ -291,7 +288,8 @@ class Scheduler:
             if self.emit:
                 result.emissions = [*result.emissions, *self._unfit]
             self._unfit = []
-        self.clock = float(result.ends_s[-1]) if result.ends_s is not None else self.clock + result.duration_s
+        # A decode step ends exactly where its last cycle ended (``duration_s`` is that minus the start, rounded).
+        self.clock = self._prev_end if result.kind == "decode" else self.clock + result.duration_s
         return result
 
     @property
@@ -396,7 +394,7 @@ class Scheduler:
         tokens = sum(1 for r, _ in batch if r is not self.chunked)
         self._stats.generation_tokens_total += tokens
         self._stats.requests_total += len(finished)
-        lines = []
+        lines: list[str] = []
         if self.emit:
             elapsed = max(now - self._prefill_log_t, 1e-9)
             self._prefill_log_t = now
@@ -417,7 +415,6 @@ class Scheduler:
         self._prompt[i], self._target[i], self._left[i] = req.prompt_tokens, req.target_len, req.target_len - r.gen
         self._slack[i], self._last[i] = req.max_new_tokens - req.target_len, r.last_t
         self._fresh = True
-        self._min_left = min(self._min_left, req.target_len - r.gen)
         self._inv_nla[i] = -1.0 / math.log(req.alpha)
         self._ctx_sum += req.prompt_tokens + r.gen
         r.entry = (self._cycles, r.gen)
@@ -450,119 +447,68 @@ class Scheduler:
 
     # -- decode -------------------------------------------------------------------------------------------
     def _decode(self, max_cycles: int = 1) -> StepResult:
+        """One decode cycle over every running request; or, when nobody listens (``emit`` off) and nothing can
+        happen in between, up to ``max_cycles`` of them as one block, ending at the first cycle where a request
+        finishes. Both take the same draws in the same order, so they give the same run bit for bit."""
         lines: list[str] = []
         self._ensure_decode_room(lines)
         n = self._n
         if n == 0:
             return StepResult(0.0, "idle", log_lines=lines)
         lim, d = self.limits, self._d
-        if max_cycles > 1 and not self.emit and not self._fresh and not lines:
-            k = self._quiet_cycles(max_cycles)
-            if k > 1:
-                return self._decode_block(k, lines)
-        duration = self.perf.decode_s(n, self._ctx_sum, graph=n <= lim.decode_graph_bs)
-        now = self.clock + duration
+        if d > 1 and self._expo_pos + n > len(self._expo):
+            self._expo = self._rng.standard_exponential(1 << 16)
+            self._expo_pos = 0
+        quiet = max_cycles > 1 and not self.emit and not self._fresh and not lines
+        k = self._quiet_cycles(max_cycles) if quiet else 1
         left = self._left[:n]
-        if d > 1:
-            if self._expo_pos + n > len(self._expo):
-                self._expo = self._rng.standard_exponential(1 << 16)
-                self._expo_pos = 0
-            # accepted drafts = floor(E·c), P(≥ k) = α^k; tokens = min(accepted + 1, D, left), folded into one floor
-            new = self._expo[self._expo_pos:self._expo_pos + n] * self._inv_nla[:n]
-            self._expo_pos += n
-            new += 1.0
-            np.minimum(new, d, out=new)
-            if self._min_left < d:  # only then can a request have fewer tokens left than a full accept
-                np.minimum(new, left, out=new)
-            np.floor(new, out=new)
-        else:
-            new = self._ones[:n].copy()  # a running request always has a token left
-        left -= new
-        # Every request in the previous cycle last got tokens when it ended; only entrants since differ.
-        if self._fresh:
-            gaps: float | np.ndarray = now - np.maximum(self._last[:n], self._prev_end)
-            self._fresh = False
-        else:
-            gaps = now - self._prev_end
-        self._prev_end = now
-        tokens = int(np.add.reduce(new))
-        self._ctx_sum += tokens
-        self._cycles += 1
-        emissions = self._emit_all(new) if self.emit else []
-        finished: list[Emission] = []
-        self._min_left -= d  # a lower bound on what any request has left, so most cycles skip the exact check
-        if self._min_left <= 0:
-            if np.minimum.reduce(left) <= 0:
-                for i in np.flatnonzero(left <= 0)[::-1]:  # highest slot first: swap-removal keeps the rest valid
-                    r = self._leave(int(i))
-                    em = self._emission(r, int(new[i]), finished=True, reason=r.req.finish_reason)
-                    finished.append(em)
-                    if self.emit:
-                        emissions[int(i)] = em
-            self._min_left = float(np.minimum.reduce(self._left[: self._n])) if self._n else math.inf
-        result = StepResult(duration, "decode", emissions=emissions, log_lines=lines, tokens=tokens,
-                            verify=n if d > 1 else 0, finished=finished, gaps_s=gaps, new=new)
-        st = self._stats
-        st.requests_total += len(finished)
-        st.generation_tokens_total += tokens
-        if d > 1:
-            st.spec_verify_ct += n
-            st.spec_accepted_tokens += tokens
-        self._log_tokens += tokens
-        self._log_verify += n
-        self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
-        if self._cycles % lim.decode_log_interval == 0:
-            self._log_decode(lines, now, n)
-        return result
-
-    def _quiet_cycles(self, max_cycles: int) -> int:
-        """How many cycles may run as one block: up to the next decode-log line, while the KV fast path holds
-        for every one of them, and within the current block of acceptance draws (refilled as one by one would)."""
-        lim, n, d, page = self.limits, self._n, self._d, self._page
-        k = min(max_cycles, lim.decode_log_interval - self._cycles % lim.decode_log_interval)
-        room = lim.kv_tokens - self._ctx_sum - n * (page - 1 + d)
-        k = min(k, int(room // (n * d)) + 1)
-        if d > 1:
-            if self._expo_pos + n > len(self._expo):
-                self._expo = self._rng.standard_exponential(1 << 16)
-                self._expo_pos = 0
-            k = min(k, (len(self._expo) - self._expo_pos) // n)
-        return k
-
-    def _decode_block(self, k: int, lines: list[str]) -> StepResult:
-        """Up to ``k`` decode cycles at once, ending early at the first cycle in which a request finishes."""
-        lim, n, d = self.limits, self._n, self._d
-        left = self._left[:n]
-        if d > 1:
+        if d > 1:  # accepted drafts = floor(E·c), P(≥ j) = α^j; tokens = min(accepted + 1, D)
             new = self._expo[self._expo_pos:self._expo_pos + k * n].reshape(k, n) * self._inv_nla[:n]
             new += 1.0
             np.minimum(new, d, out=new)
             np.floor(new, out=new)
         else:
             new = np.ones((k, n))
-        cum = np.cumsum(new, axis=0)
-        hit = (cum >= left).any(axis=1)
-        if hit.any():  # stop at the first finishing cycle; cap its tokens at what each request had left
-            k = int(np.argmax(hit)) + 1
+        cum = np.cumsum(new, axis=0) if k > 1 else new
+        hit = bool((cum[-1] >= left).any())
+        if hit:  # stop at the first cycle where a request finishes; it gets only what it had left
+            k = int(np.argmax((cum >= left).any(axis=1))) + 1
             new, cum = new[:k], cum[:k]
             np.minimum(new[-1], left - (cum[-2] if k > 1 else 0.0), out=new[-1])
         if d > 1:
             self._expo_pos += k * n
         row_tokens = new.sum(axis=1)
-        starts = self._ctx_sum + np.concatenate(([0.0], np.cumsum(row_tokens[:-1])))
-        durations = self.perf.decode_s_many(n, starts, graph=n <= lim.decode_graph_bs)
-        ends = np.cumsum(np.concatenate(([self.clock], durations)))[1:]
-        gaps = np.diff(np.concatenate(([self._prev_end], ends)))
+        graph = n <= lim.decode_graph_bs
+        ends = None
+        if k > 1:  # each cycle's time from its own starting context, summed in order as stepping would
+            starts = self._ctx_sum + np.concatenate(([0.0], np.cumsum(row_tokens[:-1])))
+            ends = np.cumsum(np.concatenate(([self.clock], self.perf.decode_s_many(n, starts, graph=graph))))[1:]
+            now = float(ends[-1])
+        else:
+            now = self.clock + self.perf.decode_s(n, self._ctx_sum, graph=graph)
         left -= new.sum(axis=0)
+        # Every request in the previous cycle last got tokens when it ended; only entrants since differ.
+        gaps: float | np.ndarray
+        if ends is not None:
+            gaps = np.diff(np.concatenate(([self._prev_end], ends)))
+        elif self._fresh:
+            gaps = now - np.maximum(self._last[:n], self._prev_end)
+        else:
+            gaps = now - self._prev_end
+        self._fresh = False
+        self._prev_end = now
         tokens = int(row_tokens.sum())
         self._ctx_sum += tokens
         self._cycles += k
-        self._prev_end = float(ends[-1])
+        emissions = self._emit_all(new[0]) if self.emit else []
         finished: list[Emission] = []
-        for i in np.flatnonzero(left <= 0)[::-1]:
-            r = self._leave(int(i))
-            finished.append(self._emission(r, int(new[-1, i]), finished=True, reason=r.req.finish_reason))
-        self._min_left = float(np.minimum.reduce(self._left[: self._n])) if self._n else math.inf
+        if hit:
+            for i in np.flatnonzero(left <= 0)[::-1]:  # highest slot first: swap-removal keeps the rest valid
+                r = self._leave(int(i))
+                em = self._emission(r, int(new[-1, i]), finished=True, reason=r.req.finish_reason)
+                finished.append(em)
+                if self.emit:
+                    emissions[int(i)] = em
         st = self._stats
         st.requests_total += len(finished)
         st.generation_tokens_total += tokens
@@ -571,13 +517,25 @@ class Scheduler:
             st.spec_accepted_tokens += tokens
         self._log_tokens += tokens
         self._log_verify += n * k
-        for _ in range(k):  # one subtraction per cycle, as stepping does, so the float matches exactly
+        for _ in range(k):  # one subtraction per cycle, so the float is the same however cycles are grouped
             self.new_token_ratio = max(MIN_NEW_TOKEN_RATIO, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         if self._cycles % lim.decode_log_interval == 0:
-            self._log_decode(lines, self._prev_end, n)
-        return StepResult(float(ends[-1]) - self.clock, "decode", log_lines=lines, tokens=tokens,
-                          verify=n * k if d > 1 else 0, finished=finished, gaps_s=gaps, new=new, ends_s=ends,
-                          cycle_tokens=row_tokens)
+            self._log_decode(lines, now, n)
+        block = ends is not None
+        return StepResult(now - self.clock, "decode", emissions=emissions, log_lines=lines, tokens=tokens,
+                          verify=n * k if d > 1 else 0, finished=finished, gaps_s=gaps,
+                          new=new if block else new[0], ends_s=ends, cycle_tokens=row_tokens if block else None)
+
+    def _quiet_cycles(self, max_cycles: int) -> int:
+        """How many cycles may run as one block: up to the next decode-log line, while the KV fast path holds
+        for every one of them, and within the current block of acceptance draws."""
+        lim, n, d, page = self.limits, self._n, self._d, self._page
+        k = min(max_cycles, lim.decode_log_interval - self._cycles % lim.decode_log_interval)
+        room = lim.kv_tokens - self._ctx_sum - n * (page - 1 + d)
+        k = min(k, int(room // (n * d)) + 1)
+        if d > 1:
+            k = min(k, (len(self._expo) - self._expo_pos) // n)
+        return max(k, 1)
 
     def _log_decode(self, lines: list[str], now: float, n: int) -> None:
         lim = self.limits

@@ -16,6 +16,7 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.applications import Starlette
@@ -27,6 +28,7 @@ from autotune.sim import logs
 from autotune.sim.requests import count_tokens, make_request
 
 NATIVE, COMPLETION, CHAT = "generate", "text_completion", "chat.completion"
+CATCH_UP_SLICE_S = 0.02  # when behind, how long the pacing loop may run steps before streams get to send
 EOS_ID = 248046  # what a "stop" finish reports as the matched token
 _N = 1 << 14  # filler tokens before the text repeats (longer outputs take a slower path)
 _IDS = [1000 + (i * 7919) % 9000 for i in range(2 * _N)]  # 4-digit ids: every token is exactly 6 text chars
@@ -58,7 +60,7 @@ class Stream:
         self.event = asyncio.Event()
         self.created = time.time()
         self.first_at = self.done_at = 0.0
-        self.offset = int(rid[:4], 16)
+        self.offset = int(rid[:4], 16) % _N  # where its filler starts: varied, and inside the fast path
         self.model, self.draft_tokens = model, draft_tokens
         self.interval = 1  # SGLang's --stream-interval: send every N tokens (and always the last)
 
@@ -219,6 +221,7 @@ class SimServer:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._last_device_write = 0.0
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sim-device")
         # How well the wall clock follows the model: how late each step's tokens went out (sim-only figures).
         self.pace = {"steps": 0, "modelled_s": 0.0, "late_s_sum": 0.0, "late_s_max": 0.0}
         self.app = Starlette(routes=self._routes())
@@ -230,13 +233,13 @@ class SimServer:
     async def _pace(self) -> None:
         loop = asyncio.get_running_loop()
         sched = self.sched
-        deadline = loop.time()
+        deadline = last_yield = loop.time()
         while True:
             if not sched.has_work():
                 self._device(busy=False)
                 self._wake.clear()
                 await self._wake.wait()
-                deadline = loop.time()  # idle time is not lag: the next step starts now
+                deadline = last_yield = loop.time()  # idle time is not lag: the next step starts now
                 continue
             res = sched.step()
             for line in res.log_lines:
@@ -246,8 +249,15 @@ class SimServer:
                 return
             if res.duration_s > 0:
                 deadline += res.duration_s
-                # Behind (negative delay): catch up, but always yield so the streams send what they hold.
-                await asyncio.sleep(max(0.0, deadline - loop.time()))
+                delay = deadline - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                    last_yield = loop.time()
+                elif loop.time() - last_yield > CATCH_UP_SLICE_S:
+                    # Behind: run steps back to back and let the streams send only every slice, so each sends
+                    # one coalesced chunk instead of one per step (sends, not steps, are what a busy CPU lacks).
+                    await asyncio.sleep(0)
+                    last_yield = loop.time()
                 late = loop.time() - deadline
                 pace = self.pace
                 pace["steps"] += 1
@@ -275,7 +285,8 @@ class SimServer:
         if busy and now - self._last_device_write < 0.2:
             return  # the monitor samples every ~200 ms; writing more often only costs CPU
         self._last_device_write = now
-        self.status.report_device(busy=busy, prefill=prefill)
+        # A file write can take milliseconds on a busy disk: keep it off the pacing loop, in order.
+        self._writer.submit(self.status.report_device, busy=busy, prefill=prefill)
 
     # -- requests -------------------------------------------------------------------------------------------
     def _submit(self, kind: str, text: str, prompt_tokens: int, max_new: int, ignore_eos: bool,

@@ -1,0 +1,172 @@
+"""Smoke tests for the benchmarks: tiny spaces, budgets and seeds; they check the machinery, never timings."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import measurement_noise as mn  # noqa: E402
+import search_efficiency as se  # noqa: E402
+import strategies as st  # noqa: E402
+
+from autotune.config import load_config  # noqa: E402
+
+TINY = """
+[study]
+name = "tiny"
+[engine]
+kind = "sim"
+model = "qwen3.6-27b"
+sim_gpu = "b200"
+sim_options = {{ noise = 0.02 }}
+[engine.fixed]
+speculative_algorithm = "EAGLE"
+speculative_eagle_topk = 1
+context_length = 8192
+[space]
+max_mamba_cache_size = {{ type = "int", low = 64, high = 256, step = 64 }}
+mamba_full_memory_ratio = {{ type = "float", low = 0.2, high = 1.5 }}
+mem_fraction_static = {{ type = "float", low = 0.85, high = 0.95, step = 0.05 }}
+max_running_requests = {{ type = "int", low = 16, high = 64, step = 16 }}
+speculative_num_steps = {{ type = "int", low = 2, high = 3 }}
+[space.derived]
+speculative_num_draft_tokens = "speculative_num_steps + 1"
+[workload]
+prompts = "{prompts}"
+sample_size = 30
+warmup_s = 2
+measure_s = 3
+[baseline]
+flags = {{ speculative_num_steps = 3, speculative_num_draft_tokens = 4, max_mamba_cache_size = 80 }}
+"""
+
+
+@pytest.fixture(scope="module")
+def case(tmp_path_factory) -> st.Case:
+    path = tmp_path_factory.mktemp("study") / "tiny.toml"
+    path.write_text(TINY.format(prompts=ROOT / "examples" / "prompts.jsonl"))
+    return se.case_from_config("tiny", load_config(path))
+
+
+@pytest.fixture(scope="module")
+def oracle(case) -> st.Oracle:
+    return st.Oracle(case, noise_cv=0.01)
+
+
+def test_exhaustive_matches_brute_force(case, oracle):
+    """The grid shortcuts (top fitting memory fraction, one simulation per signature) lose nothing here."""
+    truth = st.exhaustive(case, oracle, jobs=1)
+    space = case.space.without({"mamba_full_memory_ratio"})  # inert: the planner prunes it
+    values = [st.grid_values(p) for p in space.params]
+    brute = 0.0
+    for combo in itertools.product(*values):
+        config = space.complete({**space.fixed, **dict(zip(space.names, combo, strict=True))})
+        brute = max(brute, oracle.outcome(config).tok_s)
+    assert truth["grid"] == 4 * 3 * 4 * 2
+    assert truth["groups"] <= truth["families"] < truth["grid"]
+    assert brute > truth["baseline_tok_s"] > 0
+    assert truth["tok_s"] == pytest.approx(brute)
+
+
+def test_launch_costs(case, oracle):
+    ok = oracle.outcome(case.baseline)
+    startup = ok.result.modelled_startup_s
+    assert ok.status == "ok" and 100 < startup < 300
+    assert ok.cost_s == pytest.approx(startup + case.workload.warmup_s + case.workload.measure_s)
+    oom = oracle.outcome({**case.baseline, "max_mamba_cache_size": 4096, "mem_fraction_static": 0.95})
+    assert oom.status == "startup_oom" and oom.tok_s == 0.0
+    assert 0 < oom.cost_s <= startup  # it failed while loading: no warm-up, no window
+
+
+@pytest.mark.parametrize("name", list(st.STRATEGIES))
+def test_strategies_spend_the_budget(case, oracle, name):
+    launches = st.STRATEGIES[name](case, oracle, 6, 0)
+    assert len(launches) == 6
+    assert all(x.cost_s > 0 for x in launches if x.launched)
+    assert all(x.cost_s == 0 for x in launches if not x.launched)
+    best = st.best_so_far(launches)
+    for i, value in enumerate(best):  # the pick is always a config measured so far
+        assert value == 0.0 or value in {x.true for x in launches[: i + 1] if x.status == "ok"}
+    assert any(x.status == "ok" for x in launches)
+    assert all(x.true == oracle.outcome(x.config).tok_s for x in launches if x.launched)
+
+
+def test_ours_starts_from_the_baseline_and_skips_what_cannot_start(case, oracle):
+    launches = st.ours(case, oracle, 8, 1)
+    assert launches[0].config == case.baseline
+    skipped = [x for x in launches if not x.launched]
+    assert all(oracle.outcome(x.config).status != "ok" for x in skipped)
+
+
+def test_figures_from_launches():
+    def launch(status, true, cost, observed=None):
+        return st.Launch({}, status, true if observed is None else observed, true, cost)
+
+    runs = [launch("startup_oom", 0, 3600), launch("ok", 90, 3600), launch("skipped_infeasible", 0, 0),
+            launch("ok", 99, 1800, observed=80), launch("ok", 98.5, 1800)]
+    # The 99 config measured low (80), so the pick stays at 90 until 98.5 is measured.
+    assert st.best_so_far(runs) == [0.0, 90, 90, 90, 98.5]
+    summary = se.summarise(runs, 100.0)
+    assert summary["trials"] == 5 and summary["gpu_h98"] == pytest.approx(3.0)
+    assert summary["launches"] == 4 and summary["ooms"] == 1 and summary["oom_h"] == pytest.approx(1.0)
+    assert summary["pct"] == pytest.approx(98.5)
+    assert se.to_target(runs[:2], 100.0) == (float("inf"), float("inf"))
+    assert se.med_iqr([1.0, 2.0, float("inf")], ".0f", 40) == "2 [2–>40]"
+
+
+def test_run_case_writes_table_and_figure(case, tmp_path):
+    result = se.run_case(case, seeds=2, budgets=[4, 6], say=lambda text: None, cache_dir=tmp_path)
+    cached = list(tmp_path.glob("ground-truth-tiny-*.cache.json"))
+    assert len(cached) == 1 and json.loads(cached[0].read_text())["tok_s"] == result["truth"]["tok_s"]
+    text = se.markdown([result], seeds=2, budgets=[4, 6], seconds=1.0)
+    for name in st.STRATEGIES:
+        assert f"| {name} |" in text
+    assert "## tiny" in text and "% of the optimum" in text
+    se.figure([result], [4, 6], tmp_path / "fig.html")
+    html = (tmp_path / "fig.html").read_text()
+    assert "ours" in html and "modelled GPU-hours" in html
+
+
+def test_space_hash_follows_the_space(case):
+    narrower = case.cfg.space["max_running_requests"].model_copy(update={"high": 48.0})
+    other = case.cfg.model_copy(update={"space": {**case.cfg.space, "max_running_requests": narrower}})
+    assert se.space_hash(case) == se.space_hash(case)
+    assert se.space_hash(case) != se.space_hash(se.case_from_config("tiny", other))
+
+
+def test_unknown_case_is_a_one_line_error(capsys):
+    assert se.main(["--cases", "nope"]) == 1
+    assert "unknown case 'nope'" in capsys.readouterr().err
+
+
+def test_window_rates_from_records(tmp_path):
+    rows = [{"row": 0, "sent": 0.0, "chunks": [[1.0, 10], [2.5, 10], [4.0, 10]], "finish_reason": "length",
+             "error": None, "ended": 4.0, "accept_length": None},
+            {"row": 1, "sent": 0.0, "chunks": [[1.5, 5], [3.5, 5]], "finish_reason": None, "error": None,
+             "ended": None, "accept_length": None}]
+    (tmp_path / "records.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    rates = mn.window_rates(tmp_path, 1.0, [1.0, 3.0], concurrency=2)
+    assert rates[1.0] == pytest.approx(15.0)  # [1, 2): 10 + 5 tokens
+    assert rates[3.0] == pytest.approx(10.0)  # [1, 4): 10 + 5 + 10 + 5; the chunk at 4.0 is outside
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_noise_through_the_real_harness(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    cfg = load_config(mn.STUDY)
+    cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"warmup_s": 1.0, "sample_size": 40})})
+    config = {**cfg.engine.fixed, **cfg.enqueue[0].flags}
+    runs = mn.harness_runs(config, cfg=cfg, repeats=2, windows=[1.0, 2.0], noise=0.02, workdir=tmp_path,
+                           say=lambda text: None)
+    assert len(runs) == 2 and all(r[1.0] > 0 and r[2.0] > 0 for r in runs)
+    virtual = mn.evaluator_runs(config, cfg=cfg, repeats=2, windows=[1.0, 2.0], noise=0.02)
+    text = mn.report(config, runs, virtual, windows=[1.0, 2.0], warmup_s=1.0, noise=0.02, default_s=12, seconds=5)
+    assert "| 1 |" in text and "| 2 |" in text and "CV" in text
