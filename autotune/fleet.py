@@ -126,6 +126,8 @@ def load_fleet(path: str | Path) -> Fleet:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise FleetError(f"{path}: fleet file not found (write one with autotune apply --out DIR)") from None
+    except OSError as exc:
+        raise FleetError(f"{path}: cannot read the fleet file ({exc.strerror})") from None
     except tomllib.TOMLDecodeError as exc:
         raise FleetError(f"{path}: not valid TOML ({exc})") from None
     secret = _find_secrets(raw)
@@ -186,9 +188,7 @@ def write_fleet(fleet: Fleet, path: str | Path | None = None) -> Path:
 def set_server_config(fleet: Fleet, name: str, config_file: str) -> Fleet:
     """A copy of ``fleet`` with server ``name`` recorded as running ``config_file``."""
     servers = [s.model_copy(update={"config": config_file}) if s.name == name else s for s in fleet.servers]
-    updated = fleet.model_copy(update={"servers": servers})
-    updated.path = fleet.path
-    return updated
+    return fleet.model_copy(update={"servers": servers})
 
 
 def server_config(fleet: Fleet, server: FleetServer) -> dict[str, Any]:
@@ -370,8 +370,6 @@ def server_status(fleet: Fleet, server: FleetServer) -> ServerStatus:
     status.healthy = healthy(server)
     if not status.healthy:
         return status
-    if not server.local:
-        status.pid = -1  # running; its pid lives on the remote host
     info = get_json(f"{server.url}/server_info")
     if info is not None:
         status.capacity = engine_for(fleet, server).capacity("", info)

@@ -6,6 +6,7 @@ few hundred trials, and the latency figure draws precomputed quantiles, never ra
 
 from __future__ import annotations
 
+import html
 import math
 
 import pandas as pd
@@ -48,11 +49,12 @@ def _layout(fig: go.Figure, *, height: int = 420, **kwargs) -> go.Figure:
 def _hover(frame: pd.DataFrame) -> list[str]:
     texts = []
     for _, row in frame.iterrows():
-        text = f"trial {row['trial']} — {row['label']}<br>{row['outcome']}"
-        if row["group"] == "ok":
+        # Labels and log lines are user/SGLang text: escape them, plotly renders a subset of HTML in hovers.
+        text = f"trial {row['trial']} — {html.escape(str(row['label']))}<br>{row['outcome']}"
+        if row["tok_s"] > 0:
             text += f": {row['tok_s']:,.0f} tok/s"
         if row.get("reason"):
-            text += "<br>" + str(row["reason"])[:120]
+            text += "<br>" + html.escape(str(row["reason"])[:120])
         texts.append(text)
     return texts
 
@@ -65,8 +67,8 @@ def _failure_traces(fig: go.Figure, frame: pd.DataFrame, x: str, *, pos: dict | 
         part = frame[(frame["group"] == group) & frame[x].notna()]
         if part.empty:
             continue
-        fig.add_trace(go.Scatter(x=part[x].astype(str) if as_text else part[x], y=part["tok_s"].fillna(0.0), mode="markers",
-                                 name=name, hovertext=_hover(part), hoverinfo="text", legendgroup=group,
+        fig.add_trace(go.Scatter(x=part[x].astype(str) if as_text else part[x], y=part["tok_s"].fillna(0.0),
+                                 mode="markers", name=name, hovertext=_hover(part), hoverinfo="text", legendgroup=group,
                                  marker=dict(color=colour, symbol=symbol, size=9, line_width=1.5),
                                  showlegend=showlegend), **(pos or {}))
 

@@ -74,7 +74,7 @@ async def replay(url: str, prompts: list[str], concurrency: int, max_tokens: int
     async def one(text: str) -> None:
         nonlocal tokens
         body = json.dumps({"text": text, "stream": True,
-                           "sampling_params": {"max_new_tokens": max_tokens, "ignore_eos": True}}).encode()
+                           "sampling_params": {"max_new_tokens": max_tokens}}).encode()
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                      b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -110,7 +110,9 @@ def pacing(quick: bool) -> None:
     server_core, client_core = _cores()
     os.sched_setaffinity(0, client_core)
     prompts = _seed_prompts(64, mean_tokens=200)
-    warmup, window, max_tokens = 1.0, 3.0, 512
+    # Natural output lengths (mean 400) stagger the finishes: the window sees steady decode, not the phase of
+    # one synchronized generation of fixed-length requests.
+    warmup, window, max_tokens, output_mean = 1.0, 3.0, 2048, 400
     with tempfile.TemporaryDirectory() as tmp:
         dense = Path(tmp) / "dense-8b"
         dense.mkdir()
@@ -130,8 +132,9 @@ def pacing(quick: bool) -> None:
                     for x in ((f"--{k.replace('_', '-')}",) if v is True else (f"--{k.replace('_', '-')}", str(v)))]
             argv += server_only
             predicted = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=max_tokens, concurrency=conc,
-                                                    warmup_s=warmup, measure_s=window, ignore_eos=True),
-                                 model=model, gpu="b200", seed=1).output_tok_s
+                                                    warmup_s=warmup, measure_s=window),
+                                 model=model, gpu="b200", seed=1, output_mean=output_mean).output_tok_s
+            argv += ["--sim-output-mean", str(output_mean)]
             proc, url = start_server(model, argv, str(Path(tmp) / "devices"), server_core)
             try:
                 cpu0 = _cpu(proc.pid)

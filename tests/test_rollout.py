@@ -96,7 +96,7 @@ class HealthPoller:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        with httpx.Client(timeout=1.0, trust_env=False) as client:
+        with httpx.Client(timeout=5.0, trust_env=False) as client:  # a busy CI core is not "down"
             while not self._stop.is_set():
                 ok = 0
                 for url in self.urls:
