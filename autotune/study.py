@@ -81,7 +81,10 @@ def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
     """Create or resume the study (``load_if_exists``: re-running continues it)."""
     url = cfg.storage_url
     if url.startswith("sqlite:///"):
-        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        db = Path(url.removeprefix("sqlite:///"))
+        if not create and not db.exists():  # a read must not leave an empty database behind
+            raise StudyError(f"no study named {cfg.name!r}: {db} does not exist; run `autotune sweep` first")
+        db.parent.mkdir(parents=True, exist_ok=True)
     try:
         if not create:
             return optuna.load_study(study_name=cfg.name, storage=url, sampler=make_sampler(cfg))

@@ -102,6 +102,9 @@ def run_trial(
     except ConfigError as exc:
         return _write(TrialResult(status="bad_args", config=dict(config), reason=str(exc), **base), trial_dir)
     config = dict(checked) if isinstance(checked, Mapping) else dict(config)
+    preflight = getattr(engine, "preflight", None)
+    if preflight is not None:
+        preflight()  # an engine that cannot launch at all is an error of the setup, not a trial outcome
     run_dir = Path(run_dir) if run_dir is not None else Path.cwd() / "runs"
     cleanup_orphans(run_dir)
     log_path.unlink(missing_ok=True)  # a rerun into the same directory must not classify an old log

@@ -114,3 +114,16 @@ def test_measure_prints_the_trial_result_as_json(capsys, quiet_env):
     assert "accept_length" in data["metrics"] and data["gpu"]["peak_used_gib"] > 0
     assert set(data["durations_s"]) == {"startup", "warmup", "measure", "teardown"}
     assert (quiet_env / "trial" / "result.json").exists() and not list(shm.iterdir())
+
+
+def test_sglang_engine_without_sglang_is_one_line(capsys, quiet_env):
+    import subprocess
+    import sys
+
+    has_sglang = subprocess.run([sys.executable, "-c", "import sglang"], capture_output=True).returncode == 0
+    if has_sglang:
+        pytest.skip("sglang is installed here")
+    code, _, err = run(capsys, "--engine", "sglang", "--model", "/models/x", "--prompts", str(PROMPTS), "--out", "t")
+    assert code == 1
+    _one_error_line(err, "sglang is not importable", "--python")
+    assert not (quiet_env / "t").exists()

@@ -216,3 +216,17 @@ def test_missing_sglang_falls_back_to_bundled_table(tmp_path):
     if eng.sglang_version() is not None:
         pytest.skip("sglang is installed here")
     assert eng.flag_table().version == "0.5.23"
+
+
+def test_preflight_refuses_an_interpreter_without_sglang(tmp_path):
+    from autotune.errors import EngineError
+
+    eng = SGLangEngine(model_path="/m", python=sys.executable, cache_dir=tmp_path)
+    if eng.sglang_version() is not None:
+        pytest.skip("sglang is installed here")
+    with pytest.raises(EngineError, match="sglang is not importable"):
+        eng.preflight()
+    SGLangEngine(model_path="/m", python=str(_fake_python(tmp_path)), cache_dir=tmp_path).preflight()
+    SimEngine().preflight()
+    with pytest.raises(EngineError, match="not found"):
+        SGLangEngine(model_path="/m", python=str(tmp_path / "no-python")).preflight()

@@ -264,8 +264,10 @@ def test_startup_failures(sim, tmp_path, argv, code, phrase):
         assert "fired up and ready to roll" not in p.log
 
 
-def test_runtime_oom_dies_when_the_big_prefill_forms(sim):
-    cfg = ["--mem-fraction-static", "0.95", "--chunked-prefill-size", "32768", "--disable-cuda-graph"]
+def test_runtime_oom_dies_when_the_big_prefill_forms(sim, tmp_path):
+    shm = tmp_path / "shm"
+    cfg = ["--mem-fraction-static", "0.95", "--chunked-prefill-size", "32768", "--disable-cuda-graph",
+           "--sim-shm", str(shm)]
     flags = {"mem_fraction_static": 0.95, "chunked_prefill_size": 32768, "disable_cuda_graph": True}
     assert plan(load_model(MODEL), load_gpu("b200"), flags).failure == "runtime_oom"
     p = sim(*cfg)
@@ -283,6 +285,8 @@ def test_runtime_oom_dies_when_the_big_prefill_forms(sim):
     asyncio.run(flood())
     assert p.exit_code() in (-9, 137)
     assert "Scheduler hit an exception:" in p.log and "CUDA out of memory" in p.log
+    assert re.search(r"Prefill batch, #new-seq: \d+, #new-token: \d+", p.log)  # it served before the big batch
+    assert list(shm.glob("sem.mp-*")) and list(shm.glob("sglang_loads_*.shm"))  # a SIGKILL leaves both
 
 
 # -- shutdown, disconnects, the simulated GPU ------------------------------------------------------------

@@ -108,6 +108,7 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
     config = load_config_file(config_file) if config_file else {}
     config = {**engine.check(config), **parse_sets(sets)}
     config = engine.check(config)  # bad flags end here, before any server starts
+    engine.preflight()
     spec = WorkloadSpec(prompts=resolve_prompts(prompts), sample_size=sample, seed=seed, max_tokens=max_tokens,
                         concurrency=concurrency, warmup_s=warmup, measure_s=window, endpoint=endpoint,
                         ignore_eos=ignore_eos)

@@ -34,6 +34,10 @@ class Engine(Protocol):
         """Environment variables to add for the launch (``CUDA_VISIBLE_DEVICES``, engine extras)."""
         ...
 
+    def preflight(self) -> None:
+        """Raise ``EngineError`` when the engine cannot launch at all (e.g. SGLang not importable)."""
+        ...
+
     def check(self, config: Mapping[str, Any]) -> None:
         """Raise ``ConfigError`` (with a did-you-mean) for any flag the engine does not know or a bad value."""
         ...

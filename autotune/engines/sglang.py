@@ -98,6 +98,7 @@ class SGLangEngine:
         self.device = device
         self.cache_dir = cache_dir or _cache_dir()
         self._table = None
+        self._version: str | None = None
 
     # -- launch -----------------------------------------------------------------------------------------
     def argv(self, config: Mapping[str, Any], *, port: int, host: str = "127.0.0.1") -> list[str]:
@@ -118,6 +119,16 @@ class SGLangEngine:
         return env
 
     # -- validation -------------------------------------------------------------------------------------
+    def preflight(self) -> None:
+        """Raise EngineError unless the interpreter can import SGLang (checked before any launch)."""
+        if self._version is None:
+            self._version = self.sglang_version() or ""
+        if not self._version:
+            raise EngineError(
+                f"sglang is not importable by {self.python} "
+                "(pip install 'sglang==0.5.23' there, or pass --python / engine.python pointing at an interpreter that has it)"
+            )
+
     def check(self, config: Mapping[str, Any]) -> dict[str, Any]:
         for key in config:
             if key in HARNESS_FLAGS:

@@ -73,6 +73,9 @@ class SimEngine:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu_index)
         return env
 
+    def preflight(self) -> None:
+        """The simulator ships with autotune: nothing to check."""
+
     def check(self, config: Mapping[str, Any]) -> dict[str, Any]:
         from autotune.flags import FlagTable
 

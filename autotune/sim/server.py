@@ -229,6 +229,16 @@ class SimServer:
     # -- pacing ---------------------------------------------------------------------------------------------
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._pace())
+        self._task.add_done_callback(self._paced_out)
+
+    def _paced_out(self, task: asyncio.Task[None]) -> None:
+        """A crash in the scheduler kills the server the way SGLang's scheduler process does, never silently."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        self.log.lines(logs.scheduler_exception(f"{type(exc).__name__}: {exc}", phase="runtime"))
+        self.log(logs.SIGQUIT)
+        self.on_fatal()
 
     async def _pace(self) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,321 @@
+"""Where a study lives, and who is still working on it: storage URL → Optuna storage, and trial liveness.
+
+One study may be swept by many workers (one per GPU, on one or several nodes). Each worker tags the trial it
+runs with who it is (host, pid, GPU) and keeps a heartbeat: Optuna's own on SQL storages, a heartbeat file for
+the journal storage (which has none). A RUNNING trial is dead when its worker is gone: a dead pid on this host
+is known at once, another host's worker once its heartbeat is older than the grace period. Dead trials are
+failed and retried once; live ones are never touched, so any number of workers can share a study.
+
+URLs: ``sqlite:///file.db``, ``postgresql+psycopg2://user:pw@host/db``, ``mysql+pymysql://…``, and
+``journal:///abs/path.log`` or ``journal:relative.log`` (Optuna's JournalStorage on a file).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import json
+import os
+import re
+import socket
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import optuna
+import psutil
+from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.errors import StorageError
+
+HEARTBEAT_ENV = "AUTOTUNE_HEARTBEAT_S"
+DEFAULT_HEARTBEAT_S = 10  # one write per worker per interval: cheap, and a dead node is noticed in ~30 s
+GRACE_FACTOR = 3  # a worker may miss two beats (a busy node, a slow database) before its trial counts as dead
+RETRY_KEEP = ("role", "label", "config")  # what a retried trial inherits: the config, not the dead run's record
+SQL_SCHEMES = ("postgresql", "mysql", "mariadb", "oracle", "mssql")
+_PASSWORD_PARAM = re.compile(r"(?i)([?&](?:password|pass|pwd)=)[^&]*")
+_FIXES = {
+    "sqlite": "check that the directory exists and is writable",
+    "rdb": "check host, port, user and database name, and that the server accepts connections from this machine",
+    "journal": "check that the directory exists and is writable",
+}
+
+
+# --- URLs --------------------------------------------------------------------------------------------------
+def redact(url: str) -> str:
+    """The URL with any password (``user:pw@`` or ``?password=``) replaced by ``***``, for messages."""
+    head, sep, tail = url.partition("://")
+    if sep and "@" in tail:
+        cred, _, host = tail.rpartition("@")
+        user, colon, _ = cred.partition(":")
+        tail = f"{user}:***@{host}" if colon else f"{user}@{host}"
+    return _PASSWORD_PARAM.sub(r"\1***", f"{head}{sep}{tail}")
+
+
+def kind(url: str) -> str:
+    """``sqlite``, ``rdb`` (a database server) or ``journal``; anything else is a StorageError with a fix."""
+    scheme = url.split(":", 1)[0].split("+", 1)[0].lower() if ":" in url else ""
+    if scheme == "sqlite" and url.startswith("sqlite:///"):
+        return "sqlite"
+    if scheme == "journal" and url[len("journal:"):].strip("/"):
+        return "journal"
+    if scheme in SQL_SCHEMES and "://" in url:
+        return "rdb"
+    fix = ("write postgresql+psycopg2://user:password@host:5432/db" if scheme == "postgres" else
+           "use sqlite:///file.db, postgresql+psycopg2://user:password@host/db, mysql+pymysql://…, "
+           "or journal:///path/to/study.log")
+    raise StorageError(f"cannot read storage URL {redact(url)!r} ({fix})")
+
+
+def journal_path(url: str, base_dir: Path | None = None) -> Path:
+    """``journal:///abs/x.log`` → ``/abs/x.log``; ``journal:x.log`` resolves against ``base_dir`` (default cwd)."""
+    rest = url[len("journal:"):]
+    path = Path("/" + rest.lstrip("/")) if rest.startswith("///") else Path(rest.removeprefix("//"))
+    return path if path.is_absolute() else (base_dir or Path.cwd()) / path
+
+
+def heartbeat_s() -> int:
+    """The heartbeat interval in whole seconds (Optuna's unit): ``$AUTOTUNE_HEARTBEAT_S`` or 10."""
+    raw = os.environ.get(HEARTBEAT_ENV, "")
+    if not raw:
+        return DEFAULT_HEARTBEAT_S
+    if not raw.isdigit() or int(raw) < 1:
+        raise StorageError(f"{HEARTBEAT_ENV}={raw!r} is not a whole number of seconds ≥ 1 (unset it or fix it)")
+    return int(raw)
+
+
+def grace_s(interval: int | None = None) -> int:
+    return GRACE_FACTOR * (interval or heartbeat_s())
+
+
+# --- opening -----------------------------------------------------------------------------------------------
+class RetryOnce:
+    """Optuna's ``RetryHeartbeatStaleTrialCallback(max_retry=1)``, keeping only the config and adding
+    ``requeued_from``: the retry is the sweep's usual requeue, and a retry that dies too is not retried again."""
+
+    def __init__(self) -> None:
+        retry = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
+        self._retry = retry(max_retry=1) if retry else optuna.storages.RetryFailedTrialCallback(max_retry=1)
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if trial.user_attrs.get("requeued_from") is not None:
+            return  # already the second run of this config
+        clean = copy.deepcopy(trial)
+        clean.user_attrs = {**{k: trial.user_attrs[k] for k in RETRY_KEEP if k in trial.user_attrs},
+                            "requeued_from": trial.number}
+        self._retry(study, clean)
+
+
+def _engine_kwargs(url: str) -> dict[str, Any]:
+    if url.startswith("sqlite"):
+        return {"connect_args": {"timeout": 60}}  # workers queue on SQLite's file lock instead of failing
+    kwargs: dict[str, Any] = {"pool_pre_ping": True}  # a database restart or idle timeout is survived
+    if url.startswith(("postgresql", "mysql", "mariadb")):
+        kwargs["connect_args"] = {"connect_timeout": 10}  # an unreachable host fails in seconds, not minutes
+    return kwargs
+
+
+def _first_line(exc: BaseException, url: str) -> str:
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = re.sub(r"^\([\w.]+\)\s*", "", text)  # SQLAlchemy's "(psycopg2.OperationalError) " prefix
+    password = _password(url)
+    return text.replace(password, "***") if password else text
+
+
+def _password(url: str) -> str | None:
+    head, _, tail = url.partition("://")
+    cred = tail.rpartition("@")[0] if "@" in tail else ""
+    _, colon, password = cred.partition(":")
+    return password if colon and password else None
+
+
+def open_storage(url: str, *, heartbeat: int | None = None, base_dir: Path | None = None) -> BaseStorage:
+    """An Optuna storage for ``url``, connected and checked: any failure is one StorageError line naming
+    the redacted URL and the fix. SQL storages get Optuna's heartbeat (``heartbeat`` s, default
+    ``$AUTOTUNE_HEARTBEAT_S``) and retry a trial whose worker died once."""
+    what = kind(url)
+    interval = heartbeat or heartbeat_s()
+    try:
+        if what == "journal":
+            from optuna.storages.journal import JournalFileBackend
+
+            path = journal_path(url, base_dir)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            return JournalStorage(JournalFileBackend(str(path)))
+        if what == "sqlite":
+            Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return RDBStorage(url, engine_kwargs=_engine_kwargs(url), heartbeat_interval=interval,
+                              grace_period=grace_s(interval), heartbeat_stale_trial_callback=RetryOnce())
+    except StorageError:
+        raise
+    except ImportError as exc:
+        driver = url.split("://", 1)[0].partition("+")[2] or "psycopg2-binary"
+        raise StorageError(f"no database driver for {redact(url)} (pip install {driver}; for PostgreSQL "
+                           "pip install psycopg2-binary and write postgresql+psycopg2://...)") from None
+    except Exception as exc:  # SQLAlchemy's errors for malformed or unreachable URLs, OSError for files
+        if isinstance(exc, OSError) or type(exc).__module__.startswith(("sqlalchemy", "optuna", "psycopg2")):
+            raise StorageError(f"cannot open storage {redact(url)}: {_first_line(exc, url)} ({_FIXES[what]})") from None
+        raise
+
+
+def check_storage(url: str, *, base_dir: Path | None = None) -> None:
+    """Open and release ``url``: the check to run before any server starts."""
+    storage = open_storage(url, base_dir=base_dir)
+    close_storage(storage)
+
+
+def close_storage(storage: BaseStorage) -> None:
+    if isinstance(storage, RDBStorage):
+        storage.engine.dispose()
+
+
+# --- who runs a trial --------------------------------------------------------------------------------------
+def _started(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerTag:
+    """The process that runs a trial, stored as ``user_attrs["worker"]``."""
+
+    host: str
+    pid: int
+    started: float | None
+    gpu: int | None
+
+    @classmethod
+    def current(cls, gpu: int | None) -> WorkerTag:
+        return cls(host=socket.gethostname(), pid=os.getpid(), started=_started(os.getpid()), gpu=gpu)
+
+    @classmethod
+    def of(cls, trial: FrozenTrial) -> WorkerTag | None:
+        data = trial.user_attrs.get("worker")
+        return cls(**data) if isinstance(data, dict) else None
+
+    @property
+    def label(self) -> str:
+        """The GPU as reports name it: ``host:index``."""
+        return f"{self.host}:{self.gpu}"
+
+    @property
+    def beat_name(self) -> str:
+        return f"{self.host}-{self.pid}.beat"
+
+    def local_alive(self) -> bool | None:
+        """True/False for a worker on this host (pid + start time); None for another host's."""
+        if self.host != socket.gethostname():
+            return None
+        started = _started(self.pid)
+        return started is not None and (self.started is None or abs(started - self.started) < 1.0)
+
+
+class Liveness:
+    """This worker's claim on its running trial: the tag, Optuna's heartbeat on SQL storages, and a heartbeat
+    file in ``state_dir`` that other workers read for storages without one. A daemon thread, so a crash
+    between ask and tell never keeps the process alive."""
+
+    def __init__(self, study: optuna.Study, *, gpu: int | None, state_dir: Path, interval: int | None = None):
+        self.study, self.tag = study, WorkerTag.current(gpu)
+        self.interval = interval or heartbeat_s()
+        self.beat_file = Path(state_dir) / self.tag.beat_name
+        self.beat_file.parent.mkdir(parents=True, exist_ok=True)
+        self._trial_id: int | None = None
+        self._stop = threading.Event()
+        self._beat()
+        self._thread = threading.Thread(target=self._loop, name="autotune-heartbeat", daemon=True)
+        self._thread.start()
+
+    def claim(self, trial: optuna.Trial) -> None:
+        """Tag ``trial`` as ours and start beating for it."""
+        trial.set_user_attr("worker", asdict(self.tag))
+        trial.set_user_attr("gpu", self.tag.label)
+        self._trial_id = trial._trial_id
+        self._beat()
+
+    def release(self) -> None:
+        self._trial_id = None
+
+    def _beat(self) -> None:
+        self.beat_file.write_text(json.dumps({**asdict(self.tag), "at": time.time()}))
+        trial_id, storage = self._trial_id, self.study._storage
+        if trial_id is not None and isinstance(storage, RDBStorage) and storage.heartbeat_interval:
+            storage.record_heartbeat(trial_id)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(Exception):  # a missed beat is survivable; a dead thread is not
+                self._beat()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self.beat_file.unlink(missing_ok=True)
+
+
+def _age_s(trial: FrozenTrial) -> float:
+    start = trial.datetime_start
+    return (datetime.now() - start).total_seconds() if start else float("inf")
+
+
+def is_dead(trial: FrozenTrial, storage: BaseStorage, state_dir: Path | None) -> bool:
+    """Whether a RUNNING trial's worker is gone (see the module docstring for the rules)."""
+    tag = WorkerTag.of(trial)
+    grace = grace_s()
+    if tag is None:
+        # Asked but not yet tagged (a few ms), or left by an older sweep. SQLite lives on one host, where the
+        # ask and this check share a lock: dead at once. Elsewhere: once older than the grace period.
+        on_one_host = isinstance(storage, RDBStorage) and storage.url.startswith("sqlite")
+        return on_one_host or _age_s(trial) > grace
+    alive = tag.local_alive()
+    if alive is not None:
+        return not alive
+    if isinstance(storage, RDBStorage) and storage.heartbeat_interval:
+        return False  # another host's worker on a SQL storage: Optuna's heartbeat decides (fail_stale_trials)
+    beat = (state_dir / tag.beat_name) if state_dir is not None else None
+    try:
+        return time.time() - beat.stat().st_mtime > grace if beat is not None else False
+    except FileNotFoundError:
+        return _age_s(trial) > grace  # its beat file is gone: the worker closed or its directory is not shared
+
+
+def dead_running(study: optuna.Study, state_dir: Path | None = None) -> list[FrozenTrial]:
+    """Fail the SQL storages' heartbeat-stale trials (Optuna retries them once via ``RetryOnce``), then return
+    the other RUNNING trials whose worker is gone, for the sweep to fail and requeue."""
+    storage = study._storage
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        optuna.storages.fail_stale_trials(study)
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    return [t for t in running if is_dead(t, storage, state_dir)]
+
+
+def ask(study: optuna.Study) -> optuna.Trial:
+    """``study.ask()`` without Optuna's warning that heartbeats expect ``optimize`` (we beat ourselves)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+        return study.ask()
+
+
+@contextlib.contextmanager
+def node_lock(state_dir: Path) -> Iterator[None]:
+    """Serialise ask-and-tag against the dead-trial check among this node's workers: an untagged trial
+    seen by the check is then always a dead one."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "ask.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
