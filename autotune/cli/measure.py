@@ -117,9 +117,17 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
     stop = threading.Event()
     box: dict[str, Any] = {}
 
+    last = [0.0]
+
     def phase(name: str, info: dict) -> None:
-        if not as_json and name != "measuring":
+        if as_json:
+            return
+        if name != "measuring":
             click.echo(f"[{name}]", err=True)
+        elif time.monotonic() - last[0] >= 2.0:  # a live figure every couple of seconds, not every tick
+            last[0] = time.monotonic()
+            click.echo(f"[measuring] {info.get('tok_s', 0):,.0f} tok/s, {info.get('completed', 0)} done, "
+                       f"{info.get('errors', 0)} errors", err=True)
 
     def work() -> None:
         try:
