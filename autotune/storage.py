@@ -151,13 +151,14 @@ def open_storage(url: str, *, heartbeat: int | None = None, base_dir: Path | Non
             return JournalStorage(JournalFileBackend(str(path)))
         if what == "sqlite":
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        quiet_ask()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             return RDBStorage(url, engine_kwargs=_engine_kwargs(url), heartbeat_interval=interval,
                               grace_period=grace_s(interval), heartbeat_stale_trial_callback=RetryOnce())
     except StorageError:
         raise
-    except ImportError as exc:
+    except ImportError:
         driver = url.split("://", 1)[0].partition("+")[2] or "psycopg2-binary"
         raise StorageError(f"no database driver for {redact(url)} (pip install {driver}; for PostgreSQL "
                            "pip install psycopg2-binary and write postgresql+psycopg2://...)") from None
@@ -301,11 +302,10 @@ def dead_running(study: optuna.Study, state_dir: Path | None = None) -> list[Fro
     return [t for t in running if is_dead(t, storage, state_dir)]
 
 
-def ask(study: optuna.Study) -> optuna.Trial:
-    """``study.ask()`` without Optuna's warning that heartbeats expect ``optimize`` (we beat ourselves)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-        return study.ask()
+def quiet_ask() -> None:
+    """Silence Optuna's warning that heartbeats need ``optimize``: the sweep's ask/tell loop beats itself
+    (``Liveness``). Installed when a heartbeat storage opens, so it holds in any warnings context then active."""
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used", category=UserWarning)
 
 
 @contextlib.contextmanager

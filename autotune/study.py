@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import hashlib
 import json
 import os
 import signal
@@ -314,7 +315,9 @@ class Sweep:
     def _lock(self) -> None:
         """One sweep per study at a time: a second one would fail the first one's running trial as stale."""
         self.cfg.work_dir.mkdir(parents=True, exist_ok=True)
-        path = self.cfg.work_dir / "sweep.lock"
+        # Keyed by storage too: the same study name in two storages (benchmarks, seeds) is two studies.
+        tag = hashlib.sha1(self.cfg.storage_url.encode()).hexdigest()[:10]
+        path = self.cfg.work_dir / f"sweep-{tag}.lock"
         self._lock_file = open(path, "a+")  # noqa: SIM115  (held for the sweep's lifetime)
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)

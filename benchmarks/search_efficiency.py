@@ -35,6 +35,7 @@ from autotune.workload import PromptSample  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 TARGET = 0.98
+NEAR = 0.95  # a second, easier bar: GPU-hours to 98 % are censored for most runs, these are comparable
 CENSORED = 1e300  # stands for "never reached" inside percentiles
 METHOD = 1  # bump when the ground-truth method changes, to invalidate cached optima
 CASES = {  # name: (study file, model profile override, fixed flags added)
@@ -112,12 +113,12 @@ def ground_truth(case: Case, oracle: Oracle, *, cache_dir: Path, say) -> dict[st
 
 
 # --- figures from launches -----------------------------------------------------------------------------------
-def to_target(launches: list[Launch], optimum: float) -> tuple[float, float]:
-    """(trials, GPU-hours) until the picked config is worth ≥ 98 % of the optimum; inf if never."""
+def to_target(launches: list[Launch], optimum: float, target: float = TARGET) -> tuple[float, float]:
+    """(trials, GPU-hours) until the picked config is worth ≥ target × the optimum; inf if never."""
     spent = 0.0
     for i, (launch, value) in enumerate(zip(launches, best_so_far(launches), strict=True)):
         spent += launch.cost_s
-        if value >= TARGET * optimum:
+        if value >= target * optimum:
             return float(i + 1), spent / 3600
     return float("inf"), float("inf")
 
@@ -125,8 +126,9 @@ def to_target(launches: list[Launch], optimum: float) -> tuple[float, float]:
 def summarise(launches: list[Launch], optimum: float) -> dict[str, float]:
     best = max(best_so_far(launches), default=0.0)
     trials, gpu_h = to_target(launches, optimum)
+    trials95, gpu_h95 = to_target(launches, optimum, NEAR)
     launched = [x for x in launches if x.launched]
-    return {"pct": 100 * best / optimum, "trials": trials, "gpu_h98": gpu_h,
+    return {"pct": 100 * best / optimum, "trials": trials, "gpu_h98": gpu_h, "trials95": trials95, "gpu_h95": gpu_h95,
             "gpu_h": sum(x.cost_s for x in launches) / 3600,
             "oom_h": sum(x.cost_s for x in launched if x.status in OOM) / 3600,
             "launches": len(launched), "ooms": sum(x.status in OOM for x in launched)}
@@ -139,7 +141,7 @@ def med_iqr(values: list[float], fmt: str, budget: int | None = None) -> str:
 
     def show(v: float) -> str:
         if v >= CENSORED / 1e10:  # a percentile between a reached and a censored seed is censored too
-            return f">{budget}" if budget else "∞"
+            return f">{budget}" if budget else "never"
         return format(v, fmt)
 
     return f"{show(q50)} [{show(q25)}–{show(q75)}]"
@@ -168,7 +170,8 @@ def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path
 def table(result: dict[str, Any], budgets: list[int]) -> list[str]:
     top = max(budgets)
     head = ["strategy", *(f"best % of opt. @{b}" for b in budgets), f"trials to 98 % (of {top})",
-            "GPU-h to 98 %", f"GPU-h @{top}", f"OOM GPU-h @{top}", f"OOM launches @{top}"]
+            "GPU-h to 98 %", "trials to 95 %", "GPU-h to 95 %", f"GPU-h @{top}", f"OOM GPU-h @{top}",
+            f"OOM launches @{top}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in STRATEGIES:
         row = [name]
@@ -177,6 +180,8 @@ def table(result: dict[str, Any], budgets: list[int]) -> list[str]:
         stats = [summarise(r, result["optimum"]) for r in result["runs"][name, top]]
         row.append(med_iqr([s["trials"] for s in stats], ".0f", top))
         row.append(med_iqr([s["gpu_h98"] for s in stats], ".2f"))
+        row.append(med_iqr([s["trials95"] for s in stats], ".0f", top))
+        row.append(med_iqr([s["gpu_h95"] for s in stats], ".2f"))
         row.append(med_iqr([s["gpu_h"] for s in stats], ".2f"))
         row.append(med_iqr([s["oom_h"] for s in stats], ".2f"))
         launches, ooms = sum(s["launches"] for s in stats), sum(s["ooms"] for s in stats)
@@ -195,9 +200,13 @@ def verdicts(result: dict[str, Any], budgets: list[int]) -> list[str]:
     mine = statistics.median(summarise(r, opt)["gpu_h98"] for r in runs["ours", top])
     others = {n: statistics.median(summarise(r, opt)["gpu_h98"] for r in runs[n, top]) for n in STRATEGIES if n != "ours"}
     beaten = [n for n, v in others.items() if not mine < v]
-    out.append(f"- GPU-hours to 98 % (median): ours {mine:.2f}; "
+    out.append(f"- GPU-hours to 98 % (median; inf = not reached by half the seeds): ours {mine:.2f}; "
                + ", ".join(f"{n} {v:.2f}" for n, v in others.items())
                + (": met" if not beaten else f": NOT met against {', '.join(beaten)}"))
+    near = {n: statistics.median(summarise(r, opt)["gpu_h95"] for r in runs[n, top]) for n in STRATEGIES}
+    out.append("- GPU-hours to 95 % (median): " + ", ".join(f"{n} {v:.2f}" for n, v in near.items())
+               + f" (ours is {'the' if all(near['ours'] < v for n, v in near.items() if n != 'ours') else 'not the'}"
+               " fastest)")
     stats = [summarise(r, opt) for b in budgets for r in runs["ours", b]]
     frac = 100 * sum(s["ooms"] for s in stats) / max(1, sum(s["launches"] for s in stats))
     out.append(f"- ours launched {frac:.1f} % OOM configs (all budgets pooled): {'met' if frac <= 5 else 'NOT met'}")

@@ -174,7 +174,9 @@ def tpe_plain(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch
 
 
 def random_search(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch]:
-    return _sampled(case, oracle, budget, seed, optuna.samplers.RandomSampler(seed=seed), 2)
+    # Its own seed stream: TPE's start-up trials are random with the plain seed, and OOMs (FAIL) keep TPE in
+    # start-up longer, so the two would otherwise propose the same configs.
+    return _sampled(case, oracle, budget, seed, optuna.samplers.RandomSampler(seed=seed + 100_003), 2)
 
 
 def _levels(dist: Any, n: int, rng: np.random.Generator) -> list[Any]:
