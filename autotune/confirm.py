@@ -252,9 +252,10 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
                 and t.state.name == "COMPLETE" and t.user_attrs.get("requeued_from") is None]
     defaults = conf.get("defaults") if confirmed else None
     launched = sum(1 for t in done if t.user_attrs.get("status") not in ("skipped_infeasible",))
+    launched_oom = sum(1 for t in done if t.user_attrs.get("status") in ("startup_oom", "runtime_oom"))
     return {
         "study": study.study_name, "storage": redact(cfg.storage_url), "n_trials": len(done),
-        "statuses": statuses, "launched": launched, "confirmed": confirmed,
+        "statuses": statuses, "launched": launched, "launched_oom": launched_oom, "confirmed": confirmed,
         "baseline": {"trial": baseline, "params": base and base["params"], "output_tok_s": base and base["output_tok_s"]},
         "best": best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "ci_low", "ci_high")},
         "gain_over_baseline": gain,

@@ -163,6 +163,9 @@ def open_storage(url: str, *, heartbeat: int | None = None, base_dir: Path | Non
         raise StorageError(f"no database driver for {redact(url)} (pip install {driver}; for PostgreSQL "
                            "pip install psycopg2-binary and write postgresql+psycopg2://...)") from None
     except Exception as exc:  # SQLAlchemy's errors for malformed or unreachable URLs, OSError for files
+        if type(exc).__name__ == "NoSuchModuleError":  # SQLAlchemy knows no such dialect+driver
+            raise StorageError(f"unknown database driver in {redact(url)} (write postgresql+psycopg2://... "
+                               "or mysql+pymysql://...)") from None
         if isinstance(exc, OSError) or type(exc).__module__.startswith(("sqlalchemy", "optuna", "psycopg2")):
             raise StorageError(f"cannot open storage {redact(url)}: {_first_line(exc, url)} ({_FIXES[what]})") from None
         raise
@@ -181,8 +184,10 @@ def close_storage(storage: BaseStorage) -> None:
 
 # --- who runs a trial --------------------------------------------------------------------------------------
 def _started(pid: int) -> float | None:
+    """The process's start time; None when it is gone or a zombie (dead, only not yet reaped)."""
     try:
-        return psutil.Process(pid).create_time()
+        proc = psutil.Process(pid)
+        return None if proc.status() == psutil.STATUS_ZOMBIE else proc.create_time()
     except psutil.Error:
         return None
 
@@ -251,8 +256,8 @@ class Liveness:
     def _beat(self) -> None:
         self.beat_file.write_text(json.dumps({**asdict(self.tag), "at": time.time()}))
         trial_id, storage = self._trial_id, self.study._storage
-        if trial_id is not None and isinstance(storage, RDBStorage) and storage.heartbeat_interval:
-            storage.record_heartbeat(trial_id)
+        if trial_id is not None and _heartbeat_on(storage):
+            storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -263,6 +268,17 @@ class Liveness:
         self._stop.set()
         self._thread.join(timeout=5)
         self.beat_file.unlink(missing_ok=True)
+
+
+def _heartbeat_on(storage: BaseStorage) -> bool:
+    """Optuna's heartbeat is on (``create_study`` wraps the RDBStorage in a cache that forwards it)."""
+    get = getattr(storage, "get_heartbeat_interval", None)
+    return get is not None and get() is not None
+
+
+def _on_one_host(storage: BaseStorage) -> bool:
+    backend = getattr(storage, "_backend", storage)
+    return isinstance(backend, RDBStorage) and backend.url.startswith("sqlite")
 
 
 def _age_s(trial: FrozenTrial) -> float:
@@ -276,13 +292,12 @@ def is_dead(trial: FrozenTrial, storage: BaseStorage, state_dir: Path | None) ->
     grace = grace_s()
     if tag is None:
         # Asked but not yet tagged (a few ms), or left by an older sweep. SQLite lives on one host, where the
-        # ask and this check share a lock: dead at once. Elsewhere: once older than the grace period.
-        on_one_host = isinstance(storage, RDBStorage) and storage.url.startswith("sqlite")
-        return on_one_host or _age_s(trial) > grace
+        # ask and this check share a lock: dead at once. Elsewhere: once a heartbeat interval old.
+        return _on_one_host(storage) or _age_s(trial) > heartbeat_s()
     alive = tag.local_alive()
     if alive is not None:
         return not alive
-    if isinstance(storage, RDBStorage) and storage.heartbeat_interval:
+    if _heartbeat_on(storage):
         return False  # another host's worker on a SQL storage: Optuna's heartbeat decides (fail_stale_trials)
     beat = (state_dir / tag.beat_name) if state_dir is not None else None
     try:
@@ -292,14 +307,18 @@ def is_dead(trial: FrozenTrial, storage: BaseStorage, state_dir: Path | None) ->
 
 
 def dead_running(study: optuna.Study, state_dir: Path | None = None) -> list[FrozenTrial]:
-    """Fail the SQL storages' heartbeat-stale trials (Optuna retries them once via ``RetryOnce``), then return
-    the other RUNNING trials whose worker is gone, for the sweep to fail and requeue."""
-    storage = study._storage
+    """RUNNING trials whose worker is gone by the rules above (for the sweep to mark interrupted and requeue).
+    Another host's worker on a SQL storage is Optuna's heartbeat's to judge: see ``fail_stale``."""
+    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+    return [t for t in running if is_dead(t, study._storage, state_dir)]
+
+
+def fail_stale(study: optuna.Study) -> None:
+    """Optuna's heartbeat check on SQL storages: fail trials silent past the grace period and retry each once
+    (``RetryOnce``). Run after the sweep's own recovery, which records more about trials it can judge."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         optuna.storages.fail_stale_trials(study)
-    running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    return [t for t in running if is_dead(t, storage, state_dir)]
 
 
 def quiet_ask() -> None:

@@ -5,9 +5,11 @@ differs in sampled lengths and step jitter), measured over the longest window; t
 same run's first seconds after warm-up. The coefficient of variation (CV) of steady-state tok/s per window
 length says which window separates two configs 2 % apart: the difference of two measurements has a spread of
 √2 × CV, so CV ≤ 0.7 % resolves 2 % at 95 %. The in-process evaluator's CV at the same windows is shown beside
-it (the search-efficiency benchmark's noise model). Writes ``results/measurement_noise.md``.
+it (the search-efficiency benchmark's noise model), and, out to long windows, whether a short window is biased
+(a 2,500-token completion lives for tens of seconds, so a short window sees only the start of a batch's life).
+Writes ``results/measurement_noise.md``.
 
-Usage: ``python benchmarks/measurement_noise.py [--quick] [--repeats 10] [--windows 2,5,10,20]``.
+Usage: ``python benchmarks/measurement_noise.py [--quick] [--repeats 10] [--windows 2,5,10,20] [--long 60,300]``.
 """
 
 from __future__ import annotations
@@ -99,6 +101,14 @@ def report(config: dict[str, Any], harness: list[dict[float, float]], virtual: d
         cvs[w] = cv_pct(values)
         lines.append(f"| {w:g} | {np.mean(values):,.0f} | {cvs[w]:.2f} | {min(values):,.0f}–{max(values):,.0f} | "
                      f"{cv_pct(virtual[w]):.2f} |")
+    longest = max(virtual)
+    ref = float(np.mean(virtual[longest]))
+    lines += ["", f"The evaluator alone, out to long windows (same warm-up): is a short window *biased*, not just "
+              f"noisy? Bias is the mean against the {longest:g} s window's.", "",
+              "| window (s) | evaluator mean tok/s | evaluator CV % | bias vs longest % |", "|---|---|---|---|"]
+    for w in sorted(virtual):
+        mean = float(np.mean(virtual[w]))
+        lines.append(f"| {w:g} | {mean:,.0f} | {cv_pct(virtual[w]):.2f} | {100 * (mean / ref - 1):+.1f} |")
     enough = next((w for w in windows if cvs[w] <= RESOLVE_CV), None)
     lines += ["", f"Two measurements 2 % apart are separated at 95 % when CV ≤ {RESOLVE_CV} %. "
               + (f"Shortest window that meets it here: **{enough:g} s**" if enough is not None
@@ -113,16 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--windows", default="2,5,10,20")
+    ap.add_argument("--long", default="60,300", help="extra windows for the in-process evaluator only (bias)")
     ap.add_argument("--quick", action="store_true", help="4 repeats, windows 2 and 5 s (about a minute)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
     repeats, windows_text = (min(args.repeats, 4), "2,5") if args.quick else (args.repeats, args.windows)
     try:
         windows = sorted({float(w) for w in windows_text.split(",")})
-        if repeats < 2 or windows[0] <= 0:
+        long = sorted({float(w) for w in args.long.split(",") if w.strip()} - set(windows))
+        if repeats < 2 or windows[0] <= 0 or (long and long[0] <= 0):
             raise ValueError
     except ValueError:
-        print(f"Error: need --repeats ≥ 2 and positive --windows, got {repeats} and {windows_text!r}", file=sys.stderr)
+        print(f"Error: need --repeats ≥ 2 and positive --windows/--long, got {repeats}, {windows_text!r}, "
+              f"{args.long!r}", file=sys.stderr)
         return 1
     try:
         cfg = load_config(STUDY)
@@ -144,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         except AutotuneError as exc:
             print(f"Error: {exc}", file=sys.stderr)
             return 1
-    virtual = evaluator_runs(config, cfg=cfg, repeats=repeats, windows=windows, noise=noise)
+    virtual = evaluator_runs(config, cfg=cfg, repeats=repeats, windows=windows + long, noise=noise)
     text = report(config, harness, virtual, windows=windows, warmup_s=cfg.workload.warmup_s, noise=noise,
                   default_s=cfg.workload.measure_s, seconds=time.monotonic() - started)
     args.out.mkdir(parents=True, exist_ok=True)

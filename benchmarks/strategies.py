@@ -126,8 +126,11 @@ class _Quiet:
         return lambda *args, **kwargs: None
 
 
-def ours(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch]:
-    """``autotune.study``'s Sweep: baseline + enqueued first, TPE with OOM constraints, the planner pre-check."""
+def ours(case: Case, oracle: Oracle, budget: int, seed: int, *, count_launches: bool = False) -> list[Launch]:
+    """``autotune.study``'s Sweep: baseline + enqueued first, TPE with OOM constraints, the planner pre-check.
+
+    ``count_launches`` is a proposal, not the shipped loop: a trial the planner skips does not use up the budget.
+    """
     study_cfg = case.cfg.study.model_copy(update={"trials": budget, "seed": seed, "storage": "sqlite:///:memory:"})
     cfg = case.cfg.model_copy(update={"study": study_cfg})
     rng = np.random.default_rng([seed, 0])
@@ -140,7 +143,15 @@ def ours(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch]:
     sweep = Sweep(cfg, runner=runner, progress=_Quiet())
     # The same loop on Optuna's in-memory storage: SQLite bookkeeping would cost more CPU than the simulator.
     sweep.study = optuna.create_study(directions=directions(cfg), sampler=make_sampler(cfg))
-    study = sweep.run()
+    if count_launches:
+        sweep.prepare()
+        for _ in range(10 * budget):  # bounded: a space the planner rejects everywhere must still end
+            if len(launches) >= budget:
+                break
+            sweep.run_one(len(launches), budget)
+        study = sweep.study
+    else:
+        study = sweep.run()
     out = []
     for trial in study.get_trials(deepcopy=False):
         if trial.number in launches:
@@ -274,6 +285,30 @@ def _fill_random(run: _Runner, seed: int) -> None:
         run.run({k: v for k, v in config.items() if k not in run.space.fixed})
 
 
+def derived_slots(case: Case) -> Case:
+    """The proposed space: Mamba slots derived from the running cap (one per request without the radix cache,
+    five with extra_buffer + overlap) instead of searched beside it, which removes the space's worst interaction."""
+    cfg = case.cfg
+    if not {"max_mamba_cache_size", "max_running_requests", "disable_radix_cache"} <= set(cfg.space):
+        return case
+    space = {k: v for k, v in cfg.space.items() if k != "max_mamba_cache_size"}
+    derived = {**cfg.derived, "max_mamba_cache_size": "max_running_requests * (5 - 4 * disable_radix_cache)"}
+    return dataclasses.replace(case, cfg=cfg.model_copy(update={"space": space, "derived": derived}))
+
+
+def ours_launches(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch]:
+    return ours(case, oracle, budget, seed, count_launches=True)
+
+
+def ours_launches_slots(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch]:
+    return ours(derived_slots(case), oracle, budget, seed, count_launches=True)
+
+
+PROPOSALS: dict[str, Strategy] = {  # changes to the study loop and space, measured before they are made
+    "ours+launch-budget": ours_launches,
+    "ours+launch-budget+derived-slots": ours_launches_slots,
+}
+
 STRATEGIES: dict[str, Strategy] = {
     "ours": ours,
     "tpe-no-planner": tpe_plain,
@@ -291,119 +326,3 @@ def best_so_far(launches: list[Launch]) -> list[float]:
             pick, pick_obs = launch.true, launch.observed
         out.append(pick)
     return out
-
-
-# --- the ground truth ---------------------------------------------------------------------------------------
-MEMORY_KNOB = "mem_fraction_static"
-
-
-def grid_values(param: Any) -> list[Any]:
-    """Every value of a parameter on its declared grid (a float range needs a step to have one)."""
-    dist = param.distribution
-    if isinstance(dist, CategoricalDistribution):
-        return list(dist.choices)
-    if isinstance(dist, IntDistribution):
-        return list(range(dist.low, dist.high + 1, dist.step or 1))
-    if not dist.step:
-        raise ValueError(f"{param.name} is a continuous range: give it a step to grid it")
-    n = round((dist.high - dist.low) / dist.step)
-    return [round(dist.low + i * dist.step, 6) for i in range(n + 1)]
-
-
-def _families(params: list[Any], values: dict[str, Any]):
-    """Every combination of the parameters, honouring conditions (an inactive parameter is left out)."""
-    if not params:
-        yield dict(values)
-        return
-    head, rest = params[0], params[1:]
-    if not head.active(values):
-        yield from _families(rest, values)
-        return
-    for value in grid_values(head):
-        values[head.name] = value
-        yield from _families(rest, values)
-    values.pop(head.name, None)
-
-
-def signature(mp: Any) -> tuple:
-    """What the simulated scheduler and speed model read from a plan, with the KV pool size left out.
-
-    The Mamba slot count and ratio only feed gauges (the running cap already holds them), so configs that
-    differ only there behave identically.
-    """
-    from autotune.sim.scheduler import SchedulerLimits
-
-    limits = dataclasses.replace(SchedulerLimits.from_plan(mp), kv_tokens=1, mamba_slots=None, ratio=1)
-    x = mp.extra
-    return (limits, x.get("kv_cell_bytes"), x.get("mamba_slot_bytes"), x.get("tp_size"))
-
-
-def _plan_families(case: Case, model_name: str, gpu_name: str, fractions: list[Any],
-                  families: list[dict[str, Any]]) -> list[tuple[tuple, int, dict[str, Any]]]:
-    """(signature, KV tokens, config) of each family's highest memory fraction that starts (none if none)."""
-    from autotune.planner import plan
-    from autotune.profiles import load_gpu, load_model
-
-    model, gpu, space, out = load_model(model_name), load_gpu(gpu_name), case.space, []
-    for values in families:
-        for fraction in fractions:
-            config = space.complete(values if fraction is None else {**values, MEMORY_KNOB: fraction})
-            mp = plan(model, gpu, config, _inert=False)
-            if mp.fits:
-                out.append((signature(mp), mp.kv_tokens, config))
-                break
-            if mp.failure == "bad_args" or not mp.gib.activations:
-                break  # it failed sizing the pools (or parsing): a smaller fraction fails the same way
-    return out
-
-
-def _outcomes(case: Case, configs: list[dict[str, Any]]) -> list[Outcome]:
-    oracle = Oracle(case, noise_cv=0.0)
-    return [oracle.outcome(c) for c in configs]
-
-
-def _chunks(items: list[Any], n: int) -> list[list[Any]]:
-    size = max(1, math.ceil(len(items) / n))
-    return [items[i:i + size] for i in range(0, len(items), size)]
-
-
-def exhaustive(case: Case, oracle: Oracle, *, jobs: int = 2) -> dict[str, Any]:
-    """The grid optimum over the study's space (planner-inert flags dropped, as the study drops them).
-
-    Exact shortcuts keep it affordable: within one setting of every other flag the memory fraction only
-    grows the KV pool, so only the highest fraction that starts is kept; configs whose plans give the same
-    scheduler signature are simulated once, at the largest KV pool among them. Both rest on one assumption,
-    checked by the tests: more KV never lowers throughput.
-    """
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    from autotune.space import Feasibility
-
-    cfg = case.cfg
-    space = case.space
-    feas = Feasibility.from_config(cfg)
-    contexts = [case.baseline, *({**cfg.engine.fixed, **e.flags} for e in cfg.enqueue)]
-    space = space.without(set(feas.inert_everywhere(space, contexts))) if feas else space
-    memory = next((p for p in space.params if p.name == MEMORY_KNOB), None)
-    fractions = sorted(grid_values(memory), reverse=True) if memory else [None]
-    families = list(_families([p for p in space.params if p is not memory], dict(space.fixed)))
-    groups: dict[tuple, tuple[int, dict[str, Any]]] = {}
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        parts = pool.map(_plan_families, *zip(*[(case, oracle.model, oracle.gpu, fractions, chunk)
-                                                for chunk in _chunks(families, 8 * jobs)], strict=True))
-        for part in parts:
-            for key, kv, config in part:
-                if key not in groups or kv > groups[key][0]:
-                    groups[key] = (kv, config)
-        configs = [config for _, config in groups.values()]
-        chunks = _chunks(configs, 8 * jobs)
-        for chunk, outs in zip(chunks, pool.map(_outcomes, [case] * len(chunks), chunks), strict=True):
-            for config, out in zip(chunk, outs, strict=True):
-                oracle.memo[key_of(config)] = out
-    best_config, best = case.baseline, oracle.outcome(case.baseline).tok_s
-    for config in configs:
-        if oracle.outcome(config).tok_s > best:
-            best_config, best = config, oracle.outcome(config).tok_s
-    return {"config": best_config, "tok_s": best, "grid": len(families) * len(fractions), "families": len(families),
-            "groups": len(groups), "baseline_tok_s": oracle.outcome(case.baseline).tok_s}

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import ground_truth as gt  # noqa: E402
 import measurement_noise as mn  # noqa: E402
 import search_efficiency as se  # noqa: E402
 import strategies as st  # noqa: E402
@@ -62,9 +63,9 @@ def oracle(case) -> st.Oracle:
 
 def test_exhaustive_matches_brute_force(case, oracle):
     """The grid shortcuts (top fitting memory fraction, one simulation per signature) lose nothing here."""
-    truth = st.exhaustive(case, oracle, jobs=1)
+    truth = gt.exhaustive(case, oracle, jobs=1)
     space = case.space.without({"mamba_full_memory_ratio"})  # inert: the planner prunes it
-    values = [st.grid_values(p) for p in space.params]
+    values = [gt.grid_values(p) for p in space.params]
     brute = 0.0
     for combo in itertools.product(*values):
         config = space.complete({**space.fixed, **dict(zip(space.names, combo, strict=True))})
@@ -122,11 +123,11 @@ def test_figures_from_launches():
 
 
 def test_run_case_writes_table_and_figure(case, tmp_path):
-    result = se.run_case(case, seeds=2, budgets=[4, 6], say=lambda text: None, cache_dir=tmp_path)
+    result = se.run_case(case, seeds=2, budgets=[4, 6], say=lambda text: None, cache_dir=tmp_path, proposals=True)
     cached = list(tmp_path.glob("ground-truth-tiny-*.cache.json"))
     assert len(cached) == 1 and json.loads(cached[0].read_text())["tok_s"] == result["truth"]["tok_s"]
     text = se.markdown([result], seeds=2, budgets=[4, 6], seconds=1.0)
-    for name in st.STRATEGIES:
+    for name in [*st.STRATEGIES, *st.PROPOSALS]:
         assert f"| {name} |" in text
     assert "## tiny" in text and "% of the optimum" in text
     se.figure([result], [4, 6], tmp_path / "fig.html")
@@ -137,8 +138,8 @@ def test_run_case_writes_table_and_figure(case, tmp_path):
 def test_space_hash_follows_the_space(case):
     narrower = case.cfg.space["max_running_requests"].model_copy(update={"high": 48.0})
     other = case.cfg.model_copy(update={"space": {**case.cfg.space, "max_running_requests": narrower}})
-    assert se.space_hash(case) == se.space_hash(case)
-    assert se.space_hash(case) != se.space_hash(se.case_from_config("tiny", other))
+    assert gt.space_hash(case) == gt.space_hash(case)
+    assert gt.space_hash(case) != gt.space_hash(se.case_from_config("tiny", other))
 
 
 def test_unknown_case_is_a_one_line_error(capsys):
@@ -170,3 +171,20 @@ def test_noise_through_the_real_harness(tmp_path, monkeypatch):
     virtual = mn.evaluator_runs(config, cfg=cfg, repeats=2, windows=[1.0, 2.0], noise=0.02)
     text = mn.report(config, runs, virtual, windows=[1.0, 2.0], warmup_s=1.0, noise=0.02, default_s=12, seconds=5)
     assert "| 1 |" in text and "| 2 |" in text and "CV" in text
+
+
+def test_launch_budget_proposal_counts_launches(case, oracle):
+    launches = st.ours(case, oracle, 5, 2, count_launches=True)
+    assert sum(x.launched for x in launches) == 5
+
+
+def test_derived_slots_proposal_ties_slots_to_the_running_cap():
+    study = se.make_case("qwen3.6-27b-b200")
+    proposed = st.derived_slots(study)
+    assert "max_mamba_cache_size" not in proposed.cfg.space
+    space = proposed.space
+    off = space.complete({**space.fixed, "max_running_requests": 96, "disable_radix_cache": True,
+                          "speculative_num_steps": 3})
+    on = space.complete({**space.fixed, "max_running_requests": 96, "disable_radix_cache": False,
+                         "speculative_num_steps": 3})
+    assert off["max_mamba_cache_size"] == 96 and on["max_mamba_cache_size"] == 480

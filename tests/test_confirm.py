@@ -87,4 +87,6 @@ def test_run_sweep_summary(tmp_path):
     assert summary["gain_over_baseline"] == pytest.approx(summary["best"]["output_tok_s"] / 1600.0)
     assert summary["defaults"]["how"].startswith("predicted")
     assert sum(summary["statuses"].values()) == 5
+    assert summary["launched"] == 5 - summary["statuses"].get("skipped_infeasible", 0)
+    assert summary["launched_oom"] == 0
     assert summarize(run_study(cfg, runner=PlannerRunner()), cfg)["best"] == summary["best"]

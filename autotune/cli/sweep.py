@@ -39,6 +39,10 @@ def render(summary: dict[str, Any]) -> str:
     """The human summary: statuses, baseline, winner, gains over the baseline and SGLang's defaults."""
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(summary["statuses"].items()))
     lines = [f"Study {summary['study']} ({summary['storage']}): {summary['n_trials']} trials ({statuses})"]
+    if summary["launched"]:
+        share = 100 * summary["launched_oom"] / summary["launched"]
+        lines.append(f"  launched {summary['launched']} servers, {summary['launched_oom']} ran out of memory "
+                     f"({share:.0f} %); the planner skipped the rest without launching")
     base, best = summary["baseline"], summary["best"]
     lines.append(f"  baseline (trial {base['trial']}): {_tok(base['output_tok_s'])}")
     for e in summary["enqueued"]:
@@ -47,7 +51,9 @@ def render(summary: dict[str, Any]) -> str:
         ci = (f" (95 % CI of the median {best['ci_low']:,.0f}–{best['ci_high']:,.0f})"
               if best.get("ci_low") is not None else "")
         lines.append(f"  winner: trial {best['trial']}: {_tok(best['output_tok_s'])}{ci}")
-        flags = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in (best["params"] or {}).items())
+        from autotune.flags import FlagTable
+
+        flags = " ".join(FlagTable.bundled().to_argv(best["params"] or {}))  # store-true flags bare, as SGLang wants
         lines.append(f"    {flags}")
     gain_ci = summary.get("gain_ci")
     ci = f" (95 % CI {gain_ci[0]:.2f}–{gain_ci[1]:.2f}×)" if gain_ci and gain_ci[0] is not None else ""

@@ -1,0 +1,250 @@
+"""Scale-out: workers on simulated GPUs share one study (PostgreSQL, journal file), survive a killed worker,
+and report per GPU. Trials are tiny (0.2 s startup, 1 s windows) so each end-to-end test takes seconds."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import datetime
+from pathlib import Path
+
+import optuna
+import psutil
+import pytest
+from optuna.trial import TrialState
+from test_storage import postgres_db  # noqa: F401  (the fixture: a fresh database per test)
+
+from autotune.config import load_config
+from autotune.errors import ConfigError, StorageError
+from autotune.results import Metrics, Percentiles, TrialResult
+from autotune.workers import (
+    gpu_frame,
+    gpu_spread,
+    parse_gpus,
+    per_gpu_frame,
+    render_gpus,
+    run_workers,
+    start_workers,
+)
+
+TINY = """
+[study]
+name = "scale"
+trials = {trials}
+seed = 0
+confirm_top_k = 0
+
+[engine]
+kind = "sim"
+model = "qwen3.6-27b"
+sim_gpu = "b200"
+sim_options = {{ startup_s = 0.2, warmup_s = 0.1, release_s = 0.2 }}
+
+[engine.fixed]
+speculative_algorithm = "EAGLE"
+speculative_eagle_topk = 1
+speculative_num_steps = 3
+speculative_num_draft_tokens = 4
+
+[space]
+max_mamba_cache_size = {{ type = "int", low = 80, high = 240, step = 80 }}
+mem_fraction_static = {{ type = "float", low = 0.86, high = 0.90, step = 0.02 }}
+
+[workload]
+prompts = "prompts.jsonl"
+sample_size = 16
+max_tokens = 256
+warmup_s = 0.3
+measure_s = {measure_s}
+
+[baseline]
+flags = {{ max_mamba_cache_size = 80 }}
+"""
+
+
+def study_file(tmp_path: Path, *, trials: int, measure_s: float = 1.0) -> Path:
+    (tmp_path / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"Explain topic {i} in detail. " * 4}) + "\n" for i in range(16)))
+    path = tmp_path / "scale.toml"
+    path.write_text(TINY.format(trials=trials, measure_s=measure_s))
+    return path
+
+
+@pytest.fixture
+def sim_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")
+
+
+# --- pure functions ---------------------------------------------------------------------------------------
+def test_gpu_list_parses_and_rejects_repeats_and_words():
+    assert parse_gpus("0, 1,3") == [0, 1, 3]
+    with pytest.raises(ConfigError, match="repeats a GPU"):
+        parse_gpus("0,1,0")
+    with pytest.raises(ConfigError, match="0,1,2,3"):
+        parse_gpus("gpu0")
+
+
+def _ok(tok_s: float) -> dict:
+    p = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
+    metrics = Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=p, itl_ms=p, e2e_ms=p)
+    return TrialResult(status="ok", config={}, metrics=metrics).to_dict()
+
+
+def _trial(gpu: str, role: str, tok_s: float | None, status: str = "ok") -> optuna.trial.FrozenTrial:
+    result = _ok(tok_s) if tok_s is not None else TrialResult(status=status, config={}).to_dict()
+    return optuna.trial.create_trial(state=TrialState.COMPLETE, value=tok_s or 0.0,
+                                     user_attrs={"gpu": gpu, "role": role, "status": status, "result": result})
+
+
+def test_per_gpu_frame_normalises_by_each_gpus_own_baseline():
+    study = optuna.create_study(direction="maximize")
+    for t in (_trial("n:0", "baseline", 2000), _trial("n:1", "baseline", 1600),  # GPU 1 is 20 % slower
+              _trial("n:0", "search", 2200), _trial("n:1", "search", 2000),  # raw: GPU 0's looks best
+              _trial("n:1", "search", None, "startup_oom"), _trial("n:2", "search", 1900)):
+        study.add_trial(t)
+    frame = gpu_frame(study)
+    assert frame.gain.tolist()[:4] == pytest.approx([1.0, 1.0, 1.1, 1.25])
+    assert frame.gain.isna().tolist()[4:] == [True, True]  # an OOM, and a GPU with no baseline yet
+    per = per_gpu_frame(study).set_index("gpu")
+    assert per.loc["n:0", "best_trial"] == 2 and per.loc["n:1", "best_gain_trial"] == 3
+    assert per.loc["n:1", "best_gain"] == pytest.approx(1.25)  # the real winner, on the slow GPU
+    assert per.loc["n:1", "trials"] == 3 and per.loc["n:1", "ok"] == 2
+    assert per.loc["n:1", "vs_median"] == pytest.approx(1600 / 1800)
+    assert gpu_spread(study) == pytest.approx(400 / 1800)
+
+
+def test_render_gpus_names_each_gpu_its_calibration_and_best_gain():
+    study = optuna.create_study(direction="maximize")
+    for t in (_trial("n:0", "baseline", 2000), _trial("n:1", "baseline", 1600), _trial("n:1", "search", 2000),
+              _trial("n:2", "search", 1900)):
+        study.add_trial(t)
+    text = render_gpus(study)
+    assert "baselines spread 22.2%" in text
+    assert "n:1: 2 trials, baseline 1,600 tok/s (0.89× median); best gain trial 2: 1.25×" in text
+    assert "n:2: 1 trials, no baseline" in text
+
+
+def test_bad_storage_fails_before_any_worker_or_server_starts(tmp_path, sim_env):
+    cfg = load_config(study_file(tmp_path, trials=2), storage="postgresql+psycopg2://tuner:s3cret@127.0.0.1:1/x")
+    with pytest.raises(StorageError) as info:
+        start_workers(cfg, [0, 1])
+    assert "tuner:***@127.0.0.1:1/x" in str(info.value) and "s3cret" not in str(info.value)
+    assert not (tmp_path / "scale" / "runs").exists() and not (tmp_path / "devices").exists()
+
+
+# --- end to end -------------------------------------------------------------------------------------------
+def _intervals_overlap(spans: list[tuple[datetime, datetime]]) -> bool:
+    spans = sorted(spans)
+    return any(nxt[0] < cur[1] for cur, nxt in zip(spans, spans[1:], strict=False))
+
+
+def check_shared_study(cfg, gpus: list[int], target: int) -> list[optuna.trial.FrozenTrial]:
+    """Every trial ran once, on one GPU, never overlapping another on that GPU; every GPU ran a baseline."""
+    from autotune.study import open_study
+
+    trials = open_study(cfg, create=False).get_trials()
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert len(done) == target
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert len({t.number for t in done}) == target
+    trial_dirs = [t.user_attrs["result"]["trial_dir"] for t in done]
+    assert len(set(trial_dirs)) == target  # no trial was run twice into one directory
+    by_gpu: dict[str, list] = {}
+    for t in done:
+        assert t.user_attrs["result"]["gpu_index"] == t.user_attrs["worker"]["gpu"]
+        by_gpu.setdefault(t.user_attrs["gpu"], []).append((t.datetime_start, t.datetime_complete))
+    assert sorted(label.rsplit(":", 1)[1] for label in by_gpu) == sorted(map(str, gpus))
+    for label, spans in by_gpu.items():
+        assert not _intervals_overlap(spans), f"two trials overlapped on {label}"
+    baselines = {t.user_attrs["gpu"] for t in done if t.user_attrs["role"] == "baseline"}
+    assert baselines == set(by_gpu)  # per-GPU calibration
+    per = per_gpu_frame(open_study(cfg, create=False))
+    assert per.baseline_tok_s.notna().all() and per.trials.sum() == target
+    return trials
+
+
+@pytest.mark.slow
+@pytest.mark.postgres
+@pytest.mark.timeout(180)
+def test_three_workers_share_a_postgres_study(tmp_path, sim_env, postgres_db):  # noqa: F811
+    cfg = load_config(study_file(tmp_path, trials=12), storage=postgres_db)
+    lines: list[str] = []
+    codes = run_workers(cfg, [0, 1, 2], echo=lines.append)
+    assert codes == {0: 0, 1: 0, 2: 0}, "\n".join(lines)
+    check_shared_study(cfg, [0, 1, 2], 12)
+    assert {line.split(" |")[0] for line in lines if "] trial " in line} == {"gpu0", "gpu1", "gpu2"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_three_workers_share_a_journal_file_study(tmp_path, sim_env):
+    cfg = load_config(study_file(tmp_path, trials=12), storage=f"journal://{tmp_path / 'scale.log'}")
+    lines: list[str] = []
+    codes = run_workers(cfg, [0, 1, 2], echo=lines.append)
+    assert codes == {0: 0, 1: 0, 2: 0}, "\n".join(lines)
+    check_shared_study(cfg, [0, 1, 2], 12)
+
+
+def _server_pid(run_dir: Path, deadline: float) -> int:
+    while time.monotonic() < deadline:
+        for pid_file in run_dir.glob("server-*.json"):
+            try:
+                return json.loads(pid_file.read_text())["pid"]
+            except (OSError, ValueError):
+                continue
+        time.sleep(0.05)
+    raise AssertionError(f"no server started in {run_dir}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_worker_killed_mid_trial_is_retried_by_another_and_its_server_removed(tmp_path, sim_env):
+    cfg = load_config(study_file(tmp_path, trials=4, measure_s=1.5))
+    lines: list[str] = []
+    workers = start_workers(cfg, [0, 1], echo=lines.append)
+    try:
+        server = _server_pid(tmp_path / "scale" / "runs" / "gpu-1", time.monotonic() + 60)
+        os.kill(workers.procs[1].pid, signal.SIGKILL)  # the worker, not its server: that one is orphaned
+    finally:
+        codes = workers.wait(timeout_s=150)
+    assert codes[0] == 0 and codes[1] == -signal.SIGKILL, "\n".join(lines)
+    assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+    from autotune.study import open_study
+
+    trials = open_study(cfg, create=False).get_trials()
+    [killed] = [t for t in trials if t.state == TrialState.FAIL]
+    assert killed.user_attrs["gpu"].endswith(":1") and killed.user_attrs["status"] == "interrupted"
+    [retry] = [t for t in trials if t.user_attrs.get("requeued_from") == killed.number]
+    assert retry.state == TrialState.COMPLETE and retry.user_attrs["gpu"].endswith(":0")
+    assert retry.user_attrs["config"] == killed.user_attrs["config"]
+    assert sum(t.state == TrialState.COMPLETE for t in trials) == 4
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ctrl_c_is_forwarded_every_server_stops_and_trials_are_interrupted(tmp_path, sim_env):
+    cfg = load_config(study_file(tmp_path, trials=6, measure_s=30.0))
+    lines: list[str] = []
+    workers = start_workers(cfg, [0, 1], echo=lines.append)
+    try:
+        deadline = time.monotonic() + 60
+        servers = [_server_pid(tmp_path / "scale" / "runs" / f"gpu-{g}", deadline) for g in (0, 1)]
+        while sum("measuring" in line for line in lines) < 2:  # both mid-window
+            assert time.monotonic() < deadline, "\n".join(lines)
+            time.sleep(0.05)
+        workers.interrupt()  # what the supervisor's SIGINT handler does on Ctrl-C
+    finally:
+        codes = workers.wait(timeout_s=60)
+    assert codes == {0: 130, 1: 130}, "\n".join(lines)
+    for pid in servers:
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    from autotune.study import open_study
+
+    trials = open_study(cfg, create=False).get_trials()
+    stopped = [t for t in trials if t.state == TrialState.FAIL]
+    assert len(stopped) == 2 and {t.user_attrs["status"] for t in stopped} == {"interrupted"}
+    assert len([t for t in trials if t.state == TrialState.WAITING]) == 2  # queued again for the resume
