@@ -244,12 +244,5 @@ def probe(url: str, *, client: httpx.Client, use_nvml: bool = True) -> Probe | P
         notes.append(
             "no GPU memory reading (server not local or NVML unavailable): idle memory is the planner's estimate"
         )
-    return Probe(
-        url=url,
-        server_info=info,
-        model_info=model_info,
-        metrics=metrics,
-        metrics_note=metrics_note,
-        gpu=gpu,
-        notes=notes,
-    )
+    return Probe(url=url, server_info=info, model_info=model_info, metrics=metrics, metrics_note=metrics_note,
+                 gpu=gpu, notes=notes)

@@ -169,36 +169,6 @@ def _inert_lines(inert: list[str], config: dict[str, Any]) -> list[str]:
     return out
 
 
-class _Search:
-    """Planner calls for candidate configs, cached; a candidate counts only if it starts with headroom to spare."""
-
-    def __init__(
-        self,
-        plan_fn: Callable[..., Any],
-        model: Any,
-        gpu: Any,
-        base: dict[str, Any],
-        *,
-        margin_gib: float,
-        tokens_per_request: int,
-    ):
-        self.plan_fn, self.model, self.gpu, self.base = plan_fn, model, gpu, base
-        self.margin, self.tokens_per_request = margin_gib, tokens_per_request
-        self._cache: dict[tuple, Any] = {}
-
-    def ok(self, changes: dict[str, Any]) -> Any | None:
-        key = tuple(sorted(changes.items()))
-        if key not in self._cache:
-            p = self.plan_fn(self.model, self.gpu, {**self.base, **changes})
-            good = (
-                p.fits
-                and p.gib.headroom >= self.margin
-                and p.kv_tokens >= p.max_running_requests * self.tokens_per_request
-            )
-            self._cache[key] = p if good else None
-        return self._cache[key]
-
-
 def _mfs_grid(current: float) -> list[float]:
     start = round(current + 0.01, 2)
     return [
@@ -220,15 +190,8 @@ def _tokens_per_request(state: ServerState) -> int:
     return min(need, state.context_len) if state.context_len else need
 
 
-def search(
-    state: ServerState,
-    plan_fn: Callable[..., Any],
-    model: Any,
-    gpu: Any,
-    config: dict[str, Any],
-    current: Any,
-    confidence: str,
-) -> list[Suggestion]:
+def search(state: ServerState, plan_fn: Callable[..., Any], model: Any, gpu: Any, config: dict[str, Any],
+           current: Any, confidence: str) -> list[Suggestion]:
     """The best combined change first (the safest of the highest), then the single changes that lift
     ``max_running_requests``, each with its predicted capacity."""
     from autotune.flags import FlagTable
@@ -242,13 +205,21 @@ def search(
         or (48 if extra.get("spec") else 4096)
     )
     margin = max(2.0, 0.02 * float(extra.get("total_gib") or 0.0))
-    s = _Search(plan_fn, model, gpu, config, margin_gib=margin, tokens_per_request=_tokens_per_request(state))
+    tokens_per_request = _tokens_per_request(state)
     floor = state.effective_mrr
     hybrid = current.max_mamba_cache_size is not None and bool(ratio)
     mfs = float(config.get("mem_fraction_static") or current.mem_fraction_static)
+    planned: dict[tuple, Any] = {}  # planner calls, cached: the searches below revisit the same candidates
 
     def lifts(changes: dict[str, Any]) -> tuple[dict[str, Any], Any] | None:
-        p = s.ok(changes)
+        """The candidate, if it starts with headroom to spare and lifts the running-request limit."""
+        key = tuple(sorted(changes.items()))
+        if key not in planned:
+            p = plan_fn(model, gpu, {**config, **changes})
+            good = (p.fits and p.gib.headroom >= margin
+                    and p.kv_tokens >= p.max_running_requests * tokens_per_request)
+            planned[key] = p if good else None
+        p = planned[key]
         return (changes, p) if p is not None and p.max_running_requests > floor else None
 
     combos: list[tuple[dict[str, Any], Any]] = []
@@ -298,13 +269,8 @@ def _key(item: tuple[dict[str, Any], Any]) -> tuple:
     return (-p.max_running_requests, len(changes), changes.get("mem_fraction_static", 0.0), -p.gib.headroom)
 
 
-def _rank(
-    combos: list[tuple[dict[str, Any], Any]],
-    singles: list[tuple[dict[str, Any], Any]],
-    table: Any,
-    confidence: str,
-    margin: float,
-) -> list[Suggestion]:
+def _rank(combos: list[tuple[dict[str, Any], Any]], singles: list[tuple[dict[str, Any], Any]], table: Any,
+          confidence: str, margin: float) -> list[Suggestion]:
     """First the highest-capacity combination with comfortable headroom, then the highest outright if it differs,
     then the best single change per flag; at most six."""
     picked: list[tuple[dict[str, Any], Any]] = []
@@ -329,20 +295,11 @@ def _rank(
             note = "fp8 KV: check output quality"
         elif level != confidence:
             note = f"thin headroom ({p.gib.headroom:.1f} GiB)"
-        out.append(
-            Suggestion(
-                changes=changes,
-                argv=table.to_argv(changes),
-                max_running_requests=p.max_running_requests,
-                binding=p.extra.get("binding"),
-                kv_tokens=p.kv_tokens,
-                mamba_slots=p.max_mamba_cache_size,
-                mem_fraction_static=p.mem_fraction_static,
-                headroom_gib=round(p.gib.headroom, 2),
-                confidence=level,
-                note=note,
-            )
-        )
+        out.append(Suggestion(
+            changes=changes, argv=table.to_argv(changes), max_running_requests=p.max_running_requests,
+            binding=p.extra.get("binding"), kv_tokens=p.kv_tokens, mamba_slots=p.max_mamba_cache_size,
+            mem_fraction_static=p.mem_fraction_static, headroom_gib=round(p.gib.headroom, 2), confidence=level,
+            note=note))
     return out[:6]
 
 
@@ -353,29 +310,14 @@ def advise(state: ServerState, cap: Any, *, model: str | None = None, gpu: str |
     profile, model_name, model_note = resolve_model(state, model)
     gpu_profile, gpu_name, gpu_note = resolve_gpu(state, gpu)
     notes = [n for n in (model_note, gpu_note) if n]
+    config: dict[str, Any] | None = None
     try:
         config = FlagTable.bundled().check(state.user_flags())
     except AutotuneError as exc:
         notes.append(f"the server's flags are not all SGLang 0.5.23 flags ({exc}): no planner advice")
-        return Advice(
-            model=model_name,
-            gpu=gpu_name,
-            config=state.user_flags(),
-            confidence=None,
-            reproduction=None,
-            plan_gib=None,
-            notes=notes,
-        )
-    if profile is None or gpu_profile is None:
-        return Advice(
-            model=model_name,
-            gpu=gpu_name,
-            config=config,
-            confidence=None,
-            reproduction=None,
-            plan_gib=None,
-            notes=notes,
-        )
+    if config is None or profile is None or gpu_profile is None:
+        return Advice(model=model_name, gpu=gpu_name, config=state.user_flags() if config is None else config,
+                      confidence=None, reproduction=None, plan_gib=None, notes=notes)
     from autotune.planner import plan
 
     current = plan(profile, gpu_profile, config)
@@ -387,16 +329,6 @@ def advise(state: ServerState, cap: Any, *, model: str | None = None, gpu: str |
             "no single or combined change the planner trusts lifts max_running_requests "
             "while keeping headroom: this config is at the memory wall"
         )
-    return Advice(
-        model=model_name,
-        gpu=gpu_name,
-        config=config,
-        confidence=confidence,
-        reproduction=sentence,
-        plan_gib=plan_gib,
-        suggestions=suggestions,
-        inert=_inert_lines(list(current.inert), config),
-        notes=notes,
-        ratio=current.extra.get("ratio"),
-        requested_mrr=current.extra.get("requested_mrr"),
-    )
+    return Advice(model=model_name, gpu=gpu_name, config=config, confidence=confidence, reproduction=sentence,
+                  plan_gib=plan_gib, suggestions=suggestions, inert=_inert_lines(list(current.inert), config),
+                  notes=notes, ratio=current.extra.get("ratio"), requested_mrr=current.extra.get("requested_mrr"))

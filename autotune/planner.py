@@ -9,12 +9,24 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from autotune.flags import FlagTable
-from autotune.profiles import GIB, MIB, GpuProfile, ModelProfile, vit_factor
+from autotune.planner_args import (
+    SPEC_DEFAULT_MRR,
+    PlanFailure,
+    PlanStop,
+    decode_bs_list,
+    default_mem_fraction,
+    graph_settings,
+    prefill_token_buckets,
+    resolve_spec,
+    resolve_strategy,
+)
+from autotune.profiles import GIB, MIB, GpuProfile, ModelProfile
 
-PlanFailure = Literal["startup_oom", "runtime_oom", "bad_args"]
+__all__ = ["MemoryGiB", "MemoryPlan", "PlanFailure", "decode_bs_list", "default_mem_fraction", "plan",
+           "prefill_token_buckets"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,16 +66,6 @@ class MemoryPlan:
         return data
 
 
-class _Stop(Exception):
-    """Ends the arithmetic where SGLang would stop (an exception in arg resolution or the scheduler)."""
-
-    def __init__(self, failure: PlanFailure, message: str):
-        super().__init__(message)
-        self.failure, self.message = failure, message
-
-
-EAGLE_FAMILY = {"EAGLE", "NEXTN", "MTP", "EAGLE3", "STANDALONE"}
-SPEC_ALGORITHMS = EAGLE_FAMILY | {"NGRAM", "DFLASH", "DSPARK"}
 SPEC_SUBFLAGS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
                  "speculative_draft_model_path", "speculative_draft_kv_cache_dtype")
 MAMBA_FLAGS = ("max_mamba_cache_size", "mamba_full_memory_ratio", "mamba_ssm_dtype", "mamba_radix_cache_strategy",
@@ -79,152 +81,12 @@ PLANNER_FLAGS = (
     "disable_cuda_graph", "disable_decode_cuda_graph", "disable_prefill_cuda_graph", "cuda_graph_backend_decode",
     "cuda_graph_backend_prefill", "context_length", "enable_linear_replayssm_spec",
 )
-SPEC_DEFAULT_MRR = 48
 LOAD_GIB_S = 0.45  # weight load from a warm page cache, per rank (seed: 27B + MTP restarts take ~150–180 s)
 STARTUP_FIXED_S = 15.0  # spawn, NCCL/tokenizer init, KV allocation, warmup request
 CAPTURE_S = 0.35  # per decode-phase graph
 CAPTURE_PREFILL_S = 0.3  # per prefill token bucket
 GRAPH_MIB_PER_TOKEN = 2.0  # SGLang's own reserve figure for decode graphs (memory_hook: 2 MiB per bs)
 GRAPH_MIB_PER_PREFILL_BUCKET = 8.0
-
-
-def decode_bs_list(max_bs: int) -> list[int]:
-    """SGLang's default decode capture list up to ``max_bs``."""
-    values = [1, 2, 4, 8, 12, *range(16, 256, 8), *range(256, 4097, 16)]
-    out = [v for v in values if v <= max_bs]
-    if max_bs not in out and max_bs > 0:
-        out.append(max_bs)
-    return out
-
-
-def prefill_token_buckets(max_tokens: int) -> list[int]:
-    """Prefill graph token buckets: 10 up to 1024, then 16 per doubling (58 for 8192, 74 for 16384)."""
-    out = [4, 8, 16, 32, 64, 128, 256, 512, 768, 1024]
-    low = 1024
-    while low < max_tokens:
-        out.extend(range(low + low // 16, 2 * low + 1, low // 16))
-        low *= 2
-    return [v for v in out if v <= max_tokens] or [max_tokens]
-
-
-def default_mem_fraction(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any], *, chunk: int,
-                         decode_max_bs: int, decode_graph: bool, prefill_buckets: int, tp: int, pp: int) -> float:
-    """SGLang's auto --mem-fraction-static: reserve for activations and graphs, then the VLM adjustment."""
-    gpu_mem = gpu.memory_mib
-    reserved = 512 + 1.5 * max(chunk, 2048) + tp * pp / 8 * 1024
-    reserved += (2 * decode_max_bs if decode_graph else 0) + 8 * prefill_buckets
-    if gpu_mem > 60 * 1024:
-        reserved = max(reserved, 10240)
-    mfs = round((gpu_mem - reserved) / gpu_mem, 3)
-    if model.multimodal and not f.get("language_only") and not f.get("language_model_only"):
-        mfs = round(mfs * vit_factor(model), 3)
-    return mfs
-
-
-def _spec(model: ModelProfile, f: Mapping[str, Any]) -> dict[str, Any]:
-    """Resolve the speculative flags the way speculative_hook.py does."""
-    algo = f.get("speculative_algorithm")
-    if not algo:
-        return {"spec": False, "algorithm": None, "steps": 0, "topk": 0, "draft_tokens": 0, "draft_model": False}
-    name = str(algo).upper()
-    if name not in SPEC_ALGORITHMS:
-        raise _Stop("bad_args", f"ValueError: Unknown speculative algorithm {algo!r}; "
-                                f"choose one of {', '.join(sorted(SPEC_ALGORITHMS))}")
-    steps, topk, draft = (f.get("speculative_num_steps"), f.get("speculative_eagle_topk"),
-                          f.get("speculative_num_draft_tokens"))
-    warnings = []
-    if name == "NGRAM":
-        return {"spec": True, "algorithm": name, "steps": 1, "topk": 1, "draft_tokens": int(draft or 12),
-                "draft_model": False, "warnings": warnings}
-    if name in ("DFLASH", "DSPARK"):
-        steps, topk = 1, 1
-    elif steps is None:
-        if topk is not None or draft is not None:
-            raise _Stop("bad_args", "AssertionError: --speculative-eagle-topk and --speculative-num-draft-tokens "
-                                    "must be unset when --speculative-num-steps is unset (they are auto-chosen together)")
-        steps, topk, draft = model.spec_defaults
-    topk = 1 if topk is None else int(topk)
-    if steps < 1 or topk < 1:
-        raise _Stop("bad_args", "ValueError: --speculative-num-steps and --speculative-eagle-topk must be >= 1")
-    if draft is None and topk > 1:
-        draft = steps + 1
-    if topk == 1 and draft != steps + 1:
-        if draft is not None:
-            warnings.append(f"speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 = {steps + 1} "
-                            f"when speculative_eagle_topk == 1")
-        draft = steps + 1
-    draft_model = bool(f.get("speculative_draft_model_path"))
-    if name in EAGLE_FAMILY and not draft_model and model.mtp_layers == 0:
-        raise _Stop("bad_args", f"ValueError: --speculative-algorithm {name} needs --speculative-draft-model-path: "
-                                f"{model.name} has no MTP layers")
-    return {"spec": True, "algorithm": "EAGLE" if name in ("NEXTN", "MTP") else name, "steps": int(steps),
-            "topk": topk, "draft_tokens": int(draft), "draft_model": True, "warnings": warnings}
-
-
-def _strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """Mamba radix-cache strategy, overlap, attention backend and page size (FACTS §1.2)."""
-    radix_off = bool(f.get("disable_radix_cache"))
-    overlap = not f.get("disable_overlap_schedule")
-    asked = f.get("mamba_radix_cache_strategy") or "auto"
-    page = f.get("page_size")
-    backend = f.get("attention_backend")
-    supports_extra = model.extra_buffer_arch and (f.get("linear_attn_backend") or "triton") == "triton"
-    if asked.startswith("extra_buffer") and not model.has_mamba:
-        raise _Stop("bad_args", f"ValueError: --mamba-radix-cache-strategy {asked} needs mamba state; "
-                                f"{model.architecture or model.name} has no linear-attention layers")
-    if asked.startswith("extra_buffer") and not supports_extra:
-        raise _Stop("bad_args", f"ValueError: --mamba-radix-cache-strategy {asked} needs an extra-buffer "
-                                f"architecture and --linear-attn-backend triton")
-    strategy = "none"
-    if model.has_mamba and not radix_off:
-        strategy = asked
-        if asked == "auto":
-            strategy = "extra_buffer" if (overlap or (page or 1) > 1) and supports_extra else "no_buffer"
-    # SM100 override for the Qwen3.5 family: trtllm_mha + page 64, except (radix on, no extra_buffer, no spec).
-    if backend is None and model.family == "qwen3_5" and gpu.arch == "sm100":
-        if not radix_off and not strategy.startswith("extra_buffer") and not spec["spec"]:
-            backend, page = "triton", page or 1
-        else:
-            backend, page = "trtllm_mha", page or 64
-            if asked == "auto" and strategy == "no_buffer" and supports_extra:
-                strategy = "extra_buffer"  # auto picks extra_buffer once page_size > 1
-    backend = backend or ("fa3" if gpu.arch == "sm90" else "flashinfer")
-    page = int(page or 1)
-    if strategy == "no_buffer":
-        overlap = False  # SGLang forces --disable-overlap-schedule for no_buffer
-        if page > 1 or backend == "trtllm_mha":
-            raise _Stop("bad_args", f"ValueError: --mamba-radix-cache-strategy no_buffer needs page_size 1 and a "
-                                    f"non-trtllm_mha attention backend (got page_size={page}, {backend})")
-    if strategy == "extra_buffer_lazy" and not overlap:
-        raise _Stop("bad_args", "ValueError: --mamba-radix-cache-strategy extra_buffer_lazy requires the overlap "
-                                "schedule (remove --disable-overlap-schedule)")
-    if strategy.startswith("extra_buffer"):
-        interval = int(f.get("mamba_track_interval") or 256)
-        if interval < spec["draft_tokens"] or interval % page:
-            raise _Stop("bad_args", f"ValueError: --mamba-track-interval {interval} must be >= "
-                                    f"speculative_num_draft_tokens ({spec['draft_tokens']}) and a multiple of "
-                                    f"page_size ({page})")
-    if spec["spec"] and spec["topk"] > 1:
-        if backend == "trtllm_mha":
-            raise _Stop("bad_args", "ValueError: trtllm_mha attention backend requires --speculative-eagle-topk 1")
-        if page > 1 and backend not in ("fa3", "flashinfer", "triton"):
-            raise _Stop("bad_args", f"ValueError: --speculative-eagle-topk > 1 with page_size > 1 needs the fa3, "
-                                    f"flashinfer or triton attention backend (got {backend})")
-    tracking = {"extra_buffer": 2 if overlap else 1, "extra_buffer_lazy": 1}.get(strategy, 0)
-    ratio = 1 if radix_off else 3 + tracking
-    return {"strategy": strategy, "overlap": overlap, "attention_backend": backend, "page_size": page,
-            "ratio": ratio, "radix_off": radix_off}
-
-
-def _graph_settings(f: Mapping[str, Any]) -> tuple[bool, bool]:
-    cfg = f.get("cuda_graph_config") if isinstance(f.get("cuda_graph_config"), dict) else {}
-    all_off = bool(f.get("disable_cuda_graph"))
-    decode_on = not (all_off or f.get("disable_decode_cuda_graph") or f.get("cuda_graph_backend_decode") == "disabled"
-                     or (cfg.get("decode") or {}).get("backend") == "disabled")
-    prefill_on = not (all_off or f.get("disable_prefill_cuda_graph")
-                      or f.get("cuda_graph_backend_prefill") == "disabled"
-                      or (cfg.get("prefill") or {}).get("backend") == "disabled")
-    return decode_on, prefill_on
 
 
 def plan(model: ModelProfile, gpu: GpuProfile, flags: Mapping[str, Any], *, free_gib: float | None = None,
@@ -242,7 +104,7 @@ def plan(model: ModelProfile, gpu: GpuProfile, flags: Mapping[str, Any], *, free
     message: str | None = None
     try:
         _compute(model, gpu, f, st, tp=tp, pp=pp, attn_dp=attn_dp, free_gib=free_gib)
-    except _Stop as stop:
+    except PlanStop as stop:
         failure, message = stop.failure, stop.message
     warnings = st["warnings"]
     if message is None and warnings:
@@ -294,7 +156,7 @@ def _inert_flags(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], free_g
 
 def _compute(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], st: dict[str, Any], *, tp: int, pp: int,
              attn_dp: int, free_gib: float | None) -> None:
-    """Fill ``st`` step by step, raising ``_Stop`` where SGLang stops (FACTS §1.5–1.7, §2, §6)."""
+    """Fill ``st`` step by step, raising ``PlanStop`` where SGLang stops (FACTS §1.5–1.7, §2, §6)."""
     ex = st["extra"]
     ctx_gib = gpu.cuda_context_gib
     pre = float(free_gib) if free_gib is not None else gpu.memory_gib - ctx_gib
@@ -303,26 +165,26 @@ def _compute(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], st: dict[s
               binding=None, startup_s=0.0, runtime_oom_tokens=None, static_gib=0.0, peak_gib=0.0, rest_gib=0.0)
     # -- argument resolution (main process: a failure here is exit 1 with a Python error) -------------------
     if model.num_heads % tp:
-        raise _Stop("bad_args", f"AssertionError: Total number of attention heads ({model.num_heads}) must be "
+        raise PlanStop("bad_args", f"AssertionError: Total number of attention heads ({model.num_heads}) must be "
                                 f"divisible by tensor parallel size ({tp}).")
-    spec = _spec(model, f)
+    spec = resolve_spec(model, f)
     st["warnings"].extend(spec.pop("warnings", []))
     ex.update(spec=spec["spec"], spec_algorithm=spec["algorithm"], draft_tokens=spec["draft_tokens"],
               spec_steps=spec["steps"], spec_topk=spec["topk"])
-    res = _strategy(model, gpu, f, spec)
+    res = resolve_strategy(model, gpu, f, spec)
     page, ratio = res["page_size"], res["ratio"]
     ex.update(strategy=res["strategy"], overlap=res["overlap"], radix_cache=not res["radix_off"], attention_backend=res["attention_backend"],
               page_size=page, ratio=ratio if model.has_mamba else None)
     tier_chunk, tier_bs = gpu.tier(tp)
     chunk = int(f.get("chunked_prefill_size") or tier_chunk)
     if chunk > 0 and chunk % page:
-        raise _Stop("bad_args", f"ValueError: chunked_prefill_size ({chunk}) must be divisible by page_size ({page})")
+        raise PlanStop("bad_args", f"ValueError: chunked_prefill_size ({chunk}) must be divisible by page_size ({page})")
     if f.get("mem_fraction_static") is not None and not 0 < f["mem_fraction_static"] < 1:
-        raise _Stop("bad_args", f"ValueError: --mem-fraction-static must be in (0, 1), got {f['mem_fraction_static']}")
+        raise PlanStop("bad_args", f"ValueError: --mem-fraction-static must be in (0, 1), got {f['mem_fraction_static']}")
     context_len = int(f.get("context_length") or model.context_len)
     prefill_tokens = chunk if chunk > 0 else int(f.get("max_prefill_tokens") or 16384)
     ex.update(chunked_prefill_size=chunk, context_len=context_len)
-    decode_graph, prefill_graph = _graph_settings(f)
+    decode_graph, prefill_graph = graph_settings(f)
     explicit_bs = f.get("cuda_graph_bs_decode")
     decode_max_bs = int(f.get("cuda_graph_max_bs_decode") or (max(explicit_bs) if explicit_bs else 0)
                         or min(tier_bs, f.get("max_running_requests") or tier_bs))
@@ -340,7 +202,7 @@ def _compute(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], st: dict[s
     ex["startup_s"] = round(STARTUP_FIXED_S + weights / LOAD_GIB_S, 1)
     ex["static_gib"] = ex["peak_gib"] = round(ctx_gib + min(weights, pre), 4)  # held while a failed start dies
     if weights + workspace > pre:
-        raise _Stop("startup_oom", f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        raise PlanStop("startup_oom", f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
                                    f"{min(weights, 2.0):.2f} GiB while loading weights ({weights:.2f} GiB of weights, "
                                    f"{pre:.2f} GiB free).")
     mm_reserve = 100 / 1024 if model.multimodal and not f.get("language_only") else 0.0
@@ -370,7 +232,7 @@ def _compute(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], st: dict[s
         else:  # D
             K = int((budget - P) // P)
         if K <= 0:
-            raise _Stop("startup_oom", f"RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state "
+            raise PlanStop("startup_oom", f"RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) state "
                                        f"cache. Computed max_mamba_cache_size={K} (total_rest_memory={rest / GIB:.2f} GB, "
                                        f"mamba_cache_per_req={P / MIB:.2f} MB). Try: (1) reduce --max-running-requests, "
                                        f"(2) increase --mem-fraction-static, (3) reduce --speculative-num-draft-tokens, "
@@ -392,7 +254,7 @@ def _compute(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], st: dict[s
     ex["rest_gib"] = round(rest / GIB, 4)
     if rest <= 0:
         need = 1 - avail / pre
-        raise _Stop("startup_oom", f"ValueError: Loaded weights leave no GPU memory for the KV cache under "
+        raise PlanStop("startup_oom", f"ValueError: Loaded weights leave no GPU memory for the KV cache under "
                                    f"--mem-fraction-static={mfs:g}. Raise --mem-fraction-static above "
                                    f"{math.ceil(need * 1000) / 1000:.3f} (minimum viable = 1 - available/pre = "
                                    f"{need:.4f}). If using speculative decoding, draft weights are now counted.")
@@ -409,7 +271,7 @@ def _compute(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], st: dict[s
             tokens = int(cap) // page * page
     ex["kv_cell_bytes"] = cell
     if tokens <= 0:
-        raise _Stop("startup_oom", f"RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+        raise PlanStop("startup_oom", f"RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
                                    f"Current value: mem_fraction_static={mfs:g}")
     st["tokens"] = tokens
     st["gib"]["kv"] = tokens * cell / GIB
@@ -432,7 +294,7 @@ def _compute(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], st: dict[s
             f"--max-mamba-cache-size, or halve the state size with --mamba-ssm-dtype bfloat16.")
     ex.update(binding=binding)
     if mrr <= 0:
-        raise _Stop("startup_oom", f"RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve "
+        raise PlanStop("startup_oom", f"RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to serve "
                                    f"any requests. max_mamba_cache_size={st['K']}, mamba_ratio={ratio}, resulting "
                                    f"max_num_reqs={mrr}. Try: (1) reduce --max-running-requests, (2) increase "
                                    f"--mem-fraction-static, or (3) use GPUs with more memory.")
@@ -456,7 +318,7 @@ def _compute(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], st: dict[s
     free_after_pools = pre - static
     capture_act = (max(prefill_bs, default=0) if prefill_bs else max_bs * (d or 1)) * act_tok / GIB
     if graphs + capture_act > free_after_pools:
-        raise _Stop("startup_oom", f"Capture cuda graph failed: torch.OutOfMemoryError: CUDA out of memory. Tried to "
+        raise PlanStop("startup_oom", f"Capture cuda graph failed: torch.OutOfMemoryError: CUDA out of memory. Tried to "
                                    f"allocate {min(graphs + capture_act, 2.0):.2f} GiB. GPU 0 has a total capacity of "
                                    f"{gpu.memory_gib:.2f} GiB of which {max(free_after_pools, 0.0):.2f} GiB is free. "
                                    f"Possible solutions: 1. set --mem-fraction-static to a smaller value (e.g., 0.8 or "
@@ -465,6 +327,6 @@ def _compute(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], st: dict[s
     free_at_run = free_after_pools - graphs
     if activations > free_at_run:
         ex["runtime_oom_tokens"] = max(1, int(free_at_run * GIB // act_tok))
-        raise _Stop("runtime_oom", f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+        raise PlanStop("runtime_oom", f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
                                    f"{min(activations, 2.0):.2f} GiB (a prefill batch of {prefill_tokens} tokens needs "
                                    f"{activations:.2f} GiB of activations; {free_at_run:.2f} GiB is free).")

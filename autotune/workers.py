@@ -24,18 +24,19 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-import numpy as np
 import optuna
-import pandas as pd
 from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
 from autotune.errors import AutotuneError, ConfigError
 from autotune.results import TrialResult
 from autotune.study import Sweep, make_sampler
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 Echo = Callable[[str], None]
 
@@ -113,6 +114,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         worker.main(args=list(argv) if argv is not None else None, prog_name="autotune.workers",
                     standalone_mode=False)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
     except AutotuneError as exc:
         print(f"Error: {exc}", file=sys.stderr, flush=True)
         sys.exit(1)
@@ -243,6 +247,8 @@ def _tok_s(trial: optuna.trial.FrozenTrial) -> float | None:
 def gpu_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per finished trial: its GPU, tok/s, its GPU's baseline tok/s, and ``gain`` = tok/s ÷ that
     baseline. Comparing gains, not raw tok/s, keeps a fast device from crowning its own trials."""
+    import pandas as pd  # here, not at the top: a worker process starts faster without it
+
     rows = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
         rows.append({"trial": t.number, "gpu": t.user_attrs.get("gpu", "unknown"),
@@ -255,9 +261,22 @@ def gpu_frame(study: optuna.Study) -> pd.DataFrame:
     return frame.sort_values("trial").reset_index(drop=True)
 
 
+def gains(study: optuna.Study) -> dict[int, float]:
+    """Trial number → tok/s ÷ its own GPU's baseline, for ranking a study swept on two or more GPUs; empty
+    (rank by raw tok/s) on one GPU or when a GPU that served trials has no baseline to divide by."""
+    frame = gpu_frame(study)
+    ok = frame[frame.tok_s.notna()]
+    if ok.gpu.nunique() < 2 or ok.gain.isna().any():
+        return {}
+    return {int(n): float(g) for n, g in zip(ok.trial, ok.gain, strict=True)}
+
+
 def per_gpu_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per GPU: trials run, baseline tok/s, its ratio to the median GPU's (``vs_median``: the
     device-to-device spread), and the best trial there by raw tok/s and by gain over its own baseline."""
+    import numpy as np
+    import pandas as pd
+
     frame = gpu_frame(study)
     rows = []
     for gpu, g in frame.groupby("gpu", sort=True):
@@ -272,6 +291,8 @@ def per_gpu_frame(study: optuna.Study) -> pd.DataFrame:
                      "best_gain": None if best_gain is None else float(best_gain.gain)})
     out = pd.DataFrame(rows, columns=["gpu", "trials", "ok", "baseline_tok_s", "best_trial", "best_tok_s",
                                       "best_gain_trial", "best_gain"])
+    out = out.astype({"trials": int, "ok": int, "best_trial": "Int64", "best_gain_trial": "Int64",
+                      "baseline_tok_s": float, "best_tok_s": float, "best_gain": float})
     median = float(np.nanmedian(out.baseline_tok_s)) if out.baseline_tok_s.notna().any() else float("nan")
     out["vs_median"] = out.baseline_tok_s.astype(float) / median
     return out
@@ -287,15 +308,16 @@ def gpu_spread(study: optuna.Study) -> float | None:
 
 def render_gpus(study: optuna.Study) -> str:
     """The per-GPU lines under a sweep's summary: calibration, spread, and each GPU's best gain."""
+    import pandas as pd
+
     per = per_gpu_frame(study)
     spread = gpu_spread(study)
     head = "per GPU (configs compare by tok/s ÷ their own GPU's baseline"
     lines = [head + (f"; baselines spread {spread:.1%})" if spread is not None else ")")]
     for row in per.itertuples():
         base = (f"baseline {row.baseline_tok_s:,.0f} tok/s ({row.vs_median:.2f}× median)"
-                if row.baseline_tok_s == row.baseline_tok_s else "no baseline")  # NaN != NaN
-        best = (f"; best gain trial {row.best_gain_trial}: {row.best_gain:.2f}×" if row.best_gain_trial is not None
-                and row.best_gain == row.best_gain else "")
+                if pd.notna(row.baseline_tok_s) else "no baseline")
+        best = f"; best gain trial {row.best_gain_trial}: {row.best_gain:.2f}×" if pd.notna(row.best_gain) else ""
         lines.append(f"  {row.gpu}: {row.trials} trials, {base}{best}")
     return "\n".join(lines)
 

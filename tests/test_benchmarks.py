@@ -18,6 +18,7 @@ import search_efficiency as se  # noqa: E402
 import strategies as st  # noqa: E402
 
 from autotune.config import load_config  # noqa: E402
+from autotune.errors import AutotuneError  # noqa: E402
 
 TINY = """
 [study]
@@ -188,3 +189,17 @@ def test_derived_slots_proposal_ties_slots_to_the_running_cap():
     on = space.complete({**space.fixed, "max_running_requests": 96, "disable_radix_cache": False,
                          "speculative_num_steps": 3})
     assert off["max_mamba_cache_size"] == 96 and on["max_mamba_cache_size"] == 480
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_noise_reports_failed_launches(tmp_path, monkeypatch):
+    """A launch that fails is data, listed as such; too few good launches is one clear error."""
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    cfg = load_config(mn.STUDY)
+    config = {**cfg.engine.fixed, **cfg.enqueue[0].flags, "max_mamba_cache_size": 100_000}
+    failures: list[str] = []
+    with pytest.raises(AutotuneError, match="only 0 of 2 launches measured"):
+        mn.harness_runs(config, cfg=cfg, repeats=2, windows=[1.0], noise=0.02, workdir=tmp_path,
+                        say=lambda text: None, failures=failures)
+    assert len(failures) == 2 and all("startup_oom" in f for f in failures)

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -17,11 +20,14 @@ from optuna.trial import TrialState
 from test_storage import postgres_db  # noqa: F401  (the fixture: a fresh database per test)
 
 from autotune.config import load_config
-from autotune.errors import ConfigError, StorageError
+from autotune.errors import ConfigError, StorageError, StudyError
 from autotune.results import Metrics, Percentiles, TrialResult
 from autotune.workers import (
+    WorkerSweep,
+    gains,
     gpu_frame,
     gpu_spread,
+    on_gpu,
     parse_gpus,
     per_gpu_frame,
     render_gpus,
@@ -114,6 +120,14 @@ def test_per_gpu_frame_normalises_by_each_gpus_own_baseline():
     assert per.loc["n:1", "trials"] == 3 and per.loc["n:1", "ok"] == 2
     assert per.loc["n:1", "vs_median"] == pytest.approx(1600 / 1800)
     assert gpu_spread(study) == pytest.approx(400 / 1800)
+    assert gains(study) == {}  # GPU n:2 served a trial but has no baseline: rank by raw tok/s
+    calibrated = optuna.create_study(direction="maximize")
+    for t in study.get_trials()[:4]:
+        calibrated.add_trial(t)
+    assert gains(calibrated) == pytest.approx({0: 1.0, 1: 1.0, 2: 1.1, 3: 1.25})
+    single = optuna.create_study(direction="maximize")
+    single.add_trial(study.get_trials()[0])
+    assert gains(single) == {}
 
 
 def test_render_gpus_names_each_gpu_its_calibration_and_best_gain():
@@ -133,6 +147,30 @@ def test_bad_storage_fails_before_any_worker_or_server_starts(tmp_path, sim_env)
         start_workers(cfg, [0, 1])
     assert "tuner:***@127.0.0.1:1/x" in str(info.value) and "s3cret" not in str(info.value)
     assert not (tmp_path / "scale" / "runs").exists() and not (tmp_path / "devices").exists()
+
+
+def test_workers_on_other_gpus_share_the_study_but_one_gpu_takes_one_sweep(tmp_path):
+    cfg = load_config(study_file(tmp_path, trials=2))
+
+    def never(config, number):
+        raise AssertionError("no trial runs here")
+
+    first, other = (WorkerSweep(on_gpu(cfg, g, None), runner=never) for g in (0, 1))
+    try:
+        first.prepare()
+        other.prepare()  # GPU 1 joins the study GPU 0 is sweeping
+        with pytest.raises(StudyError, match="being swept on GPU 0"):
+            WorkerSweep(on_gpu(cfg, 0, None), runner=never).prepare()
+    finally:
+        first.close()
+        other.close()
+
+
+def test_worker_command_errors_are_one_line(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "autotune.workers", "--config", str(tmp_path / "none.toml"),
+                           "--gpu", "0"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert done.stderr.strip().count("\n") == 0 and "study file not found" in done.stderr
 
 
 # --- end to end -------------------------------------------------------------------------------------------
@@ -224,27 +262,49 @@ def test_a_worker_killed_mid_trial_is_retried_by_another_and_its_server_removed(
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
 
 
+def _cli(tmp_path: Path, *args: str) -> subprocess.Popen:
+    env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices"), "AUTOTUNE_HEARTBEAT_S": "1"}
+    return subprocess.Popen([sys.executable, "-m", "autotune", "sweep", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-def test_ctrl_c_is_forwarded_every_server_stops_and_trials_are_interrupted(tmp_path, sim_env):
-    cfg = load_config(study_file(tmp_path, trials=6, measure_s=30.0))
+def test_sweep_gpus_runs_one_worker_per_gpu_then_reports_per_gpu(tmp_path):
+    path = study_file(tmp_path, trials=4)
+    proc = _cli(tmp_path, "--config", str(path), "--gpus", "0,1")
+    out, _ = proc.communicate(timeout=110)
+    assert proc.returncode == 0, out
+    assert "gpu0 | " in out and "gpu1 | " in out
+    assert "per GPU (configs compare by tok/s ÷ their own GPU's baseline; baselines spread" in out
+    cfg = load_config(path)
+    check_shared_study(cfg, [0, 1], 4)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_ctrl_c_is_forwarded_every_server_stops_and_trials_are_interrupted(tmp_path):
+    path = study_file(tmp_path, trials=6, measure_s=30.0)
+    proc = _cli(tmp_path, "--config", str(path), "--gpus", "0,1")
     lines: list[str] = []
-    workers = start_workers(cfg, [0, 1], echo=lines.append)
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
     try:
         deadline = time.monotonic() + 60
         servers = [_server_pid(tmp_path / "scale" / "runs" / f"gpu-{g}", deadline) for g in (0, 1)]
         while sum("measuring" in line for line in lines) < 2:  # both mid-window
-            assert time.monotonic() < deadline, "\n".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
             time.sleep(0.05)
-        workers.interrupt()  # what the supervisor's SIGINT handler does on Ctrl-C
+        proc.send_signal(signal.SIGINT)  # Ctrl-C reaches the supervisor only: it forwards it
+        assert proc.wait(timeout=60) == 130, "".join(lines)
     finally:
-        codes = workers.wait(timeout_s=60)
-    assert codes == {0: 130, 1: 130}, "\n".join(lines)
+        if proc.poll() is None:
+            proc.kill()
     for pid in servers:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     from autotune.study import open_study
 
-    trials = open_study(cfg, create=False).get_trials()
+    trials = open_study(load_config(path), create=False).get_trials()
     stopped = [t for t in trials if t.state == TrialState.FAIL]
     assert len(stopped) == 2 and {t.user_attrs["status"] for t in stopped} == {"interrupted"}
     assert len([t for t in trials if t.state == TrialState.WAITING]) == 2  # queued again for the resume

@@ -20,12 +20,18 @@ from typing import Any
 from autotune.engines import logparse
 from autotune.engines.base import GpuReader
 from autotune.errors import ConfigError, EngineError
-from autotune.results import Capacity, FailureKind
 
 # Flags the harness owns: a config that sets them would fight the launch command.
 HARNESS_FLAGS = frozenset({"model_path", "host", "port"})
 _VERSION_SNIPPET = "import importlib.metadata as m; print(m.version('sglang'))"
 _OPTION_LINE = re.compile(r"^  (-\S.*?)(?:\s{2,}.*)?$")
+
+
+def reject_harness_flags(config: Mapping[str, Any], *, fix: str) -> None:
+    """ConfigError for a flag the launch command sets itself (``HARNESS_FLAGS``)."""
+    for key in config:
+        if key in HARNESS_FLAGS:
+            raise ConfigError(f"{key} is set by the harness", key=key, fix=fix)
 
 
 def parse_help(text: str) -> list[dict[str, Any]]:
@@ -76,7 +82,7 @@ def _cache_dir() -> Path:
     return Path(root) / "sglang-flags"
 
 
-class SGLangEngine:
+class SGLangEngine(logparse.LogReading):
     """Launches SGLang itself. ``device="cpu"`` selects SGLang's CPU backend (measured by host memory)."""
 
     name = "sglang"
@@ -130,11 +136,7 @@ class SGLangEngine:
             )
 
     def check(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        for key in config:
-            if key in HARNESS_FLAGS:
-                raise ConfigError(
-                    f"{key} is set by the harness", key=key, fix="remove it from the config; use --model/the engine settings"
-                )
+        reject_harness_flags(config, fix="remove it from the config; use --model/the engine settings")
         return self.flag_table().check(dict(config))
 
     def flag_table(self):
@@ -183,16 +185,7 @@ class SGLangEngine:
         cached.write_text(json.dumps(specs))
         return FlagTable.from_json(specs, version=version)
 
-    # -- reading the server -----------------------------------------------------------------------------
-    def classify(self, log_text: str, exit_code: int | None) -> FailureKind | None:
-        return logparse.classify(log_text, exit_code)
-
-    def failure_line(self, log_text: str, exit_code: int | None = None) -> str | None:
-        return logparse.failure_line(log_text, exit_code)
-
-    def capacity(self, log_text: str, server_info: Mapping[str, Any] | None) -> Capacity:
-        return logparse.capacity(log_text, server_info)
-
+    # -- reading the server: classify, failure_line, capacity come from logparse.LogReading -------------
     def gpu_reader(self, gpu_index: int | None) -> GpuReader:
         from autotune.gpu import HostMemoryReader, NvmlReader
 

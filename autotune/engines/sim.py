@@ -13,9 +13,7 @@ from typing import Any
 
 from autotune.engines import logparse
 from autotune.engines.base import GpuReader
-from autotune.engines.sglang import HARNESS_FLAGS
-from autotune.errors import ConfigError
-from autotune.results import Capacity, FailureKind
+from autotune.engines.sglang import reject_harness_flags
 
 
 def sim_argv(options: Mapping[str, Any]) -> list[str]:
@@ -31,7 +29,7 @@ def sim_argv(options: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-class SimEngine:
+class SimEngine(logparse.LogReading):
     """Launches the simulated SGLang server; its GPU is ``autotune.sim.device``."""
 
     name = "sim"
@@ -79,19 +77,8 @@ class SimEngine:
     def check(self, config: Mapping[str, Any]) -> dict[str, Any]:
         from autotune.flags import FlagTable
 
-        for key in config:
-            if key in HARNESS_FLAGS:
-                raise ConfigError(f"{key} is set by the harness", key=key, fix="remove it from the config")
+        reject_harness_flags(config, fix="remove it from the config")
         return FlagTable.bundled().check(dict(config))
-
-    def classify(self, log_text: str, exit_code: int | None) -> FailureKind | None:
-        return logparse.classify(log_text, exit_code)
-
-    def failure_line(self, log_text: str, exit_code: int | None = None) -> str | None:
-        return logparse.failure_line(log_text, exit_code)
-
-    def capacity(self, log_text: str, server_info: Mapping[str, Any] | None) -> Capacity:
-        return logparse.capacity(log_text, server_info)
 
     def gpu_reader(self, gpu_index: int | None) -> GpuReader:
         from autotune.gpu import SimGpuReader

@@ -179,6 +179,40 @@ def scheduler_exception(message: str, *, phase: str) -> list[str]:
     return ["\n".join(body) + "\n"]
 
 
+def runtime_oom(new_tokens: int, alloc_gib: float) -> str:
+    return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {alloc_gib:.2f} GiB. The activations of a "
+            f"{new_tokens}-token prefill batch do not fit in the memory left outside the static pools.")
+
+
+def prefill_line(*, new_seq: int, new_token: int, kv_usage: float, mamba_usage: float, hybrid: bool, running: int,
+                 queue: int, pending: int, graph: bool, throughput: float) -> str:
+    if hybrid:
+        usage = f"full token usage: {kv_usage:.2f}, mamba usage: {mamba_usage:.2f}"
+    else:
+        usage = f"token usage: {kv_usage:.2f}"
+    return (f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: 0, {usage}, "
+            f"#running-req: {running}, #queue-req: {queue}, #pending-token: {pending}, cuda graph: {graph}, "
+            f"input throughput (token/s): {throughput:.2f}")
+
+
+def decode_line(*, running: int, kv_used: int, kv_usage: float, mamba_num: int, mamba_usage: float, hybrid: bool,
+                spec: bool, accept_len: float, accept_rate: float, graph: bool, throughput: float, queue: int) -> str:
+    if hybrid:
+        pools = (f"#full token: {kv_used}, full token usage: {kv_usage:.2f}, mamba num: {mamba_num}, "
+                 f"mamba usage: {mamba_usage:.2f}")
+    else:
+        pools = f"#token: {kv_used}, token usage: {kv_usage:.2f}"
+    spec_part = f"accept len: {accept_len:.2f}, accept rate: {accept_rate:.2f}, " if spec else ""
+    return (f"Decode batch, #running-req: {running}, {pools}, {spec_part}cuda graph: {graph}, "
+            f"gen throughput (token/s): {throughput:.2f}, #queue-req: {queue}")
+
+
+def retract_line(retracted: int, gained: int, mamba_gained: int | None, old: float, new: float) -> str:
+    mamba = f", #mamba_num_gained: {mamba_gained}" if mamba_gained is not None else ""
+    return (f"KV cache pool is full. Retract requests. #retracted_reqs: {retracted}, #new_tokens_gained: {gained}"
+            f"{mamba}, #new_token_ratio: {old:.4f} -> {new:.4f}")
+
+
 def kill_tree(pid: int, *, include_parent: bool) -> str:
     return f"kill_process_tree called: parent_pid={pid}, include_parent={include_parent}, pid={pid}"
 

@@ -14,205 +14,26 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from autotune.errors import ConfigError
+from autotune.sim.limits import (
+    ACTIVATION_BYTES_PER_TOKEN,
+    CLIP_MAX_NEW_TOKENS,
+    INIT_NEW_TOKEN_RATIO,
+    MIN_NEW_TOKEN_RATIO,
+    NEW_TOKEN_RATIO_DECAY,
+    RETRACT_DECODE_STEPS,
+    SchedulerLimits,
+    SchedulerStats,
+)
+from autotune.sim.logs import decode_line, prefill_line, retract_line, runtime_oom
 from autotune.sim.perf import PerfModel, PerfParams
 from autotune.sim.requests import SimRequest
+from autotune.sim.step import Emission, ReqState, StepResult
 
 __all__ = ["Emission", "Scheduler", "SchedulerLimits", "SchedulerStats", "StepResult"]
-
-# SGLang's admission estimate of the tokens running requests will still need (global_config defaults).
-INIT_NEW_TOKEN_RATIO = 0.7
-MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
-NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
-CLIP_MAX_NEW_TOKENS = 4096
-RETRACT_DECODE_STEPS = 20
-ACTIVATION_BYTES_PER_TOKEN = 1.5 * 2**20  # what one prefill token's activations take (CALIBRATION.md)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SchedulerLimits:
-    """The plan's numbers that bound scheduling (per DP worker, as SGLang reports them)."""
-
-    max_running_requests: int
-    kv_tokens: int  # max_total_num_tokens
-    chunked_prefill_size: int = 8192  # ≤ 0: no chunking
-    page_size: int = 1
-    spec: bool = False
-    draft_tokens: int = 1  # D, tokens per request per verify pass
-    runtime_oom_tokens: int | None = None  # a prefill batch with more new tokens dies with CUDA OOM
-    mamba_slots: int | None = None  # K; None for models without a Mamba pool
-    ratio: int = 1  # Mamba slots per running request in SGLang's cap (FACTS §1.6)
-    decode_log_interval: int = 40
-    decode_graph_bs: int = 256  # largest decode batch with a captured CUDA graph
-    prefill_graph_tokens: int = 0  # largest prefill batch with a captured graph
-
-    def __post_init__(self) -> None:
-        for name in ("max_running_requests", "kv_tokens", "page_size", "draft_tokens", "decode_log_interval"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"must be at least 1, got {getattr(self, name)}", key=name,
-                                  fix="the plan that produced these limits does not fit")
-
-    @property
-    def hybrid(self) -> bool:
-        return self.mamba_slots is not None
-
-    @property
-    def mamba_slots_per_req(self) -> int:
-        """Slots one running request holds: its state plus extra_buffer's tracking copies (ratio − 3)."""
-        return 1 + max(0, self.ratio - 3)
-
-    @classmethod
-    def from_plan(cls, plan: Any, *, decode_log_interval: int = 40) -> SchedulerLimits:
-        """From a fitting ``planner.MemoryPlan`` (its fields plus the ``extra`` resolution details)."""
-        extra = plan.extra
-        spec = bool(extra.get("spec"))
-        oom = extra.get("runtime_oom_tokens")
-        graph_bs = extra.get("decode_graph_bs")  # the captured batch sizes (or just the largest)
-        return cls(
-            max_running_requests=int(plan.max_running_requests),
-            kv_tokens=int(plan.kv_tokens),
-            chunked_prefill_size=int(extra.get("chunked_prefill_size") or -1),
-            page_size=int(extra.get("page_size") or 1),
-            spec=spec,
-            draft_tokens=int(extra.get("draft_tokens") or 1) if spec else 1,
-            runtime_oom_tokens=None if oom is None else int(oom),
-            mamba_slots=plan.max_mamba_cache_size,
-            ratio=int(extra.get("ratio") or 1),
-            decode_log_interval=decode_log_interval,
-            decode_graph_bs=max(graph_bs) if isinstance(graph_bs, (list, tuple)) and graph_bs else int(graph_bs or 0),
-            prefill_graph_tokens=int(extra.get("prefill_graph_tokens") or 0),
-        )
-
-
-@dataclass
-class SchedulerStats:
-    """Live counters for /metrics, /server_info and log lines. Spec counters reset on /flush_cache."""
-
-    kv_total: int = 0
-    mamba_total: int = 0
-    num_running: int = 0
-    num_queue: int = 0
-    kv_used: int = 0
-    mamba_used: int = 0
-    spec_verify_ct: int = 0
-    spec_accepted_tokens: int = 0  # includes the bonus token of every verify pass, like SGLang
-    retractions: int = 0
-    prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
-    requests_total: int = 0  # finished (length or stop)
-    aborted_total: int = 0
-    last_gen_throughput: float = 0.0
-    new_token_ratio: float = 0.7
-    clock_s: float = 0.0  # Σ step durations so far
-
-    @property
-    def kv_usage(self) -> float:
-        return self.kv_used / self.kv_total if self.kv_total else 0.0
-
-    @property
-    def mamba_usage(self) -> float:
-        return self.mamba_used / self.mamba_total if self.mamba_total else 0.0
-
-    @property
-    def avg_spec_accept_length(self) -> float | None:
-        return self.spec_accepted_tokens / self.spec_verify_ct if self.spec_verify_ct else None
-
-    def reset_spec(self) -> None:
-        self.spec_verify_ct = self.spec_accepted_tokens = 0
-
-
-def prefill_line(*, new_seq: int, new_token: int, kv_usage: float, mamba_usage: float, hybrid: bool, running: int,
-                 queue: int, pending: int, graph: bool, throughput: float) -> str:
-    if hybrid:
-        usage = f"full token usage: {kv_usage:.2f}, mamba usage: {mamba_usage:.2f}"
-    else:
-        usage = f"token usage: {kv_usage:.2f}"
-    return (f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: 0, {usage}, "
-            f"#running-req: {running}, #queue-req: {queue}, #pending-token: {pending}, cuda graph: {graph}, "
-            f"input throughput (token/s): {throughput:.2f}")
-
-
-def decode_line(*, running: int, kv_used: int, kv_usage: float, mamba_num: int, mamba_usage: float, hybrid: bool,
-                spec: bool, accept_len: float, accept_rate: float, graph: bool, throughput: float, queue: int) -> str:
-    if hybrid:
-        pools = (f"#full token: {kv_used}, full token usage: {kv_usage:.2f}, mamba num: {mamba_num}, "
-                 f"mamba usage: {mamba_usage:.2f}")
-    else:
-        pools = f"#token: {kv_used}, token usage: {kv_usage:.2f}"
-    spec_part = f"accept len: {accept_len:.2f}, accept rate: {accept_rate:.2f}, " if spec else ""
-    return (f"Decode batch, #running-req: {running}, {pools}, {spec_part}cuda graph: {graph}, "
-            f"gen throughput (token/s): {throughput:.2f}, #queue-req: {queue}")
-
-
-def retract_line(retracted: int, gained: int, mamba_gained: int | None, old: float, new: float) -> str:
-    mamba = f", #mamba_num_gained: {mamba_gained}" if mamba_gained is not None else ""
-    return (f"KV cache pool is full. Retract requests. #retracted_reqs: {retracted}, #new_tokens_gained: {gained}"
-            f"{mamba}, #new_token_ratio: {old:.4f} -> {new:.4f}")
-
-
-@dataclass(slots=True)
-class Emission:
-    """Tokens one request produced in one step (``completion_tokens`` is its running total)."""
-
-    rid: str
-    new_tokens: int
-    completion_tokens: int
-    finished: bool
-    finish_reason: str | None  # "length" | "stop" | "abort" (could never fit) when finished
-    verify_ct: int = 0  # speculative verify passes so far
-    accepted_drafts: int = 0  # draft tokens accepted so far (bonus tokens excluded)
-    prompt_tokens: int = 0
-    retractions: int = 0
-
-
-@dataclass(slots=True)
-class StepResult:
-    """One iteration: how long it takes on the modelled GPU and what it produced."""
-
-    duration_s: float
-    kind: str  # "prefill" | "decode" | "idle"
-    # Sequences default to a shared empty tuple: building lists nobody fills costs more than the step itself.
-    emissions: Sequence[Emission] = ()  # every request's tokens (empty when the scheduler does not emit)
-    log_lines: Sequence[str] = ()  # SGLang's messages, without timestamps
-    runtime_oom: str | None = None  # fatal: the server dies with this message
-    tokens: int = 0  # output tokens produced this step
-    verify: int = 0  # verify passes this step (speculative decode cycles: one per running request)
-    started: Sequence[str] = ()  # rids whose first token came out this step
-    finished: Sequence[Emission] = ()  # always filled, even when emissions are not
-    # decode: seconds since each request's previous token (one float when that is the same for all)
-    gaps_s: float | np.ndarray | None = None
-    new: np.ndarray | None = None  # decode: per request, tokens this cycle (aligned with gaps_s)
-    # A block of k decode cycles (``step(max_cycles)``): each cycle's end on the clock and its tokens; then
-    # ``gaps_s`` holds one gap per cycle and ``new`` is k × running.
-    ends_s: np.ndarray | None = None
-    cycle_tokens: np.ndarray | None = None
-
-
-class _Req:
-    """A request's mutable state while it waits, prefills, or is retracted."""
-
-    __slots__ = ("req", "gen", "done_prefill", "seq", "verify", "accepted", "retractions", "started", "last_t",
-                 "entry")
-
-    def __init__(self, req: SimRequest, seq: int):
-        self.req, self.seq = req, seq
-        self.gen = 0  # completion tokens so far (kept across retraction, re-prefilled with the prompt)
-        self.done_prefill = 0  # tokens of the current (re-)prefill already in KV
-        self.verify = self.accepted = self.retractions = 0
-        self.started = False
-        self.last_t = 0.0
-        self.entry = (0, 0)  # (decode cycle, gen) when it last entered the running batch
-
-    @property
-    def extend_len(self) -> int:
-        return self.req.prompt_tokens + self.gen
-
 
 class Scheduler:
     """Continuous batching for one server: ``add`` and ``abort`` requests, ``step`` one iteration at a time."""
@@ -229,8 +50,8 @@ class Scheduler:
         self._d = limits.draft_tokens if limits.spec else 1
         self._page = max(1, limits.page_size)
         self._budget = limits.chunked_prefill_size if limits.chunked_prefill_size > 0 else 1 << 62
-        self.waiting: deque[_Req] = deque()
-        self.chunked: _Req | None = None  # the request whose prompt is split across prefill steps
+        self.waiting: deque[ReqState] = deque()
+        self.chunked: ReqState | None = None  # the request whose prompt is split across prefill steps
         self._aborts: set[str] = set()
         self._unfit: list[Emission] = []  # requests that can never fit, finished with "abort" at the next return
         self._seq = 0
@@ -244,7 +65,7 @@ class Scheduler:
         cap = max(1, limits.max_running_requests)
         self._n = 0
         self._ctx_sum = 0.0
-        self._reqs: list[_Req] = []
+        self._reqs: list[ReqState] = []
         # left = tokens still to generate; slack = max_new_tokens − target (so max_new − generated = slack + left).
         self._prompt, self._target, self._left, self._slack = (np.zeros(cap) for _ in range(4))
         self._inv_nla = np.zeros(cap)  # 1/(−ln α): floor(Exp(1) · this) has P(≥ k) = α^k accepted drafts
@@ -267,7 +88,7 @@ class Scheduler:
     # -- the contract the HTTP server uses ----------------------------------------------------------------
     def add(self, req: SimRequest) -> None:
         self._seq += 1
-        self.waiting.append(_Req(req, self._seq))
+        self.waiting.append(ReqState(req, self._seq))
 
     def abort(self, rid: str) -> None:
         self._aborts.add(rid)
@@ -326,7 +147,7 @@ class Scheduler:
         # when it is wrong, decode retracts and the ratio goes up).
         left = np.minimum(self._slack[:n] + self._left[:n], CLIP_MAX_NEW_TOKENS).sum() if n else 0.0
         free = lim.kv_tokens - self.kv_used_tokens() - float(left) * self.new_token_ratio
-        batch: list[tuple[_Req, int]] = []
+        batch: list[tuple[ReqState, int]] = []
         if self.chunked is not None:
             r = self.chunked
             take = min(r.extend_len - r.done_prefill, budget)
@@ -353,15 +174,11 @@ class Scheduler:
             free -= need + future
         return self._run_prefill(batch) if batch else None
 
-    def _run_prefill(self, batch: list[tuple[_Req, int]]) -> StepResult:
+    def _run_prefill(self, batch: list[tuple[ReqState, int]]) -> StepResult:
         lim = self.limits
         new_tokens = sum(take for _, take in batch)
         if lim.runtime_oom_tokens is not None and new_tokens > lim.runtime_oom_tokens:
-            self._dead = (
-                f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                f"{new_tokens * ACTIVATION_BYTES_PER_TOKEN / 2**30:.2f} GiB. The activations of a {new_tokens}-token "
-                f"prefill batch do not fit in the memory left outside the static pools."
-            )
+            self._dead = runtime_oom(new_tokens, new_tokens * ACTIVATION_BYTES_PER_TOKEN / 2**30)
             return StepResult(0.0, "prefill", runtime_oom=self._dead)
         running_before = self._n
         duration = self.perf.prefill_s(new_tokens, len(batch))
@@ -407,7 +224,7 @@ class Scheduler:
         return StepResult(duration, "prefill", emissions=emissions, log_lines=lines, tokens=tokens, started=started,
                           finished=finished)
 
-    def _enter(self, r: _Req) -> None:
+    def _enter(self, r: ReqState) -> None:
         i = self._n
         self._n += 1
         self._reqs.append(r)
@@ -419,7 +236,7 @@ class Scheduler:
         self._ctx_sum += req.prompt_tokens + r.gen
         r.entry = (self._cycles, r.gen)
 
-    def _sync(self, i: int) -> _Req:
+    def _sync(self, i: int) -> ReqState:
         """Write slot ``i``'s array state back to its request (verify passes = cycles since it entered)."""
         r = self._reqs[i]
         cycles0, gen0 = r.entry
@@ -432,7 +249,7 @@ class Scheduler:
         r.entry = (self._cycles, gen)
         return r
 
-    def _leave(self, i: int) -> _Req:
+    def _leave(self, i: int) -> ReqState:
         """Remove slot ``i`` (swap with the last slot)."""
         r = self._sync(i)
         self._ctx_sum -= r.req.prompt_tokens + r.gen
@@ -563,7 +380,7 @@ class Scheduler:
                                 r.accepted + int(g) - r.entry[1] - cycles, r.req.prompt_tokens, r.retractions))
         return out
 
-    def _emission(self, r: _Req, new_tokens: int, *, finished: bool, reason: str | None) -> Emission:
+    def _emission(self, r: ReqState, new_tokens: int, *, finished: bool, reason: str | None) -> Emission:
         return Emission(r.req.rid, new_tokens, r.gen, finished, reason, r.verify, r.accepted, r.req.prompt_tokens,
                         r.retractions)
 
@@ -592,7 +409,7 @@ class Scheduler:
         mamba_gained = retracted * lim.mamba_slots_per_req if lim.hybrid else None
         lines.append(retract_line(retracted, gained, mamba_gained, old, self.new_token_ratio))
 
-    def _finish_unfit(self, r: _Req) -> None:
+    def _finish_unfit(self, r: ReqState) -> None:
         self._unfit.append(self._emission(r, 0, finished=True, reason="abort"))
         self._stats.aborted_total += 1
 

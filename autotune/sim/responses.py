@@ -1,0 +1,190 @@
+"""One request's response as SGLang shapes it: native ``/generate`` and OpenAI completion/chat bodies, streamed
+(SSE) or whole.
+
+Chunks are formatted by hand from a pre-built filler text: that keeps the pacing loop's hot path to a string join
+and one ``send`` per request per step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from starlette.responses import Response
+
+__all__ = ["CHAT", "COMPLETION", "EOS_ID", "NATIVE", "SSEResponse", "Stream", "filler"]
+
+NATIVE, COMPLETION, CHAT = "generate", "text_completion", "chat.completion"
+EOS_ID = 248046  # what a "stop" finish reports as the matched token
+_N = 1 << 14  # filler tokens before the text repeats (longer outputs take a slower path)
+_IDS = [1000 + (i * 7919) % 9000 for i in range(2 * _N)]  # 4-digit ids: every token is exactly 6 text chars
+_TEXT = "".join(f" w{i}" for i in _IDS)
+_IDTXT = ",".join(map(str, _IDS)) + ","
+
+
+def filler(offset: int, start: int, end: int) -> tuple[str, str]:
+    """Text and comma-joined ids of tokens [start, end) of a stream whose filler starts at ``offset``."""
+    a, b = offset + start, offset + end
+    if b <= 2 * _N:
+        return _TEXT[a * 6 : b * 6], _IDTXT[a * 5 : b * 5 - 1]
+    ids = [_IDS[(offset + i) % (2 * _N)] for i in range(start, end)]
+    return "".join(f" w{i}" for i in ids), ",".join(map(str, ids))
+
+
+class Stream:
+    """One request's tokens as they are delivered, and what its response needs to say about them."""
+
+    __slots__ = ("rid", "kind", "prompt_tokens", "completion_tokens", "sent", "finished", "reason", "verify_ct",
+                 "accepted", "retractions", "event", "created", "first_at", "done_at", "offset", "model",
+                 "include_usage", "draft_tokens", "gone", "interval")
+
+    def __init__(self, rid: str, kind: str, prompt_tokens: int, *, model: str, draft_tokens: int):
+        self.rid, self.kind, self.prompt_tokens = rid, kind, prompt_tokens
+        self.completion_tokens = self.sent = self.verify_ct = self.accepted = self.retractions = 0
+        self.finished, self.gone, self.include_usage = False, False, False
+        self.reason: str | None = None
+        self.event = asyncio.Event()
+        self.created = time.time()
+        self.first_at = self.done_at = 0.0
+        self.offset = int(rid[:4], 16) % _N  # where its filler starts: varied, and inside the fast path
+        self.model, self.draft_tokens = model, draft_tokens
+        self.interval = 1  # SGLang's --stream-interval: send every N tokens (and always the last)
+
+    def push(self, em: Any) -> None:
+        if not self.first_at and em.completion_tokens:
+            self.first_at = time.time()
+        self.completion_tokens = em.completion_tokens
+        self.verify_ct, self.accepted, self.retractions = em.verify_ct, em.accepted_drafts, em.retractions
+        if em.finished:
+            self.finished, self.reason, self.done_at = True, em.finish_reason or "length", time.time()
+        self.event.set()
+
+    async def wait_finished(self) -> None:
+        while not self.finished and not self.gone:
+            await self.event.wait()
+            self.event.clear()
+
+    # -- response bodies ------------------------------------------------------------------------------------
+    def _finish_native(self) -> dict[str, Any] | None:
+        if not self.finished:
+            return None
+        if self.reason == "stop":
+            return {"type": "stop", "matched": EOS_ID}
+        if self.reason == "abort":
+            return {"type": "abort", "message": "Aborted: the request cannot fit in the KV cache."}
+        return {"type": "length", "length": self.completion_tokens}
+
+    def meta(self) -> dict[str, Any]:
+        n = self.completion_tokens
+        meta: dict[str, Any] = {
+            "id": self.rid, "finish_reason": self._finish_native(), "prompt_tokens": self.prompt_tokens,
+            "weight_version": "default", "num_retractions": self.retractions, "reasoning_tokens": 0,
+            "completion_tokens": n, "cached_tokens": 0, "cached_tokens_details": None, "dp_rank": None,
+        }
+        if self.finished:
+            meta["e2e_latency"] = self.done_at - self.created
+            if self.draft_tokens > 1:
+                proposed = self.verify_ct * (self.draft_tokens - 1)
+                meta["spec_verify_ct"] = self.verify_ct
+                meta["spec_accept_length"] = n / self.verify_ct if self.verify_ct else 0.0
+                meta["spec_accept_rate"] = self.accepted / proposed if proposed else 0.0
+                meta["spec_num_correct_drafts"] = self.accepted
+                meta["spec_num_proposed_drafts"] = proposed
+        return meta
+
+    def usage(self) -> dict[str, Any]:
+        p, n = self.prompt_tokens, self.completion_tokens
+        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n, "prompt_tokens_details": None,
+                "reasoning_tokens": 0}
+
+    def chunk(self, start: int, end: int) -> str:
+        """One SSE event with tokens [start, end) (cumulative text for native, a delta for OpenAI)."""
+        if self.kind == NATIVE:
+            text, ids = filler(self.offset, 0, end)
+            if self.finished:
+                return f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{json.dumps(self.meta(), separators=(",", ":"))}}}\n\n'
+            return (f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{{"id":"{self.rid}",'
+                    f'"finish_reason":null,"prompt_tokens":{self.prompt_tokens},"weight_version":"default",'
+                    f'"num_retractions":{self.retractions},"reasoning_tokens":0,"completion_tokens":{end},'
+                    '"cached_tokens":0,"cached_tokens_details":null,"dp_rank":null}}\n\n')
+        text, _ = filler(self.offset, start, end)
+        reason = f'"{self.reason}"' if self.finished else "null"
+        matched = EOS_ID if self.finished and self.reason == "stop" else "null"
+        if self.kind == CHAT:
+            role = '"assistant"' if start == 0 else "null"
+            choice = (f'{{"index":0,"delta":{{"role":{role},"content":"{text}","reasoning_content":null,'
+                      f'"tool_calls":null}},"logprobs":null,"finish_reason":{reason},"matched_stop":{matched}}}')
+            obj = "chat.completion.chunk"
+        else:
+            choice = (f'{{"index":0,"text":"{text}","logprobs":null,"finish_reason":{reason},'
+                      f'"matched_stop":{matched}}}')
+            obj = "text_completion"
+        head = f'data: {{"id":"{self.rid}","object":"{obj}","created":{int(self.created)},"model":{json.dumps(self.model)},'
+        out = f'{head}"choices":[{choice}],"usage":null}}\n\n'
+        if self.finished and self.include_usage:
+            out += f'{head}"choices":[],"usage":{json.dumps(self.usage(), separators=(",", ":"))}}}\n\n'
+        return out
+
+    def body(self) -> dict[str, Any]:
+        """The non-streaming response."""
+        text, ids = filler(self.offset, 0, self.completion_tokens)
+        if self.kind == NATIVE:
+            return {"text": text, "output_ids": json.loads(f"[{ids}]"), "meta_info": self.meta()}
+        reason = self.reason or "abort"
+        matched = EOS_ID if reason == "stop" else None
+        if self.kind == CHAT:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
+                                              "tool_calls": None}, "logprobs": None, "finish_reason": reason,
+                      "matched_stop": matched}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "matched_stop": matched}
+            obj = "text_completion"
+        return {"id": self.rid, "object": obj, "created": int(self.created), "model": self.model,
+                "choices": [choice], "usage": self.usage()}
+
+
+class SSEResponse(Response):
+    """A server-sent-event stream fed by a ``Stream``; a client disconnect aborts the request."""
+
+    def __init__(self, stream: Stream, on_close: Callable[[Stream], None]):
+        self.stream, self.on_close = stream, on_close
+        self.status_code = 200
+        self.background = None
+
+    async def _watch(self, receive: Any) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.stream.gone = True
+                self.stream.event.set()
+                return
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        s = self.stream
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        try:
+            while not s.gone:
+                await s.event.wait()
+                s.event.clear()
+                if s.gone:
+                    break
+                end = s.completion_tokens
+                if end - s.sent >= s.interval or s.finished:
+                    text = s.chunk(s.sent, end)
+                    s.sent = end
+                    if s.finished:
+                        await send({"type": "http.response.body", "body": (text + "data: [DONE]\n\n").encode(),
+                                    "more_body": False})
+                        return
+                    await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
+        except OSError:
+            s.gone = True
+        finally:
+            watcher.cancel()
+            self.on_close(s)

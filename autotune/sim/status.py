@@ -1,0 +1,241 @@
+"""What one sim server planned and holds, and the reports built from it: ``/server_info``, ``/model_info``,
+``/metrics``, resolved ``server_args``, and the simulated GPU's record of its memory."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from autotune.sim import args as sim_args
+from autotune.sim import device, logs
+from autotune.sim.limits import largest_graph_bs
+
+__all__ = ["GRAPH_PHASES", "VERSION", "ServerStatus"]
+
+VERSION = "0.5.23"
+
+GRAPH_PHASES = ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend")
+
+
+def _startup_times(value: Any, spec: bool) -> dict[str, Any]:
+    """The modelled real startup split like SGLang's ``startup_time`` (the simulator itself starts in ~1 s)."""
+    if isinstance(value, dict) and "load_weight" in value:
+        out = {k: value.get(k, 0.0) for k in ("load_weight", "kv_cache_allocation", "scheduler_e2e")}
+        out["cuda_graph"] = {p: float((value.get("cuda_graph") or {}).get(p, 0.0)) for p in GRAPH_PHASES}
+        out["tokenizer_e2e"] = float(value.get("tokenizer_e2e", out["scheduler_e2e"]))
+        return out
+    total = float(value or 0.0)
+    load, kv = 0.55 * total, 0.03 * total
+    graphs = total - load - kv
+    shares = ({"prefill": 0.3, "target_verify": 0.4, "draft_decode": 0.2, "draft_extend": 0.1} if spec
+              else {"prefill": 0.4, "decode": 0.6})
+    return {"load_weight": load, "kv_cache_allocation": kv, "scheduler_e2e": total,
+            "cuda_graph": {p: graphs * shares.get(p, 0.0) for p in GRAPH_PHASES}, "tokenizer_e2e": total + 1.0}
+
+
+class ServerStatus:
+    """What one sim server planned and holds: startup lines, ``/server_info``, ``/metrics``, the device record."""
+
+    def __init__(self, *, args: sim_args.SimArgs, model: Any, gpu: Any, plan: Any, scheduler: Any,
+                 gpu_index: int, free_gib: float, pid: int):
+        self.args, self.model, self.gpu, self.plan, self.scheduler = args, model, gpu, plan, scheduler
+        self.gpu_index, self.free_gib, self.pid = gpu_index, free_gib, pid
+        self.device_dir = args.sim["device_dir"]
+        sim, x = args.sim, plan.extra
+        self.server_args = args.server_args
+        self.host = str(self.server_args.get("host") or "127.0.0.1")
+        port = self.server_args.get("port")
+        self.port = 30000 if port is None else int(port)  # 0: the OS picks; the "Uvicorn running" line says which
+        self.seed, self.acceptance = int(sim["seed"]), float(sim["acceptance"])
+        self.output_mean, self.output_dist = float(sim["output_mean"]), str(sim["output_dist"])
+        self.spec = bool(x.get("spec"))
+        self.draft_tokens = int(x.get("draft_tokens") or 1) if self.spec else 1
+        self.context_len = int(x.get("context_len") or model.context_len)
+        self.served_model_name = str(self.server_args.get("served_model_name") or args.flags["model_path"])
+        self.startup_time = _startup_times(x.get("startup_s"), self.spec)
+        self.started_at = time.time()
+        tp = int(self.server_args.get("tp_size") or 1)
+        self.target_gib = float(model.weights_gib(with_draft=False, tp=tp))
+        self.draft_gib = max(0.0, float(plan.gib.weights) - self.target_gib)
+        self.pre_gib = float(x.get("pre_gib", free_gib))
+        g = plan.gib
+        self.pools_gib = float(g.weights + float(x.get("workspace_gib") or 0.0) + g.kv + g.mamba_total)
+        self.context_mib = float(getattr(gpu, "cuda_context_gib", 0.5)) * 1024
+        self.weights_mib = self.context_mib + float(g.weights) * 1024
+        self.pools_mib = self.context_mib + self.pools_gib * 1024
+        self.static_mib = float(x.get("static_gib") or 0.0) * 1024 or self.pools_mib + g.graphs * 1024
+        self.counters = dict.fromkeys(("num_requests_total", "prompt_tokens_total", "generation_tokens_total",
+                                       "num_aborted_requests_total", "e2e_sum", "e2e_count", "ttft_sum",
+                                       "ttft_count"), 0.0)
+
+    @classmethod
+    def create(cls, args: sim_args.SimArgs, *, pid: int) -> ServerStatus:
+        from autotune.planner import plan as make_plan
+        from autotune.profiles import load_gpu, load_model
+        from autotune.sim.requests import check_request_params
+        from autotune.sim.scheduler import Scheduler
+
+        sim = args.sim
+        check_request_params(acceptance_mean=sim["acceptance"], output_mean=sim["output_mean"],
+                             output_dist=sim["output_dist"])
+        model = load_model(args.flags["model_path"])
+        gpu = load_gpu(sim["gpu"], memory_mib=sim["gpu_memory_mib"])
+        index = device.visible_index()
+        others = device.others_used_mib(index, pid, sim["device_dir"])
+        # SGLang sizes from the memory free after its own CUDA context: what the others leave, minus ours.
+        free_gib = max(0.0, (gpu.memory_mib - others) / 1024 - float(getattr(gpu, "cuda_context_gib", 0.5)))
+        plan = make_plan(model, gpu, args.flags, free_gib=free_gib)
+        sched = None
+        if plan.failure in (None, "runtime_oom"):
+            # The same constructor ``evaluate()`` uses, so paced and virtual runs agree.
+            sched = Scheduler.from_plan(plan, model, gpu, noise=float(sim["noise"]), seed=int(sim["seed"]))
+        return cls(args=args, model=model, gpu=gpu, plan=plan, scheduler=sched, gpu_index=index,
+                   free_gib=free_gib, pid=pid)
+
+    # -- device ---------------------------------------------------------------------------------------------
+    def register_device(self) -> None:
+        device.register(self.gpu_index, pid=self.pid, gpu_name=self.gpu.name, total_mib=self.gpu.memory_mib,
+                        used_mib=self.context_mib, release_s=float(self.args.sim["release_s"]),
+                        directory=self.device_dir)
+
+    def report_device(self, *, busy: bool, prefill: bool = False, held_mib: float | None = None) -> None:
+        act = float(self.plan.gib.activations) * (1.0 if prefill else 0.1) * 1024 if busy else 0.0
+        used = held_mib if held_mib is not None else self.static_mib + act
+        try:
+            device.update(self.gpu_index, self.pid, used_mib=used, util_pct=100.0 if busy else 0.0,
+                          directory=self.device_dir)
+        except OSError:
+            pass  # the registry folder is gone (a test cleaned up): serving goes on
+
+    def device_reading(self) -> dict[str, Any]:
+        r = device.read(self.gpu_index, self.device_dir)
+        return {"index": self.gpu_index, "used_mib": r.used_mib, "total_mib": r.total_mib, "free_mib": r.free_mib,
+                "util_pct": r.util_pct, "processes": r.processes}
+
+    # -- reports --------------------------------------------------------------------------------------------
+    def resolved_args(self) -> dict[str, Any]:
+        """``server_args`` after SGLang's resolution: the values the planner decided, as SGLang would print them."""
+        out = dict(self.server_args)
+        x = self.plan.extra
+        out["mem_fraction_static"] = self.plan.mem_fraction_static
+        out["tokenizer_path"] = out.get("tokenizer_path") or out.get("model_path")
+        out["served_model_name"] = self.served_model_name
+        for key, name in (("chunked_prefill_size", "chunked_prefill_size"), ("page_size", "page_size"),
+                          ("strategy", "mamba_radix_cache_strategy")):
+            if x.get(key) is not None:
+                out[name] = x[key]
+        if x.get("strategy") == "no_buffer":
+            out["disable_overlap_schedule"] = True
+        if self.spec:  # NEXTN resolves to EAGLE; steps/topk/draft tokens as the planner resolved them
+            out["speculative_algorithm"] = x.get("spec_algorithm") or out.get("speculative_algorithm")
+            out["speculative_num_draft_tokens"] = self.draft_tokens
+            out["speculative_num_steps"] = x.get("spec_steps") or out.get("speculative_num_steps")
+            out["speculative_eagle_topk"] = x.get("spec_topk") or out.get("speculative_eagle_topk")
+            out["max_running_requests"] = out.get("max_running_requests") or 48
+        return out
+
+    def _stats(self) -> dict[str, Any]:
+        """The scheduler's live counters (zeros before the scheduler exists)."""
+        if self.scheduler is None:
+            return {}
+        st = self.scheduler.stats
+        return {"num_running": st.num_running, "num_queue": st.num_queue, "kv_used": self.scheduler.kv_used_tokens(),
+                "mamba_used": st.mamba_used, "retractions": st.retractions, "new_token_ratio": st.new_token_ratio,
+                "last_gen_throughput": st.last_gen_throughput, "spec_verify_ct": st.spec_verify_ct,
+                "avg_spec_accept_length": st.avg_spec_accept_length or 0.0}
+
+    def flush(self) -> None:
+        """``/flush_cache``: the spec counters restart (SGLang's reset_metrics)."""
+        if self.scheduler is not None:
+            self.scheduler.stats.reset_spec()
+
+    def memory_usage(self) -> dict[str, Any]:
+        g = self.plan.gib
+        cg = self.startup_time["cuda_graph"]
+        total_cg = sum(cg.values()) or 1.0
+        return {"weight": round(g.weights, 3), "kvcache": round(g.kv, 3),  # KV only, like SGLang (no Mamba)
+                "startup_available": round(self.pre_gib - self.pools_gib - g.graphs, 3),
+                "token_capacity": self.plan.kv_tokens, "token_capacity_swa": None,
+                "graph": {p: round(g.graphs * cg[p] / total_cg, 3) for p in GRAPH_PHASES}}
+
+    def server_info(self, *, ready: bool) -> dict[str, Any]:
+        resolved = self.resolved_args()
+        snap = self._stats()
+        startup = dict(self.startup_time)
+        internal = {**resolved, "world_size": int(resolved.get("tp_size") or 1) * int(resolved.get("pp_size") or 1),
+                    "max_mamba_cache_size": self.plan.max_mamba_cache_size,
+                    "effective_max_running_requests_per_dp": self.plan.max_running_requests,
+                    "last_gen_throughput": float(snap.get("last_gen_throughput", 0.0) or 0.0),
+                    "memory_usage": self.memory_usage(),
+                    "decode_cuda_graph_bs": logs.decode_bs(largest_graph_bs(self.plan.extra.get("decode_graph_bs"))),
+                    "step_time_dict": None,
+                    "startup_time": {k: v for k, v in startup.items() if k != "tokenizer_e2e"}}
+        if self.spec:
+            internal["avg_spec_accept_length"] = snap.get("avg_spec_accept_length", 0.0)
+        kv = self.plan.kv_tokens
+        return {**resolved, "launch_command": self.args.launch_command, "status": "ready" if ready else "starting",
+                "max_total_num_tokens": kv, "max_req_input_len": min(self.context_len - 1, kv - 1) - 5,
+                "startup_time": startup, "kv_events": None, "internal_states": [internal], "version": VERSION,
+                "frontend": "python"}
+
+    def model_info(self) -> dict[str, Any]:
+        m, sa = self.model, self.server_args
+        return {"model_path": sa.get("model_path"), "served_model_name": self.served_model_name,
+                "tokenizer_path": sa.get("tokenizer_path") or sa.get("model_path"), "is_generation": True,
+                "preferred_sampling_params": None, "weight_version": "default", "load_format": sa.get("load_format"),
+                "reasoning_parser": sa.get("reasoning_parser"), "tool_call_parser": sa.get("tool_call_parser"),
+                "disaggregation_mode": "null", "has_image_understanding": bool(getattr(m, "multimodal", False)),
+                "has_audio_understanding": False, "model_type": m.model_type, "architectures": [m.architecture]}
+
+    def on_request(self, prompt_tokens: int) -> None:
+        self.counters["num_requests_total"] += 1
+        self.counters["prompt_tokens_total"] += prompt_tokens
+
+    def on_done(self, tokens: int, *, finished: bool, e2e_s: float, ttft_s: float | None) -> None:
+        c = self.counters
+        c["generation_tokens_total"] += tokens
+        if not finished:
+            c["num_aborted_requests_total"] += 1
+        c["e2e_sum"] += e2e_s
+        c["e2e_count"] += 1
+        if ttft_s is not None:
+            c["ttft_sum"] += ttft_s
+            c["ttft_count"] += 1
+
+    def metrics_text(self) -> str:
+        snap, g, c = self._stats(), self.plan.gib, self.counters
+        kv_used = float(snap.get("kv_used", 0) or 0)
+        kv_usage = kv_used / max(1, self.plan.kv_tokens)
+        mamba_used = float(snap.get("mamba_used", 0) or 0)
+        mamba_usage = mamba_used / self.plan.max_mamba_cache_size if self.plan.max_mamba_cache_size else 0.0
+        gauges = {
+            "num_running_reqs": snap.get("num_running", 0), "num_queue_reqs": snap.get("num_queue", 0),
+            "gen_throughput": snap.get("last_gen_throughput", 0.0), "cache_hit_rate": 0.0,
+            "token_usage": max(kv_usage, mamba_usage), "full_token_usage": kv_usage, "mamba_usage": mamba_usage,
+            "num_used_tokens": kv_used, "kv_used_tokens": kv_used, "kv_available_tokens": self.plan.kv_tokens - kv_used,
+            "mamba_used_tokens": mamba_used,
+            "mamba_available_tokens": (self.plan.max_mamba_cache_size or 0) - mamba_used,
+            "num_retracted_reqs": snap.get("retractions", 0), "new_token_ratio": snap.get("new_token_ratio", 0.0),
+            "max_total_num_tokens": self.plan.kv_tokens, "context_len": self.context_len,
+            "page_size": self.plan.extra.get("page_size", 1),
+            "weight_memory_usage_gb": g.weights, "kv_cache_memory_usage_gb": g.kv,
+            "graph_memory_usage_gb": g.graphs,
+            "startup_available_gpu_memory_gb": self.pre_gib - self.pools_gib - g.graphs,
+            "startup_time_seconds": self.startup_time["scheduler_e2e"],
+            "startup_cuda_graph_time_seconds": sum(self.startup_time["cuda_graph"].values()),
+            "weight_load_duration_seconds": self.startup_time["load_weight"],
+        }
+        if self.spec:
+            accept = snap.get("avg_spec_accept_length", 0.0)
+            gauges.update(spec_accept_length=accept,
+                          spec_accept_rate=(accept - 1) / (self.draft_tokens - 1) if accept else 0.0,
+                          spec_num_steps=self.draft_tokens - 1, spec_num_draft_tokens=self.draft_tokens)
+        counters = {k: c[k] for k in ("num_requests_total", "prompt_tokens_total", "generation_tokens_total",
+                                       "num_aborted_requests_total")}
+        counters["spec_verify_calls_total"] = snap.get("spec_verify_ct", 0)
+        counters["num_retracted_requests_total"] = snap.get("retractions", 0)
+        summaries = {"e2e_request_latency_seconds": (c["e2e_sum"], c["e2e_count"]),
+                     "time_to_first_token_seconds": (c["ttft_sum"], c["ttft_count"])}
+        return logs.prometheus(gauges, counters, summaries, labels={
+            "engine_type": "unified", "model_name": self.served_model_name, "moe_ep_rank": "0", "pp_rank": "0",
+            "tp_rank": "0"})
