@@ -3,7 +3,10 @@
 A trial's config is ``fixed ∪ suggested ∪ derived``; a suggested ``None`` ("unset") leaves the flag out so
 SGLang picks its default. Conditions and derived flags are tiny expressions over other flags, read by a
 whitelisting AST walker (never ``eval``): names, numbers, strings, ``none``, arithmetic, comparisons,
-``and``/``or``/``not``, ``in``, and ``min``/``max``/``int``/``round``.
+``and``/``or``/``not``, ``in``, and ``min``/``max``/``int``/``round``. Derived flags may also read
+``mamba_ratio``: the Mamba state slots SGLang 0.5.23 reserves per running request under the trial's other flags,
+so ``max_mamba_cache_size = "max_running_requests * mamba_ratio"`` sizes the slots to the running cap instead
+of searching two knobs whose only useful combinations lie on one line.
 """
 
 from __future__ import annotations
@@ -32,6 +35,37 @@ _CMP = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.Lt
         ast.NotIn: lambda a, b: a not in b}
 _FUNCS: dict[str, Callable[..., Any]] = {"min": min, "max": max, "int": int, "round": round}
 _CONSTANTS = {"none": None, "None": None, "unset": None, "true": True, "false": False, "True": True, "False": False}
+BUILTINS = ("mamba_ratio",)  # values computed from the config itself, readable by derived expressions
+
+
+def mamba_ratio(config: Mapping[str, Any]) -> int:
+    """SGLang 0.5.23's slots→requests rule (kv_cache_configurator) when no model profile is known: 1 without the
+    radix cache, else 3 plus 2 for extra_buffer with the overlap schedule, 1 for extra_buffer without it or
+    extra_buffer_lazy, 0 for no_buffer. ``auto`` is extra_buffer on CUDA for the hybrid architectures that
+    support it when the overlap schedule is on or pages are larger than one token, else no_buffer."""
+    if config.get("disable_radix_cache"):
+        return 1
+    strategy = str(config.get("mamba_radix_cache_strategy") or "auto")
+    overlap = not config.get("disable_overlap_schedule")
+    if strategy == "auto":
+        strategy = "extra_buffer" if overlap or int(config.get("page_size") or 1) > 1 else "no_buffer"
+    if strategy == "no_buffer":
+        return 3
+    return 5 if strategy == "extra_buffer" and overlap else 4
+
+
+def planner_ratio(model: Any, gpu: Any) -> Callable[[Mapping[str, Any]], int]:
+    """The same rule resolved by the planner for a known model and GPU (attention backend and page size
+    depend on both, e.g. a B200 with speculative decoding pages by 64 and so keeps extra_buffer)."""
+    from autotune.planner_args import PlanStop, resolve_spec, resolve_strategy
+
+    def ratio(config: Mapping[str, Any]) -> int:
+        try:
+            return int(resolve_strategy(model, gpu, config, resolve_spec(model, config))["ratio"])
+        except PlanStop:  # arguments SGLang rejects: the planner records the trial as bad_args anyway
+            return mamba_ratio(config)
+
+    return ratio
 
 
 class Missing(Exception):
@@ -176,10 +210,12 @@ def _distribution(spec: ParamSpec) -> BaseDistribution:
 class Space:
     """The tuned flags of a study, in declaration order (a condition reads flags declared before it)."""
 
-    def __init__(self, params: list[Param], derived: dict[str, Expr], fixed: Mapping[str, Any]):
+    def __init__(self, params: list[Param], derived: dict[str, Expr], fixed: Mapping[str, Any],
+                 ratio_of: Callable[[Mapping[str, Any]], int] = mamba_ratio):
         self.params = params
         self.derived = derived
         self.fixed = dict(fixed)
+        self.ratio_of = ratio_of
 
     @classmethod
     def from_config(cls, cfg: StudyConfig) -> Space:
@@ -199,19 +235,24 @@ class Space:
         derived = {}
         for name, text in cfg.derived.items():
             expr = _expr(text, file, f"space.derived.{name}")
-            unknown = sorted(expr.names - seen)
+            unknown = sorted(expr.names - seen - set(BUILTINS))
             if unknown:
                 raise ConfigError(f"reads {unknown[0]!r}, which is neither fixed nor in [space]", file=file,
                                   key=f"space.derived.{name}", fix="derive only from searched or fixed flags")
             derived[name] = expr
-        return cls(params, derived, cfg.engine.fixed)
+        ratio_of = mamba_ratio
+        if cfg.engine.profile and any("mamba_ratio" in expr.names for expr in derived.values()):
+            from autotune.profiles import load_gpu, load_model
+
+            ratio_of = planner_ratio(load_model(cfg.engine.profile), load_gpu(cfg.engine.sim_gpu))
+        return cls(params, derived, cfg.engine.fixed, ratio_of)
 
     @property
     def names(self) -> list[str]:
         return [p.name for p in self.params]
 
     def without(self, names: set[str]) -> Space:
-        return Space([p for p in self.params if p.name not in names], self.derived, self.fixed)
+        return Space([p for p in self.params if p.name not in names], self.derived, self.fixed, self.ratio_of)
 
     def suggest(self, trial: optuna.Trial) -> dict[str, Any]:
         """Sample the active parameters and return the full launch config (fixed + tuned + derived)."""
@@ -232,9 +273,9 @@ class Space:
         out = dict(values)
         for name, expr in self.derived.items():
             try:
-                out[name] = expr(out)
-            except Missing:
-                out[name] = None
+                out[name] = expr({**out, "mamba_ratio": self.ratio_of(out)})
+            except Missing:  # an input is unset: keep the flag as given (e.g. an enqueued config's own value)
+                out[name] = out.get(name)
             except (TypeError, ZeroDivisionError) as exc:
                 raise ConfigError(f"cannot derive {name} = {expr.text} ({exc})", key=f"space.derived.{name}",
                                   fix="fix the expression") from None

@@ -1,8 +1,8 @@
 """Where a study lives, and who is still working on it: storage URL → Optuna storage, and trial liveness.
 
 One study may be swept by many workers (one per GPU, on one or several nodes). Each worker tags the trial it
-runs with who it is (host, pid, GPU) and keeps a heartbeat: Optuna's own on SQL storages, a heartbeat file for
-the journal storage (which has none). A RUNNING trial is dead when its worker is gone: a dead pid on this host
+runs with who it is (host, pid, GPU) and keeps a heartbeat: Optuna's own on SQL storages; for the journal
+storage (which has none) a heartbeat file beside the study and a ``beat_at`` attribute on the running trial. A RUNNING trial is dead when its worker is gone: a dead pid on this host
 is known at once, another host's worker once its heartbeat is older than the grace period. Dead trials are
 failed and retried once; live ones are never touched, so any number of workers can share a study.
 
@@ -254,10 +254,15 @@ class Liveness:
         self._trial_id = None
 
     def _beat(self) -> None:
-        self.beat_file.write_text(json.dumps({**asdict(self.tag), "at": time.time()}))
+        now = time.time()
+        self.beat_file.write_text(json.dumps({**asdict(self.tag), "at": now}))
         trial_id, storage = self._trial_id, self.study._storage
-        if trial_id is not None and _heartbeat_on(storage):
+        if trial_id is None:
+            return
+        if _heartbeat_on(storage):
             storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+        else:  # no heartbeat in the storage (journal): the beat travels with the trial, to any host
+            storage.set_trial_user_attr(trial_id, "beat_at", now)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -299,11 +304,12 @@ def is_dead(trial: FrozenTrial, storage: BaseStorage, state_dir: Path | None) ->
         return not alive
     if _heartbeat_on(storage):
         return False  # another host's worker on a SQL storage: Optuna's heartbeat decides (fail_stale_trials)
-    beat = (state_dir / tag.beat_name) if state_dir is not None else None
-    try:
-        return time.time() - beat.stat().st_mtime > grace if beat is not None else False
-    except FileNotFoundError:
-        return _age_s(trial) > grace  # its beat file is gone: the worker closed or its directory is not shared
+    beats = [trial.user_attrs.get("beat_at")]
+    if state_dir is not None:
+        with contextlib.suppress(FileNotFoundError):
+            beats.append((state_dir / tag.beat_name).stat().st_mtime)
+    last = max((b for b in beats if b is not None), default=None)
+    return _age_s(trial) > grace if last is None else time.time() - last > grace
 
 
 def dead_running(study: optuna.Study, state_dir: Path | None = None) -> list[FrozenTrial]:

@@ -187,6 +187,14 @@ def result_of(trial: FrozenTrial) -> TrialResult | None:
     return TrialResult.from_dict(data) if data else None
 
 
+MAX_ASKS_PER_LAUNCH = 10
+
+
+def launched(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """Finished trials that started a server: what the trial budget counts."""
+    return [t for t in finished(trials) if t.user_attrs.get("status") != "skipped_infeasible"]
+
+
 def finished(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """Trials that count toward the target: everything done except interrupted ones (they run again)."""
     return [t for t in trials if t.state == TrialState.COMPLETE
@@ -369,8 +377,10 @@ class Sweep:
         with sigint_stops(self.stop):
             while not self.stop.is_set():
                 trials = self.study.get_trials(deepcopy=False)
-                done = len(finished(trials))
-                if done >= target:
+                done = len(launched(trials))
+                # The budget is launches: a config the planner rejects costs no GPU time, so it does not count
+                # (bounded, so a space the planner rejects everywhere still ends).
+                if done >= target or len(trials) >= MAX_ASKS_PER_LAUNCH * target:
                     break
                 self.run_one(done, target)
         return self.study

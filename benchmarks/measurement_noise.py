@@ -1,13 +1,15 @@
 """How long must the measurement window be? The same config measured N times through the real harness.
 
-Each repeat is one ``run_trial`` on the simulated server (noise on, a fresh seed per launch, as a real re-run
-differs in sampled lengths and step jitter), measured over the longest window; the shorter windows are the
-same run's first seconds after warm-up. The coefficient of variation (CV) of steady-state tok/s per window
-length says which window separates two configs 2 % apart: the difference of two measurements has a spread of
-√2 × CV, so CV ≤ 0.7 % resolves 2 % at 95 %. The in-process evaluator's CV at the same windows is shown beside
-it (the search-efficiency benchmark's noise model), and, out to long windows, whether a short window is biased
-(a 2,500-token completion lives for tens of seconds, so a short window sees only the start of a batch's life).
-Writes ``results/measurement_noise.md``.
+Each launch is one ``run_trial`` on the simulated server with ``--sim-noise`` on, measured over the longest
+window; the shorter windows are the same launch's first seconds after warm-up. Two series: *same seed* (every
+launch replays identical requests, as greedy decoding does: what varies is step jitter and the harness's own
+timing, the noise a longer window averages away) and *new seed* (each launch draws new output lengths and
+acceptance, as sampled decoding would: workload variance, which no window removes). The coefficient of
+variation (CV) of steady-state tok/s per window says which window separates two configs 2 % apart: the
+difference of two measurements spreads by √2 × CV, so CV ≤ 0.7 % resolves 2 % at 95 %. The in-process
+evaluator, out to long windows, shows whether a short window is also *biased* (a 2,500-token completion lives
+for tens of seconds, so a short window sees only the start of a batch's life). Writes
+``results/measurement_noise.md``.
 
 Usage: ``python benchmarks/measurement_noise.py [--quick] [--repeats 10] [--windows 2,5,10,20] [--long 60,300]``.
 """
@@ -50,7 +52,8 @@ def window_rates(trial_dir: Path, warmup_s: float, windows: list[float], concurr
 
 
 def harness_runs(config: dict[str, Any], *, cfg: Any, repeats: int, windows: list[float], noise: float,
-                 workdir: Path, say, failures: list[str] | None = None) -> list[dict[float, float]]:
+                 workdir: Path, say, failures: list[str] | None = None,
+                 new_seed: bool = True) -> list[dict[float, float]]:
     """Per launch, tok/s per window. A launch that fails is listed in ``failures`` (a failure is data) and the
     others still count; fewer than two good launches is an error."""
     failures = [] if failures is None else failures
@@ -61,15 +64,17 @@ def harness_runs(config: dict[str, Any], *, cfg: Any, repeats: int, windows: lis
     out = []
     for k in range(repeats):
         engine = make_engine("sim", model_path=cfg.engine.profile or cfg.engine.model, sim_gpu=cfg.engine.sim_gpu,
-                             sim_options={"noise": noise, "seed": k + 1, "startup_s": 0.2, "release_s": 0})
+                             sim_options={"noise": noise, "seed": k + 1 if new_seed else 1, "startup_s": 0.2,
+                                          "release_s": 0})
         started = time.monotonic()
-        result = run_trial(engine, config, spec, trial_dir=workdir / f"repeat-{k}", gpu_index=0,
-                           run_dir=workdir / "runs", sample=sample)
+        trial_dir = workdir / f"{'new' if new_seed else 'same'}-seed-{k}"
+        result = run_trial(engine, config, spec, trial_dir=trial_dir, gpu_index=0, run_dir=workdir / "runs",
+                           sample=sample)
         if not result.ok or result.metrics is None:
             failures.append(f"launch {k + 1} ended {result.status}: {result.reason}")
             say(f"  repeat {k + 1}/{repeats}: {failures[-1]}")
             continue
-        out.append(window_rates(workdir / f"repeat-{k}", wl.warmup_s, windows, result.metrics.concurrency))
+        out.append(window_rates(trial_dir, wl.warmup_s, windows, result.metrics.concurrency))
         say(f"  repeat {k + 1}/{repeats}: {result.metrics.output_tok_s:,.0f} tok/s over {max(windows):g} s "
             f"({time.monotonic() - started:.0f} s)")
     if len(out) < 2:
@@ -94,37 +99,43 @@ def cv_pct(values: list[float]) -> float:
     return float(100 * np.std(values, ddof=1) / np.mean(values)) if len(values) > 1 and np.mean(values) else 0.0
 
 
-def report(config: dict[str, Any], harness: list[dict[float, float]], virtual: dict[float, list[float]], *,
-           windows: list[float], warmup_s: float, noise: float, default_s: float, seconds: float,
+def report(config: dict[str, Any], harness: dict[str, list[dict[float, float]]], virtual: dict[float, list[float]],
+           *, windows: list[float], warmup_s: float, noise: float, default_s: float, seconds: float,
            failures: Sequence[str] = ()) -> str:
+    """``harness``: {"same seed": runs, "new seed": runs}, each run {window: tok/s}."""
+    same, new = harness["same seed"], harness["new seed"]
     lines = ["# Measurement noise vs window length", "",
              f"Generated by `python benchmarks/measurement_noise.py` in {seconds / 60:.1f} min: the hand-tuned "
-             f"Qwen3.6-27B config on the simulated B200 (`--sim-noise {noise:g}`, a new `--sim-seed` per launch), "
-             f"{len(harness)} launches through `run_trial`, {warmup_s:g} s warm-up; each window is the start of "
-             f"the same launch's measurement. Config: `{config}`.", "",
+             f"Qwen3.6-27B config on the simulated B200 (`--sim-noise {noise:g}`) launched through `run_trial`, "
+             f"{len(same)} times replaying the same requests (same `--sim-seed`) and {len(new)} times with a new "
+             f"seed each; {warmup_s:g} s warm-up; each window is the start of the same launch's measurement. "
+             f"Config: `{config}`.", "",
              *([f"Failed launches, left out: {'; '.join(failures)}.", ""] if failures else []),
-             "| window (s) | harness mean tok/s | harness CV % | min–max tok/s | evaluator CV % |", "|---|---|---|---|---|"]
+             "| window (s) | same seed: mean tok/s | same seed: CV % | new seed: mean tok/s | new seed: CV % | "
+             "evaluator, new seed: CV % |", "|---|---|---|---|---|---|"]
     cvs = {}
     for w in windows:
-        values = [run[w] for run in harness]
-        cvs[w] = cv_pct(values)
-        lines.append(f"| {w:g} | {np.mean(values):,.0f} | {cvs[w]:.2f} | {min(values):,.0f}–{max(values):,.0f} | "
+        a, b = [run[w] for run in same], [run[w] for run in new]
+        cvs[w] = cv_pct(a)
+        lines.append(f"| {w:g} | {np.mean(a):,.0f} | {cvs[w]:.2f} | {np.mean(b):,.0f} | {cv_pct(b):.2f} | "
                      f"{cv_pct(virtual[w]):.2f} |")
     longest = max(virtual)
     ref = float(np.mean(virtual[longest]))
-    lines += ["", f"The evaluator alone, out to long windows (same warm-up): is a short window *biased*, not just "
-              f"noisy? Bias is the mean against the {longest:g} s window's.", "",
+    lines += ["", f"The evaluator alone (new seed per run), out to long windows: is a short window *biased*, not "
+              f"just noisy? Bias is the mean against the {longest:g} s window's.", "",
               "| window (s) | evaluator mean tok/s | evaluator CV % | bias vs longest % |", "|---|---|---|---|"]
     for w in sorted(virtual):
         mean = float(np.mean(virtual[w]))
         lines.append(f"| {w:g} | {mean:,.0f} | {cv_pct(virtual[w]):.2f} | {100 * (mean / ref - 1):+.1f} |")
     enough = next((w for w in windows if cvs[w] <= RESOLVE_CV), None)
-    lines += ["", f"Two measurements 2 % apart are separated at 95 % when CV ≤ {RESOLVE_CV} %. "
-              + (f"Shortest window that meets it here: **{enough:g} s**" if enough is not None
-                 else f"No window up to {max(windows):g} s meets it here")
-              + f"; the study default (`measure_s`) is {default_s:g} s. "
-              "Confirmation re-measures the top configs interleaved, so the search window only has to rank, "
-              "not to certify, a winner."]
+    lines += ["", f"Two measurements 2 % apart are separated at 95 % when CV ≤ {RESOLVE_CV} %. With the same "
+              "requests, "
+              + (f"the shortest window that meets it here is **{enough:g} s**" if enough is not None
+                 else f"no window up to {max(windows):g} s meets it here")
+              + f"; the study default (`measure_s`) is {default_s:g} s. The new-seed CV is the workload's own "
+              "variance (different output lengths and acceptance): a longer window does not remove it, a larger "
+              "prompt sample does. Confirmation re-measures the top configs interleaved, so the search window "
+              "only has to rank, not to certify, a winner."]
     return "\n".join(lines) + "\n"
 
 
@@ -133,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--windows", default="2,5,10,20")
     ap.add_argument("--long", default="60,300", help="extra windows for the in-process evaluator only (bias)")
-    ap.add_argument("--quick", action="store_true", help="4 repeats, windows 2 and 5 s (about a minute)")
+    ap.add_argument("--quick", action="store_true", help="3 launches per series, windows 2 and 5 s (1–2 min)")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args(argv)
-    repeats, windows_text = (min(args.repeats, 4), "2,5") if args.quick else (args.repeats, args.windows)
+    repeats, windows_text = (min(args.repeats, 3), "2,5") if args.quick else (args.repeats, args.windows)
     try:
         windows = sorted({float(w) for w in windows_text.split(",")})
         long = sorted({float(w) for w in args.long.split(",") if w.strip()} - set(windows))
@@ -162,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
         os.environ.setdefault("AUTOTUNE_SIM_DEVICE_DIR", str(Path(tmp) / "devices"))
         failures: list[str] = []
         try:
-            harness = harness_runs(config, cfg=cfg, repeats=repeats, windows=windows, noise=noise,
-                                   workdir=Path(tmp), say=say, failures=failures)
+            harness = {label: harness_runs(config, cfg=cfg, repeats=repeats, windows=windows, noise=noise,
+                                           workdir=Path(tmp), say=say, failures=failures, new_seed=new_seed)
+                       for label, new_seed in (("same seed", False), ("new seed", True))}
         except AutotuneError as exc:
             print(f"Error: {exc}", file=sys.stderr)
             return 1

@@ -198,11 +198,8 @@ def markdown(results: list[dict[str, Any]], *, seeds: int, budgets: list[int], s
              "warm-up and window (an OOM: until the failure), times the GPUs a server spans; a trial the planner "
              "skips costs nothing and is not a launch.", ""]
     if any(name in PROPOSALS for res in results for name in res["names"]):
-        lines += ["Rows `ours+…` are *proposed* changes to the study loop and space, measured here before they are "
-                  "made: `launch-budget` stops after N launches instead of N trials (a trial the planner skips is "
-                  "free); `derived-slots` derives `max_mamba_cache_size` from `max_running_requests` (× 1 without "
-                  "the radix cache, × 5 with it) instead of searching it. Targets below are for `ours` as shipped.",
-                  ""]
+        lines += ["Dotted rows are *proposed* changes to the study loop and space, measured here before they are "
+                  "made. Targets below are for `ours` as shipped.", ""]
     for res in results:
         case, truth = res["case"], res["truth"]
         lines += [f"## {case.name}", "",

@@ -138,3 +138,34 @@ def test_learning_a_capacity_offset_corrects_predictions(tmp_path):
 
 def test_config_diff():
     assert config_diff({"a": 1, "b": 2}, {"a": 1, "c": 3}) == {"b": 2, "c": None}
+
+
+@pytest.mark.parametrize("flags", [
+    {},
+    {"disable_radix_cache": True},
+    {"mamba_radix_cache_strategy": "extra_buffer_lazy"},
+    {"disable_overlap_schedule": True},
+    {"speculative_algorithm": "EAGLE", "speculative_num_steps": 2, "speculative_eagle_topk": 1},
+    {"speculative_algorithm": "EAGLE", "disable_radix_cache": True},
+])
+@pytest.mark.parametrize("gpu", ["b200", "h200"])
+def test_mamba_ratio_matches_the_planners_slots_per_request(flags, gpu):
+    from autotune.planner import plan
+    from autotune.profiles import load_gpu, load_model
+    from autotune.space import mamba_ratio, planner_ratio
+
+    model, device = load_model("qwen3.6-27b"), load_gpu(gpu)
+    expected = plan(model, device, flags).extra["ratio"]
+    assert planner_ratio(model, device)(flags) == expected
+    if not (gpu == "b200" and flags.get("disable_overlap_schedule")):  # B200 pages by 64 only under spec
+        assert mamba_ratio(flags) == expected
+
+
+def test_derived_slots_follow_the_running_cap(tmp_path):
+    from autotune.space import Space
+
+    space = Space([], {"max_mamba_cache_size": Expr("max_running_requests * mamba_ratio")}, {})
+    assert space.complete({"max_running_requests": 40})["max_mamba_cache_size"] == 200
+    assert space.complete({"max_running_requests": 40, "disable_radix_cache": True})["max_mamba_cache_size"] == 40
+    assert "max_mamba_cache_size" not in space.complete({})  # no cap → SGLang sizes the slots itself
+    assert space.complete({"max_mamba_cache_size": 80})["max_mamba_cache_size"] == 80  # a given value stays

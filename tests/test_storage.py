@@ -180,6 +180,12 @@ def test_other_hosts_worker_on_a_journal_is_judged_by_its_heartbeat_file(tmp_pat
     old = time.time() - 10
     os.utime(beat, (old, old))
     assert [t.number for t in dead_running(study, tmp_path / "workers")] == [trial.number]
+    # no shared directory: the beat stored on the trial itself decides
+    fresh = _running(study, far, {"a": 2})
+    study._storage.set_trial_user_attr(fresh._trial_id, "beat_at", time.time())
+    assert fresh.number not in [t.number for t in dead_running(study, tmp_path / "elsewhere")]
+    study._storage.set_trial_user_attr(fresh._trial_id, "beat_at", time.time() - 10)
+    assert fresh.number in [t.number for t in dead_running(study, tmp_path / "elsewhere")]
 
 
 def test_optuna_heartbeat_fails_a_silent_remote_trial_and_retries_it_once(tmp_path, monkeypatch):
@@ -215,9 +221,10 @@ def test_optuna_heartbeat_fails_a_silent_remote_trial_and_retries_it_once(tmp_pa
     assert not study.get_trials(states=(TrialState.WAITING,))
 
 
-def test_liveness_tags_the_trial_and_beats_until_closed(tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["sqlite:///{}/l.db", "journal://{}/l.log"])
+def test_liveness_tags_the_trial_and_beats_until_closed(tmp_path, monkeypatch, where):
     monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")
-    study = optuna.create_study(study_name="l", storage=open_storage(f"sqlite:///{tmp_path / 'l.db'}"))
+    study = optuna.create_study(study_name="l", storage=open_storage(where.format(tmp_path)))
     live = Liveness(study, gpu=3, state_dir=tmp_path / "workers")
     try:
         trial = study.ask()
@@ -225,6 +232,7 @@ def test_liveness_tags_the_trial_and_beats_until_closed(tmp_path, monkeypatch):
         frozen = study.get_trials()[trial.number]
         assert frozen.user_attrs["worker"]["pid"] == os.getpid()
         assert frozen.user_attrs["gpu"] == f"{WorkerTag.current(3).host}:3"
+        assert ("beat_at" in frozen.user_attrs) == where.startswith("journal")  # SQL: Optuna's heartbeat table
         first = live.beat_file.stat().st_mtime_ns
         deadline = time.monotonic() + 10
         while live.beat_file.stat().st_mtime_ns == first:

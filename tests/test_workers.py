@@ -81,7 +81,7 @@ def study_file(tmp_path: Path, *, trials: int, measure_s: float = 1.0) -> Path:
 @pytest.fixture
 def sim_env(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
-    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "1")
+    monkeypatch.setenv("AUTOTUNE_HEARTBEAT_S", "2")  # a 6 s grace: short, yet no live worker misses it
 
 
 # --- pure functions ---------------------------------------------------------------------------------------
@@ -219,11 +219,15 @@ def test_three_workers_share_a_postgres_study(tmp_path, sim_env, postgres_db):  
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_three_workers_share_a_journal_file_study(tmp_path, sim_env):
-    cfg = load_config(study_file(tmp_path, trials=12), storage=f"journal://{tmp_path / 'scale.log'}")
+    url = f"journal://{tmp_path / 'scale.log'}"
+    cfg = load_config(study_file(tmp_path, trials=12), storage=url)
     lines: list[str] = []
     codes = run_workers(cfg, [0, 1, 2], echo=lines.append)
     assert codes == {0: 0, 1: 0, 2: 0}, "\n".join(lines)
     check_shared_study(cfg, [0, 1, 2], 12)
+    from autotune.report import open_study as report_study
+
+    assert len(report_study(None, url).get_trials()) == 12  # the report reads a journal too
 
 
 def _server_pid(run_dir: Path, deadline: float) -> int:
@@ -263,7 +267,7 @@ def test_a_worker_killed_mid_trial_is_retried_by_another_and_its_server_removed(
 
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.Popen:
-    env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices"), "AUTOTUNE_HEARTBEAT_S": "1"}
+    env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices"), "AUTOTUNE_HEARTBEAT_S": "2"}
     return subprocess.Popen([sys.executable, "-m", "autotune", "sweep", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
 
