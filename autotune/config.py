@@ -38,6 +38,7 @@ class StudySection(_Model):
     trials: int = Field(40, ge=1)  # the total target, counting trials a previous run finished
     seed: int = 0
     sampler: Literal["tpe", "random", "gp", "cmaes"] = "tpe"
+    edge_starts: int = Field(0, ge=0)  # planner-chosen starting points on the memory wall (autotune/prior.py)
     confirm_top_k: int = Field(3, ge=0)
     confirm_repeats: int = Field(3, ge=1)
 

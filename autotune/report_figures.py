@@ -20,6 +20,7 @@ FONT = dict(family="Inter, -apple-system, 'Segoe UI', Roboto, Helvetica, Arial, 
 ROLE_STYLE = {  # role → (colour, marker)
     "baseline": ("#6b7280", "star"),
     "enqueued": ("#9333ea", "diamond"),
+    "prior": ("#0d9488", "triangle-up"),  # the planner's starting points on the memory wall
     "search": ("#2563eb", "circle"),
 }
 GROUP_STYLE = {  # outcome group other than "ok" → (colour, marker, legend name)

@@ -321,16 +321,17 @@ class Feasibility:
     def offset_gib(self) -> float:
         return float(sorted(self.offsets)[len(self.offsets) // 2]) if self.offsets else 0.0
 
-    def _plan(self, config: Mapping[str, Any], offset: float = 0.0):
+    def _plan(self, config: Mapping[str, Any], offset: float = 0.0, *, inert: bool = True):
         from autotune.planner import plan
 
         if not offset:
-            return plan(self.model, self.gpu, dict(config))
-        pre = plan(self.model, self.gpu, dict(config)).extra.get("pre_gib")
-        return plan(self.model, self.gpu, dict(config), free_gib=None if pre is None else pre - offset)
+            return plan(self.model, self.gpu, dict(config), _inert=inert)
+        pre = plan(self.model, self.gpu, dict(config), _inert=False).extra.get("pre_gib")
+        return plan(self.model, self.gpu, dict(config), free_gib=None if pre is None else pre - offset, _inert=inert)
 
-    def predict(self, config: Mapping[str, Any]):
-        return self._plan(config, self.offset_gib)
+    def predict(self, config: Mapping[str, Any], *, inert: bool = True):
+        """The corrected plan; ``inert=False`` skips the inert-flag analysis (a dozen re-plans) when unused."""
+        return self._plan(config, self.offset_gib, inert=inert)
 
     def learn(self, config: Mapping[str, Any], kv_tokens: int | None) -> float | None:
         """Fit the free-memory offset that reproduces a measured KV capacity; returns it (GiB) or None."""

@@ -245,6 +245,23 @@ def seed_trials(study: optuna.Study, cfg: StudyConfig) -> None:
             study.enqueue_trial(params, user_attrs={"role": role, "label": label, "config": config})
 
 
+def seed_edges(study: optuna.Study, cfg: StudyConfig, space: Space, feasibility: Feasibility | None) -> None:
+    """Enqueue the planner's starting points on the memory wall once, after the baseline and enqueued configs."""
+    from autotune.prior import edge_configs
+
+    n = cfg.study.edge_starts
+    if not n or feasibility is None or any(t.user_attrs.get("role") == "prior" for t in study.get_trials(deepcopy=False)):
+        return
+    wl = cfg.workload
+    chars = [len(text) for text in _prompt_texts(wl.prompts, wl.sample_size, wl.seed)]
+    given = [{**cfg.engine.fixed, **cfg.baseline.flags}, *({**cfg.engine.fixed, **e.flags} for e in cfg.enqueue)]
+    configs = edge_configs(space, feasibility, prompt_chars=chars, max_tokens=wl.max_tokens, n=n, seed=cfg.study.seed,
+                           exclude=given, hold=given[0])
+    for i, config in enumerate(configs, 1):
+        params = {k: v for k, v in config.items() if k in space.names}
+        study.enqueue_trial(params, user_attrs={"role": "prior", "label": f"memory edge {i}", "config": config})
+
+
 def known_outcome(trials: list[FrozenTrial], key: str) -> FrozenTrial | None:
     """A finished trial that launched exactly this config and failed deterministically (OOM, bad args)."""
     for t in trials:
@@ -362,6 +379,7 @@ class Sweep:
                 self.progress.log(f"not searching {name}: {why}")
             self.space = self.space.without(set(inert))
         seed_trials(study, cfg)
+        seed_edges(study, cfg, self.space, self.feasibility)
         study.sampler = make_sampler(cfg, salt=len(study.get_trials(deepcopy=False)))
 
     def close(self) -> None:
