@@ -30,8 +30,11 @@ def _feasible(trial: FrozenTrial) -> bool:
 
 def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], FrozenTrial | None, list[FrozenTrial]]:
     """(top-k distinct feasible trials, the baseline trial, the ok enqueued trials), by search value."""
+    from autotune.workers import gains
+
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    ranked = sorted((t for t in done if _feasible(t)), key=lambda t: -t.values[0])
+    gain = gains(study)  # swept on several GPUs: rank by tok/s ÷ the trial's own GPU's baseline
+    ranked = sorted((t for t in done if _feasible(t)), key=lambda t: -gain.get(t.number, t.values[0]))
     seen: set[str] = set()
     top: list[FrozenTrial] = []
     for t in ranked:

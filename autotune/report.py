@@ -23,6 +23,7 @@ from plotly.offline import get_plotlyjs
 from autotune import report_data as data
 from autotune import report_figures as figures
 from autotune.errors import AutotuneError, ConfigError, StorageError, StudyError
+from autotune.workers import per_gpu_frame
 
 FORMATS = ("html", "csv", "json")
 
@@ -68,9 +69,12 @@ def open_study(study: str | None, storage: str | None) -> optuna.Study:
         path = Path(storage.removeprefix("sqlite:///"))
         if str(path) != ":memory:" and not path.is_file():
             raise StorageError(f"no study storage at {path} (run `autotune sweep` first, or pass --storage URL)")
+    from autotune.storage import open_storage
+
     shown, password = _redacted(storage)
-    try:
-        names = optuna.study.get_all_study_names(storage=storage)
+    try:  # a journal file is a storage object to Optuna, not a URL
+        handle = open_storage(storage) if storage.startswith("journal:") else storage
+        names = optuna.study.get_all_study_names(storage=handle)
     except Exception as exc:  # noqa: BLE001 - optuna/sqlalchemy raise many types for a bad URL
         detail = (str(exc).splitlines() or [type(exc).__name__])[0]
         if password:
@@ -84,7 +88,7 @@ def open_study(study: str | None, storage: str | None) -> optuna.Study:
     if study not in names:
         known = ", ".join(names) or "none"
         raise StudyError(f"unknown study '{study}' in {shown} (studies there: {known})")
-    return optuna.load_study(study_name=study, storage=storage)
+    return optuna.load_study(study_name=study, storage=handle)
 
 
 def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study] = ()) -> Report:
@@ -104,6 +108,9 @@ def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study
         "importance": data.importance_frame(study),
         "failures": data.failures_frame(trials, base_dir=base_dir),
     }
+    per_gpu = per_gpu_frame(study)
+    if len(per_gpu) > 1:  # a study swept on several GPUs: show the device-to-device spread
+        tables["per_gpu"] = per_gpu
     facts = {
         "study": study.study_name, "model": data.model_name(config), "gpu": data.gpu_name(config),
         "engine": data.engine_kind(config), "gain": data.gain(study, headline),
@@ -404,6 +411,16 @@ def render(report: Report, figs: Mapping[str, Any]) -> str:
             best_tok_s=lambda f: f["best_tok_s"].map(lambda v: _num(v)),
             gain=lambda f: f["gain"].map(lambda v: _num(v, "{:.2f}×")))
         extra = '<section class="card" id="compare-table"><h2>Compared studies</h2>' + _table(table) + "</section>"
+    if "per_gpu" in report.tables:
+        table = report.tables["per_gpu"].assign(
+            baseline_tok_s=lambda f: f["baseline_tok_s"].map(lambda v: _num(v)),
+            best_tok_s=lambda f: f["best_tok_s"].map(lambda v: _num(v)),
+            best_gain=lambda f: f["best_gain"].map(lambda v: _num(v, "{:.2f}×")),
+            vs_median=lambda f: f["vs_median"].map(lambda v: _num(v, "{:.3f}")))
+        extra += ('<section class="card" id="per-gpu"><h2>Per-GPU calibration</h2><p class="explain">Each GPU ran '
+                  "its own baseline; <code>vs_median</code> is its baseline against the median GPU's (the "
+                  "device-to-device spread). Trials are ranked by their gain over their own GPU's baseline, so a "
+                  "fast device does not crown its own trials.</p>" + _table(table) + "</section>")
     nav = " ".join(f'<a href="#{k}">{html.escape(SECTIONS[k][0])}</a>' for k in SECTIONS if k in figs)
     title = html.escape(f"autotune report — {report.facts['study']}")
     return (

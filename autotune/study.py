@@ -29,26 +29,18 @@ from autotune.config import StudyConfig
 from autotune.errors import ConfigError, StorageError, StudyError
 from autotune.results import OOM_STATUSES, TrialResult
 from autotune.space import Feasibility, Space, config_diff
+from autotune.storage import Liveness, dead_running, fail_stale, node_lock, open_storage, redact
 
 Runner = Callable[[dict[str, Any], int], TrialResult]
 INFEASIBLE = OOM_STATUSES | {"bad_args"}  # deterministic: the same config fails the same way
 WORST = 1e9  # the second objective's value for a config that never served (finite: plots and samplers cope)
+POLL_S = 1.0  # how often a sweep whose remaining trials run elsewhere looks again
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 # --- storage -----------------------------------------------------------------------------------------------
-def redact(url: str) -> str:
-    """The URL with any password replaced, for messages."""
-    head, sep, tail = url.partition("://")
-    if sep and "@" in tail:
-        cred, _, host = tail.rpartition("@")
-        user = cred.split(":", 1)[0]
-        return f"{head}://{user}:***@{host}"
-    return url
-
-
 def constraints(trial: FrozenTrial) -> list[float]:
     """Optuna's constraints_func: values > 0 are violations (stored by the loop as ``user_attrs["constraint"]``)."""
     return list(trial.user_attrs.get("constraint", [0.0]))
@@ -69,8 +61,9 @@ def make_sampler(cfg: StudyConfig, *, salt: int = 0) -> optuna.samplers.BaseSamp
         return optuna.samplers.CmaEsSampler(seed=seed)
     # Multivariate + group TPE models the flags jointly (memory levers interact) and copes with conditions.
     startup = max(4, min(10, cfg.study.trials // 4))
+    # constant_liar: parallel workers see each other's running trials and do not propose the same config.
     return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=startup,
-                                      constraints_func=constraints)
+                                      constraints_func=constraints, constant_liar=True)
 
 
 def directions(cfg: StudyConfig) -> list[str]:
@@ -86,10 +79,11 @@ def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
         if not create and not db.exists():  # a read must not leave an empty database behind
             raise StudyError(f"no study named {cfg.name!r}: {db} does not exist; run `autotune sweep` first")
         db.parent.mkdir(parents=True, exist_ok=True)
+    storage = open_storage(url, base_dir=cfg.base_dir)  # StorageError (one line, redacted) when unusable
     try:
         if not create:
-            return optuna.load_study(study_name=cfg.name, storage=url, sampler=make_sampler(cfg))
-        return optuna.create_study(study_name=cfg.name, storage=url, sampler=make_sampler(cfg),
+            return optuna.load_study(study_name=cfg.name, storage=storage, sampler=make_sampler(cfg))
+        return optuna.create_study(study_name=cfg.name, storage=storage, sampler=make_sampler(cfg),
                                    directions=directions(cfg), load_if_exists=True)
     except KeyError:
         raise StudyError(f"no study named {cfg.name!r} in {redact(url)}; run `autotune sweep` first") from None
@@ -124,6 +118,7 @@ class HarnessRunner:
         self.timeouts = Timeouts(**eng.timeouts)
         self.sample = PromptSample.load(wl.prompts, wl.sample_size, wl.seed)  # once: every trial replays the same
         self.cfg, self.stop_event, self.on_phase = cfg, stop_event, on_phase
+        self.run_dir = cfg.work_dir / "runs"  # pid files of this GPU's servers (workers use one per GPU)
 
     def trial_dir(self, number: int) -> Path:
         base = self.cfg.work_dir / "trials" / str(number)
@@ -139,7 +134,7 @@ class HarnessRunner:
 
         return run_trial(self.engine, config, self.workload, trial_dir=self.trial_dir(trial_number),
                          gpu_index=self.cfg.engine.gpu, port=self.cfg.engine.port, timeouts=self.timeouts,
-                         on_phase=self.on_phase, stop_event=self.stop_event, run_dir=self.cfg.work_dir / "runs",
+                         on_phase=self.on_phase, stop_event=self.stop_event, run_dir=self.run_dir,
                          sample=self.sample)
 
 
@@ -196,9 +191,10 @@ def launched(trials: list[FrozenTrial]) -> list[FrozenTrial]:
 
 
 def finished(trials: list[FrozenTrial]) -> list[FrozenTrial]:
-    """Trials that count toward the target: everything done except interrupted ones (they run again)."""
+    """Trials that count toward the target: everything done except interrupted ones (they run again). A FAIL
+    without a status is one Optuna's heartbeat failed after its worker died: interrupted too."""
     return [t for t in trials if t.state == TrialState.COMPLETE
-            or (t.state == TrialState.FAIL and t.user_attrs.get("status") != "interrupted")]
+            or (t.state == TrialState.FAIL and t.user_attrs.get("status") not in (None, "interrupted"))]
 
 
 def _requeue(study: optuna.Study, trial: FrozenTrial, trials: list[FrozenTrial]) -> None:
@@ -220,12 +216,17 @@ def _mark_interrupted(study: optuna.Study, trial_id: int, reason: str) -> None:
                                                    reason=reason).to_dict())
 
 
-def recover(study: optuna.Study) -> list[int]:
-    """Fail trials a killed sweep left RUNNING and queue their configs again. Returns their numbers."""
-    stale = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+def recover(study: optuna.Study, state_dir: Path | None = None) -> list[int]:
+    """Fail trials a dead sweep left RUNNING and queue their configs again; trials of live workers (this
+    host's by pid, others' by heartbeat: ``storage.dead_running``) are left alone. Returns their numbers."""
+    stale = dead_running(study, state_dir)
     for trial in stale:
-        _mark_interrupted(study, trial._trial_id, "the sweep process died during this trial")
-        study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        try:
+            _mark_interrupted(study, trial._trial_id, "the sweep process died during this trial")
+            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker failed it first
+    fail_stale(study)  # other hosts' silent workers (SQL storages): failed and retried once by Optuna
     trials = study.get_trials(deepcopy=False)
     for trial in trials:
         if trial.state == TrialState.FAIL and trial.user_attrs.get("status") == "interrupted":
@@ -336,13 +337,17 @@ class Sweep:
         self.study = open_study(cfg)
         self.harness = runner is None
         self.runner: Runner = runner or HarnessRunner(cfg, stop_event=self.stop, on_phase=self.progress.phase)
+        self.state_dir = cfg.work_dir / "workers"  # heartbeat files and the node's ask lock
+        self.liveness: Liveness | None = None
+        self._baseline_tried = False
 
     def _lock(self) -> None:
-        """One sweep per study at a time: a second one would fail the first one's running trial as stale."""
+        """One sweep per GPU of a study at a time (two servers on one GPU would skew both); sweeps on other
+        GPUs or nodes share the study: a live worker's trials are never failed as stale."""
         self.cfg.work_dir.mkdir(parents=True, exist_ok=True)
         # Keyed by storage too: the same study name in two storages (benchmarks, seeds) is two studies.
         tag = hashlib.sha1(self.cfg.storage_url.encode()).hexdigest()[:10]
-        path = self.cfg.work_dir / f"sweep-{tag}.lock"
+        path = self.cfg.work_dir / f"sweep-{tag}-gpu{self.cfg.engine.gpu}.lock"
         self._lock_file = open(path, "a+")  # noqa: SIM115  (held for the sweep's lifetime)
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -350,7 +355,8 @@ class Sweep:
             self._lock_file.seek(0)
             holder = self._lock_file.read().strip() or "another process"
             self._lock_file.close()
-            raise StudyError(f"study {self.cfg.name!r} is being swept by pid {holder}; wait for it or stop it "
+            raise StudyError(f"study {self.cfg.name!r} is being swept on GPU {self.cfg.engine.gpu} by pid {holder}; "
+                             "wait for it, stop it or use another GPU "
                              f"(the lock is {path})") from None
         self._lock_file.seek(0)
         self._lock_file.truncate()
@@ -364,10 +370,9 @@ class Sweep:
         if self.harness:
             from autotune.server import cleanup_orphans
 
-            for pid in cleanup_orphans(cfg.work_dir / "runs"):
+            for pid in cleanup_orphans(self.runner.run_dir):
                 self.progress.log(f"stopped orphan server pid {pid} left by an earlier sweep")
-        for number in recover(study):
-            self.progress.log(f"trial {number} was left running by a stopped sweep: failed it, queued it again")
+        self.liveness = Liveness(study, gpu=cfg.engine.gpu, state_dir=self.state_dir)
         if self.feasibility is not None:
             for trial in finished(study.get_trials(deepcopy=False)):
                 r = result_of(trial)
@@ -378,12 +383,20 @@ class Sweep:
             for name, why in inert.items():
                 self.progress.log(f"not searching {name}: {why}")
             self.space = self.space.without(set(inert))
-        seed_trials(study, cfg)
-        seed_edges(study, cfg, self.space, self.feasibility)
+        with node_lock(self.state_dir):  # workers starting together seed the queue once
+            self._recover()
+            seed_trials(study, cfg)
+            seed_edges(study, cfg, self.space, self.feasibility)
         study.sampler = make_sampler(cfg, salt=len(study.get_trials(deepcopy=False)))
+
+    def _recover(self) -> None:
+        for number in recover(self.study, self.state_dir):
+            self.progress.log(f"trial {number} was left running by a stopped sweep: failed it, queued it again")
 
     def close(self) -> None:
         """Release the study lock (also released when the process dies, however it dies)."""
+        if self.liveness is not None:
+            self.liveness.close()
         lock = getattr(self, "_lock_file", None)
         if lock is not None and not lock.closed:
             lock.close()
@@ -394,21 +407,64 @@ class Sweep:
         target = self.cfg.study.trials
         with sigint_stops(self.stop):
             while not self.stop.is_set():
-                trials = self.study.get_trials(deepcopy=False)
-                done = len(launched(trials))
-                # The budget is launches: a config the planner rejects costs no GPU time, so it does not count
-                # (bounded, so a space the planner rejects everywhere still ends).
-                if done >= target or len(trials) >= MAX_ASKS_PER_LAUNCH * target:
+                trial, done = self._ask(target)
+                if trial is not None:
+                    self.run_one(done, target, trial=trial)
+                elif done >= target:
                     break
-                self.run_one(done, target)
+                else:  # the last trials run on other workers: wait until they finish, or die and are retried
+                    self.stop.wait(POLL_S)
         return self.study
+
+    def _ask(self, target: int) -> tuple[optuna.Trial | None, int]:
+        """The next trial, tagged as this worker's; None when launched + running trials reach the target
+        (other workers' included). Counting and asking hold the node's lock, so this node's workers never
+        overshoot the target."""
+        assert self.liveness is not None, "prepare() first"
+        with node_lock(self.state_dir):
+            self._recover()
+            trials = self.study.get_trials(deepcopy=False)
+            done = len(launched(trials))
+            # The budget is launches: a config the planner rejects costs no GPU time, so it does not count
+            # (bounded, so a space the planner rejects everywhere still ends).
+            if done >= target or len(trials) >= MAX_ASKS_PER_LAUNCH * target:
+                return None, target
+            if done + sum(t.state == TrialState.RUNNING for t in trials) >= target:
+                return None, done
+            trial = self._gpu_baseline(trials) or self.study.ask()
+            self.liveness.claim(trial)
+            return trial, done
+
+    def _gpu_baseline(self, trials: list[FrozenTrial]) -> optuna.Trial | None:
+        """The baseline on this GPU, once per sweep, when the study has none from it yet: per-GPU calibration,
+        so a slow device is seen as one. Takes the queued baseline if there is one, else adds one."""
+        if self._baseline_tried or self.liveness is None:
+            return None
+        self._baseline_tried = True
+        label = self.liveness.tag.label
+        for t in trials:  # an untagged baseline is an older sweep's, or one being claimed: count it as ours
+            running_or_done = t.state in (TrialState.COMPLETE, TrialState.RUNNING)
+            if running_or_done and t.user_attrs.get("role") == "baseline" and t.user_attrs.get("gpu", label) == label:
+                return None
+        storage = self.study._storage
+        for t in trials:
+            if t.state == TrialState.WAITING and t.user_attrs.get("role") == "baseline":
+                with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+                    if storage.set_trial_state_values(t._trial_id, state=TrialState.RUNNING):
+                        return optuna.Trial(self.study, t._trial_id)
+        template = optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs={
+            "role": "baseline", "label": self.cfg.baseline.label, "config": self._baseline_config()})
+        return optuna.Trial(self.study, storage.create_new_trial(self.study._study_id, template_trial=template))
 
     def _baseline_config(self) -> dict[str, Any]:
         return {**self.cfg.engine.fixed, **self.cfg.baseline.flags}
 
-    def run_one(self, done: int, target: int) -> None:
+    def run_one(self, done: int, target: int, trial: optuna.Trial | None = None) -> None:
         study = self.study
-        trial = study.ask()
+        if trial is None:
+            trial = study.ask()
+            if self.liveness is not None:
+                self.liveness.claim(trial)
         attrs = trial.user_attrs
         role = attrs.get("role", "search")
         if "config" in attrs:
@@ -457,6 +513,16 @@ class Sweep:
         return result
 
     def _record(self, trial: optuna.Trial, result: TrialResult, elapsed: float) -> None:
+        try:
+            self._store(trial, result, elapsed)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            # Its heartbeat looked stale to another worker (a stalled node), which failed it and queued a retry.
+            self.progress.log(f"trial {trial.number} was failed by another worker meanwhile; its retry runs it again")
+        finally:
+            if self.liveness is not None:
+                self.liveness.release()
+
+    def _store(self, trial: optuna.Trial, result: TrialResult, elapsed: float) -> None:
         study = self.study
         for name, value in (("result", result.to_dict()), ("status", result.status),
                             ("reason", result.reason), ("log_path", result.log_path), ("elapsed_s", round(elapsed, 2))):

@@ -228,3 +228,26 @@ def test_study_where_nothing_measured_still_explains_itself(tmp_path):
     assert list(figs) == ["history", "capacity"]  # nothing measured: no latency, importance or slices
     page = render(built, figs)
     assert "No trial ran successfully" in page and "Not enough memory. Please try" in page
+
+
+def test_study_swept_on_several_gpus_shows_the_per_gpu_spread(tmp_path):
+    source = sf.make_study(n_trials=20, seed=5, name="fleet")
+    study = optuna.create_study(study_name="fleet", directions=source.directions)
+    for key, value in source.user_attrs.items():
+        study.set_user_attr(key, value)
+    second_baseline = None
+    for t in source.trials:  # as two workers record them: even trials on GPU 0, odd ones on GPU 1
+        attrs = {**t.user_attrs, "gpu": f"node:{t.number % 2}"}
+        if second_baseline is None and t.number % 2 == 1 and attrs["result"]["status"] == "ok":
+            second_baseline, attrs["role"] = t.number, "baseline"  # each GPU calibrates with its own baseline
+        study.add_trial(optuna.trial.create_trial(state=t.state, values=t.values, params=t.params,
+                                                  distributions=t.distributions, user_attrs=attrs))
+    assert second_baseline is not None
+    built = build(study, base_dir=tmp_path)
+    per_gpu = built.tables["per_gpu"]
+    assert list(per_gpu["gpu"]) == ["node:0", "node:1"]
+    assert per_gpu["vs_median"].notna().all() and per_gpu["baseline_tok_s"].gt(0).all()
+    page = render(built, figures_for(built))
+    assert 'id="per-gpu"' in page and "Per-GPU calibration" in page
+    single = build(source, base_dir=tmp_path)  # one GPU: no such section
+    assert "per_gpu" not in single.tables

@@ -77,15 +77,36 @@ def render(summary: dict[str, Any]) -> str:
 @click.option("--trials", type=click.IntRange(min=1), help="Total number of trials (counting finished ones).")
 @click.option("--engine", type=click.Choice(["sim", "sglang"]), help="Override [engine] kind.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--gpus", help="GPUs of this node, e.g. 0,1,2,3: one worker per GPU, all sharing the study.")
 def sweep(config_path: Path | None, study_name: str | None, storage: str | None, trials: int | None,
-          engine: str | None, as_json: bool) -> None:
+          engine: str | None, as_json: bool, gpus: str | None) -> None:
     """Run (or resume) a study: search configs, then confirm the winner."""
     from autotune.config import load_config
     from autotune.confirm import run_sweep
     from autotune.progress import make_progress
 
     cfg = load_config(resolve_config(config_path), name=study_name, storage=storage, trials=trials, engine=engine)
+    if gpus:
+        cfg = _search_on(cfg, gpus, err=as_json)
     summary = run_sweep(cfg, progress=make_progress(quiet_stdout=as_json))
     click.echo(json.dumps(summary, indent=2, default=str) if as_json else render(summary))
+    if gpus and not as_json:
+        from autotune.study import open_study
+        from autotune.workers import render_gpus
+
+        click.echo(render_gpus(open_study(cfg, create=False)))
     if summary.get("interrupted"):
         raise SystemExit(130)
+
+
+def _search_on(cfg: Any, gpus: str, *, err: bool) -> Any:
+    """The search on one worker per GPU (``autotune.workers``); the confirmation then runs on the first GPU."""
+    from autotune.workers import on_gpu, parse_gpus, run_workers
+
+    indices = parse_gpus(gpus)
+    try:
+        run_workers(cfg, indices, echo=lambda line: click.echo(line, err=err))
+    except KeyboardInterrupt:
+        click.echo("interrupted: run the same command again to resume", err=True)
+        raise SystemExit(130) from None
+    return on_gpu(cfg, indices[0], cfg.engine.port)

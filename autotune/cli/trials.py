@@ -47,17 +47,20 @@ def _open(config_path: Path | None, study_name: str | None, storage: str | None)
 
         cfg = load_config(resolve_config(config_path), name=study_name, storage=storage)
         return open_study(cfg, create=False)
+    from autotune.storage import open_storage
+
+    url, storage = storage, open_storage(storage)  # journal files and RDB URLs alike
     try:
         if study_name is None:
             names = optuna.get_all_study_names(storage)
             if not names:
-                raise StudyError(f"{redact(storage)} holds no study; run `autotune sweep` first")
+                raise StudyError(f"{redact(url)} holds no study; run `autotune sweep` first")
             if len(names) > 1:
-                raise StudyError(f"{redact(storage)} holds several studies ({', '.join(names)}); pass --study NAME")
+                raise StudyError(f"{redact(url)} holds several studies ({', '.join(names)}); pass --study NAME")
             study_name = names[0]
         return optuna.load_study(study_name=study_name, storage=storage)
     except KeyError:
-        raise StudyError(f"no study named {study_name!r} in {redact(storage)}") from None
+        raise StudyError(f"no study named {study_name!r} in {redact(url)}") from None
 
 
 @click.command()
