@@ -4,6 +4,10 @@ start_postgres() {
   version=$(ls /usr/lib/postgresql | sort -V | tail -n1)
   local bin="/usr/lib/postgresql/${version}/bin"
   local data="${TMPDIR:-/tmp}/autotune-ci-pg"
+  # A cluster left by an earlier run on this machine holds the port: stop it before starting afresh.
+  if [ -f "$data/postmaster.pid" ]; then
+    su postgres -c "$bin/pg_ctl -D '$data' -m immediate -w stop" >/dev/null 2>&1 || true
+  fi
   rm -rf "$data"
   mkdir -p "$data"
   chown postgres "$data"
