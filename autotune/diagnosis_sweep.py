@@ -4,34 +4,22 @@ first suggestion enqueued, and a search space centred on the flags that suggesti
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from typing import Any
 from urllib.parse import urlsplit
 
 from autotune.diagnosis import InspectError, ServerDiagnosis
-
-
-def _key(name: str) -> str:
-    return name if re.fullmatch(r"[A-Za-z0-9_-]+", name) else json.dumps(name)
+from autotune.tomlwrite import toml_key
+from autotune.tomlwrite import toml_value as _toml_value
 
 
 def toml_value(value: Any) -> str:
-    """One TOML value (inline tables for dicts): the few shapes a study file holds."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        return repr(value) if math.isfinite(value) else json.dumps(str(value))
-    if isinstance(value, str):
-        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_value(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{_key(str(k))} = {toml_value(v)}" for k, v in value.items()) + "}"
-    raise InspectError(f"cannot write {value!r} into a study file")
+    """One TOML value for a study file; a value TOML cannot hold is this command's error, not a crash."""
+    try:
+        return _toml_value(value)
+    except TypeError:
+        raise InspectError(f"cannot write {value!r} into a study file") from None
 
 
 def _int_range(centre: int, step: int, low_frac: float, high_frac: float, floor: int) -> dict[str, Any]:
@@ -118,7 +106,7 @@ def sweep_toml(d: ServerDiagnosis, *, prompts: str | None = None, trials: int = 
         f"fixed = {toml_value(fixed)}",
         "",
         "[space]",
-        *(f"{_key(k)} = {toml_value(v)}" for k, v in space.items()),
+        *(f"{toml_key(k)} = {toml_value(v)}" for k, v in space.items()),
         "",
         "[baseline]",
         'label = "running config"',

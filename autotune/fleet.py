@@ -7,7 +7,6 @@ once that server has been verified on its new config.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -24,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from autotune.errors import AutotuneError, ConfigError, FleetError
 from autotune.results import Capacity
+from autotune.tomlwrite import toml_key, toml_value
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
 SECRET_KEYS = re.compile(r"pass(word|phrase|wd)|secret", re.IGNORECASE)
@@ -145,32 +145,14 @@ def load_fleet(path: str | Path) -> Fleet:
     return fleet
 
 
-def _toml_key(key: str) -> str:
-    return key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else json.dumps(key)
-
-
-def _toml_value(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # JSON string escapes are valid TOML basic-string escapes
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"cannot write {type(value).__name__} to TOML")
-
-
 def fleet_toml(fleet: Fleet) -> str:
     data = fleet.model_dump(exclude_none=True)
     servers = data.pop("servers")
     lines = ["# autotune fleet: one [[servers]] entry per server; `config` is the sglang.yaml it runs."]
-    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in data.items()]
+    lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in data.items()]
     for server in servers:
         lines += ["", "[[servers]]"]
-        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in server.items()
+        lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in server.items()
                   if not (v == [] or v == {})]
     return "\n".join(lines) + "\n"
 
