@@ -14,7 +14,7 @@ from typing import Any
 
 import optuna
 
-from autotune.space import Feasibility, Space
+from autotune.space import Feasibility, Space, key_of
 
 CHARS_PER_TOKEN = 4.0  # a rough tokenizer ratio: the prior only ranks configs, it predicts no throughput
 # KV a running request holds on average, as a share of max_tokens beside its prompt: unknown before the first
@@ -45,13 +45,13 @@ def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[i
     sampler = optuna.samplers.RandomSampler(seed=seed)
     scratch = optuna.create_study(sampler=sampler, direction="maximize")
     held = {k: v for k, v in (hold or {}).items() if k in space.names and k not in MEMORY_LEVERS}
-    seen = {_key(c) for c in exclude}
+    seen = {key_of(c) for c in exclude}
     candidates: list[tuple[int, int, float, dict[str, Any]]] = []  # running cap, KV tokens, headroom, config
     for _ in range(samples):
         config = space.complete({**space.suggest(scratch.ask()), **held})
-        if _key(config) in seen:
+        if key_of(config) in seen:
             continue
-        seen.add(_key(config))
+        seen.add(key_of(config))
         memory_plan = feasibility.predict(config, inert=False)
         if memory_plan.fits and memory_plan.gib.headroom >= feasibility.margin_gib:
             candidates.append((memory_plan.max_running_requests, memory_plan.kv_tokens, memory_plan.gib.headroom,
@@ -66,7 +66,3 @@ def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[i
         if pick is not None:
             chosen.append(pick[3])
     return chosen
-
-
-def _key(config: Mapping[str, Any]) -> tuple:
-    return tuple(sorted((k, str(v)) for k, v in config.items()))

@@ -12,6 +12,7 @@ of searching two knobs whose only useful combinations lie on one line.
 from __future__ import annotations
 
 import ast
+import json
 import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -288,6 +289,11 @@ def _expr(text: str, file: str | None, key: str) -> Expr:
     except ValueError as exc:
         raise ConfigError(str(exc), file=file, key=key, fix="use flags, numbers, + - * / //, comparisons, "
                           "and/or/not, in, min/max/int/round") from None
+
+
+def key_of(config: Mapping[str, Any]) -> str:
+    """A config's identity: the same flags and values give the same key, whatever their order."""
+    return json.dumps(dict(config), sort_keys=True, default=str)
 
 
 def config_diff(config: Mapping[str, Any], reference: Mapping[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import functools
 import hashlib
-import json
 import os
 import signal
 import threading
@@ -28,7 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import StudyConfig
 from autotune.errors import ConfigError, StorageError, StudyError
 from autotune.results import OOM_STATUSES, TrialResult
-from autotune.space import Feasibility, Space, config_diff
+from autotune.space import Feasibility, Space, config_diff, key_of
 from autotune.storage import Liveness, dead_running, fail_stale, node_lock, open_storage, redact
 
 Runner = Callable[[dict[str, Any], int], TrialResult]
@@ -173,10 +172,6 @@ def simulated_runner(cfg: StudyConfig) -> Runner:
 
 
 # --- bookkeeping -------------------------------------------------------------------------------------------
-def key_of(config: Mapping[str, Any]) -> str:
-    return json.dumps(dict(config), sort_keys=True, default=str)
-
-
 def result_of(trial: FrozenTrial) -> TrialResult | None:
     data = trial.user_attrs.get("result")
     return TrialResult.from_dict(data) if data else None

@@ -18,6 +18,7 @@ import psutil
 import pytest
 from optuna.trial import TrialState
 from test_storage import postgres_db  # noqa: F401  (the fixture: a fresh database per test)
+from tinystudy import write_tiny_study
 
 from autotune.config import load_config
 from autotune.errors import ConfigError, StorageError, StudyError
@@ -35,47 +36,9 @@ from autotune.workers import (
     start_workers,
 )
 
-TINY = """
-[study]
-name = "scale"
-trials = {trials}
-seed = 0
-confirm_top_k = 0
-
-[engine]
-kind = "sim"
-model = "qwen3.6-27b"
-sim_gpu = "b200"
-sim_options = {{ startup_s = 0.2, warmup_s = 0.1, release_s = 0.2 }}
-
-[engine.fixed]
-speculative_algorithm = "EAGLE"
-speculative_eagle_topk = 1
-speculative_num_steps = 3
-speculative_num_draft_tokens = 4
-
-[space]
-max_mamba_cache_size = {{ type = "int", low = 80, high = 240, step = 80 }}
-mem_fraction_static = {{ type = "float", low = 0.86, high = 0.90, step = 0.02 }}
-
-[workload]
-prompts = "prompts.jsonl"
-sample_size = 16
-max_tokens = 256
-warmup_s = 0.3
-measure_s = {measure_s}
-
-[baseline]
-flags = {{ max_mamba_cache_size = 80 }}
-"""
-
 
 def study_file(tmp_path: Path, *, trials: int, measure_s: float = 1.0) -> Path:
-    (tmp_path / "prompts.jsonl").write_text(
-        "".join(json.dumps({"prompt": f"Explain topic {i} in detail. " * 4}) + "\n" for i in range(16)))
-    path = tmp_path / "scale.toml"
-    path.write_text(TINY.format(trials=trials, measure_s=measure_s))
-    return path
+    return write_tiny_study(tmp_path, name="scale", trials=trials, measure_s=measure_s, warmup_s=0.3)
 
 
 @pytest.fixture
