@@ -38,7 +38,7 @@ class StudySection(_Model):
     trials: int = Field(40, ge=1)  # the total target, counting trials a previous run finished
     seed: int = 0
     sampler: Literal["tpe", "random", "gp", "cmaes"] = "tpe"
-    edge_starts: int = Field(0, ge=0)  # planner-chosen starting points on the memory wall (autotune/prior.py)
+    edge_starts: int = Field(0, ge=0)  # planner-chosen starting points on the memory wall (autotune/search/starts.py)
     confirm_top_k: int = Field(3, ge=0)
     confirm_repeats: int = Field(3, ge=1)
 
@@ -317,7 +317,7 @@ def _flag_error(exc: ConfigError, file: str, key: str, *, table: bool = False) -
 
 def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
     """Normalise every flag name to SGLang's dest and every value to its type, through the bundled flag table."""
-    from autotune.flags import FlagTable
+    from autotune.sglang.flags import FlagTable
 
     table = FlagTable.bundled()
 
@@ -367,9 +367,9 @@ def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
 
 def _check_engine(cfg: StudyConfig, file: str) -> StudyConfig:
     """Profiles, timeouts, sampler extras and the prompt file: each failure is one line before any launch."""
-    from autotune.profiles import load_gpu, load_model
-    from autotune.trial import Timeouts
-    from autotune.workload import PromptSample
+    from autotune.sglang.profiles import load_gpu, load_model
+    from autotune.harness.trial import Timeouts
+    from autotune.harness.workload import PromptSample
 
     eng = cfg.engine
     profile = eng.profile or eng.model

@@ -11,13 +11,19 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
 Status = Literal[
-    "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted"
+    "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
+    "invalid_measurement", "client_bound",
 ]
 FailureKind = Literal["startup_oom", "runtime_oom", "crash", "timeout", "bad_args"]
 STATUSES: tuple[str, ...] = (
-    "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted"
+    "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
+    "invalid_measurement", "client_bound",
 )
 OOM_STATUSES: frozenset[str] = frozenset({"startup_oom", "runtime_oom", "skipped_infeasible"})
+# The config ran, but the figure cannot be trusted: the simulated server could not keep pace with its model
+# (``invalid_measurement``) or the replay client's CPU was saturated (``client_bound``). Not the config's fault and
+# not deterministic: stored like a crash (FAIL, never crowned, no tok/s), never as the memory wall.
+UNTRUSTED_STATUSES: frozenset[str] = frozenset({"invalid_measurement", "client_bound"})
 
 
 def _from(cls, data: dict[str, Any] | None):
@@ -131,6 +137,9 @@ class TrialResult:
     exit_code: int | None = None
     modelled_startup_s: float | None = None  # server-reported startup_time (load + graphs), for cost accounting
     plan: dict[str, Any] | None = None  # the planner's prediction for this config (MemoryPlan.to_dict())
+    # How trustworthy the window was: the sim server's lag and the client's CPU share, the --stream-interval it was
+    # measured with, whether it was re-measured and why (``trial.measurement_verdict``).
+    measurement: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

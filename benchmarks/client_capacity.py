@@ -78,7 +78,7 @@ def _serve(sock: socket.socket, per_chunk: int) -> None:
 
 def client_capacity(seconds: float, per_chunk: int, concurrency: int = 32) -> tuple[float, float, float]:
     """(tokens/s absorbed, client CPU share of one core, tokens per client CPU-second)."""
-    from autotune.workload import PromptSample, metrics_from_records, replay
+    from autotune.harness.workload import PromptSample, metrics_from_records, replay
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -105,9 +105,9 @@ def client_capacity(seconds: float, per_chunk: int, concurrency: int = 32) -> tu
 
 
 def harness_overhead(trials: int) -> list[tuple[float, dict]]:
-    from autotune.engines import make_engine
-    from autotune.trial import run_trial
-    from autotune.workload import WorkloadSpec
+    from autotune.harness.engines import make_engine
+    from autotune.harness.trial import run_trial
+    from autotune.harness.workload import WorkloadSpec
 
     out = []
     with tempfile.TemporaryDirectory() as tmp:

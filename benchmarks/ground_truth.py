@@ -23,8 +23,8 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from strategies import Case, Oracle, Outcome
 
 import autotune
-from autotune.space import Feasibility, config_diff
-from autotune.study import key_of
+from autotune.search.space import Feasibility, config_diff
+from autotune.search.study import key_of
 
 METHOD = 1  # bump when the method changes, to invalidate cached optima
 MEMORY_KNOB = "mem_fraction_static"
@@ -74,8 +74,8 @@ def signature(mp: Any) -> tuple:
 def _plan_families(case: Case, model_name: str, gpu_name: str, fractions: list[Any],
                   families: list[dict[str, Any]]) -> list[tuple[tuple, int, dict[str, Any]]]:
     """(signature, KV tokens, config) of each family's highest memory fraction that starts (none if none)."""
-    from autotune.planner import plan
-    from autotune.profiles import load_gpu, load_model
+    from autotune.sglang.memory import plan
+    from autotune.sglang.profiles import load_gpu, load_model
 
     model, gpu, space, out = load_model(model_name), load_gpu(gpu_name), case.space, []
     for values in families:
@@ -141,7 +141,7 @@ def space_hash(case: Case) -> str:
              "prompts": hashlib.sha256("\n".join(case.workload.prompts).encode()).hexdigest(), "method": METHOD}
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
     package = Path(autotune.__file__).parent
-    for source in sorted([package / "planner.py", package / "profiles.py", *(package / "sim").glob("*.py")]):
+    for source in sorted([*(package / "sglang").glob("*.py"), *(package / "sim").glob("*.py")]):
         digest.update(source.read_bytes())
     return digest.hexdigest()[:16]
 

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 
 from autotune.config import load_config
-from autotune.engines import make_engine
+from autotune.harness.engines import make_engine
 from autotune.errors import AutotuneError
 from autotune.sim import SimWorkload, evaluate
-from autotune.trial import run_trial
-from autotune.workload import PromptSample, ReplayRecords, RequestRecord, WorkloadSpec, metrics_from_records
+from autotune.harness.trial import run_trial
+from autotune.harness.workload import PromptSample, ReplayRecords, RequestRecord, WorkloadSpec, metrics_from_records
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -29,7 +29,7 @@ from strategies import OOM, PROPOSALS, STRATEGIES, Case, Launch, Oracle, best_so
 from autotune.config import StudyConfig, load_config  # noqa: E402
 from autotune.errors import ConfigError  # noqa: E402
 from autotune.sim import SimWorkload, evaluate  # noqa: E402
-from autotune.workload import PromptSample  # noqa: E402
+from autotune.harness.workload import PromptSample  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -5,7 +5,10 @@
 requests from another core, and compares the tokens that arrived in the window with ``evaluate()``'s prediction
 for the same prompts, concurrency and window. "Correct" = within 2 %. The ladder of configs rises in modelled
 tok/s; each line also shows the server's CPU share and how late its steps went out (``/sim/pace``), so a starved
-server (a loaded machine) is told apart from a slow one. Runs in under ~3 minutes. Usage: ``python benchmarks/sim_capacity.py [--quick]``.
+server (a loaded machine) is told apart from a slow one, and the lag the harness's detector reads (``sim_pace`` in
+``/server_info``: wall clock behind the modelled clock over the replay) against its threshold
+(``autotune.harness.trial.LAG_LIMIT``): the highest rate it accepts is what a trial can record on this host.
+Runs in under ~3 minutes. Usage: ``python benchmarks/sim_capacity.py [--quick]``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 
 import httpx  # only for the readiness poll
 
+from autotune.harness.trial import LAG_LIMIT
 from autotune.sim.evaluate import SimWorkload, _seed_prompts, evaluate
 
 DENSE_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
@@ -126,7 +130,11 @@ def pacing(quick: bool) -> None:
         points += [(f"dense-8b B={c}", str(dense), {}, [], c) for c in ((64,) if quick else (32, 64, 128))]
         points += [(f"dense-8b B={c} si=8", str(dense), {}, ["--stream-interval", "8"], c)
                    for c in ((256,) if quick else (128, 256, 512))]
-        best = 0.0
+        # --sim-speedup F paces the model F× faster than real time: rungs above what one core can pace, to find
+        # where the lag detector starts refusing.
+        points += [(f"dense-8b B=256 si=16 x{f}", str(dense), {}, ["--stream-interval", "16", "--sim-speedup", str(f)],
+                    256) for f in ((4,) if quick else (2, 4, 8))]
+        best = accepted = 0.0
         for label, model, flags, server_only, conc in points:
             argv = [x for k, v in flags.items()
                     for x in ((f"--{k.replace('_', '-')}",) if v is True else (f"--{k.replace('_', '-')}", str(v)))]
@@ -134,25 +142,33 @@ def pacing(quick: bool) -> None:
             predicted = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=max_tokens, concurrency=conc,
                                                     warmup_s=warmup, measure_s=window),
                                  model=model, gpu="b200", seed=1, output_mean=output_mean).output_tok_s
+            if "--sim-speedup" in server_only:
+                predicted *= float(server_only[server_only.index("--sim-speedup") + 1])
             argv += ["--sim-output-mean", str(output_mean)]
             proc, url = start_server(model, argv, str(Path(tmp) / "devices"), server_core)
             try:
+                before = httpx.get(f"{url}/server_info").json()["sim_pace"]
                 cpu0 = _cpu(proc.pid)
                 measured = asyncio.run(replay(url, prompts, conc, max_tokens, warmup, window))
                 cpu = (_cpu(proc.pid) - cpu0) / (warmup + window)
-                pace = httpx.get(f"{url}/sim/pace").json()
+                pace = httpx.get(f"{url}/server_info").json()["sim_pace"]
             finally:
                 proc.kill()
                 proc.wait()
             err = measured / predicted - 1 if predicted else float("nan")
             ok = abs(err) <= 0.02
             best = max(best, predicted) if ok else best
+            modelled = pace["modelled_s"] - before["modelled_s"]
+            lag = (pace["lag_s"] - before["lag_s"]) / modelled if modelled > 0 else 0.0
+            accepted = max(accepted, predicted) if lag <= LAG_LIMIT else accepted
             print(f"  {label:<22} modelled {predicted:>9,.0f} tok/s  measured {measured:>9,.0f} tok/s  "
                   f"error {err:+6.1%}  server CPU {cpu:4.0%} ({measured / max(cpu, 1e-9):>7,.0f} tok per CPU-s)  "
                   f"step lateness mean "
                   f"{1e3 * pace['late_s_sum'] / max(1, pace['steps']):5.1f} ms max {1e3 * pace['late_s_max']:6.1f} ms  "
-                  f"{'ok' if ok else 'LAGS'}")
+                  f"lag {lag:5.1%} ({'accepted' if lag <= LAG_LIMIT else 'REFUSED'})  {'ok' if ok else 'LAGS'}")
         print(f"  highest modelled tok/s paced within 2 %: {best:,.0f}")
+        print(f"  lag detector threshold: {LAG_LIMIT:.0%} of the window; highest modelled tok/s it accepts: "
+              f"{accepted:,.0f} (a trial above it is re-measured with --stream-interval 16, then invalid_measurement)")
         print("  (tok per CPU-s = delivered tok/s per second of server CPU: the one-core ceiling when the server is "
               "starved by other load, as the lateness columns show)")
 

@@ -23,8 +23,8 @@ from optuna.trial import TrialState
 from autotune.config import StudyConfig
 from autotune.results import TrialResult
 from autotune.sim import SimWorkload, evaluate
-from autotune.space import Space
-from autotune.study import Sweep, directions, key_of, make_sampler
+from autotune.search.space import Space
+from autotune.search.study import Sweep, directions, key_of, make_sampler
 
 BAD_ARGS_S = 10.0  # SGLang rejects bad arguments while parsing them, before any weight is loaded
 OOM = frozenset({"startup_oom", "runtime_oom"})
@@ -127,7 +127,7 @@ class _Quiet:
 
 
 def ours(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch]:
-    """``autotune.study``'s Sweep as shipped: baseline + enqueued first, TPE with OOM constraints, the planner
+    """``autotune.search.study``'s Sweep as shipped: baseline + enqueued first, TPE with OOM constraints, the planner
     pre-check, Mamba slots derived from the running cap, and a budget of launches (a skipped trial is free)."""
     study_cfg = case.cfg.study.model_copy(update={"trials": budget, "seed": seed, "storage": "sqlite:///:memory:"})
     cfg = case.cfg.model_copy(update={"study": study_cfg})

@@ -18,7 +18,7 @@ import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from autotune.planner import MemoryGiB, MemoryPlan
+from autotune.sglang.memory import MemoryGiB, MemoryPlan
 from autotune.results import Capacity, GpuPeaks, Metrics, Percentiles, TrialResult
 
 GIB = 2**30

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from autotune.apply import (
+from autotune.deploy.apply import (
     config_diff,
     load_winner,
     read_config_file,
@@ -30,8 +30,8 @@ from autotune.apply import (
 )
 from autotune.cli import cli, main
 from autotune.errors import ConfigError, StudyError
-from autotune.flags import FlagTable
-from autotune.fleet import load_fleet
+from autotune.sglang.flags import FlagTable
+from autotune.deploy.fleet import load_fleet
 from autotune.results import Capacity, Metrics, Percentiles, TrialResult
 
 DATA = Path(__file__).resolve().parents[1] / "autotune" / "data" / "sglang-0.5.23-flags.json"
@@ -259,9 +259,9 @@ def test_fleet_toml_is_valid_toml_with_quoted_values(storage, tmp_path):
 @pytest.mark.timeout(60)
 def test_launch_script_starts_the_simulator_with_the_yaml(tmp_path, monkeypatch):
     """End to end: the generated script, SGLang's --config loading (as the simulator mirrors it), /server_info."""
-    from autotune.planner import plan
-    from autotune.profiles import load_gpu, load_model
-    from autotune.server import free_port
+    from autotune.sglang.memory import plan
+    from autotune.sglang.profiles import load_gpu, load_model
+    from autotune.harness.server import free_port
 
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
     config = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 200, "mem_fraction_static": 0.93,

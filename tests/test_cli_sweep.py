@@ -150,6 +150,32 @@ def test_sigkill_mid_trial_then_resume_loses_nothing_and_cleans_the_orphan(tmp_p
     assert requeued[0].user_attrs["config"] == trials[1].user_attrs["config"]
     assert sum(t.state == TrialState.COMPLETE for t in trials) == 2
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    # three servers in all: trial 0 and the killed trial 1 in the first session, its re-run in the second
+    assert "launched 3 servers (1 interrupted and run again)" in done.stdout
+
+
+def test_defaults_run_on_the_harness_keeps_fixed_flags_in_its_own_directory(tmp_path, sim_env):
+    import threading
+
+    from autotune.config import load_config
+    from autotune.search.confirm import _defaults
+    from autotune.search.study import HarnessRunner
+
+    cfg = load_config(tiny(tmp_path, trials=1))
+    harness = HarnessRunner(cfg, stop_event=threading.Event())
+    measured = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kind": "sglang"})})
+    defaults = _defaults(measured, harness)()  # what a real engine's confirmation runs, on the sim server
+    where = cfg.work_dir / "trials" / "defaults"
+    assert defaults["trial_dir"] == str(where) and (where / "server.log").is_file()
+    assert defaults["config"] == cfg.engine.fixed  # nothing fixed is tuned here: all kept
+    stored = json.loads((where / "result.json").read_text())
+    assert stored["config"] == cfg.engine.fixed
+    assert defaults["status"] == stored["status"]
+    if stored["status"] == "ok":
+        assert defaults["output_tok_s"] == stored["metrics"]["output_tok_s"] > 0
+    else:
+        assert defaults["output_tok_s"] is None and defaults["reason"]
+    assert not (cfg.work_dir / "trials" / "0").exists()  # not a repeat of the baseline trial
 
 
 def _pid_file_pid(runs: Path, deadline: float) -> int:

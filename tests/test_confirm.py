@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from test_study import PlannerRunner, write_study
 
+from autotune.cli.sweep import render
 from autotune.config import load_config
-from autotune.confirm import confirm, decide, run_sweep, summarize
+from autotune.search.confirm import confirm, decide, defaults_config, run_sweep, summarize
 from autotune.results import GpuPeaks, Metrics, Percentiles, TrialResult
-from autotune.study import run_study
+from autotune.search.study import DEFAULTS_RUN, open_study, run_study
 
 P = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
 
@@ -48,7 +49,9 @@ def test_a_contender_that_fails_a_repeat_cannot_win():
     failed = TrialResult(status="runtime_oom", config={}, reason="CUDA out of memory").to_dict()
     rs = runs({3: [9000, 9000], 0: [2000, 2000]}) + [{"trial": 3, "repeat": 2, "result": failed}]
     verdict = decide(rs, [3, 0], baseline=0, seed=0)
-    assert verdict["winner_trial"] == 0 and verdict["gain"] == pytest.approx(1.0)
+    # the baseline is then the fastest clean config: that is no winner (and no 1.00× "gain")
+    assert verdict["winner_trial"] is None and verdict["gain"] is None and verdict["outcome"] == "baseline"
+    assert verdict["note"].startswith("no config beat the baseline")
 
 
 def test_confirm_interleaves_stores_and_is_reused(tmp_path):
@@ -90,3 +93,220 @@ def test_run_sweep_summary(tmp_path):
     assert summary["launched"] == 5 - summary["statuses"].get("skipped_infeasible", 0)
     assert summary["launched_oom"] == 0
     assert summarize(run_study(cfg, runner=PlannerRunner()), cfg)["best"] == summary["best"]
+
+
+# --- the SGLang-defaults run ----------------------------------------------------------------------------------
+def measured(cfg):
+    """The study as run on a real engine: its defaults are measured by the runner, not predicted."""
+    return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kind": "sglang"})})
+
+
+class DefaultsFail(PlannerRunner):
+    """Bare defaults (and here SGLang's defaults for the tuned flags) cannot start: a CPU backend's bad_args."""
+
+    def __call__(self, config: dict, number: int) -> TrialResult:
+        if number == DEFAULTS_RUN:
+            self.calls.append((number, dict(config)))
+            return TrialResult(status="bad_args", config=config, reason="unrecognized arguments: --nope",
+                               trial_dir="/w/trials/defaults")
+        return super().__call__(config, number)
+
+
+def test_defaults_run_keeps_the_fixed_flags_and_gets_its_own_run_number(tmp_path):
+    cfg = load_config(write_study(tmp_path, trials=4))
+    # speculative_num_steps is searched: SGLang then picks topk and draft tokens with it (a fixed topk would be
+    # its assertion error), so only the algorithm stays
+    assert cfg.engine.fixed == {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1}
+    assert defaults_config(cfg) == {"speculative_algorithm": "EAGLE"}
+    fixed = {**cfg.engine.fixed, "speculative_num_steps": 2, "context_length": 8192}
+    pinned = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"fixed": fixed}), "derived": {},
+                                    "space": {k: v for k, v in cfg.space.items() if k != "speculative_num_steps"}})
+    assert defaults_config(pinned) == fixed  # nothing fixed depends on a tuned flag: every fixed flag is kept
+    runner = PlannerRunner()
+    summary = run_sweep(measured(cfg), runner=runner)
+    calls = [(n, c) for n, c in runner.calls if n == DEFAULTS_RUN]
+    assert len(calls) == 1  # once, under its own number: never a repeat of a real trial
+    assert calls[0][1] == {"speculative_algorithm": "EAGLE"}  # not {}: the fixed flags, tuned ones at SGLang's
+    assert not set(calls[0][1]) & (set(cfg.space) | set(cfg.derived))
+    stored = open_study(cfg).user_attrs["confirmation"]["defaults"]
+    assert stored["status"] == "ok" and stored["output_tok_s"] > 0 and stored["config"] == calls[0][1]
+    assert stored["how"] == "measured once during confirmation"
+    assert summary["defaults"]["output_tok_s"] == stored["output_tok_s"]
+    assert "gain over SGLang 0.5.23 defaults" in render(summary)
+    # on the sim the same config is predicted, not bare defaults
+    assert run_sweep(load_config(write_study(tmp_path, trials=5)), runner=PlannerRunner())["defaults"]["config"] \
+        == calls[0][1]
+
+
+def test_a_failed_defaults_run_is_reported_as_failed_not_as_zero(tmp_path):
+    cfg = measured(load_config(write_study(tmp_path, trials=4)))
+    summary = run_sweep(cfg, runner=DefaultsFail())
+    stored = open_study(cfg).user_attrs["confirmation"]["defaults"]
+    assert stored["status"] == "bad_args" and stored["output_tok_s"] is None
+    assert stored["reason"] == "unrecognized arguments: --nope" and stored["trial_dir"] == "/w/trials/defaults"
+    assert summary["defaults"]["status"] == "bad_args" and summary["defaults"]["output_tok_s"] is None
+    assert summary["gain_over_defaults"] is None
+    line = next(x for x in render(summary).splitlines() if "SGLang 0.5.23 defaults" in x)
+    assert line == ("  SGLang 0.5.23 defaults (fixed flags kept) failed, measured once during confirmation: "
+                    "bad_args: unrecognized arguments: --nope; no gain over defaults")
+
+
+def test_older_studies_stored_a_failed_defaults_run_as_zero(tmp_path):
+    cfg = load_config(write_study(tmp_path, trials=4))
+    study = run_study(cfg, runner=PlannerRunner())
+    confirm(study, cfg, runner=PlannerRunner(), defaults=lambda: {"output_tok_s": 0.0, "status": "bad_args",
+                                                                  "how": "measured once during confirmation"})
+    summary = summarize(study, cfg)
+    assert summary["defaults"]["output_tok_s"] is None and summary["gain_over_defaults"] is None
+    assert "defaults (fixed flags kept) failed" in render(summary)
+
+
+def test_an_interrupted_defaults_run_leaves_the_confirmation_to_finish_on_resume(tmp_path):
+    cfg = load_config(write_study(tmp_path, trials=4))
+    study = run_study(cfg, runner=PlannerRunner())
+    runner = PlannerRunner()
+    stop = lambda: {"status": "interrupted", "output_tok_s": None}  # noqa: E731
+    assert confirm(study, cfg, runner=runner, defaults=stop) is None
+    assert not study.user_attrs["confirmation"]["complete"]
+    runner.calls.clear()
+    done = confirm(study, cfg, runner=runner, defaults=lambda: {"status": "ok", "output_tok_s": 1.0, "how": "x"})
+    assert done["complete"] and runner.calls == []  # the runs are reused; only the defaults ran again
+
+
+def test_harness_writes_the_defaults_run_under_trials_defaults(tmp_path):
+    import threading
+
+    from autotune.search.study import HarnessRunner
+
+    cfg = load_config(write_study(tmp_path, trials=4))
+    harness = HarnessRunner(cfg, stop_event=threading.Event())
+    where = harness.trial_dir(DEFAULTS_RUN)
+    assert where == cfg.work_dir / "trials" / "defaults"
+    where.mkdir(parents=True)
+    assert harness.trial_dir(DEFAULTS_RUN) == where / "repeat-1"  # measured again: beside, never in trials/0
+    assert harness.trial_dir(0) == cfg.work_dir / "trials" / "0"
+
+
+# --- a winner equal to the baseline ---------------------------------------------------------------------------
+def test_a_best_config_with_the_baseline_flags_is_no_winner():
+    data = {3: [2160, 2170, 2150], 7: [1500, 1510, 1490], 0: [2000, 2010, 1990]}
+    assert decide(runs(data), [3, 7, 0], baseline=0, seed=0)["winner_trial"] == 3  # other flags: a winner
+    verdict = decide(runs(data), [3, 7, 0], baseline=0, seed=0, same_as_baseline=[3, 0])
+    assert verdict["winner_trial"] is None and verdict["outcome"] == "baseline"
+    assert verdict["gain"] is None and verdict["ci_low"] is None
+    assert verdict["note"] == "no config beat the baseline: the fastest confirmed config (trial 3) runs the " \
+                              "baseline's own flags"
+
+
+def test_a_best_config_within_the_baseline_noise_is_no_winner():
+    data = {3: [2050, 1990, 2100], 0: [2000, 2040, 1980]}
+    verdict = decide(runs(data), [3, 0], baseline=0, seed=0)
+    assert verdict["winner_trial"] is None and verdict["outcome"] == "baseline"
+    assert "within the baseline's run-to-run noise" in verdict["note"]
+    # a twin of the baseline tied with the best is not picked for its headroom either
+    data = {3: [3000, 3100, 2900], 5: [2990, 3050, 2950], 0: [2000, 2000, 2000]}
+    verdict = decide(runs(data, headroom={3: 1.0, 5: 9.0, 0: 9.0}), [3, 5, 0], baseline=0, seed=0,
+                     same_as_baseline=[5])
+    assert verdict["winner_trial"] == 3 and verdict["outcome"] == "winner"
+
+
+class Twin(PlannerRunner):
+    """Trial 2 is enqueued with the baseline's exact flags and measures 8 % faster every time: pure noise."""
+
+    FACTOR = {1: 0.3, 2: 1.08}
+
+    def __call__(self, config: dict, number: int) -> TrialResult:
+        result = super().__call__(config, number)
+        if result.metrics is None or number not in self.FACTOR:
+            return result
+        m = result.metrics
+        return TrialResult.from_dict({**result.to_dict(), "metrics": {
+            **m.to_dict(), "output_tok_s": m.output_tok_s * self.FACTOR[number]}})
+
+
+TWIN = """
+[[enqueue]]
+label = "baseline again"
+flags = { speculative_num_steps = 3, speculative_num_draft_tokens = 4, max_mamba_cache_size = 80 }
+"""
+
+
+def test_winner_with_the_baseline_flags_prints_no_config_beat_the_baseline_and_apply_refuses(tmp_path, capsys):
+    from autotune.deploy.apply import load_winner
+    from autotune.cli import main
+    from autotune.errors import StudyError
+
+    cfg = load_config(write_study(tmp_path, trials=3, extra=TWIN))
+    study = run_study(cfg, runner=Twin())
+    trials = study.get_trials()
+    assert trials[2].user_attrs["launch_key"] == trials[0].user_attrs["launch_key"]
+    unconfirmed = summarize(study, cfg)  # single measurements: the best is the baseline's flags too
+    assert unconfirmed["best"] is None and unconfirmed["outcome"] == "baseline"
+    assert unconfirmed["note"].startswith("no config beat the baseline")
+
+    conf = confirm(study, cfg, runner=Twin())
+    assert conf["order"][0] == 2 and 0 in conf["order"]  # the twin was the top contender
+    assert conf["winner_trial"] is None and conf["outcome"] == "baseline" and conf["gain"] is None
+    assert conf["note"].startswith("no config beat the baseline")
+    assert open_study(cfg).user_attrs["confirmation"]["winner_trial"] is None
+
+    summary = summarize(study, cfg)
+    assert summary["confirmed"] and summary["best"] is None and summary["outcome"] == "baseline"
+    assert summary["gain_over_baseline"] is None and summary["gain_ci"] is None
+    text = render(summary)
+    assert "no config beat the baseline" in text and "gain over baseline" not in text and "1.08" not in text
+
+    with pytest.raises(StudyError, match="no winner to apply: no config beat the baseline"):
+        load_winner(cfg.storage_url, "t")
+    assert load_winner(cfg.storage_url, "t", trial=1).trial == 1  # an explicit trial still deploys
+    with pytest.raises(SystemExit) as info:
+        main(["apply", "--storage", cfg.storage_url, "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and "no config beat the baseline" in err
+    assert not (tmp_path / "out").exists()
+
+
+# --- launches across sessions ---------------------------------------------------------------------------------
+class StopsOnce(PlannerRunner):
+    """Ctrl-C during trial 1: the server was up, the trial is interrupted and the sweep ends."""
+
+    def __init__(self, stop):
+        super().__init__()
+        self.stop = stop
+
+    def __call__(self, config: dict, number: int) -> TrialResult:
+        if number == 1:
+            self.calls.append((number, dict(config)))
+            self.stop.set()
+            return TrialResult(status="interrupted", config=config, reason="interrupted while measuring",
+                               durations_s={"startup": 1.0})
+        return super().__call__(config, number)
+
+
+def test_resumed_sweep_counts_launches_of_every_session(tmp_path):
+    import threading
+
+    cfg = load_config(write_study(tmp_path, trials=3))
+    stop = threading.Event()
+    run_study(cfg, runner=StopsOnce(stop), stop_event=stop)
+    again = PlannerRunner()
+    study = run_study(cfg, runner=again)  # a new session: the interrupted config runs again
+    summary = summarize(study, cfg)
+    started = 2 + len(again.calls)  # trials 0 and 1 in the first session
+    skipped = summary["statuses"].get("skipped_infeasible", 0)
+    assert summary["launched"] == started == summary["n_trials"] - skipped + 1
+    assert summary["launched_interrupted"] == 1
+    assert f"launched {started} servers (1 interrupted and run again)" in render(summary)
+
+
+def test_a_stored_confirmation_from_before_is_decided_again_without_rerunning(tmp_path):
+    cfg = load_config(write_study(tmp_path, trials=3, extra=TWIN))
+    study = run_study(cfg, runner=Twin())
+    conf = confirm(study, cfg, runner=Twin())
+    legacy = {k: v for k, v in conf.items() if k != "outcome"}
+    study.set_user_attr("confirmation", {**legacy, "winner_trial": 2, "gain": 1.08, "note": ""})  # the old verdict
+    runner = Twin()
+    again = confirm(study, cfg, runner=runner)
+    assert runner.calls == [] and again["runs"] == conf["runs"]
+    assert again["winner_trial"] is None and again["outcome"] == "baseline" and again["gain"] is None
+    assert study.user_attrs["confirmation"]["winner_trial"] is None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import os
@@ -22,10 +23,10 @@ import pytest
 
 from autotune.cli import main
 from autotune.config import load_config
-from autotune.diagnosis import explain_capacity, fleet_differences, inspect_servers, pool_usage
-from autotune.diagnosis_probe import Probe, ProbeFailure, parse_prometheus, probe
-from autotune.diagnosis_state import ServerState, flags_from_command
-from autotune.diagnosis_sweep import sweep_toml, toml_value
+from autotune.inspect.diagnose import explain_capacity, fleet_differences, inspect_servers, pool_usage
+from autotune.inspect.probe import Probe, ProbeFailure, parse_prometheus, probe
+from autotune.inspect.state import ServerState, flags_from_command
+from autotune.inspect.sweep_file import sweep_toml, toml_value
 
 DATA = Path(__file__).parent / "data" / "inspect"
 SERVER_INFO = json.loads((DATA / "server_info.json").read_text())
@@ -197,6 +198,18 @@ def test_launch_command_becomes_dest_flags_without_placement():
     assert flags_from_command("--config sglang.yaml --port 30000") is None
 
 
+def test_credentials_in_the_launch_command_are_never_repeated():
+    key = "sk-" + "a1B2c3D4e5F6g7H8"
+    command = f"--model-path m --api-key {key} --admin-api-key={key} --max-total-tokens 4096 --tokenizer-path t"
+    assert flags_from_command(command) == {"max_total_tokens": 4096}
+    info = copy.deepcopy(SERVER_INFO)
+    info["launch_command"] += f" --api-key {key}"
+    inspection = inspect_servers(
+        ["127.0.0.1:30000"], transport=mock_transport({30000: recorded_routes(info)}), use_nvml=False
+    )
+    assert key not in json.dumps(inspection.to_dict())
+
+
 def test_resolved_args_stand_in_when_there_is_no_launch_command():
     info = copy.deepcopy(SERVER_INFO)
     del info["launch_command"]
@@ -299,10 +312,12 @@ def test_inspect_is_read_only(fake_server, capsys):
 
 
 def test_no_gpu_reading_is_a_note_and_the_planner_estimate_stands_in(fake_server):
-    server = fake_server(recorded_routes())  # a real SGLang answers /sim/gpu with 404
+    cuda = copy.deepcopy(SERVER_INFO)  # the recorded server on a GPU (the recording itself is a CPU server)
+    cuda["device"] = cuda["internal_states"][0]["device"] = "cuda"
+    server = fake_server(recorded_routes(cuda))  # a real SGLang answers /sim/gpu with 404
     (d,) = inspect_servers([server.url], use_nvml=False).servers
     assert d.state.gpu is None and d.memory["free"]["server"] is None
-    assert any("no GPU memory reading" in note for note in d.notes)
+    assert any(note.startswith("no GPU memory reading") for note in d.notes)
     assert ("GET", "/sim/gpu") in server.requests
 
 
@@ -340,8 +355,8 @@ SEED_COMMAND = (
 
 def seed_routes(*, kv_tokens: int | None = None) -> dict[str, Route]:
     """/server_info as SGLang 0.5.23 would report the seed's production config on a B200 (the planner's figures)."""
-    from autotune.planner import plan
-    from autotune.profiles import load_gpu, load_model
+    from autotune.sglang.memory import plan
+    from autotune.sglang.profiles import load_gpu, load_model
 
     p = plan(load_model("qwen3.6-27b"), load_gpu("b200"), flags_from_command(SEED_COMMAND))
     info = copy.deepcopy(SERVER_INFO)
@@ -399,8 +414,8 @@ def test_planner_reproduces_the_seed_server_and_lifts_the_mamba_cap():
 
 
 def test_confidence_drops_and_says_by_how_much_when_the_planner_is_off():
-    from autotune.planner import plan
-    from autotune.profiles import load_gpu, load_model
+    from autotune.sglang.memory import plan
+    from autotune.sglang.profiles import load_gpu, load_model
 
     kv = plan(load_model("qwen3.6-27b"), load_gpu("b200"), flags_from_command(SEED_COMMAND)).kv_tokens
     routes = seed_routes(kv_tokens=int(kv * 0.8))
@@ -693,3 +708,140 @@ def test_a_bad_profile_option_is_one_line_before_any_request(option, fake_server
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("Error: ") and option[1] in err[0]
     assert server.requests == []
+
+
+# ---------------------------------------------------------------- SGLang's memory split: KV pool, Mamba pools, device
+
+RECORDED = Path(__file__).parent / "data" / "recorded"
+STARTUP_LOG = RECORDED / "qwen3next-startup-serve-sigterm.log"  # the run /server_info was recorded from
+
+
+def inspect_recorded(*, logs=(), server_info: dict | None = None, url: str = "127.0.0.1:30000", use_nvml=False):
+    transport = mock_transport({30000: recorded_routes(server_info)})
+    return inspect_servers([url], transport=transport, use_nvml=use_nvml, logs=logs)
+
+
+def test_kvcache_is_the_kv_pool_and_the_mamba_pools_come_from_the_startup_log():
+    (d,) = inspect_recorded(logs=[STARTUP_LOG]).servers
+    # The log says "KV Cache is allocated … K size: 0.47 GB, V size: 0.47 GB": kvcache (0.947) is K + V only,
+    # and "Mamba Cache is allocated … conv_state size: 0.04GB, ssm_state size: 0.81GB" is a separate pool.
+    assert d.memory["kv"]["server"] == pytest.approx(0.947)
+    assert d.memory["mamba_states"]["server"] == pytest.approx(0.04 + 0.81)
+    assert d.memory["spec_intermediates"]["server"] == 0.0  # no speculative decoding: none allocated
+    assert d.memory["pools"]["server"] == pytest.approx(0.947 + 0.85)
+    assert any(str(STARTUP_LOG) in note and "Mamba Cache is allocated" in note for note in d.notes)
+
+
+def test_without_the_log_the_mamba_pools_are_unknown_not_guessed(fake_server, capsys):
+    (d,) = inspect_recorded().servers
+    assert d.memory["kv"]["server"] == pytest.approx(0.947)  # still the KV pool, not "all pools"
+    assert d.memory["mamba_states"]["server"] is None and d.memory["pools"]["server"] is None
+    assert any(note.startswith("Mamba pool size unknown") and "--log" in note for note in d.notes)
+    server = fake_server(recorded_routes())
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", server.url])
+    assert exc.value.code == 0
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
+            for line in capsys.readouterr().out.splitlines() if line.count("│") == 4}
+    assert rows["pools (KV + Mamba)"] == "unknown" and rows["Mamba states (ssm + conv)"] == "unknown"
+    assert rows["KV cache (SGLang's kvcache)"] == "0.95"
+
+
+def test_a_log_of_another_startup_is_not_used(tmp_path):
+    (d,) = inspect_recorded(logs=[RECORDED / "qwen3next-mamba16-capped-to-5.log"]).servers
+    assert d.memory["mamba_states"]["server"] is None
+    assert any("describes another startup (16 Mamba slots there, 4,443 here" in note for note in d.notes)
+    # A log appended across restarts: the latest startup is the one that counts.
+    appended = tmp_path / "server.log"
+    appended.write_text((RECORDED / "qwen3next-mamba16-capped-to-5.log").read_text() + STARTUP_LOG.read_text())
+    (d,) = inspect_recorded(logs=[appended]).servers
+    assert d.memory["mamba_states"]["server"] == pytest.approx(0.85)
+    failed = tmp_path / "failed.log"  # a run that died before its pools: no Mamba line to read
+    failed.write_text((RECORDED / "qwen3next-mamba2-too-small.exit137.log").read_text())
+    (d,) = inspect_recorded(logs=[failed]).servers
+    assert d.memory["mamba_states"]["server"] is None
+    assert any("has no `Mamba Cache is allocated` line" in note for note in d.notes)
+
+
+def test_the_log_of_the_simulated_server_matches_its_server_info(sim_server_with_log):
+    url, log = sim_server_with_log
+    (d,) = inspect_servers([url], logs=[log]).servers
+    assert d.memory["mamba_states"]["server"] == pytest.approx(d.memory["mamba_states"]["planner"], abs=0.01)
+    assert d.memory["spec_intermediates"]["server"] == pytest.approx(
+        d.memory["spec_intermediates"]["planner"], abs=0.01)
+    assert d.memory["kv"]["server"] == pytest.approx(d.memory["kv"]["planner"], abs=0.01)
+
+
+def test_a_non_hybrid_server_has_no_mamba_pool():
+    info = copy.deepcopy(SERVER_INFO)
+    info["internal_states"][0]["max_mamba_cache_size"] = None
+    (d,) = inspect_recorded(server_info=info).servers
+    assert d.memory["mamba_states"]["server"] == 0.0 and d.memory["pools"]["server"] == pytest.approx(0.947)
+    assert not any("Mamba pool" in note for note in d.notes)
+
+
+def test_a_local_cpu_server_gets_no_nvml_reading_or_note(monkeypatch):
+    calls: list[int] = []
+
+    def fake_nvml(index: int) -> dict:
+        calls.append(index)
+        return {"used_gib": 100.0, "total_gib": 140.4, "source": f"NVML GPU {index}"}
+
+    monkeypatch.setattr("autotune.inspect.probe._nvml_gpu", fake_nvml)
+    (d,) = inspect_recorded(use_nvml=True).servers  # local, device "cpu" in /server_info
+    assert calls == [] and d.state.gpu is None and d.state.device == "cpu"
+    assert not any("NVML" in note for note in d.notes)
+    assert any(note.startswith("CPU server (device cpu)") for note in d.notes)
+    assert any(note.startswith("CPU server: the planner models GPU memory") for note in d.notes)
+    assert d.to_dict()["device"] == "cpu"
+    cuda = copy.deepcopy(SERVER_INFO)  # the same server on a GPU: NVML is read, and said so
+    cuda["device"] = "cuda"
+    cuda["internal_states"][0]["device"] = "cuda"
+    (d,) = inspect_recorded(server_info=cuda, use_nvml=True).servers
+    assert calls == [0] and any("NVML GPU 0" in note for note in d.notes)
+
+
+def test_log_option_errors_are_one_line_before_any_request(fake_server, tmp_path, capsys):
+    server = fake_server(recorded_routes())
+    for args, message in (([str(tmp_path / "missing.log")], "cannot read the startup log"),
+                          ([str(STARTUP_LOG), str(STARTUP_LOG)], "2 startup logs for 1 server")):
+        with pytest.raises(SystemExit) as exc:
+            main(["inspect", server.url, *(a for path in args for a in ("--log", path))])
+        assert exc.value.code == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]
+    assert server.requests == []
+    with pytest.raises(SystemExit) as exc:
+        main(["inspect", server.url, "--log", str(STARTUP_LOG), "--json"])
+    assert exc.value.code == 0
+    memory = json.loads(capsys.readouterr().out)["servers"][0]["memory_gib"]
+    assert memory["mamba_states"]["server"] == pytest.approx(0.85)
+
+
+@pytest.fixture
+def sim_server_with_log(tmp_path, sim_env) -> Iterator[tuple[str, Path]]:
+    """The seed's production config on a simulated B200; its log is where the server wrote it."""
+    port = closed_port()
+    log_path = tmp_path / "sim.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--host", "127.0.0.1",
+             "--port", str(port), "--sim-gpu", "b200", "--sim-startup-s", "0.3", "--sim-release-s", "0.2",
+             *PRODUCTION],
+            stdout=log, stderr=subprocess.STDOUT, env=sim_env, start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-2000:]
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "simulated server did not become ready in 30 s"
+            time.sleep(0.1)
+        yield url, log_path
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

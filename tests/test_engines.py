@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import stat
 import sys
 from pathlib import Path
 
 import pytest
+from fakesglang import make_fake_sglang
 
-from autotune.engines import ENGINES, SGLangEngine, SimEngine, logparse, make_engine
-from autotune.engines.sglang import parse_help
-from autotune.engines.sim import sim_argv
+from autotune.harness.engines import ENGINES, SGLangEngine, SimEngine, logparse, make_engine
+from autotune.harness.engines.sim import sim_argv
 from autotune.errors import ConfigError
 
 RECORDED = Path(__file__).parent / "data" / "recorded"
@@ -157,65 +155,19 @@ def test_sglang_cpu_device_sets_backend_and_env(tmp_path, monkeypatch):
     argv = eng.argv({}, port=1)
     assert argv[1:3] == ["-m", "sglang.launch_server"]
     assert argv[argv.index("--device") + 1] == "cpu"
-    assert eng.env(gpu_index=0) == {"SGLANG_USE_CPU_ENGINE": "1"}
+    assert eng.env(gpu_index=0) == {"SGLANG_USE_CPU_ENGINE": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
-HELP_TEXT = """usage: launch_server.py [-h] --model-path MODEL_PATH
-
-options:
-  -h, --help            show this help message and exit
-  --model-path MODEL_PATH, --model MODEL_PATH
-                        The path of the model weights.
-  --max-mamba-cache-size MAX_MAMBA_CACHE_SIZE
-                        The maximum size of the mamba cache.
-  --mamba-radix-cache-strategy {auto,no_buffer,extra_buffer,extra_buffer_lazy}
-  --disable-radix-cache
-                        Disable RadixAttention.
-  --cuda-graph-bs-decode CUDA_GRAPH_BS_DECODE [CUDA_GRAPH_BS_DECODE ...]
-"""
-
-
-def test_parse_help_reads_argparse_options():
-    specs = {s["dest"]: s for s in parse_help(HELP_TEXT)}
-    assert set(specs) == {"model_path", "max_mamba_cache_size", "mamba_radix_cache_strategy", "disable_radix_cache", "cuda_graph_bs_decode"}
-    assert specs["model_path"]["flags"] == ["--model-path", "--model"]
-    assert specs["disable_radix_cache"]["is_store_true"] is True
-    assert specs["mamba_radix_cache_strategy"]["choices"] == ["auto", "no_buffer", "extra_buffer", "extra_buffer_lazy"]
-    assert specs["cuda_graph_bs_decode"]["nargs"] == "+"
-
-
-def _fake_python(tmp_path: Path, version: str = "9.9.9") -> Path:
-    """An interpreter stand-in that 'has' SGLang: answers the version probe and --help, counts --help calls."""
-    script = tmp_path / "fakepython"
-    counter = tmp_path / "help-calls"
-    script.write_text(
-        f"#!{sys.executable}\nimport sys\n"
-        f"if '-c' in sys.argv: print({version!r}); sys.exit(0)\n"
-        f"open({str(counter)!r}, 'a').write('x')\n"
-        f"sys.stdout.write({HELP_TEXT!r})\n"
-    )
-    script.chmod(script.stat().st_mode | stat.S_IEXEC)
-    return script
-
-
-def test_installed_sglang_flags_are_parsed_once_and_cached(tmp_path):
-    python = _fake_python(tmp_path)
-    cache = tmp_path / "cache"
-    eng = SGLangEngine(model_path="/m", python=str(python), cache_dir=cache)
-    assert eng.check({"max_mamba_cache_size": "200"}) == {"max_mamba_cache_size": "200"}  # untyped from --help
-    with pytest.raises(ConfigError):
-        eng.check({"max_running_requests": 8})  # not a flag of *this* install
-    again = SGLangEngine(model_path="/m", python=str(python), cache_dir=cache)
-    again.check({"disable_radix_cache": True})
-    assert (tmp_path / "help-calls").read_text() == "x"  # the second engine used the cache
-    assert len(os.listdir(cache)) == 1
-
-
-def test_missing_sglang_falls_back_to_bundled_table(tmp_path):
-    eng = SGLangEngine(model_path="/m", python=sys.executable, cache_dir=tmp_path)
-    if eng.sglang_version() is not None:
-        pytest.skip("sglang is installed here")
-    assert eng.flag_table().version == "0.5.23"
+@pytest.mark.parametrize("gpu_index", [None, 0, 3])
+def test_every_launch_numbers_gpus_in_pci_bus_order(engine, gpu_index):
+    """NVML reads devices in PCI bus order; CUDA's default is fastest-first. Pin CUDA to NVML's order so the GPU
+    the monitor reads is the one CUDA_VISIBLE_DEVICES gives the server, whatever the engine's extra env says."""
+    env = engine.env(gpu_index=gpu_index)
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert env.get("CUDA_VISIBLE_DEVICES") == (None if gpu_index is None else str(gpu_index))
+    forced = type(engine)(model_path="qwen3.6-27b", env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST", "X": "1"})
+    assert forced.env(gpu_index=gpu_index)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert forced.env(gpu_index=gpu_index)["X"] == "1"
 
 
 def test_preflight_refuses_an_interpreter_without_sglang(tmp_path):
@@ -226,7 +178,7 @@ def test_preflight_refuses_an_interpreter_without_sglang(tmp_path):
         pytest.skip("sglang is installed here")
     with pytest.raises(EngineError, match="sglang is not importable"):
         eng.preflight()
-    SGLangEngine(model_path="/m", python=str(_fake_python(tmp_path)), cache_dir=tmp_path).preflight()
+    SGLangEngine(model_path="/m", python=str(make_fake_sglang(tmp_path / "fake").python), cache_dir=tmp_path).preflight()
     SimEngine().preflight()
     with pytest.raises(EngineError, match="not found"):
         SGLangEngine(model_path="/m", python=str(tmp_path / "no-python")).preflight()

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.flags import FlagSpec, FlagTable, parse_sets
+from autotune.sglang.flags import FlagSpec, FlagTable, parse_sets
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_parse_sets_errors(table, item, phrase):
         parse_sets([item], table)
 
 
-def test_table_from_help_specs_works_like_the_bundled_one():
+def test_table_from_dumped_specs_works_like_the_bundled_one():
     small = FlagTable([
         FlagSpec(dest="tp_size", option_strings=["--tp-size", "--tensor-parallel-size"], type="int", default=1),
         FlagSpec(dest="disable_radix_cache", option_strings=["--disable-radix-cache"], nargs=0, store_true=True),
@@ -181,3 +181,24 @@ def test_table_from_help_specs_works_like_the_bundled_one():
     assert small.lookup("--tp").dest == "tp_size"
     assert small.check({"tp": "2", "disable-radix-cache": "yes"}) == {"tp_size": 2, "disable_radix_cache": True}
     assert small.to_argv({"tp_size": 2, "disable_radix_cache": True}) == ["--tp-size", "2", "--disable-radix-cache"]
+
+
+def test_dumped_rows_carry_action_kind_and_suppression_without_changing_meaning(table):
+    row = {"flags": ["--disable-cuda-graph"], "dest": "disable_cuda_graph", "default": False, "type": None,
+           "choices": None, "nargs": 0, "is_store_true": True}
+    plain = FlagTable.from_json([row]).lookup("disable_cuda_graph")
+    dumped = FlagTable.from_json([{**row, "action": "store_true", "help_suppressed": True}]).lookup("disable_cuda_graph")
+    assert dumped.suppressed and dumped.action == "store_true" and not plain.suppressed
+    assert dumped == plain == table.lookup("disable_cuda_graph")  # what only a dump knows is not part of the spec
+    assert table.specs[0].dest == "model_path" and len(table.specs) == 531  # every option but --help
+
+
+def test_other_no_value_actions_are_switches_and_append_repeats():
+    small = FlagTable([
+        FlagSpec(dest="use_x", option_strings=["--no-x"], nargs=0, action="store_false"),
+        FlagSpec(dest="old", option_strings=["--old-shim"], nargs=0, action="other"),
+        FlagSpec(dest="urls", option_strings=["--url"], type="str", action="append"),
+    ])
+    assert small.check({"no-x": "true", "old-shim": True, "url": "a,b"}) == {"use_x": True, "old": True,
+                                                                               "urls": ["a", "b"]}
+    assert small.to_argv({"use_x": True, "old": False, "urls": ["a", "b"]}) == ["--no-x", "--url", "a", "--url", "b"]

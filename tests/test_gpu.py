@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
 
 from autotune.errors import GpuError
-from autotune.gpu import GpuMonitor, HostMemoryReader, NvmlReader, SimGpuReader, wait_released
+from autotune.harness.gpu import GpuMonitor, HostMemoryReader, NvmlReader, SimGpuReader, wait_released
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -82,8 +84,26 @@ def test_sim_reader_reads_the_simulated_device(tmp_path, monkeypatch):
 
 
 def test_host_reader_reports_memory():
-    reading = HostMemoryReader().read()
+    reading = HostMemoryReader().read()  # nothing tracked yet: the host
     assert 0 < reading["used_gib"] < reading["total_gib"]
+
+
+def test_host_reader_tracks_one_process_tree_and_its_files():
+    """The CPU backend's "GPU": the tracked processes' own memory plus their shared-memory files, nothing else."""
+    code = "import time; x = b'\\1' * (256 << 20); print('held', flush=True); time.sleep(60)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        reader = HostMemoryReader()
+        reader.track(lambda: [proc.pid], lambda: 64 << 20)
+        used_mib = reader.read()["used_gib"] * 1024
+        assert 256 + 64 <= used_mib < 256 + 64 + 128
+        reader.track(lambda: [], lambda: 0)  # the tree is gone
+        assert reader.read()["used_gib"] == 0
+    finally:
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
 
 
 def test_nvml_without_a_driver_is_a_gpu_error_with_a_hint():

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from autotune.cli import cli, main
 from autotune.errors import ConfigError
-from autotune.flags import parse_sets
-from autotune.planner import decode_bs_list, plan, prefill_token_buckets
-from autotune.profiles import GIB, load_gpu, load_model
+from autotune.sglang.flags import parse_sets
+from autotune.sglang.memory import decode_bs_list, plan, prefill_token_buckets
+from autotune.sglang.profiles import GIB, load_gpu, load_model
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
 MTP = ["speculative-algorithm=EAGLE", "speculative-num-steps=3", "speculative-eagle-topk=1",

@@ -5,9 +5,9 @@ from __future__ import annotations
 import optuna
 
 from autotune.config import load_config
-from autotune.prior import MEMORY_LEVERS, edge_configs, tokens_per_request
-from autotune.space import Feasibility, Space
-from autotune.study import Sweep, _prompt_texts
+from autotune.search.starts import MEMORY_LEVERS, edge_configs, tokens_per_request
+from autotune.search.space import Feasibility, Space
+from autotune.search.study import Sweep, _prompt_texts
 
 
 def _setup():

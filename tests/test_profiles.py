@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import AutotuneError, ProfileError
-from autotune.profiles import GIB, MIB, load_gpu, load_model, vit_factor
+from autotune.sglang.profiles import GIB, MIB, load_gpu, load_model, vit_factor
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
 

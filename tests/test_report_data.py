@@ -12,7 +12,7 @@ import pytest
 import studyfactory as sf
 from optuna.distributions import IntDistribution
 
-from autotune import report_data as rd
+from autotune.report import data as rd
 from autotune.results import TrialResult
 
 pytestmark = pytest.mark.timeout(60)
@@ -249,3 +249,22 @@ def test_importance_ranks_the_search_flags_even_when_the_baseline_sets_few():
                                                   distributions=dists, user_attrs={"role": "search"}))
     importance = rd.importance_frame(study)
     assert importance["param"].tolist()[0] == "slots" and set(importance["param"]) == {"slots", "steps"}
+
+
+@pytest.mark.parametrize("settings, label", [
+    ({"engine": {"kind": "sim", "sim_gpu": "h200"}}, "h200"),
+    ({"engine": {"kind": "sglang", "device": "cpu", "sim_gpu": "b200"}}, "CPU"),  # not the simulator's default GPU
+    ({"engine": {"kind": "sglang", "device": "cuda", "sim_gpu": "h200"}}, "GPU (planner profile h200)"),
+    ({"engine": "sglang", "device": "cpu"}, "CPU"),  # a flat record (provenance.json)
+    ({"engine": "sim", "gpu_name": "b200"}, "b200"),
+])
+def test_device_label_follows_the_engine_and_device(settings, label):
+    assert rd.device_name(settings) == label
+
+
+def test_launch_settings_are_the_studys_engine():
+    settings = {"engine": {"kind": "sglang", "python": "/opt/sgl/bin/python", "device": "cpu",
+                           "env": {"OMP_NUM_THREADS": "2"}}}
+    assert rd.launch_settings(settings) == {"python": "/opt/sgl/bin/python", "device": "cpu",
+                                            "env": {"OMP_NUM_THREADS": "2"}}
+    assert rd.launch_settings({}) == {"python": None, "device": "cuda", "env": {}}

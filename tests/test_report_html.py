@@ -19,7 +19,7 @@ from plotly.offline import get_plotlyjs
 
 from autotune.cli import cli
 from autotune.errors import StorageError, StudyError
-from autotune.report import build, figures_for, open_study, render, report
+from autotune.report.page import build, figures_for, open_study, render, report
 
 pytestmark = pytest.mark.timeout(180)
 ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
@@ -177,7 +177,7 @@ def test_library_errors_name_the_problem(tmp_path):
 
 
 def test_launch_command_uses_sglang_spelling():
-    from autotune.report import launch_command
+    from autotune.report.page import launch_command
 
     config = {**sf.FIXED, "max_mamba_cache_size": 200, "disable_radix_cache": True, "enable_metrics": False}
     argv = shlex.split(launch_command(config, "ignored-when-model_path-is-set"))
@@ -251,3 +251,21 @@ def test_study_swept_on_several_gpus_shows_the_per_gpu_spread(tmp_path):
     assert 'id="per-gpu"' in page and "Per-GPU calibration" in page
     single = build(source, base_dir=tmp_path)  # one GPU: no such section
     assert "per_gpu" not in single.tables
+
+
+def test_cpu_study_is_labelled_by_its_engine_and_device_and_hides_secrets(tmp_path):
+    token = "hf_" + "Zq8rT2vLm9Kx4Wn7Pb3Yc6Hd1"
+    study = sf.make_study(n_trials=8, seed=3, name="tiny-cpu", crash_every=0)
+    settings = dict(study.user_attrs["autotune"])
+    settings["engine"] = {**settings["engine"], "kind": "sglang", "device": "cpu", "python": "/opt/sgl/bin/python",
+                          "env": {"HF_TOKEN": token, "OMP_NUM_THREADS": "2"}}  # sim_gpu stays the default b200
+    study.set_user_attr("autotune", settings)
+    built = build(study, base_dir=tmp_path)
+    assert built.facts["gpu"] == "CPU" and built.facts["engine"] == "sglang"
+    launch = built.facts["launch"]
+    assert launch.startswith('HF_TOKEN="$HF_TOKEN" OMP_NUM_THREADS=2 /opt/sgl/bin/python -m sglang.launch_server ')
+    argv = shlex.split(launch.split(" ", 2)[2])
+    assert argv[argv.index("--device") + 1] == "cpu"
+    page = render(built, figures_for(built))
+    assert "on CPU · engine sglang" in page and "on b200" not in page
+    assert token not in page

@@ -18,15 +18,15 @@ import pytest
 from click.testing import CliRunner
 from test_fleet import OLD, make_fleet, teardown, write_yaml
 
-from autotune import rollout
-from autotune.apply import read_config_file
+from autotune.deploy import rollout
+from autotune.deploy.apply import read_config_file
 from autotune.cli import cli
 from autotune.errors import FleetError
-from autotune.fleet import load_fleet, start_server, status, stop_server, up
-from autotune.planner import plan
-from autotune.profiles import load_gpu, load_model
+from autotune.deploy.fleet import load_fleet, start_server, status, stop_server, up
+from autotune.sglang.memory import plan
+from autotune.sglang.profiles import load_gpu, load_model
 from autotune.results import Capacity, Metrics, Percentiles, TrialResult
-from autotune.server import ServerProcess, free_port
+from autotune.harness.server import ServerProcess, free_port
 
 # The seed's hand-tuned config: fits a B200, not a GPU shrunk to 120,000 MiB (where OLD still fits).
 NEW = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 200, "mem_fraction_static": 0.93,
@@ -62,7 +62,7 @@ def study_tok_s(tmp_path_factory) -> float:
     directory = tmp_path_factory.mktemp("measure")
     os.environ["AUTOTUNE_SIM_DEVICE_DIR"] = str(directory / "devices")
     try:
-        from autotune.engines import make_engine
+        from autotune.harness.engines import make_engine
 
         engine = make_engine("sim", model_path="qwen3.6-27b", sim_options={"startup_s": 0.1, "warmup_s": 0.05})
         port = free_port()
@@ -76,7 +76,7 @@ def study_tok_s(tmp_path_factory) -> float:
 
 
 def stub_server(port: int):
-    from autotune.fleet import FleetServer
+    from autotune.deploy.fleet import FleetServer
 
     return FleetServer(name="m", gpu=0, port=port, config="x", log="x", pid="x")
 
@@ -261,7 +261,7 @@ def test_resume_after_sigkill_finishes_the_rollout(tmp_path, study_tok_s):
 def test_unfinished_log_and_missing_expectations_are_refused(tmp_path):
     path = make_fleet(tmp_path, 1)
     write_yaml(tmp_path / "bare.yaml", NEW)
-    from autotune.apply import winner_from_yaml
+    from autotune.deploy.apply import winner_from_yaml
 
     with pytest.raises(FleetError, match="nothing to verify"):
         rollout.Expectation.from_winner(winner_from_yaml(tmp_path / "bare.yaml"))

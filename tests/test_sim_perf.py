@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.profiles import load_gpu, load_model
+from autotune.sglang.profiles import load_gpu, load_model
 from autotune.sim.perf import PerfModel, PerfParams, expected_accept_length
 
 pytestmark = pytest.mark.timeout(30)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import ConfigError
-from autotune.planner import MemoryGiB, MemoryPlan
-from autotune.profiles import load_gpu, load_model
+from autotune.sglang.memory import MemoryGiB, MemoryPlan
+from autotune.sglang.profiles import load_gpu, load_model
 from autotune.sim.perf import PerfModel, PerfParams, expected_accept_length
 from autotune.sim.requests import SimRequest, count_tokens, make_request
 from autotune.sim.scheduler import Scheduler, SchedulerLimits, StepResult
@@ -310,7 +310,7 @@ def test_emitting_and_virtual_runs_are_the_same_run(spec: bool) -> None:
 
 @pytest.mark.parametrize("spec", [True, False])
 def test_from_plan_builds_the_same_model_for_both_clocks(spec: bool) -> None:
-    from autotune.planner import plan
+    from autotune.sglang.memory import plan
 
     model, gpu = load_model("qwen3.6-27b"), load_gpu("b200")
     flags = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 80} if spec else {"max_mamba_cache_size": 80}

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from autotune.planner import plan
-from autotune.profiles import load_gpu, load_model
+from autotune.sglang.memory import plan
+from autotune.sglang.profiles import load_gpu, load_model
 from autotune.sim import device
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(60)]
@@ -337,14 +337,31 @@ def test_sigterm_drains_and_device_memory_is_released_late(sim):
 
 
 def test_shm_files_left_like_sglang(sim, tmp_path):
+    """Real-shaped names with no pid in them, held open or mapped while running; a clean exit leaves all but sem.mp-*."""
+    from autotune.harness.procgroup import held_files
+
     shm = tmp_path / "shm"
-    p = sim("--sim-shm", str(shm), "--sim-warmup-s", "0")
+    p = sim("--sim-shm", str(shm), "--sim-warmup-s", "0", "--nccl-port", "41234")
     p.wait_ready()
-    pid = p.proc.pid
-    assert (shm / f"sglang_loads_{pid}.shm").exists() and list(shm.glob("sem.mp-*"))
+    names = sorted(f.name for f in shm.iterdir())
+    loads = [n for n in names if re.fullmatch(r"sglang_loads_[0-9a-f]{12}_[0-9a-f]{8}\.shm", n)]
+    buffer = f"deepspeed_allreduce_buffer_{os.getuid()}_127.0.0.1_41234_0"
+    sems = [n for n in names if re.fullmatch(r"sem\.mp-[a-z0-9_]{8}", n)]
+    assert len(loads) == 1 and buffer in names and len(sems) == 2 and len(names) == 4, names
+    assert (shm / buffer).stat().st_size < 64 * 1024  # a few KiB, not SGLang's 270 MB
+    held = held_files([p.proc.pid], shm)
+    assert set(held) == set(names)  # fds for the segment and buffer, mappings for the semaphores
+    assert all(held[n] == (shm / n).stat().st_ino for n in names)
     p.proc.send_signal(signal.SIGTERM)
     assert p.exit_code() == 0
-    assert (shm / f"sglang_loads_{pid}.shm").exists() and not list(shm.glob("sem.mp-*"))
+    assert sorted(f.name for f in shm.iterdir()) == sorted([*loads, buffer])  # left behind, like SGLang
+
+
+def test_dist_port_defaults_to_the_port_plus_a_random_offset():
+    from autotune.sim.__main__ import dist_port
+
+    assert dist_port({"nccl_port": 5000}, 30000) == 5000
+    assert all(30100 <= dist_port({"nccl_port": None}, 30000) <= 31000 for _ in range(50))
 
 
 # -- pacing -------------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from autotune.planner import plan
-from autotune.profiles import load_gpu, load_model
+from autotune.sglang.memory import plan
+from autotune.sglang.profiles import load_gpu, load_model
 from autotune.sim import args as sim_args
 from autotune.sim.limits import largest_graph_bs
 from autotune.sim.scheduler import Scheduler

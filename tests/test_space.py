@@ -10,7 +10,7 @@ import pytest
 
 from autotune.config import load_config
 from autotune.errors import ConfigError
-from autotune.space import Expr, Feasibility, Missing, Space, config_diff
+from autotune.search.space import Expr, Feasibility, Missing, Space, config_diff
 
 STUDY = """
 [engine]
@@ -150,9 +150,9 @@ def test_config_diff():
 ])
 @pytest.mark.parametrize("gpu", ["b200", "h200"])
 def test_mamba_ratio_matches_the_planners_slots_per_request(flags, gpu):
-    from autotune.planner import plan
-    from autotune.profiles import load_gpu, load_model
-    from autotune.space import mamba_ratio, planner_ratio
+    from autotune.sglang.memory import plan
+    from autotune.sglang.profiles import load_gpu, load_model
+    from autotune.search.space import mamba_ratio, planner_ratio
 
     model, device = load_model("qwen3.6-27b"), load_gpu(gpu)
     expected = plan(model, device, flags).extra["ratio"]
@@ -162,7 +162,7 @@ def test_mamba_ratio_matches_the_planners_slots_per_request(flags, gpu):
 
 
 def test_derived_slots_follow_the_running_cap(tmp_path):
-    from autotune.space import Space
+    from autotune.search.space import Space
 
     space = Space([], {"max_mamba_cache_size": Expr("max_running_requests * mamba_ratio")}, {})
     assert space.complete({"max_running_requests": 40})["max_mamba_cache_size"] == 200

@@ -14,7 +14,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.errors import StorageError
-from autotune.storage import (
+from autotune.search.storage import (
     Liveness,
     WorkerTag,
     check_storage,

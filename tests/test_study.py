@@ -11,10 +11,10 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.config import load_config
-from autotune.planner import plan
-from autotune.profiles import load_gpu, load_model
+from autotune.sglang.memory import plan
+from autotune.sglang.profiles import load_gpu, load_model
 from autotune.results import Capacity, Metrics, Percentiles, TrialResult
-from autotune.study import Sweep, recover, run_study
+from autotune.search.study import Sweep, recover, run_study
 
 STUDY = """
 [study]
@@ -294,3 +294,24 @@ def test_resume_contract_holds_on_every_storage(tmp_path, storage):
         assert again.user_attrs["autotune"]["study"]["name"] == name
     finally:
         optuna.delete_study(study_name=name, storage=storage)
+
+
+def test_launches_count_interrupted_trials_and_not_skipped_or_rejected_ones():
+    from autotune.search.study import finished, launches
+
+    def trial(state, status, **result):
+        attrs = {"status": status, "result": {"status": status, "config": {}, **result}} if status else {}
+        return optuna.trial.create_trial(state=state, value=1.0 if state == TrialState.COMPLETE else None,
+                                         user_attrs=attrs)
+
+    trials = [
+        trial(TrialState.COMPLETE, "ok"),
+        trial(TrialState.COMPLETE, "skipped_infeasible"),  # the planner: no server
+        trial(TrialState.COMPLETE, "bad_args", trial_dir="/t/2"),  # the engine's check: no server
+        trial(TrialState.COMPLETE, "bad_args", trial_dir="/t/3", durations_s={"startup": 2.0}),  # SGLang exited
+        trial(TrialState.FAIL, "interrupted"),  # a killed sweep's trial: its server was up
+        trial(TrialState.FAIL, None),  # failed by Optuna's heartbeat after its worker died
+        trial(TrialState.FAIL, "crash"),
+    ]
+    assert len(launches(trials)) == 5
+    assert len(finished(trials)) == 5  # the budget: interrupted trials run again and count once

@@ -15,12 +15,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from autotune.engines import make_engine
-from autotune.gpu import SimGpuReader
+from autotune.harness.engines import make_engine
+from autotune.harness.gpu import SimGpuReader
 from autotune.results import TrialResult
-from autotune.server import free_port, port_is_free, stop_process_group
-from autotune.trial import Timeouts, run_trial
-from autotune.workload import PromptSample, WorkloadSpec
+from autotune.harness.server import free_port, port_is_free, stop_process_group
+from autotune.harness.trial import Timeouts, run_trial
+from autotune.harness.workload import PromptSample, WorkloadSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
@@ -113,7 +113,8 @@ def test_bad_combination_rejected_by_the_server_is_bad_args(env):
 
 
 def test_startup_oom_is_classified_from_sglangs_line(env):
-    result, _ = trial(env, {"mem_fraction_static": 0.3})
+    # startup_s 1: the dying server holds its /dev/shm files long enough to be seen holding them (SGLang: ~20 s)
+    result, _ = trial(env, {"mem_fraction_static": 0.3}, engine=sim(env, startup_s=1.0))
     assert result.status == "startup_oom"
     assert "Not enough GPU memory for hybrid" in result.reason
     assert result.exit_code in (137, -9)
@@ -167,9 +168,9 @@ HARNESS = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from autotune.engines import make_engine
-    from autotune.trial import run_trial
-    from autotune.workload import WorkloadSpec
+    from autotune.harness.engines import make_engine
+    from autotune.harness.trial import run_trial
+    from autotune.harness.workload import WorkloadSpec
     tmp = Path(sys.argv[1])
     eng = make_engine("sim", model_path="qwen3.6-27b", sim_options={"startup_s": 0.3, "release_s": 0.3, "shm": str(tmp / "shm")})
     def phase(name, info):

@@ -23,7 +23,7 @@ from tinystudy import write_tiny_study
 from autotune.config import load_config
 from autotune.errors import ConfigError, StorageError, StudyError
 from autotune.results import Metrics, Percentiles, TrialResult
-from autotune.workers import (
+from autotune.search.workers import (
     WorkerSweep,
     gains,
     gpu_frame,
@@ -94,7 +94,7 @@ def test_per_gpu_frame_normalises_by_each_gpus_own_baseline():
 
 
 def test_confirmation_takes_contenders_by_gain_when_swept_on_several_gpus():
-    from autotune.confirm import contenders
+    from autotune.search.confirm import contenders
 
     study = optuna.create_study(direction="maximize")
     for k, t in enumerate((_trial("n:0", "baseline", 2000), _trial("n:1", "baseline", 1600),
@@ -142,7 +142,7 @@ def test_workers_on_other_gpus_share_the_study_but_one_gpu_takes_one_sweep(tmp_p
 
 
 def test_worker_command_errors_are_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "autotune.workers", "--config", str(tmp_path / "none.toml"),
+    done = subprocess.run([sys.executable, "-m", "autotune.search.workers", "--config", str(tmp_path / "none.toml"),
                            "--gpu", "0"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.strip().count("\n") == 0 and "study file not found" in done.stderr
@@ -156,7 +156,7 @@ def _intervals_overlap(spans: list[tuple[datetime, datetime]]) -> bool:
 
 def check_shared_study(cfg, gpus: list[int], target: int) -> list[optuna.trial.FrozenTrial]:
     """Every trial ran once, on one GPU, never overlapping another on that GPU; every GPU ran a baseline."""
-    from autotune.study import open_study
+    from autotune.search.study import open_study
 
     trials = open_study(cfg, create=False).get_trials()
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs["status"] != "skipped_infeasible"]
@@ -200,7 +200,7 @@ def test_three_workers_share_a_journal_file_study(tmp_path, sim_env):
     codes = run_workers(cfg, [0, 1, 2], echo=lines.append)
     assert codes == {0: 0, 1: 0, 2: 0}, "\n".join(lines)
     check_shared_study(cfg, [0, 1, 2], 12)
-    from autotune.report import open_study as report_study
+    from autotune.report.page import open_study as report_study
 
     assert len(report_study(None, url).get_trials()) == 12  # the report reads a journal too
 
@@ -229,7 +229,7 @@ def test_a_worker_killed_mid_trial_is_retried_by_another_and_its_server_removed(
         codes = workers.wait(timeout_s=150)
     assert codes[0] == 0 and codes[1] == -signal.SIGKILL, "\n".join(lines)
     assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
-    from autotune.study import open_study
+    from autotune.search.study import open_study
 
     trials = open_study(cfg, create=False).get_trials()
     [killed] = [t for t in trials if t.state == TrialState.FAIL]
@@ -281,7 +281,7 @@ def test_ctrl_c_is_forwarded_every_server_stops_and_trials_are_interrupted(tmp_p
             proc.kill()
     for pid in servers:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    from autotune.study import open_study
+    from autotune.search.study import open_study
 
     trials = open_study(load_config(path), create=False).get_trials()
     stopped = [t for t in trials if t.state == TrialState.FAIL]

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from autotune.errors import WorkloadError
-from autotune.workload import (
+from autotune.harness.workload import (
     CUT,
     PromptSample,
     ReplayRecords,

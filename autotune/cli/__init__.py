@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "fleet": ("autotune.cli.fleet", "fleet", "Start, inspect or stop a local fleet of servers."),
     "inspect": ("autotune.cli.inspect", "inspect", "Diagnose running SGLang servers: binding limit, idle memory, next step."),
     "sim": ("autotune.cli.sim", "sim", "Run the simulated SGLang server (same flags as SGLang)."),
+    "watch": ("autotune.cli.watch", "watch", "Watch a tuned fleet and report when its traffic drifts from the tuning."),
 }
 
 

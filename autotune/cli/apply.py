@@ -24,7 +24,7 @@ def parse_gpus(text: str) -> list[int]:
 
 
 def _winner(config: Path | None, study: str | None, storage: str | None, trial: int | None):
-    from autotune.apply import load_winner, winner_from_yaml
+    from autotune.deploy.apply import load_winner, winner_from_yaml
 
     if config is not None and config.suffix in (".yaml", ".yml"):
         if study or storage or trial is not None:
@@ -41,8 +41,8 @@ def _winner(config: Path | None, study: str | None, storage: str | None, trial: 
 
 
 def _dry_run(winner, fleet_file: Path | None) -> None:
-    from autotune.apply import config_diff
-    from autotune.fleet import load_fleet, server_config
+    from autotune.deploy.apply import config_diff
+    from autotune.deploy.fleet import load_fleet, server_config
 
     if fleet_file is not None:
         fleet = load_fleet(fleet_file)
@@ -66,12 +66,15 @@ def _dry_run(winner, fleet_file: Path | None) -> None:
 @click.option("--storage", help="Optuna storage URL, e.g. sqlite:///study.db.")
 @click.option("--trial", type=int, help="Deploy this trial instead of the confirmed winner.")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Write the artifacts here.")
-@click.option("--gpus", default="0-6", show_default=True, help="GPUs of the fleet the artifacts describe.")
+@click.option("--gpus", help="GPUs of the fleet the artifacts describe, e.g. 0-6 or 0,2,5: one server per index "
+                              "(required unless --fleet names a fleet file whose servers to reuse).")
 @click.option("--base-port", type=click.IntRange(1, 65535), default=30000, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the servers listen on.")
-@click.option("--python", "python", default="python", show_default=True, help="Interpreter in the scripts.")
+@click.option("--python", "python", help="Interpreter in the scripts (default: the study's engine.python, "
+                                        "else this one).")
 @click.option("--model", help="Model path for the launch command (default: the study's).")
-@click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False), help="fleet.toml")
+@click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="fleet.toml: the fleet to compare with, roll out to, or (with --out) whose servers to reuse.")
 @click.option("--dry-run", is_flag=True, help="Print what would change and write nothing.")
 @click.option("--rolling", is_flag=True, help="Roll the config out to --fleet, one server at a time.")
 @click.option("--resume", is_flag=True, help="Finish an interrupted rollout of --fleet.")
@@ -93,7 +96,7 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
           rolling, resume, rollback, prompts, canary_s, canary_warmup_s, canary_concurrency, tolerance,
           kv_tolerance, grace, startup_timeout, keep_partial) -> None:
     """Write the winner's sglang.yaml, launch_fleet.sh, fleet.toml and provenance.json, or roll it out."""
-    from autotune import rollout
+    from autotune.deploy import rollout
 
     # --dry-run may accompany --rolling (show what the rollout would change); the other modes exclude each other.
     modes = [m for m, on in (("--rolling", rolling and not dry_run), ("--resume", resume), ("--rollback", rollback),
@@ -127,8 +130,18 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
         return
     if out is None:
         raise click.UsageError("give --out DIR (or --dry-run, --rolling, --resume, --rollback)")
-    from autotune.apply import write_artifacts
+    if gpus is not None and fleet_file is not None:
+        raise click.UsageError("give --gpus or --fleet (whose servers to reuse), not both")
+    from autotune.deploy.apply import write_artifacts
+    from autotune.redaction import looks_secret
 
-    paths = write_artifacts(winner, out, gpus=parse_gpus(gpus), base_port=base_port, host=host, python=python,
-                            model=model)
+    layout = None
+    if fleet_file is not None:
+        from autotune.deploy.fleet import load_fleet
+
+        layout = load_fleet(fleet_file)
+    paths = write_artifacts(winner, out, gpus=parse_gpus(gpus) if gpus is not None else None, layout=layout,
+                            base_port=base_port, host=host, python=python, model=model)
     click.echo(f"study {winner.study}, trial {winner.trial}: wrote " + ", ".join(str(p) for p in paths))
+    for name in sorted(k for k, v in winner.env.items() if looks_secret(k, v)):
+        click.echo(f"{name} looks like a secret: not written; the launcher and fleet up read it from ${name}")

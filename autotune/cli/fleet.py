@@ -24,8 +24,8 @@ def fleet() -> None:
               help="Seconds each server may take to become healthy.")
 def up(fleet_file: Path, names: tuple[str, ...], timeout: float) -> None:
     """Start every server that is not running (detached: they keep running after this command)."""
-    from autotune.fleet import load_fleet
-    from autotune.fleet import up as fleet_up
+    from autotune.deploy.fleet import load_fleet
+    from autotune.deploy.fleet import up as fleet_up
 
     started = fleet_up(load_fleet(fleet_file), timeout_s=timeout, names=names or None)
     click.echo(f"started: {', '.join(started)}" if started else "all servers already running")
@@ -36,8 +36,8 @@ def up(fleet_file: Path, names: tuple[str, ...], timeout: float) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def status(fleet_file: Path, as_json: bool) -> None:
     """Health, effective capacity, config in use and tok/s of every server."""
-    from autotune.fleet import load_fleet
-    from autotune.fleet import status as fleet_status
+    from autotune.deploy.fleet import load_fleet
+    from autotune.deploy.fleet import status as fleet_status
 
     rows = fleet_status(load_fleet(fleet_file))
     if as_json:
@@ -68,8 +68,8 @@ def status(fleet_file: Path, as_json: bool) -> None:
               help="Seconds SGLang may drain in-flight requests before SIGKILL.")
 def down(fleet_file: Path, names: tuple[str, ...], grace: float) -> None:
     """Stop the servers (SIGTERM, then SIGKILL of the process group after --grace)."""
-    from autotune.fleet import down as fleet_down
-    from autotune.fleet import load_fleet
+    from autotune.deploy.fleet import down as fleet_down
+    from autotune.deploy.fleet import load_fleet
 
     stopped = fleet_down(load_fleet(fleet_file), grace_s=grace, names=names or None)
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else "no server was running")

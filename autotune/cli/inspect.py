@@ -1,4 +1,4 @@
-"""``autotune inspect``: parse, call ``autotune.diagnosis.inspect_servers``, print (and write a sweep file)."""
+"""``autotune inspect``: parse, call ``autotune.inspect.diagnose.inspect_servers``, print (and write a sweep file)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,14 @@ import click
     help="Prompt file the sweep file's [workload] names (default: examples/prompts.jsonl if present, else prompts.jsonl beside the file).",
 )
 @click.option(
+    "--log",
+    "logs",
+    multiple=True,
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="A server's startup log, once per URL in the same order: SGLang states its Mamba pools' size only "
+    "there (its `Mamba Cache is allocated` line). Without it that size is reported as unknown.",
+)
+@click.option(
     "--timeout",
     "timeout_s",
     type=click.FloatRange(min=0.1),
@@ -39,15 +47,16 @@ def inspect(
     gpu: str | None,
     sweep_out: Path | None,
     prompts: str | None,
+    logs: tuple[Path, ...],
     timeout_s: float,
 ) -> None:
     """Diagnose running SGLang servers (read-only): binding limit, pool usage, idle memory, next step."""
     from rich.console import Console
 
-    from autotune.diagnosis import InspectError, inspect_servers
-    from autotune.diagnosis_render import render
+    from autotune.inspect.diagnose import InspectError, inspect_servers
+    from autotune.inspect.render import render
 
-    inspection = inspect_servers(list(urls), model=model, gpu=gpu, timeout_s=timeout_s)
+    inspection = inspect_servers(list(urls), model=model, gpu=gpu, timeout_s=timeout_s, logs=list(logs))
     if as_json:
         click.echo(json.dumps(inspection.to_dict(), indent=2, default=str))
     else:
@@ -57,7 +66,7 @@ def inspect(
             f"no server could be inspected ({len(inspection.failures)} failed; see the lines above)"
         )
     if sweep_out is not None:
-        from autotune.diagnosis_sweep import sweep_toml
+        from autotune.inspect.sweep_file import sweep_toml
 
         base = next(
             (d for d in inspection.servers if d.advice and d.advice.suggestions), inspection.servers[0]

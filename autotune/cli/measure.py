@@ -98,10 +98,10 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
 
     Exit status: 0 when the trial is ok, 3 when it failed (OOM, crash, timeout), 1 for bad input.
     """
-    from autotune.engines import make_engine
-    from autotune.flags import parse_sets
-    from autotune.trial import Timeouts, run_trial
-    from autotune.workload import PromptSample, WorkloadSpec
+    from autotune.harness.engines import make_engine
+    from autotune.sglang.flags import parse_sets
+    from autotune.harness.trial import Timeouts, run_trial
+    from autotune.harness.workload import PromptSample, WorkloadSpec
 
     engine = make_engine(engine_name, model_path=model, python=python, sim_gpu=gpu,
                          sim_options=_sim_options(sim_opts), device=device)

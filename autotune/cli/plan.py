@@ -19,9 +19,9 @@ import click
 def plan(model_name: str, gpu_name: str, gpu_memory_mib: int | None, free_gib: float | None,
          sets: tuple[str, ...], as_json: bool) -> None:
     """Print what SGLang 0.5.23 would allocate, and whether it would start."""
-    from autotune.flags import parse_sets
-    from autotune.planner import plan as make_plan
-    from autotune.profiles import load_gpu, load_model
+    from autotune.sglang.flags import parse_sets
+    from autotune.sglang.memory import plan as make_plan
+    from autotune.sglang.profiles import load_gpu, load_model
 
     flags = parse_sets(sets)
     memory_plan = make_plan(load_model(model_name), load_gpu(gpu_name, memory_mib=gpu_memory_mib), flags,

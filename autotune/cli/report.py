@@ -1,4 +1,4 @@
-"""``autotune report``: parse, call ``autotune.report.report``, print where the page went."""
+"""``autotune report``: parse, call ``autotune.report.page.report``, print where the page went."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import click
 def report(config: Path | None, study: str | None, storage: str | None, out: Path | None,
            compare: tuple[str, ...], fmt: str) -> None:
     """Write a self-contained HTML report that explains why the winner wins."""
-    from autotune.report import report as run_report  # pandas/plotly load only when the command runs
+    from autotune.report.page import report as run_report  # pandas/plotly load only when the command runs
 
     names = [name.strip() for item in compare for name in item.split(",") if name.strip()]
     written, text = run_report(study=study, storage=storage, config=config, out=out, compare=names, fmt=fmt)

@@ -41,8 +41,12 @@ def render(summary: dict[str, Any]) -> str:
     lines = [f"Study {summary['study']} ({summary['storage']}): {summary['n_trials']} trials ({statuses})"]
     if summary["launched"]:
         share = 100 * summary["launched_oom"] / summary["launched"]
-        lines.append(f"  launched {summary['launched']} servers, {summary['launched_oom']} ran out of memory "
-                     f"({share:.0f} %); the planner skipped the rest without launching")
+        again = summary.get("launched_interrupted") or 0
+        rerun = f" ({again} interrupted and run again)" if again else ""
+        skipped = summary["statuses"].get("skipped_infeasible", 0)
+        tail = f"; the planner skipped {skipped} without launching" if skipped else ""
+        lines.append(f"  launched {summary['launched']} servers{rerun}, {summary['launched_oom']} ran out of memory "
+                     f"({share:.0f} %){tail}")
     base, best = summary["baseline"], summary["best"]
     lines.append(f"  baseline (trial {base['trial']}): {_tok(base['output_tok_s'])}")
     for e in summary["enqueued"]:
@@ -51,17 +55,27 @@ def render(summary: dict[str, Any]) -> str:
         ci = (f" (95 % CI of the median {best['ci_low']:,.0f}–{best['ci_high']:,.0f})"
               if best.get("ci_low") is not None else "")
         lines.append(f"  winner: trial {best['trial']}: {_tok(best['output_tok_s'])}{ci}")
-        from autotune.flags import FlagTable
+        from autotune.sglang.flags import FlagTable
 
         flags = " ".join(FlagTable.bundled().to_argv(best["params"] or {}))  # store-true flags bare, as SGLang wants
         lines.append(f"    {flags}")
-    gain_ci = summary.get("gain_ci")
-    ci = f" (95 % CI {gain_ci[0]:.2f}–{gain_ci[1]:.2f}×)" if gain_ci and gain_ci[0] is not None else ""
-    lines.append(f"  gain over baseline: {_x(summary['gain_over_baseline'])}{ci}")
+        gain_ci = summary.get("gain_ci")
+        ci = f" (95 % CI {gain_ci[0]:.2f}–{gain_ci[1]:.2f}×)" if gain_ci and gain_ci[0] is not None else ""
+        lines.append(f"  gain over baseline: {_x(summary['gain_over_baseline'])}{ci}")
+    elif summary.get("outcome") == "baseline":
+        lines.append("  winner: none, no config beat the baseline (keep the baseline; nothing to apply)")
+    else:
+        lines.append("  winner: none (nothing to apply)")
     defaults = summary.get("defaults")
-    if defaults:
+    if defaults and defaults.get("output_tok_s") and best:
         lines.append(f"  gain over SGLang 0.5.23 defaults ({_tok(defaults['output_tok_s'])}, {defaults['how']}): "
                      f"{_x(summary['gain_over_defaults'])}")
+    elif defaults and defaults.get("output_tok_s"):
+        lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept): {_tok(defaults['output_tok_s'])}, {defaults['how']}")
+    elif defaults:
+        why = f"{defaults.get('status') or 'failed'}" + (f": {defaults['reason']}" if defaults.get("reason") else "")
+        lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept) failed, {defaults['how']}: {why}; "
+                     "no gain over defaults")
     if summary.get("note"):
         lines.append(f"  note: {summary['note']}")
     if summary.get("interrupted"):
@@ -82,7 +96,7 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
           engine: str | None, as_json: bool, gpus: str | None) -> None:
     """Run (or resume) a study: search configs, then confirm the winner."""
     from autotune.config import load_config
-    from autotune.confirm import run_sweep
+    from autotune.search.confirm import run_sweep
     from autotune.progress import make_progress
 
     cfg = load_config(resolve_config(config_path), name=study_name, storage=storage, trials=trials, engine=engine)
@@ -91,8 +105,8 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
     summary = run_sweep(cfg, progress=make_progress(quiet_stdout=as_json))
     click.echo(json.dumps(summary, indent=2, default=str) if as_json else render(summary))
     if gpus and not as_json:
-        from autotune.study import open_study
-        from autotune.workers import render_gpus
+        from autotune.search.study import open_study
+        from autotune.search.workers import render_gpus
 
         click.echo(render_gpus(open_study(cfg, create=False)))
     if summary.get("interrupted"):
@@ -100,8 +114,8 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
 
 
 def _search_on(cfg: Any, gpus: str, *, err: bool) -> Any:
-    """The search on one worker per GPU (``autotune.workers``); the confirmation then runs on the first GPU."""
-    from autotune.workers import on_gpu, parse_gpus, run_workers
+    """The search on one worker per GPU (``autotune.search.workers``); the confirmation then runs on the first GPU."""
+    from autotune.search.workers import on_gpu, parse_gpus, run_workers
 
     indices = parse_gpus(gpus)
     try:

@@ -39,7 +39,7 @@ def rows(study) -> list[dict[str, Any]]:
 def _open(config_path: Path | None, study_name: str | None, storage: str | None):
     import optuna
 
-    from autotune.study import open_study, redact
+    from autotune.search.study import open_study, redact
 
     if config_path is not None or storage is None:
         from autotune.cli.sweep import resolve_config
@@ -47,7 +47,7 @@ def _open(config_path: Path | None, study_name: str | None, storage: str | None)
 
         cfg = load_config(resolve_config(config_path), name=study_name, storage=storage)
         return open_study(cfg, create=False)
-    from autotune.storage import open_storage
+    from autotune.search.storage import open_storage
 
     url, storage = storage, open_storage(storage)  # journal files and RDB URLs alike
     try:
@@ -88,7 +88,7 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
     from rich.console import Console
     from rich.table import Table
 
-    from autotune.space import config_diff
+    from autotune.search.space import config_diff
 
     # The table shows each config as its difference from the baseline; CSV and JSON carry the full flags.
     base = next((r["params"] for r in data if r["role"].startswith("baseline")), None) or {}

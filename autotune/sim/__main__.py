@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import mmap
 import os
+import random
 import secrets
 import signal
 import socket
@@ -44,15 +46,50 @@ def _bad_args(message: str) -> int:
     return 1
 
 
-def _shm_files(directory: str, pid: int) -> list[Path]:
-    """The files a real launch leaves in /dev/shm (a loads segment, and a semaphore only a SIGKILL leaves)."""
-    base = Path(directory)
-    base.mkdir(parents=True, exist_ok=True)
-    loads = base / f"sglang_loads_{pid}.shm"
-    sem = base / f"sem.mp-{secrets.token_hex(4)}"
-    loads.write_bytes(b"\0" * 16384)
-    sem.write_bytes(b"\0" * 32)
-    return [loads, sem]
+SEM_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"  # multiprocessing's random semaphore names
+
+
+class ShmFiles:
+    """What a real launch puts in /dev/shm, held open and mapped while it runs, as SGLang's processes hold them.
+
+    Real-shaped names (no pid): the load-report segment, the CPU all-reduce buffer named after the dist port (a
+    few KiB here, ~270 MB in SGLang) and multiprocessing semaphores. A clean exit unlinks only the semaphores.
+    """
+
+    def __init__(self, directory: str, *, host: str, dist_port: int):
+        base = Path(directory)
+        base.mkdir(parents=True, exist_ok=True)
+        self._maps: list[mmap.mmap] = []
+        self._fds: list[int] = []
+        self.loads = self._create(base / f"sglang_loads_{secrets.token_hex(6)}_{secrets.token_hex(4)}.shm", 16384)
+        self.buffer = self._create(base / f"deepspeed_allreduce_buffer_{os.getuid()}_{host}_{dist_port}_0", 8192)
+        # sem_open maps the semaphore and closes its descriptor: held by a mapping only
+        self.sems = [self._create(base / f"sem.mp-{_sem_name()}", 32, keep_fd=False) for _ in range(2)]
+
+    def _create(self, path: Path, size: int, *, keep_fd: bool = True) -> Path:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.write(fd, b"\0" * size)  # written, not sparse: the pages hold RAM like SGLang's
+        self._maps.append(mmap.mmap(fd, size))
+        if keep_fd:
+            self._fds.append(fd)
+        else:
+            os.close(fd)
+        return path
+
+    def close_clean(self) -> None:
+        """A clean exit: multiprocessing's resource tracker unlinks the semaphores; the rest stays (as observed)."""
+        for sem in self.sems:
+            sem.unlink(missing_ok=True)
+
+
+def _sem_name() -> str:
+    return "".join(secrets.choice(SEM_CHARS) for _ in range(8))
+
+
+def dist_port(server_args: dict[str, Any], port: int) -> int:
+    """SGLang's dist (nccl) port: ``--nccl-port``, else the server port plus a random 100-1000."""
+    given = server_args.get("nccl_port")
+    return int(given) if given else port + random.randint(100, 1000)
 
 
 async def _phase(log: logs.Log, lines: list[str], seconds: float) -> None:
@@ -186,14 +223,15 @@ def main(argv: list[str] | None = None) -> int:
         return _bad_args(st.plan.message or "invalid server arguments")
     log(logs.server_args_line(st.resolved_args()))
     st.register_device()
-    shm = _shm_files(args.sim["shm"], os.getpid()) if args.sim.get("shm") else []
+    shm = None
+    if args.sim.get("shm"):
+        shm = ShmFiles(args.sim["shm"], host=st.host, dist_port=dist_port(st.server_args, st.port))
     try:
         rc = asyncio.run(_serve(st, log))
     finally:
         device.mark_exited(st.gpu_index, os.getpid(), directory=st.device_dir)
-    for path in shm:
-        if path.name.startswith("sem."):
-            path.unlink(missing_ok=True)  # a clean exit unlinks its semaphores; the loads segment stays (as observed)
+    if shm is not None:
+        shm.close_clean()
     return rc
 
 

@@ -85,6 +85,13 @@ def _add_sglang_flag(parser: argparse.ArgumentParser, row: dict[str, Any]) -> No
         parser.add_argument(*names, **kwargs, **common)
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
 def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
     sim = parser.add_argument_group("simulation (not SGLang flags)")
     sim.add_argument("--sim-gpu", default=os.environ.get(DEFAULT_GPU_ENV, "b200"), help="GPU profile name")
@@ -96,6 +103,9 @@ def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--sim-output-mean", type=int, default=2500, help="mean natural output length (tokens)")
     sim.add_argument("--sim-output-dist", default="lognormal", choices=OUTPUT_DISTS, help="distribution of natural output lengths")
     sim.add_argument("--sim-noise", type=float, default=0.0, help="relative noise on step times")
+    sim.add_argument("--sim-speedup", type=_positive_float, default=1.0,
+                     help="pace the modelled clock this many times faster than real time (tests and benchmarks: a "
+                          "rate the host's CPU cannot pace, which the harness must refuse)")
     sim.add_argument("--sim-release-s", type=float, default=1.0, help="GPU memory release delay after exit")
     sim.add_argument("--sim-device-dir", default=None, help="simulated GPU registry (default $AUTOTUNE_SIM_DEVICE_DIR)")
     sim.add_argument(

@@ -108,9 +108,9 @@ def evaluate(
     output_dist: str = "lognormal",
 ) -> SimEvaluation:
     """Simulate one trial of ``flags`` (SGLang dest names) on ``workload``; ``model``/``gpu`` are names or profiles."""
-    from autotune.flags import FlagTable
-    from autotune.planner import plan
-    from autotune.profiles import load_gpu, load_model
+    from autotune.sglang.flags import FlagTable
+    from autotune.sglang.memory import plan
+    from autotune.sglang.profiles import load_gpu, load_model
 
     cpu0 = time.process_time()
     check_request_params(acceptance_mean=acceptance, output_mean=output_mean, output_dist=output_dist)
@@ -128,7 +128,8 @@ def evaluate(
     if not mp.fits:
         return SimEvaluation(status=mp.failure or "startup_oom", reason=mp.message, **common,
                              cpu_s=time.process_time() - cpu0)
-    sched = Scheduler.from_plan(mp, model_p, gpu_p, noise=noise, seed=seed, emit=False)
+    sched = Scheduler.from_plan(mp, model_p, gpu_p, noise=noise, seed=seed, emit=False,
+                                track_interval=config.get("mamba_track_interval"))
     loop = _ClosedLoop(sched, workload, seed=seed, acceptance=acceptance, output_mean=output_mean,
                        output_dist=output_dist, concurrency=workload.concurrency or 2 * sched.limits.max_running_requests)
     status, reason = loop.run()

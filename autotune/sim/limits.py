@@ -41,6 +41,8 @@ class SchedulerLimits:
     decode_log_interval: int = 40
     decode_graph_bs: int = 256  # largest decode batch with a captured CUDA graph
     prefill_graph_tokens: int = 0  # largest prefill batch with a captured graph
+    radix_cache: bool = False  # SGLang's prefix cache (on unless --disable-radix-cache)
+    mamba_track_interval: int | None = None  # extra_buffer strategies: a Mamba state saved every N tokens
 
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "kv_tokens", "page_size", "draft_tokens", "decode_log_interval"):
@@ -58,9 +60,12 @@ class SchedulerLimits:
         return 1 + max(0, self.ratio - 3)
 
     @classmethod
-    def from_plan(cls, plan: Any, *, decode_log_interval: int = 40) -> SchedulerLimits:
-        """From a fitting ``planner.MemoryPlan`` (its fields plus the ``extra`` resolution details)."""
+    def from_plan(cls, plan: Any, *, decode_log_interval: int = 40,
+                  track_interval: int | None = None) -> SchedulerLimits:
+        """From a fitting ``planner.MemoryPlan`` (its fields plus the ``extra`` resolution details);
+        ``track_interval`` is ``--mamba-track-interval`` (SGLang's default 256 when None)."""
         extra = plan.extra
+        extra_buffer = str(extra.get("strategy") or "").startswith("extra_buffer")
         spec = bool(extra.get("spec"))
         oom = extra.get("runtime_oom_tokens")
         return cls(
@@ -76,6 +81,8 @@ class SchedulerLimits:
             decode_log_interval=decode_log_interval,
             decode_graph_bs=largest_graph_bs(extra.get("decode_graph_bs")),
             prefill_graph_tokens=int(extra.get("prefill_graph_tokens") or 0),
+            radix_cache=bool(extra.get("radix_cache")),
+            mamba_track_interval=int(track_interval or 256) if extra_buffer else None,
         )
 
 
@@ -96,6 +103,8 @@ class SchedulerStats:
     generation_tokens_total: int = 0
     requests_total: int = 0  # finished (length or stop)
     aborted_total: int = 0
+    cached_tokens_total: int = 0  # prompt tokens served by the radix cache (device hits)
+    input_tokens_total: int = 0  # prompt tokens prefilled (computed)
     last_gen_throughput: float = 0.0
     new_token_ratio: float = INIT_NEW_TOKEN_RATIO
     clock_s: float = 0.0  # Σ step durations so far

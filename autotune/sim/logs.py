@@ -185,12 +185,12 @@ def runtime_oom(new_tokens: int, alloc_gib: float) -> str:
 
 
 def prefill_line(*, new_seq: int, new_token: int, kv_usage: float, mamba_usage: float, hybrid: bool, running: int,
-                 queue: int, pending: int, graph: bool, throughput: float) -> str:
+                 queue: int, pending: int, graph: bool, throughput: float, cached_token: int = 0) -> str:
     if hybrid:
         usage = f"full token usage: {kv_usage:.2f}, mamba usage: {mamba_usage:.2f}"
     else:
         usage = f"token usage: {kv_usage:.2f}"
-    return (f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: 0, {usage}, "
+    return (f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: {cached_token}, {usage}, "
             f"#running-req: {running}, #queue-req: {queue}, #pending-token: {pending}, cuda graph: {graph}, "
             f"input throughput (token/s): {throughput:.2f}")
 
@@ -211,6 +211,22 @@ def retract_line(retracted: int, gained: int, mamba_gained: int | None, old: flo
     mamba = f", #mamba_num_gained: {mamba_gained}" if mamba_gained is not None else ""
     return (f"KV cache pool is full. Retract requests. #retracted_reqs: {retracted}, #new_tokens_gained: {gained}"
             f"{mamba}, #new_token_ratio: {old:.4f} -> {new:.4f}")
+
+
+def pace_line(modelled_s: float, lag_s: float) -> str:
+    """The simulator's own line (not SGLang's): how far its wall clock fell behind its modelled clock."""
+    share = lag_s / modelled_s if modelled_s > 0 else 0.0
+    return (f"[sim] pacing: {modelled_s:.2f} modelled s, wall clock {lag_s:+.3f} s behind ({share:.1%} lag); "
+            f"over 2 % the harness refuses the measurement")
+
+
+def prometheus_modes(name: str, kind: str, values: dict[str, float], *, labels: dict[str, str]) -> str:
+    """One SGLang metric split by a ``mode`` label (``prefill_effective_tokens_total{mode="device_hit"}``)."""
+    out = [f"# HELP sglang:{name} {name.replace('_', ' ')}.", f"# TYPE sglang:{name} {kind}"]
+    for mode, value in values.items():
+        lab = ",".join(f'{k}="{v}"' for k, v in sorted({**labels, "mode": mode}.items()))
+        out.append(f"sglang:{name}{{{lab}}} {float(value)}")
+    return "\n".join(out) + "\n"
 
 
 def kill_tree(pid: int, *, include_parent: bool) -> str:
@@ -243,6 +259,22 @@ def prometheus(gauges: dict[str, Any], counters: dict[str, Any], summaries: dict
         out += [f"# HELP sglang:{name} {name.replace('_', ' ')}.", f"# TYPE sglang:{name} histogram",
                 f'sglang:{name}_bucket{lab[:-1]},le="+Inf"}} {float(count)}',
                 f"sglang:{name}_sum{lab} {float(total)}", f"sglang:{name}_count{lab} {float(count)}"]
+    return "\n".join(out) + "\n"
+
+
+def prometheus_histogram(name: str, bounds: tuple[float, ...], counts: list[int], total: float,
+                         *, labels: dict[str, str]) -> str:
+    """One SGLang histogram (``sglang:<name>``): cumulative ``_bucket`` series for ``bounds`` and ``+Inf``,
+    then ``_sum`` and ``_count``. ``counts[i]`` is the observations in bucket i (``counts[-1]``: above the last
+    bound), not yet cumulative."""
+    lab = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    out = [f"# HELP sglang:{name} {name.replace('_', ' ')}.", f"# TYPE sglang:{name} histogram",
+           f"sglang:{name}_sum{{{lab}}} {float(total)}"]
+    running = 0
+    for bound, count in zip((*map(repr, map(float, bounds)), "+Inf"), counts, strict=True):
+        running += count
+        out.append(f'sglang:{name}_bucket{{{lab},le="{bound}"}} {float(running)}')
+    out.append(f"sglang:{name}_count{{{lab}}} {float(running)}")
     return "\n".join(out) + "\n"
 
 

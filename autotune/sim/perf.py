@@ -163,6 +163,10 @@ class PerfModel:
             t = max(t * self._factor(), self.prefill_roofline_s(new_tokens, num_seqs))
         return t
 
+    def state_copy_s(self, copies: int) -> float:
+        """Saving ``copies`` Mamba states into the radix cache: each reads and writes one slot (P bytes)."""
+        return 2.0 * copies * self.params.mamba_slot_bytes * self._inv_bw
+
     def _factors(self, count: int) -> np.ndarray:
         """The next ``count`` factors, exactly the values ``count`` calls of ``_factor`` would return."""
         parts = []

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass
 
 from autotune.errors import ConfigError
+from autotune.sim.radix import token_key
 
 OUTPUT_DISTS: tuple[str, ...] = ("lognormal", "fixed", "uniform")
 LOGNORMAL_SIGMA = 0.6  # spread of natural answer lengths: most near the mean, a long tail of long answers
@@ -35,6 +36,7 @@ class SimRequest:
     ignore_eos: bool
     natural_len: int  # where the model would stop on its own (EOS)
     alpha: float  # per-token draft acceptance probability for this prompt
+    key: str = ""  # the prompt as whole simulated tokens: what the radix cache matches (``radix.token_key``)
 
     @property
     def target_len(self) -> int:
@@ -52,6 +54,27 @@ def request_rng(text: str, seed: int) -> random.Random:
     """An RNG that depends only on the prompt text and the seed (stable across processes)."""
     digest = hashlib.blake2b(f"{seed}\x00{text}".encode(), digest_size=8).digest()
     return random.Random(int.from_bytes(digest, "little"))
+
+
+def stable_hash(*parts: object) -> int:
+    """A 64-bit hash of ``parts`` that is the same in every process (unlike the salted built-in ``hash``)."""
+    text = "\x00".join(map(str, parts))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8, person=b"autotune-sim").digest(), "little")
+
+
+GREEDY_TEMPERATURE = 1e-6  # SGLang samples greedily (top_k = 1) below this temperature
+
+
+def is_greedy(temperature: object = None, top_k: object = None) -> bool:
+    """Whether SGLang decodes greedily; an unset temperature is SGLang's default 1.0 (sampled).
+
+    Raises ``ValueError`` for a temperature that is not a non-negative number, as SGLang rejects it.
+    """
+    if temperature is None:
+        temperature = 1.0
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+        raise ValueError(f"temperature must be a non-negative number, got {temperature!r}")
+    return temperature < GREEDY_TEMPERATURE or top_k == 1
 
 
 def _natural_len(rng: random.Random, output_mean: float, output_dist: str) -> int:
@@ -109,4 +132,5 @@ def make_request(
         ignore_eos=ignore_eos,
         natural_len=natural,
         alpha=alpha,
+        key=token_key(text),
     )

@@ -1,8 +1,8 @@
 """One request's response as SGLang shapes it: native ``/generate`` and OpenAI completion/chat bodies, streamed
-(SSE) or whole.
+(SSE) or whole, with ``meta_info.output_token_logprobs`` when a native request asks for ``return_logprob``.
 
-Chunks are formatted by hand from a pre-built filler text: that keeps the pacing loop's hot path to a string join
-and one ``send`` per request per step.
+Chunks are formatted by hand from a pre-built filler text (``tokens``): that keeps the pacing loop's hot path to
+a string join and one ``send`` per request per step. Which tokens a request emits is its ``TokenPlan``.
 """
 
 from __future__ import annotations
@@ -15,31 +15,21 @@ from typing import Any
 
 from starlette.responses import Response
 
+from autotune.sim.tokens import STREAM, TokenPlan, filler
+
 __all__ = ["CHAT", "COMPLETION", "EOS_ID", "NATIVE", "SSEResponse", "Stream", "filler"]
 
 NATIVE, COMPLETION, CHAT = "generate", "text_completion", "chat.completion"
 EOS_ID = 248046  # what a "stop" finish reports as the matched token
-_N = 1 << 14  # filler tokens before the text repeats (longer outputs take a slower path)
-_IDS = [1000 + (i * 7919) % 9000 for i in range(2 * _N)]  # 4-digit ids: every token is exactly 6 text chars
-_TEXT = "".join(f" w{i}" for i in _IDS)
-_IDTXT = ",".join(map(str, _IDS)) + ","
-
-
-def filler(offset: int, start: int, end: int) -> tuple[str, str]:
-    """Text and comma-joined ids of tokens [start, end) of a stream whose filler starts at ``offset``."""
-    a, b = offset + start, offset + end
-    if b <= 2 * _N:
-        return _TEXT[a * 6 : b * 6], _IDTXT[a * 5 : b * 5 - 1]
-    ids = [_IDS[(offset + i) % (2 * _N)] for i in range(start, end)]
-    return "".join(f" w{i}" for i in ids), ",".join(map(str, ids))
 
 
 class Stream:
     """One request's tokens as they are delivered, and what its response needs to say about them."""
 
     __slots__ = ("rid", "kind", "prompt_tokens", "completion_tokens", "sent", "finished", "reason", "verify_ct",
-                 "accepted", "retractions", "event", "created", "first_at", "done_at", "offset", "model",
-                 "include_usage", "draft_tokens", "gone", "interval")
+                 "accepted", "retractions", "event", "created", "first_at", "done_at", "tokens", "model",
+                 "include_usage", "draft_tokens", "gone", "interval", "return_logprob", "logprob_text",
+                 "cached", "cache_report")
 
     def __init__(self, rid: str, kind: str, prompt_tokens: int, *, model: str, draft_tokens: int):
         self.rid, self.kind, self.prompt_tokens = rid, kind, prompt_tokens
@@ -49,18 +39,28 @@ class Stream:
         self.event = asyncio.Event()
         self.created = time.time()
         self.first_at = self.done_at = 0.0
-        self.offset = int(rid[:4], 16) % _N  # where its filler starts: varied, and inside the fast path
+        # Which tokens it emits: by default a stretch of the filler picked by its id (a sampled request);
+        # the server sets a prompt-determined plan for greedy requests (``sim.divergence``).
+        self.tokens = TokenPlan.reference(int(rid[:4], 16) % STREAM)
+        self.return_logprob = False  # native ``return_logprob``: add output_token_logprobs to meta_info
+        self.logprob_text = False  # ``return_text_in_logprobs``: each triple carries the token's text
         self.model, self.draft_tokens = model, draft_tokens
         self.interval = 1  # SGLang's --stream-interval: send every N tokens (and always the last)
+        self.cached = 0  # prompt tokens the radix cache served (meta_info.cached_tokens)
+        self.cache_report = False  # --enable-cache-report: OpenAI usage carries prompt_tokens_details
 
     def push(self, em: Any) -> None:
         if not self.first_at and em.completion_tokens:
             self.first_at = time.time()
         self.completion_tokens = em.completion_tokens
         self.verify_ct, self.accepted, self.retractions = em.verify_ct, em.accepted_drafts, em.retractions
+        self.cached = em.cached_tokens
         if em.finished:
             self.finished, self.reason, self.done_at = True, em.finish_reason or "length", time.time()
-        self.event.set()
+        # Wake the sender only when it will send: with a large --stream-interval, idle wake-ups would cost the
+        # pacing loop as much CPU as the chunks it saves.
+        if self.finished or self.completion_tokens - self.sent >= self.interval:
+            self.event.set()
 
     async def wait_finished(self) -> None:
         while not self.finished and not self.gone:
@@ -82,8 +82,10 @@ class Stream:
         meta: dict[str, Any] = {
             "id": self.rid, "finish_reason": self._finish_native(), "prompt_tokens": self.prompt_tokens,
             "weight_version": "default", "num_retractions": self.retractions, "reasoning_tokens": 0,
-            "completion_tokens": n, "cached_tokens": 0, "cached_tokens_details": None, "dp_rank": None,
+            "completion_tokens": n, "cached_tokens": self.cached, "cached_tokens_details": None, "dp_rank": None,
         }
+        if self.return_logprob:
+            meta.update(self.logprobs(n))
         if self.finished:
             meta["e2e_latency"] = self.done_at - self.created
             if self.draft_tokens > 1:
@@ -95,22 +97,35 @@ class Stream:
                 meta["spec_num_proposed_drafts"] = proposed
         return meta
 
+    def logprobs(self, end: int) -> dict[str, Any]:
+        """SGLang's logprob fields for output tokens [0, end): ``[logprob, token_id, text or null]`` triples.
+
+        ``logprob_start_len`` defaults to -1 in SGLang (no prompt logprobs); the simulator never returns any.
+        """
+        ids, values = self.tokens.ids(0, end), self.tokens.logprobs(0, end)
+        return {"input_token_logprobs": [], "output_token_logprobs": [
+            [lp, tid, f" w{tid}" if self.logprob_text else None] for lp, tid in zip(values, ids, strict=True)]}
+
     def usage(self) -> dict[str, Any]:
         p, n = self.prompt_tokens, self.completion_tokens
-        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n, "prompt_tokens_details": None,
+        details = {"cached_tokens": self.cached} if self.cache_report else None
+        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n, "prompt_tokens_details": details,
                 "reasoning_tokens": 0}
 
     def chunk(self, start: int, end: int) -> str:
         """One SSE event with tokens [start, end) (cumulative text for native, a delta for OpenAI)."""
         if self.kind == NATIVE:
-            text, ids = filler(self.offset, 0, end)
-            if self.finished:
-                return f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{json.dumps(self.meta(), separators=(",", ":"))}}}\n\n'
+            text, ids = self.tokens.span(0, end)
+            if self.finished or self.return_logprob:
+                meta = self.meta()
+                if end != self.completion_tokens:
+                    meta.update(completion_tokens=end, **(self.logprobs(end) if self.return_logprob else {}))
+                return f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{json.dumps(meta, separators=(",", ":"))}}}\n\n'
             return (f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{{"id":"{self.rid}",'
                     f'"finish_reason":null,"prompt_tokens":{self.prompt_tokens},"weight_version":"default",'
                     f'"num_retractions":{self.retractions},"reasoning_tokens":0,"completion_tokens":{end},'
-                    '"cached_tokens":0,"cached_tokens_details":null,"dp_rank":null}}\n\n')
-        text, _ = filler(self.offset, start, end)
+                    f'"cached_tokens":{self.cached},"cached_tokens_details":null,"dp_rank":null}}}}\n\n')
+        text, _ = self.tokens.span(start, end)
         reason = f'"{self.reason}"' if self.finished else "null"
         matched = EOS_ID if self.finished and self.reason == "stop" else "null"
         if self.kind == CHAT:
@@ -130,7 +145,7 @@ class Stream:
 
     def body(self) -> dict[str, Any]:
         """The non-streaming response."""
-        text, ids = filler(self.offset, 0, self.completion_tokens)
+        text, ids = self.tokens.span(0, self.completion_tokens)
         if self.kind == NATIVE:
             return {"text": text, "output_ids": json.loads(f"[{ids}]"), "meta_info": self.meta()}
         reason = self.reason or "abort"

@@ -30,6 +30,7 @@ from autotune.sim.limits import (
 )
 from autotune.sim.logs import decode_line, prefill_line, retract_line, runtime_oom
 from autotune.sim.perf import PerfModel, PerfParams
+from autotune.sim.radix import CHARS, RadixCache
 from autotune.sim.requests import SimRequest
 from autotune.sim.step import Emission, ReqState, StepResult
 
@@ -72,12 +73,16 @@ class Scheduler:
         self._last = np.zeros(cap)  # when each request entered (its prefill token); older ones: _prev_end
         self._prev_end = 0.0  # when the previous decode cycle ended
         self._fresh = False  # a request entered since the previous decode cycle
+        # SGLang's prefix cache: hits skip prefill, the tree lives in the KV pool (and Mamba slots), LRU-evicted.
+        self.cache = (RadixCache(hybrid=limits.hybrid, track_interval=limits.mamba_track_interval,
+                                 page_size=limits.page_size) if limits.radix_cache else None)
 
     @classmethod
     def from_plan(cls, plan: Any, model: Any, gpu: Any, *, noise: float = 0.0, seed: int = 0, emit: bool = True,
-                  decode_log_interval: int = 40) -> Scheduler:
+                  decode_log_interval: int = 40, track_interval: int | None = None) -> Scheduler:
         """The scheduler and speed model for a fitting plan: one constructor for the paced and the virtual clock."""
-        limits = SchedulerLimits.from_plan(plan, decode_log_interval=decode_log_interval)
+        limits = SchedulerLimits.from_plan(plan, decode_log_interval=decode_log_interval,
+                                           track_interval=track_interval)
         x = plan.extra
         params = PerfParams.from_profiles(model, gpu, kv_cell_bytes=x.get("kv_cell_bytes"),
                                           mamba_slot_bytes=x.get("mamba_slot_bytes"), with_draft=limits.spec,
@@ -111,6 +116,8 @@ class Scheduler:
             self._unfit = []
         # A decode step ends exactly where its last cycle ended (``duration_s`` is that minus the start, rounded).
         self.clock = self._prev_end if result.kind == "decode" else self.clock + result.duration_s
+        if self.cache is not None:
+            self._make_room()
         return result
 
     @property
@@ -118,14 +125,15 @@ class Scheduler:
         """The counters, with the gauges refreshed now (refreshing them every step would cost the hot loop)."""
         s = self._stats
         s.num_running, s.num_queue = self._n, len(self.waiting) + (self.chunked is not None)
-        s.kv_used = int(self._ctx_sum) + (self.chunked.done_prefill if self.chunked else 0)
+        s.kv_used = self.kv_used_tokens()
         s.mamba_used = self._mamba_num()
         s.new_token_ratio = self.new_token_ratio
         s.clock_s = self.clock
         return s
 
     def kv_used_tokens(self) -> int:
-        """KV tokens held, page-aligned per request as SGLang's allocator counts them."""
+        """KV tokens held (not evictable), page-aligned per request as SGLang's allocator counts them; a prefix
+        running requests share through the radix cache is held once."""
         n, page = self._n, self._page
         if page > 1:
             ctx = self._prompt[:n] + self._target[:n] - self._left[:n]
@@ -133,8 +141,38 @@ class Scheduler:
         else:
             used = int(self._ctx_sum)
         if self.chunked is not None:
-            used += -(-self.chunked.done_prefill // page) * page
-        return used
+            used += -(-(self.chunked.done_prefill + self.chunked.cached) // page) * page
+        return used - self._shared()
+
+    def _shared(self) -> int:
+        return self.cache.shared_tokens if self.cache is not None else 0
+
+    def _make_room(self) -> None:
+        """Evict cached prefixes (LRU) that no longer fit beside what running requests hold: KV tokens, and for
+        hybrid models the Mamba slots the running requests leave free."""
+        cache, lim = self.cache, self.limits
+        if not cache.evictable_tokens and not cache.evictable_states:
+            return
+        over = self.kv_used_tokens() + cache.evictable_tokens - lim.kv_tokens
+        states_over = 0
+        if lim.hybrid:
+            busy = self._n + (self.chunked is not None)
+            states_over = cache.states - max(0, (lim.mamba_slots or 0) - busy * lim.mamba_slots_per_req)
+        if over > 0 or states_over > 0:
+            cache.evict(tokens=over, states=states_over)
+
+    def _admit(self, r: ReqState) -> None:
+        """Match the request's prompt in the radix cache and lock the hit (at least one token is computed)."""
+        key = r.req.key
+        limit = min(r.req.prompt_tokens, len(key) // CHARS) - 1
+        r.node, r.cached = self.cache.match(key, max(0, limit))
+
+    def _release(self, r: ReqState) -> None:
+        """Unlock its prefix (finished, aborted, retracted or not admitted after all); ``cached`` stays for its
+        report and is matched afresh at its next admission."""
+        if r.node is not None:
+            self.cache.unlock(r.node)
+            r.node = None
 
     # -- prefill ------------------------------------------------------------------------------------------
     def _prefill(self) -> StepResult | None:
@@ -154,15 +192,22 @@ class Scheduler:
             batch.append((r, take))
             budget -= take
             free -= take
+        cache = self.cache
         while self.waiting and budget > 0 and n + len(batch) < lim.max_running_requests:
             r = self.waiting[0]
-            need = r.extend_len
-            if need + self._d + self._page > lim.kv_tokens:
+            if r.req.prompt_tokens + r.gen + self._d + self._page > lim.kv_tokens:
                 self.waiting.popleft()  # can never fit, even alone: SGLang rejects it
                 self._finish_unfit(r)
                 continue
+            if cache is not None:
+                held = cache.locked_tokens
+                self._admit(r)
+                free -= cache.locked_tokens - held  # a hit on an unlocked prefix now holds it
+            need = r.extend_len
             future = min(r.req.max_new_tokens - r.gen, CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
             if need + future > free and (n or batch):
+                if cache is not None:
+                    self._release(r)
                 break  # wait for running requests to finish and free KV
             self.waiting.popleft()
             if need > budget:  # split: this chunk now, the rest in the next prefill steps
@@ -182,6 +227,13 @@ class Scheduler:
             return StepResult(0.0, "prefill", runtime_oom=self._dead)
         running_before = self._n
         duration = self.perf.prefill_s(new_tokens, len(batch))
+        cached = 0
+        if self.cache is not None:
+            cached = sum(r.cached for r, take in batch if r.done_prefill == 0)
+            duration += self.perf.state_copy_s(self._insert_done(batch))
+        st = self._stats
+        st.input_tokens_total += new_tokens
+        st.cached_tokens_total += cached
         now = self.clock + duration
         started: list[str] = []
         finished: list[Emission] = []
@@ -203,6 +255,8 @@ class Scheduler:
             if r.gen >= r.req.target_len:
                 em = self._emission(r, 1, finished=True, reason=r.req.finish_reason)
                 finished.append(em)
+                if self.cache is not None:
+                    self._release(r)
             else:
                 self._enter(r)
                 em = self._emission(r, 1, finished=False, reason=None)
@@ -219,10 +273,22 @@ class Scheduler:
                 new_seq=len(batch), new_token=new_tokens, kv_usage=self.kv_used_tokens() / lim.kv_tokens,
                 mamba_usage=self._mamba_usage(), hybrid=lim.hybrid, running=running_before,
                 queue=len(self.waiting), pending=sum(r.extend_len for r in self.waiting),
-                graph=new_tokens <= lim.prefill_graph_tokens, throughput=new_tokens / elapsed,
+                graph=new_tokens <= lim.prefill_graph_tokens, throughput=new_tokens / elapsed, cached_token=cached,
             ))
         return StepResult(duration, "prefill", emissions=emissions, log_lines=lines, tokens=tokens, started=started,
                           finished=finished)
+
+    def _insert_done(self, batch: list[tuple[ReqState, int]]) -> int:
+        """Insert the prompts whose prefill this step completes (SGLang's cache_unfinished_req), so requests
+        admitted later can hit them; returns the Mamba states saved on the way (each one a state copy)."""
+        copies = 0
+        for r, take in batch:
+            if r.done_prefill + take >= r.extend_len:
+                key = r.req.key
+                tokens = min(r.req.prompt_tokens, len(key) // CHARS)
+                r.node, saved = self.cache.insert(key, tokens, cached=r.cached, locked=r.node)
+                copies += saved
+        return copies
 
     def _enter(self, r: ReqState) -> None:
         i = self._n
@@ -260,6 +326,8 @@ class Scheduler:
             self._reqs[i] = self._reqs[last]
         self._reqs.pop()
         self._n = last
+        if self.cache is not None:
+            self._release(r)
         return r
 
     # -- decode -------------------------------------------------------------------------------------------
@@ -348,7 +416,7 @@ class Scheduler:
         for every one of them, and within the current block of acceptance draws."""
         lim, n, d, page = self.limits, self._n, self._d, self._page
         k = min(max_cycles, lim.decode_log_interval - self._cycles % lim.decode_log_interval)
-        room = lim.kv_tokens - self._ctx_sum - n * (page - 1 + d)
+        room = lim.kv_tokens - self._ctx_sum + self._shared() - n * (page - 1 + d)
         k = min(k, int(room // (n * d)) + 1)
         if d > 1:
             k = min(k, (len(self._expo) - self._expo_pos) // n)
@@ -377,17 +445,18 @@ class Scheduler:
         for r, k, g in zip(self._reqs, new.tolist(), gens, strict=True):
             cycles = cycles_now - r.entry[0] if spec else 0
             out.append(Emission(r.req.rid, int(k), int(g), False, None, r.verify + cycles,
-                                r.accepted + int(g) - r.entry[1] - cycles, r.req.prompt_tokens, r.retractions))
+                                r.accepted + int(g) - r.entry[1] - cycles, r.req.prompt_tokens, r.retractions,
+                                r.cached))
         return out
 
     def _emission(self, r: ReqState, new_tokens: int, *, finished: bool, reason: str | None) -> Emission:
         return Emission(r.req.rid, new_tokens, r.gen, finished, reason, r.verify, r.accepted, r.req.prompt_tokens,
-                        r.retractions)
+                        r.retractions, r.cached)
 
     def _ensure_decode_room(self, lines: list[str]) -> None:
         """Retract the newest requests until the next cycle's D tokens per request fit (SGLang's retract_decode)."""
         lim, page, d = self.limits, self._page, self._d
-        if self._ctx_sum + self._n * (page - 1 + d) <= lim.kv_tokens:
+        if self._ctx_sum - self._shared() + self._n * (page - 1 + d) <= lim.kv_tokens:
             return  # fast path: fits even if every request sits at a page boundary
         retracted, gained, before = 0, 0, self.kv_used_tokens()
         while self._n and self.kv_used_tokens() + self._n * (d + page - 1) > lim.kv_tokens:
@@ -420,6 +489,8 @@ class Scheduler:
         count = len(self.waiting) - len(kept)
         self.waiting = kept
         if self.chunked is not None and self.chunked.req.rid in gone:
+            if self.cache is not None:
+                self._release(self.chunked)
             self.chunked, count = None, count + 1
         for i in range(self._n - 1, -1, -1):
             if self._reqs[i].req.rid in gone:
@@ -433,7 +504,8 @@ class Scheduler:
         if not lim.hybrid:
             return 0
         busy = self._n + (self.chunked is not None)
-        return min(lim.mamba_slots or 0, busy * lim.mamba_slots_per_req + (1 if busy else 0))
+        cached = self.cache.states if self.cache is not None else (1 if busy else 0)
+        return min(lim.mamba_slots or 0, busy * lim.mamba_slots_per_req + cached)
 
     def _mamba_usage(self) -> float:
         return self._mamba_num() / self.limits.mamba_slots if self.limits.mamba_slots else 0.0

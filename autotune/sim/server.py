@@ -24,12 +24,14 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from autotune.sim import logs
-from autotune.sim.requests import count_tokens, make_request
+from autotune.sim.divergence import SimNumerics
+from autotune.sim.requests import count_tokens, is_greedy, make_request, stable_hash
 from autotune.sim.responses import CHAT, COMPLETION, NATIVE, SSEResponse, Stream, filler
 
 __all__ = ["SSEResponse", "SimServer", "Stream", "filler", "install_sigterm"]
 
 CATCH_UP_SLICE_S = 0.02  # when behind, how long the pacing loop may run steps before streams get to send
+PACE_LOG_S = 10.0  # how often a busy server logs how far its wall clock trails the model (sim-only line)
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -47,6 +49,9 @@ class SimServer:
         self.log = log
         self.on_fatal = on_fatal  # SGLang SIGKILLs its own process tree when a child fails
         self.streams: dict[str, Stream] = {}
+        # Which output-changing flags differ from SGLang's reference: they decide each greedy request's tokens.
+        self.numerics = SimNumerics.for_server(status.server_args, hybrid=status.model.has_mamba,
+                                               ssm_dtype=status.model.ssm_dtype)
         self.ready = False
         self.draining = False
         self._wake = asyncio.Event()
@@ -54,7 +59,12 @@ class SimServer:
         self._last_device_write = 0.0
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sim-device")
         # How well the wall clock follows the model: how late each step's tokens went out (sim-only figures).
-        self.pace = {"steps": 0, "modelled_s": 0.0, "late_s_sum": 0.0, "late_s_max": 0.0}
+        # ``lag_s``: how far the wall clock trails the modelled clock, summed over busy stretches (idle time
+        # resets the chain, so it is not lag); its growth over ``modelled_s`` is the lag fraction the harness
+        # checks (``autotune.harness.trial``): tokens paced that much slower than the model, i.e. a CPU-bound figure.
+        self.pace = {"steps": 0, "modelled_s": 0.0, "late_s_sum": 0.0, "late_s_max": 0.0, "lag_s": 0.0}
+        self._lag_retired = 0.0
+        self.speedup = float(status.args.sim.get("speedup") or 1.0)  # --sim-speedup: modelled s per wall s
         self.app = Starlette(routes=self._routes())
 
     # -- pacing ---------------------------------------------------------------------------------------------
@@ -81,6 +91,7 @@ class SimServer:
                 self._wake.clear()
                 await self._wake.wait()
                 deadline = last_yield = loop.time()  # idle time is not lag: the next step starts now
+                self._lag_retired = self.pace["lag_s"]
                 continue
             res = sched.step()
             for line in res.log_lines:
@@ -89,7 +100,8 @@ class SimServer:
                 self._runtime_oom(res.runtime_oom)
                 return
             if res.duration_s > 0:
-                deadline += res.duration_s
+                paced = res.duration_s / self.speedup
+                deadline += paced
                 delay = deadline - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
@@ -102,9 +114,11 @@ class SimServer:
                 late = loop.time() - deadline
                 pace = self.pace
                 pace["steps"] += 1
-                pace["modelled_s"] += res.duration_s
+                pace["modelled_s"] += paced
                 pace["late_s_sum"] += late
                 pace["late_s_max"] = max(pace["late_s_max"], late)
+                pace["lag_s"] = self._lag_retired + max(0.0, late)
+                self._log_pace(loop.time())
             else:  # nothing could run (e.g. no waiting prompt fits): do not spin
                 await asyncio.sleep(0.001)
                 deadline = loop.time()
@@ -114,6 +128,18 @@ class SimServer:
                 if stream is not None:
                     stream.push(em)
             self._device(busy=True, prefill=res.kind == "prefill")
+
+    def _log_pace(self, now: float) -> None:
+        """Every ``PACE_LOG_S`` while busy: one sim-only line with the lag since the previous one."""
+        mark = getattr(self, "_pace_mark", None)
+        if mark is None:
+            self._pace_mark = (now, self.pace["modelled_s"], self.pace["lag_s"])
+            return
+        if now - mark[0] < PACE_LOG_S:
+            return
+        modelled, lag = self.pace["modelled_s"] - mark[1], self.pace["lag_s"] - mark[2]
+        self._pace_mark = (now, self.pace["modelled_s"], self.pace["lag_s"])
+        self.log(logs.pace_line(modelled, lag))
 
     def _runtime_oom(self, message: str) -> None:
         self.log.lines(logs.scheduler_exception(message, phase="runtime"))
@@ -139,8 +165,14 @@ class SimServer:
         stream = Stream(rid, kind, req.prompt_tokens, model=str(body.get("model") or st.served_model_name),
                         draft_tokens=st.draft_tokens)
         stream.interval = max(1, int(st.server_args.get("stream_interval") or 1))
+        stream.cache_report = bool(st.server_args.get("enable_cache_report"))
         stream.include_usage = bool((body.get("stream_options") or {}).get("include_usage")) or bool(
             st.server_args.get("stream_response_default_include_usage"))
+        params = _sampling_params(kind, body)
+        stream.return_logprob = kind == NATIVE and bool(body.get("return_logprob"))
+        stream.logprob_text = bool(body.get("return_text_in_logprobs"))
+        if is_greedy(params.get("temperature"), params.get("top_k")):  # the prompt decides the tokens
+            stream.tokens = self.numerics.plan(text, st.seed, base=stable_hash("tokens", st.seed, text))
         self.streams[rid] = stream
         self.sched.add(req)
         st.on_request(req.prompt_tokens)
@@ -155,12 +187,18 @@ class SimServer:
             self._wake.set()
         self.status.on_done(stream.completion_tokens, finished=stream.finished,
                             e2e_s=(stream.done_at or time.time()) - stream.created,
-                            ttft_s=(stream.first_at - stream.created) if stream.first_at else None)
+                            ttft_s=(stream.first_at - stream.created) if stream.first_at else None,
+                            prompt_tokens=stream.prompt_tokens)
 
     async def _serve(self, kind: str, text: str, prompt_tokens: int, max_new: Any, ignore_eos: bool,
                      stream: bool, body: dict[str, Any]) -> Response:
         if self.draining or not self.ready:
             return _error(503, "The server is not ready or is shutting down.")
+        params = _sampling_params(kind, body)
+        try:
+            is_greedy(params.get("temperature"), params.get("top_k"))
+        except ValueError as exc:
+            return _error(400, str(exc))
         ctx = self.status.context_len
         if max_new is None:
             max_new = max(1, ctx - prompt_tokens)
@@ -230,7 +268,8 @@ class SimServer:
         return JSONResponse(self.status.model_info())
 
     async def server_info(self, request: Request) -> Response:
-        return JSONResponse(self.status.server_info(ready=self.ready))
+        # ``sim_pace`` is the simulator's own field (SGLang has no such key): what the harness's lag check reads.
+        return JSONResponse({**self.status.server_info(ready=self.ready), "sim_pace": dict(self.pace)})
 
     async def models(self, request: Request) -> Response:
         st = self.status
@@ -297,6 +336,12 @@ async def _json(request: Request) -> dict[str, Any] | None:
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
     return body if isinstance(body, dict) else None
+
+
+def _sampling_params(kind: str, body: dict[str, Any]) -> dict[str, Any]:
+    """Where a request's temperature and top_k live: ``sampling_params`` for native, the top level for OpenAI."""
+    params = body.get("sampling_params") if kind == NATIVE else body
+    return params if isinstance(params, dict) else {}
 
 
 def _content(content: Any) -> str:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import bisect
 import time
 from typing import Any
 
@@ -13,6 +14,12 @@ from autotune.sim.limits import largest_graph_bs
 __all__ = ["GRAPH_PHASES", "VERSION", "ServerStatus"]
 
 VERSION = "0.5.23"
+
+# SGLang 0.5.23's bucket bounds for its prompt/generation token-length histograms (as its /metrics prints them).
+TOKEN_BUCKETS = (100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7000, 8000, 9000, 10000, 12500,
+                 15000, 17500, 20000, 22500, 25000, 27500, 30000, 35000, 40000, 60000, 80000, 100000, 200000,
+                 300000, 400000, 600000, 800000, 1000000, 1100000)
+TOKEN_HISTOGRAMS = ("prompt_tokens_histogram", "generation_tokens_histogram")
 
 GRAPH_PHASES = ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend")
 
@@ -67,11 +74,13 @@ class ServerStatus:
         self.counters = dict.fromkeys(("num_requests_total", "prompt_tokens_total", "generation_tokens_total",
                                        "num_aborted_requests_total", "e2e_sum", "e2e_count", "ttft_sum",
                                        "ttft_count"), 0.0)
+        # per-bucket counts (the last one above every bound) and the sum, observed when a request ends
+        self.histograms = {name: ([0] * (len(TOKEN_BUCKETS) + 1), [0.0]) for name in TOKEN_HISTOGRAMS}
 
     @classmethod
     def create(cls, args: sim_args.SimArgs, *, pid: int) -> ServerStatus:
-        from autotune.planner import plan as make_plan
-        from autotune.profiles import load_gpu, load_model
+        from autotune.sglang.memory import plan as make_plan
+        from autotune.sglang.profiles import load_gpu, load_model
         from autotune.sim.requests import check_request_params
         from autotune.sim.scheduler import Scheduler
 
@@ -88,7 +97,8 @@ class ServerStatus:
         sched = None
         if plan.failure in (None, "runtime_oom"):
             # The same constructor ``evaluate()`` uses, so paced and virtual runs agree.
-            sched = Scheduler.from_plan(plan, model, gpu, noise=float(sim["noise"]), seed=int(sim["seed"]))
+            sched = Scheduler.from_plan(plan, model, gpu, noise=float(sim["noise"]), seed=int(sim["seed"]),
+                                        track_interval=args.flags.get("mamba_track_interval"))
         return cls(args=args, model=model, gpu=gpu, plan=plan, scheduler=sched, gpu_index=index,
                    free_gib=free_gib, pid=pid)
 
@@ -142,12 +152,25 @@ class ServerStatus:
         return {"num_running": st.num_running, "num_queue": st.num_queue, "kv_used": self.scheduler.kv_used_tokens(),
                 "mamba_used": st.mamba_used, "retractions": st.retractions, "new_token_ratio": st.new_token_ratio,
                 "last_gen_throughput": st.last_gen_throughput, "spec_verify_ct": st.spec_verify_ct,
-                "avg_spec_accept_length": st.avg_spec_accept_length or 0.0}
+                "generation_tokens": st.generation_tokens_total,
+                "avg_spec_accept_length": st.avg_spec_accept_length or 0.0,
+                **self._cache_stats(st)}
+
+    def _cache_stats(self, st: Any) -> dict[str, Any]:
+        """The radix cache's figures, under the names SGLang's /metrics uses (zeros with the cache off)."""
+        cache = self.scheduler.cache
+        hits, computed = st.cached_tokens_total, st.input_tokens_total
+        return {"cache_hit_rate": hits / (hits + computed) if hits + computed else 0.0, "cached_tokens": hits,
+                "input_tokens": computed,
+                "kv_evictable": cache.evictable_tokens if cache is not None else 0,
+                "mamba_evictable": cache.evictable_states if cache is not None else 0}
 
     def flush(self) -> None:
-        """``/flush_cache``: the spec counters restart (SGLang's reset_metrics)."""
+        """``/flush_cache``: the spec counters restart (SGLang's reset_metrics) and the radix cache empties."""
         if self.scheduler is not None:
             self.scheduler.stats.reset_spec()
+            if self.scheduler.cache is not None:
+                self.scheduler.cache.reset()
 
     def memory_usage(self) -> dict[str, Any]:
         g = self.plan.gib
@@ -191,8 +214,14 @@ class ServerStatus:
         self.counters["num_requests_total"] += 1
         self.counters["prompt_tokens_total"] += prompt_tokens
 
-    def on_done(self, tokens: int, *, finished: bool, e2e_s: float, ttft_s: float | None) -> None:
+    def on_done(self, tokens: int, *, finished: bool, e2e_s: float, ttft_s: float | None,
+                prompt_tokens: int | None = None) -> None:
         c = self.counters
+        if prompt_tokens is not None:  # like SGLang, both length histograms observe a request when it ends
+            for name, value in zip(TOKEN_HISTOGRAMS, (prompt_tokens, tokens), strict=True):
+                counts, total = self.histograms[name]
+                counts[bisect.bisect_left(TOKEN_BUCKETS, value)] += 1
+                total[0] += value
         c["generation_tokens_total"] += tokens
         if not finished:
             c["num_aborted_requests_total"] += 1
@@ -210,7 +239,8 @@ class ServerStatus:
         mamba_usage = mamba_used / self.plan.max_mamba_cache_size if self.plan.max_mamba_cache_size else 0.0
         gauges = {
             "num_running_reqs": snap.get("num_running", 0), "num_queue_reqs": snap.get("num_queue", 0),
-            "gen_throughput": snap.get("last_gen_throughput", 0.0), "cache_hit_rate": 0.0,
+            "gen_throughput": snap.get("last_gen_throughput", 0.0), "cache_hit_rate": snap.get("cache_hit_rate", 0.0),
+            "kv_evictable_tokens": snap.get("kv_evictable", 0), "mamba_evictable_tokens": snap.get("mamba_evictable", 0),
             "token_usage": max(kv_usage, mamba_usage), "full_token_usage": kv_usage, "mamba_usage": mamba_usage,
             "num_used_tokens": kv_used, "kv_used_tokens": kv_used, "kv_available_tokens": self.plan.kv_tokens - kv_used,
             "mamba_used_tokens": mamba_used,
@@ -236,6 +266,17 @@ class ServerStatus:
         counters["num_retracted_requests_total"] = snap.get("retractions", 0)
         summaries = {"e2e_request_latency_seconds": (c["e2e_sum"], c["e2e_count"]),
                      "time_to_first_token_seconds": (c["ttft_sum"], c["ttft_count"])}
-        return logs.prometheus(gauges, counters, summaries, labels={
+        text = logs.prometheus(gauges, counters, summaries, labels={
             "engine_type": "unified", "model_name": self.served_model_name, "moe_ep_rank": "0", "pp_rank": "0",
             "tp_rank": "0"})
+        hist_labels = {"engine_type": "unified", "model_name": self.served_model_name}
+        modes = {"engine_type": "unified", "model_name": self.served_model_name, "moe_ep_rank": "0", "pp_rank": "0",
+                 "tp_rank": "0"}
+        hits, computed = snap.get("cached_tokens", 0), snap.get("input_tokens", 0)
+        text += logs.prometheus_modes("prefill_effective_tokens_total", "counter", {
+            "input": computed, "device_hit": hits, "host_hit": 0, "storage_hit": 0}, labels=modes)
+        text += logs.prometheus_modes("realtime_tokens_total", "counter", {
+            "prefill_compute": computed, "prefill_cache": hits,
+            "decode": snap.get("generation_tokens", 0)}, labels=modes)
+        return text + "".join(logs.prometheus_histogram(name, TOKEN_BUCKETS, counts, total[0], labels=hist_labels)
+                              for name, (counts, total) in self.histograms.items())

@@ -26,6 +26,7 @@ class Emission:
     accepted_drafts: int = 0  # draft tokens accepted so far (bonus tokens excluded)
     prompt_tokens: int = 0
     retractions: int = 0
+    cached_tokens: int = 0  # prompt tokens the radix cache served (SGLang's meta_info.cached_tokens)
 
 
 @dataclass(slots=True)
@@ -55,7 +56,7 @@ class ReqState:
     """A request's mutable state in the scheduler while it waits, prefills, or is retracted."""
 
     __slots__ = ("req", "gen", "done_prefill", "seq", "verify", "accepted", "retractions", "started", "last_t",
-                 "entry")
+                 "entry", "cached", "node")
 
     def __init__(self, req: SimRequest, seq: int):
         self.req, self.seq = req, seq
@@ -65,7 +66,10 @@ class ReqState:
         self.started = False
         self.last_t = 0.0
         self.entry = (0, 0)  # (decode cycle, gen) when it last entered the running batch
+        self.cached = 0  # prompt tokens the radix cache served at its last admission
+        self.node = None  # the radix-cache node it holds locked while admitted (None: holds none)
 
     @property
     def extend_len(self) -> int:
-        return self.req.prompt_tokens + self.gen
+        """Tokens its (re-)prefill computes: prompt and output so far, less what the radix cache served."""
+        return self.req.prompt_tokens + self.gen - self.cached

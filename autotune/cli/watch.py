@@ -1,0 +1,104 @@
+"""``autotune watch``: parse, build a ``Watcher`` (``autotune.inspect.watch``), print each cycle, exit 0/1/2."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import click
+
+from autotune.errors import ConfigError
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
+_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str, *, option: str) -> float:
+    """``30s``, ``2m``, ``1.5h``, ``500ms`` or plain seconds → seconds (> 0)."""
+    match = _DURATION.match(text)
+    if not match or float(match[1]) <= 0:
+        raise ConfigError(f"cannot read duration {text!r}", key=option, fix="write e.g. 30s, 2m or 1h")
+    return float(match[1]) * _SECONDS[match[2] or "s"]
+
+
+def _targets(urls: tuple[str, ...], fleet_file: Path | None) -> tuple[list[str], Path]:
+    """The servers to watch and the directory watch's files default to."""
+    if fleet_file is not None:
+        from autotune.deploy.fleet import load_fleet
+
+        fleet = load_fleet(fleet_file)
+        return [*urls, *(s.url for s in fleet.servers)], fleet.base_dir
+    if not urls:
+        raise click.UsageError("give server URLs or --fleet fleet.toml")
+    return list(urls), Path.cwd()
+
+
+@click.command("watch")
+@click.argument("urls", nargs=-1, metavar="[URL ...]")
+@click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="fleet.toml (from autotune apply): watch every server in it.")
+@click.option("--study", "study", type=click.Path(path_type=Path),
+              help="What the config was tuned for: provenance.json, the directory apply wrote, or the study "
+                   "TOML (default: the provenance.json beside --fleet, if any).")
+@click.option("--interval", default="30s", show_default=True, help="Time between samples (30s, 2m, ...).")
+@click.option("--window", default="10m", show_default=True, help="Rolling window the rules look at.")
+@click.option("--sustain", default="3m", show_default=True,
+              help="How long throughput must stay below the confirmed interval before it is a finding.")
+@click.option("--once", is_flag=True, help="Take one sample, report, exit 0 (no drift), 1 (drift) or 2 (no "
+                                           "server answered). Run it from cron: the state file keeps the window.")
+@click.option("--cycles", type=click.IntRange(min=1), help="Stop after this many samples (default: run until "
+                                                            "interrupted).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per cycle, for alerting systems.")
+@click.option("--prom-file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write autotune_drift{server,rule} here each cycle (node_exporter textfile collector).")
+@click.option("--state", "state_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Rolling-window state file (default: watch-state.json beside the fleet file, or here).")
+@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Where re-tuning study files go (default: watch/ beside the fleet file, or here).")
+@click.option("--model", help="Model profile or config.json for the planner (default: inferred).")
+@click.option("--gpu", help="GPU profile b200|h200|h100 for the planner (default: matched by memory).")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds per HTTP request.")
+def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_json, prom_file, state_path,
+          out_dir, model, gpu, timeout_s) -> None:
+    """Watch a tuned fleet (read-only) and report when its traffic drifts from what it was tuned for."""
+    from autotune.inspect.watch import Watcher, WatchOptions, run
+    from autotune.inspect.watch_output import lines, write_prometheus
+    from autotune.inspect.watch_reference import load_tuned
+    from autotune.inspect.watch_rules import Limits
+    from autotune.sglang.profiles import load_gpu, load_model
+
+    targets, home = _targets(urls, fleet_file)
+    if model:
+        load_model(model)
+    if gpu:
+        load_gpu(gpu)
+    if study is None and fleet_file is not None and (home / "provenance.json").is_file():
+        study = home / "provenance.json"
+    tuned = load_tuned(study) if study is not None else None
+    interval_s = parse_duration(interval, option="--interval")
+    options = WatchOptions(
+        interval_s=interval_s, window_s=parse_duration(window, option="--window"),
+        limits=Limits(sustain_s=parse_duration(sustain, option="--sustain")), model=model, gpu=gpu,
+        timeout_s=timeout_s, out_dir=out_dir or home / "watch", state_path=state_path or home / "watch-state.json",
+    )
+    if tuned is None:
+        click.echo("note: no --study: the length and throughput rules are off (they compare with the study)",
+                   err=True)
+    else:
+        for note in tuned.notes:
+            click.echo(f"note: {note}", err=True)
+
+    def show(report) -> None:
+        if as_json:
+            click.echo(json.dumps(report.to_dict(), default=str))
+        else:
+            for line in lines(report):
+                click.echo(line)
+        if prom_file is not None:
+            write_prometheus(report, prom_file)
+
+    with Watcher(targets, tuned, options) as watcher:
+        last = run(watcher, cycles=1 if once else cycles, on_report=show)
+    raise SystemExit(last.exit_code)

@@ -1,0 +1,505 @@
+"""The confirmed winner of a study → the files that run it: ``sglang.yaml``, ``launch_fleet.sh``,
+``fleet.toml`` and ``provenance.json``.
+
+``sglang.yaml`` is written in the form SGLang's own ``--config`` loader reads (dash keys, store-true flags as
+``true``, lists as YAML lists). A few flags cannot live there (SGLang rejects BooleanOptionalAction flags and
+two deprecated ones in YAML), so those travel on the launch command line instead, where they still apply.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from autotune.errors import ConfigError, StorageError, StudyError
+from autotune.redaction import env_for_files, reference
+from autotune.results import Capacity, TrialResult
+
+if TYPE_CHECKING:
+    from autotune.deploy.fleet import Fleet, FleetServer
+
+SGLANG_VERSION = "0.5.23"
+# SGLang answers "Unsupported config option" for these in a YAML config (FACTS §4).
+YAML_REJECTED = frozenset({"disable_cuda_graph", "enable_dp_attention"})
+# Per-server values: the launch command sets them, so a shared config file must not.
+PER_SERVER = frozenset({"model_path", "host", "port", "config", "base_gpu_id"})
+LAUNCHERS = {"sglang": "sglang.launch_server", "sim": "autotune.sim"}
+
+
+def _flags():
+    from autotune.sglang.flags import FlagTable
+
+    return FlagTable.bundled()
+
+
+def dash_name(spec) -> str:
+    """The canonical ``dash-name`` of a flag (its first long option string, without the dashes)."""
+    return spec.flag[2:]
+
+
+def _yaml_safe(spec) -> bool:
+    return spec.dest not in YAML_REJECTED and not spec.boolean_optional
+
+
+# -- the SGLang YAML form ------------------------------------------------------------------------------
+def split_config(config: Mapping[str, Any], *, flags=None) -> tuple[dict[str, Any], list[str]]:
+    """Split a dest-keyed config into (YAML mapping with dash keys, argv for flags YAML cannot hold).
+
+    False/None values mean "absent" and are dropped, and so are per-server keys (the launcher sets them).
+    """
+    flags = flags or _flags()
+    checked = flags.check(dict(config))
+    document: dict[str, Any] = {}
+    cli: dict[str, Any] = {}
+    for key, value in checked.items():
+        spec = flags.lookup(key)
+        if spec.dest in PER_SERVER:
+            continue  # the launch command sets these per server
+        if value is None or (value is False and spec.store_true):
+            continue
+        if not _yaml_safe(spec):
+            cli[spec.dest] = value
+            continue
+        if isinstance(value, dict):
+            value = json.dumps(value)  # SGLang passes a mapping on as a JSON string
+        document[dash_name(spec)] = list(value) if isinstance(value, (list, tuple)) else value
+    return document, flags.to_argv(cli) if cli else []
+
+
+def yaml_text(document: Mapping[str, Any], *, header: str = "") -> str:
+    body = yaml.safe_dump(dict(document), sort_keys=False, default_flow_style=False)
+    comment = "".join(f"# {line}\n" for line in header.splitlines())
+    return comment + body
+
+
+def yaml_to_argv(document: Mapping[str, Any], *, flags=None) -> list[str]:
+    """Expand a YAML config exactly as SGLang 0.5.23's loader does: ``--key value``, ``true`` → bare flag
+    for store-true flags (``false`` dropped), lists → ``--key v1 v2``. Unknown keys are ConfigErrors."""
+    flags = flags or _flags()
+    argv: list[str] = []
+    for key, value in document.items():
+        spec = flags.lookup(key)
+        if "--" + str(key) not in spec.option_strings:
+            raise ConfigError(f"{key} is not a flag name of sglang {SGLANG_VERSION}", key=str(key),
+                              fix=f"use {dash_name(spec)}")
+        if not _yaml_safe(spec):
+            raise ConfigError(f"sglang rejects {key} in a YAML config", key=str(key),
+                              fix="pass it on the command line")
+        if isinstance(value, bool) and spec.store_true:
+            argv += [f"--{key}"] if value else []
+        elif isinstance(value, bool):
+            argv += [f"--{key}", str(value).lower()]
+        elif isinstance(value, list):
+            argv += [f"--{key}", *(str(v) for v in value)] if value else []
+        else:
+            argv += [f"--{key}", str(value)]
+    return argv
+
+
+def read_config_file(path: Path, *, flags=None) -> dict[str, Any]:
+    """An ``sglang.yaml`` → the dest-keyed, typed config it stands for."""
+    flags = flags or _flags()
+    try:
+        document = yaml.safe_load(Path(path).read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError("file not found", file=str(path), fix="check the path") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"not valid YAML ({exc.__class__.__name__})", file=str(path)) from None
+    if not isinstance(document, dict):
+        raise ConfigError("the top level must be a mapping of flag: value", file=str(path))
+    try:
+        yaml_to_argv(document, flags=flags)
+        config = {flags.lookup(key).dest: value for key, value in document.items()}
+        return flags.check(config)
+    except ConfigError as exc:
+        raise ConfigError(str(exc), file=str(path)) from None
+
+
+def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(flag, old, new) for every flag whose value differs; an absent flag reads as None."""
+    def present(config):
+        return {k: v for k, v in config.items() if v is not None and v is not False}
+
+    a, b = present(old), present(new)
+    return [(key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
+
+
+# -- reading the winner from a study ---------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class Winner:
+    """The trial to deploy and what the study measured for it (what a rollout verifies against)."""
+
+    study: str
+    trial: int
+    config: dict[str, Any]
+    result: TrialResult
+    tok_s: float | None
+    tok_s_runs: list[float] = field(default_factory=list)
+    confirmed: bool = False
+    gain: float | None = None
+    gain_ci: tuple[float | None, float | None] = (None, None)
+    baseline_config: dict[str, Any] | None = None
+    settings: dict[str, Any] = field(default_factory=dict)  # the study's user_attrs["autotune"]
+
+    @property
+    def capacity(self) -> Capacity | None:
+        return self.result.capacity
+
+    def _engine_setting(self, key: str) -> Any:
+        # The study config is stored nested (``engine.kind``, ``engine.model``); accept flat keys as well.
+        engine = self.settings.get("engine")
+        if isinstance(engine, dict):
+            return engine.get({"engine": "kind"}.get(key, key))
+        return engine if key == "engine" else self.settings.get(key)
+
+    @property
+    def engine(self) -> str:
+        return str(self._engine_setting("engine") or self.result.engine or "sim")
+
+    @property
+    def model(self) -> str | None:
+        """What the study launched: the config's model path, the simulator's profile, or the engine's model."""
+        profile = self._engine_setting("profile") if self.engine == "sim" else None
+        value = self.result.config.get("model_path") or profile or self._engine_setting("model")
+        return None if value is None else str(value)
+
+    @property
+    def sim_gpu(self) -> str | None:
+        value = self._engine_setting("sim_gpu")
+        return None if value is None else str(value)
+
+    @property
+    def python(self) -> str | None:
+        """The study's interpreter (None: the one that ran the study, i.e. autotune's own)."""
+        value = self._engine_setting("python")
+        return None if value is None else str(value)
+
+    @property
+    def device(self) -> str:
+        return str(self._engine_setting("device") or "cuda")
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The study's engine environment (may hold secrets: write it only through ``redaction``)."""
+        return {str(k): str(v) for k, v in (self._engine_setting("env") or {}).items()}
+
+    @property
+    def sim_options(self) -> dict[str, Any]:
+        return dict(self._engine_setting("sim_options") or {}) if self.engine == "sim" else {}
+
+    @property
+    def gpu(self) -> str | None:
+        """Where the study measured, by engine and device: the simulated GPU, "CPU", or the recorded GPU."""
+        from autotune.report.data import device_name
+
+        return device_name(self.settings) if self.settings else None
+
+    @property
+    def workload(self) -> dict[str, Any]:
+        return dict(self.settings.get("workload") or {})
+
+
+def _redact(url: str) -> str:
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        creds, host = rest.rsplit("@", 1)
+        user = creds.split(":", 1)[0]
+        return f"{scheme}://{user}:***@{host}"
+    return url
+
+
+def _load_study(storage: str, name: str | None):
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        names = optuna.get_all_study_names(storage=storage)
+    except Exception as exc:  # optuna raises several types for a bad URL or an unreachable server
+        raise StorageError(f"cannot open storage {_redact(storage)}: {exc.__class__.__name__}") from None
+    if name is None:
+        if not names:
+            raise StudyError(f"storage {_redact(storage)} holds no study; run autotune sweep first")
+        if len(names) > 1:
+            raise StudyError(f"storage holds several studies ({', '.join(sorted(names))}); choose one with --study")
+        name = names[0]
+    if name not in names:
+        raise StudyError(f"no study named {name!r} in {_redact(storage)}"
+                         + (f" (studies: {', '.join(sorted(names))})" if names else ""))
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def _result(trial) -> TrialResult | None:
+    data = trial.user_attrs.get("result")
+    return TrialResult.from_dict(data) if isinstance(data, dict) else None
+
+
+def load_winner(storage: str, study: str | None = None, *, trial: int | None = None) -> Winner:
+    """The confirmed winner (or trial ``trial``) of a study. StudyError when there is nothing to deploy."""
+    import optuna
+
+    loaded = _load_study(storage, study)
+    complete = {t.number: t for t in loaded.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
+    usable = {n: r for n, t in complete.items() if (r := _result(t)) is not None and r.ok and r.metrics}
+    confirmation = loaded.user_attrs.get("confirmation") or {}
+    if trial is None:
+        trial = confirmation.get("winner_trial")
+    if trial is None and confirmation.get("complete"):  # confirmed, and nothing beat the baseline
+        raise StudyError(f"study {loaded.study_name!r} has no winner to apply: "
+                         f"{confirmation.get('note') or 'the confirmation found none'}; "
+                         "keep the current config (or pass --trial N to deploy a trial anyway)")
+    if trial is None:
+        if not usable:
+            raise StudyError(f"study {loaded.study_name!r} has no completed trial with a measurement; "
+                             "run (or resume) autotune sweep first")
+        trial = max(usable, key=lambda n: usable[n].output_tok_s or 0.0)
+    if trial not in usable:
+        known = ", ".join(str(n) for n in sorted(usable)) or "none"
+        raise StudyError(f"trial {trial} of study {loaded.study_name!r} is not a completed, measured trial "
+                         f"(usable trials: {known})")
+    result = usable[trial]
+    confirmed = confirmation.get("winner_trial") == trial
+    runs = [
+        float(run["result"]["metrics"]["output_tok_s"])
+        for run in confirmation.get("runs", [])
+        if run.get("trial") == trial and ((run.get("result") or {}).get("metrics") or {}).get("output_tok_s")
+    ] if confirmed else []
+    tok_s = sorted(runs)[len(runs) // 2] if runs else result.output_tok_s
+    baseline = _baseline(loaded, complete, confirmation)
+    return Winner(
+        study=loaded.study_name, trial=trial, config=dict(result.config), result=result, tok_s=tok_s,
+        tok_s_runs=runs, confirmed=confirmed, gain=confirmation.get("gain") if confirmed else None,
+        gain_ci=(confirmation.get("ci_low"), confirmation.get("ci_high")) if confirmed else (None, None),
+        baseline_config=baseline, settings=dict(loaded.user_attrs.get("autotune") or {}),
+    )
+
+
+def winner_from_yaml(path: Path) -> Winner:
+    """An ``sglang.yaml`` to deploy; the study's figures come from the ``provenance.json`` beside it, if any."""
+    path = Path(path)
+    config = read_config_file(path)
+    meta: dict[str, Any] = {}
+    beside = path.with_name("provenance.json")
+    if beside.is_file():
+        try:
+            meta = json.loads(beside.read_text())
+        except ValueError:
+            raise ConfigError("not valid JSON", file=str(beside), fix="rewrite it with autotune apply") from None
+        recorded = {k: v for k, v in (meta.get("config") or {}).items() if k not in PER_SERVER}
+        if config_diff(_flags().check(recorded), config):
+            meta = {}  # the YAML was edited after the study: its figures no longer describe it
+    result = TrialResult(status="ok", config=config, engine=str(meta.get("engine") or "sglang"),
+                         capacity=Capacity.from_dict(meta.get("capacity")))
+    settings = {"engine": meta.get("engine"), "model": meta.get("model_path"), "gpu_name": meta.get("gpu"),
+                "python": meta.get("python"), "device": meta.get("device"), "env": meta.get("env") or {},
+                "sim_gpu": meta.get("sim_gpu"), "sim_options": meta.get("sim_options") or {},
+                "workload": meta.get("workload") or {}}
+    return Winner(study=str(meta.get("study") or path.name), trial=int(meta.get("trial") or -1), config=config,
+                  result=result, tok_s=meta.get("output_tok_s"), settings=settings,
+                  confirmed=bool(meta.get("confirmed")), gain=meta.get("gain"))
+
+
+def _baseline(study, complete, confirmation) -> dict[str, Any] | None:
+    number = confirmation.get("baseline_trial")
+    candidates = [complete[number]] if number in complete else [
+        t for t in complete.values() if t.user_attrs.get("role") == "baseline"
+    ]
+    for t in candidates:
+        if (r := _result(t)) is not None:
+            return dict(r.config)
+    return None
+
+
+# -- artifacts -----------------------------------------------------------------------------------------
+def launch_argv(*, engine: str, python: str, config_file: str, model: str, host: str, port: int,
+                extra: Sequence[str] = ()) -> list[str]:
+    """One server's command with the shared config file; ``--config path`` as two tokens (SGLang ignores
+    ``--config=path``)."""
+    if engine not in LAUNCHERS:
+        raise ConfigError(f"unknown engine {engine!r}", key="engine", fix=f"use one of: {', '.join(LAUNCHERS)}")
+    return [python, "-m", LAUNCHERS[engine], "--config", config_file, "--model-path", model,
+            "--host", host, "--port", str(port), *extra]
+
+
+def _env_lines(env: Mapping[str, str]) -> list[str]:
+    """``export`` lines; a ``${NAME}`` reference stops the script (``set -u``) unless its runner sets NAME."""
+    lines = []
+    for key, value in env.items():
+        name = reference(value)
+        if name is None:
+            lines.append(f"export {key}={shlex.quote(value)}")
+        else:
+            lines += [f': "${{{name}:?set {name} in your environment: autotune writes no secret to disk}}"',
+                      f'export {key}="${{{name}}}"']
+    return lines
+
+
+def launch_script(servers: Sequence[Mapping[str, Any]], *, header: str, env: Mapping[str, str] | None = None,
+                  elsewhere: Sequence[str] = ()) -> str:
+    """A bash script starting each server detached (own session, so its pid is its process group), with a
+    log and a pid file per server. Every argv token goes through ``shlex.quote``; ``env`` is exported first
+    (references to secrets as ``${NAME}``). A server's GPU may be empty: CUDA_VISIBLE_DEVICES is then left
+    alone (SGLang's CPU backend). ``elsewhere`` names servers on other hosts, which this script cannot start."""
+    lines = [
+        "#!/usr/bin/env bash",
+        *(f"# {line}" for line in header.splitlines()),
+        "set -euo pipefail",
+        'cd "$(dirname "$0")"',
+        "",
+    ]
+    if env:
+        lines += ["# The study's engine environment.", *_env_lines(env), ""]
+    lines += [
+        "start() {  # start LOG PIDFILE GPU ARGV...  (an empty GPU leaves CUDA_VISIBLE_DEVICES alone)",
+        '  local log=$1 pidfile=$2 gpu=$3',
+        "  shift 3",
+        '  if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then',
+        '    echo "already running: $pidfile (pid $(cat "$pidfile"))"',
+        "    return 0",
+        "  fi",
+        '  mkdir -p "$(dirname "$log")" "$(dirname "$pidfile")"',
+        '  if [[ -n "$gpu" ]]; then',
+        '    CUDA_VISIBLE_DEVICES="$gpu" setsid "$@" >"$log" 2>&1 </dev/null &',
+        "  else",
+        '    setsid "$@" >"$log" 2>&1 </dev/null &',
+        "  fi",
+        '  echo $! >"$pidfile"',
+        '  echo "started ${gpu:+gpu $gpu: }pid $! (log $log)"',
+        "}",
+        "",
+    ]
+    for server in servers:
+        tokens = [server["log"], server["pid"], str(server["gpu"]), *server["argv"]]
+        lines.append("start " + " ".join(shlex.quote(str(t)) for t in tokens))
+    if elsewhere:
+        lines += ["", "# On other hosts (start them with: autotune fleet up --fleet fleet.toml):",
+                  *(f"#   {name}" for name in elsewhere)]
+    return "\n".join(lines) + "\n"
+
+
+def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, Any]:
+    low, high = winner.gain_ci
+    return {
+        "study": winner.study,
+        "trial": winner.trial,
+        "confirmed": winner.confirmed,
+        "output_tok_s": winner.tok_s,
+        "output_tok_s_runs": winner.tok_s_runs,
+        "gain": winner.gain,
+        "gain_ci": [low, high],
+        "capacity": winner.capacity.to_dict() if winner.capacity else None,
+        "engine": winner.engine,
+        "device": winner.device,
+        "python": winner.python,
+        "env": env_for_files(winner.env),  # secrets as ${NAME} references, never their values
+        "sim_gpu": winner.sim_gpu if winner.engine == "sim" else None,
+        "sim_options": winner.sim_options,
+        "sglang_version": str(winner.settings.get("sglang_version") or SGLANG_VERSION),
+        "model_path": winner.model,
+        "gpu": winner.gpu,
+        "config": winner.config,
+        "workload": winner.workload,
+        "date": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
+    }
+
+
+def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layout: Fleet | None, base_port: int,
+             host: str) -> list[FleetServer]:
+    """One server per GPU given, or the servers of an existing fleet file (hosts, GPUs, ports kept)."""
+    from autotune.deploy.fleet import FleetServer
+
+    if gpus:
+        prefix = "cpu" if winner.device == "cpu" else "gpu"
+        return [FleetServer(name=f"{prefix}{gpu}", gpu=gpu, port=base_port + i, bind=host, config="sglang.yaml",
+                            log=f"logs/{prefix}{gpu}.log", pid=f"run/{prefix}{gpu}.pid", extra_args=list(cli),
+                            sim_options=winner.sim_options)
+                for i, gpu in enumerate(gpus)]
+    if layout is not None:
+        return [s.model_copy(update={"config": "sglang.yaml", "extra_args": list(cli),
+                                     "sim_options": {**winner.sim_options, **s.sim_options}})
+                for s in layout.servers]
+    raise ConfigError("no GPUs given: the fleet's servers come from the command line or a fleet file",
+                      key="--gpus", fix="pass --gpus 0-6 (one server per index; on a CPU study, one per index too), "
+                                        "or --fleet fleet.toml to reuse its servers")
+
+
+def write_artifacts(
+    winner: Winner,
+    out_dir: Path,
+    *,
+    gpus: Sequence[int] | None = None,
+    layout: Fleet | None = None,
+    base_port: int = 30000,
+    host: str = "127.0.0.1",
+    python: str | None = None,
+    model: str | None = None,
+) -> list[Path]:
+    """Write the four artifacts into ``out_dir`` (created) and return their paths.
+
+    The servers are one per index of ``gpus``, else those of ``layout`` (a loaded fleet file); there is no
+    default. Engine, interpreter (``python`` overrides the study's), device, environment and model are the
+    study's, so the fleet runs what the study measured."""
+    from pydantic import ValidationError
+
+    from autotune.harness.engines.sim import sim_argv
+    from autotune.deploy.fleet import Fleet, device_argv, engine_for, write_fleet
+
+    model = model or winner.model
+    if not model:
+        raise ConfigError("the study does not record a model path", key="--model", fix="pass --model")
+    document, cli = split_config(winner.config)
+    servers = _servers(winner, cli, gpus=gpus, layout=layout, base_port=base_port, host=host)
+    python = python or winner.python or (layout.python if layout is not None else None)
+    try:
+        fleet = Fleet(engine=winner.engine, model=model, python=python, device=winner.device,
+                      env=env_for_files(winner.env), sim_gpu=winner.sim_gpu,
+                      remote_dir=layout.remote_dir if layout is not None else "autotune-fleet", servers=servers)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"]) or "fleet"
+        raise ConfigError(err["msg"].removeprefix("Value error, "), key=where) from None
+    header = f"autotune: study {winner.study}, trial {winner.trial}, sglang {SGLANG_VERSION}"
+    # The script exports what the engine exports for every server (references to secrets stay references),
+    # and sets CUDA_VISIBLE_DEVICES only where the engine sets it per server.
+    shared = engine_for(fleet, servers[0], env=fleet.env).env(gpu_index=None)
+    device = [] if winner.config.get("device") else device_argv(fleet, [])
+    starts, elsewhere = [], []
+    for s in servers:
+        if not s.local:
+            elsewhere.append(f"{s.name} on {s.host} (gpu {s.gpu}, port {s.port})")
+            continue
+        own = engine_for(fleet, s, env=fleet.env).env(gpu_index=s.gpu)
+        gpu = own.get("CUDA_VISIBLE_DEVICES", "")
+        gpu = gpu if gpu != shared.get("CUDA_VISIBLE_DEVICES", "") else ""
+        sim = ["--sim-gpu", fleet.sim_gpu, *sim_argv(s.sim_options)] if fleet.engine == "sim" and fleet.sim_gpu else []
+        argv = launch_argv(engine=fleet.engine, python=python or sys.executable, config_file=s.config, model=model,
+                           host=s.bind, port=s.port, extra=[*s.extra_args, *device, *sim])
+        starts.append({"log": s.log, "pid": s.pid, "gpu": gpu, "argv": argv})
+    script = launch_script(
+        starts, env=shared, elsewhere=elsewhere,
+        header=header + f"\nengine {fleet.engine}, device {fleet.device}; one server per entry of fleet.toml."
+                        "\nStop one with: kill -TERM -- -$(cat run/<name>.pid)",
+    )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "sglang.yaml": yaml_text(document, header=header),
+        "launch_fleet.sh": script,
+        "provenance.json": json.dumps({**provenance(winner), "model_path": model, "python": python},
+                                      indent=2, default=str) + "\n",
+    }
+    written = []
+    for name, text in paths.items():
+        path = out_dir / name
+        path.write_text(text)
+        written.append(path)
+    (out_dir / "launch_fleet.sh").chmod(0o755)
+    written.append(write_fleet(fleet, out_dir / "fleet.toml"))
+    return written

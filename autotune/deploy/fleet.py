@@ -1,0 +1,456 @@
+"""A fleet: N servers on N GPUs (one host or several), described by ``fleet.toml``; start, inspect, stop.
+
+Servers run detached (their own session, a pid file each, a log each), so the fleet outlives the command
+that started it. The file records the config each server *runs*: the rollout updates a server's entry only
+once that server has been verified on its new config.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import tomllib
+from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import psutil
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from autotune.errors import AutotuneError, ConfigError, FleetError
+from autotune.redaction import looks_secret, resolve_env
+from autotune.results import Capacity
+from autotune.tomlwrite import toml_key, toml_value
+
+LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
+SECRET_KEYS = re.compile(r"pass(word|phrase|wd)|secret", re.IGNORECASE)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FleetServer(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    host: str = "localhost"  # where it runs: local, or "user@name" / "name" reached over SSH
+    gpu: int = Field(ge=0)  # on a CPU fleet, just the server's index (SGLang's CPU backend uses no GPU)
+    port: int = Field(ge=1, le=65535)
+    bind: str = "127.0.0.1"  # the address the server listens on
+    config: str  # the sglang.yaml this server runs, relative to the fleet file
+    log: str
+    pid: str
+    extra_args: list[str] = []
+    sim_options: dict[str, Any] = {}
+
+    @property
+    def local(self) -> bool:
+        return self.host in LOCAL_HOSTS
+
+    @property
+    def address(self) -> str:
+        """Where to reach its HTTP endpoints from here."""
+        if self.local:
+            return "127.0.0.1" if self.bind in ("0.0.0.0", "") else self.bind
+        return self.host.rpartition("@")[2].split(":")[0]
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"http://{host}:{self.port}"
+
+
+class Fleet(_Model):
+    engine: Literal["sim", "sglang"] = "sglang"
+    model: str
+    python: str | None = None  # interpreter on each host (default: this one, or "python3" remotely)
+    device: Literal["cuda", "cpu"] = "cuda"  # "cpu": SGLang's CPU backend (host RAM, no CUDA_VISIBLE_DEVICES)
+    env: dict[str, str] = {}  # the engine's environment; "${NAME}" is read from the starter's environment
+    sim_gpu: str | None = None
+    remote_dir: str = "autotune-fleet"  # remote hosts: relative log/pid paths live under this directory
+    servers: list[FleetServer] = Field(min_length=1)
+    path: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"{name!r} is not an environment variable name")
+        return env
+
+    @model_validator(mode="after")
+    def _unique(self) -> Fleet:
+        for what, key in (("name", lambda s: s.name), ("port", lambda s: (s.host, s.port)),
+                          ("gpu", lambda s: (s.host, s.gpu))):
+            seen: set[Any] = set()
+            for server in self.servers:
+                if key(server) in seen:
+                    raise ValueError(f"two servers share the same {what} ({server.name})")
+                seen.add(key(server))
+        for server in self.servers:
+            if not server.local and server.bind.startswith("127."):
+                raise ValueError(f"server {server.name} on {server.host} binds {server.bind}, which cannot be "
+                                 "polled from here; set bind to that host's address or 0.0.0.0")
+        return self
+
+    @property
+    def base_dir(self) -> Path:
+        return self.path.parent if self.path else Path.cwd()
+
+    @property
+    def host_memory(self) -> bool:
+        """SGLang's CPU backend: its pools live in host RAM, shared with everything else on the host."""
+        return self.engine == "sglang" and self.device == "cpu"
+
+    def resolve(self, relative: str) -> Path:
+        path = Path(relative)
+        return path if path.is_absolute() else self.base_dir / path
+
+    def server(self, name: str) -> FleetServer:
+        for server in self.servers:
+            if server.name == name:
+                return server
+        raise FleetError(f"no server named {name!r} in the fleet ({', '.join(s.name for s in self.servers)})")
+
+
+# -- the file ------------------------------------------------------------------------------------------
+def _find_secrets(data: Any, where: str = "") -> str | None:
+    if isinstance(data, dict):
+        for key, value in data.items():
+            here = f"{where}.{key}" if where else str(key)
+            if here == "env" and isinstance(value, dict):
+                # Variable names may say SECRET or PASSWORD; what must not be here is a literal value.
+                found = next((k for k, v in value.items() if isinstance(v, str) and looks_secret(str(k), v)), None)
+                if found:
+                    return f"env.{found}"
+                continue
+            if SECRET_KEYS.search(str(key)):
+                return here
+            found = _find_secrets(value, here)
+            if found:
+                return found
+    elif isinstance(data, list):
+        for i, value in enumerate(data):
+            found = _find_secrets(value, f"{where}.{i}")
+            if found:
+                return found
+    return None
+
+
+def load_fleet(path: str | Path) -> Fleet:
+    """Read and validate a fleet file; every problem is one FleetError naming the file and the field."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FleetError(f"{path}: fleet file not found (write one with autotune apply --out DIR)") from None
+    except OSError as exc:
+        raise FleetError(f"{path}: cannot read the fleet file ({exc.strerror})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise FleetError(f"{path}: not valid TOML ({exc})") from None
+    secret = _find_secrets(raw)
+    if secret and secret.startswith("env."):
+        name = secret.removeprefix("env.")
+        raise FleetError(f"{path}: {secret}: looks like a secret, which a fleet file must not hold "
+                         f"(write {name} = \"${{{name}}}\" and set {name} in the environment that starts the fleet)")
+    if secret:
+        raise FleetError(f"{path}: {secret}: passwords and secrets are not allowed in a fleet file "
+                         "(reach remote hosts with an SSH key or agent)")
+    try:
+        fleet = Fleet.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
+        raise FleetError(f"{path}: {where}: {msg}") from None
+    fleet.path = path.resolve()
+    return fleet
+
+
+def fleet_toml(fleet: Fleet) -> str:
+    data = fleet.model_dump(exclude_none=True)
+    servers = data.pop("servers")
+    lines = ["# autotune fleet: one [[servers]] entry per server; `config` is the sglang.yaml it runs."]
+    lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in data.items() if v != {}]
+    for server in servers:
+        lines += ["", "[[servers]]"]
+        lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in server.items()
+                  if not (v == [] or v == {})]
+    return "\n".join(lines) + "\n"
+
+
+def write_fleet(fleet: Fleet, path: str | Path | None = None) -> Path:
+    """Write atomically (a reader, or a SIGKILL mid-write, sees the old file or the new one)."""
+    path = Path(path or fleet.path or "fleet.toml")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(fleet_toml(fleet))
+    os.replace(tmp, path)
+    return path
+
+
+def set_server_config(fleet: Fleet, name: str, config_file: str) -> Fleet:
+    """A copy of ``fleet`` with server ``name`` recorded as running ``config_file``."""
+    servers = [s.model_copy(update={"config": config_file}) if s.name == name else s for s in fleet.servers]
+    return fleet.model_copy(update={"servers": servers})
+
+
+def server_config(fleet: Fleet, server: FleetServer) -> dict[str, Any]:
+    from autotune.deploy.apply import read_config_file
+
+    return read_config_file(fleet.resolve(server.config))
+
+
+# -- one server at runtime -----------------------------------------------------------------------------
+def engine_for(fleet: Fleet, server: FleetServer, *, env: Mapping[str, str] | None = None):
+    """The fleet's engine for one server; ``env`` (resolved, see ``launch_env``) only matters for a launch."""
+    from autotune.harness.engines import make_engine
+
+    python = fleet.python if server.local else (fleet.python or "python3")
+    return make_engine(fleet.engine, model_path=fleet.model, python=python, env=env, device=fleet.device,
+                       sim_gpu=fleet.sim_gpu or "b200", sim_options=server.sim_options or None)
+
+
+def launch_env(fleet: Fleet) -> dict[str, str]:
+    """The fleet's ``env`` with every ``${NAME}`` filled from this environment; FleetError naming one unset."""
+    try:
+        return resolve_env(fleet.env)
+    except ConfigError as exc:
+        where = f"{fleet.path}: " if fleet.path else ""
+        raise FleetError(f"{where}{exc}") from None
+
+
+def device_argv(fleet: Fleet, argv: list[str]) -> list[str]:
+    """SGLang's own ``--device cpu`` for a CPU fleet, unless the command already names a device."""
+    if fleet.device == "cpu" and not any(a == "--device" or a.startswith("--device=") for a in argv):
+        return ["--device", "cpu"]
+    return []
+
+
+def server_argv(fleet: Fleet, server: FleetServer, config: Mapping[str, Any]) -> list[str]:
+    argv = [*engine_for(fleet, server).argv(config, port=server.port, host=server.bind), *server.extra_args]
+    return [*argv, *device_argv(fleet, argv)]
+
+
+def get_json(url: str, *, timeout_s: float = 3.0) -> dict[str, Any] | None:
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+            response = client.get(url)
+        return response.json() if response.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def healthy(server: FleetServer, *, timeout_s: float = 3.0) -> bool:
+    try:
+        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+            return client.get(f"{server.url}/health").status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def local_pid(fleet: Fleet, server: FleetServer) -> int | None:
+    """The pid in the server's pid file if that process still runs a server on the server's port."""
+    try:
+        pid = int(fleet.resolve(server.pid).read_text().split()[0])
+        proc = psutil.Process(pid)
+        alive = proc.status() != psutil.STATUS_ZOMBIE and str(server.port) in proc.cmdline()
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return None
+    return pid if alive else None
+
+
+def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *, timeout_s: float) -> int:
+    """Start one server detached and wait until ``/health`` answers; FleetError with the log's reason if not."""
+    if not server.local:
+        from autotune.deploy import remote
+
+        return remote.start_server(fleet, server, server_argv(fleet, server, config), timeout_s=timeout_s)
+    from autotune.harness.server import ServerProcess
+
+    engine = engine_for(fleet, server, env=launch_env(fleet))
+    pid_path, log_path = fleet.resolve(server.pid), fleet.resolve(server.log)
+    offset = log_path.stat().st_size if log_path.exists() else 0
+    # With the GPU reader, a failed start waits until the device has released the memory again, so the
+    # previous config that goes back on it next sizes its pools as before. Host RAM has no such owner.
+    reader = None
+    if not fleet.host_memory:
+        try:
+            reader = engine.gpu_reader(server.gpu)
+        except AutotuneError:
+            reader = None
+    gpu_index = None if fleet.device == "cpu" else server.gpu  # the engine's env says what a CPU server needs
+    proc = ServerProcess(server_argv(fleet, server, config), port=server.port, host=server.bind,
+                         env=engine.env(gpu_index=server.gpu), gpu_index=gpu_index, log_path=log_path,
+                         gpu_reader=reader, run_dir=pid_path.parent, detach=True)
+    try:
+        proc.start()
+        # The pid file goes first: if this command is killed while the server loads, the next one finds it.
+        pid_path.parent.mkdir(parents=True, exist_ok=True)
+        pid_path.write_text(f"{proc.pid}\n")
+        proc.wait_ready(timeout_s)
+    except AutotuneError as exc:
+        text = proc.log_text()[offset:]
+        reason = engine.failure_line(text) or str(exc)
+        if proc.pid is not None:
+            proc.stop(grace_s=5.0, release_timeout_s=30.0)
+            pid_path.unlink(missing_ok=True)
+        raise FleetError(f"server {server.name} (gpu {server.gpu}, port {server.port}) did not start: {reason} "
+                         f"(log: {log_path})") from None
+    return proc.pid
+
+
+def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_timeout_s: float = 60.0) -> bool:
+    """SIGTERM (SGLang drains in-flight requests), SIGKILL after ``grace_s``, then wait until the port and
+    the GPU's memory are free again (the next server sizes its pools from free memory). True if one ran."""
+    if not server.local:
+        from autotune.deploy import remote
+
+        return remote.stop_server(fleet, server, grace_s=grace_s)
+    from autotune.harness.gpu import wait_released
+    from autotune.harness.server import port_is_free, stop_process_group
+
+    pid_path = fleet.resolve(server.pid)
+    pid = local_pid(fleet, server)
+    if pid is not None:
+        stop_process_group(pid, grace_s=grace_s)
+        (pid_path.parent / f"server-{pid}.json").unlink(missing_ok=True)
+    pid_path.unlink(missing_ok=True)
+    deadline = time.monotonic() + release_timeout_s
+    while not port_is_free(server.bind, server.port) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if pid is not None and not fleet.host_memory:  # host RAM is shared: "back to nothing used" never comes
+        try:
+            reader = engine_for(fleet, server).gpu_reader(server.gpu)
+        except AutotuneError:  # no driver to ask (NVML missing): the next start's capacity check still guards
+            return True
+        try:
+            # The fleet owns its GPUs: released means back to (nearly) nothing used.
+            wait_released(reader, 0.0, max(0.0, deadline - time.monotonic()), tolerance_mib=1024.0)
+        finally:
+            reader.close()
+    return pid is not None
+
+
+# -- the fleet -----------------------------------------------------------------------------------------
+@dataclass(kw_only=True)
+class ServerStatus:
+    name: str
+    host: str
+    gpu: int
+    port: int
+    config: str
+    pid: int | None = None
+    healthy: bool = False
+    capacity: Capacity | None = None
+    drift: list[str] = field(default_factory=list)  # flags whose running value differs from `config`
+    tok_s: float | None = None
+
+    @property
+    def state(self) -> str:
+        if self.healthy:
+            return "healthy"
+        return "unhealthy" if self.pid is not None else "down"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "host": self.host, "gpu": self.gpu, "port": self.port, "config": self.config,
+                "pid": self.pid, "state": self.state, "drift": self.drift, "tok_s": self.tok_s,
+                "capacity": self.capacity.to_dict() if self.capacity else None}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        try:
+            return abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(a)))
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
+def drift(config: Mapping[str, Any], server_info: Mapping[str, Any]) -> list[str]:
+    """Flags of ``config`` that ``/server_info`` (the resolved args) reports with another value."""
+    return sorted(k for k, v in config.items()
+                  if v is not None and k in server_info and not _same(server_info[k], v))
+
+
+def _tok_s(server: FleetServer, info: Mapping[str, Any] | None) -> float | None:
+    states = (info or {}).get("internal_states") or [{}]
+    value = states[0].get("last_gen_throughput") if isinstance(states[0], dict) else None
+    if value is not None:
+        return float(value)
+    try:
+        with httpx.Client(timeout=3.0, trust_env=False) as client:
+            text = client.get(f"{server.url}/metrics").text
+    except httpx.HTTPError:
+        return None
+    found = re.search(r"^sglang:gen_throughput(?:\{[^}]*\})?\s+([0-9.eE+-]+)", text, re.MULTILINE)
+    return float(found.group(1)) if found else None
+
+
+def server_status(fleet: Fleet, server: FleetServer) -> ServerStatus:
+    status = ServerStatus(name=server.name, host=server.host, gpu=server.gpu, port=server.port,
+                          config=server.config)
+    if server.local:
+        status.pid = local_pid(fleet, server)
+    status.healthy = healthy(server)
+    if not status.healthy:
+        return status
+    info = get_json(f"{server.url}/server_info")
+    if info is not None:
+        status.capacity = engine_for(fleet, server).capacity("", info)
+        try:
+            status.drift = drift(server_config(fleet, server), info)
+        except ConfigError:
+            status.drift = ["(config file unreadable)"]
+    status.tok_s = _tok_s(server, info)
+    return status
+
+
+def status(fleet: Fleet) -> list[ServerStatus]:
+    return [server_status(fleet, server) for server in fleet.servers]
+
+
+def _selected(fleet: Fleet, names: Iterable[str] | None) -> list[FleetServer]:
+    return [fleet.server(n) for n in names] if names else list(fleet.servers)
+
+
+def up(fleet: Fleet, *, timeout_s: float = 900.0, names: Iterable[str] | None = None) -> list[str]:
+    """Start every server that is not already up. Configs and ports are checked before anything starts."""
+    from autotune.harness.server import port_is_free
+
+    todo = []
+    for server in _selected(fleet, names):
+        config = server_config(fleet, server)  # a bad config file stops the command before any launch
+        if server.local and local_pid(fleet, server) is not None:
+            continue
+        if not server.local and healthy(server):
+            continue
+        if server.local and not port_is_free(server.bind, server.port):
+            raise FleetError(f"port {server.bind}:{server.port} of server {server.name} is in use "
+                             "(stop what holds it, or change the port in the fleet file)")
+        todo.append((server, config))
+    if todo:
+        launch_env(fleet)  # an unset ${NAME} stops the command before any launch, too
+    started, failures = [], []
+    # Servers on different GPUs load in parallel: a fleet of 7 comes up in one startup time, not seven.
+    with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+        futures = {pool.submit(start_server, fleet, s, c, timeout_s=timeout_s): s.name for s, c in todo}
+        for future, name in futures.items():
+            try:
+                future.result()
+                started.append(name)
+            except FleetError as exc:
+                failures.append(str(exc))
+    if failures:
+        running = f"; started: {', '.join(started)} (autotune fleet down stops them)" if started else ""
+        raise FleetError("; ".join(failures) + running)
+    return started
+
+
+def down(fleet: Fleet, *, grace_s: float = 30.0, names: Iterable[str] | None = None) -> list[str]:
+    """Stop the servers (all by default); returns the names that were running."""
+    return [s.name for s in _selected(fleet, names) if stop_server(fleet, s, grace_s=grace_s)]

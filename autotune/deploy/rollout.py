@@ -1,0 +1,417 @@
+"""Rolling restart of a fleet onto a new config: one server at a time, each verified before the next.
+
+For each server: stop it (SIGTERM lets SGLang drain), start it on the new config, wait for health, check the
+capacity it reports against what the study measured, replay a short canary and compare tok/s. Any failure
+puts that server back on its previous config and stops (by default rolling the verified ones back too).
+Every step is appended (and fsynced) to a JSONL log beside the fleet file before it happens, so a rollout
+killed at any point can be resumed or rolled back from the log. At most one server is ever down: a step
+starts only when every other server answers ``/health``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import AutotuneError, FleetError
+from autotune.deploy.fleet import (
+    Fleet,
+    FleetServer,
+    engine_for,
+    get_json,
+    healthy,
+    load_fleet,
+    set_server_config,
+    start_server,
+    stop_server,
+    write_fleet,
+)
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Expectation:
+    """What the study measured for the config being rolled out; ``None`` fields are not checked."""
+
+    max_running_requests: int | None = None
+    kv_tokens: int | None = None
+    mamba_slots: int | None = None
+    tok_s: float | None = None
+    kv_tolerance: float = 0.0  # relative; real GPUs differ by a few MiB of free memory, the simulator never
+    tok_s_tolerance: float = 0.15  # a canary this much slower than the study's figure fails
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Expectation:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    @classmethod
+    def from_winner(cls, winner, *, kv_tolerance: float = 0.0, tok_s_tolerance: float = 0.15) -> Expectation:
+        cap = winner.capacity
+        if cap is None and winner.tok_s is None:
+            raise FleetError("nothing to verify the rollout against: the config has no measured capacity or "
+                             "tok/s (roll out from --study, or keep provenance.json beside the config)")
+        return cls(max_running_requests=getattr(cap, "max_running_requests", None),
+                   kv_tokens=getattr(cap, "kv_tokens", None), mamba_slots=getattr(cap, "mamba_slots", None),
+                   tok_s=winner.tok_s, kv_tolerance=kv_tolerance, tok_s_tolerance=tok_s_tolerance)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Canary:
+    """A short replay of the study's workload against the restarted server."""
+
+    prompts: str
+    sample_size: int = 200
+    seed: int = 0
+    concurrency: int | None = None  # None: 2 × the server's effective max running requests, as the study did
+    max_tokens: int = 4096
+    warmup_s: float = 5.0
+    measure_s: float = 20.0
+    endpoint: str = "generate"
+    ignore_eos: bool = False
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Canary:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    @classmethod
+    def from_workload(cls, workload: Mapping[str, Any], *, prompts: str | None, warmup_s: float,
+                      measure_s: float, concurrency: int | None = None) -> Canary:
+        """The study's workload (same prompts, length cap, concurrency), replayed for a short window."""
+        path = prompts or workload.get("prompts")
+        if not path or not Path(path).is_file():
+            raise FleetError(f"no prompt file for the canary ({path or 'the study names none'}): pass --prompts, "
+                             "or --canary-s 0 to check capacity only")
+        data = {k: v for k, v in workload.items() if k in cls.__dataclass_fields__}
+        data.update(prompts=str(path), warmup_s=warmup_s, measure_s=measure_s)
+        if concurrency is not None:
+            data["concurrency"] = concurrency
+        return cls(**data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    grace_s: float = 30.0  # SIGTERM → SIGKILL: how long SGLang may drain in-flight requests
+    startup_timeout_s: float = 900.0
+    release_timeout_s: float = 60.0
+
+
+@dataclass(kw_only=True)
+class Report:
+    """What a rollout did, for the one-line error or the final summary."""
+
+    verified: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: str | None = None
+    reason: str | None = None
+    restored: list[str] = field(default_factory=list)
+    reverted: list[str] = field(default_factory=list)
+    untouched: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        parts = []
+        for label, names in (("on the new config", self.verified), ("already on it", self.skipped),
+                             ("restored", self.restored), ("rolled back", self.reverted),
+                             ("not touched", self.untouched)):
+            if names:
+                parts.append(f"{label}: {', '.join(names)}")
+        if self.failed:
+            parts.insert(0, f"server {self.failed} failed: {self.reason}")
+        return "; ".join(parts) or "nothing to do"
+
+
+# -- the log -------------------------------------------------------------------------------------------
+def log_path(fleet: Fleet) -> Path:
+    assert fleet.path is not None
+    return fleet.path.with_name(fleet.path.stem + ".rollout.jsonl")
+
+
+class RolloutLog:
+    """Append-only JSONL; each line is flushed and fsynced before the step it announces begins."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def append(self, event: str, **fields: Any) -> None:
+        record = {"event": event, "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"), **fields}
+        with open(self.path, "a", encoding="utf-8") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    def events(self) -> list[dict[str, Any]]:
+        try:
+            lines = self.path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a line torn by a kill mid-write; the step it announced is redone anyway
+        return out
+
+    def current(self) -> list[dict[str, Any]]:
+        """The events of the latest rollout (from its ``begin``)."""
+        events = self.events()
+        starts = [i for i, e in enumerate(events) if e.get("event") == "begin"]
+        return events[starts[-1]:] if starts else []
+
+
+@contextmanager
+def _locked(fleet: Fleet) -> Iterator[None]:
+    # The kernel drops the lock when its holder dies, so a SIGKILLed rollout never blocks the resume.
+    path = log_path(fleet).with_suffix(".lock")
+    with open(path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise FleetError(f"another rollout of {fleet.path} is running (lock {path})") from None
+        yield
+
+
+# -- verification ----------------------------------------------------------------------------------------
+def check_capacity(expect: Expectation, capacity) -> str | None:
+    """Why the reported capacity does not match the study's, or None."""
+    problems = []
+    for name in ("max_running_requests", "mamba_slots", "kv_tokens"):
+        want, got = getattr(expect, name), getattr(capacity, name, None)
+        if want is None:
+            continue
+        slack = expect.kv_tolerance * want if name == "kv_tokens" else 0
+        if got is None or abs(got - want) > slack:
+            problems.append(f"{name} {got} (study: {want})")
+    return ", ".join(problems) or None
+
+
+def run_canary(server: FleetServer, canary: Canary, capacity) -> Any:
+    from autotune.harness.workload import PromptSample, metrics_from_records, replay
+
+    sample = PromptSample.load(canary.prompts, canary.sample_size, canary.seed)
+    concurrency = canary.concurrency or max(1, 2 * (getattr(capacity, "max_running_requests", None) or 1))
+    records = asyncio.run(replay(server.url, sample, concurrency=concurrency, max_tokens=canary.max_tokens,
+                                 warmup_s=canary.warmup_s, measure_s=canary.measure_s, endpoint=canary.endpoint,
+                                 ignore_eos=canary.ignore_eos))
+    return metrics_from_records(records)
+
+
+def verify(fleet: Fleet, server: FleetServer, expect: Expectation, canary: Canary | None) -> dict[str, Any]:
+    """Capacity, then canary; FleetError naming what differs. Returns the figures measured."""
+    info = get_json(f"{server.url}/server_info")
+    if info is None:
+        raise FleetError(f"server {server.name} does not answer /server_info")
+    capacity = engine_for(fleet, server).capacity("", info)
+    mismatch = check_capacity(expect, capacity)
+    if mismatch:
+        raise FleetError(f"server {server.name} reports a different capacity: {mismatch}")
+    figures: dict[str, Any] = {"capacity": {k: getattr(capacity, k) for k in
+                                            ("max_running_requests", "kv_tokens", "mamba_slots")}}
+    if canary is not None:
+        metrics = run_canary(server, canary, capacity)
+        figures["tok_s"] = metrics.output_tok_s
+        if metrics.errors or not metrics.output_tokens:
+            raise FleetError(f"server {server.name} canary: {metrics.errors} failed requests, "
+                             f"{metrics.output_tokens} tokens")
+        if expect.tok_s and metrics.output_tok_s < expect.tok_s * (1 - expect.tok_s_tolerance):
+            raise FleetError(f"server {server.name} canary ran at {metrics.output_tok_s:.0f} tok/s, more than "
+                             f"{expect.tok_s_tolerance:.0%} below the study's {expect.tok_s:.0f} tok/s")
+    return figures
+
+
+# -- steps -----------------------------------------------------------------------------------------------
+def stage_config(fleet: Fleet, config: Mapping[str, Any]) -> str:
+    """Write ``config`` as ``configs/<hash>.yaml`` beside the fleet file; returns its relative path."""
+    from autotune.deploy.apply import split_config, yaml_text
+
+    document, cli = split_config(config)
+    if cli:
+        raise FleetError(f"these flags cannot be written to an sglang.yaml: {' '.join(cli)}")
+    text = yaml_text(document)
+    relative = f"configs/{hashlib.sha256(text.encode()).hexdigest()[:12]}.yaml"
+    path = fleet.resolve(relative)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return relative
+
+
+def _others_healthy(fleet: Fleet, name: str) -> None:
+    down = [s.name for s in fleet.servers if s.name != name and not healthy(s)]
+    if down:
+        raise FleetError(f"server(s) {', '.join(down)} not healthy: replacing {name} now would take a second "
+                         "server down (bring them up with autotune fleet up, then --resume)")
+
+
+def _replace(fleet: Fleet, server: FleetServer, config_file: str, timing: Timing) -> None:
+    config = _read(fleet, config_file)  # before the stop: a bad file must not take the server down
+    stop_server(fleet, server, grace_s=timing.grace_s, release_timeout_s=timing.release_timeout_s)
+    start_server(fleet, server, config, timeout_s=timing.startup_timeout_s)
+
+
+def _read(fleet: Fleet, config_file: str) -> dict[str, Any]:
+    from autotune.deploy.apply import read_config_file
+
+    return read_config_file(fleet.resolve(config_file))
+
+
+def _restore(fleet_path: Path, name: str, previous: str, log: RolloutLog, timing: Timing, say: Say) -> bool:
+    """Put one server back on ``previous``; True when it answers /health again."""
+    fleet = load_fleet(fleet_path)
+    server = fleet.server(name)
+    try:
+        _replace(fleet, server, previous, timing)
+    except AutotuneError as exc:
+        log.append("restore_failed", server=name, reason=str(exc))
+        say(f"{name}: could not restore {previous}: {exc}")
+        return False
+    if server.config != previous:
+        write_fleet(set_server_config(fleet, name, previous))
+    say(f"{name}: back on {previous}")
+    return True
+
+
+def _run(fleet_path: Path, begin: dict[str, Any], done: set[str], log: RolloutLog, timing: Timing,
+         say: Say) -> Report:
+    target, previous = begin["config"], begin["previous"]
+    expect = Expectation.from_dict(begin.get("expect") or {})
+    canary = Canary.from_dict(begin["canary"]) if begin.get("canary") else None
+    report = Report(verified=sorted(done, key=begin["servers"].index))
+    remaining = [n for n in begin["servers"] if n not in done]
+    for index, name in enumerate(remaining):
+        fleet = load_fleet(fleet_path)
+        server = fleet.server(name)
+        _others_healthy(fleet, name)
+        log.append("step", server=name, to=target)
+        say(f"{name}: restarting on {target}")
+        try:
+            _replace(fleet, server, target, timing)
+            figures = verify(fleet, server, expect, canary)
+        except AutotuneError as exc:
+            log.append("failed", server=name, reason=str(exc))
+            report.failed, report.reason = name, str(exc)
+            report.untouched = remaining[index + 1:]
+            if not _restore(fleet_path, name, previous[name], log, timing, say):
+                # Reverting others now would take a second server down: leave that to --rollback.
+                report.reason = f"{exc}; it did not come back on {previous[name]} either"
+            else:
+                log.append("restored", server=name)
+                report.restored.append(name)
+                if begin.get("rollback_on_failure", True):
+                    try:
+                        report.reverted = _revert(fleet_path, report.verified, previous, log, timing, say)
+                    except FleetError as revert_error:
+                        report.reason = f"{exc}; {revert_error}"
+                    report.verified = [n for n in report.verified if n not in report.reverted]
+            log.append("end", result="failed", summary=report.summary())
+            raise FleetError(f"rollout stopped: {report.summary()}") from None
+        write_fleet(set_server_config(load_fleet(fleet_path), name, target))
+        log.append("verified", server=name, **figures)
+        report.verified.append(name)
+        say(f"{name}: verified {figures}")
+    log.append("end", result="done", summary=report.summary())
+    return report
+
+
+def _revert(fleet_path: Path, names: list[str], previous: Mapping[str, str], log: RolloutLog, timing: Timing,
+            say: Say, *, settled: frozenset[str] = frozenset()) -> list[str]:
+    """Return ``names`` to their previous configs, one at a time, servers that are down first.
+
+    ``settled`` servers are known (from the log) to run their previous config already: they are left alone
+    while healthy. Any other server may run the new config even if the fleet file does not say so yet (a
+    step killed after the start, before the verification), so it is always restarted.
+    """
+    fleet = load_fleet(fleet_path)
+    order = sorted(names, key=lambda n: (healthy(fleet.server(n)), -names.index(n)))
+    reverted = []
+    for name in order:
+        fleet = load_fleet(fleet_path)
+        server = fleet.server(name)
+        if name in settled and server.config == previous[name] and healthy(server):
+            continue
+        _others_healthy(fleet, name)
+        log.append("revert", server=name, to=previous[name])
+        if not _restore(fleet_path, name, previous[name], log, timing, say):
+            raise FleetError(f"rollback stopped: server {name} did not come back on {previous[name]} "
+                             f"(rolled back so far: {', '.join(reverted) or 'none'})")
+        log.append("reverted", server=name)
+        reverted.append(name)
+    return reverted
+
+
+def _settled(events: list[dict[str, Any]]) -> frozenset[str]:
+    """Servers whose last logged event put them back on their previous config."""
+    last: dict[str, str] = {}
+    for event in events:
+        if "server" in event:
+            last[event["server"]] = event["event"]
+    return frozenset(n for n, e in last.items() if e in ("restored", "reverted"))
+
+
+# -- entry points ---------------------------------------------------------------------------------------
+def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, canary: Canary | None,
+          timing: Timing = Timing(), rollback_on_failure: bool = True, source: Mapping[str, Any] | None = None,
+          say: Say = lambda _: None) -> Report:
+    """Roll ``config`` out to every server of the fleet, one at a time."""
+    fleet = load_fleet(fleet_path)
+    log = RolloutLog(log_path(fleet))
+    with _locked(fleet):
+        current = log.current()
+        if current and current[-1].get("event") != "end":
+            raise FleetError(f"an earlier rollout in {log.path} did not finish: finish it with --resume or "
+                             "undo it with --rollback first")
+        target = stage_config(fleet, config)
+        wanted = _read(fleet, target)
+        skipped, servers = [], []
+        for server in fleet.servers:
+            same = server.config == target or _read(fleet, server.config) == wanted
+            (skipped if same and healthy(server) else servers).append(server.name)
+        begin = {"config": target, "previous": {s.name: s.config for s in fleet.servers}, "servers": servers,
+                 "expect": asdict(expect), "canary": asdict(canary) if canary else None,
+                 "rollback_on_failure": rollback_on_failure, "source": dict(source or {})}
+        log.append("begin", **begin)
+        report = _run(fleet.path, begin, set(), log, timing, say)
+        report.skipped = skipped
+        return report
+
+
+def resume(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _: None) -> Report:
+    """Finish the latest rollout; the server that was mid-step is redone from its stop."""
+    fleet = load_fleet(fleet_path)
+    log = RolloutLog(log_path(fleet))
+    with _locked(fleet):
+        current = log.current()
+        if not current or current[-1].get("event") == "end":
+            raise FleetError(f"no unfinished rollout in {log.path}")
+        done = {e["server"] for e in current if e.get("event") == "verified"}
+        log.append("resume", done=sorted(done))
+        return _run(fleet.path, current[0], done, log, timing, say)
+
+
+def rollback(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _: None) -> Report:
+    """Return every server the latest rollout touched to its previous config, one at a time."""
+    fleet = load_fleet(fleet_path)
+    log = RolloutLog(log_path(fleet))
+    with _locked(fleet):
+        current = log.current()
+        if not current:
+            raise FleetError(f"no rollout recorded in {log.path}")
+        if current[-1].get("event") == "end" and current[-1].get("result") == "rolled_back":
+            raise FleetError("the latest rollout was already rolled back")
+        begin = current[0]
+        touched = [n for n in begin["servers"] if any(e.get("server") == n for e in current)]
+        log.append("rollback", servers=touched)
+        reverted = _revert(fleet.path, touched, begin["previous"], log, timing, say, settled=_settled(current))
+        log.append("end", result="rolled_back")
+        return Report(reverted=reverted, untouched=[n for n in begin["servers"] if n not in touched])

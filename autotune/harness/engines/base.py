@@ -1,0 +1,63 @@
+"""The Engine contract: everything that differs between launching SGLang and launching the simulator.
+
+The harness (server.py, trial.py) owns this Protocol and never imports an implementation; ``ENGINES`` in
+``autotune.harness.engines`` maps a name to a class. Flag names in configs are SGLang ``dest`` names
+(``max_mamba_cache_size``); booleans are store-true flags (``True`` → present, ``False`` → absent).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from autotune.results import Capacity, FailureKind
+
+
+class GpuReader(Protocol):
+    """One memory/utilisation reading of one device. Implemented by NVML, the simulated GPU and psutil.
+
+    A reader may also offer ``track(pids, files_bytes)`` (the host-memory one does): ``ServerProcess`` then hands it
+    the server's own process group, so other processes' memory never counts as the server's (SGLang's CPU backend).
+    """
+
+    def read(self) -> dict[str, float | None]:
+        """Return ``used_gib``, ``total_gib``, ``util_pct``, ``power_w``, ``sm_clock_mhz`` (None if unknown)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Engine(Protocol):
+    name: str
+
+    def argv(self, config: Mapping[str, Any], *, port: int, host: str = "127.0.0.1") -> list[str]:
+        """The launch command as an argv list (never a shell string)."""
+        ...
+
+    def env(self, *, gpu_index: int | None) -> dict[str, str]:
+        """Environment variables to add for the launch (``CUDA_VISIBLE_DEVICES``, engine extras)."""
+        ...
+
+    def preflight(self) -> None:
+        """Raise ``EngineError`` when the engine cannot launch at all (e.g. SGLang not importable)."""
+        ...
+
+    def check(self, config: Mapping[str, Any]) -> None:
+        """Raise ``ConfigError`` (with a did-you-mean) for any flag the engine does not know or a bad value."""
+        ...
+
+    def classify(self, log_text: str, exit_code: int | None) -> FailureKind | None:
+        """The failure kind a finished or dead server's log shows, or None when the log shows no failure."""
+        ...
+
+    def failure_line(self, log_text: str, exit_code: int | None = None) -> str | None:
+        """The log line that decided ``classify`` (shown in reports), if any; same ``exit_code`` as classify."""
+        ...
+
+    def capacity(self, log_text: str, server_info: Mapping[str, Any] | None) -> Capacity:
+        """What the server allocated, from its startup lines and ``/server_info`` ``internal_states``."""
+        ...
+
+    def gpu_reader(self, gpu_index: int | None) -> GpuReader:
+        """A reader of the device this engine's server runs on (NVML, the simulated GPU, or host memory)."""
+        ...

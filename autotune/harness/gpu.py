@@ -1,0 +1,191 @@
+"""GPU readings during a trial: a sampling monitor and three readers (NVML, simulated GPU, host memory).
+
+The monitor runs in a thread so the replay's event loop never blocks on a driver call; ``wait_released``
+is how teardown knows the next server will size its pools from truly free memory.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from autotune.errors import GpuError
+from autotune.harness.procgroup import memory_bytes
+from autotune.results import GpuPeaks
+
+MIB_PER_GIB = 1024.0
+
+
+def _reading(used_gib=None, total_gib=None, util_pct=None, power_w=None, sm_clock_mhz=None) -> dict[str, Any]:
+    return {
+        "used_gib": used_gib, "total_gib": total_gib, "util_pct": util_pct,
+        "power_w": power_w, "sm_clock_mhz": sm_clock_mhz,
+    }
+
+
+class NvmlReader:
+    """A real GPU through NVML (nvidia-ml-py, imported only when a real run needs it)."""
+
+    def __init__(self, index: int = 0):
+        try:
+            import pynvml
+        except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a declared dependency
+            raise GpuError("nvidia-ml-py is not installed (pip install nvidia-ml-py)") from exc
+        try:
+            pynvml.nvmlInit()
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except pynvml.NVMLError as exc:
+            raise GpuError(
+                f"cannot read GPU {index} through NVML ({exc}); install the NVIDIA driver, "
+                "or use --engine sim / SGLang's CPU backend"
+            ) from exc
+        self._nvml = pynvml
+        self.index = index
+
+    def read(self) -> dict[str, Any]:
+        nv = self._nvml
+        mem = nv.nvmlDeviceGetMemoryInfo(self._handle)
+        values = _reading(used_gib=mem.used / 2**30, total_gib=mem.total / 2**30)
+        for key, call in (
+            ("util_pct", lambda: float(nv.nvmlDeviceGetUtilizationRates(self._handle).gpu)),
+            ("power_w", lambda: nv.nvmlDeviceGetPowerUsage(self._handle) / 1000.0),
+            ("sm_clock_mhz", lambda: float(nv.nvmlDeviceGetClockInfo(self._handle, nv.NVML_CLOCK_SM))),
+        ):
+            try:
+                values[key] = call()
+            except nv.NVMLError:  # some boards do not report power or clocks
+                pass
+        return values
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError:
+            pass
+
+
+class SimGpuReader:
+    """The simulated GPU (``autotune.sim.device``): the registry sim servers write their memory into."""
+
+    def __init__(self, index: int = 0, directory: str | None = None):
+        self.index, self.directory = index, directory
+
+    def read(self) -> dict[str, Any]:
+        from autotune.sim import device
+
+        r = device.read(self.index, directory=self.directory)
+        return _reading(
+            used_gib=r.used_mib / MIB_PER_GIB,
+            total_gib=None if r.total_mib is None else r.total_mib / MIB_PER_GIB,
+            util_pct=getattr(r, "util_pct", None),
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class HostMemoryReader:
+    """Host RAM held by one server (SGLang's CPU backend): its process group's PSS plus its /dev/shm files.
+
+    Not the machine's used memory: another process allocating RAM must neither hold a teardown nor count as this
+    server's peak. ``ServerProcess`` calls ``track`` once the server runs; before that it reads the whole host.
+    """
+
+    def __init__(self) -> None:
+        self._pids: Callable[[], Iterable[int]] | None = None
+        self._files_bytes: Callable[[], int] = lambda: 0
+
+    def track(self, pids: Callable[[], Iterable[int]], files_bytes: Callable[[], int]) -> None:
+        """Measure the processes ``pids()`` returns and ``files_bytes()`` of shared-memory files from now on."""
+        self._pids, self._files_bytes = pids, files_bytes
+
+    def read(self) -> dict[str, Any]:
+        import psutil
+
+        vm = psutil.virtual_memory()
+        if self._pids is None:
+            used = vm.total - vm.available
+        else:
+            used = sum(memory_bytes(pid) for pid in self._pids()) + self._files_bytes()
+        return _reading(
+            used_gib=used / 2**30, total_gib=vm.total / 2**30, util_pct=psutil.cpu_percent(interval=None),
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class GpuMonitor:
+    """Samples a reader every ``interval_s`` in a thread while the ``with`` block runs."""
+
+    def __init__(self, reader, interval_s: float = 0.2):
+        self.reader, self.interval_s = reader, interval_s
+        self.samples: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.errors = 0
+
+    def __enter__(self) -> GpuMonitor:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="gpu-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=max(5.0, 10 * self.interval_s))
+        self._sample()  # one reading at the end, so even a short block has one
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._sample()
+            self._stop.wait(self.interval_s)
+
+    def _sample(self) -> None:
+        try:
+            reading = self.reader.read()
+        except Exception:  # noqa: BLE001 - a failed reading must not end the trial; it is counted
+            self.errors += 1
+            return
+        self.samples.append({"t": time.monotonic(), **reading})
+
+    def peaks(self) -> GpuPeaks:
+        def values(key: str) -> list[float]:
+            return [s[key] for s in self.samples if s.get(key) is not None]
+
+        used, total = values("used_gib"), values("total_gib")
+        util, power = values("util_pct"), values("power_w")
+        peak = max(used) if used else None
+        tot = max(total) if total else None
+        return GpuPeaks(
+            peak_used_gib=round(peak, 3) if peak is not None else None,
+            total_gib=round(tot, 3) if tot is not None else None,
+            headroom_gib=round(tot - peak, 3) if peak is not None and tot is not None else None,
+            mean_util_pct=round(sum(util) / len(util), 2) if util else None,
+            peak_power_w=max(power) if power else None,
+            samples=len(self.samples),
+        )
+
+
+def used_mib(reader) -> float | None:
+    used = reader.read().get("used_gib")
+    return None if used is None else used * MIB_PER_GIB
+
+
+def wait_released(
+    reader, baseline_used_mib: float | None, timeout_s: float, *, tolerance_mib: float = 128.0, poll_s: float = 0.1
+) -> bool:
+    """Poll until used memory is back within ``tolerance_mib`` of the pre-start baseline; False on timeout."""
+    if baseline_used_mib is None:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while True:
+        current = used_mib(reader)
+        if current is None or current <= baseline_used_mib + tolerance_mib:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)

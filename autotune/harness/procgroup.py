@@ -1,0 +1,93 @@
+"""A process group seen through ``/proc``: its live members, the files they hold, and their memory.
+
+``/proc`` is the only place that says which process holds a ``/dev/shm`` file (SGLang's names carry no pid),
+and it is cheap enough to read several times a second while a server runs.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+PROC = "/proc"
+
+
+def _stat_tail(pid: int | str) -> list[bytes] | None:
+    """``/proc/<pid>/stat`` after the command name (which may hold spaces): state, ppid, pgrp, ..."""
+    try:
+        with open(f"{PROC}/{pid}/stat", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return None
+    return data[data.rfind(b")") + 2:].split()
+
+
+def group_pids(pgid: int | None) -> set[int]:
+    """The members of process group ``pgid`` that still run (zombies hold no memory and no files)."""
+    if pgid is None:
+        return set()
+    pids: set[int] = set()
+    try:
+        entries = os.listdir(PROC)
+    except OSError:
+        return pids
+    for name in entries:
+        if not name.isdigit():
+            continue
+        tail = _stat_tail(name)
+        if tail and len(tail) > 2 and tail[0] not in (b"Z", b"X") and int(tail[2]) == pgid:
+            pids.add(int(name))
+    return pids
+
+
+def held_files(pids: Iterable[int], directory: Path) -> dict[str, int]:
+    """Names in ``directory`` that ``pids`` hold open or mapped → the inode they hold."""
+    folder = os.path.realpath(directory)
+    needle = (folder + "/").encode()
+    held: dict[str, int] = {}
+    for pid in pids:
+        fd_dir = f"{PROC}/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            fds = []
+        for fd in fds:
+            try:
+                target = os.readlink(f"{fd_dir}/{fd}")
+                if os.path.dirname(target) == folder:
+                    held[os.path.basename(target)] = os.stat(f"{fd_dir}/{fd}").st_ino
+            except OSError:
+                continue  # closed meanwhile
+        try:
+            with open(f"{PROC}/{pid}/maps", "rb") as fh:
+                maps = fh.read()
+        except OSError:
+            continue
+        if needle not in maps:
+            continue
+        for line in maps.splitlines():
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].startswith(needle) and not parts[5].endswith(b" (deleted)"):
+                held[os.fsdecode(parts[5][len(needle):])] = int(parts[4])
+    return held
+
+
+def memory_bytes(pid: int) -> int:
+    """The process's proportional share of RAM, without shared-memory mappings (counted as whole files instead)."""
+    fields: dict[str, int] = {}
+    try:
+        with open(f"{PROC}/{pid}/smaps_rollup", "rb") as fh:
+            for line in fh:
+                key, _, rest = line.partition(b":")
+                if key in (b"Pss", b"Pss_Shmem"):
+                    fields[key.decode()] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    if "Pss" in fields:
+        return max(0, fields["Pss"] - fields.get("Pss_Shmem", 0))
+    try:  # no smaps_rollup (old kernel): resident pages
+        with open(f"{PROC}/{pid}/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

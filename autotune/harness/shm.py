@@ -1,0 +1,126 @@
+"""Which ``/dev/shm`` files one server made, proven from facts that hold for real SGLang, and their removal.
+
+SGLang leaves files in ``/dev/shm`` even on a clean exit (a ~270 MB CPU all-reduce buffer, a load-report
+segment, and after a SIGKILL ``sem.mp-*`` semaphores), and their names carry no pid:
+``sglang_loads_<12 hex>_<8 hex>.shm``, ``deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>``. Other servers on
+the host (production ones) have files of the same shapes. A file is this server's only when it appeared after
+the server started AND either a process of the server's group was seen holding it (fd or mapping, sampled
+while the server runs) or its name carries one of the server's ports. Anything else is left, and listed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from autotune.harness.procgroup import held_files
+
+SHM_DIR = Path("/dev/shm")
+# SGLang's shapes (and the simulator's, which imitates them); any other name there is not ours to touch.
+SHM_PREFIXES = ("sglang", "deepspeed_allreduce_buffer", "sem.mp-", "autotune")
+FRESH_S = 5.0  # a new file is checked on every sample this long; after that, every STALE_SCAN_S
+STALE_SCAN_S = 1.0
+_PORT_NAME = re.compile(r"^deepspeed_allreduce_buffer_\d+_[^_]+_(\d+)_\d+$")
+
+
+def snapshot(directory: Path) -> set[str]:
+    try:
+        return {entry.name for entry in os.scandir(directory)}
+    except OSError:
+        return set()
+
+
+def named_port(name: str) -> int | None:
+    """The port in ``deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>`` (SGLang's dist port), else None."""
+    match = _PORT_NAME.match(name)
+    return int(match.group(1)) if match else None
+
+
+def new_files(directory: Path, before: set[str]) -> dict[str, int]:
+    """SGLang-shaped regular files of this user that were not there at ``before`` → inode."""
+    found: dict[str, int] = {}
+    uid = os.getuid()
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return found
+    for entry in entries:
+        if entry.name in before or not entry.name.startswith(SHM_PREFIXES):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if st.st_uid == uid and entry.is_file(follow_symlinks=False):
+            found[entry.name] = st.st_ino
+    return found
+
+
+class ShmOwnership:
+    """The files one server made in ``directory``: appeared after ``before`` AND (held by its group OR name its port).
+
+    ``owned`` maps name → inode, so a file replaced by another server under the same name is never removed.
+    """
+
+    def __init__(
+        self, directory: Path, before: Iterable[str], ports: Iterable[int] = (), owned: dict[str, int] | None = None
+    ):
+        self.directory = Path(directory)
+        self.before = set(before)
+        self.ports = {int(p) for p in ports}
+        self.owned: dict[str, int] = dict(owned or {})  # replaced, never mutated: readers in other threads
+        self._first_seen: dict[str, float] = {}
+        self._last_scan = 0.0
+
+    def observe(self, pids: Iterable[int], *, force: bool = True) -> bool:
+        """Attribute what ``pids`` (the server's group, now) hold; True when ``owned`` grew.
+
+        Unless ``force``, a file pending for seconds (another server's) is rechecked about once a second, not on
+        every call: reading a big process's maps many times a second would cost a core.
+        """
+        pending = {n: ino for n, ino in new_files(self.directory, self.before).items() if self.owned.get(n) != ino}
+        if not pending:
+            return False
+        now = time.monotonic()
+        for name in pending:
+            self._first_seen.setdefault(name, now)
+        fresh = any(now - self._first_seen[n] < FRESH_S for n in pending)
+        found = {n: ino for n, ino in pending.items() if named_port(n) in self.ports}
+        pids = set(pids)
+        if pids and len(found) < len(pending) and (force or fresh or now - self._last_scan >= STALE_SCAN_S):
+            self._last_scan = now
+            held = held_files(pids, self.directory)
+            found.update({n: ino for n, ino in pending.items() if held.get(n) == ino})
+        if found:
+            self.owned = {**self.owned, **found}
+        return bool(found)
+
+    def paths(self) -> list[Path]:
+        return [self.directory / name for name in self.owned]
+
+    def size_bytes(self) -> int:
+        """RAM the owned files still hold (tmpfs: allocated blocks)."""
+        total = 0
+        for path in self.paths():
+            try:
+                total += path.stat().st_blocks * 512
+            except OSError:
+                continue
+        return total
+
+    def remove(self) -> tuple[list[str], list[str]]:
+        """Unlink the owned files (same inode only); return (removed, new files left because unproven)."""
+        removed: list[str] = []
+        for name, ino in sorted(self.owned.items()):
+            path = self.directory / name
+            try:
+                if path.lstat().st_ino == ino:
+                    path.unlink()
+                    removed.append(name)
+            except OSError:
+                continue
+        left = sorted(set(new_files(self.directory, self.before)) - set(removed))
+        return removed, left

@@ -1,0 +1,323 @@
+"""One trial: validate → start → ready → capacity → replay under a GPU monitor → stop → classify.
+
+A failure is data: OOMs, crashes, timeouts and bad flags all come back as a ``TrialResult`` with the log
+line that decided them, and the server is always stopped (port free, GPU memory released) before returning.
+
+A figure is only recorded if it measured the server: a simulated server whose wall clock trailed its model by
+more than ``LAG_LIMIT`` over the window, or a replay client whose thread was saturated (``CLIENT_BUSY_LIMIT`` of
+one core, on either engine), makes the window untrustworthy. Such a trial is measured once more with SSE chunks
+batched by ``--stream-interval`` (fewer sends for both sides; recorded in ``measurement``), and if it still fails
+it is recorded as ``invalid_measurement`` / ``client_bound``, without a tok/s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import json
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from autotune.errors import ConfigError, ServerError
+from autotune.harness.engines import logparse
+from autotune.harness.engines.base import Engine
+from autotune.harness.gpu import GpuMonitor
+from autotune.harness.server import (
+    ServerExited,
+    ServerProcess,
+    ServerStartTimeout,
+    cleanup_orphans,
+    free_port,
+)
+from autotune.harness.workload import PromptSample, WorkloadSpec, metrics_from_records, replay
+from autotune.results import UNTRUSTED_STATUSES, Capacity, TrialResult
+
+DEFAULT_CONCURRENCY = 64  # when the server did not report its effective max running requests
+LAG_LIMIT = 0.02  # the sim server's wall clock may trail its modelled clock by this share of the window
+CLIENT_BUSY_LIMIT = 0.95  # the replay process running or runnable this share of one core: client-bound
+REMEASURE_STREAM_INTERVAL = 16  # tokens per SSE chunk for the re-measure (at least 4 × the trial's own)
+PhaseCallback = Callable[[str, dict], None]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    startup_s: float = 900.0
+    teardown_s: float = 60.0
+    grace_s: float = 10.0
+    request_s: float = 600.0
+
+
+def _server_info(base_url: str) -> dict[str, Any] | None:
+    try:
+        resp = httpx.get(f"{base_url}/server_info", timeout=10.0, trust_env=False)
+        return resp.json() if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+async def _sim_pace(base_url: str) -> dict[str, Any] | None:
+    """The simulated server's pacing counters (``sim_pace`` in /server_info); None for a real SGLang."""
+    try:
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+            resp = await client.get(f"{base_url}/server_info")
+        return resp.json().get("sim_pace") if resp.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+
+
+def server_stream_interval(info: Mapping[str, Any] | None) -> int | None:
+    """The server's ``--stream-interval`` as /server_info reports it."""
+    value = (info or {}).get("stream_interval")
+    return int(value) if isinstance(value, int) else None
+
+
+def _flush_cache(base_url: str) -> None:
+    try:
+        httpx.post(f"{base_url}/flush_cache", timeout=10.0, trust_env=False)
+    except httpx.HTTPError:
+        pass  # only the accept-length fallback loses precision
+
+
+def auto_concurrency(capacity: Capacity | None) -> int:
+    """2 × the effective max running requests: enough queued work that the server's batch stays full."""
+    if capacity is None or not capacity.max_running_requests:
+        return DEFAULT_CONCURRENCY
+    return 2 * capacity.max_running_requests
+
+
+def _diagnose(engine: Engine, log_text: str, exit_code: int | None) -> tuple[str | None, str | None]:
+    kind = engine.classify(log_text, exit_code)
+    line = engine.failure_line(log_text, exit_code) if kind else None
+    if kind and not line and exit_code is not None:
+        line = f"server exited with code {exit_code}"
+    return kind, line
+
+
+def _write(result: TrialResult, trial_dir: Path) -> TrialResult:
+    (trial_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
+    return result
+
+
+def measurement_verdict(records: Any) -> tuple[str | None, str | None, dict[str, Any]]:
+    """(status, reason, figures) for a replay's trustworthiness: ``invalid_measurement`` when the simulated
+    server lagged its model by more than ``LAG_LIMIT`` (sim only: ``sim_pace`` in /server_info), ``client_bound``
+    when the replay's process was saturated; (None, None, figures) when the window measured the server."""
+    figures: dict[str, Any] = {"client_busy": records.client_busy}
+    probes = [p for p in records.probes if isinstance(p, dict)]
+    if len(probes) == 2:
+        modelled = float(probes[1]["modelled_s"]) - float(probes[0]["modelled_s"])
+        lag = float(probes[1]["lag_s"]) - float(probes[0]["lag_s"])
+        share = lag / modelled if modelled > 0 else 0.0
+        figures["sim_lag"] = round(share, 4)
+        if share > LAG_LIMIT:
+            return ("invalid_measurement",
+                    f"the simulated server's wall clock trailed its modelled clock by {share:.1%} over the window "
+                    f"(limit {LAG_LIMIT:.0%}): the host's CPU could not pace this config, so the tok/s would be "
+                    f"the CPU's, not the modelled GPU's", figures)
+    busy = records.client_busy
+    if busy is not None and busy >= CLIENT_BUSY_LIMIT:
+        return ("client_bound",
+                f"the replay client's process was busy or waiting for a CPU {busy:.0%} of the window (limit "
+                f"{CLIENT_BUSY_LIMIT:.0%} of one core): the tok/s would be the client's, not the server's", figures)
+    return None, None, figures
+
+
+def run_trial(
+    engine: Engine,
+    config: Mapping[str, Any],
+    workload: WorkloadSpec,
+    *,
+    trial_dir: Path,
+    gpu_index: int | None = 0,
+    port: int | None = None,
+    timeouts: Timeouts = Timeouts(),
+    on_phase: PhaseCallback | None = None,
+    stop_event: threading.Event | None = None,
+    run_dir: Path | None = None,
+    sample: PromptSample | None = None,
+    shm_dir: Path | None = None,
+) -> TrialResult:
+    """Run one server config end to end; never raises for a trial outcome (bad input still raises). An untrusted
+    window (see the module docstring) is measured once more with batched SSE chunks before it is recorded."""
+    trial_dir = Path(trial_dir)
+    kwargs: dict[str, Any] = dict(gpu_index=gpu_index, port=port, timeouts=timeouts, on_phase=on_phase,
+                                  stop_event=stop_event, run_dir=run_dir, sample=sample, shm_dir=shm_dir)
+    result = _run_once(engine, config, workload, trial_dir=trial_dir, **kwargs)
+    if result.status not in UNTRUSTED_STATUSES or (stop_event is not None and stop_event.is_set()):
+        return result
+    first = result
+    for name in ("server.log", "records.jsonl", "result.json"):  # keep the first attempt beside the second
+        path = trial_dir / name
+        if path.exists():
+            path.replace(trial_dir / name.replace(".", ".first.", 1))
+    interval = max(REMEASURE_STREAM_INTERVAL, 4 * int(config.get("stream_interval") or 1))
+    if on_phase is not None:  # the display says why the trial runs again
+        on_phase(f"re-measuring with --stream-interval {interval} ({first.status})",
+                 {"reason": first.reason, "stream_interval": interval})
+    result = _run_once(engine, {**config, "stream_interval": interval}, workload, trial_dir=trial_dir, **kwargs)
+    measurement = {**(result.measurement or {}), "stream_interval": interval,
+                   "first": {"status": first.status, "reason": first.reason, **(first.measurement or {})}}
+    reason = result.reason
+    if result.status in UNTRUSTED_STATUSES:
+        reason = f"{result.reason}; also after re-measuring with --stream-interval {interval}"
+    # ``config`` stays the trial's own: the stream interval only batches SSE chunks and is recorded here.
+    result = dataclasses.replace(result, config=dict(first.config), measurement=measurement, reason=reason)
+    return _write(result, trial_dir)
+
+
+def _run_once(
+    engine: Engine,
+    config: Mapping[str, Any],
+    workload: WorkloadSpec,
+    *,
+    trial_dir: Path,
+    gpu_index: int | None = 0,
+    port: int | None = None,
+    timeouts: Timeouts = Timeouts(),
+    on_phase: PhaseCallback | None = None,
+    stop_event: threading.Event | None = None,
+    run_dir: Path | None = None,
+    sample: PromptSample | None = None,
+    shm_dir: Path | None = None,
+) -> TrialResult:
+    """Run one server config end to end; never raises for a trial outcome (bad input still raises)."""
+    trial_dir = Path(trial_dir)
+    trial_dir.mkdir(parents=True, exist_ok=True)
+    log_path = trial_dir / "server.log"
+    phase = on_phase or (lambda name, info: None)
+    base: dict[str, Any] = dict(
+        engine=engine.name, gpu_index=gpu_index, trial_dir=str(trial_dir), log_path=str(log_path)
+    )
+    sample = sample or PromptSample.load(workload.prompts, workload.sample_size, workload.seed)
+    try:
+        checked = engine.check(config)
+    except ConfigError as exc:
+        return _write(TrialResult(status="bad_args", config=dict(config), reason=str(exc), **base), trial_dir)
+    config = dict(checked) if isinstance(checked, Mapping) else dict(config)
+    preflight = getattr(engine, "preflight", None)
+    if preflight is not None:
+        preflight()  # an engine that cannot launch at all is an error of the setup, not a trial outcome
+    run_dir = Path(run_dir) if run_dir is not None else Path.cwd() / "runs"
+    cleanup_orphans(run_dir)
+    log_path.unlink(missing_ok=True)  # a rerun into the same directory must not classify an old log
+    port = port or free_port()
+    reader = engine.gpu_reader(gpu_index)
+    server = ServerProcess(
+        engine.argv(config, port=port), port=port, env=engine.env(gpu_index=gpu_index), gpu_index=gpu_index,
+        log_path=log_path, gpu_reader=reader, run_dir=run_dir, shm_dir=shm_dir or getattr(engine, "shm_dir", None),
+    )
+    durations: dict[str, float] = {}
+    fields: dict[str, Any] = {}
+    try:
+        phase("starting", {"port": port, "argv": server.argv})
+        t0 = time.monotonic()
+        try:
+            server.start()
+            server.wait_ready(timeouts.startup_s, stop_event=stop_event)
+        except ServerExited as exc:
+            kind, line = _diagnose(engine, server.log_text(), exc.exit_code)
+            fields.update(status=kind or "crash", reason=line or str(exc), exit_code=exc.exit_code, log_tail=exc.log_tail)
+        except ServerStartTimeout as exc:
+            interrupted = stop_event is not None and stop_event.is_set()
+            fields.update(
+                status="interrupted" if interrupted else "timeout",
+                reason="interrupted while starting" if interrupted else str(exc), log_tail=exc.log_tail,
+            )
+        except ServerError as exc:
+            fields.update(status="crash", reason=str(exc))
+        durations["startup"] = round(time.monotonic() - t0, 3)
+        if not fields:
+            fields.update(_measure(engine, server, workload, sample, trial_dir, durations, phase, stop_event, timeouts))
+    finally:
+        phase("stopping", {})
+        t1 = time.monotonic()
+        exit_code = server.stop(grace_s=timeouts.grace_s, release_timeout_s=timeouts.teardown_s)
+        durations["teardown"] = round(time.monotonic() - t1, 3)
+        reader.close()
+    fields.setdefault("exit_code", exit_code)
+    if server.teardown_error:
+        fields["reason"] = "; ".join(filter(None, [fields.get("reason"), f"teardown: {server.teardown_error}"]))
+    result = TrialResult(config=config, durations_s=durations, **base, **fields)
+    return _write(result, trial_dir)
+
+
+def _measure(engine, server, workload, sample, trial_dir, durations, phase, stop_event, timeouts) -> dict[str, Any]:
+    """Capacity, then the replay; classifies a server that died or an interruption while measuring."""
+    info = _server_info(server.base_url)
+    capacity = engine.capacity(server.log_text(), info)
+    out: dict[str, Any] = {"capacity": capacity, "modelled_startup_s": logparse.startup_seconds(info)}
+    concurrency = workload.concurrency or auto_concurrency(capacity)
+    seen: set[str] = {"warmup"}  # announced below, with the server's pid
+
+    def progress(info: dict) -> None:
+        if info["phase"] not in seen or info["phase"] == "measuring":
+            seen.add(info["phase"])
+            phase(info["phase"], info)
+
+    def should_stop() -> str | None:
+        if stop_event is not None and stop_event.is_set():
+            return "interrupted"
+        return None if server.alive else "server exited"
+
+    _flush_cache(server.base_url)  # idle now: restart the server's spec counters so they cover this replay only
+    phase("warmup", {"concurrency": concurrency, "pid": server.pid})
+    monitor = GpuMonitor(server.gpu_reader) if server.gpu_reader is not None else None
+    t0 = time.monotonic()
+    if monitor is not None:
+        monitor.__enter__()
+    try:
+        records = asyncio.run(
+            replay(
+                server.base_url, sample, concurrency=concurrency, max_tokens=workload.max_tokens,
+                warmup_s=workload.warmup_s, measure_s=workload.measure_s, endpoint=workload.endpoint,
+                ignore_eos=workload.ignore_eos, on_progress=progress, should_stop=should_stop,
+                request_timeout_s=timeouts.request_s, window_probe=functools.partial(_sim_pace, server.base_url),
+            )
+        )
+    finally:
+        if monitor is not None:
+            monitor.__exit__(None, None, None)
+    elapsed = time.monotonic() - t0
+    durations["warmup"] = round(min(elapsed, workload.warmup_s), 3)
+    durations["measure"] = round(max(0.0, elapsed - workload.warmup_s), 3)
+    records.write_jsonl(trial_dir / "records.jsonl")
+    if monitor is not None:
+        out["gpu"] = monitor.peaks()
+    if records.stopped_early == "interrupted":
+        return {**out, "status": "interrupted", "reason": "interrupted while measuring"}
+    if records.stopped_early == "server exited" or not server.alive:
+        code = server.poll()
+        kind, line = _diagnose(engine, server.log_text(), code)
+        return {
+            **out, "status": kind if kind in ("runtime_oom", "crash", "timeout") else "crash",
+            "reason": line or f"server exited with code {code} while measuring",
+            "exit_code": code, "log_tail": server.log_tail(),
+        }
+    metrics = metrics_from_records(records)
+    if metrics.accept_length is None:
+        # No request finished inside the window (long outputs, short window): the server's own counter,
+        # reset before the replay, covers warm-up + window.
+        accept = logparse.spec_accept_length(_server_info(server.base_url))
+        if accept:
+            metrics = dataclasses.replace(metrics, accept_length=round(accept, 4))
+    out["metrics"] = metrics
+    kind, line = _diagnose(engine, server.log_text(), None)
+    if kind == "runtime_oom":
+        return {**out, "status": "runtime_oom", "reason": line, "log_tail": server.log_tail()}
+    if metrics.output_tokens == 0:
+        first_error = next((r.error for r in records.requests if r.error), None)
+        return {**out, "status": "crash", "reason": f"no tokens arrived in the measured window ({first_error or 'no error'})"}
+    status, reason, figures = measurement_verdict(records)
+    out["measurement"] = {**figures, "stream_interval": int(server_stream_interval(info) or 1)}
+    if status is not None:
+        # Not a tok/s: the figure measured the CPU, so it stays out of ``metrics`` (only here, for diagnosis).
+        out["measurement"]["untrusted_tok_s"] = metrics.output_tok_s
+        return {**out, "metrics": None, "status": status, "reason": reason}
+    return {**out, "status": "ok"}

@@ -1,0 +1,448 @@
+"""The workload: a fixed prompt sample, a streaming replay client, and metrics from its per-request records.
+
+Every trial replays the same seeded sample, keeps ``concurrency`` requests in flight through a warm-up and
+a measured window, and counts tokens by *arrival time* using the server's own ``completion_tokens`` (not a
+retokenization: under speculative decoding one chunk carries several tokens). Throughput is what arrived
+inside the window, so ramp-up and the drain tail never inflate or dilute it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from autotune.errors import WorkloadError
+from autotune.results import Metrics, Percentiles
+
+ENDPOINTS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
+CUT = "cut"  # finish reason of a stream the client closed at window end (not an error)
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkloadSpec:
+    """What each trial replays. ``concurrency=None`` means 2 × the server's effective max running requests."""
+
+    prompts: Path
+    sample_size: int = 200
+    seed: int = 0
+    max_tokens: int = 4096
+    concurrency: int | None = None
+    warmup_s: float = 10.0
+    measure_s: float = 30.0
+    endpoint: str = "generate"
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.endpoint not in ENDPOINTS:
+            raise WorkloadError(f"unknown endpoint {self.endpoint!r}", key="endpoint", fix=f"use one of {sorted(ENDPOINTS)}")
+        for name in ("sample_size", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise WorkloadError(f"{name} must be at least 1", key=name)
+        if self.concurrency is not None and self.concurrency < 1:
+            raise WorkloadError("concurrency must be at least 1", key="concurrency")
+        if self.warmup_s < 0 or self.measure_s <= 0:
+            raise WorkloadError("warmup_s must be >= 0 and measure_s > 0", key="measure_s")
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    line: int
+    prompt: str | None = None
+    messages: tuple[dict[str, Any], ...] | None = None
+    max_tokens: int | None = None
+
+    def as_text(self) -> str:
+        """The prompt for a text endpoint; chat rows rendered with Qwen's ChatML template."""
+        if self.prompt is not None:
+            return self.prompt
+        turns = "".join(f"<|im_start|>{m.get('role', 'user')}\n{m.get('content', '')}<|im_end|>\n" for m in self.messages or ())
+        return turns + "<|im_start|>assistant\n"
+
+    def as_messages(self) -> list[dict[str, Any]]:
+        if self.messages is not None:
+            return [dict(m) for m in self.messages]
+        return [{"role": "user", "content": self.prompt or ""}]
+
+
+def _parse_row(path: Path, line_no: int, text: str) -> PromptRow:
+    where = f"{path}:{line_no}"
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise WorkloadError(f"line is not valid JSON ({exc.msg})", file=where, fix="each line must be one JSON object") from exc
+    if not isinstance(data, dict):
+        raise WorkloadError("line is not a JSON object", file=where, fix='use {"prompt": "..."} or {"messages": [...]}')
+    max_tokens = data.get("max_tokens")
+    if max_tokens is not None and (not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1):
+        raise WorkloadError("max_tokens must be a positive integer", file=where, key="max_tokens")
+    prompt, messages = data.get("prompt"), data.get("messages")
+    if isinstance(prompt, str):
+        return PromptRow(line_no, prompt=prompt, max_tokens=max_tokens)
+    if isinstance(messages, list) and messages and all(isinstance(m, dict) and "content" in m for m in messages):
+        return PromptRow(line_no, messages=tuple(messages), max_tokens=max_tokens)
+    raise WorkloadError(
+        'row has neither a "prompt" string nor a chat "messages" list', file=where,
+        fix='use {"prompt": "..."} or {"messages": [{"role": "user", "content": "..."}]}',
+    )
+
+
+@dataclass(frozen=True)
+class PromptSample:
+    """A fixed, seeded sample of prompt rows: identical for every trial of a study."""
+
+    path: Path
+    rows: tuple[PromptRow, ...]
+    seed: int = 0
+
+    @classmethod
+    def load(cls, path: Path | str, n: int, seed: int = 0) -> PromptSample:
+        path = Path(path)
+        if not path.is_file():
+            raise WorkloadError("prompts file not found", file=str(path), fix="pass --prompts with a JSONL file of prompts")
+        rows = [
+            _parse_row(path, i, line)
+            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1)
+            if line.strip()
+        ]
+        if not rows:
+            raise WorkloadError("prompts file has no rows", file=str(path), fix="add one JSON object per line")
+        rng = random.Random(seed)
+        chosen = rng.sample(rows, n) if n < len(rows) else rng.sample(rows, len(rows))
+        return cls(path=path, rows=tuple(chosen), seed=seed)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+@dataclass
+class RequestRecord:
+    """One request as the client saw it; times are seconds since the replay started."""
+
+    row: int
+    sent: float
+    chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, new tokens)
+    finish_reason: str | None = None
+    error: str | None = None
+    ended: float | None = None
+    accept_length: float | None = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(n for _, n in self.chunks)
+
+
+@dataclass
+class ReplayRecords:
+    requests: list[RequestRecord]
+    window: tuple[float, float]
+    concurrency: int
+    endpoint: str
+    stopped_early: str | None = None  # why the replay ended before the window did
+    # Share of one core the replay's process was running or waiting for a CPU during the window (≈ 1.0: the
+    # client could not keep up, so the figure is the client's, not the server's); None before the window ended.
+    client_busy: float | None = None
+    probes: list[Any] = field(default_factory=list)  # ``window_probe`` results at the window's start and end
+
+    def write_jsonl(self, path: Path) -> None:
+        """One line per request; times rounded to 0.1 ms (a long window has ~1k chunks per request)."""
+        with open(path, "w", encoding="utf-8") as fh:
+            for rec in self.requests:
+                row = asdict(rec)
+                row["chunks"] = [[round(t, 4), n] for t, n in rec.chunks]
+                for key in ("sent", "ended"):
+                    row[key] = None if row[key] is None else round(row[key], 4)
+                fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+    @staticmethod
+    def read_jsonl(path: Path) -> list[RequestRecord]:
+        rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [RequestRecord(**{**r, "chunks": [tuple(c) for c in r["chunks"]]}) for r in rows]
+
+
+def _request(endpoint: str, row: PromptRow, *, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
+    n = min(row.max_tokens or max_tokens, max_tokens)
+    if endpoint == "generate":
+        params = {"max_new_tokens": n, "ignore_eos": ignore_eos, "temperature": 0}
+        return {"text": row.as_text(), "sampling_params": params, "stream": True}
+    body: dict[str, Any] = {
+        "model": "default", "max_tokens": n, "ignore_eos": ignore_eos, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+    if endpoint == "chat":
+        body["messages"] = row.as_messages()
+    else:
+        body["prompt"] = row.as_text()
+    return body
+
+
+_TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
+_UNFINISHED = re.compile(rb'"finish_reason":\s*null')
+
+
+class _Stream:
+    """Turns one SSE stream's chunks into (tokens, finish, error) using the server's token counts.
+
+    Fast path: a chunk that is not finished only needs its ``completion_tokens``, found by a regex instead of
+    a JSON parse. That matters because SGLang's native chunks carry the *cumulative* text and ids, so a long
+    output's late chunks are tens of KB each; only the last chunk (and errors) are parsed in full.
+    """
+
+    def __init__(self, endpoint: str):
+        self.native = endpoint == "generate"
+        self.counted = 0
+
+    def feed_raw(self, payload: bytes, rec: RequestRecord, now: float) -> None:
+        if _UNFINISHED.search(payload) and not payload.startswith(b'{"error"'):
+            hits = _TOKENS.findall(payload)
+            if hits:
+                self._count(int(hits[-1]), rec, now)  # the last one: meta_info/usage follows the text
+                return
+            if not self.native:
+                self._count(self.counted + 1, rec, now)  # no usage stats: one token per chunk
+                return
+        try:
+            data = json.loads(payload)
+        except ValueError:
+            rec.error = f"bad SSE chunk: {payload[:100]!r}"
+            return
+        self.feed(data, rec, now)
+
+    def _count(self, total: int, rec: RequestRecord, now: float) -> None:
+        if total != self.counted:
+            rec.chunks.append((now, total - self.counted))
+            self.counted = total
+
+    def feed(self, data: dict[str, Any], rec: RequestRecord, now: float) -> None:
+        if "error" in data:
+            err = data["error"]
+            rec.error = str(err.get("message", err) if isinstance(err, dict) else err)
+            return
+        if self.native:
+            meta = data.get("meta_info") or {}
+            total = meta.get("completion_tokens")
+            finish = meta.get("finish_reason")
+            if finish:
+                rec.finish_reason = finish.get("type") if isinstance(finish, dict) else str(finish)
+                if rec.finish_reason == "abort":
+                    rec.error = f"aborted by server: {finish.get('message') if isinstance(finish, dict) else ''}"
+                if meta.get("spec_accept_length") is not None:
+                    rec.accept_length = float(meta["spec_accept_length"])
+        else:
+            usage = data.get("usage") or {}
+            total = usage.get("completion_tokens")
+            choices = data.get("choices") or []
+            if total is None and choices:
+                piece = choices[0].get("text") or (choices[0].get("delta") or {}).get("content")
+                total = self.counted + (1 if piece else 0)  # no usage stats: one token per non-empty chunk
+            for choice in choices:
+                if choice.get("finish_reason"):
+                    rec.finish_reason = choice["finish_reason"]
+                    if rec.finish_reason == "abort":
+                        rec.error = "aborted by server"
+            details = (data.get("sglext") or {}).get("spec_tokens_details") or {}
+            if details.get("spec_accept_length") is not None:
+                rec.accept_length = float(details["spec_accept_length"])
+        if total is not None:
+            self._count(int(total), rec, now)
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict, rec: RequestRecord, endpoint: str, t0: float) -> None:
+    clock = time.perf_counter
+    stream = _Stream(endpoint)
+    try:
+        async with client.stream("POST", url, json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")[:300]
+                rec.error = f"HTTP {resp.status_code}: {text}"
+                return
+            buffer, done = b"", False
+            # SGLang never compresses SSE; skipping httpx's decoder chain saves ~20% CPU per chunk.
+            pieces = resp.aiter_bytes() if resp.headers.get("content-encoding") else resp.aiter_raw()
+            async for piece in pieces:
+                now = clock() - t0  # one arrival time per network read
+                lines = (buffer + piece).split(b"\n")
+                buffer = lines.pop()
+                for line in lines:
+                    if not line.startswith(b"data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == b"[DONE]":
+                        done = True
+                        break
+                    stream.feed_raw(payload, rec, now)
+                    if rec.error is not None:
+                        done = True
+                        break
+                if done:
+                    break
+            if rec.finish_reason is None and rec.error is None:
+                rec.error = "stream ended without a finish reason"
+    except asyncio.CancelledError:
+        rec.finish_reason = rec.finish_reason or CUT
+        raise
+    except httpx.HTTPError as exc:
+        rec.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    finally:
+        rec.ended = clock() - t0
+
+
+def process_busy_s() -> float:
+    """Seconds this process's threads have been running *or runnable* (waiting in the run queue), summed: Linux's
+    per-thread schedstat. Runnable-but-waiting counts, so a client starved by other processes is saturated too;
+    all threads count, because under the GIL any thread's CPU is the replay's loss. Elsewhere: its CPU time."""
+    total = 0.0
+    try:
+        for task in os.scandir("/proc/self/task"):
+            try:
+                with open(f"{task.path}/schedstat", encoding="ascii") as fh:
+                    run_ns, wait_ns = fh.read().split()[:2]
+            except FileNotFoundError:
+                continue  # the thread ended meanwhile
+            total += (int(run_ns) + int(wait_ns)) / 1e9
+    except (OSError, ValueError):
+        return time.process_time()
+    return total
+
+
+async def replay(
+    base_url: str,
+    sample: PromptSample,
+    *,
+    concurrency: int,
+    max_tokens: int,
+    warmup_s: float,
+    measure_s: float,
+    endpoint: str = "generate",
+    ignore_eos: bool = False,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    should_stop: Callable[[], str | None] | None = None,
+    request_timeout_s: float = 600.0,
+    progress_interval_s: float = 0.5,
+    window_probe: Callable[[], Awaitable[Any]] | None = None,
+) -> ReplayRecords:
+    """Keep ``concurrency`` streams in flight for ``warmup_s + measure_s``, then close them all.
+
+    Closing the streams (not letting them finish) is deliberate: SGLang aborts a request whose client went
+    away, so the server is idle when the harness stops it. ``should_stop`` returning a reason ends it early.
+    At the window's start and end the client notes how busy its own thread was (``client_busy``) and awaits
+    ``window_probe`` (e.g. the simulated server's pacing counters) into ``probes``.
+    """
+    if endpoint not in ENDPOINTS:
+        raise WorkloadError(f"unknown endpoint {endpoint!r}", key="endpoint", fix=f"use one of {sorted(ENDPOINTS)}")
+    url = base_url.rstrip("/") + ENDPOINTS[endpoint]
+    window = (warmup_s, warmup_s + measure_s)
+    records = ReplayRecords([], window, concurrency, endpoint)
+    clock, t0 = time.perf_counter, time.perf_counter()
+    next_row = 0
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    timeout = httpx.Timeout(request_timeout_s, connect=10.0)
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal next_row
+        while clock() - t0 < window[1]:
+            row = sample.rows[next_row % len(sample.rows)]
+            next_row += 1
+            rec = RequestRecord(row=row.line, sent=clock() - t0)
+            records.requests.append(rec)
+            await _one(client, url, _request(endpoint, row, max_tokens=max_tokens, ignore_eos=ignore_eos), rec, endpoint, t0)
+            if rec.error is not None:
+                await asyncio.sleep(0.05)  # a refusing server must not turn this loop into a busy spin
+
+    async def mark(*, end: bool = False) -> tuple[float, float]:
+        # The client's own figures exclude the probes' round trips (idle waits that are not the client's load).
+        now = (clock(), process_busy_s()) if end else None
+        if window_probe is not None:
+            records.probes.append(await window_probe())
+        return now or (clock(), process_busy_s())
+
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+        tasks = [asyncio.create_task(worker(client)) for _ in range(concurrency)]
+        start: tuple[float, float] | None = None
+        try:
+            while (elapsed := clock() - t0) < window[1]:
+                reason = should_stop() if should_stop else None
+                if reason:
+                    records.stopped_early = reason
+                    break
+                if start is None and elapsed >= window[0]:
+                    start = await mark()
+                if on_progress is not None:
+                    on_progress(_progress(records, elapsed, window))
+                boundary = window[0] if start is None and elapsed < window[0] else window[1]
+                await asyncio.sleep(min(progress_interval_s, max(0.0, boundary - elapsed)))
+            if records.stopped_early is None:
+                start = start or await mark()
+                end = await mark(end=True)
+                records.client_busy = round((end[1] - start[1]) / max(end[0] - start[0], 1e-9), 4)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    return records
+
+
+def _progress(records: ReplayRecords, elapsed: float, window: tuple[float, float]) -> dict[str, Any]:
+    """Live figures: tokens that arrived over the last second, requests done, errors so far."""
+    recent = sum(n for r in records.requests[-4 * records.concurrency :] for t, n in r.chunks if t >= elapsed - 1.0)
+    return {
+        "phase": "warmup" if elapsed < window[0] else "measuring",
+        "elapsed_s": round(elapsed, 2),
+        "tok_s": float(recent),
+        "completed": sum(1 for r in records.requests if r.finish_reason not in (None, CUT) and r.error is None),
+        "errors": sum(1 for r in records.requests if r.error is not None),
+    }
+
+
+def _pct(values: list[float]) -> Percentiles:
+    if not values:
+        return Percentiles()
+    arr = np.asarray(values, dtype=float) * 1000.0
+    p50, p90, p99 = np.percentile(arr, [50, 90, 99])
+    return Percentiles(p50=round(float(p50), 3), p90=round(float(p90), 3), p99=round(float(p99), 3), mean=round(float(arr.mean()), 3))
+
+
+def metrics_from_records(records: ReplayRecords, *, window: tuple[float, float] | None = None) -> Metrics:
+    """Steady-state figures for the window: tokens by arrival time, latencies of what the window observed."""
+    start, end = window or records.window
+    span = max(end - start, 1e-9)
+    tokens, ttft, itl, e2e, completed, errors = 0, [], [], [], 0, 0
+    accept_num = accept_den = 0.0
+    for rec in records.requests:
+        if rec.error is not None:
+            errors += 1
+        prev = None
+        first = next((t for t, n in rec.chunks if n > 0), None)
+        if first is not None and start <= first < end:
+            ttft.append(first - rec.sent)
+        for t, n in rec.chunks:
+            if start <= t < end:
+                tokens += n
+                if prev is not None and n > 0:
+                    itl.extend([(t - prev) / n] * n)
+            prev = t
+        done = rec.error is None and rec.finish_reason not in (None, CUT) and rec.ended is not None
+        if done and start <= rec.ended < end:
+            completed += 1
+            e2e.append(rec.ended - rec.sent)
+            if rec.accept_length is not None:
+                accept_num += rec.accept_length * rec.tokens
+                accept_den += rec.tokens
+    return Metrics(
+        output_tok_s=round(tokens / span, 3),
+        request_s=round(completed / span, 4),
+        ttft_ms=_pct(ttft), itl_ms=_pct(itl), e2e_ms=_pct(e2e),
+        accept_length=round(accept_num / accept_den, 4) if accept_den else None,
+        output_tokens=tokens, completed=completed, errors=errors, window_s=round(span, 3),
+        concurrency=records.concurrency,
+    )

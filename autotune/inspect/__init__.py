@@ -1,0 +1,1 @@
+"""Read-only looks at running SGLang servers: ``autotune inspect`` (one moment) and ``autotune watch`` (over time)."""

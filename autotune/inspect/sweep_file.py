@@ -1,0 +1,136 @@
+"""A ready ``autotune sweep`` study file from a diagnosis: the server's config as the baseline, the planner's
+first suggestion enqueued, and a search space centred on the flags that suggestion changes.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+from urllib.parse import urlsplit
+
+from autotune.inspect.diagnose import InspectError, ServerDiagnosis
+from autotune.tomlwrite import toml_key
+from autotune.tomlwrite import toml_value as _toml_value
+
+
+def toml_value(value: Any) -> str:
+    """One TOML value for a study file; a value TOML cannot hold is this command's error, not a crash."""
+    try:
+        return _toml_value(value)
+    except TypeError:
+        raise InspectError(f"cannot write {value!r} into a study file") from None
+
+
+def _int_range(centre: int, step: int, low_frac: float, high_frac: float, floor: int) -> dict[str, Any]:
+    low = max(floor, step * max(1, math.floor(centre * low_frac / step)))
+    high = step * math.ceil(centre * high_frac / step)
+    if high <= low:
+        high = low + 2 * step
+    return {"type": "int", "low": low, "high": high, "step": step}
+
+
+def _float_range(
+    centre: float, below: float, above: float, lo: float, hi: float, step: float
+) -> dict[str, Any]:
+    low = round(max(lo, centre - below), 2)
+    high = round(min(hi, centre + above), 2)
+    if high <= low:
+        low = round(high - 2 * step, 2)
+    return {"type": "float", "low": low, "high": high, "step": step}
+
+
+def space_for(d: ServerDiagnosis) -> dict[str, dict[str, Any]]:
+    """Ranges around the first suggestion (or the current config when there is none)."""
+    advice = d.advice
+    config = advice.config
+    first = advice.suggestions[0].changes if advice.suggestions else {}
+    centre = {**config, **first}
+    space: dict[str, dict[str, Any]] = {}
+    ratio = advice.ratio or 1
+    slots = centre.get("max_mamba_cache_size") or d.capacity.mamba_slots
+    if slots:
+        space["max_mamba_cache_size"] = _int_range(int(slots), ratio, 0.6, 1.3, ratio)
+    mfs = float(
+        centre.get("mem_fraction_static")
+        or (advice.suggestions[0].mem_fraction_static if advice.suggestions else 0.85)
+    )
+    space["mem_fraction_static"] = _float_range(mfs, 0.05, 0.02, 0.5, 0.95, 0.01)
+    mrr = centre.get("max_running_requests")
+    if mrr:
+        space["max_running_requests"] = _int_range(int(mrr), 8, 0.5, 1.5, 8)
+    ratio_value = first.get("mamba_full_memory_ratio")
+    if ratio_value:
+        space["mamba_full_memory_ratio"] = _float_range(
+            float(ratio_value), ratio_value / 2, ratio_value, 0.1, 4.0, 0.1
+        )
+    if "mamba_ssm_dtype" in first:
+        space["mamba_ssm_dtype"] = {"choices": ["unset", "bfloat16"]}
+    if "kv_cache_dtype" in first:
+        space["kv_cache_dtype"] = {"choices": ["auto", "fp8_e4m3"]}
+    return space
+
+
+def _study_name(url: str, origin: str = "inspect") -> str:
+    parts = urlsplit(url)
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{origin}-{parts.hostname}-{parts.port or 80}").strip("-")
+
+
+def sweep_toml(d: ServerDiagnosis, *, prompts: str | None = None, trials: int = 30,
+               workload: dict[str, Any] | None = None, origin: str = "inspect") -> str:
+    """The study file text; raises ``InspectError`` when the diagnosis has no planner advice to centre on.
+    ``workload`` replaces the default ``[workload]`` keys (``autotune watch`` writes the drifted traffic)."""
+    advice = d.advice
+    if advice is None or advice.model is None or advice.gpu is None:
+        missing = "model" if advice is None or advice.model is None else "GPU"
+        raise InspectError(
+            f"{d.url}: cannot write a sweep file without a {missing} profile",
+        )
+    space = space_for(d)
+    config = advice.config
+    fixed = {k: v for k, v in config.items() if k not in space and v is not None and k != "device"}
+    baseline = {k: config[k] for k in space if config.get(k) is not None}
+    engine: dict[str, Any] = {"kind": "sim" if d.state.simulated else "sglang"}
+    if d.state.simulated:
+        engine.update(model=advice.model, sim_gpu=advice.gpu)
+    else:
+        engine.update(model=d.state.model_path or advice.model, profile=advice.model)
+    lines = [
+        f"# Written by `autotune {origin} {d.url}`: {d.headline}.",
+        f"# Planner: {advice.reproduction}",
+        "",
+        "[study]",
+        f"name = {toml_value(_study_name(d.url, origin))}",
+        f"trials = {trials}",
+        "",
+        "[engine]",
+        *(f"{k} = {toml_value(v)}" for k, v in engine.items()),
+        f"fixed = {toml_value(fixed)}",
+        "",
+        "[space]",
+        *(f"{toml_key(k)} = {toml_value(v)}" for k, v in space.items()),
+        "",
+        "[baseline]",
+        'label = "running config"',
+        f"flags = {toml_value(baseline)}",
+    ]
+    if advice.suggestions:
+        first = advice.suggestions[0]
+        lines += [
+            "",
+            "[[enqueue]]",
+            f"label = {toml_value(origin + ': ' + ' '.join(first.argv))}",
+            f"flags = {toml_value({**baseline, **first.changes})}",
+        ]
+    if workload is not None:
+        lines += ["", "[workload]", *(f"{toml_key(k)} = {toml_value(v)}" for k, v in workload.items()), ""]
+        return "\n".join(lines)
+    lines += [
+        "",
+        "[workload]",
+        '# the job\'s own prompts (JSONL rows with "prompt" or chat "messages"), relative to this file',
+        f"prompts = {toml_value(prompts or 'prompts.jsonl')}",
+        "max_tokens = 4096",
+        "",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,81 @@
+"""Secrets in a study's environment, kept out of everything autotune writes or prints.
+
+A study's ``engine.env`` may carry credentials (``HF_TOKEN``, ``WANDB_API_KEY``). A launcher, a fleet file or
+a provenance record never holds such a value: it holds the reference ``${NAME}``, which ``launch_fleet.sh`` and
+``autotune fleet up`` fill from the environment of whoever starts the fleet. Messages and reports show the
+name, never the value. (Passwords in storage URLs are ``storage.redact``'s job.)
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+
+from autotune.errors import ConfigError
+
+# Words that name a credential in a variable or flag name (whole words: TOKENIZERS_PARALLELISM and
+# max_total_tokens are not secrets), and the pairs that do (WANDB_API_KEY, AWS_SECRET_ACCESS_KEY).
+_SECRET_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS",
+                           "AUTH", "APIKEY"})
+_SECRET_PAIRS = frozenset({("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY")})
+# Values shaped like the usual token formats (Hugging Face, OpenAI, GitHub, GitLab, Slack, AWS, Google, JWT).
+_TOKEN_PREFIX = re.compile(r"^(?:hf_|sk-|sk_|ghp_|gho_|ghu_|ghs_|github_pat_|glpat-|xox[abposr]-|AKIA|ASIA|AIza|eyJ)"
+                           r"[A-Za-z0-9_\-.=+/]{8,}$")
+_OPAQUE = re.compile(r"^[A-Za-z0-9_\-+=]{20,}$")  # long, no path or list separators
+_HEX = re.compile(r"^[0-9a-fA-F]{32,}$")
+_REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
+SHOWN = "***"
+
+
+def reference(value: str) -> str | None:
+    """``"${HF_TOKEN}"`` → ``"HF_TOKEN"``: the variable a value is read from at launch; None for a literal."""
+    match = _REFERENCE.match(str(value))
+    return match.group(1) if match else None
+
+
+def secret_name(name: str) -> bool:
+    """A variable or flag named like a credential (``HF_TOKEN``, ``--api-key``, ``ssl_keyfile_password``)."""
+    words = [w for w in re.split(r"[^A-Za-z0-9]+", name.upper()) if w]
+    pairs = zip(words, words[1:], strict=False)
+    return any(w in _SECRET_WORDS for w in words) or any(pair in _SECRET_PAIRS for pair in pairs)
+
+
+def looks_secret(name: str, value: str) -> bool:
+    """True for a literal value that is, or may well be, a credential (a reference never is)."""
+    value = str(value)
+    if not value or reference(value):
+        return False
+    if secret_name(name):
+        return True
+    if _TOKEN_PREFIX.match(value) or _HEX.match(value):
+        return True
+    # An opaque random-looking string: long, mixed case, several digits.
+    return bool(_OPAQUE.match(value) and sum(c.isdigit() for c in value) >= 3
+                and any(c.islower() for c in value) and any(c.isupper() for c in value))
+
+
+def redact_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment as messages and reports may show it: secret values replaced by ``***``."""
+    return {k: SHOWN if looks_secret(k, v) else str(v) for k, v in env.items()}
+
+
+def env_for_files(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment as artifacts hold it: each secret becomes a reference to the variable of its own name."""
+    return {k: f"${{{k}}}" if looks_secret(k, v) else str(v) for k, v in env.items()}
+
+
+def resolve_env(env: Mapping[str, str], environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """References filled from ``environ`` (default: this process's); ConfigError naming the first one unset."""
+    environ = os.environ if environ is None else environ
+    out: dict[str, str] = {}
+    for key, value in env.items():
+        name = reference(value)
+        if name is None:
+            out[key] = str(value)
+        elif name in environ:
+            out[key] = environ[name]
+        else:
+            raise ConfigError(f"{key} is read from the environment (${{{name}}}), which does not set {name}",
+                              key=f"env.{key}", fix=f"export {name}=... before starting the fleet")
+    return out

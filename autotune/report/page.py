@@ -1,0 +1,445 @@
+"""``autotune report``: load a study (and any to compare with), build its tables, draw them, write one page.
+
+The page is self-contained (plotly.js inlined once, no network) so it can be mailed or archived next to the
+study. ``--format csv|json`` emits the same tables instead, for anyone who wants the numbers, not the pictures.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pandas as pd
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+from autotune.report import data as data
+from autotune.report import figures as figures
+from autotune.errors import AutotuneError, ConfigError, StorageError, StudyError
+from autotune.search.workers import per_gpu_frame
+
+FORMATS = ("html", "csv", "json")
+
+
+@dataclass
+class Report:
+    """Everything one page shows: the study, its tables, and the studies it is compared with."""
+
+    study: optuna.Study
+    tables: dict[str, pd.DataFrame]
+    facts: dict[str, Any]
+    compare: dict[str, pd.DataFrame] = field(default_factory=dict)
+
+
+def resolve(*, config: Path | None, study: str | None, storage: str | None) -> tuple[str | None, str | None]:
+    """Study name and storage URL from the flags, the study file, or the default ``studies/<name>.db``."""
+    if config is not None:
+        from autotune.config import load_config
+
+        cfg = load_config(config, name=study, storage=storage)
+        return cfg.name, cfg.storage_url
+    if study and not storage:
+        storage = f"sqlite:///studies/{study}.db"
+    return study, storage
+
+
+def _redacted(url: str) -> tuple[str, str | None]:
+    """(the URL with its password hidden, the password) so neither message nor driver text leaks it."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        parsed = make_url(url)
+        return parsed.render_as_string(hide_password=True), parsed.password
+    except Exception:  # noqa: BLE001 - a URL too broken to parse has no password we could find either
+        return url, None
+
+
+def open_study(study: str | None, storage: str | None) -> optuna.Study:
+    """Load an existing study; never create one (a typo must not leave an empty database behind)."""
+    if not storage:
+        raise StudyError("no study given (pass --study NAME, --config FILE or --storage URL)")
+    if storage.startswith("sqlite:///"):
+        path = Path(storage.removeprefix("sqlite:///"))
+        if str(path) != ":memory:" and not path.is_file():
+            raise StorageError(f"no study storage at {path} (run `autotune sweep` first, or pass --storage URL)")
+    from autotune.search.storage import open_storage
+
+    shown, password = _redacted(storage)
+    try:  # a journal file is a storage object to Optuna, not a URL
+        handle = open_storage(storage) if storage.startswith("journal:") else storage
+        names = optuna.study.get_all_study_names(storage=handle)
+    except Exception as exc:  # noqa: BLE001 - optuna/sqlalchemy raise many types for a bad URL
+        detail = (str(exc).splitlines() or [type(exc).__name__])[0]
+        if password:
+            detail = detail.replace(password, "***")
+        raise StorageError(f"cannot open storage {shown}: {detail}") from None
+    if study is None:
+        if len(names) != 1:
+            raise StudyError(f"storage {shown} holds {len(names)} studies; pick one with --study "
+                             f"({', '.join(names) or 'none'})")
+        study = names[0]
+    if study not in names:
+        known = ", ".join(names) or "none"
+        raise StudyError(f"unknown study '{study}' in {shown} (studies there: {known})")
+    return optuna.load_study(study_name=study, storage=handle)
+
+
+def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study] = ()) -> Report:
+    """Trials → tables (the tested numbers), plus the facts the header card states."""
+    trials = _trials(study)
+    headline = data.headline_frame(trials, study)
+    base_no, win_no = data.baseline_trial(trials, study), data.winner_trial(trials, study)
+    base_cfg, win_cfg = data.trial_config(study, base_no), data.trial_config(study, win_no)
+    config = data.study_config(study)
+    tables = {
+        "trials": trials,
+        "headline": headline.reset_index(names="role"),
+        "flag_diff": data.flag_diff(base_cfg, win_cfg),
+        "memory": data.memory_frame(trials, study),
+        "latency": data.latency_frame(trials, study, base_dir=base_dir),
+        "pareto": data.pareto_frame(study, trials),
+        "importance": data.importance_frame(study),
+        "failures": data.failures_frame(trials, base_dir=base_dir),
+    }
+    per_gpu = per_gpu_frame(study)
+    if len(per_gpu) > 1:  # a study swept on several GPUs: show the device-to-device spread
+        tables["per_gpu"] = per_gpu
+    facts = {
+        "study": study.study_name, "model": data.model_name(config), "gpu": data.device_name(config),
+        "engine": data.engine_kind(config), "gain": data.gain(study, headline),
+        "winner": win_no, "baseline": base_no,
+        "launch": launch_command(win_cfg, data.model_name(config), **data.launch_settings(config))
+        if win_no is not None else None,
+        "second_objective": data.second_objective(config),
+    }
+    frames: dict[str, pd.DataFrame] = {}
+    if compare:
+        frames = {study.study_name: trials}
+        configs = {study.study_name: config}
+        for other in compare:
+            frames[other.study_name] = _trials(other)
+            configs[other.study_name] = data.study_config(other)
+        tables["compare"] = data.compare_frame(frames, configs)
+    return Report(study=study, tables=tables, facts=facts, compare=frames)
+
+
+def _trials(study: optuna.Study) -> pd.DataFrame:
+    trials = data.trials_frame(study)
+    if trials.empty or not (trials["state"] == "COMPLETE").any():
+        raise StudyError(f"study '{study.study_name}' has no completed trials yet (run or resume `autotune sweep`)")
+    return trials
+
+
+def launch_command(config: Mapping[str, Any], model: str, *, python: str | None = None, device: str = "cuda",
+                   env: Mapping[str, str] | None = None) -> str:
+    """The winner's launch line, rendered by the flag table when available (exact SGLang spelling), with the
+    study's interpreter, device and environment; a secret-looking value is shown as ``"$NAME"``, never itself."""
+    from autotune.redaction import env_for_files, reference
+
+    flags = dict(config)
+    model = str(flags.pop("model_path", None) or model)
+    head = [python or "python", "-m", "sglang.launch_server", "--model-path", model]
+    if device == "cpu" and not flags.get("device"):
+        head += ["--device", "cpu"]
+    try:
+        from autotune.sglang.flags import FlagTable
+
+        argv = list(FlagTable.bundled().to_argv(flags))
+    except (ImportError, AttributeError, AutotuneError):
+        argv = _plain_argv(flags)
+    assignments = [f'{key}="${name}"' if (name := reference(value)) else shlex.quote(f"{key}={value}")
+                   for key, value in env_for_files(env or {}).items()]
+    return " ".join([*assignments, shlex.join(head + argv)])
+
+
+def _plain_argv(flags: Mapping[str, Any]) -> list[str]:
+    argv = []
+    for name, value in flags.items():
+        if value is None or value is False:
+            continue
+        argv.append("--" + name.replace("_", "-"))
+        if value is not True:
+            argv.append(str(value))
+    return argv
+
+
+def figures_for(report: Report) -> dict[str, Any]:
+    """Section key → figure, skipping figures whose data is absent (e.g. no second objective)."""
+    t = report.tables
+    out: dict[str, Any] = {
+        "history": figures.history_figure(t["trials"]),
+        "capacity": figures.capacity_figure(t["trials"]),
+    }
+    if data.param_columns(t["trials"]):
+        out["slices"] = figures.slices_figure(t["trials"])
+        out["parallel"] = figures.parallel_figure(t["trials"])
+    if not t["importance"].empty:
+        out["importance"] = figures.importance_figure(t["importance"])
+    if not t["memory"].empty:
+        out["memory"] = figures.memory_figure(t["memory"])
+    if not t["latency"].empty:
+        out["latency"] = figures.latency_figure(t["latency"])
+    if not t["pareto"].empty:
+        out["pareto"] = figures.pareto_figure(t["pareto"], report.facts["second_objective"])
+    if report.compare:
+        out["compare"] = figures.compare_figure(report.compare)
+    return out
+
+
+def write_tables(tables: Mapping[str, pd.DataFrame], fmt: str, out: Path | None) -> str | None:
+    """CSV: one file per table in the ``out`` directory (or all on stdout); JSON: one object of tables."""
+    if fmt == "json":
+        text = json.dumps({name: json.loads(frame.to_json(orient="records")) for name, frame in tables.items()},
+                          indent=2)
+        if out is None:
+            return text
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n", encoding="utf-8")
+        return None
+    if out is None:
+        return "\n".join(f"# {name}\n{frame.to_csv(index=False)}" for name, frame in tables.items())
+    out.mkdir(parents=True, exist_ok=True)
+    for name, frame in tables.items():
+        frame.to_csv(out / f"{name}.csv", index=False)
+    return None
+
+
+def report(*, study: str | None = None, storage: str | None = None, config: Path | None = None,
+           out: Path | None = None, compare: Sequence[str] = (), fmt: str = "html") -> tuple[Path | None, str | None]:
+    """Run ``autotune report``: returns (the file or directory written, text to print)."""
+    if fmt not in FORMATS:
+        raise ConfigError(f"unknown format '{fmt}'", key="--format", fix=f"use one of {', '.join(FORMATS)}")
+    name, url = resolve(config=config, study=study, storage=storage)
+    main = open_study(name, url)
+    others = [_open_compare(other, url) for other in compare]
+    if fmt == "html" and out is None:
+        out = Path("reports") / f"{main.study_name}.html"
+    base_dir = (out.parent if fmt == "html" else out) if out is not None else Path.cwd()
+    built = build(main, base_dir=base_dir, compare=others)
+    if fmt != "html":
+        text = write_tables(built.tables, fmt, out)
+        return out, text
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render(built, figures_for(built)), encoding="utf-8")
+    return out, None
+
+
+def _open_compare(name: str, storage: str | None) -> optuna.Study:
+    """A study to overlay: a study file (``*.toml``), a study in the main storage, or ``studies/<name>.db``."""
+    if name.endswith(".toml"):
+        return open_study(*resolve(config=Path(name), study=None, storage=None))
+    if storage:
+        try:
+            if name in optuna.study.get_all_study_names(storage=storage):
+                return optuna.load_study(study_name=name, storage=storage)
+        except Exception:  # noqa: BLE001 - the main storage opened a moment ago; fall through to the default
+            pass
+    return open_study(name, f"sqlite:///studies/{name}.db")
+
+
+# Section key → (title, what the figure shows and why it matters).
+SECTIONS: dict[str, tuple[str, str]] = {
+    "history": ("Optimization history", "Every trial's measured throughput in the order it ran; the green step "
+                "line is the best feasible result so far. Trials that never measured stay on the chart at 0 tok/s "
+                "in their own mark: an OOM says where the memory wall is, which is why the sampler keeps them."),
+    "capacity": ("Throughput vs effective concurrency", "Throughput against the max running requests SGLang "
+                 "actually allowed (after the Mamba-slot cap), coloured by speculative steps. On hybrid models "
+                 "this is usually the binding limit: more slots → more running requests → more tok/s until "
+                 "memory bandwidth saturates."),
+    "slices": ("Throughput vs each tuned flag", "One panel per flag the search varied (darker = later trial). "
+               "A clear trend means the flag matters on its own; a cloud means it only matters through others."),
+    "importance": ("Parameter importance", "How much each flag decides whether a trial reaches the top tok/s "
+                   "(Optuna PED-ANOVA; OOMs count as 0, so flags that cause OOMs score high too)."),
+    "parallel": ("All trials across the flags", "Each line is one completed trial, coloured by tok/s. Drag on an "
+                 "axis to keep a range and see which combinations the fast trials share."),
+    "memory": ("Where the memory goes", "The planner's predicted split of device memory per trial (weights, KV "
+               "cache, Mamba states, speculative intermediates, CUDA graphs, activations, headroom) beside the "
+               "peak the GPU monitor observed. Headroom below zero is a predicted OOM; an observed peak far from "
+               "the prediction means the plan and the server disagree."),
+    "latency": ("Latency of the baseline and the top trials", "Time to first token and inter-token latency "
+                "(boxes: p25–p75 with the median, whiskers p5–p99, from per-request records; p50/p90/p99 markers "
+                "where only stored percentiles exist). Throughput gains that cost too much latency show here."),
+    "pareto": ("Throughput vs tail latency", "The second objective against tok/s; red points are the Pareto "
+               "front, configurations no other trial beats on both."),
+    "compare": ("Studies compared", "The best-so-far curves and throughput vs concurrency of each study, "
+                "overlaid (e.g. the same model on two GPU types)."),
+}
+CSS = """
+body{margin:0;background:#f3f4f6;color:#111827;font:14px/1.5 Inter,-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif}
+main{max-width:1240px;margin:0 auto;padding:24px}
+.card{background:#fff;border-radius:12px;box-shadow:0 1px 3px rgba(0,0,0,.08);padding:20px 24px;margin-bottom:20px}
+header.card{border-top:6px solid #2563eb}
+h1{font-size:24px;margin:0 0 4px} h2{font-size:18px;margin:0 0 6px} h3{font-size:14px;margin:18px 0 6px;color:#374151}
+.meta{color:#6b7280;margin:0 0 16px} .why{font-size:15px;margin:4px 0 8px;color:#1f2937} .explain{color:#4b5563;margin:0 0 12px;max-width:980px}
+.kpis{display:grid;grid-template-columns:repeat(auto-fit,minmax(170px,1fr));gap:12px;margin:12px 0}
+.kpi{background:#f9fafb;border:1px solid #e5e7eb;border-radius:10px;padding:10px 14px}
+.kpi .label{font-size:12px;color:#6b7280;text-transform:uppercase;letter-spacing:.04em}
+.kpi .value{font-size:22px;font-weight:650} .kpi .sub{font-size:12px;color:#6b7280}
+.good{color:#047857} .bad{color:#b91c1c}
+table{border-collapse:collapse;width:100%;font-size:13px} th,td{padding:6px 10px;border-bottom:1px solid #e5e7eb;text-align:left;vertical-align:top}
+th{background:#f9fafb;font-weight:600} td.num{text-align:right;font-variant-numeric:tabular-nums}
+pre{background:#111827;color:#e5e7eb;padding:12px 14px;border-radius:8px;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
+nav a{margin-right:14px;color:#2563eb;text-decoration:none} .note{color:#6b7280;font-size:12px}
+"""
+
+
+def _num(value: Any, fmt: str = "{:,.0f}", suffix: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    return fmt.format(value) + suffix
+
+
+def _table(frame: pd.DataFrame, links: Sequence[str] = ()) -> str:
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
+    rows = []
+    for _, row in frame.iterrows():
+        cells = []
+        for column, value in row.items():
+            text = html.escape(_num(value, "{:,.4g}") if isinstance(value, float) else str(value))
+            if column in links and value:
+                text = f'<a href="{html.escape(str(value), quote=True)}">{text}</a>'
+            numeric = isinstance(value, int | float) or column in ("baseline", "winner", "change")
+            cells.append(f'<td class="num">{text}</td>' if numeric else f"<td>{text}</td>")
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
+
+
+def _kpi(label: str, value: str, sub: str = "", cls: str = "") -> str:
+    return (f'<div class="kpi"><div class="label">{html.escape(label)}</div>'
+            f'<div class="value {cls}">{html.escape(value)}</div><div class="sub">{html.escape(sub)}</div></div>')
+
+
+def _header(report: Report) -> str:
+    f, t = report.facts, report.tables
+    trials = t["trials"]
+    counts = trials["outcome"].value_counts()
+    meta = (f"{f['model']} on {f['gpu']} · engine {f['engine']} · {len(trials)} trials "
+            f"({', '.join(f'{n} {k}' for k, n in counts.items())})")
+    head = [f"<h1>autotune report — {html.escape(f['study'])}</h1>", f'<p class="meta">{html.escape(meta)}</p>']
+    if f["winner"] is None:
+        head.append('<p class="bad">No trial ran successfully: see the failures below.</p>')
+        return '<header class="card">' + "".join(head) + "</header>"
+    hl = t["headline"].set_index("role")
+    win, base = hl.loc["winner"], hl.loc["baseline"]
+    g = f["gain"]
+    ci = (f"95% CI {g['ci_low']:.2f}× – {g['ci_high']:.2f}×" if g.get("ci_low") is not None else g.get("note", ""))
+    if g.get("over_defaults"):
+        ci += f" · {g['over_defaults']:.2f}× SGLang defaults"
+    spread = (f"95% CI {win['tok_s_low']:,.0f}–{win['tok_s_high']:,.0f} over {win['repeats']} runs"
+              if win["repeats"] else "single run")
+    ratio = g["gain"]
+    kpis = [
+        _kpi("winner tok/s", _num(win["tok_s"]), f"trial {f['winner']} · {spread}"),
+        _kpi("speed vs baseline", _num(ratio, "{:.2f}×"), ci, "good" if ratio and ratio > 1 else "bad"),
+        _kpi("max running requests", _num(win["max_running_requests"]), f"baseline {_num(base['max_running_requests'])}"),
+        _kpi("KV tokens", _num(win["kv_tokens"]), f"baseline {_num(base['kv_tokens'])}"),
+        _kpi("Mamba slots", _num(win["mamba_slots"]), f"baseline {_num(base['mamba_slots'])}"),
+        _kpi("headroom (observed)", _num(win["headroom_gib"], "{:.1f}", " GiB"),
+             f"baseline {_num(base['headroom_gib'], '{:.1f}', ' GiB')}"),
+    ]
+    head.append('<div class="kpis">' + "".join(kpis) + "</div>")
+    head.append(f'<p class="why">{html.escape(_why(base, win))}</p>')
+    head.append("<h3>Winner vs baseline</h3>" + _table(_headline_rows(hl)))
+    diff = t["flag_diff"]
+    head.append("<h3>Flags that changed</h3>" + (_table(diff) if len(diff) else "<p>None: the baseline won.</p>"))
+    head.append(f"<h3>Launch command</h3><pre>{html.escape(f['launch'] or '')}</pre>")
+    return '<header class="card">' + "".join(head) + "</header>"
+
+
+def _why(base: pd.Series, win: pd.Series) -> str:
+    """One sentence on what changed in capacity, and what it cost, from the same numbers as the table."""
+    def move(key: str, name: str, fmt: str = "{:,.0f}", sign: int = 0) -> str | None:
+        """``name old → new`` when it changed (in direction ``sign`` if one is given)."""
+        old, new = base[key], win[key]
+        if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in (old, new)) or old == new:
+            return None
+        if sign and (new - old) * sign < 0:
+            return None
+        return f"{name} {_num(old, fmt)} → {_num(new, fmt)}"
+
+    gains = [m for m in (move("max_running_requests", "running requests", sign=1),
+                         move("mamba_slots", "Mamba slots", sign=1), move("spec_steps", "speculative steps")) if m]
+    costs = [m for m in (move("kv_tokens", "KV tokens", sign=-1),
+                         move("headroom_gib", "headroom (GiB)", "{:.1f}", sign=-1),
+                         move("ttft_p99_ms", "p99 TTFT (ms)", sign=1),
+                         move("itl_p99_ms", "p99 ITL (ms)", "{:.1f}", sign=1)) if m]
+    if not gains:
+        return "The winner runs at the baseline's capacity; its gain comes from the flags below."
+    text = "Why it wins: " + ", ".join(gains) + "."
+    return text + (" At the cost of: " + ", ".join(costs) + "." if costs else "")
+
+
+HEADLINE_ROWS = {  # column → (row name, number format)
+    "tok_s": ("output tok/s", "{:,.0f}"), "max_running_requests": ("max running requests", "{:,.0f}"),
+    "kv_tokens": ("KV tokens", "{:,.0f}"), "mamba_slots": ("Mamba slots", "{:,.0f}"),
+    "spec_steps": ("speculative steps", "{:,.0f}"), "peak_gib": ("observed peak memory (GiB)", "{:.1f}"),
+    "headroom_gib": ("headroom (GiB)", "{:.1f}"), "ttft_p99_ms": ("TTFT p99 (ms)", "{:,.0f}"),
+    "itl_p99_ms": ("ITL p99 (ms)", "{:.1f}"),
+}
+
+
+def _headline_rows(hl: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for key, (name, fmt) in HEADLINE_ROWS.items():
+        base, win = hl.loc["baseline", key], hl.loc["winner", key]
+        change = win / base - 1 if base and not math.isnan(base) and not math.isnan(win) else math.nan
+        rows.append({"": name, "baseline": _num(base, fmt), "winner": _num(win, fmt),
+                     "change": _num(change, "{:+.0%}")})
+    return pd.DataFrame(rows)
+
+
+def _section(key: str, fig: Any) -> str:
+    title, explain = SECTIONS[key]
+    div = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f"fig-{key}", default_width="100%",
+                      config={"displaylogo": False, "responsive": True})
+    return (f'<section class="card figure-section" id="{key}"><h2>{html.escape(title)}</h2>'
+            f'<p class="explain">{html.escape(explain)}</p>{div}</section>')
+
+
+def render(report: Report, figs: Mapping[str, Any]) -> str:
+    """One self-contained page: plotly.js inlined once in the head, then the header card and the sections."""
+    sections = [_section(key, figs[key]) for key in SECTIONS if key in figs]
+    failures = report.tables["failures"]
+    fail_html = "<p>Every trial measured.</p>"
+    if len(failures):
+        counts = ", ".join(f"{n} {k}" for k, n in failures["outcome"].value_counts().items())
+        # A long table stays folded so the page ends with the figures, not 100 rows of log lines.
+        fail_html = (f'<details{" open" if len(failures) <= 15 else ""}><summary>{len(failures)} trials: '
+                     f"{html.escape(counts)}</summary>{_table(failures, links=('log',))}</details>")
+    extra = ""
+    if "compare" in report.tables:
+        table = report.tables["compare"].assign(
+            baseline_tok_s=lambda f: f["baseline_tok_s"].map(lambda v: _num(v)),
+            best_tok_s=lambda f: f["best_tok_s"].map(lambda v: _num(v)),
+            gain=lambda f: f["gain"].map(lambda v: _num(v, "{:.2f}×")))
+        extra = '<section class="card" id="compare-table"><h2>Compared studies</h2>' + _table(table) + "</section>"
+    if "per_gpu" in report.tables:
+        table = report.tables["per_gpu"].assign(
+            baseline_tok_s=lambda f: f["baseline_tok_s"].map(lambda v: _num(v)),
+            best_tok_s=lambda f: f["best_tok_s"].map(lambda v: _num(v)),
+            best_gain=lambda f: f["best_gain"].map(lambda v: _num(v, "{:.2f}×")),
+            vs_median=lambda f: f["vs_median"].map(lambda v: _num(v, "{:.3f}")))
+        extra += ('<section class="card" id="per-gpu"><h2>Per-GPU calibration</h2><p class="explain">Each GPU ran '
+                  "its own baseline; <code>vs_median</code> is its baseline against the median GPU's (the "
+                  "device-to-device spread). Trials are ranked by their gain over their own GPU's baseline, so a "
+                  "fast device does not crown its own trials.</p>" + _table(table) + "</section>")
+    nav = " ".join(f'<a href="#{k}">{html.escape(SECTIONS[k][0])}</a>' for k in SECTIONS if k in figs)
+    title = html.escape(f"autotune report — {report.facts['study']}")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style>'
+        f'<script type="text/javascript">{get_plotlyjs()}</script></head><body><main>'
+        f"{_header(report)}<nav class=\"card\">{nav} <a href=\"#failures\">Failures</a></nav>"
+        + "".join(sections) + extra
+        + '<section class="card" id="failures"><h2>Failures</h2><p class="explain">Every trial that did not '
+        "measure: its class, the SGLang log line (or planner message) that classified it, and its log.</p>"
+        + fail_html + '</section><p class="note">Generated by autotune from the study storage; figures are '
+        "drawn from the same tables <code>autotune report --format csv</code> prints.</p></main></body></html>"
+    )

@@ -1,0 +1,369 @@
+"""Confirmation: re-measure the top configs and the baseline, interleaved, and pick the winner honestly.
+
+One search measurement per config is noisy and the search keeps the lucky ones, so the winner is decided
+here: the top-k distinct configs, the baseline and the hand-written configs are run ``repeats`` times each in
+the order A B C base A B C base … (drift hits everyone alike); the winner has the best median; the gain over
+the baseline carries a seeded bootstrap confidence interval; contenders whose intervals overlap are a tie,
+broken in favour of the one with more memory headroom. A best config that runs the baseline's own flags, or whose
+interval overlaps the baseline's, did not beat it: then there is no winner (``winner_trial`` None, ``outcome``
+``"baseline"``) and nothing to apply.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection
+from typing import Any
+
+import numpy as np
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import StudyConfig
+from autotune.results import TrialResult
+from autotune.search.study import DEFAULTS_RUN, Runner, finished, launches
+
+BOOTSTRAP = 2000
+
+
+def _feasible(trial: FrozenTrial) -> bool:
+    return trial.user_attrs.get("status") == "ok" and all(c <= 0 for c in trial.user_attrs.get("constraint", [0]))
+
+
+def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], FrozenTrial | None, list[FrozenTrial]]:
+    """(top-k distinct feasible trials, the baseline trial, the ok enqueued trials), by search value."""
+    from autotune.search.workers import gains
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    gain = gains(study)  # swept on several GPUs: rank by tok/s ÷ the trial's own GPU's baseline
+    ranked = sorted((t for t in done if _feasible(t)), key=lambda t: -gain.get(t.number, t.values[0]))
+    seen: set[str] = set()
+    top: list[FrozenTrial] = []
+    for t in ranked:
+        key = t.user_attrs.get("launch_key")
+        if key in seen or t.user_attrs.get("reused_from") is not None:
+            continue
+        seen.add(key)
+        if len(top) < top_k:
+            top.append(t)
+    baseline = next((t for t in done if t.user_attrs.get("role") == "baseline"), None)
+    refs = [t for t in done if t.user_attrs.get("role") == "enqueued" and _feasible(t)
+            and t not in top and t.user_attrs.get("launch_key") != (baseline and baseline.user_attrs.get("launch_key"))]
+    return top, baseline, refs
+
+
+def _key(trial: FrozenTrial) -> str:
+    """The config a trial launched (its stored launch key; older studies: the key of its result's config)."""
+    from autotune.search.space import key_of
+
+    key = trial.user_attrs.get("launch_key")
+    return key if key is not None else key_of((trial.user_attrs.get("result") or {}).get("config") or {})
+
+
+def _median(values: list[float]) -> float:
+    return float(np.median(values)) if values else 0.0
+
+
+def _interval(rng: np.random.Generator, values: list[float]) -> tuple[float, float]:
+    """Bootstrap 95 % interval of the median."""
+    if len(values) < 2:
+        v = _median(values)
+        return v, v
+    samples = rng.choice(values, size=(BOOTSTRAP, len(values)), replace=True)
+    meds = np.median(samples, axis=1)
+    return float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))
+
+
+def _gain_interval(rng: np.random.Generator, win: list[float], base: list[float]) -> tuple[float, float]:
+    a = rng.choice(win, size=(BOOTSTRAP, len(win)), replace=True)
+    b = rng.choice(base, size=(BOOTSTRAP, len(base)), replace=True)
+    mb = np.median(b, axis=1)
+    ratios = np.median(a, axis=1) / np.where(mb > 0, mb, np.nan)
+    ratios = ratios[np.isfinite(ratios)]
+    if ratios.size == 0:
+        return float("nan"), float("nan")
+    return float(np.percentile(ratios, 2.5)), float(np.percentile(ratios, 97.5))
+
+
+def _headroom(results: list[TrialResult]) -> float | None:
+    """Memory left on the device at peak: measured when the GPU monitor saw it, else the planner's figure."""
+    seen = [r.gpu.headroom_gib for r in results if r.gpu and r.gpu.headroom_gib is not None]
+    if seen:
+        return min(seen)
+    planned = [r.plan["gib"]["headroom"] for r in results if r.plan and r.plan.get("gib")]
+    return min(planned) if planned else None
+
+
+def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, seed: int, *,
+           same_as_baseline: Collection[int] = ()) -> dict[str, Any]:
+    """Winner, gain and interval from confirmation runs (``{"trial", "repeat", "result"}``), no study needed.
+
+    ``same_as_baseline``: contenders that launched the baseline's exact flags (its launch key). When the best
+    contender is the baseline or one of these, or the baseline's interval overlaps the best's (not resolved
+    from it), no config beat the baseline: ``winner_trial`` is None, ``outcome`` ``"baseline"``, no gain.
+    ``outcome`` is ``"winner"`` when there is one and ``"none"`` when no contender ran cleanly throughout.
+    """
+    rng = np.random.default_rng(seed)
+    results: dict[int, list[TrialResult]] = {n: [] for n in order}
+    for run in runs:
+        results.setdefault(run["trial"], []).append(TrialResult.from_dict(run["result"]))
+    tok = {n: [(r.output_tok_s or 0.0) if r.ok else 0.0 for r in rs] for n, rs in results.items()}
+    stats = {n: {"median": _median(v), "ci": _interval(rng, v), "runs": len(v),
+                 "failed": sum(1 for r in results[n] if not r.ok), "headroom_gib": _headroom(results[n])}
+             for n, v in tok.items()}
+    candidates = [n for n in order if stats[n]["runs"] and not stats[n]["failed"]]
+    note = ""
+    if not candidates:
+        return {"winner_trial": None, "baseline_trial": baseline, "gain": None, "ci_low": None, "ci_high": None,
+                "outcome": "none", "note": "no contender ran cleanly in every confirmation run",
+                "stats": _jsonable(stats)}
+    top = max(candidates, key=lambda n: stats[n]["median"])
+    tied = [n for n in candidates if stats[n]["ci"][1] >= stats[top]["ci"][0]]
+    twins = {n for n in same_as_baseline if n != baseline}
+    unresolved = None
+    if top == baseline or top in twins:
+        unresolved = (f"the fastest confirmed config (trial {top}) runs the baseline's own flags" if top != baseline
+                      else "the baseline has the fastest confirmed median")
+    elif baseline is not None and baseline in tied:
+        unresolved = (f"trial {top}'s median ({stats[top]['median']:,.0f} tok/s) is within the baseline's "
+                      f"run-to-run noise ({stats[baseline]['median']:,.0f} tok/s; 95 % intervals overlap)")
+    if unresolved is not None:
+        return {"winner_trial": None, "baseline_trial": baseline, "gain": None, "ci_low": None, "ci_high": None,
+                "outcome": "baseline", "note": f"no config beat the baseline: {unresolved}",
+                "stats": _jsonable(stats)}
+    tied = [n for n in tied if n not in twins]  # noise around the baseline's flags is no candidate
+    winner = top
+    if len(tied) > 1:
+        roomy = max(tied, key=lambda n: (stats[n]["headroom_gib"] if stats[n]["headroom_gib"] is not None
+                                         else float("-inf"), stats[n]["median"]))
+        if roomy != top and stats[roomy]["headroom_gib"] is not None:
+            winner = roomy
+            extra = stats[roomy]["headroom_gib"] - (stats[top]["headroom_gib"] or 0.0)
+            note = (f"trials {', '.join(map(str, tied))} are statistically tied (95 % intervals overlap); "
+                    f"chose trial {roomy} over the fastest median (trial {top}) for {extra:.1f} GiB more headroom")
+        else:
+            note = (f"trials {', '.join(map(str, tied))} are statistically tied (95 % intervals overlap); "
+                    f"trial {top} has the fastest median and the most headroom")
+    gain = ci_low = ci_high = None
+    if baseline is not None and stats.get(baseline, {}).get("median"):
+        gain = stats[winner]["median"] / stats[baseline]["median"]
+        ci_low, ci_high = _gain_interval(rng, tok[winner], tok[baseline])
+    elif baseline is not None:
+        note = (note + "; " if note else "") + "the baseline failed in confirmation, so no gain is given"
+    return {"winner_trial": winner, "baseline_trial": baseline, "gain": gain, "ci_low": ci_low,
+            "ci_high": ci_high, "outcome": "winner", "note": note, "stats": _jsonable(stats)}
+
+
+def _jsonable(stats: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    return {str(n): {**s, "ci": list(s["ci"])} for n, s in stats.items()}
+
+
+def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: Any = None,
+            stop_event: threading.Event | None = None,
+            defaults: Callable[[], dict[str, Any] | None] | None = None) -> dict[str, Any] | None:
+    """Run (or reuse) the confirmation stage and store it as ``study.user_attrs["confirmation"]``."""
+    n_done = len(finished(study.get_trials(deepcopy=False)))
+    stored = study.user_attrs.get("confirmation")
+    if stored and stored.get("complete") and stored.get("n_trials") == n_done and "outcome" in stored:
+        return stored
+    top, baseline, refs = contenders(study, cfg.study.confirm_top_k)
+    contenders_by_number = {t.number: t for t in [*top, *refs, *([baseline] if baseline else [])]}
+    base_key = _key(baseline) if baseline is not None else None
+    twins = [n for n, t in contenders_by_number.items() if base_key is not None and _key(t) == base_key]
+    base_n = baseline.number if baseline is not None and _feasible(baseline) else None
+    if stored and stored.get("complete") and stored.get("n_trials") == n_done:
+        # Decided before a winner equal to the baseline counted as none: the same runs, decided again.
+        verdict = decide(stored["runs"], stored["order"], base_n, cfg.study.seed, same_as_baseline=twins)
+        confirmation = {**stored, **verdict}
+        study.set_user_attr("confirmation", confirmation)
+        return confirmation
+    order = [t.number for t in top + refs]
+    if baseline is not None and baseline.number not in order and _feasible(baseline):
+        order.append(baseline.number)
+    if not order:
+        return None
+    configs = {n: t.user_attrs["result"]["config"] for n, t in contenders_by_number.items()}
+    runs: list[dict[str, Any]] = []
+    if stored and stored.get("n_trials") == n_done and stored.get("order") == order:
+        runs = list(stored.get("runs", []))  # a confirmation a killed sweep left half done
+    done = {(r["trial"], r["repeat"]) for r in runs}
+    repeats = cfg.study.confirm_repeats
+    total = repeats * len(order)
+    state = {"order": order, "n_trials": n_done, "complete": False}
+    for k in range(repeats):
+        for n in order:
+            if (n, k) in done:
+                continue
+            if stop_event is not None and stop_event.is_set():
+                study.set_user_attr("confirmation", {**state, "runs": runs})
+                return None
+            if progress is not None:
+                progress.confirm_started(len(runs) + 1, total, n, k)
+            result = runner(dict(configs[n]), n)
+            if result.status == "interrupted":
+                study.set_user_attr("confirmation", {**state, "runs": runs})
+                return None
+            runs.append({"trial": n, "repeat": k, "result": result.to_dict()})
+            study.set_user_attr("confirmation", {**state, "runs": runs})
+            if progress is not None:
+                progress.confirm_finished(n, result)
+    verdict = decide(runs, order, base_n, cfg.study.seed, same_as_baseline=twins)
+    measured = defaults() if defaults is not None else None
+    if measured is not None and measured.get("status") == "interrupted":
+        study.set_user_attr("confirmation", {**state, "runs": runs})  # a resume measures the defaults again
+        return None
+    verdict["defaults"] = measured
+    confirmation = {**state, "complete": True, "runs": runs, **verdict}
+    study.set_user_attr("confirmation", confirmation)
+    return confirmation
+
+
+# Flags SGLang 0.5.23 chooses together: when the first is left to its default, the others must be unset too
+# (speculative_hook.py asserts it), so "its default" for the first means SGLang's choice for the whole group.
+CHOSEN_TOGETHER = {"speculative_num_steps": ("speculative_eagle_topk", "speculative_num_draft_tokens")}
+
+
+def defaults_config(cfg: StudyConfig) -> dict[str, Any]:
+    """What "SGLang's defaults" means for this study: SGLang's default for every tuned flag (searched or
+    derived), with the study's fixed flags kept (the engine settings, model, device and environment, come with
+    the runner). Bare defaults may not even start where the fixed flags are what makes the model run. A fixed
+    flag SGLang only accepts beside a tuned one it picks together with (``CHOSEN_TOGETHER``) is left to SGLang."""
+    tuned = set(cfg.space) | set(cfg.derived)
+    config = {k: v for k, v in cfg.engine.fixed.items() if k not in tuned}
+    for lead, group in CHOSEN_TOGETHER.items():
+        if config.get(lead) is None:
+            for name in group:
+                config.pop(name, None)
+    return config
+
+
+def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callable[[], dict[str, Any] | None]:
+    """SGLang 0.5.23's defaults for the tuned flags (``defaults_config``): predicted on the sim, measured once
+    otherwise, in its own directory (``trials/defaults/``, the runner's ``DEFAULTS_RUN``). A run that fails is
+    stored as failed (status, reason, no tok/s), never as 0 tok/s."""
+    def measure() -> dict[str, Any] | None:
+        config = defaults_config(cfg)
+        if cfg.engine.kind == "sim":
+            from autotune.search.study import simulate
+
+            result = simulate(cfg, config)
+            how = "predicted by the simulator's virtual clock"
+        else:
+            if progress is not None:
+                progress.log("confirm: SGLang's defaults for the tuned flags (fixed flags kept)")
+            result = runner(dict(config), DEFAULTS_RUN)
+            how = "measured once during confirmation"
+        ok = result.ok and result.output_tok_s is not None
+        status = "no_measurement" if result.ok and not ok else result.status
+        reason = None if ok else (result.reason or "no measurement")
+        if progress is not None and cfg.engine.kind != "sim":
+            progress.log(f"  defaults: ok {result.output_tok_s:,.0f} tok/s" if ok else f"  defaults: {status}: {reason}")
+        return {"status": status, "output_tok_s": result.output_tok_s if ok else None, "reason": reason,
+                "how": how, "config": config, "trial_dir": result.trial_dir, "log_path": result.log_path}
+    return measure
+
+
+def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None) -> dict[str, Any]:
+    """Search, then confirm; returns the summary (``autotune sweep --json``)."""
+    from autotune.progress import PlainProgress
+    from autotune.search.study import Sweep
+
+    progress = progress or PlainProgress()
+    sweep = None
+    try:
+        sweep = Sweep(cfg, runner=runner, progress=progress)
+        study = sweep.run()
+        if not sweep.stop.is_set() and cfg.study.confirm_top_k > 0:
+            confirm(study, cfg, runner=sweep.runner, progress=progress, stop_event=sweep.stop,
+                    defaults=_defaults(cfg, sweep.runner, progress))
+    finally:
+        if sweep is not None:
+            sweep.close()
+        progress.close()
+    summary = summarize(study, cfg)
+    summary["interrupted"] = sweep.stop.is_set()
+    return summary
+
+
+def _defaults_entry(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The stored defaults measurement; one that did not run cleanly has no tok/s (older studies stored 0.0)."""
+    if not stored:
+        return None
+    out = dict(stored)
+    status = out.get("status") or ("ok" if out.get("output_tok_s") else "failed")
+    if status == "ok" and not out.get("output_tok_s"):
+        status = "no_measurement"
+    if status != "ok":
+        out.update(output_tok_s=None, reason=out.get("reason"))
+    out["status"] = status
+    return out
+
+
+def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
+    """The figures a user reads: statuses, baseline, confirmed winner and gains (search values if unconfirmed).
+
+    ``outcome`` is ``"winner"``, ``"baseline"`` (no config beat the baseline: the confirmation found none, or,
+    unconfirmed, the best search trial runs the baseline's flags; ``best`` is None, the reason in ``note``) or
+    ``"none"`` (nothing measured cleanly). ``launched`` counts servers started in every session of the study,
+    interrupted ones included."""
+    from autotune.search.study import redact
+
+    trials = study.get_trials(deepcopy=False)
+    done = finished(trials)
+    statuses: dict[str, int] = {}
+    for t in done:
+        status = t.user_attrs.get("status", t.state.name.lower())
+        statuses[status] = statuses.get(status, 0) + 1
+    by_number = {t.number: t for t in trials}
+    conf = study.user_attrs.get("confirmation") or {}
+    confirmed = bool(conf.get("complete"))
+    stats = conf.get("stats", {}) if confirmed else {}
+
+    def entry(n: int | None) -> dict[str, Any] | None:
+        if n is None or n not in by_number:
+            return None
+        t = by_number[n]
+        s = stats.get(str(n))
+        value = s["median"] if s else (t.values[0] if t.values else None)
+        out = {"trial": n, "label": t.user_attrs.get("label"), "params": t.user_attrs.get("result", {}).get("config"),
+               "output_tok_s": value, "ci_low": s["ci"][0] if s else None, "ci_high": s["ci"][1] if s else None,
+               "confirmed_runs": s["runs"] if s else 0}
+        return out
+
+    baseline = next((t.number for t in trials if t.user_attrs.get("role") == "baseline"
+                     and t.state.name == "COMPLETE"), None)
+    note = conf.get("note") if confirmed else "not confirmed: these are single search measurements"
+    outcome = conf.get("outcome") if confirmed else None
+    if confirmed:
+        best_n = conf.get("winner_trial")
+    else:
+        ok = [t for t in done if t.user_attrs.get("status") == "ok" and t.values]
+        best_n = max(ok, key=lambda t: t.values[0]).number if ok else None
+        if best_n is not None and baseline is not None and _key(by_number[best_n]) == _key(by_number[baseline]):
+            note = f"no config beat the baseline: the best search trial ({best_n}) runs the baseline's flags; {note}"
+            best_n, outcome = None, "baseline"
+    base, best = entry(baseline), entry(best_n)
+    gain = conf.get("gain") if confirmed else (
+        best["output_tok_s"] / base["output_tok_s"] if best and base and base["output_tok_s"] else None)
+    enqueued = [entry(t.number) for t in trials if t.user_attrs.get("role") == "enqueued"
+                and t.state.name == "COMPLETE" and t.user_attrs.get("requeued_from") is None]
+    defaults = _defaults_entry(conf.get("defaults")) if confirmed else None
+    started = launches(trials)
+    launched_oom = sum(1 for t in started if t.user_attrs.get("status") in ("startup_oom", "runtime_oom"))
+    interrupted = sum(1 for t in started if t.state.name == "FAIL"
+                      and t.user_attrs.get("status") in (None, "interrupted"))
+    return {
+        "study": study.study_name, "storage": redact(cfg.storage_url), "n_trials": len(done),
+        "statuses": statuses, "launched": len(started), "launched_oom": launched_oom,
+        "launched_interrupted": interrupted, "confirmed": confirmed,
+        "baseline": {"trial": baseline, "params": base and base["params"], "output_tok_s": base and base["output_tok_s"]},
+        "best": best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "ci_low", "ci_high")},
+        "outcome": "winner" if best is not None else (outcome if outcome == "baseline" else "none"),
+        "gain_over_baseline": gain if best is not None else None,
+        "gain_ci": [conf.get("ci_low"), conf.get("ci_high")] if confirmed and best is not None else None,
+        "enqueued": [e for e in enqueued if e],
+        "defaults": defaults,
+        "gain_over_defaults": (best["output_tok_s"] / defaults["output_tok_s"]
+                               if best and defaults and defaults.get("output_tok_s") else None),
+        "note": note,
+    }

@@ -1,0 +1,68 @@
+"""Starting points on the memory wall, chosen by the planner before the first launch.
+
+An offline job's throughput rises with the number of requests decoding together until the KV pool can no longer
+hold them, and the planner knows both limits of any config without a GPU: the running cap SGLang will derive and
+the KV tokens it will allocate. So the search does not have to find the wall by walking into it: sample the
+space, keep the configs the planner is sure start, and enqueue the few that admit the most concurrency (in
+distinct categorical settings). The sampler then refines around measured points instead of random ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+
+from autotune.search.space import Feasibility, Space, key_of
+
+CHARS_PER_TOKEN = 4.0  # a rough tokenizer ratio: the prior only ranks configs, it predicts no throughput
+# KV a running request holds on average, as a share of max_tokens beside its prompt: unknown before the first
+# measurement (it depends on the output lengths), so the starting points bracket it, one share each.
+OUTPUT_SHARES = (0.5, 0.6, 0.7, 0.8)
+# Flags that decide where memory goes (FACTS §1.6 levers); the others are held at the production config's values.
+MEMORY_LEVERS = frozenset({
+    "mem_fraction_static", "max_running_requests", "max_mamba_cache_size", "mamba_full_memory_ratio",
+    "mamba_ssm_dtype", "disable_radix_cache", "mamba_radix_cache_strategy", "chunked_prefill_size",
+    "max_total_tokens", "kv_cache_dtype",
+})
+
+
+def tokens_per_request(prompt_chars: list[int], max_tokens: int, share: float) -> int:
+    """KV tokens one running request holds on average: its prompt plus ``share`` of its output budget."""
+    mean_prompt = sum(prompt_chars) / max(1, len(prompt_chars)) / CHARS_PER_TOKEN
+    return max(1, int(mean_prompt + share * max_tokens))
+
+
+def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[int], max_tokens: int, n: int,
+                 seed: int, samples: int = 300, exclude: list[Mapping[str, Any]] = (),
+                 hold: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Up to ``n`` distinct configs of ``space``, each the one (among ``samples`` random ones the planner is sure
+    start) with the highest running cap its KV pool holds when a request holds a given share of its output
+    budget — one share per config, so the starting points bracket the wall. Flags in ``hold`` that are not
+    memory levers keep their values there (the production config's), so a starting point differs from
+    production only where memory is decided; configs in ``exclude`` are not proposed again."""
+    sampler = optuna.samplers.RandomSampler(seed=seed)
+    scratch = optuna.create_study(sampler=sampler, direction="maximize")
+    held = {k: v for k, v in (hold or {}).items() if k in space.names and k not in MEMORY_LEVERS}
+    seen = {key_of(c) for c in exclude}
+    candidates: list[tuple[int, int, float, dict[str, Any]]] = []  # running cap, KV tokens, headroom, config
+    for _ in range(samples):
+        config = space.complete({**space.suggest(scratch.ask()), **held})
+        if key_of(config) in seen:
+            continue
+        seen.add(key_of(config))
+        memory_plan = feasibility.predict(config, inert=False)
+        if memory_plan.fits and memory_plan.gib.headroom >= feasibility.margin_gib:
+            candidates.append((memory_plan.max_running_requests, memory_plan.kv_tokens, memory_plan.gib.headroom,
+                               config))
+    candidates.sort(key=lambda c: (c[0], c[2]), reverse=True)
+    shares = [OUTPUT_SHARES[round(i * (len(OUTPUT_SHARES) - 1) / max(1, n - 1))] for i in range(n)]
+    chosen: list[dict[str, Any]] = []
+    for share in shares:
+        per_request = tokens_per_request(prompt_chars, max_tokens, share)
+        # more requests than the pool holds would be retracted by SGLang, not served
+        pick = next((c for c in candidates if c[0] * per_request <= c[1] and c[3] not in chosen), None)
+        if pick is not None:
+            chosen.append(pick[3])
+    return chosen

@@ -1,0 +1,272 @@
+"""SGLang's radix (prefix) cache, reduced to what decides throughput: which prompt tokens a request need not
+prefill again, and how much KV (and Mamba state) the cached prefixes hold.
+
+Tokens are the simulator's deterministic ones (``requests.count_tokens``: four characters each), so a prompt's
+key is its text padded to whole tokens and token-level prefix matching is string prefix matching on 4-character
+boundaries, done with C-speed ``startswith`` instead of per-token Python loops.
+
+What is modelled, after SGLang 0.5.23's ``RadixCache`` / ``MambaRadixCache``:
+
+* a request's prompt is matched when it is admitted; the hit is locked while it runs (never evicted), and the
+  whole prompt is inserted once its prefill is done, so later requests can reuse it;
+* the tree lives in the KV pool: cached tokens not locked by a running request are *evictable* and are evicted
+  least-recently-used first, leaf by leaf, when running requests need the room;
+* hybrid (Mamba) models can only resume from a prefix whose recurrent state was saved: ``no_buffer`` saves it at
+  the end of each prefilled prompt only, ``extra_buffer(_lazy)`` also every ``mamba_track_interval`` tokens. A hit
+  is cut back to the deepest saved state, each saved state is one state copy (its cost is the caller's), and the
+  saved states occupy Mamba slots the running requests leave free (evicted LRU when they do not fit);
+* with ``page_size`` > 1 a hit is whole pages only.
+
+Not modelled: outputs inserted at finish (an offline job's outputs are unique, so they only add evictable tokens
+LRU evicts first), hierarchical (host/storage) tiers, and eviction policies other than LRU.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+__all__ = ["CHARS", "RadixCache", "token_key"]
+
+CHARS = 4  # characters per simulated token (requests.CHARS_PER_TOKEN)
+
+
+def token_key(text: str) -> str:
+    """The prompt as whole simulated tokens: padded with NULs to a multiple of four characters."""
+    pad = -len(text) % CHARS
+    return text + "\0" * pad if pad else text
+
+
+class _Node:
+    __slots__ = ("children", "parent", "key", "depth", "ref", "last", "marks")
+
+    def __init__(self, parent: _Node | None, key: str, depth: int):
+        self.children: dict[str, _Node] = {}
+        self.parent, self.key, self.depth = parent, key, depth  # depth: tokens from the root to this node's end
+        self.ref = 0  # running requests whose locked path ends at or below this node
+        self.last = 0  # logical time of the last match or insert through this node (LRU)
+        self.marks: list[int] = []  # depths (within this node's span) where a Mamba state was saved
+
+    @property
+    def tokens(self) -> int:
+        return len(self.key) // CHARS
+
+
+@dataclass
+class RadixStats:
+    """Counters the server reports (``/metrics``) and the scheduler's admission reads."""
+
+    hit_tokens: int = 0  # prompt tokens served from the cache
+    input_tokens: int = 0  # prompt tokens computed (prefilled)
+    evicted_tokens: int = 0
+    state_copies: int = 0  # Mamba states saved into the tree
+
+
+class RadixCache:
+    """A token-level radix tree in the KV pool; ``hybrid`` adds Mamba-state checkpoints."""
+
+    def __init__(self, *, hybrid: bool = False, track_interval: int | None = None, page_size: int = 1):
+        self.hybrid = hybrid
+        self.track_interval = track_interval if hybrid else None  # None: save only at prompt ends
+        self.page = max(1, page_size)
+        self.root = _Node(None, "", 0)
+        self.root.ref = 1  # never evicted
+        self.tokens = 0  # tokens held by the tree
+        self.locked_tokens = 0  # of those, in nodes some running request holds
+        self.locked_sum = 0  # Σ over lockers of the tokens each holds (shared ones counted per locker)
+        self.states = 0  # Mamba states saved in the tree
+        self.locked_states = 0
+        self.stats = RadixStats()
+        self._clock = 0
+
+    # -- what the scheduler's KV accounting needs ------------------------------------------------------------
+    @property
+    def shared_tokens(self) -> int:
+        """Tokens running requests hold once in the pool but would each hold without sharing."""
+        return self.locked_sum - self.locked_tokens
+
+    @property
+    def evictable_tokens(self) -> int:
+        return self.tokens - self.locked_tokens
+
+    @property
+    def evictable_states(self) -> int:
+        return self.states - self.locked_states
+
+    # -- match / lock / insert -----------------------------------------------------------------------------
+    def match(self, key: str, limit: int) -> tuple[_Node, int]:
+        """The longest usable cached prefix of ``key`` (at most ``limit`` tokens), locked for the caller.
+
+        Returns the node to unlock later and the hit length in tokens. A hit that ends inside an edge splits it,
+        so locks and evictions stay whole nodes.
+        """
+        self._clock += 1
+        node, pos, best = self.root, 0, (self.root, 0)
+        limit_chars = limit * CHARS
+        while pos < limit_chars:
+            child = node.children.get(key[pos:pos + CHARS])
+            if child is None:
+                break
+            span = _common(child.key, key, pos, limit_chars)
+            if span == 0:
+                break
+            child.last = self._clock
+            end = child.depth - child.tokens + span // CHARS
+            usable = self._usable(child, end)
+            if usable is not None:
+                best = (child, usable)
+            if span < len(child.key):
+                break
+            node, pos = child, pos + span
+        node, hit = best
+        if hit and hit < node.depth:
+            node = self._split(node, hit)
+        self._lock(node)
+        return node, hit
+
+    def _usable(self, node: _Node, end: int) -> int | None:
+        """The deepest resumable depth in ``node`` at or before token ``end`` (pages; saved states if hybrid)."""
+        start = node.depth - node.tokens
+        if self.hybrid:
+            marks = [m for m in node.marks if m <= end]
+            return marks[-1] if marks else None
+        usable = end // self.page * self.page
+        return usable if usable > start else None
+
+    def insert(self, key: str, tokens: int, *, cached: int, locked: _Node) -> tuple[_Node, int]:
+        """Insert the prefilled prompt (its first ``tokens`` tokens), move the caller's lock from ``locked`` to
+        its end, and return (the new locked node, Mamba states saved: the caller pays their copies)."""
+        self._clock += 1
+        node, pos, end = self.root, 0, tokens * CHARS
+        while pos < end:
+            node.last = self._clock
+            child = node.children.get(key[pos:pos + CHARS])
+            if child is None:
+                leaf = _Node(node, key[pos:end], tokens)
+                leaf.last = self._clock
+                node.children[key[pos:pos + CHARS]] = leaf
+                self.tokens += leaf.tokens
+                node = leaf
+                pos = end
+                break
+            span = _common(child.key, key, pos, end)
+            if span < len(child.key):
+                child = self._split(child, child.depth - child.tokens + span // CHARS)
+            node, pos = child, pos + span
+        node.last = self._clock
+        copies = self._save_states(node, cached, tokens) if self.hybrid else 0
+        self._lock(node)
+        self._unlock(locked)
+        return node, copies
+
+    def _save_states(self, end_node: _Node, cached: int, tokens: int) -> int:
+        """Checkpoints a prefill from ``cached`` to ``tokens`` leaves: every track interval, and at its end."""
+        want = {tokens // self.page * self.page} - {0}
+        if self.track_interval:
+            step = self.track_interval
+            want.update(range((cached // step + 1) * step, tokens, step))
+        copies = 0
+        node: _Node | None = end_node
+        while node is not None and node is not self.root and want:
+            start = node.depth - node.tokens
+            here = sorted(d for d in want if start < d <= node.depth and d not in node.marks)
+            if here:
+                node.marks = sorted([*node.marks, *here])
+                copies += len(here)
+                if node.ref:
+                    self.locked_states += len(here)
+            want = {d for d in want if d <= start}
+            node = node.parent
+        self.states += copies
+        self.stats.state_copies += copies
+        return copies
+
+    def _split(self, node: _Node, depth: int) -> _Node:
+        """Cut ``node`` at token ``depth``: a new parent holds the head; returns that parent."""
+        start = node.depth - node.tokens
+        cut = (depth - start) * CHARS
+        head = _Node(node.parent, node.key[:cut], depth)
+        head.ref, head.last = node.ref, node.last
+        head.marks = [m for m in node.marks if m <= depth]
+        node.marks = [m for m in node.marks if m > depth]
+        assert node.parent is not None
+        node.parent.children[node.key[:CHARS]] = head
+        node.key = node.key[cut:]
+        node.parent = head
+        head.children[node.key[:CHARS]] = node
+        return head
+
+    def _lock(self, node: _Node) -> None:
+        self.locked_sum += node.depth
+        while node is not self.root:
+            if node.ref == 0:
+                self.locked_tokens += node.tokens
+                self.locked_states += len(node.marks)
+            node.ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: _Node) -> None:
+        """A request that held ``node`` finished, was aborted or retracted: its prefix becomes evictable."""
+        self._unlock(node)
+
+    def _unlock(self, node: _Node) -> None:
+        self.locked_sum -= node.depth
+        while node is not self.root:
+            node.ref -= 1
+            if node.ref == 0:
+                self.locked_tokens -= node.tokens
+                self.locked_states -= len(node.marks)
+            node = node.parent  # type: ignore[assignment]
+
+    # -- eviction ------------------------------------------------------------------------------------------
+    def evict(self, *, tokens: int = 0, states: int = 0) -> int:
+        """Evict least-recently-used unlocked leaves until ``tokens`` KV tokens and ``states`` Mamba states are
+        freed (or nothing evictable is left). Returns the tokens freed."""
+        if tokens <= 0 and states <= 0:
+            return 0
+        heap = [(n.last, id(n), n) for n in self._leaves() if n.ref == 0]
+        heapq.heapify(heap)
+        freed = freed_states = 0
+        while heap and (freed < tokens or freed_states < states):
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            del parent.children[leaf.key[:CHARS]]
+            freed += leaf.tokens
+            freed_states += len(leaf.marks)
+            if parent is not self.root and parent.ref == 0 and not parent.children:
+                heapq.heappush(heap, (parent.last, id(parent), parent))
+        self.tokens -= freed
+        self.states -= freed_states
+        self.stats.evicted_tokens += freed
+        return freed
+
+    def _leaves(self) -> list[_Node]:
+        out, stack = [], list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            else:
+                out.append(node)
+        return out
+
+    def reset(self) -> None:
+        """``/flush_cache``: drop every cached prefix (only called when idle, so nothing is locked)."""
+        self.root.children.clear()
+        self.tokens = self.locked_tokens = self.locked_sum = self.states = self.locked_states = 0
+
+
+def _common(edge: str, key: str, pos: int, end: int) -> int:
+    """Characters ``edge`` shares with ``key[pos:end]``, in whole tokens (binary search on ``startswith``)."""
+    n = min(len(edge), end - pos)
+    if key.startswith(edge[:n], pos):
+        return n // CHARS * CHARS
+    lo, hi = 0, n // CHARS  # tokens known to match / upper bound
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if key.startswith(edge[:mid * CHARS], pos):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo * CHARS

@@ -1,0 +1,159 @@
+"""/dev/shm ownership: a file is a server's only when it appeared during its life AND its group held it (or it names
+the server's port). Real SGLang's names carry no pid, so digits in a name prove nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from autotune.harness.procgroup import group_pids, held_files, memory_bytes
+from autotune.harness.server import ServerExited, ServerProcess, free_port
+from autotune.harness.shm import ShmOwnership, named_port, snapshot
+from autotune.sim import device
+
+pytestmark = pytest.mark.timeout(90)
+
+HOLDER = (
+    "import mmap, os, sys, time\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600); os.write(fd, b'x' * 4096)\n"
+    "m = mmap.mmap(fd, 4096); os.close(fd)\n"  # held by a mapping only, like a POSIX semaphore
+    "print('held', flush=True); time.sleep(120)\n"
+)
+
+
+def _hold(path, *, new_session: bool) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=new_session)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.kill()
+    proc.wait(10)
+    proc.stdout.close()
+
+
+def test_named_port_reads_sglangs_cpu_all_reduce_buffer():
+    assert named_port("deepspeed_allreduce_buffer_0_127.0.0.1_31500_0") == 31500
+    assert named_port("deepspeed_allreduce_buffer_1000_10.0.0.7_29500_3") == 29500
+    assert named_port("sglang_loads_0123456789ab_127001ff.shm") is None
+    assert named_port("sem.mp-31500abc") is None
+
+
+def test_held_files_and_group_pids_through_proc(tmp_path):
+    group = _hold(tmp_path / "sem.mp-abc12345", new_session=True)
+    try:
+        assert group_pids(group.pid) == {group.pid}
+        held = held_files([group.pid], tmp_path)
+        assert held == {"sem.mp-abc12345": (tmp_path / "sem.mp-abc12345").stat().st_ino}
+        assert held_files([os.getpid()], tmp_path) == {}
+        assert memory_bytes(group.pid) > 1024 * 1024  # a Python's own pages
+    finally:
+        _stop(group)
+    assert group_pids(group.pid) == set()
+
+
+def test_ownership_needs_new_and_held_or_named_after_the_port(tmp_path):
+    (tmp_path / "sglang_loads_old.shm").write_text("")
+    own = ShmOwnership(tmp_path, snapshot(tmp_path), ports={31500})
+    mine = _hold(tmp_path / "sem.mp-k2x93001", new_session=True)  # "the server's group"
+    other = _hold(tmp_path / f"sglang_loads_{mine.pid:012d}_00000000.shm", new_session=True)  # another server
+    try:
+        (tmp_path / "deepspeed_allreduce_buffer_0_127.0.0.1_31500_0").write_text("")  # the server's port
+        (tmp_path / "deepspeed_allreduce_buffer_0_127.0.0.1_31999_0").write_text("")  # someone else's port
+        (tmp_path / "unrelated_app").write_text("")
+        assert own.observe(group_pids(mine.pid)) is True
+        assert sorted(own.owned) == ["deepspeed_allreduce_buffer_0_127.0.0.1_31500_0", "sem.mp-k2x93001"]
+        assert own.observe(group_pids(mine.pid)) is False  # nothing new
+    finally:
+        _stop(mine)
+        _stop(other)
+    removed, left = own.remove()
+    assert removed == ["deepspeed_allreduce_buffer_0_127.0.0.1_31500_0", "sem.mp-k2x93001"]
+    assert left == ["deepspeed_allreduce_buffer_0_127.0.0.1_31999_0", f"sglang_loads_{mine.pid:012d}_00000000.shm"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["sglang_loads_old.shm", "unrelated_app", *left])
+
+
+def test_a_file_replaced_under_the_same_name_is_not_removed(tmp_path):
+    own = ShmOwnership(tmp_path, set())
+    proc = _hold(tmp_path / "sem.mp-aaaaaaaa", new_session=True)
+    try:
+        assert own.observe(group_pids(proc.pid))
+    finally:
+        _stop(proc)
+    (tmp_path / "incoming").write_text("another server's, same name")
+    os.replace(tmp_path / "incoming", tmp_path / "sem.mp-aaaaaaaa")
+    assert own.remove() == ([], ["sem.mp-aaaaaaaa"])
+    assert (tmp_path / "sem.mp-aaaaaaaa").exists()
+
+
+# -- two simulated servers writing SGLang's real-shaped names into one directory ---------------------------
+def _sim_argv(port: int, shm, *extra: str, startup_s: float = 0.3) -> list[str]:
+    return [sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--host", "127.0.0.1",
+            "--port", str(port), "--sim-gpu", "b200", "--sim-startup-s", str(startup_s), "--sim-warmup-s", "0",
+            "--sim-release-s", "0.1", "--sim-shm", str(shm), *extra]
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the independent server died"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2, trust_env=False).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("the independent server never became healthy")
+
+
+@pytest.mark.slow
+def test_two_independent_servers_each_keep_their_own_files(tmp_path, monkeypatch):
+    monkeypatch.setenv(device.ENV_DIR, str(tmp_path / "devices"))
+    shm = tmp_path / "shm"
+    shm.mkdir()
+
+    def names() -> set[str]:
+        return {p.name for p in shm.iterdir()}
+
+    def trial_server(port: int, *extra: str, startup_s: float = 0.3, gpu: int = 0) -> ServerProcess:
+        return ServerProcess(_sim_argv(port, shm, *extra, startup_s=startup_s), port=port, gpu_index=gpu,
+                             log_path=tmp_path / f"{port}.log", run_dir=tmp_path / "runs", shm_dir=shm)
+
+    x = trial_server(free_port())
+    x.start()
+    x.wait_ready(30)
+    x_files = names()
+    assert len(x_files) == 4  # loads segment, all-reduce buffer, two semaphores
+    y_port = free_port()  # a production server started on its own while the trial's server runs
+    y = subprocess.Popen(_sim_argv(y_port, shm), env={**os.environ, "CUDA_VISIBLE_DEVICES": "1"},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_healthy(y_port, y)
+        y_files = names() - x_files
+        assert len(y_files) == 4
+        x.stop(grace_s=5, release_timeout_s=10)
+        assert names() == y_files  # X's left-behind files went (its semaphores it unlinked itself); Y's stayed
+        assert len(x.removed_shm) == 2 and set(x.removed_shm) <= x_files
+        assert x.unattributed_shm == sorted(y_files)
+
+        # A trial whose server is SIGKILLed at startup (SGLang's OOM exit) leaves semaphores: they are removed.
+        z = trial_server(free_port(), "--max-mamba-cache-size", "2", startup_s=1.0, gpu=2)
+        z.start()
+        with pytest.raises(ServerExited) as info:
+            z.wait_ready(30)
+        assert info.value.exit_code in (137, -9)
+        z_files = names() - y_files
+        assert len([n for n in z_files if n.startswith("sem.mp-")]) == 2
+        z.stop(grace_s=5, release_timeout_s=10)
+        assert sorted(z.removed_shm) == sorted(z_files)
+        assert names() == y_files and y.poll() is None
+    finally:
+        y.kill()
+        y.wait(10)

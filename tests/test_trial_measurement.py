@@ -1,0 +1,118 @@
+"""A trial records a tok/s only if the window measured the server: a lagging simulator or a saturated replay
+client makes it ``invalid_measurement`` / ``client_bound`` (after one re-measure with batched SSE chunks)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.harness.engines import make_engine
+from autotune.harness.trial import CLIENT_BUSY_LIMIT, LAG_LIMIT, Timeouts, measurement_verdict, run_trial
+from autotune.harness.workload import ReplayRecords, WorkloadSpec, process_busy_s
+from autotune.results import STATUSES, UNTRUSTED_STATUSES, TrialResult
+
+PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
+GPU = 3  # a simulated device index only these tests use
+
+
+def records(*, busy: float | None = 0.3, lag: float = 0.0, modelled: float = 10.0) -> ReplayRecords:
+    rec = ReplayRecords([], (1.0, 3.0), 8, "generate", client_busy=busy)
+    rec.probes = [{"modelled_s": 5.0, "lag_s": 0.1}, {"modelled_s": 5.0 + modelled, "lag_s": 0.1 + lag}]
+    return rec
+
+
+def test_verdict_refuses_lag_over_the_limit_and_a_saturated_client():
+    assert measurement_verdict(records(lag=0.5 * LAG_LIMIT * 10))[0] is None
+    status, reason, figures = measurement_verdict(records(lag=2 * LAG_LIMIT * 10))
+    assert status == "invalid_measurement" and "trailed" in reason and figures["sim_lag"] == pytest.approx(0.04)
+    status, reason, _ = measurement_verdict(records(busy=CLIENT_BUSY_LIMIT + 0.01))
+    assert status == "client_bound" and "client" in reason
+    real = ReplayRecords([], (1.0, 3.0), 8, "generate", client_busy=0.99)
+    real.probes = [None, None]  # a real SGLang has no sim_pace: only the client check applies
+    assert measurement_verdict(real)[0] == "client_bound"
+
+
+def test_untrusted_statuses_are_statuses_and_round_trip():
+    assert UNTRUSTED_STATUSES <= set(STATUSES)
+    r = TrialResult(status="client_bound", config={}, measurement={"client_busy": 0.99, "stream_interval": 16})
+    assert TrialResult.from_dict(r.to_dict()).measurement == {"client_busy": 0.99, "stream_interval": 16}
+
+
+def test_process_busy_counts_cpu_spent():
+    t0, b0 = time.perf_counter(), process_busy_s()
+    while time.perf_counter() - t0 < 0.2:
+        pass
+    assert process_busy_s() - b0 >= 0.15
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    return tmp_path
+
+
+def _trial(tmp_path: Path, *, options: dict, hook=None) -> tuple[TrialResult, list[str]]:
+    engine = make_engine("sim", model_path="qwen3.6-27b", sim_gpu="b200",
+                         sim_options={"startup_s": 0.2, "release_s": 0.2, "warmup_s": 0.1, **options})
+    phases: list[str] = []
+
+    def on_phase(name: str, info: dict) -> None:
+        phases.append(name)
+        if hook is not None:
+            hook(name)
+
+    work = WorkloadSpec(prompts=PROMPTS, sample_size=40, warmup_s=1.0, measure_s=2.0, concurrency=8)
+    result = run_trial(engine, {"speculative_algorithm": "NEXTN"}, work, trial_dir=tmp_path / "t", gpu_index=GPU,
+                       run_dir=tmp_path / "runs", on_phase=on_phase,
+                       timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    return result, phases
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_server_paced_faster_than_the_cpu_can_is_invalid_never_a_tok_s(env):
+    # --sim-speedup 2000: the model runs 2000× real time, far above what any CPU paces.
+    result, phases = _trial(env, options={"speedup": 2000})
+    assert result.status == "invalid_measurement", (result.status, result.reason)
+    assert result.metrics is None and result.output_tok_s is None
+    assert result.measurement["stream_interval"] == 16 and result.measurement["sim_lag"] > LAG_LIMIT
+    assert result.measurement["first"]["status"] == "invalid_measurement"
+    assert "also after re-measuring with --stream-interval 16" in result.reason
+    assert any(p.startswith("re-measuring with --stream-interval 16") for p in phases)
+    assert (env / "t" / "server.first.log").exists() and (env / "t" / "server.log").exists()
+    assert result.measurement["untrusted_tok_s"] > 0  # kept for diagnosis, never as the trial's figure
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_saturated_client_is_client_bound_never_a_tok_s(env):
+    def burn(name: str) -> None:
+        # Saturation injected on purpose: the replay's own thread spins through its whole measured window (the
+        # first progress tick of the window), as a client pinned to a busy core would. Runnable-but-waiting time
+        # counts as busy too, so this holds on a loaded machine.
+        if name.startswith("re-measuring"):
+            burnt.clear()  # and again in the re-measure
+        if name == "measuring" and not burnt:
+            burnt.append(True)
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < 2.5:
+                pass
+
+    burnt: list[bool] = []
+
+    result, _ = _trial(env, options={}, hook=burn)
+    assert result.status == "client_bound", (result.status, result.reason)
+    assert result.metrics is None
+    assert result.measurement["client_busy"] >= CLIENT_BUSY_LIMIT
+    assert result.measurement["first"]["status"] == "client_bound"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_normal_trial_measures_and_records_its_figures(env):
+    result, phases = _trial(env, options={})
+    assert result.status == "ok", result.reason
+    assert result.metrics.output_tok_s > 0
+    assert result.measurement["sim_lag"] <= LAG_LIMIT and result.measurement["client_busy"] < CLIENT_BUSY_LIMIT
+    assert not any(p.startswith("re-measuring") for p in phases)

@@ -1,0 +1,207 @@
+"""``autotune watch`` against the simulated SGLang server: a steady fleet stays quiet; traffic that shifts to
+6,000-token prompts gives the KV finding within two intervals, with the planner's fix and a study file whose
+workload replays the new lengths.
+
+The sim server trades KV for Mamba slots the way a tuned config does (560 slots leave ~73K KV tokens on a
+simulated B200), so long prompts exhaust its KV quickly. What it shows about SGLang holds only as far as the
+simulator is true to SGLang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from autotune.cli import main
+from autotune.config import load_config
+from autotune.inspect.watch import Watcher, WatchOptions
+from autotune.inspect.watch_reference import load_tuned
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+ROOT = Path(__file__).parents[1]
+SLOTS = "560"  # Mamba slots: most of the pool memory goes to them, KV keeps ~73K tokens
+SHORT, LONG = 270, 6000  # prompt tokens before and after the shift (the seed job's ≈270)
+OUTPUT = 200  # max_new_tokens of every request (ignore_eos): short enough to finish inside the test
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def sim_url(tmp_path) -> Iterator[str]:
+    port = _free_port()
+    env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    log = (tmp_path / "sim.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--host", "127.0.0.1",
+         "--port", str(port), "--sim-gpu", "b200", "--sim-startup-s", "0.3", "--sim-release-s", "0.2",
+         "--max-mamba-cache-size", SLOTS, "--enable-metrics"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "sim.log").read_text()[-2000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        else:
+            pytest.fail("simulated server did not become ready in 30 s")
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        log.close()
+
+
+class Load:
+    """``concurrency`` closed-loop clients sending prompts of ``tokens`` tokens (4 characters each) until stopped."""
+
+    def __init__(self, url: str, tokens: int, concurrency: int = 24):
+        self.url, self.tokens, self.concurrency = url, tokens, concurrency
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _one(self, client: httpx.AsyncClient, i: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            text = f"request {i}-{n} " + "x" * (4 * self.tokens - 20)
+            body = {"text": text[: 4 * self.tokens], "sampling_params": {"max_new_tokens": OUTPUT, "ignore_eos": True}}
+            await client.post(f"{self.url}/generate", json=body)
+            n += 1
+
+    async def _run(self) -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=httpx.Limits(max_connections=64)) as c:
+            tasks = [asyncio.create_task(self._one(c, i)) for i in range(self.concurrency)]
+            while not self.stop.is_set():
+                await asyncio.sleep(0.05)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def __enter__(self) -> Load:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=15)
+
+
+def provenance(tmp_path: Path) -> Path:
+    """What `autotune apply` would have recorded for a study tuned on the shipped ≈100–600-token prompts."""
+    path = tmp_path / "provenance.json"
+    path.write_text(json.dumps({
+        "study": "seed", "trial": 7, "output_tok_s": None, "output_tok_s_runs": [],
+        "workload": {"prompts": str(ROOT / "examples" / "prompts.jsonl"), "sample_size": 200, "seed": 0,
+                     "max_tokens": 4096},
+    }))
+    return path
+
+
+def test_steady_traffic_gives_no_finding_and_exits_0(sim_url, tmp_path):
+    tuned = load_tuned(provenance(tmp_path))
+    assert tuned.prompt_range is not None and tuned.prompt_range[0] <= SHORT <= tuned.prompt_range[1]
+    options = WatchOptions(interval_s=0.5, window_s=5.0, out_dir=tmp_path / "watch",
+                           state_path=tmp_path / "state.json")
+    with Load(sim_url, SHORT), Watcher([sim_url], tuned, options) as watcher:
+        time.sleep(1.0)  # the clients' first requests are in
+        reports = []
+        for _ in range(8):
+            reports.append(watcher.cycle())
+            time.sleep(options.interval_s)
+    assert all(r.failures == [] for r in reports)
+    assert [f.line() for r in reports for s in r.servers for f in s.findings] == []
+    assert reports[-1].exit_code == 0
+    assert not (tmp_path / "watch").exists()  # no drift, no study file
+    last = reports[-1].servers[0]
+    assert last.gauges["num_running_reqs"] == 24 and last.gauges["full_token_usage"] < 0.5
+
+
+def test_prompts_shifting_to_6000_tokens_give_the_kv_finding_fix_and_study_file(sim_url, tmp_path):
+    tuned = load_tuned(provenance(tmp_path))
+    interval = 1.5
+    options = WatchOptions(interval_s=interval, window_s=3 * interval, out_dir=tmp_path / "watch",
+                           state_path=tmp_path / "state.json")
+    with Watcher([sim_url], tuned, options) as watcher:
+        with Load(sim_url, SHORT):
+            before = []
+            for _ in range(2):
+                time.sleep(interval)
+                before.append(watcher.cycle())
+        assert all(not s.findings for r in before for s in r.servers)
+        shifted_at = time.monotonic()
+        with Load(sim_url, LONG):
+            reports, kv_cycle = [], None
+            while time.monotonic() - shifted_at < 40:
+                time.sleep(interval)
+                reports.append(watcher.cycle())
+                rules = {f.rule for f in reports[-1].servers[0].findings}
+                if kv_cycle is None and "kv_pressure" in rules:
+                    kv_cycle = len(reports)
+                if kv_cycle is not None and "prompt_length" in rules:
+                    break  # the window now holds finished 6,000-token requests
+    assert kv_cycle is not None and kv_cycle <= 2, [r.to_dict() for r in reports]
+    kv = next(f for f in reports[kv_cycle - 1].servers[0].findings if f.rule == "kv_pressure")
+    server = reports[-1].servers[0]
+    print("\n".join(f.line() for r in reports for f in r.servers[0].findings))
+    assert kv.evidence.startswith("KV ") and "dry" in kv.reason
+    planner = next(line for line in kv.fix if line.startswith("planner: "))
+    assert planner.startswith("planner: --max-mamba-cache-size ")
+    slots = int(planner.split()[2])
+    assert slots < int(SLOTS)  # memory goes back from Mamba slots to KV
+    assert reports[-1].exit_code == 1
+
+    longer = next(f for f in server.findings if f.rule == "prompt_length")
+    assert longer.evidence.startswith("prompt lengths") and "longer" in longer.reason
+    study = Path(server.study_file)
+    assert any(line.endswith(str(study)) for line in kv.fix + longer.fix)
+    cfg = load_config(study)
+    assert cfg.workload.ignore_eos and cfg.workload.prompts.is_file()
+    latest = next(line for line in longer.fix if line.startswith("planner: --max-mamba-cache-size "))
+    assert cfg.enqueue and cfg.enqueue[0].flags["max_mamba_cache_size"] == int(latest.split()[2]) < int(SLOTS)
+    rows = [json.loads(line) for line in cfg.workload.prompts.read_text().splitlines()]
+    prompt_tokens = [len(r["prompt"]) / 4 for r in rows]
+    assert abs(statistics.median(prompt_tokens) - LONG) <= 0.1 * LONG
+    assert abs(statistics.mean(r["max_tokens"] for r in rows) - OUTPUT) <= 0.1 * OUTPUT
+
+
+def test_cli_once_reports_an_unreachable_server_and_exits_by_status(sim_url, tmp_path, capsys):
+    dead = f"http://127.0.0.1:{_free_port()}"
+    state = tmp_path / "state.json"
+    args = ["watch", sim_url, dead, "--once", "--state", str(state), "--out", str(tmp_path / "w")]
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    out = capsys.readouterr().out.splitlines()
+    assert exc.value.code == 0
+    assert any(line.startswith(f"{sim_url}: ") and line.endswith("no drift") for line in out)
+    assert any(line.startswith(f"{dead}: unreachable") for line in out)
+    assert json.loads(state.read_text())["servers"][sim_url]["samples"]  # the next --once continues it
+    with pytest.raises(SystemExit) as exc:
+        main(["watch", dead, "--once", "--json", "--state", str(tmp_path / "other.json")])
+    assert exc.value.code == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["exit"] == 2 and report["failures"][0]["kind"] == "unreachable"
