@@ -18,6 +18,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autotune.errors import ConfigError
+from autotune.prompts import PromptSample
+from autotune.sglang.flags import FlagTable
+from autotune.sglang.profiles import load_gpu, load_model
 
 Scalar = str | int | float | bool
 UNSET = "unset"  # a choice meaning "leave the flag out: SGLang's default"
@@ -26,6 +29,16 @@ METRICS = (
     *(f"{p}_{m}_ms" for m in ("ttft", "itl", "e2e") for p in ("p50", "p90", "p99", "mean")),
 )
 _CONSTRAINT = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Timeouts:
+    """A trial's time limits (``engine.timeouts`` in the study file; ``autotune measure --startup-timeout``)."""
+
+    startup_s: float = 900.0
+    teardown_s: float = 60.0
+    grace_s: float = 10.0
+    request_s: float = 600.0
 
 
 class _Model(BaseModel):
@@ -41,6 +54,9 @@ class StudySection(_Model):
     edge_starts: int = Field(0, ge=0)  # planner-chosen starting points on the memory wall (autotune/search/starts.py)
     confirm_top_k: int = Field(3, ge=0)
     confirm_repeats: int = Field(3, ge=1)
+    # Sequential confirmation: contenders still in contention are re-measured (3 → 5 → 8 by default) until the
+    # winner's gain over the runner-up is resolved or this many repeats are spent (autotune/search/confirm.py).
+    confirm_max_repeats: int = Field(8, ge=1)
 
 
 class EngineSection(_Model):
@@ -139,10 +155,57 @@ class SecondObjective(_Model):
         return v
 
 
+class NumericsLimits(_Model):
+    """``[objective] numerics``: the fidelity probe's size and how closely a trial's greedy outputs must match the
+    study's reference config (its baseline) when the trial changes an output-changing flag
+    (``autotune.sglang.numerics``). Both limits are off by default: the figures are measured and shown, and a set
+    limit becomes one more Optuna constraint, learnt like the memory wall."""
+
+    min_prefix_match: float | None = Field(None, ge=0)  # mean tokens per prompt before the first differing one
+    max_mean_abs_logprob_delta: float | None = Field(None, ge=0)  # nats, over reference tokens both sides scored
+    min_exact_share: float | None = Field(None, ge=0, le=1)  # share of prompts whose `tokens` tokens all match
+    prompts: int = Field(16, ge=1, le=256)  # K fixed prompts of the sample
+    tokens: int = Field(256, ge=1, le=8192)  # N greedy tokens per prompt
+
+    @model_validator(mode="after")
+    def _reachable(self) -> NumericsLimits:
+        if self.min_prefix_match is not None and self.min_prefix_match > self.tokens:
+            raise ValueError(f"min_prefix_match ({self.min_prefix_match:g}) cannot exceed the probe's tokens "
+                             f"({self.tokens})")
+        return self
+
+    def limits(self) -> list[tuple[str, str, float]]:
+        """(figure, op, limit) for each limit set, in a fixed order: the constraint entries' order."""
+        out = []
+        for name, figure, op in (("min_prefix_match", "prefix_match_mean", ">="),
+                                 ("max_mean_abs_logprob_delta", "mean_abs_logprob_delta", "<="),
+                                 ("min_exact_share", "exact_share", ">=")):
+            value = getattr(self, name)
+            if value is not None:
+                out.append((figure, op, float(value)))
+        return out
+
+    def violations(self, fidelity: dict[str, Any] | None) -> list[float]:
+        """One constraint entry per limit set (> 0: violated). A trial without a probe (its outputs equal the
+        reference's by construction) or the reference's own run scores like a perfect match; a probe that failed
+        or lacks the figure violates the limit, since nobody measured that it holds."""
+        perfect = {"prefix_match_mean": float(self.tokens), "exact_share": 1.0, "mean_abs_logprob_delta": 0.0}
+        probed = isinstance(fidelity, dict) and fidelity.get("role") == "probe"
+        out = []
+        for figure, op, limit in self.limits():
+            value = fidelity.get(figure) if probed else perfect[figure]  # type: ignore[union-attr]
+            if value is None or (probed and fidelity.get("error")):  # type: ignore[union-attr]
+                out.append(1.0)
+            else:
+                out.append(limit - float(value) if op == ">=" else float(value) - limit)
+        return out
+
+
 class ObjectiveSection(_Model):
     metric: Literal["output_tok_s"] = "output_tok_s"
     constraints: list[str] = []  # SLOs such as "p99_ttft_ms <= 5000"
     second: SecondObjective | None = None
+    numerics: NumericsLimits = NumericsLimits()  # the fidelity probe and its optional limits
 
     @field_validator("constraints")
     @classmethod
@@ -209,6 +272,20 @@ class StudyConfig(_Model):
         data = self.model_dump(mode="json", by_alias=True)
         data["path"] = str(self.path) if self.path else None
         return data
+
+    def baseline_config(self) -> dict[str, Any]:
+        """The baseline as launched: the fixed flags, then the baseline's own."""
+        return {**self.engine.fixed, **self.baseline.flags}
+
+    def given(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """The configs the study file names, as launched (fixed flags first): ``(role, label, config)`` for the
+        baseline, then for each enqueued config in order."""
+        return [("baseline", self.baseline.label, self.baseline_config()),
+                *(("enqueued", e.label, {**self.engine.fixed, **e.flags}) for e in self.enqueue)]
+
+    def given_configs(self) -> list[dict[str, Any]]:
+        """The baseline's config, then each enqueued one's (``given`` without roles and labels)."""
+        return [config for _, _, config in self.given()]
 
 
 def _fix_for(err: dict[str, Any]) -> str:
@@ -317,8 +394,6 @@ def _flag_error(exc: ConfigError, file: str, key: str, *, table: bool = False) -
 
 def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
     """Normalise every flag name to SGLang's dest and every value to its type, through the bundled flag table."""
-    from autotune.sglang.flags import FlagTable
-
     table = FlagTable.bundled()
 
     def flags(config: dict[str, Any], key: str) -> dict[str, Any]:
@@ -367,10 +442,6 @@ def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
 
 def _check_engine(cfg: StudyConfig, file: str) -> StudyConfig:
     """Profiles, timeouts, sampler extras and the prompt file: each failure is one line before any launch."""
-    from autotune.sglang.profiles import load_gpu, load_model
-    from autotune.harness.trial import Timeouts
-    from autotune.harness.workload import PromptSample
-
     eng = cfg.engine
     profile = eng.profile or eng.model
     model_key = "engine.profile" if eng.profile else "engine.model"

@@ -28,7 +28,11 @@ def _fmt_result(result: TrialResult) -> str:
     if result.ok and result.metrics:
         cap = result.capacity
         running = f", {cap.max_running_requests} running" if cap and cap.max_running_requests else ""
-        return f"ok {result.metrics.output_tok_s:,.0f} tok/s{running}"
+        fid = result.fidelity or {}
+        outputs = (f", outputs: {fid['prefix_match_mean']:.0f}/{fid['tokens']} tokens match, "
+                   f"{fid['exact_share']:.0%} exact" if fid.get("role") == "probe"
+                   and fid.get("prefix_match_mean") is not None else "")
+        return f"ok {result.metrics.output_tok_s:,.0f} tok/s{running}{outputs}"
     return f"{result.status}: {result.reason or ''}".rstrip(": ")
 
 

@@ -1,9 +1,10 @@
-"""Secrets in a study's environment, kept out of everything autotune writes or prints.
+"""Secrets kept out of everything autotune writes or prints: a study's environment, and storage URLs.
 
 A study's ``engine.env`` may carry credentials (``HF_TOKEN``, ``WANDB_API_KEY``). A launcher, a fleet file or
 a provenance record never holds such a value: it holds the reference ``${NAME}``, which ``launch_fleet.sh`` and
 ``autotune fleet up`` fill from the environment of whoever starts the fleet. Messages and reports show the
-name, never the value. (Passwords in storage URLs are ``storage.redact``'s job.)
+name, never the value. A storage URL is shown with its password (``user:pw@`` or ``?password=``) as ``***``
+(``redact_url``), and driver messages that echo the password get the same (``redact_text``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ _OPAQUE = re.compile(r"^[A-Za-z0-9_\-+=]{20,}$")  # long, no path or list separa
 _HEX = re.compile(r"^[0-9a-fA-F]{32,}$")
 _REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
 SHOWN = "***"
+_PASSWORD_PARAM = re.compile(r"(?i)([?&](?:password|pass|pwd)=)([^&]*)")
 
 
 def reference(value: str) -> str | None:
@@ -79,3 +81,30 @@ def resolve_env(env: Mapping[str, str], environ: Mapping[str, str] | None = None
             raise ConfigError(f"{key} is read from the environment (${{{name}}}), which does not set {name}",
                               key=f"env.{key}", fix=f"export {name}=... before starting the fleet")
     return out
+
+
+# --- storage URLs ------------------------------------------------------------------------------------------
+def redact_url(url: str) -> str:
+    """The URL with any password (``user:pw@`` or ``?password=``) replaced by ``***``, for messages."""
+    head, sep, tail = url.partition("://")
+    if sep and "@" in tail:
+        cred, _, host = tail.rpartition("@")
+        user, colon, _ = cred.partition(":")
+        tail = f"{user}:{SHOWN}@{host}" if colon else f"{user}@{host}"
+    return _PASSWORD_PARAM.sub(rf"\1{SHOWN}", f"{head}{sep}{tail}")
+
+
+def url_passwords(url: str) -> list[str]:
+    """The passwords a URL carries (``user:pw@`` and ``?password=``), for scrubbing driver messages."""
+    _, _, tail = url.partition("://")
+    cred = tail.rpartition("@")[0] if "@" in tail else ""
+    _, colon, password = cred.partition(":")
+    found = [password] if colon and password else []
+    return found + [m.group(2) for m in _PASSWORD_PARAM.finditer(url) if m.group(2)]
+
+
+def redact_text(text: str, url: str) -> str:
+    """``text`` (a driver's message about ``url``) with every password of the URL replaced by ``***``."""
+    for password in url_passwords(url):
+        text = text.replace(password, SHOWN)
+    return text

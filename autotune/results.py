@@ -12,18 +12,22 @@ from typing import Any, Literal
 
 Status = Literal[
     "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
-    "invalid_measurement", "client_bound",
+    "invalid_measurement", "client_bound", "probe_error",
 ]
 FailureKind = Literal["startup_oom", "runtime_oom", "crash", "timeout", "bad_args"]
 STATUSES: tuple[str, ...] = (
     "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
-    "invalid_measurement", "client_bound",
+    "invalid_measurement", "client_bound", "probe_error",
 )
 OOM_STATUSES: frozenset[str] = frozenset({"startup_oom", "runtime_oom", "skipped_infeasible"})
 # The config ran, but the figure cannot be trusted: the simulated server could not keep pace with its model
 # (``invalid_measurement``) or the replay client's CPU was saturated (``client_bound``). Not the config's fault and
 # not deterministic: stored like a crash (FAIL, never crowned, no tok/s), never as the memory wall.
 UNTRUSTED_STATUSES: frozenset[str] = frozenset({"invalid_measurement", "client_bound"})
+# The window measured, but the fidelity probe (``harness.fidelity``) that had to compare this config's outputs with
+# the reference's could not (a server error, no ``return_logprob`` support): a FAIL with its reason, never crowned,
+# since nobody knows whether it answers like the baseline. ``metrics`` keeps the measured window for diagnosis.
+PROBE_ERROR = "probe_error"
 
 
 def _from(cls, data: dict[str, Any] | None):
@@ -140,6 +144,11 @@ class TrialResult:
     # How trustworthy the window was: the sim server's lag and the client's CPU share, the --stream-interval it was
     # measured with, whether it was re-measured and why (``trial.measurement_verdict``).
     measurement: dict[str, Any] | None = None
+    # The fidelity probe (``harness.fidelity``): greedy outputs of fixed prompts against the study's reference config.
+    # ``{"role": "probe", "changes", "prompts", "tokens", "prefix_match_mean", "exact_share",
+    # "mean_abs_logprob_delta", ...}``, ``{"role": "reference", ...}`` on the run that recorded the reference, None
+    # when the trial's config changes no output-changing flag against the reference (outputs equal by construction).
+    fidelity: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -160,3 +169,23 @@ class TrialResult:
         data["metrics"] = Metrics.from_dict(data.get("metrics"))
         data["gpu"] = GpuPeaks.from_dict(data.get("gpu"))
         return _from(cls, data)
+
+
+def fidelity_summary(fidelity: dict[str, Any] | None) -> str:
+    """One short line for a trial's fidelity figures (tables, progress): "" when the trial changed no
+    output-changing flag, "reference" on the run that recorded the reference outputs."""
+    if not fidelity:
+        return ""
+    if fidelity.get("error"):
+        return "probe failed"
+    if fidelity.get("role") == "reference":
+        return "reference"
+    prefix, exact, delta = (fidelity.get(k) for k in ("prefix_match_mean", "exact_share", "mean_abs_logprob_delta"))
+    parts = []
+    if prefix is not None:
+        parts.append(f"{prefix:.0f}/{fidelity.get('tokens')} match")
+    if exact is not None:
+        parts.append(f"{exact:.0%} exact")
+    if delta is not None:
+        parts.append(f"|Δlp| {delta:.3f}")
+    return " · ".join(parts) or "probed"

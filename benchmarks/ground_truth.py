@@ -23,10 +23,9 @@ from optuna.distributions import CategoricalDistribution, IntDistribution
 from strategies import Case, Oracle, Outcome
 
 import autotune
-from autotune.search.space import Feasibility, config_diff
-from autotune.search.study import key_of
+from autotune.search.space import Feasibility, config_diff, key_of
 
-METHOD = 1  # bump when the method changes, to invalidate cached optima
+METHOD = 2  # bump when the method changes, to invalidate cached optima
 MEMORY_KNOB = "mem_fraction_static"
 
 
@@ -76,12 +75,13 @@ def _plan_families(case: Case, model_name: str, gpu_name: str, fractions: list[A
     """(signature, KV tokens, config) of each family's highest memory fraction that starts (none if none)."""
     from autotune.sglang.memory import plan
     from autotune.sglang.profiles import load_gpu, load_model
+    from autotune.sim.truth import deviate
 
     model, gpu, space, out = load_model(model_name), load_gpu(gpu_name), case.space, []
     for values in families:
         for fraction in fractions:
             config = space.complete(values if fraction is None else {**values, MEMORY_KNOB: fraction})
-            mp = plan(model, gpu, config, _inert=False)
+            mp = deviate(plan(model, gpu, config, _inert=False), model, case.truth.deviation)  # on the truth
             if mp.fits:
                 out.append((signature(mp), mp.kv_tokens, config))
                 break
@@ -105,7 +105,7 @@ def exhaustive(case: Case, oracle: Oracle, *, jobs: int = 2) -> dict[str, Any]:
     cfg = case.cfg
     space = case.space
     feas = Feasibility.from_config(cfg)
-    contexts = [case.baseline, *({**cfg.engine.fixed, **e.flags} for e in cfg.enqueue)]
+    contexts = cfg.given_configs()
     space = space.without(set(feas.inert_everywhere(space, contexts))) if feas else space
     memory = next((p for p in space.params if p.name == MEMORY_KNOB), None)
     fractions = sorted(grid_values(memory), reverse=True) if memory else [None]
@@ -138,7 +138,8 @@ def space_hash(case: Case) -> str:
     parts = {"space": {k: v.model_dump(mode="json") for k, v in cfg.space.items()}, "derived": cfg.derived,
              "fixed": cfg.engine.fixed, "baseline": cfg.baseline.flags, "model": cfg.engine.profile,
              "gpu": cfg.engine.sim_gpu, "workload": cfg.workload.model_dump(mode="json", exclude={"prompts"}),
-             "prompts": hashlib.sha256("\n".join(case.workload.prompts).encode()).hexdigest(), "method": METHOD}
+             "prompts": hashlib.sha256("\n".join(case.workload.prompts).encode()).hexdigest(), "method": METHOD,
+             "truth": case.truth.to_dict(), "max_tokens": case.workload.max_tokens}
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
     package = Path(autotune.__file__).parent
     for source in sorted([*(package / "sglang").glob("*.py"), *(package / "sim").glob("*.py")]):
@@ -148,7 +149,7 @@ def space_hash(case: Case) -> str:
 
 def ground_truth(case: Case, oracle: Oracle, *, cache_dir: Path, say) -> dict[str, Any]:
     """The exhaustive grid's optimum, cached as ``<case>-<hash>.cache.json`` (same inputs, same answer)."""
-    path = cache_dir / f"ground-truth-{case.name}-{space_hash(case)}.cache.json"
+    path = cache_dir / f"ground-truth-{case.name.replace('/', '--')}-{space_hash(case)}.cache.json"
     if path.exists():
         return json.loads(path.read_text(encoding="utf-8"))
     say(f"  {case.name}: exhaustive grid (cached afterwards in {path.name}) ...")

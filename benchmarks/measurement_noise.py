@@ -17,6 +17,7 @@ Usage: ``python benchmarks/measurement_noise.py [--quick] [--repeats 10] [--wind
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -31,7 +32,8 @@ import numpy as np
 from autotune.config import load_config
 from autotune.harness.engines import make_engine
 from autotune.errors import AutotuneError
-from autotune.sim import SimWorkload, evaluate
+from autotune.harness.engines.sim import sim_workload
+from autotune.sim import evaluate
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, ReplayRecords, RequestRecord, WorkloadSpec, metrics_from_records
 
@@ -88,8 +90,7 @@ def evaluator_runs(config: dict[str, Any], *, cfg: Any, repeats: int, windows: l
     prompts = [row.as_text() for row in PromptSample.load(wl.prompts, wl.sample_size, wl.seed).rows]
     out: dict[float, list[float]] = {}
     for w in windows:
-        work = SimWorkload(prompts=prompts, max_tokens=wl.max_tokens, concurrency=wl.concurrency,
-                           warmup_s=wl.warmup_s, measure_s=w)
+        work = dataclasses.replace(sim_workload(wl, prompts), measure_s=w)
         out[w] = [evaluate(config, work, model=cfg.engine.profile, gpu=cfg.engine.sim_gpu, seed=k + 1,
                            noise=noise).output_tok_s for k in range(repeats)]
     return out

@@ -1,7 +1,7 @@
 """Does the radix cache win where prompts share a long prefix, and lose where they do not? Measured, not assumed.
 
 Runs two studies with the same space (``studies/qwen3.6-27b-b200.toml``, the seed's workload, and
-``studies/qwen3.6-27b-b200-shared-prefix.toml``) on the simulator's virtual clock (``study.simulated_runner``:
+``studies/qwen3.6-27b-b200-shared-prefix.toml``) on the simulator's virtual clock (``simulated_runner`` below:
 the same scheduler as the paced server, seconds instead of minutes), then reports each study's winner and its
 flag slice over ``disable_radix_cache``: the best tok/s with the cache on and with it off. The simulator's prefix
 reuse is a model of SGLang's radix cache (``autotune/sim/radix.py``); the figures are claims about SGLang only as far
@@ -19,10 +19,24 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune.config import load_config  # noqa: E402
-from autotune.search.study import result_of, run_study, simulated_runner  # noqa: E402
+from autotune.config import StudyConfig  # noqa: E402
+from autotune.search.runner import Runner, predict  # noqa: E402
+from autotune.search.seeding import result_of  # noqa: E402
+from autotune.search.study import run_study  # noqa: E402
 
 STUDIES = {"seed workload": "studies/qwen3.6-27b-b200.toml",
            "shared prefix": "studies/qwen3.6-27b-b200-shared-prefix.toml"}
+
+
+def simulated_runner(cfg: StudyConfig) -> Runner:
+    """A runner on the simulator's virtual clock, seeded per trial (a repeat of a trial gets fresh noise)."""
+    calls: dict[int, int] = {}
+
+    def run(config: dict, number: int):
+        calls[number] = calls.get(number, 0) + 1
+        return predict(cfg, config, seed=(cfg.study.seed * 100_003 + number) * 101 + calls[number])
+
+    return run
 
 
 class _Quiet:

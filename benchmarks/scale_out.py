@@ -102,13 +102,13 @@ def paced_worker(path: str, name: str, storage: str, gpu: int, paced_s: float, e
     os.environ.update(env)
     from autotune.config import load_config
     from autotune.progress import PlainProgress
-    from autotune.search.study import simulate
+    from autotune.search.runner import predict
     from autotune.search.workers import on_gpu, run_worker
 
     cfg = on_gpu(load_config(path, name=name, storage=storage), gpu, None)
 
     def runner(config: dict, number: int):
-        result = simulate(cfg, config, seed=number)
+        result = predict(cfg, config, seed=number)
         time.sleep(paced_s)
         return result
 
@@ -117,7 +117,7 @@ def paced_worker(path: str, name: str, storage: str, gpu: int, paced_s: float, e
 
 
 def run_paced(cfg, workers: int, paced_s: float) -> None:
-    from autotune.search.study import open_study
+    from autotune.search.storage import open_study
 
     open_study(cfg)
     spawn = multiprocessing.get_context("spawn")
@@ -133,8 +133,8 @@ def run_paced(cfg, workers: int, paced_s: float) -> None:
 
 
 def time_mode(mode: str, counts: list[int], args: argparse.Namespace) -> list[str]:
-    from autotune.search.study import open_study
-    from autotune.search.workers import gpu_spread
+    from autotune.search.storage import open_study
+    from autotune.search.gpus import gpu_spread
 
     run = {"sim": run_sim, "paced": run_paced}[mode]
     what = (f"{args.measure_s:g} s windows, real sim servers" if mode == "sim"

@@ -9,10 +9,14 @@ thousands of trials affordable; the noise model keeps the search as noisy as a r
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
+import os
+import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -21,13 +25,35 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
-from autotune.results import TrialResult
+from autotune.results import GpuPeaks, TrialResult
+from autotune.search.confirm import confirm
+from autotune.search.correction import CorrectedFeasibility
+from autotune.search.objective import directions, make_sampler
+from autotune.search.space import Feasibility, Space, key_of
+from autotune.search.study import Sweep
 from autotune.sim import SimWorkload, evaluate
-from autotune.search.space import Space
-from autotune.search.study import Sweep, directions, key_of, make_sampler
+from autotune.sim.truth import Deviation
 
 BAD_ARGS_S = 10.0  # SGLang rejects bad arguments while parsing them, before any weight is loaded
 OOM = frozenset({"startup_oom", "runtime_oom"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Truth:
+    """The hidden truth: how the benchmark's simulated machine and workload differ from what the study assumes.
+    Drawn per case and workload (``search_efficiency.draw_truth``); the study, its planner and its prior never see
+    it — it reaches only ``autotune.sim.evaluate`` (memory, speed) and the requests (acceptance, output length)."""
+
+    deviation: Deviation = Deviation()
+    acceptance: float = 0.825
+    output_mean: float = 2500.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.deviation.to_dict(), "acceptance": round(self.acceptance, 4),
+                "output_mean": round(self.output_mean, 1)}
+
+
+_SPACES: dict[tuple[str, int], Space] = {}
 
 
 @dataclass(frozen=True)
@@ -38,14 +64,28 @@ class Case:
     cfg: StudyConfig
     workload: SimWorkload
     tp: int  # GPUs one server occupies: GPU time = wall time × tp
+    truth: Truth = Truth()
 
     @property
     def baseline(self) -> dict[str, Any]:
-        return {**self.cfg.engine.fixed, **self.cfg.baseline.flags}
+        return self.cfg.baseline_config()
 
     @property
     def space(self) -> Space:
-        return Space.from_config(self.cfg)
+        """The study's space after the study's own inert-flag pruning: every strategy searches this one (computed
+        once per process; kept out of the instance so a case still pickles for worker processes)."""
+        key = (self.name, id(self.cfg))
+        if key not in _SPACES:
+            _SPACES[key] = self._pruned()
+        return _SPACES[key]
+
+    def _pruned(self) -> Space:
+        space = Space.from_config(self.cfg)
+        feas = Feasibility.from_config(self.cfg)
+        if feas is None:
+            return space
+        contexts = self.cfg.given_configs()
+        return space.without(set(feas.inert_everywhere(space, contexts)))
 
 
 @dataclass(frozen=True)
@@ -89,7 +129,9 @@ class Oracle:
         return self.memo[key]
 
     def _evaluate(self, config: dict[str, Any]) -> Outcome:
-        ev = evaluate(config, self.case.workload, model=self.model, gpu=self.gpu, seed=0, noise=0.0)
+        truth = self.case.truth
+        ev = evaluate(config, self.case.workload, model=self.model, gpu=self.gpu, seed=0, noise=0.0,
+                      deviation=truth.deviation, acceptance=truth.acceptance, output_mean=truth.output_mean)
         wl, startup = self.case.workload, ev.startup_s or 0.0
         status = ev.status if ev.status in ("ok", "startup_oom", "runtime_oom", "bad_args") else "crash"
         if status == "ok":
@@ -100,8 +142,16 @@ class Oracle:
             wall = startup + ev.sim_s  # served until the batch that did not fit
         else:
             wall = BAD_ARGS_S
+        # What a real trial reports: capacity from the log, NVML's peak, the failure line. Not the simulator's plan:
+        # it holds the truth's deviations, which the study must not see (it stores its own planner's prediction).
+        gpu = None
+        if status == "ok" and ev.plan:
+            x = ev.plan["extra"]
+            total = float(x.get("total_gib") or 0.0)
+            gpu = GpuPeaks(peak_used_gib=float(x["peak_gib"]), total_gib=total,
+                           headroom_gib=total - float(x["peak_gib"]), samples=1)
         result = TrialResult(status=status, config=config, engine="sim", capacity=ev.capacity, metrics=ev.metrics,
-                             reason=ev.reason, modelled_startup_s=ev.startup_s, plan=ev.plan)
+                             gpu=gpu, reason=ev.reason, modelled_startup_s=ev.startup_s)
         return Outcome(status=status, tok_s=ev.output_tok_s if status == "ok" else 0.0,
                        cost_s=wall * self.case.tp, result=result)
 
@@ -126,29 +176,124 @@ class _Quiet:
         return lambda *args, **kwargs: None
 
 
-def ours(case: Case, oracle: Oracle, budget: int, seed: int) -> list[Launch]:
-    """``autotune.search.study``'s Sweep as shipped: baseline + enqueued first, TPE with OOM constraints, the planner
-    pre-check, Mamba slots derived from the running cap, and a budget of launches (a skipped trial is free)."""
-    study_cfg = case.cfg.study.model_copy(update={"trials": budget, "seed": seed, "storage": "sqlite:///:memory:"})
-    cfg = case.cfg.model_copy(update={"study": study_cfg})
+class Launches(list):
+    """A strategy's launches, plus what its whole pipeline names (after confirmation, where it has one)."""
+
+    named: float | None = None  # true tok/s of the config the pipeline names (None: its best observed launch)
+    confirm_launches: int = 0
+    confirm_cost_s: float = 0.0
+    confirm_note: str = ""
+
+
+class _Uncorrected(CorrectedFeasibility):
+    """Ablation: the planner never learns (no capacity offset, no room correction)."""
+
+    def learn(self, config, kv_tokens):
+        return None
+
+    def learn_trial(self, config, result):
+        return {}
+
+
+class _NoPrecheck(CorrectedFeasibility):
+    """Ablation: the planner places edge starts and learns, but never skips a config."""
+
+    def sure_failure(self, memory_plan) -> bool:
+        return False
+
+
+@functools.cache
+def _workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix=f"autotune-bench-{os.getpid()}-"))
+
+
+def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = True, precheck: bool = True,
+           correction: bool = True, planner: bool = True, confirmation: bool = True,
+           launches_cap: int | None = None) -> Launches:
+    """``autotune.search.study``'s Sweep as shipped (then ``confirm`` as a sweep runs it), with the oracle as its
+    runner; the keywords switch parts off for the ablation rows."""
+    update = {"trials": launches_cap or budget, "seed": seed, "storage": "sqlite:///:memory:"}
+    if not edges:
+        update["edge_starts"] = 0
+    # A study directory of this process's own: parallel benchmark workers running the same study file would
+    # otherwise hold each other's sweep lock (one sweep per study and GPU).
+    cfg = case.cfg.model_copy(update={"study": case.cfg.study.model_copy(update=update),
+                                      "path": _workdir() / f"{case.cfg.name}.toml"})
     rng = np.random.default_rng([seed, 0])
     launches: dict[int, Launch] = {}
+    confirm_runs: list[Launch] = []
 
     def runner(config: dict[str, Any], number: int) -> TrialResult:
-        launches[number], result = oracle.launch(config, rng)
+        launch, result = oracle.launch(config, rng)
+        if number in launches:  # a confirmation repeat of a search trial
+            confirm_runs.append(launch)
+        else:
+            launches[number] = launch
         return result
 
     sweep = Sweep(cfg, runner=runner, progress=_Quiet())
     # The same loop on Optuna's in-memory storage: SQLite bookkeeping would cost more CPU than the simulator.
     sweep.study = optuna.create_study(directions=directions(cfg), sampler=make_sampler(cfg))
-    study = sweep.run()
-    out = []
-    for trial in study.get_trials(deepcopy=False):
-        if trial.number in launches:
-            out.append(launches[trial.number])
-        elif trial.user_attrs.get("status") == "skipped_infeasible":
-            out.append(Launch(dict(trial.user_attrs.get("config", {})), "skipped_infeasible", 0.0, 0.0, 0.0))
-    return out
+    feas = sweep.feasibility
+    if not planner:
+        sweep.feasibility, sweep.space = None, case.space  # same pruned space, no planner at all
+    elif feas is not None and not correction:
+        sweep.feasibility = _Uncorrected(feas.model, feas.gpu, margin_gib=feas.margin_gib)
+    elif feas is not None and not precheck:
+        sweep.feasibility = _NoPrecheck(feas.model, feas.gpu, margin_gib=feas.margin_gib)
+    try:
+        study = sweep.run()
+        out = Launches()
+        for trial in study.get_trials(deepcopy=False):
+            if trial.number in launches:
+                out.append(launches[trial.number])
+            elif trial.user_attrs.get("status") == "skipped_infeasible":
+                out.append(Launch(dict(trial.user_attrs.get("config", {})), "skipped_infeasible", 0.0, 0.0, 0.0))
+        if confirmation and cfg.study.confirm_top_k > 0:
+            conf = confirm(study, cfg, runner=runner) or {}
+            by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+            named = conf.get("winner_trial")
+            if named is None:
+                named = conf.get("baseline_trial")
+            if named is not None and named in launches:
+                out.named = launches[named].true
+            elif named is not None and named in by_number:
+                out.named = oracle.outcome(by_number[named].user_attrs["result"]["config"]).tok_s
+            out.confirm_launches = len(confirm_runs)
+            out.confirm_cost_s = sum(x.cost_s for x in confirm_runs)
+            out.confirm_note = str(conf.get("note") or "")
+        return out
+    finally:
+        sweep.close()
+
+
+def ours(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
+    """``autotune.search.study``'s Sweep as shipped: baseline + enqueued first, the memory-edge starts placed one at a
+    time with the corrected planner, TPE with OOM constraints, the planner pre-check, then confirmation."""
+    return _sweep(case, oracle, budget, seed)
+
+
+def ours_no_edges(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
+    return _sweep(case, oracle, budget, seed, edges=False)
+
+
+def ours_no_precheck(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
+    return _sweep(case, oracle, budget, seed, precheck=False)
+
+
+def ours_no_correction(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
+    return _sweep(case, oracle, budget, seed, correction=False)
+
+
+def first_edge_alone(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
+    """The baseline, the enqueued configs and the first edge start, nothing else: the pick is the best of them."""
+    given = 1 + len(case.cfg.enqueue)
+    return _sweep(case, oracle, budget, seed, confirmation=False, launches_cap=min(budget, given + 1))
+
+
+def tpe_constraints(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
+    """The study loop with no planner: TPE with OOM as a violated constraint, baseline and enqueued first."""
+    return _sweep(case, oracle, budget, seed, planner=False, confirmation=False)
 
 
 # --- what existing tools do ---------------------------------------------------------------------------------
@@ -281,6 +426,11 @@ PROPOSALS: dict[str, Strategy] = {}
 
 STRATEGIES: dict[str, Strategy] = {
     "ours": ours,
+    "ours-no-edges": ours_no_edges,
+    "ours-no-precheck": ours_no_precheck,
+    "ours-no-correction": ours_no_correction,
+    "first-edge-alone": first_edge_alone,
+    "tpe-constraints-no-planner": tpe_constraints,
     "tpe-no-planner": tpe_plain,
     "random": random_search,
     "tiered-grid": tiered_grid,

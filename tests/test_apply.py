@@ -19,15 +19,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from autotune.deploy.apply import (
-    config_diff,
-    load_winner,
-    read_config_file,
-    split_config,
-    winner_from_yaml,
-    write_artifacts,
-    yaml_to_argv,
-)
+from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
+from autotune.deploy.sglang_yaml import config_diff, read_config_file, split_config, yaml_to_argv
 from autotune.cli import cli, main
 from autotune.errors import ConfigError, StudyError
 from autotune.sglang.flags import FlagTable

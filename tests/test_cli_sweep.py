@@ -159,7 +159,7 @@ def test_defaults_run_on_the_harness_keeps_fixed_flags_in_its_own_directory(tmp_
 
     from autotune.config import load_config
     from autotune.search.confirm import _defaults
-    from autotune.search.study import HarnessRunner
+    from autotune.search.runner import HarnessRunner
 
     cfg = load_config(tiny(tmp_path, trials=1))
     harness = HarnessRunner(cfg, stop_event=threading.Event())

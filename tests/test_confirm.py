@@ -10,7 +10,9 @@ from autotune.cli.sweep import render
 from autotune.config import load_config
 from autotune.search.confirm import confirm, decide, defaults_config, run_sweep, summarize
 from autotune.results import GpuPeaks, Metrics, Percentiles, TrialResult
-from autotune.search.study import DEFAULTS_RUN, open_study, run_study
+from autotune.search.runner import DEFAULTS_RUN
+from autotune.search.storage import open_study
+from autotune.search.study import run_study
 
 P = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
 
@@ -176,7 +178,7 @@ def test_an_interrupted_defaults_run_leaves_the_confirmation_to_finish_on_resume
 def test_harness_writes_the_defaults_run_under_trials_defaults(tmp_path):
     import threading
 
-    from autotune.search.study import HarnessRunner
+    from autotune.search.runner import HarnessRunner
 
     cfg = load_config(write_study(tmp_path, trials=4))
     harness = HarnessRunner(cfg, stop_event=threading.Event())

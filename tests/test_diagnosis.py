@@ -23,10 +23,16 @@ import pytest
 
 from autotune.cli import main
 from autotune.config import load_config
-from autotune.inspect.diagnose import explain_capacity, fleet_differences, inspect_servers, pool_usage
+from autotune.inspect.diagnose import (
+    InspectError,
+    explain_capacity,
+    fleet_differences,
+    inspect_servers,
+    pool_usage,
+)
 from autotune.inspect.probe import Probe, ProbeFailure, parse_prometheus, probe
 from autotune.inspect.state import ServerState, flags_from_command
-from autotune.inspect.sweep_file import sweep_toml, toml_value
+from autotune.inspect.sweep_file import _dumps, sweep_toml
 
 DATA = Path(__file__).parent / "data" / "inspect"
 SERVER_INFO = json.loads((DATA / "server_info.json").read_text())
@@ -481,7 +487,9 @@ def test_toml_values_round_trip():
         "f": {"type": "int", "low": 5},
         "g-h": 'x"y',
     }
-    assert tomllib.loads(f"x = {toml_value(value)}")["x"] == value
+    assert tomllib.loads(_dumps({"x": value}))["x"] == value  # written by tomli-w
+    with pytest.raises(InspectError, match="cannot write a study file"):
+        _dumps({"x": {"y": object()}})
 
 
 # ---------------------------------------------------------------- end to end: the seed's production server on the sim

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from autotune.deploy.apply import split_config
+from autotune.deploy.sglang_yaml import split_config
 from autotune.cli import cli
 from autotune.errors import FleetError
 from autotune.deploy.fleet import Fleet, FleetServer, down, drift, load_fleet, status, up, write_fleet

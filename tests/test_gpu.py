@@ -9,7 +9,8 @@ import time
 import pytest
 
 from autotune.errors import GpuError
-from autotune.harness.gpu import GpuMonitor, HostMemoryReader, NvmlReader, SimGpuReader, wait_released
+from autotune.harness.engines.sim import SimGpuReader
+from autotune.harness.gpu import GpuMonitor, HostMemoryReader, NvmlReader, wait_released
 
 pytestmark = pytest.mark.timeout(30)
 

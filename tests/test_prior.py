@@ -5,15 +5,16 @@ from __future__ import annotations
 import optuna
 
 from autotune.config import load_config
-from autotune.search.starts import MEMORY_LEVERS, edge_configs, tokens_per_request
+from autotune.search.runner import prompt_texts
 from autotune.search.space import Feasibility, Space
-from autotune.search.study import Sweep, _prompt_texts
+from autotune.search.starts import MEMORY_LEVERS, edge_configs, tokens_per_request
+from autotune.search.study import Sweep, run_study
 
 
 def _setup():
     cfg = load_config("studies/qwen3.6-27b-b200.toml")
     wl = cfg.workload
-    chars = [len(text) for text in _prompt_texts(wl.prompts, wl.sample_size, wl.seed)]
+    chars = [len(text) for text in prompt_texts(wl.prompts, wl.sample_size, wl.seed)]
     return cfg, Space.from_config(cfg), Feasibility.from_config(cfg), chars
 
 
@@ -39,15 +40,46 @@ def test_edges_fill_the_kv_pool_without_overcommitting_it():
     assert "speculative_num_steps" not in MEMORY_LEVERS
 
 
-def test_edges_are_enqueued_once_and_survive_resume(tmp_path):
+def test_edges_are_placed_after_the_baseline_once_and_survive_resume(tmp_path):
+    """Edge starts are placed one at a time once the baseline and enqueued configs have run (with the output
+    lengths they measured), three in all, and a resumed sweep places no more."""
+    from test_study import PlannerRunner
+
     cfg, *_ = _setup()
-    study_cfg = cfg.study.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}", "edge_starts": 3})
+    study_cfg = cfg.study.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}", "edge_starts": 3,
+                                             "trials": 5, "confirm_top_k": 0})
     cfg = cfg.model_copy(update={"study": study_cfg, "path": tmp_path / "s.toml"})
-    for _ in range(2):  # the second prepare is a resume
-        sweep = Sweep(cfg)
-        sweep.prepare()
-        sweep.close()
+    sweep = Sweep(cfg)
+    sweep.prepare()
+    waiting = sweep.study.get_trials(states=(optuna.trial.TrialState.WAITING,))
+    assert [t.user_attrs["role"] for t in waiting] == ["baseline", "enqueued"]  # no edge before a measurement
+    sweep.close()
+    run_study(cfg, runner=PlannerRunner())
+    more = cfg.model_copy(update={"study": study_cfg.model_copy(update={"trials": 7})})
+    run_study(more, runner=PlannerRunner())  # a resume with a larger budget
     study = optuna.load_study(study_name=cfg.name, storage=cfg.storage_url)
-    waiting = study.get_trials(states=(optuna.trial.TrialState.WAITING,))
-    assert [t.user_attrs["role"] for t in waiting] == ["baseline", "enqueued", "prior", "prior", "prior"]
-    assert [t.user_attrs["label"] for t in waiting[2:]] == ["memory edge 1", "memory edge 2", "memory edge 3"]
+    trials = study.get_trials()
+    assert [t.user_attrs["role"] for t in trials[:5]] == ["baseline", "enqueued", "prior", "prior", "prior"]
+    assert [t.user_attrs["label"] for t in trials[2:5]] == ["memory edge 1", "memory edge 2", "memory edge 3"]
+    assert sum(t.user_attrs["role"] == "prior" for t in trials) == 3
+    # PlannerRunner measures no output lengths: the first placement falls back to a share of max_tokens
+    assert trials[2].user_attrs["edge_output_tokens"] is None and trials[2].user_attrs["edge_kv_per_request"] > 2000
+
+
+def test_observed_output_reads_the_window_with_most_turnover():
+    from autotune.results import Metrics, Percentiles, TrialResult
+    from autotune.search.edges import observed_output
+
+    p = Percentiles()
+
+    def trial(tokens: int, completed: int, concurrency: int):
+        m = Metrics(output_tok_s=1.0, request_s=1.0, ttft_ms=p, itl_ms=p, e2e_ms=p, output_tokens=tokens,
+                    completed=completed, concurrency=concurrency)
+        result = TrialResult(status="ok", config={}, metrics=m).to_dict()
+        return optuna.trial.create_trial(value=1.0, user_attrs={"result": result})
+
+    # 32 in flight, 16 done: 2,200 per request; 352 in flight, 40 done: inflated by the requests still running
+    trials = [trial(35_200, 16, 32), trial(160_000, 40, 352)]
+    assert observed_output(trials, 4096) == 2200.0
+    assert observed_output([trial(10_000, 1, 1)], 4096) == 4096.0  # never above max_tokens
+    assert observed_output([], 4096) is None

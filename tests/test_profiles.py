@@ -1,4 +1,4 @@
-"""Model and GPU profiles: bundled figures (CALIBRATION.md), HF config.json loading, and its errors."""
+"""Model and GPU profiles: bundled figures (docs/sglang-memory.md), HF config.json loading, and its errors."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def qwen():
 
 def test_qwen36_layers_and_state_sizes(qwen):
     assert (qwen.num_layers, qwen.full_layers, qwen.linear_layers) == (64, 16, 48)
-    assert qwen.mamba_slot_bytes() == 153_944_064  # FACTS §1.3: ≈146.8 MiB per slot at TP1
+    assert qwen.mamba_slot_bytes() == 153_944_064  # srt/configs/mamba_utils.py: ≈146.8 MiB per slot at TP1
     assert qwen.mamba_slot_bytes(ssm_dtype="bfloat16") / MIB == pytest.approx(74.8, abs=0.05)
     assert qwen.mamba_slot_bytes(tp=2) == qwen.mamba_slot_bytes() // 2
     assert qwen.mamba_conv_bytes() == 48 * 10240 * 3 * 2
@@ -43,7 +43,7 @@ def test_qwen36_weights_speed_figures_and_vlm(qwen):
     assert qwen.streamed_weight_bytes == pytest.approx(51.25e9)
     assert qwen.flops_per_token == pytest.approx(52e9)
     assert qwen.multimodal and qwen.mtp_layers == 1 and qwen.context_len == 262144
-    assert vit_factor(qwen) == pytest.approx(0.925, abs=0.001)  # FACTS §1.7
+    assert vit_factor(qwen) == pytest.approx(0.925, abs=0.001)  # srt/arg_groups/memory_hook.py
     assert qwen.spec_defaults == (3, 1, 4)
 
 

@@ -156,15 +156,16 @@ def test_unknown_study_and_storage_are_one_line_errors(big, tmp_path):
     _, url = big
     run = _cli("--study", "nope", "--storage", url, cwd=tmp_path)
     assert run.returncode == 1 and run.stderr.count("\n") == 1
-    assert run.stderr.startswith("Error: unknown study 'nope'") and "qwen-b200" in run.stderr
+    assert run.stderr.startswith("Error: no study named 'nope'") and "qwen-b200" in run.stderr
     run = _cli("--study", "ghost", cwd=tmp_path)  # default storage studies/ghost.db does not exist
     assert run.returncode == 1 and run.stderr.startswith("Error: no study storage at studies/ghost.db")
     assert not (tmp_path / "studies").exists()  # a typo must not create an empty database
 
 
 def test_library_errors_name_the_problem(tmp_path):
-    with pytest.raises(StorageError, match=r"cannot open storage postgresql://u:\*\*\*@127.0.0.1:1/x"):
-        open_study("s", "postgresql://u:secret@127.0.0.1:1/x")
+    with pytest.raises(StorageError, match=r"postgresql://u:\*\*\*@127.0.0.1:1/x") as info:
+        open_study("s", "postgresql://u:secret@127.0.0.1:1/x")  # no driver here, or no server there: one line
+    assert "secret" not in str(info.value)
     url = f"sqlite:///{tmp_path / 'empty.db'}"
     study = optuna.create_study(study_name="empty", storage=url)
     study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))

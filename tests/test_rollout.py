@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from test_fleet import OLD, make_fleet, teardown, write_yaml
 
 from autotune.deploy import rollout
-from autotune.deploy.apply import read_config_file
+from autotune.deploy.sglang_yaml import read_config_file
 from autotune.cli import cli
 from autotune.errors import FleetError
 from autotune.deploy.fleet import load_fleet, start_server, status, stop_server, up

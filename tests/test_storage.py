@@ -14,6 +14,7 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.errors import StorageError
+from autotune.redaction import redact_url as redact
 from autotune.search.storage import (
     Liveness,
     WorkerTag,
@@ -23,7 +24,6 @@ from autotune.search.storage import (
     journal_path,
     kind,
     open_storage,
-    redact,
 )
 
 

@@ -14,7 +14,8 @@ from autotune.config import load_config
 from autotune.sglang.memory import plan
 from autotune.sglang.profiles import load_gpu, load_model
 from autotune.results import Capacity, Metrics, Percentiles, TrialResult
-from autotune.search.study import Sweep, recover, run_study
+from autotune.search.seeding import recover
+from autotune.search.study import Sweep, run_study
 
 STUDY = """
 [study]
@@ -297,7 +298,7 @@ def test_resume_contract_holds_on_every_storage(tmp_path, storage):
 
 
 def test_launches_count_interrupted_trials_and_not_skipped_or_rejected_ones():
-    from autotune.search.study import finished, launches
+    from autotune.search.seeding import finished, launches
 
     def trial(state, status, **result):
         attrs = {"status": status, "result": {"status": status, "config": {}, **result}} if status else {}

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from autotune.harness.engines import make_engine
-from autotune.harness.gpu import SimGpuReader
+from autotune.harness.engines.sim import SimGpuReader
 from autotune.results import TrialResult
 from autotune.harness.server import free_port, port_is_free, stop_process_group
 from autotune.harness.trial import Timeouts, run_trial

@@ -205,3 +205,26 @@ def test_cli_once_reports_an_unreachable_server_and_exits_by_status(sim_url, tmp
     assert exc.value.code == 2
     report = json.loads(capsys.readouterr().out)
     assert report["exit"] == 2 and report["failures"][0]["kind"] == "unreachable"
+
+
+def test_cli_watches_a_fleet_file_with_its_provenance_and_writes_prometheus(sim_url, tmp_path, capsys):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    port = int(sim_url.rsplit(":", 1)[1])
+    (tmp_path / "fleet.toml").write_text(
+        'engine = "sim"\nmodel = "qwen3.6-27b"\n\n[[servers]]\nname = "gpu0"\ngpu = 0\n'
+        f'port = {port}\nconfig = "sglang.yaml"\nlog = "logs/gpu0.log"\npid = "run/gpu0.pid"\n')
+    provenance(tmp_path)  # beside the fleet file, where autotune apply writes it
+    prom = tmp_path / "drift.prom"
+    with pytest.raises(SystemExit) as exc:
+        main(["watch", "--fleet", str(tmp_path / "fleet.toml"), "--cycles", "2", "--interval", "0.2s", "--json",
+              "--prom-file", str(prom)])
+    assert exc.value.code == 0
+    captured = capsys.readouterr()
+    assert "no --study" not in captured.err  # the provenance beside the fleet file was found
+    reports = [json.loads(line) for line in captured.out.splitlines()]
+    assert [r["servers"][0]["url"] for r in reports] == [sim_url, sim_url]
+    assert reports[-1]["servers"][0]["samples"] == 2 and (tmp_path / "watch-state.json").is_file()
+    values = {(s.name, s.labels.get("rule")): s.value
+              for fam in text_string_to_metric_families(prom.read_text()) for s in fam.samples}
+    assert values[("autotune_watch_up", None)] == 1.0 and values[("autotune_drift", "kv_pressure")] == 0.0

@@ -23,18 +23,8 @@ from tinystudy import write_tiny_study
 from autotune.config import load_config
 from autotune.errors import ConfigError, StorageError, StudyError
 from autotune.results import Metrics, Percentiles, TrialResult
-from autotune.search.workers import (
-    WorkerSweep,
-    gains,
-    gpu_frame,
-    gpu_spread,
-    on_gpu,
-    parse_gpus,
-    per_gpu_frame,
-    render_gpus,
-    run_workers,
-    start_workers,
-)
+from autotune.search.gpus import gains, gpu_frame, gpu_spread, per_gpu_frame, render_gpus
+from autotune.search.workers import WorkerSweep, on_gpu, parse_gpus, run_workers, start_workers
 
 
 def study_file(tmp_path: Path, *, trials: int, measure_s: float = 1.0) -> Path:
@@ -156,7 +146,7 @@ def _intervals_overlap(spans: list[tuple[datetime, datetime]]) -> bool:
 
 def check_shared_study(cfg, gpus: list[int], target: int) -> list[optuna.trial.FrozenTrial]:
     """Every trial ran once, on one GPU, never overlapping another on that GPU; every GPU ran a baseline."""
-    from autotune.search.study import open_study
+    from autotune.search.storage import open_study
 
     trials = open_study(cfg, create=False).get_trials()
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs["status"] != "skipped_infeasible"]
@@ -229,7 +219,7 @@ def test_a_worker_killed_mid_trial_is_retried_by_another_and_its_server_removed(
         codes = workers.wait(timeout_s=150)
     assert codes[0] == 0 and codes[1] == -signal.SIGKILL, "\n".join(lines)
     assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
-    from autotune.search.study import open_study
+    from autotune.search.storage import open_study
 
     trials = open_study(cfg, create=False).get_trials()
     [killed] = [t for t in trials if t.state == TrialState.FAIL]
@@ -281,7 +271,7 @@ def test_ctrl_c_is_forwarded_every_server_stops_and_trials_are_interrupted(tmp_p
             proc.kill()
     for pid in servers:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    from autotune.search.study import open_study
+    from autotune.search.storage import open_study
 
     trials = open_study(load_config(path), create=False).get_trials()
     stopped = [t for t in trials if t.state == TrialState.FAIL]

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import click
 
+from autotune.config import load_config
+from autotune.deploy import rollout
+from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
+from autotune.deploy.fleet import load_fleet, server_config
+from autotune.deploy.numerics import check_numerics
+from autotune.deploy.sglang_yaml import config_diff
 from autotune.errors import ConfigError
+from autotune.redaction import looks_secret
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -24,26 +31,20 @@ def parse_gpus(text: str) -> list[int]:
 
 
 def _winner(config: Path | None, study: str | None, storage: str | None, trial: int | None):
-    from autotune.deploy.apply import load_winner, winner_from_yaml
-
     if config is not None and config.suffix in (".yaml", ".yml"):
         if study or storage or trial is not None:
             raise ConfigError("give either an sglang.yaml or a study, not both", key="--config")
         return winner_from_yaml(config)
+    base_dir = None
     if config is not None:
-        from autotune.config import load_config
-
         cfg = load_config(config, name=study, storage=storage)
-        study, storage = cfg.name, cfg.storage_url
+        study, storage, base_dir = cfg.name, cfg.storage_url, cfg.base_dir
     if not storage:
         raise ConfigError("no study to read", key="--storage", fix="pass --config study.toml or --storage URL")
-    return load_winner(storage, study, trial=trial)
+    return load_winner(storage, study, trial=trial, base_dir=base_dir)
 
 
 def _dry_run(winner, fleet_file: Path | None) -> None:
-    from autotune.deploy.apply import config_diff
-    from autotune.deploy.fleet import load_fleet, server_config
-
     if fleet_file is not None:
         fleet = load_fleet(fleet_file)
         targets = [(f"{s.name} ({s.config})", server_config(fleet, s)) for s in fleet.servers]
@@ -92,12 +93,13 @@ def _dry_run(winner, fleet_file: Path | None) -> None:
               help="Seconds SGLang may drain in-flight requests before SIGKILL.")
 @click.option("--startup-timeout", type=click.FloatRange(min=1), default=900.0, show_default=True)
 @click.option("--keep-partial", is_flag=True, help="On a failure keep verified servers on the new config.")
+@click.option("--accept-numerics", is_flag=True,
+              help="Deploy a winner whose outputs differ from the baseline's without a measured fidelity probe, "
+                   "or beyond the study's numerics limit.")
 def apply(config, study, storage, trial, out, gpus, base_port, host, python, model, fleet_file, dry_run,
           rolling, resume, rollback, prompts, canary_s, canary_warmup_s, canary_concurrency, tolerance,
-          kv_tolerance, grace, startup_timeout, keep_partial) -> None:
+          kv_tolerance, grace, startup_timeout, keep_partial, accept_numerics) -> None:
     """Write the winner's sglang.yaml, launch_fleet.sh, fleet.toml and provenance.json, or roll it out."""
-    from autotune.deploy import rollout
-
     # --dry-run may accompany --rolling (show what the rollout would change); the other modes exclude each other.
     modes = [m for m, on in (("--rolling", rolling and not dry_run), ("--resume", resume), ("--rollback", rollback),
                              ("--dry-run", dry_run)) if on]
@@ -114,6 +116,9 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
     if dry_run:
         _dry_run(winner, fleet_file)
         return
+    numerics = check_numerics(winner, accept=accept_numerics)  # refuses outputs that differ unmeasured or too much
+    if numerics and numerics.get("accepted"):
+        click.echo(f"--accept-numerics: {numerics['problem']}")
     if rolling:
         if fleet_file is None:
             raise click.UsageError("--rolling needs --fleet")
@@ -132,13 +137,8 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
         raise click.UsageError("give --out DIR (or --dry-run, --rolling, --resume, --rollback)")
     if gpus is not None and fleet_file is not None:
         raise click.UsageError("give --gpus or --fleet (whose servers to reuse), not both")
-    from autotune.deploy.apply import write_artifacts
-    from autotune.redaction import looks_secret
-
     layout = None
     if fleet_file is not None:
-        from autotune.deploy.fleet import load_fleet
-
         layout = load_fleet(fleet_file)
     paths = write_artifacts(winner, out, gpus=parse_gpus(gpus) if gpus is not None else None, layout=layout,
                             base_port=base_port, host=host, python=python, model=model)

@@ -6,6 +6,13 @@ import json
 from pathlib import Path
 
 import click
+from rich.console import Console
+from rich.table import Table
+
+from autotune.deploy.fleet import down as fleet_down
+from autotune.deploy.fleet import load_fleet
+from autotune.deploy.fleet import status as fleet_status
+from autotune.deploy.fleet import up as fleet_up
 
 FLEET_OPTION = click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False),
                             default="fleet.toml", show_default=True, help="The fleet file.")
@@ -24,9 +31,6 @@ def fleet() -> None:
               help="Seconds each server may take to become healthy.")
 def up(fleet_file: Path, names: tuple[str, ...], timeout: float) -> None:
     """Start every server that is not running (detached: they keep running after this command)."""
-    from autotune.deploy.fleet import load_fleet
-    from autotune.deploy.fleet import up as fleet_up
-
     started = fleet_up(load_fleet(fleet_file), timeout_s=timeout, names=names or None)
     click.echo(f"started: {', '.join(started)}" if started else "all servers already running")
 
@@ -36,16 +40,10 @@ def up(fleet_file: Path, names: tuple[str, ...], timeout: float) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def status(fleet_file: Path, as_json: bool) -> None:
     """Health, effective capacity, config in use and tok/s of every server."""
-    from autotune.deploy.fleet import load_fleet
-    from autotune.deploy.fleet import status as fleet_status
-
     rows = fleet_status(load_fleet(fleet_file))
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title=str(fleet_file))
     for column in ("server", "host", "gpu", "port", "state", "running req", "KV tokens", "mamba slots",
                    "tok/s", "config"):
@@ -68,8 +66,5 @@ def status(fleet_file: Path, as_json: bool) -> None:
               help="Seconds SGLang may drain in-flight requests before SIGKILL.")
 def down(fleet_file: Path, names: tuple[str, ...], grace: float) -> None:
     """Stop the servers (SIGTERM, then SIGKILL of the process group after --grace)."""
-    from autotune.deploy.fleet import down as fleet_down
-    from autotune.deploy.fleet import load_fleet
-
     stopped = fleet_down(load_fleet(fleet_file), grace_s=grace, names=names or None)
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else "no server was running")

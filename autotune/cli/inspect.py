@@ -6,6 +6,11 @@ import json
 from pathlib import Path
 
 import click
+from rich.console import Console
+
+from autotune.inspect.diagnose import InspectError, inspect_servers
+from autotune.inspect.render import render
+from autotune.inspect.sweep_file import sweep_toml
 
 
 @click.command("inspect")
@@ -51,11 +56,6 @@ def inspect(
     timeout_s: float,
 ) -> None:
     """Diagnose running SGLang servers (read-only): binding limit, pool usage, idle memory, next step."""
-    from rich.console import Console
-
-    from autotune.inspect.diagnose import InspectError, inspect_servers
-    from autotune.inspect.render import render
-
     inspection = inspect_servers(list(urls), model=model, gpu=gpu, timeout_s=timeout_s, logs=list(logs))
     if as_json:
         click.echo(json.dumps(inspection.to_dict(), indent=2, default=str))
@@ -66,8 +66,6 @@ def inspect(
             f"no server could be inspected ({len(inspection.failures)} failed; see the lines above)"
         )
     if sweep_out is not None:
-        from autotune.inspect.sweep_file import sweep_toml
-
         base = next(
             (d for d in inspection.servers if d.advice and d.advice.suggestions), inspection.servers[0]
         )

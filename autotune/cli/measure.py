@@ -5,12 +5,22 @@ from __future__ import annotations
 import json
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import click
+import yaml
+from rich.console import Console
+from rich.table import Table
 
+import autotune
+from autotune.config import Timeouts
 from autotune.errors import ConfigError, WorkloadError
+from autotune.harness.engines import make_engine
+from autotune.harness.trial import run_trial
+from autotune.harness.workload import PromptSample, WorkloadSpec
+from autotune.sglang.flags import parse_sets
 
 DEFAULT_PROMPTS = Path("examples") / "prompts.jsonl"
 FAILED_TRIAL_EXIT = 3
@@ -24,12 +34,8 @@ def load_config_file(path: Path) -> dict[str, Any]:
     suffix = path.suffix.lower()
     try:
         if suffix == ".toml":
-            import tomllib
-
             data = tomllib.loads(text)
         elif suffix in (".yaml", ".yml"):
-            import yaml
-
             data = yaml.safe_load(text)
         elif suffix == ".json":
             data = json.loads(text)
@@ -52,8 +58,6 @@ def resolve_prompts(path: Path | None) -> Path:
         if not path.is_file():
             raise WorkloadError("prompts file not found", file=str(path), fix="pass --prompts with a JSONL file")
         return path
-    import autotune
-
     for candidate in (Path.cwd() / DEFAULT_PROMPTS, Path(autotune.__file__).resolve().parents[1] / DEFAULT_PROMPTS):
         if candidate.is_file():
             return candidate
@@ -98,11 +102,6 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
 
     Exit status: 0 when the trial is ok, 3 when it failed (OOM, crash, timeout), 1 for bad input.
     """
-    from autotune.harness.engines import make_engine
-    from autotune.sglang.flags import parse_sets
-    from autotune.harness.trial import Timeouts, run_trial
-    from autotune.harness.workload import PromptSample, WorkloadSpec
-
     engine = make_engine(engine_name, model_path=model, python=python, sim_gpu=gpu,
                          sim_options=_sim_options(sim_opts), device=device)
     config = load_config_file(config_file) if config_file else {}
@@ -157,9 +156,6 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
 
 
 def _render(result) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     colour = "green" if result.ok else "red"
     console.print(f"Trial [{colour}]{result.status}[/{colour}]  ({result.trial_dir})")

@@ -5,6 +5,12 @@ from __future__ import annotations
 import json
 
 import click
+from rich.console import Console
+from rich.table import Table
+
+from autotune.sglang.flags import parse_sets
+from autotune.sglang.memory import plan as make_plan
+from autotune.sglang.profiles import load_gpu, load_model
 
 
 @click.command("plan")
@@ -19,10 +25,6 @@ import click
 def plan(model_name: str, gpu_name: str, gpu_memory_mib: int | None, free_gib: float | None,
          sets: tuple[str, ...], as_json: bool) -> None:
     """Print what SGLang 0.5.23 would allocate, and whether it would start."""
-    from autotune.sglang.flags import parse_sets
-    from autotune.sglang.memory import plan as make_plan
-    from autotune.sglang.profiles import load_gpu, load_model
-
     flags = parse_sets(sets)
     memory_plan = make_plan(load_model(model_name), load_gpu(gpu_name, memory_mib=gpu_memory_mib), flags,
                             free_gib=free_gib)
@@ -34,9 +36,6 @@ def plan(model_name: str, gpu_name: str, gpu_memory_mib: int | None, free_gib: f
 
 
 def _render(data: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     extra = data["extra"]
     verdict = "[green]fits[/green]" if data["fits"] else f"[red]{data['failure']}[/red]"

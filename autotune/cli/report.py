@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from autotune.report.page import report as run_report
+
 
 @click.command("report")
 @click.option("--config", "config", type=click.Path(path_type=Path), help="Study TOML (gives the study name and storage).")
@@ -21,8 +23,6 @@ import click
 def report(config: Path | None, study: str | None, storage: str | None, out: Path | None,
            compare: tuple[str, ...], fmt: str) -> None:
     """Write a self-contained HTML report that explains why the winner wins."""
-    from autotune.report.page import report as run_report  # pandas/plotly load only when the command runs
-
     names = [name.strip() for item in compare for name in item.split(",") if name.strip()]
     written, text = run_report(study=study, storage=storage, config=config, out=out, compare=names, fmt=fmt)
     if text is not None:

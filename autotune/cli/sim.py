@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from autotune.harness.engines.sim import serve
+
 
 @click.command(
     "sim",
@@ -13,6 +15,4 @@ import click
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def sim(args: tuple[str, ...]) -> None:
     """Run the simulated SGLang server (SGLang 0.5.23's flags plus --sim-*; --help lists them)."""
-    from autotune.sim.__main__ import main
-
-    raise SystemExit(main(list(args)))
+    raise SystemExit(serve(list(args)))

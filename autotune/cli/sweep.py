@@ -8,7 +8,14 @@ from typing import Any
 
 import click
 
+from autotune.config import load_config
 from autotune.errors import ConfigError
+from autotune.progress import make_progress
+from autotune.search.confirm import run_sweep
+from autotune.search.gpus import render_gpus
+from autotune.search.storage import open_study
+from autotune.search.workers import on_gpu, parse_gpus, run_workers
+from autotune.sglang.flags import FlagTable
 
 DEFAULT_STUDY = Path("studies") / "example.toml"
 
@@ -55,8 +62,6 @@ def render(summary: dict[str, Any]) -> str:
         ci = (f" (95 % CI of the median {best['ci_low']:,.0f}–{best['ci_high']:,.0f})"
               if best.get("ci_low") is not None else "")
         lines.append(f"  winner: trial {best['trial']}: {_tok(best['output_tok_s'])}{ci}")
-        from autotune.sglang.flags import FlagTable
-
         flags = " ".join(FlagTable.bundled().to_argv(best["params"] or {}))  # store-true flags bare, as SGLang wants
         lines.append(f"    {flags}")
         gain_ci = summary.get("gain_ci")
@@ -95,19 +100,12 @@ def render(summary: dict[str, Any]) -> str:
 def sweep(config_path: Path | None, study_name: str | None, storage: str | None, trials: int | None,
           engine: str | None, as_json: bool, gpus: str | None) -> None:
     """Run (or resume) a study: search configs, then confirm the winner."""
-    from autotune.config import load_config
-    from autotune.search.confirm import run_sweep
-    from autotune.progress import make_progress
-
     cfg = load_config(resolve_config(config_path), name=study_name, storage=storage, trials=trials, engine=engine)
     if gpus:
         cfg = _search_on(cfg, gpus, err=as_json)
     summary = run_sweep(cfg, progress=make_progress(quiet_stdout=as_json))
     click.echo(json.dumps(summary, indent=2, default=str) if as_json else render(summary))
     if gpus and not as_json:
-        from autotune.search.study import open_study
-        from autotune.search.workers import render_gpus
-
         click.echo(render_gpus(open_study(cfg, create=False)))
     if summary.get("interrupted"):
         raise SystemExit(130)
@@ -115,8 +113,6 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
 
 def _search_on(cfg: Any, gpus: str, *, err: bool) -> Any:
     """The search on one worker per GPU (``autotune.search.workers``); the confirmation then runs on the first GPU."""
-    from autotune.search.workers import on_gpu, parse_gpus, run_workers
-
     indices = parse_gpus(gpus)
     try:
         run_workers(cfg, indices, echo=lambda line: click.echo(line, err=err))

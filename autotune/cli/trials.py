@@ -7,11 +7,19 @@ from pathlib import Path
 from typing import Any
 
 import click
+import optuna
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
 
-from autotune.errors import StudyError
+from autotune.cli.sweep import resolve_config
+from autotune.config import load_config
+from autotune.results import fidelity_summary
+from autotune.search.space import config_diff
+from autotune.search.storage import load_study, open_study
 
 COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "max_running_requests", "kv_tokens",
-           "mamba_slots", "peak_gib", "reason"]
+           "mamba_slots", "peak_gib", "numerics", "reason"]
 
 
 def rows(study) -> list[dict[str, Any]]:
@@ -31,36 +39,18 @@ def rows(study) -> list[dict[str, Any]]:
             "output_tok_s": metrics.get("output_tok_s"),
             "max_running_requests": cap.get("max_running_requests"), "kv_tokens": cap.get("kv_tokens"),
             "mamba_slots": cap.get("mamba_slots"), "peak_gib": gpu.get("peak_used_gib"),
+            # The fidelity probe's figures against the reference config ("" when outputs cannot differ).
+            "numerics": fidelity_summary(result.get("fidelity")), "fidelity": result.get("fidelity"),
             "reason": t.user_attrs.get("reason"),
         })
     return out
 
 
-def _open(config_path: Path | None, study_name: str | None, storage: str | None):
-    import optuna
-
-    from autotune.search.study import open_study, redact
-
+def _open(config_path: Path | None, study_name: str | None, storage: str | None) -> optuna.Study:
     if config_path is not None or storage is None:
-        from autotune.cli.sweep import resolve_config
-        from autotune.config import load_config
-
         cfg = load_config(resolve_config(config_path), name=study_name, storage=storage)
         return open_study(cfg, create=False)
-    from autotune.search.storage import open_storage
-
-    url, storage = storage, open_storage(storage)  # journal files and RDB URLs alike
-    try:
-        if study_name is None:
-            names = optuna.get_all_study_names(storage)
-            if not names:
-                raise StudyError(f"{redact(url)} holds no study; run `autotune sweep` first")
-            if len(names) > 1:
-                raise StudyError(f"{redact(url)} holds several studies ({', '.join(names)}); pass --study NAME")
-            study_name = names[0]
-        return optuna.load_study(study_name=study_name, storage=storage)
-    except KeyError:
-        raise StudyError(f"no study named {study_name!r} in {redact(url)}") from None
+    return load_study(storage, study_name)  # SQLite, journal files and database URLs alike
 
 
 @click.command()
@@ -79,26 +69,19 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
         click.echo(json.dumps(data, indent=2, default=str))
         return
     if as_csv:
-        import pandas as pd
-
         frame = pd.DataFrame(data, columns=COLUMNS)
         frame["params"] = frame["params"].map(lambda p: json.dumps(p, sort_keys=True))
         click.echo(frame.to_csv(index=False), nl=False)
         return
-    from rich.console import Console
-    from rich.table import Table
-
-    from autotune.search.space import config_diff
-
     # The table shows each config as its difference from the baseline; CSV and JSON carry the full flags.
     base = next((r["params"] for r in data if r["role"].startswith("baseline")), None) or {}
     table = Table(*["#", "status", "role", "flags vs baseline", "tok/s", "running", "KV tokens", "Mamba slots",
-                    "peak GiB"])
+                    "peak GiB", "outputs vs baseline"])
     for r in data:
         diff = config_diff(r["params"] or {}, base)
         params = " ".join(f"{k}={'unset' if v is None else v}" for k, v in diff.items()) or "="
         fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
         table.add_row(str(r["number"]), r["status"] or r["state"].lower(), r["role"], params,
                       fmt(r["output_tok_s"], ",.0f"), fmt(r["max_running_requests"], "d"), fmt(r["kv_tokens"], ","),
-                      fmt(r["mamba_slots"], "d"), fmt(r["peak_gib"], ".1f"))
+                      fmt(r["mamba_slots"], "d"), fmt(r["peak_gib"], ".1f"), r["numerics"])
     Console(width=max(Console().width, 160)).print(table)

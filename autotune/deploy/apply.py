@@ -15,121 +15,23 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import yaml
+from optuna.trial import TrialState
+from pydantic import ValidationError
 
-from autotune.errors import ConfigError, StorageError, StudyError
+from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, write_fleet
+from autotune.deploy.sglang_yaml import PER_SERVER, config_diff, read_config_file, split_config, yaml_text
+from autotune.errors import ConfigError, StudyError
+from autotune.harness.engines.sim import sim_argv
 from autotune.redaction import env_for_files, reference
 from autotune.results import Capacity, TrialResult
-
-if TYPE_CHECKING:
-    from autotune.deploy.fleet import Fleet, FleetServer
+from autotune.search.settings import device_name
+from autotune.search.storage import load_study
+from autotune.sglang.flags import FlagTable
 
 SGLANG_VERSION = "0.5.23"
-# SGLang answers "Unsupported config option" for these in a YAML config (FACTS §4).
-YAML_REJECTED = frozenset({"disable_cuda_graph", "enable_dp_attention"})
-# Per-server values: the launch command sets them, so a shared config file must not.
-PER_SERVER = frozenset({"model_path", "host", "port", "config", "base_gpu_id"})
 LAUNCHERS = {"sglang": "sglang.launch_server", "sim": "autotune.sim"}
-
-
-def _flags():
-    from autotune.sglang.flags import FlagTable
-
-    return FlagTable.bundled()
-
-
-def dash_name(spec) -> str:
-    """The canonical ``dash-name`` of a flag (its first long option string, without the dashes)."""
-    return spec.flag[2:]
-
-
-def _yaml_safe(spec) -> bool:
-    return spec.dest not in YAML_REJECTED and not spec.boolean_optional
-
-
-# -- the SGLang YAML form ------------------------------------------------------------------------------
-def split_config(config: Mapping[str, Any], *, flags=None) -> tuple[dict[str, Any], list[str]]:
-    """Split a dest-keyed config into (YAML mapping with dash keys, argv for flags YAML cannot hold).
-
-    False/None values mean "absent" and are dropped, and so are per-server keys (the launcher sets them).
-    """
-    flags = flags or _flags()
-    checked = flags.check(dict(config))
-    document: dict[str, Any] = {}
-    cli: dict[str, Any] = {}
-    for key, value in checked.items():
-        spec = flags.lookup(key)
-        if spec.dest in PER_SERVER:
-            continue  # the launch command sets these per server
-        if value is None or (value is False and spec.store_true):
-            continue
-        if not _yaml_safe(spec):
-            cli[spec.dest] = value
-            continue
-        if isinstance(value, dict):
-            value = json.dumps(value)  # SGLang passes a mapping on as a JSON string
-        document[dash_name(spec)] = list(value) if isinstance(value, (list, tuple)) else value
-    return document, flags.to_argv(cli) if cli else []
-
-
-def yaml_text(document: Mapping[str, Any], *, header: str = "") -> str:
-    body = yaml.safe_dump(dict(document), sort_keys=False, default_flow_style=False)
-    comment = "".join(f"# {line}\n" for line in header.splitlines())
-    return comment + body
-
-
-def yaml_to_argv(document: Mapping[str, Any], *, flags=None) -> list[str]:
-    """Expand a YAML config exactly as SGLang 0.5.23's loader does: ``--key value``, ``true`` → bare flag
-    for store-true flags (``false`` dropped), lists → ``--key v1 v2``. Unknown keys are ConfigErrors."""
-    flags = flags or _flags()
-    argv: list[str] = []
-    for key, value in document.items():
-        spec = flags.lookup(key)
-        if "--" + str(key) not in spec.option_strings:
-            raise ConfigError(f"{key} is not a flag name of sglang {SGLANG_VERSION}", key=str(key),
-                              fix=f"use {dash_name(spec)}")
-        if not _yaml_safe(spec):
-            raise ConfigError(f"sglang rejects {key} in a YAML config", key=str(key),
-                              fix="pass it on the command line")
-        if isinstance(value, bool) and spec.store_true:
-            argv += [f"--{key}"] if value else []
-        elif isinstance(value, bool):
-            argv += [f"--{key}", str(value).lower()]
-        elif isinstance(value, list):
-            argv += [f"--{key}", *(str(v) for v in value)] if value else []
-        else:
-            argv += [f"--{key}", str(value)]
-    return argv
-
-
-def read_config_file(path: Path, *, flags=None) -> dict[str, Any]:
-    """An ``sglang.yaml`` → the dest-keyed, typed config it stands for."""
-    flags = flags or _flags()
-    try:
-        document = yaml.safe_load(Path(path).read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError("file not found", file=str(path), fix="check the path") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"not valid YAML ({exc.__class__.__name__})", file=str(path)) from None
-    if not isinstance(document, dict):
-        raise ConfigError("the top level must be a mapping of flag: value", file=str(path))
-    try:
-        yaml_to_argv(document, flags=flags)
-        config = {flags.lookup(key).dest: value for key, value in document.items()}
-        return flags.check(config)
-    except ConfigError as exc:
-        raise ConfigError(str(exc), file=str(path)) from None
-
-
-def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(flag, old, new) for every flag whose value differs; an absent flag reads as None."""
-    def present(config):
-        return {k: v for k, v in config.items() if v is not None and v is not False}
-
-    a, b = present(old), present(new)
-    return [(key, a.get(key), b.get(key)) for key in sorted(set(a) | set(b)) if a.get(key) != b.get(key)]
 
 
 # -- reading the winner from a study ---------------------------------------------------------------------
@@ -198,8 +100,6 @@ class Winner:
     @property
     def gpu(self) -> str | None:
         """Where the study measured, by engine and device: the simulated GPU, "CPU", or the recorded GPU."""
-        from autotune.report.data import device_name
-
         return device_name(self.settings) if self.settings else None
 
     @property
@@ -207,46 +107,17 @@ class Winner:
         return dict(self.settings.get("workload") or {})
 
 
-def _redact(url: str) -> str:
-    if "@" in url and "://" in url:
-        scheme, rest = url.split("://", 1)
-        creds, host = rest.rsplit("@", 1)
-        user = creds.split(":", 1)[0]
-        return f"{scheme}://{user}:***@{host}"
-    return url
-
-
-def _load_study(storage: str, name: str | None):
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        names = optuna.get_all_study_names(storage=storage)
-    except Exception as exc:  # optuna raises several types for a bad URL or an unreachable server
-        raise StorageError(f"cannot open storage {_redact(storage)}: {exc.__class__.__name__}") from None
-    if name is None:
-        if not names:
-            raise StudyError(f"storage {_redact(storage)} holds no study; run autotune sweep first")
-        if len(names) > 1:
-            raise StudyError(f"storage holds several studies ({', '.join(sorted(names))}); choose one with --study")
-        name = names[0]
-    if name not in names:
-        raise StudyError(f"no study named {name!r} in {_redact(storage)}"
-                         + (f" (studies: {', '.join(sorted(names))})" if names else ""))
-    return optuna.load_study(study_name=name, storage=storage)
-
-
 def _result(trial) -> TrialResult | None:
     data = trial.user_attrs.get("result")
     return TrialResult.from_dict(data) if isinstance(data, dict) else None
 
 
-def load_winner(storage: str, study: str | None = None, *, trial: int | None = None) -> Winner:
-    """The confirmed winner (or trial ``trial``) of a study. StudyError when there is nothing to deploy."""
-    import optuna
-
-    loaded = _load_study(storage, study)
-    complete = {t.number: t for t in loaded.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))}
+def load_winner(storage: str, study: str | None = None, *, trial: int | None = None,
+                base_dir: Path | None = None) -> Winner:
+    """The confirmed winner (or trial ``trial``) of a study on any storage (SQLite, journal, a database server;
+    ``base_dir``: where a relative journal path lives). StudyError when there is nothing to deploy."""
+    loaded = load_study(storage, study, base_dir=base_dir)
+    complete = {t.number: t for t in loaded.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     usable = {n: r for n, t in complete.items() if (r := _result(t)) is not None and r.ok and r.metrics}
     confirmation = loaded.user_attrs.get("confirmation") or {}
     if trial is None:
@@ -293,7 +164,7 @@ def winner_from_yaml(path: Path) -> Winner:
         except ValueError:
             raise ConfigError("not valid JSON", file=str(beside), fix="rewrite it with autotune apply") from None
         recorded = {k: v for k, v in (meta.get("config") or {}).items() if k not in PER_SERVER}
-        if config_diff(_flags().check(recorded), config):
+        if config_diff(FlagTable.bundled().check(recorded), config):
             meta = {}  # the YAML was edited after the study: its figures no longer describe it
     result = TrialResult(status="ok", config=config, engine=str(meta.get("engine") or "sglang"),
                          capacity=Capacity.from_dict(meta.get("capacity")))
@@ -385,6 +256,8 @@ def launch_script(servers: Sequence[Mapping[str, Any]], *, header: str, env: Map
 
 
 def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, Any]:
+    from autotune.deploy.numerics import numerics_block
+
     low, high = winner.gain_ci
     return {
         "study": winner.study,
@@ -406,6 +279,8 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
         "gpu": winner.gpu,
         "config": winner.config,
         "workload": winner.workload,
+        # The flags that change outputs against the baseline and the fidelity probe's figures (``deploy.numerics``).
+        "numerics": numerics_block(winner),
         "date": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
     }
 
@@ -413,8 +288,6 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
 def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layout: Fleet | None, base_port: int,
              host: str) -> list[FleetServer]:
     """One server per GPU given, or the servers of an existing fleet file (hosts, GPUs, ports kept)."""
-    from autotune.deploy.fleet import FleetServer
-
     if gpus:
         prefix = "cpu" if winner.device == "cpu" else "gpu"
         return [FleetServer(name=f"{prefix}{gpu}", gpu=gpu, port=base_port + i, bind=host, config="sglang.yaml",
@@ -446,10 +319,7 @@ def write_artifacts(
     The servers are one per index of ``gpus``, else those of ``layout`` (a loaded fleet file); there is no
     default. Engine, interpreter (``python`` overrides the study's), device, environment and model are the
     study's, so the fleet runs what the study measured."""
-    from pydantic import ValidationError
 
-    from autotune.harness.engines.sim import sim_argv
-    from autotune.deploy.fleet import Fleet, device_argv, engine_for, write_fleet
 
     model = model or winner.model
     if not model:

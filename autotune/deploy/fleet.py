@@ -19,12 +19,17 @@ from typing import Any, Literal
 
 import httpx
 import psutil
+import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from autotune.deploy import remote
+from autotune.deploy.sglang_yaml import read_config_file
 from autotune.errors import AutotuneError, ConfigError, FleetError
+from autotune.harness.engines import make_engine
+from autotune.harness.gpu import wait_released
+from autotune.harness.server import ServerProcess, port_is_free, stop_process_group
 from autotune.redaction import looks_secret, resolve_env
 from autotune.results import Capacity
-from autotune.tomlwrite import toml_key, toml_value
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
 SECRET_KEYS = re.compile(r"pass(word|phrase|wd)|secret", re.IGNORECASE)
@@ -174,13 +179,10 @@ def load_fleet(path: str | Path) -> Fleet:
 def fleet_toml(fleet: Fleet) -> str:
     data = fleet.model_dump(exclude_none=True)
     servers = data.pop("servers")
-    lines = ["# autotune fleet: one [[servers]] entry per server; `config` is the sglang.yaml it runs."]
-    lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in data.items() if v != {}]
-    for server in servers:
-        lines += ["", "[[servers]]"]
-        lines += [f"{toml_key(k)} = {toml_value(v)}" for k, v in server.items()
-                  if not (v == [] or v == {})]
-    return "\n".join(lines) + "\n"
+    doc = {k: v for k, v in data.items() if v != {}}
+    doc["servers"] = [{k: v for k, v in server.items() if not (v == [] or v == {})} for server in servers]
+    head = "# autotune fleet: one `servers` entry per server; `config` is the sglang.yaml it runs.\n"
+    return head + tomli_w.dumps(doc)
 
 
 def write_fleet(fleet: Fleet, path: str | Path | None = None) -> Path:
@@ -200,16 +202,12 @@ def set_server_config(fleet: Fleet, name: str, config_file: str) -> Fleet:
 
 
 def server_config(fleet: Fleet, server: FleetServer) -> dict[str, Any]:
-    from autotune.deploy.apply import read_config_file
-
     return read_config_file(fleet.resolve(server.config))
 
 
 # -- one server at runtime -----------------------------------------------------------------------------
 def engine_for(fleet: Fleet, server: FleetServer, *, env: Mapping[str, str] | None = None):
     """The fleet's engine for one server; ``env`` (resolved, see ``launch_env``) only matters for a launch."""
-    from autotune.harness.engines import make_engine
-
     python = fleet.python if server.local else (fleet.python or "python3")
     return make_engine(fleet.engine, model_path=fleet.model, python=python, env=env, device=fleet.device,
                        sim_gpu=fleet.sim_gpu or "b200", sim_options=server.sim_options or None)
@@ -267,11 +265,9 @@ def local_pid(fleet: Fleet, server: FleetServer) -> int | None:
 def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *, timeout_s: float) -> int:
     """Start one server detached and wait until ``/health`` answers; FleetError with the log's reason if not."""
     if not server.local:
-        from autotune.deploy import remote
-
-        return remote.start_server(fleet, server, server_argv(fleet, server, config), timeout_s=timeout_s)
-    from autotune.harness.server import ServerProcess
-
+        env = engine_for(fleet, server, env=launch_env(fleet)).env(gpu_index=server.gpu)
+        return remote.start_server(fleet, server, server_argv(fleet, server, config), env=env,
+                                   is_healthy=lambda: healthy(server), timeout_s=timeout_s)
     engine = engine_for(fleet, server, env=launch_env(fleet))
     pid_path, log_path = fleet.resolve(server.pid), fleet.resolve(server.log)
     offset = log_path.stat().st_size if log_path.exists() else 0
@@ -308,12 +304,7 @@ def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_ti
     """SIGTERM (SGLang drains in-flight requests), SIGKILL after ``grace_s``, then wait until the port and
     the GPU's memory are free again (the next server sizes its pools from free memory). True if one ran."""
     if not server.local:
-        from autotune.deploy import remote
-
         return remote.stop_server(fleet, server, grace_s=grace_s)
-    from autotune.harness.gpu import wait_released
-    from autotune.harness.server import port_is_free, stop_process_group
-
     pid_path = fleet.resolve(server.pid)
     pid = local_pid(fleet, server)
     if pid is not None:
@@ -420,8 +411,6 @@ def _selected(fleet: Fleet, names: Iterable[str] | None) -> list[FleetServer]:
 
 def up(fleet: Fleet, *, timeout_s: float = 900.0, names: Iterable[str] | None = None) -> list[str]:
     """Start every server that is not already up. Configs and ports are checked before anything starts."""
-    from autotune.harness.server import port_is_free
-
     todo = []
     for server in _selected(fleet, names):
         config = server_config(fleet, server)  # a bad config file stops the command before any launch

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autotune.errors import FleetError
@@ -49,7 +49,7 @@ def stop_command(*, pid: str, remote_dir: str, grace_s: float) -> str:
 
 async def _run(host: str, command: str, timeout_s: float) -> tuple[int, str, str]:
     try:
-        import asyncssh
+        import asyncssh  # optional (autotune[remote]): only remote fleets need it
     except ImportError:
         raise FleetError("remote fleet hosts need asyncssh: pip install 'autotune[remote]'") from None
     user, name, port = split_host(host)
@@ -74,18 +74,17 @@ def run(host: str, command: str, *, timeout_s: float = 60.0) -> tuple[int, str, 
     return asyncio.run(_run(host, command, timeout_s))
 
 
-def start_server(fleet, server, argv: list[str], *, timeout_s: float) -> int:
-    """Launch on the remote host, then poll ``/health`` from here until it answers or the timeout ends."""
-    from autotune.deploy.fleet import engine_for, healthy, launch_env
-
-    env = engine_for(fleet, server, env=launch_env(fleet)).env(gpu_index=server.gpu)
+def start_server(fleet, server, argv: list[str], *, env: Mapping[str, str], is_healthy: Callable[[], bool],
+                 timeout_s: float) -> int:
+    """Launch on the remote host with ``env``, then poll ``is_healthy`` (its ``/health``, from here) until it
+    answers or the timeout ends."""
     command = start_command(argv, env=env, log=server.log, pid=server.pid, remote_dir=fleet.remote_dir)
     code, out, err = run(server.host, command)
     if code != 0 or not out.strip().isdigit():
         raise FleetError(f"server {server.name}: launch on {server.host} failed: {(err or out).strip()[:200]}")
     pid = int(out.strip())
     deadline = time.monotonic() + timeout_s
-    while not healthy(server):
+    while not is_healthy():
         alive, _, _ = run(server.host, f"kill -0 {pid}")
         if alive != 0:
             raise FleetError(f"server {server.name} on {server.host} exited before it was ready "

@@ -22,7 +22,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError, FleetError
 from autotune.deploy.fleet import (
     Fleet,
     FleetServer,
@@ -35,6 +34,9 @@ from autotune.deploy.fleet import (
     stop_server,
     write_fleet,
 )
+from autotune.deploy.sglang_yaml import read_config_file, split_config, yaml_text
+from autotune.errors import AutotuneError, FleetError
+from autotune.harness.workload import PromptSample, metrics_from_records, replay
 
 Say = Callable[[str], None]
 
@@ -195,8 +197,6 @@ def check_capacity(expect: Expectation, capacity) -> str | None:
 
 
 def run_canary(server: FleetServer, canary: Canary, capacity) -> Any:
-    from autotune.harness.workload import PromptSample, metrics_from_records, replay
-
     sample = PromptSample.load(canary.prompts, canary.sample_size, canary.seed)
     concurrency = canary.concurrency or max(1, 2 * (getattr(capacity, "max_running_requests", None) or 1))
     records = asyncio.run(replay(server.url, sample, concurrency=concurrency, max_tokens=canary.max_tokens,
@@ -231,8 +231,6 @@ def verify(fleet: Fleet, server: FleetServer, expect: Expectation, canary: Canar
 # -- steps -----------------------------------------------------------------------------------------------
 def stage_config(fleet: Fleet, config: Mapping[str, Any]) -> str:
     """Write ``config`` as ``configs/<hash>.yaml`` beside the fleet file; returns its relative path."""
-    from autotune.deploy.apply import split_config, yaml_text
-
     document, cli = split_config(config)
     if cli:
         raise FleetError(f"these flags cannot be written to an sglang.yaml: {' '.join(cli)}")
@@ -261,8 +259,6 @@ def _replace(fleet: Fleet, server: FleetServer, config_file: str, timing: Timing
 
 
 def _read(fleet: Fleet, config_file: str) -> dict[str, Any]:
-    from autotune.deploy.apply import read_config_file
-
     return read_config_file(fleet.resolve(config_file))
 
 

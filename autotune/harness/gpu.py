@@ -1,4 +1,5 @@
-"""GPU readings during a trial: a sampling monitor and three readers (NVML, simulated GPU, host memory).
+"""GPU readings during a trial: a sampling monitor and two readers (NVML, host memory); the simulated GPU's
+reader is the sim engine's (``harness.engines.sim.SimGpuReader``).
 
 The monitor runs in a thread so the replay's event loop never blocks on a driver call; ``wait_released``
 is how teardown knows the next server will size its pools from truly free memory.
@@ -9,16 +10,22 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import psutil
 
 from autotune.errors import GpuError
 from autotune.harness.procgroup import memory_bytes
 from autotune.results import GpuPeaks
 
+if TYPE_CHECKING:
+    from autotune.harness.engines.base import GpuReader
+
 MIB_PER_GIB = 1024.0
 
 
-def _reading(used_gib=None, total_gib=None, util_pct=None, power_w=None, sm_clock_mhz=None) -> dict[str, Any]:
+def reading(used_gib: float | None = None, total_gib: float | None = None, util_pct: float | None = None,
+            power_w: float | None = None, sm_clock_mhz: float | None = None) -> dict[str, Any]:
     return {
         "used_gib": used_gib, "total_gib": total_gib, "util_pct": util_pct,
         "power_w": power_w, "sm_clock_mhz": sm_clock_mhz,
@@ -30,7 +37,7 @@ class NvmlReader:
 
     def __init__(self, index: int = 0):
         try:
-            import pynvml
+            import pynvml  # heavy, and needs a driver: only a real GPU run loads it
         except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a declared dependency
             raise GpuError("nvidia-ml-py is not installed (pip install nvidia-ml-py)") from exc
         try:
@@ -47,7 +54,7 @@ class NvmlReader:
     def read(self) -> dict[str, Any]:
         nv = self._nvml
         mem = nv.nvmlDeviceGetMemoryInfo(self._handle)
-        values = _reading(used_gib=mem.used / 2**30, total_gib=mem.total / 2**30)
+        values = reading(used_gib=mem.used / 2**30, total_gib=mem.total / 2**30)
         for key, call in (
             ("util_pct", lambda: float(nv.nvmlDeviceGetUtilizationRates(self._handle).gpu)),
             ("power_w", lambda: nv.nvmlDeviceGetPowerUsage(self._handle) / 1000.0),
@@ -66,26 +73,6 @@ class NvmlReader:
             pass
 
 
-class SimGpuReader:
-    """The simulated GPU (``autotune.sim.device``): the registry sim servers write their memory into."""
-
-    def __init__(self, index: int = 0, directory: str | None = None):
-        self.index, self.directory = index, directory
-
-    def read(self) -> dict[str, Any]:
-        from autotune.sim import device
-
-        r = device.read(self.index, directory=self.directory)
-        return _reading(
-            used_gib=r.used_mib / MIB_PER_GIB,
-            total_gib=None if r.total_mib is None else r.total_mib / MIB_PER_GIB,
-            util_pct=getattr(r, "util_pct", None),
-        )
-
-    def close(self) -> None:
-        pass
-
-
 class HostMemoryReader:
     """Host RAM held by one server (SGLang's CPU backend): its process group's PSS plus its /dev/shm files.
 
@@ -102,14 +89,12 @@ class HostMemoryReader:
         self._pids, self._files_bytes = pids, files_bytes
 
     def read(self) -> dict[str, Any]:
-        import psutil
-
         vm = psutil.virtual_memory()
         if self._pids is None:
             used = vm.total - vm.available
         else:
             used = sum(memory_bytes(pid) for pid in self._pids()) + self._files_bytes()
-        return _reading(
+        return reading(
             used_gib=used / 2**30, total_gib=vm.total / 2**30, util_pct=psutil.cpu_percent(interval=None),
         )
 
@@ -120,7 +105,7 @@ class HostMemoryReader:
 class GpuMonitor:
     """Samples a reader every ``interval_s`` in a thread while the ``with`` block runs."""
 
-    def __init__(self, reader, interval_s: float = 0.2):
+    def __init__(self, reader: GpuReader, interval_s: float = 0.2):
         self.reader, self.interval_s = reader, interval_s
         self.samples: list[dict[str, Any]] = []
         self._stop = threading.Event()
@@ -170,13 +155,13 @@ class GpuMonitor:
         )
 
 
-def used_mib(reader) -> float | None:
+def used_mib(reader: GpuReader) -> float | None:
     used = reader.read().get("used_gib")
     return None if used is None else used * MIB_PER_GIB
 
 
 def wait_released(
-    reader, baseline_used_mib: float | None, timeout_s: float, *, tolerance_mib: float = 128.0, poll_s: float = 0.1
+    reader: GpuReader, baseline_used_mib: float | None, timeout_s: float, *, tolerance_mib: float = 128.0, poll_s: float = 0.1
 ) -> bool:
     """Poll until used memory is back within ``tolerance_mib`` of the pre-start baseline; False on timeout."""
     if baseline_used_mib is None:

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psutil
@@ -26,6 +27,9 @@ from autotune.errors import ServerError
 from autotune.harness.gpu import used_mib, wait_released
 from autotune.harness.procgroup import group_pids
 from autotune.harness.shm import SHM_DIR, ShmOwnership, snapshot
+
+if TYPE_CHECKING:
+    from autotune.harness.engines.base import GpuReader
 
 LOG_TAIL_LINES = 40
 SHM_SAMPLE_S = 0.05  # a server that dies during startup holds its files only for as long as it lives
@@ -52,7 +56,7 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A port the OS says is free now (bind port 0)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -178,11 +182,11 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         gpu_index: int | None = None,
         log_path: Path,
-        gpu_reader=None,
+        gpu_reader: GpuReader | None = None,
         run_dir: Path | None = None,
         detach: bool = False,
         shm_dir: Path | None = None,
-    ):
+    ) -> None:
         if isinstance(argv, str):
             raise TypeError("argv must be a list of arguments, never a shell string")
         self.argv, self.port, self.host = list(argv), port, host
@@ -197,7 +201,7 @@ class ServerProcess:
         self.teardown_error: str | None = None  # a release that timed out: reported, never a hang
         self.removed_shm: list[str] = []
         self.unattributed_shm: list[str] = []  # new SGLang-like files not proven this server's: left in place
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self._pgid: int | None = None
         self._shm: ShmOwnership | None = None
         self._sampler: ShmSampler | None = None
@@ -276,7 +280,7 @@ class ServerProcess:
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
         return log_tail(self.log_path, lines)
 
-    def wait_ready(self, timeout_s: float, *, stop_event=None) -> None:
+    def wait_ready(self, timeout_s: float, *, stop_event: threading.Event | None = None) -> None:
         """Return once ``/health`` answers 200; a process that exits ends the wait at once."""
         if self._proc is None:
             raise ServerError("server not started")
@@ -353,7 +357,7 @@ class ServerProcess:
             self.stop()
 
 
-def _record_matches(record: dict) -> bool:
+def _record_matches(record: dict[str, Any]) -> bool:
     """The pid still belongs to the process the file recorded (same start time and cmdline)."""
     try:
         proc = psutil.Process(record["pid"])
@@ -363,15 +367,15 @@ def _record_matches(record: dict) -> bool:
         return False
 
 
-def _harness_alive(record: dict) -> bool:
+def _harness_alive(record: dict[str, Any]) -> bool:
     try:
         proc = psutil.Process(record["harness_pid"])
-        return abs(proc.create_time() - record["harness_create_time"]) < 0.05
+        return bool(abs(proc.create_time() - record["harness_create_time"]) < 0.05)
     except (psutil.Error, KeyError, TypeError):
         return False
 
 
-def _record_ownership(record: dict) -> ShmOwnership:
+def _record_ownership(record: dict[str, Any]) -> ShmOwnership:
     owned = {str(k): int(v) for k, v in (record.get("shm_owned") or {}).items()}
     return ShmOwnership(Path(record.get("shm_dir", SHM_DIR)), record.get("shm_before", []),
                         record.get("shm_ports", []), owned)

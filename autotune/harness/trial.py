@@ -19,15 +19,15 @@ import json
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from autotune.config import Timeouts
 from autotune.errors import ConfigError, ServerError
-from autotune.harness.engines import logparse
 from autotune.harness.engines.base import Engine
+from autotune.harness.fidelity import FidelityProbe, ProbeError, run_probe
 from autotune.harness.gpu import GpuMonitor
 from autotune.harness.server import (
     ServerExited,
@@ -44,14 +44,7 @@ LAG_LIMIT = 0.02  # the sim server's wall clock may trail its modelled clock by 
 CLIENT_BUSY_LIMIT = 0.95  # the replay process running or runnable this share of one core: client-bound
 REMEASURE_STREAM_INTERVAL = 16  # tokens per SSE chunk for the re-measure (at least 4 × the trial's own)
 PhaseCallback = Callable[[str, dict], None]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Timeouts:
-    startup_s: float = 900.0
-    teardown_s: float = 60.0
-    grace_s: float = 10.0
-    request_s: float = 600.0
+DEFAULT_TIMEOUTS = Timeouts()
 
 
 def _server_info(base_url: str) -> dict[str, Any] | None:
@@ -137,18 +130,20 @@ def run_trial(
     trial_dir: Path,
     gpu_index: int | None = 0,
     port: int | None = None,
-    timeouts: Timeouts = Timeouts(),
+    timeouts: Timeouts = DEFAULT_TIMEOUTS,
     on_phase: PhaseCallback | None = None,
     stop_event: threading.Event | None = None,
     run_dir: Path | None = None,
     sample: PromptSample | None = None,
     shm_dir: Path | None = None,
+    probe: FidelityProbe | None = None,
 ) -> TrialResult:
     """Run one server config end to end; never raises for a trial outcome (bad input still raises). An untrusted
-    window (see the module docstring) is measured once more with batched SSE chunks before it is recorded."""
+    window (see the module docstring) is measured once more with batched SSE chunks before it is recorded.
+    ``probe``: the fidelity probe (``harness.fidelity``) to run in the same launch after a trusted window."""
     trial_dir = Path(trial_dir)
     kwargs: dict[str, Any] = dict(gpu_index=gpu_index, port=port, timeouts=timeouts, on_phase=on_phase,
-                                  stop_event=stop_event, run_dir=run_dir, sample=sample, shm_dir=shm_dir)
+                                  stop_event=stop_event, run_dir=run_dir, sample=sample, shm_dir=shm_dir, probe=probe)
     result = _run_once(engine, config, workload, trial_dir=trial_dir, **kwargs)
     if result.status not in UNTRUSTED_STATUSES or (stop_event is not None and stop_event.is_set()):
         return result
@@ -180,12 +175,13 @@ def _run_once(
     trial_dir: Path,
     gpu_index: int | None = 0,
     port: int | None = None,
-    timeouts: Timeouts = Timeouts(),
+    timeouts: Timeouts = DEFAULT_TIMEOUTS,
     on_phase: PhaseCallback | None = None,
     stop_event: threading.Event | None = None,
     run_dir: Path | None = None,
     sample: PromptSample | None = None,
     shm_dir: Path | None = None,
+    probe: FidelityProbe | None = None,
 ) -> TrialResult:
     """Run one server config end to end; never raises for a trial outcome (bad input still raises)."""
     trial_dir = Path(trial_dir)
@@ -235,6 +231,9 @@ def _run_once(
         durations["startup"] = round(time.monotonic() - t0, 3)
         if not fields:
             fields.update(_measure(engine, server, workload, sample, trial_dir, durations, phase, stop_event, timeouts))
+            if probe is not None and (fields.get("status") == "ok" or (
+                    probe.only and server.alive and fields.get("status") != "interrupted")):
+                fields.update(_probe(server, probe, trial_dir, durations, phase))
     finally:
         phase("stopping", {})
         t1 = time.monotonic()
@@ -252,7 +251,7 @@ def _measure(engine, server, workload, sample, trial_dir, durations, phase, stop
     """Capacity, then the replay; classifies a server that died or an interruption while measuring."""
     info = _server_info(server.base_url)
     capacity = engine.capacity(server.log_text(), info)
-    out: dict[str, Any] = {"capacity": capacity, "modelled_startup_s": logparse.startup_seconds(info)}
+    out: dict[str, Any] = {"capacity": capacity, "modelled_startup_s": engine.startup_seconds(info)}
     concurrency = workload.concurrency or auto_concurrency(capacity)
     seen: set[str] = {"warmup"}  # announced below, with the server's pid
 
@@ -304,7 +303,7 @@ def _measure(engine, server, workload, sample, trial_dir, durations, phase, stop
     if metrics.accept_length is None:
         # No request finished inside the window (long outputs, short window): the server's own counter,
         # reset before the replay, covers warm-up + window.
-        accept = logparse.spec_accept_length(_server_info(server.base_url))
+        accept = engine.spec_accept_length(_server_info(server.base_url))
         if accept:
             metrics = dataclasses.replace(metrics, accept_length=round(accept, 4))
     out["metrics"] = metrics
@@ -321,3 +320,23 @@ def _measure(engine, server, workload, sample, trial_dir, durations, phase, stop
         out["measurement"]["untrusted_tok_s"] = metrics.output_tok_s
         return {**out, "metrics": None, "status": status, "reason": reason}
     return {**out, "status": "ok"}
+
+
+def _probe(server, probe: FidelityProbe, trial_dir: Path, durations: dict[str, float], phase) -> dict[str, Any]:
+    """The fidelity probe, after the window in the same launch: figures in ``fidelity``, or ``probe_error``."""
+    phase("probing numerics", {"prompts": len(probe.prompts), "tokens": probe.tokens,
+                               "mode": "recording the reference" if probe.records else "comparing with the reference"})
+    t0 = time.monotonic()
+    try:
+        figures = run_probe(server.base_url, probe, trial_dir=trial_dir)
+    except ProbeError as exc:
+        durations["probe"] = round(time.monotonic() - t0, 3)
+        return {"status": "probe_error", "reason": f"fidelity probe: {exc}",
+                "fidelity": {"role": "reference" if probe.records else "probe", "error": str(exc),
+                             "changes": [dict(c) for c in probe.changes], "prompts": len(probe.prompts),
+                             "tokens": probe.tokens}}
+    durations["probe"] = round(time.monotonic() - t0, 3)
+    if not server.alive:  # the probe's requests took the server down: that is this config's outcome too
+        return {"status": "probe_error", "reason": "fidelity probe: the server exited during the probe",
+                "fidelity": {**figures, "error": "the server exited during the probe"}}
+    return {"fidelity": figures}

@@ -15,9 +15,11 @@ from typing import Any
 
 import httpx
 
+from autotune.errors import AutotuneError
 from autotune.inspect.probe import Probe, ProbeFailure, StartupPools, probe, read_startup_log
 from autotune.inspect.state import ServerState, as_int
-from autotune.errors import AutotuneError
+from autotune.inspect.suggest import advise
+from autotune.sglang.profiles import load_gpu, load_model
 
 
 class InspectError(AutotuneError):
@@ -26,7 +28,7 @@ class InspectError(AutotuneError):
 
 @dataclass(frozen=True, kw_only=True)
 class Limit:
-    """One cap on ``max_running_requests`` (FACTS §1.5 step 6): its name, value and where it comes from."""
+    """One cap on ``max_running_requests`` (SGLang 0.5.23 ``srt/mem_cache/kv_cache_configurator.py``, ``resolve_max_num_reqs``): its name, value and where it comes from."""
 
     name: str  # mamba | kv | spec_default | explicit | est
     value: int
@@ -61,7 +63,7 @@ class PoolUsage:
 
 
 def mamba_ratio(args: dict[str, Any]) -> tuple[int | None, str | None]:
-    """Mamba slots per running request (FACTS §1.6) from the resolved strategy, and the strategy's words."""
+    """Mamba slots per running request (``sglang.args.mamba_slots_per_request``) from the resolved strategy, and the strategy's words."""
     if args.get("disable_radix_cache"):
         return 1, "radix cache disabled"
     strategy = args.get("mamba_radix_cache_strategy")
@@ -266,8 +268,6 @@ def headline(
 
 def diagnose(p: Probe, *, model: str | None = None, gpu: str | None = None) -> ServerDiagnosis:
     """One server: capacity explanation, pool usage, memory split, and the planner's advice when it can."""
-    from autotune.inspect.suggest import advise
-
     state = ServerState.from_probe(p)
     cap = explain_capacity(state)
     usage = pool_usage(state)
@@ -341,8 +341,6 @@ def inspect_servers(
 ) -> Inspection:
     """Diagnose every URL; a server that cannot be inspected is one line in ``failures``, never an exception.
     ``logs[i]`` is the startup log of ``urls[i]`` (optional): the only place SGLang states its Mamba pools' size."""
-    from autotune.sglang.profiles import load_gpu, load_model
-
     # A bad --model/--gpu/--log is the caller's mistake: say so before touching any server.
     if model:
         load_model(model)

@@ -11,14 +11,19 @@ The log matters for hybrid models: ``/server_info`` ``memory_usage.kvcache`` is 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from autotune.harness.gpu import NvmlReader
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
@@ -115,7 +120,19 @@ def normalise_url(url: str) -> str:
 
 
 _FRACTIONS = ("_usage", "_rate", "_ratio", "accept_length")
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+def _samples(text: str) -> Iterator[tuple[str, float]]:
+    """(sample name, value) of every sample, by ``prometheus_client``'s parser; a malformed exposition is read
+    line by line so that one bad line costs only itself."""
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        families = []
+        for line in text.splitlines():
+            with contextlib.suppress(ValueError):
+                families += text_string_to_metric_families(line + "\n")
+    for family in families:
+        for sample in family.samples:
+            yield sample.name, sample.value
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
@@ -126,20 +143,8 @@ def parse_prometheus(text: str) -> dict[str, float]:
     """
     out: dict[str, float] = {}
     seen: dict[str, int] = {}
-    for line in text.splitlines():
-        if not line or line.startswith("#"):
-            continue
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        name, _, raw = match.groups()
-        if name.endswith(("_bucket", "_sum", "_count")):
-            continue
-        try:
-            value = float(raw)
-        except ValueError:
-            continue
-        if math.isnan(value):
+    for name, value in _samples(text):
+        if name.endswith(("_bucket", "_sum", "_count")) or math.isnan(value):
             continue
         out[name] = out.get(name, 0.0) + value
         seen[name] = seen.get(name, 0) + 1
@@ -259,8 +264,6 @@ def _mib(value: Any) -> float | None:
 def _nvml_gpu(index: int) -> dict[str, Any] | None:
     """The device's memory through NVML, or None: NVML is optional here, never a reason to fail."""
     try:
-        from autotune.harness.gpu import NvmlReader
-
         reader = NvmlReader(index)
         try:
             reading = reader.read()

@@ -1,7 +1,7 @@
 """One probed server in autotune's words: the resolved args, the runtime capacity and the operator's flags.
 
 ``/server_info`` mixes resolved startup args (top level) with runtime overrides (``internal_states[0]``);
-this module reads each figure from the place SGLang 0.5.23 actually puts it (FACTS §3).
+this module reads each figure from the place SGLang 0.5.23 actually puts it (``srt/entrypoints/http_server.py``: ``/server_info`` and its ``internal_states``).
 """
 
 from __future__ import annotations
@@ -10,8 +10,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from autotune.errors import ConfigError
 from autotune.inspect.probe import Probe, StartupPools, server_device
 from autotune.redaction import secret_name
+from autotune.sglang.flags import FlagTable
 
 # Flags that say where the server runs, not how it is configured: left out of the config a sweep would tune.
 _PLACEMENT = frozenset({"model_path", "tokenizer_path", "host", "port", "served_model_name", "base_gpu_id"})
@@ -208,9 +210,6 @@ def mamba_memory(
 
 def flags_from_command(command: str) -> dict[str, Any] | None:
     """SGLang's ``launch_command`` → dest-keyed flags (placement flags dropped), or None when unparseable."""
-    from autotune.errors import ConfigError
-    from autotune.sglang.flags import FlagTable
-
     table = FlagTable.bundled()
     tokens = shlex.split(command)
     while tokens and not tokens[0].startswith("--"):

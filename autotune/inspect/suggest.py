@@ -12,11 +12,14 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from autotune.inspect.state import ServerState
 from autotune.errors import AutotuneError
+from autotune.inspect.state import ServerState
+from autotune.sglang.flags import FlagTable
+from autotune.sglang.memory import plan
+from autotune.sglang.profiles import load_gpu, load_model
 
 GPU_NAMES = ("b200", "h200", "h100")
-MFS_MAX = 0.95  # SGLang's own heuristic never goes above this; past it graph capture OOMs (CALIBRATION C18)
+MFS_MAX = 0.95  # SGLang's own heuristic never goes above this; past it graph capture OOMs (docs/sglang-memory.md §4)
 DEFAULT_TOKENS_PER_REQUEST = 4096  # KV a request may need when the live load says nothing better
 _LEVEL = ("low", "medium", "high")
 
@@ -68,8 +71,6 @@ def _candidates(model_path: str, local: bool) -> list[str]:
 
 def resolve_model(state: ServerState, override: str | None) -> tuple[Any, str | None, str | None]:
     """(profile, name, note): the ``--model`` override, else a bundled profile matching the served model."""
-    from autotune.sglang.profiles import load_model
-
     if override:
         return load_model(override), override, None  # a bad --model is the user's error: let it raise
     if not state.model_path:
@@ -99,8 +100,6 @@ def resolve_model(state: ServerState, override: str | None) -> tuple[Any, str | 
 
 def resolve_gpu(state: ServerState, override: str | None) -> tuple[Any, str | None, str | None]:
     """(profile, name, note): ``--gpu``, else the bundled GPU whose memory matches the device's total."""
-    from autotune.sglang.profiles import load_gpu
-
     if override:
         return load_gpu(override), override, None
     if not state.gpu and state.device == "cpu":
@@ -201,8 +200,6 @@ def search(state: ServerState, plan_fn: Callable[..., Any], model: Any, gpu: Any
            current: Any, confidence: str) -> list[Suggestion]:
     """The best combined change first (the safest of the highest), then the single changes that lift
     ``max_running_requests``, each with its predicted capacity."""
-    from autotune.sglang.flags import FlagTable
-
     extra = current.extra
     ratio = extra.get("ratio")
     # SGLang's request cap before the pools cut it: explicit, 48 under speculative decoding, else its estimate.
@@ -312,8 +309,6 @@ def _rank(combos: list[tuple[dict[str, Any], Any]], singles: list[tuple[dict[str
 
 def advise(state: ServerState, cap: Any, *, model: str | None = None, gpu: str | None = None) -> Advice:
     """Replay the server's config through the planner and search the next step; explain what is missing."""
-    from autotune.sglang.flags import FlagTable
-
     profile, model_name, model_note = resolve_model(state, model)
     gpu_profile, gpu_name, gpu_note = resolve_gpu(state, gpu)
     notes = [n for n in (model_note, gpu_note) if n]
@@ -325,8 +320,6 @@ def advise(state: ServerState, cap: Any, *, model: str | None = None, gpu: str |
     if config is None or profile is None or gpu_profile is None:
         return Advice(model=model_name, gpu=gpu_name, config=state.user_flags() if config is None else config,
                       confidence=None, reproduction=None, plan_gib=None, notes=notes)
-    from autotune.sglang.memory import plan
-
     current = plan(profile, gpu_profile, config)
     confidence, sentence = reproduce(current, state)
     plan_gib = {**asdict(current.gib), "total": current.extra.get("total_gib")}

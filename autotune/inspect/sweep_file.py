@@ -9,17 +9,17 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
+import tomli_w
+
 from autotune.inspect.diagnose import InspectError, ServerDiagnosis
-from autotune.tomlwrite import toml_key
-from autotune.tomlwrite import toml_value as _toml_value
 
 
-def toml_value(value: Any) -> str:
-    """One TOML value for a study file; a value TOML cannot hold is this command's error, not a crash."""
+def _dumps(doc: dict[str, Any]) -> str:
+    """The study file's TOML; a value TOML cannot hold is this command's error, not a crash."""
     try:
-        return _toml_value(value)
-    except TypeError:
-        raise InspectError(f"cannot write {value!r} into a study file") from None
+        return tomli_w.dumps(doc)
+    except TypeError as exc:
+        raise InspectError(f"cannot write a study file: {exc}") from None
 
 
 def _int_range(centre: int, step: int, low_frac: float, high_frac: float, floor: int) -> dict[str, Any]:
@@ -95,42 +95,19 @@ def sweep_toml(d: ServerDiagnosis, *, prompts: str | None = None, trials: int = 
         engine.update(model=advice.model, sim_gpu=advice.gpu)
     else:
         engine.update(model=d.state.model_path or advice.model, profile=advice.model)
-    lines = [
-        f"# Written by `autotune {origin} {d.url}`: {d.headline}.",
-        f"# Planner: {advice.reproduction}",
-        "",
-        "[study]",
-        f"name = {toml_value(_study_name(d.url, origin))}",
-        f"trials = {trials}",
-        "",
-        "[engine]",
-        *(f"{k} = {toml_value(v)}" for k, v in engine.items()),
-        f"fixed = {toml_value(fixed)}",
-        "",
-        "[space]",
-        *(f"{toml_key(k)} = {toml_value(v)}" for k, v in space.items()),
-        "",
-        "[baseline]",
-        'label = "running config"',
-        f"flags = {toml_value(baseline)}",
-    ]
+    doc: dict[str, Any] = {
+        "study": {"name": _study_name(d.url, origin), "trials": trials},
+        "engine": {**engine, "fixed": fixed},
+        "space": space,
+        "baseline": {"label": "running config", "flags": baseline},
+    }
     if advice.suggestions:
         first = advice.suggestions[0]
-        lines += [
-            "",
-            "[[enqueue]]",
-            f"label = {toml_value(origin + ': ' + ' '.join(first.argv))}",
-            f"flags = {toml_value({**baseline, **first.changes})}",
-        ]
-    if workload is not None:
-        lines += ["", "[workload]", *(f"{toml_key(k)} = {toml_value(v)}" for k, v in workload.items()), ""]
-        return "\n".join(lines)
-    lines += [
-        "",
-        "[workload]",
-        '# the job\'s own prompts (JSONL rows with "prompt" or chat "messages"), relative to this file',
-        f"prompts = {toml_value(prompts or 'prompts.jsonl')}",
-        "max_tokens = 4096",
-        "",
-    ]
-    return "\n".join(lines)
+        doc["enqueue"] = [{"label": origin + ": " + " ".join(first.argv), "flags": {**baseline, **first.changes}}]
+    head = [f"# Written by `autotune {origin} {d.url}`: {d.headline}.", f"# Planner: {advice.reproduction}"]
+    if workload is None:
+        head.append("# [workload] prompts: the job's own prompts (JSONL rows with \"prompt\" or chat \"messages\"), "
+                    "relative to this file")
+        workload = {"prompts": prompts or "prompts.jsonl", "max_tokens": 4096}
+    doc["workload"] = workload
+    return "\n".join(head) + "\n\n" + _dumps(doc)

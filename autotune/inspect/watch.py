@@ -195,7 +195,7 @@ class Watcher:
             elif advice is not None and advice.model and advice.gpu:
                 fix.append("planner: no change it trusts serves today's traffic better.")
             if report.study_file:
-                fix.append(f"Re-tune for today's traffic: autotune sweep {report.study_file}")
+                fix.append(f"Re-tune for today's traffic: autotune sweep --config {report.study_file}")
             fixed.append(Finding(server=f.server, rule=f.rule, evidence=f.evidence, reason=f.reason, fix=fix))
         report.findings = fixed
 

@@ -44,7 +44,7 @@ _WANTED = frozenset(
 )
 
 
-def _watched_lines(text: str) -> str:
+def watched_lines(text: str) -> str:
     """Only the watched series (and their HELP/TYPE lines): a real /metrics has hundreds of series, and the
     parser's cost grows with every line it is handed."""
     keep = []
@@ -146,7 +146,7 @@ def parse_sample(text: str, t: float) -> Sample:
     buckets: dict[str, dict[float, float]] = {}
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(_watched_lines(text)):
+    for family in text_string_to_metric_families(watched_lines(text)):
         for s in family.samples:
             name = s.name.removeprefix("sglang:")
             if name == s.name or math.isnan(s.value):

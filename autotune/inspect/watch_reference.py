@@ -103,8 +103,8 @@ def _output_range(result: Any, largest: int | None) -> tuple[int, int] | None:
 
 
 def _from_study(path: Path) -> Tuned:
-    from autotune.deploy.apply import load_winner
     from autotune.config import load_config
+    from autotune.deploy.apply import load_winner
 
     cfg = load_config(path)
     winner = load_winner(cfg.storage_url, cfg.name)

@@ -180,9 +180,9 @@ def throughput(ctx: Context) -> Finding | None:
     if not ctx.window.samples or ctx.window.samples[0].t > since:
         return None  # the window does not yet cover the sustain period
     recent = [s for s in ctx.window.samples if s.t >= since]
-    rates = [s.gauges.get("gen_throughput") for s in recent]
+    rates = [s.gauges["gen_throughput"] for s in recent if "gen_throughput" in s.gauges]
     waiting = all(s.gauges.get("num_queue_reqs", 0.0) > 0 for s in recent)
-    if not waiting or any(r is None or r >= low for r in rates):
+    if not waiting or len(rates) < len(recent) or any(r >= low for r in rates):
         return None  # without waiting demand a slower server is just a quieter one
     return Finding(
         server=ctx.url, rule="throughput",

@@ -19,7 +19,9 @@ import numpy as np
 import optuna
 import pandas as pd
 
-from autotune.results import TrialResult
+from autotune.config import NumericsLimits
+from autotune.results import TrialResult, fidelity_summary
+from autotune.search.settings import device_name, engine_table
 
 # status → the outcome class a reader sees; the group decides the marker a figure uses.
 OUTCOMES: dict[str, tuple[str, str]] = {
@@ -33,6 +35,7 @@ OUTCOMES: dict[str, tuple[str, str]] = {
     "interrupted": ("interrupted", "failed"),
     "invalid_measurement": ("invalid measurement (sim lagged)", "failed"),
     "client_bound": ("client-bound measurement", "failed"),
+    "probe_error": ("fidelity probe failed", "failed"),
 }
 MEMORY_PARTS = ("weights", "kv", "mamba_states", "spec_intermediates", "graphs", "activations", "other", "headroom")
 QUANTILES = {"p5": 5, "p25": 25, "p50": 50, "p75": 75, "p90": 90, "p95": 95, "p99": 99}
@@ -43,46 +46,16 @@ def study_config(study: optuna.Study) -> dict[str, Any]:
     return dict(study.user_attrs.get("autotune") or {})
 
 
-def _engine(config: Mapping[str, Any]) -> Mapping[str, Any]:
-    """The ``[engine]`` table of a stored study config (older/flat dicts keep the keys at the top level)."""
-    engine = config.get("engine")
-    return engine if isinstance(engine, Mapping) else config
-
-
-def engine_kind(config: Mapping[str, Any]) -> str:
-    engine = config.get("engine")
-    return str(engine.get("kind") or "sglang") if isinstance(engine, Mapping) else str(engine or "sglang")
-
-
 def model_name(config: Mapping[str, Any]) -> str:
-    model = _engine(config).get("model") or config.get("model")
+    model = engine_table(config).get("model") or config.get("model")
     if isinstance(model, Mapping):
         return str(model.get("path") or model.get("name") or "model")
     return str(model or "model")
 
 
-def device_name(config: Mapping[str, Any]) -> str:
-    """Where the study measured, by its engine and device: the simulated GPU profile for the simulator,
-    "CPU" for SGLang's CPU backend, else the GPU it recorded (a real GPU's ``sim_gpu`` is only the profile
-    the planner assumed, so it is named as such)."""
-    engine = _engine(config)
-    recorded = config.get("gpu_name") or engine.get("gpu_name")
-    if recorded:
-        return str(recorded)
-    sim_gpu = engine.get("sim_gpu") or config.get("sim_gpu")
-    if engine_kind(config) == "sim":
-        gpu = sim_gpu or engine.get("gpu") or config.get("gpu")
-        if isinstance(gpu, Mapping):
-            gpu = gpu.get("name")
-        return str(gpu or "GPU")
-    if str(engine.get("device") or config.get("device") or "cuda") == "cpu":
-        return "CPU"
-    return f"GPU (planner profile {sim_gpu})" if sim_gpu else "GPU"
-
-
 def launch_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """The study's interpreter, device and environment, as ``report.launch_command`` takes them."""
-    engine = _engine(config)
+    engine = engine_table(config)
     env = engine.get("env") if isinstance(engine.get("env"), Mapping) else {}
     return {"python": engine.get("python") or None, "device": str(engine.get("device") or "cuda"),
             "env": {str(k): str(v) for k, v in env.items()}}
@@ -120,7 +93,16 @@ def tuned_flags(study: optuna.Study) -> list[str]:
     return list(names)
 
 
-def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str]) -> dict[str, Any]:
+def numerics_limits(config: Mapping[str, Any]):
+    """The study's ``[objective] numerics`` (probe size and limits) from its stored config; defaults if absent."""
+    raw = (config.get("objective") or {}).get("numerics") if isinstance(config.get("objective"), Mapping) else None
+    try:
+        return NumericsLimits(**raw) if isinstance(raw, Mapping) else NumericsLimits()
+    except Exception:  # noqa: BLE001 - stored by another version: show the figures without limits
+        return NumericsLimits()
+
+
+def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = None) -> dict[str, Any]:
     result = trial_result(trial)
     status = _status(trial, result)
     outcome, group = OUTCOMES.get(status, (status, "failed"))
@@ -130,8 +112,13 @@ def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str]) -> dict[str, Any
     violated = any(float(c) > 0 for c in trial.user_attrs.get("constraint") or [])
     complete = trial.state == optuna.trial.TrialState.COMPLETE
     feasible = complete and status == "ok" and not violated
+    fidelity = (result.fidelity if result else None) or {}
+    probed = fidelity.get("role") == "probe"
+    over_numerics = bool(probed and limits is not None and any(v > 0 for v in limits.violations(fidelity)))
     if status == "ok" and violated:  # measured, but over a latency SLO: not a candidate winner
         outcome, group = "violates SLO", "slo"
+        if over_numerics:
+            outcome = "outputs differ beyond the numerics limit"
     if metrics is not None and status == "ok":
         tok_s = metrics.output_tok_s
     elif complete:
@@ -155,6 +142,15 @@ def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str]) -> dict[str, Any
         "itl_p99_ms": _get(metrics.itl_ms, "p99") if metrics else math.nan,
         "e2e_p99_ms": _get(metrics.e2e_ms, "p99") if metrics else math.nan,
         "accept_length": _get(metrics, "accept_length"),
+        # The fidelity probe against the reference config (``harness.fidelity``); NaN where not probed.
+        "outputs_differ": bool(probed and (fidelity.get("exact_share") is None or fidelity["exact_share"] < 1.0)),
+        "numerics": fidelity_summary(fidelity or None),
+        "prefix_match": float(fidelity["prefix_match_mean"]) if probed and fidelity.get("prefix_match_mean") is not None else math.nan,
+        "exact_share": float(fidelity["exact_share"]) if probed and fidelity.get("exact_share") is not None else math.nan,
+        "logprob_delta": (float(fidelity["mean_abs_logprob_delta"])
+                          if probed and fidelity.get("mean_abs_logprob_delta") is not None else math.nan),
+        "over_numerics_limit": over_numerics,
+        "planner_note": planner_note(plan) if status in ("skipped_infeasible", "startup_oom") else "",
         "reason": (result.reason if result else None) or trial.user_attrs.get("reason") or "",
         "log_path": (result.log_path if result else None) or "",
         "trial_dir": (result.trial_dir if result else None) or "",
@@ -169,7 +165,8 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     trials = study.get_trials(deepcopy=False)
     finished = [t for t in trials if t.state.is_finished() and t.state != optuna.trial.TrialState.PRUNED]
     flags = tuned_flags(study)
-    frame = pd.DataFrame([_row(t, flags) for t in finished])
+    limits = numerics_limits(study_config(study))
+    frame = pd.DataFrame([_row(t, flags, limits) for t in finished])
     if frame.empty:
         return frame
     frame = frame.sort_values("trial", ignore_index=True)
@@ -316,29 +313,51 @@ def pareto_frame(study: optuna.Study, frame: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["trial", "label", "tok_s", "second", "on_front"])
 
 
+IMPORTANCE_MIN_TRIALS = 5  # completed trials that set a flag before its importance is computed
+NOT_ENOUGH_TO_RANK = "not enough trials to rank flags"
+
+
 def importance_frame(study: optuna.Study) -> pd.DataFrame:
     """Optuna's parameter importances for reaching the top tok/s (PED-ANOVA: deterministic and needs no
-    scikit-learn, unlike fANOVA). OOMs count as 0 tok/s, so feasibility shapes them too. Empty when the study
-    is too small or flat to say."""
+    scikit-learn, unlike fANOVA). OOMs count as 0 tok/s, so feasibility shapes them too.
+
+    Each flag is scored over the completed trials that *have* it (a conditional flag, such as the radix-cache
+    strategy only when the cache is on, leaves other trials out; requiring every flag at once would leave too few
+    trials, and PED-ANOVA then returns zeros that normalise to a meaningless uniform split). PED-ANOVA scores
+    each flag on its own marginal, so per-flag scores are comparable. Empty (``NOT_ENOUGH_TO_RANK``) when no
+    flag has enough trials or the evaluator cannot tell the flags apart: never a uniform chart."""
+    empty = pd.DataFrame(columns=["param", "importance", "trials"])
     complete = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
                 if t.params]
-    # Baseline and enqueued trials often set only a few flags; Optuna would then rank only the flags every
-    # trial has. Rank the search's full set over the trials that have it, when there are enough of them.
-    flags = list(dict.fromkeys(p for t in complete if t.user_attrs.get("role", "search") == "search" for p in t.params))
-    full = [t for t in complete if all(p in t.params for p in flags)]
-    params = flags if flags and len(full) >= 3 else None
-    if len(full if params else complete) < 3:
-        return pd.DataFrame(columns=["param", "importance"])
-    try:
-        with warnings.catch_warnings():
-            # PED-ANOVA is "experimental" and warns that it ranks low targets; the negated tok/s is exactly that.
-            warnings.simplefilter("ignore")
-            evaluator = optuna.importance.PedAnovaImportanceEvaluator()
-            scores = optuna.importance.get_param_importances(study, evaluator=evaluator, params=params,
-                                                             target=lambda t: -t.values[0])
-    except (ValueError, RuntimeError, ZeroDivisionError):
-        return pd.DataFrame(columns=["param", "importance"])
-    return pd.DataFrame({"param": list(scores), "importance": [float(v) for v in scores.values()]})
+    searched = [t for t in complete if t.user_attrs.get("role", "search") == "search"]
+    flags = list(dict.fromkeys(p for t in (searched or complete) for p in t.params))
+    raw: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for flag in flags:
+        have = [t for t in complete if flag in t.params]
+        if len(have) < IMPORTANCE_MIN_TRIALS or len({repr(t.params[flag]) for t in have}) < 2:
+            continue
+        try:
+            with warnings.catch_warnings():
+                # PED-ANOVA is "experimental" and warns that it ranks low targets; the negated tok/s is exactly that.
+                warnings.simplefilter("ignore")
+                scores = optuna.importance.get_param_importances(
+                    study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), params=[flag],
+                    target=lambda t: -t.values[0], normalize=False)
+        except (ValueError, RuntimeError, ZeroDivisionError):
+            continue
+        value = float(scores.get(flag, 0.0))
+        if math.isfinite(value):  # zero is a finding too (the top trials spread like all of them)
+            raw[flag], counts[flag] = max(value, 0.0), len(have)
+    total = sum(raw.values())
+    if len(raw) < 2 or total <= 0:
+        return empty
+    shares = {k: v / total for k, v in raw.items()}
+    if max(shares.values()) - min(shares.values()) < 1e-9:  # the evaluator cannot tell the flags apart
+        return empty
+    ordered = sorted(shares, key=shares.get, reverse=True)
+    return pd.DataFrame({"param": ordered, "importance": [shares[k] for k in ordered],
+                         "trials": [counts[k] for k in ordered]})
 
 
 def baseline_trial(frame: pd.DataFrame, study: optuna.Study) -> int | None:
@@ -362,8 +381,37 @@ def failures_frame(frame: pd.DataFrame, *, base_dir: Path | None = None) -> pd.D
     (relative to ``base_dir``, where the report lives, so the link survives moving both together)."""
     failed = frame[frame["status"] != "ok"]
     links = [_relative(p, base_dir) for p in failed["log_path"]]
+    notes = failed["planner_note"] if "planner_note" in failed else pd.Series("", index=failed.index)
+    # SGLang's message, and on a second line what the planner saw when the message alone misleads a reader.
+    reasons = [f"{r}\n{n}" if n else r for r, n in zip(failed["reason"], notes.fillna(""), strict=True)]
     return pd.DataFrame({"trial": failed["trial"].astype(int), "outcome": failed["outcome"],
-                         "status": failed["status"], "reason": failed["reason"], "log": links}).reset_index(drop=True)
+                         "status": failed["status"], "reason": reasons, "log": links}).reset_index(drop=True)
+
+
+def planner_note(plan: Mapping[str, Any] | None) -> str:
+    """What the planner saw behind SGLang's "Loaded weights leave no GPU memory for the KV cache under
+    --mem-fraction-static=F. Raise --mem-fraction-static above X" when X < F: not the weights but the Mamba pool
+    took the static budget (SGLang's message computes X from the weights alone). "" when it does not apply."""
+    if not plan or not str(plan.get("message") or "").startswith(("ValueError: Loaded weights leave no GPU memory",
+                                                                     "Loaded weights leave no GPU memory")):
+        return ""
+    gib, extra = plan.get("gib") or {}, plan.get("extra") or {}
+    mfs, pre = plan.get("mem_fraction_static"), extra.get("pre_gib")
+    weights, mamba, rest = gib.get("weights"), gib.get("mamba_total"), extra.get("rest_gib")
+    if None in (mfs, pre, weights, mamba, rest):
+        return ""
+    budget = float(mfs) * float(pre)
+    slots = plan.get("max_mamba_cache_size")
+    pool = "the Mamba state pool" + (f" ({slots} slots with speculative scratch)" if slots else "")
+    if float(mamba) >= float(weights) or float(weights) < budget:
+        taker, fix = "the Mamba pool", "fewer Mamba slots (--max-mamba-cache-size, --mamba-full-memory-ratio) free it; raising " \
+                           "--mem-fraction-static alone does not"
+    else:
+        taker, fix = "the weights", "raise --mem-fraction-static"
+    return (f"planner: --mem-fraction-static {float(mfs):g} × {float(pre):.1f} GiB = {budget:.1f} GiB of static "
+            f"pools; the weights take {float(weights):.1f} GiB and {pool} {float(mamba):.1f} GiB, leaving "
+            f"{float(rest):.1f} GiB{' (nothing)' if float(rest) <= 0 else ''} for the KV cache. {taker[0].upper() + taker[1:]} "
+            f"took the memory: {fix}.")
 
 
 def _relative(path: str, base_dir: Path | None) -> str:

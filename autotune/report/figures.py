@@ -54,6 +54,8 @@ def _hover(frame: pd.DataFrame) -> list[str]:
         text = f"trial {row['trial']} — {html.escape(str(row['label']))}<br>{row['outcome']}"
         if row["tok_s"] > 0:
             text += f": {row['tok_s']:,.0f} tok/s"
+        if row.get("numerics"):
+            text += "<br>outputs vs baseline: " + html.escape(str(row["numerics"]))
         if row.get("reason"):
             text += "<br>" + html.escape(str(row["reason"])[:120])
         texts.append(text)
@@ -74,6 +76,18 @@ def _failure_traces(fig: go.Figure, frame: pd.DataFrame, x: str, *, pos: dict | 
                                  showlegend=showlegend), **(pos or {}))
 
 
+def _numerics_marks(fig: go.Figure, frame: pd.DataFrame, x: str) -> None:
+    """A ring around every trial whose greedy outputs differ from the baseline's (the fidelity probe measured it)."""
+    if "outputs_differ" not in frame:
+        return
+    part = frame[frame["outputs_differ"].astype(bool) & frame[x].notna()]
+    if part.empty:
+        return
+    fig.add_trace(go.Scatter(x=part[x], y=part["tok_s"].fillna(0.0), mode="markers",
+                             name="outputs differ from the baseline", hovertext=_hover(part), hoverinfo="text",
+                             marker=dict(symbol="circle-open", size=20, color="#b45309", line_width=2.5)))
+
+
 def history_figure(frame: pd.DataFrame) -> go.Figure:
     """Every trial's tok/s in order, the best-so-far line, and failures in their own marks."""
     fig = go.Figure()
@@ -86,6 +100,7 @@ def history_figure(frame: pd.DataFrame) -> go.Figure:
                                  hoverinfo="text", marker=dict(color=colour, symbol=symbol, opacity=0.75,
                                                                size=12 if role != "search" else 8)))
     _failure_traces(fig, frame, "trial")
+    _numerics_marks(fig, frame, "trial")
     best = frame.dropna(subset=["best_so_far"])
     fig.add_trace(go.Scatter(x=best["trial"], y=best["best_so_far"], mode="lines", name="best so far",
                              line=dict(color="#059669", width=2.5, shape="hv")))
@@ -104,6 +119,7 @@ def capacity_figure(frame: pd.DataFrame) -> go.Figure:
                                       showscale=True, colorbar=dict(title="spec.<br>steps", thickness=14)),
     ))
     _failure_traces(fig, frame, "max_running_requests")
+    _numerics_marks(fig, frame, "max_running_requests")
     fig.update_xaxes(title="effective max running requests (per GPU)")
     fig.update_yaxes(title="output tok/s", rangemode="tozero")
     return _layout(fig)

@@ -20,10 +20,16 @@ import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from autotune.config import load_config
+from autotune.errors import AutotuneError, ConfigError, StudyError
+from autotune.redaction import env_for_files, redact_url, reference
 from autotune.report import data as data
 from autotune.report import figures as figures
-from autotune.errors import AutotuneError, ConfigError, StorageError, StudyError
-from autotune.search.workers import per_gpu_frame
+from autotune.report import numerics as report_numerics
+from autotune.search.gpus import per_gpu_frame
+from autotune.search.settings import device_name, engine_kind
+from autotune.search.storage import load_study, study_names
+from autotune.sglang.flags import FlagTable
 
 FORMATS = ("html", "csv", "json")
 
@@ -38,57 +44,22 @@ class Report:
     compare: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
-def resolve(*, config: Path | None, study: str | None, storage: str | None) -> tuple[str | None, str | None]:
-    """Study name and storage URL from the flags, the study file, or the default ``studies/<name>.db``."""
+def resolve(*, config: Path | None, study: str | None, storage: str | None) -> tuple[str | None, str | None, Path | None]:
+    """Study name, storage URL and the directory a relative journal path resolves against: from the flags, the
+    study file, or the default ``studies/<name>.db``."""
     if config is not None:
-        from autotune.config import load_config
-
         cfg = load_config(config, name=study, storage=storage)
-        return cfg.name, cfg.storage_url
+        return cfg.name, cfg.storage_url, cfg.base_dir
     if study and not storage:
         storage = f"sqlite:///studies/{study}.db"
-    return study, storage
+    return study, storage, None
 
 
-def _redacted(url: str) -> tuple[str, str | None]:
-    """(the URL with its password hidden, the password) so neither message nor driver text leaks it."""
-    try:
-        from sqlalchemy.engine import make_url
-
-        parsed = make_url(url)
-        return parsed.render_as_string(hide_password=True), parsed.password
-    except Exception:  # noqa: BLE001 - a URL too broken to parse has no password we could find either
-        return url, None
-
-
-def open_study(study: str | None, storage: str | None) -> optuna.Study:
-    """Load an existing study; never create one (a typo must not leave an empty database behind)."""
+def open_study(study: str | None, storage: str | None, base_dir: Path | None = None) -> optuna.Study:
+    """Load an existing study (``search.storage.load_study``: never creates one)."""
     if not storage:
         raise StudyError("no study given (pass --study NAME, --config FILE or --storage URL)")
-    if storage.startswith("sqlite:///"):
-        path = Path(storage.removeprefix("sqlite:///"))
-        if str(path) != ":memory:" and not path.is_file():
-            raise StorageError(f"no study storage at {path} (run `autotune sweep` first, or pass --storage URL)")
-    from autotune.search.storage import open_storage
-
-    shown, password = _redacted(storage)
-    try:  # a journal file is a storage object to Optuna, not a URL
-        handle = open_storage(storage) if storage.startswith("journal:") else storage
-        names = optuna.study.get_all_study_names(storage=handle)
-    except Exception as exc:  # noqa: BLE001 - optuna/sqlalchemy raise many types for a bad URL
-        detail = (str(exc).splitlines() or [type(exc).__name__])[0]
-        if password:
-            detail = detail.replace(password, "***")
-        raise StorageError(f"cannot open storage {shown}: {detail}") from None
-    if study is None:
-        if len(names) != 1:
-            raise StudyError(f"storage {shown} holds {len(names)} studies; pick one with --study "
-                             f"({', '.join(names) or 'none'})")
-        study = names[0]
-    if study not in names:
-        known = ", ".join(names) or "none"
-        raise StudyError(f"unknown study '{study}' in {shown} (studies there: {known})")
-    return optuna.load_study(study_name=study, storage=handle)
+    return load_study(storage, study, base_dir=base_dir)
 
 
 def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study] = ()) -> Report:
@@ -107,13 +78,14 @@ def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study
         "pareto": data.pareto_frame(study, trials),
         "importance": data.importance_frame(study),
         "failures": data.failures_frame(trials, base_dir=base_dir),
+        "numerics": report_numerics.numerics_frame(trials, study),  # the fidelity probe's figures per trial
     }
     per_gpu = per_gpu_frame(study)
     if len(per_gpu) > 1:  # a study swept on several GPUs: show the device-to-device spread
         tables["per_gpu"] = per_gpu
     facts = {
-        "study": study.study_name, "model": data.model_name(config), "gpu": data.device_name(config),
-        "engine": data.engine_kind(config), "gain": data.gain(study, headline),
+        "study": study.study_name, "model": data.model_name(config), "gpu": device_name(config),
+        "engine": engine_kind(config), "gain": data.gain(study, headline),
         "winner": win_no, "baseline": base_no,
         "launch": launch_command(win_cfg, data.model_name(config), **data.launch_settings(config))
         if win_no is not None else None,
@@ -141,16 +113,12 @@ def launch_command(config: Mapping[str, Any], model: str, *, python: str | None 
                    env: Mapping[str, str] | None = None) -> str:
     """The winner's launch line, rendered by the flag table when available (exact SGLang spelling), with the
     study's interpreter, device and environment; a secret-looking value is shown as ``"$NAME"``, never itself."""
-    from autotune.redaction import env_for_files, reference
-
     flags = dict(config)
     model = str(flags.pop("model_path", None) or model)
     head = [python or "python", "-m", "sglang.launch_server", "--model-path", model]
     if device == "cpu" and not flags.get("device"):
         head += ["--device", "cpu"]
     try:
-        from autotune.sglang.flags import FlagTable
-
         argv = list(FlagTable.bundled().to_argv(flags))
     except (ImportError, AttributeError, AutotuneError):
         argv = _plain_argv(flags)
@@ -216,9 +184,9 @@ def report(*, study: str | None = None, storage: str | None = None, config: Path
     """Run ``autotune report``: returns (the file or directory written, text to print)."""
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format '{fmt}'", key="--format", fix=f"use one of {', '.join(FORMATS)}")
-    name, url = resolve(config=config, study=study, storage=storage)
-    main = open_study(name, url)
-    others = [_open_compare(other, url) for other in compare]
+    name, url, journal_dir = resolve(config=config, study=study, storage=storage)
+    main = open_study(name, url, journal_dir)
+    others = [_open_compare(other, url, journal_dir) for other in compare]
     if fmt == "html" and out is None:
         out = Path("reports") / f"{main.study_name}.html"
     base_dir = (out.parent if fmt == "html" else out) if out is not None else Path.cwd()
@@ -231,17 +199,21 @@ def report(*, study: str | None = None, storage: str | None = None, config: Path
     return out, None
 
 
-def _open_compare(name: str, storage: str | None) -> optuna.Study:
-    """A study to overlay: a study file (``*.toml``), a study in the main storage, or ``studies/<name>.db``."""
+def _open_compare(name: str, storage: str | None, base_dir: Path | None) -> optuna.Study:
+    """A study to overlay: a study file (``*.toml``), a study in the main storage, or ``studies/<name>.db``.
+    A storage that cannot be read is an error, never skipped."""
     if name.endswith(".toml"):
         return open_study(*resolve(config=Path(name), study=None, storage=None))
-    if storage:
-        try:
-            if name in optuna.study.get_all_study_names(storage=storage):
-                return optuna.load_study(study_name=name, storage=storage)
-        except Exception:  # noqa: BLE001 - the main storage opened a moment ago; fall through to the default
-            pass
-    return open_study(name, f"sqlite:///studies/{name}.db")
+    default = f"sqlite:///studies/{name}.db"
+    if not storage or storage == default:
+        return open_study(name, default)
+    names = study_names(storage, base_dir=base_dir)
+    if name in names:
+        return open_study(name, storage, base_dir)
+    if not Path(default.removeprefix("sqlite:///")).is_file():
+        raise StudyError(f"no study named {name!r} to compare with: not in {redact_url(storage)} (studies there: "
+                         f"{', '.join(sorted(names)) or 'none'}), and no studies/{name}.db; pass its study file")
+    return open_study(name, default)
 
 
 # Section key → (title, what the figure shows and why it matters).
@@ -283,7 +255,7 @@ h1{font-size:24px;margin:0 0 4px} h2{font-size:18px;margin:0 0 6px} h3{font-size
 .kpi .label{font-size:12px;color:#6b7280;text-transform:uppercase;letter-spacing:.04em}
 .kpi .value{font-size:22px;font-weight:650} .kpi .sub{font-size:12px;color:#6b7280}
 .good{color:#047857} .bad{color:#b91c1c}
-table{border-collapse:collapse;width:100%;font-size:13px} th,td{padding:6px 10px;border-bottom:1px solid #e5e7eb;text-align:left;vertical-align:top}
+table{border-collapse:collapse;width:100%;font-size:13px} th,td{padding:6px 10px;border-bottom:1px solid #e5e7eb;text-align:left;vertical-align:top} td{white-space:pre-line}
 th{background:#f9fafb;font-weight:600} td.num{text-align:right;font-variant-numeric:tabular-nums}
 pre{background:#111827;color:#e5e7eb;padding:12px 14px;border-radius:8px;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 nav a{margin-right:14px;color:#2563eb;text-decoration:none} .note{color:#6b7280;font-size:12px}
@@ -403,9 +375,32 @@ def _section(key: str, fig: Any) -> str:
             f'<p class="explain">{html.escape(explain)}</p>{div}</section>')
 
 
+def _numerics_section(report: Report) -> str:
+    """The numerics card (``report.numerics``), when a trial was probed or the study sets a numerics limit."""
+    t, f = report.tables, report.facts
+    limits = data.numerics_limits(data.study_config(report.study))
+    if t["numerics"].empty and not limits.limits():
+        return ""
+    return report_numerics.section_html(t["trials"], t["numerics"], report.study, winner=f["winner"],
+                                        baseline=f["baseline"], table_html=_table)
+
+
+def _importance_note(report: Report) -> str:
+    """Where the importance chart would be when the evaluator cannot rank the flags: say so, never draw a
+    uniform split."""
+    if not data.param_columns(report.tables["trials"]):
+        return ""
+    title, _ = SECTIONS["importance"]
+    return (f'<section class="card" id="importance"><h2>{html.escape(title)}</h2>'
+            f"<p>{html.escape(data.NOT_ENOUGH_TO_RANK.capitalize())}: too few completed trials set each flag, or "
+            "the top trials do not differ from the rest in any flag.</p></section>")
+
+
 def render(report: Report, figs: Mapping[str, Any]) -> str:
     """One self-contained page: plotly.js inlined once in the head, then the header card and the sections."""
-    sections = [_section(key, figs[key]) for key in SECTIONS if key in figs]
+    sections = [_section(key, figs[key]) if key in figs else _importance_note(report)
+                for key in SECTIONS if key in figs or key == "importance"]
+    numerics_html = _numerics_section(report)
     failures = report.tables["failures"]
     fail_html = "<p>Every trial measured.</p>"
     if len(failures):
@@ -431,13 +426,15 @@ def render(report: Report, figs: Mapping[str, Any]) -> str:
                   "device-to-device spread). Trials are ranked by their gain over their own GPU's baseline, so a "
                   "fast device does not crown its own trials.</p>" + _table(table) + "</section>")
     nav = " ".join(f'<a href="#{k}">{html.escape(SECTIONS[k][0])}</a>' for k in SECTIONS if k in figs)
+    if numerics_html:
+        nav = '<a href="#numerics">Numerics</a> ' + nav
     title = html.escape(f"autotune report — {report.facts['study']}")
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style>'
         f'<script type="text/javascript">{get_plotlyjs()}</script></head><body><main>'
         f"{_header(report)}<nav class=\"card\">{nav} <a href=\"#failures\">Failures</a></nav>"
-        + "".join(sections) + extra
+        + numerics_html + "".join(sections) + extra
         + '<section class="card" id="failures"><h2>Failures</h2><p class="explain">Every trial that did not '
         "measure: its class, the SGLang log line (or planner message) that classified it, and its log.</p>"
         + fail_html + '</section><p class="note">Generated by autotune from the study storage; figures are '

@@ -20,8 +20,14 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
+from autotune.progress import PlainProgress
+from autotune.redaction import redact_url
 from autotune.results import TrialResult
-from autotune.search.study import DEFAULTS_RUN, Runner, finished, launches
+from autotune.search.gpus import gains
+from autotune.search.runner import DEFAULTS_RUN, Runner, predict
+from autotune.search.seeding import finished, launches
+from autotune.search.space import key_of
+from autotune.search.study import Sweep
 
 BOOTSTRAP = 2000
 
@@ -32,8 +38,6 @@ def _feasible(trial: FrozenTrial) -> bool:
 
 def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], FrozenTrial | None, list[FrozenTrial]]:
     """(top-k distinct feasible trials, the baseline trial, the ok enqueued trials), by search value."""
-    from autotune.search.workers import gains
-
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     gain = gains(study)  # swept on several GPUs: rank by tok/s ÷ the trial's own GPU's baseline
     ranked = sorted((t for t in done if _feasible(t)), key=lambda t: -gain.get(t.number, t.values[0]))
@@ -54,8 +58,6 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
 
 def _key(trial: FrozenTrial) -> str:
     """The config a trial launched (its stored launch key; older studies: the key of its result's config)."""
-    from autotune.search.space import key_of
-
     key = trial.user_attrs.get("launch_key")
     return key if key is not None else key_of((trial.user_attrs.get("result") or {}).get("config") or {})
 
@@ -128,10 +130,13 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, s
         unresolved = (f"trial {top}'s median ({stats[top]['median']:,.0f} tok/s) is within the baseline's "
                       f"run-to-run noise ({stats[baseline]['median']:,.0f} tok/s; 95 % intervals overlap)")
     if unresolved is not None:
+        # the baseline tied with the best: more repeats may separate them (sequential confirmation)
+        contention = sorted({top, *(n for n in tied if n not in twins)} | ({baseline} if baseline in candidates else set()))
         return {"winner_trial": None, "baseline_trial": baseline, "gain": None, "ci_low": None, "ci_high": None,
                 "outcome": "baseline", "note": f"no config beat the baseline: {unresolved}",
-                "stats": _jsonable(stats)}
+                "stats": _jsonable(stats), "resolved": top == baseline or top in twins, "contention": contention}
     tied = [n for n in tied if n not in twins]  # noise around the baseline's flags is no candidate
+    resolution = _resolution(rng, tok, stats, top, [n for n in candidates if n not in twins])
     winner = top
     if len(tied) > 1:
         roomy = max(tied, key=lambda n: (stats[n]["headroom_gib"] if stats[n]["headroom_gib"] is not None
@@ -150,8 +155,38 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, s
         ci_low, ci_high = _gain_interval(rng, tok[winner], tok[baseline])
     elif baseline is not None:
         note = (note + "; " if note else "") + "the baseline failed in confirmation, so no gain is given"
+    if not resolution["resolved"] and resolution["runner_up_trial"] is not None:
+        low, high = resolution["runner_up_ci"]
+        why = note or f"trial {winner} has the fastest median"
+        note = (f"tied: trial {top}'s gain over the runner-up (trial {resolution['runner_up_trial']}) is not resolved "
+                f"after {max(stats[top]['runs'], 1)} repeats (95 % CI {low:.3f}–{high:.3f}×); {why}")
     return {"winner_trial": winner, "baseline_trial": baseline, "gain": gain, "ci_low": ci_low,
-            "ci_high": ci_high, "outcome": "winner", "note": note, "stats": _jsonable(stats)}
+            "ci_high": ci_high, "outcome": "winner", "note": note, "stats": _jsonable(stats),
+            "contention": sorted(set(tied) | ({baseline} if baseline in candidates else set())), **resolution}
+
+
+def repeat_stages(first: int, most: int) -> list[int]:
+    """Cumulative repeats per sequential stage: 3 → 5 → 8 for (3, 8); one stage when ``most`` ≤ ``first``."""
+    stages = [first]
+    for step in (2, 3):
+        if stages[-1] < most:
+            stages.append(min(most, stages[-1] + step))
+    if stages[-1] < most:
+        stages.append(most)
+    return stages
+
+
+def _resolution(rng: np.random.Generator, tok: dict[int, list[float]], stats: dict[int, dict[str, Any]], top: int,
+                candidates: list[int]) -> dict[str, Any]:
+    """Whether the best median's gain over the runner-up is resolved: its bootstrap 95 % interval excludes 1."""
+    others = [n for n in candidates if n != top]
+    if not others:
+        return {"runner_up_trial": None, "runner_up_gain": None, "runner_up_ci": None, "resolved": True}
+    runner = max(others, key=lambda n: stats[n]["median"])
+    gain = stats[top]["median"] / stats[runner]["median"] if stats[runner]["median"] else float("inf")
+    low, high = _gain_interval(rng, tok[top], tok[runner])
+    resolved = bool(np.isfinite(low) and low > 1.0) or not stats[runner]["median"]
+    return {"runner_up_trial": runner, "runner_up_gain": gain, "runner_up_ci": [low, high], "resolved": resolved}
 
 
 def _jsonable(stats: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -188,25 +223,36 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
         runs = list(stored.get("runs", []))  # a confirmation a killed sweep left half done
     done = {(r["trial"], r["repeat"]) for r in runs}
     repeats = cfg.study.confirm_repeats
+    stages = repeat_stages(repeats, max(repeats, cfg.study.confirm_max_repeats))
     total = repeats * len(order)
     state = {"order": order, "n_trials": n_done, "complete": False}
-    for k in range(repeats):
-        for n in order:
-            if (n, k) in done:
-                continue
-            if stop_event is not None and stop_event.is_set():
+    active, first = list(order), 0
+    for stage, upto in enumerate(stages):
+        if stage:  # the previous stage did not resolve the winner: only the contenders still in contention
+            verdict = decide(runs, order, base_n, cfg.study.seed, same_as_baseline=twins)
+            ci = verdict.get("runner_up_ci") or [0.0, 1.0]
+            if verdict.get("resolved") or not verdict.get("contention") or ci[0] == ci[1]:
+                break  # resolved, or an exact tie without noise that no repeat can resolve
+            active = [n for n in order if n in verdict["contention"]]
+            total += (upto - first) * len(active)
+        for k in range(first, upto):
+            for n in active:
+                if (n, k) in done:
+                    continue
+                if stop_event is not None and stop_event.is_set():
+                    study.set_user_attr("confirmation", {**state, "runs": runs})
+                    return None
+                if progress is not None:
+                    progress.confirm_started(len(runs) + 1, total, n, k)
+                result = runner(dict(configs[n]), n)
+                if result.status == "interrupted":
+                    study.set_user_attr("confirmation", {**state, "runs": runs})
+                    return None
+                runs.append({"trial": n, "repeat": k, "result": result.to_dict()})
                 study.set_user_attr("confirmation", {**state, "runs": runs})
-                return None
-            if progress is not None:
-                progress.confirm_started(len(runs) + 1, total, n, k)
-            result = runner(dict(configs[n]), n)
-            if result.status == "interrupted":
-                study.set_user_attr("confirmation", {**state, "runs": runs})
-                return None
-            runs.append({"trial": n, "repeat": k, "result": result.to_dict()})
-            study.set_user_attr("confirmation", {**state, "runs": runs})
-            if progress is not None:
-                progress.confirm_finished(n, result)
+                if progress is not None:
+                    progress.confirm_finished(n, result)
+        first = upto
     verdict = decide(runs, order, base_n, cfg.study.seed, same_as_baseline=twins)
     measured = defaults() if defaults is not None else None
     if measured is not None and measured.get("status") == "interrupted":
@@ -243,10 +289,9 @@ def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callabl
     stored as failed (status, reason, no tok/s), never as 0 tok/s."""
     def measure() -> dict[str, Any] | None:
         config = defaults_config(cfg)
-        if cfg.engine.kind == "sim":
-            from autotune.search.study import simulate
-
-            result = simulate(cfg, config)
+        predicted = predict(cfg, config) if cfg.engine.kind == "sim" else None
+        if predicted is not None:
+            result = predicted
             how = "predicted by the simulator's virtual clock"
         else:
             if progress is not None:
@@ -265,9 +310,6 @@ def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callabl
 
 def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None) -> dict[str, Any]:
     """Search, then confirm; returns the summary (``autotune sweep --json``)."""
-    from autotune.progress import PlainProgress
-    from autotune.search.study import Sweep
-
     progress = progress or PlainProgress()
     sweep = None
     try:
@@ -306,8 +348,6 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
     unconfirmed, the best search trial runs the baseline's flags; ``best`` is None, the reason in ``note``) or
     ``"none"`` (nothing measured cleanly). ``launched`` counts servers started in every session of the study,
     interrupted ones included."""
-    from autotune.search.study import redact
-
     trials = study.get_trials(deepcopy=False)
     done = finished(trials)
     statuses: dict[str, int] = {}
@@ -353,7 +393,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
     interrupted = sum(1 for t in started if t.state.name == "FAIL"
                       and t.user_attrs.get("status") in (None, "interrupted"))
     return {
-        "study": study.study_name, "storage": redact(cfg.storage_url), "n_trials": len(done),
+        "study": study.study_name, "storage": redact_url(cfg.storage_url), "n_trials": len(done),
         "statuses": statuses, "launched": len(started), "launched_oom": launched_oom,
         "launched_interrupted": interrupted, "confirmed": confirmed,
         "baseline": {"trial": baseline, "params": base and base["params"], "output_tok_s": base and base["output_tok_s"]},

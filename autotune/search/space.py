@@ -28,10 +28,13 @@ from optuna.distributions import (
 
 from autotune.config import ParamSpec, StudyConfig
 from autotune.errors import ConfigError
+from autotune.sglang.args import PlanStop, mamba_slots_per_request, resolve_spec, resolve_strategy
+from autotune.sglang.memory import MemoryPlan, plan
+from autotune.sglang.profiles import load_gpu, load_model
 
 _BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
-_CMP = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+_CMP: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
         ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
         ast.NotIn: lambda a, b: a not in b}
 _FUNCS: dict[str, Callable[..., Any]] = {"min": min, "max": max, "int": int, "round": round}
@@ -40,26 +43,19 @@ BUILTINS = ("mamba_ratio",)  # values computed from the config itself, readable 
 
 
 def mamba_ratio(config: Mapping[str, Any]) -> int:
-    """SGLang 0.5.23's slots→requests rule (kv_cache_configurator) when no model profile is known: 1 without the
-    radix cache, else 3 plus 2 for extra_buffer with the overlap schedule, 1 for extra_buffer without it or
-    extra_buffer_lazy, 0 for no_buffer. ``auto`` is extra_buffer on CUDA for the hybrid architectures that
-    support it when the overlap schedule is on or pages are larger than one token, else no_buffer."""
-    if config.get("disable_radix_cache"):
-        return 1
+    """SGLang 0.5.23's slots→requests rule (``sglang.args.mamba_slots_per_request``) when no model profile is
+    known. ``auto`` is extra_buffer on CUDA for the hybrid architectures that support it when the overlap
+    schedule is on or pages are larger than one token, else no_buffer."""
     strategy = str(config.get("mamba_radix_cache_strategy") or "auto")
     overlap = not config.get("disable_overlap_schedule")
     if strategy == "auto":
         strategy = "extra_buffer" if overlap or int(config.get("page_size") or 1) > 1 else "no_buffer"
-    if strategy == "no_buffer":
-        return 3
-    return 5 if strategy == "extra_buffer" and overlap else 4
+    return mamba_slots_per_request(strategy, overlap=overlap, radix_off=bool(config.get("disable_radix_cache")))
 
 
 def planner_ratio(model: Any, gpu: Any) -> Callable[[Mapping[str, Any]], int]:
     """The same rule resolved by the planner for a known model and GPU (attention backend and page size
     depend on both, e.g. a B200 with speculative decoding pages by 64 and so keeps extra_buffer)."""
-    from autotune.sglang.args import PlanStop, resolve_spec, resolve_strategy
-
     def ratio(config: Mapping[str, Any]) -> int:
         try:
             return int(resolve_strategy(model, gpu, config, resolve_spec(model, config))["ratio"])
@@ -203,6 +199,7 @@ class Param:
 def _distribution(spec: ParamSpec) -> BaseDistribution:
     if spec.kind == "categorical":
         return CategoricalDistribution(spec.choice_values)
+    assert spec.low is not None and spec.high is not None  # a numeric spec has both (config's validation)
     if spec.kind == "int":
         return IntDistribution(int(spec.low), int(spec.high), step=int(spec.step or 1), log=spec.log)
     return FloatDistribution(float(spec.low), float(spec.high), step=spec.step, log=spec.log)
@@ -241,10 +238,8 @@ class Space:
                 raise ConfigError(f"reads {unknown[0]!r}, which is neither fixed nor in [space]", file=file,
                                   key=f"space.derived.{name}", fix="derive only from searched or fixed flags")
             derived[name] = expr
-        ratio_of = mamba_ratio
+        ratio_of: Callable[[Mapping[str, Any]], int] = mamba_ratio
         if cfg.engine.profile and any("mamba_ratio" in expr.names for expr in derived.values()):
-            from autotune.sglang.profiles import load_gpu, load_model
-
             ratio_of = planner_ratio(load_model(cfg.engine.profile), load_gpu(cfg.engine.sim_gpu))
         return cls(params, derived, cfg.engine.fixed, ratio_of)
 
@@ -319,23 +314,19 @@ class Feasibility:
     def from_config(cls, cfg: StudyConfig) -> Feasibility | None:
         if not cfg.engine.profile:
             return None  # a real model without a planner profile: launch everything
-        from autotune.sglang.profiles import load_gpu, load_model
-
         return cls(load_model(cfg.engine.profile), load_gpu(cfg.engine.sim_gpu))
 
     @property
     def offset_gib(self) -> float:
         return float(sorted(self.offsets)[len(self.offsets) // 2]) if self.offsets else 0.0
 
-    def _plan(self, config: Mapping[str, Any], offset: float = 0.0, *, inert: bool = True):
-        from autotune.sglang.memory import plan
-
+    def _plan(self, config: Mapping[str, Any], offset: float = 0.0, *, inert: bool = True) -> MemoryPlan:
         if not offset:
             return plan(self.model, self.gpu, dict(config), _inert=inert)
         pre = plan(self.model, self.gpu, dict(config), _inert=False).extra.get("pre_gib")
         return plan(self.model, self.gpu, dict(config), free_gib=None if pre is None else pre - offset, _inert=inert)
 
-    def predict(self, config: Mapping[str, Any], *, inert: bool = True):
+    def predict(self, config: Mapping[str, Any], *, inert: bool = True) -> MemoryPlan:
         """The corrected plan; ``inert=False`` skips the inert-flag analysis (a dozen re-plans) when unused."""
         return self._plan(config, self.offset_gib, inert=inert)
 
@@ -351,7 +342,7 @@ class Feasibility:
         self.offsets.append(offset)
         return offset
 
-    def sure_failure(self, memory_plan) -> bool:
+    def sure_failure(self, memory_plan: MemoryPlan) -> bool:
         """Skip without launching only when the planner is sure: pool arithmetic, bad args, or a clear deficit.
 
         A headroom deficit within the margin is launched: the estimate of graph and activation memory is the
@@ -393,4 +384,4 @@ def _probes(spec: ParamSpec) -> list[Any]:
     if spec.kind == "categorical":
         return [v for v in spec.choice_values if v is not None]
     values = [spec.low, spec.high]
-    return [int(v) for v in values] if spec.kind == "int" else values
+    return [int(v) for v in values if v is not None] if spec.kind == "int" else values

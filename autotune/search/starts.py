@@ -9,10 +9,12 @@ distinct categorical settings). The sampler then refines around measured points 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
-import optuna
+import numpy as np
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
 from autotune.search.space import Feasibility, Space, key_of
 
@@ -20,7 +22,7 @@ CHARS_PER_TOKEN = 4.0  # a rough tokenizer ratio: the prior only ranks configs, 
 # KV a running request holds on average, as a share of max_tokens beside its prompt: unknown before the first
 # measurement (it depends on the output lengths), so the starting points bracket it, one share each.
 OUTPUT_SHARES = (0.5, 0.6, 0.7, 0.8)
-# Flags that decide where memory goes (FACTS §1.6 levers); the others are held at the production config's values.
+# Flags that decide where memory goes (the levers of SGLang 0.5.23's ``srt/mem_cache/kv_cache_configurator.py``, see docs/sglang-memory.md §3); the others are held at the production config's values.
 MEMORY_LEVERS = frozenset({
     "mem_fraction_static", "max_running_requests", "max_mamba_cache_size", "mamba_full_memory_ratio",
     "mamba_ssm_dtype", "disable_radix_cache", "mamba_radix_cache_strategy", "chunked_prefill_size",
@@ -34,21 +36,50 @@ def tokens_per_request(prompt_chars: list[int], max_tokens: int, share: float) -
     return max(1, int(mean_prompt + share * max_tokens))
 
 
+def random_values(space: Space, rng: np.random.Generator) -> dict[str, Any]:
+    """One uniform random draw of the space's active parameters (what Optuna's RandomSampler draws, without a
+    study: placing an edge start samples hundreds of configs)."""
+    values: dict[str, Any] = dict(space.fixed)
+    for param in space.params:
+        if not param.active(values):
+            continue
+        dist = param.distribution
+        if isinstance(dist, CategoricalDistribution):
+            values[param.name] = dist.choices[int(rng.integers(len(dist.choices)))]
+        elif isinstance(dist, IntDistribution):
+            if dist.log:
+                values[param.name] = int(round(math.exp(rng.uniform(math.log(dist.low), math.log(dist.high)))))
+            else:
+                step = dist.step or 1
+                values[param.name] = dist.low + step * int(rng.integers((dist.high - dist.low) // step + 1))
+        else:
+            assert isinstance(dist, FloatDistribution)
+            if dist.step:
+                n = int(round((dist.high - dist.low) / dist.step))
+                values[param.name] = round(dist.low + dist.step * int(rng.integers(n + 1)), 6)
+            elif dist.log:
+                values[param.name] = round(math.exp(rng.uniform(math.log(dist.low), math.log(dist.high))), 6)
+            else:
+                values[param.name] = round(float(rng.uniform(dist.low, dist.high)), 6)
+    return values
+
+
 def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[int], max_tokens: int, n: int,
                  seed: int, samples: int = 300, exclude: list[Mapping[str, Any]] = (),
-                 hold: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+                 hold: Mapping[str, Any] | None = None, per_request: list[int] | None = None) -> list[dict[str, Any]]:
     """Up to ``n`` distinct configs of ``space``, each the one (among ``samples`` random ones the planner is sure
     start) with the highest running cap its KV pool holds when a request holds a given share of its output
     budget — one share per config, so the starting points bracket the wall. Flags in ``hold`` that are not
     memory levers keep their values there (the production config's), so a starting point differs from
-    production only where memory is decided; configs in ``exclude`` are not proposed again."""
-    sampler = optuna.samplers.RandomSampler(seed=seed)
-    scratch = optuna.create_study(sampler=sampler, direction="maximize")
+    production only where memory is decided; configs in ``exclude`` are not proposed again. ``per_request``
+    (KV tokens one running request holds, one entry per config; ``edges.EdgeStarts`` derives them from the prompt
+    sample and the output lengths trials observed) replaces the fixed output shares."""
+    rng = np.random.default_rng(seed)
     held = {k: v for k, v in (hold or {}).items() if k in space.names and k not in MEMORY_LEVERS}
     seen = {key_of(c) for c in exclude}
     candidates: list[tuple[int, int, float, dict[str, Any]]] = []  # running cap, KV tokens, headroom, config
     for _ in range(samples):
-        config = space.complete({**space.suggest(scratch.ask()), **held})
+        config = space.complete({**random_values(space, rng), **held})
         if key_of(config) in seen:
             continue
         seen.add(key_of(config))
@@ -57,12 +88,13 @@ def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[i
             candidates.append((memory_plan.max_running_requests, memory_plan.kv_tokens, memory_plan.gib.headroom,
                                config))
     candidates.sort(key=lambda c: (c[0], c[2]), reverse=True)
-    shares = [OUTPUT_SHARES[round(i * (len(OUTPUT_SHARES) - 1) / max(1, n - 1))] for i in range(n)]
+    if per_request is None:
+        shares = [OUTPUT_SHARES[round(i * (len(OUTPUT_SHARES) - 1) / max(1, n - 1))] for i in range(n)]
+        per_request = [tokens_per_request(prompt_chars, max_tokens, share) for share in shares]
     chosen: list[dict[str, Any]] = []
-    for share in shares:
-        per_request = tokens_per_request(prompt_chars, max_tokens, share)
+    for tokens in per_request[:n]:
         # more requests than the pool holds would be retracted by SGLang, not served
-        pick = next((c for c in candidates if c[0] * per_request <= c[1] and c[3] not in chosen), None)
+        pick = next((c for c in candidates if c[0] * tokens <= c[1] and c[3] not in chosen), None)
         if pick is not None:
             chosen.append(pick[3])
     return chosen

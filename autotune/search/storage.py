@@ -31,16 +31,20 @@ from typing import Any
 import optuna
 import psutil
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.errors import StorageError
+from autotune.config import StudyConfig
+from autotune.errors import StorageError, StudyError
+from autotune.redaction import redact_text
+from autotune.redaction import redact_url as redact
+from autotune.search.objective import directions, make_sampler
 
 HEARTBEAT_ENV = "AUTOTUNE_HEARTBEAT_S"
 DEFAULT_HEARTBEAT_S = 10  # one write per worker per interval: cheap, and a dead node is noticed in ~30 s
 GRACE_FACTOR = 3  # a worker may miss two beats (a busy node, a slow database) before its trial counts as dead
 RETRY_KEEP = ("role", "label", "config")  # what a retried trial inherits: the config, not the dead run's record
 SQL_SCHEMES = ("postgresql", "mysql", "mariadb", "oracle", "mssql")
-_PASSWORD_PARAM = re.compile(r"(?i)([?&](?:password|pass|pwd)=)[^&]*")
 _FIXES = {
     "sqlite": "check that the directory exists and is writable",
     "rdb": "check host, port, user and database name, and that the server accepts connections from this machine",
@@ -48,17 +52,7 @@ _FIXES = {
 }
 
 
-# --- URLs --------------------------------------------------------------------------------------------------
-def redact(url: str) -> str:
-    """The URL with any password (``user:pw@`` or ``?password=``) replaced by ``***``, for messages."""
-    head, sep, tail = url.partition("://")
-    if sep and "@" in tail:
-        cred, _, host = tail.rpartition("@")
-        user, colon, _ = cred.partition(":")
-        tail = f"{user}:***@{host}" if colon else f"{user}@{host}"
-    return _PASSWORD_PARAM.sub(r"\1***", f"{head}{sep}{tail}")
-
-
+# --- URLs ---------------------------------------------------------------------------------------------------
 def kind(url: str) -> str:
     """``sqlite``, ``rdb`` (a database server) or ``journal``; anything else is a StorageError with a fix."""
     scheme = url.split(":", 1)[0].split("+", 1)[0].lower() if ":" in url else ""
@@ -125,15 +119,7 @@ def _engine_kwargs(url: str) -> dict[str, Any]:
 def _first_line(exc: BaseException, url: str) -> str:
     text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
     text = re.sub(r"^\([\w.]+\)\s*", "", text)  # SQLAlchemy's "(psycopg2.OperationalError) " prefix
-    password = _password(url)
-    return text.replace(password, "***") if password else text
-
-
-def _password(url: str) -> str | None:
-    head, _, tail = url.partition("://")
-    cred = tail.rpartition("@")[0] if "@" in tail else ""
-    _, colon, password = cred.partition(":")
-    return password if colon and password else None
+    return redact_text(text, url)
 
 
 def open_storage(url: str, *, heartbeat: int | None = None, base_dir: Path | None = None) -> BaseStorage:
@@ -144,8 +130,6 @@ def open_storage(url: str, *, heartbeat: int | None = None, base_dir: Path | Non
     interval = heartbeat or heartbeat_s()
     try:
         if what == "journal":
-            from optuna.storages.journal import JournalFileBackend
-
             path = journal_path(url, base_dir)
             path.parent.mkdir(parents=True, exist_ok=True)
             return JournalStorage(JournalFileBackend(str(path)))
@@ -180,6 +164,96 @@ def check_storage(url: str, *, base_dir: Path | None = None) -> None:
 def close_storage(storage: BaseStorage) -> None:
     if isinstance(storage, RDBStorage):
         storage.engine.dispose()
+
+
+def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
+    """The study of ``cfg``, with its sampler: created or resumed (``load_if_exists``: re-running continues it),
+    or with ``create=False`` loaded and never created (``load_study``'s errors)."""
+    if not create:
+        return load_study(cfg.storage_url, cfg.name, base_dir=cfg.base_dir, sampler=make_sampler(cfg))
+    url = cfg.storage_url
+    storage = open_storage(url, base_dir=cfg.base_dir)  # StorageError (one line, redacted) when unusable
+    try:
+        return optuna.create_study(study_name=cfg.name, storage=storage, sampler=make_sampler(cfg),
+                                   directions=directions(cfg), load_if_exists=True)
+    except ValueError as exc:
+        raise StudyError(f"study {cfg.name!r} in {redact(url)} cannot be used: {exc}") from None
+    except Exception as exc:  # SQLAlchemy's errors once the database is queried
+        raise _storage_error(exc, url) from None
+
+
+def load_study(url: str, name: str | None = None, *, base_dir: Path | None = None,
+               sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+    """An existing study on any storage (SQLite, journal, a database server), never created: a typo must not
+    leave an empty database behind. ``name`` None: the storage's only study. Every failure is one line."""
+    if kind(url) == "sqlite":
+        path = url.removeprefix("sqlite:///")
+        if path != ":memory:" and not Path(path).is_file():
+            raise StorageError(f"no study storage at {path} (run `autotune sweep` first, or pass --storage URL)")
+    names = study_names(url, base_dir=base_dir)
+    shown = redact(url)
+    if name is None:
+        if not names:
+            raise StudyError(f"storage {shown} holds no study; run `autotune sweep` first")
+        if len(names) > 1:
+            raise StudyError(f"storage {shown} holds {len(names)} studies; pick one with --study "
+                             f"({', '.join(sorted(names))})")
+        name = names[0]
+    if name not in names:
+        raise StudyError(f"no study named {name!r} in {shown} (studies there: {', '.join(sorted(names)) or 'none'}); "
+                         "run `autotune sweep` first or pass --study NAME")
+    try:
+        return optuna.load_study(study_name=name, storage=open_storage(url, base_dir=base_dir), sampler=sampler)
+    except Exception as exc:
+        raise _storage_error(exc, url) from None
+
+
+def study_names(url: str, *, base_dir: Path | None = None) -> list[str]:
+    """The names of the studies ``url`` holds (journal files and database URLs alike)."""
+    try:
+        return optuna.get_all_study_names(storage=open_storage(url, base_dir=base_dir))
+    except StorageError:
+        raise
+    except Exception as exc:
+        raise _storage_error(exc, url) from None
+
+
+def _storage_error(exc: Exception, url: str) -> Exception:
+    """A driver's or Optuna's error while reading a study, as one redacted StorageError line (others as they are)."""
+    if isinstance(exc, (StorageError, StudyError)):
+        return exc
+    if isinstance(exc, OSError) or type(exc).__module__.startswith(("sqlalchemy", "optuna", "psycopg2")):
+        return StorageError(f"cannot open storage {redact(url)}: {_first_line(exc, url)}")
+    return exc
+
+
+# --- the trials behind Optuna's public API ------------------------------------------------------------------
+def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
+    """The storage's id of a trial (Optuna's public API gives only its number)."""
+    return trial._trial_id
+
+
+def trial_handle(study: optuna.Study, trial: FrozenTrial | int) -> optuna.Trial:
+    """A writable handle on a stored trial (by frozen trial or storage id), for a trial this process did not ask."""
+    return optuna.Trial(study, trial if isinstance(trial, int) else trial._trial_id)
+
+
+def take_waiting(study: optuna.Study, trial: FrozenTrial) -> optuna.Trial | None:
+    """Claim a WAITING (queued) trial as RUNNING; None when another worker took it first."""
+    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
+        if study._storage.set_trial_state_values(trial._trial_id, state=TrialState.RUNNING):
+            return trial_handle(study, trial)
+    return None
+
+
+def add_running(study: optuna.Study, user_attrs: dict[str, Any]) -> optuna.Trial:
+    """A new RUNNING trial with ``user_attrs``, outside the sampler (a per-GPU baseline)."""
+    template = optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs=user_attrs)
+    return trial_handle(study, study._storage.create_new_trial(study._study_id, template_trial=template))
+
+
+def storage_of(study: optuna.Study) -> BaseStorage:
+    return study._storage
 
 
 # --- who runs a trial --------------------------------------------------------------------------------------
@@ -247,7 +321,7 @@ class Liveness:
         """Tag ``trial`` as ours and start beating for it."""
         trial.set_user_attr("worker", asdict(self.tag))
         trial.set_user_attr("gpu", self.tag.label)
-        self._trial_id = trial._trial_id
+        self._trial_id = trial_id(trial)
         self._beat()
 
     def release(self) -> None:
@@ -256,13 +330,13 @@ class Liveness:
     def _beat(self) -> None:
         now = time.time()
         self.beat_file.write_text(json.dumps({**asdict(self.tag), "at": now}))
-        trial_id, storage = self._trial_id, self.study._storage
-        if trial_id is None:
+        running, storage = self._trial_id, storage_of(self.study)
+        if running is None:
             return
         if _heartbeat_on(storage):
-            storage.record_heartbeat(trial_id)  # type: ignore[attr-defined]
+            storage.record_heartbeat(running)  # type: ignore[attr-defined]
         else:  # no heartbeat in the storage (journal): the beat travels with the trial, to any host
-            storage.set_trial_user_attr(trial_id, "beat_at", now)
+            storage.set_trial_user_attr(running, "beat_at", now)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -316,7 +390,7 @@ def dead_running(study: optuna.Study, state_dir: Path | None = None) -> list[Fro
     """RUNNING trials whose worker is gone by the rules above (for the sweep to mark interrupted and requeue).
     Another host's worker on a SQL storage is Optuna's heartbeat's to judge: see ``fail_stale``."""
     running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
-    return [t for t in running if is_dead(t, study._storage, state_dir)]
+    return [t for t in running if is_dead(t, storage_of(study), state_dir)]
 
 
 def fail_stale(study: optuna.Study) -> None:

@@ -7,9 +7,7 @@ stops its server and records the trial as interrupted); a second Ctrl-C kills th
 mid-trial leaves a RUNNING trial that another worker fails and retries once (``storage.dead_running``); its
 orphan server is removed when its GPU next starts, and by the supervisor when the workers end.
 
-Every GPU runs the baseline once, so tok/s can be compared across devices: ``gpu_frame`` divides each trial's
-tok/s by its own GPU's baseline (the gain a config brings on the device that measured it), and
-``per_gpu_frame`` gives the device-to-device spread for the report.
+Every GPU runs the baseline once, so tok/s can be compared across devices (``search.gpus``).
 """
 
 from __future__ import annotations
@@ -21,22 +19,21 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, Any
 
 import click
 import optuna
-from optuna.trial import TrialState
 
-from autotune.config import StudyConfig
-from autotune.errors import AutotuneError, ConfigError
-from autotune.results import TrialResult
-from autotune.search.study import Sweep, make_sampler
-
-if TYPE_CHECKING:
-    import pandas as pd
+from autotune.config import StudyConfig, load_config
+from autotune.errors import AutotuneError, ConfigError, StudyError
+from autotune.harness.server import cleanup_orphans
+from autotune.progress import PlainProgress
+from autotune.search.objective import make_sampler
+from autotune.search.storage import open_study
+from autotune.search.study import Sweep
 
 Echo = Callable[[str], None]
 
@@ -103,9 +100,6 @@ def run_worker(cfg: StudyConfig, *, progress: Any = None, stop_event: threading.
 def worker(config_path: Path, gpu: int, port: int | None, storage: str | None, study_name: str | None,
            trials: int | None, engine: str | None) -> None:
     """One GPU's worker: sweep the shared study on this GPU until it has its trials (started by run_workers)."""
-    from autotune.config import load_config
-    from autotune.progress import PlainProgress
-
     cfg = load_config(config_path, name=study_name, storage=storage, trials=trials, engine=engine)
     run_worker(on_gpu(cfg, gpu, port), progress=PlainProgress(sys.stdout))
 
@@ -131,7 +125,7 @@ class Workers:
     """Worker processes of one node, started by ``start_workers``; ``wait`` supervises them."""
 
     cfg: StudyConfig
-    procs: dict[int, subprocess.Popen] = field(default_factory=dict)
+    procs: dict[int, subprocess.Popen[str]] = field(default_factory=dict)
     echo: Echo = print
     interrupted: bool = False
     _relays: list[threading.Thread] = field(default_factory=list)
@@ -166,15 +160,13 @@ class Workers:
         return {gpu: proc.returncode for gpu, proc in self.procs.items()}
 
     def cleanup(self) -> None:
-        from autotune.harness.server import cleanup_orphans
-
         for gpu in self.procs:
             for pid in cleanup_orphans(gpu_run_dir(self.cfg, gpu)):
                 self.echo(f"gpu{gpu}: stopped orphan server pid {pid} left by its worker")
 
 
 @contextlib.contextmanager
-def _forward_sigint(workers: Workers):
+def _forward_sigint(workers: Workers) -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -194,7 +186,7 @@ def worker_argv(cfg: StudyConfig, gpu: int, port: int | None) -> list[str]:
     return argv + (["--port", str(port)] if port else [])
 
 
-def _relay(stream, prefix: str, echo: Echo) -> None:
+def _relay(stream: IO[str], prefix: str, echo: Echo) -> None:
     for line in iter(stream.readline, ""):
         echo(f"{prefix}{line.rstrip()}")
     stream.close()
@@ -204,8 +196,6 @@ def start_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
                   env: dict[str, str] | None = None) -> Workers:
     """Check the storage, create the study, then start one worker per GPU (ports ``engine.port + k`` when a
     port is configured, else each trial picks a free one). Nothing starts if the storage is unusable."""
-    from autotune.search.study import open_study
-
     open_study(cfg)  # StorageError / StudyError here, before any process or server starts
     workers = Workers(cfg=cfg, echo=echo)
     for k, gpu in enumerate(gpus):
@@ -223,8 +213,6 @@ def start_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
 def run_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print) -> dict[int, int]:
     """Search ``cfg``'s study with one worker per GPU until it has its trials; returns each worker's exit code.
     Raises KeyboardInterrupt after a forwarded Ctrl-C, StudyError when every worker failed."""
-    from autotune.errors import StudyError
-
     workers = start_workers(cfg, gpus, echo=echo)
     codes = workers.wait()
     if workers.interrupted:
@@ -235,91 +223,6 @@ def run_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print) ->
     for gpu, code in failed.items():
         echo(f"gpu{gpu}: worker exited with code {code}; the other workers finished its trials")
     return codes
-
-
-# --- per-GPU results -------------------------------------------------------------------------------------
-def _tok_s(trial: optuna.trial.FrozenTrial) -> float | None:
-    data = trial.user_attrs.get("result")
-    result = TrialResult.from_dict(data) if data else None
-    return result.output_tok_s if result is not None and result.ok else None
-
-
-def gpu_frame(study: optuna.Study) -> pd.DataFrame:
-    """One row per finished trial: its GPU, tok/s, its GPU's baseline tok/s, and ``gain`` = tok/s ÷ that
-    baseline. Comparing gains, not raw tok/s, keeps a fast device from crowning its own trials."""
-    import pandas as pd  # here, not at the top: a worker process starts faster without it
-
-    rows = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        rows.append({"trial": t.number, "gpu": t.user_attrs.get("gpu", "unknown"),
-                     "role": t.user_attrs.get("role", "search"), "status": t.user_attrs.get("status", "fail"),
-                     "tok_s": _tok_s(t)})
-    frame = pd.DataFrame(rows, columns=["trial", "gpu", "role", "status", "tok_s"])
-    base = frame[(frame.role == "baseline") & frame.tok_s.notna()].groupby("gpu").tok_s.median()
-    frame["baseline_tok_s"] = frame.gpu.map(base).astype(float)
-    frame["gain"] = frame.tok_s.astype(float) / frame.baseline_tok_s
-    return frame.sort_values("trial").reset_index(drop=True)
-
-
-def gains(study: optuna.Study) -> dict[int, float]:
-    """Trial number → tok/s ÷ its own GPU's baseline, for ranking a study swept on two or more GPUs; empty
-    (rank by raw tok/s) on one GPU or when a GPU that served trials has no baseline to divide by."""
-    frame = gpu_frame(study)
-    ok = frame[frame.tok_s.notna()]
-    if ok.gpu.nunique() < 2 or ok.gain.isna().any():
-        return {}
-    return {int(n): float(g) for n, g in zip(ok.trial, ok.gain, strict=True)}
-
-
-def per_gpu_frame(study: optuna.Study) -> pd.DataFrame:
-    """One row per GPU: trials run, baseline tok/s, its ratio to the median GPU's (``vs_median``: the
-    device-to-device spread), and the best trial there by raw tok/s and by gain over its own baseline."""
-    import numpy as np
-    import pandas as pd
-
-    frame = gpu_frame(study)
-    rows = []
-    for gpu, g in frame.groupby("gpu", sort=True):
-        ok = g[g.tok_s.notna()]
-        best = ok.loc[ok.tok_s.idxmax()] if len(ok) else None
-        gained = ok[ok.gain.notna()]
-        best_gain = gained.loc[gained.gain.idxmax()] if len(gained) else None
-        rows.append({"gpu": gpu, "trials": len(g), "ok": len(ok), "baseline_tok_s": g.baseline_tok_s.iloc[0],
-                     "best_trial": None if best is None else int(best.trial),
-                     "best_tok_s": None if best is None else float(best.tok_s),
-                     "best_gain_trial": None if best_gain is None else int(best_gain.trial),
-                     "best_gain": None if best_gain is None else float(best_gain.gain)})
-    out = pd.DataFrame(rows, columns=["gpu", "trials", "ok", "baseline_tok_s", "best_trial", "best_tok_s",
-                                      "best_gain_trial", "best_gain"])
-    out = out.astype({"trials": int, "ok": int, "best_trial": "Int64", "best_gain_trial": "Int64",
-                      "baseline_tok_s": float, "best_tok_s": float, "best_gain": float})
-    median = float(np.nanmedian(out.baseline_tok_s)) if out.baseline_tok_s.notna().any() else float("nan")
-    out["vs_median"] = out.baseline_tok_s.astype(float) / median
-    return out
-
-
-def gpu_spread(study: optuna.Study) -> float | None:
-    """(fastest − slowest baseline) ÷ median baseline across GPUs; None with fewer than two calibrated GPUs."""
-    base = per_gpu_frame(study).baseline_tok_s.dropna()
-    if len(base) < 2:
-        return None
-    return float((base.max() - base.min()) / base.median())
-
-
-def render_gpus(study: optuna.Study) -> str:
-    """The per-GPU lines under a sweep's summary: calibration, spread, and each GPU's best gain."""
-    import pandas as pd
-
-    per = per_gpu_frame(study)
-    spread = gpu_spread(study)
-    head = "per GPU (configs compare by tok/s ÷ their own GPU's baseline"
-    lines = [head + (f"; baselines spread {spread:.1%})" if spread is not None else ")")]
-    for row in per.itertuples():
-        base = (f"baseline {row.baseline_tok_s:,.0f} tok/s ({row.vs_median:.2f}× median)"
-                if pd.notna(row.baseline_tok_s) else "no baseline")
-        best = f"; best gain trial {row.best_gain_trial}: {row.best_gain:.2f}×" if pd.notna(row.best_gain) else ""
-        lines.append(f"  {row.gpu}: {row.trials} trials, {base}{best}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

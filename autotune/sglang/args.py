@@ -61,6 +61,17 @@ def default_mem_fraction(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, A
     return mfs
 
 
+def mamba_slots_per_request(strategy: str, *, overlap: bool, radix_off: bool) -> int:
+    """SGLang 0.5.23's slots→requests rule: the Mamba state slots one running request reserves
+    (``srt/mem_cache/allocation_sizing.py``; applied in ``srt/mem_cache/kv_cache_configurator.py``,
+    ``_handle_max_mamba_cache``). 1 without the radix cache; else 3 plus the radix cache's tracking copies: 2 for
+    ``extra_buffer`` with the overlap schedule (ping-pong), 1 for ``extra_buffer`` without it or
+    ``extra_buffer_lazy``, 0 for ``no_buffer``. ``strategy`` is the resolved one (never ``auto``)."""
+    if radix_off:
+        return 1
+    return 3 + {"extra_buffer": 2 if overlap else 1, "extra_buffer_lazy": 1}.get(strategy, 0)
+
+
 def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> dict[str, Any]:
     """Resolve the speculative flags the way speculative_hook.py does."""
     algo = f.get("speculative_algorithm")
@@ -72,7 +83,7 @@ def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> dict[str, Any]:
                                 f"choose one of {', '.join(sorted(SPEC_ALGORITHMS))}")
     steps, topk, draft = (f.get("speculative_num_steps"), f.get("speculative_eagle_topk"),
                           f.get("speculative_num_draft_tokens"))
-    warnings = []
+    warnings: list[str] = []
     if name == "NGRAM":
         return {"spec": True, "algorithm": name, "steps": 1, "topk": 1, "draft_tokens": int(draft or 12),
                 "draft_model": False, "warnings": warnings}
@@ -98,11 +109,12 @@ def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> dict[str, Any]:
         raise PlanStop("bad_args", f"ValueError: --speculative-algorithm {name} needs --speculative-draft-model-path: "
                                 f"{model.name} has no MTP layers")
     return {"spec": True, "algorithm": "EAGLE" if name in ("NEXTN", "MTP") else name, "steps": int(steps),
-            "topk": topk, "draft_tokens": int(draft), "draft_model": True, "warnings": warnings}
+            "topk": topk, "draft_tokens": int(draft if draft is not None else steps + 1), "draft_model": True,
+            "warnings": warnings}
 
 
 def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """Mamba radix-cache strategy, overlap, attention backend and page size (FACTS §1.2)."""
+    """Mamba radix-cache strategy, overlap, attention backend and page size (``srt/arg_groups/overrides.py``, called from ``model_hook.py``)."""
     radix_off = bool(f.get("disable_radix_cache"))
     overlap = not f.get("disable_overlap_schedule")
     asked = f.get("mamba_radix_cache_strategy") or "auto"
@@ -150,15 +162,15 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
         if page > 1 and backend not in ("fa3", "flashinfer", "triton"):
             raise PlanStop("bad_args", f"ValueError: --speculative-eagle-topk > 1 with page_size > 1 needs the fa3, "
                                     f"flashinfer or triton attention backend (got {backend})")
-    tracking = {"extra_buffer": 2 if overlap else 1, "extra_buffer_lazy": 1}.get(strategy, 0)
-    ratio = 1 if radix_off else 3 + tracking
+    ratio = mamba_slots_per_request(strategy, overlap=overlap, radix_off=radix_off)
     return {"strategy": strategy, "overlap": overlap, "attention_backend": backend, "page_size": page,
             "ratio": ratio, "radix_off": radix_off}
 
 
 def graph_settings(f: Mapping[str, Any]) -> tuple[bool, bool]:
     """Whether decode and prefill CUDA graphs are captured: any of SGLang's four ways to turn one off wins."""
-    cfg = f.get("cuda_graph_config") if isinstance(f.get("cuda_graph_config"), dict) else {}
+    raw = f.get("cuda_graph_config")
+    cfg: dict[str, Any] = raw if isinstance(raw, dict) else {}
     all_off = bool(f.get("disable_cuda_graph"))
     decode_on = not (all_off or f.get("disable_decode_cuda_graph") or f.get("cuda_graph_backend_decode") == "disabled"
                      or (cfg.get("decode") or {}).get("backend") == "disabled")

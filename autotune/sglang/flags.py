@@ -25,7 +25,7 @@ BUNDLED_VERSION = "0.5.23"
 # A dump of an installed SGLang adds ``action`` (argparse action kind) and ``help_suppressed``.
 ROW_KEYS = ("flags", "dest", "default", "type", "choices", "nargs", "is_store_true")
 
-# Flags that were renamed or removed, and what to use instead (FACTS §1.1, §6). Consulted only when a name
+# Flags that were renamed or removed, and what to use instead (SGLang 0.5.23's parser, ``srt/arg_groups/fields/*.py``). Consulted only when a name
 # is unknown, so a table that still has a deprecated flag (0.5.23 keeps --disable-cuda-graph) accepts it.
 RENAMED: dict[str, str] = {
     "mamba_scheduler_strategy": "--mamba-radix-cache-strategy",

@@ -25,7 +25,7 @@ DENSE_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
 # Activation temporaries of one forward, per token, are kept by torch's caching allocator in blocks that do not
 # fit the next differently sized tensor; the observed peak is this much above the live sum (see
-# docs/sglang-memory.md; chosen so the seed's 0.93 run fits and ≥ 0.95 does not, CALIBRATION C18).
+# docs/sglang-memory.md; chosen so the seed's 0.93 run fits and ≥ 0.95 does not, docs/sglang-memory.md §4).
 ALLOCATOR_OVERHEAD = 1.7
 
 
@@ -94,7 +94,7 @@ class ModelProfile:
         return int(self.linear_layers * heads * self.linear_v_dim * self.linear_k_dim * dtype_bytes(ssm_dtype or self.ssm_dtype))
 
     def mamba_slot_bytes(self, tp: int = 1, ssm_dtype: str | None = None) -> int:
-        """P: one Mamba slot (conv + ssm over all linear layers) per rank — FACTS §1.3."""
+        """P: one Mamba slot (conv + ssm over all linear layers) per rank (``srt/configs/mamba_utils.py``, ``srt/configs/qwen3_next.py``)."""
         return self.mamba_conv_bytes(tp) + self.mamba_ssm_bytes(tp, ssm_dtype)
 
     def kv_cell_bytes(self, tp: int = 1, kv_dtype: str = "bfloat16", with_draft: bool = False) -> int:
@@ -140,7 +140,7 @@ class GpuProfile:
         return self.memory_mib * MIB / GIB
 
     def tier(self, tp: int = 1) -> tuple[int, int]:
-        """SGLang's defaults by nvidia-smi size: (chunked_prefill_size, decode cuda-graph max bs) — FACTS §1.7."""
+        """SGLang's defaults by nvidia-smi size: (chunked_prefill_size, decode cuda-graph max bs) (``srt/arg_groups/memory_hook.py``; docs/sglang-memory.md §2)."""
         gib = self.memory_mib / 1024
         if gib < 20:
             return 2048, 8
@@ -154,7 +154,7 @@ class GpuProfile:
 
 
 # Bundled models: the public config.json fields that matter, plus what SGLang logged for them
-# (``Load weight end … mem usage``: target and MTP draft weights; CALIBRATION.md).
+# (``Load weight end … mem usage``: target and MTP draft weights; ``srt/model_executor/model_runner.py``).
 _QWEN36_27B = {
     "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
     "text_config": {
@@ -261,10 +261,8 @@ def _need(cfg: dict[str, Any], key: str, source: str, kind: type = int) -> Any:
     return value
 
 
-def from_hf_config(config: dict[str, Any], *, name: str, source: str = "config.json") -> ModelProfile:
-    """Build a profile from a HuggingFace config dict; weights are estimated from the parameter count."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
-    cfg = {**config, **text} if text else dict(config)
+def _model_type(config: dict[str, Any], cfg: dict[str, Any], source: str) -> tuple[str, str]:
+    """(model_type, architecture), rejecting what the planner does not model."""
     model_type = str(config.get("model_type") or cfg.get("model_type") or "")
     archs = config.get("architectures") or cfg.get("architectures") or []
     arch = str(archs[0]) if archs else ""
@@ -276,6 +274,50 @@ def from_hf_config(config: dict[str, Any], *, name: str, source: str = "config.j
     if "quantization_config" in cfg:
         raise ProfileError("quantized checkpoints are not modelled", file=source, key="quantization_config",
                            fix="point at the bf16 checkpoint's config.json")
+    return model_type, arch
+
+
+def _linear_attention(cfg: dict[str, Any], layers: int, source: str) -> tuple[int, int, int, int, int, int]:
+    """(key heads, value heads, key dim, value dim, conv kernel, full-attention layers) of a hybrid model."""
+    kh, vh = _need(cfg, "linear_num_key_heads", source), _need(cfg, "linear_num_value_heads", source)
+    kd, vd = _need(cfg, "linear_key_head_dim", source), _need(cfg, "linear_value_head_dim", source)
+    kernel = _need(cfg, "linear_conv_kernel_dim", source)
+    layer_types = cfg.get("layer_types")
+    if isinstance(layer_types, list) and len(layer_types) == layers:
+        full = sum(1 for t in layer_types if t == "full_attention")
+    else:
+        interval = _need(cfg, "full_attention_interval", source)
+        full = sum(1 for i in range(layers) if (i + 1) % interval == 0)
+    return kh, vh, kd, vd, kernel, full
+
+
+def _mlp(cfg: dict[str, Any], hidden: int, source: str) -> tuple[int, int, int]:
+    """(active FFN width per token, MLP params per layer in total, MLP params per layer active per token)."""
+    experts = int(cfg.get("num_experts") or 0)
+    if not experts:
+        active_ffn = _need(cfg, "intermediate_size", source)
+        return active_ffn, 3 * hidden * active_ffn, 3 * hidden * active_ffn
+    top_k = int(cfg.get("num_experts_per_tok") or 1)
+    expert_ffn = _need(cfg, "moe_intermediate_size", source)
+    shared_ffn = int(cfg.get("shared_expert_intermediate_size") or 0)
+    active_ffn = top_k * expert_ffn + shared_ffn
+    return active_ffn, 3 * hidden * (experts * expert_ffn + shared_ffn) + hidden * experts, 3 * hidden * active_ffn
+
+
+def _vit_params(vision: dict[str, Any] | None) -> int:
+    if not vision:
+        return 0
+    v_hidden = int(vision.get("hidden_size") or 0)
+    v_ffn = int(vision.get("intermediate_size") or 4 * v_hidden)
+    v_depth = int(vision.get("depth") or vision.get("num_hidden_layers") or 24)
+    return v_depth * (4 * v_hidden * v_hidden + 2 * v_hidden * v_ffn)
+
+
+def from_hf_config(config: dict[str, Any], *, name: str, source: str = "config.json") -> ModelProfile:
+    """Build a profile from a HuggingFace config dict; weights are estimated from the parameter count."""
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
+    cfg = {**config, **text} if text else dict(config)
+    model_type, arch = _model_type(config, cfg, source)
     hidden = _need(cfg, "hidden_size", source)
     layers = _need(cfg, "num_hidden_layers", source)
     heads = _need(cfg, "num_attention_heads", source)
@@ -283,31 +325,9 @@ def from_hf_config(config: dict[str, Any], *, name: str, source: str = "config.j
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     vocab = _need(cfg, "vocab_size", source)
     hybrid = model_type in HYBRID_TYPES
-    if hybrid:
-        kh, vh = _need(cfg, "linear_num_key_heads", source), _need(cfg, "linear_num_value_heads", source)
-        kd, vd = _need(cfg, "linear_key_head_dim", source), _need(cfg, "linear_value_head_dim", source)
-        kernel = _need(cfg, "linear_conv_kernel_dim", source)
-        layer_types = cfg.get("layer_types")
-        if isinstance(layer_types, list) and len(layer_types) == layers:
-            full = sum(1 for t in layer_types if t == "full_attention")
-        else:
-            interval = _need(cfg, "full_attention_interval", source)
-            full = sum(1 for i in range(layers) if (i + 1) % interval == 0)
-    else:
-        kh = vh = kd = vd = kernel = 0
-        full = layers
+    kh, vh, kd, vd, kernel, full = _linear_attention(cfg, layers, source) if hybrid else (0, 0, 0, 0, 0, layers)
     linear = layers - full
-    experts = int(cfg.get("num_experts") or 0)
-    if experts:
-        top_k = int(cfg.get("num_experts_per_tok") or 1)
-        expert_ffn = _need(cfg, "moe_intermediate_size", source)
-        shared_ffn = int(cfg.get("shared_expert_intermediate_size") or 0)
-        active_ffn = top_k * expert_ffn + shared_ffn
-        mlp_total = 3 * hidden * (experts * expert_ffn + shared_ffn) + hidden * experts
-        mlp_active = 3 * hidden * active_ffn
-    else:
-        active_ffn = _need(cfg, "intermediate_size", source)
-        mlp_total = mlp_active = 3 * hidden * active_ffn
+    active_ffn, mlp_total, mlp_active = _mlp(cfg, hidden, source)
     gate = 2 if hybrid else 1  # Qwen3.5/Next full attention has an output gate: q_proj is twice as wide
     attn = hidden * heads * head_dim * gate + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
     conv_dim = vh * vd + 2 * kh * kd
@@ -319,12 +339,7 @@ def from_hf_config(config: dict[str, Any], *, name: str, source: str = "config.j
     lm_head = 0 if tied else embed
     mtp = int(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
     vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else None
-    vit_params = 0
-    if vision:
-        v_hidden = int(vision.get("hidden_size") or 0)
-        v_ffn = int(vision.get("intermediate_size") or 4 * v_hidden)
-        v_depth = int(vision.get("depth") or vision.get("num_hidden_layers") or 24)
-        vit_params = v_depth * (4 * v_hidden * v_hidden + 2 * v_hidden * v_ffn)
+    vit_params = _vit_params(vision)
     nbytes = int(dtype_bytes(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")))
     nbytes = 2 if nbytes == 4 else nbytes  # SGLang's dtype=auto serves fp32 checkpoints in bf16
     # One MTP layer = a full-attention decoder layer + the 2h→h fusion; SGLang loads its own embed/lm_head copy.

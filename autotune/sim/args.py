@@ -103,6 +103,17 @@ def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--sim-output-mean", type=int, default=2500, help="mean natural output length (tokens)")
     sim.add_argument("--sim-output-dist", default="lognormal", choices=OUTPUT_DISTS, help="distribution of natural output lengths")
     sim.add_argument("--sim-noise", type=float, default=0.0, help="relative noise on step times")
+    # Where the simulated machine departs from the planner's model (autotune/sim/truth.py); the planner never sees it.
+    sim.add_argument("--sim-free-gib-delta", type=float, default=0.0,
+                     help="GiB more (negative: less) free after the weights and pools than the planner's model, "
+                          "unseen by SGLang's profile (fragmentation, NCCL/cuBLAS workspaces): moves the room for "
+                          "CUDA graphs and activations")
+    sim.add_argument("--sim-activation-scale", type=_positive_float, default=1.0,
+                     help="the activation/workspace peak is this multiple of the planner's")
+    sim.add_argument("--sim-graph-scale", type=_positive_float, default=1.0,
+                     help="CUDA-graph memory is this multiple of the planner's")
+    sim.add_argument("--sim-decode-efficiency", type=_positive_float, default=1.0,
+                     help="achieved bandwidth/compute share is this multiple of the speed model's")
     sim.add_argument("--sim-speedup", type=_positive_float, default=1.0,
                      help="pace the modelled clock this many times faster than real time (tests and benchmarks: a "
                           "rate the host's CPU cannot pace, which the harness must refuse)")

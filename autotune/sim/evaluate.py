@@ -106,8 +106,10 @@ def evaluate(
     acceptance: float = 0.825,
     output_mean: float = 2500,
     output_dist: str = "lognormal",
+    deviation: Any = None,
 ) -> SimEvaluation:
-    """Simulate one trial of ``flags`` (SGLang dest names) on ``workload``; ``model``/``gpu`` are names or profiles."""
+    """Simulate one trial of ``flags`` (SGLang dest names) on ``workload``; ``model``/``gpu`` are names or profiles.
+    ``deviation`` (``sim.truth.Deviation``) makes the simulated machine differ from the planner's model."""
     from autotune.sglang.flags import FlagTable
     from autotune.sglang.memory import plan
     from autotune.sglang.profiles import load_gpu, load_model
@@ -121,6 +123,10 @@ def evaluate(
     except ConfigError as exc:
         return SimEvaluation(status="bad_args", reason=str(exc), cpu_s=time.process_time() - cpu0)
     mp = plan(model_p, gpu_p, config)
+    if deviation is not None:
+        from autotune.sim.truth import deviate
+
+        mp = deviate(mp, model_p, deviation)
     common: dict[str, Any] = dict(
         plan=mp.to_dict(), capacity=_capacity(mp), startup_s=mp.extra.get("startup_s"),
         max_running_requests=mp.max_running_requests, kv_tokens=mp.kv_tokens, mamba_slots=mp.max_mamba_cache_size,
@@ -129,7 +135,8 @@ def evaluate(
         return SimEvaluation(status=mp.failure or "startup_oom", reason=mp.message, **common,
                              cpu_s=time.process_time() - cpu0)
     sched = Scheduler.from_plan(mp, model_p, gpu_p, noise=noise, seed=seed, emit=False,
-                                track_interval=config.get("mamba_track_interval"))
+                                track_interval=config.get("mamba_track_interval"),
+                                efficiency=deviation.decode_efficiency if deviation is not None else 1.0)
     loop = _ClosedLoop(sched, workload, seed=seed, acceptance=acceptance, output_mean=output_mean,
                        output_dist=output_dist, concurrency=workload.concurrency or 2 * sched.limits.max_running_requests)
     status, reason = loop.run()

@@ -15,7 +15,7 @@ MIN_NEW_TOKEN_RATIO = INIT_NEW_TOKEN_RATIO * 0.14
 NEW_TOKEN_RATIO_DECAY = (INIT_NEW_TOKEN_RATIO - MIN_NEW_TOKEN_RATIO) / 600
 CLIP_MAX_NEW_TOKENS = 4096
 RETRACT_DECODE_STEPS = 20
-ACTIVATION_BYTES_PER_TOKEN = 1.5 * 2**20  # what one prefill token's activations take (CALIBRATION.md)
+ACTIVATION_BYTES_PER_TOKEN = 1.5 * 2**20  # what one prefill token's activations take (docs/sglang-memory.md §4)
 
 
 def largest_graph_bs(value: Any) -> int:
@@ -37,7 +37,7 @@ class SchedulerLimits:
     draft_tokens: int = 1  # D, tokens per request per verify pass
     runtime_oom_tokens: int | None = None  # a prefill batch with more new tokens dies with CUDA OOM
     mamba_slots: int | None = None  # K; None for models without a Mamba pool
-    ratio: int = 1  # Mamba slots per running request in SGLang's cap (FACTS §1.6)
+    ratio: int = 1  # Mamba slots per running request in SGLang's cap (``sglang.args.mamba_slots_per_request``)
     decode_log_interval: int = 40
     decode_graph_bs: int = 256  # largest decode batch with a captured CUDA graph
     prefill_graph_tokens: int = 0  # largest prefill batch with a captured graph
@@ -56,7 +56,8 @@ class SchedulerLimits:
 
     @property
     def mamba_slots_per_req(self) -> int:
-        """Slots one running request holds: its state plus extra_buffer's tracking copies (ratio − 3)."""
+        """Slots one running request holds: its state plus extra_buffer's tracking copies (the slots reserved
+        per request, ``sglang.args.mamba_slots_per_request``, less the 3 every radix-cached request reserves)."""
         return 1 + max(0, self.ratio - 3)
 
     @classmethod

@@ -12,6 +12,7 @@ of cycles run as one block that takes the same draws in the same order: a simula
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import deque
 from typing import Any
@@ -79,14 +80,20 @@ class Scheduler:
 
     @classmethod
     def from_plan(cls, plan: Any, model: Any, gpu: Any, *, noise: float = 0.0, seed: int = 0, emit: bool = True,
-                  decode_log_interval: int = 40, track_interval: int | None = None) -> Scheduler:
-        """The scheduler and speed model for a fitting plan: one constructor for the paced and the virtual clock."""
+                  decode_log_interval: int = 40, track_interval: int | None = None,
+                  efficiency: float = 1.0) -> Scheduler:
+        """The scheduler and speed model for a fitting plan: one constructor for the paced and the virtual clock.
+        ``efficiency`` scales the achieved bandwidth and compute shares (a machine faster or slower than the model:
+        ``sim.truth.Deviation.decode_efficiency``)."""
         limits = SchedulerLimits.from_plan(plan, decode_log_interval=decode_log_interval,
                                            track_interval=track_interval)
         x = plan.extra
         params = PerfParams.from_profiles(model, gpu, kv_cell_bytes=x.get("kv_cell_bytes"),
                                           mamba_slot_bytes=x.get("mamba_slot_bytes"), with_draft=limits.spec,
                                           tp=int(x.get("tp_size") or 1))
+        if efficiency != 1.0:
+            params = dataclasses.replace(params, eta_bw=params.eta_bw * efficiency,
+                                         eta_compute=params.eta_compute * efficiency)
         perf = PerfModel(params, spec=limits.spec, draft_tokens=limits.draft_tokens, noise=noise, seed=seed)
         return cls(limits, perf, seed=seed, emit=emit)
 

@@ -83,6 +83,7 @@ class ServerStatus:
         from autotune.sglang.profiles import load_gpu, load_model
         from autotune.sim.requests import check_request_params
         from autotune.sim.scheduler import Scheduler
+        from autotune.sim.truth import Deviation, deviate
 
         sim = args.sim
         check_request_params(acceptance_mean=sim["acceptance"], output_mean=sim["output_mean"],
@@ -94,11 +95,14 @@ class ServerStatus:
         # SGLang sizes from the memory free after its own CUDA context: what the others leave, minus ours.
         free_gib = max(0.0, (gpu.memory_mib - others) / 1024 - float(getattr(gpu, "cuda_context_gib", 0.5)))
         plan = make_plan(model, gpu, args.flags, free_gib=free_gib)
+        deviation = Deviation.from_sim(sim)
+        plan = deviate(plan, model, deviation)  # the machine as it is, not as planned (identity by default)
         sched = None
         if plan.failure in (None, "runtime_oom"):
             # The same constructor ``evaluate()`` uses, so paced and virtual runs agree.
             sched = Scheduler.from_plan(plan, model, gpu, noise=float(sim["noise"]), seed=int(sim["seed"]),
-                                        track_interval=args.flags.get("mamba_track_interval"))
+                                        track_interval=args.flags.get("mamba_track_interval"),
+                                        efficiency=deviation.decode_efficiency)
         return cls(args=args, model=model, gpu=gpu, plan=plan, scheduler=sched, gpu_index=index,
                    free_gib=free_gib, pid=pid)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from autotune.errors import ConfigError
 from autotune.harness.engines.base import Engine, GpuReader
 from autotune.harness.engines.sglang import SGLangEngine
 from autotune.harness.engines.sim import SimEngine
-from autotune.errors import ConfigError
 
 ENGINES: dict[str, type] = {"sglang": SGLangEngine, "sim": SimEngine}
 

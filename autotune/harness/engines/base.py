@@ -1,7 +1,8 @@
 """The Engine contract: everything that differs between launching SGLang and launching the simulator.
 
 The harness (server.py, trial.py) owns this Protocol and never imports an implementation; ``ENGINES`` in
-``autotune.harness.engines`` maps a name to a class. Flag names in configs are SGLang ``dest`` names
+``autotune.harness.engines`` maps a name to a class. An engine may also offer ``predict(config, workload,
+prompts, *, seed)``: the trial on a virtual clock without a server (the sim engine's only). Flag names in configs are SGLang ``dest`` names
 (``max_mamba_cache_size``); booleans are store-true flags (``True`` → present, ``False`` → absent).
 """
 
@@ -42,8 +43,9 @@ class Engine(Protocol):
         """Raise ``EngineError`` when the engine cannot launch at all (e.g. SGLang not importable)."""
         ...
 
-    def check(self, config: Mapping[str, Any]) -> None:
-        """Raise ``ConfigError`` (with a did-you-mean) for any flag the engine does not know or a bad value."""
+    def check(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The config dest-keyed and typed, as the server will read it; ``ConfigError`` (with a did-you-mean)
+        for any flag the engine does not know or a bad value."""
         ...
 
     def classify(self, log_text: str, exit_code: int | None) -> FailureKind | None:
@@ -56,6 +58,14 @@ class Engine(Protocol):
 
     def capacity(self, log_text: str, server_info: Mapping[str, Any] | None) -> Capacity:
         """What the server allocated, from its startup lines and ``/server_info`` ``internal_states``."""
+        ...
+
+    def startup_seconds(self, server_info: Mapping[str, Any] | None) -> float | None:
+        """The server-reported startup time (load + pools + graphs) from ``/server_info``, if it reports one."""
+        ...
+
+    def spec_accept_length(self, server_info: Mapping[str, Any] | None) -> float | None:
+        """The server's own mean speculative accept length from ``/server_info``, if it reports one."""
         ...
 
     def gpu_reader(self, gpu_index: int | None) -> GpuReader:

@@ -246,3 +246,9 @@ class LogReading:
 
     def capacity(self, log_text: str, server_info: Mapping[str, Any] | None) -> Capacity:
         return capacity(log_text, server_info)
+
+    def startup_seconds(self, server_info: Mapping[str, Any] | None) -> float | None:
+        return startup_seconds(server_info)
+
+    def spec_accept_length(self, server_info: Mapping[str, Any] | None) -> float | None:
+        return spec_accept_length(server_info)

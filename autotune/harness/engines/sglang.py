@@ -20,9 +20,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from autotune.errors import ConfigError, EngineError
 from autotune.harness.engines import logparse
 from autotune.harness.engines.base import GpuReader
-from autotune.errors import ConfigError, EngineError
+from autotune.harness.gpu import HostMemoryReader, NvmlReader
+from autotune.sglang.flags import BUNDLED_VERSION, FlagTable
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +112,7 @@ def parse_dump(stdout: str) -> list[dict[str, Any]]:
         if line.startswith(_DUMP_MARKER):
             rows = json.loads(line[len(_DUMP_MARKER):])
             if _valid_rows(rows):
-                return rows
+                return list(rows)
             raise ValueError("the flag dump is not a list of flag rows")
     raise ValueError("no flag dump in the output")
 
@@ -154,7 +156,7 @@ class SGLangEngine(logparse.LogReading):
         self.device = device
         self.cache_dir = cache_dir or _cache_dir()
         self.table_warning: str | None = None  # why flags are checked against the bundled table, if they are
-        self._table = None
+        self._table: FlagTable | None = None
         self._probed = False
         self._install: tuple[str, str] | None = None  # (version, location) of the interpreter's sglang
 
@@ -196,7 +198,7 @@ class SGLangEngine(logparse.LogReading):
             error.file, error.key, error.fix = exc.file, exc.key, exc.fix
             raise error from None
 
-    def flag_table(self):
+    def flag_table(self) -> FlagTable:
         """The installed SGLang's flags (its own parser, cached per interpreter + version), else the bundled
         0.5.23 table with a warning (``table_warning``, also logged)."""
         if self._table is None:
@@ -246,9 +248,7 @@ class SGLangEngine(logparse.LogReading):
         key = hashlib.sha256(f"{os.path.realpath(self.python)}|{version}|{location}".encode()).hexdigest()[:16]
         return self.cache_dir / f"{key}.json"
 
-    def _load_table(self):
-        from autotune.sglang.flags import FlagTable
-
+    def _load_table(self) -> FlagTable:
         install = self._probe()
         if install is None:
             return self._fallback(f"sglang is not importable by {self.python}")
@@ -284,9 +284,7 @@ class SGLangEngine(logparse.LogReading):
         except ValueError as exc:
             raise EngineError(f"{what} gave no usable table: {exc}") from exc
 
-    def _fallback(self, reason: str):
-        from autotune.sglang.flags import BUNDLED_VERSION, FlagTable
-
+    def _fallback(self, reason: str) -> FlagTable:
         self.table_warning = (
             f"flags are checked against the bundled sglang {BUNDLED_VERSION} table, not the installed one's "
             f"parser ({reason})"
@@ -304,7 +302,7 @@ class SGLangEngine(logparse.LogReading):
                 isinstance(data, dict) and data.get("schema") == _CACHE_SCHEMA and data.get("version") == version
                 and _valid_rows(data.get("rows"))
             ):
-                return data["rows"]
+                return list(data["rows"])
         except (OSError, ValueError):
             pass
         try:
@@ -327,8 +325,6 @@ class SGLangEngine(logparse.LogReading):
 
     # -- reading the server: classify, failure_line, capacity come from logparse.LogReading -------------
     def gpu_reader(self, gpu_index: int | None) -> GpuReader:
-        from autotune.harness.gpu import HostMemoryReader, NvmlReader
-
         if self.device == "cpu":
             return HostMemoryReader()
         return NvmlReader(0 if gpu_index is None else gpu_index)

@@ -1,19 +1,31 @@
 """The simulated engine: the same launch, through ``python -m autotune.sim``, on a simulated GPU.
 
 The simulator takes SGLang's flags and prints SGLang's log lines, so everything but the command and the
-GPU reader is shared with the real engine (``logparse``).
+GPU reader is shared with the real engine (``logparse``). This module is the harness's only door into
+``autotune.sim``: the simulated GPU's reader, the study workload as the simulator's, and ``predict`` (one
+trial on the simulator's virtual clock, no server), which no other engine offers.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+from autotune.config import WorkloadSection
 from autotune.harness.engines import logparse
 from autotune.harness.engines.base import GpuReader
 from autotune.harness.engines.sglang import launch_env, reject_harness_flags
+from autotune.harness.gpu import MIB_PER_GIB, reading
+from autotune.harness.workload import WorkloadSpec
+from autotune.results import Status, TrialResult
+from autotune.sglang.flags import FlagTable
+from autotune.sim import device
+from autotune.sim.__main__ import main as serve  # noqa: F401  (``autotune sim``: the server in this process)
+from autotune.sim.evaluate import SimWorkload, evaluate
+
+STATUSES = ("ok", "startup_oom", "runtime_oom", "bad_args", "crash", "timeout")  # what a trial may end as
 
 
 def sim_argv(options: Mapping[str, Any]) -> list[str]:
@@ -58,8 +70,6 @@ class SimEngine(logparse.LogReading):
         return Path("/dev/shm") if value is True else Path(str(value))
 
     def argv(self, config: Mapping[str, Any], *, port: int, host: str = "127.0.0.1") -> list[str]:
-        from autotune.sglang.flags import FlagTable
-
         return [
             self.python, "-m", "autotune.sim", "--model-path", self.model_path, "--host", host, "--port", str(port),
             *FlagTable.bundled().to_argv(dict(config)), "--sim-gpu", self.sim_gpu, *sim_argv(self.sim_options),
@@ -72,12 +82,42 @@ class SimEngine(logparse.LogReading):
         """The simulator ships with autotune: nothing to check."""
 
     def check(self, config: Mapping[str, Any]) -> dict[str, Any]:
-        from autotune.sglang.flags import FlagTable
-
         reject_harness_flags(config, fix="remove it from the config")
         return FlagTable.bundled().check(dict(config))
 
     def gpu_reader(self, gpu_index: int | None) -> GpuReader:
-        from autotune.harness.gpu import SimGpuReader
-
         return SimGpuReader(0 if gpu_index is None else gpu_index)
+
+    def predict(self, config: Mapping[str, Any], workload: WorkloadSpec | WorkloadSection, prompts: Sequence[str], *,
+                seed: int = 0) -> TrialResult:
+        """One trial on the simulator's virtual clock (no server, no waiting): this engine's model and GPU,
+        ``workload``'s shape over ``prompts`` (the study's sample). Noise as ``sim_options["noise"]``."""
+        ev = evaluate(dict(config), sim_workload(workload, prompts), model=self.model_path, gpu=self.sim_gpu,
+                      seed=seed, noise=float(self.sim_options.get("noise", 0.0)))
+        status = cast(Status, ev.status if ev.status in STATUSES else "crash")
+        return TrialResult(status=status, config=dict(config), engine="sim", capacity=ev.capacity, metrics=ev.metrics,
+                           reason=ev.reason, modelled_startup_s=ev.startup_s, plan=ev.plan)
+
+
+def sim_workload(workload: WorkloadSpec | WorkloadSection, prompts: Sequence[str]) -> SimWorkload:
+    """A study's workload (the ``[workload]`` section or the harness's spec) as the simulator's, over ``prompts``."""
+    return SimWorkload(prompts=list(prompts), max_tokens=workload.max_tokens, concurrency=workload.concurrency,
+                       warmup_s=workload.warmup_s, measure_s=workload.measure_s, ignore_eos=workload.ignore_eos)
+
+
+class SimGpuReader:
+    """The simulated GPU (``autotune.sim.device``): the registry sim servers write their memory into."""
+
+    def __init__(self, index: int = 0, directory: str | None = None):
+        self.index, self.directory = index, directory
+
+    def read(self) -> dict[str, Any]:
+        r = device.read(self.index, directory=self.directory)
+        return reading(
+            used_gib=r.used_mib / MIB_PER_GIB,
+            total_gib=None if r.total_mib is None else r.total_mib / MIB_PER_GIB,
+            util_pct=getattr(r, "util_pct", None),
+        )
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,91 @@
+"""Whether a winner answers like the study's baseline: ``autotune apply``'s numerics gate and provenance block.
+
+A winner that changes an output-changing flag (``autotune.sglang.numerics``) against the study's baseline is
+deployed only with a measured fidelity probe (``TrialResult.fidelity``) within the study's limits
+(``[objective] numerics``); otherwise ``apply`` refuses unless ``--accept-numerics`` is given. The probe's figures
+go into ``provenance.json`` either way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.errors import StudyError
+
+__all__ = ["NumericsRefused", "check_numerics", "numerics_block"]
+
+
+class NumericsRefused(StudyError):
+    """The winner changed numerics without a measured probe, or broke the study's limit."""
+
+
+def _limits(settings: Mapping[str, Any]):
+    from autotune.config import NumericsLimits
+
+    raw = ((settings.get("objective") or {}).get("numerics")) if isinstance(settings.get("objective"), Mapping) else None
+    try:
+        return NumericsLimits(**raw) if isinstance(raw, Mapping) else NumericsLimits()
+    except Exception:  # noqa: BLE001 - a study stored by a different version: judge without limits
+        return NumericsLimits()
+
+
+def _defaults(settings: Mapping[str, Any], model: str | None) -> dict[str, Any] | None:
+    from autotune.sglang.profiles import load_model
+
+    engine = settings.get("engine") if isinstance(settings.get("engine"), Mapping) else {}
+    name = engine.get("profile") or engine.get("model") or model
+    if not name:
+        return None
+    try:
+        profile = load_model(str(name))
+    except Exception:  # noqa: BLE001 - no profile for this checkpoint: SGLang's own reference values
+        return None
+    return {"mamba_ssm_dtype": profile.ssm_dtype} if profile.has_mamba else None
+
+
+def numerics_block(winner: Any) -> dict[str, Any] | None:
+    """The winner's numerics for provenance: the flags that change outputs against the baseline, the probe's
+    figures, the study's limits and the verdict. None when there is no baseline to compare with."""
+    from autotune.sglang.numerics import changes_numerics
+
+    if winner.baseline_config is None:
+        return None
+    try:
+        changes = changes_numerics(winner.config, winner.baseline_config,
+                                   defaults=_defaults(winner.settings, winner.model))
+    except Exception as exc:  # noqa: BLE001 - a value the table cannot read: say so, never pass silently
+        return {"changes": [], "fidelity": winner.result.fidelity, "limits": {}, "problem": f"cannot compare: {exc}"}
+    limits = _limits(winner.settings)
+    fidelity = winner.result.fidelity
+    problem = None
+    if changes:
+        flags = ", ".join(f"--{c.flag.replace('_', '-')} {c.value}" for c in changes)
+        if not fidelity or fidelity.get("role") != "probe" or fidelity.get("error"):
+            why = f" (the probe failed: {fidelity['error']})" if fidelity and fidelity.get("error") else ""
+            problem = f"trial {winner.trial} changes outputs against the baseline ({flags}) and no fidelity probe measured how much{why}"
+        else:
+            broken = [f"{figure} {fidelity.get(figure)} (limit {op} {limit:g})"
+                      for (figure, op, limit), v in zip(limits.limits(), limits.violations(fidelity), strict=True)
+                      if v > 0]
+            if broken:
+                problem = (f"trial {winner.trial} changes outputs against the baseline ({flags}) beyond the study's "
+                           f"limit: {'; '.join(broken)}")
+    return {
+        "changes": [c.to_dict() for c in changes],
+        "fidelity": fidelity,
+        "limits": {k: v for k, v in limits.model_dump().items()
+                   if k in ("min_prefix_match", "max_mean_abs_logprob_delta", "min_exact_share") and v is not None},
+        "problem": problem,
+    }
+
+
+def check_numerics(winner: Any, *, accept: bool = False) -> dict[str, Any] | None:
+    """``numerics_block(winner)``; raises ``NumericsRefused`` when it names a problem and ``accept`` is False."""
+    block = numerics_block(winner)
+    if block and block.get("problem") and not accept:
+        raise NumericsRefused(f"{block['problem']}; deploy it anyway with --accept-numerics, or pick a trial "
+                              "with --trial N")
+    if block is not None:
+        block["accepted"] = bool(block.get("problem")) and accept
+    return block

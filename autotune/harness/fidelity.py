@@ -1,0 +1,260 @@
+"""The fidelity probe: does a trial's server answer like the study's reference config?
+
+A trial whose config changes an output-changing flag (``autotune.sglang.numerics``) against the reference (the
+study's baseline) is probed in the same server launch, *after* its throughput window, so the probe never disturbs
+the measurement: K fixed prompts of the study's sample, greedy (``temperature = 0``), exactly N new tokens each
+(``ignore_eos``, so every prompt yields N comparable positions), with ``return_logprob`` through SGLang's native
+``POST /generate``, all K in flight together (the same batch shape on both sides). The same HTTP calls serve the
+real SGLang and the simulated server (whose outputs follow its numerics model, ``docs/numerics.md`` §2).
+
+The baseline's run records the reference outputs (``Reference``, a JSON file stored with the study); every probed
+trial is compared with it:
+
+- ``prefix_match_mean``: mean number of leading tokens identical to the reference's (0…N);
+- ``exact_share``: share of prompts whose N tokens all match;
+- ``mean_abs_logprob_delta``: mean |Δ logprob| (nats) of the reference tokens where both sides scored them, i.e.
+  over the matching prefix (after the first differing token the two sides condition on different text).
+
+A server that errors, times out or returns no ``meta_info.output_token_logprobs`` raises ``ProbeError``: the trial
+becomes ``probe_error``, never a silent pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+__all__ = [
+    "DEFAULT_PROMPTS", "DEFAULT_TOKENS", "FidelityProbe", "ProbeError", "ProbeOutput", "Reference", "choose_prompts",
+    "compare", "generate_outputs", "run_probe",
+]
+
+DEFAULT_PROMPTS = 16  # K
+DEFAULT_TOKENS = 256  # N
+REFERENCE_VERSION = 1
+
+
+class ProbeError(Exception):
+    """The probe could not measure the server's outputs (server error, timeout, no logprobs)."""
+
+
+@dataclass(frozen=True)
+class ProbeOutput:
+    """One prompt's greedy output: token ids and their log-probabilities (None where the server gave none)."""
+
+    ids: tuple[int, ...]
+    logprobs: tuple[float | None, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ids": list(self.ids), "logprobs": list(self.logprobs)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ProbeOutput:
+        return cls(tuple(int(i) for i in data["ids"]), tuple(None if v is None else float(v) for v in data["logprobs"]))
+
+
+def _text_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The reference config's probe outputs, stored with the study (``save`` / ``load``)."""
+
+    prompts: tuple[str, ...]
+    tokens: int
+    outputs: tuple[ProbeOutput, ...]
+    config: dict[str, Any] = field(default_factory=dict)
+    lines: tuple[int, ...] = ()  # the prompts' line numbers in the prompts file, for a reader
+    trial: int | None = None  # the study trial whose launch recorded it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": REFERENCE_VERSION, "trial": self.trial, "config": self.config, "tokens": self.tokens,
+                "prompts": [{"line": line, "sha256": _text_hash(text), "text": text}
+                            for line, text in zip(self.lines or (None,) * len(self.prompts), self.prompts, strict=True)],
+                "outputs": [o.to_dict() for o in self.outputs]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Reference:
+        prompts = data["prompts"]
+        return cls(prompts=tuple(str(p["text"]) for p in prompts), tokens=int(data["tokens"]),
+                   outputs=tuple(ProbeOutput.from_dict(o) for o in data["outputs"]),
+                   config=dict(data.get("config") or {}),
+                   lines=tuple(int(p["line"]) for p in prompts if p.get("line") is not None),
+                   trial=data.get("trial"))
+
+    def save(self, path: Path) -> str:
+        """Write atomically; returns the file's sha256 (what the study records beside its path)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.to_dict(), separators=(",", ":")) + "\n"
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    @classmethod
+    def load(cls, path: Path, *, sha256: str | None = None) -> Reference | None:
+        """The stored reference, or None when it is missing, unreadable or not the file ``sha256`` names."""
+        try:
+            raw = Path(path).read_bytes()
+        except OSError:
+            return None
+        if sha256 is not None and hashlib.sha256(raw).hexdigest() != sha256:
+            return None
+        try:
+            return cls.from_dict(json.loads(raw))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def matches(self, prompts: Sequence[str], tokens: int) -> bool:
+        return tuple(prompts) == self.prompts and tokens == self.tokens
+
+
+@dataclass(frozen=True, kw_only=True)
+class FidelityProbe:
+    """What ``run_trial`` probes after the window: ``reference=None`` records this server's outputs as the
+    reference (written to ``record_to``); otherwise they are compared with ``reference``."""
+
+    prompts: tuple[str, ...]
+    tokens: int = DEFAULT_TOKENS
+    lines: tuple[int, ...] = ()
+    reference: Reference | None = None
+    record_to: Path | None = None
+    changes: tuple[dict[str, Any], ...] = ()  # NumericsChange.to_dict() of the flags that differ from the reference
+    reference_info: dict[str, Any] = field(default_factory=dict)  # path / sha256 / trial, copied into the figures
+    timeout_s: float = 600.0
+    # A launch that exists only to record the reference: probe whenever the server is up, whatever its (cut short)
+    # throughput window measured.
+    only: bool = False
+
+    @property
+    def records(self) -> bool:
+        return self.reference is None
+
+
+def choose_prompts(rows: Sequence[Any], k: int = DEFAULT_PROMPTS) -> list[Any]:
+    """K rows of the study's (seeded, fixed) sample, evenly spaced through it: the same K for every trial."""
+    n = len(rows)
+    if n == 0:
+        return []
+    k = min(k, n)
+    return [rows[i * n // k] for i in range(k)]
+
+
+def _parse(body: Any, tokens: int) -> ProbeOutput:
+    meta = body.get("meta_info") if isinstance(body, dict) else None
+    triples = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
+    if not isinstance(triples, list):
+        raise ProbeError("the server answered /generate with return_logprob=true but without "
+                         "meta_info.output_token_logprobs: it does not support return_logprob")
+    ids: list[int] = []
+    logprobs: list[float | None] = []
+    for triple in triples:
+        if not isinstance(triple, list | tuple) or len(triple) < 2 or not isinstance(triple[1], int):
+            raise ProbeError(f"unexpected output_token_logprobs entry {triple!r} (SGLang's shape is "
+                             "[logprob, token_id, text])")
+        ids.append(int(triple[1]))
+        logprobs.append(None if triple[0] is None else float(triple[0]))
+    if not ids and isinstance(body.get("output_ids"), list):
+        raise ProbeError("the server returned output_ids but no output_token_logprobs")
+    return ProbeOutput(tuple(ids[:tokens]), tuple(logprobs[:tokens]))
+
+
+async def _generate_one(client: httpx.AsyncClient, base_url: str, text: str, tokens: int) -> ProbeOutput:
+    body = {"text": text, "return_logprob": True, "stream": False,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True}}
+    try:
+        resp = await client.post(f"{base_url}/generate", json=body)
+    except httpx.TimeoutException:
+        raise ProbeError("a probe request to /generate timed out") from None
+    except httpx.HTTPError as exc:
+        raise ProbeError(f"a probe request to /generate failed: {type(exc).__name__}: {exc}".rstrip(": ")) from None
+    if resp.status_code != 200:
+        raise ProbeError(f"/generate answered HTTP {resp.status_code} to a probe request: {resp.text[:300]}")
+    try:
+        data = resp.json()
+    except ValueError:
+        raise ProbeError(f"/generate answered a probe request with non-JSON: {resp.text[:200]!r}") from None
+    if isinstance(data, dict) and data.get("error"):
+        raise ProbeError(f"/generate answered a probe request with an error: {str(data['error'])[:300]}")
+    return _parse(data, tokens)
+
+
+async def _generate_all(base_url: str, prompts: Sequence[str], tokens: int, timeout_s: float) -> list[ProbeOutput]:
+    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False) as client:
+        return list(await asyncio.gather(*(_generate_one(client, base_url, text, tokens) for text in prompts)))
+
+
+def generate_outputs(base_url: str, prompts: Sequence[str], tokens: int, *, timeout_s: float = 600.0) -> list[ProbeOutput]:
+    """Greedy outputs of ``prompts`` from the server at ``base_url`` (all in flight together)."""
+    return asyncio.run(_generate_all(base_url, prompts, tokens, timeout_s))
+
+
+def _prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def compare(reference: Sequence[ProbeOutput], outputs: Sequence[ProbeOutput], tokens: int) -> dict[str, Any]:
+    """The probe's figures for ``outputs`` against ``reference`` (same prompts, same order)."""
+    if len(reference) != len(outputs):
+        raise ProbeError(f"{len(outputs)} probe outputs for {len(reference)} reference prompts")
+    prefixes, exact, deltas = [], [], []
+    for ref, out in zip(reference, outputs, strict=True):
+        n = _prefix(ref.ids, out.ids)
+        prefixes.append(n)
+        exact.append(ref.ids == out.ids)
+        for i in range(n):  # the same token after the same text: both sides scored the reference token
+            a, b = ref.logprobs[i] if i < len(ref.logprobs) else None, out.logprobs[i] if i < len(out.logprobs) else None
+            if a is not None and b is not None:
+                deltas.append(abs(a - b))
+    k = len(prefixes)
+    return {
+        "prefix_match_mean": round(sum(prefixes) / k, 3) if k else None,
+        "prefix_match_min": min(prefixes) if k else None,
+        "exact_share": round(sum(exact) / k, 4) if k else None,
+        "mean_abs_logprob_delta": round(sum(deltas) / len(deltas), 6) if deltas else None,
+        "scored_tokens": len(deltas),
+        "first_difference": [None if e else p for p, e in zip(prefixes, exact, strict=True)],
+    }
+
+
+def run_probe(base_url: str, probe: FidelityProbe, *, trial_dir: Path | None = None) -> dict[str, Any]:
+    """Probe the server at ``base_url``: record the reference, or compare with it. Returns the figures stored as
+    ``TrialResult.fidelity`` and writes the outputs to ``trial_dir/fidelity.json``. Raises ``ProbeError``."""
+    t0 = time.monotonic()
+    outputs = generate_outputs(base_url, probe.prompts, probe.tokens, timeout_s=probe.timeout_s)
+    duration = round(time.monotonic() - t0, 3)
+    figures: dict[str, Any] = {"prompts": len(probe.prompts), "tokens": probe.tokens, "duration_s": duration}
+    if probe.records:
+        figures["role"] = "reference"
+        if probe.record_to is not None:
+            ref = Reference(prompts=probe.prompts, tokens=probe.tokens, outputs=tuple(outputs), lines=probe.lines,
+                            config=dict(probe.reference_info.get("config") or {}),
+                            trial=probe.reference_info.get("trial"))
+            figures["reference"] = {"path": str(probe.record_to), "sha256": ref.save(probe.record_to),
+                                    "trial": probe.reference_info.get("trial")}
+    else:
+        assert probe.reference is not None
+        figures.update(role="probe", changes=[dict(c) for c in probe.changes], **compare(
+            probe.reference.outputs, outputs, probe.tokens))
+        figures["reference"] = {k: v for k, v in probe.reference_info.items() if k != "config"}
+    if trial_dir is not None:
+        Path(trial_dir).mkdir(parents=True, exist_ok=True)
+        (Path(trial_dir) / "fidelity.json").write_text(json.dumps(
+            {**figures, "outputs": [o.to_dict() for o in outputs]}, separators=(",", ":")) + "\n")
+    return figures

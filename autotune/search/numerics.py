@@ -1,0 +1,192 @@
+"""A study's numerics: which trials the fidelity probe runs on, the reference it compares with, the constraint.
+
+The study's reference config is its baseline (``[engine.fixed]`` + ``[baseline]``). A study is *numerics-aware*
+when some config it can launch (a ``[space]`` choice, an ``[[enqueue]]`` config) changes an output-changing flag
+(``autotune.sglang.numerics``) against the reference; a study whose space cannot (e.g. float32 SSM state only)
+runs no probe and has no numerics constraint. In an aware study:
+
+- the baseline's launch records the reference outputs (``harness.fidelity.Reference``) after its window, into
+  ``<work_dir>/numerics-reference.json``; the study keeps its path and sha256 in
+  ``user_attrs["numerics_reference"]``; a resumed study whose file is missing (or recorded for other prompts)
+  records it again, with a baseline launch whose window is cut short;
+- every trial whose config changes a table flag against the reference runs the probe after its window;
+- with limits set (``[objective] numerics = { min_prefix_match = …, max_mean_abs_logprob_delta = … }``) each limit
+  is one more constraint entry, after the memory wall and the SLOs, so the sampler learns it like the memory wall.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.config import UNSET, StudyConfig
+from autotune.errors import ConfigError
+from autotune.harness.fidelity import FidelityProbe, Reference, choose_prompts
+from autotune.results import TrialResult
+from autotune.sglang.numerics import NumericsChange, changes_numerics, numerics_flag
+
+REFERENCE_FILE = "numerics-reference.json"
+REFERENCE_ATTR = "numerics_reference"  # study user attr: {path, sha256, trial, prompts, tokens}
+REFERENCE_RUN = "reference"  # the trial directory of a reference-only launch (``trials/reference/``)
+
+
+def reference_config(cfg: StudyConfig) -> dict[str, Any]:
+    """The study's reference config: its baseline, fixed flags included."""
+    return {**cfg.engine.fixed, **cfg.baseline.flags}
+
+
+def model_defaults(cfg: StudyConfig) -> dict[str, Any] | None:
+    """Reference values the model decides (a hybrid model's own ``mamba_ssm_dtype``), when its profile loads."""
+    from autotune.sglang.profiles import load_model
+
+    try:
+        profile = load_model(cfg.engine.profile or cfg.engine.model)
+    except Exception:  # noqa: BLE001 - a checkpoint the planner has no profile for: SGLang's own reference
+        return None
+    return {"mamba_ssm_dtype": profile.ssm_dtype} if profile.has_mamba else None
+
+
+def changes(cfg: StudyConfig, config: Mapping[str, Any]) -> list[NumericsChange]:
+    """The output-changing flags ``config`` sets differently from the study's reference config."""
+    return changes_numerics(config, reference_config(cfg), defaults=model_defaults(cfg))
+
+
+def candidate_configs(cfg: StudyConfig) -> list[dict[str, Any]]:
+    """Configs that stand for every numerics value the study can launch: the enqueued ones and, per table flag of
+    the space, the reference with that flag at each of its choices."""
+    ref = reference_config(cfg)
+    out = [{**cfg.engine.fixed, **e.flags} for e in cfg.enqueue]
+    for name, spec in cfg.space.items():
+        if numerics_flag(name) is None:
+            continue
+        if spec.kind != "categorical":
+            return [*out, {**ref, name: object()}]  # a numeric range of a table flag: assume it differs
+        for value in spec.choices or []:
+            out.append({k: v for k, v in ref.items() if k != name} if value == UNSET else {**ref, name: value})
+    return out
+
+
+def aware(cfg: StudyConfig) -> bool:
+    """Whether any config the study can launch changes numerics against its reference (then it probes)."""
+    if any(numerics_flag(name) is not None for name in cfg.derived):
+        return True  # a derived table flag: its value is only known per trial
+    for config in candidate_configs(cfg):
+        if any(not isinstance(v, str | int | float | bool) and v is not None for v in config.values()):
+            return True
+        try:
+            if changes(cfg, config):
+                return True
+        except ConfigError:
+            return True  # a value the table cannot read: probe rather than assume equal
+    return False
+
+
+def constrained(cfg: StudyConfig) -> bool:
+    """Whether the study's constraint vector carries numerics entries (aware and a limit set)."""
+    return bool(cfg.objective.numerics.limits()) and aware(cfg)
+
+
+def constraint_entries(cfg: StudyConfig, result: TrialResult) -> list[float]:
+    """The numerics entries of a COMPLETE trial's constraint vector (empty when the study has none); a trial that
+    never served leaves them at 0 (its memory-wall entry is already violated)."""
+    if not constrained(cfg):
+        return []
+    limits = cfg.objective.numerics
+    if result.status != "ok":
+        return [0.0] * len(limits.limits())
+    return limits.violations(result.fidelity)
+
+
+def record_reference(study: Any, result: TrialResult) -> None:
+    """Keep the reference's path and sha256 with the study when ``result``'s launch recorded it."""
+    fidelity = result.fidelity or {}
+    if fidelity.get("role") == "reference" and isinstance(fidelity.get("reference"), dict) and not fidelity.get("error"):
+        study.set_user_attr(REFERENCE_ATTR, {**fidelity["reference"], "prompts": fidelity.get("prompts"),
+                                             "tokens": fidelity.get("tokens")})
+
+
+class ProbePlanner:
+    """Per trial, the probe ``run_trial`` runs (or None), and the reference it needs, recorded once per study.
+
+    ``record`` runs a reference-only launch of the baseline config (``run(config, trial_dir, probe)``: the
+    runner's ``run_trial`` with a short window) when a probed trial finds no usable reference."""
+
+    def __init__(self, cfg: StudyConfig, rows: Any, *, timeout_s: float = 600.0):
+        self.cfg = cfg
+        self.enabled = aware(cfg)
+        settings = cfg.objective.numerics
+        chosen = choose_prompts(list(rows), settings.prompts)
+        self.prompts = tuple(row.as_text() for row in chosen)
+        self.lines = tuple(int(row.line) for row in chosen)
+        self.tokens = settings.tokens
+        self.path = cfg.work_dir / REFERENCE_FILE
+        self.reference_cfg = reference_config(cfg)
+        self.defaults = model_defaults(cfg)
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+
+    def _changes(self, config: Mapping[str, Any]) -> list[NumericsChange]:
+        return changes_numerics(config, self.reference_cfg, defaults=self.defaults)
+
+    def reference(self) -> Reference | None:
+        """The stored reference when it was recorded for this study's prompts, tokens and reference config."""
+        ref = Reference.load(self.path)
+        if ref is None or not ref.matches(self.prompts, self.tokens):
+            return None
+        if ref.config and self._changes(ref.config):
+            return None
+        return ref
+
+    def _info(self, trial: int | None) -> dict[str, Any]:
+        return {"path": str(self.path), "trial": trial}
+
+    def recording(self, trial: int | None) -> FidelityProbe:
+        return FidelityProbe(prompts=self.prompts, tokens=self.tokens, lines=self.lines, record_to=self.path,
+                             reference_info={**self._info(trial), "config": self.reference_cfg},
+                             timeout_s=self.timeout_s)
+
+    def probe_for(self, config: Mapping[str, Any], trial: int,
+                  record: Callable[[FidelityProbe], TrialResult] | None = None,
+                  ) -> tuple[FidelityProbe | None, TrialResult | None]:
+        """(the probe for trial ``trial`` launching ``config``, None) — the probe None when the trial needs none —
+        or (None, the failed launch) when the reference had to be recorded first (``record``) and could not be."""
+        if not self.enabled:
+            return None, None
+        found = self._changes(config)
+        with self._lock:  # workers of one process record the reference once
+            ref = self.reference()
+            if not found:  # the reference's numerics: the baseline's own launch records the reference, once
+                return (self.recording(trial) if ref is None and dict(config) == self.reference_cfg else None), None
+            if ref is None and record is not None:
+                outcome = record(self.recording(None))
+                ref = self.reference()
+                if ref is None:
+                    return None, outcome
+        if ref is None:
+            return None, TrialResult(status="crash", config=dict(config), reason="no reference outputs recorded")
+        info = {**self._info(ref.trial), "sha256": _sha(self.path)}
+        return FidelityProbe(prompts=self.prompts, tokens=self.tokens, lines=self.lines, reference=ref,
+                             changes=tuple(c.to_dict() for c in found), reference_info=info,
+                             timeout_s=self.timeout_s), None
+
+
+def _sha(path: Path) -> str | None:
+    import hashlib
+
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def missing_reference(result: TrialResult, config: Mapping[str, Any]) -> TrialResult:
+    """A trial that needed the probe but whose reference could not be recorded: a ``probe_error`` without a launch."""
+    return dataclasses.replace(
+        TrialResult(status="probe_error", config=dict(config), engine=result.engine),
+        reason=f"fidelity probe: no reference outputs: the baseline's reference launch ended {result.status}"
+               + (f" ({result.reason})" if result.reason else ""),
+        fidelity={"role": "probe", "error": "no reference outputs"},
+    )

@@ -1,0 +1,76 @@
+"""The study's objective: the sampler, the directions, and a trial result's values and constraint violations.
+
+OOMs and infeasible configs are COMPLETE trials with value 0 and a violated constraint (the sampler learns
+where the wall is)."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.config import StudyConfig
+from autotune.errors import ConfigError
+from autotune.results import TrialResult
+from autotune.search.numerics import constraint_entries as numerics_entries
+
+WORST = 1e9  # the second objective's value for a config that never served (finite: plots and samplers cope)
+
+
+def constraints(trial: FrozenTrial) -> list[float]:
+    """Optuna's constraints_func: values > 0 are violations (stored by the loop as ``user_attrs["constraint"]``)."""
+    return list(trial.user_attrs.get("constraint", [0.0]))
+
+
+def make_sampler(cfg: StudyConfig, *, salt: int = 0) -> optuna.samplers.BaseSampler:
+    """The configured sampler. ``salt`` (trials already stored) keeps a resumed sweep from replaying the
+    random start-up proposals of the first run."""
+    seed, kind = cfg.study.seed + salt, cfg.study.sampler
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed, constraints_func=constraints)
+    if kind == "cmaes":
+        if cfg.objective.second:
+            raise ConfigError("CMA-ES cannot optimise two objectives", file=str(cfg.path), key="study.sampler",
+                              fix='use sampler = "tpe"')
+        return optuna.samplers.CmaEsSampler(seed=seed)
+    # Multivariate + group TPE models the flags jointly (memory levers interact) and copes with conditions.
+    startup = max(4, min(10, cfg.study.trials // 4))
+    # constant_liar: parallel workers see each other's running trials and do not propose the same config.
+    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=startup,
+                                      constraints_func=constraints, constant_liar=True)
+
+
+def directions(cfg: StudyConfig) -> list[str]:
+    second = cfg.objective.second
+    return ["maximize"] + ([second.direction] if second else [])
+
+
+def objective_values(cfg: StudyConfig, result: TrialResult) -> tuple[list[float], list[float]]:
+    """(values, constraint) for a COMPLETE trial. Constraint entries > 0 are violations."""
+    second = cfg.objective.second
+    slos = cfg.objective.parsed_constraints()
+    if result.status != "ok" or result.metrics is None:
+        worst = [WORST if second and second.direction == "minimize" else 0.0] if second else []
+        return [0.0, *worst], [1.0] + [0.0] * len(slos) + numerics_entries(cfg, result)
+    values = [result.metrics.output_tok_s]
+    if second:
+        values.append(_metric(result, second.metric) or (WORST if second.direction == "minimize" else 0.0))
+    violations = [-1.0]
+    for metric, op, limit in slos:
+        value = _metric(result, metric)
+        if value is None:
+            violations.append(0.0)
+        else:
+            violations.append(value - limit if op in ("<=", "<") else limit - value)
+    return values, violations + numerics_entries(cfg, result)  # the fidelity limits, when the study sets any
+
+
+def _metric(result: TrialResult, name: str) -> float | None:
+    m = result.metrics
+    if m is None:
+        return None
+    if name in ("output_tok_s", "request_s", "accept_length"):
+        return getattr(m, name)
+    stat, family, _ = name.split("_")
+    return getattr(getattr(m, f"{family}_ms"), stat)

@@ -1,0 +1,124 @@
+"""What a sweep puts in the queue and what it recovers: the baseline and enqueued configs, the planner's
+memory-edge starts, known outcomes, and trials a dead sweep left RUNNING (failed as interrupted, queued
+again once). Also the bookkeeping the loop and the confirmation count trials with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import StudyConfig
+from autotune.results import OOM_STATUSES, TrialResult
+from autotune.search.runner import prompt_texts
+from autotune.search.space import Feasibility, Space
+from autotune.search.starts import edge_configs
+from autotune.search.storage import dead_running, fail_stale, trial_handle, trial_id
+
+INFEASIBLE = OOM_STATUSES | {"bad_args"}  # deterministic: the same config fails the same way
+
+
+# --- bookkeeping -------------------------------------------------------------------------------------------
+def result_of(trial: FrozenTrial) -> TrialResult | None:
+    data = trial.user_attrs.get("result")
+    return TrialResult.from_dict(data) if data else None
+
+
+def launched(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """Finished trials that started a server: what the trial budget counts."""
+    return [t for t in finished(trials) if t.user_attrs.get("status") != "skipped_infeasible"]
+
+
+def launches(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """Trials that started a server, in every session of the study (what the summary reports): finished ones
+    and those a stopped or killed sweep interrupted (their re-run is another launch). Not counted: configs the
+    planner or a known outcome skipped, and configs the engine rejected before launching (``bad_args`` from a
+    trial directory with no startup time)."""
+    out = []
+    for t in trials:
+        status = t.user_attrs.get("status")
+        if t.state not in (TrialState.COMPLETE, TrialState.FAIL) or status == "skipped_infeasible":
+            continue
+        result = t.user_attrs.get("result") or {}
+        if status == "bad_args" and result.get("trial_dir") and "startup" not in (result.get("durations_s") or {}):
+            continue
+        out.append(t)
+    return out
+
+
+def finished(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    """Trials that count toward the target: everything done except interrupted ones (they run again). A FAIL
+    without a status is one Optuna's heartbeat failed after its worker died: interrupted too."""
+    return [t for t in trials if t.state == TrialState.COMPLETE
+            or (t.state == TrialState.FAIL and t.user_attrs.get("status") not in (None, "interrupted"))]
+
+
+def _requeue(study: optuna.Study, trial: FrozenTrial, trials: list[FrozenTrial]) -> None:
+    """Queue an interrupted trial's config again unless an earlier resume already did."""
+    if trial.user_attrs.get("requeued_from") is not None:
+        return  # interrupted twice: once is enough
+    if any(t.user_attrs.get("requeued_from") == trial.number for t in trials):
+        return
+    attrs = {k: trial.user_attrs[k] for k in ("role", "label", "config") if k in trial.user_attrs}
+    study.enqueue_trial(trial.params, user_attrs={**attrs, "requeued_from": trial.number})
+
+
+def _mark_interrupted(study: optuna.Study, trial: optuna.Trial | FrozenTrial, reason: str) -> None:
+    handle = trial_handle(study, trial_id(trial))
+    handle.set_user_attr("status", "interrupted")
+    handle.set_user_attr("reason", reason)
+    if "result" not in handle.user_attrs and "config" in handle.user_attrs:
+        handle.set_user_attr("result", TrialResult(status="interrupted", config=handle.user_attrs["config"],
+                                                   reason=reason).to_dict())
+
+
+def recover(study: optuna.Study, state_dir: Path | None = None) -> list[int]:
+    """Fail trials a dead sweep left RUNNING and queue their configs again; trials of live workers (this
+    host's by pid, others' by heartbeat: ``storage.dead_running``) are left alone. Returns their numbers."""
+    stale = dead_running(study, state_dir)
+    for trial in stale:
+        try:
+            _mark_interrupted(study, trial, "the sweep process died during this trial")
+            study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+        except optuna.exceptions.UpdateFinishedTrialError:
+            continue  # another worker failed it first
+    fail_stale(study)  # other hosts' silent workers (SQL storages): failed and retried once by Optuna
+    trials = study.get_trials(deepcopy=False)
+    for trial in trials:
+        if trial.state == TrialState.FAIL and trial.user_attrs.get("status") == "interrupted":
+            _requeue(study, trial, trials)
+    return [t.number for t in stale]
+
+
+def seed_trials(study: optuna.Study, cfg: StudyConfig) -> None:
+    """Enqueue the baseline (trial 0 of a new study) and the hand-written configs, once each."""
+    present = {(t.user_attrs.get("role"), t.user_attrs.get("label")) for t in study.get_trials(deepcopy=False)}
+    for role, label, config in cfg.given():
+        if (role, label) not in present:
+            params = {k: v for k, v in config.items() if k in cfg.space}
+            study.enqueue_trial(params, user_attrs={"role": role, "label": label, "config": config})
+
+
+def seed_edges(study: optuna.Study, cfg: StudyConfig, space: Space, feasibility: Feasibility | None) -> None:
+    """Enqueue the planner's starting points on the memory wall once, after the baseline and enqueued configs."""
+    n = cfg.study.edge_starts
+    if not n or feasibility is None or any(t.user_attrs.get("role") == "prior" for t in study.get_trials(deepcopy=False)):
+        return
+    wl = cfg.workload
+    chars = [len(text) for text in prompt_texts(wl.prompts, wl.sample_size, wl.seed)]
+    given = cfg.given_configs()
+    configs = edge_configs(space, feasibility, prompt_chars=chars, max_tokens=wl.max_tokens, n=n, seed=cfg.study.seed,
+                           exclude=given, hold=given[0])
+    for i, config in enumerate(configs, 1):
+        params = {k: v for k, v in config.items() if k in space.names}
+        study.enqueue_trial(params, user_attrs={"role": "prior", "label": f"memory edge {i}", "config": config})
+
+
+def known_outcome(trials: list[FrozenTrial], key: str) -> FrozenTrial | None:
+    """A finished trial that launched exactly this config and failed deterministically (OOM, bad args)."""
+    for t in trials:
+        if t.state == TrialState.COMPLETE and t.user_attrs.get("launch_key") == key:
+            if t.user_attrs.get("status") in INFEASIBLE:
+                return t
+    return None

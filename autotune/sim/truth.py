@@ -1,0 +1,109 @@
+"""Where the simulated machine departs from the planner's model: a *truth* the search cannot see.
+
+The planner (``autotune.sglang.memory.plan``) is SGLang 0.5.23's arithmetic with modelled constants: the memory
+free after the weights load, the activation peak of a prefill chunk, the CUDA-graph memory, the speed of a decode
+cycle. A real GPU differs in all of them. ``Deviation`` says by how much, and ``deviate`` turns the planner's plan
+into what the simulated server actually allocates and whether it survives:
+
+- ``free_gib``: memory free after the weights and pools differs by this many GiB (negative: less room), as when
+  NCCL/cuBLAS workspaces, allocator fragmentation or another process take memory *after* SGLang profiled the
+  device. SGLang sizes its pools from its profile, so the pools (KV tokens, Mamba slots, running cap) are what the
+  planner says; what is left for CUDA graphs and activations moves by ``free_gib``.
+- ``activation_scale``, ``graph_scale``: the activation/workspace peak of a prefill chunk (and of graph capture)
+  and the captured CUDA graphs take this multiple of the planner's figure.
+- ``decode_efficiency``: the achieved share of bandwidth and compute is this multiple of the speed model's
+  (``PerfParams.eta_bw``/``eta_compute``): every step is slower or faster.
+
+A memory deviation that SGLang's own profile *does* see (less total memory: ``--sim-gpu-memory-mib``) shrinks the
+pools instead, and shows in the capacity SGLang logs. Acceptance and output lengths have their own options
+(``--sim-acceptance``, ``--sim-output-mean``). None of this reaches the planner: the deviations apply inside the
+simulator only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+GIB = 2**30
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deviation:
+    """The simulated machine against the planner's model (identity: the planner is exact)."""
+
+    free_gib: float = 0.0
+    activation_scale: float = 1.0
+    graph_scale: float = 1.0
+    decode_efficiency: float = 1.0
+
+    @property
+    def memory_is_exact(self) -> bool:
+        return self.free_gib == 0.0 and self.activation_scale == 1.0 and self.graph_scale == 1.0
+
+    @classmethod
+    def from_sim(cls, sim: dict[str, Any]) -> Deviation:
+        """From a sim server's ``--sim-*`` values (``SimArgs.sim``); absent keys keep the identity."""
+        return cls(free_gib=float(sim.get("free_gib_delta") or 0.0),
+                   activation_scale=float(sim.get("activation_scale") or 1.0),
+                   graph_scale=float(sim.get("graph_scale") or 1.0),
+                   decode_efficiency=float(sim.get("decode_efficiency") or 1.0))
+
+    def to_dict(self) -> dict[str, float]:
+        return dataclasses.asdict(self)
+
+
+def _reached_graphs(mp: Any) -> bool:
+    """Whether the plan got past pool sizing (so graphs and activations are known): it fits, or it failed only at
+    graph capture or at the first full prefill."""
+    if mp.kv_tokens <= 0 or mp.max_running_requests <= 0:
+        return False
+    if mp.fits or mp.failure == "runtime_oom":
+        return True
+    return mp.failure == "startup_oom" and str(mp.message or "").startswith("Capture cuda graph failed")
+
+
+def deviate(mp: Any, model: Any, dev: Deviation | None) -> Any:
+    """The plan the simulated machine actually runs: same pools, deviated graph/activation memory and room."""
+    if dev is None or dev.memory_is_exact or not _reached_graphs(mp):
+        return mp
+    g, x = mp.gib, dict(mp.extra)
+    tp = int(x.get("tp_size") or 1)
+    ctx = float(x.get("cuda_context_gib") or 0.0)
+    pre = float(x.get("pre_gib") or 0.0)
+    planned_free = g.headroom + g.graphs + g.activations  # free after the pools, as planned
+    pools = pre - planned_free  # weights + workspace + Mamba + KV, as SGLang sized them
+    free = planned_free + dev.free_gib
+    graphs = g.graphs * dev.graph_scale
+    act_tok = float(model.activation_bytes(1, tp)) / GIB * dev.activation_scale
+    activations = g.activations * dev.activation_scale
+    bs = [int(b) for b in x.get("decode_graph_bs") or []]
+    d = int(x.get("draft_tokens") or 0) if x.get("spec") else 0
+    capture_tokens = int(x.get("prefill_graph_tokens") or 0) or max(bs, default=0) * (d or 1)
+    capture_act = capture_tokens * act_tok
+    headroom = free - graphs - activations
+    failure, message = None, mp.message if mp.fits else None
+    x["runtime_oom_tokens"] = None
+    if graphs + capture_act > free:
+        failure = "startup_oom"
+        message = (f"Capture cuda graph failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+                   f"{min(graphs + capture_act, 2.0):.2f} GiB. GPU 0 has a total capacity of "
+                   f"{float(x.get('total_gib') or 0.0):.2f} GiB of which {max(free, 0.0):.2f} GiB is free. "
+                   "Possible solutions: 1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7) 2. set "
+                   "--cuda-graph-max-bs-decode to a smaller value (e.g., 16) 3. disable decode CUDA graph by "
+                   "--cuda-graph-backend-decode=disabled.")
+    elif activations > free - graphs:
+        failure = "runtime_oom"
+        free_at_run = free - graphs
+        x["runtime_oom_tokens"] = max(1, int(free_at_run / act_tok)) if act_tok > 0 else 1
+        message = (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {min(activations, 2.0):.2f} GiB. "
+                   f"GPU 0 has a total capacity of {float(x.get('total_gib') or 0.0):.2f} GiB of which "
+                   f"{max(free_at_run, 0.0):.2f} GiB is free (a prefill batch needs {activations:.2f} GiB of "
+                   "activations).")
+    held = pools - dev.free_gib  # what the device shows used beyond the context once the pools are allocated
+    x.update(static_gib=round(ctx + held + graphs, 4), peak_gib=round(ctx + held + graphs + activations, 4),
+             truth=dev.to_dict())
+    gib = dataclasses.replace(g, graphs=round(graphs, 4), activations=round(activations, 4),
+                              headroom=round(headroom, 4))
+    return dataclasses.replace(mp, fits=failure is None, failure=failure, message=message, gib=gib, extra=x)
