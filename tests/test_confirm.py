@@ -47,6 +47,13 @@ def test_a_tie_goes_to_the_config_with_more_headroom():
     assert "tied" in verdict["note"] and "headroom" in verdict["note"]
 
 
+def test_a_tie_keeps_the_fastest_median_when_it_has_room_enough():
+    data = {3: [5000, 5200, 4800], 7: [4990, 5150, 4850], 0: [2000, 2000, 2000]}
+    verdict = decide(runs(data, headroom={3: 6.0, 7: 20.0, 0: 20.0}), [3, 7, 0], baseline=0, seed=1)
+    assert verdict["winner_trial"] == 3
+    assert "tied" in verdict["note"] and "headroom does not decide" in verdict["note"]
+
+
 def test_a_contender_that_fails_a_repeat_cannot_win():
     failed = TrialResult(status="runtime_oom", config={}, reason="CUDA out of memory").to_dict()
     rs = runs({3: [9000, 9000], 0: [2000, 2000]}) + [{"trial": 3, "repeat": 2, "result": failed}]

@@ -16,7 +16,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune.config import NumericsLimits, load_config
+from autotune.config import load_config
+from autotune.config.sections import NumericsLimits
 from autotune.errors import ConfigError
 from autotune.harness import trial as trial_mod
 from autotune.harness.fidelity import (
@@ -29,6 +30,7 @@ from autotune.harness.fidelity import (
     run_probe,
 )
 from autotune.report import data as rd
+from autotune.report import importance as ri
 from autotune.search import numerics as sn
 
 TEMPLATE = """
@@ -318,15 +320,15 @@ def _conditional_study(n: int, *, flat: bool = False) -> optuna.Study:
 
 
 def test_importance_ranks_conditional_flags_over_the_trials_that_have_them():
-    importance = rd.importance_frame(_conditional_study(40))
+    importance = ri.importance_frame(_conditional_study(40))
     assert len(importance) >= 2 and importance["importance"].nunique() >= 2  # never a uniform split
     assert importance.iloc[0]["param"] == "running"
     assert importance["importance"].sum() == pytest.approx(1.0)
 
 
 def test_importance_says_it_cannot_rank_rather_than_drawing_a_uniform_split():
-    assert rd.importance_frame(_conditional_study(40, flat=True)).empty
-    assert rd.importance_frame(_conditional_study(3)).empty
+    assert ri.importance_frame(_conditional_study(40, flat=True)).empty
+    assert ri.importance_frame(_conditional_study(3)).empty
 
 
 def test_the_seed_study_ranks_its_flags_or_says_it_cannot(tmp_path):
@@ -345,11 +347,11 @@ def test_the_seed_study_ranks_its_flags_or_says_it_cannot(tmp_path):
             return lambda *a, **k: None
 
     study = run_study(cfg, runner=lambda c, n: predict(cfg, c, seed=n), progress=Quiet())
-    importance = rd.importance_frame(study)
+    importance = ri.importance_frame(study)
     if importance.empty:
         from autotune.report.page import _importance_note, build
 
-        assert rd.NOT_ENOUGH_TO_RANK in _importance_note(build(study, base_dir=tmp_path)).lower()
+        assert ri.NOT_ENOUGH_TO_RANK in _importance_note(build(study, base_dir=tmp_path)).lower()
     else:
         assert importance["importance"].nunique() >= 2 and "mamba_ssm_dtype" in set(importance["param"])
 

@@ -13,7 +13,11 @@ import studyfactory as sf
 from optuna.distributions import IntDistribution
 
 from autotune.report import data as rd
+from autotune.report import headline as rh
+from autotune.report import importance as ri
+from autotune.report import latency as rl
 from autotune.results import TrialResult
+from autotune.search.settings import device_name
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -97,12 +101,12 @@ def test_memory_parts_add_up_to_the_planner_total(study, frame):
 
 
 def test_latency_uses_records_for_baseline_and_top_three(study, frame, trials_dir):
-    latency = rd.latency_frame(frame, study)
+    latency = rl.latency_frame(frame, study)
     fastest = frame[frame["feasible"]].sort_values("tok_s", ascending=False)["trial"].tolist()
     expected = [0] + [n for n in fastest if n != 0][:3]
     assert list(dict.fromkeys(latency["trial"])) == expected
     assert set(latency["source"]) == {"records"}
-    quantiles = latency[list(rd.QUANTILES)].to_numpy()
+    quantiles = latency[list(rl.QUANTILES)].to_numpy()
     assert np.all(np.diff(quantiles, axis=1) >= 0)
     stored = _results(study)
     for _, row in latency.iterrows():  # the studyfactory's stored percentiles come from the same records
@@ -113,7 +117,7 @@ def test_latency_uses_records_for_baseline_and_top_three(study, frame, trials_di
 def test_latency_falls_back_to_stored_percentiles(tmp_path):
     study = sf.make_study(n_trials=12, seed=2, trials_dir=tmp_path, with_records=False)
     frame = rd.trials_frame(study)
-    latency = rd.latency_frame(frame, study)
+    latency = rl.latency_frame(frame, study)
     assert len(latency) and set(latency["source"]) == {"stored percentiles"}
     base = _results(study)[0].metrics
     row = latency[(latency["trial"] == 0) & (latency["metric"] == "itl")].iloc[0]
@@ -123,10 +127,10 @@ def test_latency_falls_back_to_stored_percentiles(tmp_path):
 def test_record_formats_replay_chunks_and_precomputed(tmp_path):
     replay = [{"row": 0, "sent": 1.0, "chunks": [[1.5, 1], [1.6, 2], [1.7, 1]], "error": None},
               {"row": 1, "sent": 0.0, "chunks": [[9.0, 3]], "error": "aborted"}]
-    assert rd._record_values(replay, "ttft").tolist() == pytest.approx([500.0])
-    assert rd._record_values(replay, "itl").tolist() == pytest.approx([50.0, 50.0, 100.0])
+    assert rl._record_values(replay, "ttft").tolist() == pytest.approx([500.0])
+    assert rl._record_values(replay, "itl").tolist() == pytest.approx([50.0, 50.0, 100.0])
     precomputed = [{"ttft_s": 0.2, "itl_s": [0.01, 0.02]}]
-    assert rd._record_values(precomputed, "itl").tolist() == pytest.approx([10.0, 20.0])
+    assert rl._record_values(precomputed, "itl").tolist() == pytest.approx([10.0, 20.0])
 
 
 def test_pareto_front_of_a_two_objective_study():
@@ -147,18 +151,18 @@ def test_pareto_front_of_a_two_objective_study():
 
 
 def test_importance_covers_tuned_flags_and_finds_the_binding_one(study):
-    importance = rd.importance_frame(study)
+    importance = ri.importance_frame(study)
     assert set(importance["param"]) == set(sf.DISTRIBUTIONS)
     assert importance["importance"].sum() == pytest.approx(1.0)
     # In the synthetic world Mamba slots cap concurrency, which drives throughput.
     assert importance.iloc[0]["param"] == "max_mamba_cache_size"
     tiny = sf.make_study(n_trials=2, seed=1, confirm=False)
-    assert rd.importance_frame(tiny).empty
+    assert ri.importance_frame(tiny).empty
 
 
 def test_headline_uses_the_confirmation_stage(study, frame):
     confirmation = study.user_attrs["confirmation"]
-    headline = rd.headline_frame(frame, study)
+    headline = rh.headline_frame(frame, study)
     winner = confirmation["winner_trial"]
     repeats = [r["result"]["metrics"]["output_tok_s"] for r in confirmation["runs"] if r["trial"] == winner]
     assert headline.loc["winner", "trial"] == winner and headline.loc["baseline", "trial"] == 0
@@ -166,7 +170,7 @@ def test_headline_uses_the_confirmation_stage(study, frame):
     median = confirmation["stats"][str(winner)]["median"]
     assert headline.loc["winner", "tok_s_low"] == pytest.approx(median * 0.99)  # the stage's interval
     assert headline.loc["winner", "max_running_requests"] == frame.loc[winner, "max_running_requests"]
-    gain = rd.gain(study, headline)
+    gain = rh.gain(study, headline)
     assert gain["gain"] == pytest.approx(confirmation["gain"]) and gain["ci_low"] < gain["gain"] < gain["ci_high"]
     assert gain["over_defaults"] == pytest.approx(headline.loc["winner", "tok_s"] / (1.2 * median_of(study, 0)))
 
@@ -178,16 +182,16 @@ def median_of(study, number):
 def test_headline_without_confirmation_picks_the_fastest_feasible():
     study = sf.make_study(n_trials=20, seed=5, confirm=False)
     frame = rd.trials_frame(study)
-    headline = rd.headline_frame(frame, study)
+    headline = rh.headline_frame(frame, study)
     best = frame.loc[frame.loc[frame["feasible"], "tok_s"].idxmax()]
     assert headline.loc["winner", "trial"] == best["trial"] and headline.loc["winner", "repeats"] == 0
     assert math.isnan(headline.loc["winner", "tok_s_low"])
-    gain = rd.gain(study, headline)
+    gain = rh.gain(study, headline)
     assert gain["gain"] == pytest.approx(best["tok_s"] / frame.loc[0, "tok_s"]) and gain["ci_low"] is None
 
 
 def test_flag_diff_lists_only_changes():
-    diff = rd.flag_diff({"max_mamba_cache_size": 80, "speculative_algorithm": "EAGLE", "enable_metrics": False},
+    diff = rh.flag_diff({"max_mamba_cache_size": 80, "speculative_algorithm": "EAGLE", "enable_metrics": False},
                         {"max_mamba_cache_size": 200, "speculative_algorithm": "EAGLE", "mem_fraction_static": 0.93,
                          "enable_metrics": None, "disable_radix_cache": True})
     assert diff.to_dict("records") == [
@@ -223,7 +227,7 @@ def test_slo_violation_and_fail_without_result():
 def test_compare_frame_summarises_each_study():
     b200, h200 = sf.make_study(n_trials=15, name="b"), sf.make_study(n_trials=15, name="h", gpu="h200")
     frames = {"b": rd.trials_frame(b200), "h": rd.trials_frame(h200)}
-    table = rd.compare_frame(frames, {"b": rd.study_config(b200), "h": rd.study_config(h200)})
+    table = rh.compare_frame(frames, {"b": rd.study_config(b200), "h": rd.study_config(h200)})
     assert table["gpu"].tolist() == ["b200", "h200"]
     for _, row in table.iterrows():
         f = frames[row["study"]]
@@ -236,7 +240,7 @@ def test_records_file_is_read_from_the_trial_dir(study, frame, trials_dir):
     winner = rd.winner_trial(frame, study)
     lines = (trials_dir / "trials" / str(winner) / "records.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]
-    assert rd._records(str(trials_dir / "trials" / str(winner)), None) == records
+    assert rl._records(str(trials_dir / "trials" / str(winner)), None) == records
 
 
 def test_importance_ranks_the_search_flags_even_when_the_baseline_sets_few():
@@ -247,7 +251,7 @@ def test_importance_ranks_the_search_flags_even_when_the_baseline_sets_few():
     for slots, steps in [(1, 1), (3, 5), (5, 2), (7, 4), (9, 3), (10, 1), (2, 2), (8, 5)]:
         study.add_trial(optuna.trial.create_trial(value=100.0 * slots, params={"slots": slots, "steps": steps},
                                                   distributions=dists, user_attrs={"role": "search"}))
-    importance = rd.importance_frame(study)
+    importance = ri.importance_frame(study)
     assert importance["param"].tolist()[0] == "slots" and set(importance["param"]) == {"slots", "steps"}
 
 
@@ -259,7 +263,7 @@ def test_importance_ranks_the_search_flags_even_when_the_baseline_sets_few():
     ({"engine": "sim", "gpu_name": "b200"}, "b200"),
 ])
 def test_device_label_follows_the_engine_and_device(settings, label):
-    assert rd.device_name(settings) == label
+    assert device_name(settings) == label
 
 
 def test_launch_settings_are_the_studys_engine():

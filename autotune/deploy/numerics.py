@@ -21,7 +21,7 @@ class NumericsRefused(StudyError):
 
 
 def _limits(settings: Mapping[str, Any]):
-    from autotune.config import NumericsLimits
+    from autotune.config.sections import NumericsLimits
 
     raw = ((settings.get("objective") or {}).get("numerics")) if isinstance(settings.get("objective"), Mapping) else None
     try:

@@ -13,6 +13,7 @@ it is recorded as ``invalid_measurement`` / ``client_bound``, without a tok/s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import json
@@ -26,7 +27,7 @@ import httpx
 
 from autotune.config import Timeouts
 from autotune.errors import ConfigError, ServerError
-from autotune.harness.engines.base import Engine
+from autotune.harness.engines.base import Engine, GpuReader
 from autotune.harness.fidelity import FidelityProbe, ProbeError, run_probe
 from autotune.harness.gpu import GpuMonitor
 from autotune.harness.server import (
@@ -36,8 +37,8 @@ from autotune.harness.server import (
     cleanup_orphans,
     free_port,
 )
-from autotune.harness.workload import PromptSample, WorkloadSpec, metrics_from_records, replay
-from autotune.results import UNTRUSTED_STATUSES, Capacity, TrialResult
+from autotune.harness.workload import PromptSample, ReplayRecords, WorkloadSpec, metrics_from_records, replay
+from autotune.results import UNTRUSTED_STATUSES, Capacity, GpuPeaks, TrialResult
 
 DEFAULT_CONCURRENCY = 64  # when the server did not report its effective max running requests
 LAG_LIMIT = 0.02  # the sim server's wall clock may trail its modelled clock by this share of the window
@@ -187,16 +188,54 @@ def _run_once(
     trial_dir = Path(trial_dir)
     trial_dir.mkdir(parents=True, exist_ok=True)
     log_path = trial_dir / "server.log"
-    phase = on_phase or (lambda name, info: None)
     base: dict[str, Any] = dict(
         engine=engine.name, gpu_index=gpu_index, trial_dir=str(trial_dir), log_path=str(log_path)
     )
-    sample = sample or PromptSample.load(workload.prompts, workload.sample_size, workload.seed)
+    launch = _Launch(engine=engine, workload=workload, trial_dir=trial_dir, timeouts=timeouts,
+                     sample=sample or PromptSample.load(workload.prompts, workload.sample_size, workload.seed),
+                     phase=on_phase or (lambda name, info: None), stop_event=stop_event)
     try:
         checked = engine.check(config)
     except ConfigError as exc:
         return _write(TrialResult(status="bad_args", config=dict(config), reason=str(exc), **base), trial_dir)
     config = dict(checked) if isinstance(checked, Mapping) else dict(config)
+    server, reader = _server(engine, config, gpu_index=gpu_index, port=port, log_path=log_path, run_dir=run_dir,
+                             shm_dir=shm_dir)
+    try:
+        fields = _start(server, launch)
+        if not fields:
+            fields.update(_measure(server, launch))
+            if probe is not None and (fields.get("status") == "ok" or (
+                    probe.only and server.alive and fields.get("status") != "interrupted")):
+                fields.update(_probe(server, probe, trial_dir, launch.durations, launch.phase))
+    finally:
+        exit_code = _stop(server, launch)
+        reader.close()
+    fields.setdefault("exit_code", exit_code)
+    if server.teardown_error:
+        fields["reason"] = "; ".join(filter(None, [fields.get("reason"), f"teardown: {server.teardown_error}"]))
+    result = TrialResult(config=config, durations_s=launch.durations, **base, **fields)
+    return _write(result, trial_dir)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Launch:
+    """What every phase of one launch needs; ``durations`` is the one part the phases fill in as they run."""
+
+    engine: Engine
+    workload: WorkloadSpec
+    sample: PromptSample
+    trial_dir: Path
+    timeouts: Timeouts
+    phase: PhaseCallback
+    stop_event: threading.Event | None
+    durations: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def _server(engine: Engine, config: Mapping[str, Any], *, gpu_index: int | None, port: int | None, log_path: Path,
+            run_dir: Path | None, shm_dir: Path | None) -> tuple[ServerProcess, GpuReader]:
+    """A server ready to start and its device's reader: the engine can launch, orphans of earlier runs are gone,
+    no old log remains."""
     preflight = getattr(engine, "preflight", None)
     if preflight is not None:
         preflight()  # an engine that cannot launch at all is an error of the setup, not a trial outcome
@@ -205,100 +244,120 @@ def _run_once(
     log_path.unlink(missing_ok=True)  # a rerun into the same directory must not classify an old log
     port = port or free_port()
     reader = engine.gpu_reader(gpu_index)
-    server = ServerProcess(
+    return ServerProcess(
         engine.argv(config, port=port), port=port, env=engine.env(gpu_index=gpu_index), gpu_index=gpu_index,
         log_path=log_path, gpu_reader=reader, run_dir=run_dir, shm_dir=shm_dir or getattr(engine, "shm_dir", None),
-    )
-    durations: dict[str, float] = {}
+    ), reader
+
+
+def _start(server: ServerProcess, launch: _Launch) -> dict[str, Any]:
+    """Start the server and wait until it is ready: empty when it is, else the failure's fields (a trial outcome)."""
     fields: dict[str, Any] = {}
+    stop_event = launch.stop_event
+    launch.phase("starting", {"port": server.port, "argv": server.argv})
+    t0 = time.monotonic()
     try:
-        phase("starting", {"port": port, "argv": server.argv})
-        t0 = time.monotonic()
-        try:
-            server.start()
-            server.wait_ready(timeouts.startup_s, stop_event=stop_event)
-        except ServerExited as exc:
-            kind, line = _diagnose(engine, server.log_text(), exc.exit_code)
-            fields.update(status=kind or "crash", reason=line or str(exc), exit_code=exc.exit_code, log_tail=exc.log_tail)
-        except ServerStartTimeout as exc:
-            interrupted = stop_event is not None and stop_event.is_set()
-            fields.update(
-                status="interrupted" if interrupted else "timeout",
-                reason="interrupted while starting" if interrupted else str(exc), log_tail=exc.log_tail,
-            )
-        except ServerError as exc:
-            fields.update(status="crash", reason=str(exc))
-        durations["startup"] = round(time.monotonic() - t0, 3)
-        if not fields:
-            fields.update(_measure(engine, server, workload, sample, trial_dir, durations, phase, stop_event, timeouts))
-            if probe is not None and (fields.get("status") == "ok" or (
-                    probe.only and server.alive and fields.get("status") != "interrupted")):
-                fields.update(_probe(server, probe, trial_dir, durations, phase))
-    finally:
-        phase("stopping", {})
-        t1 = time.monotonic()
-        exit_code = server.stop(grace_s=timeouts.grace_s, release_timeout_s=timeouts.teardown_s)
-        durations["teardown"] = round(time.monotonic() - t1, 3)
-        reader.close()
-    fields.setdefault("exit_code", exit_code)
-    if server.teardown_error:
-        fields["reason"] = "; ".join(filter(None, [fields.get("reason"), f"teardown: {server.teardown_error}"]))
-    result = TrialResult(config=config, durations_s=durations, **base, **fields)
-    return _write(result, trial_dir)
+        server.start()
+        server.wait_ready(launch.timeouts.startup_s, stop_event=stop_event)
+    except ServerExited as exc:
+        kind, line = _diagnose(launch.engine, server.log_text(), exc.exit_code)
+        fields.update(status=kind or "crash", reason=line or str(exc), exit_code=exc.exit_code, log_tail=exc.log_tail)
+    except ServerStartTimeout as exc:
+        interrupted = stop_event is not None and stop_event.is_set()
+        fields.update(
+            status="interrupted" if interrupted else "timeout",
+            reason="interrupted while starting" if interrupted else str(exc), log_tail=exc.log_tail,
+        )
+    except ServerError as exc:
+        fields.update(status="crash", reason=str(exc))
+    launch.durations["startup"] = round(time.monotonic() - t0, 3)
+    return fields
 
 
-def _measure(engine, server, workload, sample, trial_dir, durations, phase, stop_event, timeouts) -> dict[str, Any]:
+def _stop(server: ServerProcess, launch: _Launch) -> int | None:
+    """Stop the server whatever happened (port free, GPU memory released); its exit code."""
+    launch.phase("stopping", {})
+    t0 = time.monotonic()
+    exit_code = server.stop(grace_s=launch.timeouts.grace_s, release_timeout_s=launch.timeouts.teardown_s)
+    launch.durations["teardown"] = round(time.monotonic() - t0, 3)
+    return exit_code
+
+
+def _measure(server: ServerProcess, launch: _Launch) -> dict[str, Any]:
     """Capacity, then the replay; classifies a server that died or an interruption while measuring."""
     info = _server_info(server.base_url)
-    capacity = engine.capacity(server.log_text(), info)
-    out: dict[str, Any] = {"capacity": capacity, "modelled_startup_s": engine.startup_seconds(info)}
-    concurrency = workload.concurrency or auto_concurrency(capacity)
-    seen: set[str] = {"warmup"}  # announced below, with the server's pid
+    capacity = launch.engine.capacity(server.log_text(), info)
+    out: dict[str, Any] = {"capacity": capacity, "modelled_startup_s": launch.engine.startup_seconds(info)}
+    concurrency = launch.workload.concurrency or auto_concurrency(capacity)
+    records, peaks = _replay_window(server, launch, concurrency)
+    if peaks is not None:
+        out["gpu"] = peaks
+    ended = _ended_early(server, launch.engine, records)
+    if ended is not None:
+        return {**out, **ended}
+    return {**out, **_window_outcome(server, launch.engine, records, info)}
+
+
+def _replay_window(server: ServerProcess, launch: _Launch, concurrency: int) -> tuple[ReplayRecords, GpuPeaks | None]:
+    """Warm-up and window under the GPU monitor (when the server has a reader); records in ``records.jsonl``."""
+    workload = launch.workload
+    _flush_cache(server.base_url)  # idle now: restart the server's spec counters so they cover this replay only
+    launch.phase("warmup", {"concurrency": concurrency, "pid": server.pid})
+    monitor = GpuMonitor(server.gpu_reader) if server.gpu_reader is not None else None
+    t0 = time.monotonic()
+    with monitor if monitor is not None else contextlib.nullcontext():
+        records = asyncio.run(
+            replay(
+                server.base_url, launch.sample, concurrency=concurrency, max_tokens=workload.max_tokens,
+                warmup_s=workload.warmup_s, measure_s=workload.measure_s, endpoint=workload.endpoint,
+                ignore_eos=workload.ignore_eos, on_progress=_progress_relay(launch.phase),
+                should_stop=functools.partial(_should_stop, server, launch.stop_event),
+                request_timeout_s=launch.timeouts.request_s, window_probe=functools.partial(_sim_pace, server.base_url),
+            )
+        )
+    elapsed = time.monotonic() - t0
+    launch.durations["warmup"] = round(min(elapsed, workload.warmup_s), 3)
+    launch.durations["measure"] = round(max(0.0, elapsed - workload.warmup_s), 3)
+    records.write_jsonl(launch.trial_dir / "records.jsonl")
+    return records, monitor.peaks() if monitor is not None else None
+
+
+def _progress_relay(phase: PhaseCallback) -> Callable[[dict], None]:
+    """The replay's progress as phases: each phase once (warm-up is announced with the pid), every measuring tick."""
+    seen: set[str] = {"warmup"}
 
     def progress(info: dict) -> None:
         if info["phase"] not in seen or info["phase"] == "measuring":
             seen.add(info["phase"])
             phase(info["phase"], info)
+    return progress
 
-    def should_stop() -> str | None:
-        if stop_event is not None and stop_event.is_set():
-            return "interrupted"
-        return None if server.alive else "server exited"
 
-    _flush_cache(server.base_url)  # idle now: restart the server's spec counters so they cover this replay only
-    phase("warmup", {"concurrency": concurrency, "pid": server.pid})
-    monitor = GpuMonitor(server.gpu_reader) if server.gpu_reader is not None else None
-    t0 = time.monotonic()
-    if monitor is not None:
-        monitor.__enter__()
-    try:
-        records = asyncio.run(
-            replay(
-                server.base_url, sample, concurrency=concurrency, max_tokens=workload.max_tokens,
-                warmup_s=workload.warmup_s, measure_s=workload.measure_s, endpoint=workload.endpoint,
-                ignore_eos=workload.ignore_eos, on_progress=progress, should_stop=should_stop,
-                request_timeout_s=timeouts.request_s, window_probe=functools.partial(_sim_pace, server.base_url),
-            )
-        )
-    finally:
-        if monitor is not None:
-            monitor.__exit__(None, None, None)
-    elapsed = time.monotonic() - t0
-    durations["warmup"] = round(min(elapsed, workload.warmup_s), 3)
-    durations["measure"] = round(max(0.0, elapsed - workload.warmup_s), 3)
-    records.write_jsonl(trial_dir / "records.jsonl")
-    if monitor is not None:
-        out["gpu"] = monitor.peaks()
+def _should_stop(server: ServerProcess, stop_event: threading.Event | None) -> str | None:
+    """Why the replay must end early: an interruption, or the server exited; None to go on."""
+    if stop_event is not None and stop_event.is_set():
+        return "interrupted"
+    return None if server.alive else "server exited"
+
+
+def _ended_early(server: ServerProcess, engine: Engine, records: ReplayRecords) -> dict[str, Any] | None:
+    """The outcome of a replay that did not measure its window (interrupted, or the server died); else None."""
     if records.stopped_early == "interrupted":
-        return {**out, "status": "interrupted", "reason": "interrupted while measuring"}
+        return {"status": "interrupted", "reason": "interrupted while measuring"}
     if records.stopped_early == "server exited" or not server.alive:
         code = server.poll()
         kind, line = _diagnose(engine, server.log_text(), code)
         return {
-            **out, "status": kind if kind in ("runtime_oom", "crash", "timeout") else "crash",
+            "status": kind if kind in ("runtime_oom", "crash", "timeout") else "crash",
             "reason": line or f"server exited with code {code} while measuring",
             "exit_code": code, "log_tail": server.log_tail(),
         }
+    return None
+
+
+def _window_outcome(server: ServerProcess, engine: Engine, records: ReplayRecords,
+                    info: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Metrics and status of a replay that ran its window; a tok/s only where the window measured the server."""
     metrics = metrics_from_records(records)
     if metrics.accept_length is None:
         # No request finished inside the window (long outputs, short window): the server's own counter,
@@ -306,7 +365,7 @@ def _measure(engine, server, workload, sample, trial_dir, durations, phase, stop
         accept = engine.spec_accept_length(_server_info(server.base_url))
         if accept:
             metrics = dataclasses.replace(metrics, accept_length=round(accept, 4))
-    out["metrics"] = metrics
+    out: dict[str, Any] = {"metrics": metrics}
     kind, line = _diagnose(engine, server.log_text(), None)
     if kind == "runtime_oom":
         return {**out, "status": "runtime_oom", "reason": line, "log_tail": server.log_tail()}

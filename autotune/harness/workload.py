@@ -270,56 +270,81 @@ async def replay(
     """
     if endpoint not in ENDPOINTS:
         raise WorkloadError(f"unknown endpoint {endpoint!r}", key="endpoint", fix=f"use one of {sorted(ENDPOINTS)}")
-    url = base_url.rstrip("/") + ENDPOINTS[endpoint]
-    window = (warmup_s, warmup_s + measure_s)
-    records = ReplayRecords([], window, concurrency, endpoint)
-    clock, t0 = time.perf_counter, time.perf_counter()
-    next_row = 0
+    session = _Session(
+        url=base_url.rstrip("/") + ENDPOINTS[endpoint], sample=sample, endpoint=endpoint, max_tokens=max_tokens,
+        ignore_eos=ignore_eos, window_probe=window_probe, t0=time.perf_counter(),
+        records=ReplayRecords([], (warmup_s, warmup_s + measure_s), concurrency, endpoint),
+    )
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
-
-    async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal next_row
-        while clock() - t0 < window[1]:
-            row = sample.rows[next_row % len(sample.rows)]
-            next_row += 1
-            rec = RequestRecord(row=row.line, sent=clock() - t0)
-            records.requests.append(rec)
-            await _one(client, url, _request(endpoint, row, max_tokens=max_tokens, ignore_eos=ignore_eos), rec, endpoint, t0)
-            if rec.error is not None:
-                await asyncio.sleep(0.05)  # a refusing server must not turn this loop into a busy spin
-
-    async def mark(*, end: bool = False) -> tuple[float, float]:
-        # The client's own figures exclude the probes' round trips (idle waits that are not the client's load).
-        now = (clock(), process_busy_s()) if end else None
-        if window_probe is not None:
-            records.probes.append(await window_probe())
-        return now or (clock(), process_busy_s())
-
     async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
-        tasks = [asyncio.create_task(worker(client)) for _ in range(concurrency)]
-        start: tuple[float, float] | None = None
+        tasks = [asyncio.create_task(session.worker(client)) for _ in range(concurrency)]
         try:
-            while (elapsed := clock() - t0) < window[1]:
-                reason = should_stop() if should_stop else None
-                if reason:
-                    records.stopped_early = reason
-                    break
-                if start is None and elapsed >= window[0]:
-                    start = await mark()
-                if on_progress is not None:
-                    on_progress(_progress(records, elapsed, window))
-                boundary = window[0] if start is None and elapsed < window[0] else window[1]
-                await asyncio.sleep(min(progress_interval_s, max(0.0, boundary - elapsed)))
-            if records.stopped_early is None:
-                start = start or await mark()
-                end = await mark(end=True)
-                records.client_busy = round((end[1] - start[1]) / max(end[0] - start[0], 1e-9), 4)
+            await session.pace(should_stop, on_progress, progress_interval_s)
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    return records
+    return session.records
+
+
+@dataclass(kw_only=True)
+class _Session:
+    """One replay's shared state: its workers take rows from one counter and append to one record list."""
+
+    url: str
+    sample: PromptSample
+    endpoint: str
+    max_tokens: int
+    ignore_eos: bool
+    window_probe: Callable[[], Awaitable[Any]] | None
+    t0: float
+    records: ReplayRecords
+    next_row: int = 0
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.t0
+
+    async def worker(self, client: httpx.AsyncClient) -> None:
+        """One in-flight stream after another, round-robin over the sample, until the window ends."""
+        while self.elapsed() < self.records.window[1]:
+            row = self.sample.rows[self.next_row % len(self.sample.rows)]
+            self.next_row += 1
+            rec = RequestRecord(row=row.line, sent=self.elapsed())
+            self.records.requests.append(rec)
+            body = _request(self.endpoint, row, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos)
+            await _one(client, self.url, body, rec, self.endpoint, self.t0)
+            if rec.error is not None:
+                await asyncio.sleep(0.05)  # a refusing server must not turn this loop into a busy spin
+
+    async def mark(self, *, end: bool = False) -> tuple[float, float]:
+        """(clock, busy seconds) at a window edge, and the probe's reading into ``probes``."""
+        # The client's own figures exclude the probes' round trips (idle waits that are not the client's load).
+        now = (time.perf_counter(), process_busy_s()) if end else None
+        if self.window_probe is not None:
+            self.records.probes.append(await self.window_probe())
+        return now or (time.perf_counter(), process_busy_s())
+
+    async def pace(self, should_stop: Callable[[], str | None] | None,
+                   on_progress: Callable[[dict[str, Any]], None] | None, interval_s: float) -> None:
+        """The control loop while the workers run: stop checks, progress, the window's edges, ``client_busy``."""
+        records, window = self.records, self.records.window
+        start: tuple[float, float] | None = None
+        while (elapsed := self.elapsed()) < window[1]:
+            reason = should_stop() if should_stop else None
+            if reason:
+                records.stopped_early = reason
+                break
+            if start is None and elapsed >= window[0]:
+                start = await self.mark()
+            if on_progress is not None:
+                on_progress(_progress(records, elapsed, window))
+            boundary = window[0] if start is None and elapsed < window[0] else window[1]
+            await asyncio.sleep(min(interval_s, max(0.0, boundary - elapsed)))
+        if records.stopped_early is None:
+            start = start or await self.mark()
+            end = await self.mark(end=True)
+            records.client_busy = round((end[1] - start[1]) / max(end[0] - start[0], 1e-9), 4)
 
 
 def _progress(records: ReplayRecords, elapsed: float, window: tuple[float, float]) -> dict[str, Any]:

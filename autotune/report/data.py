@@ -3,25 +3,26 @@
 Pure functions of an Optuna study (and, for latency distributions, the per-request ``records.jsonl`` files
 trials leave behind). Failed trials are kept and labelled, never dropped: an OOM is information about where the
 memory wall is.
+
+This module builds the per-trial frames (trials, memory, Pareto front, failures) and the settings readers the
+others share; latency quantiles (``report.latency``), flag importances (``report.importance``) and the winner
+against the baseline (``report.headline``) each have their own.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import optuna
 import pandas as pd
 
-from autotune.config import NumericsLimits
+from autotune.config.sections import NumericsLimits
 from autotune.results import TrialResult, fidelity_summary
-from autotune.search.settings import device_name, engine_table
+from autotune.search.settings import engine_table
 
 # status → the outcome class a reader sees; the group decides the marker a figure uses.
 OUTCOMES: dict[str, tuple[str, str]] = {
@@ -38,7 +39,6 @@ OUTCOMES: dict[str, tuple[str, str]] = {
     "probe_error": ("fidelity probe failed", "failed"),
 }
 MEMORY_PARTS = ("weights", "kv", "mamba_states", "spec_intermediates", "graphs", "activations", "other", "headroom")
-QUANTILES = {"p5": 5, "p25": 25, "p50": 50, "p75": 75, "p90": 90, "p95": 95, "p99": 99}
 PARAM_PREFIX = "params_"
 
 
@@ -80,7 +80,8 @@ def _status(trial: optuna.trial.FrozenTrial, result: TrialResult | None) -> str:
     return "interrupted" if trial.state == optuna.trial.TrialState.FAIL else "crash"
 
 
-def _get(obj: Any, name: str) -> float:
+def attr_or_nan(obj: Any, name: str) -> float:
+    """``obj.name`` as a float; NaN where the object or the attribute is missing."""
     value = getattr(obj, name, None) if obj is not None else None
     return float(value) if value is not None else math.nan
 
@@ -132,16 +133,16 @@ def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = No
         "role": trial.user_attrs.get("role", "search"), "label": trial.user_attrs.get("label") or f"trial {trial.number}",
         "feasible": feasible, "tok_s": tok_s,
         "max_running_requests": float(mrr) if mrr else math.nan,
-        "kv_tokens": _get(cap, "kv_tokens") if cap else float(plan.get("kv_tokens") or math.nan),
-        "mamba_slots": _get(cap, "mamba_slots") if cap else float(plan.get("max_mamba_cache_size") or math.nan),
+        "kv_tokens": attr_or_nan(cap, "kv_tokens") if cap else float(plan.get("kv_tokens") or math.nan),
+        "mamba_slots": attr_or_nan(cap, "mamba_slots") if cap else float(plan.get("max_mamba_cache_size") or math.nan),
         "spec_steps": float(spec) if spec is not None else math.nan,
-        "headroom_gib": _get(gpu, "headroom_gib"), "peak_gib": _get(gpu, "peak_used_gib"),
-        "ttft_p50_ms": _get(metrics.ttft_ms, "p50") if metrics else math.nan,
-        "ttft_p99_ms": _get(metrics.ttft_ms, "p99") if metrics else math.nan,
-        "itl_p50_ms": _get(metrics.itl_ms, "p50") if metrics else math.nan,
-        "itl_p99_ms": _get(metrics.itl_ms, "p99") if metrics else math.nan,
-        "e2e_p99_ms": _get(metrics.e2e_ms, "p99") if metrics else math.nan,
-        "accept_length": _get(metrics, "accept_length"),
+        "headroom_gib": attr_or_nan(gpu, "headroom_gib"), "peak_gib": attr_or_nan(gpu, "peak_used_gib"),
+        "ttft_p50_ms": attr_or_nan(metrics.ttft_ms, "p50") if metrics else math.nan,
+        "ttft_p99_ms": attr_or_nan(metrics.ttft_ms, "p99") if metrics else math.nan,
+        "itl_p50_ms": attr_or_nan(metrics.itl_ms, "p50") if metrics else math.nan,
+        "itl_p99_ms": attr_or_nan(metrics.itl_ms, "p99") if metrics else math.nan,
+        "e2e_p99_ms": attr_or_nan(metrics.e2e_ms, "p99") if metrics else math.nan,
+        "accept_length": attr_or_nan(metrics, "accept_length"),
         # The fidelity probe against the reference config (``harness.fidelity``); NaN where not probed.
         "outputs_differ": bool(probed and (fidelity.get("exact_share") is None or fidelity["exact_share"] < 1.0)),
         "numerics": fidelity_summary(fidelity or None),
@@ -217,81 +218,6 @@ def memory_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
                                        "predicted_peak_gib", "observed_peak_gib"])
 
 
-def key_trials(frame: pd.DataFrame, study: optuna.Study, top: int = 3) -> list[int]:
-    """Baseline first, then the ``top`` fastest feasible trials (the ones a latency figure can show legibly)."""
-    numbers = []
-    base = baseline_trial(frame, study)
-    if base is not None:
-        numbers.append(base)
-    fastest = frame[frame["feasible"]].sort_values("tok_s", ascending=False)["trial"]
-    numbers += [int(n) for n in fastest if n != base][:top]
-    return numbers
-
-
-def _records(trial_dir: str, base_dir: Path | None) -> list[dict[str, Any]]:
-    if not trial_dir:
-        return []
-    path = Path(trial_dir) / "records.jsonl"
-    if not path.is_absolute() and base_dir is not None and not path.exists():
-        path = base_dir / path
-    if not path.is_file():
-        return []
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def latency_frame(frame: pd.DataFrame, study: optuna.Study, *, top: int = 3,
-                  base_dir: Path | None = None) -> pd.DataFrame:
-    """TTFT and ITL quantiles (ms) for the baseline and the top trials.
-
-    From per-request records when the trial kept them (every quantile), else from the stored percentiles
-    (p50/p90/p99 only). Summaries, not raw samples, keep the page small with any number of requests.
-    """
-    rows = []
-    by_trial = frame.set_index("trial")
-    by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
-    for number in key_trials(frame, study, top):
-        info = by_trial.loc[number]
-        records = _records(info["trial_dir"], base_dir)
-        result = trial_result(by_number[number]) if number in by_number else None
-        stored = result.metrics if result else None
-        for metric in ("ttft", "itl"):
-            row = {"trial": number, "label": info["label"], "role": info["role"], "metric": metric}
-            values = _record_values(records, metric)
-            if values.size:
-                row.update({k: float(np.percentile(values, q)) for k, q in QUANTILES.items()})
-                row.update({"mean": float(values.mean()), "n": int(values.size), "source": "records"})
-            elif stored is not None:
-                pct = stored.ttft_ms if metric == "ttft" else stored.itl_ms
-                row.update({k: math.nan for k in QUANTILES})
-                row.update({"p50": _get(pct, "p50"), "p90": _get(pct, "p90"), "p99": _get(pct, "p99"),
-                            "mean": _get(pct, "mean"), "n": 0, "source": "stored percentiles"})
-            else:
-                continue
-            rows.append(row)
-    return pd.DataFrame(rows, columns=["trial", "label", "role", "metric", *QUANTILES, "mean", "n", "source"])
-
-
-def _record_values(records: list[dict[str, Any]], metric: str) -> np.ndarray:
-    """Seconds → ms, from either the replay client's records (``sent`` + ``chunks`` of (arrival, tokens), ITL
-    spread over a chunk's tokens as the metrics do) or pre-computed ``ttft_s`` / ``itl_s`` fields."""
-    values: list[float] = []
-    for rec in records:
-        if rec.get("error"):
-            continue
-        if "chunks" in rec and rec.get("sent") is not None:
-            arrivals = [(float(t), int(n)) for t, n in rec["chunks"] if int(n) > 0]
-            if metric == "ttft" and arrivals:
-                values.append(arrivals[0][0] - float(rec["sent"]))
-            elif metric == "itl":
-                for (prev, _), (t, n) in zip(arrivals, arrivals[1:], strict=False):
-                    values.extend([(t - prev) / n] * n)
-        elif metric == "ttft" and rec.get("ttft_s") is not None:
-            values.append(rec["ttft_s"])
-        elif metric == "itl":
-            values.extend(rec.get("itl_s") or [])
-    return np.asarray(values, dtype=float) * 1000.0
-
 
 def pareto_frame(study: optuna.Study, frame: pd.DataFrame) -> pd.DataFrame:
     """Feasible trials of a two-objective study with their second objective and Pareto-front membership."""
@@ -312,52 +238,6 @@ def pareto_frame(study: optuna.Study, frame: pd.DataFrame) -> pd.DataFrame:
         rows.append({"trial": number, "label": labels[number], "tok_s": a, "second": b, "on_front": not dominated})
     return pd.DataFrame(rows, columns=["trial", "label", "tok_s", "second", "on_front"])
 
-
-IMPORTANCE_MIN_TRIALS = 5  # completed trials that set a flag before its importance is computed
-NOT_ENOUGH_TO_RANK = "not enough trials to rank flags"
-
-
-def importance_frame(study: optuna.Study) -> pd.DataFrame:
-    """Optuna's parameter importances for reaching the top tok/s (PED-ANOVA: deterministic and needs no
-    scikit-learn, unlike fANOVA). OOMs count as 0 tok/s, so feasibility shapes them too.
-
-    Each flag is scored over the completed trials that *have* it (a conditional flag, such as the radix-cache
-    strategy only when the cache is on, leaves other trials out; requiring every flag at once would leave too few
-    trials, and PED-ANOVA then returns zeros that normalise to a meaningless uniform split). PED-ANOVA scores
-    each flag on its own marginal, so per-flag scores are comparable. Empty (``NOT_ENOUGH_TO_RANK``) when no
-    flag has enough trials or the evaluator cannot tell the flags apart: never a uniform chart."""
-    empty = pd.DataFrame(columns=["param", "importance", "trials"])
-    complete = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                if t.params]
-    searched = [t for t in complete if t.user_attrs.get("role", "search") == "search"]
-    flags = list(dict.fromkeys(p for t in (searched or complete) for p in t.params))
-    raw: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for flag in flags:
-        have = [t for t in complete if flag in t.params]
-        if len(have) < IMPORTANCE_MIN_TRIALS or len({repr(t.params[flag]) for t in have}) < 2:
-            continue
-        try:
-            with warnings.catch_warnings():
-                # PED-ANOVA is "experimental" and warns that it ranks low targets; the negated tok/s is exactly that.
-                warnings.simplefilter("ignore")
-                scores = optuna.importance.get_param_importances(
-                    study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), params=[flag],
-                    target=lambda t: -t.values[0], normalize=False)
-        except (ValueError, RuntimeError, ZeroDivisionError):
-            continue
-        value = float(scores.get(flag, 0.0))
-        if math.isfinite(value):  # zero is a finding too (the top trials spread like all of them)
-            raw[flag], counts[flag] = max(value, 0.0), len(have)
-    total = sum(raw.values())
-    if len(raw) < 2 or total <= 0:
-        return empty
-    shares = {k: v / total for k, v in raw.items()}
-    if max(shares.values()) - min(shares.values()) < 1e-9:  # the evaluator cannot tell the flags apart
-        return empty
-    ordered = sorted(shares, key=shares.get, reverse=True)
-    return pd.DataFrame({"param": ordered, "importance": [shares[k] for k in ordered],
-                         "trials": [counts[k] for k in ordered]})
 
 
 def baseline_trial(frame: pd.DataFrame, study: optuna.Study) -> int | None:
@@ -418,101 +298,3 @@ def _relative(path: str, base_dir: Path | None) -> str:
     if not path or base_dir is None:
         return path or ""
     return Path(os.path.relpath(Path(path).resolve(), Path(base_dir).resolve())).as_posix()
-
-
-def _confirmed(study: optuna.Study, number: int | None) -> list[float]:
-    runs = (study.user_attrs.get("confirmation") or {}).get("runs") or []
-    values = []
-    for run in runs:
-        if run.get("trial") == number and isinstance(run.get("result"), Mapping):
-            result = TrialResult.from_dict(run["result"])
-            if result.ok and result.output_tok_s is not None:
-                values.append(result.output_tok_s)
-    return values
-
-
-def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
-    """Winner vs baseline on the numbers that explain the win: speed (confirmed when there was a confirmation
-    stage: median and range of the repeats) and the capacity that produced it."""
-    numbers = {"baseline": baseline_trial(frame, study), "winner": winner_trial(frame, study)}
-    by_trial = frame.set_index("trial")
-    rows: dict[str, dict[str, Any]] = {}
-    for role, number in numbers.items():
-        info = by_trial.loc[number] if number is not None and number in by_trial.index else None
-        repeats = _confirmed(study, number)
-        tok_s = float(np.median(repeats)) if repeats else (float(info["tok_s"]) if info is not None else math.nan)
-        # The confirmation stage's bootstrap interval of the median when it stored one, else the repeats' range.
-        stats = ((study.user_attrs.get("confirmation") or {}).get("stats") or {}).get(str(number)) or {}
-        ci = stats.get("ci")
-        if not (isinstance(ci, list | tuple) and len(ci) == 2 and None not in ci):
-            ci = (min(repeats), max(repeats)) if repeats else (math.nan, math.nan)
-        low, high = ci
-        rows[role] = {
-            "trial": number if number is not None else math.nan,
-            "label": info["label"] if info is not None else "",
-            "tok_s": tok_s,
-            "tok_s_low": float(low),
-            "tok_s_high": float(high),
-            "repeats": len(repeats),
-            **{k: (float(info[k]) if info is not None else math.nan) for k in (
-                "max_running_requests", "kv_tokens", "mamba_slots", "spec_steps", "headroom_gib", "peak_gib",
-                "ttft_p99_ms", "itl_p99_ms")},
-        }
-    return pd.DataFrame.from_dict(rows, orient="index")
-
-
-def gain(study: optuna.Study, headline: pd.DataFrame) -> dict[str, Any]:
-    """Winner/baseline speed ratio (2.0 = twice as fast), with the confirmation stage's CI when there is one,
-    and the ratio over SGLang's own defaults when the confirmation measured (or predicted) them."""
-    confirmation = study.user_attrs.get("confirmation") or {}
-    win = headline.loc["winner", "tok_s"]
-    defaults = confirmation.get("defaults") or {}
-    over_defaults = (win / defaults["output_tok_s"] if defaults.get("output_tok_s") and not math.isnan(win)
-                     else None)
-    if confirmation.get("gain") is not None:
-        return {"gain": float(confirmation["gain"]), "ci_low": confirmation.get("ci_low"),
-                "ci_high": confirmation.get("ci_high"), "note": confirmation.get("note") or "",
-                "over_defaults": over_defaults, "defaults_how": defaults.get("how")}
-    base = headline.loc["baseline", "tok_s"]
-    value = win / base if base and not math.isnan(base) and base > 0 else math.nan
-    return {"gain": value, "ci_low": None, "ci_high": None, "note": "single measurement (no confirmation stage)",
-            "over_defaults": over_defaults, "defaults_how": defaults.get("how")}
-
-
-def trial_config(study: optuna.Study, number: int | None) -> dict[str, Any]:
-    if number is None:
-        return {}
-    trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
-    result = trial_result(trial) if trial else None
-    return dict(result.config) if result else dict(trial.params if trial else {})
-
-
-def flag_diff(baseline: Mapping[str, Any], winner: Mapping[str, Any]) -> pd.DataFrame:
-    """Flags whose value differs between the two configs ("default" where a config leaves SGLang's default)."""
-    rows = []
-    for name in sorted(set(baseline) | set(winner)):
-        old, new = baseline.get(name), winner.get(name)
-        if old != new and not (old in (None, False) and new in (None, False)):
-            rows.append({"flag": "--" + name.replace("_", "-"), "baseline": _show(old), "winner": _show(new)})
-    return pd.DataFrame(rows, columns=["flag", "baseline", "winner"])
-
-
-def _show(value: Any) -> str:
-    if value is None or value is False:
-        return "default"
-    return "on" if value is True else str(value)
-
-
-def compare_frame(frames: Mapping[str, pd.DataFrame], configs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
-    """One row per study: where it ran and what it found, for ``--compare``."""
-    rows = []
-    for name, frame in frames.items():
-        feasible = frame[frame["feasible"]]
-        base = frame.loc[(frame["role"] == "baseline") & frame["feasible"], "tok_s"]
-        best = float(feasible["tok_s"].max()) if len(feasible) else math.nan
-        base_tok = float(base.iloc[0]) if len(base) else math.nan
-        rows.append({"study": name, "model": model_name(configs[name]), "gpu": device_name(configs[name]),
-                     "trials": len(frame), "feasible": len(feasible), "failed": int((frame["status"] != "ok").sum()),
-                     "baseline_tok_s": base_tok, "best_tok_s": best,
-                     "gain": best / base_tok if base_tok and base_tok > 0 else math.nan})
-    return pd.DataFrame(rows)

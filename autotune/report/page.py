@@ -26,6 +26,9 @@ from autotune.redaction import env_for_files, redact_url, reference
 from autotune.report import data as data
 from autotune.report import figures as figures
 from autotune.report import numerics as report_numerics
+from autotune.report.headline import compare_frame, flag_diff, gain, headline_frame, trial_config
+from autotune.report.importance import NOT_ENOUGH_TO_RANK, importance_frame
+from autotune.report.latency import latency_frame
 from autotune.search.gpus import per_gpu_frame
 from autotune.search.settings import device_name, engine_kind
 from autotune.search.storage import load_study, study_names
@@ -65,18 +68,18 @@ def open_study(study: str | None, storage: str | None, base_dir: Path | None = N
 def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study] = ()) -> Report:
     """Trials → tables (the tested numbers), plus the facts the header card states."""
     trials = _trials(study)
-    headline = data.headline_frame(trials, study)
+    headline = headline_frame(trials, study)
     base_no, win_no = data.baseline_trial(trials, study), data.winner_trial(trials, study)
-    base_cfg, win_cfg = data.trial_config(study, base_no), data.trial_config(study, win_no)
+    base_cfg, win_cfg = trial_config(study, base_no), trial_config(study, win_no)
     config = data.study_config(study)
     tables = {
         "trials": trials,
         "headline": headline.reset_index(names="role"),
-        "flag_diff": data.flag_diff(base_cfg, win_cfg),
+        "flag_diff": flag_diff(base_cfg, win_cfg),
         "memory": data.memory_frame(trials, study),
-        "latency": data.latency_frame(trials, study, base_dir=base_dir),
+        "latency": latency_frame(trials, study, base_dir=base_dir),
         "pareto": data.pareto_frame(study, trials),
-        "importance": data.importance_frame(study),
+        "importance": importance_frame(study),
         "failures": data.failures_frame(trials, base_dir=base_dir),
         "numerics": report_numerics.numerics_frame(trials, study),  # the fidelity probe's figures per trial
     }
@@ -85,7 +88,7 @@ def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study
         tables["per_gpu"] = per_gpu
     facts = {
         "study": study.study_name, "model": data.model_name(config), "gpu": device_name(config),
-        "engine": engine_kind(config), "gain": data.gain(study, headline),
+        "engine": engine_kind(config), "gain": gain(study, headline),
         "winner": win_no, "baseline": base_no,
         "launch": launch_command(win_cfg, data.model_name(config), **data.launch_settings(config))
         if win_no is not None else None,
@@ -98,7 +101,7 @@ def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study
         for other in compare:
             frames[other.study_name] = _trials(other)
             configs[other.study_name] = data.study_config(other)
-        tables["compare"] = data.compare_frame(frames, configs)
+        tables["compare"] = compare_frame(frames, configs)
     return Report(study=study, tables=tables, facts=facts, compare=frames)
 
 
@@ -392,7 +395,7 @@ def _importance_note(report: Report) -> str:
         return ""
     title, _ = SECTIONS["importance"]
     return (f'<section class="card" id="importance"><h2>{html.escape(title)}</h2>'
-            f"<p>{html.escape(data.NOT_ENOUGH_TO_RANK.capitalize())}: too few completed trials set each flag, or "
+            f"<p>{html.escape(NOT_ENOUGH_TO_RANK.capitalize())}: too few completed trials set each flag, or "
             "the top trials do not differ from the rest in any flag.</p></section>")
 
 

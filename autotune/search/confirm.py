@@ -4,13 +4,15 @@ One search measurement per config is noisy and the search keeps the lucky ones, 
 here: the top-k distinct configs, the baseline and the hand-written configs are run ``repeats`` times each in
 the order A B C base A B C base … (drift hits everyone alike); the winner has the best median; the gain over
 the baseline carries a seeded bootstrap confidence interval; contenders whose intervals overlap are a tie,
-broken in favour of the one with more memory headroom. A best config that runs the baseline's own flags, or whose
+which goes to the fastest median unless its memory headroom is under ``TIE_HEADROOM_FLOOR_GIB``; then to the
+roomiest. A best config that runs the baseline's own flags, or whose
 interval overlaps the baseline's, did not beat it: then there is no winner (``winner_trial`` None, ``outcome``
 ``"baseline"``) and nothing to apply.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Collection
 from typing import Any
@@ -96,6 +98,13 @@ def _headroom(results: list[TrialResult]) -> float | None:
     return min(planned) if planned else None
 
 
+# A tie goes to the fastest median; only when that config's measured headroom is below this floor does the
+# roomiest tied config win instead. Picking headroom in every tie gave away 2-6 % of throughput on the
+# search benchmark (the roomier config is usually the slower one) for no safety a config with this much
+# free memory needs.
+TIE_HEADROOM_FLOOR_GIB = 4.0
+
+
 def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, seed: int, *,
            same_as_baseline: Collection[int] = ()) -> dict[str, Any]:
     """Winner, gain and interval from confirmation runs (``{"trial", "repeat", "result"}``), no study needed.
@@ -106,49 +115,24 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, s
     ``outcome`` is ``"winner"`` when there is one and ``"none"`` when no contender ran cleanly throughout.
     """
     rng = np.random.default_rng(seed)
-    results: dict[int, list[TrialResult]] = {n: [] for n in order}
-    for run in runs:
-        results.setdefault(run["trial"], []).append(TrialResult.from_dict(run["result"]))
-    tok = {n: [(r.output_tok_s or 0.0) if r.ok else 0.0 for r in rs] for n, rs in results.items()}
-    stats = {n: {"median": _median(v), "ci": _interval(rng, v), "runs": len(v),
-                 "failed": sum(1 for r in results[n] if not r.ok), "headroom_gib": _headroom(results[n])}
-             for n, v in tok.items()}
+    tok, stats = _run_stats(rng, runs, order)
     candidates = [n for n in order if stats[n]["runs"] and not stats[n]["failed"]]
-    note = ""
+    nothing = {"winner_trial": None, "baseline_trial": baseline, "gain": None, "ci_low": None, "ci_high": None}
     if not candidates:
-        return {"winner_trial": None, "baseline_trial": baseline, "gain": None, "ci_low": None, "ci_high": None,
-                "outcome": "none", "note": "no contender ran cleanly in every confirmation run",
+        return {**nothing, "outcome": "none", "note": "no contender ran cleanly in every confirmation run",
                 "stats": _jsonable(stats)}
     top = max(candidates, key=lambda n: stats[n]["median"])
     tied = [n for n in candidates if stats[n]["ci"][1] >= stats[top]["ci"][0]]
     twins = {n for n in same_as_baseline if n != baseline}
-    unresolved = None
-    if top == baseline or top in twins:
-        unresolved = (f"the fastest confirmed config (trial {top}) runs the baseline's own flags" if top != baseline
-                      else "the baseline has the fastest confirmed median")
-    elif baseline is not None and baseline in tied:
-        unresolved = (f"trial {top}'s median ({stats[top]['median']:,.0f} tok/s) is within the baseline's "
-                      f"run-to-run noise ({stats[baseline]['median']:,.0f} tok/s; 95 % intervals overlap)")
+    unresolved = _baseline_holds(stats, top, tied, baseline, twins)
     if unresolved is not None:
         # the baseline tied with the best: more repeats may separate them (sequential confirmation)
         contention = sorted({top, *(n for n in tied if n not in twins)} | ({baseline} if baseline in candidates else set()))
-        return {"winner_trial": None, "baseline_trial": baseline, "gain": None, "ci_low": None, "ci_high": None,
-                "outcome": "baseline", "note": f"no config beat the baseline: {unresolved}",
+        return {**nothing, "outcome": "baseline", "note": f"no config beat the baseline: {unresolved}",
                 "stats": _jsonable(stats), "resolved": top == baseline or top in twins, "contention": contention}
     tied = [n for n in tied if n not in twins]  # noise around the baseline's flags is no candidate
     resolution = _resolution(rng, tok, stats, top, [n for n in candidates if n not in twins])
-    winner = top
-    if len(tied) > 1:
-        roomy = max(tied, key=lambda n: (stats[n]["headroom_gib"] if stats[n]["headroom_gib"] is not None
-                                         else float("-inf"), stats[n]["median"]))
-        if roomy != top and stats[roomy]["headroom_gib"] is not None:
-            winner = roomy
-            extra = stats[roomy]["headroom_gib"] - (stats[top]["headroom_gib"] or 0.0)
-            note = (f"trials {', '.join(map(str, tied))} are statistically tied (95 % intervals overlap); "
-                    f"chose trial {roomy} over the fastest median (trial {top}) for {extra:.1f} GiB more headroom")
-        else:
-            note = (f"trials {', '.join(map(str, tied))} are statistically tied (95 % intervals overlap); "
-                    f"trial {top} has the fastest median and the most headroom")
+    winner, note = _break_tie(stats, top, tied)
     gain = ci_low = ci_high = None
     if baseline is not None and stats.get(baseline, {}).get("median"):
         gain = stats[winner]["median"] / stats[baseline]["median"]
@@ -163,6 +147,50 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, s
     return {"winner_trial": winner, "baseline_trial": baseline, "gain": gain, "ci_low": ci_low,
             "ci_high": ci_high, "outcome": "winner", "note": note, "stats": _jsonable(stats),
             "contention": sorted(set(tied) | ({baseline} if baseline in candidates else set())), **resolution}
+
+
+def _run_stats(rng: np.random.Generator, runs: list[dict[str, Any]],
+               order: list[int]) -> tuple[dict[int, list[float]], dict[int, dict[str, Any]]]:
+    """Per trial: its tok/s per run (a failed run counts 0) and their median, interval, failures and headroom."""
+    results: dict[int, list[TrialResult]] = {n: [] for n in order}
+    for run in runs:
+        results.setdefault(run["trial"], []).append(TrialResult.from_dict(run["result"]))
+    tok = {n: [(r.output_tok_s or 0.0) if r.ok else 0.0 for r in rs] for n, rs in results.items()}
+    stats = {n: {"median": _median(v), "ci": _interval(rng, v), "runs": len(v),
+                 "failed": sum(1 for r in results[n] if not r.ok), "headroom_gib": _headroom(results[n])}
+             for n, v in tok.items()}
+    return tok, stats
+
+
+def _baseline_holds(stats: dict[int, dict[str, Any]], top: int, tied: list[int], baseline: int | None,
+                    twins: set[int]) -> str | None:
+    """Why no config beat the baseline (the best runs its flags, or is within its noise); None when one did."""
+    if top == baseline or top in twins:
+        return (f"the fastest confirmed config (trial {top}) runs the baseline's own flags" if top != baseline
+                else "the baseline has the fastest confirmed median")
+    if baseline is not None and baseline in tied:
+        return (f"trial {top}'s median ({stats[top]['median']:,.0f} tok/s) is within the baseline's "
+                f"run-to-run noise ({stats[baseline]['median']:,.0f} tok/s; 95 % intervals overlap)")
+    return None
+
+
+def _break_tie(stats: dict[int, dict[str, Any]], top: int, tied: list[int]) -> tuple[int, str]:
+    """(winner, note) among statistically tied contenders: the fastest median unless it is short of headroom."""
+    if len(tied) <= 1:
+        return top, ""
+    roomy = max(tied, key=lambda n: (stats[n]["headroom_gib"] if stats[n]["headroom_gib"] is not None
+                                     else float("-inf"), stats[n]["median"]))
+    top_room = stats[top]["headroom_gib"]
+    if top_room is not None and top_room >= TIE_HEADROOM_FLOOR_GIB:
+        return top, (f"trials {', '.join(map(str, tied))} are statistically tied (95 % intervals overlap); "
+                     f"trial {top} has the fastest median and {top_room:.1f} GiB headroom "
+                     f"(≥ {TIE_HEADROOM_FLOOR_GIB:.0f} GiB, so headroom does not decide)")
+    if roomy != top and stats[roomy]["headroom_gib"] is not None:
+        extra = stats[roomy]["headroom_gib"] - (stats[top]["headroom_gib"] or 0.0)
+        return roomy, (f"trials {', '.join(map(str, tied))} are statistically tied (95 % intervals overlap); "
+                       f"chose trial {roomy} over the fastest median (trial {top}) for {extra:.1f} GiB more headroom")
+    return top, (f"trials {', '.join(map(str, tied))} are statistically tied (95 % intervals overlap); "
+                 f"trial {top} has the fastest median and the most headroom")
 
 
 def repeat_stages(first: int, most: int) -> list[int]:
@@ -221,15 +249,36 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     runs: list[dict[str, Any]] = []
     if stored and stored.get("n_trials") == n_done and stored.get("order") == order:
         runs = list(stored.get("runs", []))  # a confirmation a killed sweep left half done
+    state = {"order": order, "n_trials": n_done, "complete": False}
+    verdict_now = functools.partial(decide, runs, order, base_n, cfg.study.seed, same_as_baseline=twins)
+    if not _run_stages(study, cfg, state, runs, configs, verdict_now, runner=runner, progress=progress,
+                       stop_event=stop_event):
+        return None
+    verdict = verdict_now()
+    measured = defaults() if defaults is not None else None
+    if measured is not None and measured.get("status") == "interrupted":
+        study.set_user_attr("confirmation", {**state, "runs": runs})  # a resume measures the defaults again
+        return None
+    verdict["defaults"] = measured
+    confirmation = {**state, "complete": True, "runs": runs, **verdict}
+    study.set_user_attr("confirmation", confirmation)
+    return confirmation
+
+
+def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], runs: list[dict[str, Any]],
+                configs: dict[int, dict[str, Any]], verdict_now: Callable[[], dict[str, Any]], *, runner: Runner,
+                progress: Any, stop_event: threading.Event | None) -> bool:
+    """The interleaved runs, stage by stage (``repeat_stages``), each saved as it lands so a killed sweep resumes;
+    stages after the first re-run only the contenders still in contention. False when interrupted."""
+    order = state["order"]
     done = {(r["trial"], r["repeat"]) for r in runs}
     repeats = cfg.study.confirm_repeats
     stages = repeat_stages(repeats, max(repeats, cfg.study.confirm_max_repeats))
     total = repeats * len(order)
-    state = {"order": order, "n_trials": n_done, "complete": False}
     active, first = list(order), 0
     for stage, upto in enumerate(stages):
         if stage:  # the previous stage did not resolve the winner: only the contenders still in contention
-            verdict = decide(runs, order, base_n, cfg.study.seed, same_as_baseline=twins)
+            verdict = verdict_now()
             ci = verdict.get("runner_up_ci") or [0.0, 1.0]
             if verdict.get("resolved") or not verdict.get("contention") or ci[0] == ci[1]:
                 break  # resolved, or an exact tie without noise that no repeat can resolve
@@ -241,27 +290,19 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
                     continue
                 if stop_event is not None and stop_event.is_set():
                     study.set_user_attr("confirmation", {**state, "runs": runs})
-                    return None
+                    return False
                 if progress is not None:
                     progress.confirm_started(len(runs) + 1, total, n, k)
                 result = runner(dict(configs[n]), n)
                 if result.status == "interrupted":
                     study.set_user_attr("confirmation", {**state, "runs": runs})
-                    return None
+                    return False
                 runs.append({"trial": n, "repeat": k, "result": result.to_dict()})
                 study.set_user_attr("confirmation", {**state, "runs": runs})
                 if progress is not None:
                     progress.confirm_finished(n, result)
         first = upto
-    verdict = decide(runs, order, base_n, cfg.study.seed, same_as_baseline=twins)
-    measured = defaults() if defaults is not None else None
-    if measured is not None and measured.get("status") == "interrupted":
-        study.set_user_attr("confirmation", {**state, "runs": runs})  # a resume measures the defaults again
-        return None
-    verdict["defaults"] = measured
-    confirmation = {**state, "complete": True, "runs": runs, **verdict}
-    study.set_user_attr("confirmation", confirmation)
-    return confirmation
+    return True
 
 
 # Flags SGLang 0.5.23 chooses together: when the first is left to its default, the others must be unset too
@@ -341,6 +382,18 @@ def _defaults_entry(stored: dict[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
+def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | None) -> dict[str, Any] | None:
+    """A trial as the summary shows it: the confirmed median and interval where confirmed, else its search value."""
+    if n is None or n not in by_number:
+        return None
+    t = by_number[n]
+    s = stats.get(str(n))
+    value = s["median"] if s else (t.values[0] if t.values else None)
+    return {"trial": n, "label": t.user_attrs.get("label"), "params": t.user_attrs.get("result", {}).get("config"),
+            "output_tok_s": value, "ci_low": s["ci"][0] if s else None, "ci_high": s["ci"][1] if s else None,
+            "confirmed_runs": s["runs"] if s else 0}
+
+
 def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
     """The figures a user reads: statuses, baseline, confirmed winner and gains (search values if unconfirmed).
 
@@ -357,19 +410,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
     by_number = {t.number: t for t in trials}
     conf = study.user_attrs.get("confirmation") or {}
     confirmed = bool(conf.get("complete"))
-    stats = conf.get("stats", {}) if confirmed else {}
-
-    def entry(n: int | None) -> dict[str, Any] | None:
-        if n is None or n not in by_number:
-            return None
-        t = by_number[n]
-        s = stats.get(str(n))
-        value = s["median"] if s else (t.values[0] if t.values else None)
-        out = {"trial": n, "label": t.user_attrs.get("label"), "params": t.user_attrs.get("result", {}).get("config"),
-               "output_tok_s": value, "ci_low": s["ci"][0] if s else None, "ci_high": s["ci"][1] if s else None,
-               "confirmed_runs": s["runs"] if s else 0}
-        return out
-
+    entry = functools.partial(_entry, by_number, conf.get("stats", {}) if confirmed else {})
     baseline = next((t.number for t in trials if t.user_attrs.get("role") == "baseline"
                      and t.state.name == "COMPLETE"), None)
     note = conf.get("note") if confirmed else "not confirmed: these are single search measurements"

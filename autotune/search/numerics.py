@@ -22,7 +22,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.config import UNSET, StudyConfig
+from autotune.config import StudyConfig
+from autotune.config.sections import UNSET
 from autotune.errors import ConfigError
 from autotune.harness.fidelity import FidelityProbe, Reference, choose_prompts
 from autotune.results import TrialResult

@@ -26,7 +26,8 @@ from optuna.distributions import (
     IntDistribution,
 )
 
-from autotune.config import ParamSpec, StudyConfig
+from autotune.config import StudyConfig
+from autotune.config.sections import ParamSpec
 from autotune.errors import ConfigError
 from autotune.sglang.args import PlanStop, mamba_slots_per_request, resolve_spec, resolve_strategy
 from autotune.sglang.memory import MemoryPlan, plan

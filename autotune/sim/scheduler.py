@@ -13,12 +13,12 @@ of cycles run as one block that takes the same draws in the same order: a simula
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import deque
 from typing import Any
 
 import numpy as np
 
+from autotune.sim.batch import RunningBatch
 from autotune.sim.limits import (
     ACTIVATION_BYTES_PER_TOKEN,
     CLIP_MAX_NEW_TOKENS,
@@ -31,17 +31,21 @@ from autotune.sim.limits import (
 )
 from autotune.sim.logs import decode_line, prefill_line, retract_line, runtime_oom
 from autotune.sim.perf import PerfModel, PerfParams
-from autotune.sim.radix import CHARS, RadixCache
 from autotune.sim.requests import SimRequest
 from autotune.sim.step import Emission, ReqState, StepResult
 
 __all__ = ["Emission", "Scheduler", "SchedulerLimits", "SchedulerStats", "StepResult"]
 
-class Scheduler:
-    """Continuous batching for one server: ``add`` and ``abort`` requests, ``step`` one iteration at a time."""
+
+class Scheduler(RunningBatch):
+    """Continuous batching for one server: ``add`` and ``abort`` requests, ``step`` one iteration at a time.
+
+    What the running requests hold (their slots, KV tokens, Mamba slots, radix-cache locks) is ``RunningBatch``'s
+    (``sim.batch``); this class decides who runs: admission, prefill, decode cycles, retraction and aborts."""
 
     def __init__(self, limits: SchedulerLimits, perf: PerfModel, *, seed: int = 0, emit: bool = True):
-        self.limits, self.perf = limits, perf
+        super().__init__(limits)
+        self.perf = perf
         # False (evaluate): nobody reads per-request Emissions or batch log lines, so none are built; the events
         # (started, finished), counters and arrays are the same either way.
         self.emit = emit
@@ -49,34 +53,16 @@ class Scheduler:
         self._rng = np.random.default_rng([seed, 0xACCE])
         self._expo = np.empty(0)  # a block of Exp(1) draws consumed n at a time by decode cycles
         self._expo_pos = 0
-        self._d = limits.draft_tokens if limits.spec else 1
-        self._page = max(1, limits.page_size)
         self._budget = limits.chunked_prefill_size if limits.chunked_prefill_size > 0 else 1 << 62
         self.waiting: deque[ReqState] = deque()
-        self.chunked: ReqState | None = None  # the request whose prompt is split across prefill steps
         self._aborts: set[str] = set()
         self._unfit: list[Emission] = []  # requests that can never fit, finished with "abort" at the next return
         self._seq = 0
         self.clock = 0.0  # Σ step durations: the scheduler's own time (for gaps and throughput), never a clock read
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self._dead: str | None = None
-        self._cycles = 0  # decode cycles so far; a running request's verify count is cycles since it entered
         self._log_tokens = self._log_verify = 0
         self._log_t = self._prefill_log_t = 0.0
-        # Running requests, one slot each, contiguous in [0, n). ctx_sum = Σ (prompt + generated) over them.
-        cap = max(1, limits.max_running_requests)
-        self._n = 0
-        self._ctx_sum = 0.0
-        self._reqs: list[ReqState] = []
-        # left = tokens still to generate; slack = max_new_tokens − target (so max_new − generated = slack + left).
-        self._prompt, self._target, self._left, self._slack = (np.zeros(cap) for _ in range(4))
-        self._inv_nla = np.zeros(cap)  # 1/(−ln α): floor(Exp(1) · this) has P(≥ k) = α^k accepted drafts
-        self._last = np.zeros(cap)  # when each request entered (its prefill token); older ones: _prev_end
-        self._prev_end = 0.0  # when the previous decode cycle ended
-        self._fresh = False  # a request entered since the previous decode cycle
-        # SGLang's prefix cache: hits skip prefill, the tree lives in the KV pool (and Mamba slots), LRU-evicted.
-        self.cache = (RadixCache(hybrid=limits.hybrid, track_interval=limits.mamba_track_interval,
-                                 page_size=limits.page_size) if limits.radix_cache else None)
 
     @classmethod
     def from_plan(cls, plan: Any, model: Any, gpu: Any, *, noise: float = 0.0, seed: int = 0, emit: bool = True,
@@ -137,49 +123,6 @@ class Scheduler:
         s.new_token_ratio = self.new_token_ratio
         s.clock_s = self.clock
         return s
-
-    def kv_used_tokens(self) -> int:
-        """KV tokens held (not evictable), page-aligned per request as SGLang's allocator counts them; a prefix
-        running requests share through the radix cache is held once."""
-        n, page = self._n, self._page
-        if page > 1:
-            ctx = self._prompt[:n] + self._target[:n] - self._left[:n]
-            used = int(np.ceil(ctx / page).sum()) * page
-        else:
-            used = int(self._ctx_sum)
-        if self.chunked is not None:
-            used += -(-(self.chunked.done_prefill + self.chunked.cached) // page) * page
-        return used - self._shared()
-
-    def _shared(self) -> int:
-        return self.cache.shared_tokens if self.cache is not None else 0
-
-    def _make_room(self) -> None:
-        """Evict cached prefixes (LRU) that no longer fit beside what running requests hold: KV tokens, and for
-        hybrid models the Mamba slots the running requests leave free."""
-        cache, lim = self.cache, self.limits
-        if not cache.evictable_tokens and not cache.evictable_states:
-            return
-        over = self.kv_used_tokens() + cache.evictable_tokens - lim.kv_tokens
-        states_over = 0
-        if lim.hybrid:
-            busy = self._n + (self.chunked is not None)
-            states_over = cache.states - max(0, (lim.mamba_slots or 0) - busy * lim.mamba_slots_per_req)
-        if over > 0 or states_over > 0:
-            cache.evict(tokens=over, states=states_over)
-
-    def _admit(self, r: ReqState) -> None:
-        """Match the request's prompt in the radix cache and lock the hit (at least one token is computed)."""
-        key = r.req.key
-        limit = min(r.req.prompt_tokens, len(key) // CHARS) - 1
-        r.node, r.cached = self.cache.match(key, max(0, limit))
-
-    def _release(self, r: ReqState) -> None:
-        """Unlock its prefix (finished, aborted, retracted or not admitted after all); ``cached`` stays for its
-        report and is matched afresh at its next admission."""
-        if r.node is not None:
-            self.cache.unlock(r.node)
-            r.node = None
 
     # -- prefill ------------------------------------------------------------------------------------------
     def _prefill(self) -> StepResult | None:
@@ -284,58 +227,6 @@ class Scheduler:
             ))
         return StepResult(duration, "prefill", emissions=emissions, log_lines=lines, tokens=tokens, started=started,
                           finished=finished)
-
-    def _insert_done(self, batch: list[tuple[ReqState, int]]) -> int:
-        """Insert the prompts whose prefill this step completes (SGLang's cache_unfinished_req), so requests
-        admitted later can hit them; returns the Mamba states saved on the way (each one a state copy)."""
-        copies = 0
-        for r, take in batch:
-            if r.done_prefill + take >= r.extend_len:
-                key = r.req.key
-                tokens = min(r.req.prompt_tokens, len(key) // CHARS)
-                r.node, saved = self.cache.insert(key, tokens, cached=r.cached, locked=r.node)
-                copies += saved
-        return copies
-
-    def _enter(self, r: ReqState) -> None:
-        i = self._n
-        self._n += 1
-        self._reqs.append(r)
-        req = r.req
-        self._prompt[i], self._target[i], self._left[i] = req.prompt_tokens, req.target_len, req.target_len - r.gen
-        self._slack[i], self._last[i] = req.max_new_tokens - req.target_len, r.last_t
-        self._fresh = True
-        self._inv_nla[i] = -1.0 / math.log(req.alpha)
-        self._ctx_sum += req.prompt_tokens + r.gen
-        r.entry = (self._cycles, r.gen)
-
-    def _sync(self, i: int) -> ReqState:
-        """Write slot ``i``'s array state back to its request (verify passes = cycles since it entered)."""
-        r = self._reqs[i]
-        cycles0, gen0 = r.entry
-        gen = int(self._target[i] - self._left[i])
-        if self._d > 1:
-            cycles = self._cycles - cycles0
-            r.verify += cycles
-            r.accepted += gen - gen0 - cycles
-        r.gen, r.last_t = gen, max(float(self._last[i]), self._prev_end)
-        r.entry = (self._cycles, gen)
-        return r
-
-    def _leave(self, i: int) -> ReqState:
-        """Remove slot ``i`` (swap with the last slot)."""
-        r = self._sync(i)
-        self._ctx_sum -= r.req.prompt_tokens + r.gen
-        last = self._n - 1
-        if i != last:
-            for arr in (self._prompt, self._target, self._left, self._slack, self._inv_nla, self._last):
-                arr[i] = arr[last]
-            self._reqs[i] = self._reqs[last]
-        self._reqs.pop()
-        self._n = last
-        if self.cache is not None:
-            self._release(r)
-        return r
 
     # -- decode -------------------------------------------------------------------------------------------
     def _decode(self, max_cycles: int = 1) -> StepResult:
@@ -489,7 +380,7 @@ class Scheduler:
         self._unfit.append(self._emission(r, 0, finished=True, reason="abort"))
         self._stats.aborted_total += 1
 
-    # -- aborts and pools ---------------------------------------------------------------------------------
+    # -- aborts -------------------------------------------------------------------------------------------
     def _apply_aborts(self) -> None:
         gone, self._aborts = self._aborts, set()
         kept = deque(r for r in self.waiting if r.req.rid not in gone)
@@ -505,14 +396,3 @@ class Scheduler:
                 count += 1
         self._stats.aborted_total += count
 
-    def _mamba_num(self) -> int:
-        """Slots in use: each busy request's state and tracking copies, plus one the radix cache keeps."""
-        lim = self.limits
-        if not lim.hybrid:
-            return 0
-        busy = self._n + (self.chunked is not None)
-        cached = self.cache.states if self.cache is not None else (1 if busy else 0)
-        return min(lim.mamba_slots or 0, busy * lim.mamba_slots_per_req + cached)
-
-    def _mamba_usage(self) -> float:
-        return self._mamba_num() / self.limits.mamba_slots if self.limits.mamba_slots else 0.0

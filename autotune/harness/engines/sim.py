@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from autotune.config import WorkloadSection
+from autotune.config.sections import WorkloadSection
 from autotune.harness.engines import logparse
 from autotune.harness.engines.base import GpuReader
 from autotune.harness.engines.sglang import launch_env, reject_harness_flags

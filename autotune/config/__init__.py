@@ -4,6 +4,10 @@ Everything a sweep could trip on later (unknown keys, wrong types, empty ranges,
 unreadable prompt file) is caught here, before any server starts, as one ``ConfigError`` naming the file, the
 dotted key and the fix. Relative paths (prompts, sqlite storage, trial directories) resolve against the
 TOML's own directory, so a study behaves the same whatever the working directory.
+
+The sections' own models (each checks what it can alone) are in ``autotune.config.sections``; this module
+assembles them into ``StudyConfig``, owns ``Timeouts`` and runs the checks that need the whole file, SGLang's
+flag table and profiles.
 """
 
 from __future__ import annotations
@@ -13,22 +17,25 @@ import importlib.util
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
+from autotune.config.sections import (
+    UNSET,
+    BaselineSection,
+    EngineSection,
+    Enqueued,
+    ObjectiveSection,
+    ParamSpec,
+    StrictModel,
+    StudySection,
+    WorkloadSection,
+)
 from autotune.errors import ConfigError
 from autotune.prompts import PromptSample
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.profiles import load_gpu, load_model
-
-Scalar = str | int | float | bool
-UNSET = "unset"  # a choice meaning "leave the flag out: SGLang's default"
-METRICS = (
-    "output_tok_s", "request_s", "accept_length",
-    *(f"{p}_{m}_ms" for m in ("ttft", "itl", "e2e") for p in ("p50", "p90", "p99", "mean")),
-)
-_CONSTRAINT = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -41,202 +48,7 @@ class Timeouts:
     request_s: float = 600.0
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-
-class StudySection(_Model):
-    name: str | None = None  # default: the TOML's file name without suffix
-    storage: str | None = None  # default: sqlite:///<toml dir>/<name>.db
-    trials: int = Field(40, ge=1)  # the total target, counting trials a previous run finished
-    seed: int = 0
-    sampler: Literal["tpe", "random", "gp", "cmaes"] = "tpe"
-    edge_starts: int = Field(0, ge=0)  # planner-chosen starting points on the memory wall (autotune/search/starts.py)
-    confirm_top_k: int = Field(3, ge=0)
-    confirm_repeats: int = Field(3, ge=1)
-    # Sequential confirmation: contenders still in contention are re-measured (3 → 5 → 8 by default) until the
-    # winner's gain over the runner-up is resolved or this many repeats are spent (autotune/search/confirm.py).
-    confirm_max_repeats: int = Field(8, ge=1)
-
-
-class EngineSection(_Model):
-    kind: Literal["sim", "sglang"] = "sim"
-    python: str | None = None
-    model: str = "qwen3.6-27b"  # bundled profile name, HF config.json directory, or checkpoint path
-    profile: str | None = None  # model profile for the planner when `model` is not one (default: model)
-    gpu: int = Field(0, ge=0)
-    port: int | None = Field(None, ge=1, le=65535)
-    sim_gpu: str = "b200"  # the simulated device, and the GPU profile the planner assumes
-    sim_options: dict[str, Any] = {}
-    env: dict[str, str] = {}
-    device: str = "cuda"
-    timeouts: dict[str, float] = {}
-    fixed: dict[str, Any] = {}
-
-
-class Condition(_Model):
-    flag: str
-    in_: list[Scalar | None] | None = Field(None, alias="in")
-    not_in: list[Scalar | None] | None = None
-
-    @model_validator(mode="after")
-    def _one_test(self) -> Condition:
-        if (self.in_ is None) == (self.not_in is None):
-            raise ValueError("give exactly one of `in` or `not_in`")
-        return self
-
-
-class ParamSpec(_Model):
-    type: Literal["int", "float", "categorical"] | None = None
-    low: float | None = None
-    high: float | None = None
-    step: float | None = None
-    log: bool = False
-    choices: list[Scalar] | None = None
-    when: str | None = None  # e.g. "speculative_algorithm != none"
-    condition: Condition | None = None
-
-    @model_validator(mode="after")
-    def _shape(self) -> ParamSpec:
-        kind = self.kind
-        if kind == "categorical":
-            if not self.choices:
-                raise ValueError("choices must be a non-empty list")
-            if self.low is not None or self.high is not None:
-                raise ValueError("give either choices or low/high, not both")
-            return self
-        if self.low is None or self.high is None:
-            raise ValueError("an int/float range needs both low and high (or give choices=[...])")
-        if self.low >= self.high:
-            raise ValueError(f"empty range: low ({self.low:g}) must be below high ({self.high:g})")
-        if self.step is not None and self.log:
-            raise ValueError("step and log cannot be combined (Optuna)")
-        if self.log and self.low <= 0:
-            raise ValueError("a log range needs low > 0")
-        if self.step is not None and self.step <= 0:
-            raise ValueError("step must be positive")
-        if kind == "int" and any(v is not None and v != int(v) for v in (self.low, self.high, self.step)):
-            raise ValueError("an int range needs whole-number low, high and step")
-        return self
-
-    @property
-    def kind(self) -> str:
-        if self.type:
-            return self.type
-        return "categorical" if self.choices is not None else "float"
-
-    @property
-    def choice_values(self) -> list[Scalar | None]:
-        """Choices with "unset" turned into None (flag left out)."""
-        return [None if c == UNSET else c for c in self.choices or []]
-
-
-class WorkloadSection(_Model):
-    prompts: Path = Path("../examples/prompts.jsonl")
-    sample_size: int = Field(200, ge=1)
-    seed: int = 0
-    max_tokens: int = Field(4096, ge=1)
-    concurrency: int | None = Field(None, ge=1)
-    warmup_s: float = Field(10, ge=0)
-    measure_s: float = Field(30, gt=0)
-    endpoint: Literal["generate", "completions", "chat"] = "generate"
-    ignore_eos: bool = False
-
-
-class SecondObjective(_Model):
-    metric: str
-    direction: Literal["minimize", "maximize"] = "minimize"
-
-    @field_validator("metric")
-    @classmethod
-    def _known(cls, v: str) -> str:
-        if v not in METRICS:
-            raise ValueError(f"unknown metric {v!r}; known: {', '.join(METRICS)}")
-        return v
-
-
-class NumericsLimits(_Model):
-    """``[objective] numerics``: the fidelity probe's size and how closely a trial's greedy outputs must match the
-    study's reference config (its baseline) when the trial changes an output-changing flag
-    (``autotune.sglang.numerics``). Both limits are off by default: the figures are measured and shown, and a set
-    limit becomes one more Optuna constraint, learnt like the memory wall."""
-
-    min_prefix_match: float | None = Field(None, ge=0)  # mean tokens per prompt before the first differing one
-    max_mean_abs_logprob_delta: float | None = Field(None, ge=0)  # nats, over reference tokens both sides scored
-    min_exact_share: float | None = Field(None, ge=0, le=1)  # share of prompts whose `tokens` tokens all match
-    prompts: int = Field(16, ge=1, le=256)  # K fixed prompts of the sample
-    tokens: int = Field(256, ge=1, le=8192)  # N greedy tokens per prompt
-
-    @model_validator(mode="after")
-    def _reachable(self) -> NumericsLimits:
-        if self.min_prefix_match is not None and self.min_prefix_match > self.tokens:
-            raise ValueError(f"min_prefix_match ({self.min_prefix_match:g}) cannot exceed the probe's tokens "
-                             f"({self.tokens})")
-        return self
-
-    def limits(self) -> list[tuple[str, str, float]]:
-        """(figure, op, limit) for each limit set, in a fixed order: the constraint entries' order."""
-        out = []
-        for name, figure, op in (("min_prefix_match", "prefix_match_mean", ">="),
-                                 ("max_mean_abs_logprob_delta", "mean_abs_logprob_delta", "<="),
-                                 ("min_exact_share", "exact_share", ">=")):
-            value = getattr(self, name)
-            if value is not None:
-                out.append((figure, op, float(value)))
-        return out
-
-    def violations(self, fidelity: dict[str, Any] | None) -> list[float]:
-        """One constraint entry per limit set (> 0: violated). A trial without a probe (its outputs equal the
-        reference's by construction) or the reference's own run scores like a perfect match; a probe that failed
-        or lacks the figure violates the limit, since nobody measured that it holds."""
-        perfect = {"prefix_match_mean": float(self.tokens), "exact_share": 1.0, "mean_abs_logprob_delta": 0.0}
-        probed = isinstance(fidelity, dict) and fidelity.get("role") == "probe"
-        out = []
-        for figure, op, limit in self.limits():
-            value = fidelity.get(figure) if probed else perfect[figure]  # type: ignore[union-attr]
-            if value is None or (probed and fidelity.get("error")):  # type: ignore[union-attr]
-                out.append(1.0)
-            else:
-                out.append(limit - float(value) if op == ">=" else float(value) - limit)
-        return out
-
-
-class ObjectiveSection(_Model):
-    metric: Literal["output_tok_s"] = "output_tok_s"
-    constraints: list[str] = []  # SLOs such as "p99_ttft_ms <= 5000"
-    second: SecondObjective | None = None
-    numerics: NumericsLimits = NumericsLimits()  # the fidelity probe and its optional limits
-
-    @field_validator("constraints")
-    @classmethod
-    def _parse(cls, values: list[str]) -> list[str]:
-        for text in values:
-            m = _CONSTRAINT.match(text)
-            if not m or m.group(1) not in METRICS:
-                raise ValueError(f"cannot read constraint {text!r}: write '<metric> <= <number>' with a metric "
-                                 f"from {', '.join(METRICS)}")
-        return values
-
-    def parsed_constraints(self) -> list[tuple[str, str, float]]:
-        out = []
-        for text in self.constraints:
-            m = _CONSTRAINT.match(text)
-            assert m  # validated above
-            out.append((m.group(1), m.group(2), float(m.group(3))))
-        return out
-
-
-class BaselineSection(_Model):
-    label: str = "baseline"
-    flags: dict[str, Any] = {}  # empty: engine defaults + fixed flags
-
-
-class Enqueued(_Model):
-    label: str
-    flags: dict[str, Any]
-
-
-class StudyConfig(_Model):
+class StudyConfig(StrictModel):
     study: StudySection = StudySection()
     engine: EngineSection = EngineSection()
     space: dict[str, ParamSpec] = {}

@@ -1,0 +1,118 @@
+"""The winner against the baseline: the headline numbers (confirmed speed and the capacity behind it), the
+gain, the flags that differ, and the one-row-per-study summary of ``--compare``.
+
+Apart from ``report.data`` because these read the confirmation stage's results (``study.user_attrs``), not
+the trials alone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import optuna
+import pandas as pd
+
+from autotune.report.data import baseline_trial, model_name, trial_result, winner_trial
+from autotune.results import TrialResult
+from autotune.search.settings import device_name
+
+
+def _confirmed(study: optuna.Study, number: int | None) -> list[float]:
+    runs = (study.user_attrs.get("confirmation") or {}).get("runs") or []
+    values = []
+    for run in runs:
+        if run.get("trial") == number and isinstance(run.get("result"), Mapping):
+            result = TrialResult.from_dict(run["result"])
+            if result.ok and result.output_tok_s is not None:
+                values.append(result.output_tok_s)
+    return values
+
+
+def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
+    """Winner vs baseline on the numbers that explain the win: speed (confirmed when there was a confirmation
+    stage: median and range of the repeats) and the capacity that produced it."""
+    numbers = {"baseline": baseline_trial(frame, study), "winner": winner_trial(frame, study)}
+    by_trial = frame.set_index("trial")
+    rows: dict[str, dict[str, Any]] = {}
+    for role, number in numbers.items():
+        info = by_trial.loc[number] if number is not None and number in by_trial.index else None
+        repeats = _confirmed(study, number)
+        tok_s = float(np.median(repeats)) if repeats else (float(info["tok_s"]) if info is not None else math.nan)
+        # The confirmation stage's bootstrap interval of the median when it stored one, else the repeats' range.
+        stats = ((study.user_attrs.get("confirmation") or {}).get("stats") or {}).get(str(number)) or {}
+        ci = stats.get("ci")
+        if not (isinstance(ci, list | tuple) and len(ci) == 2 and None not in ci):
+            ci = (min(repeats), max(repeats)) if repeats else (math.nan, math.nan)
+        low, high = ci
+        rows[role] = {
+            "trial": number if number is not None else math.nan,
+            "label": info["label"] if info is not None else "",
+            "tok_s": tok_s,
+            "tok_s_low": float(low),
+            "tok_s_high": float(high),
+            "repeats": len(repeats),
+            **{k: (float(info[k]) if info is not None else math.nan) for k in (
+                "max_running_requests", "kv_tokens", "mamba_slots", "spec_steps", "headroom_gib", "peak_gib",
+                "ttft_p99_ms", "itl_p99_ms")},
+        }
+    return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def gain(study: optuna.Study, headline: pd.DataFrame) -> dict[str, Any]:
+    """Winner/baseline speed ratio (2.0 = twice as fast), with the confirmation stage's CI when there is one,
+    and the ratio over SGLang's own defaults when the confirmation measured (or predicted) them."""
+    confirmation = study.user_attrs.get("confirmation") or {}
+    win = headline.loc["winner", "tok_s"]
+    defaults = confirmation.get("defaults") or {}
+    over_defaults = (win / defaults["output_tok_s"] if defaults.get("output_tok_s") and not math.isnan(win)
+                     else None)
+    if confirmation.get("gain") is not None:
+        return {"gain": float(confirmation["gain"]), "ci_low": confirmation.get("ci_low"),
+                "ci_high": confirmation.get("ci_high"), "note": confirmation.get("note") or "",
+                "over_defaults": over_defaults, "defaults_how": defaults.get("how")}
+    base = headline.loc["baseline", "tok_s"]
+    value = win / base if base and not math.isnan(base) and base > 0 else math.nan
+    return {"gain": value, "ci_low": None, "ci_high": None, "note": "single measurement (no confirmation stage)",
+            "over_defaults": over_defaults, "defaults_how": defaults.get("how")}
+
+
+def trial_config(study: optuna.Study, number: int | None) -> dict[str, Any]:
+    if number is None:
+        return {}
+    trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
+    result = trial_result(trial) if trial else None
+    return dict(result.config) if result else dict(trial.params if trial else {})
+
+
+def flag_diff(baseline: Mapping[str, Any], winner: Mapping[str, Any]) -> pd.DataFrame:
+    """Flags whose value differs between the two configs ("default" where a config leaves SGLang's default)."""
+    rows = []
+    for name in sorted(set(baseline) | set(winner)):
+        old, new = baseline.get(name), winner.get(name)
+        if old != new and not (old in (None, False) and new in (None, False)):
+            rows.append({"flag": "--" + name.replace("_", "-"), "baseline": _show(old), "winner": _show(new)})
+    return pd.DataFrame(rows, columns=["flag", "baseline", "winner"])
+
+
+def _show(value: Any) -> str:
+    if value is None or value is False:
+        return "default"
+    return "on" if value is True else str(value)
+
+
+def compare_frame(frames: Mapping[str, pd.DataFrame], configs: Mapping[str, Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per study: where it ran and what it found, for ``--compare``."""
+    rows = []
+    for name, frame in frames.items():
+        feasible = frame[frame["feasible"]]
+        base = frame.loc[(frame["role"] == "baseline") & frame["feasible"], "tok_s"]
+        best = float(feasible["tok_s"].max()) if len(feasible) else math.nan
+        base_tok = float(base.iloc[0]) if len(base) else math.nan
+        rows.append({"study": name, "model": model_name(configs[name]), "gpu": device_name(configs[name]),
+                     "trials": len(frame), "feasible": len(feasible), "failed": int((frame["status"] != "ok").sum()),
+                     "baseline_tok_s": base_tok, "best_tok_s": best,
+                     "gain": best / base_tok if base_tok and base_tok > 0 else math.nan})
+    return pd.DataFrame(rows)

@@ -1,0 +1,152 @@
+"""The scheduler's running batch and the memory it holds: one numpy slot per running request, the request
+whose prompt is split across prefill steps, KV tokens page by page, Mamba slots, and the radix cache's locks,
+inserts and LRU evictions.
+
+Apart from ``sim.scheduler`` so what is held reads on its own, beside the rules that decide who runs.
+``Scheduler`` extends ``RunningBatch``: one object, so the decode hot loop reads plain attributes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from autotune.sim.limits import SchedulerLimits
+from autotune.sim.radix import CHARS, RadixCache
+from autotune.sim.step import ReqState
+
+
+class RunningBatch:
+    """Running requests in slots ``[0, n)`` of parallel arrays, the chunked request, and the radix cache."""
+
+    def __init__(self, limits: SchedulerLimits):
+        self.limits = limits
+        self._d = limits.draft_tokens if limits.spec else 1
+        self._page = max(1, limits.page_size)
+        self.chunked: ReqState | None = None  # the request whose prompt is split across prefill steps
+        self._cycles = 0  # decode cycles so far; a running request's verify count is cycles since it entered
+        # Running requests, one slot each, contiguous in [0, n). ctx_sum = Σ (prompt + generated) over them.
+        cap = max(1, limits.max_running_requests)
+        self._n = 0
+        self._ctx_sum = 0.0
+        self._reqs: list[ReqState] = []
+        # left = tokens still to generate; slack = max_new_tokens − target (so max_new − generated = slack + left).
+        self._prompt, self._target, self._left, self._slack = (np.zeros(cap) for _ in range(4))
+        self._inv_nla = np.zeros(cap)  # 1/(−ln α): floor(Exp(1) · this) has P(≥ k) = α^k accepted drafts
+        self._last = np.zeros(cap)  # when each request entered (its prefill token); older ones: _prev_end
+        self._prev_end = 0.0  # when the previous decode cycle ended
+        self._fresh = False  # a request entered since the previous decode cycle
+        # SGLang's prefix cache: hits skip prefill, the tree lives in the KV pool (and Mamba slots), LRU-evicted.
+        self.cache = (RadixCache(hybrid=limits.hybrid, track_interval=limits.mamba_track_interval,
+                                 page_size=limits.page_size) if limits.radix_cache else None)
+
+    # -- what is held -------------------------------------------------------------------------------------
+    def kv_used_tokens(self) -> int:
+        """KV tokens held (not evictable), page-aligned per request as SGLang's allocator counts them; a prefix
+        running requests share through the radix cache is held once."""
+        n, page = self._n, self._page
+        if page > 1:
+            ctx = self._prompt[:n] + self._target[:n] - self._left[:n]
+            used = int(np.ceil(ctx / page).sum()) * page
+        else:
+            used = int(self._ctx_sum)
+        if self.chunked is not None:
+            used += -(-(self.chunked.done_prefill + self.chunked.cached) // page) * page
+        return used - self._shared()
+
+    def _shared(self) -> int:
+        return self.cache.shared_tokens if self.cache is not None else 0
+
+    def _mamba_num(self) -> int:
+        """Slots in use: each busy request's state and tracking copies, plus one the radix cache keeps."""
+        lim = self.limits
+        if not lim.hybrid:
+            return 0
+        busy = self._n + (self.chunked is not None)
+        cached = self.cache.states if self.cache is not None else (1 if busy else 0)
+        return min(lim.mamba_slots or 0, busy * lim.mamba_slots_per_req + cached)
+
+    def _mamba_usage(self) -> float:
+        return self._mamba_num() / self.limits.mamba_slots if self.limits.mamba_slots else 0.0
+
+    # -- slots --------------------------------------------------------------------------------------------
+    def _enter(self, r: ReqState) -> None:
+        i = self._n
+        self._n += 1
+        self._reqs.append(r)
+        req = r.req
+        self._prompt[i], self._target[i], self._left[i] = req.prompt_tokens, req.target_len, req.target_len - r.gen
+        self._slack[i], self._last[i] = req.max_new_tokens - req.target_len, r.last_t
+        self._fresh = True
+        self._inv_nla[i] = -1.0 / math.log(req.alpha)
+        self._ctx_sum += req.prompt_tokens + r.gen
+        r.entry = (self._cycles, r.gen)
+
+    def _sync(self, i: int) -> ReqState:
+        """Write slot ``i``'s array state back to its request (verify passes = cycles since it entered)."""
+        r = self._reqs[i]
+        cycles0, gen0 = r.entry
+        gen = int(self._target[i] - self._left[i])
+        if self._d > 1:
+            cycles = self._cycles - cycles0
+            r.verify += cycles
+            r.accepted += gen - gen0 - cycles
+        r.gen, r.last_t = gen, max(float(self._last[i]), self._prev_end)
+        r.entry = (self._cycles, gen)
+        return r
+
+    def _leave(self, i: int) -> ReqState:
+        """Remove slot ``i`` (swap with the last slot)."""
+        r = self._sync(i)
+        self._ctx_sum -= r.req.prompt_tokens + r.gen
+        last = self._n - 1
+        if i != last:
+            for arr in (self._prompt, self._target, self._left, self._slack, self._inv_nla, self._last):
+                arr[i] = arr[last]
+            self._reqs[i] = self._reqs[last]
+        self._reqs.pop()
+        self._n = last
+        if self.cache is not None:
+            self._release(r)
+        return r
+
+    # -- the radix cache ----------------------------------------------------------------------------------
+    def _admit(self, r: ReqState) -> None:
+        """Match the request's prompt in the radix cache and lock the hit (at least one token is computed)."""
+        key = r.req.key
+        limit = min(r.req.prompt_tokens, len(key) // CHARS) - 1
+        r.node, r.cached = self.cache.match(key, max(0, limit))
+
+    def _release(self, r: ReqState) -> None:
+        """Unlock its prefix (finished, aborted, retracted or not admitted after all); ``cached`` stays for its
+        report and is matched afresh at its next admission."""
+        if r.node is not None:
+            self.cache.unlock(r.node)
+            r.node = None
+
+    def _insert_done(self, batch: list[tuple[ReqState, int]]) -> int:
+        """Insert the prompts whose prefill this step completes (SGLang's cache_unfinished_req), so requests
+        admitted later can hit them; returns the Mamba states saved on the way (each one a state copy)."""
+        copies = 0
+        for r, take in batch:
+            if r.done_prefill + take >= r.extend_len:
+                key = r.req.key
+                tokens = min(r.req.prompt_tokens, len(key) // CHARS)
+                r.node, saved = self.cache.insert(key, tokens, cached=r.cached, locked=r.node)
+                copies += saved
+        return copies
+
+    def _make_room(self) -> None:
+        """Evict cached prefixes (LRU) that no longer fit beside what running requests hold: KV tokens, and for
+        hybrid models the Mamba slots the running requests leave free."""
+        cache, lim = self.cache, self.limits
+        if not cache.evictable_tokens and not cache.evictable_states:
+            return
+        over = self.kv_used_tokens() + cache.evictable_tokens - lim.kv_tokens
+        states_over = 0
+        if lim.hybrid:
+            busy = self._n + (self.chunked is not None)
+            states_over = cache.states - max(0, (lim.mamba_slots or 0) - busy * lim.mamba_slots_per_req)
+        if over > 0 or states_over > 0:
+            cache.evict(tokens=over, states=states_over)
