@@ -99,9 +99,7 @@ def _headroom(results: list[TrialResult]) -> float | None:
 
 
 # A tie goes to the fastest median; only when that config's measured headroom is below this floor does the
-# roomiest tied config win instead. Picking headroom in every tie gave away 2-6 % of throughput on the
-# search benchmark (the roomier config is usually the slower one) for no safety a config with this much
-# free memory needs.
+# roomiest tied config win instead: the roomier config is usually the slower one (benchmarks/README.md).
 TIE_HEADROOM_FLOOR_GIB = 4.0
 
 
