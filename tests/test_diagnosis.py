@@ -20,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from simserver import sim_server as run_sim_server
 
 from autotune.cli import main
 from autotune.config import load_config
@@ -521,52 +522,8 @@ def sim_env(tmp_path, monkeypatch) -> dict[str, str]:
 @pytest.fixture
 def sim_server(tmp_path, sim_env) -> Iterator[str]:
     """The seed's production config on a simulated B200, with metrics; stopped (whole group) at the end."""
-    port = closed_port()
-    log = (tmp_path / "sim.log").open("wb")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "autotune.sim",
-            "--model-path",
-            "qwen3.6-27b",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--sim-gpu",
-            "b200",
-            "--sim-startup-s",
-            "0.3",
-            "--sim-release-s",
-            "0.2",
-            *PRODUCTION,
-            "--enable-metrics",
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=sim_env,
-        start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "sim.log").read_text()[-2000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            pytest.fail("simulated server did not become ready in 30 s")
+    with run_sim_server(tmp_path, [*PRODUCTION, "--enable-metrics"], sim_env) as url:
         yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        log.close()
 
 
 class Load:

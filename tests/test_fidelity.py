@@ -15,6 +15,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from tinystudy import write_prompts
 
 from autotune.config import load_config
 from autotune.config.sections import NumericsLimits
@@ -84,8 +85,7 @@ flags = { max_mamba_cache_size = 96 }
 
 
 def write_study(tmp_path: Path, *, name: str, trials: int, choices: str, limit: str = "", enqueue: str = "") -> Path:
-    (tmp_path / "prompts.jsonl").write_text(
-        "".join(json.dumps({"prompt": f"Explain topic {i} in detail. " * 4}) + "\n" for i in range(16)))
+    write_prompts(tmp_path)
     path = tmp_path / f"{name}.toml"
     path.write_text(TEMPLATE.format(name=name, trials=trials, choices=choices, limit=limit, enqueue=enqueue))
     return path

@@ -12,11 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +20,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from simserver import free_port, sim_server
 
 from autotune.cli import main
 from autotune.config import load_config
@@ -38,43 +35,12 @@ SHORT, LONG = 270, 6000  # prompt tokens before and after the shift (the seed jo
 OUTPUT = 200  # max_new_tokens of every request (ignore_eos): short enough to finish inside the test
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def sim_url(tmp_path) -> Iterator[str]:
-    port = _free_port()
     env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    log = (tmp_path / "sim.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--host", "127.0.0.1",
-         "--port", str(port), "--sim-gpu", "b200", "--sim-startup-s", "0.3", "--sim-release-s", "0.2",
-         "--max-mamba-cache-size", SLOTS, "--enable-metrics"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "sim.log").read_text()[-2000:]
-            try:
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        else:
-            pytest.fail("simulated server did not become ready in 30 s")
+    with sim_server(tmp_path, ["--max-mamba-cache-size", SLOTS, "--enable-metrics"], env) as url:
         yield url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
-        log.close()
 
 
 class Load:
@@ -190,7 +156,7 @@ def test_prompts_shifting_to_6000_tokens_give_the_kv_finding_fix_and_study_file(
 
 
 def test_cli_once_reports_an_unreachable_server_and_exits_by_status(sim_url, tmp_path, capsys):
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     state = tmp_path / "state.json"
     args = ["watch", sim_url, dead, "--once", "--state", str(state), "--out", str(tmp_path / "w")]
     with pytest.raises(SystemExit) as exc:

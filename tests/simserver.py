@@ -1,0 +1,53 @@
+"""One simulated SGLang server in its own process group for a test: started, waited for, killed with its group."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def sim_server(tmp_path: Path, flags: list[str], env: dict[str, str]) -> Iterator[str]:
+    """A qwen3.6-27b sim server on a simulated B200 with ``flags``; yields its URL once ``/health`` answers 200."""
+    port = free_port()
+    log = (tmp_path / "sim.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--host", "127.0.0.1",
+         "--port", str(port), "--sim-gpu", "b200", "--sim-startup-s", "0.3", "--sim-release-s", "0.2", *flags],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (tmp_path / "sim.log").read_text()[-2000:]
+            try:
+                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        else:
+            pytest.fail("simulated server did not become ready in 30 s")
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        log.close()
