@@ -192,13 +192,15 @@ def med_iqr(values: list[float], fmt: str, budget: int | None = None) -> str:
 
 # --- the run --------------------------------------------------------------------------------------------------
 def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path = RESULTS,
-             proposals: bool = False) -> dict[str, Any]:
+             proposals: bool = False, only: list[str] | None = None) -> dict[str, Any]:
     started = time.monotonic()
     cv = noise_cv(case)
     oracle = Oracle(case, noise_cv=cv)
     truth = ground_truth(case, oracle, cache_dir=cache_dir, say=say)
     runs: dict[tuple[str, int], list[list[Launch]]] = {}
     chosen = {**STRATEGIES, **(PROPOSALS if proposals else {})}
+    if only:
+        chosen = {name: chosen[name] for name in only}
     for name, strategy in chosen.items():
         for budget in budgets:
             runs[name, budget] = [strategy(case, oracle, budget, seed) for seed in range(seeds)]
@@ -213,15 +215,15 @@ def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path
             "seconds": time.monotonic() - started}
 
 
-def _unit(args: tuple[str, str, bool, int, list[int], bool, str]) -> dict[str, Any]:
+def _unit(args: tuple[str, str, bool, int, list[int], bool, str, list[str] | None]) -> dict[str, Any]:
     """One case × workload in a worker process (the result without the case object)."""
-    name, workload, hidden, seeds, budgets, proposals, cache = args
+    name, workload, hidden, seeds, budgets, proposals, cache, only = args
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
     result = run_case(make_case(name, workload, hidden=hidden), seeds=seeds, budgets=budgets, say=say,
-                      cache_dir=Path(cache), proposals=proposals)
+                      cache_dir=Path(cache), proposals=proposals, only=only)
     result.pop("case")
     return result
 
@@ -381,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-truth", action="store_true", help="turn the hidden deviations off (the planner is exact)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="case × workload units in parallel")
     ap.add_argument("--proposals", action="store_true", help="add rows for proposed study-loop/space changes")
+    ap.add_argument("--strategies", default="", help="only these rows (comma-separated names; default: all)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="where to write the table and figure")
     ap.add_argument("--no-figure", action="store_true")
     args = ap.parse_args(argv)
@@ -395,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"unknown case {n!r}", key="--cases", fix=f"use one of {', '.join(CASES)}")
             if w not in WORKLOADS:
                 raise ConfigError(f"unknown workload {w!r}", key="--workloads", fix=f"use one of {', '.join(WORKLOADS)}")
+        only = [x.strip() for x in args.strategies.split(",") if x.strip()] or None
+        known = {**STRATEGIES, **(PROPOSALS if args.proposals else {})}
+        for x in only or []:
+            if x not in known:
+                raise ConfigError(f"unknown strategy {x!r}", key="--strategies",
+                                  fix=f"use names from {', '.join(known)} (proposals need --proposals)")
     except ValueError:
         print(f"Error: --budgets must be comma-separated integers, got {budgets!r}", file=sys.stderr)
         return 1
@@ -402,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     started = time.monotonic()
-    jobs = [(n, w, not args.no_truth, seeds, budget_list, args.proposals, str(RESULTS)) for n, w in units]
+    jobs = [(n, w, not args.no_truth, seeds, budget_list, args.proposals, str(RESULTS), only) for n, w in units]
     if args.jobs > 1 and len(jobs) > 1:
         # Results come back in submission order: the table does not depend on which worker finished first.
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:

@@ -139,7 +139,9 @@ def test_remote_command_lines_start_and_stop_a_detached_group(tmp_path):
     pid = int(out.strip())
     try:
         deadline = time.monotonic() + 5
-        while os.getpgid(pid) != pid:  # `$!` is known before env has exec'd setsid
+        # `$!` is known before env has exec'd setsid, and setsid before it has exec'd sleep (mid-exec, the
+        # process's environment reads empty): wait until the process is the command itself.
+        while os.getpgid(pid) != pid or psutil.Process(pid).cmdline() != argv:
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert psutil.Process(pid).environ()["ODD"] == "a b'c"

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import psutil
@@ -324,17 +325,40 @@ def test_cleanup_leaves_servers_of_a_live_harness_and_detached_ones(tmp_path, fa
         detached.stop(grace_s=1, release_timeout_s=5)
 
 
+def _samplers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "shm-sampler"]
+
+
 def test_stop_process_group_stops_a_detached_server(tmp_path, fake):
     port = free_port()
     server = _server(tmp_path, fake(port, "--child"), port, detach=True)
+    before = _samplers()
     with server:
         server.wait_ready(10)
+        assert len(_samplers()) == len(before) + 1
     assert server.alive  # detached: leaving the block does not stop it (a fleet's server)
+    assert _samplers() == before  # ...but this process stops watching it (a rollout starts many)
     assert stop_process_group(server.pid, grace_s=2) == -signal.SIGTERM
     assert _group_pids(server.pid) == []
     assert port_is_free("127.0.0.1", port)
     assert cleanup_orphans(tmp_path / "runs") == []  # nothing to kill, and the stale pid file goes
     assert not list((tmp_path / "runs").glob("server-*.json"))
+
+
+def test_the_shm_sampler_ends_with_its_server_group(tmp_path, fake):
+    port = free_port()
+    server = _server(tmp_path, fake(port, "--child"), port)
+    before = _samplers()
+    server.start()
+    try:
+        server.wait_ready(10)
+        sampler = next(t for t in _samplers() if t not in before)
+        os.killpg(server.pid, signal.SIGKILL)  # the server dies under the harness, which has not called stop yet
+        sampler.join(5)
+        assert not sampler.is_alive()  # a dead group holds nothing: the thread stopped looking by itself
+    finally:
+        server.stop(grace_s=1, release_timeout_s=5)
+    assert _samplers() == before
 
 
 HOG = "import time; x = b'\\1' * (1 << 30); print('held', flush=True); time.sleep(120)"

@@ -2,6 +2,7 @@
 client makes it ``invalid_measurement`` / ``client_bound`` (after one re-measure with batched SSE chunks)."""
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from autotune.harness.engines import make_engine
 from autotune.harness.trial import CLIENT_BUSY_LIMIT, LAG_LIMIT, Timeouts, measurement_verdict, run_trial
-from autotune.harness.workload import ReplayRecords, WorkloadSpec, process_busy_s
+from autotune.harness.workload import ReplayRecords, WorkloadSpec, thread_busy_s
 from autotune.results import STATUSES, UNTRUSTED_STATUSES, TrialResult
 
 PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
@@ -39,11 +40,26 @@ def test_untrusted_statuses_are_statuses_and_round_trip():
     assert TrialResult.from_dict(r.to_dict()).measurement == {"client_busy": 0.99, "stream_interval": 16}
 
 
-def test_process_busy_counts_cpu_spent():
-    t0, b0 = time.perf_counter(), process_busy_s()
+def test_thread_busy_counts_the_callers_cpu_not_other_threads():
+    t0, b0 = time.perf_counter(), thread_busy_s()
     while time.perf_counter() - t0 < 0.2:
         pass
-    assert process_busy_s() - b0 >= 0.15
+    assert thread_busy_s() - b0 >= 0.15
+    stop = threading.Event()
+
+    def spin() -> None:  # another thread of the process, busy the whole time: not the event loop's load
+        while not stop.is_set():
+            sum(range(1000))
+
+    other = threading.Thread(target=spin)
+    b1 = thread_busy_s()
+    other.start()
+    try:
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        other.join()
+    assert thread_busy_s() - b1 < 0.25  # the sleeping caller was neither running nor runnable for most of it
 
 
 @pytest.fixture

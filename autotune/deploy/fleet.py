@@ -297,6 +297,7 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
             pid_path.unlink(missing_ok=True)
         raise FleetError(f"server {server.name} (gpu {server.gpu}, port {server.port}) did not start: {reason} "
                          f"(log: {log_path})") from None
+    proc.release()  # it serves on after this command; this process stops watching it
     return proc.pid
 
 

@@ -150,12 +150,15 @@ class ShmSampler:
     def start(self) -> None:
         self._thread.start()
 
-    def sample(self, *, force: bool = True) -> None:
+    def sample(self, *, force: bool = True) -> bool:
+        """One look at what the group holds; False once the group is gone (a dead group holds nothing)."""
+        pids = group_pids(self.pgid)
         try:
-            if self.ownership.observe(group_pids(self.pgid), force=force):
+            if self.ownership.observe(pids, force=force):
                 self.on_grow()
         except Exception:  # noqa: BLE001 - a failed sample only loses attribution (files are left), never a trial
             pass
+        return bool(pids)
 
     def stop(self) -> None:
         """End the thread, then take one last sample (the group may have mapped something since)."""
@@ -165,8 +168,7 @@ class ShmSampler:
         self.sample()
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            self.sample(force=False)
+        while not self._stop.is_set() and self.sample(force=False):
             self._stop.wait(self.interval_s)
 
 
@@ -348,12 +350,21 @@ class ServerProcess:
         self.teardown_error = "; ".join(problems) or None
         return self.exit_code
 
+    def release(self) -> None:
+        """Leave a detached server running and stop watching it: the sampler thread ends with one last look, and
+        the pid file keeps what it proved for ``cleanup_orphans``."""
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
+
     def __enter__(self) -> ServerProcess:
         self.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if not self.detach:
+        if self.detach:
+            self.release()
+        else:
             self.stop()
 
 

@@ -4,8 +4,8 @@ A failure is data: OOMs, crashes, timeouts and bad flags all come back as a ``Tr
 line that decided them, and the server is always stopped (port free, GPU memory released) before returning.
 
 A figure is only recorded if it measured the server: a simulated server whose wall clock trailed its model by
-more than ``LAG_LIMIT`` over the window, or a replay client whose thread was saturated (``CLIENT_BUSY_LIMIT`` of
-one core, on either engine), makes the window untrustworthy. Such a trial is measured once more with SSE chunks
+more than ``LAG_LIMIT`` over the window, or a replay client whose event-loop thread was saturated (``CLIENT_BUSY_LIMIT``
+of the window, on either engine), makes the window untrustworthy. Such a trial is measured once more with SSE chunks
 batched by ``--stream-interval`` (fewer sends for both sides; recorded in ``measurement``), and if it still fails
 it is recorded as ``invalid_measurement`` / ``client_bound``, without a tok/s.
 """
@@ -42,7 +42,7 @@ from autotune.results import UNTRUSTED_STATUSES, Capacity, GpuPeaks, TrialResult
 
 DEFAULT_CONCURRENCY = 64  # when the server did not report its effective max running requests
 LAG_LIMIT = 0.02  # the sim server's wall clock may trail its modelled clock by this share of the window
-CLIENT_BUSY_LIMIT = 0.95  # the replay process running or runnable this share of one core: client-bound
+CLIENT_BUSY_LIMIT = 0.95  # the replay's event-loop thread running or runnable this share of the window: client-bound
 REMEASURE_STREAM_INTERVAL = 16  # tokens per SSE chunk for the re-measure (at least 4 × the trial's own)
 PhaseCallback = Callable[[str, dict], None]
 DEFAULT_TIMEOUTS = Timeouts()
@@ -102,7 +102,7 @@ def _write(result: TrialResult, trial_dir: Path) -> TrialResult:
 def measurement_verdict(records: Any) -> tuple[str | None, str | None, dict[str, Any]]:
     """(status, reason, figures) for a replay's trustworthiness: ``invalid_measurement`` when the simulated
     server lagged its model by more than ``LAG_LIMIT`` (sim only: ``sim_pace`` in /server_info), ``client_bound``
-    when the replay's process was saturated; (None, None, figures) when the window measured the server."""
+    when the replay's event-loop thread was saturated; (None, None, figures) when the window measured the server."""
     figures: dict[str, Any] = {"client_busy": records.client_busy}
     probes = [p for p in records.probes if isinstance(p, dict)]
     if len(probes) == 2:
@@ -118,8 +118,8 @@ def measurement_verdict(records: Any) -> tuple[str | None, str | None, dict[str,
     busy = records.client_busy
     if busy is not None and busy >= CLIENT_BUSY_LIMIT:
         return ("client_bound",
-                f"the replay client's process was busy or waiting for a CPU {busy:.0%} of the window (limit "
-                f"{CLIENT_BUSY_LIMIT:.0%} of one core): the tok/s would be the client's, not the server's", figures)
+                f"the replay client's event loop was busy or waiting for a CPU {busy:.0%} of the window (limit "
+                f"{CLIENT_BUSY_LIMIT:.0%}): the tok/s would be the client's, not the server's", figures)
     return None, None, figures
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -227,22 +226,18 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, rec: RequestReco
         rec.ended = clock() - t0
 
 
-def process_busy_s() -> float:
-    """Seconds this process's threads have been running *or runnable* (waiting in the run queue), summed: Linux's
-    per-thread schedstat. Runnable-but-waiting counts, so a client starved by other processes is saturated too;
-    all threads count, because under the GIL any thread's CPU is the replay's loss. Elsewhere: its CPU time."""
-    total = 0.0
+def thread_busy_s() -> float:
+    """Seconds the calling thread has been running *or runnable* (waiting in the run queue for a CPU): Linux's
+    ``/proc/thread-self/schedstat``. The replay is one event loop on one thread; when that thread is never idle, the
+    client, not the server, sets the pace. Waiting for a CPU counts, so a client starved by other processes is
+    saturated too. Other threads are not summed in: each adds its own run-queue wait, and on a loaded host the sum
+    read 6× a core while the loop itself still had idle time. Elsewhere: the thread's CPU time."""
     try:
-        for task in os.scandir("/proc/self/task"):
-            try:
-                with open(f"{task.path}/schedstat", encoding="ascii") as fh:
-                    run_ns, wait_ns = fh.read().split()[:2]
-            except FileNotFoundError:
-                continue  # the thread ended meanwhile
-            total += (int(run_ns) + int(wait_ns)) / 1e9
+        with open("/proc/thread-self/schedstat", encoding="ascii") as fh:
+            run_ns, wait_ns = fh.read().split()[:2]
+        return (int(run_ns) + int(wait_ns)) / 1e9
     except (OSError, ValueError):
-        return time.process_time()
-    return total
+        return time.thread_time()
 
 
 async def replay(
@@ -265,7 +260,7 @@ async def replay(
 
     Closing the streams (not letting them finish) is deliberate: SGLang aborts a request whose client went
     away, so the server is idle when the harness stops it. ``should_stop`` returning a reason ends it early.
-    At the window's start and end the client notes how busy its own thread was (``client_busy``) and awaits
+    At the window's start and end the client notes how busy its event-loop thread was (``client_busy``) and awaits
     ``window_probe`` (e.g. the simulated server's pacing counters) into ``probes``.
     """
     if endpoint not in ENDPOINTS:
@@ -320,10 +315,10 @@ class _Session:
     async def mark(self, *, end: bool = False) -> tuple[float, float]:
         """(clock, busy seconds) at a window edge, and the probe's reading into ``probes``."""
         # The client's own figures exclude the probes' round trips (idle waits that are not the client's load).
-        now = (time.perf_counter(), process_busy_s()) if end else None
+        now = (time.perf_counter(), thread_busy_s()) if end else None
         if self.window_probe is not None:
             self.records.probes.append(await self.window_probe())
-        return now or (time.perf_counter(), process_busy_s())
+        return now or (time.perf_counter(), thread_busy_s())
 
     async def pace(self, should_stop: Callable[[], str | None] | None,
                    on_progress: Callable[[dict[str, Any]], None] | None, interval_s: float) -> None:
@@ -340,7 +335,7 @@ class _Session:
             if on_progress is not None:
                 on_progress(_progress(records, elapsed, window))
             boundary = window[0] if start is None and elapsed < window[0] else window[1]
-            await asyncio.sleep(min(interval_s, max(0.0, boundary - elapsed)))
+            await asyncio.sleep(min(interval_s, max(0.0, boundary - self.elapsed())))  # progress may have taken time
         if records.stopped_early is None:
             start = start or await self.mark()
             end = await self.mark(end=True)
