@@ -83,3 +83,56 @@ def test_observed_output_reads_the_window_with_most_turnover():
     assert observed_output(trials, 4096) == 2200.0
     assert observed_output([trial(10_000, 1, 1)], 4096) == 4096.0  # never above max_tokens
     assert observed_output([], 4096) is None
+
+
+def _ok(role: str, tok_s: float) -> optuna.trial.FrozenTrial:
+    from autotune.results import Metrics, Percentiles, TrialResult
+
+    p = Percentiles()
+    m = Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=p, itl_ms=p, e2e_ms=p, output_tokens=100, completed=1,
+                concurrency=8)
+    result = TrialResult(status="ok", config={}, metrics=m).to_dict()
+    return optuna.trial.create_trial(value=tok_s, user_attrs={"result": result, "role": role})
+
+
+def test_a_starved_edge_start_doubles_the_kv_the_next_ones_assume():
+    """An edge start that started but measured a fraction of the baseline (SGLang retracting and re-prefilling a
+    pool it overfilled) was past the wall: the next start assumes twice the KV per request."""
+    from autotune.search.edges import STARVED_SHARE, EdgeStarts, starved_starts
+
+    cfg, space, feasibility, _ = _setup()
+    edges = EdgeStarts(cfg, space, feasibility)
+    given = [_ok("baseline", 2000.0), _ok("enqueued", 4000.0)]
+    assert starved_starts(given) == 0
+    healthy = [*given, _ok("prior", 9000.0)]
+    starved = [*given, _ok("prior", STARVED_SHARE * 4000.0 - 1.0)]
+    assert starved_starts(healthy) == 0 and starved_starts(starved) == 1
+    assert starved_starts([*starved, _ok("prior", 3.0)]) == 2
+    assert starved_starts([_ok("prior", 3.0)]) == 0  # nothing to compare with: no verdict
+    base, _ = edges.per_request(healthy, 1)
+    backed_off, _ = edges.per_request(starved, 1)
+    assert backed_off == 2 * base or abs(backed_off - 2 * base) <= 1
+
+
+def test_the_radix_cache_holds_a_shared_prefix_once():
+    from autotune.search.starts import _held_per_request, shared_prefix_tokens
+
+    system = "You are a careful assistant. " * 40  # 1,160 characters every prompt starts with
+    texts = [system + "question one", system + "question two?", "unrelated " * 10]
+    shared = shared_prefix_tokens(texts)
+    assert shared == (2 * (len(system) + len("question ")) + 0) / 3 / 4
+    assert shared_prefix_tokens(["only one"]) == 0.0
+    assert _held_per_request({"disable_radix_cache": True}, 1000, shared) == 1000
+    assert _held_per_request({}, 1000, shared) == 1000 - shared
+
+
+def test_edges_with_a_shared_prefix_admit_more_requests_when_the_radix_cache_is_on():
+    cfg, space, feasibility, chars = _setup()
+    baseline = {**cfg.engine.fixed, **cfg.baseline.flags}
+    kw = dict(prompt_chars=chars, max_tokens=cfg.workload.max_tokens, n=1, seed=0, exclude=[baseline],
+              hold=baseline, per_request=[6000])
+    plain = edge_configs(space, feasibility, **kw)[0]
+    shared = edge_configs(space, feasibility, shared_prefix=5000.0, **kw)[0]
+    cap = lambda c: feasibility.predict(c, inert=False).max_running_requests  # noqa: E731
+    assert not shared.get("disable_radix_cache")
+    assert cap(shared) > cap(plain)  # 1,000 tokens of its own per request instead of 6,000

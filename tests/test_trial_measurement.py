@@ -34,6 +34,16 @@ def test_verdict_refuses_lag_over_the_limit_and_a_saturated_client():
     assert measurement_verdict(real)[0] == "client_bound"
 
 
+def test_repeated_prompts_counts_window_requests_whose_prompt_was_already_sent():
+    from autotune.harness.workload import RequestRecord, repeated_prompt_share
+
+    sends = [(1, 0.2), (2, 0.5), (1, 1.2), (3, 1.5), (2, 2.0), (4, 3.5)]  # (row, sent); window [1, 3)
+    rec = ReplayRecords([RequestRecord(row=r, sent=t) for r, t in sends], (1.0, 3.0), 8, "generate")
+    assert repeated_prompt_share(rec) == pytest.approx(2 / 3, abs=1e-4)  # rows 1 and 2 again, row 3 new; row 4 after
+    assert repeated_prompt_share(ReplayRecords([], (1.0, 3.0), 8, "generate")) == 0.0
+    assert measurement_verdict(rec)[2]["repeated_prompts"] == pytest.approx(2 / 3, abs=1e-4)
+
+
 def test_untrusted_statuses_are_statuses_and_round_trip():
     assert UNTRUSTED_STATUSES <= set(STATUSES)
     r = TrialResult(status="client_bound", config={}, measurement={"client_busy": 0.99, "stream_interval": 16})
@@ -132,3 +142,5 @@ def test_a_normal_trial_measures_and_records_its_figures(env):
     assert result.metrics.output_tok_s > 0
     assert result.measurement["sim_lag"] <= LAG_LIMIT and result.measurement["client_busy"] < CLIENT_BUSY_LIMIT
     assert not any(p.startswith("re-measuring") for p in phases)
+    # 8 streams over a 40-prompt sample for 3 s of short answers: the window re-sends some prompts, and says so
+    assert 0.0 <= result.measurement["repeated_prompts"] <= 1.0

@@ -37,7 +37,14 @@ from autotune.harness.server import (
     cleanup_orphans,
     free_port,
 )
-from autotune.harness.workload import PromptSample, ReplayRecords, WorkloadSpec, metrics_from_records, replay
+from autotune.harness.workload import (
+    PromptSample,
+    ReplayRecords,
+    WorkloadSpec,
+    metrics_from_records,
+    repeated_prompt_share,
+    replay,
+)
 from autotune.results import UNTRUSTED_STATUSES, Capacity, GpuPeaks, TrialResult
 
 DEFAULT_CONCURRENCY = 64  # when the server did not report its effective max running requests
@@ -103,7 +110,7 @@ def measurement_verdict(records: Any) -> tuple[str | None, str | None, dict[str,
     """(status, reason, figures) for a replay's trustworthiness: ``invalid_measurement`` when the simulated
     server lagged its model by more than ``LAG_LIMIT`` (sim only: ``sim_pace`` in /server_info), ``client_bound``
     when the replay's event-loop thread was saturated; (None, None, figures) when the window measured the server."""
-    figures: dict[str, Any] = {"client_busy": records.client_busy}
+    figures: dict[str, Any] = {"client_busy": records.client_busy, "repeated_prompts": repeated_prompt_share(records)}
     probes = [p for p in records.probes if isinstance(p, dict)]
     if len(probes) == 2:
         modelled = float(probes[1]["modelled_s"]) - float(probes[0]["modelled_s"])

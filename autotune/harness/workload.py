@@ -226,6 +226,21 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, rec: RequestReco
         rec.ended = clock() - t0
 
 
+def repeated_prompt_share(records: ReplayRecords) -> float:
+    """Share of the window's requests whose prompt this replay had already sent. The replay walks a fixed sample
+    round-robin, so a small sample under high concurrency re-sends whole prompts, and a radix cache serves them
+    from cache: hits a one-pass job of distinct prompts never gets."""
+    lo, hi = records.window
+    seen: set[int] = set()
+    repeats = sent = 0
+    for rec in records.requests:  # in the order they were sent
+        if lo <= rec.sent < hi:
+            sent += 1
+            repeats += rec.row in seen
+        seen.add(rec.row)
+    return round(repeats / sent, 4) if sent else 0.0
+
+
 def thread_busy_s() -> float:
     """Seconds the calling thread has been running *or runnable* (waiting in the run queue for a CPU): Linux's
     ``/proc/thread-self/schedstat``. The replay is one event loop on one thread; when that thread is never idle, the

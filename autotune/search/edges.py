@@ -11,7 +11,10 @@ run, each edge start is placed when the sweep needs its next trial, from
   moves the wall, and the next one is placed below it.
 
 The i-th start takes ``MULTIPLIERS[i]`` × the measured output length: the first on the estimate, the others
-bracketing it.
+bracketing it. A start that started but starved (under ``STARVED_SHARE`` of the best given config's tok/s: the KV
+pool could not hold what the cap let in, so SGLang retracted and re-prefilled instead of decoding) was past the
+wall too, where the planner's memory correction cannot see it: each one doubles the KV a request is taken to hold
+for the starts after it.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from autotune.config import StudyConfig
 from autotune.results import TrialResult
 from autotune.search.runner import prompt_texts
 from autotune.search.space import Feasibility, Space
-from autotune.search.starts import CHARS_PER_TOKEN, edge_configs
+from autotune.search.starts import CHARS_PER_TOKEN, edge_configs, shared_prefix_tokens
 
 MULTIPLIERS = (1.0, 1.2, 0.85, 1.45, 0.7, 1.7)
 DEFAULT_OUTPUT_SHARE = 0.6  # of max_tokens, until a trial has measured output lengths
+STARVED_SHARE = 0.5  # an edge start measuring under this share of the best given config's tok/s was past the wall
 
 
 def observed_output(trials: list[FrozenTrial], max_tokens: int) -> float | None:
@@ -49,6 +53,22 @@ def observed_output(trials: list[FrozenTrial], max_tokens: int) -> float | None:
     return None if best is None else min(float(max_tokens), best[1])
 
 
+def starved_starts(trials: list[FrozenTrial]) -> int:
+    """How many finished edge starts measured under ``STARVED_SHARE`` of the best baseline/enqueued tok/s."""
+    def tok_s(t: FrozenTrial) -> float | None:
+        data = t.user_attrs.get("result")
+        if t.state != TrialState.COMPLETE or not data or data.get("status") != "ok":
+            return None
+        return TrialResult.from_dict(data).output_tok_s
+
+    given = [v for t in trials if t.user_attrs.get("role") in ("baseline", "enqueued") and (v := tok_s(t))]
+    if not given:
+        return 0
+    floor = STARVED_SHARE * max(given)
+    return sum(1 for t in trials if t.user_attrs.get("role") == "prior" and (v := tok_s(t)) is not None
+               and v < floor)
+
+
 class EdgeStarts:
     """Places the study's ``edge_starts`` one at a time (role ``prior``, labels ``memory edge i``)."""
 
@@ -57,7 +77,9 @@ class EdgeStarts:
         self.n = cfg.study.edge_starts if feasibility is not None else 0
         wl = cfg.workload
         self.max_tokens = wl.max_tokens
-        self.prompt_chars = [len(text) for text in prompt_texts(wl.prompts, wl.sample_size, wl.seed)]
+        texts = prompt_texts(wl.prompts, wl.sample_size, wl.seed)
+        self.prompt_chars = [len(text) for text in texts]
+        self.shared_prefix = shared_prefix_tokens(texts)
         self.prompt_tokens = sum(self.prompt_chars) / max(1, len(self.prompt_chars)) / CHARS_PER_TOKEN
         fixed = cfg.engine.fixed
         self.given = [{**fixed, **cfg.baseline.flags}, *({**fixed, **e.flags} for e in cfg.enqueue)]
@@ -66,7 +88,8 @@ class EdgeStarts:
         seen = observed_output(trials, self.max_tokens)
         output = seen if seen is not None else DEFAULT_OUTPUT_SHARE * self.max_tokens
         mult = MULTIPLIERS[min(i, len(MULTIPLIERS) - 1)]
-        return max(1, int(self.prompt_tokens + mult * output)), seen
+        backoff = 2 ** starved_starts(trials)
+        return max(1, int(backoff * (self.prompt_tokens + mult * output))), seen
 
     def place(self, study: optuna.Study, trials: list[FrozenTrial]) -> dict[str, Any] | None:
         """Queue the next edge start when nothing else is queued; returns its config (None: nothing placed)."""
@@ -83,7 +106,8 @@ class EdgeStarts:
         tried = [dict(t.user_attrs["config"]) for t in trials if "config" in t.user_attrs]
         configs = edge_configs(self.space, self.feasibility, prompt_chars=self.prompt_chars,
                                max_tokens=self.max_tokens, n=1, seed=self.cfg.study.seed + 7 * i,
-                               exclude=[*self.given, *tried], hold=self.given[0], per_request=[tokens])
+                               exclude=[*self.given, *tried], hold=self.given[0], per_request=[tokens],
+                               shared_prefix=self.shared_prefix)
         if not configs:
             self.n = i  # nothing the planner is sure starts holds that many requests: no more edge starts
             return None

@@ -36,6 +36,26 @@ def tokens_per_request(prompt_chars: list[int], max_tokens: int, share: float) -
     return max(1, int(mean_prompt + share * max_tokens))
 
 
+def shared_prefix_tokens(texts: list[str]) -> float:
+    """Mean prompt tokens a request shares with another prompt of the sample (its longest common prefix with any
+    other; in sorted order that is one of its two neighbours). With the radix cache on, SGLang holds a shared prefix
+    once in the KV pool, however many running requests use it."""
+    ordered = sorted(texts)
+    if len(ordered) < 2:
+        return 0.0
+
+    def common(a: str, b: str) -> int:  # binary search on C-speed slice compares: prompts run to 30k characters
+        lo, hi = 0, min(len(a), len(b))
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if a[:mid] == b[:mid] else (lo, mid - 1)
+        return lo
+
+    lcp = [common(a, b) for a, b in zip(ordered, ordered[1:], strict=False)]
+    best = [max(lcp[i - 1] if i > 0 else 0, lcp[i] if i < len(lcp) else 0) for i in range(len(ordered))]
+    return sum(best) / len(best) / CHARS_PER_TOKEN
+
+
 def random_values(space: Space, rng: np.random.Generator) -> dict[str, Any]:
     """One uniform random draw of the space's active parameters (what Optuna's RandomSampler draws, without a
     study: placing an edge start samples hundreds of configs)."""
@@ -66,14 +86,16 @@ def random_values(space: Space, rng: np.random.Generator) -> dict[str, Any]:
 
 def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[int], max_tokens: int, n: int,
                  seed: int, samples: int = 300, exclude: list[Mapping[str, Any]] = (),
-                 hold: Mapping[str, Any] | None = None, per_request: list[int] | None = None) -> list[dict[str, Any]]:
+                 hold: Mapping[str, Any] | None = None, per_request: list[int] | None = None,
+                 shared_prefix: float = 0.0) -> list[dict[str, Any]]:
     """Up to ``n`` distinct configs of ``space``, each the one (among ``samples`` random ones the planner is sure
     start) with the highest running cap its KV pool holds when a request holds a given share of its output
     budget — one share per config, so the starting points bracket the wall. Flags in ``hold`` that are not
     memory levers keep their values there (the production config's), so a starting point differs from
     production only where memory is decided; configs in ``exclude`` are not proposed again. ``per_request``
     (KV tokens one running request holds, one entry per config; ``edges.EdgeStarts`` derives them from the prompt
-    sample and the output lengths trials observed) replaces the fixed output shares."""
+    sample and the output lengths trials observed) replaces the fixed output shares. A config that keeps the radix
+    cache holds ``shared_prefix`` tokens of each request once (``shared_prefix_tokens``), not per request."""
     rng = np.random.default_rng(seed)
     held = {k: v for k, v in (hold or {}).items() if k in space.names and k not in MEMORY_LEVERS}
     seen = {key_of(c) for c in exclude}
@@ -94,7 +116,13 @@ def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[i
     chosen: list[dict[str, Any]] = []
     for tokens in per_request[:n]:
         # more requests than the pool holds would be retracted by SGLang, not served
-        pick = next((c for c in candidates if c[0] * tokens <= c[1] and c[3] not in chosen), None)
+        pick = next((c for c in candidates if c[0] * _held_per_request(c[3], tokens, shared_prefix) <= c[1]
+                     and c[3] not in chosen), None)
         if pick is not None:
             chosen.append(pick[3])
     return chosen
+
+
+def _held_per_request(config: Mapping[str, Any], tokens: int, shared_prefix: float) -> float:
+    """KV tokens one running request holds in ``config``: its own, less the shared prefix the radix cache keeps once."""
+    return tokens if config.get("disable_radix_cache") else max(1.0, tokens - shared_prefix)
