@@ -24,6 +24,9 @@ def _fmt_diff(diff: dict[str, Any]) -> str:
     return " ".join(f"{k}={'unset' if v is None else v}" for k, v in diff.items())
 
 
+REPEATS_WORTH_SAYING = 0.25  # share of a window's requests that re-sent a prompt (harness measurement)
+
+
 def _fmt_result(result: TrialResult) -> str:
     if result.ok and result.metrics:
         cap = result.capacity
@@ -32,7 +35,10 @@ def _fmt_result(result: TrialResult) -> str:
         outputs = (f", outputs: {fid['prefix_match_mean']:.0f}/{fid['tokens']} tokens match, "
                    f"{fid['exact_share']:.0%} exact" if fid.get("role") == "probe"
                    and fid.get("prefix_match_mean") is not None else "")
-        return f"ok {result.metrics.output_tok_s:,.0f} tok/s{running}{outputs}"
+        repeats = (result.measurement or {}).get("repeated_prompts") or 0.0
+        resent = (f", {repeats:.0%} of the window re-sent a prompt (cache hits a one-pass job would not get: "
+                  f"grow workload.sample_size)" if repeats >= REPEATS_WORTH_SAYING else "")
+        return f"ok {result.metrics.output_tok_s:,.0f} tok/s{running}{outputs}{resent}"
     return f"{result.status}: {result.reason or ''}".rstrip(": ")
 
 

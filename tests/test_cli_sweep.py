@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import queue
@@ -233,6 +234,11 @@ def test_live_panel_and_plain_lines_show_the_same_events():
     for text in (buf.getvalue(), plain_buf.getvalue()):
         assert "not searching [x]: inert" in text and "4,321 tok/s" in text
     assert "trial 3 [3/10] search: max_mamba_cache_size=384" in plain_buf.getvalue()
+    assert "re-sent a prompt" not in plain_buf.getvalue()
+    plain_buf = io.StringIO()
+    resent = dataclasses.replace(ok, measurement={"repeated_prompts": 0.6})
+    PlainProgress(plain_buf).trial_finished(4, resent, 4321.0)
+    assert "60% of the window re-sent a prompt" in plain_buf.getvalue() and "sample_size" in plain_buf.getvalue()
 
 
 def test_no_config_means_the_example_study(tmp_path, monkeypatch):

@@ -75,6 +75,10 @@ class ShmOwnership:
         self._first_seen: dict[str, float] = {}
         self._last_scan = 0.0
 
+    def pending(self) -> bool:
+        """Whether a new file is not attributed yet (a scan of the directory only, no /proc)."""
+        return any(self.owned.get(n) != ino for n, ino in new_files(self.directory, self.before).items())
+
     def observe(self, pids: Iterable[int], *, force: bool = True) -> bool:
         """Attribute what ``pids`` (the server's group, now) hold; True when ``owned`` grew.
 
