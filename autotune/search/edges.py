@@ -79,7 +79,7 @@ class EdgeStarts:
         self.max_tokens = wl.max_tokens
         texts = prompt_texts(wl.prompts, wl.sample_size, wl.seed)
         self.prompt_chars = [len(text) for text in texts]
-        self.shared_prefix = shared_prefix_tokens(texts)
+        self.shared_prefix = shared_prefix_tokens(list(texts))
         self.prompt_tokens = sum(self.prompt_chars) / max(1, len(self.prompt_chars)) / CHARS_PER_TOKEN
         fixed = cfg.engine.fixed
         self.given = [{**fixed, **cfg.baseline.flags}, *({**fixed, **e.flags} for e in cfg.enqueue)]
