@@ -246,7 +246,9 @@ def thread_busy_s() -> float:
     ``/proc/thread-self/schedstat``. The replay is one event loop on one thread; when that thread is never idle, the
     client, not the server, sets the pace. Waiting for a CPU counts, so a client starved by other processes is
     saturated too. Other threads are not summed in: each adds its own run-queue wait, and on a loaded host the sum
-    read 6× a core while the loop itself still had idle time. Elsewhere: the thread's CPU time."""
+    read 6× a core while the loop itself still had idle time. Waiting for the GIL held by another thread is neither
+    running nor runnable, so it is not counted: the harness keeps its other threads light for that reason (the
+    /dev/shm sampler reads /proc only when a file awaits attribution). Elsewhere: the thread's CPU time."""
     try:
         with open("/proc/thread-self/schedstat", encoding="ascii") as fh:
             run_ns, wait_ns = fh.read().split()[:2]
