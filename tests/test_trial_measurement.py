@@ -122,10 +122,12 @@ def test_a_saturated_client_is_client_bound_never_a_tok_s(env):
         if name == "measuring" and not burnt:
             burnt.append(True)
             t0 = time.perf_counter()
-            while time.perf_counter() - t0 < 2.5:
-                # One C call at a time, holding the GIL throughout (~10 ms each): the harness's own threads cannot
-                # take the GIL mid-burn, so the loop's thread stays running or runnable, as a saturated one is.
-                sum(range(300_000))
+            sum(range(1_000_000))
+            per_item = max((time.perf_counter() - t0) / 1_000_000, 1e-9)
+            while (left := 2.5 - (time.perf_counter() - t0)) > 0:
+                # One C call for (about) all that is left, holding the GIL throughout: the harness's own threads
+                # cannot take it mid-burn, so the loop's thread stays running or runnable, as a saturated one is.
+                sum(range(int(left / per_item) + 1000))
 
     burnt: list[bool] = []
 
