@@ -111,7 +111,7 @@ def test_a_starved_edge_start_doubles_the_kv_the_next_ones_assume():
     assert starved_starts([_ok("prior", 3.0)]) == 0  # nothing to compare with: no verdict
     base, _ = edges.per_request(healthy, 1)
     backed_off, _ = edges.per_request(starved, 1)
-    assert backed_off == 2 * base or abs(backed_off - 2 * base) <= 1
+    assert abs(backed_off - 2 * base) <= 1  # doubled, to int rounding
 
 
 def test_the_radix_cache_holds_a_shared_prefix_once():

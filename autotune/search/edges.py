@@ -42,10 +42,8 @@ def observed_output(trials: list[FrozenTrial], max_tokens: int) -> float | None:
     closest to steady state inflates it least."""
     best: tuple[float, float] | None = None  # (turnover, tokens per completion)
     for t in trials:
-        data = t.user_attrs.get("result")
-        if t.state != TrialState.COMPLETE or not data or data.get("status") != "ok":
-            continue
-        m = TrialResult.from_dict(data).metrics
+        result = _ok_result(t)
+        m = result.metrics if result is not None else None
         if m is not None and m.completed and m.output_tokens:
             turnover = m.completed / max(1, m.concurrency or 1)
             if best is None or turnover > best[0]:
@@ -53,13 +51,19 @@ def observed_output(trials: list[FrozenTrial], max_tokens: int) -> float | None:
     return None if best is None else min(float(max_tokens), best[1])
 
 
+def _ok_result(t: FrozenTrial) -> TrialResult | None:
+    """The result of a finished trial that measured ok; None otherwise."""
+    data = t.user_attrs.get("result")
+    if t.state != TrialState.COMPLETE or not data or data.get("status") != "ok":
+        return None
+    return TrialResult.from_dict(data)
+
+
 def starved_starts(trials: list[FrozenTrial]) -> int:
     """How many finished edge starts measured under ``STARVED_SHARE`` of the best baseline/enqueued tok/s."""
     def tok_s(t: FrozenTrial) -> float | None:
-        data = t.user_attrs.get("result")
-        if t.state != TrialState.COMPLETE or not data or data.get("status") != "ok":
-            return None
-        return TrialResult.from_dict(data).output_tok_s
+        result = _ok_result(t)
+        return result.output_tok_s if result is not None else None
 
     given = [v for t in trials if t.user_attrs.get("role") in ("baseline", "enqueued") and (v := tok_s(t))]
     if not given:
@@ -79,7 +83,7 @@ class EdgeStarts:
         self.max_tokens = wl.max_tokens
         texts = prompt_texts(wl.prompts, wl.sample_size, wl.seed)
         self.prompt_chars = [len(text) for text in texts]
-        self.shared_prefix = shared_prefix_tokens(list(texts))
+        self.shared_prefix = shared_prefix_tokens(list(texts)) if self.n else 0.0  # start-up work only if used
         self.prompt_tokens = sum(self.prompt_chars) / max(1, len(self.prompt_chars)) / CHARS_PER_TOKEN
         fixed = cfg.engine.fixed
         self.given = [{**fixed, **cfg.baseline.flags}, *({**fixed, **e.flags} for e in cfg.enqueue)]
