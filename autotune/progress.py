@@ -36,8 +36,9 @@ def _fmt_result(result: TrialResult) -> str:
                    f"{fid['exact_share']:.0%} exact" if fid.get("role") == "probe"
                    and fid.get("prefix_match_mean") is not None else "")
         repeats = (result.measurement or {}).get("repeated_prompts") or 0.0
-        resent = (f", {repeats:.0%} of the window re-sent a prompt (cache hits a one-pass job would not get: "
-                  f"grow workload.sample_size)" if repeats >= REPEATS_WORTH_SAYING else "")
+        resent = (f", {repeats:.0%} of the window re-sent a prompt verbatim (cache hits a one-pass job would not "
+                  f"get: set workload.repeats = \"fresh\" or grow workload.sample_size)"
+                  if repeats >= REPEATS_WORTH_SAYING else "")
         return f"ok {result.metrics.output_tok_s:,.0f} tok/s{running}{outputs}{resent}"
     return f"{result.status}: {result.reason or ''}".rstrip(": ")
 

@@ -15,6 +15,22 @@ from typing import Any
 
 from autotune.errors import WorkloadError
 
+REPEATS = ("fresh", "verbatim")  # how a replay re-sends a prompt it already sent (``workload.repeats``)
+
+
+def pass_marker(pass_no: int) -> str:
+    """What a ``fresh`` replay puts in front of a prompt on its ``pass_no``-th walk through the sample (none on the
+    first). An offline job sends each prompt once; a replay that walks a 200-prompt sample several times in one
+    window would otherwise let the radix cache serve whole prompts it cached on the previous walk, hits the job
+    never gets. The marker leads the prompt, so nothing cached on another pass matches beyond it, while prompts of
+    the same pass still share their common prefix (a system prompt) exactly as the job's do."""
+    return f"[pass {pass_no}]\n" if pass_no else ""
+
+
+def on_pass(text: str, pass_no: int) -> str:
+    """``text`` as a ``fresh`` replay sends it on walk ``pass_no`` (the simulator's evaluator and the replay agree)."""
+    return pass_marker(pass_no) + text
+
 
 @dataclass(frozen=True)
 class PromptRow:
@@ -23,17 +39,24 @@ class PromptRow:
     messages: tuple[dict[str, Any], ...] | None = None
     max_tokens: int | None = None
 
-    def as_text(self) -> str:
-        """The prompt for a text endpoint; chat rows rendered with Qwen's ChatML template."""
+    def as_text(self, pass_no: int = 0) -> str:
+        """The prompt for a text endpoint; chat rows rendered with Qwen's ChatML template. ``pass_no``: see
+        ``pass_marker``."""
         if self.prompt is not None:
-            return self.prompt
+            return on_pass(self.prompt, pass_no)
         turns = "".join(f"<|im_start|>{m.get('role', 'user')}\n{m.get('content', '')}<|im_end|>\n" for m in self.messages or ())
-        return turns + "<|im_start|>assistant\n"
+        return on_pass(turns + "<|im_start|>assistant\n", pass_no)
 
-    def as_messages(self) -> list[dict[str, Any]]:
-        if self.messages is not None:
-            return [dict(m) for m in self.messages]
-        return [{"role": "user", "content": self.prompt or ""}]
+    def as_messages(self, pass_no: int = 0) -> list[dict[str, Any]]:
+        """The prompt for a chat endpoint; the ``pass_marker`` leads the first message's content (the server's
+        chat template puts only a role header before it)."""
+        messages = [dict(m) for m in self.messages] if self.messages is not None else [
+            {"role": "user", "content": self.prompt or ""}]
+        if pass_no:
+            content = messages[0].get("content", "")
+            messages[0]["content"] = ([{"type": "text", "text": pass_marker(pass_no)}, *content]
+                                      if isinstance(content, list) else on_pass(str(content), pass_no))
+        return messages
 
 
 def _parse_row(path: Path, line_no: int, text: str) -> PromptRow:

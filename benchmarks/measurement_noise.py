@@ -60,8 +60,7 @@ def harness_runs(config: dict[str, Any], *, cfg: Any, repeats: int, windows: lis
     others still count; fewer than two good launches is an error."""
     failures = [] if failures is None else failures
     wl = cfg.workload
-    spec = WorkloadSpec(prompts=wl.prompts, sample_size=wl.sample_size, seed=wl.seed, max_tokens=wl.max_tokens,
-                        concurrency=wl.concurrency, warmup_s=wl.warmup_s, measure_s=max(windows))
+    spec = WorkloadSpec(**{**wl.model_dump(), "measure_s": max(windows)})
     sample = PromptSample.load(wl.prompts, wl.sample_size, wl.seed)
     out = []
     for k in range(repeats):

@@ -238,7 +238,7 @@ def test_live_panel_and_plain_lines_show_the_same_events():
     plain_buf = io.StringIO()
     resent = dataclasses.replace(ok, measurement={"repeated_prompts": 0.6})
     PlainProgress(plain_buf).trial_finished(4, resent, 4321.0)
-    assert "60% of the window re-sent a prompt" in plain_buf.getvalue() and "sample_size" in plain_buf.getvalue()
+    assert "60% of the window re-sent a prompt verbatim" in plain_buf.getvalue() and "repeats" in plain_buf.getvalue()
 
 
 def test_no_config_means_the_example_study(tmp_path, monkeypatch):

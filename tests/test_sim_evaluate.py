@@ -149,3 +149,22 @@ def test_package_exports_evaluate_lazily() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
                          cwd=Path(__file__).parents[1])
     assert out.stdout.split() == ["evaluate", "SimWorkload"]
+
+
+def test_fresh_repeats_keep_only_the_prefix_a_pass_shares() -> None:
+    """A small sample walked many times: ``verbatim`` lets the radix cache serve whole prompts from the previous
+    walk; ``fresh`` (the default) serves only the prefix prompts of one walk share, as a one-pass job would see."""
+    shared = "system prompt " * 300  # ≈ 1,050 tokens every prompt starts with
+    prompts = [shared + f"question {i}: " + f"{i} details " * 300 for i in range(12)]
+    runs = {mode: evaluate(BASELINE, SimWorkload(prompts=prompts, max_tokens=32, concurrency=8, warmup_s=5,
+                                                 measure_s=20, repeats=mode)) for mode in ("fresh", "verbatim")}
+    fresh, verbatim = runs["fresh"], runs["verbatim"]
+    assert fresh.status == verbatim.status == "ok" and fresh.metrics.completed > 5 * len(prompts)  # many walks
+    assert verbatim.prefix_hit_share > 0.9  # whole prompts from the previous walk
+    assert 0.35 < fresh.prefix_hit_share < 0.56  # the shared system prompt only: ≈ 1,050 of ≈ 1,900 tokens
+    assert verbatim.output_tok_s > 1.3 * fresh.output_tok_s  # what the repeated walks were worth
+    alone = evaluate(BASELINE, SimWorkload(prompts=[p[len(shared):] for p in prompts], max_tokens=32,
+                                           concurrency=8, warmup_s=5, measure_s=20))
+    assert alone.prefix_hit_share < 0.01  # no shared prefix, no walk repeated: nothing to serve
+    with pytest.raises(WorkloadError, match="repeats"):
+        SimWorkload(prompts=["a"], repeats="twice")

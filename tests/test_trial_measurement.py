@@ -42,6 +42,8 @@ def test_repeated_prompts_counts_window_requests_whose_prompt_was_already_sent()
     assert repeated_prompt_share(rec) == pytest.approx(2 / 3, abs=1e-4)  # rows 1 and 2 again, row 3 new; row 4 after
     assert repeated_prompt_share(ReplayRecords([], (1.0, 3.0), 8, "generate")) == 0.0
     assert measurement_verdict(rec)[2]["repeated_prompts"] == pytest.approx(2 / 3, abs=1e-4)
+    walks = [RequestRecord(row=r, sent=t, pass_no=int(t >= 1.3)) for r, t in sends]  # row 2 again on a new walk
+    assert repeated_prompt_share(ReplayRecords(walks, (1.0, 3.0), 8, "generate")) == pytest.approx(1 / 3, abs=1e-4)
 
 
 def test_untrusted_statuses_are_statuses_and_round_trip():

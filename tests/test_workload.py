@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from autotune.errors import WorkloadError
+from autotune.prompts import PromptRow
 from autotune.harness.workload import (
     CUT,
     PromptSample,
@@ -24,6 +25,7 @@ from autotune.harness.workload import (
     RequestRecord,
     WorkloadSpec,
     metrics_from_records,
+    repeated_prompt_share,
     replay,
 )
 
@@ -65,6 +67,8 @@ def test_missing_file_and_bad_spec(tmp_path):
         PromptSample.load(tmp_path / "none.jsonl", 5)
     with pytest.raises(WorkloadError, match="endpoint"):
         WorkloadSpec(prompts=tmp_path, endpoint="grpc")
+    with pytest.raises(WorkloadError, match="repeats"):
+        WorkloadSpec(prompts=tmp_path, repeats="twice")
 
 
 def test_shipped_example_sample_is_valid_and_mixed():
@@ -197,6 +201,55 @@ def test_replay_openai_endpoints_use_usage_counts(tmp_path, sse_server, endpoint
     body = fake.requests[0]
     assert body["ignore_eos"] is True and body["stream_options"]["continuous_usage_stats"] is True
     assert ("messages" in body) == (endpoint == "chat")
+
+
+def test_pass_marker_leads_the_prompt_on_later_walks():
+    text_row, chat_row = PromptRow(1, prompt="alpha"), PromptRow(2, messages=({"role": "system", "content": "be brief"},
+                                                                             {"role": "user", "content": "beta"}))
+    assert text_row.as_text(0) == "alpha" and text_row.as_text(2) == "[pass 2]\nalpha"
+    assert chat_row.as_text(1).startswith("[pass 1]\n<|im_start|>system\nbe brief")
+    assert chat_row.as_messages(0)[0]["content"] == "be brief"
+    assert chat_row.as_messages(3)[0]["content"] == "[pass 3]\nbe brief" and chat_row.as_messages(3)[1]["content"] == "beta"
+    assert chat_row.messages[0]["content"] == "be brief"  # the row itself is untouched
+    parts = PromptRow(3, messages=({"role": "user", "content": [{"type": "text", "text": "gamma"}]},))
+    assert parts.as_messages(1)[0]["content"] == [{"type": "text", "text": "[pass 1]\n"}, {"type": "text", "text": "gamma"}]
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "completions", "chat"])
+def test_fresh_replay_marks_each_walk_and_verbatim_resends(tmp_path, sse_server, endpoint):
+    """The sample comes round many times in the window; a fresh replay sends each later walk's prompts with that
+    walk's marker (nothing cached on an earlier walk matches past it), a verbatim one re-sends the text."""
+    fake, url = sse_server
+    sample = _sample(tmp_path, [{"prompt": "alpha"}, {"messages": [{"role": "system", "content": "be brief"},
+                                                                    {"role": "user", "content": "beta"}]}])
+    rows = {row.line: row for row in sample.rows}
+    key = {"generate": "text", "completions": "prompt"}.get(endpoint)
+
+    def body_prompt(prompt: object) -> str:
+        return prompt if isinstance(prompt, str) else json.dumps(prompt)
+
+    def replayed(mode: str) -> tuple[list[str], list[str], ReplayRecords]:
+        """What went out, what the records say should have, and the records."""
+        fake.requests.clear()
+        records = asyncio.run(replay(url, sample, concurrency=2, max_tokens=3, warmup_s=0.2, measure_s=0.6,
+                                     endpoint=endpoint, repeats=mode))
+        time.sleep(0.3)  # a body the client sent just before closing may still be read by the server
+        sent = [body_prompt(b[key] if key else b["messages"]) for b in fake.requests]
+        expected = [body_prompt(rows[r.row].as_text(r.pass_no) if key else rows[r.row].as_messages(r.pass_no))
+                    for r in records.requests]
+        return sent, expected, records
+
+    sent, expected, records = replayed("fresh")
+    assert len(sent) >= 6 and max(r.pass_no for r in records.requests) >= 2  # three walks at least
+    assert len(set(sent)) == len(sent)  # no prompt text went out twice
+    assert set(sent) <= set(expected) and len(expected) - len(sent) <= 2  # a request cut at the end never left
+    assert [r.pass_no for r in records.requests][:4] == [0, 0, 1, 1]
+    assert repeated_prompt_share(records) == 0.0
+    sent, expected, records = replayed("verbatim")
+    assert len(set(sent)) == 2 and set(sent) == set(expected) and {r.pass_no for r in records.requests} == {0}
+    assert repeated_prompt_share(records) > 0.5
+    with pytest.raises(WorkloadError, match="repeats"):
+        asyncio.run(replay(url, sample, concurrency=1, max_tokens=3, warmup_s=0, measure_s=0.1, repeats="twice"))
 
 
 def test_failed_requests_are_counted_not_dropped(tmp_path, sse_server):

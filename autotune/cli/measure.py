@@ -90,6 +90,8 @@ def _sim_options(items: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--max-tokens", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--endpoint", default="generate", show_default=True, type=click.Choice(["generate", "completions", "chat"]))
 @click.option("--ignore-eos", is_flag=True, help="Force every request to max tokens.")
+@click.option("--repeats", type=click.Choice(["fresh", "verbatim"]), default="fresh", show_default=True,
+              help="A prompt sent again when the sample comes round: marked per pass (fresh) or the same text.")
 @click.option("--python", "python", help="Interpreter with sglang installed (sglang engine).")
 @click.option("--device", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]), help="sglang engine device.")
 @click.option("--sim-opt", "sim_opts", multiple=True, metavar="KEY=VALUE", help="Simulator option, e.g. startup_s=0.3.")
@@ -97,7 +99,7 @@ def _sim_options(items: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Trial directory [runs/measure-<time>].")
 @click.option("--json", "as_json", is_flag=True, help="Print the TrialResult as JSON.")
 def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, sample, seed, warmup, window, concurrency,
-            max_tokens, endpoint, ignore_eos, python, device, sim_opts, startup_timeout, out, as_json) -> None:
+            max_tokens, endpoint, ignore_eos, repeats, python, device, sim_opts, startup_timeout, out, as_json) -> None:
     """Run one trial: start a server with the given flags, replay the sample, stop it, print the result.
 
     Exit status: 0 when the trial is ok, 3 when it failed (OOM, crash, timeout), 1 for bad input.
@@ -110,7 +112,7 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
     engine.preflight()
     spec = WorkloadSpec(prompts=resolve_prompts(prompts), sample_size=sample, seed=seed, max_tokens=max_tokens,
                         concurrency=concurrency, warmup_s=warmup, measure_s=window, endpoint=endpoint,
-                        ignore_eos=ignore_eos)
+                        ignore_eos=ignore_eos, repeats=repeats)
     loaded = PromptSample.load(spec.prompts, spec.sample_size, spec.seed)
     trial_dir = out or Path("runs") / time.strftime("measure-%Y%m%d-%H%M%S")
     stop = threading.Event()

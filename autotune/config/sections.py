@@ -126,6 +126,10 @@ class WorkloadSection(StrictModel):
     measure_s: float = Field(30, gt=0)
     endpoint: Literal["generate", "completions", "chat"] = "generate"
     ignore_eos: bool = False
+    # A prompt the replay sends again once its walk through the sample comes round: "fresh" marks each walk at the
+    # prompt's front so no cache serves it from an earlier walk (a one-pass job of distinct prompts); "verbatim"
+    # re-sends the text (a job that really sends a prompt several times).
+    repeats: Literal["fresh", "verbatim"] = "fresh"
 
 
 class SecondObjective(StrictModel):

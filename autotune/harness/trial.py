@@ -317,7 +317,7 @@ def _replay_window(server: ServerProcess, launch: _Launch, concurrency: int) -> 
             replay(
                 server.base_url, launch.sample, concurrency=concurrency, max_tokens=workload.max_tokens,
                 warmup_s=workload.warmup_s, measure_s=workload.measure_s, endpoint=workload.endpoint,
-                ignore_eos=workload.ignore_eos, on_progress=_progress_relay(launch.phase),
+                ignore_eos=workload.ignore_eos, repeats=workload.repeats, on_progress=_progress_relay(launch.phase),
                 should_stop=functools.partial(_should_stop, server, launch.stop_event),
                 request_timeout_s=launch.timeouts.request_s, window_probe=functools.partial(_sim_pace, server.base_url),
             )

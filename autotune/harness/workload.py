@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 
 from autotune.errors import WorkloadError
-from autotune.prompts import PromptRow, PromptSample
+from autotune.prompts import REPEATS, PromptRow, PromptSample
 from autotune.results import Metrics, Percentiles
 
 ENDPOINTS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -41,10 +41,13 @@ class WorkloadSpec:
     measure_s: float = 30.0
     endpoint: str = "generate"
     ignore_eos: bool = False
+    repeats: str = "fresh"  # a prompt sent again in the window: "fresh" (pass-marked) or "verbatim"
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
             raise WorkloadError(f"unknown endpoint {self.endpoint!r}", key="endpoint", fix=f"use one of {sorted(ENDPOINTS)}")
+        if self.repeats not in REPEATS:
+            raise WorkloadError(f"unknown repeats {self.repeats!r}", key="repeats", fix=f"use one of {list(REPEATS)}")
         for name in ("sample_size", "max_tokens"):
             if getattr(self, name) < 1:
                 raise WorkloadError(f"{name} must be at least 1", key=name)
@@ -60,6 +63,7 @@ class RequestRecord:
 
     row: int
     sent: float
+    pass_no: int = 0  # the walk through the sample that sent it; a ``fresh`` replay marks the prompt with it
     chunks: list[tuple[float, int]] = field(default_factory=list)  # (arrival, new tokens)
     finish_reason: str | None = None
     error: str | None = None
@@ -99,19 +103,19 @@ class ReplayRecords:
         return [RequestRecord(**{**r, "chunks": [tuple(c) for c in r["chunks"]]}) for r in rows]
 
 
-def _request(endpoint: str, row: PromptRow, *, max_tokens: int, ignore_eos: bool) -> dict[str, Any]:
+def _request(endpoint: str, row: PromptRow, *, max_tokens: int, ignore_eos: bool, pass_no: int = 0) -> dict[str, Any]:
     n = min(row.max_tokens or max_tokens, max_tokens)
     if endpoint == "generate":
         params = {"max_new_tokens": n, "ignore_eos": ignore_eos, "temperature": 0}
-        return {"text": row.as_text(), "sampling_params": params, "stream": True}
+        return {"text": row.as_text(pass_no), "sampling_params": params, "stream": True}
     body: dict[str, Any] = {
         "model": "default", "max_tokens": n, "ignore_eos": ignore_eos, "temperature": 0, "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     if endpoint == "chat":
-        body["messages"] = row.as_messages()
+        body["messages"] = row.as_messages(pass_no)
     else:
-        body["prompt"] = row.as_text()
+        body["prompt"] = row.as_text(pass_no)
     return body
 
 
@@ -227,17 +231,19 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict, rec: RequestReco
 
 
 def repeated_prompt_share(records: ReplayRecords) -> float:
-    """Share of the window's requests whose prompt this replay had already sent. The replay walks a fixed sample
-    round-robin, so a small sample under high concurrency re-sends whole prompts, and a radix cache serves them
-    from cache: hits a one-pass job of distinct prompts never gets."""
+    """Share of the window's requests whose exact prompt this replay had already sent. The replay walks a fixed
+    sample round-robin, so a small sample under high concurrency comes round again; with ``repeats = "verbatim"``
+    the same text goes out again and a radix cache serves it whole, hits a one-pass job of distinct prompts never
+    gets. A ``fresh`` replay marks each pass, so its share is 0."""
     lo, hi = records.window
-    seen: set[int] = set()
+    seen: set[tuple[int, int]] = set()
     repeats = sent = 0
     for rec in records.requests:  # in the order they were sent
+        key = (rec.row, rec.pass_no)
         if lo <= rec.sent < hi:
             sent += 1
-            repeats += rec.row in seen
-        seen.add(rec.row)
+            repeats += key in seen
+        seen.add(key)
     return round(repeats / sent, 4) if sent else 0.0
 
 
@@ -267,6 +273,7 @@ async def replay(
     measure_s: float,
     endpoint: str = "generate",
     ignore_eos: bool = False,
+    repeats: str = "fresh",
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     should_stop: Callable[[], str | None] | None = None,
     request_timeout_s: float = 600.0,
@@ -277,14 +284,17 @@ async def replay(
 
     Closing the streams (not letting them finish) is deliberate: SGLang aborts a request whose client went
     away, so the server is idle when the harness stops it. ``should_stop`` returning a reason ends it early.
+    ``repeats``: how a prompt goes out again once the walk through the sample comes round (``prompts.pass_marker``).
     At the window's start and end the client notes how busy its event-loop thread was (``client_busy``) and awaits
     ``window_probe`` (e.g. the simulated server's pacing counters) into ``probes``.
     """
     if endpoint not in ENDPOINTS:
         raise WorkloadError(f"unknown endpoint {endpoint!r}", key="endpoint", fix=f"use one of {sorted(ENDPOINTS)}")
+    if repeats not in REPEATS:
+        raise WorkloadError(f"unknown repeats {repeats!r}", key="repeats", fix=f"use one of {list(REPEATS)}")
     session = _Session(
         url=base_url.rstrip("/") + ENDPOINTS[endpoint], sample=sample, endpoint=endpoint, max_tokens=max_tokens,
-        ignore_eos=ignore_eos, window_probe=window_probe, t0=time.perf_counter(),
+        ignore_eos=ignore_eos, fresh=repeats == "fresh", window_probe=window_probe, t0=time.perf_counter(),
         records=ReplayRecords([], (warmup_s, warmup_s + measure_s), concurrency, endpoint),
     )
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -309,6 +319,7 @@ class _Session:
     endpoint: str
     max_tokens: int
     ignore_eos: bool
+    fresh: bool
     window_probe: Callable[[], Awaitable[Any]] | None
     t0: float
     records: ReplayRecords
@@ -320,11 +331,12 @@ class _Session:
     async def worker(self, client: httpx.AsyncClient) -> None:
         """One in-flight stream after another, round-robin over the sample, until the window ends."""
         while self.elapsed() < self.records.window[1]:
-            row = self.sample.rows[self.next_row % len(self.sample.rows)]
+            walk, index = divmod(self.next_row, len(self.sample.rows))
+            row, pass_no = self.sample.rows[index], walk if self.fresh else 0
             self.next_row += 1
-            rec = RequestRecord(row=row.line, sent=self.elapsed())
+            rec = RequestRecord(row=row.line, sent=self.elapsed(), pass_no=pass_no)
             self.records.requests.append(rec)
-            body = _request(self.endpoint, row, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos)
+            body = _request(self.endpoint, row, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos, pass_no=pass_no)
             await _one(client, self.url, body, rec, self.endpoint, self.t0)
             if rec.error is not None:
                 await asyncio.sleep(0.05)  # a refusing server must not turn this loop into a busy spin

@@ -56,9 +56,7 @@ class HarnessRunner:
     def __init__(self, cfg: StudyConfig, *, stop_event: threading.Event, on_phase: Callable[..., None] | None = None):
         eng, wl = cfg.engine, cfg.workload
         self.engine = study_engine(cfg)
-        self.workload = WorkloadSpec(prompts=wl.prompts, sample_size=wl.sample_size, seed=wl.seed,
-                                     max_tokens=wl.max_tokens, concurrency=wl.concurrency, warmup_s=wl.warmup_s,
-                                     measure_s=wl.measure_s, endpoint=wl.endpoint, ignore_eos=wl.ignore_eos)
+        self.workload = WorkloadSpec(**wl.model_dump())  # the section's fields are the spec's
         self.timeouts = Timeouts(**eng.timeouts)
         self.sample = PromptSample.load(wl.prompts, wl.sample_size, wl.seed)  # once: every trial replays the same
         self.cfg, self.stop_event, self.on_phase = cfg, stop_event, on_phase

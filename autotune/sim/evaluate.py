@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from autotune.errors import ConfigError, WorkloadError
+from autotune.prompts import REPEATS, on_pass
 from autotune.results import Capacity, Metrics, Percentiles
 from autotune.sim.requests import SimRequest, check_request_params, make_request
 from autotune.sim.scheduler import Emission, Scheduler, StepResult
@@ -35,8 +36,11 @@ class SimWorkload:
     warmup_s: float = 60.0
     measure_s: float = 300.0
     ignore_eos: bool = False
+    repeats: str = "fresh"  # the harness's ``workload.repeats``: each walk through the sample pass-marked, or not
 
     def __post_init__(self) -> None:
+        if self.repeats not in REPEATS:
+            raise WorkloadError(f"unknown repeats {self.repeats!r}", key="repeats", fix=f"use one of {list(REPEATS)}")
         if not self.prompts:
             raise WorkloadError("the prompt sample is empty", key="prompts", fix="give at least one prompt")
         if self.max_tokens < 1:
@@ -62,6 +66,7 @@ class SimEvaluation:
     kv_tokens: int | None = None
     mamba_slots: int | None = None
     retractions: int = 0
+    prefix_hit_share: float = 0.0  # prompt tokens the radix cache served, of all prompt tokens admitted (whole run)
     sim_s: float = 0.0  # simulated seconds
     cpu_s: float = 0.0  # CPU seconds this evaluation took
 
@@ -141,12 +146,14 @@ def evaluate(
                        output_dist=output_dist, concurrency=workload.concurrency or 2 * sched.limits.max_running_requests)
     status, reason = loop.run()
     metrics = loop.metrics() if status == "ok" else None
+    hits, computed = sched.stats.cached_tokens_total, sched.stats.input_tokens_total
     return SimEvaluation(status=status, reason=reason, metrics=metrics, retractions=sched.stats.retractions,
-                         sim_s=loop.t, cpu_s=time.process_time() - cpu0, **common)
+                         prefix_hit_share=round(hits / (hits + computed), 4) if hits + computed else 0.0, sim_s=loop.t, cpu_s=time.process_time() - cpu0, **common)
 
 
 class _ClosedLoop:
-    """Keeps ``concurrency`` requests in flight, cycling through the prompts in order, and records the window."""
+    """Keeps ``concurrency`` requests in flight, cycling through the prompts in order (each walk pass-marked when
+    ``repeats`` is "fresh", as the harness's replay does), and records the window."""
 
     def __init__(self, sched: Scheduler, workload: SimWorkload, *, seed: int, acceptance: float, output_mean: float,
                  output_dist: str, concurrency: int):
@@ -156,7 +163,7 @@ class _ClosedLoop:
         self.t = 0.0
         self.lo, self.hi = workload.warmup_s, workload.warmup_s + workload.measure_s
         self.sent = 0
-        self.drawn: dict[int, SimRequest] = {}
+        self.drawn: dict[tuple[int, int], SimRequest] = {}  # by (prompt, pass marker)
         self.arrival: dict[str, float] = {}
         self.tokens = self.completed = self.errors = 0
         self.accept_num = self.accept_den = 0.0  # Σ per-request accept length × tokens, Σ tokens
@@ -166,11 +173,13 @@ class _ClosedLoop:
         self.news: list[np.ndarray] = []  # ... and the tokens each request got
 
     def _send(self) -> None:
-        index = self.sent % len(self.w.prompts)
+        walk, index = divmod(self.sent, len(self.w.prompts))
+        key = (index, walk if self.w.repeats == "fresh" else 0)
         rid = str(self.sent)
-        template = self.drawn.get(index)
+        template = self.drawn.get(key)
         if template is None:  # a prompt's draws depend only on its text and the seed: derive them once
-            template = self.drawn[index] = make_request(rid, self.w.prompts[index], self.w.max_tokens, **self.req_args)
+            text = on_pass(self.w.prompts[index], key[1])
+            template = self.drawn[key] = make_request(rid, text, self.w.max_tokens, **self.req_args)
         self.sched.add(replace(template, rid=rid))
         self.arrival[rid] = self.t
         self.sent += 1

@@ -102,7 +102,8 @@ class SimEngine(logparse.LogReading):
 def sim_workload(workload: WorkloadSpec | WorkloadSection, prompts: Sequence[str]) -> SimWorkload:
     """A study's workload (the ``[workload]`` section or the harness's spec) as the simulator's, over ``prompts``."""
     return SimWorkload(prompts=list(prompts), max_tokens=workload.max_tokens, concurrency=workload.concurrency,
-                       warmup_s=workload.warmup_s, measure_s=workload.measure_s, ignore_eos=workload.ignore_eos)
+                       warmup_s=workload.warmup_s, measure_s=workload.measure_s, ignore_eos=workload.ignore_eos,
+                       repeats=workload.repeats)
 
 
 class SimGpuReader:
