@@ -25,6 +25,7 @@ def _fmt_diff(diff: dict[str, Any]) -> str:
 
 
 REPEATS_WORTH_SAYING = 0.25  # share of a window's requests that re-sent a prompt (harness measurement)
+DRIFT_WORTH_SAYING = 0.25  # the window's halves' tokens this far apart (``workload.window_drift``): not steady yet
 
 
 def _fmt_result(result: TrialResult) -> str:
@@ -39,7 +40,10 @@ def _fmt_result(result: TrialResult) -> str:
         resent = (f", {repeats:.0%} of the window re-sent a prompt verbatim (cache hits a one-pass job would not "
                   f"get: set workload.repeats = \"fresh\" or grow workload.sample_size)"
                   if repeats >= REPEATS_WORTH_SAYING else "")
-        return f"ok {result.metrics.output_tok_s:,.0f} tok/s{running}{outputs}{resent}"
+        drift = (result.measurement or {}).get("window_drift") or 0.0
+        unsettled = (f", the window's halves differ by {drift:.0%} (the load had not settled: lengthen "
+                     f"workload.warmup_s and measure_s)" if drift >= DRIFT_WORTH_SAYING else "")
+        return f"ok {result.metrics.output_tok_s:,.0f} tok/s{running}{outputs}{resent}{unsettled}"
     return f"{result.status}: {result.reason or ''}".rstrip(": ")
 
 

@@ -189,3 +189,10 @@ def fidelity_summary(fidelity: dict[str, Any] | None) -> str:
     if delta is not None:
         parts.append(f"|Δlp| {delta:.3f}")
     return " · ".join(parts) or "probed"
+
+
+def halves_drift(first: float, second: float) -> float:
+    """How far a window's two halves' token counts differ, over their mean: 0 when steady, 2 when every token
+    arrived in one half."""
+    mean = (first + second) / 2
+    return round(abs(second - first) / mean, 4) if mean > 0 else 0.0

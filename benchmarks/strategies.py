@@ -180,6 +180,7 @@ class Launches(list):
     """A strategy's launches, plus what its whole pipeline names (after confirmation, where it has one)."""
 
     named: float | None = None  # true tok/s of the config the pipeline names (None: its best observed launch)
+    named_config: dict[str, Any] | None = None
     confirm_launches: int = 0
     confirm_cost_s: float = 0.0
     confirm_note: str = ""
@@ -256,9 +257,10 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
             if named is None:
                 named = conf.get("baseline_trial")
             if named is not None and named in launches:
-                out.named = launches[named].true
+                out.named, out.named_config = launches[named].true, launches[named].config
             elif named is not None and named in by_number:
-                out.named = oracle.outcome(by_number[named].user_attrs["result"]["config"]).tok_s
+                out.named_config = by_number[named].user_attrs["result"]["config"]
+                out.named = oracle.outcome(out.named_config).tok_s
             out.confirm_launches = len(confirm_runs)
             out.confirm_cost_s = sum(x.cost_s for x in confirm_runs)
             out.confirm_note = str(conf.get("note") or "")

@@ -133,6 +133,9 @@ def test_run_case_writes_table_and_figure(case, tmp_path):
     for name in [*st.STRATEGIES, *st.PROPOSALS]:
         assert f"| {name} |" in text
     assert "## tiny" in text and "% of the optimum" in text and "Hidden truth" in text
+    assert set(se.ABLATIONS) < set(st.STRATEGIES)  # every ablation is a row; the rest are the rival strategies
+    assert "ahead of every other strategy" in text and "ours minus each ablation" in text
+    assert "Steady state (300 s warm-up" in text and len(result["steady"]["ours_pct"]) == 2  # one pick per seed
     se.figure([result], [4, 6], tmp_path / "fig.html")
     html = (tmp_path / "fig.html").read_text()
     assert "ours" in html and "modelled GPU-hours" in html

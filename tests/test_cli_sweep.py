@@ -239,6 +239,10 @@ def test_live_panel_and_plain_lines_show_the_same_events():
     resent = dataclasses.replace(ok, measurement={"repeated_prompts": 0.6})
     PlainProgress(plain_buf).trial_finished(4, resent, 4321.0)
     assert "60% of the window re-sent a prompt verbatim" in plain_buf.getvalue() and "repeats" in plain_buf.getvalue()
+    assert "halves differ" not in plain_buf.getvalue()
+    plain_buf = io.StringIO()
+    PlainProgress(plain_buf).trial_finished(5, dataclasses.replace(ok, measurement={"window_drift": 1.6}), 4321.0)
+    assert "halves differ by 160%" in plain_buf.getvalue() and "warmup_s" in plain_buf.getvalue()
 
 
 def test_no_config_means_the_example_study(tmp_path, monkeypatch):

@@ -25,7 +25,7 @@ LAYERS: dict[str, int] = {
     "cli": 6,
 }
 # The simulator is its own program: SGLang's model and the bottom layer only.
-SIM_MAY_IMPORT = {"sim", "sglang", "errors", "results", "progress", "redaction", "tomlwrite"}
+SIM_MAY_IMPORT = {"sim", "sglang", "errors", "results", "progress", "redaction", "tomlwrite", "prompts"}
 # Imports among the layer-5 packages, each with its reason. ``autotune watch`` compares a fleet's traffic
 # with what the deployed winner was tuned for, which ``deploy.apply.load_winner`` reads.
 SIDEWAYS = {("inspect", "deploy")}

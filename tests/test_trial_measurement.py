@@ -46,6 +46,19 @@ def test_repeated_prompts_counts_window_requests_whose_prompt_was_already_sent()
     assert repeated_prompt_share(ReplayRecords(walks, (1.0, 3.0), 8, "generate")) == pytest.approx(1 / 3, abs=1e-4)
 
 
+def test_window_drift_compares_the_window_halves():
+    from autotune.harness.workload import RequestRecord, window_drift
+
+    steady = [RequestRecord(row=i, sent=0.0, chunks=[(1.0 + k / 10, 2) for k in range(20)]) for i in range(3)]
+    assert window_drift(ReplayRecords(steady, (1.0, 3.0), 3, "generate")) == 0.0
+    late = [RequestRecord(row=1, sent=0.0, chunks=[(0.5, 50), (2.5, 10), (2.9, 10), (3.5, 50)])]  # outside: ignored
+    assert window_drift(ReplayRecords(late, (1.0, 3.0), 1, "generate")) == 2.0  # every window token in one half
+    skew = [RequestRecord(row=1, sent=0.0, chunks=[(1.5, 10), (2.5, 30)])]
+    assert window_drift(ReplayRecords(skew, (1.0, 3.0), 1, "generate")) == pytest.approx(1.0)  # 20 apart, mean 20
+    assert window_drift(ReplayRecords([], (1.0, 3.0), 1, "generate")) == 0.0
+    assert measurement_verdict(ReplayRecords(skew, (1.0, 3.0), 1, "generate"))[2]["window_drift"] == pytest.approx(1.0)
+
+
 def test_untrusted_statuses_are_statuses_and_round_trip():
     assert UNTRUSTED_STATUSES <= set(STATUSES)
     r = TrialResult(status="client_bound", config={}, measurement={"client_busy": 0.99, "stream_interval": 16})

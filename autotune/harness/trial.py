@@ -44,6 +44,7 @@ from autotune.harness.workload import (
     metrics_from_records,
     repeated_prompt_share,
     replay,
+    window_drift,
 )
 from autotune.results import UNTRUSTED_STATUSES, Capacity, GpuPeaks, TrialResult
 
@@ -110,7 +111,8 @@ def measurement_verdict(records: Any) -> tuple[str | None, str | None, dict[str,
     """(status, reason, figures) for a replay's trustworthiness: ``invalid_measurement`` when the simulated
     server lagged its model by more than ``LAG_LIMIT`` (sim only: ``sim_pace`` in /server_info), ``client_bound``
     when the replay's event-loop thread was saturated; (None, None, figures) when the window measured the server."""
-    figures: dict[str, Any] = {"client_busy": records.client_busy, "repeated_prompts": repeated_prompt_share(records)}
+    figures: dict[str, Any] = {"client_busy": records.client_busy, "repeated_prompts": repeated_prompt_share(records),
+                               "window_drift": window_drift(records)}
     probes = [p for p in records.probes if isinstance(p, dict)]
     if len(probes) == 2:
         modelled = float(probes[1]["modelled_s"]) - float(probes[0]["modelled_s"])

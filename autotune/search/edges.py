@@ -85,8 +85,7 @@ class EdgeStarts:
         self.prompt_chars = [len(text) for text in texts]
         self.shared_prefix = shared_prefix_tokens(list(texts)) if self.n else 0.0  # start-up work only if used
         self.prompt_tokens = sum(self.prompt_chars) / max(1, len(self.prompt_chars)) / CHARS_PER_TOKEN
-        fixed = cfg.engine.fixed
-        self.given = [{**fixed, **cfg.baseline.flags}, *({**fixed, **e.flags} for e in cfg.enqueue)]
+        self.given = cfg.given_configs()
 
     def per_request(self, trials: list[FrozenTrial], i: int) -> tuple[int, float | None]:
         seen = observed_output(trials, self.max_tokens)

@@ -36,7 +36,7 @@ REFERENCE_RUN = "reference"  # the trial directory of a reference-only launch (`
 
 def reference_config(cfg: StudyConfig) -> dict[str, Any]:
     """The study's reference config: its baseline, fixed flags included."""
-    return {**cfg.engine.fixed, **cfg.baseline.flags}
+    return cfg.baseline_config()
 
 
 def model_defaults(cfg: StudyConfig) -> dict[str, Any] | None:
@@ -59,7 +59,7 @@ def candidate_configs(cfg: StudyConfig) -> list[dict[str, Any]]:
     """Configs that stand for every numerics value the study can launch: the enqueued ones and, per table flag of
     the space, the reference with that flag at each of its choices."""
     ref = reference_config(cfg)
-    out = [{**cfg.engine.fixed, **e.flags} for e in cfg.enqueue]
+    out = cfg.given_configs()[1:]  # the enqueued ones
     for name, spec in cfg.space.items():
         if numerics_flag(name) is None:
             continue

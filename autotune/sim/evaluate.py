@@ -18,7 +18,7 @@ import numpy as np
 
 from autotune.errors import ConfigError, WorkloadError
 from autotune.prompts import REPEATS, on_pass
-from autotune.results import Capacity, Metrics, Percentiles
+from autotune.results import Capacity, Metrics, Percentiles, halves_drift
 from autotune.sim.requests import SimRequest, check_request_params, make_request
 from autotune.sim.scheduler import Emission, Scheduler, StepResult
 
@@ -67,6 +67,7 @@ class SimEvaluation:
     mamba_slots: int | None = None
     retractions: int = 0
     prefix_hit_share: float = 0.0  # prompt tokens the radix cache served, of all prompt tokens admitted (whole run)
+    window_drift: float = 0.0  # the harness's ``workload.window_drift``: the window's halves' tokens, apart
     sim_s: float = 0.0  # simulated seconds
     cpu_s: float = 0.0  # CPU seconds this evaluation took
 
@@ -148,7 +149,9 @@ def evaluate(
     metrics = loop.metrics() if status == "ok" else None
     hits, computed = sched.stats.cached_tokens_total, sched.stats.input_tokens_total
     return SimEvaluation(status=status, reason=reason, metrics=metrics, retractions=sched.stats.retractions,
-                         prefix_hit_share=round(hits / (hits + computed), 4) if hits + computed else 0.0, sim_s=loop.t, cpu_s=time.process_time() - cpu0, **common)
+                         prefix_hit_share=round(hits / (hits + computed), 4) if hits + computed else 0.0,
+                         window_drift=halves_drift(loop.first_half, loop.tokens - loop.first_half), sim_s=loop.t,
+                         cpu_s=time.process_time() - cpu0, **common)
 
 
 class _ClosedLoop:
@@ -165,7 +168,7 @@ class _ClosedLoop:
         self.sent = 0
         self.drawn: dict[tuple[int, int], SimRequest] = {}  # by (prompt, pass marker)
         self.arrival: dict[str, float] = {}
-        self.tokens = self.completed = self.errors = 0
+        self.tokens = self.first_half = self.completed = self.errors = 0  # first_half: window tokens before its middle
         self.accept_num = self.accept_den = 0.0  # Σ per-request accept length × tokens, Σ tokens
         self.ttft: list[float] = []
         self.e2e: list[float] = []
@@ -190,7 +193,8 @@ class _ClosedLoop:
         sched, lo, hi = self.sched, self.lo, self.hi
         step = sched.step
         add_gap, add_new = self.gaps.append, self.news.append
-        t, tokens, stalled = 0.0, 0, 0
+        t, tokens, first_half, stalled = 0.0, 0, 0, 0
+        mid = (lo + hi) / 2
         status: tuple[str, str | None] = ("ok", None)
         while t < hi:
             r: StepResult = step(BLOCK_CYCLES)
@@ -210,10 +214,12 @@ class _ClosedLoop:
                 mask = (r.ends_s >= lo) & (r.ends_s < hi)
                 if mask.any():
                     tokens += int(r.cycle_tokens[mask].sum())
+                    first_half += int(r.cycle_tokens[mask & (r.ends_s < mid)].sum())
                     add_gap(r.gaps_s[mask])
                     add_new(r.new[mask])
             elif inside:
                 tokens += r.tokens
+                first_half += r.tokens if t < mid else 0
                 if r.new is not None:
                     add_gap(r.gaps_s)
                     add_new(r.new)
@@ -225,7 +231,7 @@ class _ClosedLoop:
                 for em in r.finished:
                     self._done(em, inside)
                     self._send()
-        self.t, self.tokens = t, tokens
+        self.t, self.tokens, self.first_half = t, tokens, first_half
         return status
 
     def _done(self, em: Emission, inside: bool) -> None:
