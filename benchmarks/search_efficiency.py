@@ -113,7 +113,9 @@ def workload_prompts(name: str, n: int = 400) -> Path | None:
     return path
 
 
-def make_case(name: str, workload: str = "seed", *, hidden: bool = True) -> Case:
+def make_case(name: str, workload: str = "seed", *, hidden: bool = True,
+              window: tuple[float, float] | None = None) -> Case:
+    """A case × workload on its hidden truth; ``window`` (warm-up, measured seconds) overrides the study's."""
     if name not in CASES:
         raise ConfigError(f"unknown case {name!r}", key="--cases", fix=f"use one of {', '.join(CASES)}")
     if workload not in WORKLOADS:
@@ -125,9 +127,11 @@ def make_case(name: str, workload: str = "seed", *, hidden: bool = True) -> Case
                                             "fixed": {**cfg.engine.fixed, **extra}})
         cfg = cfg.model_copy(update={"engine": eng})
     prompts = workload_prompts(workload)
-    if prompts is not None:
-        wl = cfg.workload.model_copy(update={"prompts": prompts, "max_tokens": WORKLOADS[workload][1]})
-        cfg = cfg.model_copy(update={"workload": wl})
+    update: dict[str, Any] = {"prompts": prompts, "max_tokens": WORKLOADS[workload][1]} if prompts is not None else {}
+    if window is not None:
+        update.update(warmup_s=window[0], measure_s=window[1])
+    if update:
+        cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update=update)})
     label = name if workload == "seed" else f"{name}/{workload}"
     return case_from_config(label, cfg, truth=draw_truth(name, workload, hidden=hidden))
 
@@ -245,14 +249,15 @@ def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path
             "seconds": time.monotonic() - started}
 
 
-def _unit(args: tuple[str, str, bool, int, list[int], bool, str, list[str] | None]) -> dict[str, Any]:
+def _unit(args: tuple[str, str, bool, int, list[int], bool, str, list[str] | None, tuple[float, float] | None]
+          ) -> dict[str, Any]:
     """One case × workload in a worker process (the result without the case object)."""
-    name, workload, hidden, seeds, budgets, proposals, cache, only = args
+    name, workload, hidden, seeds, budgets, proposals, cache, only, window = args
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    result = run_case(make_case(name, workload, hidden=hidden), seeds=seeds, budgets=budgets, say=say,
+    result = run_case(make_case(name, workload, hidden=hidden, window=window), seeds=seeds, budgets=budgets, say=say,
                       cache_dir=Path(cache), proposals=proposals, only=only)
     result.pop("case")
     return result
@@ -427,6 +432,16 @@ def _pin_hash_seed(argv: list[str] | None) -> None:
     os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, "PYTHONHASHSEED": "0"})
 
 
+def _window(text: str) -> tuple[float, float] | None:
+    """``--window WARMUP,MEASURE``: None when not given; ValueError unless warm-up ≥ 0 and window > 0."""
+    if not text:
+        return None
+    warmup, measure = (float(x) for x in text.split(","))
+    if warmup < 0 or measure <= 0:
+        raise ValueError(text)
+    return warmup, measure
+
+
 def main(argv: list[str] | None = None) -> int:
     _pin_hash_seed(argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -441,7 +456,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--strategies", default="", help="only these rows (comma-separated names; default: all)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="where to write the table and figure")
     ap.add_argument("--no-figure", action="store_true")
+    ap.add_argument("--window", default="", metavar="WARMUP,MEASURE",
+                    help="every trial's warm-up and window in seconds, instead of the study's (e.g. 90,30)")
     args = ap.parse_args(argv)
+    try:
+        window = _window(args.window)
+    except ValueError:
+        print(f"Error: --window must be WARMUP,MEASURE in seconds (warm-up ≥ 0, window > 0), got {args.window!r}",
+              file=sys.stderr)
+        return 1
     seeds, budgets, names, workloads = args.seeds, args.budgets, args.cases.split(","), args.workloads.split(",")
     if args.quick:
         seeds, budgets, names, workloads = min(seeds, 3), "10,20", ["qwen3.6-27b-b200"], ["seed"]
@@ -466,7 +489,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"Error: {exc}", file=sys.stderr)
         return 1
     started = time.monotonic()
-    jobs = [(n, w, not args.no_truth, seeds, budget_list, args.proposals, str(RESULTS), only) for n, w in units]
+    jobs = [(n, w, not args.no_truth, seeds, budget_list, args.proposals, str(RESULTS), only, window)
+            for n, w in units]
     if args.jobs > 1 and len(jobs) > 1:
         # Results come back in submission order: the table does not depend on which worker finished first.
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
@@ -474,7 +498,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         results = [_unit(job) for job in jobs]
     command = "python benchmarks/search_efficiency.py" + (" --quick" if args.quick else "") + (
-        f" --seeds {args.seeds}" if args.seeds != 10 and not args.quick else "") + (" --no-truth" if args.no_truth else "")
+        f" --seeds {args.seeds}" if args.seeds != 10 and not args.quick else "") + (
+        " --no-truth" if args.no_truth else "") + (f" --window {args.window}" if window else "")
     text = markdown(results, seeds=seeds, budgets=budget_list, seconds=time.monotonic() - started,
                     hidden=not args.no_truth, command=command)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -151,6 +151,15 @@ def test_space_hash_follows_the_space(case):
 def test_unknown_case_is_a_one_line_error(capsys):
     assert se.main(["--cases", "nope"]) == 1
     assert "unknown case 'nope'" in capsys.readouterr().err
+    assert se.main(["--window", "90"]) == 1
+    assert "--window must be WARMUP,MEASURE" in capsys.readouterr().err
+
+
+def test_window_overrides_the_study_trial_window():
+    default, settled = se.make_case("qwen3.6-27b-b200", "seed"), se.make_case("qwen3.6-27b-b200", "seed", window=(90, 30))
+    assert (settled.workload.warmup_s, settled.workload.measure_s) == (90, 30)
+    assert (default.workload.warmup_s, default.workload.measure_s) != (90, 30)
+    assert settled.workload.prompts == default.workload.prompts and settled.truth == default.truth
 
 
 def test_window_rates_from_records(tmp_path):

@@ -251,7 +251,7 @@ def window_drift(records: ReplayRecords) -> float:
     """``halves_drift`` of the window's output tokens. A closed loop starts with every stream sending at once: a
     workload of long prompts and short answers then runs in waves (all prefill, then all decode, then all prefill
     again) that a short window catches at one phase, so its tok/s is that phase's, not the job's steady rate (on the
-    simulator, one config read 94 tok/s in a 10 s + 20 s trial and 1,188 over 300 s + 300 s). Decode-heavy
+    simulator, one config read 80 tok/s in a 10 s + 20 s trial and 864 over 300 s + 300 s). Decode-heavy
     workloads read near 0 even before any request finishes, because their batch stays full."""
     lo, hi = records.window
     mid = (lo + hi) / 2
