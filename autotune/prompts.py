@@ -27,6 +27,19 @@ def pass_marker(pass_no: int) -> str:
     return f"[pass {pass_no}]\n" if pass_no else ""
 
 
+def check_repeats(repeats: str) -> None:
+    """A ``repeats`` value the replay knows, or a ``WorkloadError`` naming the choices."""
+    if repeats not in REPEATS:
+        raise WorkloadError(f"unknown repeats {repeats!r}", key="repeats", fix=f"use one of {list(REPEATS)}")
+
+
+def walk_position(sent: int, size: int, repeats: str) -> tuple[int, int]:
+    """(row index, pass marker) of the ``sent``-th request of a replay walking ``size`` prompts round-robin: each
+    later walk is marked when ``repeats`` is "fresh", never when "verbatim"."""
+    walk, index = divmod(sent, size)
+    return index, walk if repeats == "fresh" else 0
+
+
 def on_pass(text: str, pass_no: int) -> str:
     """``text`` as a ``fresh`` replay sends it on walk ``pass_no`` (the simulator's evaluator and the replay agree)."""
     return pass_marker(pass_no) + text

@@ -34,14 +34,24 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ground_truth import ground_truth  # noqa: E402
-from strategies import OOM, PROPOSALS, STRATEGIES, Case, Launch, Oracle, Truth, best_so_far  # noqa: E402
+from strategies import (  # noqa: E402
+    OOM,
+    PROPOSALS,
+    STRATEGIES,
+    Case,
+    Launch,
+    Oracle,
+    Truth,
+    best_so_far,
+    simulate,
+)
 
 from autotune.config import StudyConfig, load_config  # noqa: E402
 from autotune.errors import ConfigError  # noqa: E402
 from autotune.harness.engines.sim import sim_workload  # noqa: E402
 from autotune.progress import DRIFT_WORTH_SAYING  # noqa: E402
 from autotune.prompts import PromptSample  # noqa: E402
-from autotune.sim import evaluate  # noqa: E402
+from autotune.search.space import key_of  # noqa: E402
 from autotune.sim.truth import Deviation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -148,33 +158,25 @@ def noise_cv(case: Case, repeats: int = 8) -> float:
     """Run-to-run spread of the hand-tuned config (the sim's noise and per-seed requests): the noise model."""
     config = {**case.cfg.engine.fixed, **(case.cfg.enqueue[0].flags if case.cfg.enqueue else case.cfg.baseline.flags)}
     noise = float(case.cfg.engine.sim_options.get("noise", 0.0))
-    eng = case.cfg.engine
-    t = case.truth
-    values = [evaluate(config, case.workload, model=eng.profile or eng.model, gpu=eng.sim_gpu, seed=s, noise=noise,
-                       deviation=t.deviation, acceptance=t.acceptance, output_mean=t.output_mean).output_tok_s
-              for s in range(1, repeats + 1)]
+    values = [simulate(case, config, seed=s, noise=noise).output_tok_s for s in range(1, repeats + 1)]
     return float(np.std(values, ddof=1) / np.mean(values)) if np.mean(values) else 0.0
 
 
 STEADY_S = 300.0  # warm-up and window of the steady-state check: long enough that every case's load has settled
 
 
-def steadiness(case: Case, configs: list[dict[str, Any]]) -> list[tuple[float, float]]:
+def steadiness(case: Case, oracle: Oracle, configs: list[dict[str, Any]]) -> list[tuple[float, float]]:
     """(tok/s over ``STEADY_S`` + ``STEADY_S``, the study window's ``window_drift``) of each config on the truth,
     noise-free. A trial window that caught the load unsettled (waves of long prefills) ranks by phase, not by the
     job's rate; this shows how far that moved the optimum and the search's pick."""
-    eng, t = case.cfg.engine, case.truth
-    kwargs = dict(model=eng.profile or eng.model, gpu=eng.sim_gpu, deviation=t.deviation, acceptance=t.acceptance,
-                  output_mean=t.output_mean)
     long = dataclasses.replace(case.workload, warmup_s=STEADY_S, measure_s=STEADY_S)
-    memo: dict[str, tuple[float, float]] = {}
+    steady: dict[str, float] = {}
     out = []
     for config in configs:
-        key = json.dumps(config, sort_keys=True, default=str)
-        if key not in memo:
-            memo[key] = (evaluate(config, long, **kwargs).output_tok_s,
-                         evaluate(config, case.workload, **kwargs).window_drift)
-        out.append(memo[key])
+        key = key_of(config)
+        if key not in steady:
+            steady[key] = simulate(case, config, long).output_tok_s
+        out.append((steady[key], oracle.outcome(config).drift))  # the study window: the oracle ran it already
     return out
 
 
@@ -235,7 +237,7 @@ def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path
         say(f"  {case.name}: {name} done ({time.monotonic() - started:.0f} s)")
     top = max(budgets)
     picks = [r.named_config for r in runs.get(("ours", top), []) if getattr(r, "named_config", None) is not None]
-    (opt_steady, opt_drift), *ours_steady = steadiness(case, [truth["config"], *picks])
+    (opt_steady, opt_drift), *ours_steady = steadiness(case, oracle, [truth["config"], *picks])
     steady = {"optimum_tok_s": opt_steady, "optimum_drift": opt_drift, "budget": top,
               "ours_pct": [100 * v / opt_steady for v, _ in ours_steady] if opt_steady else []}
     optimum = truth["tok_s"]

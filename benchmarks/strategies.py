@@ -88,6 +88,16 @@ class Case:
         return space.without(set(feas.inert_everywhere(space, contexts)))
 
 
+def simulate(case: Case, config: Mapping[str, Any], workload: SimWorkload | None = None, *, seed: int = 0,
+             noise: float = 0.0) -> Any:
+    """``config`` on the case's hidden truth (its model, GPU, deviations, acceptance and output length), over the
+    case's workload or ``workload``: the one way the benchmark runs the simulator."""
+    eng, truth = case.cfg.engine, case.truth
+    return evaluate(dict(config), workload or case.workload, model=eng.profile or eng.model, gpu=eng.sim_gpu,
+                    seed=seed, noise=noise, deviation=truth.deviation, acceptance=truth.acceptance,
+                    output_mean=truth.output_mean)
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What launching a config once, noise-free, gives: status, tok/s, and the modelled seconds it costs."""
@@ -96,6 +106,7 @@ class Outcome:
     tok_s: float
     cost_s: float  # GPU-seconds of one launch: startup (+ warm-up + window, or until the OOM hit) × tp
     result: TrialResult
+    drift: float = 0.0  # the window's ``window_drift``: how far its halves' tokens differ (an unsettled load)
 
 
 @dataclass(frozen=True)
@@ -120,7 +131,7 @@ class Oracle:
         self.case, self.noise_cv = case, noise_cv
         self.memo: dict[str, Outcome] = {}
         eng = case.cfg.engine
-        self.model, self.gpu = eng.profile or eng.model, eng.sim_gpu
+        self.model, self.gpu = eng.profile or eng.model, eng.sim_gpu  # the ground truth's planner reads them
 
     def outcome(self, config: Mapping[str, Any]) -> Outcome:
         key = key_of(config)
@@ -129,9 +140,7 @@ class Oracle:
         return self.memo[key]
 
     def _evaluate(self, config: dict[str, Any]) -> Outcome:
-        truth = self.case.truth
-        ev = evaluate(config, self.case.workload, model=self.model, gpu=self.gpu, seed=0, noise=0.0,
-                      deviation=truth.deviation, acceptance=truth.acceptance, output_mean=truth.output_mean)
+        ev = simulate(self.case, config)
         wl, startup = self.case.workload, ev.startup_s or 0.0
         status = ev.status if ev.status in ("ok", "startup_oom", "runtime_oom", "bad_args") else "crash"
         if status == "ok":
@@ -153,7 +162,7 @@ class Oracle:
         result = TrialResult(status=status, config=config, engine="sim", capacity=ev.capacity, metrics=ev.metrics,
                              gpu=gpu, reason=ev.reason, modelled_startup_s=ev.startup_s)
         return Outcome(status=status, tok_s=ev.output_tok_s if status == "ok" else 0.0,
-                       cost_s=wall * self.case.tp, result=result)
+                       cost_s=wall * self.case.tp, result=result, drift=ev.window_drift)
 
     def launch(self, config: Mapping[str, Any], rng: np.random.Generator) -> tuple[Launch, TrialResult]:
         """One measured launch: the true value times (1 + noise), the way a re-run scatters."""

@@ -20,6 +20,7 @@ from autotune.errors import ConfigError, WorkloadError
 from autotune.harness.engines import make_engine
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
+from autotune.prompts import REPEATS
 from autotune.sglang.flags import parse_sets
 
 DEFAULT_PROMPTS = Path("examples") / "prompts.jsonl"
@@ -90,7 +91,7 @@ def _sim_options(items: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--max-tokens", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--endpoint", default="generate", show_default=True, type=click.Choice(["generate", "completions", "chat"]))
 @click.option("--ignore-eos", is_flag=True, help="Force every request to max tokens.")
-@click.option("--repeats", type=click.Choice(["fresh", "verbatim"]), default="fresh", show_default=True,
+@click.option("--repeats", type=click.Choice(REPEATS), default="fresh", show_default=True,
               help="A prompt sent again when the sample comes round: marked per pass (fresh) or the same text.")
 @click.option("--python", "python", help="Interpreter with sglang installed (sglang engine).")
 @click.option("--device", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]), help="sglang engine device.")

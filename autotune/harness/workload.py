@@ -21,7 +21,7 @@ import httpx
 import numpy as np
 
 from autotune.errors import WorkloadError
-from autotune.prompts import REPEATS, PromptRow, PromptSample
+from autotune.prompts import PromptRow, PromptSample, check_repeats, walk_position
 from autotune.results import Metrics, Percentiles, halves_drift
 
 ENDPOINTS = {"generate": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -46,8 +46,7 @@ class WorkloadSpec:
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
             raise WorkloadError(f"unknown endpoint {self.endpoint!r}", key="endpoint", fix=f"use one of {sorted(ENDPOINTS)}")
-        if self.repeats not in REPEATS:
-            raise WorkloadError(f"unknown repeats {self.repeats!r}", key="repeats", fix=f"use one of {list(REPEATS)}")
+        check_repeats(self.repeats)
         for name in ("sample_size", "max_tokens"):
             if getattr(self, name) < 1:
                 raise WorkloadError(f"{name} must be at least 1", key=name)
@@ -308,11 +307,10 @@ async def replay(
     """
     if endpoint not in ENDPOINTS:
         raise WorkloadError(f"unknown endpoint {endpoint!r}", key="endpoint", fix=f"use one of {sorted(ENDPOINTS)}")
-    if repeats not in REPEATS:
-        raise WorkloadError(f"unknown repeats {repeats!r}", key="repeats", fix=f"use one of {list(REPEATS)}")
+    check_repeats(repeats)
     session = _Session(
         url=base_url.rstrip("/") + ENDPOINTS[endpoint], sample=sample, endpoint=endpoint, max_tokens=max_tokens,
-        ignore_eos=ignore_eos, fresh=repeats == "fresh", window_probe=window_probe, t0=time.perf_counter(),
+        ignore_eos=ignore_eos, repeats=repeats, window_probe=window_probe, t0=time.perf_counter(),
         records=ReplayRecords([], (warmup_s, warmup_s + measure_s), concurrency, endpoint),
     )
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
@@ -337,7 +335,7 @@ class _Session:
     endpoint: str
     max_tokens: int
     ignore_eos: bool
-    fresh: bool
+    repeats: str
     window_probe: Callable[[], Awaitable[Any]] | None
     t0: float
     records: ReplayRecords
@@ -349,8 +347,8 @@ class _Session:
     async def worker(self, client: httpx.AsyncClient) -> None:
         """One in-flight stream after another, round-robin over the sample, until the window ends."""
         while self.elapsed() < self.records.window[1]:
-            walk, index = divmod(self.next_row, len(self.sample.rows))
-            row, pass_no = self.sample.rows[index], walk if self.fresh else 0
+            index, pass_no = walk_position(self.next_row, len(self.sample.rows), self.repeats)
+            row = self.sample.rows[index]
             self.next_row += 1
             rec = RequestRecord(row=row.line, sent=self.elapsed(), pass_no=pass_no)
             self.records.requests.append(rec)

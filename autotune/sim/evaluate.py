@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from autotune.errors import ConfigError, WorkloadError
-from autotune.prompts import REPEATS, on_pass
+from autotune.prompts import check_repeats, on_pass, walk_position
 from autotune.results import Capacity, Metrics, Percentiles, halves_drift
 from autotune.sim.requests import SimRequest, check_request_params, make_request
 from autotune.sim.scheduler import Emission, Scheduler, StepResult
@@ -39,8 +39,7 @@ class SimWorkload:
     repeats: str = "fresh"  # the harness's ``workload.repeats``: each walk through the sample pass-marked, or not
 
     def __post_init__(self) -> None:
-        if self.repeats not in REPEATS:
-            raise WorkloadError(f"unknown repeats {self.repeats!r}", key="repeats", fix=f"use one of {list(REPEATS)}")
+        check_repeats(self.repeats)
         if not self.prompts:
             raise WorkloadError("the prompt sample is empty", key="prompts", fix="give at least one prompt")
         if self.max_tokens < 1:
@@ -176,12 +175,12 @@ class _ClosedLoop:
         self.news: list[np.ndarray] = []  # ... and the tokens each request got
 
     def _send(self) -> None:
-        walk, index = divmod(self.sent, len(self.w.prompts))
-        key = (index, walk if self.w.repeats == "fresh" else 0)
+        index, pass_no = walk_position(self.sent, len(self.w.prompts), self.w.repeats)
+        key = (index, pass_no)
         rid = str(self.sent)
         template = self.drawn.get(key)
         if template is None:  # a prompt's draws depend only on its text and the seed: derive them once
-            text = on_pass(self.w.prompts[index], key[1])
+            text = on_pass(self.w.prompts[index], pass_no)
             template = self.drawn[key] = make_request(rid, text, self.w.max_tokens, **self.req_args)
         self.sched.add(replace(template, rid=rid))
         self.arrival[rid] = self.t
