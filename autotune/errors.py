@@ -43,6 +43,25 @@ class GpuError(AutotuneError):
     """GPU monitoring is unavailable (no NVML driver on a real run)."""
 
 
+class GpuBusyError(GpuError):
+    """A GPU a trial would launch on is held by processes that are not the study's: a launch there would size its
+    pools from what the tenant left, and every figure (and every OOM the planner learns from) would be wrong."""
+
+    def __init__(self, message: str, *, gpu: int | str | None = None, holders: list[str] | None = None,
+                 held_gib: float | None = None):
+        self.gpu, self.holders, self.held_gib = gpu, list(holders or []), held_gib
+        super().__init__(message)
+
+
+class DiskError(AutotuneError):
+    """A file the study must write (records, results, logs, the study database) could not be written: the disk is
+    full or read-only. Carries the path and the free space, so the message can say what to free."""
+
+    def __init__(self, message: str, *, path: str | None = None, free_bytes: int | None = None):
+        self.path, self.free_bytes = path, free_bytes
+        super().__init__(message)
+
+
 class StudyError(AutotuneError):
     """A study cannot be created, loaded or resumed (unknown study, no completed trial)."""
 

@@ -12,12 +12,12 @@ from typing import Any, Literal
 
 Status = Literal[
     "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
-    "invalid_measurement", "client_bound", "probe_error",
+    "invalid_measurement", "client_bound", "probe_error", "too_slow", "write_error",
 ]
 FailureKind = Literal["startup_oom", "runtime_oom", "crash", "timeout", "bad_args"]
 STATUSES: tuple[str, ...] = (
     "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
-    "invalid_measurement", "client_bound", "probe_error",
+    "invalid_measurement", "client_bound", "probe_error", "too_slow", "write_error",
 )
 OOM_STATUSES: frozenset[str] = frozenset({"startup_oom", "runtime_oom", "skipped_infeasible"})
 # The config ran, but the figure cannot be trusted: the simulated server could not keep pace with its model
@@ -28,6 +28,12 @@ UNTRUSTED_STATUSES: frozenset[str] = frozenset({"invalid_measurement", "client_b
 # the reference's could not (a server error, no ``return_logprob`` support): a FAIL with its reason, never crowned,
 # since nobody knows whether it answers like the baseline. ``metrics`` keeps the measured window for diagnosis.
 PROBE_ERROR = "probe_error"
+# The server was alive and making progress (its log or counters moved) but delivered no token inside the measured
+# window: the window was too short for this config on this host, not a crash of the config. A FAIL, never the wall.
+TOO_SLOW = "too_slow"
+# A file of the trial (records, result, log) could not be written (disk full, read-only): not the config's outcome;
+# the trial is failed with the path and free space named and the study stops.
+WRITE_ERROR = "write_error"
 
 
 def _from(cls, data: dict[str, Any] | None):
