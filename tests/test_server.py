@@ -119,7 +119,7 @@ def test_start_ready_stop_leaves_nothing(tmp_path, fake):
     port = free_port()
     marker = tmp_path / "child-got-sigterm"
     argv = fake(port, "--ready-after", "0.3", "--shm", str(shm), "--child", "--term-marker", str(marker))
-    server = _server(tmp_path, argv, port, gpu_index=1)
+    server = _server(tmp_path, argv, port, gpu_index=1, env={"CUDA_VISIBLE_DEVICES": "1"})
     server.start()
     assert (tmp_path / "runs" / f"server-{server.pid}.json").exists()
     # Files created while ours runs that nobody in its group holds, with live pids' digits in their names:
@@ -263,8 +263,12 @@ def _orphan(tmp_path, fake, port):
             assert time.monotonic() < deadline, record.read_text()
             time.sleep(0.05)
     finally:
+        dogs = [c for c in psutil.Process(harness.pid).children() if "autotune.harness.watchdog" in c.cmdline()]
+        for dog in dogs:
+            dog.kill()  # the first line of defence gone too: only the pid file is left
         harness.kill()
         harness.wait(10)
+        psutil.wait_procs(dogs, timeout=10)
     assert len(made) == 3 and psutil.pid_exists(orphan)  # the server outlived its harness (own session)
     return orphan, made
 

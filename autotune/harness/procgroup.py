@@ -73,6 +73,45 @@ def held_files(pids: Iterable[int], directory: Path) -> dict[str, int]:
     return held
 
 
+def held_inodes(pids: Iterable[int] | None, directory: Path) -> set[int]:
+    """Inodes of files in ``directory`` that ``pids`` (None: every process we can see) hold open or mapped,
+    under any name: a deleted one included. glibc's ``sem_open`` maps a temporary ``sem.XXXXXX``, links it to
+    the semaphore's name and unlinks the temporary, so the creator's mapping reads ``sem.XXXXXX (deleted)`` and
+    only its inode says it is the ``sem.mp-*`` file (checked with Python's multiprocessing on glibc)."""
+    folder = os.path.realpath(directory)
+    needle = (folder + "/").encode()
+    if pids is None:
+        try:
+            pids = [int(name) for name in os.listdir(PROC) if name.isdigit()]
+        except OSError:
+            pids = []
+    inodes: set[int] = set()
+    for pid in pids:
+        fd_dir = f"{PROC}/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            fds = []
+        for fd in fds:
+            try:
+                if os.readlink(f"{fd_dir}/{fd}").startswith(folder + "/"):
+                    inodes.add(os.stat(f"{fd_dir}/{fd}").st_ino)
+            except OSError:
+                continue
+        try:
+            with open(f"{PROC}/{pid}/maps", "rb") as fh:
+                maps = fh.read()
+        except OSError:
+            continue
+        if needle not in maps:
+            continue
+        for line in maps.splitlines():
+            parts = line.split(maxsplit=5)
+            if len(parts) == 6 and parts[5].startswith(needle):
+                inodes.add(int(parts[4]))
+    return inodes
+
+
 def memory_bytes(pid: int) -> int:
     """The process's proportional share of RAM, without shared-memory mappings (counted as whole files instead)."""
     fields: dict[str, int] = {}

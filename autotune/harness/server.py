@@ -1,8 +1,9 @@
 """One server's lifecycle: launch in its own process group, readiness, bounded stop, release, cleanup.
 
 Nothing a trial starts may outlive it: the next server sizes its pools from *free* GPU memory, so a
-leftover process, a held port or memory still being released would skew (or OOM) the next trial. A pid file
-per server lets a later run remove what a SIGKILLed harness left behind, and only that. /dev/shm files go only
+leftover process, a held port or memory still being released would skew (or OOM) the next trial. A watchdog
+process per non-detached server (``autotune.harness.watchdog``) stops it within seconds of the harness's death,
+SIGKILL included; a pid file per server lets a later run remove what even that missed, and only that. /dev/shm files go only
 when proven this server's (``autotune.harness.shm``): other servers on the host have files of the same shapes.
 """
 
@@ -26,7 +27,8 @@ import psutil
 from autotune.errors import ServerError
 from autotune.harness.gpu import used_mib, wait_released
 from autotune.harness.procgroup import group_pids
-from autotune.harness.shm import SHM_DIR, ShmOwnership, snapshot
+from autotune.harness.shm import SHM_DIR, ShmOwnership, release_semaphores, snapshot
+from autotune.harness.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from autotune.harness.engines.base import GpuReader
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
 LOG_TAIL_LINES = 40
 SHM_SAMPLE_S = 0.05  # a server that dies during startup holds its files only for as long as it lives
 ALIVE_CHECK_S = 1.0  # with nothing to attribute, how often the sampler checks that the group still lives
+WATCHDOG_GRACE_S = 5.0  # harness gone: SIGTERM to the launcher, SIGKILL of the group this much later
 log = logging.getLogger(__name__)
 
 
@@ -196,6 +199,7 @@ class ServerProcess:
         run_dir: Path | None = None,
         detach: bool = False,
         shm_dir: Path | None = None,
+        watchdog_grace_s: float = WATCHDOG_GRACE_S,
     ) -> None:
         if isinstance(argv, str):
             raise TypeError("argv must be a list of arguments, never a shell string")
@@ -203,7 +207,7 @@ class ServerProcess:
         self.env, self.gpu_index = dict(env or {}), gpu_index
         self.log_path, self.gpu_reader = Path(log_path), gpu_reader
         self.run_dir = Path(run_dir) if run_dir is not None else Path.cwd() / "runs"
-        self.detach = detach
+        self.detach, self.watchdog_grace_s = detach, watchdog_grace_s
         self.shm_dir = Path(shm_dir) if shm_dir is not None else SHM_DIR
         self.base_url = f"http://{host}:{port}"
         self.pid: int | None = None
@@ -218,6 +222,7 @@ class ServerProcess:
         self._baseline_mib: float | None = None
         self._pid_file: Path | None = None
         self._create_time: float | None = None
+        self._watchdog: Watchdog | None = None
 
     # -- start ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -229,10 +234,10 @@ class ServerProcess:
         track = getattr(self.gpu_reader, "track", None)  # a reader of this server's own processes (CPU backend)
         if self.gpu_reader is not None and track is None:
             self._baseline_mib = used_mib(self.gpu_reader)
-        env = {**os.environ, **self.env}
-        if self.gpu_index is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu_index)
+        env = {**os.environ, **self.env}  # the engine's env says which GPU, if any (a CPU server gets none)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        # the watchdog first: from the server's launch to the message naming it, nothing can be left unwatched
+        watchdog = None if self.detach else Watchdog(grace_s=self.watchdog_grace_s)
         with open(self.log_path, "ab") as log_file:
             try:
                 self._proc = subprocess.Popen(
@@ -240,8 +245,14 @@ class ServerProcess:
                     env=env, start_new_session=True, close_fds=True,
                 )
             except OSError as exc:
+                if watchdog is not None:
+                    watchdog.stand_down()
                 raise ServerError(f"cannot launch {self.argv[0]!r}: {exc}") from exc
         self.pid = self._proc.pid
+        self._pid_file = self.run_dir / f"server-{self.pid}.json"
+        if watchdog is not None:
+            watchdog.watch(self.pid, self._pid_file)
+            self._watchdog = watchdog
         self._pgid = self.pid  # start_new_session: the server leads its own group
         try:
             self._create_time = psutil.Process(self.pid).create_time()
@@ -346,6 +357,7 @@ class ServerProcess:
                 break
             time.sleep(0.02)
         self.removed_shm, self.unattributed_shm = shm.remove()
+        self._release_semaphores(shm)
         if self.unattributed_shm:
             log.warning("left %d new file(s) in %s not proven this server's: %s", len(self.unattributed_shm),
                         self.shm_dir, ", ".join(self.unattributed_shm))
@@ -355,8 +367,22 @@ class ServerProcess:
                 problems.append(f"GPU memory not released within {release_timeout_s:g} s")
         if self._pid_file is not None:
             self._pid_file.unlink(missing_ok=True)
+        self._stand_down()
         self.teardown_error = "; ".join(problems) or None
         return self.exit_code
+
+    def _release_semaphores(self, shm: ShmOwnership) -> None:
+        """The group is gone: semaphores new since the start that nobody on the host holds were its (see shm)."""
+        if not self.unattributed_shm:
+            return
+        freed = release_semaphores(self.shm_dir, shm.before | set(self.removed_shm))
+        self.removed_shm = sorted([*self.removed_shm, *freed])
+        self.unattributed_shm = [n for n in self.unattributed_shm if n not in freed]
+
+    def _stand_down(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.stand_down()
+            self._watchdog = None
 
     def release(self) -> None:
         """Leave a detached server running and stop watching it: the sampler thread ends with one last look, and
@@ -364,6 +390,7 @@ class ServerProcess:
         if self._sampler is not None:
             self._sampler.stop()
             self._sampler = None
+        self._stand_down()
 
     def __enter__(self) -> ServerProcess:
         self.start()
@@ -394,17 +421,13 @@ def _harness_alive(record: dict[str, Any]) -> bool:
         return False
 
 
-def _record_ownership(record: dict[str, Any]) -> ShmOwnership:
-    owned = {str(k): int(v) for k, v in (record.get("shm_owned") or {}).items()}
-    return ShmOwnership(Path(record.get("shm_dir", SHM_DIR)), record.get("shm_before", []),
-                        record.get("shm_ports", []), owned)
-
-
 def cleanup_orphans(run_dir: Path, *, grace_s: float = 5.0) -> list[int]:
     """Kill servers whose harness died (pid files in ``run_dir``), verified by start time and cmdline.
 
     Detached servers (fleets) and servers whose harness still runs are left alone; pid files of servers that
     are gone are removed, with the /dev/shm files their record (or a last look at the live orphan) proves theirs.
+    The semaphore rule (``release_semaphores``) is not applied here: since the orphan started, any neighbour may
+    have come and gone; the watchdog applies it within seconds of the harness's death.
     Returns the killed pids.
     """
     killed: list[int] = []
@@ -420,7 +443,7 @@ def cleanup_orphans(run_dir: Path, *, grace_s: float = 5.0) -> list[int]:
         if alive and (record.get("detached") or _harness_alive(record)):
             continue  # a fleet server, or one whose harness still runs: not an orphan
         try:
-            shm = _record_ownership(record)
+            shm = ShmOwnership.from_record(record)
         except (TypeError, ValueError, AttributeError):
             shm = None  # a damaged record proves nothing: its files stay
         if alive:

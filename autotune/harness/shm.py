@@ -5,7 +5,15 @@ segment, and after a SIGKILL ``sem.mp-*`` semaphores), and their names carry no 
 ``sglang_loads_<12 hex>_<8 hex>.shm``, ``deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>``. Other servers on
 the host (production ones) have files of the same shapes. A file is this server's only when it appeared after
 the server started AND either a process of the server's group was seen holding it (fd or mapping, sampled
-while the server runs) or its name carries one of the server's ports. Anything else is left, and listed.
+while the server runs; by inode, so glibc's semaphores count: their creator maps them under a deleted temporary
+name) or its name carries one of the server's ports. Anything else is left, and listed.
+
+``sem.mp-*`` semaphores have one more rule (``release_semaphores``), for when the process that mapped one died
+unseen: once the server's group is gone, a semaphore that appeared after the server started and that no process
+on the host holds (fd or mapping, any name, matched by inode) is removed. A live neighbour's semaphore is always
+held: glibc maps it before it links the name, and the creator keeps it mapped while it lives. Its limit: processes
+we cannot see (another PID namespace sharing this /dev/shm) do not count as holders, and a neighbour's semaphore
+leaked (its holder died) during our trial is removed with ours; both are garbage only a holder could use.
 """
 
 from __future__ import annotations
@@ -13,14 +21,16 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-from autotune.harness.procgroup import held_files
+from autotune.harness.procgroup import held_inodes
 
 SHM_DIR = Path("/dev/shm")
 # SGLang's shapes (and the simulator's, which imitates them); any other name there is not ours to touch.
-SHM_PREFIXES = ("sglang", "deepspeed_allreduce_buffer", "sem.mp-", "autotune")
+SEM_PREFIX = "sem.mp-"  # multiprocessing's named semaphores (glibc: /dev/shm/sem.<name>)
+SHM_PREFIXES = ("sglang", "deepspeed_allreduce_buffer", SEM_PREFIX, "autotune")
 FRESH_S = 5.0  # a new file is checked on every sample this long; after that, every STALE_SCAN_S
 STALE_SCAN_S = 1.0
 _PORT_NAME = re.compile(r"^deepspeed_allreduce_buffer_\d+_[^_]+_(\d+)_\d+$")
@@ -75,6 +85,13 @@ class ShmOwnership:
         self._first_seen: dict[str, float] = {}
         self._last_scan = 0.0
 
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> ShmOwnership:
+        """The ownership a pid file recorded (``shm_dir``, ``shm_before``, ``shm_ports``, ``shm_owned``)."""
+        owned = {str(k): int(v) for k, v in (record.get("shm_owned") or {}).items()}
+        return cls(Path(record.get("shm_dir", SHM_DIR)), record.get("shm_before") or [],
+                   record.get("shm_ports") or [], owned)
+
     def pending(self) -> bool:
         """Whether a new file is not attributed yet (a scan of the directory only, no /proc)."""
         return any(self.owned.get(n) != ino for n, ino in new_files(self.directory, self.before).items())
@@ -96,8 +113,8 @@ class ShmOwnership:
         pids = set(pids)
         if pids and len(found) < len(pending) and (force or fresh or now - self._last_scan >= STALE_SCAN_S):
             self._last_scan = now
-            held = held_files(pids, self.directory)
-            found.update({n: ino for n, ino in pending.items() if held.get(n) == ino})
+            held = held_inodes(pids, self.directory)
+            found.update({n: ino for n, ino in pending.items() if ino in held})
         if found:
             self.owned = {**self.owned, **found}
         return bool(found)
@@ -128,3 +145,25 @@ class ShmOwnership:
                 continue
         left = sorted(set(new_files(self.directory, self.before)) - set(removed))
         return removed, left
+
+
+def release_semaphores(directory: Path, before: Iterable[str]) -> list[str]:
+    """Remove the ``sem.mp-*`` files new since ``before`` that no process on the host holds; call it only once
+    the server's group is gone (see the module docstring for why that proves them the server's). Returns them."""
+    directory = Path(directory)
+    candidates = {n: ino for n, ino in new_files(directory, set(before)).items() if n.startswith(SEM_PREFIX)}
+    if not candidates:
+        return []
+    held = held_inodes(None, directory)
+    removed: list[str] = []
+    for name, ino in sorted(candidates.items()):
+        if ino in held:
+            continue
+        path = directory / name
+        try:
+            if path.lstat().st_ino == ino:
+                path.unlink()
+                removed.append(name)
+        except OSError:
+            continue
+    return removed
