@@ -254,3 +254,54 @@ def test_no_config_means_the_example_study(tmp_path, monkeypatch):
     (tmp_path / "studies").mkdir()
     (tmp_path / "studies" / "example.toml").write_text("")
     assert resolve_config(None) == tmp_path / "studies" / "example.toml"  # the working directory wins
+
+
+def test_a_sweep_without_a_measured_baseline_names_no_winner_and_exits_1(tmp_path, sim_env):
+    path = tiny(tmp_path, trials=1)
+    # a baseline the planner is sure cannot start: skipped without a launch, so the study has no baseline figure
+    path.write_text(path.read_text().replace("flags = { max_mamba_cache_size = 80 }",
+                                             "flags = { max_mamba_cache_size = 4000 }"))
+    run = cli("sweep", "--config", str(path), env=sim_env)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "baseline (trial 0) failed: skipped_infeasible:" in run.stdout
+    assert "winner: trial" not in run.stdout and "winner: none, no measured baseline" in run.stdout
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: the baseline (trial 0) failed: skipped_infeasible") and "no winner" in last
+
+
+def test_an_interrupted_command_says_so_not_aborted(tmp_path, monkeypatch, capsys):
+    import autotune.cli.sweep as sweep_cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(sweep_cli, "run_sweep", interrupted)
+    assert _run_main(["sweep", "--config", str(tiny(tmp_path))]) == 130
+    err = capsys.readouterr().err
+    assert "Aborted" not in err and "Interrupted: run the same command again to resume" in err
+
+
+def test_sigint_stops_a_background_sweep_during_confirmation(tmp_path, sim_env):
+    """A sweep started with ``&`` from a script has SIGINT ignored; the confirmation must still stop on it."""
+    path = tiny(tmp_path, trials=2, top_k=1, measure_s=4.0)
+    proc = subprocess.Popen([sys.executable, "-m", "autotune", "sweep", "--config", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=sim_env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        lines = _lines(proc)
+        deadline = time.monotonic() + 90
+        _wait_for(lines, "confirm 1/", deadline)
+        _wait_for(lines, "measuring", deadline)
+        server = _pid_file_pid(tmp_path / "tiny" / "runs", deadline)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 130
+        rest = []
+        while not lines.empty():
+            rest.append(lines.get())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "run the same command again to resume" in "".join(rest)
+    assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
+    study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'tiny.db'}")
+    assert not study.user_attrs["confirmation"].get("complete")  # a rerun finishes it

@@ -319,3 +319,49 @@ def test_a_stored_confirmation_from_before_is_decided_again_without_rerunning(tm
     assert runner.calls == [] and again["runs"] == conf["runs"]
     assert again["winner_trial"] is None and again["outcome"] == "baseline" and again["gain"] is None
     assert study.user_attrs["confirmation"]["winner_trial"] is None
+
+
+# --- no winner without a measured baseline ----------------------------------------------------------------------
+class BaselineFails(PlannerRunner):
+    """The baseline's config cannot start (e.g. a tenant holds the GPU); ``in_confirmation``: it measures in the
+    search and fails every confirmation run instead."""
+
+    def __init__(self, *, in_confirmation: bool = False):
+        super().__init__()
+        self.in_confirmation, self.baseline_runs = in_confirmation, 0
+
+    def __call__(self, config: dict, number: int) -> TrialResult:
+        if number == 0:
+            self.baseline_runs += 1
+            if not self.in_confirmation or self.baseline_runs > 1:
+                self.calls.append((number, dict(config)))
+                return TrialResult(status="startup_oom", config=config, reason="17.81 GiB free",
+                                   log_path="/logs/0/server.log")
+        return super().__call__(config, number)
+
+
+def test_a_failed_baseline_says_so_and_names_no_winner(tmp_path):
+    cfg = load_config(write_study(tmp_path, trials=4))
+    runner = BaselineFails()
+    summary = run_sweep(cfg, runner=runner)
+    assert summary["best"] is None and summary["outcome"] == "no_baseline" and summary["gain_over_baseline"] is None
+    assert summary["baseline"]["trial"] == 0 and summary["baseline"]["status"] == "startup_oom"
+    assert summary["error"].startswith("the baseline (trial 0) failed: startup_oom: 17.81 GiB free")
+    assert "/logs/0/server.log" in summary["error"]
+    numbers = [n for n, _ in runner.calls]
+    assert not summary["confirmed"] and len(numbers) == len(set(numbers))  # no repeats: nothing to confirm over
+    text = render(summary)
+    assert "baseline (trial 0) failed: startup_oom: 17.81 GiB free" in text
+    assert "winner: trial" not in text and "winner: none, no measured baseline" in text
+
+
+def test_a_baseline_that_fails_every_confirmation_run_names_no_winner(tmp_path):
+    cfg = load_config(write_study(tmp_path, trials=4))
+    summary = run_sweep(cfg, runner=BaselineFails(in_confirmation=True))
+    assert summary["confirmed"] and summary["best"] is None and summary["outcome"] == "no_baseline"
+    assert "(trial 0) failed in every confirmation run" in summary["error"]
+    assert "winner: trial" not in render(summary)
+    # the same study with a measured baseline crowns its winner
+    (tmp_path / "ok").mkdir()
+    ok = load_config(write_study(tmp_path / "ok", trials=4))
+    assert run_sweep(ok, runner=PlannerRunner())["outcome"] == "winner"

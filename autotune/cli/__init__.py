@@ -28,6 +28,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+# What a Ctrl-C (or SIGINT) prints, whichever stage it stopped: every command resumes or is safe to re-run.
+INTERRUPTED = "Interrupted: run the same command again to resume"
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
@@ -58,8 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     debug = "--debug" in args
     try:
         rc = cli.main(args=args, prog_name="autotune", standalone_mode=False)
-    except click.exceptions.Abort:
-        click.echo("Aborted.", err=True)
+    except (click.exceptions.Abort, KeyboardInterrupt):  # click turns a Ctrl-C into Abort
+        click.echo(INTERRUPTED, err=True)
         sys.exit(130)
     except click.ClickException as exc:
         exc.show()
@@ -69,7 +73,4 @@ def main(argv: list[str] | None = None) -> None:
             raise
         click.echo(f"Error: {exc}", err=True)
         sys.exit(1)
-    except KeyboardInterrupt:
-        click.echo("Interrupted.", err=True)
-        sys.exit(130)
     sys.exit(rc if isinstance(rc, int) else 0)

@@ -55,7 +55,10 @@ def render(summary: dict[str, Any]) -> str:
         lines.append(f"  launched {summary['launched']} servers{rerun}, {summary['launched_oom']} ran out of memory "
                      f"({share:.0f} %){tail}")
     base, best = summary["baseline"], summary["best"]
-    lines.append(f"  baseline (trial {base['trial']}): {_tok(base['output_tok_s'])}")
+    if base.get("failed"):
+        lines.append(f"  baseline {base['failed']}")
+    else:
+        lines.append(f"  baseline (trial {base['trial']}): {_tok(base['output_tok_s'])}")
     for e in summary["enqueued"]:
         lines.append(f"  {e['label']} (trial {e['trial']}): {_tok(e['output_tok_s'])}")
     if best:
@@ -67,6 +70,8 @@ def render(summary: dict[str, Any]) -> str:
         gain_ci = summary.get("gain_ci")
         ci = f" (95 % CI {gain_ci[0]:.2f}–{gain_ci[1]:.2f}×)" if gain_ci and gain_ci[0] is not None else ""
         lines.append(f"  gain over baseline: {_x(summary['gain_over_baseline'])}{ci}")
+    elif summary.get("outcome") == "no_baseline":
+        lines.append("  winner: none, no measured baseline to compare with (nothing to apply)")
     elif summary.get("outcome") == "baseline":
         lines.append("  winner: none, no config beat the baseline (keep the baseline; nothing to apply)")
     else:
@@ -109,6 +114,9 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
         click.echo(render_gpus(open_study(cfg, create=False)))
     if summary.get("interrupted"):
         raise SystemExit(130)
+    if summary.get("error"):  # no measured baseline: the sweep did not do its job, whatever it printed
+        click.echo(f"Error: {summary['error']}", err=True)
+        raise SystemExit(1)
 
 
 def _search_on(cfg: Any, gpus: str, *, err: bool) -> Any:

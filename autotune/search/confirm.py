@@ -23,13 +23,13 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
 from autotune.progress import PlainProgress
-from autotune.redaction import redact_url
 from autotune.results import TrialResult
 from autotune.search.gpus import gains
 from autotune.search.runner import DEFAULTS_RUN, Runner, predict
-from autotune.search.seeding import finished, launches
-from autotune.search.space import key_of
-from autotune.search.study import Sweep
+from autotune.search.seeding import finished
+from autotune.search.study import Sweep, sigint_stops
+from autotune.search.summary import baseline_failure, summarize
+from autotune.search.summary import launch_key as _key
 
 BOOTSTRAP = 2000
 
@@ -43,7 +43,7 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     gain = gains(study)  # swept on several GPUs: rank by tok/s ÷ the trial's own GPU's baseline
     ranked = sorted((t for t in done if _feasible(t)), key=lambda t: -gain.get(t.number, t.values[0]))
-    seen: set[str] = set()
+    seen: set[str | None] = set()
     top: list[FrozenTrial] = []
     for t in ranked:
         key = t.user_attrs.get("launch_key")
@@ -56,12 +56,6 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
     refs = [t for t in done if t.user_attrs.get("role") == "enqueued" and _feasible(t)
             and t not in top and t.user_attrs.get("launch_key") != (baseline and baseline.user_attrs.get("launch_key"))]
     return top, baseline, refs
-
-
-def _key(trial: FrozenTrial) -> str:
-    """The config a trial launched (its stored launch key; older studies: the key of its result's config)."""
-    key = trial.user_attrs.get("launch_key")
-    return key if key is not None else key_of((trial.user_attrs.get("result") or {}).get("config") or {})
 
 
 def _median(values: list[float]) -> float:
@@ -291,7 +285,7 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], ru
                     return False
                 if progress is not None:
                     progress.confirm_started(len(runs) + 1, total, n, k)
-                result = runner(dict(configs[n]), n)
+                result = _repeat(runner, dict(configs[n]), n, k)
                 if result.status == "interrupted":
                     study.set_user_attr("confirmation", {**state, "runs": runs})
                     return False
@@ -301,6 +295,13 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], ru
                     progress.confirm_finished(n, result)
         first = upto
     return True
+
+
+def _repeat(runner: Runner, config: dict[str, Any], number: int, k: int) -> TrialResult:
+    """Confirmation run ``k`` of trial ``number``: a runner that files repeats apart (``HarnessRunner.repeat``:
+    its own directory, no fidelity probe) is told it is one; a plain runner gets the trial's number."""
+    repeat = getattr(runner, "repeat", None)
+    return repeat(config, number, k) if callable(repeat) else runner(config, number)
 
 
 # Flags SGLang 0.5.23 chooses together: when the first is left to its default, the others must be unset too
@@ -348,101 +349,29 @@ def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callabl
 
 
 def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None) -> dict[str, Any]:
-    """Search, then confirm; returns the summary (``autotune sweep --json``)."""
+    """Search, then confirm; returns the summary (``autotune sweep --json``).
+
+    Ctrl-C is the same in every stage: one handler for the whole sweep (``sigint_stops``), installed even where
+    SIGINT was ignored at start-up (a sweep started with ``&`` from a script), so the first SIGINT stops the
+    current server and ends the sweep as interrupted, in the search and in the confirmation alike. No
+    confirmation runs without a measured baseline: there would be nothing to confirm a gain over."""
     progress = progress or PlainProgress()
+    stop = threading.Event()
     sweep = None
-    try:
-        sweep = Sweep(cfg, runner=runner, progress=progress)
-        study = sweep.run()
-        if not sweep.stop.is_set() and cfg.study.confirm_top_k > 0:
-            confirm(study, cfg, runner=sweep.runner, progress=progress, stop_event=sweep.stop,
-                    defaults=_defaults(cfg, sweep.runner, progress))
-    finally:
-        if sweep is not None:
-            sweep.close()
-        progress.close()
+    with sigint_stops(stop):
+        try:
+            sweep = Sweep(cfg, runner=runner, progress=progress, stop_event=stop)
+            study = sweep.run()
+            failure = baseline_failure(study)
+            if not stop.is_set() and cfg.study.confirm_top_k > 0 and failure is not None:
+                progress.log(f"confirm: skipped, the baseline {failure}")
+            elif not stop.is_set() and cfg.study.confirm_top_k > 0:
+                confirm(study, cfg, runner=sweep.runner, progress=progress, stop_event=stop,
+                        defaults=_defaults(cfg, sweep.runner, progress))
+        finally:
+            if sweep is not None:
+                sweep.close()
+            progress.close()
     summary = summarize(study, cfg)
-    summary["interrupted"] = sweep.stop.is_set()
+    summary["interrupted"] = stop.is_set()
     return summary
-
-
-def _defaults_entry(stored: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The stored defaults measurement; one that did not run cleanly has no tok/s (older studies stored 0.0)."""
-    if not stored:
-        return None
-    out = dict(stored)
-    status = out.get("status") or ("ok" if out.get("output_tok_s") else "failed")
-    if status == "ok" and not out.get("output_tok_s"):
-        status = "no_measurement"
-    if status != "ok":
-        out.update(output_tok_s=None, reason=out.get("reason"))
-    out["status"] = status
-    return out
-
-
-def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | None) -> dict[str, Any] | None:
-    """A trial as the summary shows it: the confirmed median and interval where confirmed, else its search value."""
-    if n is None or n not in by_number:
-        return None
-    t = by_number[n]
-    s = stats.get(str(n))
-    value = s["median"] if s else (t.values[0] if t.values else None)
-    return {"trial": n, "label": t.user_attrs.get("label"), "params": t.user_attrs.get("result", {}).get("config"),
-            "output_tok_s": value, "ci_low": s["ci"][0] if s else None, "ci_high": s["ci"][1] if s else None,
-            "confirmed_runs": s["runs"] if s else 0}
-
-
-def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
-    """The figures a user reads: statuses, baseline, confirmed winner and gains (search values if unconfirmed).
-
-    ``outcome`` is ``"winner"``, ``"baseline"`` (no config beat the baseline: the confirmation found none, or,
-    unconfirmed, the best search trial runs the baseline's flags; ``best`` is None, the reason in ``note``) or
-    ``"none"`` (nothing measured cleanly). ``launched`` counts servers started in every session of the study,
-    interrupted ones included."""
-    trials = study.get_trials(deepcopy=False)
-    done = finished(trials)
-    statuses: dict[str, int] = {}
-    for t in done:
-        status = t.user_attrs.get("status", t.state.name.lower())
-        statuses[status] = statuses.get(status, 0) + 1
-    by_number = {t.number: t for t in trials}
-    conf = study.user_attrs.get("confirmation") or {}
-    confirmed = bool(conf.get("complete"))
-    entry = functools.partial(_entry, by_number, conf.get("stats", {}) if confirmed else {})
-    baseline = next((t.number for t in trials if t.user_attrs.get("role") == "baseline"
-                     and t.state.name == "COMPLETE"), None)
-    note = conf.get("note") if confirmed else "not confirmed: these are single search measurements"
-    outcome = conf.get("outcome") if confirmed else None
-    if confirmed:
-        best_n = conf.get("winner_trial")
-    else:
-        ok = [t for t in done if t.user_attrs.get("status") == "ok" and t.values]
-        best_n = max(ok, key=lambda t: t.values[0]).number if ok else None
-        if best_n is not None and baseline is not None and _key(by_number[best_n]) == _key(by_number[baseline]):
-            note = f"no config beat the baseline: the best search trial ({best_n}) runs the baseline's flags; {note}"
-            best_n, outcome = None, "baseline"
-    base, best = entry(baseline), entry(best_n)
-    gain = conf.get("gain") if confirmed else (
-        best["output_tok_s"] / base["output_tok_s"] if best and base and base["output_tok_s"] else None)
-    enqueued = [entry(t.number) for t in trials if t.user_attrs.get("role") == "enqueued"
-                and t.state.name == "COMPLETE" and t.user_attrs.get("requeued_from") is None]
-    defaults = _defaults_entry(conf.get("defaults")) if confirmed else None
-    started = launches(trials)
-    launched_oom = sum(1 for t in started if t.user_attrs.get("status") in ("startup_oom", "runtime_oom"))
-    interrupted = sum(1 for t in started if t.state.name == "FAIL"
-                      and t.user_attrs.get("status") in (None, "interrupted"))
-    return {
-        "study": study.study_name, "storage": redact_url(cfg.storage_url), "n_trials": len(done),
-        "statuses": statuses, "launched": len(started), "launched_oom": launched_oom,
-        "launched_interrupted": interrupted, "confirmed": confirmed,
-        "baseline": {"trial": baseline, "params": base and base["params"], "output_tok_s": base and base["output_tok_s"]},
-        "best": best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "ci_low", "ci_high")},
-        "outcome": "winner" if best is not None else (outcome if outcome == "baseline" else "none"),
-        "gain_over_baseline": gain if best is not None else None,
-        "gain_ci": [conf.get("ci_low"), conf.get("ci_high")] if confirmed and best is not None else None,
-        "enqueued": [e for e in enqueued if e],
-        "defaults": defaults,
-        "gain_over_defaults": (best["output_tok_s"] / defaults["output_tok_s"]
-                               if best and defaults and defaults.get("output_tok_s") else None),
-        "note": note,
-    }

@@ -1,0 +1,154 @@
+"""The sweep's summary: what a user reads once a study has run (statuses, baseline, winner, gains).
+
+A winner is only ever named against a measured baseline: a gain needs something to be a gain over. When the
+study's baseline did not measure (it failed, was skipped by the planner, or failed in every confirmation run)
+the summary says so with the baseline's status and reason, names no winner (``outcome`` ``"no_baseline"``) and
+carries the one line ``autotune sweep`` exits 1 with (``error``).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import StudyConfig
+from autotune.redaction import redact_url
+from autotune.search.seeding import finished, launches
+from autotune.search.space import key_of
+
+
+def launch_key(trial: FrozenTrial) -> str:
+    """The config a trial launched (its stored launch key; older studies: the key of its result's config)."""
+    key = trial.user_attrs.get("launch_key")
+    return key if key is not None else key_of((trial.user_attrs.get("result") or {}).get("config") or {})
+
+
+def baseline_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
+    """The study's finished baseline: the first that measured ok, else the first that finished at all."""
+    done = [t for t in finished(trials) if t.user_attrs.get("role") == "baseline"]
+    return next((t for t in done if measured(t)), done[0] if done else None)
+
+
+def measured(trial: FrozenTrial | None) -> bool:
+    """Whether a trial measured a throughput (COMPLETE, status ok, a positive value)."""
+    return (trial is not None and trial.state == TrialState.COMPLETE and trial.user_attrs.get("status") == "ok"
+            and bool(trial.values) and trial.values[0] > 0)
+
+
+def baseline_failure(study: optuna.Study) -> str | None:
+    """Why the study has no measured baseline to compare with (``"(trial 0) failed: startup_oom: …"``); None
+    when it has one. A baseline that measured in the search but failed every confirmation run has none either."""
+    trials = study.get_trials(deepcopy=False)
+    base = baseline_trial(trials)
+    if base is None:
+        return "did not run (no baseline trial finished)"
+    if not measured(base):
+        status = base.user_attrs.get("status") or base.state.name.lower()
+        reason = base.user_attrs.get("reason") or ("no tok/s measured" if status == "ok" else "no reason recorded")
+        return f"(trial {base.number}) failed: {status}: {reason}"
+    conf = study.user_attrs.get("confirmation") or {}
+    stats = (conf.get("stats") or {}).get(str(base.number)) if conf.get("complete") else None
+    if stats and stats.get("runs") and not stats.get("median"):
+        return f"(trial {base.number}) failed in every confirmation run ({stats['runs']})"
+    return None
+
+
+def _defaults_entry(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The stored defaults measurement; one that did not run cleanly has no tok/s (older studies stored 0.0)."""
+    if not stored:
+        return None
+    out = dict(stored)
+    status = out.get("status") or ("ok" if out.get("output_tok_s") else "failed")
+    if status == "ok" and not out.get("output_tok_s"):
+        status = "no_measurement"
+    if status != "ok":
+        out.update(output_tok_s=None, reason=out.get("reason"))
+    out["status"] = status
+    return out
+
+
+def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | None) -> dict[str, Any] | None:
+    """A trial as the summary shows it: the confirmed median and interval where confirmed, else its search value."""
+    if n is None or n not in by_number:
+        return None
+    t = by_number[n]
+    s = stats.get(str(n))
+    value = s["median"] if s else (t.values[0] if t.values else None)
+    return {"trial": n, "label": t.user_attrs.get("label"), "params": t.user_attrs.get("result", {}).get("config"),
+            "output_tok_s": value, "ci_low": s["ci"][0] if s else None, "ci_high": s["ci"][1] if s else None,
+            "confirmed_runs": s["runs"] if s else 0}
+
+
+def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
+          conf: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
+    """(the best trial's number, the outcome, the note): the confirmed winner, else the best search value."""
+    if conf.get("complete"):
+        return conf.get("winner_trial"), conf.get("outcome"), conf.get("note")
+    note = "not confirmed: these are single search measurements"
+    ok = [t for t in finished(trials) if t.user_attrs.get("status") == "ok" and t.values]
+    best_n = max(ok, key=lambda t: t.values[0]).number if ok else None
+    if best_n is not None and base is not None and launch_key(next(t for t in ok if t.number == best_n)) == launch_key(base):
+        return None, "baseline", (f"no config beat the baseline: the best search trial ({best_n}) runs the "
+                                  f"baseline's flags; {note}")
+    return best_n, None, note
+
+
+def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
+    """The figures a user reads: statuses, baseline, confirmed winner and gains (search values if unconfirmed).
+
+    ``outcome`` is ``"winner"``, ``"baseline"`` (no config beat the baseline: the confirmation found none, or,
+    unconfirmed, the best search trial runs the baseline's flags; ``best`` is None, the reason in ``note``),
+    ``"no_baseline"`` (the baseline did not measure: no winner, ``error`` says why) or ``"none"`` (nothing
+    measured cleanly). ``launched`` counts servers started in every session of the study, interrupted ones
+    included."""
+    trials = study.get_trials(deepcopy=False)
+    done = finished(trials)
+    statuses: dict[str, int] = {}
+    for t in done:
+        status = t.user_attrs.get("status", t.state.name.lower())
+        statuses[status] = statuses.get(status, 0) + 1
+    by_number = {t.number: t for t in trials}
+    conf = study.user_attrs.get("confirmation") or {}
+    confirmed = bool(conf.get("complete"))
+    entry = functools.partial(_entry, by_number, conf.get("stats", {}) if confirmed else {})
+    base_t = baseline_trial(trials)
+    baseline = base_t.number if base_t is not None else None
+    best_n, outcome, note = _best(trials, base_t, conf)
+    failure = baseline_failure(study)
+    if failure is not None:
+        best_n, outcome, note = None, "no_baseline", None  # the baseline line and ``error`` say why
+    base, best = (entry(baseline) if failure is None else None), entry(best_n)
+    gain = conf.get("gain") if confirmed else (
+        best["output_tok_s"] / base["output_tok_s"] if best and base and base["output_tok_s"] else None)
+    enqueued = [entry(t.number) for t in trials if t.user_attrs.get("role") == "enqueued"
+                and t.state.name == "COMPLETE" and t.user_attrs.get("requeued_from") is None]
+    defaults = _defaults_entry(conf.get("defaults")) if confirmed else None
+    started = launches(trials)
+    launched_oom = sum(1 for t in started if t.user_attrs.get("status") in ("startup_oom", "runtime_oom"))
+    interrupted = sum(1 for t in started if t.state.name == "FAIL"
+                      and t.user_attrs.get("status") in (None, "interrupted"))
+    attrs = base_t.user_attrs if base_t is not None else {}
+    return {
+        "study": study.study_name, "storage": redact_url(cfg.storage_url), "n_trials": len(done),
+        "statuses": statuses, "launched": len(started), "launched_oom": launched_oom,
+        "launched_interrupted": interrupted, "confirmed": confirmed,
+        "baseline": {"trial": baseline, "params": (attrs.get("result") or {}).get("config"),
+                     "output_tok_s": base and base["output_tok_s"], "status": attrs.get("status"),
+                     "reason": attrs.get("reason") if failure else None, "failed": failure,
+                     "log_path": attrs.get("log_path")},
+        "best": best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "ci_low", "ci_high")},
+        "outcome": "winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none"),
+        "gain_over_baseline": gain if best is not None else None,
+        "gain_ci": [conf.get("ci_low"), conf.get("ci_high")] if confirmed and best is not None else None,
+        "enqueued": [e for e in enqueued if e],
+        "defaults": defaults,
+        "gain_over_defaults": (best["output_tok_s"] / defaults["output_tok_s"]
+                               if best and defaults and defaults.get("output_tok_s") else None),
+        "note": note,
+        "error": None if failure is None else (
+            f"the baseline {failure}; no winner without a measured baseline to compare with"
+            + (f" (its log: {attrs['log_path']})" if attrs.get("log_path") else "")),
+    }
