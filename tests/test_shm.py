@@ -157,3 +157,86 @@ def test_two_independent_servers_each_keep_their_own_files(tmp_path, monkeypatch
     finally:
         y.kill()
         y.wait(10)
+
+
+SEM_OPEN = (  # glibc's sem_open(O_CREAT): map a temporary sem.XXXXXX, link it to the name, unlink the temporary
+    "import mmap, os, sys, tempfile, time\n"
+    "fd, tmp = tempfile.mkstemp(prefix='sem.', dir=sys.argv[1]); os.write(fd, b'\\0' * 32)\n"
+    "m = mmap.mmap(fd, 32); os.close(fd); os.link(tmp, os.path.join(sys.argv[1], sys.argv[2])); os.unlink(tmp)\n"
+    "print('held', flush=True); time.sleep(120)\n"
+)
+
+
+def _sem_open(directory, name) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", SEM_OPEN, str(directory), name], stdout=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_real_multiprocessing_semaphore_is_mapped_only_under_a_deleted_name():
+    """What makes SGLang's sem.mp-* files invisible by name (checked in /proc of a real server): the creator maps
+    glibc's temporary; only the inode ties the mapping to the semaphore's file."""
+    import _multiprocessing
+
+    from autotune.harness.procgroup import held_inodes
+
+    name = f"/mp-autotune-test-{os.getpid()}"
+    sem = _multiprocessing.SemLock(1, 1, 1, name, False)  # a semaphore, unlinked by us (no resource tracker)
+    try:
+        path = f"/dev/shm/sem.{name[1:]}"
+        ino = os.stat(path).st_ino
+        assert os.path.basename(path) not in held_files([os.getpid()], "/dev/shm")
+        assert ino in held_inodes([os.getpid()], "/dev/shm")
+    finally:
+        _multiprocessing.sem_unlink(name)
+        del sem
+
+
+def test_a_semaphore_its_group_mapped_under_a_temporary_name_is_owned(tmp_path):
+    proc = _sem_open(tmp_path, "sem.mp-abcd_123")
+    try:
+        own = ShmOwnership(tmp_path, set())
+        assert "sem.mp-abcd_123" not in held_files(group_pids(proc.pid), tmp_path)  # by name, nothing proves it
+        assert own.observe(group_pids(proc.pid)) and sorted(own.owned) == ["sem.mp-abcd_123"]
+    finally:
+        _stop(proc)
+
+
+def test_release_semaphores_takes_new_unheld_ones_and_never_a_neighbours(tmp_path):
+    from autotune.harness.shm import release_semaphores
+
+    (tmp_path / "sem.mp-before00").write_bytes(b"\0" * 32)  # there before the trial: never ours
+    before = snapshot(tmp_path)
+    neighbour = _sem_open(tmp_path, "sem.mp-neighbr1")  # created during the trial by a live neighbour
+    try:
+        (tmp_path / "sem.mp-leaked00").write_bytes(b"\0" * 32)  # its creator died unseen: nobody holds it
+        (tmp_path / "sglang_loads_000000000000_00000000.shm").write_bytes(b"\0")  # not a semaphore: no proof
+        assert release_semaphores(tmp_path, before) == ["sem.mp-leaked00"]
+        assert sorted(p.name for p in tmp_path.iterdir()) == [
+            "sem.mp-before00", "sem.mp-neighbr1", "sglang_loads_000000000000_00000000.shm"]
+    finally:
+        _stop(neighbour)
+
+
+def test_a_stopped_server_removes_the_unheld_semaphores_of_its_life_and_keeps_a_live_neighbours(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    port = free_port()
+    script = "import http.server, sys\nhttp.server.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.BaseHTTPRequestHandler).serve_forever()\n"
+    server = ServerProcess([sys.executable, "-c", script, str(port)], port=port, log_path=tmp_path / "s.log",
+                           run_dir=tmp_path / "runs", shm_dir=shm)
+    server.start()
+    neighbour = None
+    try:
+        (shm / "sem.mp-ourgone0").write_bytes(b"\0" * 32)  # a semaphore whose holder (the server's) died unseen
+        neighbour = _sem_open(shm, "sem.mp-neighbr2")
+    finally:
+        server.stop(grace_s=2, release_timeout_s=5)
+        try:
+            assert "sem.mp-ourgone0" in server.removed_shm
+            assert server.unattributed_shm == ["sem.mp-neighbr2"]
+            assert sorted(p.name for p in shm.iterdir()) == ["sem.mp-neighbr2"]
+        finally:
+            if neighbour is not None:
+                _stop(neighbour)
