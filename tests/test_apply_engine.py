@@ -298,3 +298,20 @@ def test_provenance_records_the_engine_without_secret_values(tmp_path):
     again = winner_from_yaml(tmp_path / "out" / "sglang.yaml")  # deploying the YAML keeps the study's engine
     assert (again.engine, again.device, again.python, again.gpu) == ("sglang", "cpu", "/opt/sgl/bin/python", "CPU")
     assert again.env == {"HF_TOKEN": "${HF_TOKEN}", "OMP_NUM_THREADS": "2"}
+
+
+def test_a_cpu_study_fleet_file_names_no_gpu_and_no_simulated_gpu(tmp_path):
+    python = fake_sglang(tmp_path)
+    settings = study_settings(tmp_path, f'kind = "sglang"\nmodel = "qwen3.6-27b"\npython = "{python}"\n'
+                                        'device = "cpu"')
+    winner = load_winner(study_url(tmp_path, settings))
+    assert winner.sim_gpu is None
+    out = tmp_path / "deploy"
+    write_artifacts(winner, out, gpus=[0, 1], base_port=31000)
+    doc = tomllib.loads((out / "fleet.toml").read_text())
+    assert "sim_gpu" not in doc and doc["device"] == "cpu"
+    assert [(s["name"], "gpu" in s) for s in doc["servers"]] == [("cpu0", False), ("cpu1", False)]
+    fleet = load_fleet(out / "fleet.toml")
+    assert [s.gpu for s in fleet.servers] == [None, None] and fleet.servers[0].where == "port 31000"
+    with pytest.raises(Exception, match="has no gpu"):  # a GPU fleet's server must name its GPU
+        Fleet(engine="sglang", model="m", servers=[FleetServer(name="a", port=1, config="c", log="l", pid="p")])

@@ -127,3 +127,33 @@ def test_sglang_engine_without_sglang_is_one_line(capsys, quiet_env):
     assert code == 1
     _one_error_line(err, "sglang is not importable", "--python")
     assert not (quiet_env / "t").exists()
+
+
+def test_a_cpu_server_gets_no_cuda_devices_and_measure_names_no_gpu(capsys, quiet_env, monkeypatch):
+    """SGLang's CPU backend (here the simulator behind an interpreter that records its environment)."""
+    import shlex
+    import sys
+
+    from fakesglang import make_fake_sglang
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(quiet_env / "cache"))
+    fake = make_fake_sglang(quiet_env / "fake")  # importable sglang (its version and flags), no server
+    seen = quiet_env / "cuda-visible-devices"
+    python = quiet_env / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(
+        "#!/usr/bin/env bash\n"
+        'if [[ "$1" == "-m" && "$2" == "sglang.launch_server" ]]; then\n'
+        f'  echo "${{CUDA_VISIBLE_DEVICES-unset}}" > {shlex.quote(str(seen))}; shift 2\n'
+        f'  exec {shlex.quote(sys.executable)} -m autotune.sim "$@" --sim-startup-s 0.2 --sim-release-s 0.2\n'
+        "fi\n"
+        f'exec {shlex.quote(str(fake.python))} "$@"\n')
+    python.chmod(0o755)
+    code, out, err = run(capsys, "--engine", "sglang", "--device", "cpu", "--python", str(python), "--model",
+                         "qwen3.6-27b", "--prompts", str(PROMPTS), "--sample", "8", "--warmup", "0.5", "--window",
+                         "1", "--out", str(quiet_env / "trial"))
+    assert code is None or code == 0, out + err
+    assert seen.read_text().strip() == "unset"  # the trial's launch set no CUDA_VISIBLE_DEVICES
+    assert "GPU peak used" not in out and "modelled startup" not in out
+    assert "host memory peak" in out

@@ -52,7 +52,7 @@ def status(fleet_file: Path, as_json: bool) -> None:
     for r in rows:
         cap = r.capacity
         config = r.config + (f" (differs: {', '.join(r.drift)})" if r.drift else "")
-        table.add_row(r.name, r.host, str(r.gpu), str(r.port), r.state,
+        table.add_row(r.name, r.host, "-" if r.gpu is None else str(r.gpu), str(r.port), r.state,
                       *(str(getattr(cap, k)) if cap and getattr(cap, k) is not None else "-"
                         for k in ("max_running_requests", "kv_tokens", "mamba_slots")),
                       f"{r.tok_s:.0f}" if r.tok_s is not None else "-", config)

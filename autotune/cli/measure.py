@@ -153,12 +153,14 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
     else:
-        _render(result)
+        _render(result, host_memory=engine_name == "sglang" and device == "cpu")
     if not result.ok:
         raise SystemExit(FAILED_TRIAL_EXIT)
 
 
-def _render(result) -> None:
+def _render(result, *, host_memory: bool = False) -> None:
+    """The result as a table; a CPU server (``host_memory``) has no GPU: its peak is host RAM and no startup is
+    modelled (the startup model is a GPU's)."""
     console = Console()
     colour = "green" if result.ok else "red"
     console.print(f"Trial [{colour}]{result.status}[/{colour}]  ({result.trial_dir})")
@@ -178,8 +180,11 @@ def _render(result) -> None:
         table.add_row("max running requests", str(cap.max_running_requests))
         table.add_row("KV tokens / Mamba slots", f"{cap.kv_tokens} / {cap.mamba_slots}")
     if g is not None and g.peak_used_gib is not None:
-        table.add_row("GPU peak used", f"{g.peak_used_gib:.2f} GiB of {g.total_gib or 0:.2f}")
+        if host_memory:
+            table.add_row("host memory peak", f"{g.peak_used_gib:.2f} GiB (the server's processes and files)")
+        else:
+            table.add_row("GPU peak used", f"{g.peak_used_gib:.2f} GiB of {g.total_gib or 0:.2f}")
     table.add_row("durations s", ", ".join(f"{k} {v:.2f}" for k, v in result.durations_s.items()))
-    if result.modelled_startup_s is not None:
+    if result.modelled_startup_s is not None and not host_memory:
         table.add_row("modelled startup s", f"{result.modelled_startup_s:.1f}")
     console.print(table)

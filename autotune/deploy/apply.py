@@ -75,7 +75,8 @@ class Winner:
 
     @property
     def sim_gpu(self) -> str | None:
-        value = self._engine_setting("sim_gpu")
+        """The simulated GPU of a simulator study; None for any other engine (a real or CPU server has none)."""
+        value = self._engine_setting("sim_gpu") if self.engine == "sim" else None
         return None if value is None else str(value)
 
     @property
@@ -290,7 +291,11 @@ def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layo
     """One server per GPU given, or the servers of an existing fleet file (hosts, GPUs, ports kept)."""
     if gpus:
         prefix = "cpu" if winner.device == "cpu" else "gpu"
-        return [FleetServer(name=f"{prefix}{gpu}", gpu=gpu, port=base_port + i, bind=host, config="sglang.yaml",
+        # SGLang's CPU backend: the index names the server and its files, and no GPU (the simulator keeps its index:
+        # it picks its simulated device by it)
+        no_gpu = winner.engine == "sglang" and winner.device == "cpu"
+        return [FleetServer(name=f"{prefix}{gpu}", gpu=None if no_gpu else gpu, port=base_port + i, bind=host,
+                            config="sglang.yaml",
                             log=f"logs/{prefix}{gpu}.log", pid=f"run/{prefix}{gpu}.pid", extra_args=list(cli),
                             sim_options=winner.sim_options)
                 for i, gpu in enumerate(gpus)]
@@ -343,7 +348,7 @@ def write_artifacts(
     starts, elsewhere = [], []
     for s in servers:
         if not s.local:
-            elsewhere.append(f"{s.name} on {s.host} (gpu {s.gpu}, port {s.port})")
+            elsewhere.append(f"{s.name} on {s.host} ({s.where})")
             continue
         own = engine_for(fleet, s, env=fleet.env).env(gpu_index=s.gpu)
         gpu = own.get("CUDA_VISIBLE_DEVICES", "")

@@ -42,7 +42,7 @@ class _Model(BaseModel):
 class FleetServer(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     host: str = "localhost"  # where it runs: local, or "user@name" / "name" reached over SSH
-    gpu: int = Field(ge=0)  # on a CPU fleet, just the server's index (SGLang's CPU backend uses no GPU)
+    gpu: int | None = Field(default=None, ge=0)  # none for SGLang's CPU backend (the simulator's CPU: its index)
     port: int = Field(ge=1, le=65535)
     bind: str = "127.0.0.1"  # the address the server listens on
     config: str  # the sglang.yaml this server runs, relative to the fleet file
@@ -66,6 +66,11 @@ class FleetServer(_Model):
     def url(self) -> str:
         host = f"[{self.address}]" if ":" in self.address else self.address
         return f"http://{host}:{self.port}"
+
+    @property
+    def where(self) -> str:
+        """``gpu 3, port 30003`` (a CPU server: ``port 30003``), for messages."""
+        return f"gpu {self.gpu}, port {self.port}" if self.gpu is not None else f"port {self.port}"
 
 
 class Fleet(_Model):
@@ -93,10 +98,14 @@ class Fleet(_Model):
                           ("gpu", lambda s: (s.host, s.gpu))):
             seen: set[Any] = set()
             for server in self.servers:
+                if what == "gpu" and server.gpu is None:
+                    continue
                 if key(server) in seen:
                     raise ValueError(f"two servers share the same {what} ({server.name})")
                 seen.add(key(server))
         for server in self.servers:
+            if server.gpu is None and not self.host_memory:
+                raise ValueError(f"server {server.name} has no gpu (every server of a GPU fleet names its GPU)")
             if not server.local and server.bind.startswith("127."):
                 raise ValueError(f"server {server.name} on {server.host} binds {server.bind}, which cannot be "
                                  "polled from here; set bind to that host's address or 0.0.0.0")
@@ -295,7 +304,7 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
         if proc.pid is not None:
             proc.stop(grace_s=5.0, release_timeout_s=30.0)
             pid_path.unlink(missing_ok=True)
-        raise FleetError(f"server {server.name} (gpu {server.gpu}, port {server.port}) did not start: {reason} "
+        raise FleetError(f"server {server.name} ({server.where}) did not start: {reason} "
                          f"(log: {log_path})") from None
     proc.release()  # it serves on after this command; this process stops watching it
     return proc.pid
@@ -333,7 +342,7 @@ def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_ti
 class ServerStatus:
     name: str
     host: str
-    gpu: int
+    gpu: int | None
     port: int
     config: str
     pid: int | None = None
