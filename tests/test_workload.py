@@ -53,13 +53,14 @@ def test_sample_is_seeded_and_identical_across_loads(tmp_path):
 
 @pytest.mark.parametrize(
     ("line", "match"),
-    [("{not json", "not valid JSON"), ('{"text": "x"}', "neither"), ('["x"]', "not a JSON object"), ('{"prompt": "x", "max_tokens": 0}', "max_tokens")],
+    [("{not json", "not valid JSON"), ('{"text": "x"}', "neither"), ('["x"]', "JSON list, not an object"),
+     ('{"prompt": "x", "max_tokens": 0}', "max_tokens"), ('{"prompt": 5}', '"prompt" must be a string')],
 )
 def test_bad_rows_name_file_and_line(tmp_path, line, match):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "ok"}, line])
     with pytest.raises(WorkloadError, match=match) as info:
         PromptSample.load(path, 5)
-    assert f"{path}:2" in str(info.value)
+    assert str(info.value).startswith(f"{path}: line 2: ")
 
 
 def test_missing_file_and_bad_spec(tmp_path):

@@ -19,8 +19,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
+from autotune.config.context import context_limit
 from autotune.config.sections import (
     UNSET,
     BaselineSection,
@@ -32,7 +33,7 @@ from autotune.config.sections import (
     StudySection,
     WorkloadSection,
 )
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, WorkloadError
 from autotune.prompts import PromptSample
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.profiles import load_gpu, load_model
@@ -59,6 +60,7 @@ class StudyConfig(StrictModel):
     enqueue: list[Enqueued] = []
     # Filled by load_config, not read from the file.
     path: Path | None = None
+    notes: tuple[str, ...] = Field((), exclude=True)  # warnings for the user (a prompt file short of sample_size)
 
     @property
     def name(self) -> str:
@@ -100,7 +102,7 @@ class StudyConfig(StrictModel):
         return [config for _, _, config in self.given()]
 
 
-def _fix_for(err: dict[str, Any]) -> str:
+def _fix_for(err: Any) -> str:  # pydantic's ErrorDetails
     kind = err["type"]
     if kind == "extra_forbidden":
         return "remove it or check its spelling"
@@ -151,9 +153,9 @@ def load_config(path: str | Path, *, name: str | None = None, storage: str | Non
         raise ConfigError(f"cannot read study file ({exc.strerror})", file=file, fix="check permissions") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"not valid TOML ({exc})", file=file, fix="fix the TOML syntax") from None
-    if "path" in raw or "derived" in raw:  # fields load_config fills, not keys of the file
-        key = "path" if "path" in raw else "derived"
-        raise ConfigError("unknown key", file=file, key=key, fix="remove it or check its spelling")
+    filled = [key for key in ("path", "derived", "notes") if key in raw]  # fields load_config fills, not keys
+    if filled:
+        raise ConfigError("unknown key", file=file, key=filled[0], fix="remove it or check its spelling")
     raw = _split_space(raw, file)
     study = dict(raw.get("study", {}))
     study.setdefault("name", path.stem)
@@ -184,11 +186,11 @@ def _resolve(cfg: StudyConfig, path: Path, file: str) -> StudyConfig:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", cfg.study.name or ""):
         raise ConfigError(f"study name {cfg.study.name!r} is not usable as a file name", file=file,
                           key="study.name", fix="use letters, digits, '.', '_' or '-'")
-    study = cfg.study.model_copy(update={"storage": _resolve_storage(cfg.study.storage, base, cfg.study.name)})
+    study = cfg.study.model_copy(update={"storage": _resolve_storage(cfg.study.storage, base, cfg.name)})
     prompts = cfg.workload.prompts if cfg.workload.prompts.is_absolute() else (base / cfg.workload.prompts)
     workload = cfg.workload.model_copy(update={"prompts": prompts.resolve()})
     cfg = cfg.model_copy(update={"study": study, "workload": workload, "path": path})
-    return _check_flags(_check_engine(cfg, file), file)
+    return _check_prompts(_check_flags(_check_engine(cfg, file), file), file)
 
 
 def _flag_error(exc: ConfigError, file: str, key: str, *, table: bool = False) -> ConfigError:
@@ -275,17 +277,27 @@ def _check_engine(cfg: StudyConfig, file: str) -> StudyConfig:
     if extra and importlib.util.find_spec(extra[0]) is None:
         raise ConfigError(f"sampler {cfg.study.sampler!r} needs the {extra[0]} package", file=file,
                           key="study.sampler", fix=f"{extra[1]}, or use sampler = \"tpe\"")
-    try:
-        PromptSample.load(cfg.workload.prompts, cfg.workload.sample_size, cfg.workload.seed)
-    except ConfigError as exc:
-        raise _flag_error(exc, file, "workload.prompts") from None
-    except OSError as exc:
-        raise ConfigError(f"cannot read prompts {cfg.workload.prompts} ({exc.strerror})", file=file,
-                          key="workload.prompts", fix="point it at a readable JSONL file") from None
     if eng.kind == "sim" or eng.profile:
-        model = _maybe_path(profile, cfg.base_dir)
-        return cfg.model_copy(update={"engine": eng.model_copy(update={"profile": model})})
+        return cfg.model_copy(update={"engine": eng.model_copy(update={"profile": _maybe_path(profile, cfg.base_dir)})})
     return cfg
+
+
+def _check_prompts(cfg: StudyConfig, file: str) -> StudyConfig:
+    """The prompt file read as every trial will replay it: a bad line or a prompt no launch can serve is one
+    error naming the prompt file and its line; a file shorter than ``sample_size`` becomes a note."""
+    wl = cfg.workload
+    try:
+        sample = PromptSample.load(wl.prompts, wl.sample_size, wl.seed)
+    except WorkloadError as exc:
+        if exc.file == str(wl.prompts) and exc.key:  # a line of the prompt file: that file and line, not the study's
+            raise
+        raise _flag_error(exc, file, "workload.prompts") from None
+    eng = cfg.engine
+    served = _maybe_path(eng.model, cfg.base_dir)  # the sglang engine's checkpoint, when it is on disk
+    model = eng.profile if eng.kind == "sim" or not Path(served).expanduser().exists() else served
+    limit, source, _ = context_limit(model or eng.model, cfg.baseline_config())
+    sample.check_fit(limit, wl.max_tokens, source=source)
+    return cfg.model_copy(update={"notes": (sample.note,) if sample.note else ()})
 
 
 def _maybe_path(name: str, base: Path) -> str:
