@@ -240,3 +240,24 @@ def test_unreadable_config_stops_up_before_any_launch(tmp_path):
 def test_model_is_required(tmp_path):
     with pytest.raises(Exception, match="model"):
         Fleet.model_validate({"servers": []})
+
+
+@pytest.mark.timeout(60)
+def test_down_removes_the_shm_files_its_server_owned_and_nothing_else(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    (shm / "sglang_loads_0123456789ab_00000000.shm").write_bytes(b"before")  # there before the fleet: not its
+    path = make_fleet(tmp_path, 1, sim_options={0: {"shm": str(shm)}})
+    try:
+        assert up(load_fleet(path), timeout_s=30) == ["s0"]
+        made = sorted(p.name for p in shm.iterdir() if p.name != "sglang_loads_0123456789ab_00000000.shm")
+        assert [n.split("_")[0] for n in made if not n.startswith("sem.")] == ["deepspeed", "sglang"]
+        neighbour = shm / "sglang_loads_ba9876543210_11111111.shm"  # a neighbour's, made while ours runs
+        neighbour.write_bytes(b"theirs")
+        res = CliRunner().invoke(cli, ["fleet", "down", "--fleet", str(path), "--grace", "5"])
+        assert res.exit_code == 0 and "stopped: s0" in res.output, res.output
+        assert sorted(p.name for p in shm.iterdir()) == [
+            "sglang_loads_0123456789ab_00000000.shm", neighbour.name]  # its load segment and buffer went
+        assert not list((tmp_path / "run").glob("server-*.json"))
+    finally:
+        teardown(path)

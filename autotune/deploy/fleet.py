@@ -7,6 +7,8 @@ once that server has been verified on its new config.
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import time
@@ -27,9 +29,13 @@ from autotune.deploy.sglang_yaml import read_config_file
 from autotune.errors import AutotuneError, ConfigError, FleetError
 from autotune.harness.engines import make_engine
 from autotune.harness.gpu import wait_released
+from autotune.harness.procgroup import group_pids
 from autotune.harness.server import ServerProcess, port_is_free, stop_process_group
+from autotune.harness.shm import ShmOwnership
 from autotune.redaction import looks_secret, resolve_env
 from autotune.results import Capacity
+
+log = logging.getLogger(__name__)
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
 SECRET_KEYS = re.compile(r"pass(word|phrase|wd)|secret", re.IGNORECASE)
@@ -289,9 +295,12 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
         except AutotuneError:
             reader = None
     gpu_index = None if fleet.device == "cpu" else server.gpu  # the engine's env says what a CPU server needs
+    # its record (run/server-<pid>.json) keeps the /dev/shm files it was seen holding while it started; ``down``
+    # takes a last look and removes what that proves its own
     proc = ServerProcess(server_argv(fleet, server, config), port=server.port, host=server.bind,
                          env=engine.env(gpu_index=server.gpu), gpu_index=gpu_index, log_path=log_path,
-                         gpu_reader=reader, run_dir=pid_path.parent, detach=True)
+                         gpu_reader=reader, run_dir=pid_path.parent, detach=True,
+                         shm_dir=getattr(engine, "shm_dir", None))
     try:
         proc.start()
         # The pid file goes first: if this command is killed while the server loads, the next one finds it.
@@ -307,7 +316,31 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
         raise FleetError(f"server {server.name} ({server.where}) did not start: {reason} "
                          f"(log: {log_path})") from None
     proc.release()  # it serves on after this command; this process stops watching it
+    assert proc.pid is not None  # started
     return proc.pid
+
+
+def recorded_shm(record: Path) -> ShmOwnership | None:
+    """The /dev/shm ownership a detached server's record kept (files seen held while it started); None without one."""
+    try:
+        return ShmOwnership.from_record(json.loads(record.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None  # no record, or a damaged one: it proves nothing, and nothing is removed
+
+
+def remove_owned_shm(shm: ShmOwnership, name: str) -> list[str]:
+    """After the server's group is gone: unlink what it provably owned (held by it, or named after its port).
+
+    Semaphores nobody holds are not taken here: a fleet server lives for days, and a neighbour's leaked one may
+    have appeared meanwhile; SGLang's clean exit (SIGTERM) removes its own.
+    """
+    shm.observe(())
+    removed, left = shm.remove()
+    if removed:
+        log.info("server %s: removed %d /dev/shm file(s): %s", name, len(removed), ", ".join(removed))
+    if left:
+        log.info("server %s: left %d new /dev/shm file(s) not proven its own", name, len(left))
+    return removed
 
 
 def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_timeout_s: float = 60.0) -> bool:
@@ -318,8 +351,14 @@ def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_ti
     pid_path = fleet.resolve(server.pid)
     pid = local_pid(fleet, server)
     if pid is not None:
+        record = pid_path.parent / f"server-{pid}.json"
+        shm = recorded_shm(record)
+        if shm is not None:
+            shm.observe(group_pids(pid))  # a last look at what the live server holds (its own group)
         stop_process_group(pid, grace_s=grace_s)
-        (pid_path.parent / f"server-{pid}.json").unlink(missing_ok=True)
+        if shm is not None:
+            remove_owned_shm(shm, server.name)
+        record.unlink(missing_ok=True)
     pid_path.unlink(missing_ok=True)
     deadline = time.monotonic() + release_timeout_s
     while not port_is_free(server.bind, server.port) and time.monotonic() < deadline:
