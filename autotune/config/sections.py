@@ -57,6 +57,9 @@ class EngineSection(StrictModel):
     device: str = "cuda"
     timeouts: dict[str, float] = {}
     fixed: dict[str, Any] = {}
+    # A GPU other processes hold (``harness.tenancy``): stop the study at once, or wait up to busy_wait_s for it.
+    busy_gpu: Literal["stop", "wait"] = "stop"
+    busy_wait_s: float = Field(600.0, gt=0)
 
 
 class Condition(StrictModel):

@@ -66,6 +66,16 @@ class NvmlReader:
                 pass
         return values
 
+    def processes(self) -> list[dict[str, Any]]:
+        """The device's compute processes (pid, GiB held; None where the driver does not say): who else is on it."""
+        nv = self._nvml
+        try:
+            procs = nv.nvmlDeviceGetComputeRunningProcesses(self._handle)
+        except nv.NVMLError:
+            return []
+        return [{"pid": int(p.pid), "exited": False,
+                 "used_gib": None if p.usedGpuMemory is None else p.usedGpuMemory / 2**30} for p in procs]
+
     def close(self) -> None:
         try:
             self._nvml.nvmlShutdown()

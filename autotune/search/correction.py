@@ -13,6 +13,10 @@ learned, each from what a trial reports and nothing else:
   through is an upper bound: the corrected room there must be below zero, so the correction moves down to
   ``−planned headroom − OOM_MARGIN_GIB`` when the fit says otherwise.
 
+Nothing is learned from a launch that did not have the device to itself (``shared_launch``: others held more than
+the idle floor at launch, as ``measurement["device_at_launch"]`` records), nor from an OOM whose logged free memory
+is further below the plan's than any planner error goes (``tenant_oom``): both measure a tenant, not the plan.
+
 ``predict`` applies both; a config the corrected planner now expects to fit is launched even when the
 uncorrected one would have skipped it, and a config it now expects to fail is skipped. ``sure_failure`` keeps the
 old margin: only a clear corrected deficit is skipped.
@@ -35,6 +39,9 @@ OOM = frozenset({"startup_oom", "runtime_oom"})
 OOM_MARGIN_GIB = 0.25  # an OOM says the room was below zero; assume at least this far below
 MIN_ACT_SPREAD_GIB = 1.0  # two room measurements this far apart in activation memory fit a slope
 MAX_SLOPE = 1.0  # |c1|: the activation peak is off by at most its own size
+# An OOM that logged this share of the device less free than the plan expects at that point is another process's
+# doing: the planner's errors are a few GiB (weights, workspace, graphs), never a quarter of the GPU.
+TENANT_GAP_SHARE = 0.25
 CAPACITY_KEYS = ("kv_tokens", "max_mamba_cache_size", "max_running_requests")
 
 
@@ -166,9 +173,38 @@ class CorrectedFeasibility(Feasibility):
             return (lo + hi) / 2
         return None
 
+    def tenant_oom(self, config: Mapping[str, Any], result: TrialResult) -> str | None:
+        """Why an OOM is a tenant's, not the plan's: the free memory it logged is further below what the plan
+        expects at that point than any planner error goes (``TENANT_GAP_SHARE`` of the device) — at load, what the
+        idle device has free (``… GiB free`` while loading weights); later, what the pools leave (torch's ``of which
+        … GiB is free``). None when the OOM is the plan's to learn from."""
+        if result.status not in OOM:
+            return None
+        total = float(getattr(self.gpu, "memory_gib", 0.0) or 0.0)
+        at_load = load_free_in_message(result.reason)
+        if at_load is not None:
+            free, stage = at_load, "the idle device has"
+            expected = float(self._plan(config, 0.0, inert=False).extra.get("pre_gib") or 0.0)
+        else:
+            logged = free_in_message(result.reason)
+            if logged is None:
+                return None
+            g = self._plan(config, self.offset_gib, inert=False).gib
+            capture = "Capture cuda graph failed" in str(result.reason)
+            free, stage = logged, "the plan leaves"
+            expected = g.headroom + g.activations + (g.graphs if capture else 0.0)
+        if total <= 0 or expected - free <= TENANT_GAP_SHARE * total:
+            return None
+        return (f"the OOM logged {free:.2f} GiB free where {stage} {expected:.2f} GiB: {expected - free:.1f} GiB "
+                "missing, more than any planner error, so another process held the GPU (the tenant's OOM, not this "
+                "config's; the planner learnt nothing from it)")
+
     def learn_trial(self, config: Mapping[str, Any], result: TrialResult) -> dict[str, float]:
-        """Learn from one launched trial: its capacity, its measured peak, its OOM. Returns what was learned."""
+        """Learn from one launched trial: its capacity, its measured peak, its OOM. Returns what was learned;
+        nothing from a launch next to a tenant (``shared_launch``, ``tenant_oom``)."""
         out: dict[str, float] = {}
+        if shared_launch(result) or self.tenant_oom(config, result) is not None:
+            return out
         if result.ok:
             offset = self.learn_capacity(config, result.capacity)
             if offset is not None:
@@ -195,7 +231,26 @@ class CorrectedFeasibility(Feasibility):
         return out
 
 
+def shared_launch(result: TrialResult) -> bool:
+    """The trial launched while other processes held more than the idle floor of its GPU (recorded by the sweep
+    in ``measurement["device_at_launch"]``): its capacity, peak and OOM are the tenant's, not the plan's."""
+    seen = (result.measurement or {}).get("device_at_launch")
+    if not isinstance(seen, dict):
+        return False  # older trials and runners without a device: as before
+    held = seen.get("held_gib", seen.get("others_gib"))
+    return held is not None and float(held) > float(seen.get("floor_gib") or 0.0)
+
+
 _FREE = re.compile(r"of which (-?[0-9.]+) GiB is free")
+
+
+_LOAD_FREE = re.compile(r"GiB of weights, (-?[0-9.]+) GiB free")
+
+
+def load_free_in_message(reason: str | None) -> float | None:
+    """The free memory an OOM while loading weights reports (``(56.58 GiB of weights, 17.80 GiB free)``), GiB."""
+    m = _LOAD_FREE.search(reason or "")
+    return float(m.group(1)) if m else None
 
 
 def free_in_message(reason: str | None) -> float | None:

@@ -48,10 +48,11 @@ def launches(trials: list[FrozenTrial]) -> list[FrozenTrial]:
 
 
 def finished(trials: list[FrozenTrial]) -> list[FrozenTrial]:
-    """Trials that count toward the target: everything done except interrupted ones (they run again). A FAIL
-    without a status is one Optuna's heartbeat failed after its worker died: interrupted too."""
+    """Trials that count toward the target: everything done except interrupted ones and failed writes (they run
+    again: neither is the config's outcome). A FAIL without a status is one Optuna's heartbeat failed after its
+    worker died: interrupted too."""
     return [t for t in trials if t.state == TrialState.COMPLETE
-            or (t.state == TrialState.FAIL and t.user_attrs.get("status") not in (None, "interrupted"))]
+            or (t.state == TrialState.FAIL and t.user_attrs.get("status") not in (None, "interrupted", "write_error"))]
 
 
 def _requeue(study: optuna.Study, trial: FrozenTrial, trials: list[FrozenTrial]) -> None:

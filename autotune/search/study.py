@@ -7,6 +7,11 @@ dead process is failed as interrupted and its config queued again, once.
 
 What is queued and recovered is ``seeding``'s; the values and constraints ``objective``'s; the trial itself
 ``runner``'s (``HarnessRunner``); opening the study ``storage``'s.
+
+A trial launches only on a GPU other processes do not hold (``harness.tenancy``, checked at the sweep's start and
+before every launch; what the device held is recorded in ``measurement["device_at_launch"]``, and the planner learns
+nothing from a shared launch). A failed write (trial files, the study database) fails the trial as ``write_error``
+and stops the sweep with one ``DiskError`` line (``diskguard``).
 """
 
 from __future__ import annotations
@@ -19,18 +24,20 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
-from autotune.errors import StudyError
+from autotune.errors import DiskError, GpuBusyError, StudyError
 from autotune.harness.server import cleanup_orphans
+from autotune.harness.tenancy import Occupancy, check_engine_gpu
 from autotune.progress import PlainProgress
-from autotune.results import TrialResult
+from autotune.results import WRITE_ERROR, TrialResult
 from autotune.search.correction import CorrectedFeasibility, known_failure, replay, skip_was_wrong
+from autotune.search.diskguard import Ballast, Room, disk_error, storage_file
 from autotune.search.edges import EdgeStarts
 from autotune.search.numerics import record_reference
 from autotune.search.objective import make_sampler, objective_values
@@ -78,7 +85,8 @@ class Sweep:
     """One sweep over a study: holds the study, space, planner check, runner and progress sink."""
 
     def __init__(self, cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None,
-                 stop_event: threading.Event | None = None):
+                 stop_event: threading.Event | None = None,
+                 device_check: Callable[[], Occupancy | None] | None = None):
         self.cfg = cfg
         self.progress = progress or PlainProgress()
         self.stop = stop_event or threading.Event()
@@ -90,6 +98,18 @@ class Sweep:
         self.state_dir = cfg.work_dir / "workers"  # heartbeat files and the node's ask lock
         self.liveness: Liveness | None = None
         self._baseline_tried = False
+        # The GPU pre-check: the harness's engine reads its device; an injected runner has none unless given one.
+        self.device_check = device_check or (self._engine_check if self.harness else None)
+        self.db_path = storage_file(cfg.storage_url, cfg.base_dir)
+        self.ballast = Ballast(self.db_path)  # room to fail the trial in flight when the database's disk fills
+        self.room = Room(cfg.work_dir / "trials", self.db_path)
+        self._current: optuna.Trial | None = None  # the trial between ask and tell (failed if a write fails)
+        self._tenant: str | None = None  # why the trial just run OOMed because of another process
+
+    def _engine_check(self) -> Occupancy | None:
+        eng = self.cfg.engine
+        return check_engine_gpu(getattr(self.runner, "engine"), eng.gpu, mode=eng.busy_gpu,  # noqa: B009
+                                wait_s=eng.busy_wait_s, on_wait=self.progress.log)
 
     def _lock(self) -> None:
         """One sweep per GPU of a study at a time (two servers on one GPU would skew both); sweeps on other
@@ -120,6 +140,9 @@ class Sweep:
         if self.harness:
             for pid in cleanup_orphans(self.runner.run_dir):
                 self.progress.log(f"stopped orphan server pid {pid} left by an earlier sweep")
+        if self.device_check is not None:
+            self.device_check()  # GpuBusyError before anything is queued or launched
+        self.ballast.place()
         self.liveness = Liveness(study, gpu=cfg.engine.gpu, state_dir=self.state_dir)
         if self.feasibility is not None:
             replay(self.feasibility, finished(study.get_trials(deepcopy=False)))
@@ -133,13 +156,18 @@ class Sweep:
         # edge starts are placed one at a time once the baseline has run (edges.py), not queued here
         self.edges = EdgeStarts(cfg, self.space, self.feasibility)
         study.sampler = make_sampler(cfg, salt=len(study.get_trials(deepcopy=False)))
+        left = cfg.study.trials - len(launched(study.get_trials(deepcopy=False)))
+        warning = self.room.warning(left) if left > 0 else None
+        if warning:
+            self.progress.log(warning)
 
     def _recover(self) -> None:
         for number in recover(self.study, self.state_dir):
             self.progress.log(f"trial {number} was left running by a stopped sweep: failed it, queued it again")
 
     def close(self) -> None:
-        """Release the study lock (also released when the process dies, however it dies)."""
+        """Release the study lock (also released when the process dies, however it dies) and the reserve file."""
+        self.ballast.release()
         if self.liveness is not None:
             self.liveness.close()
         lock = getattr(self, "_lock_file", None)
@@ -147,7 +175,19 @@ class Sweep:
             lock.close()
 
     def run(self) -> optuna.Study:
-        """The search; the lock is kept for a confirmation that follows and released by ``close``."""
+        """The search; the lock is kept for a confirmation that follows and released by ``close``. A failed
+        write anywhere ends as one ``DiskError`` with the trial in flight failed, never left RUNNING."""
+        try:
+            self._search()
+        except BaseException as exc:
+            err = disk_error(exc, db_path=self.db_path, fallback=self.cfg.work_dir)
+            if err is None:
+                raise
+            self._fail_current(err)
+            raise err from None
+        return self.study
+
+    def _search(self) -> None:
         self.prepare()
         target = self.cfg.study.trials
         with sigint_stops(self.stop):
@@ -159,7 +199,21 @@ class Sweep:
                     break
                 else:  # the last trials run on other workers: wait until they finish, or die and are retried
                     self.stop.wait(POLL_S)
-        return self.study
+
+    def _fail_current(self, err: DiskError) -> None:
+        """The storage could not record the trial in flight: give back the reserve and fail it as ``write_error``
+        (a later sweep's recovery fails it if even that does not fit)."""
+        trial, self._current = self._current, None
+        if trial is None:
+            return
+        self.ballast.release()
+        try:
+            config = dict(trial.user_attrs.get("config") or {})
+            result = TrialResult(status="write_error", config=config, engine=self.cfg.engine.kind, reason=str(err))
+            self._record(trial, result, 0.0)
+        except Exception as exc:  # noqa: BLE001 - the sweep stops with ``err`` either way
+            self.progress.log(f"trial {trial.number} could not be failed in the study ({type(exc).__name__}); "
+                              "the next sweep of this study fails it and queues it again")
 
     def _ask(self, target: int) -> tuple[optuna.Trial | None, int]:
         """The next trial, tagged as this worker's; None when launched + running trials reach the target
@@ -176,6 +230,7 @@ class Sweep:
                 return None, target
             if done + sum(t.state == TrialState.RUNNING for t in trials) >= target:
                 return None, done
+            self.room.check()  # DiskError before a trial exists that the disk could not record
             trial = self._gpu_baseline(trials)
             if trial is None:
                 self.edges.place(self.study, trials)  # the next memory-edge start, placed with what is known now
@@ -211,6 +266,7 @@ class Sweep:
             trial = study.ask()
             if self.liveness is not None:
                 self.liveness.claim(trial)
+        self._current = trial
         attrs = trial.user_attrs
         role = attrs.get("role", "search")
         if "config" in attrs:
@@ -233,13 +289,26 @@ class Sweep:
         try:
             result = self._outcome(trial, launch, key, memory_plan)
         except BaseException as exc:  # an environment error or a second Ctrl-C: not this config's fault
+            err = disk_error(exc, db_path=self.db_path, fallback=self.cfg.work_dir / "trials")
+            if err is not None:  # a trial file or the database could not be written: fail it, stop the sweep
+                result = TrialResult(status="write_error", config=launch, engine=self.cfg.engine.kind, reason=str(err))
+                self._record(trial, result, time.monotonic() - started)
+                self._current = None
+                raise err from None
             reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
             result = TrialResult(status="interrupted", config=launch, engine=self.cfg.engine.kind, reason=reason)
             self._record(trial, result, time.monotonic() - started)
+            self._current = None
             raise
         if memory_plan is not None and result.plan is None:
             result = TrialResult.from_dict({**result.to_dict(), "plan": memory_plan.to_dict()})
         self._record(trial, result, time.monotonic() - started)
+        self._current = None
+        tenant, self._tenant = self._tenant, None
+        if tenant is not None:  # recorded and queued again; the next launch would meet the same tenant
+            gpu = self.cfg.engine.gpu
+            raise GpuBusyError(f"GPU {gpu} is busy: trial {trial.number} {tenant}. Stop what holds GPU {gpu} or "
+                               "pick another GPU ([engine] gpu / --gpus)", gpu=gpu)
 
     def _outcome(self, trial: optuna.Trial, launch: dict[str, Any], key: str, memory_plan: Any) -> TrialResult:
         prior = known_failure(self.study.get_trials(deepcopy=False), key)  # launched failures; skips are re-judged
@@ -251,8 +320,16 @@ class Sweep:
         if memory_plan is not None and self.feasibility.sure_failure(memory_plan):
             return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind,
                                reason=memory_plan.message or f"planner: {memory_plan.failure}")
-        result = self.runner(launch, trial.number)
+        seen = self.device_check() if self.device_check is not None else None  # GpuBusyError: not launched
+        result = with_device(self.runner(launch, trial.number), seen)
         if self.feasibility is not None:
+            fz = self.feasibility
+            note = fz.tenant_oom(launch, result) if isinstance(fz, CorrectedFeasibility) else None
+            if note is not None:  # the tenant's OOM: not this config's outcome, so neither the wall nor a skip later
+                trial.set_user_attr("tenant_oom", True)
+                self._tenant = note
+                return TrialResult.from_dict({**result.to_dict(), "status": "interrupted",
+                                              "reason": f"{note}: {result.reason}"})
             for name, value in self.feasibility.learn_trial(launch, result).items():
                 trial.set_user_attr(name, value)
             note = skip_was_wrong(self.feasibility, self.study.get_trials(deepcopy=False), key, launch, result)
@@ -283,6 +360,11 @@ class Sweep:
             frozen = study.get_trials(deepcopy=False)
             _requeue(study, next(t for t in frozen if t.number == trial.number), frozen)
             study.tell(trial, state=TrialState.FAIL)
+        elif result.status == WRITE_ERROR:  # the disk's failure, not the config's: run it again once there is room
+            trial.set_user_attr("failure", result.status)
+            frozen = study.get_trials(deepcopy=False)
+            _requeue(study, next(t for t in frozen if t.number == trial.number), frozen)
+            study.tell(trial, state=TrialState.FAIL)
         elif result.status == "ok" or result.status in INFEASIBLE:
             values, violation = objective_values(self.cfg, result)
             trial.set_user_attr("constraint", violation)
@@ -293,6 +375,14 @@ class Sweep:
         self.progress.trial_finished(trial.number, result, best_value(study))
 
 
+def with_device(result: TrialResult, seen: Occupancy | None) -> TrialResult:
+    """``result`` with what the GPU held by others at launch in ``measurement["device_at_launch"]``."""
+    if seen is None:
+        return result
+    measurement = {**(result.measurement or {}), "device_at_launch": seen.to_dict()}
+    return TrialResult.from_dict({**result.to_dict(), "measurement": measurement})
+
+
 def best_value(study: optuna.Study) -> float | None:
     ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
           if t.user_attrs.get("status") == "ok"]
@@ -300,9 +390,10 @@ def best_value(study: optuna.Study) -> float | None:
 
 
 def run_study(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None,
-              stop_event: threading.Event | None = None) -> optuna.Study:
+              stop_event: threading.Event | None = None,
+              device_check: Callable[[], Occupancy | None] | None = None) -> optuna.Study:
     """Run (or resume) the search until ``cfg.study.trials`` trials are finished; returns the study."""
-    sweep = Sweep(cfg, runner=runner, progress=progress, stop_event=stop_event)
+    sweep = Sweep(cfg, runner=runner, progress=progress, stop_event=stop_event, device_check=device_check)
     try:
         return sweep.run()
     finally:

@@ -19,6 +19,8 @@ class GpuReader(Protocol):
 
     A reader may also offer ``track(pids, files_bytes)`` (the host-memory one does): ``ServerProcess`` then hands it
     the server's own process group, so other processes' memory never counts as the server's (SGLang's CPU backend).
+    A reader of a device may offer ``processes()`` (NVML and the simulated GPU do): ``[{"pid", "used_gib",
+    "exited"}]``, what ``harness.tenancy`` reads to refuse a launch next to a tenant.
     """
 
     def read(self) -> dict[str, float | None]:

@@ -120,5 +120,11 @@ class SimGpuReader:
             util_pct=getattr(r, "util_pct", None),
         )
 
+    def processes(self) -> list[dict[str, Any]]:
+        """Every registration: pid, GiB held, and whether the process has exited (its memory still being freed)."""
+        r = device.read(self.index, directory=self.directory)
+        return [{"pid": int(p["pid"]), "used_gib": float(p["used_mib"]) / MIB_PER_GIB,
+                 "exited": p.get("exited_at") is not None} for p in r.processes]
+
     def close(self) -> None:
         pass
