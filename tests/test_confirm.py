@@ -192,7 +192,7 @@ def test_harness_writes_the_defaults_run_under_trials_defaults(tmp_path):
     where = harness.trial_dir(DEFAULTS_RUN)
     assert where == cfg.work_dir / "trials" / "defaults"
     where.mkdir(parents=True)
-    assert harness.trial_dir(DEFAULTS_RUN) == where / "repeat-1"  # measured again: beside, never in trials/0
+    assert harness.trial_dir(DEFAULTS_RUN) == where.with_name("defaults.2")  # measured again: beside, never in 0/
     assert harness.trial_dir(0) == cfg.work_dir / "trials" / "0"
 
 

@@ -6,7 +6,8 @@ when some config it can launch (a ``[space]`` choice, an ``[[enqueue]]`` config)
 runs no probe and has no numerics constraint. In an aware study:
 
 - the baseline's launch records the reference outputs (``harness.fidelity.Reference``) after its window, into
-  ``<work_dir>/numerics-reference.json``; the study keeps its path and sha256 in
+  ``numerics-reference.json`` in the study's own trials folder (``folders.study_folder``: a re-created study of
+  the same name never reads the old one's); the study keeps its path and sha256 in
   ``user_attrs["numerics_reference"]``; a resumed study whose file is missing (or recorded for other prompts)
   records it again, with a baseline launch whose window is cut short;
 - every trial whose config changes a table flag against the reference runs the probe after its window;
@@ -123,7 +124,7 @@ class ProbePlanner:
         self.prompts = tuple(row.as_text() for row in chosen)
         self.lines = tuple(int(row.line) for row in chosen)
         self.tokens = settings.tokens
-        self.path = cfg.work_dir / REFERENCE_FILE
+        self.path = cfg.work_dir / REFERENCE_FILE  # the runner points it into the study's folder before a launch
         self.reference_cfg = reference_config(cfg)
         self.defaults = model_defaults(cfg)
         self.timeout_s = timeout_s

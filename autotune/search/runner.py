@@ -1,5 +1,10 @@
 """A study's trial runner: the engine it launches, ``HarnessRunner`` (one real trial per call) and the
-engine's in-process prediction where it has one (the simulator's virtual clock)."""
+engine's in-process prediction where it has one (the simulator's virtual clock).
+
+Where a launch is filed, and whether it runs the fidelity probe, comes from the caller, never from what is on
+disk: ``runner(config, n)`` is trial ``n``'s search launch (probed when its numerics differ from the
+baseline's), ``runner.repeat(config, n, k)`` its confirmation run ``k`` (speed only), both inside the study's
+own trials folder (``folders.study_folder``: keyed by the study's identity)."""
 
 from __future__ import annotations
 
@@ -10,13 +15,23 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import optuna
+
 from autotune.config import StudyConfig, Timeouts
 from autotune.harness.engines import Engine, make_engine
 from autotune.harness.fidelity import FidelityProbe
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.results import TrialResult
-from autotune.search.numerics import REFERENCE_RUN, ProbePlanner, missing_reference
+from autotune.search.folders import fresh, study_folder
+from autotune.search.numerics import (
+    REFERENCE_ATTR,
+    REFERENCE_FILE,
+    REFERENCE_RUN,
+    ProbePlanner,
+    missing_reference,
+)
+from autotune.search.storage import open_study
 
 Runner = Callable[[dict[str, Any], int], TrialResult]
 # The number a runner gets for the confirmation's "SGLang defaults" measurement: no Optuna trial has it, so the
@@ -50,36 +65,60 @@ def predict(cfg: StudyConfig, config: Mapping[str, Any], *, seed: int = 0) -> Tr
 
 
 class HarnessRunner:
-    """The real trial: ``run_trial`` with the study's engine. Directory ``trials/<n>/`` (``trials/defaults/``
-    for ``DEFAULTS_RUN``); repeats go inside it."""
+    """The real trial: ``run_trial`` with the study's engine, filed in the study's own trials folder:
+    ``<n>/`` for trial ``n``'s search launch, ``<n>/repeat-<k>/`` for its confirmation runs, ``defaults/`` for
+    ``DEFAULTS_RUN``. ``study``: the study it runs for (default: the config's, opened on first use)."""
 
-    def __init__(self, cfg: StudyConfig, *, stop_event: threading.Event, on_phase: Callable[..., None] | None = None):
+    def __init__(self, cfg: StudyConfig, *, stop_event: threading.Event, on_phase: Callable[..., None] | None = None,
+                 study: optuna.Study | None = None):
         eng, wl = cfg.engine, cfg.workload
         self.engine = study_engine(cfg)
         self.workload = WorkloadSpec(**wl.model_dump())  # the section's fields are the spec's
         self.timeouts = Timeouts(**eng.timeouts)
         self.sample = PromptSample.load(wl.prompts, wl.sample_size, wl.seed)  # once: every trial replays the same
         self.cfg, self.stop_event, self.on_phase = cfg, stop_event, on_phase
-        self.run_dir = cfg.work_dir / "runs"  # pid files of this GPU's servers (workers use one per GPU)
+        # Pid files of this GPU's servers (workers use one per GPU). Shared by the studies of this work dir on
+        # purpose: orphan cleanup stops only servers whose harness is dead, so a deleted study's orphan goes too.
+        self.run_dir = cfg.work_dir / "runs"
         self.numerics = ProbePlanner(cfg, self.sample.rows, timeout_s=self.timeouts.request_s)  # the fidelity probe
+        self._study = study
+        self._folder: Path | None = None
 
-    def trial_dir(self, number: int | str) -> Path:
-        base = self.cfg.work_dir / "trials" / ("defaults" if number == DEFAULTS_RUN else str(number))
-        if not base.exists():
-            return base
-        k = 1
-        while (base / f"repeat-{k}").exists():
-            k += 1
-        return base / f"repeat-{k}"
+    @property
+    def folder(self) -> Path:
+        """The study's trials folder (``folders.study_folder``), chosen on first use; the numerics reference
+        is kept in it (a study that recorded one elsewhere, before identities, keeps its stored path)."""
+        if self._folder is None:
+            study = self._study if self._study is not None else open_study(self.cfg)
+            phase = self.on_phase
+            folder = study_folder(self.cfg, study, log=(lambda line: phase(line, {})) if phase is not None else None)
+            stored = (study.user_attrs.get(REFERENCE_ATTR) or {}).get("path")
+            self.numerics.path = Path(stored) if stored else folder / REFERENCE_FILE
+            self._folder = folder
+            return folder
+        return self._folder
+
+    def trial_dir(self, number: int | str, repeat: int | None = None) -> Path:
+        """Where trial ``number``'s launch (or its confirmation run ``repeat``, counted from 1) is written: a
+        folder no earlier launch used (an interrupted attempt's stays beside it)."""
+        base = self.folder / ("defaults" if number == DEFAULTS_RUN else str(number))
+        return fresh(base if repeat is None else base / f"repeat-{repeat}")
 
     def __call__(self, config: dict[str, Any], trial_number: int) -> TrialResult:
+        """Trial ``trial_number``'s search launch, with the fidelity probe when its numerics differ."""
         trial_dir = self.trial_dir(trial_number)
         probe = None
-        if trial_number != DEFAULTS_RUN and not trial_dir.name.startswith("repeat-"):
-            # The fidelity probe on a trial's first launch only (confirmation repeats re-measure speed).
+        if trial_number != DEFAULTS_RUN:
             probe, failed = self.numerics.probe_for(config, trial_number, record=self._record_reference)
             if failed is not None:
                 return missing_reference(failed, config)
+        return self._run(config, trial_dir, probe)
+
+    def repeat(self, config: dict[str, Any], trial_number: int, k: int) -> TrialResult:
+        """Confirmation run ``k`` (from 0) of trial ``trial_number``: speed only, in ``<n>/repeat-<k+1>/``."""
+        return self._run(config, self.trial_dir(trial_number, repeat=k + 1), None)
+
+    def _run(self, config: dict[str, Any], trial_dir: Path, probe: FidelityProbe | None) -> TrialResult:
         return run_trial(self.engine, config, self.workload, trial_dir=trial_dir,
                          gpu_index=self.cfg.engine.gpu, port=self.cfg.engine.port, timeouts=self.timeouts,
                          on_phase=self.on_phase, stop_event=self.stop_event, run_dir=self.run_dir,

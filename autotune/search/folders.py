@@ -1,0 +1,128 @@
+"""Which folder a study's trials are written to: the study's own, by its identity, never by what is on disk.
+
+A study name is not a study: delete its ``.db`` and sweep again, or sweep the same name on another storage, and
+the new study would find the old one's ``trials/<n>`` folders. So each study gets an identity when its files are
+first needed (a uuid kept as ``study.user_attrs["files"]``, with the storage and Optuna study id beside it) and
+its trials folder carries it in ``study.json``. The folder is ``<work_dir>/trials/`` when that is free or this
+study's; a ``trials/`` that belongs to a study no longer in this storage (same storage, other identity: the
+``.db`` was deleted and re-created) is moved aside to ``trials.old-<stamp>``; one that may belong to a live study
+elsewhere (another storage, or an unmarked folder from before identities whose trials are not this study's) is
+left alone and this study writes ``<work_dir>/trials-<identity>/``. A study from before identities, resumed, keeps
+its ``trials/`` (its stored results point there). The numerics reference lives in the study's folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from autotune.config import StudyConfig
+from autotune.redaction import redact_url
+
+IDENTITY_ATTR = "files"  # study user attr: {"id", "study_id", "storage", "created"}
+MARKER = "study.json"
+DEFAULT = "trials"
+
+
+def storage_tag(url: str) -> str:
+    """A short tag for a storage URL (the study lock's, ``search.study``): equal URLs, equal tags."""
+    return hashlib.sha1(url.encode()).hexdigest()[:10]
+
+
+@contextlib.contextmanager
+def _locked(work_dir: Path) -> Iterator[None]:
+    """One process of this node at a time choosing (and claiming) a trials folder."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    with open(work_dir / "trials.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def identity(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
+    """The study's identity record, created once (callers hold the node's lock, so workers agree)."""
+    stored = study.user_attrs.get(IDENTITY_ATTR)
+    if isinstance(stored, dict) and stored.get("id"):
+        return stored
+    record = {"id": uuid.uuid4().hex[:12], "study": study.study_name, "study_id": getattr(study, "_study_id", None),
+              "storage": redact_url(cfg.storage_url), "storage_tag": storage_tag(cfg.storage_url),
+              "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    study.set_user_attr(IDENTITY_ATTR, record)
+    return study.user_attrs.get(IDENTITY_ATTR) or record
+
+
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _claim(folder: Path, ident: dict[str, Any]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / MARKER).write_text(json.dumps(ident, indent=2) + "\n")
+    return folder
+
+
+def _empty(folder: Path) -> bool:
+    return not folder.exists() or (folder.is_dir() and not any(p.name != MARKER for p in folder.iterdir()))
+
+
+def _holds_our_trials(study: optuna.Study, folder: Path) -> bool:
+    """Whether the study's stored results point into ``folder`` (a study from before identities, resumed)."""
+    root = folder.resolve()
+    for t in study.get_trials(deepcopy=False):
+        where = (t.user_attrs.get("result") or {}).get("trial_dir")
+        if where and root in Path(where).resolve().parents:
+            return True
+    return False
+
+
+def study_folder(cfg: StudyConfig, study: optuna.Study, *, log: Callable[[str], None] | None = None) -> Path:
+    """The study's trials folder (created and marked): see the module docstring for the rules."""
+    with _locked(cfg.work_dir):
+        ident = identity(study, cfg)
+        default, own = cfg.work_dir / DEFAULT, cfg.work_dir / f"{DEFAULT}-{ident['id']}"
+        if (read_marker(own) or {}).get("id") == ident["id"]:
+            return own
+        marker = read_marker(default)
+        if marker is not None and marker.get("id") == ident["id"]:
+            return default
+        if _empty(default) or (marker is None and _holds_our_trials(study, default)):
+            return _claim(default, ident)
+        if marker is not None and marker.get("storage_tag") == ident["storage_tag"]:
+            # This storage holds one study of this name, and it is not the folder's: that study is gone.
+            aside = cfg.work_dir / f"{DEFAULT}.old-{time.strftime('%Y%m%d-%H%M%S')}"
+            while aside.exists():
+                aside = aside.with_name(aside.name + "-1")
+            default.rename(aside)
+            if log is not None:
+                log(f"moved {default} aside to {aside.name}: it belongs to study {marker.get('id')}, "
+                    f"no longer in {ident['storage']}")
+            return _claim(default, ident)
+        if log is not None:
+            whose = f"study {marker.get('id')} in {marker.get('storage')}" if marker else "an earlier study"
+            log(f"{default} belongs to {whose}; this study writes {own.name}")
+        return _claim(own, ident)
+
+
+def fresh(path: Path) -> Path:
+    """``path``, or its first free sibling ``<name>.2``, ``<name>.3`` …: a run never writes into another's folder."""
+    if not path.exists():
+        return path
+    j = 2
+    while path.with_name(f"{path.name}.{j}").exists():
+        j += 1
+    return path.with_name(f"{path.name}.{j}")
