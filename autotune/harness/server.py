@@ -236,18 +236,20 @@ class ServerProcess:
             self._baseline_mib = used_mib(self.gpu_reader)
         env = {**os.environ, **self.env}  # the engine's env says which GPU, if any (a CPU server gets none)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        # the watchdog first: from the server's launch to the message naming it, nothing can be left unwatched
-        watchdog = None if self.detach else Watchdog(grace_s=self.watchdog_grace_s)
         with open(self.log_path, "ab") as log_file:
+            # the watchdog first: between the server's launch and the message naming it, only microseconds pass
+            watchdog = None if self.detach else Watchdog(grace_s=self.watchdog_grace_s)
             try:
                 self._proc = subprocess.Popen(
                     self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     env=env, start_new_session=True, close_fds=True,
                 )
-            except OSError as exc:
+            except BaseException as exc:
                 if watchdog is not None:
                     watchdog.stand_down()
-                raise ServerError(f"cannot launch {self.argv[0]!r}: {exc}") from exc
+                if isinstance(exc, OSError):
+                    raise ServerError(f"cannot launch {self.argv[0]!r}: {exc}") from exc
+                raise
         self.pid = self._proc.pid
         self._pid_file = self.run_dir / f"server-{self.pid}.json"
         if watchdog is not None:
