@@ -26,10 +26,13 @@ from typing import Any
 import httpx
 
 from autotune.config import Timeouts
+from autotune.config.context import misfit_reason
 from autotune.errors import ConfigError, ServerError
 from autotune.harness.engines.base import Engine, GpuReader
 from autotune.harness.fidelity import FidelityProbe, ProbeError, run_probe
+from autotune.harness.files import writing
 from autotune.harness.gpu import GpuMonitor
+from autotune.harness.outcome import dominated, no_tokens, rejection_line, rejections
 from autotune.harness.server import (
     ServerExited,
     ServerProcess,
@@ -103,7 +106,9 @@ def _diagnose(engine: Engine, log_text: str, exit_code: int | None) -> tuple[str
 
 
 def _write(result: TrialResult, trial_dir: Path) -> TrialResult:
-    (trial_dir / "result.json").write_text(json.dumps(result.to_dict(), indent=2, default=str))
+    path = trial_dir / "result.json"
+    with writing(path, partial=True):
+        path.write_text(json.dumps(result.to_dict(), indent=2, default=str))
     return result
 
 
@@ -152,8 +157,12 @@ def run_trial(
     window (see the module docstring) is measured once more with batched SSE chunks before it is recorded.
     ``probe``: the fidelity probe (``harness.fidelity``) to run in the same launch after a trusted window."""
     trial_dir = Path(trial_dir)
+    sample = sample or PromptSample.load(workload.prompts, workload.sample_size, workload.seed)
+    # a prompt over the model's context raises here, before any file or launch; over the config's: bad_args
+    misfit = misfit_reason(getattr(engine, "model_path", None), config, sample, workload.max_tokens)
     kwargs: dict[str, Any] = dict(gpu_index=gpu_index, port=port, timeouts=timeouts, on_phase=on_phase,
-                                  stop_event=stop_event, run_dir=run_dir, sample=sample, shm_dir=shm_dir, probe=probe)
+                                  stop_event=stop_event, run_dir=run_dir, sample=sample, shm_dir=shm_dir, probe=probe,
+                                  misfit=misfit)
     result = _run_once(engine, config, workload, trial_dir=trial_dir, **kwargs)
     if result.status not in UNTRUSTED_STATUSES or (stop_event is not None and stop_event.is_set()):
         return result
@@ -161,7 +170,8 @@ def run_trial(
     for name in ("server.log", "records.jsonl", "result.json"):  # keep the first attempt beside the second
         path = trial_dir / name
         if path.exists():
-            path.replace(trial_dir / name.replace(".", ".first.", 1))
+            with writing(path):
+                path.replace(trial_dir / name.replace(".", ".first.", 1))
     interval = max(REMEASURE_STREAM_INTERVAL, 4 * int(config.get("stream_interval") or 1))
     if on_phase is not None:  # the display says why the trial runs again
         on_phase(f"re-measuring with --stream-interval {interval} ({first.status})",
@@ -192,10 +202,13 @@ def _run_once(
     sample: PromptSample | None = None,
     shm_dir: Path | None = None,
     probe: FidelityProbe | None = None,
+    misfit: str | None = None,
 ) -> TrialResult:
-    """Run one server config end to end; never raises for a trial outcome (bad input still raises)."""
+    """Run one server config end to end; never raises for a trial outcome (bad input, a prompt over the model's
+    context and a full disk still raise: ``WorkloadError``, ``DiskError``, after the server is stopped)."""
     trial_dir = Path(trial_dir)
-    trial_dir.mkdir(parents=True, exist_ok=True)
+    with writing(trial_dir):
+        trial_dir.mkdir(parents=True, exist_ok=True)
     log_path = trial_dir / "server.log"
     base: dict[str, Any] = dict(
         engine=engine.name, gpu_index=gpu_index, trial_dir=str(trial_dir), log_path=str(log_path)
@@ -208,6 +221,8 @@ def _run_once(
     except ConfigError as exc:
         return _write(TrialResult(status="bad_args", config=dict(config), reason=str(exc), **base), trial_dir)
     config = dict(checked) if isinstance(checked, Mapping) else dict(config)
+    if misfit is not None:  # a prompt over this config's --context-length: nothing to launch
+        return _write(TrialResult(status="bad_args", config=config, reason=misfit, **base), trial_dir)
     server, reader = _server(engine, config, gpu_index=gpu_index, port=port, log_path=log_path, run_dir=run_dir,
                              shm_dir=shm_dir)
     try:
@@ -250,7 +265,8 @@ def _server(engine: Engine, config: Mapping[str, Any], *, gpu_index: int | None,
         preflight()  # an engine that cannot launch at all is an error of the setup, not a trial outcome
     run_dir = Path(run_dir) if run_dir is not None else Path.cwd() / "runs"
     cleanup_orphans(run_dir)
-    log_path.unlink(missing_ok=True)  # a rerun into the same directory must not classify an old log
+    with writing(log_path):
+        log_path.unlink(missing_ok=True)  # a rerun into the same directory must not classify an old log
     port = port or free_port()
     reader = engine.gpu_reader(gpu_index)
     return ServerProcess(
@@ -266,7 +282,8 @@ def _start(server: ServerProcess, launch: _Launch) -> dict[str, Any]:
     launch.phase("starting", {"port": server.port, "argv": server.argv})
     t0 = time.monotonic()
     try:
-        server.start()
+        with writing(server.log_path):  # the server's log file opens here: a full disk is a DiskError
+            server.start()
         server.wait_ready(launch.timeouts.startup_s, stop_event=stop_event)
     except ServerExited as exc:
         kind, line = _diagnose(launch.engine, server.log_text(), exc.exit_code)
@@ -298,13 +315,14 @@ def _measure(server: ServerProcess, launch: _Launch) -> dict[str, Any]:
     capacity = launch.engine.capacity(server.log_text(), info)
     out: dict[str, Any] = {"capacity": capacity, "modelled_startup_s": launch.engine.startup_seconds(info)}
     concurrency = launch.workload.concurrency or auto_concurrency(capacity)
+    log_start = len(server.log_text())  # the replay's log lines are the server's progress evidence
     records, peaks = _replay_window(server, launch, concurrency)
     if peaks is not None:
         out["gpu"] = peaks
     ended = _ended_early(server, launch.engine, records)
     if ended is not None:
         return {**out, **ended}
-    return {**out, **_window_outcome(server, launch.engine, records, info)}
+    return {**out, **_window_outcome(server, launch.engine, records, info, server.log_text()[log_start:])}
 
 
 def _replay_window(server: ServerProcess, launch: _Launch, concurrency: int) -> tuple[ReplayRecords, GpuPeaks | None]:
@@ -327,7 +345,8 @@ def _replay_window(server: ServerProcess, launch: _Launch, concurrency: int) -> 
     elapsed = time.monotonic() - t0
     launch.durations["warmup"] = round(min(elapsed, workload.warmup_s), 3)
     launch.durations["measure"] = round(max(0.0, elapsed - workload.warmup_s), 3)
-    records.write_jsonl(launch.trial_dir / "records.jsonl")
+    with writing(launch.trial_dir / "records.jsonl", partial=True):
+        records.write_jsonl(launch.trial_dir / "records.jsonl")
     return records, monitor.peaks() if monitor is not None else None
 
 
@@ -365,7 +384,7 @@ def _ended_early(server: ServerProcess, engine: Engine, records: ReplayRecords) 
 
 
 def _window_outcome(server: ServerProcess, engine: Engine, records: ReplayRecords,
-                    info: Mapping[str, Any] | None) -> dict[str, Any]:
+                    info: Mapping[str, Any] | None, log_since: str) -> dict[str, Any]:
     """Metrics and status of a replay that ran its window; a tok/s only where the window measured the server."""
     metrics = metrics_from_records(records)
     if metrics.accept_length is None:
@@ -378,15 +397,19 @@ def _window_outcome(server: ServerProcess, engine: Engine, records: ReplayRecord
     kind, line = _diagnose(engine, server.log_text(), None)
     if kind == "runtime_oom":
         return {**out, "status": "runtime_oom", "reason": line, "log_tail": server.log_tail()}
-    if metrics.output_tokens == 0:
-        first_error = next((r.error for r in records.requests if r.error), None)
-        return {**out, "status": "crash", "reason": f"no tokens arrived in the measured window ({first_error or 'no error'})"}
+    if metrics.output_tokens == 0:  # refused, too slow for the window, or idle: ``harness.outcome`` tells which
+        why = no_tokens(records.requests, log_since, records.probes, window_s=metrics.window_s)
+        return {**out, "status": why[0], "reason": why[1], "measurement": why[2]}
     status, reason, figures = measurement_verdict(records)
-    out["measurement"] = {**figures, "stream_interval": int(server_stream_interval(info) or 1)}
+    rejected = rejections(records.requests)
+    out["measurement"] = {**figures, "stream_interval": int(server_stream_interval(info) or 1),
+                          **({"rejected": rejected} if rejected else {})}
     if status is not None:
         # Not a tok/s: the figure measured the CPU, so it stays out of ``metrics`` (only here, for diagnosis).
         out["measurement"]["untrusted_tok_s"] = metrics.output_tok_s
         return {**out, "metrics": None, "status": status, "reason": reason}
+    if rejected is not None and dominated(rejected):  # a tok/s of the requests it served; the rest named
+        return {**out, "status": "ok", "reason": rejection_line(rejected)}
     return {**out, "status": "ok"}
 
 
@@ -396,7 +419,8 @@ def _probe(server, probe: FidelityProbe, trial_dir: Path, durations: dict[str, f
                                "mode": "recording the reference" if probe.records else "comparing with the reference"})
     t0 = time.monotonic()
     try:
-        figures = run_probe(server.base_url, probe, trial_dir=trial_dir)
+        with writing(trial_dir / "fidelity.json"):  # and the reference, when this launch records it
+            figures = run_probe(server.base_url, probe, trial_dir=trial_dir)
     except ProbeError as exc:
         durations["probe"] = round(time.monotonic() - t0, 3)
         return {"status": "probe_error", "reason": f"fidelity probe: {exc}",

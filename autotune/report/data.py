@@ -37,6 +37,8 @@ OUTCOMES: dict[str, tuple[str, str]] = {
     "invalid_measurement": ("invalid measurement (sim lagged)", "failed"),
     "client_bound": ("client-bound measurement", "failed"),
     "probe_error": ("fidelity probe failed", "failed"),
+    "too_slow": ("too slow for the window", "failed"),  # alive and progressing, no token in the window
+    "write_error": ("write failed (disk)", "failed"),  # the disk's failure, not the config's
 }
 MEMORY_PARTS = ("weights", "kv", "mamba_states", "spec_intermediates", "graphs", "activations", "other", "headroom")
 PARAM_PREFIX = "params_"

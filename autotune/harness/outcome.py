@@ -1,0 +1,106 @@
+"""What a replay window that delivered no token says about the server, and which requests the server refused.
+
+"No token arrived in the window" has three different causes, and only one is a crash: the server refused the
+requests (HTTP errors, a body too large, a prompt over the context length: counted and named), the server was
+alive and working but slower than the window (``too_slow``: its log shows prefill or decode batches since the
+replay began, or the simulator's clock advanced; the fix is a longer window or a faster host), or it did nothing.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from autotune.results import TOO_SLOW
+
+_PREFILL = re.compile(r"Prefill batch[.,] #new-seq: (\d+), #new-token: (\d+)")
+_DECODE = re.compile(r"Decode batch[.,] #running-req: (\d+)")
+DOMINANT = 0.5  # rejections at or above this share of the requests sent are named in the reason
+
+
+def _kind(error: str) -> str | None:
+    """The refusal an error records (``HTTP 400``, ``aborted``), or None for a client-side failure."""
+    if error.startswith("HTTP "):
+        return error.split(":", 1)[0]
+    if error.startswith("aborted by server"):
+        return "aborted by server"
+    return None
+
+
+def rejections(requests: Sequence[Any]) -> dict[str, Any] | None:
+    """Requests of the replay the server refused or aborted: ``{"count", "of", "kinds": {kind: n}, "first"}``
+    (the first one's message, shortened); None when it refused none."""
+    kinds: Counter[str] = Counter()
+    first = None
+    for rec in requests:
+        kind = _kind(rec.error) if rec.error else None
+        if kind is not None:
+            kinds[kind] += 1
+            first = first or rec.error[:200]
+    if not kinds:
+        return None
+    return {"count": sum(kinds.values()), "of": len(requests), "kinds": dict(kinds.most_common()), "first": first}
+
+
+def rejection_line(rejected: dict[str, Any]) -> str:
+    """``the server rejected 60 of the 64 requests sent (60 × HTTP 400; first: …)``."""
+    kinds = ", ".join(f"{n} × {kind}" for kind, n in rejected["kinds"].items())
+    return (f"the server rejected {rejected['count']} of the {rejected['of']} requests sent ({kinds}; first: "
+            f"{rejected['first']})")
+
+
+def dominated(rejected: dict[str, Any] | None) -> bool:
+    """Whether refusals are at least ``DOMINANT`` of the requests sent (then the reason names them)."""
+    return rejected is not None and rejected["count"] >= DOMINANT * max(rejected["of"], 1)
+
+
+def progress(log_since_replay: str, probes: Sequence[Any]) -> dict[str, Any]:
+    """The server's own evidence of work since the replay began: prefill batches and their new tokens, decode
+    batches (SGLang's log lines, which the simulator prints too), and the simulator's modelled seconds across the
+    window (its ``sim_pace`` probes). Empty when there is none."""
+    out: dict[str, Any] = {}
+    prefills = _PREFILL.findall(log_since_replay)
+    if prefills:
+        out["prefill_batches"] = len(prefills)
+        out["prefill_tokens"] = sum(int(tokens) for _, tokens in prefills)
+    decodes = len(_DECODE.findall(log_since_replay))
+    if decodes:
+        out["decode_batches"] = decodes
+    marks = [p for p in probes if isinstance(p, dict) and "modelled_s" in p]
+    if len(marks) == 2 and float(marks[1]["modelled_s"]) > float(marks[0]["modelled_s"]):
+        out["sim_modelled_s"] = round(float(marks[1]["modelled_s"]) - float(marks[0]["modelled_s"]), 4)
+    return out
+
+
+def _evidence(seen: dict[str, Any]) -> str:
+    parts = []
+    if "prefill_batches" in seen:
+        n = seen["prefill_batches"]
+        parts.append(f"{n} prefill batch{'es' * (n != 1)} ({seen['prefill_tokens']:,} new tokens)")
+    if "decode_batches" in seen:
+        n = seen["decode_batches"]
+        parts.append(f"{n} decode batch line{'s' * (n != 1)}")
+    text = f"its log shows {' and '.join(parts)} since the replay began" if parts else ""
+    if "sim_modelled_s" in seen:
+        text += ("; " if text else "") + f"its simulated clock advanced {seen['sim_modelled_s']:g} s in the window"
+    return text
+
+
+def no_tokens(requests: Sequence[Any], log_since_replay: str, probes: Sequence[Any], *,
+              window_s: float) -> tuple[str, str, dict[str, Any]]:
+    """(status, reason, figures) of a window in which no token arrived from a live server: ``crash`` naming the
+    refusals when they dominate, ``too_slow`` with the server's progress as evidence, else ``crash``."""
+    rejected = rejections(requests)
+    seen = progress(log_since_replay, probes)
+    figures: dict[str, Any] = {"progress": seen, **({"rejected": rejected} if rejected else {})}
+    if rejected is not None and dominated(rejected):
+        return "crash", f"no tokens arrived in the measured window: {rejection_line(rejected)}", figures
+    if seen:
+        return (TOO_SLOW, f"no token arrived in the {window_s:g} s window, but the server was alive and progressing "
+                          f"({_evidence(seen)}): lengthen workload.measure_s (and warmup_s), or the host is too "
+                          f"slow for this config", figures)
+    first_error = next((r.error for r in requests if r.error), None)
+    return ("crash", f"no tokens arrived in the measured window and the server showed no progress "
+                     f"({first_error or 'no error'})", figures)
