@@ -5,8 +5,11 @@ much KV a request holds is the unknown: its prompt (known from the sample) plus 
 server has answered). So the edge starts are not queued up front: after the baseline and the enqueued configs have
 run, each edge start is placed when the sweep needs its next trial, from
 
-- the prompt sample's mean length and the mean output length the finished trials measured (tokens in the window
-  over requests completed in it, pooled; ``DEFAULT_OUTPUT_SHARE`` of ``max_tokens`` before any measurement), and
+- the prompt sample's mean length in tokens as the server counted them: the prompt tokens it reported for the
+  baseline's requests (``records.jsonl``), per prompt line, the lines it never sent scaled by the tokens per
+  character of those it did; the 4-characters-per-token estimate only when it reported none (``prompt_tokens``),
+- the mean output length the finished trials measured (tokens in the window over requests completed in it,
+  pooled; ``DEFAULT_OUTPUT_SHARE`` of ``max_tokens`` before any measurement), and
 - the planner as corrected so far (``correction.CorrectedFeasibility``): an edge start that ran out of memory
   moves the wall, and the next one is placed below it.
 
@@ -19,12 +22,16 @@ for the starts after it.
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
+from autotune.prompts import PromptSample
 from autotune.results import TrialResult
 from autotune.search.runner import prompt_texts
 from autotune.search.space import Feasibility, Space
@@ -73,6 +80,54 @@ def starved_starts(trials: list[FrozenTrial]) -> int:
                and v < floor)
 
 
+def reported_prompt_tokens(trials: list[FrozenTrial]) -> dict[int, int]:
+    """Prompt tokens per prompt-file line, as the server reported them for the finished baseline's requests
+    (``records.jsonl`` rows' ``prompt_tokens``: SGLang's ``meta_info`` / ``usage``); a line sent again carries a
+    pass marker, so its smallest count is its own. Empty when no baseline recorded any."""
+    for t in trials:
+        where = (t.user_attrs.get("result") or {}).get("trial_dir")
+        if t.user_attrs.get("role") == "baseline" and t.state == TrialState.COMPLETE and where:
+            found = _records_prompt_tokens(str(Path(where) / "records.jsonl"))
+            if found:
+                return dict(found)
+    return {}
+
+
+@functools.lru_cache(maxsize=16)
+def _records_prompt_tokens(path: str) -> tuple[tuple[int, int], ...]:
+    out: dict[int, int] = {}
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return ()
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        tokens = row.get("prompt_tokens") if isinstance(row, dict) else None
+        if isinstance(tokens, int) and tokens > 0 and isinstance(row.get("row"), int):
+            out[row["row"]] = min(tokens, out.get(row["row"], tokens))
+    return tuple(sorted(out.items()))
+
+
+@functools.lru_cache(maxsize=8)
+def _line_chars(path: Path, n: int, seed: int) -> tuple[tuple[int, int], ...]:
+    """(prompt-file line, characters) of the study's sample: the replay's records name rows by line."""
+    return tuple((int(row.line), len(row.as_text())) for row in PromptSample.load(path, n, seed).rows)
+
+
+def prompt_tokens(line_chars: tuple[tuple[int, int], ...], reported: dict[int, int]) -> tuple[float, float]:
+    """(mean prompt tokens of the sample, tokens per character): from the server's counts where it reported
+    them, lines it did not send at the reported lines' tokens per character; ``1 / CHARS_PER_TOKEN`` without."""
+    known = [(chars, reported[line]) for line, chars in line_chars if line in reported]
+    ratio = 1.0 / CHARS_PER_TOKEN
+    if known and sum(c for c, _ in known) > 0:
+        ratio = sum(t for _, t in known) / sum(c for c, _ in known)
+    tokens = [reported.get(line, chars * ratio) for line, chars in line_chars]
+    return sum(tokens) / max(1, len(tokens)), ratio
+
+
 class EdgeStarts:
     """Places the study's ``edge_starts`` one at a time (role ``prior``, labels ``memory edge i``)."""
 
@@ -83,16 +138,23 @@ class EdgeStarts:
         self.max_tokens = wl.max_tokens
         texts = prompt_texts(wl.prompts, wl.sample_size, wl.seed)
         self.prompt_chars = [len(text) for text in texts]
+        self.line_chars = _line_chars(wl.prompts, wl.sample_size, wl.seed)
         self.shared_prefix = shared_prefix_tokens(list(texts)) if self.n else 0.0  # start-up work only if used
-        self.prompt_tokens = sum(self.prompt_chars) / max(1, len(self.prompt_chars)) / CHARS_PER_TOKEN
         self.given = cfg.given_configs()
+
+    def prompt_tokens(self, trials: list[FrozenTrial]) -> tuple[float, float, bool]:
+        """(mean prompt tokens, tokens per character, whether the server reported them) with what is known now."""
+        reported = reported_prompt_tokens(trials)
+        mean, ratio = prompt_tokens(self.line_chars, reported)
+        return mean, ratio, bool(reported)
 
     def per_request(self, trials: list[FrozenTrial], i: int) -> tuple[int, float | None]:
         seen = observed_output(trials, self.max_tokens)
         output = seen if seen is not None else DEFAULT_OUTPUT_SHARE * self.max_tokens
         mult = MULTIPLIERS[min(i, len(MULTIPLIERS) - 1)]
         backoff = 2 ** starved_starts(trials)
-        return max(1, int(backoff * (self.prompt_tokens + mult * output))), seen
+        prompt, _, _ = self.prompt_tokens(trials)
+        return max(1, int(backoff * (prompt + mult * output))), seen
 
     def place(self, study: optuna.Study, trials: list[FrozenTrial]) -> dict[str, Any] | None:
         """Queue the next edge start when nothing else is queued; returns its config (None: nothing placed)."""
@@ -107,10 +169,13 @@ class EdgeStarts:
         i = len(placed)
         tokens, seen = self.per_request(trials, i)
         tried = [dict(t.user_attrs["config"]) for t in trials if "config" in t.user_attrs]
+        assert self.feasibility is not None  # edge starts are only placed with a planner (``self.n`` is 0 without)
+        prompt, ratio, reported = self.prompt_tokens(trials)
+        shared = self.shared_prefix * CHARS_PER_TOKEN * ratio  # shared_prefix_tokens counts 4 characters a token
         configs = edge_configs(self.space, self.feasibility, prompt_chars=self.prompt_chars,
                                max_tokens=self.max_tokens, n=1, seed=self.cfg.study.seed + 7 * i,
                                exclude=[*self.given, *tried], hold=self.given[0], per_request=[tokens],
-                               shared_prefix=self.shared_prefix)
+                               shared_prefix=shared)
         if not configs:
             self.n = i  # nothing the planner is sure starts holds that many requests: no more edge starts
             return None
@@ -118,5 +183,6 @@ class EdgeStarts:
         params = {k: v for k, v in config.items() if k in self.space.names}
         study.enqueue_trial(params, user_attrs={
             "role": "prior", "label": f"memory edge {i + 1}", "config": config, "edge_kv_per_request": tokens,
-            "edge_output_tokens": None if seen is None else round(seen, 1)})
+            "edge_output_tokens": None if seen is None else round(seen, 1), "edge_prompt_tokens": round(prompt, 1),
+            "edge_prompt_tokens_from": "server" if reported else f"{CHARS_PER_TOKEN:g} characters per token"})
         return config
