@@ -125,6 +125,8 @@ def _search_on(cfg: Any, gpus: str, *, err: bool) -> Any:
     try:
         run_workers(cfg, indices, echo=lambda line: click.echo(line, err=err))
     except KeyboardInterrupt:
-        click.echo("interrupted: run the same command again to resume", err=True)
+        from autotune.cli import INTERRUPTED
+
+        click.echo(INTERRUPTED, err=True)
         raise SystemExit(130) from None
     return on_gpu(cfg, indices[0], cfg.engine.port)
