@@ -9,215 +9,38 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
-import tomllib
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import psutil
-import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autotune.deploy import remote
-from autotune.deploy.sglang_yaml import read_config_file
+from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re-exported
+    LOCAL_HOSTS,
+    Fleet,
+    FleetServer,
+    fleet_toml,
+    load_fleet,
+    server_config,
+    set_server_config,
+    write_fleet,
+)
 from autotune.errors import AutotuneError, ConfigError, FleetError
 from autotune.harness.engines import make_engine
 from autotune.harness.gpu import wait_released
 from autotune.harness.procgroup import group_pids
 from autotune.harness.server import ServerProcess, port_is_free, stop_process_group
 from autotune.harness.shm import ShmOwnership
-from autotune.redaction import looks_secret, resolve_env
+from autotune.redaction import resolve_env
 from autotune.results import Capacity
 
 log = logging.getLogger(__name__)
-
-LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
-SECRET_KEYS = re.compile(r"pass(word|phrase|wd)|secret", re.IGNORECASE)
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class FleetServer(_Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    host: str = "localhost"  # where it runs: local, or "user@name" / "name" reached over SSH
-    gpu: int | None = Field(default=None, ge=0)  # none for SGLang's CPU backend (the simulator's CPU: its index)
-    port: int = Field(ge=1, le=65535)
-    bind: str = "127.0.0.1"  # the address the server listens on
-    config: str  # the sglang.yaml this server runs, relative to the fleet file
-    log: str
-    pid: str
-    extra_args: list[str] = []
-    sim_options: dict[str, Any] = {}
-
-    @property
-    def local(self) -> bool:
-        return self.host in LOCAL_HOSTS
-
-    @property
-    def address(self) -> str:
-        """Where to reach its HTTP endpoints from here."""
-        if self.local:
-            return "127.0.0.1" if self.bind in ("0.0.0.0", "") else self.bind
-        return self.host.rpartition("@")[2].split(":")[0]
-
-    @property
-    def url(self) -> str:
-        host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"http://{host}:{self.port}"
-
-    @property
-    def where(self) -> str:
-        """``gpu 3, port 30003`` (a CPU server: ``port 30003``), for messages."""
-        return f"gpu {self.gpu}, port {self.port}" if self.gpu is not None else f"port {self.port}"
-
-
-class Fleet(_Model):
-    engine: Literal["sim", "sglang"] = "sglang"
-    model: str
-    python: str | None = None  # interpreter on each host (default: this one, or "python3" remotely)
-    device: Literal["cuda", "cpu"] = "cuda"  # "cpu": SGLang's CPU backend (host RAM, no CUDA_VISIBLE_DEVICES)
-    env: dict[str, str] = {}  # the engine's environment; "${NAME}" is read from the starter's environment
-    sim_gpu: str | None = None
-    remote_dir: str = "autotune-fleet"  # remote hosts: relative log/pid paths live under this directory
-    servers: list[FleetServer] = Field(min_length=1)
-    path: Path | None = Field(default=None, exclude=True)
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
-        for name in env:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-                raise ValueError(f"{name!r} is not an environment variable name")
-        return env
-
-    @model_validator(mode="after")
-    def _unique(self) -> Fleet:
-        for what, key in (("name", lambda s: s.name), ("port", lambda s: (s.host, s.port)),
-                          ("gpu", lambda s: (s.host, s.gpu))):
-            seen: set[Any] = set()
-            for server in self.servers:
-                if what == "gpu" and server.gpu is None:
-                    continue
-                if key(server) in seen:
-                    raise ValueError(f"two servers share the same {what} ({server.name})")
-                seen.add(key(server))
-        for server in self.servers:
-            if server.gpu is None and not self.host_memory:
-                raise ValueError(f"server {server.name} has no gpu (every server of a GPU fleet names its GPU)")
-            if not server.local and server.bind.startswith("127."):
-                raise ValueError(f"server {server.name} on {server.host} binds {server.bind}, which cannot be "
-                                 "polled from here; set bind to that host's address or 0.0.0.0")
-        return self
-
-    @property
-    def base_dir(self) -> Path:
-        return self.path.parent if self.path else Path.cwd()
-
-    @property
-    def host_memory(self) -> bool:
-        """SGLang's CPU backend: its pools live in host RAM, shared with everything else on the host."""
-        return self.engine == "sglang" and self.device == "cpu"
-
-    def resolve(self, relative: str) -> Path:
-        path = Path(relative)
-        return path if path.is_absolute() else self.base_dir / path
-
-    def server(self, name: str) -> FleetServer:
-        for server in self.servers:
-            if server.name == name:
-                return server
-        raise FleetError(f"no server named {name!r} in the fleet ({', '.join(s.name for s in self.servers)})")
-
-
-# -- the file ------------------------------------------------------------------------------------------
-def _find_secrets(data: Any, where: str = "") -> str | None:
-    if isinstance(data, dict):
-        for key, value in data.items():
-            here = f"{where}.{key}" if where else str(key)
-            if here == "env" and isinstance(value, dict):
-                # Variable names may say SECRET or PASSWORD; what must not be here is a literal value.
-                found = next((k for k, v in value.items() if isinstance(v, str) and looks_secret(str(k), v)), None)
-                if found:
-                    return f"env.{found}"
-                continue
-            if SECRET_KEYS.search(str(key)):
-                return here
-            found = _find_secrets(value, here)
-            if found:
-                return found
-    elif isinstance(data, list):
-        for i, value in enumerate(data):
-            found = _find_secrets(value, f"{where}.{i}")
-            if found:
-                return found
-    return None
-
-
-def load_fleet(path: str | Path) -> Fleet:
-    """Read and validate a fleet file; every problem is one FleetError naming the file and the field."""
-    path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FleetError(f"{path}: fleet file not found (write one with autotune apply --out DIR)") from None
-    except OSError as exc:
-        raise FleetError(f"{path}: cannot read the fleet file ({exc.strerror})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise FleetError(f"{path}: not valid TOML ({exc})") from None
-    secret = _find_secrets(raw)
-    if secret and secret.startswith("env."):
-        name = secret.removeprefix("env.")
-        raise FleetError(f"{path}: {secret}: looks like a secret, which a fleet file must not hold "
-                         f"(write {name} = \"${{{name}}}\" and set {name} in the environment that starts the fleet)")
-    if secret:
-        raise FleetError(f"{path}: {secret}: passwords and secrets are not allowed in a fleet file "
-                         "(reach remote hosts with an SSH key or agent)")
-    try:
-        fleet = Fleet.model_validate(raw)
-    except ValidationError as exc:
-        err = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        raise FleetError(f"{path}: {where}: {msg}") from None
-    fleet.path = path.resolve()
-    return fleet
-
-
-def fleet_toml(fleet: Fleet) -> str:
-    data = fleet.model_dump(exclude_none=True)
-    servers = data.pop("servers")
-    doc = {k: v for k, v in data.items() if v != {}}
-    doc["servers"] = [{k: v for k, v in server.items() if not (v == [] or v == {})} for server in servers]
-    head = "# autotune fleet: one `servers` entry per server; `config` is the sglang.yaml it runs.\n"
-    return head + tomli_w.dumps(doc)
-
-
-def write_fleet(fleet: Fleet, path: str | Path | None = None) -> Path:
-    """Write atomically (a reader, or a SIGKILL mid-write, sees the old file or the new one)."""
-    path = Path(path or fleet.path or "fleet.toml")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(fleet_toml(fleet))
-    os.replace(tmp, path)
-    return path
-
-
-def set_server_config(fleet: Fleet, name: str, config_file: str) -> Fleet:
-    """A copy of ``fleet`` with server ``name`` recorded as running ``config_file``."""
-    servers = [s.model_copy(update={"config": config_file}) if s.name == name else s for s in fleet.servers]
-    return fleet.model_copy(update={"servers": servers})
-
-
-def server_config(fleet: Fleet, server: FleetServer) -> dict[str, Any]:
-    return read_config_file(fleet.resolve(server.config))
 
 
 # -- one server at runtime -----------------------------------------------------------------------------

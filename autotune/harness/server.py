@@ -17,7 +17,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,15 +27,13 @@ import psutil
 from autotune.errors import ServerError
 from autotune.harness.gpu import used_mib, wait_released
 from autotune.harness.procgroup import group_pids
-from autotune.harness.shm import SHM_DIR, ShmOwnership, release_semaphores, snapshot
+from autotune.harness.shm import SHM_DIR, ShmOwnership, ShmSampler, release_semaphores, snapshot
 from autotune.harness.watchdog import Watchdog
 
 if TYPE_CHECKING:
     from autotune.harness.engines.base import GpuReader
 
 LOG_TAIL_LINES = 40
-SHM_SAMPLE_S = 0.05  # a server that dies during startup holds its files only for as long as it lives
-ALIVE_CHECK_S = 1.0  # with nothing to attribute, how often the sampler checks that the group still lives
 WATCHDOG_GRACE_S = 5.0  # harness gone: SIGTERM to the launcher, SIGKILL of the group this much later
 log = logging.getLogger(__name__)
 
@@ -141,46 +139,6 @@ def _extra_ports(argv: list[str]) -> set[int]:
         if value is not None and value.isdigit():
             ports.add(int(value))
     return ports
-
-
-class ShmSampler:
-    """Samples, while the server runs, which new /dev/shm files its process group holds (a dead one holds none)."""
-
-    def __init__(self, ownership: ShmOwnership, pgid: int, on_grow: Callable[[], None], interval_s: float = SHM_SAMPLE_S):
-        self.ownership, self.pgid, self.on_grow, self.interval_s = ownership, pgid, on_grow, interval_s
-        self._stop = threading.Event()
-        self._alive_at = 0.0
-        self._thread = threading.Thread(target=self._run, name="shm-sampler", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def sample(self, *, force: bool = True) -> bool:
-        """One look at what the group holds; False once the group is gone (a dead group holds nothing). Unless
-        ``force``, /proc is read only when a new file awaits attribution or ``ALIVE_CHECK_S`` has passed: the
-        sampler shares the GIL with the replay client, and a /proc walk every 50 ms cost it ~5 % of a core."""
-        now = time.monotonic()
-        if not force and now - self._alive_at < ALIVE_CHECK_S and not self.ownership.pending():
-            return True
-        self._alive_at = now
-        pids = group_pids(self.pgid)
-        try:
-            if self.ownership.observe(pids, force=force):
-                self.on_grow()
-        except Exception:  # noqa: BLE001 - a failed sample only loses attribution (files are left), never a trial
-            pass
-        return bool(pids)
-
-    def stop(self) -> None:
-        """End the thread, then take one last sample (the group may have mapped something since)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=5.0)
-        self.sample()
-
-    def _run(self) -> None:
-        while not self._stop.is_set() and self.sample(force=False):
-            self._stop.wait(self.interval_s)
 
 
 class ServerProcess:

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.harness.procgroup import held_inodes
+from autotune.harness.procgroup import group_pids, held_inodes
 
 SHM_DIR = Path("/dev/shm")
 # SGLang's shapes (and the simulator's, which imitates them); any other name there is not ours to touch.
@@ -33,6 +34,8 @@ SEM_PREFIX = "sem.mp-"  # multiprocessing's named semaphores (glibc: /dev/shm/se
 SHM_PREFIXES = ("sglang", "deepspeed_allreduce_buffer", SEM_PREFIX, "autotune")
 FRESH_S = 5.0  # a new file is checked on every sample this long; after that, every STALE_SCAN_S
 STALE_SCAN_S = 1.0
+SHM_SAMPLE_S = 0.05  # a server that dies during startup holds its files only for as long as it lives
+ALIVE_CHECK_S = 1.0  # with nothing to attribute, how often the sampler checks that the group still lives
 _PORT_NAME = re.compile(r"^deepspeed_allreduce_buffer_\d+_[^_]+_(\d+)_\d+$")
 
 
@@ -145,6 +148,46 @@ class ShmOwnership:
                 continue
         left = sorted(set(new_files(self.directory, self.before)) - set(removed))
         return removed, left
+
+
+class ShmSampler:
+    """Samples, while the server runs, which new /dev/shm files its process group holds (a dead one holds none)."""
+
+    def __init__(self, ownership: ShmOwnership, pgid: int, on_grow: Callable[[], None], interval_s: float = SHM_SAMPLE_S):
+        self.ownership, self.pgid, self.on_grow, self.interval_s = ownership, pgid, on_grow, interval_s
+        self._stop = threading.Event()
+        self._alive_at = 0.0
+        self._thread = threading.Thread(target=self._run, name="shm-sampler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def sample(self, *, force: bool = True) -> bool:
+        """One look at what the group holds; False once the group is gone (a dead group holds nothing). Unless
+        ``force``, /proc is read only when a new file awaits attribution or ``ALIVE_CHECK_S`` has passed: the
+        sampler shares the GIL with the replay client, and a /proc walk every 50 ms cost it ~5 % of a core."""
+        now = time.monotonic()
+        if not force and now - self._alive_at < ALIVE_CHECK_S and not self.ownership.pending():
+            return True
+        self._alive_at = now
+        pids = group_pids(self.pgid)
+        try:
+            if self.ownership.observe(pids, force=force):
+                self.on_grow()
+        except Exception:  # noqa: BLE001 - a failed sample only loses attribution (files are left), never a trial
+            pass
+        return bool(pids)
+
+    def stop(self) -> None:
+        """End the thread, then take one last sample (the group may have mapped something since)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5.0)
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.is_set() and self.sample(force=False):
+            self._stop.wait(self.interval_s)
 
 
 def release_semaphores(directory: Path, before: Iterable[str]) -> list[str]:
