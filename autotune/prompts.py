@@ -89,7 +89,8 @@ def estimate_tokens(row: PromptRow) -> int:
 
 
 def _where(path: Path, line_no: int) -> dict[str, str]:
-    return {"file": str(path), "key": f"line {line_no}"}
+    """``file:line``, as compilers and editors name a line (a terminal can open it there)."""
+    return {"file": f"{path}:{line_no}"}
 
 
 def _decode(path: Path, line_no: int, raw: bytes) -> str:

@@ -123,7 +123,7 @@ def test_unreadable_prompts(tmp_path):
     path = write(tmp_path, GOOD.replace('prompts = "prompts.jsonl"', 'prompts = "bad.jsonl"'))
     with pytest.raises(ConfigError, match="not valid JSON") as info:  # the prompt file's own line, not the TOML's key
         load_config(path)
-    assert str(info.value).startswith(f"{tmp_path / 'bad.jsonl'}: line 1: ")
+    assert str(info.value).startswith(f"{tmp_path / 'bad.jsonl'}:1: ")
 
 
 def test_missing_and_malformed_files(tmp_path):

@@ -28,8 +28,8 @@ def test_invalid_utf8_names_its_line_and_byte(tmp_path):
     with pytest.raises(WorkloadError) as info:
         PromptSample.load(path, 5)
     text = str(info.value)
-    assert text.startswith(f"{path}: line 3: line is not valid UTF-8 (byte 0xe9 at column 16)")
-    assert "re-encode" in text and info.value.key == "line 3"
+    assert text.startswith(f"{path}:3: line is not valid UTF-8 (byte 0xe9 at column 16)")
+    assert "re-encode" in text and info.value.file == f"{path}:3"
 
 
 def test_line_breaks_inside_json_strings_bom_and_crlf_read_as_rows(tmp_path):
@@ -60,7 +60,7 @@ def test_fit_refuses_the_first_prompt_over_the_limit_and_counts_the_rest(tmp_pat
     with pytest.raises(WorkloadError) as info:
         sample.check_fit(limit, new, source="--context-length")
     text = str(info.value)
-    assert text.startswith(f"{path}: line 2: prompt is ~901 tokens")
+    assert text.startswith(f"{path}:2: prompt is ~901 tokens")
     assert "over --context-length (1,000 tokens); 2 more sampled prompts too" in text and "shorten" in text
     only_first = PromptSample(path=path, rows=tuple(r for r in sample.rows if r.line in (1, 3)))
     only_first.check_fit(limit, new)  # at the limit is not over it
@@ -71,7 +71,7 @@ def test_fit_refuses_the_first_prompt_over_the_limit_and_counts_the_rest(tmp_pat
 def test_unknown_context_still_refuses_what_no_model_could_take(tmp_path):
     huge = PromptRow(7, prompt="x" * ((UNKNOWN_CONTEXT_TOKENS + 1) * CHARS_PER_TOKEN))
     sample = PromptSample(path=tmp_path / "p.jsonl", rows=(PromptRow(1, prompt="x" * 10**6), huge))
-    with pytest.raises(WorkloadError, match=r"line 7: .*the longest context any model has"):
+    with pytest.raises(WorkloadError, match=r"p.jsonl:7: .*the longest context any model has"):
         sample.check_fit(None, 16)
 
 
@@ -85,7 +85,7 @@ def test_context_length_comes_from_the_flag_then_the_model(tmp_path):
     assert context_limit(str(model), {}) == (4096, "my-model's context length", False)
     assert context_limit(str(model), {"context_length": 2048}) == (2048, "--context-length", True)
     sample = PromptSample(path=tmp_path / "p.jsonl", rows=(PromptRow(3, prompt="x" * 20_000),))
-    assert "line 3" in misfit_reason(str(model), {"context_length": 2048}, sample, 16)  # the config's outcome
+    assert "p.jsonl:3: " in misfit_reason(str(model), {"context_length": 2048}, sample, 16)  # the config's outcome
     with pytest.raises(WorkloadError, match="my-model's context length"):  # bad input: no config can serve it
         misfit_reason(str(model), {}, sample, 16)
     assert misfit_reason(str(model), {"context_length": 8192}, sample, 16) is None
@@ -119,7 +119,7 @@ def test_sweep_refuses_a_bad_prompt_file_with_one_line_and_no_launch(tmp_path, m
     elapsed = time.monotonic() - t0
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 1
-    assert len(err) == 1 and err[0].startswith(f"Error: {tmp_path / 'prompts.jsonl'}: line 5: "), err
+    assert len(err) == 1 and err[0].startswith(f"Error: {tmp_path / 'prompts.jsonl'}:5: "), err
     assert not (tmp_path / "tiny").exists() and not (tmp_path / "devices").exists()  # no trial, no server
     assert elapsed < 20, f"refusing took {elapsed:.1f} s"
 
@@ -134,6 +134,6 @@ def test_measure_refuses_a_bad_prompt_file_with_one_line_and_no_launch(tmp_path,
               str(tmp_path / "trial")])
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 1
-    assert len(err) == 1 and err[0].startswith(f"Error: {prompts}: line 2: "), err
+    assert len(err) == 1 and err[0].startswith(f"Error: {prompts}:2: "), err
     assert "qwen3.6-27b's context length" in err[0] or case == "utf8"
     assert not (tmp_path / "trial").exists() and not (tmp_path / "devices").exists()

@@ -60,7 +60,7 @@ def test_bad_rows_name_file_and_line(tmp_path, line, match):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "ok"}, line])
     with pytest.raises(WorkloadError, match=match) as info:
         PromptSample.load(path, 5)
-    assert str(info.value).startswith(f"{path}: line 2: ")
+    assert str(info.value).startswith(f"{path}:2: ")
 
 
 def test_missing_file_and_bad_spec(tmp_path):

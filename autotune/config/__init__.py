@@ -289,7 +289,7 @@ def _check_prompts(cfg: StudyConfig, file: str) -> StudyConfig:
     try:
         sample = PromptSample.load(wl.prompts, wl.sample_size, wl.seed)
     except WorkloadError as exc:
-        if exc.file == str(wl.prompts) and exc.key:  # a line of the prompt file: that file and line, not the study's
+        if (exc.file or "").startswith(f"{wl.prompts}:"):  # a line of the prompt file: its file:line, not the study's
             raise
         raise _flag_error(exc, file, "workload.prompts") from None
     eng = cfg.engine

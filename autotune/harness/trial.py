@@ -49,7 +49,7 @@ from autotune.harness.workload import (
     replay,
     window_drift,
 )
-from autotune.results import UNTRUSTED_STATUSES, Capacity, GpuPeaks, TrialResult
+from autotune.results import TOO_SLOW, UNTRUSTED_STATUSES, Capacity, GpuPeaks, TrialResult
 
 DEFAULT_CONCURRENCY = 64  # when the server did not report its effective max running requests
 LAG_LIMIT = 0.02  # the sim server's wall clock may trail its modelled clock by this share of the window
@@ -399,6 +399,8 @@ def _window_outcome(server: ServerProcess, engine: Engine, records: ReplayRecord
         return {**out, "status": "runtime_oom", "reason": line, "log_tail": server.log_tail()}
     if metrics.output_tokens == 0:  # refused, too slow for the window, or idle: ``harness.outcome`` tells which
         why = no_tokens(records.requests, log_since, records.probes, window_s=metrics.window_s)
+        if why[0] == TOO_SLOW:  # no figure of this config: the window measured nothing (no "0 tok/s" is shown)
+            out["metrics"] = None
         return {**out, "status": why[0], "reason": why[1], "measurement": why[2]}
     status, reason, figures = measurement_verdict(records)
     rejected = rejections(records.requests)
