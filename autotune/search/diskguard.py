@@ -29,6 +29,7 @@ DB_FLOOR_BYTES = 256 * 1024  # ... and below this the storage cannot record one 
 # What a trial writes when the study has no finished trial to measure: a 30-60 s window's per-request records at a
 # few thousand tok/s plus the server log and result.json (the example study's trials write 1-6 MiB).
 TRIAL_BYTES_ESTIMATE = 8 * 1024 * 1024
+DB_TRIAL_BYTES_ESTIMATE = 64 * 1024  # what a trial adds to a SQLite study (its result, plan and attributes)
 
 
 def free_bytes(path: Path | str | None) -> int | None:
@@ -157,16 +158,27 @@ class Room:
             places.append(("study database", self.db_path))
         return places
 
-    def warning(self, trials_left: int) -> str | None:
-        """A line when a place cannot hold the trials left (the sweep starts anyway: trials may write less)."""
-        per, how = trial_bytes(self.trials_dir)
-        need = per * max(1, trials_left)
+    def _per_trial(self, n_trials: int) -> dict[str, tuple[int, str]]:
+        """What one trial writes to each place: measured where the study has finished trials, else estimated."""
+        per = {"trials folder": trial_bytes(self.trials_dir)}
+        if self.db_path is not None:
+            size = self.db_path.stat().st_size if self.db_path.is_file() else 0
+            per["study database"] = ((size // n_trials, f"measured: the database over its {n_trials} trial(s)")
+                                     if n_trials and size else (DB_TRIAL_BYTES_ESTIMATE, "estimated"))
+        return per
+
+    def warning(self, trials_left: int, n_trials: int = 0) -> str | None:
+        """A line when a place cannot hold the trials left (the sweep starts anyway: trials may write less).
+        ``n_trials``: how many trials the study's database holds already (to measure what one adds)."""
+        per = self._per_trial(n_trials)
         for label, path in self._places():
+            each, how = per[label]
+            need = each * max(1, trials_left)
             free = free_bytes(path)
             if free is not None and free < need:
-                return (f"warning: the {label} ({path}) has {human(free)} free; a trial writes about {human(per)} "
-                        f"({how}), the {trials_left} trial(s) left about {human(need)}: a write may fail mid-study "
-                        "(the trial then fails as write_error and the sweep stops)")
+                return (f"warning: the {label} ({path}) has {human(free)} free; a trial writes about {human(each)} "
+                        f"there ({how}), the {trials_left} trial(s) left about {human(need)}: a write may fail "
+                        "mid-study (the trial then fails as write_error and the sweep stops)")
         return None
 
     def check(self) -> None:

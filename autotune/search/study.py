@@ -105,6 +105,7 @@ class Sweep:
         self.room = Room(cfg.work_dir / "trials", self.db_path)
         self._current: optuna.Trial | None = None  # the trial between ask and tell (failed if a write fails)
         self._tenant: str | None = None  # why the trial just run OOMed because of another process
+        self._disk: DiskError | None = None  # the write that failed in the trial in flight
 
     def _engine_check(self) -> Occupancy | None:
         eng = self.cfg.engine
@@ -156,8 +157,9 @@ class Sweep:
         # edge starts are placed one at a time once the baseline has run (edges.py), not queued here
         self.edges = EdgeStarts(cfg, self.space, self.feasibility)
         study.sampler = make_sampler(cfg, salt=len(study.get_trials(deepcopy=False)))
-        left = cfg.study.trials - len(launched(study.get_trials(deepcopy=False)))
-        warning = self.room.warning(left) if left > 0 else None
+        trials = study.get_trials(deepcopy=False)
+        left = cfg.study.trials - len(launched(trials))
+        warning = self.room.warning(left, len(trials)) if left > 0 else None
         if warning:
             self.progress.log(warning)
 
@@ -180,7 +182,7 @@ class Sweep:
         try:
             self._search()
         except BaseException as exc:
-            err = disk_error(exc, db_path=self.db_path, fallback=self.cfg.work_dir)
+            err = self._disk or disk_error(exc, db_path=self.db_path, fallback=self.cfg.work_dir)
             if err is None:
                 raise
             self._fail_current(err)
@@ -291,6 +293,7 @@ class Sweep:
         except BaseException as exc:  # an environment error or a second Ctrl-C: not this config's fault
             err = disk_error(exc, db_path=self.db_path, fallback=self.cfg.work_dir / "trials")
             if err is not None:  # a trial file or the database could not be written: fail it, stop the sweep
+                self._disk = err  # the first failed write is the one to name, should recording it fail too
                 result = TrialResult(status="write_error", config=launch, engine=self.cfg.engine.kind, reason=str(err))
                 self._record(trial, result, time.monotonic() - started)
                 self._current = None
