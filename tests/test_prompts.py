@@ -81,6 +81,10 @@ def test_context_length_comes_from_the_flag_then_the_model(tmp_path):
     (model / "config.json").write_text(json.dumps({"model_type": "x", "text_config": {"max_position_embeddings": 4096}}))
     assert model_context_len(str(model)) == 4096
     assert model_context_len("qwen3.6-27b") == 262144
+    yarn = tmp_path / "yarn.json"  # SGLang scales the length by a RoPE factor: the limit is never under its own
+    yarn.write_text(json.dumps({"max_position_embeddings": 32768, "seq_length": 8192,
+                                "rope_scaling": {"type": "yarn", "factor": 4.0}}))
+    assert model_context_len(str(yarn)) == 131072
     assert model_context_len("someone/not-on-disk") is None
     assert context_limit(str(model), {}) == (4096, "my-model's context length", False)
     assert context_limit(str(model), {"context_length": 2048}) == (2048, "--context-length", True)

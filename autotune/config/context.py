@@ -2,9 +2,10 @@
 
 A prompt whose tokens plus its ``max_tokens`` exceed the server's context length is refused on every send: a
 trial of such a sample measures nothing (a 50 MB line once cost two launches recorded as crashes). The limit is
-the config's ``--context-length`` when it sets one, else the model's ``max_position_embeddings`` (a bundled
-profile, or the ``config.json`` of a local model directory, as SGLang reads it); a HuggingFace id that is not on
-disk has no known limit here, and ``PromptSample.check_fit`` then uses the longest any model has.
+the config's ``--context-length`` when it sets one, else the model's: a bundled profile's (what the simulator
+serves), or an upper bound of what SGLang derives from a local model directory's ``config.json`` (its length keys
+times a RoPE factor), so only prompts that surely cannot fit are refused; a HuggingFace id that is not on disk has
+no known limit here, and ``PromptSample.check_fit`` then uses the longest any model has.
 """
 
 from __future__ import annotations
@@ -18,10 +19,29 @@ from autotune.errors import ConfigError, WorkloadError
 from autotune.prompts import PromptSample
 from autotune.sglang.profiles import load_model
 
+# The keys SGLang reads a context length from (``get_context_length``: the first it finds, scaled by a RoPE factor).
+CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+def _config_context(config: Any) -> int | None:
+    """An upper bound of the context SGLang derives from a ``config.json`` (or its ``text_config``): the largest
+    length key times any RoPE scaling factor. An upper bound, so the check refuses only what surely cannot fit."""
+    best = None
+    for part in (config, config.get("text_config")) if isinstance(config, dict) else ():
+        if not isinstance(part, dict):
+            continue
+        lengths = [v for v in (part.get(k) for k in CONTEXT_KEYS) if isinstance(v, int) and v > 0]
+        rope = part.get("rope_scaling")
+        factor = rope.get("factor") if isinstance(rope, dict) else None
+        scale = float(factor) if isinstance(factor, (int, float)) and factor > 1 else 1.0
+        if lengths:
+            best = max(best or 0, int(max(lengths) * scale))
+    return best
+
 
 def model_context_len(model: str | None) -> int | None:
-    """``max_position_embeddings`` of a local ``config.json`` (or its ``text_config``), else of a bundled profile;
-    None when neither is there (an id SGLang would download) or the file does not say."""
+    """The context of a local model directory / ``config.json`` (``_config_context``), else a bundled profile's
+    (what the simulator serves); None when neither is there (an id SGLang would download) or nothing says."""
     if not model:
         return None
     path = Path(model).expanduser()
@@ -29,14 +49,9 @@ def model_context_len(model: str | None) -> int | None:
         path = path / "config.json"
     if path.is_file():
         try:
-            config = json.loads(path.read_text(encoding="utf-8"))
+            return _config_context(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError):
             return None  # the profile check reports an unreadable config.json; this one only sizes a limit
-        for part in (config, config.get("text_config")) if isinstance(config, dict) else ():
-            value = part.get("max_position_embeddings") if isinstance(part, dict) else None
-            if isinstance(value, int) and value > 0:
-                return value
-        return None
     try:
         return load_model(model).context_len
     except ConfigError:
