@@ -135,7 +135,7 @@ def read_rows(path: Path) -> list[PromptRow]:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise WorkloadError(f"cannot read prompts ({exc.strerror})", file=str(path),
+        raise WorkloadError(f"cannot read prompts file {path} ({exc.strerror})",
                             fix="point it at a readable JSONL file") from None
     rows = []
     for line_no, raw in enumerate(data.removeprefix(b"\xef\xbb\xbf").split(b"\n"), start=1):

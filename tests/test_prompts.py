@@ -141,3 +141,18 @@ def test_measure_refuses_a_bad_prompt_file_with_one_line_and_no_launch(tmp_path,
     assert len(err) == 1 and err[0].startswith(f"Error: {prompts}:2: "), err
     assert "qwen3.6-27b's context length" in err[0] or case == "utf8"
     assert not (tmp_path / "trial").exists() and not (tmp_path / "devices").exists()
+
+
+def test_an_unreadable_prompt_file_names_the_study_key_and_the_file(tmp_path, monkeypatch):
+    path = write_tiny_study(tmp_path, name="tiny", trials=2)
+    read = Path.read_bytes
+
+    def deny(self: Path) -> bytes:
+        if self.name == "prompts.jsonl":
+            raise PermissionError(13, "Permission denied", str(self))
+        return read(self)
+
+    monkeypatch.setattr(Path, "read_bytes", deny)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: workload.prompts: cannot read prompts file {tmp_path / 'prompts.jsonl'}")
