@@ -29,6 +29,7 @@ from autotune.errors import DiskError
 from autotune.search import diskguard
 from autotune.search.diskguard import Ballast, Room, disk_error, free_bytes
 from autotune.search.seeding import launched
+from autotune.search.storage import open_study
 from autotune.search.study import run_study
 
 
@@ -198,3 +199,11 @@ def test_a_trial_write_error_is_a_failed_trial_queued_again_and_the_sweep_stops(
     study = run_study(cfg, runner=PlannerRunner())  # room again: resumes, the failed write does not count
     done = launched(study.trials)
     assert len(done) == 4 and any(t.user_attrs.get("requeued_from") == 1 for t in done)
+
+
+def test_a_study_created_on_a_full_disk_is_a_disk_error_naming_the_database(tiny_disk, tmp_path):
+    fill(tiny_disk)
+    cfg = load_config(write_study(tmp_path, trials=2), storage=f"sqlite:///{tiny_disk / 't.db'}")
+    with pytest.raises(DiskError, match="t.db") as info:
+        open_study(cfg)
+    assert info.value.free_bytes is not None and info.value.free_bytes < 64 * 1024

@@ -22,6 +22,7 @@ from autotune.harness.tenancy import check_engine_gpu, check_free, occupancy
 from autotune.results import TrialResult
 from autotune.search.correction import CorrectedFeasibility, replay
 from autotune.search.study import Sweep, run_study
+from autotune.search.workers import run_workers
 from autotune.sglang.profiles import load_gpu, load_model
 from autotune.sim import device
 
@@ -219,3 +220,17 @@ def test_the_planner_learns_nothing_from_a_launch_that_shared_the_gpu():
     resumed = _planner()
     replay(resumed, [Stored(0, shared)])
     assert not resumed.learned
+
+
+def test_each_worker_checks_its_own_gpu(tmp_path, sleeper, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    device.register(1, pid=sleeper.pid, gpu_name="b200", total_mib=TOTAL_MIB, used_mib=100 * 1024, release_s=0.2,
+                    directory=tmp_path / "devices")  # a tenant on GPU 1 only
+    cfg = load_config(write_tiny_study(tmp_path, name="scale", trials=2, warmup_s=0.3))
+    lines: list[str] = []
+    codes = run_workers(cfg, [0, 1], echo=lines.append)
+    assert codes[0] == 0 and codes[1] == 1, "\n".join(lines)
+    busy = [line for line in lines if line.startswith("gpu1 | Error: ")]
+    assert len(busy) == 1 and "GPU 1 is busy" in busy[0] and f"pid {sleeper.pid}" in busy[0]
+    study = optuna.load_study(study_name="scale", storage=cfg.storage_url)
+    assert {t.user_attrs.get("gpu", "").split(":")[-1] for t in study.trials if t.state == TrialState.COMPLETE} == {"0"}

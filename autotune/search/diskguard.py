@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from autotune.errors import DiskError
-from autotune.search.storage import journal_path, kind
 
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
 DB_FULL_PHRASES = ("database or disk is full", "disk i/o error", "no space left on device")
@@ -89,17 +88,6 @@ def _make(path: Path | None, what: str) -> DiskError:
     return DiskError(f"cannot write {where}: {what}; {human(free)} free there. Free space on that disk (or move the "
                      "study: [study] work_dir, --storage) and run the same command again to resume",
                      path=str(path) if path is not None else None, free_bytes=free)
-
-
-def storage_file(url: str, base_dir: Path | None = None) -> Path | None:
-    """The file a file-backed storage lives in (SQLite, journal); None for a database server."""
-    what = kind(url)
-    if what == "sqlite":
-        path = url.removeprefix("sqlite:///")
-        return None if path in ("", ":memory:") else Path(path)
-    if what == "journal":
-        return journal_path(url, base_dir)
-    return None
 
 
 class Ballast:

@@ -38,6 +38,7 @@ from autotune.config import StudyConfig
 from autotune.errors import StorageError, StudyError
 from autotune.redaction import redact_text
 from autotune.redaction import redact_url as redact
+from autotune.search.diskguard import disk_error
 from autotune.search.objective import directions, make_sampler
 
 HEARTBEAT_ENV = "AUTOTUNE_HEARTBEAT_S"
@@ -73,6 +74,17 @@ def journal_path(url: str, base_dir: Path | None = None) -> Path:
     rest = url[len("journal:"):]
     path = Path("/" + rest.lstrip("/")) if rest.startswith("///") else Path(rest.removeprefix("//"))
     return path if path.is_absolute() else (base_dir or Path.cwd()) / path
+
+
+def storage_file(url: str, base_dir: Path | None = None) -> Path | None:
+    """The file a file-backed storage lives in (SQLite, journal); None for a database server."""
+    what = kind(url)
+    if what == "sqlite":
+        path = url.removeprefix("sqlite:///")
+        return None if path in ("", ":memory:") else Path(path)
+    if what == "journal":
+        return journal_path(url, base_dir)
+    return None
 
 
 def heartbeat_s() -> int:
@@ -150,6 +162,9 @@ def open_storage(url: str, *, heartbeat: int | None = None, base_dir: Path | Non
         if type(exc).__name__ == "NoSuchModuleError":  # SQLAlchemy knows no such dialect+driver
             raise StorageError(f"unknown database driver in {redact(url)} (write postgresql+psycopg2://... "
                                "or mysql+pymysql://...)") from None
+        full = disk_error(exc, db_path=storage_file(url, base_dir))  # a full disk says so, with its free space
+        if full is not None:
+            raise full from None
         if isinstance(exc, OSError) or type(exc).__module__.startswith(("sqlalchemy", "optuna", "psycopg2")):
             raise StorageError(f"cannot open storage {redact(url)}: {_first_line(exc, url)} ({_FIXES[what]})") from None
         raise
@@ -179,7 +194,8 @@ def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
     except ValueError as exc:
         raise StudyError(f"study {cfg.name!r} in {redact(url)} cannot be used: {exc}") from None
     except Exception as exc:  # SQLAlchemy's errors once the database is queried
-        raise _storage_error(exc, url) from None
+        full = disk_error(exc, db_path=storage_file(url, cfg.base_dir))
+        raise (full or _storage_error(exc, url)) from None
 
 
 def load_study(url: str, name: str | None = None, *, base_dir: Path | None = None,

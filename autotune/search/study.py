@@ -37,7 +37,7 @@ from autotune.harness.tenancy import Occupancy, check_engine_gpu
 from autotune.progress import PlainProgress
 from autotune.results import WRITE_ERROR, TrialResult
 from autotune.search.correction import CorrectedFeasibility, known_failure, replay, skip_was_wrong
-from autotune.search.diskguard import Ballast, Room, disk_error, storage_file
+from autotune.search.diskguard import Ballast, Room, disk_error
 from autotune.search.edges import EdgeStarts
 from autotune.search.numerics import record_reference
 from autotune.search.objective import make_sampler, objective_values
@@ -52,7 +52,7 @@ from autotune.search.seeding import (
     seed_trials,
 )
 from autotune.search.space import Space, config_diff, key_of
-from autotune.search.storage import Liveness, add_running, node_lock, open_study, take_waiting
+from autotune.search.storage import Liveness, add_running, node_lock, open_study, storage_file, take_waiting
 
 POLL_S = 1.0  # how often a sweep whose remaining trials run elsewhere looks again
 MAX_ASKS_PER_LAUNCH = 10
