@@ -17,6 +17,7 @@ import secrets
 import signal
 import socket
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -63,16 +64,26 @@ class ShmFiles:
         self._fds: list[int] = []
         self.loads = self._create(base / f"sglang_loads_{secrets.token_hex(6)}_{secrets.token_hex(4)}.shm", 16384)
         self.buffer = self._create(base / f"deepspeed_allreduce_buffer_{os.getuid()}_{host}_{dist_port}_0", 8192)
-        # sem_open maps the semaphore and closes its descriptor: held by a mapping only
-        self.sems = [self._create(base / f"sem.mp-{_sem_name()}", 32, keep_fd=False) for _ in range(2)]
+        self.sems = [self._semaphore(base / f"sem.mp-{_sem_name()}") for _ in range(2)]
 
-    def _create(self, path: Path, size: int, *, keep_fd: bool = True) -> Path:
+    def _create(self, path: Path, size: int) -> Path:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         os.write(fd, b"\0" * size)  # written, not sparse: the pages hold RAM like SGLang's
         self._maps.append(mmap.mmap(fd, size))
-        if keep_fd:
-            self._fds.append(fd)
-        else:
+        self._fds.append(fd)
+        return path
+
+    def _semaphore(self, path: Path) -> Path:
+        """glibc's ``sem_open``: map a temporary ``sem.XXXXXX``, link it to the real name, unlink the temporary.
+        The mapping then shows in /proc/<pid>/maps only as ``sem.XXXXXX (deleted)`` — no entry names the
+        ``sem.mp-*`` file, as on a real SGLang server; only the inode ties the two."""
+        fd, tmp = tempfile.mkstemp(prefix="sem.", dir=path.parent)
+        try:
+            os.write(fd, b"\0" * 32)
+            self._maps.append(mmap.mmap(fd, 32))
+            os.link(tmp, path)
+        finally:
+            os.unlink(tmp)
             os.close(fd)
         return path
 
