@@ -152,9 +152,16 @@ def test_disk_errors_are_recognised_through_the_layers_that_wrap_them(tmp_path):
     assert disk_error(OSError(errno.ENOENT, "missing")) is None
 
 
-def test_ballast_is_real_blocks_given_back_once(tmp_path):
+def test_ballast_is_real_blocks_given_back_once_and_a_dead_sweeps_is_removed(tmp_path):
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait(timeout=10)
+    stale = tmp_path / f".s.db.{done.pid}.reserve"  # left by a SIGKILLed sweep
+    stale.write_bytes(b"\0" * 1024)
+    live = tmp_path / f".s.db.{os.getppid()}.reserve"  # another live worker's: kept
+    live.write_bytes(b"\0" * 1024)
     ballast = Ballast(tmp_path / "s.db", size=64 * 1024)
     assert ballast.place() and ballast.path.stat().st_size == 64 * 1024
+    assert not stale.exists() and live.exists()
     assert ballast.release() and not ballast.path.exists() and not ballast.release()
     assert not Ballast(None).place()  # a database server: nothing beside it
 

@@ -234,3 +234,63 @@ def test_each_worker_checks_its_own_gpu(tmp_path, sleeper, monkeypatch):
     assert len(busy) == 1 and "GPU 1 is busy" in busy[0] and f"pid {sleeper.pid}" in busy[0]
     study = optuna.load_study(study_name="scale", storage=cfg.storage_url)
     assert {t.user_attrs.get("gpu", "").split(":")[-1] for t in study.trials if t.state == TrialState.COMPLETE} == {"0"}
+
+
+class _FakePynvml:
+    """The few NVML calls the reader makes, as nvidia-ml-py names them: a 140 GiB board a tenant holds 90 GiB of."""
+
+    class NVMLError(Exception):
+        pass
+
+    NVML_CLOCK_SM = 1
+
+    def __init__(self, tenant_pid: int):
+        self.tenant_pid = tenant_pid
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return type("Mem", (), {"used": 90.5 * 2**30, "total": 140 * 2**30})()
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [type("Proc", (), {"pid": self.tenant_pid, "usedGpuMemory": 90 * 2**30})()]
+
+    def nvmlDeviceGetUtilizationRates(self, handle, *rest):
+        raise self.NVMLError("not supported")
+
+    nvmlDeviceGetPowerUsage = nvmlDeviceGetClockInfo = nvmlDeviceGetUtilizationRates
+
+
+def test_a_real_gpus_compute_processes_name_the_tenant(monkeypatch, sleeper):
+    from autotune.harness.gpu import NvmlReader
+
+    monkeypatch.setitem(sys.modules, "pynvml", _FakePynvml(sleeper.pid))
+    reader = NvmlReader(2)
+    assert reader.processes() == [{"pid": sleeper.pid, "exited": False, "used_gib": 90.0}]
+    with pytest.raises(GpuBusyError, match=rf"GPU 2 is busy: 90\.0 GiB of 140\.0 GiB .*pid {sleeper.pid}"):
+        check_free(reader, 2)
+
+
+def test_busy_gpu_wait_comes_from_the_study_file_and_a_bad_value_is_refused(tmp_path, sleeper, monkeypatch):
+    from autotune.errors import ConfigError
+
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    hold(tmp_path, sleeper.pid, 150.0)
+    path = write_tiny_study(tmp_path, name="tiny", trials=2)
+    path.write_text(path.read_text().replace("[engine]\n", "[engine]\nbusy_gpu = \"wait\"\nbusy_wait_s = 0.5\n"))
+    sweep = Sweep(load_config(path))
+    try:
+        with pytest.raises(GpuBusyError, match=r"\(waited 0.5 s\)"):  # the harness's own check, in wait mode
+            sweep.run()
+    finally:
+        sweep.close()
+    path.write_text(path.read_text().replace('busy_gpu = "wait"', 'busy_gpu = "maybe"'))
+    with pytest.raises(ConfigError, match="busy_gpu"):
+        load_config(path)

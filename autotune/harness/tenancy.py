@@ -160,12 +160,12 @@ def check_free(reader: Any, gpu: int | str, *, mode: str = "stop", wait_s: float
     if occ.busy and mode == "wait":
         deadline = time.monotonic() + wait_s
         if on_wait is not None:
-            on_wait(f"waiting up to {wait_s:.0f} s for GPU {gpu}: {occ.line().split('; a trial')[0]}")
+            on_wait(f"waiting up to {wait_s:g} s for GPU {gpu}: {occ.line().split('; a trial')[0]}")
         while occ.busy and time.monotonic() < deadline:
             time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
             occ = settled(reader, gpu, own_pids=own_pids, release_wait_s=release_wait_s)
         if occ.busy:
-            raise GpuBusyError(f"{occ.line()} (waited {wait_s:.0f} s)", gpu=gpu,
+            raise GpuBusyError(f"{occ.line()} (waited {wait_s:g} s)", gpu=gpu,
                                holders=[_holder_text(h) for h in occ.holders], held_gib=occ.held_gib)
     if occ.busy:
         raise GpuBusyError(occ.line(), gpu=gpu, holders=[_holder_text(h) for h in occ.holders],

@@ -18,6 +18,8 @@ import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
+
 from autotune.errors import DiskError
 
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
@@ -92,16 +94,26 @@ def _make(path: Path | None, what: str) -> DiskError:
 
 class Ballast:
     """A reserve file beside a file-backed study storage: freed when the storage says its disk is full, so the
-    trial in flight can still be failed (never left RUNNING) before the sweep stops."""
+    trial in flight can still be failed (never left RUNNING) before the sweep stops. One per sweep process
+    (workers of one node share the database); a killed sweep's is removed by the next one to place its own."""
 
     def __init__(self, db_path: Path | None, size: int = BALLAST_BYTES):
-        self.path = None if db_path is None else db_path.with_name(f".{db_path.name}.reserve")
+        self.path = None if db_path is None else db_path.with_name(f".{db_path.name}.{os.getpid()}.reserve")
         self.size = size
+
+    def _remove_dead(self) -> None:
+        assert self.path is not None
+        for other in self.path.parent.glob(self.path.name.rsplit(".", 2)[0] + ".*.reserve"):
+            pid = other.name.rsplit(".", 2)[1]
+            if pid.isdigit() and other != self.path and not psutil.pid_exists(int(pid)):
+                with contextlib.suppress(OSError):
+                    other.unlink()
 
     def place(self) -> bool:
         """Write the reserve (False, and nothing left behind, when the disk cannot hold it)."""
         if self.path is None:
             return False
+        self._remove_dead()
         try:
             with open(self.path, "wb") as fh:
                 fh.write(b"\0" * self.size)  # real blocks (not a sparse file): they must be there to give back
