@@ -23,7 +23,7 @@ import psutil
 from autotune.errors import DiskError
 
 FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
-DB_FULL_PHRASES = ("database or disk is full", "disk i/o error", "no space left on device")
+DB_FULL_PHRASES = ("database or disk is full", "no space left on device")  # SQLITE_FULL; a journal file
 BALLAST_BYTES = 512 * 1024  # enough for SQLite to journal a few trial updates: the in-flight trial's FAIL
 FLOOR_BYTES = 1024 * 1024  # below this no trial fits (its log, records and result): stop before asking ...
 DB_FLOOR_BYTES = 256 * 1024  # ... and below this the storage cannot record one more trial beside its reserve
@@ -47,13 +47,17 @@ def free_bytes(path: Path | str | None) -> int | None:
 
 
 def human(n: int | None) -> str:
+    """``2_500_000`` → ``2.4 MiB``."""
     if n is None:
         return "unknown"
-    for unit in ("bytes", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} bytes"  # pragma: no cover
+    if n < 1024:
+        return f"{n} bytes"
+    value = float(n) / 1024
+    units = ["KiB", "MiB", "GiB"]
+    while value >= 1024 and len(units) > 1:
+        value /= 1024
+        units.pop(0)
+    return f"{value:.1f} {units[0]}"
 
 
 def _chain(exc: BaseException) -> Iterator[BaseException]:
@@ -88,7 +92,8 @@ def _make(path: Path | None, what: str) -> DiskError:
     free = free_bytes(path)
     where = str(path) if path is not None else "the study folder"
     return DiskError(f"cannot write {where}: {what}; {human(free)} free there. Free space on that disk (or move the "
-                     "study: [study] work_dir, --storage) and run the same command again to resume",
+                     "study file and its folder to a larger one, the database with --storage) and run the same "
+                     "command again to resume",
                      path=str(path) if path is not None else None, free_bytes=free)
 
 
