@@ -121,6 +121,18 @@ def test_only_the_database_on_a_full_tmpfs_fails_the_trial_instead_of_leaving_it
     assert_one_line_and_nothing_running(done, storage, env, str(tiny_disk / "tiny.db"))
 
 
+def test_a_server_that_dies_for_want_of_room_for_its_log_is_a_write_error_not_bad_args(tiny_disk, tmp_path):
+    env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}
+    path = write_tiny_study(tiny_disk, name="tiny", trials=3)  # trial folders on the tiny disk ...
+    storage = f"sqlite:///{tmp_path / 'tiny.db'}"  # ... the database elsewhere, with room
+    filler = fill_once_started(tiny_disk, tiny_disk / "tiny" / "trials" / "0")
+    done = sweep(path, env, "--storage", storage)
+    filler.join(timeout=10)
+    failed = assert_one_line_and_nothing_running(done, storage, env, str(tiny_disk / "tiny" / "trials" / "0"))
+    study = optuna.load_study(study_name="tiny", storage=storage)
+    assert failed.number == 0 and not [t for t in study.trials if t.user_attrs.get("status") == "bad_args"]
+
+
 def test_a_disk_without_room_for_one_trial_stops_before_any_trial_runs(tiny_disk, tmp_path):
     env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}
     path = write_tiny_study(tiny_disk, name="tiny", trials=2)
@@ -170,8 +182,10 @@ def test_room_warns_from_measured_trial_folders_and_stops_under_the_floor(tmp_pa
     trials = tmp_path / "trials"
     for n, size in ((0, 300_000), (1, 500_000), (2, 400_000)):
         (trials / str(n)).mkdir(parents=True)
-        (trials / str(n) / "result.json").write_text("{}")
+        (trials / str(n) / "result.json").write_text('{"status": "ok"}')
         (trials / str(n) / "records.jsonl").write_bytes(b"x" * size)
+    (trials / "3").mkdir()  # a failed trial writes little: not what a trial writes
+    (trials / "3" / "result.json").write_text('{"status": "bad_args"}')
     room = Room(trials, tmp_path / "s.db")
     monkeypatch.setattr(diskguard, "free_bytes", lambda path: 1_000_000)
     line = room.warning(5)

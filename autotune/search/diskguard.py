@@ -1,22 +1,25 @@
 """A full disk is one line and a failed trial, never a traceback or a trial left RUNNING.
 
-Three things: ``disk_error`` recognises a failed write anywhere under a sweep (``OSError`` ENOSPC/EDQUOT/EROFS, SQLite's
+Four things: ``disk_error`` recognises a failed write anywhere under a sweep (``OSError`` ENOSPC/EDQUOT/EROFS, SQLite's
 "database or disk is full" wrapped by SQLAlchemy and Optuna) and names the path and its free space; ``Ballast`` keeps
 a small reserve file beside a file-backed study storage, released when the storage reports a full disk, so the
 trial in flight can still be told FAIL before the sweep stops; ``Room`` checks the trials folder and the storage's
 folder before the search (a warning, from the size of the study's finished trial folders) and before each ask
-(a stop, below a floor no trial fits under).
+(a stop, below a floor no trial fits under); ``starved`` tells a server that died for want of room for its log
+from a config that failed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -97,6 +100,20 @@ def _make(path: Path | None, what: str) -> DiskError:
                      path=str(path) if path is not None else None, free_bytes=free)
 
 
+STARVED_BYTES = 64 * 1024  # a trial folder's disk with less than this free could not take the server's log
+
+
+def starved(result: Any) -> DiskError | None:
+    """A failed trial whose server left no log on a disk with no room for one: the server died writing its log
+    (the simulator exits 1, SGLang crashes), so the failure is the disk's, not the config's (never ``bad_args``)."""
+    if result.ok or result.status == "write_error" or (result.log_tail or "").strip() or not result.log_path:
+        return None
+    free = free_bytes(result.log_path)
+    if free is None or free >= STARVED_BYTES:
+        return None
+    return _make(Path(result.log_path), f"the server could not write its log ({result.status} with an empty log)")
+
+
 class Ballast:
     """A reserve file beside a file-backed study storage: freed when the storage says its disk is full, so the
     trial in flight can still be failed (never left RUNNING) before the sweep stops. One per sweep process
@@ -139,12 +156,16 @@ class Ballast:
 
 
 def trial_bytes(trials_dir: Path) -> tuple[int, str]:
-    """What one trial writes: the median size of the study's finished trial folders (with a ``result.json``),
-    else ``TRIAL_BYTES_ESTIMATE``. Returns (bytes, how it was found)."""
+    """What one trial writes: the median size of the study's trial folders whose ``result.json`` says ok (a failed
+    trial writes less than a measured one), else ``TRIAL_BYTES_ESTIMATE``. Returns (bytes, how it was found)."""
     sizes = []
     if trials_dir.is_dir():
         for d in trials_dir.iterdir():
-            if d.is_dir() and (d / "result.json").is_file():
+            try:
+                ok = json.loads((d / "result.json").read_text()).get("status") == "ok"
+            except (OSError, ValueError, AttributeError):
+                continue  # not a trial folder, or one without a result
+            if ok:
                 sizes.append(sum(f.stat().st_size for f in d.rglob("*") if f.is_file()))
     if sizes:
         return int(statistics.median(sizes)), f"measured on {len(sizes)} finished trial folder(s)"

@@ -37,7 +37,7 @@ from autotune.harness.tenancy import Occupancy, check_engine_gpu
 from autotune.progress import PlainProgress
 from autotune.results import WRITE_ERROR, TrialResult
 from autotune.search.correction import CorrectedFeasibility, known_failure, replay, skip_was_wrong
-from autotune.search.diskguard import Ballast, Room, disk_error
+from autotune.search.diskguard import Ballast, Room, disk_error, starved
 from autotune.search.edges import EdgeStarts
 from autotune.search.numerics import record_reference
 from autotune.search.objective import make_sampler, objective_values
@@ -325,6 +325,8 @@ class Sweep:
                                reason=memory_plan.message or f"planner: {memory_plan.failure}")
         seen = self.device_check() if self.device_check is not None else None  # GpuBusyError: not launched
         result = with_device(self.runner(launch, trial.number), seen)
+        if (full := starved(result)) is not None:
+            raise full  # the server died for want of room for its log: a write_error, not the config's failure
         if self.feasibility is not None:
             fz = self.feasibility
             note = fz.tenant_oom(launch, result) if isinstance(fz, CorrectedFeasibility) else None
