@@ -94,7 +94,8 @@ class Sweep:
         self.feasibility = CorrectedFeasibility.from_config(cfg)  # the planner, learning its error online
         self.study = open_study(cfg)
         self.harness = runner is None
-        self.runner: Runner = runner or HarnessRunner(cfg, stop_event=self.stop, on_phase=self.progress.phase)
+        self.runner: Runner = runner or HarnessRunner(cfg, stop_event=self.stop, on_phase=self.progress.phase,
+                                                      study=self.study)
         self.state_dir = cfg.work_dir / "workers"  # heartbeat files and the node's ask lock
         self.liveness: Liveness | None = None
         self._baseline_tried = False
@@ -143,6 +144,8 @@ class Sweep:
                 self.progress.log(f"stopped orphan server pid {pid} left by an earlier sweep")
         if self.device_check is not None:
             self.device_check()  # GpuBusyError before anything is queued or launched
+        if self.harness:  # the study's own trials folder (``folders``), where its trials write
+            self.room.trials_dir = getattr(self.runner, "folder", self.room.trials_dir)
         self.ballast.place()
         self.liveness = Liveness(study, gpu=cfg.engine.gpu, state_dir=self.state_dir)
         if self.feasibility is not None:
