@@ -157,3 +157,22 @@ def test_a_cpu_server_gets_no_cuda_devices_and_measure_names_no_gpu(capsys, quie
     assert seen.read_text().strip() == "unset"  # the trial's launch set no CUDA_VISIBLE_DEVICES
     assert "GPU peak used" not in out and "modelled startup" not in out
     assert "host memory peak" in out
+
+
+def test_measure_on_a_gpu_another_process_holds_is_one_line_and_starts_nothing(capsys, quiet_env):
+    import subprocess
+    import sys
+
+    from autotune.sim import device
+
+    tenant = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        device.register(0, pid=tenant.pid, gpu_name="b200", total_mib=183_359.0, used_mib=150 * 1024.0,
+                        release_s=0.1, directory=quiet_env / "devices")
+        code, _, err = run(capsys, "--prompts", str(PROMPTS), "--out", "t")
+    finally:
+        tenant.kill()
+        tenant.wait(timeout=10)
+    assert code == 1
+    _one_error_line(err, "GPU 0 is busy", f"pid {tenant.pid}")
+    assert not (quiet_env / "t").exists()  # no server was started

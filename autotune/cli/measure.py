@@ -18,6 +18,7 @@ import autotune
 from autotune.config import Timeouts
 from autotune.errors import ConfigError, WorkloadError
 from autotune.harness.engines import make_engine
+from autotune.harness.tenancy import check_engine_gpu
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.prompts import REPEATS
@@ -111,10 +112,13 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
     config = {**engine.check(config), **parse_sets(sets)}
     config = engine.check(config)  # bad flags end here, before any server starts
     engine.preflight()
+    check_engine_gpu(engine, gpu_index)  # a GPU another process holds would measure what the tenant left
     spec = WorkloadSpec(prompts=resolve_prompts(prompts), sample_size=sample, seed=seed, max_tokens=max_tokens,
                         concurrency=concurrency, warmup_s=warmup, measure_s=window, endpoint=endpoint,
                         ignore_eos=ignore_eos, repeats=repeats)
     loaded = PromptSample.load(spec.prompts, spec.sample_size, spec.seed)
+    if loaded.note:
+        click.echo(f"Warning: {loaded.note}", err=True)
     trial_dir = out or Path("runs") / time.strftime("measure-%Y%m%d-%H%M%S")
     stop = threading.Event()
     box: dict[str, Any] = {}
