@@ -8,8 +8,8 @@ from test_study import PlannerRunner, write_study
 
 from autotune.cli.sweep import render
 from autotune.config import load_config
-from autotune.search.confirm import confirm, decide, defaults_config, run_sweep, summarize
 from autotune.results import GpuPeaks, Metrics, Percentiles, TrialResult
+from autotune.search.confirm import confirm, decide, defaults_config, run_sweep, summarize
 from autotune.search.runner import DEFAULTS_RUN
 from autotune.search.storage import open_study
 from autotune.search.study import run_study
@@ -241,8 +241,8 @@ flags = { speculative_num_steps = 3, speculative_num_draft_tokens = 4, max_mamba
 
 
 def test_winner_with_the_baseline_flags_prints_no_config_beat_the_baseline_and_apply_refuses(tmp_path, capsys):
-    from autotune.deploy.apply import load_winner
     from autotune.cli import main
+    from autotune.deploy.apply import load_winner
     from autotune.errors import StudyError
 
     cfg = load_config(write_study(tmp_path, trials=3, extra=TWIN))

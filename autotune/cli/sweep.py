@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from autotune.cli import INTERRUPTED
 from autotune.config import load_config
 from autotune.errors import ConfigError
 from autotune.progress import make_progress
@@ -125,8 +126,6 @@ def _search_on(cfg: Any, gpus: str, *, err: bool) -> Any:
     try:
         run_workers(cfg, indices, echo=lambda line: click.echo(line, err=err))
     except KeyboardInterrupt:
-        from autotune.cli import INTERRUPTED
-
         click.echo(INTERRUPTED, err=True)
         raise SystemExit(130) from None
     return on_gpu(cfg, indices[0], cfg.engine.port)
