@@ -31,6 +31,7 @@ from autotune.harness.workload import (
 
 pytestmark = pytest.mark.timeout(60)
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
+PROMPT_TOKENS = 7  # what the fake server reports for every prompt, as SGLang does in meta_info / usage
 
 
 def write_jsonl(path: Path, rows: list) -> Path:
@@ -116,7 +117,7 @@ class FakeSSE:
             while done < n:
                 await asyncio.sleep(self.dt)
                 done = min(n, done + self.per_chunk)
-                meta = {"completion_tokens": done, "finish_reason": None}
+                meta = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": done, "finish_reason": None}
                 if done == n:
                     meta.update(finish_reason={"type": "length", "length": n}, spec_accept_length=self.accept)
                 yield f"data: {json.dumps({'text': 'x' * done, 'meta_info': meta})}\n\n"
@@ -132,7 +133,8 @@ class FakeSSE:
                 await asyncio.sleep(self.dt)
                 done = min(n, done + self.per_chunk)
                 choice = {"index": 0, "text": "y", "delta": {"content": "y"}, "finish_reason": "length" if done == n else None}
-                yield f"data: {json.dumps({'choices': [choice], 'usage': {'completion_tokens': done}})}\n\n"
+                usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": done}
+                yield f"data: {json.dumps({'choices': [choice], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
         except asyncio.CancelledError:
             self.disconnects += 1
@@ -169,6 +171,7 @@ def test_replay_counts_server_tokens_and_closes_streams(tmp_path, sse_server):
     assert {t["phase"] for t in ticks} == {"warmup", "measuring"}
     finished = [r for r in records.requests if r.finish_reason == "length"]
     assert finished and all(r.tokens in (9, 30) for r in finished)  # server counts, capped by the row's max_tokens
+    assert all(r.prompt_tokens == PROMPT_TOKENS for r in finished)  # the server's count, for the edge starts
     assert all(n in (3, 0) or n == 30 % 3 or n == 9 % 3 for r in finished for _, n in r.chunks)
     cut = [r for r in records.requests if r.finish_reason == CUT]
     assert 1 <= len(cut) <= 4 and all(r.error is None for r in cut)
@@ -199,6 +202,7 @@ def test_replay_openai_endpoints_use_usage_counts(tmp_path, sse_server, endpoint
                                  endpoint=endpoint, ignore_eos=True))
     done = [r for r in records.requests if r.finish_reason == "length"]
     assert done and all(r.tokens == 12 for r in done)
+    assert all(r.prompt_tokens == PROMPT_TOKENS for r in done)
     body = fake.requests[0]
     assert body["ignore_eos"] is True and body["stream_options"]["continuous_usage_stats"] is True
     assert ("messages" in body) == (endpoint == "chat")

@@ -68,6 +68,7 @@ class RequestRecord:
     error: str | None = None
     ended: float | None = None
     accept_length: float | None = None
+    prompt_tokens: int | None = None  # as the server counted them (its final chunk's meta_info / usage)
 
     @property
     def tokens(self) -> int:
@@ -170,9 +171,13 @@ class _Stream:
                     rec.error = f"aborted by server: {finish.get('message') if isinstance(finish, dict) else ''}"
                 if meta.get("spec_accept_length") is not None:
                     rec.accept_length = float(meta["spec_accept_length"])
+            if meta.get("prompt_tokens") is not None:
+                rec.prompt_tokens = int(meta["prompt_tokens"])
         else:
             usage = data.get("usage") or {}
             total = usage.get("completion_tokens")
+            if usage.get("prompt_tokens") is not None:
+                rec.prompt_tokens = int(usage["prompt_tokens"])
             choices = data.get("choices") or []
             if total is None and choices:
                 piece = choices[0].get("text") or (choices[0].get("delta") or {}).get("content")
