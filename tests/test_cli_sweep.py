@@ -305,3 +305,13 @@ def test_sigint_stops_a_background_sweep_during_confirmation(tmp_path, sim_env):
     assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'tiny.db'}")
     assert not study.user_attrs["confirmation"].get("complete")  # a rerun finishes it
+
+
+def test_a_prompt_file_shorter_than_sample_size_is_a_warning_with_its_count(tmp_path, sim_env):
+    path = tiny(tmp_path, trials=1, top_k=0, measure_s=0.5)
+    rows = (tmp_path / "prompts.jsonl").read_text().splitlines()
+    (tmp_path / "prompts.jsonl").write_text("\n".join(rows[:3]) + "\n")
+    done = cli("sweep", "--config", str(path), env=sim_env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("Warning: ")]
+    assert len(warnings) == 1 and "has 3 prompts, 13 fewer than sample_size 16" in warnings[0]

@@ -294,3 +294,24 @@ def test_busy_gpu_wait_comes_from_the_study_file_and_a_bad_value_is_refused(tmp_
     path.write_text(path.read_text().replace('busy_gpu = "wait"', 'busy_gpu = "maybe"'))
     with pytest.raises(ConfigError, match="busy_gpu"):
         load_config(path)
+
+
+def test_the_confirmations_runs_read_the_device_before_each_launch(tmp_path, sleeper):
+    """``CheckedRunner``: what ``run_sweep`` hands the confirmation; a tenant arriving between runs stops it before
+    the next launch, for plain runs and repeats alike."""
+    from autotune.search.runner import CheckedRunner
+
+    launched: list[tuple[int, int | None]] = []
+
+    class Plain:
+        def __call__(self, config, number):
+            launched.append((number, None))
+            return TrialResult(status="ok", config=config)
+
+    checked = CheckedRunner(Plain(), lambda: check_free(reader(tmp_path), 0))
+    checked({}, 1)
+    checked.repeat({}, 1, 2)  # a runner without its own ``repeat`` gets the trial's number
+    hold(tmp_path, sleeper.pid, 120.0)
+    with pytest.raises(GpuBusyError):
+        checked.repeat({}, 1, 3)
+    assert launched == [(1, None), (1, None)]

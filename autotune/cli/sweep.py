@@ -107,6 +107,8 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
           engine: str | None, as_json: bool, gpus: str | None) -> None:
     """Run (or resume) a study: search configs, then confirm the winner."""
     cfg = load_config(resolve_config(config_path), name=study_name, storage=storage, trials=trials, engine=engine)
+    for note in cfg.notes:  # e.g. a prompt file shorter than sample_size
+        click.echo(f"Warning: {note}", err=True)
     if gpus:
         cfg = _search_on(cfg, gpus, err=as_json)
     summary = run_sweep(cfg, progress=make_progress(quiet_stdout=as_json))

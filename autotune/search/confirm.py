@@ -24,8 +24,9 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import StudyConfig
 from autotune.progress import PlainProgress
 from autotune.results import TrialResult
+from autotune.search.diskguard import disk_error
 from autotune.search.gpus import gains
-from autotune.search.runner import DEFAULTS_RUN, Runner, predict
+from autotune.search.runner import DEFAULTS_RUN, CheckedRunner, Runner, predict
 from autotune.search.seeding import finished
 from autotune.search.study import Sweep, sigint_stops
 from autotune.search.summary import baseline_failure, summarize
@@ -366,8 +367,15 @@ def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any =
             if not stop.is_set() and cfg.study.confirm_top_k > 0 and failure is not None:
                 progress.log(f"confirm: skipped, the baseline {failure}")
             elif not stop.is_set() and cfg.study.confirm_top_k > 0:
-                confirm(study, cfg, runner=sweep.runner, progress=progress, stop_event=stop,
-                        defaults=_defaults(cfg, sweep.runner, progress))
+                checked = CheckedRunner(sweep.runner, sweep.device_check)  # every confirmation launch too
+                try:
+                    confirm(study, cfg, runner=checked, progress=progress, stop_event=stop,
+                            defaults=_defaults(cfg, checked, progress))
+                except BaseException as exc:  # a full disk here is one line, as in the search
+                    err = disk_error(exc, db_path=sweep.db_path, fallback=cfg.work_dir)
+                    if err is None:
+                        raise
+                    raise err from None
         finally:
             if sweep is not None:
                 sweep.close()

@@ -134,3 +134,23 @@ class HarnessRunner:
                          gpu_index=self.cfg.engine.gpu, port=self.cfg.engine.port, timeouts=self.timeouts,
                          on_phase=self.on_phase, stop_event=self.stop_event, run_dir=self.run_dir,
                          sample=self.sample, probe=dataclasses.replace(probe, only=True))
+
+
+class CheckedRunner:
+    """A runner that reads the device before every launch (``check``: the sweep's GPU pre-check, raising
+    ``GpuBusyError``), so the confirmation's runs start only on a GPU they can have, as the search's do."""
+
+    def __init__(self, runner: Runner, check: Callable[[], object] | None):
+        self.runner, self.check = runner, check
+
+    def __call__(self, config: dict[str, Any], trial_number: int) -> TrialResult:
+        if self.check is not None:
+            self.check()
+        return self.runner(config, trial_number)
+
+    def repeat(self, config: dict[str, Any], trial_number: int, k: int) -> TrialResult:
+        """Confirmation run ``k``: the runner's own ``repeat`` where it has one (its own folder, no probe)."""
+        if self.check is not None:
+            self.check()
+        repeat = getattr(self.runner, "repeat", None)
+        return repeat(config, trial_number, k) if callable(repeat) else self.runner(config, trial_number)
