@@ -57,6 +57,28 @@ def looks_secret(name: str, value: str) -> bool:
                 and any(c.islower() for c in value) and any(c.isupper() for c in value))
 
 
+def redact_argv(argv: list[str]) -> list[str]:
+    """Another process's command line, fit to print: the value of a credential-named flag (``--api-key X``,
+    ``--api-key=X``) and any argument shaped like a token become ``***``."""
+    out: list[str] = []
+    secret_next = False
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if secret_next and not arg.startswith("-"):
+            out.append(SHOWN)
+            secret_next = False
+            continue
+        secret_next = False
+        if arg.startswith("-") and eq:
+            out.append(f"{flag}={SHOWN}" if looks_secret(flag, value) else arg)
+        elif arg.startswith("-"):
+            out.append(arg)
+            secret_next = secret_name(arg)
+        else:
+            out.append(SHOWN if looks_secret("", arg) else arg)
+    return out
+
+
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
     """The environment as messages and reports may show it: secret values replaced by ``***``."""
     return {k: SHOWN if looks_secret(k, v) else str(v) for k, v in env.items()}

@@ -315,3 +315,27 @@ def test_the_confirmations_runs_read_the_device_before_each_launch(tmp_path, sle
     with pytest.raises(GpuBusyError):
         checked.repeat({}, 1, 3)
     assert launched == [(1, None), (1, None)]
+
+
+def test_a_holders_command_line_never_shows_its_credentials():
+    from autotune.redaction import redact_argv
+
+    argv = ["-m", "sglang.launch_server", "--api-key", "s3cret-value", "--port", "30000", "--hf-token=hf_abcdefghijklmn",
+            "--enable-metrics", "--model-path", "Qwen/Qwen3.6-27B"]
+    shown = redact_argv(argv)
+    assert "s3cret-value" not in shown and "--hf-token=***" in shown and "hf_abcdefghijklmn" not in " ".join(shown)
+    assert shown[shown.index("--api-key") + 1] == "***" and shown[-3:] == ["--enable-metrics", "--model-path",
+                                                                          "Qwen/Qwen3.6-27B"]
+    assert len(shown) == len(argv)
+
+
+def test_the_busy_line_redacts_a_tenants_api_key(tmp_path):
+    secret = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--api-key", "s3cret-value"])
+    try:
+        hold(tmp_path, secret.pid, 150.0)
+        with pytest.raises(GpuBusyError) as info:
+            check_free(reader(tmp_path), 0)
+    finally:
+        secret.kill()
+        secret.wait(timeout=10)
+    assert f"pid {secret.pid}" in str(info.value) and "s3cret-value" not in str(info.value)

@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 
 from autotune.errors import GpuBusyError
+from autotune.redaction import redact_argv
 
 IDLE_FLOOR_GIB = 1.0  # an idle GPU shows this much used (driver reserve, a monitoring agent): not a tenant
 IDLE_FLOOR_SHARE = 0.01  # ... or this share of the device, whichever is larger
@@ -90,7 +91,8 @@ def process_name(pid: int) -> str:
         proc = psutil.Process(pid)
         try:
             argv = proc.cmdline()
-            text = " ".join([Path(argv[0]).name, *argv[1:]]) if argv else proc.name()  # no interpreter path
+            # no interpreter path, and no credential another user's server was given on its command line
+            text = " ".join([Path(argv[0]).name, *redact_argv(argv[1:])]) if argv else proc.name()
         except psutil.AccessDenied:
             text = proc.name()
     except psutil.Error:
