@@ -12,15 +12,25 @@ class AutotuneError(Exception):
 
 
 class ConfigError(AutotuneError):
-    """A study file, flag, profile or CLI value is wrong. Raised before any server starts."""
+    """A study file, flag, profile or CLI value is wrong. Raised before any server starts.
 
-    def __init__(self, message: str, *, file: str | None = None, key: str | None = None, fix: str | None = None):
-        self.file, self.key, self.fix = file, key, fix
+    The parts stay apart (``message``, ``file``, ``key``, ``fix``, ``note``) so a caller can anchor the same error
+    at another file or key (``at``) without cutting its text."""
+
+    def __init__(self, message: str, *, file: str | None = None, key: str | None = None, fix: str | None = None,
+                 note: str | None = None):
+        self.message, self.file, self.key, self.fix, self.note = message, file, key, fix, note
         where = ": ".join(part for part in (file, key) if part)
         text = f"{where}: {message}" if where else message
         if fix:
             text = f"{text} ({fix})"
+        if note:
+            text = f"{text} [note: {note}]"
         super().__init__(text)
+
+    def at(self, *, file: str | None, key: str | None) -> ConfigError:
+        """The same error (its class, message, fix and note) anchored at ``file`` and ``key`` instead."""
+        return type(self)(self.message, file=file, key=key, fix=self.fix, note=self.note)
 
 
 class ProfileError(ConfigError):

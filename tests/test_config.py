@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import load_config
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, WorkloadError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -99,6 +99,52 @@ def test_bad_study_is_one_clear_error(tmp_path, edit, key, words):
     assert "\n" not in text
     assert str(path) in text and key in text and words in text
     assert info.value.fix
+
+
+def test_unknown_engine_kind_names_the_registered_ones(tmp_path):
+    path = write(tmp_path, GOOD.replace('kind = "sim"', 'kind = "vllm"'))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: engine.kind: unknown engine 'vllm' (use one of: sglang, sim)"
+    assert (info.value.key, info.value.fix) == ("engine.kind", "use one of: sglang, sim")
+    with pytest.raises(ConfigError, match="engine.kind: unknown engine 'tgi'"):
+        load_config(write(tmp_path, GOOD), engine="tgi")  # the CLI override is checked the same way
+
+
+@pytest.mark.parametrize(
+    ("edit", "text"),
+    [
+        (("max_mamba_cache_size = {", "max_mamba_cache_sise = {"),
+         "space.max_mamba_cache_sise: --max-mamba-cache-sise is not a flag of sglang 0.5.23 "
+         "(did you mean --max-mamba-cache-size?)"),
+        (('speculative_algorithm = "EAGLE"', 'mamba_scheduler_strategy = "extra_buffer"'),
+         "engine.fixed.mamba_scheduler_strategy: --mamba-scheduler-strategy is not a flag of sglang 0.5.23 "
+         "(it was renamed or removed; use --mamba-radix-cache-strategy)"),
+        (("max_mamba_cache_size = 80 }", 'max_mamba_cache_size = "lots" }'),
+         "baseline.flags.max_mamba_cache_size: --max-mamba-cache-size expects an integer, got 'lots'"),
+        (('model = "qwen3.6-27b"', 'model = "qwen3.6-27b"\nsim_gpu = "a100"'),
+         "engine.sim_gpu: unknown GPU 'a100' (use one of b200, h200, h100)"),
+        (("low = 64, high = 512", "low = 512, high = 64"),
+         "space.max_mamba_cache_size: empty range: low (512) must be below high (64) (see the study file reference)"),
+    ],
+)
+def test_errors_from_other_modules_are_anchored_at_the_study_key(tmp_path, edit, text):
+    """The flag table's and profiles' errors, re-anchored at the study file's key from their fields: the text is
+    the file, the key, the other module's own message and fix, once each."""
+    path = write(tmp_path, GOOD.replace(*edit))
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == f"{path}: {text}"
+
+
+def test_a_config_error_moves_by_its_fields_not_its_text():
+    err = WorkloadError("ends like a fix (f)", file="a.toml", key="k", fix="f", note="bundled table")
+    assert str(err) == "a.toml: k: ends like a fix (f) (f) [note: bundled table]"
+    moved = err.at(file="b.toml", key="workload.k")
+    assert type(moved) is WorkloadError
+    assert str(moved) == "b.toml: workload.k: ends like a fix (f) (f) [note: bundled table]"
+    assert (moved.message, moved.fix, moved.note) == ("ends like a fix (f)", "f", "bundled table")
+    assert str(ConfigError("bare").at(file=None, key="x")) == "x: bare"
 
 
 def test_unknown_flag_in_space_gets_did_you_mean(tmp_path):

@@ -9,9 +9,14 @@ from pathlib import Path
 import pytest
 from fakesglang import make_fake_sglang
 
-from autotune.harness.engines import ENGINES, SGLangEngine, SimEngine, logparse, make_engine
-from autotune.harness.engines.sim import sim_argv
+from autotune.cli.measure import measure
+from autotune.cli.sweep import sweep
+from autotune.config.sections import ENGINE_KINDS
 from autotune.errors import ConfigError
+from autotune.harness.engines import ENGINES, EngineSettings, SGLangEngine, SimEngine, logparse, make_engine
+from autotune.harness.engines.sim import sim_argv
+from autotune.results import FailureKind
+from autotune.search.workers import worker
 
 RECORDED = Path(__file__).parent / "data" / "recorded"
 
@@ -182,3 +187,57 @@ def test_preflight_refuses_an_interpreter_without_sglang(tmp_path):
     SimEngine().preflight()
     with pytest.raises(EngineError, match="not found"):
         SGLangEngine(model_path="/m", python=str(tmp_path / "no-python")).preflight()
+
+
+# -- the registry: one module and one entry per engine ----------------------------------------------------------
+def test_the_registry_is_what_study_files_are_checked_against():
+    assert set(ENGINES) == set(ENGINE_KINDS)  # config cannot import the harness, so it keeps the names
+
+
+@pytest.mark.parametrize("kind", sorted(ENGINES))
+def test_every_registered_engine_meets_the_contract(kind, tmp_path, monkeypatch):
+    """What every engine must do, whatever it launches: built from the shared settings by name, an argv of
+    strings, a typed config from ``check``, and a known failure kind (or none) from ``classify``."""
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    eng = make_engine(kind, model_path="qwen3.6-27b")
+    assert eng.name == kind == ENGINES[kind].name
+    argv = eng.argv({}, port=4321)
+    assert isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)
+    assert isinstance(eng.check({}), dict)
+    assert eng.classify("", 0) in (None, *FailureKind.__args__)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in eng.env(gpu_index=0).items())
+
+
+def test_make_engine_hands_each_engine_the_settings_it_reads():
+    sim = make_engine("sim", model_path="qwen3.6-27b", sim_gpu="h200", sim_options={"noise": 0.1}, device="cpu")
+    assert isinstance(sim, SimEngine) and (sim.sim_gpu, sim.sim_options) == ("h200", {"noise": 0.1})
+    real = make_engine("sglang", model_path="/m", python="/py", env={"X": "1"}, sim_gpu="h200", device="cpu")
+    assert isinstance(real, SGLangEngine) and (real.device, real.python, real.extra_env) == ("cpu", "/py", {"X": "1"})
+    with pytest.raises(TypeError):  # a misspelt setting is a bug, not a silently ignored value
+        make_engine("sim", model_path="m", sim_gpus="h200")
+
+
+def test_a_new_engine_is_one_registry_entry(monkeypatch):
+    class EchoEngine:
+        name = "echo"
+
+        def __init__(self, settings: EngineSettings):
+            self.settings = settings
+
+        @classmethod
+        def from_settings(cls, settings: EngineSettings) -> EchoEngine:
+            return cls(settings)
+
+    monkeypatch.setitem(ENGINES, "echo", EchoEngine)
+    eng = make_engine("echo", model_path="m", device="cpu")
+    assert isinstance(eng, EchoEngine) and eng.settings == EngineSettings(model_path="m", device="cpu")
+    with pytest.raises(ConfigError, match="echo, sglang, sim"):
+        make_engine("vllm", model_path="m")
+
+
+def test_engine_options_offer_the_registered_names():
+    for command in (sweep, worker):
+        option = next(p for p in command.params if p.name == "engine")
+        assert list(option.type.choices) == sorted(ENGINES)
+    option = next(p for p in measure.params if p.name == "engine_name")  # checked by make_engine: one line, exit 1
+    assert all(kind in option.help for kind in ENGINES)

@@ -132,6 +132,10 @@ def test_a_failed_dump_falls_back_to_the_bundled_table_with_a_warning(tmp_path, 
     with pytest.raises(ConfigError, match="bundled sglang 0.5.23 table") as err:
         eng.check({"mamba_scheduler_strategy": "auto"})
     assert err.value.key == "mamba_scheduler_strategy" and "--mamba-radix-cache-strategy" in str(err.value)
+    e = err.value
+    assert str(e) == f"{e.key}: {e.message} ({e.fix}) [note: {eng.table_warning}]" and "note" not in e.message
+    moved = str(e.at(file="s.toml", key="engine.fixed"))  # anchored elsewhere: message, fix and note once each
+    assert moved == f"s.toml: engine.fixed: {e.message} ({e.fix}) [note: {eng.table_warning}]"
     assert not list((tmp_path / "cache").glob("*.json"))  # a failure is not cached: the next engine retries
 
 

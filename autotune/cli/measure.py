@@ -16,8 +16,9 @@ from rich.table import Table
 
 import autotune
 from autotune.config import Timeouts
+from autotune.config.context import misfit_reason
 from autotune.errors import ConfigError, WorkloadError
-from autotune.harness.engines import make_engine
+from autotune.harness.engines import ENGINES, make_engine
 from autotune.harness.tenancy import check_engine_gpu
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
@@ -77,7 +78,9 @@ def _sim_options(items: tuple[str, ...]) -> dict[str, Any]:
 
 
 @click.command("measure")
-@click.option("--engine", "engine_name", default="sim", show_default=True, help="sim or sglang.")
+# Not a click.Choice: an unknown name is make_engine's one-line ConfigError (exit 1), like every bad input here.
+@click.option("--engine", "engine_name", default="sim", show_default=True,
+              help=f"One of: {', '.join(sorted(ENGINES))}.")
 @click.option("--model", default="qwen3.6-27b", show_default=True, help="Model path (sglang) or profile (sim).")
 @click.option("--gpu", default="b200", show_default=True, help="Simulated GPU profile (sim engine).")
 @click.option("--gpu-index", default=0, show_default=True, type=int, help="Which device the server runs on.")
@@ -117,6 +120,8 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
                         concurrency=concurrency, warmup_s=warmup, measure_s=window, endpoint=endpoint,
                         ignore_eos=ignore_eos, repeats=repeats)
     loaded = PromptSample.load(spec.prompts, spec.sample_size, spec.seed)
+    # A prompt over the model's context is bad input, one Error: line; check it before warning about the sample.
+    misfit_reason(model, config, loaded, spec.max_tokens)
     if loaded.note:
         click.echo(f"Warning: {loaded.note}", err=True)
     trial_dir = out or Path("runs") / time.strftime("measure-%Y%m%d-%H%M%S")

@@ -11,6 +11,7 @@ import click
 from autotune.cli import INTERRUPTED
 from autotune.config import load_config
 from autotune.errors import ConfigError
+from autotune.harness.engines import ENGINES
 from autotune.progress import make_progress
 from autotune.search.confirm import run_sweep
 from autotune.search.gpus import render_gpus
@@ -100,7 +101,7 @@ def render(summary: dict[str, Any]) -> str:
 @click.option("--study", "study_name", help="Study name (default: [study] name, else the file name).")
 @click.option("--storage", help="Optuna storage URL (default: sqlite beside the study file).")
 @click.option("--trials", type=click.IntRange(min=1), help="Total number of trials (counting finished ones).")
-@click.option("--engine", type=click.Choice(["sim", "sglang"]), help="Override [engine] kind.")
+@click.option("--engine", type=click.Choice(sorted(ENGINES)), help="Override [engine] kind.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--gpus", help="GPUs of this node, e.g. 0,1,2,3: one worker per GPU, all sharing the study.")
 def sweep(config_path: Path | None, study_name: str | None, storage: str | None, trials: int | None,

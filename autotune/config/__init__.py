@@ -104,6 +104,8 @@ class StudyConfig(StrictModel):
 
 def _fix_for(err: Any) -> str:  # pydantic's ErrorDetails
     kind = err["type"]
+    if "fix" in err.get("ctx", {}):  # a validator that knows the fix says it (sections.fix_error)
+        return str(err["ctx"]["fix"])
     if kind == "extra_forbidden":
         return "remove it or check its spelling"
     if kind.startswith(("int_", "float_", "string_", "bool_", "list_", "dict_", "model_")):
@@ -118,7 +120,8 @@ def _fix_for(err: Any) -> str:  # pydantic's ErrorDetails
 def _raise_validation(exc: ValidationError, file: str) -> None:
     err = exc.errors(include_url=False)[0]
     loc = tuple(p for p in err["loc"] if not str(p).startswith("function-"))
-    msg = err["msg"].removeprefix("Value error, ")
+    ctx = err.get("ctx", {})
+    msg = str(ctx["error"]) if err["type"] == "value_error" and "error" in ctx else err["msg"]  # a validator's words
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     raise ConfigError(msg, file=file, key=".".join(map(str, loc)) or None, fix=_fix_for(err)) from None
@@ -195,15 +198,7 @@ def _resolve(cfg: StudyConfig, path: Path, file: str) -> StudyConfig:
 
 def _flag_error(exc: ConfigError, file: str, key: str, *, table: bool = False) -> ConfigError:
     """Re-anchor another module's ConfigError at the study file's dotted key (``table``: add the flag name)."""
-    text = str(exc)
-    where = ": ".join(p for p in (exc.file, exc.key) if p)
-    if where and text.startswith(where + ": "):
-        text = text[len(where) + 2:]
-    if exc.fix and text.endswith(f" ({exc.fix})"):
-        text = text[: -len(exc.fix) - 3]
-    if table and exc.key:
-        key = f"{key}.{exc.key}"
-    return ConfigError(text, file=file, key=key, fix=exc.fix)
+    return exc.at(file=file, key=f"{key}.{exc.key}" if table and exc.key else key)
 
 
 def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 Scalar = str | int | float | bool
 UNSET = "unset"  # a choice meaning "leave the flag out: SGLang's default"
@@ -21,7 +22,16 @@ METRICS = (
     "output_tok_s", "request_s", "accept_length",
     *(f"{p}_{m}_ms" for m in ("ttft", "itl", "e2e") for p in ("p50", "p90", "p99", "mean")),
 )
+# The names of the harness's engine registry (``autotune.harness.engines.ENGINES``, which a test holds equal to
+# this). Kept here rather than read from the registry because config (layer 2) sits below the harness (layer 3)
+# and a study file's `kind` must fail as one line when it loads, before any engine is built.
+ENGINE_KINDS = ("sglang", "sim")
 _CONSTRAINT = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
+
+
+def fix_error(error_type: str, message: str, fix: str, **ctx: Any) -> PydanticCustomError:
+    """A validator's error that carries its own fix, which the loader prints in the usual one line."""
+    return PydanticCustomError(error_type, message, {**ctx, "fix": fix})
 
 
 class StrictModel(BaseModel):
@@ -45,7 +55,7 @@ class StudySection(StrictModel):
 
 
 class EngineSection(StrictModel):
-    kind: Literal["sim", "sglang"] = "sim"
+    kind: str = "sim"  # one of ENGINE_KINDS
     python: str | None = None
     model: str = "qwen3.6-27b"  # bundled profile name, HF config.json directory, or checkpoint path
     profile: str | None = None  # model profile for the planner when `model` is not one (default: model)
@@ -60,6 +70,14 @@ class EngineSection(StrictModel):
     # A GPU other processes hold (``harness.tenancy``): stop the study at once, or wait up to busy_wait_s for it.
     busy_gpu: Literal["stop", "wait"] = "stop"
     busy_wait_s: float = Field(600.0, gt=0)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        if kind not in ENGINE_KINDS:
+            raise fix_error("unknown_engine", "unknown engine {kind}", f"use one of: {', '.join(ENGINE_KINDS)}",
+                            kind=repr(kind))
+        return kind
 
 
 class Condition(StrictModel):

@@ -29,6 +29,7 @@ import optuna
 
 from autotune.config import StudyConfig, load_config
 from autotune.errors import AutotuneError, ConfigError, StudyError
+from autotune.harness.engines import ENGINES
 from autotune.harness.server import cleanup_orphans
 from autotune.progress import PlainProgress
 from autotune.search.objective import make_sampler
@@ -96,7 +97,7 @@ def run_worker(cfg: StudyConfig, *, progress: Any = None, stop_event: threading.
 @click.option("--storage")
 @click.option("--study", "study_name")
 @click.option("--trials", type=click.IntRange(min=1))
-@click.option("--engine", type=click.Choice(["sim", "sglang"]))
+@click.option("--engine", type=click.Choice(sorted(ENGINES)))
 def worker(config_path: Path, gpu: int, port: int | None, storage: str | None, study_name: str | None,
            trials: int | None, engine: str | None) -> None:
     """One GPU's worker: sweep the shared study on this GPU until it has its trials (started by run_workers)."""

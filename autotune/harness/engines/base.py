@@ -1,13 +1,15 @@
 """The Engine contract: everything that differs between launching SGLang and launching the simulator.
 
 The harness (server.py, trial.py) owns this Protocol and never imports an implementation; ``ENGINES`` in
-``autotune.harness.engines`` maps a name to a class. An engine may also offer ``predict(config, workload,
-prompts, *, seed)``: the trial on a virtual clock without a server (the sim engine's only). Flag names in configs are SGLang ``dest`` names
-(``max_mamba_cache_size``); booleans are store-true flags (``True`` → present, ``False`` → absent).
+``autotune.harness.engines`` maps a name to a class, built from one ``EngineSettings`` (``EngineClass``). An
+engine may also offer ``predict(config, workload, prompts, *, seed)``: the trial on a virtual clock without a
+server (the sim engine's only). Flag names in configs are SGLang ``dest`` names (``max_mamba_cache_size``);
+booleans are store-true flags (``True`` → present, ``False`` → absent).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -73,3 +75,25 @@ class Engine(Protocol):
     def gpu_reader(self, gpu_index: int | None) -> GpuReader:
         """A reader of the device this engine's server runs on (NVML, the simulated GPU, or host memory)."""
         ...
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EngineSettings:
+    """Everything any engine is built from (the study's ``[engine]`` section, ``measure``'s and a fleet's options).
+    One record for all engines, so ``make_engine`` needs no per-engine branch: each engine reads the fields it
+    uses and leaves the rest (the sim ignores ``device``, SGLang ignores ``sim_gpu`` and ``sim_options``)."""
+
+    model_path: str
+    python: str | None = None
+    env: Mapping[str, str] | None = None
+    sim_gpu: str = "b200"
+    sim_options: Mapping[str, Any] | None = None
+    device: str = "cuda"
+
+
+class EngineClass(Protocol):
+    """What ``ENGINES`` holds: an engine class by its ``name``, built from the settings."""
+
+    name: str
+
+    def from_settings(self, settings: EngineSettings) -> Engine: ...

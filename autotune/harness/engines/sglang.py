@@ -22,7 +22,7 @@ from typing import Any
 
 from autotune.errors import ConfigError, EngineError
 from autotune.harness.engines import logparse
-from autotune.harness.engines.base import GpuReader
+from autotune.harness.engines.base import EngineSettings, GpuReader
 from autotune.harness.gpu import HostMemoryReader, NvmlReader
 from autotune.sglang.flags import BUNDLED_VERSION, FlagTable
 
@@ -160,6 +160,10 @@ class SGLangEngine(logparse.LogReading):
         self._probed = False
         self._install: tuple[str, str] | None = None  # (version, location) of the interpreter's sglang
 
+    @classmethod
+    def from_settings(cls, settings: EngineSettings) -> SGLangEngine:
+        return cls(model_path=settings.model_path, python=settings.python, env=settings.env, device=settings.device)
+
     # -- launch -----------------------------------------------------------------------------------------
     def argv(self, config: Mapping[str, Any], *, port: int, host: str = "127.0.0.1") -> list[str]:
         flags = self.flag_table().to_argv(dict(config))
@@ -194,9 +198,7 @@ class SGLangEngine(logparse.LogReading):
         except ConfigError as exc:
             if self.table_warning is None:
                 raise
-            error = type(exc)(f"{exc} [note: {self.table_warning}]")
-            error.file, error.key, error.fix = exc.file, exc.key, exc.fix
-            raise error from None
+            raise type(exc)(exc.message, file=exc.file, key=exc.key, fix=exc.fix, note=self.table_warning) from None
 
     def flag_table(self) -> FlagTable:
         """The installed SGLang's flags (its own parser, cached per interpreter + version), else the bundled

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from autotune.config.sections import WorkloadSection
 from autotune.harness.engines import logparse
-from autotune.harness.engines.base import GpuReader
+from autotune.harness.engines.base import EngineSettings, GpuReader
 from autotune.harness.engines.sglang import launch_env, reject_harness_flags
 from autotune.harness.gpu import MIB_PER_GIB, reading
 from autotune.harness.workload import WorkloadSpec
@@ -60,6 +60,11 @@ class SimEngine(logparse.LogReading):
         self.extra_env = dict(env or {})
         self.sim_gpu = sim_gpu
         self.sim_options = dict(sim_options or {})
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings) -> SimEngine:
+        return cls(model_path=settings.model_path, python=settings.python, env=settings.env, sim_gpu=settings.sim_gpu,
+                   sim_options=settings.sim_options)
 
     @property
     def shm_dir(self) -> Path | None:
