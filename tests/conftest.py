@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-OURS = ("shm-sampler", "gpu-monitor", "autotune-heartbeat")
+OURS = ("shm-sampler", "gpu-monitor", "autotune-heartbeat", "autotune-watch-listen")
 
 
 def _ours() -> set[threading.Thread]:

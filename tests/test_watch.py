@@ -9,6 +9,7 @@ import gc
 import json
 import random
 import re
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -18,13 +19,16 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.cli.watch import parse_duration
 from autotune.errors import ConfigError
-from autotune.inspect.watch import Watcher, WatchOptions
-from autotune.inspect.watch_metrics import Histogram, Sample, parse_sample, watched_lines
-from autotune.inspect.watch_output import lines, write_prometheus
-from autotune.inspect.watch_reference import Tuned, median_interval
-from autotune.inspect.watch_rules import RULES, Context, Limits, evaluate
-from autotune.inspect.watch_suggest import draw_lengths, filler
-from autotune.inspect.watch_window import ServerMemory, WatchState, Window
+from autotune.inspect.probe import ProbeFailure
+from autotune.watch.listen import THREAD_NAME, MetricsServer, parse_listen
+from autotune.watch.metrics import Histogram, Sample, parse_sample, watched_lines
+from autotune.watch.output import lines
+from autotune.watch.prometheus import DriftCollector, write_prometheus
+from autotune.watch.reference import Tuned, median_interval
+from autotune.watch.rules import RULES, Context, Limits, evaluate
+from autotune.watch.suggest import draw_lengths, filler
+from autotune.watch.watcher import CycleReport, ServerReport, Watcher, WatchOptions
+from autotune.watch.window import ServerMemory, WatchState, Window
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -201,12 +205,59 @@ def test_prometheus_file_has_every_rule_per_server_and_up(tmp_path):
 
 
 def _report_from(findings):
-    from autotune.inspect.probe import ProbeFailure
-    from autotune.inspect.watch import CycleReport, ServerReport
-
     server = ServerReport(url=URL, findings=findings, gauges={}, traffic={}, samples=2, window_s=30.0)
     down = ProbeFailure(url="http://127.0.0.1:9", kind="unreachable", message="http://127.0.0.1:9: unreachable")
     return CycleReport(t=100.0, servers=[server], failures=[down])
+
+
+def _values(text: str) -> dict[tuple[str, str | None, str | None], float]:
+    return {(s.name, s.labels.get("server"), s.labels.get("rule")): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+@pytest.mark.parametrize(("text", "address"), [
+    (":9400", ("127.0.0.1", 9400)), ("9400", ("127.0.0.1", 9400)), ("127.0.0.1:9400", ("127.0.0.1", 9400)),
+    ("0.0.0.0:9400", ("0.0.0.0", 9400)), ("[::1]:9400", ("::1", 9400)), ("localhost:0", ("localhost", 0))])
+def test_listen_addresses_default_to_loopback(text, address):
+    assert parse_listen(text) == address
+
+
+@pytest.mark.parametrize("text", ["", "localhost", "host:", ":http", ":70000", "10.0.0.1:-1", "[::1]"])
+def test_bad_listen_addresses_name_the_option_and_the_fix(text):
+    with pytest.raises(ConfigError, match=r"--listen: cannot read address .*127\.0\.0\.1:9400"):
+        parse_listen(text)
+
+
+def test_listen_serves_the_prom_file_series_on_loopback_and_stops_with_its_thread(tmp_path):
+    report = _report_from(evaluate(context([sample(0), sample(30, full_token_usage=0.95)])))
+    write_prometheus(report, tmp_path / "drift.prom")
+    collector = DriftCollector()
+    with MetricsServer(*parse_listen(":0"), collector) as server:
+        host, port = server.address
+        assert host == "127.0.0.1" and port > 0 and server.url == f"http://127.0.0.1:{port}/metrics"
+        before = httpx.get(server.url)
+        assert before.status_code == 200 and _values(before.text) == {}  # no cycle yet: no series
+        collector.report = report
+        served = httpx.get(server.url)
+        assert [t.name for t in threading.enumerate()].count(THREAD_NAME) == 1
+    assert served.headers["content-type"].startswith("text/plain")
+    assert served.text == (tmp_path / "drift.prom").read_text()  # the same series, byte for byte
+    values = _values(served.text)
+    assert values[("autotune_drift", URL, "kv_pressure")] == 1.0
+    assert {rule for (name, _, rule) in values if name == "autotune_drift"} == set(RULES)
+    assert values[("autotune_watch_up", "http://127.0.0.1:9", None)] == 0.0
+    assert values[("autotune_watch_last_cycle_timestamp_seconds", None, None)] == 100.0
+    assert THREAD_NAME not in [t.name for t in threading.enumerate()]
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=1.0)
+
+
+def test_a_busy_listen_port_is_one_config_error_naming_the_option():
+    with MetricsServer("127.0.0.1", 0, DriftCollector()) as first:
+        port = first.address[1]
+        with pytest.raises(ConfigError, match=rf"--listen: cannot listen on 127\.0\.0\.1:{port} .*free port"):
+            MetricsServer("127.0.0.1", port, DriftCollector()).start()
+    assert THREAD_NAME not in [t.name for t in threading.enumerate()]
 
 
 @pytest.mark.parametrize(("text", "seconds"), [("30s", 30.0), ("2m", 120.0), ("1.5h", 5400.0), ("250ms", 0.25),

@@ -20,12 +20,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from simserver import free_port, sim_server
 
 from autotune.cli import main
 from autotune.config import load_config
-from autotune.inspect.watch import Watcher, WatchOptions
-from autotune.inspect.watch_reference import load_tuned
+from autotune.watch.listen import THREAD_NAME
+from autotune.watch.reference import load_tuned
+from autotune.watch.rules import RULES
+from autotune.watch.watcher import Watcher, WatchOptions
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -174,8 +177,6 @@ def test_cli_once_reports_an_unreachable_server_and_exits_by_status(sim_url, tmp
 
 
 def test_cli_watches_a_fleet_file_with_its_provenance_and_writes_prometheus(sim_url, tmp_path, capsys):
-    from prometheus_client.parser import text_string_to_metric_families
-
     port = int(sim_url.rsplit(":", 1)[1])
     (tmp_path / "fleet.toml").write_text(
         'engine = "sim"\nmodel = "qwen3.6-27b"\n\n[[servers]]\nname = "gpu0"\ngpu = 0\n'
@@ -194,3 +195,49 @@ def test_cli_watches_a_fleet_file_with_its_provenance_and_writes_prometheus(sim_
     values = {(s.name, s.labels.get("rule")): s.value
               for fam in text_string_to_metric_families(prom.read_text()) for s in fam.samples}
     assert values[("autotune_watch_up", None)] == 1.0 and values[("autotune_drift", "kv_pressure")] == 0.0
+
+
+def _series(text: str) -> dict[tuple[str, str | None, str | None], float]:
+    return {(s.name, s.labels.get("server"), s.labels.get("rule")): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_cli_listen_serves_the_prom_file_series_over_http_until_watch_ends(sim_url, tmp_path, capsys):
+    port = free_port()
+    url, prom = f"http://127.0.0.1:{port}/metrics", tmp_path / "drift.prom"
+    args = ["watch", sim_url, "--listen", f"127.0.0.1:{port}", "--cycles", "4", "--interval", "1s",
+            "--prom-file", str(prom), "--state", str(tmp_path / "state.json"), "--out", str(tmp_path / "w")]
+    exits: list[object] = []
+
+    def watch() -> None:
+        try:
+            main(args)
+        except SystemExit as exc:
+            exits.append(exc.code)
+
+    thread = threading.Thread(target=watch)
+    thread.start()
+    served = filed = None
+    try:
+        deadline = time.monotonic() + 30
+        while thread.is_alive() and time.monotonic() < deadline:
+            try:
+                served = _series(httpx.get(url, timeout=1.0).text)
+            except httpx.TransportError:  # not listening yet
+                time.sleep(0.05)
+                continue
+            filed = _series(prom.read_text()) if prom.is_file() else None
+            if served and served == filed:  # the same cycle on both (the file is written first)
+                break
+            time.sleep(0.05)
+    finally:
+        thread.join(timeout=30)
+    assert served and served == filed, (served, filed)
+    assert served[("autotune_watch_up", sim_url, None)] == 1.0
+    assert {rule: v for (name, _, rule), v in served.items() if name == "autotune_drift"} == dict.fromkeys(RULES, 0.0)
+    assert served[("autotune_watch_last_cycle_timestamp_seconds", None, None)] > time.time() - 60
+    assert not thread.is_alive() and exits == [0]
+    assert f"serving watch's metrics on {url}" in capsys.readouterr().err
+    assert THREAD_NAME not in [t.name for t in threading.enumerate()]  # the server ended with watch
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url, timeout=1.0)

@@ -1,14 +1,23 @@
-"""``autotune watch``: parse, build a ``Watcher`` (``autotune.inspect.watch``), print each cycle, exit 0/1/2."""
+"""``autotune watch``: parse, build a ``Watcher`` (``autotune.watch``), print and export each cycle, exit 0/1/2."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
 
 import click
 
+from autotune.deploy.fleetfile import load_fleet
 from autotune.errors import ConfigError
+from autotune.sglang.profiles import load_gpu, load_model
+from autotune.watch.listen import MetricsServer, parse_listen
+from autotune.watch.output import lines
+from autotune.watch.prometheus import DriftCollector, write_prometheus
+from autotune.watch.reference import load_tuned
+from autotune.watch.rules import Limits
+from autotune.watch.watcher import CycleReport, Watcher, WatchOptions, run
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -25,8 +34,6 @@ def parse_duration(text: str, *, option: str) -> float:
 def _targets(urls: tuple[str, ...], fleet_file: Path | None) -> tuple[list[str], Path]:
     """The servers to watch and the directory watch's files default to."""
     if fleet_file is not None:
-        from autotune.deploy.fleet import load_fleet
-
         fleet = load_fleet(fleet_file)
         return [*urls, *(s.url for s in fleet.servers)], fleet.base_dir
     if not urls:
@@ -52,6 +59,9 @@ def _targets(urls: tuple[str, ...], fleet_file: Path | None) -> tuple[list[str],
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per cycle, for alerting systems.")
 @click.option("--prom-file", type=click.Path(path_type=Path, dir_okay=False),
               help="Write autotune_drift{server,rule} here each cycle (node_exporter textfile collector).")
+@click.option("--listen", metavar="HOST:PORT",
+              help="Serve the same series over HTTP at /metrics for Prometheus to scrape (:9400 is "
+                   "127.0.0.1:9400; give 0.0.0.0:9400 to expose it beyond this host).")
 @click.option("--state", "state_path", type=click.Path(path_type=Path, dir_okay=False),
               help="Rolling-window state file (default: watch-state.json beside the fleet file, or here).")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
@@ -60,15 +70,10 @@ def _targets(urls: tuple[str, ...], fleet_file: Path | None) -> tuple[list[str],
 @click.option("--gpu", help="GPU profile b200|h200|h100 for the planner (default: matched by memory).")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
               help="Seconds per HTTP request.")
-def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_json, prom_file, state_path,
-          out_dir, model, gpu, timeout_s) -> None:
+def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_json, prom_file, listen,
+          state_path, out_dir, model, gpu, timeout_s) -> None:
     """Watch a tuned fleet (read-only) and report when its traffic drifts from what it was tuned for."""
-    from autotune.inspect.watch import Watcher, WatchOptions, run
-    from autotune.inspect.watch_output import lines, write_prometheus
-    from autotune.inspect.watch_reference import load_tuned
-    from autotune.inspect.watch_rules import Limits
-    from autotune.sglang.profiles import load_gpu, load_model
-
+    address = parse_listen(listen) if listen is not None else None
     targets, home = _targets(urls, fleet_file)
     if model:
         load_model(model)
@@ -90,7 +95,9 @@ def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_j
         for note in tuned.notes:
             click.echo(f"note: {note}", err=True)
 
-    def show(report) -> None:
+    collector = DriftCollector()
+
+    def show(report: CycleReport) -> None:
         if as_json:
             click.echo(json.dumps(report.to_dict(), default=str))
         else:
@@ -98,7 +105,12 @@ def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_j
                 click.echo(line)
         if prom_file is not None:
             write_prometheus(report, prom_file)
+        collector.report = report  # what --listen serves from now on
 
-    with Watcher(targets, tuned, options) as watcher:
+    with contextlib.ExitStack() as stack:
+        watcher = stack.enter_context(Watcher(targets, tuned, options))
+        if address is not None:
+            server = stack.enter_context(MetricsServer(*address, collector))
+            click.echo(f"serving watch's metrics on {server.url}", err=True)
         last = run(watcher, cycles=1 if once else cycles, on_report=show)
     raise SystemExit(last.exit_code)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.inspect.watch_metrics import Histogram, Sample
+from autotune.watch.metrics import Histogram, Sample
 
 STATE_VERSION = 1
 

@@ -9,9 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from autotune.inspect.watch_metrics import Histogram
-from autotune.inspect.watch_reference import Tuned
-from autotune.inspect.watch_window import ServerMemory, Window
+from autotune.watch.metrics import Histogram
+from autotune.watch.reference import Tuned
+from autotune.watch.window import ServerMemory, Window
 
 RULES = ("prompt_length", "output_length", "kv_pressure", "binding_moved", "acceptance", "throughput")
 

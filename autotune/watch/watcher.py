@@ -18,11 +18,14 @@ from typing import Any
 
 import httpx
 
-from autotune.inspect.watch_metrics import parse_sample
-from autotune.inspect.watch_reference import Tuned
-from autotune.inspect.watch_rules import Context, Finding, Limits, evaluate
-from autotune.inspect.watch_suggest import drifted_rows, rebalance, suggestion_line, traffic, write_study
-from autotune.inspect.watch_window import WatchState
+from autotune.inspect.diagnose import InspectError, diagnose, explain_capacity
+from autotune.inspect.probe import ProbeFailure, normalise_url, probe
+from autotune.inspect.state import ServerState
+from autotune.watch.metrics import parse_sample
+from autotune.watch.reference import Tuned
+from autotune.watch.rules import Context, Finding, Limits, evaluate
+from autotune.watch.suggest import drifted_rows, rebalance, suggestion_line, traffic, write_study
+from autotune.watch.window import WatchState
 
 EXIT_OK, EXIT_DRIFT, EXIT_UNREACHABLE = 0, 1, 2
 MAX_SAMPLES = 1000  # the window's hard cap, whatever --window / --interval say
@@ -67,7 +70,7 @@ class ServerReport:
 class CycleReport:
     t: float
     servers: list[ServerReport]
-    failures: list[Any]  # diagnosis_probe.ProbeFailure
+    failures: list[ProbeFailure]
 
     @property
     def exit_code(self) -> int:
@@ -85,8 +88,6 @@ class Watcher:
 
     def __init__(self, urls: Sequence[str], tuned: Tuned | None, options: WatchOptions, *,
                  transport: httpx.BaseTransport | None = None):
-        from autotune.inspect.probe import normalise_url
-
         self.urls = [normalise_url(u) for u in urls]
         self.tuned, self.options = tuned, options
         self.state = WatchState.load(options.state_path, span_s=options.window_s, max_samples=options.max_samples)
@@ -112,8 +113,6 @@ class Watcher:
         self.close()
 
     def cycle(self, now: float | None = None) -> CycleReport:
-        from autotune.inspect.probe import ProbeFailure, probe
-
         now = time.time() if now is None else now
         servers: list[ServerReport] = []
         failures: list[ProbeFailure] = []
@@ -139,9 +138,6 @@ class Watcher:
         return CycleReport(t=now, servers=servers, failures=failures)
 
     def _server(self, result: Any, text: str, now: float) -> ServerReport:
-        from autotune.inspect.diagnose import explain_capacity
-        from autotune.inspect.state import ServerState
-
         sample = parse_sample(text, now)
         memory = self.state.server(result.url)
         memory.window.add(sample)
@@ -166,8 +162,6 @@ class Watcher:
 
     def _fix(self, report: ServerReport, result: Any, t: Any) -> None:
         """Attach the planner's suggestion and a re-tuning study file to every finding of one server."""
-        from autotune.inspect.diagnose import InspectError, diagnose
-
         d = diagnose(result, model=self.options.model, gpu=self.options.gpu)
         advice = d.advice
         # KV a request of today's traffic needs: what finished requests held, or what running ones hold now

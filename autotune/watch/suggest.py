@@ -16,8 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.inspect.watch_metrics import Histogram
-from autotune.inspect.watch_window import Window
+from autotune.inspect.suggest import Suggestion
+from autotune.inspect.sweep_file import _study_name, sweep_toml
+from autotune.sglang.flags import FlagTable
+from autotune.sglang.memory import plan
+from autotune.sglang.profiles import load_gpu, load_model
+from autotune.watch.metrics import Histogram
+from autotune.watch.window import Window
 
 CHARS_PER_TOKEN = 4
 MARGIN_GIB = 2.0  # headroom a suggestion must keep, as inspect asks of its own
@@ -102,11 +107,6 @@ def rebalance(advice: Any, tokens_per_request: int) -> Any | None:
     """The planner's Mamba-slot count that runs the most requests of today's size at once: fewer slots give
     their memory back to KV until KV ÷ tokens-per-request meets the running cap. None when the model has no
     Mamba pool to trade, the planner has no profiles, or nothing serves more than the current config."""
-    from autotune.inspect.suggest import Suggestion
-    from autotune.sglang.flags import FlagTable
-    from autotune.sglang.memory import plan
-    from autotune.sglang.profiles import load_gpu, load_model
-
     if advice is None or advice.model is None or advice.gpu is None or not advice.ratio:
         return None
     model, gpu = load_model(advice.model), load_gpu(advice.gpu)
@@ -147,8 +147,6 @@ def suggestion_line(s: Any) -> str:
 
 def write_study(diagnosis: Any, suggestion: Any | None, rows: list[dict[str, Any]], out_dir: Path) -> Path:
     """``<out_dir>/watch-<host>-<port>.toml`` and its prompts JSONL; the study enqueues ``suggestion`` first."""
-    from autotune.inspect.sweep_file import _study_name, sweep_toml
-
     d = diagnosis
     if suggestion is not None:
         kept = [s for s in d.advice.suggestions if s.changes != suggestion.changes]

@@ -14,7 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from autotune.config import load_config
+from autotune.deploy.apply import load_winner
 from autotune.errors import AutotuneError, ConfigError
+from autotune.harness.workload import ReplayRecords
+from autotune.prompts import PromptSample
 
 CHARS_PER_TOKEN = 4.0  # the same rough ratio the prior and the simulator use; real tokenizers differ a little
 BOOTSTRAP = 2000
@@ -48,8 +52,6 @@ def median_interval(runs: list[float], *, seed: int = 0) -> tuple[float, float] 
 
 def _prompt_range(workload: dict[str, Any], notes: list[str]) -> tuple[tuple[int, int] | None, int | None]:
     """(min, max) prompt tokens of the replayed sample, and the largest output a row may ask for."""
-    from autotune.harness.workload import PromptSample
-
     prompts = workload.get("prompts")
     max_tokens = int(workload.get("max_tokens") or 4096)
     if not prompts:
@@ -89,8 +91,6 @@ def _from_provenance(path: Path) -> Tuned:
 
 def _output_range(result: Any, largest: int | None) -> tuple[int, int] | None:
     """The winner's own output lengths (finished requests of its records), else 1 … the largest max_tokens."""
-    from autotune.harness.workload import ReplayRecords
-
     records = Path(result.trial_dir or "") / "records.jsonl" if result.trial_dir else None
     if records is not None and records.is_file():
         try:
@@ -103,9 +103,6 @@ def _output_range(result: Any, largest: int | None) -> tuple[int, int] | None:
 
 
 def _from_study(path: Path) -> Tuned:
-    from autotune.config import load_config
-    from autotune.deploy.apply import load_winner
-
     cfg = load_config(path)
     winner = load_winner(cfg.storage_url, cfg.name)
     notes: list[str] = []
