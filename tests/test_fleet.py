@@ -85,7 +85,7 @@ def sim_devices(tmp_path, monkeypatch):
     (GOOD + "colour = 'red'\n", "servers.0.colour: unknown key"),
     (GOOD.replace("port = 30000", "port = 70000"), "servers.0.port"),
     (GOOD + GOOD.split("[[servers]]")[1].join(["[[servers]]", ""]).replace('"a"', '"b"'), "same port"),
-    (GOOD.replace('engine = "sim"', 'engine = "vllm"'), "engine"),
+    (GOOD.replace('engine = "sim"', 'engine = "vllm"'), r"engine: unknown engine 'vllm' \(use one of: sglang, sim\)"),
     (GOOD + 'password = "hunter2"\n', "servers.0.password: passwords and secrets are not allowed"),
     (GOOD.replace('name = "a"', 'name = "a"\nhost = "ops@gpu-box"'), "cannot be polled from here"),
 ])

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from autotune.config.sections import ENGINE_KINDS
 from autotune.deploy.sglang_yaml import read_config_file
 from autotune.errors import FleetError
 from autotune.redaction import looks_secret
@@ -62,7 +63,7 @@ class FleetServer(_Model):
 
 
 class Fleet(_Model):
-    engine: Literal["sim", "sglang"] = "sglang"
+    engine: str = "sglang"  # one of ENGINE_KINDS
     model: str
     python: str | None = None  # interpreter on each host (default: this one, or "python3" remotely)
     device: Literal["cuda", "cpu"] = "cuda"  # "cpu": SGLang's CPU backend (host RAM, no CUDA_VISIBLE_DEVICES)
@@ -71,6 +72,13 @@ class Fleet(_Model):
     remote_dir: str = "autotune-fleet"  # remote hosts: relative log/pid paths live under this directory
     servers: list[FleetServer] = Field(min_length=1)
     path: Path | None = Field(default=None, exclude=True)
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, engine: str) -> str:
+        if engine not in ENGINE_KINDS:
+            raise ValueError(f"unknown engine {engine!r} (use one of: {', '.join(ENGINE_KINDS)})")
+        return engine
 
     @field_validator("env")
     @classmethod

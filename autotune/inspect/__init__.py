@@ -1,1 +1,2 @@
-"""Read-only looks at running SGLang servers: ``autotune inspect`` (one moment) and ``autotune watch`` (over time)."""
+"""Read-only looks at running SGLang servers at one moment: ``autotune inspect`` (``autotune watch``, the same over
+time, is the ``autotune.watch`` package above this one)."""
