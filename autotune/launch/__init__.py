@@ -1,0 +1,13 @@
+"""Where servers run: the ``Launcher`` contract (``base``) and its implementations, registered by name.
+
+A new launcher is one module here and one entry in ``LAUNCHERS``; ``tests/test_launchers.py`` runs the contract
+suite over every entry (each launcher's test case lives in ``tests/launchcase_<name>.py``).
+"""
+
+from __future__ import annotations
+
+from autotune.launch.base import Launcher, LaunchSpec, ServerHandle
+
+LAUNCHERS: dict[str, type] = {}
+
+__all__ = ["LAUNCHERS", "LaunchSpec", "Launcher", "ServerHandle"]

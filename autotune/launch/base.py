@@ -1,0 +1,86 @@
+"""The Launcher contract: WHERE a server runs (this host's process group, a Slurm job, a container, another host
+over SSH), apart from WHAT runs (the engine's argv, flag check, failure classes and capacity).
+
+The harness and the fleet hand a launcher one ``LaunchSpec`` and get back a ``ServerHandle``; they never build a
+process, a job or a container themselves. A launcher owns device selection (``CUDA_VISIBLE_DEVICES`` for a local
+process, ``--gres`` for Slurm, ``--gpus device=N`` for a container) and knows which files its server owns. Every
+launcher in ``autotune.launch.LAUNCHERS`` passes one contract suite (``tests/test_launchers.py``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchSpec:
+    """One server to start: the engine's command and environment, where it listens, the GPUs it gets."""
+
+    argv: list[str]  # the engine's command, never a shell string
+    port: int
+    log_path: Path
+    host: str = "127.0.0.1"
+    env: Mapping[str, str] = field(default_factory=dict)  # the engine's variables; device selection is the launcher's
+    gpus: tuple[int, ...] = ()  # the GPUs the server gets (empty: none, e.g. SGLang's CPU backend)
+    run_dir: Path | None = None  # the launcher's bookkeeping (pid files, job ids) for orphan cleanup
+    shm_dir: Path | None = None  # where the server's shared-memory files appear, when on this host
+    detach: bool = False  # a fleet server: outlives the process that started it
+    name: str | None = None  # a name the launch owns (a container's, a Slurm job's), when the launcher names things
+
+    def __post_init__(self) -> None:
+        if isinstance(self.argv, str):
+            raise TypeError("argv must be a list of arguments, never a shell string")
+
+
+class ServerHandle(Protocol):
+    """A started server, however it runs. ``stop`` leaves nothing behind: process, job or container gone, port
+    free, GPU memory released, and the files the server provably owned removed."""
+
+    base_url: str
+    port: int
+    pid: int | None  # the launcher-side process, where there is one (a container's client, srun), else None
+    exit_code: int | None
+    teardown_error: str | None  # a release that timed out: reported in the trial, never a hang
+
+    @property
+    def alive(self) -> bool: ...
+
+    def poll(self) -> int | None:
+        """The exit code once the server has ended, else None."""
+        ...
+
+    def log_text(self) -> str: ...
+
+    def log_tail(self, lines: int = 40) -> str: ...
+
+    def wait_ready(self, timeout_s: float, *, stop_event: threading.Event | None = None) -> None:
+        """Return once the server answers its health check; ``ServerExited`` / ``ServerStartTimeout`` otherwise."""
+        ...
+
+    def stop(self, grace_s: float = 10.0, release_timeout_s: float = 30.0) -> int | None:
+        """Stop with a grace period, wait until it is released; its exit code."""
+        ...
+
+    def release(self) -> None:
+        """Forget a detached server without stopping it (a fleet's)."""
+        ...
+
+
+class Launcher(Protocol):
+    """Starts servers somewhere. ``name`` is its key in ``LAUNCHERS``."""
+
+    name: str
+
+    def start(self, spec: LaunchSpec, *, gpu_reader: Any = None) -> ServerHandle:
+        """Start ``spec``'s server (not yet ready: call ``wait_ready``); raise ``ServerError`` when it cannot be
+        started at all (port busy, the launcher's tool missing)."""
+        ...
+
+    def device_env(self, gpus: tuple[int, ...]) -> dict[str, str]:
+        """The variables that select ``gpus`` for a process this launcher starts (empty when it selects them
+        another way, or when ``gpus`` is empty)."""
+        ...
