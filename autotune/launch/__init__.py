@@ -6,8 +6,8 @@ suite over every entry (each launcher's test case lives in ``tests/launchcase_<n
 
 from __future__ import annotations
 
-from autotune.launch.base import Launcher, LaunchSpec, ServerHandle
+from autotune.launch.base import Launcher, LaunchSpec, ServerExited, ServerHandle, ServerStartTimeout
 
 LAUNCHERS: dict[str, type] = {}
 
-__all__ = ["LAUNCHERS", "LaunchSpec", "Launcher", "ServerHandle"]
+__all__ = ["LAUNCHERS", "LaunchSpec", "Launcher", "ServerExited", "ServerHandle", "ServerStartTimeout"]

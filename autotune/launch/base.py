@@ -9,11 +9,59 @@ launcher in ``autotune.launch.LAUNCHERS`` passes one contract suite (``tests/tes
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
+
+from autotune.errors import ServerError
+
+LOG_TAIL_LINES = 40
+
+
+class ServerExited(ServerError):
+    """The server ended before it became ready (every launcher's ``wait_ready`` raises this one)."""
+
+    def __init__(self, exit_code: int | None, log_tail: str):
+        self.exit_code, self.log_tail = exit_code, log_tail
+        super().__init__(f"server exited with code {exit_code} before it was ready")
+
+
+class ServerStartTimeout(ServerError):
+    """The server was still not ready when the startup timeout ran out."""
+
+    def __init__(self, timeout_s: float, log_tail: str):
+        self.timeout_s, self.log_tail = timeout_s, log_tail
+        super().__init__(f"server not ready after {timeout_s:g} s (raise the startup timeout if it was still loading)")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free now (bind port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_free(host: str, port: int) -> bool:
+    """Nothing listens on ``host:port`` (a stopped server's port must be free before the next trial)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a server's log file ("" when there is none yet)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -34,6 +82,15 @@ class LaunchSpec:
     def __post_init__(self) -> None:
         if isinstance(self.argv, str):
             raise TypeError("argv must be a list of arguments, never a shell string")
+
+
+class MemoryReader(Protocol):
+    """What a launcher reads to know a stopped server's device memory is released (``harness.engines.GpuReader``
+    satisfies it: NVML, the simulated GPU, host memory)."""
+
+    def read(self) -> dict[str, float | None]: ...
+
+    def close(self) -> None: ...
 
 
 class ServerHandle(Protocol):
@@ -75,9 +132,10 @@ class Launcher(Protocol):
 
     name: str
 
-    def start(self, spec: LaunchSpec, *, gpu_reader: Any = None) -> ServerHandle:
+    def start(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> ServerHandle:
         """Start ``spec``'s server (not yet ready: call ``wait_ready``); raise ``ServerError`` when it cannot be
-        started at all (port busy, the launcher's tool missing)."""
+        started at all (port busy, the launcher's tool missing). ``gpu_reader``, when given, is read before the start
+        and after the stop: ``stop`` waits until the memory is back (``teardown_error`` when it is not)."""
         ...
 
     def device_env(self, gpus: tuple[int, ...]) -> dict[str, str]:
