@@ -1,0 +1,62 @@
+"""The ``slurm`` launcher's case for the contract suite: the simulated server as a batch job on the real cluster
+(CI starts a single-node one, ``.ci/slurm.sh``). The job runs on this host, so this interpreter and the test's
+simulated-GPU registry are the job's too. Skipped without ``sbatch`` unless ``AUTOTUNE_REQUIRE_ALL=1``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from launchcase import CaseEnv
+
+from autotune.launch.slurm import SlurmLauncher
+
+
+def slurm_missing() -> str | None:
+    """Why Slurm cannot run here, or None (a missing tool fails instead under ``AUTOTUNE_REQUIRE_ALL=1``)."""
+    if shutil.which("sbatch") is None:
+        why = "no Slurm here (sbatch not found; .ci/slurm.sh starts a single-node cluster)"
+        if os.environ.get("AUTOTUNE_REQUIRE_ALL") == "1":
+            pytest.fail(why)
+        return why
+    return None
+
+
+def queue() -> list[str]:
+    """Every job the controller still lists (pending, running or completing), as ``id name state``."""
+    done = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True, timeout=30, check=True)
+    return done.stdout.split("\n")[:-1]
+
+
+@contextlib.contextmanager
+def empty_queue() -> Iterator[None]:
+    """The queue is empty before and after: what a test leaves is cancelled, then reported as a failure."""
+    assert queue() == [], f"jobs queued before the test: {queue()}"
+    yield
+    left = queue()
+    if left:
+        subprocess.run(["scancel", "--full", "--signal=KILL", *[line.split()[0] for line in left]], check=False)
+        deadline = time.monotonic() + 15
+        while queue() and time.monotonic() < deadline:
+            time.sleep(0.2)
+    assert left == [], f"jobs left in squeue after the test: {left}"
+
+
+@contextlib.contextmanager
+def case(tmp_path: Path) -> Iterator[CaseEnv]:
+    devices = tmp_path / "devices"
+    skip = slurm_missing()
+    env = CaseEnv(launcher=SlurmLauncher(watchdog_grace_s=1.0), python=sys.executable,
+                  env={"AUTOTUNE_SIM_DEVICE_DIR": str(devices)}, device_dir=devices, work=tmp_path, skip=skip)
+    if skip:
+        yield env
+        return
+    with empty_queue():
+        yield env

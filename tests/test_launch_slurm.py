@@ -1,0 +1,173 @@
+"""The Slurm launcher on the real cluster (CI: a single-node one from ``.ci/slurm.sh``): a simulated server as a
+batch job, stopped by ``scancel``; a job cancelled from outside; the batch script's quoting; the harness's death.
+The argv and error tests need no cluster. Every cluster test leaves ``squeue`` empty (``launchcase_slurm``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from launchcase_slurm import case, empty_queue, queue, slurm_missing
+
+from autotune.errors import ServerError
+from autotune.launch import LaunchSpec
+from autotune.launch.base import free_port, port_is_free
+from autotune.launch.slurm import GONE, SlurmLauncher, SlurmSettings, exit_code, job_script
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def cluster():
+    why = slurm_missing()
+    if why:
+        pytest.skip(why)
+    with empty_queue():
+        yield
+
+
+def _sim(env, label: str = "sim", **kw) -> LaunchSpec:
+    port = free_port()
+    return LaunchSpec(argv=env.sim_argv(port), port=port, env=dict(env.env), gpus=(0,), log_path=env.work / f"{label}.log",
+                      run_dir=env.work / "runs", name=f"autotune-test-{label}-{port}", **kw)
+
+
+def _job_fields(job_id: str) -> dict[str, str]:
+    out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, check=True).stdout
+    return dict(w.split("=", 1) for w in out.split() if "=" in w)
+
+
+def test_slurm_exit_codes_read_like_popen():
+    assert exit_code("0:0") == 0
+    assert exit_code("3:0") == 3
+    assert exit_code("0:15") == -15
+    assert exit_code("0:9") == -9
+
+
+def test_sbatch_argv_carries_the_settings_and_the_gpu_count(tmp_path):
+    launcher = SlurmLauncher(SlurmSettings(partition="gpu", account="lab", time="00:30:00",
+                                           extra_args=("--constraint=h200",)))
+    spec = LaunchSpec(argv=["srv"], port=1, log_path=tmp_path / "s.log", gpus=(2, 3))
+    argv = launcher.sbatch_argv(spec, "job-a", tmp_path / "job-a.sbatch")
+    assert argv[:2] == ["sbatch", "--parsable"] and argv[-1] == str(tmp_path / "job-a.sbatch")
+    assert ["--job-name", "job-a"] == argv[argv.index("--job-name"):argv.index("--job-name") + 2]
+    assert ["--output", str(tmp_path / "s.log")] == argv[argv.index("--output"):argv.index("--output") + 2]
+    for arg in ("--gres=gpu:2", "--partition=gpu", "--account=lab", "--time=00:30:00", "--constraint=h200",
+                "--export=ALL"):
+        assert arg in argv
+    cpu = launcher.sbatch_argv(LaunchSpec(argv=["srv"], port=1, log_path=tmp_path / "s.log"), "b", tmp_path / "b")
+    assert not any(a.startswith("--gres") for a in cpu)
+    bare = SlurmLauncher().sbatch_argv(spec, "c", tmp_path / "c")
+    assert not any(a.startswith(("--partition", "--account", "--time")) for a in bare)  # the cluster's defaults
+
+
+def test_the_script_selects_the_specs_gpus_only_when_slurm_bound_none(tmp_path):
+    spec = LaunchSpec(argv=["srv", "--port", "1"], port=1, log_path=tmp_path / "s.log", gpus=(1, 0))
+    script = job_script(spec, SlurmLauncher().device_env(spec.gpus))
+    assert 'if [ -z "${SLURM_JOB_GPUS:-}" ]; then export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=1,0; fi' \
+        in script
+    assert script.rstrip().endswith("exec srv --port 1")
+    assert "CUDA" not in job_script(spec, {})
+
+
+def test_no_sbatch_is_a_clear_server_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on it
+    spec = LaunchSpec(argv=["srv"], port=free_port(), log_path=tmp_path / "s.log")
+    with pytest.raises(ServerError, match="sbatch/scancel/scontrol not found"):
+        SlurmLauncher().start(spec)
+
+
+def test_a_sim_server_job_starts_serves_and_is_stopped_by_scancel(cluster, tmp_path):
+    with case(tmp_path) as env:
+        spec = _sim(env)
+        job = env.launcher.start(spec)
+        try:
+            job.wait_ready(30)
+            assert job.alive and job.poll() is None
+            fields = _job_fields(job.job_id)
+            assert fields["JobState"] == "RUNNING" and fields["JobName"] == spec.name
+            assert any(line.startswith(f"{job.job_id} {spec.name} RUNNING") for line in queue())
+            with httpx.Client(timeout=5, trust_env=False) as client:
+                assert client.get(f"{job.base_url}/health").status_code == 200
+        finally:
+            code = job.stop(grace_s=5.0, release_timeout_s=20.0)
+        assert code == 0, job.log_tail()  # SIGTERM drained and exited cleanly
+        assert "COMPLETED" in (job.reason or "")
+        assert "SIGTERM received" in job.log_text()  # the grace signal reached the server itself (exec)
+        assert not job.alive and queue() == []
+        assert port_is_free(spec.host, spec.port) and job.teardown_error is None
+
+
+def test_a_job_cancelled_from_outside_is_reported_dead_with_a_reason(cluster, tmp_path):
+    with case(tmp_path) as env:
+        spec = _sim(env, label="outside")
+        job = env.launcher.start(spec)
+        try:
+            job.wait_ready(30)
+            subprocess.run(["scancel", "--full", "--signal=KILL", job.job_id], check=True)
+            deadline = time.monotonic() + 15
+            while job.alive and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not job.alive
+            code = job.poll()
+            assert code is not None and code not in (0, GONE)
+            assert job.reason and job.job_id in job.reason and ("CANCELLED" in job.reason or "FAILED" in job.reason)
+        finally:
+            job.stop(grace_s=1.0, release_timeout_s=20.0)
+        assert queue() == [] and port_is_free(spec.host, spec.port)
+
+
+def test_the_batch_script_quotes_the_argv(cluster, tmp_path):
+    prompt = "a prompt with spaces, $HOME, `ls`, 'quotes' and \"more\"; echo pwned"
+    argv = [sys.executable, "-c", "import sys; print('ARGV=' + repr(sys.argv[1:]))", prompt, "--x=$((1+1))"]
+    spec = LaunchSpec(argv=argv, port=free_port(), log_path=tmp_path / "q.log", run_dir=tmp_path / "runs",
+                      name="autotune-test-quoting")
+    job = SlurmLauncher(watchdog_grace_s=1.0).start(spec)
+    try:
+        deadline = time.monotonic() + 20
+        while job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        job.stop(grace_s=1.0, release_timeout_s=20.0)
+    assert job.exit_code == 0, job.log_text()
+    assert f"ARGV={[prompt, '--x=$((1+1))']!r}" in job.log_text()
+    assert job.log_text().count("\n") == 1  # one print: no word of the prompt ran as a command
+    assert (tmp_path / "runs" / "autotune-test-quoting.sbatch").is_file()
+
+
+HARNESS = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from autotune.launch import LaunchSpec
+    from autotune.launch.slurm import SlurmLauncher
+    port, work = int(sys.argv[1]), Path(sys.argv[2])
+    spec = LaunchSpec(argv=[sys.executable, "-c", "import time; time.sleep(120)"], port=port,
+                      log_path=work / "h.log", run_dir=work, name="autotune-test-harness-death")
+    job = SlurmLauncher(watchdog_grace_s=1.0).start(spec)
+    print(job.job_id, flush=True)
+    import time; time.sleep(120)
+""")
+
+
+def test_a_job_does_not_outlive_its_harness(cluster, tmp_path):
+    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(free_port()), str(tmp_path)],
+                               stdout=subprocess.PIPE, text=True, env={**os.environ})
+    try:
+        assert harness.stdout is not None
+        job_id = harness.stdout.readline().strip()
+        assert job_id and any(line.startswith(job_id) for line in queue())
+        harness.kill()  # SIGKILL: no cleanup code of the harness runs
+        harness.wait(timeout=10)
+        deadline = time.monotonic() + 20
+        while queue() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert queue() == []
+        assert "cancelled Slurm job" in Path(tmp_path / "h.log").read_text()
+    finally:
+        harness.kill()
