@@ -171,3 +171,58 @@ def test_a_job_does_not_outlive_its_harness(cluster, tmp_path):
         assert "cancelled Slurm job" in Path(tmp_path / "h.log").read_text()
     finally:
         harness.kill()
+
+
+def _trial(tmp_path, monkeypatch, hook=None, measure_s=2.0):
+    from autotune.harness.engines import make_engine
+    from autotune.harness.trial import Timeouts, run_trial
+    from autotune.harness.workload import WorkloadSpec
+
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))  # the job inherits it (--export=ALL)
+    engine = make_engine("sim", model_path="qwen3.6-27b", sim_gpu="b200",
+                         sim_options={"startup_s": 0.3, "release_s": 0.3})
+    prompts = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
+    return run_trial(engine, {"max_running_requests": 8},
+                     WorkloadSpec(prompts=prompts, sample_size=40, warmup_s=0.5, measure_s=measure_s),
+                     trial_dir=tmp_path / "trial", gpu_index=1, run_dir=tmp_path / "runs",
+                     launcher=SlurmLauncher(watchdog_grace_s=1.0), on_phase=hook,
+                     timeouts=Timeouts(startup_s=30, teardown_s=15, grace_s=3))
+
+
+def _gpu_released(tmp_path) -> bool:
+    from autotune.sim import device
+
+    return device.read(1, tmp_path / "devices").used_mib == 0
+
+
+def test_a_trial_runs_its_server_as_a_slurm_job(cluster, tmp_path, monkeypatch):
+    seen: list[list[str]] = []
+
+    def hook(name, info):
+        if name == "measuring" and not seen:
+            seen.append(queue())
+
+    result = _trial(tmp_path, monkeypatch, hook)
+    assert result.status == "ok", result.reason
+    assert result.metrics.output_tok_s > 0 and result.exit_code == 0
+    assert seen and len(seen[0]) == 1 and seen[0][0].endswith("RUNNING")  # the server was the one Slurm job
+    assert "fired up and ready to roll" in (tmp_path / "trial" / "server.log").read_text()
+    assert queue() == [] and _gpu_released(tmp_path)
+
+
+def test_a_trial_whose_job_is_cancelled_mid_window_is_a_crash(cluster, tmp_path, monkeypatch):
+    cancelled: list[str] = []
+
+    def hook(name, info):
+        if name == "measuring" and not cancelled:
+            job_id = queue()[0].split()[0]
+            subprocess.run(["scancel", "--full", "--signal=KILL", job_id], check=True)
+            cancelled.append(job_id)
+
+    result = _trial(tmp_path, monkeypatch, hook, measure_s=20.0)
+    assert cancelled
+    assert result.status == "crash", result.reason
+    assert result.exit_code not in (None, 0)
+    assert f"JOB {cancelled[0]} ON" in (result.log_tail or "") + (tmp_path / "trial" / "server.log").read_text()
+    assert result.durations_s["measure"] < 10  # noticed at once, not at the window's end
+    assert queue() == [] and _gpu_released(tmp_path)
