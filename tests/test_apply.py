@@ -254,7 +254,7 @@ def test_launch_script_starts_the_simulator_with_the_yaml(tmp_path, monkeypatch)
     """End to end: the generated script, SGLang's --config loading (as the simulator mirrors it), /server_info."""
     from autotune.sglang.memory import plan
     from autotune.sglang.profiles import load_gpu, load_model
-    from autotune.harness.server import free_port
+    from autotune.launch.process import free_port
 
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
     config = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 200, "mem_fraction_static": 0.93,

@@ -27,7 +27,7 @@ from autotune.config import load_config
 from autotune.errors import ConfigError, FleetError
 from autotune.deploy.fleet import Fleet, FleetServer, load_fleet, up, write_fleet
 from autotune.redaction import env_for_files, looks_secret, redact_env, resolve_env
-from autotune.harness.server import free_port
+from autotune.launch.process import free_port
 
 TOKEN = "hf_" + "Zq8rT2vLm9Kx4Wn7Pb3Yc6Hd1"  # shaped like a Hugging Face token
 CONFIG = {"mem_fraction_static": 0.85, "max_mamba_cache_size": 120, "speculative_algorithm": "EAGLE"}
@@ -199,6 +199,12 @@ def test_sglang_cpu_study_runs_on_the_cpu_backend_from_fleet_up_and_the_launcher
         assert res.exit_code == 0 and "stopped: cpu3" in res.output
         assert time.monotonic() - started < 20  # host RAM is not a GPU: no wait for it to drain to zero
 
+        # The simulator stands in for SGLang here and keeps its simulated device busy for its release delay after
+        # it exits; a script started within it would plan against the old server's memory (a race, not the fleet).
+        from autotune.sim import device
+        deadline = time.monotonic() + 5
+        while device.read(0).used_mib > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
         subprocess.run(["bash", str(out / "launch_fleet.sh")], check=True, timeout=20, capture_output=True)
         wait_healthy(port, out / "logs/cpu3.log")
         check_running(out / "run/cpu3.pid")

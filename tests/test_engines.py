@@ -127,7 +127,7 @@ def test_argv_is_a_list_with_harness_flags(engine):
     assert argv[argv.index("--host") + 1] == "127.0.0.1"
     assert argv[argv.index("--max-mamba-cache-size") + 1] == "200"
     assert "--disable-radix-cache" in argv
-    assert engine.env(gpu_index=3)["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "CUDA_VISIBLE_DEVICES" not in engine.env()  # which GPU is the launcher's (launch.local)
 
 
 def test_check_rejects_renamed_flag_with_did_you_mean(engine, monkeypatch):
@@ -160,19 +160,15 @@ def test_sglang_cpu_device_sets_backend_and_env(tmp_path, monkeypatch):
     argv = eng.argv({}, port=1)
     assert argv[1:3] == ["-m", "sglang.launch_server"]
     assert argv[argv.index("--device") + 1] == "cpu"
-    assert eng.env(gpu_index=0) == {"SGLANG_USE_CPU_ENGINE": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert eng.env() == {"SGLANG_USE_CPU_ENGINE": "1"}
 
 
-@pytest.mark.parametrize("gpu_index", [None, 0, 3])
-def test_every_launch_numbers_gpus_in_pci_bus_order(engine, gpu_index):
-    """NVML reads devices in PCI bus order; CUDA's default is fastest-first. Pin CUDA to NVML's order so the GPU
-    the monitor reads is the one CUDA_VISIBLE_DEVICES gives the server, whatever the engine's extra env says."""
-    env = engine.env(gpu_index=gpu_index)
-    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert env.get("CUDA_VISIBLE_DEVICES") == (None if gpu_index is None else str(gpu_index))
+def test_engine_env_is_its_own_extras_and_no_device_selection(engine):
+    """Device selection moved to the launcher (``launch.local.LocalLauncher.device_env``); the engine keeps only
+    what its study file's ``env`` says."""
     forced = type(engine)(model_path="qwen3.6-27b", env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST", "X": "1"})
-    assert forced.env(gpu_index=gpu_index)["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert forced.env(gpu_index=gpu_index)["X"] == "1"
+    assert forced.env() == {"CUDA_DEVICE_ORDER": "FASTEST_FIRST", "X": "1"}
+    assert "CUDA_VISIBLE_DEVICES" not in engine.env() and "CUDA_DEVICE_ORDER" not in engine.env()
 
 
 def test_preflight_refuses_an_interpreter_without_sglang(tmp_path):
@@ -205,7 +201,7 @@ def test_every_registered_engine_meets_the_contract(kind, tmp_path, monkeypatch)
     assert isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)
     assert isinstance(eng.check({}), dict)
     assert eng.classify("", 0) in (None, *FailureKind.__args__)
-    assert all(isinstance(k, str) and isinstance(v, str) for k, v in eng.env(gpu_index=0).items())
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in eng.env().items())
 
 
 def test_make_engine_hands_each_engine_the_settings_it_reads():

@@ -26,7 +26,7 @@ from autotune.cli import cli
 from autotune.errors import FleetError
 from autotune.deploy.fleet import Fleet, FleetServer, down, drift, load_fleet, status, up, write_fleet
 from autotune.deploy.remote import split_host, start_command, stop_command
-from autotune.harness.server import free_port
+from autotune.launch.process import free_port
 
 FAST = {"startup_s": 0.1, "warmup_s": 0.05, "release_s": 0.2}
 OLD = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 120}

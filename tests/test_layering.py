@@ -19,11 +19,12 @@ LAYERS: dict[str, int] = {
     "errors": 0, "results": 0, "progress": 0, "redaction": 0, "tomlwrite": 0, "prompts": 0,
     "sglang": 1,
     "config": 2,
-    "harness": 3,
-    "search": 4,
-    "report": 5, "deploy": 5, "inspect": 5,
-    "watch": 6,  # compares a live fleet (inspect's probe) with the deployed winner (deploy's load_winner)
-    "cli": 7,
+    "launch": 3,  # WHERE a server runs: below the harness (trial) and deploy (fleet), which start servers through it
+    "harness": 4,
+    "search": 5,
+    "report": 6, "deploy": 6, "inspect": 6,
+    "watch": 7,  # compares a live fleet (inspect's probe) with the deployed winner (deploy's load_winner)
+    "cli": 8,
 }
 # The simulator is its own program: SGLang's model and the bottom layer only.
 SIM_MAY_IMPORT = {"sim", "sglang", "errors", "results", "progress", "redaction", "tomlwrite", "prompts"}

@@ -18,15 +18,17 @@ import pytest
 from click.testing import CliRunner
 from test_fleet import OLD, make_fleet, teardown, write_yaml
 
-from autotune.deploy import rollout
-from autotune.deploy.sglang_yaml import read_config_file
 from autotune.cli import cli
-from autotune.errors import FleetError
+from autotune.deploy import rollout
 from autotune.deploy.fleet import load_fleet, start_server, status, stop_server, up
+from autotune.deploy.sglang_yaml import read_config_file
+from autotune.errors import FleetError
+from autotune.launch import LaunchSpec
+from autotune.launch.local import LocalLauncher
+from autotune.launch.process import free_port
+from autotune.results import Capacity, Metrics, Percentiles, TrialResult
 from autotune.sglang.memory import plan
 from autotune.sglang.profiles import load_gpu, load_model
-from autotune.results import Capacity, Metrics, Percentiles, TrialResult
-from autotune.harness.server import ServerProcess, free_port
 
 # The seed's hand-tuned config: fits a B200, not a GPU shrunk to 120,000 MiB (where OLD still fits).
 NEW = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 200, "mem_fraction_static": 0.93,
@@ -66,8 +68,9 @@ def study_tok_s(tmp_path_factory) -> float:
 
         engine = make_engine("sim", model_path="qwen3.6-27b", sim_options={"startup_s": 0.1, "warmup_s": 0.05})
         port = free_port()
-        with ServerProcess(engine.argv(NEW, port=port), port=port, env=engine.env(gpu_index=0),
-                           log_path=directory / "server.log", run_dir=directory / "run") as proc:
+        spec = LaunchSpec(argv=engine.argv(NEW, port=port), port=port, env=engine.env(), gpus=(0,),
+                          log_path=directory / "server.log", run_dir=directory / "run")
+        with LocalLauncher().server(spec) as proc:
             proc.wait_ready(30)
             canary = rollout.Canary(prompts=str(prompts(directory)), **CANARY)
             return rollout.run_canary(stub_server(port), canary, None).output_tok_s

@@ -16,7 +16,7 @@ import pytest
 
 from autotune.errors import ServerError
 from autotune.harness.gpu import HostMemoryReader
-from autotune.harness.server import (
+from autotune.launch.process import (
     ServerExited,
     ServerProcess,
     ServerStartTimeout,
@@ -233,7 +233,7 @@ HARNESS = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from autotune.harness.server import ServerProcess
+    from autotune.launch.process import ServerProcess
     argv, port, tmp = sys.argv[1:-2], int(sys.argv[-2]), Path(sys.argv[-1])
     s = ServerProcess(argv, port=port, log_path=tmp / "orphan.log", run_dir=tmp / "runs", shm_dir=tmp / "shm")
     s.start(); s.wait_ready(20)
@@ -263,7 +263,7 @@ def _orphan(tmp_path, fake, port):
             assert time.monotonic() < deadline, record.read_text()
             time.sleep(0.05)
     finally:
-        dogs = [c for c in psutil.Process(harness.pid).children() if "autotune.harness.watchdog" in c.cmdline()]
+        dogs = [c for c in psutil.Process(harness.pid).children() if "autotune.launch.watchdog" in c.cmdline()]
         for dog in dogs:
             dog.kill()  # the first line of defence gone too: only the pid file is left
         harness.kill()

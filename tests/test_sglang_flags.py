@@ -164,7 +164,7 @@ sys.exit(3)
 
 
 @pytest.mark.timeout(60)
-def test_a_trial_stores_the_config_typed_and_launches_with_pci_bus_order(fake, tmp_path):
+def test_a_trial_stores_the_config_typed_and_a_cpu_server_gets_no_cuda_variables(fake, tmp_path):
     from autotune.results import TrialResult
     from autotune.harness.trial import Timeouts, run_trial
     from autotune.harness.workload import PromptSample, WorkloadSpec
@@ -185,4 +185,4 @@ def test_a_trial_stores_the_config_typed_and_launches_with_pci_bus_order(fake, t
     assert stored["config"] == expected and TrialResult.from_dict(stored).config == expected
     log = Path(result.log_path).read_text()
     assert "--mem-fraction-static 0.05 --fp8-gemm-backend triton --max-running-requests 8" in log
-    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in log
+    assert "CUDA_DEVICE_ORDER=unset" in log  # no GPUs: the local launcher sets no CUDA variable at all

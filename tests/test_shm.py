@@ -11,9 +11,9 @@ import time
 import httpx
 import pytest
 
-from autotune.harness.procgroup import group_pids, held_files, memory_bytes
-from autotune.harness.server import ServerExited, ServerProcess, free_port
-from autotune.harness.shm import ShmOwnership, named_port, snapshot
+from autotune.launch.procgroup import group_pids, held_files, memory_bytes
+from autotune.launch.process import ServerExited, ServerProcess, free_port
+from autotune.launch.shm import ShmOwnership, named_port, snapshot
 from autotune.sim import device
 
 pytestmark = pytest.mark.timeout(90)
@@ -179,7 +179,7 @@ def test_a_real_multiprocessing_semaphore_is_mapped_only_under_a_deleted_name():
     glibc's temporary; only the inode ties the mapping to the semaphore's file."""
     import _multiprocessing
 
-    from autotune.harness.procgroup import held_inodes
+    from autotune.launch.procgroup import held_inodes
 
     name = f"/mp-autotune-test-{os.getpid()}"
     sem = _multiprocessing.SemLock(1, 1, 1, name, False)  # a semaphore, unlinked by us (no resource tracker)
@@ -204,7 +204,7 @@ def test_a_semaphore_its_group_mapped_under_a_temporary_name_is_owned(tmp_path):
 
 
 def test_release_semaphores_takes_new_unheld_ones_and_never_a_neighbours(tmp_path):
-    from autotune.harness.shm import release_semaphores
+    from autotune.launch.shm import release_semaphores
 
     (tmp_path / "sem.mp-before00").write_bytes(b"\0" * 32)  # there before the trial: never ours
     before = snapshot(tmp_path)

@@ -339,7 +339,7 @@ def test_sigterm_drains_and_device_memory_is_released_late(sim):
 def test_shm_files_left_like_sglang(sim, tmp_path):
     """Real-shaped names with no pid in them, held open or mapped while running (the semaphores only under
     glibc's deleted temporary name, as on a real server); a clean exit leaves all but sem.mp-*."""
-    from autotune.harness.procgroup import held_files, held_inodes
+    from autotune.launch.procgroup import held_files, held_inodes
 
     shm = tmp_path / "shm"
     p = sim("--sim-shm", str(shm), "--sim-warmup-s", "0", "--nccl-port", "41234")

@@ -18,7 +18,7 @@ import pytest
 from autotune.harness.engines import make_engine
 from autotune.harness.engines.sim import SimGpuReader
 from autotune.results import TrialResult
-from autotune.harness.server import free_port, port_is_free, stop_process_group
+from autotune.launch.process import free_port, port_is_free, stop_process_group
 from autotune.harness.trial import Timeouts, run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 
@@ -210,3 +210,24 @@ def test_next_run_removes_the_orphan_of_a_killed_harness(env):
     finally:
         harness.kill()
         stop_process_group(lookalike.pid, grace_s=2)
+
+
+def test_the_trial_starts_its_server_through_the_named_launcher(env):
+    """One way to start a server: the trial hands its launcher a spec (the engine's argv and env, the GPU) and
+    never builds a process itself; an unknown launcher name is a setup error, raised before any launch."""
+    from autotune.errors import ConfigError
+    from autotune.launch.local import LocalLauncher
+
+    seen = []
+
+    class Spy(LocalLauncher):
+        def start(self, spec, *, gpu_reader=None):
+            seen.append(spec)
+            return super().start(spec, gpu_reader=gpu_reader)
+
+    result, _ = trial(env, {}, launcher=Spy(), workload=spec(warmup_s=0.3, measure_s=1.0))
+    assert result.status == "ok" and len(seen) == 1
+    assert seen[0].gpus == (GPU,) and "CUDA_VISIBLE_DEVICES" not in seen[0].env  # the launcher selects the GPU
+    assert isinstance(seen[0].argv, list) and seen[0].argv[1:3] == ["-m", "autotune.sim"]
+    with pytest.raises(ConfigError, match="unknown launcher 'nowhere'"):
+        run_trial(sim(env), {}, spec(), trial_dir=env / "x", launcher="nowhere")

@@ -13,8 +13,8 @@ import time
 import psutil
 import pytest
 
-from autotune.harness.server import ServerProcess, free_port
-from autotune.harness.watchdog import start_ticks, stop_server
+from autotune.launch.process import ServerProcess, free_port
+from autotune.launch.watchdog import start_ticks, stop_server
 from autotune.sim import device
 
 pytestmark = pytest.mark.timeout(60)
@@ -23,7 +23,7 @@ HARNESS = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from autotune.harness.server import ServerProcess
+    from autotune.launch.process import ServerProcess
     tmp, port, detach, argv = Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "detach", sys.argv[4:]
     s = ServerProcess(argv, port=port, log_path=tmp / "server.log", run_dir=tmp / "runs", shm_dir=tmp / "shm",
                       detach=detach, watchdog_grace_s=2.0)
@@ -96,7 +96,7 @@ def test_a_stopped_server_stands_its_watchdog_down(tmp_path):
                            env={device.ENV_DIR: str(tmp_path / "devices")})
     with server:
         server.wait_ready(30)
-        dogs = [c for c in psutil.Process().children() if "autotune.harness.watchdog" in c.cmdline()]
+        dogs = [c for c in psutil.Process().children() if "autotune.launch.watchdog" in c.cmdline()]
         assert len(dogs) == 1 and os.getsid(dogs[0].pid) == dogs[0].pid  # its own session: no Ctrl-C reaches it
     assert not dogs[0].is_running() or dogs[0].status() == psutil.STATUS_ZOMBIE
     assert "[autotune watchdog]" not in (tmp_path / "s.log").read_text()  # it did nothing

@@ -26,6 +26,8 @@ METRICS = (
 # this). Kept here rather than read from the registry because config (layer 2) sits below the harness (layer 3)
 # and a study file's `kind` must fail as one line when it loads, before any engine is built.
 ENGINE_KINDS = ("sglang", "sim")
+# ``launch.LAUNCHERS``' names (config sits below launch/; a test keeps the two equal)
+LAUNCHER_KINDS = ("local", "container", "slurm")
 _CONSTRAINT = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
 
 
@@ -70,6 +72,15 @@ class EngineSection(StrictModel):
     # A GPU other processes hold (``harness.tenancy``): stop the study at once, or wait up to busy_wait_s for it.
     busy_gpu: Literal["stop", "wait"] = "stop"
     busy_wait_s: float = Field(600.0, gt=0)
+    launcher: str = "local"  # where the trial's server runs: one of LAUNCHER_KINDS
+
+    @field_validator("launcher")
+    @classmethod
+    def _known_launcher(cls, launcher: str) -> str:
+        if launcher not in LAUNCHER_KINDS:
+            raise fix_error("unknown_launcher", "unknown launcher {launcher}",
+                            f"use one of: {', '.join(LAUNCHER_KINDS)}", launcher=repr(launcher))
+        return launcher
 
     @field_validator("kind")
     @classmethod

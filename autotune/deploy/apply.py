@@ -20,15 +20,18 @@ from typing import Any
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
-from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, write_fleet
+from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, server_gpus, write_fleet
 from autotune.deploy.sglang_yaml import PER_SERVER, config_diff, read_config_file, split_config, yaml_text
 from autotune.errors import ConfigError, StudyError
 from autotune.harness.engines.sim import sim_argv
+from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files, reference
 from autotune.results import Capacity, TrialResult
 from autotune.search.settings import device_name
 from autotune.search.storage import load_study
 from autotune.sglang.flags import FlagTable
+
+VISIBLE = "CUDA_VISIBLE_DEVICES"  # the launch script sets it per server, as the local launcher does
 
 SGLANG_VERSION = "0.5.23"
 LAUNCHERS = {"sglang": "sglang.launch_server", "sim": "autotune.sim"}
@@ -341,18 +344,18 @@ def write_artifacts(
         where = ".".join(str(p) for p in err["loc"]) or "fleet"
         raise ConfigError(err["msg"].removeprefix("Value error, "), key=where) from None
     header = f"autotune: study {winner.study}, trial {winner.trial}, sglang {SGLANG_VERSION}"
-    # The script exports what the engine exports for every server (references to secrets stay references),
-    # and sets CUDA_VISIBLE_DEVICES only where the engine sets it per server.
-    shared = engine_for(fleet, servers[0], env=fleet.env).env(gpu_index=None)
+    # The script exports what the engine exports for every server (references to secrets stay references) and
+    # the local launcher's device order where servers have GPUs; CUDA_VISIBLE_DEVICES per server, as it sets it.
+    local = LocalLauncher()
+    shared = {**engine_for(fleet, servers[0], env=fleet.env).env(),
+              **{k: v for k, v in local.device_env(server_gpus(fleet, servers[0])).items() if k != VISIBLE}}
     device = [] if winner.config.get("device") else device_argv(fleet, [])
     starts, elsewhere = [], []
     for s in servers:
         if not s.local:
             elsewhere.append(f"{s.name} on {s.host} ({s.where})")
             continue
-        own = engine_for(fleet, s, env=fleet.env).env(gpu_index=s.gpu)
-        gpu = own.get("CUDA_VISIBLE_DEVICES", "")
-        gpu = gpu if gpu != shared.get("CUDA_VISIBLE_DEVICES", "") else ""
+        gpu = local.device_env(server_gpus(fleet, s)).get(VISIBLE, "")
         sim = ["--sim-gpu", fleet.sim_gpu, *sim_argv(s.sim_options)] if fleet.engine == "sim" and fleet.sim_gpu else []
         argv = launch_argv(engine=fleet.engine, python=python or sys.executable, config_file=s.config, model=model,
                            host=s.bind, port=s.port, extra=[*s.extra_args, *device, *sim])

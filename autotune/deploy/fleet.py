@@ -33,10 +33,14 @@ from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re
 )
 from autotune.errors import AutotuneError, ConfigError, FleetError
 from autotune.harness.engines import make_engine
-from autotune.harness.gpu import wait_released
-from autotune.harness.procgroup import group_pids
-from autotune.harness.server import ServerProcess, port_is_free, stop_process_group
-from autotune.harness.shm import ShmOwnership
+from autotune.harness.engines.base import launch_gpus
+from autotune.launch import Launcher, LaunchSpec
+from autotune.launch.local import LocalLauncher
+from autotune.launch.memory import wait_released
+from autotune.launch.process import port_is_free, stop_process_group
+from autotune.launch.procgroup import group_pids
+from autotune.launch.registry import make_launcher
+from autotune.launch.shm import ShmOwnership
 from autotune.redaction import resolve_env
 from autotune.results import Capacity
 
@@ -100,10 +104,19 @@ def local_pid(fleet: Fleet, server: FleetServer) -> int | None:
     return pid if alive else None
 
 
-def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *, timeout_s: float) -> int:
-    """Start one server detached and wait until ``/health`` answers; FleetError with the log's reason if not."""
+def server_gpus(fleet: Fleet, server: FleetServer) -> tuple[int, ...]:
+    """The GPUs one server gets: none on SGLang's CPU backend (and no CUDA_VISIBLE_DEVICES; see ``launch_gpus``)."""
+    return launch_gpus(engine_for(fleet, server), server.gpu)
+
+
+def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *, timeout_s: float,
+                 launcher: str | Launcher = "local") -> int:
+    """Start one server detached through ``launcher`` and wait until ``/health`` answers; FleetError with the
+    log's reason if not. A server on another host goes over SSH (``deploy.remote``), its GPU chosen as a local
+    process's is."""
     if not server.local:
-        env = engine_for(fleet, server, env=launch_env(fleet)).env(gpu_index=server.gpu)
+        env = {**engine_for(fleet, server, env=launch_env(fleet)).env(),
+               **LocalLauncher().device_env(server_gpus(fleet, server))}
         return remote.start_server(fleet, server, server_argv(fleet, server, config), env=env,
                                    is_healthy=lambda: healthy(server), timeout_s=timeout_s)
     engine = engine_for(fleet, server, env=launch_env(fleet))
@@ -117,23 +130,22 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
             reader = engine.gpu_reader(server.gpu)
         except AutotuneError:
             reader = None
-    gpu_index = None if fleet.device == "cpu" else server.gpu  # the engine's env says what a CPU server needs
     # its record (run/server-<pid>.json) keeps the /dev/shm files it was seen holding while it started; ``down``
     # takes a last look and removes what that proves its own
-    proc = ServerProcess(server_argv(fleet, server, config), port=server.port, host=server.bind,
-                         env=engine.env(gpu_index=server.gpu), gpu_index=gpu_index, log_path=log_path,
-                         gpu_reader=reader, run_dir=pid_path.parent, detach=True,
-                         shm_dir=getattr(engine, "shm_dir", None))
+    spec = LaunchSpec(argv=server_argv(fleet, server, config), port=server.port, host=server.bind, env=engine.env(),
+                      gpus=server_gpus(fleet, server), log_path=log_path, run_dir=pid_path.parent, detach=True,
+                      shm_dir=getattr(engine, "shm_dir", None))
+    proc = None
     try:
-        proc.start()
+        proc = make_launcher(launcher).start(spec, gpu_reader=reader)
         # The pid file goes first: if this command is killed while the server loads, the next one finds it.
         pid_path.parent.mkdir(parents=True, exist_ok=True)
         pid_path.write_text(f"{proc.pid}\n")
         proc.wait_ready(timeout_s)
     except AutotuneError as exc:
-        text = proc.log_text()[offset:]
+        text = proc.log_text()[offset:] if proc is not None else ""
         reason = engine.failure_line(text) or str(exc)
-        if proc.pid is not None:
+        if proc is not None and proc.pid is not None:
             proc.stop(grace_s=5.0, release_timeout_s=30.0)
             pid_path.unlink(missing_ok=True)
         raise FleetError(f"server {server.name} ({server.where}) did not start: {reason} "

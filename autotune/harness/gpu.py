@@ -1,8 +1,8 @@
 """GPU readings during a trial: a sampling monitor and two readers (NVML, host memory); the simulated GPU's
 reader is the sim engine's (``harness.engines.sim.SimGpuReader``).
 
-The monitor runs in a thread so the replay's event loop never blocks on a driver call; ``wait_released``
-is how teardown knows the next server will size its pools from truly free memory.
+The monitor runs in a thread so the replay's event loop never blocks on a driver call; ``wait_released`` (the
+launcher's, ``launch.memory``) is how teardown knows the next server will size its pools from truly free memory.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from autotune.errors import GpuError
-from autotune.harness.procgroup import memory_bytes
+from autotune.launch.memory import MIB_PER_GIB, used_mib, wait_released
+from autotune.launch.procgroup import memory_bytes
 from autotune.results import GpuPeaks
 
 if TYPE_CHECKING:
     from autotune.harness.engines.base import GpuReader
 
-MIB_PER_GIB = 1024.0
+__all__ = ["MIB_PER_GIB", "GpuMonitor", "HostMemoryReader", "NvmlReader", "used_mib", "wait_released"]
 
 
 def reading(used_gib: float | None = None, total_gib: float | None = None, util_pct: float | None = None,
@@ -87,7 +88,7 @@ class HostMemoryReader:
     """Host RAM held by one server (SGLang's CPU backend): its process group's PSS plus its /dev/shm files.
 
     Not the machine's used memory: another process allocating RAM must neither hold a teardown nor count as this
-    server's peak. ``ServerProcess`` calls ``track`` once the server runs; before that it reads the whole host.
+    server's peak. ``launch.process.ServerProcess`` calls ``track`` once the server runs; before that it reads the whole host.
     """
 
     def __init__(self) -> None:
@@ -163,24 +164,3 @@ class GpuMonitor:
             peak_power_w=max(power) if power else None,
             samples=len(self.samples),
         )
-
-
-def used_mib(reader: GpuReader) -> float | None:
-    used = reader.read().get("used_gib")
-    return None if used is None else used * MIB_PER_GIB
-
-
-def wait_released(
-    reader: GpuReader, baseline_used_mib: float | None, timeout_s: float, *, tolerance_mib: float = 128.0, poll_s: float = 0.1
-) -> bool:
-    """Poll until used memory is back within ``tolerance_mib`` of the pre-start baseline; False on timeout."""
-    if baseline_used_mib is None:
-        return True
-    deadline = time.monotonic() + timeout_s
-    while True:
-        current = used_mib(reader)
-        if current is None or current <= baseline_used_mib + tolerance_mib:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(poll_s)

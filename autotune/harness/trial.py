@@ -28,18 +28,11 @@ import httpx
 from autotune.config import Timeouts
 from autotune.config.context import misfit_reason
 from autotune.errors import ConfigError, ServerError
-from autotune.harness.engines.base import Engine, GpuReader
+from autotune.harness.engines.base import Engine, GpuReader, launch_gpus
 from autotune.harness.fidelity import FidelityProbe, ProbeError, run_probe
 from autotune.harness.files import writing
 from autotune.harness.gpu import GpuMonitor
 from autotune.harness.outcome import dominated, no_tokens, rejection_line, rejections
-from autotune.harness.server import (
-    ServerExited,
-    ServerProcess,
-    ServerStartTimeout,
-    cleanup_orphans,
-    free_port,
-)
 from autotune.harness.workload import (
     PromptSample,
     ReplayRecords,
@@ -49,6 +42,9 @@ from autotune.harness.workload import (
     replay,
     window_drift,
 )
+from autotune.launch import Launcher, LaunchSpec, ServerExited, ServerHandle, ServerStartTimeout
+from autotune.launch.process import cleanup_orphans, free_port
+from autotune.launch.registry import make_launcher
 from autotune.results import TOO_SLOW, UNTRUSTED_STATUSES, Capacity, GpuPeaks, TrialResult
 
 DEFAULT_CONCURRENCY = 64  # when the server did not report its effective max running requests
@@ -152,17 +148,19 @@ def run_trial(
     sample: PromptSample | None = None,
     shm_dir: Path | None = None,
     probe: FidelityProbe | None = None,
+    launcher: str | Launcher = "local",
 ) -> TrialResult:
     """Run one server config end to end; never raises for a trial outcome (bad input still raises). An untrusted
     window (see the module docstring) is measured once more with batched SSE chunks before it is recorded.
-    ``probe``: the fidelity probe (``harness.fidelity``) to run in the same launch after a trusted window."""
+    ``probe``: the fidelity probe (``harness.fidelity``) to run in the same launch after a trusted window.
+    ``launcher``: where the server runs, a ``LAUNCHERS`` name or a launcher."""
     trial_dir = Path(trial_dir)
     sample = sample or PromptSample.load(workload.prompts, workload.sample_size, workload.seed)
     # a prompt over the model's context raises here, before any file or launch; over the config's: bad_args
     misfit = misfit_reason(getattr(engine, "model_path", None), config, sample, workload.max_tokens)
     kwargs: dict[str, Any] = dict(gpu_index=gpu_index, port=port, timeouts=timeouts, on_phase=on_phase,
                                   stop_event=stop_event, run_dir=run_dir, sample=sample, shm_dir=shm_dir, probe=probe,
-                                  misfit=misfit)
+                                  misfit=misfit, launcher=make_launcher(launcher))
     result = _run_once(engine, config, workload, trial_dir=trial_dir, **kwargs)
     if result.status not in UNTRUSTED_STATUSES or (stop_event is not None and stop_event.is_set()):
         return result
@@ -203,6 +201,7 @@ def _run_once(
     shm_dir: Path | None = None,
     probe: FidelityProbe | None = None,
     misfit: str | None = None,
+    launcher: str | Launcher = "local",
 ) -> TrialResult:
     """Run one server config end to end; never raises for a trial outcome (bad input, a prompt over the model's
     context and a full disk still raise: ``WorkloadError``, ``DiskError``, after the server is stopped)."""
@@ -223,20 +222,22 @@ def _run_once(
     config = dict(checked) if isinstance(checked, Mapping) else dict(config)
     if misfit is not None:  # a prompt over this config's --context-length: nothing to launch
         return _write(TrialResult(status="bad_args", config=config, reason=misfit, **base), trial_dir)
-    server, reader = _server(engine, config, gpu_index=gpu_index, port=port, log_path=log_path, run_dir=run_dir,
-                             shm_dir=shm_dir)
+    spec, reader = _spec(engine, config, gpu_index=gpu_index, port=port, log_path=log_path, run_dir=run_dir,
+                         shm_dir=shm_dir)
+    launch = dataclasses.replace(launch, reader=reader)
+    server: ServerHandle | None = None
     try:
-        fields = _start(server, launch)
-        if not fields:
+        server, fields = _start(make_launcher(launcher), spec, launch)
+        if server is not None and not fields:
             fields.update(_measure(server, launch))
             if probe is not None and (fields.get("status") == "ok" or (
                     probe.only and server.alive and fields.get("status") != "interrupted")):
                 fields.update(_probe(server, probe, trial_dir, launch.durations, launch.phase))
     finally:
-        exit_code = _stop(server, launch)
+        exit_code = _stop(server, launch) if server is not None else None
         reader.close()
     fields.setdefault("exit_code", exit_code)
-    if server.teardown_error:
+    if server is not None and server.teardown_error:
         fields["reason"] = "; ".join(filter(None, [fields.get("reason"), f"teardown: {server.teardown_error}"]))
     result = TrialResult(config=config, durations_s=launch.durations, **base, **fields)
     return _write(result, trial_dir)
@@ -253,12 +254,13 @@ class _Launch:
     timeouts: Timeouts
     phase: PhaseCallback
     stop_event: threading.Event | None
+    reader: GpuReader | None = None  # the device's reader: the monitor's, and the launcher's release check
     durations: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def _server(engine: Engine, config: Mapping[str, Any], *, gpu_index: int | None, port: int | None, log_path: Path,
-            run_dir: Path | None, shm_dir: Path | None) -> tuple[ServerProcess, GpuReader]:
-    """A server ready to start and its device's reader: the engine can launch, orphans of earlier runs are gone,
+def _spec(engine: Engine, config: Mapping[str, Any], *, gpu_index: int | None, port: int | None, log_path: Path,
+          run_dir: Path | None, shm_dir: Path | None) -> tuple[LaunchSpec, GpuReader]:
+    """The server to start and its device's reader: the engine can launch, orphans of earlier runs are gone,
     no old log remains."""
     preflight = getattr(engine, "preflight", None)
     if preflight is not None:
@@ -269,24 +271,26 @@ def _server(engine: Engine, config: Mapping[str, Any], *, gpu_index: int | None,
         log_path.unlink(missing_ok=True)  # a rerun into the same directory must not classify an old log
     port = port or free_port()
     reader = engine.gpu_reader(gpu_index)
-    return ServerProcess(
-        engine.argv(config, port=port), port=port, env=engine.env(gpu_index=gpu_index), gpu_index=gpu_index,
-        log_path=log_path, gpu_reader=reader, run_dir=run_dir, shm_dir=shm_dir or getattr(engine, "shm_dir", None),
+    return LaunchSpec(
+        argv=engine.argv(config, port=port), port=port, env=engine.env(), gpus=launch_gpus(engine, gpu_index),
+        log_path=log_path, run_dir=run_dir, shm_dir=shm_dir or getattr(engine, "shm_dir", None),
     ), reader
 
 
-def _start(server: ServerProcess, launch: _Launch) -> dict[str, Any]:
-    """Start the server and wait until it is ready: empty when it is, else the failure's fields (a trial outcome)."""
+def _start(launcher: Launcher, spec: LaunchSpec, launch: _Launch) -> tuple[ServerHandle | None, dict[str, Any]]:
+    """Start the server and wait until it is ready: the server (None when it could not start) and no fields when
+    it is ready, else the failure's fields (a trial outcome)."""
     fields: dict[str, Any] = {}
     stop_event = launch.stop_event
-    launch.phase("starting", {"port": server.port, "argv": server.argv})
+    launch.phase("starting", {"port": spec.port, "argv": spec.argv})
     t0 = time.monotonic()
+    server: ServerHandle | None = None
     try:
-        with writing(server.log_path):  # the server's log file opens here: a full disk is a DiskError
-            server.start()
+        with writing(spec.log_path):  # the server's log file opens here: a full disk is a DiskError
+            server = launcher.start(spec, gpu_reader=launch.reader)
         server.wait_ready(launch.timeouts.startup_s, stop_event=stop_event)
     except ServerExited as exc:
-        kind, line = _diagnose(launch.engine, server.log_text(), exc.exit_code)
+        kind, line = _diagnose(launch.engine, server.log_text() if server is not None else "", exc.exit_code)
         fields.update(status=kind or "crash", reason=line or str(exc), exit_code=exc.exit_code, log_tail=exc.log_tail)
     except ServerStartTimeout as exc:
         interrupted = stop_event is not None and stop_event.is_set()
@@ -296,11 +300,15 @@ def _start(server: ServerProcess, launch: _Launch) -> dict[str, Any]:
         )
     except ServerError as exc:
         fields.update(status="crash", reason=str(exc))
+    except BaseException:  # an interruption or a full disk: the started server goes before it propagates
+        if server is not None:
+            server.stop(grace_s=launch.timeouts.grace_s, release_timeout_s=launch.timeouts.teardown_s)
+        raise
     launch.durations["startup"] = round(time.monotonic() - t0, 3)
-    return fields
+    return server, fields
 
 
-def _stop(server: ServerProcess, launch: _Launch) -> int | None:
+def _stop(server: ServerHandle, launch: _Launch) -> int | None:
     """Stop the server whatever happened (port free, GPU memory released); its exit code."""
     launch.phase("stopping", {})
     t0 = time.monotonic()
@@ -309,7 +317,7 @@ def _stop(server: ServerProcess, launch: _Launch) -> int | None:
     return exit_code
 
 
-def _measure(server: ServerProcess, launch: _Launch) -> dict[str, Any]:
+def _measure(server: ServerHandle, launch: _Launch) -> dict[str, Any]:
     """Capacity, then the replay; classifies a server that died or an interruption while measuring."""
     info = _server_info(server.base_url)
     capacity = launch.engine.capacity(server.log_text(), info)
@@ -325,12 +333,12 @@ def _measure(server: ServerProcess, launch: _Launch) -> dict[str, Any]:
     return {**out, **_window_outcome(server, launch.engine, records, info, server.log_text()[log_start:])}
 
 
-def _replay_window(server: ServerProcess, launch: _Launch, concurrency: int) -> tuple[ReplayRecords, GpuPeaks | None]:
+def _replay_window(server: ServerHandle, launch: _Launch, concurrency: int) -> tuple[ReplayRecords, GpuPeaks | None]:
     """Warm-up and window under the GPU monitor (when the server has a reader); records in ``records.jsonl``."""
     workload = launch.workload
     _flush_cache(server.base_url)  # idle now: restart the server's spec counters so they cover this replay only
     launch.phase("warmup", {"concurrency": concurrency, "pid": server.pid})
-    monitor = GpuMonitor(server.gpu_reader) if server.gpu_reader is not None else None
+    monitor = GpuMonitor(launch.reader) if launch.reader is not None else None
     t0 = time.monotonic()
     with monitor if monitor is not None else contextlib.nullcontext():
         records = asyncio.run(
@@ -361,14 +369,14 @@ def _progress_relay(phase: PhaseCallback) -> Callable[[dict], None]:
     return progress
 
 
-def _should_stop(server: ServerProcess, stop_event: threading.Event | None) -> str | None:
+def _should_stop(server: ServerHandle, stop_event: threading.Event | None) -> str | None:
     """Why the replay must end early: an interruption, or the server exited; None to go on."""
     if stop_event is not None and stop_event.is_set():
         return "interrupted"
     return None if server.alive else "server exited"
 
 
-def _ended_early(server: ServerProcess, engine: Engine, records: ReplayRecords) -> dict[str, Any] | None:
+def _ended_early(server: ServerHandle, engine: Engine, records: ReplayRecords) -> dict[str, Any] | None:
     """The outcome of a replay that did not measure its window (interrupted, or the server died); else None."""
     if records.stopped_early == "interrupted":
         return {"status": "interrupted", "reason": "interrupted while measuring"}
@@ -383,7 +391,7 @@ def _ended_early(server: ServerProcess, engine: Engine, records: ReplayRecords) 
     return None
 
 
-def _window_outcome(server: ServerProcess, engine: Engine, records: ReplayRecords,
+def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords,
                     info: Mapping[str, Any] | None, log_since: str) -> dict[str, Any]:
     """Metrics and status of a replay that ran its window; a tok/s only where the window measured the server."""
     metrics = metrics_from_records(records)

@@ -122,7 +122,7 @@ class HarnessRunner:
         return run_trial(self.engine, config, self.workload, trial_dir=trial_dir,
                          gpu_index=self.cfg.engine.gpu, port=self.cfg.engine.port, timeouts=self.timeouts,
                          on_phase=self.on_phase, stop_event=self.stop_event, run_dir=self.run_dir,
-                         sample=self.sample, probe=probe)
+                         sample=self.sample, probe=probe, launcher=self.cfg.engine.launcher)
 
     def _record_reference(self, probe: FidelityProbe) -> TrialResult:
         """A launch of the reference config that only records the probe's reference outputs (its window cut to
@@ -133,7 +133,8 @@ class HarnessRunner:
         return run_trial(self.engine, self.numerics.reference_cfg, short, trial_dir=self.trial_dir(REFERENCE_RUN),
                          gpu_index=self.cfg.engine.gpu, port=self.cfg.engine.port, timeouts=self.timeouts,
                          on_phase=self.on_phase, stop_event=self.stop_event, run_dir=self.run_dir,
-                         sample=self.sample, probe=dataclasses.replace(probe, only=True))
+                         sample=self.sample, probe=dataclasses.replace(probe, only=True),
+                         launcher=self.cfg.engine.launcher)
 
 
 class CheckedRunner:

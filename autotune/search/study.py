@@ -32,8 +32,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
 from autotune.errors import DiskError, GpuBusyError, StudyError
-from autotune.harness.server import cleanup_orphans
 from autotune.harness.tenancy import Occupancy, check_engine_gpu
+from autotune.launch.process import cleanup_orphans
 from autotune.progress import PlainProgress
 from autotune.results import WRITE_ERROR, TrialResult
 from autotune.search.correction import CorrectedFeasibility, known_failure, replay, skip_was_wrong

@@ -30,7 +30,7 @@ import optuna
 from autotune.config import StudyConfig, load_config
 from autotune.errors import AutotuneError, ConfigError, StudyError
 from autotune.harness.engines import ENGINES
-from autotune.harness.server import cleanup_orphans
+from autotune.launch.process import cleanup_orphans
 from autotune.progress import PlainProgress
 from autotune.search.objective import make_sampler
 from autotune.search.storage import open_study

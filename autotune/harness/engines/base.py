@@ -19,7 +19,7 @@ from autotune.results import Capacity, FailureKind
 class GpuReader(Protocol):
     """One memory/utilisation reading of one device. Implemented by NVML, the simulated GPU and psutil.
 
-    A reader may also offer ``track(pids, files_bytes)`` (the host-memory one does): ``ServerProcess`` then hands it
+    A reader may also offer ``track(pids, files_bytes)`` (the host-memory one does): ``launch.process.ServerProcess`` then hands it
     the server's own process group, so other processes' memory never counts as the server's (SGLang's CPU backend).
     A reader of a device may offer ``processes()`` (NVML and the simulated GPU do): ``[{"pid", "used_gib",
     "exited"}]``, what ``harness.tenancy`` reads to refuse a launch next to a tenant.
@@ -39,8 +39,8 @@ class Engine(Protocol):
         """The launch command as an argv list (never a shell string)."""
         ...
 
-    def env(self, *, gpu_index: int | None) -> dict[str, str]:
-        """Environment variables to add for the launch (``CUDA_VISIBLE_DEVICES``, engine extras)."""
+    def env(self) -> dict[str, str]:
+        """The engine's own variables for a launch; device selection (``CUDA_VISIBLE_DEVICES``) is the launcher's."""
         ...
 
     def preflight(self) -> None:
@@ -97,3 +97,11 @@ class EngineClass(Protocol):
     name: str
 
     def from_settings(self, settings: EngineSettings) -> Engine: ...
+
+
+def launch_gpus(engine: object, gpu_index: int | None) -> tuple[int, ...]:
+    """The GPUs a launcher gives the engine's server: none for SGLang's CPU backend (``device`` "cpu": no
+    CUDA_VISIBLE_DEVICES), else the one pinned (the simulator picks its simulated device from it, CPU or not)."""
+    if gpu_index is None or getattr(engine, "device", "cuda") == "cpu":
+        return ()
+    return (gpu_index,)

@@ -31,9 +31,6 @@ log = logging.getLogger(__name__)
 # Flags the harness owns: a config that sets them would fight the launch command.
 HARNESS_FLAGS = frozenset({"model_path", "host", "port"})
 
-# NVML numbers GPUs in PCI bus order, CUDA fastest-first unless told otherwise: without this the index in
-# CUDA_VISIBLE_DEVICES may name a different GPU than the one the monitor reads.
-DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 # The installed SGLang's version and where it is installed (two venvs of one interpreter may differ).
 _PROBE_SNIPPET = (
@@ -95,15 +92,6 @@ def reject_harness_flags(config: Mapping[str, Any], *, fix: str) -> None:
     for key in config:
         if key in HARNESS_FLAGS:
             raise ConfigError(f"{key} is set by the harness", key=key, fix=fix)
-
-
-def launch_env(extra: Mapping[str, str], *, gpu_index: int | None) -> dict[str, str]:
-    """The variables both engines add for a launch: their extras, ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (always,
-    so CUDA and NVML agree on what an index means) and ``CUDA_VISIBLE_DEVICES`` for a pinned GPU."""
-    env = {**dict(extra), **DEVICE_ORDER}
-    if gpu_index is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu_index)
-    return env
 
 
 def parse_dump(stdout: str) -> list[dict[str, Any]]:
@@ -174,8 +162,9 @@ class SGLangEngine(logparse.LogReading):
             "--host", host, "--port", str(port), *flags,
         ]
 
-    def env(self, *, gpu_index: int | None) -> dict[str, str]:
-        env = launch_env(self.extra_env, gpu_index=gpu_index if self.device == "cuda" else None)
+    def env(self) -> dict[str, str]:
+        """The engine's own variables; which GPU is the launcher's (``launch.local`` sets CUDA_VISIBLE_DEVICES)."""
+        env = dict(self.extra_env)
         if self.device == "cpu":
             env.setdefault("SGLANG_USE_CPU_ENGINE", "1")
         return env

@@ -16,7 +16,7 @@ from typing import Any, cast
 from autotune.config.sections import WorkloadSection
 from autotune.harness.engines import logparse
 from autotune.harness.engines.base import EngineSettings, GpuReader
-from autotune.harness.engines.sglang import launch_env, reject_harness_flags
+from autotune.harness.engines.sglang import reject_harness_flags
 from autotune.harness.gpu import MIB_PER_GIB, reading
 from autotune.harness.workload import WorkloadSpec
 from autotune.results import Status, TrialResult
@@ -80,8 +80,9 @@ class SimEngine(logparse.LogReading):
             *FlagTable.bundled().to_argv(dict(config)), "--sim-gpu", self.sim_gpu, *sim_argv(self.sim_options),
         ]
 
-    def env(self, *, gpu_index: int | None) -> dict[str, str]:
-        return launch_env(self.extra_env, gpu_index=gpu_index)
+    def env(self) -> dict[str, str]:
+        """The engine's own variables; the simulated GPU is the launcher's CUDA_VISIBLE_DEVICES' first entry."""
+        return dict(self.extra_env)
 
     def preflight(self) -> None:
         """The simulator ships with autotune: nothing to check."""

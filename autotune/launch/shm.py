@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from autotune.harness.procgroup import group_pids, held_inodes
+from autotune.launch.procgroup import group_pids, held_inodes
 
 SHM_DIR = Path("/dev/shm")
 # SGLang's shapes (and the simulator's, which imitates them); any other name there is not ours to touch.

@@ -8,8 +8,9 @@ only the harness holds; the kernel closes that end however the harness dies, SIG
 "stand down" means the harness is gone: SIGTERM the launcher (SGLang stops its own children; a SIGTERM to the
 group costs them a 5 s crash-diagnostics sleep), SIGKILL the group after the grace period, remove the /dev/shm
 files the server's pid file proves its own, then the pid file. The watchdog runs in a session of its own, so a
-terminal's Ctrl-C or a kill of the harness's group does not take it along, and it imports nothing heavy (it
-starts in ~50 ms and holds ~10 MB). The pid files and ``cleanup_orphans`` stay as the second line of defence
+terminal's Ctrl-C or a kill of the harness's group does not take it along. It runs as a module of ``autotune.launch``,
+whose registry imports every launcher (~30 MB, a few tenths of a second to start: the server's launch does not
+wait for it). The pid files and ``cleanup_orphans`` stay as the second line of defence
 (a watchdog killed too, a host reboot of /proc-visible state). Limit: a process that ``fork()``\\ s the harness
 without exec would inherit the write end and delay the EOF until it exits too.
 
@@ -28,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from autotune.harness.procgroup import PROC, group_pids
-from autotune.harness.shm import ShmOwnership, release_semaphores
+from autotune.launch.procgroup import PROC, group_pids
+from autotune.launch.shm import ShmOwnership, release_semaphores
 
 KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the group's members to go
 POLL_S = 0.02
@@ -52,7 +53,7 @@ class Watchdog:
         read_fd, self._write_fd = os.pipe()  # both non-inheritable (PEP 446): no other child gets the write end
         try:
             self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
-                [sys.executable, "-m", "autotune.harness.watchdog", str(read_fd), repr(float(grace_s))],
+                [sys.executable, "-m", "autotune.launch.watchdog", str(read_fd), repr(float(grace_s))],
                 pass_fds=(read_fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
             )

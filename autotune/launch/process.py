@@ -2,9 +2,9 @@
 
 Nothing a trial starts may outlive it: the next server sizes its pools from *free* GPU memory, so a
 leftover process, a held port or memory still being released would skew (or OOM) the next trial. A watchdog
-process per non-detached server (``autotune.harness.watchdog``) stops it within seconds of the harness's death,
+process per non-detached server (``autotune.launch.watchdog``) stops it within seconds of the harness's death,
 SIGKILL included; a pid file per server lets a later run remove what even that missed, and only that. /dev/shm files go only
-when proven this server's (``autotune.harness.shm``): other servers on the host have files of the same shapes.
+when proven this server's (``autotune.launch.shm``): other servers on the host have files of the same shapes.
 """
 
 from __future__ import annotations
@@ -13,70 +13,35 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 import psutil
 
 from autotune.errors import ServerError
-from autotune.harness.gpu import used_mib, wait_released
-from autotune.harness.procgroup import group_pids
-from autotune.harness.shm import SHM_DIR, ShmOwnership, ShmSampler, release_semaphores, snapshot
-from autotune.harness.watchdog import Watchdog
+from autotune.launch.base import (
+    LOG_TAIL_LINES,
+    MemoryReader,
+    ServerExited,
+    ServerStartTimeout,
+    free_port,
+    log_tail,
+    port_is_free,
+)
+from autotune.launch.memory import used_mib, wait_released
+from autotune.launch.procgroup import group_pids
+from autotune.launch.shm import SHM_DIR, ShmOwnership, ShmSampler, release_semaphores, snapshot
+from autotune.launch.watchdog import Watchdog
 
-if TYPE_CHECKING:
-    from autotune.harness.engines.base import GpuReader
-
-LOG_TAIL_LINES = 40
 WATCHDOG_GRACE_S = 5.0  # harness gone: SIGTERM to the launcher, SIGKILL of the group this much later
 log = logging.getLogger(__name__)
-
-
-class ServerExited(ServerError):
-    """The server process ended before it became ready."""
-
-    def __init__(self, exit_code: int | None, log_tail: str):
-        self.exit_code, self.log_tail = exit_code, log_tail
-        super().__init__(f"server exited with code {exit_code} before it was ready")
-
-
-class ServerStartTimeout(ServerError):
-    """The server was still not ready when the startup timeout ran out."""
-
-    def __init__(self, timeout_s: float, log_tail: str):
-        self.timeout_s, self.log_tail = timeout_s, log_tail
-        super().__init__(f"server not ready after {timeout_s:g} s (raise the startup timeout if it was still loading)")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free now (bind port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_is_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
+__all__ = ["ServerExited", "ServerProcess", "ServerStartTimeout", "cleanup_orphans", "free_port", "port_is_free",
+           "stop_process_group"]
 
 
 def _group_alive(pgid: int) -> bool:
@@ -153,7 +118,7 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         gpu_index: int | None = None,
         log_path: Path,
-        gpu_reader: GpuReader | None = None,
+        gpu_reader: MemoryReader | None = None,
         run_dir: Path | None = None,
         detach: bool = False,
         shm_dir: Path | None = None,

@@ -1,0 +1,45 @@
+"""The ``local`` launcher: a server as a process group on this host (``ServerProcess``), its GPUs chosen by
+``CUDA_VISIBLE_DEVICES``.
+
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` goes with every GPU selection, so the index CUDA uses is the one NVML (the
+monitor, the GPU pre-check) reads; a server without GPUs (SGLang's CPU backend) gets neither variable.
+"""
+
+from __future__ import annotations
+
+from autotune.launch.base import Launcher, LaunchSpec, MemoryReader, ServerHandle
+from autotune.launch.process import WATCHDOG_GRACE_S, ServerProcess
+
+DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+class LocalLauncher:
+    """Starts ``ServerProcess``es: own process group, watchdog unless detached, pid files, /dev/shm ownership."""
+
+    name = "local"
+
+    def __init__(self, *, watchdog_grace_s: float = WATCHDOG_GRACE_S) -> None:
+        self.watchdog_grace_s = watchdog_grace_s
+
+    def device_env(self, gpus: tuple[int, ...]) -> dict[str, str]:
+        if not gpus:
+            return {}
+        return {**DEVICE_ORDER, "CUDA_VISIBLE_DEVICES": ",".join(str(int(g)) for g in gpus)}
+
+    def server(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> ServerProcess:
+        """The server, not started yet (a context manager: ``with launcher.server(spec) as s``)."""
+        return ServerProcess(
+            spec.argv, port=spec.port, host=spec.host, env={**spec.env, **self.device_env(spec.gpus)},
+            gpu_index=spec.gpus[0] if spec.gpus else None, log_path=spec.log_path, gpu_reader=gpu_reader,
+            run_dir=spec.run_dir, detach=spec.detach, shm_dir=spec.shm_dir, watchdog_grace_s=self.watchdog_grace_s,
+        )
+
+    def start(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> ServerProcess:
+        server = self.server(spec, gpu_reader=gpu_reader)
+        server.start()
+        return server
+
+
+def _conforms(server: ServerProcess, launcher: LocalLauncher) -> tuple[ServerHandle, Launcher]:
+    """Never called: mypy holds ``ServerProcess`` to ``ServerHandle`` and ``LocalLauncher`` to ``Launcher``."""
+    return server, launcher
