@@ -55,6 +55,7 @@ from autotune.launch.watchdog import Watchdog
 GONE = -1  # the exit code of a job the controller forgot before its code was read (and no accounting)
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED")
 CANCELLED_CODE = -15  # a cancelled job Slurm recorded as 0:0 (scancel signals SIGTERM first): never a clean exit
+ALIVE_TTL_S = 0.5
 COMPLETING_WAIT_S = 15.0  # longer than the cluster's KillWait: the job's final state follows
 _CALL_TIMEOUT_S = 30.0
 KEEPER_GRACE_S = 10.0
@@ -207,6 +208,7 @@ class SlurmJob:
         self.baseline_mib: float | None = None
         self._keeper: subprocess.Popen[bytes] | None = None
         self._watchdog: Watchdog | None = None
+        self._alive_at: tuple[float, bool] | None = None  # (when, answer) of the last ``alive`` read
 
     # -- the job's state -----------------------------------------------------------------------------------
     def state(self) -> str | None:
@@ -239,7 +241,12 @@ class SlurmJob:
 
     @property
     def alive(self) -> bool:
-        return self.state() in ACTIVE
+        """Pending or running. Read at most once per ``ALIVE_TTL_S``: the replay asks from its event loop, and each
+        answer is an RPC to the controller that would stall the measured window."""
+        now = time.monotonic()
+        if self._alive_at is None or now - self._alive_at[0] >= ALIVE_TTL_S or self.exit_code is not None:
+            self._alive_at = (now, self.exit_code is None and self.state() in ACTIVE)
+        return self._alive_at[1]
 
     def poll(self) -> int | None:
         """The exit code once the job has ended; a job COMPLETING (ended, its processes being reaped) is waited
@@ -303,8 +310,9 @@ class SlurmJob:
         if not self.job_id:
             return None
         problems: list[str] = []
-        if self.alive:
-            if self.state() == "PENDING":
+        state = self.state()
+        if state in ACTIVE:
+            if state == "PENDING":
                 self.cancel("KILL")  # never started: nothing to drain
             else:
                 self.cancel("TERM")
