@@ -186,4 +186,4 @@ def test_a_trials_container_does_not_outlive_its_harness_killed_by_sigkill(tmp_p
             time.sleep(0.1)
         assert not box.exists(), "the container outlived its harness"
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1]
-        assert "harness gone; removed container autotune-orphan" in (tmp_path / "server.log").read_text()
+        assert "harness gone; removing container autotune-orphan" in (tmp_path / "server.log").read_text()

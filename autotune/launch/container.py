@@ -56,15 +56,15 @@ GONE = -1  # the exit code of a container that vanished before its code was read
 _CALL_TIMEOUT_S = 60.0
 KEEPER_GRACE_S = 10.0  # the watchdog's wait for the keeper's ``rm -f`` before it SIGKILLs the keeper's group
 # The keeper: on SIGTERM, remove the container from a session of its own (so the watchdog's SIGKILL of the keeper's
-# group cannot cut it short), note it in the server's log, exit. argv: runtime, name, log path.
+# group cannot cut it short), after a note in the server's log; then exit. argv: runtime, name, log path.
 KEEPER = """
 import os, signal, subprocess, sys
 runtime, name, log = sys.argv[1:4]
 def gone(*_):
+    with open(log, "a") as fh:
+        fh.write(f"[autotune keeper] harness gone; removing container {name}\\n")
     subprocess.run([runtime, "rm", "-f", name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, start_new_session=True, timeout=120, check=False)
-    with open(log, "a") as fh:
-        fh.write(f"[autotune keeper] harness gone; removed container {name}\\n")
     os._exit(0)
 signal.signal(signal.SIGTERM, gone)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
