@@ -1,9 +1,10 @@
 # Start a single-node Slurm cluster on this host (munge, slurmctld, slurmd; no systemd) and export
 # AUTOTUNE_TEST_SLURM=1 for the tests. Rerunning stops what an earlier run started and starts afresh.
 #
-# The node is this host with its real CPUs and memory, in partition `debug`; it also declares four GPUs with no
-# device files (gres.conf `Count=` without `File=`), so `sbatch --gres=gpu:N` schedules on a machine without
-# any. Slurm sets no CUDA_VISIBLE_DEVICES for such GPUs: the Slurm launcher selects the spec's GPUs itself.
+# The node is this host with its real CPUs and memory, in partition `debug` (jobs may share CPUs: test servers
+# are small); it also declares four GPUs backed by empty files, so `sbatch --gres=gpu:N` schedules on a machine
+# without any. Slurm sets no CUDA_VISIBLE_DEVICES / SLURM_JOB_GPUS for them: the Slurm launcher then selects the
+# spec's GPUs itself.
 # No slurmdbd: finished jobs stay visible to `scontrol show job` for MinJobAge seconds, which is where the
 # launcher reads a job's exit code when `sacct` has no accounting to read.
 SLURM_CI_DIR="${SLURM_CI_DIR:-/var/lib/autotune-ci-slurm}"
