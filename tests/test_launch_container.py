@@ -113,6 +113,9 @@ def test_start_ready_stop_gone_with_the_sim_engine(tmp_path):
             inside = json.loads((state / "containers" / server.name / "state.json").read_text())
             assert inside["env"]["HF_TOKEN"] == SECRET  # reached the container by name
             assert "ready to roll" in server.log_text()
+            asked = sum(c[0] == "inspect" for c in calls(state))
+            assert all(server.alive for _ in range(50))  # the replay's event loop asks this often
+            assert sum(c[0] == "inspect" for c in calls(state)) - asked <= 1
         finally:
             code = server.stop(grace_s=3)
     run = next(c for c in calls(state) if c[0] == "run")

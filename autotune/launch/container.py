@@ -54,6 +54,7 @@ HF_CACHE_IN_CONTAINER = "/root/.cache/huggingface"
 PASS_ENV = ("HF_TOKEN",)  # passed by name from the harness's environment when set, as SGLang's docs pass it
 GONE = -1  # the exit code of a container that vanished before its code was read (removed by someone else)
 _CALL_TIMEOUT_S = 60.0
+ALIVE_TTL_S = 0.5
 KEEPER_GRACE_S = 10.0  # the watchdog's wait for the keeper's ``rm -f`` before it SIGKILLs the keeper's group
 # The keeper: on SIGTERM, remove the container from a session of its own (so the watchdog's SIGKILL of the keeper's
 # group cannot cut it short), after a note in the server's log; then exit. argv: runtime, name, log path.
@@ -214,6 +215,7 @@ class ContainerServer:
         self.baseline_mib: float | None = None
         self._keeper: subprocess.Popen[bytes] | None = None
         self._watchdog: Watchdog | None = None
+        self._alive_at: tuple[float, bool] | None = None  # (when, answer) of the last ``alive`` read
 
     def keep(self, runtime_path: str, grace_s: float) -> None:
         """Start the keeper and its watchdog: from now on the harness's death removes the container."""
@@ -254,10 +256,21 @@ class ContainerServer:
         running, _, code = done.stdout.strip().partition(" ")
         return running == "true", int(code or 0)
 
-    @property
-    def alive(self) -> bool:
+    def _running(self) -> bool:
         state = self._state()
         return state is not None and state[0]
+
+    @property
+    def alive(self) -> bool:
+        """Running. Read at most once per ``ALIVE_TTL_S``: the replay asks from its event loop, and each answer is a
+        runtime call (``inspect``) that would stall the measured window."""
+        now = time.monotonic()
+        if self.exit_code is not None:
+            return False
+        if self._alive_at is None or now - self._alive_at[0] >= ALIVE_TTL_S:
+            state = self._state()
+            self._alive_at = (now, state is not None and state[0])
+        return self._alive_at[1]
 
     def poll(self) -> int | None:
         if self.exit_code is None:
@@ -308,12 +321,12 @@ class ContainerServer:
         ``rm -f``; released once the container is gone, the port free and the GPU memory back."""
         problems: list[str] = []
         grace = max(0, math.ceil(grace_s))
-        if self.alive:
+        if self._running():
             try:
                 self._cli("stop", "-t", str(grace), self.name, timeout=grace + max(5.0, release_timeout_s))
             except subprocess.TimeoutExpired:
                 problems.append(f"{self.runtime} stop did not return")
-            if self.alive:
+            if self._running():
                 self._cli("kill", self.name)
         self._copy_logs()
         self.poll()
