@@ -1,6 +1,6 @@
 """The Engine contract: everything that differs between launching SGLang and launching the simulator.
 
-The harness (server.py, trial.py) owns this Protocol and never imports an implementation; ``ENGINES`` in
+The harness (trial.py) owns this Protocol and never imports an implementation; ``ENGINES`` in
 ``autotune.harness.engines`` maps a name to a class, built from one ``EngineSettings`` (``EngineClass``). An
 engine may also offer ``predict(config, workload, prompts, *, seed)``: the trial on a virtual clock without a
 server (the sim engine's only). Flag names in configs are SGLang ``dest`` names (``max_mamba_cache_size``);
