@@ -261,3 +261,34 @@ def test_down_removes_the_shm_files_its_server_owned_and_nothing_else(tmp_path):
         assert not list((tmp_path / "run").glob("server-*.json"))
     finally:
         teardown(path)
+
+
+@pytest.mark.timeout(120)
+def test_a_fleet_server_starts_detached_through_the_launcher(tmp_path, monkeypatch):
+    """The fleet builds no process itself: the launcher gets a detached spec with the server's GPU, the engine's
+    own env (no CUDA_VISIBLE_DEVICES: that is the launcher's), and the fleet's run folder for its record."""
+    from autotune.deploy.fleet import server_config, start_server, stop_server
+    from autotune.launch.local import LocalLauncher
+    from autotune.sim import device
+
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    seen = []
+
+    class Spy(LocalLauncher):
+        def start(self, spec, *, gpu_reader=None):
+            seen.append(spec)
+            return super().start(spec, gpu_reader=gpu_reader)
+
+    path = make_fleet(tmp_path, 2)
+    fleet = load_fleet(path)
+    server = fleet.servers[1]
+    try:
+        pid = start_server(fleet, server, server_config(fleet, server), timeout_s=60, launcher=Spy())
+        (spec,) = seen
+        assert spec.detach and spec.gpus == (1,) and spec.port == server.port
+        assert "CUDA_VISIBLE_DEVICES" not in spec.env and spec.run_dir == fleet.resolve(server.pid).parent
+        assert int(fleet.resolve(server.pid).read_text()) == pid
+        assert device.read(1, tmp_path / "devices").used_mib > 1000  # the simulator took GPU 1 from the launcher
+        assert stop_server(fleet, server, grace_s=5)
+    finally:
+        teardown(path)
