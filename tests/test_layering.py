@@ -213,3 +213,11 @@ def test_watch_sits_above_inspect_and_deploy_below_the_cli_with_no_lazy_allowanc
     assert {"inspect", "deploy"} <= uses  # the reason for its layer: both are read, neither reads watch
     assert not {dst for src, dst, *_ in _edges() if dst == "watch" and src not in ("watch", "cli")}
     assert not [m for m in PENDING_LAZY if "/watch" in m]
+
+
+def test_launch_sits_between_config_and_the_harness_and_both_starters_use_it():
+    """WHERE a server runs is below the trial and the fleet, which start servers through it, and above config."""
+    assert LAYERS["config"] < LAYERS["launch"] < LAYERS["harness"] < LAYERS["deploy"]
+    uses = {src for src, dst, *_ in _edges() if dst == "launch" and src != "launch"}
+    assert {"harness", "deploy"} <= uses
+    assert not {dst for src, dst, *_ in _edges() if src == "launch"} - {"launch", "errors", "redaction", "config"}
