@@ -87,6 +87,8 @@ def test_flag_spellings_normalise_to_dest(tmp_path):
         (("low = 64, high = 512", "low = 512, high = 64"), "space.max_mamba_cache_size", "empty range"),
         (('kind = "sim"', 'kind = "vllm"'), "engine.kind", "sim"),
         (("[baseline]", "[baseline]\nnope = 2"), "baseline.nope", "unknown key"),
+        (("[baseline]", "[launcher.slurm]\nqueue = 'gpu'\n\n[baseline]"), "launcher.slurm.queue", "unknown key"),
+        (("[baseline]", "[launcher.container]\nipc = 'shared'\n\n[baseline]"), "launcher.container.ipc", "host"),
         (('speculative_algorithm = "EAGLE"', 'mamba_scheduler_strategy = "extra_buffer"'), "engine.fixed",
          "--mamba-radix-cache-strategy"),
     ],
@@ -201,3 +203,18 @@ def test_unknown_timeout_and_model(tmp_path):
         load_config(write(tmp_path, GOOD.replace('kind = "sim"', 'kind = "sim"\ntimeouts = { boot_s = 3 }')))
     with pytest.raises(ConfigError, match="engine.model"):
         load_config(write(tmp_path, GOOD.replace('model = "qwen3.6-27b"', 'model = "gpt-9"')))
+
+
+def test_launcher_tables_reach_the_launcher_the_engine_section_names(tmp_path):
+    from autotune.launch.registry import make_launcher
+
+    text = GOOD.replace('model = "qwen3.6-27b"', 'model = "qwen3.6-27b"\nlauncher = "slurm"').replace("[baseline]", (
+        "[launcher.slurm]\npartition = 'h200'\ntime = '02:00:00'\nextra_args = ['--constraint=nvlink']\n\n"
+        "[launcher.container]\nruntime = 'podman'\n\n[baseline]"))
+    cfg = load_config(write(tmp_path, text))
+    slurm = make_launcher(cfg.engine.launcher, cfg.launcher.settings(cfg.engine.launcher))
+    assert slurm.name == "slurm" and slurm.settings.partition == "h200" and slurm.settings.time == "02:00:00"
+    assert slurm.settings.account is None and slurm.settings.extra_args == ("--constraint=nvlink",)
+    container = make_launcher("container", cfg.launcher.settings("container"))
+    assert container.runtime == "podman" and container.shm_size == "32g"  # what the table leaves out: defaults
+    assert cfg.launcher.settings("local") == {} and make_launcher("local", {}).name == "local"

@@ -27,6 +27,7 @@ from autotune.config.sections import (
     BaselineSection,
     EngineSection,
     Enqueued,
+    LauncherSection,
     ObjectiveSection,
     ParamSpec,
     StrictModel,
@@ -58,6 +59,7 @@ class StudyConfig(StrictModel):
     objective: ObjectiveSection = ObjectiveSection()
     baseline: BaselineSection = BaselineSection()
     enqueue: list[Enqueued] = []
+    launcher: LauncherSection = LauncherSection()  # [launcher.slurm], [launcher.container]
     # Filled by load_config, not read from the file.
     path: Path | None = None
     notes: tuple[str, ...] = Field((), exclude=True)  # warnings for the user (a prompt file short of sample_size)

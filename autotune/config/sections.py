@@ -91,6 +91,39 @@ class EngineSection(StrictModel):
         return kind
 
 
+class SlurmSection(StrictModel):
+    """``[launcher.slurm]``: where the study's jobs go; empty fields leave the cluster's defaults."""
+
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None  # Slurm's time-limit syntax, e.g. "01:00:00"
+    extra_args: list[str] = []  # more sbatch options, one argument each (e.g. "--constraint=h200")
+
+
+class ContainerSection(StrictModel):
+    """``[launcher.container]``: SGLang's image under docker or podman."""
+
+    runtime: str = "docker"  # or "podman", or a path to either
+    image: str | None = None  # default: SGLang's official image
+    mounts: list[str] | None = None  # "host:container[:ro]"; default: the Hugging Face cache
+    ipc: Literal["private", "host"] = "private"
+    shm_size: str = "32g"
+    python: str = "python3"  # the interpreter inside the image
+    extra_args: list[str] = []  # more `run` options, one argument each
+
+
+class LauncherSection(StrictModel):
+    """``[launcher.<name>]`` tables: each launcher's settings (the one ``[engine] launcher`` names is used)."""
+
+    slurm: SlurmSection = SlurmSection()
+    container: ContainerSection = ContainerSection()
+
+    def settings(self, name: str) -> dict[str, Any]:
+        """The named launcher's settings as given (no table, or ``local``: none); defaults stay the launcher's."""
+        section = getattr(self, name, None)
+        return section.model_dump(exclude_unset=True) if isinstance(section, BaseModel) else {}
+
+
 class Condition(StrictModel):
     flag: str
     in_: list[Scalar | None] | None = Field(None, alias="in")

@@ -6,11 +6,18 @@ suite over every entry (each launcher's test case lives in ``tests/launchcase_<n
 
 from __future__ import annotations
 
-from autotune.launch.base import Launcher, LaunchSpec, ServerExited, ServerHandle, ServerStartTimeout
+from autotune.launch.base import (
+    Launcher,
+    LauncherFactory,
+    LaunchSpec,
+    ServerExited,
+    ServerHandle,
+    ServerStartTimeout,
+)
 from autotune.launch.container import ContainerLauncher
 from autotune.launch.local import LocalLauncher
 from autotune.launch.slurm import SlurmLauncher
 
-LAUNCHERS: dict[str, type] = {"local": LocalLauncher, "container": ContainerLauncher, "slurm": SlurmLauncher}
+LAUNCHERS: dict[str, LauncherFactory] = {"local": LocalLauncher, "container": ContainerLauncher, "slurm": SlurmLauncher}
 
 __all__ = ["LAUNCHERS", "LaunchSpec", "Launcher", "ServerExited", "ServerHandle", "ServerStartTimeout"]

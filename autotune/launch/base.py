@@ -14,7 +14,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from autotune.errors import ServerError
 
@@ -142,3 +142,9 @@ class Launcher(Protocol):
         """The variables that select ``gpus`` for a process this launcher starts (empty when it selects them
         another way, or when ``gpus`` is empty)."""
         ...
+
+
+class LauncherFactory(Protocol):
+    """What ``LAUNCHERS`` holds: a launcher class, built from its ``[launcher.<name>]`` table."""
+
+    def from_settings(self, settings: Mapping[str, Any]) -> Launcher: ...

@@ -30,8 +30,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -122,6 +123,12 @@ class ContainerLauncher:
         self.mounts = list(mounts) if mounts is not None else [hf_cache_mount()]
         self.python, self.pass_env, self.extra_args = python, tuple(pass_env), list(extra_args)
         self.pull_timeout_s, self.watchdog_grace_s = pull_timeout_s, watchdog_grace_s
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> ContainerLauncher:
+        """From the study's ``[launcher.container]`` table (validated by ``config.sections.ContainerSection``);
+        a field left out keeps this class's default."""
+        return cls(**{k: v for k, v in settings.items() if v is not None})
 
     @property
     def podman(self) -> bool:

@@ -7,6 +7,9 @@ monitor, the GPU pre-check) reads; a server without GPUs (SGLang's CPU backend) 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from autotune.launch.base import Launcher, LaunchSpec, MemoryReader, ServerHandle
 from autotune.launch.process import WATCHDOG_GRACE_S, ServerProcess
 
@@ -20,6 +23,11 @@ class LocalLauncher:
 
     def __init__(self, *, watchdog_grace_s: float = WATCHDOG_GRACE_S) -> None:
         self.watchdog_grace_s = watchdog_grace_s
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> LocalLauncher:
+        """The study file has no ``[launcher.local]`` table: nothing to set."""
+        return cls()
 
     def device_env(self, gpus: tuple[int, ...]) -> dict[str, str]:
         if not gpus:

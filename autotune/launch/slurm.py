@@ -33,7 +33,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -140,6 +142,13 @@ class SlurmLauncher:
     def __init__(self, settings: SlurmSettings | None = None, *, watchdog_grace_s: float = KEEPER_GRACE_S) -> None:
         self.settings = settings or SlurmSettings()
         self.watchdog_grace_s = watchdog_grace_s
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> SlurmLauncher:
+        """From the study's ``[launcher.slurm]`` table (validated by ``config.sections.SlurmSection``)."""
+        given = dict(settings)
+        given["extra_args"] = tuple(given.get("extra_args") or ())
+        return cls(SlurmSettings(**given))
 
     def device_env(self, gpus: tuple[int, ...]) -> dict[str, str]:
         """The fallback selection the script applies when Slurm bound no GPUs itself (see the module's doc)."""

@@ -22,6 +22,7 @@ from autotune.harness.engines import Engine, make_engine
 from autotune.harness.fidelity import FidelityProbe
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
+from autotune.launch.registry import make_launcher
 from autotune.results import TrialResult
 from autotune.search.folders import fresh, study_folder
 from autotune.search.numerics import (
@@ -79,6 +80,8 @@ class HarnessRunner:
         self.cfg, self.stop_event, self.on_phase = cfg, stop_event, on_phase
         # Pid files of this GPU's servers (workers use one per GPU). Shared by the studies of this work dir on
         # purpose: orphan cleanup stops only servers whose harness is dead, so a deleted study's orphan goes too.
+        # where its servers run: the launcher [engine] names, with its [launcher.<name>] table
+        self.launcher = make_launcher(eng.launcher, cfg.launcher.settings(eng.launcher))
         self.run_dir = cfg.work_dir / "runs"
         self.numerics = ProbePlanner(cfg, self.sample.rows, timeout_s=self.timeouts.request_s)  # the fidelity probe
         self._study = study
@@ -122,7 +125,7 @@ class HarnessRunner:
         return run_trial(self.engine, config, self.workload, trial_dir=trial_dir,
                          gpu_index=self.cfg.engine.gpu, port=self.cfg.engine.port, timeouts=self.timeouts,
                          on_phase=self.on_phase, stop_event=self.stop_event, run_dir=self.run_dir,
-                         sample=self.sample, probe=probe, launcher=self.cfg.engine.launcher)
+                         sample=self.sample, probe=probe, launcher=self.launcher)
 
     def _record_reference(self, probe: FidelityProbe) -> TrialResult:
         """A launch of the reference config that only records the probe's reference outputs (its window cut to
@@ -134,7 +137,7 @@ class HarnessRunner:
                          gpu_index=self.cfg.engine.gpu, port=self.cfg.engine.port, timeouts=self.timeouts,
                          on_phase=self.on_phase, stop_event=self.stop_event, run_dir=self.run_dir,
                          sample=self.sample, probe=dataclasses.replace(probe, only=True),
-                         launcher=self.cfg.engine.launcher)
+                         launcher=self.launcher)
 
 
 class CheckedRunner:
