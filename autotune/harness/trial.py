@@ -292,6 +292,7 @@ def _start(launcher: Launcher, spec: LaunchSpec, launch: _Launch) -> tuple[Serve
     except ServerExited as exc:
         kind, line = _diagnose(launch.engine, server.log_text() if server is not None else "", exc.exit_code)
         fields.update(status=kind or "crash", reason=line or str(exc), exit_code=exc.exit_code, log_tail=exc.log_tail)
+        fields.update(_cancelled(server) or {})
     except ServerStartTimeout as exc:
         interrupted = stop_event is not None and stop_event.is_set()
         fields.update(
@@ -382,6 +383,9 @@ def _ended_early(server: ServerHandle, engine: Engine, records: ReplayRecords) -
         return {"status": "interrupted", "reason": "interrupted while measuring"}
     if records.stopped_early == "server exited" or not server.alive:
         code = server.poll()
+        cancelled = _cancelled(server)
+        if cancelled is not None:
+            return {**cancelled, "exit_code": code, "log_tail": server.log_tail()}
         kind, line = _diagnose(engine, server.log_text(), code)
         return {
             "status": kind if kind in ("runtime_oom", "crash", "timeout") else "crash",
@@ -389,6 +393,16 @@ def _ended_early(server: ServerHandle, engine: Engine, records: ReplayRecords) -
             "exit_code": code, "log_tail": server.log_tail(),
         }
     return None
+
+
+def _cancelled(server: ServerHandle | None) -> dict[str, Any] | None:
+    """An ``interrupted`` outcome for a server ended from outside (a Slurm job another user ``scancel``'d): the
+    config did not fail, so the study runs it again instead of recording a crash; None for any other exit."""
+    if server is None or not getattr(server, "cancelled", False):
+        return None
+    why = getattr(server, "reason", None)
+    return {"status": "interrupted",
+            "reason": "the server was cancelled outside the study; it runs again" + (f" ({why})" if why else "")}
 
 
 def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords,
