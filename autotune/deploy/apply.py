@@ -98,6 +98,17 @@ class Winner:
         return {str(k): str(v) for k, v in (self._engine_setting("env") or {}).items()}
 
     @property
+    def launcher(self) -> str:
+        """Where the study's servers ran (``[engine] launcher``): the fleet's servers start the same way."""
+        return str(self._engine_setting("launcher") or "local")
+
+    @property
+    def launcher_settings(self) -> dict[str, Any]:
+        """The study's ``[launcher.<name>]`` table for that launcher, unset fields left out."""
+        table = (self.settings.get("launcher") or {}).get(self.launcher) or {}
+        return {k: v for k, v in table.items() if v not in (None, [], {})} if isinstance(table, dict) else {}
+
+    @property
     def sim_options(self) -> dict[str, Any]:
         return dict(self._engine_setting("sim_options") or {}) if self.engine == "sim" else {}
 
@@ -335,9 +346,14 @@ def write_artifacts(
     document, cli = split_config(winner.config)
     servers = _servers(winner, cli, gpus=gpus, layout=layout, base_port=base_port, host=host)
     python = python or winner.python or (layout.python if layout is not None else None)
+    # the study's launcher; a study that ran locally keeps the launcher of the fleet file it is laid out on
+    launcher, settings = winner.launcher, winner.launcher_settings
+    if layout is not None and launcher == "local":
+        launcher, settings = layout.launcher, layout.launcher_settings
     try:
         fleet = Fleet(engine=winner.engine, model=model, python=python, device=winner.device,
-                      env=env_for_files(winner.env), sim_gpu=winner.sim_gpu,
+                      env=env_for_files(winner.env), sim_gpu=winner.sim_gpu, launcher=launcher,
+                      launcher_settings=settings,
                       remote_dir=layout.remote_dir if layout is not None else "autotune-fleet", servers=servers)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]

@@ -1,7 +1,7 @@
 """A fleet: N servers on N GPUs (one host or several), described by ``fleet.toml``; start, inspect, stop.
 
-Servers run detached (their own session, a pid file each, a log each), so the fleet outlives the command
-that started it. The file records the config each server *runs*: the rollout updates a server's entry only
+Servers run detached through the fleet's launcher (``launcher`` in the file: local processes with a pid file each,
+or Slurm jobs with a job record each; a log each), so the fleet outlives the command that started it. The file records the config each server *runs*: the rollout updates a server's entry only
 once that server has been verified on its new config.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import psutil
 
-from autotune.deploy import remote
+from autotune.deploy import remote, slurmfleet
 from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re-exported
     LOCAL_HOSTS,
     Fleet,
@@ -41,6 +41,7 @@ from autotune.launch.process import port_is_free, stop_process_group
 from autotune.launch.procgroup import group_pids
 from autotune.launch.registry import make_launcher
 from autotune.launch.shm import ShmOwnership
+from autotune.launch.slurm import ACTIVE
 from autotune.redaction import resolve_env
 from autotune.results import Capacity
 
@@ -110,10 +111,10 @@ def server_gpus(fleet: Fleet, server: FleetServer) -> tuple[int, ...]:
 
 
 def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *, timeout_s: float,
-                 launcher: str | Launcher = "local") -> int:
-    """Start one server detached through ``launcher`` and wait until ``/health`` answers; FleetError with the
-    log's reason if not. A server on another host goes over SSH (``deploy.remote``), its GPU chosen as a local
-    process's is."""
+                 launcher: str | Launcher | None = None) -> int | str:
+    """Start one server detached through ``launcher`` (default: the fleet file's, with its settings) and wait until
+    ``/health`` answers; its pid, or its Slurm job id. FleetError with the log's reason if not. A server on another
+    host goes over SSH (``deploy.remote``), its GPU chosen as a local process's is."""
     if not server.local:
         env = {**engine_for(fleet, server, env=launch_env(fleet)).env(),
                **LocalLauncher().device_env(server_gpus(fleet, server))}
@@ -134,25 +135,30 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
     # takes a last look and removes what that proves its own
     spec = LaunchSpec(argv=server_argv(fleet, server, config), port=server.port, host=server.bind, env=engine.env(),
                       gpus=server_gpus(fleet, server), log_path=log_path, run_dir=pid_path.parent, detach=True,
-                      shm_dir=getattr(engine, "shm_dir", None))
+                      shm_dir=getattr(engine, "shm_dir", None), name=f"autotune-fleet-{server.name}")
+    made = make_launcher(fleet.launcher, fleet.launcher_settings) if launcher is None else make_launcher(launcher)
     proc = None
     try:
-        proc = make_launcher(launcher).start(spec, gpu_reader=reader)
-        # The pid file goes first: if this command is killed while the server loads, the next one finds it.
-        pid_path.parent.mkdir(parents=True, exist_ok=True)
-        pid_path.write_text(f"{proc.pid}\n")
+        proc = made.start(spec, gpu_reader=reader)
+        # The record goes first: if this command is killed while the server loads, the next one finds it.
+        job_id = getattr(proc, "job_id", None)
+        if job_id:
+            slurmfleet.write_record(fleet, server, job_id, getattr(proc, "name", ""))
+        else:
+            pid_path.parent.mkdir(parents=True, exist_ok=True)
+            pid_path.write_text(f"{proc.pid}\n")
         proc.wait_ready(timeout_s)
     except AutotuneError as exc:
         text = proc.log_text()[offset:] if proc is not None else ""
         reason = engine.failure_line(text) or str(exc)
-        if proc is not None and proc.pid is not None:
+        if proc is not None and (proc.pid is not None or getattr(proc, "job_id", None)):
             proc.stop(grace_s=5.0, release_timeout_s=30.0)
             pid_path.unlink(missing_ok=True)
+            slurmfleet.record_path(fleet, server).unlink(missing_ok=True)
         raise FleetError(f"server {server.name} ({server.where}) did not start: {reason} "
                          f"(log: {log_path})") from None
     proc.release()  # it serves on after this command; this process stops watching it
-    assert proc.pid is not None  # started
-    return proc.pid
+    return job_id or int(proc.pid or 0)
 
 
 def recorded_shm(record: Path) -> ShmOwnership | None:
@@ -180,9 +186,11 @@ def remove_owned_shm(shm: ShmOwnership, name: str) -> list[str]:
 
 def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_timeout_s: float = 60.0) -> bool:
     """SIGTERM (SGLang drains in-flight requests), SIGKILL after ``grace_s``, then wait until the port and
-    the GPU's memory are free again (the next server sizes its pools from free memory). True if one ran."""
+    the GPU's memory are free again (the next server sizes its pools from free memory). True if one ran.
+    A recorded Slurm job is stopped by the launcher's stop whatever the file's launcher says now."""
     if not server.local:
         return remote.stop_server(fleet, server, grace_s=grace_s)
+    job_ran = slurmfleet.stop_job(fleet, server, grace_s=grace_s, release_timeout_s=release_timeout_s)
     pid_path = fleet.resolve(server.pid)
     pid = local_pid(fleet, server)
     if pid is not None:
@@ -198,7 +206,8 @@ def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_ti
     deadline = time.monotonic() + release_timeout_s
     while not port_is_free(server.bind, server.port) and time.monotonic() < deadline:
         time.sleep(0.05)
-    if pid is not None and not fleet.host_memory:  # host RAM is shared: "back to nothing used" never comes
+    ran = job_ran or pid is not None
+    if ran and not fleet.host_memory:  # host RAM is shared: "back to nothing used" never comes
         try:
             reader = engine_for(fleet, server).gpu_reader(server.gpu)
         except AutotuneError:  # no driver to ask (NVML missing): the next start's capacity check still guards
@@ -208,7 +217,7 @@ def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_ti
             wait_released(reader, 0.0, max(0.0, deadline - time.monotonic()), tolerance_mib=1024.0)
         finally:
             reader.close()
-    return pid is not None
+    return ran
 
 
 # -- the fleet -----------------------------------------------------------------------------------------
@@ -220,6 +229,8 @@ class ServerStatus:
     port: int
     config: str
     pid: int | None = None
+    job: str | None = None  # a Slurm server's job id, and its state in Slurm's words
+    job_state: str | None = None
     healthy: bool = False
     capacity: Capacity | None = None
     drift: list[str] = field(default_factory=list)  # flags whose running value differs from `config`
@@ -229,11 +240,13 @@ class ServerStatus:
     def state(self) -> str:
         if self.healthy:
             return "healthy"
-        return "unhealthy" if self.pid is not None else "down"
+        if self.job_state == "PENDING":
+            return "pending"
+        return "unhealthy" if self.pid is not None or self.job_state in ACTIVE else "down"
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "host": self.host, "gpu": self.gpu, "port": self.port, "config": self.config,
-                "pid": self.pid, "state": self.state, "drift": self.drift, "tok_s": self.tok_s,
+                "pid": self.pid, "job": self.job, "job_state": self.job_state, "state": self.state, "drift": self.drift, "tok_s": self.tok_s,
                 "capacity": self.capacity.to_dict() if self.capacity else None}
 
 
@@ -271,6 +284,7 @@ def server_status(fleet: Fleet, server: FleetServer) -> ServerStatus:
                           config=server.config)
     if server.local:
         status.pid = local_pid(fleet, server)
+        status.job, status.job_state = slurmfleet.job_state(fleet, server)
     status.healthy = healthy(server)
     if not status.healthy:
         return status
@@ -298,7 +312,7 @@ def up(fleet: Fleet, *, timeout_s: float = 900.0, names: Iterable[str] | None = 
     todo = []
     for server in _selected(fleet, names):
         config = server_config(fleet, server)  # a bad config file stops the command before any launch
-        if server.local and local_pid(fleet, server) is not None:
+        if server.local and (local_pid(fleet, server) is not None or slurmfleet.active_job(fleet, server)):
             continue
         if not server.local and healthy(server):
             continue

@@ -1,4 +1,5 @@
-"""The fleet file: ``fleet.toml``'s model (servers, engine, device, env), its validation, reading and writing.
+"""The fleet file: ``fleet.toml``'s model (servers, engine, device, env, launcher), its validation, reading and
+writing.
 
 Kept apart from the runtime (``deploy.fleet``): reading a fleet file starts nothing, and its checks (unique names,
 ports and GPUs; no secrets; a GPU fleet's servers name their GPU) hold before any command acts on it.
@@ -15,7 +16,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from autotune.config.sections import ENGINE_KINDS
+from autotune.config.sections import ENGINE_KINDS, LAUNCHER_KINDS, LauncherSection
 from autotune.deploy.sglang_yaml import read_config_file
 from autotune.errors import FleetError
 from autotune.redaction import looks_secret
@@ -69,6 +70,8 @@ class Fleet(_Model):
     device: Literal["cuda", "cpu"] = "cuda"  # "cpu": SGLang's CPU backend (host RAM, no CUDA_VISIBLE_DEVICES)
     env: dict[str, str] = {}  # the engine's environment; "${NAME}" is read from the starter's environment
     sim_gpu: str | None = None
+    launcher: str = "local"  # where this host's servers run (one of LAUNCHER_KINDS); other hosts: over SSH
+    launcher_settings: dict[str, Any] = {}  # the study's [launcher.<name>] table, as make_launcher takes it
     remote_dir: str = "autotune-fleet"  # remote hosts: relative log/pid paths live under this directory
     servers: list[FleetServer] = Field(min_length=1)
     path: Path | None = Field(default=None, exclude=True)
@@ -79,6 +82,27 @@ class Fleet(_Model):
         if engine not in ENGINE_KINDS:
             raise ValueError(f"unknown engine {engine!r} (use one of: {', '.join(ENGINE_KINDS)})")
         return engine
+
+    @field_validator("launcher")
+    @classmethod
+    def _known_launcher(cls, launcher: str) -> str:
+        if launcher not in LAUNCHER_KINDS:
+            raise ValueError(f"unknown launcher {launcher!r} (use one of: {', '.join(LAUNCHER_KINDS)})")
+        return launcher
+
+    @model_validator(mode="after")
+    def _launcher_settings(self) -> Fleet:
+        """Checked as the study's ``[launcher.<name>]`` is, so a bad table stops ``fleet up`` before any start."""
+        if self.launcher_settings and self.launcher not in LauncherSection.model_fields:
+            raise ValueError(f"launcher {self.launcher!r} takes no launcher_settings")
+        if self.launcher_settings:
+            try:
+                LauncherSection.model_validate({self.launcher: self.launcher_settings})
+            except ValidationError as exc:
+                err = exc.errors(include_url=False)[0]
+                raise ValueError(f"launcher_settings.{'.'.join(str(p) for p in err['loc'][1:])}: "
+                                 f"{err['msg']}") from None
+        return self
 
     @field_validator("env")
     @classmethod
