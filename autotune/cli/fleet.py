@@ -21,7 +21,8 @@ SERVER_OPTION = click.option("--server", "names", multiple=True, help="Only this
 
 @click.group("fleet")
 def fleet() -> None:
-    """Start, inspect or stop the servers of a fleet file (local, or remote over SSH)."""
+    """Start, inspect or stop the servers of a fleet file (local processes or Slurm jobs, by its launcher; remote
+    hosts over SSH)."""
 
 
 @fleet.command("up")
@@ -65,6 +66,6 @@ def status(fleet_file: Path, as_json: bool) -> None:
 @click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds SGLang may drain in-flight requests before SIGKILL.")
 def down(fleet_file: Path, names: tuple[str, ...], grace: float) -> None:
-    """Stop the servers (SIGTERM, then SIGKILL of the process group after --grace)."""
+    """Stop the servers (SIGTERM, then SIGKILL after --grace: the process group, or scancel for a Slurm job)."""
     stopped = fleet_down(load_fleet(fleet_file), grace_s=grace, names=names or None)
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else "no server was running")
