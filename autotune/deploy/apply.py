@@ -379,7 +379,9 @@ def write_artifacts(
     script = launch_script(
         starts, env=shared, elsewhere=elsewhere,
         header=header + f"\nengine {fleet.engine}, device {fleet.device}; one server per entry of fleet.toml."
-                        "\nStop one with: kill -TERM -- -$(cat run/<name>.pid)",
+                        "\nStop one with: kill -TERM -- -$(cat run/<name>.pid)"
+                        + (f"\nfleet.toml's launcher is {launcher}: `autotune fleet up` starts the servers that way; "
+                           "this script starts them as local processes." if launcher != "local" else ""),
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
