@@ -106,6 +106,7 @@ def client_capacity(seconds: float, per_chunk: int, concurrency: int = 32) -> tu
 
 def harness_overhead(trials: int) -> list[tuple[float, dict]]:
     from autotune.harness.engines import make_engine
+    from autotune.harness.setup import TrialSetup
     from autotune.harness.trial import run_trial
     from autotune.harness.workload import WorkloadSpec
 
@@ -117,8 +118,8 @@ def harness_overhead(trials: int) -> list[tuple[float, dict]]:
                             max_tokens=1024)
         for i in range(trials):
             t0 = time.monotonic()
-            result = run_trial(engine, {"max_running_requests": 16}, spec, trial_dir=Path(tmp) / f"t{i}",
-                               gpu_index=0, run_dir=Path(tmp) / "runs")
+            setup = TrialSetup(engine=engine, workload=spec, gpu_index=0, run_dir=Path(tmp) / "runs")
+            result = run_trial(setup, {"max_running_requests": 16}, trial_dir=Path(tmp) / f"t{i}")
             wall = time.monotonic() - t0
             d = result.durations_s
             overhead = wall - d.get("startup", 0) - d.get("warmup", 0) - d.get("measure", 0)

@@ -34,6 +34,7 @@ from autotune.harness.engines import make_engine
 from autotune.errors import AutotuneError
 from autotune.harness.engines.sim import sim_workload
 from autotune.sim import evaluate
+from autotune.harness.setup import TrialSetup
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, ReplayRecords, RequestRecord, WorkloadSpec, metrics_from_records
 
@@ -69,8 +70,8 @@ def harness_runs(config: dict[str, Any], *, cfg: Any, repeats: int, windows: lis
                                           "release_s": 0})
         started = time.monotonic()
         trial_dir = workdir / f"{'new' if new_seed else 'same'}-seed-{k}"
-        result = run_trial(engine, config, spec, trial_dir=trial_dir, gpu_index=0, run_dir=workdir / "runs",
-                           sample=sample)
+        setup = TrialSetup(engine=engine, workload=spec, sample=sample, gpu_index=0, run_dir=workdir / "runs")
+        result = run_trial(setup, config, trial_dir=trial_dir)
         if not result.ok or result.metrics is None:
             failures.append(f"launch {k + 1} ended {result.status}: {result.reason}")
             say(f"  repeat {k + 1}/{repeats}: {failures[-1]}")

@@ -175,6 +175,7 @@ def test_a_job_does_not_outlive_its_harness(cluster, tmp_path):
 
 def _trial(tmp_path, monkeypatch, hook=None, measure_s=2.0):
     from autotune.harness.engines import make_engine
+    from autotune.harness.setup import TrialHooks, TrialSetup
     from autotune.harness.trial import Timeouts, run_trial
     from autotune.harness.workload import WorkloadSpec
 
@@ -182,11 +183,12 @@ def _trial(tmp_path, monkeypatch, hook=None, measure_s=2.0):
     engine = make_engine("sim", model_path="qwen3.6-27b", sim_gpu="b200",
                          sim_options={"startup_s": 0.3, "release_s": 0.3})
     prompts = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
-    return run_trial(engine, {"max_running_requests": 8},
-                     WorkloadSpec(prompts=prompts, sample_size=40, warmup_s=0.5, measure_s=measure_s),
-                     trial_dir=tmp_path / "trial", gpu_index=1, run_dir=tmp_path / "runs",
-                     launcher=SlurmLauncher(watchdog_grace_s=1.0), on_phase=hook,
-                     timeouts=Timeouts(startup_s=30, teardown_s=15, grace_s=3))
+    setup = TrialSetup(engine=engine, workload=WorkloadSpec(prompts=prompts, sample_size=40, warmup_s=0.5,
+                                                            measure_s=measure_s),
+                       gpu_index=1, run_dir=tmp_path / "runs", launcher=SlurmLauncher(watchdog_grace_s=1.0),
+                       timeouts=Timeouts(startup_s=30, teardown_s=15, grace_s=3))
+    return run_trial(setup, {"max_running_requests": 8}, trial_dir=tmp_path / "trial",
+                     hooks=TrialHooks(on_phase=hook))
 
 
 def _gpu_released(tmp_path) -> bool:

@@ -166,6 +166,7 @@ sys.exit(3)
 @pytest.mark.timeout(60)
 def test_a_trial_stores_the_config_typed_and_a_cpu_server_gets_no_cuda_variables(fake, tmp_path):
     from autotune.results import TrialResult
+    from autotune.harness.setup import TrialSetup
     from autotune.harness.trial import Timeouts, run_trial
     from autotune.harness.workload import PromptSample, WorkloadSpec
 
@@ -174,10 +175,11 @@ def test_a_trial_stores_the_config_typed_and_a_cpu_server_gets_no_cuda_variables
     prompts.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(4)))
     workload = WorkloadSpec(prompts=prompts, sample_size=4, warmup_s=0.1, measure_s=0.1)
     eng = engine_for(fake, tmp_path, device="cpu")
+    setup = TrialSetup(engine=eng, workload=workload, gpu_index=None, run_dir=tmp_path / "runs",
+                       sample=PromptSample.load(prompts, 4, 0), timeouts=Timeouts(startup_s=20, teardown_s=5, grace_s=1))
     result = run_trial(
-        eng, {"mem-fraction-static": "0.05", "fp8_gemm_runner_backend": "triton", "max_running_requests": "8"},
-        workload, trial_dir=tmp_path / "trial", gpu_index=None, run_dir=tmp_path / "runs",
-        sample=PromptSample.load(prompts, 4, 0), timeouts=Timeouts(startup_s=20, teardown_s=5, grace_s=1),
+        setup, {"mem-fraction-static": "0.05", "fp8_gemm_runner_backend": "triton", "max_running_requests": "8"},
+        trial_dir=tmp_path / "trial",
     )
     assert result.status == "crash" and result.exit_code == 3
     stored = json.loads((tmp_path / "trial" / "result.json").read_text())

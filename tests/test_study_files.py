@@ -140,7 +140,7 @@ class Recorder:
     def __init__(self):
         self.calls: list[tuple[Path, object]] = []
 
-    def __call__(self, engine, config, workload, *, trial_dir, probe=None, **kwargs):
+    def __call__(self, setup, config, *, trial_dir, probe=None, hooks=None):
         self.calls.append((Path(trial_dir), probe))
         Path(trial_dir).mkdir(parents=True, exist_ok=True)
         return TrialResult(status="ok", config=dict(config), trial_dir=str(trial_dir))

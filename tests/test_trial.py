@@ -19,6 +19,7 @@ from autotune.harness.engines import make_engine
 from autotune.harness.engines.sim import SimGpuReader
 from autotune.results import TrialResult
 from autotune.launch.process import free_port, port_is_free, stop_process_group
+from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.trial import Timeouts, run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 
@@ -44,7 +45,8 @@ def spec(**kw) -> WorkloadSpec:
     return WorkloadSpec(**{**base, **kw})
 
 
-def trial(tmp_path, config, *, engine=None, name="t", hook=None, **kw) -> tuple[TrialResult, list]:
+def trial(tmp_path, config, *, engine=None, name="t", hook=None, workload=None, timeouts=None, stop_event=None,
+          launcher="local") -> tuple[TrialResult, list]:
     phases: list = []
 
     def on_phase(name: str, info: dict) -> None:
@@ -52,11 +54,11 @@ def trial(tmp_path, config, *, engine=None, name="t", hook=None, **kw) -> tuple[
         if hook is not None:
             hook(name, info)
 
-    result = run_trial(
-        engine or sim(tmp_path), config, kw.pop("workload", spec()), trial_dir=tmp_path / name, gpu_index=GPU,
-        run_dir=tmp_path / "runs", shm_dir=tmp_path / "shm", on_phase=on_phase,
-        timeouts=kw.pop("timeouts", Timeouts(startup_s=30, teardown_s=10, grace_s=3)), **kw,
-    )
+    setup = TrialSetup(engine=engine or sim(tmp_path), workload=workload or spec(), gpu_index=GPU,
+                       run_dir=tmp_path / "runs", shm_dir=tmp_path / "shm", launcher=launcher,
+                       timeouts=timeouts or Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    result = run_trial(setup, config, trial_dir=tmp_path / name,
+                       hooks=TrialHooks(on_phase=on_phase, stop_event=stop_event))
     assert_clean(tmp_path, result, phases)
     return result, phases
 
@@ -98,8 +100,8 @@ def test_good_config_matches_the_simulators_prediction(env):
 
 
 def test_bad_flag_is_bad_args_before_launch(env):
-    result = run_trial(sim(env), {"mamba_scheduler_strategy": "extra_buffer"}, spec(), trial_dir=env / "bad",
-                       run_dir=env / "runs")
+    result = run_trial(TrialSetup(engine=sim(env), workload=spec(), run_dir=env / "runs"),
+                       {"mamba_scheduler_strategy": "extra_buffer"}, trial_dir=env / "bad")
     assert result.status == "bad_args"
     assert "--mamba-radix-cache-strategy" in result.reason
     assert not (env / "bad" / "server.log").exists()  # nothing was launched
@@ -169,6 +171,7 @@ HARNESS = textwrap.dedent(
     import sys
     from pathlib import Path
     from autotune.harness.engines import make_engine
+    from autotune.harness.setup import TrialHooks, TrialSetup
     from autotune.harness.trial import run_trial
     from autotune.harness.workload import WorkloadSpec
     tmp = Path(sys.argv[1])
@@ -176,8 +179,9 @@ HARNESS = textwrap.dedent(
     def phase(name, info):
         if name == "warmup":
             print("PID", info["pid"], flush=True)
-    run_trial(eng, {"max_running_requests": 8}, WorkloadSpec(prompts=Path(sys.argv[2]), sample_size=20, warmup_s=60, measure_s=60),
-              trial_dir=tmp / "h", gpu_index=3, run_dir=tmp / "runs", shm_dir=tmp / "shm", on_phase=phase)
+    work = WorkloadSpec(prompts=Path(sys.argv[2]), sample_size=20, warmup_s=60, measure_s=60)
+    setup = TrialSetup(engine=eng, workload=work, gpu_index=3, run_dir=tmp / "runs", shm_dir=tmp / "shm")
+    run_trial(setup, {"max_running_requests": 8}, trial_dir=tmp / "h", hooks=TrialHooks(on_phase=phase))
     """
 )
 
@@ -230,4 +234,4 @@ def test_the_trial_starts_its_server_through_the_named_launcher(env):
     assert seen[0].gpus == (GPU,) and "CUDA_VISIBLE_DEVICES" not in seen[0].env  # the launcher selects the GPU
     assert isinstance(seen[0].argv, list) and seen[0].argv[1:3] == ["-m", "autotune.sim"]
     with pytest.raises(ConfigError, match="unknown launcher 'nowhere'"):
-        run_trial(sim(env), {}, spec(), trial_dir=env / "x", launcher="nowhere")
+        run_trial(TrialSetup(engine=sim(env), workload=spec(), launcher="nowhere"), {}, trial_dir=env / "x")

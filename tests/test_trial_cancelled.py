@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from autotune.harness.engines import make_engine
+from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.trial import Timeouts, run_trial
 from autotune.harness.workload import WorkloadSpec
 from autotune.launch import ServerExited
@@ -76,8 +77,9 @@ def _work(**kw) -> WorkloadSpec:
 @pytest.mark.parametrize("cancelled", [True, False])
 def test_a_server_cancelled_while_starting_is_interrupted_and_any_other_exit_a_crash(env, cancelled):
     handle = _GoneBeforeReady(cancelled)
-    result = run_trial(_engine(), {}, _work(), trial_dir=env / "t", gpu_index=GPU, run_dir=env / "runs",
-                       timeouts=TIMEOUTS, launcher=_FakeLauncher(handle))
+    setup = TrialSetup(engine=_engine(), workload=_work(), gpu_index=GPU, run_dir=env / "runs", timeouts=TIMEOUTS,
+                       launcher=_FakeLauncher(handle))
+    result = run_trial(setup, {}, trial_dir=env / "t")
     assert handle.stopped  # stopped (and released) whatever the outcome
     if cancelled:
         assert result.status == "interrupted"
@@ -101,9 +103,9 @@ def test_a_server_cancelled_while_measuring_is_interrupted_not_a_crash(env):
             handles[0].cancelled, handles[0].reason = True, REASON
             os.killpg(handles[0].pid, signal.SIGKILL)
 
-    result = run_trial(_engine(), {"max_running_requests": 8}, _work(measure_s=20), trial_dir=env / "t",
-                       gpu_index=GPU, run_dir=env / "runs", timeouts=TIMEOUTS, on_phase=on_phase,
-                       launcher=Cancelling())
+    setup = TrialSetup(engine=_engine(), workload=_work(measure_s=20), gpu_index=GPU, run_dir=env / "runs",
+                       timeouts=TIMEOUTS, launcher=Cancelling())
+    result = run_trial(setup, {"max_running_requests": 8}, trial_dir=env / "t", hooks=TrialHooks(on_phase=on_phase))
     assert handles and handles[0].cancelled
     assert result.status == "interrupted", (result.status, result.reason)
     assert result.reason == f"the server was cancelled outside the study; it runs again ({REASON})"

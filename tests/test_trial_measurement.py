@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from autotune.harness.engines import make_engine
+from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.trial import CLIENT_BUSY_LIMIT, LAG_LIMIT, Timeouts, measurement_verdict, run_trial
 from autotune.harness.workload import ReplayRecords, WorkloadSpec, thread_busy_s
 from autotune.results import STATUSES, UNTRUSTED_STATUSES, TrialResult
@@ -104,9 +105,10 @@ def _trial(tmp_path: Path, *, options: dict, hook=None) -> tuple[TrialResult, li
             hook(name)
 
     work = WorkloadSpec(prompts=PROMPTS, sample_size=40, warmup_s=1.0, measure_s=2.0, concurrency=8)
-    result = run_trial(engine, {"speculative_algorithm": "NEXTN"}, work, trial_dir=tmp_path / "t", gpu_index=GPU,
-                       run_dir=tmp_path / "runs", on_phase=on_phase,
+    setup = TrialSetup(engine=engine, workload=work, gpu_index=GPU, run_dir=tmp_path / "runs",
                        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    result = run_trial(setup, {"speculative_algorithm": "NEXTN"}, trial_dir=tmp_path / "t",
+                       hooks=TrialHooks(on_phase=on_phase))
     return result, phases
 
 

@@ -17,6 +17,7 @@ from autotune.errors import DiskError
 from autotune.harness.engines import make_engine
 from autotune.harness.files import writing
 from autotune.harness.outcome import no_tokens, rejections
+from autotune.harness.setup import TrialSetup
 from autotune.harness.trial import Timeouts, run_trial
 from autotune.harness.workload import ReplayRecords, RequestRecord, WorkloadSpec
 from autotune.results import TOO_SLOW, TrialResult
@@ -88,8 +89,9 @@ def test_a_slow_but_alive_server_is_too_slow_not_crash(env):
     prompts.write_text("".join(json.dumps({"prompt": f"Document {i}: " + "lorem ipsum dolor sit amet " * 15000}) + "\n"
                                for i in range(4)))
     work = WorkloadSpec(prompts=prompts, sample_size=4, warmup_s=0.2, measure_s=0.5, concurrency=2, max_tokens=64)
-    result = run_trial(_engine({"speedup": 0.5}), {}, work, trial_dir=env / "t", gpu_index=GPU, run_dir=env / "runs",
+    setup = TrialSetup(engine=_engine({"speedup": 0.5}), workload=work, gpu_index=GPU, run_dir=env / "runs",
                        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    result = run_trial(setup, {}, trial_dir=env / "t")
     assert result.status == TOO_SLOW, (result.status, result.reason)
     assert result.measurement["progress"]["prefill_batches"] >= 1 and "lengthen workload.measure_s" in result.reason
     assert result.metrics is None and result.output_tok_s is None and not _children()  # no "0 tok/s"
@@ -104,8 +106,8 @@ def test_a_full_disk_mid_trial_is_a_disk_error_after_the_server_stopped(env, mon
     monkeypatch.setattr(ReplayRecords, "write_jsonl", full)
     work = WorkloadSpec(prompts=PROMPTS, sample_size=8, warmup_s=0.2, measure_s=0.3, concurrency=4, max_tokens=64)
     with pytest.raises(DiskError) as info:
-        run_trial(_engine(), {}, work, trial_dir=env / "t", gpu_index=GPU, run_dir=env / "runs",
-                  timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+        run_trial(TrialSetup(engine=_engine(), workload=work, gpu_index=GPU, run_dir=env / "runs",
+                             timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3)), {}, trial_dir=env / "t")
     assert f"cannot write {env / 't' / 'records.jsonl'}: No space left on device" in str(info.value)
     assert info.value.path == str(env / "t" / "records.jsonl")
     assert not _children()  # the server did not outlive the trial
@@ -135,8 +137,8 @@ def test_a_trial_folder_on_a_full_disk_is_one_disk_error_and_no_launch(env, tiny
     work = WorkloadSpec(prompts=PROMPTS, sample_size=8, warmup_s=0.2, measure_s=0.3, concurrency=4, max_tokens=64)
     # An unknown flag: the trial's result.json is its only write (a bad_args outcome), and it cannot be made.
     with pytest.raises(DiskError) as info:
-        run_trial(_engine(), {"no_such_flag": 1}, work, trial_dir=tiny_disk / "t", gpu_index=GPU,
-                  run_dir=env / "runs")
+        run_trial(TrialSetup(engine=_engine(), workload=work, gpu_index=GPU, run_dir=env / "runs"),
+                  {"no_such_flag": 1}, trial_dir=tiny_disk / "t")
     assert str(tiny_disk / "t") in str(info.value) and "No space left on device" in str(info.value)
     assert info.value.free_bytes is not None and info.value.free_bytes < 8192
     assert not _children() and not (env / "devices").exists()

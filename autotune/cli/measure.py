@@ -19,6 +19,7 @@ from autotune.config import Timeouts
 from autotune.config.context import misfit_reason
 from autotune.errors import ConfigError, WorkloadError
 from autotune.harness.engines import ENGINES, make_engine
+from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.tenancy import check_engine_gpu
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
@@ -142,9 +143,10 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
 
     def work() -> None:
         try:
-            box["result"] = run_trial(engine, config, spec, trial_dir=trial_dir, gpu_index=gpu_index,
-                                      timeouts=Timeouts(startup_s=startup_timeout), on_phase=phase,
-                                      stop_event=stop, sample=loaded)
+            setup = TrialSetup(engine=engine, workload=spec, sample=loaded, gpu_index=gpu_index,
+                               timeouts=Timeouts(startup_s=startup_timeout))
+            box["result"] = run_trial(setup, config, trial_dir=trial_dir,
+                                      hooks=TrialHooks(on_phase=phase, stop_event=stop))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             box["error"] = exc
 

@@ -33,6 +33,7 @@ from autotune.harness.fidelity import FidelityProbe, ProbeError, run_probe
 from autotune.harness.files import writing
 from autotune.harness.gpu import GpuMonitor
 from autotune.harness.outcome import dominated, no_tokens, rejection_line, rejections
+from autotune.harness.setup import NO_HOOKS, PhaseCallback, TrialHooks, TrialSetup
 from autotune.harness.workload import (
     PromptSample,
     ReplayRecords,
@@ -51,8 +52,6 @@ DEFAULT_CONCURRENCY = 64  # when the server did not report its effective max run
 LAG_LIMIT = 0.02  # the sim server's wall clock may trail its modelled clock by this share of the window
 CLIENT_BUSY_LIMIT = 0.95  # the replay's event-loop thread running or runnable this share of the window: client-bound
 REMEASURE_STREAM_INTERVAL = 16  # tokens per SSE chunk for the re-measure (at least 4 × the trial's own)
-PhaseCallback = Callable[[str, dict], None]
-DEFAULT_TIMEOUTS = Timeouts()
 
 
 def _server_info(base_url: str) -> dict[str, Any] | None:
@@ -134,35 +133,24 @@ def measurement_verdict(records: Any) -> tuple[str | None, str | None, dict[str,
 
 
 def run_trial(
-    engine: Engine,
+    setup: TrialSetup,
     config: Mapping[str, Any],
-    workload: WorkloadSpec,
     *,
     trial_dir: Path,
-    gpu_index: int | None = 0,
-    port: int | None = None,
-    timeouts: Timeouts = DEFAULT_TIMEOUTS,
-    on_phase: PhaseCallback | None = None,
-    stop_event: threading.Event | None = None,
-    run_dir: Path | None = None,
-    sample: PromptSample | None = None,
-    shm_dir: Path | None = None,
     probe: FidelityProbe | None = None,
-    launcher: str | Launcher = "local",
+    hooks: TrialHooks = NO_HOOKS,
 ) -> TrialResult:
     """Run one server config end to end; never raises for a trial outcome (bad input still raises). An untrusted
     window (see the module docstring) is measured once more with batched SSE chunks before it is recorded.
-    ``probe``: the fidelity probe (``harness.fidelity``) to run in the same launch after a trusted window.
-    ``launcher``: where the server runs, a ``LAUNCHERS`` name or a launcher."""
+    ``setup``: engine, workload and place (``harness.setup``); ``probe``: the fidelity probe (``harness.fidelity``)
+    to run in the same launch after a trusted window; ``hooks``: phases to the caller, its stop event."""
     trial_dir = Path(trial_dir)
-    sample = sample or PromptSample.load(workload.prompts, workload.sample_size, workload.seed)
+    setup = setup.resolved()
+    assert setup.sample is not None
     # a prompt over the model's context raises here, before any file or launch; over the config's: bad_args
-    misfit = misfit_reason(getattr(engine, "model_path", None), config, sample, workload.max_tokens)
-    kwargs: dict[str, Any] = dict(gpu_index=gpu_index, port=port, timeouts=timeouts, on_phase=on_phase,
-                                  stop_event=stop_event, run_dir=run_dir, sample=sample, shm_dir=shm_dir, probe=probe,
-                                  misfit=misfit, launcher=make_launcher(launcher))
-    result = _run_once(engine, config, workload, trial_dir=trial_dir, **kwargs)
-    if result.status not in UNTRUSTED_STATUSES or (stop_event is not None and stop_event.is_set()):
+    misfit = misfit_reason(getattr(setup.engine, "model_path", None), config, setup.sample, setup.workload.max_tokens)
+    result = _run_once(setup, config, trial_dir=trial_dir, probe=probe, hooks=hooks, misfit=misfit)
+    if result.status not in UNTRUSTED_STATUSES or hooks.stopped:
         return result
     first = result
     for name in ("server.log", "records.jsonl", "result.json"):  # keep the first attempt beside the second
@@ -171,10 +159,11 @@ def run_trial(
             with writing(path):
                 path.replace(trial_dir / name.replace(".", ".first.", 1))
     interval = max(REMEASURE_STREAM_INTERVAL, 4 * int(config.get("stream_interval") or 1))
-    if on_phase is not None:  # the display says why the trial runs again
-        on_phase(f"re-measuring with --stream-interval {interval} ({first.status})",
-                 {"reason": first.reason, "stream_interval": interval})
-    result = _run_once(engine, {**config, "stream_interval": interval}, workload, trial_dir=trial_dir, **kwargs)
+    # the display says why the trial runs again
+    hooks.phase(f"re-measuring with --stream-interval {interval} ({first.status})",
+                {"reason": first.reason, "stream_interval": interval})
+    result = _run_once(setup, {**config, "stream_interval": interval}, trial_dir=trial_dir, probe=probe, hooks=hooks,
+                       misfit=misfit)
     measurement = {**(result.measurement or {}), "stream_interval": interval,
                    "first": {"status": first.status, "reason": first.reason, **(first.measurement or {})}}
     reason = result.reason
@@ -185,36 +174,20 @@ def run_trial(
     return _write(result, trial_dir)
 
 
-def _run_once(
-    engine: Engine,
-    config: Mapping[str, Any],
-    workload: WorkloadSpec,
-    *,
-    trial_dir: Path,
-    gpu_index: int | None = 0,
-    port: int | None = None,
-    timeouts: Timeouts = DEFAULT_TIMEOUTS,
-    on_phase: PhaseCallback | None = None,
-    stop_event: threading.Event | None = None,
-    run_dir: Path | None = None,
-    sample: PromptSample | None = None,
-    shm_dir: Path | None = None,
-    probe: FidelityProbe | None = None,
-    misfit: str | None = None,
-    launcher: str | Launcher = "local",
-) -> TrialResult:
-    """Run one server config end to end; never raises for a trial outcome (bad input, a prompt over the model's
+def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, probe: FidelityProbe | None,
+              hooks: TrialHooks, misfit: str | None) -> TrialResult:
+    """One launch of a resolved ``setup``; never raises for a trial outcome (bad input, a prompt over the model's
     context and a full disk still raise: ``WorkloadError``, ``DiskError``, after the server is stopped)."""
-    trial_dir = Path(trial_dir)
+    engine, workload = setup.engine, setup.workload
     with writing(trial_dir):
         trial_dir.mkdir(parents=True, exist_ok=True)
     log_path = trial_dir / "server.log"
     base: dict[str, Any] = dict(
-        engine=engine.name, gpu_index=gpu_index, trial_dir=str(trial_dir), log_path=str(log_path)
+        engine=engine.name, gpu_index=setup.gpu_index, trial_dir=str(trial_dir), log_path=str(log_path)
     )
-    launch = _Launch(engine=engine, workload=workload, trial_dir=trial_dir, timeouts=timeouts,
-                     sample=sample or PromptSample.load(workload.prompts, workload.sample_size, workload.seed),
-                     phase=on_phase or (lambda name, info: None), stop_event=stop_event)
+    assert setup.sample is not None
+    launch = _Launch(engine=engine, workload=workload, trial_dir=trial_dir, timeouts=setup.timeouts,
+                     sample=setup.sample, phase=hooks.phase, stop_event=hooks.stop_event)
     try:
         checked = engine.check(config)
     except ConfigError as exc:
@@ -222,12 +195,11 @@ def _run_once(
     config = dict(checked) if isinstance(checked, Mapping) else dict(config)
     if misfit is not None:  # a prompt over this config's --context-length: nothing to launch
         return _write(TrialResult(status="bad_args", config=config, reason=misfit, **base), trial_dir)
-    spec, reader = _spec(engine, config, gpu_index=gpu_index, port=port, log_path=log_path, run_dir=run_dir,
-                         shm_dir=shm_dir)
+    spec, reader = _spec(setup, config, log_path=log_path)
     launch = dataclasses.replace(launch, reader=reader)
     server: ServerHandle | None = None
     try:
-        server, fields = _start(make_launcher(launcher), spec, launch)
+        server, fields = _start(make_launcher(setup.launcher), spec, launch)
         if server is not None and not fields:
             fields.update(_measure(server, launch))
             if probe is not None and (fields.get("status") == "ok" or (
@@ -258,22 +230,22 @@ class _Launch:
     durations: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def _spec(engine: Engine, config: Mapping[str, Any], *, gpu_index: int | None, port: int | None, log_path: Path,
-          run_dir: Path | None, shm_dir: Path | None) -> tuple[LaunchSpec, GpuReader]:
+def _spec(setup: TrialSetup, config: Mapping[str, Any], *, log_path: Path) -> tuple[LaunchSpec, GpuReader]:
     """The server to start and its device's reader: the engine can launch, orphans of earlier runs are gone,
     no old log remains."""
+    engine, gpu_index = setup.engine, setup.gpu_index
     preflight = getattr(engine, "preflight", None)
     if preflight is not None:
         preflight()  # an engine that cannot launch at all is an error of the setup, not a trial outcome
-    run_dir = Path(run_dir) if run_dir is not None else Path.cwd() / "runs"
+    run_dir = Path(setup.run_dir) if setup.run_dir is not None else Path.cwd() / "runs"
     cleanup_orphans(run_dir)
     with writing(log_path):
         log_path.unlink(missing_ok=True)  # a rerun into the same directory must not classify an old log
-    port = port or free_port()
+    port = setup.port or free_port()
     reader = engine.gpu_reader(gpu_index)
     return LaunchSpec(
         argv=engine.argv(config, port=port), port=port, env=engine.env(), gpus=launch_gpus(engine, gpu_index),
-        log_path=log_path, run_dir=run_dir, shm_dir=shm_dir or getattr(engine, "shm_dir", None),
+        log_path=log_path, run_dir=run_dir, shm_dir=setup.shm_dir or getattr(engine, "shm_dir", None),
     ), reader
 
 

@@ -20,6 +20,7 @@ import optuna
 from autotune.config import StudyConfig, Timeouts
 from autotune.harness.engines import Engine, make_engine
 from autotune.harness.fidelity import FidelityProbe
+from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.launch.registry import make_launcher
@@ -122,10 +123,7 @@ class HarnessRunner:
         return self._run(config, self.trial_dir(trial_number, repeat=k + 1), None)
 
     def _run(self, config: dict[str, Any], trial_dir: Path, probe: FidelityProbe | None) -> TrialResult:
-        return run_trial(self.engine, config, self.workload, trial_dir=trial_dir,
-                         gpu_index=self.cfg.engine.gpu, port=self.cfg.engine.port, timeouts=self.timeouts,
-                         on_phase=self.on_phase, stop_event=self.stop_event, run_dir=self.run_dir,
-                         sample=self.sample, probe=probe, launcher=self.launcher)
+        return run_trial(self._setup(self.workload), config, trial_dir=trial_dir, probe=probe, hooks=self._hooks())
 
     def _record_reference(self, probe: FidelityProbe) -> TrialResult:
         """A launch of the reference config that only records the probe's reference outputs (its window cut to
@@ -133,11 +131,17 @@ class HarnessRunner:
         if self.on_phase is not None:
             self.on_phase("recording the numerics reference (baseline config)", {})
         short = dataclasses.replace(self.workload, warmup_s=0.0, measure_s=1.0)
-        return run_trial(self.engine, self.numerics.reference_cfg, short, trial_dir=self.trial_dir(REFERENCE_RUN),
-                         gpu_index=self.cfg.engine.gpu, port=self.cfg.engine.port, timeouts=self.timeouts,
-                         on_phase=self.on_phase, stop_event=self.stop_event, run_dir=self.run_dir,
-                         sample=self.sample, probe=dataclasses.replace(probe, only=True),
-                         launcher=self.launcher)
+        return run_trial(self._setup(short), self.numerics.reference_cfg, trial_dir=self.trial_dir(REFERENCE_RUN),
+                         probe=dataclasses.replace(probe, only=True), hooks=self._hooks())
+
+    def _setup(self, workload: WorkloadSpec) -> TrialSetup:
+        """Every launch of this runner: the study's engine, GPU, port, launcher and prompt sample."""
+        return TrialSetup(engine=self.engine, workload=workload, sample=self.sample, launcher=self.launcher,
+                          gpu_index=self.cfg.engine.gpu, port=self.cfg.engine.port, timeouts=self.timeouts,
+                          run_dir=self.run_dir)
+
+    def _hooks(self) -> TrialHooks:
+        return TrialHooks(on_phase=self.on_phase, stop_event=self.stop_event)
 
 
 class CheckedRunner:
