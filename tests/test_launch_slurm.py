@@ -18,7 +18,15 @@ from launchcase_slurm import case, empty_queue, queue, slurm_missing
 from autotune.errors import ServerError
 from autotune.launch import LaunchSpec
 from autotune.launch.base import free_port, port_is_free
-from autotune.launch.slurm import GONE, SlurmLauncher, SlurmSettings, exit_code, job_script
+from autotune.launch.slurm import (
+    CANCELLED_CODE,
+    GONE,
+    SlurmJob,
+    SlurmLauncher,
+    SlurmSettings,
+    exit_code,
+    job_script,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -48,6 +56,20 @@ def test_slurm_exit_codes_read_like_popen():
     assert exit_code("3:0") == 3
     assert exit_code("0:15") == -15
     assert exit_code("0:9") == -9
+
+
+def test_only_a_cancel_that_is_not_ours_marks_the_job_cancelled(tmp_path):
+    spec = LaunchSpec(argv=["srv"], port=1, log_path=tmp_path / "s.log")
+    outside, ours, failed = (SlurmJob(spec, "n") for _ in range(3))
+    for job, job_id in ((outside, "7"), (ours, "8"), (failed, "9")):
+        job.job_id = job_id
+    ours._stopping = True  # what stop() sets before its own scancel
+    outside._note("CANCELLED", "0:0", "None")
+    ours._note("CANCELLED", "0:0", "None")
+    failed._note("FAILED", "1:0", "NonZeroExitCode")
+    assert outside.cancelled and "Slurm job 7 CANCELLED" in (outside.reason or "")
+    assert outside.exit_code == CANCELLED_CODE
+    assert not ours.cancelled and not failed.cancelled and failed.exit_code == 1
 
 
 def test_sbatch_argv_carries_the_settings_and_the_gpu_count(tmp_path):
@@ -102,6 +124,7 @@ def test_a_sim_server_job_starts_serves_and_is_stopped_by_scancel(cluster, tmp_p
         assert "SIGTERM received" in job.log_text()  # the grace signal reached the server itself (exec)
         assert not job.alive and queue() == []
         assert port_is_free(spec.host, spec.port) and job.teardown_error is None
+        assert not job.cancelled  # our own scancel is no outside cancel
 
 
 def test_a_job_cancelled_from_outside_is_reported_dead_with_a_reason(cluster, tmp_path):
@@ -212,7 +235,7 @@ def test_a_trial_runs_its_server_as_a_slurm_job(cluster, tmp_path, monkeypatch):
     assert queue() == [] and _gpu_released(tmp_path)
 
 
-def test_a_trial_whose_job_is_cancelled_mid_window_is_a_crash(cluster, tmp_path, monkeypatch):
+def test_a_trial_whose_job_is_cancelled_mid_window_is_interrupted_not_a_crash(cluster, tmp_path, monkeypatch):
     cancelled: list[str] = []
 
     def hook(name, info):
@@ -223,7 +246,8 @@ def test_a_trial_whose_job_is_cancelled_mid_window_is_a_crash(cluster, tmp_path,
 
     result = _trial(tmp_path, monkeypatch, hook, measure_s=20.0)
     assert cancelled
-    assert result.status == "crash", result.reason
+    assert result.status == "interrupted", result.reason  # an outside scancel is not the config's fault
+    assert f"Slurm job {cancelled[0]} CANCELLED" in (result.reason or "")
     assert result.exit_code not in (None, 0)
     assert f"JOB {cancelled[0]} ON" in (result.log_tail or "") + (tmp_path / "trial" / "server.log").read_text()
     assert result.durations_s["measure"] < 10  # noticed at once, not at the window's end

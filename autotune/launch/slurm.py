@@ -12,6 +12,9 @@
   once the controller has forgotten the job, ``sacct`` when accounting exists, else ``GONE``. Slurm's
   ``ExitCode=a:b`` becomes ``-b`` when a signal ended it (as ``Popen`` reports), else ``a``; a CANCELLED job
   Slurm recorded as ``0:0`` reads ``-15``. ``reason`` holds the state and Slurm's reason for the trial's record.
+- **Cancelled from outside.** A job that ends CANCELLED without our ``stop()`` having cancelled it (an operator's
+  ``scancel``, a preemption) is no fault of the config: ``cancelled`` is True, and the trial records it as
+  interrupted (the study runs it again) instead of a crash.
 - **Address.** The server's ``/health`` is polled at the spec's host while the job runs on this host; on another
   node (``NodeList`` in ``scontrol``), at that node's name: such a server must listen on ``0.0.0.0``.
 - **Stop.** ``scancel --full --signal=TERM`` (SGLang drains), ``--signal=KILL`` after the grace; released once
@@ -214,6 +217,8 @@ class SlurmJob:
         self.exit_code: int | None = None
         self.teardown_error: str | None = None
         self.reason: str | None = None  # why the job ended, in Slurm's words (state, reason, exit code)
+        self.cancelled = False  # ended CANCELLED by someone else than our stop(): not the config's fault
+        self._stopping = False  # our stop() is cancelling it
         self.baseline_mib: float | None = None
         self._keeper: subprocess.Popen[bytes] | None = None
         self._watchdog: Watchdog | None = None
@@ -240,6 +245,9 @@ class SlurmJob:
                 self.exit_code = CANCELLED_CODE
             self.reason = f"Slurm job {self.job_id} {state} (ExitCode {code or '?'}" + (
                 f", {why})" if why and why != "None" else ")")
+            if state == "CANCELLED" and not self._stopping:
+                self.cancelled = True
+                self.reason = f"Slurm job {self.job_id} CANCELLED from outside autotune (scancel or preemption)"
 
     def _follow_node(self, nodes: str) -> None:
         """A job on another node is reached at that node's address (single-node: the spec's host)."""
@@ -319,7 +327,8 @@ class SlurmJob:
         if not self.job_id:
             return None
         problems: list[str] = []
-        state = self.state()
+        state = self.state()  # read before our own cancel: a job already cancelled from outside stays so
+        self._stopping = True
         if state in ACTIVE:
             if state == "PENDING":
                 self.cancel("KILL")  # never started: nothing to drain
