@@ -30,9 +30,14 @@ def slurm_missing() -> str | None:
 
 
 def queue() -> list[str]:
-    """Every job the controller still lists (pending, running or completing), as ``id name state``."""
-    done = subprocess.run(["squeue", "-h", "-o", "%i %j %T"], capture_output=True, text=True, timeout=30, check=True)
-    return done.stdout.split("\n")[:-1]
+    """Every job this test run's processes submitted that the controller still lists (pending, running or
+    completing), as ``id name state``. Jobs are told apart by their working directory (the cwd of whoever ran
+    ``sbatch``): another checkout's tests on the same cluster are not ours to count or cancel."""
+    done = subprocess.run(["squeue", "-h", "-o", "%i %j %T|%Z"], capture_output=True, text=True, timeout=30,
+                          check=True)
+    here = os.path.realpath(os.getcwd())
+    rows = [line.rpartition("|") for line in done.stdout.split("\n")[:-1]]
+    return [row for row, _, cwd in rows if os.path.realpath(cwd) == here]
 
 
 @contextlib.contextmanager

@@ -12,11 +12,12 @@ from autotune.cli import INTERRUPTED
 from autotune.config import load_config
 from autotune.errors import ConfigError
 from autotune.harness.engines import ENGINES
+from autotune.launch import LAUNCHERS
 from autotune.progress import make_progress
 from autotune.search.confirm import run_sweep
 from autotune.search.gpus import render_gpus
 from autotune.search.storage import open_study
-from autotune.search.workers import on_gpu, parse_gpus, run_workers
+from autotune.search.workers import on_gpu, parse_gpus, run_workers, with_launcher
 from autotune.sglang.flags import FlagTable
 
 DEFAULT_STUDY = Path("studies") / "example.toml"
@@ -104,10 +105,13 @@ def render(summary: dict[str, Any]) -> str:
 @click.option("--engine", type=click.Choice(sorted(ENGINES)), help="Override [engine] kind.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 @click.option("--gpus", help="GPUs of this node, e.g. 0,1,2,3: one worker per GPU, all sharing the study.")
+@click.option("--launcher", type=click.Choice(sorted(LAUNCHERS)),
+              help="Override [engine] launcher; slurm with --gpus runs each worker as its own Slurm job.")
 def sweep(config_path: Path | None, study_name: str | None, storage: str | None, trials: int | None,
-          engine: str | None, as_json: bool, gpus: str | None) -> None:
+          engine: str | None, as_json: bool, gpus: str | None, launcher: str | None) -> None:
     """Run (or resume) a study: search configs, then confirm the winner."""
     cfg = load_config(resolve_config(config_path), name=study_name, storage=storage, trials=trials, engine=engine)
+    cfg = with_launcher(cfg, launcher)
     for note in cfg.notes:  # e.g. a prompt file shorter than sample_size
         click.echo(f"Warning: {note}", err=True)
     if gpus:

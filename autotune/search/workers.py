@@ -8,6 +8,8 @@ mid-trial leaves a RUNNING trial that another worker fails and retries once (``s
 orphan server is removed when its GPU next starts, and by the supervisor when the workers end.
 
 Every GPU runs the baseline once, so tok/s can be compared across devices (``search.gpus``).
+
+When the study's launcher is ``slurm``, each worker is a Slurm job instead (``search.slurm_workers``).
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ import optuna
 from autotune.config import StudyConfig, load_config
 from autotune.errors import AutotuneError, ConfigError, StudyError
 from autotune.harness.engines import ENGINES
+from autotune.launch import LAUNCHERS
 from autotune.launch.process import cleanup_orphans
 from autotune.progress import PlainProgress
 from autotune.search.objective import make_sampler
+from autotune.search.slurm_workers import start_slurm_workers
 from autotune.search.storage import open_study
 from autotune.search.study import Sweep
 
@@ -54,6 +58,13 @@ def parse_gpus(text: str) -> list[int]:
 def on_gpu(cfg: StudyConfig, gpu: int, port: int | None) -> StudyConfig:
     """The study config pinned to one GPU and port (the config is frozen: a copy)."""
     return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"gpu": gpu, "port": port})})
+
+
+def with_launcher(cfg: StudyConfig, launcher: str | None) -> StudyConfig:
+    """The study config with ``[engine] launcher`` overridden (``--launcher``; None keeps the file's)."""
+    if launcher is None or launcher == cfg.engine.launcher:
+        return cfg
+    return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"launcher": launcher})})
 
 
 def gpu_run_dir(cfg: StudyConfig, gpu: int) -> Path:
@@ -98,10 +109,12 @@ def run_worker(cfg: StudyConfig, *, progress: Any = None, stop_event: threading.
 @click.option("--study", "study_name")
 @click.option("--trials", type=click.IntRange(min=1))
 @click.option("--engine", type=click.Choice(sorted(ENGINES)))
+@click.option("--launcher", type=click.Choice(sorted(LAUNCHERS)))
 def worker(config_path: Path, gpu: int, port: int | None, storage: str | None, study_name: str | None,
-           trials: int | None, engine: str | None) -> None:
+           trials: int | None, engine: str | None, launcher: str | None) -> None:
     """One GPU's worker: sweep the shared study on this GPU until it has its trials (started by run_workers)."""
     cfg = load_config(config_path, name=study_name, storage=storage, trials=trials, engine=engine)
+    cfg = with_launcher(cfg, launcher)
     run_worker(on_gpu(cfg, gpu, port), progress=PlainProgress(sys.stdout))
 
 
@@ -178,12 +191,13 @@ def _forward_sigint(workers: Workers) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def worker_argv(cfg: StudyConfig, gpu: int, port: int | None) -> list[str]:
-    """The worker's command line: the study file plus every override already resolved into ``cfg``."""
+def worker_argv(cfg: StudyConfig, gpu: int, port: int | None, *, launcher: str | None = None) -> list[str]:
+    """The worker's command line: the study file plus every override already resolved into ``cfg``
+    (``launcher``: where its servers run, when not the study's own)."""
     assert cfg.path is not None, "a worker needs the study file"
     argv = [sys.executable, "-m", "autotune.search.workers", "--config", str(cfg.path), "--gpu", str(gpu),
             "--storage", cfg.storage_url, "--study", cfg.name, "--trials", str(cfg.study.trials),
-            "--engine", cfg.engine.kind]
+            "--engine", cfg.engine.kind, "--launcher", launcher or cfg.engine.launcher]
     return argv + (["--port", str(port)] if port else [])
 
 
@@ -211,10 +225,24 @@ def start_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
     return workers
 
 
+def start_workers_on_slurm(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
+                           env: dict[str, str] | None = None) -> Any:
+    """Check the storage, create the study, then ``sbatch`` one worker job per GPU (``search.slurm_workers``);
+    inside its allocation each worker's servers run with the ``local`` launcher."""
+    open_study(cfg)
+    argvs = {gpu: worker_argv(cfg, gpu, cfg.engine.port + k if cfg.engine.port else None, launcher="local")
+             for k, gpu in enumerate(gpus)}
+    return start_slurm_workers(cfg, argvs, echo=echo, env=env)
+
+
 def run_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print) -> dict[int, int]:
     """Search ``cfg``'s study with one worker per GPU until it has its trials; returns each worker's exit code.
-    Raises KeyboardInterrupt after a forwarded Ctrl-C, StudyError when every worker failed."""
-    workers = start_workers(cfg, gpus, echo=echo)
+    On ``[engine] launcher = "slurm"`` each worker is a Slurm job. Raises KeyboardInterrupt after a forwarded
+    Ctrl-C, StudyError when every worker failed."""
+    if cfg.engine.launcher == "slurm":
+        workers: Any = start_workers_on_slurm(cfg, gpus, echo=echo)
+    else:
+        workers = start_workers(cfg, gpus, echo=echo)
     codes = workers.wait()
     if workers.interrupted:
         raise KeyboardInterrupt

@@ -1,0 +1,175 @@
+"""Scale out on Slurm: each worker of ``run_workers`` is its own batch job, one GPU per allocation.
+
+The supervisor ``sbatch``es ``python -m autotune.search.workers --gpu i …`` (the argv quoted by ``shlex`` in a
+job script that ``exec``s it, so the worker *is* the batch step and gets Slurm's signals), each with
+``--gres=gpu:1`` and its own log file, then waits for the jobs. Inside its allocation a worker starts its trials'
+servers with the ``local`` launcher: the job already holds the GPU, and a server job per trial would need a second
+allocation (on a small cluster, one that never comes). Ctrl-C becomes ``scancel --signal=INT`` (each worker stops
+its server and records the trial as interrupted); a second Ctrl-C cancels the jobs.
+
+Workers share the study through its storage: SQLite on the node's disk serves one node; workers on several nodes
+need a storage every node reaches (PostgreSQL, or Optuna's journal file on a shared file system).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from autotune.config import StudyConfig
+from autotune.errors import StudyError
+from autotune.launch.slurm import ACTIVE, GONE, SlurmSettings, exit_code, sacct_job, scontrol_job
+
+Echo = Callable[[str], None]
+POLL_S = 0.5
+_CALL_TIMEOUT_S = 30.0
+
+
+def worker_script(argv: Sequence[str]) -> str:
+    """The worker's batch script: one ``exec`` line, every word quoted by ``shlex``."""
+    return "#!/bin/bash\n# written by autotune: one study worker, its argv quoted by shlex\n" \
+           f"exec {shlex.join(argv)}\n"
+
+
+def sbatch_argv(settings: SlurmSettings, name: str, log: Path, script: Path) -> list[str]:
+    """``sbatch`` for one worker: one task, one GPU, the study's partition/account/time and extra options."""
+    argv = ["sbatch", "--parsable", "--job-name", name, "--output", str(log), "--no-requeue", "--ntasks=1",
+            "--gres=gpu:1", "--export=ALL"]
+    argv += [f"--{key}={value}" for key, value in
+             (("partition", settings.partition), ("account", settings.account), ("time", settings.time)) if value]
+    return [*argv, *settings.extra_args, str(script)]
+
+
+@dataclass
+class WorkerJob:
+    """One worker's batch job and its log, relayed line by line while it grows."""
+
+    gpu: int
+    job_id: str
+    log: Path
+    code: int | None = None
+    _offset: int = 0
+    _partial: str = ""
+
+    def relay(self, echo: Echo) -> None:
+        try:
+            with self.log.open(errors="replace") as fh:
+                fh.seek(self._offset)
+                text = fh.read()
+                self._offset = fh.tell()
+        except OSError:
+            return  # pending: no log yet
+        lines = (self._partial + text).split("\n")
+        self._partial = lines.pop()
+        for line in lines:
+            echo(f"gpu{self.gpu} | {line.rstrip()}")
+
+    def finished(self) -> bool:
+        """True once the job has left the queue; ``code`` then holds its exit code (``GONE`` when unknown)."""
+        if self.code is not None:
+            return True
+        fields = scontrol_job(self.job_id)
+        if fields is not None:
+            state, code = fields.get("JobState", ""), fields.get("ExitCode", "")
+        else:
+            state, code = sacct_job(self.job_id) or ("", "")
+        if state in ACTIVE or state == "COMPLETING":
+            return False
+        self.code = exit_code(code) if code else GONE
+        return True
+
+
+@dataclass
+class SlurmWorkers:
+    """The worker jobs of one study, started by ``start_slurm_workers``; ``wait`` supervises them."""
+
+    jobs: list[WorkerJob] = field(default_factory=list)
+    echo: Echo = print
+    interrupted: bool = False
+
+    def scancel(self, *args: str) -> None:
+        ids = [job.job_id for job in self.jobs if job.code is None]
+        if ids:
+            subprocess.run(["scancel", *args, *ids], capture_output=True, timeout=_CALL_TIMEOUT_S, check=False)
+
+    def interrupt(self) -> None:
+        """First call: SIGINT to every worker (each stops its server cleanly). Second: cancel the jobs."""
+        if self.interrupted:
+            self.scancel("--full", "--signal=KILL")
+            self.scancel()
+        else:
+            self.scancel("--full", "--signal=INT")
+        self.interrupted = True
+
+    def wait(self, timeout_s: float | None = None) -> dict[int, int]:
+        """Wait for every job, relaying its log and forwarding Ctrl-C. Returns each GPU's worker exit code."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            with _forward_sigint(self):
+                while not all([job.finished() for job in self.jobs]):  # a list: every job polled each round
+                    for job in self.jobs:
+                        job.relay(self.echo)
+                    if deadline is not None and time.monotonic() > deadline:
+                        self.interrupted = True
+                        self.interrupt()  # a stuck worker must not outlive its supervisor
+                        deadline = None
+                    time.sleep(POLL_S)
+        except BaseException:
+            self.interrupted = True
+            self.interrupt()  # the supervisor dies: its jobs go with it
+            raise
+        for job in self.jobs:
+            job.relay(self.echo)
+        return {job.gpu: int(job.code if job.code is not None else GONE) for job in self.jobs}
+
+
+@contextlib.contextmanager
+def _forward_sigint(workers: SlurmWorkers) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: workers.interrupt())
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def start_slurm_workers(cfg: StudyConfig, argvs: dict[int, list[str]], *, echo: Echo = print,
+                        env: dict[str, str] | None = None) -> SlurmWorkers:
+    """``sbatch`` one job per GPU's worker argv; scripts and logs under ``work_dir/runs/workers``. A failed
+    ``sbatch`` cancels the jobs already submitted and raises ``StudyError``."""
+    settings = SlurmSettings(**_settings(cfg))
+    folder = cfg.work_dir / "runs" / "workers"
+    folder.mkdir(parents=True, exist_ok=True)
+    workers = SlurmWorkers(echo=echo)
+    for gpu, argv in argvs.items():
+        name = f"autotune-worker-{cfg.name}-gpu{gpu}"
+        script, log = folder / f"gpu-{gpu}.sbatch", folder / f"gpu-{gpu}.log"
+        script.write_text(worker_script(argv))
+        log.unlink(missing_ok=True)  # the relay reads this run's lines only
+        done = subprocess.run(sbatch_argv(settings, name, log, script), env={**os.environ, **(env or {})},
+                              capture_output=True, text=True, timeout=_CALL_TIMEOUT_S, check=False)
+        if done.returncode != 0:
+            workers.scancel()
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise StudyError(f"sbatch of the gpu{gpu} worker failed (exit {done.returncode}): {last}")
+        job = WorkerJob(gpu=gpu, job_id=done.stdout.strip().split(";")[0], log=log)
+        workers.jobs.append(job)
+        echo(f"gpu{gpu}: worker is Slurm job {job.job_id} (log {log})")
+    return workers
+
+
+def _settings(cfg: StudyConfig) -> dict[str, Any]:
+    given = dict(cfg.launcher.settings("slurm"))
+    given["extra_args"] = tuple(given.get("extra_args") or ())
+    return given
