@@ -36,7 +36,7 @@ from autotune.launch import LAUNCHERS
 from autotune.launch.process import cleanup_orphans
 from autotune.progress import PlainProgress
 from autotune.search.objective import make_sampler
-from autotune.search.slurm_workers import start_slurm_workers
+from autotune.search.slurm_workers import SlurmWorkers, start_slurm_workers
 from autotune.search.storage import open_study
 from autotune.search.study import Sweep
 
@@ -226,7 +226,7 @@ def start_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
 
 
 def start_workers_on_slurm(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
-                           env: dict[str, str] | None = None) -> Any:
+                           env: dict[str, str] | None = None) -> SlurmWorkers:
     """Check the storage, create the study, then ``sbatch`` one worker job per GPU (``search.slurm_workers``);
     inside its allocation each worker's servers run with the ``local`` launcher."""
     open_study(cfg)
@@ -240,7 +240,7 @@ def run_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print) ->
     On ``[engine] launcher = "slurm"`` each worker is a Slurm job. Raises KeyboardInterrupt after a forwarded
     Ctrl-C, StudyError when every worker failed."""
     if cfg.engine.launcher == "slurm":
-        workers: Any = start_workers_on_slurm(cfg, gpus, echo=echo)
+        workers: Workers | SlurmWorkers = start_workers_on_slurm(cfg, gpus, echo=echo)
     else:
         workers = start_workers(cfg, gpus, echo=echo)
     codes = workers.wait()
