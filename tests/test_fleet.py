@@ -25,7 +25,7 @@ from autotune.deploy.sglang_yaml import split_config
 from autotune.cli import cli
 from autotune.errors import FleetError
 from autotune.deploy.fleet import Fleet, FleetServer, down, drift, load_fleet, status, up, write_fleet
-from autotune.deploy.remote import split_host, start_command, stop_command
+from autotune.launch.ssh import split_host, start_command, stop_command
 from autotune.launch.process import free_port
 
 FAST = {"startup_s": 0.1, "warmup_s": 0.05, "release_s": 0.2}

@@ -27,7 +27,7 @@ METRICS = (
 # and a study file's `kind` must fail as one line when it loads, before any engine is built.
 ENGINE_KINDS = ("sglang", "sim")
 # ``launch.LAUNCHERS``' names (config sits below launch/; a test keeps the two equal)
-LAUNCHER_KINDS = ("local", "container", "slurm")
+LAUNCHER_KINDS = ("local", "container", "slurm", "ssh")
 _CONSTRAINT = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
 
 

@@ -35,7 +35,6 @@ from autotune.errors import AutotuneError, ConfigError, FleetError
 from autotune.harness.engines import make_engine
 from autotune.harness.engines.base import launch_gpus
 from autotune.launch import Launcher, LaunchSpec
-from autotune.launch.local import LocalLauncher
 from autotune.launch.memory import wait_released
 from autotune.launch.process import port_is_free, stop_process_group
 from autotune.launch.procgroup import group_pids
@@ -114,12 +113,11 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
                  launcher: str | Launcher | None = None) -> int | str:
     """Start one server detached through ``launcher`` (default: the fleet file's, with its settings) and wait until
     ``/health`` answers; its pid, or its Slurm job id. FleetError with the log's reason if not. A server on another
-    host goes over SSH (``deploy.remote``), its GPU chosen as a local process's is."""
-    if not server.local:
-        env = {**engine_for(fleet, server, env=launch_env(fleet)).env(),
-               **LocalLauncher().device_env(server_gpus(fleet, server))}
-        return remote.start_server(fleet, server, server_argv(fleet, server, config), env=env,
-                                   is_healthy=lambda: healthy(server), timeout_s=timeout_s)
+    host goes through the ``ssh`` launcher (``deploy.remote``: the entry's host, the fleet's ``remote_dir``)."""
+    if not server.local:  # the ssh launcher, built from the entry's host and the fleet's remote_dir
+        return remote.start_server(fleet, server, server_argv(fleet, server, config),
+                                   env=engine_for(fleet, server, env=launch_env(fleet)).env(),
+                                   gpus=server_gpus(fleet, server), timeout_s=timeout_s)
     engine = engine_for(fleet, server, env=launch_env(fleet))
     pid_path, log_path = fleet.resolve(server.pid), fleet.resolve(server.log)
     offset = log_path.stat().st_size if log_path.exists() else 0

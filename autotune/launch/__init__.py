@@ -17,7 +17,9 @@ from autotune.launch.base import (
 from autotune.launch.container import ContainerLauncher
 from autotune.launch.local import LocalLauncher
 from autotune.launch.slurm import SlurmLauncher
+from autotune.launch.ssh import SshLauncher
 
-LAUNCHERS: dict[str, LauncherFactory] = {"local": LocalLauncher, "container": ContainerLauncher, "slurm": SlurmLauncher}
+LAUNCHERS: dict[str, LauncherFactory] = {"local": LocalLauncher, "container": ContainerLauncher, "slurm": SlurmLauncher,
+                                         "ssh": SshLauncher}
 
 __all__ = ["LAUNCHERS", "LaunchSpec", "Launcher", "ServerExited", "ServerHandle", "ServerStartTimeout"]

@@ -1,0 +1,293 @@
+"""The ``ssh`` launcher: a server on another host, started over SSH (asyncssh, optional:
+``pip install 'autotune[remote]'``), detached in its own session there.
+
+The launch is the same argv as a local one; it is shell-joined (``shlex``) only here, at the SSH boundary
+(``start_command``, ``stop_command``). Host keys are checked against ``~/.ssh/known_hosts`` and only public-key
+authentication (a key file or the agent) is offered: a fleet file never holds a password. Health is polled over
+HTTP from here (``http://<host name>:<port>``), as for local servers.
+
+The transport is injectable (``SshLauncher(transport=…)``): a callable ``(host, command, timeout_s) -> (code,
+stdout, stderr)``; the default is asyncssh. The contract case runs the same lines through a local ``bash -c``.
+
+Exit codes: the server runs under a small ``sh`` that writes its exit status beside its pid file (``.exit``), so
+``poll`` returns the real code of a server that ended by itself; a server killed by a signal (our own ``stop``
+included) leaves no status there, and ``poll`` then says ``GONE`` (-1) once ``kill -0`` finds it gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import PurePosixPath
+from typing import Any
+
+import httpx
+
+from autotune.errors import ConfigError, FleetError, ServerError
+from autotune.launch.base import (
+    LOG_TAIL_LINES,
+    Launcher,
+    LaunchSpec,
+    MemoryReader,
+    ServerExited,
+    ServerHandle,
+    ServerStartTimeout,
+)
+from autotune.launch.local import DEVICE_ORDER
+from autotune.launch.memory import used_mib, wait_released
+
+Transport = Callable[[str, str, float], tuple[int, str, str]]
+GONE = -1  # poll() of a server that is gone without an exit status (killed by a signal, or its status lost)
+ALIVE_TTL_S = 0.5  # `alive` asks the host at most twice a second: the replay reads it from its event loop
+_CALL_TIMEOUT_S = 60.0
+
+
+def split_host(host: str) -> tuple[str | None, str, int | None]:
+    """``user@name:port`` → (user, name, port); user and port are optional."""
+    user, _, rest = host.rpartition("@")
+    name, _, port = rest.partition(":")
+    if not name or (port and not port.isdigit()):
+        raise FleetError(f"cannot read host {host!r}: write name, user@name or user@name:port")
+    return user or None, name, int(port) if port else None
+
+
+def _path(remote_dir: str, relative: str) -> str:
+    return relative if relative.startswith(("/", "~")) else f"{remote_dir.rstrip('/')}/{relative}"
+
+
+def start_command(argv: Sequence[str], *, env: Mapping[str, str], log: str, pid: str, remote_dir: str,
+                  exit_status: str | None = None) -> str:
+    """The shell line that starts one server detached (own session, so its pid is its process group); prints
+    the pid. With ``exit_status`` (a file), the server runs under ``sh``, which writes its exit code there."""
+    log, pid = _path(remote_dir, log), _path(remote_dir, pid)
+    q = shlex.quote
+    files = [log, pid] + ([_path(remote_dir, exit_status)] if exit_status else [])
+    dirs = " ".join(q(d) for d in sorted({f.rpartition("/")[0] or "." for f in files}))
+    command = [q(a) for a in argv]
+    clear = ""
+    if exit_status:
+        status = _path(remote_dir, exit_status)
+        command = ["sh", "-c", q('"$@"; echo $? >"$0"'), q(status), *command]
+        clear = f"rm -f {q(status)} && "
+    launch = " ".join(["env", *(q(f"{k}={v}") for k, v in sorted(env.items())), "setsid", *command])
+    return f"mkdir -p {dirs} && {clear}{{ {launch} >{q(log)} 2>&1 </dev/null & echo $! >{q(pid)}; cat {q(pid)}; }}"
+
+
+def stop_command(*, pid: str, remote_dir: str, grace_s: float) -> str:
+    """SIGTERM the group (SGLang drains), SIGKILL it after ``grace_s``, remove the pid file."""
+    pid = shlex.quote(_path(remote_dir, pid))
+    ticks = max(1, int(grace_s * 10))
+    return (f"if [ -f {pid} ]; then p=$(cat {pid}); kill -TERM -$p 2>/dev/null; "
+            f"for i in $(seq {ticks}); do kill -0 -$p 2>/dev/null || break; sleep 0.1; done; "
+            f"kill -KILL -$p 2>/dev/null; rm -f {pid}; echo stopped; fi")
+
+
+async def _run(host: str, command: str, timeout_s: float) -> tuple[int, str, str]:
+    try:
+        import asyncssh  # optional (autotune[remote]): only servers on other hosts need it
+    except ImportError:
+        raise ServerError("servers on other hosts need asyncssh: pip install 'autotune[remote]'") from None
+    user, name, port = split_host(host)
+    options: dict[str, Any] = {"preferred_auth": "publickey"}  # never a password prompt
+    if user:
+        options["username"] = user
+    if port:
+        options["port"] = port
+
+    async def session() -> Any:
+        async with asyncssh.connect(name, **options) as conn:  # known_hosts: asyncssh's default check
+            return await conn.run(command, check=False)
+
+    try:
+        result = await asyncio.wait_for(session(), timeout_s)  # bounds the connect as well as the command
+    except (OSError, asyncssh.Error) as exc:  # TimeoutError is an OSError
+        raise FleetError(f"ssh {host}: {exc.__class__.__name__}: {exc}") from None
+    return int(result.exit_status or 0), str(result.stdout or ""), str(result.stderr or "")
+
+
+def asyncssh_transport(host: str, command: str, timeout_s: float) -> tuple[int, str, str]:
+    """The default transport: one SSH session per command (public key only, known_hosts checked)."""
+    return asyncio.run(_run(host, command, timeout_s))
+
+
+def run(host: str, command: str, *, timeout_s: float = _CALL_TIMEOUT_S) -> tuple[int, str, str]:
+    return asyncssh_transport(host, command, timeout_s)
+
+
+def _port_open(name: str, port: int) -> bool:
+    try:
+        with socket.create_connection((name, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+class SshLauncher:
+    """Starts servers on ``host`` (``user@name:port``) over ``transport``; relative log/pid paths live under
+    ``remote_dir`` there."""
+
+    name = "ssh"
+
+    def __init__(self, *, host: str, remote_dir: str = "autotune-fleet", transport: Transport | None = None) -> None:
+        split_host(host)  # a malformed host is an error now, not at the first command
+        self.host, self.remote_dir = host, remote_dir
+        self.transport: Transport = transport or asyncssh_transport
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any]) -> SshLauncher:
+        """``[launcher.ssh]``: ``host`` (required), ``remote_dir``; ``transport`` only from code (tests)."""
+        if not settings.get("host"):
+            raise ConfigError("the ssh launcher needs a host", key="launcher.ssh.host",
+                              fix="give host = \"user@name:port\"")
+        return cls(host=str(settings["host"]), remote_dir=str(settings.get("remote_dir", "autotune-fleet")),
+                   transport=settings.get("transport"))
+
+    @property
+    def host_name(self) -> str:
+        return split_host(self.host)[1]
+
+    def device_env(self, gpus: tuple[int, ...]) -> dict[str, str]:
+        """As the local launcher's: the process on the host selects its GPUs by ``CUDA_VISIBLE_DEVICES``."""
+        if not gpus:
+            return {}
+        return {**DEVICE_ORDER, "CUDA_VISIBLE_DEVICES": ",".join(str(int(g)) for g in gpus)}
+
+    def call(self, command: str, *, timeout_s: float = _CALL_TIMEOUT_S) -> tuple[int, str, str]:
+        return self.transport(self.host, command, timeout_s)
+
+    def path(self, relative: str | PurePosixPath) -> str:
+        """A path on the host (relative ones under ``remote_dir``)."""
+        return _path(self.remote_dir, str(relative))
+
+    @staticmethod
+    def pid_file(spec: LaunchSpec) -> str:
+        """Where the server's pid goes on the host: ``<run_dir>/<name or port>.pid``, else beside its log."""
+        if spec.run_dir is not None:
+            return str(PurePosixPath(str(spec.run_dir)) / f"{spec.name or spec.port}.pid")
+        return f"{spec.log_path}.pid"
+
+    def start(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> SshServer:
+        pid_file = self.pid_file(spec)
+        status_file = pid_file.removesuffix(".pid") + ".exit"
+        baseline = used_mib(gpu_reader) if gpu_reader is not None else None
+        command = start_command(spec.argv, env={**spec.env, **self.device_env(spec.gpus)}, log=str(spec.log_path),
+                                pid=pid_file, remote_dir=self.remote_dir, exit_status=status_file)
+        code, out, err = self.call(command)
+        if code != 0 or not out.strip().isdigit():
+            raise ServerError(f"launch on {self.host} failed: {(err or out).strip()[:200]}")
+        return SshServer(self, spec, pid=int(out.strip()), pid_file=pid_file, status_file=status_file,
+                         gpu_reader=gpu_reader, baseline_mib=baseline)
+
+    def stop_pid_file(self, pid_file: str, *, grace_s: float) -> bool:
+        """Stop the server whose pid is in ``pid_file`` on the host (a fleet's, started by an earlier command):
+        SIGTERM its group, SIGKILL after ``grace_s``; True if one was recorded."""
+        _, out, _ = self.call(stop_command(pid=pid_file, remote_dir=self.remote_dir, grace_s=grace_s),
+                              timeout_s=grace_s + 30.0)
+        return "stopped" in out
+
+
+class SshServer:
+    """A server on another host: its state read over the launcher's transport."""
+
+    def __init__(self, launcher: SshLauncher, spec: LaunchSpec, *, pid: int, pid_file: str, status_file: str,
+                 gpu_reader: MemoryReader | None = None, baseline_mib: float | None = None) -> None:
+        self.launcher, self.spec = launcher, spec
+        self.pid: int | None = pid  # its pid on the host (the ``sh`` that leads its session there)
+        self.host_pid = pid
+        self.pid_file, self.status_file = pid_file, status_file
+        self.port = spec.port
+        name = launcher.host_name
+        self.base_url = f"http://{f'[{name}]' if ':' in name else name}:{spec.port}"
+        self.exit_code: int | None = None
+        self.teardown_error: str | None = None
+        self._reader, self._baseline = gpu_reader, baseline_mib
+        self._checked_at: float | None = None
+        self._stopped = False
+
+    def _check(self) -> None:
+        """One round trip: running, or its exit code (``GONE`` without a status file)."""
+        status = shlex.quote(self.launcher.path(self.status_file))
+        code, out, _ = self.launcher.call(
+            f"if kill -0 {self.host_pid} 2>/dev/null; then echo running; else cat {status} 2>/dev/null || echo gone; fi",
+            timeout_s=30.0)
+        self._checked_at = time.monotonic()
+        word = out.strip()
+        if code != 0 or word == "running":
+            return
+        self.exit_code = int(word) if word.lstrip("-").isdigit() else GONE
+
+    @property
+    def alive(self) -> bool:
+        """Running (``kill -0`` on the host), asked at most once per ``ALIVE_TTL_S``."""
+        if self.exit_code is None and (self._checked_at is None
+                                       or time.monotonic() - self._checked_at >= ALIVE_TTL_S):
+            self._check()
+        return self.exit_code is None
+
+    def poll(self) -> int | None:
+        """The exit code once the server has ended (``GONE``, -1, when the host cannot tell it), else None."""
+        if self.exit_code is None:
+            self._check()
+        return self.exit_code
+
+    def log_text(self) -> str:
+        _, out, _ = self.launcher.call(f"cat {shlex.quote(self.launcher.path(str(self.spec.log_path)))} 2>/dev/null",
+                                       timeout_s=30.0)
+        return out
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
+
+    def wait_ready(self, timeout_s: float, *, stop_event: threading.Event | None = None) -> None:
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=3.0, trust_env=False) as client:
+            while True:
+                try:
+                    if client.get(f"{self.base_url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if self.poll() is not None:
+                    raise ServerExited(self.exit_code, self.log_tail())
+                if time.monotonic() >= deadline:
+                    raise ServerStartTimeout(timeout_s, self.log_tail())
+                if stop_event is not None and stop_event.wait(0.1):
+                    raise ServerError("startup interrupted")
+                time.sleep(0.1 if stop_event is None else 0)
+
+    def stop(self, grace_s: float = 10.0, release_timeout_s: float = 30.0) -> int | None:
+        """``stop_command`` (SIGTERM the group, SIGKILL after the grace), then wait until the port no longer
+        answers and, with a GPU reader, the memory is back. A second stop is harmless."""
+        if self._stopped:
+            return self.exit_code
+        self._stopped = True
+        self.poll()
+        self.launcher.stop_pid_file(self.pid_file, grace_s=grace_s)
+        deadline = time.monotonic() + release_timeout_s
+        while _port_open(self.launcher.host_name, self.port):
+            if time.monotonic() >= deadline:
+                self.teardown_error = f"port {self.port} on {self.launcher.host} still answers after the stop"
+                break
+            time.sleep(0.05)
+        if self.exit_code is None:
+            self._check()
+        while self.exit_code is None and time.monotonic() < deadline:  # the group is gone: its leader next
+            time.sleep(0.05)
+            self._check()
+        if self._reader is not None and not wait_released(self._reader, self._baseline,
+                                                          max(0.0, deadline - time.monotonic())):
+            self.teardown_error = f"GPU memory not released {release_timeout_s:g} s after the stop"
+        return self.exit_code
+
+    def release(self) -> None:
+        """Forget the server without stopping it (a fleet's serves on)."""
+        self._stopped = True
+
+
+def _conforms(server: SshServer, launcher: SshLauncher) -> tuple[ServerHandle, Launcher]:
+    """Never called: mypy holds ``SshServer`` to ``ServerHandle`` and ``SshLauncher`` to ``Launcher``."""
+    return server, launcher
