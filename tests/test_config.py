@@ -218,3 +218,16 @@ def test_launcher_tables_reach_the_launcher_the_engine_section_names(tmp_path):
     container = make_launcher("container", cfg.launcher.settings("container"))
     assert container.runtime == "podman" and container.shm_size == "32g"  # what the table leaves out: defaults
     assert cfg.launcher.settings("local") == {} and make_launcher("local", {}).name == "local"
+
+
+def test_the_ssh_launcher_takes_its_host_from_the_study_and_refuses_a_study_without_one(tmp_path):
+    from autotune.launch.registry import make_launcher
+
+    text = GOOD.replace('model = "qwen3.6-27b"', 'model = "qwen3.6-27b"\nlauncher = "ssh"')
+    with pytest.raises(ConfigError) as info:
+        load_config(write(tmp_path, text))
+    assert "launcher.ssh.host" in str(info.value) and "user@name:port" in str(info.value)
+    cfg = load_config(write(tmp_path, text.replace("[baseline]", "[launcher.ssh]\nhost = 'ops@gpu-box:2222'\n\n[baseline]")))
+    ssh = make_launcher(cfg.engine.launcher, cfg.launcher.settings("ssh"))
+    assert ssh.name == "ssh" and ssh.host == "ops@gpu-box:2222" and ssh.host_name == "gpu-box"
+    assert ssh.remote_dir == "autotune-fleet"

@@ -270,6 +270,9 @@ def _check_engine(cfg: StudyConfig, file: str) -> StudyConfig:
         if key not in known:
             raise ConfigError("unknown timeout", file=file, key=f"engine.timeouts.{key}",
                               fix=f"use one of {', '.join(sorted(known))}")
+    if eng.launcher == "ssh" and not cfg.launcher.ssh.host:
+        raise ConfigError("the ssh launcher needs a host", file=file, key="launcher.ssh.host",
+                          fix='add [launcher.ssh] host = "user@name:port"')
     extra = {"gp": ("torch", "pip install torch"), "cmaes": ("cmaes", "pip install cmaes")}.get(cfg.study.sampler)
     if extra and importlib.util.find_spec(extra[0]) is None:
         raise ConfigError(f"sampler {cfg.study.sampler!r} needs the {extra[0]} package", file=file,

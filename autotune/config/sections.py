@@ -112,11 +112,19 @@ class ContainerSection(StrictModel):
     extra_args: list[str] = []  # more `run` options, one argument each
 
 
+class SshSection(StrictModel):
+    """``[launcher.ssh]``: the host a study's (or a fleet's) servers start on, and the folder their files go in."""
+
+    host: str | None = None  # "user@name:port" (user and port optional); required with [engine] launcher = "ssh"
+    remote_dir: str = "autotune-fleet"  # relative log/pid paths live under this folder on the host
+
+
 class LauncherSection(StrictModel):
     """``[launcher.<name>]`` tables: each launcher's settings (the one ``[engine] launcher`` names is used)."""
 
     slurm: SlurmSection = SlurmSection()
     container: ContainerSection = ContainerSection()
+    ssh: SshSection = SshSection()
 
     def settings(self, name: str) -> dict[str, Any]:
         """The named launcher's settings as given (no table, or ``local``: none); defaults stay the launcher's."""
