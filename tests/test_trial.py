@@ -235,3 +235,25 @@ def test_the_trial_starts_its_server_through_the_named_launcher(env):
     assert isinstance(seen[0].argv, list) and seen[0].argv[1:3] == ["-m", "autotune.sim"]
     with pytest.raises(ConfigError, match="unknown launcher 'nowhere'"):
         run_trial(TrialSetup(engine=sim(env), workload=spec(), launcher="nowhere"), {}, trial_dir=env / "x")
+
+
+def test_a_trial_runs_through_the_ssh_launcher_on_a_loopback_transport(env):
+    """The same trial over SSH: the launcher's shell lines run by ``bash -c`` here (what sshd would do on the host);
+    measured ok, then nothing left serving and the simulated GPU released."""
+    from launchcase_ssh import Loopback
+
+    from autotune.launch.ssh import SshLauncher
+
+    transport = Loopback()
+    launcher = SshLauncher(host="127.0.0.1", remote_dir=str(env / "remote"), transport=transport)
+    setup = TrialSetup(engine=sim(env), workload=spec(warmup_s=0.3, measure_s=1.0), gpu_index=GPU,
+                       run_dir=env / "runs", launcher=launcher,
+                       timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    phases: list = []
+    result = run_trial(setup, {}, trial_dir=env / "ssh", hooks=TrialHooks(on_phase=lambda n, i: phases.append((n, i))))
+    assert result.status == "ok" and result.output_tok_s and result.output_tok_s > 0, result.reason
+    starting = next(info for name, info in phases if name == "starting")
+    assert port_is_free("127.0.0.1", starting["port"])
+    assert SimGpuReader(GPU).read()["used_gib"] < 0.1
+    assert any("setsid" in command or "kill" in command for _, command in transport.commands)
+    assert "fired up and ready to roll" in (env / "ssh" / "server.log").read_text()  # the host's log, read back
