@@ -119,6 +119,9 @@ class GpuPeaks:
     mean_util_pct: float | None = None
     peak_power_w: float | None = None
     samples: int = 0
+    # A server over several GPUs: each one's ``{"index", "peak_used_gib", "total_gib", "headroom_gib"}``; the fields
+    # above are then the fullest GPU's (the one that OOMs first decides headroom). None on one GPU.
+    per_gpu: list[dict[str, Any]] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,7 +141,8 @@ class TrialResult:
     capacity: Capacity | None = None
     metrics: Metrics | None = None
     gpu: GpuPeaks | None = None
-    gpu_index: int | None = None
+    gpu_index: int | None = None  # the server's first GPU (``gpus`` holds them all)
+    gpus: list[int] | None = None  # every GPU the server spanned (tp × pp × dp as SGLang counts them); None: none
     durations_s: dict[str, float] = field(default_factory=dict)  # startup, warmup, measure, teardown
     reason: str | None = None  # the log line (or planner message) that decided a failure
     log_path: str | None = None
@@ -163,6 +167,17 @@ class TrialResult:
     @property
     def output_tok_s(self) -> float | None:
         return self.metrics.output_tok_s if self.metrics else None
+
+    @property
+    def gpus_spanned(self) -> int:
+        """How many GPUs the server held (1 for a server without GPUs: the CPU backend's one host)."""
+        return max(1, len(self.gpus or ()))
+
+    @property
+    def tok_s_per_gpu(self) -> float | None:
+        """Output tok/s ÷ GPUs spanned: what a fleet of these servers delivers per GPU (the search ranks by it)."""
+        tok_s = self.output_tok_s
+        return None if tok_s is None else tok_s / self.gpus_spanned
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

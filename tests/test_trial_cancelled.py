@@ -68,6 +68,12 @@ class _FakeLauncher:
     def start(self, spec, *, gpu_reader=None):
         return self.handle
 
+    def device_env(self, gpus):
+        return {}
+
+    def memory_reader(self, gpus, local):
+        return local(gpus)
+
 
 def _work(**kw) -> WorkloadSpec:
     return WorkloadSpec(**{**dict(prompts=PROMPTS, sample_size=8, warmup_s=0.2, measure_s=0.5, concurrency=4,

@@ -149,13 +149,18 @@ class GpuMonitor:
         self.samples.append({"t": time.monotonic(), **reading})
 
     def peaks(self) -> GpuPeaks:
-        def values(key: str) -> list[float]:
-            return [s[key] for s in self.samples if s.get(key) is not None]
+        def values(key: str, samples: list[dict[str, Any]] | None = None) -> list[float]:
+            return [s[key] for s in (self.samples if samples is None else samples) if s.get(key) is not None]
 
         used, total = values("used_gib"), values("total_gib")
         util, power = values("util_pct"), values("power_w")
-        peak = max(used) if used else None
-        tot = max(total) if total else None
+        per_gpu = self._per_gpu()
+        if per_gpu:  # a group: the fullest GPU's peak and headroom, not one instant's least-free device
+            worst = min(per_gpu, key=lambda d: d["headroom_gib"] if d["headroom_gib"] is not None else float("inf"))
+            peak, tot = worst["peak_used_gib"], worst["total_gib"]
+        else:
+            peak = max(used) if used else None
+            tot = max(total) if total else None
         return GpuPeaks(
             peak_used_gib=round(peak, 3) if peak is not None else None,
             total_gib=round(tot, 3) if tot is not None else None,
@@ -163,4 +168,24 @@ class GpuMonitor:
             mean_util_pct=round(sum(util) / len(util), 2) if util else None,
             peak_power_w=max(power) if power else None,
             samples=len(self.samples),
+            per_gpu=per_gpu or None,
         )
+
+    def _per_gpu(self) -> list[dict[str, Any]]:
+        """Each GPU's own peak, when the reader is a group's (``launch.memory.GroupReader`` readings)."""
+        by_index: dict[int, dict[str, list[float]]] = {}
+        for sample in self.samples:
+            for dev in sample.get("devices") or ():
+                slot = by_index.setdefault(int(dev["index"]), {"used": [], "total": []})
+                if dev.get("used_gib") is not None:
+                    slot["used"].append(float(dev["used_gib"]))
+                if dev.get("total_gib") is not None:
+                    slot["total"].append(float(dev["total_gib"]))
+        out = []
+        for index, slot in sorted(by_index.items()):
+            peak = max(slot["used"]) if slot["used"] else None
+            tot = max(slot["total"]) if slot["total"] else None
+            out.append({"index": index, "peak_used_gib": None if peak is None else round(peak, 3),
+                        "total_gib": None if tot is None else round(tot, 3),
+                        "headroom_gib": None if peak is None or tot is None else round(tot - peak, 3)})
+        return out

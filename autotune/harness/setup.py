@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from autotune.harness.workload import WorkloadSpec
 from autotune.launch import Launcher
 from autotune.launch.registry import make_launcher
 from autotune.prompts import PromptSample
+from autotune.sglang.parallel import server_gpus
 
 PhaseCallback = Callable[[str, dict[str, Any]], None]
 DEFAULT_TIMEOUTS = Timeouts()
@@ -28,13 +29,16 @@ DEFAULT_TIMEOUTS = Timeouts()
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class TrialSetup:
     """The engine, workload and place of a trial. ``sample``: the prompts (None: drawn from ``workload``);
-    ``launcher``: a ``LAUNCHERS`` name or a launcher; ``gpu_index`` None: a server without GPUs."""
+    ``launcher``: a ``LAUNCHERS`` name or a launcher. Where the server runs: ``gpus``, the group it may use (a
+    worker's), or else ``gpu_index``, its first GPU (a server spanning N takes ``gpu_index … gpu_index+N-1``, as
+    SGLang's ``--base-gpu-id``); ``gpu_index`` None and no ``gpus``: a server without GPUs."""
 
     engine: Engine
     workload: WorkloadSpec
     sample: PromptSample | None = None
     launcher: str | Launcher = "local"
     gpu_index: int | None = 0
+    gpus: tuple[int, ...] | None = None
     port: int | None = None  # None: a free port per launch
     timeouts: Timeouts = DEFAULT_TIMEOUTS
     run_dir: Path | None = None  # pid files of started servers (None: ./runs)
@@ -65,3 +69,15 @@ class TrialHooks:
 
 
 NO_HOOKS = TrialHooks()
+
+
+def server_group(setup: TrialSetup, config: Mapping[str, Any]) -> tuple[int, ...]:
+    """The GPUs a server with ``config`` gets: as many as it spans (``sglang.parallel.server_gpus``), the first of
+    ``setup.gpus`` or counted up from ``setup.gpu_index``. A group smaller than the config needs is handed over as
+    it is: the server then fails at startup as SGLang does, which is the trial's outcome to record."""
+    need = server_gpus(config)
+    if setup.gpus is not None:
+        return tuple(setup.gpus[:need])
+    if setup.gpu_index is None:
+        return ()
+    return tuple(range(setup.gpu_index, setup.gpu_index + need))

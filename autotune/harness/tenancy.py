@@ -179,10 +179,21 @@ def check_engine_gpu(engine: Any, gpu_index: int | None, *, mode: str = "stop", 
                      on_wait: Callable[[str], None] | None = None) -> Occupancy | None:
     """``check_free`` on the device ``engine`` launches on (``autotune measure`` and the sweep call this). CPU
     servers (no ``processes()`` on their reader) are not checked."""
+    return check_engine_gpus(engine, (0 if gpu_index is None else gpu_index,), mode=mode, wait_s=wait_s,
+                             on_wait=on_wait)
+
+
+def check_engine_gpus(engine: Any, gpus: Iterable[int], *, mode: str = "stop", wait_s: float = 600.0,
+                      on_wait: Callable[[str], None] | None = None) -> Occupancy | None:
+    """``check_free`` on every GPU of a server's group, each on its own reader (a tenant on any one of them is
+    the server's tenant); the last GPU's occupancy, or None when nothing could be checked."""
     if getattr(engine, "device", "cuda") == "cpu":
         return None
-    reader = engine.gpu_reader(gpu_index)
-    try:
-        return check_free(reader, 0 if gpu_index is None else gpu_index, mode=mode, wait_s=wait_s, on_wait=on_wait)
-    finally:
-        reader.close()
+    seen: Occupancy | None = None
+    for gpu in gpus:
+        reader = engine.gpu_reader(gpu)
+        try:
+            seen = check_free(reader, gpu, mode=mode, wait_s=wait_s, on_wait=on_wait) or seen
+        finally:
+            reader.close()
+    return seen

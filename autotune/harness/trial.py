@@ -28,12 +28,12 @@ import httpx
 from autotune.config import Timeouts
 from autotune.config.context import misfit_reason
 from autotune.errors import ConfigError, ServerError
-from autotune.harness.engines.base import Engine, GpuReader, launch_gpus
+from autotune.harness.engines.base import Engine, GpuReader, group_reader, launch_gpus
 from autotune.harness.fidelity import FidelityProbe, ProbeError, run_probe
 from autotune.harness.files import writing
 from autotune.harness.gpu import GpuMonitor
 from autotune.harness.outcome import dominated, no_tokens, rejection_line, rejections
-from autotune.harness.setup import NO_HOOKS, PhaseCallback, TrialHooks, TrialSetup
+from autotune.harness.setup import NO_HOOKS, PhaseCallback, TrialHooks, TrialSetup, server_group
 from autotune.harness.workload import (
     PromptSample,
     ReplayRecords,
@@ -182,8 +182,10 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
     with writing(trial_dir):
         trial_dir.mkdir(parents=True, exist_ok=True)
     log_path = trial_dir / "server.log"
+    group = launch_gpus(engine, server_group(setup, config))
     base: dict[str, Any] = dict(
-        engine=engine.name, gpu_index=setup.gpu_index, trial_dir=str(trial_dir), log_path=str(log_path)
+        engine=engine.name, gpu_index=group[0] if group else setup.gpu_index, gpus=list(group) or None,
+        trial_dir=str(trial_dir), log_path=str(log_path)
     )
     assert setup.sample is not None
     launch = _Launch(engine=engine, workload=workload, trial_dir=trial_dir, timeouts=setup.timeouts,
@@ -195,7 +197,7 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
     config = dict(checked) if isinstance(checked, Mapping) else dict(config)
     if misfit is not None:  # a prompt over this config's --context-length: nothing to launch
         return _write(TrialResult(status="bad_args", config=config, reason=misfit, **base), trial_dir)
-    spec, reader = _spec(setup, config, log_path=log_path)
+    spec, reader = _spec(setup, config, group, log_path=log_path)
     launch = dataclasses.replace(launch, reader=reader)
     server: ServerHandle | None = None
     try:
@@ -230,10 +232,11 @@ class _Launch:
     durations: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def _spec(setup: TrialSetup, config: Mapping[str, Any], *, log_path: Path) -> tuple[LaunchSpec, GpuReader]:
-    """The server to start and its device's reader: the engine can launch, orphans of earlier runs are gone,
-    no old log remains."""
-    engine, gpu_index = setup.engine, setup.gpu_index
+def _spec(setup: TrialSetup, config: Mapping[str, Any], group: tuple[int, ...], *,
+          log_path: Path) -> tuple[LaunchSpec, GpuReader]:
+    """The server to start on ``group`` and its devices' reader (the launcher's: it knows where the server runs):
+    the engine can launch, orphans of earlier runs are gone, no old log remains."""
+    engine = setup.engine
     preflight = getattr(engine, "preflight", None)
     if preflight is not None:
         preflight()  # an engine that cannot launch at all is an error of the setup, not a trial outcome
@@ -242,11 +245,19 @@ def _spec(setup: TrialSetup, config: Mapping[str, Any], *, log_path: Path) -> tu
     with writing(log_path):
         log_path.unlink(missing_ok=True)  # a rerun into the same directory must not classify an old log
     port = setup.port or free_port()
-    reader = engine.gpu_reader(gpu_index)
+    launcher = make_launcher(setup.launcher)
+    # The engine's kind of reader (NVML, the simulated GPU, host memory) of the group: the launcher's to place.
+    reader = launcher.memory_reader(group, lambda gpus: group_reader(engine, gpus or _no_gpu(setup)))
     return LaunchSpec(
-        argv=engine.argv(config, port=port), port=port, env=engine.env(), gpus=launch_gpus(engine, gpu_index),
+        argv=engine.argv(config, port=port), port=port, env=engine.env(), gpus=group,
         log_path=log_path, run_dir=run_dir, shm_dir=setup.shm_dir or getattr(engine, "shm_dir", None),
     ), reader
+
+
+def _no_gpu(setup: TrialSetup) -> tuple[int, ...]:
+    """A server handed no GPU still has a reader: the CPU backend's host memory, or the simulator's device it
+    picks from ``gpu_index``."""
+    return () if setup.gpu_index is None else (setup.gpu_index,)
 
 
 def _start(launcher: Launcher, spec: LaunchSpec, launch: _Launch) -> tuple[ServerHandle | None, dict[str, Any]]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -142,6 +142,14 @@ class Launcher(Protocol):
         """The variables that select ``gpus`` for a process this launcher starts (empty when it selects them
         another way, or when ``gpus`` is empty)."""
         ...
+
+    def memory_reader(self, gpus: tuple[int, ...], local: ReaderFactory) -> MemoryReader:
+        """A reader of the memory of ``gpus`` where this launcher's servers run: ``local(gpus)`` (the engine's
+        reader on this host) for a server on this host, something that reads the other host for one elsewhere."""
+        ...
+
+
+ReaderFactory = Callable[[tuple[int, ...]], MemoryReader]  # this host's reader of some GPUs (the engine's kind)
 
 
 class LauncherFactory(Protocol):

@@ -41,6 +41,7 @@ from autotune.launch.base import (
     LOG_TAIL_LINES,
     LaunchSpec,
     MemoryReader,
+    ReaderFactory,
     ServerExited,
     ServerStartTimeout,
     log_tail,
@@ -137,6 +138,10 @@ class ContainerLauncher:
     def device_env(self, gpus: tuple[int, ...]) -> dict[str, str]:
         """Nothing: the runtime selects the GPUs, and inside the container they are 0..n-1."""
         return {}
+
+    def memory_reader(self, gpus: tuple[int, ...], local: ReaderFactory) -> MemoryReader:
+        """This host's reader: the container runs on this host's GPUs (NVML outside sees them by host index)."""
+        return local(gpus)
 
     def gpu_args(self, gpus: tuple[int, ...]) -> list[str]:
         """``--gpus device=N`` (docker; several as ``"device=0,1"``, quoted for docker's CSV parser) or one CDI

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.launch.base import Launcher, LaunchSpec, MemoryReader, ServerHandle
+from autotune.launch.base import Launcher, LaunchSpec, MemoryReader, ReaderFactory, ServerHandle
 from autotune.launch.process import WATCHDOG_GRACE_S, ServerProcess
 
 DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
@@ -33,6 +33,10 @@ class LocalLauncher:
         if not gpus:
             return {}
         return {**DEVICE_ORDER, "CUDA_VISIBLE_DEVICES": ",".join(str(int(g)) for g in gpus)}
+
+    def memory_reader(self, gpus: tuple[int, ...], local: ReaderFactory) -> MemoryReader:
+        """This host's reader: the server runs here."""
+        return local(gpus)
 
     def server(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> ServerProcess:
         """The server, not started yet (a context manager: ``with launcher.server(spec) as s``)."""

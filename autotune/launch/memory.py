@@ -4,6 +4,7 @@ so the next server sizes its pools from truly free memory (a driver frees asynch
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from autotune.launch.base import MemoryReader
 
@@ -30,3 +31,43 @@ def wait_released(
         if time.monotonic() >= deadline:
             return False
         time.sleep(poll_s)
+
+
+class GroupReader:
+    """The devices of one server that spans several GPUs, read as one: ``read`` reports the device with the least
+    free memory (the one that OOMs first decides headroom) and every device under ``devices``. It names no processes: the tenancy check reads
+    each device on its own (``harness.tenancy.check_engine_gpus``)."""
+
+    def __init__(self, readers: dict[int, MemoryReader]):
+        if not readers:
+            raise ValueError("a group reader needs at least one device")
+        self.readers = dict(readers)
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(self.readers)
+
+    def read(self) -> dict[str, float | None]:
+        devices = []
+        for index, reader in self.readers.items():
+            devices.append({"index": index, **reader.read()})
+        worst = min(devices, key=_free_gib)
+        out: dict[str, Any] = {k: v for k, v in worst.items() if k != "index"}
+        if len(devices) > 1:
+            out["devices"] = devices
+            util = [d["util_pct"] for d in devices if d.get("util_pct") is not None]
+            power = [d["power_w"] for d in devices if d.get("power_w") is not None]
+            out["util_pct"] = sum(util) / len(util) if util else None
+            out["power_w"] = sum(power) if power else None  # the server's draw: all its GPUs
+        return out
+
+    def close(self) -> None:
+        for reader in self.readers.values():
+            reader.close()
+
+
+def _free_gib(reading: dict[str, Any]) -> float:
+    used, total = reading.get("used_gib"), reading.get("total_gib")
+    if used is None:
+        return float("inf")
+    return (total if total is not None else 0.0) - used if total is not None else -used

@@ -48,6 +48,7 @@ from autotune.launch.base import (
     Launcher,
     LaunchSpec,
     MemoryReader,
+    ReaderFactory,
     ServerExited,
     ServerHandle,
     ServerStartTimeout,
@@ -168,6 +169,11 @@ class SlurmLauncher:
         argv += [f"--{key}={value}" for key, value in
                  (("partition", s.partition), ("account", s.account), ("time", s.time)) if value]
         return [*argv, *s.extra_args, str(script)]
+
+    def memory_reader(self, gpus: tuple[int, ...], local: ReaderFactory) -> MemoryReader:
+        """This host's reader: a single-node cluster's jobs run on this host (a job on another node would need a
+        reader there; multi-node clusters are not handled yet, see the README)."""
+        return local(gpus)
 
     def start(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> SlurmJob:
         sbatch = shutil.which("sbatch")

@@ -33,6 +33,7 @@ from autotune.launch.base import (
     Launcher,
     LaunchSpec,
     MemoryReader,
+    ReaderFactory,
     ServerExited,
     ServerHandle,
     ServerStartTimeout,
@@ -155,6 +156,10 @@ class SshLauncher:
         if not gpus:
             return {}
         return {**DEVICE_ORDER, "CUDA_VISIBLE_DEVICES": ",".join(str(int(g)) for g in gpus)}
+
+    def memory_reader(self, gpus: tuple[int, ...], local: ReaderFactory) -> MemoryReader:
+        """This host's reader (``local``) for now: right on a loopback host, as the tests run it."""
+        return local(gpus)
 
     def call(self, command: str, *, timeout_s: float = _CALL_TIMEOUT_S) -> tuple[int, str, str]:
         return self.transport(self.host, command, timeout_s)

@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from autotune.launch.memory import GroupReader
 from autotune.results import Capacity, FailureKind
 
 
@@ -99,9 +100,17 @@ class EngineClass(Protocol):
     def from_settings(self, settings: EngineSettings) -> Engine: ...
 
 
-def launch_gpus(engine: object, gpu_index: int | None) -> tuple[int, ...]:
+def launch_gpus(engine: object, gpus: int | tuple[int, ...] | None) -> tuple[int, ...]:
     """The GPUs a launcher gives the engine's server: none for SGLang's CPU backend (``device`` "cpu": no
-    CUDA_VISIBLE_DEVICES), else the one pinned (the simulator picks its simulated device from it, CPU or not)."""
-    if gpu_index is None or getattr(engine, "device", "cuda") == "cpu":
+    CUDA_VISIBLE_DEVICES), else the group (the simulator picks its simulated devices from it, CPU or not)."""
+    if gpus is None or getattr(engine, "device", "cuda") == "cpu":
         return ()
-    return (gpu_index,)
+    return (gpus,) if isinstance(gpus, int) else tuple(gpus)
+
+
+def group_reader(engine: Engine, gpus: tuple[int, ...]) -> GpuReader:
+    """The reader of a server's devices: the engine's reader of its one GPU, or a ``GroupReader`` over every GPU
+    of a group (the fullest decides headroom); the engine's host reader when the server has no GPU."""
+    if len(gpus) <= 1:
+        return engine.gpu_reader(gpus[0] if gpus else None)
+    return GroupReader({g: engine.gpu_reader(g) for g in gpus})  # type: ignore[return-value]
