@@ -45,9 +45,11 @@ class TrialSetup:
     shm_dir: Path | None = None  # None: the engine's
 
     def resolved(self) -> TrialSetup:
-        """The sample drawn and the launcher built, once for all launches of a trial (an unknown launcher name is
-        a ``ConfigError`` here, before any launch)."""
+        """The sample drawn (and bound to the model's chat template) and the launcher built, once for all launches
+        of a trial (an unknown launcher name is a ``ConfigError`` here, before any launch)."""
         sample = self.sample or PromptSample.load(self.workload.prompts, self.workload.sample_size, self.workload.seed)
+        # Chat rows sent as text are rendered with the served model's own template when its directory has one.
+        sample = sample.for_model(getattr(self.engine, "model_path", None))
         return dataclasses.replace(self, sample=sample, launcher=make_launcher(self.launcher))
 
 
