@@ -4,12 +4,16 @@ A server runs ``tp_size × pp_size`` GPUs per data-parallel replica. ``--dp-size
 own TP group, one router in front), so it multiplies the count, except with attention data parallelism
 (``--attn-dp-size``, or the deprecated ``--enable-dp-attention`` with ``--dp-size``): those ranks split the
 attention of one TP group and use no GPUs of their own. ``--nnodes`` spreads the count over nodes; this module
-answers per node, since a launch on one host sees that node's GPUs only.
+answers per node, since a launch on one host sees that node's GPUs only. ``ranks`` places each scheduler on its
+device ordinal as SGLang's launcher does (``engine.py`` ``_launch_scheduler_processes`` and
+``data_parallel_controller.py`` ``launch_tensor_parallel_group``): ``base_gpu_id + replica offset +
+(pp_rank % pp_per_node) × tp_per_node + (tp_rank % tp_per_node) × gpu_id_step``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -33,6 +37,48 @@ def server_gpus(config: Mapping[str, Any]) -> int:
         size *= _int(config, "dp_size")
     nodes = _int(config, "nnodes")
     return max(1, size // nodes) if size % nodes == 0 else size
+
+
+@dataclass(frozen=True)
+class Rank:
+    """One scheduler process of a server on this node: its parallel ranks and the device ordinal it opens."""
+
+    tp: int
+    pp: int
+    dp: int | None  # None without data parallelism
+    gpu_id: int
+
+    def label(self, config: Mapping[str, Any]) -> str:
+        """SGLang's log prefix for this scheduler (``DP1 TP0``, ``PP1 TP1``; empty for a single rank)."""
+        parts = [f"DP{self.dp}"] if self.dp is not None else []
+        if _int(config, "pp_size") > 1:
+            parts.append(f"PP{self.pp}")
+        if _int(config, "tp_size") > 1:
+            parts.append(f"TP{self.tp}")
+        return " ".join(parts)
+
+
+def ranks(config: Mapping[str, Any]) -> list[Rank]:
+    """Every scheduler node 0 starts for ``config``, in SGLang's launch order (replica, pp rank, tp rank)."""
+    tp, pp, dp, nodes = (_int(config, k) for k in ("tp_size", "pp_size", "dp_size", "nnodes"))
+    step, base = _int(config, "gpu_id_step"), int(config.get("base_gpu_id") or 0)
+    nodes_per_group = max(nodes // pp, 1)
+    tp_node, pp_node = max(tp // nodes_per_group, 1), max(pp // nodes, 1)
+    attn_dp = attention_dp(config)
+    attn_size = _int(config, "attn_dp_size") if _int(config, "attn_dp_size") > 1 else dp
+    replicas = 1 if attn_dp else dp
+    out = []
+    for replica in range(replicas):
+        offset = replica * tp * pp * step
+        for pp_rank in range(pp_node):
+            for tp_rank in range(tp_node):
+                if attn_dp:  # compute_dp_attention_world_info: consecutive tp ranks share one attention-DP rank
+                    dp_rank: int | None = tp_rank // max(1, tp // attn_size)
+                else:
+                    dp_rank = replica if dp > 1 else None
+                gpu = base + offset + (pp_rank % pp_node) * tp_node + (tp_rank % tp_node) * step
+                out.append(Rank(tp=tp_rank, pp=pp_rank, dp=dp_rank, gpu_id=gpu))
+    return out
 
 
 def group_line(gpus: tuple[int, ...]) -> str:

@@ -1,7 +1,8 @@
 """``python -m autotune.sim [SGLang flags] [--sim-* flags]``: one simulated SGLang 0.5.23 server process.
 
 It behaves like a real launch from the outside: flag errors exit 2, bad flag combinations exit 1 with a
-traceback, memory failures at startup print SGLang's messages and die by SIGKILL (137), the port opens before
+traceback, memory failures at startup print SGLang's messages and die by SIGKILL (137), as does a group with
+fewer visible GPUs than the server's ranks need (``invalid device ordinal``), the port opens before
 warm-up ends, and SIGTERM drains. Memory is planned from what the simulated GPU has free when it starts.
 """
 
@@ -23,7 +24,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError
 from autotune.sim import args as sim_args
-from autotune.sim import device, logs
+from autotune.sim import logs
 from autotune.sim.status import ServerStatus
 
 
@@ -112,6 +113,11 @@ async def _phase(log: logs.Log, lines: list[str], seconds: float) -> None:
 async def _startup(st: ServerStatus, log: logs.Log, total_s: float) -> None:
     """Print SGLang's startup sequence over ``total_s`` real seconds; die where SGLang would."""
     plan = st.plan
+    if st.missing is not None:  # a rank past CUDA_VISIBLE_DEVICES dies on its first CUDA call, before loading
+        log.lines(logs.invalid_device_ordinal(), rank=st.missing.label(st.server_args))
+        log(logs.SIGQUIT)
+        log(logs.kill_tree(os.getpid(), include_parent=True))
+        die_by_sigkill()
     failure = failure_phase(plan)
     if failure == "load":
         log.lines(logs.load_lines(st)[:2])
@@ -240,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = asyncio.run(_serve(st, log))
     finally:
-        device.mark_exited(st.gpu_index, os.getpid(), directory=st.device_dir)
+        st.release_device()
     if shm is not None:
         shm.close_clean()
     return rc

@@ -1,6 +1,7 @@
 """The simulated GPU: a per-index memory registry shared across processes, the simulator's "driver".
 
-Each sim server registers ``<dir>/<index>/<pid>.json`` with the memory it holds. A reader sums the live
+Each sim server registers ``<dir>/<index>/<pid>.json`` with the memory it holds, on every GPU of its group (a
+TP × PP group holds the same share on each). A reader sums the live
 registrations. A registration whose process has died keeps counting until ``release_s`` after its death was
 first observed (by ``mark_exited`` or by a reader noticing the pid is gone), because a real driver frees memory
 asynchronously and the next server sizes its pools from *free* memory. Writers replace files atomically, so
@@ -43,10 +44,25 @@ def device_dir(index: int, directory: str | os.PathLike[str] | None = None) -> P
     return Path(base) / str(int(index))
 
 
+def visible_indices(env: dict[str, str] | None = None, *, need: int = 1) -> tuple[int, ...]:
+    """Every GPU ``CUDA_VISIBLE_DEVICES`` lists, in order (what a server calls devices 0, 1, …).
+
+    Unset, empty or without a numeric entry: the machine shows devices ``0 … need-1``, as a host whose GPUs are
+    all visible shows at least the ones a server asks for. Like CUDA, the list stops at the first entry that is
+    not an index."""
+    raw = (env if env is not None else os.environ).get("CUDA_VISIBLE_DEVICES", "")
+    indices: list[int] = []
+    for entry in raw.split(","):
+        entry = entry.strip()
+        if not entry.isdigit():
+            break
+        indices.append(int(entry))
+    return tuple(indices) if indices else tuple(range(max(1, int(need))))
+
+
 def visible_index(env: dict[str, str] | None = None) -> int:
     """The first entry of ``CUDA_VISIBLE_DEVICES`` (what a server on that machine would call device 0)."""
-    raw = (env if env is not None else os.environ).get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-    return int(raw) if raw.isdigit() else 0
+    return visible_indices(env)[0]
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:

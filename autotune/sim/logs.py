@@ -45,6 +45,25 @@ _RUNTIME_FRAMES = (
      "return self.model.forward("),
 )
 
+_DEVICE_FRAMES = (
+    ('site-packages/sglang/srt/managers/scheduler.py', 6362, "run_scheduler_process",
+     "scheduler = Scheduler(server_args, port_args)"),
+    ('site-packages/sglang/srt/managers/scheduler.py', 552, "__init__", "self.init_model_worker()"),
+    ('site-packages/sglang/srt/managers/tp_worker.py', 247, "__init__", "self._model_runner = ModelRunner("),
+    ('site-packages/sglang/srt/model_executor/model_runner.py', 383, "__init__",
+     "min_per_gpu_memory = self.init_torch_distributed()"),
+    ('site-packages/sglang/srt/model_executor/model_runner.py', 791, "init_torch_distributed",
+     "torch.get_device_module(self.device).set_device(self.gpu_id)"),
+    ('site-packages/torch/cuda/__init__.py', 567, "set_device", "torch._C._cuda_setDevice(device)"),
+)
+INVALID_ORDINAL = "RuntimeError: CUDA error: invalid device ordinal"
+TORCH_CUDA_HINTS = (
+    "CUDA kernel errors might be asynchronously reported at some other API call, so the stacktrace below might be "
+    "incorrect.",
+    "For debugging consider passing CUDA_LAUNCH_BLOCKING=1",
+    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+)
+
 
 class Log:
     """Timestamped lines on one stream (the harness captures stdout and stderr together)."""
@@ -52,13 +71,15 @@ class Log:
     def __init__(self, stream: TextIO | None = None):
         self.stream = stream or sys.stdout
 
-    def __call__(self, message: str) -> None:
-        self.stream.write(f"{time.strftime('[%Y-%m-%d %H:%M:%S]')} {message}\n")
+    def __call__(self, message: str, *, rank: str = "") -> None:
+        """One record; ``rank`` is a scheduler's prefix (``TP1``), printed inside the brackets as SGLang does."""
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S") + (f" {rank}" if rank else "")
+        self.stream.write(f"[{stamp}] {message}\n")
         self.stream.flush()
 
-    def lines(self, messages: Iterable[str]) -> None:
+    def lines(self, messages: Iterable[str], *, rank: str = "") -> None:
         for message in messages:
-            self(message)
+            self(message, rank=rank)
 
 
 def gb(value: float) -> str:
@@ -176,6 +197,16 @@ def scheduler_exception(message: str, *, phase: str) -> list[str]:
     for path, line, func, code in frames:
         body += [f'  File "{path}", line {line}, in {func}', f"    {code}"]
     body.append(error_line(message))
+    return ["\n".join(body) + "\n"]
+
+
+def invalid_device_ordinal() -> list[str]:
+    """A scheduler whose ``gpu_id`` is past the visible devices: torch's error from ``set_device`` in
+    ``ModelRunner.init_torch_distributed``, the first CUDA call of a rank."""
+    body = ["Scheduler hit an exception: Traceback (most recent call last):"]
+    for path, line, func, code in _DEVICE_FRAMES:
+        body += [f'  File "{path}", line {line}, in {func}', f"    {code}"]
+    body += [INVALID_ORDINAL, *TORCH_CUDA_HINTS]
     return ["\n".join(body) + "\n"]
 
 

@@ -7,6 +7,7 @@ import bisect
 import time
 from typing import Any
 
+from autotune.sglang import parallel
 from autotune.sim import args as sim_args
 from autotune.sim import device, logs
 from autotune.sim.limits import largest_graph_bs
@@ -40,13 +41,26 @@ def _startup_times(value: Any, spec: bool) -> dict[str, Any]:
             "cuda_graph": {p: graphs * shares.get(p, 0.0) for p in GRAPH_PHASES}, "tokenizer_e2e": total + 1.0}
 
 
+def _group(server_args: dict[str, Any]) -> tuple[tuple[int, ...], parallel.Rank | None]:
+    """The GPUs the server's schedulers open (``CUDA_VISIBLE_DEVICES`` entries at their device ordinals) and the
+    first scheduler whose ordinal is past the visible list (it fails at startup; None when all fit)."""
+    ranks = parallel.ranks(server_args)
+    visible = device.visible_indices(need=max(r.gpu_id for r in ranks) + 1)
+    missing = next((r for r in ranks if r.gpu_id >= len(visible)), None)
+    gpus = tuple(dict.fromkeys(visible[r.gpu_id] for r in ranks if r.gpu_id < len(visible)))
+    return gpus or visible[:1], missing
+
+
 class ServerStatus:
     """What one sim server planned and holds: startup lines, ``/server_info``, ``/metrics``, the device record."""
 
     def __init__(self, *, args: sim_args.SimArgs, model: Any, gpu: Any, plan: Any, scheduler: Any,
-                 gpu_index: int, free_gib: float, pid: int):
+                 gpus: tuple[int, ...], free_gib: float, pid: int, missing: parallel.Rank | None = None):
         self.args, self.model, self.gpu, self.plan, self.scheduler = args, model, gpu, plan, scheduler
-        self.gpu_index, self.free_gib, self.pid = gpu_index, free_gib, pid
+        # Every GPU of the server's group holds the planner's per-GPU figures (TP and PP ranks alike).
+        self.gpus, self.free_gib, self.pid = gpus, free_gib, pid
+        self.gpu_index = gpus[0]
+        self.missing = missing  # the first scheduler whose device ordinal CUDA_VISIBLE_DEVICES does not show
         self.device_dir = args.sim["device_dir"]
         sim, x = args.sim, plan.extra
         self.server_args = args.server_args
@@ -90,8 +104,9 @@ class ServerStatus:
                              output_dist=sim["output_dist"])
         model = load_model(args.flags["model_path"])
         gpu = load_gpu(sim["gpu"], memory_mib=sim["gpu_memory_mib"])
-        index = device.visible_index()
-        others = device.others_used_mib(index, pid, sim["device_dir"])
+        gpus, missing = _group(args.server_args)
+        # The fullest GPU of the group decides (SGLang takes the minimum free memory over its TP group).
+        others = max(device.others_used_mib(index, pid, sim["device_dir"]) for index in gpus)
         # SGLang sizes from the memory free after its own CUDA context: what the others leave, minus ours.
         free_gib = max(0.0, (gpu.memory_mib - others) / 1024 - float(getattr(gpu, "cuda_context_gib", 0.5)))
         plan = make_plan(model, gpu, args.flags, free_gib=free_gib)
@@ -103,28 +118,40 @@ class ServerStatus:
             sched = Scheduler.from_plan(plan, model, gpu, noise=float(sim["noise"]), seed=int(sim["seed"]),
                                         track_interval=args.flags.get("mamba_track_interval"),
                                         efficiency=deviation.decode_efficiency)
-        return cls(args=args, model=model, gpu=gpu, plan=plan, scheduler=sched, gpu_index=index,
-                   free_gib=free_gib, pid=pid)
+        return cls(args=args, model=model, gpu=gpu, plan=plan, scheduler=sched, gpus=gpus, free_gib=free_gib,
+                   pid=pid, missing=missing)
 
     # -- device ---------------------------------------------------------------------------------------------
     def register_device(self) -> None:
-        device.register(self.gpu_index, pid=self.pid, gpu_name=self.gpu.name, total_mib=self.gpu.memory_mib,
-                        used_mib=self.context_mib, release_s=float(self.args.sim["release_s"]),
-                        directory=self.device_dir)
+        """Register on every GPU of the group: each scheduler rank opens a CUDA context on its own device."""
+        for index in self.gpus:
+            device.register(index, pid=self.pid, gpu_name=self.gpu.name, total_mib=self.gpu.memory_mib,
+                            used_mib=self.context_mib, release_s=float(self.args.sim["release_s"]),
+                            directory=self.device_dir)
+
+    def release_device(self) -> None:
+        """A clean exit: every GPU of the group starts freeing this server's memory."""
+        for index in self.gpus:
+            device.mark_exited(index, self.pid, directory=self.device_dir)
 
     def report_device(self, *, busy: bool, prefill: bool = False, held_mib: float | None = None) -> None:
         act = float(self.plan.gib.activations) * (1.0 if prefill else 0.1) * 1024 if busy else 0.0
         used = held_mib if held_mib is not None else self.static_mib + act
-        try:
-            device.update(self.gpu_index, self.pid, used_mib=used, util_pct=100.0 if busy else 0.0,
-                          directory=self.device_dir)
-        except OSError:
-            pass  # the registry folder is gone (a test cleaned up): serving goes on
+        for index in self.gpus:  # TP ranks run in lockstep: each GPU holds and works the same
+            try:
+                device.update(index, self.pid, used_mib=used, util_pct=100.0 if busy else 0.0,
+                              directory=self.device_dir)
+            except OSError:
+                pass  # the registry folder is gone (a test cleaned up): serving goes on
 
     def device_reading(self) -> dict[str, Any]:
-        r = device.read(self.gpu_index, self.device_dir)
-        return {"index": self.gpu_index, "used_mib": r.used_mib, "total_mib": r.total_mib, "free_mib": r.free_mib,
-                "util_pct": r.util_pct, "processes": r.processes}
+        """``/sim/gpu``: the first GPU's reading at the top level (as before), every GPU of the group in ``devices``."""
+        readings = []
+        for index in self.gpus:
+            r = device.read(index, self.device_dir)
+            readings.append({"index": index, "used_mib": r.used_mib, "total_mib": r.total_mib,
+                             "free_mib": r.free_mib, "util_pct": r.util_pct, "processes": r.processes})
+        return {**readings[0], "devices": readings}
 
     # -- reports --------------------------------------------------------------------------------------------
     def resolved_args(self) -> dict[str, Any]:

@@ -41,6 +41,9 @@ _RUNTIME_OOM = (
     "Decode out of memory",
     "alloc_req_slots runs out of memory",
 )
+# A scheduler could not open its device: the GPU group is smaller than the ranks need (or a GPU is gone). The
+# launch's fault, not the config's, so it is a crash and never a verdict on the config.
+_NO_DEVICE = ("CUDA error: invalid device ordinal", "CUDA error: no CUDA-capable device is detected")
 _HANG = ("watchdog timeout",)
 _PREFIX = re.compile(r"^\[\d{4}-\d\d-\d\d [\d:]+(?:\s+[^\]]*)?\]\s*")
 _EXCEPTION = re.compile(r"^(?:[\w.]+(?:Error|Exception)|KeyboardInterrupt)(?::|$)")
@@ -90,6 +93,9 @@ def diagnose(log_text: str, exit_code: int | None) -> tuple[FailureKind | None, 
         line = _find(before, _BAD_ARGS)
         if line is not None or exit_code == 2:
             return "bad_args", line or _last_exception(before) or "argument parsing failed (exit 2)"
+    line = _find(before, _NO_DEVICE)
+    if line is not None:
+        return "crash", line
     line = _find(before, _STARTUP_OOM) or _find(before, _CUDA_OOM)
     if line is not None:
         return "startup_oom", line

@@ -81,7 +81,7 @@ class SimEngine(logparse.LogReading):
         ]
 
     def env(self) -> dict[str, str]:
-        """The engine's own variables; the simulated GPU is the launcher's CUDA_VISIBLE_DEVICES' first entry."""
+        """The engine's own variables; the simulated GPUs are the launcher's CUDA_VISIBLE_DEVICES, one per rank."""
         return dict(self.extra_env)
 
     def preflight(self) -> None:
