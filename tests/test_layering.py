@@ -16,7 +16,7 @@ PACKAGE = ROOT / "autotune"
 # Lower layers never import higher ones. ``prompts`` reads the prompt file for both config (its check) and the
 # harness (its replay); it depends on ``errors`` only.
 LAYERS: dict[str, int] = {
-    "errors": 0, "results": 0, "progress": 0, "redaction": 0, "tomlwrite": 0, "prompts": 0,
+    "errors": 0, "results": 0, "progress": 0, "redaction": 0, "tomlwrite": 0, "prompts": 0, "settle": 0, "job": 0,
     "sglang": 1,
     "config": 2,
     "launch": 3,  # WHERE a server runs: below the harness (trial) and deploy (fleet), which start servers through it
@@ -27,7 +27,7 @@ LAYERS: dict[str, int] = {
     "cli": 8,
 }
 # The simulator is its own program: SGLang's model and the bottom layer only.
-SIM_MAY_IMPORT = {"sim", "sglang", "errors", "results", "progress", "redaction", "tomlwrite", "prompts"}
+SIM_MAY_IMPORT = {"sim", "sglang", "errors", "results", "progress", "redaction", "tomlwrite", "prompts", "settle"}
 # Imports among the packages of one layer, each with its reason (none today).
 SIDEWAYS: set[tuple[str, str]] = set()
 # The only modules outside ``autotune/sim/`` that may import ``autotune.sim``.
