@@ -43,3 +43,24 @@ def test_the_line_says_before_and_after_and_what_was_saved():
     assert f"{base.hours:,.1f} h → {win.hours:,.1f} h (" in line
     assert f"({base.gpu_hours - win.gpu_hours:,.0f} saved)" in line and f"${win.cost:,.0f}" in line
     assert "→" not in job_line(SEED, None, win)
+
+
+def test_a_study_files_job_section_loads_and_a_bad_value_is_one_line(tmp_path):
+    from pathlib import Path
+
+    from autotune.config import load_config
+    from autotune.errors import ConfigError
+
+    example = (Path(__file__).resolve().parents[1] / "studies" / "example.toml").read_text()
+    prompts = Path(__file__).resolve().parents[1] / "studies"
+    study = prompts / f"job-{tmp_path.name}.toml"  # beside the example: its relative prompt path must resolve
+    try:
+        study.write_text(example + "\n[job]\ncompletions = 902087\ngpus = 7\ngpu_hour_cost = 4.5\n")
+        job = load_config(study).job
+        assert job is not None and job.as_job() == Job(completions=902_087, gpus=7, gpu_hour_cost=4.5)
+        study.write_text(example + "\n[job]\ncompletions = 902087\n")
+        with pytest.raises(ConfigError) as err:
+            load_config(study)
+        assert "job.gpus" in str(err.value) and "\n" not in str(err.value)
+    finally:
+        study.unlink(missing_ok=True)

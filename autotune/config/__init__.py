@@ -27,6 +27,7 @@ from autotune.config.sections import (
     BaselineSection,
     EngineSection,
     Enqueued,
+    JobSection,
     LauncherSection,
     ObjectiveSection,
     ParamSpec,
@@ -60,6 +61,7 @@ class StudyConfig(StrictModel):
     baseline: BaselineSection = BaselineSection()
     enqueue: list[Enqueued] = []
     launcher: LauncherSection = LauncherSection()  # [launcher.slurm], [launcher.container]
+    job: JobSection | None = None  # [job]: results also read as the job's hours, GPU-hours and cost
     # Filled by load_config, not read from the file.
     path: Path | None = None
     notes: tuple[str, ...] = Field((), exclude=True)  # warnings for the user (a prompt file short of sample_size)

@@ -1,5 +1,5 @@
 """The study file's sections as pydantic models: ``[study]``, ``[engine]``, ``[space]``, ``[workload]``,
-``[objective]``, ``[baseline]`` and ``[[enqueue]]``.
+``[objective]``, ``[baseline]``, ``[[enqueue]]`` and ``[job]``.
 
 Each model checks what it can alone (types, ranges, known metrics, a parameter's shape, an SLO's syntax). What
 needs the whole file or SGLang's flag table (flag names, profiles, the prompt file, relative paths) is
@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
+
+from autotune.job import Job
 
 Scalar = str | int | float | bool
 UNSET = "unset"  # a choice meaning "leave the flag out: SGLang's default"
@@ -296,3 +298,16 @@ class BaselineSection(StrictModel):
 class Enqueued(StrictModel):
     label: str
     flags: dict[str, Any]
+
+
+class JobSection(StrictModel):
+    """``[job]``: the job the study tunes for, so results read as its hours and cost (``autotune.job``)."""
+
+    completions: int = Field(ge=1)
+    gpus: int = Field(ge=1)
+    gpu_hour_cost: float | None = Field(None, ge=0)
+    mean_output_tokens: float | None = Field(None, gt=0)  # None: the sample's measured mean
+
+    def as_job(self) -> Job:
+        return Job(completions=self.completions, gpus=self.gpus, gpu_hour_cost=self.gpu_hour_cost,
+                   mean_output_tokens=self.mean_output_tokens)
