@@ -6,11 +6,13 @@ from pathlib import Path
 
 import click
 
+from autotune.cli.studyref import study_file
 from autotune.report.page import report as run_report
 
 
 @click.command("report")
-@click.option("--config", "config", type=click.Path(path_type=Path), help="Study TOML (gives the study name and storage).")
+@click.option("--config", "config", type=click.Path(path_type=Path),
+              help="Study TOML (gives the study name and storage; default: studies/example.toml).")
 @click.option("--study", "study", help="Study name (default: the only study in the storage).")
 @click.option("--storage", "storage", help="Optuna storage URL (default: sqlite:///studies/<study>.db).")
 @click.option("--out", "out", type=click.Path(path_type=Path),
@@ -24,7 +26,8 @@ def report(config: Path | None, study: str | None, storage: str | None, out: Pat
            compare: tuple[str, ...], fmt: str) -> None:
     """Write a self-contained HTML report that explains why the winner wins."""
     names = [name.strip() for item in compare for name in item.split(",") if name.strip()]
-    written, text = run_report(study=study, storage=storage, config=config, out=out, compare=names, fmt=fmt)
+    written, text = run_report(study=study, storage=storage, config=study_file(config, study, storage), out=out,
+                               compare=names, fmt=fmt)
     if text is not None:
         click.echo(text)
     elif written is not None:

@@ -1,0 +1,44 @@
+"""Every command finds its study the same way: the quick start's study file when none is named."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import studyfactory as sf
+from click.testing import CliRunner
+
+from autotune.cli import cli
+from autotune.cli.studyref import DEFAULT_STUDY, resolve_config, study_file
+from autotune.config import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_default_is_the_example_unless_a_study_is_named_another_way(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert study_file(None, None, None) == ROOT / DEFAULT_STUDY  # none here: the packaged example
+    assert study_file(tmp_path / "s.toml", "x", None) == tmp_path / "s.toml"
+    assert study_file(None, "x", None) is None and study_file(None, None, "sqlite:///x.db") is None
+    (tmp_path / "studies").mkdir()
+    (tmp_path / DEFAULT_STUDY).write_text("")
+    assert resolve_config(None) == tmp_path / DEFAULT_STUDY  # the working directory's comes first
+
+
+def test_report_with_no_arguments_reads_the_quick_start_study(tmp_path, monkeypatch):
+    shutil.copytree(ROOT / "studies", tmp_path / "studies", ignore=shutil.ignore_patterns("*.db", "example"))
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    cfg = load_config(tmp_path / DEFAULT_STUDY)
+    sf.make_study(n_trials=8, seed=3, name=cfg.name, storage=cfg.storage_url)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["report"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "reports" / f"{cfg.name}.html").is_file()
+
+
+def test_report_naming_a_missing_default_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("autotune.cli.studyref.Path.is_file", lambda self: False)
+    with pytest.raises(Exception, match="studies/example.toml not found"):
+        resolve_config(None)
