@@ -154,3 +154,53 @@ def test_corrections_default_to_identity_and_move_the_plan():
     assert plan(model, gpu, flags, graph_scale=2.0).gib.graphs == pytest.approx(2 * base.gib.graphs, abs=1e-4)
     heavy = plan(model, gpu, flags, activation_scale=1.5)
     assert heavy.failure == "startup_oom" and "Capture cuda graph failed" in (heavy.message or "")
+
+
+# -- parallel layouts: the plan is for one GPU of the group (docs/sglang-memory.md §9) ---------------------------
+NEXT = load_model("qwen3-next-80b-a3b")
+
+
+def test_pp_stage_splits_layers_as_get_pp_indices_and_counts_its_full_attention_layers():
+    assert step.pp_stage(QWEN, 1) == (64, 16)
+    assert step.pp_stage(QWEN, 2) == (32, 8)  # every 4th layer is full attention: 8 in each half
+    assert step.pp_stage(QWEN, 3) == (22, 6)  # 21/21/22: the last stage takes the extra layer
+    assert step.pp_stage(NEXT, 4) == (12, 3)
+
+
+def test_pp_halves_the_weights_and_the_kv_cell_per_rank():
+    one, two = chain(*MTP), chain(*MTP, "pp-size=2")
+    assert two["weights"].target_gib == pytest.approx(one["weights"].target_gib / 2)
+    draft = one["weights"].weights_gib - one["weights"].target_gib
+    assert draft > 5  # the MTP draft is loaded whole by the stage that runs it
+    assert two["weights"].weights_gib == pytest.approx(two["weights"].target_gib + draft)
+    target_cell = QWEN.kv_cell_bytes()
+    assert two["kv"].cell_bytes == target_cell // 2 + QWEN.draft_kv_cell_bytes
+    assert two["kv"].tokens > one["kv"].tokens
+
+
+def test_pp_without_draft_matches_tp_for_weights_but_keeps_every_kv_head():
+    pp, tp = plan(NEXT, load_gpu("h200"), {"pp_size": 2}), plan(NEXT, load_gpu("h200"), {"tp_size": 2})
+    assert pp.fits and tp.fits
+    assert pp.gib.weights == pytest.approx(tp.gib.weights)
+    # pp 2: 6 full layers × 2 KV heads; tp 2: 12 full layers × 1 KV head: the same bytes per token
+    assert pp.extra["kv_cell_bytes"] == tp.extra["kv_cell_bytes"] == 2 * 512 * 6 * 2
+    # the Mamba charge counts every linear layer (mamba_cache_per_req), sharded over the attention TP group only
+    assert pp.extra["mamba_slot_bytes"] == 2 * tp.extra["mamba_slot_bytes"]
+
+
+def test_attention_dp_shards_kv_and_mamba_over_the_attention_tp_group_only():
+    tp4 = chain("tp-size=4")
+    dp = chain("tp-size=4", "dp-size=2", "enable-dp-attention=true")
+    assert dp["start"].attn_tp == 2 and tp4["start"].attn_tp == 4
+    assert dp["kv"].cell_bytes == QWEN.kv_cell_bytes(2)  # 2 KV heads per rank, not 1 (no draft here)
+    assert dp["kv"].cell_bytes == 2 * tp4["kv"].cell_bytes
+    assert dp["mamba"].slot_bytes == QWEN.mamba_slot_bytes(2) == 2 * tp4["mamba"].slot_bytes
+    assert dp["weights"].weights_gib == pytest.approx(tp4["weights"].weights_gib)  # see §9: a known deviation
+
+
+def test_attention_dp_splits_running_requests_and_mamba_slots_per_worker():
+    dp = chain(*MTP, "tp-size=4", "dp-size=2", "enable-dp-attention=true", "max-running-requests=64",
+               "max-mamba-cache-size=400")
+    assert dp["sizes"].mrr_dp == 32  # resolve_max_num_reqs: requested // attn_dp_size
+    assert dp["mamba"].slots == 200  # _handle_max_mamba_cache: max_mamba_cache_size // attn_dp_size
+    assert dp["cap"].requests == min(32, 200 // dp["layout"].ratio)

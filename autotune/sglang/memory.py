@@ -163,7 +163,7 @@ def _extra(t: _Trace, f: Mapping[str, Any]) -> dict[str, Any]:
     s = t.start
     ex: dict[str, Any] = dict(
         pre_gib=round(s.pre_gib, 4), total_gib=round(s.total_gib, 4), cuda_context_gib=s.cuda_context_gib,
-        tp_size=s.tp, spec=False, draft_tokens=0, spec_steps=0, spec_topk=0,
+        tp_size=s.tp, pp_size=s.pp, attn_tp_size=s.attn_tp, spec=False, draft_tokens=0, spec_steps=0, spec_topk=0,
         requested_mrr=f.get("max_running_requests"), binding=None, startup_s=0.0, runtime_oom_tokens=None,
         static_gib=0.0, peak_gib=0.0, rest_gib=0.0)
     if t.spec:
@@ -177,7 +177,8 @@ def _extra(t: _Trace, f: Mapping[str, Any]) -> dict[str, Any]:
     if t.sizes:
         ex.update(chunked_prefill_size=t.sizes.chunk, context_len=t.sizes.context_len)
     if t.weights:
-        ex.update(startup_s=t.weights.startup_s, static_gib=t.weights.held_gib, peak_gib=t.weights.held_gib)
+        ex.update(startup_s=t.weights.startup_s, static_gib=t.weights.held_gib, peak_gib=t.weights.held_gib,
+                  target_weights_gib=round(t.weights.target_gib, 4))
     if t.mamba:
         m = t.mamba
         ex["mamba_slot_bytes"] = m.slot_bytes

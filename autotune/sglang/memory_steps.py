@@ -50,6 +50,36 @@ class Start:
     pp: int
     attn_dp: int
 
+    @property
+    def attn_tp(self) -> int:
+        """Ranks one attention layer is split over: ``tp / attn_dp`` (``compute_dp_attention_world_info``). KV
+        heads and linear-attention (Mamba) state shard over these, not over the whole TP group."""
+        return max(1, self.tp // max(1, self.attn_dp))
+
+
+def pp_stage(model: ModelProfile, pp: int) -> tuple[int, int]:
+    """(layers, full-attention layers) of the fullest pipeline stage, the rank the plan is for.
+
+    SGLang's ``get_pp_indices`` (``srt/distributed/utils.py``) gives every stage ``L // pp`` layers and the last
+    ``L % pp`` stages one more; Qwen hybrids put full attention on every k-th layer (k = L / full layers), so a
+    stage holds the full-attention layers whose ids fall in its range (``pool_configurator.py``
+    ``DefaultPoolConfigurator``: ``start_layer <= i < end_layer``)."""
+    layers, full = model.num_layers, model.full_layers
+    if pp <= 1 or layers <= 0:
+        return layers, full
+    base, extra = divmod(layers, pp)
+    stages, start = [], 0
+    for index in range(pp):
+        size = base + (1 if index >= pp - extra else 0)
+        if full and layers % full == 0:
+            k = layers // full
+            held = sum(1 for i in range(start, start + size) if (i + 1) % k == 0)
+        else:
+            held = -(-full * size // layers)
+        stages.append((size, held))
+        start += size
+    return max(stages)
+
 
 def start(gpu: GpuProfile, f: Flags, *, free_gib: float | None) -> Start:
     """``pre`` = ``free_gib`` (memory free before this server loads) or total − CUDA context."""
@@ -175,6 +205,7 @@ class Weights:
     """Weights and what ``_profile_available_bytes`` leaves for the pools (``rest``, bytes)."""
 
     weights_gib: float  # target + draft, per rank
+    target_gib: float  # the target model's share of ``weights_gib`` (its pipeline stage's layers)
     workspace_gib: float  # taken before profiling besides the weights (+ the workspace_offset_gib knob)
     mm_reserve_gib: float  # SGLANG_VLM_CACHE_SIZE_MB for a multimodal model
     avail_gib: float  # free after weights and workspace
@@ -185,11 +216,15 @@ class Weights:
 
 def weights(model: ModelProfile, f: Flags, r: Resolved, *, workspace_offset_gib: float = 0.0) -> Weights:
     pre, mfs = r.start.pre_gib, r.sizes.mfs
-    w = model.weights_gib(with_draft=r.spec.draft_model, tp=r.start.tp)
+    # A pipeline stage loads only its layers (the draft stays whole: it runs after the last stage).
+    stage_layers, _ = pp_stage(model, r.start.pp)
+    target = model.weights_gib(with_draft=False, tp=r.start.tp) * stage_layers / max(1, model.num_layers)
+    w = target + model.weights_gib(with_draft=r.spec.draft_model, tp=r.start.tp) - model.weights_gib(
+        with_draft=False, tp=r.start.tp)
     workspace = model.workspace_bytes(r.sizes.prefill_tokens, r.start.tp) / GIB + workspace_offset_gib
     mm_reserve = 100 / 1024 if model.multimodal and not f.get("language_only") else 0.0
     avail = pre - w - workspace
-    return Weights(weights_gib=w, workspace_gib=workspace, mm_reserve_gib=mm_reserve, avail_gib=avail,
+    return Weights(weights_gib=w, target_gib=target, workspace_gib=workspace, mm_reserve_gib=mm_reserve, avail_gib=avail,
                    rest_bytes=(avail - pre * (1 - mfs) - mm_reserve) * GIB,
                    startup_s=round(STARTUP_FIXED_S + w / LOAD_GIB_S, 1),
                    held_gib=round(r.start.cuda_context_gib + min(w, pre), 4))
@@ -242,7 +277,9 @@ def mamba_pool(model: ModelProfile, f: Flags, r: Resolved, w: Weights) -> MambaP
     if not model.has_mamba:
         return MambaPool(slots=None, scratch_requests=0, slot_bytes=0, full_memory_ratio=None, ssm_dtype=None,
                          rest_bytes=rest)
-    tp, d = r.start.tp, r.spec.d
+    # Linear-attention state shards over the attention TP group (``mamba2_cache_params``: get_attention_tp_size);
+    # the charge P counts every linear layer (``mamba_cache_per_req``: len(layers) over all linear_layer_ids).
+    tp, d = r.start.attn_tp, r.spec.d
     ssm_dtype = f.get("mamba_ssm_dtype") or model.ssm_dtype
     slot = model.mamba_slot_bytes(tp, ssm_dtype)
     conv, ssm = model.mamba_conv_bytes(tp), model.mamba_ssm_bytes(tp, ssm_dtype)
@@ -288,7 +325,7 @@ def check_rest(w: Weights, m: MambaPool, r: Resolved) -> None:
 def kv_pool(model: ModelProfile, f: Flags, r: Resolved, m: MambaPool) -> KvPool:
     sp, page = r.spec, r.layout.page_size
     with_draft = sp.on and sp.draft_model and sp.algorithm != "NGRAM"
-    cell = model.kv_cell_bytes(r.start.tp, str(f.get("kv_cache_dtype") or "auto"), with_draft=with_draft)
+    cell = kv_cell(model, r.start, str(f.get("kv_cache_dtype") or "auto"), with_draft=with_draft)
     tokens = int(m.rest_bytes // cell) // page * page
     warnings: list[str] = []
     cap = f.get("max_total_tokens")
@@ -301,6 +338,16 @@ def kv_pool(model: ModelProfile, f: Flags, r: Resolved, m: MambaPool) -> KvPool:
     if 0 < tokens < r.sizes.context_len:
         warnings.append(f"KV pool holds {tokens} tokens, fewer than --context-length {r.sizes.context_len}.")
     return KvPool(cell_bytes=cell, tokens=tokens, gib=tokens * cell / GIB, warnings=tuple(warnings))
+
+
+def kv_cell(model: ModelProfile, s: Start, kv_dtype: str, *, with_draft: bool) -> int:
+    """KV bytes per token on the plan's rank: KV heads over the attention TP group (``attn_tp_size`` in
+    ``_compute_cell_size``), the full-attention layers of its pipeline stage, plus the draft's layers."""
+    target = model.kv_cell_bytes(s.attn_tp, kv_dtype)
+    draft = model.kv_cell_bytes(s.attn_tp, kv_dtype, with_draft=True) - target if with_draft else 0
+    if s.pp > 1 and model.full_layers:
+        target = target * pp_stage(model, s.pp)[1] // model.full_layers
+    return target + draft
 
 
 def check_kv(kv: KvPool, r: Resolved) -> None:

@@ -5,7 +5,7 @@ own TP group, one router in front), so it multiplies the count, except with atte
 (``--attn-dp-size``, or the deprecated ``--enable-dp-attention`` with ``--dp-size``): those ranks split the
 attention of one TP group and use no GPUs of their own. ``--nnodes`` spreads the count over nodes; this module
 answers per node, since a launch on one host sees that node's GPUs only. ``ranks`` places each scheduler on its
-device ordinal as SGLang's launcher does (``engine.py`` ``_launch_scheduler_processes`` and
+device ordinal as SGLang's launcher does (``srt/entrypoints/engine.py`` ``_launch_subprocesses`` and
 ``data_parallel_controller.py`` ``launch_tensor_parallel_group``): ``base_gpu_id + replica offset +
 (pp_rank % pp_per_node) × tp_per_node + (tp_rank % tp_per_node) × gpu_id_step``.
 """

@@ -76,7 +76,8 @@ class ServerStatus:
         self.startup_time = _startup_times(x.get("startup_s"), self.spec)
         self.started_at = time.time()
         tp = int(self.server_args.get("tp_size") or 1)
-        self.target_gib = float(model.weights_gib(with_draft=False, tp=tp))
+        # The plan's target share on this rank (a pipeline stage holds only its layers).
+        self.target_gib = float(x.get("target_weights_gib") or model.weights_gib(with_draft=False, tp=tp))
         self.draft_gib = max(0.0, float(plan.gib.weights) - self.target_gib)
         self.pre_gib = float(x.get("pre_gib", free_gib))
         g = plan.gib
