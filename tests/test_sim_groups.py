@@ -151,3 +151,54 @@ def test_tp2_server_on_one_visible_gpu_dies_with_invalid_device_ordinal(tmp_path
     assert "Load weight begin" not in text  # the rank dies on its first CUDA call, before loading
     assert logparse.diagnose(text, proc.returncode) == ("crash", ORDINAL)
     assert _wait(lambda: device.read(2, tmp_path / "devices").used_mib == 0, timeout=5)
+
+
+# -- through the harness: a trial hands the server its group ------------------------------------------------------
+PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
+
+
+def _trial(tmp_path: Path, gpus: tuple[int, ...], name: str):
+    from autotune.harness.engines import make_engine
+    from autotune.harness.setup import TrialSetup
+    from autotune.harness.trial import Timeouts, run_trial
+    from autotune.harness.workload import WorkloadSpec
+
+    (tmp_path / "shm").mkdir(exist_ok=True)
+    engine = make_engine("sim", model_path=MODEL, sim_gpu=GPU,
+                         sim_options={"startup_s": 0.3, "release_s": 0.3, "shm": str(tmp_path / "shm")})
+    setup = TrialSetup(engine=engine, workload=WorkloadSpec(prompts=PROMPTS, sample_size=40, warmup_s=1.0,
+                                                            measure_s=2.0, concurrency=16),
+                       gpus=gpus, run_dir=tmp_path / "runs", shm_dir=tmp_path / "shm",
+                       timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    return run_trial(setup, {"tp_size": 2}, trial_dir=tmp_path / name)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_trial_on_one_gpu_for_a_tp2_config_fails_at_startup_with_the_ordinal_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(device.ENV_DIR, str(tmp_path / "devices"))
+    result = _trial(tmp_path, (0,), "one")
+    assert result.status == "crash"  # the launch's group was too small: not a verdict on the config
+    assert result.reason == ORDINAL
+    assert result.gpus == [0] and result.metrics is None
+    assert "TP1] Scheduler hit an exception" in (tmp_path / "one" / "server.log").read_text()
+    assert _wait(lambda: device.read(0, tmp_path / "devices").used_mib == 0, timeout=5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_trial_on_two_gpus_runs_tp2_across_both_and_releases_them(tmp_path, monkeypatch):
+    devices = tmp_path / "devices"
+    monkeypatch.setenv(device.ENV_DIR, str(devices))
+    result = _trial(tmp_path, (0, 1), "two")
+    assert result.status == "ok", result.reason
+    assert result.gpus == [0, 1] and result.gpus_spanned == 2
+    assert result.metrics.output_tok_s > 0
+    assert result.tok_s_per_gpu == pytest.approx(result.metrics.output_tok_s / 2)
+    per_gpu = {d["index"]: d for d in result.gpu.per_gpu}
+    assert set(per_gpu) == {0, 1}
+    expected_gib = _per_gpu_mib(2) / 1024
+    for entry in per_gpu.values():
+        assert entry["peak_used_gib"] >= expected_gib - 0.01  # each GPU held the planner's per-GPU figure
+    assert all(device.read(i, devices).used_mib == 0 for i in (0, 1))  # teardown waited for both to free
+    assert not any(device.read(i, devices).processes for i in (0, 1))
