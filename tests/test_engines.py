@@ -79,6 +79,22 @@ def test_crash_without_a_phrase(engine):
     assert engine.classify(text, None) is None  # still running: nothing to classify
 
 
+def test_a_rank_without_a_device_is_a_crash_named_by_its_ordinal_line(engine):
+    """A GPU group smaller than tp × pp: the first rank past CUDA_VISIBLE_DEVICES dies in ``set_device``. The
+    launch's fault, not the config's (never ``bad_args``, never an OOM), even when SGLang's parent adds its own
+    exception after it."""
+    from autotune.sim import logs
+
+    head = recorded("llama-startup-serve-sigterm.log").split("Load weight begin")[0].rsplit("\n", 1)[0]
+    trace = logs.invalid_device_ordinal()[0]
+    text = (f"{head}\n[2026-11-29 08:00:57 TP1] {trace}"
+            "[2026-11-29 08:00:57] Rank 1 scheduler is dead. Please check if there are relevant logs.\n"
+            "[2026-11-29 08:00:57] RuntimeError: Initialization failed. Please see the error messages above.\n")
+    for code in (137, -9, 1):
+        assert engine.classify(text, code) == "crash"
+        assert engine.failure_line(text, code) == "RuntimeError: CUDA error: invalid device ordinal"
+
+
 # -- capacity ---------------------------------------------------------------------------------------------
 def test_capacity_from_log_alone(engine):
     cap = engine.capacity(recorded("qwen3next-mamba16-capped-to-5.log"), None)
