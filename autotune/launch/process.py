@@ -35,7 +35,7 @@ from autotune.launch.base import (
 )
 from autotune.launch.memory import used_mib, wait_released
 from autotune.launch.procgroup import group_pids
-from autotune.launch.shm import SHM_DIR, ShmOwnership, ShmSampler, release_semaphores, snapshot
+from autotune.launch.shm import SHM_DIR, ShmOwnership, ShmSampler, launch_ports, release_semaphores, snapshot
 from autotune.launch.watchdog import Watchdog
 
 WATCHDOG_GRACE_S = 5.0  # harness gone: SIGTERM to the launcher, SIGKILL of the group this much later
@@ -94,18 +94,6 @@ def stop_process_group(pid: int, *, grace_s: float) -> int | None:
     return code
 
 
-def _extra_ports(argv: list[str]) -> set[int]:
-    """``--nccl-port N``: the dist port SGLang's CPU all-reduce buffer is named after, when the launch sets it."""
-    ports: set[int] = set()
-    for i, arg in enumerate(argv):
-        value = arg.partition("=")[2] if arg.startswith("--nccl-port=") else None
-        if arg == "--nccl-port" and i + 1 < len(argv):
-            value = argv[i + 1]
-        if value is not None and value.isdigit():
-            ports.add(int(value))
-    return ports
-
-
 class ServerProcess:
     """A server launched from an argv list; a context manager, and nothing outlives it (unless ``detach``)."""
 
@@ -153,7 +141,7 @@ class ServerProcess:
             raise ServerError("server already started")
         if not port_is_free(self.host, self.port):
             raise ServerError(f"port {self.host}:{self.port} is busy (stop what holds it or pick another port)")
-        self._shm = ShmOwnership(self.shm_dir, snapshot(self.shm_dir), {self.port, *_extra_ports(self.argv)})
+        self._shm = ShmOwnership(self.shm_dir, snapshot(self.shm_dir), launch_ports(self.port, self.argv))
         track = getattr(self.gpu_reader, "track", None)  # a reader of this server's own processes (CPU backend)
         if self.gpu_reader is not None and track is None:
             self._baseline_mib = used_mib(self.gpu_reader)

@@ -22,7 +22,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,35 @@ def named_port(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def sglang_shaped(name: str) -> bool:
+    """A name of SGLang's shapes (or the simulator's): the only files in the directory we may ever remove."""
+    return name.startswith(SHM_PREFIXES)
+
+
+def launch_ports(port: int, argv: Sequence[str]) -> set[int]:
+    """The ports a server's files may be named after: its own, and ``--nccl-port`` (SGLang's dist port, which its
+    CPU all-reduce buffer is named after) when the launch sets it."""
+    ports = {int(port)}
+    for i, arg in enumerate(argv):
+        value = arg.partition("=")[2] if arg.startswith("--nccl-port=") else None
+        if arg == "--nccl-port" and i + 1 < len(argv):
+            value = argv[i + 1]
+        if value is not None and value.isdigit():
+            ports.add(int(value))
+    return ports
+
+
+def proven(pending: Mapping[str, int], ports: Collection[int], held: Collection[int] = ()) -> dict[str, int]:
+    """The new files (name → inode) proven the server's: one of its ``ports`` in the name, or its inode among
+    those the server's processes ``held`` (fd or mapping, any name). The rule for this host and for another."""
+    return {n: ino for n, ino in pending.items() if named_port(n) in ports or ino in held}
+
+
+def unheld_semaphores(pending: Mapping[str, int], held_anywhere: Collection[int]) -> dict[str, int]:
+    """``sem.mp-*`` files new since the server started that no process on the host holds (see the docstring)."""
+    return {n: ino for n, ino in pending.items() if n.startswith(SEM_PREFIX) and ino not in held_anywhere}
+
+
 def new_files(directory: Path, before: set[str]) -> dict[str, int]:
     """SGLang-shaped regular files of this user that were not there at ``before`` → inode."""
     found: dict[str, int] = {}
@@ -61,7 +90,7 @@ def new_files(directory: Path, before: set[str]) -> dict[str, int]:
     except OSError:
         return found
     for entry in entries:
-        if entry.name in before or not entry.name.startswith(SHM_PREFIXES):
+        if entry.name in before or not sglang_shaped(entry.name):
             continue
         try:
             st = entry.stat(follow_symlinks=False)
@@ -112,12 +141,11 @@ class ShmOwnership:
         for name in pending:
             self._first_seen.setdefault(name, now)
         fresh = any(now - self._first_seen[n] < FRESH_S for n in pending)
-        found = {n: ino for n, ino in pending.items() if named_port(n) in self.ports}
+        found = proven(pending, self.ports)
         pids = set(pids)
         if pids and len(found) < len(pending) and (force or fresh or now - self._last_scan >= STALE_SCAN_S):
             self._last_scan = now
-            held = held_inodes(pids, self.directory)
-            found.update({n: ino for n, ino in pending.items() if ino in held})
+            found = proven(pending, self.ports, held_inodes(pids, self.directory))
         if found:
             self.owned = {**self.owned, **found}
         return bool(found)
@@ -194,14 +222,11 @@ def release_semaphores(directory: Path, before: Iterable[str]) -> list[str]:
     """Remove the ``sem.mp-*`` files new since ``before`` that no process on the host holds; call it only once
     the server's group is gone (see the module docstring for why that proves them the server's). Returns them."""
     directory = Path(directory)
-    candidates = {n: ino for n, ino in new_files(directory, set(before)).items() if n.startswith(SEM_PREFIX)}
+    candidates = unheld_semaphores(new_files(directory, set(before)), ())
     if not candidates:
         return []
-    held = held_inodes(None, directory)
     removed: list[str] = []
-    for name, ino in sorted(candidates.items()):
-        if ino in held:
-            continue
+    for name, ino in sorted(unheld_semaphores(candidates, held_inodes(None, directory)).items()):
         path = directory / name
         try:
             if path.lstat().st_ino == ino:

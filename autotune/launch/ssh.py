@@ -12,11 +12,18 @@ stdout, stderr)``; the default is asyncssh. The contract case runs the same line
 Exit codes: the server runs under a small ``sh`` that writes its exit status beside its pid file (``.exit``), so
 ``poll`` returns the real code of a server that ended by itself; a server killed by a signal (our own ``stop``
 included) leaves no status there, and ``poll`` then says ``GONE`` (-1) once ``kill -0`` finds it gone.
+
+Memory and files live on the host, so both are read there: ``memory_reader`` gives the monitor and the release
+check a reader of the host's GPUs over the transport (``launch.remote_memory``; this host's reader only for a
+loopback host), and ``stop`` removes the host's ``/dev/shm`` files the server provably owned
+(``launch.remote_shm``, the local launcher's rules), naming the rest in ``unattributed_shm``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import logging
 import shlex
 import socket
 import threading
@@ -27,7 +34,7 @@ from typing import Any
 
 import httpx
 
-from autotune.errors import ConfigError, FleetError, ServerError
+from autotune.errors import AutotuneError, ConfigError, FleetError, ServerError
 from autotune.launch.base import (
     LOG_TAIL_LINES,
     Launcher,
@@ -40,6 +47,11 @@ from autotune.launch.base import (
 )
 from autotune.launch.local import DEVICE_ORDER
 from autotune.launch.memory import used_mib, wait_released
+from autotune.launch.remote_memory import NoReading, RemoteGpuReader
+from autotune.launch.remote_shm import RemoteShm
+from autotune.launch.shm import SHM_DIR, launch_ports
+
+log = logging.getLogger(__name__)
 
 Transport = Callable[[str, str, float], tuple[int, str, str]]
 GONE = -1  # poll() of a server that is gone without an exit status (killed by a signal, or its status lost)
@@ -54,6 +66,16 @@ def split_host(host: str) -> tuple[str | None, str, int | None]:
     if not name or (port and not port.isdigit()):
         raise FleetError(f"cannot read host {host!r}: write name, user@name or user@name:port")
     return user or None, name, int(port) if port else None
+
+
+def is_loopback(name: str) -> bool:
+    """``localhost`` or a loopback address: the "other host" is this one, and this host's readers read it."""
+    if name.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 def _path(remote_dir: str, relative: str) -> str:
@@ -158,11 +180,24 @@ class SshLauncher:
         return {**DEVICE_ORDER, "CUDA_VISIBLE_DEVICES": ",".join(str(int(g)) for g in gpus)}
 
     def memory_reader(self, gpus: tuple[int, ...], local: ReaderFactory) -> MemoryReader:
-        """This host's reader (``local``) for now: right on a loopback host, as the tests run it."""
-        return local(gpus)
+        """This host's reader (``local``) on a loopback host; else ``nvidia-smi`` on the host, one transport call
+        per reading for the whole group; a server without GPUs there gets a reader of nothing (all None)."""
+        if is_loopback(self.host_name):
+            return local(gpus)
+        if not gpus:
+            return NoReading()
+        return RemoteGpuReader(lambda command, timeout_s: self.call(command, timeout_s=timeout_s), gpus,
+                               host=self.host)
 
     def call(self, command: str, *, timeout_s: float = _CALL_TIMEOUT_S) -> tuple[int, str, str]:
         return self.transport(self.host, command, timeout_s)
+
+    def shm(self, spec: LaunchSpec) -> RemoteShm:
+        """The host's shared-memory files of ``spec``'s server: in ``spec.shm_dir`` (where the engine has its server
+        write them, a path on the host), else the host's /dev/shm; its ports are its own and ``--nccl-port``."""
+        directory = str(spec.shm_dir) if spec.shm_dir is not None else str(SHM_DIR)
+        return RemoteShm(lambda command, timeout_s: self.call(command, timeout_s=timeout_s), directory,
+                         launch_ports(spec.port, spec.argv), host=self.host)
 
     def path(self, relative: str | PurePosixPath) -> str:
         """A path on the host (relative ones under ``remote_dir``)."""
@@ -178,14 +213,16 @@ class SshLauncher:
     def start(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> SshServer:
         pid_file = self.pid_file(spec)
         status_file = pid_file.removesuffix(".pid") + ".exit"
-        baseline = used_mib(gpu_reader) if gpu_reader is not None else None
+        baseline = _used_mib(gpu_reader)
+        shm = self.shm(spec)
+        shm.snapshot()  # before the start: only files that appear after it can be the server's
         command = start_command(spec.argv, env={**spec.env, **self.device_env(spec.gpus)}, log=str(spec.log_path),
                                 pid=pid_file, remote_dir=self.remote_dir, exit_status=status_file)
         code, out, err = self.call(command)
         if code != 0 or not out.strip().isdigit():
             raise ServerError(f"launch on {self.host} failed: {(err or out).strip()[:200]}")
         return SshServer(self, spec, pid=int(out.strip()), pid_file=pid_file, status_file=status_file,
-                         gpu_reader=gpu_reader, baseline_mib=baseline)
+                         gpu_reader=gpu_reader, baseline_mib=baseline, shm=shm)
 
     def stop_pid_file(self, pid_file: str, *, grace_s: float) -> bool:
         """Stop the server whose pid is in ``pid_file`` on the host (a fleet's, started by an earlier command):
@@ -199,7 +236,8 @@ class SshServer:
     """A server on another host: its state read over the launcher's transport."""
 
     def __init__(self, launcher: SshLauncher, spec: LaunchSpec, *, pid: int, pid_file: str, status_file: str,
-                 gpu_reader: MemoryReader | None = None, baseline_mib: float | None = None) -> None:
+                 gpu_reader: MemoryReader | None = None, baseline_mib: float | None = None,
+                 shm: RemoteShm | None = None) -> None:
         self.launcher, self.spec = launcher, spec
         self.pid: int | None = pid  # its pid on the host (the ``sh`` that leads its session there)
         self.host_pid = pid
@@ -209,7 +247,9 @@ class SshServer:
         self.base_url = f"http://{f'[{name}]' if ':' in name else name}:{spec.port}"
         self.exit_code: int | None = None
         self.teardown_error: str | None = None
-        self._reader, self._baseline = gpu_reader, baseline_mib
+        self.removed_shm: list[str] = []
+        self.unattributed_shm: list[str] = []  # new SGLang-like files on the host not proven this server's: left
+        self._reader, self._baseline, self._shm = gpu_reader, baseline_mib, shm
         self._checked_at: float | None = None
         self._stopped = False
 
@@ -266,11 +306,14 @@ class SshServer:
 
     def stop(self, grace_s: float = 10.0, release_timeout_s: float = 30.0) -> int | None:
         """``stop_command`` (SIGTERM the group, SIGKILL after the grace), then wait until the port no longer
-        answers and, with a GPU reader, the memory is back. A second stop is harmless."""
+        answers and, with a GPU reader, the memory is back; then remove the host's /dev/shm files the server
+        provably owned (what its group holds is read just before the kill). A second stop is harmless."""
         if self._stopped:
             return self.exit_code
         self._stopped = True
         self.poll()
+        if self._shm is not None and self.exit_code is None:
+            self._shm.observe(self.host_pid)  # the session's pid is its group's id (setsid)
         self.launcher.stop_pid_file(self.pid_file, grace_s=grace_s)
         deadline = time.monotonic() + release_timeout_s
         while _port_open(self.launcher.host_name, self.port):
@@ -283,14 +326,32 @@ class SshServer:
         while self.exit_code is None and time.monotonic() < deadline:  # the group is gone: its leader next
             time.sleep(0.05)
             self._check()
-        if self._reader is not None and not wait_released(self._reader, self._baseline,
-                                                          max(0.0, deadline - time.monotonic())):
-            self.teardown_error = f"GPU memory not released {release_timeout_s:g} s after the stop"
+        if self._shm is not None:
+            self.removed_shm, self.unattributed_shm = self._shm.release()
+        if self._reader is not None:
+            try:
+                released = wait_released(self._reader, self._baseline, max(0.0, deadline - time.monotonic()))
+            except AutotuneError as exc:  # the host's GPUs could not be read: say so, never hang on it
+                self.teardown_error = f"GPU memory on {self.launcher.host} not checked after the stop: {exc}"
+            else:
+                if not released:
+                    self.teardown_error = f"GPU memory not released {release_timeout_s:g} s after the stop"
         return self.exit_code
 
     def release(self) -> None:
         """Forget the server without stopping it (a fleet's serves on)."""
         self._stopped = True
+
+
+def _used_mib(reader: MemoryReader | None) -> float | None:
+    """The memory in use before the start; None (no release wait) when there is no reader or it cannot be read."""
+    if reader is None:
+        return None
+    try:
+        return used_mib(reader)
+    except AutotuneError as exc:
+        log.warning("GPU memory not read before the start (the stop will not wait for its release): %s", exc)
+        return None
 
 
 def _conforms(server: SshServer, launcher: SshLauncher) -> tuple[ServerHandle, Launcher]:

@@ -1,0 +1,161 @@
+"""A server's ``/dev/shm`` files on another host: ``launch.shm``'s rules, with the facts read over the ssh transport.
+
+The rules are the local launcher's (``launch.shm``): a file is the server's only when it appeared after the
+server started AND its name carries one of the server's ports or a process of the server's group holds it (fd or
+mapping, matched by inode); after the group is gone, a new ``sem.mp-*`` semaphore no process on the host holds is
+the server's too. Everything else is left and named. What differs is how the facts arrive: a listing of the
+directory at start (one call), what the group holds read once just before the stop (one call, through
+``/proc/<pid>/fd`` and ``/proc/<pid>/maps`` on the host), then a listing after it, what every process holds only
+when an unproven semaphore is left, and one call that removes the proven files (the inode checked again there, so
+a file another server recreated under the same name stays). Unlike the local sampler nothing watches a running
+server, so the files of a server that died by itself are proven only by their names, or as unheld semaphores.
+
+The host needs GNU ``find`` and ``stat``, ``ps`` and ``awk`` (any Linux that runs SGLang). Every path in the
+lines is ``shlex.quote``d; records come back NUL-separated, so no file name can pass for another record.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+from autotune.errors import AutotuneError
+from autotune.launch.shm import proven, sglang_shaped, unheld_semaphores
+
+log = logging.getLogger(__name__)
+
+Call = Callable[[str, float], tuple[int, str, str]]  # (command, timeout_s) -> (code, stdout, stderr) on the host
+CALL_TIMEOUT_S = 60.0
+ALL_PROCESSES = -1  # ``facts_command(..., holders=ALL_PROCESSES)``: what every process on the host holds
+
+
+def listing_command(directory: str) -> str:
+    """Every name in ``directory`` (NUL-separated); nothing when it does not exist."""
+    return f"find {shlex.quote(directory)} -mindepth 1 -maxdepth 1 -printf '%f\\0' 2>/dev/null; true"
+
+
+def facts_command(directory: str, holders: int | None) -> str:
+    """The host's facts as NUL-separated records: ``u <uid>``; ``f <inode> <uid> <type> <name>`` for each entry of
+    ``directory``; and ``i <inode>`` for each file there held (fd or mapping, deleted names included) by the
+    process group ``holders`` (``ALL_PROCESSES``: by any process; None: no holders read)."""
+    lines = [f"d=$(cd {shlex.quote(directory)} 2>/dev/null && pwd -P) || exit 0",
+             "printf 'u %s\\0' \"$(id -u)\"",
+             "find \"$d\" -mindepth 1 -maxdepth 1 -printf 'f %i %U %y %f\\0'"]
+    if holders is not None:
+        if holders == ALL_PROCESSES:
+            pids = "ps -e -o pid="
+        else:
+            pids = f"ps -e -o pid= -o pgid= | awk -v g={int(holders)} '$2 == g {{print $1}}'"
+        lines.append(
+            f"for p in $({pids}); do "
+            "find /proc/$p/fd -mindepth 1 -maxdepth 1 -lname \"$d/*\" -exec stat -L -c 'i %i' {} + 2>/dev/null; "
+            "awk -v d=\"$d/\" 'index($6, d) == 1 {print \"i \" $5}' /proc/$p/maps 2>/dev/null; "
+            "done | tr '\\n' '\\0'")
+    return "\n".join(lines)
+
+
+def remove_command(directory: str, files: dict[str, int]) -> str:
+    """Remove each name whose inode is still the one proven the server's; prints the removed names (NUL-separated)."""
+    steps = [f"cd {shlex.quote(directory)} || exit 0"]
+    for name, ino in sorted(files.items()):
+        q = shlex.quote(name)
+        steps.append(f"if [ \"$(stat -c %i -- {q} 2>/dev/null)\" = {int(ino)} ]; then "
+                     f"rm -f -- {q} && printf '%s\\0' {q}; fi")
+    return "\n".join(steps)
+
+
+@dataclass
+class Facts:
+    """What one ``facts_command`` said: this user's SGLang-shaped regular files (name → inode), and held inodes."""
+
+    files: dict[str, int] = field(default_factory=dict)
+    held: set[int] = field(default_factory=set)
+
+
+def parse_facts(text: str) -> Facts:
+    """``facts_command``'s output; a record of another shape is skipped (nothing unproven is ever removed)."""
+    records = text.split("\0")
+    uid = next((r[2:].strip() for r in records if r.startswith("u ")), None)
+    facts = Facts()
+    for record in records:
+        if record.startswith("f "):
+            parts = record[2:].split(" ", 3)
+            if len(parts) == 4 and parts[0].isdigit() and parts[1] == uid and parts[2] == "f" \
+                    and sglang_shaped(parts[3]):
+                facts.files[parts[3]] = int(parts[0])
+        elif record.startswith("i ") and record[2:].strip().isdigit():
+            facts.held.add(int(record[2:].strip()))
+    return facts
+
+
+def parse_names(text: str) -> set[str]:
+    return {name for name in text.split("\0") if name}
+
+
+class RemoteShm:
+    """One server's files in ``directory`` on the host ``call`` reaches: ``snapshot`` before the start,
+    ``observe(pgid)`` while the group still runs (just before the stop), ``release()`` once it is gone."""
+
+    def __init__(self, call: Call, directory: str, ports: Collection[int], *, host: str = "the host"):
+        self.call, self.directory, self.host = call, directory, host
+        self.ports = {int(p) for p in ports}
+        self.before: set[str] | None = None  # None: no listing at start, so nothing can be told new (none removed)
+        self.owned: dict[str, int] = {}
+
+    def snapshot(self) -> None:
+        out = self._ask(listing_command(self.directory))
+        self.before = None if out is None else parse_names(out)
+
+    def observe(self, pgid: int) -> None:
+        """Attribute the new files that group ``pgid`` holds now, or that name one of the server's ports."""
+        facts = self._facts(pgid)
+        if facts is not None:
+            self.owned.update(proven(self._new(facts), self.ports, facts.held))
+
+    def release(self) -> tuple[list[str], list[str]]:
+        """Remove the proven files (and, the group being gone, the new semaphores nobody holds); return (removed,
+        new files left because unproven)."""
+        if self.before is None:
+            return [], []
+        facts = self._facts(None)
+        if facts is None:
+            return [], []
+        new = self._new(facts)
+        doomed = {n: ino for n, ino in new.items() if self.owned.get(n) == ino}
+        doomed.update(proven(new, self.ports))
+        if unheld_semaphores({n: i for n, i in new.items() if n not in doomed}, ()):
+            everyone = self._facts(ALL_PROCESSES)
+            if everyone is not None:
+                fresh = self._new(everyone)
+                doomed.update(unheld_semaphores({n: i for n, i in fresh.items() if n not in doomed}, everyone.held))
+        removed: list[str] = []
+        if doomed:
+            out = self._ask(remove_command(self.directory, doomed))
+            removed = sorted(parse_names(out or "") & set(doomed))
+        left = sorted(set(new) - set(removed))
+        if left:
+            log.warning("left %d new file(s) in %s on %s not proven this server's: %s", len(left), self.directory,
+                        self.host, ", ".join(left))
+        return removed, left
+
+    def _new(self, facts: Facts) -> dict[str, int]:
+        before = self.before or set()
+        return {n: ino for n, ino in facts.files.items() if n not in before}
+
+    def _facts(self, holders: int | None) -> Facts | None:
+        out = self._ask(facts_command(self.directory, holders))
+        return None if out is None else parse_facts(out)
+
+    def _ask(self, command: str) -> str | None:
+        """The command's output; None when the host could not be asked (its files are then left, never guessed)."""
+        try:
+            code, out, err = self.call(command, CALL_TIMEOUT_S)
+        except (AutotuneError, OSError) as exc:
+            log.warning("cannot read %s on %s: %s", self.directory, self.host, exc)
+            return None
+        if code != 0:
+            log.warning("reading %s on %s failed (exit %d): %s", self.directory, self.host, code, err.strip()[:200])
+            return None
+        return out
