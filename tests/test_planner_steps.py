@@ -11,6 +11,7 @@ from autotune.sglang import memory_steps as step
 from autotune.sglang.args import PlanStop
 from autotune.sglang.flags import parse_sets
 from autotune.sglang.memory import plan
+from autotune.sglang.parallel import pp_stage
 from autotune.sglang.profiles import GIB, MIB, load_gpu, load_model
 
 MTP = ["speculative-algorithm=EAGLE", "speculative-num-steps=3", "speculative-eagle-topk=1",
@@ -161,10 +162,11 @@ NEXT = load_model("qwen3-next-80b-a3b")
 
 
 def test_pp_stage_splits_layers_as_get_pp_indices_and_counts_its_full_attention_layers():
-    assert step.pp_stage(QWEN, 1) == (64, 16)
-    assert step.pp_stage(QWEN, 2) == (32, 8)  # every 4th layer is full attention: 8 in each half
-    assert step.pp_stage(QWEN, 3) == (22, 6)  # 21/21/22: the last stage takes the extra layer
-    assert step.pp_stage(NEXT, 4) == (12, 3)
+    assert pp_stage(QWEN.num_layers, QWEN.full_layers, 1) == (64, 16)
+    assert pp_stage(QWEN.num_layers, QWEN.full_layers, 2) == (32, 8)  # every 4th layer is full attention
+    assert pp_stage(QWEN.num_layers, QWEN.full_layers, 3) == (22, 6)  # 21/21/22: the last stage takes one more
+    assert pp_stage(NEXT.num_layers, NEXT.full_layers, 4) == (12, 3)
+    assert pp_stage(10, 10, 3) == (4, 4)  # dense: every layer holds KV
 
 
 def test_pp_halves_the_weights_and_the_kv_cell_per_rank():

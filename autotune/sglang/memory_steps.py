@@ -25,6 +25,7 @@ from autotune.sglang.args import (
     resolve_spec,
     resolve_strategy,
 )
+from autotune.sglang.parallel import pp_stage
 from autotune.sglang.profiles import GIB, MIB, GpuProfile, ModelProfile
 
 Flags = Mapping[str, Any]
@@ -55,30 +56,6 @@ class Start:
         """Ranks one attention layer is split over: ``tp / attn_dp`` (``compute_dp_attention_world_info``). KV
         heads and linear-attention (Mamba) state shard over these, not over the whole TP group."""
         return max(1, self.tp // max(1, self.attn_dp))
-
-
-def pp_stage(model: ModelProfile, pp: int) -> tuple[int, int]:
-    """(layers, full-attention layers) of the fullest pipeline stage, the rank the plan is for.
-
-    SGLang's ``get_pp_indices`` (``srt/distributed/utils.py``) gives every stage ``L // pp`` layers and the last
-    ``L % pp`` stages one more; Qwen hybrids put full attention on every k-th layer (k = L / full layers), so a
-    stage holds the full-attention layers whose ids fall in its range (``pool_configurator.py``
-    ``DefaultPoolConfigurator``: ``start_layer <= i < end_layer``)."""
-    layers, full = model.num_layers, model.full_layers
-    if pp <= 1 or layers <= 0:
-        return layers, full
-    base, extra = divmod(layers, pp)
-    stages, start = [], 0
-    for index in range(pp):
-        size = base + (1 if index >= pp - extra else 0)
-        if full and layers % full == 0:
-            k = layers // full
-            held = sum(1 for i in range(start, start + size) if (i + 1) % k == 0)
-        else:
-            held = -(-full * size // layers)
-        stages.append((size, held))
-        start += size
-    return max(stages)
 
 
 def start(gpu: GpuProfile, f: Flags, *, free_gib: float | None) -> Start:
@@ -217,7 +194,7 @@ class Weights:
 def weights(model: ModelProfile, f: Flags, r: Resolved, *, workspace_offset_gib: float = 0.0) -> Weights:
     pre, mfs = r.start.pre_gib, r.sizes.mfs
     # A pipeline stage loads only its layers (the draft stays whole: it runs after the last stage).
-    stage_layers, _ = pp_stage(model, r.start.pp)
+    stage_layers, _ = pp_stage(model.num_layers, model.full_layers, r.start.pp)
     target = model.weights_gib(with_draft=False, tp=r.start.tp) * stage_layers / max(1, model.num_layers)
     w = target + model.weights_gib(with_draft=r.spec.draft_model, tp=r.start.tp) - model.weights_gib(
         with_draft=False, tp=r.start.tp)
@@ -346,7 +323,7 @@ def kv_cell(model: ModelProfile, s: Start, kv_dtype: str, *, with_draft: bool) -
     target = model.kv_cell_bytes(s.attn_tp, kv_dtype)
     draft = model.kv_cell_bytes(s.attn_tp, kv_dtype, with_draft=True) - target if with_draft else 0
     if s.pp > 1 and model.full_layers:
-        target = target * pp_stage(model, s.pp)[1] // model.full_layers
+        target = target * pp_stage(model.num_layers, model.full_layers, s.pp)[1] // model.full_layers
     return target + draft
 
 

@@ -81,6 +81,28 @@ def ranks(config: Mapping[str, Any]) -> list[Rank]:
     return out
 
 
+def pp_stage(layers: int, full: int, pp: int) -> tuple[int, int]:
+    """(layers, full-attention layers) of the fullest pipeline stage of a model with ``layers`` layers, ``full``
+    of them full attention: the rank a memory plan is for.
+
+    ``get_pp_indices`` (``srt/distributed/utils.py``) gives every stage ``layers // pp`` layers and the last
+    ``layers % pp`` stages one more; Qwen hybrids put full attention on every k-th layer (k = layers / full), and
+    a stage holds those whose ids fall in its range (``pool_configurator.py``: ``start_layer <= i < end_layer``)."""
+    if pp <= 1 or layers <= 0:
+        return layers, full
+    base, extra = divmod(layers, pp)
+    stages, start = [], 0
+    for index in range(pp):
+        size = base + (1 if index >= pp - extra else 0)
+        if full and layers % full == 0:
+            held = sum(1 for i in range(start, start + size) if (i + 1) % (layers // full) == 0)
+        else:
+            held = -(-full * size // layers)
+        stages.append((size, held))
+        start += size
+    return max(stages)
+
+
 def group_line(gpus: tuple[int, ...]) -> str:
     """``GPU 3`` or ``GPUs 2,3``: how messages name a server's devices."""
     return f"GPU {gpus[0]}" if len(gpus) == 1 else "GPUs " + ",".join(str(g) for g in gpus)
