@@ -8,6 +8,7 @@ test's own, with the simulator leaving SGLang-shaped files in it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import subprocess
@@ -319,3 +320,43 @@ def test_a_host_whose_gpus_cannot_be_read_at_the_stop_is_reported_not_waited_on(
     assert time.monotonic() - t0 < 15
     assert server.teardown_error is not None and "not checked after the stop" in server.teardown_error
     assert "TimeoutError" in server.teardown_error
+
+
+def test_a_fleets_down_cleans_the_host_from_the_record_its_start_left(tmp_path):
+    """``fleet up`` and ``fleet down`` are two commands: the second has only the pid file and the start's record."""
+    from types import SimpleNamespace
+
+    from autotune.deploy import remote
+
+    devices, shm = tmp_path / "devices", tmp_path / "shm"
+    shm.mkdir()
+    (shm / "sglang_loads_aaaaaaaaaaaa_00000000.shm").write_text("there before the fleet")
+    port = free_port()
+    fleet = SimpleNamespace(remote_dir=str(tmp_path / "remote"))
+    server = SimpleNamespace(name="s0", host="127.0.0.1", address="127.0.0.1", port=port, log="logs/s0.log",
+                             pid="run/s0.pid")
+    argv = [sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--port", str(port), *SIM_FLAGS,
+            "--sim-shm", str(shm)]
+    spec = remote.server_spec(server, argv, env={device.ENV_DIR: str(devices)}, gpus=(0,))
+    up = Loopback()
+    handle = SshLauncher(host="127.0.0.1", remote_dir=fleet.remote_dir, transport=up).start(
+        dataclasses.replace(spec, shm_dir=shm))
+    record = tmp_path / "remote/run/s0.shm"
+    foreign = None
+    try:
+        handle.wait_ready(60)
+        handle.release()  # `fleet up` ends here; the server serves on
+        assert record.exists() and "sglang_loads_aaaaaaaaaaaa_00000000.shm" in record.read_text()
+        made = {p.name for p in shm.iterdir()} - {"sglang_loads_aaaaaaaaaaaa_00000000.shm"}
+        assert len(made) == 4, made
+        foreign = _hold(shm / "sglang_loads_bbbbbbbbbbbb_ffffffff.shm")
+        down = Loopback()
+        assert remote.stop_server(fleet, server, grace_s=5.0, transport=down)  # a fresh launcher, as `down` makes
+    finally:
+        if foreign is not None:
+            _end(foreign)
+        subprocess.run(["bash", "-c", f"kill -9 -{handle.host_pid} 2>/dev/null"], check=False)
+    assert sorted(p.name for p in shm.iterdir()) == ["sglang_loads_aaaaaaaaaaaa_00000000.shm",
+                                                     "sglang_loads_bbbbbbbbbbbb_ffffffff.shm"]
+    assert not record.exists() and not (tmp_path / "remote/run/s0.pid").exists()
+    assert any("/proc/$p/fd" in command for _, command in down.commands)  # its group was read before the kill

@@ -4,11 +4,12 @@ The rules are the local launcher's (``launch.shm``): a file is the server's only
 server started AND its name carries one of the server's ports or a process of the server's group holds it (fd or
 mapping, matched by inode); after the group is gone, a new ``sem.mp-*`` semaphore no process on the host holds is
 the server's too. Everything else is left and named. What differs is how the facts arrive: a listing of the
-directory at start (one call), what the group holds read once just before the stop (one call, through
-``/proc/<pid>/fd`` and ``/proc/<pid>/maps`` on the host), then a listing after it, what every process holds only
-when an unproven semaphore is left, and one call that removes the proven files (the inode checked again there, so
-a file another server recreated under the same name stays). Unlike the local sampler nothing watches a running
-server, so the files of a server that died by itself are proven only by their names, or as unheld semaphores.
+directory at start (one call, kept in a record beside the server's pid file on the host, so a fleet's later
+``down`` can clean up too), what the group holds read once just before the stop (one call, through
+``/proc/<pid>/fd`` and ``/proc/<pid>/maps`` there), a listing after it, what every process holds only when an
+unproven semaphore is left, and one call that removes the proven files (the inode checked again there, so a file
+another server recreated under the same name stays). Unlike the local sampler nothing watches a running server,
+so the files of a server that died by itself are proven only by their names, or as unheld semaphores.
 
 The host needs GNU ``find`` and ``stat``, ``ps`` and ``awk`` (any Linux that runs SGLang). Every path in the
 lines is ``shlex.quote``d; records come back NUL-separated, so no file name can pass for another record.
@@ -31,9 +32,27 @@ CALL_TIMEOUT_S = 60.0
 ALL_PROCESSES = -1  # ``facts_command(..., holders=ALL_PROCESSES)``: what every process on the host holds
 
 
-def listing_command(directory: str) -> str:
-    """Every name in ``directory`` (NUL-separated); nothing when it does not exist."""
-    return f"find {shlex.quote(directory)} -mindepth 1 -maxdepth 1 -printf '%f\\0' 2>/dev/null; true"
+def snapshot_command(directory: str, ports: Collection[int], record: str | None = None) -> str:
+    """The record of a start, NUL-separated: ``dir <directory>``, ``ports <p> …``, then ``n <name>`` for every entry
+    of ``directory`` now (none when it does not exist). With ``record`` (a file on the host) it is kept there
+    too, so a later command that has only the pid file (a fleet's ``down``) can tell the server's files."""
+    header = " ".join(shlex.quote(r) for r in (f"dir {directory}", " ".join(["ports", *map(str, sorted(ports))])))
+    listing = (f"{{ printf '%s\\0' {header}; "
+               f"find {shlex.quote(directory)} -mindepth 1 -maxdepth 1 -printf 'n %f\\0' 2>/dev/null; true; }}")
+    if record is None:
+        return listing
+    folder = record.rpartition("/")[0] or "."
+    return f"mkdir -p {shlex.quote(folder)} && {listing} >{shlex.quote(record)} && cat {shlex.quote(record)}"
+
+
+def parse_record(text: str) -> tuple[str, set[int], set[str]] | None:
+    """``snapshot_command``'s output → (directory, ports, names); None when it is not one (nothing is then removed)."""
+    records = text.split("\0")
+    directory = next((r[4:] for r in records if r.startswith("dir ")), None)
+    ports = next((r[6:].split() for r in records if r.startswith("ports ") or r == "ports"), None)
+    if not directory or ports is None or not all(p.isdigit() for p in ports):
+        return None
+    return directory, {int(p) for p in ports}, {r[2:] for r in records if r.startswith("n ") and len(r) > 2}
 
 
 def facts_command(directory: str, holders: int | None) -> str:
@@ -103,10 +122,25 @@ class RemoteShm:
         self.ports = {int(p) for p in ports}
         self.before: set[str] | None = None  # None: no listing at start, so nothing can be told new (none removed)
         self.owned: dict[str, int] = {}
+        self.removed: list[str] = []  # what ``release`` removed, and the new files it left (unproven)
+        self.left: list[str] = []
 
-    def snapshot(self) -> None:
-        out = self._ask(listing_command(self.directory))
-        self.before = None if out is None else parse_names(out)
+    @classmethod
+    def from_record(cls, call: Call, text: str, *, host: str = "the host") -> RemoteShm | None:
+        """The files of a server started by an earlier command, from the record its start kept on the host."""
+        parsed = parse_record(text)
+        if parsed is None:
+            return None
+        directory, ports, before = parsed
+        shm = cls(call, directory, ports, host=host)
+        shm.before = before
+        return shm
+
+    def snapshot(self, record: str | None = None) -> None:
+        """List the directory before the start (and keep the listing in ``record`` on the host, when given)."""
+        out = self._ask(snapshot_command(self.directory, self.ports, record))
+        parsed = None if out is None else parse_record(out)
+        self.before = None if parsed is None else parsed[2]
 
     def observe(self, pgid: int) -> None:
         """Attribute the new files that group ``pgid`` holds now, or that name one of the server's ports."""
@@ -122,6 +156,10 @@ class RemoteShm:
         facts = self._facts(None)
         if facts is None:
             return [], []
+        self.removed, self.left = self._release(facts)
+        return self.removed, self.left
+
+    def _release(self, facts: Facts) -> tuple[list[str], list[str]]:
         new = self._new(facts)
         doomed = {n: ino for n, ino in new.items() if self.owned.get(n) == ino}
         doomed.update(proven(new, self.ports))

@@ -100,13 +100,19 @@ def start_command(argv: Sequence[str], *, env: Mapping[str, str], log: str, pid:
     return f"mkdir -p {dirs} && {clear}{{ {launch} >{q(log)} 2>&1 </dev/null & echo $! >{q(pid)}; cat {q(pid)}; }}"
 
 
+def shm_record(pid_file: str) -> str:
+    """Beside the pid file: the /dev/shm listing the server's start took (``launch.remote_shm``)."""
+    return pid_file.removesuffix(".pid") + ".shm"
+
+
 def stop_command(*, pid: str, remote_dir: str, grace_s: float) -> str:
-    """SIGTERM the group (SGLang drains), SIGKILL it after ``grace_s``, remove the pid file."""
+    """SIGTERM the group (SGLang drains), SIGKILL it after ``grace_s``, remove the pid file and the start's record."""
+    record = shlex.quote(_path(remote_dir, shm_record(pid)))
     pid = shlex.quote(_path(remote_dir, pid))
     ticks = max(1, int(grace_s * 10))
     return (f"if [ -f {pid} ]; then p=$(cat {pid}); kill -TERM -$p 2>/dev/null; "
             f"for i in $(seq {ticks}); do kill -0 -$p 2>/dev/null || break; sleep 0.1; done; "
-            f"kill -KILL -$p 2>/dev/null; rm -f {pid}; echo stopped; fi")
+            f"kill -KILL -$p 2>/dev/null; rm -f {pid} {record}; echo stopped; fi")
 
 
 async def _run(host: str, command: str, timeout_s: float) -> tuple[int, str, str]:
@@ -215,7 +221,7 @@ class SshLauncher:
         status_file = pid_file.removesuffix(".pid") + ".exit"
         baseline = _used_mib(gpu_reader)
         shm = self.shm(spec)
-        shm.snapshot()  # before the start: only files that appear after it can be the server's
+        shm.snapshot(self.path(shm_record(pid_file)))  # before the start: only what appears after can be its
         command = start_command(spec.argv, env={**spec.env, **self.device_env(spec.gpus)}, log=str(spec.log_path),
                                 pid=pid_file, remote_dir=self.remote_dir, exit_status=status_file)
         code, out, err = self.call(command)
@@ -224,12 +230,31 @@ class SshLauncher:
         return SshServer(self, spec, pid=int(out.strip()), pid_file=pid_file, status_file=status_file,
                          gpu_reader=gpu_reader, baseline_mib=baseline, shm=shm)
 
-    def stop_pid_file(self, pid_file: str, *, grace_s: float) -> bool:
-        """Stop the server whose pid is in ``pid_file`` on the host (a fleet's, started by an earlier command):
-        SIGTERM its group, SIGKILL after ``grace_s``; True if one was recorded."""
+    def stop_pid_file(self, pid_file: str, *, grace_s: float, shm: RemoteShm | None = None,
+                      pgid: int | None = None) -> bool:
+        """Stop the server whose pid is in ``pid_file`` on the host: SIGTERM its group, SIGKILL after ``grace_s``,
+        then remove the host's /dev/shm files it provably owned (what group ``pgid`` holds is read just before
+        the kill). ``shm`` is the server's from its start; without it (a fleet's server, started by an earlier
+        command) the record its start left beside the pid file says the same. True if a server was recorded."""
+        if shm is None:
+            shm, pgid = self._recorded(pid_file)
+        if shm is not None and pgid is not None:
+            shm.observe(pgid)
         _, out, _ = self.call(stop_command(pid=pid_file, remote_dir=self.remote_dir, grace_s=grace_s),
                               timeout_s=grace_s + 30.0)
+        if shm is not None:
+            shm.release()
         return "stopped" in out
+
+    def _recorded(self, pid_file: str) -> tuple[RemoteShm | None, int | None]:
+        """The pid in ``pid_file`` and the /dev/shm record of its start (one call); (None, None) without them."""
+        q = shlex.quote
+        code, out, _ = self.call(f"cat {q(self.path(pid_file))} 2>/dev/null; printf '\\0'; "
+                                 f"cat {q(self.path(shm_record(pid_file)))} 2>/dev/null; true", timeout_s=30.0)
+        pid, _, record = out.partition("\0")
+        if code != 0 or not pid.strip().isdigit():
+            return None, None
+        return RemoteShm.from_record(lambda c, t: self.call(c, timeout_s=t), record, host=self.host), int(pid)
 
 
 class SshServer:
@@ -312,9 +337,11 @@ class SshServer:
             return self.exit_code
         self._stopped = True
         self.poll()
-        if self._shm is not None and self.exit_code is None:
-            self._shm.observe(self.host_pid)  # the session's pid is its group's id (setsid)
-        self.launcher.stop_pid_file(self.pid_file, grace_s=grace_s)
+        shm = self._shm
+        self.launcher.stop_pid_file(self.pid_file, grace_s=grace_s, shm=shm,  # the session's pid is its group's id
+                                    pgid=self.host_pid if self.exit_code is None else None)
+        if shm is not None:
+            self.removed_shm, self.unattributed_shm = shm.removed, shm.left
         deadline = time.monotonic() + release_timeout_s
         while _port_open(self.launcher.host_name, self.port):
             if time.monotonic() >= deadline:
@@ -326,8 +353,6 @@ class SshServer:
         while self.exit_code is None and time.monotonic() < deadline:  # the group is gone: its leader next
             time.sleep(0.05)
             self._check()
-        if self._shm is not None:
-            self.removed_shm, self.unattributed_shm = self._shm.release()
         if self._reader is not None:
             try:
                 released = wait_released(self._reader, self._baseline, max(0.0, deadline - time.monotonic()))
