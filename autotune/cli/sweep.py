@@ -17,7 +17,7 @@ from autotune.progress import make_progress
 from autotune.search.confirm import run_sweep
 from autotune.search.gpus import render_gpus
 from autotune.search.storage import open_study
-from autotune.search.workers import on_gpu, parse_gpus, run_workers, with_launcher
+from autotune.search.workers import on_gpus, parse_gpus, run_workers, with_launcher
 from autotune.sglang.flags import FlagTable
 
 DEFAULT_STUDY = Path("studies") / "example.toml"
@@ -45,6 +45,17 @@ def _tok(value: float | None) -> str:
     return f"{value:,.0f} tok/s" if value is not None else "n/a"
 
 
+def _score(entry: dict[str, Any] | None, multi: bool) -> str:
+    """A trial's tok/s, and, in a study whose servers span several GPUs, its per-GPU score and GPU count."""
+    if not entry:
+        return "n/a"
+    text = _tok(entry.get("output_tok_s"))
+    if multi and entry.get("tok_s_per_gpu") is not None:
+        gpus = entry.get("gpus") or 1
+        text += f" on {gpus} GPU{'s' if gpus > 1 else ''}, {entry['tok_s_per_gpu']:,.0f} tok/s per GPU"
+    return text
+
+
 def render(summary: dict[str, Any]) -> str:
     """The human summary: statuses, baseline, winner, gains over the baseline and SGLang's defaults."""
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(summary["statuses"].items()))
@@ -58,16 +69,19 @@ def render(summary: dict[str, Any]) -> str:
         lines.append(f"  launched {summary['launched']} servers{rerun}, {summary['launched_oom']} ran out of memory "
                      f"({share:.0f} %){tail}")
     base, best = summary["baseline"], summary["best"]
+    multi = bool(summary.get("multi_gpu"))
+    if multi:
+        lines.append("  ranked by tok/s per GPU (a server's tok/s ÷ the GPUs it spans)")
     if base.get("failed"):
         lines.append(f"  baseline {base['failed']}")
     else:
-        lines.append(f"  baseline (trial {base['trial']}): {_tok(base['output_tok_s'])}")
+        lines.append(f"  baseline (trial {base['trial']}): {_score(base, multi)}")
     for e in summary["enqueued"]:
-        lines.append(f"  {e['label']} (trial {e['trial']}): {_tok(e['output_tok_s'])}")
+        lines.append(f"  {e['label']} (trial {e['trial']}): {_score(e, multi)}")
     if best:
         ci = (f" (95 % CI of the median {best['ci_low']:,.0f}–{best['ci_high']:,.0f})"
               if best.get("ci_low") is not None else "")
-        lines.append(f"  winner: trial {best['trial']}: {_tok(best['output_tok_s'])}{ci}")
+        lines.append(f"  winner: trial {best['trial']}: {_score(best, multi)}{ci}")
         flags = " ".join(FlagTable.bundled().to_argv(best["params"] or {}))  # store-true flags bare, as SGLang wants
         lines.append(f"    {flags}")
         gain_ci = summary.get("gain_ci")
@@ -104,21 +118,30 @@ def render(summary: dict[str, Any]) -> str:
 @click.option("--trials", type=click.IntRange(min=1), help="Total number of trials (counting finished ones).")
 @click.option("--engine", type=click.Choice(sorted(ENGINES)), help="Override [engine] kind.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--gpus", help="GPUs of this node, e.g. 0,1,2,3: one worker per GPU, all sharing the study.")
+@click.option("--gpus", help="GPUs of this node, e.g. 0-7 or 0,1,2,3: one worker per GPU group (as many GPUs as "
+                                "a server spans), all sharing the study.")
 @click.option("--launcher", type=click.Choice(sorted(LAUNCHERS)),
-              help="Override [engine] launcher; slurm with --gpus runs each worker as its own Slurm job.")
+              help="Override [engine] launcher; slurm with --gpus or --workers runs each worker as its own Slurm job.")
+@click.option("--workers", type=click.IntRange(min=1),
+              help="With --launcher slurm: this many worker jobs, each asking Slurm for a server's GPUs.")
 def sweep(config_path: Path | None, study_name: str | None, storage: str | None, trials: int | None,
-          engine: str | None, as_json: bool, gpus: str | None, launcher: str | None) -> None:
+          engine: str | None, as_json: bool, gpus: str | None, launcher: str | None, workers: int | None) -> None:
     """Run (or resume) a study: search configs, then confirm the winner."""
     cfg = load_config(resolve_config(config_path), name=study_name, storage=storage, trials=trials, engine=engine)
     cfg = with_launcher(cfg, launcher)
     for note in cfg.notes:  # e.g. a prompt file shorter than sample_size
         click.echo(f"Warning: {note}", err=True)
-    if gpus:
-        cfg = _search_on(cfg, gpus, err=as_json)
+    if workers is not None and gpus:
+        raise ConfigError("--workers and --gpus both name the workers", key="--workers",
+                          fix="give --gpus 0-3 (workers on these GPUs) or --workers N (N Slurm jobs), not both")
+    if workers is not None and cfg.engine.launcher != "slurm":
+        raise ConfigError("--workers needs the slurm launcher", key="--workers",
+                          fix="add --launcher slurm, or give --gpus 0-3 to run workers on this node")
+    if gpus or workers is not None:
+        cfg = _search_on(cfg, gpus, workers, err=as_json)
     summary = run_sweep(cfg, progress=make_progress(quiet_stdout=as_json))
     click.echo(json.dumps(summary, indent=2, default=str) if as_json else render(summary))
-    if gpus and not as_json:
+    if (gpus or workers is not None) and not as_json:
         click.echo(render_gpus(open_study(cfg, create=False)))
     if summary.get("interrupted"):
         raise SystemExit(130)
@@ -127,12 +150,14 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
         raise SystemExit(1)
 
 
-def _search_on(cfg: Any, gpus: str, *, err: bool) -> Any:
-    """The search on one worker per GPU (``autotune.search.workers``); the confirmation then runs on the first GPU."""
-    indices = parse_gpus(gpus)
+def _search_on(cfg: Any, gpus: str | None, workers: int | None, *, err: bool) -> Any:
+    """The search on one worker per GPU group (``autotune.search.workers``), or on ``workers`` Slurm jobs; the
+    confirmation then runs here, on the pool (its launches take a free group from the same GPU locks)."""
+    indices = parse_gpus(gpus) if gpus else None
+    pinned = on_gpus(cfg, indices, cfg.engine.port) if indices else cfg  # a pool too small: one line, nothing started
     try:
-        run_workers(cfg, indices, echo=lambda line: click.echo(line, err=err))
+        run_workers(cfg, indices, echo=lambda line: click.echo(line, err=err), count=workers)
     except KeyboardInterrupt:
         click.echo(INTERRUPTED, err=True)
         raise SystemExit(130) from None
-    return on_gpu(cfg, indices[0], cfg.engine.port)
+    return pinned

@@ -14,12 +14,13 @@ from rich.table import Table
 
 from autotune.cli.sweep import resolve_config
 from autotune.config import load_config
-from autotune.results import fidelity_summary
+from autotune.results import TrialResult, fidelity_summary
+from autotune.search.objective import gpus_spanned, per_gpu
 from autotune.search.space import config_diff
 from autotune.search.storage import load_study, open_study
 
-COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "max_running_requests", "kv_tokens",
-           "mamba_slots", "peak_gib", "numerics", "reason"]
+COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "gpus", "tok_s_per_gpu",
+           "max_running_requests", "kv_tokens", "mamba_slots", "peak_gib", "numerics", "reason"]
 
 
 def rows(study) -> list[dict[str, Any]]:
@@ -32,11 +33,14 @@ def rows(study) -> list[dict[str, Any]]:
         metrics = result.get("metrics") or {}
         role = t.user_attrs.get("role", "")
         label = t.user_attrs.get("label")
+        stored = TrialResult.from_dict(result) if result else None
         out.append({
             "number": t.number, "state": t.state.name, "status": t.user_attrs.get("status", ""),
             "role": f"{role}:{label}" if label and label != role else role,
             "params": result.get("config") or t.user_attrs.get("config") or t.params,
             "output_tok_s": metrics.get("output_tok_s"),
+            # the score trials are ranked by: tok/s ÷ the GPUs the server spanned (``objective.per_gpu``)
+            "gpus": gpus_spanned(stored) if stored else None, "tok_s_per_gpu": per_gpu(stored) if stored else None,
             "max_running_requests": cap.get("max_running_requests"), "kv_tokens": cap.get("kv_tokens"),
             "mamba_slots": cap.get("mamba_slots"), "peak_gib": gpu.get("peak_used_gib"),
             # The fidelity probe's figures against the reference config ("" when outputs cannot differ).
@@ -75,13 +79,15 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
         return
     # The table shows each config as its difference from the baseline; CSV and JSON carry the full flags.
     base = next((r["params"] for r in data if r["role"].startswith("baseline")), None) or {}
-    table = Table(*["#", "status", "role", "flags vs baseline", "tok/s", "running", "KV tokens", "Mamba slots",
-                    "peak GiB", "outputs vs baseline"])
+    multi = any((r["gpus"] or 1) > 1 for r in data)  # servers over several GPUs: show the per-GPU score beside
+    table = Table(*["#", "status", "role", "flags vs baseline", "tok/s", *(["GPUs", "tok/s per GPU"] if multi else []),
+                    "running", "KV tokens", "Mamba slots", "peak GiB", "outputs vs baseline"])
     for r in data:
         diff = config_diff(r["params"] or {}, base)
         params = " ".join(f"{k}={'unset' if v is None else v}" for k, v in diff.items()) or "="
         fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
+        per = [fmt(r["gpus"], "d"), fmt(r["tok_s_per_gpu"], ",.0f")] if multi else []
         table.add_row(str(r["number"]), r["status"] or r["state"].lower(), r["role"], params,
-                      fmt(r["output_tok_s"], ",.0f"), fmt(r["max_running_requests"], "d"), fmt(r["kv_tokens"], ","),
+                      fmt(r["output_tok_s"], ",.0f"), *per, fmt(r["max_running_requests"], "d"), fmt(r["kv_tokens"], ","),
                       fmt(r["mamba_slots"], "d"), fmt(r["peak_gib"], ".1f"), r["numerics"])
     Console(width=max(Console().width, 160)).print(table)

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from autotune.config.context import context_limit
+from autotune.config.pool import check_pool
 from autotune.config.sections import (
     UNSET,
     BaselineSection,
@@ -197,7 +198,9 @@ def _resolve(cfg: StudyConfig, path: Path, file: str) -> StudyConfig:
     prompts = cfg.workload.prompts if cfg.workload.prompts.is_absolute() else (base / cfg.workload.prompts)
     workload = cfg.workload.model_copy(update={"prompts": prompts.resolve()})
     cfg = cfg.model_copy(update={"study": study, "workload": workload, "path": path})
-    return _check_prompts(_check_flags(_check_engine(cfg, file), file), file)
+    cfg = _check_flags(_check_engine(cfg, file), file)
+    check_pool(cfg, cfg.engine.pool, file=file)  # a pool too small for every config: one line, not a budget of crashes
+    return _check_prompts(cfg, file)
 
 
 def _flag_error(exc: ConfigError, file: str, key: str, *, table: bool = False) -> ConfigError:

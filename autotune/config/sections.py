@@ -63,7 +63,9 @@ class EngineSection(StrictModel):
     python: str | None = None
     model: str = "qwen3.6-27b"  # bundled profile name, HF config.json directory, or checkpoint path
     profile: str | None = None  # model profile for the planner when `model` is not one (default: model)
-    gpu: int = Field(0, ge=0)
+    gpu: int = Field(0, ge=0)  # the first GPU: a server spanning N takes gpu … gpu+N-1 (SGLang's --base-gpu-id)
+    # The GPUs a sweep may use (its pool): each server gets a free aligned group of the size it spans. Not with gpu.
+    gpus: list[int] | None = None
     port: int | None = Field(None, ge=1, le=65535)
     sim_gpu: str = "b200"  # the simulated device, and the GPU profile the planner assumes
     sim_options: dict[str, Any] = {}
@@ -75,6 +77,34 @@ class EngineSection(StrictModel):
     busy_gpu: Literal["stop", "wait"] = "stop"
     busy_wait_s: float = Field(600.0, gt=0)
     launcher: str = "local"  # where the trial's server runs: one of LAUNCHER_KINDS
+
+    @field_validator("gpus")
+    @classmethod
+    def _distinct_gpus(cls, gpus: list[int] | None) -> list[int] | None:
+        if gpus is None:
+            return None
+        if not gpus or any(g < 0 for g in gpus):
+            raise fix_error("bad_gpus", "gpus must list GPU indices", "write e.g. gpus = [0, 1]")
+        if len(set(gpus)) != len(gpus):
+            raise fix_error("bad_gpus", "gpus names a GPU twice", "name each GPU once: two servers on one GPU skew both")
+        return gpus
+
+    @model_validator(mode="after")
+    def _gpu_or_gpus(self) -> EngineSection:
+        if self.gpus is not None and "gpu" in self.model_fields_set:
+            raise fix_error("gpu_and_gpus", "both gpu and gpus are given",
+                            "give gpus = [..] for a pool, or gpu = N for a first GPU, not both")
+        return self
+
+    @property
+    def pool(self) -> tuple[int, ...] | None:
+        """The GPUs a sweep shares among its servers (``gpus``); None: servers count up from ``gpu``."""
+        return tuple(self.gpus) if self.gpus is not None else None
+
+    @property
+    def first_gpu(self) -> int:
+        """The first GPU this study's servers use: the pool's first, else ``gpu``."""
+        return self.gpus[0] if self.gpus else self.gpu
 
     @field_validator("launcher")
     @classmethod

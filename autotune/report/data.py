@@ -22,6 +22,7 @@ import pandas as pd
 
 from autotune.config.sections import NumericsLimits
 from autotune.results import TrialResult, fidelity_summary
+from autotune.search.objective import gpus_spanned, per_gpu
 from autotune.search.settings import engine_table
 
 # status → the outcome class a reader sees; the group decides the marker a figure uses.
@@ -134,6 +135,10 @@ def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = No
         "trial": trial.number, "state": trial.state.name, "status": status, "outcome": outcome, "group": group,
         "role": trial.user_attrs.get("role", "search"), "label": trial.user_attrs.get("label") or f"trial {trial.number}",
         "feasible": feasible, "tok_s": tok_s,
+        # the score the search ranks by: tok/s ÷ the GPUs the server spanned (shown beside tok/s where any spans 2+)
+        "gpus": gpus_spanned(result) if result else 1,
+        "tok_s_per_gpu": (per_gpu(result) if result and status == "ok" and metrics is not None
+                          else (0.0 if complete else math.nan)),
         "max_running_requests": float(mrr) if mrr else math.nan,
         "kv_tokens": attr_or_nan(cap, "kv_tokens") if cap else float(plan.get("kv_tokens") or math.nan),
         "mamba_slots": attr_or_nan(cap, "mamba_slots") if cap else float(plan.get("max_mamba_cache_size") or math.nan),
@@ -255,7 +260,7 @@ def winner_trial(frame: pd.DataFrame, study: optuna.Study) -> int | None:
     if confirmation.get("winner_trial") is not None:
         return int(confirmation["winner_trial"])
     feasible = frame[frame["feasible"]]
-    return int(feasible.loc[feasible["tok_s"].idxmax(), "trial"]) if len(feasible) else None
+    return int(feasible.loc[feasible["tok_s_per_gpu"].idxmax(), "trial"]) if len(feasible) else None  # per GPU
 
 
 def failures_frame(frame: pd.DataFrame, *, base_dir: Path | None = None) -> pd.DataFrame:

@@ -54,6 +54,8 @@ def _hover(frame: pd.DataFrame) -> list[str]:
         text = f"trial {row['trial']} — {html.escape(str(row['label']))}<br>{row['outcome']}"
         if row["tok_s"] > 0:
             text += f": {row['tok_s']:,.0f} tok/s"
+            if row.get("gpus", 1) > 1:  # a server over several GPUs: the per-GPU score it was ranked by
+                text += f" on {row['gpus']} GPUs ({row['tok_s_per_gpu']:,.0f} tok/s per GPU)"
         if row.get("numerics"):
             text += "<br>outputs vs baseline: " + html.escape(str(row["numerics"]))
         if row.get("reason"):

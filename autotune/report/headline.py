@@ -43,14 +43,19 @@ def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
         tok_s = float(np.median(repeats)) if repeats else (float(info["tok_s"]) if info is not None else math.nan)
         # The confirmation stage's bootstrap interval of the median when it stored one, else the repeats' range.
         stats = ((study.user_attrs.get("confirmation") or {}).get("stats") or {}).get(str(number)) or {}
+        gpus = int(info["gpus"]) if info is not None and "gpus" in info and info["gpus"] == info["gpus"] else 1
         ci = stats.get("ci")
-        if not (isinstance(ci, list | tuple) and len(ci) == 2 and None not in ci):
+        if isinstance(ci, list | tuple) and len(ci) == 2 and None not in ci:
+            ci = (ci[0] * gpus, ci[1] * gpus)  # the stored interval is of the per-GPU score the study ranks by
+        else:
             ci = (min(repeats), max(repeats)) if repeats else (math.nan, math.nan)
         low, high = ci
         rows[role] = {
             "trial": number if number is not None else math.nan,
             "label": info["label"] if info is not None else "",
             "tok_s": tok_s,
+            "gpus": gpus,
+            "tok_s_per_gpu": tok_s / gpus,
             "tok_s_low": float(low),
             "tok_s_high": float(high),
             "repeats": len(repeats),
@@ -65,15 +70,15 @@ def gain(study: optuna.Study, headline: pd.DataFrame) -> dict[str, Any]:
     """Winner/baseline speed ratio (2.0 = twice as fast), with the confirmation stage's CI when there is one,
     and the ratio over SGLang's own defaults when the confirmation measured (or predicted) them."""
     confirmation = study.user_attrs.get("confirmation") or {}
-    win = headline.loc["winner", "tok_s"]
+    win = headline.loc["winner", "tok_s_per_gpu"]  # per GPU, as the study ranks (tok/s for 1-GPU servers)
     defaults = confirmation.get("defaults") or {}
-    over_defaults = (win / defaults["output_tok_s"] if defaults.get("output_tok_s") and not math.isnan(win)
-                     else None)
+    base_defaults = defaults.get("tok_s_per_gpu") or defaults.get("output_tok_s")
+    over_defaults = win / base_defaults if base_defaults and not math.isnan(win) else None
     if confirmation.get("gain") is not None:
         return {"gain": float(confirmation["gain"]), "ci_low": confirmation.get("ci_low"),
                 "ci_high": confirmation.get("ci_high"), "note": confirmation.get("note") or "",
                 "over_defaults": over_defaults, "defaults_how": defaults.get("how")}
-    base = headline.loc["baseline", "tok_s"]
+    base = headline.loc["baseline", "tok_s_per_gpu"]
     value = win / base if base and not math.isnan(base) and base > 0 else math.nan
     return {"gain": value, "ci_low": None, "ci_high": None, "note": "single measurement (no confirmation stage)",
             "over_defaults": over_defaults, "defaults_how": defaults.get("how")}

@@ -310,6 +310,8 @@ def _header(report: Report) -> str:
     spread = (f"95% CI {win['tok_s_low']:,.0f}–{win['tok_s_high']:,.0f} over {win['repeats']} runs"
               if win["repeats"] else "single run")
     ratio = g["gain"]
+    if win.get("gpus", 1) > 1:  # ranked per GPU: say what the winner's server spans and its per-GPU score
+        spread += f" · {int(win['gpus'])} GPUs, {_num(win['tok_s_per_gpu'])} tok/s per GPU"
     kpis = [
         _kpi("winner tok/s", _num(win["tok_s"]), f"trial {f['winner']} · {spread}"),
         _kpi("speed vs baseline", _num(ratio, "{:.2f}×"), ci, "good" if ratio and ratio > 1 else "bad"),

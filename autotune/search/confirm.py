@@ -26,6 +26,7 @@ from autotune.progress import PlainProgress
 from autotune.results import TrialResult
 from autotune.search.diskguard import disk_error
 from autotune.search.gpus import gains
+from autotune.search.objective import per_gpu
 from autotune.search.runner import DEFAULTS_RUN, CheckedRunner, Runner, predict
 from autotune.search.seeding import finished
 from autotune.search.study import Sweep, sigint_stops
@@ -148,7 +149,7 @@ def _run_stats(rng: np.random.Generator, runs: list[dict[str, Any]],
     results: dict[int, list[TrialResult]] = {n: [] for n in order}
     for run in runs:
         results.setdefault(run["trial"], []).append(TrialResult.from_dict(run["result"]))
-    tok = {n: [(r.output_tok_s or 0.0) if r.ok else 0.0 for r in rs] for n, rs in results.items()}
+    tok = {n: [(per_gpu(r) or 0.0) if r.ok else 0.0 for r in rs] for n, rs in results.items()}  # the score
     stats = {n: {"median": _median(v), "ci": _interval(rng, v), "runs": len(v),
                  "failed": sum(1 for r in results[n] if not r.ok), "headroom_gib": _headroom(results[n])}
              for n, v in tok.items()}
@@ -344,7 +345,8 @@ def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callabl
         reason = None if ok else (result.reason or "no measurement")
         if progress is not None and cfg.engine.kind != "sim":
             progress.log(f"  defaults: ok {result.output_tok_s:,.0f} tok/s" if ok else f"  defaults: {status}: {reason}")
-        return {"status": status, "output_tok_s": result.output_tok_s if ok else None, "reason": reason,
+        return {"status": status, "output_tok_s": result.output_tok_s if ok else None,
+                "tok_s_per_gpu": per_gpu(result) if ok else None, "reason": reason,
                 "how": how, "config": config, "trial_dir": result.trial_dir, "log_path": result.log_path}
     return measure
 

@@ -1,5 +1,8 @@
 """The study's objective: the sampler, the directions, and a trial result's values and constraint violations.
 
+The value maximised is output tok/s per GPU the server spans (``per_gpu``): what a fleet of
+such servers delivers per GPU, so a TP-2 config competes fairly with two TP-1 servers.
+
 OOMs and infeasible configs are COMPLETE trials with value 0 and a violated constraint (the sampler learns
 where the wall is)."""
 
@@ -12,8 +15,21 @@ from autotune.config import StudyConfig
 from autotune.errors import ConfigError
 from autotune.results import TrialResult
 from autotune.search.numerics import constraint_entries as numerics_entries
+from autotune.sglang.parallel import server_gpus
 
 WORST = 1e9  # the second objective's value for a config that never served (finite: plots and samplers cope)
+
+
+def gpus_spanned(result: TrialResult) -> int:
+    """The GPUs the server held: those recorded, else as many as its config spans (a result from an in-process
+    prediction, or a study stored before groups, names none)."""
+    return len(result.gpus) if result.gpus else server_gpus(result.config or {})
+
+
+def per_gpu(result: TrialResult) -> float | None:
+    """Output tok/s ÷ GPUs spanned: the score a trial is ranked by (None without a measurement)."""
+    tok_s = result.output_tok_s
+    return None if tok_s is None else tok_s / gpus_spanned(result)
 
 
 def constraints(trial: FrozenTrial) -> list[float]:
@@ -53,7 +69,9 @@ def objective_values(cfg: StudyConfig, result: TrialResult) -> tuple[list[float]
     if result.status != "ok" or result.metrics is None:
         worst = [WORST if second and second.direction == "minimize" else 0.0] if second else []
         return [0.0, *worst], [1.0] + [0.0] * len(slos) + numerics_entries(cfg, result)
-    values = [result.metrics.output_tok_s]
+    # Per GPU: a server over 2 GPUs must deliver twice the tok/s of a 1-GPU one to rank alike, as a fleet of
+    # either would on the same GPUs (equal to output tok/s for 1-GPU servers).
+    values = [per_gpu(result) or 0.0]
     if second:
         values.append(_metric(result, second.metric) or (WORST if second.direction == "minimize" else 0.0))
     violations = [-1.0]

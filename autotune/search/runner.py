@@ -21,11 +21,13 @@ from autotune.config import StudyConfig, Timeouts
 from autotune.harness.engines import Engine, make_engine
 from autotune.harness.fidelity import FidelityProbe
 from autotune.harness.setup import TrialHooks, TrialSetup
+from autotune.harness.tenancy import Occupancy
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.launch.registry import make_launcher
 from autotune.results import TrialResult
 from autotune.search.folders import fresh, study_folder
+from autotune.search.gpulocks import GpuLocks, lock_dir
 from autotune.search.numerics import (
     REFERENCE_ATTR,
     REFERENCE_FILE,
@@ -34,8 +36,10 @@ from autotune.search.numerics import (
     missing_reference,
 )
 from autotune.search.storage import open_study
+from autotune.sglang.parallel import server_gpus
 
 Runner = Callable[[dict[str, Any], int], TrialResult]
+DeviceCheck = Callable[[tuple[int, ...]], Occupancy | None]
 # The number a runner gets for the confirmation's "SGLang defaults" measurement: no Optuna trial has it, so the
 # run never lands in (or is counted as a repeat of) a real trial's directory; HarnessRunner writes it under
 # ``trials/defaults/``.
@@ -85,6 +89,10 @@ class HarnessRunner:
         self.launcher = make_launcher(eng.launcher, cfg.launcher.settings(eng.launcher))
         self.run_dir = cfg.work_dir / "runs"
         self.numerics = ProbePlanner(cfg, self.sample.rows, timeout_s=self.timeouts.request_s)  # the fidelity probe
+        # Every launch takes its GPUs here first (``gpulocks``): a free aligned group of the pool ``[engine] gpus``
+        # (a worker's own group, or the pool its workers share), else the GPUs counted up from ``[engine] gpu``.
+        self.locks = GpuLocks(lock_dir(cfg.work_dir), eng.pool, first=eng.first_gpu)
+        self.device_check: DeviceCheck | None = None  # the sweep's tenancy check of the group, before each launch
         self._study = study
         self._folder: Path | None = None
 
@@ -122,8 +130,19 @@ class HarnessRunner:
         """Confirmation run ``k`` (from 0) of trial ``trial_number``: speed only, in ``<n>/repeat-<k+1>/``."""
         return self._run(config, self.trial_dir(trial_number, repeat=k + 1), None)
 
-    def _run(self, config: dict[str, Any], trial_dir: Path, probe: FidelityProbe | None) -> TrialResult:
-        return run_trial(self._setup(self.workload), config, trial_dir=trial_dir, probe=probe, hooks=self._hooks())
+    def _run(self, config: dict[str, Any], trial_dir: Path, probe: FidelityProbe | None,
+             workload: WorkloadSpec | None = None) -> TrialResult:
+        """One launch on a group of GPUs held for it (checked for tenants first), released once the server is gone."""
+        if getattr(self.engine, "device", "cuda") == "cpu":  # the CPU backend holds no GPU
+            return run_trial(self._setup(workload or self.workload, None), config, trial_dir=trial_dir, probe=probe,
+                             hooks=self._hooks())
+        phase = self.on_phase
+        with self.locks.holding(server_gpus(config), stop=self.stop_event,
+                                on_wait=(lambda line: phase(line, {})) if phase is not None else None) as group:
+            seen = self.device_check(group) if self.device_check is not None else None  # GpuBusyError: no launch
+            result = run_trial(self._setup(workload or self.workload, group), config, trial_dir=trial_dir,
+                               probe=probe, hooks=self._hooks())
+        return with_device(result, seen)
 
     def _record_reference(self, probe: FidelityProbe) -> TrialResult:
         """A launch of the reference config that only records the probe's reference outputs (its window cut to
@@ -131,17 +150,26 @@ class HarnessRunner:
         if self.on_phase is not None:
             self.on_phase("recording the numerics reference (baseline config)", {})
         short = dataclasses.replace(self.workload, warmup_s=0.0, measure_s=1.0)
-        return run_trial(self._setup(short), self.numerics.reference_cfg, trial_dir=self.trial_dir(REFERENCE_RUN),
-                         probe=dataclasses.replace(probe, only=True), hooks=self._hooks())
+        return self._run(dict(self.numerics.reference_cfg), self.trial_dir(REFERENCE_RUN),
+                         dataclasses.replace(probe, only=True), short)
 
-    def _setup(self, workload: WorkloadSpec) -> TrialSetup:
-        """Every launch of this runner: the study's engine, GPU, port, launcher and prompt sample."""
+    def _setup(self, workload: WorkloadSpec, group: tuple[int, ...] | None) -> TrialSetup:
+        """Every launch of this runner: the study's engine, the GPUs it holds, port, launcher and prompt sample."""
+        first = group[0] if group else self.cfg.engine.first_gpu
         return TrialSetup(engine=self.engine, workload=workload, sample=self.sample, launcher=self.launcher,
-                          gpu_index=self.cfg.engine.gpu, port=self.cfg.engine.port, timeouts=self.timeouts,
+                          gpu_index=first, gpus=group or None, port=self.cfg.engine.port, timeouts=self.timeouts,
                           run_dir=self.run_dir)
 
     def _hooks(self) -> TrialHooks:
         return TrialHooks(on_phase=self.on_phase, stop_event=self.stop_event)
+
+
+def with_device(result: TrialResult, seen: Occupancy | None) -> TrialResult:
+    """``result`` with what the GPU held by others at launch in ``measurement["device_at_launch"]``."""
+    if seen is None:
+        return result
+    measurement = {**(result.measurement or {}), "device_at_launch": seen.to_dict()}
+    return TrialResult.from_dict({**result.to_dict(), "measurement": measurement})
 
 
 class CheckedRunner:

@@ -1,8 +1,9 @@
-"""Scale out on Slurm: each worker of ``run_workers`` is its own batch job, one GPU per allocation.
+"""Scale out on Slurm: each worker of ``run_workers`` is its own batch job, one GPU group per allocation.
 
-The supervisor ``sbatch``es ``python -m autotune.search.workers --gpu i …`` (the argv quoted by ``shlex`` in a
-job script that ``exec``s it, so the worker *is* the batch step and gets Slurm's signals), each with
-``--gres=gpu:1`` and its own log file, then waits for the jobs. Inside its allocation a worker starts its trials'
+The supervisor ``sbatch``es ``python -m autotune.search.workers …`` (the argv quoted by ``shlex`` in a job script
+that ``exec``s it, so the worker *is* the batch step and gets Slurm's signals), each with ``--gres=gpu:<group
+size>`` and its own log file, then waits for the jobs. With ``--gpus`` each job's worker is told its group; with
+``--workers N`` Slurm picks the GPUs and the worker reads them from its allocation (``allocation_gpus``). Inside its allocation a worker starts its trials'
 servers with the ``local`` launcher: the job already holds the GPU, and a server job per trial would need a second
 allocation (on a small cluster, one that never comes). Ctrl-C becomes ``scancel --signal=INT`` (each worker stops
 its server and records the trial as interrupted); a second Ctrl-C cancels the jobs.
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -40,22 +42,54 @@ def worker_script(argv: Sequence[str]) -> str:
            f"exec {shlex.join(argv)}\n"
 
 
-def sbatch_argv(settings: SlurmSettings, name: str, log: Path, script: Path) -> list[str]:
-    """``sbatch`` for one worker: one task, one GPU, the study's partition/account/time and extra options."""
+def sbatch_argv(settings: SlurmSettings, name: str, log: Path, script: Path, gpus: int = 1) -> list[str]:
+    """``sbatch`` for one worker: one task, ``gpus`` GPUs, the study's partition/account/time and extra options."""
     argv = ["sbatch", "--parsable", "--job-name", name, "--output", str(log), "--no-requeue", "--ntasks=1",
-            "--gres=gpu:1", "--export=ALL"]
+            f"--gres=gpu:{gpus}", "--export=ALL"]
     argv += [f"--{key}={value}" for key, value in
              (("partition", settings.partition), ("account", settings.account), ("time", settings.time)) if value]
     return [*argv, *settings.extra_args, str(script)]
 
 
+def _indices(text: str) -> list[int]:
+    """``0-1,3`` (Slurm's IDX lists, ``CUDA_VISIBLE_DEVICES``) → ``[0, 1, 3]``."""
+    out: list[int] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        lo, _, hi = part.partition("-")
+        out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def allocation_gpus(env: dict[str, str] | None = None) -> tuple[int, ...]:
+    """The GPUs of the Slurm allocation this process runs in: ``CUDA_VISIBLE_DEVICES`` where Slurm's GPU plugin
+    sets it, else ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS``, else the ``IDX`` list of ``scontrol show job -d``, else
+    the first ``SLURM_GPUS_ON_NODE``. A StudyError when the job holds no GPU."""
+    env = dict(os.environ if env is None else env)
+    for key in ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS"):
+        value = env.get(key, "")
+        if re.fullmatch(r"[0-9,\-]+", value or ""):
+            return tuple(_indices(value))
+    job = env.get("SLURM_JOB_ID")
+    if job:
+        done = subprocess.run(["scontrol", "show", "job", "-d", job], capture_output=True, text=True,
+                              timeout=_CALL_TIMEOUT_S, check=False)
+        found = re.search(r"GRES=gpu[^(\s]*\(IDX:([0-9,\-]+)\)", done.stdout)
+        if found:
+            return tuple(_indices(found.group(1)))
+    count = env.get("SLURM_GPUS_ON_NODE", "")
+    if count.isdigit() and int(count) > 0:
+        return tuple(range(int(count)))
+    raise StudyError("this Slurm job holds no GPU (no CUDA_VISIBLE_DEVICES, SLURM_JOB_GPUS or gres in scontrol)")
+
+
 @dataclass
 class WorkerJob:
-    """One worker's batch job and its log, relayed line by line while it grows."""
+    """One worker's batch job and its log, relayed line by line while it grows (``gpu``: the worker's key)."""
 
     gpu: int
     job_id: str
     log: Path
+    prefix: str = ""
     code: int | None = None
     _offset: int = 0
     _partial: str = ""
@@ -71,7 +105,7 @@ class WorkerJob:
         lines = (self._partial + text).split("\n")
         self._partial = lines.pop()
         for line in lines:
-            echo(f"gpu{self.gpu} | {line.rstrip()}")
+            echo(f"{self.prefix or f'gpu{self.gpu}'} | {line.rstrip()}")
 
     def finished(self) -> bool:
         """True once the job has left the queue; ``code`` then holds its exit code (``GONE`` when unknown)."""
@@ -144,28 +178,31 @@ def _forward_sigint(workers: SlurmWorkers) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def start_slurm_workers(cfg: StudyConfig, argvs: dict[int, list[str]], *, echo: Echo = print,
-                        env: dict[str, str] | None = None) -> SlurmWorkers:
-    """``sbatch`` one job per GPU's worker argv; scripts and logs under ``work_dir/runs/workers``. A failed
-    ``sbatch`` cancels the jobs already submitted and raises ``StudyError``."""
+def start_slurm_workers(cfg: StudyConfig, argvs: dict[int, tuple[list[str], int]], *, echo: Echo = print,
+                        env: dict[str, str] | None = None, names: dict[int, str] | None = None) -> SlurmWorkers:
+    """``sbatch`` one job per worker: its argv and the GPUs it asks for, keyed by the worker's first GPU (or slot;
+    ``names`` are their progress prefixes, ``gpu0,1`` or ``worker1``). Scripts and logs under
+    ``work_dir/runs/workers``. A failed ``sbatch`` cancels the jobs already submitted and raises ``StudyError``."""
     settings = SlurmSettings(**_settings(cfg))
     folder = cfg.work_dir / "runs" / "workers"
     folder.mkdir(parents=True, exist_ok=True)
     workers = SlurmWorkers(echo=echo)
-    for gpu, argv in argvs.items():
-        name = f"autotune-worker-{cfg.name}-gpu{gpu}"
-        script, log = folder / f"gpu-{gpu}.sbatch", folder / f"gpu-{gpu}.log"
+    for key, (argv, gpus) in argvs.items():
+        prefix = (names or {}).get(key, f"gpu{key}")
+        stem = re.sub(r"^(gpu|worker)", r"\1-", prefix).replace(",", "-")  # gpu-0, gpu-0-1, worker-2
+        name = f"autotune-worker-{cfg.name}-{prefix.replace(',', '-')}"
+        script, log = folder / f"{stem}.sbatch", folder / f"{stem}.log"
         script.write_text(worker_script(argv))
         log.unlink(missing_ok=True)  # the relay reads this run's lines only
-        done = subprocess.run(sbatch_argv(settings, name, log, script), env={**os.environ, **(env or {})},
+        done = subprocess.run(sbatch_argv(settings, name, log, script, gpus), env={**os.environ, **(env or {})},
                               capture_output=True, text=True, timeout=_CALL_TIMEOUT_S, check=False)
         if done.returncode != 0:
             workers.scancel()
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            raise StudyError(f"sbatch of the gpu{gpu} worker failed (exit {done.returncode}): {last}")
-        job = WorkerJob(gpu=gpu, job_id=done.stdout.strip().split(";")[0], log=log)
+            raise StudyError(f"sbatch of the {prefix} worker failed (exit {done.returncode}): {last}")
+        job = WorkerJob(gpu=key, job_id=done.stdout.strip().split(";")[0], log=log, prefix=prefix)
         workers.jobs.append(job)
-        echo(f"gpu{gpu}: worker is Slurm job {job.job_id} (log {log})")
+        echo(f"{prefix}: worker is Slurm job {job.job_id} asking for {gpus} GPU{'s' if gpus > 1 else ''} (log {log})")
     return workers
 
 

@@ -289,10 +289,10 @@ class WorkerTag:
     host: str
     pid: int
     started: float | None
-    gpu: int | None
+    gpu: int | str | None  # the GPU index, or a group's label ("0,1"; a shared pool's worker "0,1,2,3/worker1")
 
     @classmethod
-    def current(cls, gpu: int | None) -> WorkerTag:
+    def current(cls, gpu: int | str | None) -> WorkerTag:
         return cls(host=socket.gethostname(), pid=os.getpid(), started=_started(os.getpid()), gpu=gpu)
 
     @classmethod
@@ -322,7 +322,7 @@ class Liveness:
     file in ``state_dir`` that other workers read for storages without one. A daemon thread, so a crash
     between ask and tell never keeps the process alive."""
 
-    def __init__(self, study: optuna.Study, *, gpu: int | None, state_dir: Path, interval: int | None = None):
+    def __init__(self, study: optuna.Study, *, gpu: int | str | None, state_dir: Path, interval: int | None = None):
         self.study, self.tag = study, WorkerTag.current(gpu)
         self.interval = interval or heartbeat_s()
         self.beat_file = Path(state_dir) / self.tag.beat_name

@@ -17,9 +17,6 @@ and stops the sweep with one ``DiskError`` line (``diskguard``).
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
-import os
 import signal
 import threading
 import time
@@ -31,17 +28,19 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
-from autotune.errors import DiskError, GpuBusyError, StudyError
-from autotune.harness.tenancy import Occupancy, check_engine_gpu
+from autotune.errors import DiskError, GpuBusyError
+from autotune.harness.tenancy import Occupancy, check_engine_gpus
 from autotune.launch.process import cleanup_orphans
 from autotune.progress import PlainProgress
 from autotune.results import WRITE_ERROR, TrialResult
 from autotune.search.correction import CorrectedFeasibility, known_failure, replay, skip_was_wrong
 from autotune.search.diskguard import Ballast, Room, disk_error, starved
 from autotune.search.edges import EdgeStarts
+from autotune.search.gpulocks import hold_sweep_gpus
+from autotune.search.groups import group_label
 from autotune.search.numerics import record_reference
 from autotune.search.objective import make_sampler, objective_values
-from autotune.search.runner import HarnessRunner, Runner
+from autotune.search.runner import HarnessRunner, Runner, with_device
 from autotune.search.seeding import (
     INFEASIBLE,
     _mark_interrupted,
@@ -53,6 +52,7 @@ from autotune.search.seeding import (
 )
 from autotune.search.space import Space, config_diff, key_of
 from autotune.search.storage import Liveness, add_running, node_lock, open_study, storage_file, take_waiting
+from autotune.sglang.parallel import group_line, server_gpus
 
 POLL_S = 1.0  # how often a sweep whose remaining trials run elsewhere looks again
 MAX_ASKS_PER_LAUNCH = 10
@@ -86,8 +86,11 @@ class Sweep:
 
     def __init__(self, cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None,
                  stop_event: threading.Event | None = None,
-                 device_check: Callable[[], Occupancy | None] | None = None):
+                 device_check: Callable[[], Occupancy | None] | None = None, shared: int | None = None):
         self.cfg = cfg
+        # ``shared``: this worker's number among workers sharing the pool ``[engine] gpus`` through the GPU locks
+        # (its sweep lock is its slot; the supervisor holds the pool's); None: this sweep has the pool to itself.
+        self.shared = shared
         self.progress = progress or PlainProgress()
         self.stop = stop_event or threading.Event()
         self.space = Space.from_config(cfg)
@@ -99,8 +102,11 @@ class Sweep:
         self.state_dir = cfg.work_dir / "workers"  # heartbeat files and the node's ask lock
         self.liveness: Liveness | None = None
         self._baseline_tried = False
-        # The GPU pre-check: the harness's engine reads its device; an injected runner has none unless given one.
-        self.device_check = device_check or (self._engine_check if self.harness else None)
+        # The GPU pre-check: the harness runner checks each launch's group itself (it knows which GPUs it took);
+        # an injected runner has none unless given one.
+        self.device_check = device_check
+        if self.harness:
+            self.runner.device_check = self._engine_check  # type: ignore[attr-defined]
         self.db_path = storage_file(cfg.storage_url, cfg.base_dir)
         self.ballast = Ballast(self.db_path)  # room to fail the trial in flight when the database's disk fills
         self.room = Room(cfg.work_dir / "trials", self.db_path)
@@ -108,32 +114,31 @@ class Sweep:
         self._tenant: str | None = None  # why the trial just run OOMed because of another process
         self._disk: DiskError | None = None  # the write that failed in the trial in flight
 
-    def _engine_check(self) -> Occupancy | None:
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        """The GPUs this sweep may use: its pool (``[engine] gpus``), else the first GPU alone."""
         eng = self.cfg.engine
-        return check_engine_gpu(getattr(self.runner, "engine"), eng.gpu, mode=eng.busy_gpu,  # noqa: B009
-                                wait_s=eng.busy_wait_s, on_wait=self.progress.log)
+        return eng.pool or (eng.first_gpu,)
+
+    def _engine_check(self, gpus: tuple[int, ...] | None = None) -> Occupancy | None:
+        """The tenancy check of ``gpus`` (a launch's group; None: every GPU this sweep may use)."""
+        eng = self.cfg.engine
+        return check_engine_gpus(getattr(self.runner, "engine"), gpus or self.gpus,  # noqa: B009
+                                 mode=eng.busy_gpu, wait_s=eng.busy_wait_s, on_wait=self.progress.log)
 
     def _lock(self) -> None:
-        """One sweep per GPU of a study at a time (two servers on one GPU would skew both); sweeps on other
-        GPUs or nodes share the study: a live worker's trials are never failed as stale."""
-        self.cfg.work_dir.mkdir(parents=True, exist_ok=True)
-        # Keyed by storage too: the same study name in two storages (benchmarks, seeds) is two studies.
-        tag = hashlib.sha1(self.cfg.storage_url.encode()).hexdigest()[:10]
-        path = self.cfg.work_dir / f"sweep-{tag}-gpu{self.cfg.engine.gpu}.lock"
-        self._lock_file = open(path, "a+")  # noqa: SIM115  (held for the sweep's lifetime)
-        try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock_file.seek(0)
-            holder = self._lock_file.read().strip() or "another process"
-            self._lock_file.close()
-            raise StudyError(f"study {self.cfg.name!r} is being swept on GPU {self.cfg.engine.gpu} by pid {holder}; "
-                             "wait for it, stop it or use another GPU "
-                             f"(the lock is {path})") from None
-        self._lock_file.seek(0)
-        self._lock_file.truncate()
-        self._lock_file.write(str(os.getpid()))
-        self._lock_file.flush()
+        """One sweep per GPU of a study at a time (two servers on one GPU would skew both): a lock file per GPU of
+        its pool, all taken or none, so sweeps on overlapping GPUs refuse and sweeps on disjoint ones (or other
+        nodes) share the study: a live worker's trials are never failed as stale. Workers sharing one pool hold
+        their slot; their supervisor holds the pool's GPUs (``hold_sweep_gpus``)."""
+        if self.shared is not None:
+            names = [f"{group_label(self.gpus)}-worker{self.shared}"]
+        else:
+            names = [str(g) for g in self.gpus]
+        self._lock_files = hold_sweep_gpus(self.cfg, names)
+
+    def _busy_line(self, gpus: tuple[int, ...]) -> str:
+        return f"{group_line(gpus)} {'is' if len(gpus) == 1 else 'are'} busy"
 
     def prepare(self) -> None:
         cfg, study = self.cfg, self.study
@@ -142,12 +147,16 @@ class Sweep:
         if self.harness:
             for pid in cleanup_orphans(self.runner.run_dir):
                 self.progress.log(f"stopped orphan server pid {pid} left by an earlier sweep")
-        if self.device_check is not None:
-            self.device_check()  # GpuBusyError before anything is queued or launched
+        if self.harness:
+            self._engine_check()  # every GPU of the pool: GpuBusyError before anything is queued or launched
+        elif self.device_check is not None:
+            self.device_check()
         if self.harness:  # the study's own trials folder (``folders``), where its trials write
             self.room.trials_dir = getattr(self.runner, "folder", self.room.trials_dir)
         self.ballast.place()
-        self.liveness = Liveness(study, gpu=cfg.engine.gpu, state_dir=self.state_dir)
+        label = group_label(self.gpus) + (f"/worker{self.shared}" if self.shared is not None else "")
+        self.liveness = Liveness(study, gpu=label if len(self.gpus) > 1 or self.shared is not None else self.gpus[0],
+                                 state_dir=self.state_dir)
         if self.feasibility is not None:
             replay(self.feasibility, finished(study.get_trials(deepcopy=False)))
             inert = self.feasibility.inert_everywhere(self.space, cfg.given_configs())
@@ -175,9 +184,9 @@ class Sweep:
         self.ballast.release()
         if self.liveness is not None:
             self.liveness.close()
-        lock = getattr(self, "_lock_file", None)
-        if lock is not None and not lock.closed:
-            lock.close()
+        for lock in getattr(self, "_lock_files", []):
+            if not lock.closed:
+                lock.close()
 
     def run(self) -> optuna.Study:
         """The search; the lock is kept for a confirmation that follows and released by ``close``. A failed
@@ -246,8 +255,8 @@ class Sweep:
     def _gpu_baseline(self, trials: list[FrozenTrial]) -> optuna.Trial | None:
         """The baseline on this GPU, once per sweep, when the study has none from it yet: per-GPU calibration,
         so a slow device is seen as one. Takes the queued baseline if there is one, else adds one."""
-        if self._baseline_tried or self.liveness is None:
-            return None
+        if self._baseline_tried or self.liveness is None or self.shared is not None:
+            return None  # workers sharing a pool run on whichever group is free: no device of their own to calibrate
         self._baseline_tried = True
         label = self.liveness.tag.label
         for t in trials:  # an untagged baseline is an older sweep's, or one being claimed: count it as ours
@@ -312,9 +321,9 @@ class Sweep:
         self._current = None
         tenant, self._tenant = self._tenant, None
         if tenant is not None:  # recorded and queued again; the next launch would meet the same tenant
-            gpu = self.cfg.engine.gpu
-            raise GpuBusyError(f"GPU {gpu} is busy: trial {trial.number} {tenant}. Stop what holds GPU {gpu} or "
-                               "pick another GPU ([engine] gpu / --gpus)", gpu=gpu)
+            group = tuple(result.gpus or self.gpus)
+            raise GpuBusyError(f"{self._busy_line(group)}: trial {trial.number} {tenant}. Stop what holds "
+                               f"{group_line(group)} or pick other GPUs ([engine] gpu / gpus / --gpus)", gpu=group[0])
 
     def _outcome(self, trial: optuna.Trial, launch: dict[str, Any], key: str, memory_plan: Any) -> TrialResult:
         prior = known_failure(self.study.get_trials(deepcopy=False), key)  # launched failures; skips are re-judged
@@ -326,6 +335,9 @@ class Sweep:
         if memory_plan is not None and self.feasibility.sure_failure(memory_plan):
             return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind,
                                reason=memory_plan.message or f"planner: {memory_plan.failure}")
+        too_big = self._over_pool(launch)
+        if too_big is not None:
+            return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind, reason=too_big)
         seen = self.device_check() if self.device_check is not None else None  # GpuBusyError: not launched
         result = with_device(self.runner(launch, trial.number), seen)
         if (full := starved(result)) is not None:
@@ -346,6 +358,15 @@ class Sweep:
                 result = TrialResult.from_dict({**result.to_dict(), "reason": note})
         return result
 
+    def _over_pool(self, launch: dict[str, Any]) -> str | None:
+        """Why a config the space proposed cannot run here: it spans more GPUs than this sweep's pool."""
+        pool = self.cfg.engine.pool
+        need = server_gpus(launch)
+        if pool is None or need <= len(pool):
+            return None
+        return (f"spans {need} GPUs (tp_size × pp_size × dp_size) but this sweep's pool has {len(pool)} "
+                f"({group_label(pool)}): not launched")
+
     def _record(self, trial: optuna.Trial, result: TrialResult, elapsed: float) -> None:
         try:
             self._store(trial, result, elapsed)
@@ -358,6 +379,8 @@ class Sweep:
 
     def _store(self, trial: optuna.Trial, result: TrialResult, elapsed: float) -> None:
         study = self.study
+        if result.gpus:  # the group the server ran on names the trial's GPU (a shared pool's workers move around)
+            trial.set_user_attr("gpu", f"{self.liveness.tag.host if self.liveness else ''}:{group_label(result.gpus)}")
         for name, value in (("result", result.to_dict()), ("status", result.status),
                             ("reason", result.reason), ("log_path", result.log_path), ("elapsed_s", round(elapsed, 2))):
             trial.set_user_attr(name, value)
@@ -381,14 +404,6 @@ class Sweep:
             trial.set_user_attr("failure", result.status)
             study.tell(trial, state=TrialState.FAIL)
         self.progress.trial_finished(trial.number, result, best_value(study))
-
-
-def with_device(result: TrialResult, seen: Occupancy | None) -> TrialResult:
-    """``result`` with what the GPU held by others at launch in ``measurement["device_at_launch"]``."""
-    if seen is None:
-        return result
-    measurement = {**(result.measurement or {}), "device_at_launch": seen.to_dict()}
-    return TrialResult.from_dict({**result.to_dict(), "measurement": measurement})
 
 
 def best_value(study: optuna.Study) -> float | None:

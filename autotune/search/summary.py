@@ -4,6 +4,9 @@ A winner is only ever named against a measured baseline: a gain needs something 
 study's baseline did not measure (it failed, was skipped by the planner, or failed in every confirmation run)
 the summary says so with the baseline's status and reason, names no winner (``outcome`` ``"no_baseline"``) and
 carries the one line ``autotune sweep`` exits 1 with (``error``).
+
+Trials are ranked by tok/s per GPU (``objective.per_gpu``); each entry carries both that score and the server's
+own tok/s, and ``multi_gpu`` says whether any of them spans more than one GPU (then both are shown).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
 from autotune.redaction import redact_url
+from autotune.results import TrialResult
+from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launches
 from autotune.search.space import key_of
 
@@ -36,6 +41,13 @@ def measured(trial: FrozenTrial | None) -> bool:
     """Whether a trial measured a throughput (COMPLETE, status ok, a positive value)."""
     return (trial is not None and trial.state == TrialState.COMPLETE and trial.user_attrs.get("status") == "ok"
             and bool(trial.values) and trial.values[0] > 0)
+
+
+def unsettled(trial: FrozenTrial) -> bool:
+    """Whether the trial's window reached its cap before the settle rule was met (``autotune.settle``): its figure
+    is recorded and learnt from, but never crowned."""
+    measurement = (trial.user_attrs.get("result") or {}).get("measurement") or {}
+    return measurement.get("settled") is False
 
 
 def baseline_failure(study: optuna.Study) -> str | None:
@@ -70,15 +82,30 @@ def _defaults_entry(stored: dict[str, Any] | None) -> dict[str, Any] | None:
     return out
 
 
+def _spans(trial: FrozenTrial) -> int:
+    """How many GPUs a launched trial's server spanned (1 without a stored result)."""
+    data = trial.user_attrs.get("result")
+    return gpus_spanned(TrialResult.from_dict(data)) if data else 1
+
+
+def _defaults_per_gpu(defaults: dict[str, Any]) -> float:
+    """The defaults' tok/s per GPU (stored since groups; older studies' ran on one GPU)."""
+    return float(defaults.get("tok_s_per_gpu") or defaults["output_tok_s"])
+
+
 def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | None) -> dict[str, Any] | None:
     """A trial as the summary shows it: the confirmed median and interval where confirmed, else its search value."""
     if n is None or n not in by_number:
         return None
     t = by_number[n]
     s = stats.get(str(n))
-    value = s["median"] if s else (t.values[0] if t.values else None)
-    return {"trial": n, "label": t.user_attrs.get("label"), "params": t.user_attrs.get("result", {}).get("config"),
-            "output_tok_s": value, "ci_low": s["ci"][0] if s else None, "ci_high": s["ci"][1] if s else None,
+    value = s["median"] if s else (t.values[0] if t.values else None)  # the score: tok/s per GPU
+    data = t.user_attrs.get("result")
+    gpus = _spans(t)
+    scale = (lambda v: None if v is None else v * gpus)  # noqa: E731  (the server's tok/s from its per-GPU score)
+    return {"trial": n, "label": t.user_attrs.get("label"), "params": (data or {}).get("config"),
+            "output_tok_s": scale(value), "tok_s_per_gpu": value, "gpus": gpus,
+            "ci_low": scale(s["ci"][0]) if s else None, "ci_high": scale(s["ci"][1]) if s else None,
             "confirmed_runs": s["runs"] if s else 0}
 
 
@@ -88,7 +115,7 @@ def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
     if conf.get("complete"):
         return conf.get("winner_trial"), conf.get("outcome"), conf.get("note")
     note = "not confirmed: these are single search measurements"
-    ok = [t for t in finished(trials) if t.user_attrs.get("status") == "ok" and t.values]
+    ok = [t for t in finished(trials) if t.user_attrs.get("status") == "ok" and t.values and not unsettled(t)]
     best_n = max(ok, key=lambda t: t.values[0]).number if ok else None
     if best_n is not None and base is not None and launch_key(next(t for t in ok if t.number == best_n)) == launch_key(base):
         return None, "baseline", (f"no config beat the baseline: the best search trial ({best_n}) runs the "
@@ -121,8 +148,8 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
     if failure is not None:
         best_n, outcome, note = None, "no_baseline", None  # the baseline line and ``error`` say why
     base, best = (entry(baseline) if failure is None else None), entry(best_n)
-    gain = conf.get("gain") if confirmed else (
-        best["output_tok_s"] / base["output_tok_s"] if best and base and base["output_tok_s"] else None)
+    gain = conf.get("gain") if confirmed else (  # per GPU: a TP-2 winner must beat twice a TP-1 baseline's tok/s
+        best["tok_s_per_gpu"] / base["tok_s_per_gpu"] if best and base and base["tok_s_per_gpu"] else None)
     enqueued = [entry(t.number) for t in trials if t.user_attrs.get("role") == "enqueued"
                 and t.state.name == "COMPLETE" and t.user_attrs.get("requeued_from") is None]
     defaults = _defaults_entry(conf.get("defaults")) if confirmed else None
@@ -136,17 +163,20 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
         "statuses": statuses, "launched": len(started), "launched_oom": launched_oom,
         "launched_interrupted": interrupted, "confirmed": confirmed,
         "baseline": {"trial": baseline, "params": (attrs.get("result") or {}).get("config"),
-                     "output_tok_s": base and base["output_tok_s"], "status": attrs.get("status"),
+                     "output_tok_s": base and base["output_tok_s"], "tok_s_per_gpu": base and base["tok_s_per_gpu"],
+                     "gpus": base and base["gpus"], "status": attrs.get("status"),
                      "reason": attrs.get("reason") if failure else None, "failed": failure,
                      "log_path": attrs.get("log_path")},
-        "best": best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "ci_low", "ci_high")},
+        "best": best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "tok_s_per_gpu", "gpus",
+                                               "ci_low", "ci_high")},
         "outcome": "winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none"),
         "gain_over_baseline": gain if best is not None else None,
         "gain_ci": [conf.get("ci_low"), conf.get("ci_high")] if confirmed and best is not None else None,
         "enqueued": [e for e in enqueued if e],
         "defaults": defaults,
-        "gain_over_defaults": (best["output_tok_s"] / defaults["output_tok_s"]
+        "gain_over_defaults": (best["tok_s_per_gpu"] / _defaults_per_gpu(defaults)
                                if best and defaults and defaults.get("output_tok_s") else None),
+        "multi_gpu": any(_spans(t) > 1 for t in started),
         "note": note,
         "error": None if failure is None else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"

@@ -1,13 +1,17 @@
-"""Scale out: one study, one worker process per GPU, on one node or many, through Optuna's shared storage.
+"""Scale out: one study, one worker process per GPU group, on one node or many, through Optuna's shared storage.
 
-``run_workers`` starts ``python -m autotune.search.workers --gpu i …`` per GPU and supervises them: each worker is a
-normal sweep pinned to its GPU (its own port, ``CUDA_VISIBLE_DEVICES``, run dir and GPU lock) that asks the
-shared study for trials until finished + running trials reach the target. Ctrl-C is forwarded (each worker
+``run_workers`` splits the GPUs it is given into groups (``groups.worker_groups``): a study whose every server
+spans ``s`` GPUs (``tp_size × pp_size × dp_size``) runs one worker pinned to each aligned group of ``s``
+(``--gpus 0-3`` with ``tp_size = 2``: workers on ``0,1`` and ``2,3``); a study whose space varies the size runs one
+worker per smallest group, all sharing the pool, each launch taking a free group of its size from the per-device
+locks (``gpulocks``). It starts ``python -m autotune.search.workers --gpus 0,1 …`` per worker and supervises them:
+each worker is a normal sweep on its GPUs (its own port, ``CUDA_VISIBLE_DEVICES``, run dir and sweep lock) that
+asks the shared study for trials until finished + running trials reach the target. Ctrl-C is forwarded (each worker
 stops its server and records the trial as interrupted); a second Ctrl-C kills them. A worker that dies
 mid-trial leaves a RUNNING trial that another worker fails and retries once (``storage.dead_running``); its
 orphan server is removed when its GPU next starts, and by the supervisor when the workers end.
 
-Every GPU runs the baseline once, so tok/s can be compared across devices (``search.gpus``).
+Every pinned group runs the baseline once, so tok/s can be compared across devices (``search.gpus``).
 
 When the study's launcher is ``slurm``, each worker is a Slurm job instead (``search.slurm_workers``).
 """
@@ -30,34 +34,38 @@ import click
 import optuna
 
 from autotune.config import StudyConfig, load_config
+from autotune.config.pool import check_pool, study_spans
 from autotune.errors import AutotuneError, ConfigError, StudyError
 from autotune.harness.engines import ENGINES
 from autotune.launch import LAUNCHERS
 from autotune.launch.process import cleanup_orphans
 from autotune.progress import PlainProgress
+from autotune.search.gpulocks import hold_sweep_gpus
+from autotune.search.groups import group_label, parse_gpus, worker_groups
 from autotune.search.objective import make_sampler
-from autotune.search.slurm_workers import SlurmWorkers, start_slurm_workers
+from autotune.search.slurm_workers import SlurmWorkers, allocation_gpus, start_slurm_workers
 from autotune.search.storage import open_study
 from autotune.search.study import Sweep
 
 Echo = Callable[[str], None]
 
 
-def parse_gpus(text: str) -> list[int]:
-    """``"0,1,2,3"`` → ``[0, 1, 2, 3]``; duplicates or non-numbers are a ConfigError."""
-    parts = [p.strip() for p in str(text).split(",") if p.strip()]
-    if not parts or not all(p.isdigit() for p in parts):
-        raise ConfigError(f"cannot read GPU list {text!r}", key="--gpus", fix="write GPU indices like 0,1,2,3")
-    gpus = [int(p) for p in parts]
-    if len(set(gpus)) != len(gpus):
-        raise ConfigError(f"GPU list {text!r} repeats a GPU", key="--gpus",
-                          fix="name each GPU once: two workers on one GPU would skew both")
-    return gpus
+__all__ = ["parse_gpus"]  # re-exported: ``--gpus`` text is read the same by the sweep and its workers
 
 
 def on_gpu(cfg: StudyConfig, gpu: int, port: int | None) -> StudyConfig:
-    """The study config pinned to one GPU and port (the config is frozen: a copy)."""
-    return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"gpu": gpu, "port": port})})
+    """The study config pinned to one GPU and port (the config is frozen: a copy); a server spanning N GPUs
+    counts up from it."""
+    return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"gpu": gpu, "gpus": None, "port": port})})
+
+
+def on_gpus(cfg: StudyConfig, gpus: Sequence[int], port: int | None, *, key: str = "--gpus") -> StudyConfig:
+    """The study config on the pool ``gpus`` (``[engine] gpus``) and port; a pool too small for the study is a
+    ConfigError naming ``key``."""
+    pinned = cfg.model_copy(update={"engine": cfg.engine.model_copy(
+        update={"gpu": gpus[0], "gpus": list(gpus), "port": port})})
+    check_pool(pinned, tuple(gpus), file=str(cfg.path) if cfg.path else None, key=key)
+    return pinned
 
 
 def with_launcher(cfg: StudyConfig, launcher: str | None) -> StudyConfig:
@@ -67,19 +75,27 @@ def with_launcher(cfg: StudyConfig, launcher: str | None) -> StudyConfig:
     return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"launcher": launcher})})
 
 
-def gpu_run_dir(cfg: StudyConfig, gpu: int) -> Path:
-    """Pid files of the servers one GPU's worker starts: orphan cleanup on that GPU touches only these."""
+def gpu_run_dir(cfg: StudyConfig, gpu: int | str) -> Path:
+    """Pid files of the servers one worker starts (named by its GPU or group): its orphan cleanup touches only these."""
     return cfg.work_dir / "runs" / f"gpu-{gpu}"
+
+
+def worker_name(cfg: StudyConfig, shared: int | None) -> str:
+    """How a worker is named in its run dir and progress lines: its group (``0,1``), or its slot in a shared pool."""
+    if shared is not None:
+        return f"worker{shared}"
+    return group_label(cfg.engine.pool or (cfg.engine.gpu,))
 
 
 # --- the worker ------------------------------------------------------------------------------------------
 class WorkerSweep(Sweep):
-    """A sweep pinned to ``cfg.engine.gpu`` that shares its study with other workers."""
+    """A sweep on ``cfg.engine.gpu`` or the group ``cfg.engine.gpus`` that shares its study with other workers
+    (``shared``: its slot among workers sharing that pool)."""
 
-    def __init__(self, cfg: StudyConfig, **kwargs: Any):
-        super().__init__(cfg, **kwargs)
+    def __init__(self, cfg: StudyConfig, *, shared: int | None = None, **kwargs: Any):
+        super().__init__(cfg, shared=shared, **kwargs)
         if hasattr(self.runner, "run_dir"):
-            self.runner.run_dir = gpu_run_dir(cfg, cfg.engine.gpu)
+            self.runner.run_dir = gpu_run_dir(cfg, worker_name(cfg, shared))
 
     def prepare(self) -> None:
         super().prepare()
@@ -89,9 +105,9 @@ class WorkerSweep(Sweep):
 
 
 def run_worker(cfg: StudyConfig, *, progress: Any = None, stop_event: threading.Event | None = None,
-               runner: Any = None) -> optuna.Study:
+               runner: Any = None, shared: int | None = None) -> optuna.Study:
     """One worker's search (no confirmation: the supervisor's caller runs that once, after all workers)."""
-    sweep = WorkerSweep(cfg, runner=runner, progress=progress, stop_event=stop_event)
+    sweep = WorkerSweep(cfg, runner=runner, progress=progress, stop_event=stop_event, shared=shared)
     try:
         study = sweep.run()
         if sweep.stop.is_set():
@@ -103,19 +119,33 @@ def run_worker(cfg: StudyConfig, *, progress: Any = None, stop_event: threading.
 
 @click.command()
 @click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--gpu", required=True, type=click.IntRange(min=0))
+@click.option("--gpu", type=click.IntRange(min=0), help="One GPU (a server spanning N counts up from it).")
+@click.option("--gpus", "group", help="This worker's GPUs (0,1), or the pool it shares with --shared.")
+@click.option("--shared", type=click.IntRange(min=0), help="This worker's slot among workers sharing --gpus.")
+@click.option("--slurm-gpus", is_flag=True, help="The GPUs of this Slurm allocation.")
 @click.option("--port", type=click.IntRange(1, 65535))
 @click.option("--storage")
 @click.option("--study", "study_name")
 @click.option("--trials", type=click.IntRange(min=1))
 @click.option("--engine", type=click.Choice(sorted(ENGINES)))
 @click.option("--launcher", type=click.Choice(sorted(LAUNCHERS)))
-def worker(config_path: Path, gpu: int, port: int | None, storage: str | None, study_name: str | None,
-           trials: int | None, engine: str | None, launcher: str | None) -> None:
-    """One GPU's worker: sweep the shared study on this GPU until it has its trials (started by run_workers)."""
+def worker(config_path: Path, gpu: int | None, group: str | None, shared: int | None, slurm_gpus: bool,
+           port: int | None, storage: str | None, study_name: str | None, trials: int | None, engine: str | None,
+           launcher: str | None) -> None:
+    """One worker: sweep the shared study on its GPUs until it has its trials (started by run_workers)."""
     cfg = load_config(config_path, name=study_name, storage=storage, trials=trials, engine=engine)
     cfg = with_launcher(cfg, launcher)
-    run_worker(on_gpu(cfg, gpu, port), progress=PlainProgress(sys.stdout))
+    if slurm_gpus:
+        gpus = allocation_gpus()
+        print(f"this allocation's GPUs: {group_label(gpus)}", flush=True)
+        cfg = on_gpus(cfg, gpus, port, key="--gres")
+    elif group is not None:
+        cfg = on_gpus(cfg, parse_gpus(group), port)
+    elif gpu is not None:
+        cfg = on_gpu(cfg, gpu, port)
+    else:
+        raise ConfigError("a worker needs its GPUs", key="--gpu", fix="pass --gpu N, --gpus 0,1 or --slurm-gpus")
+    run_worker(cfg, progress=PlainProgress(sys.stdout), shared=shared)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -139,10 +169,12 @@ class Workers:
     """Worker processes of one node, started by ``start_workers``; ``wait`` supervises them."""
 
     cfg: StudyConfig
-    procs: dict[int, subprocess.Popen[str]] = field(default_factory=dict)
+    procs: dict[int, subprocess.Popen[str]] = field(default_factory=dict)  # by the worker's first GPU (or slot)
+    names: dict[int, str] = field(default_factory=dict)  # each worker's run-dir name: its group, or its slot
     echo: Echo = print
     interrupted: bool = False
     _relays: list[threading.Thread] = field(default_factory=list)
+    _pool_locks: list[Any] = field(default_factory=list)  # a shared pool's sweep locks, held while its workers run
 
     def interrupt(self) -> None:
         """First call: SIGINT to every worker (each stops its server cleanly). Second: SIGKILL them."""
@@ -174,9 +206,13 @@ class Workers:
         return {gpu: proc.returncode for gpu, proc in self.procs.items()}
 
     def cleanup(self) -> None:
-        for gpu in self.procs:
-            for pid in cleanup_orphans(gpu_run_dir(self.cfg, gpu)):
-                self.echo(f"gpu{gpu}: stopped orphan server pid {pid} left by its worker")
+        for key in self.procs:
+            name = self.names.get(key, str(key))
+            for pid in cleanup_orphans(gpu_run_dir(self.cfg, name)):
+                self.echo(f"{_prefix(name)}: stopped orphan server pid {pid} left by its worker")
+        for fh in self._pool_locks:
+            fh.close()
+        self._pool_locks = []
 
 
 @contextlib.contextmanager
@@ -191,14 +227,49 @@ def _forward_sigint(workers: Workers) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
-def worker_argv(cfg: StudyConfig, gpu: int, port: int | None, *, launcher: str | None = None) -> list[str]:
+def worker_argv(cfg: StudyConfig, gpu: int | Sequence[int] | None, port: int | None, *, launcher: str | None = None,
+                shared: int | None = None) -> list[str]:
     """The worker's command line: the study file plus every override already resolved into ``cfg``
-    (``launcher``: where its servers run, when not the study's own)."""
+    (``gpu``: one GPU, a group, or None for the GPUs of its Slurm allocation; ``launcher``: where its servers
+    run, when not the study's own; ``shared``: its slot among workers sharing the pool ``gpu``)."""
     assert cfg.path is not None, "a worker needs the study file"
-    argv = [sys.executable, "-m", "autotune.search.workers", "--config", str(cfg.path), "--gpu", str(gpu),
+    if gpu is None:
+        where = ["--slurm-gpus"]
+    elif isinstance(gpu, int):
+        where = ["--gpu", str(gpu)]
+    else:
+        where = ["--gpus", group_label(gpu)] + (["--shared", str(shared)] if shared is not None else [])
+    argv = [sys.executable, "-m", "autotune.search.workers", "--config", str(cfg.path), *where,
             "--storage", cfg.storage_url, "--study", cfg.name, "--trials", str(cfg.study.trials),
             "--engine", cfg.engine.kind, "--launcher", launcher or cfg.engine.launcher]
     return argv + (["--port", str(port)] if port else [])
+
+
+def _prefix(name: str) -> str:
+    return name if name.startswith("worker") else f"gpu{name}"
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One worker to start: its key (first GPU, or slot), run-dir name, GPUs and slot in a shared pool."""
+
+    key: int
+    name: str
+    gpus: tuple[int, ...]
+    shared: int | None
+
+    def argv_gpu(self) -> int | tuple[int, ...]:
+        """One GPU as ``--gpu`` (the form older workers take), a group or pool as ``--gpus``."""
+        return self.gpus[0] if len(self.gpus) == 1 and self.shared is None else self.gpus
+
+
+def plan_workers(cfg: StudyConfig, gpus: Sequence[int]) -> list[WorkerPlan]:
+    """The workers of ``gpus`` for this study (``groups.worker_groups``); a pool too small is a ConfigError."""
+    check_pool(cfg, tuple(gpus), file=str(cfg.path) if cfg.path else None, key="--gpus")
+    groups, shared = worker_groups(gpus, study_spans(cfg))
+    if shared:
+        return [WorkerPlan(k, f"worker{k}", tuple(g), k) for k, g in enumerate(groups)]
+    return [WorkerPlan(g[0], group_label(g), tuple(g), None) for g in groups]
 
 
 def _relay(stream: IO[str], prefix: str, echo: Echo) -> None:
@@ -209,39 +280,59 @@ def _relay(stream: IO[str], prefix: str, echo: Echo) -> None:
 
 def start_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
                   env: dict[str, str] | None = None) -> Workers:
-    """Check the storage, create the study, then start one worker per GPU (ports ``engine.port + k`` when a
-    port is configured, else each trial picks a free one). Nothing starts if the storage is unusable."""
+    """Check the pool and the storage, create the study, then start one worker per group (``plan_workers``;
+    ports ``engine.port + k`` when a port is configured, else each trial picks a free one). Nothing starts if
+    the storage is unusable or another sweep of the study holds one of these GPUs."""
+    plans = plan_workers(cfg, gpus)  # ConfigError before anything starts
     open_study(cfg)  # StorageError / StudyError here, before any process or server starts
     workers = Workers(cfg=cfg, echo=echo)
-    for k, gpu in enumerate(gpus):
+    if plans and plans[0].shared is not None:  # the shared pool's GPUs are this supervisor's to hold
+        workers._pool_locks = hold_sweep_gpus(cfg, [str(g) for g in gpus])
+    for k, plan in enumerate(plans):
         port = cfg.engine.port + k if cfg.engine.port else None
-        proc = subprocess.Popen(worker_argv(cfg, gpu, port), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        argv = worker_argv(cfg, plan.argv_gpu(), port, shared=plan.shared)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, text=True, env={**os.environ, **(env or {})},
                                 start_new_session=True)  # Ctrl-C reaches workers through us, once
-        workers.procs[gpu] = proc
-        relay = threading.Thread(target=_relay, args=(proc.stdout, f"gpu{gpu} | ", echo), daemon=True)
+        workers.procs[plan.key], workers.names[plan.key] = proc, plan.name
+        relay = threading.Thread(target=_relay, args=(proc.stdout, f"{_prefix(plan.name)} | ", echo), daemon=True)
         relay.start()
         workers._relays.append(relay)
     return workers
 
 
-def start_workers_on_slurm(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
-                           env: dict[str, str] | None = None) -> SlurmWorkers:
-    """Check the storage, create the study, then ``sbatch`` one worker job per GPU (``search.slurm_workers``);
-    inside its allocation each worker's servers run with the ``local`` launcher."""
+def start_workers_on_slurm(cfg: StudyConfig, gpus: Sequence[int] | None, *, echo: Echo = print,
+                           env: dict[str, str] | None = None, count: int | None = None) -> SlurmWorkers:
+    """Check the storage, create the study, then ``sbatch`` the worker jobs (``search.slurm_workers``): one per
+    group of ``gpus`` (``plan_workers``), or ``count`` jobs that each ask Slurm for a group of the study's size
+    (``--gres=gpu:<size>``) and run on the GPUs of their allocation. Inside its allocation each worker's servers
+    run with the ``local`` launcher."""
+    port = cfg.engine.port
+    if gpus is None:
+        size = max(study_spans(cfg))  # a job holds the largest server's GPUs, so every config of the space fits
+        open_study(cfg)
+        argvs = {k: (worker_argv(cfg, None, port + k if port else None, launcher="local"), size)
+                 for k in range(count or 1)}
+        return start_slurm_workers(cfg, argvs, echo=echo, env=env, names={k: f"worker{k}" for k in argvs})
+    plans = plan_workers(cfg, gpus)
     open_study(cfg)
-    argvs = {gpu: worker_argv(cfg, gpu, cfg.engine.port + k if cfg.engine.port else None, launcher="local")
-             for k, gpu in enumerate(gpus)}
-    return start_slurm_workers(cfg, argvs, echo=echo, env=env)
+    argvs = {p.key: (worker_argv(cfg, p.argv_gpu(), port + k if port else None, launcher="local", shared=p.shared),
+                     len(p.gpus) if p.shared is None else 1) for k, p in enumerate(plans)}
+    return start_slurm_workers(cfg, argvs, echo=echo, env=env, names={p.key: _prefix(p.name) for p in plans})
 
 
-def run_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print) -> dict[int, int]:
-    """Search ``cfg``'s study with one worker per GPU until it has its trials; returns each worker's exit code.
-    On ``[engine] launcher = "slurm"`` each worker is a Slurm job. Raises KeyboardInterrupt after a forwarded
+def run_workers(cfg: StudyConfig, gpus: Sequence[int] | None, *, echo: Echo = print,
+                count: int | None = None) -> dict[int, int]:
+    """Search ``cfg``'s study with one worker per GPU group until it has its trials; returns each worker's exit
+    code (by its first GPU, or its slot). On ``[engine] launcher = "slurm"`` each worker is a Slurm job
+    (``count`` jobs on GPUs Slurm allocates when ``gpus`` is None). Raises KeyboardInterrupt after a forwarded
     Ctrl-C, StudyError when every worker failed."""
     if cfg.engine.launcher == "slurm":
-        workers: Workers | SlurmWorkers = start_workers_on_slurm(cfg, gpus, echo=echo)
+        workers: Workers | SlurmWorkers = start_workers_on_slurm(cfg, gpus, echo=echo, count=count)
     else:
+        if gpus is None:
+            raise ConfigError("--workers needs the slurm launcher", key="--workers",
+                              fix="add --launcher slurm, or give --gpus 0-3 to run workers on this node")
         workers = start_workers(cfg, gpus, echo=echo)
     codes = workers.wait()
     if workers.interrupted:
@@ -249,8 +340,10 @@ def run_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print) ->
     failed = {g: c for g, c in codes.items() if c != 0}
     if failed and len(failed) == len(codes):
         raise StudyError(f"every worker failed (exit codes {failed}); see the lines above for why")
-    for gpu, code in failed.items():
-        echo(f"gpu{gpu}: worker exited with code {code}; the other workers finished its trials")
+    names = getattr(workers, "names", {})
+    for key, code in failed.items():
+        echo(f"{_prefix(names.get(key, str(key)))}: worker exited with code {code}; the other workers finished its "
+             "trials")
     return codes
 
 
