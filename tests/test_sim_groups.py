@@ -139,6 +139,17 @@ def test_server_info_and_sim_gpu_describe_the_whole_group(tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_the_first_rank_past_the_visible_gpus_is_the_one_that_dies(tmp_path):
+    log = tmp_path / "sim.log"
+    with log.open("wb") as out:  # tp 2 × pp 2 opens ordinals 0-3; with 3 visible, PP1 TP1 (ordinal 3) has none
+        proc = subprocess.run(_argv(free_port(), "--tp-size", "2", "--pp-size", "2"), stdout=out,
+                              stderr=subprocess.STDOUT, env=_env(tmp_path, "4,5,6"), timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert " PP1 TP1] Scheduler hit an exception" in log.read_text()
+    assert {i for i in (4, 5, 6) if device.read(i, tmp_path / "devices").processes} == {4, 5, 6}
+
+
+@pytest.mark.timeout(60)
 def test_tp2_server_on_one_visible_gpu_dies_with_invalid_device_ordinal(tmp_path):
     log = tmp_path / "sim.log"
     with log.open("wb") as out:
