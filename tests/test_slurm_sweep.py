@@ -111,6 +111,34 @@ def test_two_workers_as_slurm_jobs_share_one_study(cluster, tmp_path):
     assert queue() == []
 
 
+def test_workers_n_on_slurm_each_ask_for_a_servers_gpus_and_run_on_their_allocation(cluster, tmp_path):
+    path = _study(tmp_path, "pairs", trials=4, launcher=False)
+    path.write_text(path.read_text().replace("[engine.fixed]\n", "[engine.fixed]\ntp_size = 2\n"))
+    with QueueWatch() as watch:
+        done = _sweep(path, "--workers", "2", "--launcher", "slurm", env=_env(tmp_path))
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert out.count("asking for 2 GPUs") == 2  # each worker job: --gres=gpu:2
+    scripts = sorted(p.name for p in tmp_path.rglob("workers/*.sbatch"))
+    assert scripts == ["worker-0.sbatch", "worker-1.sbatch"]
+    assert all("--slurm-gpus" in (tmp_path / "pairs" / "runs" / "workers" / s).read_text() for s in scripts)
+    finished = [t for t in _trials(path, "pairs") if t.state == TrialState.COMPLETE]
+    assert len(finished) >= 4 and all(t.user_attrs.get("status") == "ok" for t in finished)
+    groups = {tuple(t.user_attrs["result"]["gpus"]) for t in finished}
+    assert groups == {(0, 1), (2, 3)}, groups  # Slurm gave the two jobs disjoint pairs; each ran its servers there
+    assert all(t.values[0] == pytest.approx(t.user_attrs["result"]["metrics"]["output_tok_s"] / 2) for t in finished)
+    assert len(watch.seen) >= 2
+    assert queue() == []
+    assert not list((tmp_path / "devices").rglob("*.json"))  # every GPU released
+
+
+def test_workers_without_the_slurm_launcher_is_one_line(tmp_path):
+    path = _study(tmp_path, "local", trials=1, launcher=False)
+    done = _sweep(path, "--workers", "2", env=_env(tmp_path))
+    assert done.returncode == 1 and "--workers needs the slurm launcher" in done.stderr
+    assert done.stderr.count("Error:") == 1 and not (tmp_path / "local.db").exists()
+
+
 def test_a_trial_whose_job_is_scancelled_from_outside_runs_again_and_the_study_finishes(cluster, tmp_path):
     cancelled: list[str] = []
 
