@@ -16,6 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.results import TrialResult
+from autotune.settle import Settling
 
 
 def _fmt_diff(diff: dict[str, Any]) -> str:
@@ -26,6 +27,19 @@ def _fmt_diff(diff: dict[str, Any]) -> str:
 
 REPEATS_WORTH_SAYING = 0.25  # share of a window's requests that re-sent a prompt (harness measurement)
 DRIFT_WORTH_SAYING = 0.25  # the window's halves' tokens this far apart (``workload.window_drift``): not steady yet
+
+
+def settling_line(measurement: dict[str, Any] | None) -> str | None:
+    """How the trial's measurement settled (``autotune.settle``): "settled in 44 s (warm-up 14 s, window 30 s,
+    ±1.2%)" or "unsettled: …" (recorded, never crowned); None for a result without one (older, or no window)."""
+    settling = Settling.from_dict((measurement or {}).get("settling"))
+    if settling is None:
+        return None
+    lo, hi = settling.window
+    hw = f", ±{settling.half_width:.1%}" if settling.half_width is not None else ""
+    if settling.settled:
+        return f"settled in {hi:g} s (warm-up {lo:g} s, window {hi - lo:g} s{hw})"
+    return f"unsettled: {settling.reason} (recorded, never crowned on this number)"
 
 
 def _fmt_result(result: TrialResult) -> str:
@@ -40,10 +54,12 @@ def _fmt_result(result: TrialResult) -> str:
         resent = (f", {repeats:.0%} of the window re-sent a prompt verbatim (cache hits a one-pass job would not "
                   f"get: set workload.repeats = \"fresh\" or grow workload.sample_size)"
                   if repeats >= REPEATS_WORTH_SAYING else "")
+        settled = settling_line(result.measurement)
         drift = (result.measurement or {}).get("window_drift") or 0.0
         unsettled = (f", the window's halves differ by {drift:.0%} (the load had not settled: lengthen "
-                     f"workload.warmup_s and measure_s)" if drift >= DRIFT_WORTH_SAYING else "")
-        return f"ok {result.metrics.output_tok_s:,.0f} tok/s{running}{outputs}{resent}{unsettled}"
+                     f"workload.warmup_s and measure_s)" if drift >= DRIFT_WORTH_SAYING and settled is None else "")
+        settle = f", {settled}" if settled else ""
+        return f"ok {result.metrics.output_tok_s:,.0f} tok/s{running}{outputs}{resent}{unsettled}{settle}"
     return f"{result.status}: {result.reason or ''}".rstrip(": ")
 
 

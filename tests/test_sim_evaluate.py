@@ -171,16 +171,23 @@ def test_fresh_repeats_keep_only_the_prefix_a_pass_shares() -> None:
 
 
 def test_window_drift_flags_a_window_that_caught_the_start() -> None:
-    """Long prompts, short answers, no warm-up: the window's first half is the first prefills (few tokens), its
-    second the first decodes. A later, longer window reads steady; the seed workload's batch is full from the start."""
+    """Long prompts, short answers, no warm-up and a window held to 10 s: the window's first half is the first
+    prefills (few tokens), its second the first decodes, and the settle rule flags it. The same floors under the
+    default rule run on until the estimate holds, and read the steady rate; the seed workload's batch is full from
+    the start."""
     prompts = [f"document {i}: " + f"line {i} of the record. " * 1000 for i in range(200)]  # ≈ 5,500 tokens each
     flags = {**MTP, "disable_radix_cache": True, "max_running_requests": 128, "max_mamba_cache_size": 128,
              "mem_fraction_static": 0.93}
-    start = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=300, warmup_s=0, measure_s=10), output_mean=300)
+    start = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=300, warmup_s=0, measure_s=10, measure_max_s=10),
+                     output_mean=300)
     steady = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=300, warmup_s=120, measure_s=120),
                       output_mean=300)
-    assert start.status == steady.status == "ok"
+    ruled = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=300, warmup_s=10, measure_s=30), output_mean=300)
+    assert start.status == steady.status == ruled.status == "ok"
     assert start.window_drift > 1.0 and steady.window_drift < 0.1
     assert start.output_tok_s < 0.8 * steady.output_tok_s  # what the unsettled window got wrong
+    assert start.settling is not None and not start.settling.settled  # ... and the rule says so
+    assert abs(ruled.output_tok_s / steady.output_tok_s - 1) < 0.10
+    assert ruled.settling is not None and ruled.settling.window[1] > 40  # it ran past its floors to get there
     seed = evaluate(BASELINE, SimWorkload(prompts=_seed_prompts(256), max_tokens=4096, warmup_s=10, measure_s=20))
     assert seed.window_drift < 0.1

@@ -13,6 +13,7 @@ from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.trial import CLIENT_BUSY_LIMIT, LAG_LIMIT, Timeouts, measurement_verdict, run_trial
 from autotune.harness.workload import ReplayRecords, WorkloadSpec, thread_busy_s
 from autotune.results import STATUSES, UNTRUSTED_STATUSES, TrialResult
+from autotune.settle import Settling
 
 PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
 GPU = 3  # a simulated device index only these tests use
@@ -104,7 +105,9 @@ def _trial(tmp_path: Path, *, options: dict, hook=None) -> tuple[TrialResult, li
         if hook is not None:
             hook(name)
 
-    work = WorkloadSpec(prompts=PROMPTS, sample_size=40, warmup_s=1.0, measure_s=2.0, concurrency=8)
+    # Lengths held at the floors (caps = floors): the burn below must cover the whole window.
+    work = WorkloadSpec(prompts=PROMPTS, sample_size=40, warmup_s=1.0, measure_s=2.0, warmup_max_s=1.0,
+                        measure_max_s=2.0, concurrency=8)
     setup = TrialSetup(engine=engine, workload=work, gpu_index=GPU, run_dir=tmp_path / "runs",
                        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
     result = run_trial(setup, {"speculative_algorithm": "NEXTN"}, trial_dir=tmp_path / "t",
@@ -165,3 +168,25 @@ def test_a_normal_trial_measures_and_records_its_figures(env):
     assert not any(p.startswith("re-measuring") for p in phases)
     # every trial records the share of its window's requests that re-sent a prompt (exact counts: the unit test)
     assert 0.0 <= result.measurement["repeated_prompts"] <= 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_trial_records_its_slices_and_the_lengths_the_settle_rule_ran(env):
+    engine = make_engine("sim", model_path="qwen3.6-27b", sim_gpu="b200",
+                         sim_options={"startup_s": 0.2, "release_s": 0.2, "warmup_s": 0.1})
+    work = WorkloadSpec(prompts=PROMPTS, sample_size=40, warmup_s=1.0, measure_s=2.0, concurrency=8)
+    setup = TrialSetup(engine=engine, workload=work, gpu_index=GPU, run_dir=env / "runs",
+                       timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    result = run_trial(setup, {"speculative_algorithm": "NEXTN"}, trial_dir=env / "t")
+    assert result.status == "ok", result.reason
+    settling = Settling.from_dict(result.measurement["settling"])
+    assert settling is not None and result.measurement["settled"] is settling.settled
+    lo, hi = settling.window
+    assert settling.slice_s == pytest.approx(0.4) and len(settling.tok_s) == settling.warmup_slices + settling.window_slices
+    assert lo >= 1.0 and hi - lo >= 2.0 and hi <= 4.0 + 8.0  # the floors at least, the caps (4 × floors) at most
+    assert result.durations_s["warmup"] == pytest.approx(lo, abs=1e-3)
+    assert result.durations_s["measure"] >= hi - lo  # the window, plus closing the streams
+    assert result.metrics.window_s == pytest.approx(hi - lo)
+    window = settling.tok_s[settling.warmup_slices:]
+    assert result.metrics.output_tok_s == pytest.approx(sum(window) / len(window), rel=0.01)

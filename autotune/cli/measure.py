@@ -23,7 +23,9 @@ from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.tenancy import check_engine_gpu
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
+from autotune.progress import settling_line
 from autotune.prompts import REPEATS
+from autotune.settle import TARGET_HALF_WIDTH
 from autotune.sglang.flags import parse_sets
 
 DEFAULT_PROMPTS = Path("examples") / "prompts.jsonl"
@@ -90,8 +92,16 @@ def _sim_options(items: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--prompts", type=click.Path(path_type=Path, dir_okay=False), help="JSONL prompt sample [examples/prompts.jsonl].")
 @click.option("--sample", default=200, show_default=True, type=click.IntRange(min=1), help="Rows in the fixed sample.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sample.")
-@click.option("--warmup", default=10.0, show_default=True, type=click.FloatRange(min=0), help="Warm-up seconds.")
-@click.option("--window", default=30.0, show_default=True, type=click.FloatRange(min=0.1), help="Measured seconds.")
+@click.option("--warmup", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="Warm-up floor, seconds: it runs on until the load stops rising (at most --warmup-max).")
+@click.option("--window", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Window floor, seconds: it runs on until the estimate is within --target-half-width.")
+@click.option("--warmup-max", type=click.FloatRange(min=0), help="Warm-up cap, seconds [4 × --warmup].")
+@click.option("--window-max", type=click.FloatRange(min=0.1), help="Window cap, seconds [4 × --window].")
+@click.option("--target-half-width", default=TARGET_HALF_WIDTH, show_default=True,
+              type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+              help="The window's 95% half-width, as a share of its tok/s, at which it may end.")
+@click.option("--ramp", type=click.FloatRange(min=0), help="Streams start over this many seconds [half of --warmup].")
 @click.option("--concurrency", type=click.IntRange(min=1), help="Requests in flight [2 × max running requests].")
 @click.option("--max-tokens", default=4096, show_default=True, type=click.IntRange(min=1))
 @click.option("--endpoint", default="generate", show_default=True, type=click.Choice(["generate", "completions", "chat"]))
@@ -104,12 +114,18 @@ def _sim_options(items: tuple[str, ...]) -> dict[str, Any]:
 @click.option("--startup-timeout", default=900.0, show_default=True, type=click.FloatRange(min=1), help="Seconds.")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Trial directory [runs/measure-<time>].")
 @click.option("--json", "as_json", is_flag=True, help="Print the TrialResult as JSON.")
-def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, sample, seed, warmup, window, concurrency,
-            max_tokens, endpoint, ignore_eos, repeats, python, device, sim_opts, startup_timeout, out, as_json) -> None:
+def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, sample, seed, warmup, window, warmup_max,
+            window_max, target_half_width, ramp, concurrency, max_tokens, endpoint, ignore_eos, repeats, python, device,
+            sim_opts, startup_timeout, out, as_json) -> None:
     """Run one trial: start a server with the given flags, replay the sample, stop it, print the result.
+
+    --warmup and --window are floors: both run on until the settle rule is met, at most to their caps.
 
     Exit status: 0 when the trial is ok, 3 when it failed (OOM, crash, timeout), 1 for bad input.
     """
+    if ramp is not None and ramp > warmup:
+        raise WorkloadError(f"--ramp ({ramp:g}) must lie within the warm-up floor (--warmup {warmup:g})", key="ramp",
+                            fix="lower --ramp or raise --warmup")
     engine = make_engine(engine_name, model_path=model, python=python, sim_gpu=gpu,
                          sim_options=_sim_options(sim_opts), device=device)
     config = load_config_file(config_file) if config_file else {}
@@ -119,7 +135,8 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
     check_engine_gpu(engine, gpu_index)  # a GPU another process holds would measure what the tenant left
     spec = WorkloadSpec(prompts=resolve_prompts(prompts), sample_size=sample, seed=seed, max_tokens=max_tokens,
                         concurrency=concurrency, warmup_s=warmup, measure_s=window, endpoint=endpoint,
-                        ignore_eos=ignore_eos, repeats=repeats)
+                        ignore_eos=ignore_eos, repeats=repeats, warmup_max_s=warmup_max, measure_max_s=window_max,
+                        target_half_width=target_half_width, ramp_s=ramp)
     loaded = PromptSample.load(spec.prompts, spec.sample_size, spec.seed)
     # A prompt over the model's context is bad input, one Error: line; check it before warning about the sample.
     misfit_reason(model, config, loaded, spec.max_tokens)
@@ -195,6 +212,9 @@ def _render(result, *, host_memory: bool = False) -> None:
             table.add_row("host memory peak", f"{g.peak_used_gib:.2f} GiB (the server's processes and files)")
         else:
             table.add_row("GPU peak used", f"{g.peak_used_gib:.2f} GiB of {g.total_gib or 0:.2f}")
+    settled = settling_line(result.measurement)
+    if settled:
+        table.add_row("settling", settled)
     table.add_row("durations s", ", ".join(f"{k} {v:.2f}" for k, v in result.durations_s.items()))
     if result.modelled_startup_s is not None and not host_memory:
         table.add_row("modelled startup s", f"{result.modelled_startup_s:.1f}")

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from autotune.job import Job
+from autotune.settle import AGREE_TOLERANCE, TARGET_HALF_WIDTH
 
 Scalar = str | int | float | bool
 UNSET = "unset"  # a choice meaning "leave the flag out: SGLang's default"
@@ -227,14 +228,33 @@ class WorkloadSection(StrictModel):
     seed: int = 0
     max_tokens: int = Field(4096, ge=1)
     concurrency: int | None = Field(None, ge=1)
+    # Floors of the settle rule (``autotune.settle``): the warm-up runs on until its slices agree, the window until
+    # its estimate's 95 % half-width is within ``target_half_width``, each at most its cap (unset: 4 × the floor).
     warmup_s: float = Field(10, ge=0)
     measure_s: float = Field(30, gt=0)
+    warmup_max_s: float | None = Field(None, ge=0)
+    measure_max_s: float | None = Field(None, gt=0)
+    target_half_width: float = Field(TARGET_HALF_WIDTH, gt=0, lt=1)
+    settle_tolerance: float = Field(AGREE_TOLERANCE, gt=0, lt=1)
+    ramp_s: float | None = Field(None, ge=0)  # streams start over this long (unset: half of warmup_s)
     endpoint: Literal["generate", "completions", "chat"] = "generate"
     ignore_eos: bool = False
     # A prompt the replay sends again once its walk through the sample comes round: "fresh" marks each walk at the
     # prompt's front so no cache serves it from an earlier walk (a one-pass job of distinct prompts); "verbatim"
     # re-sends the text (a job that really sends a prompt several times).
     repeats: Literal["fresh", "verbatim"] = "fresh"
+
+    @model_validator(mode="after")
+    def _settle_bounds(self) -> WorkloadSection:
+        for cap, floor in (("warmup_max_s", "warmup_s"), ("measure_max_s", "measure_s")):
+            value = getattr(self, cap)
+            if value is not None and value < getattr(self, floor):
+                raise ValueError(f"{cap} ({value:g}) is below {floor} ({getattr(self, floor):g}): set it at or "
+                                 f"above {floor}, or leave it unset (4 × {floor})")
+        if self.ramp_s is not None and self.ramp_s > self.warmup_s:
+            raise ValueError(f"ramp_s ({self.ramp_s:g}) must lie within the warm-up floor (warmup_s = "
+                             f"{self.warmup_s:g}): lower ramp_s or raise warmup_s")
+        return self
 
 
 class SecondObjective(StrictModel):

@@ -41,6 +41,7 @@ from autotune.harness.workload import (
     metrics_from_records,
     repeated_prompt_share,
     replay,
+    settling_figures,
     window_drift,
 )
 from autotune.launch import Launcher, LaunchSpec, ServerExited, ServerHandle, ServerStartTimeout
@@ -112,7 +113,7 @@ def measurement_verdict(records: Any) -> tuple[str | None, str | None, dict[str,
     server lagged its model by more than ``LAG_LIMIT`` (sim only: ``sim_pace`` in /server_info), ``client_bound``
     when the replay's event-loop thread was saturated; (None, None, figures) when the window measured the server."""
     figures: dict[str, Any] = {"client_busy": records.client_busy, "repeated_prompts": repeated_prompt_share(records),
-                               "window_drift": window_drift(records)}
+                               "window_drift": window_drift(records), **settling_figures(records.settling)}
     probes = [p for p in records.probes if isinstance(p, dict)]
     if len(probes) == 2:
         modelled = float(probes[1]["modelled_s"]) - float(probes[0]["modelled_s"])
@@ -332,11 +333,14 @@ def _replay_window(server: ServerHandle, launch: _Launch, concurrency: int) -> t
                 ignore_eos=workload.ignore_eos, repeats=workload.repeats, on_progress=_progress_relay(launch.phase),
                 should_stop=functools.partial(_should_stop, server, launch.stop_event),
                 request_timeout_s=launch.timeouts.request_s, window_probe=functools.partial(_sim_pace, server.base_url),
+                rule=workload.settle_rule(), ramp_s=workload.ramp,
             )
         )
     elapsed = time.monotonic() - t0
-    launch.durations["warmup"] = round(min(elapsed, workload.warmup_s), 3)
-    launch.durations["measure"] = round(max(0.0, elapsed - workload.warmup_s), 3)
+    # The settle rule's warm-up and window (not the floors): the lengths this trial actually ran.
+    warmup = records.settling.window[0] if records.settling is not None else workload.warmup_s
+    launch.durations["warmup"] = round(min(elapsed, warmup), 3)
+    launch.durations["measure"] = round(max(0.0, elapsed - warmup), 3)
     with writing(launch.trial_dir / "records.jsonl", partial=True):
         records.write_jsonl(launch.trial_dir / "records.jsonl")
     return records, monitor.peaks() if monitor is not None else None

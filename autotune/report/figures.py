@@ -259,3 +259,28 @@ def compare_figure(frames: dict[str, pd.DataFrame]) -> go.Figure:
     fig.update_xaxes(title="max running requests", row=1, col=2)
     fig.update_yaxes(title="tok/s", rangemode="tozero")
     return _layout(fig, height=440, **BOTTOM)
+
+
+def stability_figure(stability: pd.DataFrame) -> go.Figure:
+    """One strip per trial: each slice's tok/s over its window's mean (white = the trial's figure), a mark where its
+    window began, and an unsettled trial named on its row."""
+    trials = sorted(stability["trial"].unique())
+    names = []
+    for trial in trials:
+        rows = stability[stability["trial"] == trial]
+        settled = bool(rows["settled"].iloc[0])
+        names.append(f"trial {trial}" + ("" if settled else " (unsettled)"))
+    slice_s = float(stability["t_s"].iloc[1] - stability["t_s"].iloc[0]) if len(stability) > 1 else 1.0
+    times = sorted(stability["t_s"].unique())
+    grid = stability.pivot_table(index="trial", columns="t_s", values="relative").reindex(index=trials, columns=times)
+    texts = stability.assign(text=lambda f: f["phase"] + ": " + f["tok_s"].map("{:,.0f} tok/s".format)).pivot(
+        index="trial", columns="t_s", values="text").reindex(index=trials, columns=times)
+    fig = go.Figure(go.Heatmap(
+        z=grid.to_numpy(), x=[t + slice_s / 2 for t in times], y=names, text=texts.to_numpy(), hoverinfo="text+x+y",
+        colorscale="RdBu", zmid=1.0, zmin=0.5, zmax=1.5, colorbar=dict(title="÷ window mean", thickness=14),
+    ))
+    starts = stability[stability["phase"] == "window"].groupby("trial")["t_s"].min().reindex(trials)
+    fig.add_trace(go.Scatter(x=starts.to_numpy(), y=names, mode="markers", name="window starts", hoverinfo="skip",
+                             marker=dict(symbol="line-ns-open", size=16, color="#111827", line=dict(width=2))))
+    fig.update_xaxes(title="seconds since the replay started")
+    return _layout(fig, height=max(220, 26 * len(trials) + 120))

@@ -29,6 +29,7 @@ from autotune.report import numerics as report_numerics
 from autotune.report.headline import compare_frame, flag_diff, gain, headline_frame, trial_config
 from autotune.report.importance import NOT_ENOUGH_TO_RANK, importance_frame
 from autotune.report.latency import latency_frame
+from autotune.report.stability import STABILITY_SECTION, stability_frame
 from autotune.search.gpus import per_gpu_frame
 from autotune.search.settings import device_name, engine_kind
 from autotune.search.storage import load_study, study_names
@@ -88,8 +89,7 @@ def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study
         tables["per_gpu"] = per_gpu
     facts = {
         "study": study.study_name, "model": data.model_name(config), "gpu": device_name(config),
-        "engine": engine_kind(config), "gain": gain(study, headline),
-        "winner": win_no, "baseline": base_no,
+        "engine": engine_kind(config), "gain": gain(study, headline), "winner": win_no, "baseline": base_no,
         "launch": launch_command(win_cfg, data.model_name(config), **data.launch_settings(config))
         if win_no is not None else None,
         "second_objective": data.second_objective(config),
@@ -159,6 +159,8 @@ def figures_for(report: Report) -> dict[str, Any]:
         out["latency"] = figures.latency_figure(t["latency"])
     if not t["pareto"].empty:
         out["pareto"] = figures.pareto_figure(t["pareto"], report.facts["second_objective"])
+    if not (stability := stability_frame(report.study)).empty:  # every measured trial's per-slice tok/s
+        out["stability"] = figures.stability_figure(stability)
     if report.compare:
         out["compare"] = figures.compare_figure(report.compare)
     return out
@@ -243,6 +245,7 @@ SECTIONS: dict[str, tuple[str, str]] = {
                 "where only stored percentiles exist). Throughput gains that cost too much latency show here."),
     "pareto": ("Throughput vs tail latency", "The second objective against tok/s; red points are the Pareto "
                "front, configurations no other trial beats on both."),
+    "stability": STABILITY_SECTION,
     "compare": ("Studies compared", "The best-so-far curves and throughput vs concurrency of each study, "
                 "overlaid (e.g. the same model on two GPU types)."),
 }

@@ -19,6 +19,7 @@ import numpy as np
 from autotune.errors import ConfigError, WorkloadError
 from autotune.prompts import check_repeats, on_pass, walk_position
 from autotune.results import Capacity, Metrics, Percentiles, halves_drift
+from autotune.settle import AGREE_TOLERANCE, TARGET_HALF_WIDTH, Settler, SettleRule, Settling, ramp_seconds
 from autotune.sim.requests import SimRequest, check_request_params, make_request
 from autotune.sim.scheduler import Emission, Scheduler, StepResult
 
@@ -33,10 +34,25 @@ class SimWorkload:
     prompts: Sequence[str]
     max_tokens: int = 4096
     concurrency: int | None = None  # None → 2 × the effective max_running_requests, like the harness
-    warmup_s: float = 60.0
+    warmup_s: float = 60.0  # floors of the settle rule (``autotune.settle``), as the harness's workload
     measure_s: float = 300.0
+    warmup_max_s: float | None = None  # None: 4 × warmup_s
+    measure_max_s: float | None = None  # None: 4 × measure_s
+    target_half_width: float = TARGET_HALF_WIDTH
+    settle_tolerance: float = AGREE_TOLERANCE
+    ramp_s: float | None = None  # None: half the warm-up floor; stream k of c starts at k / c × ramp_s
     ignore_eos: bool = False
     repeats: str = "fresh"  # the harness's ``workload.repeats``: each walk through the sample pass-marked, or not
+
+    @property
+    def rule(self) -> SettleRule:
+        return SettleRule(warmup_s=self.warmup_s, measure_s=self.measure_s, warmup_max_s=self.warmup_max_s,
+                          measure_max_s=self.measure_max_s, target_half_width=self.target_half_width,
+                          tolerance=self.settle_tolerance)
+
+    @property
+    def ramp(self) -> float:
+        return min(self.warmup_s, ramp_seconds(self.warmup_s, self.ramp_s))
 
     def __post_init__(self) -> None:
         check_repeats(self.repeats)
@@ -49,6 +65,8 @@ class SimWorkload:
         if self.warmup_s < 0 or self.measure_s <= 0:
             raise WorkloadError(f"need warmup_s ≥ 0 and measure_s > 0, got {self.warmup_s} and {self.measure_s}",
                                 key="measure_s")
+        if self.ramp_s is not None and self.ramp_s < 0:
+            raise WorkloadError(f"ramp_s must be >= 0, got {self.ramp_s}", key="ramp_s")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +85,7 @@ class SimEvaluation:
     retractions: int = 0
     prefix_hit_share: float = 0.0  # prompt tokens the radix cache served, of all prompt tokens admitted (whole run)
     window_drift: float = 0.0  # the harness's ``workload.window_drift``: the window's halves' tokens, apart
+    settling: Settling | None = None  # the settle rule's verdict and every slice's tok/s (as the harness records)
     sim_s: float = 0.0  # simulated seconds
     cpu_s: float = 0.0  # CPU seconds this evaluation took
 
@@ -149,13 +168,14 @@ def evaluate(
     hits, computed = sched.stats.cached_tokens_total, sched.stats.input_tokens_total
     return SimEvaluation(status=status, reason=reason, metrics=metrics, retractions=sched.stats.retractions,
                          prefix_hit_share=round(hits / (hits + computed), 4) if hits + computed else 0.0,
-                         window_drift=halves_drift(loop.first_half, loop.tokens - loop.first_half), sim_s=loop.t,
+                         window_drift=loop.drift(), settling=loop.settling, sim_s=loop.t,
                          cpu_s=time.process_time() - cpu0, **common)
 
 
 class _ClosedLoop:
     """Keeps ``concurrency`` requests in flight, cycling through the prompts in order (each walk pass-marked when
-    ``repeats`` is "fresh", as the harness's replay does), and records the window."""
+    ``repeats`` is "fresh", as the harness's replay does), ramps the streams in and stops where the harness's
+    settle rule (``autotune.settle``) stops, on the same per-slice token counts."""
 
     def __init__(self, sched: Scheduler, workload: SimWorkload, *, seed: int, acceptance: float, output_mean: float,
                  output_dist: str, concurrency: int):
@@ -163,16 +183,18 @@ class _ClosedLoop:
         self.req_args = dict(ignore_eos=workload.ignore_eos, seed=seed, acceptance_mean=acceptance,
                              output_mean=output_mean, output_dist=output_dist)
         self.t = 0.0
-        self.lo, self.hi = workload.warmup_s, workload.warmup_s + workload.measure_s
-        self.sent = 0
+        self.settler = Settler(workload.rule)
+        self.settling: Settling | None = None
+        self.slices: list[float] = []  # tokens per slice of ``settler.slice_s`` since the start, by emission time
+        self.fed = 0  # slices handed to the settler
+        self.keep_from = workload.rule.warmup_slices[0] * self.settler.slice_s  # the window never starts earlier
+        self.window = (workload.warmup_s, workload.warmup_s + workload.measure_s)  # the settler's, once it stops
+        self.sent = self.errors = 0
         self.drawn: dict[tuple[int, int], SimRequest] = {}  # by (prompt, pass marker)
         self.arrival: dict[str, float] = {}
-        self.tokens = self.first_half = self.completed = self.errors = 0  # first_half: window tokens before its middle
-        self.accept_num = self.accept_den = 0.0  # Σ per-request accept length × tokens, Σ tokens
-        self.ttft: list[float] = []
-        self.e2e: list[float] = []
-        self.gaps: list[float | np.ndarray] = []  # per decode cycle (or block) in the window: gaps before tokens
-        self.news: list[np.ndarray] = []  # ... and the tokens each request got
+        self.ttft: list[tuple[float, float]] = []  # (time, value) from the warm-up floor on: cut to the window later
+        self.done: list[tuple[float, float, int, float]] = []  # (time, e2e, completion tokens, accept length or 0)
+        self.cycles: list[tuple[Any, Any, np.ndarray]] = []  # (end time(s), gap(s), new tokens) per cycle or block
 
     def _send(self) -> None:
         index, pass_no = walk_position(self.sent, len(self.w.prompts), self.w.repeats)
@@ -187,64 +209,107 @@ class _ClosedLoop:
         self.sent += 1
 
     def run(self) -> tuple[str, str | None]:
-        for _ in range(self.concurrency):
-            self._send()
-        sched, lo, hi = self.sched, self.lo, self.hi
-        step = sched.step
-        add_gap, add_new = self.gaps.append, self.news.append
-        t, tokens, first_half, stalled = 0.0, 0, 0, 0
-        mid = (lo + hi) / 2
-        status: tuple[str, str | None] = ("ok", None)
-        while t < hi:
-            r: StepResult = step(BLOCK_CYCLES)
+        """Step until the settle rule stops (or the run fails); stream k's first request at k / c × ramp."""
+        sched, step, ramp = self.sched, self.sched.step, self.w.ramp
+        started, stalled = 0, 0
+        while self.settling is None:
+            while started < self.concurrency and started / self.concurrency * ramp <= sched.clock:
+                self.t = sched.clock
+                self._send()
+                started += 1
+            if started < self.concurrency and not sched.has_work():
+                sched.clock = started / self.concurrency * ramp  # idle until the next stream starts
+                continue
+            # single cycles while streams are still ramping in, so each starts on its time
+            r: StepResult = step(BLOCK_CYCLES if started == self.concurrency else 1)
             if r.runtime_oom:
-                status = ("runtime_oom", r.runtime_oom)
-                break
-            if r.duration_s:
-                stalled = 0
-            else:
-                stalled += 1
-                if stalled > STALL_STEPS:
-                    status = ("ok", "no request could be scheduled: every prompt is too long for the KV pool")
-                    break
-            t = sched.clock
-            inside = lo <= t < hi
-            if r.ends_s is not None:  # a block of cycles: count each cycle by its own end
-                mask = (r.ends_s >= lo) & (r.ends_s < hi)
-                if mask.any():
-                    tokens += int(r.cycle_tokens[mask].sum())
-                    first_half += int(r.cycle_tokens[mask & (r.ends_s < mid)].sum())
-                    add_gap(r.gaps_s[mask])
-                    add_new(r.new[mask])
-            elif inside:
-                tokens += r.tokens
-                first_half += r.tokens if t < mid else 0
-                if r.new is not None:
-                    add_gap(r.gaps_s)
-                    add_new(r.new)
-            if r.started or r.finished:
-                self.t = t
-                for rid in r.started:
-                    if inside:
-                        self.ttft.append(t - self.arrival[rid])
-                for em in r.finished:
-                    self._done(em, inside)
-                    self._send()
-        self.t, self.tokens, self.first_half = t, tokens, first_half
-        return status
+                return "runtime_oom", r.runtime_oom
+            stalled = 0 if r.duration_s else stalled + 1
+            if stalled > STALL_STEPS:
+                self.t = sched.clock
+                return "ok", "no request could be scheduled: every prompt is too long for the KV pool"
+            t = self.t = sched.clock
+            self._count(r, t)
+            for rid in r.started:
+                if t >= self.keep_from:
+                    self.ttft.append((t, t - self.arrival[rid]))
+            for em in r.finished:
+                self._done(em, t)
+                self._send()
+            self._feed(t)
+        return "ok", None
 
-    def _done(self, em: Emission, inside: bool) -> None:
+    def _count(self, r: StepResult, t: float) -> None:
+        """A step's tokens into their slices (a block's cycles each by its own end), its cycles kept for ITL."""
+        s = self.settler.slice_s
+        if r.ends_s is not None:
+            index = (r.ends_s / s).astype(np.int64)
+            per = np.bincount(index - index[0], weights=r.cycle_tokens)
+            self._grow(int(index[-1]))
+            for offset, n in enumerate(per):
+                self.slices[int(index[0]) + offset] += float(n)
+            keep = r.ends_s >= self.keep_from
+            if keep.any():
+                self.cycles.append((r.ends_s[keep], r.gaps_s[keep], r.new[keep]))
+            return
+        if r.tokens:
+            self._grow(int(t / s))
+            self.slices[int(t / s)] += r.tokens
+        if r.new is not None and t >= self.keep_from:
+            self.cycles.append((t, r.gaps_s, r.new))
+
+    def _grow(self, index: int) -> None:
+        if index >= len(self.slices):
+            self.slices.extend([0.0] * (index + 1 - len(self.slices)))
+
+    def _feed(self, t: float) -> None:
+        """Every slice that has ended into the settler; the window once it stops."""
+        s = self.settler.slice_s
+        while self.settling is None and (self.fed + 1) * s <= t:
+            self.settling = self.settler.add(self.slices[self.fed] if self.fed < len(self.slices) else 0.0)
+            self.fed += 1
+        if self.settling is not None:
+            self.window = self.settling.window
+
+    def _done(self, em: Emission, t: float) -> None:
         arrival = self.arrival.pop(em.rid)
         if em.finish_reason == "abort":  # rejected (never fits): an error wherever it happens, as the harness counts
             self.errors += 1
             return
-        if not inside:
-            return
-        self.completed += 1
-        self.e2e.append(self.t - arrival)
-        if em.verify_ct:  # SGLang's per-request spec_accept_length: completion tokens per verify pass
-            self.accept_num += em.completion_tokens / em.verify_ct * em.completion_tokens
-            self.accept_den += em.completion_tokens
+        if t >= self.keep_from:  # SGLang's per-request spec_accept_length: completion tokens per verify pass
+            accept = em.completion_tokens / em.verify_ct if em.verify_ct else 0.0
+            self.done.append((t, t - arrival, em.completion_tokens, accept))
+
+    @property
+    def tokens(self) -> int:
+        """Tokens emitted inside the window (whole slices: the window starts and ends on slice boundaries)."""
+        lo, hi = self.window
+        s = self.settler.slice_s
+        return int(sum(self.slices[round(lo / s):round(hi / s)]))
+
+    def drift(self) -> float:
+        """The harness's ``window_drift`` on the window's slices (a middle slice split between the halves)."""
+        s = self.settler.slice_s
+        lo, hi = self.window
+        inside = (self.slices + [0.0] * round(hi / s))[round(lo / s):round(hi / s)]
+        half = len(inside) / 2
+        first = sum(inside[: int(half)]) + (inside[int(half)] / 2 if len(inside) % 2 else 0.0)
+        return halves_drift(first, sum(inside) - first)
+
+    def _window_cycles(self) -> tuple[list[Any], list[np.ndarray]]:
+        """Gaps and new tokens of the cycles that ended inside the window."""
+        lo, hi = self.window
+        gaps, news = [], []
+        for ends, gap, new in self.cycles:
+            if isinstance(ends, np.ndarray):
+                mask = (ends >= lo) & (ends < hi)
+                if mask.any():
+                    gaps.append(gap[mask])
+                    news.append(new[mask])
+            elif lo <= ends < hi:
+                gaps.append(gap)
+                news.append(new)
+        return gaps, news
 
     def _itl_ms(self) -> Percentiles:
         """Per-token ITL percentiles over the window's decode cycles.
@@ -254,7 +319,7 @@ class _ClosedLoop:
         Entries are one cycle (``new`` 1-D; gap a float, or per request after an admission) or a block of cycles
         (``new`` k × n; one gap per cycle)."""
         row_gaps, row_new, loose_vals, loose_wts = [], [], [], []
-        for gap, new in zip(self.gaps, self.news, strict=True):
+        for gap, new in zip(*self._window_cycles(), strict=True):
             if new.ndim == 2:
                 row_gaps.append(gap)
                 row_new.append(new)
@@ -281,17 +346,20 @@ class _ClosedLoop:
         return _percentiles(np.concatenate(loose_vals), np.concatenate(loose_wts))
 
     def metrics(self) -> Metrics:
-        window = self.w.measure_s
-        itl = self._itl_ms()
+        lo, hi = self.window
+        window = hi - lo
+        done = [d for d in self.done if lo <= d[0] < hi]
+        accept_den = sum(d[2] for d in done if d[3])
+        accept_num = sum(d[3] * d[2] for d in done if d[3])
         return Metrics(
             output_tok_s=self.tokens / window,
-            request_s=self.completed / window,
-            ttft_ms=_percentiles(np.asarray(self.ttft) * 1e3),
-            itl_ms=itl,
-            e2e_ms=_percentiles(np.asarray(self.e2e) * 1e3),
-            accept_length=self.accept_num / self.accept_den if self.accept_den else None,
+            request_s=len(done) / window,
+            ttft_ms=_percentiles(np.asarray([v for t, v in self.ttft if lo <= t < hi]) * 1e3),
+            itl_ms=self._itl_ms(),
+            e2e_ms=_percentiles(np.asarray([d[1] for d in done]) * 1e3),
+            accept_length=accept_num / accept_den if accept_den else None,
             output_tokens=self.tokens,
-            completed=self.completed,
+            completed=len(done),
             errors=self.errors,
             window_s=window,
             concurrency=self.concurrency,

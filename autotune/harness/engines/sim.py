@@ -102,14 +102,18 @@ class SimEngine(logparse.LogReading):
                       seed=seed, noise=float(self.sim_options.get("noise", 0.0)))
         status = cast(Status, ev.status if ev.status in STATUSES else "crash")
         return TrialResult(status=status, config=dict(config), engine="sim", capacity=ev.capacity, metrics=ev.metrics,
-                           reason=ev.reason, modelled_startup_s=ev.startup_s, plan=ev.plan)
+                           reason=ev.reason, modelled_startup_s=ev.startup_s, plan=ev.plan,
+                           measurement=None if ev.settling is None else {"settled": ev.settling.settled,
+                                                                         "settling": ev.settling.to_dict()})
 
 
 def sim_workload(workload: WorkloadSpec | WorkloadSection, prompts: Sequence[str]) -> SimWorkload:
     """A study's workload (the ``[workload]`` section or the harness's spec) as the simulator's, over ``prompts``."""
     return SimWorkload(prompts=list(prompts), max_tokens=workload.max_tokens, concurrency=workload.concurrency,
                        warmup_s=workload.warmup_s, measure_s=workload.measure_s, ignore_eos=workload.ignore_eos,
-                       repeats=workload.repeats)
+                       repeats=workload.repeats, warmup_max_s=workload.warmup_max_s,
+                       measure_max_s=workload.measure_max_s, target_half_width=workload.target_half_width,
+                       settle_tolerance=workload.settle_tolerance, ramp_s=workload.ramp_s)
 
 
 class SimGpuReader:
