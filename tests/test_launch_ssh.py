@@ -288,13 +288,16 @@ def test_stop_removes_the_servers_files_on_the_host_and_names_a_foreign_one(tmp_
 
 
 class _Flaky:
-    """A GPU reader that works until ``broken`` is set (the host went unreachable during the trial)."""
+    """A GPU reader that fails while ``broken`` is set, or for its next ``fail_next`` readings (the host
+    unreachable for a while), counting its failures."""
 
     def __init__(self, inner: SimGpuReader):
-        self.inner, self.broken = inner, False
+        self.inner, self.broken, self.fail_next, self.failures = inner, False, 0, 0
 
     def read(self) -> dict:
-        if self.broken:
+        if self.broken or self.fail_next > 0:
+            self.fail_next -= 1
+            self.failures += 1
             raise GpuError("cannot read the GPUs of gpu-node-7: ssh: TimeoutError")
         return self.inner.read()
 
@@ -302,24 +305,37 @@ class _Flaky:
         self.inner.close()
 
 
-def test_a_host_whose_gpus_cannot_be_read_at_the_stop_is_reported_not_waited_on(tmp_path):
+def _plain_server(tmp_path: Path, reader: _Flaky):
     devices = tmp_path / "devices"
     launcher = SshLauncher(host="127.0.0.1", remote_dir=str(tmp_path / "remote"), transport=Loopback())
     port = free_port()
     spec = LaunchSpec(argv=[sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--port", str(port),
                             *SIM_FLAGS], port=port, env={device.ENV_DIR: str(devices)}, gpus=(0,),
                       log_path=tmp_path / "server.log", run_dir=tmp_path / "runs")
-    reader = _Flaky(SimGpuReader(0, str(devices)))
     server = launcher.start(spec, gpu_reader=reader)
-    try:
-        server.wait_ready(60)
-    finally:
-        reader.broken = True
-        t0 = time.monotonic()
-        server.stop(grace_s=5.0, release_timeout_s=30.0)
-    assert time.monotonic() - t0 < 15
-    assert server.teardown_error is not None and "not checked after the stop" in server.teardown_error
-    assert "TimeoutError" in server.teardown_error
+    server.wait_ready(60)
+    return server
+
+
+def test_a_host_whose_gpus_stay_unreadable_after_the_stop_is_reported_within_the_release_timeout(tmp_path):
+    reader = _Flaky(SimGpuReader(0, str(tmp_path / "devices")))
+    server = _plain_server(tmp_path, reader)
+    reader.broken = True
+    t0 = time.monotonic()
+    server.stop(grace_s=5.0, release_timeout_s=3.0)
+    assert time.monotonic() - t0 < 3.0 + 5.0 + 3.0  # the grace, the release timeout, and the host's round trips
+    assert server.teardown_error == ("GPU memory not checked in the 3 s after the stop: "
+                                     "cannot read the GPUs of gpu-node-7: ssh: TimeoutError")
+    assert reader.failures >= 3  # tried again while the timeout ran, not given up at the first failure
+
+
+def test_a_reading_that_fails_a_moment_during_the_release_wait_is_tried_again(tmp_path):
+    reader = _Flaky(SimGpuReader(0, str(tmp_path / "devices")))
+    server = _plain_server(tmp_path, reader)
+    reader.fail_next = 3  # then the host answers again
+    server.stop(grace_s=5.0, release_timeout_s=30.0)
+    assert reader.failures == 3 and server.teardown_error is None
+    assert device.read(0, tmp_path / "devices").used_mib == 0
 
 
 def test_a_fleets_down_cleans_the_host_from_the_record_its_start_left(tmp_path):

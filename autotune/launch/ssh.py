@@ -57,6 +57,7 @@ Transport = Callable[[str, str, float], tuple[int, str, str]]
 GONE = -1  # poll() of a server that is gone without an exit status (killed by a signal, or its status lost)
 ALIVE_TTL_S = 0.5  # `alive` asks the host at most twice a second: the replay reads it from its event loop
 _CALL_TIMEOUT_S = 60.0
+_READ_RETRY_S = 0.5  # a GPU reading that failed during the release wait is tried again this much later
 
 
 def split_host(host: str) -> tuple[str | None, str, int | None]:
@@ -354,13 +355,9 @@ class SshServer:
             time.sleep(0.05)
             self._check()
         if self._reader is not None:
-            try:
-                released = wait_released(self._reader, self._baseline, max(0.0, deadline - time.monotonic()))
-            except AutotuneError as exc:  # the host's GPUs could not be read: say so, never hang on it
-                self.teardown_error = f"GPU memory on {self.launcher.host} not checked after the stop: {exc}"
-            else:
-                if not released:
-                    self.teardown_error = f"GPU memory not released {release_timeout_s:g} s after the stop"
+            problem = _wait_released(self._reader, self._baseline, deadline, release_timeout_s)
+            if problem is not None:
+                self.teardown_error = problem
         return self.exit_code
 
     def release(self) -> None:
@@ -377,6 +374,25 @@ def _used_mib(reader: MemoryReader | None) -> float | None:
     except AutotuneError as exc:
         log.warning("GPU memory not read before the start (the stop will not wait for its release): %s", exc)
         return None
+
+
+def _wait_released(reader: MemoryReader, baseline_mib: float | None, deadline: float, timeout_s: float) -> str | None:
+    """Wait until the memory is back by ``deadline``; a reading that fails (the host unreachable a moment) is
+    tried again until then. None when released, else what went wrong."""
+    failure: AutotuneError | None = None
+    while True:
+        try:
+            if wait_released(reader, baseline_mib, max(0.0, deadline - time.monotonic())):
+                return None
+            failure = None
+        except AutotuneError as exc:
+            failure = exc
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(_READ_RETRY_S)
+    if failure is not None:
+        return f"GPU memory not checked in the {timeout_s:g} s after the stop: {failure}"
+    return f"GPU memory not released {timeout_s:g} s after the stop"
 
 
 def _conforms(server: SshServer, launcher: SshLauncher) -> tuple[ServerHandle, Launcher]:
