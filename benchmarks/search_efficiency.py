@@ -10,6 +10,9 @@ The simulator the strategies launch on is a *hidden truth*: per case and workloa
 model by a seeded draw (free memory after load, activation and CUDA-graph memory, decode speed, draft acceptance,
 natural output length; ``draw_truth``), written in the table. The study, its planner and its prior never see it.
 
+Every tok/s is scored per GPU the server spans, as the tool ranks trials (``search.objective``'s
+``gpus_spanned``): the 80B case's TP-2 servers count half their tok/s, so its rows and optimum are per GPU.
+
 Usage: ``python benchmarks/search_efficiency.py [--quick] [--seeds N] [--budgets 10,20] [--cases a,b]
 [--workloads a,b] [--jobs N] [--no-truth] [--proposals]``.
 """
@@ -40,6 +43,7 @@ from strategies import (  # noqa: E402
     STRATEGIES,
     Case,
     Launch,
+    Launches,
     Oracle,
     Truth,
     best_so_far,
@@ -51,6 +55,8 @@ from autotune.errors import ConfigError  # noqa: E402
 from autotune.harness.engines.sim import sim_workload  # noqa: E402
 from autotune.progress import DRIFT_WORTH_SAYING  # noqa: E402
 from autotune.prompts import PromptSample  # noqa: E402
+from autotune.results import TrialResult  # noqa: E402
+from autotune.search.objective import gpus_spanned  # noqa: E402
 from autotune.search.space import key_of  # noqa: E402
 from autotune.sim.truth import Deviation  # noqa: E402
 
@@ -220,6 +226,23 @@ def med_iqr(values: list[float], fmt: str, budget: int | None = None) -> str:
     return f"{show(q50)} [{show(q25)}–{show(q75)}]"
 
 
+# --- per GPU, as the tool scores ----------------------------------------------------------------------------
+def gpus_of(config: dict[str, Any] | None) -> int:
+    """The GPUs a server with ``config`` spans, counted by the function the study's objective divides by."""
+    return gpus_spanned(TrialResult(status="ok", config=dict(config or {})))
+
+
+def per_gpu_launches(launches: list[Launch]) -> list[Launch]:
+    """A strategy's launches with every tok/s (observed, true, the named config's) per GPU its server spans."""
+    out = Launches(dataclasses.replace(x, observed=x.observed / gpus_of(x.config), true=x.true / gpus_of(x.config))
+                   for x in launches)
+    for name in ("named_config", "confirm_launches", "confirm_cost_s", "confirm_note"):
+        setattr(out, name, getattr(launches, name, getattr(Launches, name)))
+    named = getattr(launches, "named", None)
+    out.named = None if named is None else named / gpus_of(out.named_config)
+    return out
+
+
 # --- the run --------------------------------------------------------------------------------------------------
 def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path = RESULTS,
              proposals: bool = False, only: list[str] | None = None) -> dict[str, Any]:
@@ -233,19 +256,22 @@ def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path
         chosen = {name: chosen[name] for name in only}
     for name, strategy in chosen.items():
         for budget in budgets:
-            runs[name, budget] = [strategy(case, oracle, budget, seed) for seed in range(seeds)]
+            runs[name, budget] = [per_gpu_launches(strategy(case, oracle, budget, seed)) for seed in range(seeds)]
         say(f"  {case.name}: {name} done ({time.monotonic() - started:.0f} s)")
     top = max(budgets)
     picks = [r.named_config for r in runs.get(("ours", top), []) if getattr(r, "named_config", None) is not None]
     (opt_steady, opt_drift), *ours_steady = steadiness(case, oracle, [truth["config"], *picks])
+    opt_steady /= gpus_of(truth["config"])
+    ours_steady = [(v / gpus_of(c), d) for (v, d), c in zip(ours_steady, picks, strict=True)]
     steady = {"optimum_tok_s": opt_steady, "optimum_drift": opt_drift, "budget": top,
               "ours_pct": [100 * v / opt_steady for v, _ in ours_steady] if opt_steady else []}
-    optimum = truth["tok_s"]
+    optimum = truth["tok_s"] / gpus_of(truth["config"])  # per GPU, as every launch above
     found = max((x.true for rs in runs.values() for r in rs for x in r), default=0.0)
     if found > optimum:  # the grid's KV shortcut missed a config (see ground_truth.py): keep the honest maximum
         say(f"  {case.name}: a strategy found {found:,.0f} tok/s > grid optimum {optimum:,.0f}; using it")
         optimum = found
     return {"case": case, "name": case.name, "truth": truth, "hidden": case.truth.to_dict(), "optimum": optimum,
+            "baseline_per_gpu": truth["baseline_tok_s"] / gpus_of(case.baseline), "gpus": gpus_of(truth["config"]),
             "noise_cv": cv, "runs": runs, "names": list(chosen), "configs_evaluated": len(oracle.memo),
             "steady": steady,
             "seconds": time.monotonic() - started}
@@ -357,7 +383,9 @@ def markdown(results: list[dict[str, Any]], *, seeds: int, budgets: list[int], s
                   f"×{hid['activation_scale']:.2f}, CUDA graphs ×{hid['graph_scale']:.2f}, decode efficiency "
                   f"×{hid['decode_efficiency']:.2f}, acceptance α {hid['acceptance']:.3f}, natural output mean "
                   f"{hid['output_mean']:,.0f} tokens.", "",
-                  f"Optimum {res['optimum']:,.0f} tok/s (baseline {truth['baseline_tok_s']:,.0f}); grid of "
+                  f"Optimum {res['optimum']:,.0f} tok/s per GPU (baseline {res['baseline_per_gpu']:,.0f}"
+                  + (f"; servers span {res['gpus']} GPUs, {res['optimum'] * res['gpus']:,.0f} tok/s each"
+                     if res["gpus"] > 1 else "") + f"); grid of "
                   f"{truth['grid']:,} configs, {truth['families']:,} planned at their top fitting memory fraction, "
                   f"{truth['groups']:,} distinct scheduler signatures simulated. Measurement noise CV "
                   f"{100 * res['noise_cv']:.2f} %. Best config: `{truth['best_diff']}`.", "",
