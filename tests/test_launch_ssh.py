@@ -376,3 +376,48 @@ def test_a_fleets_down_cleans_the_host_from_the_record_its_start_left(tmp_path):
                                                      "sglang_loads_bbbbbbbbbbbb_ffffffff.shm"]
     assert not record.exists() and not (tmp_path / "remote/run/s0.pid").exists()
     assert any("/proc/$p/fd" in command for _, command in down.commands)  # its group was read before the kill
+
+
+FAKE_SMI = '''import sys
+from autotune.sim import device
+args = sys.argv[1:]
+fields = next(a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")).split(",")
+for index in (int(i) for i in args[args.index("-i") + 1].split(",")):
+    r = device.read(index, sys.argv[0] + ".devices")
+    row = {"index": str(index), "memory.used": f"{r.used_mib:.0f}", "utilization.gpu": f"{r.util_pct:.0f}",
+           "memory.total": "[N/A]" if r.total_mib is None else f"{r.total_mib:.0f}", "power.draw": "[N/A]",
+           "clocks.sm": "[Not Supported]"}
+    print(", ".join(row[f] for f in fields))
+'''
+
+
+def test_the_monitor_and_the_release_check_read_the_host_through_its_shell(tmp_path, monkeypatch):
+    """The reader's exact line, run by the host's shell: a stand-in ``nvidia-smi`` on its PATH answers from the
+    simulated GPUs (as the real one answers from the driver), so the release wait is the host's reading."""
+    devices, bin_dir = tmp_path / "devices", tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!{sys.executable}\n{FAKE_SMI}")
+    smi.chmod(0o755)
+    (bin_dir / "nvidia-smi.devices").symlink_to(devices, target_is_directory=True)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    transport = Loopback()
+    launcher = SshLauncher(host="127.0.0.1", remote_dir=str(tmp_path / "remote"), transport=transport)
+    reader = RemoteGpuReader(lambda command, timeout_s: launcher.call(command, timeout_s=timeout_s), (0,),
+                             host=launcher.host)
+    port = free_port()
+    spec = LaunchSpec(argv=[sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--port", str(port),
+                            *SIM_FLAGS], port=port, env={device.ENV_DIR: str(devices)}, gpus=(0,),
+                      log_path=tmp_path / "server.log", run_dir=tmp_path / "runs")
+    server = launcher.start(spec, gpu_reader=reader)
+    try:
+        server.wait_ready(60)
+        with GpuMonitor(reader, interval_s=0.05) as monitor:
+            time.sleep(0.5)
+        assert monitor.errors == 0 and monitor.peaks().peak_used_gib > 1.0
+        assert monitor.peaks().peak_power_w is None  # [N/A] is no reading, not zero
+    finally:
+        server.stop(grace_s=5.0, release_timeout_s=30.0)
+    assert server.teardown_error is None and device.read(0, devices).used_mib == 0
+    smi_calls = [c for _, c in transport.commands if c.startswith("nvidia-smi")]
+    assert len(smi_calls) == reader.calls >= 2 + len(monitor.samples)  # the baseline, each sample, the release wait
