@@ -347,3 +347,21 @@ def test_a_searched_config_larger_than_the_pool_is_skipped_not_launched(tmp_path
     assert all("spans 4 GPUs" in t.user_attrs["reason"] and "pool has 2 (0,1)" in t.user_attrs["reason"]
                for t in wide)
     assert runner.launched and all(int(c.get("tp_size") or 1) == 1 for c in runner.launched)
+
+
+def test_sweeps_of_one_study_on_overlapping_gpus_refuse_and_on_disjoint_ones_share(tmp_path):
+    from autotune.errors import StudyError
+    from autotune.search.gpulocks import hold_sweep_gpus
+
+    cfg = load_config(mixed_study(tmp_path))
+    first = hold_sweep_gpus(cfg, ["0", "1"])
+    with pytest.raises(StudyError, match="being swept on GPU 1 by pid") as err:
+        hold_sweep_gpus(cfg, ["1", "2"])
+    assert "use other GPUs" in str(err.value)
+    disjoint = hold_sweep_gpus(cfg, ["2", "3"])  # GPU 2 was not kept by the refused attempt
+    assert len(disjoint) == 2
+    for fh in first + disjoint:
+        fh.close()
+    again = hold_sweep_gpus(cfg, ["1", "2"])
+    for fh in again:
+        fh.close()
