@@ -46,3 +46,5 @@ def case(tmp_path: Path) -> Iterator[CaseEnv]:
         work=tmp_path,
     )
     assert transport.commands, "the launcher sent nothing through its transport"
+    left = sorted(p.name for p in (tmp_path / "runs").glob("*") if p.suffix in (".pid", ".shm"))
+    assert not left, f"the stop left its bookkeeping on the host: {left}"  # pid file, the start's /dev/shm record

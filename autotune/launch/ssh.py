@@ -331,9 +331,9 @@ class SshServer:
                 time.sleep(0.1 if stop_event is None else 0)
 
     def stop(self, grace_s: float = 10.0, release_timeout_s: float = 30.0) -> int | None:
-        """``stop_command`` (SIGTERM the group, SIGKILL after the grace), then wait until the port no longer
-        answers and, with a GPU reader, the memory is back; then remove the host's /dev/shm files the server
-        provably owned (what its group holds is read just before the kill). A second stop is harmless."""
+        """``stop_pid_file`` (SIGTERM the group, SIGKILL after the grace; the host's /dev/shm files the server
+        provably owned removed, what its group holds read just before the kill), then wait until the port no longer
+        answers and, with a GPU reader, the memory is back. A second stop is harmless."""
         if self._stopped:
             return self.exit_code
         self._stopped = True
