@@ -73,7 +73,8 @@ def _no_local(gpus: tuple[int, ...]) -> SimGpuReader:
 
 # -- the nvidia-smi answer ---------------------------------------------------------------------------------
 def test_nvidia_smi_csv_lines_parse_and_unreported_fields_are_none():
-    text = ("0, 81234, 143771, 97, 689.12, 1980\n"
+    text = ("WARNING: infoROM is corrupted at gpu 0000:19:00.0\n"  # what nvidia-smi may print first
+            "0, 81234, 143771, 97, 689.12, 1980\n"
             "1, 1024, 143771, [N/A], [Not Supported], [N/A]\n"
             "No devices were found\n"
             "2, [N/A], 143771, 0, 75.50\n")  # a field short: not a reading
