@@ -365,3 +365,26 @@ def test_sweeps_of_one_study_on_overlapping_gpus_refuse_and_on_disjoint_ones_sha
     again = hold_sweep_gpus(cfg, ["1", "2"])
     for fh in again:
         fh.close()
+
+
+def test_a_tenant_on_one_gpu_of_a_pair_stops_that_worker_and_the_message_names_the_pair(tmp_path, monkeypatch):
+    from autotune.search.workers import run_workers
+    from autotune.sim import device
+
+    devices = tmp_path / "devices"
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(devices))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        device.register(3, pid=sleeper.pid, gpu_name="h200", total_mib=143_771, used_mib=100 * 1024, release_s=0.2,
+                        directory=devices)  # a tenant on GPU 3 only: the 2,3 pair is unusable, 0,1 is not
+        cfg = load_config(big_study(tmp_path, trials=2))
+        lines: list[str] = []
+        codes = run_workers(cfg, [0, 1, 2, 3], echo=lines.append)
+    finally:
+        sleeper.kill()
+        sleeper.wait(timeout=10)
+    assert codes[0] == 0 and codes[2] == 1, "\n".join(lines)
+    busy = [line for line in lines if line.startswith("gpu2,3 | Error: ")]
+    assert len(busy) == 1 and "GPU 3 is busy" in busy[0] and "GPUs 2,3" in busy[0], busy
+    groups = {tuple(t.user_attrs["result"]["gpus"]) for t in _finished(tmp_path / "big.toml", "big")}
+    assert groups == {(0, 1)}

@@ -122,9 +122,15 @@ class Sweep:
 
     def _engine_check(self, gpus: tuple[int, ...] | None = None) -> Occupancy | None:
         """The tenancy check of ``gpus`` (a launch's group; None: every GPU this sweep may use)."""
-        eng = self.cfg.engine
-        return check_engine_gpus(getattr(self.runner, "engine"), gpus or self.gpus,  # noqa: B009
-                                 mode=eng.busy_gpu, wait_s=eng.busy_wait_s, on_wait=self.progress.log)
+        eng, group = self.cfg.engine, gpus or self.gpus
+        try:
+            return check_engine_gpus(getattr(self.runner, "engine"), group,  # noqa: B009
+                                     mode=eng.busy_gpu, wait_s=eng.busy_wait_s, on_wait=self.progress.log)
+        except GpuBusyError as exc:
+            if len(group) <= 1:
+                raise
+            raise GpuBusyError(f"{exc} ({'the group' if gpus else 'this sweep'}'s {group_line(group)})",
+                               gpu=exc.gpu, holders=exc.holders, held_gib=exc.held_gib) from None
 
     def _lock(self) -> None:
         """One sweep per GPU of a study at a time (two servers on one GPU would skew both): a lock file per GPU of
