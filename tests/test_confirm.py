@@ -40,6 +40,20 @@ def test_winner_by_median_with_gain_interval():
     assert decide(runs(data), [3, 7, 0], baseline=0, seed=0) == verdict  # seeded: reproducible
 
 
+def test_confirmation_ranks_by_tok_s_per_gpu():
+    def on(tok: float, gpus: list[int]) -> dict:
+        m = Metrics(output_tok_s=tok, request_s=1.0, ttft_ms=P, itl_ms=P, e2e_ms=P)
+        return TrialResult(status="ok", config={"tp_size": len(gpus)}, metrics=m, gpus=gpus).to_dict()
+
+    # trial 3: the fastest server (5,000 tok/s) over two GPUs; trial 7: 3,000 tok/s on one GPU, the better fleet
+    rs = [{"trial": n, "repeat": k, "result": on(v * (1 + 0.01 * k), g)}
+          for n, v, g in ((3, 5000.0, [0, 1]), (7, 3000.0, [2]), (0, 1000.0, [3])) for k in range(3)]
+    verdict = decide(rs, [3, 7, 0], baseline=0, seed=0)
+    assert verdict["winner_trial"] == 7
+    assert verdict["stats"]["3"]["median"] == pytest.approx(2525.0)  # per GPU: 5,050 ÷ 2
+    assert verdict["gain"] == pytest.approx(3030.0 / 1010.0)
+
+
 def test_a_tie_goes_to_the_config_with_more_headroom():
     data = {3: [5000, 5200, 4800], 7: [4990, 5150, 4850], 0: [2000, 2000, 2000]}
     verdict = decide(runs(data, headroom={3: 2.0, 7: 9.0, 0: 20.0}), [3, 7, 0], baseline=0, seed=1)

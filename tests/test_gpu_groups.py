@@ -242,6 +242,10 @@ def test_the_80b_study_sweeps_as_two_workers_on_gpu_pairs(tmp_path):
     assert {t.user_attrs["gpu"].rpartition(":")[2] for t in trials if t.user_attrs.get("role") == "baseline"} == \
         {"0,1", "2,3"}  # each pinned pair calibrated
     assert _registry_holders(devices) == []  # every server released every GPU it held
+    table = subprocess.run([sys.executable, "-m", "autotune", "trials", "--config", str(tmp_path / "big.toml"),
+                            "--json"], capture_output=True, text=True, timeout=60, check=True)
+    rows = json.loads(table.stdout)
+    assert all(r["gpus"] == 2 and r["tok_s_per_gpu"] == pytest.approx(r["output_tok_s"] / 2) for r in rows)
 
 
 class RegistryWatch:

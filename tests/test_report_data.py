@@ -190,6 +190,27 @@ def test_headline_without_confirmation_picks_the_fastest_feasible():
     assert gain["gain"] == pytest.approx(best["tok_s"] / frame.loc[0, "tok_s"]) and gain["ci_low"] is None
 
 
+def test_a_study_over_gpu_groups_is_ranked_and_shown_per_gpu():
+    from autotune.report.figures import _hover
+
+    study = optuna.create_study(direction="maximize")
+    p = {"p50": 1.0, "p90": 1.0, "p99": 1.0, "mean": 1.0}
+    for tok_s, gpus, role in ((1000.0, [0], "baseline"), (5000.0, [0, 1], "search"), (3000.0, [2], "search")):
+        result = TrialResult.from_dict({"status": "ok", "config": {"tp_size": len(gpus)}, "gpus": gpus,
+                                        "metrics": {"output_tok_s": tok_s, "request_s": 1.0, "ttft_ms": p,
+                                                    "itl_ms": p, "e2e_ms": p}})
+        study.add_trial(optuna.trial.create_trial(
+            state=optuna.trial.TrialState.COMPLETE, value=tok_s / len(gpus),
+            user_attrs={"result": result.to_dict(), "status": "ok", "role": role, "constraint": [-1.0]}))
+    frame = rd.trials_frame(study)
+    assert frame["gpus"].tolist() == [1, 2, 1] and frame["tok_s_per_gpu"].tolist() == [1000.0, 2500.0, 3000.0]
+    assert rd.winner_trial(frame, study) == 2  # the faster server (trial 1) spans two GPUs: 2,500 per GPU
+    headline = rh.headline_frame(frame, study)
+    assert headline.loc["winner", "tok_s_per_gpu"] == 3000.0 and rh.gain(study, headline)["gain"] == 3.0
+    hover = _hover(frame)
+    assert "on 2 GPUs (2,500 tok/s per GPU)" in hover[1] and "per GPU" not in hover[2]
+
+
 def test_flag_diff_lists_only_changes():
     diff = rh.flag_diff({"max_mamba_cache_size": 80, "speculative_algorithm": "EAGLE", "enable_metrics": False},
                         {"max_mamba_cache_size": 200, "speculative_algorithm": "EAGLE", "mem_fraction_static": 0.93,
