@@ -126,3 +126,23 @@ def test_group_reader_of_an_engine():
     assert isinstance(group_reader(Engine(), (0, 1)), GroupReader)
     assert group_reader(Engine(), (4,)).read()["used_gib"] == 4.0
     assert group_reader(Engine(), ()).read()["used_gib"] == 0.0
+
+
+def test_the_tenancy_check_reads_where_the_launcher_runs_its_servers():
+    class Engine:
+        device = "cuda"
+
+        def gpu_reader(self, index):
+            return Device(0.0)  # this host: idle
+
+    class Remote:
+        asked: list = []
+
+        def memory_reader(self, gpus, local):
+            self.asked.append(gpus)
+            return Device(30.0, procs=[{"pid": 999_999_998, "used_gib": 30.0, "exited": False}])
+
+    assert check_engine_gpus(Engine(), (0, 1)) is not None
+    with pytest.raises(GpuBusyError):
+        check_engine_gpus(Engine(), (0, 1), launcher=Remote())
+    assert Remote.asked == [(0,)]

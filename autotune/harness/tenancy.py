@@ -184,14 +184,19 @@ def check_engine_gpu(engine: Any, gpu_index: int | None, *, mode: str = "stop", 
 
 
 def check_engine_gpus(engine: Any, gpus: Iterable[int], *, mode: str = "stop", wait_s: float = 600.0,
-                      on_wait: Callable[[str], None] | None = None) -> Occupancy | None:
+                      on_wait: Callable[[str], None] | None = None,
+                      launcher: Any = None) -> Occupancy | None:
     """``check_free`` on every GPU of a server's group, each on its own reader (a tenant on any one of them is
-    the server's tenant); the last GPU's occupancy, or None when nothing could be checked."""
+    the server's tenant); the last GPU's occupancy, or None when nothing could be checked. ``launcher``: read the
+    GPUs where its servers run (``Launcher.memory_reader``: another host's over SSH), else this host's."""
     if getattr(engine, "device", "cuda") == "cpu":
         return None
     seen: Occupancy | None = None
     for gpu in gpus:
-        reader = engine.gpu_reader(gpu)
+        if launcher is None:
+            reader = engine.gpu_reader(gpu)
+        else:
+            reader = launcher.memory_reader((gpu,), lambda g: engine.gpu_reader(g[0]))
         try:
             seen = check_free(reader, gpu, mode=mode, wait_s=wait_s, on_wait=on_wait) or seen
         finally:

@@ -47,16 +47,16 @@ class GroupReader:
     def gpus(self) -> tuple[int, ...]:
         return tuple(self.readers)
 
-    def read(self) -> dict[str, float | None]:
-        devices = []
+    def read(self) -> dict[str, Any]:
+        devices: list[dict[str, Any]] = []
         for index, reader in self.readers.items():
             devices.append({"index": index, **reader.read()})
         worst = min(devices, key=_free_gib)
         out: dict[str, Any] = {k: v for k, v in worst.items() if k != "index"}
         if len(devices) > 1:
             out["devices"] = devices
-            util = [d["util_pct"] for d in devices if d.get("util_pct") is not None]
-            power = [d["power_w"] for d in devices if d.get("power_w") is not None]
+            util = [float(d["util_pct"]) for d in devices if d.get("util_pct") is not None]
+            power = [float(d["power_w"]) for d in devices if d.get("power_w") is not None]
             out["util_pct"] = sum(util) / len(util) if util else None
             out["power_w"] = sum(power) if power else None  # the server's draw: all its GPUs
         return out
