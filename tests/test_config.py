@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from autotune.config import load_config
+from autotune.config.pool import study_spans
 from autotune.errors import ConfigError, WorkloadError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +45,8 @@ def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", ["example.toml", "qwen3.6-27b-b200.toml", "qwen3.6-27b-h200.toml"])
+@pytest.mark.parametrize("name", ["example.toml", "qwen3.6-27b-b200.toml", "qwen3.6-27b-h200.toml",
+                                  "qwen3-next-80b-a3b-h200.toml"])
 def test_shipped_studies_load(name):
     cfg = load_config(REPO / "studies" / name)
     assert cfg.study.trials >= 1 and cfg.space
@@ -53,6 +55,8 @@ def test_shipped_studies_load(name):
     assert cfg.derived["speculative_num_draft_tokens"] == "speculative_num_steps + 1"
     assert cfg.baseline.flags["max_mamba_cache_size"] == 80
     assert cfg.enqueue[0].flags["max_mamba_cache_size"] == 200
+    if "80b" in name:  # the 80B model's weights need two H200s: every server spans a pair
+        assert cfg.engine.fixed["tp_size"] == 2 and study_spans(cfg) == [2]
 
 
 def test_defaults_and_relative_paths_resolve_against_the_toml(tmp_path, monkeypatch):
