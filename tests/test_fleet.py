@@ -106,7 +106,7 @@ def test_cli_names_the_bad_field_in_one_line(tmp_path, capsys):
         main(["fleet", "up", "--fleet", str(path)])
     err = capsys.readouterr().err.strip().splitlines()
     assert info.value.code == 1 and len(err) == 1
-    assert err[0].startswith(f"Error: {path}: servers.0.gpu: ") and not list(tmp_path.glob("run/*"))
+    assert err[0].startswith(f"Error: {path}: servers.0.gpus: ") and not list(tmp_path.glob("run/*"))
 
 
 def test_fleet_file_round_trips(tmp_path):

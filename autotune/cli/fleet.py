@@ -46,14 +46,14 @@ def status(fleet_file: Path, as_json: bool) -> None:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
     table = Table(title=str(fleet_file))
-    for column in ("server", "host", "gpu", "port", "state", "running req", "KV tokens", "mamba slots",
+    for column in ("server", "host", "gpus", "port", "state", "running req", "KV tokens", "mamba slots",
                    "tok/s", "config"):
-        table.add_column(column, justify="right" if column in ("gpu", "port", "running req", "KV tokens",
+        table.add_column(column, justify="right" if column in ("gpus", "port", "running req", "KV tokens",
                                                              "mamba slots", "tok/s") else "left")
     for r in rows:
         cap = r.capacity
         config = r.config + (f" (differs: {', '.join(r.drift)})" if r.drift else "")
-        table.add_row(r.name, r.host, "-" if r.gpu is None else str(r.gpu), str(r.port), r.state,
+        table.add_row(r.name, r.host, ",".join(str(g) for g in r.gpus) or "-", str(r.port), r.state,
                       *(str(getattr(cap, k)) if cap and getattr(cap, k) is not None else "-"
                         for k in ("max_running_requests", "kv_tokens", "mamba_slots")),
                       f"{r.tok_s:.0f}" if r.tok_s is not None else "-", config)

@@ -20,7 +20,9 @@ from typing import Any
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
-from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, server_gpus, write_fleet
+from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, write_fleet
+from autotune.deploy.fleet import server_gpus as launch_group
+from autotune.deploy.fleetfile import spans
 from autotune.deploy.sglang_yaml import PER_SERVER, config_diff, read_config_file, split_config, yaml_text
 from autotune.errors import ConfigError, StudyError
 from autotune.harness.engines.sim import sim_argv
@@ -30,6 +32,7 @@ from autotune.results import Capacity, TrialResult
 from autotune.search.settings import device_name
 from autotune.search.storage import load_study
 from autotune.sglang.flags import FlagTable
+from autotune.sglang.parallel import server_gpus
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"  # the launch script sets it per server, as the local launcher does
 
@@ -231,8 +234,8 @@ def launch_script(servers: Sequence[Mapping[str, Any]], *, header: str, env: Map
                   elsewhere: Sequence[str] = ()) -> str:
     """A bash script starting each server detached (own session, so its pid is its process group), with a
     log and a pid file per server. Every argv token goes through ``shlex.quote``; ``env`` is exported first
-    (references to secrets as ``${NAME}``). A server's GPU may be empty: CUDA_VISIBLE_DEVICES is then left
-    alone (SGLang's CPU backend). ``elsewhere`` names servers on other hosts, which this script cannot start."""
+    (references to secrets as ``${NAME}``). A server's ``gpus`` is its group as CUDA_VISIBLE_DEVICES lists it
+    (``0,1``); empty leaves CUDA_VISIBLE_DEVICES alone (SGLang's CPU backend). ``elsewhere`` names servers on other hosts, which this script cannot start."""
     lines = [
         "#!/usr/bin/env bash",
         *(f"# {line}" for line in header.splitlines()),
@@ -243,26 +246,26 @@ def launch_script(servers: Sequence[Mapping[str, Any]], *, header: str, env: Map
     if env:
         lines += ["# The study's engine environment.", *_env_lines(env), ""]
     lines += [
-        "start() {  # start LOG PIDFILE GPU ARGV...  (an empty GPU leaves CUDA_VISIBLE_DEVICES alone)",
-        '  local log=$1 pidfile=$2 gpu=$3',
+        "start() {  # start LOG PIDFILE GPUS ARGV...  (GPUS: 3 or 0,1; empty leaves CUDA_VISIBLE_DEVICES alone)",
+        '  local log=$1 pidfile=$2 gpus=$3',
         "  shift 3",
         '  if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then',
         '    echo "already running: $pidfile (pid $(cat "$pidfile"))"',
         "    return 0",
         "  fi",
         '  mkdir -p "$(dirname "$log")" "$(dirname "$pidfile")"',
-        '  if [[ -n "$gpu" ]]; then',
-        '    CUDA_VISIBLE_DEVICES="$gpu" setsid "$@" >"$log" 2>&1 </dev/null &',
+        '  if [[ -n "$gpus" ]]; then',
+        '    CUDA_VISIBLE_DEVICES="$gpus" setsid "$@" >"$log" 2>&1 </dev/null &',
         "  else",
         '    setsid "$@" >"$log" 2>&1 </dev/null &',
         "  fi",
         '  echo $! >"$pidfile"',
-        '  echo "started ${gpu:+gpu $gpu: }pid $! (log $log)"',
+        '  echo "started ${gpus:+gpu $gpus: }pid $! (log $log)"',
         "}",
         "",
     ]
     for server in servers:
-        tokens = [server["log"], server["pid"], str(server["gpu"]), *server["argv"]]
+        tokens = [server["log"], server["pid"], str(server["gpus"]), *server["argv"]]
         lines.append("start " + " ".join(shlex.quote(str(t)) for t in tokens))
     if elsewhere:
         lines += ["", "# On other hosts (start them with: autotune fleet up --fleet fleet.toml):",
@@ -292,6 +295,7 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
         "sglang_version": str(winner.settings.get("sglang_version") or SGLANG_VERSION),
         "model_path": winner.model,
         "gpu": winner.gpu,
+        "gpus_per_server": server_gpus(winner.config),  # the group one server spans (tp × pp × dp)
         "config": winner.config,
         "workload": winner.workload,
         # The flags that change outputs against the baseline and the fidelity probe's figures (``deploy.numerics``).
@@ -300,26 +304,55 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
     }
 
 
+def server_name(prefix: str, group: Sequence[int]) -> str:
+    """``gpu3`` for one GPU, ``gpu0-1`` for a run of them, ``gpu0_2`` otherwise: a name that says the group."""
+    if len(group) == 1:
+        return f"{prefix}{group[0]}"
+    contiguous = list(group) == list(range(group[0], group[0] + len(group)))
+    return f"{prefix}{group[0]}-{group[-1]}" if contiguous else prefix + "_".join(str(g) for g in group)
+
+
+def split_groups(gpus: Sequence[int], size: int, config: Mapping[str, Any]) -> list[list[int]]:
+    """``gpus`` cut in order into groups of ``size`` (one server each); ConfigError if they do not split evenly."""
+    if len(gpus) % size:
+        fit = len(gpus) - len(gpus) % size
+        hint = f"e.g. {gpus[0]}-{gpus[0] + fit - 1}, " if fit and list(gpus) == list(
+            range(gpus[0], gpus[0] + len(gpus))) else ""
+        raise ConfigError(f"{len(gpus)} GPUs do not split into servers of {size} GPUs (the winner's {spans(config)})",
+                          key="--gpus", fix=f"give a multiple of {size} GPUs, {hint}one server per {size}")
+    return [list(gpus[i:i + size]) for i in range(0, len(gpus), size)]
+
+
 def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layout: Fleet | None, base_port: int,
              host: str) -> list[FleetServer]:
-    """One server per GPU given, or the servers of an existing fleet file (hosts, GPUs, ports kept)."""
+    """One server per group of the GPUs given (as many GPUs each as the winner spans), or the servers of an
+    existing fleet file (hosts, GPUs, ports kept; each group must be the winner's size)."""
+    # SGLang's CPU backend: the index names the server and its files, and no GPU (the simulator keeps its index:
+    # it picks its simulated device by it)
+    no_gpu = winner.engine == "sglang" and winner.device == "cpu"
+    size = 1 if no_gpu else server_gpus(winner.config)
     if gpus:
         prefix = "cpu" if winner.device == "cpu" else "gpu"
-        # SGLang's CPU backend: the index names the server and its files, and no GPU (the simulator keeps its index:
-        # it picks its simulated device by it)
-        no_gpu = winner.engine == "sglang" and winner.device == "cpu"
-        return [FleetServer(name=f"{prefix}{gpu}", gpu=None if no_gpu else gpu, port=base_port + i, bind=host,
-                            config="sglang.yaml",
-                            log=f"logs/{prefix}{gpu}.log", pid=f"run/{prefix}{gpu}.pid", extra_args=list(cli),
-                            sim_options=winner.sim_options)
-                for i, gpu in enumerate(gpus)]
+        servers = []
+        for i, group in enumerate(split_groups(gpus, size, winner.config)):
+            name = server_name(prefix, group)
+            servers.append(FleetServer(name=name, gpus=[] if no_gpu else group, port=base_port + i, bind=host,
+                                       config="sglang.yaml", log=f"logs/{name}.log", pid=f"run/{name}.pid",
+                                       extra_args=list(cli), sim_options=winner.sim_options))
+        return servers
     if layout is not None:
+        for s in layout.servers:
+            if not layout.host_memory and len(s.gpus) != size:
+                raise ConfigError(f"server {s.name} has {len(s.gpus)} GPU(s) ({s.gpu_line}), but the winner spans "
+                                  f"{size} ({spans(winner.config)})", key="--fleet",
+                                  fix="lay the fleet out again with --gpus (one server per group of "
+                                      f"{size} GPUs)")
         return [s.model_copy(update={"config": "sglang.yaml", "extra_args": list(cli),
                                      "sim_options": {**winner.sim_options, **s.sim_options}})
                 for s in layout.servers]
     raise ConfigError("no GPUs given: the fleet's servers come from the command line or a fleet file",
-                      key="--gpus", fix="pass --gpus 0-6 (one server per index; on a CPU study, one per index too), "
-                                        "or --fleet fleet.toml to reuse its servers")
+                      key="--gpus", fix="pass --gpus 0-7 (one server per group of as many GPUs as the winner spans; "
+                                        "on a CPU study, one per index), or --fleet fleet.toml to reuse its servers")
 
 
 def write_artifacts(
@@ -335,11 +368,9 @@ def write_artifacts(
 ) -> list[Path]:
     """Write the four artifacts into ``out_dir`` (created) and return their paths.
 
-    The servers are one per index of ``gpus``, else those of ``layout`` (a loaded fleet file); there is no
-    default. Engine, interpreter (``python`` overrides the study's), device, environment and model are the
+    The servers are one per group of ``gpus`` (as many GPUs as the winner's config spans: ``--gpus 0-7`` and a TP=2
+    winner make four servers on pairs), else those of ``layout`` (a loaded fleet file); there is no default. Engine, interpreter (``python`` overrides the study's), device, environment and model are the
     study's, so the fleet runs what the study measured."""
-
-
     model = model or winner.model
     if not model:
         raise ConfigError("the study does not record a model path", key="--model", fix="pass --model")
@@ -360,22 +391,26 @@ def write_artifacts(
         where = ".".join(str(p) for p in err["loc"]) or "fleet"
         raise ConfigError(err["msg"].removeprefix("Value error, "), key=where) from None
     header = f"autotune: study {winner.study}, trial {winner.trial}, sglang {SGLANG_VERSION}"
+    size = server_gpus(winner.config)
+    if size > 1 and not fleet.host_memory:
+        header += f"\neach server spans {size} GPUs ({spans(winner.config)}): " + "; ".join(
+            f"{s.name} on {s.gpu_line}" for s in servers)
     # The script exports what the engine exports for every server (references to secrets stay references) and
     # the local launcher's device order where servers have GPUs; CUDA_VISIBLE_DEVICES per server, as it sets it.
     local = LocalLauncher()
     shared = {**engine_for(fleet, servers[0], env=fleet.env).env(),
-              **{k: v for k, v in local.device_env(server_gpus(fleet, servers[0])).items() if k != VISIBLE}}
+              **{k: v for k, v in local.device_env(launch_group(fleet, servers[0])).items() if k != VISIBLE}}
     device = [] if winner.config.get("device") else device_argv(fleet, [])
     starts, elsewhere = [], []
     for s in servers:
         if not s.local:
             elsewhere.append(f"{s.name} on {s.host} ({s.where})")
             continue
-        gpu = local.device_env(server_gpus(fleet, s)).get(VISIBLE, "")
+        gpu = local.device_env(launch_group(fleet, s)).get(VISIBLE, "")
         sim = ["--sim-gpu", fleet.sim_gpu, *sim_argv(s.sim_options)] if fleet.engine == "sim" and fleet.sim_gpu else []
         argv = launch_argv(engine=fleet.engine, python=python or sys.executable, config_file=s.config, model=model,
                            host=s.bind, port=s.port, extra=[*s.extra_args, *device, *sim])
-        starts.append({"log": s.log, "pid": s.pid, "gpu": gpu, "argv": argv})
+        starts.append({"log": s.log, "pid": s.pid, "gpus": gpu, "argv": argv})
     script = launch_script(
         starts, env=shared, elsewhere=elsewhere,
         header=header + f"\nengine {fleet.engine}, device {fleet.device}; one server per entry of fleet.toml."

@@ -1,4 +1,5 @@
-"""A fleet: N servers on N GPUs (one host or several), described by ``fleet.toml``; start, inspect, stop.
+"""A fleet: N servers, each on its group of GPUs (one host or several), described by ``fleet.toml``; start,
+inspect, stop.
 
 Servers run detached through the fleet's launcher (``launcher`` in the file: local processes with a pid file each,
 or Slurm jobs with a job record each; a log each), so the fleet outlives the command that started it. The file records the config each server *runs*: the rollout updates a server's entry only
@@ -33,7 +34,7 @@ from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re
 )
 from autotune.errors import AutotuneError, ConfigError, FleetError
 from autotune.harness.engines import make_engine
-from autotune.harness.engines.base import launch_gpus
+from autotune.harness.engines.base import group_reader, launch_gpus
 from autotune.launch import Launcher, LaunchSpec
 from autotune.launch.memory import wait_released
 from autotune.launch.process import port_is_free, stop_process_group
@@ -105,8 +106,23 @@ def local_pid(fleet: Fleet, server: FleetServer) -> int | None:
 
 
 def server_gpus(fleet: Fleet, server: FleetServer) -> tuple[int, ...]:
-    """The GPUs one server gets: none on SGLang's CPU backend (and no CUDA_VISIBLE_DEVICES; see ``launch_gpus``)."""
-    return launch_gpus(engine_for(fleet, server), server.gpu)
+    """The GPUs one server gets, its whole group: none on SGLang's CPU backend (and no CUDA_VISIBLE_DEVICES; see
+    ``launch_gpus``)."""
+    return launch_gpus(engine_for(fleet, server), tuple(server.gpus) or None)
+
+
+def memory_reader(fleet: Fleet, server: FleetServer, launcher: Launcher):
+    """The reader of the server's devices, through the launcher (it knows where the server runs): every GPU of
+    its group (the fullest one decides); None for host RAM (shared: never "back to nothing used") or no driver."""
+    if fleet.host_memory:
+        return None
+    engine = engine_for(fleet, server)
+    own = tuple(server.gpus)
+    try:
+        return launcher.memory_reader(server_gpus(fleet, server),
+                                      lambda gpus: group_reader(engine, gpus or own[:1]))
+    except AutotuneError:  # no driver to ask (NVML missing): the next start's capacity check still guards
+        return None
 
 
 def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *, timeout_s: float,
@@ -123,18 +139,13 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
     offset = log_path.stat().st_size if log_path.exists() else 0
     # With the GPU reader, a failed start waits until the device has released the memory again, so the
     # previous config that goes back on it next sizes its pools as before. Host RAM has no such owner.
-    reader = None
-    if not fleet.host_memory:
-        try:
-            reader = engine.gpu_reader(server.gpu)
-        except AutotuneError:
-            reader = None
+    made = make_launcher(fleet.launcher, fleet.launcher_settings) if launcher is None else make_launcher(launcher)
+    reader = memory_reader(fleet, server, made)
     # its record (run/server-<pid>.json) keeps the /dev/shm files it was seen holding while it started; ``down``
     # takes a last look and removes what that proves its own
     spec = LaunchSpec(argv=server_argv(fleet, server, config), port=server.port, host=server.bind, env=engine.env(),
                       gpus=server_gpus(fleet, server), log_path=log_path, run_dir=pid_path.parent, detach=True,
                       shm_dir=getattr(engine, "shm_dir", None), name=f"autotune-fleet-{server.name}")
-    made = make_launcher(fleet.launcher, fleet.launcher_settings) if launcher is None else make_launcher(launcher)
     proc = None
     try:
         proc = made.start(spec, gpu_reader=reader)
@@ -184,7 +195,7 @@ def remove_owned_shm(shm: ShmOwnership, name: str) -> list[str]:
 
 def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_timeout_s: float = 60.0) -> bool:
     """SIGTERM (SGLang drains in-flight requests), SIGKILL after ``grace_s``, then wait until the port and
-    the GPU's memory are free again (the next server sizes its pools from free memory). True if one ran.
+    every GPU of its group is free again (the next server sizes its pools from free memory). True if one ran.
     A recorded Slurm job is stopped by the launcher's stop whatever the file's launcher says now."""
     if not server.local:
         return remote.stop_server(fleet, server, grace_s=grace_s)
@@ -205,10 +216,9 @@ def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_ti
     while not port_is_free(server.bind, server.port) and time.monotonic() < deadline:
         time.sleep(0.05)
     ran = job_ran or pid is not None
-    if ran and not fleet.host_memory:  # host RAM is shared: "back to nothing used" never comes
-        try:
-            reader = engine_for(fleet, server).gpu_reader(server.gpu)
-        except AutotuneError:  # no driver to ask (NVML missing): the next start's capacity check still guards
+    if ran:  # host RAM is shared: "back to nothing used" never comes, and it has no reader here
+        reader = memory_reader(fleet, server, make_launcher(fleet.launcher, fleet.launcher_settings))
+        if reader is None:
             return True
         try:
             # The fleet owns its GPUs: released means back to (nearly) nothing used.
@@ -223,7 +233,7 @@ def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_ti
 class ServerStatus:
     name: str
     host: str
-    gpu: int | None
+    gpus: list[int]
     port: int
     config: str
     pid: int | None = None
@@ -235,6 +245,11 @@ class ServerStatus:
     tok_s: float | None = None
 
     @property
+    def gpu(self) -> int | None:
+        """The group's first GPU (None without GPUs)."""
+        return self.gpus[0] if self.gpus else None
+
+    @property
     def state(self) -> str:
         if self.healthy:
             return "healthy"
@@ -243,7 +258,8 @@ class ServerStatus:
         return "unhealthy" if self.pid is not None or self.job_state in ACTIVE else "down"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "host": self.host, "gpu": self.gpu, "port": self.port, "config": self.config,
+        return {"name": self.name, "host": self.host, "gpus": self.gpus, "gpu": self.gpu, "port": self.port,
+                "config": self.config,
                 "pid": self.pid, "job": self.job, "job_state": self.job_state, "state": self.state, "drift": self.drift, "tok_s": self.tok_s,
                 "capacity": self.capacity.to_dict() if self.capacity else None}
 
@@ -278,7 +294,7 @@ def _tok_s(server: FleetServer, info: Mapping[str, Any] | None) -> float | None:
 
 
 def server_status(fleet: Fleet, server: FleetServer) -> ServerStatus:
-    status = ServerStatus(name=server.name, host=server.host, gpu=server.gpu, port=server.port,
+    status = ServerStatus(name=server.name, host=server.host, gpus=list(server.gpus), port=server.port,
                           config=server.config)
     if server.local:
         status.pid = local_pid(fleet, server)
@@ -321,7 +337,7 @@ def up(fleet: Fleet, *, timeout_s: float = 900.0, names: Iterable[str] | None = 
     if todo:
         launch_env(fleet)  # an unset ${NAME} stops the command before any launch, too
     started, failures = [], []
-    # Servers on different GPUs load in parallel: a fleet of 7 comes up in one startup time, not seven.
+    # Servers on different GPUs (groups never overlap: the fleet file's check) load in parallel: a fleet of 7 comes up in one startup time, not seven.
     with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
         futures = {pool.submit(start_server, fleet, s, c, timeout_s=timeout_s): s.name for s, c in todo}
         for future, name in futures.items():

@@ -1,8 +1,10 @@
 """The fleet file: ``fleet.toml``'s model (servers, engine, device, env, launcher), its validation, reading and
 writing.
 
-Kept apart from the runtime (``deploy.fleet``): reading a fleet file starts nothing, and its checks (unique names,
-ports and GPUs; no secrets; a GPU fleet's servers name their GPU) hold before any command acts on it.
+Kept apart from the runtime (``deploy.fleet``): reading a fleet file starts nothing, and its checks (unique names
+and ports; no GPU in two servers of one host; no secrets; a GPU fleet's servers name their GPUs, as many as their
+config spans) hold before any command acts on it. A server's ``gpus`` is its group (``CUDA_VISIBLE_DEVICES=0,1``
+for a TP=2 server); an older file's ``gpu = N`` reads as ``gpus = [N]``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -18,8 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from autotune.config.sections import ENGINE_KINDS, LAUNCHER_KINDS, LauncherSection
 from autotune.deploy.sglang_yaml import read_config_file
-from autotune.errors import FleetError
+from autotune.errors import ConfigError, FleetError
 from autotune.redaction import looks_secret
+from autotune.sglang.parallel import server_gpus
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
 SECRET_KEYS = re.compile(r"pass(word|phrase|wd)|secret", re.IGNORECASE)
@@ -32,7 +36,8 @@ class _Model(BaseModel):
 class FleetServer(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     host: str = "localhost"  # where it runs: local, or "user@name" / "name" reached over SSH
-    gpu: int | None = Field(default=None, ge=0)  # none for SGLang's CPU backend (the simulator's CPU: its index)
+    # the group this server spans (CUDA_VISIBLE_DEVICES); empty for SGLang's CPU backend (the simulator's CPU: its index)
+    gpus: list[int] = []
     port: int = Field(ge=1, le=65535)
     bind: str = "127.0.0.1"  # the address the server listens on
     config: str  # the sglang.yaml this server runs, relative to the fleet file
@@ -40,6 +45,37 @@ class FleetServer(_Model):
     pid: str
     extra_args: list[str] = []
     sim_options: dict[str, Any] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_gpu(cls, data: Any) -> Any:
+        """An older fleet file's ``gpu = N``: the group ``[N]``."""
+        if isinstance(data, dict) and "gpu" in data:
+            data = dict(data)
+            if "gpus" in data:
+                raise ValueError("give gpus (the server's group) or gpu, not both")
+            gpu = data.pop("gpu")
+            data["gpus"] = [] if gpu is None else [gpu]
+        return data
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_indices(cls, gpus: list[int]) -> list[int]:
+        if any(g < 0 for g in gpus):
+            raise ValueError(f"GPU indices are 0 or more (not {', '.join(str(g) for g in gpus)})")
+        if len(set(gpus)) != len(gpus):
+            raise ValueError(f"a GPU is listed twice ({', '.join(str(g) for g in gpus)})")
+        return gpus
+
+    @property
+    def gpu(self) -> int | None:
+        """The group's first GPU (SGLang's device 0 of this server), None without GPUs."""
+        return self.gpus[0] if self.gpus else None
+
+    @property
+    def gpu_line(self) -> str:
+        """``0,1``: the group as CUDA_VISIBLE_DEVICES and the status table write it."""
+        return ",".join(str(g) for g in self.gpus)
 
     @property
     def local(self) -> bool:
@@ -59,8 +95,10 @@ class FleetServer(_Model):
 
     @property
     def where(self) -> str:
-        """``gpu 3, port 30003`` (a CPU server: ``port 30003``), for messages."""
-        return f"gpu {self.gpu}, port {self.port}" if self.gpu is not None else f"port {self.port}"
+        """``gpu 3, port 30003``, ``gpus 0,1, port 30000`` (a CPU server: ``port 30003``), for messages."""
+        if not self.gpus:
+            return f"port {self.port}"
+        return f"gpu{'s' if len(self.gpus) > 1 else ''} {self.gpu_line}, port {self.port}"
 
 
 class Fleet(_Model):
@@ -114,18 +152,24 @@ class Fleet(_Model):
 
     @model_validator(mode="after")
     def _unique(self) -> Fleet:
-        for what, key in (("name", lambda s: s.name), ("port", lambda s: (s.host, s.port)),
-                          ("gpu", lambda s: (s.host, s.gpu))):
+        for what, key in (("name", lambda s: s.name), ("port", lambda s: (s.host, s.port))):
             seen: set[Any] = set()
             for server in self.servers:
-                if what == "gpu" and server.gpu is None:
-                    continue
                 if key(server) in seen:
                     raise ValueError(f"two servers share the same {what} ({server.name})")
                 seen.add(key(server))
+        owner: dict[tuple[str, int], str] = {}  # (host, GPU) → the server using it
         for server in self.servers:
-            if server.gpu is None and not self.host_memory:
-                raise ValueError(f"server {server.name} has no gpu (every server of a GPU fleet names its GPU)")
+            host = "localhost" if server.local else server.host
+            for gpu in server.gpus:
+                other = owner.setdefault((host, gpu), server.name)
+                if other != server.name:
+                    raise ValueError(f"servers {other} and {server.name} both use GPU {gpu} on {host} "
+                                     "(give each GPU of a host to one server)")
+        for server in self.servers:
+            if not server.gpus and not self.host_memory:
+                raise ValueError(f"server {server.name} has no gpus (every server of a GPU fleet names its GPUs, "
+                                 "e.g. gpus = [0, 1])")
             if not server.local and server.bind.startswith("127."):
                 raise ValueError(f"server {server.name} on {server.host} binds {server.bind}, which cannot be "
                                  "polled from here; set bind to that host's address or 0.0.0.0")
@@ -198,11 +242,37 @@ def load_fleet(path: str | Path) -> Fleet:
         fleet = Fleet.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        where = ".".join(str(p) for p in err["loc"])
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        raise FleetError(f"{path}: {where}: {msg}") from None
+        raise FleetError(f"{path}: {where + ': ' if where else ''}{msg}") from None
     fleet.path = path.resolve()
+    mismatch = group_mismatch(fleet)
+    if mismatch:
+        raise FleetError(f"{path}: {mismatch}")
     return fleet
+
+
+def spans(config: Mapping[str, Any]) -> str:
+    """``tp_size 2 × pp_size 1 × dp_size 1``: what a config's GPU count is made of, for messages."""
+    return " × ".join(f"{key} {config.get(key) or 1}" for key in ("tp_size", "pp_size", "dp_size"))
+
+
+def group_mismatch(fleet: Fleet, config: Mapping[str, Any] | None = None) -> str | None:
+    """Why a server's group is not the size its config (or ``config``) spans, or None. A CPU fleet has no groups;
+    a server whose config file cannot be read is left to the command that reads it (``fleet up`` names it)."""
+    if fleet.host_memory:
+        return None
+    for server in fleet.servers:
+        try:
+            wanted = config if config is not None else server_config(fleet, server)
+        except ConfigError:
+            continue
+        need = server_gpus(wanted)
+        if len(server.gpus) != need:
+            return (f"servers.{server.name}.gpus: [{', '.join(str(g) for g in server.gpus)}] is "
+                    f"{len(server.gpus)} GPU(s), but its config spans {need} ({spans(wanted)}) "
+                    f"(give it {need} GPU(s), or lay the fleet out again with autotune apply --gpus ... --out DIR)")
+    return None
 
 
 def fleet_toml(fleet: Fleet) -> str:

@@ -5,7 +5,8 @@ capacity it reports against what the study measured, replay a short canary and c
 puts that server back on its previous config and stops (by default rolling the verified ones back too).
 Every step is appended (and fsynced) to a JSONL log beside the fleet file before it happens, so a rollout
 killed at any point can be resumed or rolled back from the log. At most one server is ever down: a step
-starts only when every other server answers ``/health``.
+starts only when every other server answers ``/health`` (the floor counts servers, however many GPUs each spans).
+A config that spans another number of GPUs than the fleet's servers have is refused before any server stops.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from autotune.deploy.fleet import (
     stop_server,
     write_fleet,
 )
+from autotune.deploy.fleetfile import group_mismatch
 from autotune.deploy.sglang_yaml import read_config_file, split_config, yaml_text
 from autotune.errors import AutotuneError, FleetError
 from autotune.harness.workload import PromptSample, metrics_from_records, replay
@@ -369,6 +371,9 @@ def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, c
                              "undo it with --rollback first")
         target = stage_config(fleet, config)
         wanted = _read(fleet, target)
+        mismatch = group_mismatch(fleet, wanted)
+        if mismatch:
+            raise FleetError(f"{fleet.path}: the new config does not fit the fleet's servers: {mismatch}")
         skipped, servers = [], []
         for server in fleet.servers:
             same = server.config == target or _read(fleet, server.config) == wanted
