@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +22,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from autotune.deploy.sglang_yaml import split_config
 from autotune.cli import cli
-from autotune.errors import FleetError
 from autotune.deploy.fleet import Fleet, FleetServer, down, drift, load_fleet, status, up, write_fleet
-from autotune.launch.ssh import split_host, start_command, stop_command
+from autotune.deploy.sglang_yaml import split_config
+from autotune.errors import FleetError
 from autotune.launch.process import free_port
+from autotune.launch.ssh import split_host, start_command, stop_command
 
 FAST = {"startup_s": 0.1, "warmup_s": 0.05, "release_s": 0.2}
 OLD = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 120}
@@ -41,12 +42,13 @@ def write_yaml(path: Path, config: dict[str, Any]) -> str:
 
 
 def make_fleet(tmp_path: Path, n: int, *, config: dict[str, Any] = OLD,
-               sim_options: dict[int, dict[str, Any]] | None = None) -> Path:
-    """``n`` simulated servers on GPUs 0..n-1, all on ``config``; ``sim_options[i]`` adds to server i's."""
+               sim_options: dict[int, dict[str, Any]] | None = None, group: int = 1) -> Path:
+    """``n`` simulated servers, server i on GPUs ``i*group … i*group+group-1`` (``group`` GPUs each, as its config
+    must span), all on ``config``; ``sim_options[i]`` adds to server i's."""
     name = write_yaml(tmp_path / "old.yaml", config)
     servers = [
-        FleetServer(name=f"s{i}", gpu=i, port=free_port(), config=name, log=f"logs/s{i}.log", pid=f"run/s{i}.pid",
-                    sim_options={**FAST, **(sim_options or {}).get(i, {})})
+        FleetServer(name=f"s{i}", gpus=list(range(i * group, (i + 1) * group)), port=free_port(), config=name,
+                    log=f"logs/s{i}.log", pid=f"run/s{i}.pid", sim_options={**FAST, **(sim_options or {}).get(i, {})})
         for i in range(n)
     ]
     fleet = Fleet(engine="sim", model="qwen3.6-27b", sim_gpu="b200", servers=servers)
@@ -290,5 +292,134 @@ def test_a_fleet_server_starts_detached_through_the_launcher(tmp_path, monkeypat
         assert int(fleet.resolve(server.pid).read_text()) == pid
         assert device.read(1, tmp_path / "devices").used_mib > 1000  # the simulator took GPU 1 from the launcher
         assert stop_server(fleet, server, grace_s=5)
+    finally:
+        teardown(path)
+
+
+# -- servers spanning several GPUs ---------------------------------------------------------------------
+TP2 = {**OLD, "tp_size": 2}
+
+
+def test_an_old_single_gpu_fleet_file_loads_as_a_group_of_one(tmp_path):
+    path = tmp_path / "fleet.toml"
+    path.write_text(GOOD.replace("gpu = 0", "gpu = 3"))
+    fleet = load_fleet(path)
+    assert fleet.servers[0].gpus == [3] and fleet.servers[0].gpu == 3
+    write_fleet(fleet)
+    raw = tomllib.loads(path.read_text())["servers"][0]
+    assert raw["gpus"] == [3] and "gpu" not in raw  # written back in the new form
+    assert load_fleet(path).servers[0].gpus == [3]
+
+
+def two_servers(first: str, second: str, *, host: str = "") -> str:
+    other = GOOD.split("[[servers]]")[1].replace('"a"', '"b"').replace("30000", "30001")
+    other = other.replace('name = "b"', f'name = "b"\nhost = "{host}"\nbind = "0.0.0.0"' if host else 'name = "b"')
+    return (GOOD + "[[servers]]" + other).replace("gpu = 0", first, 1).replace("gpu = 0", second, 1)
+
+
+def test_two_servers_sharing_a_gpu_is_one_line_naming_both_and_the_gpu(tmp_path):
+    path = tmp_path / "fleet.toml"
+    path.write_text(two_servers("gpus = [0, 1]", "gpus = [1, 2]"))
+    with pytest.raises(FleetError) as info:
+        load_fleet(path)
+    message = str(info.value)
+    assert message == (f"{path}: servers a and b both use GPU 1 on localhost (give each GPU of a host to one "
+                       "server)")
+    path.write_text(two_servers("gpus = [0, 1]", "gpu = 1"))  # an old-style entry inside a pair
+    with pytest.raises(FleetError, match="servers a and b both use GPU 1 on localhost"):
+        load_fleet(path)
+    path.write_text(two_servers("gpus = [0, 1]", "gpus = [0, 1]", host="ops@gpu-box"))  # another host's GPUs
+    assert [s.gpus for s in load_fleet(path).servers] == [[0, 1], [0, 1]]
+    path.write_text(two_servers("gpus = [0, 1]\ngpu = 5", "gpus = [2, 3]"))
+    with pytest.raises(FleetError, match="servers.0: give gpus .* or gpu, not both"):
+        load_fleet(path)
+
+
+def test_a_group_of_another_size_than_its_config_spans_is_refused_on_load(tmp_path):
+    path = tmp_path / "fleet.toml"
+    write_yaml(tmp_path / "sglang.yaml", TP2)
+    path.write_text(GOOD)
+    with pytest.raises(FleetError) as info:
+        load_fleet(path)
+    assert str(info.value) == (
+        f"{path}: servers.a.gpus: [0] is 1 GPU(s), but its config spans 2 (tp_size 2 × pp_size 1 × dp_size 1) "
+        "(give it 2 GPU(s), or lay the fleet out again with autotune apply --gpus ... --out DIR)")
+    path.write_text(GOOD.replace("gpu = 0", "gpus = [4, 5]"))
+    assert load_fleet(path).servers[0].gpus == [4, 5]
+    write_yaml(tmp_path / "sglang.yaml", {**OLD, "tp_size": 2, "dp_size": 2})
+    with pytest.raises(FleetError, match=r"\[4, 5\] is 2 GPU\(s\), but its config spans 4 \(tp_size 2 × pp_size 1 × "
+                                         r"dp_size 2\)"):
+        load_fleet(path)
+
+
+@pytest.fixture
+def fleet_of_pairs(tmp_path):
+    path = make_fleet(tmp_path, 2, config=TP2, group=2)
+    yield path
+    teardown(path)
+
+
+def visible_devices(pid: int) -> str:
+    return psutil.Process(pid).environ().get("CUDA_VISIBLE_DEVICES", "")
+
+
+@pytest.mark.timeout(120)
+def test_up_status_down_with_two_tp2_servers_on_gpus_0_to_3(fleet_of_pairs, tmp_path):
+    from autotune.sim import device
+
+    devices = tmp_path / "devices"
+    fleet = load_fleet(fleet_of_pairs)
+    assert [s.gpus for s in fleet.servers] == [[0, 1], [2, 3]]
+    assert sorted(up(fleet, timeout_s=60)) == ["s0", "s1"]
+    rows = status(fleet)
+    assert [(r.state, r.gpus) for r in rows] == [("healthy", [0, 1]), ("healthy", [2, 3])]
+    assert [visible_devices(r.pid) for r in rows] == ["0,1", "2,3"]  # each server sees its pair
+    for gpu in range(4):  # the simulator holds memory on both GPUs of each server
+        reading = device.read(gpu, devices)
+        assert reading.used_mib > 1000, gpu
+        assert [p["pid"] for p in reading.processes] == [rows[gpu // 2].pid]
+
+    runner = CliRunner()
+    res = runner.invoke(cli, ["fleet", "status", "--fleet", str(fleet_of_pairs), "--json"])
+    assert res.exit_code == 0, res.output
+    assert [(r["gpus"], r["gpu"], r["state"]) for r in json.loads(res.output)] == [
+        ([0, 1], 0, "healthy"), ([2, 3], 2, "healthy")]
+    res = runner.invoke(cli, ["fleet", "status", "--fleet", str(fleet_of_pairs)], env={"COLUMNS": "200"})
+    assert res.exit_code == 0
+    table = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
+             for line in res.output.splitlines() if line.startswith("│ s")}
+    assert table["s0"][2] == "0,1" and table["s1"][2] == "2,3"
+
+    res = runner.invoke(cli, ["fleet", "down", "--fleet", str(fleet_of_pairs), "--grace", "5"])
+    assert res.exit_code == 0 and "stopped: s0, s1" in res.output, res.output
+    assert all(device.read(gpu, devices).used_mib == 0 for gpu in range(4))  # down waited for all four
+    assert [r.state for r in status(fleet)] == ["down", "down"]
+
+
+@pytest.mark.timeout(60)
+def test_a_pair_server_starts_on_its_group_through_the_launcher_with_its_group_reader(tmp_path):
+    from autotune.deploy.fleet import server_config, start_server
+    from autotune.launch.local import LocalLauncher
+    from autotune.launch.memory import GroupReader
+
+    seen = []
+
+    class Spy(LocalLauncher):
+        def memory_reader(self, gpus, local):
+            reader = super().memory_reader(gpus, local)
+            seen.append((gpus, reader))
+            return reader
+
+        def start(self, spec, *, gpu_reader=None):
+            seen.append(spec)
+            return super().start(spec, gpu_reader=gpu_reader)
+
+    path = make_fleet(tmp_path, 2, config=TP2, group=2)
+    fleet = load_fleet(path)
+    try:
+        start_server(fleet, fleet.servers[1], server_config(fleet, fleet.servers[1]), timeout_s=60, launcher=Spy())
+        (gpus, reader), spec = seen
+        assert gpus == (2, 3) and spec.gpus == (2, 3)
+        assert isinstance(reader, GroupReader) and reader.gpus == (2, 3)
     finally:
         teardown(path)
