@@ -18,6 +18,7 @@ from autotune.progress import _fmt_result, settling_line
 from autotune.report.figures import stability_figure
 from autotune.report.stability import stability_frame
 from autotune.results import Metrics, Percentiles, TrialResult
+from autotune.search.confirm import contenders
 from autotune.search.summary import _best, unsettled
 from autotune.settle import Settler, SettleRule, Settling, agree, half_width, settle, t975
 from autotune.sim.evaluate import SimWorkload, _seed_prompts, evaluate
@@ -201,7 +202,8 @@ def _study(results: dict[int, tuple[TrialResult, str]]) -> optuna.Study:
     study = optuna.create_study(direction="maximize")
     for _, (result, role) in sorted(results.items()):
         study.add_trial(create_trial(state=TrialState.COMPLETE, value=result.output_tok_s or 0.0,
-                                     user_attrs={"status": "ok", "role": role, "result": result.to_dict()}))
+                                     user_attrs={"status": "ok", "role": role, "result": result.to_dict(),
+                                                 "launch_key": str(result.config)}))
     return study
 
 
@@ -214,6 +216,8 @@ def test_an_unsettled_trial_is_never_the_winner():
     assert unsettled(trials[1]) and not unsettled(trials[2]) and not unsettled(trials[0])
     best, outcome, _ = _best(trials, trials[0], {})
     assert best == 2 and outcome is None  # the faster figure is unsettled: not crowned on that number
+    top, baseline, _ = contenders(study, top_k=3)  # nor confirmed as a contender for the crown
+    assert [t.number for t in top] == [2, 0] and baseline is not None and baseline.number == 0
 
 
 def test_the_report_draws_a_stability_strip_per_trial():

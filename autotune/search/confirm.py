@@ -30,7 +30,7 @@ from autotune.search.objective import per_gpu
 from autotune.search.runner import DEFAULTS_RUN, CheckedRunner, Runner, predict
 from autotune.search.seeding import finished
 from autotune.search.study import Sweep, sigint_stops
-from autotune.search.summary import baseline_failure, summarize
+from autotune.search.summary import baseline_failure, summarize, unsettled
 from autotune.search.summary import launch_key as _key
 
 BOOTSTRAP = 2000
@@ -44,7 +44,8 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
     """(top-k distinct feasible trials, the baseline trial, the ok enqueued trials), by search value."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     gain = gains(study)  # swept on several GPUs: rank by tok/s ÷ the trial's own GPU's baseline
-    ranked = sorted((t for t in done if _feasible(t)), key=lambda t: -gain.get(t.number, t.values[0]))
+    ranked = sorted((t for t in done if _feasible(t) and not unsettled(t)),  # an unsettled figure is never crowned
+                    key=lambda t: -gain.get(t.number, t.values[0]))
     seen: set[str | None] = set()
     top: list[FrozenTrial] = []
     for t in ranked:
