@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,13 +20,13 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
-from autotune.deploy.sglang_yaml import config_diff, read_config_file, split_config, yaml_to_argv
 from autotune.cli import cli, main
-from autotune.errors import ConfigError, StudyError
-from autotune.sglang.flags import FlagTable
+from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
 from autotune.deploy.fleet import load_fleet
+from autotune.deploy.sglang_yaml import config_diff, read_config_file, split_config, yaml_to_argv
+from autotune.errors import ConfigError, StudyError
 from autotune.results import Capacity, Metrics, Percentiles, TrialResult
+from autotune.sglang.flags import FlagTable
 
 DATA = Path(__file__).resolve().parents[1] / "autotune" / "data" / "sglang-0.5.23-flags.json"
 BASELINE = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
@@ -252,9 +253,9 @@ def test_fleet_toml_is_valid_toml_with_quoted_values(storage, tmp_path):
 @pytest.mark.timeout(60)
 def test_launch_script_starts_the_simulator_with_the_yaml(tmp_path, monkeypatch):
     """End to end: the generated script, SGLang's --config loading (as the simulator mirrors it), /server_info."""
+    from autotune.launch.process import free_port
     from autotune.sglang.memory import plan
     from autotune.sglang.profiles import load_gpu, load_model
-    from autotune.launch.process import free_port
 
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
     config = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 200, "mem_fraction_static": 0.93,
@@ -291,3 +292,93 @@ def test_cli_reads_the_study_named_by_a_study_file(tmp_path):
     res = CliRunner().invoke(cli, ["apply", "--config", str(tmp_path / "tuned.toml"), "--dry-run"])
     assert res.exit_code == 0, res.output
     assert res.output.startswith("study tuned, trial 1: 3000 tok/s") and "max_mamba_cache_size: 80 -> 200" in res.output
+
+
+# -- a winner spanning two GPUs ------------------------------------------------------------------------
+TP2 = {**WINNER, "tp_size": 2}
+
+
+@pytest.fixture
+def tp2_storage(tmp_path) -> str:
+    url = f"sqlite:///{tmp_path / 'tp2.db'}"
+    make_study(url, trials=[(result(BASELINE, 2050.0), "baseline"), (result(TP2, 5000.0), "search")])
+    return url
+
+
+def test_gpus_0_7_for_a_tp2_winner_writes_four_servers_on_pairs(tp2_storage, tmp_path):
+    out = tmp_path / "out"
+    res = CliRunner().invoke(cli, ["apply", "--storage", tp2_storage, "--out", str(out), "--gpus", "0-7"])
+    assert res.exit_code == 0, res.output
+    raw = tomllib.loads((out / "fleet.toml").read_text())
+    assert [(s["name"], s["gpus"], s["port"], s["log"]) for s in raw["servers"]] == [
+        ("gpu0-1", [0, 1], 30000, "logs/gpu0-1.log"), ("gpu2-3", [2, 3], 30001, "logs/gpu2-3.log"),
+        ("gpu4-5", [4, 5], 30002, "logs/gpu4-5.log"), ("gpu6-7", [6, 7], 30003, "logs/gpu6-7.log")]
+    assert [s.gpus for s in load_fleet(out / "fleet.toml").servers] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+
+    script = (out / "launch_fleet.sh").read_text()
+    starts = [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start ")]
+    assert [tuple(s[:3]) for s in starts] == [(f"logs/gpu{g}-{g + 1}.log", f"run/gpu{g}-{g + 1}.pid", f"{g},{g + 1}")
+                                              for g in (0, 2, 4, 6)]
+    assert 'CUDA_VISIBLE_DEVICES="$gpus" setsid "$@"' in script
+    subprocess.run(["bash", "-n", str(out / "launch_fleet.sh")], check=True, timeout=10)
+    if shutil.which("shellcheck"):
+        check = subprocess.run(["shellcheck", str(out / "launch_fleet.sh")], capture_output=True, text=True,
+                               timeout=30)
+        assert check.returncode == 0, check.stdout
+
+    document = yaml.safe_load((out / "sglang.yaml").read_text())
+    assert document["tp-size"] == 2
+    assert "# each server spans 2 GPUs (tp_size 2 × pp_size 1 × dp_size 1): gpu0-1 on 0,1; gpu2-3 on 2,3;" in (
+        out / "sglang.yaml").read_text()
+    assert json.loads((out / "provenance.json").read_text())["gpus_per_server"] == 2
+
+
+def test_launch_script_gives_each_tp2_server_its_pair(tp2_storage, tmp_path):
+    """The generated script with a stand-in interpreter that records the CUDA_VISIBLE_DEVICES it was given."""
+    fake = tmp_path / "fakepython"
+    fake.write_text('#!/usr/bin/env bash\necho "$@" > "argv-$CUDA_VISIBLE_DEVICES.txt"\nexec sleep 30\n')
+    fake.chmod(0o755)
+    out = tmp_path / "deploy"
+    write_artifacts(load_winner(tp2_storage), out, gpus=[4, 5, 6, 7], python=str(fake))
+    run = subprocess.run(["bash", str(out / "launch_fleet.sh")], check=True, timeout=20, capture_output=True,
+                         text=True)
+    assert "started gpu 4,5: pid" in run.stdout and "started gpu 6,7: pid" in run.stdout
+    pids = [int((out / f"run/{name}.pid").read_text()) for name in ("gpu4-5", "gpu6-7")]
+    try:
+        deadline = time.monotonic() + 10
+        for pair in ("4,5", "6,7"):
+            recorded = out / f"argv-{pair}.txt"
+            while not (recorded.exists() and recorded.read_text().endswith("\n")):
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert "--config sglang.yaml" in recorded.read_text()
+        assert sorted(p.name for p in out.glob("argv-*.txt")) == ["argv-4,5.txt", "argv-6,7.txt"]
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def test_gpus_that_do_not_split_into_whole_servers_is_one_line_before_anything_is_written(tp2_storage, tmp_path,
+                                                                                          capsys):
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["apply", "--storage", tp2_storage, "--out", str(out), "--gpus", "0-6"])
+    assert exit_info.value.code == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == ["Error: --gpus: 7 GPUs do not split into servers of 2 GPUs (the winner's tp_size 2 × pp_size 1 "
+                     "× dp_size 1) (give a multiple of 2 GPUs, e.g. 0-5, one server per 2)"]
+    assert not out.exists()
+
+
+def test_reusing_a_fleet_of_single_gpu_servers_for_a_tp2_winner_is_refused(storage, tp2_storage, tmp_path):
+    single = tmp_path / "single"
+    write_artifacts(load_winner(storage), single, gpus=[0, 1])
+    with pytest.raises(ConfigError, match=r"--fleet: server gpu0 has 1 GPU\(s\) \(0\), but the winner spans 2"):
+        write_artifacts(load_winner(tp2_storage), tmp_path / "never", layout=load_fleet(single / "fleet.toml"))
+    assert not (tmp_path / "never").exists()
+    pairs = tmp_path / "pairs"
+    write_artifacts(load_winner(tp2_storage), pairs, gpus=[0, 1, 2, 3])
+    again = tmp_path / "again"
+    write_artifacts(load_winner(tp2_storage), again, layout=load_fleet(pairs / "fleet.toml"))
+    assert [s.gpus for s in load_fleet(again / "fleet.toml").servers] == [[0, 1], [2, 3]]
