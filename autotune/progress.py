@@ -37,9 +37,28 @@ def settling_line(measurement: dict[str, Any] | None) -> str | None:
         return None
     lo, hi = settling.window
     hw = f", ±{settling.half_width:.1%}" if settling.half_width is not None else ""
+    strip = sparkline(settling.tok_s)
     if settling.settled:
-        return f"settled in {hi:g} s (warm-up {lo:g} s, window {hi - lo:g} s{hw})"
-    return f"unsettled: {settling.reason} (recorded, never crowned on this number)"
+        return f"settled in {hi:g} s (warm-up {lo:g} s, window {hi - lo:g} s{hw}) {strip}"
+    return f"unsettled: {settling.reason} (recorded, never crowned on this number) {strip}"
+
+
+SPARKS = "▁▂▃▄▅▆▇█"
+SPARK_WIDTH = 24  # characters: longer runs are averaged into this many
+
+
+def sparkline(rates: list[float]) -> str:
+    """The slices' tok/s as block characters (lowest ▁ to highest █), averaged down to ``SPARK_WIDTH``: the shape of
+    the run (ramp, waves, a trend) on one line."""
+    if not rates:
+        return ""
+    n = min(len(rates), SPARK_WIDTH)
+    cells = [rates[i * len(rates) // n:(i + 1) * len(rates) // n] for i in range(n)]
+    means = [sum(c) / len(c) for c in cells]
+    top = max(means)
+    if top <= 0:
+        return SPARKS[0] * n
+    return "".join(SPARKS[min(len(SPARKS) - 1, int(m / top * len(SPARKS)))] for m in means)
 
 
 def _fmt_result(result: TrialResult) -> str:

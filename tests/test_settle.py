@@ -14,7 +14,7 @@ from optuna.trial import TrialState, create_trial
 from autotune.config.sections import WorkloadSection
 from autotune.errors import WorkloadError
 from autotune.harness.workload import SliceTally, WorkloadSpec, replay
-from autotune.progress import _fmt_result, settling_line
+from autotune.progress import _fmt_result, settling_line, sparkline
 from autotune.report.figures import stability_figure
 from autotune.report.stability import stability_frame
 from autotune.results import Metrics, Percentiles, TrialResult
@@ -191,10 +191,15 @@ def _result(tok_s: float, rates: list[float], rule: SettleRule) -> TrialResult:
 def test_the_trial_line_says_how_the_measurement_settled():
     steady = _result(1000, [1000.0] * 40, RULE)
     flagged = _result(2000, [50.0 * (i + 1) for i in range(200)], RULE)
-    assert settling_line(steady.measurement) == "settled in 42 s (warm-up 12 s, window 30 s, ±0.0%)"
-    assert _fmt_result(steady).endswith("settled in 42 s (warm-up 12 s, window 30 s, ±0.0%)")
+    assert settling_line(steady.measurement) == "settled in 42 s (warm-up 12 s, window 30 s, ±0.0%) " + "█" * 21
+    assert _fmt_result(steady).endswith("settled in 42 s (warm-up 12 s, window 30 s, ±0.0%) " + "█" * 21)
     line = _fmt_result(flagged)
     assert "unsettled: " in line and "never crowned" in line
+    recorded = Settling.from_dict(flagged.measurement["settling"])
+    assert recorded is not None and line.endswith(sparkline(recorded.tok_s))  # the rise, up to the window's cap
+    assert sparkline(recorded.tok_s).startswith("▁") and sparkline(recorded.tok_s).endswith("█")
+    assert sparkline([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]) == "▁▂▃▄▅▆▇█"
+    assert len(sparkline([1.0] * 100)) == 24
     assert settling_line(None) is None
 
 
