@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import optuna
+import psutil
 import pytest
 from click.testing import CliRunner
 from test_fleet import OLD, make_fleet, teardown, write_yaml
@@ -300,3 +301,75 @@ def test_rollback_restarts_a_server_killed_mid_step_even_if_the_fleet_file_says_
             rollout.rollback(path, timing=FAST)
     finally:
         teardown(path)
+
+
+# -- a fleet of servers spanning two GPUs each ----------------------------------------------------------
+OLD_TP2, NEW_TP2 = {**OLD, "tp_size": 2}, {**NEW, "tp_size": 2}
+
+
+def tp2_storage(directory: Path) -> str:
+    """A study whose winner is NEW on TP=2 (its capacity: SGLang's plan for one rank of the pair)."""
+    url = f"sqlite:///{directory / 'tp2.db'}"
+    study = optuna.create_study(study_name="tp2", storage=url, direction="maximize")
+    study.set_user_attr("autotune", {"engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
+                                     "workload": {"prompts": str(prompts(directory)), **CANARY}})
+    metrics = Metrics(output_tok_s=1.0, request_s=1.0, ttft_ms=Percentiles(), itl_ms=Percentiles(),
+                      e2e_ms=Percentiles())
+    result = TrialResult(status="ok", config=NEW_TP2, capacity=predicted(NEW_TP2), metrics=metrics)
+    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=1.0,
+                                              user_attrs={"result": result.to_dict(), "role": "search"}))
+    return url
+
+
+def server_pids(path: Path) -> list[int | None]:
+    return [r.pid for r in status(load_fleet(path))]
+
+
+@pytest.mark.timeout(180)
+def test_rolling_apply_to_two_tp2_servers_keeps_one_server_up_and_each_on_its_pair(tmp_path):
+    from autotune.sim import device
+
+    path = make_fleet(tmp_path, 2, config=OLD_TP2, group=2)
+    devices = tmp_path / "devices"
+    runner = CliRunner()
+    try:
+        up(load_fleet(path), timeout_s=60)
+        before = server_pids(path)
+        # A config of another size never touches the fleet: refused before any server stops.
+        with pytest.raises(FleetError, match=r"does not fit the fleet's servers: servers.s0.gpus: \[0, 1\] is 2 "
+                                             r"GPU\(s\), but its config spans 1"):
+            rollout.start(path, NEW, expect=rollout.Expectation(), canary=None, timing=FAST)
+        assert server_pids(path) == before
+
+        # The N-1 floor counts servers: with s1 down, replacing s0 would leave no server, so nothing stops.
+        fleet = load_fleet(path)
+        stop_server(fleet, fleet.servers[1], grace_s=5)
+        argv = ["apply", "--storage", tp2_storage(tmp_path), "--fleet", str(path), "--rolling", "--canary-s", "0",
+                "--grace", "5", "--startup-timeout", "60"]
+        res = runner.invoke(cli, argv)
+        assert res.exit_code != 0 and "server(s) s1 not healthy: replacing s0 now would take a second server down" in (
+            str(res.exception))
+        assert server_pids(path)[0] == before[0]
+
+        up(load_fleet(path), timeout_s=60)
+        with HealthPoller([s.url for s in fleet.servers]) as poller:
+            res = runner.invoke(cli, ["apply", "--fleet", str(path), "--resume", "--grace", "5",
+                                      "--startup-timeout", "60"])
+        assert res.exit_code == 0, res.output
+        assert res.output.strip().splitlines()[-1] == "on the new config: s0, s1"
+        assert poller.samples > 10 and poller.minimum >= 1  # one server of the two was always up
+
+        rows = status(load_fleet(path))
+        want = predicted(NEW_TP2)
+        assert [(r.state, r.gpus, r.drift) for r in rows] == [("healthy", [0, 1], []), ("healthy", [2, 3], [])]
+        assert all(r.capacity.mamba_slots == want.mamba_slots and r.capacity.kv_tokens == want.kv_tokens
+                   for r in rows)
+        assert all(c["max_mamba_cache_size"] == 200 and c["tp_size"] == 2 for c in running_configs(path))
+        pids = [r.pid for r in rows]
+        assert pids[0] != before[0]
+        assert [psutil.Process(p).environ()["CUDA_VISIBLE_DEVICES"] for p in pids] == ["0,1", "2,3"]
+        for gpu in range(4):  # every GPU held by the new server of its pair, and by nothing else
+            assert [p["pid"] for p in device.read(gpu, devices).processes] == [pids[gpu // 2]]
+    finally:
+        teardown(path)
+    assert all(device.read(gpu, devices).used_mib == 0 for gpu in range(4))
