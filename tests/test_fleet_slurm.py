@@ -7,10 +7,13 @@ queue holds none of its jobs afterwards (they are cancelled and the test fails o
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import secrets
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,7 +37,7 @@ TIMING = rollout.Timing(grace_s=5.0, startup_timeout_s=30.0, release_timeout_s=1
 
 # -- the fleet file's launcher (no cluster needed) ----------------------------------------------------------
 def test_fleet_file_records_and_checks_its_launcher(tmp_path):
-    server = FleetServer(name="s0", gpu=0, port=30000, config="x.yaml", log="l", pid="run/s0.pid")
+    server = FleetServer(name="s0", gpus=[0], port=30000, config="x.yaml", log="l", pid="run/s0.pid")
     fleet = Fleet(engine="sim", model="m", launcher="slurm", launcher_settings={"partition": "gpu"},
                   servers=[server])
     path = write_fleet(fleet, tmp_path / "fleet.toml")
@@ -76,17 +79,18 @@ def our_jobs(token: str) -> list[tuple[str, str, str]]:
     return [row for row in rows if len(row) == 3 and token in row[1]]  # type: ignore[misc]
 
 
-@pytest.fixture
-def slurm_fleet(tmp_path, monkeypatch):
-    """Two simulated servers with ``launcher = "slurm"``; afterwards none of their jobs may be queued."""
+@contextlib.contextmanager
+def slurm_servers(tmp_path: Path, *, config: dict, group: int = 1) -> Iterator[tuple[Path, str]]:
+    """Two simulated servers (``group`` GPUs each) with ``launcher = "slurm"``; afterwards none of their jobs may
+    be queued."""
     skip = slurm_missing()
     if skip:
         pytest.skip(skip)
-    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))  # exported into the jobs
     token = secrets.token_hex(3)
-    name = write_yaml(tmp_path / "old.yaml", OLD)
-    servers = [FleetServer(name=f"t{token}-{i}", gpu=i, port=free_port(), config=name, log=f"logs/s{i}.log",
-                           pid=f"run/s{i}.pid", sim_options=FAST) for i in range(2)]
+    name = write_yaml(tmp_path / "old.yaml", config)
+    servers = [FleetServer(name=f"t{token}-{i}", gpus=list(range(i * group, (i + 1) * group)), port=free_port(),
+                           config=name, log=f"logs/s{i}.log", pid=f"run/s{i}.pid", sim_options=FAST)
+               for i in range(2)]
     path = write_fleet(Fleet(engine="sim", model="qwen3.6-27b", sim_gpu="b200", launcher="slurm",
                              servers=servers), tmp_path / "fleet.toml")
     assert our_jobs(token) == []
@@ -104,6 +108,14 @@ def slurm_fleet(tmp_path, monkeypatch):
                 while our_jobs(token) and time.monotonic() < deadline:
                     time.sleep(0.2)
             assert left == [], f"jobs left in squeue after the test: {left}"
+
+
+@pytest.fixture
+def slurm_fleet(tmp_path, monkeypatch):
+    """Two simulated single-GPU servers with ``launcher = "slurm"``."""
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))  # exported into the jobs
+    with slurm_servers(tmp_path, config=OLD) as made:
+        yield made
 
 
 @pytest.mark.timeout(120)
@@ -156,3 +168,46 @@ def test_a_slurm_server_that_cannot_start_leaves_no_job(slurm_fleet):
     with pytest.raises(FleetError, match="did not start"):
         up(bad, timeout_s=20)
     assert our_jobs(token) == [] and slurmfleet.read_record(bad, bad.servers[0]) is None
+
+
+def job_gpus(job_id: str) -> int | None:
+    """The GPUs per node the job asked Slurm for (``scontrol show job``'s ``TresPerNode=gres:gpu:2``, or
+    ``gres/gpu=2`` in older versions), None without any."""
+    done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30,
+                          check=True)
+    found = re.search(r"gres[:/]gpu[:=](\d+)", done.stdout)
+    return int(found.group(1)) if found else None
+
+
+@pytest.mark.timeout(180)
+def test_a_fleet_of_tp2_servers_on_slurm_asks_two_gpus_per_job(tmp_path, monkeypatch):
+    """Each TP=2 server is one job of ``--gres=gpu:2``; it sees two GPUs, holds both, and a rolling apply replaces
+    one job at a time; after ``down`` no job is left and every GPU is free."""
+    from autotune.sim import device
+
+    devices = tmp_path / "devices"
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(devices))
+    with slurm_servers(tmp_path, config={**OLD, "tp_size": 2}, group=2) as (path, token):
+        fleet = load_fleet(path)
+        assert [s.gpus for s in fleet.servers] == [[0, 1], [2, 3]]
+        assert sorted(up(fleet, timeout_s=60)) == [s.name for s in fleet.servers]
+        jobs = {slurmfleet.read_record(fleet, s)["job_id"] for s in fleet.servers}
+        assert {j[0] for j in our_jobs(token)} == jobs
+        assert [job_gpus(job) for job in jobs] == [2, 2]
+        assert all(device.read(gpu, devices).used_mib > 1000 for gpu in range(4))
+        owners = [[p["pid"] for p in device.read(gpu, devices).processes] for gpu in range(4)]
+        assert owners[0] == owners[1] != owners[2] == owners[3] and len(owners[0]) == 1  # one server per pair
+
+        shown = CliRunner().invoke(cli, ["fleet", "status", "--fleet", str(path), "--json"], catch_exceptions=False)
+        assert [(r["gpus"], r["state"]) for r in json.loads(shown.output)] == [([0, 1], "healthy"),
+                                                                               ([2, 3], "healthy")]
+        with HealthPoller([s.url for s in fleet.servers]) as poller:
+            report = rollout.start(path, {**NEW, "tp_size": 2}, expect=rollout.Expectation(), canary=None,
+                                   timing=TIMING)
+        assert report.verified == [s.name for s in fleet.servers] and poller.minimum >= 1
+        moved = {slurmfleet.read_record(fleet, s)["job_id"] for s in fleet.servers}
+        assert moved.isdisjoint(jobs) and [job_gpus(job) for job in moved] == [2, 2]
+
+        assert sorted(down(load_fleet(path), grace_s=5.0)) == sorted(s.name for s in fleet.servers)
+        assert our_jobs(token) == []
+        assert all(device.read(gpu, devices).used_mib == 0 for gpu in range(4))
