@@ -67,8 +67,9 @@ def _dry_run(winner, fleet_file: Path | None) -> None:
 @click.option("--storage", help="Optuna storage URL, e.g. sqlite:///study.db.")
 @click.option("--trial", type=int, help="Deploy this trial instead of the confirmed winner.")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Write the artifacts here.")
-@click.option("--gpus", help="GPUs of the fleet the artifacts describe, e.g. 0-6 or 0,2,5: one server per index "
-                              "(required unless --fleet names a fleet file whose servers to reuse).")
+@click.option("--gpus", help="GPUs of the fleet the artifacts describe, e.g. 0-7 or 0,2,5: one server per group "
+                              "of as many GPUs as the winner spans (0-7 and TP=2: four servers on pairs; required "
+                              "unless --fleet names a fleet file whose servers to reuse).")
 @click.option("--base-port", type=click.IntRange(1, 65535), default=30000, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the servers listen on.")
 @click.option("--python", "python", help="Interpreter in the scripts (default: the study's engine.python, "
