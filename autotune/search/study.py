@@ -28,6 +28,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
+from autotune.config.pool import study_spans
 from autotune.errors import DiskError, GpuBusyError
 from autotune.harness.tenancy import Occupancy, check_engine_gpus
 from autotune.launch.process import cleanup_orphans
@@ -91,6 +92,7 @@ class Sweep:
         # ``shared``: this worker's number among workers sharing the pool ``[engine] gpus`` through the GPU locks
         # (its sweep lock is its slot; the supervisor holds the pool's); None: this sweep has the pool to itself.
         self.shared = shared
+        self._widest = max(study_spans(cfg))  # the most GPUs one of this study's servers can span
         self.progress = progress or PlainProgress()
         self.stop = stop_event or threading.Event()
         self.space = Space.from_config(cfg)
@@ -116,9 +118,10 @@ class Sweep:
 
     @property
     def gpus(self) -> tuple[int, ...]:
-        """The GPUs this sweep may use: its pool (``[engine] gpus``), else the first GPU alone."""
+        """The GPUs this sweep may use: its pool (``[engine] gpus``), else as many as its largest server spans,
+        counted up from the first GPU."""
         eng = self.cfg.engine
-        return eng.pool or (eng.first_gpu,)
+        return eng.pool or tuple(range(eng.first_gpu, eng.first_gpu + self._widest))
 
     def _engine_check(self, gpus: tuple[int, ...] | None = None) -> Occupancy | None:
         """The tenancy check of ``gpus`` (a launch's group; None: every GPU this sweep may use)."""
@@ -160,8 +163,10 @@ class Sweep:
         if self.harness:  # the study's own trials folder (``folders``), where its trials write
             self.room.trials_dir = getattr(self.runner, "folder", self.room.trials_dir)
         self.ballast.place()
-        label = group_label(self.gpus) + (f"/worker{self.shared}" if self.shared is not None else "")
-        self.liveness = Liveness(study, gpu=label if len(self.gpus) > 1 or self.shared is not None else self.gpus[0],
+        # Named by the GPUs its baseline runs on, as its trials' results name theirs (the per-GPU calibration).
+        home = self.gpus[:server_gpus(cfg.baseline_config())]
+        label = group_label(home) + (f"/worker{self.shared}" if self.shared is not None else "")
+        self.liveness = Liveness(study, gpu=label if len(home) > 1 or self.shared is not None else home[0],
                                  state_dir=self.state_dir)
         if self.feasibility is not None:
             replay(self.feasibility, finished(study.get_trials(deepcopy=False)))
