@@ -1,7 +1,8 @@
-"""Per-GPU results of a study swept on several GPUs (one worker per GPU, ``search.workers``).
+"""Per-GPU results of a study swept on several GPUs (one worker per GPU group, ``search.workers``).
 
-Every GPU runs the baseline once, so tok/s can be compared across devices: ``gpu_frame`` divides each trial's
-tok/s by its own GPU's baseline (the gain a config brings on the device that measured it), and
+A trial's GPU is the group its server ran on (``user_attrs["gpu"]``, ``host:0,1``). Every pinned group runs the
+baseline once, so tok/s can be compared across devices: ``gpu_frame`` divides each trial's tok/s by its own GPU's
+baseline (the gain a config brings on the device that measured it), and
 ``per_gpu_frame`` gives the device-to-device spread for the report.
 """
 
@@ -82,7 +83,9 @@ def render_gpus(study: optuna.Study) -> str:
     """The per-GPU lines under a sweep's summary: calibration, spread, and each GPU's best gain."""
     per = per_gpu_frame(study)
     spread = gpu_spread(study)
-    head = "per GPU (configs compare by tok/s ÷ their own GPU's baseline"
+    head = ("per GPU (configs compare by tok/s ÷ their own GPU's baseline" if gains(study) else
+            # workers sharing a pool, or a device without its own baseline: no per-device calibration applies
+            "per GPU (configs compare by tok/s per GPU: not every GPU group ran its own baseline")
     lines = [head + (f"; baselines spread {spread:.1%})" if spread is not None else ")")]
     for row in per.itertuples():
         base = (f"baseline {row.baseline_tok_s:,.0f} tok/s ({row.vs_median:.2f}× median)"
