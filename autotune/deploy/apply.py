@@ -29,6 +29,7 @@ from autotune.harness.engines.sim import sim_argv
 from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files, reference
 from autotune.results import Capacity, TrialResult
+from autotune.search.objective import per_gpu
 from autotune.search.settings import device_name
 from autotune.search.storage import load_study
 from autotune.sglang.flags import FlagTable
@@ -148,7 +149,7 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
         if not usable:
             raise StudyError(f"study {loaded.study_name!r} has no completed trial with a measurement; "
                              "run (or resume) autotune sweep first")
-        trial = max(usable, key=lambda n: usable[n].output_tok_s or 0.0)
+        trial = max(usable, key=lambda n: per_gpu(usable[n]) or 0.0)  # ranked as the study ranks: per GPU
     if trial not in usable:
         known = ", ".join(str(n) for n in sorted(usable)) or "none"
         raise StudyError(f"trial {trial} of study {loaded.study_name!r} is not a completed, measured trial "
