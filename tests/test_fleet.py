@@ -345,7 +345,8 @@ def test_a_group_of_another_size_than_its_config_spans_is_refused_on_load(tmp_pa
         f"{path}: servers.a.gpus: [0] is 1 GPU(s), but its config spans 2 (tp_size 2 × pp_size 1 × dp_size 1) "
         "(give it 2 GPU(s), or lay the fleet out again with autotune apply --gpus ... --out DIR)")
     path.write_text(GOOD.replace("gpu = 0", "gpus = [4, 5]"))
-    assert load_fleet(path).servers[0].gpus == [4, 5]
+    server = load_fleet(path).servers[0]
+    assert (server.gpus, server.gpu, server.where) == ([4, 5], 4, "gpus 4,5, port 30000")  # as messages name it
     write_yaml(tmp_path / "sglang.yaml", {**OLD, "tp_size": 2, "dp_size": 2})
     with pytest.raises(FleetError, match=r"\[4, 5\] is 2 GPU\(s\), but its config spans 4 \(tp_size 2 × pp_size 1 × "
                                          r"dp_size 2\)"):
