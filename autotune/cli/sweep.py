@@ -16,8 +16,9 @@ from autotune.launch import LAUNCHERS
 from autotune.progress import make_progress
 from autotune.search.confirm import run_sweep
 from autotune.search.gpus import render_gpus
+from autotune.search.groups import parse_gpus
 from autotune.search.storage import open_study
-from autotune.search.workers import on_gpus, parse_gpus, run_workers, with_launcher
+from autotune.search.workers import on_gpus, run_workers, with_launcher
 from autotune.sglang.flags import FlagTable
 
 DEFAULT_STUDY = Path("studies") / "example.toml"

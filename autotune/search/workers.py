@@ -50,9 +50,6 @@ from autotune.search.study import Sweep
 Echo = Callable[[str], None]
 
 
-__all__ = ["parse_gpus"]  # re-exported: ``--gpus`` text is read the same by the sweep and its workers
-
-
 def on_gpu(cfg: StudyConfig, gpu: int, port: int | None) -> StudyConfig:
     """The study config pinned to one GPU and port (the config is frozen: a copy); a server spanning N GPUs
     counts up from it."""
