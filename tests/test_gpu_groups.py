@@ -392,3 +392,13 @@ def test_a_tenant_on_one_gpu_of_a_pair_stops_that_worker_and_the_message_names_t
     assert len(busy) == 1 and "GPU 3 is busy" in busy[0] and "GPUs 2,3" in busy[0], busy
     groups = {tuple(t.user_attrs["result"]["gpus"]) for t in _finished(tmp_path / "big.toml", "big")}
     assert groups == {(0, 1)}
+
+
+@pytest.mark.parametrize(("gpus", "words"), [("0-", "cannot read GPU list"), ("2-1", "runs backwards"),
+                                             ("0,0", "repeats a GPU"), ("1", "span 2 GPUs")])
+def test_bad_gpus_on_the_command_line_are_one_line_before_anything_starts(tmp_path, gpus, words):
+    path = big_study(tmp_path)
+    done = _sweep(path, "--gpus", gpus, env_dir=tmp_path / "devices", timeout=60)
+    assert done.returncode == 1 and words in done.stderr, done.stderr
+    assert done.stderr.count("Error:") == 1 and "Traceback" not in done.stderr
+    assert not (tmp_path / "big.db").exists() and not (tmp_path / "devices").exists()  # no study, no server
