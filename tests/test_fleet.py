@@ -424,3 +424,18 @@ def test_a_pair_server_starts_on_its_group_through_the_launcher_with_its_group_r
         assert isinstance(reader, GroupReader) and reader.gpus == (2, 3)
     finally:
         teardown(path)
+
+
+def test_a_remote_pair_server_goes_to_the_ssh_launcher_with_its_group(tmp_path):
+    """No other host is contacted: the spec the ssh launcher gets, and the environment it would export there."""
+    from autotune.deploy import remote
+    from autotune.deploy.fleet import server_gpus
+
+    path = tmp_path / "fleet.toml"
+    path.write_text(GOOD.replace('name = "a"', 'name = "a"\nhost = "ops@gpu-box"\nbind = "0.0.0.0"')
+                    .replace("gpu = 0", "gpus = [2, 3]"))
+    fleet = load_fleet(path)
+    server = fleet.servers[0]
+    spec = remote.server_spec(server, ["python3", "-m", "autotune.sim"], env={}, gpus=server_gpus(fleet, server))
+    assert spec.gpus == (2, 3)
+    assert remote.launcher(fleet, server).device_env(spec.gpus)["CUDA_VISIBLE_DEVICES"] == "2,3"
