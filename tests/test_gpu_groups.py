@@ -116,6 +116,7 @@ def test_groups_tile_the_pool_and_sizes_that_vary_share_it():
     assert worker_groups([0, 1, 2, 3], [2]) == ([(0, 1), (2, 3)], False)
     assert worker_groups([0, 1, 2, 3], [1, 2]) == ([(0, 1, 2, 3)] * 4, True)
     assert worker_groups([0, 1], [1, 4]) == ([(0,), (1,)], False)  # configs larger than the pool are skipped
+    assert worker_groups([0, 1, 2, 3, 4], [2]) == ([(0, 1), (2, 3)], False)  # GPU 4 stays idle (said at start)
 
 
 def test_plan_pins_a_fixed_size_study_to_pairs_and_shares_a_varying_one(tmp_path):

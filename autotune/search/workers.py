@@ -283,6 +283,10 @@ def start_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
     plans = plan_workers(cfg, gpus)  # ConfigError before anything starts
     open_study(cfg)  # StorageError / StudyError here, before any process or server starts
     workers = Workers(cfg=cfg, echo=echo)
+    idle = [g for g in gpus if not any(g in p.gpus for p in plans)]
+    if idle:  # a pool that does not divide into the servers' groups
+        echo(f"note: {'GPU' if len(idle) == 1 else 'GPUs'} {group_label(idle)} left idle: the study's servers span "
+             f"{len(plans[0].gpus)} GPUs each and take aligned groups")
     if plans and plans[0].shared is not None:  # the shared pool's GPUs are this supervisor's to hold
         workers._pool_locks = hold_sweep_gpus(cfg, [str(g) for g in gpus])
     for k, plan in enumerate(plans):
