@@ -403,3 +403,21 @@ def test_bad_gpus_on_the_command_line_are_one_line_before_anything_starts(tmp_pa
     assert done.returncode == 1 and words in done.stderr, done.stderr
     assert done.stderr.count("Error:") == 1 and "Traceback" not in done.stderr
     assert not (tmp_path / "big.db").exists() and not (tmp_path / "devices").exists()  # no study, no server
+
+
+def test_a_launch_waiting_for_held_gpus_ends_interrupted_on_ctrl_c_without_a_server(tmp_path, monkeypatch):
+    from autotune.search.gpulocks import lock_dir
+    from autotune.search.runner import HarnessRunner
+
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    cfg = on_gpus(load_config(big_study(tmp_path)), [0, 1], None)
+    held = GpuLocks(lock_dir(cfg.work_dir), [0, 1]).try_take(1)  # another server holds GPU 0 of the only pair
+    assert held is not None
+    stop, phases = threading.Event(), []
+    runner = HarnessRunner(cfg, stop_event=stop, on_phase=lambda line, info: phases.append(line))
+    threading.Timer(0.5, stop.set).start()
+    result = runner(cfg.baseline_config(), 0)
+    held.release()
+    assert result.status == "interrupted" and result.reason == "stopped while waiting for GPUs"
+    assert "waiting for a free group of 2 GPUs (0,1)" in phases
+    assert _registry_holders(tmp_path / "devices") == [] and not (tmp_path / "devices").exists()

@@ -27,7 +27,7 @@ from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.launch.registry import make_launcher
 from autotune.results import TrialResult
 from autotune.search.folders import fresh, study_folder
-from autotune.search.gpulocks import GpuLocks, lock_dir
+from autotune.search.gpulocks import GpuLocks, Stopped, lock_dir
 from autotune.search.numerics import (
     REFERENCE_ATTR,
     REFERENCE_FILE,
@@ -137,11 +137,14 @@ class HarnessRunner:
             return run_trial(self._setup(workload or self.workload, None), config, trial_dir=trial_dir, probe=probe,
                              hooks=self._hooks())
         phase = self.on_phase
-        with self.locks.holding(server_gpus(config), stop=self.stop_event,
-                                on_wait=(lambda line: phase(line, {})) if phase is not None else None) as group:
-            seen = self.device_check(group) if self.device_check is not None else None  # GpuBusyError: no launch
-            result = run_trial(self._setup(workload or self.workload, group), config, trial_dir=trial_dir,
-                               probe=probe, hooks=self._hooks())
+        try:
+            with self.locks.holding(server_gpus(config), stop=self.stop_event,
+                                    on_wait=(lambda line: phase(line, {})) if phase is not None else None) as group:
+                seen = self.device_check(group) if self.device_check is not None else None  # GpuBusyError: no launch
+                result = run_trial(self._setup(workload or self.workload, group), config, trial_dir=trial_dir,
+                                   probe=probe, hooks=self._hooks())
+        except Stopped as stopped:  # Ctrl-C while other servers held the GPUs: nothing launched, run it again later
+            return TrialResult(status="interrupted", config=config, engine=self.engine.name, reason=str(stopped))
         return with_device(result, seen)
 
     def _record_reference(self, probe: FidelityProbe) -> TrialResult:
