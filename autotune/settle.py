@@ -17,9 +17,11 @@ cycle's noise, while a 30 s window floor still has 15 slices to estimate from.
   to a third of the window's slices), not the slices' own over n.
 * Caps left unset are ``CAP_FACTOR`` (4) × their floors. An unsettled run keeps its slices and figure, flagged.
 
-On the simulator (b200, MTP, 96 running, radix cache off; ≈ 6,000 tokens in, ≤ 384 out) a 2 s slice swings
-±27 % around the steady rate and a 10 s floor-plus-30 s window read 0.3–4 % off it; these defaults settle such a
-run after 14 s of warm-up and 60–110 s of window, and a seed-workload run at 14 s + 30 s.
+Why these defaults, on the simulator (b200, MTP, 96 running, radix cache off; ≈ 6,000 tokens in, ≤ 384 out): its
+2 s slices swing ±27 % around the steady rate with a 10 s wave, 30 s windows of its steady state read up to 4 % off
+it (90th percentile), and the rule settles it after 14 s of warm-up and 60–110 s of window; a seed-workload run
+settles at 14 s + 30 s. Without MTP the same workload's steady state is a 34 s cycle (20 s of prefills, 14 s of
+decodes): its window reaches the 120 s cap, within 8 % of the steady rate but flagged.
 """
 
 from __future__ import annotations

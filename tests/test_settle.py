@@ -9,8 +9,10 @@ import math
 
 import optuna
 import pytest
+from click.testing import CliRunner
 from optuna.trial import TrialState, create_trial
 
+from autotune.cli.measure import measure
 from autotune.config.sections import WorkloadSection
 from autotune.errors import WorkloadError
 from autotune.harness.workload import SliceTally, WorkloadSpec, replay
@@ -248,3 +250,13 @@ def test_a_settler_fed_one_slice_at_a_time_matches_the_series():
         if stop is not None:
             break
     assert stop is not None and stop == settle(tokens(rates), RULE) and fed == stop.window[1] / 2.0
+
+
+@pytest.mark.parametrize(("args", "words"), [(["--ramp", "20"], "--ramp (20) must lie within the warm-up floor"),
+                                             (["--window-max", "5"], "--window-max (5) is below --window (30)"),
+                                             (["--warmup-max", "2"], "--warmup-max (2) is below --warmup (10)")])
+def test_measure_checks_its_settle_options_before_any_server(args, words, tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    result = CliRunner().invoke(measure, [*args, "--out", str(tmp_path / "trial")])
+    assert isinstance(result.exception, WorkloadError) and words in str(result.exception)
+    assert not (tmp_path / "trial").exists()  # nothing started

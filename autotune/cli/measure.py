@@ -126,6 +126,10 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
     if ramp is not None and ramp > warmup:
         raise WorkloadError(f"--ramp ({ramp:g}) must lie within the warm-up floor (--warmup {warmup:g})", key="ramp",
                             fix="lower --ramp or raise --warmup")
+    for cap, value, floor, least in (("--warmup-max", warmup_max, "--warmup", warmup),
+                                     ("--window-max", window_max, "--window", window)):
+        if value is not None and value < least:
+            raise WorkloadError(f"{cap} ({value:g}) is below {floor} ({least:g})", fix=f"raise {cap} or omit it")
     engine = make_engine(engine_name, model_path=model, python=python, sim_gpu=gpu,
                          sim_options=_sim_options(sim_opts), device=device)
     config = load_config_file(config_file) if config_file else {}
