@@ -144,5 +144,7 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
     paths = write_artifacts(winner, out, gpus=parse_gpus(gpus) if gpus is not None else None, layout=layout,
                             base_port=base_port, host=host, python=python, model=model)
     click.echo(f"study {winner.study}, trial {winner.trial}: wrote " + ", ".join(str(p) for p in paths))
+    if winner.job is not None:
+        click.echo(winner.job["line"])
     for name in sorted(k for k, v in winner.env.items() if looks_secret(k, v)):
         click.echo(f"{name} looks like a secret: not written; the launcher and fleet up read it from ${name}")

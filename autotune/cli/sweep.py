@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from autotune.cli import INTERRUPTED
+from autotune.cli.studyref import resolve_config
 from autotune.config import load_config
 from autotune.errors import ConfigError
 from autotune.harness.engines import ENGINES
@@ -20,22 +21,6 @@ from autotune.search.groups import parse_gpus
 from autotune.search.storage import open_study
 from autotune.search.workers import on_gpus, run_workers, with_launcher
 from autotune.sglang.flags import FlagTable
-
-DEFAULT_STUDY = Path("studies") / "example.toml"
-
-
-def resolve_config(path: Path | None) -> Path:
-    """The given file, else ``studies/example.toml`` in the working directory, else beside the package."""
-    if path is not None:
-        return path
-    here = Path.cwd() / DEFAULT_STUDY
-    if here.is_file():
-        return here
-    packaged = Path(__file__).resolve().parents[2] / DEFAULT_STUDY
-    if packaged.is_file():
-        return packaged
-    raise ConfigError("no study file given and studies/example.toml not found", file=str(DEFAULT_STUDY),
-                      fix="pass --config FILE.toml")
 
 
 def _x(value: float | None) -> str:
@@ -94,6 +79,8 @@ def render(summary: dict[str, Any]) -> str:
         lines.append("  winner: none, no config beat the baseline (keep the baseline; nothing to apply)")
     else:
         lines.append("  winner: none (nothing to apply)")
+    if summary.get("job"):
+        lines.append(f"  {summary['job']['line']}")
     defaults = summary.get("defaults")
     if defaults and defaults.get("output_tok_s") and best:
         lines.append(f"  gain over SGLang 0.5.23 defaults ({_tok(defaults['output_tok_s'])}, {defaults['how']}): "

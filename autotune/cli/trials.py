@@ -12,9 +12,10 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from autotune.cli.sweep import resolve_config
+from autotune.cli.studyref import resolve_config
 from autotune.config import load_config
 from autotune.results import TrialResult, fidelity_summary
+from autotune.search.jobview import job_for_study
 from autotune.search.objective import gpus_spanned, per_gpu
 from autotune.search.space import config_diff
 from autotune.search.storage import load_study, open_study
@@ -68,7 +69,8 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
     """Print a study's trials as a table, CSV or JSON."""
     if as_csv and as_json:
         raise click.UsageError("--csv and --json are exclusive")
-    data = rows(_open(config_path, study_name, storage))
+    study = _open(config_path, study_name, storage)
+    data = rows(study)
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
         return
@@ -91,3 +93,7 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
                       fmt(r["output_tok_s"], ",.0f"), *per, fmt(r["max_running_requests"], "d"), fmt(r["kv_tokens"], ","),
                       fmt(r["mamba_slots"], "d"), fmt(r["peak_gib"], ".1f"), r["numerics"])
     Console(width=max(Console().width, 160)).print(table)
+    conf = study.user_attrs.get("confirmation") or {}
+    job = job_for_study(study, conf.get("winner_trial") if conf.get("complete") else None)
+    if job is not None:  # [job]: the confirmed winner (or the baseline alone) as the job's hours
+        click.echo(job["line"])

@@ -29,6 +29,7 @@ from autotune.harness.engines.sim import sim_argv
 from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files, reference
 from autotune.results import Capacity, TrialResult
+from autotune.search.jobview import job_for_study
 from autotune.search.objective import per_gpu
 from autotune.search.settings import device_name
 from autotune.search.storage import load_study
@@ -57,6 +58,7 @@ class Winner:
     gain_ci: tuple[float | None, float | None] = (None, None)
     baseline_config: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)  # the study's user_attrs["autotune"]
+    job: dict[str, Any] | None = None  # [job]: the job's hours before and after (``search.jobview``)
 
     @property
     def capacity(self) -> Capacity | None:
@@ -168,6 +170,7 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
         tok_s_runs=runs, confirmed=confirmed, gain=confirmation.get("gain") if confirmed else None,
         gain_ci=(confirmation.get("ci_low"), confirmation.get("ci_high")) if confirmed else (None, None),
         baseline_config=baseline, settings=dict(loaded.user_attrs.get("autotune") or {}),
+        job=job_for_study(loaded, trial),
     )
 
 
@@ -286,6 +289,7 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
         "output_tok_s_runs": winner.tok_s_runs,
         "gain": winner.gain,
         "gain_ci": [low, high],
+        "job": winner.job,
         "capacity": winner.capacity.to_dict() if winner.capacity else None,
         "engine": winner.engine,
         "device": winner.device,

@@ -17,6 +17,7 @@ import pandas as pd
 
 from autotune.report.data import baseline_trial, model_name, trial_result, winner_trial
 from autotune.results import TrialResult
+from autotune.search.jobview import job_for_study
 from autotune.search.settings import device_name
 
 
@@ -68,20 +69,23 @@ def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
 
 def gain(study: optuna.Study, headline: pd.DataFrame) -> dict[str, Any]:
     """Winner/baseline speed ratio (2.0 = twice as fast), with the confirmation stage's CI when there is one,
-    and the ratio over SGLang's own defaults when the confirmation measured (or predicted) them."""
+    the ratio over SGLang's own defaults when the confirmation measured (or predicted) them, and, with ``[job]``,
+    the job's hours before and after (``job``: one line)."""
     confirmation = study.user_attrs.get("confirmation") or {}
     win = headline.loc["winner", "tok_s_per_gpu"]  # per GPU, as the study ranks (tok/s for 1-GPU servers)
     defaults = confirmation.get("defaults") or {}
     base_defaults = defaults.get("tok_s_per_gpu") or defaults.get("output_tok_s")
     over_defaults = win / base_defaults if base_defaults and not math.isnan(win) else None
+    number = headline.loc["winner", "trial"]
+    job = job_for_study(study, None if number != number else int(number))  # [job]: the job's hours, both ways
+    common = {"over_defaults": over_defaults, "defaults_how": defaults.get("how"), "job": job and job["line"]}
     if confirmation.get("gain") is not None:
         return {"gain": float(confirmation["gain"]), "ci_low": confirmation.get("ci_low"),
-                "ci_high": confirmation.get("ci_high"), "note": confirmation.get("note") or "",
-                "over_defaults": over_defaults, "defaults_how": defaults.get("how")}
+                "ci_high": confirmation.get("ci_high"), "note": confirmation.get("note") or "", **common}
     base = headline.loc["baseline", "tok_s_per_gpu"]
     value = win / base if base and not math.isnan(base) and base > 0 else math.nan
     return {"gain": value, "ci_low": None, "ci_high": None, "note": "single measurement (no confirmation stage)",
-            "over_defaults": over_defaults, "defaults_how": defaults.get("how")}
+            **common}
 
 
 def trial_config(study: optuna.Study, number: int | None) -> dict[str, Any]:

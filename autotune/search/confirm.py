@@ -26,6 +26,7 @@ from autotune.progress import PlainProgress
 from autotune.results import TrialResult
 from autotune.search.diskguard import disk_error
 from autotune.search.gpus import gains
+from autotune.search.jobview import job_for_study
 from autotune.search.objective import per_gpu
 from autotune.search.runner import DEFAULTS_RUN, CheckedRunner, Runner, predict
 from autotune.search.seeding import finished
@@ -384,5 +385,6 @@ def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any =
                 sweep.close()
             progress.close()
     summary = summarize(study, cfg)
+    summary["job"] = job_for_study(study, (summary["best"] or {}).get("trial"))  # None without [job]
     summary["interrupted"] = stop.is_set()
     return summary

@@ -1,0 +1,90 @@
+"""A study's result as the user's job (``[job]``): the baseline's and the winner's hours, GPU-hours and cost.
+
+One function for the sweep's summary, ``autotune trials``, the report's headline and ``apply``, so all four say
+the same thing. A trial's rate is its confirmed median (and the interval of that median) where the confirmation
+measured it, else its search measurement. The job's mean output length is ``[job] mean_output_tokens`` when
+given, else what the baseline's window measured (output tok/s ÷ completed requests/s: the mean output of the
+sample's requests at steady state).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optuna
+
+from autotune.job import Job, JobShapeError, JobTime, job_line, job_time
+from autotune.results import TrialResult
+from autotune.search.summary import baseline_trial
+
+
+def study_job(study: optuna.Study) -> Job | None:
+    """The ``[job]`` section the study was run with (stored in its settings), or None."""
+    data = (study.user_attrs.get("autotune") or {}).get("job")
+    if not isinstance(data, dict) or not data.get("completions") or not data.get("gpus"):
+        return None
+    return Job(completions=int(data["completions"]), gpus=int(data["gpus"]),
+               gpu_hour_cost=data.get("gpu_hour_cost"), mean_output_tokens=data.get("mean_output_tokens"))
+
+
+def _result(trial: optuna.trial.FrozenTrial | None) -> TrialResult | None:
+    data = trial.user_attrs.get("result") if trial is not None else None
+    result = TrialResult.from_dict(data) if data else None
+    return result if result is not None and result.ok and result.metrics is not None else None
+
+
+def _rate(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> tuple[float, int, tuple[float, float] | None] | None:
+    """(server tok/s, GPUs spanned, interval) of a trial: the confirmed median where there is one."""
+    result = _result(trial)
+    if result is None:
+        return None
+    span = result.gpus_spanned
+    conf = study.user_attrs.get("confirmation") or {}
+    stats = (conf.get("stats") or {}).get(str(trial.number)) if conf.get("complete") else None
+    if stats and stats.get("median"):
+        ci = stats.get("ci")
+        interval = (ci[0] * span, ci[1] * span) if isinstance(ci, list | tuple) and None not in ci else None
+        return float(stats["median"]) * span, span, interval
+    assert result.output_tok_s is not None
+    return float(result.output_tok_s), span, None
+
+
+def _as_dict(t: JobTime) -> dict[str, Any]:
+    return {"servers": t.servers, "gpus_per_server": t.span, "hours": round(t.hours, 3),
+            "hours_range": None if t.hours_range is None else [round(h, 3) for h in t.hours_range],
+            "gpu_hours": round(t.gpu_hours, 2), "cost": None if t.cost is None else round(t.cost, 2)}
+
+
+def job_for_study(study: optuna.Study, winner: int | None) -> dict[str, Any] | None:
+    """``{"line", "baseline", "winner", "mean_output_tokens", "output_from"}`` for trial ``winner`` against the
+    baseline; None without ``[job]``. A job the figures cannot answer (no measured baseline, a server wider
+    than the job's GPUs) still gets a line saying why, never a made-up figure."""
+    job = study_job(study)
+    if job is None:
+        return None
+    trials = study.get_trials(deepcopy=False)
+    by_number = {t.number: t for t in trials}
+    base_t = baseline_trial(trials)
+    base_result = _result(base_t)
+    measured = (base_result.metrics.output_tok_s / base_result.metrics.request_s
+                if base_result is not None and base_result.metrics and base_result.metrics.request_s else None)
+    mean_out = job.mean_output_tokens or measured
+    head = f"this job ({job.completions:,} completions on {job.gpus} GPU{'s' * (job.gpus != 1)}): "
+    if mean_out is None:
+        return {"line": head + "no measured baseline to take the mean output length from (set [job] "
+                               "mean_output_tokens)", "baseline": None, "winner": None}
+    base_rate = _rate(study, base_t) if base_t is not None else None
+    win_rate = _rate(study, by_number[winner]) if winner is not None and winner in by_number else None
+    try:
+        base = job_time(job, base_rate[0], span=base_rate[1], mean_output_tokens=mean_out,
+                        tok_s_range=base_rate[2]) if base_rate else None
+        win = job_time(job, win_rate[0], span=win_rate[1], mean_output_tokens=mean_out,
+                       tok_s_range=win_rate[2]) if win_rate else None
+    except JobShapeError as exc:
+        return {"line": head + str(exc), "baseline": None, "winner": None}
+    if win is None and base is None:
+        return None
+    line = job_line(job, base, win) if win is not None else job_line(job, None, base) + " (the baseline)"
+    return {"line": line, "baseline": base and _as_dict(base), "winner": win and _as_dict(win),
+            "mean_output_tokens": round(mean_out, 1),
+            "output_from": "job" if job.mean_output_tokens else "baseline's window"}
