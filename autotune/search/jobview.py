@@ -82,9 +82,12 @@ def job_for_study(study: optuna.Study, winner: int | None) -> dict[str, Any] | N
                        tok_s_range=win_rate[2]) if win_rate else None
     except JobShapeError as exc:
         return {"line": head + str(exc), "baseline": None, "winner": None}
-    if win is None and base is None:
+    if win is not None:
+        line = job_line(job, base, win)
+    elif base is not None:
+        line = job_line(job, None, base) + " (the baseline)"
+    else:
         return None
-    line = job_line(job, base, win) if win is not None else job_line(job, None, base) + " (the baseline)"
     return {"line": line, "baseline": base and _as_dict(base), "winner": win and _as_dict(win),
             "mean_output_tokens": round(mean_out, 1),
             "output_from": "job" if job.mean_output_tokens else "baseline's window"}
