@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import pytest
+from test_workload import sse_server  # noqa: F401  (the fake SGLang stream server fixture)
 
 from autotune.errors import WorkloadError
+from autotune.harness.workload import replay
 from autotune.prompts import ChatTemplate, PromptSample, read_file
 
 LLAMA_TEMPLATE = (
@@ -145,3 +148,17 @@ def test_a_broken_or_refusing_template_is_one_error_naming_its_file(tmp_path):
     with pytest.raises(WorkloadError) as err:
         strict.render([{"role": "user", "content": "a"}])
     assert "system first" in str(err.value)
+
+
+def test_batch_lines_go_to_the_endpoints_they_name_with_their_temperature(tmp_path, sse_server):  # noqa: F811
+    fake, url = sse_server
+    path = _write_jsonl(tmp_path / "batch.jsonl", [_batch_line(i) for i in range(6)])
+    sample = PromptSample.load(path, 6)
+    records = asyncio.run(replay(url, sample, concurrency=3, max_tokens=12, warmup_s=0.0, measure_s=0.6,
+                                 endpoint="generate", ignore_eos=True))
+    assert records.requests and not any(r.error for r in records.requests if r.finish_reason)
+    chat = [b for b in fake.requests if "messages" in b]
+    completions = [b for b in fake.requests if "prompt" in b]
+    assert chat and completions and not [b for b in fake.requests if "text" in b]  # nothing to /generate
+    assert {b["temperature"] for b in chat} == {0.7} and {b["temperature"] for b in completions} == {0}
+    assert all(b["max_tokens"] == 12 for b in fake.requests)  # the study's cap still bounds the job's budget

@@ -117,7 +117,7 @@ async def replay(
     check_repeats(repeats)
     rule = rule or SettleRule.fixed(warmup_s, measure_s)
     session = _Session(
-        url=base_url.rstrip("/") + ENDPOINTS[endpoint], sample=sample, endpoint=endpoint, max_tokens=max_tokens,
+        url=base_url.rstrip("/"), sample=sample, endpoint=endpoint, max_tokens=max_tokens,
         ignore_eos=ignore_eos, repeats=repeats, window_probe=window_probe, t0=time.perf_counter(),
         records=ReplayRecords([], (rule.warmup_s, rule.warmup_s + rule.measure_s), concurrency, endpoint),
         settler=Settler(rule), tally=SliceTally(rule.slice_s), ramp_s=ramp_s,
@@ -141,9 +141,9 @@ class _Session:
     """One replay's shared state: its workers take rows from one counter and append to one record list; the control
     loop feeds each finished slice of the tally to the settler."""
 
-    url: str
+    url: str  # the server's base URL: each request goes to its endpoint's path
     sample: PromptSample
-    endpoint: str
+    endpoint: str  # the study's endpoint; a row that names its own (an OpenAI Batch API line) goes there
     max_tokens: int
     ignore_eos: bool
     repeats: str
@@ -171,9 +171,10 @@ class _Session:
             self.next_row += 1
             rec = RequestRecord(row=row.line, sent=self.elapsed(), pass_no=pass_no)
             self.records.requests.append(rec)
-            body = request_body(self.endpoint, row, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
+            endpoint = row.endpoint or self.endpoint
+            body = request_body(endpoint, row, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
                                 pass_no=pass_no)
-            await _one(client, self.url, body, rec, self.endpoint, self.t0, self.tally)
+            await _one(client, self.url + ENDPOINTS[endpoint], body, rec, endpoint, self.t0, self.tally)
             if rec.error is not None:
                 await asyncio.sleep(0.05)  # a refusing server must not turn this loop into a busy spin
 

@@ -83,13 +83,15 @@ def check_settle_fields(workload: Any) -> None:
 
 def request_body(endpoint: str, row: PromptRow, *, max_tokens: int, ignore_eos: bool,
                  pass_no: int = 0) -> dict[str, Any]:
-    """The streaming request for ``row`` on ``endpoint`` (SGLang's native /generate or the OpenAI routes)."""
+    """The streaming request for ``row`` on ``endpoint`` (SGLang's native /generate or the OpenAI routes): greedy,
+    unless the row carries the job's own temperature (a Batch API body's: it moves speculative acceptance)."""
     n = min(row.max_tokens or max_tokens, max_tokens)
+    temperature = row.temperature if row.temperature is not None else 0
     if endpoint == "generate":
-        params = {"max_new_tokens": n, "ignore_eos": ignore_eos, "temperature": 0}
+        params = {"max_new_tokens": n, "ignore_eos": ignore_eos, "temperature": temperature}
         return {"text": row.as_text(pass_no), "sampling_params": params, "stream": True}
     body: dict[str, Any] = {
-        "model": "default", "max_tokens": n, "ignore_eos": ignore_eos, "temperature": 0, "stream": True,
+        "model": "default", "max_tokens": n, "ignore_eos": ignore_eos, "temperature": temperature, "stream": True,
         "stream_options": {"include_usage": True, "continuous_usage_stats": True},
     }
     if endpoint == "chat":
