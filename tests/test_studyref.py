@@ -42,3 +42,18 @@ def test_report_naming_a_missing_default_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr("autotune.cli.studyref.Path.is_file", lambda self: False)
     with pytest.raises(Exception, match="studies/example.toml not found"):
         resolve_config(None)
+
+
+def test_apply_finds_the_study_as_report_does(tmp_path, monkeypatch):
+    shutil.copytree(ROOT / "studies", tmp_path / "studies", ignore=shutil.ignore_patterns("*.db", "example"))
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    cfg = load_config(tmp_path / DEFAULT_STUDY)
+    sf.make_study(n_trials=8, seed=3, name=cfg.name, storage=cfg.storage_url)
+    sf.make_study(n_trials=6, seed=4, name="other", storage=f"sqlite:///{tmp_path / 'studies' / 'other.db'}")
+    monkeypatch.chdir(tmp_path)
+    quick = CliRunner().invoke(cli, ["apply", "--out", "d1", "--gpus", "0-1"])  # nothing named: the example
+    assert quick.exit_code == 0, quick.output
+    assert f"study {cfg.name}, trial" in quick.output and (tmp_path / "d1" / "fleet.toml").is_file()
+    named = CliRunner().invoke(cli, ["apply", "--study", "other", "--out", "d2", "--gpus", "0"])  # studies/other.db
+    assert named.exit_code == 0, named.output
+    assert "study other, trial" in named.output

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autotune.config import load_config
+from autotune.cli.studyref import locate
 from autotune.deploy import rollout
 from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
 from autotune.deploy.fleet import load_fleet, server_config
@@ -35,10 +35,7 @@ def _winner(config: Path | None, study: str | None, storage: str | None, trial: 
         if study or storage or trial is not None:
             raise ConfigError("give either an sglang.yaml or a study, not both", key="--config")
         return winner_from_yaml(config)
-    base_dir = None
-    if config is not None:
-        cfg = load_config(config, name=study, storage=storage)
-        study, storage, base_dir = cfg.name, cfg.storage_url, cfg.base_dir
+    study, storage, base_dir = locate(config, study, storage)  # as sweep, trials and report find it
     if not storage:
         raise ConfigError("no study to read", key="--storage", fix="pass --config study.toml or --storage URL")
     return load_winner(storage, study, trial=trial, base_dir=base_dir)

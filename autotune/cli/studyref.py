@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from autotune.config import load_config
 from autotune.errors import ConfigError
 
 DEFAULT_STUDY = Path("studies") / "example.toml"
@@ -32,3 +33,15 @@ def study_file(config: Path | None, study: str | None, storage: str | None) -> P
     if study is None and storage is None:
         return resolve_config(None)
     return None
+
+
+def locate(config: Path | None, study: str | None, storage: str | None) -> tuple[str | None, str | None, Path | None]:
+    """(study name, storage URL, the directory a relative journal path resolves against), the way every command
+    reads them: the study file (``study_file``), else ``--study`` in ``--storage`` or in ``studies/<name>.db``."""
+    path = study_file(config, study, storage)
+    if path is not None:
+        cfg = load_config(path, name=study, storage=storage)
+        return cfg.name, cfg.storage_url, cfg.base_dir
+    if study and not storage:
+        storage = f"sqlite:///studies/{study}.db"
+    return study, storage, None
