@@ -57,3 +57,28 @@ def test_apply_finds_the_study_as_report_does(tmp_path, monkeypatch):
     named = CliRunner().invoke(cli, ["apply", "--study", "other", "--out", "d2", "--gpus", "0"])  # studies/other.db
     assert named.exit_code == 0, named.output
     assert "study other, trial" in named.output
+
+
+def test_from_the_quick_starts_study_to_a_watched_fleet_with_the_readmes_arguments(tmp_path, monkeypatch):
+    """apply, fleet up, watch --once and fleet down on the fleet apply wrote, with what the README shows."""
+    shutil.copytree(ROOT / "studies", tmp_path / "studies", ignore=shutil.ignore_patterns("*.db", "example"))
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    cfg = load_config(tmp_path / DEFAULT_STUDY)
+    sf.make_study(n_trials=8, seed=3, name=cfg.name, storage=cfg.storage_url)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    run = CliRunner().invoke
+    applied = run(cli, ["apply", "--out", "deploy", "--gpus", "0-1"])
+    assert applied.exit_code == 0, applied.output
+    yaml_text = (tmp_path / "deploy" / "sglang.yaml").read_text()
+    assert "enable-metrics: true" in yaml_text and "enable-metrics added" in yaml_text
+    fleet = str(Path("deploy") / "fleet.toml")
+    try:
+        up = run(cli, ["fleet", "up", "--fleet", fleet])
+        assert up.exit_code == 0, up.output
+        watched = run(cli, ["watch", "--fleet", fleet, "--once"])
+        assert watched.exit_code == 0, watched.output
+        assert "--enable-metrics" not in watched.output
+    finally:
+        down = run(cli, ["fleet", "down", "--fleet", fleet])
+    assert down.exit_code == 0, down.output

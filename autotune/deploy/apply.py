@@ -20,6 +20,7 @@ from typing import Any
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
+from autotune.deploy import sglang_yaml as yaml_files
 from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, write_fleet
 from autotune.deploy.fleet import server_gpus as launch_group
 from autotune.deploy.fleetfile import spans
@@ -186,7 +187,8 @@ def winner_from_yaml(path: Path) -> Winner:
         except ValueError:
             raise ConfigError("not valid JSON", file=str(beside), fix="rewrite it with autotune apply") from None
         recorded = {k: v for k, v in (meta.get("config") or {}).items() if k not in PER_SERVER}
-        if config_diff(FlagTable.bundled().check(recorded), config):
+        deployed = yaml_files.deployed_config  # the YAML holds what the fleet runs: the winner plus metrics
+        if config_diff(FlagTable.bundled().check(deployed(recorded)), deployed(config)):
             meta = {}  # the YAML was edited after the study: its figures no longer describe it
     result = TrialResult(status="ok", config=config, engine=str(meta.get("engine") or "sglang"),
                          capacity=Capacity.from_dict(meta.get("capacity")))
@@ -379,7 +381,7 @@ def write_artifacts(
     model = model or winner.model
     if not model:
         raise ConfigError("the study does not record a model path", key="--model", fix="pass --model")
-    document, cli = split_config(winner.config)
+    document, cli = split_config(yaml_files.deployed_config(winner.config))
     servers = _servers(winner, cli, gpus=gpus, layout=layout, base_port=base_port, host=host)
     python = python or winner.python or (layout.python if layout is not None else None)
     # the study's launcher; a study that ran locally keeps the launcher of the fleet file it is laid out on
@@ -396,6 +398,8 @@ def write_artifacts(
         where = ".".join(str(p) for p in err["loc"]) or "fleet"
         raise ConfigError(err["msg"].removeprefix("Value error, "), key=where) from None
     header = f"autotune: study {winner.study}, trial {winner.trial}, sglang {SGLANG_VERSION}"
+    if not winner.config.get(yaml_files.METRICS_FLAG):
+        header += "\nenable-metrics added: the rollout's canary and autotune watch read /metrics"
     size = server_gpus(winner.config)
     if size > 1 and not fleet.host_memory:
         header += f"\neach server spans {size} GPUs ({spans(winner.config)}): " + "; ".join(

@@ -26,6 +26,15 @@ YAML_REJECTED = frozenset({"disable_cuda_graph", "enable_dp_attention"})
 PER_SERVER = frozenset({"model_path", "host", "port", "config", "base_gpu_id"})
 
 
+METRICS_FLAG = "enable_metrics"
+
+
+def deployed_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The winner's flags as the fleet runs them: with ``--enable-metrics``, which the rollout's canary and
+    ``autotune watch`` read (Prometheus counters only: SGLang's scheduling and outputs do not change)."""
+    return {**config, METRICS_FLAG: True}
+
+
 def _flags() -> FlagTable:
     return FlagTable.bundled()
 
