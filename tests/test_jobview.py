@@ -90,3 +90,16 @@ def test_report_headline_apply_and_trials_show_the_job(study, tmp_path):
     listed = CliRunner().invoke(cli, ["trials", "--study", "seed", "--storage", url])
     assert listed.exit_code == 0, listed.output
     assert "this job (902,087 completions on 7 GPUs)" in listed.output
+
+
+def test_trials_marks_the_confirmed_winner_with_its_confirmed_figure_and_whole_flag_names(study):
+    made, url = study
+    conf = made.user_attrs["confirmation"]
+    listed = CliRunner().invoke(cli, ["trials", "--study", "seed", "--storage", url], terminal_width=100)
+    assert listed.exit_code == 0, listed.output
+    row = next(line for line in listed.output.splitlines() if "★ winner" in line)
+    assert row.split("│")[1].strip() == str(conf["winner_trial"])
+    assert f"{conf['stats'][str(conf['winner_trial'])]['median']:,.0f}" in listed.output
+    assert "…" not in listed.output  # nothing cut: long flag names wrap
+    data = json.loads(CliRunner().invoke(cli, ["trials", "--study", "seed", "--storage", url, "--json"]).output)
+    assert [r["number"] for r in data if r["winner"]] == [conf["winner_trial"]]

@@ -21,12 +21,15 @@ from autotune.search.space import config_diff
 from autotune.search.storage import load_study, open_study
 
 COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "gpus", "tok_s_per_gpu",
-           "max_running_requests", "kv_tokens", "mamba_slots", "peak_gib", "numerics", "reason"]
+           "max_running_requests", "kv_tokens", "mamba_slots", "peak_gib", "numerics", "reason", "winner",
+           "confirmed_tok_s"]
 
 
 def rows(study) -> list[dict[str, Any]]:
     """One dict per trial with the columns above; capacity and peak memory from the stored TrialResult."""
     out = []
+    conf = study.user_attrs.get("confirmation") or {}
+    winner = conf.get("winner_trial") if conf.get("complete") else None
     for t in study.get_trials(deepcopy=False):
         result = t.user_attrs.get("result") or {}
         cap = result.get("capacity") or {}
@@ -47,8 +50,17 @@ def rows(study) -> list[dict[str, Any]]:
             # The fidelity probe's figures against the reference config ("" when outputs cannot differ).
             "numerics": fidelity_summary(result.get("fidelity")), "fidelity": result.get("fidelity"),
             "reason": t.user_attrs.get("reason"),
+            # the confirmed winner, and each confirmed trial's median server tok/s (the figure the crown rests on)
+            "winner": t.number == winner, "confirmed_tok_s": _confirmed(conf, t.number, stored),
         })
     return out
+
+
+def _confirmed(conf: dict[str, Any], number: int, stored: TrialResult | None) -> float | None:
+    stats = (conf.get("stats") or {}).get(str(number)) if conf.get("complete") else None
+    if not stats or stats.get("median") is None:
+        return None
+    return float(stats["median"]) * (gpus_spanned(stored) if stored else 1)  # the median is of tok/s per GPU
 
 
 def _open(config_path: Path | None, study_name: str | None, storage: str | None) -> optuna.Study:
@@ -84,14 +96,20 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
     multi = any((r["gpus"] or 1) > 1 for r in data)  # servers over several GPUs: show the per-GPU score beside
     table = Table(*["#", "status", "role", "flags vs baseline", "tok/s", *(["GPUs", "tok/s per GPU"] if multi else []),
                     "running", "KV tokens", "Mamba slots", "peak GiB", "outputs vs baseline"])
+    # whole flag names, one per line, never cut to "mamba_full_memory_ratio=u…"
+    table.columns[3].overflow, table.columns[3].min_width = "fold", 36
     for r in data:
         diff = config_diff(r["params"] or {}, base)
-        params = " ".join(f"{k}={'unset' if v is None else v}" for k, v in diff.items()) or "="
+        params = "\n".join(f"{k}={'unset' if v is None else v}" for k, v in diff.items()) or "="
         fmt = lambda v, f: "" if v is None else format(v, f)  # noqa: E731
         per = [fmt(r["gpus"], "d"), fmt(r["tok_s_per_gpu"], ",.0f")] if multi else []
-        table.add_row(str(r["number"]), r["status"] or r["state"].lower(), r["role"], params,
-                      fmt(r["output_tok_s"], ",.0f"), *per, fmt(r["max_running_requests"], "d"), fmt(r["kv_tokens"], ","),
-                      fmt(r["mamba_slots"], "d"), fmt(r["peak_gib"], ".1f"), r["numerics"])
+        role = f"★ winner\n{r['role']}" if r["winner"] else r["role"]
+        tok = fmt(r["output_tok_s"], ",.0f")
+        if r["confirmed_tok_s"] is not None:  # the confirmed median beside the search figure
+            tok = f"{r['confirmed_tok_s']:,.0f} confirmed ({tok} search)"
+        table.add_row(str(r["number"]), r["status"] or r["state"].lower(), role, params, tok, *per,
+                      fmt(r["max_running_requests"], "d"), fmt(r["kv_tokens"], ","), fmt(r["mamba_slots"], "d"),
+                      fmt(r["peak_gib"], ".1f"), r["numerics"])
     Console(width=max(Console().width, 160)).print(table)
     conf = study.user_attrs.get("confirmation") or {}
     job = job_for_study(study, conf.get("winner_trial") if conf.get("complete") else None)
