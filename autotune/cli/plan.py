@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import click
 from rich.console import Console
@@ -58,3 +59,19 @@ def _render(data: dict) -> None:
     console.print(table)
     if data["message"]:
         console.print(data["message"], style="red" if data["failure"] else "yellow", markup=False)
+        advice = inert_advice(data["message"], data["inert"])
+        if advice:
+            console.print(advice, markup=False)
+
+
+def inert_advice(message: str, inert: list[str]) -> str | None:
+    """When SGLang's message advises a flag this plan found inert, say so and which of its advice still applies
+    (the plan must never send the user to a flag that changes nothing here)."""
+    advised = list(dict.fromkeys(m.group(1) for m in re.finditer(r"--([a-z][a-z0-9-]+)", message)))
+    dead = [flag for flag in advised if flag.replace("-", "_") in set(inert)]
+    if not dead:
+        return None
+    live = [f"--{flag}" for flag in advised if flag not in dead]
+    names = ", ".join(f"--{flag}" for flag in dead)
+    rest = f"; change {' or '.join(live)} instead" if live else ""
+    return f"autotune: {names} {'is' if len(dead) == 1 else 'are'} inert for this config (no effect here){rest}."
