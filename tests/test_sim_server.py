@@ -378,7 +378,9 @@ def test_paced_throughput_matches_evaluate(sim):
     concurrency, max_tokens, warmup, window = 12, 2000, 1.0, 3.0
     flags = {"speculative_algorithm": "NEXTN"}
     predicted = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=max_tokens, concurrency=concurrency,
-                                            warmup_s=warmup, measure_s=window), seed=7, output_mean=600)
+                                            warmup_s=warmup, measure_s=window, warmup_max_s=warmup,
+                                            measure_max_s=window, ramp_s=0.0),  # this test's client: fixed, no ramp
+                         seed=7, output_mean=600)
     p = sim(*MTP, "--sim-seed", "7", "--sim-warmup-s", "0", "--sim-output-mean", "600")
     p.wait_ready()
     measured = asyncio.run(_replay(p.url, prompts, concurrency, max_tokens, warmup, window))
