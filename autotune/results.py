@@ -212,6 +212,16 @@ def fidelity_summary(fidelity: dict[str, Any] | None) -> str:
     return " · ".join(parts) or "probed"
 
 
+def numerics_line(fidelity: dict[str, Any] | None) -> str | None:
+    """"outputs differ from the baseline (--flag value, …): <probe figures>" for a config whose probe measured an
+    output-changing flag; None when its outputs cannot differ (or no probe ran)."""
+    if not fidelity or fidelity.get("role") != "probe":
+        return None
+    flags = ", ".join(f"--{str(c.get('flag', '')).replace('_', '-')} {c.get('value')}"
+                      for c in fidelity.get("changes") or ())
+    return f"outputs differ from the baseline ({flags or 'output-changing flags'}): {fidelity_summary(fidelity)}"
+
+
 def halves_drift(first: float, second: float) -> float:
     """How far a window's two halves' token counts differ, over their mean: 0 when steady, 2 when every token
     arrived in one half."""

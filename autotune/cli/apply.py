@@ -14,6 +14,7 @@ from autotune.deploy.numerics import check_numerics
 from autotune.deploy.sglang_yaml import config_diff
 from autotune.errors import ConfigError
 from autotune.redaction import looks_secret
+from autotune.results import numerics_line
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -117,6 +118,8 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
     numerics = check_numerics(winner, accept=accept_numerics)  # refuses outputs that differ unmeasured or too much
     if numerics and numerics.get("accepted"):
         click.echo(f"--accept-numerics: {numerics['problem']}")
+    elif numerics_line(winner.result.fidelity):  # within the study's limits: said once, with the probe's figures
+        click.echo(numerics_line(winner.result.fidelity))
     if rolling:
         if fleet_file is None:
             raise click.UsageError("--rolling needs --fleet")

@@ -73,6 +73,8 @@ def render(summary: dict[str, Any]) -> str:
         gain_ci = summary.get("gain_ci")
         ci = f" (95 % CI {gain_ci[0]:.2f}–{gain_ci[1]:.2f}×)" if gain_ci and gain_ci[0] is not None else ""
         lines.append(f"  gain over baseline: {_x(summary['gain_over_baseline'])}{ci}")
+        if best.get("numerics"):  # the winner changes outputs: its probe's figures, before anyone applies it
+            lines.append(f"  {best['numerics']}")
     elif summary.get("outcome") == "no_baseline":
         lines.append("  winner: none, no measured baseline to compare with (nothing to apply)")
     elif summary.get("outcome") == "baseline":

@@ -19,7 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
 from autotune.redaction import redact_url
-from autotune.results import TrialResult
+from autotune.results import TrialResult, numerics_line
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launches
 from autotune.search.space import key_of
@@ -106,7 +106,7 @@ def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | No
     return {"trial": n, "label": t.user_attrs.get("label"), "params": (data or {}).get("config"),
             "output_tok_s": scale(value), "tok_s_per_gpu": value, "gpus": gpus,
             "ci_low": scale(s["ci"][0]) if s else None, "ci_high": scale(s["ci"][1]) if s else None,
-            "confirmed_runs": s["runs"] if s else 0}
+            "confirmed_runs": s["runs"] if s else 0, "numerics": numerics_line((data or {}).get("fidelity"))}
 
 
 def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
@@ -168,7 +168,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
                      "reason": attrs.get("reason") if failure else None, "failed": failure,
                      "log_path": attrs.get("log_path")},
         "best": best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "tok_s_per_gpu", "gpus",
-                                               "ci_low", "ci_high")},
+                                               "ci_low", "ci_high", "numerics")},
         "outcome": "winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none"),
         "gain_over_baseline": gain if best is not None else None,
         "gain_ci": [conf.get("ci_low"), conf.get("ci_high")] if confirmed and best is not None else None,
