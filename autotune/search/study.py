@@ -51,6 +51,7 @@ from autotune.search.seeding import (
     recover,
     seed_trials,
 )
+from autotune.search.skips import skip_reason
 from autotune.search.space import Space, config_diff, key_of
 from autotune.search.storage import Liveness, add_running, node_lock, open_study, storage_file, take_waiting
 from autotune.sglang.parallel import group_line, server_gpus
@@ -345,7 +346,7 @@ class Sweep:
                                       f"{prior.user_attrs.get('reason') or ''}".rstrip(": "))
         if memory_plan is not None and self.feasibility.sure_failure(memory_plan):
             return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind,
-                               reason=memory_plan.message or f"planner: {memory_plan.failure}")
+                               reason=skip_reason(memory_plan))  # SGLang's line and which pool took it
         too_big = self._over_pool(launch)
         if too_big is not None:
             return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind, reason=too_big)
