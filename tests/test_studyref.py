@@ -76,6 +76,8 @@ def test_from_the_quick_starts_study_to_a_watched_fleet_with_the_readmes_argumen
     try:
         up = run(cli, ["fleet", "up", "--fleet", fleet])
         assert up.exit_code == 0, up.output
+        shown = run(cli, ["fleet", "status", "--fleet", fleet], terminal_width=200)
+        assert shown.exit_code == 0 and "running cap" in shown.output and "tok/s (last)" in shown.output
         watched = run(cli, ["watch", "--fleet", fleet, "--once"])
         assert watched.exit_code == 0, watched.output
         assert "--enable-metrics" not in watched.output

@@ -46,10 +46,10 @@ def status(fleet_file: Path, as_json: bool) -> None:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
     table = Table(title=str(fleet_file))
-    for column in ("server", "host", "gpus", "port", "state", "running req", "KV tokens", "mamba slots",
-                   "tok/s", "config"):
-        table.add_column(column, justify="right" if column in ("gpus", "port", "running req", "KV tokens",
-                                                             "mamba slots", "tok/s") else "left")
+    # The capacity columns are what each server allocated at startup (its caps), not what it holds now.
+    for column in ("server", "host", "gpus", "port", "state", "running cap", "KV tokens (cap)",
+                   "Mamba slots (cap)", "tok/s (last)", "config"):
+        table.add_column(column, justify="left" if column in ("server", "host", "state", "config") else "right")
     for r in rows:
         cap = r.capacity
         config = r.config + (f" (differs: {', '.join(r.drift)})" if r.drift else "")
