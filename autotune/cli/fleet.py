@@ -57,7 +57,7 @@ def status(fleet_file: Path, as_json: bool) -> None:
                       *(str(getattr(cap, k)) if cap and getattr(cap, k) is not None else "-"
                         for k in ("max_running_requests", "kv_tokens", "mamba_slots")),
                       f"{r.tok_s:.0f}" if r.tok_s is not None else "-", config)
-    Console().print(table)
+    Console(width=max(Console().width, 150)).print(table)  # whole headers and configs, as trials prints
 
 
 @fleet.command("down")
