@@ -93,6 +93,7 @@ class PlainProgress:
         self._t0 = 0.0
         self.number: int | None = None
         self._phase = ""
+        self.score_unit = "tok/s"  # "tok/s per GPU" once a trial's server spans several GPUs
 
     def _print(self, text: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", file=self.stream, flush=True)
@@ -123,7 +124,9 @@ class PlainProgress:
     def trial_finished(self, number: int, result: TrialResult, best: float | None) -> None:
         self.durations.append(time.monotonic() - self._t0)
         self.done += 1
-        best_txt = f" (best {best:,.0f} tok/s)" if best else ""
+        # the best is the study's score: tok/s per GPU, which reads as plain tok/s until a server spans several
+        self.score_unit = "tok/s per GPU" if result.gpus_spanned > 1 or self.score_unit != "tok/s" else "tok/s"
+        best_txt = f" (best {best:,.0f} {self.score_unit})" if best else ""
         self._print(f"trial {number}: {_fmt_result(result)}{best_txt}")
 
     def confirm_started(self, index: int, total: int, trial: int, repeat: int) -> None:
@@ -154,7 +157,7 @@ class LiveProgress(PlainProgress):
         table.add_row("phase", s["phase"])
         table.add_row("vs baseline", s["diff"])
         table.add_row("live", f"{s['tok_s']:,.0f} tok/s" if s["tok_s"] is not None else "-")
-        table.add_row("best", f"{s['best']:,.0f} tok/s" if s["best"] else "-")
+        table.add_row("best", f"{s['best']:,.0f} {self.score_unit}" if s["best"] else "-")
         eta = self.eta_s()
         table.add_row("ETA", f"{eta / 60:.1f} min" if eta else "-")
         return Group(table)

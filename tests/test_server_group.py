@@ -146,3 +146,20 @@ def test_the_tenancy_check_reads_where_the_launcher_runs_its_servers():
     with pytest.raises(GpuBusyError):
         check_engine_gpus(Engine(), (0, 1), launcher=Remote())
     assert Remote.asked == [(0,)]
+
+
+def test_the_progress_line_names_the_score_per_gpu_once_a_server_spans_several():
+    import io
+
+    from autotune.progress import PlainProgress
+    from autotune.results import Metrics
+
+    out = io.StringIO()
+    progress = PlainProgress(out)
+    metrics = Metrics.from_dict({"output_tok_s": 1000.0, "request_s": 2.0})
+    progress.trial_finished(0, TrialResult(status="ok", config={}, metrics=metrics, gpus=[0]), 1000.0)
+    progress.trial_finished(1, TrialResult(status="ok", config={}, metrics=metrics, gpus=[0, 1]), 1000.0)
+    progress.trial_finished(2, TrialResult(status="ok", config={}, metrics=metrics, gpus=[2]), 1000.0)
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("(best 1,000 tok/s)")
+    assert lines[1].endswith("(best 1,000 tok/s per GPU)") and lines[2].endswith("(best 1,000 tok/s per GPU)")
