@@ -10,7 +10,7 @@ import studyfactory as sf
 from click.testing import CliRunner
 
 from autotune.cli import cli
-from autotune.cli.studyref import DEFAULT_STUDY, resolve_config, study_file
+from autotune.config.studyref import DEFAULT_STUDY, resolve_config, study_file
 from autotune.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def test_report_with_no_arguments_reads_the_quick_start_study(tmp_path, monkeypa
 
 def test_report_naming_a_missing_default_is_one_line(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr("autotune.cli.studyref.Path.is_file", lambda self: False)
+    monkeypatch.setattr("autotune.config.studyref.Path.is_file", lambda self: False)
     with pytest.raises(Exception, match="studies/example.toml not found"):
         resolve_config(None)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autotune.cli.studyref import locate
+from autotune.config.studyref import locate
 from autotune.deploy import rollout
 from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
 from autotune.deploy.fleet import load_fleet, server_config

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autotune.cli.studyref import study_file
+from autotune.config.studyref import study_file
 from autotune.report.page import report as run_report
 
 

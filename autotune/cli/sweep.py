@@ -9,8 +9,8 @@ from typing import Any
 import click
 
 from autotune.cli import INTERRUPTED
-from autotune.cli.studyref import resolve_config
 from autotune.config import load_config
+from autotune.config.studyref import resolve_config
 from autotune.errors import ConfigError
 from autotune.harness.engines import ENGINES
 from autotune.launch import LAUNCHERS

@@ -12,8 +12,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from autotune.cli.studyref import resolve_config
 from autotune.config import load_config
+from autotune.config.studyref import resolve_config
 from autotune.results import TrialResult, fidelity_summary
 from autotune.search.jobview import job_for_study
 from autotune.search.objective import gpus_spanned, per_gpu

@@ -20,7 +20,7 @@ import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
-from autotune.config import load_config
+from autotune.config.studyref import locate
 from autotune.errors import AutotuneError, ConfigError, StudyError
 from autotune.redaction import env_for_files, redact_url, reference
 from autotune.report import data as data
@@ -49,14 +49,9 @@ class Report:
 
 
 def resolve(*, config: Path | None, study: str | None, storage: str | None) -> tuple[str | None, str | None, Path | None]:
-    """Study name, storage URL and the directory a relative journal path resolves against: from the flags, the
-    study file, or the default ``studies/<name>.db``."""
-    if config is not None:
-        cfg = load_config(config, name=study, storage=storage)
-        return cfg.name, cfg.storage_url, cfg.base_dir
-    if study and not storage:
-        storage = f"sqlite:///studies/{study}.db"
-    return study, storage, None
+    """Study name, storage URL and the directory a relative journal path resolves against, as every command finds
+    them (``config.studyref.locate``)."""
+    return locate(config, study, storage)
 
 
 def open_study(study: str | None, storage: str | None, base_dir: Path | None = None) -> optuna.Study:

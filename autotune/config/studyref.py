@@ -18,7 +18,7 @@ def resolve_config(path: Path | None) -> Path:
     here = Path.cwd() / DEFAULT_STUDY
     if here.is_file():
         return here
-    packaged = Path(__file__).resolve().parents[2] / DEFAULT_STUDY
+    packaged = Path(__file__).resolve().parents[2] / DEFAULT_STUDY  # beside the package: autotune/config/..
     if packaged.is_file():
         return packaged
     raise ConfigError("no study file given and studies/example.toml not found", file=str(DEFAULT_STUDY),
