@@ -10,10 +10,19 @@ import studyfactory as sf
 from click.testing import CliRunner
 
 from autotune.cli import cli
-from autotune.config.studyref import DEFAULT_STUDY, resolve_config, study_file
 from autotune.config import load_config
+from autotune.config.studyref import DEFAULT_STUDY, resolve_config, study_file
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _quick_start(tmp_path: Path):
+    """The shipped studies and prompts in ``tmp_path``, the example study already swept (synthetic trials)."""
+    shutil.copytree(ROOT / "studies", tmp_path / "studies", ignore=shutil.ignore_patterns("*.db", "example"))
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    cfg = load_config(tmp_path / DEFAULT_STUDY)
+    sf.make_study(n_trials=8, seed=3, name=cfg.name, storage=cfg.storage_url)
+    return cfg
 
 
 def test_the_default_is_the_example_unless_a_study_is_named_another_way(tmp_path, monkeypatch):
@@ -27,10 +36,7 @@ def test_the_default_is_the_example_unless_a_study_is_named_another_way(tmp_path
 
 
 def test_report_with_no_arguments_reads_the_quick_start_study(tmp_path, monkeypatch):
-    shutil.copytree(ROOT / "studies", tmp_path / "studies", ignore=shutil.ignore_patterns("*.db", "example"))
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    cfg = load_config(tmp_path / DEFAULT_STUDY)
-    sf.make_study(n_trials=8, seed=3, name=cfg.name, storage=cfg.storage_url)
+    cfg = _quick_start(tmp_path)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(cli, ["report"])
     assert result.exit_code == 0, result.output
@@ -45,10 +51,7 @@ def test_report_naming_a_missing_default_is_one_line(tmp_path, monkeypatch):
 
 
 def test_apply_finds_the_study_as_report_does(tmp_path, monkeypatch):
-    shutil.copytree(ROOT / "studies", tmp_path / "studies", ignore=shutil.ignore_patterns("*.db", "example"))
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    cfg = load_config(tmp_path / DEFAULT_STUDY)
-    sf.make_study(n_trials=8, seed=3, name=cfg.name, storage=cfg.storage_url)
+    cfg = _quick_start(tmp_path)
     sf.make_study(n_trials=6, seed=4, name="other", storage=f"sqlite:///{tmp_path / 'studies' / 'other.db'}")
     monkeypatch.chdir(tmp_path)
     quick = CliRunner().invoke(cli, ["apply", "--out", "d1", "--gpus", "0-1"])  # nothing named: the example
@@ -61,10 +64,7 @@ def test_apply_finds_the_study_as_report_does(tmp_path, monkeypatch):
 
 def test_from_the_quick_starts_study_to_a_watched_fleet_with_the_readmes_arguments(tmp_path, monkeypatch):
     """apply, fleet up, watch --once and fleet down on the fleet apply wrote, with what the README shows."""
-    shutil.copytree(ROOT / "studies", tmp_path / "studies", ignore=shutil.ignore_patterns("*.db", "example"))
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    cfg = load_config(tmp_path / DEFAULT_STUDY)
-    sf.make_study(n_trials=8, seed=3, name=cfg.name, storage=cfg.storage_url)
+    _quick_start(tmp_path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
     run = CliRunner().invoke
