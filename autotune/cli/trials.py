@@ -19,6 +19,7 @@ from autotune.search.jobview import job_for_study
 from autotune.search.objective import gpus_spanned, per_gpu
 from autotune.search.space import config_diff
 from autotune.search.storage import load_study, open_study
+from autotune.search.summary import confirmed_rate
 
 COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "gpus", "tok_s_per_gpu",
            "max_running_requests", "kv_tokens", "mamba_slots", "peak_gib", "numerics", "reason", "winner",
@@ -38,6 +39,7 @@ def rows(study) -> list[dict[str, Any]]:
         role = t.user_attrs.get("role", "")
         label = t.user_attrs.get("label")
         stored = TrialResult.from_dict(result) if result else None
+        rate = confirmed_rate(conf, t.number, gpus_spanned(stored) if stored else 1)  # (median, interval) | None
         out.append({
             "number": t.number, "state": t.state.name, "status": t.user_attrs.get("status", ""),
             "role": f"{role}:{label}" if label and label != role else role,
@@ -51,16 +53,9 @@ def rows(study) -> list[dict[str, Any]]:
             "numerics": fidelity_summary(result.get("fidelity")), "fidelity": result.get("fidelity"),
             "reason": t.user_attrs.get("reason"),
             # the confirmed winner, and each confirmed trial's median server tok/s (the figure the crown rests on)
-            "winner": t.number == winner, "confirmed_tok_s": _confirmed(conf, t.number, stored),
+            "winner": t.number == winner, "confirmed_tok_s": rate and rate[0],
         })
     return out
-
-
-def _confirmed(conf: dict[str, Any], number: int, stored: TrialResult | None) -> float | None:
-    stats = (conf.get("stats") or {}).get(str(number)) if conf.get("complete") else None
-    if not stats or stats.get("median") is None:
-        return None
-    return float(stats["median"]) * (gpus_spanned(stored) if stored else 1)  # the median is of tok/s per GPU
 
 
 def _open(config_path: Path | None, study_name: str | None, storage: str | None) -> optuna.Study:

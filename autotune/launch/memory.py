@@ -70,4 +70,4 @@ def _free_gib(reading: dict[str, Any]) -> float:
     used, total = reading.get("used_gib"), reading.get("total_gib")
     if used is None:
         return float("inf")
-    return (total if total is not None else 0.0) - used if total is not None else -used
+    return (total or 0.0) - used  # no total known: the most used is the fullest

@@ -15,7 +15,7 @@ import optuna
 
 from autotune.job import Job, JobShapeError, JobTime, job_line, job_time
 from autotune.results import TrialResult
-from autotune.search.summary import baseline_trial
+from autotune.search.summary import baseline_trial, confirmed_rate
 
 
 def study_job(study: optuna.Study) -> Job | None:
@@ -39,12 +39,9 @@ def _rate(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> tuple[float, 
     if result is None:
         return None
     span = result.gpus_spanned
-    conf = study.user_attrs.get("confirmation") or {}
-    stats = (conf.get("stats") or {}).get(str(trial.number)) if conf.get("complete") else None
-    if stats and stats.get("median"):
-        ci = stats.get("ci")
-        interval = (ci[0] * span, ci[1] * span) if isinstance(ci, list | tuple) and None not in ci else None
-        return float(stats["median"]) * span, span, interval
+    confirmed = confirmed_rate(study.user_attrs.get("confirmation") or {}, trial.number, span)
+    if confirmed is not None and confirmed[0] > 0:
+        return confirmed[0], span, confirmed[1]
     assert result.output_tok_s is not None
     return float(result.output_tok_s), span, None
 

@@ -93,6 +93,18 @@ def _defaults_per_gpu(defaults: dict[str, Any]) -> float:
     return float(defaults.get("tok_s_per_gpu") or defaults["output_tok_s"])
 
 
+def confirmed_rate(confirmation: dict[str, Any], number: int,
+                   span: int) -> tuple[float, tuple[float, float] | None] | None:
+    """A confirmed trial's median server tok/s and the interval of that median; None when the confirmation did not
+    finish or did not measure it. The stored statistics are of tok/s per GPU, the score: × ``span`` GPUs."""
+    stats = (confirmation.get("stats") or {}).get(str(number)) if confirmation.get("complete") else None
+    if not stats or stats.get("median") is None:
+        return None
+    ci = stats.get("ci")
+    interval = (ci[0] * span, ci[1] * span) if isinstance(ci, list | tuple) and None not in ci else None
+    return float(stats["median"]) * span, interval
+
+
 def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | None) -> dict[str, Any] | None:
     """A trial as the summary shows it: the confirmed median and interval where confirmed, else its search value."""
     if n is None or n not in by_number:
