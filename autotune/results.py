@@ -159,6 +159,12 @@ class TrialResult:
     # "mean_abs_logprob_delta", ...}``, ``{"role": "reference", ...}`` on the run that recorded the reference, None
     # when the trial's config changes no output-changing flag against the reference (outputs equal by construction).
     fidelity: dict[str, Any] | None = None
+    # More windows measured in the same launch after the first (the confirmation's within-launch repeats,
+    # ``search.confirm``): one entry per window, the first window's figures stay in ``metrics``. None: one window.
+    windows: list[dict[str, Any]] | None = None
+    # The stress phase run in the same launch (the winner's worst case before the crown): peak memory, retractions,
+    # runtime OOM, survived. None: not stressed.
+    stress: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:

@@ -20,7 +20,7 @@ from tinystudy import write_prompts
 from autotune.config import load_config
 from autotune.config.sections import NumericsLimits
 from autotune.errors import ConfigError
-from autotune.harness import trial as trial_mod
+from autotune.harness import steps as trial_mod
 from autotune.harness.fidelity import (
     FidelityProbe,
     ProbeError,

@@ -167,7 +167,8 @@ sys.exit(3)
 def test_a_trial_stores_the_config_typed_and_a_cpu_server_gets_no_cuda_variables(fake, tmp_path):
     from autotune.results import TrialResult
     from autotune.harness.setup import TrialSetup
-    from autotune.harness.trial import Timeouts, run_trial
+    from autotune.config import Timeouts
+    from autotune.harness.trial import run_trial
     from autotune.harness.workload import PromptSample, WorkloadSpec
 
     (fake.root / "sglang" / "launch_server.py").write_text(LAUNCH_SERVER)

@@ -20,7 +20,8 @@ from autotune.harness.engines.sim import SimGpuReader
 from autotune.results import TrialResult
 from autotune.launch.process import free_port, port_is_free, stop_process_group
 from autotune.harness.setup import TrialHooks, TrialSetup
-from autotune.harness.trial import Timeouts, run_trial
+from autotune.config import Timeouts
+from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]

@@ -12,7 +12,8 @@ import pytest
 
 from autotune.harness.engines import make_engine
 from autotune.harness.setup import TrialHooks, TrialSetup
-from autotune.harness.trial import Timeouts, run_trial
+from autotune.config import Timeouts
+from autotune.harness.trial import run_trial
 from autotune.harness.workload import WorkloadSpec
 from autotune.launch import ServerExited
 from autotune.launch.local import LocalLauncher

@@ -18,7 +18,8 @@ from autotune.harness.engines import make_engine
 from autotune.harness.files import writing
 from autotune.harness.outcome import no_tokens, rejections
 from autotune.harness.setup import TrialSetup
-from autotune.harness.trial import Timeouts, run_trial
+from autotune.config import Timeouts
+from autotune.harness.trial import run_trial
 from autotune.harness.workload import ReplayRecords, RequestRecord, WorkloadSpec
 from autotune.results import TOO_SLOW, TrialResult
 

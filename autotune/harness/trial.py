@@ -8,6 +8,10 @@ more than ``LAG_LIMIT`` over the window, or a replay client whose event-loop thr
 of the window, on either engine), makes the window untrustworthy. Such a trial is measured once more with SSE chunks
 batched by ``--stream-interval`` (fewer sends for both sides; recorded in ``measurement``), and if it still fails
 it is recorded as ``invalid_measurement`` / ``client_bound``, without a tok/s.
+
+After a trusted window the same launch runs the caller's follow-up steps (``AfterWindow``) in order: the fidelity
+probe, more windows for the confirmation, the stress phase. Each gets the running server and this launch and returns
+fields for the result; the first that leaves the status other than ``ok`` (or the server dead) ends the chain.
 """
 
 from __future__ import annotations
@@ -19,25 +23,23 @@ import functools
 import json
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from autotune.config import Timeouts
 from autotune.config.context import misfit_reason
 from autotune.errors import ConfigError, ServerError
 from autotune.harness.engines.base import Engine, GpuReader, group_reader, launch_gpus
-from autotune.harness.fidelity import FidelityProbe, ProbeError, run_probe
+from autotune.harness.fidelity import FidelityProbe
 from autotune.harness.files import writing
 from autotune.harness.gpu import GpuMonitor
 from autotune.harness.outcome import dominated, no_tokens, rejection_line, rejections
 from autotune.harness.setup import NO_HOOKS, PhaseCallback, TrialHooks, TrialSetup, server_group
+from autotune.harness.steps import AfterWindow, Launch, ProbeStep
 from autotune.harness.workload import (
-    PromptSample,
     ReplayRecords,
-    WorkloadSpec,
     metrics_from_records,
     repeated_prompt_share,
     replay,
@@ -140,17 +142,19 @@ def run_trial(
     trial_dir: Path,
     probe: FidelityProbe | None = None,
     hooks: TrialHooks = NO_HOOKS,
+    after: Sequence[AfterWindow] = (),
 ) -> TrialResult:
     """Run one server config end to end; never raises for a trial outcome (bad input still raises). An untrusted
     window (see the module docstring) is measured once more with batched SSE chunks before it is recorded.
     ``setup``: engine, workload and place (``harness.setup``); ``probe``: the fidelity probe (``harness.fidelity``)
-    to run in the same launch after a trusted window; ``hooks``: phases to the caller, its stop event."""
+    to run in the same launch after a trusted window; ``hooks``: phases to the caller, its stop event; ``after``: the
+    follow-up steps to run in the same launch after the window (and the probe), in order."""
     trial_dir = Path(trial_dir)
     setup = setup.resolved()
     assert setup.sample is not None
     # a prompt over the model's context raises here, before any file or launch; over the config's: bad_args
     misfit = misfit_reason(getattr(setup.engine, "model_path", None), config, setup.sample, setup.workload.max_tokens)
-    result = _run_once(setup, config, trial_dir=trial_dir, probe=probe, hooks=hooks, misfit=misfit)
+    result = _run_once(setup, config, trial_dir=trial_dir, probe=probe, hooks=hooks, misfit=misfit, after=after)
     if result.status not in UNTRUSTED_STATUSES or hooks.stopped:
         return result
     first = result
@@ -164,7 +168,7 @@ def run_trial(
     hooks.phase(f"re-measuring with --stream-interval {interval} ({first.status})",
                 {"reason": first.reason, "stream_interval": interval})
     result = _run_once(setup, {**config, "stream_interval": interval}, trial_dir=trial_dir, probe=probe, hooks=hooks,
-                       misfit=misfit)
+                       misfit=misfit, after=after)
     measurement = {**(result.measurement or {}), "stream_interval": interval,
                    "first": {"status": first.status, "reason": first.reason, **(first.measurement or {})}}
     reason = result.reason
@@ -176,7 +180,7 @@ def run_trial(
 
 
 def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, probe: FidelityProbe | None,
-              hooks: TrialHooks, misfit: str | None) -> TrialResult:
+              hooks: TrialHooks, misfit: str | None, after: Sequence[AfterWindow] = ()) -> TrialResult:
     """One launch of a resolved ``setup``; never raises for a trial outcome (bad input, a prompt over the model's
     context and a full disk still raise: ``WorkloadError``, ``DiskError``, after the server is stopped)."""
     engine, workload = setup.engine, setup.workload
@@ -189,8 +193,8 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
         trial_dir=str(trial_dir), log_path=str(log_path)
     )
     assert setup.sample is not None
-    launch = _Launch(engine=engine, workload=workload, trial_dir=trial_dir, timeouts=setup.timeouts,
-                     sample=setup.sample, phase=hooks.phase, stop_event=hooks.stop_event)
+    launch = Launch(engine=engine, workload=workload, trial_dir=trial_dir, timeouts=setup.timeouts,
+                    sample=setup.sample, phase=hooks.phase, stop_event=hooks.stop_event)
     try:
         checked = engine.check(config)
     except ConfigError as exc:
@@ -205,9 +209,11 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
         server, fields = _start(make_launcher(setup.launcher), spec, launch)
         if server is not None and not fields:
             fields.update(_measure(server, launch))
-            if probe is not None and (fields.get("status") == "ok" or (
-                    probe.only and server.alive and fields.get("status") != "interrupted")):
-                fields.update(_probe(server, probe, trial_dir, launch.durations, launch.phase))
+            steps = [*([ProbeStep(probe)] if probe is not None else []), *after]
+            for step in steps:
+                if not step.runs_after(fields, server):
+                    break
+                fields.update(step(server, launch, fields))
     finally:
         exit_code = _stop(server, launch) if server is not None else None
         reader.close()
@@ -216,21 +222,6 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
         fields["reason"] = "; ".join(filter(None, [fields.get("reason"), f"teardown: {server.teardown_error}"]))
     result = TrialResult(config=config, durations_s=launch.durations, **base, **fields)
     return _write(result, trial_dir)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class _Launch:
-    """What every phase of one launch needs; ``durations`` is the one part the phases fill in as they run."""
-
-    engine: Engine
-    workload: WorkloadSpec
-    sample: PromptSample
-    trial_dir: Path
-    timeouts: Timeouts
-    phase: PhaseCallback
-    stop_event: threading.Event | None
-    reader: GpuReader | None = None  # the device's reader: the monitor's, and the launcher's release check
-    durations: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def _spec(setup: TrialSetup, config: Mapping[str, Any], group: tuple[int, ...], *,
@@ -261,7 +252,7 @@ def _no_gpu(setup: TrialSetup) -> tuple[int, ...]:
     return () if setup.gpu_index is None else (setup.gpu_index,)
 
 
-def _start(launcher: Launcher, spec: LaunchSpec, launch: _Launch) -> tuple[ServerHandle | None, dict[str, Any]]:
+def _start(launcher: Launcher, spec: LaunchSpec, launch: Launch) -> tuple[ServerHandle | None, dict[str, Any]]:
     """Start the server and wait until it is ready: the server (None when it could not start) and no fields when
     it is ready, else the failure's fields (a trial outcome)."""
     fields: dict[str, Any] = {}
@@ -293,7 +284,7 @@ def _start(launcher: Launcher, spec: LaunchSpec, launch: _Launch) -> tuple[Serve
     return server, fields
 
 
-def _stop(server: ServerHandle, launch: _Launch) -> int | None:
+def _stop(server: ServerHandle, launch: Launch) -> int | None:
     """Stop the server whatever happened (port free, GPU memory released); its exit code."""
     launch.phase("stopping", {})
     t0 = time.monotonic()
@@ -302,7 +293,7 @@ def _stop(server: ServerHandle, launch: _Launch) -> int | None:
     return exit_code
 
 
-def _measure(server: ServerHandle, launch: _Launch) -> dict[str, Any]:
+def _measure(server: ServerHandle, launch: Launch) -> dict[str, Any]:
     """Capacity, then the replay; classifies a server that died or an interruption while measuring."""
     info = _server_info(server.base_url)
     capacity = launch.engine.capacity(server.log_text(), info)
@@ -318,7 +309,7 @@ def _measure(server: ServerHandle, launch: _Launch) -> dict[str, Any]:
     return {**out, **_window_outcome(server, launch.engine, records, info, server.log_text()[log_start:])}
 
 
-def _replay_window(server: ServerHandle, launch: _Launch, concurrency: int) -> tuple[ReplayRecords, GpuPeaks | None]:
+def _replay_window(server: ServerHandle, launch: Launch, concurrency: int) -> tuple[ReplayRecords, GpuPeaks | None]:
     """Warm-up and window under the GPU monitor (when the server has a reader); records in ``records.jsonl``."""
     workload = launch.workload
     _flush_cache(server.base_url)  # idle now: restart the server's spec counters so they cover this replay only
@@ -422,24 +413,3 @@ def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords
     if rejected is not None and dominated(rejected):  # a tok/s of the requests it served; the rest named
         return {**out, "status": "ok", "reason": rejection_line(rejected)}
     return {**out, "status": "ok"}
-
-
-def _probe(server, probe: FidelityProbe, trial_dir: Path, durations: dict[str, float], phase) -> dict[str, Any]:
-    """The fidelity probe, after the window in the same launch: figures in ``fidelity``, or ``probe_error``."""
-    phase("probing numerics", {"prompts": len(probe.prompts), "tokens": probe.tokens,
-                               "mode": "recording the reference" if probe.records else "comparing with the reference"})
-    t0 = time.monotonic()
-    try:
-        with writing(trial_dir / "fidelity.json"):  # and the reference, when this launch records it
-            figures = run_probe(server.base_url, probe, trial_dir=trial_dir)
-    except ProbeError as exc:
-        durations["probe"] = round(time.monotonic() - t0, 3)
-        return {"status": "probe_error", "reason": f"fidelity probe: {exc}",
-                "fidelity": {"role": "reference" if probe.records else "probe", "error": str(exc),
-                             "changes": [dict(c) for c in probe.changes], "prompts": len(probe.prompts),
-                             "tokens": probe.tokens}}
-    durations["probe"] = round(time.monotonic() - t0, 3)
-    if not server.alive:  # the probe's requests took the server down: that is this config's outcome too
-        return {"status": "probe_error", "reason": "fidelity probe: the server exited during the probe",
-                "fidelity": {**figures, "error": "the server exited during the probe"}}
-    return {"fidelity": figures}

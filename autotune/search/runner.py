@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from autotune.config import StudyConfig, Timeouts
 from autotune.harness.engines import Engine, make_engine
 from autotune.harness.fidelity import FidelityProbe
 from autotune.harness.setup import TrialHooks, TrialSetup
+from autotune.harness.steps import AfterWindow
 from autotune.harness.tenancy import Occupancy
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
@@ -126,23 +127,25 @@ class HarnessRunner:
                 return missing_reference(failed, config)
         return self._run(config, trial_dir, probe)
 
-    def repeat(self, config: dict[str, Any], trial_number: int, k: int) -> TrialResult:
-        """Confirmation run ``k`` (from 0) of trial ``trial_number``: speed only, in ``<n>/repeat-<k+1>/``."""
-        return self._run(config, self.trial_dir(trial_number, repeat=k + 1), None)
+    def repeat(self, config: dict[str, Any], trial_number: int, k: int, *,
+               after: Sequence[AfterWindow] = ()) -> TrialResult:
+        """Confirmation launch ``k`` (from 0) of trial ``trial_number``, in ``<n>/repeat-<k+1>/``: speed, then the
+        follow-up steps ``after`` in the same launch (more windows, the stress phase)."""
+        return self._run(config, self.trial_dir(trial_number, repeat=k + 1), None, after=after)
 
     def _run(self, config: dict[str, Any], trial_dir: Path, probe: FidelityProbe | None,
-             workload: WorkloadSpec | None = None) -> TrialResult:
+             workload: WorkloadSpec | None = None, *, after: Sequence[AfterWindow] = ()) -> TrialResult:
         """One launch on a group of GPUs held for it (checked for tenants first), released once the server is gone."""
         if getattr(self.engine, "device", "cuda") == "cpu":  # the CPU backend holds no GPU
             return run_trial(self._setup(workload or self.workload, None), config, trial_dir=trial_dir, probe=probe,
-                             hooks=self._hooks())
+                             hooks=self._hooks(), after=after)
         phase = self.on_phase
         try:
             with self.locks.holding(server_gpus(config), stop=self.stop_event,
                                     on_wait=(lambda line: phase(line, {})) if phase is not None else None) as group:
                 seen = self.device_check(group) if self.device_check is not None else None  # GpuBusyError: no launch
                 result = run_trial(self._setup(workload or self.workload, group), config, trial_dir=trial_dir,
-                                   probe=probe, hooks=self._hooks())
+                                   probe=probe, hooks=self._hooks(), after=after)
         except Stopped as stopped:  # Ctrl-C while other servers held the GPUs: nothing launched, run it again later
             return TrialResult(status="interrupted", config=config, engine=self.engine.name, reason=str(stopped))
         return with_device(result, seen)
@@ -187,9 +190,10 @@ class CheckedRunner:
             self.check()
         return self.runner(config, trial_number)
 
-    def repeat(self, config: dict[str, Any], trial_number: int, k: int) -> TrialResult:
+    def repeat(self, config: dict[str, Any], trial_number: int, k: int, *,
+               after: Sequence[AfterWindow] = ()) -> TrialResult:
         """Confirmation run ``k``: the runner's own ``repeat`` where it has one (its own folder, no probe)."""
         if self.check is not None:
             self.check()
         repeat = getattr(self.runner, "repeat", None)
-        return repeat(config, trial_number, k) if callable(repeat) else self.runner(config, trial_number)
+        return repeat(config, trial_number, k, after=after) if callable(repeat) else self.runner(config, trial_number)

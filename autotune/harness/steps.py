@@ -1,0 +1,90 @@
+"""The phases of one launch after its window: the context every phase shares (``Launch``) and the follow-up steps
+(``AfterWindow``) a caller adds to a trial — the fidelity probe here, more windows and the stress phase elsewhere.
+
+A step runs in the launch that measured the window, so it costs seconds, not a restart (minutes on a real GPU).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune.config import Timeouts
+from autotune.harness.engines.base import Engine, GpuReader
+from autotune.harness.fidelity import FidelityProbe, ProbeError, run_probe
+from autotune.harness.files import writing
+from autotune.harness.setup import PhaseCallback
+from autotune.harness.workload import PromptSample, WorkloadSpec
+from autotune.launch import ServerHandle
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Launch:
+    """What every phase of one launch needs; ``durations`` is the one part the phases fill in as they run."""
+
+    engine: Engine
+    workload: WorkloadSpec
+    sample: PromptSample
+    trial_dir: Path
+    timeouts: Timeouts
+    phase: PhaseCallback
+    stop_event: threading.Event | None
+    reader: GpuReader | None = None  # the device's reader: the monitor's, and the launcher's release check
+    durations: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class AfterWindow(Protocol):
+    """A follow-up step in the launch that measured the window (``run_trial(after=…)``): the probe, more windows,
+    the stress phase. ``fields`` is the result so far (``status``, ``capacity``, ``metrics``, …); the step returns the
+    fields it adds or replaces, and records its own duration in ``launch.durations``."""
+
+    def runs_after(self, fields: Mapping[str, Any], server: ServerHandle) -> bool:
+        """Whether the step runs at all after ``fields`` (usually: the status is ``ok`` and the server alive)."""
+        ...
+
+    def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+def after_ok(fields: Mapping[str, Any], server: ServerHandle) -> bool:
+    """The usual precondition of a follow-up step: a trusted window and a live server."""
+    return fields.get("status") == "ok" and server.alive
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeStep:
+    """The fidelity probe as a follow-up step: after a trusted window, or (a probe that ``only`` records the
+    reference) after any window the server survived."""
+
+    probe: FidelityProbe
+
+    def runs_after(self, fields: Mapping[str, Any], server: ServerHandle) -> bool:
+        return fields.get("status") == "ok" or (self.probe.only and server.alive
+                                                 and fields.get("status") != "interrupted")
+
+    def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> dict[str, Any]:
+        return _probe(server, self.probe, launch.trial_dir, launch.durations, launch.phase)
+
+
+def _probe(server, probe: FidelityProbe, trial_dir: Path, durations: dict[str, float], phase) -> dict[str, Any]:
+    """The fidelity probe, after the window in the same launch: figures in ``fidelity``, or ``probe_error``."""
+    phase("probing numerics", {"prompts": len(probe.prompts), "tokens": probe.tokens,
+                               "mode": "recording the reference" if probe.records else "comparing with the reference"})
+    t0 = time.monotonic()
+    try:
+        with writing(trial_dir / "fidelity.json"):  # and the reference, when this launch records it
+            figures = run_probe(server.base_url, probe, trial_dir=trial_dir)
+    except ProbeError as exc:
+        durations["probe"] = round(time.monotonic() - t0, 3)
+        return {"status": "probe_error", "reason": f"fidelity probe: {exc}",
+                "fidelity": {"role": "reference" if probe.records else "probe", "error": str(exc),
+                             "changes": [dict(c) for c in probe.changes], "prompts": len(probe.prompts),
+                             "tokens": probe.tokens}}
+    durations["probe"] = round(time.monotonic() - t0, 3)
+    if not server.alive:  # the probe's requests took the server down: that is this config's outcome too
+        return {"status": "probe_error", "reason": "fidelity probe: the server exited during the probe",
+                "fidelity": {**figures, "error": "the server exited during the probe"}}
+    return {"fidelity": figures}
