@@ -55,7 +55,7 @@ class StudySection(StrictModel):
     confirm_top_k: int = Field(3, ge=0)
     confirm_repeats: int = Field(3, ge=1)
     # Sequential confirmation: contenders still in contention are re-measured (3 → 5 → 8 by default) until the
-    # winner's gain over the runner-up is resolved or this many repeats are spent (autotune/search/confirm.py).
+    # winner's gain over the runner-up is resolved or this many repeats are spent (autotune/search/confirm/).
     confirm_max_repeats: int = Field(8, ge=1)
 
 

@@ -1,0 +1,34 @@
+"""Who is confirmed: the top-k distinct feasible search trials, the baseline and the hand-written configs."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.search.gpus import gains
+from autotune.search.summary import unsettled
+
+
+def feasible(trial: FrozenTrial) -> bool:
+    return trial.user_attrs.get("status") == "ok" and all(c <= 0 for c in trial.user_attrs.get("constraint", [0]))
+
+
+def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], FrozenTrial | None, list[FrozenTrial]]:
+    """(top-k distinct feasible trials, the baseline trial, the ok enqueued trials), by search value."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    gain = gains(study)  # swept on several GPUs: rank by tok/s ÷ the trial's own GPU's baseline
+    ranked = sorted((t for t in done if feasible(t) and not unsettled(t)),  # an unsettled figure is never crowned
+                    key=lambda t: -gain.get(t.number, t.values[0]))
+    seen: set[str | None] = set()
+    top: list[FrozenTrial] = []
+    for t in ranked:
+        key = t.user_attrs.get("launch_key")
+        if key in seen or t.user_attrs.get("reused_from") is not None:
+            continue
+        seen.add(key)
+        if len(top) < top_k:
+            top.append(t)
+    baseline = next((t for t in done if t.user_attrs.get("role") == "baseline"), None)
+    refs = [t for t in done if t.user_attrs.get("role") == "enqueued" and feasible(t)
+            and t not in top and t.user_attrs.get("launch_key") != (baseline and baseline.user_attrs.get("launch_key"))]
+    return top, baseline, refs

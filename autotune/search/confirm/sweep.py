@@ -1,0 +1,53 @@
+"""The sweep's entry point: search, then confirm, then the summary ``autotune sweep`` prints."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from autotune.config import StudyConfig
+from autotune.progress import PlainProgress
+from autotune.search.confirm.defaults import _defaults
+from autotune.search.confirm.stages import confirm
+from autotune.search.diskguard import disk_error
+from autotune.search.jobview import job_for_study
+from autotune.search.runner import CheckedRunner, Runner
+from autotune.search.study import Sweep, sigint_stops
+from autotune.search.summary import baseline_failure, summarize
+
+
+def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None) -> dict[str, Any]:
+    """Search, then confirm; returns the summary (``autotune sweep --json``).
+
+    Ctrl-C is the same in every stage: one handler for the whole sweep (``sigint_stops``), installed even where
+    SIGINT was ignored at start-up (a sweep started with ``&`` from a script), so the first SIGINT stops the
+    current server and ends the sweep as interrupted, in the search and in the confirmation alike. No
+    confirmation runs without a measured baseline: there would be nothing to confirm a gain over."""
+    progress = progress or PlainProgress()
+    stop = threading.Event()
+    sweep = None
+    with sigint_stops(stop):
+        try:
+            sweep = Sweep(cfg, runner=runner, progress=progress, stop_event=stop)
+            study = sweep.run()
+            failure = baseline_failure(study)
+            if not stop.is_set() and cfg.study.confirm_top_k > 0 and failure is not None:
+                progress.log(f"confirm: skipped, the baseline {failure}")
+            elif not stop.is_set() and cfg.study.confirm_top_k > 0:
+                checked = CheckedRunner(sweep.runner, sweep.device_check)  # every confirmation launch too
+                try:
+                    confirm(study, cfg, runner=checked, progress=progress, stop_event=stop,
+                            defaults=_defaults(cfg, checked, progress))
+                except BaseException as exc:  # a full disk here is one line, as in the search
+                    err = disk_error(exc, db_path=sweep.db_path, fallback=cfg.work_dir)
+                    if err is None:
+                        raise
+                    raise err from None
+        finally:
+            if sweep is not None:
+                sweep.close()
+            progress.close()
+    summary = summarize(study, cfg)
+    summary["job"] = job_for_study(study, (summary["best"] or {}).get("trial"))  # None without [job]
+    summary["interrupted"] = stop.is_set()
+    return summary
