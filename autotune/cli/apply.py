@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from autotune.config.studyref import locate
+from autotune.config.studyref import locate, locate_fleet, record_apply, study_file
 from autotune.deploy import rollout
 from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
 from autotune.deploy.fleet import load_fleet, server_config
@@ -40,6 +40,13 @@ def _winner(config: Path | None, study: str | None, storage: str | None, trial: 
     if not storage:
         raise ConfigError("no study to read", key="--storage", fix="pass --config study.toml or --storage URL")
     return load_winner(storage, study, trial=trial, base_dir=base_dir)
+
+
+def _default_fleet() -> Path:
+    """The fleet a rollout goes to when --fleet is not given: the one the last apply wrote (``locate_fleet``)."""
+    found = locate_fleet(None)
+    click.echo(found.said, err=True)
+    return found.path
 
 
 def _dry_run(winner, fleet_file: Path | None) -> None:
@@ -105,9 +112,9 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
     if len(modes) > 1:
         raise click.UsageError(f"choose one of {', '.join(modes)}")
     timing = rollout.Timing(grace_s=grace, startup_timeout_s=startup_timeout)
+    if (resume or rollback or rolling) and not dry_run and fleet_file is None:
+        fleet_file = _default_fleet()
     if resume or rollback:
-        if fleet_file is None:
-            raise click.UsageError(f"{modes[0]} needs --fleet")
         report = (rollout.resume if resume else rollout.rollback)(fleet_file, timing=timing, say=click.echo)
         click.echo(report.summary())
         return
@@ -121,8 +128,6 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
     elif numerics_line(winner.result.fidelity):  # within the study's limits: said once, with the probe's figures
         click.echo(numerics_line(winner.result.fidelity))
     if rolling:
-        if fleet_file is None:
-            raise click.UsageError("--rolling needs --fleet")
         expect = rollout.Expectation.from_winner(winner, kv_tolerance=kv_tolerance, tok_s_tolerance=tolerance)
         canary = None
         if canary_s > 0:
@@ -144,6 +149,9 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
     paths = write_artifacts(winner, out, gpus=parse_gpus(gpus) if gpus is not None else None, layout=layout,
                             base_port=base_port, host=host, python=python, model=model)
     click.echo(f"study {winner.study}, trial {winner.trial}: wrote " + ", ".join(str(p) for p in paths))
+    source = None if config is not None and config.suffix in (".yaml", ".yml") else study_file(config, study, storage)
+    if source is not None:  # fleet up, fleet status, fleet down and watch read this fleet when none is named
+        record_apply(source, Path(out) / "fleet.toml", trial=winner.trial)
     if winner.job is not None:
         click.echo(winner.job["line"])
     for name in sorted(k for k, v in winner.env.items() if looks_secret(k, v)):

@@ -1,4 +1,5 @@
-"""``autotune fleet up|status|down --fleet fleet.toml``: the servers a fleet file describes."""
+"""``autotune fleet up|status|down [--fleet fleet.toml]``: the servers a fleet file describes (by default the
+fleet the last ``autotune apply`` wrote, ``config.studyref.locate_fleet``)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,24 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from autotune.config.studyref import locate_fleet
+from autotune.deploy.fleet import Fleet, load_fleet
 from autotune.deploy.fleet import down as fleet_down
-from autotune.deploy.fleet import load_fleet
 from autotune.deploy.fleet import status as fleet_status
 from autotune.deploy.fleet import up as fleet_up
 
 FLEET_OPTION = click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False),
-                            default="fleet.toml", show_default=True, help="The fleet file.")
+                            help="The fleet file (default: the fleet.toml the last `autotune apply` wrote for the "
+                                 "default study, else ./fleet.toml).")
 SERVER_OPTION = click.option("--server", "names", multiple=True, help="Only this server (repeatable).")
+
+
+def _load(fleet_file: Path | None) -> tuple[Fleet, Path]:
+    """The fleet file named, or the default one (said on stderr, so --json stays clean), loaded."""
+    found = locate_fleet(fleet_file)
+    if found.said:
+        click.echo(found.said, err=True)
+    return load_fleet(found.path), found.path
 
 
 @click.group("fleet")
@@ -30,18 +41,19 @@ def fleet() -> None:
 @SERVER_OPTION
 @click.option("--timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
               help="Seconds each server may take to become healthy.")
-def up(fleet_file: Path, names: tuple[str, ...], timeout: float) -> None:
+def up(fleet_file: Path | None, names: tuple[str, ...], timeout: float) -> None:
     """Start every server that is not running (detached: they keep running after this command)."""
-    started = fleet_up(load_fleet(fleet_file), timeout_s=timeout, names=names or None)
+    started = fleet_up(_load(fleet_file)[0], timeout_s=timeout, names=names or None)
     click.echo(f"started: {', '.join(started)}" if started else "all servers already running")
 
 
 @fleet.command("status")
 @FLEET_OPTION
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-def status(fleet_file: Path, as_json: bool) -> None:
+def status(fleet_file: Path | None, as_json: bool) -> None:
     """Health, effective capacity, config in use and tok/s of every server."""
-    rows = fleet_status(load_fleet(fleet_file))
+    fleet, fleet_file = _load(fleet_file)
+    rows = fleet_status(fleet)
     if as_json:
         click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
         return
@@ -65,7 +77,7 @@ def status(fleet_file: Path, as_json: bool) -> None:
 @SERVER_OPTION
 @click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds SGLang may drain in-flight requests before SIGKILL.")
-def down(fleet_file: Path, names: tuple[str, ...], grace: float) -> None:
+def down(fleet_file: Path | None, names: tuple[str, ...], grace: float) -> None:
     """Stop the servers (SIGTERM, then SIGKILL after --grace: the process group, or scancel for a Slurm job)."""
-    stopped = fleet_down(load_fleet(fleet_file), grace_s=grace, names=names or None)
+    stopped = fleet_down(_load(fleet_file)[0], grace_s=grace, names=names or None)
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else "no server was running")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from autotune.config.studyref import locate_fleet
 from autotune.deploy.fleetfile import load_fleet
 from autotune.errors import ConfigError
 from autotune.sglang.profiles import load_gpu, load_model
@@ -31,20 +32,23 @@ def parse_duration(text: str, *, option: str) -> float:
     return float(match[1]) * _SECONDS[match[2] or "s"]
 
 
-def _targets(urls: tuple[str, ...], fleet_file: Path | None) -> tuple[list[str], Path]:
-    """The servers to watch and the directory watch's files default to."""
-    if fleet_file is not None:
-        fleet = load_fleet(fleet_file)
-        return [*urls, *(s.url for s in fleet.servers)], fleet.base_dir
-    if not urls:
-        raise click.UsageError("give server URLs or --fleet fleet.toml")
-    return list(urls), Path.cwd()
+def _targets(urls: tuple[str, ...], fleet_file: Path | None) -> tuple[list[str], Path, bool]:
+    """The servers to watch, the directory watch's files default to, and whether a fleet file named them: the
+    one given, or with no URLs the default fleet (the last ``autotune apply``'s, ``locate_fleet``)."""
+    if fleet_file is None and urls:
+        return list(urls), Path.cwd(), False
+    found = locate_fleet(fleet_file)
+    if found.said:
+        click.echo(found.said, err=True)
+    fleet = load_fleet(found.path)
+    return [*urls, *(s.url for s in fleet.servers)], fleet.base_dir, True
 
 
 @click.command("watch")
 @click.argument("urls", nargs=-1, metavar="[URL ...]")
 @click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False),
-              help="fleet.toml (from autotune apply): watch every server in it.")
+              help="fleet.toml (from autotune apply): watch every server in it (default with no URLs: the fleet "
+                   "the last `autotune apply` wrote, else ./fleet.toml).")
 @click.option("--study", "study", type=click.Path(path_type=Path),
               help="What the config was tuned for: provenance.json, the directory apply wrote, or the study "
                    "TOML (default: the provenance.json beside --fleet, if any).")
@@ -74,12 +78,12 @@ def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_j
           state_path, out_dir, model, gpu, timeout_s) -> None:
     """Watch a tuned fleet (read-only) and report when its traffic drifts from what it was tuned for."""
     address = parse_listen(listen) if listen is not None else None
-    targets, home = _targets(urls, fleet_file)
+    targets, home, from_fleet = _targets(urls, fleet_file)
     if model:
         load_model(model)
     if gpu:
         load_gpu(gpu)
-    if study is None and fleet_file is not None and (home / "provenance.json").is_file():
+    if study is None and from_fleet and (home / "provenance.json").is_file():
         study = home / "provenance.json"
     tuned = load_tuned(study) if study is not None else None
     interval_s = parse_duration(interval, option="--interval")
