@@ -10,6 +10,7 @@ import click
 import optuna
 import pandas as pd
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from autotune.config import load_config
@@ -61,6 +62,13 @@ def rows(study) -> list[dict[str, Any]]:
 def _open(config_path: Path | None, study_name: str | None, storage: str | None) -> optuna.Study:
     if config_path is not None or storage is None:
         cfg = load_config(resolve_config(config_path), name=study_name, storage=storage)
+def natural_width(table: Table) -> int:
+    """The table's width with no cell wrapped. Printed narrower, rich crops the last columns (it cannot honour
+    the flags column's min_width and fit), which cut "outputs vs baseline" to "outputs vs b" at 160 columns."""
+    wide = Console(width=10_000)
+    return Measurement.get(wide, wide.options, table).maximum
+
+
         return open_study(cfg, create=False)
     return load_study(storage, study_name)  # SQLite, journal files and database URLs alike
 
@@ -105,7 +113,10 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
         table.add_row(str(r["number"]), r["status"] or r["state"].lower(), role, params, tok, *per,
                       fmt(r["max_running_requests"], "d"), fmt(r["kv_tokens"], ","), fmt(r["mamba_slots"], "d"),
                       fmt(r["peak_gib"], ".1f"), r["numerics"])
-    Console(width=max(Console().width, 160)).print(table)
+    Console(width=max(Console().width, 160, natural_width(table))).print(table)  # every column whole
+    for r in data:  # a contender whose outputs differ though no output-changing flag did: one line each
+        if (r["fidelity"] or {}).get("unexpected"):
+            click.echo(f"trial {r['number']}: {numerics_line(r['fidelity'])}")
     conf = study.user_attrs.get("confirmation") or {}
     job = job_for_study(study, conf.get("winner_trial") if conf.get("complete") else None)
     if job is not None:  # [job]: the confirmed winner (or the baseline alone) as the job's hours
