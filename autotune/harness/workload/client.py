@@ -101,6 +101,7 @@ async def replay(
     window_probe: Callable[[], Awaitable[Any]] | None = None,
     rule: SettleRule | None = None,
     ramp_s: float = 0.0,
+    first_pass: int = 0,
 ) -> ReplayRecords:
     """Keep ``concurrency`` streams in flight through a warm-up and a window, then close them all.
 
@@ -111,6 +112,8 @@ async def replay(
     reason ends it early. ``repeats``: how a prompt goes out again once the walk through the sample comes round
     (``prompts.pass_marker``). At the window's start and end the client notes how busy its event-loop thread was
     (``client_busy``) and awaits ``window_probe`` (e.g. the simulated server's pacing counters) into ``probes``.
+    ``first_pass``: the pass number of this replay's first walk (a later window of the same launch starts past the
+    passes an earlier one sent, so a ``fresh`` replay's markers never repeat within a launch).
     """
     if endpoint not in ENDPOINTS:
         raise WorkloadError(f"unknown endpoint {endpoint!r}", key="endpoint", fix=f"use one of {sorted(ENDPOINTS)}")
@@ -121,6 +124,7 @@ async def replay(
         ignore_eos=ignore_eos, repeats=repeats, window_probe=window_probe, t0=time.perf_counter(),
         records=ReplayRecords([], (rule.warmup_s, rule.warmup_s + rule.measure_s), concurrency, endpoint),
         settler=Settler(rule), tally=SliceTally(rule.slice_s), ramp_s=ramp_s,
+        next_row=first_pass * len(sample.rows),  # walk ``first_pass`` from row 0: ``walk_position`` marks it
     )
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
