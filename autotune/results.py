@@ -207,6 +207,14 @@ def fidelity_summary(fidelity: dict[str, Any] | None) -> str:
         return "probe failed"
     if fidelity.get("role") == "reference":
         return "reference"
+    if fidelity.get("outputs_differ") is False and not fidelity.get("changes"):
+        return "same as baseline"
+    figures = _probe_figures(fidelity)
+    # no output-changing flag explains the difference: the contender probe's catch (``harness.fidelity.verdict``)
+    return f"changed unexpectedly · {figures}" if fidelity.get("unexpected") else figures
+
+
+def _probe_figures(fidelity: dict[str, Any]) -> str:
     prefix, exact, delta = (fidelity.get(k) for k in ("prefix_match_mean", "exact_share", "mean_abs_logprob_delta"))
     parts = []
     if prefix is not None:
@@ -218,11 +226,23 @@ def fidelity_summary(fidelity: dict[str, Any] | None) -> str:
     return " · ".join(parts) or "probed"
 
 
+def differing_flags(fidelity: dict[str, Any] | None) -> str:
+    """``--flag value, …``: the flags a contender probe found its config setting differently from the baseline."""
+    return ", ".join(f"--{str(d.get('flag', '')).replace('_', '-')} {'unset' if d.get('value') is None else d['value']}"
+                     for d in (fidelity or {}).get("differs") or ()) or "no flag"
+
+
 def numerics_line(fidelity: dict[str, Any] | None) -> str | None:
     """"outputs differ from the baseline (--flag value, …): <probe figures>" for a config whose probe measured an
-    output-changing flag; None when its outputs cannot differ (or no probe ran)."""
+    output-changing flag, "outputs changed unexpectedly (…)" for one whose outputs differ though none changed; None
+    when its outputs matched or cannot differ (or no probe ran)."""
     if not fidelity or fidelity.get("role") != "probe":
         return None
+    if fidelity.get("unexpected"):  # the contender probe: outputs differ though no table flag changed
+        return (f"outputs changed unexpectedly (it differs from the baseline in {differing_flags(fidelity)}, none of "
+                f"them a flag known to change outputs): {_probe_figures(fidelity)}")
+    if not fidelity.get("changes"):  # the baseline's numerics: matched (nothing to say), or the check failed
+        return f"outputs not checked against the baseline: {fidelity['error']}" if fidelity.get("error") else None
     flags = ", ".join(f"--{str(c.get('flag', '')).replace('_', '-')} {c.get('value')}"
                       for c in fidelity.get("changes") or ())
     return f"outputs differ from the baseline ({flags or 'output-changing flags'}): {fidelity_summary(fidelity)}"

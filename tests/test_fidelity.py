@@ -210,10 +210,20 @@ def test_float32_only_space_runs_no_probe_and_has_no_constraint(tmp_path, sim_en
     assert run.returncode == 0, run.stderr
     done = [t for t in trials_of(path) if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 2
+    # No search trial is probed; the baseline's launch records the reference, for the confirmation's contender probe.
     for t in done:
-        assert t.user_attrs["result"]["fidelity"] is None and len(t.user_attrs["constraint"]) == 1
-        assert "probe" not in t.user_attrs["result"]["durations_s"]
-    assert not (tmp_path / "f32" / sn.REFERENCE_FILE).exists()
+        fidelity = t.user_attrs["result"]["fidelity"]
+        assert len(t.user_attrs["constraint"]) == 1
+        if t.user_attrs["role"] == "baseline":
+            assert fidelity["role"] == "reference"
+        else:
+            assert fidelity is None and "probe" not in t.user_attrs["result"]["durations_s"]
+    study = optuna.load_study(study_name="f32", storage=load_config(path).storage_url)
+    assert Path(study.user_attrs[sn.REFERENCE_ATTR]["path"]).is_file()
+    # The confirmed contender (a float32 config: equal outputs) is compared, with no alarm.
+    conf = study.user_attrs["confirmation"]
+    probed = [r["result"]["fidelity"] for r in conf["runs"] if r["trial"] != conf["baseline_trial"]]
+    assert probed and all(f["role"] == "probe" and f["exact_share"] == 1.0 and not f["unexpected"] for f in probed)
 
 
 def test_bfloat16_trials_are_probed_the_limit_crowns_float32_and_apply_refuses_bfloat16(tmp_path, sim_env):

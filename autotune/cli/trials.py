@@ -15,8 +15,9 @@ from rich.table import Table
 
 from autotune.config import load_config
 from autotune.config.studyref import resolve_config
-from autotune.results import TrialResult, fidelity_summary
+from autotune.results import TrialResult, fidelity_summary, numerics_line
 from autotune.search.jobview import job_for_study
+from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned, per_gpu
 from autotune.search.space import config_diff
 from autotune.search.storage import load_study, open_study
@@ -41,6 +42,7 @@ def rows(study) -> list[dict[str, Any]]:
         label = t.user_attrs.get("label")
         stored = TrialResult.from_dict(result) if result else None
         rate = confirmed_rate(conf, t.number, gpus_spanned(stored) if stored else 1)  # (median, interval) | None
+        fidelity = contender_fidelity(result.get("fidelity"), conf, t.number)
         out.append({
             "number": t.number, "state": t.state.name, "status": t.user_attrs.get("status", ""),
             "role": f"{role}:{label}" if label and label != role else role,
@@ -50,8 +52,9 @@ def rows(study) -> list[dict[str, Any]]:
             "gpus": gpus_spanned(stored) if stored else None, "tok_s_per_gpu": per_gpu(stored) if stored else None,
             "max_running_requests": cap.get("max_running_requests"), "kv_tokens": cap.get("kv_tokens"),
             "mamba_slots": cap.get("mamba_slots"), "peak_gib": gpu.get("peak_used_gib"),
-            # The fidelity probe's figures against the reference config ("" when outputs cannot differ).
-            "numerics": fidelity_summary(result.get("fidelity")), "fidelity": result.get("fidelity"),
+            # The fidelity probe's figures against the reference config ("" when outputs cannot differ): the
+            # contender probe of its first confirmation run where it ran one (``search.numerics``).
+            "numerics": fidelity_summary(fidelity), "fidelity": fidelity,
             "reason": t.user_attrs.get("reason"),
             # the confirmed winner, and each confirmed trial's median server tok/s (the figure the crown rests on)
             "winner": t.number == winner, "confirmed_tok_s": rate and rate[0],

@@ -32,6 +32,7 @@ from autotune.redaction import env_for_files, reference
 from autotune.results import Capacity, TrialResult
 from autotune.search.jobview import job_for_study
 from autotune.search.objective import per_gpu
+from autotune.search.numerics import contender_result
 from autotune.search.settings import device_name
 from autotune.search.storage import load_study
 from autotune.sglang.flags import FlagTable
@@ -157,7 +158,7 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
         known = ", ".join(str(n) for n in sorted(usable)) or "none"
         raise StudyError(f"trial {trial} of study {loaded.study_name!r} is not a completed, measured trial "
                          f"(usable trials: {known})")
-    result = usable[trial]
+    result = contender_result(usable[trial], confirmation, trial)  # its fidelity: the contender probe's, if it ran
     confirmed = confirmation.get("winner_trial") == trial
     runs = [
         float(run["result"]["metrics"]["output_tok_s"])

@@ -3,7 +3,8 @@
 A winner that changes an output-changing flag (``autotune.sglang.numerics``) against the study's baseline is
 deployed only with a measured fidelity probe (``TrialResult.fidelity``) within the study's limits
 (``[objective] numerics``); otherwise ``apply`` refuses unless ``--accept-numerics`` is given. The probe's figures
-go into ``provenance.json`` either way.
+go into ``provenance.json`` either way. A winner whose contender probe found its outputs changed although no table
+flag did (``unexpected``, ``search.numerics.contender_fidelity``) is judged the same way, as a numerics change.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import StudyError
+from autotune.results import differing_flags
 
 __all__ = ["NumericsRefused", "check_numerics", "numerics_block"]
 
@@ -59,8 +61,9 @@ def numerics_block(winner: Any) -> dict[str, Any] | None:
     limits = _limits(winner.settings)
     fidelity = winner.result.fidelity
     problem = None
-    if changes:
-        flags = ", ".join(f"--{c.flag.replace('_', '-')} {c.value}" for c in changes)
+    unexpected = bool(fidelity and fidelity.get("unexpected"))  # no table flag changed, yet its outputs did
+    if changes or unexpected:
+        flags = ", ".join(f"--{c.flag.replace('_', '-')} {c.value}" for c in changes) or differing_flags(fidelity)
         if not fidelity or fidelity.get("role") != "probe" or fidelity.get("error"):
             why = f" (the probe failed: {fidelity['error']})" if fidelity and fidelity.get("error") else ""
             problem = f"trial {winner.trial} changes outputs against the baseline ({flags}) and no fidelity probe measured how much{why}"
@@ -69,10 +72,12 @@ def numerics_block(winner: Any) -> dict[str, Any] | None:
                       for (figure, op, limit), v in zip(limits.limits(), limits.violations(fidelity), strict=True)
                       if v > 0]
             if broken:
-                problem = (f"trial {winner.trial} changes outputs against the baseline ({flags}) beyond the study's "
-                           f"limit: {'; '.join(broken)}")
+                what = (f"changed its outputs unexpectedly (it differs from the baseline in {flags}, none of them a "
+                        "flag known to change outputs)" if unexpected else f"changes outputs against the baseline ({flags})")
+                problem = f"trial {winner.trial} {what} beyond the study's limit: {'; '.join(broken)}"
     return {
         "changes": [c.to_dict() for c in changes],
+        "unexpected": unexpected,
         "fidelity": fidelity,
         "limits": {k: v for k, v in limits.model_dump().items()
                    if k in ("min_prefix_match", "max_mean_abs_logprob_delta", "min_exact_share") and v is not None},

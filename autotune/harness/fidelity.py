@@ -13,7 +13,12 @@ trial is compared with it:
 - ``prefix_match_mean``: mean number of leading tokens identical to the reference's (0…N);
 - ``exact_share``: share of prompts whose N tokens all match;
 - ``mean_abs_logprob_delta``: mean |Δ logprob| (nats) of the reference tokens where both sides scored them, i.e.
-  over the matching prefix (after the first differing token the two sides condition on different text).
+  over the matching prefix (after the first differing token the two sides condition on different text);
+- ``outputs_differ`` (some prompt not exact) and ``unexpected``: they differ although no output-changing flag
+  changed (``changes`` empty), with ``differs``, the flags the config sets differently from the reference.
+
+Every confirmed contender is probed in its first confirmation launch, table or not (``search.numerics``): a flag
+the table calls harmless that changes outputs anyway is caught there.
 
 A server that errors, times out or returns no ``meta_info.output_token_logprobs`` raises ``ProbeError``: the trial
 becomes ``probe_error``, never a silent pass.
@@ -35,7 +40,7 @@ import httpx
 
 __all__ = [
     "DEFAULT_PROMPTS", "DEFAULT_TOKENS", "FidelityProbe", "ProbeError", "ProbeOutput", "Reference", "choose_prompts",
-    "compare", "generate_outputs", "run_probe",
+    "compare", "generate_outputs", "outputs_differ", "run_probe", "verdict",
 ]
 
 DEFAULT_PROMPTS = 16  # K
@@ -131,6 +136,9 @@ class FidelityProbe:
     reference: Reference | None = None
     record_to: Path | None = None
     changes: tuple[dict[str, Any], ...] = ()  # NumericsChange.to_dict() of the flags that differ from the reference
+    # Every flag the config sets differently from the reference ({flag, value, reference}), table or not: what an
+    # output change no table flag explains is reported against.
+    differs: tuple[dict[str, Any], ...] = ()
     reference_info: dict[str, Any] = field(default_factory=dict)  # path / sha256 / trial, copied into the figures
     timeout_s: float = 600.0
     # A launch that exists only to record the reference: probe whenever the server is up, whatever its (cut short)
@@ -233,6 +241,20 @@ def compare(reference: Sequence[ProbeOutput], outputs: Sequence[ProbeOutput], to
     }
 
 
+def outputs_differ(figures: Mapping[str, Any]) -> bool:
+    """The probe's rule for "the outputs differ": some prompt's N greedy tokens are not all the reference's."""
+    exact = figures.get("exact_share")
+    return exact is None or exact < 1.0
+
+
+def verdict(figures: Mapping[str, Any], differs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What a comparison means: whether the outputs differ and, when they do although no output-changing flag
+    changed (``changes`` empty), ``unexpected`` with the flags the config differs from the reference in."""
+    differ = outputs_differ(figures)
+    return {"outputs_differ": differ, "unexpected": differ and not figures.get("changes"),
+            "differs": [dict(d) for d in differs]}
+
+
 def run_probe(base_url: str, probe: FidelityProbe, *, trial_dir: Path | None = None) -> dict[str, Any]:
     """Probe the server at ``base_url``: record the reference, or compare with it. Returns the figures stored as
     ``TrialResult.fidelity`` and writes the outputs to ``trial_dir/fidelity.json``. Raises ``ProbeError``."""
@@ -252,6 +274,7 @@ def run_probe(base_url: str, probe: FidelityProbe, *, trial_dir: Path | None = N
         assert probe.reference is not None
         figures.update(role="probe", changes=[dict(c) for c in probe.changes], **compare(
             probe.reference.outputs, outputs, probe.tokens))
+        figures.update(verdict(figures, probe.differs))
         figures["reference"] = {k: v for k, v in probe.reference_info.items() if k != "config"}
     if trial_dir is not None:
         Path(trial_dir).mkdir(parents=True, exist_ok=True)

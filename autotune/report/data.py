@@ -21,7 +21,9 @@ import optuna
 import pandas as pd
 
 from autotune.config.sections import NumericsLimits
+from autotune.harness.fidelity import outputs_differ
 from autotune.results import TrialResult, fidelity_summary
+from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned, per_gpu
 from autotune.search.settings import engine_table
 
@@ -106,7 +108,15 @@ def numerics_limits(config: Mapping[str, Any]):
         return NumericsLimits()
 
 
-def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = None) -> dict[str, Any]:
+def trial_fidelity(trial: optuna.trial.FrozenTrial, confirmation: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What is known of a trial's outputs against the baseline: its contender probe in the confirmation where it
+    ran one, else its search launch's probe (``search.numerics.contender_fidelity``); {} when neither."""
+    result = trial_result(trial)
+    return contender_fidelity(result.fidelity if result else None, confirmation, trial.number) or {}
+
+
+def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = None,
+         confirmation: Mapping[str, Any] | None = None) -> dict[str, Any]:
     result = trial_result(trial)
     status = _status(trial, result)
     outcome, group = OUTCOMES.get(status, (status, "failed"))
@@ -116,7 +126,7 @@ def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = No
     violated = any(float(c) > 0 for c in trial.user_attrs.get("constraint") or [])
     complete = trial.state == optuna.trial.TrialState.COMPLETE
     feasible = complete and status == "ok" and not violated
-    fidelity = (result.fidelity if result else None) or {}
+    fidelity = trial_fidelity(trial, confirmation)
     probed = fidelity.get("role") == "probe"
     over_numerics = bool(probed and limits is not None and any(v > 0 for v in limits.violations(fidelity)))
     if status == "ok" and violated:  # measured, but over a latency SLO: not a candidate winner
@@ -151,7 +161,8 @@ def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = No
         "e2e_p99_ms": attr_or_nan(metrics.e2e_ms, "p99") if metrics else math.nan,
         "accept_length": attr_or_nan(metrics, "accept_length"),
         # The fidelity probe against the reference config (``harness.fidelity``); NaN where not probed.
-        "outputs_differ": bool(probed and (fidelity.get("exact_share") is None or fidelity["exact_share"] < 1.0)),
+        "outputs_differ": bool(probed and not fidelity.get("error") and outputs_differ(fidelity)),
+        "outputs_unexpected": bool(probed and fidelity.get("unexpected")),  # though no table flag changed
         "numerics": fidelity_summary(fidelity or None),
         "prefix_match": float(fidelity["prefix_match_mean"]) if probed and fidelity.get("prefix_match_mean") is not None else math.nan,
         "exact_share": float(fidelity["exact_share"]) if probed and fidelity.get("exact_share") is not None else math.nan,
@@ -174,7 +185,8 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     finished = [t for t in trials if t.state.is_finished() and t.state != optuna.trial.TrialState.PRUNED]
     flags = tuned_flags(study)
     limits = numerics_limits(study_config(study))
-    frame = pd.DataFrame([_row(t, flags, limits) for t in finished])
+    confirmation = study.user_attrs.get("confirmation")
+    frame = pd.DataFrame([_row(t, flags, limits, confirmation) for t in finished])
     if frame.empty:
         return frame
     frame = frame.sort_values("trial", ignore_index=True)

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from autotune.report import data
+from autotune.results import differing_flags
 
 COLUMNS = ["trial", "label", "outcome", "tok_s", "changes", "prefix_match", "tokens", "exact_share", "logprob_delta",
            "within_limit"]
@@ -25,6 +26,8 @@ EXPLAIN = ("A trial whose config changes an output-changing flag against the bas
 
 
 def _changes(fidelity: dict[str, Any]) -> str:
+    if fidelity.get("unexpected"):  # the contender probe's catch: no table flag explains it
+        return f"{differing_flags(fidelity)} (no flag known to change outputs, yet its outputs changed unexpectedly)"
     return ", ".join(f"--{c['flag'].replace('_', '-')} {c['value']}" for c in fidelity.get("changes") or [])
 
 
@@ -34,10 +37,9 @@ def numerics_frame(frame: pd.DataFrame, study: Any) -> pd.DataFrame:
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     rows = []
     for _, info in frame.iterrows():
-        result = data.trial_result(by_number[info["trial"]])
-        fidelity = (result.fidelity if result else None) or {}
-        if fidelity.get("role") != "probe":
-            continue
+        fidelity = data.trial_fidelity(by_number[info["trial"]], study.user_attrs.get("confirmation"))
+        if fidelity.get("role") != "probe" or not (fidelity.get("changes") or fidelity.get("unexpected")):
+            continue  # a contender probe that found the baseline's outputs has nothing to show here
         if fidelity.get("error"):
             verdict = "probe failed"
         elif not limits.limits():

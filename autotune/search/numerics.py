@@ -13,6 +13,11 @@ runs no probe and has no numerics constraint. In an aware study:
 - every trial whose config changes a table flag against the reference runs the probe after its window;
 - with limits set (``[objective] numerics = { min_prefix_match = …, max_mean_abs_logprob_delta = … }``) each limit
   is one more constraint entry, after the memory wall and the SLOs, so the sampler learns it like the memory wall.
+
+Whatever the table says, every confirmed contender but the baseline's own flags is probed in its first
+confirmation launch (``confirmation_probe``), so a study that confirms records the reference in its baseline's
+launch even when it is not aware; a contender whose outputs differ although no table flag changed is marked
+``unexpected`` (``harness.fidelity.verdict``) and treated downstream as a numerics change (``contender_fidelity``).
 """
 
 from __future__ import annotations
@@ -119,6 +124,7 @@ class ProbePlanner:
     def __init__(self, cfg: StudyConfig, rows: Any, *, timeout_s: float = 600.0):
         self.cfg = cfg
         self.enabled = aware(cfg)
+        self.confirms = cfg.study.confirm_top_k > 0  # every confirmed contender is probed: record the reference
         settings = cfg.objective.numerics
         chosen = choose_prompts(list(rows), settings.prompts)
         self.prompts = tuple(row.as_text() for row in chosen)
@@ -155,13 +161,35 @@ class ProbePlanner:
                   ) -> tuple[FidelityProbe | None, TrialResult | None]:
         """(the probe for trial ``trial`` launching ``config``, None) — the probe None when the trial needs none —
         or (None, the failed launch) when the reference had to be recorded first (``record``) and could not be."""
-        if not self.enabled:
+        if not (self.enabled or self.confirms):
             return None, None
-        found = self._changes(config)
+        found = self._changes(config) if self.enabled else []
+        if not found:  # the reference's numerics: the baseline's own launch records the reference, once
+            with self._lock:  # workers of one process record the reference once
+                ref = self.reference()
+            return (self.recording(trial) if ref is None and dict(config) == self.reference_cfg else None), None
+        return self._comparing(config, found, record)
+
+    def confirmation_probe(self, config: Mapping[str, Any],
+                           record: Callable[[FidelityProbe], TrialResult] | None = None,
+                           ) -> tuple[FidelityProbe | None, TrialResult | None]:
+        """The probe of a confirmed contender's first confirmation launch, table or not: (None, None) for the
+        baseline's own flags (its twins included), else as ``probe_for``. Every flag the config sets differently
+        from the baseline goes with it (``differs``), for a change no table flag explains."""
+        if not flag_differences(config, self.reference_cfg):
+            return None, None
+        try:
+            found = self._changes(config)
+        except ConfigError:  # a value the table cannot read: compare all the same, against the flags that differ
+            found = []
+        return self._comparing(config, found, record)
+
+    def _comparing(self, config: Mapping[str, Any], found: list[NumericsChange],
+                   record: Callable[[FidelityProbe], TrialResult] | None,
+                   ) -> tuple[FidelityProbe | None, TrialResult | None]:
+        """A probe comparing with the reference, recorded first (``record``) when it is missing."""
         with self._lock:  # workers of one process record the reference once
             ref = self.reference()
-            if not found:  # the reference's numerics: the baseline's own launch records the reference, once
-                return (self.recording(trial) if ref is None and dict(config) == self.reference_cfg else None), None
             if ref is None and record is not None:
                 outcome = record(self.recording(None))
                 ref = self.reference()
@@ -171,8 +199,42 @@ class ProbePlanner:
             return None, TrialResult(status="crash", config=dict(config), reason="no reference outputs recorded")
         info = {**self._info(ref.trial), "sha256": _sha(self.path)}
         return FidelityProbe(prompts=self.prompts, tokens=self.tokens, lines=self.lines, reference=ref,
-                             changes=tuple(c.to_dict() for c in found), reference_info=info,
+                             changes=tuple(c.to_dict() for c in found),
+                             differs=tuple(flag_differences(config, self.reference_cfg)), reference_info=info,
                              timeout_s=self.timeout_s), None
+
+
+def _set(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A config's flags as launched: None and False (absent, SGLang's default) dropped."""
+    return {k: v for k, v in config.items() if v is not None and v is not False}
+
+
+def flag_differences(config: Mapping[str, Any], reference: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``{flag, value, reference}`` for every flag ``config`` sets differently from ``reference`` (None: unset)."""
+    a, b = _set(config), _set(reference)
+    return [{"flag": k, "value": a.get(k), "reference": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def confirmation_figures(confirmation: Mapping[str, Any] | None, number: int) -> dict[str, Any] | None:
+    """The fidelity figures of trial ``number``'s first confirmation run (its contender probe), None if none ran."""
+    for run in (confirmation or {}).get("runs") or ():
+        if run.get("trial") == number and run.get("repeat") == 0:
+            fidelity = (run.get("result") or {}).get("fidelity")
+            if isinstance(fidelity, dict) and fidelity.get("role") == "probe":
+                return fidelity
+    return None
+
+
+def contender_fidelity(searched: Mapping[str, Any] | None, confirmation: Mapping[str, Any] | None,
+                       number: int) -> dict[str, Any] | None:
+    """What is known of trial ``number``'s outputs against the baseline: its confirmation probe when that measured,
+    else its search launch's figures (a table flag's probe, or the reference), else a confirmation probe's error."""
+    confirmed = confirmation_figures(confirmation, number)
+    if confirmed is not None and not confirmed.get("error"):
+        return confirmed
+    if searched and (searched.get("role") != "reference" or confirmed is None):
+        return dict(searched)
+    return confirmed
 
 
 def _sha(path: Path) -> str | None:
@@ -182,6 +244,17 @@ def _sha(path: Path) -> str | None:
         return hashlib.sha256(path.read_bytes()).hexdigest()
     except OSError:
         return None
+
+
+def contender_result(result: TrialResult, confirmation: Mapping[str, Any] | None, number: int) -> TrialResult:
+    """Trial ``number``'s result with ``contender_fidelity`` as its ``fidelity`` (what ``apply`` judges)."""
+    return dataclasses.replace(result, fidelity=contender_fidelity(result.fidelity, confirmation, number))
+
+
+def without_reference(failed: TrialResult) -> dict[str, Any]:
+    """A confirmation run's fidelity when the reference could not be recorded: said, never a silent pass."""
+    return {"role": "probe", "error": f"no reference outputs: the baseline's reference launch ended {failed.status}"
+            + (f" ({failed.reason})" if failed.reason else "")}
 
 
 def missing_reference(result: TrialResult, config: Mapping[str, Any]) -> TrialResult:

@@ -3,8 +3,8 @@ engine's in-process prediction where it has one (the simulator's virtual clock).
 
 Where a launch is filed, and whether it runs the fidelity probe, comes from the caller, never from what is on
 disk: ``runner(config, n)`` is trial ``n``'s search launch (probed when its numerics differ from the
-baseline's), ``runner.repeat(config, n, k)`` its confirmation run ``k`` (speed only), both inside the study's
-own trials folder (``folders.study_folder``: keyed by the study's identity)."""
+baseline's), ``runner.repeat(config, n, k)`` its confirmation run ``k`` (the first one probed, table or not),
+both inside the study's own trials folder (``folders.study_folder``: keyed by the study's identity)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ from autotune.search.numerics import (
     REFERENCE_RUN,
     ProbePlanner,
     missing_reference,
+    without_reference,
 )
 from autotune.search.storage import open_study
 from autotune.sglang.parallel import server_gpus
@@ -130,8 +131,16 @@ class HarnessRunner:
     def repeat(self, config: dict[str, Any], trial_number: int, k: int, *,
                after: Sequence[AfterWindow] = ()) -> TrialResult:
         """Confirmation launch ``k`` (from 0) of trial ``trial_number``, in ``<n>/repeat-<k+1>/``: speed, then the
-        follow-up steps ``after`` in the same launch (more windows, the stress phase)."""
-        return self._run(config, self.trial_dir(trial_number, repeat=k + 1), None, after=after)
+        follow-up steps ``after`` in the same launch (more windows, the stress phase). The first launch of every
+        contender but the baseline's own flags runs the fidelity probe before them, table or not
+        (``ProbePlanner.confirmation_probe``); its figures are the run's ``fidelity``."""
+        probe = failed = None
+        if k == 0 and trial_number != DEFAULTS_RUN:
+            probe, failed = self.numerics.confirmation_probe(config, record=self._record_reference)
+        result = self._run(config, self.trial_dir(trial_number, repeat=k + 1), probe, after=after)
+        if failed is not None and result.fidelity is None:  # no reference to compare with: said, not passed
+            result = dataclasses.replace(result, fidelity=without_reference(failed))
+        return result
 
     def _run(self, config: dict[str, Any], trial_dir: Path, probe: FidelityProbe | None,
              workload: WorkloadSpec | None = None, *, after: Sequence[AfterWindow] = ()) -> TrialResult:
@@ -192,7 +201,8 @@ class CheckedRunner:
 
     def repeat(self, config: dict[str, Any], trial_number: int, k: int, *,
                after: Sequence[AfterWindow] = ()) -> TrialResult:
-        """Confirmation run ``k``: the runner's own ``repeat`` where it has one (its own folder, no probe)."""
+        """Confirmation run ``k``: the runner's own ``repeat`` where it has one (its own folder, the first run
+        probed)."""
         if self.check is not None:
             self.check()
         repeat = getattr(self.runner, "repeat", None)

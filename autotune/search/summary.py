@@ -20,6 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import StudyConfig
 from autotune.redaction import redact_url
 from autotune.results import TrialResult, numerics_line
+from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launches
 from autotune.search.space import key_of
@@ -105,7 +106,8 @@ def confirmed_rate(confirmation: dict[str, Any], number: int,
     return float(stats["median"]) * span, interval
 
 
-def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | None) -> dict[str, Any] | None:
+def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | None,
+           conf: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """A trial as the summary shows it: the confirmed median and interval where confirmed, else its search value."""
     if n is None or n not in by_number:
         return None
@@ -118,7 +120,7 @@ def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | No
     return {"trial": n, "label": t.user_attrs.get("label"), "params": (data or {}).get("config"),
             "output_tok_s": scale(value), "tok_s_per_gpu": value, "gpus": gpus,
             "ci_low": scale(s["ci"][0]) if s else None, "ci_high": scale(s["ci"][1]) if s else None,
-            "confirmed_runs": s["runs"] if s else 0, "numerics": numerics_line((data or {}).get("fidelity"))}
+            "confirmed_runs": s["runs"] if s else 0, "numerics": numerics_line(contender_fidelity((data or {}).get("fidelity"), conf, n))}
 
 
 def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
@@ -152,7 +154,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
     by_number = {t.number: t for t in trials}
     conf = study.user_attrs.get("confirmation") or {}
     confirmed = bool(conf.get("complete"))
-    entry = functools.partial(_entry, by_number, conf.get("stats", {}) if confirmed else {})
+    entry = functools.partial(_entry, by_number, conf.get("stats", {}) if confirmed else {}, conf=conf)
     base_t = baseline_trial(trials)
     baseline = base_t.number if base_t is not None else None
     best_n, outcome, note = _best(trials, base_t, conf)

@@ -92,6 +92,20 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _flag_names(text: str) -> tuple[str, ...]:
+    """``chunked-prefill-size,--schedule-policy`` → SGLang dests; an unknown name is an argparse error."""
+    by_name = {name.lstrip("-").replace("-", "_"): row["dest"] for row in flag_table() for name in row["flags"]}
+    out = []
+    for raw in (part.strip() for part in text.split(",")):
+        if not raw:
+            continue
+        dest = by_name.get(raw.lstrip("-").replace("-", "_"))
+        if dest is None:
+            raise argparse.ArgumentTypeError(f"{raw!r} is not an SGLang 0.5.23 flag")
+        out.append(dest)
+    return tuple(out)
+
+
 def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
     sim = parser.add_argument_group("simulation (not SGLang flags)")
     sim.add_argument("--sim-gpu", default=os.environ.get(DEFAULT_GPU_ENV, "b200"), help="GPU profile name")
@@ -117,6 +131,9 @@ def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--sim-speedup", type=_positive_float, default=1.0,
                      help="pace the modelled clock this many times faster than real time (tests and benchmarks: a "
                           "rate the host's CPU cannot pace, which the harness must refuse)")
+    sim.add_argument("--sim-numerics-flags", type=_flag_names, default=(), metavar="FLAG[,FLAG]",
+                     help="flags outside SGLang's numerics table that change greedy outputs on this server anyway, "
+                          "at any value other than SGLang's default (sim/divergence.py)")
     sim.add_argument("--sim-release-s", type=float, default=1.0, help="GPU memory release delay after exit")
     sim.add_argument("--sim-device-dir", default=None, help="simulated GPU registry (default $AUTOTUNE_SIM_DEVICE_DIR)")
     sim.add_argument(

@@ -8,6 +8,10 @@ different continuation; a later flag's position switches it once more, to the co
 diverged so far. So two configs that share a flag diverge from each other where a flag they do *not* share
 does, and never re-converge. Every output log-probability is lowered by the sum of the flags' shifts.
 
+``--sim-numerics-flags FLAG[,FLAG]`` makes flags outside the table change outputs too (any value other than
+SGLang's default, the ``GENERIC`` model): the kind of bug the table cannot know of, for a test to prove the
+confirmation's contender probe catches it. Without it nothing outside the table changes outputs.
+
 This is a model, chosen to be plausible, not a measurement of SGLang: a bfloat16 SSM state typically diverges
 after tens to a few hundred tokens, an fp8 KV cache earlier, a 4-bit KV cache or weight quantisation earlier
 still. The simulator assumes a bfloat16 checkpoint, so ``--dtype bfloat16`` and ``--kv-cache-dtype bf16`` change
@@ -18,11 +22,12 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.sglang.numerics import changes_numerics
+from autotune.sglang.numerics import changes_numerics, numerics_flag
+from autotune.sim.args import sglang_defaults
 from autotune.sim.requests import stable_hash
 from autotune.sim.tokens import STREAM, TokenPlan, segment_offset
 
@@ -73,8 +78,11 @@ class SimNumerics:
     changes: tuple[tuple[str, Divergence], ...] = ()
 
     @classmethod
-    def for_server(cls, server_args: Mapping[str, Any], *, hybrid: bool, ssm_dtype: str = "float32") -> SimNumerics:
-        """From a server's resolved args; Mamba flags are inert on a model without Mamba/GDN layers."""
+    def for_server(cls, server_args: Mapping[str, Any], *, hybrid: bool, ssm_dtype: str = "float32",
+                   unlisted: Iterable[str] = ()) -> SimNumerics:
+        """From a server's args; Mamba flags are inert on a model without Mamba/GDN layers. ``unlisted``
+        (``--sim-numerics-flags``): flags outside the table that change outputs here anyway, at any value other
+        than SGLang's default, with the ``GENERIC`` model (the bug a contender probe must catch)."""
         defaults = {"mamba_ssm_dtype": ssm_dtype} if hybrid else None
         changes = []
         for change in changes_numerics(server_args, None, defaults=defaults):
@@ -83,6 +91,11 @@ class SimNumerics:
             model = divergence_for(change.flag, change.value)
             if model is not None:
                 changes.append((f"{change.flag}={change.value}", model))
+        parser_defaults = sglang_defaults()
+        for flag in unlisted:
+            value = server_args.get(flag)
+            if numerics_flag(flag) is None and value not in (None, False) and value != parser_defaults.get(flag):
+                changes.append((f"{flag}={value}", GENERIC))
         return cls(tuple(changes))
 
     @property

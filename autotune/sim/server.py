@@ -51,7 +51,8 @@ class SimServer:
         self.streams: dict[str, Stream] = {}
         # Which output-changing flags differ from SGLang's reference: they decide each greedy request's tokens.
         self.numerics = SimNumerics.for_server(status.server_args, hybrid=status.model.has_mamba,
-                                               ssm_dtype=status.model.ssm_dtype)
+                                               ssm_dtype=status.model.ssm_dtype,
+                                               unlisted=status.args.sim.get("numerics_flags") or ())
         self.ready = False
         self.draining = False
         self._wake = asyncio.Event()
