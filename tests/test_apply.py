@@ -142,7 +142,8 @@ def test_artifacts(storage, tmp_path):
     out = tmp_path / "deploy dir"
     paths = write_artifacts(load_winner(storage), out, gpus=[0, 1, 2], base_port=30000,
                             model="/models/Qwen 3.6 $(rm -rf ~)")
-    assert sorted(p.name for p in paths) == ["fleet.toml", "launch_fleet.sh", "provenance.json", "sglang.yaml"]
+    assert sorted(p.name for p in paths) == ["client.json", "fleet.toml", "launch_fleet.sh", "provenance.json",
+                                               "sglang.yaml"]
     prov = json.loads((out / "provenance.json").read_text())
     assert prov["study"] == "s" and prov["trial"] == 1 and prov["output_tok_s"] == 2990.0
     assert prov["gain_ci"] == [0.41, 0.49] and prov["sglang_version"] == "0.5.23" and prov["gpu"] == "b200"

@@ -10,6 +10,7 @@ from autotune.config.studyref import locate, locate_fleet, record_apply, study_f
 from autotune.deploy import rollout
 from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
 from autotune.deploy.fleet import load_fleet, server_config
+from autotune.deploy.inflight import read_advice
 from autotune.deploy.numerics import check_numerics
 from autotune.deploy.sglang_yaml import config_diff
 from autotune.errors import ConfigError
@@ -149,6 +150,7 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
     paths = write_artifacts(winner, out, gpus=parse_gpus(gpus) if gpus is not None else None, layout=layout,
                             base_port=base_port, host=host, python=python, model=model)
     click.echo(f"study {winner.study}, trial {winner.trial}: wrote " + ", ".join(str(p) for p in paths))
+    click.echo(str(read_advice(out)))  # the in-flight requests client.json holds, as written
     source = None if config is not None and config.suffix in (".yaml", ".yml") else study_file(config, study, storage)
     if source is not None:  # fleet up, fleet status, fleet down and watch read this fleet when none is named
         record_apply(source, Path(out) / "fleet.toml", trial=winner.trial)

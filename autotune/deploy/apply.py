@@ -24,6 +24,7 @@ from autotune.deploy import sglang_yaml as yaml_files
 from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, write_fleet
 from autotune.deploy.fleet import server_gpus as launch_group
 from autotune.deploy.fleetfile import spans
+from autotune.deploy.inflight import client_advice
 from autotune.deploy.sglang_yaml import PER_SERVER, config_diff, read_config_file, split_config, yaml_text
 from autotune.errors import ConfigError, StudyError
 from autotune.harness.engines.sim import sim_argv
@@ -31,8 +32,8 @@ from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files, reference
 from autotune.results import Capacity, TrialResult
 from autotune.search.jobview import job_for_study
-from autotune.search.objective import per_gpu
 from autotune.search.numerics import contender_result
+from autotune.search.objective import per_gpu
 from autotune.search.settings import device_name
 from autotune.search.storage import load_study
 from autotune.sglang.flags import FlagTable
@@ -384,6 +385,7 @@ def write_artifacts(
         raise ConfigError("the study does not record a model path", key="--model", fix="pass --model")
     document, cli = split_config(yaml_files.deployed_config(winner.config))
     servers = _servers(winner, cli, gpus=gpus, layout=layout, base_port=base_port, host=host)
+    client = client_advice(winner, servers=len(servers))  # what the job's client must keep in flight
     python = python or winner.python or (layout.python if layout is not None else None)
     # the study's launcher; a study that ran locally keeps the launcher of the fleet file it is laid out on
     launcher, settings = winner.launcher, winner.launcher_settings
@@ -398,7 +400,7 @@ def write_artifacts(
         err = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in err["loc"]) or "fleet"
         raise ConfigError(err["msg"].removeprefix("Value error, "), key=where) from None
-    header = f"autotune: study {winner.study}, trial {winner.trial}, sglang {SGLANG_VERSION}"
+    header = f"autotune: study {winner.study}, trial {winner.trial}, sglang {SGLANG_VERSION}\n{client}"
     if not winner.config.get(yaml_files.METRICS_FLAG):
         header += "\nenable-metrics added: the rollout's canary and autotune watch read /metrics"
     size = server_gpus(winner.config)
@@ -433,8 +435,9 @@ def write_artifacts(
     paths = {
         "sglang.yaml": yaml_text(document, header=header),
         "launch_fleet.sh": script,
-        "provenance.json": json.dumps({**provenance(winner), "model_path": model, "python": python},
-                                      indent=2, default=str) + "\n",
+        "client.json": client.json_text(),
+        "provenance.json": json.dumps({**provenance(winner), "model_path": model, "python": python,
+                                       "client": client.to_dict()}, indent=2, default=str) + "\n",
     }
     written = []
     for name, text in paths.items():

@@ -1,0 +1,181 @@
+"""What the job's client must send: the in-flight requests per server that keep the winner's running cap
+full.
+
+A tuned cap does nothing if the client keeps fewer requests in flight than the server may run. ``apply``
+writes this advice into ``client.json`` beside ``launch_fleet.sh``, into the script's header and into
+``provenance.json``, all from the stored trial (no server is asked).
+
+The figure per server is ``cap + queue``:
+
+- ``cap``: the winner's effective ``max_running_requests`` as the server reported it (``Capacity``, per DP
+  worker) × its DP workers: the requests SGLang will run at once.
+- ``queue``: the requests that must already wait at the server so that a slot freed by a finished request is
+  refilled at the scheduler's next admission, not one client round trip later. A closed-loop client sends a
+  replacement when it sees a request finish; that replacement reaches a slot after ``refill_s`` = two chunk
+  gaps (the finish on its way out, the new request on its way in and admitted between decode steps). The
+  window's ITL p99 × tokens per chunk (accept length × ``--stream-interval``) is that gap as the streams saw
+  it, prefill pauses included. Requests finish at the window's completion rate λ, so the completions during
+  one refill are Poisson(λ · ``refill_s``); ``queue`` is its 99.9 % quantile (at least 1): the queue runs dry
+  in about one refill in a thousand.
+
+The trial also says how full the cap was: tok/s × mean ITL is the mean number of streams generating (a
+window's tokens per second are the sum of each stream's 1/ITL), and ``concurrency`` is what the replay kept in
+flight. When that concurrency was below the cap, the study never saw the cap full: its figure is the client's
+limit (``binding``), and the advice says so with both numbers and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Protocol
+
+from autotune.results import TrialResult
+
+__all__ = ["ClientAdvice", "client_advice", "read_advice"]
+
+FILE = "client.json"
+QUANTILE = 0.999  # of the completions during one refill: the share of refills the queue covers
+
+
+class _Winner(Protocol):  # what ``deploy.apply.Winner`` offers (a Protocol keeps this module below apply)
+    @property
+    def trial(self) -> int: ...
+
+    @property
+    def result(self) -> TrialResult: ...
+
+    @property
+    def config(self) -> dict[str, Any]: ...
+
+    @property
+    def workload(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClientAdvice:
+    """The in-flight requests per server and fleet, and the trial figures they come from (None: not measured)."""
+
+    trial: int
+    servers: int
+    running_cap: int | None  # per server: the reported cap per DP worker × DP workers
+    queue: int | None  # requests waiting beside the cap (``refill_s`` × λ, its 99.9 % quantile)
+    per_server: int | None  # running_cap + queue
+    fleet: int | None  # per_server × servers
+    measured_concurrency: int | None  # what the trial's replay kept in flight on its one server
+    measured_generating: float | None  # streams generating on average in the trial's window
+    completions_s: float | None  # λ: requests finished per second in the window
+    refill_s: float | None  # how long a replacement takes to reach a slot (two chunk gaps)
+    binding: bool = False  # measured_concurrency < running_cap: the study's client was the limit
+
+    def lines(self) -> list[str]:
+        """What ``apply`` prints and the launch script's header says, in that order."""
+        if self.per_server is None:
+            cap = f"{self.running_cap} running requests per server" if self.running_cap else "the running cap"
+            out = [f"client: keep more than {cap} in flight (trial {self.trial} has no measured window to size "
+                   "the queue)"]
+        else:
+            servers = f"the {self.servers} servers" if self.servers > 1 else "the one server"
+            out = [f"client: keep {self.per_server} requests in flight per server (running cap {self.running_cap} "
+                   f"+ queue {self.queue}), {self.fleet} across {servers}"]
+        if self.measured_concurrency is not None and self.measured_generating is not None:
+            waiting = max(0.0, self.measured_concurrency - self.measured_generating)
+            out.append(f"trial {self.trial} measured with {self.measured_concurrency} in flight: "
+                       f"{self.measured_generating:.1f} generating of the cap of {self.running_cap}, "
+                       f"≈{waiting:.0f} waiting or in prefill")
+        if self.binding:
+            at_least = self.per_server or (self.running_cap or 0) + 1
+            out.append(f"warning: the study's client was the binding limit: trial {self.trial} kept "
+                       f"{self.measured_concurrency} requests in flight, below the winner's running cap of "
+                       f"{self.running_cap}, so the study never saw the cap full and its tok/s is the client's; "
+                       f"raise [workload] concurrency to at least {at_least} (or leave it unset: 2 × the cap) "
+                       "and run the sweep again")
+        return out
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "lines": self.lines()}
+
+    def json_text(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ClientAdvice:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def read_advice(out_dir: Path) -> ClientAdvice:
+    """The advice ``apply`` wrote into ``out_dir`` (what it prints is what it wrote)."""
+    return ClientAdvice.from_dict(json.loads((Path(out_dir) / FILE).read_text()))
+
+
+def dp_workers(config: dict[str, Any]) -> int:
+    """SGLang's schedulers per server: each DP worker (replica or attention DP rank) runs its own cap."""
+    for key in ("attn_dp_size", "dp_size"):
+        value = config.get(key)
+        if isinstance(value, int) and value > 1:
+            return value
+    return 1
+
+
+def poisson_quantile(mean: float, q: float = QUANTILE) -> int:
+    """The smallest k with P(N ≤ k) ≥ q for N ~ Poisson(mean)."""
+    if mean <= 0:
+        return 0
+    if mean > 500:  # the normal approximation (exp(-mean) underflows); z(0.999) ≈ 3.09
+        return math.ceil(mean + 3.09 * math.sqrt(mean))
+    k, term = 0, math.exp(-mean)
+    total = term
+    while total < q:
+        k += 1
+        term *= mean / k
+        total += term
+    return k
+
+
+def _measured_concurrency(winner: _Winner, per_dp_cap: int | None) -> int | None:
+    """What the replay kept in flight: the window's own figure, else the study's setting (auto: 2 × the cap)."""
+    metrics = winner.result.metrics
+    if metrics is not None and metrics.concurrency > 0:
+        return metrics.concurrency
+    setting = winner.workload.get("concurrency")
+    if isinstance(setting, int) and setting > 0:
+        return setting
+    return 2 * per_dp_cap if per_dp_cap else None  # ``harness.trial.auto_concurrency``
+
+
+def _refill_s(result: TrialResult) -> float | None:
+    """Two chunk gaps at the window's ITL p99 (per token) × tokens per chunk."""
+    metrics = result.metrics
+    if metrics is None or not metrics.itl_ms.p99:
+        return None
+    interval = (result.measurement or {}).get("stream_interval")
+    steps = interval if isinstance(interval, int) and interval > 0 else 1
+    per_chunk = max(1.0, metrics.accept_length or 1.0) * steps
+    return round(2 * metrics.itl_ms.p99 / 1000 * per_chunk, 4)
+
+
+def client_advice(winner: _Winner, *, servers: int) -> ClientAdvice:
+    """The advice for ``servers`` servers of the winner, from its stored trial."""
+    capacity, metrics = winner.result.capacity, winner.result.metrics
+    per_dp = capacity.max_running_requests if capacity is not None else None
+    cap = per_dp * dp_workers(winner.config) if per_dp else None
+    concurrency = _measured_concurrency(winner, per_dp)
+    generating = None
+    if metrics is not None and metrics.itl_ms.mean:
+        generating = round(metrics.output_tok_s * metrics.itl_ms.mean / 1000, 2)
+    rate = metrics.request_s if metrics is not None and metrics.request_s > 0 else None
+    refill = _refill_s(winner.result)
+    queue = max(1, poisson_quantile(rate * refill)) if cap and rate and refill else None
+    per_server = cap + queue if cap and queue else None
+    return ClientAdvice(
+        trial=winner.trial, servers=servers, running_cap=cap, queue=queue, per_server=per_server,
+        fleet=per_server * servers if per_server else None, measured_concurrency=concurrency,
+        measured_generating=generating, completions_s=rate, refill_s=refill,
+        binding=bool(cap and concurrency is not None and concurrency < cap),
+    )
