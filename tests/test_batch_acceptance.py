@@ -88,7 +88,7 @@ def test_the_jobs_own_file_runs_measure_and_the_example_sweep(tmp_path, name, wr
     run = lambda *argv: subprocess.run([sys.executable, "-m", "autotune", *argv], cwd=clone, env=env,  # noqa: E731
                                        capture_output=True, text=True, timeout=120)
     measured = run("measure", "--prompts", name, "--sample", "16", "--max-tokens", "256", "--warmup", "0.5",
-                   "--window", "1", "--sim-opt", "startup_s=0.2", "--out", "m", "--json")
+                   "--warmup-max", "0.5", "--window", "1", "--window-max", "1", "--sim-opt", "startup_s=0.2", "--out", "m", "--json")
     assert measured.returncode == 0, measured.stderr[-2000:]
     result = json.loads(measured.stdout)
     assert result["status"] == "ok" and result["metrics"]["output_tok_s"] > 0 and not result["metrics"]["errors"]
@@ -99,7 +99,8 @@ def test_the_jobs_own_file_runs_measure_and_the_example_sweep(tmp_path, name, wr
         assert "/generate" in served
         assert "skipped 1 record with no human turn" in measured.stderr
     # the example sweep with the job's file as its sample (the copy's [workload] prompts), as the README runs it
-    shrink_example(clone, prompts=f"../{name}", trials="2", edge_starts="0", confirm_top_k="0", sample_size="16")
+    shrink_example(clone, prompts=f"../{name}", caps=(1, 1.5), trials="2", edge_starts="0", confirm_top_k="0",
+                   sample_size="16", warmup_s="0.5", measure_s="1")
     swept = run("sweep")
     assert swept.returncode == 0, swept.stderr[-2000:]
     assert "2 trials (2 ok)" in swept.stdout, swept.stdout[-2000:]

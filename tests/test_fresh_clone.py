@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # The example study, smaller: the same file and sections, fewer trials, second-long windows, a 1 × 1 confirmation.
 SHRINK = {"trials": "3", "edge_starts": "1", "confirm_top_k": "1", "confirm_repeats": "1", "sample_size": "32",
           "max_tokens": "512", "warmup_s": "1", "measure_s": "2"}
-LOOSE = "warmup_max_s = 2\nmeasure_max_s = 3\ntarget_half_width = 0.5\nsettle_tolerance = 0.5\n"
+# Second-long windows are no steady-state estimate: capped, with a loose settle rule (as tests/tinystudy.py).
+LOOSE = "warmup_max_s = {0:g}\nmeasure_max_s = {1:g}\ntarget_half_width = 0.5\nsettle_tolerance = 0.5\n"
 
 
 def fresh_clone(dest: Path) -> Path:
@@ -39,14 +40,15 @@ def fresh_clone(dest: Path) -> Path:
     return dest
 
 
-def shrink_example(clone: Path, *, prompts: str | None = None, **overrides: str) -> Path:
+def shrink_example(clone: Path, *, prompts: str | None = None, caps: tuple[float, float] = (2, 3),
+                   **overrides: str) -> Path:
     """Edit the clone's ``studies/example.toml`` in place for a test's speed (the commands stay the README's)."""
     path = clone / DEFAULT_STUDY
     text = path.read_text()
     for key, value in {**SHRINK, **overrides}.items():
         text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
         assert n == 1, f"example.toml has no single {key} line"
-    text = re.sub(r"(?m)^(measure_s = .*\n)", lambda m: m[1] + LOOSE, text, count=1)
+    text = re.sub(r"(?m)^(measure_s = .*\n)", lambda m: m[1] + LOOSE.format(*caps), text, count=1)
     text = re.sub(r"(?m)^sim_options = .*$", "sim_options = { startup_s = 0.2, noise = 0.02, release_s = 0.2 }", text)
     if prompts is not None:
         text, n = re.subn(r'(?m)^prompts = .*$', f"prompts = {json.dumps(prompts)}", text)
