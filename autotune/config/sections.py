@@ -53,10 +53,15 @@ class StudySection(StrictModel):
     sampler: Literal["tpe", "random", "gp", "cmaes"] = "tpe"
     edge_starts: int = Field(0, ge=0)  # planner-chosen starting points on the memory wall (autotune/search/starts.py)
     confirm_top_k: int = Field(3, ge=0)
-    confirm_repeats: int = Field(3, ge=1)
-    # Sequential confirmation: contenders still in contention are re-measured (3 → 5 → 8 by default) until the
-    # winner's gain over the runner-up is resolved or this many repeats are spent (autotune/search/confirm/).
+    # The confirmation (autotune/search/confirm/): every contender is launched once and measured over
+    # confirm_windows windows in that launch (fresh pass markers each); the top two are launched confirm_repeats
+    # times in all, which estimates the between-launch term; contenders still open against the best are
+    # relaunched one launch a stage, up to confirm_max_repeats launches each, until the best's gain over each is
+    # resolved or tied within `resolution` (a fraction: 0.02 = gains inside ±2 % are a tie, the headroom decides).
+    confirm_repeats: int = Field(2, ge=1)
     confirm_max_repeats: int = Field(8, ge=1)
+    confirm_windows: int = Field(3, ge=1)
+    resolution: float = Field(0.02, gt=0, lt=0.5)
 
 
 class EngineSection(StrictModel):

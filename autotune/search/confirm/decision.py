@@ -1,103 +1,163 @@
-"""The verdict from confirmation runs: the winner, its gain over the baseline, whether the gain over the runner-up
-is resolved, and the headroom tie-break; no study needed, so a stored confirmation is decided again as is."""
+"""The verdict from confirmation runs, no study needed (a stored confirmation is decided again as is).
+
+Each contender's estimate and the gain of the best over every other come from the two-level noise model
+(``noise``). Against the best, a contender is *resolved* (the gain's 95 % interval excludes 1), *tied within the
+resolution* (the whole interval inside ±``resolution``: a result, nothing more to measure) or *open* (neither:
+more launches may tell). The confirmation relaunches only the open ones and the best (``contention``), until none
+is open or the launches are spent. A tie (within the resolution, or open when the launches are spent) goes to the
+fastest estimate unless its memory headroom is under ``TIE_HEADROOM_FLOOR_GIB``; then to the roomiest. A best
+config that runs the baseline's own flags, or that is not resolved from the baseline, did not beat it: no winner.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import dataclasses
+from collections.abc import Collection, Mapping
 from typing import Any
 
-import numpy as np
+from autotune.search.confirm.noise import Estimate, NoiseModel, Ratio, estimates, ratio
+from autotune.search.confirm.samples import by_contender
 
-from autotune.search.confirm.statistics import gain_interval, jsonable, run_stats
-
-# A tie goes to the fastest median; only when that config's measured headroom is below this floor does the
+# A tie goes to the fastest estimate; only when that config's measured headroom is below this floor does the
 # roomiest tied config win instead: the roomier config is usually the slower one (benchmarks/README.md).
 TIE_HEADROOM_FLOOR_GIB = 4.0
+# The default ``[study] resolution``: gains inside ±2 % are a tie. Below what a fleet sees from one day's traffic to
+# the next, and about the narrowest interval a few launches of three windows reach at the simulator's noise
+# (docs/search.md): a finer resolution is stated in the study when it matters.
+RESOLUTION = 0.02
 
 
-def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, seed: int, *,
-           same_as_baseline: Collection[int] = ()) -> dict[str, Any]:
-    """Winner, gain and interval from confirmation runs (``{"trial", "repeat", "result"}``), no study needed.
+@dataclasses.dataclass(frozen=True)
+class Standing:
+    """How a contender stands against the best: resolved below it, tied within the resolution, or open."""
 
-    ``same_as_baseline``: contenders that launched the baseline's exact flags (its launch key). When the best
-    contender is the baseline or one of these, or the baseline's interval overlaps the best's (not resolved
-    from it), no config beat the baseline: ``winner_trial`` is None, ``outcome`` ``"baseline"``, no gain.
-    ``outcome`` is ``"winner"`` when there is one and ``"none"`` when no contender ran cleanly throughout.
+    trial: int
+    against_best: Ratio
+    state: str  # "resolved" | "within" | "open"
+
+
+def _pct(r: float) -> str:
+    """A resolution as the note says it: ``2 %``, ``0.5 %``."""
+    return f"{round(r * 100, 2):g} %"
+
+
+def _ci(r: Ratio) -> str:
+    return f"95 % CI {r.low:.3f}–{r.high:.3f}×"
+
+
+def standing(best: Estimate, other: Estimate, noise: NoiseModel, resolution: float) -> Standing | None:
+    r = ratio(best, other, noise)
+    if r is None:
+        return None
+    state = "resolved" if r.excludes_one() else "within" if r.within(resolution) else "open"
+    return Standing(other.trial, r, state)
+
+
+def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, seed: int = 0, *,
+           same_as_baseline: Collection[int] = (), resolution: float = RESOLUTION,
+           demoted: Mapping[int, str] | None = None) -> dict[str, Any]:
+    """Winner, gain and interval from confirmation runs (``{"trial", "repeat", "result"}``); the stored JSON.
+
+    ``same_as_baseline``: contenders that launched the baseline's exact flags. ``demoted``: contenders that may not
+    win (trial → why: a failed stress phase), named in the note. ``outcome``: ``"winner"``, ``"baseline"`` (no
+    config beat it: ``winner_trial`` None, no gain) or ``"none"`` (no contender ran cleanly throughout).
+    ``decided``: nothing is open (the stages stop); ``contention``: who the next stage relaunches. ``seed`` is
+    kept for callers: the interval is analytic, so the same runs always give the same verdict.
     """
-    rng = np.random.default_rng(seed)
-    tok, stats = run_stats(rng, runs, order)
-    candidates = [n for n in order if stats[n]["runs"] and not stats[n]["failed"]]
-    nothing = {"winner_trial": None, "baseline_trial": baseline, "gain": None, "ci_low": None, "ci_high": None}
+    del seed
+    demoted = dict(demoted or {})
+    noise, est = estimates(by_contender(runs, order))
+    common = {"baseline_trial": baseline, "resolution": resolution, "noise": noise.to_dict(),
+              "stats": _stats(est, noise), **({"demoted": {str(n): why for n, why in demoted.items()}} if demoted else {})}
+    nothing = {**common, "winner_trial": None, "gain": None, "ci_low": None, "ci_high": None}
+    candidates = [n for n in order if est[n].launches and not est[n].failed and n not in demoted]
     if not candidates:
-        return {**nothing, "outcome": "none", "note": "no contender ran cleanly in every confirmation run",
-                "stats": jsonable(stats)}
-    top = max(candidates, key=lambda n: stats[n]["median"])
-    tied = [n for n in candidates if stats[n]["ci"][1] >= stats[top]["ci"][0]]
+        return {**nothing, "outcome": "none", "note": _demoted_note(demoted) or
+                "no contender ran cleanly in every confirmation run", "decided": True, "contention": []}
+    top = max(candidates, key=lambda n: est[n].rate)
     twins = {n for n in same_as_baseline if n != baseline}
-    unresolved = _baseline_holds(stats, top, tied, baseline, twins)
-    if unresolved is not None:
-        # the baseline tied with the best: more repeats may separate them (sequential confirmation)
-        contention = sorted({top, *(n for n in tied if n not in twins)} | ({baseline} if baseline in candidates else set()))
-        return {**nothing, "outcome": "baseline", "note": f"no config beat the baseline: {unresolved}",
-                "stats": jsonable(stats), "resolved": top == baseline or top in twins, "contention": contention}
-    tied = [n for n in tied if n not in twins]  # noise around the baseline's flags is no candidate
-    resolution = _resolution(rng, tok, stats, top, [n for n in candidates if n not in twins])
-    winner, note = _break_tie(stats, top, tied)
-    gain = ci_low = ci_high = None
-    if baseline is not None and stats.get(baseline, {}).get("median"):
-        gain = stats[winner]["median"] / stats[baseline]["median"]
-        ci_low, ci_high = gain_interval(rng, tok[winner], tok[baseline])
+    stand = {n: s for n in candidates if n != top and (s := standing(est[top], est[n], noise, resolution))}
+    held = _baseline_holds(est, top, stand, baseline, twins, resolution)
+    if held is not None:
+        why, decided = held
+        contention = sorted({top, *(n for n, s in stand.items() if s.state == "open" and n not in twins)})
+        return {**nothing, "outcome": "baseline", "note": _join(f"no config beat the baseline: {why}",
+                                                                _demoted_note(demoted)),
+                "decided": decided, "resolved": decided, "contention": [] if decided else contention}
+    others = {n: s for n, s in stand.items() if n not in twins}  # noise around the baseline's flags is no candidate
+    tied = [top, *(n for n, s in others.items() if s.state != "resolved")]
+    winner, tie_note = _break_tie(est, top, tied)
+    verdict = {**nothing, "winner_trial": winner, "outcome": "winner"}
+    base = ratio(est[winner], est[baseline], noise) if baseline is not None and baseline in est else None
+    if base is not None:
+        verdict.update(gain=base.gain, ci_low=base.low, ci_high=base.high)
     elif baseline is not None:
-        note = (note + "; " if note else "") + "the baseline failed in confirmation, so no gain is given"
-    if not resolution["resolved"] and resolution["runner_up_trial"] is not None:
-        low, high = resolution["runner_up_ci"]
-        why = note or f"trial {winner} has the fastest median"
-        note = (f"tied: trial {top}'s gain over the runner-up (trial {resolution['runner_up_trial']}) is not resolved "
-                f"after {max(stats[top]['runs'], 1)} repeats (95 % CI {low:.3f}–{high:.3f}×); {why}")
-    return {"winner_trial": winner, "baseline_trial": baseline, "gain": gain, "ci_low": ci_low,
-            "ci_high": ci_high, "outcome": "winner", "note": note, "stats": jsonable(stats),
-            "contention": sorted(set(tied) | ({baseline} if baseline in candidates else set())), **resolution}
+        tie_note = _join(tie_note, "the baseline failed in confirmation, so no gain is given")
+    runner = max(others, key=lambda n: est[n].rate, default=None)
+    open_ = [n for n, s in others.items() if s.state == "open"]
+    within = [n for n, s in others.items() if s.state == "within"]
+    verdict.update(runner_up_trial=runner, runner_up_gain=others[runner].against_best.gain if runner else None,
+                   runner_up_ci=[others[runner].against_best.low, others[runner].against_best.high] if runner else None,
+                   resolved=not open_ and not within, decided=not open_,
+                   contention=sorted({top, *open_}) if open_ else [])
+    note = tie_note
+    if open_ and runner is not None:
+        r = others[runner].against_best
+        note = (f"tied: trial {top}'s gain over the runner-up (trial {runner}) is not resolved after "
+                f"{est[top].launches} launches ({_ci(r)}); {tie_note or f'trial {winner} has the fastest estimate'}")
+    elif within and runner is not None:
+        r = others[runner].against_best
+        note = (f"tied within {_pct(resolution)}: trial {top}'s gain over trial {runner} is {r.gain:.3f}× ({_ci(r)}, "
+                f"inside ±{_pct(resolution)}); {tie_note}")
+    verdict["note"] = _join(note, _demoted_note(demoted))
+    return verdict
 
 
-def _baseline_holds(stats: dict[int, dict[str, Any]], top: int, tied: list[int], baseline: int | None,
-                    twins: set[int]) -> str | None:
-    """Why no config beat the baseline (the best runs its flags, or is within its noise); None when one did."""
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
+
+
+def _demoted_note(demoted: Mapping[int, str]) -> str:
+    return "; ".join(f"trial {n} demoted: {why}" for n, why in demoted.items())
+
+
+def _stats(est: Mapping[int, Estimate], noise: NoiseModel) -> dict[str, Any]:
+    """Per contender, the stored figures (``median``: the confirmed estimate, the name the readers know)."""
+    out: dict[str, Any] = {}
+    for n, e in est.items():
+        low, high = e.interval(noise)
+        out[str(n)] = {"median": e.rate, "ci": [low, high], "runs": e.launches + e.failed, "windows": e.windows,
+                       "failed": e.failed, "headroom_gib": e.headroom_gib, "unsettled_windows": e.unsettled}
+    return out
+
+
+def _baseline_holds(est: Mapping[int, Estimate], top: int, stand: Mapping[int, Standing], baseline: int | None,
+                    twins: set[int], resolution: float) -> tuple[str, bool] | None:
+    """(why no config beat the baseline, whether that is decided); None when one did."""
     if top == baseline or top in twins:
         return (f"the fastest confirmed config (trial {top}) runs the baseline's own flags" if top != baseline
-                else "the baseline has the fastest confirmed median")
-    if baseline is not None and baseline in tied:
-        return (f"trial {top}'s median ({stats[top]['median']:,.0f} tok/s) is within the baseline's "
-                f"run-to-run noise ({stats[baseline]['median']:,.0f} tok/s; 95 % intervals overlap)")
-    return None
+                else "the baseline has the fastest confirmed estimate"), True
+    s = stand.get(baseline) if baseline is not None else None
+    if s is None or s.state == "resolved":
+        return None
+    tok = f"trial {top}'s {est[top].rate:,.0f} tok/s against the baseline's {est[s.trial].rate:,.0f}"
+    if s.state == "within":
+        return f"{tok} is tied within {_pct(resolution)} ({_ci(s.against_best)})", True
+    return f"{tok} is within the baseline's run-to-run noise ({_ci(s.against_best)})", False
 
 
-def _break_tie(stats: dict[int, dict[str, Any]], top: int, tied: list[int]) -> tuple[int, str]:
-    """(winner, note) among statistically tied contenders: the fastest median unless it is short of headroom."""
+def _break_tie(est: Mapping[int, Estimate], top: int, tied: list[int]) -> tuple[int, str]:
+    """(winner, note) among tied contenders: the fastest estimate unless it is short of headroom."""
     if len(tied) <= 1:
         return top, ""
-    roomy = max(tied, key=lambda n: (stats[n]["headroom_gib"] if stats[n]["headroom_gib"] is not None
-                                     else float("-inf"), stats[n]["median"]))
-    top_room = stats[top]["headroom_gib"]
-    if top_room is not None and top_room >= TIE_HEADROOM_FLOOR_GIB:
-        return top, (f"trials {', '.join(map(str, tied))} are statistically tied (95 % intervals overlap); "
-                     f"trial {top} has the fastest median and {top_room:.1f} GiB headroom "
-                     f"(≥ {TIE_HEADROOM_FLOOR_GIB:.0f} GiB, so headroom does not decide)")
-    if roomy != top and stats[roomy]["headroom_gib"] is not None:
-        extra = stats[roomy]["headroom_gib"] - (stats[top]["headroom_gib"] or 0.0)
-        return roomy, (f"trials {', '.join(map(str, tied))} are statistically tied (95 % intervals overlap); "
-                       f"chose trial {roomy} over the fastest median (trial {top}) for {extra:.1f} GiB more headroom")
-    return top, (f"trials {', '.join(map(str, tied))} are statistically tied (95 % intervals overlap); "
-                 f"trial {top} has the fastest median and the most headroom")
-
-
-def _resolution(rng: np.random.Generator, tok: dict[int, list[float]], stats: dict[int, dict[str, Any]], top: int,
-                candidates: list[int]) -> dict[str, Any]:
-    """Whether the best median's gain over the runner-up is resolved: its bootstrap 95 % interval excludes 1."""
-    others = [n for n in candidates if n != top]
-    if not others:
-        return {"runner_up_trial": None, "runner_up_gain": None, "runner_up_ci": None, "resolved": True}
-    runner = max(others, key=lambda n: stats[n]["median"])
-    gain = stats[top]["median"] / stats[runner]["median"] if stats[runner]["median"] else float("inf")
-    low, high = gain_interval(rng, tok[top], tok[runner])
-    resolved = bool(np.isfinite(low) and low > 1.0) or not stats[runner]["median"]
-    return {"runner_up_trial": runner, "runner_up_gain": gain, "runner_up_ci": [low, high], "resolved": resolved}
+    room = {n: est[n].headroom_gib for n in tied}
+    roomy = max(tied, key=lambda n: (room[n] if room[n] is not None else float("-inf"), est[n].rate))
+    names = ", ".join(map(str, tied))
+    if room[top] is not None and room[top] >= TIE_HEADROOM_FLOOR_GIB:
+        return top, (f"trials {names} are statistically tied; trial {top} has the fastest estimate and "
+                     f"{room[top]:.1f} GiB headroom (≥ {TIE_HEADROOM_FLOOR_GIB:.0f} GiB, so headroom does not decide)")
+    if roomy != top and room[roomy] is not None:
+        extra = (room[roomy] or 0.0) - (room[top] or 0.0)
+        return roomy, (f"trials {names} are statistically tied; chose trial {roomy} over the fastest estimate "
+                       f"(trial {top}) for {extra:.1f} GiB more headroom")
+    return top, f"trials {names} are statistically tied; trial {top} has the fastest estimate and the most headroom"

@@ -5,29 +5,20 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import optuna
 
 from autotune.config import StudyConfig
+from autotune.harness.windows import WindowsStep
 from autotune.results import TrialResult
 from autotune.search.confirm.decision import decide
 from autotune.search.confirm.ranking import contenders, feasible
 from autotune.search.runner import Runner
 from autotune.search.seeding import finished
 from autotune.search.summary import launch_key as _key
-
-
-def repeat_stages(first: int, most: int) -> list[int]:
-    """Cumulative repeats per sequential stage: 3 → 5 → 8 for (3, 8); one stage when ``most`` ≤ ``first``."""
-    stages = [first]
-    for step in (2, 3):
-        if stages[-1] < most:
-            stages.append(min(most, stages[-1] + step))
-    if stages[-1] < most:
-        stages.append(most)
-    return stages
+from autotune.sglang.parallel import server_gpus
 
 
 def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: Any = None,
@@ -45,7 +36,8 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     base_n = baseline.number if baseline is not None and feasible(baseline) else None
     if stored and stored.get("complete") and stored.get("n_trials") == n_done:
         # Decided before a winner equal to the baseline counted as none: the same runs, decided again.
-        verdict = decide(stored["runs"], stored["order"], base_n, cfg.study.seed, same_as_baseline=twins)
+        verdict = decide(stored["runs"], stored["order"], base_n, cfg.study.seed, same_as_baseline=twins,
+                         resolution=cfg.study.resolution)
         confirmation = {**stored, **verdict}
         study.set_user_attr("confirmation", confirmation)
         return confirmation
@@ -59,11 +51,14 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     if stored and stored.get("n_trials") == n_done and stored.get("order") == order:
         runs = list(stored.get("runs", []))  # a confirmation a killed sweep left half done
     state = {"order": order, "n_trials": n_done, "complete": False}
-    verdict_now = functools.partial(decide, runs, order, base_n, cfg.study.seed, same_as_baseline=twins)
+    verdict_now = functools.partial(decide, runs, order, base_n, cfg.study.seed, same_as_baseline=twins,
+                                    resolution=cfg.study.resolution)
     if not _run_stages(study, cfg, state, runs, configs, verdict_now, runner=runner, progress=progress,
                        stop_event=stop_event):
         return None
     verdict = verdict_now()
+    # The stress stage hooks in here: the verdict names the winner (and, tied, the contention); a contender that
+    # fails its stress phase is demoted (``verdict_now(demoted={trial: why})``) and the next one stressed.
     measured = defaults() if defaults is not None else None
     if measured is not None and measured.get("status") == "interrupted":
         study.set_user_attr("confirmation", {**state, "runs": runs})  # a resume measures the defaults again
@@ -74,48 +69,66 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     return confirmation
 
 
+def next_launches(order: list[int], launched: Mapping[int, int], verdict: Mapping[str, Any], *, first: int,
+                  most: int) -> list[tuple[int, int]]:
+    """The next stage's launches, (trial, repeat) in the order they run; none when the confirmation is done.
+
+    1. Every contender once (``W`` windows each, in ``order``: drift hits everyone alike).
+    2. The top two by estimate up to ``first`` launches each (``confirm_repeats``), interleaved, so the launch
+       term is estimated from the study's own relaunches; skipped when the pooled launch term already has the
+       degrees of freedom these would give, 2 × (``first`` − 1) (a resumed confirmation, earlier stages).
+    3. While a contender is open against the best (``decide``): one more launch of each in ``contention``, up to
+       ``most`` launches each (``confirm_max_repeats``)."""
+    fresh = [(n, 0) for n in order if not launched.get(n)]
+    if fresh:
+        return fresh
+    stats = verdict.get("stats") or {}
+    clean = [n for n in order if (s := stats.get(str(n))) and s["runs"] and not s["failed"]]
+    top_two = sorted(clean, key=lambda n: -stats[str(n)]["median"])[:2]
+    if (verdict.get("noise") or {}).get("launch_df", 0) < 2 * (first - 1):
+        short = [(n, k) for k in range(first) for n in top_two if k >= launched[n]]
+        if short:
+            return short
+    if verdict.get("decided", True):
+        return []
+    return [(n, launched[n]) for n in order if n in verdict.get("contention", ()) and launched[n] < most]
+
+
 def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], runs: list[dict[str, Any]],
                 configs: dict[int, dict[str, Any]], verdict_now: Callable[[], dict[str, Any]], *, runner: Runner,
                 progress: Any, stop_event: threading.Event | None) -> bool:
-    """The interleaved runs, stage by stage (``repeat_stages``), each saved as it lands so a killed sweep resumes;
-    stages after the first re-run only the contenders still in contention. False when interrupted."""
+    """Stage after stage (``next_launches``), each run saved as it lands so a killed sweep resumes where it was.
+    False when interrupted."""
     order = state["order"]
-    done = {(r["trial"], r["repeat"]) for r in runs}
-    repeats = cfg.study.confirm_repeats
-    stages = repeat_stages(repeats, max(repeats, cfg.study.confirm_max_repeats))
-    total = repeats * len(order)
-    active, first = list(order), 0
-    for stage, upto in enumerate(stages):
-        if stage:  # the previous stage did not resolve the winner: only the contenders still in contention
-            verdict = verdict_now()
-            ci = verdict.get("runner_up_ci") or [0.0, 1.0]
-            if verdict.get("resolved") or not verdict.get("contention") or ci[0] == ci[1]:
-                break  # resolved, or an exact tie without noise that no repeat can resolve
-            active = [n for n in order if n in verdict["contention"]]
-            total += (upto - first) * len(active)
-        for k in range(first, upto):
-            for n in active:
-                if (n, k) in done:
-                    continue
-                if stop_event is not None and stop_event.is_set():
-                    study.set_user_attr("confirmation", {**state, "runs": runs})
-                    return False
-                if progress is not None:
-                    progress.confirm_started(len(runs) + 1, total, n, k)
-                result = _repeat(runner, dict(configs[n]), n, k)
-                if result.status == "interrupted":
-                    study.set_user_attr("confirmation", {**state, "runs": runs})
-                    return False
-                runs.append({"trial": n, "repeat": k, "result": result.to_dict()})
+    first = cfg.study.confirm_repeats
+    most = max(first, cfg.study.confirm_max_repeats)
+    while True:
+        launched = {n: sum(1 for r in runs if r["trial"] == n) for n in order}
+        plan = next_launches(order, launched, verdict_now(), first=first, most=most)
+        if not plan:
+            return True
+        total = len(runs) + len(plan)
+        for n, k in plan:
+            if stop_event is not None and stop_event.is_set():
                 study.set_user_attr("confirmation", {**state, "runs": runs})
-                if progress is not None:
-                    progress.confirm_finished(n, result)
-        first = upto
-    return True
+                return False
+            if progress is not None:
+                progress.confirm_started(len(runs) + 1, total, n, k)
+            result = _repeat(runner, dict(configs[n]), n, k, windows=cfg.study.confirm_windows)
+            if result.status == "interrupted":
+                study.set_user_attr("confirmation", {**state, "runs": runs})
+                return False
+            runs.append({"trial": n, "repeat": k, "result": result.to_dict()})
+            study.set_user_attr("confirmation", {**state, "runs": runs})
+            if progress is not None:
+                progress.confirm_finished(n, result)
 
 
-def _repeat(runner: Runner, config: dict[str, Any], number: int, k: int) -> TrialResult:
-    """Confirmation run ``k`` of trial ``number``: a runner that files repeats apart (``HarnessRunner.repeat``:
-    its own directory, no fidelity probe) is told it is one; a plain runner gets the trial's number."""
+def _repeat(runner: Runner, config: dict[str, Any], number: int, k: int, *, windows: int) -> TrialResult:
+    """Confirmation launch ``k`` of trial ``number``: a runner that files repeats apart (``HarnessRunner.repeat``:
+    its own directory, no fidelity probe) measures ``windows`` windows in it (``harness.windows``); a plain
+    runner gets the trial's number and measures one."""
     repeat = getattr(runner, "repeat", None)
-    return repeat(config, number, k) if callable(repeat) else runner(config, number)
+    if not callable(repeat):
+        return runner(config, number)
+    return repeat(config, number, k, after=[WindowsStep(windows - 1, span=server_gpus(config))])

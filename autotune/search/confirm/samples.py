@@ -1,0 +1,69 @@
+"""The confirmation's runs as samples: one ``LaunchSample`` per confirmation launch, with its windows' tok/s per GPU.
+
+A stored run is ``{"trial", "repeat", "result"}``; the result's first window is its ``metrics``, later windows of
+the same launch are ``result.windows`` (``harness.windows``). Runs stored before windows existed have none: a
+launch of one window, which the noise model reads as such.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from autotune.harness.windows import Window
+from autotune.results import TrialResult
+from autotune.search.objective import per_gpu
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchSample:
+    """One confirmation launch of a contender: ``rates`` holds the tok/s per GPU of each trusted window, the first
+    window first; a launch that failed (any status but ok, or no tok/s) has none and ``ok`` False."""
+
+    trial: int
+    repeat: int
+    ok: bool
+    rates: tuple[float, ...]
+    headroom_gib: float | None
+    unsettled: int = 0  # windows whose settle rule reached its cap (kept: a confirmation window is not a crown)
+
+
+def launch_sample(run: Mapping[str, Any]) -> LaunchSample:
+    """A stored confirmation run as a sample."""
+    result = TrialResult.from_dict(run["result"])
+    first = per_gpu(result)
+    ok = result.ok and first is not None and first > 0
+    rates: list[float] = [first] if ok and first is not None else []
+    unsettled = int((result.measurement or {}).get("settled") is False)
+    for data in (result.windows or ()) if ok else ():
+        window = Window.from_dict(data)
+        if window.ok and window.output_tok_s:
+            rates.append(window.output_tok_s / result.gpus_spanned)  # the score, as the first window's
+            unsettled += window.settled is False
+    return LaunchSample(trial=int(run["trial"]), repeat=int(run["repeat"]), ok=ok, rates=tuple(rates),
+                        headroom_gib=headroom([result]), unsettled=unsettled)
+
+
+def by_contender(runs: Iterable[Mapping[str, Any]], order: Iterable[int]) -> dict[int, list[LaunchSample]]:
+    """Every contender's launches in the order they ran (a contender not yet launched has an empty list)."""
+    out: dict[int, list[LaunchSample]] = {n: [] for n in order}
+    for run in runs:
+        sample = launch_sample(run)
+        out.setdefault(sample.trial, []).append(sample)
+    return out
+
+
+def headroom(results: list[TrialResult]) -> float | None:
+    """Memory left on the device at peak: measured when the GPU monitor saw it, else the planner's figure."""
+    seen = [r.gpu.headroom_gib for r in results if r.gpu and r.gpu.headroom_gib is not None]
+    if seen:
+        return min(seen)
+    planned = [r.plan["gib"]["headroom"] for r in results if r.plan and r.plan.get("gib")]
+    return min(planned) if planned else None
+
+
+def least_headroom(samples: list[LaunchSample]) -> float | None:
+    """The contender's least headroom over its launches (None when no launch saw or planned one)."""
+    seen = [s.headroom_gib for s in samples if s.headroom_gib is not None]
+    return min(seen) if seen else None
