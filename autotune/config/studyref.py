@@ -126,7 +126,7 @@ def locate_fleet(given: Path | None) -> FleetRef:
     except ConfigError:
         study = None
     applied = _last_applied(study) if study is not None else None
-    if applied is not None:
+    if study is not None and applied is not None:
         if applied.is_file():
             return FleetRef(applied, f"fleet: {_shown(applied)} (the last autotune apply of {_shown(study)})")
         looked.append(f"{_shown(applied)} (the last apply of {_shown(study)})")
