@@ -9,7 +9,7 @@ diverged so far. So two configs that share a flag diverge from each other where 
 does, and never re-converge. Every output log-probability is lowered by the sum of the flags' shifts.
 
 ``--sim-numerics-flags FLAG[,FLAG]`` makes flags outside the table change outputs too (any value other than
-SGLang's default, the ``GENERIC`` model): the kind of bug the table cannot know of, for a test to prove the
+SGLang's default, the ``UNLISTED`` model: a median 16 tokens): the kind of bug the table cannot know of, for a test to prove the
 confirmation's contender probe catches it. Without it nothing outside the table changes outputs.
 
 This is a model, chosen to be plausible, not a measurement of SGLang: a bfloat16 SSM state typically diverges
@@ -31,7 +31,7 @@ from autotune.sim.args import sglang_defaults
 from autotune.sim.requests import stable_hash
 from autotune.sim.tokens import STREAM, TokenPlan, segment_offset
 
-__all__ = ["DIVERGENCE", "GENERIC", "Divergence", "SimNumerics", "divergence_for"]
+__all__ = ["DIVERGENCE", "GENERIC", "UNLISTED", "Divergence", "SimNumerics", "divergence_for"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +49,9 @@ class Divergence:
 
 GENERIC = Divergence(median_tokens=200, sigma=1.0, logprob_shift=0.01)  # any table flag without its own entry
 _FOUR_BIT = Divergence(median_tokens=8, sigma=1.0, logprob_shift=0.2)
+# A flag outside the table that changes outputs (``--sim-numerics-flags``) stands for a bug, not rounding: outputs part
+# within tens of tokens, so a probe of 64 tokens sees it on nearly every prompt.
+UNLISTED = Divergence(median_tokens=16, sigma=0.5, logprob_shift=0.05)
 
 # flag → value → model ("*": any other non-reference value); None: no divergence on a bfloat16 checkpoint.
 DIVERGENCE: dict[str, dict[Any, Divergence | None]] = {
@@ -82,7 +85,7 @@ class SimNumerics:
                    unlisted: Iterable[str] = ()) -> SimNumerics:
         """From a server's args; Mamba flags are inert on a model without Mamba/GDN layers. ``unlisted``
         (``--sim-numerics-flags``): flags outside the table that change outputs here anyway, at any value other
-        than SGLang's default, with the ``GENERIC`` model (the bug a contender probe must catch)."""
+        than SGLang's default, with the ``UNLISTED`` model (the bug a contender probe must catch)."""
         defaults = {"mamba_ssm_dtype": ssm_dtype} if hybrid else None
         changes = []
         for change in changes_numerics(server_args, None, defaults=defaults):
@@ -95,7 +98,7 @@ class SimNumerics:
         for flag in unlisted:
             value = server_args.get(flag)
             if numerics_flag(flag) is None and value not in (None, False) and value != parser_defaults.get(flag):
-                changes.append((f"{flag}={value}", GENERIC))
+                changes.append((f"{flag}={value}", UNLISTED))
         return cls(tuple(changes))
 
     @property
