@@ -22,7 +22,9 @@ EXPLAIN = ("A trial whose config changes an output-changing flag against the bas
            "probed after its throughput window: K fixed prompts of the sample, greedy, N tokens, compared with the "
            "baseline's outputs. prefix_match is the mean number of leading tokens identical to the baseline's, "
            "exact_share the share of prompts whose N tokens all match, logprob_delta the mean |Δ logprob| (nats) of "
-           "the baseline's tokens where both sides scored them. Trials without a row here cannot change outputs.")
+           "the baseline's tokens where both sides scored them. Every confirmed contender is probed too, in its first "
+           "confirmation launch, table or not: one whose outputs changed though no such flag did is listed as changed "
+           "unexpectedly. Trials without a row here cannot change outputs, or matched the baseline's.")
 
 
 def _changes(fidelity: dict[str, Any]) -> str:
