@@ -226,7 +226,7 @@ class Scheduler(RunningBatch):
                 graph=new_tokens <= lim.prefill_graph_tokens, throughput=new_tokens / elapsed, cached_token=cached,
             ))
         return StepResult(duration, "prefill", emissions=emissions, log_lines=lines, tokens=tokens, started=started,
-                          finished=finished)
+                          finished=finished, prefill_tokens=new_tokens)
 
     # -- decode -------------------------------------------------------------------------------------------
     def _decode(self, max_cycles: int = 1) -> StepResult:

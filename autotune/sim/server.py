@@ -32,6 +32,12 @@ __all__ = ["SSEResponse", "SimServer", "Stream", "filler", "install_sigterm"]
 
 CATCH_UP_SLICE_S = 0.02  # when behind, how long the pacing loop may run steps before streams get to send
 PACE_LOG_S = 10.0  # how often a busy server logs how far its wall clock trails the model (sim-only line)
+# SGLang's tokenizer manager is its own process: a burst of requests reaches the scheduler within milliseconds. The
+# sim's HTTP intake shares one event loop with the pacing, so on a busy host a burst would trickle in over tens of
+# ms and be prefilled in dribs no GPU server forms. After idle, the first step waits while requests keep landing
+# (each within INTAKE_GAP_S of the last), at most INTAKE_MAX_S of wall time; idle time is not lag, so no figure moves.
+INTAKE_GAP_S = 0.03
+INTAKE_MAX_S = 0.3
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -91,6 +97,7 @@ class SimServer:
                 self._device(busy=False)
                 self._wake.clear()
                 await self._wake.wait()
+                await self._intake(loop)
                 deadline = last_yield = loop.time()  # idle time is not lag: the next step starts now
                 self._lag_retired = self.pace["lag_s"]
                 continue
@@ -123,12 +130,24 @@ class SimServer:
             else:  # nothing could run (e.g. no waiting prompt fits): do not spin
                 await asyncio.sleep(0.001)
                 deadline = loop.time()
+            if res.prefill_tokens:
+                self.status.note_prefill(res.prefill_tokens)
             streams = self.streams
             for em in res.emissions:
                 stream = streams.get(em.rid)
                 if stream is not None:
                     stream.push(em)
             self._device(busy=True, prefill=res.kind == "prefill")
+
+    async def _intake(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Let a burst that woke an idle server land before its first step (see ``INTAKE_GAP_S``)."""
+        sched, end = self.sched, loop.time() + INTAKE_MAX_S
+        seen = len(sched.waiting)
+        while loop.time() < end:
+            await asyncio.sleep(INTAKE_GAP_S)
+            if len(sched.waiting) == seen:
+                return
+            seen = len(sched.waiting)
 
     def _log_pace(self, now: float) -> None:
         """Every ``PACE_LOG_S`` while busy: one sim-only line with the lag since the previous one."""

@@ -86,6 +86,12 @@ class ServerStatus:
         self.weights_mib = self.context_mib + float(g.weights) * 1024
         self.pools_mib = self.context_mib + self.pools_gib * 1024
         self.static_mib = float(x.get("static_gib") or 0.0) * 1024 or self.pools_mib + g.graphs * 1024
+        # Activations as torch's caching allocator holds them: the largest forward so far stays reserved (NVML sees
+        # it), starting with the prefill graph captured at startup; a prefill batch of t tokens takes t × the plan's
+        # per-token figure (the plan's ``activations`` are one full chunk's, deviated where the truth says so).
+        chunk = int(x.get("chunked_prefill_size") or 0) or int(x.get("prefill_graph_tokens") or 0)
+        self.act_mib_per_token = float(g.activations) * 1024 / chunk if chunk > 0 else 0.0
+        self.act_high_mib = self.act_mib_per_token * int(x.get("prefill_graph_tokens") or 0)
         self.counters = dict.fromkeys(("num_requests_total", "prompt_tokens_total", "generation_tokens_total",
                                        "num_aborted_requests_total", "e2e_sum", "e2e_count", "ttft_sum",
                                        "ttft_count"), 0.0)
@@ -135,8 +141,12 @@ class ServerStatus:
         for index in self.gpus:
             device.mark_exited(index, self.pid, directory=self.device_dir)
 
+    def note_prefill(self, new_tokens: int) -> None:
+        """A prefill batch of ``new_tokens`` ran: its activations join the allocator's high-water mark."""
+        self.act_high_mib = max(self.act_high_mib, new_tokens * self.act_mib_per_token)
+
     def report_device(self, *, busy: bool, prefill: bool = False, held_mib: float | None = None) -> None:
-        act = float(self.plan.gib.activations) * (1.0 if prefill else 0.1) * 1024 if busy else 0.0
+        act = self.act_high_mib if busy else 0.0
         used = held_mib if held_mib is not None else self.static_mib + act
         for index in self.gpus:  # TP ranks run in lockstep: each GPU holds and works the same
             try:

@@ -40,6 +40,7 @@ class StepResult:
     log_lines: Sequence[str] = ()  # SGLang's messages, without timestamps
     runtime_oom: str | None = None  # fatal: the server dies with this message
     tokens: int = 0  # output tokens produced this step
+    prefill_tokens: int = 0  # prefill: the batch's new (uncached) tokens, whose activations the step holds
     verify: int = 0  # verify passes this step (speculative decode cycles: one per running request)
     started: Sequence[str] = ()  # rids whose first token came out this step
     finished: Sequence[Emission] = ()  # always filled, even when emissions are not

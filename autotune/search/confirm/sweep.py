@@ -9,6 +9,7 @@ from autotune.config import StudyConfig
 from autotune.progress import PlainProgress
 from autotune.search.confirm.defaults import _defaults
 from autotune.search.confirm.stages import confirm
+from autotune.search.confirm.stress import stress_winner
 from autotune.search.diskguard import disk_error
 from autotune.search.jobview import job_for_study
 from autotune.search.runner import CheckedRunner, Runner
@@ -36,8 +37,10 @@ def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any =
             elif not stop.is_set() and cfg.study.confirm_top_k > 0:
                 checked = CheckedRunner(sweep.runner, sweep.device_check)  # every confirmation launch too
                 try:
-                    confirm(study, cfg, runner=checked, progress=progress, stop_event=stop,
-                            defaults=_defaults(cfg, checked, progress))
+                    confirmation = confirm(study, cfg, runner=checked, progress=progress, stop_event=stop,
+                                           defaults=_defaults(cfg, checked, progress))
+                    # the worst case before the crown: the winner (and a tied runner-up) stressed, a failure demoted
+                    stress_winner(study, cfg, confirmation, runner=checked, progress=progress, stop_event=stop)
                 except BaseException as exc:  # a full disk here is one line, as in the search
                     err = disk_error(exc, db_path=sweep.db_path, fallback=cfg.work_dir)
                     if err is None:

@@ -1,0 +1,165 @@
+"""The worst case before the crown: after the confirmation decides, its winner (and a runner-up it could not
+separate from it) runs the stress phase (``harness.stress``); a config whose server dies there is demoted with
+its reason, the confirmation is decided again without it, and the new winner is stressed, ``STRESS_MAX`` launches
+at most.
+
+Each stress is a dedicated launch of the config (``runner.repeat`` with the ``StressStep`` after its window, filed
+as one more confirmation run of the trial): its window is recorded with it but does not join the confirmation's
+runs, so the decision reads the same runs it was made on. Everything lands in ``confirmation["stress"]`` as it
+happens (``{"runs": [{"trial", "repeat", "status", "reason", "result"}], "demoted": [{"trial", "reason"}],
+"decided_trial", "complete"}``), so a sweep killed mid-stress resumes without redoing a finished one.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import optuna
+
+from autotune.config import StudyConfig
+from autotune.harness.stress import StressResult, StressStep, stress_line
+from autotune.results import TrialResult
+from autotune.search.confirm.decision import decide
+from autotune.search.runner import Runner
+from autotune.search.summary import launch_key
+
+STRESS_MAX = 3  # stress launches per confirmation at most: the winner, a tied runner-up, one more after a demotion
+ATTR = "stress"
+
+
+def passed(confirmation: dict[str, Any] | None, trial: int | None) -> StressResult | None:
+    """The stress phase ``trial`` passed in this confirmation, or None (never stressed, or it failed)."""
+    for run in ((confirmation or {}).get(ATTR) or {}).get("runs") or ():
+        res = StressResult.from_dict(run.get("result"))
+        if run.get("trial") == trial and res is not None and res.survived:
+            return res
+    return None
+
+
+def stress_of(confirmation: dict[str, Any] | None, trial: int | None) -> dict[str, Any] | None:
+    """The last stress record of ``trial`` (``{"trial", "status", "reason", "result"}``), None when never stressed."""
+    runs = [r for r in ((confirmation or {}).get(ATTR) or {}).get("runs") or () if r.get("trial") == trial]
+    return runs[-1] if runs else None
+
+
+def worst_case_line(confirmation: dict[str, Any] | None, trial: int | None) -> str:
+    """The one line every view prints for ``trial``: its stress verdict, or why it has none."""
+    run = stress_of(confirmation, trial)
+    if run is not None:
+        line = stress_line(run.get("result"))
+        if line is not None:
+            return line
+        return f"worst case: not measured ({run.get('reason') or run.get('status') or 'no stress phase ran'})"
+    if not (confirmation or {}).get("complete"):
+        return "worst case: not stressed (the stress phase runs after the confirmation; confirmation is off or unfinished)"
+    return "worst case: not stressed"
+
+
+def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str, Any] | None, *, runner: Runner,
+                  progress: Any = None, stop_event: threading.Event | None = None) -> dict[str, Any] | None:
+    """Stress the confirmed winner (and a tied runner-up), demoting a failure; returns the confirmation as stored
+    (the winner changed where one was demoted), or None when interrupted (a resume goes on from what is stored)."""
+    if not confirmation or not confirmation.get("complete"):
+        return confirmation
+    state = dict(confirmation.get(ATTR) or {})
+    state.setdefault("runs", [])
+    state.setdefault("demoted", [])
+    state.setdefault("decided_trial", confirmation.get("winner_trial"))
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    if state.get("complete"):  # a confirmation decided again on resume still excludes what the stress demoted
+        redecided = _redecided(confirmation, state, trials, cfg.study.seed)
+        return redecided if redecided is confirmation else _save(study, redecided, state)
+    while True:
+        confirmation = _redecided(confirmation, state, trials, cfg.study.seed)
+        winner = confirmation.get("winner_trial")
+        due = [n for n in _to_stress(confirmation) if stress_of({ATTR: state}, n) is None]
+        if winner is None or not due or len(state["runs"]) >= STRESS_MAX:
+            break
+        for n in due[:STRESS_MAX - len(state["runs"])]:
+            if stop_event is not None and stop_event.is_set():
+                return _save(study, confirmation, state, interrupted=True)
+            run = _stress_one(runner, trials[n], n, confirmation, progress)
+            if run is None:  # interrupted: nothing recorded, a resume runs it again
+                return _save(study, confirmation, state, interrupted=True)
+            state["runs"].append(run)
+            if not _survived(run):
+                state["demoted"].append({"trial": n, "reason": worst_case_line({ATTR: state}, n)})
+            _save(study, confirmation, state)
+        if all(_survived(stress_of({ATTR: state}, n)) for n in due):
+            confirmation = _redecided(confirmation, state, trials, cfg.study.seed)
+            break
+    state["complete"] = True
+    return _save(study, confirmation, state)
+
+
+def _to_stress(confirmation: dict[str, Any]) -> list[int]:
+    """The winner, and the runner-up when the confirmation could not separate them (a tie)."""
+    winner = confirmation.get("winner_trial")
+    out = [winner] if winner is not None else []
+    runner_up = confirmation.get("runner_up_trial")
+    if (runner_up is not None and not confirmation.get("resolved") and runner_up != winner
+            and runner_up != confirmation.get("baseline_trial")):
+        out.append(runner_up)
+    return out
+
+
+def _survived(run: dict[str, Any] | None) -> bool:
+    res = StressResult.from_dict((run or {}).get("result"))
+    return res is not None and res.survived
+
+
+def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, confirmation: dict[str, Any],
+                progress: Any) -> dict[str, Any] | None:
+    """One stress launch of trial ``number``; its record, or None when the launch was interrupted."""
+    data = trial.user_attrs.get("result") or {}
+    config = dict(data.get("config") or {})
+    k = sum(1 for r in confirmation.get("runs") or () if r.get("trial") == number)
+    if progress is not None and hasattr(progress, "log"):
+        progress.log(f"stress: trial {number}: the sample's longest prompts, max_tokens, the full running cap at once")
+    step = StressStep(plan=data.get("plan"))
+    repeat = getattr(runner, "repeat", None)
+    if not callable(repeat):  # a plain runner cannot run follow-up steps: nothing to stress with
+        return {"trial": number, "repeat": k, "status": "not_run", "result": None,
+                "reason": "this study's runner runs no follow-up steps"}
+    result: TrialResult = repeat(config, number, k, after=[step])
+    if result.status == "interrupted":
+        return None
+    stress = StressResult.from_dict(result.stress)
+    if stress is not None and stress.interrupted:
+        return None
+    reason = None if stress is not None else (
+        f"its stress launch ended before the stress phase: {result.status}" + (f": {result.reason}" if result.reason
+                                                                                else ""))
+    run = {"trial": number, "repeat": k, "status": result.status, "reason": reason,
+           "result": stress.to_dict() if stress is not None else None, "trial_dir": result.trial_dir}
+    if stress is None and result.status in ("runtime_oom", "startup_oom", "crash", "timeout"):
+        # the launch died before its stress phase could start: as much a failure of the config under load
+        run["result"] = StressResult(survived=False, failure=result.status, reason=result.reason,
+                                     ended="server exited").to_dict()
+    if progress is not None and hasattr(progress, "log"):
+        progress.log(f"stress: trial {number}: {worst_case_line({ATTR: {'runs': [run]}}, number)}")
+    return run
+
+
+def _redecided(confirmation: dict[str, Any], state: dict[str, Any], trials: dict[int, Any], seed: int) -> dict[str, Any]:
+    """The confirmation decided again from its own runs without the demoted trials (as stored when none is)."""
+    demoted = {d["trial"] for d in state.get("demoted") or ()}
+    if not demoted:
+        return confirmation
+    order = [n for n in confirmation.get("order") or () if n not in demoted]
+    runs = [r for r in confirmation.get("runs") or () if r.get("trial") not in demoted]
+    base = confirmation.get("baseline_trial")
+    base_key = launch_key(trials[base]) if base in trials else None
+    twins = [n for n in order if base_key is not None and n in trials and launch_key(trials[n]) == base_key]
+    verdict = decide(runs, order, base, seed, same_as_baseline=twins)
+    demoted_note = "; ".join(f"trial {d['trial']} demoted: {d['reason']}" for d in state["demoted"])
+    verdict["note"] = "; ".join(filter(None, [demoted_note, verdict.get("note")]))
+    return {**confirmation, **verdict}
+
+
+def _save(study: optuna.Study, confirmation: dict[str, Any], state: dict[str, Any], *,
+          interrupted: bool = False) -> dict[str, Any] | None:
+    stored = {**confirmation, ATTR: state}
+    study.set_user_attr("confirmation", stored)
+    return None if interrupted else stored
