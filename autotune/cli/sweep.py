@@ -81,6 +81,8 @@ def render(summary: dict[str, Any]) -> str:
         lines.append("  winner: none, no config beat the baseline (keep the baseline; nothing to apply)")
     else:
         lines.append("  winner: none (nothing to apply)")
+    for other in summary.get("unexpected") or ():  # another finalist whose outputs changed though no table flag did
+        lines.append(f"  trial {other['trial']}: {other['line']}")
     if summary.get("job"):
         lines.append(f"  {summary['job']['line']}")
     defaults = summary.get("defaults")

@@ -225,6 +225,16 @@ def confirmation_figures(confirmation: Mapping[str, Any] | None, number: int) ->
     return None
 
 
+def unexpected_contenders(confirmation: Mapping[str, Any] | None) -> list[int]:
+    """The confirmed contenders whose outputs changed though no output-changing flag did, in the order they ran."""
+    out: list[int] = []
+    for run in (confirmation or {}).get("runs") or ():
+        figures = confirmation_figures(confirmation, int(run.get("trial", -1)))
+        if run.get("repeat") == 0 and figures and figures.get("unexpected") and run["trial"] not in out:
+            out.append(run["trial"])
+    return out
+
+
 def contender_fidelity(searched: Mapping[str, Any] | None, confirmation: Mapping[str, Any] | None,
                        number: int) -> dict[str, Any] | None:
     """What is known of trial ``number``'s outputs against the baseline: its confirmation probe when that measured,

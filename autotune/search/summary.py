@@ -20,7 +20,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import StudyConfig
 from autotune.redaction import redact_url
 from autotune.results import TrialResult, numerics_line
-from autotune.search.numerics import contender_fidelity
+from autotune.search.numerics import confirmation_figures, contender_fidelity, unexpected_contenders
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launches
 from autotune.search.space import key_of
@@ -191,6 +191,9 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
         "gain_over_defaults": (best["tok_s_per_gpu"] / _defaults_per_gpu(defaults)
                                if best and defaults and defaults.get("output_tok_s") else None),
         "multi_gpu": any(_spans(t) > 1 for t in started),
+        # confirmed contenders other than the winner whose outputs changed though no output-changing flag did
+        "unexpected": [{"trial": n, "line": numerics_line(confirmation_figures(conf, n))}
+                       for n in unexpected_contenders(conf) if not best or n != best["trial"]],
         "note": note,
         "error": None if failure is None else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"
