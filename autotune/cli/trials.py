@@ -62,9 +62,6 @@ def rows(study) -> list[dict[str, Any]]:
     return out
 
 
-def _open(config_path: Path | None, study_name: str | None, storage: str | None) -> optuna.Study:
-    if config_path is not None or storage is None:
-        cfg = load_config(resolve_config(config_path), name=study_name, storage=storage)
 def natural_width(table: Table) -> int:
     """The table's width with no cell wrapped. Printed narrower, rich crops the last columns (it cannot honour
     the flags column's min_width and fit), which cut "outputs vs baseline" to "outputs vs b" at 160 columns."""
@@ -72,6 +69,9 @@ def natural_width(table: Table) -> int:
     return Measurement.get(wide, wide.options, table).maximum
 
 
+def _open(config_path: Path | None, study_name: str | None, storage: str | None) -> optuna.Study:
+    if config_path is not None or storage is None:
+        cfg = load_config(resolve_config(config_path), name=study_name, storage=storage)
         return open_study(cfg, create=False)
     return load_study(storage, study_name)  # SQLite, journal files and database URLs alike
 
