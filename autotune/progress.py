@@ -66,7 +66,8 @@ def _fmt_result(result: TrialResult) -> str:
         cap = result.capacity
         running = f", {cap.max_running_requests} running" if cap and cap.max_running_requests else ""
         fid = result.fidelity or {}
-        outputs = (f", outputs: {fid['prefix_match_mean']:.0f}/{fid['tokens']} tokens match, "
+        changed = " changed unexpectedly" if fid.get("unexpected") else ""  # no output-changing flag explains it
+        outputs = (f", outputs{changed}: {fid['prefix_match_mean']:.0f}/{fid['tokens']} tokens match, "
                    f"{fid['exact_share']:.0%} exact" if fid.get("role") == "probe"
                    and fid.get("prefix_match_mean") is not None else "")
         repeats = (result.measurement or {}).get("repeated_prompts") or 0.0

@@ -199,7 +199,7 @@ def test_the_sim_option_makes_a_flag_outside_the_table_change_outputs_and_nothin
 
 
 def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_treats_it_as_numerics(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -207,6 +207,8 @@ def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_tre
     from autotune.search.confirm import run_sweep
 
     summary = run_sweep(load_config(path))
+    progress = capsys.readouterr()
+    assert "outputs changed unexpectedly: " in progress.out + progress.err  # the confirmation run's line says it
     study = optuna.load_study(study_name="catch", storage=load_config(path).storage_url)
     trials = {t.user_attrs.get("label"): t for t in study.get_trials() if t.state.name == "COMPLETE"}
     chunked = trials["chunked"].number

@@ -3,7 +3,7 @@
 The study's reference config is its baseline (``[engine.fixed]`` + ``[baseline]``). A study is *numerics-aware*
 when some config it can launch (a ``[space]`` choice, an ``[[enqueue]]`` config) changes an output-changing flag
 (``autotune.sglang.numerics``) against the reference; a study whose space cannot (e.g. float32 SSM state only)
-runs no probe and has no numerics constraint. In an aware study:
+probes no search trial and has no numerics constraint. In an aware study:
 
 - the baseline's launch records the reference outputs (``harness.fidelity.Reference``) after its window, into
   ``numerics-reference.json`` in the study's own trials folder (``folders.study_folder``: a re-created study of
@@ -229,9 +229,10 @@ def unexpected_contenders(confirmation: Mapping[str, Any] | None) -> list[int]:
     """The confirmed contenders whose outputs changed though no output-changing flag did, in the order they ran."""
     out: list[int] = []
     for run in (confirmation or {}).get("runs") or ():
-        figures = confirmation_figures(confirmation, int(run.get("trial", -1)))
-        if run.get("repeat") == 0 and figures and figures.get("unexpected") and run["trial"] not in out:
-            out.append(run["trial"])
+        number = run.get("trial")
+        if run.get("repeat") == 0 and number not in out and (confirmation_figures(confirmation, number) or {}).get(
+                "unexpected"):
+            out.append(number)
     return out
 
 
