@@ -132,10 +132,12 @@ class PlainProgress:
 
     def confirm_started(self, index: int, total: int, trial: int, repeat: int) -> None:
         self._phase = ""
-        self._print(f"confirm {index}/{total}: trial {trial}, repeat {repeat + 1}")
+        self._print(f"confirm {index}/{total}: trial {trial}, launch {repeat + 1}")
 
     def confirm_finished(self, trial: int, result: TrialResult) -> None:
-        self._print(f"  trial {trial}: {_fmt_result(result)}")
+        more = [w.get("output_tok_s") for w in result.windows or ()]  # the launch's later windows
+        tail = ("; later windows " + ", ".join("-" if v is None else f"{v:,.0f}" for v in more) + " tok/s") if more else ""
+        self._print(f"  trial {trial}: {_fmt_result(result)}{tail}")
 
     def close(self) -> None:
         return None
@@ -189,7 +191,7 @@ class LiveProgress(PlainProgress):
         self._refresh()
 
     def confirm_started(self, index, total, trial, repeat) -> None:
-        self.state.update(title=f"confirmation {index}/{total}: trial {trial} repeat {repeat + 1}", tok_s=None)
+        self.state.update(title=f"confirmation {index}/{total}: trial {trial} launch {repeat + 1}", tok_s=None)
         self._refresh()
 
     def close(self) -> None:

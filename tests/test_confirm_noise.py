@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 from test_study import PlannerRunner, write_study
 
+from autotune.cli.sweep import render
 from autotune.config import load_config
 from autotune.harness.windows import Window
 from autotune.results import Metrics, Percentiles, TrialResult
-from autotune.search.confirm import confirm, decide, estimate_noise, next_launches
+from autotune.search.confirm import confirm, decide, estimate_noise, next_launches, summarize
 from autotune.search.confirm.samples import by_contender
 from autotune.search.study import run_study
 
@@ -152,3 +153,6 @@ def test_each_confirmation_launch_measures_its_windows_and_a_killed_one_resumes(
     assert len(launches) == len(order) + 2 and len({(n, k) for n, k, _ in launches}) == len(launches)
     assert conf["decided"] and conf["stats"][str(conf["winner_trial"])]["windows"] == 6
     assert conf["noise"]["window_df"] > 0 and "window CV" in conf["noise"]["line"]
+    windows = sum(s["windows"] for s in conf["stats"].values())
+    line = f"  confirmation: {len(launches)} launches, {windows} windows; {conf['noise']['line']}"
+    assert line in render(summarize(study, cfg)).splitlines()[-2:]  # the sweep's summary says what it rests on

@@ -65,7 +65,7 @@ def render(summary: dict[str, Any]) -> str:
     for e in summary["enqueued"]:
         lines.append(f"  {e['label']} (trial {e['trial']}): {_score(e, multi)}")
     if best:
-        ci = (f" (95 % CI of the median {best['ci_low']:,.0f}–{best['ci_high']:,.0f})"
+        ci = (f" (95 % CI {best['ci_low']:,.0f}–{best['ci_high']:,.0f})"
               if best.get("ci_low") is not None else "")
         lines.append(f"  winner: trial {best['trial']}: {_score(best, multi)}{ci}")
         flags = " ".join(FlagTable.bundled().to_argv(best["params"] or {}))  # store-true flags bare, as SGLang wants
@@ -75,6 +75,8 @@ def render(summary: dict[str, Any]) -> str:
         lines.append(f"  gain over baseline: {_x(summary['gain_over_baseline'])}{ci}")
         if best.get("numerics"):  # the winner changes outputs: its probe's figures, before anyone applies it
             lines.append(f"  {best['numerics']}")
+        if best.get("worst_case"):  # the stress phase: peak, retractions, survived (or the failure, or none ran)
+            lines.append(f"  {best['worst_case']}")
     elif summary.get("outcome") == "no_baseline":
         lines.append("  winner: none, no measured baseline to compare with (nothing to apply)")
     elif summary.get("outcome") == "baseline":
@@ -95,6 +97,8 @@ def render(summary: dict[str, Any]) -> str:
         why = f"{defaults.get('status') or 'failed'}" + (f": {defaults['reason']}" if defaults.get("reason") else "")
         lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept) failed, {defaults['how']}: {why}; "
                      "no gain over defaults")
+    if summary.get("confirmation"):  # launches, windows and the two noise terms the verdict was read with
+        lines.append(f"  confirmation: {summary['confirmation']}")
     if summary.get("note"):
         lines.append(f"  note: {summary['note']}")
     if summary.get("interrupted"):

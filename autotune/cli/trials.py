@@ -21,11 +21,12 @@ from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned, per_gpu
 from autotune.search.space import config_diff
 from autotune.search.storage import load_study, open_study
-from autotune.search.summary import confirmed_rate
+from autotune.search.summary import confirmation_line, confirmed_rate
+from autotune.search.worstcase import stress_of, worst_case_line
 
 COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "gpus", "tok_s_per_gpu",
            "max_running_requests", "kv_tokens", "mamba_slots", "peak_gib", "numerics", "reason", "winner",
-           "confirmed_tok_s"]
+           "confirmed_tok_s", "worst_case"]
 
 
 def rows(study) -> list[dict[str, Any]]:
@@ -58,6 +59,7 @@ def rows(study) -> list[dict[str, Any]]:
             "reason": t.user_attrs.get("reason"),
             # the confirmed winner, and each confirmed trial's median server tok/s (the figure the crown rests on)
             "winner": t.number == winner, "confirmed_tok_s": rate and rate[0],
+            "worst_case": worst_case_line(conf, t.number) if stress_of(conf, t.number) else None,  # stressed ones
         })
     return out
 
@@ -121,6 +123,12 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
         if (r["fidelity"] or {}).get("unexpected"):
             click.echo(f"trial {r['number']}: {numerics_line(r['fidelity'])}")
     conf = study.user_attrs.get("confirmation") or {}
+    for r in data:  # the stress phase's verdict on each stressed config (the winner's, or why it has none)
+        if r["worst_case"] or r["winner"]:
+            click.echo(f"trial {r['number']}{' (winner)' if r['winner'] else ''}: "
+                       f"{r['worst_case'] or worst_case_line(conf, r['number'])}")
+    if conf.get("complete") and confirmation_line(conf):  # the launches and noise the confirmed figures rest on
+        click.echo(f"confirmation: {confirmation_line(conf)}")
     job = job_for_study(study, conf.get("winner_trial") if conf.get("complete") else None)
     if job is not None:  # [job]: the confirmed winner (or the baseline alone) as the job's hours
         click.echo(job["line"])

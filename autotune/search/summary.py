@@ -24,6 +24,7 @@ from autotune.search.numerics import confirmation_figures, contender_fidelity, u
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launches
 from autotune.search.space import key_of
+from autotune.search.worstcase import worst_case_line
 
 
 def launch_key(trial: FrozenTrial) -> str:
@@ -106,6 +107,18 @@ def confirmed_rate(confirmation: dict[str, Any], number: int,
     return float(stats["median"]) * span, interval
 
 
+def confirmation_line(confirmation: dict[str, Any]) -> str | None:
+    """What the confirmation ran and the noise it measured: ``7 launches, 21 windows; window CV 1.2 %, launch CV
+    0.4 %`` (None for a confirmation stored before the noise model)."""
+    noise = confirmation.get("noise") or {}
+    if not noise.get("line"):
+        return None
+    stats = (confirmation.get("stats") or {}).values()
+    launches = len(confirmation.get("runs") or ())
+    windows = sum(int(s.get("windows") or 0) for s in stats)
+    return f"{launches} launches, {windows} windows; {noise['line']}"
+
+
 def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | None,
            conf: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """A trial as the summary shows it: the confirmed median and interval where confirmed, else its search value."""
@@ -120,7 +133,8 @@ def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | No
     return {"trial": n, "label": t.user_attrs.get("label"), "params": (data or {}).get("config"),
             "output_tok_s": scale(value), "tok_s_per_gpu": value, "gpus": gpus,
             "ci_low": scale(s["ci"][0]) if s else None, "ci_high": scale(s["ci"][1]) if s else None,
-            "confirmed_runs": s["runs"] if s else 0, "numerics": numerics_line(contender_fidelity((data or {}).get("fidelity"), conf, n))}
+            "confirmed_runs": s["runs"] if s else 0, "numerics": numerics_line(contender_fidelity((data or {}).get("fidelity"), conf, n)),
+            "worst_case": worst_case_line(conf, n) if conf and conf.get("complete") else None}  # the stress phase
 
 
 def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
@@ -182,7 +196,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
                      "reason": attrs.get("reason") if failure else None, "failed": failure,
                      "log_path": attrs.get("log_path")},
         "best": best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "tok_s_per_gpu", "gpus",
-                                               "ci_low", "ci_high", "numerics")},
+                                               "ci_low", "ci_high", "numerics", "worst_case")},
         "outcome": "winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none"),
         "gain_over_baseline": gain if best is not None else None,
         "gain_ci": [conf.get("ci_low"), conf.get("ci_high")] if confirmed and best is not None else None,
@@ -194,6 +208,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
         # confirmed contenders other than the winner whose outputs changed though no output-changing flag did
         "unexpected": [{"trial": n, "line": numerics_line(confirmation_figures(conf, n))}
                        for n in unexpected_contenders(conf) if not best or n != best["trial"]],
+        "confirmation": confirmation_line(conf) if confirmed else None,
         "note": note,
         "error": None if failure is None else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"
