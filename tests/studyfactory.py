@@ -270,4 +270,13 @@ def _confirm(study: optuna.Study, results: dict[int, TrialResult], rng: np.rando
         "runs": runs, "winner_trial": winner, "baseline_trial": 0, "gain": gain, "ci_low": gain * 0.98,
         "ci_high": gain * 1.02, "note": "winner confirmed over 3 interleaved repeats", "stats": stats,
         "defaults": {"output_tok_s": medians[0] * 1.2, "status": "ok", "how": "measured"},
+        "stress": passed_stress(winner),
     })
+
+
+def passed_stress(trial: int, *, peak_gib: float = 171.3, total_gib: float = 179.1, retractions: int = 2) -> dict:
+    """A confirmation's ``stress`` entry in which ``trial`` survived the stress phase (``search.confirm.stress``)."""
+    result = {"survived": True, "ended": "peak reached", "reached_peak": True, "requests": 64, "running_cap": 40,
+              "peak_used_gib": peak_gib, "total_gib": total_gib, "retractions": retractions, "max_tokens": 4096}
+    return {"runs": [{"trial": trial, "repeat": 3, "status": "ok", "reason": None, "result": result}],
+            "demoted": [], "decided_trial": trial, "complete": True}

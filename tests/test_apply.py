@@ -19,6 +19,7 @@ import optuna
 import pytest
 import yaml
 from click.testing import CliRunner
+from studyfactory import passed_stress
 
 from autotune.cli import cli, main
 from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
@@ -61,7 +62,8 @@ def make_study(storage: str, name: str = "s", *, trials=(), confirm: int | None 
         runs = [{"trial": confirm, "repeat": k, "result": result(WINNER, v).to_dict()}
                 for k, v in enumerate((2950.0, 3010.0, 2990.0))]
         study.set_user_attr("confirmation", {"runs": runs, "winner_trial": confirm, "baseline_trial": 0,
-                                             "gain": 0.45, "ci_low": 0.41, "ci_high": 0.49, "note": ""})
+                                             "gain": 0.45, "ci_low": 0.41, "ci_high": 0.49, "note": "",
+                                             "stress": passed_stress(confirm)})
     return study
 
 
@@ -308,7 +310,7 @@ def tp2_storage(tmp_path) -> str:
 
 def test_gpus_0_7_for_a_tp2_winner_writes_four_servers_on_pairs(tp2_storage, tmp_path):
     out = tmp_path / "out"
-    res = CliRunner().invoke(cli, ["apply", "--storage", tp2_storage, "--out", str(out), "--gpus", "0-7"])
+    res = CliRunner().invoke(cli, ["apply", "--storage", tp2_storage, "--out", str(out), "--gpus", "0-7", "--allow-unstressed"])
     assert res.exit_code == 0, res.output
     raw = tomllib.loads((out / "fleet.toml").read_text())
     assert [(s["name"], s["gpus"], s["port"], s["log"]) for s in raw["servers"]] == [
@@ -366,7 +368,7 @@ def test_gpus_that_do_not_split_into_whole_servers_is_one_line_before_anything_i
                                                                                           capsys):
     out = tmp_path / "never"
     with pytest.raises(SystemExit) as exit_info:
-        main(["apply", "--storage", tp2_storage, "--out", str(out), "--gpus", "0-6"])
+        main(["apply", "--storage", tp2_storage, "--out", str(out), "--gpus", "0-6", "--allow-unstressed"])
     assert exit_info.value.code == 1
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == ["Error: --gpus: 7 GPUs do not split into servers of 2 GPUs (the winner's tp_size 2 × pp_size 1 "

@@ -118,7 +118,7 @@ def test_cpu_study_launcher_and_fleet_carry_its_engine(tmp_path, monkeypatch):
                                         f'HF_TOKEN = "{TOKEN}"}}\n'
                                         "sim_options = {startup_s = 0.1, warmup_s = 0.05, release_s = 0.2}")
     url, out, port = study_url(tmp_path, settings), tmp_path / "deploy", free_port()
-    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--gpus", "0",
+    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--gpus", "0", "--allow-unstressed",
                                    "--base-port", str(port)])
     assert res.exit_code == 0, res.output
     assert "HF_TOKEN looks like a secret" in res.output and TOKEN not in res.output
@@ -218,7 +218,7 @@ def test_sglang_cpu_study_runs_on_the_cpu_backend_from_fleet_up_and_the_launcher
 def test_no_gpu_list_is_an_error_naming_the_option(tmp_path, capsys):
     url, out = study_url(tmp_path, study_settings(tmp_path, 'kind = "sim"\nmodel = "qwen3.6-27b"')), tmp_path / "o"
     with pytest.raises(SystemExit) as exit_info:
-        main(["apply", "--storage", url, "--out", str(out)])
+        main(["apply", "--storage", url, "--out", str(out), "--allow-unstressed"])
     assert exit_info.value.code == 1
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("Error: --gpus: no GPUs given") and "--fleet" in line
@@ -235,7 +235,7 @@ def test_gpus_come_from_a_fleet_file(tmp_path):
                                log="l/far", pid="p/far"))
     old = write_fleet(Fleet(engine="sglang", model="m", servers=servers), tmp_path / "old" / "fleet.toml")
     out = tmp_path / "new"
-    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--fleet", str(old)])
+    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--fleet", str(old), "--allow-unstressed"])
     assert res.exit_code == 0, res.output
     fleet = load_fleet(out / "fleet.toml")
     assert [(s.name, s.host, s.gpu, s.port, s.config) for s in fleet.servers] == [
@@ -245,7 +245,7 @@ def test_gpus_come_from_a_fleet_file(tmp_path):
     script = (out / "launch_fleet.sh").read_text()
     assert [s[:3] for s in starts(script)] == [["l/2", "p/2", "2"], ["l/5", "p/5", "5"]]
     assert "#   far on ops@gpu-box" in script  # another host's server: fleet up starts it, not this script
-    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--fleet", str(old), "--gpus", "0"])
+    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--fleet", str(old), "--gpus", "0", "--allow-unstressed"])
     assert res.exit_code == 2 and "not both" in res.output
 
 

@@ -230,7 +230,7 @@ def test_resume_after_sigkill_finishes_the_rollout(tmp_path, study_tok_s):
     try:
         up(load_fleet(path), timeout_s=30)
         url = study_storage(tmp_path, study_tok_s)
-        argv = [sys.executable, "-m", "autotune", "apply", "--storage", url, "--fleet", str(path), "--rolling",
+        argv = [sys.executable, "-m", "autotune", "apply", "--storage", url, "--fleet", str(path), "--rolling", "--allow-unstressed",
                 "--canary-s", "0.8", "--canary-warmup-s", "0.3", "--tolerance", "0.5", "--grace", "5",
                 "--startup-timeout", "30"]
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -344,7 +344,7 @@ def test_rolling_apply_to_two_tp2_servers_keeps_one_server_up_and_each_on_its_pa
         # The N-1 floor counts servers: with s1 down, replacing s0 would leave no server, so nothing stops.
         fleet = load_fleet(path)
         stop_server(fleet, fleet.servers[1], grace_s=5)
-        argv = ["apply", "--storage", tp2_storage(tmp_path), "--fleet", str(path), "--rolling", "--canary-s", "0",
+        argv = ["apply", "--storage", tp2_storage(tmp_path), "--fleet", str(path), "--rolling", "--allow-unstressed", "--canary-s", "0",
                 "--grace", "5", "--startup-timeout", "60"]
         res = runner.invoke(cli, argv)
         assert res.exit_code != 0 and "server(s) s1 not healthy: replacing s0 now would take a second server down" in (

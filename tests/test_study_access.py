@@ -35,7 +35,7 @@ def test_apply_writes_the_winner_from_every_storage(url, tmp_path):
     winner = load_winner(url)
     assert winner.study == "s" and winner.confirmed and winner.tok_s
     out = tmp_path / "deploy"
-    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--gpus", "0"])
+    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--gpus", "0", "--allow-unstressed"])
     assert res.exit_code == 0, res.output
     assert json.loads((out / "provenance.json").read_text())["trial"] == winner.trial
 
@@ -73,7 +73,7 @@ def test_apply_on_a_journal_named_by_a_relative_path_in_the_study_file(tmp_path)
     (tmp_path / "rel.toml").write_text('[study]\nname = "rel"\nstorage = "journal:runs/rel.log"\n'
                                        '[workload]\nprompts = "prompts.jsonl"\n', encoding="utf-8")
     out = tmp_path / "deploy"
-    res = CliRunner().invoke(cli, ["apply", "--config", str(tmp_path / "rel.toml"), "--out", str(out), "--gpus", "0"])
+    res = CliRunner().invoke(cli, ["apply", "--config", str(tmp_path / "rel.toml"), "--out", str(out), "--gpus", "0", "--allow-unstressed"])
     assert res.exit_code == 0, res.output
     assert (out / "sglang.yaml").is_file()
 

@@ -16,6 +16,7 @@ from autotune.deploy.sglang_yaml import config_diff
 from autotune.errors import ConfigError
 from autotune.redaction import looks_secret
 from autotune.results import numerics_line
+from autotune.search.worstcase import check_stressed
 
 
 def parse_gpus(text: str) -> list[int]:
@@ -66,6 +67,16 @@ def _dry_run(winner, fleet_file: Path | None) -> None:
             click.echo(f"  {key}: {old!r} -> {new!r}")
 
 
+def _worst_case(winner, *, allow: bool) -> None:
+    """The stress phase's line; a config not known to survive it is refused unless ``allow`` (an sglang.yaml
+    deployed as is, without the provenance.json apply wrote beside it, has no study to say)."""
+    block = winner.worst_case
+    if block is None:
+        return
+    check_stressed(block, allow=allow)
+    click.echo(f"--allow-unstressed: {block['problem']}" if block.get("problem") else block["line"])
+
+
 @click.command("apply")
 @click.option("--config", "config", type=click.Path(path_type=Path, dir_okay=False),
               help="A study TOML (the study to read), or an sglang.yaml to deploy as is.")
@@ -103,9 +114,12 @@ def _dry_run(winner, fleet_file: Path | None) -> None:
 @click.option("--accept-numerics", is_flag=True,
               help="Deploy a winner whose outputs differ from the baseline's without a measured fidelity probe, "
                    "or beyond the study's numerics limit.")
+@click.option("--allow-unstressed", is_flag=True,
+              help="Deploy a config that never passed the stress phase (failed it, was never stressed, or comes from "
+                   "a study with the confirmation off).")
 def apply(config, study, storage, trial, out, gpus, base_port, host, python, model, fleet_file, dry_run,
           rolling, resume, rollback, prompts, canary_s, canary_warmup_s, canary_concurrency, tolerance,
-          kv_tolerance, grace, startup_timeout, keep_partial, accept_numerics) -> None:
+          kv_tolerance, grace, startup_timeout, keep_partial, accept_numerics, allow_unstressed) -> None:
     """Write the winner's sglang.yaml, launch_fleet.sh, fleet.toml and provenance.json, or roll it out."""
     # --dry-run may accompany --rolling (show what the rollout would change); the other modes exclude each other.
     modes = [m for m, on in (("--rolling", rolling and not dry_run), ("--resume", resume), ("--rollback", rollback),
@@ -128,6 +142,7 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
         click.echo(f"--accept-numerics: {numerics['problem']}")
     elif numerics_line(winner.result.fidelity):  # within the study's limits: said once, with the probe's figures
         click.echo(numerics_line(winner.result.fidelity))
+    _worst_case(winner, allow=allow_unstressed)
     if rolling:
         expect = rollout.Expectation.from_winner(winner, kv_tolerance=kv_tolerance, tok_s_tolerance=tolerance)
         canary = None

@@ -36,6 +36,7 @@ from autotune.search.numerics import contender_result
 from autotune.search.objective import per_gpu
 from autotune.search.settings import device_name
 from autotune.search.storage import load_study
+from autotune.search.worstcase import worst_case_block
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.parallel import server_gpus
 
@@ -62,6 +63,7 @@ class Winner:
     baseline_config: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)  # the study's user_attrs["autotune"]
     job: dict[str, Any] | None = None  # [job]: the job's hours before and after (``search.jobview``)
+    worst_case: dict[str, Any] | None = None  # the stress phase's verdict (``search.confirm.stress``)
 
     @property
     def capacity(self) -> Capacity | None:
@@ -161,11 +163,9 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
                          f"(usable trials: {known})")
     result = contender_result(usable[trial], confirmation, trial)  # its fidelity: the contender probe's, if it ran
     confirmed = confirmation.get("winner_trial") == trial
-    runs = [
-        float(run["result"]["metrics"]["output_tok_s"])
-        for run in confirmation.get("runs", [])
-        if run.get("trial") == trial and ((run.get("result") or {}).get("metrics") or {}).get("output_tok_s")
-    ] if confirmed else []
+    runs = [float(run["result"]["metrics"]["output_tok_s"]) for run in confirmation.get("runs", [])
+            if run.get("trial") == trial and ((run.get("result") or {}).get("metrics") or {}).get("output_tok_s")
+            ] if confirmed else []
     tok_s = sorted(runs)[len(runs) // 2] if runs else result.output_tok_s
     baseline = _baseline(loaded, complete, confirmation)
     return Winner(
@@ -173,7 +173,7 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
         tok_s_runs=runs, confirmed=confirmed, gain=confirmation.get("gain") if confirmed else None,
         gain_ci=(confirmation.get("ci_low"), confirmation.get("ci_high")) if confirmed else (None, None),
         baseline_config=baseline, settings=dict(loaded.user_attrs.get("autotune") or {}),
-        job=job_for_study(loaded, trial),
+        job=job_for_study(loaded, trial), worst_case=worst_case_block(loaded.user_attrs, trial),
     )
 
 
@@ -200,7 +200,7 @@ def winner_from_yaml(path: Path) -> Winner:
                 "workload": meta.get("workload") or {}}
     return Winner(study=str(meta.get("study") or path.name), trial=int(meta.get("trial") or -1), config=config,
                   result=result, tok_s=meta.get("output_tok_s"), settings=settings,
-                  confirmed=bool(meta.get("confirmed")), gain=meta.get("gain"))
+                  confirmed=bool(meta.get("confirmed")), gain=meta.get("gain"), worst_case=meta.get("worst_case"))
 
 
 def _baseline(study, complete, confirmation) -> dict[str, Any] | None:
@@ -309,6 +309,7 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
         "workload": winner.workload,
         # The flags that change outputs against the baseline and the fidelity probe's figures (``deploy.numerics``).
         "numerics": numerics_block(winner),
+        "worst_case": winner.worst_case,  # "worst case: peak X of Y GiB, Z retractions, survived", or why not
         "date": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
     }
 

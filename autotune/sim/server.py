@@ -36,8 +36,8 @@ PACE_LOG_S = 10.0  # how often a busy server logs how far its wall clock trails 
 # sim's HTTP intake shares one event loop with the pacing, so on a busy host a burst would trickle in over tens of
 # ms and be prefilled in dribs no GPU server forms. After idle, the first step waits while requests keep landing
 # (each within INTAKE_GAP_S of the last), at most INTAKE_MAX_S of wall time; idle time is not lag, so no figure moves.
-INTAKE_GAP_S = 0.03
-INTAKE_MAX_S = 0.3
+INTAKE_GAP_S = 0.01
+INTAKE_MAX_S = 0.5
 
 
 def _error(status: int, message: str) -> JSONResponse:

@@ -18,42 +18,14 @@ from typing import Any
 import optuna
 
 from autotune.config import StudyConfig
-from autotune.harness.stress import StressResult, StressStep, stress_line
+from autotune.harness.stress import StressResult, StressStep
 from autotune.results import TrialResult
 from autotune.search.confirm.decision import decide
 from autotune.search.runner import Runner
 from autotune.search.summary import launch_key
+from autotune.search.worstcase import ATTR, stress_of, worst_case_line
 
 STRESS_MAX = 3  # stress launches per confirmation at most: the winner, a tied runner-up, one more after a demotion
-ATTR = "stress"
-
-
-def passed(confirmation: dict[str, Any] | None, trial: int | None) -> StressResult | None:
-    """The stress phase ``trial`` passed in this confirmation, or None (never stressed, or it failed)."""
-    for run in ((confirmation or {}).get(ATTR) or {}).get("runs") or ():
-        res = StressResult.from_dict(run.get("result"))
-        if run.get("trial") == trial and res is not None and res.survived:
-            return res
-    return None
-
-
-def stress_of(confirmation: dict[str, Any] | None, trial: int | None) -> dict[str, Any] | None:
-    """The last stress record of ``trial`` (``{"trial", "status", "reason", "result"}``), None when never stressed."""
-    runs = [r for r in ((confirmation or {}).get(ATTR) or {}).get("runs") or () if r.get("trial") == trial]
-    return runs[-1] if runs else None
-
-
-def worst_case_line(confirmation: dict[str, Any] | None, trial: int | None) -> str:
-    """The one line every view prints for ``trial``: its stress verdict, or why it has none."""
-    run = stress_of(confirmation, trial)
-    if run is not None:
-        line = stress_line(run.get("result"))
-        if line is not None:
-            return line
-        return f"worst case: not measured ({run.get('reason') or run.get('status') or 'no stress phase ran'})"
-    if not (confirmation or {}).get("complete"):
-        return "worst case: not stressed (the stress phase runs after the confirmation; confirmation is off or unfinished)"
-    return "worst case: not stressed"
 
 
 def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str, Any] | None, *, runner: Runner,
@@ -72,9 +44,8 @@ def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str,
         return redecided if redecided is confirmation else _save(study, redecided, state)
     while True:
         confirmation = _redecided(confirmation, state, trials, cfg.study.seed)
-        winner = confirmation.get("winner_trial")
         due = [n for n in _to_stress(confirmation) if stress_of({ATTR: state}, n) is None]
-        if winner is None or not due or len(state["runs"]) >= STRESS_MAX:
+        if confirmation.get("winner_trial") is None or not due or len(state["runs"]) >= STRESS_MAX:
             break
         for n in due[:STRESS_MAX - len(state["runs"])]:
             if stop_event is not None and stop_event.is_set():
@@ -83,12 +54,9 @@ def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str,
             if run is None:  # interrupted: nothing recorded, a resume runs it again
                 return _save(study, confirmation, state, interrupted=True)
             state["runs"].append(run)
-            if not _survived(run):
+            if _failed(run):  # its server died under the worst case: demoted, the confirmation decided again
                 state["demoted"].append({"trial": n, "reason": worst_case_line({ATTR: state}, n)})
             _save(study, confirmation, state)
-        if all(_survived(stress_of({ATTR: state}, n)) for n in due):
-            confirmation = _redecided(confirmation, state, trials, cfg.study.seed)
-            break
     state["complete"] = True
     return _save(study, confirmation, state)
 
@@ -104,9 +72,10 @@ def _to_stress(confirmation: dict[str, Any]) -> list[int]:
     return out
 
 
-def _survived(run: dict[str, Any] | None) -> bool:
-    res = StressResult.from_dict((run or {}).get("result"))
-    return res is not None and res.survived
+def _failed(run: dict[str, Any]) -> bool:
+    """The server died under the stress phase (a launch with no stress phase at all is not stressed, not failed)."""
+    res = StressResult.from_dict(run.get("result"))
+    return res is not None and not res.survived
 
 
 def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, confirmation: dict[str, Any],
