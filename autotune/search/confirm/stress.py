@@ -40,10 +40,10 @@ def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str,
     state.setdefault("decided_trial", confirmation.get("winner_trial"))
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     if state.get("complete"):  # a confirmation decided again on resume still excludes what the stress demoted
-        redecided = _redecided(confirmation, state, trials, cfg.study.seed)
+        redecided = _redecided(confirmation, state, trials, cfg)
         return redecided if redecided is confirmation else _save(study, redecided, state)
     while True:
-        confirmation = _redecided(confirmation, state, trials, cfg.study.seed)
+        confirmation = _redecided(confirmation, state, trials, cfg)
         due = [n for n in _to_stress(confirmation) if stress_of({ATTR: state}, n) is None]
         if confirmation.get("winner_trial") is None or not due or len(state["runs"]) >= STRESS_MAX:
             break
@@ -111,19 +111,19 @@ def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, co
     return run
 
 
-def _redecided(confirmation: dict[str, Any], state: dict[str, Any], trials: dict[int, Any], seed: int) -> dict[str, Any]:
-    """The confirmation decided again from its own runs without the demoted trials (as stored when none is)."""
-    demoted = {d["trial"] for d in state.get("demoted") or ()}
+def _redecided(confirmation: dict[str, Any], state: dict[str, Any], trials: dict[int, Any],
+               cfg: StudyConfig) -> dict[str, Any]:
+    """The confirmation decided again from its own runs, the demoted trials barred from winning (``decide``'s
+    ``demoted``: their reasons join the note); as stored when none is demoted."""
+    demoted = {d["trial"]: d["reason"] for d in state.get("demoted") or ()}
     if not demoted:
         return confirmation
-    order = [n for n in confirmation.get("order") or () if n not in demoted]
-    runs = [r for r in confirmation.get("runs") or () if r.get("trial") not in demoted]
+    order = list(confirmation.get("order") or ())
     base = confirmation.get("baseline_trial")
     base_key = launch_key(trials[base]) if base in trials else None
     twins = [n for n in order if base_key is not None and n in trials and launch_key(trials[n]) == base_key]
-    verdict = decide(runs, order, base, seed, same_as_baseline=twins)
-    demoted_note = "; ".join(f"trial {d['trial']} demoted: {d['reason']}" for d in state["demoted"])
-    verdict["note"] = "; ".join(filter(None, [demoted_note, verdict.get("note")]))
+    verdict = decide(list(confirmation.get("runs") or ()), order, base, cfg.study.seed, same_as_baseline=twins,
+                     resolution=cfg.study.resolution, demoted=demoted)
     return {**confirmation, **verdict}
 
 

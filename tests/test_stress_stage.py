@@ -1,0 +1,141 @@
+"""The stress stage after the confirmation (a fake runner, no server): the winner is stressed, one that dies is
+demoted with its reason and the next one stressed, a finished stress is never redone on resume, and ``apply``
+refuses a config that never passed it unless ``--allow-unstressed`` (a study with the confirmation off
+included)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import optuna
+from click.testing import CliRunner
+
+from autotune.cli import cli
+from autotune.harness.stress import StressResult, StressStep
+from autotune.results import Capacity, GpuPeaks, Metrics, Percentiles, TrialResult
+from autotune.search.confirm import decide
+from autotune.search.confirm.stress import STRESS_MAX, stress_winner
+from autotune.search.worstcase import worst_case_line
+
+BASE = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
+        "max_mamba_cache_size": 80}
+FAST = {**BASE, "max_mamba_cache_size": 200, "mem_fraction_static": 0.95, "max_running_requests": 40}
+SAFE = {**BASE, "max_mamba_cache_size": 200, "mem_fraction_static": 0.90, "max_running_requests": 40}
+CFG = SimpleNamespace(study=SimpleNamespace(seed=0, resolution=0.02))
+SETTINGS = {"study": {"confirm_top_k": 2}, "engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
+            "workload": {"prompts": "prompts.jsonl", "sample_size": 20, "max_tokens": 256}}
+
+
+def _result(config, tok_s, *, stress=None) -> TrialResult:
+    metrics = Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=Percentiles(), itl_ms=Percentiles(),
+                      e2e_ms=Percentiles())
+    return TrialResult(status="ok", config=dict(config), engine="sim", metrics=metrics,
+                       capacity=Capacity(max_running_requests=40, kv_tokens=798_000, mamba_slots=200),
+                       gpu=GpuPeaks(peak_used_gib=170.0, total_gib=179.1, headroom_gib=9.1), stress=stress)
+
+
+def _study(url: str, *, settings=SETTINGS) -> optuna.Study:
+    """Baseline 0, trial 1 (fastest, at 0.95) and trial 2 (a little slower, at 0.90), confirmed 3 launches each."""
+    study = optuna.create_study(study_name="s", storage=url, direction="maximize")
+    study.set_user_attr("autotune", settings)
+    for config, tok_s, role in ((BASE, 1000.0, "baseline"), (FAST, 3000.0, "search"), (SAFE, 2800.0, "search")):
+        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=tok_s, user_attrs={
+            "result": _result(config, tok_s).to_dict(), "role": role}))
+    return study
+
+
+def _confirmed(study: optuna.Study) -> dict:
+    runs = [{"trial": n, "repeat": k, "result": _result(cfg, tok * (1 + 0.002 * (k - 1))).to_dict()}
+            for k in range(3) for n, cfg, tok in ((1, FAST, 3000.0), (2, SAFE, 2800.0), (0, BASE, 1000.0))]
+    order = [1, 2, 0]
+    confirmation = {"runs": runs, "order": order, "n_trials": 3, "complete": True,
+                    **decide(runs, order, 0, 0, resolution=0.02)}
+    study.set_user_attr("confirmation", confirmation)
+    return confirmation
+
+
+class StressRunner:
+    """A runner whose confirmation launches run the stress step's verdict from ``verdicts`` (trial → survived)."""
+
+    def __init__(self, verdicts: dict[int, bool], *, interrupt: bool = False):
+        self.verdicts, self.interrupt, self.calls = verdicts, interrupt, []
+
+    def __call__(self, config, number):  # pragma: no cover - the stage only launches repeats
+        raise AssertionError("the stress stage launches through repeat")
+
+    def repeat(self, config, number, k, *, after=()):
+        assert [type(step) for step in after] == [StressStep]  # the stress phase follows the window in-launch
+        self.calls.append((number, k))
+        if self.interrupt:
+            return TrialResult(status="interrupted", config=config, reason="interrupted while measuring")
+        survived = self.verdicts[number]
+        stress = StressResult(survived=survived, ended="peak reached" if survived else "server exited",
+                              failure=None if survived else "runtime_oom",
+                              reason=None if survived else "torch.OutOfMemoryError: CUDA out of memory.",
+                              peak_used_gib=172.4 if survived else 179.0, total_gib=179.1,
+                              retractions=3 if survived else 0, reached_peak=survived)
+        return _result(config, 2900.0, stress=stress.to_dict())
+
+
+def test_a_winner_that_dies_under_stress_is_demoted_and_the_next_one_stressed(tmp_path):
+    study = _study(f"sqlite:///{tmp_path / 's.db'}")
+    confirmation = _confirmed(study)
+    assert confirmation["winner_trial"] == 1 and confirmation["resolved"]
+    runner = StressRunner({1: False, 2: True})
+    out = stress_winner(study, CFG, confirmation, runner=runner)
+    assert runner.calls == [(1, 3), (2, 3)]  # one launch each, filed after the trial's three confirmation runs
+    assert out["winner_trial"] == 2 and out["stress"]["decided_trial"] == 1 and out["stress"]["complete"]
+    assert [d["trial"] for d in out["stress"]["demoted"]] == [1]
+    assert "trial 1 demoted: worst case: peak 179.0 of 179.1 GiB, 0 retractions, FAILED: runtime_oom" in out["note"]
+    assert out["gain"] is not None and out["gain"] > 2.5  # the new winner's gain, from the same runs
+    stored = study.user_attrs["confirmation"]
+    assert stored["winner_trial"] == 2
+    assert worst_case_line(stored, 2) == "worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived"
+    again = stress_winner(study, CFG, stored, runner=StressRunner({}))  # resumed: nothing launched again
+    assert again["winner_trial"] == 2 and len(again["stress"]["runs"]) == 2
+
+
+def test_an_interrupted_stress_resumes_and_the_attempts_are_bounded(tmp_path):
+    study = _study(f"sqlite:///{tmp_path / 's.db'}")
+    confirmation = _confirmed(study)
+    assert stress_winner(study, CFG, confirmation, runner=StressRunner({}, interrupt=True)) is None
+    assert study.user_attrs["confirmation"]["stress"]["runs"] == []  # nothing finished, nothing recorded
+    everyone_dies = StressRunner({0: False, 1: False, 2: False})
+    out = stress_winner(study, CFG, study.user_attrs["confirmation"], runner=everyone_dies)
+    assert len(everyone_dies.calls) <= STRESS_MAX and out["stress"]["complete"]
+    assert out["winner_trial"] != 1 and out["winner_trial"] != 2  # both demoted: no config beat the baseline
+    assert out["outcome"] == "baseline" and out["gain"] is None
+
+
+def test_apply_refuses_an_unstressed_or_failed_winner_and_accepts_it_when_told(tmp_path):
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    study = _study(url)
+    stress_winner(study, CFG, _confirmed(study), runner=StressRunner({1: False, 2: True}))
+    ok = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(tmp_path / "d1"), "--gpus", "0"])
+    assert ok.exit_code == 0, ok.output
+    assert "worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived" in ok.output
+    block = json.loads((tmp_path / "d1" / "provenance.json").read_text())["worst_case"]
+    assert block["passed"] and block["problem"] is None and block["stress"]["retractions"] == 3
+
+    refused = CliRunner().invoke(cli, ["apply", "--storage", url, "--trial", "1", "--out", str(tmp_path / "d2"),
+                                       "--gpus", "0"])
+    assert refused.exit_code == 1 and not (tmp_path / "d2").exists()
+    assert "trial 1 failed the stress phase" in str(refused.exception) and "--allow-unstressed" in str(
+        refused.exception)
+    told = CliRunner().invoke(cli, ["apply", "--storage", url, "--trial", "1", "--out", str(tmp_path / "d3"),
+                                    "--gpus", "0", "--allow-unstressed"])
+    assert told.exit_code == 0, told.output
+    assert "--allow-unstressed: trial 1 failed the stress phase" in told.output
+    assert not json.loads((tmp_path / "d3" / "provenance.json").read_text())["worst_case"]["passed"]
+
+
+def test_a_study_with_the_confirmation_off_says_why_its_winner_was_never_stressed(tmp_path):
+    url = f"sqlite:///{tmp_path / 'off.db'}"
+    _study(url, settings={**SETTINGS, "study": {"confirm_top_k": 0}})
+    refused = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(tmp_path / "d"), "--gpus", "0"])
+    assert refused.exit_code == 1 and "confirm_top_k = 0" in str(refused.exception)
+    assert "--allow-unstressed" in str(refused.exception)
+    told = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(tmp_path / "d"), "--gpus", "0",
+                                    "--allow-unstressed"])
+    assert told.exit_code == 0, told.output
