@@ -140,7 +140,7 @@ class Recorder:
     def __init__(self):
         self.calls: list[tuple[Path, object]] = []
 
-    def __call__(self, setup, config, *, trial_dir, probe=None, hooks=None):
+    def __call__(self, setup, config, *, trial_dir, probe=None, hooks=None, after=()):
         self.calls.append((Path(trial_dir), probe))
         Path(trial_dir).mkdir(parents=True, exist_ok=True)
         return TrialResult(status="ok", config=dict(config), trial_dir=str(trial_dir))
@@ -170,10 +170,13 @@ def test_repeats_are_told_by_the_caller_not_read_off_the_disk(tmp_path, recorder
     runner(bf16, 5)
     where, probe = recorder.calls[-1]
     assert where == runner.folder / "5.2" and probe is not None and probe.reference is ref  # probed
-    runner.repeat(bf16, 5, 0)
-    assert recorder.calls[-1] == (runner.folder / "5" / "repeat-1", None)  # a confirmation run: speed only
+    runner.repeat(bf16, 5, 0)  # the first confirmation launch: probed again, as every contender's is
+    where, probe = recorder.calls[-1]
+    assert where == runner.folder / "5" / "repeat-1" and probe is not None and probe.reference is ref
     runner.repeat(bf16, 5, 0)  # an interrupted attempt's folder stays: the rerun goes beside it
-    assert recorder.calls[-1] == (runner.folder / "5" / "repeat-1.2", None)
+    assert recorder.calls[-1][0] == runner.folder / "5" / "repeat-1.2"
+    runner.repeat(bf16, 5, 1)
+    assert recorder.calls[-1] == (runner.folder / "5" / "repeat-2", None)  # later confirmation launches: speed only
     runner(dict(cfg.baseline_config()), 0)
     assert recorder.calls[-1] == (runner.folder / "0", None)  # the reference's own numerics: nothing to compare
 
