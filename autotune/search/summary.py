@@ -11,6 +11,7 @@ own tok/s, and ``multi_gpu`` says whether any of them spans more than one GPU (t
 
 from __future__ import annotations
 
+import collections
 import functools
 from typing import Any
 
@@ -151,6 +152,13 @@ def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
     return best_n, None, note
 
 
+def _unexpected(conf: dict[str, Any], best: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The confirmed contenders other than the winner whose outputs changed though no output-changing flag did, each
+    with its one line (``results.numerics_line``)."""
+    return [{"trial": n, "line": numerics_line(confirmation_figures(conf, n))}
+            for n in unexpected_contenders(conf) if not best or n != best["trial"]]
+
+
 def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
     """The figures a user reads: statuses, baseline, confirmed winner and gains (search values if unconfirmed).
 
@@ -161,10 +169,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
     included."""
     trials = study.get_trials(deepcopy=False)
     done = finished(trials)
-    statuses: dict[str, int] = {}
-    for t in done:
-        status = t.user_attrs.get("status", t.state.name.lower())
-        statuses[status] = statuses.get(status, 0) + 1
+    statuses = dict(collections.Counter(t.user_attrs.get("status", t.state.name.lower()) for t in done))
     by_number = {t.number: t for t in trials}
     conf = study.user_attrs.get("confirmation") or {}
     confirmed = bool(conf.get("complete"))
@@ -205,9 +210,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
         "gain_over_defaults": (best["tok_s_per_gpu"] / _defaults_per_gpu(defaults)
                                if best and defaults and defaults.get("output_tok_s") else None),
         "multi_gpu": any(_spans(t) > 1 for t in started),
-        # confirmed contenders other than the winner whose outputs changed though no output-changing flag did
-        "unexpected": [{"trial": n, "line": numerics_line(confirmation_figures(conf, n))}
-                       for n in unexpected_contenders(conf) if not best or n != best["trial"]],
+        "unexpected": _unexpected(conf, best),
         "confirmation": confirmation_line(conf) if confirmed else None,
         "note": note,
         "error": None if failure is None else (
