@@ -99,8 +99,8 @@ def test_the_jobs_own_file_runs_measure_and_the_example_sweep(tmp_path, name, wr
         assert "/generate" in served
         assert "skipped 1 record with no human turn" in measured.stderr
     # the example sweep with the job's file as its sample (the copy's [workload] prompts), as the README runs it
-    shrink_example(clone, prompts=f"../{name}", caps=(1, 1.5), trials="2", edge_starts="0", confirm_top_k="0",
-                   sample_size="16", warmup_s="0.5", measure_s="1")
+    shrink_example(clone, prompts=f"../{name}", trials="2", edge_starts="0", confirm_top_k="0", sample_size="16",
+                   warmup_s="0.5", measure_s="1", warmup_max_s="1", measure_max_s="1.5")
     swept = run("sweep")
     assert swept.returncode == 0, swept.stderr[-2000:]
     assert "2 trials (2 ok)" in swept.stdout, swept.stdout[-2000:]

@@ -22,11 +22,25 @@ from autotune.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The example study, smaller: the same file and sections, fewer trials, second-long windows, a 1 × 1 confirmation.
-SHRINK = {"trials": "3", "edge_starts": "1", "confirm_top_k": "1", "confirm_repeats": "1", "sample_size": "32",
-          "max_tokens": "512", "warmup_s": "1", "measure_s": "2"}
-# Second-long windows are no steady-state estimate: capped, with a loose settle rule (as tests/tinystudy.py).
-LOOSE = "warmup_max_s = {0:g}\nmeasure_max_s = {1:g}\ntarget_half_width = 0.5\nsettle_tolerance = 0.5\n"
+# The example study, smaller: the same file and sections, fewer trials, second-long windows, a 1 × 1 confirmation
+# of one window per launch, short requests (the stress phase runs each to max_tokens).
+SHRINK = {"study": {"trials": "3", "edge_starts": "1", "confirm_top_k": "1", "confirm_repeats": "1",
+                    "confirm_windows": "1"},
+          "engine": {"sim_options": "{ startup_s = 0.2, noise = 0.02, release_s = 0.2 }"},
+          # second-long windows are no steady-state estimate: capped, with a loose settle rule (tests/tinystudy.py)
+          "workload": {"sample_size": "32", "max_tokens": "128", "warmup_s": "1", "measure_s": "2",
+                       "warmup_max_s": "2", "measure_max_s": "3", "target_half_width": "0.5",
+                       "settle_tolerance": "0.5"}}
+
+
+def set_key(text: str, section: str, key: str, value: str) -> str:
+    """``key = value`` in ``[section]`` of a TOML text: the existing line replaced, else one added under the
+    header (the example's keys are unique across its sections)."""
+    text, n = re.subn(rf"(?m)^{re.escape(key)} = .*$", lambda _: f"{key} = {value}", text)
+    if n == 0:
+        text, n = re.subn(rf"(?m)^\[{re.escape(section)}\]\n", lambda m: f"{m[0]}{key} = {value}\n", text)
+    assert n == 1, f"example.toml: no single [{section}] {key}"
+    return text
 
 
 def fresh_clone(dest: Path) -> Path:
@@ -40,19 +54,18 @@ def fresh_clone(dest: Path) -> Path:
     return dest
 
 
-def shrink_example(clone: Path, *, prompts: str | None = None, caps: tuple[float, float] = (2, 3),
-                   **overrides: str) -> Path:
-    """Edit the clone's ``studies/example.toml`` in place for a test's speed (the commands stay the README's)."""
+def shrink_example(clone: Path, *, prompts: str | None = None, **overrides: str) -> Path:
+    """Edit the clone's ``studies/example.toml`` in place for a test's speed (the commands stay the README's);
+    ``overrides``: more keys of any section, by name."""
     path = clone / DEFAULT_STUDY
     text = path.read_text()
-    for key, value in {**SHRINK, **overrides}.items():
-        text, n = re.subn(rf"(?m)^{key} = .*$", f"{key} = {value}", text)
-        assert n == 1, f"example.toml has no single {key} line"
-    text = re.sub(r"(?m)^(measure_s = .*\n)", lambda m: m[1] + LOOSE.format(*caps), text, count=1)
-    text = re.sub(r"(?m)^sim_options = .*$", "sim_options = { startup_s = 0.2, noise = 0.02, release_s = 0.2 }", text)
+    for section, keys in SHRINK.items():
+        for key, value in keys.items():
+            text = set_key(text, section, key, overrides.pop(key, value))
+    for key, value in overrides.items():
+        text = set_key(text, "study", key, value)
     if prompts is not None:
-        text, n = re.subn(r'(?m)^prompts = .*$', f"prompts = {json.dumps(prompts)}", text)
-        assert n == 1
+        text = set_key(text, "workload", "prompts", json.dumps(prompts))
     path.write_text(text)
     return path
 
@@ -115,42 +128,47 @@ def test_fleet_and_watch_without_a_fleet_file_are_one_line(tmp_path, monkeypatch
 
 # -- the fresh clone, end to end ---------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_a_fresh_clone_from_the_quick_start_to_a_stopped_fleet(tmp_path):
-    """Every command as the README gives it exits 0; the fleet commands find the fleet apply wrote."""
+def test_a_fresh_clone_from_the_quick_start_to_a_stopped_fleet(tmp_path, monkeypatch):
+    """Every command as the README gives it exits 0; the fleet commands find the fleet apply wrote. The sweep runs
+    as the user runs it (its own process); the commands after it in this one (each a CLI invocation as typed)."""
     clone = fresh_clone(tmp_path / "clone")
-    shrink_example(clone)
-    env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices"), "COLUMNS": "100"}
+    shrink_example(clone, trials="2", edge_starts="0")  # the baseline and the hand-tuned config, confirmed
+    monkeypatch.chdir(clone)
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
     commands = readme_commands(clone / "README.md")
     assert commands == [["sweep"], ["trials"], ["report"], ["apply", "--out", "deploy", "--gpus", "0-1"]]
     # The commands table shows the fleet file as optional for fleet and watch: they run with none.
     table = (clone / "README.md").read_text()
     assert "`autotune fleet up\\|status\\|down [--fleet fleet.toml]`" in table
     assert "`autotune watch [--fleet fleet.toml] [--once]`" in table
-    out: dict[str, subprocess.CompletedProcess] = {}
-    for argv in commands:
-        out[argv[0]] = done = autotune(*argv, cwd=clone, env=env)
-        assert done.returncode == 0, (argv, done.stdout[-2000:], done.stderr[-2000:])
+    swept = autotune(*commands[0], cwd=clone, env=dict(os.environ))
+    assert swept.returncode == 0, (swept.stdout[-2000:], swept.stderr[-2000:])
+    invoke = CliRunner().invoke
+    out = {}
+    for argv in commands[1:]:
+        out[argv[0]] = done = invoke(cli, argv)
+        assert done.exit_code == 0, (argv, done.output[-2000:], done.exception)
     listed = out["trials"].stdout
-    assert "★ winner" in listed and "outputs vs baseline" in listed  # the last column whole, in a pipe too
+    assert "★ winner" in listed and "confirmed (" in listed
+    assert "outputs vs baseline" in listed  # the last column whole though no terminal is this wide
     # whole flag names, one per line: every flag the hand-tuned config changes, as the study file spells it
     for flag in ("mamba_full_memory_ratio=0.6", "max_mamba_cache_size=200", "max_running_requests=64",
                  "mem_fraction_static=0.93"):
         assert flag in listed
-    assert "confirmed (" in listed
     assert (clone / "reports" / "example.html").is_file()
     assert (clone / "deploy" / "fleet.toml").is_file()
     assert "enable-metrics: true" in (clone / "deploy" / "sglang.yaml").read_text()
     said = "fleet: deploy/fleet.toml (the last autotune apply of studies/example.toml)"
     stopped = None
     try:
-        up = autotune("fleet", "up", cwd=clone, env=env)
-        assert up.returncode == 0, up.stderr
+        up = invoke(cli, ["fleet", "up"])
+        assert up.exit_code == 0, (up.output, up.exception)
         assert said in up.stderr and "started: gpu0, gpu1" in up.stdout
-        watched = autotune("watch", "--once", cwd=clone, env=env)
-        assert watched.returncode == 0, (watched.stdout, watched.stderr)
+        watched = invoke(cli, ["watch", "--once"])
+        assert watched.exit_code == 0, (watched.output, watched.exception)
         assert said in watched.stderr and watched.stdout.count("no drift") == 2
-        stopped = autotune("fleet", "down", cwd=clone, env=env)
+        stopped = invoke(cli, ["fleet", "down"])
     finally:
-        if stopped is None or stopped.returncode != 0:  # no server outlives the test
-            autotune("fleet", "down", "--fleet", str(clone / "deploy" / "fleet.toml"), cwd=clone, env=env)
-    assert stopped.returncode == 0 and said in stopped.stderr and "stopped: gpu0, gpu1" in stopped.stdout
+        if stopped is None or stopped.exit_code != 0:  # no server outlives the test
+            invoke(cli, ["fleet", "down", "--fleet", str(clone / "deploy" / "fleet.toml")])
+    assert stopped.exit_code == 0 and said in stopped.stderr and "stopped: gpu0, gpu1" in stopped.stdout
