@@ -67,9 +67,9 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, s
     del seed
     demoted = dict(demoted or {})
     noise, est = estimates(by_contender(runs, order))
-    common = {"baseline_trial": baseline, "resolution": resolution, "noise": noise.to_dict(),
+    common: dict[str, Any] = {"baseline_trial": baseline, "resolution": resolution, "noise": noise.to_dict(),
               "stats": _stats(est, noise), **({"demoted": {str(n): why for n, why in demoted.items()}} if demoted else {})}
-    nothing = {**common, "winner_trial": None, "gain": None, "ci_low": None, "ci_high": None}
+    nothing: dict[str, Any] = {**common, "winner_trial": None, "gain": None, "ci_low": None, "ci_high": None}
     candidates = [n for n in order if est[n].launches and not est[n].failed and n not in demoted]
     if not candidates:
         return {**nothing, "outcome": "none", "note": _demoted_note(demoted) or
@@ -153,9 +153,10 @@ def _break_tie(est: Mapping[int, Estimate], top: int, tied: list[int]) -> tuple[
     room = {n: est[n].headroom_gib for n in tied}
     roomy = max(tied, key=lambda n: (room[n] if room[n] is not None else float("-inf"), est[n].rate))
     names = ", ".join(map(str, tied))
-    if room[top] is not None and room[top] >= TIE_HEADROOM_FLOOR_GIB:
+    top_room = room[top]
+    if top_room is not None and top_room >= TIE_HEADROOM_FLOOR_GIB:
         return top, (f"trials {names} are statistically tied; trial {top} has the fastest estimate and "
-                     f"{room[top]:.1f} GiB headroom (≥ {TIE_HEADROOM_FLOOR_GIB:.0f} GiB, so headroom does not decide)")
+                     f"{top_room:.1f} GiB headroom (≥ {TIE_HEADROOM_FLOOR_GIB:.0f} GiB, so headroom does not decide)")
     if roomy != top and room[roomy] is not None:
         extra = (room[roomy] or 0.0) - (room[top] or 0.0)
         return roomy, (f"trials {names} are statistically tied; chose trial {roomy} over the fastest estimate "

@@ -57,8 +57,8 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
                        stop_event=stop_event):
         return None
     verdict = verdict_now()
-    # The stress stage hooks in here: the verdict names the winner (and, tied, the contention); a contender that
-    # fails its stress phase is demoted (``verdict_now(demoted={trial: why})``) and the next one stressed.
+    # The stress stage runs on this verdict once it is stored (``sweep.run_sweep``: ``stress.stress_winner``); a
+    # contender that fails it is demoted through ``decide(demoted=…)`` and the next one stressed.
     measured = defaults() if defaults is not None else None
     if measured is not None and measured.get("status") == "interrupted":
         study.set_user_attr("confirmation", {**state, "runs": runs})  # a resume measures the defaults again
