@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from autotune.cli import cli
+from autotune.cli import cli, main
 from autotune.config.studyref import DEFAULT_STUDY, LAST_APPLY, locate_fleet, record_apply
 from autotune.errors import ConfigError
 
@@ -115,13 +115,15 @@ def test_the_fleet_the_last_apply_wrote_then_the_working_directorys(tmp_path, mo
         locate_fleet(None)
 
 
-def test_fleet_and_watch_without_a_fleet_file_are_one_line(tmp_path, monkeypatch):
+def test_fleet_watch_and_rollouts_without_a_fleet_file_are_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(fresh_clone(tmp_path / "clone"))
-    for args in (["fleet", "status"], ["fleet", "up"], ["fleet", "down"], ["watch", "--once"]):
+    for args in (["fleet", "status"], ["fleet", "up"], ["fleet", "down"], ["watch", "--once"], ["apply", "--rolling"],
+                 ["apply", "--resume"], ["apply", "--rollback"]):
         with pytest.raises(SystemExit) as info:
-            from autotune.cli import main
             main(args)
         assert info.value.code == 1, args
+        line = capsys.readouterr().err.strip()
+        assert line.startswith("Error: --fleet: no fleet file") and "\n" not in line, (args, line)
     result = CliRunner().invoke(cli, ["fleet", "status"])
     assert result.exit_code == 1 and "no fleet file: looked for ./fleet.toml" in str(result.exception)
 
