@@ -115,6 +115,21 @@ def test_the_fleet_the_last_apply_wrote_then_the_working_directorys(tmp_path, mo
         locate_fleet(None)
 
 
+def test_a_fleet_directorys_own_file_comes_before_the_packaged_studys(tmp_path, monkeypatch):
+    """With no studies/ here the default study is the one beside the package: ./fleet.toml wins over its apply."""
+    clone = fresh_clone(tmp_path / "clone")
+    (clone / "deploy").mkdir()
+    (clone / "deploy" / "fleet.toml").write_text("")
+    record_apply(clone / DEFAULT_STUDY, clone / "deploy" / "fleet.toml")
+    monkeypatch.setattr("autotune.config.studyref.resolve_config", lambda _: clone / DEFAULT_STUDY)
+    fleet_dir = tmp_path / "srv"
+    fleet_dir.mkdir()
+    monkeypatch.chdir(fleet_dir)
+    assert locate_fleet(None).path == clone / "deploy" / "fleet.toml"  # nothing here: the packaged study's
+    (fleet_dir / "fleet.toml").write_text("")
+    assert locate_fleet(None).path == fleet_dir / "fleet.toml"
+
+
 def test_fleet_watch_and_rollouts_without_a_fleet_file_are_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(fresh_clone(tmp_path / "clone"))
     for args in (["fleet", "status"], ["fleet", "up"], ["fleet", "down"], ["watch", "--once"], ["apply", "--rolling"],

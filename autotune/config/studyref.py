@@ -116,23 +116,27 @@ def _last_applied(study: Path) -> Path | None:
 
 
 def locate_fleet(given: Path | None) -> FleetRef:
-    """``given``; else the fleet the default study's last apply wrote; else ``./fleet.toml``. None of them: one
-    ConfigError naming where it looked and the fix."""
+    """``given``; else the fleet the default study's last apply wrote; else ``./fleet.toml``. The working
+    directory's own come first: a default study found only beside the package (no ``studies/example.toml`` here)
+    is read after ``./fleet.toml``, so a fleet directory's file wins there. None of them: one ConfigError naming
+    where it looked and the fix."""
     if given is not None:
         return FleetRef(given)
-    looked: list[str] = []
     try:
         study: Path | None = resolve_config(None)
     except ConfigError:
         study = None
-    applied = _last_applied(study) if study is not None else None
-    if study is not None and applied is not None:
-        if applied.is_file():
-            return FleetRef(applied, f"fleet: {_shown(applied)} (the last autotune apply of {_shown(study)})")
-        looked.append(f"{_shown(applied)} (the last apply of {_shown(study)})")
     here = Path.cwd() / HERE_FLEET
-    if here.is_file():
-        return FleetRef(here, f"fleet: {HERE_FLEET} (the working directory's)")
-    looked.append(f"./{HERE_FLEET}")
+    # (file, where it is, why it was used); the default study's own before ./fleet.toml when it lies here
+    places: list[tuple[Path | None, str, str]] = [(here, f"./{HERE_FLEET}", "the working directory's")]
+    if study is not None:
+        last = (_last_applied(study), f"the last apply of {_shown(study)}", f"the last autotune apply of {_shown(study)}")
+        places.insert(0 if study.parent.parent.resolve() == Path.cwd().resolve() else 1, last)
+    looked = []
+    for path, where, why in places:
+        if path is not None and path.is_file():
+            return FleetRef(path, f"fleet: {_shown(path)} ({why})")
+        if path is not None:
+            looked.append(where if path == here else f"{_shown(path)} ({where})")
     raise ConfigError(f"no fleet file: looked for {' and '.join(looked)}", key="--fleet",
                       fix="run `autotune apply --out DIR --gpus 0-1` first, or pass --fleet FILE")
