@@ -63,7 +63,8 @@ class StressTarget:
     prompt_tokens_mean: float
     kv_tokens: int | None
     mamba_slots: int | None
-    planned_peak_gib: float | None = None  # the planner's peak for this config (static + a full prefill chunk)
+    planned_peak_gib: float | None = None
+    overflows: bool = False  # the running batch needs more KV than the pool holds: SGLang must retract  # the planner's peak for this config (static + a full prefill chunk)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -167,6 +168,7 @@ def stress_target(capacity: Capacity | None, rows: Sequence[tuple[PromptRow, int
                    for (row, _), length in zip(running, lengths, strict=True)]
     kv_pool = capacity.kv_tokens if capacity is not None else None
     kv = sum(per_request) if per_request else None
+    overflows = bool(kv is not None and kv_pool and kv > kv_pool)
     if kv is not None and kv_pool:
         kv = min(kv, kv_pool)
     extra = (plan or {}).get("extra") or {}
@@ -181,7 +183,8 @@ def stress_target(capacity: Capacity | None, rows: Sequence[tuple[PromptRow, int
     return StressTarget(requests=len(rows), running=len(running), prefill_tokens=prefill or None,
                         max_tokens=max_tokens, prompt_tokens_max=max(lengths, default=0),
                         prompt_tokens_mean=round(sum(lengths) / len(lengths), 1) if lengths else 0.0,
-                        kv_tokens=kv, mamba_slots=mamba, planned_peak_gib=None if peak is None else float(peak))
+                        kv_tokens=kv, mamba_slots=mamba, planned_peak_gib=None if peak is None else float(peak),
+                        overflows=overflows)
 
 
 @dataclasses.dataclass
@@ -206,11 +209,12 @@ class _Pools:
             self.prefill = max(self.prefill or 0, int(tokens))
 
     def reached(self, target: StressTarget) -> bool:
-        """The batch is at the predicted peak: the KV pool at its share (or it ran full: SGLang retracted), and so
-        are the Mamba slots. The largest prefill batch is recorded beside its target, not waited for: SGLang's
+        """The batch is at the predicted peak: the KV pool at its share, or, for a batch that needs more than the
+        pool, full (SGLang retracted: the count is part of the worst case); and so are the Mamba slots. The largest prefill batch is recorded beside its target, not waited for: SGLang's
         admission holds back room for the running requests' outputs, so a full chunk may never form at once."""
         full = self.retractions > 0
-        kv = full or (target.kv_tokens is not None and (self.kv or 0) >= REACHED * target.kv_tokens)
+        kv = full or (not target.overflows and target.kv_tokens is not None
+                      and (self.kv or 0) >= REACHED * target.kv_tokens)
         mamba = full or target.mamba_slots is None or (self.mamba or 0) >= REACHED * target.mamba_slots
         return kv and mamba
 
