@@ -107,6 +107,16 @@ def test_a_pair_within_the_resolution_is_tied_without_further_launches():
     assert not finer["decided"] and sorted(n for n, _ in finer["next"]) == [3, 5]
 
 
+def test_a_best_at_most_the_resolution_slower_stops_without_a_tie():
+    # 1.5 % apart at 0.4 % noise: not resolved after the first stage, yet the interval's low end is above 0.98, so no
+    # launch could show the runner-up 2 % faster; the runner-up, maybe far slower, is no candidate for the tie-break
+    _, verdict = _stage({0: 1000.0, 3: 1500.0, 5: 1478.0}, seed=1, cv=(0.004, 0.004), resolution=0.02)
+    low, high = verdict["runner_up_ci"]
+    assert 0.98 <= low < 1.0 and high > 1.02
+    assert verdict["decided"] and not verdict["resolved"] and verdict["next"] == [] and verdict["winner_trial"] == 3
+    assert verdict["note"].startswith("settled within 2 %: trial 3's gain over trial 5")
+
+
 def test_a_demoted_contender_never_wins():
     runs, verdict = _stage({0: 1000.0, 3: 1500.0, 5: 1300.0}, seed=1)
     again = decide(runs, [0, 3, 5], 0, demoted={3: "runtime OOM in the stress phase"})

@@ -2,9 +2,10 @@
 
 Each contender's estimate and the gain of the best over every other come from the two-level noise model
 (``noise``). Against the best, a contender is *resolved* (the gain's 95 % interval excludes 1), *tied within the
-resolution* (the whole interval inside ±``resolution``: a result, nothing more to measure) or *open* (neither:
-more launches may tell). The confirmation relaunches only the open ones and the best (``contention``), until none
-is open or the launches are spent. A tie (within the resolution, or open when the launches are spent) goes to the
+resolution* (the whole interval inside ±``resolution``: a result, nothing more to measure), *close* (the interval's
+low end at or above 1 − ``resolution``: the best is at most that much slower, so no launch would change the pick;
+it may be far faster, so a close contender is not in the tie) or *open* (more launches may tell). The confirmation
+relaunches only the open ones and the best (``contention``), until none is open or the launches are spent. A tie (within the resolution, or open when the launches are spent) goes to the
 fastest estimate unless its memory headroom is under ``TIE_HEADROOM_FLOOR_GIB``; then to the roomiest. A best
 config that runs the baseline's own flags, or that is not resolved from the baseline, did not beat it: no winner.
 """
@@ -33,7 +34,7 @@ class Standing:
 
     trial: int
     against_best: Ratio
-    state: str  # "resolved" | "within" | "open"
+    state: str  # "resolved" | "within" | "close" | "open"
 
 
 def _pct(r: float) -> str:
@@ -49,7 +50,12 @@ def standing(best: Estimate, other: Estimate, noise: NoiseModel, resolution: flo
     r = ratio(best, other, noise)
     if r is None:
         return None
-    state = "resolved" if r.excludes_one() else "within" if r.within(resolution) else "open"
+    if r.excludes_one():
+        state = "resolved"
+    elif r.within(resolution):
+        state = "within"
+    else:  # the best at most ``resolution`` slower (no launch would change the pick), or not even that
+        state = "close" if r.low >= 1.0 - resolution else "open"
     return Standing(other.trial, r, state)
 
 
@@ -85,7 +91,7 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, s
                                                                 _demoted_note(demoted)),
                 "decided": decided, "resolved": decided, "contention": [] if decided else contention}
     others = {n: s for n, s in stand.items() if n not in twins}  # noise around the baseline's flags is no candidate
-    tied = [top, *(n for n, s in others.items() if s.state != "resolved")]
+    tied = [top, *(n for n, s in others.items() if s.state in ("within", "open"))]  # a close one may be far slower
     winner, tie_note = _break_tie(est, top, tied)
     verdict = {**nothing, "winner_trial": winner, "outcome": "winner"}
     base = ratio(est[winner], est[baseline], noise) if baseline is not None and baseline in est else None
@@ -96,9 +102,10 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, s
     runner = max(others, key=lambda n: est[n].rate, default=None)
     open_ = [n for n, s in others.items() if s.state == "open"]
     within = [n for n, s in others.items() if s.state == "within"]
+    close = [n for n, s in others.items() if s.state == "close"]
     verdict.update(runner_up_trial=runner, runner_up_gain=others[runner].against_best.gain if runner else None,
                    runner_up_ci=[others[runner].against_best.low, others[runner].against_best.high] if runner else None,
-                   resolved=not open_ and not within, decided=not open_,
+                   resolved=not open_ and not within and not close, decided=not open_,
                    contention=sorted({top, *open_}) if open_ else [])
     note = tie_note
     if open_ and runner is not None:
@@ -109,6 +116,11 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, s
         r = others[runner].against_best
         note = (f"tied within {_pct(resolution)}: trial {top}'s gain over trial {runner} is {r.gain:.3f}× ({_ci(r)}, "
                 f"inside ±{_pct(resolution)}); {tie_note}")
+    elif close:
+        n = max(close, key=lambda c: est[c].rate)
+        r = others[n].against_best
+        note = (f"settled within {_pct(resolution)}: trial {top}'s gain over trial {n} is {r.gain:.3f}× ({_ci(r)}): "
+                f"not resolved, but trial {top} is at most {_pct(resolution)} slower, so no launch would change the pick")
     verdict["note"] = _join(note, _demoted_note(demoted))
     return verdict
 
@@ -139,7 +151,7 @@ def _baseline_holds(est: Mapping[int, Estimate], top: int, stand: Mapping[int, S
                 else "the baseline has the fastest confirmed estimate"), True
     s = stand.get(baseline) if baseline is not None else None
     if s is None or s.state == "resolved":
-        return None
+        return None  # (a close baseline is open: a winner must be resolved from it, not merely not slower)
     tok = f"trial {top}'s {est[top].rate:,.0f} tok/s against the baseline's {est[s.trial].rate:,.0f}"
     if s.state == "within":
         return f"{tok} is tied within {_pct(resolution)} ({_ci(s.against_best)})", True
