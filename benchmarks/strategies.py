@@ -4,6 +4,12 @@ Every strategy proposes configs of the same study space and "launches" them thro
 simulator's in-process evaluator (``autotune.sim.evaluate``) memoised per config, with measurement noise drawn
 per launch, and the modelled GPU time each launch would cost on the real machine. Memoising is what makes
 thousands of trials affordable; the noise model keeps the search as noisy as a real sweep.
+
+The noise has one term (``noise_cv``: the whole spread of a launch) or, with ``launch_cv`` set, the confirmation's
+two: a launch term of that stated CV, drawn once per launch, and a window term drawn per window, each config's own
+from its simulated window (the settle rule's 95 % half-width of the window's mean over 1.96). A confirmation launch
+of ``W`` windows (``runner.repeat(…, after=[WindowsStep(W − 1)])``) costs its startup once and W warm-ups and
+windows.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
+from autotune.harness.windows import Window, WindowsStep
 from autotune.results import GpuPeaks, TrialResult
 from autotune.search.confirm import confirm
 from autotune.search.correction import CorrectedFeasibility
@@ -107,6 +114,8 @@ class Outcome:
     cost_s: float  # GPU-seconds of one launch: startup (+ warm-up + window, or until the OOM hit) × tp
     result: TrialResult
     drift: float = 0.0  # the window's ``window_drift``: how far its halves' tokens differ (an unsettled load)
+    window_cv: float = 0.0  # the window term: the settle rule's half-width of the window's mean ÷ 1.96
+    window_s: float = 0.0  # GPU-seconds of one more window in the same launch: warm-up + window × tp
 
 
 @dataclass(frozen=True)
@@ -127,8 +136,8 @@ class Launch:
 class Oracle:
     """Noise-free evaluation of each distinct config once (seed 0), shared by every strategy and seed."""
 
-    def __init__(self, case: Case, *, noise_cv: float):
-        self.case, self.noise_cv = case, noise_cv
+    def __init__(self, case: Case, *, noise_cv: float, launch_cv: float | None = None):
+        self.case, self.noise_cv, self.launch_cv = case, noise_cv, launch_cv
         self.memo: dict[str, Outcome] = {}
         eng = case.cfg.engine
         self.model, self.gpu = eng.profile or eng.model, eng.sim_gpu  # the ground truth's planner reads them
@@ -161,17 +170,33 @@ class Oracle:
                            headroom_gib=total - float(x["peak_gib"]), samples=1)
         result = TrialResult(status=status, config=config, engine="sim", capacity=ev.capacity, metrics=ev.metrics,
                              gpu=gpu, reason=ev.reason, modelled_startup_s=ev.startup_s)
+        half = ev.settling.half_width if ev.settling is not None and ev.settling.half_width else 0.0
         return Outcome(status=status, tok_s=ev.output_tok_s if status == "ok" else 0.0,
-                       cost_s=wall * self.case.tp, result=result, drift=ev.window_drift)
+                       cost_s=wall * self.case.tp, result=result, drift=ev.window_drift, window_cv=half / 1.96,
+                       window_s=(wl.warmup_s + wl.measure_s) * self.case.tp)
 
-    def launch(self, config: Mapping[str, Any], rng: np.random.Generator) -> tuple[Launch, TrialResult]:
-        """One measured launch: the true value times (1 + noise), the way a re-run scatters."""
+    def launch(self, config: Mapping[str, Any], rng: np.random.Generator,
+               windows: int = 1) -> tuple[Launch, TrialResult]:
+        """One measured launch of ``windows`` windows: the true value times the noise, the way a re-run scatters
+        (one term, or the launch term once and the window term per window: see the module docstring)."""
         out = self.outcome(config)
-        observed = out.tok_s * (1.0 + self.noise_cv * float(rng.standard_normal())) if out.tok_s else 0.0
-        result = out.result
-        if result.metrics is not None:
-            result = dataclasses.replace(result, metrics=dataclasses.replace(result.metrics, output_tok_s=observed))
-        return Launch(dict(config), out.status, observed, out.tok_s, out.cost_s), result
+        if not out.tok_s:
+            return Launch(dict(config), out.status, 0.0, out.tok_s, out.cost_s), out.result
+        if self.launch_cv is None:
+            seen = [out.tok_s * (1.0 + self.noise_cv * float(rng.standard_normal())) for _ in range(windows)]
+        else:
+            shift = self.launch_cv * float(rng.standard_normal())
+            seen = [out.tok_s * math.exp(shift + out.window_cv * float(rng.standard_normal())) for _ in range(windows)]
+        result = dataclasses.replace(out.result, metrics=dataclasses.replace(out.result.metrics, output_tok_s=seen[0]),
+                                     windows=[_window(i + 2, v) for i, v in enumerate(seen[1:])] or None)
+        cost = out.cost_s + (windows - 1) * out.window_s
+        return Launch(dict(config), out.status, seen[0], out.tok_s, cost), result
+
+
+def _window(index: int, tok_s: float) -> dict[str, Any]:
+    """A later window of a launch as the harness stores it (``harness.windows.Window``)."""
+    return Window(index=index, status="ok", output_tok_s=tok_s, tok_s_per_gpu=None, output_tokens=0, window_s=0.0,
+                  settled=True, first_pass=index - 1, last_pass=index - 1).to_dict()
 
 
 Strategy = Callable[[Case, Oracle, int, int], list[Launch]]
@@ -217,6 +242,29 @@ def _workdir() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"autotune-bench-{os.getpid()}-"))
 
 
+class _SweepRunner:
+    """The sweep's runner on the oracle: a search launch per call; ``repeat`` is a confirmation launch with the
+    windows its follow-up steps ask for (``WindowsStep``), as ``HarnessRunner.repeat`` measures them."""
+
+    def __init__(self, oracle: Oracle, rng: np.random.Generator, launches: dict[int, Launch],
+                 confirm_runs: list[Launch]):
+        self.oracle, self.rng, self.launches, self.confirm_runs = oracle, rng, launches, confirm_runs
+
+    def __call__(self, config: dict[str, Any], number: int) -> TrialResult:
+        launch, result = self.oracle.launch(config, self.rng)
+        if number in self.launches:  # a confirmation repeat of a search trial (a plain runner's)
+            self.confirm_runs.append(launch)
+        else:
+            self.launches[number] = launch
+        return result
+
+    def repeat(self, config: dict[str, Any], number: int, k: int, *, after=()) -> TrialResult:
+        windows = 1 + sum(step.count for step in after if isinstance(step, WindowsStep))
+        launch, result = self.oracle.launch(config, self.rng, windows)
+        self.confirm_runs.append(launch)
+        return result
+
+
 def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = True, precheck: bool = True,
            correction: bool = True, planner: bool = True, confirmation: bool = True,
            launches_cap: int | None = None) -> Launches:
@@ -232,14 +280,7 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
     rng = np.random.default_rng([seed, 0])
     launches: dict[int, Launch] = {}
     confirm_runs: list[Launch] = []
-
-    def runner(config: dict[str, Any], number: int) -> TrialResult:
-        launch, result = oracle.launch(config, rng)
-        if number in launches:  # a confirmation repeat of a search trial
-            confirm_runs.append(launch)
-        else:
-            launches[number] = launch
-        return result
+    runner = _SweepRunner(oracle, rng, launches, confirm_runs)
 
     sweep = Sweep(cfg, runner=runner, progress=_Quiet())
     # The same loop on Optuna's in-memory storage: SQLite bookkeeping would cost more CPU than the simulator.
