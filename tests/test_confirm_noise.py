@@ -13,6 +13,8 @@ from test_study import PlannerRunner, write_study
 from autotune.cli.sweep import render
 from autotune.config import load_config
 from autotune.harness.windows import Window
+from autotune.report.page import build, figures_for
+from autotune.report.page import render as page
 from autotune.results import Metrics, Percentiles, TrialResult
 from autotune.search.confirm import confirm, decide, estimate_noise, next_launches, summarize
 from autotune.search.confirm.samples import by_contender
@@ -166,3 +168,5 @@ def test_each_confirmation_launch_measures_its_windows_and_a_killed_one_resumes(
     windows = sum(s["windows"] for s in conf["stats"].values())
     line = f"  confirmation: {len(launches)} launches, {windows} windows; {conf['noise']['line']}"
     assert line in render(summarize(study, cfg)).splitlines()[-2:]  # the sweep's summary says what it rests on
+    built = build(study, base_dir=tmp_path)  # and the report's headline
+    assert f"Confirmation: {line.strip().removeprefix('confirmation: ')}." in page(built, figures_for(built))

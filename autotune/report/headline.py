@@ -19,6 +19,7 @@ from autotune.report.data import baseline_trial, model_name, trial_result, winne
 from autotune.results import TrialResult
 from autotune.search.jobview import job_for_study
 from autotune.search.settings import device_name
+from autotune.search.summary import confirmation_line
 from autotune.search.worstcase import worst_case_line
 
 
@@ -80,7 +81,8 @@ def gain(study: optuna.Study, headline: pd.DataFrame) -> dict[str, Any]:
     number = headline.loc["winner", "trial"]
     job = job_for_study(study, None if number != number else int(number))  # [job]: the job's hours, both ways
     common = {"over_defaults": over_defaults, "defaults_how": defaults.get("how"), "job": job and job["line"],
-              "worst_case": worst_case_line(confirmation, int(number)) if number == number else None}  # stress
+              "worst_case": worst_case_line(confirmation, int(number)) if number == number else None,  # stress
+              "noise": confirmation_line(confirmation) if confirmation.get("complete") else None}  # its noise
     if confirmation.get("gain") is not None:
         return {"gain": float(confirmation["gain"]), "ci_low": confirmation.get("ci_low"),
                 "ci_high": confirmation.get("ci_high"), "note": confirmation.get("note") or "", **common}

@@ -320,7 +320,8 @@ def _header(report: Report) -> str:
              f"baseline {_num(base['headroom_gib'], '{:.1f}', ' GiB')}"),
     ]
     head.append('<div class="kpis">' + "".join(kpis) + "</div>")
-    head.append(f'<p class="why">{html.escape(" ".join(filter(None, [_why(base, win), g.get("worst_case"), g.get("job")])))}</p>')
+    noise = f"Confirmation: {g['noise']}." if g.get("noise") else None  # launches, windows, the two noise terms
+    head.append(f'<p class="why">{html.escape(" ".join(filter(None, [_why(base, win), g.get("worst_case"), noise, g.get("job")])))}</p>')
     head.append("<h3>Winner vs baseline</h3>" + _table(_headline_rows(hl)))
     diff = t["flag_diff"]
     head.append("<h3>Flags that changed</h3>" + (_table(diff) if len(diff) else "<p>None: the baseline won.</p>"))
