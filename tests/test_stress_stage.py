@@ -117,6 +117,10 @@ def test_apply_refuses_an_unstressed_or_failed_winner_and_accepts_it_when_told(t
     assert "worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived" in ok.output
     block = json.loads((tmp_path / "d1" / "provenance.json").read_text())["worst_case"]
     assert block["passed"] and block["problem"] is None and block["stress"]["retractions"] == 3
+    table = CliRunner().invoke(cli, ["trials", "--storage", url])
+    assert table.exit_code == 0, table.output
+    assert "trial 2 (winner): worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived" in table.output
+    assert "trial 1: worst case: peak 179.0 of 179.1 GiB, 0 retractions, FAILED: runtime_oom" in table.output
 
     refused = CliRunner().invoke(cli, ["apply", "--storage", url, "--trial", "1", "--out", str(tmp_path / "d2"),
                                        "--gpus", "0"])
