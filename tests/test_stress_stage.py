@@ -9,10 +9,12 @@ import json
 from types import SimpleNamespace
 
 import optuna
+import pandas as pd
 from click.testing import CliRunner
 
 from autotune.cli import cli
 from autotune.harness.stress import StressResult, StressStep
+from autotune.report.headline import gain
 from autotune.results import Capacity, GpuPeaks, Metrics, Percentiles, TrialResult
 from autotune.search.confirm import decide
 from autotune.search.confirm.stress import STRESS_MAX, stress_winner
@@ -121,6 +123,9 @@ def test_apply_refuses_an_unstressed_or_failed_winner_and_accepts_it_when_told(t
     assert table.exit_code == 0, table.output
     assert "trial 2 (winner): worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived" in table.output
     assert "trial 1: worst case: peak 179.0 of 179.1 GiB, 0 retractions, FAILED: runtime_oom" in table.output
+    headline = pd.DataFrame({"tok_s_per_gpu": [2900.0, 1000.0], "trial": [2, 0]}, index=["winner", "baseline"])
+    assert gain(optuna.load_study(study_name="s", storage=url), headline)["worst_case"] == (
+        "worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived")  # the report's headline says it too
 
     refused = CliRunner().invoke(cli, ["apply", "--storage", url, "--trial", "1", "--out", str(tmp_path / "d2"),
                                        "--gpus", "0"])
