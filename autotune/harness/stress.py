@@ -21,6 +21,7 @@ stored as ``TrialResult.stress``; ``stress_line`` is the one line every view pri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import re
 import time
@@ -255,7 +256,7 @@ def run_stress(server: ServerHandle, launch: Launch, rows: Sequence[tuple[Prompt
     monitor = GpuMonitor(launch.reader) if launch.reader is not None else None
     pools = _Pools()
     t0 = time.monotonic()
-    with monitor if monitor is not None else _Nothing():
+    with monitor if monitor is not None else contextlib.nullcontext():
         records, ended = asyncio.run(_drive(server, launch, rows, target, pools, log_start, cap_s))
     duration = time.monotonic() - t0
     log = server.log_text()[log_start:]
@@ -281,14 +282,6 @@ def run_stress(server: ServerHandle, launch: Launch, rows: Sequence[tuple[Prompt
         running_peak=pools.running, prefill_peak_tokens=pools.prefill, prefill_target_tokens=target.prefill_tokens,
         reached_peak=pools.reached(target),
     )
-
-
-class _Nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 async def _drive(server: ServerHandle, launch: Launch, rows: Sequence[tuple[PromptRow, int]], target: StressTarget,
