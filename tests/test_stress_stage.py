@@ -148,3 +148,16 @@ def test_a_study_with_the_confirmation_off_says_why_its_winner_was_never_stresse
     told = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(tmp_path / "d"), "--gpus", "0",
                                     "--allow-unstressed"])
     assert told.exit_code == 0, told.output
+
+
+def test_a_runner_up_the_confirmation_could_not_separate_is_stressed_too(tmp_path):
+    study = _study(f"sqlite:///{tmp_path / 's.db'}")
+    runs = [{"trial": n, "repeat": k, "result": _result(cfg, tok * (1 + 0.03 * (k - 1) * (-1) ** n)).to_dict()}
+            for k in range(3) for n, cfg, tok in ((1, FAST, 2900.0), (2, SAFE, 2890.0), (0, BASE, 1000.0))]
+    confirmation = {"runs": runs, "order": [1, 2, 0], "n_trials": 3, "complete": True,
+                    **decide(runs, [1, 2, 0], 0, 0, resolution=0.02)}
+    assert not confirmation["resolved"] and confirmation["runner_up_trial"] is not None
+    runner = StressRunner({1: True, 2: True})
+    out = stress_winner(study, CFG, confirmation, runner=runner)
+    assert sorted(n for n, _ in runner.calls) == [1, 2] and out["winner_trial"] == confirmation["winner_trial"]
+    assert not out["stress"]["demoted"]  # both survived: the verdict stands
