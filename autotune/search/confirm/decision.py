@@ -107,22 +107,32 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, s
                    runner_up_ci=[others[runner].against_best.low, others[runner].against_best.high] if runner else None,
                    resolved=not open_ and not within and not close, decided=not open_,
                    contention=sorted({top, *open_}) if open_ else [])
-    note = tie_note
-    if open_ and runner is not None:
-        r = others[runner].against_best
-        note = (f"tied: trial {top}'s gain over the runner-up (trial {runner}) is not resolved after "
-                f"{est[top].launches} launches ({_ci(r)}); {tie_note or f'trial {winner} has the fastest estimate'}")
-    elif within and runner is not None:
-        r = others[runner].against_best
-        note = (f"tied within {_pct(resolution)}: trial {top}'s gain over trial {runner} is {r.gain:.3f}× ({_ci(r)}, "
-                f"inside ±{_pct(resolution)}); {tie_note}")
-    elif close:
-        n = max(close, key=lambda c: est[c].rate)
-        r = others[n].against_best
-        note = (f"settled within {_pct(resolution)}: trial {top}'s gain over trial {n} is {r.gain:.3f}× ({_ci(r)}): "
-                f"not resolved, but trial {top} is at most {_pct(resolution)} slower, so no launch would change the pick")
+    note = _winner_note(est, others, top, winner, runner, tie_note, resolution)
     verdict["note"] = _join(note, _demoted_note(demoted))
     return verdict
+
+
+def _winner_note(est: Mapping[int, Any], others: Mapping[int, Standing], top: int, winner: int, runner: int | None,
+                 tie_note: str, resolution: float) -> str:
+    """Why the winner stands: still open against the runner-up, tied within the resolution, settled within it (a
+    close one), or resolved (the tie-break's note, if any)."""
+    open_ = [n for n, s in others.items() if s.state == "open"]
+    within = [n for n, s in others.items() if s.state == "within"]
+    close = [n for n, s in others.items() if s.state == "close"]
+    if open_ and runner is not None:
+        r = others[runner].against_best
+        return (f"tied: trial {top}'s gain over the runner-up (trial {runner}) is not resolved after "
+                f"{est[top].launches} launches ({_ci(r)}); {tie_note or f'trial {winner} has the fastest estimate'}")
+    if within and runner is not None:
+        r = others[runner].against_best
+        return (f"tied within {_pct(resolution)}: trial {top}'s gain over trial {runner} is {r.gain:.3f}× "
+                f"({_ci(r)}, inside ±{_pct(resolution)}); {tie_note}")
+    if close:
+        n = max(close, key=lambda c: est[c].rate)
+        r = others[n].against_best
+        return (f"settled within {_pct(resolution)}: trial {top}'s gain over trial {n} is {r.gain:.3f}× ({_ci(r)}): "
+                f"not resolved, but trial {top} is at most {_pct(resolution)} slower, so no launch would change the pick")
+    return tie_note
 
 
 def _join(*parts: str) -> str:
