@@ -74,7 +74,8 @@ def test_dp_workers_each_run_the_reported_cap():
 def test_apply_prints_and_writes_the_same_figures(tmp_path, concurrency, binding):
     storage = study_with_winner(tmp_path, recorded(concurrency))
     out = tmp_path / "deploy"
-    res = CliRunner().invoke(cli, ["apply", "--storage", storage, "--out", str(out), "--gpus", "0-1"])
+    res = CliRunner().invoke(cli, ["apply", "--storage", storage, "--out", str(out), "--gpus", "0-1",
+                                 "--allow-unstressed"])
     assert res.exit_code == 0, res.output
 
     written = json.loads((out / "client.json").read_text())
@@ -97,9 +98,10 @@ def test_apply_prints_and_writes_the_same_figures(tmp_path, concurrency, binding
 def test_a_yaml_deployed_as_is_has_no_window_to_size_the_queue(tmp_path):
     storage = study_with_winner(tmp_path, recorded(80))
     runner = CliRunner()
-    assert runner.invoke(cli, ["apply", "--storage", storage, "--out", str(tmp_path / "a"), "--gpus", "0"]).exit_code == 0
+    assert runner.invoke(cli, ["apply", "--storage", storage, "--out", str(tmp_path / "a"), "--gpus", "0",
+                              "--allow-unstressed"]).exit_code == 0
     res = runner.invoke(cli, ["apply", "--config", str(tmp_path / "a" / "sglang.yaml"), "--out", str(tmp_path / "b"),
-                              "--gpus", "0"])
+                              "--gpus", "0", "--allow-unstressed"])
     assert res.exit_code == 0, res.output
     advice = json.loads((tmp_path / "b" / "client.json").read_text())
     assert advice["per_server"] is None and advice["running_cap"] == 40
