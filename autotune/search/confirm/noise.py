@@ -19,16 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from autotune.search.confirm.samples import LaunchSample, least_headroom
-
-# Student's t, 97.5 % quantile, for 1 … 30 degrees of freedom (two-sided 95 %); beyond, 1.96 + 2.4 / df (within
-# 0.002 of the exact quantile from 30 up).
-T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t975(df: int) -> float:
-    """The two-sided 95 % quantile of Student's t with ``df`` degrees of freedom (``df`` ≥ 1)."""
-    return T975[df - 1] if df <= len(T975) else 1.96 + 2.4 / df
+from autotune.settle import t975  # the settle rule's: one Student t for every interval
 
 
 def _ss(values: list[float]) -> float:
