@@ -260,6 +260,7 @@ def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path
     cv = noise_cv(case)
     oracle = Oracle(case, noise_cv=cv, launch_cv=launch_cv)
     truth = ground_truth(case, oracle, cache_dir=cache_dir, say=say)
+    oracle.asked.clear()  # the grid's configs, when it was not cached, are not the strategies'
     runs: dict[tuple[str, int], list[list[Launch]]] = {}
     chosen = {**STRATEGIES, **(PROPOSALS if proposals else {})}
     if only:
@@ -288,8 +289,8 @@ def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path
 
 
 def _median_window_cv(oracle: Oracle) -> float:
-    """The median window term over the configs the oracle measured cleanly."""
-    cvs = [o.window_cv for o in oracle.memo.values() if o.status == "ok"]
+    """The median window term over the configs the strategies measured cleanly (not the grid's: it may be cached)."""
+    cvs = [o.window_cv for key, o in oracle.memo.items() if key in oracle.asked and o.status == "ok"]
     return float(statistics.median(cvs)) if cvs else 0.0
 
 

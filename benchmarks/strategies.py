@@ -139,11 +139,13 @@ class Oracle:
     def __init__(self, case: Case, *, noise_cv: float, launch_cv: float | None = None):
         self.case, self.noise_cv, self.launch_cv = case, noise_cv, launch_cv
         self.memo: dict[str, Outcome] = {}
+        self.asked: set[str] = set()  # the configs a strategy evaluated (the memo also holds the grid's, when not cached)
         eng = case.cfg.engine
         self.model, self.gpu = eng.profile or eng.model, eng.sim_gpu  # the ground truth's planner reads them
 
     def outcome(self, config: Mapping[str, Any]) -> Outcome:
         key = key_of(config)
+        self.asked.add(key)
         if key not in self.memo:
             self.memo[key] = self._evaluate(dict(config))
         return self.memo[key]
