@@ -12,7 +12,8 @@ from test_study import PlannerRunner, write_study
 
 from autotune.cli.sweep import render
 from autotune.config import load_config
-from autotune.harness.windows import Window
+from autotune.harness.stress import StressStep
+from autotune.harness.windows import Window, WindowsStep
 from autotune.report.page import build, figures_for
 from autotune.report.page import render as page
 from autotune.results import Metrics, Percentiles, TrialResult
@@ -131,14 +132,17 @@ class Windowed(PlannerRunner):
     def __init__(self, stop: threading.Event | None = None, stop_after: int | None = None):
         super().__init__()
         self.launches: list[tuple[int, int, int]] = []
+        self.stressed: list[tuple[int, int]] = []  # the launches that ran the stress phase after their windows
         self.stop, self.stop_after = stop, stop_after
 
     def repeat(self, config: dict, number: int, k: int, *, after=()) -> TrialResult:
         if self.stop is not None and len(self.launches) == self.stop_after:
             self.stop.set()
             return TrialResult(status="interrupted", config=config, reason="interrupted while measuring")
-        (step,) = after
+        (step,) = [s for s in after if isinstance(s, WindowsStep)]
         self.launches.append((number, k, step.count))
+        if any(isinstance(s, StressStep) for s in after):
+            self.stressed.append((number, k))
         result = self(config, number)
         if not result.ok:
             return result
@@ -163,6 +167,8 @@ def test_each_confirmation_launch_measures_its_windows_and_a_killed_one_resumes(
     # W = 3 windows in every launch (the step adds 2), each contender once, the top two twice: no more
     assert all(count == cfg.study.confirm_windows - 1 == 2 for _, _, count in launches)
     assert len(launches) == len(order) + 2 and len({(n, k) for n, k, _ in launches}) == len(launches)
+    # the top two's second launch runs the stress phase after its windows: the winner's costs no launch of its own
+    assert sorted(first.stressed + again.stressed) == sorted((n, k) for n, k, _ in launches if k == 1)
     assert conf["decided"] and conf["stats"][str(conf["winner_trial"])]["windows"] == 6
     assert conf["noise"]["window_df"] > 0 and "window CV" in conf["noise"]["line"]
     windows = sum(s["windows"] for s in conf["stats"].values())

@@ -98,6 +98,35 @@ def test_a_winner_that_dies_under_stress_is_demoted_and_the_next_one_stressed(tm
     assert again["winner_trial"] == 2 and len(again["stress"]["runs"]) == 2
 
 
+def _stressed_in_confirmation(confirmation: dict, number: int, *, survived: bool) -> dict:
+    """``confirmation`` with trial ``number``'s last confirmation launch carrying a stress phase's verdict."""
+    stress = StressResult(survived=survived, ended="peak reached" if survived else "server exited",
+                          failure=None if survived else "runtime_oom", peak_used_gib=171.0 if survived else 179.0,
+                          total_gib=179.1, retractions=1, reached_peak=survived).to_dict()
+    runs = [dict(r) for r in confirmation["runs"]]
+    last = max(i for i, r in enumerate(runs) if r["trial"] == number)
+    runs[last] = {**runs[last], "result": {**runs[last]["result"], "stress": stress}}
+    return {**confirmation, "runs": runs}
+
+
+def test_a_stress_phase_run_in_a_confirmation_launch_costs_no_launch_of_its_own(tmp_path):
+    study = _study(f"sqlite:///{tmp_path / 's.db'}")
+    confirmation = _stressed_in_confirmation(_confirmed(study), 1, survived=True)
+    runner = StressRunner({})
+    out = stress_winner(study, CFG, confirmation, runner=runner)
+    assert runner.calls == [] and out["winner_trial"] == 1  # read from its confirmation launch, nothing launched
+    (run,) = out["stress"]["runs"]
+    assert run["in_confirmation"] and run["repeat"] == 2
+    assert worst_case_line(out, 1) == "worst case: peak 171.0 of 179.1 GiB, 1 retraction, survived"
+    # one that died there is demoted all the same, and the next one is stressed in a launch of its own
+    study2 = _study(f"sqlite:///{tmp_path / 's2.db'}")
+    died = _stressed_in_confirmation(_confirmed(study2), 1, survived=False)
+    runner2 = StressRunner({2: True})
+    out2 = stress_winner(study2, CFG, died, runner=runner2)
+    assert runner2.calls == [(2, 3)] and out2["winner_trial"] == 2
+    assert [d["trial"] for d in out2["stress"]["demoted"]] == [1]
+
+
 def test_an_interrupted_stress_resumes_and_the_attempts_are_bounded(tmp_path):
     study = _study(f"sqlite:///{tmp_path / 's.db'}")
     confirmation = _confirmed(study)

@@ -11,6 +11,7 @@ from typing import Any
 import optuna
 
 from autotune.config import StudyConfig
+from autotune.harness.stress import StressStep
 from autotune.harness.windows import WindowsStep
 from autotune.results import TrialResult
 from autotune.search.confirm.decision import decide
@@ -47,13 +48,14 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     if not order:
         return None
     configs = {n: t.user_attrs["result"]["config"] for n, t in contenders_by_number.items()}
+    plans = {n: t.user_attrs["result"].get("plan") for n, t in contenders_by_number.items()}
     runs: list[dict[str, Any]] = []
     if stored and stored.get("n_trials") == n_done and stored.get("order") == order:
         runs = list(stored.get("runs", []))  # a confirmation a killed sweep left half done
     state = {"order": order, "n_trials": n_done, "complete": False}
     verdict_now = functools.partial(decide, runs, order, base_n, cfg.study.seed, same_as_baseline=twins,
                                     resolution=cfg.study.resolution)
-    if not _run_stages(study, cfg, state, runs, configs, verdict_now, runner=runner, progress=progress,
+    if not _run_stages(study, cfg, state, runs, (configs, plans), verdict_now, runner=runner, progress=progress,
                        stop_event=stop_event):
         return None
     verdict = verdict_now()
@@ -82,9 +84,7 @@ def next_launches(order: list[int], launched: Mapping[int, int], verdict: Mappin
     fresh = [(n, 0) for n in order if not launched.get(n)]
     if fresh:
         return fresh
-    stats = verdict.get("stats") or {}
-    clean = [n for n in order if (s := stats.get(str(n))) and s["runs"] and not s["failed"]]
-    top_two = sorted(clean, key=lambda n: -stats[str(n)]["median"])[:2]
+    top_two = leaders(order, verdict)
     if (verdict.get("noise") or {}).get("launch_df", 0) < 2 * (first - 1):
         short = [(n, k) for k in range(first) for n in top_two if k >= launched[n]]
         if short:
@@ -94,19 +94,30 @@ def next_launches(order: list[int], launched: Mapping[int, int], verdict: Mappin
     return [(n, launched[n]) for n in order if n in verdict.get("contention", ()) and launched[n] < most]
 
 
+def leaders(order: list[int], verdict: Mapping[str, Any]) -> list[int]:
+    """The top two contenders by estimate among those with a clean launch."""
+    stats = verdict.get("stats") or {}
+    clean = [n for n in order if (s := stats.get(str(n))) and s["runs"] and not s["failed"]]
+    return sorted(clean, key=lambda n: -stats[str(n)]["median"])[:2]
+
+
 def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], runs: list[dict[str, Any]],
-                configs: dict[int, dict[str, Any]], verdict_now: Callable[[], dict[str, Any]], *, runner: Runner,
-                progress: Any, stop_event: threading.Event | None) -> bool:
+                contenders: tuple[dict[int, dict[str, Any]], dict[int, Any]], verdict_now: Callable[[], dict[str, Any]],
+                *, runner: Runner, progress: Any, stop_event: threading.Event | None) -> bool:
     """Stage after stage (``next_launches``), each run saved as it lands so a killed sweep resumes where it was.
-    False when interrupted."""
+    False when interrupted. The top two's last launch of stage 2 runs the stress phase after its windows
+    (``stressed_in``), so the winner is usually stressed without a launch of its own (``confirm.stress``)."""
+    configs, plans = contenders
     order = state["order"]
     first = cfg.study.confirm_repeats
     most = max(first, cfg.study.confirm_max_repeats)
     while True:
         launched = {n: sum(1 for r in runs if r["trial"] == n) for n in order}
-        plan = next_launches(order, launched, verdict_now(), first=first, most=most)
+        verdict = verdict_now()
+        plan = next_launches(order, launched, verdict, first=first, most=most)
         if not plan:
             return True
+        stressed = stressed_in(plan, leaders(order, verdict), first=first)
         total = len(runs) + len(plan)
         for n, k in plan:
             if stop_event is not None and stop_event.is_set():
@@ -114,7 +125,8 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], ru
                 return False
             if progress is not None:
                 progress.confirm_started(len(runs) + 1, total, n, k)
-            result = _repeat(runner, dict(configs[n]), n, k, windows=cfg.study.confirm_windows)
+            stress = StressStep(plan=plans.get(n)) if (n, k) in stressed else None
+            result = _repeat(runner, dict(configs[n]), n, k, windows=cfg.study.confirm_windows, stress=stress)
             if result.status == "interrupted":
                 study.set_user_attr("confirmation", {**state, "runs": runs})
                 return False
@@ -124,11 +136,22 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], ru
                 progress.confirm_finished(n, result)
 
 
-def _repeat(runner: Runner, config: dict[str, Any], number: int, k: int, *, windows: int) -> TrialResult:
+def stressed_in(plan: list[tuple[int, int]], top_two: list[int], *, first: int) -> set[tuple[int, int]]:
+    """The launches of ``plan`` that run the stress phase after their windows: the top two's last launch of stage 2
+    (repeat ``first`` − 1, at least the second). The winner is nearly always one of them; a winner that is not gets
+    a stress launch of its own after the decision."""
+    return {(n, k) for n, k in plan if n in top_two and k == first - 1 and k >= 1}
+
+
+def _repeat(runner: Runner, config: dict[str, Any], number: int, k: int, *, windows: int,
+            stress: StressStep | None = None) -> TrialResult:
     """Confirmation launch ``k`` of trial ``number``: a runner that files repeats apart (``HarnessRunner.repeat``:
-    its own directory, no fidelity probe) measures ``windows`` windows in it (``harness.windows``); a plain
-    runner gets the trial's number and measures one."""
+    its own directory, no fidelity probe) measures ``windows`` windows in it (``harness.windows``), then the stress
+    phase when given; a plain runner gets the trial's number and measures one."""
     repeat = getattr(runner, "repeat", None)
     if not callable(repeat):
         return runner(config, number)
-    return repeat(config, number, k, after=[WindowsStep(windows - 1, span=server_gpus(config))])
+    after: list[Any] = [WindowsStep(windows - 1, span=server_gpus(config))]
+    if stress is not None:
+        after.append(stress)
+    return repeat(config, number, k, after=after)

@@ -3,9 +3,11 @@ separate from it) runs the stress phase (``harness.stress``); a config whose ser
 its reason, the confirmation is decided again without it, and the new winner is stressed, ``STRESS_MAX`` launches
 at most.
 
-Each stress is a dedicated launch of the config (``runner.repeat`` with the ``StressStep`` after its window, filed
-as one more confirmation run of the trial): its window is recorded with it but does not join the confirmation's
-runs, so the decision reads the same runs it was made on. Everything lands in ``confirmation["stress"]`` as it
+The top two's last launch of the confirmation's second stage already ran the stress phase after its windows
+(``stages.stressed_in``): a contender due for stress that has one is read from there, costing no launch. Any other
+is a dedicated launch of the config (``runner.repeat`` with the ``StressStep`` after its window, filed as one more
+confirmation run of the trial): its window is recorded with it but does not join the confirmation's runs, so the
+decision reads the same runs it was made on. Everything lands in ``confirmation["stress"]`` as it
 happens (``{"runs": [{"trial", "repeat", "status", "reason", "result"}], "demoted": [{"trial", "reason"}],
 "decided_trial", "complete"}``), so a sweep killed mid-stress resumes without redoing a finished one.
 """
@@ -25,7 +27,7 @@ from autotune.search.runner import Runner
 from autotune.search.summary import launch_key
 from autotune.search.worstcase import ATTR, stress_of, worst_case_line
 
-STRESS_MAX = 3  # stress launches per confirmation at most: the winner, a tied runner-up, one more after a demotion
+STRESS_MAX = 3  # stress launches of their own at most: the winner, a tied runner-up, one more after a demotion
 
 
 def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str, Any] | None, *, runner: Runner,
@@ -45,12 +47,14 @@ def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str,
     while True:
         confirmation = _redecided(confirmation, state, trials, cfg)
         due = [n for n in _to_stress(confirmation) if stress_of({ATTR: state}, n) is None]
-        if confirmation.get("winner_trial") is None or not due or len(state["runs"]) >= STRESS_MAX:
+        shared = {n: run for n in due if (run := _from_confirmation(confirmation, n)) is not None}
+        room = STRESS_MAX - _launches(state)
+        if confirmation.get("winner_trial") is None or not due or (room <= 0 and not shared):
             break
-        for n in due[:STRESS_MAX - len(state["runs"])]:
+        for n in [n for n in due if n in shared] + [n for n in due if n not in shared][:max(0, room)]:
             if stop_event is not None and stop_event.is_set():
                 return _save(study, confirmation, state, interrupted=True)
-            run = _stress_one(runner, trials[n], n, confirmation, progress)
+            run = shared.get(n) or _stress_one(runner, trials[n], n, confirmation, progress)
             if run is None:  # interrupted: nothing recorded, a resume runs it again
                 return _save(study, confirmation, state, interrupted=True)
             state["runs"].append(run)
@@ -59,6 +63,23 @@ def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str,
             _save(study, confirmation, state)
     state["complete"] = True
     return _save(study, confirmation, state)
+
+
+def _launches(state: dict[str, Any]) -> int:
+    """The stress launches of their own so far (a stress phase run inside a confirmation launch is not one)."""
+    return sum(1 for run in state["runs"] if not run.get("in_confirmation"))
+
+
+def _from_confirmation(confirmation: dict[str, Any], number: int) -> dict[str, Any] | None:
+    """Trial ``number``'s stress phase as its confirmation launch ran it after the windows (``stages.stressed_in``),
+    as a stress record; None when none of its confirmation launches ran one."""
+    for run in reversed(confirmation.get("runs") or ()):
+        result = run.get("result") or {}
+        stress = StressResult.from_dict(result.get("stress"))
+        if run.get("trial") == number and stress is not None and not stress.interrupted:
+            return {"trial": number, "repeat": run.get("repeat"), "status": result.get("status"), "reason": None,
+                    "result": stress.to_dict(), "trial_dir": result.get("trial_dir"), "in_confirmation": True}
+    return None
 
 
 def _to_stress(confirmation: dict[str, Any]) -> list[int]:
