@@ -42,6 +42,7 @@ seed = 0
 sampler = "random"
 confirm_top_k = 1
 confirm_repeats = 1
+confirm_windows = 1
 
 [engine]
 kind = "sim"
@@ -65,6 +66,7 @@ sample_size = 16
 max_tokens = 256
 warmup_s = 1.0
 measure_s = 2.0
+{caps}
 
 [objective]
 numerics = {{ prompts = 8, tokens = 128{limit} }}
@@ -84,10 +86,14 @@ flags = { max_mamba_cache_size = 96 }
 """
 
 
-def write_study(tmp_path: Path, *, name: str, trials: int, choices: str, limit: str = "", enqueue: str = "") -> Path:
+SHORT_CAPS = "warmup_max_s = 1.5\nmeasure_max_s = 3.0"  # quick; trials stay unsettled, which these tests allow
+
+
+def write_study(tmp_path: Path, *, name: str, trials: int, choices: str, limit: str = "", enqueue: str = "",
+                caps: str = SHORT_CAPS) -> Path:
     write_prompts(tmp_path)
     path = tmp_path / f"{name}.toml"
-    path.write_text(TEMPLATE.format(name=name, trials=trials, choices=choices, limit=limit, enqueue=enqueue))
+    path.write_text(TEMPLATE.format(name=name, trials=trials, choices=choices, limit=limit, enqueue=enqueue, caps=caps))
     return path
 
 
@@ -205,7 +211,7 @@ def test_only_a_space_that_can_change_numerics_probes(tmp_path):
 # --- on the simulator, end to end ------------------------------------------------------------------------------
 def test_float32_only_space_runs_no_probe_and_has_no_constraint(tmp_path, sim_env):
     path = write_study(tmp_path, name="f32", trials=2, choices='["unset", "float32"]',
-                       limit=", min_prefix_match = 64")
+                       limit=", min_prefix_match = 64", caps="")  # default caps: a settled contender is confirmed
     run = cli("sweep", "--config", str(path), "--json", env=sim_env, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     done = [t for t in trials_of(path) if t.state == optuna.trial.TrialState.COMPLETE]

@@ -32,6 +32,7 @@ seed = 0
 sampler = "random"
 confirm_top_k = 1
 confirm_repeats = 1
+confirm_windows = 1
 
 [engine]
 kind = "sim"
@@ -55,6 +56,8 @@ sample_size = 16
 max_tokens = 256
 warmup_s = 0.5
 measure_s = 1.0
+warmup_max_s = 1.0
+measure_max_s = 1.5
 
 [objective]
 numerics = { prompts = 4, tokens = 64 }
