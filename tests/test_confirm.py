@@ -126,6 +126,39 @@ def test_run_sweep_summary(tmp_path):
     assert summarize(run_study(cfg, runner=PlannerRunner()), cfg)["best"] == summary["best"]
 
 
+class Scaled(PlannerRunner):
+    """The hand-tuned config (trial 1, enqueued) measures ``factor`` × what the fake planner gives it."""
+
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = factor
+
+    def __call__(self, config: dict, number: int) -> TrialResult:
+        result = super().__call__(config, number)
+        if result.metrics is None or number != 1:
+            return result
+        m = result.metrics
+        return TrialResult.from_dict({**result.to_dict(), "metrics": {
+            **m.to_dict(), "output_tok_s": m.output_tok_s * self.factor}})
+
+
+@pytest.mark.parametrize("factor, confirmed", [(0.3, False), (1.0, True)])
+def test_an_enqueued_config_far_behind_the_leader_costs_no_confirmation_launch(tmp_path, factor, confirmed):
+    cfg = load_config(write_study(tmp_path, trials=5))
+    runner = Scaled(factor)
+    study = run_study(cfg, runner=runner)
+    lead = max(t.values[0] for t in study.trials if t.values)
+    hand = study.trials[1]
+    assert hand.user_attrs["role"] == "enqueued"
+    assert (hand.values[0] >= 0.5 * lead) is confirmed
+    runner.calls.clear()
+    conf = confirm(study, cfg, runner=runner)
+    assert (1 in conf["order"]) is confirmed and (1 in [n for n, _ in runner.calls]) is confirmed
+    shown = summarize(study, cfg)["enqueued"][0]
+    assert shown["trial"] == 1 and shown["confirmed_runs"] == (1 if confirmed else 0)
+    assert shown["output_tok_s"] == pytest.approx(hand.values[0]) or confirmed  # its search figure when not confirmed
+
+
 # --- the SGLang-defaults run ----------------------------------------------------------------------------------
 def measured(cfg):
     """The study as run on a real engine: its defaults are measured by the runner, not predicted."""

@@ -1,4 +1,5 @@
-"""Who is confirmed: the top-k distinct feasible search trials, the baseline and the hand-written configs."""
+"""Who is confirmed: the top-k distinct feasible search trials, the baseline and the hand-written configs that are
+still in reach of the leader."""
 
 from __future__ import annotations
 
@@ -8,13 +9,18 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.search.gpus import gains
 from autotune.search.summary import unsettled
 
+# An enqueued config whose search figure is under this share of the leader's is not confirmed: no window or launch
+# noise (a few %) closes that gap, and a launch of it is the price of a contender's. The summary shows its search figure.
+IN_REACH = 0.5
+
 
 def feasible(trial: FrozenTrial) -> bool:
     return trial.user_attrs.get("status") == "ok" and all(c <= 0 for c in trial.user_attrs.get("constraint", [0]))
 
 
 def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], FrozenTrial | None, list[FrozenTrial]]:
-    """(top-k distinct feasible trials, the baseline trial, the ok enqueued trials), by search value."""
+    """(top-k distinct feasible trials, the baseline trial, the ok enqueued trials in reach of the leader: at least
+    ``IN_REACH`` × its search value), by search value."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     gain = gains(study)  # swept on several GPUs: rank by tok/s ÷ the trial's own GPU's baseline
     ranked = sorted((t for t in done if feasible(t) and not unsettled(t)),  # an unsettled figure is never crowned
@@ -29,6 +35,8 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
         if len(top) < top_k:
             top.append(t)
     baseline = next((t for t in done if t.user_attrs.get("role") == "baseline"), None)
+    lead = gain.get(top[0].number, top[0].values[0]) if top else None
     refs = [t for t in done if t.user_attrs.get("role") == "enqueued" and feasible(t)
-            and t not in top and t.user_attrs.get("launch_key") != (baseline and baseline.user_attrs.get("launch_key"))]
+            and t not in top and t.user_attrs.get("launch_key") != (baseline and baseline.user_attrs.get("launch_key"))
+            and (lead is None or gain.get(t.number, t.values[0]) >= IN_REACH * lead)]
     return top, baseline, refs
