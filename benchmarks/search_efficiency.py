@@ -166,6 +166,7 @@ def case_from_config(name: str, cfg: StudyConfig, truth: Truth | None = None) ->
 # term is each config's own, from its simulated window (``strategies.Oracle``). ``--single-noise``: the one-term
 # model (``noise_cv`` per launch) the table used before.
 LAUNCH_CV = 0.01
+SENSITIVITY = 3.0  # the sensitivity row runs ours again with the launch term this many times the stated one
 
 
 def noise_cv(case: Case, repeats: int = 8) -> float:
@@ -218,6 +219,8 @@ def summarise(launches: list[Launch], optimum: float) -> dict[str, float]:
             "launches": len(launched), "ooms": sum(x.status in OOM for x in launched),
             "confirm_launches": getattr(launches, "confirm_launches", 0),
             "confirm_h": getattr(launches, "confirm_cost_s", 0.0) / 3600,
+            "stress_launches": getattr(launches, "stress_launches", 0),
+            "stress_h": getattr(launches, "stress_cost_s", 0.0) / 3600,
             "tied": getattr(launches, "confirm_note", "").startswith("tied:"),  # open when the launches ran out
             "within": "within" in getattr(launches, "confirm_note", "").split(":")[0]}  # a result: tied or settled
 
@@ -245,7 +248,8 @@ def per_gpu_launches(launches: list[Launch]) -> list[Launch]:
     """A strategy's launches with every tok/s (observed, true, the named config's) per GPU its server spans."""
     out = Launches(dataclasses.replace(x, observed=x.observed / gpus_of(x.config), true=x.true / gpus_of(x.config))
                    for x in launches)
-    for name in ("named_config", "confirm_launches", "confirm_cost_s", "confirm_note"):
+    for name in ("named_config", "confirm_launches", "confirm_cost_s", "confirm_note", "stress_launches",
+                 "stress_cost_s"):
         setattr(out, name, getattr(launches, name, getattr(Launches, name)))
     named = getattr(launches, "named", None)
     out.named = None if named is None else named / gpus_of(out.named_config)
@@ -270,6 +274,13 @@ def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path
             runs[name, budget] = [per_gpu_launches(strategy(case, oracle, budget, seed)) for seed in range(seeds)]
         say(f"  {case.name}: {name} done ({time.monotonic() - started:.0f} s)")
     top = max(budgets)
+    sensitivity = None
+    if launch_cv is not None and "ours" in chosen:  # the stated launch term is a guess: ours again at 3× it
+        loud = Oracle(case, noise_cv=cv, launch_cv=SENSITIVITY * launch_cv)
+        loud.memo = oracle.memo  # the same configs, evaluated once
+        sensitivity = {"launch_cv": loud.launch_cv,
+                       "runs": [per_gpu_launches(STRATEGIES["ours"](case, loud, top, seed)) for seed in range(seeds)]}
+        say(f"  {case.name}: ours at {SENSITIVITY:g}× the launch CV done ({time.monotonic() - started:.0f} s)")
     picks = [r.named_config for r in runs.get(("ours", top), []) if getattr(r, "named_config", None) is not None]
     (opt_steady, opt_drift), *ours_steady = steadiness(case, oracle, [truth["config"], *picks])
     opt_steady /= gpus_of(truth["config"])
@@ -284,7 +295,7 @@ def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path
     return {"case": case, "name": case.name, "truth": truth, "hidden": case.truth.to_dict(), "optimum": optimum,
             "baseline_per_gpu": truth["baseline_tok_s"] / gpus_of(case.baseline), "gpus": gpus_of(truth["config"]),
             "noise_cv": cv, "launch_cv": launch_cv, "window_cv": _median_window_cv(oracle), "runs": runs, "names": list(chosen), "configs_evaluated": len(oracle.memo),
-            "steady": steady,
+            "steady": steady, "sensitivity": sensitivity,
             "seconds": time.monotonic() - started}
 
 
@@ -312,7 +323,7 @@ def table(result: dict[str, Any], budgets: list[int]) -> list[str]:
     top = max(budgets)
     head = ["strategy", *(f"% of opt. @{b}" for b in budgets), f"launches to 98 % (of {top})",
             "GPU-h to 98 %", "launches to 95 %", "GPU-h to 95 %", f"GPU-h @{top}", f"OOM GPU-h @{top}",
-            f"OOM launches @{top}", f"confirm launches @{top}"]
+            f"OOM launches @{top}", f"confirm launches @{top}", f"stress @{top}"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in result["names"]:
         row = [name]
@@ -331,8 +342,32 @@ def table(result: dict[str, Any], budgets: list[int]) -> list[str]:
         row.append(f"{statistics.median(confirmed):.0f} ({statistics.median(s['confirm_h'] for s in stats):.2f} GPU-h, "
                    f"{sum(s['within'] for s in stats)}/{len(stats)} within the resolution, "
                    f"{sum(s['tied'] for s in stats)}/{len(stats)} unresolved)" if any(confirmed) else "–")
+        row.append(stress_cell(stats))
         lines.append("| " + " | ".join(row) + " |")
     return lines
+
+
+def sensitivity_line(result: dict[str, Any], budgets: list[int]) -> list[str]:
+    """Ours at ``SENSITIVITY`` × the stated launch CV: what it names and what its confirmation costs then."""
+    sens = result.get("sensitivity")
+    if not sens:
+        return []
+    top = max(budgets)
+    stats = [summarise(r, result["optimum"]) for r in sens["runs"]]
+    return [f"Sensitivity, ours at {top} launches with the launch CV at {SENSITIVITY:g}× ({100 * sens['launch_cv']:.2f} "
+            f"%): names {med_iqr([s['pct'] for s in stats], '.1f')} % of the optimum; confirmation "
+            f"{statistics.median(s['confirm_launches'] for s in stats):.0f} launches "
+            f"({statistics.median(s['confirm_h'] for s in stats):.2f} GPU-h), {sum(s['within'] for s in stats)}/"
+            f"{len(stats)} within the resolution, {sum(s['tied'] for s in stats)}/{len(stats)} unresolved; stress "
+            f"{stress_cell(stats)}.", ""]
+
+
+def stress_cell(stats: list[dict[str, Any]]) -> str:
+    """The stress phase's GPU-hours (median) and the launches of its own it took (median), or – when none ran."""
+    if not any(s["stress_h"] for s in stats):
+        return "–"
+    return (f"{statistics.median(s['stress_h'] for s in stats):.2f} GPU-h, "
+            f"{statistics.median(s['stress_launches'] for s in stats):.0f} launches of its own")
 
 
 # Rows that take a part of ours away (or keep only one): a target for the search is to beat the other strategies;
@@ -387,7 +422,11 @@ def markdown(results: list[dict[str, Any]], *, seeds: int, budgets: list[int], s
              "the others their best *measured* launch — against the optimum. \"launches to 95/98 %\" and GPU-hours "
              "follow the best measured config so far. GPU time counts each launch's modelled startup plus warm-up and "
              "window (an OOM: until the failure), times the GPUs a server spans; a trial the planner skips costs "
-             "nothing and is not a launch; confirmation launches are extra and listed in their own column. All "
+             "nothing and is not a launch; confirmation launches are extra and listed in their own column (their "
+             "GPU-hours less any stress phase run in them), and so is the stress phase (the winner's worst case: the "
+             "running cap of the sample's longest prompts decoding to max_tokens, modelled as running × max_tokens ÷ "
+             "tok/s, at most 180 s, every config taken to survive it; after the top two's last stage-2 confirmation "
+             "window, or in a launch of its own when the winner was not stressed there). All "
              "strategies search the same space after the study's inert-flag pruning.", "",
              "Rows: `ours` as shipped; `ours-no-edges` (edge_starts = 0); `ours-no-precheck` (the planner never skips a "
              "config); `ours-no-correction` (the planner never learns its error); `first-edge-alone` (baseline, "
@@ -407,7 +446,8 @@ def markdown(results: list[dict[str, Any]], *, seeds: int, budgets: list[int], s
                   f"{truth['grid']:,} configs, {truth['families']:,} planned at their top fitting memory fraction, "
                   f"{truth['groups']:,} distinct scheduler signatures simulated. {_noise_text(res)} "
                   f"Best config: `{truth['best_diff']}`.", "",
-                  *steady_line(res), *table(res, budgets), "", *verdicts(res, budgets), ""]
+                  *steady_line(res), *table(res, budgets), "", *sensitivity_line(res, budgets),
+                  *verdicts(res, budgets), ""]
     return "\n".join(lines)
 
 

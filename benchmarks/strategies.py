@@ -10,6 +10,13 @@ two: a launch term of that stated CV, drawn once per launch, and a window term d
 from its simulated window (the settle rule's 95 % half-width of the window's mean over 1.96). A confirmation launch
 of ``W`` windows (``runner.repeat(…, after=[WindowsStep(W − 1)])``) costs its startup once and W warm-ups and
 windows.
+
+The stress phase (``harness.stress``: the full running cap of the sample's longest prompts, every one decoding to
+``max_tokens``) is modelled by its cost only: it runs until every running request reached ``max_tokens``, i.e.
+``running × max_tokens ÷ tok/s`` of the config, at most the phase's cap (``DEFAULT_CAP_S``), times the GPUs a server
+spans; in a confirmation launch (``stages.stressed_in``) that follows its windows, a stress launch of its own
+(``confirm.stress``) adds a startup and a window. Every config is taken to survive it: whether a config dies under
+the stress batch is the simulator's own test (``tests/test_stress_stage.py``), not this table's.
 """
 
 from __future__ import annotations
@@ -31,9 +38,11 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
+from autotune.harness.stress import DEFAULT_CAP_S, StressResult, StressStep
 from autotune.harness.windows import Window, WindowsStep
 from autotune.results import GpuPeaks, TrialResult
 from autotune.search.confirm import confirm
+from autotune.search.confirm.stress import stress_winner
 from autotune.search.correction import CorrectedFeasibility
 from autotune.search.objective import directions, make_sampler
 from autotune.search.space import Feasibility, Space, key_of
@@ -177,6 +186,15 @@ class Oracle:
                        cost_s=wall * self.case.tp, result=result, drift=ev.window_drift, window_cv=half / 1.96,
                        window_s=(wl.warmup_s + wl.measure_s) * self.case.tp)
 
+    def stress_s(self, config: Mapping[str, Any]) -> float:
+        """GPU-seconds of the stress phase after a launch's windows (see the module docstring); 0 for a config that
+        served nothing."""
+        out = self.outcome(config)
+        if not out.tok_s:
+            return 0.0
+        running = (out.result.capacity.max_running_requests if out.result.capacity else None) or 1
+        return min(DEFAULT_CAP_S, running * self.case.workload.max_tokens / out.tok_s) * self.case.tp
+
     def launch(self, config: Mapping[str, Any], rng: np.random.Generator,
                windows: int = 1) -> tuple[Launch, TrialResult]:
         """One measured launch of ``windows`` windows: the true value times the noise, the way a re-run scatters
@@ -218,8 +236,10 @@ class Launches(list):
     named: float | None = None  # true tok/s of the config the pipeline names (None: its best observed launch)
     named_config: dict[str, Any] | None = None
     confirm_launches: int = 0
-    confirm_cost_s: float = 0.0
+    confirm_cost_s: float = 0.0  # the confirmation's launches, less their stress phases
     confirm_note: str = ""
+    stress_launches: int = 0  # stress launches of their own (a stress phase in a confirmation launch is not one)
+    stress_cost_s: float = 0.0  # every stress phase, and the whole of a stress launch of its own
 
 
 class _Uncorrected(CorrectedFeasibility):
@@ -246,11 +266,15 @@ def _workdir() -> Path:
 
 class _SweepRunner:
     """The sweep's runner on the oracle: a search launch per call; ``repeat`` is a confirmation launch with the
-    windows its follow-up steps ask for (``WindowsStep``), as ``HarnessRunner.repeat`` measures them."""
+    windows its follow-up steps ask for (``WindowsStep``), as ``HarnessRunner.repeat`` measures them, and the
+    stress phase when one is asked for (``StressStep``): a launch with windows is the confirmation's, its stress
+    phase the stress's; one with only a stress step is a stress launch of its own."""
 
     def __init__(self, oracle: Oracle, rng: np.random.Generator, launches: dict[int, Launch],
                  confirm_runs: list[Launch]):
         self.oracle, self.rng, self.launches, self.confirm_runs = oracle, rng, launches, confirm_runs
+        self.stress_runs: list[float] = []  # GPU-seconds of each stress phase (with its launch, when its own)
+        self.stress_launches = 0
 
     def __call__(self, config: dict[str, Any], number: int) -> TrialResult:
         launch, result = self.oracle.launch(config, self.rng)
@@ -263,8 +287,25 @@ class _SweepRunner:
     def repeat(self, config: dict[str, Any], number: int, k: int, *, after=()) -> TrialResult:
         windows = 1 + sum(step.count for step in after if isinstance(step, WindowsStep))
         launch, result = self.oracle.launch(config, self.rng, windows)
-        self.confirm_runs.append(launch)
-        return result
+        if not any(isinstance(step, StressStep) for step in after):
+            self.confirm_runs.append(launch)
+            return result
+        stress_s = self.oracle.stress_s(config)
+        if any(isinstance(step, WindowsStep) for step in after):
+            self.confirm_runs.append(launch)
+            self.stress_runs.append(stress_s)
+        else:
+            self.stress_runs.append(launch.cost_s + stress_s)
+            self.stress_launches += 1
+        if result.status != "ok":
+            return result
+        cap = result.capacity.max_running_requests if result.capacity else None
+        gpu = result.gpu
+        stress = StressResult(survived=True, ended="all requests done", duration_s=stress_s / self.oracle.case.tp,
+                              running_cap=cap, max_tokens=self.oracle.case.workload.max_tokens,
+                              peak_used_gib=gpu.peak_used_gib if gpu else None,
+                              total_gib=gpu.total_gib if gpu else None, reached_peak=True)
+        return dataclasses.replace(result, stress=stress.to_dict())
 
 
 def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = True, precheck: bool = True,
@@ -303,7 +344,8 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
             elif trial.user_attrs.get("status") == "skipped_infeasible":
                 out.append(Launch(dict(trial.user_attrs.get("config", {})), "skipped_infeasible", 0.0, 0.0, 0.0))
         if confirmation and cfg.study.confirm_top_k > 0:
-            conf = confirm(study, cfg, runner=runner) or {}
+            conf = confirm(study, cfg, runner=runner)
+            conf = stress_winner(study, cfg, conf, runner=runner) or conf or {}
             by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
             named = conf.get("winner_trial")
             if named is None:
@@ -315,6 +357,7 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
                 out.named = oracle.outcome(out.named_config).tok_s
             out.confirm_launches = len(confirm_runs)
             out.confirm_cost_s = sum(x.cost_s for x in confirm_runs)
+            out.stress_launches, out.stress_cost_s = runner.stress_launches, sum(runner.stress_runs)
             out.confirm_note = str(conf.get("note") or "")
         return out
     finally:

@@ -265,3 +265,29 @@ def test_the_80b_rows_score_per_gpu_as_the_tool_does():
         "output_tok_s": 3000.0, "request_s": 1.0}})) == 1500.0
     one = se.per_gpu_launches([st.Launch({"tp_size": 1}, "ok", 2000.0, 2000.0, 1.0)])
     assert one[0].observed == 2000.0 and one.named is None  # a 1-GPU case is unchanged
+
+
+def test_the_stress_phase_is_its_own_phase_in_a_confirmation_launch_and_in_one_of_its_own():
+    import numpy as np
+
+    from autotune.harness.stress import DEFAULT_CAP_S, StressResult, StressStep
+    from autotune.harness.windows import WindowsStep
+
+    case = se.make_case("qwen3.6-27b-b200", window=(1.0, 2.0))
+    oracle = st.Oracle(case, noise_cv=0.01, launch_cv=0.01)
+    runner = st._SweepRunner(oracle, np.random.default_rng(0), {}, confirm_runs := [])
+    config = dict(case.baseline)
+    out = oracle.outcome(config)
+    phase = oracle.stress_s(config)
+    running = out.result.capacity.max_running_requests
+    assert 0 < phase == pytest.approx(min(DEFAULT_CAP_S, running * case.workload.max_tokens / out.tok_s) * case.tp)
+    # In a confirmation launch: the launch is the confirmation's, its stress phase the stress's.
+    result = runner.repeat(config, 0, 1, after=[WindowsStep(2), StressStep()])
+    assert len(confirm_runs) == 1 and confirm_runs[0].cost_s == pytest.approx(out.cost_s + 2 * out.window_s)
+    assert runner.stress_runs == [pytest.approx(phase)] and runner.stress_launches == 0
+    stress = StressResult.from_dict(result.stress)
+    assert stress.survived and stress.running_cap == running and len(result.windows) == 2
+    # A launch of its own: all of it is the stress's, none the confirmation's.
+    runner.repeat(config, 0, 2, after=[StressStep()])
+    assert len(confirm_runs) == 1 and runner.stress_launches == 1
+    assert runner.stress_runs[1] == pytest.approx(out.cost_s + phase)
