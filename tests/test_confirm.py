@@ -36,13 +36,13 @@ def gmean(values: list[float]) -> float:
 
 def test_winner_by_estimate_with_gain_interval():
     data = {3: [5000, 5100, 4900, 5050], 7: [4000, 4100, 3900, 4050], 0: [2000, 2050, 1950, 2010]}
-    verdict = decide(runs(data), [3, 7, 0], baseline=0, seed=0)
+    verdict = decide(runs(data), [3, 7, 0], baseline=0)
     assert verdict["winner_trial"] == 3
     # one window per launch (a plain runner): the estimate is the mean log tok/s of the launches
     assert verdict["gain"] == pytest.approx(gmean(data[3]) / gmean(data[0]))
     assert verdict["ci_low"] <= verdict["gain"] <= verdict["ci_high"]
     assert verdict["ci_low"] > 2.0 and verdict["note"] == ""
-    assert decide(runs(data), [3, 7, 0], baseline=0, seed=0) == verdict  # seeded: reproducible
+    assert decide(runs(data), [3, 7, 0], baseline=0) == verdict  # analytic: reproducible
 
 
 def test_confirmation_ranks_by_tok_s_per_gpu():
@@ -53,7 +53,7 @@ def test_confirmation_ranks_by_tok_s_per_gpu():
     # trial 3: the fastest server (5,000 tok/s) over two GPUs; trial 7: 3,000 tok/s on one GPU, the better fleet
     rs = [{"trial": n, "repeat": k, "result": on(v * (1 + 0.01 * k), g)}
           for n, v, g in ((3, 5000.0, [0, 1]), (7, 3000.0, [2]), (0, 1000.0, [3])) for k in range(3)]
-    verdict = decide(rs, [3, 7, 0], baseline=0, seed=0)
+    verdict = decide(rs, [3, 7, 0], baseline=0)
     assert verdict["winner_trial"] == 7
     assert verdict["stats"]["3"]["median"] == pytest.approx(2525.0, rel=1e-4)  # per GPU: 5,050 ÷ 2
     assert verdict["gain"] == pytest.approx(3030.0 / 1010.0, rel=1e-4)
@@ -61,14 +61,14 @@ def test_confirmation_ranks_by_tok_s_per_gpu():
 
 def test_a_tie_goes_to_the_config_with_more_headroom():
     data = {3: [5000, 5200, 4800], 7: [4990, 5150, 4850], 0: [2000, 2000, 2000]}
-    verdict = decide(runs(data, headroom={3: 2.0, 7: 9.0, 0: 20.0}), [3, 7, 0], baseline=0, seed=1)
+    verdict = decide(runs(data, headroom={3: 2.0, 7: 9.0, 0: 20.0}), [3, 7, 0], baseline=0)
     assert verdict["winner_trial"] == 7
     assert "tied" in verdict["note"] and "headroom" in verdict["note"]
 
 
 def test_a_tie_keeps_the_fastest_median_when_it_has_room_enough():
     data = {3: [5000, 5200, 4800], 7: [4990, 5150, 4850], 0: [2000, 2000, 2000]}
-    verdict = decide(runs(data, headroom={3: 6.0, 7: 20.0, 0: 20.0}), [3, 7, 0], baseline=0, seed=1)
+    verdict = decide(runs(data, headroom={3: 6.0, 7: 20.0, 0: 20.0}), [3, 7, 0], baseline=0)
     assert verdict["winner_trial"] == 3
     assert "tied" in verdict["note"] and "headroom does not decide" in verdict["note"]
 
@@ -76,7 +76,7 @@ def test_a_tie_keeps_the_fastest_median_when_it_has_room_enough():
 def test_a_contender_that_fails_a_repeat_cannot_win():
     failed = TrialResult(status="runtime_oom", config={}, reason="CUDA out of memory").to_dict()
     rs = runs({3: [9000, 9000], 0: [2000, 2000]}) + [{"trial": 3, "repeat": 2, "result": failed}]
-    verdict = decide(rs, [3, 0], baseline=0, seed=0)
+    verdict = decide(rs, [3, 0], baseline=0)
     # the baseline is then the fastest clean config: that is no winner (and no 1.00× "gain")
     assert verdict["winner_trial"] is None and verdict["gain"] is None and verdict["outcome"] == "baseline"
     assert verdict["note"].startswith("no config beat the baseline")
@@ -254,8 +254,8 @@ def test_harness_writes_the_defaults_run_under_trials_defaults(tmp_path):
 # --- a winner equal to the baseline ---------------------------------------------------------------------------
 def test_a_best_config_with_the_baseline_flags_is_no_winner():
     data = {3: [2160, 2170, 2150], 7: [1500, 1510, 1490], 0: [2000, 2010, 1990]}
-    assert decide(runs(data), [3, 7, 0], baseline=0, seed=0)["winner_trial"] == 3  # other flags: a winner
-    verdict = decide(runs(data), [3, 7, 0], baseline=0, seed=0, same_as_baseline=[3, 0])
+    assert decide(runs(data), [3, 7, 0], baseline=0)["winner_trial"] == 3  # other flags: a winner
+    verdict = decide(runs(data), [3, 7, 0], baseline=0, same_as_baseline=[3, 0])
     assert verdict["winner_trial"] is None and verdict["outcome"] == "baseline"
     assert verdict["gain"] is None and verdict["ci_low"] is None
     assert verdict["note"] == "no config beat the baseline: the fastest confirmed config (trial 3) runs the " \
@@ -264,12 +264,12 @@ def test_a_best_config_with_the_baseline_flags_is_no_winner():
 
 def test_a_best_config_within_the_baseline_noise_is_no_winner():
     data = {3: [2050, 1990, 2100], 0: [2000, 2040, 1980]}
-    verdict = decide(runs(data), [3, 0], baseline=0, seed=0)
+    verdict = decide(runs(data), [3, 0], baseline=0)
     assert verdict["winner_trial"] is None and verdict["outcome"] == "baseline"
     assert "within the baseline's run-to-run noise" in verdict["note"]
     # a twin of the baseline tied with the best is not picked for its headroom either
     data = {3: [3000, 3100, 2900], 5: [2990, 3050, 2950], 0: [2000, 2000, 2000]}
-    verdict = decide(runs(data, headroom={3: 1.0, 5: 9.0, 0: 9.0}), [3, 5, 0], baseline=0, seed=0,
+    verdict = decide(runs(data, headroom={3: 1.0, 5: 9.0, 0: 9.0}), [3, 5, 0], baseline=0,
                      same_as_baseline=[5])
     assert verdict["winner_trial"] == 3 and verdict["outcome"] == "winner"
 

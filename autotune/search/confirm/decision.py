@@ -59,7 +59,7 @@ def standing(best: Estimate, other: Estimate, noise: NoiseModel, resolution: flo
     return Standing(other.trial, r, state)
 
 
-def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, seed: int = 0, *,
+def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, *,
            same_as_baseline: Collection[int] = (), resolution: float = RESOLUTION,
            demoted: Mapping[int, str] | None = None) -> dict[str, Any]:
     """Winner, gain and interval from confirmation runs (``{"trial", "repeat", "result"}``); the stored JSON.
@@ -67,10 +67,9 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, s
     ``same_as_baseline``: contenders that launched the baseline's exact flags. ``demoted``: contenders that may not
     win (trial → why: a failed stress phase), named in the note. ``outcome``: ``"winner"``, ``"baseline"`` (no
     config beat it: ``winner_trial`` None, no gain) or ``"none"`` (no contender ran cleanly throughout).
-    ``decided``: nothing is open (the stages stop); ``contention``: who the next stage relaunches. ``seed`` is
-    kept for callers: the interval is analytic, so the same runs always give the same verdict.
+    ``decided``: nothing is open (the stages stop); ``contention``: who the next stage relaunches. The interval is
+    analytic, so the same runs always give the same verdict.
     """
-    del seed
     demoted = dict(demoted or {})
     noise, est = estimates(by_contender(runs, order))
     common: dict[str, Any] = {"baseline_trial": baseline, "resolution": resolution, "noise": noise.to_dict(),

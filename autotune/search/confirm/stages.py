@@ -37,7 +37,7 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     base_n = baseline.number if baseline is not None and feasible(baseline) else None
     if stored and stored.get("complete") and stored.get("n_trials") == n_done:
         # Decided before a winner equal to the baseline counted as none: the same runs, decided again.
-        verdict = decide(stored["runs"], stored["order"], base_n, cfg.study.seed, same_as_baseline=twins,
+        verdict = decide(stored["runs"], stored["order"], base_n, same_as_baseline=twins,
                          resolution=cfg.study.resolution)
         confirmation = {**stored, **verdict}
         study.set_user_attr("confirmation", confirmation)
@@ -53,7 +53,7 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     if stored and stored.get("n_trials") == n_done and stored.get("order") == order:
         runs = list(stored.get("runs", []))  # a confirmation a killed sweep left half done
     state = {"order": order, "n_trials": n_done, "complete": False}
-    verdict_now = functools.partial(decide, runs, order, base_n, cfg.study.seed, same_as_baseline=twins,
+    verdict_now = functools.partial(decide, runs, order, base_n, same_as_baseline=twins,
                                     resolution=cfg.study.resolution)
     if not _run_stages(study, cfg, state, runs, (configs, plans), verdict_now, runner=runner, progress=progress,
                        stop_event=stop_event):
