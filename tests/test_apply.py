@@ -26,6 +26,7 @@ from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
 from autotune.deploy.fleet import load_fleet
 from autotune.deploy.sglang_yaml import config_diff, read_config_file, split_config, yaml_to_argv
 from autotune.errors import ConfigError, StudyError
+from autotune.harness.windows import Window
 from autotune.results import Capacity, Metrics, Percentiles, TrialResult
 from autotune.sglang.flags import FlagTable
 
@@ -123,6 +124,20 @@ def test_load_winner_prefers_the_confirmed_trial(storage):
     assert winner.baseline_config == BASELINE
     chosen = load_winner(storage, "s", trial=3)
     assert chosen.trial == 3 and not chosen.confirmed and chosen.tok_s == 3100.0
+
+
+def test_a_confirmation_launch_of_several_windows_counts_as_the_mean_of_its_windows(storage):
+    """Each launch's figure is its windows' mean, as the confirmation counted it, not its first window alone."""
+    study = optuna.load_study(study_name="s", storage=storage)
+    conf = dict(study.user_attrs["confirmation"])
+    later = [2800.0, 2600.0]  # the first window is 2950 / 3010 / 2990; these two follow it in every launch
+    conf["runs"] = [{**run, "result": {**run["result"], "windows": [
+        Window(index=i + 2, status="ok", output_tok_s=v, tok_s_per_gpu=v, output_tokens=1, window_s=1.0, settled=True,
+               first_pass=i + 1, last_pass=i + 1).to_dict() for i, v in enumerate(later)]}} for run in conf["runs"]]
+    study.set_user_attr("confirmation", conf)
+    winner = load_winner(storage)
+    assert winner.tok_s_runs == [pytest.approx((first + sum(later)) / 3) for first in (2950.0, 3010.0, 2990.0)]
+    assert winner.tok_s == pytest.approx((2990.0 + sum(later)) / 3)  # the median launch
 
 
 @pytest.mark.parametrize("trial, message", [(2, "not a completed, measured trial"), (99, "usable trials: 0, 1, 3")])

@@ -31,6 +31,7 @@ from autotune.harness.engines.sim import sim_argv
 from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files, reference
 from autotune.results import Capacity, TrialResult
+from autotune.search.confirm.samples import launch_tok_s
 from autotune.search.jobview import job_for_study
 from autotune.search.numerics import contender_result
 from autotune.search.objective import per_gpu
@@ -163,9 +164,8 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
                          f"(usable trials: {known})")
     result = contender_result(usable[trial], confirmation, trial)  # its fidelity: the contender probe's, if it ran
     confirmed = confirmation.get("winner_trial") == trial
-    runs = [float(run["result"]["metrics"]["output_tok_s"]) for run in confirmation.get("runs", [])
-            if run.get("trial") == trial and ((run.get("result") or {}).get("metrics") or {}).get("output_tok_s")
-            ] if confirmed else []
+    launched = [launch_tok_s(run) for run in confirmation.get("runs", []) if run.get("trial") == trial]
+    runs = [float(v) for v in launched if v] if confirmed else []  # per launch: the mean of its windows
     tok_s = sorted(runs)[len(runs) // 2] if runs else result.output_tok_s
     baseline = _baseline(loaded, complete, confirmation)
     return Winner(

@@ -45,6 +45,15 @@ def launch_sample(run: Mapping[str, Any]) -> LaunchSample:
                         headroom_gib=headroom([result]), unsettled=unsettled)
 
 
+def launch_tok_s(run: Mapping[str, Any]) -> float | None:
+    """The server's output tok/s in one confirmation launch: the mean of its trusted windows (None: it failed).
+    What ``apply`` quotes per launch, so a launch of three windows counts as the confirmation counted it."""
+    sample = launch_sample(run)
+    if not sample.ok:
+        return None
+    return sum(sample.rates) / len(sample.rates) * TrialResult.from_dict(run["result"]).gpus_spanned
+
+
 def by_contender(runs: Iterable[Mapping[str, Any]], order: Iterable[int]) -> dict[int, list[LaunchSample]]:
     """Every contender's launches in the order they ran (a contender not yet launched has an empty list)."""
     out: dict[int, list[LaunchSample]] = {n: [] for n in order}
