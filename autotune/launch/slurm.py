@@ -172,7 +172,7 @@ class SlurmLauncher:
 
     def memory_reader(self, gpus: tuple[int, ...], local: ReaderFactory) -> MemoryReader:
         """This host's reader: a single-node cluster's jobs run on this host (a job on another node would need a
-        reader there; multi-node clusters are not handled yet, see the README)."""
+        reader there; multi-node clusters are not handled yet: docs/engines-and-launchers.md, Slurm)."""
         return local(gpus)
 
     def start(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> SlurmJob:
