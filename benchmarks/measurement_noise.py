@@ -30,13 +30,19 @@ from typing import Any
 import numpy as np
 
 from autotune.config import load_config
-from autotune.harness.engines import make_engine
 from autotune.errors import AutotuneError
+from autotune.harness.engines import make_engine
 from autotune.harness.engines.sim import sim_workload
-from autotune.sim import evaluate
 from autotune.harness.setup import TrialSetup
 from autotune.harness.trial import run_trial
-from autotune.harness.workload import PromptSample, ReplayRecords, RequestRecord, WorkloadSpec, metrics_from_records
+from autotune.harness.workload import (
+    PromptSample,
+    ReplayRecords,
+    RequestRecord,
+    WorkloadSpec,
+    metrics_from_records,
+)
+from autotune.sim import evaluate
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -18,8 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autotune.config import load_config  # noqa: E402
-from autotune.config import StudyConfig  # noqa: E402
+from autotune.config import StudyConfig, load_config  # noqa: E402
 from autotune.search.runner import Runner, predict  # noqa: E402
 from autotune.search.seeding import result_of  # noqa: E402
 from autotune.search.study import run_study  # noqa: E402

@@ -133,8 +133,8 @@ def run_paced(cfg, workers: int, paced_s: float) -> None:
 
 
 def time_mode(mode: str, counts: list[int], args: argparse.Namespace) -> list[str]:
-    from autotune.search.storage import open_study
     from autotune.search.gpus import gpu_spread
+    from autotune.search.storage import open_study
 
     run = {"sim": run_sim, "paced": run_paced}[mode]
     what = (f"{args.measure_s:g} s windows, real sim servers" if mode == "sim"

@@ -18,8 +18,8 @@ import numpy as np
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
-from autotune.sglang.memory import MemoryGiB, MemoryPlan
 from autotune.results import Capacity, GpuPeaks, Metrics, Percentiles, TrialResult
+from autotune.sglang.memory import MemoryGiB, MemoryPlan
 
 GIB = 2**30
 GPUS = {"b200": (179.06, 8.0e12), "h200": (140.4, 4.8e12)}  # nvidia-smi total GiB, HBM bytes/s

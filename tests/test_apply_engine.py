@@ -21,13 +21,13 @@ import pytest
 from click.testing import CliRunner
 from test_apply import make_study, result
 
-from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
 from autotune.cli import cli, main
 from autotune.config import load_config
-from autotune.errors import ConfigError, FleetError
+from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
 from autotune.deploy.fleet import Fleet, FleetServer, load_fleet, up, write_fleet
-from autotune.redaction import env_for_files, looks_secret, redact_env, resolve_env
+from autotune.errors import ConfigError, FleetError
 from autotune.launch.process import free_port
+from autotune.redaction import env_for_files, looks_secret, redact_env, resolve_env
 
 TOKEN = "hf_" + "Zq8rT2vLm9Kx4Wn7Pb3Yc6Hd1"  # shaped like a Hugging Face token
 CONFIG = {"mem_fraction_static": 0.85, "max_mamba_cache_size": 120, "speculative_algorithm": "EAGLE"}

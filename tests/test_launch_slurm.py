@@ -197,9 +197,9 @@ def test_a_job_does_not_outlive_its_harness(cluster, tmp_path):
 
 
 def _trial(tmp_path, monkeypatch, hook=None, measure_s=2.0):
+    from autotune.config import Timeouts
     from autotune.harness.engines import make_engine
     from autotune.harness.setup import TrialHooks, TrialSetup
-    from autotune.config import Timeouts
     from autotune.harness.trial import run_trial
     from autotune.harness.workload import WorkloadSpec
 

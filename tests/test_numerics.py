@@ -8,7 +8,6 @@ import pytest
 
 from autotune.errors import ConfigError
 from autotune.sglang.flags import FlagTable
-from autotune.sglang.profiles import load_model
 from autotune.sglang.numerics import (
     NOT_NUMERICS,
     NUMERICS_FLAGS,
@@ -17,6 +16,7 @@ from autotune.sglang.numerics import (
     numerics_flag,
     reference_config,
 )
+from autotune.sglang.profiles import load_model
 
 TABLE = FlagTable.bundled()
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from fakesglang import SUPPRESSED, bundled_rows, make_fake_sglang
 
+from autotune.errors import ConfigError
 from autotune.harness.engines import SGLangEngine
 from autotune.harness.engines.sglang import _cache_dir, parse_dump
-from autotune.errors import ConfigError
 from autotune.sglang.flags import ROW_KEYS, FlagTable
 
 # The --help text parse this replaces got each of these wrong: values were strings, the dest came from the
@@ -165,11 +165,11 @@ sys.exit(3)
 
 @pytest.mark.timeout(60)
 def test_a_trial_stores_the_config_typed_and_a_cpu_server_gets_no_cuda_variables(fake, tmp_path):
-    from autotune.results import TrialResult
-    from autotune.harness.setup import TrialSetup
     from autotune.config import Timeouts
+    from autotune.harness.setup import TrialSetup
     from autotune.harness.trial import run_trial
     from autotune.harness.workload import PromptSample, WorkloadSpec
+    from autotune.results import TrialResult
 
     (fake.root / "sglang" / "launch_server.py").write_text(LAUNCH_SERVER)
     prompts = tmp_path / "prompts.jsonl"

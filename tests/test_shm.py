@@ -11,8 +11,8 @@ import time
 import httpx
 import pytest
 
-from autotune.launch.procgroup import group_pids, held_files, memory_bytes
 from autotune.launch.process import ServerExited, ServerProcess, free_port
+from autotune.launch.procgroup import group_pids, held_files, memory_bytes
 from autotune.launch.shm import ShmOwnership, named_port, snapshot
 from autotune.sim import device
 

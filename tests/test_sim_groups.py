@@ -169,9 +169,9 @@ PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
 
 
 def _trial(tmp_path: Path, gpus: tuple[int, ...], name: str):
+    from autotune.config import Timeouts
     from autotune.harness.engines import make_engine
     from autotune.harness.setup import TrialSetup
-    from autotune.config import Timeouts
     from autotune.harness.trial import run_trial
     from autotune.harness.workload import WorkloadSpec
 

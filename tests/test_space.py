@@ -150,9 +150,9 @@ def test_config_diff():
 ])
 @pytest.mark.parametrize("gpu", ["b200", "h200"])
 def test_mamba_ratio_matches_the_planners_slots_per_request(flags, gpu):
+    from autotune.search.space import mamba_ratio, planner_ratio
     from autotune.sglang.memory import plan
     from autotune.sglang.profiles import load_gpu, load_model
-    from autotune.search.space import mamba_ratio, planner_ratio
 
     model, device = load_model("qwen3.6-27b"), load_gpu(gpu)
     expected = plan(model, device, flags).extra["ratio"]

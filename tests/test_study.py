@@ -11,11 +11,11 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.config import load_config
-from autotune.sglang.memory import plan
-from autotune.sglang.profiles import load_gpu, load_model
 from autotune.results import Capacity, Metrics, Percentiles, TrialResult
 from autotune.search.seeding import recover
 from autotune.search.study import Sweep, run_study
+from autotune.sglang.memory import plan
+from autotune.sglang.profiles import load_gpu, load_model
 
 STUDY = """
 [study]

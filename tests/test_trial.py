@@ -15,14 +15,14 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune.config import Timeouts
 from autotune.harness.engines import make_engine
 from autotune.harness.engines.sim import SimGpuReader
-from autotune.results import TrialResult
-from autotune.launch.process import free_port, port_is_free, stop_process_group
 from autotune.harness.setup import TrialHooks, TrialSetup
-from autotune.config import Timeouts
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
+from autotune.launch.process import free_port, port_is_free, stop_process_group
+from autotune.results import TrialResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.config import Timeouts
 from autotune.harness.engines import make_engine
 from autotune.harness.setup import TrialHooks, TrialSetup
-from autotune.config import Timeouts
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import WorkloadSpec
 from autotune.launch import ServerExited

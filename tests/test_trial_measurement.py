@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from autotune.config import Timeouts
 from autotune.harness.engines import make_engine
 from autotune.harness.setup import TrialHooks, TrialSetup
-from autotune.config import Timeouts
 from autotune.harness.trial import CLIENT_BUSY_LIMIT, LAG_LIMIT, measurement_verdict, run_trial
 from autotune.harness.workload import ReplayRecords, WorkloadSpec, thread_busy_s
 from autotune.results import STATUSES, UNTRUSTED_STATUSES, TrialResult

@@ -13,12 +13,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune.config import Timeouts
 from autotune.errors import DiskError
 from autotune.harness.engines import make_engine
 from autotune.harness.files import writing
 from autotune.harness.outcome import no_tokens, rejections
 from autotune.harness.setup import TrialSetup
-from autotune.config import Timeouts
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import ReplayRecords, RequestRecord, WorkloadSpec
 from autotune.results import TOO_SLOW, TrialResult

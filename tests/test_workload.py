@@ -17,7 +17,6 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
 from autotune.errors import WorkloadError
-from autotune.prompts import PromptRow
 from autotune.harness.workload import (
     CUT,
     PromptSample,
@@ -28,6 +27,7 @@ from autotune.harness.workload import (
     repeated_prompt_share,
     replay,
 )
+from autotune.prompts import PromptRow
 
 pytestmark = pytest.mark.timeout(60)
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
