@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import os
 
+import numpy as np
 import pytest
 
 from autotune.sglang.memory import plan
@@ -50,3 +52,13 @@ def test_server_info_lists_the_captured_decode_batches_up_to_the_plans_largest()
 @pytest.mark.parametrize(("value", "largest"), [([1, 2, 48, 16], 48), ((), 0), (None, 0), (56, 56), ([], 0)])
 def test_largest_graph_bs_takes_a_list_or_a_number(value, largest):
     assert largest_graph_bs(value) == largest
+
+
+def test_each_start_draws_its_own_launch_speed_only_when_asked():
+    """``--sim-launch-cv``: a relaunch's own speed, drawn per start (not by the seed); every start alike without it."""
+    plain = [_status().scheduler.perf.params.eta_bw for _ in range(3)]
+    assert len(set(plain)) == 1
+    starts = [_status("--sim-launch-cv", "0.05").scheduler.perf.params for _ in range(40)]
+    spread = np.std([math.log(p.eta_bw / plain[0]) for p in starts])
+    assert 0.025 < spread < 0.08  # exp(0.05 z): a log-spread of about 5 %
+    assert all(p.eta_compute / p.eta_bw == pytest.approx(starts[0].eta_compute / starts[0].eta_bw) for p in starts)

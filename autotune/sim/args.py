@@ -117,6 +117,9 @@ def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--sim-output-mean", type=int, default=2500, help="mean natural output length (tokens)")
     sim.add_argument("--sim-output-dist", default="lognormal", choices=OUTPUT_DISTS, help="distribution of natural output lengths")
     sim.add_argument("--sim-noise", type=float, default=0.0, help="relative noise on step times")
+    sim.add_argument("--sim-launch-cv", type=float, default=0.0,
+                     help="a relaunch's own speed (graph capture, allocator layout): each server start runs at "
+                          "exp(CV·z) of the modelled speed, z drawn fresh per start (0: every start alike)")
     # Where the simulated machine departs from the planner's model (autotune/sim/truth.py); the planner never sees it.
     sim.add_argument("--sim-free-gib-delta", type=float, default=0.0,
                      help="GiB more (negative: less) free after the weights and pools than the planner's model, "

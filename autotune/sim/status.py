@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import bisect
+import math
+import random
 import time
 from typing import Any
 
@@ -23,6 +25,14 @@ TOKEN_BUCKETS = (100, 300, 500, 700, 1000, 1500, 2000, 3000, 4000, 5000, 6000, 7
 TOKEN_HISTOGRAMS = ("prompt_tokens_histogram", "generation_tokens_histogram")
 
 GRAPH_PHASES = ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend")
+
+
+def launch_factor(sim: dict[str, Any]) -> float:
+    """This start's own speed, ``exp(launch_cv · z)`` with ``z`` drawn fresh (``--sim-launch-cv``): what a real
+    relaunch varies (CUDA-graph capture, allocator layout), which the study's seed must not fix. 1 at CV 0. A stated
+    figure, not a measured one; the in-process evaluator (``sim.evaluate``) has no launches and never draws it."""
+    cv = float(sim.get("launch_cv") or 0.0)
+    return math.exp(cv * random.gauss(0.0, 1.0)) if cv > 0 else 1.0
 
 
 def _startup_times(value: Any, spec: bool) -> dict[str, Any]:
@@ -124,7 +134,7 @@ class ServerStatus:
             # The same constructor ``evaluate()`` uses, so paced and virtual runs agree.
             sched = Scheduler.from_plan(plan, model, gpu, noise=float(sim["noise"]), seed=int(sim["seed"]),
                                         track_interval=args.flags.get("mamba_track_interval"),
-                                        efficiency=deviation.decode_efficiency)
+                                        efficiency=deviation.decode_efficiency * launch_factor(sim))
         return cls(args=args, model=model, gpu=gpu, plan=plan, scheduler=sched, gpus=gpus, free_gib=free_gib,
                    pid=pid, missing=missing)
 
