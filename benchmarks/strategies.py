@@ -14,7 +14,7 @@ windows.
 The stress phase (``harness.stress``: the full running cap of the sample's longest prompts, every one decoding to
 ``max_tokens``) is modelled by its cost only: it runs until every running request reached ``max_tokens``, i.e.
 ``running × max_tokens ÷ tok/s`` of the config, at most the phase's cap (``DEFAULT_CAP_S``), times the GPUs a server
-spans; in a confirmation launch (``stages.stressed_in``) that follows its windows, a stress launch of its own
+spans. In a confirmation launch (``stages.stressed_in``) it follows the windows; a stress launch of its own
 (``confirm.stress``) adds a startup and a window. Every config is taken to survive it: whether a config dies under
 the stress batch is the simulator's own test (``tests/test_stress_stage.py``), not this table's.
 """

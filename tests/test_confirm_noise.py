@@ -18,7 +18,7 @@ from autotune.report.page import build, figures_for
 from autotune.report.page import render as page
 from autotune.results import Metrics, Percentiles, TrialResult
 from autotune.search.confirm import confirm, decide, estimate_noise, next_launches, summarize
-from autotune.search.confirm.samples import by_contender
+from autotune.search.confirm.samples import by_contender, launch_tok_s
 from autotune.search.study import run_study
 
 P = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
@@ -176,3 +176,16 @@ def test_each_confirmation_launch_measures_its_windows_and_a_killed_one_resumes(
     assert line in render(summarize(study, cfg)).splitlines()[-2:]  # the sweep's summary says what it rests on
     built = build(study, base_dir=tmp_path)  # and the report's headline
     assert f"Confirmation: {line.strip().removeprefix('confirmation: ')}." in page(built, figures_for(built))
+
+
+@pytest.mark.parametrize("gpus", [None, [0, 1]], ids=["no-group-recorded", "group-recorded"])
+def test_every_window_of_a_tp2_launch_is_scored_per_gpu_alike(gpus):
+    """A TP-2 launch's later windows are divided by the GPUs its first is divided by, recorded or not (an
+    in-process prediction records none): a launch at one steady rate has no window spread."""
+    m = Metrics(output_tok_s=6000.0, request_s=1.0, ttft_ms=P, itl_ms=P, e2e_ms=P)
+    later = [Window(index=i, status="ok", output_tok_s=6000.0, tok_s_per_gpu=3000.0, output_tokens=1, window_s=1.0,
+                    settled=True, first_pass=i - 1, last_pass=i - 1).to_dict() for i in (2, 3)]
+    result = TrialResult(status="ok", config={"tp_size": 2}, engine="sim", metrics=m, gpus=gpus, windows=later)
+    sample = by_contender([{"trial": 4, "repeat": 0, "result": result.to_dict()}], [4])[4][0]
+    assert sample.rates == (3000.0, 3000.0, 3000.0)
+    assert launch_tok_s({"trial": 4, "repeat": 0, "result": result.to_dict()}) == pytest.approx(6000.0)

@@ -13,7 +13,7 @@ from typing import Any
 
 from autotune.harness.windows import Window
 from autotune.results import TrialResult
-from autotune.search.objective import per_gpu
+from autotune.search.objective import gpus_spanned, per_gpu
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +36,13 @@ def launch_sample(run: Mapping[str, Any]) -> LaunchSample:
     ok = result.ok and first is not None and first > 0
     rates: list[float] = [first] if ok and first is not None else []
     unsettled = int((result.measurement or {}).get("settled") is False)
+    span = gpus_spanned(result)
     for data in (result.windows or ()) if ok else ():
         window = Window.from_dict(data)
         if window.ok and window.output_tok_s:
-            rates.append(window.output_tok_s / result.gpus_spanned)  # the score, as the first window's
+            # the score, divided as the first window's: by the GPUs recorded, else those its config spans (a
+            # result with no GPU group recorded, as an in-process prediction, still spans tp_size of them)
+            rates.append(window.output_tok_s / span)
             unsettled += window.settled is False
     return LaunchSample(trial=int(run["trial"]), repeat=int(run["repeat"]), ok=ok, rates=tuple(rates),
                         headroom_gib=headroom([result]), unsettled=unsettled)
@@ -51,7 +54,7 @@ def launch_tok_s(run: Mapping[str, Any]) -> float | None:
     sample = launch_sample(run)
     if not sample.ok:
         return None
-    return sum(sample.rates) / len(sample.rates) * TrialResult.from_dict(run["result"]).gpus_spanned
+    return sum(sample.rates) / len(sample.rates) * gpus_spanned(TrialResult.from_dict(run["result"]))
 
 
 def by_contender(runs: Iterable[Mapping[str, Any]], order: Iterable[int]) -> dict[int, list[LaunchSample]]:
