@@ -179,8 +179,11 @@ class Oracle:
             total = float(x.get("total_gib") or 0.0)
             gpu = GpuPeaks(peak_used_gib=float(x["peak_gib"]), total_gib=total,
                            headroom_gib=total - float(x["peak_gib"]), samples=1)
+        # The modelled seconds, recorded as the harness records its own: the confirmation splits windows and
+        # relaunches by them (``search.confirm.allocation``).
+        durations = {"startup": startup, "warmup": wl.warmup_s, "measure": wl.measure_s} if status == "ok" else {}
         result = TrialResult(status=status, config=config, engine="sim", capacity=ev.capacity, metrics=ev.metrics,
-                             gpu=gpu, reason=ev.reason, modelled_startup_s=ev.startup_s)
+                             gpu=gpu, reason=ev.reason, modelled_startup_s=ev.startup_s, durations_s=durations)
         half = ev.settling.half_width if ev.settling is not None and ev.settling.half_width else 0.0
         return Outcome(status=status, tok_s=ev.output_tok_s if status == "ok" else 0.0,
                        cost_s=wall * self.case.tp, result=result, drift=ev.window_drift, window_cv=half / 1.96,
@@ -207,8 +210,11 @@ class Oracle:
         else:
             shift = self.launch_cv * float(rng.standard_normal())
             seen = [out.tok_s * math.exp(shift + out.window_cv * float(rng.standard_normal())) for _ in range(windows)]
+        durations = {**out.result.durations_s, **({"windows": (windows - 1) * out.window_s / self.case.tp}
+                                                   if windows > 1 else {})}
         result = dataclasses.replace(out.result, metrics=dataclasses.replace(out.result.metrics, output_tok_s=seen[0]),
-                                     windows=[_window(i + 2, v) for i, v in enumerate(seen[1:])] or None)
+                                     windows=[_window(i + 2, v) for i, v in enumerate(seen[1:])] or None,
+                                     durations_s=durations)
         cost = out.cost_s + (windows - 1) * out.window_s
         return Launch(dict(config), out.status, seen[0], out.tok_s, cost), result
 

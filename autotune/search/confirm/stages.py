@@ -14,8 +14,11 @@ from autotune.config import StudyConfig
 from autotune.harness.stress import StressStep
 from autotune.harness.windows import WindowsStep
 from autotune.results import TrialResult
+from autotune.search.confirm.allocation import launch_costs, windows_per_launch
 from autotune.search.confirm.decision import decide
+from autotune.search.confirm.noise import estimates
 from autotune.search.confirm.ranking import contenders, feasible
+from autotune.search.confirm.samples import by_contender
 from autotune.search.runner import Runner
 from autotune.search.seeding import finished
 from autotune.search.summary import launch_key as _key
@@ -73,25 +76,37 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
 
 def next_launches(order: list[int], launched: Mapping[int, int], verdict: Mapping[str, Any], *, first: int,
                   most: int) -> list[tuple[int, int]]:
-    """The next stage's launches, (trial, repeat) in the order they run; none when the confirmation is done.
+    """The next stage's launches, (trial, repeat) in the order they run; none when the confirmation is done
+    (``next_stage`` without the stage's number)."""
+    return next_stage(order, launched, verdict, first=first, most=most)[1]
+
+
+def next_stage(order: list[int], launched: Mapping[int, int], verdict: Mapping[str, Any], *, first: int,
+               most: int, most_windows: int | None = None) -> tuple[int, list[tuple[int, int]]]:
+    """(the stage, its launches as (trial, repeat) in the order they run); no launches when the confirmation is done.
 
     1. Every contender once (``W`` windows each, in ``order``: drift hits everyone alike).
     2. The top two by estimate up to ``first`` launches each (``confirm_repeats``), interleaved, so the launch
        term is estimated from the study's own relaunches; skipped when the pooled launch term already has the
        degrees of freedom these would give, 2 × (``first`` − 1) (a resumed confirmation, earlier stages).
     3. While a contender is open against the best (``decide``): one more launch of each in ``contention``, up to
-       ``most`` launches each (``confirm_max_repeats``)."""
+       ``most`` launches each (``confirm_max_repeats``) and ``most_windows`` windows (most × ``confirm_windows``:
+       a launch of more windows counts for more), each of as many windows as buy the most precision per second
+       (``allocation.windows_per_launch``)."""
     fresh = [(n, 0) for n in order if not launched.get(n)]
     if fresh:
-        return fresh
+        return 1, fresh
     top_two = leaders(order, verdict)
     if (verdict.get("noise") or {}).get("launch_df", 0) < 2 * (first - 1):
         short = [(n, k) for k in range(first) for n in top_two if k >= launched[n]]
         if short:
-            return short
+            return 2, short
     if verdict.get("decided", True):
-        return []
-    return [(n, launched[n]) for n in order if n in verdict.get("contention", ()) and launched[n] < most]
+        return 3, []
+    stats = verdict.get("stats") or {}
+    room = [n for n in order if launched[n] < most and (most_windows is None
+                                                        or (stats.get(str(n)) or {}).get("windows", 0) < most_windows)]
+    return 3, [(n, launched[n]) for n in room if n in verdict.get("contention", ())]
 
 
 def leaders(order: list[int], verdict: Mapping[str, Any]) -> list[int]:
@@ -104,7 +119,7 @@ def leaders(order: list[int], verdict: Mapping[str, Any]) -> list[int]:
 def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], runs: list[dict[str, Any]],
                 contenders: tuple[dict[int, dict[str, Any]], dict[int, Any]], verdict_now: Callable[[], dict[str, Any]],
                 *, runner: Runner, progress: Any, stop_event: threading.Event | None) -> bool:
-    """Stage after stage (``next_launches``), each run saved as it lands so a killed sweep resumes where it was.
+    """Stage after stage (``next_stage``), each run saved as it lands so a killed sweep resumes where it was.
     False when interrupted. The top two's last launch of stage 2 runs the stress phase after its windows
     (``stressed_in``), so the winner is usually stressed without a launch of its own (``confirm.stress``)."""
     configs, plans = contenders
@@ -114,10 +129,13 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], ru
     while True:
         launched = {n: sum(1 for r in runs if r["trial"] == n) for n in order}
         verdict = verdict_now()
-        plan = next_launches(order, launched, verdict, first=first, most=most)
+        stage, plan = next_stage(order, launched, verdict, first=first, most=most,
+                                 most_windows=most * cfg.study.confirm_windows)
         if not plan:
             return True
         stressed = stressed_in(plan, leaders(order, verdict), first=first)
+        windows = cfg.study.confirm_windows if stage < 3 else windows_per_launch(
+            estimates(by_contender(runs, order))[0], launch_costs(runs), base=cfg.study.confirm_windows)
         total = len(runs) + len(plan)
         for n, k in plan:
             if stop_event is not None and stop_event.is_set():
@@ -126,7 +144,7 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], ru
             if progress is not None:
                 progress.confirm_started(len(runs) + 1, total, n, k)
             stress = StressStep(plan=plans.get(n)) if (n, k) in stressed else None
-            result = _repeat(runner, dict(configs[n]), n, k, windows=cfg.study.confirm_windows, stress=stress)
+            result = _repeat(runner, dict(configs[n]), n, k, windows=windows, stress=stress)
             if result.status == "interrupted":
                 study.set_user_attr("confirmation", {**state, "runs": runs})
                 return False

@@ -1,0 +1,67 @@
+"""How many windows a contention launch measures: the split between windows and relaunches that buys the most
+precision per second, from the study's own noise terms and its own launch and window times.
+
+A launch of W windows adds σL² + σW²/W to a contender's variance and costs c_L + W·c_W (its startup, then W
+windows), so the variance per second is least at W* = √(σW² · c_L / (σL² · c_W)): the classic optimum of two-stage
+sampling (Cochran, *Sampling Techniques*, §10.6). A long-prompt workload's windows swing with its waves of
+prefills (σW of 4–6 %) while a relaunch adds about 1 %, and a GPU restart costs minutes: many windows a launch.
+A short-prompt workload with a quiet window is best relaunched with few. A launch term estimated at 0 puts W at
+the cap.
+
+Only the third stage (``stages.next_stage``: the open contenders) uses it; the first two measure
+``confirm_windows`` each, so the launch term is estimated on launches alike. W stays within
+[``confirm_windows``, ``MAX_FACTOR`` × ``confirm_windows``].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from autotune.search.confirm.noise import NoiseModel
+
+MAX_FACTOR = 4  # a contention launch measures at most this many times confirm_windows
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchCosts:
+    """What the confirmation's launches took so far (medians, seconds): a startup, and one window."""
+
+    startup_s: float
+    window_s: float
+
+
+def launch_costs(runs: Iterable[Mapping[str, Any]]) -> LaunchCosts | None:
+    """The medians of the stored runs' own ``durations_s``: ``startup``, and per window the first's warm-up and
+    window, or the later windows' share of ``windows``; None until a run recorded both."""
+    startups: list[float] = []
+    windows: list[float] = []
+    for run in runs:
+        result = run.get("result") or {}
+        durations = result.get("durations_s") or {}
+        if durations.get("startup"):
+            startups.append(float(durations["startup"]))
+        first = float(durations.get("warmup") or 0.0) + float(durations.get("measure") or 0.0)
+        later = len(result.get("windows") or ())
+        if later and durations.get("windows"):
+            windows.append(float(durations["windows"]) / later)
+        elif first > 0:
+            windows.append(first)
+    if not startups or not windows:
+        return None
+    return LaunchCosts(startup_s=statistics.median(startups), window_s=statistics.median(windows))
+
+
+def windows_per_launch(noise: NoiseModel, costs: LaunchCosts | None, *, base: int) -> int:
+    """W* for the next contention launch (see the module docstring), within [``base``, ``MAX_FACTOR`` × ``base``];
+    ``base`` while a term or a cost is unknown, or when the windows do not scatter at all."""
+    if base < 2 or costs is None or costs.window_s <= 0 or not noise.window_var or noise.launch_var is None:
+        return base
+    most = MAX_FACTOR * base
+    if noise.launch_var <= 0:
+        return most
+    best = math.sqrt(noise.window_var * costs.startup_s / (noise.launch_var * costs.window_s))
+    return max(base, min(most, round(best)))
