@@ -11,7 +11,8 @@ A best config that runs the baseline's own flags, or is not resolved from the ba
 there is no winner (``winner_trial`` None, ``outcome`` ``"baseline"``) and nothing to apply.
 
 Modules: ``ranking`` (who is confirmed), ``samples`` (stored runs as launches of windows), ``noise`` (the model),
-``decision`` (``decide``), ``stages`` (``confirm``), ``defaults`` (SGLang's defaults), ``sweep`` (``run_sweep``).
+``decision`` (``decide``), ``stages`` (``confirm``), ``allocation`` (windows per contention launch),
+``defaults`` (SGLang's defaults), ``sweep`` (``run_sweep``).
 """
 
 from autotune.search.confirm.decision import RESOLUTION, TIE_HEADROOM_FLOOR_GIB, decide
