@@ -89,7 +89,9 @@ def test_confirm_interleaves_stores_and_is_reused(tmp_path):
     runner.calls.clear()
     conf = confirm(study, cfg, runner=runner)
     order = conf["order"]
-    assert order[-1] == 0 or 0 in order  # the baseline is measured alongside
+    # the baseline (1,600 tok/s) is under half the leader's 4,800: not relaunched, its search run stands in
+    assert 0 not in order and [r["trial"] for r in conf["given"]] == [0]
+    assert conf["stats"]["0"]["from_search"] and conf["stats"]["0"]["windows"] == 1
     numbers = [n for n, _ in runner.calls]
     assert cfg.study.confirm_repeats == 2
     # A B C … base once each, then the top two again (the launch term); the fake has no noise: decided there
@@ -157,6 +159,56 @@ def test_an_enqueued_config_far_behind_the_leader_costs_no_confirmation_launch(t
     shown = summarize(study, cfg)["enqueued"][0]
     assert shown["trial"] == 1 and shown["confirmed_runs"] == (1 if confirmed else 0)
     assert shown["output_tok_s"] == pytest.approx(hand.values[0]) or confirmed  # its search figure when not confirmed
+
+
+def test_a_given_baseline_run_gives_the_gain_its_interval_and_adds_nothing_to_the_noise():
+    data = {3: [5000, 5100, 4900, 5050], 7: [4000, 4100, 3900, 4050]}
+    given = [{"trial": 0, "repeat": -1, "search": True, "result": ok(2000)}]
+    verdict = decide(runs(data), [3, 7], baseline=0, given=given)
+    assert verdict["winner_trial"] == 3 and verdict["outcome"] == "winner"
+    assert verdict["gain"] == pytest.approx(gmean(data[3]) / 2000)
+    assert verdict["ci_low"] < verdict["gain"] < verdict["ci_high"] and verdict["ci_low"] > 2.0
+    assert verdict["noise"] == decide(runs(data), [3, 7], baseline=None)["noise"]  # one window, one launch: no df
+    assert verdict["stats"]["0"]["from_search"] and "from_search" not in verdict["stats"]["3"]
+    # a given baseline is never a candidate: if it read fastest, no config beat it and nothing is decided
+    fast = [{**given[0], "result": ok(9000)}]
+    held = decide(runs(data), [3, 7], baseline=0, given=fast)
+    assert held["winner_trial"] is None and held["outcome"] == "baseline" and held["contention"] == [3]
+
+
+class SlowBaseline(PlannerRunner):
+    """The baseline (trial 0) measures ``factor`` × what the fake planner gives it."""
+
+    def __init__(self, factor: float):
+        super().__init__()
+        self.factor = factor
+
+    def __call__(self, config: dict, number: int) -> TrialResult:
+        result = super().__call__(config, number)
+        if result.metrics is None or number != 0:
+            return result
+        return TrialResult.from_dict({**result.to_dict(), "metrics": {
+            **result.metrics.to_dict(), "output_tok_s": result.metrics.output_tok_s * self.factor}})
+
+
+@pytest.mark.parametrize("factor, relaunched", [(1.0, False), (2.5, True)])
+def test_a_baseline_far_behind_the_leader_is_not_relaunched(tmp_path, factor, relaunched):
+    cfg = load_config(write_study(tmp_path, trials=5))
+    runner = SlowBaseline(factor)
+    study = run_study(cfg, runner=runner)
+    lead, base = max(t.values[0] for t in study.trials if t.values), study.trials[0].values[0]
+    assert (base >= 0.5 * lead) is relaunched  # 1,600 against 4,800 at 1×; 4,000 at 2.5×
+    runner.calls.clear()
+    conf = confirm(study, cfg, runner=runner)
+    assert (0 in conf["order"]) is relaunched and (0 in [n for n, _ in runner.calls]) is relaunched
+    assert bool(conf.get("given")) is not relaunched and conf["gain"] > 1
+    assert conf["ci_low"] <= conf["gain"] <= conf["ci_high"]  # the fake has no noise
+    summary = summarize(study, cfg)
+    assert summary["baseline"]["from_search"] is not relaunched
+    assert summary["baseline"]["output_tok_s"] == pytest.approx(base) or relaunched  # its search figure
+    windows = sum(s["windows"] for s in conf["stats"].values() if not s.get("from_search"))
+    assert summary["confirmation"].startswith(f"{len(runner.calls)} launches, {windows} windows")
+    assert ("its search run: far behind the leader, not relaunched" in render(summary)) is not relaunched
 
 
 # --- the SGLang-defaults run ----------------------------------------------------------------------------------
@@ -410,7 +462,10 @@ def test_a_failed_baseline_says_so_and_names_no_winner(tmp_path):
     assert "winner: trial" not in text and "winner: none, no measured baseline" in text
 
 
-def test_a_baseline_that_fails_every_confirmation_run_names_no_winner(tmp_path):
+def test_a_baseline_that_fails_every_confirmation_run_names_no_winner(tmp_path, monkeypatch):
+    from autotune.search.confirm import ranking
+
+    monkeypatch.setattr(ranking, "IN_REACH", 0.0)  # relaunched however far behind (the fake's is at a third)
     cfg = load_config(write_study(tmp_path, trials=4))
     summary = run_sweep(cfg, runner=BaselineFails(in_confirmation=True))
     assert summary["confirmed"] and summary["best"] is None and summary["outcome"] == "no_baseline"

@@ -171,7 +171,8 @@ def test_each_confirmation_launch_measures_its_windows_and_a_killed_one_resumes(
     assert sorted(first.stressed + again.stressed) == sorted((n, k) for n, k, _ in launches if k == 1)
     assert conf["decided"] and conf["stats"][str(conf["winner_trial"])]["windows"] == 6
     assert conf["noise"]["window_df"] > 0 and "window CV" in conf["noise"]["line"]
-    windows = sum(s["windows"] for s in conf["stats"].values())
+    windows = sum(s["windows"] for s in conf["stats"].values() if not s.get("from_search"))  # a given baseline's
+    assert windows == len(launches) * cfg.study.confirm_windows
     line = f"  confirmation: {len(launches)} launches, {windows} windows; {conf['noise']['line']}"
     assert line in render(summarize(study, cfg)).splitlines()[-2:]  # the sweep's summary says what it rests on
     built = build(study, base_dir=tmp_path)  # and the report's headline

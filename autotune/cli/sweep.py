@@ -61,7 +61,8 @@ def render(summary: dict[str, Any]) -> str:
     if base.get("failed"):
         lines.append(f"  baseline {base['failed']}")
     else:
-        lines.append(f"  baseline (trial {base['trial']}): {_score(base, multi)}")
+        search = " (its search run: far behind the leader, not relaunched)" if base.get("from_search") else ""
+        lines.append(f"  baseline (trial {base['trial']}): {_score(base, multi)}{search}")
     for e in summary["enqueued"]:
         lines.append(f"  {e['label']} (trial {e['trial']}): {_score(e, multi)}")
     if best:

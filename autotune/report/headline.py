@@ -11,7 +11,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import numpy as np
 import optuna
 import pandas as pd
 
@@ -19,40 +18,34 @@ from autotune.report.data import baseline_trial, model_name, trial_result, winne
 from autotune.results import TrialResult
 from autotune.search.jobview import job_for_study
 from autotune.search.settings import device_name
-from autotune.search.summary import confirmation_line
+from autotune.search.summary import confirmation_line, confirmed_rate
 from autotune.search.worstcase import worst_case_line
 
 
-def _confirmed(study: optuna.Study, number: int | None) -> list[float]:
+def _launches(study: optuna.Study, number: int | None) -> int:
+    """How many confirmation launches ``number`` ran cleanly (a baseline far behind the leader: none)."""
     runs = (study.user_attrs.get("confirmation") or {}).get("runs") or []
-    values = []
-    for run in runs:
-        if run.get("trial") == number and isinstance(run.get("result"), Mapping):
-            result = TrialResult.from_dict(run["result"])
-            if result.ok and result.output_tok_s is not None:
-                values.append(result.output_tok_s)
-    return values
+    return sum(1 for run in runs if run.get("trial") == number and isinstance(run.get("result"), Mapping)
+               and TrialResult.from_dict(run["result"]).ok)
 
 
 def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
-    """Winner vs baseline on the numbers that explain the win: speed (confirmed when there was a confirmation
-    stage: median and range of the repeats) and the capacity that produced it."""
+    """Winner vs baseline on the numbers that explain the win: speed (the confirmed estimate and its 95 % interval
+    when there was a confirmation stage, ``summary.confirmed_rate``, else the search figure) and the capacity that
+    produced it."""
     numbers = {"baseline": baseline_trial(frame, study), "winner": winner_trial(frame, study)}
     by_trial = frame.set_index("trial")
+    confirmation = study.user_attrs.get("confirmation") or {}
     rows: dict[str, dict[str, Any]] = {}
     for role, number in numbers.items():
         info = by_trial.loc[number] if number is not None and number in by_trial.index else None
-        repeats = _confirmed(study, number)
-        tok_s = float(np.median(repeats)) if repeats else (float(info["tok_s"]) if info is not None else math.nan)
-        # The confirmation stage's bootstrap interval of the median when it stored one, else the repeats' range.
-        stats = ((study.user_attrs.get("confirmation") or {}).get("stats") or {}).get(str(number)) or {}
         gpus = int(info["gpus"]) if info is not None and "gpus" in info and info["gpus"] == info["gpus"] else 1
-        ci = stats.get("ci")
-        if isinstance(ci, list | tuple) and len(ci) == 2 and None not in ci:
-            ci = (ci[0] * gpus, ci[1] * gpus)  # the stored interval is of the per-GPU score the study ranks by
+        confirmed = confirmed_rate(confirmation, number, gpus) if number is not None else None
+        if confirmed is not None:
+            tok_s, (low, high) = confirmed[0], confirmed[1] or (math.nan, math.nan)
         else:
-            ci = (min(repeats), max(repeats)) if repeats else (math.nan, math.nan)
-        low, high = ci
+            tok_s = float(info["tok_s"]) if info is not None else math.nan
+            low = high = math.nan
         rows[role] = {
             "trial": number if number is not None else math.nan,
             "label": info["label"] if info is not None else "",
@@ -61,7 +54,7 @@ def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
             "tok_s_per_gpu": tok_s / gpus,
             "tok_s_low": float(low),
             "tok_s_high": float(high),
-            "repeats": len(repeats),
+            "repeats": _launches(study, number),
             **{k: (float(info[k]) if info is not None else math.nan) for k in (
                 "max_running_requests", "kv_tokens", "mamba_slots", "spec_steps", "headroom_gib", "peak_gib",
                 "ttft_p99_ms", "itl_p99_ms")},

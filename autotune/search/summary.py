@@ -116,7 +116,7 @@ def confirmation_line(confirmation: dict[str, Any]) -> str | None:
         return None
     stats = (confirmation.get("stats") or {}).values()
     launches = len(confirmation.get("runs") or ())
-    windows = sum(int(s.get("windows") or 0) for s in stats)
+    windows = sum(int(s.get("windows") or 0) for s in stats if not s.get("from_search"))  # a given search run
     return f"{launches} launches, {windows} windows; {noise['line']}"
 
 
@@ -134,7 +134,8 @@ def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | No
     return {"trial": n, "label": t.user_attrs.get("label"), "params": (data or {}).get("config"),
             "output_tok_s": scale(value), "tok_s_per_gpu": value, "gpus": gpus,
             "ci_low": scale(s["ci"][0]) if s else None, "ci_high": scale(s["ci"][1]) if s else None,
-            "confirmed_runs": s["runs"] if s else 0, "numerics": numerics_line(contender_fidelity((data or {}).get("fidelity"), conf, n)),
+            "confirmed_runs": s["runs"] if s and not s.get("from_search") else 0, "from_search": bool(s and s.get("from_search")),
+            "numerics": numerics_line(contender_fidelity((data or {}).get("fidelity"), conf, n)),
             "worst_case": worst_case_line(conf, n) if conf and conf.get("complete") else None}  # the stress phase
 
 
@@ -198,6 +199,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
         "baseline": {"trial": baseline, "params": (attrs.get("result") or {}).get("config"),
                      "output_tok_s": base and base["output_tok_s"], "tok_s_per_gpu": base and base["tok_s_per_gpu"],
                      "gpus": base and base["gpus"], "status": attrs.get("status"),
+                     "from_search": bool(base and base["from_search"]),  # far behind: its search run stood in
                      "reason": attrs.get("reason") if failure else None, "failed": failure,
                      "log_path": attrs.get("log_path")},
         "best": best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "tok_s_per_gpu", "gpus",

@@ -13,7 +13,7 @@ config that runs the baseline's own flags, or that is not resolved from the base
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from autotune.search.confirm.noise import Estimate, NoiseModel, Ratio, estimates, ratio
@@ -61,19 +61,24 @@ def standing(best: Estimate, other: Estimate, noise: NoiseModel, resolution: flo
 
 def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, *,
            same_as_baseline: Collection[int] = (), resolution: float = RESOLUTION,
-           demoted: Mapping[int, str] | None = None) -> dict[str, Any]:
+           demoted: Mapping[int, str] | None = None, given: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
     """Winner, gain and interval from confirmation runs (``{"trial", "repeat", "result"}``); the stored JSON.
 
     ``same_as_baseline``: contenders that launched the baseline's exact flags. ``demoted``: contenders that may not
-    win (trial → why: a failed stress phase), named in the note. ``outcome``: ``"winner"``, ``"baseline"`` (no
+    win (trial → why: a failed stress phase), named in the note. ``given``: search runs that stand in for a
+    baseline not relaunched (far behind the leader: ``ranking.IN_REACH``), one launch of one window each; they
+    add nothing to the noise terms, the gain over that baseline has its interval, and the baseline, outside
+    ``order``, never wins. ``outcome``: ``"winner"``, ``"baseline"`` (no
     config beat it: ``winner_trial`` None, no gain) or ``"none"`` (no contender ran cleanly throughout).
     ``decided``: nothing is open (the stages stop); ``contention``: who the next stage relaunches. The interval is
     analytic, so the same runs always give the same verdict.
     """
     demoted = dict(demoted or {})
-    noise, est = estimates(by_contender(runs, order))
+    noise, est = estimates(by_contender([*given, *runs], order))
+    from_search = {int(run["trial"]) for run in given}
     common: dict[str, Any] = {"baseline_trial": baseline, "resolution": resolution, "noise": noise.to_dict(),
-              "stats": _stats(est, noise), **({"demoted": {str(n): why for n, why in demoted.items()}} if demoted else {})}
+              "stats": _stats(est, noise, from_search),
+              **({"demoted": {str(n): why for n, why in demoted.items()}} if demoted else {})}
     nothing: dict[str, Any] = {**common, "winner_trial": None, "gain": None, "ci_low": None, "ci_high": None}
     candidates = [n for n in order if est[n].launches and not est[n].failed and n not in demoted]
     if not candidates:
@@ -82,7 +87,10 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, *
     top = max(candidates, key=lambda n: est[n].rate)
     twins = {n for n in same_as_baseline if n != baseline}
     stand = {n: s for n in candidates if n != top and (s := standing(est[top], est[n], noise, resolution))}
-    held = _baseline_holds(est, top, stand, baseline, twins, resolution)
+    base_stand = stand.get(baseline) if baseline is not None else None  # a given baseline is no candidate
+    if baseline in from_search and baseline != top and baseline in est:
+        base_stand = standing(est[top], est[baseline], noise, resolution)
+    held = _baseline_holds(est, top, base_stand, baseline, twins, resolution)
     if held is not None:
         why, decided = held
         contention = sorted({top, *(n for n, s in stand.items() if s.state == "open" and n not in twins)})
@@ -142,23 +150,25 @@ def _demoted_note(demoted: Mapping[int, str]) -> str:
     return "; ".join(f"trial {n} demoted: {why}" for n, why in demoted.items())
 
 
-def _stats(est: Mapping[int, Estimate], noise: NoiseModel) -> dict[str, Any]:
-    """Per contender, the stored figures (``median``: the confirmed estimate, the name the readers know)."""
+def _stats(est: Mapping[int, Estimate], noise: NoiseModel, from_search: Collection[int] = ()) -> dict[str, Any]:
+    """Per contender, the stored figures (``median``: the confirmed estimate, the name the readers know);
+    ``from_search``: the figure is the search run's, under the confirmation's noise terms (no launch of its own)."""
     out: dict[str, Any] = {}
     for n, e in est.items():
         low, high = e.interval(noise)
         out[str(n)] = {"median": e.rate, "ci": [low, high], "runs": e.launches + e.failed, "windows": e.windows,
-                       "failed": e.failed, "headroom_gib": e.headroom_gib, "unsettled_windows": e.unsettled}
+                       "failed": e.failed, "headroom_gib": e.headroom_gib, "unsettled_windows": e.unsettled,
+                       **({"from_search": True} if n in from_search else {})}
     return out
 
 
-def _baseline_holds(est: Mapping[int, Estimate], top: int, stand: Mapping[int, Standing], baseline: int | None,
+def _baseline_holds(est: Mapping[int, Estimate], top: int, s: Standing | None, baseline: int | None,
                     twins: set[int], resolution: float) -> tuple[str, bool] | None:
-    """(why no config beat the baseline, whether that is decided); None when one did."""
+    """(why no config beat the baseline, whether that is decided); None when one did. ``s``: the baseline's
+    standing against the best."""
     if top == baseline or top in twins:
         return (f"the fastest confirmed config (trial {top}) runs the baseline's own flags" if top != baseline
                 else "the baseline has the fastest confirmed estimate"), True
-    s = stand.get(baseline) if baseline is not None else None
     if s is None or s.state == "resolved":
         return None  # (a close baseline is open: a winner must be resolved from it, not merely not slower)
     tok = f"trial {top}'s {est[top].rate:,.0f} tok/s against the baseline's {est[s.trial].rate:,.0f}"

@@ -1,5 +1,5 @@
-"""Who is confirmed: the top-k distinct feasible search trials, the baseline and the hand-written configs that are
-still in reach of the leader."""
+"""Who is confirmed: the top-k distinct feasible search trials, and the baseline and the hand-written configs that
+are still in reach of the leader (a baseline out of reach is not relaunched: its search run stands in)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.search.gpus import gains
 from autotune.search.summary import unsettled
 
-# An enqueued config whose search figure is under this share of the leader's is not confirmed: no window or launch
-# noise (a few %) closes that gap, and a launch of it is the price of a contender's. The summary shows its search figure.
+# An enqueued config or a baseline whose search figure is under this share of the leader's is not relaunched: no
+# window or launch noise (a few %) closes that gap, and a launch of it is the price of a contender's. An enqueued
+# one keeps its search figure in the summary; the baseline's search run joins the decision as one launch of one
+# window (``decision.decide``'s ``given``), so the gain still has its interval.
 IN_REACH = 0.5
 
 
@@ -35,8 +37,16 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
         if len(top) < top_k:
             top.append(t)
     baseline = next((t for t in done if t.user_attrs.get("role") == "baseline"), None)
-    lead = gain.get(top[0].number, top[0].values[0]) if top else None
     refs = [t for t in done if t.user_attrs.get("role") == "enqueued" and feasible(t)
             and t not in top and t.user_attrs.get("launch_key") != (baseline and baseline.user_attrs.get("launch_key"))
-            and (lead is None or gain.get(t.number, t.values[0]) >= IN_REACH * lead)]
+            and in_reach(study, t, top)]
     return top, baseline, refs
+
+
+def in_reach(study: optuna.Study, trial: FrozenTrial, top: list[FrozenTrial]) -> bool:
+    """Whether ``trial``'s search figure is at least ``IN_REACH`` × the leader's (always, with no leader)."""
+    if not top:
+        return True
+    gain = gains(study)
+    lead = gain.get(top[0].number, top[0].values[0])
+    return gain.get(trial.number, trial.values[0]) >= IN_REACH * lead

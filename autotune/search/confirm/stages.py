@@ -17,7 +17,7 @@ from autotune.results import TrialResult
 from autotune.search.confirm.allocation import launch_costs, windows_per_launch
 from autotune.search.confirm.decision import decide
 from autotune.search.confirm.noise import estimates
-from autotune.search.confirm.ranking import contenders, feasible
+from autotune.search.confirm.ranking import contenders, feasible, in_reach
 from autotune.search.confirm.samples import by_contender
 from autotune.search.runner import Runner
 from autotune.search.seeding import finished
@@ -41,13 +41,18 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     if stored and stored.get("complete") and stored.get("n_trials") == n_done:
         # Decided before a winner equal to the baseline counted as none: the same runs, decided again.
         verdict = decide(stored["runs"], stored["order"], base_n, same_as_baseline=twins,
-                         resolution=cfg.study.resolution)
+                         resolution=cfg.study.resolution, given=stored.get("given") or ())
         confirmation = {**stored, **verdict}
         study.set_user_attr("confirmation", confirmation)
         return confirmation
     order = [t.number for t in top + refs]
+    given: list[dict[str, Any]] = []
     if baseline is not None and baseline.number not in order and feasible(baseline):
-        order.append(baseline.number)
+        if in_reach(study, baseline, top):
+            order.append(baseline.number)
+        else:  # far behind the leader: its search run stands in for a launch (``ranking.IN_REACH``)
+            given.append({"trial": baseline.number, "repeat": -1, "search": True,
+                          "result": baseline.user_attrs["result"]})
     if not order:
         return None
     configs = {n: t.user_attrs["result"]["config"] for n, t in contenders_by_number.items()}
@@ -55,9 +60,9 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     runs: list[dict[str, Any]] = []
     if stored and stored.get("n_trials") == n_done and stored.get("order") == order:
         runs = list(stored.get("runs", []))  # a confirmation a killed sweep left half done
-    state = {"order": order, "n_trials": n_done, "complete": False}
+    state = {"order": order, "n_trials": n_done, "complete": False, **({"given": given} if given else {})}
     verdict_now = functools.partial(decide, runs, order, base_n, same_as_baseline=twins,
-                                    resolution=cfg.study.resolution)
+                                    resolution=cfg.study.resolution, given=given)
     if not _run_stages(study, cfg, state, runs, (configs, plans), verdict_now, runner=runner, progress=progress,
                        stop_event=stop_event):
         return None

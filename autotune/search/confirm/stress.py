@@ -144,7 +144,7 @@ def _redecided(confirmation: dict[str, Any], state: dict[str, Any], trials: dict
     base_key = launch_key(trials[base]) if base in trials else None
     twins = [n for n in order if base_key is not None and n in trials and launch_key(trials[n]) == base_key]
     verdict = decide(list(confirmation.get("runs") or ()), order, base, same_as_baseline=twins,
-                     resolution=cfg.study.resolution, demoted=demoted)
+                     resolution=cfg.study.resolution, demoted=demoted, given=confirmation.get("given") or ())
     return {**confirmation, **verdict}
 
 
