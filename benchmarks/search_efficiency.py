@@ -90,10 +90,11 @@ def _stable(text: str) -> int:
     return zlib.crc32(text.encode())
 
 
-def draw_truth(case: str, workload: str, *, hidden: bool = True) -> Truth:
-    """The hidden truth of one case and workload: a seeded draw, the same in every run and process."""
+def draw_truth(case: str, workload: str, *, hidden: bool = True, seed: int = TRUTH_SEED) -> Truth:
+    """The hidden truth of one case and workload: a seeded draw, the same in every run and process (``seed``:
+    ``--truth-seed``, another draw to check that nothing is tuned to the committed one)."""
     lo, hi = WORKLOADS[workload][2]
-    rng = np.random.default_rng([_stable(case), _stable(workload), TRUTH_SEED])
+    rng = np.random.default_rng([_stable(case), _stable(workload), seed])
     u = {k: float(rng.uniform(a, b)) for k, (a, b) in DEVIATION_RANGES.items()}
     share = float(rng.uniform(lo, hi))
     output_mean = share * WORKLOADS[workload][1]
@@ -130,7 +131,7 @@ def workload_prompts(name: str, n: int = 400) -> Path | None:
 
 
 def make_case(name: str, workload: str = "seed", *, hidden: bool = True,
-              window: tuple[float, float] | None = None) -> Case:
+              window: tuple[float, float] | None = None, truth_seed: int = TRUTH_SEED) -> Case:
     """A case × workload on its hidden truth; ``window`` (warm-up, measured seconds) overrides the study's."""
     if name not in CASES:
         raise ConfigError(f"unknown case {name!r}", key="--cases", fix=f"use one of {', '.join(CASES)}")
@@ -149,7 +150,7 @@ def make_case(name: str, workload: str = "seed", *, hidden: bool = True,
     if update:
         cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update=update)})
     label = name if workload == "seed" else f"{name}/{workload}"
-    return case_from_config(label, cfg, truth=draw_truth(name, workload, hidden=hidden))
+    return case_from_config(label, cfg, truth=draw_truth(name, workload, hidden=hidden, seed=truth_seed))
 
 
 def case_from_config(name: str, cfg: StudyConfig, truth: Truth | None = None) -> Case:
@@ -306,14 +307,15 @@ def _median_window_cv(oracle: Oracle) -> float:
 
 
 def _unit(args: tuple[str, str, bool, int, list[int], bool, str, list[str] | None, tuple[float, float] | None,
-                      float | None]) -> dict[str, Any]:
+                      float | None, int]) -> dict[str, Any]:
     """One case × workload in a worker process (the result without the case object)."""
-    name, workload, hidden, seeds, budgets, proposals, cache, only, window, launch_cv = args
+    name, workload, hidden, seeds, budgets, proposals, cache, only, window, launch_cv, truth_seed = args
 
     def say(text: str) -> None:
         print(text, file=sys.stderr, flush=True)
 
-    result = run_case(make_case(name, workload, hidden=hidden, window=window), seeds=seeds, budgets=budgets, say=say,
+    case = make_case(name, workload, hidden=hidden, window=window, truth_seed=truth_seed)
+    result = run_case(case, seeds=seeds, budgets=budgets, say=say,
                       cache_dir=Path(cache), proposals=proposals, only=only, launch_cv=launch_cv)
     result.pop("case")
     return result
@@ -547,6 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--quick", action="store_true", help="3 seeds, budgets 10,20, the seed case and workload only")
     ap.add_argument("--no-truth", action="store_true", help="turn the hidden deviations off (the planner is exact)")
+    ap.add_argument("--truth-seed", type=int, default=TRUTH_SEED,
+                    help=f"draw the hidden truth with another seed (default {TRUTH_SEED}, the committed table's)")
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="case × workload units in parallel")
     ap.add_argument("--proposals", action="store_true", help="add rows for proposed study-loop/space changes")
     ap.add_argument("--strategies", default="", help="only these rows (comma-separated names; default: all)")
@@ -588,8 +592,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     started = time.monotonic()
     launch_cv = None if args.single_noise else args.launch_cv
-    jobs = [(n, w, not args.no_truth, seeds, budget_list, args.proposals, str(RESULTS), only, window, launch_cv)
-            for n, w in units]
+    jobs = [(n, w, not args.no_truth, seeds, budget_list, args.proposals, str(RESULTS), only, window, launch_cv,
+             args.truth_seed) for n, w in units]
     if args.jobs > 1 and len(jobs) > 1:
         # Results come back in submission order: the table does not depend on which worker finished first.
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
@@ -600,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
         f" --seeds {args.seeds}" if args.seeds != 10 and not args.quick else "") + (
         " --no-truth" if args.no_truth else "") + (f" --window {args.window}" if window else "") + (
         " --single-noise" if args.single_noise else f" --launch-cv {args.launch_cv:g}" if args.launch_cv != LAUNCH_CV
-        else "")
+        else "") + (f" --truth-seed {args.truth_seed}" if args.truth_seed != TRUTH_SEED else "")
     text = markdown(results, seeds=seeds, budgets=budget_list, seconds=time.monotonic() - started,
                     hidden=not args.no_truth, command=command)
     args.out.mkdir(parents=True, exist_ok=True)

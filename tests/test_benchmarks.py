@@ -218,6 +218,10 @@ def test_truth_is_a_seeded_draw_in_the_declared_ranges():
         assert lo * max_tokens <= truth.output_mean <= hi * max_tokens and 0.2 <= lo < hi <= 0.95
     assert se.draw_truth("qwen3.6-27b-b200", "seed") != se.draw_truth("qwen3.6-27b-h200", "seed")
     assert se.draw_truth("qwen3.6-27b-b200", "seed", hidden=False).deviation.memory_is_exact
+    other = se.draw_truth("qwen3.6-27b-b200", "seed", seed=se.TRUTH_SEED + 1)  # --truth-seed: another truth
+    assert other != se.draw_truth("qwen3.6-27b-b200", "seed") and other == se.draw_truth(
+        "qwen3.6-27b-b200", "seed", seed=se.TRUTH_SEED + 1)
+    assert se.make_case("qwen3.6-27b-b200", truth_seed=se.TRUTH_SEED + 1).truth == other
 
 
 def test_workload_prompts_span_the_declared_lengths():
