@@ -7,6 +7,7 @@ import pytest
 from test_study import PlannerRunner, write_study
 
 from autotune.cli.sweep import render
+from autotune.cli.trials import rows as trial_rows
 from autotune.config import load_config
 from autotune.results import GpuPeaks, Metrics, Percentiles, TrialResult
 from autotune.search.confirm import confirm, decide, defaults_config, run_sweep, summarize
@@ -209,6 +210,8 @@ def test_a_baseline_far_behind_the_leader_is_not_relaunched(tmp_path, factor, re
     windows = sum(s["windows"] for s in conf["stats"].values() if not s.get("from_search"))
     assert summary["confirmation"].startswith(f"{len(runner.calls)} launches, {windows} windows")
     assert ("its search run: far behind the leader, not relaunched" in render(summary)) is not relaunched
+    shown = next(r for r in trial_rows(study) if r["number"] == 0)  # autotune trials: nothing confirmed for it
+    assert (shown["confirmed_tok_s"] is not None) is relaunched
 
 
 # --- the SGLang-defaults run ----------------------------------------------------------------------------------

@@ -43,6 +43,8 @@ def rows(study) -> list[dict[str, Any]]:
         label = t.user_attrs.get("label")
         stored = TrialResult.from_dict(result) if result else None
         rate = confirmed_rate(conf, t.number, gpus_spanned(stored) if stored else 1)  # (median, interval) | None
+        if ((conf.get("stats") or {}).get(str(t.number)) or {}).get("from_search"):
+            rate = None  # a baseline far behind the leader: its search run stood in, nothing was confirmed
         fidelity = contender_fidelity(result.get("fidelity"), conf, t.number)
         out.append({
             "number": t.number, "state": t.state.name, "status": t.user_attrs.get("status", ""),
