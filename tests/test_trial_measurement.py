@@ -37,6 +37,23 @@ def test_verdict_refuses_lag_over_the_limit_and_a_saturated_client():
     assert measurement_verdict(real)[0] == "client_bound"
 
 
+def test_a_window_with_no_token_is_the_clients_fault_when_the_client_was_saturated():
+    """No token read in the window from a server whose log shows work: ``too_slow`` blames the config, unless the
+    replay's own loop was saturated (it could not read them) — then ``client_bound``, re-measured, not too slow."""
+    from types import SimpleNamespace
+
+    from autotune.harness.engines import make_engine
+    from autotune.harness.trial import _window_outcome
+
+    server = SimpleNamespace(log_text=lambda: "", log_tail=lambda: "", base_url="http://127.0.0.1:9")
+    log = "Prefill batch. #new-seq: 8, #new-token: 4096\n"
+    busy = records(busy=CLIENT_BUSY_LIMIT + 0.05)
+    out = _window_outcome(server, make_engine("sim", model_path="m"), busy, None, log)
+    assert out["status"] == "client_bound" and out["metrics"] is None
+    calm = records(busy=0.1)
+    assert _window_outcome(server, make_engine("sim", model_path="m"), calm, None, log)["status"] == "too_slow"
+
+
 def test_repeated_prompts_counts_window_requests_whose_prompt_was_already_sent():
     from autotune.harness.workload import RequestRecord, repeated_prompt_share
 

@@ -398,6 +398,9 @@ def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords
     if kind == "runtime_oom":
         return {**out, "status": "runtime_oom", "reason": line, "log_tail": server.log_tail()}
     if metrics.output_tokens == 0:  # refused, too slow for the window, or idle: ``harness.outcome`` tells which
+        status, reason, figures = measurement_verdict(records)
+        if status is not None:  # the client (or the sim's pacing) could not read the server: not the config's speed
+            return {**out, "metrics": None, "status": status, "reason": reason, "measurement": figures}
         why = no_tokens(records.requests, log_since, records.probes, window_s=metrics.window_s)
         if why[0] == TOO_SLOW:  # no figure of this config: the window measured nothing (no "0 tok/s" is shown)
             out["metrics"] = None
