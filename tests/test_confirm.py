@@ -130,15 +130,16 @@ def test_run_sweep_summary(tmp_path):
 
 
 class Scaled(PlannerRunner):
-    """The hand-tuned config (trial 1, enqueued) measures ``factor`` × what the fake planner gives it."""
+    """Trial ``trial`` (1: the hand-tuned config, enqueued; 0: the baseline) measures ``factor`` × what the fake
+    planner gives it."""
 
-    def __init__(self, factor: float):
+    def __init__(self, factor: float, *, trial: int = 1):
         super().__init__()
-        self.factor = factor
+        self.factor, self.trial = factor, trial
 
     def __call__(self, config: dict, number: int) -> TrialResult:
         result = super().__call__(config, number)
-        if result.metrics is None or number != 1:
+        if result.metrics is None or number != self.trial:
             return result
         m = result.metrics
         return TrialResult.from_dict({**result.to_dict(), "metrics": {
@@ -177,25 +178,10 @@ def test_a_given_baseline_run_gives_the_gain_its_interval_and_adds_nothing_to_th
     assert held["winner_trial"] is None and held["outcome"] == "baseline" and held["contention"] == [3]
 
 
-class SlowBaseline(PlannerRunner):
-    """The baseline (trial 0) measures ``factor`` × what the fake planner gives it."""
-
-    def __init__(self, factor: float):
-        super().__init__()
-        self.factor = factor
-
-    def __call__(self, config: dict, number: int) -> TrialResult:
-        result = super().__call__(config, number)
-        if result.metrics is None or number != 0:
-            return result
-        return TrialResult.from_dict({**result.to_dict(), "metrics": {
-            **result.metrics.to_dict(), "output_tok_s": result.metrics.output_tok_s * self.factor}})
-
-
 @pytest.mark.parametrize("factor, relaunched", [(1.0, False), (2.5, True)])
 def test_a_baseline_far_behind_the_leader_is_not_relaunched(tmp_path, factor, relaunched):
     cfg = load_config(write_study(tmp_path, trials=5))
-    runner = SlowBaseline(factor)
+    runner = Scaled(factor, trial=0)  # the baseline
     study = run_study(cfg, runner=runner)
     lead, base = max(t.values[0] for t in study.trials if t.values), study.trials[0].values[0]
     assert (base >= 0.5 * lead) is relaunched  # 1,600 against 4,800 at 1×; 4,000 at 2.5×
