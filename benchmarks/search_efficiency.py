@@ -604,7 +604,8 @@ def main(argv: list[str] | None = None) -> int:
         f" --seeds {args.seeds}" if args.seeds != 10 and not args.quick else "") + (
         " --no-truth" if args.no_truth else "") + (f" --window {args.window}" if window else "") + (
         " --single-noise" if args.single_noise else f" --launch-cv {args.launch_cv:g}" if args.launch_cv != LAUNCH_CV
-        else "") + (f" --truth-seed {args.truth_seed}" if args.truth_seed != TRUTH_SEED else "")
+        else "") + (f" --truth-seed {args.truth_seed}" if args.truth_seed != TRUTH_SEED else "") + (
+        f" --strategies {args.strategies}" if args.strategies else "")
     text = markdown(results, seeds=seeds, budgets=budget_list, seconds=time.monotonic() - started,
                     hidden=not args.no_truth, command=command)
     args.out.mkdir(parents=True, exist_ok=True)
