@@ -95,7 +95,7 @@ def test_confirm_interleaves_stores_and_is_reused(tmp_path):
     assert conf["stats"]["0"]["from_search"] and conf["stats"]["0"]["windows"] == 1
     numbers = [n for n, _ in runner.calls]
     assert cfg.study.confirm_repeats == 2
-    # A B C … base once each, then the top two again (the launch term); the fake has no noise: decided there
+    # A B C once each, then the top two again (the launch term); the fake has no noise: decided there
     stats = conf["stats"]
     top_two = sorted(order, key=lambda n: -stats[str(n)]["median"])[:2]
     assert numbers == order + [n for n in order if n in top_two]

@@ -397,15 +397,14 @@ def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords
     kind, line = _diagnose(engine, server.log_text(), None)
     if kind == "runtime_oom":
         return {**out, "status": "runtime_oom", "reason": line, "log_tail": server.log_tail()}
-    if metrics.output_tokens == 0:  # refused, too slow for the window, or idle: ``harness.outcome`` tells which
-        status, reason, figures = measurement_verdict(records)
-        if status is not None:  # the client (or the sim's pacing) could not read the server: not the config's speed
-            return {**out, "metrics": None, "status": status, "reason": reason, "measurement": figures}
+    # First whether the window measured the server at all: a client (or sim pacing) that could not keep up reads
+    # no tokens as surely as a slow config, and is re-measured, never called too slow.
+    status, reason, figures = measurement_verdict(records)
+    if metrics.output_tokens == 0 and status is None:  # refused, too slow, or idle: ``harness.outcome`` tells which
         why = no_tokens(records.requests, log_since, records.probes, window_s=metrics.window_s)
         if why[0] == TOO_SLOW:  # no figure of this config: the window measured nothing (no "0 tok/s" is shown)
             out["metrics"] = None
         return {**out, "status": why[0], "reason": why[1], "measurement": why[2]}
-    status, reason, figures = measurement_verdict(records)
     rejected = rejections(records.requests)
     out["measurement"] = {**figures, "stream_interval": int(server_stream_interval(info) or 1),
                           **({"rejected": rejected} if rejected else {})}

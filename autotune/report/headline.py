@@ -15,18 +15,10 @@ import optuna
 import pandas as pd
 
 from autotune.report.data import baseline_trial, model_name, trial_result, winner_trial
-from autotune.results import TrialResult
 from autotune.search.jobview import job_for_study
 from autotune.search.settings import device_name
 from autotune.search.summary import confirmation_line, confirmed_rate
 from autotune.search.worstcase import worst_case_line
-
-
-def _launches(study: optuna.Study, number: int | None) -> int:
-    """How many confirmation launches ``number`` ran cleanly (a baseline far behind the leader: none)."""
-    runs = (study.user_attrs.get("confirmation") or {}).get("runs") or []
-    return sum(1 for run in runs if run.get("trial") == number and isinstance(run.get("result"), Mapping)
-               and TrialResult.from_dict(run["result"]).ok)
 
 
 def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
@@ -54,12 +46,21 @@ def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
             "tok_s_per_gpu": tok_s / gpus,
             "tok_s_low": float(low),
             "tok_s_high": float(high),
-            "repeats": _launches(study, number),
+            "repeats": _launches(confirmation, number),
             **{k: (float(info[k]) if info is not None else math.nan) for k in (
                 "max_running_requests", "kv_tokens", "mamba_slots", "spec_steps", "headroom_gib", "peak_gib",
                 "ttft_p99_ms", "itl_p99_ms")},
         }
     return pd.DataFrame.from_dict(rows, orient="index")
+
+
+def _launches(confirmation: Mapping[str, Any], number: int | None) -> int:
+    """How many confirmation launches ``number`` ran cleanly, as the verdict counted them (a baseline whose search
+    run stood in: none; a confirmation not finished: none, the headline shows search figures then)."""
+    stats = (confirmation.get("stats") or {}).get(str(number)) if confirmation.get("complete") else None
+    if not stats or stats.get("from_search"):
+        return 0
+    return int(stats.get("runs") or 0) - int(stats.get("failed") or 0)
 
 
 def gain(study: optuna.Study, headline: pd.DataFrame) -> dict[str, Any]:

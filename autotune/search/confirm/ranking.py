@@ -3,6 +3,8 @@ are still in reach of the leader (a baseline out of reach is not relaunched: its
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
@@ -39,14 +41,13 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
     baseline = next((t for t in done if t.user_attrs.get("role") == "baseline"), None)
     refs = [t for t in done if t.user_attrs.get("role") == "enqueued" and feasible(t)
             and t not in top and t.user_attrs.get("launch_key") != (baseline and baseline.user_attrs.get("launch_key"))
-            and in_reach(study, t, top)]
+            and in_reach(t, top, gain)]
     return top, baseline, refs
 
 
-def in_reach(study: optuna.Study, trial: FrozenTrial, top: list[FrozenTrial]) -> bool:
-    """Whether ``trial``'s search figure is at least ``IN_REACH`` × the leader's (always, with no leader)."""
+def in_reach(trial: FrozenTrial, top: list[FrozenTrial], gain: Mapping[int, float]) -> bool:
+    """Whether ``trial``'s search figure is at least ``IN_REACH`` × the leader's (always, with no leader); ``gain``:
+    ``gpus.gains`` of the study (empty: raw search values)."""
     if not top:
         return True
-    gain = gains(study)
-    lead = gain.get(top[0].number, top[0].values[0])
-    return gain.get(trial.number, trial.values[0]) >= IN_REACH * lead
+    return bool(gain.get(trial.number, trial.values[0]) >= IN_REACH * gain.get(top[0].number, top[0].values[0]))

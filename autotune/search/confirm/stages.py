@@ -19,6 +19,7 @@ from autotune.search.confirm.decision import decide
 from autotune.search.confirm.noise import estimates
 from autotune.search.confirm.ranking import contenders, feasible, in_reach
 from autotune.search.confirm.samples import by_contender
+from autotune.search.gpus import gains
 from autotune.search.runner import Runner
 from autotune.search.seeding import finished
 from autotune.search.summary import launch_key as _key
@@ -48,7 +49,7 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     order = [t.number for t in top + refs]
     given: list[dict[str, Any]] = []
     if baseline is not None and baseline.number not in order and feasible(baseline):
-        if in_reach(study, baseline, top):
+        if in_reach(baseline, top, gains(study)):
             order.append(baseline.number)
         else:  # far behind the leader: its search run stands in for a launch (``ranking.IN_REACH``)
             given.append({"trial": baseline.number, "repeat": -1, "search": True,
