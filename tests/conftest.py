@@ -1,14 +1,58 @@
-"""Suite-wide guard: no test leaves a thread of ours running in the test process.
+"""Suite-wide setup: each test process's own simulated GPUs, ports and caches; no leaked threads.
 
-A leaked watcher thread is invisible to the test that leaks it and slows every test after it (the suite shares one
+The suite runs in several processes at once (pytest-xdist). Each gets its own simulated-GPU registry (servers of
+two workers on one registry would see each other's memory), its own port range (two workers binding port 0 can be
+handed the same port between one's pick and its server's bind) and its own flag-table cache. Everything a test
+starts inherits them through the environment.
+
+A leaked watcher thread is invisible to the test that leaks it and slows every test after it (a worker shares one
 process): a rollout that left one ``shm-sampler`` per detached server once made later timing tests fail.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 
 import pytest
+
+PORTS_PER_WORKER = 500
+FIRST_PORT = 20000  # below the kernel's ephemeral range (32768+), which outgoing connections draw from
+
+# The CI's single-node Slurm cluster has four device-less GPUs: its tests run on one worker, one job set at a time.
+SLURM_FILES = {"test_launch_slurm.py", "test_slurm_sweep.py", "test_fleet_slurm.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        params = item.callspec.id if hasattr(item, "callspec") else ""
+        if item.path.name in SLURM_FILES or "slurm" in params:
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+
+
+def worker_index() -> int:
+    """0 for ``gw0`` (or a run without xdist), 1 for ``gw1``, …"""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_devices_ports_and_caches(tmp_path_factory):
+    low = FIRST_PORT + worker_index() * PORTS_PER_WORKER
+    own = {
+        "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path_factory.mktemp("sim-devices")),
+        "AUTOTUNE_PORT_RANGE": f"{low}-{low + PORTS_PER_WORKER - 1}",
+        "AUTOTUNE_CACHE_DIR": str(tmp_path_factory.mktemp("cache")),
+    }
+    before = {key: os.environ.get(key) for key in own}
+    os.environ.update(own)
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
 
 OURS = ("shm-sampler", "gpu-monitor", "autotune-heartbeat", "autotune-watch-listen")
 

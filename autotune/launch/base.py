@@ -9,7 +9,6 @@ launcher in ``autotune.launch.LAUNCHERS`` passes one contract suite (``tests/tes
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +16,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.errors import ServerError
+from autotune.launch.ports import free_port as free_port  # re-exported: launchers and tests import it here
+from autotune.launch.ports import port_is_free as port_is_free
 
 LOG_TAIL_LINES = 40
 
@@ -35,24 +36,6 @@ class ServerStartTimeout(ServerError):
     def __init__(self, timeout_s: float, log_tail: str):
         self.timeout_s, self.log_tail = timeout_s, log_tail
         super().__init__(f"server not ready after {timeout_s:g} s (raise the startup timeout if it was still loading)")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free now (bind port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def port_is_free(host: str, port: int) -> bool:
-    """Nothing listens on ``host:port`` (a stopped server's port must be free before the next trial)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return False
-        return True
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

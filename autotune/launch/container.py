@@ -276,12 +276,12 @@ class ContainerServer:
     def alive(self) -> bool:
         """Running. Read at most once per ``ALIVE_TTL_S``: the replay asks from its event loop, and each answer is a
         runtime call (``inspect``) that would stall the measured window."""
-        now = time.monotonic()
         if self.exit_code is not None:
             return False
-        if self._alive_at is None or now - self._alive_at[0] >= ALIVE_TTL_S:
+        if self._alive_at is None or time.monotonic() - self._alive_at[0] >= ALIVE_TTL_S:
             state = self._state()
-            self._alive_at = (now, state is not None and state[0])
+            # stamped once answered: a runtime slower than the TTL must not be asked again on the next call
+            self._alive_at = (time.monotonic(), state is not None and state[0])
         return self._alive_at[1]
 
     def poll(self) -> int | None:
