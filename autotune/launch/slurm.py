@@ -17,8 +17,16 @@
   interrupted (the study runs it again) instead of a crash.
 - **Address.** The server's ``/health`` is polled at the spec's host while the job runs on this host; on another
   node (``NodeList`` in ``scontrol``), at that node's name: such a server must listen on ``0.0.0.0``.
-- **Stop.** ``scancel --full --signal=TERM`` (SGLang drains), ``--signal=KILL`` after the grace; released once
-  the job has left the queue, the port is free and the GPU memory is back.
+- **Stop** (``stopping.stop_and_release``), as SGLang expects it: ``scancel --batch --signal=TERM`` reaches the
+  batch step's main process only, which the job script's ``exec`` made the server itself (SGLang's launcher then
+  drains and stops its own children; a SIGTERM to every process of the job, ``--full``, killed the detokenizer
+  first and sent SGLang down its crash path); after the grace, ``--full --signal=KILL`` and ``scancel`` of the
+  whole job. Released once the job has left the queue, the port is free, its ``/dev/shm`` files are gone and,
+  only for a server with GPUs, the GPU memory is back (a CPU server's host memory is shared: no wait).
+- **/dev/shm on the job's node** (this host: the single-node case; a job on another node is not cleaned): the
+  directory is listed before ``sbatch``; once the job is gone, the new files its ports name and every new
+  SGLang-shaped file no process on the host holds are removed (``shm.clean_after_job``); new files someone
+  still holds are left and listed (``unattributed_shm``, and a line in the job's log).
 - **Never outliving the harness.** A non-detached job has a keeper: a tiny local process that ``scancel``s the
   job when SIGTERMed, watched by the local launcher's watchdog (``launch/watchdog.py``). A detached (fleet) job has
   none; ``release`` forgets it.
@@ -26,7 +34,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
+import logging
 import os
 import secrets
 import shlex
@@ -51,9 +62,10 @@ from autotune.launch.base import (
     port_is_free,
 )
 from autotune.launch.keeper import Keeper, Kept
-from autotune.launch.memory import used_mib
-from autotune.launch.stopping import Release, StopSteps, stop_and_release, wait_healthy
+from autotune.launch.shm import SHM_DIR, ShmOwnership, clean_after_job, launch_ports, snapshot
+from autotune.launch.stopping import Release, StopSteps, memory_baseline, stop_and_release, wait_healthy
 
+log = logging.getLogger(__name__)
 GONE = -1  # the exit code of a job the controller forgot before its code was read (and no accounting)
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED")
 CANCELLED_CODE = -15  # a cancelled job Slurm recorded as 0:0 (scancel signals SIGTERM first): never a clean exit
@@ -88,6 +100,14 @@ def exit_code(slurm_code: str) -> int:
     status, _, signal_no = slurm_code.partition(":")
     sig = int(signal_no or 0)
     return -sig if sig else int(status or 0)
+
+
+def read_shm_record(path: Path) -> ShmOwnership | None:
+    """The listing ``watch_shm`` kept; None without one (then nothing is removed)."""
+    try:
+        return ShmOwnership.from_record(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def scontrol_job(job_id: str) -> dict[str, str] | None:
@@ -170,7 +190,8 @@ class SlurmLauncher:
         script.write_text(job_script(spec, self.device_env(spec.gpus)))
         env = {k: v for k, v in spec.env.items() if k != "CUDA_VISIBLE_DEVICES"}  # device selection is ours
         job = SlurmJob(spec, name, gpu_reader=gpu_reader, launch_id=launch_id)
-        job.baseline_mib = used_mib(gpu_reader) if gpu_reader is not None else None
+        job.baseline_mib = memory_baseline(gpu_reader, spec.gpus)  # no GPU: nothing of the job's to wait for
+        job.watch_shm(run_dir)  # before the job exists: only what appears after can be its
         try:
             done = subprocess.run(self.sbatch_argv(spec, name, script), env={**os.environ, **env},
                                   capture_output=True, text=True, timeout=_CALL_TIMEOUT_S, check=False)
@@ -178,6 +199,7 @@ class SlurmLauncher:
             raise ServerError(f"sbatch did not return within {_CALL_TIMEOUT_S:g} s (is slurmctld up?)") from exc
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            job.shm_record.unlink(missing_ok=True)
             raise ServerError(f"sbatch failed (exit {done.returncode}): {last}")
         job.job_id = done.stdout.strip().split(";")[0]
         if not spec.detach:
@@ -195,6 +217,7 @@ class SlurmLauncher:
                           gpus=record.gpus, run_dir=Path(record.run_dir) if record.run_dir else None, detach=True,
                           name=record.name)
         job = SlurmJob(spec, str(record.name or ""), launch_id=record.launch_id)
+        job.shm = read_shm_record(job.shm_record)
         fields = scontrol_job(str(record.job_id)) if record.job_id else None
         if record.job_id and (fields is None or fields.get("JobName") == record.name):
             job.job_id = str(record.job_id)
@@ -212,6 +235,10 @@ class SlurmJob(Kept, LogFile):
                  launch_id: str | None = None):
         self.spec, self.name, self.gpu_reader = spec, name, gpu_reader
         self.launch_id = launch_id or name
+        self.shm: ShmOwnership | None = None  # the node's /dev/shm before the job (this host's)
+        self.removed_shm: list[str] = []
+        self.unattributed_shm: list[str] = []  # new SGLang-like files someone else still holds: left, listed
+        self.node: str | None = None
         self.port, self.log_path = spec.port, Path(spec.log_path)
         self._connect = "127.0.0.1" if spec.host in ("0.0.0.0", "") else spec.host
         self.base_url = f"http://{self._connect}:{spec.port}"
@@ -258,6 +285,7 @@ class SlurmJob(Kept, LogFile):
     def _follow_node(self, nodes: str) -> None:
         """A job on another node is reached at that node's address (single-node: the spec's host)."""
         if nodes and nodes != "(null)" and "," not in nodes and "[" not in nodes:
+            self.node = nodes
             local = socket.gethostname().split(".")[0]
             host = self._connect if nodes == local else nodes
             self.base_url = f"http://{host}:{self.port}"
@@ -311,7 +339,11 @@ class SlurmJob(Kept, LogFile):
 
         def terminate() -> None:
             self._stopping = True
-            self.cancel("KILL" if seen and seen[0] == "PENDING" else "TERM")  # a pending job has nothing to drain
+            if seen and seen[0] == "PENDING":
+                self.cancel("KILL")  # never started: nothing to drain
+            else:  # the batch step's main process only: the server the job script exec'd
+                subprocess.run(["scancel", "--batch", "--signal=TERM", self.job_id], capture_output=True,
+                               timeout=_CALL_TIMEOUT_S, check=False)
 
         def kill() -> None:
             self._stopping = True
@@ -323,7 +355,7 @@ class SlurmJob(Kept, LogFile):
             return state not in ACTIVE and state != "COMPLETING"
 
         steps = StopSteps(what=f"Slurm job {self.job_id}", running=running, terminate=terminate, kill=kill, gone=gone,
-                          poll_s=0.1)
+                          clean_files=self._clean_shm, poll_s=0.1)
         release = Release(port=self.port, port_free=lambda: port_is_free(self.spec.host, self.port),
                           reader=self.gpu_reader, baseline_mib=self.baseline_mib)
         problems = stop_and_release(steps, release, grace_s=grace_s, release_timeout_s=release_timeout_s)
@@ -331,6 +363,37 @@ class SlurmJob(Kept, LogFile):
         self._stand_down()
         self.teardown_error = "; ".join(problems) or None
         return self.exit_code
+
+    # -- /dev/shm on the job's node ------------------------------------------------------------------------
+    @property
+    def shm_record(self) -> Path:
+        return Path(self.spec.run_dir or self.log_path.parent) / f"{self.name}.shm.json"
+
+    def watch_shm(self, run_dir: Path) -> None:
+        """List the directory before the job starts, and keep the listing for a later ``attach`` (a fleet's)."""
+        directory = Path(self.spec.shm_dir) if self.spec.shm_dir is not None else SHM_DIR
+        self.shm = ShmOwnership(directory, snapshot(directory), launch_ports(self.spec.port, self.spec.argv))
+        record = {"shm_dir": str(directory), "shm_before": sorted(self.shm.before),
+                  "shm_ports": sorted(self.shm.ports)}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.shm_record.write_text(json.dumps(record))
+
+    def _clean_shm(self) -> None:
+        """The job is gone: its files on this host go, the rest is listed (in the job's log too)."""
+        shm, local = self.shm, socket.gethostname().split(".")[0]
+        if shm is None or (self.node is not None and self.node != local):
+            return  # a job on another node: its /dev/shm is not this host's
+        self.removed_shm, self.unattributed_shm = clean_after_job(shm)
+        self.shm_record.unlink(missing_ok=True)
+        removed = ", ".join(self.removed_shm)
+        lines = [f"removed {len(self.removed_shm)} file(s) of Slurm job {self.job_id}: {removed}"]
+        if self.unattributed_shm:
+            lines.append(f"left {len(self.unattributed_shm)} new file(s) other processes hold (not provably the "
+                         f"job's): {', '.join(self.unattributed_shm)}")
+            log.warning("%s: %s", shm.directory, lines[-1])
+        if self.removed_shm or self.unattributed_shm:
+            with contextlib.suppress(OSError), open(self.log_path, "a") as fh:
+                fh.writelines(f"[autotune] {shm.directory}: {line}\n" for line in lines)
 
     # -- the keeper ----------------------------------------------------------------------------------------
     def keep(self, grace_s: float) -> None:
