@@ -243,6 +243,7 @@ def outside_server(port: int, devices: Path):
         proc.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_server_on_a_fleet_port_that_is_not_the_fleets_is_named_and_never_touched(fleet_of_two, tmp_path):
     """Before any ``fleet up``, another process's server answers on s0's port: status names it (never healthy as

@@ -285,6 +285,7 @@ FAMILY = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_the_stop_signals_the_servers_main_process_only_then_the_whole_job(cluster, tmp_path):
     """SGLang's launcher drains and stops its own children; a SIGTERM that reached a child first would send it down
     its crash path (the real engine: "Subprocess detokenizer … crashed with exit code -15")."""
@@ -318,6 +319,7 @@ class _NeverReleased:
         pass
 
 
+@pytest.mark.slow
 def test_a_job_without_gpus_is_not_held_for_the_memory_wait_and_its_shm_files_go_while_a_neighbours_stay(
         cluster, tmp_path):
     """A server with no GPU (SGLang's CPU backend) and a reader of host memory that never returns to its earlier

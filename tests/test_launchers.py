@@ -131,6 +131,7 @@ def test_the_specs_gpus_select_the_simulated_device(name, tmp_path):
         assert device.read(1, env.device_dir).used_mib == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(LAUNCHERS))
 def test_a_detached_server_is_found_again_by_its_record_and_stopped(name, tmp_path):
     """What a fleet's later command does: the handle's record, as JSON, is all it has to find the server again."""
