@@ -220,6 +220,36 @@ def test_winner_from_yaml_reads_provenance_only_when_it_matches(storage, tmp_pat
     assert edited.tok_s is None and edited.capacity is None  # the study never measured the edited config
 
 
+def test_apply_gives_the_servers_free_ports_when_the_default_is_held_and_refuses_a_given_one_in_use(
+        storage, tmp_path, monkeypatch, capsys):
+    """Another process's server on the default port must never pass for the fleet's: apply skips it (and says so),
+    and a --base-port the user gave that is in use is one Error line naming the port."""
+    import socket
+
+    from autotune.deploy import ports
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        monkeypatch.setattr(ports, "DEFAULT_BASE_PORT", taken)  # a port this test holds stands for a busy 30000
+        res = CliRunner().invoke(cli, ["apply", "--storage", storage, "--out", str(tmp_path / "out"), "--gpus", "0,1"])
+        assert res.exit_code == 0, res.output
+        chosen = [s.port for s in load_fleet(tmp_path / "out" / "fleet.toml").servers]
+        assert taken not in chosen and len(set(chosen)) == 2 and min(chosen) > taken
+        said = [line for line in res.output.splitlines() if line.startswith("port(s) ")]
+        assert said and said[0].startswith(f"port(s) {taken}") and said[0].endswith(
+            f"in use on this host: the servers listen on gpu0 {chosen[0]}, gpu1 {chosen[1]}")
+
+        with pytest.raises(SystemExit) as exit_info:
+            main(["apply", "--storage", storage, "--out", str(tmp_path / "given"), "--gpus", "0",
+                  "--base-port", str(taken)])
+    assert exit_info.value.code == 1 and not (tmp_path / "given").exists()
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"Error: --base-port: port {taken} is in use on 127.0.0.1 (stop what holds it, or give another "
+                     "--base-port (without one, apply picks free ports))"]
+
+
 def test_config_diff():
     assert config_diff(BASELINE, WINNER)[:2] == [("cuda_graph_bs_decode", None, [1, 2, 4, 8, 16, 32]),
                                                  ("enable_metrics", None, True)]

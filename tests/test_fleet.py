@@ -11,6 +11,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 import tomllib
 from pathlib import Path
@@ -218,6 +219,66 @@ def test_busy_port_is_refused_before_anything_starts(fleet_of_two, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"port 127.0.0.1:{fleet.servers[1].port} of server s1 is in use" in err[0]
     assert [r.state for r in status(fleet)] == ["down", "down"]  # s0 was not started either
+
+
+@contextlib.contextmanager
+def outside_server(port: int, devices: Path):
+    """A simulated server on ``port`` that no fleet command started (another user's, or a leftover)."""
+    argv = [sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--port", str(port), "--model-path",
+            "qwen3.6-27b", "--sim-gpu", "b200", "--sim-startup-s", "0.1", "--sim-warmup-s", "0"]
+    proc = subprocess.Popen(argv, env={**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(devices)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            assert proc.poll() is None, "the outside server exited"
+            time.sleep(0.1)
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_server_on_a_fleet_port_that_is_not_the_fleets_is_named_and_never_touched(fleet_of_two, tmp_path):
+    """Before any ``fleet up``, another process's server answers on s0's port: status names it (never healthy as
+    ours, however its record is forged), down leaves it running, a rolling apply refuses before stopping anything."""
+    from test_rollout import NEW
+
+    from autotune.deploy import rollout
+    from autotune.deploy.fleet import record_path
+
+    fleet = load_fleet(fleet_of_two)
+    port = fleet.servers[0].port
+    with outside_server(port, tmp_path / "outside-devices") as outsider:
+        note = f"port {port}: a server that is not this fleet's"
+        runner = CliRunner()
+        rows = json.loads(runner.invoke(cli, ["fleet", "status", "--fleet", str(fleet_of_two), "--json"]).output)
+        assert [(r["state"], r["pid"], r["capacity"]) for r in rows] == [("foreign", None, None), ("down", None, None)]
+        assert rows[0]["note"].startswith(note)
+        shown = runner.invoke(cli, ["fleet", "status", "--fleet", str(fleet_of_two)], env={"COLUMNS": "200"})
+        assert shown.exit_code == 0 and note in shown.output and "healthy" not in shown.output
+
+        # a record naming the outsider's pid with another start time proves nothing (a reused pid)
+        forged = {"launcher": "local", "launch_id": "x", "host": "127.0.0.1", "port": port, "log_path": "l",
+                  "pid": outsider.pid, "create_time": psutil.Process(outsider.pid).create_time() - 100,
+                  "run_dir": str(tmp_path / "run")}
+        record_path(fleet, fleet.servers[0]).parent.mkdir(parents=True, exist_ok=True)
+        record_path(fleet, fleet.servers[0]).write_text(json.dumps(forged))
+        assert [r.state for r in status(fleet)] == ["foreign", "down"]
+
+        stopped = runner.invoke(cli, ["fleet", "down", "--fleet", str(fleet_of_two), "--grace", "1"])
+        assert stopped.exit_code == 0 and "no server was running" in stopped.output and note in stopped.output
+        assert outsider.poll() is None and httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+
+        with pytest.raises(FleetError, match=f"port {port}: a server that is not this fleet's"):
+            rollout.start(fleet_of_two, NEW, expect=rollout.Expectation(), canary=None)
+        assert outsider.poll() is None and load_fleet(fleet_of_two).servers[0].config == fleet.servers[0].config
 
 
 @pytest.mark.timeout(60)

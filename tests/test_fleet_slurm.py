@@ -24,9 +24,20 @@ from test_fleet import FAST, OLD, write_yaml
 from test_rollout import NEW, HealthPoller
 
 from autotune.cli import cli
-from autotune.deploy import rollout, slurmfleet
+from autotune.deploy import rollout
 from autotune.deploy.apply import load_winner, write_artifacts
-from autotune.deploy.fleet import Fleet, FleetServer, down, healthy, load_fleet, status, up, write_fleet
+from autotune.deploy.fleet import (
+    Fleet,
+    FleetServer,
+    down,
+    healthy,
+    load_fleet,
+    read_record,
+    record_path,
+    status,
+    up,
+    write_fleet,
+)
 from autotune.deploy.sglang_yaml import read_config_file
 from autotune.errors import FleetError
 from autotune.launch.base import port_is_free
@@ -130,7 +141,7 @@ def test_fleet_up_status_rolling_apply_down_on_slurm(slurm_fleet):
     assert sorted((name, state) for _, name, state in jobs) == [
         (f"autotune-fleet-t{token}-0", "RUNNING"), (f"autotune-fleet-t{token}-1", "RUNNING")]
     assert all(healthy(s) for s in fleet.servers)
-    recorded = {slurmfleet.read_record(fleet, s)["job_id"] for s in fleet.servers}
+    recorded = {read_record(fleet, s).job_id for s in fleet.servers}
     assert recorded == {job_id for job_id, _, _ in jobs}
     assert not any(fleet.resolve(s.pid).exists() for s in fleet.servers)  # no local process stands for a job
 
@@ -139,7 +150,7 @@ def test_fleet_up_status_rolling_apply_down_on_slurm(slurm_fleet):
 
     shown = runner.invoke(cli, ["fleet", "status", "--fleet", str(path), "--json"], catch_exceptions=False)
     rows = json.loads(shown.output)
-    assert [(r["state"], r["job_state"]) for r in rows] == [("healthy", "RUNNING")] * 2
+    assert [(r["state"], r["launcher"]) for r in rows] == [("healthy", "slurm")] * 2
     assert {r["job"] for r in rows} == recorded
 
     with HealthPoller([s.url for s in fleet.servers]) as poller:
@@ -149,14 +160,14 @@ def test_fleet_up_status_rolling_apply_down_on_slurm(slurm_fleet):
     after = load_fleet(path)
     assert all(read_config_file(after.resolve(s.config))["max_mamba_cache_size"] == 200 for s in after.servers)
     assert [r.state for r in status(after)] == ["healthy", "healthy"] and all(r.drift == [] for r in status(after))
-    moved = {slurmfleet.read_record(after, s)["job_id"] for s in after.servers}
+    moved = {read_record(after, s).job_id for s in after.servers}
     assert moved.isdisjoint(recorded) and {j[0] for j in our_jobs(token)} == moved  # each restart: a new job
 
     stopped = runner.invoke(cli, ["fleet", "down", "--fleet", str(path), "--grace", "5"], catch_exceptions=False)
     assert stopped.exit_code == 0 and "stopped:" in stopped.output, stopped.output
     assert our_jobs(token) == []
     assert all(port_is_free(s.bind, s.port) for s in after.servers)
-    assert not any(slurmfleet.record_path(after, s).exists() for s in after.servers)
+    assert not any(record_path(after, s).exists() for s in after.servers)
     assert [r.state for r in status(after)] == ["down", "down"]
 
 
@@ -167,7 +178,7 @@ def test_a_slurm_server_that_cannot_start_leaves_no_job(slurm_fleet):
     bad = fleet.model_copy(update={"servers": [fleet.servers[0].model_copy(update={"extra_args": ["--no-such-flag"]})]})
     with pytest.raises(FleetError, match="did not start"):
         up(bad, timeout_s=20)
-    assert our_jobs(token) == [] and slurmfleet.read_record(bad, bad.servers[0]) is None
+    assert our_jobs(token) == [] and read_record(bad, bad.servers[0]) is None
 
 
 def job_gpus(job_id: str) -> int | None:
@@ -191,7 +202,7 @@ def test_a_fleet_of_tp2_servers_on_slurm_asks_two_gpus_per_job(tmp_path, monkeyp
         fleet = load_fleet(path)
         assert [s.gpus for s in fleet.servers] == [[0, 1], [2, 3]]
         assert sorted(up(fleet, timeout_s=60)) == [s.name for s in fleet.servers]
-        jobs = {slurmfleet.read_record(fleet, s)["job_id"] for s in fleet.servers}
+        jobs = {read_record(fleet, s).job_id for s in fleet.servers}
         assert {j[0] for j in our_jobs(token)} == jobs
         assert [job_gpus(job) for job in jobs] == [2, 2]
         assert all(device.read(gpu, devices).used_mib > 1000 for gpu in range(4))
@@ -205,7 +216,7 @@ def test_a_fleet_of_tp2_servers_on_slurm_asks_two_gpus_per_job(tmp_path, monkeyp
             report = rollout.start(path, {**NEW, "tp_size": 2}, expect=rollout.Expectation(), canary=None,
                                    timing=TIMING)
         assert report.verified == [s.name for s in fleet.servers] and poller.minimum >= 1
-        moved = {slurmfleet.read_record(fleet, s)["job_id"] for s in fleet.servers}
+        moved = {read_record(fleet, s).job_id for s in fleet.servers}
         assert moved.isdisjoint(jobs) and [job_gpus(job) for job in moved] == [2, 2]
 
         assert sorted(down(load_fleet(path), grace_s=5.0)) == sorted(s.name for s in fleet.servers)

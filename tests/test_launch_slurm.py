@@ -234,6 +234,10 @@ def test_a_trial_runs_its_server_as_a_slurm_job(cluster, tmp_path, monkeypatch):
     assert seen and len(seen[0]) == 1 and seen[0][0].endswith("RUNNING")  # the server was the one Slurm job
     assert "fired up and ready to roll" in (tmp_path / "trial" / "server.log").read_text()
     assert queue() == [] and _gpu_released(tmp_path)
+    # the server shuts down in well under 5 s (SIGTERM to it alone, the simulated GPU back 0.3 s later): its
+    # teardown is bounded by that, not by the release timeout (15 s here); the figure goes into the docs
+    print(f"slurm trial teardown: {result.durations_s['teardown']:.2f} s")
+    assert result.durations_s["teardown"] < 15.0 and "teardown" not in (result.reason or "")
 
 
 def test_a_trial_whose_job_is_cancelled_mid_window_is_interrupted_not_a_crash(cluster, tmp_path, monkeypatch):
@@ -253,3 +257,117 @@ def test_a_trial_whose_job_is_cancelled_mid_window_is_interrupted_not_a_crash(cl
     assert f"JOB {cancelled[0]} ON" in (result.log_tail or "") + (tmp_path / "trial" / "server.log").read_text()
     assert result.durations_s["measure"] < 10  # noticed at once, not at the window's end
     assert queue() == [] and _gpu_released(tmp_path)
+
+
+# -- the stop as SGLang expects it, and what a job leaves on its node -------------------------------------------
+FAMILY = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    marks = sys.argv[1]
+    def note(text):
+        with open(marks, "a") as fh:
+            fh.write(text + "\\n")
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import signal, sys, time\\n"
+        "def term(*_):\\n"
+        "    open(sys.argv[1], 'a').write('child: TERM\\\\n'); sys.exit(0)\\n"
+        "signal.signal(signal.SIGTERM, term)\\n"
+        "open(sys.argv[1], 'a').write('child: up\\\\n')\\n"
+        "time.sleep(120)\\n"), marks])
+    def term(*_):
+        time.sleep(0.5)  # a child that got the signal too has written its line by now
+        note("main: TERM")
+        child.kill()
+        child.wait()
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, term)
+    note("main: up")
+    time.sleep(120)
+""")
+
+
+@pytest.mark.slow
+def test_the_stop_signals_the_servers_main_process_only_then_the_whole_job(cluster, tmp_path):
+    """SGLang's launcher drains and stops its own children; a SIGTERM that reached a child first would send it down
+    its crash path (the real engine: "Subprocess detokenizer … crashed with exit code -15")."""
+    marks = tmp_path / "marks"
+    spec = LaunchSpec(argv=[sys.executable, "-c", FAMILY, str(marks)], port=free_port(), log_path=tmp_path / "f.log",
+                      run_dir=tmp_path / "runs", name="autotune-test-family")
+    job = SlurmLauncher(watchdog_grace_s=1.0).start(spec)
+    try:
+        deadline = time.monotonic() + 30
+        while (not marks.exists() or "child: up" not in marks.read_text()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert "main: up" in marks.read_text() and "child: up" in marks.read_text(), job.log_text()
+    finally:
+        job.stop(grace_s=10.0, release_timeout_s=30.0)
+    lines = marks.read_text().splitlines()
+    assert "main: TERM" in lines and "child: TERM" not in lines, lines
+    assert job.exit_code == 0 and job.teardown_error is None, (job.reason, job.teardown_error)
+
+
+class _NeverReleased:
+    """A memory reading that never comes back to its level before the start (host memory on a busy host)."""
+
+    def __init__(self) -> None:
+        self.used_gib = 10.0
+
+    def read(self) -> dict:
+        self.used_gib += 1.0
+        return {"used_gib": self.used_gib, "total_gib": 1000.0}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.slow
+def test_a_job_without_gpus_is_not_held_for_the_memory_wait_and_its_shm_files_go_while_a_neighbours_stay(
+        cluster, tmp_path):
+    """A server with no GPU (SGLang's CPU backend) and a reader of host memory that never returns to its earlier
+    level: the teardown does not wait for it (it once waited the whole release timeout, 60 s, per launch). The
+    simulated servers create SGLang's /dev/shm files; the job's go once it is gone, a neighbour's stay."""
+    from autotune.launch.local import LocalLauncher
+
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    earlier = shm / "sglang_loads_0123456789ab_00000000.shm"
+    earlier.write_bytes(b"there before the job")
+    env = {"AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}
+    sim = [sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--model-path", "qwen3.6-27b", "--sim-gpu",
+           "b200", "--sim-startup-s", "0.1", "--sim-release-s", "0.2", "--sim-warmup-s", "0", "--sim-shm", str(shm)]
+    runs = tmp_path / "runs"
+    timings = []
+    for label in ("first", "second"):  # two launches: neither leaves a file behind for the next
+        port = free_port()
+        job = SlurmLauncher(watchdog_grace_s=1.0).start(
+            LaunchSpec(argv=[*sim, "--port", str(port)], port=port, env=env, gpus=(), log_path=tmp_path / f"{label}.log",
+                       run_dir=runs, shm_dir=shm, name=f"autotune-test-shm-{label}-{port}"),
+            gpu_reader=_NeverReleased())
+        neighbour = None
+        try:
+            job.wait_ready(60)
+            made = {p.name for p in shm.iterdir()} - {earlier.name}
+            assert any(n.startswith("sglang_loads_") for n in made) and any(n.startswith("deepspeed") for n in made)
+            nport = free_port()  # a neighbour on this host starts while the job runs: its files are new too, held
+            neighbour = LocalLauncher(watchdog_grace_s=1.0).start(LaunchSpec(
+                argv=[*sim, "--port", str(nport)], port=nport, env=env, gpus=(3,), log_path=tmp_path / "n.log",
+                run_dir=runs, shm_dir=tmp_path / "elsewhere"))
+            neighbour.wait_ready(60)
+            theirs = {p.name for p in shm.iterdir()} - made - {earlier.name}
+            assert theirs
+            t0 = time.monotonic()
+            job.stop(grace_s=5.0, release_timeout_s=60.0)
+            timings.append(time.monotonic() - t0)
+            left = {p.name for p in shm.iterdir()}
+            assert left == {earlier.name} | theirs, (left, job.removed_shm, job.unattributed_shm)
+            kept = {n for n in made if not n.startswith("sem.")}  # a clean exit unlinks its semaphores itself
+            assert kept <= set(job.removed_shm) <= made and set(job.unattributed_shm) == theirs  # listed, left
+            assert job.teardown_error is None and job.exit_code == 0
+            assert all(name in job.log_text() for name in job.removed_shm)  # what was removed, listed in its log
+        finally:
+            job.stop(grace_s=1.0, release_timeout_s=10.0)
+            if neighbour is not None:
+                neighbour.stop(grace_s=2.0, release_timeout_s=10.0)
+        for name in theirs:  # the neighbour's own stop is not this test's: clear what it leaves for the next launch
+            (shm / name).unlink(missing_ok=True)
+    print(f"slurm teardown of a simulated CPU server: {', '.join(f'{t:.2f} s' for t in timings)}")
+    assert max(timings) < 30.0  # not the 60 s memory wait (the verdict must not depend on the host's load)

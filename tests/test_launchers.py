@@ -17,7 +17,11 @@ runs once per test. The tests below start ``CaseEnv.sim_argv(port)``: the simula
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,7 +33,7 @@ from launchcase import CaseEnv
 from autotune.config.sections import LAUNCHER_KINDS
 from autotune.harness.engines.sim import SimGpuReader
 from autotune.launch import LAUNCHERS, LaunchSpec, ServerExited
-from autotune.launch.base import free_port, port_is_free
+from autotune.launch.base import ServerRecord, free_port, port_is_free
 from autotune.sim import device
 from autotune.sim.logs import READY
 
@@ -125,6 +129,45 @@ def test_the_specs_gpus_select_the_simulated_device(name, tmp_path):
         while device.read(1, env.device_dir).used_mib > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         assert device.read(1, env.device_dir).used_mib == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(LAUNCHERS))
+def test_a_detached_server_is_found_again_by_its_record_and_stopped(name, tmp_path):
+    """What a fleet's later command does: the handle's record, as JSON, is all it has to find the server again."""
+    with _case(name, tmp_path) as env:
+        spec = dataclasses.replace(_spec(env, label="kept"), detach=True)
+        server = env.launcher.start(spec)
+        try:
+            server.wait_ready(60)
+            record = server.record()
+            server.release()
+            stored = json.loads(json.dumps(record.to_dict()))
+            assert stored["launcher"] == name and stored["port"] == spec.port and stored["launch_id"]
+            again = env.launcher.attach(ServerRecord.from_dict(stored))
+            assert again.alive and again.record() == record
+            again.stop(grace_s=5.0, release_timeout_s=30.0)
+            assert not again.alive and again.teardown_error is None
+            assert port_is_free(env.host, spec.port)
+            assert not env.launcher.attach(record).alive  # the record of a stopped server finds nothing
+        finally:
+            server.stop(grace_s=1.0, release_timeout_s=10.0)
+
+
+def test_a_local_record_whose_pid_now_runs_another_process_is_not_that_server(tmp_path):
+    """A reused pid: the record's start time differs, so attach finds no server and its stop signals nothing."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    try:
+        record = ServerRecord(launcher="local", launch_id="x", host="127.0.0.1", port=free_port(),
+                              log_path=str(tmp_path / "l.log"), pid=other.pid, create_time=1.0,
+                              run_dir=str(tmp_path))
+        handle = LAUNCHERS["local"]().attach(record)
+        assert not handle.alive
+        handle.stop(grace_s=0.1, release_timeout_s=1.0)
+        assert other.poll() is None  # never signalled
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_the_local_launcher_selects_gpus_by_environment():

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from autotune.config.studyref import locate, locate_fleet, record_apply, study_file
+from autotune.deploy import ports as fleet_ports
 from autotune.deploy import rollout
 from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
 from autotune.deploy.fleet import load_fleet, server_config
@@ -67,6 +68,16 @@ def _dry_run(winner, fleet_file: Path | None) -> None:
             click.echo(f"  {key}: {old!r} -> {new!r}")
 
 
+def _say_skipped_ports(fleet) -> None:
+    """One line when ports from the default up were in use, so the servers listen elsewhere than 30000, 30001, …"""
+    ports = [s.port for s in fleet.servers if s.local]
+    first = fleet_ports.DEFAULT_BASE_PORT
+    taken = sorted(set(range(first, max(ports, default=first) + 1)) - set(ports))
+    if taken:
+        click.echo(f"port(s) {', '.join(map(str, taken))} in use on this host: the servers listen on "
+                   + ", ".join(f"{s.name} {s.port}" for s in fleet.servers))
+
+
 def _worst_case(winner, *, allow: bool) -> None:
     """The stress phase's line; a config not known to survive it is refused unless ``allow`` (an sglang.yaml
     deployed as is, without the provenance.json apply wrote beside it, has no study to say)."""
@@ -87,7 +98,9 @@ def _worst_case(winner, *, allow: bool) -> None:
 @click.option("--gpus", help="GPUs of the fleet the artifacts describe, e.g. 0-7 or 0,2,5: one server per group "
                               "of as many GPUs as the winner spans (0-7 and TP=2: four servers on pairs; required "
                               "unless --fleet names a fleet file whose servers to reuse).")
-@click.option("--base-port", type=click.IntRange(1, 65535), default=30000, show_default=True)
+@click.option("--base-port", type=click.IntRange(1, 65535),
+              help="The first server's port (the next servers take the ports after it; one in use is an error). "
+                   "Default: 30000 and up, skipping ports in use.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address the servers listen on.")
 @click.option("--python", "python", help="Interpreter in the scripts (default: the study's engine.python, "
                                         "else this one).")
@@ -165,6 +178,8 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
     paths = write_artifacts(winner, out, gpus=parse_gpus(gpus) if gpus is not None else None, layout=layout,
                             base_port=base_port, host=host, python=python, model=model)
     click.echo(f"study {winner.study}, trial {winner.trial}: wrote " + ", ".join(str(p) for p in paths))
+    if base_port is None and layout is None:
+        _say_skipped_ports(load_fleet(Path(out) / "fleet.toml"))
     click.echo(str(read_advice(out)))  # the in-flight requests client.json holds, as written
     source = None if config is not None and config.suffix in (".yaml", ".yml") else study_file(config, study, storage)
     if source is not None:  # fleet up, fleet status, fleet down and watch read this fleet when none is named

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.config.studyref import locate_fleet
-from autotune.deploy.fleet import Fleet, load_fleet
+from autotune.deploy.fleet import Fleet, foreign_note, load_fleet
 from autotune.deploy.fleet import down as fleet_down
 from autotune.deploy.fleet import status as fleet_status
 from autotune.deploy.fleet import up as fleet_up
@@ -70,6 +70,9 @@ def status(fleet_file: Path | None, as_json: bool) -> None:
                         for k in ("max_running_requests", "kv_tokens", "mamba_slots")),
                       f"{r.tok_s:.0f}" if r.tok_s is not None else "-", config)
     Console(width=max(Console().width, 150)).print(table)  # whole headers and configs, as trials prints
+    for r in rows:
+        if r.note:
+            click.echo(r.note)
 
 
 @fleet.command("down")
@@ -78,6 +81,12 @@ def status(fleet_file: Path | None, as_json: bool) -> None:
 @click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds SGLang may drain in-flight requests before SIGKILL.")
 def down(fleet_file: Path | None, names: tuple[str, ...], grace: float) -> None:
-    """Stop the servers (SIGTERM, then SIGKILL after --grace: the process group, or scancel for a Slurm job)."""
-    stopped = fleet_down(_load(fleet_file)[0], grace_s=grace, names=names or None)
+    """Stop the fleet's servers (SIGTERM, then SIGKILL after --grace, through the launcher that started each);
+    a server on a fleet port that is not the fleet's is named and left running."""
+    fleet = _load(fleet_file)[0]
+    stopped = fleet_down(fleet, grace_s=grace, names=names or None)
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else "no server was running")
+    for server in fleet.servers:
+        note = None if server.name in stopped or (names and server.name not in names) else foreign_note(fleet, server)
+        if note:
+            click.echo(note)

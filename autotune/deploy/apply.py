@@ -25,6 +25,7 @@ from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, w
 from autotune.deploy.fleet import server_gpus as launch_group
 from autotune.deploy.fleetfile import spans
 from autotune.deploy.inflight import client_advice
+from autotune.deploy.ports import pick_ports
 from autotune.deploy.sglang_yaml import PER_SERVER, config_diff, read_config_file, split_config, yaml_text
 from autotune.errors import ConfigError, StudyError
 from autotune.harness.engines.sim import sim_argv
@@ -333,7 +334,7 @@ def split_groups(gpus: Sequence[int], size: int, config: Mapping[str, Any]) -> l
     return [list(gpus[i:i + size]) for i in range(0, len(gpus), size)]
 
 
-def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layout: Fleet | None, base_port: int,
+def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layout: Fleet | None, base_port: int | None,
              host: str) -> list[FleetServer]:
     """One server per group of the GPUs given (as many GPUs each as the winner spans), or the servers of an
     existing fleet file (hosts, GPUs, ports kept; each group must be the winner's size)."""
@@ -343,10 +344,10 @@ def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layo
     size = 1 if no_gpu else server_gpus(winner.config)
     if gpus:
         prefix = "cpu" if winner.device == "cpu" else "gpu"
-        servers = []
-        for i, group in enumerate(split_groups(gpus, size, winner.config)):
+        servers, groups = [], split_groups(gpus, size, winner.config)
+        for group, port in zip(groups, pick_ports(len(groups), host, base_port), strict=True):
             name = server_name(prefix, group)
-            servers.append(FleetServer(name=name, gpus=[] if no_gpu else group, port=base_port + i, bind=host,
+            servers.append(FleetServer(name=name, gpus=[] if no_gpu else group, port=port, bind=host,
                                        config="sglang.yaml", log=f"logs/{name}.log", pid=f"run/{name}.pid",
                                        extra_args=list(cli), sim_options=winner.sim_options))
         return servers
@@ -366,21 +367,15 @@ def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layo
 
 
 def write_artifacts(
-    winner: Winner,
-    out_dir: Path,
-    *,
-    gpus: Sequence[int] | None = None,
-    layout: Fleet | None = None,
-    base_port: int = 30000,
-    host: str = "127.0.0.1",
-    python: str | None = None,
-    model: str | None = None,
+    winner: Winner, out_dir: Path, *, gpus: Sequence[int] | None = None, layout: Fleet | None = None,
+    base_port: int | None = None, host: str = "127.0.0.1", python: str | None = None, model: str | None = None,
 ) -> list[Path]:
     """Write the four artifacts into ``out_dir`` (created) and return their paths.
 
     The servers are one per group of ``gpus`` (as many GPUs as the winner's config spans: ``--gpus 0-7`` and a TP=2
-    winner make four servers on pairs), else those of ``layout`` (a loaded fleet file); there is no default. Engine, interpreter (``python`` overrides the study's), device, environment and model are the
-    study's, so the fleet runs what the study measured."""
+    winner make four servers on pairs), on free ports (``pick_ports``), else those of ``layout`` (a loaded fleet
+    file); there is no default. Engine, interpreter (``python`` overrides the study's), device, environment and
+    model are the study's, so the fleet runs what the study measured."""
     model = model or winner.model
     if not model:
         raise ConfigError("the study does not record a model path", key="--model", fix="pass --model")

@@ -1,17 +1,21 @@
 """A fleet: N servers, each on its group of GPUs (one host or several), described by ``fleet.toml``; start,
 inspect, stop.
 
-Servers run detached through the fleet's launcher (``launcher`` in the file: local processes with a pid file each,
-or Slurm jobs with a job record each; a log each), so the fleet outlives the command that started it. The file records the config each server *runs*: the rollout updates a server's entry only
-once that server has been verified on its new config.
+Servers run detached through the fleet's launcher (``launcher`` in the file: local processes, Slurm jobs, …; a log
+each), so the fleet outlives the command that started it. Each server's handle is kept as its record
+(``ServerHandle.record()``, ``run/<name>.record.json``) and found again by ``Launcher.attach``: a later ``status``,
+``down`` or rolling apply acts only on a server its record proves the fleet's (the same process start time, the
+same job), never on whatever else answers on the port (a local server started by ``launch_fleet.sh`` is proven
+by its pid file and its port in its command line). The file records the config each server *runs*: the rollout
+updates a server's entry only once that server has been verified on its new config.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
-import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -19,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
-from autotune.deploy import remote, slurmfleet
+from autotune.deploy import remote
 from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re-exported
     LOCAL_HOSTS,
     Fleet,
@@ -35,13 +38,10 @@ from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re
 from autotune.errors import AutotuneError, ConfigError, FleetError
 from autotune.harness.engines import make_engine
 from autotune.harness.engines.base import group_reader, launch_gpus
-from autotune.launch import Launcher, LaunchSpec
+from autotune.launch import Launcher, LaunchSpec, ServerHandle
+from autotune.launch.base import ServerRecord, port_is_free
 from autotune.launch.memory import wait_released
-from autotune.launch.process import port_is_free, stop_process_group
-from autotune.launch.procgroup import group_pids
 from autotune.launch.registry import make_launcher
-from autotune.launch.shm import ShmOwnership
-from autotune.launch.slurm import ACTIVE
 from autotune.redaction import resolve_env
 from autotune.results import Capacity
 
@@ -94,15 +94,67 @@ def healthy(server: FleetServer, *, timeout_s: float = 3.0) -> bool:
         return False
 
 
-def local_pid(fleet: Fleet, server: FleetServer) -> int | None:
-    """The pid in the server's pid file if that process still runs a server on the server's port."""
+def record_path(fleet: Fleet, server: FleetServer) -> Path:
+    """Where the server's handle is recorded: beside its pid file, ``run/<name>.record.json``."""
+    return fleet.resolve(server.pid).with_suffix(".record.json")
+
+
+def write_record(fleet: Fleet, server: FleetServer, record: ServerRecord) -> None:
+    """Written as soon as the launcher answers: a command killed while the server loads leaves it findable."""
+    path = record_path(fleet, server)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record.to_dict()) + "\n")
+    os.replace(tmp, path)
+
+
+def read_record(fleet: Fleet, server: FleetServer) -> ServerRecord | None:
+    """The server's record; else, for a local server ``launch_fleet.sh`` started, one made from its pid file (proven
+    then by its port in the process's command line); None without either."""
     try:
-        pid = int(fleet.resolve(server.pid).read_text().split()[0])
-        proc = psutil.Process(pid)
-        alive = proc.status() != psutil.STATUS_ZOMBIE and str(server.port) in proc.cmdline()
-    except (OSError, ValueError, IndexError, psutil.Error):
+        return ServerRecord.from_dict(json.loads(record_path(fleet, server).read_text()))
+    except (OSError, ValueError, AttributeError):
+        pass
+    pid_path = fleet.resolve(server.pid)
+    try:
+        pid = int(pid_path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
         return None
-    return pid if alive else None
+    return ServerRecord(launcher="local", launch_id=f"pid-file-{pid}", host=server.bind, port=server.port,
+                        log_path=str(fleet.resolve(server.log)), gpus=tuple(server.gpus), pid=pid,
+                        run_dir=str(pid_path.parent))
+
+
+def attached(fleet: Fleet, server: FleetServer) -> ServerHandle | None:
+    """The server's handle, found again through the launcher its record names (whatever the file's launcher says
+    now); None without a record. Its ``alive`` is False unless the record proves it the fleet's and running."""
+    record = read_record(fleet, server)
+    if record is None:
+        return None
+    settings = fleet.launcher_settings if record.launcher == fleet.launcher else {}
+    return make_launcher(record.launcher, settings).attach(record)
+
+
+def ours(fleet: Fleet, server: FleetServer) -> ServerHandle | None:
+    """The fleet's own server for this entry while it runs (pending or serving), else None."""
+    handle = attached(fleet, server) if server.local else None
+    return handle if handle is not None and handle.alive else None
+
+
+def foreign_note(fleet: Fleet, server: FleetServer) -> str | None:
+    """One line when the entry's port is held by a server that is not the fleet's, else None."""
+    if not server.local or ours(fleet, server) is not None:
+        return None
+    if port_is_free(server.bind, server.port) and not healthy(server):
+        return None
+    return f"port {server.port}: a server that is not this fleet's ({server.name}'s port; left alone)"
+
+
+def serving(fleet: Fleet, server: FleetServer) -> bool:
+    """The fleet's own server answers ``/health`` (a server on another host: ``/health`` alone)."""
+    if not server.local:
+        return healthy(server)
+    return ours(fleet, server) is not None and healthy(server)
 
 
 def server_gpus(fleet: Fleet, server: FleetServer) -> tuple[int, ...]:
@@ -127,9 +179,10 @@ def memory_reader(fleet: Fleet, server: FleetServer, launcher: Launcher):
 
 def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *, timeout_s: float,
                  launcher: str | Launcher | None = None) -> int | str:
-    """Start one server detached through ``launcher`` (default: the fleet file's, with its settings) and wait until
-    ``/health`` answers; its pid, or its Slurm job id. FleetError with the log's reason if not. A server on another
-    host goes through the ``ssh`` launcher (``deploy.remote``: the entry's host, the fleet's ``remote_dir``)."""
+    """Start one server detached through ``launcher`` (default: the fleet file's, with its settings), record its
+    handle and wait until ``/health`` answers; its pid, else its job id or container name. FleetError with the
+    log's reason if not. A server on another host goes through the ``ssh`` launcher (``deploy.remote``: the entry's
+    host, the fleet's ``remote_dir``)."""
     if not server.local:  # the ssh launcher, built from the entry's host and the fleet's remote_dir
         return remote.start_server(fleet, server, server_argv(fleet, server, config),
                                    env=engine_for(fleet, server, env=launch_env(fleet)).env(),
@@ -141,91 +194,58 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
     # previous config that goes back on it next sizes its pools as before. Host RAM has no such owner.
     made = make_launcher(fleet.launcher, fleet.launcher_settings) if launcher is None else make_launcher(launcher)
     reader = memory_reader(fleet, server, made)
-    # its record (run/server-<pid>.json) keeps the /dev/shm files it was seen holding while it started; ``down``
-    # takes a last look and removes what that proves its own
+    # the launcher keeps what proves the server's /dev/shm files its own in its run dir; ``down`` attaches to the
+    # server by its record, takes a last look and removes what that proves
     spec = LaunchSpec(argv=server_argv(fleet, server, config), port=server.port, host=server.bind, env=engine.env(),
                       gpus=server_gpus(fleet, server), log_path=log_path, run_dir=pid_path.parent, detach=True,
                       shm_dir=getattr(engine, "shm_dir", None), name=f"autotune-fleet-{server.name}")
-    proc = None
+    handle = None
     try:
-        proc = made.start(spec, gpu_reader=reader)
-        # The record goes first: if this command is killed while the server loads, the next one finds it.
-        job_id = getattr(proc, "job_id", None)
-        if job_id:
-            slurmfleet.write_record(fleet, server, job_id, getattr(proc, "name", ""))
-        else:
+        handle = made.start(spec, gpu_reader=reader)
+        record = handle.record()  # first: if this command is killed while the server loads, the next one finds it
+        write_record(fleet, server, record)
+        if record.pid is not None:
             pid_path.parent.mkdir(parents=True, exist_ok=True)
-            pid_path.write_text(f"{proc.pid}\n")
-        proc.wait_ready(timeout_s)
+            pid_path.write_text(f"{record.pid}\n")
+        handle.wait_ready(timeout_s)
     except AutotuneError as exc:
-        text = proc.log_text()[offset:] if proc is not None else ""
+        text = handle.log_text()[offset:] if handle is not None else ""
         reason = engine.failure_line(text) or str(exc)
-        if proc is not None and (proc.pid is not None or getattr(proc, "job_id", None)):
-            proc.stop(grace_s=5.0, release_timeout_s=30.0)
+        if handle is not None:
+            handle.stop(grace_s=5.0, release_timeout_s=30.0)
             pid_path.unlink(missing_ok=True)
-            slurmfleet.record_path(fleet, server).unlink(missing_ok=True)
+            record_path(fleet, server).unlink(missing_ok=True)
         raise FleetError(f"server {server.name} ({server.where}) did not start: {reason} "
                          f"(log: {log_path})") from None
-    proc.release()  # it serves on after this command; this process stops watching it
-    return job_id or int(proc.pid or 0)
-
-
-def recorded_shm(record: Path) -> ShmOwnership | None:
-    """The /dev/shm ownership a detached server's record kept (files seen held while it started); None without one."""
-    try:
-        return ShmOwnership.from_record(json.loads(record.read_text()))
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None  # no record, or a damaged one: it proves nothing, and nothing is removed
-
-
-def remove_owned_shm(shm: ShmOwnership, name: str) -> list[str]:
-    """After the server's group is gone: unlink what it provably owned (held by it, or named after its port).
-
-    Semaphores nobody holds are not taken here: a fleet server lives for days, and a neighbour's leaked one may
-    have appeared meanwhile; SGLang's clean exit (SIGTERM) removes its own.
-    """
-    shm.observe(())
-    removed, left = shm.remove()
-    if removed:
-        log.info("server %s: removed %d /dev/shm file(s): %s", name, len(removed), ", ".join(removed))
-    if left:
-        log.info("server %s: left %d new /dev/shm file(s) not proven its own", name, len(left))
-    return removed
+    handle.release()  # it serves on after this command; this process stops watching it
+    return record.pid if record.pid is not None else (record.job_id or record.container or record.launch_id)
 
 
 def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_timeout_s: float = 60.0) -> bool:
-    """SIGTERM (SGLang drains in-flight requests), SIGKILL after ``grace_s``, then wait until the port and
-    every GPU of its group is free again (the next server sizes its pools from free memory). True if one ran.
-    A recorded Slurm job is stopped by the launcher's stop whatever the file's launcher says now."""
+    """The launcher's stop of the server its record proves the fleet's (SIGTERM: SGLang drains in-flight requests;
+    the kill after ``grace_s``; its /dev/shm files), then wait until every GPU of its group is free again (the next
+    server sizes its pools from free memory). True if one ran. A server that is not the fleet's is never touched."""
     if not server.local:
         return remote.stop_server(fleet, server, grace_s=grace_s)
-    job_ran = slurmfleet.stop_job(fleet, server, grace_s=grace_s, release_timeout_s=release_timeout_s)
-    pid_path = fleet.resolve(server.pid)
-    pid = local_pid(fleet, server)
-    if pid is not None:
-        record = pid_path.parent / f"server-{pid}.json"
-        shm = recorded_shm(record)
-        if shm is not None:
-            shm.observe(group_pids(pid))  # a last look at what the live server holds (its own group)
-        stop_process_group(pid, grace_s=grace_s)
-        if shm is not None:
-            remove_owned_shm(shm, server.name)
-        record.unlink(missing_ok=True)
-    pid_path.unlink(missing_ok=True)
-    deadline = time.monotonic() + release_timeout_s
-    while not port_is_free(server.bind, server.port) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    ran = job_ran or pid is not None
-    if ran:  # host RAM is shared: "back to nothing used" never comes, and it has no reader here
-        reader = memory_reader(fleet, server, make_launcher(fleet.launcher, fleet.launcher_settings))
-        if reader is None:
-            return True
+    handle = ours(fleet, server)
+    if handle is not None:
+        handle.stop(grace_s=grace_s, release_timeout_s=release_timeout_s)
+        if handle.alive:
+            raise FleetError(f"server {server.name}: {handle.teardown_error or 'still running after the stop'}")
+        if handle.teardown_error:
+            log.warning("server %s: %s", server.name, handle.teardown_error)
+    record_path(fleet, server).unlink(missing_ok=True)
+    fleet.resolve(server.pid).unlink(missing_ok=True)
+    if handle is None:
+        return False
+    reader = memory_reader(fleet, server, make_launcher(fleet.launcher, fleet.launcher_settings))
+    if reader is not None:  # host RAM is shared: "back to nothing used" never comes, and it has no reader here
         try:
             # The fleet owns its GPUs: released means back to (nearly) nothing used.
-            wait_released(reader, 0.0, max(0.0, deadline - time.monotonic()), tolerance_mib=1024.0)
+            wait_released(reader, 0.0, release_timeout_s, tolerance_mib=1024.0)
         finally:
             reader.close()
-    return ran
+    return True
 
 
 # -- the fleet -----------------------------------------------------------------------------------------
@@ -236,9 +256,11 @@ class ServerStatus:
     gpus: list[int]
     port: int
     config: str
-    pid: int | None = None
-    job: str | None = None  # a Slurm server's job id, and its state in Slurm's words
-    job_state: str | None = None
+    pid: int | None = None  # the fleet's own server, as its record names it: a local pid, or a job id
+    job: str | None = None
+    launcher: str | None = None
+    running: bool = False  # its record proves it the fleet's, and it runs (pending or serving)
+    note: str | None = None  # a server that is not the fleet's holds the port
     healthy: bool = False
     capacity: Capacity | None = None
     drift: list[str] = field(default_factory=list)  # flags whose running value differs from `config`
@@ -251,16 +273,16 @@ class ServerStatus:
 
     @property
     def state(self) -> str:
+        if self.note is not None:
+            return "foreign"
         if self.healthy:
             return "healthy"
-        if self.job_state == "PENDING":
-            return "pending"
-        return "unhealthy" if self.pid is not None or self.job_state in ACTIVE else "down"
+        return "unhealthy" if self.running else "down"
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "host": self.host, "gpus": self.gpus, "gpu": self.gpu, "port": self.port,
-                "config": self.config,
-                "pid": self.pid, "job": self.job, "job_state": self.job_state, "state": self.state, "drift": self.drift, "tok_s": self.tok_s,
+                "config": self.config, "pid": self.pid, "job": self.job, "launcher": self.launcher,
+                "state": self.state, "note": self.note, "drift": self.drift, "tok_s": self.tok_s,
                 "capacity": self.capacity.to_dict() if self.capacity else None}
 
 
@@ -297,8 +319,12 @@ def server_status(fleet: Fleet, server: FleetServer) -> ServerStatus:
     status = ServerStatus(name=server.name, host=server.host, gpus=list(server.gpus), port=server.port,
                           config=server.config)
     if server.local:
-        status.pid = local_pid(fleet, server)
-        status.job, status.job_state = slurmfleet.job_state(fleet, server)
+        handle = ours(fleet, server)
+        if handle is None:
+            status.note = foreign_note(fleet, server)
+            return status  # down, or someone else's: nothing it answers is the fleet's
+        record = handle.record()
+        status.pid, status.job, status.launcher, status.running = record.pid, record.job_id, record.launcher, True
     status.healthy = healthy(server)
     if not status.healthy:
         return status
@@ -326,7 +352,7 @@ def up(fleet: Fleet, *, timeout_s: float = 900.0, names: Iterable[str] | None = 
     todo = []
     for server in _selected(fleet, names):
         config = server_config(fleet, server)  # a bad config file stops the command before any launch
-        if server.local and (local_pid(fleet, server) is not None or slurmfleet.active_job(fleet, server)):
+        if server.local and ours(fleet, server) is not None:
             continue
         if not server.local and healthy(server):
             continue
@@ -353,5 +379,6 @@ def up(fleet: Fleet, *, timeout_s: float = 900.0, names: Iterable[str] | None = 
 
 
 def down(fleet: Fleet, *, grace_s: float = 30.0, names: Iterable[str] | None = None) -> list[str]:
-    """Stop the servers (all by default); returns the names that were running."""
+    """Stop the fleet's own servers (all by default; see ``foreign_note`` for what else holds a port); returns the
+    names that were running."""
     return [s.name for s in _selected(fleet, names) if stop_server(fleet, s, grace_s=grace_s)]

@@ -27,9 +27,10 @@ from autotune.deploy.fleet import (
     Fleet,
     FleetServer,
     engine_for,
+    foreign_note,
     get_json,
-    healthy,
     load_fleet,
+    serving,
     set_server_config,
     start_server,
     stop_server,
@@ -248,7 +249,7 @@ def stage_config(fleet: Fleet, config: Mapping[str, Any]) -> str:
 
 
 def _others_healthy(fleet: Fleet, name: str) -> None:
-    down = [s.name for s in fleet.servers if s.name != name and not healthy(s)]
+    down = [s.name for s in fleet.servers if s.name != name and not serving(fleet, s)]
     if down:
         raise FleetError(f"server(s) {', '.join(down)} not healthy: replacing {name} now would take a second "
                          "server down (bring them up with autotune fleet up, then --resume)")
@@ -331,12 +332,12 @@ def _revert(fleet_path: Path, names: list[str], previous: Mapping[str, str], log
     step killed after the start, before the verification), so it is always restarted.
     """
     fleet = load_fleet(fleet_path)
-    order = sorted(names, key=lambda n: (healthy(fleet.server(n)), -names.index(n)))
+    order = sorted(names, key=lambda n: (serving(fleet, fleet.server(n)), -names.index(n)))
     reverted = []
     for name in order:
         fleet = load_fleet(fleet_path)
         server = fleet.server(name)
-        if name in settled and server.config == previous[name] and healthy(server):
+        if name in settled and server.config == previous[name] and serving(fleet, server):
             continue
         _others_healthy(fleet, name)
         log.append("revert", server=name, to=previous[name])
@@ -374,10 +375,13 @@ def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, c
         mismatch = group_mismatch(fleet, wanted)
         if mismatch:
             raise FleetError(f"{fleet.path}: the new config does not fit the fleet's servers: {mismatch}")
+        strangers = [note for note in (foreign_note(fleet, s) for s in fleet.servers) if note]
+        if strangers:  # a rollout acts only on servers its records prove the fleet's; nothing has changed yet
+            raise FleetError("; ".join(strangers) + " (stop it, or move the fleet's server to a free port)")
         skipped, servers = [], []
         for server in fleet.servers:
             same = server.config == target or _read(fleet, server.config) == wanted
-            (skipped if same and healthy(server) else servers).append(server.name)
+            (skipped if same and serving(fleet, server) else servers).append(server.name)
         begin = {"config": target, "previous": {s.name: s.config for s in fleet.servers}, "servers": servers,
                  "expect": asdict(expect), "canary": asdict(canary) if canary else None,
                  "rollback_on_failure": rollback_on_failure, "source": dict(source or {})}

@@ -47,6 +47,21 @@ def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+class LogFile:
+    """A handle whose server writes its log to ``log_path`` on this host (a local process, a Slurm job's output)."""
+
+    log_path: Path
+
+    def log_text(self) -> str:
+        try:
+            return Path(self.log_path).read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        return log_tail(self.log_path, lines)
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
     """One server to start: the engine's command and environment, where it listens, the GPUs it gets."""
@@ -65,6 +80,40 @@ class LaunchSpec:
     def __post_init__(self) -> None:
         if isinstance(self.argv, str):
             raise TypeError("argv must be a list of arguments, never a shell string")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerRecord:
+    """A started server as plain data: what another process needs to find it again (``Launcher.attach``) and to
+    prove it is the one that was started, not whatever holds its pid, job id or port now. Stored as JSON beside a
+    fleet's servers (``to_dict`` / ``from_dict``)."""
+
+    launcher: str  # the ``LAUNCHERS`` name that started it
+    launch_id: str  # this launch's own token (a job's or container's name carries it when the launcher names them)
+    host: str
+    port: int
+    log_path: str
+    gpus: tuple[int, ...] = ()
+    pid: int | None = None  # a local process (or one on an ssh host): with ``create_time``, proof against pid reuse
+    create_time: float | None = None
+    job_id: str | None = None  # a Slurm job
+    container: str | None = None  # a container's name
+    name: str | None = None  # the job's or container's name as the launcher gave it
+    run_dir: str | None = None  # the launcher's bookkeeping (its own records, e.g. the /dev/shm files at the start)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ServerRecord:
+        """The record ``to_dict`` wrote; ValueError when it is not one (then it proves nothing)."""
+        try:
+            known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+            known["gpus"] = tuple(int(g) for g in known.get("gpus") or ())
+            known["port"] = int(known["port"])
+            return cls(**known)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a server record: {exc}") from None
 
 
 class MemoryReader(Protocol):
@@ -109,6 +158,10 @@ class ServerHandle(Protocol):
         """Forget a detached server without stopping it (a fleet's)."""
         ...
 
+    def record(self) -> ServerRecord:
+        """This server as plain data, for ``Launcher.attach`` in another process (a fleet's later command)."""
+        ...
+
 
 class Launcher(Protocol):
     """Starts servers somewhere. ``name`` is its key in ``LAUNCHERS``."""
@@ -119,6 +172,12 @@ class Launcher(Protocol):
         """Start ``spec``'s server (not yet ready: call ``wait_ready``); raise ``ServerError`` when it cannot be
         started at all (port busy, the launcher's tool missing). ``gpu_reader``, when given, is read before the start
         and after the stop: ``stop`` waits until the memory is back (``teardown_error`` when it is not)."""
+        ...
+
+    def attach(self, record: ServerRecord) -> ServerHandle:
+        """The server ``record`` describes, found again without starting anything; a handle whose ``alive`` is
+        False when what runs under its pid, job id or name now is not provably that server (nothing of it is then
+        signalled by ``stop``)."""
         ...
 
     def device_env(self, gpus: tuple[int, ...]) -> dict[str, str]:

@@ -27,28 +27,26 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from autotune.errors import ServerError
 from autotune.launch.base import (
     LOG_TAIL_LINES,
+    Launcher,
     LaunchSpec,
     MemoryReader,
     ReaderFactory,
-    ServerExited,
-    ServerStartTimeout,
+    ServerHandle,
+    ServerRecord,
     log_tail,
     port_is_free,
 )
-from autotune.launch.memory import used_mib, wait_released
-from autotune.launch.watchdog import Watchdog
+from autotune.launch.keeper import Keeper, Kept
+from autotune.launch.stopping import Release, StopSteps, memory_baseline, stop_and_release, wait_healthy
 from autotune.redaction import looks_secret, reference
 
 IMAGE = "lmsysorg/sglang:latest"
@@ -58,23 +56,6 @@ GONE = -1  # the exit code of a container that vanished before its code was read
 _CALL_TIMEOUT_S = 60.0
 ALIVE_TTL_S = 0.5
 KEEPER_GRACE_S = 10.0  # the watchdog's wait for the keeper's ``rm -f`` before it SIGKILLs the keeper's group
-# The keeper: on SIGTERM, remove the container from a session of its own (so the watchdog's SIGKILL of the keeper's
-# group cannot cut it short), after a note in the server's log; then exit. argv: runtime, name, log path.
-KEEPER = """
-import os, signal, subprocess, sys
-runtime, name, log = sys.argv[1:4]
-def gone(*_):
-    with open(log, "a") as fh:
-        fh.write(f"[autotune keeper] harness gone; removing container {name}\\n")
-    subprocess.run([runtime, "rm", "-f", name], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, start_new_session=True, timeout=120, check=False)
-    os._exit(0)
-signal.signal(signal.SIGTERM, gone)
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-print("keeping", flush=True)
-while True:
-    signal.pause()
-"""
 
 
 def hf_cache_mount() -> str:
@@ -189,7 +170,7 @@ class ContainerLauncher:
         server = ContainerServer(self.runtime, name, spec, gpu_reader=gpu_reader)
         if server.exists():  # never ours to remove: the failure path below removes only what this run created
             raise ServerError(f"a container named {name!r} already exists ({self.runtime} rm -f it if it is stale)")
-        server.baseline_mib = used_mib(gpu_reader) if gpu_reader is not None else None
+        server.baseline_mib = memory_baseline(gpu_reader, spec.gpus)
         try:
             done = subprocess.run(argv, env={**os.environ, **hidden}, capture_output=True, text=True,
                                   timeout=self.pull_timeout_s, check=False)
@@ -209,15 +190,27 @@ class ContainerLauncher:
                 raise
         return server
 
+    def attach(self, record: ServerRecord) -> ContainerServer:
+        """The container ``record`` names (by its name, which carries the launch's token); not alive once gone."""
+        spec = LaunchSpec(argv=[], port=record.port, host=record.host, log_path=Path(record.log_path),
+                          gpus=record.gpus, run_dir=Path(record.run_dir) if record.run_dir else None, detach=True,
+                          name=record.name)
+        server = ContainerServer(self.runtime, str(record.container or record.name), spec, launch_id=record.launch_id)
+        if server.exists():
+            server.container_id = record.container
+        return server
 
-class ContainerServer:
+
+class ContainerServer(Kept):
     """One container: alive and exit code from ``inspect``, log from ``logs`` (copied to the spec's log file),
     stopped with ``stop -t <grace>`` then ``kill`` and removed with ``rm -f``."""
 
     pid: int | None = None  # ``run -d`` leaves no client process
 
-    def __init__(self, runtime: str, name: str, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None):
+    def __init__(self, runtime: str, name: str, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None,
+                 launch_id: str | None = None):
         self.runtime, self.name, self.spec, self.gpu_reader = runtime, name, spec, gpu_reader
+        self.launch_id = launch_id or name
         self.port, self.log_path = spec.port, Path(spec.log_path)
         connect = "127.0.0.1" if spec.host in ("0.0.0.0", "") else spec.host
         self.base_url = f"http://{connect}:{spec.port}"
@@ -225,37 +218,20 @@ class ContainerServer:
         self.teardown_error: str | None = None
         self.container_id: str | None = None
         self.baseline_mib: float | None = None
-        self._keeper: subprocess.Popen[bytes] | None = None
-        self._watchdog: Watchdog | None = None
+        self._keeper: Keeper | None = None
         self._alive_at: tuple[float, bool] | None = None  # (when, answer) of the last ``alive`` read
 
-    def keep(self, runtime_path: str, grace_s: float) -> None:
-        """Start the keeper and its watchdog: from now on the harness's death removes the container."""
-        watchdog = Watchdog(grace_s=grace_s)
-        try:
-            keeper = subprocess.Popen(
-                [sys.executable, "-c", KEEPER, runtime_path, self.name, str(self.log_path)], stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
-            )
-            assert keeper.stdout is not None
-            keeper.stdout.readline()  # its SIGTERM handler is in place
-            keeper.stdout.close()
-        except BaseException:
-            watchdog.stand_down()
-            raise
-        self._keeper, self._watchdog = keeper, watchdog
-        run_dir = self.spec.run_dir or self.log_path.parent
-        watchdog.watch(keeper.pid, run_dir / f"container-{self.name}.json")  # no record: nothing on the host to clean
+    def record(self) -> ServerRecord:
+        return ServerRecord(launcher="container", launch_id=self.launch_id, host=self.spec.host, port=self.port,
+                            log_path=str(self.log_path), gpus=self.spec.gpus, container=self.name, name=self.name,
+                            run_dir=str(self.spec.run_dir) if self.spec.run_dir else None)
 
-    def _stand_down(self) -> None:
-        """The harness stops the container itself: the watchdog goes first, then the keeper (SIGKILL, no rm)."""
-        if self._watchdog is not None:
-            self._watchdog.stand_down()
-            self._watchdog = None
-        if self._keeper is not None:
-            self._keeper.kill()
-            self._keeper.wait(timeout=10)
-            self._keeper = None
+    def keep(self, runtime_path: str, grace_s: float) -> None:
+        """Start the keeper: from now on the harness's death removes the container."""
+        run_dir = self.spec.run_dir or self.log_path.parent
+        self._keeper = Keeper([runtime_path, "rm", "-f", self.name], log_path=self.log_path, grace_s=grace_s,
+                              note=f"[autotune keeper] harness gone; removing container {self.name}",
+                              record=run_dir / f"container-{self.name}.json")
 
     def _cli(self, *args: str, timeout: float = _CALL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
         return subprocess.run([self.runtime, *args], capture_output=True, text=True, timeout=timeout, check=False)
@@ -314,50 +290,32 @@ class ContainerServer:
 
     def wait_ready(self, timeout_s: float, *, stop_event: threading.Event | None = None) -> None:
         """Return once ``/health`` answers 200 on the published port; a container that ends ends the wait."""
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=2.0, trust_env=False) as client:
-            while True:
-                try:
-                    if client.get(f"{self.base_url}/health").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass  # not listening yet
-                if self.poll() is not None:
-                    raise ServerExited(self.exit_code, self.log_tail())
-                if (stop_event is not None and stop_event.is_set()) or time.monotonic() >= deadline:
-                    raise ServerStartTimeout(timeout_s, self.log_tail())
-                time.sleep(0.2)
+        wait_healthy(lambda: self.base_url, timeout_s, ended=self.poll, tail=self.log_tail, stop_event=stop_event,
+                     poll_s=0.2)
 
     def stop(self, grace_s: float = 10.0, release_timeout_s: float = 30.0) -> int | None:
         """``stop -t <grace>`` (SIGTERM, SIGKILL after the grace), ``kill`` if it still runs, the log copied,
         ``rm -f``; released once the container is gone, the port free and the GPU memory back."""
-        problems: list[str] = []
         grace = max(0, math.ceil(grace_s))
-        if self._running():
+
+        def terminate() -> None:
             try:
                 self._cli("stop", "-t", str(grace), self.name, timeout=grace + max(5.0, release_timeout_s))
             except subprocess.TimeoutExpired:
-                problems.append(f"{self.runtime} stop did not return")
+                pass  # the kill follows
+
+        def kill() -> None:
             if self._running():
                 self._cli("kill", self.name)
-        self._copy_logs()
-        self.poll()
-        deadline = time.monotonic() + release_timeout_s
-        self.remove()
-        while self._state() is not None:
-            if time.monotonic() >= deadline:
-                problems.append(f"container {self.name} still present after {release_timeout_s:g} s")
-                break
-            time.sleep(0.1)
-        while not port_is_free(self.spec.host, self.port):
-            if time.monotonic() >= deadline:
-                problems.append(f"port {self.port} still busy after {release_timeout_s:g} s")
-                break
-            time.sleep(0.05)
-        if self.gpu_reader is not None:
-            left = max(0.0, deadline - time.monotonic())
-            if not wait_released(self.gpu_reader, self.baseline_mib, left):
-                problems.append(f"GPU memory not released within {release_timeout_s:g} s")
+            self._copy_logs()
+            self.poll()
+            self.remove()
+
+        steps = StopSteps(what=f"container {self.name}", running=self._running, terminate=terminate, kill=kill,
+                          gone=lambda: self._state() is None, poll_s=0.1)
+        release = Release(port=self.port, port_free=lambda: port_is_free(self.spec.host, self.port),
+                          reader=self.gpu_reader, baseline_mib=self.baseline_mib)
+        problems = stop_and_release(steps, release, grace_s=grace_s, release_timeout_s=release_timeout_s)
         self._stand_down()
         self.teardown_error = "; ".join(problems) or None
         return self.exit_code
@@ -368,14 +326,11 @@ class ContainerServer:
     def remove(self) -> None:
         self._cli("rm", "-f", self.name)
 
-    def release(self) -> None:
-        """Leave the container running (a fleet's): a detached spec has no keeper; any other stops being kept."""
-        self._stand_down()
-
     def __enter__(self) -> ContainerServer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if not self.spec.detach:
-            self.stop()
 
+
+def _conforms(server: ContainerServer, launcher: ContainerLauncher) -> tuple[ServerHandle, Launcher]:
+    """Never called: mypy holds ``ContainerServer`` to ``ServerHandle`` and ``ContainerLauncher`` to ``Launcher``."""
+    return server, launcher

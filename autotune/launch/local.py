@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.launch.base import Launcher, LaunchSpec, MemoryReader, ReaderFactory, ServerHandle
+from autotune.launch.base import Launcher, LaunchSpec, MemoryReader, ReaderFactory, ServerHandle, ServerRecord
 from autotune.launch.process import WATCHDOG_GRACE_S, ServerProcess
 
 DEVICE_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
@@ -44,12 +44,17 @@ class LocalLauncher:
             spec.argv, port=spec.port, host=spec.host, env={**spec.env, **self.device_env(spec.gpus)},
             gpu_index=spec.gpus[0] if spec.gpus else None, log_path=spec.log_path, gpu_reader=gpu_reader,
             run_dir=spec.run_dir, detach=spec.detach, shm_dir=spec.shm_dir, watchdog_grace_s=self.watchdog_grace_s,
+            gpus=spec.gpus,
         )
 
     def start(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> ServerProcess:
         server = self.server(spec, gpu_reader=gpu_reader)
         server.start()
         return server
+
+    def attach(self, record: ServerRecord) -> ServerProcess:
+        """The process group ``record`` names, proven by its start time (see ``ServerProcess.attached``)."""
+        return ServerProcess.attached(record)
 
 
 def _conforms(server: ServerProcess, launcher: LocalLauncher) -> tuple[ServerHandle, Launcher]:

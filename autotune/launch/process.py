@@ -9,35 +9,37 @@ when proven this server's (``autotune.launch.shm``): other servers on the host h
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 
 from autotune.errors import ServerError
 from autotune.launch.base import (
-    LOG_TAIL_LINES,
+    LogFile,
     MemoryReader,
     ServerExited,
+    ServerRecord,
     ServerStartTimeout,
     free_port,
-    log_tail,
     port_is_free,
 )
-from autotune.launch.memory import used_mib, wait_released
+from autotune.launch.memory import used_mib
 from autotune.launch.procgroup import group_pids
 from autotune.launch.shm import SHM_DIR, ShmOwnership, ShmSampler, launch_ports, release_semaphores, snapshot
+from autotune.launch.stopping import Release, StopSteps, stop_and_release, wait_healthy
 from autotune.launch.watchdog import Watchdog
 
+GONE = -1  # the exit code of a detached server found again by its record: not our child, its code unknown
 WATCHDOG_GRACE_S = 5.0  # harness gone: SIGTERM to the launcher, SIGKILL of the group this much later
 log = logging.getLogger(__name__)
 __all__ = ["ServerExited", "ServerProcess", "ServerStartTimeout", "cleanup_orphans", "free_port", "port_is_free",
@@ -61,13 +63,27 @@ def _kill_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while _group_alive(pgid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
+def _still_runs(proc: psutil.Process) -> bool:
+    """The very process (``is_running`` compares its start time: a reused pid is not it) runs, not a zombie."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _terminate(proc: psutil.Process) -> None:
+    try:
+        proc.terminate()
+    except psutil.Error:
+        pass
+
+
+def group_steps(proc: psutil.Process, pgid: int) -> StopSteps:
+    """The stop of a process group led by ``proc`` that is not our child (a fleet's server, an orphan): SIGTERM
+    the leader only, SIGKILL the whole group."""
+    return StopSteps(what=f"process group {pgid}", running=lambda: _still_runs(proc), terminate=lambda: _terminate(proc),
+                     kill=lambda: _kill_group(pgid, signal.SIGKILL),
+                     gone=lambda: not _still_runs(proc) and not _group_alive(pgid))
 
 
 def stop_process_group(pid: int, *, grace_s: float) -> int | None:
@@ -81,20 +97,30 @@ def stop_process_group(pid: int, *, grace_s: float) -> int | None:
         pgid = os.getpgid(pid)
     except (psutil.NoSuchProcess, ProcessLookupError):
         return None
-    code = None
+    stop_and_release(group_steps(proc, pgid), Release(), grace_s=grace_s, release_timeout_s=max(grace_s, 5.0))
     try:
-        proc.terminate()
-        code = proc.wait(timeout=grace_s)
-    except psutil.TimeoutExpired:
-        pass
-    except psutil.NoSuchProcess:
-        pass
-    _kill_group(pgid, signal.SIGKILL)
-    _wait_group_gone(pgid, max(grace_s, 5.0))
-    return code
+        return proc.wait(timeout=0)  # a child's code (it is a zombie until reaped); None for anyone else's
+    except psutil.Error:
+        return None
 
 
-class ServerProcess:
+def proven_process(record: ServerRecord) -> psutil.Process | None:
+    """The process ``record`` names, if it is still that one: the same start time (a record from a pid file alone
+    has none: then its command line must carry the record's port), not a zombie; else None."""
+    if record.pid is None:
+        return None
+    try:
+        proc = psutil.Process(record.pid)
+        if record.create_time is not None:
+            same = abs(proc.create_time() - record.create_time) < 0.05
+        else:
+            same = str(record.port) in proc.cmdline()
+    except psutil.Error:
+        return None
+    return proc if same and _still_runs(proc) else None
+
+
+class ServerProcess(LogFile):
     """A server launched from an argv list; a context manager, and nothing outlives it (unless ``detach``)."""
 
     def __init__(
@@ -111,6 +137,8 @@ class ServerProcess:
         detach: bool = False,
         shm_dir: Path | None = None,
         watchdog_grace_s: float = WATCHDOG_GRACE_S,
+        gpus: tuple[int, ...] = (),
+        launch_id: str | None = None,
     ) -> None:
         if isinstance(argv, str):
             raise TypeError("argv must be a list of arguments, never a shell string")
@@ -121,6 +149,7 @@ class ServerProcess:
         self.detach, self.watchdog_grace_s = detach, watchdog_grace_s
         self.shm_dir = Path(shm_dir) if shm_dir is not None else SHM_DIR
         self.base_url = f"http://{host}:{port}"
+        self.gpus, self.launch_id = tuple(gpus), launch_id or secrets.token_hex(6)
         self.pid: int | None = None
         self.exit_code: int | None = None
         self.teardown_error: str | None = None  # a release that timed out: reported, never a hang
@@ -134,6 +163,30 @@ class ServerProcess:
         self._pid_file: Path | None = None
         self._create_time: float | None = None
         self._watchdog: Watchdog | None = None
+        self._attached: psutil.Process | None = None  # a server another process started, proven by its record
+
+    @classmethod
+    def attached(cls, record: ServerRecord) -> ServerProcess:
+        """The detached server ``record`` describes (started by an earlier command); not alive when its pid now
+        runs something else. Its /dev/shm ownership comes from the pid-file record its start left in ``run_dir``."""
+        server = cls([], port=record.port, host=record.host, log_path=Path(record.log_path), detach=True,
+                     run_dir=Path(record.run_dir) if record.run_dir else None, gpus=record.gpus,
+                     launch_id=record.launch_id)
+        server.pid, server._pgid, server._create_time = record.pid, record.pid, record.create_time
+        server._attached = proven_process(record)
+        if server._attached is None:
+            return server  # gone, or not ours: nothing to stop, nothing proven
+        server._pid_file = server.run_dir / f"server-{record.pid}.json"
+        try:
+            server._shm = ShmOwnership.from_record(json.loads(server._pid_file.read_text()))
+        except (OSError, ValueError, TypeError, AttributeError):
+            server._shm = None  # no record, or a damaged one: it proves nothing, and nothing is removed
+        return server
+
+    def record(self) -> ServerRecord:
+        return ServerRecord(launcher="local", launch_id=self.launch_id, host=self.host, port=self.port,
+                            log_path=str(self.log_path), gpus=self.gpus, pid=self.pid, create_time=self._create_time,
+                            run_dir=str(self.run_dir))
 
     # -- start ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -187,7 +240,7 @@ class ServerProcess:
         record = {
             "pid": self.pid, "create_time": self._create_time, "cmdline": self.argv, "port": self.port,
             "host": self.host, "log_path": str(self.log_path), "detached": self.detach, "harness_pid": me.pid,
-            "harness_create_time": me.create_time(), "shm_dir": str(self.shm_dir),
+            "harness_create_time": me.create_time(), "shm_dir": str(self.shm_dir), "launch_id": self.launch_id,
             "shm_before": sorted(shm.before), "shm_ports": sorted(shm.ports), "shm_owned": shm.owned,
         }
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -198,91 +251,81 @@ class ServerProcess:
 
     @property
     def alive(self) -> bool:
+        if self._attached is not None:
+            return _still_runs(self._attached)
         return self._proc is not None and self._proc.poll() is None
 
     def poll(self) -> int | None:
         if self._proc is not None and self.exit_code is None:
             self.exit_code = self._proc.poll()
+        elif self._proc is None and self.pid is not None and self.exit_code is None and not self.alive:
+            self.exit_code = GONE  # not our child: its code is its parent's to read
         return self.exit_code
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        return log_tail(self.log_path, lines)
 
     def wait_ready(self, timeout_s: float, *, stop_event: threading.Event | None = None) -> None:
         """Return once ``/health`` answers 200; a process that exits ends the wait at once."""
-        if self._proc is None:
+        if self._proc is None and self._attached is None:
             raise ServerError("server not started")
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=2.0, trust_env=False) as client:
-            while True:
-                if self.poll() is not None:
-                    raise ServerExited(self.exit_code, self.log_tail())
-                try:
-                    if client.get(f"{self.base_url}/health").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass  # not listening yet
-                if stop_event is not None and stop_event.is_set():
-                    raise ServerStartTimeout(timeout_s, self.log_tail())
-                if time.monotonic() >= deadline:
-                    raise ServerStartTimeout(timeout_s, self.log_tail())
-                time.sleep(0.1)
+        wait_healthy(lambda: self.base_url, timeout_s, ended=self.poll, tail=self.log_tail, stop_event=stop_event)
 
     # -- stop -------------------------------------------------------------------------------------------
     def stop(self, grace_s: float = 10.0, release_timeout_s: float = 30.0) -> int | None:
-        """SIGTERM the launcher, SIGKILL the group after ``grace_s``; free port, clean /dev/shm, device released.
+        """SIGTERM the launcher, SIGKILL the group after ``grace_s``; free port, clean /dev/shm, device released
+        (``stopping.stop_and_release``). A server found again by its record is stopped the same way.
 
         Close the replay client's streams before calling this: SIGTERM alone drains every in-flight request.
         """
-        if self._proc is None or self._pgid is None or self._shm is None:
-            return None
-        pgid, shm = self._pgid, self._shm
-        problems: list[str] = []
+        steps = self._stop_steps()
+        if steps is None:
+            return self.exit_code
         if self._sampler is not None:
             self._sampler.stop()  # the last look at what the group holds, before it dies
             self._sampler = None
-        if self.alive:
-            try:
-                self._proc.send_signal(signal.SIGTERM)  # the launcher only (see stop_process_group)
-                self._proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                pass
-            except ProcessLookupError:
-                pass
-        _kill_group(pgid, signal.SIGKILL)
-        try:
-            self._proc.wait(timeout=max(5.0, release_timeout_s))
-        except subprocess.TimeoutExpired:
-            problems.append(f"process {self.pid} survived SIGKILL")
-        self.exit_code = self._proc.returncode
-        deadline = time.monotonic() + release_timeout_s
-        if not _wait_group_gone(pgid, release_timeout_s):
-            problems.append(f"process group {pgid} still alive after SIGKILL")
-        while not port_is_free(self.host, self.port):
-            if time.monotonic() >= deadline:
-                problems.append(f"port {self.port} still busy after {release_timeout_s:g} s")
-                break
-            time.sleep(0.02)
-        self.removed_shm, self.unattributed_shm = shm.remove()
-        self._release_semaphores(shm)
-        if self.unattributed_shm:
-            log.warning("left %d new file(s) in %s not proven this server's: %s", len(self.unattributed_shm),
-                        self.shm_dir, ", ".join(self.unattributed_shm))
-        if self.gpu_reader is not None:
-            left = max(0.0, deadline - time.monotonic())
-            if not wait_released(self.gpu_reader, self._baseline_mib, left):
-                problems.append(f"GPU memory not released within {release_timeout_s:g} s")
+        elif self._shm is not None and self._pgid is not None:
+            self._shm.observe(group_pids(self._pgid))  # a detached server's last look, from its record on
+        release = Release(port=self.port, port_free=lambda: port_is_free(self.host, self.port),
+                          reader=self.gpu_reader, baseline_mib=self._baseline_mib)
+        problems = stop_and_release(steps, release, grace_s=grace_s, release_timeout_s=release_timeout_s)
+        self.poll()
         if self._pid_file is not None:
             self._pid_file.unlink(missing_ok=True)
         self._stand_down()
+        self._attached = None
         self.teardown_error = "; ".join(problems) or None
         return self.exit_code
+
+    def _stop_steps(self) -> StopSteps | None:
+        """Our child's stop (its exit code read by ``Popen``), or a proven detached server's; None: nothing to stop."""
+        pgid, proc = self._pgid, self._proc
+        if pgid is None:
+            return None
+        if self._attached is not None:
+            return dataclasses.replace(group_steps(self._attached, pgid), clean_files=self._clean_files)
+        if proc is None or self._shm is None:
+            return None
+
+        def terminate() -> None:
+            try:
+                proc.send_signal(signal.SIGTERM)  # the launcher only (see stop_process_group)
+            except ProcessLookupError:
+                pass
+
+        return StopSteps(what=f"process group {pgid}", running=lambda: proc.poll() is None, terminate=terminate,
+                         kill=lambda: _kill_group(pgid, signal.SIGKILL),
+                         gone=lambda: proc.poll() is not None and not _group_alive(pgid), clean_files=self._clean_files)
+
+    def _clean_files(self) -> None:
+        """The group is gone: remove the /dev/shm files it provably owned (the port rule applied once more)."""
+        shm = self._shm
+        if shm is None:
+            return
+        shm.observe(())
+        self.removed_shm, self.unattributed_shm = shm.remove()
+        if self._proc is not None:  # a trial's: since its start, only seconds to minutes passed (see shm)
+            self._release_semaphores(shm)
+        if self.unattributed_shm:
+            log.warning("left %d new file(s) in %s not proven this server's: %s", len(self.unattributed_shm),
+                        self.shm_dir, ", ".join(self.unattributed_shm))
 
     def _release_semaphores(self, shm: ShmOwnership) -> None:
         """The group is gone: semaphores new since the start that nobody on the host holds were its (see shm)."""
@@ -368,7 +411,6 @@ def cleanup_orphans(run_dir: Path, *, grace_s: float = 5.0) -> list[int]:
                 if shm is not None:
                     shm.observe(group_pids(pgid))
                 stop_process_group(record["pid"], grace_s=grace_s)
-                _wait_group_gone(pgid, grace_s)
                 killed.append(record["pid"])
         if shm is not None:
             shm.observe(())  # the port rule still applies to what appeared since

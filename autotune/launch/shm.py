@@ -165,15 +165,7 @@ class ShmOwnership:
 
     def remove(self) -> tuple[list[str], list[str]]:
         """Unlink the owned files (same inode only); return (removed, new files left because unproven)."""
-        removed: list[str] = []
-        for name, ino in sorted(self.owned.items()):
-            path = self.directory / name
-            try:
-                if path.lstat().st_ino == ino:
-                    path.unlink()
-                    removed.append(name)
-            except OSError:
-                continue
+        removed = unlink_same(self.directory, self.owned)
         left = sorted(set(new_files(self.directory, self.before)) - set(removed))
         return removed, left
 
@@ -218,16 +210,12 @@ class ShmSampler:
             self._stop.wait(self.interval_s)
 
 
-def release_semaphores(directory: Path, before: Iterable[str]) -> list[str]:
-    """Remove the ``sem.mp-*`` files new since ``before`` that no process on the host holds; call it only once
-    the server's group is gone (see the module docstring for why that proves them the server's). Returns them."""
-    directory = Path(directory)
-    candidates = unheld_semaphores(new_files(directory, set(before)), ())
-    if not candidates:
-        return []
+def unlink_same(directory: Path, files: Mapping[str, int]) -> list[str]:
+    """Unlink each name whose inode is still the one given (a file recreated under that name by another server
+    stays); the names removed, sorted."""
     removed: list[str] = []
-    for name, ino in sorted(unheld_semaphores(candidates, held_inodes(None, directory)).items()):
-        path = directory / name
+    for name, ino in sorted(files.items()):
+        path = Path(directory) / name
         try:
             if path.lstat().st_ino == ino:
                 path.unlink()
@@ -235,3 +223,31 @@ def release_semaphores(directory: Path, before: Iterable[str]) -> list[str]:
         except OSError:
             continue
     return removed
+
+
+def release_semaphores(directory: Path, before: Iterable[str]) -> list[str]:
+    """Remove the ``sem.mp-*`` files new since ``before`` that no process on the host holds; call it only once
+    the server's group is gone (see the module docstring for why that proves them the server's). Returns them."""
+    return release_unheld(directory, before, (SEM_PREFIX,))
+
+
+def release_unheld(directory: Path, before: Iterable[str], shapes: tuple[str, ...]) -> list[str]:
+    """Remove the files of ``shapes`` new since ``before`` that no process on the host holds (fd or mapping, any
+    name, by inode); call it only once the server is gone. Returns them."""
+    candidates = {n: ino for n, ino in new_files(Path(directory), set(before)).items() if n.startswith(shapes)}
+    if not candidates:
+        return []
+    held = held_inodes(None, Path(directory))
+    return unlink_same(directory, {n: ino for n, ino in candidates.items() if ino not in held})
+
+
+def clean_after_job(shm: ShmOwnership) -> tuple[list[str], list[str]]:
+    """Once a server whose processes this host could not watch (a Slurm job) is gone: remove the new files its
+    ports name and every new SGLang-shaped file that no process on the host holds (created during its life, held
+    by nobody once it is gone: its leftovers, e.g. the all-reduce buffer and load segment a clean exit leaves).
+    Returns (removed, left: new files someone still holds, not provably its own). Its limit is the semaphores'
+    (module docstring): a neighbour's file whose holder died during the job goes too."""
+    shm.observe(())
+    removed, _ = shm.remove()
+    removed = sorted([*removed, *release_unheld(shm.directory, shm.before | set(removed), SHM_PREFIXES)])
+    return removed, sorted(set(new_files(shm.directory, shm.before)) - set(removed))

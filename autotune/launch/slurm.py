@@ -17,8 +17,16 @@
   interrupted (the study runs it again) instead of a crash.
 - **Address.** The server's ``/health`` is polled at the spec's host while the job runs on this host; on another
   node (``NodeList`` in ``scontrol``), at that node's name: such a server must listen on ``0.0.0.0``.
-- **Stop.** ``scancel --full --signal=TERM`` (SGLang drains), ``--signal=KILL`` after the grace; released once
-  the job has left the queue, the port is free and the GPU memory is back.
+- **Stop** (``stopping.stop_and_release``), as SGLang expects it: ``scancel --batch --signal=TERM`` reaches the
+  batch step's main process only, which the job script's ``exec`` made the server itself (SGLang's launcher then
+  drains and stops its own children; a SIGTERM to every process of the job, ``--full``, killed the detokenizer
+  first and sent SGLang down its crash path); after the grace, ``--full --signal=KILL`` and ``scancel`` of the
+  whole job. Released once the job has left the queue, the port is free, its ``/dev/shm`` files are gone and,
+  only for a server with GPUs, the GPU memory is back (a CPU server's host memory is shared: no wait).
+- **/dev/shm on the job's node** (this host: the single-node case; a job on another node is not cleaned): the
+  directory is listed before ``sbatch``; once the job is gone, the new files its ports name and every new
+  SGLang-shaped file no process on the host holds are removed (``shm.clean_after_job``); new files someone
+  still holds are left and listed (``unattributed_shm``, and a line in the job's log).
 - **Never outliving the harness.** A non-detached job has a keeper: a tiny local process that ``scancel``s the
   job when SIGTERMed, watched by the local launcher's watchdog (``launch/watchdog.py``). A detached (fleet) job has
   none; ``release`` forgets it.
@@ -26,38 +34,38 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
+import logging
 import os
 import secrets
 import shlex
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from autotune.errors import ServerError
 from autotune.launch.base import (
-    LOG_TAIL_LINES,
     Launcher,
     LaunchSpec,
+    LogFile,
     MemoryReader,
     ReaderFactory,
-    ServerExited,
     ServerHandle,
-    ServerStartTimeout,
-    log_tail,
+    ServerRecord,
     port_is_free,
 )
-from autotune.launch.memory import used_mib, wait_released
-from autotune.launch.watchdog import Watchdog
+from autotune.launch.keeper import Keeper, Kept
+from autotune.launch.shm import SHM_DIR, ShmOwnership, clean_after_job, launch_ports, snapshot
+from autotune.launch.stopping import Release, StopSteps, memory_baseline, stop_and_release, wait_healthy
 
+log = logging.getLogger(__name__)
 GONE = -1  # the exit code of a job the controller forgot before its code was read (and no accounting)
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "SUSPENDED", "RESIZING", "REQUEUED")
 CANCELLED_CODE = -15  # a cancelled job Slurm recorded as 0:0 (scancel signals SIGTERM first): never a clean exit
@@ -65,23 +73,6 @@ ALIVE_TTL_S = 0.5
 COMPLETING_WAIT_S = 15.0  # longer than the cluster's KillWait: the job's final state follows
 _CALL_TIMEOUT_S = 30.0
 KEEPER_GRACE_S = 10.0
-# The keeper: on SIGTERM, scancel the job from a session of its own (so the watchdog's SIGKILL of the keeper's group
-# cannot cut it short), note it in the server's log, exit. argv: scancel, job id, log path.
-KEEPER = """
-import os, signal, subprocess, sys
-scancel, job, log = sys.argv[1:4]
-def gone(*_):
-    subprocess.run([scancel, "--full", job], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, start_new_session=True, timeout=60, check=False)
-    with open(log, "a") as fh:
-        fh.write(f"[autotune keeper] harness gone; cancelled Slurm job {job}\\n")
-    os._exit(0)
-signal.signal(signal.SIGTERM, gone)
-signal.signal(signal.SIGINT, signal.SIG_IGN)
-print("keeping", flush=True)
-while True:
-    signal.pause()
-"""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -109,6 +100,14 @@ def exit_code(slurm_code: str) -> int:
     status, _, signal_no = slurm_code.partition(":")
     sig = int(signal_no or 0)
     return -sig if sig else int(status or 0)
+
+
+def read_shm_record(path: Path) -> ShmOwnership | None:
+    """The listing ``watch_shm`` kept; None without one (then nothing is removed)."""
+    try:
+        return ShmOwnership.from_record(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
 
 
 def scontrol_job(job_id: str) -> dict[str, str] | None:
@@ -182,15 +181,17 @@ class SlurmLauncher:
                               "another [engine] launcher)")
         if not port_is_free(spec.host, spec.port):
             raise ServerError(f"port {spec.host}:{spec.port} is busy (stop what holds it or pick another port)")
-        name = spec.name or f"autotune-{secrets.token_hex(6)}"
+        launch_id = secrets.token_hex(6)
+        name = spec.name or f"autotune-{launch_id}"
         run_dir = Path(spec.run_dir or Path(spec.log_path).parent)
         run_dir.mkdir(parents=True, exist_ok=True)
         Path(spec.log_path).parent.mkdir(parents=True, exist_ok=True)
         script = run_dir / f"{name}.sbatch"
         script.write_text(job_script(spec, self.device_env(spec.gpus)))
         env = {k: v for k, v in spec.env.items() if k != "CUDA_VISIBLE_DEVICES"}  # device selection is ours
-        job = SlurmJob(spec, name, gpu_reader=gpu_reader)
-        job.baseline_mib = used_mib(gpu_reader) if gpu_reader is not None else None
+        job = SlurmJob(spec, name, gpu_reader=gpu_reader, launch_id=launch_id)
+        job.baseline_mib = memory_baseline(gpu_reader, spec.gpus)  # no GPU: nothing of the job's to wait for
+        job.watch_shm(run_dir)  # before the job exists: only what appears after can be its
         try:
             done = subprocess.run(self.sbatch_argv(spec, name, script), env={**os.environ, **env},
                                   capture_output=True, text=True, timeout=_CALL_TIMEOUT_S, check=False)
@@ -198,6 +199,7 @@ class SlurmLauncher:
             raise ServerError(f"sbatch did not return within {_CALL_TIMEOUT_S:g} s (is slurmctld up?)") from exc
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            job.shm_record.unlink(missing_ok=True)
             raise ServerError(f"sbatch failed (exit {done.returncode}): {last}")
         job.job_id = done.stdout.strip().split(";")[0]
         if not spec.detach:
@@ -208,14 +210,35 @@ class SlurmLauncher:
                 raise
         return job
 
+    def attach(self, record: ServerRecord) -> SlurmJob:
+        """The job ``record`` names, if the controller's job of that id still carries the recorded name (a job id
+        the cluster handed out again is someone else's: then not alive, and never cancelled)."""
+        spec = LaunchSpec(argv=[], port=record.port, host=record.host, log_path=Path(record.log_path),
+                          gpus=record.gpus, run_dir=Path(record.run_dir) if record.run_dir else None, detach=True,
+                          name=record.name)
+        job = SlurmJob(spec, str(record.name or ""), launch_id=record.launch_id)
+        job.shm = read_shm_record(job.shm_record)
+        fields = scontrol_job(str(record.job_id)) if record.job_id else None
+        if record.job_id and (fields is None or fields.get("JobName") == record.name):
+            job.job_id = str(record.job_id)
+        else:
+            job.exit_code, job.reason = GONE, f"Slurm job {record.job_id} is not the recorded one"
+        return job
 
-class SlurmJob:
+
+class SlurmJob(Kept, LogFile):
     """One batch job: state and exit code from ``scontrol``/``sacct``, log from its ``--output`` file."""
 
     pid: int | None = None  # sbatch returns at once: no local process stands for the server
 
-    def __init__(self, spec: LaunchSpec, name: str, *, gpu_reader: MemoryReader | None = None):
+    def __init__(self, spec: LaunchSpec, name: str, *, gpu_reader: MemoryReader | None = None,
+                 launch_id: str | None = None):
         self.spec, self.name, self.gpu_reader = spec, name, gpu_reader
+        self.launch_id = launch_id or name
+        self.shm: ShmOwnership | None = None  # the node's /dev/shm before the job (this host's)
+        self.removed_shm: list[str] = []
+        self.unattributed_shm: list[str] = []  # new SGLang-like files someone else still holds: left, listed
+        self.node: str | None = None
         self.port, self.log_path = spec.port, Path(spec.log_path)
         self._connect = "127.0.0.1" if spec.host in ("0.0.0.0", "") else spec.host
         self.base_url = f"http://{self._connect}:{spec.port}"
@@ -226,9 +249,13 @@ class SlurmJob:
         self.cancelled = False  # ended CANCELLED by someone else than our stop(): not the config's fault
         self._stopping = False  # our stop() is cancelling it
         self.baseline_mib: float | None = None
-        self._keeper: subprocess.Popen[bytes] | None = None
-        self._watchdog: Watchdog | None = None
+        self._keeper: Keeper | None = None
         self._alive_at: tuple[float, bool] | None = None  # (when, answer) of the last ``alive`` read
+
+    def record(self) -> ServerRecord:
+        return ServerRecord(launcher="slurm", launch_id=self.launch_id, host=self.spec.host, port=self.port,
+                            log_path=str(self.log_path), gpus=self.spec.gpus, job_id=self.job_id, name=self.name,
+                            run_dir=str(self.spec.run_dir) if self.spec.run_dir else None)
 
     # -- the job's state -----------------------------------------------------------------------------------
     def state(self) -> str | None:
@@ -258,6 +285,7 @@ class SlurmJob:
     def _follow_node(self, nodes: str) -> None:
         """A job on another node is reached at that node's address (single-node: the spec's host)."""
         if nodes and nodes != "(null)" and "," not in nodes and "[" not in nodes:
+            self.node = nodes
             local = socket.gethostname().split(".")[0]
             host = self._connect if nodes == local else nodes
             self.base_url = f"http://{host}:{self.port}"
@@ -266,6 +294,8 @@ class SlurmJob:
     def alive(self) -> bool:
         """Pending or running. Read at most once per ``ALIVE_TTL_S``: the replay asks from its event loop, and each
         answer is an RPC to the controller that would stall the measured window."""
+        if not self.job_id:
+            return False
         now = time.monotonic()
         if self._alive_at is None or now - self._alive_at[0] >= ALIVE_TTL_S or self.exit_code is not None:
             self._alive_at = (now, self.exit_code is None and self.state() in ACTIVE)
@@ -274,7 +304,7 @@ class SlurmJob:
     def poll(self) -> int | None:
         """The exit code once the job has ended; a job COMPLETING (ended, its processes being reaped) is waited
         for, so that ``alive`` False always comes with a code."""
-        if self.exit_code is None:
+        if self.exit_code is None and self.job_id:
             state = self.state()
             deadline = time.monotonic() + COMPLETING_WAIT_S
             while state == "COMPLETING" and time.monotonic() < deadline:
@@ -284,30 +314,10 @@ class SlurmJob:
                 self.exit_code, self.reason = GONE, f"Slurm job {self.job_id} no longer known to the controller"
         return self.exit_code
 
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
-        return log_tail(self.log_path, lines)
-
     def wait_ready(self, timeout_s: float, *, stop_event: threading.Event | None = None) -> None:
         """Return once ``/health`` answers 200 while the job is pending or running; a job that ends ends the wait."""
-        deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=2.0, trust_env=False) as client:
-            while True:
-                if self.poll() is not None:
-                    raise ServerExited(self.exit_code, self.log_tail())
-                try:
-                    if client.get(f"{self.base_url}/health").status_code == 200:
-                        return
-                except httpx.HTTPError:
-                    pass  # pending, or not listening yet
-                if (stop_event is not None and stop_event.is_set()) or time.monotonic() >= deadline:
-                    raise ServerStartTimeout(timeout_s, self.log_tail())
-                time.sleep(0.2)
+        wait_healthy(lambda: self.base_url, timeout_s, ended=self.poll, tail=self.log_tail, stop_event=stop_event,
+                     poll_s=0.2)
 
     # -- stop ----------------------------------------------------------------------------------------------
     def cancel(self, signal_name: str) -> None:
@@ -316,89 +326,86 @@ class SlurmJob:
         if signal_name == "KILL":
             subprocess.run(["scancel", self.job_id], capture_output=True, timeout=_CALL_TIMEOUT_S, check=False)
 
-    def _wait_state(self, timeout_s: float, *, queued: bool) -> bool:
-        """Wait until the job is no longer active (``queued=False``: also not COMPLETING); False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            state = self.state()
-            if state not in ACTIVE and (queued or state != "COMPLETING"):
-                return True
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.1)
-
     def stop(self, grace_s: float = 10.0, release_timeout_s: float = 30.0) -> int | None:
         """SIGTERM (grace), then SIGKILL; released once the job has left the queue, the port is free and the GPU
-        memory is back. A job that already ended is only released."""
+        memory is back (``stopping.stop_and_release``). A job that already ended is only released."""
         if not self.job_id:
             return None
-        problems: list[str] = []
-        state = self.state()  # read before our own cancel: a job already cancelled from outside stays so
-        self._stopping = True
-        if state in ACTIVE:
-            if state == "PENDING":
+        seen: list[str | None] = []  # the state read last (before our own cancel: a job cancelled from outside stays so)
+
+        def running() -> bool:
+            seen[:] = [self.state()]
+            return seen[0] in ACTIVE
+
+        def terminate() -> None:
+            self._stopping = True
+            if seen and seen[0] == "PENDING":
                 self.cancel("KILL")  # never started: nothing to drain
-            else:
-                self.cancel("TERM")
-                if not self._wait_state(grace_s, queued=True):
-                    self.cancel("KILL")
-        deadline = time.monotonic() + release_timeout_s
-        if not self._wait_state(release_timeout_s, queued=False):
-            self.cancel("KILL")
-            problems.append(f"Slurm job {self.job_id} still in the queue after {release_timeout_s:g} s")
+            else:  # the batch step's main process only: the server the job script exec'd
+                subprocess.run(["scancel", "--batch", "--signal=TERM", self.job_id], capture_output=True,
+                               timeout=_CALL_TIMEOUT_S, check=False)
+
+        def kill() -> None:
+            self._stopping = True
+            if self.state() in ACTIVE:
+                self.cancel("KILL")
+
+        def gone() -> bool:
+            state = self.state()
+            return state not in ACTIVE and state != "COMPLETING"
+
+        steps = StopSteps(what=f"Slurm job {self.job_id}", running=running, terminate=terminate, kill=kill, gone=gone,
+                          clean_files=self._clean_shm, poll_s=0.1)
+        release = Release(port=self.port, port_free=lambda: port_is_free(self.spec.host, self.port),
+                          reader=self.gpu_reader, baseline_mib=self.baseline_mib)
+        problems = stop_and_release(steps, release, grace_s=grace_s, release_timeout_s=release_timeout_s)
         self.poll()
-        while not port_is_free(self.spec.host, self.port):
-            if time.monotonic() >= deadline:
-                problems.append(f"port {self.port} still busy after {release_timeout_s:g} s")
-                break
-            time.sleep(0.05)
-        if self.gpu_reader is not None:
-            left = max(0.0, deadline - time.monotonic())
-            if not wait_released(self.gpu_reader, self.baseline_mib, left):
-                problems.append(f"GPU memory not released within {release_timeout_s:g} s")
         self._stand_down()
         self.teardown_error = "; ".join(problems) or None
         return self.exit_code
 
+    # -- /dev/shm on the job's node ------------------------------------------------------------------------
+    @property
+    def shm_record(self) -> Path:
+        return Path(self.spec.run_dir or self.log_path.parent) / f"{self.name}.shm.json"
+
+    def watch_shm(self, run_dir: Path) -> None:
+        """List the directory before the job starts, and keep the listing for a later ``attach`` (a fleet's)."""
+        directory = Path(self.spec.shm_dir) if self.spec.shm_dir is not None else SHM_DIR
+        self.shm = ShmOwnership(directory, snapshot(directory), launch_ports(self.spec.port, self.spec.argv))
+        record = {"shm_dir": str(directory), "shm_before": sorted(self.shm.before),
+                  "shm_ports": sorted(self.shm.ports)}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.shm_record.write_text(json.dumps(record))
+
+    def _clean_shm(self) -> None:
+        """The job is gone: its files on this host go, the rest is listed (in the job's log too)."""
+        shm, local = self.shm, socket.gethostname().split(".")[0]
+        if shm is None or (self.node is not None and self.node != local):
+            return  # a job on another node: its /dev/shm is not this host's
+        self.removed_shm, self.unattributed_shm = clean_after_job(shm)
+        self.shm_record.unlink(missing_ok=True)
+        removed = ", ".join(self.removed_shm)
+        lines = [f"removed {len(self.removed_shm)} file(s) of Slurm job {self.job_id}: {removed}"]
+        if self.unattributed_shm:
+            lines.append(f"left {len(self.unattributed_shm)} new file(s) other processes hold (not provably the "
+                         f"job's): {', '.join(self.unattributed_shm)}")
+            log.warning("%s: %s", shm.directory, lines[-1])
+        if self.removed_shm or self.unattributed_shm:
+            with contextlib.suppress(OSError), open(self.log_path, "a") as fh:
+                fh.writelines(f"[autotune] {shm.directory}: {line}\n" for line in lines)
+
     # -- the keeper ----------------------------------------------------------------------------------------
     def keep(self, grace_s: float) -> None:
-        """Start the keeper and its watchdog: from now on the harness's death cancels the job."""
-        watchdog = Watchdog(grace_s=grace_s)
-        try:
-            keeper = subprocess.Popen(
-                [sys.executable, "-c", KEEPER, str(shutil.which("scancel")), self.job_id, str(self.log_path)],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
-                close_fds=True,
-            )
-            assert keeper.stdout is not None
-            keeper.stdout.readline()  # its SIGTERM handler is in place
-            keeper.stdout.close()
-        except BaseException:
-            watchdog.stand_down()
-            raise
-        self._keeper, self._watchdog = keeper, watchdog
+        """Start the keeper: from now on the harness's death cancels the job."""
         run_dir = Path(self.spec.run_dir or self.log_path.parent)
-        watchdog.watch(keeper.pid, run_dir / f"slurm-{self.job_id}.json")  # no record: nothing on the host to clean
-
-    def _stand_down(self) -> None:
-        if self._watchdog is not None:
-            self._watchdog.stand_down()
-            self._watchdog = None
-        if self._keeper is not None:
-            self._keeper.kill()
-            self._keeper.wait(timeout=10)
-            self._keeper = None
-
-    def release(self) -> None:
-        """Leave the job running (a fleet's): a detached spec has no keeper; any other stops being kept."""
-        self._stand_down()
+        self._keeper = Keeper([str(shutil.which("scancel")), "--full", self.job_id], log_path=self.log_path,
+                              note=f"[autotune keeper] harness gone; cancelled Slurm job {self.job_id} (scancel --full)",
+                              grace_s=grace_s, record=run_dir / f"slurm-{self.job_id}.json")
 
     def __enter__(self) -> SlurmJob:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        if not self.spec.detach:
-            self.stop()
 
 
 def _conforms(job: SlurmJob, launcher: SlurmLauncher) -> tuple[ServerHandle, Launcher]:

@@ -24,17 +24,18 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import secrets
 import shlex
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import httpx
 
-from autotune.errors import AutotuneError, ConfigError, FleetError, ServerError
+from autotune.errors import ConfigError, FleetError, ServerError
 from autotune.launch.base import (
     LOG_TAIL_LINES,
     Launcher,
@@ -43,13 +44,14 @@ from autotune.launch.base import (
     ReaderFactory,
     ServerExited,
     ServerHandle,
+    ServerRecord,
     ServerStartTimeout,
 )
 from autotune.launch.local import DEVICE_ORDER
-from autotune.launch.memory import used_mib, wait_released
 from autotune.launch.remote_memory import NoReading, RemoteGpuReader
 from autotune.launch.remote_shm import RemoteShm
 from autotune.launch.shm import SHM_DIR, launch_ports
+from autotune.launch.stopping import memory_baseline, wait_memory
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,6 @@ Transport = Callable[[str, str, float], tuple[int, str, str]]
 GONE = -1  # poll() of a server that is gone without an exit status (killed by a signal, or its status lost)
 ALIVE_TTL_S = 0.5  # `alive` asks the host at most twice a second: the replay reads it from its event loop
 _CALL_TIMEOUT_S = 60.0
-_READ_RETRY_S = 0.5  # a GPU reading that failed during the release wait is tried again this much later
 
 
 def split_host(host: str) -> tuple[str | None, str, int | None]:
@@ -220,7 +221,10 @@ class SshLauncher:
     def start(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> SshServer:
         pid_file = self.pid_file(spec)
         status_file = pid_file.removesuffix(".pid") + ".exit"
-        baseline = _used_mib(gpu_reader)
+        baseline = memory_baseline(gpu_reader, spec.gpus)
+        if gpu_reader is not None and spec.gpus and baseline is None:
+            log.warning("GPU memory not read before the start on %s: the stop will not wait for its release",
+                        self.host)
         shm = self.shm(spec)
         shm.snapshot(self.path(shm_record(pid_file)))  # before the start: only what appears after can be its
         command = start_command(spec.argv, env={**spec.env, **self.device_env(spec.gpus)}, log=str(spec.log_path),
@@ -230,6 +234,21 @@ class SshLauncher:
             raise ServerError(f"launch on {self.host} failed: {(err or out).strip()[:200]}")
         return SshServer(self, spec, pid=int(out.strip()), pid_file=pid_file, status_file=status_file,
                          gpu_reader=gpu_reader, baseline_mib=baseline, shm=shm)
+
+    def attach(self, record: ServerRecord) -> SshServer:
+        """The server whose pid file on the host (``record.name``) still names the recorded pid; else not alive.
+        Its /dev/shm files are told by the record its start left beside the pid file."""
+        spec = LaunchSpec(argv=[], port=record.port, host=record.host, log_path=Path(record.log_path),
+                          gpus=record.gpus, run_dir=Path(record.run_dir) if record.run_dir else None, detach=True)
+        pid_file = str(record.name or self.pid_file(spec))
+        server = SshServer(self, spec, pid=int(record.pid or 0), pid_file=pid_file,
+                           status_file=pid_file.removesuffix(".pid") + ".exit", launch_id=record.launch_id)
+        shm, pid = self._recorded(pid_file)
+        if pid is None or pid != record.pid:
+            server.exit_code, server._stopped = GONE, True  # gone, or another server's pid file now
+        else:
+            server._shm = shm
+        return server
 
     def stop_pid_file(self, pid_file: str, *, grace_s: float, shm: RemoteShm | None = None,
                       pgid: int | None = None) -> bool:
@@ -263,8 +282,9 @@ class SshServer:
 
     def __init__(self, launcher: SshLauncher, spec: LaunchSpec, *, pid: int, pid_file: str, status_file: str,
                  gpu_reader: MemoryReader | None = None, baseline_mib: float | None = None,
-                 shm: RemoteShm | None = None) -> None:
+                 shm: RemoteShm | None = None, launch_id: str | None = None) -> None:
         self.launcher, self.spec = launcher, spec
+        self.launch_id = launch_id or secrets.token_hex(6)
         self.pid: int | None = pid  # its pid on the host (the ``sh`` that leads its session there)
         self.host_pid = pid
         self.pid_file, self.status_file = pid_file, status_file
@@ -278,6 +298,11 @@ class SshServer:
         self._reader, self._baseline, self._shm = gpu_reader, baseline_mib, shm
         self._checked_at: float | None = None
         self._stopped = False
+
+    def record(self) -> ServerRecord:
+        return ServerRecord(launcher="ssh", launch_id=self.launch_id, host=self.spec.host, port=self.port,
+                            log_path=str(self.spec.log_path), gpus=self.spec.gpus, pid=self.host_pid,
+                            name=self.pid_file, run_dir=str(self.spec.run_dir) if self.spec.run_dir else None)
 
     def _check(self) -> None:
         """One round trip: running, or its exit code (``GONE`` without a status file)."""
@@ -354,8 +379,8 @@ class SshServer:
         while self.exit_code is None and time.monotonic() < deadline:  # the group is gone: its leader next
             time.sleep(0.05)
             self._check()
-        if self._reader is not None:
-            problem = _wait_released(self._reader, self._baseline, deadline, release_timeout_s)
+        if self._reader is not None and self._baseline is not None:
+            problem = wait_memory(self._reader, self._baseline, deadline, release_timeout_s)
             if problem is not None:
                 self.teardown_error = problem
         return self.exit_code
@@ -363,36 +388,6 @@ class SshServer:
     def release(self) -> None:
         """Forget the server without stopping it (a fleet's serves on)."""
         self._stopped = True
-
-
-def _used_mib(reader: MemoryReader | None) -> float | None:
-    """The memory in use before the start; None (no release wait) when there is no reader or it cannot be read."""
-    if reader is None:
-        return None
-    try:
-        return used_mib(reader)
-    except AutotuneError as exc:
-        log.warning("GPU memory not read before the start (the stop will not wait for its release): %s", exc)
-        return None
-
-
-def _wait_released(reader: MemoryReader, baseline_mib: float | None, deadline: float, timeout_s: float) -> str | None:
-    """Wait until the memory is back by ``deadline``; a reading that fails (the host unreachable a moment) is
-    tried again until then. None when released, else what went wrong."""
-    failure: AutotuneError | None = None
-    while True:
-        try:
-            if wait_released(reader, baseline_mib, max(0.0, deadline - time.monotonic())):
-                return None
-            failure = None
-        except AutotuneError as exc:
-            failure = exc
-        if time.monotonic() >= deadline:
-            break
-        time.sleep(_READ_RETRY_S)
-    if failure is not None:
-        return f"GPU memory not checked in the {timeout_s:g} s after the stop: {failure}"
-    return f"GPU memory not released {timeout_s:g} s after the stop"
 
 
 def _conforms(server: SshServer, launcher: SshLauncher) -> tuple[ServerHandle, Launcher]:

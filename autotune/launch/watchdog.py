@@ -31,6 +31,7 @@ from typing import Any
 
 from autotune.launch.procgroup import PROC, group_pids
 from autotune.launch.shm import ShmOwnership, release_semaphores
+from autotune.launch.stopping import Release, StopSteps, stop_and_release
 
 KILL_WAIT_S = 5.0  # after SIGKILL, how long to wait for the group's members to go
 POLL_S = 0.02
@@ -102,17 +103,24 @@ def _gone(pid: int) -> bool:
     return data[data.rfind(b")") + 2:][:1] in (b"Z", b"X")
 
 
-def _wait(condition: Any, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(POLL_S)
-    return True
+def _kill_group(pid: int) -> None:
+    if group_pids(pid):
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _terminate(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
 
 
 def stop_server(pid: int, start: int | None, grace_s: float) -> bool:
-    """SIGTERM the launcher, SIGKILL its group after ``grace_s``; False when ``pid`` is no longer our server.
+    """SIGTERM the launcher, SIGKILL its group after ``grace_s`` (``stopping.stop_and_release``, with no port or
+    memory to wait for: the next trial's start checks those); False when ``pid`` is no longer our server.
 
     The group id is the launcher's pid (its own session). While any member lives the kernel does not hand that
     pid to a new process, so members of group ``pid`` are ours unless the leader runs with another start time.
@@ -120,18 +128,10 @@ def stop_server(pid: int, start: int | None, grace_s: float) -> bool:
     leader = start_ticks(pid)
     if leader is not None and start is not None and leader != start:
         return False  # the pid was reused: the group of that id is someone else's
-    if leader is not None and not _gone(pid):
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        _wait(lambda: _gone(pid), grace_s)
-    if group_pids(pid):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        _wait(lambda: not group_pids(pid), KILL_WAIT_S)
+    steps = StopSteps(what=f"process group {pid}", running=lambda: leader is not None and not _gone(pid),
+                      terminate=lambda: _terminate(pid), kill=lambda: _kill_group(pid),
+                      gone=lambda: not group_pids(pid), poll_s=POLL_S)
+    stop_and_release(steps, Release(), grace_s=grace_s, release_timeout_s=KILL_WAIT_S)
     return True
 
 

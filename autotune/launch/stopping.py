@@ -1,0 +1,141 @@
+"""The one stop-and-release routine every launcher runs, and the health wait every launcher's start ends in.
+
+A stopped server must leave nothing the next one would trip over: the server's processes (or job, or container)
+gone, its port free, its ``/dev/shm`` files removed, its device memory back. The sequence is the same wherever
+the server runs; what differs is how each step is done, which the launcher gives as ``StopSteps``:
+
+1. ``terminate`` the server's main process only (SGLang's launcher drains and stops its own children; a SIGTERM to
+   a child sends SGLang down its crash path instead), and give it ``grace_s`` to end;
+2. ``kill`` whatever of it is left, and wait until it is ``gone``;
+3. wait until the port is free, then ``clean_files`` (the shared-memory files it provably owned);
+4. wait until the device memory is back at its pre-start level, only where there is a GPU to wait for.
+
+Each wait is bounded; what did not happen in time comes back as a problem (the handle's ``teardown_error``),
+never a hang.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from autotune.errors import AutotuneError
+from autotune.launch.base import MemoryReader, ServerExited, ServerStartTimeout
+from autotune.launch.memory import used_mib, wait_released
+
+POLL_S = 0.02
+READ_RETRY_S = 0.5  # a memory reading that failed (a remote host unreachable a moment) is tried again this later
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class StopSteps:
+    """How one launcher does each step of the stop, for one server."""
+
+    what: str  # "process group 4242", "Slurm job 17", "container autotune-x": named in a problem
+    running: Callable[[], bool]  # the server's main process still runs
+    terminate: Callable[[], None]  # the polite signal, to the main process only
+    kill: Callable[[], None]  # everything of it that is left, at once
+    gone: Callable[[], bool]  # nothing of it is left (reaps what needs reaping)
+    clean_files: Callable[[], None] = _nothing  # remove the files it provably owned (after it is gone)
+    poll_s: float = POLL_S  # how often a step is asked again (a Slurm query costs an RPC)
+
+
+@dataclass(frozen=True)
+class Release:
+    """What the stop waits for once the server is gone: its port, and its device memory (``baseline_mib`` is the
+    memory in use before the start; None: no wait, e.g. a server without GPUs)."""
+
+    port: int | None = None
+    port_free: Callable[[], bool] | None = None
+    reader: MemoryReader | None = None
+    baseline_mib: float | None = None
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, poll_s: float = POLL_S) -> bool:
+    """Poll ``condition`` until it holds (True) or ``timeout_s`` passes (False); asked at least once."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True
+
+
+def memory_baseline(reader: MemoryReader | None, gpus: tuple[int, ...] = (0,)) -> float | None:
+    """The memory in use before a start, for the stop's release wait; None (no wait) without a reader, without
+    GPUs (host memory is shared: "back to where it was" never comes on a busy host), or when it cannot be read."""
+    if reader is None or not gpus:
+        return None
+    try:
+        return used_mib(reader)
+    except AutotuneError:
+        return None
+
+
+def wait_memory(reader: MemoryReader, baseline_mib: float | None, deadline: float, timeout_s: float) -> str | None:
+    """Wait until the memory is back at ``baseline_mib`` by ``deadline`` (``timeout_s`` after the stop began); a
+    reading that fails is tried again until then. None when released, else the problem."""
+    failure: AutotuneError | None = None
+    while True:
+        try:
+            if wait_released(reader, baseline_mib, max(0.0, deadline - time.monotonic())):
+                return None
+            failure = None
+        except AutotuneError as exc:
+            failure = exc
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(READ_RETRY_S)
+    if failure is not None:
+        return f"GPU memory not checked in the {timeout_s:g} s after the stop: {failure}"
+    return f"GPU memory not released within {timeout_s:g} s"
+
+
+def stop_and_release(steps: StopSteps, release: Release, *, grace_s: float, release_timeout_s: float) -> list[str]:
+    """Run the stop (see the module's docstring); the problems, empty when everything was released in time."""
+    problems: list[str] = []
+    if steps.running():
+        steps.terminate()
+        wait_until(lambda: not steps.running(), grace_s, steps.poll_s)
+    steps.kill()
+    deadline = time.monotonic() + release_timeout_s  # the port and the memory: within the release timeout
+    kill_wait_s = max(release_timeout_s, 5.0)  # what is left after a kill: however short that timeout
+    if not wait_until(steps.gone, kill_wait_s, steps.poll_s):
+        steps.kill()  # once more: a job the controller had not yet started cancelling
+        problems.append(f"{steps.what} still there {kill_wait_s:g} s after the kill")
+    if release.port_free is not None and not wait_until(release.port_free, max(0.0, deadline - time.monotonic())):
+        problems.append(f"port {release.port} still busy after {release_timeout_s:g} s")
+    steps.clean_files()
+    if release.reader is not None and release.baseline_mib is not None:
+        problem = wait_memory(release.reader, release.baseline_mib, deadline, release_timeout_s)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+def wait_healthy(url: Callable[[], str], timeout_s: float, *, ended: Callable[[], int | None], tail: Callable[[], str],
+                 stop_event: threading.Event | None = None, poll_s: float = 0.1) -> None:
+    """Return once ``url()``'s ``/health`` answers 200; ``ServerExited`` as soon as ``ended`` gives an exit code,
+    ``ServerStartTimeout`` when the time runs out or ``stop_event`` is set (every launcher's ``wait_ready``)."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=2.0, trust_env=False) as client:
+        while True:
+            code = ended()
+            if code is not None:
+                raise ServerExited(code, tail())
+            try:
+                if client.get(f"{url()}/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass  # pending, or not listening yet
+            if (stop_event is not None and stop_event.is_set()) or time.monotonic() >= deadline:
+                raise ServerStartTimeout(timeout_s, tail())
+            time.sleep(poll_s)
