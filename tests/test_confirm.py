@@ -10,10 +10,12 @@ from autotune.cli.sweep import render
 from autotune.cli.trials import rows as trial_rows
 from autotune.config import load_config
 from autotune.results import GpuPeaks, Metrics, Percentiles, TrialResult
-from autotune.search.confirm import confirm, decide, defaults_config, run_sweep, summarize
+from autotune.search.confirm import confirm, decide, defaults_config
+from autotune.search.objective import open_study
 from autotune.search.runner import DEFAULTS_RUN
-from autotune.search.storage import open_study
 from autotune.search.study import run_study
+from autotune.search.sweep import run_sweep
+from autotune.search.views.summary import summarize
 
 P = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
 

@@ -17,9 +17,10 @@ from autotune.harness.windows import Window, WindowsStep
 from autotune.report.page import build, figures_for
 from autotune.report.page import render as page
 from autotune.results import Metrics, Percentiles, TrialResult
-from autotune.search.confirm import confirm, decide, estimate_noise, next_launches, summarize
+from autotune.search.confirm import confirm, decide, estimate_noise, next_launches
 from autotune.search.confirm.samples import by_contender, launch_tok_s
 from autotune.search.study import run_study
+from autotune.search.views.summary import summarize
 
 P = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
 

@@ -204,7 +204,7 @@ def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_tre
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.chdir(tmp_path)
     path = write_study(tmp_path, sim=', numerics_flags = "chunked_prefill_size"', limit=", min_exact_share = 1.0")
-    from autotune.search.confirm import run_sweep
+    from autotune.search.sweep import run_sweep
 
     summary = run_sweep(load_config(path))
     progress = capsys.readouterr()

@@ -16,8 +16,8 @@ from autotune.deploy.apply import load_winner, provenance
 from autotune.job import Job, job_time
 from autotune.report.page import report
 from autotune.results import TrialResult
-from autotune.search.confirm import run_sweep
-from autotune.search.jobview import job_for_study
+from autotune.search.sweep import run_sweep
+from autotune.search.views.jobview import job_for_study
 
 SEED_JOB = {"completions": 902_087, "gpus": 7, "gpu_hour_cost": 4.0, "mean_output_tokens": None}
 

@@ -21,7 +21,7 @@ from autotune.report.figures import stability_figure
 from autotune.report.stability import stability_frame
 from autotune.results import Metrics, Percentiles, TrialResult
 from autotune.search.confirm import contenders
-from autotune.search.summary import _best, unsettled
+from autotune.search.views.summary import _best, unsettled
 from autotune.settle import Settler, SettleRule, Settling, agree, half_width, settle, t975
 from autotune.sim.evaluate import SimWorkload, _seed_prompts, evaluate
 from tests.test_workload import _sample, sse_server  # noqa: F401 - the fake SSE server fixture

@@ -18,7 +18,7 @@ from autotune.report.headline import gain
 from autotune.results import Capacity, GpuPeaks, Metrics, Percentiles, TrialResult
 from autotune.search.confirm import decide
 from autotune.search.confirm.stress import STRESS_MAX, stress_winner
-from autotune.search.worstcase import worst_case_line
+from autotune.search.views.worstcase import worst_case_line
 
 BASE = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
         "max_mamba_cache_size": 80}

@@ -14,12 +14,12 @@ from autotune.config.studyref import resolve_config
 from autotune.errors import ConfigError
 from autotune.harness.engines import ENGINES
 from autotune.launch import LAUNCHERS
+from autotune.launch.groups import parse_gpus
 from autotune.progress import make_progress
-from autotune.search.confirm import run_sweep
-from autotune.search.gpus import render_gpus
-from autotune.search.groups import parse_gpus
-from autotune.search.storage import open_study
-from autotune.search.workers import on_gpus, run_workers, with_launcher
+from autotune.search.objective import open_study
+from autotune.search.scaleout.workers import on_gpus, run_workers, with_launcher
+from autotune.search.sweep import run_sweep
+from autotune.search.views.gpus import render_gpus
 from autotune.sglang.flags import FlagTable
 
 
@@ -148,7 +148,7 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
 
 
 def _search_on(cfg: Any, gpus: str | None, workers: int | None, *, err: bool) -> Any:
-    """The search on one worker per GPU group (``autotune.search.workers``), or on ``workers`` Slurm jobs; the
+    """The search on one worker per GPU group (``autotune.search.scaleout.workers``), or on ``workers`` Slurm jobs; the
     confirmation then runs here, on the pool (its launches take a free group from the same GPU locks)."""
     indices = parse_gpus(gpus) if gpus else None
     pinned = on_gpus(cfg, indices, cfg.engine.port) if indices else cfg  # a pool too small: one line, nothing started

@@ -16,13 +16,13 @@ from rich.table import Table
 from autotune.config import load_config
 from autotune.config.studyref import resolve_config
 from autotune.results import TrialResult, fidelity_summary, numerics_line
-from autotune.search.jobview import job_for_study
 from autotune.search.numerics import contender_fidelity
-from autotune.search.objective import gpus_spanned, per_gpu
+from autotune.search.objective import gpus_spanned, open_study, per_gpu
 from autotune.search.space import config_diff
-from autotune.search.storage import load_study, open_study
-from autotune.search.summary import confirmation_line, confirmed_rate
-from autotune.search.worstcase import stress_of, worst_case_line
+from autotune.search.storage import load_study
+from autotune.search.views.jobview import job_for_study
+from autotune.search.views.summary import confirmation_line, confirmed_rate
+from autotune.search.views.worstcase import stress_of, worst_case_line
 
 COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "gpus", "tok_s_per_gpu",
            "max_running_requests", "kv_tokens", "mamba_slots", "peak_gib", "numerics", "reason", "winner",

@@ -32,12 +32,12 @@ from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files, reference
 from autotune.results import Capacity, TrialResult
 from autotune.search.confirm.samples import launch_tok_s
-from autotune.search.jobview import job_for_study
 from autotune.search.numerics import contender_result
 from autotune.search.objective import per_gpu
-from autotune.search.settings import device_name
 from autotune.search.storage import load_study
-from autotune.search.worstcase import worst_case_block
+from autotune.search.views.jobview import job_for_study
+from autotune.search.views.settings import device_name
+from autotune.search.views.worstcase import worst_case_block
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.parallel import server_gpus
 
@@ -63,7 +63,7 @@ class Winner:
     gain_ci: tuple[float | None, float | None] = (None, None)
     baseline_config: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)  # the study's user_attrs["autotune"]
-    job: dict[str, Any] | None = None  # [job]: the job's hours before and after (``search.jobview``)
+    job: dict[str, Any] | None = None  # [job]: the job's hours before and after (``search.views.jobview``)
     worst_case: dict[str, Any] | None = None  # the stress phase's verdict (``search.confirm.stress``)
 
     @property

@@ -25,7 +25,7 @@ from autotune.harness.fidelity import outputs_differ
 from autotune.results import TrialResult, fidelity_summary
 from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned, per_gpu
-from autotune.search.settings import engine_table
+from autotune.search.views.settings import engine_table
 
 # status → the outcome class a reader sees; the group decides the marker a figure uses.
 OUTCOMES: dict[str, tuple[str, str]] = {

@@ -15,10 +15,10 @@ import optuna
 import pandas as pd
 
 from autotune.report.data import baseline_trial, model_name, trial_result, winner_trial
-from autotune.search.jobview import job_for_study
-from autotune.search.settings import device_name
-from autotune.search.summary import confirmation_line, confirmed_rate
-from autotune.search.worstcase import worst_case_line
+from autotune.search.views.jobview import job_for_study
+from autotune.search.views.settings import device_name
+from autotune.search.views.summary import confirmation_line, confirmed_rate
+from autotune.search.views.worstcase import worst_case_line
 
 
 def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:

@@ -25,10 +25,10 @@ from autotune.harness.steps import AfterWindow
 from autotune.harness.tenancy import Occupancy
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
+from autotune.launch.gpulocks import GpuLocks, Stopped, lock_dir
 from autotune.launch.registry import make_launcher
 from autotune.results import TrialResult
 from autotune.search.folders import fresh, study_folder
-from autotune.search.gpulocks import GpuLocks, Stopped, lock_dir
 from autotune.search.numerics import (
     REFERENCE_ATTR,
     REFERENCE_FILE,
@@ -37,7 +37,7 @@ from autotune.search.numerics import (
     missing_reference,
     without_reference,
 )
-from autotune.search.storage import open_study
+from autotune.search.objective import open_study
 from autotune.sglang.parallel import server_gpus
 
 Runner = Callable[[dict[str, Any], int], TrialResult]

@@ -31,16 +31,15 @@ from autotune.config import StudyConfig
 from autotune.config.pool import study_spans
 from autotune.errors import DiskError, GpuBusyError
 from autotune.harness.tenancy import Occupancy, check_engine_gpus
+from autotune.launch.gpulocks import hold_sweep_gpus
+from autotune.launch.groups import group_label
 from autotune.launch.process import cleanup_orphans
 from autotune.progress import PlainProgress
 from autotune.results import WRITE_ERROR, TrialResult
 from autotune.search.correction import CorrectedFeasibility, known_failure, replay, skip_was_wrong
-from autotune.search.diskguard import Ballast, Room, disk_error, starved
 from autotune.search.edges import EdgeStarts
-from autotune.search.gpulocks import hold_sweep_gpus
-from autotune.search.groups import group_label
 from autotune.search.numerics import record_reference
-from autotune.search.objective import make_sampler, objective_values
+from autotune.search.objective import make_sampler, objective_values, open_study
 from autotune.search.runner import HarnessRunner, Runner, with_device
 from autotune.search.seeding import (
     INFEASIBLE,
@@ -53,7 +52,8 @@ from autotune.search.seeding import (
 )
 from autotune.search.skips import skip_reason
 from autotune.search.space import Space, config_diff, key_of
-from autotune.search.storage import Liveness, add_running, node_lock, open_study, storage_file, take_waiting
+from autotune.search.storage import Liveness, add_running, node_lock, storage_file, take_waiting
+from autotune.search.storage.diskguard import Ballast, Room, disk_error, starved
 from autotune.sglang.parallel import group_line, server_gpus
 
 POLL_S = 1.0  # how often a sweep whose remaining trials run elsewhere looks again

@@ -17,12 +17,11 @@ from autotune.results import TrialResult
 from autotune.search.confirm.allocation import launch_costs, windows_per_launch
 from autotune.search.confirm.decision import decide
 from autotune.search.confirm.noise import estimates
-from autotune.search.confirm.ranking import contenders, feasible, in_reach
+from autotune.search.confirm.ranking import contenders, feasible, gains, in_reach
 from autotune.search.confirm.samples import by_contender
-from autotune.search.gpus import gains
 from autotune.search.runner import Runner
 from autotune.search.seeding import finished
-from autotune.search.summary import launch_key as _key
+from autotune.search.seeding import launch_key as _key
 from autotune.sglang.parallel import server_gpus
 
 

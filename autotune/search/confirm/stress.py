@@ -20,13 +20,13 @@ from typing import Any
 import optuna
 
 from autotune.config import StudyConfig
-from autotune.harness.stress import StressResult, StressStep
+from autotune.harness.stress import StressResult, StressStep, stress_line
 from autotune.results import TrialResult
 from autotune.search.confirm.decision import decide
 from autotune.search.runner import Runner
-from autotune.search.summary import launch_key
-from autotune.search.worstcase import ATTR, stress_of, worst_case_line
+from autotune.search.seeding import launch_key
 
+ATTR = "stress"  # the confirmation's key for the stress phase
 STRESS_MAX = 3  # stress launches of their own at most: the winner, a tied runner-up, one more after a demotion
 
 
@@ -153,3 +153,32 @@ def _save(study: optuna.Study, confirmation: dict[str, Any], state: dict[str, An
     stored = {**confirmation, ATTR: state}
     study.set_user_attr("confirmation", stored)
     return None if interrupted else stored
+
+
+# --- the stress record read back (every view prints ``worst_case_line``) ---------------------------------------
+def passed(confirmation: dict[str, Any] | None, trial: int | None) -> StressResult | None:
+    """The stress phase ``trial`` passed in this confirmation, or None (never stressed, or it failed)."""
+    for run in ((confirmation or {}).get(ATTR) or {}).get("runs") or ():
+        res = StressResult.from_dict(run.get("result"))
+        if run.get("trial") == trial and res is not None and res.survived:
+            return res
+    return None
+
+
+def stress_of(confirmation: dict[str, Any] | None, trial: int | None) -> dict[str, Any] | None:
+    """The last stress record of ``trial`` (``{"trial", "status", "reason", "result"}``), None when never stressed."""
+    runs = [r for r in ((confirmation or {}).get(ATTR) or {}).get("runs") or () if r.get("trial") == trial]
+    return runs[-1] if runs else None
+
+
+def worst_case_line(confirmation: dict[str, Any] | None, trial: int | None) -> str:
+    """The one line every view prints for ``trial``: its stress verdict, or why it has none."""
+    run = stress_of(confirmation, trial)
+    if run is not None:
+        line = stress_line(run.get("result"))
+        if line is not None:
+            return line
+        return f"worst case: not measured ({run.get('reason') or run.get('status') or 'no stress phase ran'})"
+    if not (confirmation or {}).get("complete"):
+        return "worst case: not stressed (the stress phase runs after the confirmation; confirmation is off or unfinished)"
+    return "worst case: not stressed"

@@ -16,7 +16,7 @@ import optuna
 from autotune.job import Job, JobShapeError, JobTime, job_line, job_time
 from autotune.results import TrialResult
 from autotune.search.objective import gpus_spanned
-from autotune.search.summary import baseline_trial, confirmed_rate
+from autotune.search.views.summary import baseline_trial, confirmed_rate
 
 
 def study_job(study: optuna.Study) -> Job | None:

@@ -10,11 +10,11 @@ from autotune.progress import PlainProgress
 from autotune.search.confirm.defaults import _defaults
 from autotune.search.confirm.stages import confirm
 from autotune.search.confirm.stress import stress_winner
-from autotune.search.diskguard import disk_error
-from autotune.search.jobview import job_for_study
 from autotune.search.runner import CheckedRunner, Runner
+from autotune.search.storage.diskguard import disk_error
 from autotune.search.study import Sweep, sigint_stops
-from autotune.search.summary import baseline_failure, summarize
+from autotune.search.views.jobview import job_for_study
+from autotune.search.views.summary import baseline_failure, summarize
 
 
 def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None) -> dict[str, Any]:

@@ -23,15 +23,8 @@ from autotune.redaction import redact_url
 from autotune.results import TrialResult, numerics_line
 from autotune.search.numerics import confirmation_figures, contender_fidelity, unexpected_contenders
 from autotune.search.objective import gpus_spanned
-from autotune.search.seeding import finished, launches
-from autotune.search.space import key_of
-from autotune.search.worstcase import worst_case_line
-
-
-def launch_key(trial: FrozenTrial) -> str:
-    """The config a trial launched (its stored launch key; older studies: the key of its result's config)."""
-    key = trial.user_attrs.get("launch_key")
-    return key if key is not None else key_of((trial.user_attrs.get("result") or {}).get("config") or {})
+from autotune.search.seeding import finished, launch_key, launches, unsettled
+from autotune.search.views.worstcase import worst_case_line
 
 
 def baseline_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
@@ -44,13 +37,6 @@ def measured(trial: FrozenTrial | None) -> bool:
     """Whether a trial measured a throughput (COMPLETE, status ok, a positive value)."""
     return (trial is not None and trial.state == TrialState.COMPLETE and trial.user_attrs.get("status") == "ok"
             and bool(trial.values) and trial.values[0] > 0)
-
-
-def unsettled(trial: FrozenTrial) -> bool:
-    """Whether the trial's window reached its cap before the settle rule was met (``autotune.settle``): its figure
-    is recorded and learnt from, but never crowned."""
-    measurement = (trial.user_attrs.get("result") or {}).get("measurement") or {}
-    return measurement.get("settled") is False
 
 
 def baseline_failure(study: optuna.Study) -> str | None:
