@@ -9,6 +9,8 @@ where the wall is)."""
 
 from __future__ import annotations
 
+import warnings
+
 import optuna
 from optuna.trial import FrozenTrial
 
@@ -43,8 +45,18 @@ def constraints(trial: FrozenTrial) -> list[float]:
 
 def make_sampler(cfg: StudyConfig, *, salt: int = 0) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``salt`` (trials already stored) keeps a resumed sweep from replaying the
-    random start-up proposals of the first run."""
-    seed, kind = cfg.study.seed + salt, cfg.study.sampler
+    random start-up proposals of the first run.
+
+    Optuna marks multivariate and group TPE, ``constant_liar``, ``constraints_func`` and the GP sampler
+    experimental and warns each time one is built: the tool chose them, so a user (``autotune trials``, a worker)
+    reads no library warning for them. Only that category is ignored, and only while the sampler is built."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        return _sampler(cfg, cfg.study.seed + salt)
+
+
+def _sampler(cfg: StudyConfig, seed: int) -> optuna.samplers.BaseSampler:
+    kind = cfg.study.sampler
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "gp":

@@ -20,7 +20,6 @@ import contextlib
 import signal
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -60,7 +59,6 @@ POLL_S = 1.0  # how often a sweep whose remaining trials run elsewhere looks aga
 MAX_ASKS_PER_LAUNCH = 10
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 # --- the loop ----------------------------------------------------------------------------------------------
