@@ -11,6 +11,7 @@ from autotune.cli.trials import rows as trial_rows
 from autotune.config import load_config
 from autotune.results import GpuPeaks, Metrics, Percentiles, TrialResult
 from autotune.search.confirm import confirm, decide, defaults_config
+from autotune.search.confirm.decision import Verdict
 from autotune.search.objective import open_study
 from autotune.search.runner import DEFAULTS_RUN
 from autotune.search.study import run_study
@@ -40,11 +41,11 @@ def gmean(values: list[float]) -> float:
 def test_winner_by_estimate_with_gain_interval():
     data = {3: [5000, 5100, 4900, 5050], 7: [4000, 4100, 3900, 4050], 0: [2000, 2050, 1950, 2010]}
     verdict = decide(runs(data), [3, 7, 0], baseline=0)
-    assert verdict["winner_trial"] == 3
+    assert verdict.winner_trial == 3
     # one window per launch (a plain runner): the estimate is the mean log tok/s of the launches
-    assert verdict["gain"] == pytest.approx(gmean(data[3]) / gmean(data[0]))
-    assert verdict["ci_low"] <= verdict["gain"] <= verdict["ci_high"]
-    assert verdict["ci_low"] > 2.0 and verdict["note"] == ""
+    assert verdict.gain == pytest.approx(gmean(data[3]) / gmean(data[0]))
+    assert verdict.ci_low <= verdict.gain <= verdict.ci_high
+    assert verdict.ci_low > 2.0 and verdict.note == ""
     assert decide(runs(data), [3, 7, 0], baseline=0) == verdict  # analytic: reproducible
 
 
@@ -57,23 +58,23 @@ def test_confirmation_ranks_by_tok_s_per_gpu():
     rs = [{"trial": n, "repeat": k, "result": on(v * (1 + 0.01 * k), g)}
           for n, v, g in ((3, 5000.0, [0, 1]), (7, 3000.0, [2]), (0, 1000.0, [3])) for k in range(3)]
     verdict = decide(rs, [3, 7, 0], baseline=0)
-    assert verdict["winner_trial"] == 7
-    assert verdict["stats"]["3"]["median"] == pytest.approx(2525.0, rel=1e-4)  # per GPU: 5,050 ÷ 2
-    assert verdict["gain"] == pytest.approx(3030.0 / 1010.0, rel=1e-4)
+    assert verdict.winner_trial == 7
+    assert verdict.stats["3"]["median"] == pytest.approx(2525.0, rel=1e-4)  # per GPU: 5,050 ÷ 2
+    assert verdict.gain == pytest.approx(3030.0 / 1010.0, rel=1e-4)
 
 
 def test_a_tie_goes_to_the_config_with_more_headroom():
     data = {3: [5000, 5200, 4800], 7: [4990, 5150, 4850], 0: [2000, 2000, 2000]}
     verdict = decide(runs(data, headroom={3: 2.0, 7: 9.0, 0: 20.0}), [3, 7, 0], baseline=0)
-    assert verdict["winner_trial"] == 7
-    assert "tied" in verdict["note"] and "headroom" in verdict["note"]
+    assert verdict.winner_trial == 7
+    assert "tied" in verdict.note and "headroom" in verdict.note
 
 
 def test_a_tie_keeps_the_fastest_median_when_it_has_room_enough():
     data = {3: [5000, 5200, 4800], 7: [4990, 5150, 4850], 0: [2000, 2000, 2000]}
     verdict = decide(runs(data, headroom={3: 6.0, 7: 20.0, 0: 20.0}), [3, 7, 0], baseline=0)
-    assert verdict["winner_trial"] == 3
-    assert "tied" in verdict["note"] and "headroom does not decide" in verdict["note"]
+    assert verdict.winner_trial == 3
+    assert "tied" in verdict.note and "headroom does not decide" in verdict.note
 
 
 def test_a_contender_that_fails_a_repeat_cannot_win():
@@ -81,8 +82,8 @@ def test_a_contender_that_fails_a_repeat_cannot_win():
     rs = runs({3: [9000, 9000], 0: [2000, 2000]}) + [{"trial": 3, "repeat": 2, "result": failed}]
     verdict = decide(rs, [3, 0], baseline=0)
     # the baseline is then the fastest clean config: that is no winner (and no 1.00× "gain")
-    assert verdict["winner_trial"] is None and verdict["gain"] is None and verdict["outcome"] == "baseline"
-    assert verdict["note"].startswith("no config beat the baseline")
+    assert verdict.winner_trial is None and verdict.gain is None and verdict.outcome == "baseline"
+    assert verdict.note.startswith("no config beat the baseline")
 
 
 def test_confirm_interleaves_stores_and_is_reused(tmp_path):
@@ -169,15 +170,15 @@ def test_a_given_baseline_run_gives_the_gain_its_interval_and_adds_nothing_to_th
     data = {3: [5000, 5100, 4900, 5050], 7: [4000, 4100, 3900, 4050]}
     given = [{"trial": 0, "repeat": -1, "search": True, "result": ok(2000)}]
     verdict = decide(runs(data), [3, 7], baseline=0, given=given)
-    assert verdict["winner_trial"] == 3 and verdict["outcome"] == "winner"
-    assert verdict["gain"] == pytest.approx(gmean(data[3]) / 2000)
-    assert verdict["ci_low"] < verdict["gain"] < verdict["ci_high"] and verdict["ci_low"] > 2.0
-    assert verdict["noise"] == decide(runs(data), [3, 7], baseline=None)["noise"]  # one window, one launch: no df
-    assert verdict["stats"]["0"]["from_search"] and "from_search" not in verdict["stats"]["3"]
+    assert verdict.winner_trial == 3 and verdict.outcome == "winner"
+    assert verdict.gain == pytest.approx(gmean(data[3]) / 2000)
+    assert verdict.ci_low < verdict.gain < verdict.ci_high and verdict.ci_low > 2.0
+    assert verdict.noise == decide(runs(data), [3, 7], baseline=None).noise  # one window, one launch: no df
+    assert verdict.stats["0"]["from_search"] and "from_search" not in verdict.stats["3"]
     # a given baseline is never a candidate: if it read fastest, no config beat it and nothing is decided
     fast = [{**given[0], "result": ok(9000)}]
     held = decide(runs(data), [3, 7], baseline=0, given=fast)
-    assert held["winner_trial"] is None and held["outcome"] == "baseline" and held["contention"] == [3]
+    assert held.winner_trial is None and held.outcome == "baseline" and held.contention == (3,)
 
 
 @pytest.mark.parametrize("factor, relaunched", [(1.0, False), (2.5, True)])
@@ -297,24 +298,24 @@ def test_harness_writes_the_defaults_run_under_trials_defaults(tmp_path):
 # --- a winner equal to the baseline ---------------------------------------------------------------------------
 def test_a_best_config_with_the_baseline_flags_is_no_winner():
     data = {3: [2160, 2170, 2150], 7: [1500, 1510, 1490], 0: [2000, 2010, 1990]}
-    assert decide(runs(data), [3, 7, 0], baseline=0)["winner_trial"] == 3  # other flags: a winner
+    assert decide(runs(data), [3, 7, 0], baseline=0).winner_trial == 3  # other flags: a winner
     verdict = decide(runs(data), [3, 7, 0], baseline=0, same_as_baseline=[3, 0])
-    assert verdict["winner_trial"] is None and verdict["outcome"] == "baseline"
-    assert verdict["gain"] is None and verdict["ci_low"] is None
-    assert verdict["note"] == "no config beat the baseline: the fastest confirmed config (trial 3) runs the " \
+    assert verdict.winner_trial is None and verdict.outcome == "baseline"
+    assert verdict.gain is None and verdict.ci_low is None
+    assert verdict.note == "no config beat the baseline: the fastest confirmed config (trial 3) runs the " \
                               "baseline's own flags"
 
 
 def test_a_best_config_within_the_baseline_noise_is_no_winner():
     data = {3: [2050, 1990, 2100], 0: [2000, 2040, 1980]}
     verdict = decide(runs(data), [3, 0], baseline=0)
-    assert verdict["winner_trial"] is None and verdict["outcome"] == "baseline"
-    assert "within the baseline's run-to-run noise" in verdict["note"]
+    assert verdict.winner_trial is None and verdict.outcome == "baseline"
+    assert "within the baseline's run-to-run noise" in verdict.note
     # a twin of the baseline tied with the best is not picked for its headroom either
     data = {3: [3000, 3100, 2900], 5: [2990, 3050, 2950], 0: [2000, 2000, 2000]}
     verdict = decide(runs(data, headroom={3: 1.0, 5: 9.0, 0: 9.0}), [3, 5, 0], baseline=0,
                      same_as_baseline=[5])
-    assert verdict["winner_trial"] == 3 and verdict["outcome"] == "winner"
+    assert verdict.winner_trial == 3 and verdict.outcome == "winner"
 
 
 class Twin(PlannerRunner):
@@ -466,3 +467,25 @@ def test_a_baseline_that_fails_every_confirmation_run_names_no_winner(tmp_path, 
     (tmp_path / "ok").mkdir()
     ok = load_config(write_study(tmp_path / "ok", trials=4))
     assert run_sweep(ok, runner=PlannerRunner())["outcome"] == "winner"
+
+
+def test_the_verdict_is_stored_with_the_keys_studies_hold_and_read_back_as_it_was():
+    """``Verdict`` crosses the layers typed; the study stores its ``to_dict`` (the keys stored studies hold,
+    per outcome) and every reader takes it back through ``from_dict``."""
+    data = {3: [5000, 5100, 4900, 5050], 7: [4000, 4100, 3900, 4050], 0: [2000, 2050, 1950, 2010]}
+    failed = TrialResult(status="runtime_oom", config={}, reason="CUDA out of memory").to_dict()
+    common = {"baseline_trial", "resolution", "noise", "stats", "winner_trial", "gain", "ci_low", "ci_high",
+              "outcome", "note", "decided", "contention"}
+    kinds = {
+        "winner": (decide(runs(data), [3, 7, 0], baseline=0, demoted={7: "failed its stress phase"}),
+                   common | {"resolved", "runner_up_trial", "runner_up_gain", "runner_up_ci", "demoted"}),
+        "baseline": (decide(runs(data), [3, 7, 0], baseline=0, same_as_baseline=[3, 0]), common | {"resolved"}),
+        "none": (decide([{"trial": 3, "repeat": 0, "result": failed}], [3], baseline=None), common),
+    }
+    for outcome, (verdict, keys) in kinds.items():
+        stored = verdict.to_dict()
+        assert verdict.outcome == outcome and set(stored) == keys, outcome
+        assert Verdict.from_dict(stored) == verdict
+        assert Verdict.from_dict({**stored, "runs": [], "complete": True}) == verdict  # as the study holds it
+    assert isinstance(kinds["winner"][0].to_dict()["contention"], list)
+    assert Verdict.from_dict(None) is None and Verdict.from_dict({}) is None

@@ -21,7 +21,7 @@ from autotune.search.objective import gpus_spanned, open_study, per_gpu
 from autotune.search.space import config_diff
 from autotune.search.storage import load_study
 from autotune.search.views.jobview import job_for_study
-from autotune.search.views.summary import confirmation_line, confirmed_rate
+from autotune.search.views.summary import confirmation_line, confirmed, confirmed_rate
 from autotune.search.views.worstcase import stress_of, worst_case_line
 
 COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "gpus", "tok_s_per_gpu",
@@ -33,7 +33,8 @@ def rows(study) -> list[dict[str, Any]]:
     """One dict per trial with the columns above; capacity and peak memory from the stored TrialResult."""
     out = []
     conf = study.user_attrs.get("confirmation") or {}
-    winner = conf.get("winner_trial") if conf.get("complete") else None
+    verdict = confirmed(conf)
+    winner = verdict.winner_trial if verdict is not None else None
     for t in study.get_trials(deepcopy=False):
         result = t.user_attrs.get("result") or {}
         cap = result.get("capacity") or {}
@@ -43,7 +44,7 @@ def rows(study) -> list[dict[str, Any]]:
         label = t.user_attrs.get("label")
         stored = TrialResult.from_dict(result) if result else None
         rate = confirmed_rate(conf, t.number, gpus_spanned(stored) if stored else 1)  # (median, interval) | None
-        if ((conf.get("stats") or {}).get(str(t.number)) or {}).get("from_search"):
+        if ((verdict.stat(t.number) if verdict is not None else None) or {}).get("from_search"):
             rate = None  # a baseline far behind the leader: its search run stood in, nothing was confirmed
         fidelity = contender_fidelity(result.get("fidelity"), conf, t.number)
         out.append({
@@ -131,6 +132,7 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
                        f"{r['worst_case'] or worst_case_line(conf, r['number'])}")
     if conf.get("complete") and confirmation_line(conf):  # the launches and noise the confirmed figures rest on
         click.echo(f"confirmation: {confirmation_line(conf)}")
-    job = job_for_study(study, conf.get("winner_trial") if conf.get("complete") else None)
+    verdict = confirmed(conf)
+    job = job_for_study(study, verdict.winner_trial if verdict is not None else None)
     if job is not None:  # [job]: the confirmed winner (or the baseline alone) as the job's hours
         click.echo(job["line"])

@@ -23,6 +23,7 @@ import pandas as pd
 from autotune.config.sections import NumericsLimits
 from autotune.harness.fidelity import outputs_differ
 from autotune.results import TrialResult, fidelity_summary
+from autotune.search.confirm.decision import Verdict
 from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned, per_gpu
 from autotune.search.views.settings import engine_table
@@ -260,17 +261,17 @@ def pareto_frame(study: optuna.Study, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def baseline_trial(frame: pd.DataFrame, study: optuna.Study) -> int | None:
-    confirmation = study.user_attrs.get("confirmation") or {}
-    if confirmation.get("baseline_trial") is not None:
-        return int(confirmation["baseline_trial"])
+    verdict = Verdict.from_dict(study.user_attrs.get("confirmation"))
+    if verdict is not None and verdict.baseline_trial is not None:
+        return int(verdict.baseline_trial)
     baselines = frame.loc[frame["role"] == "baseline", "trial"]
     return int(baselines.iloc[0]) if len(baselines) else None
 
 
 def winner_trial(frame: pd.DataFrame, study: optuna.Study) -> int | None:
-    confirmation = study.user_attrs.get("confirmation") or {}
-    if confirmation.get("winner_trial") is not None:
-        return int(confirmation["winner_trial"])
+    verdict = Verdict.from_dict(study.user_attrs.get("confirmation"))
+    if verdict is not None and verdict.winner_trial is not None:
+        return int(verdict.winner_trial)
     feasible = frame[frame["feasible"]]
     return int(feasible.loc[feasible["tok_s_per_gpu"].idxmax(), "trial"]) if len(feasible) else None  # per GPU
 

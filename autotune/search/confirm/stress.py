@@ -22,7 +22,7 @@ import optuna
 from autotune.config import StudyConfig
 from autotune.harness.stress import StressResult, StressStep, stress_line
 from autotune.results import TrialResult
-from autotune.search.confirm.decision import decide
+from autotune.search.confirm.decision import Verdict, decide
 from autotune.search.runner import Runner
 from autotune.search.seeding import launch_key
 
@@ -39,7 +39,7 @@ def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str,
     state = dict(confirmation.get(ATTR) or {})
     state.setdefault("runs", [])
     state.setdefault("demoted", [])
-    state.setdefault("decided_trial", confirmation.get("winner_trial"))
+    state.setdefault("decided_trial", _winner(confirmation))
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     if state.get("complete"):  # a confirmation decided again on resume still excludes what the stress demoted
         redecided = _redecided(confirmation, state, trials, cfg)
@@ -49,7 +49,7 @@ def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str,
         due = [n for n in _to_stress(confirmation) if stress_of({ATTR: state}, n) is None]
         shared = {n: run for n in due if (run := _from_confirmation(confirmation, n)) is not None}
         room = STRESS_MAX - _launches(state)
-        if confirmation.get("winner_trial") is None or not due or (room <= 0 and not shared):
+        if _winner(confirmation) is None or not due or (room <= 0 and not shared):
             break
         for n in [n for n in due if n in shared] + [n for n in due if n not in shared][:max(0, room)]:
             if stop_event is not None and stop_event.is_set():
@@ -82,13 +82,17 @@ def _from_confirmation(confirmation: dict[str, Any], number: int) -> dict[str, A
     return None
 
 
+def _winner(confirmation: dict[str, Any]) -> int | None:
+    verdict = Verdict.from_dict(confirmation)
+    return verdict.winner_trial if verdict is not None else None
+
+
 def _to_stress(confirmation: dict[str, Any]) -> list[int]:
     """The winner, and the runner-up when the confirmation could not separate them (a tie)."""
-    winner = confirmation.get("winner_trial")
+    verdict = Verdict.from_dict(confirmation) or Verdict(outcome="none")
+    winner, runner_up = verdict.winner_trial, verdict.runner_up_trial
     out = [winner] if winner is not None else []
-    runner_up = confirmation.get("runner_up_trial")
-    if (runner_up is not None and not confirmation.get("resolved") and runner_up != winner
-            and runner_up != confirmation.get("baseline_trial")):
+    if runner_up is not None and not verdict.resolved and runner_up not in (winner, verdict.baseline_trial):
         out.append(runner_up)
     return out
 
@@ -140,12 +144,12 @@ def _redecided(confirmation: dict[str, Any], state: dict[str, Any], trials: dict
     if not demoted:
         return confirmation
     order = list(confirmation.get("order") or ())
-    base = confirmation.get("baseline_trial")
+    base = confirmation.get("baseline_trial")  # as stored: a confirmation decided before a verdict had none
     base_key = launch_key(trials[base]) if base in trials else None
     twins = [n for n in order if base_key is not None and n in trials and launch_key(trials[n]) == base_key]
     verdict = decide(list(confirmation.get("runs") or ()), order, base, same_as_baseline=twins,
                      resolution=cfg.study.resolution, demoted=demoted, given=confirmation.get("given") or ())
-    return {**confirmation, **verdict}
+    return {**confirmation, **verdict.to_dict()}
 
 
 def _save(study: optuna.Study, confirmation: dict[str, Any], state: dict[str, Any], *,

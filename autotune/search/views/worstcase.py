@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.errors import StudyError
+from autotune.search.confirm.decision import Verdict
 from autotune.search.confirm.stress import ATTR, passed, stress_of, worst_case_line
 
 __all__ = ["ATTR", "Unstressed", "check_stressed", "passed", "stress_of", "worst_case_block", "worst_case_line"]
@@ -39,9 +40,10 @@ def _unstressed_why(confirmation: dict[str, Any] | None, trial: int, run: dict[s
     if top_k == 0:
         return (f"trial {trial} never ran the stress phase: it runs in the confirmation, which this study turns off "
                 "([study] confirm_top_k = 0); set confirm_top_k = 1 or more and re-run autotune sweep")
-    if conf.get("winner_trial") not in (None, trial):
+    winner = (Verdict.from_dict(conf) or Verdict(outcome="none")).winner_trial
+    if winner not in (None, trial):
         return (f"trial {trial} never ran the stress phase (only the confirmed winner, and a runner-up tied with it, "
-                f"are stressed; the winner is trial {conf.get('winner_trial')})")
+                f"are stressed; the winner is trial {winner})")
     return (f"trial {trial} never ran the stress phase (the study's confirmation did not reach it, or predates it); "
             "re-run autotune sweep to stress it")
 
