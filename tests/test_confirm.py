@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_study import PlannerRunner, write_study
@@ -121,15 +123,23 @@ def test_confirm_interleaves_stores_and_is_reused(tmp_path):
 def test_run_sweep_summary(tmp_path):
     cfg = load_config(write_study(tmp_path, trials=5))
     summary = run_sweep(cfg, runner=PlannerRunner())
-    assert summary["confirmed"] and summary["n_trials"] == 5
-    assert summary["baseline"]["output_tok_s"] == pytest.approx(1600.0)  # 16 running × 100 in the fake
-    assert summary["best"]["output_tok_s"] >= summary["enqueued"][0]["output_tok_s"]
-    assert summary["gain_over_baseline"] == pytest.approx(summary["best"]["output_tok_s"] / 1600.0)
-    assert summary["defaults"]["how"].startswith("predicted")
-    assert sum(summary["statuses"].values()) == 5
-    assert summary["launched"] == 5 - summary["statuses"].get("skipped_infeasible", 0)
-    assert summary["launched_oom"] == 0
-    assert summarize(run_study(cfg, runner=PlannerRunner()), cfg)["best"] == summary["best"]
+    assert summary.confirmed and summary.n_trials == 5
+    assert summary.baseline["output_tok_s"] == pytest.approx(1600.0)  # 16 running × 100 in the fake
+    assert summary.best["output_tok_s"] >= summary.enqueued[0]["output_tok_s"]
+    assert summary.gain_over_baseline == pytest.approx(summary.best["output_tok_s"] / 1600.0)
+    assert summary.defaults["how"].startswith("predicted")
+    assert sum(summary.statuses.values()) == 5
+    assert summary.launched == 5 - summary.statuses.get("skipped_infeasible", 0)
+    assert summary.launched_oom == 0
+    assert summarize(run_study(cfg, runner=PlannerRunner()), cfg).best == summary.best
+    # ``autotune sweep --json`` prints the record's ``asdict``: the keys, in the order, it always printed
+    assert list(summary.to_dict()) == [
+        "study", "storage", "n_trials", "statuses", "launched", "launched_oom", "launched_interrupted", "confirmed",
+        "baseline", "best", "outcome", "gain_over_baseline", "gain_ci", "enqueued", "defaults", "gain_over_defaults",
+        "multi_gpu", "unexpected", "confirmation", "note", "error", "job", "interrupted"]
+    assert summary.to_dict()["best"] == summary.best and summary.interrupted is False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        summary.outcome = "none"  # built once: nothing changes it after summarize
 
 
 class Scaled(PlannerRunner):
@@ -161,7 +171,7 @@ def test_an_enqueued_config_far_behind_the_leader_costs_no_confirmation_launch(t
     runner.calls.clear()
     conf = confirm(study, cfg, runner=runner)
     assert (1 in conf["order"]) is confirmed and (1 in [n for n, _ in runner.calls]) is confirmed
-    shown = summarize(study, cfg)["enqueued"][0]
+    shown = summarize(study, cfg).enqueued[0]
     assert shown["trial"] == 1 and shown["confirmed_runs"] == (1 if confirmed else 0)
     assert shown["output_tok_s"] == pytest.approx(hand.values[0]) or confirmed  # its search figure when not confirmed
 
@@ -194,10 +204,10 @@ def test_a_baseline_far_behind_the_leader_is_not_relaunched(tmp_path, factor, re
     assert bool(conf.get("given")) is not relaunched and conf["gain"] > 1
     assert conf["ci_low"] <= conf["gain"] <= conf["ci_high"]  # the fake has no noise
     summary = summarize(study, cfg)
-    assert summary["baseline"]["from_search"] is not relaunched
-    assert summary["baseline"]["output_tok_s"] == pytest.approx(base) or relaunched  # its search figure
+    assert summary.baseline["from_search"] is not relaunched
+    assert summary.baseline["output_tok_s"] == pytest.approx(base) or relaunched  # its search figure
     windows = sum(s["windows"] for s in conf["stats"].values() if not s.get("from_search"))
-    assert summary["confirmation"].startswith(f"{len(runner.calls)} launches, {windows} windows")
+    assert summary.confirmation.startswith(f"{len(runner.calls)} launches, {windows} windows")
     assert ("its search run: far behind the leader, not relaunched" in render(summary)) is not relaunched
     shown = next(r for r in trial_rows(study) if r["number"] == 0)  # autotune trials: nothing confirmed for it
     assert (shown["confirmed_tok_s"] is not None) is relaunched
@@ -239,10 +249,10 @@ def test_defaults_run_keeps_the_fixed_flags_and_gets_its_own_run_number(tmp_path
     stored = open_study(cfg).user_attrs["confirmation"]["defaults"]
     assert stored["status"] == "ok" and stored["output_tok_s"] > 0 and stored["config"] == calls[0][1]
     assert stored["how"] == "measured once during confirmation"
-    assert summary["defaults"]["output_tok_s"] == stored["output_tok_s"]
+    assert summary.defaults["output_tok_s"] == stored["output_tok_s"]
     assert "gain over SGLang 0.5.23 defaults" in render(summary)
     # on the sim the same config is predicted, not bare defaults
-    assert run_sweep(load_config(write_study(tmp_path, trials=5)), runner=PlannerRunner())["defaults"]["config"] \
+    assert run_sweep(load_config(write_study(tmp_path, trials=5)), runner=PlannerRunner()).defaults["config"] \
         == calls[0][1]
 
 
@@ -252,8 +262,8 @@ def test_a_failed_defaults_run_is_reported_as_failed_not_as_zero(tmp_path):
     stored = open_study(cfg).user_attrs["confirmation"]["defaults"]
     assert stored["status"] == "bad_args" and stored["output_tok_s"] is None
     assert stored["reason"] == "unrecognized arguments: --nope" and stored["trial_dir"] == "/w/trials/defaults"
-    assert summary["defaults"]["status"] == "bad_args" and summary["defaults"]["output_tok_s"] is None
-    assert summary["gain_over_defaults"] is None
+    assert summary.defaults["status"] == "bad_args" and summary.defaults["output_tok_s"] is None
+    assert summary.gain_over_defaults is None
     line = next(x for x in render(summary).splitlines() if "SGLang 0.5.23 defaults" in x)
     assert line == ("  SGLang 0.5.23 defaults (fixed flags kept) failed, measured once during confirmation: "
                     "bad_args: unrecognized arguments: --nope; no gain over defaults")
@@ -265,7 +275,7 @@ def test_older_studies_stored_a_failed_defaults_run_as_zero(tmp_path):
     confirm(study, cfg, runner=PlannerRunner(), defaults=lambda: {"output_tok_s": 0.0, "status": "bad_args",
                                                                   "how": "measured once during confirmation"})
     summary = summarize(study, cfg)
-    assert summary["defaults"]["output_tok_s"] is None and summary["gain_over_defaults"] is None
+    assert summary.defaults["output_tok_s"] is None and summary.gain_over_defaults is None
     assert "defaults (fixed flags kept) failed" in render(summary)
 
 
@@ -349,8 +359,8 @@ def test_winner_with_the_baseline_flags_prints_no_config_beat_the_baseline_and_a
     trials = study.get_trials()
     assert trials[2].user_attrs["launch_key"] == trials[0].user_attrs["launch_key"]
     unconfirmed = summarize(study, cfg)  # single measurements: the best is the baseline's flags too
-    assert unconfirmed["best"] is None and unconfirmed["outcome"] == "baseline"
-    assert unconfirmed["note"].startswith("no config beat the baseline")
+    assert unconfirmed.best is None and unconfirmed.outcome == "baseline"
+    assert unconfirmed.note.startswith("no config beat the baseline")
 
     conf = confirm(study, cfg, runner=Twin())
     assert conf["order"][0] == 2 and 0 in conf["order"]  # the twin was the top contender
@@ -359,8 +369,8 @@ def test_winner_with_the_baseline_flags_prints_no_config_beat_the_baseline_and_a
     assert open_study(cfg).user_attrs["confirmation"]["winner_trial"] is None
 
     summary = summarize(study, cfg)
-    assert summary["confirmed"] and summary["best"] is None and summary["outcome"] == "baseline"
-    assert summary["gain_over_baseline"] is None and summary["gain_ci"] is None
+    assert summary.confirmed and summary.best is None and summary.outcome == "baseline"
+    assert summary.gain_over_baseline is None and summary.gain_ci is None
     text = render(summary)
     assert "no config beat the baseline" in text and "gain over baseline" not in text and "1.08" not in text
 
@@ -401,9 +411,9 @@ def test_resumed_sweep_counts_launches_of_every_session(tmp_path):
     study = run_study(cfg, runner=again)  # a new session: the interrupted config runs again
     summary = summarize(study, cfg)
     started = 2 + len(again.calls)  # trials 0 and 1 in the first session
-    skipped = summary["statuses"].get("skipped_infeasible", 0)
-    assert summary["launched"] == started == summary["n_trials"] - skipped + 1
-    assert summary["launched_interrupted"] == 1
+    skipped = summary.statuses.get("skipped_infeasible", 0)
+    assert summary.launched == started == summary.n_trials - skipped + 1
+    assert summary.launched_interrupted == 1
     assert f"launched {started} servers (1 interrupted and run again)" in render(summary)
 
 
@@ -443,12 +453,12 @@ def test_a_failed_baseline_says_so_and_names_no_winner(tmp_path):
     cfg = load_config(write_study(tmp_path, trials=4))
     runner = BaselineFails()
     summary = run_sweep(cfg, runner=runner)
-    assert summary["best"] is None and summary["outcome"] == "no_baseline" and summary["gain_over_baseline"] is None
-    assert summary["baseline"]["trial"] == 0 and summary["baseline"]["status"] == "startup_oom"
-    assert summary["error"].startswith("the baseline (trial 0) failed: startup_oom: 17.81 GiB free")
-    assert "/logs/0/server.log" in summary["error"]
+    assert summary.best is None and summary.outcome == "no_baseline" and summary.gain_over_baseline is None
+    assert summary.baseline["trial"] == 0 and summary.baseline["status"] == "startup_oom"
+    assert summary.error.startswith("the baseline (trial 0) failed: startup_oom: 17.81 GiB free")
+    assert "/logs/0/server.log" in summary.error
     numbers = [n for n, _ in runner.calls]
-    assert not summary["confirmed"] and len(numbers) == len(set(numbers))  # no repeats: nothing to confirm over
+    assert not summary.confirmed and len(numbers) == len(set(numbers))  # no repeats: nothing to confirm over
     text = render(summary)
     assert "baseline (trial 0) failed: startup_oom: 17.81 GiB free" in text
     assert "winner: trial" not in text and "winner: none, no measured baseline" in text
@@ -460,13 +470,13 @@ def test_a_baseline_that_fails_every_confirmation_run_names_no_winner(tmp_path, 
     monkeypatch.setattr(ranking, "IN_REACH", 0.0)  # relaunched however far behind (the fake's is at a third)
     cfg = load_config(write_study(tmp_path, trials=4))
     summary = run_sweep(cfg, runner=BaselineFails(in_confirmation=True))
-    assert summary["confirmed"] and summary["best"] is None and summary["outcome"] == "no_baseline"
-    assert "(trial 0) failed in every confirmation run" in summary["error"]
+    assert summary.confirmed and summary.best is None and summary.outcome == "no_baseline"
+    assert "(trial 0) failed in every confirmation run" in summary.error
     assert "winner: trial" not in render(summary)
     # the same study with a measured baseline crowns its winner
     (tmp_path / "ok").mkdir()
     ok = load_config(write_study(tmp_path / "ok", trials=4))
-    assert run_sweep(ok, runner=PlannerRunner())["outcome"] == "winner"
+    assert run_sweep(ok, runner=PlannerRunner()).outcome == "winner"
 
 
 def test_the_verdict_is_stored_with_the_keys_studies_hold_and_read_back_as_it_was():

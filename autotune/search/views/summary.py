@@ -12,8 +12,9 @@ own tok/s, and ``multi_gpu`` says whether any of them spans more than one GPU (t
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import optuna
@@ -155,8 +156,54 @@ def _unexpected(conf: dict[str, Any], best: dict[str, Any] | None) -> list[dict[
             for n in unexpected_contenders(conf) if not best or n != best["trial"]]
 
 
-def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
-    """The figures a user reads: statuses, baseline, confirmed winner and gains (search values if unconfirmed).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepSummary:
+    """What a user reads once a study has run, built once (``summarize``); ``autotune sweep --json`` prints its
+    ``asdict`` (the fields in this order are the JSON's keys). ``baseline``, ``best``, ``enqueued`` entries and
+    ``defaults`` are the trials as the summary shows them; ``job``: the ``[job]`` view (None without one)."""
+
+    study: str
+    storage: str
+    n_trials: int
+    statuses: dict[str, int]
+    launched: int
+    launched_oom: int
+    launched_interrupted: int
+    confirmed: bool
+    baseline: dict[str, Any]
+    best: dict[str, Any] | None
+    outcome: str  # "winner" | "baseline" | "no_baseline" | "none"
+    gain_over_baseline: float | None
+    gain_ci: list[float | None] | None
+    enqueued: list[dict[str, Any]]
+    defaults: dict[str, Any] | None
+    gain_over_defaults: float | None
+    multi_gpu: bool
+    unexpected: list[dict[str, Any]]
+    confirmation: str | None
+    note: str | None
+    error: str | None
+    job: dict[str, Any] | None = None
+    interrupted: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _baseline_entry(number: int | None, attrs: Mapping[str, Any], base: Mapping[str, Any] | None,
+                    failure: str | None) -> dict[str, Any]:
+    """The baseline as the summary shows it: its figures when it measured, its status and why when it failed."""
+    return {"trial": number, "params": (attrs.get("result") or {}).get("config"),
+            "output_tok_s": base and base["output_tok_s"], "tok_s_per_gpu": base and base["tok_s_per_gpu"],
+            "gpus": base and base["gpus"], "status": attrs.get("status"),
+            "from_search": bool(base and base["from_search"]),  # far behind: its search run stood in
+            "reason": attrs.get("reason") if failure else None, "failed": failure, "log_path": attrs.get("log_path")}
+
+
+def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = False,
+              job: Callable[[int | None], dict[str, Any] | None] | None = None) -> SweepSummary:
+    """The figures a user reads: statuses, baseline, confirmed winner and gains (search values if unconfirmed);
+    ``job``: the ``[job]`` view of the winner's trial (``jobview.job_for_study``), ``interrupted``: the sweep was.
 
     ``outcome`` is ``"winner"``, ``"baseline"`` (no config beat the baseline: the confirmation found none, or,
     unconfirmed, the best search trial runs the baseline's flags; ``best`` is None, the reason in ``note``),
@@ -184,33 +231,29 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
     defaults = _defaults_entry(conf.get("defaults")) if verdict is not None else None
     started = launches(trials)
     launched_oom = sum(1 for t in started if t.user_attrs.get("status") in ("startup_oom", "runtime_oom"))
-    interrupted = sum(1 for t in started if t.state.name == "FAIL"
-                      and t.user_attrs.get("status") in (None, "interrupted"))
+    reran = sum(1 for t in started if t.state.name == "FAIL" and t.user_attrs.get("status") in (None, "interrupted"))
     attrs = base_t.user_attrs if base_t is not None else {}
-    return {
-        "study": study.study_name, "storage": redact_url(cfg.storage_url), "n_trials": len(done),
-        "statuses": statuses, "launched": len(started), "launched_oom": launched_oom,
-        "launched_interrupted": interrupted, "confirmed": verdict is not None,
-        "baseline": {"trial": baseline, "params": (attrs.get("result") or {}).get("config"),
-                     "output_tok_s": base and base["output_tok_s"], "tok_s_per_gpu": base and base["tok_s_per_gpu"],
-                     "gpus": base and base["gpus"], "status": attrs.get("status"),
-                     "from_search": bool(base and base["from_search"]),  # far behind: its search run stood in
-                     "reason": attrs.get("reason") if failure else None, "failed": failure,
-                     "log_path": attrs.get("log_path")},
-        "best": best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "tok_s_per_gpu", "gpus",
-                                               "ci_low", "ci_high", "numerics", "worst_case")},
-        "outcome": "winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none"),
-        "gain_over_baseline": gain if best is not None else None,
-        "gain_ci": [verdict.ci_low, verdict.ci_high] if verdict is not None and best is not None else None,
-        "enqueued": [e for e in enqueued if e],
-        "defaults": defaults,
-        "gain_over_defaults": (best["tok_s_per_gpu"] / _defaults_per_gpu(defaults)
-                               if best and defaults and defaults.get("output_tok_s") else None),
-        "multi_gpu": any(_spans(t) > 1 for t in started),
-        "unexpected": _unexpected(conf, best),
-        "confirmation": confirmation_line(conf) if verdict is not None else None,
-        "note": note,
-        "error": None if failure is None else (
+    shown = best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "tok_s_per_gpu", "gpus",
+                                           "ci_low", "ci_high", "numerics", "worst_case")}
+    return SweepSummary(
+        study=study.study_name, storage=redact_url(cfg.storage_url), n_trials=len(done),
+        statuses=statuses, launched=len(started), launched_oom=launched_oom,
+        launched_interrupted=reran, confirmed=verdict is not None,
+        baseline=_baseline_entry(baseline, attrs, base, failure),
+        best=shown or None,
+        outcome="winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none"),
+        gain_over_baseline=gain if best is not None else None,
+        gain_ci=[verdict.ci_low, verdict.ci_high] if verdict is not None and best is not None else None,
+        enqueued=[e for e in enqueued if e],
+        defaults=defaults,
+        gain_over_defaults=(best["tok_s_per_gpu"] / _defaults_per_gpu(defaults)
+                            if best and defaults and defaults.get("output_tok_s") else None),
+        multi_gpu=any(_spans(t) > 1 for t in started),
+        unexpected=_unexpected(conf, best),
+        confirmation=confirmation_line(conf) if verdict is not None else None,
+        note=note,
+        error=None if failure is None else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"
             + (f" (its log: {attrs['log_path']})" if attrs.get("log_path") else "")),
-    }
+        job=job(best["trial"] if best else None) if job is not None else None, interrupted=interrupted,
+    )
