@@ -36,26 +36,23 @@ def rows(study) -> list[dict[str, Any]]:
     verdict = confirmed(conf)
     winner = verdict.winner_trial if verdict is not None else None
     for t in study.get_trials(deepcopy=False):
-        result = t.user_attrs.get("result") or {}
-        cap = result.get("capacity") or {}
-        gpu = result.get("gpu") or {}
-        metrics = result.get("metrics") or {}
+        stored = TrialResult.of(t)  # the one reader of a stored trial's result
+        cap, gpu = (stored.capacity, stored.gpu) if stored is not None else (None, None)
         role = t.user_attrs.get("role", "")
         label = t.user_attrs.get("label")
-        stored = TrialResult.from_dict(result) if result else None
         rate = confirmed_rate(conf, t.number, gpus_spanned(stored) if stored else 1)  # (median, interval) | None
         if ((verdict.stat(t.number) if verdict is not None else None) or {}).get("from_search"):
             rate = None  # a baseline far behind the leader: its search run stood in, nothing was confirmed
-        fidelity = contender_fidelity(result.get("fidelity"), conf, t.number)
+        fidelity = contender_fidelity(stored.fidelity if stored else None, conf, t.number)
         out.append({
             "number": t.number, "state": t.state.name, "status": t.user_attrs.get("status", ""),
             "role": f"{role}:{label}" if label and label != role else role,
-            "params": result.get("config") or t.user_attrs.get("config") or t.params,
-            "output_tok_s": metrics.get("output_tok_s"),
+            "params": (stored.config if stored else None) or t.user_attrs.get("config") or t.params,
+            "output_tok_s": stored.output_tok_s if stored else None,
             # the score trials are ranked by: tok/s ÷ the GPUs the server spanned (``objective.per_gpu``)
             "gpus": gpus_spanned(stored) if stored else None, "tok_s_per_gpu": per_gpu(stored) if stored else None,
-            "max_running_requests": cap.get("max_running_requests"), "kv_tokens": cap.get("kv_tokens"),
-            "mamba_slots": cap.get("mamba_slots"), "peak_gib": gpu.get("peak_used_gib"),
+            "max_running_requests": cap and cap.max_running_requests, "kv_tokens": cap and cap.kv_tokens,
+            "mamba_slots": cap and cap.mamba_slots, "peak_gib": gpu and gpu.peak_used_gib,
             # The fidelity probe's figures against the reference config ("" when outputs cannot differ): the
             # contender probe of its first confirmation run where it ran one (``search.numerics``).
             "numerics": fidelity_summary(fidelity), "fidelity": fidelity,

@@ -135,18 +135,13 @@ class Winner:
         return dict(self.settings.get("workload") or {})
 
 
-def _result(trial) -> TrialResult | None:
-    data = trial.user_attrs.get("result")
-    return TrialResult.from_dict(data) if isinstance(data, dict) else None
-
-
 def load_winner(storage: str, study: str | None = None, *, trial: int | None = None,
                 base_dir: Path | None = None) -> Winner:
     """The confirmed winner (or trial ``trial``) of a study on any storage (SQLite, journal, a database server;
     ``base_dir``: where a relative journal path lives). StudyError when there is nothing to deploy."""
     loaded = load_study(storage, study, base_dir=base_dir)
     complete = {t.number: t for t in loaded.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
-    usable = {n: r for n, t in complete.items() if (r := _result(t)) is not None and r.ok and r.metrics}
+    usable = {n: r for n, t in complete.items() if (r := TrialResult.of(t)) is not None and r.ok and r.metrics}
     confirmation = loaded.user_attrs.get("confirmation") or {}
     verdict = Verdict.from_dict(confirmation) or Verdict(outcome="none")
     trial = verdict.winner_trial if trial is None else trial
@@ -209,7 +204,7 @@ def _baseline(complete, number: int | None) -> dict[str, Any] | None:
         t for t in complete.values() if t.user_attrs.get("role") == "baseline"
     ]
     for t in candidates:
-        if (r := _result(t)) is not None:
+        if (r := TrialResult.of(t)) is not None:
             return dict(r.config)
     return None
 

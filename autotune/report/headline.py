@@ -14,7 +14,8 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from autotune.report.data import baseline_trial, model_name, trial_result, winner_trial
+from autotune.report.data import baseline_trial, model_name, winner_trial
+from autotune.results import TrialResult
 from autotune.search.confirm.decision import Verdict
 from autotune.search.views.jobview import job_for_study
 from autotune.search.views.settings import device_name
@@ -93,7 +94,7 @@ def trial_config(study: optuna.Study, number: int | None) -> dict[str, Any]:
     if number is None:
         return {}
     trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
-    result = trial_result(trial) if trial else None
+    result = TrialResult.of(trial) if trial else None
     return dict(result.config) if result else dict(trial.params if trial else {})
 
 

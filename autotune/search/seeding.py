@@ -20,11 +20,6 @@ INFEASIBLE = OOM_STATUSES | {"bad_args"}  # deterministic: the same config fails
 
 
 # --- bookkeeping -------------------------------------------------------------------------------------------
-def result_of(trial: FrozenTrial) -> TrialResult | None:
-    data = trial.user_attrs.get("result")
-    return TrialResult.from_dict(data) if data else None
-
-
 def launched(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """Finished trials that started a server: what the trial budget counts."""
     return [t for t in finished(trials) if t.user_attrs.get("status") != "skipped_infeasible"]

@@ -57,8 +57,7 @@ def in_reach(trial: FrozenTrial, top: list[FrozenTrial], gain: Mapping[int, floa
 
 # --- a study swept on several GPUs: each trial against its own GPU's baseline ------------------------------
 def _tok_s(trial: optuna.trial.FrozenTrial) -> float | None:
-    data = trial.user_attrs.get("result")
-    result = TrialResult.from_dict(data) if data else None
+    result = TrialResult.of(trial)
     return result.output_tok_s if result is not None and result.ok else None
 
 

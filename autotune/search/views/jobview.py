@@ -29,8 +29,7 @@ def study_job(study: optuna.Study) -> Job | None:
 
 
 def _result(trial: optuna.trial.FrozenTrial | None) -> TrialResult | None:
-    data = trial.user_attrs.get("result") if trial is not None else None
-    result = TrialResult.from_dict(data) if data else None
+    result = TrialResult.of(trial)
     return result if result is not None and result.ok and result.metrics is not None else None
 
 

@@ -81,8 +81,8 @@ def _defaults_entry(stored: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _spans(trial: FrozenTrial) -> int:
     """How many GPUs a launched trial's server spanned (1 without a stored result)."""
-    data = trial.user_attrs.get("result")
-    return gpus_spanned(TrialResult.from_dict(data)) if data else 1
+    result = TrialResult.of(trial)
+    return gpus_spanned(result) if result is not None else 1
 
 
 def _defaults_per_gpu(defaults: dict[str, Any]) -> float:
