@@ -139,6 +139,17 @@ def test_worker_command_errors_are_one_line(tmp_path):
     assert done.stderr.strip().count("\n") == 0 and "study file not found" in done.stderr
 
 
+def test_the_worker_command_runs_through_the_cli_but_is_not_listed():
+    from click.testing import CliRunner
+
+    from autotune.cli import cli
+
+    shown = CliRunner().invoke(cli, ["--help"])
+    assert shown.exit_code == 0 and "sweep" in shown.output and "worker" not in shown.output
+    usage = CliRunner().invoke(cli, ["worker", "--help"])
+    assert usage.exit_code == 0 and "--slurm-gpus" in usage.output
+
+
 # --- end to end -------------------------------------------------------------------------------------------
 def _intervals_overlap(spans: list[tuple[datetime, datetime]]) -> bool:
     spans = sorted(spans)
