@@ -2,6 +2,7 @@
 study, every use of Optuna's private storage API), ``liveness`` (worker tags, heartbeats, dead trials) and
 ``diskguard`` (a full disk as one line, the ballast that leaves room to record it)."""
 
+from autotune.redaction import redact_url as redact  # the URL as every storage message shows it
 from autotune.search.storage.access import (
     HEARTBEAT_ENV,
     RetryOnce,
@@ -15,7 +16,6 @@ from autotune.search.storage.access import (
     load_study,
     open_storage,
     quiet_ask,
-    redact,
     storage_error,
     storage_file,
     storage_of,
