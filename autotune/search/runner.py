@@ -91,7 +91,7 @@ class HarnessRunner:
         self.launcher = make_launcher(eng.launcher, cfg.launcher.settings(eng.launcher))
         self.run_dir = cfg.work_dir / "runs"
         self.numerics = ProbePlanner(cfg, self.sample.rows, timeout_s=self.timeouts.request_s)  # the fidelity probe
-        # Every launch takes its GPUs here first (``gpulocks``): a free aligned group of the pool ``[engine] gpus``
+        # Every launch takes its GPUs here first (``launch.gpulocks``): a free aligned group of the pool ``[engine] gpus``
         # (a worker's own group, or the pool its workers share), else the GPUs counted up from ``[engine] gpu``.
         self.locks = GpuLocks(lock_dir(cfg.work_dir), eng.pool, first=eng.first_gpu)
         self.device_check: DeviceCheck | None = None  # the sweep's tenancy check of the group, before each launch

@@ -6,7 +6,7 @@ written after every step, so a sweep killed at any moment resumes where it stopp
 dead process is failed as interrupted and its config queued again, once.
 
 What is queued and recovered is ``seeding``'s; the values and constraints ``objective``'s; the trial itself
-``runner``'s (``HarnessRunner``); opening the study ``storage``'s.
+``runner``'s (``HarnessRunner``); opening the study ``objective.open_study``'s, its storage ``storage``'s.
 
 A trial launches only on a GPU other processes do not hold (``harness.tenancy``, checked at the sweep's start and
 before every launch; what the device held is recorded in ``measurement["device_at_launch"]``, and the planner learns

@@ -49,7 +49,7 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
 
 def in_reach(trial: FrozenTrial, top: list[FrozenTrial], gain: Mapping[int, float]) -> bool:
     """Whether ``trial``'s search figure is at least ``IN_REACH`` × the leader's (always, with no leader); ``gain``:
-    ``gpus.gains`` of the study (empty: raw search values)."""
+    ``gains`` of the study (empty: raw search values)."""
     if not top:
         return True
     return bool(gain.get(trial.number, trial.values[0]) >= IN_REACH * gain.get(top[0].number, top[0].values[0]))
