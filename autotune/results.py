@@ -7,6 +7,7 @@ back with ``TrialResult.from_dict``. Keys are stable: add fields, never rename t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
@@ -190,7 +191,14 @@ class TrialResult:
         return data
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrialResult:
+    def of(cls, trial: Any) -> TrialResult | None:
+        """The result a study stored on ``trial`` (an Optuna trial: ``user_attrs["result"]``, written by the search
+        loop); None for a trial that stored none. The one reader of a stored trial's result."""
+        data = (getattr(trial, "user_attrs", None) or {}).get("result") if trial is not None else None
+        return cls.from_dict(data) if isinstance(data, Mapping) and data else None
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> TrialResult:
         data = dict(data)
         data["capacity"] = Capacity.from_dict(data.get("capacity"))
         data["metrics"] = Metrics.from_dict(data.get("metrics"))

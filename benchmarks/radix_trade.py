@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autotune.config import StudyConfig, load_config  # noqa: E402
+from autotune.results import TrialResult  # noqa: E402
 from autotune.search.runner import Runner, predict  # noqa: E402
-from autotune.search.seeding import result_of  # noqa: E402
 from autotune.search.study import run_study  # noqa: E402
 
 STUDIES = {"seed workload": "studies/qwen3.6-27b-b200.toml",
@@ -50,7 +50,7 @@ def run(path: str, trials: int, storage_dir: Path) -> dict:
     study = run_study(cfg, runner=simulated_runner(cfg), progress=_Quiet())
     best: dict[bool, tuple[float, int]] = {}
     for trial in study.get_trials(deepcopy=False):
-        result = result_of(trial)
+        result = TrialResult.of(trial)
         if result is None or not result.ok or result.metrics is None:
             continue
         off = bool(result.config.get("disable_radix_cache"))
@@ -58,7 +58,7 @@ def run(path: str, trials: int, storage_dir: Path) -> dict:
         if tok > best.get(off, (0.0, -1))[0]:
             best[off] = (tok, trial.number)
     crowned = (study.user_attrs.get("confirmation") or {}).get("winner_trial")
-    config = next((result_of(t).config for t in study.get_trials(deepcopy=False) if t.number == crowned), None)
+    config = next((TrialResult.of(t).config for t in study.get_trials(deepcopy=False) if t.number == crowned), None)
     if config is None:  # no confirmation stage: the best measured trial
         off = max(best, key=lambda k: best[k][0])
         crowned, config = best[off][1], {"disable_radix_cache": off}

@@ -89,7 +89,7 @@ def fresh_study(workers: int, *, trials: int, measure_s: float, storage: str) ->
 
 
 def run_sim(cfg, workers: int, paced_s: float) -> None:
-    from autotune.search.workers import run_workers
+    from autotune.search.scaleout.workers import run_workers
 
     lines: list[str] = []
     codes = run_workers(cfg, list(range(workers)), echo=lines.append)
@@ -103,7 +103,7 @@ def paced_worker(path: str, name: str, storage: str, gpu: int, paced_s: float, e
     from autotune.config import load_config
     from autotune.progress import PlainProgress
     from autotune.search.runner import predict
-    from autotune.search.workers import on_gpu, run_worker
+    from autotune.search.scaleout.workers import on_gpu, run_worker
 
     cfg = on_gpu(load_config(path, name=name, storage=storage), gpu, None)
 
@@ -117,7 +117,7 @@ def paced_worker(path: str, name: str, storage: str, gpu: int, paced_s: float, e
 
 
 def run_paced(cfg, workers: int, paced_s: float) -> None:
-    from autotune.search.storage import open_study
+    from autotune.search.objective import open_study
 
     open_study(cfg)
     spawn = multiprocessing.get_context("spawn")
@@ -133,8 +133,8 @@ def run_paced(cfg, workers: int, paced_s: float) -> None:
 
 
 def time_mode(mode: str, counts: list[int], args: argparse.Namespace) -> list[str]:
-    from autotune.search.gpus import gpu_spread
-    from autotune.search.storage import open_study
+    from autotune.search.objective import open_study
+    from autotune.search.views.gpus import gpu_spread
 
     run = {"sim": run_sim, "paced": run_paced}[mode]
     what = (f"{args.measure_s:g} s windows, real sim servers" if mode == "sim"

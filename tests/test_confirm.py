@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from test_study import PlannerRunner, write_study
@@ -10,10 +12,13 @@ from autotune.cli.sweep import render
 from autotune.cli.trials import rows as trial_rows
 from autotune.config import load_config
 from autotune.results import GpuPeaks, Metrics, Percentiles, TrialResult
-from autotune.search.confirm import confirm, decide, defaults_config, run_sweep, summarize
+from autotune.search.confirm import confirm, decide, defaults_config
+from autotune.search.confirm.decision import Verdict
+from autotune.search.objective import open_study
 from autotune.search.runner import DEFAULTS_RUN
-from autotune.search.storage import open_study
 from autotune.search.study import run_study
+from autotune.search.sweep import run_sweep
+from autotune.search.views.summary import summarize
 
 P = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
 
@@ -38,11 +43,11 @@ def gmean(values: list[float]) -> float:
 def test_winner_by_estimate_with_gain_interval():
     data = {3: [5000, 5100, 4900, 5050], 7: [4000, 4100, 3900, 4050], 0: [2000, 2050, 1950, 2010]}
     verdict = decide(runs(data), [3, 7, 0], baseline=0)
-    assert verdict["winner_trial"] == 3
+    assert verdict.winner_trial == 3
     # one window per launch (a plain runner): the estimate is the mean log tok/s of the launches
-    assert verdict["gain"] == pytest.approx(gmean(data[3]) / gmean(data[0]))
-    assert verdict["ci_low"] <= verdict["gain"] <= verdict["ci_high"]
-    assert verdict["ci_low"] > 2.0 and verdict["note"] == ""
+    assert verdict.gain == pytest.approx(gmean(data[3]) / gmean(data[0]))
+    assert verdict.ci_low <= verdict.gain <= verdict.ci_high
+    assert verdict.ci_low > 2.0 and verdict.note == ""
     assert decide(runs(data), [3, 7, 0], baseline=0) == verdict  # analytic: reproducible
 
 
@@ -55,23 +60,23 @@ def test_confirmation_ranks_by_tok_s_per_gpu():
     rs = [{"trial": n, "repeat": k, "result": on(v * (1 + 0.01 * k), g)}
           for n, v, g in ((3, 5000.0, [0, 1]), (7, 3000.0, [2]), (0, 1000.0, [3])) for k in range(3)]
     verdict = decide(rs, [3, 7, 0], baseline=0)
-    assert verdict["winner_trial"] == 7
-    assert verdict["stats"]["3"]["median"] == pytest.approx(2525.0, rel=1e-4)  # per GPU: 5,050 ÷ 2
-    assert verdict["gain"] == pytest.approx(3030.0 / 1010.0, rel=1e-4)
+    assert verdict.winner_trial == 7
+    assert verdict.stats["3"]["median"] == pytest.approx(2525.0, rel=1e-4)  # per GPU: 5,050 ÷ 2
+    assert verdict.gain == pytest.approx(3030.0 / 1010.0, rel=1e-4)
 
 
 def test_a_tie_goes_to_the_config_with_more_headroom():
     data = {3: [5000, 5200, 4800], 7: [4990, 5150, 4850], 0: [2000, 2000, 2000]}
     verdict = decide(runs(data, headroom={3: 2.0, 7: 9.0, 0: 20.0}), [3, 7, 0], baseline=0)
-    assert verdict["winner_trial"] == 7
-    assert "tied" in verdict["note"] and "headroom" in verdict["note"]
+    assert verdict.winner_trial == 7
+    assert "tied" in verdict.note and "headroom" in verdict.note
 
 
 def test_a_tie_keeps_the_fastest_median_when_it_has_room_enough():
     data = {3: [5000, 5200, 4800], 7: [4990, 5150, 4850], 0: [2000, 2000, 2000]}
     verdict = decide(runs(data, headroom={3: 6.0, 7: 20.0, 0: 20.0}), [3, 7, 0], baseline=0)
-    assert verdict["winner_trial"] == 3
-    assert "tied" in verdict["note"] and "headroom does not decide" in verdict["note"]
+    assert verdict.winner_trial == 3
+    assert "tied" in verdict.note and "headroom does not decide" in verdict.note
 
 
 def test_a_contender_that_fails_a_repeat_cannot_win():
@@ -79,8 +84,8 @@ def test_a_contender_that_fails_a_repeat_cannot_win():
     rs = runs({3: [9000, 9000], 0: [2000, 2000]}) + [{"trial": 3, "repeat": 2, "result": failed}]
     verdict = decide(rs, [3, 0], baseline=0)
     # the baseline is then the fastest clean config: that is no winner (and no 1.00× "gain")
-    assert verdict["winner_trial"] is None and verdict["gain"] is None and verdict["outcome"] == "baseline"
-    assert verdict["note"].startswith("no config beat the baseline")
+    assert verdict.winner_trial is None and verdict.gain is None and verdict.outcome == "baseline"
+    assert verdict.note.startswith("no config beat the baseline")
 
 
 def test_confirm_interleaves_stores_and_is_reused(tmp_path):
@@ -118,15 +123,23 @@ def test_confirm_interleaves_stores_and_is_reused(tmp_path):
 def test_run_sweep_summary(tmp_path):
     cfg = load_config(write_study(tmp_path, trials=5))
     summary = run_sweep(cfg, runner=PlannerRunner())
-    assert summary["confirmed"] and summary["n_trials"] == 5
-    assert summary["baseline"]["output_tok_s"] == pytest.approx(1600.0)  # 16 running × 100 in the fake
-    assert summary["best"]["output_tok_s"] >= summary["enqueued"][0]["output_tok_s"]
-    assert summary["gain_over_baseline"] == pytest.approx(summary["best"]["output_tok_s"] / 1600.0)
-    assert summary["defaults"]["how"].startswith("predicted")
-    assert sum(summary["statuses"].values()) == 5
-    assert summary["launched"] == 5 - summary["statuses"].get("skipped_infeasible", 0)
-    assert summary["launched_oom"] == 0
-    assert summarize(run_study(cfg, runner=PlannerRunner()), cfg)["best"] == summary["best"]
+    assert summary.confirmed and summary.n_trials == 5
+    assert summary.baseline["output_tok_s"] == pytest.approx(1600.0)  # 16 running × 100 in the fake
+    assert summary.best["output_tok_s"] >= summary.enqueued[0]["output_tok_s"]
+    assert summary.gain_over_baseline == pytest.approx(summary.best["output_tok_s"] / 1600.0)
+    assert summary.defaults["how"].startswith("predicted")
+    assert sum(summary.statuses.values()) == 5
+    assert summary.launched == 5 - summary.statuses.get("skipped_infeasible", 0)
+    assert summary.launched_oom == 0
+    assert summarize(run_study(cfg, runner=PlannerRunner()), cfg).best == summary.best
+    # ``autotune sweep --json`` prints the record's ``asdict``: the keys, in the order, it always printed
+    assert list(summary.to_dict()) == [
+        "study", "storage", "n_trials", "statuses", "launched", "launched_oom", "launched_interrupted", "confirmed",
+        "baseline", "best", "outcome", "gain_over_baseline", "gain_ci", "enqueued", "defaults", "gain_over_defaults",
+        "multi_gpu", "unexpected", "confirmation", "note", "error", "job", "interrupted"]
+    assert summary.to_dict()["best"] == summary.best and summary.interrupted is False
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        summary.outcome = "none"  # built once: nothing changes it after summarize
 
 
 class Scaled(PlannerRunner):
@@ -158,7 +171,7 @@ def test_an_enqueued_config_far_behind_the_leader_costs_no_confirmation_launch(t
     runner.calls.clear()
     conf = confirm(study, cfg, runner=runner)
     assert (1 in conf["order"]) is confirmed and (1 in [n for n, _ in runner.calls]) is confirmed
-    shown = summarize(study, cfg)["enqueued"][0]
+    shown = summarize(study, cfg).enqueued[0]
     assert shown["trial"] == 1 and shown["confirmed_runs"] == (1 if confirmed else 0)
     assert shown["output_tok_s"] == pytest.approx(hand.values[0]) or confirmed  # its search figure when not confirmed
 
@@ -167,15 +180,15 @@ def test_a_given_baseline_run_gives_the_gain_its_interval_and_adds_nothing_to_th
     data = {3: [5000, 5100, 4900, 5050], 7: [4000, 4100, 3900, 4050]}
     given = [{"trial": 0, "repeat": -1, "search": True, "result": ok(2000)}]
     verdict = decide(runs(data), [3, 7], baseline=0, given=given)
-    assert verdict["winner_trial"] == 3 and verdict["outcome"] == "winner"
-    assert verdict["gain"] == pytest.approx(gmean(data[3]) / 2000)
-    assert verdict["ci_low"] < verdict["gain"] < verdict["ci_high"] and verdict["ci_low"] > 2.0
-    assert verdict["noise"] == decide(runs(data), [3, 7], baseline=None)["noise"]  # one window, one launch: no df
-    assert verdict["stats"]["0"]["from_search"] and "from_search" not in verdict["stats"]["3"]
+    assert verdict.winner_trial == 3 and verdict.outcome == "winner"
+    assert verdict.gain == pytest.approx(gmean(data[3]) / 2000)
+    assert verdict.ci_low < verdict.gain < verdict.ci_high and verdict.ci_low > 2.0
+    assert verdict.noise == decide(runs(data), [3, 7], baseline=None).noise  # one window, one launch: no df
+    assert verdict.stats["0"]["from_search"] and "from_search" not in verdict.stats["3"]
     # a given baseline is never a candidate: if it read fastest, no config beat it and nothing is decided
     fast = [{**given[0], "result": ok(9000)}]
     held = decide(runs(data), [3, 7], baseline=0, given=fast)
-    assert held["winner_trial"] is None and held["outcome"] == "baseline" and held["contention"] == [3]
+    assert held.winner_trial is None and held.outcome == "baseline" and held.contention == (3,)
 
 
 @pytest.mark.parametrize("factor, relaunched", [(1.0, False), (2.5, True)])
@@ -191,10 +204,10 @@ def test_a_baseline_far_behind_the_leader_is_not_relaunched(tmp_path, factor, re
     assert bool(conf.get("given")) is not relaunched and conf["gain"] > 1
     assert conf["ci_low"] <= conf["gain"] <= conf["ci_high"]  # the fake has no noise
     summary = summarize(study, cfg)
-    assert summary["baseline"]["from_search"] is not relaunched
-    assert summary["baseline"]["output_tok_s"] == pytest.approx(base) or relaunched  # its search figure
+    assert summary.baseline["from_search"] is not relaunched
+    assert summary.baseline["output_tok_s"] == pytest.approx(base) or relaunched  # its search figure
     windows = sum(s["windows"] for s in conf["stats"].values() if not s.get("from_search"))
-    assert summary["confirmation"].startswith(f"{len(runner.calls)} launches, {windows} windows")
+    assert summary.confirmation.startswith(f"{len(runner.calls)} launches, {windows} windows")
     assert ("its search run: far behind the leader, not relaunched" in render(summary)) is not relaunched
     shown = next(r for r in trial_rows(study) if r["number"] == 0)  # autotune trials: nothing confirmed for it
     assert (shown["confirmed_tok_s"] is not None) is relaunched
@@ -236,10 +249,10 @@ def test_defaults_run_keeps_the_fixed_flags_and_gets_its_own_run_number(tmp_path
     stored = open_study(cfg).user_attrs["confirmation"]["defaults"]
     assert stored["status"] == "ok" and stored["output_tok_s"] > 0 and stored["config"] == calls[0][1]
     assert stored["how"] == "measured once during confirmation"
-    assert summary["defaults"]["output_tok_s"] == stored["output_tok_s"]
+    assert summary.defaults["output_tok_s"] == stored["output_tok_s"]
     assert "gain over SGLang 0.5.23 defaults" in render(summary)
     # on the sim the same config is predicted, not bare defaults
-    assert run_sweep(load_config(write_study(tmp_path, trials=5)), runner=PlannerRunner())["defaults"]["config"] \
+    assert run_sweep(load_config(write_study(tmp_path, trials=5)), runner=PlannerRunner()).defaults["config"] \
         == calls[0][1]
 
 
@@ -249,8 +262,8 @@ def test_a_failed_defaults_run_is_reported_as_failed_not_as_zero(tmp_path):
     stored = open_study(cfg).user_attrs["confirmation"]["defaults"]
     assert stored["status"] == "bad_args" and stored["output_tok_s"] is None
     assert stored["reason"] == "unrecognized arguments: --nope" and stored["trial_dir"] == "/w/trials/defaults"
-    assert summary["defaults"]["status"] == "bad_args" and summary["defaults"]["output_tok_s"] is None
-    assert summary["gain_over_defaults"] is None
+    assert summary.defaults["status"] == "bad_args" and summary.defaults["output_tok_s"] is None
+    assert summary.gain_over_defaults is None
     line = next(x for x in render(summary).splitlines() if "SGLang 0.5.23 defaults" in x)
     assert line == ("  SGLang 0.5.23 defaults (fixed flags kept) failed, measured once during confirmation: "
                     "bad_args: unrecognized arguments: --nope; no gain over defaults")
@@ -262,7 +275,7 @@ def test_older_studies_stored_a_failed_defaults_run_as_zero(tmp_path):
     confirm(study, cfg, runner=PlannerRunner(), defaults=lambda: {"output_tok_s": 0.0, "status": "bad_args",
                                                                   "how": "measured once during confirmation"})
     summary = summarize(study, cfg)
-    assert summary["defaults"]["output_tok_s"] is None and summary["gain_over_defaults"] is None
+    assert summary.defaults["output_tok_s"] is None and summary.gain_over_defaults is None
     assert "defaults (fixed flags kept) failed" in render(summary)
 
 
@@ -295,24 +308,24 @@ def test_harness_writes_the_defaults_run_under_trials_defaults(tmp_path):
 # --- a winner equal to the baseline ---------------------------------------------------------------------------
 def test_a_best_config_with_the_baseline_flags_is_no_winner():
     data = {3: [2160, 2170, 2150], 7: [1500, 1510, 1490], 0: [2000, 2010, 1990]}
-    assert decide(runs(data), [3, 7, 0], baseline=0)["winner_trial"] == 3  # other flags: a winner
+    assert decide(runs(data), [3, 7, 0], baseline=0).winner_trial == 3  # other flags: a winner
     verdict = decide(runs(data), [3, 7, 0], baseline=0, same_as_baseline=[3, 0])
-    assert verdict["winner_trial"] is None and verdict["outcome"] == "baseline"
-    assert verdict["gain"] is None and verdict["ci_low"] is None
-    assert verdict["note"] == "no config beat the baseline: the fastest confirmed config (trial 3) runs the " \
+    assert verdict.winner_trial is None and verdict.outcome == "baseline"
+    assert verdict.gain is None and verdict.ci_low is None
+    assert verdict.note == "no config beat the baseline: the fastest confirmed config (trial 3) runs the " \
                               "baseline's own flags"
 
 
 def test_a_best_config_within_the_baseline_noise_is_no_winner():
     data = {3: [2050, 1990, 2100], 0: [2000, 2040, 1980]}
     verdict = decide(runs(data), [3, 0], baseline=0)
-    assert verdict["winner_trial"] is None and verdict["outcome"] == "baseline"
-    assert "within the baseline's run-to-run noise" in verdict["note"]
+    assert verdict.winner_trial is None and verdict.outcome == "baseline"
+    assert "within the baseline's run-to-run noise" in verdict.note
     # a twin of the baseline tied with the best is not picked for its headroom either
     data = {3: [3000, 3100, 2900], 5: [2990, 3050, 2950], 0: [2000, 2000, 2000]}
     verdict = decide(runs(data, headroom={3: 1.0, 5: 9.0, 0: 9.0}), [3, 5, 0], baseline=0,
                      same_as_baseline=[5])
-    assert verdict["winner_trial"] == 3 and verdict["outcome"] == "winner"
+    assert verdict.winner_trial == 3 and verdict.outcome == "winner"
 
 
 class Twin(PlannerRunner):
@@ -346,8 +359,8 @@ def test_winner_with_the_baseline_flags_prints_no_config_beat_the_baseline_and_a
     trials = study.get_trials()
     assert trials[2].user_attrs["launch_key"] == trials[0].user_attrs["launch_key"]
     unconfirmed = summarize(study, cfg)  # single measurements: the best is the baseline's flags too
-    assert unconfirmed["best"] is None and unconfirmed["outcome"] == "baseline"
-    assert unconfirmed["note"].startswith("no config beat the baseline")
+    assert unconfirmed.best is None and unconfirmed.outcome == "baseline"
+    assert unconfirmed.note.startswith("no config beat the baseline")
 
     conf = confirm(study, cfg, runner=Twin())
     assert conf["order"][0] == 2 and 0 in conf["order"]  # the twin was the top contender
@@ -356,8 +369,8 @@ def test_winner_with_the_baseline_flags_prints_no_config_beat_the_baseline_and_a
     assert open_study(cfg).user_attrs["confirmation"]["winner_trial"] is None
 
     summary = summarize(study, cfg)
-    assert summary["confirmed"] and summary["best"] is None and summary["outcome"] == "baseline"
-    assert summary["gain_over_baseline"] is None and summary["gain_ci"] is None
+    assert summary.confirmed and summary.best is None and summary.outcome == "baseline"
+    assert summary.gain_over_baseline is None and summary.gain_ci is None
     text = render(summary)
     assert "no config beat the baseline" in text and "gain over baseline" not in text and "1.08" not in text
 
@@ -398,9 +411,9 @@ def test_resumed_sweep_counts_launches_of_every_session(tmp_path):
     study = run_study(cfg, runner=again)  # a new session: the interrupted config runs again
     summary = summarize(study, cfg)
     started = 2 + len(again.calls)  # trials 0 and 1 in the first session
-    skipped = summary["statuses"].get("skipped_infeasible", 0)
-    assert summary["launched"] == started == summary["n_trials"] - skipped + 1
-    assert summary["launched_interrupted"] == 1
+    skipped = summary.statuses.get("skipped_infeasible", 0)
+    assert summary.launched == started == summary.n_trials - skipped + 1
+    assert summary.launched_interrupted == 1
     assert f"launched {started} servers (1 interrupted and run again)" in render(summary)
 
 
@@ -440,12 +453,12 @@ def test_a_failed_baseline_says_so_and_names_no_winner(tmp_path):
     cfg = load_config(write_study(tmp_path, trials=4))
     runner = BaselineFails()
     summary = run_sweep(cfg, runner=runner)
-    assert summary["best"] is None and summary["outcome"] == "no_baseline" and summary["gain_over_baseline"] is None
-    assert summary["baseline"]["trial"] == 0 and summary["baseline"]["status"] == "startup_oom"
-    assert summary["error"].startswith("the baseline (trial 0) failed: startup_oom: 17.81 GiB free")
-    assert "/logs/0/server.log" in summary["error"]
+    assert summary.best is None and summary.outcome == "no_baseline" and summary.gain_over_baseline is None
+    assert summary.baseline["trial"] == 0 and summary.baseline["status"] == "startup_oom"
+    assert summary.error.startswith("the baseline (trial 0) failed: startup_oom: 17.81 GiB free")
+    assert "/logs/0/server.log" in summary.error
     numbers = [n for n, _ in runner.calls]
-    assert not summary["confirmed"] and len(numbers) == len(set(numbers))  # no repeats: nothing to confirm over
+    assert not summary.confirmed and len(numbers) == len(set(numbers))  # no repeats: nothing to confirm over
     text = render(summary)
     assert "baseline (trial 0) failed: startup_oom: 17.81 GiB free" in text
     assert "winner: trial" not in text and "winner: none, no measured baseline" in text
@@ -457,10 +470,32 @@ def test_a_baseline_that_fails_every_confirmation_run_names_no_winner(tmp_path, 
     monkeypatch.setattr(ranking, "IN_REACH", 0.0)  # relaunched however far behind (the fake's is at a third)
     cfg = load_config(write_study(tmp_path, trials=4))
     summary = run_sweep(cfg, runner=BaselineFails(in_confirmation=True))
-    assert summary["confirmed"] and summary["best"] is None and summary["outcome"] == "no_baseline"
-    assert "(trial 0) failed in every confirmation run" in summary["error"]
+    assert summary.confirmed and summary.best is None and summary.outcome == "no_baseline"
+    assert "(trial 0) failed in every confirmation run" in summary.error
     assert "winner: trial" not in render(summary)
     # the same study with a measured baseline crowns its winner
     (tmp_path / "ok").mkdir()
     ok = load_config(write_study(tmp_path / "ok", trials=4))
-    assert run_sweep(ok, runner=PlannerRunner())["outcome"] == "winner"
+    assert run_sweep(ok, runner=PlannerRunner()).outcome == "winner"
+
+
+def test_the_verdict_is_stored_with_the_keys_studies_hold_and_read_back_as_it_was():
+    """``Verdict`` crosses the layers typed; the study stores its ``to_dict`` (the keys stored studies hold,
+    per outcome) and every reader takes it back through ``from_dict``."""
+    data = {3: [5000, 5100, 4900, 5050], 7: [4000, 4100, 3900, 4050], 0: [2000, 2050, 1950, 2010]}
+    failed = TrialResult(status="runtime_oom", config={}, reason="CUDA out of memory").to_dict()
+    common = {"baseline_trial", "resolution", "noise", "stats", "winner_trial", "gain", "ci_low", "ci_high",
+              "outcome", "note", "decided", "contention"}
+    kinds = {
+        "winner": (decide(runs(data), [3, 7, 0], baseline=0, demoted={7: "failed its stress phase"}),
+                   common | {"resolved", "runner_up_trial", "runner_up_gain", "runner_up_ci", "demoted"}),
+        "baseline": (decide(runs(data), [3, 7, 0], baseline=0, same_as_baseline=[3, 0]), common | {"resolved"}),
+        "none": (decide([{"trial": 3, "repeat": 0, "result": failed}], [3], baseline=None), common),
+    }
+    for outcome, (verdict, keys) in kinds.items():
+        stored = verdict.to_dict()
+        assert verdict.outcome == outcome and set(stored) == keys, outcome
+        assert Verdict.from_dict(stored) == verdict
+        assert Verdict.from_dict({**stored, "runs": [], "complete": True}) == verdict  # as the study holds it
+    assert isinstance(kinds["winner"][0].to_dict()["contention"], list)
+    assert Verdict.from_dict(None) is None and Verdict.from_dict({}) is None

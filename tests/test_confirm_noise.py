@@ -17,9 +17,10 @@ from autotune.harness.windows import Window, WindowsStep
 from autotune.report.page import build, figures_for
 from autotune.report.page import render as page
 from autotune.results import Metrics, Percentiles, TrialResult
-from autotune.search.confirm import confirm, decide, estimate_noise, next_launches, summarize
+from autotune.search.confirm import confirm, decide, estimate_noise, next_launches
 from autotune.search.confirm.samples import by_contender, launch_tok_s
 from autotune.search.study import run_study
+from autotune.search.views.summary import summarize
 
 P = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
 
@@ -88,7 +89,7 @@ def _stage(rates: dict[int, float], seed: int, cv: tuple[float, float] = (0.004,
              for r in synthetic({n: rates[n]}, {n: 1}, 3, *cv, seed=seed + 1 + n)]
     verdict = decide(runs, order, 0, **kw)
     launched = {n: 1 + (n in top_two) for n in order}
-    return runs, {**verdict, "next": next_launches(order, launched, verdict, first=2, most=8)}
+    return runs, {**verdict.to_dict(), "next": next_launches(order, launched, verdict, first=2, most=8)}  # the stored form
 
 
 def test_a_clear_gap_resolves_in_the_first_stage():
@@ -123,7 +124,7 @@ def test_a_best_at_most_the_resolution_slower_stops_without_a_tie():
 def test_a_demoted_contender_never_wins():
     runs, verdict = _stage({0: 1000.0, 3: 1500.0, 5: 1300.0}, seed=1)
     again = decide(runs, [0, 3, 5], 0, demoted={3: "runtime OOM in the stress phase"})
-    assert again["winner_trial"] == 5 and "trial 3 demoted: runtime OOM in the stress phase" in again["note"]
+    assert again.winner_trial == 5 and "trial 3 demoted: runtime OOM in the stress phase" in again.note
 
 
 class Windowed(PlannerRunner):

@@ -26,10 +26,10 @@ from tinystudy import write_tiny_study
 
 from autotune.config import load_config
 from autotune.errors import DiskError
-from autotune.search import diskguard
-from autotune.search.diskguard import Ballast, Room, disk_error, free_bytes
+from autotune.search.objective import open_study
 from autotune.search.seeding import launched
-from autotune.search.storage import open_study
+from autotune.search.storage import diskguard
+from autotune.search.storage.diskguard import Ballast, Room, disk_error, free_bytes
 from autotune.search.study import run_study
 
 

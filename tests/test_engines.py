@@ -11,12 +11,12 @@ from fakesglang import make_fake_sglang
 
 from autotune.cli.measure import measure
 from autotune.cli.sweep import sweep
+from autotune.cli.worker import worker
 from autotune.config.sections import ENGINE_KINDS
 from autotune.errors import ConfigError
 from autotune.harness.engines import ENGINES, EngineSettings, SGLangEngine, SimEngine, logparse, make_engine
 from autotune.harness.engines.sim import sim_argv
 from autotune.results import FailureKind
-from autotune.search.workers import worker
 
 RECORDED = Path(__file__).parent / "data" / "recorded"
 

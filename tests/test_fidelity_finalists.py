@@ -9,6 +9,7 @@ simulator's ``--sim-numerics-flags``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -204,7 +205,7 @@ def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_tre
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.chdir(tmp_path)
     path = write_study(tmp_path, sim=', numerics_flags = "chunked_prefill_size"', limit=", min_exact_share = 1.0")
-    from autotune.search.confirm import run_sweep
+    from autotune.search.sweep import run_sweep
 
     summary = run_sweep(load_config(path))
     progress = capsys.readouterr()
@@ -221,14 +222,14 @@ def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_tre
             else [g["trial"] for g in study.user_attrs["confirmation"]["given"]] == [base])
     assert first[chunked]["durations_s"]["probe"] > 0
     # The sweep's summary names it in one line (the uncapped contender wins: 32 streams against a cap of 8).
-    assert summary["best"]["trial"] == chunked
-    assert summary["best"]["numerics"].startswith("outputs changed unexpectedly")
-    assert summary["unexpected"] == [] and sn.unexpected_contenders(study.user_attrs["confirmation"]) == [chunked]
+    assert summary.best["trial"] == chunked
+    assert summary.best["numerics"].startswith("outputs changed unexpectedly")
+    assert summary.unexpected == [] and sn.unexpected_contenders(study.user_attrs["confirmation"]) == [chunked]
     from autotune.cli.sweep import render
 
-    assert f"  {summary['best']['numerics']}" in render(summary).splitlines()
-    other = {**summary, "best": None, "outcome": "baseline",
-             "unexpected": [{"trial": chunked, "line": summary["best"]["numerics"]}]}  # a finalist, not the winner
+    assert f"  {summary.best['numerics']}" in render(summary).splitlines()
+    other = dataclasses.replace(summary, best=None, outcome="baseline",  # a finalist, not the winner
+                                unexpected=[{"trial": chunked, "line": summary.best["numerics"]}])
     assert f"  trial {chunked}: outputs changed unexpectedly" in render(other)
 
     from autotune.cli import cli

@@ -21,11 +21,11 @@ from tinystudy import write_prompts
 
 from autotune.config import load_config
 from autotune.errors import ConfigError
+from autotune.launch.gpulocks import GpuLocks, Stopped
+from autotune.launch.groups import aligned_groups, parse_gpus, worker_groups
 from autotune.results import Metrics, Percentiles, TrialResult
-from autotune.search.gpulocks import GpuLocks, Stopped
-from autotune.search.groups import aligned_groups, parse_gpus, worker_groups
 from autotune.search.objective import objective_values, per_gpu
-from autotune.search.workers import on_gpus, plan_workers
+from autotune.search.scaleout.workers import on_gpus, plan_workers
 
 STUDY = """
 [study]
@@ -196,7 +196,7 @@ def test_locks_hold_across_processes(tmp_path):
     locks = GpuLocks(tmp_path, [0, 1])
     held = locks.try_take(2)
     assert held is not None
-    code = ("from pathlib import Path; from autotune.search.gpulocks import GpuLocks; "
+    code = ("from pathlib import Path; from autotune.launch.gpulocks import GpuLocks; "
             f"print(GpuLocks(Path({str(tmp_path)!r}), [0, 1]).try_take(1))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "None"
@@ -356,7 +356,7 @@ def test_a_searched_config_larger_than_the_pool_is_skipped_not_launched(tmp_path
 
 def test_sweeps_of_one_study_on_overlapping_gpus_refuse_and_on_disjoint_ones_share(tmp_path):
     from autotune.errors import StudyError
-    from autotune.search.gpulocks import hold_sweep_gpus
+    from autotune.launch.gpulocks import hold_sweep_gpus
 
     cfg = load_config(mixed_study(tmp_path))
     first = hold_sweep_gpus(cfg, ["0", "1"])
@@ -373,7 +373,7 @@ def test_sweeps_of_one_study_on_overlapping_gpus_refuse_and_on_disjoint_ones_sha
 
 
 def test_a_tenant_on_one_gpu_of_a_pair_stops_that_worker_and_the_message_names_the_pair(tmp_path, monkeypatch):
-    from autotune.search.workers import run_workers
+    from autotune.search.scaleout.workers import run_workers
     from autotune.sim import device
 
     devices = tmp_path / "devices"
@@ -406,7 +406,7 @@ def test_bad_gpus_on_the_command_line_are_one_line_before_anything_starts(tmp_pa
 
 
 def test_a_launch_waiting_for_held_gpus_ends_interrupted_on_ctrl_c_without_a_server(tmp_path, monkeypatch):
-    from autotune.search.gpulocks import lock_dir
+    from autotune.launch.gpulocks import lock_dir
     from autotune.search.runner import HarnessRunner
 
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))

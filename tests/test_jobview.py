@@ -16,8 +16,8 @@ from autotune.deploy.apply import load_winner, provenance
 from autotune.job import Job, job_time
 from autotune.report.page import report
 from autotune.results import TrialResult
-from autotune.search.confirm import run_sweep
-from autotune.search.jobview import job_for_study
+from autotune.search.sweep import run_sweep
+from autotune.search.views.jobview import job_for_study
 
 SEED_JOB = {"completions": 902_087, "gpus": 7, "gpu_hour_cost": 4.0, "mean_output_tokens": None}
 
@@ -71,8 +71,8 @@ def test_the_sweeps_summary_says_the_job(tmp_path):
     path = write_study(tmp_path, trials=5)
     path.write_text(path.read_text() + "\n[job]\ncompletions = 902087\ngpus = 7\n")
     summary = run_sweep(load_config(path), runner=PlannerRunner())
-    assert summary["job"]["winner"]["servers"] == 7 and summary["job"]["baseline"]["hours"] > 0
-    assert summary["job"]["line"] in render(summary)
+    assert summary.job["winner"]["servers"] == 7 and summary.job["baseline"]["hours"] > 0
+    assert summary.job["line"] in render(summary)
 
 
 def test_report_headline_apply_and_trials_show_the_job(study, tmp_path):
@@ -114,6 +114,6 @@ def test_a_winner_that_changes_outputs_is_said_in_one_line_with_its_probe_figure
     assert line == "outputs differ from the baseline (--mamba-ssm-dtype bfloat16): 102/256 match · 6% exact · |Δlp| 0.020"
     assert numerics_line(None) is None and numerics_line({"role": "reference"}) is None
     summary = run_sweep(load_config(write_study(tmp_path, trials=4)), runner=PlannerRunner())
-    assert summary["best"]["numerics"] is None  # the planner runner probes nothing: no line
-    summary["best"]["numerics"] = line
+    assert summary.best["numerics"] is None  # the planner runner probes nothing: no line
+    summary.best["numerics"] = line
     assert f"  {line}" in render(summary).splitlines()

@@ -38,6 +38,14 @@ LAZY_OK = {"plotly", "asyncssh", "pynvml", "importlib"}
 # Modules still being written when this test landed (the numerics guard): their lazy imports are hoisted when
 # they land. Remove an entry once its module passes.
 PENDING_LAZY = {"autotune/deploy/numerics.py", "autotune/deploy/apply.py", "autotune/search/numerics.py"}
+# ``search/`` shows its parts, each importing only the parts below it: ``storage/`` (URL → storage, liveness, the
+# disk guard) < the study loop (its modules named here, so a new one is placed on purpose) < ``confirm/`` <
+# ``views/`` (read-models for cli, report, deploy: they read what the loop and the confirmation stored) <
+# ``sweep.py`` (run_sweep). ``scaleout/`` (workers, Slurm workers) sits on the loop beside the confirmation and
+# the views; only its command in ``cli/`` imports it.
+SEARCH_PARTS: dict[str, int] = {"storage": 0, "loop": 1, "confirm": 2, "views": 3, "scaleout": 3, "sweep": 4}
+SEARCH_LOOP = {"study", "space", "starts", "edges", "correction", "objective", "runner", "seeding", "skips",
+               "numerics", "folders"}
 
 
 def _modules() -> list[Path]:
@@ -221,3 +229,51 @@ def test_launch_sits_between_config_and_the_harness_and_both_starters_use_it():
     uses = {src for src, dst, *_ in _edges() if dst == "launch" and src != "launch"}
     assert {"harness", "deploy"} <= uses
     assert not {dst for src, dst, *_ in _edges() if src == "launch"} - {"launch", "errors", "redaction", "config"}
+
+
+def _search_part(module: str) -> str | None:
+    """``autotune.search.confirm.noise`` → ``confirm``; ``autotune.search.study`` → ``loop``; elsewhere None."""
+    parts = module.split(".")
+    if parts[:2] != ["autotune", "search"] or len(parts) < 3:
+        return None
+    if parts[2] in SEARCH_PARTS:
+        return parts[2]
+    return "loop" if parts[2] in SEARCH_LOOP else f"unplaced:{parts[2]}"
+
+
+def test_every_search_module_is_in_one_part():
+    unplaced = sorted({part for p in _modules() if (part := _search_part(_name(p))) and part.startswith("unplaced")})
+    assert not unplaced, f"search modules in no part (add to SEARCH_LOOP or a package): {unplaced}"
+    assert {_search_part(_name(p)) for p in _modules()} >= set(SEARCH_PARTS)
+
+
+def test_the_parts_of_search_import_down():
+    bad = []
+    for path in _modules():
+        src = _search_part(_name(path))
+        for module, line, _ in _imports(path):
+            dst = _search_part(module)
+            if src is None or dst is None or src == dst or not _is_module(module):
+                continue
+            if SEARCH_PARTS[dst] >= SEARCH_PARTS[src]:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: search/{src} imports search/{dst}")
+    assert not bad, "imports between the parts of search/ that point up or sideways:\n" + "\n".join(bad)
+
+
+def test_scale_out_is_started_by_its_command_only_and_search_has_no_command_line():
+    users = {str(path.relative_to(ROOT)) for path in _modules() if _unit(_name(path)) != "search"
+             and any(m.startswith("autotune.search.scaleout") for m, *_ in _imports(path))}
+    assert users and all(where.startswith("autotune/cli/") for where in users), users
+    for path in (PACKAGE / "search").rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        assert not [m for m, *_ in _imports(path) if m.split(".")[0] == "click"], f"{path}: argument parsing is cli/'s"
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "main"], path
+        assert "__main__" not in ast.unparse(tree), f"{path}: a second entry point"
+
+
+def test_the_walker_places_search_modules_in_their_part():
+    assert _search_part("autotune.search.storage.liveness") == "storage"
+    assert _search_part("autotune.search.runner") == "loop"
+    assert _search_part("autotune.search.sweep") == "sweep"
+    assert _search_part("autotune.search.newthing") == "unplaced:newthing"
+    assert _search_part("autotune.harness.trial") is None

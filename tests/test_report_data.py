@@ -17,7 +17,7 @@ from autotune.report import headline as rh
 from autotune.report import importance as ri
 from autotune.report import latency as rl
 from autotune.results import TrialResult
-from autotune.search.settings import device_name
+from autotune.search.views.settings import device_name
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,7 +21,7 @@ from autotune.report.figures import stability_figure
 from autotune.report.stability import stability_frame
 from autotune.results import Metrics, Percentiles, TrialResult
 from autotune.search.confirm import contenders
-from autotune.search.summary import _best, unsettled
+from autotune.search.views.summary import _best, unsettled
 from autotune.settle import Settler, SettleRule, Settling, agree, half_width, settle, t975
 from autotune.sim.evaluate import SimWorkload, _seed_prompts, evaluate
 from tests.test_workload import _sample, sse_server  # noqa: F401 - the fake SSE server fixture
@@ -221,7 +221,7 @@ def test_an_unsettled_trial_is_never_the_winner():
     study = _study({0: (base, "baseline"), 1: (flagged, "search"), 2: (settled, "search")})
     trials = study.get_trials(deepcopy=False)
     assert unsettled(trials[1]) and not unsettled(trials[2]) and not unsettled(trials[0])
-    best, outcome, _ = _best(trials, trials[0], {})
+    best, outcome, _ = _best(trials, trials[0], None)  # no finished confirmation
     assert best == 2 and outcome is None  # the faster figure is unsettled: not crowned on that number
     top, baseline, _ = contenders(study, top_k=3)  # nor confirmed as a contender for the crown
     assert [t.number for t in top] == [2, 0] and baseline is not None and baseline.number == 0

@@ -18,7 +18,7 @@ from autotune.report.headline import gain
 from autotune.results import Capacity, GpuPeaks, Metrics, Percentiles, TrialResult
 from autotune.search.confirm import decide
 from autotune.search.confirm.stress import STRESS_MAX, stress_winner
-from autotune.search.worstcase import worst_case_line
+from autotune.search.views.worstcase import worst_case_line
 
 BASE = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
         "max_mamba_cache_size": 80}
@@ -52,7 +52,7 @@ def _confirmed(study: optuna.Study) -> dict:
             for k in range(3) for n, cfg, tok in ((1, FAST, 3000.0), (2, SAFE, 2800.0), (0, BASE, 1000.0))]
     order = [1, 2, 0]
     confirmation = {"runs": runs, "order": order, "n_trials": 3, "complete": True,
-                    **decide(runs, order, 0, resolution=0.02)}
+                    **decide(runs, order, 0, resolution=0.02).to_dict()}
     study.set_user_attr("confirmation", confirmation)
     return confirmation
 
@@ -184,7 +184,7 @@ def test_a_runner_up_the_confirmation_could_not_separate_is_stressed_too(tmp_pat
     runs = [{"trial": n, "repeat": k, "result": _result(cfg, tok * (1 + 0.03 * (k - 1) * (-1) ** n)).to_dict()}
             for k in range(3) for n, cfg, tok in ((1, FAST, 2900.0), (2, SAFE, 2890.0), (0, BASE, 1000.0))]
     confirmation = {"runs": runs, "order": [1, 2, 0], "n_trials": 3, "complete": True,
-                    **decide(runs, [1, 2, 0], 0, resolution=0.02)}
+                    **decide(runs, [1, 2, 0], 0, resolution=0.02).to_dict()}
     assert not confirmation["resolved"] and confirmation["runner_up_trial"] is not None
     runner = StressRunner({1: True, 2: True})
     out = stress_winner(study, CFG, confirmation, runner=runner)

@@ -4,13 +4,17 @@ works on each storage kind: SQLite, a journal file and PostgreSQL. Failures are 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import studyfactory as sf
 from click.testing import CliRunner
 from test_storage import postgres_db  # noqa: F401  (the fixture: a fresh database per test)
+from tinystudy import write_tiny_study
 
 from autotune.cli import cli
+from autotune.config import load_config
 from autotune.deploy.apply import load_winner
 from autotune.errors import StorageError, StudyError
 from autotune.report.page import report
@@ -91,3 +95,18 @@ def test_a_compared_study_that_cannot_be_found_is_an_error_not_a_silent_skip(tmp
     sf.make_study(n_trials=8, seed=2, name="one", storage=url)
     with pytest.raises(StudyError, match="no study named 'ghost' to compare with"):
         report(storage=url, compare=["ghost"], out=tmp_path / "r.json", fmt="json")
+
+
+def test_trials_on_a_finished_study_prints_no_library_warning(tmp_path):
+    """``autotune trials --config`` builds the study's sampler (multivariate, grouped TPE with a constant liar:
+    features Optuna marks experimental); a user sees the table and no warning line. In a subprocess: this suite's
+    own warning filters do not hold there, as they would not for a user."""
+    study = write_tiny_study(tmp_path, name="w", trials=4)
+    cfg = load_config(study)
+    sf.make_study(n_trials=6, seed=1, name="w", storage=open_storage(cfg.storage_url, base_dir=cfg.base_dir))
+    done = subprocess.run([sys.executable, "-m", "autotune", "trials", "--config", str(study)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "baseline" in done.stdout  # the table itself
+    lines = (done.stdout + done.stderr).splitlines()
+    assert not [line for line in lines if "Warning" in line or "warn(" in line], done.stderr

@@ -20,8 +20,8 @@ from autotune.harness.fidelity import Reference
 from autotune.results import TrialResult
 from autotune.search import folders
 from autotune.search import runner as runner_mod
+from autotune.search.objective import open_study
 from autotune.search.runner import HarnessRunner
-from autotune.search.storage import open_study
 from autotune.search.study import run_study
 
 NUMERICS = """

@@ -21,8 +21,8 @@ from autotune.harness.engines.sim import SimGpuReader
 from autotune.harness.tenancy import check_engine_gpu, check_free, occupancy
 from autotune.results import TrialResult
 from autotune.search.correction import CorrectedFeasibility, replay
+from autotune.search.scaleout.workers import run_workers
 from autotune.search.study import Sweep, run_study
-from autotune.search.workers import run_workers
 from autotune.sglang.profiles import load_gpu, load_model
 from autotune.sim import device
 

@@ -6,6 +6,7 @@ import threading
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 
 from autotune.config import Timeouts
@@ -83,6 +84,16 @@ def test_untrusted_statuses_are_statuses_and_round_trip():
     assert UNTRUSTED_STATUSES <= set(STATUSES)
     r = TrialResult(status="client_bound", config={}, measurement={"client_busy": 0.99, "stream_interval": 16})
     assert TrialResult.from_dict(r.to_dict()).measurement == {"client_busy": 0.99, "stream_interval": 16}
+
+
+def test_a_stored_trial_is_read_back_through_one_reader():
+    """``TrialResult.of``: what a study stored on a trial (``user_attrs["result"]``), None where it stored none."""
+    r = TrialResult(status="client_bound", config={"tp_size": 2}, gpus=[0, 1], measurement={"client_busy": 0.99})
+    stored = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, values=[0.0],
+                                       user_attrs={"result": r.to_dict(), "status": r.status})
+    assert TrialResult.of(stored) == r and TrialResult.of(stored).gpus_spanned == 2
+    bare = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL)  # never launched: nothing stored
+    assert TrialResult.of(bare) is None and TrialResult.of(None) is None
 
 
 def test_thread_busy_counts_the_callers_cpu_not_other_threads():

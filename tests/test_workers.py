@@ -22,9 +22,10 @@ from tinystudy import write_tiny_study
 
 from autotune.config import load_config
 from autotune.errors import ConfigError, StorageError, StudyError
+from autotune.launch.groups import parse_gpus
 from autotune.results import Metrics, Percentiles, TrialResult
-from autotune.search.gpus import gains, gpu_frame, gpu_spread, per_gpu_frame, render_gpus
-from autotune.search.workers import WorkerSweep, on_gpu, parse_gpus, run_workers, start_workers
+from autotune.search.scaleout.workers import WorkerSweep, on_gpu, run_workers, start_workers
+from autotune.search.views.gpus import gains, gpu_frame, gpu_spread, per_gpu_frame, render_gpus
 
 
 def study_file(tmp_path: Path, *, trials: int, measure_s: float = 1.0) -> Path:
@@ -132,10 +133,21 @@ def test_workers_on_other_gpus_share_the_study_but_one_gpu_takes_one_sweep(tmp_p
 
 
 def test_worker_command_errors_are_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "autotune.search.workers", "--config", str(tmp_path / "none.toml"),
+    done = subprocess.run([sys.executable, "-m", "autotune", "worker", "--config", str(tmp_path / "none.toml"),
                            "--gpu", "0"], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert done.stderr.strip().count("\n") == 0 and "study file not found" in done.stderr
+
+
+def test_the_worker_command_runs_through_the_cli_but_is_not_listed():
+    from click.testing import CliRunner
+
+    from autotune.cli import cli
+
+    shown = CliRunner().invoke(cli, ["--help"])
+    assert shown.exit_code == 0 and "sweep" in shown.output and "worker" not in shown.output
+    usage = CliRunner().invoke(cli, ["worker", "--help"])
+    assert usage.exit_code == 0 and "--slurm-gpus" in usage.output
 
 
 # --- end to end -------------------------------------------------------------------------------------------
@@ -146,7 +158,7 @@ def _intervals_overlap(spans: list[tuple[datetime, datetime]]) -> bool:
 
 def check_shared_study(cfg, gpus: list[int], target: int) -> list[optuna.trial.FrozenTrial]:
     """Every trial ran once, on one GPU, never overlapping another on that GPU; every GPU ran a baseline."""
-    from autotune.search.storage import open_study
+    from autotune.search.objective import open_study
 
     trials = open_study(cfg, create=False).get_trials()
     done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs["status"] != "skipped_infeasible"]
@@ -219,7 +231,7 @@ def test_a_worker_killed_mid_trial_is_retried_by_another_and_its_server_removed(
         codes = workers.wait(timeout_s=150)
     assert codes[0] == 0 and codes[1] == -signal.SIGKILL, "\n".join(lines)
     assert not psutil.pid_exists(server) or psutil.Process(server).status() == psutil.STATUS_ZOMBIE
-    from autotune.search.storage import open_study
+    from autotune.search.objective import open_study
 
     trials = open_study(cfg, create=False).get_trials()
     [killed] = [t for t in trials if t.state == TrialState.FAIL]
@@ -271,7 +283,7 @@ def test_ctrl_c_is_forwarded_every_server_stops_and_trials_are_interrupted(tmp_p
             proc.kill()
     for pid in servers:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    from autotune.search.storage import open_study
+    from autotune.search.objective import open_study
 
     trials = open_study(load_config(path), create=False).get_trials()
     stopped = [t for t in trials if t.state == TrialState.FAIL]

@@ -26,6 +26,10 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "sim": ("autotune.cli.sim", "sim", "Run the simulated SGLang server (same flags as SGLang)."),
     "watch": ("autotune.cli.watch", "watch", "Watch a tuned fleet and report when its traffic drifts from the tuning."),
 }
+# Commands autotune starts itself, not a user: runnable (``python -m autotune worker …``), never listed.
+HIDDEN: dict[str, tuple[str, str, str]] = {
+    "worker": ("autotune.cli.worker", "worker", "One sweep worker on its GPUs (started by autotune sweep)."),
+}
 
 
 # What a Ctrl-C (or SIGINT) prints, whichever stage it stopped: every command resumes or is safe to re-run.
@@ -37,9 +41,10 @@ class LazyGroup(click.Group):
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in COMMANDS:
+        entry = COMMANDS.get(cmd_name) or HIDDEN.get(cmd_name)
+        if entry is None:
             return None
-        module_name, attr, _ = COMMANDS[cmd_name]
+        module_name, attr, _ = entry
         return getattr(importlib.import_module(module_name), attr)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

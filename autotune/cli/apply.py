@@ -17,7 +17,7 @@ from autotune.deploy.sglang_yaml import config_diff
 from autotune.errors import ConfigError
 from autotune.redaction import looks_secret
 from autotune.results import numerics_line
-from autotune.search.worstcase import check_stressed
+from autotune.search.views.worstcase import check_stressed
 
 
 def parse_gpus(text: str) -> list[int]:

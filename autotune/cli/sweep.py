@@ -14,12 +14,13 @@ from autotune.config.studyref import resolve_config
 from autotune.errors import ConfigError
 from autotune.harness.engines import ENGINES
 from autotune.launch import LAUNCHERS
+from autotune.launch.groups import parse_gpus
 from autotune.progress import make_progress
-from autotune.search.confirm import run_sweep
-from autotune.search.gpus import render_gpus
-from autotune.search.groups import parse_gpus
-from autotune.search.storage import open_study
-from autotune.search.workers import on_gpus, run_workers, with_launcher
+from autotune.search.objective import open_study
+from autotune.search.scaleout.workers import on_gpus, run_workers, with_launcher
+from autotune.search.sweep import run_sweep
+from autotune.search.views.gpus import render_gpus
+from autotune.search.views.summary import SweepSummary
 from autotune.sglang.flags import FlagTable
 
 
@@ -42,20 +43,20 @@ def _score(entry: dict[str, Any] | None, multi: bool) -> str:
     return text
 
 
-def render(summary: dict[str, Any]) -> str:
+def render(summary: SweepSummary) -> str:
     """The human summary: statuses, baseline, winner, gains over the baseline and SGLang's defaults."""
-    statuses = ", ".join(f"{n} {s}" for s, n in sorted(summary["statuses"].items()))
-    lines = [f"Study {summary['study']} ({summary['storage']}): {summary['n_trials']} trials ({statuses})"]
-    if summary["launched"]:
-        share = 100 * summary["launched_oom"] / summary["launched"]
-        again = summary.get("launched_interrupted") or 0
+    statuses = ", ".join(f"{n} {s}" for s, n in sorted(summary.statuses.items()))
+    lines = [f"Study {summary.study} ({summary.storage}): {summary.n_trials} trials ({statuses})"]
+    if summary.launched:
+        share = 100 * summary.launched_oom / summary.launched
+        again = summary.launched_interrupted or 0
         rerun = f" ({again} interrupted and run again)" if again else ""
-        skipped = summary["statuses"].get("skipped_infeasible", 0)
+        skipped = summary.statuses.get("skipped_infeasible", 0)
         tail = f"; the planner skipped {skipped} without launching" if skipped else ""
-        lines.append(f"  launched {summary['launched']} servers{rerun}, {summary['launched_oom']} ran out of memory "
+        lines.append(f"  launched {summary.launched} servers{rerun}, {summary.launched_oom} ran out of memory "
                      f"({share:.0f} %){tail}")
-    base, best = summary["baseline"], summary["best"]
-    multi = bool(summary.get("multi_gpu"))
+    base, best = summary.baseline, summary.best
+    multi = bool(summary.multi_gpu)
     if multi:
         lines.append("  ranked by tok/s per GPU (a server's tok/s ÷ the GPUs it spans)")
     if base.get("failed"):
@@ -63,7 +64,7 @@ def render(summary: dict[str, Any]) -> str:
     else:
         search = " (its search run: far behind the leader, not relaunched)" if base.get("from_search") else ""
         lines.append(f"  baseline (trial {base['trial']}): {_score(base, multi)}{search}")
-    for e in summary["enqueued"]:
+    for e in summary.enqueued:
         lines.append(f"  {e['label']} (trial {e['trial']}): {_score(e, multi)}")
     if best:
         ci = (f" (95 % CI {best['ci_low']:,.0f}–{best['ci_high']:,.0f})"
@@ -71,38 +72,38 @@ def render(summary: dict[str, Any]) -> str:
         lines.append(f"  winner: trial {best['trial']}: {_score(best, multi)}{ci}")
         flags = " ".join(FlagTable.bundled().to_argv(best["params"] or {}))  # store-true flags bare, as SGLang wants
         lines.append(f"    {flags}")
-        gain_ci = summary.get("gain_ci")
+        gain_ci = summary.gain_ci
         ci = f" (95 % CI {gain_ci[0]:.2f}–{gain_ci[1]:.2f}×)" if gain_ci and gain_ci[0] is not None else ""
-        lines.append(f"  gain over baseline: {_x(summary['gain_over_baseline'])}{ci}")
+        lines.append(f"  gain over baseline: {_x(summary.gain_over_baseline)}{ci}")
         if best.get("numerics"):  # the winner changes outputs: its probe's figures, before anyone applies it
             lines.append(f"  {best['numerics']}")
         if best.get("worst_case"):  # the stress phase: peak, retractions, survived (or the failure, or none ran)
             lines.append(f"  {best['worst_case']}")
-    elif summary.get("outcome") == "no_baseline":
+    elif summary.outcome == "no_baseline":
         lines.append("  winner: none, no measured baseline to compare with (nothing to apply)")
-    elif summary.get("outcome") == "baseline":
+    elif summary.outcome == "baseline":
         lines.append("  winner: none, no config beat the baseline (keep the baseline; nothing to apply)")
     else:
         lines.append("  winner: none (nothing to apply)")
-    for other in summary.get("unexpected") or ():  # another finalist whose outputs changed though no table flag did
+    for other in summary.unexpected or ():  # another finalist whose outputs changed though no table flag did
         lines.append(f"  trial {other['trial']}: {other['line']}")
-    if summary.get("job"):
-        lines.append(f"  {summary['job']['line']}")
-    defaults = summary.get("defaults")
+    if summary.job:
+        lines.append(f"  {summary.job['line']}")
+    defaults = summary.defaults
     if defaults and defaults.get("output_tok_s") and best:
         lines.append(f"  gain over SGLang 0.5.23 defaults ({_tok(defaults['output_tok_s'])}, {defaults['how']}): "
-                     f"{_x(summary['gain_over_defaults'])}")
+                     f"{_x(summary.gain_over_defaults)}")
     elif defaults and defaults.get("output_tok_s"):
         lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept): {_tok(defaults['output_tok_s'])}, {defaults['how']}")
     elif defaults:
         why = f"{defaults.get('status') or 'failed'}" + (f": {defaults['reason']}" if defaults.get("reason") else "")
         lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept) failed, {defaults['how']}: {why}; "
                      "no gain over defaults")
-    if summary.get("confirmation"):  # launches, windows and the two noise terms the verdict was read with
-        lines.append(f"  confirmation: {summary['confirmation']}")
-    if summary.get("note"):
-        lines.append(f"  note: {summary['note']}")
-    if summary.get("interrupted"):
+    if summary.confirmation:  # launches, windows and the two noise terms the verdict was read with
+        lines.append(f"  confirmation: {summary.confirmation}")
+    if summary.note:
+        lines.append(f"  note: {summary.note}")
+    if summary.interrupted:
         lines.append("  interrupted: run the same command again to resume")
     return "\n".join(lines)
 
@@ -137,18 +138,18 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
     if gpus or workers is not None:
         cfg = _search_on(cfg, gpus, workers, err=as_json)
     summary = run_sweep(cfg, progress=make_progress(quiet_stdout=as_json))
-    click.echo(json.dumps(summary, indent=2, default=str) if as_json else render(summary))
+    click.echo(json.dumps(summary.to_dict(), indent=2, default=str) if as_json else render(summary))
     if (gpus or workers is not None) and not as_json:
         click.echo(render_gpus(open_study(cfg, create=False)))
-    if summary.get("interrupted"):
+    if summary.interrupted:
         raise SystemExit(130)
-    if summary.get("error"):  # no measured baseline: the sweep did not do its job, whatever it printed
-        click.echo(f"Error: {summary['error']}", err=True)
+    if summary.error:  # no measured baseline: the sweep did not do its job, whatever it printed
+        click.echo(f"Error: {summary.error}", err=True)
         raise SystemExit(1)
 
 
 def _search_on(cfg: Any, gpus: str | None, workers: int | None, *, err: bool) -> Any:
-    """The search on one worker per GPU group (``autotune.search.workers``), or on ``workers`` Slurm jobs; the
+    """The search on one worker per GPU group (``autotune.search.scaleout.workers``), or on ``workers`` Slurm jobs; the
     confirmation then runs here, on the pool (its launches take a free group from the same GPU locks)."""
     indices = parse_gpus(gpus) if gpus else None
     pinned = on_gpus(cfg, indices, cfg.engine.port) if indices else cfg  # a pool too small: one line, nothing started

@@ -16,13 +16,13 @@ from rich.table import Table
 from autotune.config import load_config
 from autotune.config.studyref import resolve_config
 from autotune.results import TrialResult, fidelity_summary, numerics_line
-from autotune.search.jobview import job_for_study
 from autotune.search.numerics import contender_fidelity
-from autotune.search.objective import gpus_spanned, per_gpu
+from autotune.search.objective import gpus_spanned, open_study, per_gpu
 from autotune.search.space import config_diff
-from autotune.search.storage import load_study, open_study
-from autotune.search.summary import confirmation_line, confirmed_rate
-from autotune.search.worstcase import stress_of, worst_case_line
+from autotune.search.storage import load_study
+from autotune.search.views.jobview import job_for_study
+from autotune.search.views.summary import confirmation_line, confirmed, confirmed_rate
+from autotune.search.views.worstcase import stress_of, worst_case_line
 
 COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "gpus", "tok_s_per_gpu",
            "max_running_requests", "kv_tokens", "mamba_slots", "peak_gib", "numerics", "reason", "winner",
@@ -33,28 +33,26 @@ def rows(study) -> list[dict[str, Any]]:
     """One dict per trial with the columns above; capacity and peak memory from the stored TrialResult."""
     out = []
     conf = study.user_attrs.get("confirmation") or {}
-    winner = conf.get("winner_trial") if conf.get("complete") else None
+    verdict = confirmed(conf)
+    winner = verdict.winner_trial if verdict is not None else None
     for t in study.get_trials(deepcopy=False):
-        result = t.user_attrs.get("result") or {}
-        cap = result.get("capacity") or {}
-        gpu = result.get("gpu") or {}
-        metrics = result.get("metrics") or {}
+        stored = TrialResult.of(t)  # the one reader of a stored trial's result
+        cap, gpu = (stored.capacity, stored.gpu) if stored is not None else (None, None)
         role = t.user_attrs.get("role", "")
         label = t.user_attrs.get("label")
-        stored = TrialResult.from_dict(result) if result else None
         rate = confirmed_rate(conf, t.number, gpus_spanned(stored) if stored else 1)  # (median, interval) | None
-        if ((conf.get("stats") or {}).get(str(t.number)) or {}).get("from_search"):
+        if ((verdict.stat(t.number) if verdict is not None else None) or {}).get("from_search"):
             rate = None  # a baseline far behind the leader: its search run stood in, nothing was confirmed
-        fidelity = contender_fidelity(result.get("fidelity"), conf, t.number)
+        fidelity = contender_fidelity(stored.fidelity if stored else None, conf, t.number)
         out.append({
             "number": t.number, "state": t.state.name, "status": t.user_attrs.get("status", ""),
             "role": f"{role}:{label}" if label and label != role else role,
-            "params": result.get("config") or t.user_attrs.get("config") or t.params,
-            "output_tok_s": metrics.get("output_tok_s"),
+            "params": (stored.config if stored else None) or t.user_attrs.get("config") or t.params,
+            "output_tok_s": stored.output_tok_s if stored else None,
             # the score trials are ranked by: tok/s ÷ the GPUs the server spanned (``objective.per_gpu``)
             "gpus": gpus_spanned(stored) if stored else None, "tok_s_per_gpu": per_gpu(stored) if stored else None,
-            "max_running_requests": cap.get("max_running_requests"), "kv_tokens": cap.get("kv_tokens"),
-            "mamba_slots": cap.get("mamba_slots"), "peak_gib": gpu.get("peak_used_gib"),
+            "max_running_requests": cap and cap.max_running_requests, "kv_tokens": cap and cap.kv_tokens,
+            "mamba_slots": cap and cap.mamba_slots, "peak_gib": gpu and gpu.peak_used_gib,
             # The fidelity probe's figures against the reference config ("" when outputs cannot differ): the
             # contender probe of its first confirmation run where it ran one (``search.numerics``).
             "numerics": fidelity_summary(fidelity), "fidelity": fidelity,
@@ -131,6 +129,7 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
                        f"{r['worst_case'] or worst_case_line(conf, r['number'])}")
     if conf.get("complete") and confirmation_line(conf):  # the launches and noise the confirmed figures rest on
         click.echo(f"confirmation: {confirmation_line(conf)}")
-    job = job_for_study(study, conf.get("winner_trial") if conf.get("complete") else None)
+    verdict = confirmed(conf)
+    job = job_for_study(study, verdict.winner_trial if verdict is not None else None)
     if job is not None:  # [job]: the confirmed winner (or the baseline alone) as the job's hours
         click.echo(job["line"])

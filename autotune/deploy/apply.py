@@ -32,13 +32,14 @@ from autotune.harness.engines.sim import sim_argv
 from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files, reference
 from autotune.results import Capacity, TrialResult
+from autotune.search.confirm.decision import Verdict
 from autotune.search.confirm.samples import launch_tok_s
-from autotune.search.jobview import job_for_study
 from autotune.search.numerics import contender_result
 from autotune.search.objective import per_gpu
-from autotune.search.settings import device_name
 from autotune.search.storage import load_study
-from autotune.search.worstcase import worst_case_block
+from autotune.search.views.jobview import job_for_study
+from autotune.search.views.settings import device_name
+from autotune.search.views.worstcase import worst_case_block
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.parallel import server_gpus
 
@@ -64,7 +65,7 @@ class Winner:
     gain_ci: tuple[float | None, float | None] = (None, None)
     baseline_config: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)  # the study's user_attrs["autotune"]
-    job: dict[str, Any] | None = None  # [job]: the job's hours before and after (``search.jobview``)
+    job: dict[str, Any] | None = None  # [job]: the job's hours before and after (``search.views.jobview``)
     worst_case: dict[str, Any] | None = None  # the stress phase's verdict (``search.confirm.stress``)
 
     @property
@@ -135,24 +136,19 @@ class Winner:
         return dict(self.settings.get("workload") or {})
 
 
-def _result(trial) -> TrialResult | None:
-    data = trial.user_attrs.get("result")
-    return TrialResult.from_dict(data) if isinstance(data, dict) else None
-
-
 def load_winner(storage: str, study: str | None = None, *, trial: int | None = None,
                 base_dir: Path | None = None) -> Winner:
     """The confirmed winner (or trial ``trial``) of a study on any storage (SQLite, journal, a database server;
     ``base_dir``: where a relative journal path lives). StudyError when there is nothing to deploy."""
     loaded = load_study(storage, study, base_dir=base_dir)
     complete = {t.number: t for t in loaded.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
-    usable = {n: r for n, t in complete.items() if (r := _result(t)) is not None and r.ok and r.metrics}
+    usable = {n: r for n, t in complete.items() if (r := TrialResult.of(t)) is not None and r.ok and r.metrics}
     confirmation = loaded.user_attrs.get("confirmation") or {}
-    if trial is None:
-        trial = confirmation.get("winner_trial")
+    verdict = Verdict.from_dict(confirmation) or Verdict(outcome="none")
+    trial = verdict.winner_trial if trial is None else trial
     if trial is None and confirmation.get("complete"):  # confirmed, and nothing beat the baseline
         raise StudyError(f"study {loaded.study_name!r} has no winner to apply: "
-                         f"{confirmation.get('note') or 'the confirmation found none'}; "
+                         f"{verdict.note or 'the confirmation found none'}; "
                          "keep the current config (or pass --trial N to deploy a trial anyway)")
     if trial is None:
         if not usable:
@@ -164,15 +160,15 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
         raise StudyError(f"trial {trial} of study {loaded.study_name!r} is not a completed, measured trial "
                          f"(usable trials: {known})")
     result = contender_result(usable[trial], confirmation, trial)  # its fidelity: the contender probe's, if it ran
-    confirmed = confirmation.get("winner_trial") == trial
+    confirmed = verdict.winner_trial == trial
     launched = [launch_tok_s(run) for run in confirmation.get("runs", []) if run.get("trial") == trial]
     runs = [float(v) for v in launched if v] if confirmed else []  # per launch: the mean of its windows
     tok_s = sorted(runs)[len(runs) // 2] if runs else result.output_tok_s
-    baseline = _baseline(loaded, complete, confirmation)
+    baseline = _baseline(complete, verdict.baseline_trial)
     return Winner(
         study=loaded.study_name, trial=trial, config=dict(result.config), result=result, tok_s=tok_s,
-        tok_s_runs=runs, confirmed=confirmed, gain=confirmation.get("gain") if confirmed else None,
-        gain_ci=(confirmation.get("ci_low"), confirmation.get("ci_high")) if confirmed else (None, None),
+        tok_s_runs=runs, confirmed=confirmed, gain=verdict.gain if confirmed else None,
+        gain_ci=(verdict.ci_low, verdict.ci_high) if confirmed else (None, None),
         baseline_config=baseline, settings=dict(loaded.user_attrs.get("autotune") or {}),
         job=job_for_study(loaded, trial), worst_case=worst_case_block(loaded.user_attrs, trial),
     )
@@ -204,13 +200,12 @@ def winner_from_yaml(path: Path) -> Winner:
                   confirmed=bool(meta.get("confirmed")), gain=meta.get("gain"), worst_case=meta.get("worst_case"))
 
 
-def _baseline(study, complete, confirmation) -> dict[str, Any] | None:
-    number = confirmation.get("baseline_trial")
+def _baseline(complete, number: int | None) -> dict[str, Any] | None:
     candidates = [complete[number]] if number in complete else [
         t for t in complete.values() if t.user_attrs.get("role") == "baseline"
     ]
     for t in candidates:
-        if (r := _result(t)) is not None:
+        if (r := TrialResult.of(t)) is not None:
             return dict(r.config)
     return None
 

@@ -23,9 +23,10 @@ import pandas as pd
 from autotune.config.sections import NumericsLimits
 from autotune.harness.fidelity import outputs_differ
 from autotune.results import TrialResult, fidelity_summary
+from autotune.search.confirm.decision import Verdict
 from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned, per_gpu
-from autotune.search.settings import engine_table
+from autotune.search.views.settings import engine_table
 
 # status → the outcome class a reader sees; the group decides the marker a figure uses.
 OUTCOMES: dict[str, tuple[str, str]] = {
@@ -73,11 +74,6 @@ def second_objective(config: Mapping[str, Any]) -> str:
     return "second objective"
 
 
-def trial_result(trial: optuna.trial.FrozenTrial) -> TrialResult | None:
-    data = trial.user_attrs.get("result")
-    return TrialResult.from_dict(data) if isinstance(data, Mapping) else None
-
-
 def _status(trial: optuna.trial.FrozenTrial, result: TrialResult | None) -> str:
     if result is not None:
         return result.status
@@ -111,13 +107,13 @@ def numerics_limits(config: Mapping[str, Any]):
 def trial_fidelity(trial: optuna.trial.FrozenTrial, confirmation: Mapping[str, Any] | None) -> dict[str, Any]:
     """What is known of a trial's outputs against the baseline: its contender probe in the confirmation where it
     ran one, else its search launch's probe (``search.numerics.contender_fidelity``); {} when neither."""
-    result = trial_result(trial)
+    result = TrialResult.of(trial)
     return contender_fidelity(result.fidelity if result else None, confirmation, trial.number) or {}
 
 
 def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = None,
          confirmation: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    result = trial_result(trial)
+    result = TrialResult.of(trial)
     status = _status(trial, result)
     outcome, group = OUTCOMES.get(status, (status, "failed"))
     config = result.config if result else {}
@@ -208,7 +204,7 @@ def memory_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
     rows = []
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     for _, info in frame.iterrows():
-        result = trial_result(by_number[info["trial"]])
+        result = TrialResult.of(by_number[info["trial"]])
         plan = (result.plan if result else None) or {}
         gib, extra = plan.get("gib") or {}, plan.get("extra") or {}
         if not gib:
@@ -260,17 +256,17 @@ def pareto_frame(study: optuna.Study, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def baseline_trial(frame: pd.DataFrame, study: optuna.Study) -> int | None:
-    confirmation = study.user_attrs.get("confirmation") or {}
-    if confirmation.get("baseline_trial") is not None:
-        return int(confirmation["baseline_trial"])
+    verdict = Verdict.from_dict(study.user_attrs.get("confirmation"))
+    if verdict is not None and verdict.baseline_trial is not None:
+        return int(verdict.baseline_trial)
     baselines = frame.loc[frame["role"] == "baseline", "trial"]
     return int(baselines.iloc[0]) if len(baselines) else None
 
 
 def winner_trial(frame: pd.DataFrame, study: optuna.Study) -> int | None:
-    confirmation = study.user_attrs.get("confirmation") or {}
-    if confirmation.get("winner_trial") is not None:
-        return int(confirmation["winner_trial"])
+    verdict = Verdict.from_dict(study.user_attrs.get("confirmation"))
+    if verdict is not None and verdict.winner_trial is not None:
+        return int(verdict.winner_trial)
     feasible = frame[frame["feasible"]]
     return int(feasible.loc[feasible["tok_s_per_gpu"].idxmax(), "trial"]) if len(feasible) else None  # per GPU
 

@@ -14,11 +14,13 @@ from typing import Any
 import optuna
 import pandas as pd
 
-from autotune.report.data import baseline_trial, model_name, trial_result, winner_trial
-from autotune.search.jobview import job_for_study
-from autotune.search.settings import device_name
-from autotune.search.summary import confirmation_line, confirmed_rate
-from autotune.search.worstcase import worst_case_line
+from autotune.report.data import baseline_trial, model_name, winner_trial
+from autotune.results import TrialResult
+from autotune.search.confirm.decision import Verdict
+from autotune.search.views.jobview import job_for_study
+from autotune.search.views.settings import device_name
+from autotune.search.views.summary import confirmation_line, confirmed, confirmed_rate
+from autotune.search.views.worstcase import worst_case_line
 
 
 def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
@@ -57,7 +59,8 @@ def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
 def _launches(confirmation: Mapping[str, Any], number: int | None) -> int:
     """How many confirmation launches ``number`` ran cleanly, as the verdict counted them (a baseline whose search
     run stood in: none; a confirmation not finished: none, the headline shows search figures then)."""
-    stats = (confirmation.get("stats") or {}).get(str(number)) if confirmation.get("complete") else None
+    verdict = confirmed(confirmation)
+    stats = verdict.stat(number) if verdict is not None else None
     if not stats or stats.get("from_search"):
         return 0
     return int(stats.get("runs") or 0) - int(stats.get("failed") or 0)
@@ -77,9 +80,10 @@ def gain(study: optuna.Study, headline: pd.DataFrame) -> dict[str, Any]:
     common = {"over_defaults": over_defaults, "defaults_how": defaults.get("how"), "job": job and job["line"],
               "worst_case": worst_case_line(confirmation, int(number)) if number == number else None,  # stress
               "noise": confirmation_line(confirmation) if confirmation.get("complete") else None}  # its noise
-    if confirmation.get("gain") is not None:
-        return {"gain": float(confirmation["gain"]), "ci_low": confirmation.get("ci_low"),
-                "ci_high": confirmation.get("ci_high"), "note": confirmation.get("note") or "", **common}
+    verdict = Verdict.from_dict(confirmation)
+    if verdict is not None and verdict.gain is not None:
+        return {"gain": float(verdict.gain), "ci_low": verdict.ci_low, "ci_high": verdict.ci_high,
+                "note": verdict.note, **common}
     base = headline.loc["baseline", "tok_s_per_gpu"]
     value = win / base if base and not math.isnan(base) and base > 0 else math.nan
     return {"gain": value, "ci_low": None, "ci_high": None, "note": "single measurement (no confirmation stage)",
@@ -90,7 +94,7 @@ def trial_config(study: optuna.Study, number: int | None) -> dict[str, Any]:
     if number is None:
         return {}
     trial = next((t for t in study.get_trials(deepcopy=False) if t.number == number), None)
-    result = trial_result(trial) if trial else None
+    result = TrialResult.of(trial) if trial else None
     return dict(result.config) if result else dict(trial.params if trial else {})
 
 

@@ -15,7 +15,8 @@ import numpy as np
 import optuna
 import pandas as pd
 
-from autotune.report.data import attr_or_nan, baseline_trial, trial_result
+from autotune.report.data import attr_or_nan, baseline_trial
+from autotune.results import TrialResult
 
 QUANTILES = {"p5": 5, "p25": 25, "p50": 50, "p75": 75, "p90": 90, "p95": 95, "p99": 99}
 
@@ -56,7 +57,7 @@ def latency_frame(frame: pd.DataFrame, study: optuna.Study, *, top: int = 3,
     for number in key_trials(frame, study, top):
         info = by_trial.loc[number]
         records = _records(info["trial_dir"], base_dir)
-        result = trial_result(by_number[number]) if number in by_number else None
+        result = TrialResult.of(by_number[number]) if number in by_number else None
         stored = result.metrics if result else None
         for metric in ("ttft", "itl"):
             row = {"trial": number, "label": info["label"], "role": info["role"], "metric": metric}

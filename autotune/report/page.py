@@ -30,9 +30,9 @@ from autotune.report.headline import compare_frame, flag_diff, gain, headline_fr
 from autotune.report.importance import NOT_ENOUGH_TO_RANK, importance_frame
 from autotune.report.latency import latency_frame
 from autotune.report.stability import STABILITY_SECTION, stability_frame
-from autotune.search.gpus import per_gpu_frame
-from autotune.search.settings import device_name, engine_kind
 from autotune.search.storage import load_study, study_names
+from autotune.search.views.gpus import per_gpu_frame
+from autotune.search.views.settings import device_name, engine_kind
 from autotune.sglang.flags import FlagTable
 
 FORMATS = ("html", "csv", "json")

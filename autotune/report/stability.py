@@ -10,7 +10,7 @@ from __future__ import annotations
 import optuna
 import pandas as pd
 
-from autotune.report.data import trial_result
+from autotune.results import TrialResult
 from autotune.settle import Settling
 
 STABILITY_SECTION = (  # the page's title and explanation of the strip
@@ -27,7 +27,7 @@ def stability_frame(study: optuna.Study) -> pd.DataFrame:
     the window's mean (``relative``), ``phase`` ("warm-up" or "window") and whether the trial settled."""
     rows = []
     for trial in study.get_trials(deepcopy=False):
-        result = trial_result(trial)
+        result = TrialResult.of(trial)
         settling = Settling.from_dict((result.measurement or {}).get("settling")) if result is not None else None
         if settling is None or not settling.tok_s:
             continue

@@ -264,10 +264,9 @@ def replay(feasibility: Feasibility | None, trials: list[FrozenTrial]) -> None:
     if feasibility is None:
         return
     for t in sorted(trials, key=lambda t: t.number):
-        data = t.user_attrs.get("result")
-        if t.state != TrialState.COMPLETE or not data or t.user_attrs.get("reused_from") is not None:
+        result = TrialResult.of(t)
+        if t.state != TrialState.COMPLETE or result is None or t.user_attrs.get("reused_from") is not None:
             continue
-        result = TrialResult.from_dict(data)
         if result.status == "skipped_infeasible":
             continue
         if isinstance(feasibility, CorrectedFeasibility):

@@ -60,10 +60,8 @@ def observed_output(trials: list[FrozenTrial], max_tokens: int) -> float | None:
 
 def _ok_result(t: FrozenTrial) -> TrialResult | None:
     """The result of a finished trial that measured ok; None otherwise."""
-    data = t.user_attrs.get("result")
-    if t.state != TrialState.COMPLETE or not data or data.get("status") != "ok":
-        return None
-    return TrialResult.from_dict(data)
+    result = TrialResult.of(t)
+    return result if t.state == TrialState.COMPLETE and result is not None and result.ok else None
 
 
 def starved_starts(trials: list[FrozenTrial]) -> int:

@@ -1,4 +1,5 @@
-"""The study's objective: the sampler, the directions, and a trial result's values and constraint violations.
+"""The study's objective: the sampler, the directions, a trial result's values and constraint violations, and the
+study opened with them (``open_study``).
 
 The value maximised is output tok/s per GPU the server spans (``per_gpu``): what a fleet of
 such servers delivers per GPU, so a TP-2 config competes fairly with two TP-1 servers.
@@ -8,13 +9,18 @@ where the wall is)."""
 
 from __future__ import annotations
 
+import warnings
+
 import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.config import StudyConfig
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, StudyError
+from autotune.redaction import redact_url as redact
 from autotune.results import TrialResult
 from autotune.search.numerics import constraint_entries as numerics_entries
+from autotune.search.storage import load_study, open_storage, storage_error, storage_file
+from autotune.search.storage.diskguard import disk_error
 from autotune.sglang.parallel import server_gpus
 
 WORST = 1e9  # the second objective's value for a config that never served (finite: plots and samplers cope)
@@ -39,8 +45,18 @@ def constraints(trial: FrozenTrial) -> list[float]:
 
 def make_sampler(cfg: StudyConfig, *, salt: int = 0) -> optuna.samplers.BaseSampler:
     """The configured sampler. ``salt`` (trials already stored) keeps a resumed sweep from replaying the
-    random start-up proposals of the first run."""
-    seed, kind = cfg.study.seed + salt, cfg.study.sampler
+    random start-up proposals of the first run.
+
+    Optuna marks multivariate and group TPE, ``constant_liar``, ``constraints_func`` and the GP sampler
+    experimental and warns each time one is built: the tool chose them, so a user (``autotune trials``, a worker)
+    reads no library warning for them. Only that category is ignored, and only while the sampler is built."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+        return _sampler(cfg, cfg.study.seed + salt)
+
+
+def _sampler(cfg: StudyConfig, seed: int) -> optuna.samplers.BaseSampler:
+    kind = cfg.study.sampler
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "gp":
@@ -92,3 +108,20 @@ def _metric(result: TrialResult, name: str) -> float | None:
         return getattr(m, name)
     stat, family, _ = name.split("_")
     return getattr(getattr(m, f"{family}_ms"), stat)
+
+
+def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
+    """The study of ``cfg``, with its sampler: created or resumed (``load_if_exists``: re-running continues it),
+    or with ``create=False`` loaded and never created (``load_study``'s errors)."""
+    if not create:
+        return load_study(cfg.storage_url, cfg.name, base_dir=cfg.base_dir, sampler=make_sampler(cfg))
+    url = cfg.storage_url
+    storage = open_storage(url, base_dir=cfg.base_dir)  # StorageError (one line, redacted) when unusable
+    try:
+        return optuna.create_study(study_name=cfg.name, storage=storage, sampler=make_sampler(cfg),
+                                   directions=directions(cfg), load_if_exists=True)
+    except ValueError as exc:
+        raise StudyError(f"study {cfg.name!r} in {redact(url)} cannot be used: {exc}") from None
+    except Exception as exc:  # SQLAlchemy's errors once the database is queried
+        full = disk_error(exc, db_path=storage_file(url, cfg.base_dir))
+        raise (full or storage_error(exc, url)) from None

@@ -25,10 +25,10 @@ from autotune.harness.steps import AfterWindow
 from autotune.harness.tenancy import Occupancy
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
+from autotune.launch.gpulocks import GpuLocks, Stopped, lock_dir
 from autotune.launch.registry import make_launcher
 from autotune.results import TrialResult
 from autotune.search.folders import fresh, study_folder
-from autotune.search.gpulocks import GpuLocks, Stopped, lock_dir
 from autotune.search.numerics import (
     REFERENCE_ATTR,
     REFERENCE_FILE,
@@ -37,7 +37,7 @@ from autotune.search.numerics import (
     missing_reference,
     without_reference,
 )
-from autotune.search.storage import open_study
+from autotune.search.objective import open_study
 from autotune.sglang.parallel import server_gpus
 
 Runner = Callable[[dict[str, Any], int], TrialResult]
@@ -91,7 +91,7 @@ class HarnessRunner:
         self.launcher = make_launcher(eng.launcher, cfg.launcher.settings(eng.launcher))
         self.run_dir = cfg.work_dir / "runs"
         self.numerics = ProbePlanner(cfg, self.sample.rows, timeout_s=self.timeouts.request_s)  # the fidelity probe
-        # Every launch takes its GPUs here first (``gpulocks``): a free aligned group of the pool ``[engine] gpus``
+        # Every launch takes its GPUs here first (``launch.gpulocks``): a free aligned group of the pool ``[engine] gpus``
         # (a worker's own group, or the pool its workers share), else the GPUs counted up from ``[engine] gpu``.
         self.locks = GpuLocks(lock_dir(cfg.work_dir), eng.pool, first=eng.first_gpu)
         self.device_check: DeviceCheck | None = None  # the sweep's tenancy check of the group, before each launch

@@ -12,7 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import StudyConfig
 from autotune.results import OOM_STATUSES, TrialResult
 from autotune.search.runner import prompt_texts
-from autotune.search.space import Feasibility, Space
+from autotune.search.space import Feasibility, Space, key_of
 from autotune.search.starts import edge_configs
 from autotune.search.storage import dead_running, fail_stale, trial_handle, trial_id
 
@@ -20,11 +20,6 @@ INFEASIBLE = OOM_STATUSES | {"bad_args"}  # deterministic: the same config fails
 
 
 # --- bookkeeping -------------------------------------------------------------------------------------------
-def result_of(trial: FrozenTrial) -> TrialResult | None:
-    data = trial.user_attrs.get("result")
-    return TrialResult.from_dict(data) if data else None
-
-
 def launched(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """Finished trials that started a server: what the trial budget counts."""
     return [t for t in finished(trials) if t.user_attrs.get("status") != "skipped_infeasible"]
@@ -45,6 +40,19 @@ def launches(trials: list[FrozenTrial]) -> list[FrozenTrial]:
             continue
         out.append(t)
     return out
+
+
+def launch_key(trial: FrozenTrial) -> str:
+    """The config a trial launched (its stored launch key; older studies: the key of its result's config)."""
+    key = trial.user_attrs.get("launch_key")
+    return key if key is not None else key_of((trial.user_attrs.get("result") or {}).get("config") or {})
+
+
+def unsettled(trial: FrozenTrial) -> bool:
+    """Whether the trial's window reached its cap before the settle rule was met (``autotune.settle``): its figure
+    is recorded and learnt from, but never crowned."""
+    measurement = (trial.user_attrs.get("result") or {}).get("measurement") or {}
+    return measurement.get("settled") is False
 
 
 def finished(trials: list[FrozenTrial]) -> list[FrozenTrial]:

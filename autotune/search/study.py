@@ -6,7 +6,7 @@ written after every step, so a sweep killed at any moment resumes where it stopp
 dead process is failed as interrupted and its config queued again, once.
 
 What is queued and recovered is ``seeding``'s; the values and constraints ``objective``'s; the trial itself
-``runner``'s (``HarnessRunner``); opening the study ``storage``'s.
+``runner``'s (``HarnessRunner``); opening the study ``objective.open_study``'s, its storage ``storage``'s.
 
 A trial launches only on a GPU other processes do not hold (``harness.tenancy``, checked at the sweep's start and
 before every launch; what the device held is recorded in ``measurement["device_at_launch"]``, and the planner learns
@@ -20,7 +20,6 @@ import contextlib
 import signal
 import threading
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,16 +30,15 @@ from autotune.config import StudyConfig
 from autotune.config.pool import study_spans
 from autotune.errors import DiskError, GpuBusyError
 from autotune.harness.tenancy import Occupancy, check_engine_gpus
+from autotune.launch.gpulocks import hold_sweep_gpus
+from autotune.launch.groups import group_label
 from autotune.launch.process import cleanup_orphans
 from autotune.progress import PlainProgress
 from autotune.results import WRITE_ERROR, TrialResult
 from autotune.search.correction import CorrectedFeasibility, known_failure, replay, skip_was_wrong
-from autotune.search.diskguard import Ballast, Room, disk_error, starved
 from autotune.search.edges import EdgeStarts
-from autotune.search.gpulocks import hold_sweep_gpus
-from autotune.search.groups import group_label
 from autotune.search.numerics import record_reference
-from autotune.search.objective import make_sampler, objective_values
+from autotune.search.objective import make_sampler, objective_values, open_study
 from autotune.search.runner import HarnessRunner, Runner, with_device
 from autotune.search.seeding import (
     INFEASIBLE,
@@ -53,14 +51,14 @@ from autotune.search.seeding import (
 )
 from autotune.search.skips import skip_reason
 from autotune.search.space import Space, config_diff, key_of
-from autotune.search.storage import Liveness, add_running, node_lock, open_study, storage_file, take_waiting
+from autotune.search.storage import Liveness, add_running, node_lock, storage_file, take_waiting
+from autotune.search.storage.diskguard import Ballast, Room, disk_error, starved
 from autotune.sglang.parallel import group_line, server_gpus
 
 POLL_S = 1.0  # how often a sweep whose remaining trials run elsewhere looks again
 MAX_ASKS_PER_LAUNCH = 10
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
 
 # --- the loop ----------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ there is no winner (``winner_trial`` None, ``outcome`` ``"baseline"``) and nothi
 
 Modules: ``ranking`` (who is confirmed), ``samples`` (stored runs as launches of windows), ``noise`` (the model),
 ``decision`` (``decide``), ``stages`` (``confirm``), ``allocation`` (windows per contention launch),
-``defaults`` (SGLang's defaults), ``sweep`` (``run_sweep``).
+``defaults`` (SGLang's defaults), ``stress`` (the winner's worst case). ``search.sweep`` runs it after the search.
 """
 
 from autotune.search.confirm.decision import RESOLUTION, TIE_HEADROOM_FLOOR_GIB, decide
@@ -20,8 +20,6 @@ from autotune.search.confirm.defaults import CHOSEN_TOGETHER, _defaults, default
 from autotune.search.confirm.noise import NoiseModel, estimate_noise
 from autotune.search.confirm.ranking import contenders
 from autotune.search.confirm.stages import confirm, next_launches
-from autotune.search.confirm.sweep import run_sweep
-from autotune.search.summary import summarize
 
 __all__ = ["CHOSEN_TOGETHER", "RESOLUTION", "TIE_HEADROOM_FLOOR_GIB", "NoiseModel", "_defaults", "confirm",
-           "contenders", "decide", "defaults_config", "estimate_noise", "next_launches", "run_sweep", "summarize"]
+           "contenders", "decide", "defaults_config", "estimate_noise", "next_launches"]

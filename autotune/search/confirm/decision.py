@@ -13,6 +13,7 @@ config that runs the baseline's own flags, or that is not resolved from the base
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -35,6 +36,71 @@ class Standing:
     trial: int
     against_best: Ratio
     state: str  # "resolved" | "within" | "close" | "open"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """What the confirmation decided from its runs (``decide``): the record every reader takes. Stored as plain
+    data only in the study's ``confirmation`` attribute (``to_dict``/``from_dict``, the keys stored studies hold).
+
+    ``outcome``: ``"winner"``, ``"baseline"`` (no config beat it: ``winner_trial`` None, no gain) or ``"none"`` (no
+    contender ran cleanly throughout). ``decided``: nothing is open (the stages stop); ``contention``: who the
+    next stage relaunches; ``resolved``: every gain resolved (None for ``"none"``). ``stats``: per contender (by
+    trial number as text) the stored figures; ``noise``: ``NoiseModel.to_dict()``; ``demoted``: trial → why."""
+
+    outcome: str
+    winner_trial: int | None = None
+    baseline_trial: int | None = None
+    gain: float | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    note: str = ""
+    decided: bool = True
+    resolved: bool | None = None
+    contention: tuple[int, ...] = ()
+    runner_up_trial: int | None = None
+    runner_up_gain: float | None = None
+    runner_up_ci: tuple[float, float] | None = None
+    resolution: float = RESOLUTION
+    noise: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    stats: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    demoted: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form: the keys a study has always held (``runner_up_*`` only with a winner, ``resolved``
+        unless nothing ran cleanly, ``demoted`` only when one was)."""
+        out: dict[str, Any] = {
+            "baseline_trial": self.baseline_trial, "resolution": self.resolution, "noise": dict(self.noise),
+            "stats": {k: dict(v) for k, v in self.stats.items()},
+            **({"demoted": dict(self.demoted)} if self.demoted else {}),
+            "winner_trial": self.winner_trial, "gain": self.gain, "ci_low": self.ci_low, "ci_high": self.ci_high,
+            "outcome": self.outcome, "note": self.note, "decided": self.decided, "contention": list(self.contention)}
+        if self.outcome != "none":
+            out["resolved"] = self.resolved
+        if self.outcome == "winner":
+            out.update(runner_up_trial=self.runner_up_trial, runner_up_gain=self.runner_up_gain,
+                       runner_up_ci=list(self.runner_up_ci) if self.runner_up_ci is not None else None)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Verdict | None:
+        """The verdict in a stored confirmation (None for none stored); a confirmation stored before ``outcome``
+        reads as ``"none"``. Whether it finished is the confirmation's ``complete``, not the verdict's."""
+        if not data:
+            return None
+        ci = data.get("runner_up_ci")
+        return cls(outcome=data.get("outcome") or "none", winner_trial=data.get("winner_trial"),
+                   baseline_trial=data.get("baseline_trial"), gain=data.get("gain"), ci_low=data.get("ci_low"),
+                   ci_high=data.get("ci_high"), note=data.get("note") or "", decided=data.get("decided", True),
+                   resolved=data.get("resolved"), contention=tuple(data.get("contention") or ()),
+                   runner_up_trial=data.get("runner_up_trial"), runner_up_gain=data.get("runner_up_gain"),
+                   runner_up_ci=(ci[0], ci[1]) if ci else None, resolution=data.get("resolution", RESOLUTION),
+                   noise=dict(data.get("noise") or {}), stats=dict(data.get("stats") or {}),
+                   demoted=dict(data.get("demoted") or {}))
+
+    def stat(self, trial: int | None) -> Mapping[str, Any] | None:
+        """A contender's stored figures (``median``, ``ci``, ``runs``, ``windows``, ...), None when not confirmed."""
+        return None if trial is None else self.stats.get(str(trial))
 
 
 def _pct(r: float) -> str:
@@ -61,29 +127,25 @@ def standing(best: Estimate, other: Estimate, noise: NoiseModel, resolution: flo
 
 def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, *,
            same_as_baseline: Collection[int] = (), resolution: float = RESOLUTION,
-           demoted: Mapping[int, str] | None = None, given: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
-    """Winner, gain and interval from confirmation runs (``{"trial", "repeat", "result"}``); the stored JSON.
+           demoted: Mapping[int, str] | None = None, given: Sequence[Mapping[str, Any]] = ()) -> Verdict:
+    """Winner, gain and interval from confirmation runs (``{"trial", "repeat", "result"}``).
 
     ``same_as_baseline``: contenders that launched the baseline's exact flags. ``demoted``: contenders that may not
     win (trial → why: a failed stress phase), named in the note. ``given``: search runs that stand in for a
     baseline not relaunched (far behind the leader: ``ranking.IN_REACH``), one launch of one window each; they
     add nothing to the noise terms, the gain over that baseline has its interval, and the baseline, outside
-    ``order``, never wins. ``outcome``: ``"winner"``, ``"baseline"`` (no
-    config beat it: ``winner_trial`` None, no gain) or ``"none"`` (no contender ran cleanly throughout).
-    ``decided``: nothing is open (the stages stop); ``contention``: who the next stage relaunches. The interval is
-    analytic, so the same runs always give the same verdict.
+    ``order``, never wins (``Verdict`` says what each field means). The interval is analytic, so the same runs
+    always give the same verdict.
     """
     demoted = dict(demoted or {})
     noise, est = estimates(by_contender([*given, *runs], order))
     from_search = {int(run["trial"]) for run in given}
-    common: dict[str, Any] = {"baseline_trial": baseline, "resolution": resolution, "noise": noise.to_dict(),
-              "stats": _stats(est, noise, from_search),
-              **({"demoted": {str(n): why for n, why in demoted.items()}} if demoted else {})}
-    nothing: dict[str, Any] = {**common, "winner_trial": None, "gain": None, "ci_low": None, "ci_high": None}
+    nothing = functools.partial(Verdict, baseline_trial=baseline, resolution=resolution, noise=noise.to_dict(),
+                                stats=_stats(est, noise, from_search),
+                                demoted={str(n): why for n, why in demoted.items()})
     candidates = [n for n in order if est[n].launches and not est[n].failed and n not in demoted]
     if not candidates:
-        return {**nothing, "outcome": "none", "note": _demoted_note(demoted) or
-                "no contender ran cleanly in every confirmation run", "decided": True, "contention": []}
+        return nothing(outcome="none", note=_demoted_note(demoted) or "no contender ran cleanly in every confirmation run")
     top = max(candidates, key=lambda n: est[n].rate)
     twins = {n for n in same_as_baseline if n != baseline}
     stand = {n: s for n in candidates if n != top and (s := standing(est[top], est[n], noise, resolution))}
@@ -94,29 +156,27 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, *
     if held is not None:
         why, decided = held
         contention = sorted({top, *(n for n, s in stand.items() if s.state == "open" and n not in twins)})
-        return {**nothing, "outcome": "baseline", "note": _join(f"no config beat the baseline: {why}",
-                                                                _demoted_note(demoted)),
-                "decided": decided, "resolved": decided, "contention": [] if decided else contention}
+        return nothing(outcome="baseline", note=_join(f"no config beat the baseline: {why}", _demoted_note(demoted)),
+                       decided=decided, resolved=decided, contention=() if decided else tuple(contention))
     others = {n: s for n, s in stand.items() if n not in twins}  # noise around the baseline's flags is no candidate
     tied = [top, *(n for n, s in others.items() if s.state in ("within", "open"))]  # a close one may be far slower
     winner, tie_note = _break_tie(est, top, tied)
-    verdict = {**nothing, "winner_trial": winner, "outcome": "winner"}
     base = ratio(est[winner], est[baseline], noise) if baseline is not None and baseline in est else None
-    if base is not None:
-        verdict.update(gain=base.gain, ci_low=base.low, ci_high=base.high)
-    elif baseline is not None:
+    if base is None and baseline is not None:
         tie_note = _join(tie_note, "the baseline failed in confirmation, so no gain is given")
     runner = max(others, key=lambda n: est[n].rate, default=None)
     open_ = [n for n, s in others.items() if s.state == "open"]
     within = [n for n, s in others.items() if s.state == "within"]
     close = [n for n, s in others.items() if s.state == "close"]
-    verdict.update(runner_up_trial=runner, runner_up_gain=others[runner].against_best.gain if runner else None,
-                   runner_up_ci=[others[runner].against_best.low, others[runner].against_best.high] if runner else None,
-                   resolved=not open_ and not within and not close, decided=not open_,
-                   contention=sorted({top, *open_}) if open_ else [])
+    against = others[runner].against_best if runner else None  # (a runner-up trial 0 has none stored)
     note = _winner_note(est, others, top, winner, runner, tie_note, resolution)
-    verdict["note"] = _join(note, _demoted_note(demoted))
-    return verdict
+    return nothing(outcome="winner", winner_trial=winner, note=_join(note, _demoted_note(demoted)),
+                   gain=base.gain if base else None, ci_low=base.low if base else None,
+                   ci_high=base.high if base else None, runner_up_trial=runner,
+                   runner_up_gain=against.gain if against else None,
+                   runner_up_ci=(against.low, against.high) if against else None,
+                   resolved=not open_ and not within and not close, decided=not open_,
+                   contention=tuple(sorted({top, *open_})) if open_ else ())
 
 
 def _winner_note(est: Mapping[int, Any], others: Mapping[int, Standing], top: int, winner: int, runner: int | None,

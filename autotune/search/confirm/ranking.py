@@ -1,15 +1,17 @@
 """Who is confirmed: the top-k distinct feasible search trials, and the baseline and the hand-written configs that
-are still in reach of the leader (a baseline out of reach is not relaunched: its search run stands in)."""
+are still in reach of the leader (a baseline out of reach is not relaunched: its search run stands in). On a study
+swept on several GPUs they are ranked by gain over their own GPU's baseline (``gains``; ``views.gpus`` shows it)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 import optuna
+import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search.gpus import gains
-from autotune.search.summary import unsettled
+from autotune.results import TrialResult
+from autotune.search.seeding import unsettled
 
 # An enqueued config or a baseline whose search figure is under this share of the leader's is not relaunched: no
 # window or launch noise (a few %) closes that gap, and a launch of it is the price of a contender's. An enqueued
@@ -47,7 +49,38 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
 
 def in_reach(trial: FrozenTrial, top: list[FrozenTrial], gain: Mapping[int, float]) -> bool:
     """Whether ``trial``'s search figure is at least ``IN_REACH`` × the leader's (always, with no leader); ``gain``:
-    ``gpus.gains`` of the study (empty: raw search values)."""
+    ``gains`` of the study (empty: raw search values)."""
     if not top:
         return True
     return bool(gain.get(trial.number, trial.values[0]) >= IN_REACH * gain.get(top[0].number, top[0].values[0]))
+
+
+# --- a study swept on several GPUs: each trial against its own GPU's baseline ------------------------------
+def _tok_s(trial: optuna.trial.FrozenTrial) -> float | None:
+    result = TrialResult.of(trial)
+    return result.output_tok_s if result is not None and result.ok else None
+
+
+def gpu_frame(study: optuna.Study) -> pd.DataFrame:
+    """One row per finished trial: its GPU, tok/s, its GPU's baseline tok/s, and ``gain`` = tok/s ÷ that
+    baseline. Comparing gains, not raw tok/s, keeps a fast device from crowning its own trials."""
+    rows = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
+        rows.append({"trial": t.number, "gpu": t.user_attrs.get("gpu", "unknown"),
+                     "role": t.user_attrs.get("role", "search"), "status": t.user_attrs.get("status", "fail"),
+                     "tok_s": _tok_s(t)})
+    frame = pd.DataFrame(rows, columns=["trial", "gpu", "role", "status", "tok_s"])
+    base = frame[(frame.role == "baseline") & frame.tok_s.notna()].groupby("gpu").tok_s.median()
+    frame["baseline_tok_s"] = frame.gpu.map(base).astype(float)
+    frame["gain"] = frame.tok_s.astype(float) / frame.baseline_tok_s
+    return frame.sort_values("trial").reset_index(drop=True)
+
+
+def gains(study: optuna.Study) -> dict[int, float]:
+    """Trial number → tok/s ÷ its own GPU's baseline, for ranking a study swept on two or more GPUs; empty
+    (rank by raw tok/s) on one GPU or when a GPU that served trials has no baseline to divide by."""
+    frame = gpu_frame(study)
+    ok = frame[frame.tok_s.notna()]
+    if ok.gpu.nunique() < 2 or ok.gain.isna().any():
+        return {}
+    return {int(n): float(g) for n, g in zip(ok.trial, ok.gain, strict=True)}

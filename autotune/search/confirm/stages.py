@@ -15,14 +15,13 @@ from autotune.harness.stress import StressStep
 from autotune.harness.windows import WindowsStep
 from autotune.results import TrialResult
 from autotune.search.confirm.allocation import launch_costs, windows_per_launch
-from autotune.search.confirm.decision import decide
+from autotune.search.confirm.decision import Verdict, decide
 from autotune.search.confirm.noise import estimates
-from autotune.search.confirm.ranking import contenders, feasible, in_reach
+from autotune.search.confirm.ranking import contenders, feasible, gains, in_reach
 from autotune.search.confirm.samples import by_contender
-from autotune.search.gpus import gains
 from autotune.search.runner import Runner
 from autotune.search.seeding import finished
-from autotune.search.summary import launch_key as _key
+from autotune.search.seeding import launch_key as _key
 from autotune.sglang.parallel import server_gpus
 
 
@@ -43,7 +42,7 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
         # Decided before a winner equal to the baseline counted as none: the same runs, decided again.
         verdict = decide(stored["runs"], stored["order"], base_n, same_as_baseline=twins,
                          resolution=cfg.study.resolution, given=stored.get("given") or ())
-        confirmation = {**stored, **verdict}
+        confirmation = {**stored, **verdict.to_dict()}
         study.set_user_attr("confirmation", confirmation)
         return confirmation
     order = [t.number for t in top + refs]
@@ -74,20 +73,19 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     if measured is not None and measured.get("status") == "interrupted":
         study.set_user_attr("confirmation", {**state, "runs": runs})  # a resume measures the defaults again
         return None
-    verdict["defaults"] = measured
-    confirmation = {**state, "complete": True, "runs": runs, **verdict}
+    confirmation = {**state, "complete": True, "runs": runs, **verdict.to_dict(), "defaults": measured}
     study.set_user_attr("confirmation", confirmation)
     return confirmation
 
 
-def next_launches(order: list[int], launched: Mapping[int, int], verdict: Mapping[str, Any], *, first: int,
+def next_launches(order: list[int], launched: Mapping[int, int], verdict: Verdict, *, first: int,
                   most: int) -> list[tuple[int, int]]:
     """The next stage's launches, (trial, repeat) in the order they run; none when the confirmation is done
     (``next_stage`` without the stage's number)."""
     return next_stage(order, launched, verdict, first=first, most=most)[1]
 
 
-def next_stage(order: list[int], launched: Mapping[int, int], verdict: Mapping[str, Any], *, first: int,
+def next_stage(order: list[int], launched: Mapping[int, int], verdict: Verdict, *, first: int,
                most: int, most_windows: int | None = None) -> tuple[int, list[tuple[int, int]]]:
     """(the stage, its launches as (trial, repeat) in the order they run); no launches when the confirmation is done.
 
@@ -103,27 +101,25 @@ def next_stage(order: list[int], launched: Mapping[int, int], verdict: Mapping[s
     if fresh:
         return 1, fresh
     top_two = leaders(order, verdict)
-    if (verdict.get("noise") or {}).get("launch_df", 0) < 2 * (first - 1):
+    if verdict.noise.get("launch_df", 0) < 2 * (first - 1):
         short = [(n, k) for k in range(first) for n in top_two if k >= launched[n]]
         if short:
             return 2, short
-    if verdict.get("decided", True):
+    if verdict.decided:
         return 3, []
-    stats = verdict.get("stats") or {}
     room = [n for n in order if launched[n] < most and (most_windows is None
-                                                        or (stats.get(str(n)) or {}).get("windows", 0) < most_windows)]
-    return 3, [(n, launched[n]) for n in room if n in verdict.get("contention", ())]
+                                                        or (verdict.stat(n) or {}).get("windows", 0) < most_windows)]
+    return 3, [(n, launched[n]) for n in room if n in verdict.contention]
 
 
-def leaders(order: list[int], verdict: Mapping[str, Any]) -> list[int]:
+def leaders(order: list[int], verdict: Verdict) -> list[int]:
     """The top two contenders by estimate among those with a clean launch."""
-    stats = verdict.get("stats") or {}
-    clean = [n for n in order if (s := stats.get(str(n))) and s["runs"] and not s["failed"]]
-    return sorted(clean, key=lambda n: -stats[str(n)]["median"])[:2]
+    clean = [n for n in order if (s := verdict.stat(n)) and s["runs"] and not s["failed"]]
+    return sorted(clean, key=lambda n: -(verdict.stat(n) or {})["median"])[:2]
 
 
 def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], runs: list[dict[str, Any]],
-                contenders: tuple[dict[int, dict[str, Any]], dict[int, Any]], verdict_now: Callable[[], dict[str, Any]],
+                contenders: tuple[dict[int, dict[str, Any]], dict[int, Any]], verdict_now: Callable[[], Verdict],
                 *, runner: Runner, progress: Any, stop_event: threading.Event | None) -> bool:
     """Stage after stage (``next_stage``), each run saved as it lands so a killed sweep resumes where it was.
     False when interrupted. The top two's last launch of stage 2 runs the stress phase after its windows

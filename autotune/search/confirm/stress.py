@@ -20,13 +20,13 @@ from typing import Any
 import optuna
 
 from autotune.config import StudyConfig
-from autotune.harness.stress import StressResult, StressStep
+from autotune.harness.stress import StressResult, StressStep, stress_line
 from autotune.results import TrialResult
-from autotune.search.confirm.decision import decide
+from autotune.search.confirm.decision import Verdict, decide
 from autotune.search.runner import Runner
-from autotune.search.summary import launch_key
-from autotune.search.worstcase import ATTR, stress_of, worst_case_line
+from autotune.search.seeding import launch_key
 
+ATTR = "stress"  # the confirmation's key for the stress phase
 STRESS_MAX = 3  # stress launches of their own at most: the winner, a tied runner-up, one more after a demotion
 
 
@@ -39,7 +39,7 @@ def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str,
     state = dict(confirmation.get(ATTR) or {})
     state.setdefault("runs", [])
     state.setdefault("demoted", [])
-    state.setdefault("decided_trial", confirmation.get("winner_trial"))
+    state.setdefault("decided_trial", _winner(confirmation))
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     if state.get("complete"):  # a confirmation decided again on resume still excludes what the stress demoted
         redecided = _redecided(confirmation, state, trials, cfg)
@@ -49,7 +49,7 @@ def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str,
         due = [n for n in _to_stress(confirmation) if stress_of({ATTR: state}, n) is None]
         shared = {n: run for n in due if (run := _from_confirmation(confirmation, n)) is not None}
         room = STRESS_MAX - _launches(state)
-        if confirmation.get("winner_trial") is None or not due or (room <= 0 and not shared):
+        if _winner(confirmation) is None or not due or (room <= 0 and not shared):
             break
         for n in [n for n in due if n in shared] + [n for n in due if n not in shared][:max(0, room)]:
             if stop_event is not None and stop_event.is_set():
@@ -82,13 +82,17 @@ def _from_confirmation(confirmation: dict[str, Any], number: int) -> dict[str, A
     return None
 
 
+def _winner(confirmation: dict[str, Any]) -> int | None:
+    verdict = Verdict.from_dict(confirmation)
+    return verdict.winner_trial if verdict is not None else None
+
+
 def _to_stress(confirmation: dict[str, Any]) -> list[int]:
     """The winner, and the runner-up when the confirmation could not separate them (a tie)."""
-    winner = confirmation.get("winner_trial")
+    verdict = Verdict.from_dict(confirmation) or Verdict(outcome="none")
+    winner, runner_up = verdict.winner_trial, verdict.runner_up_trial
     out = [winner] if winner is not None else []
-    runner_up = confirmation.get("runner_up_trial")
-    if (runner_up is not None and not confirmation.get("resolved") and runner_up != winner
-            and runner_up != confirmation.get("baseline_trial")):
+    if runner_up is not None and not verdict.resolved and runner_up not in (winner, verdict.baseline_trial):
         out.append(runner_up)
     return out
 
@@ -140,12 +144,12 @@ def _redecided(confirmation: dict[str, Any], state: dict[str, Any], trials: dict
     if not demoted:
         return confirmation
     order = list(confirmation.get("order") or ())
-    base = confirmation.get("baseline_trial")
+    base = confirmation.get("baseline_trial")  # as stored: a confirmation decided before a verdict had none
     base_key = launch_key(trials[base]) if base in trials else None
     twins = [n for n in order if base_key is not None and n in trials and launch_key(trials[n]) == base_key]
     verdict = decide(list(confirmation.get("runs") or ()), order, base, same_as_baseline=twins,
                      resolution=cfg.study.resolution, demoted=demoted, given=confirmation.get("given") or ())
-    return {**confirmation, **verdict}
+    return {**confirmation, **verdict.to_dict()}
 
 
 def _save(study: optuna.Study, confirmation: dict[str, Any], state: dict[str, Any], *,
@@ -153,3 +157,32 @@ def _save(study: optuna.Study, confirmation: dict[str, Any], state: dict[str, An
     stored = {**confirmation, ATTR: state}
     study.set_user_attr("confirmation", stored)
     return None if interrupted else stored
+
+
+# --- the stress record read back (every view prints ``worst_case_line``) ---------------------------------------
+def passed(confirmation: dict[str, Any] | None, trial: int | None) -> StressResult | None:
+    """The stress phase ``trial`` passed in this confirmation, or None (never stressed, or it failed)."""
+    for run in ((confirmation or {}).get(ATTR) or {}).get("runs") or ():
+        res = StressResult.from_dict(run.get("result"))
+        if run.get("trial") == trial and res is not None and res.survived:
+            return res
+    return None
+
+
+def stress_of(confirmation: dict[str, Any] | None, trial: int | None) -> dict[str, Any] | None:
+    """The last stress record of ``trial`` (``{"trial", "status", "reason", "result"}``), None when never stressed."""
+    runs = [r for r in ((confirmation or {}).get(ATTR) or {}).get("runs") or () if r.get("trial") == trial]
+    return runs[-1] if runs else None
+
+
+def worst_case_line(confirmation: dict[str, Any] | None, trial: int | None) -> str:
+    """The one line every view prints for ``trial``: its stress verdict, or why it has none."""
+    run = stress_of(confirmation, trial)
+    if run is not None:
+        line = stress_line(run.get("result"))
+        if line is not None:
+            return line
+        return f"worst case: not measured ({run.get('reason') or run.get('status') or 'no stress phase ran'})"
+    if not (confirmation or {}).get("complete"):
+        return "worst case: not stressed (the stress phase runs after the confirmation; confirmation is off or unfinished)"
+    return "worst case: not stressed"

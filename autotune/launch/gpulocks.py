@@ -24,7 +24,7 @@ from typing import IO, Any
 
 from autotune.config import StudyConfig
 from autotune.errors import StudyError
-from autotune.search.groups import aligned_groups, group_label
+from autotune.launch.groups import aligned_groups, group_label
 
 LOCK_DIR_ENV = "AUTOTUNE_GPU_LOCK_DIR"
 POLL_S = 0.2

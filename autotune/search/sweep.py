@@ -10,14 +10,14 @@ from autotune.progress import PlainProgress
 from autotune.search.confirm.defaults import _defaults
 from autotune.search.confirm.stages import confirm
 from autotune.search.confirm.stress import stress_winner
-from autotune.search.diskguard import disk_error
-from autotune.search.jobview import job_for_study
 from autotune.search.runner import CheckedRunner, Runner
+from autotune.search.storage.diskguard import disk_error
 from autotune.search.study import Sweep, sigint_stops
-from autotune.search.summary import baseline_failure, summarize
+from autotune.search.views.jobview import job_for_study
+from autotune.search.views.summary import SweepSummary, baseline_failure, summarize
 
 
-def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None) -> dict[str, Any]:
+def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None) -> SweepSummary:
     """Search, then confirm; returns the summary (``autotune sweep --json``).
 
     Ctrl-C is the same in every stage: one handler for the whole sweep (``sigint_stops``), installed even where
@@ -50,7 +50,5 @@ def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any =
             if sweep is not None:
                 sweep.close()
             progress.close()
-    summary = summarize(study, cfg)
-    summary["job"] = job_for_study(study, (summary["best"] or {}).get("trial"))  # None without [job]
-    summary["interrupted"] = stop.is_set()
-    return summary
+    return summarize(study, cfg, interrupted=stop.is_set(),
+                     job=lambda winner: job_for_study(study, winner))  # None without [job]

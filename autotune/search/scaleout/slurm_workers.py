@@ -1,6 +1,6 @@
 """Scale out on Slurm: each worker of ``run_workers`` is its own batch job, one GPU group per allocation.
 
-The supervisor ``sbatch``es ``python -m autotune.search.workers …`` (the argv quoted by ``shlex`` in a job script
+The supervisor ``sbatch``es ``python -m autotune worker …`` (the argv quoted by ``shlex`` in a job script
 that ``exec``s it, so the worker *is* the batch step and gets Slurm's signals), each with ``--gres=gpu:<group
 size>`` and its own log file, then waits for the jobs. With ``--gpus`` each job's worker is told its group; with
 ``--workers N`` Slurm picks the GPUs and the worker reads them from its allocation (``allocation_gpus``). Inside its allocation a worker starts its trials'

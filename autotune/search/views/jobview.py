@@ -16,7 +16,7 @@ import optuna
 from autotune.job import Job, JobShapeError, JobTime, job_line, job_time
 from autotune.results import TrialResult
 from autotune.search.objective import gpus_spanned
-from autotune.search.summary import baseline_trial, confirmed_rate
+from autotune.search.views.summary import baseline_trial, confirmed_rate
 
 
 def study_job(study: optuna.Study) -> Job | None:
@@ -29,8 +29,7 @@ def study_job(study: optuna.Study) -> Job | None:
 
 
 def _result(trial: optuna.trial.FrozenTrial | None) -> TrialResult | None:
-    data = trial.user_attrs.get("result") if trial is not None else None
-    result = TrialResult.from_dict(data) if data else None
+    result = TrialResult.of(trial)
     return result if result is not None and result.ok and result.metrics is not None else None
 
 

@@ -1,5 +1,5 @@
-"""A config's worst case as a study records it: the stress phase's verdict (``confirmation["stress"]``, written by
-``search.confirm.stress``) read back for every view — the sweep's summary, ``trials``, the report, and ``apply``,
+"""A config's worst case as a study records it: the stress phase's verdict (``confirmation["stress"]``, written and
+read back by ``search.confirm.stress``) for every view — the sweep's summary, ``trials``, the report, and ``apply``,
 which refuses a config not known to survive it unless told to (``--allow-unstressed``)."""
 
 from __future__ import annotations
@@ -7,37 +7,10 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.errors import StudyError
-from autotune.harness.stress import StressResult, stress_line
+from autotune.search.confirm.decision import Verdict
+from autotune.search.confirm.stress import ATTR, passed, stress_of, worst_case_line
 
-ATTR = "stress"  # the confirmation's key for the stress phase
-
-
-def passed(confirmation: dict[str, Any] | None, trial: int | None) -> StressResult | None:
-    """The stress phase ``trial`` passed in this confirmation, or None (never stressed, or it failed)."""
-    for run in ((confirmation or {}).get(ATTR) or {}).get("runs") or ():
-        res = StressResult.from_dict(run.get("result"))
-        if run.get("trial") == trial and res is not None and res.survived:
-            return res
-    return None
-
-
-def stress_of(confirmation: dict[str, Any] | None, trial: int | None) -> dict[str, Any] | None:
-    """The last stress record of ``trial`` (``{"trial", "status", "reason", "result"}``), None when never stressed."""
-    runs = [r for r in ((confirmation or {}).get(ATTR) or {}).get("runs") or () if r.get("trial") == trial]
-    return runs[-1] if runs else None
-
-
-def worst_case_line(confirmation: dict[str, Any] | None, trial: int | None) -> str:
-    """The one line every view prints for ``trial``: its stress verdict, or why it has none."""
-    run = stress_of(confirmation, trial)
-    if run is not None:
-        line = stress_line(run.get("result"))
-        if line is not None:
-            return line
-        return f"worst case: not measured ({run.get('reason') or run.get('status') or 'no stress phase ran'})"
-    if not (confirmation or {}).get("complete"):
-        return "worst case: not stressed (the stress phase runs after the confirmation; confirmation is off or unfinished)"
-    return "worst case: not stressed"
+__all__ = ["ATTR", "Unstressed", "check_stressed", "passed", "stress_of", "worst_case_block", "worst_case_line"]
 
 
 class Unstressed(StudyError):
@@ -67,9 +40,10 @@ def _unstressed_why(confirmation: dict[str, Any] | None, trial: int, run: dict[s
     if top_k == 0:
         return (f"trial {trial} never ran the stress phase: it runs in the confirmation, which this study turns off "
                 "([study] confirm_top_k = 0); set confirm_top_k = 1 or more and re-run autotune sweep")
-    if conf.get("winner_trial") not in (None, trial):
+    winner = (Verdict.from_dict(conf) or Verdict(outcome="none")).winner_trial
+    if winner not in (None, trial):
         return (f"trial {trial} never ran the stress phase (only the confirmed winner, and a runner-up tied with it, "
-                f"are stressed; the winner is trial {conf.get('winner_trial')})")
+                f"are stressed; the winner is trial {winner})")
     return (f"trial {trial} never ran the stress phase (the study's confirmation did not reach it, or predates it); "
             "re-run autotune sweep to stress it")
 

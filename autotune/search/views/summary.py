@@ -12,7 +12,9 @@ own tok/s, and ``multi_gpu`` says whether any of them spans more than one GPU (t
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import optuna
@@ -21,17 +23,11 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import StudyConfig
 from autotune.redaction import redact_url
 from autotune.results import TrialResult, numerics_line
+from autotune.search.confirm.decision import Verdict
 from autotune.search.numerics import confirmation_figures, contender_fidelity, unexpected_contenders
 from autotune.search.objective import gpus_spanned
-from autotune.search.seeding import finished, launches
-from autotune.search.space import key_of
-from autotune.search.worstcase import worst_case_line
-
-
-def launch_key(trial: FrozenTrial) -> str:
-    """The config a trial launched (its stored launch key; older studies: the key of its result's config)."""
-    key = trial.user_attrs.get("launch_key")
-    return key if key is not None else key_of((trial.user_attrs.get("result") or {}).get("config") or {})
+from autotune.search.seeding import finished, launch_key, launches, unsettled
+from autotune.search.views.worstcase import worst_case_line
 
 
 def baseline_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
@@ -46,13 +42,6 @@ def measured(trial: FrozenTrial | None) -> bool:
             and bool(trial.values) and trial.values[0] > 0)
 
 
-def unsettled(trial: FrozenTrial) -> bool:
-    """Whether the trial's window reached its cap before the settle rule was met (``autotune.settle``): its figure
-    is recorded and learnt from, but never crowned."""
-    measurement = (trial.user_attrs.get("result") or {}).get("measurement") or {}
-    return measurement.get("settled") is False
-
-
 def baseline_failure(study: optuna.Study) -> str | None:
     """Why the study has no measured baseline to compare with (``"(trial 0) failed: startup_oom: …"``); None
     when it has one. A baseline that measured in the search but failed every confirmation run has none either."""
@@ -64,11 +53,16 @@ def baseline_failure(study: optuna.Study) -> str | None:
         status = base.user_attrs.get("status") or base.state.name.lower()
         reason = base.user_attrs.get("reason") or ("no tok/s measured" if status == "ok" else "no reason recorded")
         return f"(trial {base.number}) failed: {status}: {reason}"
-    conf = study.user_attrs.get("confirmation") or {}
-    stats = (conf.get("stats") or {}).get(str(base.number)) if conf.get("complete") else None
+    verdict = confirmed(study.user_attrs.get("confirmation"))
+    stats = verdict.stat(base.number) if verdict is not None else None
     if stats and stats.get("runs") and not stats.get("median"):
         return f"(trial {base.number}) failed in every confirmation run ({stats['runs']})"
     return None
+
+
+def confirmed(confirmation: Mapping[str, Any] | None) -> Verdict | None:
+    """The verdict of a finished confirmation; None while it runs, or with no confirmation."""
+    return Verdict.from_dict(confirmation) if (confirmation or {}).get("complete") else None
 
 
 def _defaults_entry(stored: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -87,8 +81,8 @@ def _defaults_entry(stored: dict[str, Any] | None) -> dict[str, Any] | None:
 
 def _spans(trial: FrozenTrial) -> int:
     """How many GPUs a launched trial's server spanned (1 without a stored result)."""
-    data = trial.user_attrs.get("result")
-    return gpus_spanned(TrialResult.from_dict(data)) if data else 1
+    result = TrialResult.of(trial)
+    return gpus_spanned(result) if result is not None else 1
 
 
 def _defaults_per_gpu(defaults: dict[str, Any]) -> float:
@@ -100,7 +94,8 @@ def confirmed_rate(confirmation: dict[str, Any], number: int,
                    span: int) -> tuple[float, tuple[float, float] | None] | None:
     """A confirmed trial's median server tok/s and the interval of that median; None when the confirmation did not
     finish or did not measure it. The stored statistics are of tok/s per GPU, the score: × ``span`` GPUs."""
-    stats = (confirmation.get("stats") or {}).get(str(number)) if confirmation.get("complete") else None
+    verdict = confirmed(confirmation)
+    stats = verdict.stat(number) if verdict is not None else None
     if not stats or stats.get("median") is None:
         return None
     ci = stats.get("ci")
@@ -111,10 +106,11 @@ def confirmed_rate(confirmation: dict[str, Any], number: int,
 def confirmation_line(confirmation: dict[str, Any]) -> str | None:
     """What the confirmation ran and the noise it measured: ``7 launches, 21 windows; window CV 1.2 %, launch CV
     0.4 %`` (None for a confirmation stored before the noise model)."""
-    noise = confirmation.get("noise") or {}
+    verdict = Verdict.from_dict(confirmation) or Verdict(outcome="none")
+    noise = verdict.noise
     if not noise.get("line"):
         return None
-    stats = (confirmation.get("stats") or {}).values()
+    stats = verdict.stats.values()
     launches = len(confirmation.get("runs") or ())
     windows = sum(int(s.get("windows") or 0) for s in stats if not s.get("from_search"))  # a given search run
     return f"{launches} launches, {windows} windows; {noise['line']}"
@@ -140,10 +136,10 @@ def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | No
 
 
 def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
-          conf: dict[str, Any]) -> tuple[int | None, str | None, str | None]:
+          verdict: Verdict | None) -> tuple[int | None, str | None, str | None]:
     """(the best trial's number, the outcome, the note): the confirmed winner, else the best search value."""
-    if conf.get("complete"):
-        return conf.get("winner_trial"), conf.get("outcome"), conf.get("note")
+    if verdict is not None:
+        return verdict.winner_trial, verdict.outcome, verdict.note
     note = "not confirmed: these are single search measurements"
     ok = [t for t in finished(trials) if t.user_attrs.get("status") == "ok" and t.values and not unsettled(t)]
     best_n = max(ok, key=lambda t: t.values[0]).number if ok else None
@@ -160,8 +156,54 @@ def _unexpected(conf: dict[str, Any], best: dict[str, Any] | None) -> list[dict[
             for n in unexpected_contenders(conf) if not best or n != best["trial"]]
 
 
-def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
-    """The figures a user reads: statuses, baseline, confirmed winner and gains (search values if unconfirmed).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SweepSummary:
+    """What a user reads once a study has run, built once (``summarize``); ``autotune sweep --json`` prints its
+    ``asdict`` (the fields in this order are the JSON's keys). ``baseline``, ``best``, ``enqueued`` entries and
+    ``defaults`` are the trials as the summary shows them; ``job``: the ``[job]`` view (None without one)."""
+
+    study: str
+    storage: str
+    n_trials: int
+    statuses: dict[str, int]
+    launched: int
+    launched_oom: int
+    launched_interrupted: int
+    confirmed: bool
+    baseline: dict[str, Any]
+    best: dict[str, Any] | None
+    outcome: str  # "winner" | "baseline" | "no_baseline" | "none"
+    gain_over_baseline: float | None
+    gain_ci: list[float | None] | None
+    enqueued: list[dict[str, Any]]
+    defaults: dict[str, Any] | None
+    gain_over_defaults: float | None
+    multi_gpu: bool
+    unexpected: list[dict[str, Any]]
+    confirmation: str | None
+    note: str | None
+    error: str | None
+    job: dict[str, Any] | None = None
+    interrupted: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _baseline_entry(number: int | None, attrs: Mapping[str, Any], base: Mapping[str, Any] | None,
+                    failure: str | None) -> dict[str, Any]:
+    """The baseline as the summary shows it: its figures when it measured, its status and why when it failed."""
+    return {"trial": number, "params": (attrs.get("result") or {}).get("config"),
+            "output_tok_s": base and base["output_tok_s"], "tok_s_per_gpu": base and base["tok_s_per_gpu"],
+            "gpus": base and base["gpus"], "status": attrs.get("status"),
+            "from_search": bool(base and base["from_search"]),  # far behind: its search run stood in
+            "reason": attrs.get("reason") if failure else None, "failed": failure, "log_path": attrs.get("log_path")}
+
+
+def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = False,
+              job: Callable[[int | None], dict[str, Any] | None] | None = None) -> SweepSummary:
+    """The figures a user reads: statuses, baseline, confirmed winner and gains (search values if unconfirmed);
+    ``job``: the ``[job]`` view of the winner's trial (``jobview.job_for_study``), ``interrupted``: the sweep was.
 
     ``outcome`` is ``"winner"``, ``"baseline"`` (no config beat the baseline: the confirmation found none, or,
     unconfirmed, the best search trial runs the baseline's flags; ``best`` is None, the reason in ``note``),
@@ -173,49 +215,45 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
     statuses = dict(collections.Counter(t.user_attrs.get("status", t.state.name.lower()) for t in done))
     by_number = {t.number: t for t in trials}
     conf = study.user_attrs.get("confirmation") or {}
-    confirmed = bool(conf.get("complete"))
-    entry = functools.partial(_entry, by_number, conf.get("stats", {}) if confirmed else {}, conf=conf)
+    verdict = confirmed(conf)
+    entry = functools.partial(_entry, by_number, dict(verdict.stats) if verdict is not None else {}, conf=conf)
     base_t = baseline_trial(trials)
     baseline = base_t.number if base_t is not None else None
-    best_n, outcome, note = _best(trials, base_t, conf)
+    best_n, outcome, note = _best(trials, base_t, verdict)
     failure = baseline_failure(study)
     if failure is not None:
         best_n, outcome, note = None, "no_baseline", None  # the baseline line and ``error`` say why
     base, best = (entry(baseline) if failure is None else None), entry(best_n)
-    gain = conf.get("gain") if confirmed else (  # per GPU: a TP-2 winner must beat twice a TP-1 baseline's tok/s
+    gain = verdict.gain if verdict is not None else (  # per GPU: a TP-2 winner must beat twice a TP-1 baseline's tok/s
         best["tok_s_per_gpu"] / base["tok_s_per_gpu"] if best and base and base["tok_s_per_gpu"] else None)
     enqueued = [entry(t.number) for t in trials if t.user_attrs.get("role") == "enqueued"
                 and t.state.name == "COMPLETE" and t.user_attrs.get("requeued_from") is None]
-    defaults = _defaults_entry(conf.get("defaults")) if confirmed else None
+    defaults = _defaults_entry(conf.get("defaults")) if verdict is not None else None
     started = launches(trials)
     launched_oom = sum(1 for t in started if t.user_attrs.get("status") in ("startup_oom", "runtime_oom"))
-    interrupted = sum(1 for t in started if t.state.name == "FAIL"
-                      and t.user_attrs.get("status") in (None, "interrupted"))
+    reran = sum(1 for t in started if t.state.name == "FAIL" and t.user_attrs.get("status") in (None, "interrupted"))
     attrs = base_t.user_attrs if base_t is not None else {}
-    return {
-        "study": study.study_name, "storage": redact_url(cfg.storage_url), "n_trials": len(done),
-        "statuses": statuses, "launched": len(started), "launched_oom": launched_oom,
-        "launched_interrupted": interrupted, "confirmed": confirmed,
-        "baseline": {"trial": baseline, "params": (attrs.get("result") or {}).get("config"),
-                     "output_tok_s": base and base["output_tok_s"], "tok_s_per_gpu": base and base["tok_s_per_gpu"],
-                     "gpus": base and base["gpus"], "status": attrs.get("status"),
-                     "from_search": bool(base and base["from_search"]),  # far behind: its search run stood in
-                     "reason": attrs.get("reason") if failure else None, "failed": failure,
-                     "log_path": attrs.get("log_path")},
-        "best": best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "tok_s_per_gpu", "gpus",
-                                               "ci_low", "ci_high", "numerics", "worst_case")},
-        "outcome": "winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none"),
-        "gain_over_baseline": gain if best is not None else None,
-        "gain_ci": [conf.get("ci_low"), conf.get("ci_high")] if confirmed and best is not None else None,
-        "enqueued": [e for e in enqueued if e],
-        "defaults": defaults,
-        "gain_over_defaults": (best["tok_s_per_gpu"] / _defaults_per_gpu(defaults)
-                               if best and defaults and defaults.get("output_tok_s") else None),
-        "multi_gpu": any(_spans(t) > 1 for t in started),
-        "unexpected": _unexpected(conf, best),
-        "confirmation": confirmation_line(conf) if confirmed else None,
-        "note": note,
-        "error": None if failure is None else (
+    shown = best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "tok_s_per_gpu", "gpus",
+                                           "ci_low", "ci_high", "numerics", "worst_case")}
+    return SweepSummary(
+        study=study.study_name, storage=redact_url(cfg.storage_url), n_trials=len(done),
+        statuses=statuses, launched=len(started), launched_oom=launched_oom,
+        launched_interrupted=reran, confirmed=verdict is not None,
+        baseline=_baseline_entry(baseline, attrs, base, failure),
+        best=shown or None,
+        outcome="winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none"),
+        gain_over_baseline=gain if best is not None else None,
+        gain_ci=[verdict.ci_low, verdict.ci_high] if verdict is not None and best is not None else None,
+        enqueued=[e for e in enqueued if e],
+        defaults=defaults,
+        gain_over_defaults=(best["tok_s_per_gpu"] / _defaults_per_gpu(defaults)
+                            if best and defaults and defaults.get("output_tok_s") else None),
+        multi_gpu=any(_spans(t) > 1 for t in started),
+        unexpected=_unexpected(conf, best),
+        confirmation=confirmation_line(conf) if verdict is not None else None,
+        note=note,
+        error=None if failure is None else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"
             + (f" (its log: {attrs['log_path']})" if attrs.get("log_path") else "")),
-    }
+        job=job(best["trial"] if best else None) if job is not None else None, interrupted=interrupted,
+    )

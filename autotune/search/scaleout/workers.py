@@ -1,19 +1,20 @@
 """Scale out: one study, one worker process per GPU group, on one node or many, through Optuna's shared storage.
 
-``run_workers`` splits the GPUs it is given into groups (``groups.worker_groups``): a study whose every server
-spans ``s`` GPUs (``tp_size × pp_size × dp_size``) runs one worker pinned to each aligned group of ``s``
-(``--gpus 0-3`` with ``tp_size = 2``: workers on ``0,1`` and ``2,3``); a study whose space varies the size runs one
-worker per smallest group, all sharing the pool, each launch taking a free group of its size from the per-device
-locks (``gpulocks``). It starts ``python -m autotune.search.workers --gpus 0,1 …`` per worker and supervises them:
-each worker is a normal sweep on its GPUs (its own port, ``CUDA_VISIBLE_DEVICES``, run dir and sweep lock) that
-asks the shared study for trials until finished + running trials reach the target. Ctrl-C is forwarded (each worker
-stops its server and records the trial as interrupted); a second Ctrl-C kills them. A worker that dies
-mid-trial leaves a RUNNING trial that another worker fails and retries once (``storage.dead_running``); its
-orphan server is removed when its GPU next starts, and by the supervisor when the workers end.
+``run_workers`` splits the GPUs it is given into groups (``launch.groups.worker_groups``): a study whose every
+server spans ``s`` GPUs (``tp_size × pp_size × dp_size``) runs one worker pinned to each aligned group of ``s``
+(``--gpus 0-3`` with ``tp_size = 2``: workers on ``0,1`` and ``2,3``); a study whose space varies the size runs
+one worker per smallest group, all sharing the pool, each launch taking a free group of its size from the
+per-device locks (``launch.gpulocks``). It starts ``python -m autotune worker --gpus 0,1 …`` (``cli.worker``)
+per worker and supervises them: each worker is a normal sweep on its GPUs (its own port,
+``CUDA_VISIBLE_DEVICES``, run dir and sweep lock) that asks the shared study for trials until finished + running
+trials reach the target. Ctrl-C is forwarded (each worker stops its server and records the trial as
+interrupted); a second Ctrl-C kills them. A worker that dies mid-trial leaves a RUNNING trial that another
+worker fails and retries once (``storage.dead_running``); its orphan server is removed when its GPU next starts,
+and by the supervisor when the workers end.
 
-Every pinned group runs the baseline once, so tok/s can be compared across devices (``search.gpus``).
+Every pinned group runs the baseline once, so tok/s can be compared across devices (``search.views.gpus``).
 
-When the study's launcher is ``slurm``, each worker is a Slurm job instead (``search.slurm_workers``).
+When the study's launcher is ``slurm``, each worker is a Slurm job instead (``scaleout.slurm_workers``).
 """
 
 from __future__ import annotations
@@ -30,21 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-import click
 import optuna
 
-from autotune.config import StudyConfig, load_config
+from autotune.config import StudyConfig
 from autotune.config.pool import check_pool, study_spans
-from autotune.errors import AutotuneError, ConfigError, StudyError
-from autotune.harness.engines import ENGINES
-from autotune.launch import LAUNCHERS
+from autotune.errors import ConfigError, StudyError
+from autotune.launch.gpulocks import hold_sweep_gpus
+from autotune.launch.groups import group_label, worker_groups
 from autotune.launch.process import cleanup_orphans
-from autotune.progress import PlainProgress
-from autotune.search.gpulocks import hold_sweep_gpus
-from autotune.search.groups import group_label, parse_gpus, worker_groups
-from autotune.search.objective import make_sampler
-from autotune.search.slurm_workers import SlurmWorkers, allocation_gpus, start_slurm_workers
-from autotune.search.storage import open_study
+from autotune.search.objective import make_sampler, open_study
+from autotune.search.scaleout.slurm_workers import SlurmWorkers, start_slurm_workers
 from autotune.search.study import Sweep
 
 Echo = Callable[[str], None]
@@ -112,52 +108,6 @@ def run_worker(cfg: StudyConfig, *, progress: Any = None, stop_event: threading.
         return study
     finally:
         sweep.close()
-
-
-@click.command()
-@click.option("--config", "config_path", required=True, type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--gpu", type=click.IntRange(min=0), help="One GPU (a server spanning N counts up from it).")
-@click.option("--gpus", "group", help="This worker's GPUs (0,1), or the pool it shares with --shared.")
-@click.option("--shared", type=click.IntRange(min=0), help="This worker's slot among workers sharing --gpus.")
-@click.option("--slurm-gpus", is_flag=True, help="The GPUs of this Slurm allocation.")
-@click.option("--port", type=click.IntRange(1, 65535))
-@click.option("--storage")
-@click.option("--study", "study_name")
-@click.option("--trials", type=click.IntRange(min=1))
-@click.option("--engine", type=click.Choice(sorted(ENGINES)))
-@click.option("--launcher", type=click.Choice(sorted(LAUNCHERS)))
-def worker(config_path: Path, gpu: int | None, group: str | None, shared: int | None, slurm_gpus: bool,
-           port: int | None, storage: str | None, study_name: str | None, trials: int | None, engine: str | None,
-           launcher: str | None) -> None:
-    """One worker: sweep the shared study on its GPUs until it has its trials (started by run_workers)."""
-    cfg = load_config(config_path, name=study_name, storage=storage, trials=trials, engine=engine)
-    cfg = with_launcher(cfg, launcher)
-    if slurm_gpus:
-        gpus = allocation_gpus()
-        print(f"this allocation's GPUs: {group_label(gpus)}", flush=True)
-        cfg = on_gpus(cfg, gpus, port, key="--gres")
-    elif group is not None:
-        cfg = on_gpus(cfg, parse_gpus(group), port)
-    elif gpu is not None:
-        cfg = on_gpu(cfg, gpu, port)
-    else:
-        raise ConfigError("a worker needs its GPUs", key="--gpu", fix="pass --gpu N, --gpus 0,1 or --slurm-gpus")
-    run_worker(cfg, progress=PlainProgress(sys.stdout), shared=shared)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    try:
-        worker.main(args=list(argv) if argv is not None else None, prog_name="autotune.search.workers",
-                    standalone_mode=False)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except AutotuneError as exc:
-        print(f"Error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(1)
-    except (KeyboardInterrupt, click.exceptions.Abort):
-        sys.exit(130)
-    sys.exit(0)
 
 
 # --- the supervisor --------------------------------------------------------------------------------------
@@ -236,7 +186,7 @@ def worker_argv(cfg: StudyConfig, gpu: int | Sequence[int] | None, port: int | N
         where = ["--gpu", str(gpu)]
     else:
         where = ["--gpus", group_label(gpu)] + (["--shared", str(shared)] if shared is not None else [])
-    argv = [sys.executable, "-m", "autotune.search.workers", "--config", str(cfg.path), *where,
+    argv = [sys.executable, "-m", "autotune", "worker", "--config", str(cfg.path), *where,
             "--storage", cfg.storage_url, "--study", cfg.name, "--trials", str(cfg.study.trials),
             "--engine", cfg.engine.kind, "--launcher", launcher or cfg.engine.launcher]
     return argv + (["--port", str(port)] if port else [])
@@ -261,7 +211,7 @@ class WorkerPlan:
 
 
 def plan_workers(cfg: StudyConfig, gpus: Sequence[int]) -> list[WorkerPlan]:
-    """The workers of ``gpus`` for this study (``groups.worker_groups``); a pool too small is a ConfigError."""
+    """The workers of ``gpus`` for this study (``launch.groups.worker_groups``); a pool too small is a ConfigError."""
     check_pool(cfg, tuple(gpus), file=str(cfg.path) if cfg.path else None, key="--gpus")
     groups, shared = worker_groups(gpus, study_spans(cfg))
     if shared:
@@ -304,7 +254,7 @@ def start_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
 
 def start_workers_on_slurm(cfg: StudyConfig, gpus: Sequence[int] | None, *, echo: Echo = print,
                            env: dict[str, str] | None = None, count: int | None = None) -> SlurmWorkers:
-    """Check the storage, create the study, then ``sbatch`` the worker jobs (``search.slurm_workers``): one per
+    """Check the storage, create the study, then ``sbatch`` the worker jobs (``slurm_workers``): one per
     group of ``gpus`` (``plan_workers``), or ``count`` jobs that each ask Slurm for a group of the study's size
     (``--gres=gpu:<size>``) and run on the GPUs of their allocation. Inside its allocation each worker's servers
     run with the ``local`` launcher."""
@@ -347,6 +297,3 @@ def run_workers(cfg: StudyConfig, gpus: Sequence[int] | None, *, echo: Echo = pr
              "trials")
     return codes
 
-
-if __name__ == "__main__":
-    main()

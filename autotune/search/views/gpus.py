@@ -1,4 +1,4 @@
-"""Per-GPU results of a study swept on several GPUs (one worker per GPU group, ``search.workers``).
+"""Per-GPU results of a study swept on several GPUs (one worker per GPU group, ``search.scaleout``).
 
 A trial's GPU is the group its server ran on (``user_attrs["gpu"]``, ``host:0,1``). Every pinned group runs the
 baseline once, so tok/s can be compared across devices: ``gpu_frame`` divides each trial's tok/s by its own GPU's
@@ -11,40 +11,10 @@ from __future__ import annotations
 import numpy as np
 import optuna
 import pandas as pd
-from optuna.trial import TrialState
 
-from autotune.results import TrialResult
+from autotune.search.confirm.ranking import gains, gpu_frame
 
-
-def _tok_s(trial: optuna.trial.FrozenTrial) -> float | None:
-    data = trial.user_attrs.get("result")
-    result = TrialResult.from_dict(data) if data else None
-    return result.output_tok_s if result is not None and result.ok else None
-
-
-def gpu_frame(study: optuna.Study) -> pd.DataFrame:
-    """One row per finished trial: its GPU, tok/s, its GPU's baseline tok/s, and ``gain`` = tok/s ÷ that
-    baseline. Comparing gains, not raw tok/s, keeps a fast device from crowning its own trials."""
-    rows = []
-    for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        rows.append({"trial": t.number, "gpu": t.user_attrs.get("gpu", "unknown"),
-                     "role": t.user_attrs.get("role", "search"), "status": t.user_attrs.get("status", "fail"),
-                     "tok_s": _tok_s(t)})
-    frame = pd.DataFrame(rows, columns=["trial", "gpu", "role", "status", "tok_s"])
-    base = frame[(frame.role == "baseline") & frame.tok_s.notna()].groupby("gpu").tok_s.median()
-    frame["baseline_tok_s"] = frame.gpu.map(base).astype(float)
-    frame["gain"] = frame.tok_s.astype(float) / frame.baseline_tok_s
-    return frame.sort_values("trial").reset_index(drop=True)
-
-
-def gains(study: optuna.Study) -> dict[int, float]:
-    """Trial number → tok/s ÷ its own GPU's baseline, for ranking a study swept on two or more GPUs; empty
-    (rank by raw tok/s) on one GPU or when a GPU that served trials has no baseline to divide by."""
-    frame = gpu_frame(study)
-    ok = frame[frame.tok_s.notna()]
-    if ok.gpu.nunique() < 2 or ok.gain.isna().any():
-        return {}
-    return {int(n): float(g) for n, g in zip(ok.trial, ok.gain, strict=True)}
+__all__ = ["gains", "gpu_frame", "gpu_spread", "per_gpu_frame", "render_gpus"]
 
 
 def per_gpu_frame(study: optuna.Study) -> pd.DataFrame:
