@@ -46,6 +46,11 @@ def spec(**kw) -> WorkloadSpec:
     return WorkloadSpec(**{**base, **kw})
 
 
+# For tests of how a server is started, not of what it measures: eight prompts (a first prefill that fits a loaded
+# host's second, not the sample's 16K tokens at once) and a window cap that waits for the first tokens.
+PLUMBING = spec(sample_size=8, warmup_s=0.3, measure_s=1.0, measure_max_s=6.0)
+
+
 def trial(tmp_path, config, *, engine=None, name="t", hook=None, workload=None, timeouts=None, stop_event=None,
           launcher="local") -> tuple[TrialResult, list]:
     phases: list = []
@@ -230,7 +235,7 @@ def test_the_trial_starts_its_server_through_the_named_launcher(env):
             seen.append(spec)
             return super().start(spec, gpu_reader=gpu_reader)
 
-    result, _ = trial(env, {}, launcher=Spy(), workload=spec(warmup_s=0.3, measure_s=1.0))
+    result, _ = trial(env, {}, launcher=Spy(), workload=PLUMBING)
     assert result.status == "ok" and len(seen) == 1
     assert seen[0].gpus == (GPU,) and "CUDA_VISIBLE_DEVICES" not in seen[0].env  # the launcher selects the GPU
     assert isinstance(seen[0].argv, list) and seen[0].argv[1:3] == ["-m", "autotune.sim"]
@@ -247,7 +252,7 @@ def test_a_trial_runs_through_the_ssh_launcher_on_a_loopback_transport(env):
 
     transport = Loopback()
     launcher = SshLauncher(host="127.0.0.1", remote_dir=str(env / "remote"), transport=transport)
-    setup = TrialSetup(engine=sim(env), workload=spec(warmup_s=0.3, measure_s=1.0), gpu_index=GPU,
+    setup = TrialSetup(engine=sim(env), workload=PLUMBING, gpu_index=GPU,
                        run_dir=env / "runs", launcher=launcher,
                        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
     phases: list = []
