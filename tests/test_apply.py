@@ -174,7 +174,7 @@ def test_artifacts(storage, tmp_path):
     script = (out / "launch_fleet.sh").read_text()
     assert "set -euo pipefail" in script
     subprocess.run(["bash", "-n", str(out / "launch_fleet.sh")], check=True, timeout=10)
-    starts = [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start ")]
+    starts = [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start ") and "sglang_router" not in line]
     assert len(starts) == 3
     log, pid, gpu, *argv = starts[1]
     assert (log, pid, gpu) == ("logs/gpu1.log", "run/gpu1.pid", "1")
@@ -205,7 +205,8 @@ def test_launch_script_starts_servers_that_the_pid_files_name(storage, tmp_path)
             time.sleep(0.05)
         assert "--config sglang.yaml --model-path qwen3.6-27b" in recorded.read_text()
     finally:
-        for pid in pids:
+        router = out / "run/router.pid"  # two servers: the script starts their router too, when it is installed
+        for pid in [*pids, *([int(router.read_text())] if router.exists() else [])]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
 
@@ -334,7 +335,7 @@ def test_gpus_0_7_for_a_tp2_winner_writes_four_servers_on_pairs(tp2_storage, tmp
     assert [s.gpus for s in load_fleet(out / "fleet.toml").servers] == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
     script = (out / "launch_fleet.sh").read_text()
-    starts = [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start ")]
+    starts = [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start ") and "sglang_router" not in line]
     assert [tuple(s[:3]) for s in starts] == [(f"logs/gpu{g}-{g + 1}.log", f"run/gpu{g}-{g + 1}.pid", f"{g},{g + 1}")
                                               for g in (0, 2, 4, 6)]
     assert 'CUDA_VISIBLE_DEVICES="$gpus" setsid "$@"' in script
@@ -374,7 +375,8 @@ def test_launch_script_gives_each_tp2_server_its_pair(tp2_storage, tmp_path):
             assert "--config sglang.yaml" in recorded.read_text()
         assert sorted(p.name for p in out.glob("argv-*.txt")) == ["argv-4,5.txt", "argv-6,7.txt"]
     finally:
-        for pid in pids:
+        router = out / "run/router.pid"  # two servers: the script starts their router too, when it is installed
+        for pid in [*pids, *([int(router.read_text())] if router.exists() else [])]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
 

@@ -1,0 +1,226 @@
+"""SGLang's router (the real ``sglang-router``) in front of a fleet of simulated servers: ``fleet up|status|down``,
+a job client that knows one URL, and rollouts under a closed-loop load through the router that fail no request.
+
+The unit tests at the top need neither the router nor a server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from click.testing import CliRunner
+from test_fleet import OLD, make_fleet, teardown
+
+from autotune.cli import cli
+from autotune.deploy import router, routerview
+from autotune.deploy.fleet import Fleet, FleetServer, load_fleet, write_fleet
+from autotune.deploy.fleetfile import RouterSection
+from autotune.deploy.inflight import ClientAdvice
+from autotune.deploy.sglang_yaml import deployed_config
+from autotune.errors import FleetError
+from autotune.launch.process import free_port, port_is_free
+
+ROOT = Path(__file__).resolve().parent.parent
+LOADER = ROOT / "benchmarks" / "closed_loop.py"
+REQUIRE_ALL = os.environ.get("AUTOTUNE_REQUIRE_ALL") == "1"
+needs_router = pytest.mark.skipif(not router.installed() and not REQUIRE_ALL,
+                                  reason="sglang-router is not installed (pip install 'autotune[router]')")
+
+
+@pytest.fixture(autouse=True)
+def sim_devices(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+
+
+# -- no server ------------------------------------------------------------------------------------------
+def two_servers(**router_fields) -> dict:
+    servers = [FleetServer(name=f"s{i}", gpus=[i], port=31000 + i, config="a.yaml", log="l", pid="p")
+               for i in range(2)]
+    return {"engine": "sim", "model": "m", "servers": servers, **router_fields}
+
+
+def test_router_section_refuses_a_server_port_and_flags_it_sets_itself():
+    with pytest.raises(ValueError, match="router.port: 31001 .* collides with port 31001"):
+        Fleet(**two_servers(router=RouterSection(port=31001)))
+    with pytest.raises(ValueError, match="--worker-urls is set by the .router. section itself"):
+        RouterSection(port=32000, extra_args=["--worker-urls", "http://x"])
+    fleet = Fleet(**two_servers(router=RouterSection(port=32000)))
+    assert router.section(fleet).prometheus_port == 32001
+    assert router.wanted(Fleet(**two_servers())) == ("the fleet file has no [router] section (autotune apply --out "
+                                                     "writes one)")
+    off = Fleet(**two_servers(router=RouterSection(router=False, port=31000)))  # off: its ports are not checked
+    assert router.wanted(off) == "[router] says router = false"
+
+
+def test_router_command_is_an_argv_on_loopback_with_the_workers():
+    fleet = Fleet(**two_servers(router=RouterSection(port=32000, policy="round_robin", extra_args=["--log-level",
+                                                                                                      "warn"])))
+    argv = router.argv(fleet, [s.url for s in fleet.servers])
+    assert argv[1:3] == ["-m", "sglang_router.launch_router"]
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    workers = argv[argv.index("--worker-urls") + 1:argv.index("--policy")]
+    assert workers == ["http://127.0.0.1:31000", "http://127.0.0.1:31001"] and argv[-2:] == ["--log-level", "warn"]
+
+
+def test_advice_points_the_job_at_the_router_or_says_what_it_would_give(monkeypatch):
+    client = ClientAdvice(trial=3, servers=2, running_cap=24, queue=4, per_server=28, fleet=56,
+                          measured_concurrency=48, measured_generating=23.0, completions_s=5.0, refill_s=0.1)
+    section = RouterSection(port=30002)
+    monkeypatch.setattr(router, "installed", lambda: True)
+    first = router.advise(client, section).lines()[0]
+    assert first == ("client: point the job at http://127.0.0.1:30002; keep 56 requests in flight (sglang-router "
+                     "spreads them over the 2 servers)")
+    monkeypatch.setattr(router, "installed", lambda: False)
+    note = router.advise(client, section).lines()
+    assert not note[0].startswith("client: point") and any("no router (sglang-router is not installed" in ln and
+                                                           "http://127.0.0.1:30002" in ln for ln in note)
+    assert router.advise(client, None) == client
+
+
+def test_rates_count_a_restarted_workers_tokens_from_zero():
+    old = {"t": 100.0, "completions": 10.0, "tokens": {"a": 500.0, "b": 900.0}}
+    new = {"t": 130.0, "completions": 40.0, "tokens": {"a": 800.0, "b": 60.0}}  # b restarted: its counter fell
+    per_min, tok_s, span = routerview._rates(old, new)
+    assert (per_min, tok_s, span) == (60.0, (300.0 + 60.0) / 30.0, 30.0)
+
+
+# -- the real router ------------------------------------------------------------------------------------
+def routed_fleet(tmp_path: Path, n: int = 3, **kwargs) -> Path:
+    """``n`` simulated servers on OLD with --enable-metrics (as apply writes it), a [router] on free ports."""
+    path = make_fleet(tmp_path, n, config=deployed_config(OLD), **kwargs)
+    fleet = load_fleet(path)
+    write_fleet(fleet.model_copy(update={"router": RouterSection(port=free_port(), metrics_port=free_port())}), path)
+    return path
+
+
+def stop_all(path: Path) -> None:
+    teardown(path)
+    router.stop(load_fleet(path), grace_s=2.0)
+
+
+class Load:
+    """``benchmarks/closed_loop.py`` in its own process (not this one's GIL): ``concurrency`` requests in flight."""
+
+    def __init__(self, urls: list[str], out: Path, *, concurrency: int = 64, max_tokens: int = 24):
+        self.out = out
+        self.proc = subprocess.Popen([sys.executable, str(LOADER), *[a for u in urls for a in ("--url", u)],
+                                      "--concurrency", str(concurrency), "--max-tokens", str(max_tokens),
+                                      "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def records(self) -> list[dict]:
+        text = self.out.read_text() if self.out.exists() else ""
+        return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+    def wait_for(self, count: int, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.records()) < count:
+            assert self.proc.poll() is None, self.proc.stderr.read().decode() if self.proc.stderr else ""
+            assert time.monotonic() < deadline, f"only {len(self.records())} requests done in {timeout_s} s"
+            time.sleep(0.2)
+
+    def stop(self) -> list[dict]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=120)
+        return self.records()
+
+
+def run_cli(*args: str) -> str:
+    result = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@needs_router
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_fleet_up_status_down_with_the_router_and_a_one_url_client(tmp_path):
+    path = routed_fleet(tmp_path)
+    try:
+        out = run_cli("fleet", "up", "--fleet", str(path), "--timeout", "60")
+        record = router.running(load_fleet(path))
+        assert record is not None and f"router: point the job at {record.url}" in out
+        urls = sorted(s.url for s in load_fleet(path).servers)
+        assert sorted(w["url"] for w in router.workers(record) if w["is_healthy"]) == urls == sorted(record.worker_urls)
+        load = Load([record.url], tmp_path / "client.jsonl", concurrency=12, max_tokens=16)
+        load.wait_for(24)
+        shown = json.loads(run_cli("fleet", "status", "--fleet", str(path), "--json"))
+        seen = shown[-1]["router"]
+        assert seen["healthy"] and seen["completions"] > 0 and seen["output_tok_s"] > 0
+        assert sorted(w["url"] for w in seen["workers"] if w["in_router"]) == urls
+        assert any(w["running"] for w in seen["workers"])  # the servers' own gauges, under the client's load
+        done = load.stop()
+        # the one-URL client: SGLang's and OpenAI's endpoints, streamed and not, all through the router
+        kinds = {r["endpoint"] for r in done}
+        assert len(kinds) == 6 and all(r["ok"] for r in done), [r for r in done if not r["ok"]][:3]
+        text = run_cli("fleet", "status", "--fleet", str(path))
+        assert f"router {record.url} (pid {record.pid}): healthy, 3 worker(s)" in text and "in the router" in text
+        assert "stopped" in run_cli("fleet", "down", "--fleet", str(path))
+        assert not psutil.pid_exists(record.pid) or psutil.Process(record.pid).status() == psutil.STATUS_ZOMBIE
+        assert port_is_free("127.0.0.1", record.port) and port_is_free("127.0.0.1", record.metrics_port)
+        assert router.read_record(load_fleet(path)) is None and not list((tmp_path / "run").glob("router*"))
+        # a fleet up killed once the router's record is written leaves nothing the next one trips on
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        killed = subprocess.Popen([sys.executable, "-m", "autotune", "fleet", "up", "--fleet", str(path)], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while not router.record_path(load_fleet(path)).exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        killed.send_signal(signal.SIGKILL)
+        killed.wait()
+        first = router.read_record(load_fleet(path))
+        assert first is not None
+        run_cli("fleet", "up", "--fleet", str(path), "--timeout", "60")
+        again = router.running(load_fleet(path))
+        assert again is not None and len([w for w in router.workers(again) if w["is_healthy"]]) == 3
+        assert again.pid == first.pid or not first.alive()  # reused, or the half-started one is gone
+        run_cli("fleet", "down", "--fleet", str(path))
+        assert not again.alive() and port_is_free("127.0.0.1", again.port)
+    finally:
+        stop_all(path)
+
+
+def test_a_router_that_cannot_start_says_why_and_leaves_nothing(tmp_path, monkeypatch):
+    fleet = Fleet(**two_servers(router=RouterSection(port=free_port(), extra_args=["--no-such-flag"])))
+    fleet.path = tmp_path / "fleet.toml"
+    if not router.installed():
+        pytest.skip("sglang-router is not installed")
+    with pytest.raises(FleetError, match="the router exited with code"):
+        router.start(fleet, ["http://127.0.0.1:9"], timeout_s=30)
+    assert router.read_record(fleet) is None and port_is_free("127.0.0.1", router.section(fleet).port)
+
+
+@pytest.mark.parametrize("with_router", [True, False])
+def test_apply_writes_the_router_into_the_fleet_file_client_json_and_the_launch_script(tmp_path, monkeypatch,
+                                                                                      with_router):
+    from test_apply import BASELINE, WINNER, make_study, result
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    make_study(url, trials=[(result(BASELINE, 2050.0, mrr=16, slots=80), "baseline"), (result(WINNER, 3000.0),
+                                                                                       "search")], confirm=1)
+    monkeypatch.setattr(router, "installed", lambda: with_router)
+    out = tmp_path / "deploy"
+    printed = run_cli("apply", "--storage", url, "--out", str(out), "--gpus", "0-1")
+    fleet = load_fleet(out / "fleet.toml")
+    assert fleet.router is not None and (fleet.router.port, fleet.router.prometheus_port) == (30002, 30003)
+    client = json.loads((out / "client.json").read_text())
+    script = (out / "launch_fleet.sh").read_text()
+    routed = [ln for ln in script.splitlines() if ln.startswith("start ") and "sglang_router" in ln]
+    if with_router:
+        assert client["router_url"] == "http://127.0.0.1:30002"
+        assert "client: point the job at http://127.0.0.1:30002; keep" in printed
+        assert "# client: point the job at http://127.0.0.1:30002" in script
+        assert len(routed) == 1 and "http://127.0.0.1:30000 http://127.0.0.1:30001 --policy" in routed[0]
+    else:
+        assert client["router_url"] is None and routed == []
+        assert "no router (sglang-router is not installed" in printed and "http://127.0.0.1:30002" in printed
+
+
