@@ -18,13 +18,14 @@ import psutil
 import pytest
 from click.testing import CliRunner
 from test_fleet import OLD, make_fleet, teardown
+from test_rollout import CANARY, NEW, predicted, prompts, stub_server
 
 from autotune.cli import cli
-from autotune.deploy import router, routerview
-from autotune.deploy.fleet import Fleet, FleetServer, load_fleet, write_fleet
+from autotune.deploy import drain, rollout, router, routerview
+from autotune.deploy.fleet import Fleet, FleetServer, load_fleet, server_config, write_fleet
 from autotune.deploy.fleetfile import RouterSection
 from autotune.deploy.inflight import ClientAdvice
-from autotune.deploy.sglang_yaml import deployed_config
+from autotune.deploy.sglang_yaml import deployed_config, split_config, yaml_text
 from autotune.errors import FleetError
 from autotune.launch.process import free_port, port_is_free
 
@@ -85,11 +86,31 @@ def test_advice_points_the_job_at_the_router_or_says_what_it_would_give(monkeypa
     assert router.advise(client, None) == client
 
 
+def test_a_rolled_out_config_carries_the_header_and_enable_metrics(tmp_path):
+    fleet = Fleet(**two_servers())
+    fleet.path = tmp_path / "fleet.toml"
+    relative = rollout.stage_config(fleet, NEW, header="autotune: study s, trial 7\nclient: keep 9")
+    text = (tmp_path / relative).read_text()
+    assert text.startswith("# autotune: study s, trial 7\n# client: keep 9\n") and "enable-metrics: true" in text
+    body = yaml_text(split_config(deployed_config(NEW))[0])
+    assert text.endswith(body)
+
+
 def test_rates_count_a_restarted_workers_tokens_from_zero():
     old = {"t": 100.0, "completions": 10.0, "tokens": {"a": 500.0, "b": 900.0}}
     new = {"t": 130.0, "completions": 40.0, "tokens": {"a": 800.0, "b": 60.0}}  # b restarted: its counter fell
     per_min, tok_s, span = routerview._rates(old, new)
     assert (per_min, tok_s, span) == (60.0, (300.0 + 60.0) / 30.0, 30.0)
+
+
+def test_without_a_router_the_gate_warns_and_counts_what_a_stopped_server_had(monkeypatch):
+    fleet = Fleet(**two_servers())
+    gate = drain.Gate(fleet_path="f", record=None)
+    assert "no router in front of the fleet" in (gate.warning(fleet) or "")
+    monkeypatch.setattr(drain, "in_flight", lambda server, record=None: {"s0": 5, "s1": 0}[server.name])
+    for server in fleet.servers:
+        gate.take_out(server)
+    assert gate.summary() == "the stopped servers had 5 request(s) in flight when they stopped (s0 5)"
 
 
 # -- the real router ------------------------------------------------------------------------------------
@@ -188,6 +209,85 @@ def test_fleet_up_status_down_with_the_router_and_a_one_url_client(tmp_path):
         stop_all(path)
 
 
+def write_winner(directory: Path, config: dict, *, tok_s: float | None = None) -> Path:
+    """An sglang.yaml with the provenance.json apply writes beside it (capacity, workload, figures)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "sglang.yaml").write_text(yaml_text(split_config(deployed_config(config))[0]))
+    workload = {"prompts": str(prompts(directory)), "sample_size": 16, "max_tokens": 64}
+    (directory / "provenance.json").write_text(json.dumps({
+        "study": "tuned", "trial": 4, "engine": "sim", "model_path": "qwen3.6-27b", "sim_gpu": "b200",
+        "capacity": predicted(config).to_dict(), "config": config, "workload": workload, "output_tok_s": tok_s}))
+    return directory / "sglang.yaml"
+
+
+ROLL = ["--canary-s", "0.6", "--canary-warmup-s", "0.2", "--canary-concurrency", "4", "--grace", "5",
+        "--startup-timeout", "30", "--drain-timeout", "30"]
+
+
+@needs_router
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_rolling_apply_under_load_through_the_router_fails_no_request(tmp_path):
+    path = routed_fleet(tmp_path)
+    try:
+        run_cli("fleet", "up", "--fleet", str(path), "--timeout", "60")
+        record = router.running(load_fleet(path))
+        winner = write_winner(tmp_path / "new", NEW)
+        load = Load([record.url], tmp_path / "load.jsonl")
+        load.wait_for(64)
+        before = len(load.records())
+        out = run_cli("apply", "--config", str(winner), "--fleet", str(path), "--rolling", *ROLL)
+        during = len(load.records()) - before
+        done = load.stop()
+        assert during > 0 and len(done) >= 128
+        assert [r for r in done if not r["ok"]] == []
+        assert out.count("out of the router and drained") == 3 and out.count("back in the router") == 3
+        fleet = load_fleet(path)
+        assert len({s.config for s in fleet.servers}) == 1 and fleet.servers[0].config.startswith("configs/")
+        assert all(server_config(fleet, s)["max_mamba_cache_size"] == 200 for s in fleet.servers)
+        text = fleet.resolve(fleet.servers[0].config).read_text()
+        assert text.startswith("# autotune: study tuned, trial 4") and "enable-metrics: true" in text
+        assert sorted(w["url"] for w in router.workers(record) if w["is_healthy"]) == sorted(
+            s.url for s in fleet.servers)
+        watched = CliRunner().invoke(cli, ["watch", "--once", "--fleet", str(path)])
+        assert watched.exit_code == 0, watched.output
+        assert f"router {record.url} (pid {record.pid}): healthy, 3 worker(s)" in watched.output  # watch reads it
+    finally:
+        stop_all(path)
+
+
+@needs_router
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_canary_failure_on_the_second_server_then_rollback_under_load_fails_no_request(tmp_path):
+    path = routed_fleet(tmp_path, sim_options={1: {"decode_efficiency": 0.03}})  # s1 decodes ~30x slower
+    try:
+        run_cli("fleet", "up", "--fleet", str(path), "--timeout", "60")
+        fleet = load_fleet(path)
+        record = router.running(fleet)
+        canary = rollout.Canary(prompts=str(prompts(tmp_path)), **{**CANARY, "concurrency": 4})
+        tok_s = rollout.run_canary(stub_server(fleet.servers[0].port), canary, None).output_tok_s  # an idle s0
+        winner = write_winner(tmp_path / "new", NEW, tok_s=tok_s)
+        load = Load([record.url], tmp_path / "load.jsonl")
+        load.wait_for(64)
+        failed = CliRunner().invoke(cli, ["apply", "--config", str(winner), "--fleet", str(path), "--rolling",
+                                          "--keep-partial", "--tolerance", "0.75", *ROLL])
+        assert isinstance(failed.exception, FleetError), failed.output
+        assert "server s1 failed" in str(failed.exception) and "canary" in str(failed.exception)
+        configs = [s.config for s in load_fleet(path).servers]
+        assert configs[0].startswith("configs/") and configs[1:] == ["old.yaml", "old.yaml"]
+        out = run_cli("apply", "--rollback", "--fleet", str(path), "--grace", "5", "--startup-timeout", "30")
+        done = load.stop()
+        assert [r for r in done if not r["ok"]] == [] and len(done) >= 128
+        assert "rolled back: s0" in out
+        fleet = load_fleet(path)
+        assert [s.config for s in fleet.servers] == ["old.yaml"] * 3
+        assert sorted(w["url"] for w in router.workers(record) if w["is_healthy"]) == sorted(
+            s.url for s in fleet.servers)
+    finally:
+        stop_all(path)
+
+
 def test_a_router_that_cannot_start_says_why_and_leaves_nothing(tmp_path, monkeypatch):
     fleet = Fleet(**two_servers(router=RouterSection(port=free_port(), extra_args=["--no-such-flag"])))
     fleet.path = tmp_path / "fleet.toml"
@@ -224,3 +324,13 @@ def test_apply_writes_the_router_into_the_fleet_file_client_json_and_the_launch_
         assert "no router (sglang-router is not installed" in printed and "http://127.0.0.1:30002" in printed
 
 
+def test_the_benchmark_buckets_completions_before_during_and_after_a_rollout():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import rollout_under_load as bench
+
+    # load from t=0 to t=80, rollout from 40 to 55: 10 completions a second, 5 a second during, one failure
+    records = [{"end": t / 10, "ok": True} for t in range(0, 800) if not (400 <= t < 550 and t % 2)]
+    records.append({"end": 45.0, "ok": False})
+    f = bench.phases(records, 0.0, 40.0, 55.0, 80.0)
+    assert f["failed"] == 1 and f["before"] == [100, 100, 100] and f["during"] == [50, 75]
+    assert f["after"] == [100, 100] and f["lowest_share"] == 0.5 and f["spread_before"] == 0.0
