@@ -69,3 +69,19 @@ def no_leaked_threads():
     while (left := _ours() - before) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not left, f"threads left running after the test: {sorted(t.name for t in left)}"
+
+
+@pytest.fixture
+def fleet_base_port(monkeypatch) -> int:
+    """Where ``apply`` starts handing out ports in this test: ten ports free now in this process's own range, in
+    place of 30000, which any server on the host (another run's) may hold; a test can then name the ports a new
+    fleet's servers and router get."""
+    from autotune.deploy import ports
+    from autotune.launch.ports import port_is_free, port_range
+
+    low, high = port_range() or (FIRST_PORT, FIRST_PORT + PORTS_PER_WORKER - 1)
+    for base in range(high - 9, low - 1, -10):  # from the top: free_port takes turns through the whole range
+        if all(port_is_free("127.0.0.1", p) for p in range(base, base + 10)):
+            monkeypatch.setattr(ports, "DEFAULT_BASE_PORT", base)
+            return base
+    pytest.fail(f"no ten free ports in {low}-{high}")

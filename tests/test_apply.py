@@ -174,13 +174,23 @@ def test_artifacts(storage, tmp_path):
     script = (out / "launch_fleet.sh").read_text()
     assert "set -euo pipefail" in script
     subprocess.run(["bash", "-n", str(out / "launch_fleet.sh")], check=True, timeout=10)
-    starts = [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start ")]
+    starts = [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start ") and "sglang_router" not in line]
     assert len(starts) == 3
     log, pid, gpu, *argv = starts[1]
     assert (log, pid, gpu) == ("logs/gpu1.log", "run/gpu1.pid", "1")
     assert argv[1:5] == ["-m", "autotune.sim", "--config", "sglang.yaml"]  # two tokens: --config=x is ignored
     assert argv[argv.index("--model-path") + 1] == "/models/Qwen 3.6 $(rm -rf ~)"  # quoted, never expanded
     assert argv[argv.index("--port") + 1] == "30001"
+
+
+def kill_started(out, pids: list[int]) -> None:
+    """SIGKILL what the launch script started: each process (it may not have reached its own ``setsid`` yet, so its
+    group is not its pid) and then its group; two servers: their router too, when sglang-router is installed."""
+    router = out / "run/router.pid"
+    for pid in [*pids, *([int(router.read_text())] if router.exists() else [])]:
+        for kill in (os.kill, os.killpg):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, signal.SIGKILL)
 
 
 def test_launch_script_starts_servers_that_the_pid_files_name(storage, tmp_path):
@@ -205,9 +215,7 @@ def test_launch_script_starts_servers_that_the_pid_files_name(storage, tmp_path)
             time.sleep(0.05)
         assert "--config sglang.yaml --model-path qwen3.6-27b" in recorded.read_text()
     finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        kill_started(out, pids)
 
 
 def test_winner_from_yaml_reads_provenance_only_when_it_matches(storage, tmp_path):
@@ -235,8 +243,11 @@ def test_apply_gives_the_servers_free_ports_when_the_default_is_held_and_refuses
         monkeypatch.setattr(ports, "DEFAULT_BASE_PORT", taken)  # a port this test holds stands for a busy 30000
         res = CliRunner().invoke(cli, ["apply", "--storage", storage, "--out", str(tmp_path / "out"), "--gpus", "0,1"])
         assert res.exit_code == 0, res.output
-        chosen = [s.port for s in load_fleet(tmp_path / "out" / "fleet.toml").servers]
+        written = load_fleet(tmp_path / "out" / "fleet.toml")
+        chosen = [s.port for s in written.servers]
         assert taken not in chosen and len(set(chosen)) == 2 and min(chosen) > taken
+        assert written.router is not None  # two servers: a router, on ports neither taken nor a server's
+        assert {written.router.port, written.router.prometheus_port}.isdisjoint({taken, *chosen})
         said = [line for line in res.output.splitlines() if line.startswith("port(s) ")]
         assert said and said[0].startswith(f"port(s) {taken}") and said[0].endswith(
             f"in use on this host: the servers listen on gpu0 {chosen[0]}, gpu1 {chosen[1]}")
@@ -257,13 +268,13 @@ def test_config_diff():
     assert config_diff({"a": 1, "b": False}, {"a": 1}) == []
 
 
-def test_cli_writes_artifacts_and_dry_run_writes_nothing(storage, tmp_path):
+def test_cli_writes_artifacts_and_dry_run_writes_nothing(storage, tmp_path, fleet_base_port):
     runner = CliRunner()
     out = tmp_path / "out"
     res = runner.invoke(cli, ["apply", "--storage", storage, "--out", str(out), "--gpus", "0-6"])
     assert res.exit_code == 0, res.output
     assert len(load_fleet(out / "fleet.toml").servers) == 7
-    assert [s.port for s in load_fleet(out / "fleet.toml").servers] == list(range(30000, 30007))
+    assert [s.port for s in load_fleet(out / "fleet.toml").servers] == list(range(fleet_base_port, fleet_base_port + 7))
 
     dry = tmp_path / "dry"
     res = runner.invoke(cli, ["apply", "--storage", storage, "--dry-run", "--out", str(dry)])
@@ -353,18 +364,19 @@ def tp2_storage(tmp_path) -> str:
     return url
 
 
-def test_gpus_0_7_for_a_tp2_winner_writes_four_servers_on_pairs(tp2_storage, tmp_path):
+def test_gpus_0_7_for_a_tp2_winner_writes_four_servers_on_pairs(tp2_storage, tmp_path, fleet_base_port):
     out = tmp_path / "out"
     res = CliRunner().invoke(cli, ["apply", "--storage", tp2_storage, "--out", str(out), "--gpus", "0-7", "--allow-unstressed"])
     assert res.exit_code == 0, res.output
     raw = tomllib.loads((out / "fleet.toml").read_text())
+    base = fleet_base_port
     assert [(s["name"], s["gpus"], s["port"], s["log"]) for s in raw["servers"]] == [
-        ("gpu0-1", [0, 1], 30000, "logs/gpu0-1.log"), ("gpu2-3", [2, 3], 30001, "logs/gpu2-3.log"),
-        ("gpu4-5", [4, 5], 30002, "logs/gpu4-5.log"), ("gpu6-7", [6, 7], 30003, "logs/gpu6-7.log")]
+        ("gpu0-1", [0, 1], base, "logs/gpu0-1.log"), ("gpu2-3", [2, 3], base + 1, "logs/gpu2-3.log"),
+        ("gpu4-5", [4, 5], base + 2, "logs/gpu4-5.log"), ("gpu6-7", [6, 7], base + 3, "logs/gpu6-7.log")]
     assert [s.gpus for s in load_fleet(out / "fleet.toml").servers] == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
     script = (out / "launch_fleet.sh").read_text()
-    starts = [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start ")]
+    starts = [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start ") and "sglang_router" not in line]
     assert [tuple(s[:3]) for s in starts] == [(f"logs/gpu{g}-{g + 1}.log", f"run/gpu{g}-{g + 1}.pid", f"{g},{g + 1}")
                                               for g in (0, 2, 4, 6)]
     assert 'CUDA_VISIBLE_DEVICES="$gpus" setsid "$@"' in script
@@ -404,9 +416,7 @@ def test_launch_script_gives_each_tp2_server_its_pair(tp2_storage, tmp_path):
             assert "--config sglang.yaml" in recorded.read_text()
         assert sorted(p.name for p in out.glob("argv-*.txt")) == ["argv-4,5.txt", "argv-6,7.txt"]
     finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
+        kill_started(out, pids)
 
 
 def test_gpus_that_do_not_split_into_whole_servers_is_one_line_before_anything_is_written(tp2_storage, tmp_path,

@@ -88,7 +88,7 @@ def every_file(out: Path) -> str:
 
 
 def starts(script: str) -> list[list[str]]:
-    return [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start ")]
+    return [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start ") and "sglang_router" not in line]
 
 
 def wait_healthy(port: int, log: Path, timeout_s: float = 30.0) -> None:

@@ -8,10 +8,10 @@ import click
 
 from autotune.config.studyref import locate, locate_fleet, record_apply, study_file
 from autotune.deploy import ports as fleet_ports
-from autotune.deploy import rollout
-from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
+from autotune.deploy import rollout, router
+from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts, yaml_header
 from autotune.deploy.fleet import load_fleet, server_config
-from autotune.deploy.inflight import read_advice
+from autotune.deploy.inflight import client_advice, read_advice
 from autotune.deploy.numerics import check_numerics
 from autotune.deploy.sglang_yaml import config_diff
 from autotune.errors import ConfigError
@@ -123,6 +123,8 @@ def _worst_case(winner, *, allow: bool) -> None:
 @click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds SGLang may drain in-flight requests before SIGKILL.")
 @click.option("--startup-timeout", type=click.FloatRange(min=1), default=900.0, show_default=True)
+@click.option("--drain-timeout", type=click.FloatRange(min=0), default=120.0, show_default=True,
+              help="Seconds a server out of the router may take to finish its requests in flight before it stops.")
 @click.option("--keep-partial", is_flag=True, help="On a failure keep verified servers on the new config.")
 @click.option("--accept-numerics", is_flag=True,
               help="Deploy a winner whose outputs differ from the baseline's without a measured fidelity probe, "
@@ -132,14 +134,15 @@ def _worst_case(winner, *, allow: bool) -> None:
                    "a study with the confirmation off).")
 def apply(config, study, storage, trial, out, gpus, base_port, host, python, model, fleet_file, dry_run,
           rolling, resume, rollback, prompts, canary_s, canary_warmup_s, canary_concurrency, tolerance,
-          kv_tolerance, grace, startup_timeout, keep_partial, accept_numerics, allow_unstressed) -> None:
+          kv_tolerance, grace, startup_timeout, drain_timeout, keep_partial, accept_numerics,
+          allow_unstressed) -> None:
     """Write the winner's sglang.yaml, launch_fleet.sh, fleet.toml and provenance.json, or roll it out."""
     # --dry-run may accompany --rolling (show what the rollout would change); the other modes exclude each other.
     modes = [m for m, on in (("--rolling", rolling and not dry_run), ("--resume", resume), ("--rollback", rollback),
                              ("--dry-run", dry_run)) if on]
     if len(modes) > 1:
         raise click.UsageError(f"choose one of {', '.join(modes)}")
-    timing = rollout.Timing(grace_s=grace, startup_timeout_s=startup_timeout)
+    timing = rollout.Timing(grace_s=grace, startup_timeout_s=startup_timeout, drain_timeout_s=drain_timeout)
     if (resume or rollback or rolling) and not dry_run and fleet_file is None:
         fleet_file = _default_fleet()
     if resume or rollback:
@@ -163,9 +166,12 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
             canary = rollout.Canary.from_workload(winner.workload, prompts=str(prompts) if prompts else None,
                                                   warmup_s=canary_warmup_s, measure_s=canary_s,
                                                   concurrency=canary_concurrency)
+        fleet = load_fleet(fleet_file)  # the rolled-out sglang.yaml carries apply --out's header for this fleet
+        client = router.advise(client_advice(winner, servers=len(fleet.servers)), fleet.router)
         report = rollout.start(fleet_file, winner.config, expect=expect, canary=canary, timing=timing,
                                rollback_on_failure=not keep_partial, say=click.echo,
-                               source={"study": winner.study, "trial": winner.trial})
+                               source={"study": winner.study, "trial": winner.trial},
+                               header=yaml_header(winner, client))
         click.echo(report.summary())
         return
     if out is None:

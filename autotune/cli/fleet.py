@@ -15,6 +15,9 @@ from autotune.deploy.fleet import Fleet, foreign_note, load_fleet
 from autotune.deploy.fleet import down as fleet_down
 from autotune.deploy.fleet import status as fleet_status
 from autotune.deploy.fleet import up as fleet_up
+from autotune.deploy.router import running as router_running
+from autotune.deploy.router import wanted as router_wanted
+from autotune.deploy.routerview import view as router_view
 
 FLEET_OPTION = click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False),
                             help="The fleet file (default: the fleet.toml the last `autotune apply` wrote for the "
@@ -43,8 +46,15 @@ def fleet() -> None:
               help="Seconds each server may take to become healthy.")
 def up(fleet_file: Path | None, names: tuple[str, ...], timeout: float) -> None:
     """Start every server that is not running (detached: they keep running after this command)."""
-    started = fleet_up(_load(fleet_file)[0], timeout_s=timeout, names=names or None)
+    fleet = _load(fleet_file)[0]
+    started = fleet_up(fleet, timeout_s=timeout, names=names or None)
     click.echo(f"started: {', '.join(started)}" if started else "all servers already running")
+    record = router_running(fleet)
+    if record is not None:
+        click.echo(f"router: point the job at {record.url} (pid {record.pid}, {len(record.worker_urls)} workers, "
+                   f"log {record.log})")
+    elif len(fleet.servers) > 1:
+        click.echo(f"no router: {router_wanted(fleet)}")
 
 
 @fleet.command("status")
@@ -54,8 +64,10 @@ def status(fleet_file: Path | None, as_json: bool) -> None:
     """Health, effective capacity, config in use and tok/s of every server."""
     fleet, fleet_file = _load(fleet_file)
     rows = fleet_status(fleet)
-    if as_json:
-        click.echo(json.dumps([r.to_dict() for r in rows], indent=2))
+    seen = router_view(fleet)
+    if as_json:  # the servers' list, as before; the router's view rides on the first entry's side
+        click.echo(json.dumps([r.to_dict() for r in rows] + ([{"router": seen.to_dict()}] if seen else []),
+                              indent=2))
         return
     table = Table(title=str(fleet_file))
     # The capacity columns are what each server allocated at startup (its caps), not what it holds now.
@@ -73,6 +85,9 @@ def status(fleet_file: Path | None, as_json: bool) -> None:
     for r in rows:
         if r.note:
             click.echo(r.note)
+    for line in seen.lines() if seen is not None else ([f"no router: {router_wanted(fleet) or 'not running'}"]
+                                                       if len(fleet.servers) > 1 else []):
+        click.echo(line)
 
 
 @fleet.command("down")
@@ -81,10 +96,13 @@ def status(fleet_file: Path | None, as_json: bool) -> None:
 @click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds SGLang may drain in-flight requests before SIGKILL.")
 def down(fleet_file: Path | None, names: tuple[str, ...], grace: float) -> None:
-    """Stop the fleet's servers (SIGTERM, then SIGKILL after --grace, through the launcher that started each);
-    a server on a fleet port that is not the fleet's is named and left running."""
+    """Stop the fleet's servers (SIGTERM, then SIGKILL after --grace, through the launcher that started each),
+    and with all of them the router; a server on a fleet port that is not the fleet's is named and left running."""
     fleet = _load(fleet_file)[0]
+    had_router = router_running(fleet) is not None and not names
     stopped = fleet_down(fleet, grace_s=grace, names=names or None)
+    if had_router:
+        click.echo("router stopped")
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else "no server was running")
     for server in fleet.servers:
         note = None if server.name in stopped or (names and server.name not in names) else foreign_note(fleet, server)

@@ -10,7 +10,8 @@ from pathlib import Path
 import click
 
 from autotune.config.studyref import locate_fleet
-from autotune.deploy.fleetfile import load_fleet
+from autotune.deploy.fleetfile import Fleet, load_fleet
+from autotune.deploy.routerview import view as router_view
 from autotune.errors import ConfigError
 from autotune.sglang.profiles import load_gpu, load_model
 from autotune.watch.listen import MetricsServer, parse_listen
@@ -32,16 +33,16 @@ def parse_duration(text: str, *, option: str) -> float:
     return float(match[1]) * _SECONDS[match[2] or "s"]
 
 
-def _targets(urls: tuple[str, ...], fleet_file: Path | None) -> tuple[list[str], Path, bool]:
-    """The servers to watch, the directory watch's files default to, and whether a fleet file named them: the
+def _targets(urls: tuple[str, ...], fleet_file: Path | None) -> tuple[list[str], Path, Fleet | None]:
+    """The servers to watch, the directory watch's files default to, and the fleet file that named them: the
     one given, or with no URLs the default fleet (the last ``autotune apply``'s, ``locate_fleet``)."""
     if fleet_file is None and urls:
-        return list(urls), Path.cwd(), False
+        return list(urls), Path.cwd(), None
     found = locate_fleet(fleet_file)
     if found.said:
         click.echo(found.said, err=True)
     fleet = load_fleet(found.path)
-    return [*urls, *(s.url for s in fleet.servers)], fleet.base_dir, True
+    return [*urls, *(s.url for s in fleet.servers)], fleet.base_dir, fleet
 
 
 @click.command("watch")
@@ -78,7 +79,8 @@ def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_j
           state_path, out_dir, model, gpu, timeout_s) -> None:
     """Watch a tuned fleet (read-only) and report when its traffic drifts from what it was tuned for."""
     address = parse_listen(listen) if listen is not None else None
-    targets, home, from_fleet = _targets(urls, fleet_file)
+    targets, home, fleet = _targets(urls, fleet_file)
+    from_fleet = fleet is not None
     if model:
         load_model(model)
     if gpu:
@@ -102,10 +104,12 @@ def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_j
     collector = DriftCollector()
 
     def show(report: CycleReport) -> None:
+        # the fleet's router, when it runs one: the job's throughput, queue and per-worker load through it
+        seen = router_view(fleet, first_wait_s=0.0) if fleet is not None else None
         if as_json:
-            click.echo(json.dumps(report.to_dict(), default=str))
+            click.echo(json.dumps({**report.to_dict(), **({"router": seen.to_dict()} if seen else {})}, default=str))
         else:
-            for line in lines(report):
+            for line in [*lines(report), *(seen.lines() if seen else [])]:
                 click.echo(line)
         if prom_file is not None:
             write_prometheus(report, prom_file)

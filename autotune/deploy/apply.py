@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,17 +19,19 @@ from typing import Any
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
+from autotune.deploy import router
 from autotune.deploy import sglang_yaml as yaml_files
 from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, write_fleet
 from autotune.deploy.fleet import server_gpus as launch_group
 from autotune.deploy.fleetfile import spans
 from autotune.deploy.inflight import client_advice
+from autotune.deploy.launchscript import launch_script
 from autotune.deploy.ports import pick_ports
 from autotune.deploy.sglang_yaml import PER_SERVER, config_diff, read_config_file, split_config, yaml_text
 from autotune.errors import ConfigError, StudyError
 from autotune.harness.engines.sim import sim_argv
 from autotune.launch.local import LocalLauncher
-from autotune.redaction import env_for_files, reference
+from autotune.redaction import env_for_files
 from autotune.results import Capacity, TrialResult
 from autotune.search.confirm.decision import Verdict
 from autotune.search.confirm.samples import launch_tok_s
@@ -221,62 +222,6 @@ def launch_argv(*, engine: str, python: str, config_file: str, model: str, host:
             "--host", host, "--port", str(port), *extra]
 
 
-def _env_lines(env: Mapping[str, str]) -> list[str]:
-    """``export`` lines; a ``${NAME}`` reference stops the script (``set -u``) unless its runner sets NAME."""
-    lines = []
-    for key, value in env.items():
-        name = reference(value)
-        if name is None:
-            lines.append(f"export {key}={shlex.quote(value)}")
-        else:
-            lines += [f': "${{{name}:?set {name} in your environment: autotune writes no secret to disk}}"',
-                      f'export {key}="${{{name}}}"']
-    return lines
-
-
-def launch_script(servers: Sequence[Mapping[str, Any]], *, header: str, env: Mapping[str, str] | None = None,
-                  elsewhere: Sequence[str] = ()) -> str:
-    """A bash script starting each server detached (own session, so its pid is its process group), with a
-    log and a pid file per server. Every argv token goes through ``shlex.quote``; ``env`` is exported first
-    (references to secrets as ``${NAME}``). A server's ``gpus`` is its group as CUDA_VISIBLE_DEVICES lists it
-    (``0,1``); empty leaves CUDA_VISIBLE_DEVICES alone (SGLang's CPU backend). ``elsewhere`` names servers on other hosts, which this script cannot start."""
-    lines = [
-        "#!/usr/bin/env bash",
-        *(f"# {line}" for line in header.splitlines()),
-        "set -euo pipefail",
-        'cd "$(dirname "$0")"',
-        "",
-    ]
-    if env:
-        lines += ["# The study's engine environment.", *_env_lines(env), ""]
-    lines += [
-        "start() {  # start LOG PIDFILE GPUS ARGV...  (GPUS: 3 or 0,1; empty leaves CUDA_VISIBLE_DEVICES alone)",
-        '  local log=$1 pidfile=$2 gpus=$3',
-        "  shift 3",
-        '  if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then',
-        '    echo "already running: $pidfile (pid $(cat "$pidfile"))"',
-        "    return 0",
-        "  fi",
-        '  mkdir -p "$(dirname "$log")" "$(dirname "$pidfile")"',
-        '  if [[ -n "$gpus" ]]; then',
-        '    CUDA_VISIBLE_DEVICES="$gpus" setsid "$@" >"$log" 2>&1 </dev/null &',
-        "  else",
-        '    setsid "$@" >"$log" 2>&1 </dev/null &',
-        "  fi",
-        '  echo $! >"$pidfile"',
-        '  echo "started ${gpus:+gpu $gpus: }pid $! (log $log)"',
-        "}",
-        "",
-    ]
-    for server in servers:
-        tokens = [server["log"], server["pid"], str(server["gpus"]), *server["argv"]]
-        lines.append("start " + " ".join(shlex.quote(str(t)) for t in tokens))
-    if elsewhere:
-        lines += ["", "# On other hosts (start them with: autotune fleet up --fleet fleet.toml):",
-                  *(f"#   {name}" for name in elsewhere)]
-    return "\n".join(lines) + "\n"
-
-
 def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, Any]:
     from autotune.deploy.numerics import numerics_block
 
@@ -308,6 +253,14 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
         "worst_case": winner.worst_case,  # "worst case: peak X of Y GiB, Z retractions, survived", or why not
         "date": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
     }
+
+
+def yaml_header(winner: Winner, client: Any) -> str:
+    """The comment atop every sglang.yaml the fleet runs (``apply --out``'s and each rollout's): trial, advice."""
+    header = f"autotune: study {winner.study}, trial {winner.trial}, sglang {SGLANG_VERSION}\n{client}"
+    if not winner.config.get(yaml_files.METRICS_FLAG):
+        header += "\nenable-metrics added: the rollout's canary and autotune watch read /metrics"
+    return header
 
 
 def server_name(prefix: str, group: Sequence[int]) -> str:
@@ -376,7 +329,8 @@ def write_artifacts(
         raise ConfigError("the study does not record a model path", key="--model", fix="pass --model")
     document, cli = split_config(yaml_files.deployed_config(winner.config))
     servers = _servers(winner, cli, gpus=gpus, layout=layout, base_port=base_port, host=host)
-    client = client_advice(winner, servers=len(servers))  # what the job's client must keep in flight
+    routing = router.for_servers(servers, layout)  # [router]: sglang-router in front of two or more servers
+    client = router.advise(client_advice(winner, servers=len(servers)), routing)  # what the job's client sends
     python = python or winner.python or (layout.python if layout is not None else None)
     # the study's launcher; a study that ran locally keeps the launcher of the fleet file it is laid out on
     launcher, settings = winner.launcher, winner.launcher_settings
@@ -386,14 +340,13 @@ def write_artifacts(
         fleet = Fleet(engine=winner.engine, model=model, python=python, device=winner.device,
                       env=env_for_files(winner.env), sim_gpu=winner.sim_gpu, launcher=launcher,
                       launcher_settings=settings,
-                      remote_dir=layout.remote_dir if layout is not None else "autotune-fleet", servers=servers)
+                      remote_dir=layout.remote_dir if layout is not None else "autotune-fleet", servers=servers,
+                      router=routing)
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in err["loc"]) or "fleet"
         raise ConfigError(err["msg"].removeprefix("Value error, "), key=where) from None
-    header = f"autotune: study {winner.study}, trial {winner.trial}, sglang {SGLANG_VERSION}\n{client}"
-    if not winner.config.get(yaml_files.METRICS_FLAG):
-        header += "\nenable-metrics added: the rollout's canary and autotune watch read /metrics"
+    header = yaml_header(winner, client)
     size = server_gpus(winner.config)
     if size > 1 and not fleet.host_memory:
         header += f"\neach server spans {size} GPUs ({spans(winner.config)}): " + "; ".join(
@@ -415,7 +368,7 @@ def write_artifacts(
                            host=s.bind, port=s.port, extra=[*s.extra_args, *device, *sim])
         starts.append({"log": s.log, "pid": s.pid, "gpus": gpu, "argv": argv})
     script = launch_script(
-        starts, env=shared, elsewhere=elsewhere,
+        [*starts, *filter(None, [router.script_entry(routing, [s.url for s in servers])])], env=shared, elsewhere=elsewhere,
         header=header + f"\nengine {fleet.engine}, device {fleet.device}; one server per entry of fleet.toml."
                         "\nStop one with: kill -TERM -- -$(cat run/<name>.pid)"
                         + (f"\nfleet.toml's launcher is {launcher}: `autotune fleet up` starts the servers that way; "

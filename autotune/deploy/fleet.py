@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from autotune.deploy import remote
+from autotune.deploy import remote, router
 from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re-exported
     LOCAL_HOSTS,
     Fleet,
@@ -375,10 +375,27 @@ def up(fleet: Fleet, *, timeout_s: float = 900.0, names: Iterable[str] | None = 
     if failures:
         running = f"; started: {', '.join(started)} (autotune fleet down stops them)" if started else ""
         raise FleetError("; ".join(failures) + running)
+    router_up(fleet, timeout_s=timeout_s)
     return started
 
 
+def router_up(fleet: Fleet, *, timeout_s: float = 60.0) -> router.Record | None:
+    """The fleet's router on its own healthy servers (never a foreign one on a fleet port), when it has one
+    (``deploy.router.wanted``); None otherwise."""
+    if router.wanted(fleet) is not None:
+        return None
+    urls = [s.url for s in fleet.servers if serving(fleet, s)]
+    return router.start(fleet, urls, timeout_s=min(timeout_s, 120.0)) if urls else None
+
+
 def down(fleet: Fleet, *, grace_s: float = 30.0, names: Iterable[str] | None = None) -> list[str]:
-    """Stop the fleet's own servers (all by default; see ``foreign_note`` for what else holds a port); returns the
-    names that were running."""
+    """Stop the fleet's own servers (all by default; see ``foreign_note`` for what else holds a port) and, with all
+    of them, the router; returns the names that were running. A server stopped alone leaves the router first, so
+    the router sends it nothing more."""
+    record = router.running(fleet)
+    if record is not None and names:
+        for server in _selected(fleet, names):
+            router.remove_worker(record, server.url)
+    elif not names:
+        router.stop(fleet, grace_s=min(grace_s, 10.0))
     return [s.name for s in _selected(fleet, names) if stop_server(fleet, s, grace_s=grace_s)]

@@ -101,6 +101,41 @@ class FleetServer(_Model):
         return f"gpu{'s' if len(self.gpus) > 1 else ''} {self.gpu_line}, port {self.port}"
 
 
+ROUTER_OWNS = ("--host", "--port", "--worker-urls", "--prometheus-host", "--prometheus-port", "--policy")
+
+
+class RouterSection(_Model):
+    """``[router]``: sglang-router in front of a fleet of two or more servers (``deploy.router``); it runs on the
+    host that runs ``fleet up``, its workers are the servers' URLs. ``router = false`` turns it off."""
+
+    router: bool = True
+    host: str = "127.0.0.1"  # where the job's client reaches it
+    port: int = Field(default=30000, ge=1, le=65535)
+    metrics_port: int | None = Field(default=None, ge=1, le=65535)  # its Prometheus endpoint (default: port + 1)
+    policy: Literal["cache_aware", "round_robin", "power_of_two", "random"] = "cache_aware"
+    extra_args: list[str] = []  # more sglang_router.launch_router flags, as argv tokens
+    log: str = "logs/router.log"
+    record: str = "run/router.json"  # its pid, ports, log and --worker-urls, written when it starts
+
+    @field_validator("extra_args")
+    @classmethod
+    def _not_ours(cls, args: list[str]) -> list[str]:
+        owned = [a for a in args if a.split("=", 1)[0] in ROUTER_OWNS]
+        if owned:
+            raise ValueError(f"{', '.join(owned)} is set by the [router] section itself "
+                             "(use host, port, metrics_port or policy)")
+        return args
+
+    @property
+    def prometheus_port(self) -> int:
+        return self.metrics_port or self.port + 1
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
+
+
 class Fleet(_Model):
     engine: str = "sglang"  # one of ENGINE_KINDS
     model: str
@@ -112,6 +147,7 @@ class Fleet(_Model):
     launcher_settings: dict[str, Any] = {}  # the study's [launcher.<name>] table, as make_launcher takes it
     remote_dir: str = "autotune-fleet"  # remote hosts: relative log/pid paths live under this directory
     servers: list[FleetServer] = Field(min_length=1)
+    router: RouterSection | None = None  # absent: no router (a fleet file written before it; deploy.router.wanted)
     path: Path | None = Field(default=None, exclude=True)
 
     @field_validator("engine")
@@ -166,6 +202,17 @@ class Fleet(_Model):
                 if other != server.name:
                     raise ValueError(f"servers {other} and {server.name} both use GPU {gpu} on {host} "
                                      "(give each GPU of a host to one server)")
+        if self.router is not None and self.router.router:
+            local = {s.port for s in self.servers if s.local}
+            taken = sorted(local & {self.router.port, self.router.prometheus_port})
+            if taken or self.router.port == self.router.prometheus_port:
+                raise ValueError(f"router.port: {self.router.port} (metrics {self.router.prometheus_port}) collides "
+                                 f"with port {(taken or [self.router.port])[0]} (give the router ports no server uses)")
+            own = {self.router.log, self.router.record, str(Path(self.router.record).with_suffix(".pid"))}
+            for server in self.servers:  # a server's pid file or log that is the router's would prove the wrong one
+                if server.local and own & {server.pid, server.log, str(Path(server.pid).with_suffix(".record.json"))}:
+                    raise ValueError(f"server {server.name}: its pid file or log is the router's (rename the server, "
+                                     "or give [router] another log and record)")
         for server in self.servers:
             if not server.gpus and not self.host_memory:
                 raise ValueError(f"server {server.name} has no gpus (every server of a GPU fleet names its GPUs, "

@@ -69,22 +69,32 @@ class ClientAdvice:
     completions_s: float | None  # λ: requests finished per second in the window
     refill_s: float | None  # how long a replacement takes to reach a slot (two chunk gaps)
     binding: bool = False  # measured_concurrency < running_cap: the study's client was the limit
+    router_url: str | None = None  # the fleet's router (``deploy.router``): the one URL the job's client needs
+    router_note: str | None = None  # without one: what it would give
 
     def lines(self) -> list[str]:
         """What ``apply`` prints and the launch script's header says, in that order."""
+        if self.router_url is not None:
+            keep = f"keep {self.fleet} requests in flight" if self.fleet else "keep the servers' running caps full"
+            out = [f"client: point the job at {self.router_url}; {keep} (sglang-router spreads them over the "
+                   f"{self.servers} servers)"]
+        else:
+            out = []
         if self.per_server is None:
             cap = f"{self.running_cap} running requests per server" if self.running_cap else "the running cap"
-            out = [f"client: keep more than {cap} in flight (trial {self.trial} has no measured window to size "
-                   "the queue)"]
+            out += [f"client: keep more than {cap} in flight (trial {self.trial} has no measured window to size "
+                    "the queue)"]
         else:
             servers = f"the {self.servers} servers" if self.servers > 1 else "the one server"
-            out = [f"client: keep {self.per_server} requests in flight per server (running cap {self.running_cap} "
-                   f"+ queue {self.queue}), {self.fleet} across {servers}"]
+            out += [f"client: keep {self.per_server} requests in flight per server (running cap {self.running_cap} "
+                    f"+ queue {self.queue}), {self.fleet} across {servers}"]
         if self.measured_concurrency is not None and self.measured_generating is not None:
             waiting = max(0.0, self.measured_concurrency - self.measured_generating)
             out.append(f"trial {self.trial} measured with {self.measured_concurrency} in flight: "
                        f"{self.measured_generating:.1f} generating of the cap of {self.running_cap}, "
                        f"≈{waiting:.0f} waiting or in prefill")
+        if self.router_note:
+            out.append(self.router_note)
         if self.binding:
             at_least = self.per_server or (self.running_cap or 0) + 1
             out.append(f"warning: the study's client was the binding limit: trial {self.trial} kept "

@@ -1,7 +1,9 @@
-"""Which ports a new fleet's servers get: ``apply`` must never hand out a port another process's server holds,
-where that server would later pass for the fleet's."""
+"""Which ports a new fleet's servers and its router get: ``apply`` must never hand out a port another process's
+server holds, where that server would later pass for the fleet's (or the router could not bind)."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from autotune.errors import ConfigError
 from autotune.launch.base import port_is_free
@@ -27,3 +29,19 @@ def pick_ports(count: int, host: str, base_port: int | None = None) -> list[int]
                                   "ports)")
         port += 1
     return ports
+
+
+def pick_after(ports: Iterable[int], count: int, host: str) -> list[int]:
+    """``count`` ports after the highest of ``ports`` (a new fleet's servers), skipping any of them and any in use
+    on ``host``: the router's ports must collide with neither its servers nor another process."""
+    used = set(ports)
+    picked: list[int] = []
+    port = max(used, default=DEFAULT_BASE_PORT - 1) + 1
+    while len(picked) < count:
+        if port > 65535:
+            raise ConfigError(f"no {count} free ports after {max(used, default=port)} on {host}",
+                              key="[router] port", fix="give the servers lower ports, or set [router] port")
+        if port not in used and port_is_free(host, port):
+            picked.append(port)
+        port += 1
+    return picked

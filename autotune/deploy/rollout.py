@@ -1,28 +1,28 @@
 """Rolling restart of a fleet onto a new config: one server at a time, each verified before the next.
 
-For each server: stop it (SIGTERM lets SGLang drain), start it on the new config, wait for health, check the
+For each server: take it out of the fleet's router and wait until its requests in flight are done (``deploy.drain``;
+without a router the rollout says first that the job will see failed requests, and after how many the stopped servers
+had in flight), stop it (SIGTERM lets SGLang drain), start it on the new config, wait for health, check the
 capacity it reports against what the study measured, replay a short canary and compare tok/s. Any failure
 puts that server back on its previous config and stops (by default rolling the verified ones back too).
 Every step is appended (and fsynced) to a JSONL log beside the fleet file before it happens, so a rollout
 killed at any point can be resumed or rolled back from the log. At most one server is ever down: a step
 starts only when every other server answers ``/health`` (the floor counts servers, however many GPUs each spans).
-A config that spans another number of GPUs than the fleet's servers have is refused before any server stops.
+A config that spans another number of GPUs than the fleet's servers have is refused before any server stops. A
+verified server goes back into the router before the next one leaves it: never two out of it at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import datetime as dt
-import fcntl
 import hashlib
-import json
 import os
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.deploy.drain import DRAIN_TIMEOUT_S, Gate
 from autotune.deploy.fleet import (
     Fleet,
     FleetServer,
@@ -37,7 +37,8 @@ from autotune.deploy.fleet import (
     write_fleet,
 )
 from autotune.deploy.fleetfile import group_mismatch
-from autotune.deploy.sglang_yaml import read_config_file, split_config, yaml_text
+from autotune.deploy.rolloutlog import RolloutLog, locked, log_path  # noqa: F401 - the log's API, re-exported
+from autotune.deploy.sglang_yaml import deployed_config, read_config_file, split_config, yaml_text
 from autotune.errors import AutotuneError, FleetError
 from autotune.harness.workload import PromptSample, metrics_from_records, replay
 
@@ -108,6 +109,7 @@ class Timing:
     grace_s: float = 30.0  # SIGTERM → SIGKILL: how long SGLang may drain in-flight requests
     startup_timeout_s: float = 900.0
     release_timeout_s: float = 60.0
+    drain_timeout_s: float = DRAIN_TIMEOUT_S  # out of the router: how long its requests in flight may take
 
 
 @dataclass(kw_only=True)
@@ -121,6 +123,7 @@ class Report:
     restored: list[str] = field(default_factory=list)
     reverted: list[str] = field(default_factory=list)
     untouched: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the job saw: requests in flight at each stop
 
     def summary(self) -> str:
         parts = []
@@ -131,58 +134,7 @@ class Report:
                 parts.append(f"{label}: {', '.join(names)}")
         if self.failed:
             parts.insert(0, f"server {self.failed} failed: {self.reason}")
-        return "; ".join(parts) or "nothing to do"
-
-
-# -- the log -------------------------------------------------------------------------------------------
-def log_path(fleet: Fleet) -> Path:
-    assert fleet.path is not None
-    return fleet.path.with_name(fleet.path.stem + ".rollout.jsonl")
-
-
-class RolloutLog:
-    """Append-only JSONL; each line is flushed and fsynced before the step it announces begins."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def append(self, event: str, **fields: Any) -> None:
-        record = {"event": event, "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"), **fields}
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-
-    def events(self) -> list[dict[str, Any]]:
-        try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a line torn by a kill mid-write; the step it announced is redone anyway
-        return out
-
-    def current(self) -> list[dict[str, Any]]:
-        """The events of the latest rollout (from its ``begin``)."""
-        events = self.events()
-        starts = [i for i, e in enumerate(events) if e.get("event") == "begin"]
-        return events[starts[-1]:] if starts else []
-
-
-@contextmanager
-def _locked(fleet: Fleet) -> Iterator[None]:
-    # The kernel drops the lock when its holder dies, so a SIGKILLed rollout never blocks the resume.
-    path = log_path(fleet).with_suffix(".lock")
-    with open(path, "w") as fh:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FleetError(f"another rollout of {fleet.path} is running (lock {path})") from None
-        yield
+        return "; ".join(parts + self.notes) or "nothing to do"
 
 
 # -- verification ----------------------------------------------------------------------------------------
@@ -232,9 +184,10 @@ def verify(fleet: Fleet, server: FleetServer, expect: Expectation, canary: Canar
 
 
 # -- steps -----------------------------------------------------------------------------------------------
-def stage_config(fleet: Fleet, config: Mapping[str, Any]) -> str:
-    """Write ``config`` as ``configs/<hash>.yaml`` beside the fleet file; returns its relative path."""
-    document, cli = split_config(config)
+def stage_config(fleet: Fleet, config: Mapping[str, Any], *, header: str = "") -> str:
+    """Write ``config`` as ``configs/<hash>.yaml`` beside the fleet file, as ``apply --out`` writes it (``header``,
+    ``enable-metrics``: the canary, the router's view and ``watch`` read /metrics); returns its relative path."""
+    document, cli = split_config(deployed_config(config))
     if cli:
         raise FleetError(f"these flags cannot be written to an sglang.yaml: {' '.join(cli)}")
     text = yaml_text(document)
@@ -243,7 +196,7 @@ def stage_config(fleet: Fleet, config: Mapping[str, Any]) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     if not path.exists():
         tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text)
+        tmp.write_text(yaml_text(document, header=header))
         os.replace(tmp, path)
     return relative
 
@@ -255,8 +208,9 @@ def _others_healthy(fleet: Fleet, name: str) -> None:
                          "server down (bring them up with autotune fleet up, then --resume)")
 
 
-def _replace(fleet: Fleet, server: FleetServer, config_file: str, timing: Timing) -> None:
+def _replace(fleet: Fleet, server: FleetServer, config_file: str, timing: Timing, gate: Gate) -> None:
     config = _read(fleet, config_file)  # before the stop: a bad file must not take the server down
+    gate.take_out(server)  # out of the router and drained first (without one: what it has in flight is counted)
     stop_server(fleet, server, grace_s=timing.grace_s, release_timeout_s=timing.release_timeout_s)
     start_server(fleet, server, config, timeout_s=timing.startup_timeout_s)
 
@@ -265,24 +219,25 @@ def _read(fleet: Fleet, config_file: str) -> dict[str, Any]:
     return read_config_file(fleet.resolve(config_file))
 
 
-def _restore(fleet_path: Path, name: str, previous: str, log: RolloutLog, timing: Timing, say: Say) -> bool:
-    """Put one server back on ``previous``; True when it answers /health again."""
+def _restore(fleet_path: Path, name: str, previous: str, log: RolloutLog, timing: Timing, gate: Gate) -> bool:
+    """Put one server back on ``previous`` (and into the router); True when it answers /health again."""
     fleet = load_fleet(fleet_path)
     server = fleet.server(name)
     try:
-        _replace(fleet, server, previous, timing)
+        _replace(fleet, server, previous, timing, gate)
     except AutotuneError as exc:
         log.append("restore_failed", server=name, reason=str(exc))
-        say(f"{name}: could not restore {previous}: {exc}")
+        gate.say(f"{name}: could not restore {previous}: {exc}")
         return False
     if server.config != previous:
         write_fleet(set_server_config(fleet, name, previous))
-    say(f"{name}: back on {previous}")
+    gate.say(f"{name}: back on {previous}")
+    gate.put_back(server)
     return True
 
 
 def _run(fleet_path: Path, begin: dict[str, Any], done: set[str], log: RolloutLog, timing: Timing,
-         say: Say) -> Report:
+         gate: Gate) -> Report:
     target, previous = begin["config"], begin["previous"]
     expect = Expectation.from_dict(begin.get("expect") or {})
     canary = Canary.from_dict(begin["canary"]) if begin.get("canary") else None
@@ -293,15 +248,15 @@ def _run(fleet_path: Path, begin: dict[str, Any], done: set[str], log: RolloutLo
         server = fleet.server(name)
         _others_healthy(fleet, name)
         log.append("step", server=name, to=target)
-        say(f"{name}: restarting on {target}")
+        gate.say(f"{name}: restarting on {target}")
         try:
-            _replace(fleet, server, target, timing)
+            _replace(fleet, server, target, timing, gate)
             figures = verify(fleet, server, expect, canary)
         except AutotuneError as exc:
             log.append("failed", server=name, reason=str(exc))
             report.failed, report.reason = name, str(exc)
             report.untouched = remaining[index + 1:]
-            if not _restore(fleet_path, name, previous[name], log, timing, say):
+            if not _restore(fleet_path, name, previous[name], log, timing, gate):
                 # Reverting others now would take a second server down: leave that to --rollback.
                 report.reason = f"{exc}; it did not come back on {previous[name]} either"
             else:
@@ -309,22 +264,25 @@ def _run(fleet_path: Path, begin: dict[str, Any], done: set[str], log: RolloutLo
                 report.restored.append(name)
                 if begin.get("rollback_on_failure", True):
                     try:
-                        report.reverted = _revert(fleet_path, report.verified, previous, log, timing, say)
+                        report.reverted = _revert(fleet_path, report.verified, previous, log, timing, gate)
                     except FleetError as revert_error:
                         report.reason = f"{exc}; {revert_error}"
                     report.verified = [n for n in report.verified if n not in report.reverted]
+            report.notes += gate.finish()
             log.append("end", result="failed", summary=report.summary())
             raise FleetError(f"rollout stopped: {report.summary()}") from None
         write_fleet(set_server_config(load_fleet(fleet_path), name, target))
         log.append("verified", server=name, **figures)
         report.verified.append(name)
-        say(f"{name}: verified {figures}")
+        gate.say(f"{name}: verified {figures}")
+        gate.put_back(server)  # and only then the next server
+    report.notes += gate.finish()
     log.append("end", result="done", summary=report.summary())
     return report
 
 
 def _revert(fleet_path: Path, names: list[str], previous: Mapping[str, str], log: RolloutLog, timing: Timing,
-            say: Say, *, settled: frozenset[str] = frozenset()) -> list[str]:
+            gate: Gate, *, settled: frozenset[str] = frozenset()) -> list[str]:
     """Return ``names`` to their previous configs, one at a time, servers that are down first.
 
     ``settled`` servers are known (from the log) to run their previous config already: they are left alone
@@ -341,7 +299,7 @@ def _revert(fleet_path: Path, names: list[str], previous: Mapping[str, str], log
             continue
         _others_healthy(fleet, name)
         log.append("revert", server=name, to=previous[name])
-        if not _restore(fleet_path, name, previous[name], log, timing, say):
+        if not _restore(fleet_path, name, previous[name], log, timing, gate):
             raise FleetError(f"rollback stopped: server {name} did not come back on {previous[name]} "
                              f"(rolled back so far: {', '.join(reverted) or 'none'})")
         log.append("reverted", server=name)
@@ -361,16 +319,16 @@ def _settled(events: list[dict[str, Any]]) -> frozenset[str]:
 # -- entry points ---------------------------------------------------------------------------------------
 def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, canary: Canary | None,
           timing: Timing = Timing(), rollback_on_failure: bool = True, source: Mapping[str, Any] | None = None,
-          say: Say = lambda _: None) -> Report:
-    """Roll ``config`` out to every server of the fleet, one at a time."""
+          say: Say = lambda _: None, header: str = "") -> Report:
+    """Roll ``config`` out to every server of the fleet, one at a time (``header``: atop its sglang.yaml)."""
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
-    with _locked(fleet):
+    with locked(fleet):
         current = log.current()
         if current and current[-1].get("event") != "end":
             raise FleetError(f"an earlier rollout in {log.path} did not finish: finish it with --resume or "
                              "undo it with --rollback first")
-        target = stage_config(fleet, config)
+        target = stage_config(fleet, config, header=header)
         wanted = _read(fleet, target)
         mismatch = group_mismatch(fleet, wanted)
         if mismatch:
@@ -386,7 +344,7 @@ def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, c
                  "expect": asdict(expect), "canary": asdict(canary) if canary else None,
                  "rollback_on_failure": rollback_on_failure, "source": dict(source or {})}
         log.append("begin", **begin)
-        report = _run(fleet.path, begin, set(), log, timing, say)
+        report = _run(fleet.path, begin, set(), log, timing, _gate(fleet, timing, say))
         report.skipped = skipped
         return report
 
@@ -395,20 +353,20 @@ def resume(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _: 
     """Finish the latest rollout; the server that was mid-step is redone from its stop."""
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
-    with _locked(fleet):
+    with locked(fleet):
         current = log.current()
         if not current or current[-1].get("event") == "end":
             raise FleetError(f"no unfinished rollout in {log.path}")
         done = {e["server"] for e in current if e.get("event") == "verified"}
         log.append("resume", done=sorted(done))
-        return _run(fleet.path, current[0], done, log, timing, say)
+        return _run(fleet.path, current[0], done, log, timing, _gate(fleet, timing, say))
 
 
 def rollback(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _: None) -> Report:
     """Return every server the latest rollout touched to its previous config, one at a time."""
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
-    with _locked(fleet):
+    with locked(fleet):
         current = log.current()
         if not current:
             raise FleetError(f"no rollout recorded in {log.path}")
@@ -417,6 +375,19 @@ def rollback(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _
         begin = current[0]
         touched = [n for n in begin["servers"] if any(e.get("server") == n for e in current)]
         log.append("rollback", servers=touched)
-        reverted = _revert(fleet.path, touched, begin["previous"], log, timing, say, settled=_settled(current))
+        gate = _gate(fleet, timing, say)
+        reverted = _revert(fleet.path, touched, begin["previous"], log, timing, gate, settled=_settled(current))
         log.append("end", result="rolled_back")
-        return Report(reverted=reverted, untouched=[n for n in begin["servers"] if n not in touched])
+        return Report(reverted=reverted, untouched=[n for n in begin["servers"] if n not in touched],
+                      notes=gate.finish())
+
+
+def _gate(fleet: Fleet, timing: Timing, say: Say) -> Gate:
+    """The router gate for this rollout (``deploy.drain``); every healthy server in the router first, and the
+    warning said before anything stops when there is no router."""
+    gate = Gate.for_fleet(fleet, drain_timeout_s=timing.drain_timeout_s, say=say)
+    gate.admit_all(fleet)
+    warning = gate.warning(fleet)
+    if warning:
+        say(warning)
+    return gate
