@@ -207,15 +207,18 @@ class Settler:
             return None
         hw = half_width(window)
         met = hw is not None and hw <= self.rule.target_half_width
-        idle = not any(window)  # no token in the whole floor: nothing will settle; the caller says why (too slow)
-        if not met and not idle and len(window) < cap:
+        # A window with no token yet runs on to its cap like any unsettled one: a server slow to answer its first
+        # streams (a long first prefill, a loaded host) is measured once it does; one that never answers is too
+        # slow at the cap (the caller says why), never at the floor.
+        idle = not any(window)
+        if not met and len(window) < cap:
             return None
         reasons = []
         if not self.warmup_settled:
             reasons.append(f"the warm-up's last two runs of {self.rule.agree} slices still differed by more than "
                            f"{self.rule.tolerance:.0%} at its cap ({self.warmup_end * self.slice_s:g} s)")
         if idle:
-            reasons.append(f"no token arrived in the window's first {len(window) * self.slice_s:g} s")
+            reasons.append(f"no token arrived in the window's {len(window) * self.slice_s:g} s")
         elif not met:
             reasons.append(f"the window's 95% half-width was {'unknown' if hw is None else f'{hw:.1%}'} (target "
                            f"{self.rule.target_half_width:.0%}) at its cap ({len(window) * self.slice_s:g} s)")

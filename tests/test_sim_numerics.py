@@ -157,7 +157,9 @@ def servers(tmp_path):
     started: list[Server] = []
 
     def start(*argv: str) -> Server:
-        started.append(Server(list(argv), env))
+        # each on a simulated GPU of its own: two servers sizing their pools from one GPU's free memory at once
+        # would each see the other's (the later one ran out of memory when the host was slow)
+        started.append(Server(list(argv), {**env, "CUDA_VISIBLE_DEVICES": str(len(started))}))
         return started[-1]
 
     yield start

@@ -236,9 +236,11 @@ def test_the_trial_starts_its_server_through_the_named_launcher(env):
             return super().start(spec, gpu_reader=gpu_reader)
 
     result, _ = trial(env, {}, launcher=Spy(), workload=PLUMBING)
-    assert result.status == "ok" and len(seen) == 1
-    assert seen[0].gpus == (GPU,) and "CUDA_VISIBLE_DEVICES" not in seen[0].env  # the launcher selects the GPU
-    assert isinstance(seen[0].argv, list) and seen[0].argv[1:3] == ["-m", "autotune.sim"]
+    # one launch, or two where a loaded host made the first window untrusted and the trial measured it again
+    assert result.status == "ok" and len(seen) in (1, 2)
+    for launched in seen:  # every launch went through the launcher
+        assert launched.gpus == (GPU,) and "CUDA_VISIBLE_DEVICES" not in launched.env  # the launcher picks the GPU
+        assert isinstance(launched.argv, list) and launched.argv[1:3] == ["-m", "autotune.sim"]
     with pytest.raises(ConfigError, match="unknown launcher 'nowhere'"):
         run_trial(TrialSetup(engine=sim(env), workload=spec(), launcher="nowhere"), {}, trial_dir=env / "x")
 
