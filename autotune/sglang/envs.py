@@ -19,7 +19,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "EnvTable", "EnvVar", "env_strings", "parse_envs", "split_env"]
+__all__ = ["ENV_PREFIX", "EnvTable", "EnvVar", "env_strings", "parse_envs", "render", "split_env"]
 
 BUNDLED_VERSION = "0.5.23"
 ENV_PREFIX = "env:"
