@@ -34,7 +34,7 @@ def study(tmp_path, *, name="levers", trials=2, space=LEVERS, baseline_env=f"{{ 
     text = path.read_text().replace("[workload]", space + "\n[workload]")
     text = text.replace("flags = { max_mamba_cache_size = 80 }",
                         f"flags = {{ max_mamba_cache_size = 80 }}\nenv = {baseline_env}")
-    text += f'\n[[enqueue]]\nlabel = "plain"\nflags = {{ max_mamba_cache_size = 160 }}\nenv = {{ {SKIP} = "no" }}\n'
+    text += f'\n[[enqueue]]\nlabel = "plain"\nflags = {{ max_mamba_cache_size = 160, max_running_requests = 48 }}\nenv = {{ {SKIP} = "no" }}\n'
     path.write_text(text)
     return path
 
@@ -90,8 +90,11 @@ def test_sweep_gives_the_server_its_environment_and_apply_carries_it(tmp_path):
     # L3066-3069), not 5; the enqueued config without it gets 160 // 5.
     assert rows[0]["params"][ENV_PREFIX + SKIP] is True and rows[0]["max_running_requests"] == 80 // 4
     assert rows[1]["params"][ENV_PREFIX + SKIP] is False and rows[1]["max_running_requests"] == 160 // 5
+    # asked for 48, granted 32: SGLang's warning (kv_cache_configurator.py L3141) names the Mamba pool
+    assert rows[1]["granted"] == "asked for 48 running, got 32: the Mamba state pool bound it"
+    assert rows[0]["granted"] is None  # nothing asked
     table = run("trials", "--config", str(path)).stdout
-    assert f"env:{SKIP}=False" in table  # beside the flags, as a difference from the baseline
+    assert f"env:{SKIP}=False" in table and "asked for 48" in table  # beside the flags and the running cap
     out = tmp_path / "fleet"
     applied = run("apply", "--config", str(path), "--trial", "0", "--out", str(out), "--gpus", "0",
                   "--allow-unstressed")
