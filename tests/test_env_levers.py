@@ -106,3 +106,25 @@ def test_sweep_gives_the_server_its_environment_and_apply_carries_it(tmp_path):
     fleet = tomllib.loads((out / "fleet.toml").read_text())
     assert fleet["sglang_env"][SKIP] == "1"
     assert json.loads((out / "provenance.json").read_text())["sglang_env"][SKIP] == "1"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_the_slurm_launcher_gives_the_job_its_environment(tmp_path):
+    from launchcase_slurm import empty_queue, slurm_missing
+
+    why = slurm_missing()
+    if why:
+        pytest.skip(why)
+    path = study(tmp_path, name="slurmlevers", trials=1)
+    text = path.read_text().replace('kind = "sim"', 'kind = "sim"\nlauncher = "slurm"')
+    path.write_text(text[:text.index("[[enqueue]]")])  # the baseline alone: one job
+    env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}  # jobs inherit it (--export=ALL)
+    with empty_queue():
+        done = subprocess.run([sys.executable, "-m", "autotune", "sweep", "--config", str(path), "--json"],
+                              capture_output=True, text=True, env=env, timeout=130)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(subprocess.run([sys.executable, "-m", "autotune", "trials", "--config", str(path), "--json"],
+                                     capture_output=True, text=True, env=env, timeout=60).stdout)
+    # the batch job's server read the switch: 80 slots at ratio 4 (kv_cache_configurator.py L3066-3069)
+    assert rows[0]["params"][ENV_PREFIX + SKIP] is True and rows[0]["max_running_requests"] == 80 // 4
