@@ -115,3 +115,14 @@ def test_simulated_server_reads_the_switch_from_its_environment(tmp_path):
     finally:
         os.killpg(proc.pid, 9)
         proc.wait(timeout=10)
+
+
+def test_the_mamba_ratio_builtin_sees_the_trials_environment_lever():
+    """``[space.derived]``'s ``mamba_ratio`` (and the planner's, for a known model) under ``env:NAME`` in a config."""
+    from autotune.search.space import mamba_ratio, planner_ratio
+
+    config = {"speculative_algorithm": "EAGLE", "page_size": 64}
+    lever = {**config, "env:SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": True}
+    assert mamba_ratio(lever) == mamba_ratio(config) - 1 == 4  # extra_buffer + overlap: 5 → 4 (L3066-3080)
+    ratio = planner_ratio(load_model("qwen3.6-27b"), load_gpu("b200"))
+    assert ratio(lever) == ratio(config) - 1
