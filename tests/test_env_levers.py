@@ -78,8 +78,9 @@ def test_a_bad_value_is_refused_before_any_server(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_sweep_gives_the_server_its_environment_and_apply_carries_it(tmp_path):
-    env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}
+def test_sweep_gives_the_server_its_environment_and_apply_carries_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))  # the in-process `fleet up` too
+    env = dict(os.environ)
     path = study(tmp_path, trials=2)
     run = lambda *a: subprocess.run([sys.executable, "-m", "autotune", *a], capture_output=True, text=True,  # noqa: E731
                                     env=env, timeout=200)
@@ -106,6 +107,16 @@ def test_sweep_gives_the_server_its_environment_and_apply_carries_it(tmp_path):
     fleet = tomllib.loads((out / "fleet.toml").read_text())
     assert fleet["sglang_env"][SKIP] == "1"
     assert json.loads((out / "provenance.json").read_text())["sglang_env"][SKIP] == "1"
+    # `fleet up` gives fleet.toml's sglang_env to the server: it runs the cap the trial measured
+    from autotune.deploy.fleet import status, up
+    from autotune.deploy.fleetfile import load_fleet
+
+    fleet = load_fleet(out / "fleet.toml")
+    try:
+        assert up(fleet, timeout_s=60)
+        assert status(fleet)[0].capacity.max_running_requests == 80 // 4
+    finally:
+        assert run("fleet", "down", "--fleet", str(out / "fleet.toml"), "--grace", "5").returncode == 0
 
 
 @pytest.mark.slow
