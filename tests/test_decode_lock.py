@@ -69,6 +69,8 @@ def test_plan_cli_env_option(capsys):
     skip = json.loads(CliRunner().invoke(cli, [*argv, "--env", "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1"]).output)
     assert skip["extra"]["ratio"] == base["extra"]["ratio"] - 1
     assert skip["max_running_requests"] == 96 // skip["extra"]["ratio"]
+    table = CliRunner().invoke(cli, [*argv[:-1], "--env", "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1"]).output
+    assert "ratio=4" in table and "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1" in table
     with pytest.raises(SystemExit) as exit_info:
         main([*argv, "--env", "SGLANG_OPT_MAMBA_SKIP_DECODE_LOKC=1"])
     err = capsys.readouterr().err.strip().splitlines()
