@@ -41,6 +41,7 @@ from autotune.search.storage import load_study
 from autotune.search.views.jobview import job_for_study
 from autotune.search.views.settings import device_name
 from autotune.search.views.worstcase import worst_case_block
+from autotune.sglang.envs import env_strings, split_env
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.parallel import server_gpus
 
@@ -247,6 +248,7 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
         "gpu": winner.gpu,
         "gpus_per_server": server_gpus(winner.config),  # the group one server spans (tp × pp × dp)
         "config": winner.config,
+        "sglang_env": env_strings(winner.config),  # the environment levers the winner ran with (``[space.env]``)
         "workload": winner.workload,
         # The flags that change outputs against the baseline and the fidelity probe's figures (``deploy.numerics``).
         "numerics": numerics_block(winner),
@@ -327,7 +329,8 @@ def write_artifacts(
     model = model or winner.model
     if not model:
         raise ConfigError("the study does not record a model path", key="--model", fix="pass --model")
-    document, cli = split_config(yaml_files.deployed_config(winner.config))
+    flags, levers = split_env(winner.config)[0], env_strings(winner.config)  # levers: the servers' env, not sglang.yaml
+    document, cli = split_config(yaml_files.deployed_config(flags))
     servers = _servers(winner, cli, gpus=gpus, layout=layout, base_port=base_port, host=host)
     routing = router.for_servers(servers, layout)  # [router]: sglang-router in front of two or more servers
     client = router.advise(client_advice(winner, servers=len(servers)), routing)  # what the job's client sends
@@ -338,7 +341,7 @@ def write_artifacts(
         launcher, settings = layout.launcher, layout.launcher_settings
     try:
         fleet = Fleet(engine=winner.engine, model=model, python=python, device=winner.device,
-                      env=env_for_files(winner.env), sim_gpu=winner.sim_gpu, launcher=launcher,
+                      env=env_for_files(winner.env), sglang_env=levers, sim_gpu=winner.sim_gpu, launcher=launcher,
                       launcher_settings=settings,
                       remote_dir=layout.remote_dir if layout is not None else "autotune-fleet", servers=servers,
                       router=routing)
@@ -366,6 +369,8 @@ def write_artifacts(
         sim = ["--sim-gpu", fleet.sim_gpu, *sim_argv(s.sim_options)] if fleet.engine == "sim" and fleet.sim_gpu else []
         argv = launch_argv(engine=fleet.engine, python=python or sys.executable, config_file=s.config, model=model,
                            host=s.bind, port=s.port, extra=[*s.extra_args, *device, *sim])
+        if levers:  # `env NAME=VALUE … argv`: each assignment one quoted word, never a shell string of config
+            argv = ["env", *(f"{k}={v}" for k, v in levers.items()), *argv]
         starts.append({"log": s.log, "pid": s.pid, "gpus": gpu, "argv": argv})
     script = launch_script(
         [*starts, *filter(None, [router.script_entry(routing, [s.url for s in servers])])], env=shared, elsewhere=elsewhere,
