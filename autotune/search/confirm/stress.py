@@ -9,7 +9,10 @@ is a dedicated launch of the config (``runner.repeat`` with the ``StressStep`` a
 confirmation run of the trial): its window is recorded with it but does not join the confirmation's runs, so the
 decision reads the same runs it was made on. Everything lands in ``confirmation["stress"]`` as it
 happens (``{"runs": [{"trial", "repeat", "status", "reason", "result"}], "demoted": [{"trial", "reason"}],
-"decided_trial", "complete"}``), so a sweep killed mid-stress resumes without redoing a finished one.
+"decided_trial", "complete"}``), so a sweep killed mid-stress resumes without redoing a finished one. Every
+stress phase a confirmation launch ran is recorded there too, winner or not (``_record_the_rest``: ``apply --trial
+N`` reads it); the readers (``stress_of``, ``passed``) read a confirmation launch's own stress phase where a study
+stored before that lacks the record.
 """
 
 from __future__ import annotations
