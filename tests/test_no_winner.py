@@ -91,6 +91,11 @@ def test_every_stress_phase_that_ran_is_recorded_winner_or_not(tied):
     assert sorted(r["trial"] for r in stored["stress"]["runs"]) == [0, 1]
     assert all(r["in_confirmation"] and r["repeat"] == 2 for r in stored["stress"]["runs"])
     assert stored["stress"]["demoted"] == []  # recorded only: the verdict stands
+    _, url = tied
+    table = CliRunner().invoke(cli, ["trials", "--storage", url])
+    assert table.exit_code == 0, table.output
+    assert "trial 1: worst case: peak 171.0 of 179.1 GiB, 1 retraction, survived" in table.output
+    assert "winner" not in table.output  # autotune trials names no winner either (a winner is "★ winner")
 
 
 def test_apply_deploys_a_trial_that_survived_its_stress_phase_in_the_confirmation(tied, tmp_path):
