@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from autotune.deploy import router
 from autotune.deploy import sglang_yaml as yaml_files
+from autotune.deploy.confirmed import confirmed_figures
 from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, write_fleet
 from autotune.deploy.fleet import server_gpus as launch_group
 from autotune.deploy.fleetfile import spans
@@ -34,7 +35,6 @@ from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files
 from autotune.results import Capacity, TrialResult
 from autotune.search.confirm.decision import Verdict
-from autotune.search.confirm.samples import launch_tok_s
 from autotune.search.numerics import contender_result
 from autotune.search.objective import per_gpu
 from autotune.search.storage import load_study
@@ -162,15 +162,11 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
         raise StudyError(f"trial {trial} of study {loaded.study_name!r} is not a completed, measured trial "
                          f"(usable trials: {known})")
     result = contender_result(usable[trial], confirmation, trial)  # its fidelity: the contender probe's, if it ran
-    confirmed = verdict.winner_trial == trial
-    launched = [launch_tok_s(run) for run in confirmation.get("runs", []) if run.get("trial") == trial]
-    runs = [float(v) for v in launched if v] if confirmed else []  # per launch: the mean of its windows
-    tok_s = sorted(runs)[len(runs) // 2] if runs else result.output_tok_s
+    figures = confirmed_figures(confirmation, verdict, trial, result)  # the estimate the sweep's summary printed
     baseline = _baseline(complete, verdict.baseline_trial)
     return Winner(
-        study=loaded.study_name, trial=trial, config=dict(result.config), result=result, tok_s=tok_s,
-        tok_s_runs=runs, confirmed=confirmed, gain=verdict.gain if confirmed else None,
-        gain_ci=(verdict.ci_low, verdict.ci_high) if confirmed else (None, None),
+        study=loaded.study_name, trial=trial, config=dict(result.config), result=result, tok_s=figures.tok_s,
+        tok_s_runs=figures.runs, confirmed=figures.confirmed, gain=figures.gain, gain_ci=figures.gain_ci,
         baseline_config=baseline, settings=dict(loaded.user_attrs.get("autotune") or {}),
         job=job_for_study(loaded, trial), worst_case=worst_case_block(loaded.user_attrs, trial),
     )
