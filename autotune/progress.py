@@ -15,7 +15,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from autotune.results import TrialResult
+from autotune.results import TrialResult, granted_line
 from autotune.settle import Settling
 
 
@@ -65,6 +65,8 @@ def _fmt_result(result: TrialResult) -> str:
     if result.ok and result.metrics:
         cap = result.capacity
         running = f", {cap.max_running_requests} running" if cap and cap.max_running_requests else ""
+        short = granted_line(result.config, cap)  # "asked for 32 running, got 24: the Mamba state pool bound it"
+        running += f" ({short})" if short else ""
         fid = result.fidelity or {}
         changed = " changed unexpectedly" if fid.get("unexpected") else ""  # no output-changing flag explains it
         outputs = (f", outputs{changed}: {fid['prefix_match_mean']:.0f}/{fid['tokens']} tokens match, "

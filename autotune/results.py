@@ -60,6 +60,7 @@ class Capacity:
     mamba_gib: float | None = None  # ssm + conv + speculative intermediates
     graphs_gib: float | None = None
     available_gib: float | None = None  # available_gpu_mem after startup
+    bound_by: str | None = None  # the pool SGLang said lowered max_running_requests: "mamba" or "kv" (its warning)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -261,3 +262,28 @@ def halves_drift(first: float, second: float) -> float:
     arrived in one half."""
     mean = (first + second) / 2
     return round(abs(second - first) / mean, 4) if mean > 0 else 0.0
+
+
+POOL_WORDS = {"mamba": "the Mamba state pool", "kv": "the KV pool"}
+
+
+def granted(config: dict[str, Any] | None, capacity: Capacity | None) -> tuple[int, int, str | None] | None:
+    """``(asked, got, pool)`` when the running cap SGLang granted (per DP worker) is below the config's
+    ``max_running_requests`` (SGLang divides it over DP workers), else None; ``pool`` is the one SGLang's
+    warning named (``Capacity.bound_by``), None where it named none."""
+    asked = (config or {}).get("max_running_requests")
+    got = capacity.max_running_requests if capacity else None
+    if asked is None or got is None:
+        return None
+    dp = int((config or {}).get("attn_dp_size") or (config or {}).get("dp_size") or 1)
+    per_dp = int(asked) // max(1, dp)
+    return (per_dp, int(got), capacity.bound_by if capacity else None) if got < per_dp else None
+
+
+def granted_line(config: dict[str, Any] | None, capacity: Capacity | None) -> str | None:
+    """"asked for 32 running, got 24: the Mamba state pool bound it", or None when SGLang granted what was asked."""
+    g = granted(config, capacity)
+    if g is None:
+        return None
+    asked, got, pool = g
+    return f"asked for {asked} running, got {got}" + (f": {POOL_WORDS.get(pool, pool)} bound it" if pool else "")

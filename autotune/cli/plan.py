@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from autotune.sglang.envs import parse_envs
 from autotune.sglang.flags import parse_sets
 from autotune.sglang.memory import plan as make_plan
 from autotune.sglang.profiles import load_gpu, load_model
@@ -22,21 +23,24 @@ from autotune.sglang.profiles import load_gpu, load_model
 @click.option("--free-gib", type=click.FloatRange(min=0), help="Memory free before load (default: total − context).")
 @click.option("--set", "sets", multiple=True, metavar="FLAG=VALUE",
               help="An SGLang flag, e.g. --set max-mamba-cache-size=200 (repeatable; switches as FLAG=true).")
+@click.option("--env", "envs", multiple=True, metavar="NAME=VALUE",
+              help="An SGLang environment variable for the server, e.g. --env SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 "
+                   "(repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(model_name: str, gpu_name: str, gpu_memory_mib: int | None, free_gib: float | None,
-         sets: tuple[str, ...], as_json: bool) -> None:
+         sets: tuple[str, ...], envs: tuple[str, ...], as_json: bool) -> None:
     """Print what SGLang 0.5.23 would allocate, and whether it would start."""
-    flags = parse_sets(sets)
+    flags, env = parse_sets(sets), parse_envs(envs)
     memory_plan = make_plan(load_model(model_name), load_gpu(gpu_name, memory_mib=gpu_memory_mib), flags,
-                            free_gib=free_gib)
+                            free_gib=free_gib, env=env)
     data = memory_plan.to_dict()
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
         return
-    _render(data)
+    _render(data, env)
 
 
-def _render(data: dict) -> None:
+def _render(data: dict, env: dict[str, str] | None = None) -> None:
     console = Console()
     extra = data["extra"]
     verdict = "[green]fits[/green]" if data["fits"] else f"[red]{data['failure']}[/red]"
@@ -46,6 +50,8 @@ def _render(data: dict) -> None:
     summary = Table(show_header=False, box=None)
     summary.add_row("max_running_requests", f"{data['max_running_requests']} (binding: {extra.get('binding')})")
     summary.add_row("max_mamba_cache_size", str(data["max_mamba_cache_size"]))
+    if env:
+        summary.add_row("environment", " ".join(f"{k}={v}" for k, v in env.items()))
     summary.add_row("kv_tokens", f"{data['kv_tokens']:,}")
     summary.add_row("modelled startup", f"{extra.get('startup_s', 0):.0f} s")
     if data["inert"]:

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from autotune.config import load_config
 from autotune.config.studyref import resolve_config
-from autotune.results import TrialResult, fidelity_summary, numerics_line
+from autotune.results import TrialResult, fidelity_summary, granted_line, numerics_line
 from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned, open_study, per_gpu
 from autotune.search.space import config_diff
@@ -25,7 +25,7 @@ from autotune.search.views.summary import confirmation_line, confirmed, confirme
 from autotune.search.views.worstcase import stress_of, worst_case_line
 
 COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "gpus", "tok_s_per_gpu",
-           "max_running_requests", "kv_tokens", "mamba_slots", "peak_gib", "numerics", "reason", "winner",
+           "max_running_requests", "granted", "kv_tokens", "mamba_slots", "peak_gib", "numerics", "reason", "winner",
            "confirmed_tok_s", "worst_case"]
 
 
@@ -52,6 +52,8 @@ def rows(study) -> list[dict[str, Any]]:
             # the score trials are ranked by: tok/s ÷ the GPUs the server spanned (``objective.per_gpu``)
             "gpus": gpus_spanned(stored) if stored else None, "tok_s_per_gpu": per_gpu(stored) if stored else None,
             "max_running_requests": cap and cap.max_running_requests, "kv_tokens": cap and cap.kv_tokens,
+            # below the config's max_running_requests: what it asked for and the pool that bound it
+            "granted": granted_line(stored.config, stored.capacity) if stored else None,
             "mamba_slots": cap and cap.mamba_slots, "peak_gib": gpu and gpu.peak_used_gib,
             # The fidelity probe's figures against the reference config ("" when outputs cannot differ): the
             # contender probe of its first confirmation run where it ran one (``search.numerics``).
@@ -116,7 +118,8 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
         if r["confirmed_tok_s"] is not None:  # the confirmed median beside the search figure
             tok = f"{r['confirmed_tok_s']:,.0f} confirmed ({tok} search)"
         table.add_row(str(r["number"]), r["status"] or r["state"].lower(), role, params, tok, *per,
-                      fmt(r["max_running_requests"], "d"), fmt(r["kv_tokens"], ","), fmt(r["mamba_slots"], "d"),
+                      fmt(r["max_running_requests"], "d") + (f"\n({r['granted']})" if r["granted"] else ""),
+                      fmt(r["kv_tokens"], ","), fmt(r["mamba_slots"], "d"),
                       fmt(r["peak_gib"], ".1f"), r["numerics"])
     Console(width=max(Console().width, 160, natural_width(table))).print(table)  # every column whole
     for r in data:  # a contender whose outputs differ though no output-changing flag did: one line each

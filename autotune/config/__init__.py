@@ -38,6 +38,7 @@ from autotune.config.sections import (
 )
 from autotune.errors import ConfigError, WorkloadError
 from autotune.prompts import PromptSample
+from autotune.sglang.envs import ENV_PREFIX, EnvTable
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.profiles import load_gpu, load_model
 
@@ -141,6 +142,10 @@ def _split_space(raw: dict[str, Any], file: str) -> dict[str, Any]:
         raise ConfigError("must be a table of flag = {…}", file=file, key="space", fix="write [space] entries")
     space = dict(space)
     derived = space.pop("derived", {})
+    levers = space.pop("env", {})  # [space.env]: environment levers, searched like flags under ``env:NAME``
+    if not isinstance(levers, dict):
+        raise ConfigError("must be a table of NAME = {…}", file=file, key="space.env", fix="write [space.env] entries")
+    space.update({ENV_PREFIX + str(name): spec for name, spec in levers.items()})
     for name, spec in space.items():
         if not isinstance(spec, dict):
             raise ConfigError("a parameter must be a table", file=file, key=f"space.{name}",
@@ -212,13 +217,25 @@ def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
     """Normalise every flag name to SGLang's dest and every value to its type, through the bundled flag table."""
     table = FlagTable.bundled()
 
-    def flags(config: dict[str, Any], key: str) -> dict[str, Any]:
+    def flags(config: dict[str, Any], key: str, env: dict[str, Any] | None = None) -> dict[str, Any]:
+        config = dict(config)
+        env = {**(config.pop("env", None) or {}), **(env or {})} if key == "engine.fixed" else env or {}
+        key_env = "engine.fixed.env" if key == "engine.fixed" else key.removesuffix(".flags") + ".env"
         try:
-            return dict(table.check(config))
+            out = dict(table.check(config))
         except ConfigError as exc:
             raise _flag_error(exc, file, key, table=True) from None
+        try:
+            return {**out, **table.check({ENV_PREFIX + str(k): v for k, v in env.items()})}
+        except ConfigError as exc:
+            raise _flag_error(exc, file, key_env, table=True) from None
 
     def dest(name: str, key: str) -> str:
+        if name.startswith(ENV_PREFIX):
+            try:
+                return ENV_PREFIX + EnvTable.bundled().lookup(name[len(ENV_PREFIX):]).name
+            except ConfigError as exc:
+                raise ConfigError(exc.message, file=file, key=key.replace(ENV_PREFIX, "env."), fix=exc.fix) from None
         try:
             return table.lookup(name).dest
         except ConfigError as exc:
@@ -228,13 +245,15 @@ def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
         if value is None:
             return None
         try:
+            if name.startswith(ENV_PREFIX):
+                return EnvTable.bundled().coerce(name[len(ENV_PREFIX):], value)
             return table.coerce(name, value)
         except ConfigError as exc:
             raise _flag_error(exc, file, key) from None
 
     space: dict[str, ParamSpec] = {}
     for name, spec in cfg.space.items():
-        key = f"space.{name}"
+        key = f"space.{name}".replace(ENV_PREFIX, "env.")
         flag = dest(name, key)
         update: dict[str, Any] = {}
         if spec.kind == "categorical":
@@ -250,8 +269,10 @@ def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
         raise ConfigError("a flag cannot be both searched and derived", file=file, key=f"space.derived.{clash[0]}",
                           fix="remove it from one of the two tables")
     engine = cfg.engine.model_copy(update={"fixed": flags(cfg.engine.fixed, "engine.fixed")})
-    baseline = cfg.baseline.model_copy(update={"flags": flags(cfg.baseline.flags, "baseline.flags")})
-    enqueue = [e.model_copy(update={"flags": flags(e.flags, f"enqueue.{i}.flags")}) for i, e in enumerate(cfg.enqueue)]
+    baseline = cfg.baseline.model_copy(update={"flags": flags(cfg.baseline.flags, "baseline.flags", cfg.baseline.env),
+                                               "env": {}})
+    enqueue = [e.model_copy(update={"flags": flags(e.flags, f"enqueue.{i}.flags", e.env), "env": {}})
+               for i, e in enumerate(cfg.enqueue)]
     return cfg.model_copy(update={"space": space, "derived": derived, "engine": engine, "baseline": baseline,
                                   "enqueue": enqueue})
 

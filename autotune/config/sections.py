@@ -348,11 +348,13 @@ class ObjectiveSection(StrictModel):
 class BaselineSection(StrictModel):
     label: str = "baseline"
     flags: dict[str, Any] = {}  # empty: engine defaults + fixed flags
+    env: dict[str, Any] = {}  # SGLang environment levers (merged into flags as ``env:NAME`` when the file loads)
 
 
 class Enqueued(StrictModel):
     label: str
     flags: dict[str, Any]
+    env: dict[str, Any] = {}
 
 
 class JobSection(StrictModel):

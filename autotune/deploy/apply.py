@@ -21,6 +21,7 @@ from pydantic import ValidationError
 
 from autotune.deploy import router
 from autotune.deploy import sglang_yaml as yaml_files
+from autotune.deploy.confirmed import confirmed_figures
 from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, write_fleet
 from autotune.deploy.fleet import server_gpus as launch_group
 from autotune.deploy.fleetfile import spans
@@ -34,13 +35,13 @@ from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files
 from autotune.results import Capacity, TrialResult
 from autotune.search.confirm.decision import Verdict
-from autotune.search.confirm.samples import launch_tok_s
 from autotune.search.numerics import contender_result
 from autotune.search.objective import per_gpu
 from autotune.search.storage import load_study
 from autotune.search.views.jobview import job_for_study
 from autotune.search.views.settings import device_name
 from autotune.search.views.worstcase import worst_case_block
+from autotune.sglang.envs import env_strings, split_env
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.parallel import server_gpus
 
@@ -161,15 +162,11 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
         raise StudyError(f"trial {trial} of study {loaded.study_name!r} is not a completed, measured trial "
                          f"(usable trials: {known})")
     result = contender_result(usable[trial], confirmation, trial)  # its fidelity: the contender probe's, if it ran
-    confirmed = verdict.winner_trial == trial
-    launched = [launch_tok_s(run) for run in confirmation.get("runs", []) if run.get("trial") == trial]
-    runs = [float(v) for v in launched if v] if confirmed else []  # per launch: the mean of its windows
-    tok_s = sorted(runs)[len(runs) // 2] if runs else result.output_tok_s
+    figures = confirmed_figures(confirmation, verdict, trial, result)  # the estimate the sweep's summary printed
     baseline = _baseline(complete, verdict.baseline_trial)
     return Winner(
-        study=loaded.study_name, trial=trial, config=dict(result.config), result=result, tok_s=tok_s,
-        tok_s_runs=runs, confirmed=confirmed, gain=verdict.gain if confirmed else None,
-        gain_ci=(verdict.ci_low, verdict.ci_high) if confirmed else (None, None),
+        study=loaded.study_name, trial=trial, config=dict(result.config), result=result, tok_s=figures.tok_s,
+        tok_s_runs=figures.runs, confirmed=figures.confirmed, gain=figures.gain, gain_ci=figures.gain_ci,
         baseline_config=baseline, settings=dict(loaded.user_attrs.get("autotune") or {}),
         job=job_for_study(loaded, trial), worst_case=worst_case_block(loaded.user_attrs, trial),
     )
@@ -247,6 +244,7 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
         "gpu": winner.gpu,
         "gpus_per_server": server_gpus(winner.config),  # the group one server spans (tp × pp × dp)
         "config": winner.config,
+        "sglang_env": env_strings(winner.config),  # the environment levers the winner ran with (``[space.env]``)
         "workload": winner.workload,
         # The flags that change outputs against the baseline and the fidelity probe's figures (``deploy.numerics``).
         "numerics": numerics_block(winner),
@@ -327,7 +325,8 @@ def write_artifacts(
     model = model or winner.model
     if not model:
         raise ConfigError("the study does not record a model path", key="--model", fix="pass --model")
-    document, cli = split_config(yaml_files.deployed_config(winner.config))
+    flags, levers = split_env(winner.config)[0], env_strings(winner.config)  # levers: the servers' env, not sglang.yaml
+    document, cli = split_config(yaml_files.deployed_config(flags))
     servers = _servers(winner, cli, gpus=gpus, layout=layout, base_port=base_port, host=host)
     routing = router.for_servers(servers, layout)  # [router]: sglang-router in front of two or more servers
     client = router.advise(client_advice(winner, servers=len(servers)), routing)  # what the job's client sends
@@ -338,7 +337,7 @@ def write_artifacts(
         launcher, settings = layout.launcher, layout.launcher_settings
     try:
         fleet = Fleet(engine=winner.engine, model=model, python=python, device=winner.device,
-                      env=env_for_files(winner.env), sim_gpu=winner.sim_gpu, launcher=launcher,
+                      env=env_for_files(winner.env), sglang_env=levers, sim_gpu=winner.sim_gpu, launcher=launcher,
                       launcher_settings=settings,
                       remote_dir=layout.remote_dir if layout is not None else "autotune-fleet", servers=servers,
                       router=routing)
@@ -366,6 +365,8 @@ def write_artifacts(
         sim = ["--sim-gpu", fleet.sim_gpu, *sim_argv(s.sim_options)] if fleet.engine == "sim" and fleet.sim_gpu else []
         argv = launch_argv(engine=fleet.engine, python=python or sys.executable, config_file=s.config, model=model,
                            host=s.bind, port=s.port, extra=[*s.extra_args, *device, *sim])
+        if levers:  # `env NAME=VALUE … argv`: each assignment one quoted word, never a shell string of config
+            argv = ["env", *(f"{k}={v}" for k, v in levers.items()), *argv]
         starts.append({"log": s.log, "pid": s.pid, "gpus": gpu, "argv": argv})
     script = launch_script(
         [*starts, *filter(None, [router.script_entry(routing, [s.url for s in servers])])], env=shared, elsewhere=elsewhere,

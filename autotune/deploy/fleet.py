@@ -44,6 +44,7 @@ from autotune.launch.memory import wait_released
 from autotune.launch.registry import make_launcher
 from autotune.redaction import resolve_env
 from autotune.results import Capacity
+from autotune.sglang.envs import env_strings
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +186,8 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
     host, the fleet's ``remote_dir``)."""
     if not server.local:  # the ssh launcher, built from the entry's host and the fleet's remote_dir
         return remote.start_server(fleet, server, server_argv(fleet, server, config),
-                                   env=engine_for(fleet, server, env=launch_env(fleet)).env(),
+                                   env={**engine_for(fleet, server, env=launch_env(fleet)).env(), **fleet.sglang_env,
+                                        **env_strings(config)},
                                    gpus=server_gpus(fleet, server), timeout_s=timeout_s)
     engine = engine_for(fleet, server, env=launch_env(fleet))
     pid_path, log_path = fleet.resolve(server.pid), fleet.resolve(server.log)
@@ -196,7 +198,8 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
     reader = memory_reader(fleet, server, made)
     # the launcher keeps what proves the server's /dev/shm files its own in its run dir; ``down`` attaches to the
     # server by its record, takes a last look and removes what that proves
-    spec = LaunchSpec(argv=server_argv(fleet, server, config), port=server.port, host=server.bind, env=engine.env(),
+    spec = LaunchSpec(argv=server_argv(fleet, server, config), port=server.port, host=server.bind,
+                      env={**engine.env(), **fleet.sglang_env, **env_strings(config)},
                       gpus=server_gpus(fleet, server), log_path=log_path, run_dir=pid_path.parent, detach=True,
                       shm_dir=getattr(engine, "shm_dir", None), name=f"autotune-fleet-{server.name}")
     handle = None

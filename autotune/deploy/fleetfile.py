@@ -142,6 +142,7 @@ class Fleet(_Model):
     python: str | None = None  # interpreter on each host (default: this one, or "python3" remotely)
     device: Literal["cuda", "cpu"] = "cuda"  # "cpu": SGLang's CPU backend (host RAM, no CUDA_VISIBLE_DEVICES)
     env: dict[str, str] = {}  # the engine's environment; "${NAME}" is read from the starter's environment
+    sglang_env: dict[str, str] = {}  # the winner's SGLang environment levers ([space.env]), given to every server
     sim_gpu: str | None = None
     launcher: str = "local"  # where this host's servers run (one of LAUNCHER_KINDS); other hosts: over SSH
     launcher_settings: dict[str, Any] = {}  # the study's [launcher.<name>] table, as make_launcher takes it

@@ -50,6 +50,7 @@ from autotune.launch import Launcher, LaunchSpec, ServerExited, ServerHandle, Se
 from autotune.launch.process import cleanup_orphans, free_port
 from autotune.launch.registry import make_launcher
 from autotune.results import TOO_SLOW, UNTRUSTED_STATUSES, Capacity, GpuPeaks, TrialResult
+from autotune.sglang.envs import env_strings
 
 DEFAULT_CONCURRENCY = 64  # when the server did not report its effective max running requests
 LAG_LIMIT = 0.02  # the sim server's wall clock may trail its modelled clock by this share of the window
@@ -241,7 +242,7 @@ def _spec(setup: TrialSetup, config: Mapping[str, Any], group: tuple[int, ...], 
     # The engine's kind of reader (NVML, the simulated GPU, host memory) of the group: the launcher's to place.
     reader = launcher.memory_reader(group, lambda gpus: group_reader(engine, gpus or _no_gpu(setup)))
     return LaunchSpec(
-        argv=engine.argv(config, port=port), port=port, env=engine.env(), gpus=group,
+        argv=engine.argv(config, port=port), port=port, env={**engine.env(), **env_strings(config)}, gpus=group,
         log_path=log_path, run_dir=run_dir, shm_dir=setup.shm_dir or getattr(engine, "shm_dir", None),
     ), reader
 

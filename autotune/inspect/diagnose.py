@@ -111,6 +111,13 @@ def explain_capacity(s: ServerState) -> CapacityExplanation:
             Limit(name="est", value=est, why=f"SGLang's estimate from {s.kv_tokens:,} tokens ÷ context")
         )
     limits.append(Limit(name="kv", value=s.kv_tokens // 2, why=f"{s.kv_tokens:,} KV tokens ÷ 2"))
+    if s.mamba_slots is not None and ratio and ratio > 3 and s.mamba_slots // ratio != s.effective_mrr:
+        # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 (an environment switch /server_info does not show) lowers the ratio
+        # by one in the extra-buffer strategies (kv_cache_configurator.py L3066-3069)
+        if s.mamba_slots // (ratio - 1) == s.effective_mrr:
+            limits.insert(0, Limit(name="mamba", value=s.mamba_slots // (ratio - 1),
+                                   why=f"{s.mamba_slots:,} Mamba slots ÷ {ratio - 1} per request ({strategy}, "
+                                       "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1)"))
     matching = [limit for limit in limits if limit.value == s.effective_mrr]
     binding = matching[0].name if matching else None
     if matching:
@@ -121,6 +128,8 @@ def explain_capacity(s: ServerState) -> CapacityExplanation:
             f"{s.effective_mrr} running requests, matching none of the known caps "
             f"({'; '.join(f'{lim.name} {lim.value}' for lim in limits)}): the strategy or an env override differs"
         )
+    if explicit and requested is not None and requested // dp > s.effective_mrr:  # what users ask SGLang for
+        sentence = f"asked for {requested // dp} running, got {s.effective_mrr}: {sentence}"
     return CapacityExplanation(
         effective=s.effective_mrr,
         binding=binding,

@@ -264,9 +264,15 @@ def baseline_trial(frame: pd.DataFrame, study: optuna.Study) -> int | None:
 
 
 def winner_trial(frame: pd.DataFrame, study: optuna.Study) -> int | None:
-    verdict = Verdict.from_dict(study.user_attrs.get("confirmation"))
+    """The confirmation's winner, as the sweep printed it; None when a finished confirmation crowned none (no
+    config beat the baseline). Without a finished confirmation, the fastest feasible trial per GPU (the report
+    says it is not confirmed: ``headline.verdict_facts``)."""
+    confirmation = study.user_attrs.get("confirmation") or {}
+    verdict = Verdict.from_dict(confirmation)
     if verdict is not None and verdict.winner_trial is not None:
         return int(verdict.winner_trial)
+    if confirmation.get("complete"):
+        return None
     feasible = frame[frame["feasible"]]
     return int(feasible.loc[feasible["tok_s_per_gpu"].idxmax(), "trial"]) if len(feasible) else None  # per GPU
 

@@ -84,10 +84,50 @@ def gain(study: optuna.Study, headline: pd.DataFrame) -> dict[str, Any]:
     if verdict is not None and verdict.gain is not None:
         return {"gain": float(verdict.gain), "ci_low": verdict.ci_low, "ci_high": verdict.ci_high,
                 "note": verdict.note, **common}
+    if number != number and confirmed(confirmation) is not None:  # the confirmation crowned none: no gain to give
+        return {"gain": None, "ci_low": None, "ci_high": None, "note": verdict_facts(study)["note"], **common}
     base = headline.loc["baseline", "tok_s_per_gpu"]
     value = win / base if base and not math.isnan(base) and base > 0 else math.nan
     return {"gain": value, "ci_low": None, "ci_high": None, "note": "single measurement (no confirmation stage)",
             **common}
+
+
+def verdict_facts(study: optuna.Study) -> dict[str, Any]:
+    """The confirmation's verdict as the header states it: ``outcome`` (``"winner"``, ``"baseline"``: no config beat
+    it, ``"none"``: no contender ran cleanly, or ``"unconfirmed"``: no finished confirmation, the fastest search
+    trial is shown as not confirmed) and its ``note``, the reason the sweep printed."""
+    verdict = confirmed(study.user_attrs.get("confirmation"))
+    if verdict is None:
+        return {"outcome": "unconfirmed", "note": "not confirmed: single search measurements"}
+    note = verdict.note or ("" if verdict.outcome == "winner" else "no config beat the baseline")
+    return {"outcome": verdict.outcome, "note": note}
+
+
+def confirmed_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
+    """Every config the confirmation launched, fastest first: its confirmed estimate (server tok/s) and 95 %
+    interval, clean launches, and its ratio to the baseline's estimate (empty without a finished confirmation).
+    What the header shows when no config beat the baseline."""
+    confirmation = study.user_attrs.get("confirmation") or {}
+    verdict = confirmed(confirmation)
+    columns = ["trial", "label", "role", "confirmed_tok_s", "tok_s_low", "tok_s_high", "launches", "vs_baseline"]
+    if verdict is None:
+        return pd.DataFrame(columns=columns)
+    by_trial = frame.set_index("trial")
+    base = verdict.stat(verdict.baseline_trial) or {}
+    rows = []
+    for key, stats in verdict.stats.items():
+        number = int(key)
+        info = by_trial.loc[number] if number in by_trial.index else None
+        gpus = int(info["gpus"]) if info is not None and "gpus" in info and info["gpus"] == info["gpus"] else 1
+        rate = confirmed_rate(confirmation, number, gpus)
+        if rate is None or stats.get("from_search"):
+            continue
+        low, high = rate[1] or (math.nan, math.nan)
+        rows.append({"trial": number, "label": info["label"] if info is not None else "",
+                     "role": info["role"] if info is not None else "", "confirmed_tok_s": rate[0],
+                     "tok_s_low": low, "tok_s_high": high, "launches": _launches(confirmation, number),
+                     "vs_baseline": stats["median"] / base["median"] if base.get("median") else math.nan})
+    return pd.DataFrame(rows, columns=columns).sort_values("confirmed_tok_s", ascending=False, ignore_index=True)
 
 
 def trial_config(study: optuna.Study, number: int | None) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import html
 import json
-import math
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,7 +25,18 @@ from autotune.redaction import env_for_files, redact_url, reference
 from autotune.report import data as data
 from autotune.report import figures as figures
 from autotune.report import numerics as report_numerics
-from autotune.report.headline import compare_frame, flag_diff, gain, headline_frame, trial_config
+from autotune.report.header import header_html
+from autotune.report.header import num as _num
+from autotune.report.header import table as _table
+from autotune.report.headline import (
+    compare_frame,
+    confirmed_frame,
+    flag_diff,
+    gain,
+    headline_frame,
+    trial_config,
+    verdict_facts,
+)
 from autotune.report.importance import NOT_ENOUGH_TO_RANK, importance_frame
 from autotune.report.latency import latency_frame
 from autotune.report.stability import STABILITY_SECTION, stability_frame
@@ -78,6 +88,7 @@ def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study
         "importance": importance_frame(study),
         "failures": data.failures_frame(trials, base_dir=base_dir),
         "numerics": report_numerics.numerics_frame(trials, study),  # the fidelity probe's figures per trial
+        "confirmed": confirmed_frame(trials, study),  # every confirmed estimate (the header's when none won)
     }
     per_gpu = per_gpu_frame(study)
     if len(per_gpu) > 1:  # a study swept on several GPUs: show the device-to-device spread
@@ -88,6 +99,7 @@ def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study
         "launch": launch_command(win_cfg, data.model_name(config), **data.launch_settings(config))
         if win_no is not None else None,
         "second_objective": data.second_objective(config),
+        **verdict_facts(study),  # outcome and note: the confirmation's verdict, as the sweep printed it
     }
     frames: dict[str, pd.DataFrame] = {}
     if compare:
@@ -263,114 +275,6 @@ nav a{margin-right:14px;color:#2563eb;text-decoration:none} .note{color:#6b7280;
 """
 
 
-def _num(value: Any, fmt: str = "{:,.0f}", suffix: str = "") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "—"
-    return fmt.format(value) + suffix
-
-
-def _table(frame: pd.DataFrame, links: Sequence[str] = ()) -> str:
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
-    rows = []
-    for _, row in frame.iterrows():
-        cells = []
-        for column, value in row.items():
-            text = html.escape(_num(value, "{:,.4g}") if isinstance(value, float) else str(value))
-            if column in links and value:
-                text = f'<a href="{html.escape(str(value), quote=True)}">{text}</a>'
-            numeric = isinstance(value, int | float) or column in ("baseline", "winner", "change")
-            cells.append(f'<td class="num">{text}</td>' if numeric else f"<td>{text}</td>")
-        rows.append("<tr>" + "".join(cells) + "</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>"
-
-
-def _kpi(label: str, value: str, sub: str = "", cls: str = "") -> str:
-    return (f'<div class="kpi"><div class="label">{html.escape(label)}</div>'
-            f'<div class="value {cls}">{html.escape(value)}</div><div class="sub">{html.escape(sub)}</div></div>')
-
-
-def _header(report: Report) -> str:
-    f, t = report.facts, report.tables
-    trials = t["trials"]
-    counts = trials["outcome"].value_counts()
-    meta = (f"{f['model']} on {f['gpu']} · engine {f['engine']} · {len(trials)} trials "
-            f"({', '.join(f'{n} {k}' for k, n in counts.items())})")
-    head = [f"<h1>autotune report — {html.escape(f['study'])}</h1>", f'<p class="meta">{html.escape(meta)}</p>']
-    if f["winner"] is None:
-        head.append('<p class="bad">No trial ran successfully: see the failures below.</p>')
-        return '<header class="card">' + "".join(head) + "</header>"
-    hl = t["headline"].set_index("role")
-    win, base = hl.loc["winner"], hl.loc["baseline"]
-    g = f["gain"]
-    ci = (f"95% CI {g['ci_low']:.2f}× – {g['ci_high']:.2f}×" if g.get("ci_low") is not None else g.get("note", ""))
-    if g.get("over_defaults"):
-        ci += f" · {g['over_defaults']:.2f}× SGLang defaults"
-    spread = (f"95% CI {win['tok_s_low']:,.0f}–{win['tok_s_high']:,.0f} over {win['repeats']} runs"
-              if win["repeats"] else "single run")
-    ratio = g["gain"]
-    if win.get("gpus", 1) > 1:  # ranked per GPU: say what the winner's server spans and its per-GPU score
-        spread += f" · {int(win['gpus'])} GPUs, {_num(win['tok_s_per_gpu'])} tok/s per GPU"
-    kpis = [
-        _kpi("winner tok/s", _num(win["tok_s"]), f"trial {f['winner']} · {spread}"),
-        _kpi("speed vs baseline", _num(ratio, "{:.2f}×"), ci, "good" if ratio and ratio > 1 else "bad"),
-        _kpi("max running requests", _num(win["max_running_requests"]), f"baseline {_num(base['max_running_requests'])}"),
-        _kpi("KV tokens", _num(win["kv_tokens"]), f"baseline {_num(base['kv_tokens'])}"),
-        _kpi("Mamba slots", _num(win["mamba_slots"]), f"baseline {_num(base['mamba_slots'])}"),
-        _kpi("headroom (observed)", _num(win["headroom_gib"], "{:.1f}", " GiB"),
-             f"baseline {_num(base['headroom_gib'], '{:.1f}', ' GiB')}"),
-    ]
-    head.append('<div class="kpis">' + "".join(kpis) + "</div>")
-    noise = f"Confirmation: {g['noise']}." if g.get("noise") else None  # launches, windows, the two noise terms
-    head.append(f'<p class="why">{html.escape(" ".join(filter(None, [_why(base, win), g.get("worst_case"), noise, g.get("job")])))}</p>')
-    head.append("<h3>Winner vs baseline</h3>" + _table(_headline_rows(hl)))
-    diff = t["flag_diff"]
-    head.append("<h3>Flags that changed</h3>" + (_table(diff) if len(diff) else "<p>None: the baseline won.</p>"))
-    head.append(f"<h3>Launch command</h3><pre>{html.escape(f['launch'] or '')}</pre>")
-    return '<header class="card">' + "".join(head) + "</header>"
-
-
-def _why(base: pd.Series, win: pd.Series) -> str:
-    """One sentence on what changed in capacity, and what it cost, from the same numbers as the table."""
-    def move(key: str, name: str, fmt: str = "{:,.0f}", sign: int = 0) -> str | None:
-        """``name old → new`` when it changed (in direction ``sign`` if one is given)."""
-        old, new = base[key], win[key]
-        if any(v is None or (isinstance(v, float) and math.isnan(v)) for v in (old, new)) or old == new:
-            return None
-        if sign and (new - old) * sign < 0:
-            return None
-        return f"{name} {_num(old, fmt)} → {_num(new, fmt)}"
-
-    gains = [m for m in (move("max_running_requests", "running requests", sign=1),
-                         move("mamba_slots", "Mamba slots", sign=1), move("spec_steps", "speculative steps")) if m]
-    costs = [m for m in (move("kv_tokens", "KV tokens", sign=-1),
-                         move("headroom_gib", "headroom (GiB)", "{:.1f}", sign=-1),
-                         move("ttft_p99_ms", "p99 TTFT (ms)", sign=1),
-                         move("itl_p99_ms", "p99 ITL (ms)", "{:.1f}", sign=1)) if m]
-    if not gains:
-        return "The winner runs at the baseline's capacity; its gain comes from the flags below."
-    text = "Why it wins: " + ", ".join(gains) + "."
-    return text + (" At the cost of: " + ", ".join(costs) + "." if costs else "")
-
-
-HEADLINE_ROWS = {  # column → (row name, number format)
-    "tok_s": ("output tok/s", "{:,.0f}"), "max_running_requests": ("max running requests", "{:,.0f}"),
-    "kv_tokens": ("KV tokens", "{:,.0f}"), "mamba_slots": ("Mamba slots", "{:,.0f}"),
-    "spec_steps": ("speculative steps", "{:,.0f}"), "peak_gib": ("observed peak memory (GiB)", "{:.1f}"),
-    "headroom_gib": ("headroom (GiB)", "{:.1f}"), "ttft_p99_ms": ("TTFT p99 (ms)", "{:,.0f}"),
-    "itl_p99_ms": ("ITL p99 (ms)", "{:.1f}"),
-}
-
-
-def _headline_rows(hl: pd.DataFrame) -> pd.DataFrame:
-    rows = []
-    for key, (name, fmt) in HEADLINE_ROWS.items():
-        base, win = hl.loc["baseline", key], hl.loc["winner", key]
-        change = win / base - 1 if base and not math.isnan(base) and not math.isnan(win) else math.nan
-        rows.append({"": name, "baseline": _num(base, fmt), "winner": _num(win, fmt),
-                     "change": _num(change, "{:+.0%}")})
-    return pd.DataFrame(rows)
-
-
 def _section(key: str, fig: Any) -> str:
     title, explain = SECTIONS[key]
     div = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f"fig-{key}", default_width="100%",
@@ -437,7 +341,7 @@ def render(report: Report, figs: Mapping[str, Any]) -> str:
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style>'
         f'<script type="text/javascript">{get_plotlyjs()}</script></head><body><main>'
-        f"{_header(report)}<nav class=\"card\">{nav} <a href=\"#failures\">Failures</a></nav>"
+        f"{header_html(report.facts, report.tables)}<nav class=\"card\">{nav} <a href=\"#failures\">Failures</a></nav>"
         + numerics_html + "".join(sections) + extra
         + '<section class="card" id="failures"><h2>Failures</h2><p class="explain">Every trial that did not '
         "measure: its class, the SGLang log line (or planner message) that classified it, and its log.</p>"

@@ -29,7 +29,15 @@ from optuna.distributions import (
 from autotune.config import StudyConfig
 from autotune.config.sections import ParamSpec
 from autotune.errors import ConfigError
-from autotune.sglang.args import PlanStop, mamba_slots_per_request, resolve_spec, resolve_strategy
+from autotune.sglang.args import (
+    SKIP_DECODE_LOCK,
+    PlanStop,
+    env_bool,
+    mamba_slots_per_request,
+    resolve_spec,
+    resolve_strategy,
+)
+from autotune.sglang.envs import env_strings
 from autotune.sglang.memory import MemoryPlan, plan
 from autotune.sglang.profiles import load_gpu, load_model
 
@@ -51,7 +59,8 @@ def mamba_ratio(config: Mapping[str, Any]) -> int:
     overlap = not config.get("disable_overlap_schedule")
     if strategy == "auto":
         strategy = "extra_buffer" if overlap or int(config.get("page_size") or 1) > 1 else "no_buffer"
-    return mamba_slots_per_request(strategy, overlap=overlap, radix_off=bool(config.get("disable_radix_cache")))
+    return mamba_slots_per_request(strategy, overlap=overlap, radix_off=bool(config.get("disable_radix_cache")),
+                                   skip_decode_lock=env_bool(env_strings(config), SKIP_DECODE_LOCK))
 
 
 def planner_ratio(model: Any, gpu: Any) -> Callable[[Mapping[str, Any]], int]:
@@ -59,7 +68,7 @@ def planner_ratio(model: Any, gpu: Any) -> Callable[[Mapping[str, Any]], int]:
     depend on both, e.g. a B200 with speculative decoding pages by 64 and so keeps extra_buffer)."""
     def ratio(config: Mapping[str, Any]) -> int:
         try:
-            return int(resolve_strategy(model, gpu, config, resolve_spec(model, config))["ratio"])
+            return int(resolve_strategy(model, gpu, config, resolve_spec(model, config), env=env_strings(config))["ratio"])
         except PlanStop:  # arguments SGLang rejects: the planner records the trial as bad_args anyway
             return mamba_ratio(config)
 

@@ -9,8 +9,9 @@ from typing import Any, Literal
 
 from autotune.sglang.profiles import GpuProfile, ModelProfile, vit_factor
 
-__all__ = ["PlanFailure", "PlanStop", "decode_bs_list", "default_mem_fraction", "graph_settings",
-           "prefill_token_buckets", "resolve_spec", "resolve_strategy"]
+__all__ = ["PlanFailure", "PlanStop", "decode_bs_list", "default_mem_fraction", "env_bool", "graph_settings",
+           "mamba_slots_per_request", "mamba_tracking_slots", "prefill_token_buckets", "resolve_spec",
+           "resolve_strategy"]
 
 PlanFailure = Literal["startup_oom", "runtime_oom", "bad_args"]
 
@@ -61,15 +62,40 @@ def default_mem_fraction(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, A
     return mfs
 
 
-def mamba_slots_per_request(strategy: str, *, overlap: bool, radix_off: bool) -> int:
+SKIP_DECODE_LOCK = "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"
+
+
+def env_bool(env: Mapping[str, str] | None, name: str, default: bool = False) -> bool:
+    """An ``EnvBool`` the way 0.5.23 reads it (``srt/environ.py`` L143-150, ``EnvField.get`` L67-86): true/1/yes/y,
+    false/0/no/n, any other value warns and falls back to the default."""
+    raw = (env or {}).get(name)
+    if raw is None:
+        return default
+    value = str(raw).lower()
+    return True if value in ("true", "1", "yes", "y") else False if value in ("false", "0", "no", "n") else default
+
+
+def mamba_slots_per_request(strategy: str, *, overlap: bool, radix_off: bool, skip_decode_lock: bool = False) -> int:
     """SGLang 0.5.23's slots→requests rule: the Mamba state slots one running request reserves
-    (``srt/mem_cache/allocation_sizing.py``; applied in ``srt/mem_cache/kv_cache_configurator.py``,
-    ``_handle_max_mamba_cache``). 1 without the radix cache; else 3 plus the radix cache's tracking copies: 2 for
-    ``extra_buffer`` with the overlap schedule (ping-pong), 1 for ``extra_buffer`` without it or
-    ``extra_buffer_lazy``, 0 for ``no_buffer``. ``strategy`` is the resolved one (never ``auto``)."""
+    (``_calculate_mamba_ratio``, ``srt/mem_cache/kv_cache_configurator.py`` L3062-3088, with the tracking slots of
+    ``srt/mem_cache/allocation_sizing.py`` L11-19). 1 without the radix cache; else a base of 3 plus the radix
+    cache's tracking copies: 2 for ``extra_buffer`` with the overlap schedule (ping-pong), 1 for ``extra_buffer``
+    without it or ``extra_buffer_lazy``, 0 for ``no_buffer``. ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1`` drops the
+    base by one (L227-229, L3066-3069); ``no_buffer`` adds it back (L3081-3086), so only the extra-buffer
+    strategies gain. ``strategy`` is the resolved one (never ``auto``)."""
     if radix_off:
         return 1
-    return 3 + {"extra_buffer": 2 if overlap else 1, "extra_buffer_lazy": 1}.get(strategy, 0)
+    base = 3 - (1 if skip_decode_lock else 0)
+    if strategy.startswith("extra_buffer"):
+        return base + mamba_tracking_slots(strategy, overlap=overlap)
+    return base + (1 if skip_decode_lock else 0)
+
+
+def mamba_tracking_slots(strategy: str, *, overlap: bool) -> int:
+    """Tracking copies a radix-cached request holds (``get_mamba_tracking_slots``, ``allocation_sizing.py`` L11-19)."""
+    if not strategy.startswith("extra_buffer"):
+        return 0
+    return 1 if strategy == "extra_buffer_lazy" or not overlap else 2
 
 
 def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,8 +139,10 @@ def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> dict[str, Any]:
             "warnings": warnings}
 
 
-def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any], spec: dict[str, Any]) -> dict[str, Any]:
-    """Mamba radix-cache strategy, overlap, attention backend and page size (``srt/arg_groups/overrides.py``, called from ``model_hook.py``)."""
+def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any], spec: dict[str, Any], *,
+                     env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Mamba radix-cache strategy, overlap, attention backend and page size (``srt/arg_groups/overrides.py``, called
+    from ``model_hook.py``); ``env`` is the server's environment (the decode-lock switch moves the ratio)."""
     radix_off = bool(f.get("disable_radix_cache"))
     overlap = not f.get("disable_overlap_schedule")
     asked = f.get("mamba_radix_cache_strategy") or "auto"
@@ -162,9 +190,11 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
         if page > 1 and backend not in ("fa3", "flashinfer", "triton"):
             raise PlanStop("bad_args", f"ValueError: --speculative-eagle-topk > 1 with page_size > 1 needs the fa3, "
                                     f"flashinfer or triton attention backend (got {backend})")
-    ratio = mamba_slots_per_request(strategy, overlap=overlap, radix_off=radix_off)
+    skip = env_bool(env, SKIP_DECODE_LOCK)
+    ratio = mamba_slots_per_request(strategy, overlap=overlap, radix_off=radix_off, skip_decode_lock=skip)
     return {"strategy": strategy, "overlap": overlap, "attention_backend": backend, "page_size": page,
-            "ratio": ratio, "radix_off": radix_off}
+            "ratio": ratio, "radix_off": radix_off, "skip_decode_lock": skip,
+            "tracking_slots": 0 if radix_off else mamba_tracking_slots(strategy, overlap=overlap)}
 
 
 def graph_settings(f: Mapping[str, Any]) -> tuple[bool, bool]:

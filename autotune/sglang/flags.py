@@ -18,6 +18,7 @@ from importlib import resources
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.sglang.envs import ENV_PREFIX, EnvTable
 
 BUNDLED_VERSION = "0.5.23"
 
@@ -218,6 +219,10 @@ class FlagTable:
         """Keys normalised to dest and every value coerced; raises on the first bad flag or value."""
         out: dict[str, Any] = {}
         for key, value in config.items():
+            if str(key).startswith(ENV_PREFIX):  # an environment lever kept beside the flags (sglang.envs)
+                var = EnvTable.bundled().lookup(str(key)[len(ENV_PREFIX):])
+                out[ENV_PREFIX + var.name] = None if value is None else EnvTable.bundled().coerce(var.name, value)
+                continue
             spec = self.lookup(key)
             if spec.dest in out:
                 raise ConfigError(f"{spec.flag} is given twice", key=str(key), fix="keep one spelling")
@@ -228,6 +233,8 @@ class FlagTable:
         """``--dashed value`` pairs; store-true True → the bare flag; False/None → omitted."""
         argv: list[str] = []
         for key, value in config.items():
+            if str(key).startswith(ENV_PREFIX):  # the server's environment, not a flag (``sglang.envs.env_strings``)
+                continue
             spec = self.lookup(key)
             value = self.coerce(spec.dest, value)
             if value is None:

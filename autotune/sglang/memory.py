@@ -20,6 +20,7 @@ from autotune.sglang.args import (
     default_mem_fraction,
     prefill_token_buckets,
 )
+from autotune.sglang.envs import render, split_env
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.profiles import GIB, GpuProfile, ModelProfile
 
@@ -115,34 +116,38 @@ class _Trace:
 
 def plan(model: ModelProfile, gpu: GpuProfile, flags: Mapping[str, Any], *, free_gib: float | None = None,
          workspace_offset_gib: float = 0.0, activation_scale: float = 1.0, graph_scale: float = 1.0,
-         _inert: bool = True) -> MemoryPlan:
+         env: Mapping[str, str] | None = None, _inert: bool = True) -> MemoryPlan:
     """What SGLang 0.5.23 allocates for ``flags`` (dest-keyed, typed) on ``gpu``, and whether it starts.
 
     ``free_gib`` is the memory free on the device before this server loads (default: total − CUDA context).
     ``workspace_offset_gib``, ``activation_scale`` and ``graph_scale`` correct the planner's calibrated
-    constants (see ``Corrections``); their defaults change nothing.
+    constants (see ``Corrections``); their defaults change nothing. ``env`` is the server's environment: the
+    ``SGLANG_*`` variables 0.5.23 reads while planning (the decode-lock switch; docs/sglang-memory.md).
     """
     fix = Corrections(workspace_offset_gib=workspace_offset_gib, activation_scale=activation_scale,
                       graph_scale=graph_scale)
+    flags, levers = split_env(flags)  # a study's environment levers travel in its config as ``env:NAME``
+    env = {**{k: render(v) for k, v in levers.items() if v is not None}, **(env or {})}
     f = {k: _typed(k, v) for k, v in flags.items() if v is not None}
     trace = _Trace(start=step.start(gpu, f, free_gib=free_gib))
     failure: PlanFailure | None = None
     message: str | None = None
     try:
-        _chain(model, gpu, f, trace, fix)
+        _chain(model, gpu, f, trace, fix, env)
     except PlanStop as stop:
         failure, message = stop.failure, stop.message
     result = _assemble(trace, f, failure, message)
     if _inert:
-        result.inert.extend(_inert_flags(model, gpu, f, free_gib, fix, result))
+        result.inert.extend(_inert_flags(model, gpu, f, free_gib, fix, result, env))
     return result
 
 
-def _chain(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], t: _Trace, fix: Corrections) -> None:
+def _chain(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], t: _Trace, fix: Corrections,
+           env: Mapping[str, str] | None) -> None:
     """Run the steps in SGLang's order, recording each; ``PlanStop`` ends the chain where SGLang stops."""
     step.check_parallel(model, t.start)
     t.spec = sp = step.spec(model, f)
-    t.layout = lay = step.layout(model, gpu, f, sp)
+    t.layout = lay = step.layout(model, gpu, f, sp, env)
     t.sizes = sz = step.sizes(model, gpu, f, t.start, sp, lay)
     r = step.Resolved(start=t.start, spec=sp, layout=lay, sizes=sz)
     t.weights = w = step.weights(model, f, r, workspace_offset_gib=fix.workspace_offset_gib)
@@ -173,7 +178,8 @@ def _extra(t: _Trace, f: Mapping[str, Any]) -> dict[str, Any]:
         lay = t.layout
         ex.update(strategy=lay.strategy, overlap=lay.overlap, radix_cache=not lay.radix_off,
                   attention_backend=lay.attention_backend, page_size=lay.page_size,
-                  ratio=lay.ratio if lay.has_mamba else None)
+                  ratio=lay.ratio if lay.has_mamba else None, skip_decode_lock=lay.skip_decode_lock,
+                  tracking_slots=lay.tracking_slots)
     if t.sizes:
         ex.update(chunked_prefill_size=t.sizes.chunk, context_len=t.sizes.context_len)
     if t.weights:
@@ -249,7 +255,7 @@ def _signature(p: MemoryPlan) -> tuple[Any, ...]:
 
 
 def _inert_flags(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], free_gib: float | None,
-                 fix: Corrections, result: MemoryPlan) -> list[str]:
+                 fix: Corrections, result: MemoryPlan, env: Mapping[str, str] | None) -> list[str]:
     """Flags whose removal changes nothing the planner can see, among the flags it reads (plus never-read ones)."""
     out = [k for k in NEVER_READ if k in f]
     if not f.get("speculative_algorithm"):
@@ -261,7 +267,7 @@ def _inert_flags(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], free_g
         if key in f and key not in out:
             rest = {k: v for k, v in f.items() if k != key}
             again = plan(model, gpu, rest, free_gib=free_gib, workspace_offset_gib=fix.workspace_offset_gib,
-                         activation_scale=fix.activation_scale, graph_scale=fix.graph_scale, _inert=False)
+                         activation_scale=fix.activation_scale, graph_scale=fix.graph_scale, env=env, _inert=False)
             if _signature(again) == base:
                 out.append(key)
     return sorted(set(out))

@@ -114,13 +114,16 @@ class Layout:
     page_size: int
     ratio: int
     has_mamba: bool
+    skip_decode_lock: bool = False  # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK in the server's environment
+    tracking_slots: int = 0  # extra_buffer's tracking copies per request (in ``ratio``)
 
 
-def layout(model: ModelProfile, gpu: GpuProfile, f: Flags, sp: Spec) -> Layout:
-    res = resolve_strategy(model, gpu, f, sp.as_args())
+def layout(model: ModelProfile, gpu: GpuProfile, f: Flags, sp: Spec, env: Mapping[str, str] | None = None) -> Layout:
+    res = resolve_strategy(model, gpu, f, sp.as_args(), env=env)
     return Layout(strategy=str(res["strategy"]), overlap=bool(res["overlap"]), radix_off=bool(res["radix_off"]),
                   attention_backend=str(res["attention_backend"]), page_size=int(res["page_size"]),
-                  ratio=int(res["ratio"]), has_mamba=model.has_mamba)
+                  ratio=int(res["ratio"]), has_mamba=model.has_mamba, skip_decode_lock=bool(res["skip_decode_lock"]),
+                  tracking_slots=int(res["tracking_slots"]))
 
 
 @dataclass(frozen=True)

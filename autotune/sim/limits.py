@@ -43,6 +43,7 @@ class SchedulerLimits:
     prefill_graph_tokens: int = 0  # largest prefill batch with a captured graph
     radix_cache: bool = False  # SGLang's prefix cache (on unless --disable-radix-cache)
     mamba_track_interval: int | None = None  # extra_buffer strategies: a Mamba state saved every N tokens
+    tracking_slots: int | None = None  # extra_buffer's tracking copies per request (None: read from ``ratio``)
 
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "kv_tokens", "page_size", "draft_tokens", "decode_log_interval"):
@@ -58,6 +59,8 @@ class SchedulerLimits:
     def mamba_slots_per_req(self) -> int:
         """Slots one running request holds: its state plus extra_buffer's tracking copies (the slots reserved
         per request, ``sglang.args.mamba_slots_per_request``, less the 3 every radix-cached request reserves)."""
+        if self.tracking_slots is not None:
+            return 1 + self.tracking_slots
         return 1 + max(0, self.ratio - 3)
 
     @classmethod
@@ -84,6 +87,7 @@ class SchedulerLimits:
             prefill_graph_tokens=int(extra.get("prefill_graph_tokens") or 0),
             radix_cache=bool(extra.get("radix_cache")),
             mamba_track_interval=int(track_interval or 256) if extra_buffer else None,
+            tracking_slots=None if extra.get("tracking_slots") is None else int(extra["tracking_slots"]),
         )
 
 

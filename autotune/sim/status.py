@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import os
 import random
 import time
 from typing import Any
@@ -126,7 +127,9 @@ class ServerStatus:
         others = max(device.others_used_mib(index, pid, sim["device_dir"]) for index in gpus)
         # SGLang sizes from the memory free after its own CUDA context: what the others leave, minus ours.
         free_gib = max(0.0, (gpu.memory_mib - others) / 1024 - float(getattr(gpu, "cuda_context_gib", 0.5)))
-        plan = make_plan(model, gpu, args.flags, free_gib=free_gib)
+        # SGLang reads its SGLANG_* switches from its own environment at start (the decode-lock switch moves the cap).
+        env = {k: v for k, v in os.environ.items() if k.startswith("SGLANG_")}
+        plan = make_plan(model, gpu, args.flags, free_gib=free_gib, env=env)
         deviation = Deviation.from_sim(sim)
         plan = deviate(plan, model, deviation)  # the machine as it is, not as planned (identity by default)
         sched = None

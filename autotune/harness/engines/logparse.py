@@ -143,6 +143,9 @@ _KV_LINE = re.compile(r"KV Cache is allocated\. .*?#tokens: (\d+), K size: " + _
 _WEIGHT_LINE = re.compile(r"Load weight end\..*?mem usage=" + _NUM + " GB")
 _GRAPH_LINE = re.compile(r"Capture .*CUDA graph end\..*?mem usage=" + _NUM + " GB")
 _MFS = re.compile(r"mem_fraction_static['\"]?[=:]\s*" + _NUM)
+# SGLang 0.5.23's warnings when a pool lowers the running cap (``kv_cache_configurator.py`` L3141, L3167)
+_MAMBA_CAP = re.compile(r"max_running_requests is capped to \d+ by the mamba state cache")
+_KV_CAP = re.compile(r"max_running_requests was reduced from the requested \d+ to \d+")
 
 
 def _sum(values: list[float]) -> float | None:
@@ -180,6 +183,7 @@ def capacity(log_text: str, server_info: Mapping[str, Any] | None = None) -> Cap
     fields["graphs_gib"] = _sum([float(m[1]) for m in _GRAPH_LINE.finditer(log_text)])
     if m := _MFS.search(log_text):
         fields["mem_fraction_static"] = float(m[1])
+    fields["bound_by"] = "mamba" if _MAMBA_CAP.search(log_text) else "kv" if _KV_CAP.search(log_text) else None
     if server_info:
         _merge_server_info(fields, server_info)
     return Capacity(**{k: v for k, v in fields.items() if v is not None})

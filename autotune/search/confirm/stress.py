@@ -9,7 +9,10 @@ is a dedicated launch of the config (``runner.repeat`` with the ``StressStep`` a
 confirmation run of the trial): its window is recorded with it but does not join the confirmation's runs, so the
 decision reads the same runs it was made on. Everything lands in ``confirmation["stress"]`` as it
 happens (``{"runs": [{"trial", "repeat", "status", "reason", "result"}], "demoted": [{"trial", "reason"}],
-"decided_trial", "complete"}``), so a sweep killed mid-stress resumes without redoing a finished one.
+"decided_trial", "complete"}``), so a sweep killed mid-stress resumes without redoing a finished one. Every
+stress phase a confirmation launch ran is recorded there too, winner or not (``_record_the_rest``: ``apply --trial
+N`` reads it); the readers (``stress_of``, ``passed``) read a confirmation launch's own stress phase where a study
+stored before that lacks the record.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str,
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     if state.get("complete"):  # a confirmation decided again on resume still excludes what the stress demoted
         redecided = _redecided(confirmation, state, trials, cfg)
+        if _record_the_rest(confirmation, state):  # a study stored before every stress phase was recorded
+            return _save(study, redecided, state)
         return redecided if redecided is confirmation else _save(study, redecided, state)
     while True:
         confirmation = _redecided(confirmation, state, trials, cfg)
@@ -61,8 +66,20 @@ def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: dict[str,
             if _failed(run):  # its server died under the worst case: demoted, the confirmation decided again
                 state["demoted"].append({"trial": n, "reason": worst_case_line({ATTR: state}, n)})
             _save(study, confirmation, state)
+    _record_the_rest(confirmation, state)
     state["complete"] = True
     return _save(study, confirmation, state)
+
+
+def _record_the_rest(confirmation: dict[str, Any], state: dict[str, Any]) -> bool:
+    """Record every stress phase a confirmation launch ran that the record lacks, winner or not (no winner, a
+    runner-up the decision did not need stressed): ``apply --trial N`` reads them. Recorded only, never demoting:
+    the verdict stands on what was due. Whether any was added."""
+    recorded = {run.get("trial") for run in state["runs"]}
+    trials = dict.fromkeys(r.get("trial") for r in confirmation.get("runs") or ())
+    extra = [run for n in trials if n not in recorded and (run := _from_confirmation(confirmation, n)) is not None]
+    state["runs"].extend(extra)
+    return bool(extra)
 
 
 def _launches(state: dict[str, Any]) -> int:
@@ -162,17 +179,22 @@ def _save(study: optuna.Study, confirmation: dict[str, Any], state: dict[str, An
 # --- the stress record read back (every view prints ``worst_case_line``) ---------------------------------------
 def passed(confirmation: dict[str, Any] | None, trial: int | None) -> StressResult | None:
     """The stress phase ``trial`` passed in this confirmation, or None (never stressed, or it failed)."""
-    for run in ((confirmation or {}).get(ATTR) or {}).get("runs") or ():
+    runs = [r for r in ((confirmation or {}).get(ATTR) or {}).get("runs") or () if r.get("trial") == trial]
+    for run in runs or [stress_of(confirmation, trial) or {}]:
         res = StressResult.from_dict(run.get("result"))
-        if run.get("trial") == trial and res is not None and res.survived:
+        if res is not None and res.survived:
             return res
     return None
 
 
 def stress_of(confirmation: dict[str, Any] | None, trial: int | None) -> dict[str, Any] | None:
-    """The last stress record of ``trial`` (``{"trial", "status", "reason", "result"}``), None when never stressed."""
+    """The last stress record of ``trial`` (``{"trial", "status", "reason", "result"}``), None when never stressed;
+    a stress phase its confirmation launch ran counts though the record lacks it (a study stored before every one
+    was recorded: ``_record_the_rest``)."""
     runs = [r for r in ((confirmation or {}).get(ATTR) or {}).get("runs") or () if r.get("trial") == trial]
-    return runs[-1] if runs else None
+    if runs:
+        return runs[-1]
+    return _from_confirmation(confirmation, trial) if confirmation and trial is not None else None
 
 
 def worst_case_line(confirmation: dict[str, Any] | None, trial: int | None) -> str:
