@@ -246,6 +246,9 @@ class Launches(list):
     confirm_note: str = ""
     stress_launches: int = 0  # stress launches of their own (a stress phase in a confirmation launch is not one)
     stress_cost_s: float = 0.0  # every stress phase, and the whole of a stress launch of its own
+    confirm: dict[str, Any] | None = None  # the confirmation's verdict as the study stores it (``calibration``)
+    trial_configs: dict[int, dict[str, Any]] | None = None  # trial number → the config it launched
+    steady: float = 0.0  # the steady-state rate per GPU of the config the pipeline names (``steady_truth``)
 
 
 class _Uncorrected(CorrectedFeasibility):
@@ -365,6 +368,8 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
             out.confirm_cost_s = sum(x.cost_s for x in confirm_runs)
             out.stress_launches, out.stress_cost_s = runner.stress_launches, sum(runner.stress_runs)
             out.confirm_note = str(conf.get("note") or "")
+            out.confirm = dict(conf)
+            out.trial_configs = {n: x.config for n, x in launches.items()}
         return out
     finally:
         sweep.close()
