@@ -18,6 +18,7 @@ from autotune.progress import make_progress
 from autotune.search.confirm import run_sweep
 from autotune.search.gpus import render_gpus
 from autotune.search.groups import parse_gpus
+from autotune.search.stopping import stop_line
 from autotune.search.storage import open_study
 from autotune.search.workers import on_gpus, run_workers, with_launcher
 from autotune.sglang.flags import FlagTable
@@ -98,6 +99,9 @@ def render(summary: dict[str, Any]) -> str:
         why = f"{defaults.get('status') or 'failed'}" + (f": {defaults['reason']}" if defaults.get("reason") else "")
         lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept) failed, {defaults['how']}: {why}; "
                      "no gain over defaults")
+    stop = stop_line(summary.get("search_stop"))
+    if stop:  # the budget spent, or the rule that stopped the search before it
+        lines.append(f"  {stop}")
     if summary.get("confirmation"):  # launches, windows and the two noise terms the verdict was read with
         lines.append(f"  confirmation: {summary['confirmation']}")
     if summary.get("note"):

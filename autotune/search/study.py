@@ -53,6 +53,7 @@ from autotune.search.seeding import (
 )
 from autotune.search.skips import skip_reason
 from autotune.search.space import Space, config_diff, key_of
+from autotune.search.stopping import Patience, stopped_early
 from autotune.search.storage import Liveness, add_running, node_lock, open_study, storage_file, take_waiting
 from autotune.sglang.parallel import group_line, server_gpus
 
@@ -216,8 +217,11 @@ class Sweep:
     def _search(self) -> None:
         self.prepare()
         target = self.cfg.study.trials
+        rule = Patience.from_config(self.cfg)
         with sigint_stops(self.stop):
             while not self.stop.is_set():
+                if stopped_early(self.study, rule, target, self.progress):
+                    return
                 trial, done = self._ask(target)
                 if trial is not None:
                     self.run_one(done, target, trial=trial)

@@ -25,6 +25,7 @@ from autotune.search.numerics import confirmation_figures, contender_fidelity, u
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launches
 from autotune.search.space import key_of
+from autotune.search.stopping import STOP_ATTR
 from autotune.search.worstcase import worst_case_line
 
 
@@ -214,6 +215,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
         "multi_gpu": any(_spans(t) > 1 for t in started),
         "unexpected": _unexpected(conf, best),
         "confirmation": confirmation_line(conf) if confirmed else None,
+        "search_stop": study.user_attrs.get(STOP_ATTR),  # which rule ended the search (``stopping``)
         "note": note,
         "error": None if failure is None else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"
