@@ -251,7 +251,7 @@ def per_gpu_launches(launches: list[Launch]) -> list[Launch]:
     out = Launches(dataclasses.replace(x, observed=x.observed / gpus_of(x.config), true=x.true / gpus_of(x.config))
                    for x in launches)
     for name in ("named_config", "confirm_launches", "confirm_cost_s", "confirm_note", "stress_launches",
-                 "stress_cost_s", "confirm", "trial_configs"):
+                 "stress_cost_s", "confirm", "trial_configs", "search_stop"):
         setattr(out, name, getattr(launches, name, getattr(Launches, name)))
     named = getattr(launches, "named", None)
     out.named = None if named is None else named / gpus_of(out.named_config)
@@ -428,6 +428,22 @@ def calibration_line(result: dict[str, Any], budgets: list[int]) -> list[str]:
             + (f" (missed: {'; '.join(missed[:3])}{' …' if len(missed) > 3 else ''})" if missed else "") + ".", ""]
 
 
+def stopping_line(result: dict[str, Any], budgets: list[int]) -> list[str]:
+    """For each row with a search stopping rule: how often it stopped before the budget, after how many launches."""
+    top, out = max(budgets), []
+    for name in result["names"]:
+        records = [getattr(r, "search_stop", None) or {} for r in result["runs"][name, top]]
+        early = [rec for rec in records if rec.get("rule") == "patience"]
+        if not name.startswith("ours-patience") or ("ours", top) not in result["runs"]:
+            continue
+        launches = statistics.median(rec["launches"] for rec in early) if early else None
+        out.append(f"- {name} at {top} launches: stopped early in {len(early)}/{len(records)} seeds"
+                   + (f", after a median {launches:.0f} search launches" if launches is not None else "")
+                   + f"; total GPU-h {med_iqr([total_h(r) for r in result['runs'][name, top]], '.2f')} "
+                   f"(ours {med_iqr([total_h(r) for r in result['runs']['ours', top]], '.2f')})")
+    return [*out, ""] if out else []
+
+
 def sensitivity_line(result: dict[str, Any], budgets: list[int]) -> list[str]:
     """Ours at ``SENSITIVITY`` × the stated launch CV: what it names and what its confirmation costs then."""
     sens = result.get("sensitivity")
@@ -471,7 +487,7 @@ def verdicts(result: dict[str, Any], budgets: list[int]) -> list[str]:
         mine = statistics.median(steady_pct(r, result) for r in runs["ours", b])
         others = {n: statistics.median(steady_pct(r, result) for r in runs[n, b])
                   for n in result["names"] if n != "ours"}
-        rivals = {n: v for n, v in others.items() if n not in ABLATIONS}
+        rivals = {n: v for n, v in others.items() if n not in ABLATIONS and n not in PROPOSALS}  # ours' variants
         if rivals:
             ahead = [n for n, v in rivals.items() if v >= mine]
             out.append(f"- at {b} launches ours is ahead of every other strategy: "
@@ -535,7 +551,8 @@ def markdown(results: list[dict[str, Any]], *, seeds: int, budgets: list[int], s
              "config); `ours-no-correction` (the planner never learns its error); `first-edge-alone` (baseline, "
              "hand-tuned config and the first edge start only); `tpe-constraints-no-planner` (the study loop with OOM "
              "as a violated constraint, no planner); `tpe-no-planner` (TPE, OOM as a failed trial); `random`; "
-             "`tiered-grid`; `vllm-2knob-grid`.", ""]
+             "`tiered-grid`; `vllm-2knob-grid`; with `--proposals`, `ours-patience-N` (ours with `[study] patience = "
+             "N`: the search stops after N launches in a row without a gain beyond the resolution).", ""]
     for res in results:
         truth, hid = res["truth"], res["hidden"]
         lines += [f"## {res['name']}", "",
@@ -550,7 +567,8 @@ def markdown(results: list[dict[str, Any]], *, seeds: int, budgets: list[int], s
                   f"{truth['groups']:,} distinct scheduler signatures simulated. {_noise_text(res)} "
                   f"Best config by window score: `{truth['best_diff']}`.", "",
                   *steady_line(res), *table(res, budgets), "", *equal_table(res, budgets),
-                  *calibration_line(res, budgets), *sensitivity_line(res, budgets), *verdicts(res, budgets), ""]
+                  *calibration_line(res, budgets), *stopping_line(res, budgets), *sensitivity_line(res, budgets),
+                  *verdicts(res, budgets), ""]
     return "\n".join([*lines, *pooled_calibration(results, budgets)])
 
 
