@@ -251,7 +251,7 @@ def per_gpu_launches(launches: list[Launch]) -> list[Launch]:
     out = Launches(dataclasses.replace(x, observed=x.observed / gpus_of(x.config), true=x.true / gpus_of(x.config))
                    for x in launches)
     for name in ("named_config", "confirm_launches", "confirm_cost_s", "confirm_note", "stress_launches",
-                 "stress_cost_s", "confirm", "trial_configs", "search_stop"):
+                 "stress_cost_s", "confirm", "trial_configs", "search_stop", "pruned"):
         setattr(out, name, getattr(launches, name, getattr(Launches, name)))
     named = getattr(launches, "named", None)
     out.named = None if named is None else named / gpus_of(out.named_config)
@@ -434,7 +434,14 @@ def stopping_line(result: dict[str, Any], budgets: list[int]) -> list[str]:
     for name in result["names"]:
         records = [getattr(r, "search_stop", None) or {} for r in result["runs"][name, top]]
         early = [rec for rec in records if rec.get("rule") == "patience"]
-        if not name.startswith("ours-patience") or ("ours", top) not in result["runs"]:
+        if not name.startswith(("ours-patience", "ours-pruned")) or ("ours", top) not in result["runs"]:
+            continue
+        if name.startswith("ours-pruned"):
+            runs = result["runs"][name, top]
+            out.append(f"- {name} at {top} launches: the slice pruner ended {sum(r.pruned for r in runs)} of "
+                       f"{sum(x.launched for r in runs for x in r)} search launches early; search GPU-h "
+                       f"{med_iqr([sum(x.cost_s for x in r) / 3600 for r in runs], '.2f')} (ours "
+                       f"{med_iqr([sum(x.cost_s for x in r) / 3600 for r in result['runs']['ours', top]], '.2f')})")
             continue
         launches = statistics.median(rec["launches"] for rec in early) if early else None
         out.append(f"- {name} at {top} launches: stopped early in {len(early)}/{len(records)} seeds"
@@ -552,7 +559,8 @@ def markdown(results: list[dict[str, Any]], *, seeds: int, budgets: list[int], s
              "hand-tuned config and the first edge start only); `tpe-constraints-no-planner` (the study loop with OOM "
              "as a violated constraint, no planner); `tpe-no-planner` (TPE, OOM as a failed trial); `random`; "
              "`tiered-grid`; `vllm-2knob-grid`; with `--proposals`, `ours-patience-N` (ours with `[study] patience = "
-             "N`: the search stops after N launches in a row without a gain beyond the resolution).", ""]
+             "N`: the search stops after N launches in a row without a gain beyond the resolution) and `ours-pruned` (the "
+             "slice pruner on every search launch, modelled on the launch's own simulated slices).", ""]
     for res in results:
         truth, hid = res["truth"], res["hidden"]
         lines += [f"## {res['name']}", "",
