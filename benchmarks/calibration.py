@@ -34,7 +34,8 @@ def check(run: Any, rate: Callable[[Mapping[str, Any]], float]) -> dict[str, Any
     configs: Mapping[int, dict[str, Any]] = getattr(run, "trial_configs", None) or {}
     out: dict[str, Any] = {"gain": None, "verdicts": []}
     win, base = conf.get("winner_trial"), conf.get("baseline_trial")
-    if conf.get("gain") is not None and win in configs and base in configs and rate(configs[base]):
+    if (conf.get("gain") is not None and isinstance(win, int) and isinstance(base, int) and win in configs
+            and base in configs and rate(configs[base])):
         true = rate(configs[win]) / rate(configs[base])
         low, high = float(conf["ci_low"]), float(conf["ci_high"])
         out["gain"] = {"low": low, "high": high, "stated": float(conf["gain"]), "true": true,
