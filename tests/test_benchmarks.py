@@ -337,7 +337,9 @@ def test_equal_gpu_hours_extends_a_rival_by_what_ours_spent_after_its_search():
     rival = [st.Launch({}, "ok", 1.0, 1.0, 100.0), st.Launch({}, "startup_oom", 0, 0, 20.0),
              st.Launch({}, "skipped_infeasible", 0, 0, 0.0)]
     assert equal_cost.after_search_s(ours) == 300.0
-    assert equal_cost.extra_launches(ours, rival) == 6  # 300 GPU-s at a mean launch of 60 GPU-s (skips not counted)
+    assert equal_cost.extra_launches(ours, rival) == 5  # 300 GPU-s at a mean launch of 60 GPU-s (skips not counted)
+    rival[1] = st.Launch({}, "startup_oom", 0, 0, 30.0)
+    assert equal_cost.extra_launches(ours, rival) == 5  # 300 / 65 = 4.6: a part launch is a whole one
     assert equal_cost.extra_launches(st.Launches(), rival) == 0
 
 
