@@ -758,7 +758,11 @@ def main(argv: list[str] | None = None) -> int:
         " --no-truth" if args.no_truth else "") + (f" --window {args.window}" if window else "") + (
         " --single-noise" if args.single_noise else f" --launch-cv {args.launch_cv:g}" if args.launch_cv != LAUNCH_CV
         else "") + (f" --truth-seed {args.truth_seed}" if args.truth_seed != TRUTH_SEED else "") + (
-        f" --strategies {args.strategies}" if args.strategies else "")
+        f" --strategies {args.strategies}" if args.strategies else "") + (
+        f" --cases {args.cases}" if args.cases != ",".join(CASES) and not args.quick else "") + (
+        f" --workloads {args.workloads}" if args.workloads != ",".join(WORKLOADS) and not args.quick else "") + (
+        f" --budgets {args.budgets}" if args.budgets != "10,20" and not args.quick else "") + (
+        " --proposals" if args.proposals else "")
     text = markdown(results, seeds=seeds, budgets=budget_list, seconds=time.monotonic() - started,
                     hidden=not args.no_truth, command=command)
     args.out.mkdir(parents=True, exist_ok=True)
