@@ -19,6 +19,7 @@ from autotune.progress import make_progress
 from autotune.search.objective import open_study
 from autotune.search.preflight import check_study
 from autotune.search.scaleout.workers import on_gpus, run_workers, with_launcher
+from autotune.search.stopping import stop_line
 from autotune.search.sweep import run_sweep
 from autotune.search.views.gpus import render_gpus
 from autotune.search.views.summary import SweepSummary
@@ -102,6 +103,9 @@ def render(summary: SweepSummary) -> str:
         why = f"{defaults.get('status') or 'failed'}" + (f": {defaults['reason']}" if defaults.get("reason") else "")
         lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept) failed, {defaults['how']}: {why}; "
                      "no gain over defaults")
+    stop = stop_line(summary.search_stop)
+    if stop:  # the budget spent, or the rule that stopped the search before it
+        lines.append(f"  {stop}")
     if summary.confirmation:  # launches, windows and the two noise terms the verdict was read with
         lines.append(f"  confirmation: {summary.confirmation}")
     if summary.note:

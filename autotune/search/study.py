@@ -16,11 +16,9 @@ and stops the sweep with one ``DiskError`` line (``diskguard``).
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -55,8 +53,10 @@ from autotune.search.seeding import (
     running_twin,
     seed_trials,
 )
+from autotune.search.signals import sigint_stops
 from autotune.search.skips import skip_reason
 from autotune.search.space import Space, config_diff, key_of
+from autotune.search.stopping import Patience, stopped_early
 from autotune.search.storage import Liveness, node_lock, storage_file
 from autotune.search.storage.diskguard import Ballast, Room, disk_error, starved
 from autotune.sglang.parallel import group_line, server_gpus
@@ -68,25 +68,6 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 # --- the loop ----------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def sigint_stops(stop: threading.Event) -> Iterator[None]:
-    """First Ctrl-C: stop the current server cleanly and end the sweep. Second: give up at once."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 class Sweep:
     """One sweep over a study: holds the study, space, planner check, runner and progress sink."""
 
@@ -221,8 +202,11 @@ class Sweep:
     def _search(self) -> None:
         self.prepare()
         target = self.cfg.study.trials
+        rule = Patience.from_config(self.cfg)
         with sigint_stops(self.stop):
             while not self.stop.is_set():
+                if stopped_early(self.study, rule, target, self.progress):
+                    return
                 trial, done = self._ask(target)
                 if trial is not None:
                     self.run_one(done, target, trial=trial)

@@ -12,6 +12,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.results import TrialResult
+from autotune.search.pruning import pruned
 from autotune.search.seeding import unsettled
 
 # An enqueued config or a baseline whose search figure is under this share of the leader's is not relaunched: no
@@ -35,8 +36,11 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
 
     def eligible(t: FrozenTrial) -> bool:
         """Feasible, and settled, or unsettled above the baseline: never crowned on that figure, but re-measured by
-        the confirmation rather than dropped (a config far faster than production is the one to confirm)."""
-        return feasible(t) and (not unsettled(t) or (floor is not None and gain.get(t.number, t.values[0]) > floor))
+        the confirmation rather than dropped (a config far faster than production is the one to confirm). A pruned
+        window (``pruning``: stopped clearly below the best so far) is no contender."""
+        if not feasible(t) or (unsettled(t) and _pruned(t)):
+            return False
+        return not unsettled(t) or (floor is not None and gain.get(t.number, t.values[0]) > floor)
 
     ranked = sorted((t for t in done if eligible(t)), key=lambda t: -gain.get(t.number, t.values[0]))
     seen: set[str | None] = set()
@@ -52,6 +56,10 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
             and t not in top and t.user_attrs.get("launch_key") != (baseline and baseline.user_attrs.get("launch_key"))
             and in_reach(t, top, gain)]
     return top, baseline, refs
+
+
+def _pruned(trial: FrozenTrial) -> bool:
+    return pruned((trial.user_attrs.get("result") or {}).get("measurement"))
 
 
 def in_reach(trial: FrozenTrial, top: list[FrozenTrial], gain: Mapping[int, float]) -> bool:

@@ -4,7 +4,8 @@ baseline" while one did measure above it.
 Two reasons leave such a config uncrowned: its windows did not settle (the window cap came first: its figure is
 recorded, never crowned), or the confirmation measured it above the baseline but could not resolve the gain from
 the baseline's run-to-run noise. Either way the user is told which configs, how far above, why, and what to change.
-A config with the baseline's own flags is the baseline (its difference is noise), and is never listed.
+A config with the baseline's own flags is the baseline (its difference is noise), and is never listed; nor is a
+pruned window (``search.pruning``: stopped clearly below the best so far, not a gain left unconfirmed).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search.confirm.decision import Verdict
+from autotune.search.pruning import pruned
 from autotune.search.seeding import launch_key, unsettled
 
 
@@ -44,7 +46,7 @@ def above_baseline(trials: list[FrozenTrial], verdict: Verdict | None,
         if entry is not None and base_conf is not None:
             gain = float(entry["median"]) / float(base_conf["median"])
             settled = not entry.get("unsettled_windows")
-        elif unsettled(t):
+        elif unsettled(t) and not pruned((t.user_attrs.get("result") or {}).get("measurement")):
             gain, settled = t.values[0] / base.values[0], False
         else:
             continue

@@ -27,6 +27,7 @@ from autotune.search.confirm.decision import Verdict
 from autotune.search.numerics import confirmation_figures, contender_fidelity, unexpected_contenders
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launch_key, launches, unsettled
+from autotune.search.stopping import STOP_ATTR
 from autotune.search.views.above import above_baseline, above_line
 from autotune.search.views.worstcase import worst_case_line
 
@@ -183,6 +184,7 @@ class SweepSummary:
     multi_gpu: bool
     unexpected: list[dict[str, Any]]
     confirmation: str | None
+    search_stop: dict[str, Any] | None  # how the search ended: the budget spent or ``[study] patience`` (``stopping``)
     note: str | None
     error: str | None
     above_baseline: list[dict[str, Any]]
@@ -245,17 +247,16 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         statuses=statuses, launched=len(started), launched_oom=launched_oom,
         launched_interrupted=reran, confirmed=verdict is not None,
         baseline=_baseline_entry(baseline, attrs, base, failure),
-        best=shown or None,
-        outcome=outcome,
+        best=shown or None, outcome=outcome,
         gain_over_baseline=gain if best is not None else None,
         gain_ci=[verdict.ci_low, verdict.ci_high] if verdict is not None and best is not None else None,
-        enqueued=[e for e in enqueued if e],
-        defaults=defaults,
+        enqueued=[e for e in enqueued if e], defaults=defaults,
         gain_over_defaults=(best["tok_s_per_gpu"] / _defaults_per_gpu(defaults)
                             if best and defaults and defaults.get("output_tok_s") else None),
         multi_gpu=any(_spans(t) > 1 for t in started),
         unexpected=_unexpected(conf, best),
         confirmation=confirmation_line(conf) if verdict is not None else None,
+        search_stop=study.user_attrs.get(STOP_ATTR),  # which rule ended the search (``stopping``)
         note=above_line(above) if above else note,
         error=None if failure is None else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"
