@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 Status = Literal[
     "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
-    "invalid_measurement", "client_bound", "probe_error", "too_slow", "write_error",
+    "invalid_measurement", "client_bound", "probe_error", "too_slow", "write_error", "repeat",
 ]
 FailureKind = Literal["startup_oom", "runtime_oom", "crash", "timeout", "bad_args"]
 STATUSES: tuple[str, ...] = (
     "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
-    "invalid_measurement", "client_bound", "probe_error", "too_slow", "write_error",
+    "invalid_measurement", "client_bound", "probe_error", "too_slow", "write_error", "repeat",
 )
 OOM_STATUSES: frozenset[str] = frozenset({"startup_oom", "runtime_oom", "skipped_infeasible"})
 # The config ran, but the figure cannot be trusted: the simulated server could not keep pace with its model
@@ -35,6 +35,9 @@ TOO_SLOW = "too_slow"
 # A file of the trial (records, result, log) could not be written (disk full, read-only): not the config's outcome;
 # the trial is failed with the path and free space named and the study stops.
 WRITE_ERROR = "write_error"
+# The search proposed a config the study had already measured (``ok``, the baseline's included): not launched again;
+# the trial is told the earlier trial's figure (``reused_from``) so the sampler learns it, and it costs no budget.
+REPEAT: Final = "repeat"
 
 
 def _from(cls, data: dict[str, Any] | None):
@@ -143,6 +146,10 @@ class TrialResult:
     capacity: Capacity | None = None
     metrics: Metrics | None = None
     gpu: GpuPeaks | None = None
+    # A server without a GPU (SGLang's CPU backend): what it held of the host's memory (its processes' PSS and its
+    # /dev/shm files) and the host's CPU use, in the monitor's figures; such a record has no ``gpu`` block and no
+    # ``modelled_startup_s`` (a GPU's startup model).
+    host: GpuPeaks | None = None
     gpu_index: int | None = None  # the server's first GPU (``gpus`` holds them all)
     gpus: list[int] | None = None  # every GPU the server spanned (tp × pp × dp as SGLang counts them); None: none
     durations_s: dict[str, float] = field(default_factory=dict)  # startup, warmup, measure, teardown
@@ -204,6 +211,7 @@ class TrialResult:
         data["capacity"] = Capacity.from_dict(data.get("capacity"))
         data["metrics"] = Metrics.from_dict(data.get("metrics"))
         data["gpu"] = GpuPeaks.from_dict(data.get("gpu"))
+        data["host"] = GpuPeaks.from_dict(data.get("host"))
         return _from(cls, data)
 
 

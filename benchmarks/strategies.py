@@ -40,11 +40,13 @@ from optuna.trial import TrialState
 from autotune.config import StudyConfig
 from autotune.harness.stress import DEFAULT_CAP_S, StressResult, StressStep
 from autotune.harness.windows import Window, WindowsStep
+from autotune.harness.workload import settling_figures
 from autotune.results import GpuPeaks, TrialResult
 from autotune.search.confirm import confirm
 from autotune.search.confirm.stress import stress_winner
 from autotune.search.correction import CorrectedFeasibility
 from autotune.search.objective import directions, make_sampler
+from autotune.search.pruning import PRUNED, PruningSettler, SlicePruner
 from autotune.search.space import Feasibility, Space, key_of
 from autotune.search.study import Sweep
 from autotune.sim import SimWorkload, evaluate
@@ -125,6 +127,7 @@ class Outcome:
     drift: float = 0.0  # the window's ``window_drift``: how far its halves' tokens differ (an unsettled load)
     window_cv: float = 0.0  # the window term: the settle rule's half-width of the window's mean ÷ 1.96
     window_s: float = 0.0  # GPU-seconds of one more window in the same launch: warm-up + window × tp
+    settling: Any = None  # the window's slices (``autotune.settle.Settling``), for the slice pruner's proposal row
 
 
 @dataclass(frozen=True)
@@ -187,7 +190,7 @@ class Oracle:
         half = ev.settling.half_width if ev.settling is not None and ev.settling.half_width else 0.0
         return Outcome(status=status, tok_s=ev.output_tok_s if status == "ok" else 0.0,
                        cost_s=wall * self.case.tp, result=result, drift=ev.window_drift, window_cv=half / 1.96,
-                       window_s=(wl.warmup_s + wl.measure_s) * self.case.tp)
+                       window_s=(wl.warmup_s + wl.measure_s) * self.case.tp, settling=ev.settling)
 
     def stress_s(self, config: Mapping[str, Any]) -> float:
         """GPU-seconds of the stress phase after a launch's windows (see the module docstring); 0 for a config that
@@ -246,6 +249,11 @@ class Launches(list):
     confirm_note: str = ""
     stress_launches: int = 0  # stress launches of their own (a stress phase in a confirmation launch is not one)
     stress_cost_s: float = 0.0  # every stress phase, and the whole of a stress launch of its own
+    confirm: dict[str, Any] | None = None  # the confirmation's verdict as the study stores it (``calibration``)
+    trial_configs: dict[int, dict[str, Any]] | None = None  # trial number → the config it launched
+    steady: float = 0.0  # the steady-state rate per GPU of the config the pipeline names (``steady_truth``)
+    search_stop: dict[str, Any] | None = None  # how ours' search ended (``search.stopping``): budget or patience
+    pruned: int = 0  # search launches the slice pruner ended early (the ``ours-pruned`` proposal)
 
 
 class _Uncorrected(CorrectedFeasibility):
@@ -282,13 +290,39 @@ class _SweepRunner:
         self.stress_runs: list[float] = []  # GPU-seconds of each stress phase (with its launch, when its own)
         self.stress_launches = 0
 
+    prune_resolution: float | None = None  # set: search launches run under the slice pruner (``search.pruning``)
+    pruned = 0  # search launches the pruner ended early
+
     def __call__(self, config: dict[str, Any], number: int) -> TrialResult:
         launch, result = self.oracle.launch(config, self.rng)
         if number in self.launches:  # a confirmation repeat of a search trial (a plain runner's)
             self.confirm_runs.append(launch)
         else:
+            launch, result = self._pruned(launch, result)
             self.launches[number] = launch
         return result
+
+    def _pruned(self, launch: Launch, result: TrialResult) -> tuple[Launch, TrialResult]:
+        """The launch as the slice pruner would have ended it, against the best measured so far: cut at the slice
+        where it stopped (the GPU time after it not spent), its figure the window's mean so far times the launch's
+        noise, recorded unsettled (never crowned). Unchanged when not pruned."""
+        out = self.oracle.outcome(launch.config)
+        best = max((x.observed for x in self.launches.values() if x.status == "ok"), default=0.0)
+        if self.prune_resolution is None or launch.status != "ok" or out.settling is None or not best:
+            return launch, result
+        settling = out.settling
+        settler = PruningSettler(self.oracle.case.workload.rule, SlicePruner(best, self.prune_resolution))
+        done = next((d for d in (settler.add(r * settling.slice_s) for r in settling.tok_s) if d is not None), None)
+        if done is None or done.settled or not done.reason.startswith(PRUNED):
+            return launch, result
+        window = done.tok_s[done.warmup_slices:]
+        seen = sum(window) / len(window) * (launch.observed / out.tok_s)
+        saved = (self.oracle.case.workload.warmup_s + self.oracle.case.workload.measure_s - done.total_s)
+        cost = launch.cost_s - max(0.0, saved) * self.oracle.case.tp
+        metrics = dataclasses.replace(result.metrics, output_tok_s=seen) if result.metrics else None
+        result = dataclasses.replace(result, metrics=metrics, measurement=settling_figures(done))
+        self.pruned += 1
+        return dataclasses.replace(launch, observed=seen, cost_s=cost), result
 
     def repeat(self, config: dict[str, Any], number: int, k: int, *, after=()) -> TrialResult:
         windows = 1 + sum(step.count for step in after if isinstance(step, WindowsStep))
@@ -316,10 +350,10 @@ class _SweepRunner:
 
 def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = True, precheck: bool = True,
            correction: bool = True, planner: bool = True, confirmation: bool = True,
-           launches_cap: int | None = None) -> Launches:
+           launches_cap: int | None = None, patience: int = 0, prune: bool = False) -> Launches:
     """``autotune.search.study``'s Sweep as shipped (then ``confirm`` as a sweep runs it), with the oracle as its
     runner; the keywords switch parts off for the ablation rows."""
-    update = {"trials": launches_cap or budget, "seed": seed, "storage": "sqlite:///:memory:"}
+    update = {"trials": launches_cap or budget, "seed": seed, "storage": "sqlite:///:memory:", "patience": patience}
     if not edges:
         update["edge_starts"] = 0
     # A study directory of this process's own: parallel benchmark workers running the same study file would
@@ -330,6 +364,8 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
     launches: dict[int, Launch] = {}
     confirm_runs: list[Launch] = []
     runner = _SweepRunner(oracle, rng, launches, confirm_runs)
+    if prune:
+        runner.prune_resolution = cfg.study.resolution
 
     sweep = Sweep(cfg, runner=runner, progress=_Quiet())
     # The same loop on Optuna's in-memory storage: SQLite bookkeeping would cost more CPU than the simulator.
@@ -344,6 +380,8 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
     try:
         study = sweep.run()
         out = Launches()
+        out.search_stop = dict(study.user_attrs.get("search_stop") or {})
+        out.pruned = runner.pruned
         for trial in study.get_trials(deepcopy=False):
             if trial.number in launches:
                 out.append(launches[trial.number])
@@ -365,6 +403,8 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
             out.confirm_cost_s = sum(x.cost_s for x in confirm_runs)
             out.stress_launches, out.stress_cost_s = runner.stress_launches, sum(runner.stress_runs)
             out.confirm_note = str(conf.get("note") or "")
+            out.confirm = dict(conf)
+            out.trial_configs = {n: x.config for n, x in launches.items()}
         return out
     finally:
         sweep.close()
@@ -523,9 +563,23 @@ def _fill_random(run: _Runner, seed: int) -> None:
         run.run({k: v for k, v in config.items() if k not in run.space.fixed})
 
 
-# Changes to the study loop or space, measured here before they are made (rows drawn dotted). The last two,
-# a budget of launches and Mamba slots derived from the running cap, were measured this way and are now shipped.
-PROPOSALS: dict[str, Strategy] = {}
+def ours_patience(launches: int) -> Strategy:
+    """Ours with ``[study] patience``: the search stops after that many launches without a gain beyond the
+    resolution (the budget stays the bound)."""
+    def strategy(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
+        return _sweep(case, oracle, budget, seed, patience=launches)
+    return strategy
+
+
+# Changes to the study loop or space, measured here before they are made (rows drawn dotted). Earlier ones, a
+# budget of launches and Mamba slots derived from the running cap, were measured this way and are now shipped.
+def ours_pruned(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
+    """Ours with the slice pruner on every search launch (``search.pruning``), modelled on the launch's own slices."""
+    return _sweep(case, oracle, budget, seed, prune=True)
+
+
+PROPOSALS: dict[str, Strategy] = {"ours-patience-3": ours_patience(3), "ours-patience-5": ours_patience(5),
+                                  "ours-pruned": ours_pruned}
 
 STRATEGIES: dict[str, Strategy] = {
     "ours": ours,

@@ -135,7 +135,18 @@ def test_run_case_writes_table_and_figure(case, tmp_path):
     assert "## tiny" in text and "% of the optimum" in text and "Hidden truth" in text
     assert set(se.ABLATIONS) < set(st.STRATEGIES)  # every ablation is a row; the rest are the rival strategies
     assert "ahead of every other strategy" in text and "ours minus each ablation" in text
-    assert "Steady state (300 s warm-up" in text and len(result["steady"]["ours_pct"]) == 2  # one pick per seed
+    assert "Steady-state optimum (300 s warm-up" in text and "window-scored % @6" in text
+    assert "equal GPU-h" in text and "Calibration, pooled" in text
+    # Every "% of opt." is a pick's steady rate over the steady optimum, which no pick exceeds.
+    steady = result["steady"]
+    picks = [r.steady for rs in [*result["runs"].values(), *result["equal"].values()] for r in rs]
+    assert steady["tok_s"] > 0 and max(picks) <= steady["tok_s"] and steady["grid_examined"] >= 1
+    assert list(tmp_path.glob("steady-tiny-*.cache.json"))
+    # The rivals at equal GPU-hours launch more than at equal launches when ours confirmed (never fewer).
+    for (name, b), runs in result["equal"].items():
+        for seed, run in enumerate(runs):
+            assert len(run) >= len(result["runs"][name, b][seed])
+    assert len(result["calibration"]) == 2  # one study per seed at the top budget
     se.figure([result], [4, 6], tmp_path / "fig.html")
     html = (tmp_path / "fig.html").read_text()
     assert "ours" in html and "modelled GPU-hours" in html
@@ -295,3 +306,61 @@ def test_the_stress_phase_is_its_own_phase_in_a_confirmation_launch_and_in_one_o
     runner.repeat(config, 0, 2, after=[StressStep()])
     assert len(confirm_runs) == 1 and runner.stress_launches == 1
     assert runner.stress_runs[1] == pytest.approx(out.cost_s + phase)
+
+
+def test_steady_rates_are_memoised_on_disk(case, oracle, tmp_path, monkeypatch):
+    """The steady-state optimum's rates are evaluated once: a second run reads them back and simulates nothing."""
+    import steady_truth as stt
+
+    truth = gt.exhaustive(case, oracle, jobs=1)
+    ranked = [config for _, config in truth["top"]]
+    assert len(ranked) >= 2 and truth["top"][0][0] >= truth["top"][-1][0]  # best window score first
+    first = stt.SteadyRates(case, tmp_path)
+    best = stt.steady_optimum(first, ranked, [case.baseline], se.gpus_of)
+    assert first.evaluated >= min(stt.TOP, len(ranked)) and best["tok_s"] > 0
+    assert best["tok_s"] == max(first.rate(c) for c in [*ranked[:best["grid_examined"]], case.baseline])
+    first.save()
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("a memoised steady rate was evaluated again")
+
+    monkeypatch.setattr(stt, "simulate", no_simulation)
+    second = stt.SteadyRates(case, tmp_path)
+    assert stt.steady_optimum(second, ranked, [case.baseline], se.gpus_of) == best and second.evaluated == 0
+
+
+def test_equal_gpu_hours_extends_a_rival_by_what_ours_spent_after_its_search():
+    import equal_cost
+
+    ours = st.Launches([st.Launch({}, "ok", 1.0, 1.0, 100.0)])
+    ours.confirm_cost_s, ours.stress_cost_s = 250.0, 50.0
+    rival = [st.Launch({}, "ok", 1.0, 1.0, 100.0), st.Launch({}, "startup_oom", 0, 0, 20.0),
+             st.Launch({}, "skipped_infeasible", 0, 0, 0.0)]
+    assert equal_cost.after_search_s(ours) == 300.0
+    assert equal_cost.extra_launches(ours, rival) == 5  # 300 GPU-s at a mean launch of 60 GPU-s (skips not counted)
+    rival[1] = st.Launch({}, "startup_oom", 0, 0, 30.0)
+    assert equal_cost.extra_launches(ours, rival) == 5  # 300 / 65 = 4.6: a part launch is a whole one
+    assert equal_cost.extra_launches(st.Launches(), rival) == 0
+
+
+def test_calibration_checks_the_stated_gain_and_within_verdicts():
+    import calibration
+
+    run = st.Launches()
+    run.trial_configs = {0: {"c": 0}, 3: {"c": 3}, 5: {"c": 5}}
+    run.confirm = {"winner_trial": 3, "baseline_trial": 0, "gain": 1.5, "ci_low": 1.4, "ci_high": 1.6,
+                   "note": "tied within 2 %: trial 3's gain over trial 5 is 1.010× (CI 0.99–1.02×, inside ±2 %); x"}
+    rates = {0: 100.0, 3: 145.0, 5: 150.0}
+    out = calibration.check(run, lambda c: rates[c["c"]])
+    assert out["gain"]["holds"] and out["gain"]["true"] == pytest.approx(1.45)
+    assert out["verdicts"] == [("tied", pytest.approx(145 / 150), False)]  # 3.3 % apart: the tie was not true
+    rates[0] = 80.0
+    out = calibration.check(run, lambda c: rates[c["c"]])
+    assert not out["gain"]["holds"]
+    cov = calibration.coverage([out, out])
+    assert (cov["gain_held"], cov["gains"], cov["verdicts_true"], cov["verdicts"]) == (0, 2, 0, 2)
+    settled = {"baseline_trial": 0, "note": "settled within 2 %: trial 3's gain over trial 5 is 0.99×"}
+    assert calibration.claims(settled) == [("settled", 3, 5, 0.02)]
+    held = {"baseline_trial": 0, "note": "no config beat the baseline: trial 3's 1,000 tok/s against the baseline's "
+            "990 is tied within 2 % (CI 0.99–1.03×)"}
+    assert calibration.claims(held) == [("tied", 3, 0, 0.02)]

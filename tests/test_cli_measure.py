@@ -157,6 +157,11 @@ def test_a_cpu_server_gets_no_cuda_devices_and_measure_names_no_gpu(capsys, quie
     assert seen.read_text().strip() == "unset"  # the trial's launch set no CUDA_VISIBLE_DEVICES
     assert "GPU peak used" not in out and "modelled startup" not in out
     assert "host memory peak" in out
+    import json
+
+    record = json.loads((quiet_env / "trial" / "result.json").read_text())  # the record holds no GPU figure either
+    assert record["modelled_startup_s"] is None and record["gpu"] is None
+    assert record["host"]["peak_used_gib"] > 0 and record["host"]["total_gib"] > 0
 
 
 def test_measure_on_a_gpu_another_process_holds_is_one_line_and_starts_nothing(capsys, quiet_env):

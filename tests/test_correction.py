@@ -9,6 +9,7 @@ from autotune.config import load_config
 from autotune.results import GpuPeaks, TrialResult
 from autotune.search.correction import CorrectedFeasibility, free_in_message
 from autotune.search.runner import prompt_texts
+from autotune.search.seeding import NOT_LAUNCHED
 from autotune.search.study import Sweep
 from autotune.sim import SimWorkload, evaluate
 from autotune.sim.truth import Deviation
@@ -75,7 +76,7 @@ def test_a_hidden_deficit_moves_the_edge_starts_below_the_wall(tmp_path):
     for edge in edges[1:]:
         assert edge.user_attrs["status"] == "ok"
     first_oom = edges[0].number
-    later = [t for t in trials if t.number > first_oom and t.user_attrs.get("status") != "skipped_infeasible"]
+    later = [t for t in trials if t.number > first_oom and t.user_attrs.get("status") not in NOT_LAUNCHED]
     assert later and all(t.user_attrs["status"] not in ("startup_oom", "runtime_oom") for t in later)
     # the corrected planner predicts the truth's room at the first edge start
     feas = CorrectedFeasibility.from_config(cfg)

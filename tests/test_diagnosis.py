@@ -766,6 +766,26 @@ def test_a_local_cpu_server_gets_no_nvml_reading_or_note(monkeypatch):
     assert calls == [0] and any("NVML GPU 0" in note for note in d.notes)
 
 
+def test_a_cpu_server_is_drawn_without_gpu_columns_or_cuda_graphs():
+    from rich.console import Console
+
+    from autotune.inspect.render import render
+
+    def drawn(inspection) -> str:
+        console = Console(record=True, width=200)
+        render(inspection, console)
+        return console.export_text()
+
+    cpu = drawn(inspect_recorded())  # the recorded server runs SGLang's CPU backend
+    assert "GPU GiB" not in cpu and "CUDA graphs" not in cpu and "GPU used" not in cpu
+    assert "KV cache" in cpu  # its pools are still drawn
+    cuda_info = copy.deepcopy(SERVER_INFO)
+    cuda_info["device"] = "cuda"
+    cuda_info["internal_states"][0]["device"] = "cuda"
+    cuda = drawn(inspect_recorded(server_info=cuda_info))
+    assert "GPU GiB" in cuda and "CUDA graphs" in cuda
+
+
 def test_log_option_errors_are_one_line_before_any_request(fake_server, tmp_path, capsys):
     server = fake_server(recorded_routes())
     for args, message in (([str(tmp_path / "missing.log")], "cannot read the startup log"),

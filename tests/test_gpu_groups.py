@@ -95,7 +95,7 @@ def _registry_holders(devices: Path) -> list[Path]:
 
 def _finished(path: Path, name: str) -> list[optuna.trial.FrozenTrial]:
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{path.parent / (name + '.db')}")
-    return [t for t in study.trials if t.state == TrialState.COMPLETE]
+    return [t for t in study.trials if t.state == TrialState.COMPLETE and t.user_attrs.get("status") != "repeat"]
 
 
 # --- --gpus text, groups, plans ------------------------------------------------------------------------------
@@ -240,8 +240,8 @@ def test_the_80b_study_sweeps_as_two_workers_on_gpu_pairs(tmp_path):
         assert t.user_attrs["gpu"].endswith(":" + ",".join(map(str, result.gpus)))
         groups.add(tuple(result.gpus))
     assert groups == {(0, 1), (2, 3)}  # both workers ran trials
-    assert {t.user_attrs["gpu"].rpartition(":")[2] for t in trials if t.user_attrs.get("role") == "baseline"} == \
-        {"0,1", "2,3"}  # each pinned pair calibrated
+    baselines = [t.user_attrs["gpu"].rpartition(":")[2] for t in trials if t.user_attrs.get("role") == "baseline"]
+    assert len(baselines) == 1 and baselines[0] in ("0,1", "2,3")  # the baseline runs once per study
     assert _registry_holders(devices) == []  # every server released every GPU it held
     table = subprocess.run([sys.executable, "-m", "autotune", "trials", "--config", str(tmp_path / "big.toml"),
                             "--json"], capture_output=True, text=True, timeout=60, check=True)

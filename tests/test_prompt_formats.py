@@ -66,6 +66,23 @@ def test_a_bad_batch_line_is_one_error_with_its_line_number(tmp_path, bad, says)
     assert f"{path}:617" in text and says in text and "\n" not in text
 
 
+def test_a_batch_file_with_several_bad_lines_names_each_in_one_line(tmp_path):
+    rows = [_batch_line(i) for i in range(1000)]
+    rows[9] = {"custom_id": "x", "method": "GET", "url": "/v1/completions", "body": {"prompt": "a"}}
+    rows[616] = {"custom_id": "y", "url": "/v1/embeddings", "body": {"input": "a"}}
+    path = _write_jsonl(tmp_path / "batch.jsonl", rows)
+    with pytest.raises(WorkloadError) as err:
+        PromptSample.load(path, 200, seed=1)
+    text = str(err.value)
+    assert "\n" not in text and f"{path}:10" in text and '"method"' in text  # the first, with its fix
+    assert "1 more bad line: line 617:" in text and '"url"' in text  # and the second, by line and message
+    for i in range(1, 21):  # many bad lines: the first few named, then a count
+        rows[i * 40] = "not json"
+    with pytest.raises(WorkloadError) as err:
+        PromptSample.load(_write_jsonl(path, rows), 200, seed=1)
+    assert "21 more bad lines" in str(err.value) and "and 17 more" in str(err.value)
+
+
 def _sharegpt(tmp_path: Path, records: list) -> Path:
     path = tmp_path / "sharegpt.json"
     path.write_text(json.dumps(records))

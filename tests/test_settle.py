@@ -218,17 +218,19 @@ def _study(results: dict[int, tuple[TrialResult, str]]) -> optuna.Study:
     return study
 
 
-def test_an_unsettled_trial_is_never_the_winner():
+def test_an_unsettled_trial_is_never_the_winner_on_its_figure_but_is_confirmed_above_the_baseline():
     base = _result(900, [900.0] * 40, RULE)
     settled = _result(1000, [1000.0] * 40, RULE)
     flagged = _result(5000, [50.0 * (i + 1) for i in range(200)], RULE)
-    study = _study({0: (base, "baseline"), 1: (flagged, "search"), 2: (settled, "search")})
+    slow = _result(500, [5.0 * (i + 1) for i in range(200)], RULE)
+    study = _study({0: (base, "baseline"), 1: (flagged, "search"), 2: (settled, "search"), 3: (slow, "search")})
     trials = study.get_trials(deepcopy=False)
-    assert unsettled(trials[1]) and not unsettled(trials[2]) and not unsettled(trials[0])
+    assert unsettled(trials[1]) and not unsettled(trials[2]) and not unsettled(trials[0]) and unsettled(trials[3])
     best, outcome, _ = _best(trials, trials[0], None)  # no finished confirmation
     assert best == 2 and outcome is None  # the faster figure is unsettled: not crowned on that number
-    top, baseline, _ = contenders(study, top_k=3)  # nor confirmed as a contender for the crown
-    assert [t.number for t in top] == [2, 0] and baseline is not None and baseline.number == 0
+    top, baseline, _ = contenders(study, top_k=4)  # but above the baseline: the confirmation measures it afresh
+    assert [t.number for t in top] == [1, 2, 0] and baseline is not None and baseline.number == 0
+    assert 3 not in [t.number for t in top]  # unsettled below the baseline: nothing to confirm
 
 
 def test_the_report_draws_a_stability_strip_per_trial():

@@ -12,7 +12,7 @@ from optuna.trial import TrialState
 
 from autotune.config import load_config
 from autotune.results import Capacity, Metrics, Percentiles, TrialResult
-from autotune.search.seeding import recover
+from autotune.search.seeding import NOT_LAUNCHED, recover
 from autotune.search.study import Sweep, run_study
 from autotune.sglang.memory import plan
 from autotune.sglang.profiles import load_gpu, load_model
@@ -193,7 +193,7 @@ def test_stale_running_trial_is_failed_and_requeued_once(tmp_path):
     requeued = [t for t in trials if t.user_attrs.get("requeued_from") == dead.number]
     assert len(requeued) == 1 and requeued[0].state == TrialState.COMPLETE
     # the budget counts launches: a config the planner skipped is recorded but free
-    assert sum(t.state == TrialState.COMPLETE and t.user_attrs["status"] != "skipped_infeasible" for t in trials) == 3
+    assert sum(t.state == TrialState.COMPLETE and t.user_attrs["status"] not in NOT_LAUNCHED for t in trials) == 3
     assert recover(study) == []  # idempotent: nothing left running, nothing queued twice
     assert not study.get_trials(states=(TrialState.WAITING,))
 
@@ -214,7 +214,7 @@ def test_interrupt_records_trial_and_resume_reruns_it(tmp_path):
     runner = PlannerRunner()
     study = run_study(cfg, runner=runner)
     done = [t for t in study.trials if t.state == TrialState.COMPLETE]
-    assert sum(t.user_attrs["status"] != "skipped_infeasible" for t in done) == 3  # the budget counts launches
+    assert sum(t.user_attrs["status"] not in NOT_LAUNCHED for t in done) == 3  # the budget counts launches
     rerun = [t for t in done if t.user_attrs.get("requeued_from") == 0]
     assert len(rerun) == 1 and rerun[0].user_attrs["role"] == "baseline"
     assert rerun[0].user_attrs["result"]["config"]["max_mamba_cache_size"] == 80

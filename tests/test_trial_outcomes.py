@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from autotune.cli.measure import MEASURE_OPTIONS
 from autotune.config import Timeouts
 from autotune.errors import DiskError
 from autotune.harness.engines import make_engine
@@ -52,6 +53,10 @@ def test_no_token_from_a_progressing_server_is_too_slow_with_its_evidence():
     assert figures["progress"] == {"prefill_batches": 2, "prefill_tokens": 4096, "sim_modelled_s": 0.25}
     assert "2 prefill batches (4,096 new tokens)" in reason and "lengthen workload.measure_s" in reason
     assert "host is too slow" in reason
+    spec = WorkloadSpec(prompts=PROMPTS, option_names=MEASURE_OPTIONS)  # `autotune measure` names its own options
+    _, reason, _ = no_tokens(_requests([None] * 4), PREFILL, [], window_s=0.5,
+                             options=(spec.option("measure_s"), spec.option("warmup_s")))
+    assert "lengthen --window (and --warmup)" in reason and "workload." not in reason
     status, reason, _ = no_tokens(_requests([None, "ReadTimeout"]), "", [], window_s=0.5)
     assert status == "crash" and "showed no progress (ReadTimeout)" in reason  # nothing moved: not too_slow
 
@@ -89,14 +94,36 @@ def test_a_slow_but_alive_server_is_too_slow_not_crash(env):
     prompts = env / "long.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": f"Document {i}: " + "lorem ipsum dolor sit amet " * 15000}) + "\n"
                                for i in range(4)))
-    work = WorkloadSpec(prompts=prompts, sample_size=4, warmup_s=0.2, measure_s=0.5, concurrency=2, max_tokens=64)
+    # Run as `autotune measure` runs it: the reason names measure's own options, not a study file's keys.
+    work = WorkloadSpec(prompts=prompts, sample_size=4, warmup_s=0.2, measure_s=0.5, concurrency=2, max_tokens=64,
+                        option_names=MEASURE_OPTIONS)
     setup = TrialSetup(engine=_engine({"speedup": 0.5}), workload=work, gpu_index=GPU, run_dir=env / "runs",
                        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
     result = run_trial(setup, {}, trial_dir=env / "t")
     assert result.status == TOO_SLOW, (result.status, result.reason)
-    assert result.measurement["progress"]["prefill_batches"] >= 1 and "lengthen workload.measure_s" in result.reason
+    assert result.measurement["progress"]["prefill_batches"] >= 1 and "lengthen --window (and --warmup)" in result.reason
     assert result.metrics is None and result.output_tok_s is None and not _children()  # no "0 tok/s"
     assert TrialResult.from_dict(result.to_dict()).status == TOO_SLOW
+
+
+DRAIN_S = 5.0  # closing the streams and the window's last probe: generous, so a loaded host cannot fail the test
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_a_server_that_never_answers_is_too_slow_at_the_cap_plus_the_drain(env):
+    # --sim-stall: once ready the server accepts every request and holds its stream open, never sending a token.
+    work = WorkloadSpec(prompts=PROMPTS, sample_size=8, warmup_s=0.3, measure_s=0.5, warmup_max_s=0.6,
+                        measure_max_s=1.0, concurrency=4, max_tokens=64)
+    setup = TrialSetup(engine=_engine({"stall": True}), workload=work, gpu_index=GPU, run_dir=env / "runs",
+                       timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    result = run_trial(setup, {}, trial_dir=env / "t")
+    assert result.status == TOO_SLOW, (result.status, result.reason)
+    assert "held 4 of the 4 sent open without answering" in result.reason and "workload.measure_s" in result.reason
+    assert result.measurement["held_streams"] == 4 and result.metrics is None
+    replayed = result.durations_s["warmup"] + result.durations_s["measure"]
+    assert replayed <= work.warmup_max_s + work.measure_max_s + DRAIN_S  # ended at its caps, not the server's pace
+    assert not _children()
 
 
 @pytest.mark.timeout(90)

@@ -25,7 +25,11 @@ from autotune.errors import ConfigError, StorageError, StudyError
 from autotune.launch.groups import parse_gpus
 from autotune.results import Metrics, Percentiles, TrialResult
 from autotune.search.scaleout.workers import WorkerSweep, on_gpu, run_workers, start_workers
+from autotune.search.seeding import NOT_LAUNCHED
 from autotune.search.views.gpus import gains, gpu_frame, gpu_spread, per_gpu_frame, render_gpus
+
+# Launches three workers share: within the tiny study's ten distinct configs (a measured one is never relaunched).
+TARGET = 6
 
 
 def study_file(tmp_path: Path, *, trials: int, measure_s: float = 1.0) -> Path:
@@ -157,11 +161,11 @@ def _intervals_overlap(spans: list[tuple[datetime, datetime]]) -> bool:
 
 
 def check_shared_study(cfg, gpus: list[int], target: int) -> list[optuna.trial.FrozenTrial]:
-    """Every trial ran once, on one GPU, never overlapping another on that GPU; every GPU ran a baseline."""
+    """Every trial ran once, on one GPU, never overlapping another on that GPU; the baseline ran once."""
     from autotune.search.objective import open_study
 
     trials = open_study(cfg, create=False).get_trials()
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs["status"] != "skipped_infeasible"]
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs["status"] not in NOT_LAUNCHED]
     assert len(done) == target  # the budget counts launches: a config the planner skips is not one
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     assert len({t.number for t in done}) == target
@@ -174,10 +178,10 @@ def check_shared_study(cfg, gpus: list[int], target: int) -> list[optuna.trial.F
     assert sorted(label.rsplit(":", 1)[1] for label in by_gpu) == sorted(map(str, gpus))
     for label, spans in by_gpu.items():
         assert not _intervals_overlap(spans), f"two trials overlapped on {label}"
-    baselines = {t.user_attrs["gpu"] for t in done if t.user_attrs["role"] == "baseline"}
-    assert baselines == set(by_gpu)  # per-GPU calibration
+    baselines = [t.user_attrs["gpu"] for t in done if t.user_attrs["role"] == "baseline"]
+    assert len(baselines) == 1  # once per study, on whichever worker claimed it
     per = per_gpu_frame(open_study(cfg, create=False))
-    assert per.baseline_tok_s.notna().all() and per.ok.sum() == sum(t.user_attrs["status"] == "ok" for t in done)
+    assert per.baseline_tok_s.notna().sum() == 1 and per.ok.sum() == sum(t.user_attrs["status"] == "ok" for t in done)
     return trials
 
 
@@ -185,11 +189,11 @@ def check_shared_study(cfg, gpus: list[int], target: int) -> list[optuna.trial.F
 @pytest.mark.postgres
 @pytest.mark.timeout(180)
 def test_three_workers_share_a_postgres_study(tmp_path, sim_env, postgres_db):  # noqa: F811
-    cfg = load_config(study_file(tmp_path, trials=12), storage=postgres_db)
+    cfg = load_config(study_file(tmp_path, trials=TARGET), storage=postgres_db)
     lines: list[str] = []
     codes = run_workers(cfg, [0, 1, 2], echo=lines.append)
     assert codes == {0: 0, 1: 0, 2: 0}, "\n".join(lines)
-    check_shared_study(cfg, [0, 1, 2], 12)
+    check_shared_study(cfg, [0, 1, 2], TARGET)
     assert {line.split(" |")[0] for line in lines if "] trial " in line} == {"gpu0", "gpu1", "gpu2"}
 
 
@@ -197,14 +201,14 @@ def test_three_workers_share_a_postgres_study(tmp_path, sim_env, postgres_db):  
 @pytest.mark.timeout(180)
 def test_three_workers_share_a_journal_file_study(tmp_path, sim_env):
     url = f"journal://{tmp_path / 'scale.log'}"
-    cfg = load_config(study_file(tmp_path, trials=12), storage=url)
+    cfg = load_config(study_file(tmp_path, trials=TARGET), storage=url)
     lines: list[str] = []
     codes = run_workers(cfg, [0, 1, 2], echo=lines.append)
     assert codes == {0: 0, 1: 0, 2: 0}, "\n".join(lines)
-    check_shared_study(cfg, [0, 1, 2], 12)
+    trials = check_shared_study(cfg, [0, 1, 2], TARGET)
     from autotune.report.page import open_study as report_study
 
-    assert len(report_study(None, url).get_trials()) == 12  # the report reads a journal too
+    assert len(report_study(None, url).get_trials()) == len(trials)  # the report reads a journal too
 
 
 def _server_pid(run_dir: Path, deadline: float) -> int:
@@ -239,7 +243,7 @@ def test_a_worker_killed_mid_trial_is_retried_by_another_and_its_server_removed(
     [retry] = [t for t in trials if t.user_attrs.get("requeued_from") == killed.number]
     assert retry.state == TrialState.COMPLETE and retry.user_attrs["gpu"].endswith(":0")
     assert retry.user_attrs["config"] == killed.user_attrs["config"]
-    assert sum(t.state == TrialState.COMPLETE and t.user_attrs["status"] != "skipped_infeasible" for t in trials) == 4
+    assert sum(t.state == TrialState.COMPLETE and t.user_attrs["status"] not in NOT_LAUNCHED for t in trials) == 4
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
 
 
@@ -257,7 +261,7 @@ def test_sweep_gpus_runs_one_worker_per_gpu_then_reports_per_gpu(tmp_path):
     out, _ = proc.communicate(timeout=110)
     assert proc.returncode == 0, out
     assert "gpu0 | " in out and "gpu1 | " in out
-    assert "per GPU (configs compare by tok/s ÷ their own GPU's baseline; baselines spread" in out
+    assert "per GPU (configs compare by tok/s per GPU" in out  # the baseline ran once, on one of the two
     cfg = load_config(path)
     check_shared_study(cfg, [0, 1], 4)
 

@@ -70,6 +70,13 @@ def resolve_prompts(path: Path | None) -> Path:
     raise WorkloadError("no prompt sample given and examples/prompts.jsonl not found", fix="pass --prompts FILE.jsonl")
 
 
+# The spec's fields as this command's options, for the messages a trial writes (``WorkloadSpec.option``).
+MEASURE_OPTIONS = {"measure_s": "--window", "warmup_s": "--warmup", "measure_max_s": "--window-max",
+                   "warmup_max_s": "--warmup-max", "target_half_width": "--target-half-width", "ramp_s": "--ramp",
+                   "concurrency": "--concurrency", "max_tokens": "--max-tokens", "sample_size": "--sample",
+                   "repeats": "--repeats"}
+
+
 def _sim_options(items: tuple[str, ...]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
@@ -140,7 +147,7 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
     spec = WorkloadSpec(prompts=resolve_prompts(prompts), sample_size=sample, seed=seed, max_tokens=max_tokens,
                         concurrency=concurrency, warmup_s=warmup, measure_s=window, endpoint=endpoint,
                         ignore_eos=ignore_eos, repeats=repeats, warmup_max_s=warmup_max, measure_max_s=window_max,
-                        target_half_width=target_half_width, ramp_s=ramp)
+                        target_half_width=target_half_width, ramp_s=ramp, option_names=MEASURE_OPTIONS)
     loaded = PromptSample.load(spec.prompts, spec.sample_size, spec.seed)
     # A prompt over the model's context is bad input, one Error: line; check it before warning about the sample.
     misfit_reason(model, config, loaded, spec.max_tokens)
@@ -199,7 +206,7 @@ def _render(result, *, host_memory: bool = False) -> None:
     if result.reason:
         console.print(f"  reason: {result.reason}")
     table = Table(show_header=False, box=None)
-    m, cap, g = result.metrics, result.capacity, result.gpu
+    m, cap, g = result.metrics, result.capacity, result.host or result.gpu
     if m is not None:
         table.add_row("output tok/s", f"{m.output_tok_s:,.1f}")
         table.add_row("requests/s", f"{m.request_s:.3f}  (completed {m.completed}, errors {m.errors}, concurrency {m.concurrency})")

@@ -17,7 +17,9 @@ from autotune.launch import LAUNCHERS
 from autotune.launch.groups import parse_gpus
 from autotune.progress import make_progress
 from autotune.search.objective import open_study
+from autotune.search.preflight import check_study
 from autotune.search.scaleout.workers import on_gpus, run_workers, with_launcher
+from autotune.search.stopping import stop_line
 from autotune.search.sweep import run_sweep
 from autotune.search.views.gpus import render_gpus
 from autotune.search.views.summary import SweepSummary
@@ -81,6 +83,8 @@ def render(summary: SweepSummary) -> str:
             lines.append(f"  {best['worst_case']}")
     elif summary.outcome == "no_baseline":
         lines.append("  winner: none, no measured baseline to compare with (nothing to apply)")
+    elif summary.outcome == "baseline" and summary.above_baseline:  # measured above, not crowned
+        lines.append("  winner: none, no config was shown to beat the baseline (keep the baseline; see the note)")
     elif summary.outcome == "baseline":
         lines.append("  winner: none, no config beat the baseline (keep the baseline; nothing to apply)")
     else:
@@ -99,6 +103,9 @@ def render(summary: SweepSummary) -> str:
         why = f"{defaults.get('status') or 'failed'}" + (f": {defaults['reason']}" if defaults.get("reason") else "")
         lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept) failed, {defaults['how']}: {why}; "
                      "no gain over defaults")
+    stop = stop_line(summary.search_stop)
+    if stop:  # the budget spent, or the rule that stopped the search before it
+        lines.append(f"  {stop}")
     if summary.confirmation:  # launches, windows and the two noise terms the verdict was read with
         lines.append(f"  confirmation: {summary.confirmation}")
     if summary.note:
@@ -135,6 +142,7 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
     if workers is not None and cfg.engine.launcher != "slurm":
         raise ConfigError("--workers needs the slurm launcher", key="--workers",
                           fix="add --launcher slurm, or give --gpus 0-3 to run workers on this node")
+    check_study(cfg)  # a baseline or [[enqueue]] SGLang refuses: one line, before any worker or server starts
     if gpus or workers is not None:
         cfg = _search_on(cfg, gpus, workers, err=as_json)
     summary = run_sweep(cfg, progress=make_progress(quiet_stdout=as_json))

@@ -17,6 +17,7 @@ from typing import Any
 
 from autotune.errors import ConfigError, WorkloadError
 from autotune.prompts import PromptSample
+from autotune.prompts.tokens import TokenCounter
 from autotune.sglang.profiles import load_model
 
 # The keys SGLang reads a context length from (``get_context_length``: the first it finds, scaled by a RoPE factor).
@@ -73,8 +74,8 @@ def misfit_reason(model: str | None, config: Mapping[str, Any], sample: PromptSa
     that config's outcome (the reason, for a ``bad_args`` trial); one over the model's context is bad input, raised
     as ``PromptSample.check_fit``'s ``WorkloadError``. None when every sampled prompt fits."""
     limit, source, from_config = context_limit(model, config)
-    try:
-        sample.check_fit(limit, max_tokens, source=source)
+    try:  # counted by the model's own tokenizer where its directory has one (``prompts.tokens``)
+        sample.check_fit(limit, max_tokens, source=source, counter=TokenCounter.for_model(model))
     except WorkloadError as exc:
         if not from_config:
             raise

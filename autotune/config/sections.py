@@ -52,6 +52,9 @@ class StudySection(StrictModel):
     seed: int = 0
     sampler: Literal["tpe", "random", "gp", "cmaes"] = "tpe"
     edge_starts: int = Field(0, ge=0)  # planner-chosen starting points on the memory wall (autotune/search/starts.py)
+    # Stop the search before `trials` once this many launches in a row found no gain beyond `resolution` over the
+    # best so far (autotune/search/stopping.py); 0: always spend the whole budget.
+    patience: int = Field(0, ge=0)
     confirm_top_k: int = Field(3, ge=0)
     # The confirmation (autotune/search/confirm/): every contender is launched once and measured over
     # confirm_windows windows in that launch (fresh pass markers each); the top two are launched confirm_repeats

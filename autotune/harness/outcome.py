@@ -3,7 +3,9 @@
 "No token arrived in the window" has three different causes, and only one is a crash: the server refused the
 requests (HTTP errors, a body too large, a prompt over the context length: counted and named), the server was
 alive and working but slower than the window (``too_slow``: its log shows prefill or decode batches since the
-replay began, or the simulator's clock advanced; the fix is a longer window or a faster host), or it did nothing.
+replay began, or the simulator's clock advanced; or it accepted the client's streams and held them open without
+answering any, a server starved of memory or CPU: the fix is a longer window, a lower load or a faster host), or it
+did nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from autotune.harness.workload.records import CUT
 from autotune.results import TOO_SLOW
 
 _PREFILL = re.compile(r"Prefill batch[.,] #new-seq: (\d+), #new-token: (\d+)")
@@ -88,10 +91,11 @@ def _evidence(seen: dict[str, Any]) -> str:
     return text
 
 
-def no_tokens(requests: Sequence[Any], log_since_replay: str, probes: Sequence[Any], *,
-              window_s: float) -> tuple[str, str, dict[str, Any]]:
+def no_tokens(requests: Sequence[Any], log_since_replay: str, probes: Sequence[Any], *, window_s: float,
+              options: tuple[str, str] = ("workload.measure_s", "workload.warmup_s")) -> tuple[str, str, dict[str, Any]]:
     """(status, reason, figures) of a window in which no token arrived from a live server: ``crash`` naming the
-    refusals when they dominate, ``too_slow`` with the server's progress as evidence, else ``crash``."""
+    refusals when they dominate, ``too_slow`` with the server's progress as evidence, else ``crash``. ``options``:
+    the window's and the warm-up's length as the command names them (a study's keys, ``measure``'s options)."""
     rejected = rejections(requests)
     seen = progress(log_since_replay, probes)
     figures: dict[str, Any] = {"progress": seen, **({"rejected": rejected} if rejected else {})}
@@ -99,8 +103,14 @@ def no_tokens(requests: Sequence[Any], log_since_replay: str, probes: Sequence[A
         return "crash", f"no tokens arrived in the measured window: {rejection_line(rejected)}", figures
     if seen:
         return (TOO_SLOW, f"no token arrived in the {window_s:g} s window, but the server was alive and progressing "
-                          f"({_evidence(seen)}): lengthen workload.measure_s (and warmup_s), or the host is too "
+                          f"({_evidence(seen)}): lengthen {options[0]} (and {options[1]}), or the host is too "
                           f"slow for this config", figures)
+    held = [r for r in requests if r.error is None and r.finish_reason == CUT and not r.chunks]
+    if held and len(held) * 2 >= len(requests):  # accepted and kept open, never answered: alive, not serving
+        return (TOO_SLOW, f"no token arrived in the {window_s:g} s window: the server accepted the client's streams "
+                          f"and held {len(held)} of the {len(requests)} sent open without answering any (starved of "
+                          f"memory or CPU?): lower the running cap or the client's concurrency, lengthen {options[0]}, "
+                          f"or use a faster host", {**figures, "held_streams": len(held)})
     first_error = next((r.error for r in requests if r.error), None)
     return ("crash", f"no tokens arrived in the measured window and the server showed no progress "
                      f"({first_error or 'no error'})", figures)

@@ -298,16 +298,20 @@ def _measure(server: ServerHandle, launch: Launch) -> dict[str, Any]:
     """Capacity, then the replay; classifies a server that died or an interruption while measuring."""
     info = _server_info(server.base_url)
     capacity = launch.engine.capacity(server.log_text(), info)
-    out: dict[str, Any] = {"capacity": capacity, "modelled_startup_s": launch.engine.startup_seconds(info)}
+    cpu = getattr(launch.engine, "device", "cuda") == "cpu"  # SGLang's CPU backend: host memory, no GPU figures
+    out: dict[str, Any] = {"capacity": capacity}
+    if not cpu:  # the startup model is a GPU's (weights to device, graph capture)
+        out["modelled_startup_s"] = launch.engine.startup_seconds(info)
     concurrency = launch.workload.concurrency or auto_concurrency(capacity)
     log_start = len(server.log_text())  # the replay's log lines are the server's progress evidence
     records, peaks = _replay_window(server, launch, concurrency)
     if peaks is not None:
-        out["gpu"] = peaks
+        out["host" if cpu else "gpu"] = peaks
     ended = _ended_early(server, launch.engine, records)
     if ended is not None:
         return {**out, **ended}
-    return {**out, **_window_outcome(server, launch.engine, records, info, server.log_text()[log_start:])}
+    return {**out, **_window_outcome(server, launch.engine, records, info, server.log_text()[log_start:],
+                                     options=(launch.workload.option("measure_s"), launch.workload.option("warmup_s")))}
 
 
 def _replay_window(server: ServerHandle, launch: Launch, concurrency: int) -> tuple[ReplayRecords, GpuPeaks | None]:
@@ -384,11 +388,13 @@ def _cancelled(server: ServerHandle | None) -> dict[str, Any] | None:
             "reason": "the server was cancelled outside the study; it runs again" + (f" ({why})" if why else "")}
 
 
-def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords,
-                    info: Mapping[str, Any] | None, log_since: str) -> dict[str, Any]:
-    """Metrics and status of a replay that ran its window; a tok/s only where the window measured the server."""
+def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords, info: Mapping[str, Any] | None,
+                    log_since: str, *, options: tuple[str, str] = ("workload.measure_s", "workload.warmup_s"),
+                    ) -> dict[str, Any]:
+    """Metrics and status of a replay that ran its window; a tok/s only where the window measured the server.
+    ``options``: how the command names the window and warm-up lengths (its study keys, or its own options)."""
     metrics = metrics_from_records(records)
-    if metrics.accept_length is None:
+    if metrics.accept_length is None and metrics.output_tokens:  # a server that sent nothing is not asked again
         # No request finished inside the window (long outputs, short window): the server's own counter,
         # reset before the replay, covers warm-up + window.
         accept = engine.spec_accept_length(_server_info(server.base_url))
@@ -402,7 +408,7 @@ def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords
     # no tokens as surely as a slow config, and is re-measured, never called too slow.
     status, reason, figures = measurement_verdict(records)
     if metrics.output_tokens == 0 and status is None:  # refused, too slow, or idle: ``harness.outcome`` tells which
-        why = no_tokens(records.requests, log_since, records.probes, window_s=metrics.window_s)
+        why = no_tokens(records.requests, log_since, records.probes, window_s=metrics.window_s, options=options)
         if why[0] == TOO_SLOW:  # no figure of this config: the window measured nothing (no "0 tok/s" is shown)
             out["metrics"] = None
         return {**out, "status": why[0], "reason": why[1], "measurement": why[2]}

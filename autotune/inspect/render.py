@@ -38,19 +38,18 @@ def _opt(value: Any) -> str:
     return "-" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
 
 
+GPU_ONLY = ("graphs", "gpu_used", "gpu_total")  # memory rows a server without a GPU (SGLang's CPU backend) has not
+
+
+def _on_cpu(d: ServerDiagnosis) -> bool:
+    return d.state.device == "cpu"
+
+
 def fleet_table(inspection: Inspection) -> Table:
     table = Table(title="SGLang servers", title_justify="left")
-    for column in (
-        "server",
-        "max run (binds)",
-        "slots",
-        "KV tokens",
-        "run/queue",
-        "KV",
-        "Mamba",
-        "GPU GiB",
-        "tok/s",
-    ):
+    gpus = not all(_on_cpu(d) for d in inspection.servers)  # a fleet of CPU servers has no GPU column
+    for column in ("server", "max run (binds)", "slots", "KV tokens", "run/queue", "KV", "Mamba",
+                   *(["GPU GiB"] if gpus else []), "tok/s"):
         table.add_column(column, overflow="fold")
     for d in inspection.servers:
         u, s, c = d.usage, d.state, d.capacity
@@ -65,7 +64,7 @@ def fleet_table(inspection: Inspection) -> Table:
             load,
             _pct(u.kv_used_pct if u else None),
             _pct(u.mamba_used_pct if u else None),
-            gpu,
+            *([gpu] if gpus else []),
             "-" if tok_s is None else f"{tok_s:,.0f}",
         )
     return table
@@ -86,6 +85,8 @@ def _memory(d: ServerDiagnosis) -> Table:
     for column in ("pool", "server", "planner"):
         table.add_column(column)
     for key, row in d.memory.items():
+        if key in GPU_ONLY and _on_cpu(d):
+            continue  # no CUDA graphs, no GPU: the CPU backend's memory is the host's
         # The server column says "unknown" where the server reported nothing (never a guess); the planner
         # column leaves blank what the planner does not model.
         server = "unknown" if row["server"] is None else _gib(row["server"])

@@ -8,7 +8,8 @@
   — the turns before the first reply are the prompt, the first reply's length its output budget (as the serving
   benchmarks sample it). Records with no human turn before a reply are skipped and counted.
 
-A bad line is one ``WorkloadError`` naming ``file:line`` (``file: record N`` in a JSON array) and the field.
+A bad line is one ``WorkloadError`` naming ``file:line`` (``file: record N`` in a JSON array) and the field; a JSONL
+file with several bad lines is read to its end and the one error names each of them (the first few, then a count).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from autotune.errors import WorkloadError
 from autotune.prompts.rows import CHARS_PER_TOKEN, PromptRow
 
+NAMED_BAD_LINES = 5  # bad lines one error names (the first with its fix, the others by line and message)
 BATCH_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
                   "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "system": "system"}
@@ -128,12 +130,31 @@ def _jsonl_row(path: Path, line_no: int, text: str) -> PromptRow:
 def _jsonl(path: Path, data: bytes) -> ReadRows:
     """Split on ``\\n`` bytes (a JSON string may hold U+2028, which ``str.splitlines`` would cut) and decoded line
     by line, so invalid UTF-8 is one error naming its line."""
-    rows = []
+    rows: list[PromptRow] = []
+    bad: list[WorkloadError] = []
+    more = 0
     for line_no, raw in enumerate(data.split(b"\n"), start=1):
         if raw.strip():
-            rows.append(_jsonl_row(path, line_no, _decode(path, line_no, raw)))
+            try:
+                rows.append(_jsonl_row(path, line_no, _decode(path, line_no, raw)))
+            except WorkloadError as exc:  # read on: one line then names every bad line, not only the first
+                more += len(bad) >= NAMED_BAD_LINES
+                bad = bad if len(bad) >= NAMED_BAD_LINES else [*bad, exc]
+    if bad:
+        raise _bad_lines(bad, more)
     fmt = "batch" if rows and all(r.endpoint is not None for r in rows) else "jsonl"
     return ReadRows(rows, fmt)
+
+
+def _bad_lines(bad: list[WorkloadError], more: int) -> WorkloadError:
+    """The first bad line's error, its note naming the other bad lines (``line 7: …``) and how many more there are."""
+    first, rest = bad[0], bad[1:]
+    if not rest:
+        return first
+    named = "; ".join(f"line {(e.file or '').rpartition(':')[2]}: {e.message}" for e in rest)
+    tail = f"; and {more} more" if more else ""
+    note = f"{len(rest) + more} more bad line{'s' if len(rest) + more > 1 else ''}: {named}{tail}"
+    return WorkloadError(first.message, file=first.file, key=first.key, fix=first.fix, note=note)
 
 
 def _sharegpt_record(path: Path, index: int, record: Any) -> PromptRow | None:

@@ -9,8 +9,9 @@ from pathlib import Path
 
 from autotune.errors import WorkloadError
 from autotune.prompts.formats import read_file
-from autotune.prompts.rows import CHARS_PER_TOKEN, UNKNOWN_CONTEXT_TOKENS, PromptRow, estimate_tokens
+from autotune.prompts.rows import UNKNOWN_CONTEXT_TOKENS, PromptRow
 from autotune.prompts.template import ChatTemplate
+from autotune.prompts.tokens import TokenCounter
 
 
 @dataclass(frozen=True)
@@ -68,12 +69,15 @@ class PromptSample:
                          "(add rows, or lower sample_size)")
         return "; ".join(notes) or None
 
-    def check_fit(self, context_len: int | None, max_tokens: int, *, source: str = "the context length") -> None:
-        """A ``WorkloadError`` naming the first sampled row (by line) whose estimated prompt tokens plus its
-        ``max_tokens`` exceed ``context_len`` (the server would refuse every send of it); ``context_len`` None:
-        ``UNKNOWN_CONTEXT_TOKENS``. ``source`` says where the limit came from, for the message."""
+    def check_fit(self, context_len: int | None, max_tokens: int, *, source: str = "the context length",
+                  counter: TokenCounter | None = None) -> None:
+        """A ``WorkloadError`` naming the first sampled row (by line) whose prompt tokens plus its ``max_tokens``
+        exceed ``context_len`` (the server would refuse every send of it); ``context_len`` None:
+        ``UNKNOWN_CONTEXT_TOKENS``. ``source`` says where the limit came from; ``counter`` counts the tokens (the
+        model's tokenizer, ``TokenCounter.for_model``; default the character estimate, named as one)."""
         limit = context_len or UNKNOWN_CONTEXT_TOKENS
-        over = [(row, estimate_tokens(row), min(row.max_tokens or max_tokens, max_tokens)) for row in self.rows]
+        counter = counter or TokenCounter()
+        over = [(row, counter.count(row), min(row.max_tokens or max_tokens, max_tokens)) for row in self.rows]
         over = sorted((o for o in over if o[1] + o[2] > limit), key=lambda o: o[0].line)
         if not over:
             return
@@ -82,7 +86,7 @@ class PromptSample:
         known = (f"{source} ({limit:,} tokens)" if context_len else
                  f"{limit:,} tokens, the longest context any model has (this one's is not known before launch)")
         raise WorkloadError(
-            f"prompt is ~{tokens:,} tokens ({len(row.as_text()):,} chars at {CHARS_PER_TOKEN} per token) + {new:,} "
+            f"prompt is {'' if counter.exact else '~'}{tokens:,} tokens ({counter.how(row)}) + {new:,} "
             f"max_tokens, over {known}{more}", file=self.where(row),
             fix="shorten or remove the line, lower max_tokens, or raise --context-length")
 

@@ -10,30 +10,32 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
-from autotune.results import OOM_STATUSES, TrialResult
+from autotune.results import OOM_STATUSES, REPEAT, TrialResult
 from autotune.search.runner import prompt_texts
 from autotune.search.space import Feasibility, Space, key_of
 from autotune.search.starts import edge_configs
 from autotune.search.storage import dead_running, fail_stale, trial_handle, trial_id
 
 INFEASIBLE = OOM_STATUSES | {"bad_args"}  # deterministic: the same config fails the same way
+DUPLICATE = "duplicate"  # a later queued copy of a given config another trial runs: ended unrun
+NOT_LAUNCHED = frozenset({"skipped_infeasible", REPEAT})  # recorded, but no server started: free of the budget
 
 
 # --- bookkeeping -------------------------------------------------------------------------------------------
 def launched(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """Finished trials that started a server: what the trial budget counts."""
-    return [t for t in finished(trials) if t.user_attrs.get("status") != "skipped_infeasible"]
+    return [t for t in finished(trials) if t.user_attrs.get("status") not in NOT_LAUNCHED]
 
 
 def launches(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     """Trials that started a server, in every session of the study (what the summary reports): finished ones
     and those a stopped or killed sweep interrupted (their re-run is another launch). Not counted: configs the
     planner or a known outcome skipped, and configs the engine rejected before launching (``bad_args`` from a
-    trial directory with no startup time)."""
+    trial directory with no startup time), and configs already measured (``REPEAT``)."""
     out = []
     for t in trials:
         status = t.user_attrs.get("status")
-        if t.state not in (TrialState.COMPLETE, TrialState.FAIL) or status == "skipped_infeasible":
+        if t.state not in (TrialState.COMPLETE, TrialState.FAIL) or status in NOT_LAUNCHED:
             continue
         result = t.user_attrs.get("result") or {}
         if status == "bad_args" and result.get("trial_dir") and "startup" not in (result.get("durations_s") or {}):
@@ -109,6 +111,47 @@ def seed_trials(study: optuna.Study, cfg: StudyConfig) -> None:
             study.enqueue_trial(params, user_attrs={"role": role, "label": label, "config": config})
 
 
+def repeat_result(measured: FrozenTrial, launch: dict, engine: str) -> TrialResult:
+    """The record of a search proposal the study already measured: not launched, the earlier trial's figure stands."""
+    earlier = TrialResult.of(measured)
+    tok_s = (earlier.output_tok_s if earlier is not None else None) or 0.0
+    return TrialResult(status=REPEAT, config=dict(launch), engine=engine,
+                       reason=f"trial {measured.number} measured this config ({tok_s:,.0f} tok/s); its figure "
+                              "stands, not launched again")
+
+
+def running_twin(trials: list[FrozenTrial], number: int, key: str) -> bool:
+    """Whether an earlier trial than ``number`` is running this same config (on another worker) right now."""
+    return any(t.state == TrialState.RUNNING and t.number < number and t.user_attrs.get("launch_key") == key
+               for t in trials)
+
+
+def claimed_by(trials: list[FrozenTrial], trial: optuna.Trial) -> FrozenTrial | None:
+    """The earlier copy of a queued baseline or enqueued config that owns it, when ``trial`` (just taken from the
+    queue) is a later copy: two nodes that seeded at once queue it twice, and the storage's claim of a queued trial
+    is atomic, so the lowest-numbered live copy runs and every later one yields. A copy that ended interrupted (its
+    requeue is the one to run) or was itself dropped owns nothing."""
+    role, label = trial.user_attrs.get("role"), trial.user_attrs.get("label")
+    if role not in ("baseline", "enqueued"):
+        return None
+    done = {t.number for t in finished(trials)}
+    for t in sorted(trials, key=lambda t: t.number):
+        if t.number >= trial.number:
+            return None
+        if (t.user_attrs.get("role"), t.user_attrs.get("label")) != (role, label):
+            continue
+        if t.state in (TrialState.WAITING, TrialState.RUNNING) or t.number in done:
+            return t
+    return None
+
+
+def drop_duplicate(study: optuna.Study, trial: optuna.Trial, owner: FrozenTrial) -> None:
+    """End a later queued copy unrun (``PRUNED``, status ``duplicate``): no launch, no figure, no budget."""
+    trial.set_user_attr("status", DUPLICATE)
+    trial.set_user_attr("reason", f"trial {owner.number} runs this {trial.user_attrs.get('role')} config")
+    study.tell(trial, state=TrialState.PRUNED)
+
+
 def seed_edges(study: optuna.Study, cfg: StudyConfig, space: Space, feasibility: Feasibility | None) -> None:
     """Enqueue the planner's starting points on the memory wall once, after the baseline and enqueued configs."""
     n = cfg.study.edge_starts
@@ -124,10 +167,11 @@ def seed_edges(study: optuna.Study, cfg: StudyConfig, space: Space, feasibility:
         study.enqueue_trial(params, user_attrs={"role": "prior", "label": f"memory edge {i}", "config": config})
 
 
-def known_outcome(trials: list[FrozenTrial], key: str) -> FrozenTrial | None:
-    """A finished trial that launched exactly this config and failed deterministically (OOM, bad args)."""
-    for t in trials:
-        if t.state == TrialState.COMPLETE and t.user_attrs.get("launch_key") == key:
-            if t.user_attrs.get("status") in INFEASIBLE:
-                return t
+def measured_before(trials: list[FrozenTrial], key: str) -> FrozenTrial | None:
+    """The trial that measured exactly this config (``ok``, the baseline's included): a search that proposes it
+    again is told its figure instead of launching it (``REPEAT``)."""
+    for t in sorted(trials, key=lambda t: t.number):
+        if (t.state == TrialState.COMPLETE and t.user_attrs.get("launch_key") == key
+                and t.user_attrs.get("status") == "ok" and t.user_attrs.get("reused_from") is None):
+            return t
     return None

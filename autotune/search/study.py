@@ -16,11 +16,9 @@ and stops the sweep with one ``DiskError`` line (``diskguard``).
 
 from __future__ import annotations
 
-import contextlib
-import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -34,24 +32,32 @@ from autotune.launch.gpulocks import hold_sweep_gpus
 from autotune.launch.groups import group_label
 from autotune.launch.process import cleanup_orphans
 from autotune.progress import PlainProgress
-from autotune.results import WRITE_ERROR, TrialResult
+from autotune.results import REPEAT, WRITE_ERROR, TrialResult
 from autotune.search.correction import CorrectedFeasibility, known_failure, replay, skip_was_wrong
 from autotune.search.edges import EdgeStarts
 from autotune.search.numerics import record_reference
 from autotune.search.objective import make_sampler, objective_values, open_study
+from autotune.search.preflight import check_given
 from autotune.search.runner import HarnessRunner, Runner, with_device
 from autotune.search.seeding import (
     INFEASIBLE,
     _mark_interrupted,
     _requeue,
+    claimed_by,
+    drop_duplicate,
     finished,
     launched,
+    measured_before,
     recover,
+    repeat_result,
+    running_twin,
     seed_trials,
 )
+from autotune.search.signals import sigint_stops
 from autotune.search.skips import skip_reason
 from autotune.search.space import Space, config_diff, key_of
-from autotune.search.storage import Liveness, add_running, node_lock, storage_file, take_waiting
+from autotune.search.stopping import Patience, stopped_early
+from autotune.search.storage import Liveness, node_lock, storage_file
 from autotune.search.storage.diskguard import Ballast, Room, disk_error, starved
 from autotune.sglang.parallel import group_line, server_gpus
 
@@ -62,25 +68,6 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 # --- the loop ----------------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def sigint_stops(stop: threading.Event) -> Iterator[None]:
-    """First Ctrl-C: stop the current server cleanly and end the sweep. Second: give up at once."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        if stop.is_set():
-            raise KeyboardInterrupt
-        stop.set()
-
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-
-
 class Sweep:
     """One sweep over a study: holds the study, space, planner check, runner and progress sink."""
 
@@ -102,7 +89,6 @@ class Sweep:
                                                       study=self.study)
         self.state_dir = cfg.work_dir / "workers"  # heartbeat files and the node's ask lock
         self.liveness: Liveness | None = None
-        self._baseline_tried = False
         # The GPU pre-check: the harness runner checks each launch's group itself (it knows which GPUs it took);
         # an injected runner has none unless given one.
         self.device_check = device_check
@@ -150,6 +136,8 @@ class Sweep:
 
     def prepare(self) -> None:
         cfg, study = self.cfg, self.study
+        engine = getattr(self.runner, "engine", None) if self.harness else None
+        check_given(cfg, engine=engine, feasibility=self.feasibility)  # a config SGLang refuses: one line, no launch
         self._lock()
         study.set_user_attr("autotune", cfg.to_dict())
         if self.harness:
@@ -214,8 +202,11 @@ class Sweep:
     def _search(self) -> None:
         self.prepare()
         target = self.cfg.study.trials
+        rule = Patience.from_config(self.cfg)
         with sigint_stops(self.stop):
             while not self.stop.is_set():
+                if stopped_early(self.study, rule, target, self.progress):
+                    return
                 trial, done = self._ask(target)
                 if trial is not None:
                     self.run_one(done, target, trial=trial)
@@ -255,34 +246,20 @@ class Sweep:
             if done + sum(t.state == TrialState.RUNNING for t in trials) >= target:
                 return None, done
             self.room.check()  # DiskError before a trial exists that the disk could not record
-            trial = self._gpu_baseline(trials)
-            if trial is None:
-                self.edges.place(self.study, trials)  # the next memory-edge start, placed with what is known now
-                trial = self.study.ask()
+            self.edges.place(self.study, trials)  # the next memory-edge start, placed with what is known now
+            trial = self._take()
             self.liveness.claim(trial)
             return trial, done
 
-    def _gpu_baseline(self, trials: list[FrozenTrial]) -> optuna.Trial | None:
-        """The baseline on this GPU, once per sweep, when the study has none from it yet: per-GPU calibration,
-        so a slow device is seen as one. Takes the queued baseline if there is one, else adds one."""
-        if self._baseline_tried or self.liveness is None or self.shared is not None:
-            return None  # workers sharing a pool run on whichever group is free: no device of their own to calibrate
-        self._baseline_tried = True
-        label = self.liveness.tag.label
-        for t in trials:  # an untagged baseline is an older sweep's, or one being claimed: count it as ours
-            running_or_done = t.state in (TrialState.COMPLETE, TrialState.RUNNING)
-            if running_or_done and t.user_attrs.get("role") == "baseline" and t.user_attrs.get("gpu", label) == label:
-                return None
-        for t in trials:
-            if t.state == TrialState.WAITING and t.user_attrs.get("role") == "baseline":
-                taken = take_waiting(self.study, t)
-                if taken is not None:
-                    return taken
-        return add_running(self.study, {"role": "baseline", "label": self.cfg.baseline.label,
-                                        "config": self._baseline_config()})
-
-    def _baseline_config(self) -> dict[str, Any]:
-        return self.cfg.baseline_config()
+    def _take(self) -> optuna.Trial:
+        """The next queued trial (the storage's claim is atomic), else a sampled one. The baseline and each enqueued
+        config run once per study: a later queued copy of one (two nodes seeded at once) is dropped unrun."""
+        while True:
+            trial = self.study.ask()
+            owner = claimed_by(self.study.get_trials(deepcopy=False), trial)
+            if owner is None:
+                return trial
+            drop_duplicate(self.study, trial, owner)
 
     def run_one(self, done: int, target: int, trial: optuna.Trial | None = None) -> None:
         study = self.study
@@ -308,10 +285,10 @@ class Sweep:
         for name, value in (("role", role), ("config", config), ("launch_key", key)):
             trial.set_user_attr(name, value)
         self.progress.trial_started(trial.number, done, target, role, attrs.get("label"),
-                                    config_diff(launch, self._baseline_config()))
+                                    config_diff(launch, self.cfg.baseline_config()))
         started = time.monotonic()
         try:
-            result = self._outcome(trial, launch, key, memory_plan)
+            result = self._outcome(trial, launch, key, memory_plan, role=role)
         except BaseException as exc:  # an environment error or a second Ctrl-C: not this config's fault
             err = disk_error(exc, db_path=self.db_path, fallback=self.cfg.work_dir / "trials")
             if err is not None:  # a trial file or the database could not be written: fail it, stop the sweep
@@ -335,8 +312,15 @@ class Sweep:
             raise GpuBusyError(f"{self._busy_line(group)}: trial {trial.number} {tenant}. Stop what holds "
                                f"{group_line(group)} or pick other GPUs ([engine] gpu / gpus / --gpus)", gpu=group[0])
 
-    def _outcome(self, trial: optuna.Trial, launch: dict[str, Any], key: str, memory_plan: Any) -> TrialResult:
-        prior = known_failure(self.study.get_trials(deepcopy=False), key)  # launched failures; skips are re-judged
+    def _outcome(self, trial: optuna.Trial, launch: dict[str, Any], key: str, memory_plan: Any, *,
+                 role: str = "search") -> TrialResult:
+        trials = self._after_twin(trial.number, key)
+        # The search's proposals only: a hand-written config runs as written, once (``_take``).
+        measured = measured_before(trials, key) if role not in ("baseline", "enqueued") else None
+        if measured is not None:  # never launched twice: the sampler is told the earlier figure (``_store``)
+            trial.set_user_attr("reused_from", measured.number)
+            return repeat_result(measured, launch, self.cfg.engine.kind)
+        prior = known_failure(trials, key)  # launched failures; skips are re-judged
         if prior is not None:
             trial.set_user_attr("reused_from", prior.number)
             return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind,
@@ -367,6 +351,17 @@ class Sweep:
                 trial.set_user_attr("planner_skip_wrong", True)
                 result = TrialResult.from_dict({**result.to_dict(), "reason": note})
         return result
+
+    def _after_twin(self, number: int, key: str) -> list[FrozenTrial]:
+        """The study's trials once no earlier trial runs this config on another worker (waits for its figure)."""
+        while True:
+            trials = self.study.get_trials(deepcopy=False)
+            if not running_twin(trials, number, key) or self.stop.is_set():
+                return trials
+            self.progress.phase("waiting for the same config's run on another worker", {})
+            self.stop.wait(POLL_S)
+            with node_lock(self.state_dir):
+                self._recover()
 
     def _over_pool(self, launch: dict[str, Any]) -> str | None:
         """Why a config the space proposed cannot run here: it spans more GPUs than this sweep's pool."""
@@ -406,6 +401,10 @@ class Sweep:
             frozen = study.get_trials(deepcopy=False)
             _requeue(study, next(t for t in frozen if t.number == trial.number), frozen)
             study.tell(trial, state=TrialState.FAIL)
+        elif result.status == REPEAT:  # the measured trial's values and constraint: what the sampler learns
+            prior = study.get_trials(deepcopy=False)[trial.user_attrs["reused_from"]]
+            trial.set_user_attr("constraint", prior.user_attrs.get("constraint", [0.0]))
+            study.tell(trial, prior.values)
         elif result.status == "ok" or result.status in INFEASIBLE:
             values, violation = objective_values(self.cfg, result)
             trial.set_user_attr("constraint", violation)

@@ -11,8 +11,9 @@ from autotune.search.confirm.defaults import _defaults
 from autotune.search.confirm.stages import confirm
 from autotune.search.confirm.stress import stress_winner
 from autotune.search.runner import CheckedRunner, Runner
+from autotune.search.signals import sigint_stops
 from autotune.search.storage.diskguard import disk_error
-from autotune.search.study import Sweep, sigint_stops
+from autotune.search.study import Sweep
 from autotune.search.views.jobview import job_for_study
 from autotune.search.views.summary import SweepSummary, baseline_failure, summarize
 

@@ -134,6 +134,9 @@ def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--sim-speedup", type=_positive_float, default=1.0,
                      help="pace the modelled clock this many times faster than real time (tests and benchmarks: a "
                           "rate the host's CPU cannot pace, which the harness must refuse)")
+    sim.add_argument("--sim-stall", action="store_true",
+                     help="once ready, accept requests and hold their streams open without ever serving them (a "
+                          "server starved of memory or CPU: tests of the window's wall-time bound)")
     sim.add_argument("--sim-numerics-flags", type=_flag_names, default=(), metavar="FLAG[,FLAG]",
                      help="flags outside SGLang's numerics table that change greedy outputs on this server anyway, "
                           "at any value other than SGLang's default (sim/divergence.py)")

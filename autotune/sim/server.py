@@ -38,6 +38,7 @@ PACE_LOG_S = 10.0  # how often a busy server logs how far its wall clock trails 
 # (each within INTAKE_GAP_S of the last), at most INTAKE_MAX_S of wall time; idle time is not lag, so no figure moves.
 INTAKE_GAP_S = 0.01
 INTAKE_MAX_S = 0.5
+STALL_POLL_S = 0.05  # how often a stalled server's (--sim-stall) pacing loop wakes: it never steps
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -72,6 +73,7 @@ class SimServer:
         self.pace = {"steps": 0, "modelled_s": 0.0, "late_s_sum": 0.0, "late_s_max": 0.0, "lag_s": 0.0}
         self._lag_retired = 0.0
         self.speedup = float(status.args.sim.get("speedup") or 1.0)  # --sim-speedup: modelled s per wall s
+        self.stall = bool(status.args.sim.get("stall"))  # --sim-stall: once ready, never serve a request
         self.app = Starlette(routes=self._routes())
 
     # -- pacing ---------------------------------------------------------------------------------------------
@@ -100,6 +102,9 @@ class SimServer:
                 await self._intake(loop)
                 deadline = last_yield = loop.time()  # idle time is not lag: the next step starts now
                 self._lag_retired = self.pace["lag_s"]
+                continue
+            if self.stall and self.ready and not self.draining:  # --sim-stall: work is held, never stepped
+                await asyncio.sleep(STALL_POLL_S)
                 continue
             res = sched.step()
             for line in res.log_lines:

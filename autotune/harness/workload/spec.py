@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +37,9 @@ class WorkloadSpec:
     endpoint: str = "generate"
     ignore_eos: bool = False
     repeats: str = "fresh"  # a prompt sent again in the window: "fresh" (pass-marked) or "verbatim"
+    # How the command that runs the trial names these fields in its messages (``autotune measure``: ``--window``);
+    # a field not named here is the study file's ``workload.<field>``.
+    option_names: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
@@ -49,6 +53,11 @@ class WorkloadSpec:
         if self.warmup_s < 0 or self.measure_s <= 0:
             raise WorkloadError("warmup_s must be >= 0 and measure_s > 0", key="measure_s")
         check_settle_fields(self)
+
+    def option(self, name: str) -> str:
+        """The name a message gives the field ``name``: ``workload.measure_s`` in a study, ``--window`` under
+        ``measure``."""
+        return self.option_names.get(name, f"workload.{name}")
 
     def settle_rule(self) -> SettleRule:
         return settle_rule(self)

@@ -1,6 +1,7 @@
-"""Who is confirmed: the top-k distinct feasible search trials, and the baseline and the hand-written configs that
-are still in reach of the leader (a baseline out of reach is not relaunched: its search run stands in). On a study
-swept on several GPUs they are ranked by gain over their own GPU's baseline (``gains``; ``views.gpus`` shows it)."""
+"""Who is confirmed: the top-k distinct feasible search trials (settled, or unsettled but above the baseline), and
+the baseline and the hand-written configs that are still in reach of the leader (a baseline out of reach is not
+relaunched: its search run stands in). On a study swept on several GPUs they are ranked by gain over their own
+GPU's baseline where each has one (``gains``; ``views.gpus`` shows it)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.results import TrialResult
+from autotune.search.pruning import pruned
 from autotune.search.seeding import unsettled
 
 # An enqueued config or a baseline whose search figure is under this share of the leader's is not relaunched: no
@@ -29,8 +31,18 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
     ``IN_REACH`` × its search value), by search value."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     gain = gains(study)  # swept on several GPUs: rank by tok/s ÷ the trial's own GPU's baseline
-    ranked = sorted((t for t in done if feasible(t) and not unsettled(t)),  # an unsettled figure is never crowned
-                    key=lambda t: -gain.get(t.number, t.values[0]))
+    baseline = next((t for t in done if t.user_attrs.get("role") == "baseline"), None)
+    floor = gain.get(baseline.number, baseline.values[0]) if baseline is not None and feasible(baseline) else None
+
+    def eligible(t: FrozenTrial) -> bool:
+        """Feasible, and settled, or unsettled above the baseline: never crowned on that figure, but re-measured by
+        the confirmation rather than dropped (a config far faster than production is the one to confirm). A pruned
+        window (``pruning``: stopped clearly below the best so far) is no contender."""
+        if not feasible(t) or (unsettled(t) and _pruned(t)):
+            return False
+        return not unsettled(t) or (floor is not None and gain.get(t.number, t.values[0]) > floor)
+
+    ranked = sorted((t for t in done if eligible(t)), key=lambda t: -gain.get(t.number, t.values[0]))
     seen: set[str | None] = set()
     top: list[FrozenTrial] = []
     for t in ranked:
@@ -40,11 +52,14 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
         seen.add(key)
         if len(top) < top_k:
             top.append(t)
-    baseline = next((t for t in done if t.user_attrs.get("role") == "baseline"), None)
     refs = [t for t in done if t.user_attrs.get("role") == "enqueued" and feasible(t)
             and t not in top and t.user_attrs.get("launch_key") != (baseline and baseline.user_attrs.get("launch_key"))
             and in_reach(t, top, gain)]
     return top, baseline, refs
+
+
+def _pruned(trial: FrozenTrial) -> bool:
+    return pruned((trial.user_attrs.get("result") or {}).get("measurement"))
 
 
 def in_reach(trial: FrozenTrial, top: list[FrozenTrial], gain: Mapping[int, float]) -> bool:

@@ -12,7 +12,8 @@ interrupted); a second Ctrl-C kills them. A worker that dies mid-trial leaves a 
 worker fails and retries once (``storage.dead_running``); its orphan server is removed when its GPU next starts,
 and by the supervisor when the workers end.
 
-Every pinned group runs the baseline once, so tok/s can be compared across devices (``search.views.gpus``).
+The baseline and each enqueued config run once per study, on whichever worker claims them (``Sweep._take``); the
+confirmation, not a baseline per device, compares the finalists on one pool.
 
 When the study's launcher is ``slurm``, each worker is a Slurm job instead (``scaleout.slurm_workers``).
 """

@@ -1,9 +1,10 @@
 """Per-GPU results of a study swept on several GPUs (one worker per GPU group, ``search.scaleout``).
 
-A trial's GPU is the group its server ran on (``user_attrs["gpu"]``, ``host:0,1``). Every pinned group runs the
-baseline once, so tok/s can be compared across devices: ``gpu_frame`` divides each trial's tok/s by its own GPU's
-baseline (the gain a config brings on the device that measured it), and
-``per_gpu_frame`` gives the device-to-device spread for the report.
+A trial's GPU is the group its server ran on (``user_attrs["gpu"]``, ``host:0,1``). The baseline runs once per
+study, so in a new study one group has it; where every group has a baseline of its own (studies swept before that,
+or baselines run again on purpose) ``gpu_frame`` divides each trial's tok/s by its own GPU's baseline (the gain a
+config brings on the device that measured it), and ``per_gpu_frame`` gives the device-to-device spread for the
+report.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ from autotune.search.confirm.decision import Verdict
 from autotune.search.numerics import confirmation_figures, contender_fidelity, unexpected_contenders
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launch_key, launches, unsettled
+from autotune.search.stopping import STOP_ATTR
+from autotune.search.views.above import above_baseline, above_line
 from autotune.search.views.worstcase import worst_case_line
 
 
@@ -160,7 +162,8 @@ def _unexpected(conf: dict[str, Any], best: dict[str, Any] | None) -> list[dict[
 class SweepSummary:
     """What a user reads once a study has run, built once (``summarize``); ``autotune sweep --json`` prints its
     ``asdict`` (the fields in this order are the JSON's keys). ``baseline``, ``best``, ``enqueued`` entries and
-    ``defaults`` are the trials as the summary shows them; ``job``: the ``[job]`` view (None without one)."""
+    ``defaults`` are the trials as the summary shows them; ``above_baseline``: the uncrowned configs that measured
+    above the baseline (``views.above``; the note then says so); ``job``: the ``[job]`` view (None without one)."""
 
     study: str
     storage: str
@@ -181,8 +184,10 @@ class SweepSummary:
     multi_gpu: bool
     unexpected: list[dict[str, Any]]
     confirmation: str | None
+    search_stop: dict[str, Any] | None  # how the search ended: the budget spent or ``[study] patience`` (``stopping``)
     note: str | None
     error: str | None
+    above_baseline: list[dict[str, Any]]
     job: dict[str, Any] | None = None
     interrupted: bool = False
 
@@ -233,6 +238,8 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
     launched_oom = sum(1 for t in started if t.user_attrs.get("status") in ("startup_oom", "runtime_oom"))
     reran = sum(1 for t in started if t.state.name == "FAIL" and t.user_attrs.get("status") in (None, "interrupted"))
     attrs = base_t.user_attrs if base_t is not None else {}
+    outcome = "winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none")
+    above = above_baseline(trials, verdict, base_t) if outcome == "baseline" else []  # measured above, uncrowned
     shown = best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "tok_s_per_gpu", "gpus",
                                            "ci_low", "ci_high", "numerics", "worst_case")}
     return SweepSummary(
@@ -240,20 +247,20 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         statuses=statuses, launched=len(started), launched_oom=launched_oom,
         launched_interrupted=reran, confirmed=verdict is not None,
         baseline=_baseline_entry(baseline, attrs, base, failure),
-        best=shown or None,
-        outcome="winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none"),
+        best=shown or None, outcome=outcome,
         gain_over_baseline=gain if best is not None else None,
         gain_ci=[verdict.ci_low, verdict.ci_high] if verdict is not None and best is not None else None,
-        enqueued=[e for e in enqueued if e],
-        defaults=defaults,
+        enqueued=[e for e in enqueued if e], defaults=defaults,
         gain_over_defaults=(best["tok_s_per_gpu"] / _defaults_per_gpu(defaults)
                             if best and defaults and defaults.get("output_tok_s") else None),
         multi_gpu=any(_spans(t) > 1 for t in started),
         unexpected=_unexpected(conf, best),
         confirmation=confirmation_line(conf) if verdict is not None else None,
-        note=note,
+        search_stop=study.user_attrs.get(STOP_ATTR),  # which rule ended the search (``stopping``)
+        note=above_line(above) if above else note,
         error=None if failure is None else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"
             + (f" (its log: {attrs['log_path']})" if attrs.get("log_path") else "")),
+        above_baseline=above,
         job=job(best["trial"] if best else None) if job is not None else None, interrupted=interrupted,
     )

@@ -1,0 +1,52 @@
+"""An unsettled config that measured above the baseline is confirmed, not dropped, and the summary never says "no
+config beat the baseline" while one measured above it (in-process runner, no servers)."""
+
+from __future__ import annotations
+
+from test_study import PlannerRunner, write_study
+
+from autotune.cli.sweep import render
+from autotune.config import load_config
+from autotune.results import TrialResult
+from autotune.search.objective import open_study
+from autotune.search.sweep import run_sweep
+
+BASELINE_SLOTS = 80  # the test study's baseline: every other config measures more, in windows that never settle
+
+
+class Unsettled(PlannerRunner):
+    """The fake planner's figures; every config but the baseline's ends its windows at the cap, unsettled."""
+
+    def __call__(self, config: dict, number: int) -> TrialResult:
+        result = super().__call__(config, number)
+        if not result.ok or config.get("max_mamba_cache_size") == BASELINE_SLOTS:
+            return result
+        return TrialResult.from_dict({**result.to_dict(), "measurement": {
+            "settled": False, "settling": None}})
+
+
+def test_unsettled_configs_above_the_baseline_are_confirmed_not_dropped(tmp_path):
+    cfg = load_config(write_study(tmp_path, trials=5))
+    runner = Unsettled()
+    summary = run_sweep(cfg, runner=runner)
+    study = open_study(cfg, create=False)
+    conf = study.user_attrs["confirmation"]
+    search = [t for t in study.get_trials() if t.user_attrs.get("status") == "ok"
+              and (t.user_attrs["result"]["measurement"] or {}).get("settled") is False]
+    assert search, "no unsettled trial: the fake did not mark any"
+    assert set(conf["order"]) & {t.number for t in search}  # relaunched by the confirmation
+    assert "no config beat the baseline" not in render(summary)
+
+
+def test_a_summary_with_only_unsettled_configs_above_the_baseline_names_them_and_the_fix(tmp_path):
+    path = write_study(tmp_path, trials=4)
+    path.write_text(path.read_text().replace("[study]\n", "[study]\nconfirm_top_k = 0\n", 1))
+    summary = run_sweep(load_config(path), runner=Unsettled())  # no confirmation: the search figures stand
+    above = summary.above_baseline
+    assert summary.outcome == "baseline" and summary.best is None and above
+    assert all(e["gain"] > 1 and not e["settled"] and not e["confirmed"] for e in above)
+    text = render(summary)
+    assert "no config beat the baseline" not in text and "no config was shown to beat the baseline" in text
+    first = above[0]
+    assert f"trial {first['trial']} {first['gain']:.2f}× (search run, did not settle)" in summary.note
+    assert "workload.measure_max_s" in summary.note
