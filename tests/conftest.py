@@ -23,6 +23,7 @@ FIRST_PORT = 20000  # below the kernel's ephemeral range (32768+), which outgoin
 SLURM_FILES = {"test_launch_slurm.py", "test_slurm_sweep.py", "test_fleet_slurm.py"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups into the tests' ids
 def pytest_collection_modifyitems(config, items):
     for item in items:  # a Slurm test elsewhere says so in its name or its parameters ([slurm])
         if item.path.name in SLURM_FILES or "slurm" in item.name.lower():
