@@ -221,7 +221,7 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
         raise FleetError(f"server {server.name} ({server.where}) did not start: {reason} "
                          f"(log: {log_path})") from None
     handle.release()  # it serves on after this command; this process stops watching it
-    return record.pid if record.pid is not None else (record.job_id or record.container or record.launch_id)
+    return record.pid if record.pid is not None else (record.job_id or record.name or record.launch_id)
 
 
 def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_timeout_s: float = 60.0) -> bool:

@@ -97,9 +97,21 @@ class ServerRecord:
     pid: int | None = None  # a local process (or one on an ssh host): with ``create_time``, proof against pid reuse
     create_time: float | None = None
     job_id: str | None = None  # a Slurm job
-    container: str | None = None  # a container's name
-    name: str | None = None  # the job's or container's name as the launcher gave it
+    name: str | None = None  # the job's or container's name as the launcher gave it (an ssh server's: its pid file)
     run_dir: str | None = None  # the launcher's bookkeeping (its own records, e.g. the /dev/shm files at the start)
+
+    @classmethod
+    def of(cls, launcher: str, spec: LaunchSpec, launch_id: str, **fields: Any) -> ServerRecord:
+        """The record of a server started from ``spec`` (its address, log, GPUs, run dir) with the launcher's own
+        ``fields`` (its pid, job id, name)."""
+        return cls(launcher=launcher, launch_id=launch_id, host=spec.host, port=spec.port, log_path=str(spec.log_path),
+                   gpus=spec.gpus, run_dir=str(spec.run_dir) if spec.run_dir else None, **fields)
+
+    def detached_spec(self) -> LaunchSpec:
+        """What ``Launcher.attach`` knows of the server's spec: where it listens and logs, its GPUs, run dir and
+        name; no argv (nothing is started from it)."""
+        return LaunchSpec(argv=[], port=self.port, host=self.host, log_path=Path(self.log_path), gpus=self.gpus,
+                          run_dir=Path(self.run_dir) if self.run_dir else None, detach=True, name=self.name)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}

@@ -192,12 +192,9 @@ class ContainerLauncher:
 
     def attach(self, record: ServerRecord) -> ContainerServer:
         """The container ``record`` names (by its name, which carries the launch's token); not alive once gone."""
-        spec = LaunchSpec(argv=[], port=record.port, host=record.host, log_path=Path(record.log_path),
-                          gpus=record.gpus, run_dir=Path(record.run_dir) if record.run_dir else None, detach=True,
-                          name=record.name)
-        server = ContainerServer(self.runtime, str(record.container or record.name), spec, launch_id=record.launch_id)
+        server = ContainerServer(self.runtime, str(record.name), record.detached_spec(), launch_id=record.launch_id)
         if server.exists():
-            server.container_id = record.container
+            server.container_id = record.name
         return server
 
 
@@ -222,9 +219,7 @@ class ContainerServer(Kept):
         self._alive_at: tuple[float, bool] | None = None  # (when, answer) of the last ``alive`` read
 
     def record(self) -> ServerRecord:
-        return ServerRecord(launcher="container", launch_id=self.launch_id, host=self.spec.host, port=self.port,
-                            log_path=str(self.log_path), gpus=self.spec.gpus, container=self.name, name=self.name,
-                            run_dir=str(self.spec.run_dir) if self.spec.run_dir else None)
+        return ServerRecord.of("container", self.spec, self.launch_id, name=self.name)
 
     def keep(self, runtime_path: str, grace_s: float) -> None:
         """Start the keeper: from now on the harness's death removes the container."""

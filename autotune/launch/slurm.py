@@ -213,10 +213,7 @@ class SlurmLauncher:
     def attach(self, record: ServerRecord) -> SlurmJob:
         """The job ``record`` names, if the controller's job of that id still carries the recorded name (a job id
         the cluster handed out again is someone else's: then not alive, and never cancelled)."""
-        spec = LaunchSpec(argv=[], port=record.port, host=record.host, log_path=Path(record.log_path),
-                          gpus=record.gpus, run_dir=Path(record.run_dir) if record.run_dir else None, detach=True,
-                          name=record.name)
-        job = SlurmJob(spec, str(record.name or ""), launch_id=record.launch_id)
+        job = SlurmJob(record.detached_spec(), str(record.name or ""), launch_id=record.launch_id)
         job.shm = read_shm_record(job.shm_record)
         fields = scontrol_job(str(record.job_id)) if record.job_id else None
         if record.job_id and (fields is None or fields.get("JobName") == record.name):
@@ -253,9 +250,7 @@ class SlurmJob(Kept, LogFile):
         self._alive_at: tuple[float, bool] | None = None  # (when, answer) of the last ``alive`` read
 
     def record(self) -> ServerRecord:
-        return ServerRecord(launcher="slurm", launch_id=self.launch_id, host=self.spec.host, port=self.port,
-                            log_path=str(self.log_path), gpus=self.spec.gpus, job_id=self.job_id, name=self.name,
-                            run_dir=str(self.spec.run_dir) if self.spec.run_dir else None)
+        return ServerRecord.of("slurm", self.spec, self.launch_id, job_id=self.job_id, name=self.name)
 
     # -- the job's state -----------------------------------------------------------------------------------
     def state(self) -> str | None:

@@ -30,7 +30,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 import httpx
@@ -238,8 +238,7 @@ class SshLauncher:
     def attach(self, record: ServerRecord) -> SshServer:
         """The server whose pid file on the host (``record.name``) still names the recorded pid; else not alive.
         Its /dev/shm files are told by the record its start left beside the pid file."""
-        spec = LaunchSpec(argv=[], port=record.port, host=record.host, log_path=Path(record.log_path),
-                          gpus=record.gpus, run_dir=Path(record.run_dir) if record.run_dir else None, detach=True)
+        spec = record.detached_spec()
         pid_file = str(record.name or self.pid_file(spec))
         server = SshServer(self, spec, pid=int(record.pid or 0), pid_file=pid_file,
                            status_file=pid_file.removesuffix(".pid") + ".exit", launch_id=record.launch_id)
@@ -300,9 +299,7 @@ class SshServer:
         self._stopped = False
 
     def record(self) -> ServerRecord:
-        return ServerRecord(launcher="ssh", launch_id=self.launch_id, host=self.spec.host, port=self.port,
-                            log_path=str(self.spec.log_path), gpus=self.spec.gpus, pid=self.host_pid,
-                            name=self.pid_file, run_dir=str(self.spec.run_dir) if self.spec.run_dir else None)
+        return ServerRecord.of("ssh", self.spec, self.launch_id, pid=self.host_pid, name=self.pid_file)
 
     def _check(self) -> None:
         """One round trip: running, or its exit code (``GONE`` without a status file)."""
