@@ -7,7 +7,7 @@ and it is cheap enough to read several times a second while a server runs.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 PROC = "/proc"
@@ -41,11 +41,10 @@ def group_pids(pgid: int | None) -> set[int]:
     return pids
 
 
-def held_files(pids: Iterable[int], directory: Path) -> dict[str, int]:
-    """Names in ``directory`` that ``pids`` hold open or mapped → the inode they hold."""
-    folder = os.path.realpath(directory)
+def _held(pids: Iterable[int], folder: str) -> Iterator[tuple[str, int, bool]]:
+    """(path under ``folder``, inode, mapped) of each file ``pids`` hold open (an fd) or mapped, as ``/proc`` names
+    it: a deleted file's path ends in `` (deleted)``."""
     needle = (folder + "/").encode()
-    held: dict[str, int] = {}
     for pid in pids:
         fd_dir = f"{PROC}/{pid}/fd"
         try:
@@ -55,8 +54,8 @@ def held_files(pids: Iterable[int], directory: Path) -> dict[str, int]:
         for fd in fds:
             try:
                 target = os.readlink(f"{fd_dir}/{fd}")
-                if os.path.dirname(target) == folder:
-                    held[os.path.basename(target)] = os.stat(f"{fd_dir}/{fd}").st_ino
+                if target.startswith(folder + "/"):
+                    yield target[len(folder) + 1:], os.stat(f"{fd_dir}/{fd}").st_ino, False
             except OSError:
                 continue  # closed meanwhile
         try:
@@ -68,9 +67,15 @@ def held_files(pids: Iterable[int], directory: Path) -> dict[str, int]:
             continue
         for line in maps.splitlines():
             parts = line.split(maxsplit=5)
-            if len(parts) == 6 and parts[5].startswith(needle) and not parts[5].endswith(b" (deleted)"):
-                held[os.fsdecode(parts[5][len(needle):])] = int(parts[4])
-    return held
+            if len(parts) == 6 and parts[5].startswith(needle):
+                yield os.fsdecode(parts[5][len(needle):]), int(parts[4]), True
+
+
+def held_files(pids: Iterable[int], directory: Path) -> dict[str, int]:
+    """Names in ``directory`` that ``pids`` hold open or mapped → the inode they hold (a deleted file held open
+    under its ``/proc`` name, `` (deleted)`` appended; a deleted mapping left out)."""
+    return {name: ino for name, ino, mapped in _held(pids, os.path.realpath(directory))
+            if not (name.endswith(" (deleted)") if mapped else "/" in name)}
 
 
 def held_inodes(pids: Iterable[int] | None, directory: Path) -> set[int]:
@@ -78,38 +83,12 @@ def held_inodes(pids: Iterable[int] | None, directory: Path) -> set[int]:
     under any name: a deleted one included. glibc's ``sem_open`` maps a temporary ``sem.XXXXXX``, links it to
     the semaphore's name and unlinks the temporary, so the creator's mapping reads ``sem.XXXXXX (deleted)`` and
     only its inode says it is the ``sem.mp-*`` file (checked with Python's multiprocessing on glibc)."""
-    folder = os.path.realpath(directory)
-    needle = (folder + "/").encode()
     if pids is None:
         try:
             pids = [int(name) for name in os.listdir(PROC) if name.isdigit()]
         except OSError:
             pids = []
-    inodes: set[int] = set()
-    for pid in pids:
-        fd_dir = f"{PROC}/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            fds = []
-        for fd in fds:
-            try:
-                if os.readlink(f"{fd_dir}/{fd}").startswith(folder + "/"):
-                    inodes.add(os.stat(f"{fd_dir}/{fd}").st_ino)
-            except OSError:
-                continue
-        try:
-            with open(f"{PROC}/{pid}/maps", "rb") as fh:
-                maps = fh.read()
-        except OSError:
-            continue
-        if needle not in maps:
-            continue
-        for line in maps.splitlines():
-            parts = line.split(maxsplit=5)
-            if len(parts) == 6 and parts[5].startswith(needle):
-                inodes.add(int(parts[4]))
-    return inodes
+    return {ino for _, ino, _ in _held(pids, os.path.realpath(directory))}
 
 
 def memory_bytes(pid: int) -> int:
