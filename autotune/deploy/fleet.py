@@ -146,6 +146,11 @@ def foreign_note(fleet: Fleet, server: FleetServer) -> str | None:
     """One line when the entry's port is held by a server that is not the fleet's, else None."""
     if not server.local or ours(fleet, server) is not None:
         return None
+    return _port_held(server)
+
+
+def _port_held(server: FleetServer) -> str | None:
+    """``foreign_note``'s line once the fleet's own server is known not to run: something listens on its port."""
     if port_is_free(server.bind, server.port) and not healthy(server):
         return None
     return f"port {server.port}: a server that is not this fleet's ({server.name}'s port; left alone)"
@@ -324,7 +329,7 @@ def server_status(fleet: Fleet, server: FleetServer) -> ServerStatus:
     if server.local:
         handle = ours(fleet, server)
         if handle is None:
-            status.note = foreign_note(fleet, server)
+            status.note = _port_held(server)  # not ours: attached once, above
             return status  # down, or someone else's: nothing it answers is the fleet's
         record = handle.record()
         status.pid, status.job, status.launcher, status.running = record.pid, record.job_id, record.launcher, True
