@@ -40,7 +40,7 @@ from autotune.deploy.fleet import (
 )
 from autotune.deploy.sglang_yaml import read_config_file
 from autotune.errors import FleetError
-from autotune.launch.base import port_is_free
+from autotune.launch.ports import port_is_free
 from autotune.launch.process import free_port
 
 TIMING = rollout.Timing(grace_s=5.0, startup_timeout_s=90.0, release_timeout_s=15.0)  # bounds, not expectations

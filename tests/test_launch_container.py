@@ -17,8 +17,8 @@ from autotune.errors import ServerError
 from autotune.harness.engines.sglang import SGLangEngine
 from autotune.harness.engines.sim import SimGpuReader
 from autotune.launch import LAUNCHERS, LaunchSpec, ServerExited
-from autotune.launch.base import free_port, port_is_free
 from autotune.launch.container import ContainerLauncher, inside_argv
+from autotune.launch.ports import free_port, port_is_free
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -17,7 +17,7 @@ from launchcase_slurm import case, empty_queue, queue, slurm_missing
 
 from autotune.errors import ServerError
 from autotune.launch import LaunchSpec
-from autotune.launch.base import free_port, port_is_free
+from autotune.launch.ports import free_port, port_is_free
 from autotune.launch.slurm import (
     CANCELLED_CODE,
     GONE,

@@ -24,8 +24,9 @@ from autotune.errors import FleetError, GpuError
 from autotune.harness.engines.sim import SimGpuReader
 from autotune.harness.gpu import GpuMonitor
 from autotune.harness.tenancy import occupancy
-from autotune.launch.base import LaunchSpec, free_port, port_is_free
+from autotune.launch.base import LaunchSpec
 from autotune.launch.memory import wait_released
+from autotune.launch.ports import free_port, port_is_free
 from autotune.launch.remote_memory import NoReading, RemoteGpuReader, parse_apps, parse_gpus, value
 from autotune.launch.remote_shm import RemoteShm, facts_command, parse_facts
 from autotune.launch.ssh import SshLauncher, is_loopback

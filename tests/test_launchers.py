@@ -33,7 +33,8 @@ from launchcase import CaseEnv
 from autotune.config.sections import LAUNCHER_KINDS
 from autotune.harness.engines.sim import SimGpuReader
 from autotune.launch import LAUNCHERS, LaunchSpec, ServerExited
-from autotune.launch.base import ServerRecord, free_port, port_is_free
+from autotune.launch.base import ServerRecord
+from autotune.launch.ports import free_port, port_is_free
 from autotune.sim import device
 from autotune.sim.logs import READY
 

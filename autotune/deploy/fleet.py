@@ -39,8 +39,9 @@ from autotune.errors import AutotuneError, ConfigError, FleetError
 from autotune.harness.engines import make_engine
 from autotune.harness.engines.base import group_reader, launch_gpus
 from autotune.launch import Launcher, LaunchSpec, ServerHandle
-from autotune.launch.base import ServerRecord, port_is_free
+from autotune.launch.base import ServerRecord
 from autotune.launch.memory import wait_released
+from autotune.launch.ports import port_is_free
 from autotune.launch.registry import make_launcher
 from autotune.redaction import resolve_env
 from autotune.results import Capacity

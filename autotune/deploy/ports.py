@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from autotune.errors import ConfigError
-from autotune.launch.base import port_is_free
+from autotune.launch.ports import port_is_free
 
 DEFAULT_BASE_PORT = 30000  # SGLang's own default port; apply takes the next free ones when it is in use
 

@@ -16,8 +16,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.errors import ServerError
-from autotune.launch.ports import free_port as free_port  # re-exported: launchers and tests import it here
-from autotune.launch.ports import port_is_free as port_is_free
 
 LOG_TAIL_LINES = 40
 

@@ -43,9 +43,9 @@ from autotune.launch.base import (
     ServerHandle,
     ServerRecord,
     log_tail,
-    port_is_free,
 )
 from autotune.launch.keeper import Keeper, Kept
+from autotune.launch.ports import port_is_free
 from autotune.launch.stopping import Release, StopSteps, memory_baseline, stop_and_release, wait_healthy
 from autotune.redaction import looks_secret, reference
 

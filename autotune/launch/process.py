@@ -30,10 +30,9 @@ from autotune.launch.base import (
     ServerExited,
     ServerRecord,
     ServerStartTimeout,
-    free_port,
-    port_is_free,
 )
 from autotune.launch.memory import used_mib
+from autotune.launch.ports import free_port, port_is_free
 from autotune.launch.procgroup import group_pids
 from autotune.launch.shm import SHM_DIR, ShmOwnership, ShmSampler, launch_ports, release_semaphores, snapshot
 from autotune.launch.stopping import Release, StopSteps, stop_and_release, wait_healthy

@@ -59,9 +59,9 @@ from autotune.launch.base import (
     ReaderFactory,
     ServerHandle,
     ServerRecord,
-    port_is_free,
 )
 from autotune.launch.keeper import Keeper, Kept
+from autotune.launch.ports import port_is_free
 from autotune.launch.shm import SHM_DIR, ShmOwnership, clean_after_job, launch_ports, snapshot
 from autotune.launch.stopping import Release, StopSteps, memory_baseline, stop_and_release, wait_healthy
 
