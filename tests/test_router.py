@@ -122,7 +122,7 @@ def test_the_router_and_the_rollouts_gate_take_only_the_fleets_own_servers(tmp_p
         monkeypatch.setattr(router, "add_worker", lambda _record, url: added.append(url))
         record = router.Record(pid=0, started=0.0, url="http://127.0.0.1:9", host="127.0.0.1", port=9,
                                metrics_port=10, log="l", worker_urls=[], argv=[])
-        drain.Gate(fleet_path=str(fleet.path), record=record).admit_all(fleet)
+        drain.Gate(record=record).admit_all(fleet)
         assert added == [servers[1].url]
     finally:
         for h in answering:
@@ -174,7 +174,7 @@ def test_rates_count_a_restarted_workers_tokens_from_zero():
 
 def test_without_a_router_the_gate_warns_and_counts_what_a_stopped_server_had(monkeypatch):
     fleet = Fleet(**two_servers())
-    gate = drain.Gate(fleet_path="f", record=None)
+    gate = drain.Gate(record=None)
     assert "no router in front of the fleet" in (gate.warning(fleet) or "")
     monkeypatch.setattr(drain, "in_flight", lambda server, record=None: {"s0": 5, "s1": 0}[server.name])
     for server in fleet.servers:
