@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -122,7 +124,7 @@ def test_the_router_and_the_rollouts_gate_take_only_the_fleets_own_servers(tmp_p
         monkeypatch.setattr(router, "add_worker", lambda _record, url: added.append(url))
         record = router.Record(pid=0, started=0.0, url="http://127.0.0.1:9", host="127.0.0.1", port=9,
                                metrics_port=10, log="l", worker_urls=[], argv=[])
-        drain.Gate(fleet_path=str(fleet.path), record=record).admit_all(fleet)
+        drain.Gate(record=record).admit_all(fleet)
         assert added == [servers[1].url]
     finally:
         for h in answering:
@@ -174,7 +176,7 @@ def test_rates_count_a_restarted_workers_tokens_from_zero():
 
 def test_without_a_router_the_gate_warns_and_counts_what_a_stopped_server_had(monkeypatch):
     fleet = Fleet(**two_servers())
-    gate = drain.Gate(fleet_path="f", record=None)
+    gate = drain.Gate(record=None)
     assert "no router in front of the fleet" in (gate.warning(fleet) or "")
     monkeypatch.setattr(drain, "in_flight", lambda server, record=None: {"s0": 5, "s1": 0}[server.name])
     for server in fleet.servers:
@@ -194,6 +196,20 @@ def routed_fleet(tmp_path: Path, n: int = 3, **kwargs) -> Path:
 def stop_all(path: Path) -> None:
     teardown(path)
     router.stop(load_fleet(path), grace_s=2.0)
+
+
+@contextmanager
+def up_behind_router(tmp_path: Path, **kwargs) -> Iterator[tuple[Path, router.Record, str]]:
+    """``routed_fleet`` brought up by ``fleet up``: its path, the router's record and what ``fleet up`` said;
+    every server and the router stopped after."""
+    path = routed_fleet(tmp_path, **kwargs)
+    try:
+        out = run_cli("fleet", "up", "--fleet", str(path), "--timeout", "60")
+        record = router.running(load_fleet(path))
+        assert record is not None
+        yield path, record, out
+    finally:
+        stop_all(path)
 
 
 class Load:
@@ -233,11 +249,8 @@ def run_cli(*args: str) -> str:
 @pytest.mark.slow
 @pytest.mark.timeout(150)
 def test_fleet_up_status_down_with_the_router_and_a_one_url_client(tmp_path):
-    path = routed_fleet(tmp_path)
-    try:
-        out = run_cli("fleet", "up", "--fleet", str(path), "--timeout", "60")
-        record = router.running(load_fleet(path))
-        assert record is not None and f"router: point the job at {record.url}" in out
+    with up_behind_router(tmp_path) as (path, record, out):
+        assert f"router: point the job at {record.url}" in out
         urls = sorted(s.url for s in load_fleet(path).servers)
         assert sorted(w["url"] for w in router.workers(record) if w["is_healthy"]) == urls == sorted(record.worker_urls)
         load = Load([record.url], tmp_path / "client.jsonl", concurrency=12, max_tokens=16)
@@ -274,8 +287,6 @@ def test_fleet_up_status_down_with_the_router_and_a_one_url_client(tmp_path):
         assert again.pid == first.pid or not first.alive()  # reused, or the half-started one is gone
         run_cli("fleet", "down", "--fleet", str(path))
         assert not again.alive() and port_is_free("127.0.0.1", again.port)
-    finally:
-        stop_all(path)
 
 
 def write_winner(directory: Path, config: dict, *, tok_s: float | None = None) -> Path:
@@ -297,10 +308,7 @@ ROLL = ["--canary-s", "0.6", "--canary-warmup-s", "0.2", "--canary-concurrency",
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 def test_rolling_apply_under_load_through_the_router_fails_no_request(tmp_path):
-    path = routed_fleet(tmp_path)
-    try:
-        run_cli("fleet", "up", "--fleet", str(path), "--timeout", "60")
-        record = router.running(load_fleet(path))
+    with up_behind_router(tmp_path) as (path, record, _):
         winner = write_winner(tmp_path / "new", NEW)
         load = Load([record.url], tmp_path / "load.jsonl")
         load.wait_for(64)
@@ -321,19 +329,15 @@ def test_rolling_apply_under_load_through_the_router_fails_no_request(tmp_path):
         watched = CliRunner().invoke(cli, ["watch", "--once", "--fleet", str(path)])
         assert watched.exit_code == 0, watched.output
         assert f"router {record.url} (pid {record.pid}): healthy, 3 worker(s)" in watched.output  # watch reads it
-    finally:
-        stop_all(path)
 
 
 @needs_router
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_canary_failure_on_the_second_server_then_rollback_under_load_fails_no_request(tmp_path):
-    path = routed_fleet(tmp_path, sim_options={1: {"decode_efficiency": 0.03}})  # s1 decodes ~30x slower
-    try:
-        run_cli("fleet", "up", "--fleet", str(path), "--timeout", "60")
+    slow_s1 = {1: {"decode_efficiency": 0.03}}  # s1 decodes ~30x slower
+    with up_behind_router(tmp_path, sim_options=slow_s1) as (path, record, _):
         fleet = load_fleet(path)
-        record = router.running(fleet)
         canary = rollout.Canary(prompts=str(prompts(tmp_path)), **{**CANARY, "concurrency": 4})
         tok_s = rollout.run_canary(stub_server(fleet.servers[0].port), canary, None).output_tok_s  # an idle s0
         winner = write_winner(tmp_path / "new", NEW, tok_s=tok_s)
@@ -353,8 +357,6 @@ def test_a_canary_failure_on_the_second_server_then_rollback_under_load_fails_no
         assert [s.config for s in fleet.servers] == ["old.yaml"] * 3
         assert sorted(w["url"] for w in router.workers(record) if w["is_healthy"]) == sorted(
             s.url for s in fleet.servers)
-    finally:
-        stop_all(path)
 
 
 def test_a_router_that_cannot_start_says_why_and_leaves_nothing(tmp_path, monkeypatch):

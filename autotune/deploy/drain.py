@@ -34,7 +34,7 @@ def in_flight(server: FleetServer, record: router.Record | None = None) -> int |
     counts = [s.get("num_running_reqs") for s in states if isinstance(s, dict)]
     if counts and all(isinstance(c, (int, float)) for c in counts):
         return int(sum(float(c) for c in counts if c is not None))
-    text = router.get(record.metrics_url.removesuffix("/metrics"), "/metrics") if record is not None else None
+    text = router.get(record.metrics_base, "/metrics") if record is not None else None
     if isinstance(text, str):
         return int(total(text, "smg_worker_requests_active", where=f'worker="{server.url}"'))
     return None
@@ -60,7 +60,6 @@ def wait_idle(server: FleetServer, timeout_s: float, *, record: router.Record | 
 class Gate:
     """What a rollout does around each server's restart; ``lost`` is what stopped servers had in flight."""
 
-    fleet_path: str
     record: router.Record | None
     drain_timeout_s: float = DRAIN_TIMEOUT_S
     say: Say = lambda _: None
@@ -73,7 +72,7 @@ class Gate:
         record = router.running(fleet) if router.wanted(fleet) is None else None
         if record is not None and router.get(record.url, "/health") is None:
             record = None
-        return cls(fleet_path=str(fleet.path), record=record, drain_timeout_s=drain_timeout_s, say=say)
+        return cls(record=record, drain_timeout_s=drain_timeout_s, say=say)
 
     @property
     def routed(self) -> bool:

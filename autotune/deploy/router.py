@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -31,6 +30,7 @@ from autotune.deploy.inflight import ClientAdvice
 from autotune.deploy.ports import pick_after
 from autotune.errors import FleetError
 from autotune.launch.process import port_is_free, stop_process_group
+from autotune.launch.stopping import wait_until
 
 MODULE = "sglang_router"
 EXTRA = "pip install 'autotune[router]'"
@@ -75,8 +75,9 @@ class Record:
     argv: list[str]
 
     @property
-    def metrics_url(self) -> str:
-        return f"http://127.0.0.1:{self.metrics_port}/metrics"
+    def metrics_base(self) -> str:
+        """Where its Prometheus endpoint answers (``get(record.metrics_base, "/metrics")``)."""
+        return f"http://127.0.0.1:{self.metrics_port}"
 
     def alive(self) -> bool:
         try:
@@ -179,16 +180,15 @@ def start(fleet: Fleet, worker_urls: list[str], *, timeout_s: float = 60.0) -> R
 
 
 def _wait_ready(record: Record, proc: subprocess.Popen[bytes], urls: list[str], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def ready() -> bool:
         if proc.poll() is not None:
             raise FleetError(f"the router exited with code {proc.returncode} before it answered: "
                              f"{_log_reason(record.log)} (log: {record.log})")
-        if get(record.url, "/health") is not None and _healthy_urls(record) >= set(urls):
-            return
-        time.sleep(0.1)
-    raise FleetError(f"the router did not answer with its {len(urls)} workers healthy within {timeout_s:.0f} s "
-                     f"(log: {record.log})")
+        return get(record.url, "/health") is not None and _healthy_urls(record) >= set(urls)
+
+    if not wait_until(ready, timeout_s, 0.1):
+            raise FleetError(f"the router did not answer with its {len(urls)} workers healthy within {timeout_s:.0f} s "
+                         f"(log: {record.log})")
 
 
 def _log_reason(log: str) -> str:
@@ -208,10 +208,7 @@ def stop(fleet: Fleet, *, grace_s: float = 10.0) -> bool:
     ran = record.alive()
     if ran:
         stop_process_group(record.pid, grace_s=grace_s)
-    deadline = time.monotonic() + 10.0
-    while time.monotonic() < deadline and not all(port_is_free(record.host, p)
-                                                  for p in (record.port, record.metrics_port)):
-        time.sleep(0.05)
+    wait_until(lambda: all(port_is_free(record.host, p) for p in (record.port, record.metrics_port)), 10.0, 0.05)
     for path in (record_path(fleet), pid_path(fleet), samples_path(fleet)):
         path.unlink(missing_ok=True)
     return ran
@@ -259,7 +256,8 @@ def remove_worker(record: Record, url: str, *, timeout_s: float = 30.0) -> bool:
     found = [w for w in workers(record) if w.get("url") == url]
     for worker in found:
         _change("DELETE", f"{record.url}/workers/{worker['id']}")
-    _until(lambda: url not in {w.get("url") for w in workers(record)}, timeout_s, f"the router still lists {url}")
+    if not wait_until(lambda: url not in {w.get("url") for w in workers(record)}, timeout_s, 0.1):
+        raise FleetError(f"the router still lists {url} after {timeout_s:.0f} s")
     return bool(found)
 
 
@@ -267,7 +265,8 @@ def add_worker(record: Record, url: str, *, timeout_s: float = 60.0) -> None:
     """Put ``url`` (back) into the router; returns once the router lists it healthy."""
     if url not in {w.get("url") for w in workers(record)}:
         _change("POST", f"{record.url}/workers", json={"url": url})
-    _until(lambda: url in _healthy_urls(record), timeout_s, f"the router does not list {url} as healthy")
+    if not wait_until(lambda: url in _healthy_urls(record), timeout_s, 0.1):
+        raise FleetError(f"the router does not list {url} as healthy after {timeout_s:.0f} s")
 
 
 def set_workers(record: Record, urls: list[str], *, timeout_s: float = 60.0) -> None:
@@ -277,14 +276,6 @@ def set_workers(record: Record, urls: list[str], *, timeout_s: float = 60.0) -> 
             remove_worker(record, worker["url"], timeout_s=timeout_s)
     for url in urls:
         add_worker(record, url, timeout_s=timeout_s)
-
-
-def _until(done: Any, timeout_s: float, failure: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() >= deadline:
-            raise FleetError(f"{failure} after {timeout_s:.0f} s")
-        time.sleep(0.1)
 
 
 # -- what apply writes -------------------------------------------------------------------------------------

@@ -82,7 +82,7 @@ class RouterView:
 def _reading(record: router.Record, urls: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
     texts = {u: router.get(u, "/metrics") for u in urls}
     worker_texts = {u: t for u, t in texts.items() if isinstance(t, str)}
-    text = router.get(record.metrics_url.removesuffix("/metrics"), "/metrics")
+    text = router.get(record.metrics_base, "/metrics")
     text = text if isinstance(text, str) else ""
     done = sum(v for labels, v in series(text, "smg_router_upstream_responses_total")
                if re.search(r'status_code="2\d\d"', labels))
