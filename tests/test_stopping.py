@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from test_study import ok, write_toml
 
 from autotune.cli.sweep import render
 from autotune.config import load_config
 from autotune.harness.workload import settling_figures
-from autotune.results import Metrics, Percentiles, TrialResult
+from autotune.results import TrialResult
 from autotune.search.confirm.ranking import contenders
 from autotune.search.pruning import PRUNED, PruningSettler, SlicePruner, pruned
 from autotune.search.seeding import launched
@@ -55,19 +55,8 @@ label = "hand-tuned"
 flags = {{ speculative_num_steps = 3, speculative_num_draft_tokens = 4, max_mamba_cache_size = 192 }}
 """
 
-P = Percentiles(p50=1.0, p90=2.0, p99=3.0, mean=1.0)
-
-
 def study_file(tmp_path: Path, *, trials: int, patience: int) -> Path:
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(8)))
-    path = tmp_path / "t.toml"
-    path.write_text(STUDY.format(trials=trials, patience=patience))
-    return path
-
-
-def ok(config: dict, tok_s: float, measurement: dict | None = None) -> TrialResult:
-    return TrialResult(status="ok", config=config, measurement=measurement,
-                       metrics=Metrics(output_tok_s=tok_s, request_s=tok_s / 2500, ttft_ms=P, itl_ms=P, e2e_ms=P))
+    return write_toml(tmp_path, STUDY.format(trials=trials, patience=patience))
 
 
 class Flat:
@@ -139,7 +128,7 @@ def test_a_pruned_trial_keeps_its_figure_and_is_never_crowned(tmp_path, noisy):
             settler = PruningSettler(RULE, SlicePruner(incumbent=5000.0, resolution=0.02))
             done = next(s for s in (settler.add(x) for x in wave) if s is not None)
             window = done.tok_s[done.warmup_slices:]
-            return ok(config, sum(window) / len(window), settling_figures(done))
+            return ok(config, sum(window) / len(window), measurement=settling_figures(done))
 
     study = run_study(cfg, runner=Runner())
     trial = next(t for t in study.get_trials() if t.user_attrs.get("role") == "enqueued")

@@ -56,11 +56,25 @@ flags = {{ speculative_num_steps = 3, speculative_num_draft_tokens = 4, max_mamb
 """
 
 
-def write_study(tmp_path: Path, *, trials: int = 6, sampler: str = "tpe", extra: str = "") -> Path:
+def write_toml(tmp_path: Path, text: str, *, name: str = "t") -> Path:
+    """Write ``<name>.toml`` (``text``) and the 8-row ``prompts.jsonl`` the in-process studies read; the path."""
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(8)))
-    path = tmp_path / "t.toml"
-    path.write_text(STUDY.format(trials=trials, sampler=sampler, extra=extra))
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
     return path
+
+
+def write_study(tmp_path: Path, *, trials: int = 6, sampler: str = "tpe", extra: str = "") -> Path:
+    return write_toml(tmp_path, STUDY.format(trials=trials, sampler=sampler, extra=extra))
+
+
+P = Percentiles(p50=1.0, p90=2.0, p99=3.0, mean=1.0)
+
+
+def ok(config: dict, tok_s: float, **fields) -> TrialResult:
+    """A measured trial of ``tok_s`` (one request per 2,500 tokens, flat latencies); ``fields``: the rest."""
+    return TrialResult(status="ok", config=config, **fields,
+                       metrics=Metrics(output_tok_s=tok_s, request_s=tok_s / 2500, ttft_ms=P, itl_ms=P, e2e_ms=P))
 
 
 class PlannerRunner:
@@ -83,12 +97,9 @@ class PlannerRunner:
             return TrialResult(status="runtime_oom", config=config, reason="CUDA out of memory")
         if not mp.fits:
             return TrialResult(status=mp.failure, config=config, reason=mp.message)
-        tok = 100.0 * mp.max_running_requests
-        p = Percentiles(p50=1.0, p90=2.0, p99=3.0, mean=1.0)
-        metrics = Metrics(output_tok_s=tok, request_s=tok / 2500, ttft_ms=p, itl_ms=p, e2e_ms=p)
         cap = Capacity(max_running_requests=mp.max_running_requests, kv_tokens=mp.kv_tokens,
                        mamba_slots=mp.max_mamba_cache_size)
-        return TrialResult(status="ok", config=config, metrics=metrics, capacity=cap)
+        return ok(config, 100.0 * mp.max_running_requests, capacity=cap)
 
 
 def test_baseline_first_then_enqueued_then_search_and_resume_continues(tmp_path):

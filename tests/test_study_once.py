@@ -3,13 +3,12 @@ enqueued configs run once however many workers share the study (in-process runne
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
 
 from optuna.trial import TrialState
-from test_study import PlannerRunner
+from test_study import PlannerRunner, write_toml
 
 from autotune.config import load_config
 from autotune.search.objective import open_study
@@ -51,10 +50,7 @@ flags = {{ max_mamba_cache_size = 80 }}
 
 
 def write_small(tmp_path: Path, *, trials: int, sampler: str = "tpe", extra: str = "", space: str = "") -> Path:
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(8)))
-    path = tmp_path / "once.toml"
-    path.write_text(SMALL.format(trials=trials, sampler=sampler, extra=extra, space=space))
-    return path
+    return write_toml(tmp_path, SMALL.format(trials=trials, sampler=sampler, extra=extra, space=space), name="once")
 
 
 def test_a_space_that_can_only_repeat_never_relaunches_a_measured_config(tmp_path, monkeypatch):

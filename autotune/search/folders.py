@@ -13,13 +13,11 @@ its ``trials/`` (its stored results point there). The numerics reference lives i
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ import optuna
 
 from autotune.config import StudyConfig
 from autotune.redaction import redact_url
+from autotune.search.storage.liveness import flocked
 
 IDENTITY_ATTR = "files"  # study user attr: {"id", "study_id", "storage", "created"}
 MARKER = "study.json"
@@ -36,18 +35,6 @@ DEFAULT = "trials"
 def storage_tag(url: str) -> str:
     """A short tag for a storage URL (the study lock's, ``search.study``): equal URLs, equal tags."""
     return hashlib.sha1(url.encode()).hexdigest()[:10]
-
-
-@contextlib.contextmanager
-def _locked(work_dir: Path) -> Iterator[None]:
-    """One process of this node at a time choosing (and claiming) a trials folder."""
-    work_dir.mkdir(parents=True, exist_ok=True)
-    with open(work_dir / "trials.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def identity(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
@@ -92,7 +79,7 @@ def _holds_our_trials(study: optuna.Study, folder: Path) -> bool:
 
 def study_folder(cfg: StudyConfig, study: optuna.Study, *, log: Callable[[str], None] | None = None) -> Path:
     """The study's trials folder (created and marked): see the module docstring for the rules."""
-    with _locked(cfg.work_dir):
+    with flocked(cfg.work_dir / "trials.lock"):  # one process of this node at a time choosing (and claiming) it
         ident = identity(study, cfg)
         default, own = cfg.work_dir / DEFAULT, cfg.work_dir / f"{DEFAULT}-{ident['id']}"
         if (read_marker(own) or {}).get("id") == ident["id"]:

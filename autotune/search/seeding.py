@@ -11,6 +11,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
 from autotune.results import OOM_STATUSES, REPEAT, TrialResult
+from autotune.search.pruning import pruned
 from autotune.search.runner import prompt_texts
 from autotune.search.space import Feasibility, Space, key_of
 from autotune.search.starts import edge_configs
@@ -55,6 +56,12 @@ def unsettled(trial: FrozenTrial) -> bool:
     is recorded and learnt from, but never crowned."""
     measurement = (trial.user_attrs.get("result") or {}).get("measurement") or {}
     return measurement.get("settled") is False
+
+
+def window_pruned(trial: FrozenTrial) -> bool:
+    """Whether the trial's window was pruned (``pruning``: stopped clearly below the best so far): unsettled, and
+    no contender nor a gain left unconfirmed."""
+    return pruned((trial.user_attrs.get("result") or {}).get("measurement"))
 
 
 def finished(trials: list[FrozenTrial]) -> list[FrozenTrial]:

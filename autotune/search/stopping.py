@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search.seeding import launched
+from autotune.search.seeding import launched, unsettled
 
 if TYPE_CHECKING:
     import optuna
@@ -26,8 +26,7 @@ def _value(trial: FrozenTrial) -> float:
     """The trial's measured score (tok/s per GPU), 0 for a failure or a figure that may not be crowned."""
     if trial.state != TrialState.COMPLETE or trial.user_attrs.get("status") != "ok" or not trial.values:
         return 0.0
-    measurement = (trial.user_attrs.get("result") or {}).get("measurement") or {}
-    if measurement.get("settled") is False:
+    if unsettled(trial):
         return 0.0  # unsettled or pruned (``pruning``): never crowned, so no gain
     return max(0.0, float(trial.values[0]))
 

@@ -12,8 +12,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.results import TrialResult
-from autotune.search.pruning import pruned
-from autotune.search.seeding import unsettled
+from autotune.search.seeding import unsettled, window_pruned
 
 # An enqueued config or a baseline whose search figure is under this share of the leader's is not relaunched: no
 # window or launch noise (a few %) closes that gap, and a launch of it is the price of a contender's. An enqueued
@@ -38,7 +37,7 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
         """Feasible, and settled, or unsettled above the baseline: never crowned on that figure, but re-measured by
         the confirmation rather than dropped (a config far faster than production is the one to confirm). A pruned
         window (``pruning``: stopped clearly below the best so far) is no contender."""
-        if not feasible(t) or (unsettled(t) and _pruned(t)):
+        if not feasible(t) or (unsettled(t) and window_pruned(t)):
             return False
         return not unsettled(t) or (floor is not None and gain.get(t.number, t.values[0]) > floor)
 
@@ -56,10 +55,6 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
             and t not in top and t.user_attrs.get("launch_key") != (baseline and baseline.user_attrs.get("launch_key"))
             and in_reach(t, top, gain)]
     return top, baseline, refs
-
-
-def _pruned(trial: FrozenTrial) -> bool:
-    return pruned((trial.user_attrs.get("result") or {}).get("measurement"))
 
 
 def in_reach(trial: FrozenTrial, top: list[FrozenTrial], gain: Mapping[int, float]) -> bool:

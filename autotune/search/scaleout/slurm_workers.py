@@ -14,15 +14,12 @@ need a storage every node reaches (PostgreSQL, or Optuna's journal file on a sha
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
-import signal
 import subprocess
-import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +27,7 @@ from typing import Any
 from autotune.config import StudyConfig
 from autotune.errors import StudyError
 from autotune.launch.slurm import ACTIVE, GONE, SlurmSettings, exit_code, sacct_job, scontrol_job
+from autotune.search.signals import on_sigint
 
 Echo = Callable[[str], None]
 POLL_S = 0.5
@@ -148,7 +146,7 @@ class SlurmWorkers:
         """Wait for every job, relaying its log and forwarding Ctrl-C. Returns each GPU's worker exit code."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
-            with _forward_sigint(self):
+            with on_sigint(self.interrupt):  # Ctrl-C stops the workers
                 while not all([job.finished() for job in self.jobs]):  # a list: every job polled each round
                     for job in self.jobs:
                         job.relay(self.echo)
@@ -164,18 +162,6 @@ class SlurmWorkers:
         for job in self.jobs:
             job.relay(self.echo)
         return {job.gpu: int(job.code if job.code is not None else GONE) for job in self.jobs}
-
-
-@contextlib.contextmanager
-def _forward_sigint(workers: SlurmWorkers) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: workers.interrupt())
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def start_slurm_workers(cfg: StudyConfig, argvs: dict[int, tuple[list[str], int]], *, echo: Echo = print,

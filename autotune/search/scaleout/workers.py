@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -42,6 +42,7 @@ from autotune.launch.groups import group_label, worker_groups
 from autotune.launch.process import cleanup_orphans
 from autotune.search.objective import make_sampler, open_study
 from autotune.search.scaleout.slurm_workers import SlurmWorkers, start_slurm_workers
+from autotune.search.signals import on_sigint
 from autotune.search.study import Sweep
 
 Echo = Callable[[str], None]
@@ -139,7 +140,7 @@ class Workers:
     def wait(self, timeout_s: float | None = None) -> dict[int, int]:
         """Wait for every worker, forwarding Ctrl-C; then remove what dead workers left. Returns exit codes."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        with _forward_sigint(self):
+        with on_sigint(self.interrupt):  # Ctrl-C stops the workers
             while [p for p in self.procs.values() if p.poll() is None]:  # poll all: reaps the dead at once
                 if deadline is not None and time.monotonic() > deadline:
                     self.interrupted = True
@@ -161,18 +162,6 @@ class Workers:
         for fh in self._pool_locks:
             fh.close()
         self._pool_locks = []
-
-
-@contextlib.contextmanager
-def _forward_sigint(workers: Workers) -> Iterator[None]:
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: workers.interrupt())
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 def worker_argv(cfg: StudyConfig, gpu: int | Sequence[int] | None, port: int | None, *, launcher: str | None = None,

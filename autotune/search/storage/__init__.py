@@ -6,7 +6,6 @@ from autotune.redaction import redact_url as redact  # the URL as every storage 
 from autotune.search.storage.access import (
     HEARTBEAT_ENV,
     RetryOnce,
-    add_running,
     check_storage,
     close_storage,
     grace_s,
@@ -20,13 +19,12 @@ from autotune.search.storage.access import (
     storage_file,
     storage_of,
     study_names,
-    take_waiting,
     trial_handle,
     trial_id,
 )
 from autotune.search.storage.liveness import Liveness, WorkerTag, dead_running, fail_stale, is_dead, node_lock
 
-__all__ = ["HEARTBEAT_ENV", "Liveness", "RetryOnce", "WorkerTag", "add_running", "check_storage", "close_storage",
+__all__ = ["HEARTBEAT_ENV", "Liveness", "RetryOnce", "WorkerTag", "check_storage", "close_storage",
            "dead_running", "fail_stale", "grace_s", "heartbeat_s", "is_dead", "journal_path", "kind", "load_study",
            "node_lock", "open_storage", "quiet_ask", "redact", "storage_error", "storage_file", "storage_of",
-           "study_names", "take_waiting", "trial_handle", "trial_id"]
+           "study_names", "trial_handle", "trial_id"]

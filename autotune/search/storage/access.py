@@ -8,7 +8,6 @@ URLs: ``sqlite:///file.db``, ``postgresql+psycopg2://user:pw@host/db``, ``mysql+
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import os
 import re
@@ -19,7 +18,7 @@ from typing import Any
 import optuna
 from optuna.storages import BaseStorage, JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial
 
 from autotune.errors import StorageError, StudyError
 from autotune.redaction import redact_text
@@ -217,23 +216,9 @@ def trial_id(trial: optuna.Trial | FrozenTrial) -> int:
     return trial._trial_id
 
 
-def trial_handle(study: optuna.Study, trial: FrozenTrial | int) -> optuna.Trial:
-    """A writable handle on a stored trial (by frozen trial or storage id), for a trial this process did not ask."""
-    return optuna.Trial(study, trial if isinstance(trial, int) else trial._trial_id)
-
-
-def take_waiting(study: optuna.Study, trial: FrozenTrial) -> optuna.Trial | None:
-    """Claim a WAITING (queued) trial as RUNNING; None when another worker took it first."""
-    with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):
-        if study._storage.set_trial_state_values(trial._trial_id, state=TrialState.RUNNING):
-            return trial_handle(study, trial)
-    return None
-
-
-def add_running(study: optuna.Study, user_attrs: dict[str, Any]) -> optuna.Trial:
-    """A new RUNNING trial with ``user_attrs``, outside the sampler (a per-GPU baseline)."""
-    template = optuna.trial.create_trial(state=TrialState.RUNNING, user_attrs=user_attrs)
-    return trial_handle(study, study._storage.create_new_trial(study._study_id, template_trial=template))
+def trial_handle(study: optuna.Study, trial_id: int) -> optuna.Trial:
+    """A writable handle on a stored trial (by storage id), for a trial this process did not ask."""
+    return optuna.Trial(study, trial_id)
 
 
 def storage_of(study: optuna.Study) -> BaseStorage:

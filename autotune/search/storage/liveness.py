@@ -177,13 +177,19 @@ def fail_stale(study: optuna.Study) -> None:
 
 
 @contextlib.contextmanager
-def node_lock(state_dir: Path) -> Iterator[None]:
-    """Serialise ask-and-tag against the dead-trial check among this node's workers: an untagged trial
-    seen by the check is then always a dead one."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with open(state_dir / "ask.lock", "a") as fh:
+def flocked(path: Path) -> Iterator[None]:
+    """One process of this node at a time in the block: an exclusive ``flock`` on ``path`` (created, with its
+    folder, when missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def node_lock(state_dir: Path) -> contextlib.AbstractContextManager[None]:
+    """Serialise ask-and-tag against the dead-trial check among this node's workers: an untagged trial
+    seen by the check is then always a dead one."""
+    return flocked(state_dir / "ask.lock")

@@ -16,8 +16,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search.confirm.decision import Verdict
-from autotune.search.pruning import pruned
-from autotune.search.seeding import launch_key, unsettled
+from autotune.search.seeding import launch_key, unsettled, window_pruned
 
 
 def _confirmed(stats: Mapping[str, Mapping[str, Any]], trial: FrozenTrial) -> Mapping[str, Any] | None:
@@ -46,7 +45,7 @@ def above_baseline(trials: list[FrozenTrial], verdict: Verdict | None,
         if entry is not None and base_conf is not None:
             gain = float(entry["median"]) / float(base_conf["median"])
             settled = not entry.get("unsettled_windows")
-        elif unsettled(t) and not pruned((t.user_attrs.get("result") or {}).get("measurement")):
+        elif unsettled(t) and not window_pruned(t):
             gain, settled = t.values[0] / base.values[0], False
         else:
             continue
