@@ -38,7 +38,7 @@ from autotune.config.sections import (
 )
 from autotune.errors import ConfigError, WorkloadError
 from autotune.prompts import PromptSample
-from autotune.sglang.envs import ENV_PREFIX, EnvTable
+from autotune.sglang.envs import ENV_PREFIX
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.profiles import load_gpu, load_model
 
@@ -231,22 +231,15 @@ def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
             raise _flag_error(exc, file, key_env, table=True) from None
 
     def dest(name: str, key: str) -> str:
-        if name.startswith(ENV_PREFIX):
-            try:
-                return ENV_PREFIX + EnvTable.bundled().lookup(name[len(ENV_PREFIX):]).name
-            except ConfigError as exc:
-                raise ConfigError(exc.message, file=file, key=key.replace(ENV_PREFIX, "env."), fix=exc.fix) from None
         try:
-            return table.lookup(name).dest
+            return table.key(name)  # a flag's dest, or a lever's env:NAME
         except ConfigError as exc:
-            raise _flag_error(exc, file, key) from None
+            raise _flag_error(exc, file, key.replace(ENV_PREFIX, "env.")) from None
 
     def coerce(name: str, value: Any, key: str) -> Any:
         if value is None:
             return None
         try:
-            if name.startswith(ENV_PREFIX):
-                return EnvTable.bundled().coerce(name[len(ENV_PREFIX):], value)
             return table.coerce(name, value)
         except ConfigError as exc:
             raise _flag_error(exc, file, key) from None
