@@ -217,10 +217,8 @@ def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
     """Normalise every flag name to SGLang's dest and every value to its type, through the bundled flag table."""
     table = FlagTable.bundled()
 
-    def flags(config: dict[str, Any], key: str, env: dict[str, Any] | None = None) -> dict[str, Any]:
-        config = dict(config)
-        env = {**(config.pop("env", None) or {}), **(env or {})} if key == "engine.fixed" else env or {}
-        key_env = "engine.fixed.env" if key == "engine.fixed" else key.removesuffix(".flags") + ".env"
+    def flags(config: dict[str, Any], key: str, env: dict[str, Any], key_env: str) -> dict[str, Any]:
+        """A table's flags and its environment levers (``key_env``) as one checked config (levers as env:NAME)."""
         try:
             out = dict(table.check(config))
         except ConfigError as exc:
@@ -261,11 +259,13 @@ def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
     if clash:
         raise ConfigError("a flag cannot be both searched and derived", file=file, key=f"space.derived.{clash[0]}",
                           fix="remove it from one of the two tables")
-    engine = cfg.engine.model_copy(update={"fixed": flags(cfg.engine.fixed, "engine.fixed")})
-    baseline = cfg.baseline.model_copy(update={"flags": flags(cfg.baseline.flags, "baseline.flags", cfg.baseline.env),
-                                               "env": {}})
-    enqueue = [e.model_copy(update={"flags": flags(e.flags, f"enqueue.{i}.flags", e.env), "env": {}})
-               for i, e in enumerate(cfg.enqueue)]
+    fixed = dict(cfg.engine.fixed)
+    fixed_env = fixed.pop("env", None) or {}  # [engine.fixed.env]
+    engine = cfg.engine.model_copy(update={"fixed": flags(fixed, "engine.fixed", fixed_env, "engine.fixed.env")})
+    baseline = cfg.baseline.model_copy(update={
+        "flags": flags(cfg.baseline.flags, "baseline.flags", cfg.baseline.env, "baseline.env"), "env": {}})
+    enqueue = [e.model_copy(update={"flags": flags(e.flags, f"enqueue.{i}.flags", e.env, f"enqueue.{i}.env"),
+                                    "env": {}}) for i, e in enumerate(cfg.enqueue)]
     return cfg.model_copy(update={"space": space, "derived": derived, "engine": engine, "baseline": baseline,
                                   "enqueue": enqueue})
 
