@@ -38,7 +38,7 @@ from autotune.config.sections import (
 )
 from autotune.errors import ConfigError, WorkloadError
 from autotune.prompts import PromptSample
-from autotune.sglang.envs import ENV_PREFIX, EnvTable
+from autotune.sglang.envs import ENV_PREFIX
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.profiles import load_gpu, load_model
 
@@ -217,10 +217,8 @@ def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
     """Normalise every flag name to SGLang's dest and every value to its type, through the bundled flag table."""
     table = FlagTable.bundled()
 
-    def flags(config: dict[str, Any], key: str, env: dict[str, Any] | None = None) -> dict[str, Any]:
-        config = dict(config)
-        env = {**(config.pop("env", None) or {}), **(env or {})} if key == "engine.fixed" else env or {}
-        key_env = "engine.fixed.env" if key == "engine.fixed" else key.removesuffix(".flags") + ".env"
+    def flags(config: dict[str, Any], key: str, env: dict[str, Any], key_env: str) -> dict[str, Any]:
+        """A table's flags and its environment levers (``key_env``) as one checked config (levers as env:NAME)."""
         try:
             out = dict(table.check(config))
         except ConfigError as exc:
@@ -231,22 +229,15 @@ def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
             raise _flag_error(exc, file, key_env, table=True) from None
 
     def dest(name: str, key: str) -> str:
-        if name.startswith(ENV_PREFIX):
-            try:
-                return ENV_PREFIX + EnvTable.bundled().lookup(name[len(ENV_PREFIX):]).name
-            except ConfigError as exc:
-                raise ConfigError(exc.message, file=file, key=key.replace(ENV_PREFIX, "env."), fix=exc.fix) from None
         try:
-            return table.lookup(name).dest
+            return table.key(name)  # a flag's dest, or a lever's env:NAME
         except ConfigError as exc:
-            raise _flag_error(exc, file, key) from None
+            raise _flag_error(exc, file, key.replace(ENV_PREFIX, "env.")) from None
 
     def coerce(name: str, value: Any, key: str) -> Any:
         if value is None:
             return None
         try:
-            if name.startswith(ENV_PREFIX):
-                return EnvTable.bundled().coerce(name[len(ENV_PREFIX):], value)
             return table.coerce(name, value)
         except ConfigError as exc:
             raise _flag_error(exc, file, key) from None
@@ -268,11 +259,13 @@ def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
     if clash:
         raise ConfigError("a flag cannot be both searched and derived", file=file, key=f"space.derived.{clash[0]}",
                           fix="remove it from one of the two tables")
-    engine = cfg.engine.model_copy(update={"fixed": flags(cfg.engine.fixed, "engine.fixed")})
-    baseline = cfg.baseline.model_copy(update={"flags": flags(cfg.baseline.flags, "baseline.flags", cfg.baseline.env),
-                                               "env": {}})
-    enqueue = [e.model_copy(update={"flags": flags(e.flags, f"enqueue.{i}.flags", e.env), "env": {}})
-               for i, e in enumerate(cfg.enqueue)]
+    fixed = dict(cfg.engine.fixed)
+    fixed_env = fixed.pop("env", None) or {}  # [engine.fixed.env]
+    engine = cfg.engine.model_copy(update={"fixed": flags(fixed, "engine.fixed", fixed_env, "engine.fixed.env")})
+    baseline = cfg.baseline.model_copy(update={
+        "flags": flags(cfg.baseline.flags, "baseline.flags", cfg.baseline.env, "baseline.env"), "env": {}})
+    enqueue = [e.model_copy(update={"flags": flags(e.flags, f"enqueue.{i}.flags", e.env, f"enqueue.{i}.env"),
+                                    "env": {}}) for i, e in enumerate(cfg.enqueue)]
     return cfg.model_copy(update={"space": space, "derived": derived, "engine": engine, "baseline": baseline,
                                   "enqueue": enqueue})
 

@@ -19,6 +19,7 @@ from autotune.errors import AutotuneError
 from autotune.inspect.probe import Probe, ProbeFailure, StartupPools, probe, read_startup_log
 from autotune.inspect.state import ServerState, as_int
 from autotune.inspect.suggest import advise
+from autotune.sglang.args import mamba_slots_per_request
 from autotune.sglang.profiles import load_gpu, load_model
 
 
@@ -62,19 +63,18 @@ class PoolUsage:
     gen_throughput: float | None = None
 
 
-def mamba_ratio(args: dict[str, Any]) -> tuple[int | None, str | None]:
-    """Mamba slots per running request (``sglang.args.mamba_slots_per_request``) from the resolved strategy, and the strategy's words."""
+def mamba_ratio(args: dict[str, Any], *, skip_decode_lock: bool = False) -> tuple[int | None, str | None]:
+    """Mamba slots per running request (``sglang.args.mamba_slots_per_request``) from the resolved strategy, and the
+    strategy's words; ``skip_decode_lock``: under SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1."""
     if args.get("disable_radix_cache"):
         return 1, "radix cache disabled"
     strategy = args.get("mamba_radix_cache_strategy")
+    if strategy not in ("extra_buffer", "extra_buffer_lazy", "no_buffer"):
+        return None, strategy
     overlap = not args.get("disable_overlap_schedule")
-    if strategy == "extra_buffer":
-        return (5, "extra_buffer + overlap") if overlap else (4, "extra_buffer, no overlap")
-    if strategy == "extra_buffer_lazy":
-        return 4, "extra_buffer_lazy"
-    if strategy == "no_buffer":
-        return 3, "no_buffer"
-    return None, strategy
+    words = ("extra_buffer + overlap" if overlap else "extra_buffer, no overlap") if strategy == "extra_buffer" else \
+        strategy
+    return mamba_slots_per_request(strategy, overlap=overlap, radix_off=False, skip_decode_lock=skip_decode_lock), words
 
 
 def explain_capacity(s: ServerState) -> CapacityExplanation:
@@ -111,13 +111,14 @@ def explain_capacity(s: ServerState) -> CapacityExplanation:
             Limit(name="est", value=est, why=f"SGLang's estimate from {s.kv_tokens:,} tokens ÷ context")
         )
     limits.append(Limit(name="kv", value=s.kv_tokens // 2, why=f"{s.kv_tokens:,} KV tokens ÷ 2"))
-    if s.mamba_slots is not None and ratio and ratio > 3 and s.mamba_slots // ratio != s.effective_mrr:
-        # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 (an environment switch /server_info does not show) lowers the ratio
-        # by one in the extra-buffer strategies (kv_cache_configurator.py L3066-3069)
-        if s.mamba_slots // (ratio - 1) == s.effective_mrr:
-            limits.insert(0, Limit(name="mamba", value=s.mamba_slots // (ratio - 1),
-                                   why=f"{s.mamba_slots:,} Mamba slots ÷ {ratio - 1} per request ({strategy}, "
-                                       "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1)"))
+    # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 (an environment switch /server_info does not show) lowers the ratio by one
+    # in the extra-buffer strategies (kv_cache_configurator.py L3066-3069)
+    skipped = mamba_ratio(s.args, skip_decode_lock=True)[0]
+    if s.mamba_slots is not None and ratio and skipped and skipped != ratio \
+            and s.mamba_slots // ratio != s.effective_mrr == s.mamba_slots // skipped:
+        limits.insert(0, Limit(name="mamba", value=s.mamba_slots // skipped,
+                               why=f"{s.mamba_slots:,} Mamba slots ÷ {skipped} per request ({strategy}, "
+                                   "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1)"))
     matching = [limit for limit in limits if limit.value == s.effective_mrr]
     binding = matching[0].name if matching else None
     if matching:

@@ -93,7 +93,8 @@ CHARS_PER_TOKEN = 4
 # little above the estimate. A prompt the estimate lets through but the server refuses is counted as a rejected
 # request of the trial (``harness.outcome``), never hidden.
 UNKNOWN_CONTEXT_TOKENS = 10 * 2**20  # no known context length (an HF id, not a local dir): the longest any model has
-_MARKER_CHARS = len(pass_marker(9999))  # a ``fresh`` replay's later walks lead each prompt with a pass marker
+LONGEST_PASS = 9999  # a ``fresh`` replay's later walks lead each prompt with a pass marker; this one is the longest
+_MARKER_CHARS = len(pass_marker(LONGEST_PASS))
 
 
 def estimate_tokens(row: PromptRow) -> int:

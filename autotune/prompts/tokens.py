@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.prompts.rows import CHARS_PER_TOKEN, PromptRow, estimate_tokens
-
-MARKER_PASS = 9999  # the longest pass marker a replay puts in front of a prompt (as ``rows.estimate_tokens`` counts)
+from autotune.prompts.rows import CHARS_PER_TOKEN, LONGEST_PASS, PromptRow, estimate_tokens
 
 
 @functools.lru_cache(maxsize=4)
@@ -60,7 +58,7 @@ class TokenCounter:
         """The row's prompt tokens with the longest pass marker in front (exact with a tokenizer)."""
         if self.tokenizer is None:
             return estimate_tokens(row)
-        return len(self.tokenizer.encode(row.as_text(MARKER_PASS)).ids)
+        return len(self.tokenizer.encode(row.as_text(LONGEST_PASS)).ids)
 
     def how(self, row: PromptRow) -> str:
         """How ``count`` counted ``row``, for a message: the tokenizer, or the estimate named as one."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from autotune.sglang.envs import parse_bool
 from autotune.sglang.profiles import GpuProfile, ModelProfile, vit_factor
 
 __all__ = ["PlanFailure", "PlanStop", "decode_bs_list", "default_mem_fraction", "env_bool", "graph_settings",
@@ -68,11 +69,8 @@ SKIP_DECODE_LOCK = "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"
 def env_bool(env: Mapping[str, str] | None, name: str, default: bool = False) -> bool:
     """An ``EnvBool`` the way 0.5.23 reads it (``srt/environ.py`` L143-150, ``EnvField.get`` L67-86): true/1/yes/y,
     false/0/no/n, any other value warns and falls back to the default."""
-    raw = (env or {}).get(name)
-    if raw is None:
-        return default
-    value = str(raw).lower()
-    return True if value in ("true", "1", "yes", "y") else False if value in ("false", "0", "no", "n") else default
+    value = parse_bool((env or {}).get(name, ""))  # unset: "", which no EnvBool reads
+    return default if value is None else value
 
 
 def mamba_slots_per_request(strategy: str, *, overlap: bool, radix_off: bool, skip_decode_lock: bool = False) -> int:

@@ -19,11 +19,26 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "EnvTable", "EnvVar", "env_strings", "parse_envs", "render", "split_env"]
+__all__ = ["ENV_PREFIX", "EnvTable", "EnvVar", "assignment", "env_strings", "lever", "parse_bool", "parse_envs",
+           "render", "split_env"]
 
 BUNDLED_VERSION = "0.5.23"
 ENV_PREFIX = "env:"
 _TRUE, _FALSE = ("true", "1", "yes", "y"), ("false", "0", "no", "n")  # EnvBool.parse, srt/environ.py L143-150
+
+
+def parse_bool(value: Any) -> bool | None:
+    """An ``EnvBool`` value the way SGLang parses it (true/1/yes/y, false/0/no/n, any case); None for any other."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).lower()
+    return True if text in _TRUE else False if text in _FALSE else None
+
+
+def lever(key: object) -> str | None:
+    """The variable a config's ``env:NAME`` key names; None for a flag's key."""
+    text = str(key)
+    return text[len(ENV_PREFIX):] if text.startswith(ENV_PREFIX) else None
 
 
 @dataclass(frozen=True)
@@ -73,11 +88,9 @@ class EnvTable:
         text = str(value).strip()
         try:
             if var.type == "bool":
-                if isinstance(value, bool):
-                    return value
-                if text.lower() in _TRUE + _FALSE:
-                    return text.lower() in _TRUE
-                raise ValueError(f'"{text}" is not a valid boolean value')
+                if (flag := parse_bool(text)) is None:
+                    raise ValueError(f'"{text}" is not a valid boolean value')
+                return flag
             if var.type == "int" and not isinstance(value, bool):
                 return int(value) if isinstance(value, int) else int(text)
             if var.type == "float" and not isinstance(value, bool):
@@ -105,19 +118,25 @@ def parse_envs(items: Iterable[str], table: EnvTable | None = None) -> dict[str,
     table = table or EnvTable.bundled()
     out: dict[str, str] = {}
     for item in items:
-        name, sep, value = str(item).partition("=")
-        if not sep or not name.strip():
-            raise ConfigError(f"--env expects NAME=VALUE, got {item!r}",
-                              fix="e.g. --env SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1")
-        var = table.lookup(name.strip())
-        out[var.name] = render(table.coerce(var.name, value.strip()))
+        name, value = assignment(item, "--env", "NAME=VALUE", "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1")
+        var = table.lookup(name)
+        out[var.name] = render(table.coerce(var.name, value))
     return out
+
+
+def assignment(item: str, option: str, form: str, example: str) -> tuple[str, str]:
+    """One ``option``'s ``NAME=VALUE`` item (``--env``, ``--set``) → (name, value), stripped; an item without ``=``
+    or a name is a ``ConfigError`` quoting ``form`` and ``example``."""
+    name, sep, value = str(item).partition("=")
+    if not sep or not name.strip():
+        raise ConfigError(f"{option} expects {form}, got {item!r}", fix=f"e.g. {option} {example}")
+    return name.strip(), value.strip()
 
 
 def split_env(config: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """A trial's config → (its SGLang flags, its environment variables by name)."""
-    flags = {k: v for k, v in config.items() if not str(k).startswith(ENV_PREFIX)}
-    env = {str(k)[len(ENV_PREFIX):]: v for k, v in config.items() if str(k).startswith(ENV_PREFIX)}
+    flags = {k: v for k, v in config.items() if lever(k) is None}
+    env = {name: v for k, v in config.items() if (name := lever(k)) is not None}
     return flags, env
 
 

@@ -18,7 +18,7 @@ from importlib import resources
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.sglang.envs import ENV_PREFIX, EnvTable
+from autotune.sglang.envs import ENV_PREFIX, EnvTable, assignment, lever
 
 BUNDLED_VERSION = "0.5.23"
 
@@ -203,8 +203,17 @@ class FlagTable:
         dest = self.lookup(name).dest
         return f"{self.lookup(name).flag} is deprecated; use {DEPRECATED[dest]}" if dest in DEPRECATED else None
 
+    def key(self, name: str) -> str:
+        """A config key as the study keeps it: the flag's dest, or an environment lever's ``env:NAME`` under the
+        variable's current name (``sglang.envs``)."""
+        var = lever(name)
+        return self.lookup(name).dest if var is None else ENV_PREFIX + EnvTable.bundled().lookup(var).name
+
     def coerce(self, dest: str, value: Any) -> Any:
-        """``value`` as the flag's type (int/float/str/bool/list), or ``ConfigError`` naming flag and value."""
+        """``value`` as the flag's type (int/float/str/bool/list) or the lever's (``env:NAME``), or ``ConfigError``
+        naming flag and value."""
+        if (var := lever(dest)) is not None:  # an environment lever kept beside the flags (sglang.envs)
+            return None if value is None else EnvTable.bundled().coerce(var, value)
         spec = self.lookup(dest)
         if value is None:
             return None
@@ -219,9 +228,8 @@ class FlagTable:
         """Keys normalised to dest and every value coerced; raises on the first bad flag or value."""
         out: dict[str, Any] = {}
         for key, value in config.items():
-            if str(key).startswith(ENV_PREFIX):  # an environment lever kept beside the flags (sglang.envs)
-                var = EnvTable.bundled().lookup(str(key)[len(ENV_PREFIX):])
-                out[ENV_PREFIX + var.name] = None if value is None else EnvTable.bundled().coerce(var.name, value)
+            if lever(key) is not None:  # an environment lever kept beside the flags (sglang.envs)
+                out[self.key(key)] = self.coerce(key, value)
                 continue
             spec = self.lookup(key)
             if spec.dest in out:
@@ -233,7 +241,7 @@ class FlagTable:
         """``--dashed value`` pairs; store-true True → the bare flag; False/None → omitted."""
         argv: list[str] = []
         for key, value in config.items():
-            if str(key).startswith(ENV_PREFIX):  # the server's environment, not a flag (``sglang.envs.env_strings``)
+            if lever(key) is not None:  # the server's environment, not a flag (``sglang.envs.env_strings``)
                 continue
             spec = self.lookup(key)
             value = self.coerce(spec.dest, value)
@@ -332,11 +340,8 @@ def parse_sets(items: Iterable[str], table: FlagTable | None = None) -> dict[str
     table = table or FlagTable.bundled()
     out: dict[str, Any] = {}
     for item in items:
-        name, sep, value = str(item).partition("=")
-        if not sep or not name.strip():
-            raise ConfigError(f"--set expects FLAG=VALUE, got {item!r}", fix="e.g. --set max-mamba-cache-size=200")
-        spec = table.lookup(name.strip())
-        value = value.strip()
+        name, value = assignment(item, "--set", "FLAG=VALUE", "max-mamba-cache-size=200")
+        spec = table.lookup(name)
         if spec.is_list and value:
             out[spec.dest] = table.coerce(spec.dest, value.replace(",", " ").split())
         else:

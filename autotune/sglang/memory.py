@@ -20,7 +20,7 @@ from autotune.sglang.args import (
     default_mem_fraction,
     prefill_token_buckets,
 )
-from autotune.sglang.envs import render, split_env
+from autotune.sglang.envs import env_strings, split_env
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.profiles import GIB, GpuProfile, ModelProfile
 
@@ -126,8 +126,8 @@ def plan(model: ModelProfile, gpu: GpuProfile, flags: Mapping[str, Any], *, free
     """
     fix = Corrections(workspace_offset_gib=workspace_offset_gib, activation_scale=activation_scale,
                       graph_scale=graph_scale)
-    flags, levers = split_env(flags)  # a study's environment levers travel in its config as ``env:NAME``
-    env = {**{k: render(v) for k, v in levers.items() if v is not None}, **(env or {})}
+    env = {**env_strings(flags), **(env or {})}  # a study's environment levers travel in its config as ``env:NAME``
+    flags = split_env(flags)[0]
     f = {k: _typed(k, v) for k, v in flags.items() if v is not None}
     trace = _Trace(start=step.start(gpu, f, free_gib=free_gib))
     failure: PlanFailure | None = None
