@@ -14,6 +14,7 @@ import hashlib
 import json
 import math
 import multiprocessing
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -150,18 +151,37 @@ def space_hash(case: Case) -> str:
     return digest.hexdigest()[:16]
 
 
+def cache_path(kind: str, case: Case, cache_dir: Path, suffix: str = "") -> Path:
+    """``<kind>-<case>-<space_hash><suffix>.cache.json``: where a figure of the case's inputs is cached."""
+    return cache_dir / f"{kind}-{case.name.replace('/', '--')}-{space_hash(case)}{suffix}.cache.json"
+
+
+def read_cache(path: Path) -> Any:
+    """A cached figure, or None when there is none yet."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def write_cache(path: Path, data: Any) -> None:
+    """Write a cache file atomically: a parallel worker, or a run stopped half-way, never leaves half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str), encoding="utf-8")
+    tmp.replace(path)
+
+
 def ground_truth(case: Case, oracle: Oracle, *, cache_dir: Path, say) -> dict[str, Any]:
-    """The exhaustive grid's optimum, cached as ``<case>-<hash>.cache.json`` (same inputs, same answer)."""
-    path = cache_dir / f"ground-truth-{case.name.replace('/', '--')}-{space_hash(case)}.cache.json"
-    if path.exists():
-        return json.loads(path.read_text(encoding="utf-8"))
+    """The exhaustive grid's optimum, cached as ``ground-truth-<case>-<hash>.cache.json`` (same inputs, same
+    answer)."""
+    path = cache_path("ground-truth", case, cache_dir)
+    cached = read_cache(path)
+    if cached is not None:
+        return cached
     say(f"  {case.name}: exhaustive grid (cached afterwards in {path.name}) ...")
     started = time.monotonic()
     truth = exhaustive(case, oracle)
     truth["seconds"] = round(time.monotonic() - started, 1)
     truth["best_diff"] = config_diff(truth["config"], case.baseline)
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(truth, indent=1, sort_keys=True, default=str), encoding="utf-8")
+    write_cache(path, truth)
     say(f"  {case.name}: optimum {truth['tok_s']:,.0f} tok/s over {truth['grid']:,} configs "
         f"({truth['groups']:,} simulated) in {truth['seconds']:.0f} s")
     return truth

@@ -13,13 +13,11 @@ same figure), so a rerun evaluates nothing it has seen.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ground_truth import space_hash
+from ground_truth import cache_path, read_cache, write_cache
 from strategies import Case, simulate
 
 from autotune.search.space import key_of
@@ -37,9 +35,8 @@ class SteadyRates:
 
     def __init__(self, case: Case, cache_dir: Path):
         self.case = case
-        self.path = cache_dir / f"steady-{case.name.replace('/', '--')}-{space_hash(case)}-{METHOD}.cache.json"
-        self.rates: dict[str, float] = (json.loads(self.path.read_text(encoding="utf-8"))
-                                        if self.path.exists() else {})
+        self.path = cache_path("steady", case, cache_dir, f"-{METHOD}")
+        self.rates: dict[str, float] = read_cache(self.path) or {}
         self.evaluated = 0
         self._long = dataclasses.replace(case.workload, warmup_s=STEADY_S, measure_s=STEADY_S)
 
@@ -52,13 +49,9 @@ class SteadyRates:
         return self.rates[key]
 
     def save(self) -> None:
-        """Write the memo when this instance added to it (atomically: parallel workers never read half a file)."""
-        if not self.evaluated:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(self.rates, indent=0, sort_keys=True), encoding="utf-8")
-        tmp.replace(self.path)
+        """Write the memo when this instance added to it."""
+        if self.evaluated:
+            write_cache(self.path, self.rates)
 
 
 def steady_optimum(rates: SteadyRates, ranked: list[dict[str, Any]], picks: Iterable[dict[str, Any]],

@@ -285,13 +285,12 @@ class _SweepRunner:
     phase the stress's; one with only a stress step is a stress launch of its own."""
 
     def __init__(self, oracle: Oracle, rng: np.random.Generator, launches: dict[int, Launch],
-                 confirm_runs: list[Launch]):
+                 confirm_runs: list[Launch], prune_resolution: float | None = None):
         self.oracle, self.rng, self.launches, self.confirm_runs = oracle, rng, launches, confirm_runs
         self.stress_runs: list[float] = []  # GPU-seconds of each stress phase (with its launch, when its own)
         self.stress_launches = 0
-
-    prune_resolution: float | None = None  # set: search launches run under the slice pruner (``search.pruning``)
-    pruned = 0  # search launches the pruner ended early
+        self.prune_resolution = prune_resolution  # set: search launches run under the slice pruner (``search.pruning``)
+        self.pruned = 0  # search launches the pruner ended early
 
     def __call__(self, config: dict[str, Any], number: int) -> TrialResult:
         launch, result = self.oracle.launch(config, self.rng)
@@ -306,9 +305,11 @@ class _SweepRunner:
         """The launch as the slice pruner would have ended it, against the best measured so far: cut at the slice
         where it stopped (the GPU time after it not spent), its figure the window's mean so far times the launch's
         noise, recorded unsettled (never crowned). Unchanged when not pruned."""
+        if self.prune_resolution is None or launch.status != "ok":
+            return launch, result
         out = self.oracle.outcome(launch.config)
         best = max((x.observed for x in self.launches.values() if x.status == "ok"), default=0.0)
-        if self.prune_resolution is None or launch.status != "ok" or out.settling is None or not best:
+        if out.settling is None or not best:
             return launch, result
         settling = out.settling
         settler = PruningSettler(self.oracle.case.workload.rule, SlicePruner(best, self.prune_resolution))
@@ -363,9 +364,7 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
     rng = np.random.default_rng([seed, 0])
     launches: dict[int, Launch] = {}
     confirm_runs: list[Launch] = []
-    runner = _SweepRunner(oracle, rng, launches, confirm_runs)
-    if prune:
-        runner.prune_resolution = cfg.study.resolution
+    runner = _SweepRunner(oracle, rng, launches, confirm_runs, cfg.study.resolution if prune else None)
 
     sweep = Sweep(cfg, runner=runner, progress=_Quiet())
     # The same loop on Optuna's in-memory storage: SQLite bookkeeping would cost more CPU than the simulator.

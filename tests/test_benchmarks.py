@@ -15,6 +15,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import ground_truth as gt  # noqa: E402
 import measurement_noise as mn  # noqa: E402
 import search_efficiency as se  # noqa: E402
+import search_figure as fig  # noqa: E402
+import search_table as tab  # noqa: E402
 import strategies as st  # noqa: E402
 
 from autotune.config import load_config  # noqa: E402
@@ -116,12 +118,12 @@ def test_figures_from_launches():
             launch("ok", 99, 1800, observed=80), launch("ok", 98.5, 1800)]
     # The 99 config measured low (80), so the pick stays at 90 until 98.5 is measured.
     assert st.best_so_far(runs) == [0.0, 90, 90, 90, 98.5]
-    summary = se.summarise(runs, 100.0)
+    summary = tab.summarise(runs, 100.0)
     assert summary["trials"] == 5 and summary["gpu_h98"] == pytest.approx(3.0)
     assert summary["launches"] == 4 and summary["ooms"] == 1 and summary["oom_h"] == pytest.approx(1.0)
     assert summary["pct"] == pytest.approx(98.5)
-    assert se.to_target(runs[:2], 100.0) == (float("inf"), float("inf"))
-    assert se.med_iqr([1.0, 2.0, float("inf")], ".0f", 40) == "2 [2–>40]"
+    assert tab.to_target(runs[:2], 100.0) == (float("inf"), float("inf"))
+    assert tab.med_iqr([1.0, 2.0, float("inf")], ".0f", 40) == "2 [2–>40]"
 
 
 def test_run_case_writes_table_and_figure(case, tmp_path):
@@ -129,11 +131,11 @@ def test_run_case_writes_table_and_figure(case, tmp_path):
     cached = list(tmp_path.glob("ground-truth-tiny-*.cache.json"))
     assert len(cached) == 1 and json.loads(cached[0].read_text())["tok_s"] == result["truth"]["tok_s"]
     result.pop("case")
-    text = se.markdown([result], seeds=2, budgets=[4, 6], seconds=1.0)
+    text = tab.markdown([result], seeds=2, budgets=[4, 6], seconds=1.0)
     for name in [*st.STRATEGIES, *st.PROPOSALS]:
         assert f"| {name} |" in text
     assert "## tiny" in text and "% of the optimum" in text and "Hidden truth" in text
-    assert set(se.ABLATIONS) < set(st.STRATEGIES)  # every ablation is a row; the rest are the rival strategies
+    assert set(tab.ABLATIONS) < set(st.STRATEGIES)  # every ablation is a row; the rest are the rival strategies
     assert "ahead of every other strategy" in text and "ours minus each ablation" in text
     assert "Steady-state optimum (300 s warm-up" in text and "window-scored % @6" in text
     assert "equal GPU-h" in text and "Calibration, pooled" in text
@@ -147,7 +149,7 @@ def test_run_case_writes_table_and_figure(case, tmp_path):
         for seed, run in enumerate(runs):
             assert len(run) >= len(result["runs"][name, b][seed])
     assert len(result["calibration"]) == 2  # one study per seed at the top budget
-    se.figure([result], [4, 6], tmp_path / "fig.html")
+    fig.figure([result], [4, 6], tmp_path / "fig.html")
     html = (tmp_path / "fig.html").read_text()
     assert "ours" in html and "modelled GPU-hours" in html
 
