@@ -39,19 +39,11 @@ def worker_index() -> int:
 @pytest.fixture(scope="session", autouse=True)
 def own_devices_ports_and_caches(tmp_path_factory):
     low = FIRST_PORT + worker_index() * PORTS_PER_WORKER
-    own = {
-        "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path_factory.mktemp("sim-devices")),
-        "AUTOTUNE_PORT_RANGE": f"{low}-{low + PORTS_PER_WORKER - 1}",
-        "AUTOTUNE_CACHE_DIR": str(tmp_path_factory.mktemp("cache")),
-    }
-    before = {key: os.environ.get(key) for key in own}
-    os.environ.update(own)
-    yield
-    for key, value in before.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path_factory.mktemp("sim-devices")))
+        mp.setenv("AUTOTUNE_PORT_RANGE", f"{low}-{low + PORTS_PER_WORKER - 1}")
+        mp.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        yield
 
 
 OURS = ("shm-sampler", "gpu-monitor", "autotune-heartbeat", "autotune-watch-listen")
@@ -79,7 +71,7 @@ def fleet_base_port(monkeypatch) -> int:
     from autotune.deploy import ports
     from autotune.launch.ports import port_is_free, port_range
 
-    low, high = port_range() or (FIRST_PORT, FIRST_PORT + PORTS_PER_WORKER - 1)
+    low, high = port_range()  # set for the session above
     for base in range(high - 9, low - 1, -10):  # from the top: free_port takes turns through the whole range
         if all(port_is_free("127.0.0.1", p) for p in range(base, base + 10)):
             monkeypatch.setattr(ports, "DEFAULT_BASE_PORT", base)

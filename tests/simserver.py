@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,11 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from autotune.launch.ports import free_port  # this worker's own range (tests/conftest.py)
 
 
 @contextlib.contextmanager

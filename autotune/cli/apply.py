@@ -15,23 +15,10 @@ from autotune.deploy.inflight import client_advice, read_advice
 from autotune.deploy.numerics import check_numerics
 from autotune.deploy.sglang_yaml import config_diff
 from autotune.errors import ConfigError
+from autotune.launch.groups import parse_gpus
 from autotune.redaction import looks_secret
 from autotune.results import numerics_line
 from autotune.search.views.worstcase import check_stressed
-
-
-def parse_gpus(text: str) -> list[int]:
-    """``0-6`` or ``0,2,5`` → GPU indices."""
-    gpus: list[int] = []
-    try:
-        for part in text.split(","):
-            lo, _, hi = part.strip().partition("-")
-            gpus += list(range(int(lo), int(hi) + 1)) if hi else [int(lo)]
-    except ValueError:
-        raise ConfigError(f"cannot read GPU list {text!r}", key="--gpus", fix="write e.g. 0-6 or 0,1,2") from None
-    if not gpus or len(set(gpus)) != len(gpus) or min(gpus) < 0:
-        raise ConfigError(f"GPU list {text!r} is empty or repeats an index", key="--gpus", fix="write e.g. 0-6")
-    return gpus
 
 
 def _winner(config: Path | None, study: str | None, storage: str | None, trial: int | None):

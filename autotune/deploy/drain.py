@@ -36,7 +36,7 @@ def in_flight(server: FleetServer, record: router.Record | None = None) -> int |
         return int(sum(float(c) for c in counts if c is not None))
     text = router.get(record.metrics_base, "/metrics") if record is not None else None
     if isinstance(text, str):
-        return int(total(text, "smg_worker_requests_active", where=f'worker="{server.url}"'))
+        return int(total(text, "smg_worker_requests_active", worker=server.url))
     return None
 
 

@@ -11,11 +11,13 @@ record and compares with the reading closest to a minute ago (a first view waits
 from __future__ import annotations
 
 import json
-import re
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.deploy import router
 from autotune.deploy.fleetfile import Fleet
@@ -23,16 +25,21 @@ from autotune.deploy.fleetfile import Fleet
 WINDOW_S = 60.0
 FIRST_WAIT_S = 3.0  # a first view, with nothing to compare with, reads again after this long
 KEEP_S = 300.0
-_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+([0-9.eE+-]+|NaN)\s*$", re.MULTILINE)
 
 
-def series(text: str, name: str) -> list[tuple[str, float]]:
-    """(labels, value) of every sample of ``name`` in a Prometheus text body."""
-    return [(m[2] or "", float(m[3])) for m in _SAMPLE.finditer(text) if m[1] == name and m[3] != "NaN"]
+def series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of every sample of ``name`` in a Prometheus text body, by ``prometheus_client``'s parser (a
+    body it cannot read has none)."""
+    try:
+        return [(sample.labels, sample.value) for family in text_string_to_metric_families(text)
+                for sample in family.samples if sample.name == name and not math.isnan(sample.value)]
+    except ValueError:
+        return []
 
 
-def total(text: str, name: str, *, where: str = "") -> float:
-    return sum(v for labels, v in series(text, name) if where in labels)
+def total(text: str, name: str, **labels: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``labels``."""
+    return sum(v for got, v in series(text, name) if all(got.get(k) == want for k, want in labels.items()))
 
 
 @dataclass(kw_only=True)
@@ -85,7 +92,7 @@ def _reading(record: router.Record, urls: list[str]) -> tuple[dict[str, Any], di
     text = router.get(record.metrics_base, "/metrics")
     text = text if isinstance(text, str) else ""
     done = sum(v for labels, v in series(text, "smg_router_upstream_responses_total")
-               if re.search(r'status_code="2\d\d"', labels))
+               if labels.get("status_code", "").startswith("2"))
     tokens = {u: total(t, "sglang:generation_tokens_total") for u, t in worker_texts.items()}
     return ({"t": time.time(), "completions": done, "tokens": tokens,
              "connections": total(text, "smg_http_connections_active")}, worker_texts)

@@ -20,6 +20,7 @@ from autotune.results import TOO_SLOW
 
 _PREFILL = re.compile(r"Prefill batch[.,] #new-seq: (\d+), #new-token: (\d+)")
 _DECODE = re.compile(r"Decode batch[.,] #running-req: (\d+)")
+STUDY_OPTIONS = ("workload.measure_s", "workload.warmup_s")  # the window's and warm-up's names in a study file
 DOMINANT = 0.5  # rejections at or above this share of the requests sent are named in the reason
 
 
@@ -92,7 +93,7 @@ def _evidence(seen: dict[str, Any]) -> str:
 
 
 def no_tokens(requests: Sequence[Any], log_since_replay: str, probes: Sequence[Any], *, window_s: float,
-              options: tuple[str, str] = ("workload.measure_s", "workload.warmup_s")) -> tuple[str, str, dict[str, Any]]:
+              options: tuple[str, str] = STUDY_OPTIONS) -> tuple[str, str, dict[str, Any]]:
     """(status, reason, figures) of a window in which no token arrived from a live server: ``crash`` naming the
     refusals when they dominate, ``too_slow`` with the server's progress as evidence, else ``crash``. ``options``:
     the window's and the warm-up's length as the command names them (a study's keys, ``measure``'s options)."""

@@ -35,7 +35,7 @@ from autotune.harness.engines.base import Engine, GpuReader, group_reader, launc
 from autotune.harness.fidelity import FidelityProbe
 from autotune.harness.files import writing
 from autotune.harness.gpu import GpuMonitor
-from autotune.harness.outcome import dominated, no_tokens, rejection_line, rejections
+from autotune.harness.outcome import STUDY_OPTIONS, dominated, no_tokens, rejection_line, rejections
 from autotune.harness.setup import NO_HOOKS, PhaseCallback, TrialHooks, TrialSetup, server_group
 from autotune.harness.steps import AfterWindow, Launch, ProbeStep
 from autotune.harness.workload import (
@@ -389,7 +389,7 @@ def _cancelled(server: ServerHandle | None) -> dict[str, Any] | None:
 
 
 def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords, info: Mapping[str, Any] | None,
-                    log_since: str, *, options: tuple[str, str] = ("workload.measure_s", "workload.warmup_s"),
+                    log_since: str, *, options: tuple[str, str] = STUDY_OPTIONS,
                     ) -> dict[str, Any]:
     """Metrics and status of a replay that ran its window; a tok/s only where the window measured the server.
     ``options``: how the command names the window and warm-up lengths (its study keys, or its own options)."""
