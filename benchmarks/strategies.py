@@ -21,11 +21,13 @@ the stress batch is the simulator's own test (``tests/test_stress_stage.py``), n
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import itertools
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -275,7 +277,10 @@ class _NoPrecheck(CorrectedFeasibility):
 
 @functools.cache
 def _workdir() -> Path:
-    return Path(tempfile.mkdtemp(prefix=f"autotune-bench-{os.getpid()}-"))
+    """A scratch folder for this process's studies, removed when it exits."""
+    path = Path(tempfile.mkdtemp(prefix=f"autotune-bench-{os.getpid()}-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 class _SweepRunner:
