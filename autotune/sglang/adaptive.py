@@ -67,7 +67,7 @@ class AdaptiveSpec:
         return max(self.candidates) + 1
 
     def slot_initial(self, key: int) -> int:
-        """A slot's first steps (``AdaptiveStepSlot.__init__``, L170-173): the initial steps if a candidate,
+        """A slot's first steps (``AdaptiveStepSlot.__init__``, L178-181): the initial steps if a candidate,
         else its middle candidate."""
         cands = self.table[key].candidates
         return self.initial_steps if self.initial_steps in cands else cands[len(cands) // 2]
@@ -94,7 +94,7 @@ class AdaptiveSpec:
 
 
 def load_config(path: str | None) -> dict[int, SlotConfig]:
-    """``_load_adaptive_config`` (L108-142): the default table, or a JSON file's integer-string keys (top-level
+    """``_load_adaptive_config`` (L103-139): the default table, or a JSON file's integer-string keys (top-level
     knobs shared, a slot's own winning). A missing file or a bad entry is SGLang's own error at startup."""
     if path is None:
         return dict(DEFAULT_TABLE)
@@ -147,7 +147,7 @@ def unsupported_reason(algorithm: str | None, f: Mapping[str, Any], attn_dp: int
 def resolve(f: Mapping[str, Any], attn_dp: int) -> tuple[dict[str, Any], AdaptiveSpec | None, list[str]]:
     """The flags the speculative resolution then sees, the controller (None when off) and SGLang's warnings:
     ``_maybe_disable_adaptive`` and ``_init_adaptive_speculative_params`` (speculative_hook.py L261-264,
-    L1372-1426), which run before the EAGLE family's auto parameters (L1159, skipped under adaptive)."""
+    L1374-1426), which run before the EAGLE family's auto parameters (L1159, skipped under adaptive)."""
     if not f.get("speculative_adaptive"):
         return dict(f), None, []
     algo = f.get("speculative_algorithm")
@@ -173,7 +173,7 @@ def resolve(f: Mapping[str, Any], attn_dp: int) -> tuple[dict[str, Any], Adaptiv
 
 
 def slot_for(batch: int, table_keys: list[int] | tuple[int, ...], graph_bs: list[int] | tuple[int, ...] | None) -> int:
-    """``AdaptiveSpeculativeParams._route`` (L338-354): pad ``batch`` to the next captured graph size (unchanged
+    """``AdaptiveSpeculativeParams._route`` (L342-358): pad ``batch`` to the next captured graph size (unchanged
     past the largest, or without graphs), then the largest slot key not above it (the smallest key below all)."""
     padded = batch
     if graph_bs:
@@ -186,12 +186,12 @@ def slot_for(batch: int, table_keys: list[int] | tuple[int, ...], graph_bs: list
 
 def expected_accepted_drafts(alpha: float, steps: int) -> float:
     """Mean accepted drafts per request of a verify over a ``steps``-token chain, each accepted with ``alpha``
-    (the quantity ``AdaptiveStepSlot.update`` averages: L190-205)."""
+    (the quantity ``AdaptiveStepSlot.update`` averages: L187-211)."""
     return sum(alpha**i for i in range(1, steps + 1))
 
 
 def settled_steps(slot: SlotConfig, initial: int, alpha: float) -> int:
-    """The steps a slot settles on when its EMA sits at its expectation: ``_recompute_params`` (L207-261) iterated
+    """The steps a slot settles on when its EMA sits at its expectation: ``_recompute_params`` (L213-261) iterated
     from ``initial`` until it stops moving (or revisits a step: the larger of a 2-cycle, which its up-move
     reaches). The EMA's warm-up, lag and noise are not modelled."""
     cands = list(slot.candidates)

@@ -21,7 +21,7 @@ def scratch_allocation(model: ModelProfile, f: step.Flags, r: step.Resolved, m: 
     (``_handle_max_mamba_cache``), but the static pool allocates it for ``max_speculative_num_draft_tokens`` —
     max(candidates) + 1 under adaptive (``_build_hybrid_req_pool``, kv_cache_configurator.py L1718-1734) — while
     the unified pool allocates D draft tokens with an undeduplicated conv window of D·(k−1) columns
-    (``UnifiedMambaPool``, unified_memory_pool.py L1130-1170). The charge, and so ``rest``, stays as it was."""
+    (``UnifiedMambaPool``, unified_memory_pool.py L1132-1170, sized at D by kv_cache_configurator.py L930). The charge, and so ``rest``, stays as it was."""
     if m.slots is None or not r.spec.on or f.get("enable_linear_replayssm_spec") or (adaptive is None and not unified):
         return m
     tp, k = r.start.attn_tp, model.conv_kernel

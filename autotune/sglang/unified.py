@@ -26,13 +26,13 @@ from autotune.sglang.profiles import ModelProfile
 
 __all__ = ["Arena", "arena", "check"]
 
-# kv_cache_hook.py L805-812: the MHA/SWA page-major allow-list; L490: the MHA backends audited for EAGLE verify.
+# kv_cache_hook.py L813-819: the MHA/SWA page-major allow-list; L490: the MHA backends audited for EAGLE verify.
 PAGE_MAJOR_BACKENDS = frozenset({"triton", "fa3", "fa4", "flashinfer", "trtllm_mha"})
 SPEC_MHA_AUDITED = frozenset({"triton", "flashinfer", "fa3", "trtllm_mha"})
 SPEC_VERIFY_AUDITED = frozenset({"triton", "trtllm_mla", "cutedsl_mla", "flashmla", "flashinfer", "fa3"})
-LINEAR_DECODE = frozenset({"triton", "flashinfer"})  # L842 (GQA-hybrid: no KDA-only kernels)
-LINEAR_PREFILL = frozenset({"triton", "flashkda", "flashinfer"})  # L843
-UNIFIED_SPEC = (None, "DSPARK", "EAGLE", "EAGLE3", "DFLASH")  # L589-600
+LINEAR_DECODE = frozenset({"triton", "flashinfer"})  # L841 (GQA-hybrid: no KDA-only kernels)
+LINEAR_PREFILL = frozenset({"triton", "flashkda", "flashinfer"})  # L842
+UNIFIED_SPEC = (None, "DSPARK", "EAGLE", "EAGLE3", "DFLASH")  # L588-599
 ENTRY_ALIGN = 32  # srt/mem_cache/layout/token_major.py L21 (ENTRY_ALIGN_BYTES)
 ROW_ALIGN = 16  # L22 (ROW_ALIGN_BYTES)
 KV_FLOOR_ALIGN = 4096  # kv_cache_configurator.py L3207-3211
@@ -48,7 +48,7 @@ def check(model: ModelProfile, f: Mapping[str, Any], *, algorithm: str | None, t
     ``algorithm`` is the resolved speculative algorithm (NEXTN/MTP → EAGLE), ``backend`` the resolved attention
     backend (prefill and decode alike here)."""
     if not f.get("enable_unified_memory"):
-        if f.get("enable_page_major_kv_layout"):  # L781-787
+        if f.get("enable_page_major_kv_layout"):  # L783-789
             raise _stop("AssertionError: --enable-page-major-kv-layout without --enable-unified-memory is "
                         "temporarily unsupported: the strided MHA K/V views were removed and the static-pool "
                         "page-major layout awaits its per-layer-view reimplementation. Run with "
@@ -74,7 +74,7 @@ def check(model: ModelProfile, f: Mapping[str, Any], *, algorithm: str | None, t
     if algorithm in ("EAGLE", "EAGLE3", "DFLASH"):
         _fused_draft(f, algorithm)
     warnings = []
-    if f.get("cuda_graph_backend_prefill") == "full" and backend not in ("fa3", "fa4"):  # L705-727
+    if f.get("cuda_graph_backend_prefill") == "full" and backend not in ("fa3", "fa4"):  # L689-716
         warnings.append(f"--enable-unified-memory: disabling the FULL prefill cuda-graph backend. It builds its block "
                         f"table in _init_full_cg_prefill_metadata, which only ['fa3', 'fa4'] implement; the resolved "
                         f"attention backends are ['{backend}']. Decode capture and the other prefill backends are "
@@ -83,7 +83,7 @@ def check(model: ModelProfile, f: Mapping[str, Any], *, algorithm: str | None, t
 
 
 def _page_major(f: Mapping[str, Any], backend: str) -> None:
-    """``handle_page_major_kv_layout`` (L770-858): implied by the flag; backends that read strided views only."""
+    """``handle_page_major_kv_layout`` (L770-862): implied by the flag; backends that read strided views only."""
     if backend not in PAGE_MAJOR_BACKENDS:
         raise _stop(f"AssertionError: --enable-page-major-kv-layout: the resolved attention backends ['{backend}'] "
                     f"are not in the allowed set {sorted(PAGE_MAJOR_BACKENDS)} for this configuration. Pass a "
@@ -125,7 +125,7 @@ def _pool(model: ModelProfile, f: Mapping[str, Any], *, algorithm: str | None, t
                         f"fused draft is MHA-shaped and reads its KV through the translated MHA rails "
                         f"{sorted(SPEC_MHA_AUDITED)}. Set --speculative-draft-attention-backend to one of them.")
     audited = {"DSPARK": SPEC_VERIFY_AUDITED | {"fa4"}, "DFLASH": SPEC_MHA_AUDITED}.get(str(algorithm))
-    if audited is not None and backend not in audited:  # L499-525, L637-648
+    if audited is not None and backend not in audited:  # L499-525, L641-652
         raise _stop(f"AssertionError: --enable-unified-memory + {algorithm} requires spec-verify-audited attention "
                     f"backends {sorted(audited)} for both prefill and decode; got ['{backend}']. Other backends do "
                     f"not translate speculative verify indices to the unified pool's physical ids yet.")
@@ -141,7 +141,7 @@ def _pool(model: ModelProfile, f: Mapping[str, Any], *, algorithm: str | None, t
         raise _stop("AssertionError: --enable-unified-memory + EAGLE/EAGLE3 does not support --enable-hierarchical-"
                     "cache: HiCache keeps the draft on a private pool, and would pack an MTP head's KV into the "
                     "target's page-envelope host pool, which refuses per-layer draft loads.")
-    if int(f.get("dcp_size") or 1) > 1:  # _validate_unified_memory_dcp, L730-741: MLA models only
+    if int(f.get("dcp_size") or 1) > 1:  # _validate_unified_memory_dcp, L719-732: MLA models only
         raise _stop("AssertionError: --enable-unified-memory with decode context parallelism (--dcp-size > 1) "
                     "supports MLA models only (e.g. kimi-linear): the MHA unified pool has no DCP-aware masked "
                     "write path (UnifiedMHATokenToKVPool.set_kv_buffer asserts dcp_kv_mask is None).")
@@ -185,7 +185,7 @@ def arena(*, kv_budget_bytes: float, kv_tokens: int, capped: bool, cell_bytes: i
           page: int) -> Arena:
     """The arena's size and its token view. ``kv_budget_bytes`` is what the static KV pool would be cut from (the
     budget left after the Mamba pool), ``capped`` whether --max-total-tokens set ``kv_tokens``; raises SGLang's
-    bs=1 floor error (``_check_bs1_feasibility_floor``, L1546-1568) when one request's three state slots and the
+    bs=1 floor error (``_check_bs1_feasibility_floor``, L1546-1568; called at L1696-1703) when one request's three state slots and the
     sink do not fit."""
     entry = -(-cell_bytes // ENTRY_ALIGN) * ENTRY_ALIGN
     if capped:  # config_from_budget re-derives from the token cap without the byte budget (L3219-3228)

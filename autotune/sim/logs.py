@@ -131,13 +131,13 @@ def kv_pool(dtype: str, tokens: int, k_gib: float, v_gib: float) -> str:
 
 
 def unified_pool(total_bytes: int) -> str:
-    """``--enable-unified-memory``'s buffer (``UnifiedKVPool.__init__``, unified_memory_pool.py L573-580)."""
+    """``--enable-unified-memory``'s buffer (``UnifiedKVPool.__init__``, unified_memory_pool.py L567-575)."""
     return (f"[unified-memory-pool] UnifiedKVPool allocated: total_bytes={total_bytes / 2**30:.2f} GB "
             f"(={total_bytes} B), 2 sub-pool(s)")
 
 
 def adaptive_init(adaptive: dict[str, Any]) -> str:
-    """``AdaptiveSpeculativeParams.__init__`` (adaptive_spec_params.py L296-302): the first slot's steps."""
+    """``AdaptiveSpeculativeParams.__init__`` (adaptive_spec_params.py L296-303): the first slot's steps."""
     first = min(adaptive["slots"], key=int)
     cands = adaptive["slots"][first]["candidate_steps"]
     steps = adaptive["initial_steps"] if adaptive["initial_steps"] in cands else cands[len(cands) // 2]
