@@ -145,3 +145,43 @@ def test_simulator_unified_arena_lends_idle_state_bytes_to_kv():
     assert slower.output_tok_s < uni.output_tok_s  # the hidden truth's lever factor applies with the lever
     same = evaluate(flags, work, deviation=Deviation(unified_efficiency=0.9))
     assert same.output_tok_s == pytest.approx(static.output_tok_s)  # and only with it
+
+
+def test_sim_options_carry_the_lever_factors():
+    from autotune.sim import args as sim_args
+
+    parsed = sim_args.parse(["--model-path", "qwen3.6-27b", "--enable-unified-memory", "--speculative-adaptive",
+                             "--sim-unified-efficiency", "0.93", "--sim-adaptive-efficiency", "0.97"])
+    assert parsed.flags["enable_unified_memory"] is True and parsed.flags["speculative_adaptive"] is True
+    dev = Deviation.from_sim(parsed.sim)
+    assert (dev.unified_efficiency, dev.adaptive_efficiency) == (0.93, 0.97)
+    assert dev.efficiency({"unified": {"tokens": 1}, "adaptive": None}) == pytest.approx(0.93)
+    assert dev.efficiency({"unified": None, "adaptive": {"initial_steps": 3}}) == pytest.approx(0.97)
+    assert Deviation().efficiency({"unified": {"tokens": 1}, "adaptive": {"initial_steps": 3}}) == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_simulated_server_runs_both_levers_and_refuses_before_loading(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    import httpx
+
+    from simserver import sim_server
+
+    flags = ["--speculative-algorithm", "EAGLE", "--max-mamba-cache-size", "96", "--enable-unified-memory",
+             "--speculative-adaptive"]
+    expected = plan(QWEN, B200, {**MTP, "max_mamba_cache_size": 96, **UNI, "speculative_adaptive": True})
+    with sim_server(tmp_path, flags, dict(os.environ)) as url:
+        state = httpx.get(f"{url}/server_info", timeout=5).json()["internal_states"][0]
+        assert state["effective_max_running_requests_per_dp"] == expected.max_running_requests == 19
+    log = (tmp_path / "sim.log").read_text()
+    assert f"UnifiedKVPool allocated: total_bytes={expected.extra['unified']['total_gib']:.2f} GB" in log
+    assert "AdaptiveSpeculativeParams initialized: steps=3, candidate_steps=[1, 3, 5, 7]" in log
+    refused = subprocess.run([sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--port", "0",
+                              "--speculative-algorithm", "NGRAM", "--enable-unified-memory"],
+                             capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    assert refused.returncode != 0 and "only supports --speculative-algorithm DSPARK" in refused.stdout + refused.stderr
+    assert "Load weight" not in refused.stdout + refused.stderr
