@@ -12,15 +12,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from click.testing import CliRunner
+from simserver import sim_server
 
 from autotune.cli import cli
 from autotune.sglang.memory import plan
 from autotune.sglang.numerics import changes_numerics, not_numerics_reason, numerics_flag
 from autotune.sglang.profiles import GIB, load_gpu, load_model
+from autotune.sim import args as sim_args
 from autotune.sim.evaluate import SimWorkload, _seed_prompts, evaluate
 from autotune.sim.limits import SchedulerLimits
 from autotune.sim.truth import Deviation
@@ -148,8 +154,6 @@ def test_simulator_unified_arena_lends_idle_state_bytes_to_kv():
 
 
 def test_sim_options_carry_the_lever_factors():
-    from autotune.sim import args as sim_args
-
     parsed = sim_args.parse(["--model-path", "qwen3.6-27b", "--enable-unified-memory", "--speculative-adaptive",
                              "--sim-unified-efficiency", "0.93", "--sim-adaptive-efficiency", "0.97"])
     assert parsed.flags["enable_unified_memory"] is True and parsed.flags["speculative_adaptive"] is True
@@ -163,14 +167,6 @@ def test_sim_options_carry_the_lever_factors():
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_simulated_server_runs_both_levers_and_refuses_before_loading(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    import httpx
-
-    from simserver import sim_server
-
     flags = ["--speculative-algorithm", "EAGLE", "--max-mamba-cache-size", "96", "--enable-unified-memory",
              "--speculative-adaptive"]
     expected = plan(QWEN, B200, {**MTP, "max_mamba_cache_size": 96, **UNI, "speculative_adaptive": True})

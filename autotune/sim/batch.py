@@ -60,13 +60,14 @@ class RunningBatch:
 
     def _kv_cap(self) -> int:
         """KV tokens the requests may hold: the KV pool; under --enable-unified-memory the shared arena less the
-        Mamba states in it (busy requests' slots and every state the radix cache keeps), which float against it."""
+        Mamba states held in it (busy requests' slots and the cached states they lock), which float against it.
+        Evictable cached tokens and states count as room, as the KV pool's evictable prefixes do."""
         lim = self.limits
         if lim.arena_tokens is None:
             return lim.kv_tokens
         busy = self._n + (self.chunked is not None)
-        cached = self.cache.states if self.cache is not None else (1 if busy else 0)
-        return lim.arena_tokens - (busy * lim.mamba_slots_per_req + cached) * lim.state_tokens
+        locked = self.cache.locked_states if self.cache is not None else 0
+        return lim.arena_tokens - (busy * lim.mamba_slots_per_req + locked) * lim.state_tokens
 
     def _cycle_d(self) -> int:
         """Tokens per request of the next verify: D; under --speculative-adaptive the steps + 1 the running batch's
@@ -169,8 +170,18 @@ class RunningBatch:
         if not cache.evictable_tokens and not cache.evictable_states:
             return
         over = self.kv_used_tokens() + cache.evictable_tokens - self._kv_cap()
+        if lim.arena_tokens is not None:  # one arena: an evictable state's bytes are KV tokens too; LRU leaf by leaf
+            over += cache.evictable_states * lim.state_tokens
+            while over > 0 and (cache.evictable_tokens or cache.evictable_states):
+                tokens, states = cache.evictable_tokens, cache.evictable_states
+                cache.evict(tokens=1, states=1)
+                freed = tokens - cache.evictable_tokens + (states - cache.evictable_states) * lim.state_tokens
+                if not freed:
+                    break
+                over -= freed
+            return
         states_over = 0
-        if lim.hybrid and lim.arena_tokens is None:  # in one arena the states already count in the KV room above
+        if lim.hybrid:
             busy = self._n + (self.chunked is not None)
             states_over = cache.states - max(0, (lim.mamba_slots or 0) - busy * lim.mamba_slots_per_req)
         if over > 0 or states_over > 0:
