@@ -84,6 +84,13 @@ def test_seed_case_figures():
     ({**MTP, "speculative_draft_kv_cache_dtype": "fp8_e4m3"}, "this draft cannot fuse"),  # L1395-1405
     ({"enable_two_batch_overlap": True}, "does not support --enable-two-batch-overlap"),  # L653-657
     ({"dcp_size": 2}, "supports MLA models only"),  # _validate_unified_memory_dcp L719-732
+    # PD disaggregation (L533-586): Mooncake only; no speculative decoding over it; Mamba-specific refusals.
+    ({"disaggregation_mode": "decode", "disaggregation_transfer_backend": "nixl"}, "transfer backends: mooncake"),
+    ({**MTP, "disaggregation_mode": "prefill"}, "does not support speculative decoding with the Mooncake"),
+    ({"disaggregation_mode": "decode", "disaggregation_decode_enable_offload_kvcache": True,
+      "hicache_storage_backend": "file"}, "decode KV offload does not support hybrid-Mamba models"),
+    ({"disaggregation_mode": "decode", "disaggregation_decode_retraction_backup": "host_pool"},
+     "host-pool decode retraction does not support hybrid-Mamba models"),
 ])
 def test_refused_before_launch_with_sglangs_message(flags, words):
     p = plan(QWEN, B200, {**flags, **UNI})

@@ -101,8 +101,54 @@ def _page_major(f: Mapping[str, Any], backend: str) -> None:
                     f"conv/SSM state; got {f['mamba_backend']!r}. Pass --mamba-backend triton.")
 
 
+def _pd(model: ModelProfile, f: Mapping[str, Any], algorithm: str | None) -> None:
+    """PD disaggregation (L533-586, after ``handle_cache_compatibility``'s own checks of the same flags, L351-400):
+    the Mooncake transfer only, no pipeline parallelism, no speculative decoding over Mooncake, and on a hybrid
+    Mamba model neither decode KV offload nor host-pool decode retraction."""
+    mode = f.get("disaggregation_mode") or "null"
+    host_pool = f.get("disaggregation_decode_retraction_backup") == "host_pool"
+    offload = bool(f.get("disaggregation_decode_enable_offload_kvcache"))
+    if host_pool and mode != "decode":
+        raise _stop("ValueError: --disaggregation-decode-retraction-backup=host_pool is only supported on a PD decode "
+                    "server.")
+    if offload and mode != "decode":
+        raise _stop("ValueError: The argument disaggregation-decode-enable-offload-kvcache is only supported for "
+                    "decode side.")
+    if offload and f.get("hicache_storage_backend") is None:
+        raise _stop("ValueError: The argument disaggregation-decode-enable-offload-kvcache is only supported when "
+                    "hicache-storage-backend is provided.")
+    if offload and host_pool:
+        raise _stop("ValueError: The arguments disaggregation-decode-enable-offload-kvcache and disaggregation-decode-"
+                    "retraction-backup=host_pool are mutually exclusive: both build a decode host pool.")
+    if mode == "null":
+        return
+    transfer = f.get("disaggregation_transfer_backend") or "mooncake"
+    if transfer != "mooncake":  # ServerArgs._unified_memory_pd_transfer_backends, server_args.py L347-348
+        raise _stop(f"AssertionError: --enable-unified-memory with PD disaggregation supports only these transfer "
+                    f"backends: mooncake; got {transfer!r}.")
+    if int(f.get("pp_size") or 1) != 1:
+        raise _stop("AssertionError: --enable-unified-memory with PD disaggregation does not support pipeline "
+                    "parallelism (whole-envelope transfer has no per-layer entries to subset).")
+    if algorithm is not None:
+        raise _stop("AssertionError: --enable-unified-memory with PD disaggregation does not support speculative "
+                    "decoding with the Mooncake transfer backend.")
+    if f.get("enable_hisparse"):
+        raise _stop("AssertionError: --enable-unified-memory with PD disaggregation is not compatible with "
+                    "--enable-hisparse: the decode-side HiSparse prealloc path ships host/C4 rows straight from the "
+                    "allocator, bypassing the virtual->physical translation the unified pool needs.")
+    if offload and f.get("hicache_storage_backend") != "file":
+        raise _stop("AssertionError: --enable-unified-memory with decode KV offload currently supports "
+                    "--hicache-storage-backend=file only.")
+    if offload and model.has_mamba:
+        raise _stop("AssertionError: --enable-unified-memory decode KV offload does not support hybrid-Mamba models.")
+    if host_pool and model.has_mamba:
+        raise _stop("AssertionError: --enable-unified-memory host-pool decode retraction does not support "
+                    "hybrid-Mamba models.")
+
+
 def _pool(model: ModelProfile, f: Mapping[str, Any], *, algorithm: str | None, topk: int, backend: str) -> None:
-    """``handle_unified_memory_pool`` (L528-702), colocated serving (no PD disaggregation)."""
+    """``handle_unified_memory_pool`` (L528-702)."""
+    _pd(model, f, algorithm)
     if algorithm not in UNIFIED_SPEC:
         raise _stop(f"AssertionError: --enable-unified-memory only supports --speculative-algorithm DSPARK, DFLASH, "
                     f"EAGLE and EAGLE3; other speculative algorithms are not yet audited for the unified pool's "
