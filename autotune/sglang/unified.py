@@ -57,6 +57,7 @@ def check(model: ModelProfile, f: Mapping[str, Any], *, algorithm: str | None, t
     if str(f.get("kv_cache_dtype") or "") in ("nvfp4", "fp4_mx_block16"):  # L132-137
         raise _stop("ValueError: FP4 KV cache does not yet support --enable-unified-memory: the unified MHA pool does "
                     "not allocate FP4 block scales or the prefill dequant workspace.")
+    _decode_host_pools(f)
     _page_major(f, backend)
     _pool(model, f, algorithm=algorithm, topk=topk, backend=backend)
     if not model.has_mamba:  # kv_cache_configurator.py L633-643 (the bundled profiles have no sliding window)
@@ -101,10 +102,9 @@ def _page_major(f: Mapping[str, Any], backend: str) -> None:
                     f"conv/SSM state; got {f['mamba_backend']!r}. Pass --mamba-backend triton.")
 
 
-def _pd(model: ModelProfile, f: Mapping[str, Any], algorithm: str | None) -> None:
-    """PD disaggregation (L533-586, after ``handle_cache_compatibility``'s own checks of the same flags, L351-400):
-    the Mooncake transfer only, no pipeline parallelism, no speculative decoding over Mooncake, and on a hybrid
-    Mamba model neither decode KV offload nor host-pool decode retraction."""
+def _decode_host_pools(f: Mapping[str, Any]) -> None:
+    """``handle_cache_compatibility``'s checks of the PD decode flags the unified rules read (L351-400; the
+    pipeline runs it before both unified hooks, ``pipeline.py`` L334-338)."""
     mode = f.get("disaggregation_mode") or "null"
     host_pool = f.get("disaggregation_decode_retraction_backup") == "host_pool"
     offload = bool(f.get("disaggregation_decode_enable_offload_kvcache"))
@@ -120,8 +120,15 @@ def _pd(model: ModelProfile, f: Mapping[str, Any], algorithm: str | None) -> Non
     if offload and host_pool:
         raise _stop("ValueError: The arguments disaggregation-decode-enable-offload-kvcache and disaggregation-decode-"
                     "retraction-backup=host_pool are mutually exclusive: both build a decode host pool.")
-    if mode == "null":
+
+
+def _pd(model: ModelProfile, f: Mapping[str, Any], algorithm: str | None) -> None:
+    """PD disaggregation (L533-586): the Mooncake transfer only, no pipeline parallelism, no speculative decoding
+    over Mooncake, and on a hybrid Mamba model neither decode KV offload nor host-pool decode retraction."""
+    if (f.get("disaggregation_mode") or "null") == "null":
         return
+    host_pool = f.get("disaggregation_decode_retraction_backup") == "host_pool"
+    offload = bool(f.get("disaggregation_decode_enable_offload_kvcache"))
     transfer = f.get("disaggregation_transfer_backend") or "mooncake"
     if transfer != "mooncake":  # ServerArgs._unified_memory_pd_transfer_backends, server_args.py L347-348
         raise _stop(f"AssertionError: --enable-unified-memory with PD disaggregation supports only these transfer "
