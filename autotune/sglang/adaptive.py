@@ -159,8 +159,7 @@ def resolve(f: Mapping[str, Any], attn_dp: int) -> tuple[dict[str, Any], Adaptiv
     table = load_config(f.get("speculative_adaptive_config"))
     candidates = sorted({s for c in table.values() for s in c.candidates})
     out = dict(f)
-    out.setdefault("speculative_eagle_topk", None)
-    if out["speculative_eagle_topk"] is None:
+    if out.get("speculative_eagle_topk") is None:
         out["speculative_eagle_topk"] = 1
     steps = out.get("speculative_num_steps")
     if steps is None:
