@@ -228,6 +228,7 @@ def test_truth_is_a_seeded_draw_in_the_declared_ranges():
         d = truth.deviation
         assert -3 <= d.free_gib <= 3 and 0.7 <= d.activation_scale <= 1.3 and 0.7 <= d.graph_scale <= 1.3
         assert 0.85 <= d.decode_efficiency <= 1.15 and abs(truth.acceptance - 0.825) <= 0.1
+        assert 0.9 <= d.unified_efficiency <= 1.05 and 0.9 <= d.adaptive_efficiency <= 1.05  # the levers' own
         assert lo * max_tokens <= truth.output_mean <= hi * max_tokens and 0.2 <= lo < hi <= 0.95
     assert se.draw_truth("qwen3.6-27b-b200", "seed") != se.draw_truth("qwen3.6-27b-h200", "seed")
     assert se.draw_truth("qwen3.6-27b-b200", "seed", hidden=False).deviation.memory_is_exact
