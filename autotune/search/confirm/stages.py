@@ -52,11 +52,12 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
             order.append(baseline.number)
         else:  # far behind the leader: its search run stands in for a launch (``ranking.IN_REACH``)
             given.append({"trial": baseline.number, "repeat": -1, "search": True,
-                          "result": baseline.user_attrs["result"]})
+                          "result": _result(baseline).to_dict()})
     if not order:
         return None
-    configs = {n: t.user_attrs["result"]["config"] for n, t in contenders_by_number.items()}
-    plans = {n: t.user_attrs["result"].get("plan") for n, t in contenders_by_number.items()}
+    results = {n: _result(t) for n, t in contenders_by_number.items()}
+    configs = {n: r.config for n, r in results.items()}
+    plans = {n: r.plan for n, r in results.items()}
     runs: list[dict[str, Any]] = []
     if stored and stored.get("n_trials") == n_done and stored.get("order") == order:
         runs = list(stored.get("runs", []))  # a confirmation a killed sweep left half done
@@ -175,3 +176,11 @@ def _repeat(runner: Runner, config: dict[str, Any], number: int, k: int, *, wind
     if stress is not None:
         after.append(stress)
     return repeat(config, number, k, after=after)
+
+
+def _result(trial: optuna.trial.FrozenTrial) -> TrialResult:
+    """A contender's stored result (contenders are finished trials: each stored one)."""
+    result = TrialResult.of(trial)
+    if result is None:
+        raise KeyError(f"trial {trial.number} stored no result")
+    return result

@@ -123,12 +123,12 @@ def _failed(run: dict[str, Any]) -> bool:
 def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, confirmation: dict[str, Any],
                 progress: Any) -> dict[str, Any] | None:
     """One stress launch of trial ``number``; its record, or None when the launch was interrupted."""
-    data = trial.user_attrs.get("result") or {}
-    config = dict(data.get("config") or {})
+    stored = TrialResult.of(trial)
+    config = dict(stored.config) if stored is not None else {}
     k = sum(1 for r in confirmation.get("runs") or () if r.get("trial") == number)
     if progress is not None and hasattr(progress, "log"):
         progress.log(f"stress: trial {number}: the sample's longest prompts, max_tokens, the full running cap at once")
-    step = StressStep(plan=data.get("plan"))
+    step = StressStep(plan=stored.plan if stored is not None else None)
     repeat = getattr(runner, "repeat", None)
     if not callable(repeat):  # a plain runner cannot run follow-up steps: nothing to stress with
         return {"trial": number, "repeat": k, "status": "not_run", "result": None,

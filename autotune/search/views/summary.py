@@ -126,14 +126,14 @@ def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | No
     t = by_number[n]
     s = stats.get(str(n))
     value = s["median"] if s else (t.values[0] if t.values else None)  # the score: tok/s per GPU
-    data = t.user_attrs.get("result")
+    data = TrialResult.of(t)
     gpus = _spans(t)
     scale = (lambda v: None if v is None else v * gpus)  # noqa: E731  (the server's tok/s from its per-GPU score)
-    return {"trial": n, "label": t.user_attrs.get("label"), "params": (data or {}).get("config"),
+    return {"trial": n, "label": t.user_attrs.get("label"), "params": data.config if data is not None else None,
             "output_tok_s": scale(value), "tok_s_per_gpu": value, "gpus": gpus,
             "ci_low": scale(s["ci"][0]) if s else None, "ci_high": scale(s["ci"][1]) if s else None,
             "confirmed_runs": s["runs"] if s and not s.get("from_search") else 0, "from_search": bool(s and s.get("from_search")),
-            "numerics": numerics_line(contender_fidelity((data or {}).get("fidelity"), conf, n)),
+            "numerics": numerics_line(contender_fidelity(data.fidelity if data is not None else None, conf, n)),
             "worst_case": worst_case_line(conf, n) if conf and conf.get("complete") else None}  # the stress phase
 
 
