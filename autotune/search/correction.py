@@ -234,8 +234,8 @@ class CorrectedFeasibility(Feasibility):
 def shared_launch(result: TrialResult) -> bool:
     """The trial launched while other processes held more than the idle floor of its GPU (recorded by the sweep
     in ``measurement["device_at_launch"]``): its capacity, peak and OOM are the tenant's, not the plan's."""
-    seen = (result.measurement or {}).get("device_at_launch")
-    if not isinstance(seen, dict):
+    seen = result.measurement.device_at_launch if result.measurement else None
+    if not isinstance(seen, Mapping):
         return False  # older trials and runners without a device: as before
     held = seen.get("held_gib", seen.get("others_gib"))
     return held is not None and float(held) > float(seen.get("floor_gib") or 0.0)

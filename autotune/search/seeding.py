@@ -56,7 +56,7 @@ def unsettled(trial: FrozenTrial) -> bool:
     """Whether the trial's window reached its cap before the settle rule was met (``autotune.settle``): its figure
     is recorded and learnt from, but never crowned."""
     result = TrialResult.of(trial)
-    return result is not None and (result.measurement or {}).get("settled") is False
+    return result is not None and result.measurement is not None and result.measurement.settled is False
 
 
 def window_pruned(trial: FrozenTrial) -> bool:

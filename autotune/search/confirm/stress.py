@@ -23,8 +23,8 @@ from typing import Any
 import optuna
 
 from autotune.config import StudyConfig
-from autotune.harness.stress import StressResult, StressStep, stress_line
-from autotune.results import TrialResult
+from autotune.harness.stress import StressStep, stress_line
+from autotune.results import StressResult, TrialResult
 from autotune.search.confirm.decision import Verdict, decide
 from autotune.search.runner import Runner
 from autotune.search.seeding import launch_key
@@ -136,7 +136,7 @@ def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, co
     result: TrialResult = repeat(config, number, k, after=[step])
     if result.status == "interrupted":
         return None
-    stress = StressResult.from_dict(result.stress)
+    stress = result.stress
     if stress is not None and stress.interrupted:
         return None
     reason = None if stress is not None else (
