@@ -1,4 +1,5 @@
-"""The records one trial produces: capacity, metrics, GPU peaks, and the TrialResult that holds them.
+"""The records one trial produces: capacity, metrics, GPU peaks, how far its window can be trusted, its fidelity
+probe's figures, its later windows, its stress phase, and the TrialResult that holds them.
 
 These are the contract between the harness (which fills them), the study (which stores ``to_dict()`` as an
 Optuna user attribute under ``"result"``) and everything downstream (report, apply, trials), which read them
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Self
 
 Status = Literal[
     "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
@@ -145,7 +146,7 @@ class _Sparse:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items() if v is not None}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> Any:
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Self | None:
         return _from(cls, {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}) if data else None
 
 
