@@ -27,6 +27,7 @@ from autotune.harness.fidelity import ProbeOutput, Reference
 from autotune.results import FidelityFigures, TrialResult, numerics_line
 from autotune.search import numerics as sn
 from autotune.search.runner import HarnessRunner
+from autotune.search.views.summary import UnexpectedEntry
 from autotune.sim.divergence import SimNumerics
 
 STUDY = """
@@ -223,14 +224,14 @@ def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_tre
             else [g["trial"] for g in study.user_attrs["confirmation"]["given"]] == [base])
     assert first[chunked]["durations_s"]["probe"] > 0
     # The sweep's summary names it in one line (the uncapped contender wins: 32 streams against a cap of 8).
-    assert summary.best["trial"] == chunked
-    assert summary.best["numerics"].startswith("outputs changed unexpectedly")
+    assert summary.best.trial == chunked
+    assert summary.best.numerics.startswith("outputs changed unexpectedly")
     assert summary.unexpected == [] and sn.unexpected_contenders(study.user_attrs["confirmation"]) == [chunked]
     from autotune.cli.sweep import render
 
-    assert f"  {summary.best['numerics']}" in render(summary).splitlines()
+    assert f"  {summary.best.numerics}" in render(summary).splitlines()
     other = dataclasses.replace(summary, best=None, outcome="baseline",  # a finalist, not the winner
-                                unexpected=[{"trial": chunked, "line": summary.best["numerics"]}])
+                                unexpected=[UnexpectedEntry(chunked, summary.best.numerics)])
     assert f"  trial {chunked}: outputs changed unexpectedly" in render(other)
 
     from autotune.cli import cli

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -114,6 +115,6 @@ def test_a_winner_that_changes_outputs_is_said_in_one_line_with_its_probe_figure
     assert line == "outputs differ from the baseline (--mamba-ssm-dtype bfloat16): 102/256 match · 6% exact · |Δlp| 0.020"
     assert numerics_line(None) is None and numerics_line(FidelityFigures(role="reference")) is None
     summary = run_sweep(load_config(write_study(tmp_path, trials=4)), runner=PlannerRunner())
-    assert summary.best["numerics"] is None  # the planner runner probes nothing: no line
-    summary.best["numerics"] = line
+    assert summary.best.numerics is None  # the planner runner probes nothing: no line
+    summary = dataclasses.replace(summary, best=dataclasses.replace(summary.best, numerics=line))
     assert f"  {line}" in render(summary).splitlines()

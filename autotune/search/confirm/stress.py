@@ -18,6 +18,7 @@ stored before that lacks the record.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
@@ -87,7 +88,7 @@ def _launches(state: dict[str, Any]) -> int:
     return sum(1 for run in state["runs"] if not run.get("in_confirmation"))
 
 
-def _from_confirmation(confirmation: dict[str, Any], number: int) -> dict[str, Any] | None:
+def _from_confirmation(confirmation: Mapping[str, Any], number: int) -> dict[str, Any] | None:
     """Trial ``number``'s stress phase as its confirmation launch ran it after the windows (``stages.stressed_in``),
     as a stress record; None when none of its confirmation launches ran one."""
     for run in reversed(confirmation.get("runs") or ()):
@@ -177,7 +178,7 @@ def _save(study: optuna.Study, confirmation: dict[str, Any], state: dict[str, An
 
 
 # --- the stress record read back (every view prints ``worst_case_line``) ---------------------------------------
-def passed(confirmation: dict[str, Any] | None, trial: int | None) -> StressResult | None:
+def passed(confirmation: Mapping[str, Any] | None, trial: int | None) -> StressResult | None:
     """The stress phase ``trial`` passed in this confirmation, or None (never stressed, or it failed)."""
     runs = [r for r in ((confirmation or {}).get(ATTR) or {}).get("runs") or () if r.get("trial") == trial]
     for run in runs or [stress_of(confirmation, trial) or {}]:
@@ -187,7 +188,7 @@ def passed(confirmation: dict[str, Any] | None, trial: int | None) -> StressResu
     return None
 
 
-def stress_of(confirmation: dict[str, Any] | None, trial: int | None) -> dict[str, Any] | None:
+def stress_of(confirmation: Mapping[str, Any] | None, trial: int | None) -> Mapping[str, Any] | None:
     """The last stress record of ``trial`` (``{"trial", "status", "reason", "result"}``), None when never stressed;
     a stress phase its confirmation launch ran counts though the record lacks it (a study stored before every one
     was recorded: ``_record_the_rest``)."""
@@ -197,7 +198,7 @@ def stress_of(confirmation: dict[str, Any] | None, trial: int | None) -> dict[st
     return _from_confirmation(confirmation, trial) if confirmation and trial is not None else None
 
 
-def worst_case_line(confirmation: dict[str, Any] | None, trial: int | None) -> str:
+def worst_case_line(confirmation: Mapping[str, Any] | None, trial: int | None) -> str:
     """The one line every view prints for ``trial``: its stress verdict, or why it has none."""
     run = stress_of(confirmation, trial)
     if run is not None:
