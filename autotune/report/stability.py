@@ -1,4 +1,4 @@
-"""Each measured trial's per-slice throughput (``TrialResult.measurement["settling"]``): the report's stability strip.
+"""Each measured trial's per-slice throughput (``TrialResult.measurement.settling``): the report's stability strip.
 
 A trial's figure is the mean of its window's slices (``autotune.settle``); the strip shows every slice against
 that mean, so a wavy or still-rising load is visible beside the number it produced, and an unsettled trial (never

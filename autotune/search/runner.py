@@ -180,7 +180,7 @@ class HarnessRunner:
 
 
 def with_device(result: TrialResult, seen: Occupancy | None) -> TrialResult:
-    """``result`` with what the GPU held by others at launch in ``measurement["device_at_launch"]``."""
+    """``result`` with what the GPU held by others at launch in ``measurement.device_at_launch``."""
     if seen is None:
         return result
     measurement = dataclasses.replace(result.measurement or MeasurementVerdict(), device_at_launch=seen.to_dict())
