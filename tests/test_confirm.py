@@ -61,7 +61,7 @@ def test_confirmation_ranks_by_tok_s_per_gpu():
           for n, v, g in ((3, 5000.0, [0, 1]), (7, 3000.0, [2]), (0, 1000.0, [3])) for k in range(3)]
     verdict = decide(rs, [3, 7, 0], baseline=0)
     assert verdict.winner_trial == 7
-    assert verdict.stats["3"]["median"] == pytest.approx(2525.0, rel=1e-4)  # per GPU: 5,050 ÷ 2
+    assert verdict.stats["3"].median == pytest.approx(2525.0, rel=1e-4)  # per GPU: 5,050 ÷ 2
     assert verdict.gain == pytest.approx(3030.0 / 1010.0, rel=1e-4)
 
 
@@ -184,7 +184,8 @@ def test_a_given_baseline_run_gives_the_gain_its_interval_and_adds_nothing_to_th
     assert verdict.gain == pytest.approx(gmean(data[3]) / 2000)
     assert verdict.ci_low < verdict.gain < verdict.ci_high and verdict.ci_low > 2.0
     assert verdict.noise == decide(runs(data), [3, 7], baseline=None).noise  # one window, one launch: no df
-    assert verdict.stats["0"]["from_search"] and "from_search" not in verdict.stats["3"]
+    assert verdict.stats["0"].from_search and not verdict.stats["3"].from_search
+    assert "from_search" not in verdict.to_dict()["stats"]["3"]  # stored only when set
     # a given baseline is never a candidate: if it read fastest, no config beat it and nothing is decided
     fast = [{**given[0], "result": ok(9000)}]
     held = decide(runs(data), [3, 7], baseline=0, given=fast)
@@ -499,3 +500,17 @@ def test_the_verdict_is_stored_with_the_keys_studies_hold_and_read_back_as_it_wa
         assert Verdict.from_dict({**stored, "runs": [], "complete": True}) == verdict  # as the study holds it
     assert isinstance(kinds["winner"][0].to_dict()["contention"], list)
     assert Verdict.from_dict(None) is None and Verdict.from_dict({}) is None
+
+
+def test_a_stored_contenders_figures_read_as_a_record_and_store_as_they_were():
+    from autotune.search.confirm.decision import ContenderStat, Verdict
+
+    older = {"median": 2500.0, "ci": [2400.0, 2600.0], "runs": 3, "windows": 9, "failed": 0}  # before headroom
+    given = {"median": 1000.0, "ci": [900.0, 1100.0], "runs": 1, "windows": 1, "failed": 0, "headroom_gib": None,
+             "unsettled_windows": 0, "from_search": True}
+    verdict = Verdict.from_dict({"outcome": "winner", "winner_trial": 3, "stats": {"3": older, "0": given}})
+    assert verdict.stat(3) == ContenderStat(median=2500.0, ci=(2400.0, 2600.0), runs=3, windows=9)
+    assert verdict.stat(0).from_search and verdict.stat(7) is None
+    stored = verdict.to_dict()["stats"]
+    assert stored["0"] == given and {k: stored["3"][k] for k in older} == older
+    assert "from_search" not in stored["3"]

@@ -42,7 +42,8 @@ def rows(study) -> list[dict[str, Any]]:
         role = t.user_attrs.get("role", "")
         label = t.user_attrs.get("label")
         rate = confirmed_rate(conf, t.number, gpus_spanned(stored) if stored else 1)  # (median, interval) | None
-        if ((verdict.stat(t.number) if verdict is not None else None) or {}).get("from_search"):
+        stat = verdict.stat(t.number) if verdict is not None else None
+        if stat is not None and stat.from_search:
             rate = None  # a baseline far behind the leader: its search run stood in, nothing was confirmed
         fidelity = contender_fidelity(stored.fidelity if stored else None, conf, t.number)
         out.append({

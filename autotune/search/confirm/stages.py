@@ -15,7 +15,7 @@ from autotune.harness.stress import StressStep
 from autotune.harness.windows import WindowsStep
 from autotune.results import TrialResult
 from autotune.search.confirm.allocation import launch_costs, windows_per_launch
-from autotune.search.confirm.decision import Verdict, decide
+from autotune.search.confirm.decision import ContenderStat, Verdict, decide
 from autotune.search.confirm.noise import estimates
 from autotune.search.confirm.ranking import contenders, feasible, gains, in_reach
 from autotune.search.confirm.samples import by_contender
@@ -109,14 +109,22 @@ def next_stage(order: list[int], launched: Mapping[int, int], verdict: Verdict, 
     if verdict.decided:
         return 3, []
     room = [n for n in order if launched[n] < most and (most_windows is None
-                                                        or (verdict.stat(n) or {}).get("windows", 0) < most_windows)]
+                                                        or _windows(verdict, n) < most_windows)]
     return 3, [(n, launched[n]) for n in room if n in verdict.contention]
 
 
 def leaders(order: list[int], verdict: Verdict) -> list[int]:
     """The top two contenders by estimate among those with a clean launch."""
-    clean = [n for n in order if (s := verdict.stat(n)) and s["runs"] and not s["failed"]]
-    return sorted(clean, key=lambda n: -(verdict.stat(n) or {})["median"])[:2]
+    clean = [n for n in order if (s := verdict.stat(n)) and s.runs and not s.failed]
+    return sorted(clean, key=lambda n: -(_stat(verdict, n).median or 0.0))[:2]
+
+
+def _stat(verdict: Verdict, n: int) -> ContenderStat:
+    return verdict.stat(n) or ContenderStat()
+
+
+def _windows(verdict: Verdict, n: int) -> int:
+    return _stat(verdict, n).windows
 
 
 def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], runs: list[dict[str, Any]],

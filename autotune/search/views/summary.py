@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import StudyConfig
 from autotune.redaction import redact_url
 from autotune.results import TrialResult, numerics_line
-from autotune.search.confirm.decision import Verdict
+from autotune.search.confirm.decision import ContenderStat, Verdict
 from autotune.search.numerics import confirmation_figures, contender_fidelity, unexpected_contenders
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launch_key, launches, unsettled
@@ -57,8 +57,8 @@ def baseline_failure(study: optuna.Study) -> str | None:
         return f"(trial {base.number}) failed: {status}: {reason}"
     verdict = confirmed(study.user_attrs.get("confirmation"))
     stats = verdict.stat(base.number) if verdict is not None else None
-    if stats and stats.get("runs") and not stats.get("median"):
-        return f"(trial {base.number}) failed in every confirmation run ({stats['runs']})"
+    if stats and stats.runs and not stats.median:
+        return f"(trial {base.number}) failed in every confirmation run ({stats.runs})"
     return None
 
 
@@ -108,17 +108,17 @@ def _defaults_per_gpu(defaults: DefaultsEntry) -> float:
     return float(defaults.tok_s_per_gpu or defaults.output_tok_s or 0.0)
 
 
-def confirmed_rate(confirmation: dict[str, Any], number: int,
+def confirmed_rate(confirmation: Mapping[str, Any], number: int,
                    span: int) -> tuple[float, tuple[float, float] | None] | None:
     """A confirmed trial's median server tok/s and the interval of that median; None when the confirmation did not
     finish or did not measure it. The stored statistics are of tok/s per GPU, the score: × ``span`` GPUs."""
     verdict = confirmed(confirmation)
     stats = verdict.stat(number) if verdict is not None else None
-    if not stats or stats.get("median") is None:
+    if not stats or stats.median is None:
         return None
-    ci = stats.get("ci")
-    interval = (ci[0] * span, ci[1] * span) if isinstance(ci, list | tuple) and None not in ci else None
-    return float(stats["median"]) * span, interval
+    ci = stats.ci
+    interval = (ci[0] * span, ci[1] * span) if ci is not None and ci[0] is not None and ci[1] is not None else None
+    return float(stats.median) * span, interval
 
 
 def confirmation_line(confirmation: dict[str, Any]) -> str | None:
@@ -130,7 +130,7 @@ def confirmation_line(confirmation: dict[str, Any]) -> str | None:
         return None
     stats = verdict.stats.values()
     launches = len(confirmation.get("runs") or ())
-    windows = sum(int(s.get("windows") or 0) for s in stats if not s.get("from_search"))  # a given search run
+    windows = sum(s.windows for s in stats if not s.from_search)  # a given search run
     return f"{launches} launches, {windows} windows; {noise['line']}"
 
 
@@ -177,22 +177,22 @@ class UnexpectedEntry:
     line: str | None
 
 
-def _entry(by_number: dict[int, FrozenTrial], stats: Mapping[str, Any], n: int | None,
+def _entry(by_number: dict[int, FrozenTrial], stats: Mapping[str, ContenderStat], n: int | None,
            conf: Mapping[str, Any] | None = None) -> TrialEntry | None:
     """A trial as the summary shows it: the confirmed median and interval where confirmed, else its search value."""
     if n is None or n not in by_number:
         return None
     t = by_number[n]
     s = stats.get(str(n))
-    value = s["median"] if s else (t.values[0] if t.values else None)  # the score: tok/s per GPU
+    value = s.median if s else (t.values[0] if t.values else None)  # the score: tok/s per GPU
     data = TrialResult.of(t)
     gpus = _spans(t)
     scale = (lambda v: None if v is None else v * gpus)  # noqa: E731  (the server's tok/s from its per-GPU score)
     return TrialEntry(
         trial=n, label=t.user_attrs.get("label"), params=data.config if data is not None else None,
         output_tok_s=scale(value), tok_s_per_gpu=value, gpus=gpus,
-        ci_low=scale(s["ci"][0]) if s else None, ci_high=scale(s["ci"][1]) if s else None,
-        confirmed_runs=s["runs"] if s and not s.get("from_search") else 0, from_search=bool(s and s.get("from_search")),
+        ci_low=scale(s.ci[0]) if s and s.ci else None, ci_high=scale(s.ci[1]) if s and s.ci else None,
+        confirmed_runs=s.runs if s and not s.from_search else 0, from_search=bool(s and s.from_search),
         numerics=numerics_line(contender_fidelity(data.fidelity if data is not None else None, conf, n)),
         worst_case=worst_case_line(conf, n) if conf and conf.get("complete") else None)  # the stress phase
 
