@@ -109,8 +109,9 @@ def test_trials_marks_the_confirmed_winner_with_its_confirmed_figure_and_whole_f
 def test_a_winner_that_changes_outputs_is_said_in_one_line_with_its_probe_figures(tmp_path):
     from autotune.results import FidelityFigures, numerics_line
 
-    probe = FidelityFigures.from_dict({"role": "probe", "changes": [{"flag": "mamba_ssm_dtype", "value": "bfloat16", "reference": "float32"}],
-             "tokens": 256, "prefix_match_mean": 102.0, "exact_share": 0.0625, "mean_abs_logprob_delta": 0.02})
+    probe = FidelityFigures.from_dict({
+        "role": "probe", "changes": [{"flag": "mamba_ssm_dtype", "value": "bfloat16", "reference": "float32"}],
+        "tokens": 256, "prefix_match_mean": 102.0, "exact_share": 0.0625, "mean_abs_logprob_delta": 0.02})
     line = numerics_line(probe)
     assert line == "outputs differ from the baseline (--mamba-ssm-dtype bfloat16): 102/256 match · 6% exact · |Δlp| 0.020"
     assert numerics_line(None) is None and numerics_line(FidelityFigures(role="reference")) is None
