@@ -69,9 +69,9 @@ def study_version(study: optuna.Study, settings: Mapping[str, Any]) -> str:
     return f"{BUNDLED_VERSION} (simulated)" if engine_kind(settings) == "sim" else "unrecorded"
 
 
-def ranked_configs(study: optuna.Study) -> list[tuple[str, int, dict[str, Any]]]:
+def ranked_configs(study: optuna.Study, name: str | None = None) -> list[tuple[str, int, dict[str, Any]]]:
     """(label, trial, launched config) of the confirmed winner, then the top ``FROM_TOP`` distinct others by the
-    study's own ranking; ConfigError when nothing measured."""
+    study's own ranking; ConfigError when nothing measured. ``name``: the study as labels name it."""
     top, _, _ = contenders(study, FROM_TOP + 1)
     verdict = Verdict.from_dict(study.user_attrs.get("confirmation"))
     winner = verdict.winner_trial if verdict is not None else None
@@ -86,7 +86,7 @@ def ranked_configs(study: optuna.Study) -> list[tuple[str, int, dict[str, Any]]]
             continue
         seen.add(key_of(config))
         what = "winner" if t.number == winner else f"#{len(out) + 1}"  # its rank in that study
-        out.append((f"from {study.study_name}: {what} (was trial {t.number})", t.number, config))
+        out.append((f"from {name or study.study_name}: {what} (was trial {t.number})", t.number, config))
     if not out:
         raise _fail(f"study {study.study_name!r} has no finished trial that measured a throughput",
                     f"finish it first (autotune sweep --study {study.study_name}), or name another study")
@@ -164,15 +164,15 @@ def corrections(study: optuna.Study, settings: Mapping[str, Any], cfg: StudyConf
 
 
 def warm_record(source: optuna.Study, storage: str, cfg: StudyConfig, *, table: FlagTable,
-                version: str, envs: EnvTable | None = None) -> tuple[dict[str, Any], list[str]]:
+                version: str, envs: EnvTable | None = None, name: str | None = None) -> tuple[dict[str, Any], list[str]]:
     """The record ``search.warm`` reads (``WARM_KEY``), and the lines the sweep prints before it starts. ``table``:
-    the installed SGLang's flags (``version``: its version)."""
+    the installed SGLang's flags (``version``: its version); ``name``: the earlier study as shown (its own name)."""
     settings = dict(source.user_attrs.get("autotune") or {})
     model, mine = study_model(settings), cfg.engine.profile or cfg.engine.model
     if model is not None and model != mine:
         raise _fail(f"study {source.study_name!r} tuned model {model}, this study tunes {mine}",
                     "re-tune from a study of the same model, or run without --from")
-    ranked = ranked_configs(source)
+    ranked = ranked_configs(source, name)
     space = Space.from_config(cfg)
     planner = CorrectedFeasibility.from_config(cfg)
     seen = {key_of(config) for config in cfg.given_configs()}  # the baseline and the file's own [[enqueue]]
@@ -191,7 +191,7 @@ def warm_record(source: optuna.Study, storage: str, cfg: StudyConfig, *, table: 
         seen.add(key_of(config))
         configs.append({"label": label, "trial": number, "config": config})
     data, planner_line = corrections(source, settings, cfg)
-    record = {"study": source.study_name, "storage": redact_url(storage), "sglang_version": study_version(source, settings),
+    record = {"study": name or source.study_name, "storage": redact_url(storage), "sglang_version": study_version(source, settings),
               "gpu": device_name(settings) if settings else "unrecorded", "model": model,
               "to": {"sglang_version": version, "gpu": device_name(cfg.to_dict())},
               "configs": configs, "corrections": data, "notes": lines}
