@@ -27,6 +27,8 @@ FIX = "pass --from FILE.toml (the earlier study's file), --from NAME (studies/NA
 
 def open_source(ref: str) -> tuple[optuna.Study, str]:
     """(the earlier study, its storage URL), never created: a typo must not leave an empty database behind."""
+    name: str | None
+    storage: str | None
     try:
         if "://" in ref:
             name, storage, base = None, ref, None

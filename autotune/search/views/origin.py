@@ -195,7 +195,7 @@ def warm_record(source: optuna.Study, storage: str, cfg: StudyConfig, *, table: 
               "gpu": device_name(settings) if settings else "unrecorded", "model": model,
               "to": {"sglang_version": version, "gpu": device_name(cfg.to_dict())},
               "configs": configs, "corrections": data, "notes": lines}
-    return record, [origin_line(record), *lines, planner_line]
+    return record, [str(origin_line(record)), *lines, planner_line]
 
 
 def origin_line(record: Mapping[str, Any] | None) -> str | None:
