@@ -152,12 +152,13 @@ def test_a_retune_enqueues_the_winner_scales_the_planner_and_says_where_it_start
     summary = run_sweep(cfg, runner=ShortRunner(1.0, tok_scale=0.5))
     text = render(summary)
     assert text.splitlines()[1] == f"  {said[0]}"
-    carried = [e for e in summary.enqueued if e["label"].startswith("from t:")]
-    old = {e["label"]: e["output_tok_s"] for e in earlier.enqueued}
-    assert carried and all(e["output_tok_s"] != old.get(e["label"]) for e in carried)
-    winner = stored["configs"][0]
-    new = next(e for e in carried if e["label"] == winner["label"])  # measured here, at this device's speed
-    assert new["output_tok_s"] == pytest.approx(earlier.best["output_tok_s"] * 0.5, rel=0.25)
+    # each carried config was measured here (half the speed): none of the earlier study's figures is shown
+    before = {t.number: t.values[0] for t in optuna.load_study(study_name="t", storage=source.storage_url).trials}
+    carried = {e["label"]: e["output_tok_s"] for e in summary.enqueued if e["label"].startswith("from t:")}
+    assert len(carried) == len(stored["configs"]) >= 2
+    for c in stored["configs"]:
+        assert carried[c["label"]] == pytest.approx(0.5 * before[c["trial"]], rel=0.3)
+        assert f"{before[c['trial']]:,.0f} tok/s" not in text
 
 
 def test_trials_say_where_the_study_started(tmp_path, capsys):
