@@ -82,6 +82,9 @@ def test_values_outside_the_space_are_clamped_or_replaced_with_a_line(tmp_path):
     assert len(lines) == 3
     assert "max_mamba_cache_size: 900 clamped to 512 (this study's range 64–512)" in lines
     assert any(line.startswith("mamba_ssm_dtype: float16 is not among") for line in lines)
+    # nothing to change: the config stays as that study measured it (its draft tokens are not derived again)
+    measured = {**source, "speculative_eagle_topk": 1, "max_mamba_cache_size": 200, "mamba_ssm_dtype": "bfloat16"}
+    assert fit_space(measured, cfg, Space.from_config(cfg)) == (measured, [])
 
 
 # --- the planner starts from the earlier study's corrections, scaled ---------------------------------------

@@ -12,7 +12,8 @@ From the earlier study (any storage, read as ``trials``/``report``/``apply`` rea
   the range (on its step), keeping the direction the earlier study found (one inside the range but off its step is
   launched as given, as a hand-written ``[[enqueue]]`` value is); a categorical value this study does not
   offer is replaced by this study's baseline value (or left to SGLang's default when the baseline sets none), each
-  with a line; derived flags are derived again; a config SGLang's cross-flag rules now refuse is dropped with a line.
+  with a line; where any of these changed a value, derived flags are derived again (else the config stays as that
+  study measured it); a config SGLang's cross-flag rules now refuse is dropped with a line.
 - **its planner's learnt corrections** (``correction.replay`` over its launches), scaled by the GPUs' memory
   (``warm.scaled``).
 
@@ -104,7 +105,8 @@ def _snap(spec: Any, low: float, high: float, value: float) -> float:
 
 def fit_space(config: Mapping[str, Any], cfg: StudyConfig, space: Space) -> tuple[dict[str, Any], list[str]]:
     """``config`` fitted to this study: fixed flags win, out-of-range values clamped, unknown choices replaced by
-    the baseline's value, derived flags derived again (see the module's docstring); one line per change."""
+    the baseline's value, derived flags derived again after any change (see the module's docstring); one line per
+    change."""
     out, lines = dict(config), []
     for key, value in cfg.engine.fixed.items():
         if key in out and out[key] != value:
@@ -131,6 +133,8 @@ def fit_space(config: Mapping[str, Any], cfg: StudyConfig, space: Space) -> tupl
             continue  # in range, off the step: launched as given, as a hand-written [[enqueue]] value is
         out[param.name] = _snap(param.spec, low, high, value)
         lines.append(f"{param.name}: {value} clamped to {out[param.name]} (this study's range {low:g}–{high:g})")
+    if not lines:
+        return out, lines  # nothing changed: the config as that study measured it (an [[enqueue]]'s own values kept)
     for name in space.derived:
         out.pop(name, None)
     return space.complete(out), lines
