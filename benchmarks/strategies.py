@@ -51,6 +51,7 @@ from autotune.search.objective import directions, make_sampler
 from autotune.search.pruning import PRUNED, PruningSettler, SlicePruner
 from autotune.search.space import Feasibility, Space, key_of
 from autotune.search.study import Sweep
+from autotune.search.warm import WARM_KEY
 from autotune.sim import SimWorkload, evaluate
 from autotune.sim.truth import Deviation
 
@@ -256,6 +257,7 @@ class Launches(list):
     steady: float = 0.0  # the steady-state rate per GPU of the config the pipeline names (``steady_truth``)
     search_stop: dict[str, Any] | None = None  # how ours' search ended (``search.stopping``): budget or patience
     pruned: int = 0  # search launches the slice pruner ended early (the ``ours-pruned`` proposal)
+    study: Any = None  # the run's study (a warm start reads the earlier one: ``warm_start.py``)
 
 
 class _Uncorrected(CorrectedFeasibility):
@@ -356,9 +358,11 @@ class _SweepRunner:
 
 def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = True, precheck: bool = True,
            correction: bool = True, planner: bool = True, confirmation: bool = True,
-           launches_cap: int | None = None, patience: int = 0, prune: bool = False) -> Launches:
+           launches_cap: int | None = None, patience: int = 0, prune: bool = False,
+           warm: Mapping[str, Any] | None = None) -> Launches:
     """``autotune.search.study``'s Sweep as shipped (then ``confirm`` as a sweep runs it), with the oracle as its
-    runner; the keywords switch parts off for the ablation rows."""
+    runner; the keywords switch parts off for the ablation rows; ``warm``: the record ``sweep --from`` writes
+    (``search.views.origin.warm_record``), the study started from an earlier one. The run keeps its study (``study``)."""
     update = {"trials": launches_cap or budget, "seed": seed, "storage": "sqlite:///:memory:", "patience": patience}
     if not edges:
         update["edge_starts"] = 0
@@ -374,6 +378,8 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
     sweep = Sweep(cfg, runner=runner, progress=_Quiet())
     # The same loop on Optuna's in-memory storage: SQLite bookkeeping would cost more CPU than the simulator.
     sweep.study = optuna.create_study(directions=directions(cfg), sampler=make_sampler(cfg))
+    if warm:
+        sweep.study.set_user_attr(WARM_KEY, dict(warm))
     feas = sweep.feasibility
     if not planner:
         sweep.feasibility, sweep.space = None, case.space  # same pruned space, no planner at all
@@ -384,6 +390,7 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
     try:
         study = sweep.run()
         out = Launches()
+        out.study = study
         out.search_stop = dict(study.user_attrs.get("search_stop") or {})
         out.pruned = runner.pruned
         for trial in study.get_trials(deepcopy=False):

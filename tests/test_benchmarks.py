@@ -367,3 +367,34 @@ def test_calibration_checks_the_stated_gain_and_within_verdicts():
     held = {"baseline_trial": 0, "note": "no config beat the baseline: trial 3's 1,000 tok/s against the baseline's "
             "990 is tied within 2 % (CI 0.99–1.03×)"}
     assert calibration.claims(held) == [("tied", 3, 0, 0.02)]
+
+
+def test_warm_start_reach_follows_the_best_measured_config_at_steady_state():
+    import warm_start as ws
+
+    def launch(name: str, observed: float, status: str = "ok", cost_s: float = 360.0) -> st.Launch:
+        return st.Launch({"name": name}, status, observed, observed, cost_s)
+
+    steady = {"a": 90.0, "b": 98.0, "c": 99.0}
+    run = [launch("a", 100.0), launch("skip", 0.0, "skipped_infeasible", 0.0), launch("b", 95.0),
+           launch("c", 120.0)]
+    rate = lambda config: steady.get(config["name"], 0.0)  # noqa: E731
+    # "b" runs at 98 % but measured below "a": not yet picked; "c", measured best, is picked at the third launch
+    assert ws.reach(run, rate, 100.0) == (3.0, 3 * 360.0 / 3600)
+    assert ws.reach(run[:3], rate, 100.0) == (float("inf"), float("inf"))
+
+
+def test_a_warm_run_measures_the_earlier_studys_configs_right_after_the_baseline(case, oracle):
+    from autotune.search.views.origin import warm_record
+    from autotune.sglang.flags import FlagTable
+
+    earlier = st._sweep(case, oracle, 6, 0)
+    record, lines = warm_record(earlier.study, "in memory", case.cfg, table=FlagTable.bundled(),
+                                version="0.5.23 (simulated)", name="tiny@0")
+    assert record["configs"] and lines[0].startswith("started from study tiny@0 (in memory;")
+    warm = st._sweep(case, oracle, 6, 1, warm=record)
+    trials = warm.study.get_trials()
+    carried = [t.user_attrs["config"] for t in trials[1:1 + len(record["configs"])]]
+    assert trials[0].user_attrs["role"] == "baseline"
+    assert carried == [c["config"] for c in record["configs"]]
+    assert sum(x.launched for x in warm) == 6  # the carried configs are launches of the same budget

@@ -44,7 +44,7 @@ PENDING_LAZY = {"autotune/deploy/numerics.py", "autotune/deploy/apply.py", "auto
 # ``sweep.py`` (run_sweep). ``scaleout/`` (workers, Slurm workers) sits on the loop beside the confirmation and
 # the views; only its command in ``cli/`` imports it.
 SEARCH_PARTS: dict[str, int] = {"storage": 0, "loop": 1, "confirm": 2, "views": 3, "scaleout": 3, "sweep": 4}
-SEARCH_LOOP = {"study", "space", "starts", "edges", "correction", "objective", "runner", "seeding", "skips",
+SEARCH_LOOP = {"study", "space", "starts", "edges", "correction", "objective", "runner", "seeding", "skips", "warm",
                "numerics", "folders", "preflight", "signals", "stopping", "pruning"}
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from autotune.cli import INTERRUPTED
+from autotune.cli.fromstudy import start_from
 from autotune.config import load_config
 from autotune.config.studyref import resolve_config
 from autotune.errors import ConfigError
@@ -49,6 +50,8 @@ def render(summary: SweepSummary) -> str:
     """The human summary: statuses, baseline, winner, gains over the baseline and SGLang's defaults."""
     statuses = ", ".join(f"{n} {s}" for s, n in sorted(summary.statuses.items()))
     lines = [f"Study {summary.study} ({summary.storage}): {summary.n_trials} trials ({statuses})"]
+    if summary.origin:  # re-tuned from an earlier study (``--from``): where it started
+        lines.append(f"  {summary.origin}")
     if summary.launched:
         share = 100 * summary.launched_oom / summary.launched
         again = summary.launched_interrupted or 0
@@ -128,8 +131,12 @@ def render(summary: SweepSummary) -> str:
               help="Override [engine] launcher; slurm with --gpus or --workers runs each worker as its own Slurm job.")
 @click.option("--workers", type=click.IntRange(min=1),
               help="With --launcher slurm: this many worker jobs, each asking Slurm for a server's GPUs.")
+@click.option("--from", "from_study", metavar="STUDY",
+              help="Re-tune from an earlier study (FILE.toml, NAME or STORAGE_URL): its best configs first, its planner "
+                   "corrections scaled to this GPU.")
 def sweep(config_path: Path | None, study_name: str | None, storage: str | None, trials: int | None,
-          engine: str | None, as_json: bool, gpus: str | None, launcher: str | None, workers: int | None) -> None:
+          engine: str | None, as_json: bool, gpus: str | None, launcher: str | None, workers: int | None,
+          from_study: str | None) -> None:
     """Run (or resume) a study: search configs, then confirm the winner."""
     cfg = load_config(resolve_config(config_path), name=study_name, storage=storage, trials=trials, engine=engine)
     cfg = with_launcher(cfg, launcher)
@@ -142,6 +149,8 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
         raise ConfigError("--workers needs the slurm launcher", key="--workers",
                           fix="add --launcher slurm, or give --gpus 0-3 to run workers on this node")
     check_study(cfg)  # a baseline or [[enqueue]] SGLang refuses: one line, before any worker or server starts
+    if from_study:  # the earlier study's best configs and planner corrections, recorded in this study
+        start_from(cfg, from_study, echo=lambda line: click.echo(line, err=as_json))
     if gpus or workers is not None:
         cfg = _search_on(cfg, gpus, workers, err=as_json)
     summary = run_sweep(cfg, progress=make_progress(quiet_stdout=as_json))

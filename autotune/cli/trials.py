@@ -21,8 +21,10 @@ from autotune.search.objective import gpus_spanned, open_study, per_gpu
 from autotune.search.space import config_diff
 from autotune.search.storage import load_study
 from autotune.search.views.jobview import job_for_study
+from autotune.search.views.origin import origin_line
 from autotune.search.views.summary import confirmation_line, confirmed, confirmed_rate
 from autotune.search.views.worstcase import stress_of, worst_case_line
+from autotune.search.warm import record_of
 
 COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "gpus", "tok_s_per_gpu",
            "max_running_requests", "granted", "kv_tokens", "mamba_slots", "peak_gib", "numerics", "reason", "winner",
@@ -124,6 +126,8 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
                       fmt(r["kv_tokens"], ","), fmt(r["mamba_slots"], "d"),
                       fmt(r["peak_gib"], ".1f"), r["numerics"])
     Console(width=max(Console().width, 160, natural_width(table))).print(table)  # every column whole
+    if (origin := origin_line(record_of(study))) is not None:  # a re-tune (``sweep --from``): where it started
+        click.echo(origin)
     for r in data:  # a contender whose outputs differ though no output-changing flag did: one line each
         figures = FidelityFigures.from_dict(r["fidelity"])
         if figures is not None and figures.unexpected:

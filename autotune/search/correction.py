@@ -45,6 +45,18 @@ TENANT_GAP_SHARE = 0.25
 CAPACITY_KEYS = ("kv_tokens", "max_mamba_cache_size", "max_running_requests")
 
 
+@dataclasses.dataclass(frozen=True)
+class Prior:
+    """Corrections learnt by an earlier study (``search.warm``: scaled to this GPU), used until this study measures
+    its own of the same kind: its capacity offsets until a launch here gives one, its room points and OOM bounds until
+    a launch here measures the room. Another device's error is a better start than none, never better than a
+    measurement on this one; and it never removes the skip margin (``sure_failure``)."""
+
+    offsets: tuple[float, ...] = ()
+    room: tuple[tuple[float, float], ...] = ()
+    ooms: tuple[tuple[float, float], ...] = ()
+
+
 def _graph_stage(mp: Any) -> bool:
     """The plan got past pool sizing: it fits, or only graphs/activations did not fit (headroom is meaningful)."""
     if mp.kv_tokens <= 0 or mp.max_running_requests <= 0:
@@ -76,24 +88,37 @@ class CorrectedFeasibility(Feasibility):
         super().__init__(model, gpu, margin_gib=margin_gib)
         self.room: list[tuple[float, float]] = []  # (planned activations GiB, measured − planned headroom GiB)
         self.ooms: list[tuple[float, float]] = []  # (planned activations GiB, planned headroom GiB) of OOMed configs
+        self.prior = Prior()  # an earlier study's corrections (``--from``), until this study measures its own
+
+    @property
+    def offset_gib(self) -> float:
+        offsets = self.offsets or list(self.prior.offsets)
+        return float(sorted(offsets)[len(offsets) // 2]) if offsets else 0.0
+
+    def _room_points(self) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+        """(room points, OOM bounds): this study's once it has either, else the prior's."""
+        if self.room or self.ooms:
+            return self.room, self.ooms
+        return list(self.prior.room), list(self.prior.ooms)
 
     # -- the correction -------------------------------------------------------------------------------------
     def room_model(self) -> tuple[float, float]:
         """(c0, c1): the room correction at a config with ``a`` GiB of planned activations is c0 + c1·a."""
         c0, c1 = 0.0, 0.0
-        if self.room:
-            acts = [a for a, _ in self.room]
+        room, ooms = self._room_points()
+        if room:
+            acts = [a for a, _ in room]
             if max(acts) - min(acts) >= MIN_ACT_SPREAD_GIB:
-                n = len(self.room)
-                ma, md = sum(acts) / n, sum(d for _, d in self.room) / n
+                n = len(room)
+                ma, md = sum(acts) / n, sum(d for _, d in room) / n
                 var = sum((a - ma) ** 2 for a in acts)
-                c1 = sum((a - ma) * (d - md) for a, d in self.room) / var
+                c1 = sum((a - ma) * (d - md) for a, d in room) / var
                 c1 = max(-MAX_SLOPE, min(MAX_SLOPE, c1))
                 c0 = md - c1 * ma
-                c0 += min(d - (c0 + c1 * a) for a, d in self.room)  # conservative: no measurement below the line
+                c0 += min(d - (c0 + c1 * a) for a, d in room)  # conservative: no measurement below the line
             else:
-                c0 = min(d for _, d in self.room)
-        for act, planned in self.ooms:  # it OOMed: the corrected room there was below zero
+                c0 = min(d for _, d in room)
+        for act, planned in ooms:  # it OOMed: the corrected room there was below zero
             bound = -planned - OOM_MARGIN_GIB
             if c0 + c1 * act > bound:
                 c0 = bound - c1 * act
@@ -105,7 +130,7 @@ class CorrectedFeasibility(Feasibility):
 
     @property
     def learned(self) -> bool:
-        return bool(self.offsets or self.room or self.ooms)
+        return bool(self.offsets or self.room or self.ooms or self.prior != Prior())
 
     def raw(self, config: Mapping[str, Any], *, inert: bool = False):
         """The uncorrected planner's plan (what SGLang's arithmetic says with the modelled constants)."""
@@ -113,7 +138,7 @@ class CorrectedFeasibility(Feasibility):
 
     def predict(self, config: Mapping[str, Any], *, inert: bool = True):
         mp = super().predict(config, inert=inert)
-        if not (self.room or self.ooms) or not _graph_stage(mp):
+        if not any(self._room_points()) or not _graph_stage(mp):
             return mp
         delta = self.room_offset(mp.gib.activations)
         headroom = mp.gib.headroom + delta
@@ -127,8 +152,14 @@ class CorrectedFeasibility(Feasibility):
             return dataclasses.replace(mp, fits=False, failure="runtime_oom", gib=gib, extra=extra,
                                        message=f"corrected planner: {headroom:.2f} GiB headroom at peak (planned "
                                                f"{mp.gib.headroom:.2f} GiB, corrected by {delta:+.2f} GiB from "
-                                               f"{len(self.room)} measured peaks and {len(self.ooms)} OOMs)")
+                                               f"{self._evidence()})")
         return dataclasses.replace(mp, gib=gib, extra=extra)
+
+    def _evidence(self) -> str:
+        if self.room or self.ooms:
+            return f"{len(self.room)} measured peaks and {len(self.ooms)} OOMs"
+        return (f"the earlier study's {len(self.prior.room)} measured peaks and {len(self.prior.ooms)} OOMs, scaled to "
+                "this GPU")
 
     def sure_failure(self, memory_plan) -> bool:
         if memory_plan.fits:

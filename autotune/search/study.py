@@ -59,6 +59,7 @@ from autotune.search.space import Space, config_diff, key_of
 from autotune.search.stopping import Patience, stopped_early
 from autotune.search.storage import Liveness, node_lock, storage_file
 from autotune.search.storage.diskguard import Ballast, Room, disk_error, starved
+from autotune.search.warm import record_of, warm_config, warm_planner
 from autotune.sglang.parallel import group_line, server_gpus
 
 POLL_S = 1.0  # how often a sweep whose remaining trials run elsewhere looks again
@@ -135,7 +136,9 @@ class Sweep:
         return f"{group_line(gpus)} {'is' if len(gpus) == 1 else 'are'} busy"
 
     def prepare(self) -> None:
-        cfg, study = self.cfg, self.study
+        warm = record_of(self.study)  # started from an earlier study (``--from``): its configs and corrections
+        self.cfg = cfg = warm_config(self.cfg, warm)
+        study = self.study
         engine = getattr(self.runner, "engine", None) if self.harness else None
         check_given(cfg, engine=engine, feasibility=self.feasibility)  # a config SGLang refuses: one line, no launch
         self._lock()
@@ -156,6 +159,7 @@ class Sweep:
         self.liveness = Liveness(study, gpu=label if len(home) > 1 or self.shared is not None else home[0],
                                  state_dir=self.state_dir)
         if self.feasibility is not None:
+            warm_planner(self.feasibility, warm)
             replay(self.feasibility, finished(study.get_trials(deepcopy=False)))
             inert = self.feasibility.inert_everywhere(self.space, cfg.given_configs())
             for name, why in inert.items():

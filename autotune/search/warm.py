@@ -1,0 +1,72 @@
+"""A study started from an earlier one (``autotune sweep --from STUDY``): what the sweep takes from the record.
+
+``autotune sweep --from`` writes one record into the new study (``study.user_attrs["warm_start"]``, built by
+``search.views.origin``) before anything launches: where it started from, the earlier study's best configs
+translated to this SGLang and space, and its planner corrections scaled to this GPU. Every sweep of the study
+(a resume, each worker of a pool) reads it back here, so the queue and the planner start the same way whichever
+process seeds them:
+
+- the configs join the study's ``[[enqueue]]`` (after the baseline, as hand-written configs: measured here, never
+  crowned on the earlier study's figures; the confirmation treats them like any enqueued config);
+- the corrections become the corrected planner's ``Prior``: used until this study measures its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import optuna
+
+from autotune.config import StudyConfig
+from autotune.config.sections import Enqueued
+from autotune.search.correction import CorrectedFeasibility, Prior
+
+WARM_KEY = "warm_start"  # the study's user attribute holding the record
+
+
+def record_of(study: optuna.Study) -> dict[str, Any] | None:
+    """The study's warm-start record, None for a study started cold."""
+    record = study.user_attrs.get(WARM_KEY)
+    return dict(record) if isinstance(record, Mapping) else None
+
+
+def warm_config(cfg: StudyConfig, record: Mapping[str, Any] | None) -> StudyConfig:
+    """``cfg`` with the record's configs appended to ``[[enqueue]]`` (unchanged without a record; a config the
+    study file already enqueues under the same label is not added twice)."""
+    if not record:
+        return cfg
+    labels = {e.label for e in cfg.enqueue}
+    extra = [Enqueued(label=str(c["label"]), flags=dict(c["config"]))
+             for c in record.get("configs") or () if str(c["label"]) not in labels]
+    return cfg.model_copy(update={"enqueue": [*cfg.enqueue, *extra]}) if extra else cfg
+
+
+def prior_of(corrections: Mapping[str, Any] | None) -> Prior:
+    """The planner's ``Prior`` from a record's (already scaled) corrections."""
+    c = corrections or {}
+    return Prior(offsets=tuple(float(x) for x in c.get("offsets") or ()),
+                 room=tuple((float(a), float(d)) for a, d in c.get("room") or ()),
+                 ooms=tuple((float(a), float(h)) for a, h in c.get("ooms") or ()))
+
+
+def warm_planner(feasibility: Any, record: Mapping[str, Any] | None) -> None:
+    """Start the corrected planner from the record's corrections (nothing for a cold study or no planner)."""
+    if record and isinstance(feasibility, CorrectedFeasibility):
+        feasibility.prior = prior_of(record.get("corrections"))
+
+
+def learnt(feasibility: CorrectedFeasibility) -> dict[str, Any]:
+    """What a study's planner learnt (after ``correction.replay``), as the record stores it, unscaled."""
+    return {"offsets": [round(x, 4) for x in feasibility.offsets],
+            "room": [[round(a, 4), round(d, 4)] for a, d in feasibility.room],
+            "ooms": [[round(a, 4), round(h, 4)] for a, h in feasibility.ooms]}
+
+
+def scaled(corrections: Mapping[str, Any], ratio: float) -> dict[str, Any]:
+    """The corrections moved to a GPU with ``ratio`` × the memory: every GiB the planner was off by (the free-memory
+    offset, the room at peak, an OOM's planned headroom) scales with the device; the activation memory a room point
+    or OOM was measured at is the config's (its batch and chunk), the same on any device, so it is kept."""
+    return {"offsets": [round(x * ratio, 4) for x in corrections.get("offsets") or ()],
+            "room": [[a, round(d * ratio, 4)] for a, d in corrections.get("room") or ()],
+            "ooms": [[a, round(h * ratio, 4)] for a, h in corrections.get("ooms") or ()]}

@@ -1,0 +1,75 @@
+"""A config written for one SGLang version, in another version's flag and environment names.
+
+A re-tune from an earlier study (``autotune sweep --from``) carries that study's best configs to the installed
+SGLang. Each key is looked up in the installed table (``FlagTable``: the installed SGLang's own parser, else the
+bundled 0.5.23 table) by its dest or an alias only — never by argparse's unique-prefix rule, which would turn a
+vanished flag into whatever flag happens to start with its name. A flag the table lacks is renamed when
+``flags.RENAMED`` names exactly one flag that replaces it and that flag is in the table; otherwise it is dropped,
+with one line saying so and what SGLang says to use instead. An environment lever (``env:NAME``) is kept under
+its current name when the installed ``Envs`` table has it (deprecated aliases resolve), else dropped likewise. A
+value the new flag no longer accepts (a choice it lost, a type it changed) drops that flag too, with its line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.errors import ConfigError
+from autotune.sglang.envs import ENV_PREFIX, EnvTable, lever
+from autotune.sglang.flags import RENAMED, FlagSpec, FlagTable
+
+_ONE_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*$")  # a RENAMED entry that names a single flag and nothing else
+
+
+def _exact(table: FlagTable, dest: str) -> FlagSpec | None:
+    """The spec ``dest`` names by dest or by one of its option strings (aliases), never by prefix."""
+    if dest in table.dests:
+        return table.lookup(dest)
+    option = "--" + dest.replace("_", "-")
+    return next((s for s in table.specs if option in s.option_strings), None)
+
+
+def _renamed(table: FlagTable, dest: str) -> FlagSpec | None:
+    """The one flag ``RENAMED`` says replaces ``dest``, when it is a plain flag name the table has."""
+    hint = RENAMED.get(dest, "")
+    return _exact(table, hint.removeprefix("--")) if _ONE_FLAG.match(hint) else None
+
+
+def _version(table: FlagTable | EnvTable) -> str:
+    return f"sglang {table.version}" if table.version else "the installed sglang"
+
+
+def translate(config: Mapping[str, Any], table: FlagTable,
+              envs: EnvTable | None = None) -> tuple[dict[str, Any], list[str]]:
+    """(``config`` in ``table``'s names and types, one line per flag renamed or dropped)."""
+    envs = envs or EnvTable.bundled()
+    out: dict[str, Any] = {}
+    lines: list[str] = []
+    for key, value in config.items():
+        var = lever(key)
+        if var is not None:
+            if var not in envs:
+                lines.append(f"dropped {var}: not an environment variable of {_version(envs)}")
+                continue
+            name = envs.lookup(var).name
+            if name != var:
+                lines.append(f"renamed {var} to {name} ({_version(envs)})")
+            try:
+                out[ENV_PREFIX + name] = None if value is None else envs.coerce(name, value)
+            except ConfigError as exc:
+                lines.append(f"dropped {name}={value}: {exc.message}")
+            continue
+        spec = _exact(table, str(key))
+        if spec is None and (spec := _renamed(table, str(key))) is not None:
+            lines.append(f"renamed --{str(key).replace('_', '-')} to {spec.flag} ({_version(table)})")
+        if spec is None:
+            hint = f"; sglang says: use {RENAMED[str(key)]}" if str(key) in RENAMED else ""
+            lines.append(f"dropped --{str(key).replace('_', '-')}: not a flag of {_version(table)}{hint}")
+            continue
+        try:
+            out[spec.dest] = table.coerce(spec.dest, value)
+        except ConfigError as exc:
+            lines.append(f"dropped {spec.flag} {value}: {exc.message}")
+    return out, lines
