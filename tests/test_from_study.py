@@ -139,7 +139,7 @@ def test_a_retune_enqueues_the_winner_scales_the_planner_and_says_where_it_start
     start_from(cfg, str(tmp_path / "t.toml"), said.append)
     assert said[0].startswith(f"started from study t (sqlite:///{tmp_path}/t.db; sglang 0.5.23 (simulated) on b200)")
     stored = optuna.load_study(study_name="h", storage=cfg.storage_url).user_attrs[WARM_KEY]
-    assert stored["configs"][0]["label"] == f"from t: winner (was trial {earlier.best['trial']})"
+    assert stored["configs"][0]["label"] == f"from t: winner (was trial {earlier.best.trial})"
     assert len(stored["configs"]) <= 4 and stored["to"]["gpu"] == "h200"
     # the planner of the new study starts from the earlier offsets, scaled to the H200's memory
     sweep = Sweep(cfg, runner=ShortRunner(1.0, tok_scale=0.5))
@@ -157,7 +157,7 @@ def test_a_retune_enqueues_the_winner_scales_the_planner_and_says_where_it_start
     assert text.splitlines()[1] == f"  {said[0]}"
     # each carried config was measured here (half the speed): none of the earlier study's figures is shown
     before = {t.number: t.values[0] for t in optuna.load_study(study_name="t", storage=source.storage_url).trials}
-    carried = {e["label"]: e["output_tok_s"] for e in summary.enqueued if e["label"].startswith("from t:")}
+    carried = {e.label: e.output_tok_s for e in summary.enqueued if (e.label or "").startswith("from t:")}
     assert len(carried) == len(stored["configs"]) >= 2
     for c in stored["configs"]:
         assert carried[c["label"]] == pytest.approx(0.5 * before[c["trial"]], rel=0.3)
