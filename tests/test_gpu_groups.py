@@ -44,6 +44,7 @@ sim_options = {{ startup_s = 0.2, warmup_s = 0.1, release_s = 0.2 }}
 {engine_extra}
 
 [engine.fixed]
+stream_interval = 8  # one SSE event per 8 tokens: less server and client CPU per token (tests/tinystudy.py)
 {fixed}
 
 [space]
