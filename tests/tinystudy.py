@@ -24,8 +24,8 @@ speculative_algorithm = "EAGLE"
 speculative_eagle_topk = 1
 speculative_num_steps = 3
 speculative_num_draft_tokens = 4
-# One SSE event per 8 tokens, not per token: the server's and the replay client's CPU per token falls ~8x (the
-# measured tok/s counts tokens, not events), and a loaded test host is far from making the client the bottleneck.
+# One SSE event per 8 tokens, not per token: the server and the replay client handle an eighth of the events (the
+# measured tok/s counts tokens, not events), and a loaded test host seldom makes the client the bottleneck.
 stream_interval = 8
 
 [space]
