@@ -13,6 +13,7 @@ import sys
 import tomllib
 
 import pytest
+from inprocess import run_cli
 from tinystudy import write_tiny_study
 
 from autotune.cli import main
@@ -78,12 +79,10 @@ def test_a_bad_value_is_refused_before_any_server(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-def test_sweep_gives_the_server_its_environment_and_apply_carries_it(tmp_path, monkeypatch):
+def test_sweep_gives_the_server_its_environment_and_apply_carries_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))  # the in-process `fleet up` too
-    env = dict(os.environ)
     path = study(tmp_path, trials=2)
-    run = lambda *a: subprocess.run([sys.executable, "-m", "autotune", *a], capture_output=True, text=True,  # noqa: E731
-                                    env=env, timeout=200)
+    run = lambda *a: run_cli(capsys, *a)  # noqa: E731  (in this process: the servers are real simulated ones)
     done = run("sweep", "--config", str(path), "--json")
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(run("trials", "--config", str(path), "--json").stdout)

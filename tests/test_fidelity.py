@@ -6,15 +6,13 @@ The end-to-end tests run real sim servers (0.2 s startups, 1 s windows, 8 prompt
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import optuna
 import pytest
+from inprocess import run_cli
 from tinystudy import write_prompts
 
 from autotune.config import load_config
@@ -98,16 +96,13 @@ def write_study(tmp_path: Path, *, name: str, trials: int, choices: str, limit: 
 
 
 @pytest.fixture
-def sim_env(tmp_path, monkeypatch):
+def cli(tmp_path, monkeypatch, capsys):
+    """``autotune ARGS`` run from ``tmp_path`` on its own simulated GPUs, in this process (tests/inprocess.py); the
+    sweeps still launch real simulated servers."""
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
-    env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
-    return env
-
-
-def cli(*args: str, env: dict, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=timeout)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.chdir(tmp_path)
+    return lambda *args: run_cli(capsys, *args)
 
 
 def trials_of(path: Path) -> list[optuna.trial.FrozenTrial]:
@@ -209,10 +204,10 @@ def test_only_a_space_that_can_change_numerics_probes(tmp_path):
 
 
 # --- on the simulator, end to end ------------------------------------------------------------------------------
-def test_float32_only_space_runs_no_probe_and_has_no_constraint(tmp_path, sim_env):
+def test_float32_only_space_runs_no_probe_and_has_no_constraint(tmp_path, cli):
     path = write_study(tmp_path, name="f32", trials=2, choices='["unset", "float32"]',
                        limit=", min_prefix_match = 64", caps="")  # default caps: a settled contender is confirmed
-    run = cli("sweep", "--config", str(path), "--json", env=sim_env, cwd=tmp_path)
+    run = cli("sweep", "--config", str(path), "--json")
     assert run.returncode == 0, run.stderr
     done = [t for t in trials_of(path) if t.state == optuna.trial.TrialState.COMPLETE]
     assert len(done) == 2
@@ -232,10 +227,10 @@ def test_float32_only_space_runs_no_probe_and_has_no_constraint(tmp_path, sim_en
     assert probed and all(f["role"] == "probe" and f["exact_share"] == 1.0 and not f["unexpected"] for f in probed)
 
 
-def test_bfloat16_trials_are_probed_the_limit_crowns_float32_and_apply_refuses_bfloat16(tmp_path, sim_env):
+def test_bfloat16_trials_are_probed_the_limit_crowns_float32_and_apply_refuses_bfloat16(tmp_path, cli):
     path = write_study(tmp_path, name="num", trials=3, choices='["unset", "bfloat16"]',
                        limit=", min_prefix_match = 120", enqueue=FAST_BF16)
-    run = cli("sweep", "--config", str(path), "--json", env=sim_env, cwd=tmp_path)
+    run = cli("sweep", "--config", str(path), "--json")
     assert run.returncode == 0, run.stderr
     trials = {t.number: t for t in trials_of(path) if t.state == optuna.trial.TrialState.COMPLETE}
     by_label = {t.user_attrs.get("label"): t for t in trials.values()}
@@ -270,22 +265,22 @@ def test_bfloat16_trials_are_probed_the_limit_crowns_float32_and_apply_refuses_b
     assert 'id="numerics"' in page and "Why this winner" in page and "outputs differ from the baseline" in page
 
     # trials: a column
-    run = cli("trials", "--config", str(path), "--json", env=sim_env, cwd=tmp_path)
+    run = cli("trials", "--config", str(path), "--json")
     rows = {r["number"]: r for r in json.loads(run.stdout)}
     assert rows[fast.number]["numerics"].endswith("|Δlp| 0.020") and rows[base.number]["numerics"] == "reference"
 
     # apply: the bfloat16 trial only with --accept-numerics; its figures land in provenance.json
     refused = cli("apply", "--config", str(path), "--trial", str(fast.number), "--out", str(tmp_path / "d1"),
-                  "--gpus", "0", env=sim_env, cwd=tmp_path)
+                  "--gpus", "0")
     assert refused.returncode == 1 and "--accept-numerics" in refused.stderr and "limit" in refused.stderr
     assert not (tmp_path / "d1").exists()
     ok = cli("apply", "--config", str(path), "--trial", str(fast.number), "--out", str(tmp_path / "d2"),
-             "--gpus", "0", "--accept-numerics", "--allow-unstressed", env=sim_env, cwd=tmp_path)  # not the winner
+             "--gpus", "0", "--accept-numerics", "--allow-unstressed")  # not the winner
     assert ok.returncode == 0, ok.stderr
     prov = json.loads((tmp_path / "d2" / "provenance.json").read_text())
     assert prov["numerics"]["fidelity"]["prefix_match_mean"] == fid["prefix_match_mean"]
     assert prov["numerics"]["limits"] == {"min_prefix_match": 120} and prov["numerics"]["problem"]
-    winner = cli("apply", "--config", str(path), "--out", str(tmp_path / "d3"), "--gpus", "0", env=sim_env, cwd=tmp_path)
+    winner = cli("apply", "--config", str(path), "--out", str(tmp_path / "d3"), "--gpus", "0")
     assert winner.returncode == 0, winner.stderr
     assert json.loads((tmp_path / "d3" / "provenance.json").read_text())["numerics"]["changes"] == []
 

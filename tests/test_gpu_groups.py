@@ -16,6 +16,7 @@ from pathlib import Path
 import optuna
 import psutil
 import pytest
+from inprocess import run_cli
 from optuna.trial import TrialState
 from tinystudy import write_prompts
 
@@ -44,6 +45,7 @@ sim_options = {{ startup_s = 0.2, warmup_s = 0.1, release_s = 0.2 }}
 {engine_extra}
 
 [engine.fixed]
+stream_interval = 8  # one SSE event per 8 tokens: less server and client CPU per token (tests/tinystudy.py)
 {fixed}
 
 [space]
@@ -326,9 +328,10 @@ def _searched(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return [t for t in study.trials if t.user_attrs.get("role") == "search"]
 
 
-def test_a_searched_tp_that_does_not_divide_the_heads_is_skipped_with_sglangs_reason(tmp_path):
+def test_a_searched_tp_that_does_not_divide_the_heads_is_skipped_with_sglangs_reason(tmp_path, monkeypatch):
     from autotune.search.study import run_study
 
+    monkeypatch.setattr("autotune.search.study.MAX_ASKS_PER_LAUNCH", 4)  # every proposal is skipped: fewer of them
     path = write_study(tmp_path, "heads", trials=2, space="tp_size = { choices = [5] }")  # 24 heads: 5 does not
     path.write_text(path.read_text().replace("[study]\n", '[study]\nsampler = "random"\n'))
     runner = CountingRunner()
@@ -397,9 +400,10 @@ def test_a_tenant_on_one_gpu_of_a_pair_stops_that_worker_and_the_message_names_t
 
 @pytest.mark.parametrize(("gpus", "words"), [("0-", "cannot read GPU list"), ("2-1", "runs backwards"),
                                              ("0,0", "repeats a GPU"), ("1", "span 2 GPUs")])
-def test_bad_gpus_on_the_command_line_are_one_line_before_anything_starts(tmp_path, gpus, words):
+def test_bad_gpus_on_the_command_line_are_one_line_before_anything_starts(tmp_path, monkeypatch, capsys, gpus, words):
     path = big_study(tmp_path)
-    done = _sweep(path, "--gpus", gpus, env_dir=tmp_path / "devices", timeout=60)
+    monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+    done = run_cli(capsys, "sweep", "--config", str(path), "--gpus", gpus)  # in this process: nothing starts anyway
     assert done.returncode == 1 and words in done.stderr, done.stderr
     assert done.stderr.count("Error:") == 1 and "Traceback" not in done.stderr
     assert not (tmp_path / "big.db").exists() and not (tmp_path / "devices").exists()  # no study, no server

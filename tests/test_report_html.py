@@ -8,13 +8,13 @@ import re
 import shlex
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
 import studyfactory as sf
 from click.testing import CliRunner
+from inprocess import run_cli
 from plotly.offline import get_plotlyjs
 
 from autotune.cli import cli
@@ -147,17 +147,13 @@ def test_cli_html_default_path_and_compare(big, tmp_path, monkeypatch):
     assert 'id="compare-table"' in text and "qwen-b200" in text
 
 
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", "report", *args], capture_output=True, text=True,
-                          timeout=60, cwd=cwd, check=False)
-
-
-def test_unknown_study_and_storage_are_one_line_errors(big, tmp_path):
+def test_unknown_study_and_storage_are_one_line_errors(big, tmp_path, monkeypatch, capsys):
     _, url = big
-    run = _cli("--study", "nope", "--storage", url, cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    run = run_cli(capsys, "report", "--study", "nope", "--storage", url)  # the entry point, in this process
     assert run.returncode == 1 and run.stderr.count("\n") == 1
     assert run.stderr.startswith("Error: no study named 'nope'") and "qwen-b200" in run.stderr
-    run = _cli("--study", "ghost", cwd=tmp_path)  # default storage studies/ghost.db does not exist
+    run = run_cli(capsys, "report", "--study", "ghost")  # default storage studies/ghost.db does not exist
     assert run.returncode == 1 and run.stderr.startswith("Error: no study storage at studies/ghost.db")
     assert not (tmp_path / "studies").exists()  # a typo must not create an empty database
 

@@ -4,14 +4,12 @@ told by the caller, a re-created study probing again; end to end on the simulate
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
 import optuna
 import pytest
+from inprocess import run_cli
 from test_study import PlannerRunner, write_study
 from tinystudy import write_prompts
 
@@ -77,9 +75,9 @@ def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def sweep(path: Path, env: dict, *extra: str) -> None:
-    run = subprocess.run([sys.executable, "-m", "autotune", "sweep", "--config", str(path), *extra],
-                         capture_output=True, text=True, env=env, cwd=path.parent, timeout=300)
+def sweep(capsys: pytest.CaptureFixture[str], path: Path, *extra: str) -> None:
+    """``autotune sweep`` in this process (tests/inprocess.py): real simulated servers, no fresh interpreter."""
+    run = run_cli(capsys, "sweep", "--config", str(path), *extra)
     assert run.returncode == 0, run.stdout + run.stderr
 
 
@@ -106,23 +104,24 @@ def check_own_study(url: str, folder: Path) -> None:
         assert Path(run["result"]["trial_dir"]).parent == folder / str(run["trial"])  # <n>/repeat-<k>
 
 
-def test_a_recreated_study_and_a_namesake_elsewhere_get_their_own_folders_and_probe_again(tmp_path, monkeypatch):
+def test_a_recreated_study_and_a_namesake_elsewhere_get_their_own_folders_and_probe_again(tmp_path, monkeypatch,
+                                                                                          capsys):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
-    env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}
-    env.pop("CUDA_VISIBLE_DEVICES", None)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.chdir(tmp_path)
     write_prompts(tmp_path)
     path = tmp_path / "num.toml"
     path.write_text(NUMERICS)
     url = load_config(path).storage_url
     work = tmp_path / "num"
 
-    sweep(path, env)
+    sweep(capsys, path)
     first = snapshot(work / "trials")
     check_own_study(url, work / "trials")
 
     # Start over the way users do: delete the database and sweep again.
     (tmp_path / "num.db").unlink()
-    sweep(path, env)
+    sweep(capsys, path)
     aside = [p for p in work.iterdir() if p.name.startswith("trials.old-")]
     assert len(aside) == 1 and snapshot(aside[0]) == first  # moved whole: nothing overwritten or appended
     check_own_study(url, work / "trials")
@@ -130,7 +129,7 @@ def test_a_recreated_study_and_a_namesake_elsewhere_get_their_own_folders_and_pr
 
     # The same name in another storage: a live study may still read trials/, so it is left alone.
     other = f"sqlite:///{tmp_path / 'other.db'}"
-    sweep(path, env, "--storage", other)
+    sweep(capsys, path, "--storage", other)
     ident = optuna.load_study(study_name="num", storage=other).user_attrs["files"]["id"]
     check_own_study(other, work / f"trials-{ident}")
     assert snapshot(work / "trials") == second and snapshot(aside[0]) == first
