@@ -16,7 +16,7 @@ PACKAGE = ROOT / "autotune"
 # Lower layers never import higher ones. ``prompts`` reads the prompt file for both config (its check) and the
 # harness (its replay); it depends on ``errors`` only.
 LAYERS: dict[str, int] = {
-    "errors": 0, "results": 0, "progress": 0, "redaction": 0, "tomlwrite": 0, "prompts": 0, "settle": 0, "job": 0,
+    "errors": 0, "results": 0, "progress": 0, "redaction": 0, "tomlwrite": 0, "prompts": 0, "settle": 0, "job": 0, "tls": 0,
     "sglang": 1,
     "config": 2,
     "launch": 3,  # WHERE a server runs: below the harness (trial) and deploy (fleet), which start servers through it
@@ -228,7 +228,7 @@ def test_launch_sits_between_config_and_the_harness_and_both_starters_use_it():
     assert LAYERS["config"] < LAYERS["launch"] < LAYERS["harness"] < LAYERS["deploy"]
     uses = {src for src, dst, *_ in _edges() if dst == "launch" and src != "launch"}
     assert {"harness", "deploy"} <= uses
-    assert not {dst for src, dst, *_ in _edges() if src == "launch"} - {"launch", "errors", "redaction", "config"}
+    assert not {dst for src, dst, *_ in _edges() if src == "launch"} - {"launch", "errors", "redaction", "config", "tls"}
 
 
 def _search_part(module: str) -> str | None:

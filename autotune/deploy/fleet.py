@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from autotune import tls
 from autotune.deploy import remote, router
 from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re-exported
     LOCAL_HOSTS,
@@ -81,7 +82,7 @@ def server_argv(fleet: Fleet, server: FleetServer, config: Mapping[str, Any]) ->
 
 def get_json(url: str, *, timeout_s: float = 3.0) -> dict[str, Any] | None:
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+        with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context()) as client:
             response = client.get(url)
         return response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
@@ -90,7 +91,7 @@ def get_json(url: str, *, timeout_s: float = 3.0) -> dict[str, Any] | None:
 
 def healthy(server: FleetServer, *, timeout_s: float = 3.0) -> bool:
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+        with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context()) as client:
             return client.get(f"{server.url}/health").status_code == 200
     except httpx.HTTPError:
         return False
@@ -316,7 +317,7 @@ def _tok_s(server: FleetServer, info: Mapping[str, Any] | None) -> float | None:
     if value is not None:
         return float(value)
     try:
-        with httpx.Client(timeout=3.0, trust_env=False) as client:
+        with httpx.Client(timeout=3.0, trust_env=False, verify=tls.context()) as client:
             text = client.get(f"{server.url}/metrics").text
     except httpx.HTTPError:
         return None

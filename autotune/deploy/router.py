@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 import psutil
 
+from autotune import tls
 from autotune.deploy.fleetfile import Fleet, FleetServer, RouterSection
 from autotune.deploy.inflight import ClientAdvice
 from autotune.deploy.ports import pick_after
@@ -218,7 +219,7 @@ def stop(fleet: Fleet, *, grace_s: float = 10.0) -> bool:
 def get(base: str, path: str, *, timeout_s: float = 3.0) -> Any:
     """GET ``base + path``: its JSON (or text), None on any failure."""
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False) as client:
+        with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context()) as client:
             response = client.get(base + path)
     except httpx.HTTPError:
         return None
@@ -242,7 +243,7 @@ def _healthy_urls(record: Record) -> set[str]:
 
 def _change(method: str, url: str, **kwargs: Any) -> None:
     try:
-        with httpx.Client(timeout=10.0, trust_env=False) as client:
+        with httpx.Client(timeout=10.0, trust_env=False, verify=tls.context()) as client:
             response = client.request(method, url, **kwargs)
     except httpx.HTTPError as exc:
         raise FleetError(f"the router did not take {method} {url}: {exc}") from None

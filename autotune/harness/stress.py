@@ -30,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from autotune import tls
 from autotune.harness.gpu import GpuMonitor
 from autotune.harness.steps import Launch, after_ok
 from autotune.harness.workload import ENDPOINTS, RequestRecord, SseStream, request_body
@@ -248,7 +249,7 @@ async def _drive(server: ServerHandle, launch: Launch, rows: Sequence[tuple[Prom
     records = [RequestRecord(row=row.line, sent=0.0, pass_no=pass_no) for row, pass_no in rows]
     limits = httpx.Limits(max_connections=len(rows) + 4, max_keepalive_connections=len(rows) + 4)
     timeout = httpx.Timeout(launch.timeouts.request_s, connect=30.0)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
+    async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False, verify=tls.context()) as client:
         await _open_connections(client, server.base_url, len(rows))
         t0 = time.perf_counter()
         tasks = []

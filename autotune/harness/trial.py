@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from autotune import tls
 from autotune.config.context import misfit_reason
 from autotune.errors import ConfigError, ServerError
 from autotune.harness.engines.base import Engine, GpuReader, group_reader, launch_gpus
@@ -60,7 +61,7 @@ REMEASURE_STREAM_INTERVAL = 16  # tokens per SSE chunk for the re-measure (at le
 
 def _server_info(base_url: str) -> dict[str, Any] | None:
     try:
-        resp = httpx.get(f"{base_url}/server_info", timeout=10.0, trust_env=False)
+        resp = httpx.get(f"{base_url}/server_info", timeout=10.0, trust_env=False, verify=tls.context())
         return resp.json() if resp.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
@@ -69,7 +70,7 @@ def _server_info(base_url: str) -> dict[str, Any] | None:
 async def _sim_pace(base_url: str) -> dict[str, Any] | None:
     """The simulated server's pacing counters (``sim_pace`` in /server_info); None for a real SGLang."""
     try:
-        async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False, verify=tls.context()) as client:
             resp = await client.get(f"{base_url}/server_info")
         return resp.json().get("sim_pace") if resp.status_code == 200 else None
     except (httpx.HTTPError, ValueError, AttributeError):
@@ -84,7 +85,7 @@ def server_stream_interval(info: Mapping[str, Any] | None) -> int | None:
 
 def _flush_cache(base_url: str) -> None:
     try:
-        httpx.post(f"{base_url}/flush_cache", timeout=10.0, trust_env=False)
+        httpx.post(f"{base_url}/flush_cache", timeout=10.0, trust_env=False, verify=tls.context())
     except httpx.HTTPError:
         pass  # only the accept-length fallback loses precision
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from autotune import tls
 from autotune.errors import ConfigError, FleetError, ServerError
 from autotune.launch.base import (
     LOG_TAIL_LINES,
@@ -337,7 +338,7 @@ class SshServer:
 
     def wait_ready(self, timeout_s: float, *, stop_event: threading.Event | None = None) -> None:
         deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=3.0, trust_env=False) as client:
+        with httpx.Client(timeout=3.0, trust_env=False, verify=tls.context()) as client:
             while True:
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import httpx
 
+from autotune import tls
 from autotune.errors import AutotuneError
 from autotune.launch.base import MemoryReader, ServerExited, ServerStartTimeout
 from autotune.launch.memory import used_mib, wait_released
@@ -126,7 +127,7 @@ def wait_healthy(url: Callable[[], str], timeout_s: float, *, ended: Callable[[]
     """Return once ``url()``'s ``/health`` answers 200; ``ServerExited`` as soon as ``ended`` gives an exit code,
     ``ServerStartTimeout`` when the time runs out or ``stop_event`` is set (every launcher's ``wait_ready``)."""
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=2.0, trust_env=False) as client:
+    with httpx.Client(timeout=2.0, trust_env=False, verify=tls.context()) as client:
         while True:
             code = ended()
             if code is not None:
