@@ -12,6 +12,7 @@ from autotune.errors import ConfigError
 from autotune.search.preflight import check_given
 from autotune.search.space import Feasibility
 from autotune.sglang.memory import plan
+from autotune.sglang.numerics import changes_numerics, not_numerics_reason, numerics_flag
 from autotune.sglang.profiles import load_gpu, load_model
 from autotune.sim.evaluate import SimWorkload, evaluate
 from autotune.sim.radix import CHARS, RadixCache, token_key
@@ -59,6 +60,14 @@ def test_neither_lever_moves_a_pool_or_the_running_cap():
     fine = plan(QWEN, B200, {**MTP, "mamba_track_interval": 128, "mamba_max_states_per_path": 2}).extra
     # runtime_context.py L1966-1979: prefill states on lcm(max(64, page), page), decode ones also on the interval
     assert (fine["mamba_checkpoint_grid"], fine["mamba_track_grid"], fine["mamba_max_states_per_path"]) == (64, 128, 2)
+
+
+def test_neither_lever_changes_outputs():
+    """The numerics table: both only decide which prefix states are reused (docs/numerics.md)."""
+    config = {**MTP, "mamba_track_interval": 64, "mamba_max_states_per_path": 2}
+    assert changes_numerics(config) == []
+    for dest in ("mamba_track_interval", "mamba_max_states_per_path"):
+        assert numerics_flag(dest) is None and "prefix reuse only" in (not_numerics_reason(dest) or "")
 
 
 # -- the simulator ----------------------------------------------------------------------------------------------

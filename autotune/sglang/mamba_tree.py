@@ -30,7 +30,8 @@ def resolve_mamba_tree(f: Mapping[str, Any], *, strategy: str, draft_tokens: int
     """
     from autotune.sglang.args import PlanStop  # args imports this module
 
-    cap = int(f.get("mamba_max_states_per_path") if f.get("mamba_max_states_per_path") is not None else -1)
+    raw = f.get("mamba_max_states_per_path")
+    cap = -1 if raw is None else int(raw)
     if cap == 0 or cap < -1:
         raise PlanStop("bad_args", "ValueError: --mamba-max-states-per-path must be -1 (unlimited) or a positive "
                                    f"integer, got {cap}.")

@@ -146,6 +146,10 @@ NOT_NUMERICS: dict[str, str] = {
     "schedule_policy": "scheduling only: the order waiting requests are admitted in",
     "disable_radix_cache": "prefix reuse only: a cache hit skips recomputing the same prefix at the same precision",
     "mamba_radix_cache_strategy": "prefix reuse only: where Mamba states are checkpointed, not their precision",
+    "mamba_track_interval": "prefix reuse only: how often decoding snapshots a Mamba state for the radix cache "
+                            "(a copy in the pool's own dtype), not its precision",
+    "mamba_max_states_per_path": "prefix reuse only: how many cached Mamba states a path keeps; a dropped one is "
+                                 "recomputed at the same precision",
     "max_mamba_cache_size": "memory only: how many Mamba state slots exist",
     "mamba_full_memory_ratio": "memory only: the split between Mamba state and KV cache",
     "mem_fraction_static": "memory only: how much of the GPU the pools take",
