@@ -87,7 +87,7 @@ def _chain(cap: int | None) -> tuple[RadixCache, int]:
 
 
 def test_max_states_per_path_frees_state_slots_and_costs_the_hits_it_dropped():
-    """``_evict_excess_path_states`` (unified_cache/components/mamba.py L260-318): after each insert the shallowest
+    """``_evict_excess_path_states`` (unified_cache/components/mamba.py L255-320): after each insert the shallowest
     states beyond the cap go (their KV stays), the deepest is kept."""
     unlimited, hit = _chain(None)
     capped, capped_hit = _chain(1)

@@ -16,7 +16,8 @@ from typing import Any
 __all__ = ["FLA_CHUNK_SIZE", "TRACK_INTERVAL_DEFAULT", "resolve_mamba_tree"]
 
 TRACK_INTERVAL_DEFAULT = 256  # ``mamba_track_interval``'s default, ``srt/arg_groups/fields/exec_.py`` L530-533
-FLA_CHUNK_SIZE = 64  # the GDN scan's chunk (``overrides.py`` L1908-1914: the model's mamba_chunk_size, else FLA's)
+# The GDN scan's chunk: the model's mamba_chunk_size, else FLA's 64 (``overrides.py`` L1897-1927, L1914-1917).
+FLA_CHUNK_SIZE = 64
 
 
 def resolve_mamba_tree(f: Mapping[str, Any], *, strategy: str, draft_tokens: int, spec: bool, page: int,
@@ -46,13 +47,14 @@ def resolve_mamba_tree(f: Mapping[str, Any], *, strategy: str, draft_tokens: int
                                    "view.mamba_track_interval % view.page_size == 0): "
                                    f"--mamba-track-interval {interval} is not a multiple of page_size {page}")
     tree = has_mamba and strategy not in ("none", "")
+    tracked = tree and extra_buffer  # no_buffer saves each prompt's end and never reads the interval
     # A prefill saves its state on the checkpoint grid (``runtime_context.py`` L1966-1971: lcm of the cache chunk,
     # max(FLA chunk, page), and the page); decoding on the track grid, which also lands on the interval (L1974-1979).
     grid = math.lcm(max(FLA_CHUNK_SIZE, page), page)
     return {
         "mamba_tree": tree,
-        "mamba_checkpoint_grid": grid if tree and extra_buffer else (1 if tree else None),
-        "mamba_track_interval": interval if tree and extra_buffer else None,  # read only by the extra-buffer track
-        "mamba_track_grid": math.lcm(grid, interval) if tree and extra_buffer else None,
-        "mamba_max_states_per_path": (cap if cap > 0 else None) if tree else None,
+        "mamba_checkpoint_grid": grid if tracked else None,
+        "mamba_track_interval": interval if tracked else None,
+        "mamba_track_grid": math.lcm(grid, interval) if tracked else None,
+        "mamba_max_states_per_path": cap if tree and cap > 0 else None,
     }

@@ -271,9 +271,11 @@ def _inert_tree_levers(f: Mapping[str, Any], result: MemoryPlan) -> list[str]:
     either way: ``sglang.mamba_tree``)."""
     if result.failure == "bad_args":
         return []
-    return [k for k in ("mamba_track_interval", "mamba_max_states_per_path")
-            if k in f and (result.extra.get(k) is None or k == "mamba_track_interval"
-                           and int(f[k] or 0) == result.extra.get(k) == TRACK_INTERVAL_DEFAULT)]
+    out = []
+    for key, default in (("mamba_track_interval", TRACK_INTERVAL_DEFAULT), ("mamba_max_states_per_path", None)):
+        if key in f and result.extra.get(key) in (None, default):
+            out.append(key)
+    return out
 
 
 def _inert_flags(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], free_gib: float | None,

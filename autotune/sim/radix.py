@@ -15,11 +15,11 @@ What is modelled, after SGLang 0.5.23's ``RadixCache`` / ``MambaRadixCache``:
   the end of each prefilled prompt. ``extra_buffer(_lazy)`` saves one state per prefill, on the checkpoint grid
   (``sglang.mamba_tree``): at the last grid point of what it computed, or, when the match found cached KV deeper
   than the deepest saved state, at that *branch point* instead (``MambaComponent`` match,
-  ``unified_cache/components/mamba.py`` L170-194; ``_mamba_radix_cache_v2_req_prepare_for_extend``,
+  ``unified_cache/components/mamba.py`` L164-194; ``_mamba_radix_cache_v2_req_prepare_for_extend``,
   ``schedule_batch.py`` L3137-3232): so the second prompt through a shared prefix computes it and leaves the state
   the third one resumes from. ``--mamba-track-interval`` is read only while decoding (outputs: not inserted here);
   ``--mamba-max-states-per-path`` drops the shallowest states on a path beyond the cap after each insert, sparing
-  the deepest, forks and locked ones (``_evict_excess_path_states``, ``mamba.py`` L260-318). A hit is cut back to
+  the deepest, forks and locked ones (``_evict_excess_path_states``, ``mamba.py`` L255-320). A hit is cut back to
   the deepest saved state, each saved state is one state copy (its cost is the caller's), and the saved states
   occupy Mamba slots the running requests leave free (evicted LRU when they do not fit);
 * with ``page_size`` > 1 a hit is whole pages only.
