@@ -9,8 +9,8 @@ as that model is. Usage: ``python benchmarks/radix_trade.py [--trials 40]``; wri
 
 ``--levers`` answers another question on the same two studies: do the Mamba-slot and Mamba-state levers of SGLang
 0.5.23 (the decode-lock switch ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``, ``--mamba-track-interval``,
-``--mamba-max-states-per-path``) change the winner? Each study runs without them, then with them (variants of the
-study file: ``LEVER_VARIANTS``), per ``--seeds``; each crowned config is re-measured on fresh seeds, and the winner
+``--mamba-max-states-per-path``) change the winner? Each study runs without them (its file less any of them),
+then with them (``LEVERS`` added as ``LEVER_VARIANTS`` says), per ``--seeds``; each crowned config is re-measured on fresh seeds, and the winner
 found without them is re-measured with the decode-lock switch set (the slots re-derived). Writes
 ``results/radix_trade_levers.md``.
 """
@@ -81,7 +81,12 @@ def run(path: str, trials: int, storage_dir: Path) -> dict:
 SWITCH = "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"
 TREE = ("mamba_track_interval", "mamba_max_states_per_path")
 ALL_LEVERS = (f"env:{SWITCH}", *TREE)
-# (study, variant label, levers of the study file it keeps): the file with all of them, less the ones not kept.
+# How a variant searches each lever (the committed studies search the switch this way; the shared-prefix one was
+# measured with the tree levers too, results/radix_trade_levers.md, and does not search them).
+LEVERS = {f"env:{SWITCH}": {"choices": [False, True], "when": "not disable_radix_cache"},
+          "mamba_track_interval": {"choices": [128, 256, 1024], "when": "not disable_radix_cache"},
+          "mamba_max_states_per_path": {"choices": ["unset", 2, 8], "when": "not disable_radix_cache"}}
+# (study, variant label, the levers it searches)
 LEVER_VARIANTS = [("seed workload", "without", ()), ("seed workload", "+ decode lock", (f"env:{SWITCH}",)),
                   ("shared prefix", "without", ()), ("shared prefix", "+ decode lock", (f"env:{SWITCH}",)),
                   ("shared prefix", "+ decode lock, track interval, cap", ALL_LEVERS)]
@@ -89,17 +94,25 @@ REMEASURE_SEEDS = range(1, 6)
 
 
 def variant_file(path: str, keep: tuple[str, ...], directory: Path, label: str, seed: int) -> Path:
-    """The study file with the levers not in ``keep`` taken out of its space, prompts made absolute."""
+    """The study file searching exactly the levers in ``keep`` (as ``LEVERS``), prompts made absolute."""
     raw = tomllib.loads((ROOT / path).read_text(encoding="utf-8"))
     space = raw["space"]
+    env = space.pop("env", {})
+    derived = space.pop("derived", None)
     for lever in ALL_LEVERS:
-        if lever not in keep:
-            if lever.startswith("env:"):
-                space.get("env", {}).pop(lever[4:], None)
-            else:
-                space.pop(lever, None)
-    if not space.get("env"):
-        space.pop("env", None)
+        if lever.startswith("env:"):
+            env.pop(lever[4:], None)
+        else:
+            space.pop(lever, None)
+    for lever in keep:
+        if lever.startswith("env:"):
+            env[lever[4:]] = LEVERS[lever]
+        else:
+            space[lever] = LEVERS[lever]
+    if env:
+        space["env"] = env
+    if derived is not None:
+        space["derived"] = derived
     raw["study"]["seed"] = seed
     raw["workload"]["prompts"] = str(((ROOT / path).parent / raw["workload"]["prompts"]).resolve())
     out = directory / f"{Path(path).stem}-{label.replace(' ', '').replace(',', '_')}-{seed}.toml"
