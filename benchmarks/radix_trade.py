@@ -91,6 +91,8 @@ LEVER_VARIANTS = [("seed workload", "without", ()), ("seed workload", "+ decode 
                   ("shared prefix", "without", ()), ("shared prefix", "+ decode lock", (f"env:{SWITCH}",)),
                   ("shared prefix", "+ decode lock, track interval, cap", ALL_LEVERS)]
 REMEASURE_SEEDS = range(1, 6)
+SIM_NOTE = ("Simulator figures (virtual clock): a claim about SGLang 0.5.23 only as far as the planner's slot rule and "
+            "the simulator's radix cache are true (docs/sglang-memory.md §1).")
 
 
 def variant_file(path: str, keep: tuple[str, ...], directory: Path, label: str, seed: int) -> Path:
@@ -164,7 +166,8 @@ def levers(trials: int, seeds: int) -> None:
                 lines.append(lever_row(study, label, keep, trials, seed, Path(tmp)))
                 print(lines[-1], flush=True)
     text = (f"# Mamba levers: do they change the winner? (simulator, {trials} trials per study)\n\n"
-            f"`python benchmarks/radix_trade.py --levers --trials {trials} --seeds {seeds}`\n\n" + "\n".join(lines) + "\n")
+            f"`python benchmarks/radix_trade.py --levers --trials {trials} --seeds {seeds}`\n\n{SIM_NOTE}\n\n"
+            + "\n".join(lines) + "\n")
     (ROOT / "benchmarks" / "results" / "radix_trade_levers.md").write_text(text)
     print(text)
 
