@@ -12,7 +12,8 @@ as that model is. Usage: ``python benchmarks/radix_trade.py [--trials 40]``; wri
 ``--mamba-max-states-per-path``) change the winner? Each study runs without them (its file less any of them),
 then with them (``LEVERS`` added as ``LEVER_VARIANTS`` says), per ``--seeds``; each crowned config is re-measured on fresh seeds, and the winner
 found without them is re-measured with the decode-lock switch set (the slots re-derived). Writes
-``results/radix_trade_levers.md``.
+``results/radix_trade_levers.md``. ``--tree``: the shared-prefix study's radix-on configs at fixed running caps,
+with the track interval and the per-path cap varied one at a time (``results/radix_trade_tree.md``).
 """
 
 from __future__ import annotations
@@ -172,12 +173,43 @@ def levers(trials: int, seeds: int) -> None:
     print(text)
 
 
+TREE_VARIANTS = {"default": {}, "track interval 64": {"mamba_track_interval": 64},
+                 "track interval 2048": {"mamba_track_interval": 2048}, "cap 1": {"mamba_max_states_per_path": 1},
+                 "cap 8": {"mamba_max_states_per_path": 8}}
+
+
+def tree() -> None:
+    """Tok/s (mean of two seeds) of radix-on configs of the shared-prefix study with each tree-lever variant."""
+    cfg = load_config(ROOT / STUDIES["shared prefix"])
+    space = Space.from_config(cfg)
+    lines = ["| running cap | " + " | ".join(TREE_VARIANTS) + " |", "|---|" + "---|" * len(TREE_VARIANTS)]
+    for mrr in (32, 48, 64, 80):
+        base = space.complete({**cfg.engine.fixed, "mem_fraction_static": 0.93, "speculative_num_steps": 3,
+                               "mamba_radix_cache_strategy": "extra_buffer_lazy", "max_running_requests": mrr})
+        cells = []
+        for extra in TREE_VARIANTS.values():
+            runs = [predict(cfg, {**base, **extra}, seed=seed) for seed in (1, 2)]
+            cells.append(statistics.fmean(r.metrics.output_tok_s if r and r.ok and r.metrics else 0.0 for r in runs))
+        lines.append(f"| {mrr} | " + " | ".join(f"{v:,.0f}" for v in cells) + " |")
+        print(lines[-1], flush=True)
+    text = ("# Track interval and per-path cap on the shared-prefix workload (simulator)\n\n"
+            "`python benchmarks/radix_trade.py --tree`: `extra_buffer_lazy`, mem_fraction_static 0.93, EAGLE 3/1/4, "
+            "the slots derived from the running cap; output tok/s, mean of two seeds.\n\n"
+            f"{SIM_NOTE}\n\n" + "\n".join(lines) + "\n")
+    (ROOT / "benchmarks" / "results" / "radix_trade_tree.md").write_text(text)
+    print(text)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=40)
     parser.add_argument("--levers", action="store_true", help="with and without the Mamba levers (see above)")
     parser.add_argument("--seeds", type=int, default=1, help="--levers: study seeds per variant")
+    parser.add_argument("--tree", action="store_true", help="the track interval and the per-path cap (see above)")
     opts = parser.parse_args()
+    if opts.tree:
+        tree()
+        return
     if opts.levers:
         levers(opts.trials, opts.seeds)
         return
