@@ -156,7 +156,7 @@ def test_paced_server_reports_hits_and_agrees_with_evaluate(sim):
     from test_sim_server import _replay
 
     prompts = shared_prompts()
-    concurrency, max_tokens, warmup, window = 12, 300, 1.0, 3.0
+    concurrency, max_tokens, warmup, window = 12, 300, 1.0, 4.0
     predicted = evaluate(MTP, SimWorkload(prompts=prompts, max_tokens=max_tokens, concurrency=concurrency,
                                           warmup_s=warmup, measure_s=window), seed=7, output_mean=250)
     p = sim("--speculative-algorithm", "NEXTN", "--enable-metrics", "--sim-seed", "7", "--sim-warmup-s", "0",
@@ -172,8 +172,8 @@ def test_paced_server_reports_hits_and_agrees_with_evaluate(sim):
     device_hit = float(re.search(r'^sglang:prefill_effective_tokens_total\{[^}]*mode="device_hit"[^}]*\} (\S+)',
                                  metrics, re.M)[1])
     # Cumulative since start: the first two waves of 12 compute the shared prefix (the second saves its state at
-    # the branch point: 0.5.23's rule), later ones hit ~0.9 of their prompt.
-    assert hit_rate > 0.4 and device_hit > 0
+    # the branch point: 0.5.23's rule), later ones hit ~0.9 of their prompt (a 4 s window takes it past half).
+    assert hit_rate > 0.5 and device_hit > 0
     assert re.search(r"#cached-token: [1-9]", p.log)
 
 
