@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from autotune.sglang.envs import parse_bool
-from autotune.sglang.mamba_tree import resolve_mamba_tree
+from autotune.sglang.mamba_tree import mamba_tree_refusal, resolve_mamba_tree
 from autotune.sglang.profiles import GpuProfile, ModelProfile, vit_factor
 
 __all__ = ["PlanFailure", "PlanStop", "decode_bs_list", "default_mem_fraction", "env_bool", "graph_settings",
@@ -177,8 +177,11 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
     if strategy == "extra_buffer_lazy" and not overlap:
         raise PlanStop("bad_args", "ValueError: --mamba-radix-cache-strategy extra_buffer_lazy requires the overlap "
                                 "schedule (remove --disable-overlap-schedule)")
-    tree = resolve_mamba_tree(f, strategy=strategy, draft_tokens=int(spec["draft_tokens"]), spec=bool(spec["spec"]),
-                              page=page, has_mamba=model.has_mamba)
+    refusal = mamba_tree_refusal(f, strategy=strategy, draft_tokens=int(spec["draft_tokens"]),
+                                 spec=bool(spec["spec"]), page=page)
+    if refusal:
+        raise PlanStop("bad_args", refusal)
+    tree = resolve_mamba_tree(f, strategy=strategy, page=page, has_mamba=model.has_mamba)
     if spec["spec"] and spec["topk"] > 1:
         if backend == "trtllm_mha":
             raise PlanStop("bad_args", "ValueError: trtllm_mha attention backend requires --speculative-eagle-topk 1")

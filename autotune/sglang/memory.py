@@ -228,10 +228,7 @@ def _gib(t: _Trace) -> MemoryGiB:
 def _mamba_tree(f: Mapping[str, Any], t: _Trace) -> dict[str, Any]:
     """The radix cache's Mamba-state levers as resolved (``sglang.mamba_tree``; validated in the layout step)."""
     assert t.layout is not None
-    sp = t.spec
-    return resolve_mamba_tree(f, strategy=t.layout.strategy,
-                              draft_tokens=sp.draft_tokens if sp else 0, spec=bool(sp and sp.on),
-                              page=t.layout.page_size, has_mamba=t.layout.has_mamba)
+    return resolve_mamba_tree(f, strategy=t.layout.strategy, page=t.layout.page_size, has_mamba=t.layout.has_mamba)
 
 
 def _assemble(t: _Trace, f: Mapping[str, Any], failure: PlanFailure | None, message: str | None) -> MemoryPlan:
