@@ -55,6 +55,8 @@ def _render(data: dict, env: dict[str, str] | None = None) -> None:
     summary.add_row("kv_tokens", f"{data['kv_tokens']:,}")
     for name, text in lever_rows(extra):
         summary.add_row(name, text)
+    if extra.get("mamba_tree"):
+        summary.add_row("Mamba states on prefixes", tree_levers(extra))
     summary.add_row("modelled startup", f"{extra.get('startup_s', 0):.0f} s")
     if data["inert"]:
         summary.add_row("inert flags", ", ".join(data["inert"]))
@@ -89,6 +91,16 @@ def lever_rows(extra: dict) -> list[tuple[str, str]]:
         if str(note).startswith(("speculative_adaptive disabled", "--enable-unified-memory:")):
             rows.append(("lever note", str(note)))
     return rows
+def tree_levers(extra: dict) -> str:
+    """What the radix cache keeps of Mamba state (--mamba-track-interval, --mamba-max-states-per-path): no pool
+    is sized by either, so the memory above is the same for any value (docs/sglang-memory.md §1)."""
+    cap = extra.get("mamba_max_states_per_path")
+    per_path = f"at most {cap} per path" if cap else "unlimited per path"
+    if extra.get("mamba_track_interval") is None:
+        return f"at each prompt's end (no_buffer), {per_path}; no memory"
+    return (f"prefill: one at each chunk's end or branch point on a {extra['mamba_checkpoint_grid']}-token grid; "
+            f"decode: every {extra['mamba_track_grid']} tokens (track interval {extra['mamba_track_interval']}); "
+            f"{per_path}; no memory")
 
 
 def inert_advice(message: str, inert: list[str]) -> str | None:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from autotune.sglang.envs import parse_bool
+from autotune.sglang.mamba_tree import mamba_tree_refusal, resolve_mamba_tree
 from autotune.sglang.profiles import GpuProfile, ModelProfile, vit_factor
 
 __all__ = ["PlanFailure", "PlanStop", "decode_bs_list", "default_mem_fraction", "env_bool", "graph_settings",
@@ -176,12 +177,11 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
     if strategy == "extra_buffer_lazy" and not overlap:
         raise PlanStop("bad_args", "ValueError: --mamba-radix-cache-strategy extra_buffer_lazy requires the overlap "
                                 "schedule (remove --disable-overlap-schedule)")
-    if strategy.startswith("extra_buffer"):
-        interval = int(f.get("mamba_track_interval") or 256)
-        if interval < spec["draft_tokens"] or interval % page:
-            raise PlanStop("bad_args", f"ValueError: --mamba-track-interval {interval} must be >= "
-                                    f"speculative_num_draft_tokens ({spec['draft_tokens']}) and a multiple of "
-                                    f"page_size ({page})")
+    refusal = mamba_tree_refusal(f, strategy=strategy, draft_tokens=int(spec["draft_tokens"]),
+                                 spec=bool(spec["spec"]), page=page)
+    if refusal:
+        raise PlanStop("bad_args", refusal)
+    tree = resolve_mamba_tree(f, strategy=strategy, page=page, has_mamba=model.has_mamba)
     if spec["spec"] and spec["topk"] > 1:
         if backend == "trtllm_mha":
             raise PlanStop("bad_args", "ValueError: trtllm_mha attention backend requires --speculative-eagle-topk 1")
@@ -192,7 +192,7 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
     ratio = mamba_slots_per_request(strategy, overlap=overlap, radix_off=radix_off, skip_decode_lock=skip)
     return {"strategy": strategy, "overlap": overlap, "attention_backend": backend, "page_size": page,
             "ratio": ratio, "radix_off": radix_off, "skip_decode_lock": skip,
-            "tracking_slots": 0 if radix_off else mamba_tracking_slots(strategy, overlap=overlap)}
+            "tracking_slots": 0 if radix_off else mamba_tracking_slots(strategy, overlap=overlap), **tree}
 
 
 def graph_settings(f: Mapping[str, Any]) -> tuple[bool, bool]:

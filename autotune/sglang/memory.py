@@ -25,6 +25,7 @@ from autotune.sglang.args import (
 )
 from autotune.sglang.envs import env_strings, split_env
 from autotune.sglang.flags import FlagTable
+from autotune.sglang.mamba_tree import TRACK_INTERVAL_DEFAULT, resolve_mamba_tree
 from autotune.sglang.profiles import GIB, GpuProfile, ModelProfile
 
 __all__ = ["MemoryGiB", "MemoryPlan", "PlanFailure", "decode_bs_list", "default_mem_fraction", "plan",
@@ -71,7 +72,7 @@ SPEC_SUBFLAGS = ("speculative_num_steps", "speculative_eagle_topk", "speculative
                  "speculative_draft_model_path", "speculative_draft_kv_cache_dtype", "speculative_adaptive",
                  "speculative_adaptive_config")
 MAMBA_FLAGS = ("max_mamba_cache_size", "mamba_full_memory_ratio", "mamba_ssm_dtype", "mamba_radix_cache_strategy",
-               "mamba_track_interval", "enable_linear_replayssm_spec")
+               "mamba_track_interval", "mamba_max_states_per_path", "enable_linear_replayssm_spec")
 NEVER_READ = ("num_continuous_decode_steps",)  # accepted by 0.5.23, read by nothing (no reader in the 0.5.23 source tree; docs/sglang-memory.md)
 # Flags tested for inertness by re-planning without them: every effect they have shows in the plan's signature.
 PLANNER_FLAGS = (
@@ -201,6 +202,7 @@ def _extra(t: _Trace, f: Mapping[str, Any]) -> dict[str, Any]:
                   attention_backend=lay.attention_backend, page_size=lay.page_size,
                   ratio=lay.ratio if lay.has_mamba else None, skip_decode_lock=lay.skip_decode_lock,
                   tracking_slots=lay.tracking_slots)
+        ex.update(_mamba_tree(f, t))
     if t.sizes:
         ex.update(chunked_prefill_size=t.sizes.chunk, context_len=t.sizes.context_len)
     if t.weights:
@@ -246,6 +248,12 @@ def _gib(t: _Trace) -> MemoryGiB:
     return MemoryGiB(**{k: round(v, 4) for k, v in parts.items()})
 
 
+def _mamba_tree(f: Mapping[str, Any], t: _Trace) -> dict[str, Any]:
+    """The radix cache's Mamba-state levers as resolved (``sglang.mamba_tree``; validated in the layout step)."""
+    assert t.layout is not None
+    return resolve_mamba_tree(f, strategy=t.layout.strategy, page=t.layout.page_size, has_mamba=t.layout.has_mamba)
+
+
 def _assemble(t: _Trace, f: Mapping[str, Any], failure: PlanFailure | None, message: str | None) -> MemoryPlan:
     warnings = [*t.notes, *(t.spec.warnings if t.spec else ()), *(t.kv.warnings if t.kv else ()),
                 *(t.cap.warnings if t.cap else ())]
@@ -278,6 +286,19 @@ def _signature(p: MemoryPlan) -> tuple[Any, ...]:
             tuple(round(v, 6) for v in asdict(p.gib).values()), tuple(str(p.extra.get(k)) for k in keys))
 
 
+def _inert_tree_levers(f: Mapping[str, Any], result: MemoryPlan) -> list[str]:
+    """The radix cache's Mamba-state levers where 0.5.23 reads nothing of them: the track interval outside the
+    extra-buffer strategies, the per-path cap without a Mamba radix tree, either at its default (no memory effect
+    either way: ``sglang.mamba_tree``)."""
+    if result.failure == "bad_args":
+        return []
+    out = []
+    for key, default in (("mamba_track_interval", TRACK_INTERVAL_DEFAULT), ("mamba_max_states_per_path", None)):
+        if key in f and result.extra.get(key) in (None, default):
+            out.append(key)
+    return out
+
+
 def _inert_flags(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], free_gib: float | None,
                  fix: Corrections, result: MemoryPlan, env: Mapping[str, str] | None) -> list[str]:
     """Flags whose removal changes nothing the planner can see, among the flags it reads (plus never-read ones)."""
@@ -286,6 +307,7 @@ def _inert_flags(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], free_g
         out += [k for k in SPEC_SUBFLAGS if k in f]
     if not model.has_mamba:
         out += [k for k in MAMBA_FLAGS if k in f and k not in out and result.failure != "bad_args"]
+    out += _inert_tree_levers(f, result)
     base = _signature(result)
     for key in PLANNER_FLAGS:
         if key in f and key not in out:

@@ -152,6 +152,10 @@ NOT_NUMERICS: dict[str, str] = {
     "enable_unified_memory": "memory layout only: the same KV cache and Mamba state, in the same dtypes, stored in one "
                              "arena and read through a virtual-to-physical table (FP4 KV, the one precision change it "
                              "could meet, is refused with it)",
+    "mamba_track_interval": "prefix reuse only: how often decoding snapshots a Mamba state for the radix cache "
+                            "(a copy in the pool's own dtype), not its precision",
+    "mamba_max_states_per_path": "prefix reuse only: how many cached Mamba states a path keeps; a dropped one is "
+                                 "recomputed at the same precision",
     "max_mamba_cache_size": "memory only: how many Mamba state slots exist",
     "mamba_full_memory_ratio": "memory only: the split between Mamba state and KV cache",
     "mem_fraction_static": "memory only: how much of the GPU the pools take",

@@ -41,8 +41,9 @@ class RunningBatch:
         self._prev_end = 0.0  # when the previous decode cycle ended
         self._fresh = False  # a request entered since the previous decode cycle
         # SGLang's prefix cache: hits skip prefill, the tree lives in the KV pool (and Mamba slots), LRU-evicted.
-        self.cache = (RadixCache(hybrid=limits.hybrid, track_interval=limits.mamba_track_interval,
-                                 page_size=limits.page_size) if limits.radix_cache else None)
+        self.cache = (RadixCache(hybrid=limits.hybrid, checkpoint_grid=limits.mamba_checkpoint_grid,
+                                 page_size=limits.page_size, max_states_per_path=limits.mamba_max_states_per_path)
+                      if limits.radix_cache else None)
 
     # -- what is held -------------------------------------------------------------------------------------
     def kv_used_tokens(self) -> int:
@@ -142,7 +143,7 @@ class RunningBatch:
         """Match the request's prompt in the radix cache and lock the hit (at least one token is computed)."""
         key = r.req.key
         limit = min(r.req.prompt_tokens, len(key) // CHARS) - 1
-        r.node, r.cached = self.cache.match(key, max(0, limit))
+        r.node, r.cached, r.branch = self.cache.match(key, max(0, limit))
 
     def _release(self, r: ReqState) -> None:
         """Unlock its prefix (finished, aborted, retracted or not admitted after all); ``cached`` stays for its
@@ -159,7 +160,7 @@ class RunningBatch:
             if r.done_prefill + take >= r.extend_len:
                 key = r.req.key
                 tokens = min(r.req.prompt_tokens, len(key) // CHARS)
-                r.node, saved = self.cache.insert(key, tokens, cached=r.cached, locked=r.node)
+                r.node, saved = self.cache.insert(key, tokens, cached=r.cached, locked=r.node, branch=r.branch)
                 copies += saved
         return copies
 

@@ -43,7 +43,12 @@ class SchedulerLimits:
     decode_graph_bs: int = 256  # largest decode batch with a captured CUDA graph
     prefill_graph_tokens: int = 0  # largest prefill batch with a captured graph
     radix_cache: bool = False  # SGLang's prefix cache (on unless --disable-radix-cache)
-    mamba_track_interval: int | None = None  # extra_buffer strategies: a Mamba state saved every N tokens
+    # The radix cache's Mamba states (``sglang.mamba_tree``): extra_buffer saves a prefill's state on this grid
+    # (None: no_buffer, at the prompt's end), decoding copies one every ``mamba_track_grid`` tokens, and at most
+    # ``mamba_max_states_per_path`` stay on one root-to-leaf path (None: unlimited).
+    mamba_checkpoint_grid: int | None = None
+    mamba_track_grid: int | None = None
+    mamba_max_states_per_path: int | None = None
     tracking_slots: int | None = None  # extra_buffer's tracking copies per request (None: read from ``ratio``)
     graph_bs: tuple[int, ...] = ()  # the captured decode batch sizes (a batch pads to one before its adaptive slot)
     adaptive: AdaptiveSpec | None = None  # --speculative-adaptive: steps chosen per batch size (D is then the max)
@@ -69,10 +74,8 @@ class SchedulerLimits:
         return 1 + max(0, self.ratio - 3)
 
     @classmethod
-    def from_plan(cls, plan: Any, *, decode_log_interval: int = 40,
-                  track_interval: int | None = None) -> SchedulerLimits:
-        """From a fitting ``planner.MemoryPlan`` (its fields plus the ``extra`` resolution details);
-        ``track_interval`` is ``--mamba-track-interval`` (SGLang's default 256 when None)."""
+    def from_plan(cls, plan: Any, *, decode_log_interval: int = 40) -> SchedulerLimits:
+        """From a fitting ``planner.MemoryPlan`` (its fields plus the ``extra`` resolution details)."""
         extra = plan.extra
         extra_buffer = str(extra.get("strategy") or "").startswith("extra_buffer")
         spec = bool(extra.get("spec"))
@@ -94,12 +97,18 @@ class SchedulerLimits:
             decode_graph_bs=largest_graph_bs(extra.get("decode_graph_bs")),
             prefill_graph_tokens=int(extra.get("prefill_graph_tokens") or 0),
             radix_cache=bool(extra.get("radix_cache")),
-            mamba_track_interval=int(track_interval or 256) if extra_buffer else None,
+            mamba_checkpoint_grid=_int_or_none(extra.get("mamba_checkpoint_grid")) if extra_buffer else None,
+            mamba_track_grid=_int_or_none(extra.get("mamba_track_grid")) if extra_buffer else None,
+            mamba_max_states_per_path=_int_or_none(extra.get("mamba_max_states_per_path")),
             tracking_slots=None if extra.get("tracking_slots") is None else int(extra["tracking_slots"]),
             graph_bs=tuple(int(b) for b in graph_bs) if isinstance(graph_bs, list | tuple) else (),
             adaptive=adaptive, arena_tokens=int(arena["tokens"]) if arena else None,
             state_tokens=int(arena.get("state_tokens") or 0),
         )
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 @dataclass

@@ -11,22 +11,31 @@ What is modelled, after SGLang 0.5.23's ``RadixCache`` / ``MambaRadixCache``:
   whole prompt is inserted once its prefill is done, so later requests can reuse it;
 * the tree lives in the KV pool: cached tokens not locked by a running request are *evictable* and are evicted
   least-recently-used first, leaf by leaf, when running requests need the room;
-* hybrid (Mamba) models can only resume from a prefix whose recurrent state was saved: ``no_buffer`` saves it at
-  the end of each prefilled prompt only, ``extra_buffer(_lazy)`` also every ``mamba_track_interval`` tokens. A hit
-  is cut back to the deepest saved state, each saved state is one state copy (its cost is the caller's), and the
-  saved states occupy Mamba slots the running requests leave free (evicted LRU when they do not fit);
+* hybrid (Mamba) models can only resume from a prefix whose recurrent state was saved. ``no_buffer`` saves it at
+  the end of each prefilled prompt. ``extra_buffer(_lazy)`` saves one state per prefill, on the checkpoint grid
+  (``sglang.mamba_tree``): at the last grid point of what it computed, or, when the match found cached KV deeper
+  than the deepest saved state, at that *branch point* instead (``MambaComponent`` match,
+  ``unified_cache/components/mamba.py`` L164-194; ``_mamba_radix_cache_v2_req_prepare_for_extend``,
+  ``schedule_batch.py`` L3137-3232): so the second prompt through a shared prefix computes it and leaves the state
+  the third one resumes from. ``--mamba-track-interval`` is read only while decoding (outputs: not inserted here);
+  ``--mamba-max-states-per-path`` drops the shallowest states on a path beyond the cap after each insert, sparing
+  the deepest, forks and locked ones (``_evict_excess_path_states``, ``mamba.py`` L255-320). A hit is cut back to
+  the deepest saved state, each saved state is one state copy (its cost is the caller's), and the saved states
+  occupy Mamba slots the running requests leave free (evicted LRU when they do not fit);
 * with ``page_size`` > 1 a hit is whole pages only.
 
 Not modelled: outputs inserted at finish (an offline job's outputs are unique, so they only add evictable tokens
-LRU evicts first), hierarchical (host/storage) tiers, and eviction policies other than LRU.
+LRU evicts first, and the state decoding tracks is never reused), one state per prefill chunk of a prompt split
+across chunks (here one per prompt), hierarchical (host/storage) tiers, and eviction policies other than LRU.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import NamedTuple
 
-__all__ = ["CHARS", "RadixCache", "token_key"]
+__all__ = ["CHARS", "Match", "RadixCache", "token_key"]
 
 CHARS = 4  # characters per simulated token (requests.CHARS_PER_TOKEN)
 
@@ -38,18 +47,28 @@ def token_key(text: str) -> str:
 
 
 class _Node:
-    __slots__ = ("children", "parent", "key", "depth", "ref", "last", "marks")
+    __slots__ = ("children", "parent", "key", "depth", "ref", "pins", "last", "marks")
 
     def __init__(self, parent: _Node | None, key: str, depth: int):
         self.children: dict[str, _Node] = {}
         self.parent, self.key, self.depth = parent, key, depth  # depth: tokens from the root to this node's end
         self.ref = 0  # running requests whose locked path ends at or below this node
+        self.pins = 0  # running requests whose locked path ends exactly here (their Mamba state's node)
         self.last = 0  # logical time of the last match or insert through this node (LRU)
         self.marks: list[int] = []  # depths (within this node's span) where a Mamba state was saved
 
     @property
     def tokens(self) -> int:
         return len(self.key) // CHARS
+
+
+class Match(NamedTuple):
+    """A match: the node locked for the caller, the hit in tokens, and the branch point (extra_buffer: the grid
+    depth of the cached KV beyond the hit, where this request's prefill saves its state; else None)."""
+
+    node: _Node
+    hit: int
+    branch: int | None = None
 
 
 @dataclass
@@ -65,9 +84,11 @@ class RadixStats:
 class RadixCache:
     """A token-level radix tree in the KV pool; ``hybrid`` adds Mamba-state checkpoints."""
 
-    def __init__(self, *, hybrid: bool = False, track_interval: int | None = None, page_size: int = 1):
+    def __init__(self, *, hybrid: bool = False, checkpoint_grid: int | None = None, page_size: int = 1,
+                 max_states_per_path: int | None = None):
         self.hybrid = hybrid
-        self.track_interval = track_interval if hybrid else None  # None: save only at prompt ends
+        self.grid = checkpoint_grid if hybrid else None  # extra_buffer's checkpoint grid; None: no_buffer
+        self.cap = max_states_per_path if hybrid else None  # None: unlimited
         self.page = max(1, page_size)
         self.root = _Node(None, "", 0)
         self.root.ref = 1  # never evicted
@@ -94,14 +115,14 @@ class RadixCache:
         return self.states - self.locked_states
 
     # -- match / lock / insert -----------------------------------------------------------------------------
-    def match(self, key: str, limit: int) -> tuple[_Node, int]:
+    def match(self, key: str, limit: int) -> Match:
         """The longest usable cached prefix of ``key`` (at most ``limit`` tokens), locked for the caller.
 
-        Returns the node to unlock later and the hit length in tokens. A hit that ends inside an edge splits it,
-        so locks and evictions stay whole nodes.
+        Returns the node to unlock later, the hit length in tokens and the branch point. A hit that ends inside
+        an edge splits it, so locks and evictions stay whole nodes.
         """
         self._clock += 1
-        node, pos, best = self.root, 0, (self.root, 0)
+        node, pos, best, full = self.root, 0, (self.root, 0), 0
         limit_chars = limit * CHARS
         while pos < limit_chars:
             child = node.children.get(key[pos:pos + CHARS])
@@ -112,6 +133,7 @@ class RadixCache:
                 break
             child.last = self._clock
             end = child.depth - child.tokens + span // CHARS
+            full = end
             usable = self._usable(child, end)
             if usable is not None:
                 best = (child, usable)
@@ -122,7 +144,8 @@ class RadixCache:
         if hit and hit < node.depth:
             node = self._split(node, hit)
         self._lock(node)
-        return node, hit
+        branch = full // self.grid * self.grid if self.grid else 0
+        return Match(node, hit, branch if branch > hit else None)
 
     def _usable(self, node: _Node, end: int) -> int | None:
         """The deepest resumable depth in ``node`` at or before token ``end`` (pages; saved states if hybrid)."""
@@ -133,9 +156,11 @@ class RadixCache:
         usable = end // self.page * self.page
         return usable if usable > start else None
 
-    def insert(self, key: str, tokens: int, *, cached: int, locked: _Node) -> tuple[_Node, int]:
+    def insert(self, key: str, tokens: int, *, cached: int, locked: _Node,
+               branch: int | None = None) -> tuple[_Node, int]:
         """Insert the prefilled prompt (its first ``tokens`` tokens), move the caller's lock from ``locked`` to
-        its end, and return (the new locked node, Mamba states saved: the caller pays their copies)."""
+        its end, and return (the new locked node, Mamba states saved: the caller pays their copies).
+        ``branch`` is the match's branch point."""
         self._clock += 1
         node, pos, end = self.root, 0, tokens * CHARS
         while pos < end:
@@ -154,17 +179,27 @@ class RadixCache:
                 child = self._split(child, child.depth - child.tokens + span // CHARS)
             node, pos = child, pos + span
         node.last = self._clock
-        copies = self._save_states(node, cached, tokens) if self.hybrid else 0
+        copies = self._save_states(node, self._checkpoints(cached, tokens, branch)) if self.hybrid else 0
         self._lock(node)
         self._unlock(locked)
+        if copies and self.cap is not None:
+            self._cap_path(node)
         return node, copies
 
-    def _save_states(self, end_node: _Node, cached: int, tokens: int) -> int:
-        """Checkpoints a prefill from ``cached`` to ``tokens`` leaves: every track interval, and at its end."""
-        want = {tokens // self.page * self.page} - {0}
-        if self.track_interval:
-            step = self.track_interval
-            want.update(range((cached // step + 1) * step, tokens, step))
+    def _checkpoints(self, cached: int, tokens: int, branch: int | None) -> set[int]:
+        """Where a prefill from ``cached`` to ``tokens`` leaves its state: the prompt's end (no_buffer), else one
+        on the grid, at the branch point if it lies in what was computed, or at the computed span's last grid
+        point (none when under one grid step was computed: ``schedule_batch.py`` L3176-3183, L3216-3231)."""
+        if self.grid is None:
+            return {tokens // self.page * self.page} - {0}
+        if tokens - cached < self.grid:
+            return set()
+        if branch is not None and cached < branch < tokens:
+            return {branch}
+        return {cached + (tokens - cached) // self.grid * self.grid}
+
+    def _save_states(self, end_node: _Node, want: set[int]) -> int:
+        """Mark the depths in ``want`` (on the path to ``end_node``) as saved states; returns how many are new."""
         copies = 0
         node: _Node | None = end_node
         while node is not None and node is not self.root and want:
@@ -180,6 +215,27 @@ class RadixCache:
         self.states += copies
         self.stats.state_copies += copies
         return copies
+
+    def _cap_path(self, tail: _Node) -> None:
+        """``--mamba-max-states-per-path``: drop the shallowest states on the path to ``tail`` beyond the cap, sparing
+        the deepest, those at a fork or a leaf, and those a running request resumes from (a state inside a node's
+        span has one continuation, as SGLang's node split there would)."""
+        path: list[tuple[_Node, int]] = []
+        node: _Node | None = tail
+        while node is not None and node is not self.root:
+            path.extend((node, m) for m in reversed(node.marks))
+            node = node.parent
+        excess = len(path) - (self.cap or 0)
+        for node, mark in reversed(path[1:]):  # shallowest first; path[0] is the deepest (the tail)
+            if excess <= 0:
+                break
+            if mark == node.depth and (len(node.children) != 1 or node.pins):
+                continue
+            node.marks.remove(mark)
+            self.states -= 1
+            if node.ref:
+                self.locked_states -= 1
+            excess -= 1
 
     def _split(self, node: _Node, depth: int) -> _Node:
         """Cut ``node`` at token ``depth``: a new parent holds the head; returns that parent."""
@@ -198,6 +254,7 @@ class RadixCache:
 
     def _lock(self, node: _Node) -> None:
         self.locked_sum += node.depth
+        node.pins += 1
         while node is not self.root:
             if node.ref == 0:
                 self.locked_tokens += node.tokens
@@ -211,6 +268,7 @@ class RadixCache:
 
     def _unlock(self, node: _Node) -> None:
         self.locked_sum -= node.depth
+        node.pins -= 1
         while node is not self.root:
             node.ref -= 1
             if node.ref == 0:

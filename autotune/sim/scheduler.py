@@ -54,6 +54,10 @@ class Scheduler(RunningBatch):
         self._expo = np.empty(0)  # a block of Exp(1) draws consumed n at a time by decode cycles
         self._expo_pos = 0
         self._budget = limits.chunked_prefill_size if limits.chunked_prefill_size > 0 else 1 << 62
+        # extra_buffer tracks each decoding request's state every track-grid tokens (one state copy each:
+        # ``schedule_batch.py`` L3802-3830), an expected copy per that many tokens generated.
+        grid = limits.mamba_track_grid
+        self._track_s_per_token = perf.state_copy_s(1) / grid if grid and limits.radix_cache else 0.0
         self.waiting: deque[ReqState] = deque()
         self._aborts: set[str] = set()
         self._unfit: list[Emission] = []  # requests that can never fit, finished with "abort" at the next return
@@ -66,13 +70,12 @@ class Scheduler(RunningBatch):
 
     @classmethod
     def from_plan(cls, plan: Any, model: Any, gpu: Any, *, noise: float = 0.0, seed: int = 0, emit: bool = True,
-                  decode_log_interval: int = 40, track_interval: int | None = None,
+                  decode_log_interval: int = 40,
                   efficiency: float = 1.0) -> Scheduler:
         """The scheduler and speed model for a fitting plan: one constructor for the paced and the virtual clock.
         ``efficiency`` scales the achieved bandwidth and compute shares (a machine faster or slower than the model:
         ``sim.truth.Deviation.decode_efficiency``)."""
-        limits = SchedulerLimits.from_plan(plan, decode_log_interval=decode_log_interval,
-                                           track_interval=track_interval)
+        limits = SchedulerLimits.from_plan(plan, decode_log_interval=decode_log_interval)
         x = plan.extra
         params = PerfParams.from_profiles(model, gpu, kv_cell_bytes=x.get("kv_cell_bytes"),
                                           mamba_slot_bytes=x.get("mamba_slot_bytes"), with_draft=limits.spec,
@@ -265,10 +268,12 @@ class Scheduler(RunningBatch):
         ends = None
         if k > 1:  # each cycle's time from its own starting context, summed in order as stepping would
             starts = self._ctx_sum + np.concatenate(([0.0], np.cumsum(row_tokens[:-1])))
-            ends = np.cumsum(np.concatenate(([self.clock], self.perf.decode_s_many(n, starts, graph=graph, d=dc))))[1:]
+            cycle_s = self.perf.decode_s_many(n, starts, graph=graph, d=dc) + row_tokens * self._track_s_per_token
+            ends = np.cumsum(np.concatenate(([self.clock], cycle_s)))[1:]
             now = float(ends[-1])
         else:
-            now = self.clock + self.perf.decode_s(n, self._ctx_sum, graph=graph, d=dc)
+            now = (self.clock + self.perf.decode_s(n, self._ctx_sum, graph=graph, d=dc)
+                   + float(row_tokens[0]) * self._track_s_per_token)
         left -= new.sum(axis=0)
         # Every request in the previous cycle last got tokens when it ended; only entrants since differ.
         gaps: float | np.ndarray

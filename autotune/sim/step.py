@@ -57,7 +57,7 @@ class ReqState:
     """A request's mutable state in the scheduler while it waits, prefills, or is retracted."""
 
     __slots__ = ("req", "gen", "done_prefill", "seq", "verify", "accepted", "retractions", "started", "last_t",
-                 "entry", "cached", "node")
+                 "entry", "cached", "node", "branch")
 
     def __init__(self, req: SimRequest, seq: int):
         self.req, self.seq = req, seq
@@ -69,6 +69,7 @@ class ReqState:
         self.entry = (0, 0)  # (decode cycle, gen) when it last entered the running batch
         self.cached = 0  # prompt tokens the radix cache served at its last admission
         self.node = None  # the radix-cache node it holds locked while admitted (None: holds none)
+        self.branch: int | None = None  # where its prefill saves the Mamba state (``sim.radix.Match.branch``)
 
     @property
     def extend_len(self) -> int:
