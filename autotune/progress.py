@@ -15,8 +15,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from autotune.results import TrialResult, granted_line
-from autotune.settle import Settling
+from autotune.results import MeasurementVerdict, TrialResult, granted_line
+from autotune.settle import settling_of
 
 
 def _fmt_diff(diff: dict[str, Any]) -> str:
@@ -29,10 +29,10 @@ REPEATS_WORTH_SAYING = 0.25  # share of a window's requests that re-sent a promp
 DRIFT_WORTH_SAYING = 0.25  # the window's halves' tokens this far apart (``workload.window_drift``): not steady yet
 
 
-def settling_line(measurement: dict[str, Any] | None) -> str | None:
+def settling_line(measurement: MeasurementVerdict | None) -> str | None:
     """How the trial's measurement settled (``autotune.settle``): "settled in 44 s (warm-up 14 s, window 30 s,
     ±1.2%)" or "unsettled: …" (recorded, never crowned); None for a result without one (older, or no window)."""
-    settling = Settling.from_dict((measurement or {}).get("settling"))
+    settling = settling_of(measurement)
     if settling is None:
         return None
     lo, hi = settling.window
@@ -67,17 +67,17 @@ def _fmt_result(result: TrialResult) -> str:
         running = f", {cap.max_running_requests} running" if cap and cap.max_running_requests else ""
         short = granted_line(result.config, cap)  # "asked for 32 running, got 24: the Mamba state pool bound it"
         running += f" ({short})" if short else ""
-        fid = result.fidelity or {}
-        changed = " changed unexpectedly" if fid.get("unexpected") else ""  # no output-changing flag explains it
-        outputs = (f", outputs{changed}: {fid['prefix_match_mean']:.0f}/{fid['tokens']} tokens match, "
-                   f"{fid['exact_share']:.0%} exact" if fid.get("role") == "probe"
-                   and fid.get("prefix_match_mean") is not None else "")
-        repeats = (result.measurement or {}).get("repeated_prompts") or 0.0
+        fid = result.fidelity
+        changed = " changed unexpectedly" if fid and fid.unexpected else ""  # no output-changing flag explains it
+        outputs = (f", outputs{changed}: {fid.prefix_match_mean:.0f}/{fid.tokens} tokens match, "
+                   f"{fid.exact_share:.0%} exact" if fid and fid.probed
+                   and fid.prefix_match_mean is not None else "")
+        repeats = (result.measurement.repeated_prompts if result.measurement else None) or 0.0
         resent = (f", {repeats:.0%} of the window re-sent a prompt verbatim (cache hits a one-pass job would not "
                   f"get: set workload.repeats = \"fresh\" or grow workload.sample_size)"
                   if repeats >= REPEATS_WORTH_SAYING else "")
         settled = settling_line(result.measurement)
-        drift = (result.measurement or {}).get("window_drift") or 0.0
+        drift = (result.measurement.window_drift if result.measurement else None) or 0.0
         unsettled = (f", the window's halves differ by {drift:.0%} (the load had not settled: lengthen "
                      f"workload.warmup_s and measure_s)" if drift >= DRIFT_WORTH_SAYING and settled is None else "")
         settle = f", {settled}" if settled else ""
@@ -137,7 +137,7 @@ class PlainProgress:
         self._print(f"confirm {index}/{total}: trial {trial}, launch {repeat + 1}")
 
     def confirm_finished(self, trial: int, result: TrialResult) -> None:
-        more = [w.get("output_tok_s") for w in result.windows or ()]  # the launch's later windows
+        more = [w.output_tok_s for w in result.windows or ()]  # the launch's later windows
         tail = ("; later windows " + ", ".join("-" if v is None else f"{v:,.0f}" for v in more) + " tok/s") if more else ""
         self._print(f"  trial {trial}: {_fmt_result(result)}{tail}")
 

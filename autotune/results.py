@@ -1,4 +1,5 @@
-"""The records one trial produces: capacity, metrics, GPU peaks, and the TrialResult that holds them.
+"""The records one trial produces: capacity, metrics, GPU peaks, how far its window can be trusted, its fidelity
+probe's figures, its later windows, its stress phase, and the TrialResult that holds them.
 
 These are the contract between the harness (which fills them), the study (which stores ``to_dict()`` as an
 Optuna user attribute under ``"result"``) and everything downstream (report, apply, trials), which read them
@@ -7,9 +8,9 @@ back with ``TrialResult.from_dict``. Keys are stable: add fields, never rename t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Self
 
 Status = Literal[
     "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
@@ -40,7 +41,7 @@ WRITE_ERROR = "write_error"
 REPEAT: Final = "repeat"
 
 
-def _from(cls, data: dict[str, Any] | None):
+def _from(cls, data: Mapping[str, Any] | None):
     """Build a dataclass from a dict, ignoring keys this version does not know (forward compatible)."""
     if data is None:
         return None
@@ -136,6 +137,143 @@ class GpuPeaks:
         return _from(cls, data)
 
 
+class _Sparse:
+    """A record stored without its None fields, as the dict it replaced was written (an absent key reads None);
+    its lists are tuples here."""
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)  # type: ignore[call-overload]
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Self | None:
+        return _from(cls, {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}) if data else None
+
+
+def _typed(cls: Any, value: Any) -> Any:
+    """``value`` as a ``cls`` record: itself when it is one, else read from its stored dict."""
+    return value if isinstance(value, cls) else cls.from_dict(value)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasurementVerdict(_Sparse):
+    """How far the window can be trusted (``harness.trial.measurement_verdict``): the client's CPU share, the sim
+    server's lag, how it settled, the --stream-interval it ran with, and the first attempt when re-measured."""
+
+    client_busy: float | None = None
+    repeated_prompts: float | None = None  # share of the window's requests that re-sent a prompt
+    window_drift: float | None = None
+    settled: bool | None = None  # the settle rule met before its caps (``autotune.settle``)
+    settling: Mapping[str, Any] | None = None  # ``Settling.to_dict()``: every slice's tok/s, the window's span
+    sim_lag: float | None = None
+    stream_interval: int | None = None
+    untrusted_tok_s: float | None = None  # an untrusted window's figure: kept for diagnosis, never a tok/s
+    rejected: Mapping[str, Any] | None = None  # requests the server refused (``harness.outcome.rejections``)
+    progress: Mapping[str, Any] | None = None  # what moved in a window that delivered no token
+    held_streams: int | None = None  # streams a server that answered none of them held open
+    first: Mapping[str, Any] | None = None  # the first attempt's status, reason and figures, when re-measured
+    device_at_launch: Mapping[str, Any] | None = None  # what the device held at launch (``search.correction``)
+
+
+@dataclass(frozen=True, kw_only=True)
+class FidelityFigures(_Sparse):
+    """The fidelity probe's figures (``harness.fidelity``): greedy outputs of fixed prompts against the study's
+    reference config. ``role``: "probe" (compared), "reference" (the run that recorded it)."""
+
+    role: str | None = None
+    prompts: int | None = None
+    tokens: int | None = None
+    duration_s: float | None = None
+    reference: Mapping[str, Any] | None = None  # where the reference is kept: path, sha256, trial
+    changes: tuple[Mapping[str, Any], ...] = ()  # the output-changing flags against the reference: {flag, value, …}
+    prefix_match_mean: float | None = None
+    prefix_match_min: int | None = None
+    exact_share: float | None = None
+    mean_abs_logprob_delta: float | None = None
+    scored_tokens: int | None = None
+    first_difference: tuple[int | None, ...] | None = None
+    outputs_differ: bool | None = None
+    unexpected: bool | None = None  # outputs differ though no output-changing flag did (``harness.fidelity.verdict``)
+    differs: tuple[Mapping[str, Any], ...] = ()  # every flag set differently from the reference: {flag, value, …}
+    error: str | None = None  # why the probe could not measure
+
+    @property
+    def probed(self) -> bool:
+        return self.role == "probe"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StressResult:
+    """The stress phase's verdict (``harness.stress``): ``survived`` unless the server died (``failure``:
+    ``runtime_oom``, ``crash``)."""
+
+    survived: bool
+    failure: str | None = None  # the engine's failure kind when the server died
+    reason: str | None = None  # the log line that decided it
+    ended: str = ""  # "peak reached" | "all requests done" | "cap reached" | "server exited" | "interrupted"
+    duration_s: float = 0.0
+    requests: int = 0
+    running_cap: int | None = None
+    completed: int = 0
+    errors: int = 0
+    max_tokens: int = 0
+    prompt_tokens_max: int = 0
+    prompt_tokens_mean: float = 0.0
+    peak_used_gib: float | None = None
+    total_gib: float | None = None
+    planned_peak_gib: float | None = None
+    retractions: int = 0
+    kv_peak_tokens: int | None = None  # the most KV tokens the scheduler logged in use
+    kv_target_tokens: int | None = None
+    mamba_peak_slots: int | None = None
+    mamba_target_slots: int | None = None
+    running_peak: int | None = None
+    prefill_peak_tokens: int | None = None  # the largest prefill batch the scheduler logged
+    prefill_target_tokens: int | None = None
+    reached_peak: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> StressResult | None:
+        return _from(cls, data) if data else None
+
+    @property
+    def interrupted(self) -> bool:
+        return self.ended == "interrupted"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Window:
+    """One extra window of a launch (``harness.windows``; the launch's first window stays in the result's
+    ``metrics``). ``index``: 2 for the first extra window; ``status``: ``ok``, or why its figure is not trusted
+    (then ``output_tok_s`` is None)."""
+
+    index: int
+    status: str
+    output_tok_s: float | None
+    tok_s_per_gpu: float | None
+    output_tokens: int
+    window_s: float
+    settled: bool | None  # the settle rule met before its caps (``autotune.settle``)
+    first_pass: int  # the pass markers this window sent: first_pass … last_pass
+    last_pass: int
+    reason: str | None = None
+    measurement: Mapping[str, Any] = field(default_factory=dict)  # slices, client_busy, sim_lag, drift
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok" and self.output_tok_s is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Window:
+        return _from(cls, data)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrialResult:
     """One trial's outcome. A failure is data: ``status`` says what happened, ``reason`` the log line why."""
@@ -160,20 +298,16 @@ class TrialResult:
     exit_code: int | None = None
     modelled_startup_s: float | None = None  # server-reported startup_time (load + graphs), for cost accounting
     plan: dict[str, Any] | None = None  # the planner's prediction for this config (MemoryPlan.to_dict())
-    # How trustworthy the window was: the sim server's lag and the client's CPU share, the --stream-interval it was
-    # measured with, whether it was re-measured and why (``trial.measurement_verdict``).
-    measurement: dict[str, Any] | None = None
-    # The fidelity probe (``harness.fidelity``): greedy outputs of fixed prompts against the study's reference config.
-    # ``{"role": "probe", "changes", "prompts", "tokens", "prefix_match_mean", "exact_share",
-    # "mean_abs_logprob_delta", ...}``, ``{"role": "reference", ...}`` on the run that recorded the reference, None
-    # when the trial's config changes no output-changing flag against the reference (outputs equal by construction).
-    fidelity: dict[str, Any] | None = None
+    measurement: MeasurementVerdict | None = None  # how trustworthy the window was, whether it was re-measured
+    # The fidelity probe's figures; None when the trial's config changes no output-changing flag against the
+    # reference (its outputs equal the reference's by construction).
+    fidelity: FidelityFigures | None = None
     # More windows measured in the same launch after the first (the confirmation's within-launch repeats,
     # ``search.confirm``): one entry per window, the first window's figures stay in ``metrics``. None: one window.
-    windows: list[dict[str, Any]] | None = None
+    windows: tuple[Window, ...] | None = None
     # The stress phase run in the same launch (the winner's worst case before the crown): peak memory, retractions,
     # runtime OOM, survived. None: not stressed.
-    stress: dict[str, Any] | None = None
+    stress: StressResult | None = None
 
     @property
     def ok(self) -> bool:
@@ -196,6 +330,9 @@ class TrialResult:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        data["fidelity"] = self.fidelity.to_dict() if self.fidelity is not None else None
+        data["measurement"] = self.measurement.to_dict() if self.measurement is not None else None
+        data["windows"] = None if self.windows is None else [w.to_dict() for w in self.windows]
         return data
 
     @classmethod
@@ -208,34 +345,35 @@ class TrialResult:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrialResult:
         data = dict(data)
-        data["capacity"] = Capacity.from_dict(data.get("capacity"))
-        data["metrics"] = Metrics.from_dict(data.get("metrics"))
-        data["gpu"] = GpuPeaks.from_dict(data.get("gpu"))
-        data["host"] = GpuPeaks.from_dict(data.get("host"))
+        for key, kind in (("capacity", Capacity), ("metrics", Metrics), ("gpu", GpuPeaks), ("host", GpuPeaks),
+                          ("measurement", MeasurementVerdict), ("fidelity", FidelityFigures), ("stress", StressResult)):
+            data[key] = _typed(kind, data.get(key))
+        windows = data.get("windows")
+        data["windows"] = None if windows is None else tuple(_typed(Window, w) for w in windows)
         return _from(cls, data)
 
 
-def fidelity_summary(fidelity: dict[str, Any] | None) -> str:
+def fidelity_summary(fidelity: FidelityFigures | None) -> str:
     """One short line for a trial's fidelity figures (tables, progress): "" when the trial changed no
     output-changing flag, "reference" on the run that recorded the reference outputs."""
     if not fidelity:
         return ""
-    if fidelity.get("error"):
+    if fidelity.error:
         return "probe failed"
-    if fidelity.get("role") == "reference":
+    if fidelity.role == "reference":
         return "reference"
-    if fidelity.get("outputs_differ") is False and not fidelity.get("changes"):
+    if fidelity.outputs_differ is False and not fidelity.changes:
         return "same as baseline"
     figures = _probe_figures(fidelity)
     # no output-changing flag explains the difference: the contender probe's catch (``harness.fidelity.verdict``)
-    return f"changed unexpectedly · {figures}" if fidelity.get("unexpected") else figures
+    return f"changed unexpectedly · {figures}" if fidelity.unexpected else figures
 
 
-def _probe_figures(fidelity: dict[str, Any]) -> str:
-    prefix, exact, delta = (fidelity.get(k) for k in ("prefix_match_mean", "exact_share", "mean_abs_logprob_delta"))
+def _probe_figures(fidelity: FidelityFigures) -> str:
+    prefix, exact, delta = fidelity.prefix_match_mean, fidelity.exact_share, fidelity.mean_abs_logprob_delta
     parts = []
     if prefix is not None:
-        parts.append(f"{prefix:.0f}/{fidelity.get('tokens')} match")
+        parts.append(f"{prefix:.0f}/{fidelity.tokens} match")
     if exact is not None:
         parts.append(f"{exact:.0%} exact")
     if delta is not None:
@@ -243,25 +381,29 @@ def _probe_figures(fidelity: dict[str, Any]) -> str:
     return " · ".join(parts) or "probed"
 
 
-def differing_flags(fidelity: dict[str, Any] | None) -> str:
+def flag_list(entries: Iterable[Mapping[str, Any]], *, unset: bool = False) -> str:
+    """``--flag value, …`` of ``{flag, value}`` entries (``unset``: a None value reads "unset")."""
+    return ", ".join(f"--{str(d.get('flag', '')).replace('_', '-')} "
+                     f"{'unset' if unset and d.get('value') is None else d.get('value')}" for d in entries)
+
+
+def differing_flags(fidelity: FidelityFigures | None) -> str:
     """``--flag value, …``: the flags a contender probe found its config setting differently from the baseline."""
-    return ", ".join(f"--{str(d.get('flag', '')).replace('_', '-')} {'unset' if d.get('value') is None else d['value']}"
-                     for d in (fidelity or {}).get("differs") or ()) or "no flag"
+    return flag_list(fidelity.differs if fidelity else (), unset=True) or "no flag"
 
 
-def numerics_line(fidelity: dict[str, Any] | None) -> str | None:
+def numerics_line(fidelity: FidelityFigures | None) -> str | None:
     """"outputs differ from the baseline (--flag value, …): <probe figures>" for a config whose probe measured an
     output-changing flag, "outputs changed unexpectedly (…)" for one whose outputs differ though none changed; None
     when its outputs matched or cannot differ (or no probe ran)."""
-    if not fidelity or fidelity.get("role") != "probe":
+    if not fidelity or not fidelity.probed:
         return None
-    if fidelity.get("unexpected"):  # the contender probe: outputs differ though no table flag changed
+    if fidelity.unexpected:  # the contender probe: outputs differ though no table flag changed
         return (f"outputs changed unexpectedly (it differs from the baseline in {differing_flags(fidelity)}, none of "
                 f"them a flag known to change outputs): {_probe_figures(fidelity)}")
-    if not fidelity.get("changes"):  # the baseline's numerics: matched (nothing to say), or the check failed
-        return f"outputs not checked against the baseline: {fidelity['error']}" if fidelity.get("error") else None
-    flags = ", ".join(f"--{str(c.get('flag', '')).replace('_', '-')} {c.get('value')}"
-                      for c in fidelity.get("changes") or ())
+    if not fidelity.changes:  # the baseline's numerics: matched (nothing to say), or the check failed
+        return f"outputs not checked against the baseline: {fidelity.error}" if fidelity.error else None
+    flags = flag_list(fidelity.changes)
     return f"outputs differ from the baseline ({flags or 'output-changing flags'}): {fidelity_summary(fidelity)}"
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
 
@@ -163,11 +163,16 @@ class Settling:
                 "half_width": None if self.half_width is None else round(self.half_width, 4)}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> Settling | None:
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Settling | None:
         if not data:
             return None
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def settling_of(measurement: Any) -> Settling | None:
+    """The settling a trial's ``measurement`` (``results.MeasurementVerdict``) recorded; None without one."""
+    return Settling.from_dict(measurement.settling) if measurement is not None else None
 
 
 class Settler:

@@ -74,6 +74,9 @@ WORKLOADS = {
 TRUTH_SEED = 12  # the draw of hidden deviations; a new value is a new truth, never tuned to the search
 DEVIATION_RANGES = {"free_gib": (-3.0, 3.0), "activation_scale": (0.7, 1.3), "graph_scale": (0.7, 1.3),
                     "decode_efficiency": (0.85, 1.15), "acceptance_delta": (-0.1, 0.1)}
+# The levers' own speed multiples (sim/truth.py), drawn from a stream of their own so the draws above stay as they
+# were: --enable-unified-memory's translation and compaction, --speculative-adaptive's swaps and EMA lag.
+LEVER_RANGES = {"unified_efficiency": (0.9, 1.05), "adaptive_efficiency": (0.9, 1.05)}
 
 
 def _stable(text: str) -> int:
@@ -90,9 +93,11 @@ def draw_truth(case: str, workload: str, *, hidden: bool = True, seed: int = TRU
     output_mean = share * WORKLOADS[workload][1]
     if not hidden:
         return Truth(output_mean=output_mean)
+    levers = np.random.default_rng([_stable(case), _stable(workload), seed, _stable("levers")])
+    v = {k: round(float(levers.uniform(a, b)), 3) for k, (a, b) in LEVER_RANGES.items()}
     return Truth(deviation=Deviation(free_gib=round(u["free_gib"], 3), activation_scale=round(u["activation_scale"], 3),
                                      graph_scale=round(u["graph_scale"], 3),
-                                     decode_efficiency=round(u["decode_efficiency"], 3)),
+                                     decode_efficiency=round(u["decode_efficiency"], 3), **v),
                  acceptance=round(0.825 + u["acceptance_delta"], 3), output_mean=round(output_mean, 1))
 
 

@@ -294,7 +294,9 @@ def markdown(results: list[dict[str, Any]], *, seeds: int, budgets: list[int], s
         lines += [f"## {res['name']}", "",
                   f"Hidden truth: free memory after load {hid['free_gib']:+.2f} GiB, activation peak "
                   f"×{hid['activation_scale']:.2f}, CUDA graphs ×{hid['graph_scale']:.2f}, decode efficiency "
-                  f"×{hid['decode_efficiency']:.2f}, acceptance α {hid['acceptance']:.3f}, natural output mean "
+                  f"×{hid['decode_efficiency']:.2f} (×{hid.get('unified_efficiency', 1.0):.2f} more with unified "
+                  f"memory, ×{hid.get('adaptive_efficiency', 1.0):.2f} with adaptive speculation), acceptance α "
+                  f"{hid['acceptance']:.3f}, natural output mean "
                   f"{hid['output_mean']:,.0f} tokens.", "",
                   f"Optimum {res['optimum']:,.0f} tok/s per GPU (baseline {res['baseline_per_gpu']:,.0f}"
                   + (f"; servers span {res['gpus']} GPUs, {res['optimum'] * res['gpus']:,.0f} tok/s each"

@@ -21,11 +21,13 @@ the stress batch is the simulator's own test (``tests/test_stress_stage.py``), n
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import functools
 import itertools
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -38,10 +40,10 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import TrialState
 
 from autotune.config import StudyConfig
-from autotune.harness.stress import DEFAULT_CAP_S, StressResult, StressStep
-from autotune.harness.windows import Window, WindowsStep
+from autotune.harness.stress import DEFAULT_CAP_S, StressStep
+from autotune.harness.windows import WindowsStep
 from autotune.harness.workload import settling_figures
-from autotune.results import GpuPeaks, TrialResult
+from autotune.results import GpuPeaks, MeasurementVerdict, StressResult, TrialResult, Window
 from autotune.search.confirm import confirm
 from autotune.search.confirm.stress import stress_winner
 from autotune.search.correction import CorrectedFeasibility
@@ -223,16 +225,16 @@ class Oracle:
         durations = {**out.result.durations_s, **({"windows": (windows - 1) * out.window_s / self.case.tp}
                                                    if windows > 1 else {})}
         result = dataclasses.replace(out.result, metrics=dataclasses.replace(out.result.metrics, output_tok_s=seen[0]),
-                                     windows=[_window(i + 2, v) for i, v in enumerate(seen[1:])] or None,
+                                     windows=tuple(_window(i + 2, v) for i, v in enumerate(seen[1:])) or None,
                                      durations_s=durations)
         cost = out.cost_s + (windows - 1) * out.window_s
         return Launch(dict(config), out.status, seen[0], out.tok_s, cost), result
 
 
-def _window(index: int, tok_s: float) -> dict[str, Any]:
-    """A later window of a launch as the harness stores it (``harness.windows.Window``)."""
+def _window(index: int, tok_s: float) -> Window:
+    """A later window of a launch as the harness stores it (``results.Window``)."""
     return Window(index=index, status="ok", output_tok_s=tok_s, tok_s_per_gpu=None, output_tokens=0, window_s=0.0,
-                  settled=True, first_pass=index - 1, last_pass=index - 1).to_dict()
+                  settled=True, first_pass=index - 1, last_pass=index - 1)
 
 
 Strategy = Callable[[Case, Oracle, int, int], list[Launch]]
@@ -282,7 +284,10 @@ class _NoPrecheck(CorrectedFeasibility):
 
 @functools.cache
 def _workdir() -> Path:
-    return Path(tempfile.mkdtemp(prefix=f"autotune-bench-{os.getpid()}-"))
+    """A scratch folder for this process's studies, removed when it exits."""
+    path = Path(tempfile.mkdtemp(prefix=f"autotune-bench-{os.getpid()}-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 class _SweepRunner:
@@ -328,7 +333,7 @@ class _SweepRunner:
         saved = (self.oracle.case.workload.warmup_s + self.oracle.case.workload.measure_s - done.total_s)
         cost = launch.cost_s - max(0.0, saved) * self.oracle.case.tp
         metrics = dataclasses.replace(result.metrics, output_tok_s=seen) if result.metrics else None
-        result = dataclasses.replace(result, metrics=metrics, measurement=settling_figures(done))
+        result = dataclasses.replace(result, metrics=metrics, measurement=MeasurementVerdict.from_dict(settling_figures(done)))
         self.pruned += 1
         return dataclasses.replace(launch, observed=seen, cost_s=cost), result
 
@@ -353,7 +358,7 @@ class _SweepRunner:
                               running_cap=cap, max_tokens=self.oracle.case.workload.max_tokens,
                               peak_used_gib=gpu.peak_used_gib if gpu else None,
                               total_gib=gpu.total_gib if gpu else None, reached_peak=True)
-        return dataclasses.replace(result, stress=stress.to_dict())
+        return dataclasses.replace(result, stress=stress)
 
 
 def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = True, precheck: bool = True,

@@ -2,7 +2,8 @@
 
 The suite runs in several processes at once (pytest-xdist). Each gets its own simulated-GPU registry (servers of
 two workers on one registry would see each other's memory), its own port range (two workers binding port 0 can be
-handed the same port between one's pick and its server's bind) and its own flag-table cache. Everything a test
+handed the same port between one's pick and its server's bind) and its own flag-table cache. A port range is a
+slot held by a file lock for the process's life, so two test sessions on one host never share one either. Everything a test
 starts inherits them through the environment.
 
 A leaked watcher thread is invisible to the test that leaks it and slows every test after it (a worker shares one
@@ -10,14 +11,19 @@ process): a rollout that left one ``shm-sampler`` per detached server once made 
 """
 from __future__ import annotations
 
+import fcntl
+import functools
 import os
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-PORTS_PER_WORKER = 500
+PORTS_PER_WORKER = 300
 FIRST_PORT = 20000  # below the kernel's ephemeral range (32768+), which outgoing connections draw from
+PORT_SLOTS = (32768 - FIRST_PORT) // PORTS_PER_WORKER
 
 # The CI's single-node Slurm cluster has four device-less GPUs: its tests run on one worker, one job set at a time.
 SLURM_FILES = {"test_launch_slurm.py", "test_slurm_sweep.py", "test_fleet_slurm.py"}
@@ -36,9 +42,29 @@ def worker_index() -> int:
     return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else 0
 
 
+_HELD: list = []  # the open lock file of this process's port slot
+
+
+@functools.cache
+def port_slot() -> int:
+    """The first port slot no other test process on this host holds; held (its lock file open) until this process
+    exits, when the kernel drops the lock."""
+    for offset in range(PORT_SLOTS):
+        slot = (worker_index() + offset) % PORT_SLOTS
+        handle = open(Path(tempfile.gettempdir()) / f"autotune-test-ports-{slot}.lock", "a")  # noqa: SIM115 (held)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        _HELD.append(handle)
+        return slot
+    raise RuntimeError(f"all {PORT_SLOTS} test port slots are held by other test processes on this host")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def own_devices_ports_and_caches(tmp_path_factory):
-    low = FIRST_PORT + worker_index() * PORTS_PER_WORKER
+    low = FIRST_PORT + port_slot() * PORTS_PER_WORKER
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path_factory.mktemp("sim-devices")))
         mp.setenv("AUTOTUNE_PORT_RANGE", f"{low}-{low + PORTS_PER_WORKER - 1}")

@@ -26,8 +26,7 @@ from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts
 from autotune.deploy.fleet import load_fleet
 from autotune.deploy.sglang_yaml import config_diff, read_config_file, split_config, yaml_to_argv
 from autotune.errors import ConfigError, StudyError
-from autotune.harness.windows import Window
-from autotune.results import Capacity, Metrics, Percentiles, TrialResult
+from autotune.results import Capacity, Metrics, Percentiles, TrialResult, Window
 from autotune.sglang.flags import FlagTable
 
 DATA = Path(__file__).resolve().parents[1] / "autotune" / "data" / "sglang-0.5.23-flags.json"

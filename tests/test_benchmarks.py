@@ -242,6 +242,7 @@ def test_truth_is_a_seeded_draw_in_the_declared_ranges():
         d = truth.deviation
         assert -3 <= d.free_gib <= 3 and 0.7 <= d.activation_scale <= 1.3 and 0.7 <= d.graph_scale <= 1.3
         assert 0.85 <= d.decode_efficiency <= 1.15 and abs(truth.acceptance - 0.825) <= 0.1
+        assert 0.9 <= d.unified_efficiency <= 1.05 and 0.9 <= d.adaptive_efficiency <= 1.05  # the levers' own
         assert lo * max_tokens <= truth.output_mean <= hi * max_tokens and 0.2 <= lo < hi <= 0.95
     assert se.draw_truth("qwen3.6-27b-b200", "seed") != se.draw_truth("qwen3.6-27b-h200", "seed")
     assert se.draw_truth("qwen3.6-27b-b200", "seed", hidden=False).deviation.memory_is_exact
@@ -301,7 +302,7 @@ def test_the_80b_rows_score_per_gpu_as_the_tool_does():
 def test_the_stress_phase_is_its_own_phase_in_a_confirmation_launch_and_in_one_of_its_own():
     import numpy as np
 
-    from autotune.harness.stress import DEFAULT_CAP_S, StressResult, StressStep
+    from autotune.harness.stress import DEFAULT_CAP_S, StressStep
     from autotune.harness.windows import WindowsStep
 
     case = se.make_case("qwen3.6-27b-b200", window=(1.0, 2.0))
@@ -316,7 +317,7 @@ def test_the_stress_phase_is_its_own_phase_in_a_confirmation_launch_and_in_one_o
     result = runner.repeat(config, 0, 1, after=[WindowsStep(2), StressStep()])
     assert len(confirm_runs) == 1 and confirm_runs[0].cost_s == pytest.approx(out.cost_s + 2 * out.window_s)
     assert runner.stress_runs == [pytest.approx(phase)] and runner.stress_launches == 0
-    stress = StressResult.from_dict(result.stress)
+    stress = result.stress
     assert stress.survived and stress.running_cap == running and len(result.windows) == 2
     # A launch of its own: all of it is the stress's, none the confirmation's.
     runner.repeat(config, 0, 2, after=[StressStep()])

@@ -215,7 +215,7 @@ def test_live_panel_and_plain_lines_show_the_same_events():
     from rich.console import Console
 
     from autotune.progress import LiveProgress, PlainProgress
-    from autotune.results import Metrics, Percentiles, TrialResult
+    from autotune.results import MeasurementVerdict, Metrics, Percentiles, TrialResult
 
     p = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
     ok = TrialResult(status="ok", config={}, metrics=Metrics(output_tok_s=4321.0, request_s=1.0, ttft_ms=p,
@@ -236,12 +236,12 @@ def test_live_panel_and_plain_lines_show_the_same_events():
     assert "trial 3 [3/10] search: max_mamba_cache_size=384" in plain_buf.getvalue()
     assert "re-sent a prompt" not in plain_buf.getvalue()
     plain_buf = io.StringIO()
-    resent = dataclasses.replace(ok, measurement={"repeated_prompts": 0.6})
+    resent = dataclasses.replace(ok, measurement=MeasurementVerdict(repeated_prompts=0.6))
     PlainProgress(plain_buf).trial_finished(4, resent, 4321.0)
     assert "60% of the window re-sent a prompt verbatim" in plain_buf.getvalue() and "repeats" in plain_buf.getvalue()
     assert "halves differ" not in plain_buf.getvalue()
     plain_buf = io.StringIO()
-    PlainProgress(plain_buf).trial_finished(5, dataclasses.replace(ok, measurement={"window_drift": 1.6}), 4321.0)
+    PlainProgress(plain_buf).trial_finished(5, dataclasses.replace(ok, measurement=MeasurementVerdict(window_drift=1.6)), 4321.0)
     assert "halves differ by 160%" in plain_buf.getvalue() and "warmup_s" in plain_buf.getvalue()
 
 

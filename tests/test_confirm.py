@@ -61,7 +61,7 @@ def test_confirmation_ranks_by_tok_s_per_gpu():
           for n, v, g in ((3, 5000.0, [0, 1]), (7, 3000.0, [2]), (0, 1000.0, [3])) for k in range(3)]
     verdict = decide(rs, [3, 7, 0], baseline=0)
     assert verdict.winner_trial == 7
-    assert verdict.stats["3"]["median"] == pytest.approx(2525.0, rel=1e-4)  # per GPU: 5,050 ÷ 2
+    assert verdict.stats["3"].median == pytest.approx(2525.0, rel=1e-4)  # per GPU: 5,050 ÷ 2
     assert verdict.gain == pytest.approx(3030.0 / 1010.0, rel=1e-4)
 
 
@@ -124,10 +124,10 @@ def test_run_sweep_summary(tmp_path):
     cfg = load_config(write_study(tmp_path, trials=5))
     summary = run_sweep(cfg, runner=PlannerRunner())
     assert summary.confirmed and summary.n_trials == 5
-    assert summary.baseline["output_tok_s"] == pytest.approx(1600.0)  # 16 running × 100 in the fake
-    assert summary.best["output_tok_s"] >= summary.enqueued[0]["output_tok_s"]
-    assert summary.gain_over_baseline == pytest.approx(summary.best["output_tok_s"] / 1600.0)
-    assert summary.defaults["how"].startswith("predicted")
+    assert summary.baseline.output_tok_s == pytest.approx(1600.0)  # 16 running × 100 in the fake
+    assert summary.best.output_tok_s >= summary.enqueued[0].output_tok_s
+    assert summary.gain_over_baseline == pytest.approx(summary.best.output_tok_s / 1600.0)
+    assert summary.defaults.how.startswith("predicted")
     assert sum(summary.statuses.values()) == 5
     assert summary.launched == 5 - summary.statuses.get("skipped_infeasible", 0)
     assert summary.launched_oom == 0
@@ -137,7 +137,7 @@ def test_run_sweep_summary(tmp_path):
         "study", "storage", "n_trials", "statuses", "launched", "launched_oom", "launched_interrupted", "confirmed",
         "baseline", "best", "outcome", "gain_over_baseline", "gain_ci", "enqueued", "defaults", "gain_over_defaults",
         "multi_gpu", "unexpected", "confirmation", "search_stop", "note", "error", "above_baseline", "job", "interrupted"]
-    assert summary.to_dict()["best"] == summary.best and summary.interrupted is False
+    assert summary.to_dict()["best"] == dataclasses.asdict(summary.best) and summary.interrupted is False
     with pytest.raises(dataclasses.FrozenInstanceError):
         summary.outcome = "none"  # built once: nothing changes it after summarize
 
@@ -172,8 +172,8 @@ def test_an_enqueued_config_far_behind_the_leader_costs_no_confirmation_launch(t
     conf = confirm(study, cfg, runner=runner)
     assert (1 in conf["order"]) is confirmed and (1 in [n for n, _ in runner.calls]) is confirmed
     shown = summarize(study, cfg).enqueued[0]
-    assert shown["trial"] == 1 and shown["confirmed_runs"] == (1 if confirmed else 0)
-    assert shown["output_tok_s"] == pytest.approx(hand.values[0]) or confirmed  # its search figure when not confirmed
+    assert shown.trial == 1 and shown.confirmed_runs == (1 if confirmed else 0)
+    assert shown.output_tok_s == pytest.approx(hand.values[0]) or confirmed  # its search figure when not confirmed
 
 
 def test_a_given_baseline_run_gives_the_gain_its_interval_and_adds_nothing_to_the_noise():
@@ -184,7 +184,8 @@ def test_a_given_baseline_run_gives_the_gain_its_interval_and_adds_nothing_to_th
     assert verdict.gain == pytest.approx(gmean(data[3]) / 2000)
     assert verdict.ci_low < verdict.gain < verdict.ci_high and verdict.ci_low > 2.0
     assert verdict.noise == decide(runs(data), [3, 7], baseline=None).noise  # one window, one launch: no df
-    assert verdict.stats["0"]["from_search"] and "from_search" not in verdict.stats["3"]
+    assert verdict.stats["0"].from_search and not verdict.stats["3"].from_search
+    assert "from_search" not in verdict.to_dict()["stats"]["3"]  # stored only when set
     # a given baseline is never a candidate: if it read fastest, no config beat it and nothing is decided
     fast = [{**given[0], "result": ok(9000)}]
     held = decide(runs(data), [3, 7], baseline=0, given=fast)
@@ -204,8 +205,8 @@ def test_a_baseline_far_behind_the_leader_is_not_relaunched(tmp_path, factor, re
     assert bool(conf.get("given")) is not relaunched and conf["gain"] > 1
     assert conf["ci_low"] <= conf["gain"] <= conf["ci_high"]  # the fake has no noise
     summary = summarize(study, cfg)
-    assert summary.baseline["from_search"] is not relaunched
-    assert summary.baseline["output_tok_s"] == pytest.approx(base) or relaunched  # its search figure
+    assert summary.baseline.from_search is not relaunched
+    assert summary.baseline.output_tok_s == pytest.approx(base) or relaunched  # its search figure
     windows = sum(s["windows"] for s in conf["stats"].values() if not s.get("from_search"))
     assert summary.confirmation.startswith(f"{len(runner.calls)} launches, {windows} windows")
     assert ("its search run: far behind the leader, not relaunched" in render(summary)) is not relaunched
@@ -249,10 +250,10 @@ def test_defaults_run_keeps_the_fixed_flags_and_gets_its_own_run_number(tmp_path
     stored = open_study(cfg).user_attrs["confirmation"]["defaults"]
     assert stored["status"] == "ok" and stored["output_tok_s"] > 0 and stored["config"] == calls[0][1]
     assert stored["how"] == "measured once during confirmation"
-    assert summary.defaults["output_tok_s"] == stored["output_tok_s"]
+    assert summary.defaults.output_tok_s == stored["output_tok_s"]
     assert "gain over SGLang 0.5.23 defaults" in render(summary)
     # on the sim the same config is predicted, not bare defaults
-    assert run_sweep(load_config(write_study(tmp_path, trials=5)), runner=PlannerRunner()).defaults["config"] \
+    assert run_sweep(load_config(write_study(tmp_path, trials=5)), runner=PlannerRunner()).defaults.config \
         == calls[0][1]
 
 
@@ -262,7 +263,7 @@ def test_a_failed_defaults_run_is_reported_as_failed_not_as_zero(tmp_path):
     stored = open_study(cfg).user_attrs["confirmation"]["defaults"]
     assert stored["status"] == "bad_args" and stored["output_tok_s"] is None
     assert stored["reason"] == "unrecognized arguments: --nope" and stored["trial_dir"] == "/w/trials/defaults"
-    assert summary.defaults["status"] == "bad_args" and summary.defaults["output_tok_s"] is None
+    assert summary.defaults.status == "bad_args" and summary.defaults.output_tok_s is None
     assert summary.gain_over_defaults is None
     line = next(x for x in render(summary).splitlines() if "SGLang 0.5.23 defaults" in x)
     assert line == ("  SGLang 0.5.23 defaults (fixed flags kept) failed, measured once during confirmation: "
@@ -275,7 +276,7 @@ def test_older_studies_stored_a_failed_defaults_run_as_zero(tmp_path):
     confirm(study, cfg, runner=PlannerRunner(), defaults=lambda: {"output_tok_s": 0.0, "status": "bad_args",
                                                                   "how": "measured once during confirmation"})
     summary = summarize(study, cfg)
-    assert summary.defaults["output_tok_s"] is None and summary.gain_over_defaults is None
+    assert summary.defaults.output_tok_s is None and summary.gain_over_defaults is None
     assert "defaults (fixed flags kept) failed" in render(summary)
 
 
@@ -454,7 +455,7 @@ def test_a_failed_baseline_says_so_and_names_no_winner(tmp_path):
     runner = BaselineFails()
     summary = run_sweep(cfg, runner=runner)
     assert summary.best is None and summary.outcome == "no_baseline" and summary.gain_over_baseline is None
-    assert summary.baseline["trial"] == 0 and summary.baseline["status"] == "startup_oom"
+    assert summary.baseline.trial == 0 and summary.baseline.status == "startup_oom"
     assert summary.error.startswith("the baseline (trial 0) failed: startup_oom: 17.81 GiB free")
     assert "/logs/0/server.log" in summary.error
     numbers = [n for n, _ in runner.calls]
@@ -499,3 +500,17 @@ def test_the_verdict_is_stored_with_the_keys_studies_hold_and_read_back_as_it_wa
         assert Verdict.from_dict({**stored, "runs": [], "complete": True}) == verdict  # as the study holds it
     assert isinstance(kinds["winner"][0].to_dict()["contention"], list)
     assert Verdict.from_dict(None) is None and Verdict.from_dict({}) is None
+
+
+def test_a_stored_contenders_figures_read_as_a_record_and_store_as_they_were():
+    from autotune.search.confirm.decision import ContenderStat, Verdict
+
+    older = {"median": 2500.0, "ci": [2400.0, 2600.0], "runs": 3, "windows": 9, "failed": 0}  # before headroom
+    given = {"median": 1000.0, "ci": [900.0, 1100.0], "runs": 1, "windows": 1, "failed": 0, "headroom_gib": None,
+             "unsettled_windows": 0, "from_search": True}
+    verdict = Verdict.from_dict({"outcome": "winner", "winner_trial": 3, "stats": {"3": older, "0": given}})
+    assert verdict.stat(3) == ContenderStat(median=2500.0, ci=(2400.0, 2600.0), runs=3, windows=9)
+    assert verdict.stat(0).from_search and verdict.stat(7) is None
+    stored = verdict.to_dict()["stats"]
+    assert stored["0"] == given and {k: stored["3"][k] for k in older} == older
+    assert "from_search" not in stored["3"]

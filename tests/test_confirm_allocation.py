@@ -10,8 +10,8 @@ from test_confirm_noise import Windowed
 from test_study import PlannerRunner, write_study
 
 from autotune.config import load_config
-from autotune.harness.windows import Window, WindowsStep
-from autotune.results import TrialResult
+from autotune.harness.windows import WindowsStep
+from autotune.results import TrialResult, Window
 from autotune.search.confirm import confirm
 from autotune.search.confirm.allocation import MAX_FACTOR, LaunchCosts, launch_costs, windows_per_launch
 from autotune.search.confirm.noise import NoiseModel
@@ -69,9 +69,9 @@ class Wavy(Windowed):
             return result
         tok = result.output_tok_s
         more = [Window(index=i, status="ok", output_tok_s=tok * (1.06 if i % 2 else 0.94), tok_s_per_gpu=None,
-                       output_tokens=1, window_s=30.0, settled=True, first_pass=i, last_pass=i).to_dict()
+                       output_tokens=1, window_s=30.0, settled=True, first_pass=i, last_pass=i)
                 for i in range(2, step.count + 2)]
-        return dataclasses.replace(result, windows=more, durations_s={
+        return dataclasses.replace(result, windows=tuple(more), durations_s={
             "startup": 150.0, "warmup": 10.0, "measure": 30.0, "windows": 40.0 * step.count})
 
 

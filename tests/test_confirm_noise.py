@@ -13,10 +13,10 @@ from test_study import PlannerRunner, write_study
 from autotune.cli.sweep import render
 from autotune.config import load_config
 from autotune.harness.stress import StressStep
-from autotune.harness.windows import Window, WindowsStep
+from autotune.harness.windows import WindowsStep
 from autotune.report.page import build, figures_for
 from autotune.report.page import render as page
-from autotune.results import Metrics, Percentiles, TrialResult
+from autotune.results import Metrics, Percentiles, TrialResult, Window
 from autotune.search.confirm import confirm, decide, estimate_noise, next_launches
 from autotune.search.confirm.samples import by_contender, launch_tok_s
 from autotune.search.study import run_study
@@ -29,8 +29,8 @@ def launch(tok: list[float], headroom: float | None = None) -> dict:
     """A stored confirmation result: the first window in metrics, the rest as ``windows``."""
     m = Metrics(output_tok_s=tok[0], request_s=1.0, ttft_ms=P, itl_ms=P, e2e_ms=P)
     windows = [Window(index=i + 2, status="ok", output_tok_s=v, tok_s_per_gpu=v, output_tokens=int(v), window_s=1.0,
-                      settled=True, first_pass=i + 1, last_pass=i + 1).to_dict() for i, v in enumerate(tok[1:])]
-    return TrialResult(status="ok", config={}, metrics=m, windows=windows or None).to_dict()
+                      settled=True, first_pass=i + 1, last_pass=i + 1) for i, v in enumerate(tok[1:])]
+    return TrialResult(status="ok", config={}, metrics=m, windows=tuple(windows) or None).to_dict()
 
 
 def synthetic(rates: dict[int, float], launches: dict[int, int], windows: int, window_cv: float, launch_cv: float,
@@ -149,9 +149,9 @@ class Windowed(PlannerRunner):
             return result
         tok = result.output_tok_s
         more = [Window(index=i, status="ok", output_tok_s=tok * (1 + 0.002 * (i % 2)), tok_s_per_gpu=None,
-                       output_tokens=1, window_s=1.0, settled=True, first_pass=i, last_pass=i).to_dict()
+                       output_tokens=1, window_s=1.0, settled=True, first_pass=i, last_pass=i)
                 for i in range(2, step.count + 2)]
-        return dataclasses.replace(result, windows=more)
+        return dataclasses.replace(result, windows=tuple(more))
 
 
 def test_each_confirmation_launch_measures_its_windows_and_a_killed_one_resumes(tmp_path):
@@ -186,8 +186,8 @@ def test_every_window_of_a_tp2_launch_is_scored_per_gpu_alike(gpus):
     in-process prediction records none): a launch at one steady rate has no window spread."""
     m = Metrics(output_tok_s=6000.0, request_s=1.0, ttft_ms=P, itl_ms=P, e2e_ms=P)
     later = [Window(index=i, status="ok", output_tok_s=6000.0, tok_s_per_gpu=3000.0, output_tokens=1, window_s=1.0,
-                    settled=True, first_pass=i - 1, last_pass=i - 1).to_dict() for i in (2, 3)]
-    result = TrialResult(status="ok", config={"tp_size": 2}, engine="sim", metrics=m, gpus=gpus, windows=later)
+                    settled=True, first_pass=i - 1, last_pass=i - 1) for i in (2, 3)]
+    result = TrialResult(status="ok", config={"tp_size": 2}, engine="sim", metrics=m, gpus=gpus, windows=tuple(later))
     sample = by_contender([{"trial": 4, "repeat": 0, "result": result.to_dict()}], [4])[4][0]
     assert sample.rates == (3000.0, 3000.0, 3000.0)
     assert launch_tok_s({"trial": 4, "repeat": 0, "result": result.to_dict()}) == pytest.approx(6000.0)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from test_benchmarks import case, st  # noqa: F401  (the fixture is used by name)
 
-from autotune.harness.windows import Window, WindowsStep
+from autotune.harness.windows import WindowsStep
 
 
 def test_a_confirmation_launch_of_three_windows_costs_one_startup_and_draws_the_launch_term_once(case):  # noqa: F811
@@ -17,12 +17,12 @@ def test_a_confirmation_launch_of_three_windows_costs_one_startup_and_draws_the_
     confirm_runs: list = []
     runner = st._SweepRunner(oracle, np.random.default_rng(0), {}, confirm_runs)
     result = runner.repeat(dict(config), 0, 0, after=[WindowsStep(2)])
-    windows = [Window.from_dict(w) for w in result.windows]
+    windows = list(result.windows)
     rates = [result.output_tok_s, *(w.output_tok_s for w in windows)]
     assert len(rates) == 3 and len(set(rates)) == 3  # each window its own draw
     assert confirm_runs[0].cost_s == pytest.approx(out.cost_s + 2 * out.window_s)  # one startup, three windows
     # the launch term is shared by a launch's windows: over many launches, launch means spread by ~5 %, windows less
-    logs = np.log([[r.output_tok_s, *(w["output_tok_s"] for w in r.windows)]
+    logs = np.log([[r.output_tok_s, *(w.output_tok_s for w in r.windows)]
                    for r in (runner.repeat(dict(config), 0, k, after=[WindowsStep(2)]) for k in range(200))])
     within = float(np.sqrt(np.mean(np.var(logs, axis=1, ddof=1))))
     assert within == pytest.approx(out.window_cv, rel=0.2)

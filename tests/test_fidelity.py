@@ -192,7 +192,7 @@ def test_a_server_without_logprobs_or_with_an_error_fails_the_trial_loudly(tmp_p
 
         fields = trial_mod._probe(Alive(), probe, tmp_path, {}, lambda *a: None)
         assert fields["status"] == "probe_error" and words in fields["reason"]
-        assert fields["reason"].startswith("fidelity probe:") and fields["fidelity"]["error"]
+        assert fields["reason"].startswith("fidelity probe:") and fields["fidelity"].error
     finally:
         server.shutdown()
 
@@ -297,8 +297,8 @@ def test_bfloat16_trials_are_probed_the_limit_crowns_float32_and_apply_refuses_b
     Path(ref_attr["path"]).unlink()
     runner = HarnessRunner(load_config(path), stop_event=th.Event())
     again = runner(dict(fast.user_attrs["result"]["config"]), 99)
-    assert again.status == "ok" and again.fidelity["role"] == "probe"
-    assert again.fidelity["prefix_match_mean"] == fid["prefix_match_mean"]  # seeded: the same divergence
+    assert again.status == "ok" and again.fidelity.role == "probe"
+    assert again.fidelity.prefix_match_mean == fid["prefix_match_mean"]  # seeded: the same divergence
     assert (tmp_path / "num" / "trials" / "reference" / "fidelity.json").is_file()
 
 

@@ -24,9 +24,10 @@ from autotune.deploy.apply import Winner
 from autotune.deploy.numerics import NumericsRefused, check_numerics
 from autotune.harness import fidelity
 from autotune.harness.fidelity import ProbeOutput, Reference
-from autotune.results import TrialResult, numerics_line
+from autotune.results import FidelityFigures, TrialResult, numerics_line
 from autotune.search import numerics as sn
 from autotune.search.runner import HarnessRunner
+from autotune.search.views.summary import UnexpectedEntry
 from autotune.sim.divergence import SimNumerics
 
 STUDY = """
@@ -129,16 +130,16 @@ def test_the_first_confirmation_launch_of_every_contender_but_the_baseline_and_i
     assert probed["dir"].name == "repeat-1" and probed["probe"].reference is not None
     assert probed["after"] == ("window-2",)  # the caller's follow-up steps still ride in the same launch
     fid = chunked.fidelity
-    assert fid["role"] == "probe" and fid["changes"] == [] and fid["unexpected"] is True
-    assert fid["prefix_match_mean"] == 10 and fid["exact_share"] == 0.0
-    assert {d["flag"] for d in fid["differs"]} == {"chunked_prefill_size", "max_running_requests"}
+    assert fid.role == "probe" and fid.changes == () and fid.unexpected is True
+    assert fid.prefix_match_mean == 10 and fid.exact_share == 0.0
+    assert {d["flag"] for d in fid.differs} == {"chunked_prefill_size", "max_running_requests"}
     line = numerics_line(fid)
     assert line.startswith("outputs changed unexpectedly") and "--chunked-prefill-size 4096" in line
     assert "--max-running-requests unset" in line
 
     # A contender whose outputs equal the baseline's: compared, and no alarm.
     same = runner.repeat({"max_running_requests": 8, "schedule_policy": "lpm"}, 2, 0).fidelity
-    assert same["role"] == "probe" and same["exact_share"] == 1.0 and same["unexpected"] is False
+    assert same.role == "probe" and same.exact_share == 1.0 and same.unexpected is False
     assert numerics_line(same) is None
     # Only the first confirmation launch probes; the reference was recorded once.
     assert runner.repeat({"chunked_prefill_size": 4096}, 1, 1).fidelity is None
@@ -157,7 +158,8 @@ def test_a_table_flag_is_still_a_change_the_table_explains():
 def _winner(fid: dict, limits: dict | None = None) -> Winner:
     config = {"chunked_prefill_size": 4096}
     settings = {"engine": {"model": "qwen3.6-27b"}, **({"objective": {"numerics": limits}} if limits else {})}
-    return Winner(study="s", trial=3, config=config, result=TrialResult(status="ok", config=config, fidelity=fid),
+    return Winner(study="s", trial=3, config=config, result=TrialResult(status="ok", config=config,
+                                                                         fidelity=FidelityFigures.from_dict(fid)),
                   tok_s=1.0, baseline_config={}, settings=settings)
 
 
@@ -179,11 +181,11 @@ def test_apply_judges_an_unexpected_change_as_a_numerics_change():
 def test_the_contender_probe_is_what_a_trial_is_known_by():
     conf = {"runs": [{"trial": 3, "repeat": 1, "result": {"fidelity": None}},
                      {"trial": 3, "repeat": 0, "result": {"fidelity": UNEXPECTED}}]}
-    assert sn.contender_fidelity(None, conf, 3) == UNEXPECTED
-    reference = {"role": "reference"}
+    assert sn.contender_fidelity(None, conf, 3) == FidelityFigures.from_dict(UNEXPECTED)
+    reference = FidelityFigures(role="reference")
     assert sn.contender_fidelity(reference, conf, 0) == reference  # the baseline: not probed, the reference
     failed = {"runs": [{"trial": 3, "repeat": 0, "result": {"fidelity": {"role": "probe", "error": "no reference"}}}]}
-    table = {"role": "probe", "changes": [{"flag": "mamba_ssm_dtype", "value": "bfloat16"}]}
+    table = FidelityFigures(role="probe", changes=({"flag": "mamba_ssm_dtype", "value": "bfloat16"},))
     assert sn.contender_fidelity(table, failed, 3) == table  # a failed contender probe never hides a measured one
     assert numerics_line(sn.contender_fidelity(None, failed, 3)) == "outputs not checked against the baseline: no reference"
 
@@ -222,14 +224,14 @@ def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_tre
             else [g["trial"] for g in study.user_attrs["confirmation"]["given"]] == [base])
     assert first[chunked]["durations_s"]["probe"] > 0
     # The sweep's summary names it in one line (the uncapped contender wins: 32 streams against a cap of 8).
-    assert summary.best["trial"] == chunked
-    assert summary.best["numerics"].startswith("outputs changed unexpectedly")
+    assert summary.best.trial == chunked
+    assert summary.best.numerics.startswith("outputs changed unexpectedly")
     assert summary.unexpected == [] and sn.unexpected_contenders(study.user_attrs["confirmation"]) == [chunked]
     from autotune.cli.sweep import render
 
-    assert f"  {summary.best['numerics']}" in render(summary).splitlines()
+    assert f"  {summary.best.numerics}" in render(summary).splitlines()
     other = dataclasses.replace(summary, best=None, outcome="baseline",  # a finalist, not the winner
-                                unexpected=[{"trial": chunked, "line": summary.best["numerics"]}])
+                                unexpected=[UnexpectedEntry(chunked, summary.best.numerics)])
     assert f"  trial {chunked}: outputs changed unexpectedly" in render(other)
 
     from autotune.cli import cli

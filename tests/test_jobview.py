@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -106,14 +107,15 @@ def test_trials_marks_the_confirmed_winner_with_its_confirmed_figure_and_whole_f
 
 
 def test_a_winner_that_changes_outputs_is_said_in_one_line_with_its_probe_figures(tmp_path):
-    from autotune.results import numerics_line
+    from autotune.results import FidelityFigures, numerics_line
 
-    probe = {"role": "probe", "changes": [{"flag": "mamba_ssm_dtype", "value": "bfloat16", "reference": "float32"}],
-             "tokens": 256, "prefix_match_mean": 102.0, "exact_share": 0.0625, "mean_abs_logprob_delta": 0.02}
+    probe = FidelityFigures.from_dict({
+        "role": "probe", "changes": [{"flag": "mamba_ssm_dtype", "value": "bfloat16", "reference": "float32"}],
+        "tokens": 256, "prefix_match_mean": 102.0, "exact_share": 0.0625, "mean_abs_logprob_delta": 0.02})
     line = numerics_line(probe)
     assert line == "outputs differ from the baseline (--mamba-ssm-dtype bfloat16): 102/256 match · 6% exact · |Δlp| 0.020"
-    assert numerics_line(None) is None and numerics_line({"role": "reference"}) is None
+    assert numerics_line(None) is None and numerics_line(FidelityFigures(role="reference")) is None
     summary = run_sweep(load_config(write_study(tmp_path, trials=4)), runner=PlannerRunner())
-    assert summary.best["numerics"] is None  # the planner runner probes nothing: no line
-    summary.best["numerics"] = line
+    assert summary.best.numerics is None  # the planner runner probes nothing: no line
+    summary = dataclasses.replace(summary, best=dataclasses.replace(summary.best, numerics=line))
     assert f"  {line}" in render(summary).splitlines()

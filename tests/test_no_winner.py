@@ -15,9 +15,8 @@ from click.testing import CliRunner
 
 from autotune.cli import cli
 from autotune.deploy.apply import load_winner
-from autotune.harness.stress import StressResult
 from autotune.report.page import build, figures_for, render
-from autotune.results import Capacity, GpuPeaks, Metrics, Percentiles, TrialResult
+from autotune.results import Capacity, GpuPeaks, Metrics, Percentiles, StressResult, TrialResult
 from autotune.search.confirm import decide
 from autotune.search.confirm.stress import stress_winner
 from autotune.search.views.worstcase import worst_case_block
@@ -29,7 +28,7 @@ CFG = SimpleNamespace(study=SimpleNamespace(seed=0, resolution=0.02))
 SETTINGS = {"study": {"confirm_top_k": 2}, "engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
             "workload": {"prompts": "prompts.jsonl", "sample_size": 20, "max_tokens": 256}}
 SURVIVED = StressResult(survived=True, ended="peak reached", peak_used_gib=171.0, total_gib=179.1, retractions=1,
-                        reached_peak=True).to_dict()
+                        reached_peak=True)
 
 
 def _result(config, tok_s, *, stress=None) -> TrialResult:

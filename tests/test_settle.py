@@ -19,7 +19,7 @@ from autotune.harness.workload import SliceTally, WorkloadSpec, replay
 from autotune.progress import _fmt_result, settling_line, sparkline
 from autotune.report.figures import stability_figure
 from autotune.report.stability import stability_frame
-from autotune.results import Metrics, Percentiles, TrialResult
+from autotune.results import MeasurementVerdict, Metrics, Percentiles, TrialResult
 from autotune.search.confirm import contenders
 from autotune.search.views.summary import _best, unsettled
 from autotune.settle import Settler, SettleRule, Settling, agree, half_width, settle, t975
@@ -100,8 +100,8 @@ def test_the_interval_accounts_for_correlated_slices():
 def test_settling_round_trips_through_a_trial_result():
     done = settle(tokens([1000.0] * 40), RULE)
     assert done is not None
-    result = TrialResult(status="ok", config={}, measurement={"settled": True, "settling": done.to_dict()})
-    back = Settling.from_dict(TrialResult.from_dict(result.to_dict()).measurement["settling"])
+    result = TrialResult(status="ok", config={}, measurement=MeasurementVerdict(settled=True, settling=done.to_dict()))
+    back = Settling.from_dict(TrialResult.from_dict(result.to_dict()).measurement.settling)
     assert back == done
 
 
@@ -191,7 +191,7 @@ def _result(tok_s: float, rates: list[float], rule: SettleRule) -> TrialResult:
     done = settle(tokens(rates), rule)
     assert done is not None
     return TrialResult(status="ok", config={"max_running_requests": int(tok_s)}, metrics=_metrics(tok_s),
-                       measurement={"settled": done.settled, "settling": done.to_dict()})
+                       measurement=MeasurementVerdict(settled=done.settled, settling=done.to_dict()))
 
 
 def test_the_trial_line_says_how_the_measurement_settled():
@@ -201,7 +201,7 @@ def test_the_trial_line_says_how_the_measurement_settled():
     assert _fmt_result(steady).endswith("settled in 42 s (warm-up 12 s, window 30 s, ±0.0%) " + "█" * 21)
     line = _fmt_result(flagged)
     assert "unsettled: " in line and "never crowned" in line
-    recorded = Settling.from_dict(flagged.measurement["settling"])
+    recorded = Settling.from_dict(flagged.measurement.settling)
     assert recorded is not None and line.endswith(sparkline(recorded.tok_s))  # the rise, up to the window's cap
     assert sparkline(recorded.tok_s).startswith("▁") and sparkline(recorded.tok_s).endswith("█")
     assert sparkline([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0]) == "▁▂▃▄▅▆▇█"

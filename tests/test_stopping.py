@@ -10,7 +10,7 @@ from test_study import ok, write_toml
 from autotune.cli.sweep import render
 from autotune.config import load_config
 from autotune.harness.workload import settling_figures
-from autotune.results import TrialResult
+from autotune.results import MeasurementVerdict, TrialResult
 from autotune.search.confirm.ranking import contenders
 from autotune.search.pruning import PRUNED, PruningSettler, SlicePruner, pruned
 from autotune.search.seeding import launched
@@ -107,11 +107,11 @@ def test_the_pruner_stops_a_clearly_losing_window_on_exact_slices():
     # warm-up: 6 slices (two agreeing runs of 3); then the pruner's 5 window slices, not the window floor's 15
     assert (done.warmup_slices, done.window_slices) == (6, 5)
     assert not done.settled and done.reason.startswith(PRUNED) and "600 tok/s" in done.reason
-    assert pruned(settling_figures(done)) and settling_figures(done)["settled"] is False
+    assert pruned(MeasurementVerdict.from_dict(settling_figures(done))) and settling_figures(done)["settled"] is False
     # Within the resolution of the incumbent (990 > 1000 × 0.98): the settle rule ends it, settled, as without.
     close = PruningSettler(RULE, SlicePruner(incumbent=1000.0, resolution=0.02))
     kept = next(s for s in (close.add(x) for x in [1980.0] * 40) if s is not None)
-    assert kept.settled and not pruned(settling_figures(kept)) and kept == settle([1980.0] * 40, RULE)
+    assert kept.settled and not pruned(MeasurementVerdict.from_dict(settling_figures(kept))) and kept == settle([1980.0] * 40, RULE)
 
 
 @pytest.mark.parametrize("noisy", [False, True])
@@ -128,11 +128,11 @@ def test_a_pruned_trial_keeps_its_figure_and_is_never_crowned(tmp_path, noisy):
             settler = PruningSettler(RULE, SlicePruner(incumbent=5000.0, resolution=0.02))
             done = next(s for s in (settler.add(x) for x in wave) if s is not None)
             window = done.tok_s[done.warmup_slices:]
-            return ok(config, sum(window) / len(window), measurement=settling_figures(done))
+            return ok(config, sum(window) / len(window), measurement=MeasurementVerdict.from_dict(settling_figures(done)))
 
     study = run_study(cfg, runner=Runner())
     trial = next(t for t in study.get_trials() if t.user_attrs.get("role") == "enqueued")
-    assert pruned(trial.user_attrs["result"]["measurement"]) and trial.values[0] > 500.0  # its figure, recorded
+    assert pruned(TrialResult.of(trial).measurement) and trial.values[0] > 500.0  # its figure, recorded
     top, _, _ = contenders(study, 3)
     assert trial.number not in [t.number for t in top]
     assert (summarize(study, cfg).best or {}).get("trial") != trial.number

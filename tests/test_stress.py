@@ -13,7 +13,7 @@ import pytest
 from autotune.config import Timeouts
 from autotune.harness.engines import make_engine
 from autotune.harness.setup import TrialSetup
-from autotune.harness.stress import StressResult, StressStep, burst_size, longest_rows, stress_line
+from autotune.harness.stress import StressStep, burst_size, longest_rows, stress_line
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.prompts.rows import estimate_tokens
@@ -61,7 +61,7 @@ def test_a_config_survives_its_worst_case_with_retractions_and_a_peak_within_the
     result = run_trial(_setup(devices, max_tokens=1024), config, trial_dir=devices / "t",
                        after=[StressStep(plan=planned, cap_s=60)])
     assert result.status == "ok", result.reason
-    stress = StressResult.from_dict(result.stress)
+    stress = result.stress
     assert stress is not None and stress.survived and stress.failure is None
     assert stress.retractions >= 1 and stress.reached_peak and stress.ended == "peak reached"
     assert stress.running_cap == result.capacity.max_running_requests and stress.max_tokens == 1024
@@ -89,7 +89,7 @@ def test_a_config_that_passes_its_window_dies_under_the_stress_phase(devices):
     setup = _setup(devices, max_tokens=256, concurrency=1, sim={"activation_scale": 4.0}, prompts=prompts)
     result = run_trial(setup, config, trial_dir=devices / "t", after=[StressStep(cap_s=60)])
     assert result.status == "ok" and result.output_tok_s, result.reason  # the window measured
-    stress = StressResult.from_dict(result.stress)
+    stress = result.stress
     assert stress is not None and not stress.survived and stress.failure == "runtime_oom"
     assert stress.ended == "server exited" and "CUDA out of memory" in stress.reason
     assert stress_line(result.stress).startswith("worst case: peak ") and "FAILED: runtime_oom" in stress_line(

@@ -13,9 +13,9 @@ import pandas as pd
 from click.testing import CliRunner
 
 from autotune.cli import cli
-from autotune.harness.stress import StressResult, StressStep
+from autotune.harness.stress import StressStep
 from autotune.report.headline import gain
-from autotune.results import Capacity, GpuPeaks, Metrics, Percentiles, TrialResult
+from autotune.results import Capacity, GpuPeaks, Metrics, Percentiles, StressResult, TrialResult
 from autotune.search.confirm import decide
 from autotune.search.confirm.stress import STRESS_MAX, stress_winner
 from autotune.search.views.worstcase import worst_case_line
@@ -77,7 +77,7 @@ class StressRunner:
                               reason=None if survived else "torch.OutOfMemoryError: CUDA out of memory.",
                               peak_used_gib=172.4 if survived else 179.0, total_gib=179.1,
                               retractions=3 if survived else 0, reached_peak=survived)
-        return _result(config, 2900.0, stress=stress.to_dict())
+        return _result(config, 2900.0, stress=stress)
 
 
 def test_a_winner_that_dies_under_stress_is_demoted_and_the_next_one_stressed(tmp_path):

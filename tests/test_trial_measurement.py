@@ -14,7 +14,7 @@ from autotune.harness.engines import make_engine
 from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.trial import CLIENT_BUSY_LIMIT, LAG_LIMIT, measurement_verdict, run_trial
 from autotune.harness.workload import ReplayRecords, WorkloadSpec, thread_busy_s
-from autotune.results import STATUSES, UNTRUSTED_STATUSES, TrialResult
+from autotune.results import STATUSES, UNTRUSTED_STATUSES, MeasurementVerdict, TrialResult
 from autotune.settle import Settling
 
 PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
@@ -82,13 +82,14 @@ def test_window_drift_compares_the_window_halves():
 
 def test_untrusted_statuses_are_statuses_and_round_trip():
     assert UNTRUSTED_STATUSES <= set(STATUSES)
-    r = TrialResult(status="client_bound", config={}, measurement={"client_busy": 0.99, "stream_interval": 16})
-    assert TrialResult.from_dict(r.to_dict()).measurement == {"client_busy": 0.99, "stream_interval": 16}
+    r = TrialResult(status="client_bound", config={}, measurement=MeasurementVerdict(client_busy=0.99, stream_interval=16))
+    assert r.to_dict()["measurement"] == {"client_busy": 0.99, "stream_interval": 16}
+    assert TrialResult.from_dict(r.to_dict()).measurement == MeasurementVerdict(client_busy=0.99, stream_interval=16)
 
 
 def test_a_stored_trial_is_read_back_through_one_reader():
     """``TrialResult.of``: what a study stored on a trial (``user_attrs["result"]``), None where it stored none."""
-    r = TrialResult(status="client_bound", config={"tp_size": 2}, gpus=[0, 1], measurement={"client_busy": 0.99})
+    r = TrialResult(status="client_bound", config={"tp_size": 2}, gpus=[0, 1], measurement=MeasurementVerdict(client_busy=0.99))
     stored = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, values=[0.0],
                                        user_attrs={"result": r.to_dict(), "status": r.status})
     assert TrialResult.of(stored) == r and TrialResult.of(stored).gpus_spanned == 2
@@ -151,12 +152,12 @@ def test_a_server_paced_faster_than_the_cpu_can_is_invalid_never_a_tok_s(env):
     result, phases = _trial(env, options={"speedup": 2000})
     assert result.status == "invalid_measurement", (result.status, result.reason)
     assert result.metrics is None and result.output_tok_s is None
-    assert result.measurement["stream_interval"] == 16 and result.measurement["sim_lag"] > LAG_LIMIT
-    assert result.measurement["first"]["status"] == "invalid_measurement"
+    assert result.measurement.stream_interval == 16 and result.measurement.sim_lag > LAG_LIMIT
+    assert result.measurement.first["status"] == "invalid_measurement"
     assert "also after re-measuring with --stream-interval 16" in result.reason
     assert any(p.startswith("re-measuring with --stream-interval 16") for p in phases)
     assert (env / "t" / "server.first.log").exists() and (env / "t" / "server.log").exists()
-    assert result.measurement["untrusted_tok_s"] > 0  # kept for diagnosis, never as the trial's figure
+    assert result.measurement.untrusted_tok_s > 0  # kept for diagnosis, never as the trial's figure
 
 
 @pytest.mark.slow
@@ -183,8 +184,8 @@ def test_a_saturated_client_is_client_bound_never_a_tok_s(env):
     result, _ = _trial(env, options={}, hook=burn)
     assert result.status == "client_bound", (result.status, result.reason)
     assert result.metrics is None
-    assert result.measurement["client_busy"] >= CLIENT_BUSY_LIMIT
-    assert result.measurement["first"]["status"] == "client_bound"
+    assert result.measurement.client_busy >= CLIENT_BUSY_LIMIT
+    assert result.measurement.first["status"] == "client_bound"
 
 
 @pytest.mark.slow
@@ -193,10 +194,10 @@ def test_a_normal_trial_measures_and_records_its_figures(env):
     result, phases = _trial(env, options={})
     assert result.status == "ok", result.reason
     assert result.metrics.output_tok_s > 0
-    assert result.measurement["sim_lag"] <= LAG_LIMIT and result.measurement["client_busy"] < CLIENT_BUSY_LIMIT
+    assert result.measurement.sim_lag <= LAG_LIMIT and result.measurement.client_busy < CLIENT_BUSY_LIMIT
     assert not any(p.startswith("re-measuring") for p in phases)
     # every trial records the share of its window's requests that re-sent a prompt (exact counts: the unit test)
-    assert 0.0 <= result.measurement["repeated_prompts"] <= 1.0
+    assert 0.0 <= result.measurement.repeated_prompts <= 1.0
 
 
 @pytest.mark.slow
@@ -209,8 +210,8 @@ def test_a_trial_records_its_slices_and_the_lengths_the_settle_rule_ran(env):
                        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
     result = run_trial(setup, {"speculative_algorithm": "NEXTN"}, trial_dir=env / "t")
     assert result.status == "ok", result.reason
-    settling = Settling.from_dict(result.measurement["settling"])
-    assert settling is not None and result.measurement["settled"] is settling.settled
+    settling = Settling.from_dict(result.measurement.settling)
+    assert settling is not None and result.measurement.settled is settling.settled
     lo, hi = settling.window
     assert settling.slice_s == pytest.approx(0.4) and len(settling.tok_s) == settling.warmup_slices + settling.window_slices
     assert lo >= 1.0 and hi - lo >= 2.0 and hi <= 4.0 + 8.0  # the floors at least, the caps (4 × floors) at most

@@ -101,7 +101,7 @@ def test_a_slow_but_alive_server_is_too_slow_not_crash(env):
                        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
     result = run_trial(setup, {}, trial_dir=env / "t")
     assert result.status == TOO_SLOW, (result.status, result.reason)
-    assert result.measurement["progress"]["prefill_batches"] >= 1 and "lengthen --window (and --warmup)" in result.reason
+    assert result.measurement.progress["prefill_batches"] >= 1 and "lengthen --window (and --warmup)" in result.reason
     assert result.metrics is None and result.output_tok_s is None and not _children()  # no "0 tok/s"
     assert TrialResult.from_dict(result.to_dict()).status == TOO_SLOW
 
@@ -120,7 +120,7 @@ def test_a_server_that_never_answers_is_too_slow_at_the_cap_plus_the_drain(env):
     result = run_trial(setup, {}, trial_dir=env / "t")
     assert result.status == TOO_SLOW, (result.status, result.reason)
     assert "held 4 of the 4 sent open without answering" in result.reason and "workload.measure_s" in result.reason
-    assert result.measurement["held_streams"] == 4 and result.metrics is None
+    assert result.measurement.held_streams == 4 and result.metrics is None
     replayed = result.durations_s["warmup"] + result.durations_s["measure"]
     assert replayed <= work.warmup_max_s + work.measure_max_s + DRAIN_S  # ended at its caps, not the server's pace
     assert not _children()

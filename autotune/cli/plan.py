@@ -53,6 +53,8 @@ def _render(data: dict, env: dict[str, str] | None = None) -> None:
     if env:
         summary.add_row("environment", " ".join(f"{k}={v}" for k, v in env.items()))
     summary.add_row("kv_tokens", f"{data['kv_tokens']:,}")
+    for name, text in lever_rows(extra):
+        summary.add_row(name, text)
     summary.add_row("modelled startup", f"{extra.get('startup_s', 0):.0f} s")
     if data["inert"]:
         summary.add_row("inert flags", ", ".join(data["inert"]))
@@ -68,6 +70,25 @@ def _render(data: dict, env: dict[str, str] | None = None) -> None:
         advice = inert_advice(data["message"], data["inert"])
         if advice:
             console.print(advice, markup=False)
+
+
+def lever_rows(extra: dict) -> list[tuple[str, str]]:
+    """What --enable-unified-memory and --speculative-adaptive did to this plan, one row each (none when unset)."""
+    rows = []
+    arena = extra.get("unified")
+    if arena:
+        rows.append(("unified arena", f"{arena['total_gib']:.2f} GiB shared by KV and Mamba state: "
+                                      f"{arena['tokens']:,} KV tokens with no state in it, one state displaces "
+                                      f"{arena['state_tokens']:,} (kv_tokens above is SGLang's boot label)"))
+    adaptive = extra.get("adaptive")
+    if adaptive:
+        slots = ", ".join(f"bs≥{k}: {v['candidate_steps']}" for k, v in adaptive["slots"].items())
+        rows.append(("adaptive steps", f"starts at {adaptive['initial_steps']} ({slots}); buffers and Mamba "
+                                       f"scratch for D={adaptive['max_draft_tokens']}"))
+    for note in extra.get("warnings") or []:
+        if str(note).startswith(("speculative_adaptive disabled", "--enable-unified-memory:")):
+            rows.append(("lever note", str(note)))
+    return rows
 
 
 def inert_advice(message: str, inert: list[str]) -> str | None:

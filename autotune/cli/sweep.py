@@ -22,7 +22,7 @@ from autotune.search.scaleout.workers import on_gpus, run_workers, with_launcher
 from autotune.search.stopping import stop_line
 from autotune.search.sweep import run_sweep
 from autotune.search.views.gpus import render_gpus
-from autotune.search.views.summary import SweepSummary
+from autotune.search.views.summary import BaselineEntry, SweepSummary, TrialEntry
 from autotune.sglang.flags import FlagTable
 
 
@@ -34,14 +34,14 @@ def _tok(value: float | None) -> str:
     return f"{value:,.0f} tok/s" if value is not None else "n/a"
 
 
-def _score(entry: dict[str, Any] | None, multi: bool) -> str:
+def _score(entry: TrialEntry | BaselineEntry | None, multi: bool) -> str:
     """A trial's tok/s, and, in a study whose servers span several GPUs, its per-GPU score and GPU count."""
     if not entry:
         return "n/a"
-    text = _tok(entry.get("output_tok_s"))
-    if multi and entry.get("tok_s_per_gpu") is not None:
-        gpus = entry.get("gpus") or 1
-        text += f" on {gpus} GPU{'s' if gpus > 1 else ''}, {entry['tok_s_per_gpu']:,.0f} tok/s per GPU"
+    text = _tok(entry.output_tok_s)
+    if multi and entry.tok_s_per_gpu is not None:
+        gpus = entry.gpus or 1
+        text += f" on {gpus} GPU{'s' if gpus > 1 else ''}, {entry.tok_s_per_gpu:,.0f} tok/s per GPU"
     return text
 
 
@@ -61,26 +61,25 @@ def render(summary: SweepSummary) -> str:
     multi = bool(summary.multi_gpu)
     if multi:
         lines.append("  ranked by tok/s per GPU (a server's tok/s ÷ the GPUs it spans)")
-    if base.get("failed"):
-        lines.append(f"  baseline {base['failed']}")
+    if base.failed:
+        lines.append(f"  baseline {base.failed}")
     else:
-        search = " (its search run: far behind the leader, not relaunched)" if base.get("from_search") else ""
-        lines.append(f"  baseline (trial {base['trial']}): {_score(base, multi)}{search}")
+        search = " (its search run: far behind the leader, not relaunched)" if base.from_search else ""
+        lines.append(f"  baseline (trial {base.trial}): {_score(base, multi)}{search}")
     for e in summary.enqueued:
-        lines.append(f"  {e['label']} (trial {e['trial']}): {_score(e, multi)}")
+        lines.append(f"  {e.label} (trial {e.trial}): {_score(e, multi)}")
     if best:
-        ci = (f" (95 % CI {best['ci_low']:,.0f}–{best['ci_high']:,.0f})"
-              if best.get("ci_low") is not None else "")
-        lines.append(f"  winner: trial {best['trial']}: {_score(best, multi)}{ci}")
-        flags = " ".join(FlagTable.bundled().to_argv(best["params"] or {}))  # store-true flags bare, as SGLang wants
+        ci = f" (95 % CI {best.ci_low:,.0f}–{best.ci_high:,.0f})" if best.ci_low is not None else ""
+        lines.append(f"  winner: trial {best.trial}: {_score(best, multi)}{ci}")
+        flags = " ".join(FlagTable.bundled().to_argv(best.params or {}))  # store-true flags bare, as SGLang wants
         lines.append(f"    {flags}")
         gain_ci = summary.gain_ci
         ci = f" (95 % CI {gain_ci[0]:.2f}–{gain_ci[1]:.2f}×)" if gain_ci and gain_ci[0] is not None else ""
         lines.append(f"  gain over baseline: {_x(summary.gain_over_baseline)}{ci}")
-        if best.get("numerics"):  # the winner changes outputs: its probe's figures, before anyone applies it
-            lines.append(f"  {best['numerics']}")
-        if best.get("worst_case"):  # the stress phase: peak, retractions, survived (or the failure, or none ran)
-            lines.append(f"  {best['worst_case']}")
+        if best.numerics:  # the winner changes outputs: its probe's figures, before anyone applies it
+            lines.append(f"  {best.numerics}")
+        if best.worst_case:  # the stress phase: peak, retractions, survived (or the failure, or none ran)
+            lines.append(f"  {best.worst_case}")
     elif summary.outcome == "no_baseline":
         lines.append("  winner: none, no measured baseline to compare with (nothing to apply)")
     elif summary.outcome == "baseline" and summary.above_baseline:  # measured above, not crowned
@@ -90,18 +89,18 @@ def render(summary: SweepSummary) -> str:
     else:
         lines.append("  winner: none (nothing to apply)")
     for other in summary.unexpected or ():  # another finalist whose outputs changed though no table flag did
-        lines.append(f"  trial {other['trial']}: {other['line']}")
+        lines.append(f"  trial {other.trial}: {other.line}")
     if summary.job:
         lines.append(f"  {summary.job['line']}")
     defaults = summary.defaults
-    if defaults and defaults.get("output_tok_s") and best:
-        lines.append(f"  gain over SGLang 0.5.23 defaults ({_tok(defaults['output_tok_s'])}, {defaults['how']}): "
+    if defaults and defaults.output_tok_s and best:
+        lines.append(f"  gain over SGLang 0.5.23 defaults ({_tok(defaults.output_tok_s)}, {defaults.how}): "
                      f"{_x(summary.gain_over_defaults)}")
-    elif defaults and defaults.get("output_tok_s"):
-        lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept): {_tok(defaults['output_tok_s'])}, {defaults['how']}")
+    elif defaults and defaults.output_tok_s:
+        lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept): {_tok(defaults.output_tok_s)}, {defaults.how}")
     elif defaults:
-        why = f"{defaults.get('status') or 'failed'}" + (f": {defaults['reason']}" if defaults.get("reason") else "")
-        lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept) failed, {defaults['how']}: {why}; "
+        why = f"{defaults.status or 'failed'}" + (f": {defaults.reason}" if defaults.reason else "")
+        lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept) failed, {defaults.how}: {why}; "
                      "no gain over defaults")
     stop = stop_line(summary.search_stop)
     if stop:  # the budget spent, or the rule that stopped the search before it

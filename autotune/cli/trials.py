@@ -15,7 +15,7 @@ from rich.table import Table
 
 from autotune.config import load_config
 from autotune.config.studyref import resolve_config
-from autotune.results import TrialResult, fidelity_summary, granted_line, numerics_line
+from autotune.results import FidelityFigures, TrialResult, fidelity_summary, granted_line, numerics_line
 from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned, open_study, per_gpu
 from autotune.search.space import config_diff
@@ -42,7 +42,8 @@ def rows(study) -> list[dict[str, Any]]:
         role = t.user_attrs.get("role", "")
         label = t.user_attrs.get("label")
         rate = confirmed_rate(conf, t.number, gpus_spanned(stored) if stored else 1)  # (median, interval) | None
-        if ((verdict.stat(t.number) if verdict is not None else None) or {}).get("from_search"):
+        stat = verdict.stat(t.number) if verdict is not None else None
+        if stat is not None and stat.from_search:
             rate = None  # a baseline far behind the leader: its search run stood in, nothing was confirmed
         fidelity = contender_fidelity(stored.fidelity if stored else None, conf, t.number)
         out.append({
@@ -58,7 +59,7 @@ def rows(study) -> list[dict[str, Any]]:
             "mamba_slots": cap and cap.mamba_slots, "peak_gib": gpu and gpu.peak_used_gib,
             # The fidelity probe's figures against the reference config ("" when outputs cannot differ): the
             # contender probe of its first confirmation run where it ran one (``search.numerics``).
-            "numerics": fidelity_summary(fidelity), "fidelity": fidelity,
+            "numerics": fidelity_summary(fidelity), "fidelity": fidelity.to_dict() if fidelity else None,
             "reason": t.user_attrs.get("reason"),
             # the confirmed winner, and each confirmed trial's median server tok/s (the figure the crown rests on)
             "winner": t.number == winner, "confirmed_tok_s": rate and rate[0],
@@ -124,8 +125,9 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
                       fmt(r["peak_gib"], ".1f"), r["numerics"])
     Console(width=max(Console().width, 160, natural_width(table))).print(table)  # every column whole
     for r in data:  # a contender whose outputs differ though no output-changing flag did: one line each
-        if (r["fidelity"] or {}).get("unexpected"):
-            click.echo(f"trial {r['number']}: {numerics_line(r['fidelity'])}")
+        figures = FidelityFigures.from_dict(r["fidelity"])
+        if figures is not None and figures.unexpected:
+            click.echo(f"trial {r['number']}: {numerics_line(figures)}")
     conf = study.user_attrs.get("confirmation") or {}
     for r in data:  # the stress phase's verdict on each stressed config (the winner's, or why it has none)
         if r["worst_case"] or r["winner"]:

@@ -36,8 +36,9 @@ def confirmed_figures(confirmation: Mapping[str, Any], verdict: Verdict, trial: 
     """Trial ``trial``'s figures from the confirmation (``result``: its search result, for a trial never confirmed)."""
     launched = [launch_tok_s(run) for run in confirmation.get("runs") or () if run.get("trial") == trial]
     runs = [float(v) for v in launched if v]  # a failed launch has no figure
-    stat = verdict.stat(trial) or {}
-    rate = None if stat.get("from_search") else confirmed_rate(dict(confirmation), trial, gpus_spanned(result))
+    stat = verdict.stat(trial)
+    rate = None if stat is not None and stat.from_search else confirmed_rate(confirmation, trial,
+                                                                              gpus_spanned(result))
     winner = verdict.winner_trial == trial
     if rate is not None:
         tok_s: float | None = rate[0]

@@ -164,7 +164,7 @@ def _refill_s(result: TrialResult) -> float | None:
     metrics = result.metrics
     if metrics is None or not metrics.itl_ms.p99:
         return None
-    interval = (result.measurement or {}).get("stream_interval")
+    interval = result.measurement.stream_interval if result.measurement else None
     steps = interval if isinstance(interval, int) and interval > 0 else 1
     per_chunk = max(1.0, metrics.accept_length or 1.0) * steps
     return round(2 * metrics.itl_ms.p99 / 1000 * per_chunk, 4)

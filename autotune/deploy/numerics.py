@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import StudyError
-from autotune.results import differing_flags
+from autotune.results import FidelityFigures, differing_flags
 
 __all__ = ["NumericsRefused", "check_numerics", "numerics_block"]
 
@@ -57,19 +57,21 @@ def numerics_block(winner: Any) -> dict[str, Any] | None:
         changes = changes_numerics(winner.config, winner.baseline_config,
                                    defaults=_defaults(winner.settings, winner.model))
     except Exception as exc:  # noqa: BLE001 - a value the table cannot read: say so, never pass silently
-        return {"changes": [], "fidelity": winner.result.fidelity, "limits": {}, "problem": f"cannot compare: {exc}"}
+        return {"changes": [], "fidelity": _stored(winner.result.fidelity), "limits": {},
+                "problem": f"cannot compare: {exc}"}
     limits = _limits(winner.settings)
     fidelity = winner.result.fidelity
     problem = None
-    unexpected = bool(fidelity and fidelity.get("unexpected"))  # no table flag changed, yet its outputs did
+    unexpected = bool(fidelity and fidelity.unexpected)  # no table flag changed, yet its outputs did
     if changes or unexpected:
         flags = ", ".join(f"--{c.flag.replace('_', '-')} {c.value}" for c in changes) or differing_flags(fidelity)
-        if not fidelity or fidelity.get("role") != "probe" or fidelity.get("error"):
-            why = f" (the probe failed: {fidelity['error']})" if fidelity and fidelity.get("error") else ""
+        if not fidelity or not fidelity.probed or fidelity.error:
+            why = f" (the probe failed: {fidelity.error})" if fidelity and fidelity.error else ""
             problem = f"trial {winner.trial} changes outputs against the baseline ({flags}) and no fidelity probe measured how much{why}"
         else:
-            broken = [f"{figure} {fidelity.get(figure)} (limit {op} {limit:g})"
-                      for (figure, op, limit), v in zip(limits.limits(), limits.violations(fidelity), strict=True)
+            figures = fidelity.to_dict()
+            broken = [f"{figure} {figures.get(figure)} (limit {op} {limit:g})"
+                      for (figure, op, limit), v in zip(limits.limits(), limits.violations(figures), strict=True)
                       if v > 0]
             if broken:
                 what = (f"changed its outputs unexpectedly (it differs from the baseline in {flags}, none of them a "
@@ -78,7 +80,7 @@ def numerics_block(winner: Any) -> dict[str, Any] | None:
     return {
         "changes": [c.to_dict() for c in changes],
         "unexpected": unexpected,
-        "fidelity": fidelity,
+        "fidelity": _stored(fidelity),
         "limits": {k: v for k, v in limits.model_dump().items()
                    if k in ("min_prefix_match", "max_mean_abs_logprob_delta", "min_exact_share") and v is not None},
         "problem": problem,
@@ -94,3 +96,8 @@ def check_numerics(winner: Any, *, accept: bool = False) -> dict[str, Any] | Non
     if block is not None:
         block["accepted"] = bool(block.get("problem")) and accept
     return block
+
+
+def _stored(fidelity: FidelityFigures | None) -> dict[str, Any] | None:
+    """The probe's figures as provenance stores them (plain data)."""
+    return fidelity.to_dict() if fidelity is not None else None

@@ -38,6 +38,8 @@ from typing import Any
 
 import httpx
 
+from autotune.results import FidelityFigures
+
 __all__ = [
     "DEFAULT_PROMPTS", "DEFAULT_TOKENS", "FidelityProbe", "ProbeError", "ProbeOutput", "Reference", "choose_prompts",
     "compare", "generate_outputs", "outputs_differ", "run_probe", "verdict",
@@ -241,9 +243,9 @@ def compare(reference: Sequence[ProbeOutput], outputs: Sequence[ProbeOutput], to
     }
 
 
-def outputs_differ(figures: Mapping[str, Any]) -> bool:
+def outputs_differ(figures: Mapping[str, Any] | FidelityFigures) -> bool:
     """The probe's rule for "the outputs differ": some prompt's N greedy tokens are not all the reference's."""
-    exact = figures.get("exact_share")
+    exact = figures.exact_share if isinstance(figures, FidelityFigures) else figures.get("exact_share")
     return exact is None or exact < 1.0
 
 
@@ -255,7 +257,7 @@ def verdict(figures: Mapping[str, Any], differs: Sequence[Mapping[str, Any]]) ->
             "differs": [dict(d) for d in differs]}
 
 
-def run_probe(base_url: str, probe: FidelityProbe, *, trial_dir: Path | None = None) -> dict[str, Any]:
+def run_probe(base_url: str, probe: FidelityProbe, *, trial_dir: Path | None = None) -> FidelityFigures:
     """Probe the server at ``base_url``: record the reference, or compare with it. Returns the figures stored as
     ``TrialResult.fidelity`` and writes the outputs to ``trial_dir/fidelity.json``. Raises ``ProbeError``."""
     t0 = time.monotonic()
@@ -280,4 +282,4 @@ def run_probe(base_url: str, probe: FidelityProbe, *, trial_dir: Path | None = N
         Path(trial_dir).mkdir(parents=True, exist_ok=True)
         (Path(trial_dir) / "fidelity.json").write_text(json.dumps(
             {**figures, "outputs": [o.to_dict() for o in outputs]}, separators=(",", ":")) + "\n")
-    return figures
+    return FidelityFigures.from_dict(figures) or FidelityFigures()

@@ -20,6 +20,7 @@ from autotune.harness.files import writing
 from autotune.harness.setup import PhaseCallback
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.launch import ServerHandle
+from autotune.results import FidelityFigures
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -80,11 +81,11 @@ def _probe(server, probe: FidelityProbe, trial_dir: Path, durations: dict[str, f
     except ProbeError as exc:
         durations["probe"] = round(time.monotonic() - t0, 3)
         return {"status": "probe_error", "reason": f"fidelity probe: {exc}",
-                "fidelity": {"role": "reference" if probe.records else "probe", "error": str(exc),
-                             "changes": [dict(c) for c in probe.changes], "prompts": len(probe.prompts),
-                             "tokens": probe.tokens}}
+                "fidelity": FidelityFigures(role="reference" if probe.records else "probe", error=str(exc),
+                                            changes=tuple(probe.changes), prompts=len(probe.prompts),
+                                            tokens=probe.tokens)}
     durations["probe"] = round(time.monotonic() - t0, 3)
     if not server.alive:  # the probe's requests took the server down: that is this config's outcome too
         return {"status": "probe_error", "reason": "fidelity probe: the server exited during the probe",
-                "fidelity": {**figures, "error": "the server exited during the probe"}}
+                "fidelity": dataclasses.replace(figures, error="the server exited during the probe")}
     return {"fidelity": figures}

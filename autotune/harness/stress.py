@@ -36,7 +36,7 @@ from autotune.harness.workload import ENDPOINTS, RequestRecord, SseStream, reque
 from autotune.launch import ServerHandle
 from autotune.prompts import PromptRow
 from autotune.prompts.rows import estimate_tokens
-from autotune.results import Capacity
+from autotune.results import Capacity, StressResult
 
 DEFAULT_CAP_S = 180.0  # the phase's longest run: a real GPU reaches a full KV pool in minutes, the sim in seconds
 REACHED = 0.95  # a pool counts as at its predicted peak at this share of it (page rounding, the last few tokens)
@@ -66,50 +66,6 @@ class StressTarget:
     mamba_slots: int | None
     planned_peak_gib: float | None = None
     overflows: bool = False  # the running batch needs more KV than the pool holds: SGLang must retract  # the planner's peak for this config (static + a full prefill chunk)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StressResult:
-    """The stress phase's verdict: ``survived`` unless the server died (``failure``: ``runtime_oom``, ``crash``)."""
-
-    survived: bool
-    failure: str | None = None  # the engine's failure kind when the server died
-    reason: str | None = None  # the log line that decided it
-    ended: str = ""  # "peak reached" | "all requests done" | "cap reached" | "server exited" | "interrupted"
-    duration_s: float = 0.0
-    requests: int = 0
-    running_cap: int | None = None
-    completed: int = 0
-    errors: int = 0
-    max_tokens: int = 0
-    prompt_tokens_max: int = 0
-    prompt_tokens_mean: float = 0.0
-    peak_used_gib: float | None = None
-    total_gib: float | None = None
-    planned_peak_gib: float | None = None
-    retractions: int = 0
-    kv_peak_tokens: int | None = None  # the most KV tokens the scheduler logged in use
-    kv_target_tokens: int | None = None
-    mamba_peak_slots: int | None = None
-    mamba_target_slots: int | None = None
-    running_peak: int | None = None
-    prefill_peak_tokens: int | None = None  # the largest prefill batch the scheduler logged
-    prefill_target_tokens: int | None = None
-    reached_peak: bool = False
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> StressResult | None:
-        if not data:
-            return None
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
-    @property
-    def interrupted(self) -> bool:
-        return self.ended == "interrupted"
 
 
 def stress_line(data: Mapping[str, Any] | StressResult | None) -> str | None:
@@ -246,7 +202,7 @@ class StressStep:
         t0 = time.monotonic()
         result = run_stress(server, launch, rows, target, cap_s=self.cap_s)
         launch.durations["stress"] = round(time.monotonic() - t0, 3)
-        return {"stress": result.to_dict()}
+        return {"stress": result}
 
 
 def run_stress(server: ServerHandle, launch: Launch, rows: Sequence[tuple[PromptRow, int]], target: StressTarget,

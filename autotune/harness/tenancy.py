@@ -62,7 +62,7 @@ class Occupancy:
         return self.held_gib > self.floor_gib
 
     def to_dict(self) -> dict[str, Any]:
-        """What a trial records as ``measurement["device_at_launch"]`` (the planner reads ``others_gib``)."""
+        """What a trial records as ``measurement.device_at_launch`` (the planner reads ``others_gib``)."""
         data = asdict(self)
         data["holders"] = [asdict(h) for h in self.holders]
         return {**data, "others_gib": self.others_gib, "held_gib": self.held_gib}

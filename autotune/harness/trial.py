@@ -49,7 +49,7 @@ from autotune.harness.workload import (
 from autotune.launch import Launcher, LaunchSpec, ServerExited, ServerHandle, ServerStartTimeout
 from autotune.launch.process import cleanup_orphans, free_port
 from autotune.launch.registry import make_launcher
-from autotune.results import TOO_SLOW, UNTRUSTED_STATUSES, Capacity, GpuPeaks, TrialResult
+from autotune.results import TOO_SLOW, UNTRUSTED_STATUSES, Capacity, GpuPeaks, MeasurementVerdict, TrialResult
 from autotune.sglang.envs import env_strings
 
 DEFAULT_CONCURRENCY = 64  # when the server did not report its effective max running requests
@@ -170,8 +170,9 @@ def run_trial(
                 {"reason": first.reason, "stream_interval": interval})
     result = _run_once(setup, {**config, "stream_interval": interval}, trial_dir=trial_dir, probe=probe, hooks=hooks,
                        misfit=misfit, after=after)
-    measurement = {**(result.measurement or {}), "stream_interval": interval,
-                   "first": {"status": first.status, "reason": first.reason, **(first.measurement or {})}}
+    first_figures = first.measurement.to_dict() if first.measurement else {}
+    measurement = dataclasses.replace(result.measurement or MeasurementVerdict(), stream_interval=interval,
+                                      first={"status": first.status, "reason": first.reason, **first_figures})
     reason = result.reason
     if result.status in UNTRUSTED_STATUSES:
         reason = f"{result.reason}; also after re-measuring with --stream-interval {interval}"
@@ -411,13 +412,13 @@ def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords
         why = no_tokens(records.requests, log_since, records.probes, window_s=metrics.window_s, options=options)
         if why[0] == TOO_SLOW:  # no figure of this config: the window measured nothing (no "0 tok/s" is shown)
             out["metrics"] = None
-        return {**out, "status": why[0], "reason": why[1], "measurement": why[2]}
+        return {**out, "status": why[0], "reason": why[1], "measurement": MeasurementVerdict.from_dict(why[2])}
     rejected = rejections(records.requests)
-    out["measurement"] = {**figures, "stream_interval": int(server_stream_interval(info) or 1),
-                          **({"rejected": rejected} if rejected else {})}
+    # An untrusted figure measured the CPU: it stays out of ``metrics`` (only here, for diagnosis).
+    out["measurement"] = MeasurementVerdict.from_dict({
+        **figures, "stream_interval": int(server_stream_interval(info) or 1), "rejected": rejected or None,
+        "untrusted_tok_s": metrics.output_tok_s if status is not None else None})
     if status is not None:
-        # Not a tok/s: the figure measured the CPU, so it stays out of ``metrics`` (only here, for diagnosis).
-        out["measurement"]["untrusted_tok_s"] = metrics.output_tok_s
         return {**out, "metrics": None, "status": status, "reason": reason}
     if rejected is not None and dominated(rejected):  # a tok/s of the requests it served; the rest named
         return {**out, "status": "ok", "reason": rejection_line(rejected)}

@@ -32,36 +32,7 @@ from autotune.harness.trial import (
 )
 from autotune.harness.workload import ReplayRecords, metrics_from_records, replay
 from autotune.launch import ServerHandle
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Window:
-    """One extra window of a launch (the launch's first window stays in the result's ``metrics``). ``index``: 2 for
-    the first extra window; ``status``: ``ok``, or why its figure is not trusted (then ``output_tok_s`` is None)."""
-
-    index: int
-    status: str
-    output_tok_s: float | None
-    tok_s_per_gpu: float | None
-    output_tokens: int
-    window_s: float
-    settled: bool | None  # the settle rule met before its caps (``autotune.settle``)
-    first_pass: int  # the pass markers this window sent: first_pass … last_pass
-    last_pass: int
-    reason: str | None = None
-    measurement: dict[str, Any] = dataclasses.field(default_factory=dict)  # slices, client_busy, sim_lag, drift
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok" and self.output_tok_s is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Window:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+from autotune.results import Window
 
 
 def passes_sent(path: Path) -> int:
@@ -86,7 +57,7 @@ class WindowsStep:
     def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> dict[str, Any]:
         concurrency = launch.workload.concurrency or auto_concurrency(fields.get("capacity"))
         next_pass = passes_sent(launch.trial_dir / "records.jsonl") + 1
-        windows: list[dict[str, Any]] = []
+        windows: list[Window] = []
         t0 = time.monotonic()
         try:
             for index in range(2, self.count + 2):
@@ -96,13 +67,13 @@ class WindowsStep:
                     records.write_jsonl(launch.trial_dir / f"records-window-{index}.jsonl")
                 ended = _ended_early(server, launch.engine, records)
                 if ended is not None:  # interrupted, or the server died in this window: the launch's outcome
-                    return {**ended, "windows": windows}
+                    return {**ended, "windows": tuple(windows)}
                 window = window_of(records, index, next_pass, self.span)
-                windows.append(window.to_dict())
+                windows.append(window)
                 next_pass = window.last_pass + 1
         finally:
             launch.durations["windows"] = round(time.monotonic() - t0, 3)
-        return {"windows": windows}
+        return {"windows": tuple(windows)}
 
     @staticmethod
     def _replay(server: ServerHandle, launch: Launch, concurrency: int, first_pass: int) -> ReplayRecords:

@@ -22,7 +22,7 @@ import pandas as pd
 
 from autotune.config.sections import NumericsLimits
 from autotune.harness.fidelity import outputs_differ
-from autotune.results import TrialResult, fidelity_summary
+from autotune.results import FidelityFigures, TrialResult, fidelity_summary
 from autotune.search.confirm.decision import Verdict
 from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned, per_gpu
@@ -105,11 +105,17 @@ def numerics_limits(config: Mapping[str, Any]):
         return NumericsLimits()
 
 
-def trial_fidelity(trial: optuna.trial.FrozenTrial, confirmation: Mapping[str, Any] | None) -> dict[str, Any]:
+def trial_fidelity(trial: optuna.trial.FrozenTrial, confirmation: Mapping[str, Any] | None) -> FidelityFigures | None:
     """What is known of a trial's outputs against the baseline: its contender probe in the confirmation where it
-    ran one, else its search launch's probe (``search.numerics.contender_fidelity``); {} when neither."""
+    ran one, else its search launch's probe (``search.numerics.contender_fidelity``); None when neither."""
     result = TrialResult.of(trial)
-    return contender_fidelity(result.fidelity if result else None, confirmation, trial.number) or {}
+    return contender_fidelity(result.fidelity if result else None, confirmation, trial.number)
+
+
+def _probe_figure(fidelity: FidelityFigures | None, figure: str) -> float:
+    """A probe's figure, NaN where the trial was not probed or the figure is absent."""
+    value = getattr(fidelity, figure) if fidelity is not None and fidelity.probed else None
+    return float(value) if value is not None else math.nan
 
 
 def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = None,
@@ -124,8 +130,9 @@ def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = No
     complete = trial.state == optuna.trial.TrialState.COMPLETE
     feasible = complete and status == "ok" and not violated
     fidelity = trial_fidelity(trial, confirmation)
-    probed = fidelity.get("role") == "probe"
-    over_numerics = bool(probed and limits is not None and any(v > 0 for v in limits.violations(fidelity)))
+    probed = fidelity is not None and fidelity.probed
+    over_numerics = bool(probed and limits is not None and fidelity is not None
+                         and any(v > 0 for v in limits.violations(fidelity.to_dict())))
     if status == "ok" and violated:  # measured, but over a latency SLO: not a candidate winner
         outcome, group = "violates SLO", "slo"
         if over_numerics:
@@ -158,13 +165,12 @@ def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = No
         "e2e_p99_ms": attr_or_nan(metrics.e2e_ms, "p99") if metrics else math.nan,
         "accept_length": attr_or_nan(metrics, "accept_length"),
         # The fidelity probe against the reference config (``harness.fidelity``); NaN where not probed.
-        "outputs_differ": bool(probed and not fidelity.get("error") and outputs_differ(fidelity)),
-        "outputs_unexpected": bool(probed and fidelity.get("unexpected")),  # though no table flag changed
-        "numerics": fidelity_summary(fidelity or None),
-        "prefix_match": float(fidelity["prefix_match_mean"]) if probed and fidelity.get("prefix_match_mean") is not None else math.nan,
-        "exact_share": float(fidelity["exact_share"]) if probed and fidelity.get("exact_share") is not None else math.nan,
-        "logprob_delta": (float(fidelity["mean_abs_logprob_delta"])
-                          if probed and fidelity.get("mean_abs_logprob_delta") is not None else math.nan),
+        "outputs_differ": bool(fidelity and probed and not fidelity.error and outputs_differ(fidelity)),
+        "outputs_unexpected": bool(fidelity and probed and fidelity.unexpected),  # though no table flag changed
+        "numerics": fidelity_summary(fidelity),
+        "prefix_match": _probe_figure(fidelity, "prefix_match_mean"),
+        "exact_share": _probe_figure(fidelity, "exact_share"),
+        "logprob_delta": _probe_figure(fidelity, "mean_abs_logprob_delta"),
         "over_numerics_limit": over_numerics,
         "planner_note": planner_note(plan) if status in ("skipped_infeasible", "startup_oom") else "",
         "reason": (result.reason if result else None) or trial.user_attrs.get("reason") or "",

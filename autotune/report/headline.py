@@ -61,9 +61,9 @@ def _launches(confirmation: Mapping[str, Any], number: int | None) -> int:
     run stood in: none; a confirmation not finished: none, the headline shows search figures then)."""
     verdict = confirmed(confirmation)
     stats = verdict.stat(number) if verdict is not None else None
-    if not stats or stats.get("from_search"):
+    if not stats or stats.from_search:
         return 0
-    return int(stats.get("runs") or 0) - int(stats.get("failed") or 0)
+    return stats.runs - stats.failed
 
 
 def gain(study: optuna.Study, headline: pd.DataFrame) -> dict[str, Any]:
@@ -113,20 +113,20 @@ def confirmed_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
     if verdict is None:
         return pd.DataFrame(columns=columns)
     by_trial = frame.set_index("trial")
-    base = verdict.stat(verdict.baseline_trial) or {}
+    base = verdict.stat(verdict.baseline_trial)
     rows = []
     for key, stats in verdict.stats.items():
         number = int(key)
         info = by_trial.loc[number] if number in by_trial.index else None
         gpus = int(info["gpus"]) if info is not None and "gpus" in info and info["gpus"] == info["gpus"] else 1
         rate = confirmed_rate(confirmation, number, gpus)
-        if rate is None or stats.get("from_search"):
+        if rate is None or stats.from_search:
             continue
         low, high = rate[1] or (math.nan, math.nan)
         rows.append({"trial": number, "label": info["label"] if info is not None else "",
                      "role": info["role"] if info is not None else "", "confirmed_tok_s": rate[0],
                      "tok_s_low": low, "tok_s_high": high, "launches": _launches(confirmation, number),
-                     "vs_baseline": stats["median"] / base["median"] if base.get("median") else math.nan})
+                     "vs_baseline": (stats.median or math.nan) / base.median if base and base.median else math.nan})
     return pd.DataFrame(rows, columns=columns).sort_values("confirmed_tok_s", ascending=False, ignore_index=True)
 
 

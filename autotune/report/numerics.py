@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 
 from autotune.report import data
-from autotune.results import differing_flags
+from autotune.results import FidelityFigures, differing_flags, flag_list
 
 COLUMNS = ["trial", "label", "outcome", "tok_s", "changes", "prefix_match", "tokens", "exact_share", "logprob_delta",
            "within_limit"]
@@ -27,10 +27,10 @@ EXPLAIN = ("A trial whose config changes an output-changing flag against the bas
            "unexpectedly. Trials without a row here cannot change outputs, or matched the baseline's.")
 
 
-def _changes(fidelity: dict[str, Any]) -> str:
-    if fidelity.get("unexpected"):  # the contender probe's catch: no table flag explains it
+def _changes(fidelity: FidelityFigures) -> str:
+    if fidelity.unexpected:  # the contender probe's catch: no table flag explains it
         return f"{differing_flags(fidelity)} (no flag known to change outputs, yet its outputs changed unexpectedly)"
-    return ", ".join(f"--{c['flag'].replace('_', '-')} {c['value']}" for c in fidelity.get("changes") or [])
+    return flag_list(fidelity.changes)
 
 
 def numerics_frame(frame: pd.DataFrame, study: Any) -> pd.DataFrame:
@@ -40,18 +40,18 @@ def numerics_frame(frame: pd.DataFrame, study: Any) -> pd.DataFrame:
     rows = []
     for _, info in frame.iterrows():
         fidelity = data.trial_fidelity(by_number[info["trial"]], study.user_attrs.get("confirmation"))
-        if fidelity.get("role") != "probe" or not (fidelity.get("changes") or fidelity.get("unexpected")):
+        if fidelity is None or not fidelity.probed or not (fidelity.changes or fidelity.unexpected):
             continue  # a contender probe that found the baseline's outputs has nothing to show here
-        if fidelity.get("error"):
+        if fidelity.error:
             verdict = "probe failed"
         elif not limits.limits():
             verdict = "no limit set"
         else:
-            verdict = "no" if any(v > 0 for v in limits.violations(fidelity)) else "yes"
+            verdict = "no" if any(v > 0 for v in limits.violations(fidelity.to_dict())) else "yes"
         rows.append({"trial": int(info["trial"]), "label": info["label"], "outcome": info["outcome"],
                      "tok_s": info["tok_s"], "changes": _changes(fidelity),
-                     "prefix_match": fidelity.get("prefix_match_mean"), "tokens": fidelity.get("tokens"),
-                     "exact_share": fidelity.get("exact_share"), "logprob_delta": fidelity.get("mean_abs_logprob_delta"),
+                     "prefix_match": fidelity.prefix_match_mean, "tokens": fidelity.tokens,
+                     "exact_share": fidelity.exact_share, "logprob_delta": fidelity.mean_abs_logprob_delta,
                      "within_limit": verdict})
     return pd.DataFrame(rows, columns=COLUMNS)
 

@@ -1,4 +1,4 @@
-"""Each measured trial's per-slice throughput (``TrialResult.measurement["settling"]``): the report's stability strip.
+"""Each measured trial's per-slice throughput (``TrialResult.measurement.settling``): the report's stability strip.
 
 A trial's figure is the mean of its window's slices (``autotune.settle``); the strip shows every slice against
 that mean, so a wavy or still-rising load is visible beside the number it produced, and an unsettled trial (never
@@ -11,7 +11,7 @@ import optuna
 import pandas as pd
 
 from autotune.results import TrialResult
-from autotune.settle import Settling
+from autotune.settle import settling_of
 
 STABILITY_SECTION = (  # the page's title and explanation of the strip
     "Stability of each measurement",
@@ -28,7 +28,7 @@ def stability_frame(study: optuna.Study) -> pd.DataFrame:
     rows = []
     for trial in study.get_trials(deepcopy=False):
         result = TrialResult.of(trial)
-        settling = Settling.from_dict((result.measurement or {}).get("settling")) if result is not None else None
+        settling = settling_of(result.measurement if result is not None else None)
         if settling is None or not settling.tok_s:
             continue
         lo, hi = settling.warmup_slices, settling.warmup_slices + settling.window_slices

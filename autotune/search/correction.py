@@ -14,7 +14,7 @@ learned, each from what a trial reports and nothing else:
   ``−planned headroom − OOM_MARGIN_GIB`` when the fit says otherwise.
 
 Nothing is learned from a launch that did not have the device to itself (``shared_launch``: others held more than
-the idle floor at launch, as ``measurement["device_at_launch"]`` records), nor from an OOM whose logged free memory
+the idle floor at launch, as ``measurement.device_at_launch`` records), nor from an OOM whose logged free memory
 is further below the plan's than any planner error goes (``tenant_oom``): both measure a tenant, not the plan.
 
 ``predict`` applies both; a config the corrected planner now expects to fit is launched even when the
@@ -233,9 +233,9 @@ class CorrectedFeasibility(Feasibility):
 
 def shared_launch(result: TrialResult) -> bool:
     """The trial launched while other processes held more than the idle floor of its GPU (recorded by the sweep
-    in ``measurement["device_at_launch"]``): its capacity, peak and OOM are the tenant's, not the plan's."""
-    seen = (result.measurement or {}).get("device_at_launch")
-    if not isinstance(seen, dict):
+    in ``measurement.device_at_launch``): its capacity, peak and OOM are the tenant's, not the plan's."""
+    seen = result.measurement.device_at_launch if result.measurement else None
+    if not isinstance(seen, Mapping):
         return False  # older trials and runners without a device: as before
     held = seen.get("held_gib", seen.get("others_gib"))
     return held is not None and float(held) > float(seen.get("floor_gib") or 0.0)

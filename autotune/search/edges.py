@@ -83,7 +83,8 @@ def reported_prompt_tokens(trials: list[FrozenTrial]) -> dict[int, int]:
     (``records.jsonl`` rows' ``prompt_tokens``: SGLang's ``meta_info`` / ``usage``); a line sent again carries a
     pass marker, so its smallest count is its own. Empty when no baseline recorded any."""
     for t in trials:
-        where = (t.user_attrs.get("result") or {}).get("trial_dir")
+        result = TrialResult.of(t)
+        where = result.trial_dir if result is not None else None
         if t.user_attrs.get("role") == "baseline" and t.state == TrialState.COMPLETE and where:
             found = _records_prompt_tokens(str(Path(where) / "records.jsonl"))
             if found:

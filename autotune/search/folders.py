@@ -25,6 +25,7 @@ import optuna
 
 from autotune.config import StudyConfig
 from autotune.redaction import redact_url
+from autotune.results import TrialResult
 from autotune.search.storage.liveness import flocked
 
 IDENTITY_ATTR = "files"  # study user attr: {"id", "study_id", "storage", "created"}
@@ -71,7 +72,8 @@ def _holds_our_trials(study: optuna.Study, folder: Path) -> bool:
     """Whether the study's stored results point into ``folder`` (a study from before identities, resumed)."""
     root = folder.resolve()
     for t in study.get_trials(deepcopy=False):
-        where = (t.user_attrs.get("result") or {}).get("trial_dir")
+        result = TrialResult.of(t)
+        where = result.trial_dir if result is not None else None
         if where and root in Path(where).resolve().parents:
             return True
     return False

@@ -32,7 +32,7 @@ from autotune.config import StudyConfig
 from autotune.config.sections import UNSET
 from autotune.errors import ConfigError
 from autotune.harness.fidelity import FidelityProbe, Reference, choose_prompts
-from autotune.results import TrialResult
+from autotune.results import FidelityFigures, TrialResult
 from autotune.sglang.numerics import NumericsChange, changes_numerics, numerics_flag
 
 REFERENCE_FILE = "numerics-reference.json"
@@ -104,15 +104,15 @@ def constraint_entries(cfg: StudyConfig, result: TrialResult) -> list[float]:
     limits = cfg.objective.numerics
     if result.status != "ok":
         return [0.0] * len(limits.limits())
-    return limits.violations(result.fidelity)
+    return limits.violations(result.fidelity.to_dict() if result.fidelity else None)
 
 
 def record_reference(study: Any, result: TrialResult) -> None:
     """Keep the reference's path and sha256 with the study when ``result``'s launch recorded it."""
-    fidelity = result.fidelity or {}
-    if fidelity.get("role") == "reference" and isinstance(fidelity.get("reference"), dict) and not fidelity.get("error"):
-        study.set_user_attr(REFERENCE_ATTR, {**fidelity["reference"], "prompts": fidelity.get("prompts"),
-                                             "tokens": fidelity.get("tokens")})
+    fidelity = result.fidelity
+    if fidelity and fidelity.role == "reference" and isinstance(fidelity.reference, Mapping) and not fidelity.error:
+        study.set_user_attr(REFERENCE_ATTR, {**fidelity.reference, "prompts": fidelity.prompts,
+                                             "tokens": fidelity.tokens})
 
 
 class ProbePlanner:
@@ -215,13 +215,14 @@ def flag_differences(config: Mapping[str, Any], reference: Mapping[str, Any]) ->
     return [{"flag": k, "value": a.get(k), "reference": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def confirmation_figures(confirmation: Mapping[str, Any] | None, number: int) -> dict[str, Any] | None:
+def confirmation_figures(confirmation: Mapping[str, Any] | None, number: int) -> FidelityFigures | None:
     """The fidelity figures of trial ``number``'s first confirmation run (its contender probe), None if none ran."""
     for run in (confirmation or {}).get("runs") or ():
         if run.get("trial") == number and run.get("repeat") == 0:
             fidelity = (run.get("result") or {}).get("fidelity")
-            if isinstance(fidelity, dict) and fidelity.get("role") == "probe":
-                return fidelity
+            figures = FidelityFigures.from_dict(fidelity) if isinstance(fidelity, Mapping) else None
+            if figures is not None and figures.probed:
+                return figures
     return None
 
 
@@ -230,21 +231,21 @@ def unexpected_contenders(confirmation: Mapping[str, Any] | None) -> list[int]:
     out: list[int] = []
     for run in (confirmation or {}).get("runs") or ():
         number = run.get("trial")
-        if run.get("repeat") == 0 and number not in out and (confirmation_figures(confirmation, number) or {}).get(
-                "unexpected"):
+        figures = confirmation_figures(confirmation, number) if run.get("repeat") == 0 else None
+        if figures is not None and figures.unexpected and number not in out:
             out.append(number)
     return out
 
 
-def contender_fidelity(searched: Mapping[str, Any] | None, confirmation: Mapping[str, Any] | None,
-                       number: int) -> dict[str, Any] | None:
+def contender_fidelity(searched: FidelityFigures | None, confirmation: Mapping[str, Any] | None,
+                       number: int) -> FidelityFigures | None:
     """What is known of trial ``number``'s outputs against the baseline: its confirmation probe when that measured,
     else its search launch's figures (a table flag's probe, or the reference), else a confirmation probe's error."""
     confirmed = confirmation_figures(confirmation, number)
-    if confirmed is not None and not confirmed.get("error"):
+    if confirmed is not None and not confirmed.error:
         return confirmed
-    if searched and (searched.get("role") != "reference" or confirmed is None):
-        return dict(searched)
+    if searched and (searched.role != "reference" or confirmed is None):
+        return searched
     return confirmed
 
 
@@ -262,10 +263,10 @@ def contender_result(result: TrialResult, confirmation: Mapping[str, Any] | None
     return dataclasses.replace(result, fidelity=contender_fidelity(result.fidelity, confirmation, number))
 
 
-def without_reference(failed: TrialResult) -> dict[str, Any]:
+def without_reference(failed: TrialResult) -> FidelityFigures:
     """A confirmation run's fidelity when the reference could not be recorded: said, never a silent pass."""
-    return {"role": "probe", "error": f"no reference outputs: the baseline's reference launch ended {failed.status}"
-            + (f" ({failed.reason})" if failed.reason else "")}
+    return FidelityFigures(role="probe", error=f"no reference outputs: the baseline's reference launch ended "
+                           f"{failed.status}" + (f" ({failed.reason})" if failed.reason else ""))
 
 
 def missing_reference(result: TrialResult, config: Mapping[str, Any]) -> TrialResult:
@@ -274,5 +275,5 @@ def missing_reference(result: TrialResult, config: Mapping[str, Any]) -> TrialRe
         TrialResult(status="probe_error", config=dict(config), engine=result.engine),
         reason=f"fidelity probe: no reference outputs: the baseline's reference launch ended {result.status}"
                + (f" ({result.reason})" if result.reason else ""),
-        fidelity={"role": "probe", "error": "no reference outputs"},
+        fidelity=FidelityFigures(role="probe", error="no reference outputs"),
     )

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from autotune.results import MeasurementVerdict
 from autotune.settle import Settler, SettleRule, Settling, half_width
 
 MIN_SLICES = 5  # window slices before a prune: fewer carry no interval worth trusting (``half_width`` needs 3)
@@ -68,7 +68,7 @@ class PruningSettler(Settler):
                         half_width=half_width(window), reason=reason)
 
 
-def pruned(measurement: dict[str, Any] | None) -> bool:
+def pruned(measurement: MeasurementVerdict | None) -> bool:
     """Whether a trial's ``measurement`` is a pruned window (``settling_figures`` stores the settling there)."""
-    settling = (measurement or {}).get("settling") or {}
+    settling = (measurement.settling if measurement else None) or {}
     return str(settling.get("reason") or "").startswith(PRUNED)

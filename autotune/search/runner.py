@@ -27,7 +27,7 @@ from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.launch.gpulocks import GpuLocks, Stopped, lock_dir
 from autotune.launch.registry import make_launcher
-from autotune.results import TrialResult
+from autotune.results import MeasurementVerdict, TrialResult
 from autotune.search.folders import fresh, study_folder
 from autotune.search.numerics import (
     REFERENCE_ATTR,
@@ -183,11 +183,11 @@ class HarnessRunner:
 
 
 def with_device(result: TrialResult, seen: Occupancy | None) -> TrialResult:
-    """``result`` with what the GPU held by others at launch in ``measurement["device_at_launch"]``."""
+    """``result`` with what the GPU held by others at launch in ``measurement.device_at_launch``."""
     if seen is None:
         return result
-    measurement = {**(result.measurement or {}), "device_at_launch": seen.to_dict()}
-    return TrialResult.from_dict({**result.to_dict(), "measurement": measurement})
+    measurement = dataclasses.replace(result.measurement or MeasurementVerdict(), device_at_launch=seen.to_dict())
+    return dataclasses.replace(result, measurement=measurement)
 
 
 class CheckedRunner:

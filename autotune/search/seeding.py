@@ -38,8 +38,8 @@ def launches(trials: list[FrozenTrial]) -> list[FrozenTrial]:
         status = t.user_attrs.get("status")
         if t.state not in (TrialState.COMPLETE, TrialState.FAIL) or status in NOT_LAUNCHED:
             continue
-        result = t.user_attrs.get("result") or {}
-        if status == "bad_args" and result.get("trial_dir") and "startup" not in (result.get("durations_s") or {}):
+        result = TrialResult.of(t)
+        if status == "bad_args" and result is not None and result.trial_dir and "startup" not in result.durations_s:
             continue
         out.append(t)
     return out
@@ -48,20 +48,22 @@ def launches(trials: list[FrozenTrial]) -> list[FrozenTrial]:
 def launch_key(trial: FrozenTrial) -> str:
     """The config a trial launched (its stored launch key; older studies: the key of its result's config)."""
     key = trial.user_attrs.get("launch_key")
-    return key if key is not None else key_of((trial.user_attrs.get("result") or {}).get("config") or {})
+    result = TrialResult.of(trial)
+    return key if key is not None else key_of(result.config if result is not None else {})
 
 
 def unsettled(trial: FrozenTrial) -> bool:
     """Whether the trial's window reached its cap before the settle rule was met (``autotune.settle``): its figure
     is recorded and learnt from, but never crowned."""
-    measurement = (trial.user_attrs.get("result") or {}).get("measurement") or {}
-    return measurement.get("settled") is False
+    result = TrialResult.of(trial)
+    return result is not None and result.measurement is not None and result.measurement.settled is False
 
 
 def window_pruned(trial: FrozenTrial) -> bool:
     """Whether the trial's window was pruned (``pruning``: stopped clearly below the best so far): unsettled, and
     no contender nor a gain left unconfirmed."""
-    return pruned((trial.user_attrs.get("result") or {}).get("measurement"))
+    result = TrialResult.of(trial)
+    return pruned(result.measurement if result is not None else None)
 
 
 def finished(trials: list[FrozenTrial]) -> list[FrozenTrial]:

@@ -9,7 +9,7 @@ What is queued and recovered is ``seeding``'s; the values and constraints ``obje
 ``runner``'s (``HarnessRunner``); opening the study ``objective.open_study``'s, its storage ``storage``'s.
 
 A trial launches only on a GPU other processes do not hold (``harness.tenancy``, checked at the sweep's start and
-before every launch; what the device held is recorded in ``measurement["device_at_launch"]``, and the planner learns
+before every launch; what the device held is recorded in ``measurement.device_at_launch``, and the planner learns
 nothing from a shared launch). A failed write (trial files, the study database) fails the trial as ``write_error``
 and stops the sweep with one ``DiskError`` line (``diskguard``).
 """

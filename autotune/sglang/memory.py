@@ -12,7 +12,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autotune.sglang import adaptive as adaptive_spec
+from autotune.sglang import memory_levers as levers
 from autotune.sglang import memory_steps as step
+from autotune.sglang import unified
 from autotune.sglang.args import (
     PlanFailure,
     PlanStop,
@@ -65,7 +68,8 @@ class MemoryPlan:
 
 
 SPEC_SUBFLAGS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-                 "speculative_draft_model_path", "speculative_draft_kv_cache_dtype")
+                 "speculative_draft_model_path", "speculative_draft_kv_cache_dtype", "speculative_adaptive",
+                 "speculative_adaptive_config")
 MAMBA_FLAGS = ("max_mamba_cache_size", "mamba_full_memory_ratio", "mamba_ssm_dtype", "mamba_radix_cache_strategy",
                "mamba_track_interval", "enable_linear_replayssm_spec")
 NEVER_READ = ("num_continuous_decode_steps",)  # accepted by 0.5.23, read by nothing (no reader in the 0.5.23 source tree; docs/sglang-memory.md)
@@ -77,7 +81,8 @@ PLANNER_FLAGS = (
     "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "kv_cache_dtype",
     "cuda_graph_max_bs_decode", "cuda_graph_bs_decode", "cuda_graph_max_bs_prefill", "cuda_graph_bs_prefill",
     "disable_cuda_graph", "disable_decode_cuda_graph", "disable_prefill_cuda_graph", "cuda_graph_backend_decode",
-    "cuda_graph_backend_prefill", "context_length", "enable_linear_replayssm_spec",
+    "cuda_graph_backend_prefill", "context_length", "enable_linear_replayssm_spec", "speculative_adaptive",
+    "speculative_adaptive_config", "enable_unified_memory",
 )
 _COERCED = PLANNER_FLAGS + ("tp_size", "pp_size", "dp_size", "attn_dp_size", "mamba_track_interval",
                             "max_prefill_tokens")
@@ -112,6 +117,9 @@ class _Trace:
     cap: step.RunningCap | None = None
     graphs: step.Graphs | None = None
     headroom: step.Headroom | None = None
+    adaptive: adaptive_spec.AdaptiveSpec | None = None  # --speculative-adaptive's controller, when kept
+    arena: unified.Arena | None = None  # --enable-unified-memory's buffer, when accepted
+    notes: list[str] = field(default_factory=list)  # the levers' warnings (adaptive dropped, FULL prefill graph off)
 
 
 def plan(model: ModelProfile, gpu: GpuProfile, flags: Mapping[str, Any], *, free_gib: float | None = None,
@@ -146,19 +154,32 @@ def _chain(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], t: _Trace, f
            env: Mapping[str, str] | None) -> None:
     """Run the steps in SGLang's order, recording each; ``PlanStop`` ends the chain where SGLang stops."""
     step.check_parallel(model, t.start)
+    f, t.adaptive, dropped = adaptive_spec.resolve(f, t.start.attn_dp)
+    t.notes += dropped
     t.spec = sp = step.spec(model, f)
     t.layout = lay = step.layout(model, gpu, f, sp, env)
+    limited = unified.check(model, f, algorithm=sp.algorithm if sp.on else None, topk=sp.topk,
+                            backend=lay.attention_backend, attn_tp=t.start.attn_tp)
+    if limited:  # the FULL prefill graph backend is turned off rather than refused
+        t.notes += limited
+        f = {**f, "cuda_graph_backend_prefill": "disabled"}
+    uni = bool(f.get("enable_unified_memory")) and model.has_mamba
     t.sizes = sz = step.sizes(model, gpu, f, t.start, sp, lay)
     r = step.Resolved(start=t.start, spec=sp, layout=lay, sizes=sz)
     t.weights = w = step.weights(model, f, r, workspace_offset_gib=fix.workspace_offset_gib)
     step.check_weights(w, r)
-    t.mamba = m = step.mamba_pool(model, f, r, w)
+    t.mamba = m = levers.scratch_allocation(model, f, r, step.mamba_pool(model, f, r, w), adaptive=t.adaptive,
+                                            unified=uni)
     step.check_rest(w, m, r)
     t.kv = kv = step.kv_pool(model, f, r, m)
     step.check_kv(kv, r)
+    if uni:
+        t.arena, kv = levers.unified_arena(f, r, m, kv)
+        t.kv = kv
     t.cap = cap = step.running_cap(f, r, m, kv)
     step.check_running(cap, m, r)
-    t.graphs = g = step.graphs(r, cap, graph_scale=fix.graph_scale)
+    t.graphs = g = levers.adaptive_graphs(step.graphs(r, cap, graph_scale=fix.graph_scale), r, t.adaptive,
+                                          graph_scale=fix.graph_scale)
     t.headroom = h = step.headroom(model, r, w, m, kv, g, activation_scale=fix.activation_scale)
     step.check_headroom(h, r, g, gpu)
 
@@ -195,6 +216,8 @@ def _extra(t: _Trace, f: Mapping[str, Any]) -> dict[str, Any]:
         ex["kv_cell_bytes"] = t.kv.cell_bytes
     if t.cap:
         ex["binding"] = t.cap.binding
+    ex["adaptive"] = t.adaptive.to_dict() if t.adaptive else None
+    ex["unified"] = t.arena.to_dict() if t.arena else None
     if t.graphs and t.weights and t.headroom:
         g, w, h = t.graphs, t.weights, t.headroom
         static = s.cuda_context_gib + h.static_gib + g.gib
@@ -224,7 +247,7 @@ def _gib(t: _Trace) -> MemoryGiB:
 
 
 def _assemble(t: _Trace, f: Mapping[str, Any], failure: PlanFailure | None, message: str | None) -> MemoryPlan:
-    warnings = [*(t.spec.warnings if t.spec else ()), *(t.kv.warnings if t.kv else ()),
+    warnings = [*t.notes, *(t.spec.warnings if t.spec else ()), *(t.kv.warnings if t.kv else ()),
                 *(t.cap.warnings if t.cap else ())]
     if message is None and warnings:
         message = next((w for w in warnings if "capped" in w or "reduced" in w), warnings[0])
@@ -249,7 +272,8 @@ def _typed(dest: str, value: Any) -> Any:
 
 def _signature(p: MemoryPlan) -> tuple[Any, ...]:
     keys = ("ratio", "strategy", "overlap", "radix_cache", "draft_tokens", "spec_steps", "spec_topk", "page_size",
-            "attention_backend", "chunked_prefill_size", "decode_graph_bs", "prefill_graph_tokens", "context_len")
+            "attention_backend", "chunked_prefill_size", "decode_graph_bs", "prefill_graph_tokens", "context_len",
+            "adaptive", "unified")
     return (p.failure, p.mem_fraction_static, p.max_mamba_cache_size, p.max_running_requests, p.kv_tokens,
             tuple(round(v, 6) for v in asdict(p.gib).values()), tuple(str(p.extra.get(k)) for k in keys))
 

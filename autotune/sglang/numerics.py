@@ -146,6 +146,12 @@ NOT_NUMERICS: dict[str, str] = {
     "schedule_policy": "scheduling only: the order waiting requests are admitted in",
     "disable_radix_cache": "prefix reuse only: a cache hit skips recomputing the same prefix at the same precision",
     "mamba_radix_cache_strategy": "prefix reuse only: where Mamba states are checkpointed, not their precision",
+    "speculative_adaptive": "speculation depth only: steps chosen per batch size move the acceptance and the speed; "
+                            "the target still verifies every draft token, so greedy tokens are the same (see "
+                            "speculative_*)",
+    "enable_unified_memory": "memory layout only: the same KV cache and Mamba state, in the same dtypes, stored in one "
+                             "arena and read through a virtual-to-physical table (FP4 KV, the one precision change it "
+                             "could meet, is refused with it)",
     "max_mamba_cache_size": "memory only: how many Mamba state slots exist",
     "mamba_full_memory_ratio": "memory only: the split between Mamba state and KV cache",
     "mem_fraction_static": "memory only: how much of the GPU the pools take",

@@ -131,6 +131,10 @@ def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
                      help="CUDA-graph memory is this multiple of the planner's")
     sim.add_argument("--sim-decode-efficiency", type=_positive_float, default=1.0,
                      help="achieved bandwidth/compute share is this multiple of the speed model's")
+    sim.add_argument("--sim-unified-efficiency", type=_positive_float, default=1.0,
+                     help="and a further multiple of it with --enable-unified-memory (translation, compaction)")
+    sim.add_argument("--sim-adaptive-efficiency", type=_positive_float, default=1.0,
+                     help="and a further multiple of it with --speculative-adaptive (state swaps, the EMA's lag)")
     sim.add_argument("--sim-speedup", type=_positive_float, default=1.0,
                      help="pace the modelled clock this many times faster than real time (tests and benchmarks: a "
                           "rate the host's CPU cannot pace, which the harness must refuse)")

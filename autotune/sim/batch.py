@@ -22,7 +22,10 @@ class RunningBatch:
 
     def __init__(self, limits: SchedulerLimits):
         self.limits = limits
-        self._d = limits.draft_tokens if limits.spec else 1
+        # D the KV reservation uses: SGLang reserves for max_speculative_num_draft_tokens (under adaptive the largest
+        # candidate + 1); ``_cycle_d`` is what one verify actually runs.
+        self._d = (limits.adaptive.max_draft_tokens if limits.adaptive else limits.draft_tokens) if limits.spec else 1
+        self._adaptive_d: dict[tuple[int, float], int] = {}
         self._page = max(1, limits.page_size)
         self.chunked: ReqState | None = None  # the request whose prompt is split across prefill steps
         self._cycles = 0  # decode cycles so far; a running request's verify count is cycles since it entered
@@ -54,6 +57,29 @@ class RunningBatch:
         if self.chunked is not None:
             used += -(-(self.chunked.done_prefill + self.chunked.cached) // page) * page
         return used - self._shared()
+
+    def _kv_cap(self) -> int:
+        """KV tokens the requests may hold: the KV pool; under --enable-unified-memory the shared arena less the
+        Mamba states held in it (busy requests' slots and the cached states they lock), which float against it.
+        Evictable cached tokens and states count as room, as the KV pool's evictable prefixes do."""
+        lim = self.limits
+        if lim.arena_tokens is None:
+            return lim.kv_tokens
+        busy = self._n + (self.chunked is not None)
+        locked = self.cache.locked_states if self.cache is not None else 0
+        return lim.arena_tokens - (busy * lim.mamba_slots_per_req + locked) * lim.state_tokens
+
+    def _cycle_d(self) -> int:
+        """Tokens per request of the next verify: D; under --speculative-adaptive the steps + 1 the running batch's
+        slot settles on at the batch's mean acceptance (``sglang.adaptive.AdaptiveSpec.steps_for``)."""
+        ad, n = self.limits.adaptive, self._n
+        if ad is None or not n:
+            return self._d
+        alpha = round(float(np.exp(-1.0 / self._inv_nla[:n]).mean()), 3)
+        d = self._adaptive_d.get((n, alpha))
+        if d is None:
+            d = self._adaptive_d[(n, alpha)] = ad.steps_for(n, self.limits.graph_bs, alpha) + 1
+        return d
 
     def _shared(self) -> int:
         return self.cache.shared_tokens if self.cache is not None else 0
@@ -143,7 +169,17 @@ class RunningBatch:
         cache, lim = self.cache, self.limits
         if not cache.evictable_tokens and not cache.evictable_states:
             return
-        over = self.kv_used_tokens() + cache.evictable_tokens - lim.kv_tokens
+        over = self.kv_used_tokens() + cache.evictable_tokens - self._kv_cap()
+        if lim.arena_tokens is not None:  # one arena: an evictable state's bytes are KV tokens too; LRU leaf by leaf
+            over += cache.evictable_states * lim.state_tokens
+            while over > 0 and (cache.evictable_tokens or cache.evictable_states):
+                tokens, states = cache.evictable_tokens, cache.evictable_states
+                cache.evict(tokens=1, states=1)
+                freed = tokens - cache.evictable_tokens + (states - cache.evictable_states) * lim.state_tokens
+                if not freed:
+                    break
+                over -= freed
+            return
         states_over = 0
         if lim.hybrid:
             busy = self._n + (self.chunked is not None)

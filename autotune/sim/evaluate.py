@@ -160,7 +160,7 @@ def evaluate(
                              cpu_s=time.process_time() - cpu0)
     sched = Scheduler.from_plan(mp, model_p, gpu_p, noise=noise, seed=seed, emit=False,
                                 track_interval=config.get("mamba_track_interval"),
-                                efficiency=deviation.decode_efficiency if deviation is not None else 1.0)
+                                efficiency=deviation.efficiency(mp.extra) if deviation is not None else 1.0)
     loop = _ClosedLoop(sched, workload, seed=seed, acceptance=acceptance, output_mean=output_mean,
                        output_dist=output_dist, concurrency=workload.concurrency or 2 * sched.limits.max_running_requests)
     status, reason = loop.run()

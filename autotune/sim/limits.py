@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import ConfigError
+from autotune.sglang.adaptive import AdaptiveSpec
 
 __all__ = ["SchedulerLimits", "SchedulerStats", "largest_graph_bs"]
 
@@ -44,6 +45,10 @@ class SchedulerLimits:
     radix_cache: bool = False  # SGLang's prefix cache (on unless --disable-radix-cache)
     mamba_track_interval: int | None = None  # extra_buffer strategies: a Mamba state saved every N tokens
     tracking_slots: int | None = None  # extra_buffer's tracking copies per request (None: read from ``ratio``)
+    graph_bs: tuple[int, ...] = ()  # the captured decode batch sizes (a batch pads to one before its adaptive slot)
+    adaptive: AdaptiveSpec | None = None  # --speculative-adaptive: steps chosen per batch size (D is then the max)
+    arena_tokens: int | None = None  # --enable-unified-memory: KV tokens the shared arena holds with no Mamba state
+    state_tokens: int = 0  # KV tokens one Mamba state displaces in that arena
 
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "kv_tokens", "page_size", "draft_tokens", "decode_log_interval"):
@@ -72,6 +77,9 @@ class SchedulerLimits:
         extra_buffer = str(extra.get("strategy") or "").startswith("extra_buffer")
         spec = bool(extra.get("spec"))
         oom = extra.get("runtime_oom_tokens")
+        adaptive = AdaptiveSpec.from_dict(extra["adaptive"]) if spec and extra.get("adaptive") else None
+        arena = extra.get("unified") or {}
+        graph_bs = extra.get("decode_graph_bs")
         return cls(
             max_running_requests=int(plan.max_running_requests),
             kv_tokens=int(plan.kv_tokens),
@@ -88,6 +96,9 @@ class SchedulerLimits:
             radix_cache=bool(extra.get("radix_cache")),
             mamba_track_interval=int(track_interval or 256) if extra_buffer else None,
             tracking_slots=None if extra.get("tracking_slots") is None else int(extra["tracking_slots"]),
+            graph_bs=tuple(int(b) for b in graph_bs) if isinstance(graph_bs, list | tuple) else (),
+            adaptive=adaptive, arena_tokens=int(arena["tokens"]) if arena else None,
+            state_tokens=int(arena.get("state_tokens") or 0),
         )
 
 

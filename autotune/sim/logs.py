@@ -130,6 +130,20 @@ def kv_pool(dtype: str, tokens: int, k_gib: float, v_gib: float) -> str:
     return f"KV Cache is allocated. dtype: {dtype}, #tokens: {tokens}, K size: {gb(k_gib)} GB, V size: {gb(v_gib)} GB"
 
 
+def unified_pool(total_bytes: int) -> str:
+    """``--enable-unified-memory``'s buffer (``UnifiedKVPool.__init__``, unified_memory_pool.py L567-575)."""
+    return (f"[unified-memory-pool] UnifiedKVPool allocated: total_bytes={total_bytes / 2**30:.2f} GB "
+            f"(={total_bytes} B), 2 sub-pool(s)")
+
+
+def adaptive_init(adaptive: dict[str, Any]) -> str:
+    """``AdaptiveSpeculativeParams.__init__`` (adaptive_spec_params.py L296-303): the first slot's steps."""
+    first = min(adaptive["slots"], key=int)
+    cands = adaptive["slots"][first]["candidate_steps"]
+    steps = adaptive["initial_steps"] if adaptive["initial_steps"] in cands else cands[len(cands) // 2]
+    return f"AdaptiveSpeculativeParams initialized: steps={steps}, candidate_steps={cands}"
+
+
 def pool_end(avail_gib: float) -> str:
     return f"Memory pool end. avail mem={gb(avail_gib)} GB"
 
@@ -356,6 +370,8 @@ def pool_lines(st: Any) -> list[str]:
     lines.append(kv_pool(dtype, plan.kv_tokens, target_kv / 2, target_kv / 2))
     if draft_share:
         lines.append(kv_pool(dtype, plan.kv_tokens, g.kv * draft_share / 2, g.kv * draft_share / 2))
+    if plan.extra.get("unified"):
+        lines.append(unified_pool(int(plan.extra["unified"]["total_bytes"])))
     lines.append(pool_end(st.pre_gib - st.pools_gib))
     return lines
 
@@ -393,6 +409,8 @@ def graph_lines(st: Any, *, fail: bool) -> list[str]:
             lines += [capture_begin(phase, detail, avail),
                       capture_end(phase, decode_bs(max_bs), cg[phase.replace(" ", "_")], use, avail - use)]
             avail -= use
+    if x.get("adaptive"):
+        lines.append(adaptive_init(x["adaptive"]))
     return lines
 
 def ready_lines(st: Any) -> list[str]:

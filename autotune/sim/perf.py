@@ -85,19 +85,9 @@ class PerfModel:
         p = params
         bw = p.eta_bw * p.bandwidth
         # Decode cycle = const + per_req·B + per_ctx·Σcontext bytes, and flops_per_req·B FLOPs.
-        if self.spec:
-            d, n_d = self.draft_tokens, self.draft_passes
-            self._bytes_const = p.weight_bytes + n_d * p.draft_weight_bytes
-            self._bytes_per_req = (3 + d) * p.mamba_slot_bytes + d * p.kv_cell_bytes
-            self._bytes_per_ctx = p.kv_cell_bytes + n_d * p.draft_cell_bytes
-            self._flops_per_req = d * p.flops_per_token + n_d * p.draft_flops_per_token
-            self._overhead = p.overhead_spec_s
-        else:
-            self._bytes_const = p.weight_bytes
-            self._bytes_per_req = 2 * p.mamba_slot_bytes
-            self._bytes_per_ctx = p.kv_cell_bytes
-            self._flops_per_req = p.flops_per_token
-            self._overhead = p.overhead_s
+        self._coefs: dict[int, tuple[float, float, float, float, float]] = {}
+        (self._bytes_const, self._bytes_per_req, self._bytes_per_ctx, self._flops_per_req,
+         self._overhead) = self._cycle(self.draft_tokens)
         self._inv_bw = 1.0 / bw
         self._inv_flops = 1.0 / (p.eta_compute * p.peak_flops)
         self._inv_bw_ideal = 1.0 / p.bandwidth
@@ -109,31 +99,51 @@ class PerfModel:
         self._jitter_pos = 0
 
     # -- decode -------------------------------------------------------------------------------------------
-    def decode_bytes_flops(self, batch: int, context_tokens: float) -> tuple[float, float]:
-        """Bytes moved and FLOPs of one decode (or verify) cycle for ``batch`` requests."""
-        nbytes = self._bytes_const + batch * self._bytes_per_req + context_tokens * self._bytes_per_ctx
-        return nbytes, batch * self._flops_per_req
+    def _cycle(self, d: int) -> tuple[float, float, float, float, float]:
+        """(bytes per cycle, per request, per context token, FLOPs per request, overhead) of a cycle verifying
+        ``d`` tokens per request after ``d − 1`` draft passes (a plain decode without speculative decoding).
+        ``--speculative-adaptive`` moves ``d`` per batch size; its ``d = 1`` is a verify of one token."""
+        if d in self._coefs:
+            return self._coefs[d]
+        p = self.params
+        if self.spec:
+            n_d = d - 1
+            coefs = (p.weight_bytes + n_d * p.draft_weight_bytes, (3 + d) * p.mamba_slot_bytes + d * p.kv_cell_bytes,
+                     p.kv_cell_bytes + n_d * p.draft_cell_bytes, d * p.flops_per_token + n_d * p.draft_flops_per_token,
+                     p.overhead_spec_s)
+        else:
+            coefs = (p.weight_bytes, 2 * p.mamba_slot_bytes, p.kv_cell_bytes, p.flops_per_token, p.overhead_s)
+        self._coefs[d] = coefs
+        return coefs
 
-    def decode_roofline_s(self, batch: int, context_tokens: float) -> float:
+    def decode_bytes_flops(self, batch: int, context_tokens: float, d: int | None = None) -> tuple[float, float]:
+        """Bytes moved and FLOPs of one decode (or verify) cycle for ``batch`` requests (``d``: its tokens per
+        request when not the configured D)."""
+        const, per_req, per_ctx, flops, _ = self._cycle(d) if d else self._cycle(self.draft_tokens)
+        return const + batch * per_req + context_tokens * per_ctx, batch * flops
+
+    def decode_roofline_s(self, batch: int, context_tokens: float, d: int | None = None) -> float:
         """The ideal time (η = 1, no overhead): no real GPU is faster."""
-        nbytes, flops = self.decode_bytes_flops(batch, context_tokens)
+        nbytes, flops = self.decode_bytes_flops(batch, context_tokens, d)
         return max(nbytes * self._inv_bw_ideal, flops * self._inv_flops_ideal)
 
-    def decode_s(self, batch: int, context_tokens: float, *, graph: bool = True) -> float:
+    def decode_s(self, batch: int, context_tokens: float, *, graph: bool = True, d: int | None = None) -> float:
         """Modelled time of one decode cycle; ``context_tokens`` is Σ over the batch of tokens held in KV."""
-        nbytes, flops = self.decode_bytes_flops(batch, context_tokens)
-        t = self._overhead + max(nbytes * self._inv_bw, flops * self._inv_flops)
+        nbytes, flops = self.decode_bytes_flops(batch, context_tokens, d)
+        t = self._cycle(d or self.draft_tokens)[4] + max(nbytes * self._inv_bw, flops * self._inv_flops)
         if not graph:
             t += self.params.eager_extra_s
         if self.noise:
-            t = max(t * self._factor(), self.decode_roofline_s(batch, context_tokens))
+            t = max(t * self._factor(), self.decode_roofline_s(batch, context_tokens, d))
         return t
 
-    def decode_s_many(self, batch: int, contexts: np.ndarray, *, graph: bool = True) -> np.ndarray:
+    def decode_s_many(self, batch: int, contexts: np.ndarray, *, graph: bool = True,
+                      d: int | None = None) -> np.ndarray:
         """``decode_s`` for consecutive cycles of one batch, bit for bit (same arithmetic, same noise draws)."""
-        nbytes = (self._bytes_const + batch * self._bytes_per_req) + contexts * self._bytes_per_ctx
-        flops = batch * self._flops_per_req
-        t = np.maximum(nbytes * self._inv_bw, flops * self._inv_flops) + self._overhead
+        const, per_req, per_ctx, flops_req, overhead = self._cycle(d or self.draft_tokens)
+        nbytes = (const + batch * per_req) + contexts * per_ctx
+        flops = batch * flops_req
+        t = np.maximum(nbytes * self._inv_bw, flops * self._inv_flops) + overhead
         if not graph:
             t += self.params.eager_extra_s
         if self.noise:

@@ -134,7 +134,7 @@ class Scheduler(RunningBatch):
         # SGLang holds back new_token_ratio × what running requests may still generate (optimistic on purpose:
         # when it is wrong, decode retracts and the ratio goes up).
         left = np.minimum(self._slack[:n] + self._left[:n], CLIP_MAX_NEW_TOKENS).sum() if n else 0.0
-        free = lim.kv_tokens - self.kv_used_tokens() - float(left) * self.new_token_ratio
+        free = self._kv_cap() - self.kv_used_tokens() - float(left) * self.new_token_ratio
         batch: list[tuple[ReqState, int]] = []
         if self.chunked is not None:
             r = self.chunked
@@ -238,7 +238,7 @@ class Scheduler(RunningBatch):
         n = self._n
         if n == 0:
             return StepResult(0.0, "idle", log_lines=lines)
-        lim, d = self.limits, self._d
+        lim, d, dc = self.limits, self._d, self._cycle_d()
         if d > 1 and self._expo_pos + n > len(self._expo):
             self._expo = self._rng.standard_exponential(1 << 16)
             self._expo_pos = 0
@@ -248,7 +248,7 @@ class Scheduler(RunningBatch):
         if d > 1:  # accepted drafts = floor(E·c), P(≥ j) = α^j; tokens = min(accepted + 1, D)
             new = self._expo[self._expo_pos:self._expo_pos + k * n].reshape(k, n) * self._inv_nla[:n]
             new += 1.0
-            np.minimum(new, d, out=new)
+            np.minimum(new, dc, out=new)
             np.floor(new, out=new)
         else:
             new = np.ones((k, n))
@@ -265,10 +265,10 @@ class Scheduler(RunningBatch):
         ends = None
         if k > 1:  # each cycle's time from its own starting context, summed in order as stepping would
             starts = self._ctx_sum + np.concatenate(([0.0], np.cumsum(row_tokens[:-1])))
-            ends = np.cumsum(np.concatenate(([self.clock], self.perf.decode_s_many(n, starts, graph=graph))))[1:]
+            ends = np.cumsum(np.concatenate(([self.clock], self.perf.decode_s_many(n, starts, graph=graph, d=dc))))[1:]
             now = float(ends[-1])
         else:
-            now = self.clock + self.perf.decode_s(n, self._ctx_sum, graph=graph)
+            now = self.clock + self.perf.decode_s(n, self._ctx_sum, graph=graph, d=dc)
         left -= new.sum(axis=0)
         # Every request in the previous cycle last got tokens when it ended; only entrants since differ.
         gaps: float | np.ndarray
@@ -314,7 +314,7 @@ class Scheduler(RunningBatch):
         for every one of them, and within the current block of acceptance draws."""
         lim, n, d, page = self.limits, self._n, self._d, self._page
         k = min(max_cycles, lim.decode_log_interval - self._cycles % lim.decode_log_interval)
-        room = lim.kv_tokens - self._ctx_sum + self._shared() - n * (page - 1 + d)
+        room = self._kv_cap() - self._ctx_sum + self._shared() - n * (page - 1 + d)
         k = min(k, int(room // (n * d)) + 1)
         if d > 1:
             k = min(k, (len(self._expo) - self._expo_pos) // n)
@@ -354,10 +354,10 @@ class Scheduler(RunningBatch):
     def _ensure_decode_room(self, lines: list[str]) -> None:
         """Retract the newest requests until the next cycle's D tokens per request fit (SGLang's retract_decode)."""
         lim, page, d = self.limits, self._page, self._d
-        if self._ctx_sum - self._shared() + self._n * (page - 1 + d) <= lim.kv_tokens:
+        if self._ctx_sum - self._shared() + self._n * (page - 1 + d) <= self._kv_cap():
             return  # fast path: fits even if every request sits at a page boundary
         retracted, gained, before = 0, 0, self.kv_used_tokens()
-        while self._n and self.kv_used_tokens() + self._n * (d + page - 1) > lim.kv_tokens:
+        while self._n and self.kv_used_tokens() + self._n * (d + page - 1) > self._kv_cap():
             r = self._leave(max(range(self._n), key=lambda i: self._reqs[i].seq))
             if not self._n:  # even alone it cannot grow: SGLang aborts the last request
                 self._finish_unfit(r)

@@ -137,7 +137,7 @@ class ServerStatus:
             # The same constructor ``evaluate()`` uses, so paced and virtual runs agree.
             sched = Scheduler.from_plan(plan, model, gpu, noise=float(sim["noise"]), seed=int(sim["seed"]),
                                         track_interval=args.flags.get("mamba_track_interval"),
-                                        efficiency=deviation.decode_efficiency * launch_factor(sim))
+                                        efficiency=deviation.efficiency(plan.extra) * launch_factor(sim))
         return cls(args=args, model=model, gpu=gpu, plan=plan, scheduler=sched, gpus=gpus, free_gib=free_gib,
                    pid=pid, missing=missing)
 

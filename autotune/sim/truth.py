@@ -13,6 +13,9 @@ into what the simulated server actually allocates and whether it survives:
   and the captured CUDA graphs take this multiple of the planner's figure.
 - ``decode_efficiency``: the achieved share of bandwidth and compute is this multiple of the speed model's
   (``PerfParams.eta_bw``/``eta_compute``): every step is slower or faster.
+- ``unified_efficiency``, ``adaptive_efficiency``: a further multiple of that share for a config with
+  ``--enable-unified-memory`` (the virtual-to-physical translation and compaction the speed model leaves out) or
+  with ``--speculative-adaptive`` kept (runtime-state swaps and the EMA's lag the settled-step model leaves out).
 
 A memory deviation that SGLang's own profile *does* see (less total memory: ``--sim-gpu-memory-mib``) shrinks the
 pools instead, and shows in the capacity SGLang logs. Acceptance and output lengths have their own options
@@ -37,6 +40,18 @@ class Deviation:
     activation_scale: float = 1.0
     graph_scale: float = 1.0
     decode_efficiency: float = 1.0
+    unified_efficiency: float = 1.0
+    adaptive_efficiency: float = 1.0
+
+    def efficiency(self, extra: dict[str, Any]) -> float:
+        """The speed multiple for a plan (its ``extra``): ``decode_efficiency``, times the lever factors that
+        apply (``unified`` and ``adaptive`` are set only where the planner accepted the lever)."""
+        factor = self.decode_efficiency
+        if extra.get("unified"):
+            factor *= self.unified_efficiency
+        if extra.get("adaptive"):
+            factor *= self.adaptive_efficiency
+        return factor
 
     @property
     def memory_is_exact(self) -> bool:
@@ -48,7 +63,9 @@ class Deviation:
         return cls(free_gib=float(sim.get("free_gib_delta") or 0.0),
                    activation_scale=float(sim.get("activation_scale") or 1.0),
                    graph_scale=float(sim.get("graph_scale") or 1.0),
-                   decode_efficiency=float(sim.get("decode_efficiency") or 1.0))
+                   decode_efficiency=float(sim.get("decode_efficiency") or 1.0),
+                   unified_efficiency=float(sim.get("unified_efficiency") or 1.0),
+                   adaptive_efficiency=float(sim.get("adaptive_efficiency") or 1.0))
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)

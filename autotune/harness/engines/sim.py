@@ -19,7 +19,7 @@ from autotune.harness.engines.base import EngineSettings, GpuReader
 from autotune.harness.engines.sglang import reject_harness_flags
 from autotune.harness.gpu import MIB_PER_GIB, reading
 from autotune.harness.workload import WorkloadSpec
-from autotune.results import Status, TrialResult
+from autotune.results import MeasurementVerdict, Status, TrialResult
 from autotune.sglang.flags import FlagTable
 from autotune.sim import device
 from autotune.sim.__main__ import main as serve  # noqa: F401  (``autotune sim``: the server in this process)
@@ -103,8 +103,8 @@ class SimEngine(logparse.LogReading):
         status = cast(Status, ev.status if ev.status in STATUSES else "crash")
         return TrialResult(status=status, config=dict(config), engine="sim", capacity=ev.capacity, metrics=ev.metrics,
                            reason=ev.reason, modelled_startup_s=ev.startup_s, plan=ev.plan,
-                           measurement=None if ev.settling is None else {"settled": ev.settling.settled,
-                                                                         "settling": ev.settling.to_dict()})
+                           measurement=None if ev.settling is None else MeasurementVerdict(
+                               settled=ev.settling.settled, settling=ev.settling.to_dict()))
 
 
 def sim_workload(workload: WorkloadSpec | WorkloadSection, prompts: Sequence[str]) -> SimWorkload:

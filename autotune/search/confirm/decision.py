@@ -39,6 +39,37 @@ class Standing:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
+class ContenderStat:
+    """A contender's confirmed figures, per GPU: ``median`` the estimate and ``ci`` its interval, ``runs`` its
+    launches (failed ones included) and ``windows`` theirs; ``from_search``: the search run's figure under the
+    confirmation's noise terms (no launch of its own). Stored under the trial's number in ``stats``."""
+
+    median: float | None = None
+    ci: tuple[float | None, float | None] | None = None
+    runs: int = 0
+    windows: int = 0
+    failed: int = 0
+    headroom_gib: float | None = None
+    unsettled_windows: int = 0
+    from_search: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form: the keys stored studies hold (``from_search`` only when set)."""
+        out = dataclasses.asdict(self)
+        out["ci"] = list(self.ci) if self.ci is not None else None
+        if not self.from_search:
+            del out["from_search"]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ContenderStat:
+        ci = data.get("ci")
+        names = {f.name for f in dataclasses.fields(cls)} - {"ci"}
+        return cls(ci=(ci[0], ci[1]) if isinstance(ci, list | tuple) and len(ci) == 2 else None,
+                   **{k: v for k, v in data.items() if k in names and v is not None})
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Verdict:
     """What the confirmation decided from its runs (``decide``): the record every reader takes. Stored as plain
     data only in the study's ``confirmation`` attribute (``to_dict``/``from_dict``, the keys stored studies hold).
@@ -63,7 +94,7 @@ class Verdict:
     runner_up_ci: tuple[float, float] | None = None
     resolution: float = RESOLUTION
     noise: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    stats: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)
+    stats: Mapping[str, ContenderStat] = dataclasses.field(default_factory=dict)
     demoted: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -71,7 +102,7 @@ class Verdict:
         unless nothing ran cleanly, ``demoted`` only when one was)."""
         out: dict[str, Any] = {
             "baseline_trial": self.baseline_trial, "resolution": self.resolution, "noise": dict(self.noise),
-            "stats": {k: dict(v) for k, v in self.stats.items()},
+            "stats": {k: v.to_dict() for k, v in self.stats.items()},
             **({"demoted": dict(self.demoted)} if self.demoted else {}),
             "winner_trial": self.winner_trial, "gain": self.gain, "ci_low": self.ci_low, "ci_high": self.ci_high,
             "outcome": self.outcome, "note": self.note, "decided": self.decided, "contention": list(self.contention)}
@@ -95,10 +126,11 @@ class Verdict:
                    resolved=data.get("resolved"), contention=tuple(data.get("contention") or ()),
                    runner_up_trial=data.get("runner_up_trial"), runner_up_gain=data.get("runner_up_gain"),
                    runner_up_ci=(ci[0], ci[1]) if ci else None, resolution=data.get("resolution", RESOLUTION),
-                   noise=dict(data.get("noise") or {}), stats=dict(data.get("stats") or {}),
+                   noise=dict(data.get("noise") or {}),
+                   stats={k: ContenderStat.from_dict(v) for k, v in (data.get("stats") or {}).items()},
                    demoted=dict(data.get("demoted") or {}))
 
-    def stat(self, trial: int | None) -> Mapping[str, Any] | None:
+    def stat(self, trial: int | None) -> ContenderStat | None:
         """A contender's stored figures (``median``, ``ci``, ``runs``, ``windows``, ...), None when not confirmed."""
         return None if trial is None else self.stats.get(str(trial))
 
@@ -210,16 +242,12 @@ def _demoted_note(demoted: Mapping[int, str]) -> str:
     return "; ".join(f"trial {n} demoted: {why}" for n, why in demoted.items())
 
 
-def _stats(est: Mapping[int, Estimate], noise: NoiseModel, from_search: Collection[int] = ()) -> dict[str, Any]:
-    """Per contender, the stored figures (``median``: the confirmed estimate, the name the readers know);
-    ``from_search``: the figure is the search run's, under the confirmation's noise terms (no launch of its own)."""
-    out: dict[str, Any] = {}
-    for n, e in est.items():
-        low, high = e.interval(noise)
-        out[str(n)] = {"median": e.rate, "ci": [low, high], "runs": e.launches + e.failed, "windows": e.windows,
-                       "failed": e.failed, "headroom_gib": e.headroom_gib, "unsettled_windows": e.unsettled,
-                       **({"from_search": True} if n in from_search else {})}
-    return out
+def _stats(est: Mapping[int, Estimate], noise: NoiseModel,
+           from_search: Collection[int] = ()) -> dict[str, ContenderStat]:
+    """Per contender (by trial number as text), its figures (``median``: the confirmed estimate)."""
+    return {str(n): ContenderStat(median=e.rate, ci=e.interval(noise), runs=e.launches + e.failed, windows=e.windows,
+                                  failed=e.failed, headroom_gib=e.headroom_gib, unsettled_windows=e.unsettled,
+                                  from_search=n in from_search) for n, e in est.items()}
 
 
 def _baseline_holds(est: Mapping[int, Estimate], top: int, s: Standing | None, baseline: int | None,

@@ -11,7 +11,6 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from autotune.harness.windows import Window
 from autotune.results import TrialResult
 from autotune.search.objective import gpus_spanned, per_gpu
 
@@ -35,10 +34,9 @@ def launch_sample(run: Mapping[str, Any]) -> LaunchSample:
     first = per_gpu(result)
     ok = result.ok and first is not None and first > 0
     rates: list[float] = [first] if ok and first is not None else []
-    unsettled = int((result.measurement or {}).get("settled") is False)
+    unsettled = int(result.measurement is not None and result.measurement.settled is False)
     span = gpus_spanned(result)
-    for data in (result.windows or ()) if ok else ():
-        window = Window.from_dict(data)
+    for window in (result.windows or ()) if ok else ():
         if window.ok and window.output_tok_s:
             # the score, divided as the first window's: by the GPUs recorded, else those its config spans (a
             # result with no GPU group recorded, as an in-process prediction, still spans tp_size of them)

@@ -15,7 +15,7 @@ from autotune.harness.stress import StressStep
 from autotune.harness.windows import WindowsStep
 from autotune.results import TrialResult
 from autotune.search.confirm.allocation import launch_costs, windows_per_launch
-from autotune.search.confirm.decision import Verdict, decide
+from autotune.search.confirm.decision import ContenderStat, Verdict, decide
 from autotune.search.confirm.noise import estimates
 from autotune.search.confirm.ranking import contenders, feasible, gains, in_reach
 from autotune.search.confirm.samples import by_contender
@@ -53,11 +53,12 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
             order.append(baseline.number)
         else:  # far behind the leader: its search run stands in for a launch (``ranking.IN_REACH``)
             given.append({"trial": baseline.number, "repeat": -1, "search": True,
-                          "result": baseline.user_attrs["result"]})
+                          "result": _result(baseline).to_dict()})
     if not order:
         return None
-    configs = {n: t.user_attrs["result"]["config"] for n, t in contenders_by_number.items()}
-    plans = {n: t.user_attrs["result"].get("plan") for n, t in contenders_by_number.items()}
+    results = {n: _result(t) for n, t in contenders_by_number.items()}
+    configs = {n: r.config for n, r in results.items()}
+    plans = {n: r.plan for n, r in results.items()}
     # Every confirmation window warms up until the search launch's first wave of requests would have turned over:
     # the claims are about the job's steady rate, not the young requests of a search window (``warmup``).
     warmups = {n: steady_warmup(t.user_attrs["result"], cfg.workload) for n, t in contenders_by_number.items()}
@@ -113,14 +114,22 @@ def next_stage(order: list[int], launched: Mapping[int, int], verdict: Verdict, 
     if verdict.decided:
         return 3, []
     room = [n for n in order if launched[n] < most and (most_windows is None
-                                                        or (verdict.stat(n) or {}).get("windows", 0) < most_windows)]
+                                                        or _windows(verdict, n) < most_windows)]
     return 3, [(n, launched[n]) for n in room if n in verdict.contention]
 
 
 def leaders(order: list[int], verdict: Verdict) -> list[int]:
     """The top two contenders by estimate among those with a clean launch."""
-    clean = [n for n in order if (s := verdict.stat(n)) and s["runs"] and not s["failed"]]
-    return sorted(clean, key=lambda n: -(verdict.stat(n) or {})["median"])[:2]
+    clean = [n for n in order if (s := verdict.stat(n)) and s.runs and not s.failed]
+    return sorted(clean, key=lambda n: -(_stat(verdict, n).median or 0.0))[:2]
+
+
+def _stat(verdict: Verdict, n: int) -> ContenderStat:
+    return verdict.stat(n) or ContenderStat()
+
+
+def _windows(verdict: Verdict, n: int) -> int:
+    return _stat(verdict, n).windows
 
 
 def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], runs: list[dict[str, Any]],
@@ -183,3 +192,11 @@ def _repeat(runner: Runner, config: dict[str, Any], number: int, k: int, *, wind
     if stress is not None:
         after.append(stress)
     return repeat(config, number, k, after=after, warmup_s=warmup_s)
+
+
+def _result(trial: optuna.trial.FrozenTrial) -> TrialResult:
+    """A contender's stored result (contenders are finished trials: each stored one)."""
+    result = TrialResult.of(trial)
+    if result is None:
+        raise KeyError(f"trial {trial.number} stored no result")
+    return result

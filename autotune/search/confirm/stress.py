@@ -18,13 +18,14 @@ stored before that lacks the record.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import optuna
 
 from autotune.config import StudyConfig
-from autotune.harness.stress import StressResult, StressStep, stress_line
-from autotune.results import TrialResult
+from autotune.harness.stress import StressStep, stress_line
+from autotune.results import StressResult, TrialResult
 from autotune.search.confirm.decision import Verdict, decide
 from autotune.search.runner import Runner
 from autotune.search.seeding import launch_key
@@ -87,7 +88,7 @@ def _launches(state: dict[str, Any]) -> int:
     return sum(1 for run in state["runs"] if not run.get("in_confirmation"))
 
 
-def _from_confirmation(confirmation: dict[str, Any], number: int) -> dict[str, Any] | None:
+def _from_confirmation(confirmation: Mapping[str, Any], number: int) -> dict[str, Any] | None:
     """Trial ``number``'s stress phase as its confirmation launch ran it after the windows (``stages.stressed_in``),
     as a stress record; None when none of its confirmation launches ran one."""
     for run in reversed(confirmation.get("runs") or ()):
@@ -123,12 +124,12 @@ def _failed(run: dict[str, Any]) -> bool:
 def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, confirmation: dict[str, Any],
                 progress: Any) -> dict[str, Any] | None:
     """One stress launch of trial ``number``; its record, or None when the launch was interrupted."""
-    data = trial.user_attrs.get("result") or {}
-    config = dict(data.get("config") or {})
+    stored = TrialResult.of(trial)
+    config = dict(stored.config) if stored is not None else {}
     k = sum(1 for r in confirmation.get("runs") or () if r.get("trial") == number)
     if progress is not None and hasattr(progress, "log"):
         progress.log(f"stress: trial {number}: the sample's longest prompts, max_tokens, the full running cap at once")
-    step = StressStep(plan=data.get("plan"))
+    step = StressStep(plan=stored.plan if stored is not None else None)
     repeat = getattr(runner, "repeat", None)
     if not callable(repeat):  # a plain runner cannot run follow-up steps: nothing to stress with
         return {"trial": number, "repeat": k, "status": "not_run", "result": None,
@@ -136,7 +137,7 @@ def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, co
     result: TrialResult = repeat(config, number, k, after=[step])
     if result.status == "interrupted":
         return None
-    stress = StressResult.from_dict(result.stress)
+    stress = result.stress
     if stress is not None and stress.interrupted:
         return None
     reason = None if stress is not None else (
@@ -177,7 +178,7 @@ def _save(study: optuna.Study, confirmation: dict[str, Any], state: dict[str, An
 
 
 # --- the stress record read back (every view prints ``worst_case_line``) ---------------------------------------
-def passed(confirmation: dict[str, Any] | None, trial: int | None) -> StressResult | None:
+def passed(confirmation: Mapping[str, Any] | None, trial: int | None) -> StressResult | None:
     """The stress phase ``trial`` passed in this confirmation, or None (never stressed, or it failed)."""
     runs = [r for r in ((confirmation or {}).get(ATTR) or {}).get("runs") or () if r.get("trial") == trial]
     for run in runs or [stress_of(confirmation, trial) or {}]:
@@ -187,7 +188,7 @@ def passed(confirmation: dict[str, Any] | None, trial: int | None) -> StressResu
     return None
 
 
-def stress_of(confirmation: dict[str, Any] | None, trial: int | None) -> dict[str, Any] | None:
+def stress_of(confirmation: Mapping[str, Any] | None, trial: int | None) -> Mapping[str, Any] | None:
     """The last stress record of ``trial`` (``{"trial", "status", "reason", "result"}``), None when never stressed;
     a stress phase its confirmation launch ran counts though the record lacks it (a study stored before every one
     was recorded: ``_record_the_rest``)."""
@@ -197,7 +198,7 @@ def stress_of(confirmation: dict[str, Any] | None, trial: int | None) -> dict[st
     return _from_confirmation(confirmation, trial) if confirmation and trial is not None else None
 
 
-def worst_case_line(confirmation: dict[str, Any] | None, trial: int | None) -> str:
+def worst_case_line(confirmation: Mapping[str, Any] | None, trial: int | None) -> str:
     """The one line every view prints for ``trial``: its stress verdict, or why it has none."""
     run = stress_of(confirmation, trial)
     if run is not None:

@@ -15,13 +15,13 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from autotune.search.confirm.decision import Verdict
+from autotune.search.confirm.decision import ContenderStat, Verdict
 from autotune.search.seeding import launch_key, unsettled, window_pruned
 
 
-def _confirmed(stats: Mapping[str, Mapping[str, Any]], trial: FrozenTrial) -> Mapping[str, Any] | None:
+def _confirmed(stats: Mapping[str, ContenderStat], trial: FrozenTrial) -> ContenderStat | None:
     entry = stats.get(str(trial.number))
-    return entry if entry and entry.get("median") else None
+    return entry if entry and entry.median else None
 
 
 def above_baseline(trials: list[FrozenTrial], verdict: Verdict | None,
@@ -43,8 +43,8 @@ def above_baseline(trials: list[FrozenTrial], verdict: Verdict | None,
             continue
         entry = _confirmed(stats, t)
         if entry is not None and base_conf is not None:
-            gain = float(entry["median"]) / float(base_conf["median"])
-            settled = not entry.get("unsettled_windows")
+            gain = float(entry.median or 0.0) / float(base_conf.median or 1.0)
+            settled = not entry.unsettled_windows
         elif unsettled(t) and not window_pruned(t):
             gain, settled = t.values[0] / base.values[0], False
         else:

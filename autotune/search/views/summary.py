@@ -23,7 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import StudyConfig
 from autotune.redaction import redact_url
 from autotune.results import TrialResult, numerics_line
-from autotune.search.confirm.decision import Verdict
+from autotune.search.confirm.decision import ContenderStat, Verdict
 from autotune.search.numerics import confirmation_figures, contender_fidelity, unexpected_contenders
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launch_key, launches, unsettled
@@ -57,8 +57,8 @@ def baseline_failure(study: optuna.Study) -> str | None:
         return f"(trial {base.number}) failed: {status}: {reason}"
     verdict = confirmed(study.user_attrs.get("confirmation"))
     stats = verdict.stat(base.number) if verdict is not None else None
-    if stats and stats.get("runs") and not stats.get("median"):
-        return f"(trial {base.number}) failed in every confirmation run ({stats['runs']})"
+    if stats and stats.runs and not stats.median:
+        return f"(trial {base.number}) failed in every confirmation run ({stats.runs})"
     return None
 
 
@@ -67,7 +67,22 @@ def confirmed(confirmation: Mapping[str, Any] | None) -> Verdict | None:
     return Verdict.from_dict(confirmation) if (confirmation or {}).get("complete") else None
 
 
-def _defaults_entry(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DefaultsEntry:
+    """SGLang's defaults for the tuned flags as the confirmation measured them (``confirm.defaults``); one that
+    did not run cleanly has no tok/s."""
+
+    status: str
+    output_tok_s: float | None = None
+    tok_s_per_gpu: float | None = None
+    reason: str | None = None
+    how: str = ""  # predicted on the simulator, or measured once
+    config: Mapping[str, Any] | None = None
+    trial_dir: str | None = None
+    log_path: str | None = None
+
+
+def _defaults_entry(stored: Mapping[str, Any] | None) -> DefaultsEntry | None:
     """The stored defaults measurement; one that did not run cleanly has no tok/s (older studies stored 0.0)."""
     if not stored:
         return None
@@ -78,7 +93,8 @@ def _defaults_entry(stored: dict[str, Any] | None) -> dict[str, Any] | None:
     if status != "ok":
         out.update(output_tok_s=None, reason=out.get("reason"))
     out["status"] = status
-    return out
+    names = {f.name for f in dataclasses.fields(DefaultsEntry)}
+    return DefaultsEntry(**{k: v for k, v in out.items() if k in names})
 
 
 def _spans(trial: FrozenTrial) -> int:
@@ -87,22 +103,22 @@ def _spans(trial: FrozenTrial) -> int:
     return gpus_spanned(result) if result is not None else 1
 
 
-def _defaults_per_gpu(defaults: dict[str, Any]) -> float:
+def _defaults_per_gpu(defaults: DefaultsEntry) -> float:
     """The defaults' tok/s per GPU (stored since groups; older studies' ran on one GPU)."""
-    return float(defaults.get("tok_s_per_gpu") or defaults["output_tok_s"])
+    return float(defaults.tok_s_per_gpu or defaults.output_tok_s or 0.0)
 
 
-def confirmed_rate(confirmation: dict[str, Any], number: int,
+def confirmed_rate(confirmation: Mapping[str, Any], number: int,
                    span: int) -> tuple[float, tuple[float, float] | None] | None:
     """A confirmed trial's median server tok/s and the interval of that median; None when the confirmation did not
     finish or did not measure it. The stored statistics are of tok/s per GPU, the score: × ``span`` GPUs."""
     verdict = confirmed(confirmation)
     stats = verdict.stat(number) if verdict is not None else None
-    if not stats or stats.get("median") is None:
+    if not stats or stats.median is None:
         return None
-    ci = stats.get("ci")
-    interval = (ci[0] * span, ci[1] * span) if isinstance(ci, list | tuple) and None not in ci else None
-    return float(stats["median"]) * span, interval
+    ci = stats.ci
+    interval = (ci[0] * span, ci[1] * span) if ci is not None and ci[0] is not None and ci[1] is not None else None
+    return float(stats.median) * span, interval
 
 
 def confirmation_line(confirmation: dict[str, Any]) -> str | None:
@@ -114,27 +130,71 @@ def confirmation_line(confirmation: dict[str, Any]) -> str | None:
         return None
     stats = verdict.stats.values()
     launches = len(confirmation.get("runs") or ())
-    windows = sum(int(s.get("windows") or 0) for s in stats if not s.get("from_search"))  # a given search run
+    windows = sum(s.windows for s in stats if not s.from_search)  # a given search run
     return f"{launches} launches, {windows} windows; {noise['line']}"
 
 
-def _entry(by_number: dict[int, FrozenTrial], stats: dict[str, Any], n: int | None,
-           conf: dict[str, Any] | None = None) -> dict[str, Any] | None:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrialEntry:
+    """A trial as the summary shows it: the confirmed median and interval where confirmed, else its search value;
+    ``output_tok_s`` the server's, ``tok_s_per_gpu`` the score."""
+
+    trial: int
+    label: str | None = None
+    params: Mapping[str, Any] | None = None
+    output_tok_s: float | None = None
+    tok_s_per_gpu: float | None = None
+    gpus: int | None = None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    confirmed_runs: int = 0
+    from_search: bool = False  # its search run stood in for a confirmation launch (far behind the leader)
+    numerics: str | None = None  # its outputs against the baseline's (``results.numerics_line``), when they differ
+    worst_case: str | None = None  # the stress phase's line, once the confirmation finished
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BaselineEntry:
+    """The baseline as the summary shows it: its figures when it measured, its status and why when it failed."""
+
+    trial: int | None
+    params: Mapping[str, Any] | None = None
+    output_tok_s: float | None = None
+    tok_s_per_gpu: float | None = None
+    gpus: int | None = None
+    status: str | None = None
+    from_search: bool = False  # far behind: its search run stood in
+    reason: str | None = None
+    failed: str | None = None  # why there is no measured baseline (``baseline_failure``)
+    log_path: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class UnexpectedEntry:
+    """A confirmed contender other than the winner whose outputs changed though no output-changing flag did."""
+
+    trial: int
+    line: str | None
+
+
+def _entry(by_number: dict[int, FrozenTrial], stats: Mapping[str, ContenderStat], n: int | None,
+           conf: Mapping[str, Any] | None = None) -> TrialEntry | None:
     """A trial as the summary shows it: the confirmed median and interval where confirmed, else its search value."""
     if n is None or n not in by_number:
         return None
     t = by_number[n]
     s = stats.get(str(n))
-    value = s["median"] if s else (t.values[0] if t.values else None)  # the score: tok/s per GPU
-    data = t.user_attrs.get("result")
+    value = s.median if s else (t.values[0] if t.values else None)  # the score: tok/s per GPU
+    data = TrialResult.of(t)
     gpus = _spans(t)
     scale = (lambda v: None if v is None else v * gpus)  # noqa: E731  (the server's tok/s from its per-GPU score)
-    return {"trial": n, "label": t.user_attrs.get("label"), "params": (data or {}).get("config"),
-            "output_tok_s": scale(value), "tok_s_per_gpu": value, "gpus": gpus,
-            "ci_low": scale(s["ci"][0]) if s else None, "ci_high": scale(s["ci"][1]) if s else None,
-            "confirmed_runs": s["runs"] if s and not s.get("from_search") else 0, "from_search": bool(s and s.get("from_search")),
-            "numerics": numerics_line(contender_fidelity((data or {}).get("fidelity"), conf, n)),
-            "worst_case": worst_case_line(conf, n) if conf and conf.get("complete") else None}  # the stress phase
+    return TrialEntry(
+        trial=n, label=t.user_attrs.get("label"), params=data.config if data is not None else None,
+        output_tok_s=scale(value), tok_s_per_gpu=value, gpus=gpus,
+        ci_low=scale(s.ci[0]) if s and s.ci else None, ci_high=scale(s.ci[1]) if s and s.ci else None,
+        confirmed_runs=s.runs if s and not s.from_search else 0, from_search=bool(s and s.from_search),
+        numerics=numerics_line(contender_fidelity(data.fidelity if data is not None else None, conf, n)),
+        worst_case=worst_case_line(conf, n) if conf and conf.get("complete") else None)  # the stress phase
 
 
 def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
@@ -151,11 +211,11 @@ def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
     return best_n, None, note
 
 
-def _unexpected(conf: dict[str, Any], best: dict[str, Any] | None) -> list[dict[str, Any]]:
+def _unexpected(conf: Mapping[str, Any], best: TrialEntry | None) -> list[UnexpectedEntry]:
     """The confirmed contenders other than the winner whose outputs changed though no output-changing flag did, each
     with its one line (``results.numerics_line``)."""
-    return [{"trial": n, "line": numerics_line(confirmation_figures(conf, n))}
-            for n in unexpected_contenders(conf) if not best or n != best["trial"]]
+    return [UnexpectedEntry(n, numerics_line(confirmation_figures(conf, n)))
+            for n in unexpected_contenders(conf) if not best or n != best.trial]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -173,16 +233,16 @@ class SweepSummary:
     launched_oom: int
     launched_interrupted: int
     confirmed: bool
-    baseline: dict[str, Any]
-    best: dict[str, Any] | None
+    baseline: BaselineEntry
+    best: TrialEntry | None
     outcome: str  # "winner" | "baseline" | "no_baseline" | "none"
     gain_over_baseline: float | None
     gain_ci: list[float | None] | None
-    enqueued: list[dict[str, Any]]
-    defaults: dict[str, Any] | None
+    enqueued: list[TrialEntry]
+    defaults: DefaultsEntry | None
     gain_over_defaults: float | None
     multi_gpu: bool
-    unexpected: list[dict[str, Any]]
+    unexpected: list[UnexpectedEntry]
     confirmation: str | None
     search_stop: dict[str, Any] | None  # how the search ended: the budget spent or ``[study] patience`` (``stopping``)
     note: str | None
@@ -195,14 +255,15 @@ class SweepSummary:
         return dataclasses.asdict(self)
 
 
-def _baseline_entry(number: int | None, attrs: Mapping[str, Any], base: Mapping[str, Any] | None,
-                    failure: str | None) -> dict[str, Any]:
+def _baseline_entry(trial: FrozenTrial | None, base: TrialEntry | None, failure: str | None) -> BaselineEntry:
     """The baseline as the summary shows it: its figures when it measured, its status and why when it failed."""
-    return {"trial": number, "params": (attrs.get("result") or {}).get("config"),
-            "output_tok_s": base and base["output_tok_s"], "tok_s_per_gpu": base and base["tok_s_per_gpu"],
-            "gpus": base and base["gpus"], "status": attrs.get("status"),
-            "from_search": bool(base and base["from_search"]),  # far behind: its search run stood in
-            "reason": attrs.get("reason") if failure else None, "failed": failure, "log_path": attrs.get("log_path")}
+    attrs = trial.user_attrs if trial is not None else {}
+    result = TrialResult.of(trial)
+    return BaselineEntry(
+        trial=trial.number if trial is not None else None, params=result.config if result is not None else None,
+        output_tok_s=base.output_tok_s if base else None, tok_s_per_gpu=base.tok_s_per_gpu if base else None,
+        gpus=base.gpus if base else None, status=attrs.get("status"), from_search=bool(base and base.from_search),
+        reason=attrs.get("reason") if failure else None, failed=failure, log_path=attrs.get("log_path"))
 
 
 def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = False,
@@ -230,7 +291,8 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         best_n, outcome, note = None, "no_baseline", None  # the baseline line and ``error`` say why
     base, best = (entry(baseline) if failure is None else None), entry(best_n)
     gain = verdict.gain if verdict is not None else (  # per GPU: a TP-2 winner must beat twice a TP-1 baseline's tok/s
-        best["tok_s_per_gpu"] / base["tok_s_per_gpu"] if best and base and base["tok_s_per_gpu"] else None)
+        best.tok_s_per_gpu / base.tok_s_per_gpu if best and base and best.tok_s_per_gpu and base.tok_s_per_gpu
+        else None)
     enqueued = [entry(t.number) for t in trials if t.user_attrs.get("role") == "enqueued"
                 and t.state.name == "COMPLETE" and t.user_attrs.get("requeued_from") is None]
     defaults = _defaults_entry(conf.get("defaults")) if verdict is not None else None
@@ -240,19 +302,18 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
     attrs = base_t.user_attrs if base_t is not None else {}
     outcome = "winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none")
     above = above_baseline(trials, verdict, base_t) if outcome == "baseline" else []  # measured above, uncrowned
-    shown = best and {k: best[k] for k in ("trial", "label", "params", "output_tok_s", "tok_s_per_gpu", "gpus",
-                                           "ci_low", "ci_high", "numerics", "worst_case")}
     return SweepSummary(
         study=study.study_name, storage=redact_url(cfg.storage_url), n_trials=len(done),
         statuses=statuses, launched=len(started), launched_oom=launched_oom,
         launched_interrupted=reran, confirmed=verdict is not None,
-        baseline=_baseline_entry(baseline, attrs, base, failure),
-        best=shown or None, outcome=outcome,
+        baseline=_baseline_entry(base_t, base, failure),
+        best=best, outcome=outcome,
         gain_over_baseline=gain if best is not None else None,
         gain_ci=[verdict.ci_low, verdict.ci_high] if verdict is not None and best is not None else None,
         enqueued=[e for e in enqueued if e], defaults=defaults,
-        gain_over_defaults=(best["tok_s_per_gpu"] / _defaults_per_gpu(defaults)
-                            if best and defaults and defaults.get("output_tok_s") else None),
+        gain_over_defaults=(best.tok_s_per_gpu / _defaults_per_gpu(defaults)
+                            if best and best.tok_s_per_gpu is not None and defaults and defaults.output_tok_s
+                            else None),
         multi_gpu=any(_spans(t) > 1 for t in started),
         unexpected=_unexpected(conf, best),
         confirmation=confirmation_line(conf) if verdict is not None else None,
@@ -262,5 +323,5 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
             f"the baseline {failure}; no winner without a measured baseline to compare with"
             + (f" (its log: {attrs['log_path']})" if attrs.get("log_path") else "")),
         above_baseline=above,
-        job=job(best["trial"] if best else None) if job is not None else None, interrupted=interrupted,
+        job=job(best.trial if best else None) if job is not None else None, interrupted=interrupted,
     )

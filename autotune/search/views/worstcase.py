@@ -4,6 +4,7 @@ which refuses a config not known to survive it unless told to (``--allow-unstres
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import StudyError
@@ -17,7 +18,7 @@ class Unstressed(StudyError):
     """The config to deploy never passed the stress phase (failed it, or never ran it)."""
 
 
-def worst_case_block(study_attrs: dict[str, Any], trial: int) -> dict[str, Any]:
+def worst_case_block(study_attrs: Mapping[str, Any], trial: int) -> dict[str, Any]:
     """What ``apply`` says and writes into ``provenance.json`` about ``trial`` of a study (its user attrs: the
     confirmation and the settings): ``{"line", "passed", "stress", "problem"}``, ``problem`` naming why it is not
     known to survive its worst case (None when it passed)."""
@@ -31,8 +32,8 @@ def worst_case_block(study_attrs: dict[str, Any], trial: int) -> dict[str, Any]:
     return {"line": worst_case_line(confirmation, trial), "passed": ok, "stress": result, "problem": problem}
 
 
-def _unstressed_why(confirmation: dict[str, Any] | None, trial: int, run: dict[str, Any] | None,
-                    settings: dict[str, Any]) -> str:
+def _unstressed_why(confirmation: Mapping[str, Any] | None, trial: int, run: Mapping[str, Any] | None,
+                    settings: Mapping[str, Any]) -> str:
     conf = confirmation or {}
     if run is not None:
         return f"trial {trial} failed the stress phase ({worst_case_line(conf, trial)})"
