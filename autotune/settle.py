@@ -26,10 +26,11 @@ decodes): its window reaches the 120 s cap, within 8 % of the steady rate but fl
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 SLICE_S = 2.0  # seconds per slice (shorter for a window floor under MIN_WINDOW_SLICES slices of it)
 MIN_WINDOW_SLICES = 5  # slices a window floor holds at least: a shorter floor gets shorter slices
@@ -240,3 +241,18 @@ def settle(tokens_per_slice: Sequence[float], rule: SettleRule) -> Settling | No
         if done is not None:
             return done
     return None
+
+
+W = TypeVar("W")
+
+
+def with_warmup(workload: W, warmup_s: float | None) -> W:
+    """``workload`` (any dataclass with the settle fields) with its warm-up floor raised to ``warmup_s`` and its ramp
+    kept as it was (a longer ramp would only delay the turnover); unchanged when ``warmup_s`` is not longer."""
+    current = float(workload.warmup_s)  # type: ignore[attr-defined]
+    if warmup_s is None or warmup_s <= current:
+        return workload
+    ramp = min(current, ramp_seconds(current, workload.ramp_s))  # type: ignore[attr-defined]
+    cap = workload.warmup_max_s  # type: ignore[attr-defined]
+    return dataclasses.replace(workload, warmup_s=warmup_s, ramp_s=ramp,  # type: ignore[type-var]
+                               warmup_max_s=None if cap is None else max(cap, warmup_s))

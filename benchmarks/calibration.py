@@ -10,6 +10,7 @@ met), a "within r" verdict be true (the table calls ≥ 95 % met).
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -51,10 +52,18 @@ def check(run: Any, rate: Callable[[Mapping[str, Any]], float]) -> dict[str, Any
 
 
 def coverage(checks: list[dict[str, Any]]) -> dict[str, Any]:
-    """Pooled over studies: how many stated gain intervals held the true gain, and how many verdicts were true."""
-    gains = [c["gain"]["holds"] for c in checks if c["gain"] is not None]
+    """Pooled over studies: how many stated gain intervals held the true gain, how many verdicts were true, and the
+    median interval's width (high over low − 1; None without one): coverage bought by width alone shows there."""
+    gains = [c["gain"] for c in checks if c["gain"] is not None]
     verdicts = [v[2] for c in checks for v in c["verdicts"]]
-    return {"gain_held": sum(gains), "gains": len(gains), "verdicts_true": sum(verdicts), "verdicts": len(verdicts)}
+    widths = [g["high"] / g["low"] - 1 for g in gains if g["low"] > 0]
+    return {"gain_held": sum(g["holds"] for g in gains), "gains": len(gains), "verdicts_true": sum(verdicts),
+            "verdicts": len(verdicts), "median_width": statistics.median(widths) if widths else None}
+
+
+def width(cov: Mapping[str, Any]) -> str:
+    """The median interval width as the table prints it (``5.4 %``), or – without an interval."""
+    return "–" if cov.get("median_width") is None else f"{100 * cov['median_width']:.1f} %"
 
 
 def share(held: int, total: int) -> str:

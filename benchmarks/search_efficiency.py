@@ -51,7 +51,7 @@ from autotune.harness.engines.sim import sim_workload  # noqa: E402
 from autotune.prompts import PromptSample  # noqa: E402
 from autotune.results import TrialResult  # noqa: E402
 from autotune.search.objective import gpus_spanned  # noqa: E402
-from autotune.search.space import config_diff  # noqa: E402
+from autotune.search.space import config_diff, key_of  # noqa: E402
 from autotune.sim.truth import Deviation  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -266,9 +266,10 @@ def _steady(case: Case, oracle: Oracle, truth: dict[str, Any], groups: list[list
         c = pick_config(r)
         r.steady = rate(c) if c is not None else 0.0
     checks = [calibration.check(r, rate) for r in ours]
-    # The same claims against the noise-free *window* rates: what the intervals measure, so a shortfall here is
-    # the interval's statistics and one only against the steady state is the short window's bias.
-    steady["window_checks"] = [calibration.check(r, lambda c: oracle.outcome(c).tok_s / gpus_of(c)) for r in ours]
+    # The same claims against the noise-free rates of the confirmation's own windows (each contender's warm-up,
+    # ``confirm.warmup``): what the intervals measure, so a shortfall here is the interval's statistics and one only
+    # against the steady state is the windows' bias.
+    steady["window_checks"] = [calibration.check(r, _confirm_rate(oracle, r)) for r in ours]
     window_best = rate(truth["config"])
     steady.update(window_optimum_pct=100 * window_best / steady["tok_s"] if steady["tok_s"] else 0.0,
                   window_optimum_drift=oracle.outcome(truth["config"]).drift, baseline_tok_s=rate(case.baseline),
@@ -276,6 +277,13 @@ def _steady(case: Case, oracle: Oracle, truth: dict[str, Any], groups: list[list
     rates.save()
     steady["evaluated"] = rates.evaluated
     return steady, checks
+
+
+def _confirm_rate(oracle: Oracle, run: Launches):
+    """A config's noise-free rate per GPU in ``run``'s confirmation windows (the warm-up it gave that config)."""
+    warm = {int(n): w for n, w in ((getattr(run, "confirm", None) or {}).get("warmup_s") or {}).items()}
+    by_key = {key_of(c): warm.get(n) for n, c in (getattr(run, "trial_configs", None) or {}).items()}
+    return lambda c: oracle.outcome(c, by_key.get(key_of(c))).tok_s / gpus_of(c)
 
 
 def _median_window_cv(oracle: Oracle) -> float:

@@ -148,10 +148,10 @@ def calibration_line(result: dict[str, Any], budgets: list[int]) -> list[str]:
     missed = [f"{g['true']:.3f}× outside {g['low']:.3f}–{g['high']:.3f}×" for g in gains if not g["holds"]]
     return [f"Calibration, ours at {max(budgets)} launches against the steady state: the stated 95 % interval for the "
             f"winner's gain over the baseline held the true gain in {calibration.share(cov['gain_held'], cov['gains'])}"
-            f" of seeds; \"tied / settled within r\" verdicts true in "
+            f" of seeds (median interval width {calibration.width(cov)}); \"tied / settled within r\" verdicts true in "
             f"{calibration.share(cov['verdicts_true'], cov['verdicts']) if cov['verdicts'] else '– (none stated)'}"
             + (f" (missed: {'; '.join(missed[:3])}{' …' if len(missed) > 3 else ''})" if missed else "")
-            + f". Against the noise-free window rates (what the intervals measure): gain "
+            + f". Against the noise-free rates of the confirmation's own windows (what the intervals measure): gain "
             f"{calibration.share(window['gain_held'], window['gains'])}, verdicts "
             f"{calibration.share(window['verdicts_true'], window['verdicts'])}.", ""]
 
@@ -319,11 +319,13 @@ def pooled_calibration(results: list[dict[str, Any]], budgets: list[int]) -> lis
     return ["## Calibration, pooled", "",
             f"Ours at {max(budgets)} launches, every cell × seed: the stated 95 % interval for the winner's gain over "
             f"the baseline held the steady-state gain in {calibration.share(cov['gain_held'], cov['gains'])} "
-            f"(target ≥ 90 %: {'met' if cov['gain_held'] >= 0.9 * cov['gains'] else 'NOT met'}); "
+            f"(target ≥ 90 %: {'met' if cov['gain_held'] >= 0.9 * cov['gains'] else 'NOT met'}; median interval "
+            f"width {calibration.width(cov)}); "
             + (f"\"tied / settled within r\" verdicts true in {calibration.share(cov['verdicts_true'], cov['verdicts'])}"
                f" (target ≥ 95 %: {'met' if cov['verdicts_true'] >= 0.95 * cov['verdicts'] else 'NOT met'})."
                if cov["verdicts"] else "no \"tied / settled within r\" verdict was stated.")
-            + f" Against the noise-free window rates instead (what the intervals measure): gain "
+            + f" Against the noise-free rates of the confirmation's own windows instead (what the intervals "
+            f"measure): gain "
             f"{calibration.share(window['gain_held'], window['gains'])}, verdicts "
             f"{calibration.share(window['verdicts_true'], window['verdicts'])}.", ""]
 

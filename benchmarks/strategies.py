@@ -52,6 +52,7 @@ from autotune.search.pruning import PRUNED, PruningSettler, SlicePruner
 from autotune.search.space import Feasibility, Space, key_of
 from autotune.search.study import Sweep
 from autotune.search.warm import WARM_KEY
+from autotune.settle import with_warmup
 from autotune.sim import SimWorkload, evaluate
 from autotune.sim.truth import Deviation
 
@@ -158,16 +159,21 @@ class Oracle:
         eng = case.cfg.engine
         self.model, self.gpu = eng.profile or eng.model, eng.sim_gpu  # the ground truth's planner reads them
 
-    def outcome(self, config: Mapping[str, Any]) -> Outcome:
+    def outcome(self, config: Mapping[str, Any], warmup_s: float | None = None) -> Outcome:
+        """``config``'s launch with the study's warm-up, or with a longer warm-up floor ``warmup_s`` (a confirmation
+        window's, ``confirm.warmup``: evaluated and memoised apart)."""
         key = key_of(config)
         self.asked.add(key)
+        workload = with_warmup(self.case.workload, warmup_s)
+        if workload is not self.case.workload:
+            key = f"{key}@{workload.warmup_s:g}"
         if key not in self.memo:
-            self.memo[key] = self._evaluate(dict(config))
+            self.memo[key] = self._evaluate(dict(config), workload)
         return self.memo[key]
 
-    def _evaluate(self, config: dict[str, Any]) -> Outcome:
-        ev = simulate(self.case, config)
-        wl, startup = self.case.workload, ev.startup_s or 0.0
+    def _evaluate(self, config: dict[str, Any], wl: SimWorkload) -> Outcome:
+        ev = simulate(self.case, config, wl)
+        startup = ev.startup_s or 0.0
         status = ev.status if ev.status in ("ok", "startup_oom", "runtime_oom", "bad_args") else "crash"
         if status == "ok":
             wall = startup + wl.warmup_s + wl.measure_s
@@ -205,10 +211,11 @@ class Oracle:
         return min(DEFAULT_CAP_S, running * self.case.workload.max_tokens / out.tok_s) * self.case.tp
 
     def launch(self, config: Mapping[str, Any], rng: np.random.Generator,
-               windows: int = 1) -> tuple[Launch, TrialResult]:
-        """One measured launch of ``windows`` windows: the true value times the noise, the way a re-run scatters
-        (one term, or the launch term once and the window term per window: see the module docstring)."""
-        out = self.outcome(config)
+               windows: int = 1, warmup_s: float | None = None) -> tuple[Launch, TrialResult]:
+        """One measured launch of ``windows`` windows, each after the warm-up floor ``warmup_s`` (None: the study's):
+        the true value times the noise, the way a re-run scatters (one term, or the launch term once and the window
+        term per window: see the module docstring)."""
+        out = self.outcome(config, warmup_s)
         if not out.tok_s:
             return Launch(dict(config), out.status, 0.0, out.tok_s, out.cost_s), out.result
         if self.launch_cv is None:
@@ -332,9 +339,9 @@ class _SweepRunner:
         self.pruned += 1
         return dataclasses.replace(launch, observed=seen, cost_s=cost), result
 
-    def repeat(self, config: dict[str, Any], number: int, k: int, *, after=()) -> TrialResult:
+    def repeat(self, config: dict[str, Any], number: int, k: int, *, after=(), warmup_s=None) -> TrialResult:
         windows = 1 + sum(step.count for step in after if isinstance(step, WindowsStep))
-        launch, result = self.oracle.launch(config, self.rng, windows)
+        launch, result = self.oracle.launch(config, self.rng, windows, warmup_s)
         if not any(isinstance(step, StressStep) for step in after):
             self.confirm_runs.append(launch)
             return result

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,6 +88,19 @@ def test_launch_costs(case, oracle):
     oom = oracle.outcome({**case.baseline, "max_mamba_cache_size": 4096, "mem_fraction_static": 0.95})
     assert oom.status == "startup_oom" and oom.tok_s == 0.0
     assert 0 < oom.cost_s <= startup  # it failed while loading: no warm-up, no window
+
+
+def test_a_confirmation_launch_is_evaluated_and_costed_at_its_own_warmup(case, oracle):
+    short = oracle.outcome(case.baseline)
+    warm = oracle.outcome(case.baseline, case.workload.warmup_s + 20.0)
+    assert warm is not short and warm is oracle.outcome(case.baseline, case.workload.warmup_s + 20.0)  # memoised
+    assert oracle.outcome(case.baseline, case.workload.warmup_s) is short  # not longer: the study's own launch
+    assert warm.cost_s - short.cost_s == pytest.approx(20.0 * case.tp)
+    assert warm.window_s - short.window_s == pytest.approx(20.0 * case.tp)
+    assert warm.result.durations_s["warmup"] == case.workload.warmup_s + 20.0
+    launch, result = oracle.launch(case.baseline, np.random.default_rng(0), windows=3,
+                                   warmup_s=case.workload.warmup_s + 20.0)
+    assert launch.cost_s == pytest.approx(warm.cost_s + 2 * warm.window_s) and len(result.windows) == 2
 
 
 @pytest.mark.parametrize("name", list(st.STRATEGIES))
@@ -370,6 +384,8 @@ def test_calibration_checks_the_stated_gain_and_within_verdicts():
     assert not out["gain"]["holds"]
     cov = calibration.coverage([out, out])
     assert (cov["gain_held"], cov["gains"], cov["verdicts_true"], cov["verdicts"]) == (0, 2, 0, 2)
+    assert cov["median_width"] == pytest.approx(1.6 / 1.4 - 1) and calibration.width(cov) == "14.3 %"
+    assert calibration.coverage([])["median_width"] is None and calibration.width(calibration.coverage([])) == "–"
     settled = {"baseline_trial": 0, "note": "settled within 2 %: trial 3's gain over trial 5 is 0.99×"}
     assert calibration.claims(settled) == [("settled", 3, 5, 0.02)]
     held = {"baseline_trial": 0, "note": "no config beat the baseline: trial 3's 1,000 tok/s against the baseline's "

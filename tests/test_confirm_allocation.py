@@ -61,7 +61,7 @@ class Wavy(Windowed):
     """Windows that scatter ±6 % around a launch's figure (no launch term), GPU-like times: 150 s a startup, 40 s a
     window. Records each launch's repeat and window count."""
 
-    def repeat(self, config: dict, number: int, k: int, *, after=()) -> TrialResult:
+    def repeat(self, config: dict, number: int, k: int, *, after=(), warmup_s=None) -> TrialResult:
         (step,) = [s for s in after if isinstance(s, WindowsStep)]
         self.launches.append((number, k, step.count))
         result = PlannerRunner.__call__(self, config, number)

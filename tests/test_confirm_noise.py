@@ -136,7 +136,7 @@ class Windowed(PlannerRunner):
         self.stressed: list[tuple[int, int]] = []  # the launches that ran the stress phase after their windows
         self.stop, self.stop_after = stop, stop_after
 
-    def repeat(self, config: dict, number: int, k: int, *, after=()) -> TrialResult:
+    def repeat(self, config: dict, number: int, k: int, *, after=(), warmup_s=None) -> TrialResult:
         if self.stop is not None and len(self.launches) == self.stop_after:
             self.stop.set()
             return TrialResult(status="interrupted", config=config, reason="interrupted while measuring")

@@ -66,7 +66,7 @@ class StressRunner:
     def __call__(self, config, number):  # pragma: no cover - the stage only launches repeats
         raise AssertionError("the stress stage launches through repeat")
 
-    def repeat(self, config, number, k, *, after=()):
+    def repeat(self, config, number, k, *, after=(), warmup_s=None):
         assert [type(step) for step in after] == [StressStep]  # the stress phase follows the window in-launch
         self.calls.append((number, k))
         if self.interrupt:

@@ -38,6 +38,7 @@ from autotune.search.numerics import (
     without_reference,
 )
 from autotune.search.objective import open_study
+from autotune.settle import with_warmup
 from autotune.sglang.parallel import server_gpus
 
 Runner = Callable[[dict[str, Any], int], TrialResult]
@@ -129,15 +130,17 @@ class HarnessRunner:
         return self._run(config, trial_dir, probe)
 
     def repeat(self, config: dict[str, Any], trial_number: int, k: int, *,
-               after: Sequence[AfterWindow] = ()) -> TrialResult:
+               after: Sequence[AfterWindow] = (), warmup_s: float | None = None) -> TrialResult:
         """Confirmation launch ``k`` (from 0) of trial ``trial_number``, in ``<n>/repeat-<k+1>/``: speed, then the
-        follow-up steps ``after`` in the same launch (more windows, the stress phase). The first launch of every
+        follow-up steps ``after`` in the same launch (more windows, the stress phase), every window after a warm-up
+        floor of ``warmup_s`` (None: the study's; ``confirm.warmup``). The first launch of every
         contender but the baseline's own flags runs the fidelity probe before them, table or not
         (``ProbePlanner.confirmation_probe``); its figures are the run's ``fidelity``."""
         probe = failed = None
         if k == 0 and trial_number != DEFAULTS_RUN:
             probe, failed = self.numerics.confirmation_probe(config, record=self._record_reference)
-        result = self._run(config, self.trial_dir(trial_number, repeat=k + 1), probe, after=after)
+        result = self._run(config, self.trial_dir(trial_number, repeat=k + 1), probe,
+                           with_warmup(self.workload, warmup_s), after=after)
         if failed is not None and result.fidelity is None:  # no reference to compare with: said, not passed
             result = dataclasses.replace(result, fidelity=without_reference(failed))
         return result
@@ -200,10 +203,12 @@ class CheckedRunner:
         return self.runner(config, trial_number)
 
     def repeat(self, config: dict[str, Any], trial_number: int, k: int, *,
-               after: Sequence[AfterWindow] = ()) -> TrialResult:
+               after: Sequence[AfterWindow] = (), warmup_s: float | None = None) -> TrialResult:
         """Confirmation run ``k``: the runner's own ``repeat`` where it has one (its own folder, the first run
-        probed)."""
+        probed, every window after ``warmup_s``)."""
         if self.check is not None:
             self.check()
         repeat = getattr(self.runner, "repeat", None)
-        return repeat(config, trial_number, k, after=after) if callable(repeat) else self.runner(config, trial_number)
+        if not callable(repeat):
+            return self.runner(config, trial_number)
+        return repeat(config, trial_number, k, after=after, warmup_s=warmup_s)

@@ -19,6 +19,7 @@ from autotune.search.confirm.decision import ContenderStat, Verdict, decide
 from autotune.search.confirm.noise import estimates
 from autotune.search.confirm.ranking import contenders, feasible, gains, in_reach
 from autotune.search.confirm.samples import by_contender
+from autotune.search.confirm.warmup import steady_warmup
 from autotune.search.runner import Runner
 from autotune.search.seeding import finished
 from autotune.search.seeding import launch_key as _key
@@ -58,14 +59,18 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     results = {n: _result(t) for n, t in contenders_by_number.items()}
     configs = {n: r.config for n, r in results.items()}
     plans = {n: r.plan for n, r in results.items()}
+    # Every confirmation window warms up until the search launch's first wave of requests would have turned over:
+    # the claims are about the job's steady rate, not the young requests of a search window (``warmup``).
+    warmups = {n: steady_warmup(t.user_attrs["result"], cfg.workload) for n, t in contenders_by_number.items()}
     runs: list[dict[str, Any]] = []
     if stored and stored.get("n_trials") == n_done and stored.get("order") == order:
         runs = list(stored.get("runs", []))  # a confirmation a killed sweep left half done
-    state = {"order": order, "n_trials": n_done, "complete": False, **({"given": given} if given else {})}
+    state = {"order": order, "n_trials": n_done, "complete": False, **({"given": given} if given else {}),
+             "warmup_s": {str(n): warmups[n] for n in order}}
     verdict_now = functools.partial(decide, runs, order, base_n, same_as_baseline=twins,
                                     resolution=cfg.study.resolution, given=given)
-    if not _run_stages(study, cfg, state, runs, (configs, plans), verdict_now, runner=runner, progress=progress,
-                       stop_event=stop_event):
+    if not _run_stages(study, cfg, state, runs, (configs, plans, warmups), verdict_now, runner=runner,
+                       progress=progress, stop_event=stop_event):
         return None
     verdict = verdict_now()
     # The stress stage runs on this verdict once it is stored (``sweep.run_sweep``: ``stress.stress_winner``); a
@@ -128,12 +133,14 @@ def _windows(verdict: Verdict, n: int) -> int:
 
 
 def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], runs: list[dict[str, Any]],
-                contenders: tuple[dict[int, dict[str, Any]], dict[int, Any]], verdict_now: Callable[[], Verdict],
+                contenders: tuple[dict[int, dict[str, Any]], dict[int, Any], dict[int, float]],
+                verdict_now: Callable[[], Verdict],
                 *, runner: Runner, progress: Any, stop_event: threading.Event | None) -> bool:
     """Stage after stage (``next_stage``), each run saved as it lands so a killed sweep resumes where it was.
     False when interrupted. The top two's last launch of stage 2 runs the stress phase after its windows
-    (``stressed_in``), so the winner is usually stressed without a launch of its own (``confirm.stress``)."""
-    configs, plans = contenders
+    (``stressed_in``), so the winner is usually stressed without a launch of its own (``confirm.stress``).
+    ``contenders``: per trial its config, plan and the warm-up floor of its windows (``warmup.steady_warmup``)."""
+    configs, plans, warmups = contenders
     order = state["order"]
     first = cfg.study.confirm_repeats
     most = max(first, cfg.study.confirm_max_repeats)
@@ -155,7 +162,7 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], ru
             if progress is not None:
                 progress.confirm_started(len(runs) + 1, total, n, k)
             stress = StressStep(plan=plans.get(n)) if (n, k) in stressed else None
-            result = _repeat(runner, dict(configs[n]), n, k, windows=windows, stress=stress)
+            result = _repeat(runner, dict(configs[n]), n, k, windows=windows, stress=stress, warmup_s=warmups.get(n))
             if result.status == "interrupted":
                 study.set_user_attr("confirmation", {**state, "runs": runs})
                 return False
@@ -173,17 +180,18 @@ def stressed_in(plan: list[tuple[int, int]], top_two: list[int], *, first: int) 
 
 
 def _repeat(runner: Runner, config: dict[str, Any], number: int, k: int, *, windows: int,
-            stress: StressStep | None = None) -> TrialResult:
+            stress: StressStep | None = None, warmup_s: float | None = None) -> TrialResult:
     """Confirmation launch ``k`` of trial ``number``: a runner that files repeats apart (``HarnessRunner.repeat``:
-    its own directory, no fidelity probe) measures ``windows`` windows in it (``harness.windows``), then the stress
-    phase when given; a plain runner gets the trial's number and measures one."""
+    its own directory, no fidelity probe) measures ``windows`` windows in it (``harness.windows``), each after a
+    warm-up floor of ``warmup_s`` (None: the study's), then the stress phase when given; a plain runner gets the
+    trial's number and measures one."""
     repeat = getattr(runner, "repeat", None)
     if not callable(repeat):
         return runner(config, number)
     after: list[Any] = [WindowsStep(windows - 1, span=server_gpus(config))]
     if stress is not None:
         after.append(stress)
-    return repeat(config, number, k, after=after)
+    return repeat(config, number, k, after=after, warmup_s=warmup_s)
 
 
 def _result(trial: optuna.trial.FrozenTrial) -> TrialResult:

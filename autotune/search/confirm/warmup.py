@@ -1,0 +1,48 @@
+"""The confirmation's warm-up: long enough that the closed loop's first wave of requests has turned over.
+
+Every window starts its closed loop with all streams sending within the ramp, so a search window of a few tens of
+seconds sees young requests only: short contexts, few answers finished and replaced. A config that decodes many
+long answers at once reads faster there than it runs all job long, and by a share of its own (on the simulator,
+b200 seed workload: 176–224 running requests read 2–6 % above their rate after 300 s, a 16-request baseline 1 %
+below), so a gain from such windows is biased and its interval misses the job's gain. The confirmation's claims
+are about the job's rate: each of its windows warms up until the last stream's first request has surely ended,
+``max_tokens`` at the per-request decode rate the contender's search launch measured (its tok/s over the requests
+it ran at once), after the ramp; never shorter than the study's own floor, at most ``TURNOVER_CAP_S``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from autotune.settle import SLICE_S, ramp_seconds
+
+TURNOVER_CAP_S = 600.0  # a warm-up floor past this is a config too slow to confirm at steady state anyway
+
+
+def turnover_s(result: Mapping[str, Any], max_tokens: int) -> float | None:
+    """Seconds one request of ``max_tokens`` takes at ``result``'s per-request decode rate: its output tok/s over
+    the requests running at once (the server's cap when it logged one, else the replay's streams); None when the
+    launch measured no rate."""
+    metrics = result.get("metrics") or {}
+    rate = float(metrics.get("output_tok_s") or 0.0)
+    streams = int(metrics.get("concurrency") or 0)
+    running = int((result.get("capacity") or {}).get("max_running_requests") or 0)
+    at_once = min(streams, running) if streams and running else streams or running
+    if rate <= 0 or at_once <= 0:
+        return None
+    return max_tokens * at_once / rate
+
+
+def steady_warmup(result: Mapping[str, Any] | None, workload: Any) -> float:
+    """The warm-up floor of a confirmation window of the config ``result`` measured: the ramp plus one turnover
+    (``turnover_s``), rounded up to a whole slice, at least ``workload.warmup_s`` and at most ``TURNOVER_CAP_S``
+    (never below the study's floor); the study's floor when the launch measured no rate."""
+    floor = float(workload.warmup_s)
+    turn = turnover_s(result or {}, int(workload.max_tokens))
+    if turn is None:
+        return floor
+    ramp = min(floor, ramp_seconds(floor, workload.ramp_s))  # the study's ramp, which the confirmation keeps
+    wanted = math.ceil((ramp + turn) / SLICE_S) * SLICE_S
+    return max(floor, min(TURNOVER_CAP_S, wanted))
