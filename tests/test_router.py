@@ -213,13 +213,19 @@ def up_behind_router(tmp_path: Path, **kwargs) -> Iterator[tuple[Path, router.Re
 
 
 class Load:
-    """``benchmarks/closed_loop.py`` in its own process (not this one's GIL): ``concurrency`` requests in flight."""
+    """``benchmarks/closed_loop.py`` in its own process (not this one's GIL): ``concurrency`` requests in flight.
+    Bounded twice: it stops issuing after ``LOAD_BOUND_S`` by itself, and ``no_load_outlives_its_test`` ends one a
+    failed test left running."""
+
+    running: list[Load] = []
 
     def __init__(self, urls: list[str], out: Path, *, concurrency: int = 64, max_tokens: int = 24):
         self.out = out
         self.proc = subprocess.Popen([sys.executable, str(LOADER), *[a for u in urls for a in ("--url", u)],
                                       "--concurrency", str(concurrency), "--max-tokens", str(max_tokens),
-                                      "--out", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                      "--seconds", str(LOAD_BOUND_S), "--out", str(out)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        Load.running.append(self)
 
     def records(self) -> list[dict]:
         text = self.out.read_text() if self.out.exists() else ""
@@ -237,6 +243,19 @@ class Load:
             self.proc.send_signal(signal.SIGTERM)
         self.proc.wait(timeout=120)
         return self.records()
+
+
+LOAD_BOUND_S = 300  # longer than any test here runs (their timeouts), so only a leaked load ever reaches it
+
+
+@pytest.fixture(autouse=True)
+def no_load_outlives_its_test():
+    yield
+    while Load.running:
+        load = Load.running.pop()
+        if load.proc.poll() is None:
+            load.proc.kill()
+            load.proc.wait(timeout=30)
 
 
 def run_cli(*args: str) -> str:
