@@ -28,9 +28,11 @@ from autotune.deploy.fleet import Fleet, FleetServer, load_fleet, up, write_flee
 from autotune.errors import ConfigError, FleetError
 from autotune.launch.process import free_port
 from autotune.redaction import env_for_files, looks_secret, redact_env, resolve_env
+from autotune.sglang.envs import ENV_PREFIX
 
 TOKEN = "hf_" + "Zq8rT2vLm9Kx4Wn7Pb3Yc6Hd1"  # shaped like a Hugging Face token
 CONFIG = {"mem_fraction_static": 0.85, "max_mamba_cache_size": 120, "speculative_algorithm": "EAGLE"}
+SKIP = "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"
 FAST_SIM = ["--sim-startup-s", "0.1", "--sim-warmup-s", "0.05", "--sim-release-s", "0.2"]
 
 pytestmark = pytest.mark.timeout(120)
@@ -208,6 +210,32 @@ def test_sglang_cpu_study_runs_on_the_cpu_backend_from_fleet_up_and_the_launcher
         subprocess.run(["bash", str(out / "launch_fleet.sh")], check=True, timeout=20, capture_output=True)
         wait_healthy(port, out / "logs/cpu3.log")
         check_running(out / "run/cpu3.pid")
+    finally:
+        kill_pid_files(out)
+
+
+@pytest.mark.slow
+def test_sglang_engine_servers_get_the_winners_environment_lever(tmp_path):
+    """The real engine's launch path (``sglang.launch_server`` through the study's interpreter) hands the winner's
+    ``[space.env]`` lever to the server process, and the server runs with it: the stand-in reads it as 0.5.23 does
+    (``environ.py`` L1637), so its running cap is 80 slots at ratio 4, not 5 (``kv_cache_configurator.py`` L3066)."""
+    python = fake_sglang(tmp_path)
+    settings = study_settings(tmp_path, f'kind = "sglang"\nmodel = "qwen3.6-27b"\npython = "{python}"\n'
+                                        'device = "cpu"')
+    config = {**CONFIG, "max_mamba_cache_size": 80, f"{ENV_PREFIX}{SKIP}": True}
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    make_study(url, trials=[(result(config, 1500.0), "search")], settings=settings)
+    out, port = tmp_path / "deploy", free_port()
+    write_artifacts(load_winner(url), out, gpus=[0], base_port=port)
+    ((log, pid, gpu, *argv),) = starts((out / "launch_fleet.sh").read_text())
+    assert argv[:2] == ["env", f"{SKIP}=1"] and argv[2:5] == [str(python), "-m", "sglang.launch_server"]
+    fleet = load_fleet(out / "fleet.toml")
+    try:
+        assert up(fleet, timeout_s=30) == ["cpu0"]
+        wait_healthy(port, out / "logs/cpu0.log")
+        assert psutil.Process(int((out / "run/cpu0.pid").read_text())).environ().get(SKIP) == "1"
+        info = httpx.get(f"http://127.0.0.1:{port}/server_info", timeout=5).json()
+        assert info["internal_states"][0]["effective_max_running_requests_per_dp"] == 80 // 4  # the scheduler's cap
     finally:
         kill_pid_files(out)
 
