@@ -97,13 +97,15 @@ def test_the_tiny_study_sweeps_with_every_server_a_slurm_job(cluster, tmp_path):
 
 def test_two_workers_as_slurm_jobs_share_one_study(cluster, tmp_path):
     path = _study(tmp_path, "pair", trials=4, launcher=False)  # the --launcher option alone puts it on Slurm
+    path.write_text(path.read_text().replace("step = 80", "step = 16").replace("step = 0.02", "step = 0.01"))  # few repeats
     with QueueWatch() as watch:
         done = _sweep(path, "--gpus", "0,1", "--launcher", "slurm", env=_env(tmp_path))
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     trials = _trials(path, "pair")
     finished = [t for t in trials if t.state == TrialState.COMPLETE]
     assert len(finished) >= 4 and all(t.user_attrs.get("status") in ("ok", "repeat", "duplicate") for t in finished)  # a repeat is told its figure, never launched
-    assert {str(t.user_attrs.get("gpu")).rpartition(":")[2] for t in finished} == {"0", "1"}  # host:gpu, both
+    launched = [t for t in finished if t.user_attrs.get("status") == "ok"]  # a repeat or duplicate ran nowhere
+    assert {str(t.user_attrs.get("gpu")).rpartition(":")[2] for t in launched} == {"0", "1"}  # host:gpu, both
     workers = sorted(tmp_path.rglob("workers/gpu-*.log"))
     assert [p.name for p in workers] == ["gpu-0.log", "gpu-1.log"]
     assert "worker is Slurm job" in done.stdout + done.stderr
