@@ -12,6 +12,7 @@ from test_confirm_noise import synthetic
 from autotune.config import load_config
 from autotune.harness.engines.sim import sim_workload
 from autotune.prompts import PromptSample
+from autotune.results import TrialResult
 from autotune.search.confirm import decide
 from autotune.search.confirm.warmup import steady_warmup
 from autotune.settle import with_warmup
@@ -63,8 +64,7 @@ def test_a_confirmation_window_reads_the_simulators_steady_rate_where_a_search_w
         return ev
 
     search = rate(workload)
-    measured = {"metrics": {"output_tok_s": search.output_tok_s, "concurrency": search.metrics.concurrency},
-                "capacity": {"max_running_requests": search.capacity.max_running_requests}}
+    measured = TrialResult(status="ok", config=config, metrics=search.metrics, capacity=search.capacity)
     warmup = steady_warmup(measured, wl)
     assert 60 <= warmup <= 120
     steady = rate(dataclasses.replace(workload, warmup_s=300.0, measure_s=300.0)).output_tok_s

@@ -20,9 +20,10 @@ from autotune.search.study import run_study
 from autotune.settle import with_warmup
 
 
-def measured(tok_s: float, streams: int, running: int | None) -> dict:
-    return {"metrics": {"output_tok_s": tok_s, "concurrency": streams},
-            "capacity": {"max_running_requests": running} if running else None}
+def measured(tok_s: float, streams: int, running: int | None) -> TrialResult:
+    return TrialResult.from_dict({"status": "ok", "config": {},
+                                  "metrics": {"output_tok_s": tok_s, "concurrency": streams, "request_s": 0.0},
+                                  "capacity": {"max_running_requests": running} if running else None})
 
 
 def test_turnover_is_max_tokens_at_the_per_request_rate_of_the_requests_running_at_once():
@@ -31,7 +32,7 @@ def test_turnover_is_max_tokens_at_the_per_request_rate_of_the_requests_running_
     assert turnover_s(measured(12_000, 100, 176), 4096) == pytest.approx(4096 * 100 / 12_000)  # fewer streams
     assert turnover_s(measured(12_000, 0, 176), 4096) == pytest.approx(4096 * 176 / 12_000)  # no stream count
     assert turnover_s(measured(0, 352, 176), 4096) is None  # nothing measured
-    assert turnover_s({}, 4096) is None
+    assert turnover_s(None, 4096) is None
 
 
 def test_the_steady_warmup_is_the_ramp_plus_one_turnover_in_whole_slices_within_floor_and_cap():
@@ -80,7 +81,7 @@ def test_every_confirmation_launch_warms_up_for_its_contenders_turnover(tmp_path
     study = run_study(cfg, runner=runner)
     conf = confirm(study, cfg, runner=runner)
     by_number = {t.number: t for t in study.get_trials()}
-    expected = {n: steady_warmup(by_number[n].user_attrs["result"], cfg.workload) for n in conf["order"]}
+    expected = {n: steady_warmup(TrialResult.of(by_number[n]), cfg.workload) for n in conf["order"]}
     # at 10 tok/s per request a 4,096-token answer takes 410 s: far past the study's 10 s floor
     assert all(w > cfg.workload.warmup_s for w in expected.values())
     assert runner.warmups == {n: {w} for n, w in expected.items()}

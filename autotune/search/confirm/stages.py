@@ -61,7 +61,7 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     plans = {n: r.plan for n, r in results.items()}
     # Every confirmation window warms up until the search launch's first wave of requests would have turned over:
     # the claims are about the job's steady rate, not the young requests of a search window (``warmup``).
-    warmups = {n: steady_warmup(t.user_attrs["result"], cfg.workload) for n, t in contenders_by_number.items()}
+    warmups = {n: steady_warmup(TrialResult.of(t), cfg.workload) for n, t in contenders_by_number.items()}
     runs: list[dict[str, Any]] = []
     if stored and stored.get("n_trials") == n_done and stored.get("order") == order:
         runs = list(stored.get("runs", []))  # a confirmation a killed sweep left half done

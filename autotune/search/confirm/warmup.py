@@ -13,34 +13,35 @@ it ran at once), after the ramp; never shorter than the study's own floor, at mo
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from typing import Any
 
+from autotune.results import TrialResult
 from autotune.settle import SLICE_S, ramp_seconds
 
 TURNOVER_CAP_S = 600.0  # a warm-up floor past this is a config too slow to confirm at steady state anyway
 
 
-def turnover_s(result: Mapping[str, Any], max_tokens: int) -> float | None:
+def turnover_s(result: TrialResult | None, max_tokens: int) -> float | None:
     """Seconds one request of ``max_tokens`` takes at ``result``'s per-request decode rate: its output tok/s over
     the requests running at once (the server's cap when it logged one, else the replay's streams); None when the
     launch measured no rate."""
-    metrics = result.get("metrics") or {}
-    rate = float(metrics.get("output_tok_s") or 0.0)
-    streams = int(metrics.get("concurrency") or 0)
-    running = int((result.get("capacity") or {}).get("max_running_requests") or 0)
+    if result is None or result.metrics is None:
+        return None
+    rate = float(result.metrics.output_tok_s or 0.0)
+    streams = int(result.metrics.concurrency or 0)
+    running = int(result.capacity.max_running_requests or 0) if result.capacity is not None else 0
     at_once = min(streams, running) if streams and running else streams or running
     if rate <= 0 or at_once <= 0:
         return None
     return max_tokens * at_once / rate
 
 
-def steady_warmup(result: Mapping[str, Any] | None, workload: Any) -> float:
+def steady_warmup(result: TrialResult | None, workload: Any) -> float:
     """The warm-up floor of a confirmation window of the config ``result`` measured: the ramp plus one turnover
     (``turnover_s``), rounded up to a whole slice, at least ``workload.warmup_s`` and at most ``TURNOVER_CAP_S``
     (never below the study's floor); the study's floor when the launch measured no rate."""
     floor = float(workload.warmup_s)
-    turn = turnover_s(result or {}, int(workload.max_tokens))
+    turn = turnover_s(result, int(workload.max_tokens))
     if turn is None:
         return floor
     ramp = min(floor, ramp_seconds(floor, workload.ramp_s))  # the study's ramp, which the confirmation keeps
