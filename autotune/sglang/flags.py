@@ -162,17 +162,21 @@ class FlagTable:
         """Every option but ``--help``, in the parser's order (two options may share a dest)."""
         return list(self._specs)
 
+    def exact(self, name: str) -> FlagSpec | None:
+        """The spec ``name`` names as dest, ``--dashed``, ``dashed`` or an alias; never by prefix (None if none)."""
+        raw = str(name).strip()
+        return self._by_dest.get(_dashless(raw)) or self._by_option.get("--" + raw.lstrip("-").replace("_", "-"))
+
     def lookup(self, name: str) -> FlagSpec:
         """The spec for ``name`` given as dest, ``--dashed``, ``dashed``, an alias or a unique ``--prefix``."""
         raw = str(name).strip()
         if not raw:
             raise ConfigError("empty flag name")
         dest = _dashless(raw)
-        if dest in self._by_dest:
-            return self._by_dest[dest]
+        found = self.exact(raw)
+        if found is not None:
+            return found
         option = "--" + raw.lstrip("-").replace("_", "-")
-        if option in self._by_option:
-            return self._by_option[option]
         # argparse's abbreviation rule: a prefix of exactly one long option; several → ambiguous.
         matches = sorted({o for o in self._by_option if o.startswith(option)})
         specs = {self._by_option[o].dest for o in matches}

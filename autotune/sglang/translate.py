@@ -23,18 +23,10 @@ from autotune.sglang.flags import RENAMED, FlagSpec, FlagTable
 _ONE_FLAG = re.compile(r"^--[a-z0-9][a-z0-9-]*$")  # a RENAMED entry that names a single flag and nothing else
 
 
-def _exact(table: FlagTable, dest: str) -> FlagSpec | None:
-    """The spec ``dest`` names by dest or by one of its option strings (aliases), never by prefix."""
-    if dest in table.dests:
-        return table.lookup(dest)
-    option = "--" + dest.replace("_", "-")
-    return next((s for s in table.specs if option in s.option_strings), None)
-
-
 def _renamed(table: FlagTable, dest: str) -> FlagSpec | None:
     """The one flag ``RENAMED`` says replaces ``dest``, when it is a plain flag name the table has."""
     hint = RENAMED.get(dest, "")
-    return _exact(table, hint.removeprefix("--")) if _ONE_FLAG.match(hint) else None
+    return table.exact(hint) if _ONE_FLAG.match(hint) else None
 
 
 def _version(table: FlagTable | EnvTable) -> str:
@@ -61,7 +53,7 @@ def translate(config: Mapping[str, Any], table: FlagTable,
             except ConfigError as exc:
                 lines.append(f"dropped {name}={value}: {exc.message}")
             continue
-        spec = _exact(table, str(key))
+        spec = table.exact(str(key))
         if spec is None and (spec := _renamed(table, str(key))) is not None:
             lines.append(f"renamed --{str(key).replace('_', '-')} to {spec.flag} ({_version(table)})")
         if spec is None:
