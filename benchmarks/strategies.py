@@ -406,8 +406,9 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
             elif trial.user_attrs.get("status") == "skipped_infeasible":
                 out.append(Launch(dict(trial.user_attrs.get("config", {})), "skipped_infeasible", 0.0, 0.0, 0.0))
         if confirmation and cfg.study.confirm_top_k > 0:
-            conf = confirm(study, cfg, runner=runner)
-            conf = stress_winner(study, cfg, conf, runner=runner) or conf or {}
+            confirmed = confirm(study, cfg, runner=runner)
+            confirmed = stress_winner(study, cfg, confirmed, runner=runner) or confirmed
+            conf = confirmed.to_dict() if confirmed is not None else {}  # the stored form the tables read
             by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
             named = conf.get("winner_trial")
             if named is None:

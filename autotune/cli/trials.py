@@ -16,6 +16,7 @@ from rich.table import Table
 from autotune.config import load_config
 from autotune.config.studyref import resolve_config
 from autotune.results import FidelityFigures, TrialResult, fidelity_summary, granted_line, numerics_line
+from autotune.search.confirm.record import Confirmation
 from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned, open_study, per_gpu
 from autotune.search.space import config_diff
@@ -34,7 +35,7 @@ COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "gpus"
 def rows(study) -> list[dict[str, Any]]:
     """One dict per trial with the columns above; capacity and peak memory from the stored TrialResult."""
     out = []
-    conf = study.user_attrs.get("confirmation") or {}
+    conf = Confirmation.of(study)
     verdict = confirmed(conf)
     winner = verdict.winner_trial if verdict is not None else None
     for t in study.get_trials(deepcopy=False):
@@ -47,7 +48,8 @@ def rows(study) -> list[dict[str, Any]]:
         stat = verdict.stat(t.number) if verdict is not None else None
         if stat is not None and stat.from_search:
             rate = None  # a baseline far behind the leader: its search run stood in, nothing was confirmed
-        fidelity = contender_fidelity(stored.fidelity if stored else None, conf, t.number)
+        fidelity = contender_fidelity(stored.fidelity if stored else None,
+                                      conf.probe(t.number) if conf is not None else None)
         out.append({
             "number": t.number, "state": t.state.name, "status": t.user_attrs.get("status", ""),
             "role": f"{role}:{label}" if label and label != role else role,
@@ -132,12 +134,12 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
         figures = FidelityFigures.from_dict(r["fidelity"])
         if figures is not None and figures.unexpected:
             click.echo(f"trial {r['number']}: {numerics_line(figures)}")
-    conf = study.user_attrs.get("confirmation") or {}
+    conf = Confirmation.of(study)
     for r in data:  # the stress phase's verdict on each stressed config (the winner's, or why it has none)
         if r["worst_case"] or r["winner"]:
             click.echo(f"trial {r['number']}{' (winner)' if r['winner'] else ''}: "
                        f"{r['worst_case'] or worst_case_line(conf, r['number'])}")
-    if conf.get("complete") and confirmation_line(conf):  # the launches and noise the confirmed figures rest on
+    if conf is not None and conf.complete and confirmation_line(conf):  # the launches and noise the confirmed figures rest on
         click.echo(f"confirmation: {confirmation_line(conf)}")
     verdict = confirmed(conf)
     job = job_for_study(study, verdict.winner_trial if verdict is not None else None)

@@ -35,6 +35,7 @@ from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files
 from autotune.results import Capacity, TrialResult
 from autotune.search.confirm.decision import Verdict
+from autotune.search.confirm.record import Confirmation
 from autotune.search.numerics import contender_result
 from autotune.search.objective import per_gpu
 from autotune.search.storage import load_study
@@ -145,10 +146,10 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
     loaded = load_study(storage, study, base_dir=base_dir)
     complete = {t.number: t for t in loaded.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))}
     usable = {n: r for n, t in complete.items() if (r := TrialResult.of(t)) is not None and r.ok and r.metrics}
-    confirmation = loaded.user_attrs.get("confirmation") or {}
-    verdict = Verdict.from_dict(confirmation) or Verdict(outcome="none")
+    confirmation = Confirmation.of(loaded) or Confirmation()
+    verdict = confirmation.verdict or Verdict(outcome="none")
     trial = verdict.winner_trial if trial is None else trial
-    if trial is None and confirmation.get("complete"):  # confirmed, and nothing beat the baseline
+    if trial is None and confirmation.complete:  # confirmed, and nothing beat the baseline
         raise StudyError(f"study {loaded.study_name!r} has no winner to apply: "
                          f"{verdict.note or 'the confirmation found none'}; "
                          "keep the current config (or pass --trial N to deploy a trial anyway)")
@@ -161,7 +162,7 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
         known = ", ".join(str(n) for n in sorted(usable)) or "none"
         raise StudyError(f"trial {trial} of study {loaded.study_name!r} is not a completed, measured trial "
                          f"(usable trials: {known})")
-    result = contender_result(usable[trial], confirmation, trial)  # its fidelity: the contender probe's, if it ran
+    result = contender_result(usable[trial], confirmation.probe(trial))  # its fidelity: the contender probe's, if it ran
     figures = confirmed_figures(confirmation, verdict, trial, result)  # the estimate the sweep's summary printed
     baseline = _baseline(complete, verdict.baseline_trial)
     return Winner(

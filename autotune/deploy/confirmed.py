@@ -8,12 +8,11 @@ no config of which beat the baseline), with its launches' figures; only the winn
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from autotune.results import TrialResult
 from autotune.search.confirm.decision import Verdict
+from autotune.search.confirm.record import Confirmation
 from autotune.search.confirm.samples import launch_tok_s
 from autotune.search.objective import gpus_spanned
 from autotune.search.views.summary import confirmed_rate
@@ -31,10 +30,10 @@ class Confirmed:
     gain_ci: tuple[float | None, float | None] = (None, None)
 
 
-def confirmed_figures(confirmation: Mapping[str, Any], verdict: Verdict, trial: int,
+def confirmed_figures(confirmation: Confirmation, verdict: Verdict, trial: int,
                       result: TrialResult) -> Confirmed:
     """Trial ``trial``'s figures from the confirmation (``result``: its search result, for a trial never confirmed)."""
-    launched = [launch_tok_s(run) for run in confirmation.get("runs") or () if run.get("trial") == trial]
+    launched = [launch_tok_s(run) for run in confirmation.runs_of(trial)]
     runs = [float(v) for v in launched if v]  # a failed launch has no figure
     stat = verdict.stat(trial)
     rate = None if stat is not None and stat.from_search else confirmed_rate(confirmation, trial,

@@ -24,6 +24,7 @@ from autotune.config.sections import NumericsLimits
 from autotune.harness.fidelity import outputs_differ
 from autotune.results import FidelityFigures, TrialResult, fidelity_summary
 from autotune.search.confirm.decision import Verdict
+from autotune.search.confirm.record import Confirmation
 from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned, per_gpu
 from autotune.search.views.settings import engine_table
@@ -105,11 +106,12 @@ def numerics_limits(config: Mapping[str, Any]):
         return NumericsLimits()
 
 
-def trial_fidelity(trial: optuna.trial.FrozenTrial, confirmation: Mapping[str, Any] | None) -> FidelityFigures | None:
+def trial_fidelity(trial: optuna.trial.FrozenTrial, confirmation: Confirmation | None) -> FidelityFigures | None:
     """What is known of a trial's outputs against the baseline: its contender probe in the confirmation where it
     ran one, else its search launch's probe (``search.numerics.contender_fidelity``); None when neither."""
     result = TrialResult.of(trial)
-    return contender_fidelity(result.fidelity if result else None, confirmation, trial.number)
+    probe = confirmation.probe(trial.number) if confirmation is not None else None
+    return contender_fidelity(result.fidelity if result else None, probe)
 
 
 def _probe_figure(fidelity: FidelityFigures | None, figure: str) -> float:
@@ -119,7 +121,7 @@ def _probe_figure(fidelity: FidelityFigures | None, figure: str) -> float:
 
 
 def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = None,
-         confirmation: Mapping[str, Any] | None = None) -> dict[str, Any]:
+         confirmation: Confirmation | None = None) -> dict[str, Any]:
     result = TrialResult.of(trial)
     status = _status(trial, result)
     outcome, group = OUTCOMES.get(status, (status, "failed"))
@@ -188,7 +190,7 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     finished = [t for t in trials if t.state.is_finished() and t.state != optuna.trial.TrialState.PRUNED]
     flags = tuned_flags(study)
     limits = numerics_limits(study_config(study))
-    confirmation = study.user_attrs.get("confirmation")
+    confirmation = Confirmation.of(study)
     frame = pd.DataFrame([_row(t, flags, limits, confirmation) for t in finished])
     if frame.empty:
         return frame
@@ -263,7 +265,7 @@ def pareto_frame(study: optuna.Study, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def baseline_trial(frame: pd.DataFrame, study: optuna.Study) -> int | None:
-    verdict = Verdict.from_dict(study.user_attrs.get("confirmation"))
+    verdict = _verdict(study)
     if verdict is not None and verdict.baseline_trial is not None:
         return int(verdict.baseline_trial)
     baselines = frame.loc[frame["role"] == "baseline", "trial"]
@@ -274,14 +276,20 @@ def winner_trial(frame: pd.DataFrame, study: optuna.Study) -> int | None:
     """The confirmation's winner, as the sweep printed it; None when a finished confirmation crowned none (no
     config beat the baseline). Without a finished confirmation, the fastest feasible trial per GPU (the report
     says it is not confirmed: ``headline.verdict_facts``)."""
-    confirmation = study.user_attrs.get("confirmation") or {}
-    verdict = Verdict.from_dict(confirmation)
+    confirmation = Confirmation.of(study)
+    verdict = confirmation.verdict if confirmation is not None else None
     if verdict is not None and verdict.winner_trial is not None:
         return int(verdict.winner_trial)
-    if confirmation.get("complete"):
+    if confirmation is not None and confirmation.complete:
         return None
     feasible = frame[frame["feasible"]]
     return int(feasible.loc[feasible["tok_s_per_gpu"].idxmax(), "trial"]) if len(feasible) else None  # per GPU
+
+
+def _verdict(study: optuna.Study) -> Verdict | None:
+    """The verdict the study's confirmation stored, finished or not (None without one)."""
+    confirmation = Confirmation.of(study)
+    return confirmation.verdict if confirmation is not None else None
 
 
 def failures_frame(frame: pd.DataFrame, *, base_dir: Path | None = None) -> pd.DataFrame:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from autotune.report.data import baseline_trial, model_name, winner_trial
 from autotune.results import TrialResult
-from autotune.search.confirm.decision import Verdict
+from autotune.search.confirm.record import Confirmation
 from autotune.search.views.jobview import job_for_study
 from autotune.search.views.settings import device_name
 from autotune.search.views.summary import confirmation_line, confirmed, confirmed_rate
@@ -29,7 +29,7 @@ def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
     produced it."""
     numbers = {"baseline": baseline_trial(frame, study), "winner": winner_trial(frame, study)}
     by_trial = frame.set_index("trial")
-    confirmation = study.user_attrs.get("confirmation") or {}
+    confirmation = Confirmation.of(study)
     rows: dict[str, dict[str, Any]] = {}
     for role, number in numbers.items():
         info = by_trial.loc[number] if number is not None and number in by_trial.index else None
@@ -56,7 +56,7 @@ def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
     return pd.DataFrame.from_dict(rows, orient="index")
 
 
-def _launches(confirmation: Mapping[str, Any], number: int | None) -> int:
+def _launches(confirmation: Confirmation | None, number: int | None) -> int:
     """How many confirmation launches ``number`` ran cleanly, as the verdict counted them (a baseline whose search
     run stood in: none; a confirmation not finished: none, the headline shows search figures then)."""
     verdict = confirmed(confirmation)
@@ -70,17 +70,19 @@ def gain(study: optuna.Study, headline: pd.DataFrame) -> dict[str, Any]:
     """Winner/baseline speed ratio (2.0 = twice as fast), with the confirmation stage's CI when there is one,
     the ratio over SGLang's own defaults when the confirmation measured (or predicted) them, and, with ``[job]``,
     the job's hours before and after (``job``: one line)."""
-    confirmation = study.user_attrs.get("confirmation") or {}
+    confirmation = Confirmation.of(study)
     win = headline.loc["winner", "tok_s_per_gpu"]  # per GPU, as the study ranks (tok/s for 1-GPU servers)
-    defaults = confirmation.get("defaults") or {}
-    base_defaults = defaults.get("tok_s_per_gpu") or defaults.get("output_tok_s")
+    defaults = confirmation.defaults if confirmation is not None else None
+    base_defaults = (defaults.tok_s_per_gpu or defaults.output_tok_s) if defaults is not None else None
     over_defaults = win / base_defaults if base_defaults and not math.isnan(win) else None
     number = headline.loc["winner", "trial"]
     job = job_for_study(study, None if number != number else int(number))  # [job]: the job's hours, both ways
-    common = {"over_defaults": over_defaults, "defaults_how": defaults.get("how"), "job": job and job["line"],
+    common = {"over_defaults": over_defaults, "defaults_how": defaults.how if defaults is not None else None,
+              "job": job and job["line"],
               "worst_case": worst_case_line(confirmation, int(number)) if number == number else None,  # stress
-              "noise": confirmation_line(confirmation) if confirmation.get("complete") else None}  # its noise
-    verdict = Verdict.from_dict(confirmation)
+              "noise": confirmation_line(confirmation) if confirmation is not None and confirmation.complete
+              else None}  # its noise
+    verdict = confirmation.verdict if confirmation is not None else None
     if verdict is not None and verdict.gain is not None:
         return {"gain": float(verdict.gain), "ci_low": verdict.ci_low, "ci_high": verdict.ci_high,
                 "note": verdict.note, **common}
@@ -96,7 +98,7 @@ def verdict_facts(study: optuna.Study) -> dict[str, Any]:
     """The confirmation's verdict as the header states it: ``outcome`` (``"winner"``, ``"baseline"``: no config beat
     it, ``"none"``: no contender ran cleanly, or ``"unconfirmed"``: no finished confirmation, the fastest search
     trial is shown as not confirmed) and its ``note``, the reason the sweep printed."""
-    verdict = confirmed(study.user_attrs.get("confirmation"))
+    verdict = confirmed(Confirmation.of(study))
     if verdict is None:
         return {"outcome": "unconfirmed", "note": "not confirmed: single search measurements"}
     note = verdict.note or ("" if verdict.outcome == "winner" else "no config beat the baseline")
@@ -107,7 +109,7 @@ def confirmed_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
     """Every config the confirmation launched, fastest first: its confirmed estimate (server tok/s) and 95 %
     interval, clean launches, and its ratio to the baseline's estimate (empty without a finished confirmation).
     What the header shows when no config beat the baseline."""
-    confirmation = study.user_attrs.get("confirmation") or {}
+    confirmation = Confirmation.of(study)
     verdict = confirmed(confirmation)
     columns = ["trial", "label", "role", "confirmed_tok_s", "tok_s_low", "tok_s_high", "launches", "vs_baseline"]
     if verdict is None:

@@ -15,6 +15,7 @@ import pandas as pd
 
 from autotune.report import data
 from autotune.results import FidelityFigures, differing_flags, flag_list
+from autotune.search.confirm.record import Confirmation
 
 COLUMNS = ["trial", "label", "outcome", "tok_s", "changes", "prefix_match", "tokens", "exact_share", "logprob_delta",
            "within_limit"]
@@ -37,9 +38,10 @@ def numerics_frame(frame: pd.DataFrame, study: Any) -> pd.DataFrame:
     """One row per probed trial: the flags that differ, the probe's figures, and the verdict against the limit."""
     limits = data.numerics_limits(data.study_config(study))
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
+    confirmation = Confirmation.of(study)
     rows = []
     for _, info in frame.iterrows():
-        fidelity = data.trial_fidelity(by_number[info["trial"]], study.user_attrs.get("confirmation"))
+        fidelity = data.trial_fidelity(by_number[info["trial"]], confirmation)
         if fidelity is None or not fidelity.probed or not (fidelity.changes or fidelity.unexpected):
             continue  # a contender probe that found the baseline's outputs has nothing to show here
         if fidelity.error:

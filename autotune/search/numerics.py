@@ -215,33 +215,10 @@ def flag_differences(config: Mapping[str, Any], reference: Mapping[str, Any]) ->
     return [{"flag": k, "value": a.get(k), "reference": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
-def confirmation_figures(confirmation: Mapping[str, Any] | None, number: int) -> FidelityFigures | None:
-    """The fidelity figures of trial ``number``'s first confirmation run (its contender probe), None if none ran."""
-    for run in (confirmation or {}).get("runs") or ():
-        if run.get("trial") == number and run.get("repeat") == 0:
-            fidelity = (run.get("result") or {}).get("fidelity")
-            figures = FidelityFigures.from_dict(fidelity) if isinstance(fidelity, Mapping) else None
-            if figures is not None and figures.probed:
-                return figures
-    return None
-
-
-def unexpected_contenders(confirmation: Mapping[str, Any] | None) -> list[int]:
-    """The confirmed contenders whose outputs changed though no output-changing flag did, in the order they ran."""
-    out: list[int] = []
-    for run in (confirmation or {}).get("runs") or ():
-        number = run.get("trial")
-        figures = confirmation_figures(confirmation, number) if run.get("repeat") == 0 else None
-        if figures is not None and figures.unexpected and number not in out:
-            out.append(number)
-    return out
-
-
-def contender_fidelity(searched: FidelityFigures | None, confirmation: Mapping[str, Any] | None,
-                       number: int) -> FidelityFigures | None:
-    """What is known of trial ``number``'s outputs against the baseline: its confirmation probe when that measured,
-    else its search launch's figures (a table flag's probe, or the reference), else a confirmation probe's error."""
-    confirmed = confirmation_figures(confirmation, number)
+def contender_fidelity(searched: FidelityFigures | None, confirmed: FidelityFigures | None) -> FidelityFigures | None:
+    """What is known of a trial's outputs against the baseline: ``confirmed``, its contender probe in its first
+    confirmation launch (``Confirmation.probe``), when that measured, else its search launch's figures (a table
+    flag's probe, or the reference), else the contender probe's error."""
     if confirmed is not None and not confirmed.error:
         return confirmed
     if searched and (searched.role != "reference" or confirmed is None):
@@ -258,9 +235,10 @@ def _sha(path: Path) -> str | None:
         return None
 
 
-def contender_result(result: TrialResult, confirmation: Mapping[str, Any] | None, number: int) -> TrialResult:
-    """Trial ``number``'s result with ``contender_fidelity`` as its ``fidelity`` (what ``apply`` judges)."""
-    return dataclasses.replace(result, fidelity=contender_fidelity(result.fidelity, confirmation, number))
+def contender_result(result: TrialResult, confirmed: FidelityFigures | None) -> TrialResult:
+    """A trial's result with ``contender_fidelity`` as its ``fidelity`` (what ``apply`` judges; ``confirmed``: its
+    contender probe)."""
+    return dataclasses.replace(result, fidelity=contender_fidelity(result.fidelity, confirmed))
 
 
 def without_reference(failed: TrialResult) -> FidelityFigures:

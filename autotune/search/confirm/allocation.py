@@ -18,10 +18,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
 from autotune.search.confirm.noise import NoiseModel
+from autotune.search.confirm.samples import ConfirmationRun
 
 MAX_FACTOR = 4  # a contention launch measures at most this many times confirm_windows
 
@@ -34,18 +34,17 @@ class LaunchCosts:
     window_s: float
 
 
-def launch_costs(runs: Iterable[Mapping[str, Any]]) -> LaunchCosts | None:
+def launch_costs(runs: Iterable[ConfirmationRun]) -> LaunchCosts | None:
     """The medians of the stored runs' own ``durations_s``: ``startup``, and per window the first's warm-up and
     window, or the later windows' share of ``windows``; None until a run recorded both."""
     startups: list[float] = []
     windows: list[float] = []
     for run in runs:
-        result = run.get("result") or {}
-        durations = result.get("durations_s") or {}
+        durations = run.result.durations_s or {}
         if durations.get("startup"):
             startups.append(float(durations["startup"]))
         first = float(durations.get("warmup") or 0.0) + float(durations.get("measure") or 0.0)
-        later = len(result.get("windows") or ())
+        later = len(run.result.windows or ())
         if later and durations.get("windows"):
             windows.append(float(durations["windows"]) / later)
         elif first > 0:

@@ -18,7 +18,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from autotune.search.confirm.noise import Estimate, NoiseModel, Ratio, estimates, ratio
-from autotune.search.confirm.samples import by_contender
+from autotune.search.confirm.samples import ConfirmationRun, by_contender
 
 # A tie goes to the fastest estimate; only when that config's measured headroom is below this floor does the
 # roomiest tied config win instead: the roomier config is usually the slower one (benchmarks/README.md).
@@ -157,10 +157,10 @@ def standing(best: Estimate, other: Estimate, noise: NoiseModel, resolution: flo
     return Standing(other.trial, r, state)
 
 
-def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, *,
+def decide(runs: Sequence[ConfirmationRun], order: Sequence[int], baseline: int | None, *,
            same_as_baseline: Collection[int] = (), resolution: float = RESOLUTION,
-           demoted: Mapping[int, str] | None = None, given: Sequence[Mapping[str, Any]] = ()) -> Verdict:
-    """Winner, gain and interval from confirmation runs (``{"trial", "repeat", "result"}``).
+           demoted: Mapping[int, str] | None = None, given: Sequence[ConfirmationRun] = ()) -> Verdict:
+    """Winner, gain and interval from confirmation runs.
 
     ``same_as_baseline``: contenders that launched the baseline's exact flags. ``demoted``: contenders that may not
     win (trial → why: a failed stress phase), named in the note. ``given``: search runs that stand in for a
@@ -171,7 +171,7 @@ def decide(runs: list[dict[str, Any]], order: list[int], baseline: int | None, *
     """
     demoted = dict(demoted or {})
     noise, est = estimates(by_contender([*given, *runs], order))
-    from_search = {int(run["trial"]) for run in given}
+    from_search = {run.trial for run in given}
     nothing = functools.partial(Verdict, baseline_trial=baseline, resolution=resolution, noise=noise.to_dict(),
                                 stats=_stats(est, noise, from_search),
                                 demoted={str(n): why for n, why in demoted.items()})

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.config import StudyConfig
+from autotune.search.confirm.record import DefaultsRun
 from autotune.search.objective import per_gpu
 from autotune.search.runner import DEFAULTS_RUN, Runner, predict
 
@@ -28,11 +29,11 @@ def defaults_config(cfg: StudyConfig) -> dict[str, Any]:
     return config
 
 
-def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callable[[], dict[str, Any] | None]:
+def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callable[[], DefaultsRun | None]:
     """SGLang 0.5.23's defaults for the tuned flags (``defaults_config``): predicted on the sim, measured once
     otherwise, in its own directory (``trials/defaults/``, the runner's ``DEFAULTS_RUN``). A run that fails is
     stored as failed (status, reason, no tok/s), never as 0 tok/s."""
-    def measure() -> dict[str, Any] | None:
+    def measure() -> DefaultsRun | None:
         config = defaults_config(cfg)
         predicted = predict(cfg, config) if cfg.engine.kind == "sim" else None
         if predicted is not None:
@@ -48,7 +49,7 @@ def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callabl
         reason = None if ok else (result.reason or "no measurement")
         if progress is not None and cfg.engine.kind != "sim":
             progress.log(f"  defaults: ok {result.output_tok_s:,.0f} tok/s" if ok else f"  defaults: {status}: {reason}")
-        return {"status": status, "output_tok_s": result.output_tok_s if ok else None,
-                "tok_s_per_gpu": per_gpu(result) if ok else None, "reason": reason,
-                "how": how, "config": config, "trial_dir": result.trial_dir, "log_path": result.log_path}
+        return DefaultsRun(status=status, output_tok_s=result.output_tok_s if ok else None,
+                           tok_s_per_gpu=per_gpu(result) if ok else None, reason=reason, how=how, config=config,
+                           trial_dir=result.trial_dir, log_path=result.log_path)
     return measure

@@ -1,8 +1,8 @@
 """The confirmation's runs as samples: one ``LaunchSample`` per confirmation launch, with its windows' tok/s per GPU.
 
-A stored run is ``{"trial", "repeat", "result"}``; the result's first window is its ``metrics``, later windows of
-the same launch are ``result.windows`` (``harness.windows``). Runs stored before windows existed have none: a
-launch of one window, which the noise model reads as such.
+A run is a ``ConfirmationRun`` (stored as ``{"trial", "repeat", "result"}``); the result's first window is its
+``metrics``, later windows of the same launch are ``result.windows`` (``harness.windows``). Runs stored before
+windows existed have none: a launch of one window, which the noise model reads as such.
 """
 
 from __future__ import annotations
@@ -13,6 +13,26 @@ from typing import Any
 
 from autotune.results import TrialResult
 from autotune.search.objective import gpus_spanned, per_gpu
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ConfirmationRun:
+    """One confirmation launch of a contender (``repeat`` k), or a search run standing in for one (``search``:
+    a baseline far behind the leader, repeat -1)."""
+
+    trial: int
+    repeat: int
+    result: TrialResult
+    search: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"trial": self.trial, "repeat": self.repeat, **({"search": True} if self.search else {}),
+                "result": self.result.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ConfirmationRun:
+        return cls(trial=int(data["trial"]), repeat=int(data["repeat"]), search=bool(data.get("search")),
+                   result=TrialResult.from_dict(data["result"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,9 +48,9 @@ class LaunchSample:
     unsettled: int = 0  # windows whose settle rule reached its cap (kept: a confirmation window is not a crown)
 
 
-def launch_sample(run: Mapping[str, Any]) -> LaunchSample:
-    """A stored confirmation run as a sample."""
-    result = TrialResult.from_dict(run["result"])
+def launch_sample(run: ConfirmationRun) -> LaunchSample:
+    """A confirmation run as a sample."""
+    result = run.result
     first = per_gpu(result)
     ok = result.ok and first is not None and first > 0
     rates: list[float] = [first] if ok and first is not None else []
@@ -42,20 +62,20 @@ def launch_sample(run: Mapping[str, Any]) -> LaunchSample:
             # result with no GPU group recorded, as an in-process prediction, still spans tp_size of them)
             rates.append(window.output_tok_s / span)
             unsettled += window.settled is False
-    return LaunchSample(trial=int(run["trial"]), repeat=int(run["repeat"]), ok=ok, rates=tuple(rates),
+    return LaunchSample(trial=run.trial, repeat=run.repeat, ok=ok, rates=tuple(rates),
                         headroom_gib=headroom([result]), unsettled=unsettled)
 
 
-def launch_tok_s(run: Mapping[str, Any]) -> float | None:
+def launch_tok_s(run: ConfirmationRun) -> float | None:
     """The server's output tok/s in one confirmation launch: the mean of its trusted windows (None: it failed).
     What ``apply`` quotes per launch, so a launch of three windows counts as the confirmation counted it."""
     sample = launch_sample(run)
     if not sample.ok:
         return None
-    return sum(sample.rates) / len(sample.rates) * gpus_spanned(TrialResult.from_dict(run["result"]))
+    return sum(sample.rates) / len(sample.rates) * gpus_spanned(run.result)
 
 
-def by_contender(runs: Iterable[Mapping[str, Any]], order: Iterable[int]) -> dict[int, list[LaunchSample]]:
+def by_contender(runs: Iterable[ConfirmationRun], order: Iterable[int]) -> dict[int, list[LaunchSample]]:
     """Every contender's launches in the order they ran (a contender not yet launched has an empty list)."""
     out: dict[int, list[LaunchSample]] = {n: [] for n in order}
     for run in runs:

@@ -1,8 +1,9 @@
 """The confirmation stage: run (or reuse) the interleaved runs, stage by stage, saved as they land, and store the
-verdict in ``study.user_attrs["confirmation"]``."""
+verdict with them as the study's confirmation (``record.Confirmation``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable, Mapping
@@ -18,6 +19,7 @@ from autotune.search.confirm.allocation import launch_costs, windows_per_launch
 from autotune.search.confirm.decision import ContenderStat, Verdict, decide
 from autotune.search.confirm.noise import estimates
 from autotune.search.confirm.ranking import contenders, feasible, gains, in_reach
+from autotune.search.confirm.record import ATTR, Confirmation, ConfirmationRun, DefaultsRun
 from autotune.search.confirm.samples import by_contender
 from autotune.search.confirm.warmup import steady_warmup
 from autotune.search.runner import Runner
@@ -28,32 +30,30 @@ from autotune.sglang.parallel import server_gpus
 
 def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: Any = None,
             stop_event: threading.Event | None = None,
-            defaults: Callable[[], dict[str, Any] | None] | None = None) -> dict[str, Any] | None:
-    """Run (or reuse) the confirmation stage and store it as ``study.user_attrs["confirmation"]``."""
+            defaults: Callable[[], DefaultsRun | None] | None = None) -> Confirmation | None:
+    """Run (or reuse) the confirmation stage and store it as the study's confirmation (``record.Confirmation``)."""
     n_done = len(finished(study.get_trials(deepcopy=False)))
-    stored = study.user_attrs.get("confirmation")
-    if stored and stored.get("complete") and stored.get("n_trials") == n_done and "outcome" in stored:
+    stored = Confirmation.of(study)
+    decided = "outcome" in (study.user_attrs.get(ATTR) or {})  # a verdict stored before outcomes is decided again
+    if stored is not None and stored.complete and stored.n_trials == n_done and decided:
         return stored
     top, baseline, refs = contenders(study, cfg.study.confirm_top_k)
     contenders_by_number = {t.number: t for t in [*top, *refs, *([baseline] if baseline else [])]}
     base_key = _key(baseline) if baseline is not None else None
     twins = [n for n, t in contenders_by_number.items() if base_key is not None and _key(t) == base_key]
     base_n = baseline.number if baseline is not None and feasible(baseline) else None
-    if stored and stored.get("complete") and stored.get("n_trials") == n_done:
+    if stored is not None and stored.complete and stored.n_trials == n_done:
         # Decided before a winner equal to the baseline counted as none: the same runs, decided again.
-        verdict = decide(stored["runs"], stored["order"], base_n, same_as_baseline=twins,
-                         resolution=cfg.study.resolution, given=stored.get("given") or ())
-        confirmation = {**stored, **verdict.to_dict()}
-        study.set_user_attr("confirmation", confirmation)
-        return confirmation
+        verdict = decide(stored.runs, stored.order, base_n, same_as_baseline=twins,
+                         resolution=cfg.study.resolution, given=stored.given)
+        return dataclasses.replace(stored, verdict=verdict).store(study)
     order = [t.number for t in top + refs]
-    given: list[dict[str, Any]] = []
+    given: list[ConfirmationRun] = []
     if baseline is not None and baseline.number not in order and feasible(baseline):
         if in_reach(baseline, top, gains(study)):
             order.append(baseline.number)
         else:  # far behind the leader: its search run stands in for a launch (``ranking.IN_REACH``)
-            given.append({"trial": baseline.number, "repeat": -1, "search": True,
-                          "result": _result(baseline).to_dict()})
+            given.append(ConfirmationRun(trial=baseline.number, repeat=-1, search=True, result=_result(baseline)))
     if not order:
         return None
     results = {n: _result(t) for n, t in contenders_by_number.items()}
@@ -62,11 +62,11 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     # Every confirmation window warms up until the search launch's first wave of requests would have turned over:
     # the claims are about the job's steady rate, not the young requests of a search window (``warmup``).
     warmups = {n: steady_warmup(TrialResult.of(t), cfg.workload) for n, t in contenders_by_number.items()}
-    runs: list[dict[str, Any]] = []
-    if stored and stored.get("n_trials") == n_done and stored.get("order") == order:
-        runs = list(stored.get("runs", []))  # a confirmation a killed sweep left half done
-    state = {"order": order, "n_trials": n_done, "complete": False, **({"given": given} if given else {}),
-             "warmup_s": {str(n): warmups[n] for n in order}}
+    runs: list[ConfirmationRun] = []
+    if stored is not None and stored.n_trials == n_done and list(stored.order) == order:
+        runs = list(stored.runs)  # a confirmation a killed sweep left half done
+    state = Confirmation(order=tuple(order), n_trials=n_done, given=tuple(given),
+                         warmup_s={n: warmups[n] for n in order})
     verdict_now = functools.partial(decide, runs, order, base_n, same_as_baseline=twins,
                                     resolution=cfg.study.resolution, given=given)
     if not _run_stages(study, cfg, state, runs, (configs, plans, warmups), verdict_now, runner=runner,
@@ -76,12 +76,10 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     # The stress stage runs on this verdict once it is stored (``sweep.run_sweep``: ``stress.stress_winner``); a
     # contender that fails it is demoted through ``decide(demoted=…)`` and the next one stressed.
     measured = defaults() if defaults is not None else None
-    if measured is not None and measured.get("status") == "interrupted":
-        study.set_user_attr("confirmation", {**state, "runs": runs})  # a resume measures the defaults again
+    if measured is not None and measured.status == "interrupted":
+        dataclasses.replace(state, runs=tuple(runs)).store(study)  # a resume measures the defaults again
         return None
-    confirmation = {**state, "complete": True, "runs": runs, **verdict.to_dict(), "defaults": measured}
-    study.set_user_attr("confirmation", confirmation)
-    return confirmation
+    return dataclasses.replace(state, complete=True, runs=tuple(runs), verdict=verdict, defaults=measured).store(study)
 
 
 def next_launches(order: list[int], launched: Mapping[int, int], verdict: Verdict, *, first: int,
@@ -132,7 +130,7 @@ def _windows(verdict: Verdict, n: int) -> int:
     return _stat(verdict, n).windows
 
 
-def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], runs: list[dict[str, Any]],
+def _run_stages(study: optuna.Study, cfg: StudyConfig, state: Confirmation, runs: list[ConfirmationRun],
                 contenders: tuple[dict[int, dict[str, Any]], dict[int, Any], dict[int, float]],
                 verdict_now: Callable[[], Verdict],
                 *, runner: Runner, progress: Any, stop_event: threading.Event | None) -> bool:
@@ -141,11 +139,11 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], ru
     (``stressed_in``), so the winner is usually stressed without a launch of its own (``confirm.stress``).
     ``contenders``: per trial its config, plan and the warm-up floor of its windows (``warmup.steady_warmup``)."""
     configs, plans, warmups = contenders
-    order = state["order"]
+    order = list(state.order)
     first = cfg.study.confirm_repeats
     most = max(first, cfg.study.confirm_max_repeats)
     while True:
-        launched = {n: sum(1 for r in runs if r["trial"] == n) for n in order}
+        launched = {n: sum(1 for r in runs if r.trial == n) for n in order}
         verdict = verdict_now()
         stage, plan = next_stage(order, launched, verdict, first=first, most=most,
                                  most_windows=most * cfg.study.confirm_windows)
@@ -157,17 +155,17 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: dict[str, Any], ru
         total = len(runs) + len(plan)
         for n, k in plan:
             if stop_event is not None and stop_event.is_set():
-                study.set_user_attr("confirmation", {**state, "runs": runs})
+                dataclasses.replace(state, runs=tuple(runs)).store(study)
                 return False
             if progress is not None:
                 progress.confirm_started(len(runs) + 1, total, n, k)
             stress = StressStep(plan=plans.get(n)) if (n, k) in stressed else None
             result = _repeat(runner, dict(configs[n]), n, k, windows=windows, stress=stress, warmup_s=warmups.get(n))
             if result.status == "interrupted":
-                study.set_user_attr("confirmation", {**state, "runs": runs})
+                dataclasses.replace(state, runs=tuple(runs)).store(study)
                 return False
-            runs.append({"trial": n, "repeat": k, "result": result.to_dict()})
-            study.set_user_attr("confirmation", {**state, "runs": runs})
+            runs.append(ConfirmationRun(trial=n, repeat=k, result=result))
+            dataclasses.replace(state, runs=tuple(runs)).store(study)
             if progress is not None:
                 progress.confirm_finished(n, result)
 

@@ -15,6 +15,7 @@ import optuna
 
 from autotune.job import Job, JobShapeError, JobTime, job_line, job_time
 from autotune.results import TrialResult
+from autotune.search.confirm.record import Confirmation
 from autotune.search.objective import gpus_spanned
 from autotune.search.views.summary import baseline_trial, confirmed_rate
 
@@ -39,7 +40,7 @@ def _rate(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> tuple[float, 
     if result is None:
         return None
     span = gpus_spanned(result)  # the score's count: recorded GPUs, else the config's span
-    confirmed = confirmed_rate(study.user_attrs.get("confirmation") or {}, trial.number, span)
+    confirmed = confirmed_rate(Confirmation.of(study), trial.number, span)
     if confirmed is not None and confirmed[0] > 0:
         return confirmed[0], span, confirmed[1]
     assert result.output_tok_s is not None

@@ -35,8 +35,8 @@ from autotune.config import StudyConfig
 from autotune.errors import ConfigError
 from autotune.redaction import redact_url
 from autotune.results import TrialResult
-from autotune.search.confirm.decision import Verdict
 from autotune.search.confirm.ranking import contenders
+from autotune.search.confirm.record import Confirmation
 from autotune.search.correction import CorrectedFeasibility, replay
 from autotune.search.seeding import finished
 from autotune.search.space import Space, key_of
@@ -74,7 +74,8 @@ def ranked_configs(study: optuna.Study, name: str | None = None) -> list[tuple[s
     """(label, trial, launched config) of the confirmed winner, then the top ``FROM_TOP`` distinct others by the
     study's own ranking; ConfigError when nothing measured. ``name``: the study as labels name it."""
     top, _, _ = contenders(study, FROM_TOP + 1)
-    verdict = Verdict.from_dict(study.user_attrs.get("confirmation"))
+    confirmation = Confirmation.of(study)
+    verdict = confirmation.verdict if confirmation is not None else None
     winner = verdict.winner_trial if verdict is not None else None
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     chosen = ([by_number[winner]] if winner in by_number else []) + [t for t in top if t.number != winner]

@@ -24,7 +24,8 @@ from autotune.config import StudyConfig
 from autotune.redaction import redact_url
 from autotune.results import TrialResult, numerics_line
 from autotune.search.confirm.decision import ContenderStat, Verdict
-from autotune.search.numerics import confirmation_figures, contender_fidelity, unexpected_contenders
+from autotune.search.confirm.record import Confirmation, DefaultsRun
+from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launch_key, launches, unsettled
 from autotune.search.stopping import STOP_ATTR
@@ -57,16 +58,16 @@ def baseline_failure(study: optuna.Study) -> str | None:
         status = base.user_attrs.get("status") or base.state.name.lower()
         reason = base.user_attrs.get("reason") or ("no tok/s measured" if status == "ok" else "no reason recorded")
         return f"(trial {base.number}) failed: {status}: {reason}"
-    verdict = confirmed(study.user_attrs.get("confirmation"))
+    verdict = confirmed(Confirmation.of(study))
     stats = verdict.stat(base.number) if verdict is not None else None
     if stats and stats.runs and not stats.median:
         return f"(trial {base.number}) failed in every confirmation run ({stats.runs})"
     return None
 
 
-def confirmed(confirmation: Mapping[str, Any] | None) -> Verdict | None:
+def confirmed(confirmation: Confirmation | None) -> Verdict | None:
     """The verdict of a finished confirmation; None while it runs, or with no confirmation."""
-    return Verdict.from_dict(confirmation) if (confirmation or {}).get("complete") else None
+    return confirmation.confirmed if confirmation is not None else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -84,19 +85,16 @@ class DefaultsEntry:
     log_path: str | None = None
 
 
-def _defaults_entry(stored: Mapping[str, Any] | None) -> DefaultsEntry | None:
+def _defaults_entry(stored: DefaultsRun | None) -> DefaultsEntry | None:
     """The stored defaults measurement; one that did not run cleanly has no tok/s (older studies stored 0.0)."""
-    if not stored:
+    if stored is None:
         return None
-    out = dict(stored)
-    status = out.get("status") or ("ok" if out.get("output_tok_s") else "failed")
-    if status == "ok" and not out.get("output_tok_s"):
+    status = stored.status or ("ok" if stored.output_tok_s else "failed")
+    if status == "ok" and not stored.output_tok_s:
         status = "no_measurement"
-    if status != "ok":
-        out.update(output_tok_s=None, reason=out.get("reason"))
-    out["status"] = status
-    names = {f.name for f in dataclasses.fields(DefaultsEntry)}
-    return DefaultsEntry(**{k: v for k, v in out.items() if k in names})
+    return DefaultsEntry(status=status, output_tok_s=stored.output_tok_s if status == "ok" else None,
+                         tok_s_per_gpu=stored.tok_s_per_gpu, reason=stored.reason, how=stored.how or "",
+                         config=stored.config, trial_dir=stored.trial_dir, log_path=stored.log_path)
 
 
 def _spans(trial: FrozenTrial) -> int:
@@ -110,7 +108,7 @@ def _defaults_per_gpu(defaults: DefaultsEntry) -> float:
     return float(defaults.tok_s_per_gpu or defaults.output_tok_s or 0.0)
 
 
-def confirmed_rate(confirmation: Mapping[str, Any], number: int,
+def confirmed_rate(confirmation: Confirmation | None, number: int,
                    span: int) -> tuple[float, tuple[float, float] | None] | None:
     """A confirmed trial's median server tok/s and the interval of that median; None when the confirmation did not
     finish or did not measure it. The stored statistics are of tok/s per GPU, the score: × ``span`` GPUs."""
@@ -123,15 +121,15 @@ def confirmed_rate(confirmation: Mapping[str, Any], number: int,
     return float(stats.median) * span, interval
 
 
-def confirmation_line(confirmation: dict[str, Any]) -> str | None:
+def confirmation_line(confirmation: Confirmation | None) -> str | None:
     """What the confirmation ran and the noise it measured: ``7 launches, 21 windows; window CV 1.2 %, launch CV
     0.4 %`` (None for a confirmation stored before the noise model)."""
-    verdict = Verdict.from_dict(confirmation) or Verdict(outcome="none")
+    verdict = (confirmation.verdict if confirmation is not None else None) or Verdict(outcome="none")
     noise = verdict.noise
-    if not noise.get("line"):
+    if not noise.get("line") or confirmation is None:
         return None
     stats = verdict.stats.values()
-    launches = len(confirmation.get("runs") or ())
+    launches = len(confirmation.runs)
     windows = sum(s.windows for s in stats if not s.from_search)  # a given search run
     return f"{launches} launches, {windows} windows; {noise['line']}"
 
@@ -180,7 +178,7 @@ class UnexpectedEntry:
 
 
 def _entry(by_number: dict[int, FrozenTrial], stats: Mapping[str, ContenderStat], n: int | None,
-           conf: Mapping[str, Any] | None = None) -> TrialEntry | None:
+           conf: Confirmation | None = None) -> TrialEntry | None:
     """A trial as the summary shows it: the confirmed median and interval where confirmed, else its search value."""
     if n is None or n not in by_number:
         return None
@@ -195,8 +193,9 @@ def _entry(by_number: dict[int, FrozenTrial], stats: Mapping[str, ContenderStat]
         output_tok_s=scale(value), tok_s_per_gpu=value, gpus=gpus,
         ci_low=scale(s.ci[0]) if s and s.ci else None, ci_high=scale(s.ci[1]) if s and s.ci else None,
         confirmed_runs=s.runs if s and not s.from_search else 0, from_search=bool(s and s.from_search),
-        numerics=numerics_line(contender_fidelity(data.fidelity if data is not None else None, conf, n)),
-        worst_case=worst_case_line(conf, n) if conf and conf.get("complete") else None)  # the stress phase
+        numerics=numerics_line(contender_fidelity(data.fidelity if data is not None else None,
+                                                  conf.probe(n) if conf is not None else None)),
+        worst_case=worst_case_line(conf, n) if conf is not None and conf.complete else None)  # the stress phase
 
 
 def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
@@ -213,11 +212,12 @@ def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
     return best_n, None, note
 
 
-def _unexpected(conf: Mapping[str, Any], best: TrialEntry | None) -> list[UnexpectedEntry]:
+def _unexpected(conf: Confirmation | None, best: TrialEntry | None) -> list[UnexpectedEntry]:
     """The confirmed contenders other than the winner whose outputs changed though no output-changing flag did, each
     with its one line (``results.numerics_line``)."""
-    return [UnexpectedEntry(n, numerics_line(confirmation_figures(conf, n)))
-            for n in unexpected_contenders(conf) if not best or n != best.trial]
+    if conf is None:
+        return []
+    return [UnexpectedEntry(n, numerics_line(conf.probe(n))) for n in conf.unexpected() if not best or n != best.trial]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -283,7 +283,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
     done = finished(trials)
     statuses = dict(collections.Counter(t.user_attrs.get("status", t.state.name.lower()) for t in done))
     by_number = {t.number: t for t in trials}
-    conf = study.user_attrs.get("confirmation") or {}
+    conf = Confirmation.of(study)
     verdict = confirmed(conf)
     entry = functools.partial(_entry, by_number, dict(verdict.stats) if verdict is not None else {}, conf=conf)
     base_t = baseline_trial(trials)
@@ -298,7 +298,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         else None)
     enqueued = [entry(t.number) for t in trials if t.user_attrs.get("role") == "enqueued"
                 and t.state.name == "COMPLETE" and t.user_attrs.get("requeued_from") is None]
-    defaults = _defaults_entry(conf.get("defaults")) if verdict is not None else None
+    defaults = _defaults_entry(conf.defaults) if conf is not None and verdict is not None else None
     started = launches(trials)
     launched_oom = sum(1 for t in started if t.user_attrs.get("status") in ("startup_oom", "runtime_oom"))
     reran = sum(1 for t in started if t.state.name == "FAIL" and t.user_attrs.get("status") in (None, "interrupted"))

@@ -1,5 +1,5 @@
-"""A config's worst case as a study records it: the stress phase's verdict (``confirmation["stress"]``, written and
-read back by ``search.confirm.stress``) for every view — the sweep's summary, ``trials``, the report, and ``apply``,
+"""A config's worst case as a study records it: the stress phase's verdict (the confirmation's ``stress`` record,
+written and read back by ``search.confirm.stress``) for every view — the sweep's summary, ``trials``, the report, and ``apply``,
 which refuses a config not known to survive it unless told to (``--allow-unstressed``)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.errors import StudyError
-from autotune.search.confirm.decision import Verdict
+from autotune.search.confirm.record import Confirmation, StressRun
 from autotune.search.confirm.stress import ATTR, passed, stress_of, worst_case_line
 
 __all__ = ["ATTR", "Unstressed", "check_stressed", "passed", "stress_of", "worst_case_block", "worst_case_line"]
@@ -22,9 +22,9 @@ def worst_case_block(study_attrs: Mapping[str, Any], trial: int) -> dict[str, An
     """What ``apply`` says and writes into ``provenance.json`` about ``trial`` of a study (its user attrs: the
     confirmation and the settings): ``{"line", "passed", "stress", "problem"}``, ``problem`` naming why it is not
     known to survive its worst case (None when it passed)."""
-    confirmation, settings = study_attrs.get("confirmation") or {}, study_attrs.get("autotune") or {}
+    confirmation, settings = Confirmation.of(study_attrs), study_attrs.get("autotune") or {}
     run = stress_of(confirmation, trial)
-    result = (run or {}).get("result")
+    result = run.result.to_dict() if run is not None and run.result is not None else None
     ok = passed(confirmation, trial) is not None
     problem = None
     if not ok:
@@ -32,16 +32,16 @@ def worst_case_block(study_attrs: Mapping[str, Any], trial: int) -> dict[str, An
     return {"line": worst_case_line(confirmation, trial), "passed": ok, "stress": result, "problem": problem}
 
 
-def _unstressed_why(confirmation: Mapping[str, Any] | None, trial: int, run: Mapping[str, Any] | None,
+def _unstressed_why(confirmation: Confirmation | None, trial: int, run: StressRun | None,
                     settings: Mapping[str, Any]) -> str:
-    conf = confirmation or {}
     if run is not None:
-        return f"trial {trial} failed the stress phase ({worst_case_line(conf, trial)})"
+        return f"trial {trial} failed the stress phase ({worst_case_line(confirmation, trial)})"
     top_k = (settings.get("study") or {}).get("confirm_top_k")
     if top_k == 0:
         return (f"trial {trial} never ran the stress phase: it runs in the confirmation, which this study turns off "
                 "([study] confirm_top_k = 0); set confirm_top_k = 1 or more and re-run autotune sweep")
-    winner = (Verdict.from_dict(conf) or Verdict(outcome="none")).winner_trial
+    verdict = confirmation.verdict if confirmation is not None else None
+    winner = verdict.winner_trial if verdict is not None else None
     if winner not in (None, trial):
         return (f"trial {trial} never ran the stress phase (only the confirmed winner, and a runner-up tied with it, "
                 f"are stressed; the winner is trial {winner})")
