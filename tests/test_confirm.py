@@ -14,6 +14,7 @@ from autotune.config import load_config
 from autotune.results import GpuPeaks, Metrics, Percentiles, TrialResult
 from autotune.search.confirm import confirm, decide, defaults_config
 from autotune.search.confirm.decision import Verdict
+from autotune.search.confirm.record import ConfirmationRun, DefaultsRun
 from autotune.search.objective import open_study
 from autotune.search.runner import DEFAULTS_RUN
 from autotune.search.study import run_study
@@ -29,11 +30,11 @@ def ok(tok: float, headroom: float | None = None) -> dict:
     return TrialResult(status="ok", config={}, metrics=m, gpu=gpu).to_dict()
 
 
-def runs(values: dict[int, list[float]], headroom: dict[int, float] | None = None) -> list[dict]:
+def runs(values: dict[int, list[float]], headroom: dict[int, float] | None = None) -> list[ConfirmationRun]:
     out = []
     for n, vs in values.items():
         out += [{"trial": n, "repeat": k, "result": ok(v, (headroom or {}).get(n))} for k, v in enumerate(vs)]
-    return out
+    return [ConfirmationRun.from_dict(r) for r in out]
 
 
 def gmean(values: list[float]) -> float:
@@ -57,7 +58,7 @@ def test_confirmation_ranks_by_tok_s_per_gpu():
         return TrialResult(status="ok", config={"tp_size": len(gpus)}, metrics=m, gpus=gpus).to_dict()
 
     # trial 3: the fastest server (5,000 tok/s) over two GPUs; trial 7: 3,000 tok/s on one GPU, the better fleet
-    rs = [{"trial": n, "repeat": k, "result": on(v * (1 + 0.01 * k), g)}
+    rs = [ConfirmationRun.from_dict({"trial": n, "repeat": k, "result": on(v * (1 + 0.01 * k), g)})
           for n, v, g in ((3, 5000.0, [0, 1]), (7, 3000.0, [2]), (0, 1000.0, [3])) for k in range(3)]
     verdict = decide(rs, [3, 7, 0], baseline=0)
     assert verdict.winner_trial == 7
@@ -81,7 +82,7 @@ def test_a_tie_keeps_the_fastest_median_when_it_has_room_enough():
 
 def test_a_contender_that_fails_a_repeat_cannot_win():
     failed = TrialResult(status="runtime_oom", config={}, reason="CUDA out of memory").to_dict()
-    rs = runs({3: [9000, 9000], 0: [2000, 2000]}) + [{"trial": 3, "repeat": 2, "result": failed}]
+    rs = runs({3: [9000, 9000], 0: [2000, 2000]}) + [ConfirmationRun.from_dict({"trial": 3, "repeat": 2, "result": failed})]
     verdict = decide(rs, [3, 0], baseline=0)
     # the baseline is then the fastest clean config: that is no winner (and no 1.00× "gain")
     assert verdict.winner_trial is None and verdict.gain is None and verdict.outcome == "baseline"
@@ -93,7 +94,7 @@ def test_confirm_interleaves_stores_and_is_reused(tmp_path):
     runner = PlannerRunner()
     study = run_study(cfg, runner=runner)
     runner.calls.clear()
-    conf = confirm(study, cfg, runner=runner)
+    conf = confirm(study, cfg, runner=runner).to_dict()  # the stored form
     order = conf["order"]
     # the baseline (1,600 tok/s) is under half the leader's 4,800: not relaunched, its search run stands in
     assert 0 not in order and [r["trial"] for r in conf["given"]] == [0]
@@ -110,7 +111,7 @@ def test_confirm_interleaves_stores_and_is_reused(tmp_path):
     assert stored["baseline_trial"] == 0 and stored["gain"] > 1
     # resuming a finished study re-uses the stored confirmation
     runner.calls.clear()
-    assert confirm(study, cfg, runner=runner)["winner_trial"] == conf["winner_trial"]
+    assert confirm(study, cfg, runner=runner).to_dict()["winner_trial"] == conf["winner_trial"]
     assert runner.calls == []
     # ... unless more trials were added
     cfg7 = load_config(write_study(tmp_path, trials=7))
@@ -170,7 +171,7 @@ def test_an_enqueued_config_far_behind_the_leader_costs_no_confirmation_launch(t
     assert hand.user_attrs["role"] == "enqueued"
     assert (hand.values[0] >= 0.5 * lead) is confirmed
     runner.calls.clear()
-    conf = confirm(study, cfg, runner=runner)
+    conf = confirm(study, cfg, runner=runner).to_dict()  # the stored form
     assert (1 in conf["order"]) is confirmed and (1 in [n for n, _ in runner.calls]) is confirmed
     shown = summarize(study, cfg).enqueued[0]
     assert shown.trial == 1 and shown.confirmed_runs == (1 if confirmed else 0)
@@ -179,7 +180,7 @@ def test_an_enqueued_config_far_behind_the_leader_costs_no_confirmation_launch(t
 
 def test_a_given_baseline_run_gives_the_gain_its_interval_and_adds_nothing_to_the_noise():
     data = {3: [5000, 5100, 4900, 5050], 7: [4000, 4100, 3900, 4050]}
-    given = [{"trial": 0, "repeat": -1, "search": True, "result": ok(2000)}]
+    given = [ConfirmationRun.from_dict({"trial": 0, "repeat": -1, "search": True, "result": ok(2000)})]
     verdict = decide(runs(data), [3, 7], baseline=0, given=given)
     assert verdict.winner_trial == 3 and verdict.outcome == "winner"
     assert verdict.gain == pytest.approx(gmean(data[3]) / 2000)
@@ -188,7 +189,7 @@ def test_a_given_baseline_run_gives_the_gain_its_interval_and_adds_nothing_to_th
     assert verdict.stats["0"].from_search and not verdict.stats["3"].from_search
     assert "from_search" not in verdict.to_dict()["stats"]["3"]  # stored only when set
     # a given baseline is never a candidate: if it read fastest, no config beat it and nothing is decided
-    fast = [{**given[0], "result": ok(9000)}]
+    fast = [dataclasses.replace(given[0], result=TrialResult.from_dict(ok(9000)))]
     held = decide(runs(data), [3, 7], baseline=0, given=fast)
     assert held.winner_trial is None and held.outcome == "baseline" and held.contention == (3,)
 
@@ -201,7 +202,7 @@ def test_a_baseline_far_behind_the_leader_is_not_relaunched(tmp_path, factor, re
     lead, base = max(t.values[0] for t in study.trials if t.values), study.trials[0].values[0]
     assert (base >= 0.5 * lead) is relaunched  # 1,600 against 4,800 at 1×; 4,000 at 2.5×
     runner.calls.clear()
-    conf = confirm(study, cfg, runner=runner)
+    conf = confirm(study, cfg, runner=runner).to_dict()  # the stored form
     assert (0 in conf["order"]) is relaunched and (0 in [n for n, _ in runner.calls]) is relaunched
     assert bool(conf.get("given")) is not relaunched and conf["gain"] > 1
     assert conf["ci_low"] <= conf["gain"] <= conf["ci_high"]  # the fake has no noise
@@ -274,8 +275,8 @@ def test_a_failed_defaults_run_is_reported_as_failed_not_as_zero(tmp_path):
 def test_older_studies_stored_a_failed_defaults_run_as_zero(tmp_path):
     cfg = load_config(write_study(tmp_path, trials=4))
     study = run_study(cfg, runner=PlannerRunner())
-    confirm(study, cfg, runner=PlannerRunner(), defaults=lambda: {"output_tok_s": 0.0, "status": "bad_args",
-                                                                  "how": "measured once during confirmation"})
+    confirm(study, cfg, runner=PlannerRunner(), defaults=lambda: DefaultsRun(output_tok_s=0.0, status="bad_args",
+                                                                  how="measured once during confirmation"))
     summary = summarize(study, cfg)
     assert summary.defaults.output_tok_s is None and summary.gain_over_defaults is None
     assert "defaults (fixed flags kept) failed" in render(summary)
@@ -285,12 +286,12 @@ def test_an_interrupted_defaults_run_leaves_the_confirmation_to_finish_on_resume
     cfg = load_config(write_study(tmp_path, trials=4))
     study = run_study(cfg, runner=PlannerRunner())
     runner = PlannerRunner()
-    stop = lambda: {"status": "interrupted", "output_tok_s": None}  # noqa: E731
+    stop = lambda: DefaultsRun(status="interrupted", output_tok_s=None)  # noqa: E731
     assert confirm(study, cfg, runner=runner, defaults=stop) is None
     assert not study.user_attrs["confirmation"]["complete"]
     runner.calls.clear()
-    done = confirm(study, cfg, runner=runner, defaults=lambda: {"status": "ok", "output_tok_s": 1.0, "how": "x"})
-    assert done["complete"] and runner.calls == []  # the runs are reused; only the defaults ran again
+    done = confirm(study, cfg, runner=runner, defaults=lambda: DefaultsRun(status="ok", output_tok_s=1.0, how="x"))
+    assert done.complete and runner.calls == []  # the runs are reused; only the defaults ran again
 
 
 def test_harness_writes_the_defaults_run_under_trials_defaults(tmp_path):
@@ -364,7 +365,7 @@ def test_winner_with_the_baseline_flags_prints_no_config_beat_the_baseline_and_a
     assert unconfirmed.best is None and unconfirmed.outcome == "baseline"
     assert unconfirmed.note.startswith("no config beat the baseline")
 
-    conf = confirm(study, cfg, runner=Twin())
+    conf = confirm(study, cfg, runner=Twin()).to_dict()  # the stored form
     assert conf["order"][0] == 2 and 0 in conf["order"]  # the twin was the top contender
     assert conf["winner_trial"] is None and conf["outcome"] == "baseline" and conf["gain"] is None
     assert conf["note"].startswith("no config beat the baseline")
@@ -422,11 +423,11 @@ def test_resumed_sweep_counts_launches_of_every_session(tmp_path):
 def test_a_stored_confirmation_from_before_is_decided_again_without_rerunning(tmp_path):
     cfg = load_config(write_study(tmp_path, trials=3, extra=TWIN))
     study = run_study(cfg, runner=Twin())
-    conf = confirm(study, cfg, runner=Twin())
+    conf = confirm(study, cfg, runner=Twin()).to_dict()  # the stored form
     legacy = {k: v for k, v in conf.items() if k != "outcome"}
     study.set_user_attr("confirmation", {**legacy, "winner_trial": 2, "gain": 1.08, "note": ""})  # the old verdict
     runner = Twin()
-    again = confirm(study, cfg, runner=runner)
+    again = confirm(study, cfg, runner=runner).to_dict()  # the stored form
     assert runner.calls == [] and again["runs"] == conf["runs"]
     assert again["winner_trial"] is None and again["outcome"] == "baseline" and again["gain"] is None
     assert study.user_attrs["confirmation"]["winner_trial"] is None
@@ -492,7 +493,7 @@ def test_the_verdict_is_stored_with_the_keys_studies_hold_and_read_back_as_it_wa
         "winner": (decide(runs(data), [3, 7, 0], baseline=0, demoted={7: "failed its stress phase"}),
                    common | {"resolved", "runner_up_trial", "runner_up_gain", "runner_up_ci", "demoted"}),
         "baseline": (decide(runs(data), [3, 7, 0], baseline=0, same_as_baseline=[3, 0]), common | {"resolved"}),
-        "none": (decide([{"trial": 3, "repeat": 0, "result": failed}], [3], baseline=None), common),
+        "none": (decide([ConfirmationRun.from_dict({"trial": 3, "repeat": 0, "result": failed})], [3], baseline=None), common),
     }
     for outcome, (verdict, keys) in kinds.items():
         stored = verdict.to_dict()

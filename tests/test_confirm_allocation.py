@@ -15,6 +15,7 @@ from autotune.results import TrialResult, Window
 from autotune.search.confirm import confirm
 from autotune.search.confirm.allocation import MAX_FACTOR, LaunchCosts, launch_costs, windows_per_launch
 from autotune.search.confirm.noise import NoiseModel
+from autotune.search.confirm.samples import ConfirmationRun
 from autotune.search.study import run_study
 
 
@@ -48,13 +49,21 @@ def test_without_a_term_or_a_time_the_study_s_own_windows_stand(model, costs, ba
     assert windows_per_launch(model, costs, base=base) == base
 
 
+def _run(durations: dict[str, float], windows: int = 0, status: str = "ok") -> ConfirmationRun:
+    """A confirmation run of ``windows`` later windows that took ``durations``."""
+    more = tuple(Window(index=i + 2, status="ok", output_tok_s=1.0, tok_s_per_gpu=1.0, output_tokens=1, window_s=1.0,
+                        settled=True, first_pass=i + 1, last_pass=i + 1) for i in range(windows))
+    return ConfirmationRun(trial=1, repeat=0, result=TrialResult(status=status, config={}, durations_s=durations,
+                                                                 windows=more or None))
+
+
 def test_launch_costs_are_the_runs_own_medians():
-    runs = [{"result": {"durations_s": {"startup": s, "warmup": 10.0, "measure": 30.0, "windows": 80.0},
-                        "windows": [{}, {}]}} for s in (140.0, 150.0, 170.0)]
+    runs = [_run({"startup": s, "warmup": 10.0, "measure": 30.0, "windows": 80.0}, windows=2)
+            for s in (140.0, 150.0, 170.0)]
     assert launch_costs(runs) == LaunchCosts(startup_s=150.0, window_s=40.0)
-    one = [{"result": {"durations_s": {"startup": 150.0, "warmup": 12.0, "measure": 30.0}}}]
+    one = [_run({"startup": 150.0, "warmup": 12.0, "measure": 30.0})]
     assert launch_costs(one) == LaunchCosts(startup_s=150.0, window_s=42.0)
-    assert launch_costs([{"result": {"status": "startup_oom", "durations_s": {}}}]) is None
+    assert launch_costs([_run({}, status="startup_oom")]) is None
 
 
 class Wavy(Windowed):
@@ -80,7 +89,7 @@ def test_contention_launches_measure_more_windows_where_windows_scatter_and_rela
     cfg = cfg.model_copy(update={"study": cfg.study.model_copy(update={"resolution": 1e-4})})  # keeps them open
     study = run_study(cfg, runner=PlannerRunner())
     runner = Wavy()
-    conf = confirm(study, cfg, runner=runner)
+    conf = confirm(study, cfg, runner=runner).to_dict()  # the stored form
     base = cfg.study.confirm_windows - 1
     first = cfg.study.confirm_repeats
     staged = len(conf["order"]) + 2 * (first - 1)  # stage 1: each contender once; stage 2: the top two again

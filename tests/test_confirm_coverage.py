@@ -30,7 +30,7 @@ def _study(seed: int, *, given: bool, cv: tuple[float, float]) -> tuple[float, f
     stand_in = []
     if given:  # the baseline's search run: one launch of one window
         (one,) = synthetic({0: RATES[0]}, {0: 1}, 1, *cv, seed=10_000 + seed)
-        stand_in = [{**one, "repeat": -1, "search": True}]
+        stand_in = [dataclasses.replace(one, repeat=-1, search=True)]
     verdict = decide(runs, order, 0, given=stand_in)
     assert verdict.winner_trial == 1
     return verdict.ci_low, verdict.ci_high

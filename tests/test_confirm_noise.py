@@ -18,7 +18,7 @@ from autotune.report.page import build, figures_for
 from autotune.report.page import render as page
 from autotune.results import Metrics, Percentiles, TrialResult, Window
 from autotune.search.confirm import confirm, decide, estimate_noise, next_launches
-from autotune.search.confirm.samples import by_contender, launch_tok_s
+from autotune.search.confirm.samples import ConfirmationRun, by_contender, launch_tok_s
 from autotune.search.study import run_study
 from autotune.search.views.summary import summarize
 
@@ -34,7 +34,7 @@ def launch(tok: list[float], headroom: float | None = None) -> dict:
 
 
 def synthetic(rates: dict[int, float], launches: dict[int, int], windows: int, window_cv: float, launch_cv: float,
-              seed: int) -> list[dict]:
+              seed: int) -> list[ConfirmationRun]:
     """Runs drawn from the model itself: log tok/s = log rate + launch term + window term."""
     rng = np.random.default_rng(seed)
     out = []
@@ -42,13 +42,13 @@ def synthetic(rates: dict[int, float], launches: dict[int, int], windows: int, w
         for k in range(launches[n]):
             shift = rng.normal(0.0, launch_cv)
             tok = [rate * math.exp(shift + rng.normal(0.0, window_cv)) for _ in range(windows)]
-            out.append({"trial": n, "repeat": k, "result": launch(tok)})
+            out.append(ConfirmationRun.from_dict({"trial": n, "repeat": k, "result": launch(tok)}))
     return out
 
 
 def test_the_noise_model_on_exact_numbers():
     # two launches of two contenders, two windows each: every term by hand
-    runs = [{"trial": n, "repeat": k, "result": launch([a, b])}
+    runs = [ConfirmationRun.from_dict({"trial": n, "repeat": k, "result": launch([a, b])})
             for n, k, a, b in ((1, 0, 100, 110), (1, 1, 120, 120), (2, 0, 50, 50), (2, 1, 55, 60.5))]
     noise = estimate_noise(by_contender(runs, [1, 2]).values())
     y = {key: np.log(v) for key, v in {"1a": [100, 110], "1b": [120, 120], "2a": [50, 50], "2b": [55, 60.5]}.items()}
@@ -76,7 +76,7 @@ def test_known_window_and_launch_terms_are_recovered():
 
 
 def _stage(rates: dict[int, float], seed: int, cv: tuple[float, float] = (0.004, 0.002),
-           **kw) -> tuple[list[dict], dict]:
+           **kw) -> tuple[list[ConfirmationRun], dict]:
     """The first stage as the confirmation runs it: each contender once, then the top two again (``cv``: the
     window and launch terms drawn)."""
     order = list(rates)
@@ -85,7 +85,7 @@ def _stage(rates: dict[int, float], seed: int, cv: tuple[float, float] = (0.004,
     plan = next_launches(order, {n: 1 for n in order}, verdict, first=2, most=8)
     top_two = sorted(rates, key=lambda n: -rates[n])[:2]
     assert sorted(n for n, _ in plan) == sorted(top_two) and all(k == 1 for _, k in plan)
-    runs += [{"trial": n, "repeat": 1, "result": r["result"]} for n in top_two
+    runs += [dataclasses.replace(r, trial=n, repeat=1) for n in top_two
              for r in synthetic({n: rates[n]}, {n: 1}, 3, *cv, seed=seed + 1 + n)]
     verdict = decide(runs, order, 0, **kw)
     launched = {n: 1 + (n in top_two) for n in order}
@@ -162,7 +162,7 @@ def test_each_confirmation_launch_measures_its_windows_and_a_killed_one_resumes(
     assert confirm(study, cfg, runner=first, stop_event=stop) is None  # killed in its fourth launch
     assert len(study.user_attrs["confirmation"]["runs"]) == 3
     again = Windowed()
-    conf = confirm(study, cfg, runner=again)
+    conf = confirm(study, cfg, runner=again).to_dict()  # the stored form
     order = conf["order"]
     launches = first.launches + again.launches
     # W = 3 windows in every launch (the step adds 2), each contender once, the top two twice: no more
@@ -188,6 +188,6 @@ def test_every_window_of_a_tp2_launch_is_scored_per_gpu_alike(gpus):
     later = [Window(index=i, status="ok", output_tok_s=6000.0, tok_s_per_gpu=3000.0, output_tokens=1, window_s=1.0,
                     settled=True, first_pass=i - 1, last_pass=i - 1) for i in (2, 3)]
     result = TrialResult(status="ok", config={"tp_size": 2}, engine="sim", metrics=m, gpus=gpus, windows=tuple(later))
-    sample = by_contender([{"trial": 4, "repeat": 0, "result": result.to_dict()}], [4])[4][0]
+    sample = by_contender([ConfirmationRun(trial=4, repeat=0, result=result)], [4])[4][0]
     assert sample.rates == (3000.0, 3000.0, 3000.0)
-    assert launch_tok_s({"trial": 4, "repeat": 0, "result": result.to_dict()}) == pytest.approx(6000.0)
+    assert launch_tok_s(ConfirmationRun(trial=4, repeat=0, result=result)) == pytest.approx(6000.0)

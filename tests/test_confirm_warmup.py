@@ -79,7 +79,7 @@ def test_every_confirmation_launch_warms_up_for_its_contenders_turnover(tmp_path
     cfg = load_config(write_study(tmp_path, trials=5))
     runner = Warmed()
     study = run_study(cfg, runner=runner)
-    conf = confirm(study, cfg, runner=runner)
+    conf = confirm(study, cfg, runner=runner).to_dict()  # the stored form
     by_number = {t.number: t for t in study.get_trials()}
     expected = {n: steady_warmup(TrialResult.of(by_number[n]), cfg.workload) for n in conf["order"]}
     # at 10 tok/s per request a 4,096-token answer takes 410 s: far past the study's 10 s floor

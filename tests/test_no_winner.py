@@ -18,6 +18,7 @@ from autotune.deploy.apply import load_winner
 from autotune.report.page import build, figures_for, render
 from autotune.results import Capacity, GpuPeaks, Metrics, Percentiles, StressResult, TrialResult
 from autotune.search.confirm import decide
+from autotune.search.confirm.record import Confirmation, ConfirmationRun
 from autotune.search.confirm.stress import stress_winner
 from autotune.search.views.worstcase import worst_case_block
 
@@ -54,7 +55,8 @@ def _study(url: str, launches: dict[int, tuple[float, ...]], search: dict[int, f
             for k in range(3) for n in (1, 0) for tok in [launches[n][k]]]
     order = [1, 0]
     study.set_user_attr("confirmation", {"runs": runs, "order": order, "n_trials": 2, "complete": True,
-                                         **decide(runs, order, 0, resolution=0.02).to_dict()})
+                                         **decide([ConfirmationRun.from_dict(r) for r in runs], order, 0,
+                                                     resolution=0.02).to_dict()})
     return study
 
 
@@ -84,9 +86,9 @@ def test_the_report_says_no_config_beat_the_baseline_and_names_no_winner(tied, t
 
 def test_every_stress_phase_that_ran_is_recorded_winner_or_not(tied):
     study, _ = tied
-    out = stress_winner(study, CFG, study.user_attrs["confirmation"], runner=SimpleNamespace())
+    out = stress_winner(study, CFG, Confirmation.of(study), runner=SimpleNamespace())
     stored = study.user_attrs["confirmation"]
-    assert out["outcome"] == "baseline" and stored["stress"]["complete"] and stored["stress"]["decided_trial"] is None
+    assert out is not None and out.verdict is not None and out.verdict.outcome == "baseline" and stored["stress"]["complete"] and stored["stress"]["decided_trial"] is None
     assert sorted(r["trial"] for r in stored["stress"]["runs"]) == [0, 1]
     assert all(r["in_confirmation"] and r["repeat"] == 2 for r in stored["stress"]["runs"])
     assert stored["stress"]["demoted"] == []  # recorded only: the verdict stands
@@ -99,7 +101,7 @@ def test_every_stress_phase_that_ran_is_recorded_winner_or_not(tied):
 
 def test_apply_deploys_a_trial_that_survived_its_stress_phase_in_the_confirmation(tied, tmp_path):
     study, url = tied
-    stress_winner(study, CFG, study.user_attrs["confirmation"], runner=SimpleNamespace())
+    stress_winner(study, CFG, Confirmation.of(study), runner=SimpleNamespace())
     done = CliRunner().invoke(cli, ["apply", "--storage", url, "--trial", "1", "--out", str(tmp_path / "d"),
                                     "--gpus", "0"])
     assert done.exit_code == 0, done.output

@@ -17,6 +17,7 @@ from autotune.harness.stress import StressStep
 from autotune.report.headline import gain
 from autotune.results import Capacity, GpuPeaks, Metrics, Percentiles, StressResult, TrialResult
 from autotune.search.confirm import decide
+from autotune.search.confirm.record import Confirmation, ConfirmationRun
 from autotune.search.confirm.stress import STRESS_MAX, stress_winner
 from autotune.search.views.worstcase import worst_case_line
 
@@ -47,12 +48,22 @@ def _study(url: str, *, settings=SETTINGS) -> optuna.Study:
     return study
 
 
+def _records(runs: list[dict]) -> list[ConfirmationRun]:
+    return [ConfirmationRun.from_dict(r) for r in runs]
+
+
+def _stress(study: optuna.Study, cfg, confirmation: dict, *, runner) -> dict | None:
+    """``stress_winner`` given the stored form, its answer in the stored form."""
+    out = stress_winner(study, cfg, Confirmation.from_dict(confirmation), runner=runner)
+    return out.to_dict() if out is not None else None
+
+
 def _confirmed(study: optuna.Study) -> dict:
     runs = [{"trial": n, "repeat": k, "result": _result(cfg, tok * (1 + 0.002 * (k - 1))).to_dict()}
             for k in range(3) for n, cfg, tok in ((1, FAST, 3000.0), (2, SAFE, 2800.0), (0, BASE, 1000.0))]
     order = [1, 2, 0]
     confirmation = {"runs": runs, "order": order, "n_trials": 3, "complete": True,
-                    **decide(runs, order, 0, resolution=0.02).to_dict()}
+                    **decide(_records(runs), order, 0, resolution=0.02).to_dict()}
     study.set_user_attr("confirmation", confirmation)
     return confirmation
 
@@ -85,7 +96,7 @@ def test_a_winner_that_dies_under_stress_is_demoted_and_the_next_one_stressed(tm
     confirmation = _confirmed(study)
     assert confirmation["winner_trial"] == 1 and confirmation["resolved"]
     runner = StressRunner({1: False, 2: True})
-    out = stress_winner(study, CFG, confirmation, runner=runner)
+    out = _stress(study, CFG, confirmation, runner=runner)
     assert runner.calls == [(1, 3), (2, 3)]  # one launch each, filed after the trial's three confirmation runs
     assert out["winner_trial"] == 2 and out["stress"]["decided_trial"] == 1 and out["stress"]["complete"]
     assert [d["trial"] for d in out["stress"]["demoted"]] == [1]
@@ -93,8 +104,9 @@ def test_a_winner_that_dies_under_stress_is_demoted_and_the_next_one_stressed(tm
     assert out["gain"] is not None and out["gain"] > 2.5  # the new winner's gain, from the same runs
     stored = study.user_attrs["confirmation"]
     assert stored["winner_trial"] == 2
-    assert worst_case_line(stored, 2) == "worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived"
-    again = stress_winner(study, CFG, stored, runner=StressRunner({}))  # resumed: nothing launched again
+    assert worst_case_line(Confirmation.from_dict(stored), 2) == (
+        "worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived")
+    again = _stress(study, CFG, stored, runner=StressRunner({}))  # resumed: nothing launched again
     assert again["winner_trial"] == 2 and len(again["stress"]["runs"]) == 2
 
 
@@ -113,16 +125,17 @@ def test_a_stress_phase_run_in_a_confirmation_launch_costs_no_launch_of_its_own(
     study = _study(f"sqlite:///{tmp_path / 's.db'}")
     confirmation = _stressed_in_confirmation(_confirmed(study), 1, survived=True)
     runner = StressRunner({})
-    out = stress_winner(study, CFG, confirmation, runner=runner)
+    out = _stress(study, CFG, confirmation, runner=runner)
     assert runner.calls == [] and out["winner_trial"] == 1  # read from its confirmation launch, nothing launched
     (run,) = out["stress"]["runs"]
     assert run["in_confirmation"] and run["repeat"] == 2
-    assert worst_case_line(out, 1) == "worst case: peak 171.0 of 179.1 GiB, 1 retraction, survived"
+    assert worst_case_line(Confirmation.from_dict(out), 1) == (
+        "worst case: peak 171.0 of 179.1 GiB, 1 retraction, survived")
     # one that died there is demoted all the same, and the next one is stressed in a launch of its own
     study2 = _study(f"sqlite:///{tmp_path / 's2.db'}")
     died = _stressed_in_confirmation(_confirmed(study2), 1, survived=False)
     runner2 = StressRunner({2: True})
-    out2 = stress_winner(study2, CFG, died, runner=runner2)
+    out2 = _stress(study2, CFG, died, runner=runner2)
     assert runner2.calls == [(2, 3)] and out2["winner_trial"] == 2
     assert [d["trial"] for d in out2["stress"]["demoted"]] == [1]
 
@@ -130,10 +143,10 @@ def test_a_stress_phase_run_in_a_confirmation_launch_costs_no_launch_of_its_own(
 def test_an_interrupted_stress_resumes_and_the_attempts_are_bounded(tmp_path):
     study = _study(f"sqlite:///{tmp_path / 's.db'}")
     confirmation = _confirmed(study)
-    assert stress_winner(study, CFG, confirmation, runner=StressRunner({}, interrupt=True)) is None
+    assert _stress(study, CFG, confirmation, runner=StressRunner({}, interrupt=True)) is None
     assert study.user_attrs["confirmation"]["stress"]["runs"] == []  # nothing finished, nothing recorded
     everyone_dies = StressRunner({0: False, 1: False, 2: False})
-    out = stress_winner(study, CFG, study.user_attrs["confirmation"], runner=everyone_dies)
+    out = _stress(study, CFG, study.user_attrs["confirmation"], runner=everyone_dies)
     assert len(everyone_dies.calls) <= STRESS_MAX and out["stress"]["complete"]
     assert out["winner_trial"] != 1 and out["winner_trial"] != 2  # both demoted: no config beat the baseline
     assert out["outcome"] == "baseline" and out["gain"] is None
@@ -142,7 +155,7 @@ def test_an_interrupted_stress_resumes_and_the_attempts_are_bounded(tmp_path):
 def test_apply_refuses_an_unstressed_or_failed_winner_and_accepts_it_when_told(tmp_path):
     url = f"sqlite:///{tmp_path / 's.db'}"
     study = _study(url)
-    stress_winner(study, CFG, _confirmed(study), runner=StressRunner({1: False, 2: True}))
+    _stress(study, CFG, _confirmed(study), runner=StressRunner({1: False, 2: True}))
     ok = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(tmp_path / "d1"), "--gpus", "0"])
     assert ok.exit_code == 0, ok.output
     assert "worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived" in ok.output
@@ -184,9 +197,9 @@ def test_a_runner_up_the_confirmation_could_not_separate_is_stressed_too(tmp_pat
     runs = [{"trial": n, "repeat": k, "result": _result(cfg, tok * (1 + 0.03 * (k - 1) * (-1) ** n)).to_dict()}
             for k in range(3) for n, cfg, tok in ((1, FAST, 2900.0), (2, SAFE, 2890.0), (0, BASE, 1000.0))]
     confirmation = {"runs": runs, "order": [1, 2, 0], "n_trials": 3, "complete": True,
-                    **decide(runs, [1, 2, 0], 0, resolution=0.02).to_dict()}
+                    **decide(_records(runs), [1, 2, 0], 0, resolution=0.02).to_dict()}
     assert not confirmation["resolved"] and confirmation["runner_up_trial"] is not None
     runner = StressRunner({1: True, 2: True})
-    out = stress_winner(study, CFG, confirmation, runner=runner)
+    out = _stress(study, CFG, confirmation, runner=runner)
     assert sorted(n for n, _ in runner.calls) == [1, 2] and out["winner_trial"] == confirmation["winner_trial"]
     assert not out["stress"]["demoted"]  # both survived: the verdict stands
