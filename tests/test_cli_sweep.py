@@ -168,7 +168,7 @@ def test_defaults_run_on_the_harness_keeps_fixed_flags_in_its_own_directory(tmp_
     cfg = load_config(tiny(tmp_path, trials=1))
     harness = HarnessRunner(cfg, stop_event=threading.Event())
     measured = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"kind": "sglang"})})
-    defaults = _defaults(measured, harness)()  # what a real engine's confirmation runs, on the sim server
+    defaults = _defaults(measured, harness)().to_dict()  # what a real engine's confirmation runs and stores
     where = cfg.work_dir / "trials" / "defaults"
     assert defaults["trial_dir"] == str(where) and (where / "server.log").is_file()
     assert defaults["config"] == cfg.engine.fixed  # nothing fixed is tuned here: all kept

@@ -26,6 +26,7 @@ from autotune.harness import fidelity
 from autotune.harness.fidelity import ProbeOutput, Reference
 from autotune.results import FidelityFigures, TrialResult, numerics_line
 from autotune.search import numerics as sn
+from autotune.search.confirm.record import Confirmation, ConfirmationRun
 from autotune.search.runner import HarnessRunner
 from autotune.search.views.summary import UnexpectedEntry
 from autotune.sim.divergence import SimNumerics
@@ -179,15 +180,19 @@ def test_apply_judges_an_unexpected_change_as_a_numerics_change():
 
 
 def test_the_contender_probe_is_what_a_trial_is_known_by():
-    conf = {"runs": [{"trial": 3, "repeat": 1, "result": {"fidelity": None}},
-                     {"trial": 3, "repeat": 0, "result": {"fidelity": UNEXPECTED}}]}
-    assert sn.contender_fidelity(None, conf, 3) == FidelityFigures.from_dict(UNEXPECTED)
+    def run(repeat: int, fidelity: dict | None) -> ConfirmationRun:
+        result = TrialResult(status="ok", config={}, fidelity=FidelityFigures.from_dict(fidelity))
+        return ConfirmationRun(trial=3, repeat=repeat, result=result)
+
+    conf = Confirmation(runs=(run(1, None), run(0, UNEXPECTED)))  # the first launch's probe, whatever came before
+    assert sn.contender_fidelity(None, conf.probe(3)) == FidelityFigures.from_dict(UNEXPECTED)
     reference = FidelityFigures(role="reference")
-    assert sn.contender_fidelity(reference, conf, 0) == reference  # the baseline: not probed, the reference
-    failed = {"runs": [{"trial": 3, "repeat": 0, "result": {"fidelity": {"role": "probe", "error": "no reference"}}}]}
+    assert sn.contender_fidelity(reference, conf.probe(0)) == reference  # the baseline: not probed, the reference
+    failed = Confirmation(runs=(run(0, {"role": "probe", "error": "no reference"}),))
     table = FidelityFigures(role="probe", changes=({"flag": "mamba_ssm_dtype", "value": "bfloat16"},))
-    assert sn.contender_fidelity(table, failed, 3) == table  # a failed contender probe never hides a measured one
-    assert numerics_line(sn.contender_fidelity(None, failed, 3)) == "outputs not checked against the baseline: no reference"
+    assert sn.contender_fidelity(table, failed.probe(3)) == table  # a failed contender probe never hides a measured one
+    assert numerics_line(sn.contender_fidelity(None, failed.probe(3))) == (
+        "outputs not checked against the baseline: no reference")
 
 
 # --- the simulator ---------------------------------------------------------------------------------------------------
@@ -226,7 +231,7 @@ def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_tre
     # The sweep's summary names it in one line (the uncapped contender wins: 32 streams against a cap of 8).
     assert summary.best.trial == chunked
     assert summary.best.numerics.startswith("outputs changed unexpectedly")
-    assert summary.unexpected == [] and sn.unexpected_contenders(study.user_attrs["confirmation"]) == [chunked]
+    assert summary.unexpected == [] and Confirmation.of(study).unexpected() == [chunked]
     from autotune.cli.sweep import render
 
     assert f"  {summary.best.numerics}" in render(summary).splitlines()
