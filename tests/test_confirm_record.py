@@ -12,8 +12,16 @@ from tinystudy import write_tiny_study
 
 from autotune.config import load_config
 from autotune.results import GpuPeaks, Metrics, Percentiles, StressResult, TrialResult
-from autotune.search.confirm.record import (Confirmation, ConfirmationRun, DefaultsRun, Demotion, StressRecord,
-                                            StressRun)
+from autotune.search.confirm.decision import Verdict
+from autotune.search.confirm.record import (
+    VERDICT_KEYS,
+    Confirmation,
+    ConfirmationRun,
+    DefaultsRun,
+    Demotion,
+    StressRecord,
+    StressRun,
+)
 from autotune.search.sweep import run_sweep
 
 P = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
@@ -125,3 +133,12 @@ def test_the_reader_takes_a_study_or_its_user_attrs():
         status="ok", config={})),))
     assert record.store(study) is record
     assert Confirmation.of(study) == record == Confirmation.of(study.user_attrs)
+
+
+def test_a_verdict_is_told_apart_by_the_keys_it_writes():
+    full = Verdict(outcome="winner", winner_trial=1, baseline_trial=0, demoted={"2": "failed its stress phase"})
+    assert set(full.to_dict()) == VERDICT_KEYS  # every key a verdict may write marks one as stored
+    held = {"order": [1, 0], "n_trials": 2, "complete": False, "runs": [], "winner_trial": 1}  # decided before it ran out
+    assert Confirmation.from_dict(held).verdict is not None
+    assert Confirmation.from_dict({**held, "complete": True}).confirmed is not None
+    assert Confirmation.from_dict({k: v for k, v in held.items() if k != "winner_trial"}).verdict is None

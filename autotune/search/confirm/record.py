@@ -19,10 +19,9 @@ from autotune.search.confirm.samples import ConfirmationRun
 __all__ = ["ATTR", "Confirmation", "ConfirmationRun", "DefaultsRun", "Demotion", "StressRecord", "StressRun"]
 
 ATTR = "confirmation"  # the study's user attribute
-# The keys ``Verdict.to_dict`` writes beside the confirmation's own: any of them stored means a verdict was.
-VERDICT_KEYS = frozenset({
-    "baseline_trial", "resolution", "noise", "stats", "demoted", "winner_trial", "gain", "ci_low", "ci_high",
-    "outcome", "note", "decided", "contention", "resolved", "runner_up_trial", "runner_up_gain", "runner_up_ci"})
+# The keys ``Verdict.to_dict`` writes beside the confirmation's own (its fields, by name): any of them stored means
+# a verdict was.
+VERDICT_KEYS = frozenset(f.name for f in dataclasses.fields(Verdict))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -164,7 +163,7 @@ class Confirmation:
                    complete=complete, runs=tuple(ConfirmationRun.from_dict(r) for r in data.get("runs") or ()),
                    given=tuple(ConfirmationRun.from_dict(g) for g in data.get("given") or ()),
                    warmup_s={int(n): float(s) for n, s in warmup.items()} if isinstance(warmup, Mapping) else None,
-                   verdict=Verdict.from_dict(data) if complete or VERDICT_KEYS & data.keys() else None,
+                   verdict=Verdict.from_dict(data) if complete or not VERDICT_KEYS.isdisjoint(data) else None,
                    defaults=DefaultsRun.from_dict(data.get("defaults")),
                    stress=StressRecord.from_dict(stress) if isinstance(stress, Mapping) else None)
 
