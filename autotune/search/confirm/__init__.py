@@ -12,7 +12,9 @@ there is no winner (``winner_trial`` None, ``outcome`` ``"baseline"``) and nothi
 
 Modules: ``ranking`` (who is confirmed), ``samples`` (stored runs as launches of windows), ``noise`` (the model),
 ``decision`` (``decide``), ``stages`` (``confirm``), ``allocation`` (windows per contention launch),
-``defaults`` (SGLang's defaults), ``stress`` (the winner's worst case). ``search.sweep`` runs it after the search.
+``defaults`` (SGLang's defaults), ``stress`` (the winner's worst case), ``record`` (the stored confirmation as
+one typed record, ``Confirmation``: what the stages write and every view reads). ``search.sweep`` runs it after
+the search.
 """
 
 from autotune.search.confirm.decision import RESOLUTION, TIE_HEADROOM_FLOOR_GIB, decide

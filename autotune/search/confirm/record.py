@@ -16,7 +16,8 @@ from autotune.results import FidelityFigures, StressResult
 from autotune.search.confirm.decision import Verdict
 from autotune.search.confirm.samples import ConfirmationRun
 
-__all__ = ["ATTR", "Confirmation", "ConfirmationRun", "DefaultsRun", "Demotion", "StressRecord", "StressRun"]
+__all__ = ["ATTR", "VERDICT_KEYS", "Confirmation", "ConfirmationRun", "DefaultsRun", "Demotion", "StressRecord",
+           "StressRun"]
 
 ATTR = "confirmation"  # the study's user attribute
 # The keys ``Verdict.to_dict`` writes beside the confirmation's own (its fields, by name): any of them stored means

@@ -29,7 +29,6 @@ from autotune.search.confirm.record import Confirmation, Demotion, StressRecord,
 from autotune.search.runner import Runner
 from autotune.search.seeding import launch_key
 
-ATTR = "stress"  # the confirmation's key for the stress phase
 STRESS_MAX = 3  # stress launches of their own at most: the winner, a tied runner-up, one more after a demotion
 
 

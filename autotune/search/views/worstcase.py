@@ -9,9 +9,9 @@ from typing import Any
 
 from autotune.errors import StudyError
 from autotune.search.confirm.record import Confirmation, StressRun
-from autotune.search.confirm.stress import ATTR, passed, stress_of, worst_case_line
+from autotune.search.confirm.stress import passed, stress_of, worst_case_line
 
-__all__ = ["ATTR", "Unstressed", "check_stressed", "passed", "stress_of", "worst_case_block", "worst_case_line"]
+__all__ = ["Unstressed", "check_stressed", "passed", "stress_of", "worst_case_block", "worst_case_line"]
 
 
 class Unstressed(StudyError):
