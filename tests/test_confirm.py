@@ -82,7 +82,8 @@ def test_a_tie_keeps_the_fastest_median_when_it_has_room_enough():
 
 def test_a_contender_that_fails_a_repeat_cannot_win():
     failed = TrialResult(status="runtime_oom", config={}, reason="CUDA out of memory").to_dict()
-    rs = runs({3: [9000, 9000], 0: [2000, 2000]}) + [ConfirmationRun.from_dict({"trial": 3, "repeat": 2, "result": failed})]
+    rs = runs({3: [9000, 9000], 0: [2000, 2000]}) + [
+        ConfirmationRun.from_dict({"trial": 3, "repeat": 2, "result": failed})]
     verdict = decide(rs, [3, 0], baseline=0)
     # the baseline is then the fastest clean config: that is no winner (and no 1.00× "gain")
     assert verdict.winner_trial is None and verdict.gain is None and verdict.outcome == "baseline"
@@ -493,7 +494,8 @@ def test_the_verdict_is_stored_with_the_keys_studies_hold_and_read_back_as_it_wa
         "winner": (decide(runs(data), [3, 7, 0], baseline=0, demoted={7: "failed its stress phase"}),
                    common | {"resolved", "runner_up_trial", "runner_up_gain", "runner_up_ci", "demoted"}),
         "baseline": (decide(runs(data), [3, 7, 0], baseline=0, same_as_baseline=[3, 0]), common | {"resolved"}),
-        "none": (decide([ConfirmationRun.from_dict({"trial": 3, "repeat": 0, "result": failed})], [3], baseline=None), common),
+        "none": (decide([ConfirmationRun.from_dict({"trial": 3, "repeat": 0, "result": failed})], [3], baseline=None),
+                 common),
     }
     for outcome, (verdict, keys) in kinds.items():
         stored = verdict.to_dict()

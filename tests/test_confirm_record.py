@@ -117,7 +117,8 @@ def test_the_stress_record_keeps_the_keys_each_kind_of_run_stored():
         "demoted": [{"trial": 3, "reason": "worst case: FAILED"}], "decided_trial": 1}
     record = StressRecord.from_dict(stored)
     assert record.to_dict() == stored and not record.complete  # ``complete`` is written once it finished
-    assert [r.failed for r in record.runs] == [False, False, True] and record.demoted == (Demotion(3, "worst case: FAILED"),)
+    assert [r.failed for r in record.runs] == [False, False, True]
+    assert record.demoted == (Demotion(3, "worst case: FAILED"),)
     assert record.of(1)[0].in_confirmation and record.of(1)[0].result == survived
 
 
@@ -138,7 +139,7 @@ def test_the_reader_takes_a_study_or_its_user_attrs():
 def test_a_verdict_is_told_apart_by_the_keys_it_writes():
     full = Verdict(outcome="winner", winner_trial=1, baseline_trial=0, demoted={"2": "failed its stress phase"})
     assert set(full.to_dict()) == VERDICT_KEYS  # every key a verdict may write marks one as stored
-    held = {"order": [1, 0], "n_trials": 2, "complete": False, "runs": [], "winner_trial": 1}  # decided before it ran out
+    held = {"order": [1, 0], "n_trials": 2, "complete": False, "runs": [], "winner_trial": 1}  # decided, still running
     assert Confirmation.from_dict(held).verdict is not None
     assert Confirmation.from_dict({**held, "complete": True}).confirmed is not None
     assert Confirmation.from_dict({k: v for k, v in held.items() if k != "winner_trial"}).verdict is None

@@ -139,7 +139,7 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
         if r["worst_case"] or r["winner"]:
             click.echo(f"trial {r['number']}{' (winner)' if r['winner'] else ''}: "
                        f"{r['worst_case'] or worst_case_line(conf, r['number'])}")
-    if conf is not None and conf.complete and confirmation_line(conf):  # the launches and noise the confirmed figures rest on
+    if conf is not None and conf.complete and confirmation_line(conf):  # the launches and noise the figures rest on
         click.echo(f"confirmation: {confirmation_line(conf)}")
     verdict = confirmed(conf)
     job = job_for_study(study, verdict.winner_trial if verdict is not None else None)

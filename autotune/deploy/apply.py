@@ -162,7 +162,7 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
         known = ", ".join(str(n) for n in sorted(usable)) or "none"
         raise StudyError(f"trial {trial} of study {loaded.study_name!r} is not a completed, measured trial "
                          f"(usable trials: {known})")
-    result = contender_result(usable[trial], confirmation.probe(trial))  # its fidelity: the contender probe's, if it ran
+    result = contender_result(usable[trial], confirmation.probe(trial))  # its fidelity: its contender probe's, if any
     figures = confirmed_figures(confirmation, verdict, trial, result)  # the estimate the sweep's summary printed
     baseline = _baseline(complete, verdict.baseline_trial)
     return Winner(

@@ -1,6 +1,6 @@
 """A config's worst case as a study records it: the stress phase's verdict (the confirmation's ``stress`` record,
-written and read back by ``search.confirm.stress``) for every view — the sweep's summary, ``trials``, the report, and ``apply``,
-which refuses a config not known to survive it unless told to (``--allow-unstressed``)."""
+written and read back by ``search.confirm.stress``) for every view — the sweep's summary, ``trials``, the report,
+and ``apply``, which refuses a config not known to survive it unless told to (``--allow-unstressed``)."""
 
 from __future__ import annotations
 
