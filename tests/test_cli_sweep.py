@@ -77,6 +77,14 @@ def test_sweep_json_then_trials(tmp_path, sim_env, capsys):
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'tiny.db'}")
     assert study.user_attrs["confirmation"]["winner_trial"] == best["trial"]
     assert (tmp_path / "tiny" / "trials" / "0" / "server.log").is_file()
+    # the bill: every search launch and confirmation run timed, the modelled startups dearer than the simulator's
+    bill = {p["phase"]: p for p in summary["spend"]["phases"]}
+    assert bill["search"]["launches"] == summary["launched"] == 2 and bill["search"]["untimed"] == 0
+    runs = study.user_attrs["confirmation"]["runs"]
+    assert bill["confirmation"]["launches"] == len(runs) > 0 and bill["confirmation"]["untimed"] == 0
+    for phase in ("search", "confirmation"):
+        assert 0 < bill[phase]["gpu_h"] < bill[phase]["modelled_gpu_h"]
+    assert summary["spend"]["simulated"] is True
 
     main_rc = _run_main(["trials", "--config", str(path), "--json"])
     rows = json.loads(capsys.readouterr().out)

@@ -108,6 +108,8 @@ def render(summary: SweepSummary) -> str:
     stop = stop_line(summary.search_stop)
     if stop:  # the budget spent, or the rule that stopped the search before it
         lines.append(f"  {stop}")
+    if summary.spend is not None and summary.spend.phases:  # launches and GPU-hours by phase (``views.spend``)
+        lines.append(f"  {summary.spend.line()}")
     if summary.confirmation:  # launches, windows and the two noise terms the verdict was read with
         lines.append(f"  confirmation: {summary.confirmation}")
     if summary.note:

@@ -50,5 +50,7 @@ def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callabl
             progress.log(f"  defaults: ok {result.output_tok_s:,.0f} tok/s" if ok else f"  defaults: {status}: {reason}")
         return {"status": status, "output_tok_s": result.output_tok_s if ok else None,
                 "tok_s_per_gpu": per_gpu(result) if ok else None, "reason": reason,
-                "how": how, "config": config, "trial_dir": result.trial_dir, "log_path": result.log_path}
+                "how": how, "config": config, "trial_dir": result.trial_dir, "log_path": result.log_path,
+                **({"durations_s": dict(result.durations_s), "modelled_startup_s": result.modelled_startup_s,
+                    "gpus": result.gpus} if predicted is None else {})}
     return measure

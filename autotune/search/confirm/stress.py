@@ -144,7 +144,8 @@ def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, co
         f"its stress launch ended before the stress phase: {result.status}" + (f": {result.reason}" if result.reason
                                                                                 else ""))
     run = {"trial": number, "repeat": k, "status": result.status, "reason": reason,
-           "result": stress.to_dict() if stress is not None else None, "trial_dir": result.trial_dir}
+           "result": stress.to_dict() if stress is not None else None, "trial_dir": result.trial_dir,
+           **_cost(result)}
     if stress is None and result.status in ("runtime_oom", "startup_oom", "crash", "timeout"):
         # the launch died before its stress phase could start: as much a failure of the config under load
         run["result"] = StressResult(survived=False, failure=result.status, reason=result.reason,
@@ -152,6 +153,12 @@ def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, co
     if progress is not None and hasattr(progress, "log"):
         progress.log(f"stress: trial {number}: {worst_case_line({ATTR: {'runs': [run]}}, number)}")
     return run
+
+
+def _cost(result: TrialResult) -> dict[str, Any]:
+    """What the study's bill reads of a launch kept apart from the confirmation's runs (``views.spend``)."""
+    return {"durations_s": dict(result.durations_s), "modelled_startup_s": result.modelled_startup_s,
+            "gpus": result.gpus}
 
 
 def _redecided(confirmation: dict[str, Any], state: dict[str, Any], trials: dict[int, Any],

@@ -30,6 +30,7 @@ from autotune.search.seeding import finished, launch_key, launches, unsettled
 from autotune.search.stopping import STOP_ATTR
 from autotune.search.views.above import above_baseline, above_line
 from autotune.search.views.origin import origin_line
+from autotune.search.views.spend import Spend, study_spend
 from autotune.search.views.worstcase import worst_case_line
 from autotune.search.warm import record_of
 
@@ -253,6 +254,7 @@ class SweepSummary:
     job: dict[str, Any] | None = None
     interrupted: bool = False
     origin: str | None = None  # where a re-tune started (``--from``: ``views.origin``); None for a cold study
+    spend: Spend | None = None  # launches and GPU-hours by phase (``views.spend``)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -327,5 +329,5 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
             + (f" (its log: {attrs['log_path']})" if attrs.get("log_path") else "")),
         above_baseline=above,
         job=job(best.trial if best else None) if job is not None else None, interrupted=interrupted,
-        origin=origin_line(record_of(study)),
+        origin=origin_line(record_of(study)), spend=study_spend(trials, conf, simulated=cfg.engine.kind == "sim"),
     )
