@@ -27,7 +27,7 @@ from autotune.search.confirm.decision import ContenderStat, Verdict
 from autotune.search.numerics import confirmation_figures, contender_fidelity, unexpected_contenders
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launch_key, launches, unsettled
-from autotune.search.stopping import STOP_ATTR
+from autotune.search.stopping import SearchStop
 from autotune.search.views.above import above_baseline, above_line
 from autotune.search.views.origin import origin_line
 from autotune.search.views.spend import Spend, study_spend
@@ -247,7 +247,7 @@ class SweepSummary:
     multi_gpu: bool
     unexpected: list[UnexpectedEntry]
     confirmation: str | None
-    search_stop: dict[str, Any] | None  # how the search ended: the budget spent or ``[study] patience`` (``stopping``)
+    search_stop: SearchStop | None  # how the search ended: the budget spent or ``[study] patience`` (``stopping``)
     note: str | None
     error: str | None
     above_baseline: list[dict[str, Any]]
@@ -322,7 +322,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         multi_gpu=any(_spans(t) > 1 for t in started),
         unexpected=_unexpected(conf, best),
         confirmation=confirmation_line(conf) if verdict is not None else None,
-        search_stop=study.user_attrs.get(STOP_ATTR),  # which rule ended the search (``stopping``)
+        search_stop=SearchStop.of(study.user_attrs),  # which rule ended the search (``stopping``)
         note=above_line(above) if above else note,
         error=None if failure is None else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"
