@@ -81,6 +81,7 @@ def test_a_bad_batch_line_stops_measure_and_the_sweep_before_any_server(tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "write", "fmt"), [("job.jsonl", write_batch, "batch"),
                                                     ("job.json", write_sharegpt, "sharegpt")])
+@pytest.mark.slow
 def test_the_jobs_own_file_runs_measure_and_the_example_sweep(tmp_path, name, write, fmt):
     clone = fresh_clone(tmp_path / "clone")
     write(clone / name)

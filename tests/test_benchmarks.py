@@ -140,6 +140,7 @@ def test_figures_from_launches():
     assert tab.med_iqr([1.0, 2.0, float("inf")], ".0f", 40) == "2 [2–>40]"
 
 
+@pytest.mark.slow
 def test_run_case_writes_table_and_figure(case, tmp_path, monkeypatch):
     import steady_truth as stt
 

@@ -62,6 +62,7 @@ def test_bad_study_file_is_one_line_and_exit_1_before_any_server(tmp_path, capsy
     assert not (tmp_path / "tiny").exists() and not (tmp_path / "tiny.db").exists()  # nothing was started
 
 
+@pytest.mark.slow
 def test_sweep_json_then_trials(tmp_path, sim_env, capsys):
     path = tiny(tmp_path)
     done = run_cli(capsys, "sweep", "--config", str(path), "--json")  # in this process: real simulated servers
@@ -77,6 +78,14 @@ def test_sweep_json_then_trials(tmp_path, sim_env, capsys):
     study = optuna.load_study(study_name="tiny", storage=f"sqlite:///{tmp_path / 'tiny.db'}")
     assert study.user_attrs["confirmation"]["winner_trial"] == best["trial"]
     assert (tmp_path / "tiny" / "trials" / "0" / "server.log").is_file()
+    # the bill: every search launch and confirmation run timed, the modelled startups dearer than the simulator's
+    bill = {p["phase"]: p for p in summary["spend"]["phases"]}
+    assert bill["search"]["launches"] == summary["launched"] == 2 and bill["search"]["untimed"] == 0
+    runs = study.user_attrs["confirmation"]["runs"]
+    assert bill["confirmation"]["launches"] == len(runs) > 0 and bill["confirmation"]["untimed"] == 0
+    for phase in ("search", "confirmation"):
+        assert 0 < bill[phase]["gpu_h"] < bill[phase]["modelled_gpu_h"]
+    assert summary["spend"]["simulated"] is True
 
     main_rc = _run_main(["trials", "--config", str(path), "--json"])
     rows = json.loads(capsys.readouterr().out)
@@ -120,6 +129,7 @@ def _wait_for(lines: queue.Queue, needle: str, deadline: float) -> list[str]:
     raise AssertionError(f"{needle!r} never appeared in {''.join(seen)}")
 
 
+@pytest.mark.slow
 def test_sigkill_mid_trial_then_resume_loses_nothing_and_cleans_the_orphan(tmp_path, sim_env):
     path = tiny(tmp_path, trials=2, top_k=0, measure_s=3.0)
     proc = subprocess.Popen([sys.executable, "-m", "autotune", "sweep", "--config", str(path)],
@@ -290,6 +300,7 @@ def test_an_interrupted_command_says_so_not_aborted(tmp_path, monkeypatch, capsy
     assert "Aborted" not in err and "Interrupted: run the same command again to resume" in err
 
 
+@pytest.mark.slow
 def test_sigint_stops_a_background_sweep_during_confirmation(tmp_path, sim_env):
     """A sweep started with ``&`` from a script has SIGINT ignored; the confirmation must still stop on it."""
     path = tiny(tmp_path, trials=2, top_k=1, measure_s=4.0)

@@ -19,6 +19,7 @@ from autotune.search.confirm.record import (
     ConfirmationRun,
     DefaultsRun,
     Demotion,
+    LaunchCost,
     StressRecord,
     StressRun,
 )
@@ -113,13 +114,30 @@ def test_the_stress_record_keeps_the_keys_each_kind_of_run_stored():
         {"trial": 2, "repeat": 3, "status": "not_run", "result": None,
          "reason": "this study's runner runs no follow-up steps"},
         {"trial": 3, "repeat": 3, "status": "runtime_oom", "reason": None, "trial_dir": "/t/3/repeat-3",
-         "result": StressResult(survived=False, failure="runtime_oom", ended="server exited").to_dict()}],
+         "result": StressResult(survived=False, failure="runtime_oom", ended="server exited").to_dict(),
+         "durations_s": {"startup": 3.0, "stress": 20.0}, "modelled_startup_s": 100.0, "gpus": [0]}],
         "demoted": [{"trial": 3, "reason": "worst case: FAILED"}], "decided_trial": 1}
     record = StressRecord.from_dict(stored)
     assert record.to_dict() == stored and not record.complete  # ``complete`` is written once it finished
     assert [r.failed for r in record.runs] == [False, False, True]
     assert record.demoted == (Demotion(3, "worst case: FAILED"),)
     assert record.of(1)[0].in_confirmation and record.of(1)[0].result == survived
+    # a launch of its own keeps what it took (the study's bill); one in a confirmation launch or never run, nothing
+    assert [r.cost for r in record.runs] == [None, None, LaunchCost(durations_s={"startup": 3.0, "stress": 20.0},
+                                                                     modelled_startup_s=100.0, gpus=[0])]
+
+
+def test_a_measured_defaults_run_keeps_its_cost_and_a_predicted_one_has_none():
+    predicted = {"status": "ok", "output_tok_s": 900.0, "tok_s_per_gpu": 900.0, "reason": None,
+                 "how": "predicted by the simulator's virtual clock", "config": {"speculative_algorithm": "EAGLE"},
+                 "trial_dir": None, "log_path": None}
+    measured = {**predicted, "how": "measured once during confirmation", "trial_dir": "/t/defaults",
+                "durations_s": {"startup": 90.0, "measure": 30.0}, "modelled_startup_s": 85.0, "gpus": [0, 1]}
+    for stored in (predicted, measured):
+        assert DefaultsRun.from_dict(stored).to_dict() == stored
+    assert DefaultsRun.from_dict(predicted).cost is None
+    assert DefaultsRun.from_dict(measured).cost == LaunchCost(durations_s={"startup": 90.0, "measure": 30.0},
+                                                              modelled_startup_s=85.0, gpus=[0, 1])
 
 
 @pytest.mark.parametrize("attrs", [{}, {"confirmation": None}, {"confirmation": {}}])

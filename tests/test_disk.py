@@ -92,6 +92,7 @@ def assert_one_line_and_nothing_running(done: subprocess.CompletedProcess, stora
     return failed[0]
 
 
+@pytest.mark.slow
 def test_study_folder_on_a_full_tmpfs_is_one_line_and_a_failed_trial(tiny_disk, tmp_path):
     env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}
     path = write_tiny_study(tiny_disk, name="tiny", trials=3)
@@ -110,6 +111,7 @@ def test_study_folder_on_a_full_tmpfs_is_one_line_and_a_failed_trial(tiny_disk, 
     assert [t.user_attrs.get("requeued_from") for t in study.trials if t.user_attrs.get("status") == "ok"][0] == 0
 
 
+@pytest.mark.slow
 def test_only_the_database_on_a_full_tmpfs_fails_the_trial_instead_of_leaving_it_running(tiny_disk, tmp_path):
     env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}
     path = write_tiny_study(tmp_path, name="tiny", trials=3)

@@ -204,6 +204,7 @@ def test_only_a_space_that_can_change_numerics_probes(tmp_path):
 
 
 # --- on the simulator, end to end ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_float32_only_space_runs_no_probe_and_has_no_constraint(tmp_path, cli):
     path = write_study(tmp_path, name="f32", trials=2, choices='["unset", "float32"]',
                        limit=", min_prefix_match = 64", caps="")  # default caps: a settled contender is confirmed
@@ -227,6 +228,7 @@ def test_float32_only_space_runs_no_probe_and_has_no_constraint(tmp_path, cli):
     assert probed and all(f["role"] == "probe" and f["exact_share"] == 1.0 and not f["unexpected"] for f in probed)
 
 
+@pytest.mark.slow
 def test_bfloat16_trials_are_probed_the_limit_crowns_float32_and_apply_refuses_bfloat16(tmp_path, cli):
     path = write_study(tmp_path, name="num", trials=3, choices='["unset", "bfloat16"]',
                        limit=", min_prefix_match = 120", enqueue=FAST_BF16)

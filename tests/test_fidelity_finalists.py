@@ -206,6 +206,7 @@ def test_the_sim_option_makes_a_flag_outside_the_table_change_outputs_and_nothin
     assert plain.diverges_at is None and changed.diverges_at is not None and changed.diverges_at >= 1
 
 
+@pytest.mark.slow
 def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_treats_it_as_numerics(
         tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))

@@ -28,7 +28,7 @@ from autotune.deploy.fleet import Fleet, FleetServer, down, drift, load_fleet, s
 from autotune.deploy.sglang_yaml import split_config
 from autotune.errors import FleetError
 from autotune.launch.process import free_port
-from autotune.launch.ssh import split_host, start_command, stop_command
+from autotune.launch.ssh import SshLauncher, split_host, start_command
 
 FAST = {"startup_s": 0.1, "warmup_s": 0.05, "release_s": 0.2}
 OLD = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 120}
@@ -149,8 +149,16 @@ def test_remote_command_lines_start_and_stop_a_detached_group(tmp_path):
             time.sleep(0.01)
         assert psutil.Process(pid).environ()["ODD"] == "a b'c"
         assert (tmp_path / "remote dir/run/x.pid").read_text().strip() == str(pid)
-        stop = stop_command(pid="run/x.pid", remote_dir=str(tmp_path / "remote dir"), grace_s=1.0)
-        assert subprocess.run(["sh", "-c", stop], capture_output=True, text=True, timeout=10).stdout.strip() == "stopped"
+        sent: list[str] = []
+
+        def shell(host: str, command: str, timeout_s: float) -> tuple[int, str, str]:
+            sent.append(command)
+            done = subprocess.run(["sh", "-c", command], capture_output=True, text=True, timeout=timeout_s)
+            return done.returncode, done.stdout, done.stderr
+
+        stopper = SshLauncher(host="127.0.0.1", remote_dir=str(tmp_path / "remote dir"), transport=shell)
+        assert stopper.stop_pid_file("run/x.pid", grace_s=1.0) == []  # stopped, nothing left over
+        assert any(f"kill -TERM -{pid}" in line for line in sent)  # the group, as one line of its own
         deadline = time.monotonic() + 5
         while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
             assert time.monotonic() < deadline

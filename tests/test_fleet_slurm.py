@@ -190,6 +190,7 @@ def job_gpus(job_id: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_fleet_of_tp2_servers_on_slurm_asks_two_gpus_per_job(tmp_path, monkeypatch):
     """Each TP=2 server is one job of ``--gres=gpu:2``; it sees two GPUs, holds both, and a rolling apply replaces

@@ -224,6 +224,7 @@ def test_the_objective_is_tok_s_per_gpu(tmp_path):
 
 
 # --- end to end on the simulator ---------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_80b_study_sweeps_as_two_workers_on_gpu_pairs(tmp_path):
     devices = tmp_path / "devices"
     done = _sweep(big_study(tmp_path, trials=4), "--gpus", "0-3", env_dir=devices)
@@ -282,6 +283,7 @@ class RegistryWatch:
         self.thread.join(timeout=5)
 
 
+@pytest.mark.slow
 def test_a_varying_tp_runs_concurrently_on_free_groups_never_overlapping(tmp_path):
     devices = tmp_path / "devices"
     path = mixed_study(tmp_path, trials=8, top_k=2)
@@ -376,6 +378,7 @@ def test_sweeps_of_one_study_on_overlapping_gpus_refuse_and_on_disjoint_ones_sha
         fh.close()
 
 
+@pytest.mark.slow
 def test_a_tenant_on_one_gpu_of_a_pair_stops_that_worker_and_the_message_names_the_pair(tmp_path, monkeypatch):
     from autotune.search.scaleout.workers import run_workers
     from autotune.sim import device

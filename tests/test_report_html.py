@@ -62,6 +62,7 @@ def big(tmp_path_factory) -> tuple[Path, str]:
     return root, url
 
 
+@pytest.mark.slow
 def test_page_is_self_contained_and_small(page):
     text = page.read_text(encoding="utf-8")
     assert page.stat().st_size < 10 * 2**20
@@ -92,6 +93,7 @@ def _run_chromium(binary: str, profile: Path, *args: str) -> subprocess.Complete
     return subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
+@pytest.mark.slow
 def test_every_figure_renders_in_headless_chromium(page, tmp_path):
     binary = _chromium()
     probe = tmp_path / "probe.html"

@@ -133,6 +133,7 @@ def fleet3(tmp_path):
     teardown(path)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_good_rollout_moves_every_server_and_never_two_down(tmp_path, study_tok_s):
     path = make_fleet(tmp_path, 3)
@@ -157,6 +158,7 @@ def test_good_rollout_moves_every_server_and_never_two_down(tmp_path, study_tok_
         teardown(path)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_oom_on_server_2_is_rolled_back_and_the_others_stay_healthy(fleet3, study_tok_s, tmp_path):
     fleet = load_fleet(fleet3)
@@ -195,6 +197,7 @@ def test_capacity_check():
     assert rollout.check_capacity(rollout.Expectation(), Capacity()) is None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_a_slow_canary_fails_the_step(tmp_path, study_tok_s):
     path = make_fleet(tmp_path, 1)
@@ -223,6 +226,7 @@ def study_storage(directory: Path, tok_s: float) -> str:
     return url
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_resume_after_sigkill_finishes_the_rollout(tmp_path, study_tok_s):
     path = make_fleet(tmp_path, 3)

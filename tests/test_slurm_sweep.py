@@ -79,6 +79,7 @@ class QueueWatch:
         self._thread.join(timeout=10)
 
 
+@pytest.mark.slow
 def test_the_tiny_study_sweeps_with_every_server_a_slurm_job(cluster, tmp_path):
     path = _study(tmp_path, "slurmy", trials=3)
     with QueueWatch() as watch:
@@ -95,6 +96,7 @@ def test_the_tiny_study_sweeps_with_every_server_a_slurm_job(cluster, tmp_path):
     assert queue() == []
 
 
+@pytest.mark.slow
 def test_two_workers_as_slurm_jobs_share_one_study(cluster, tmp_path):
     path = _study(tmp_path, "pair", trials=4, launcher=False)  # the --launcher option alone puts it on Slurm
     path.write_text(path.read_text().replace("step = 80", "step = 16").replace("step = 0.02", "step = 0.01"))  # few repeats
@@ -113,6 +115,7 @@ def test_two_workers_as_slurm_jobs_share_one_study(cluster, tmp_path):
     assert queue() == []
 
 
+@pytest.mark.slow
 def test_workers_n_on_slurm_each_ask_for_a_servers_gpus_and_run_on_their_allocation(cluster, tmp_path):
     path = _study(tmp_path, "pairs", trials=4, launcher=False)
     path.write_text(path.read_text().replace("[engine.fixed]\n", "[engine.fixed]\ntp_size = 2\n")
@@ -143,6 +146,7 @@ def test_workers_without_the_slurm_launcher_is_one_line(tmp_path):
     assert done.stderr.count("Error:") == 1 and not (tmp_path / "local.db").exists()
 
 
+@pytest.mark.slow
 def test_a_trial_whose_job_is_scancelled_from_outside_runs_again_and_the_study_finishes(cluster, tmp_path):
     cancelled: list[str] = []
 

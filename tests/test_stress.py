@@ -53,6 +53,7 @@ def test_the_batch_is_the_longest_prompts_with_fresh_markers_and_a_queue_for_a_f
     assert burst_size(rows, 40, 16384) <= 4 * 40 and burst_size(rows, 40, None) == 40
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_config_survives_its_worst_case_with_retractions_and_a_peak_within_the_plan(devices):
     # 28 running requests of ≈490-token prompts at 1,024 tokens each need ≈42K KV tokens: a 30K pool retracts.

@@ -156,6 +156,7 @@ flags = { speculative_num_steps = 3, speculative_num_draft_tokens = 4, max_mamba
     assert all(c["max_mamba_cache_size"] != 4000 for _, c in runner.calls)
 
 
+@pytest.mark.slow
 def test_an_oom_config_is_never_launched_twice(tmp_path):
     extra = """
 [[enqueue]]

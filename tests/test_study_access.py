@@ -97,6 +97,7 @@ def test_a_compared_study_that_cannot_be_found_is_an_error_not_a_silent_skip(tmp
         report(storage=url, compare=["ghost"], out=tmp_path / "r.json", fmt="json")
 
 
+@pytest.mark.slow
 def test_trials_on_a_finished_study_prints_no_library_warning(tmp_path):
     """``autotune trials --config`` builds the study's sampler (multivariate, grouped TPE with a constant liar:
     features Optuna marks experimental); a user sees the table and no warning line. In a subprocess: this suite's

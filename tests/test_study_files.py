@@ -104,6 +104,7 @@ def check_own_study(url: str, folder: Path) -> None:
         assert Path(run["result"]["trial_dir"]).parent == folder / str(run["trial"])  # <n>/repeat-<k>
 
 
+@pytest.mark.slow
 def test_a_recreated_study_and_a_namesake_elsewhere_get_their_own_folders_and_probe_again(tmp_path, monkeypatch,
                                                                                           capsys):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))

@@ -62,6 +62,7 @@ def test_apply_finds_the_study_as_report_does(tmp_path, monkeypatch):
     assert "study other, trial" in named.output
 
 
+@pytest.mark.slow
 def test_from_the_quick_starts_study_to_a_watched_fleet_with_the_readmes_arguments(tmp_path, monkeypatch):
     """apply, fleet up, watch --once and fleet down on the fleet apply wrote, with what the README shows."""
     _quick_start(tmp_path)

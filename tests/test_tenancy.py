@@ -222,6 +222,7 @@ def test_the_planner_learns_nothing_from_a_launch_that_shared_the_gpu():
     assert not resumed.learned
 
 
+@pytest.mark.slow
 def test_each_worker_checks_its_own_gpu(tmp_path, sleeper, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
     device.register(1, pid=sleeper.pid, gpu_name="b200", total_mib=TOTAL_MIB, used_mib=100 * 1024, release_s=0.2,

@@ -294,6 +294,7 @@ def _counting_server(methods: set[str]) -> httpx.MockTransport:
     return httpx.MockTransport(handler)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # tracemalloc slows every allocation several times over
 def test_memory_stays_flat_over_many_windows_of_samples_and_watch_only_reads(tmp_path):
     methods: set[str] = set()

@@ -136,6 +136,7 @@ def test_workers_on_other_gpus_share_the_study_but_one_gpu_takes_one_sweep(tmp_p
         other.close()
 
 
+@pytest.mark.slow
 def test_worker_command_errors_are_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "autotune", "worker", "--config", str(tmp_path / "none.toml"),
                            "--gpu", "0"], capture_output=True, text=True, timeout=60)

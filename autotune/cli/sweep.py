@@ -20,7 +20,6 @@ from autotune.progress import make_progress
 from autotune.search.objective import open_study
 from autotune.search.preflight import check_study
 from autotune.search.scaleout.workers import on_gpus, run_workers, with_launcher
-from autotune.search.stopping import stop_line
 from autotune.search.sweep import run_sweep
 from autotune.search.views.gpus import render_gpus
 from autotune.search.views.summary import BaselineEntry, SweepSummary, TrialEntry
@@ -105,9 +104,10 @@ def render(summary: SweepSummary) -> str:
         why = f"{defaults.status or 'failed'}" + (f": {defaults.reason}" if defaults.reason else "")
         lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept) failed, {defaults.how}: {why}; "
                      "no gain over defaults")
-    stop = stop_line(summary.search_stop)
-    if stop:  # the budget spent, or the rule that stopped the search before it
-        lines.append(f"  {stop}")
+    if summary.search_stop is not None:  # the budget spent, or the rule that stopped the search before it
+        lines.append(f"  {summary.search_stop.line}")
+    if summary.spend is not None and summary.spend.phases:  # launches and GPU-hours by phase (``views.spend``)
+        lines.append(f"  {summary.spend.line()}")
     if summary.confirmation:  # launches, windows and the two noise terms the verdict was read with
         lines.append(f"  confirmation: {summary.confirmation}")
     if summary.note:

@@ -15,7 +15,6 @@ from autotune.launch.ssh import (  # noqa: F401 - re-exported: the lines the fle
     Transport,
     split_host,
     start_command,
-    stop_command,
 )
 
 
@@ -59,4 +58,4 @@ def start_server(fleet, server, argv: list[str], *, env: Mapping[str, str], gpus
 
 
 def stop_server(fleet, server, *, grace_s: float, transport: Transport | None = None) -> bool:
-    return launcher(fleet, server, transport=transport).stop_pid_file(pid_file(server), grace_s=grace_s)
+    return launcher(fleet, server, transport=transport).stop_pid_file(pid_file(server), grace_s=grace_s) is not None

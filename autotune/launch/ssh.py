@@ -2,7 +2,7 @@
 ``pip install 'autotune[remote]'``), detached in its own session there.
 
 The launch is the same argv as a local one; it is shell-joined (``shlex``) only here, at the SSH boundary
-(``start_command``, ``stop_command``). Host keys are checked against ``~/.ssh/known_hosts`` and only public-key
+(``start_command``; the stop's steps are one short line each, ``SshLauncher.stop_steps``). Host keys are checked against ``~/.ssh/known_hosts`` and only public-key
 authentication (a key file or the agent) is offered: a fleet file never holds a password. Health is polled over
 HTTP from here (``http://<host name>:<port>``), as for local servers.
 
@@ -52,11 +52,12 @@ from autotune.launch.local import DEVICE_ORDER
 from autotune.launch.remote_memory import NoReading, RemoteGpuReader
 from autotune.launch.remote_shm import RemoteShm
 from autotune.launch.shm import SHM_DIR, launch_ports
-from autotune.launch.stopping import memory_baseline, wait_memory
+from autotune.launch.stopping import Release, StopSteps, memory_baseline, stop_and_release
 
 log = logging.getLogger(__name__)
 
 Transport = Callable[[str, str, float], tuple[int, str, str]]
+REMOTE_POLL_S = 0.2  # a stop step asked again over SSH: each asking is a round trip to the host
 GONE = -1  # poll() of a server that is gone without an exit status (killed by a signal, or its status lost)
 ALIVE_TTL_S = 0.5  # `alive` asks the host at most twice a second: the replay reads it from its event loop
 _CALL_TIMEOUT_S = 60.0
@@ -106,16 +107,6 @@ def start_command(argv: Sequence[str], *, env: Mapping[str, str], log: str, pid:
 def shm_record(pid_file: str) -> str:
     """Beside the pid file: the /dev/shm listing the server's start took (``launch.remote_shm``)."""
     return pid_file.removesuffix(".pid") + ".shm"
-
-
-def stop_command(*, pid: str, remote_dir: str, grace_s: float) -> str:
-    """SIGTERM the group (SGLang drains), SIGKILL it after ``grace_s``, remove the pid file and the start's record."""
-    record = shlex.quote(_path(remote_dir, shm_record(pid)))
-    pid = shlex.quote(_path(remote_dir, pid))
-    ticks = max(1, int(grace_s * 10))
-    return (f"if [ -f {pid} ]; then p=$(cat {pid}); kill -TERM -$p 2>/dev/null; "
-            f"for i in $(seq {ticks}); do kill -0 -$p 2>/dev/null || break; sleep 0.1; done; "
-            f"kill -KILL -$p 2>/dev/null; rm -f {pid} {record}; echo stopped; fi")
 
 
 async def _run(host: str, command: str, timeout_s: float) -> tuple[int, str, str]:
@@ -250,21 +241,44 @@ class SshLauncher:
             server._shm = shm
         return server
 
-    def stop_pid_file(self, pid_file: str, *, grace_s: float, shm: RemoteShm | None = None,
-                      pgid: int | None = None) -> bool:
-        """Stop the server whose pid is in ``pid_file`` on the host: SIGTERM its group, SIGKILL after ``grace_s``,
-        then remove the host's /dev/shm files it provably owned (what group ``pgid`` holds is read just before
-        the kill). ``shm`` is the server's from its start; without it (a fleet's server, started by an earlier
-        command) the record its start left beside the pid file says the same. True if a server was recorded."""
-        if shm is None:
-            shm, pgid = self._recorded(pid_file)
-        if shm is not None and pgid is not None:
-            shm.observe(pgid)
-        _, out, _ = self.call(stop_command(pid=pid_file, remote_dir=self.remote_dir, grace_s=grace_s),
-                              timeout_s=grace_s + 30.0)
+    def stop_steps(self, pid_file: str, pgid: int, *, shm: RemoteShm | None = None) -> StopSteps:
+        """The stop's steps (``stopping.StopSteps``) for the server whose session leads process group ``pgid`` on
+        the host, one short line over the transport each. The group is signalled, not its leader alone: the leader
+        is the ``sh`` that records the server's exit status, which would not pass a SIGTERM on. Once the group is
+        gone its pid file, the start's record and the /dev/shm files ``shm`` proves it owned are removed."""
+        q = shlex.quote
+
+        def group_alive() -> bool:
+            return self.call(f"kill -0 -{pgid} 2>/dev/null && echo alive; true", timeout_s=30.0)[1].strip() == "alive"
+
+        def signal(name: str) -> Callable[[], None]:
+            def send() -> None:
+                self.call(f"kill -{name} -{pgid} 2>/dev/null; true", timeout_s=30.0)
+            return send
+
+        def clean_files() -> None:
+            self.call(f"rm -f {q(self.path(pid_file))} {q(self.path(shm_record(pid_file)))}", timeout_s=30.0)
+            if shm is not None:
+                shm.release()
+
+        return StopSteps(what=f"process group {pgid} on {self.host}", running=group_alive, terminate=signal("TERM"),
+                         kill=signal("KILL"), gone=lambda: not group_alive(), clean_files=clean_files,
+                         poll_s=REMOTE_POLL_S)
+
+    def stop_pid_file(self, pid_file: str, *, grace_s: float, release: Release | None = None,
+                      release_timeout_s: float = 30.0) -> list[str] | None:
+        """Stop the server whose pid is in ``pid_file`` on the host through the one stop-and-release routine
+        (``stopping.stop_and_release`` with ``stop_steps``): SIGTERM its group, SIGKILL after ``grace_s``, remove
+        its files, then wait for ``release`` (its port, its memory). The start's record beside the pid file says
+        which /dev/shm files it owned, and what its group holds is read just before the signals. None when no
+        server was recorded there, else the problems (empty when everything was released in time)."""
+        shm, pgid = self._recorded(pid_file)
+        if pgid is None:
+            return None
         if shm is not None:
-            shm.release()
-        return "stopped" in out
+            shm.observe(pgid)
+        return stop_and_release(self.stop_steps(pid_file, pgid, shm=shm), release or Release(), grace_s=grace_s,
+                                release_timeout_s=release_timeout_s)
 
     def _recorded(self, pid_file: str) -> tuple[RemoteShm | None, int | None]:
         """The pid in ``pid_file`` and the /dev/shm record of its start (one call); (None, None) without them."""
@@ -354,33 +368,27 @@ class SshServer:
                 time.sleep(0.1 if stop_event is None else 0)
 
     def stop(self, grace_s: float = 10.0, release_timeout_s: float = 30.0) -> int | None:
-        """``stop_pid_file`` (SIGTERM the group, SIGKILL after the grace; the host's /dev/shm files the server
-        provably owned removed, what its group holds read just before the kill), then wait until the port no longer
-        answers and, with a GPU reader, the memory is back. A second stop is harmless."""
+        """The one stop-and-release routine (``stopping.stop_and_release``) with the host's steps
+        (``SshLauncher.stop_steps``): SIGTERM the group, SIGKILL after the grace, the host's /dev/shm files the
+        server provably owned removed (what its group holds read before the signals), then wait until the port no
+        longer answers and, with a GPU reader, the memory is back. A second stop is harmless."""
         if self._stopped:
             return self.exit_code
         self._stopped = True
         self.poll()
         shm = self._shm
-        self.launcher.stop_pid_file(self.pid_file, grace_s=grace_s, shm=shm,  # the session's pid is its group's id
-                                    pgid=self.host_pid if self.exit_code is None else None)
+        if shm is not None and self.exit_code is None:
+            shm.observe(self.host_pid)  # the session's pid is its group's id
+        host, port = self.launcher.host_name, self.port
+        release = Release(port=port, port_free=lambda: not _port_open(host, port), reader=self._reader,
+                          baseline_mib=self._baseline)
+        problems = stop_and_release(self.launcher.stop_steps(self.pid_file, self.host_pid, shm=shm), release,
+                                    grace_s=grace_s, release_timeout_s=release_timeout_s)
         if shm is not None:
             self.removed_shm, self.unattributed_shm = shm.removed, shm.left
-        deadline = time.monotonic() + release_timeout_s
-        while _port_open(self.launcher.host_name, self.port):
-            if time.monotonic() >= deadline:
-                self.teardown_error = f"port {self.port} on {self.launcher.host} still answers after the stop"
-                break
-            time.sleep(0.05)
+        self.teardown_error = "; ".join(problems) or None
         if self.exit_code is None:
-            self._check()
-        while self.exit_code is None and time.monotonic() < deadline:  # the group is gone: its leader next
-            time.sleep(0.05)
-            self._check()
-        if self._reader is not None and self._baseline is not None:
-            problem = wait_memory(self._reader, self._baseline, deadline, release_timeout_s)
-            if problem is not None:
-                self.teardown_error = problem
+            self._check()  # the group is gone: its leader's status, or GONE
         return self.exit_code
 
     def release(self) -> None:

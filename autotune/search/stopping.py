@@ -9,7 +9,8 @@ upper bound; which rule ended the search is stored on the study (``STOP_ATTR``) 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from optuna.trial import FrozenTrial, TrialState
@@ -66,21 +67,41 @@ class Patience:
                 f"so far (patience {self.launches})")
 
 
-def stop_record(why: str | None, launches: int, budget: int) -> dict[str, Any]:
-    """What the study stores about how its search ended: the rule that stopped it, or the budget spent."""
-    if why is None:
-        return {"rule": "budget", "why": f"the budget of {budget} launches was spent", "launches": launches,
-                "budget": budget}
-    return {"rule": "patience", "why": why, "launches": launches, "budget": budget}
+@dataclass(frozen=True)
+class SearchStop:
+    """How the search ended: ``rule`` ``"budget"`` (every launch of ``budget`` spent) or ``"patience"`` (``why``),
+    after ``launches`` launches. Stored as plain data under ``STOP_ATTR`` (``to_dict``/``of``)."""
 
+    rule: str
+    why: str
+    launches: int
+    budget: int
 
-def stop_line(record: dict[str, Any] | None) -> str | None:
-    """The summary's line on how the search ended; None for a study that never recorded it (an older one)."""
-    if not record:
-        return None
-    if record.get("rule") == "budget":
-        return f"search: ran its whole budget of {record.get('budget')} launches"
-    return f"search: stopped after {record.get('launches')} of {record.get('budget')} launches: {record.get('why')}"
+    @classmethod
+    def ended(cls, why: str | None, launches: int, budget: int) -> SearchStop:
+        """The rule that stopped the search (``why``), or the budget spent when none did."""
+        if why is None:
+            return cls("budget", f"the budget of {budget} launches was spent", launches, budget)
+        return cls("patience", why, launches, budget)
+
+    @classmethod
+    def of(cls, study_attrs: Mapping[str, Any]) -> SearchStop | None:
+        """The stored record, None for a study that never stored one (an older one)."""
+        stored = study_attrs.get(STOP_ATTR)
+        if not stored:
+            return None
+        return cls(str(stored.get("rule")), str(stored.get("why") or ""), int(stored.get("launches") or 0),
+                   int(stored.get("budget") or 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @property
+    def line(self) -> str:
+        """The summary's line on how the search ended."""
+        if self.rule == "budget":
+            return f"search: ran its whole budget of {self.budget} launches"
+        return f"search: stopped after {self.launches} of {self.budget} launches: {self.why}"
 
 
 def stopped_early(study: optuna.Study, rule: Patience, budget: int, progress: Any) -> bool:
@@ -91,9 +112,9 @@ def stopped_early(study: optuna.Study, rule: Patience, budget: int, progress: An
     done = len(launched(trials))
     if why is None and done < budget:
         return False
-    record = stop_record(why, done, budget)
-    if study.user_attrs.get(STOP_ATTR) != record:
-        study.set_user_attr(STOP_ATTR, record)
+    record = SearchStop.ended(why, done, budget)
+    if SearchStop.of(study.user_attrs) != record:
+        study.set_user_attr(STOP_ATTR, record.to_dict())
         if why is not None:
-            progress.log(stop_line(record) or why)
+            progress.log(record.line)
     return why is not None

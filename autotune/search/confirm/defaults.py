@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.config import StudyConfig
-from autotune.search.confirm.record import DefaultsRun
+from autotune.search.confirm.record import DefaultsRun, LaunchCost
 from autotune.search.objective import per_gpu
 from autotune.search.runner import DEFAULTS_RUN, Runner, predict
 
@@ -51,5 +51,6 @@ def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callabl
             progress.log(f"  defaults: ok {result.output_tok_s:,.0f} tok/s" if ok else f"  defaults: {status}: {reason}")
         return DefaultsRun(status=status, output_tok_s=result.output_tok_s if ok else None,
                            tok_s_per_gpu=per_gpu(result) if ok else None, reason=reason, how=how, config=config,
-                           trial_dir=result.trial_dir, log_path=result.log_path)
+                           trial_dir=result.trial_dir, log_path=result.log_path,
+                           cost=LaunchCost.of(result) if predicted is None else None)
     return measure

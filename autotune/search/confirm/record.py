@@ -12,17 +12,46 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from autotune.results import FidelityFigures, StressResult
+from autotune.results import FidelityFigures, StressResult, TrialResult
 from autotune.search.confirm.decision import Verdict
 from autotune.search.confirm.samples import ConfirmationRun
 
-__all__ = ["ATTR", "VERDICT_KEYS", "Confirmation", "ConfirmationRun", "DefaultsRun", "Demotion", "StressRecord",
-           "StressRun"]
+__all__ = ["ATTR", "VERDICT_KEYS", "Confirmation", "ConfirmationRun", "DefaultsRun", "Demotion", "LaunchCost",
+           "StressRecord", "StressRun"]
 
 ATTR = "confirmation"  # the study's user attribute
 # The keys ``Verdict.to_dict`` writes beside the confirmation's own (its fields, by name): any of them stored means
 # a verdict was.
 VERDICT_KEYS = frozenset(f.name for f in dataclasses.fields(Verdict))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LaunchCost:
+    """What the study's bill (``views.spend``) reads of a launch kept apart from the confirmation's runs (a stress
+    launch of its own, the defaults' measured launch): its durations, the startup its server reported, its GPUs.
+    Stored flat beside the launch's own keys."""
+
+    durations_s: dict[str, float]
+    modelled_startup_s: float | None = None
+    gpus: list[int] | None = None
+
+    @classmethod
+    def of(cls, result: TrialResult) -> LaunchCost:
+        return cls(durations_s=dict(result.durations_s), modelled_startup_s=result.modelled_startup_s,
+                   gpus=result.gpus)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"durations_s": dict(self.durations_s), "modelled_startup_s": self.modelled_startup_s,
+                "gpus": self.gpus}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> LaunchCost | None:
+        """The cost stored flat in ``data``; None where it stored none (a study stored before the bill)."""
+        durations = data.get("durations_s")
+        if not isinstance(durations, Mapping):
+            return None
+        return cls(durations_s=dict(durations), modelled_startup_s=data.get("modelled_startup_s"),
+                   gpus=data.get("gpus"))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,19 +66,23 @@ class StressRun:
     result: StressResult | None = None
     trial_dir: str | None = None
     in_confirmation: bool = False
+    cost: LaunchCost | None = None  # a launch of its own: what it took
 
     def to_dict(self) -> dict[str, Any]:
-        """The stored form (``trial_dir`` only when known, ``in_confirmation`` only when set)."""
+        """The stored form (``trial_dir`` only when known, ``in_confirmation`` only when set, the cost's keys only
+        for a launch of its own)."""
         return {"trial": self.trial, "repeat": self.repeat, "status": self.status, "reason": self.reason,
                 "result": self.result.to_dict() if self.result is not None else None,
                 **({"trial_dir": self.trial_dir} if self.trial_dir is not None else {}),
-                **({"in_confirmation": True} if self.in_confirmation else {})}
+                **({"in_confirmation": True} if self.in_confirmation else {}),
+                **(self.cost.to_dict() if self.cost is not None else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StressRun:
         return cls(trial=int(data["trial"]), repeat=data.get("repeat"), status=data.get("status"),
                    reason=data.get("reason"), result=StressResult.from_dict(data.get("result")),
-                   trial_dir=data.get("trial_dir"), in_confirmation=bool(data.get("in_confirmation")))
+                   trial_dir=data.get("trial_dir"), in_confirmation=bool(data.get("in_confirmation")),
+                   cost=LaunchCost.from_dict(data))
 
     @property
     def failed(self) -> bool:
@@ -106,16 +139,19 @@ class DefaultsRun:
     config: dict[str, Any] | None = None
     trial_dir: str | None = None
     log_path: str | None = None
+    cost: LaunchCost | None = None  # measured (not predicted): what its launch took
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The stored form (the cost's keys only for a measured run)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "cost"}
+        return {**out, **(self.cost.to_dict() if self.cost is not None else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> DefaultsRun | None:
         if not data:
             return None
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        names = {f.name for f in dataclasses.fields(cls)} - {"cost"}
+        return cls(**{k: v for k, v in data.items() if k in names}, cost=LaunchCost.from_dict(data))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -25,7 +25,7 @@ from autotune.config import StudyConfig
 from autotune.harness.stress import StressStep, stress_line
 from autotune.results import StressResult, TrialResult
 from autotune.search.confirm.decision import Verdict, decide
-from autotune.search.confirm.record import Confirmation, Demotion, StressRecord, StressRun
+from autotune.search.confirm.record import Confirmation, Demotion, LaunchCost, StressRecord, StressRun
 from autotune.search.runner import Runner
 from autotune.search.seeding import launch_key
 
@@ -135,7 +135,7 @@ def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, co
         # the launch died before its stress phase could start: as much a failure of the config under load
         stress = StressResult(survived=False, failure=result.status, reason=result.reason, ended="server exited")
     run = StressRun(trial=number, repeat=k, status=result.status, reason=reason, result=stress,
-                    trial_dir=result.trial_dir)
+                    trial_dir=result.trial_dir, cost=LaunchCost.of(result))
     if log is not None:
         log(f"stress: trial {number}: {_line(run)}")
     return run

@@ -28,9 +28,10 @@ from autotune.search.confirm.record import Confirmation, DefaultsRun
 from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launch_key, launches, unsettled
-from autotune.search.stopping import STOP_ATTR
+from autotune.search.stopping import SearchStop
 from autotune.search.views.above import above_baseline, above_line
 from autotune.search.views.origin import origin_line
+from autotune.search.views.spend import Spend, study_spend
 from autotune.search.views.worstcase import worst_case_line
 from autotune.search.warm import record_of
 
@@ -246,13 +247,14 @@ class SweepSummary:
     multi_gpu: bool
     unexpected: list[UnexpectedEntry]
     confirmation: str | None
-    search_stop: dict[str, Any] | None  # how the search ended: the budget spent or ``[study] patience`` (``stopping``)
+    search_stop: SearchStop | None  # how the search ended: the budget spent or ``[study] patience`` (``stopping``)
     note: str | None
     error: str | None
     above_baseline: list[dict[str, Any]]
     job: dict[str, Any] | None = None
     interrupted: bool = False
     origin: str | None = None  # where a re-tune started (``--from``: ``views.origin``); None for a cold study
+    spend: Spend | None = None  # launches and GPU-hours by phase (``views.spend``)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -320,12 +322,12 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         multi_gpu=any(_spans(t) > 1 for t in started),
         unexpected=_unexpected(conf, best),
         confirmation=confirmation_line(conf) if verdict is not None else None,
-        search_stop=study.user_attrs.get(STOP_ATTR),  # which rule ended the search (``stopping``)
+        search_stop=SearchStop.of(study.user_attrs),  # which rule ended the search (``stopping``)
         note=above_line(above) if above else note,
         error=None if failure is None else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"
             + (f" (its log: {attrs['log_path']})" if attrs.get("log_path") else "")),
         above_baseline=above,
         job=job(best.trial if best else None) if job is not None else None, interrupted=interrupted,
-        origin=origin_line(record_of(study)),
+        origin=origin_line(record_of(study)), spend=study_spend(trials, conf, simulated=cfg.engine.kind == "sim"),
     )

@@ -1,0 +1,128 @@
+"""What a study spent, by phase: launches and GPU-hours, as measured here and as a real GPU would bill them.
+
+A launch's GPU time is its wall time (``TrialResult.durations_s``: startup, warm-up, window, more windows, the
+fidelity probe, the stress phase, teardown) times the GPUs its server held. On the simulator the windows run in
+real time at the modelled GPU's pace, but the startup takes seconds where a real one loads weights and captures
+graphs for minutes: the *modelled* bill puts the startup the server reported (``modelled_startup_s``, SGLang's
+own ``startup_time``; the simulator's is the modelled GPU's) in place of the measured one. For the real engine
+both bills agree up to the gap between its log's startup and the health wait. A launch whose result stored no
+durations (an interrupted one, a study stored before them) counts as a launch, untimed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+
+from optuna.trial import FrozenTrial
+
+from autotune.results import TrialResult
+from autotune.search.confirm.record import Confirmation, LaunchCost
+from autotune.search.seeding import launches
+
+# "stress": the stress phase's own launches (one a confirmation launch ran is in its bill); "defaults": SGLang's
+# defaults measured once on a real engine (the simulator predicts them, no launch).
+PHASES = ("search", "confirmation", "stress", "defaults")
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseSpend:
+    """One phase's launches and GPU-hours (``gpu_h`` measured, ``modelled_gpu_h`` with the reported startups);
+    ``untimed``: launches whose durations were not stored, in ``launches`` but not in the hours."""
+
+    phase: str
+    launches: int
+    gpu_h: float
+    modelled_gpu_h: float
+    untimed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Spend:
+    """A study's bill, phase by phase in ``PHASES`` order (a phase with no launch left out); ``simulated``: the
+    engine was the simulator, whose startups take seconds (the line then gives the modelled bill beside)."""
+
+    phases: tuple[PhaseSpend, ...]
+    simulated: bool = False
+
+    @property
+    def launches(self) -> int:
+        return sum(p.launches for p in self.phases)
+
+    @property
+    def gpu_h(self) -> float:
+        return sum(p.gpu_h for p in self.phases)
+
+    @property
+    def modelled_gpu_h(self) -> float:
+        return sum(p.modelled_gpu_h for p in self.phases)
+
+    def line(self) -> str:
+        """``spent: 8 search launches 4.3 GPU-min, 4 confirmation launches 5.0 GPU-min; 9.3 GPU-min in all, 1.42
+        GPU-h with the startups the modelled GPU takes``; the modelled figure on the simulator only."""
+        parts = [f"{p.launches} {p.phase} launch{'es' if p.launches != 1 else ''} {_h(p.gpu_h)}"
+                 + (f" ({p.untimed} untimed)" if p.untimed else "") for p in self.phases]
+        text = "spent: " + ", ".join(parts) + f"; {_h(self.gpu_h)} in all"
+        if self.simulated and self.modelled_gpu_h > self.gpu_h:
+            text += f", {_h(self.modelled_gpu_h)} with the startups the modelled GPU takes"
+        return text
+
+
+def _h(hours: float) -> str:
+    """Hours from one up, minutes below: a simulated study's minutes read as minutes, a real study's hours as hours."""
+    return f"{hours:.2f} GPU-h" if hours >= 1.0 else f"{hours * 60:.1f} GPU-min"
+
+
+def launch_seconds(result: TrialResult) -> tuple[float, float] | None:
+    """(measured, modelled) GPU-seconds of one launch: its stored durations times its GPUs, the modelled one with
+    the server-reported startup in place of the measured; None when it stored no durations."""
+    durations = result.durations_s
+    if not durations:
+        return None
+    wall = sum(float(v) for v in durations.values())
+    startup = float(durations.get("startup") or 0.0)
+    modelled = wall - startup + (result.modelled_startup_s if result.modelled_startup_s is not None else startup)
+    return wall * result.gpus_spanned, max(wall, modelled) * result.gpus_spanned
+
+
+def phase_spend(phase: str, results: Iterable[TrialResult | None]) -> PhaseSpend:
+    """One phase's bill from its launches' results (None: a launch that stored no result)."""
+    launches = untimed = 0
+    measured = modelled = 0.0
+    for result in results:
+        launches += 1
+        seconds = launch_seconds(result) if result is not None else None
+        if seconds is None:
+            untimed += 1
+            continue
+        measured, modelled = measured + seconds[0], modelled + seconds[1]
+    return PhaseSpend(phase, launches, measured / 3600.0, modelled / 3600.0, untimed)
+
+
+def spend(by_phase: Mapping[str, Sequence[TrialResult | None]], *, simulated: bool = False) -> Spend:
+    """The study's bill from each phase's launches (phases in ``PHASES`` order; empty ones left out)."""
+    return Spend(tuple(phase_spend(p, by_phase[p]) for p in PHASES if by_phase.get(p)), simulated)
+
+
+def launch_cost(cost: LaunchCost | None) -> TrialResult | None:
+    """A launch the confirmation stored apart from its runs (a stress launch of its own, the defaults' launch) as
+    the bill reads it: its ``durations_s``, ``modelled_startup_s`` and ``gpus`` (None when it stored none)."""
+    if cost is None or not cost.durations_s:
+        return None
+    return TrialResult(status="ok", config={}, durations_s=dict(cost.durations_s),
+                       modelled_startup_s=cost.modelled_startup_s, gpus=cost.gpus)
+
+
+def study_spend(trials: Sequence[FrozenTrial], confirmation: Confirmation | None, *, simulated: bool) -> Spend:
+    """The bill of a stored study: its search launches (``seeding.launches``), the confirmation's runs, the
+    stress phase's own launches and a measured defaults run."""
+    conf = confirmation or Confirmation()
+    stress_runs = conf.stress.runs if conf.stress is not None else ()
+    defaults = conf.defaults
+    return spend({
+        "search": [TrialResult.of(t) for t in launches(list(trials))],
+        "confirmation": [r.result for r in conf.runs],
+        "stress": [launch_cost(r.cost) for r in stress_runs if not r.in_confirmation and r.status != "not_run"],
+        "defaults": [launch_cost(defaults.cost)] if defaults is not None and str(defaults.how or "").startswith(
+            "measured") else [],
+    }, simulated=simulated)
