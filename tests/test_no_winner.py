@@ -88,7 +88,8 @@ def test_every_stress_phase_that_ran_is_recorded_winner_or_not(tied):
     study, _ = tied
     out = stress_winner(study, CFG, Confirmation.of(study), runner=SimpleNamespace())
     stored = study.user_attrs["confirmation"]
-    assert out is not None and out.verdict is not None and out.verdict.outcome == "baseline" and stored["stress"]["complete"] and stored["stress"]["decided_trial"] is None
+    assert out is not None and out.verdict is not None and out.verdict.outcome == "baseline"
+    assert stored["stress"]["complete"] and stored["stress"]["decided_trial"] is None
     assert sorted(r["trial"] for r in stored["stress"]["runs"]) == [0, 1]
     assert all(r["in_confirmation"] and r["repeat"] == 2 for r in stored["stress"]["runs"])
     assert stored["stress"]["demoted"] == []  # recorded only: the verdict stands
