@@ -216,7 +216,7 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
             for step in steps:
                 if not step.runs_after(fields, server):
                     break
-                fields.update(step(server, launch, fields))
+                fields.update(step(server, launch, fields).fields())
     finally:
         exit_code = _stop(server, launch) if server is not None else None
         reader.close()
