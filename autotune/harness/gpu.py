@@ -54,7 +54,7 @@ class NvmlReader:
         self._nvml = pynvml
         self.index = index
 
-    def read(self) -> dict[str, Any]:  # Any: ``inspect.probe`` indexes it after its own None check
+    def read(self) -> dict[str, Any]:  # floats or None; Any since ``inspect.probe`` indexes it after a None check
         nv = self._nvml
         mem = nv.nvmlDeviceGetMemoryInfo(self._handle)
         values = reading(used_gib=mem.used / 2**30, total_gib=mem.total / 2**30)

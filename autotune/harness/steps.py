@@ -88,7 +88,8 @@ class ProbeStep:
         return _probe(server, self.probe, launch.trial_dir, launch.durations, launch.phase)
 
 
-def _probe(server, probe: FidelityProbe, trial_dir: Path, durations: dict[str, float], phase) -> StepOutcome:
+def _probe(server: ServerHandle, probe: FidelityProbe, trial_dir: Path, durations: dict[str, float],
+           phase: PhaseCallback) -> StepOutcome:
     """The fidelity probe, after the window in the same launch: figures in ``fidelity``, or ``probe_error``."""
     phase("probing numerics", {"prompts": len(probe.prompts), "tokens": probe.tokens,
                                "mode": "recording the reference" if probe.records else "comparing with the reference"})
