@@ -163,12 +163,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SimOptions:
+    """The simulator's own ``--sim-*`` knobs as parsed (not SGLang flags; the parser above holds their defaults)."""
+
+    gpu: str
+    gpu_memory_mib: int | None
+    seed: int
+    startup_s: float
+    warmup_s: float
+    acceptance: float
+    output_mean: int
+    output_dist: str
+    noise: float
+    launch_cv: float
+    free_gib_delta: float
+    activation_scale: float
+    graph_scale: float
+    decode_efficiency: float
+    unified_efficiency: float
+    adaptive_efficiency: float
+    speedup: float
+    stall: bool
+    numerics_flags: tuple[str, ...]
+    release_s: float
+    device_dir: str | None
+    shm: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class SimArgs:
     """A parsed command line: SGLang flags given (by dest), all of SGLang's args, and the simulation knobs."""
 
     flags: dict[str, Any]  # only the SGLang flags on the command line: what the planner gets
     server_args: dict[str, Any]  # defaults overlaid with ``flags`` (before resolution)
-    sim: dict[str, Any] = field(default_factory=dict)  # sim_* values, keys without the prefix
+    sim: SimOptions
     argv: list[str] = field(default_factory=list)
 
     @property
@@ -220,7 +248,7 @@ def parse(argv: list[str]) -> SimArgs:
     expanded = _expand_config(list(argv))
     ns = vars(parser.parse_args(expanded))
     ns.pop("config", None)
-    sim = {key[4:]: ns.pop(key) for key in list(ns) if key.startswith("sim_")}
+    sim = SimOptions(**{key[4:]: ns.pop(key) for key in list(ns) if key.startswith("sim_")})
     if "model_path" not in ns:
         parser.error("the following arguments are required: --model-path")
     flags = {k: v for k, v in ns.items() if v is not None and v is not False}

@@ -10,7 +10,10 @@ import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from autotune.sglang.endpoints import StartupTime
 
 READY = "The server is fired up and ready to roll!"
 SIGQUIT = "Received sigquit from a child process. It usually means the child failed."
@@ -167,13 +170,13 @@ def capacity(*, tokens: int, chunked: int, max_prefill: int, running: int, conte
     )
 
 
-def startup_timings(startup: dict[str, Any]) -> str:
-    graphs = ", ".join(f"{k}={v:.2f}" for k, v in startup.get("cuda_graph", {}).items())
+def startup_timings(startup: StartupTime) -> str:
+    graphs = ", ".join(f"{k}={v:.2f}" for k, v in startup["cuda_graph"].items())
     return (
-        f"Engine startup timings (s): load_weight={startup.get('load_weight', 0.0):.2f}, "
-        f"kv_cache_allocation={startup.get('kv_cache_allocation', 0.0):.2f}, "
-        f"scheduler_e2e={startup.get('scheduler_e2e', 0.0):.2f}, cuda_graph={{{graphs}}}, "
-        f"tokenizer_e2e={startup.get('tokenizer_e2e', 0.0):.2f}"
+        f"Engine startup timings (s): load_weight={startup['load_weight']:.2f}, "
+        f"kv_cache_allocation={startup['kv_cache_allocation']:.2f}, "
+        f"scheduler_e2e={startup['scheduler_e2e']:.2f}, cuda_graph={{{graphs}}}, "
+        f"tokenizer_e2e={startup['tokenizer_e2e']:.2f}"
     )
 
 
@@ -289,7 +292,7 @@ def graceful(remaining: Sequence[str]) -> str:
     )
 
 
-def prometheus(gauges: dict[str, Any], counters: dict[str, Any], summaries: dict[str, tuple[float, float]],
+def prometheus(gauges: dict[str, float], counters: dict[str, float], summaries: dict[str, tuple[float, float]],
                *, labels: dict[str, str]) -> str:
     """``/metrics`` text with SGLang's metric names (``sglang:`` prefix) and labels."""
     lab = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"

@@ -59,7 +59,7 @@ class SimServer:
         # Which output-changing flags differ from SGLang's reference: they decide each greedy request's tokens.
         self.numerics = SimNumerics.for_server(status.server_args, hybrid=status.model.has_mamba,
                                                ssm_dtype=status.model.ssm_dtype,
-                                               unlisted=status.args.sim.get("numerics_flags") or ())
+                                               unlisted=status.args.sim.numerics_flags)
         self.ready = False
         self.draining = False
         self._wake = asyncio.Event()
@@ -72,8 +72,8 @@ class SimServer:
         # checks (``autotune.harness.trial``): tokens paced that much slower than the model, i.e. a CPU-bound figure.
         self.pace = {"steps": 0, "modelled_s": 0.0, "late_s_sum": 0.0, "late_s_max": 0.0, "lag_s": 0.0}
         self._lag_retired = 0.0
-        self.speedup = float(status.args.sim.get("speedup") or 1.0)  # --sim-speedup: modelled s per wall s
-        self.stall = bool(status.args.sim.get("stall"))  # --sim-stall: once ready, never serve a request
+        self.speedup = status.args.sim.speedup  # --sim-speedup: modelled s per wall s
+        self.stall = status.args.sim.stall  # --sim-stall: once ready, never serve a request
         self.app = Starlette(routes=self._routes())
 
     # -- pacing ---------------------------------------------------------------------------------------------
