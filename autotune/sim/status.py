@@ -191,14 +191,14 @@ class ServerStatus:
             except OSError:
                 pass  # the registry folder is gone (a test cleaned up): serving goes on
 
-    def device_reading(self) -> dict[str, Any]:
+    def device_reading(self) -> device.GroupReading:
         """``/sim/gpu``: the first GPU's reading at the top level (as before), every GPU of the group in ``devices``."""
         readings = []
         for index in self.gpus:
             r = device.read(index, self.device_dir)
-            readings.append({"index": index, "used_mib": r.used_mib, "total_mib": r.total_mib,
-                             "free_mib": r.free_mib, "util_pct": r.util_pct, "processes": r.processes})
-        return {**readings[0], "devices": readings}
+            readings.append(device.GpuReading(index=index, used_mib=r.used_mib, total_mib=r.total_mib,
+                                              free_mib=r.free_mib, util_pct=r.util_pct, processes=r.processes))
+        return device.GroupReading(**readings[0], devices=readings)
 
     # -- reports --------------------------------------------------------------------------------------------
     def resolved_args(self) -> dict[str, Any]:
