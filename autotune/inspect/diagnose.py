@@ -199,7 +199,7 @@ class ServerDiagnosis:
             "usage": asdict(self.usage) if self.usage else None,
             "memory_gib": self.memory,
             "device": s.device,
-            "gpu": s.gpu,
+            "gpu": asdict(s.gpu) if s.gpu else None,
             "accept_length": s.accept_length,
             "last_gen_throughput": s.last_gen_throughput,
             "config": s.user_flags(),
@@ -234,7 +234,7 @@ def memory_split(s: ServerState, plan_gib: dict[str, float] | None) -> dict[str,
     m = s.memory
     free = None
     if s.gpu:
-        free = max(0.0, float(s.gpu["total_gib"]) - float(s.gpu["used_gib"]))
+        free = max(0.0, s.gpu.total_gib - s.gpu.used_gib)
     # SGLang's memory_usage.kvcache is the KV pool only (K + V); the Mamba pools are separate and come from the
     # startup log (or whatever the server states). A pool nobody reported stays None: "unknown", not a guess.
     kv, mamba = m["kv"], m.get("mamba_total")
@@ -250,8 +250,8 @@ def memory_split(s: ServerState, plan_gib: dict[str, float] | None) -> dict[str,
         "free": {"server": free, "planner": p.get("headroom")},
     }
     if s.gpu:
-        rows["gpu_used"] = {"server": float(s.gpu["used_gib"]), "planner": None}
-        rows["gpu_total"] = {"server": float(s.gpu["total_gib"]), "planner": p.get("total")}
+        rows["gpu_used"] = {"server": s.gpu.used_gib, "planner": None}
+        rows["gpu_total"] = {"server": s.gpu.total_gib, "planner": p.get("total")}
     return rows
 
 
