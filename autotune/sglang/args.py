@@ -192,7 +192,7 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
     ratio = mamba_slots_per_request(strategy, overlap=overlap, radix_off=radix_off, skip_decode_lock=skip)
     return {"strategy": strategy, "overlap": overlap, "attention_backend": backend, "page_size": page,
             "ratio": ratio, "radix_off": radix_off, "skip_decode_lock": skip,
-            "tracking_slots": 0 if radix_off else mamba_tracking_slots(strategy, overlap=overlap), **tree}
+            "tracking_slots": 0 if radix_off else mamba_tracking_slots(strategy, overlap=overlap), **tree.to_dict()}
 
 
 def graph_settings(f: Mapping[str, Any]) -> tuple[bool, bool]:

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from autotune.sglang.flags import FlagRow
 from autotune.sim.requests import OUTPUT_DISTS
 
 PROG = "autotune.sim"
@@ -58,7 +59,7 @@ _TYPES = {
 
 
 @cache
-def flag_table() -> tuple[dict[str, Any], ...]:
+def flag_table() -> tuple[FlagRow, ...]:
     """The 532 options of SGLang 0.5.23's parser, as recorded from the real one."""
     text = resources.files("autotune").joinpath("data/sglang-0.5.23-flags.json").read_text()
     return tuple(json.loads(text))
@@ -69,20 +70,20 @@ def sglang_defaults() -> dict[str, Any]:
     return {row["dest"]: row["default"] for row in flag_table() if row["dest"] not in ("help", "config")}
 
 
-def _add_sglang_flag(parser: argparse.ArgumentParser, row: dict[str, Any]) -> None:
+def _add_sglang_flag(parser: argparse.ArgumentParser, row: FlagRow) -> None:
     names = [name for name in row["flags"] if not name.startswith("--no-")]
-    common = {"dest": row["dest"], "default": argparse.SUPPRESS}  # only given flags land in the namespace
+    dest, default = row["dest"], argparse.SUPPRESS  # only given flags land in the namespace
     if row["is_store_true"]:
-        parser.add_argument(*names, action="store_true", **common)
+        parser.add_argument(*names, action="store_true", dest=dest, default=default)
     elif row["nargs"] == 0:  # --x / --no-x pairs (BooleanOptionalAction in SGLang)
-        parser.add_argument(*names, action=argparse.BooleanOptionalAction, **common)
+        parser.add_argument(*names, action=argparse.BooleanOptionalAction, dest=dest, default=default)
     else:
         kwargs: dict[str, Any] = {"type": _TYPES.get(row["type"] or "str", str)}
         if row["choices"] is not None:
             kwargs["choices"] = row["choices"]
         if row["nargs"] is not None:
             kwargs["nargs"] = row["nargs"]
-        parser.add_argument(*names, **kwargs, **common)
+        parser.add_argument(*names, **kwargs, dest=dest, default=default)
 
 
 def _positive_float(text: str) -> float:
