@@ -19,6 +19,7 @@ from autotune.sglang import unified
 from autotune.sglang.args import (
     PlanFailure,
     PlanStop,
+    Spec,
     decode_bs_list,
     default_mem_fraction,
     prefill_token_buckets,
@@ -109,7 +110,7 @@ class _Trace:
     """The steps done so far: a plan that stops reports what SGLang had allocated when it stopped."""
 
     start: step.Start
-    spec: step.Spec | None = None
+    spec: Spec | None = None
     layout: step.Layout | None = None
     sizes: step.Sizes | None = None
     weights: step.Weights | None = None
