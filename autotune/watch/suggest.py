@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from autotune.inspect.suggest import Suggestion
-from autotune.inspect.sweep_file import _study_name, sweep_toml
+from autotune.inspect.sweep_file import WorkloadTable, _study_name, sweep_toml
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.memory import plan
 from autotune.sglang.profiles import load_gpu, load_model
@@ -162,8 +162,8 @@ def write_study(diagnosis: Any, suggestion: Any | None, rows: list[PromptRow], o
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = out_dir / f"{name}-prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    workload = {"prompts": prompts.name, "sample_size": len(rows), "max_tokens": max(r["max_tokens"] for r in rows),
-                "ignore_eos": True}
+    workload = WorkloadTable(prompts=prompts.name, sample_size=len(rows), max_tokens=max(r["max_tokens"] for r in rows),
+                             ignore_eos=True)
     path = out_dir / f"{name}.toml"
     path.write_text(sweep_toml(d, workload=workload, origin="watch"), encoding="utf-8")
     return path
