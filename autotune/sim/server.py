@@ -193,10 +193,10 @@ class SimServer:
         stream.cache_report = bool(st.server_args.get("enable_cache_report"))
         stream.include_usage = bool((body.get("stream_options") or {}).get("include_usage")) or bool(
             st.server_args.get("stream_response_default_include_usage"))
-        params = _sampling_params(kind, body)
+        greedy = _greedy(kind, body)
         stream.return_logprob = kind == NATIVE and bool(body.get("return_logprob"))
         stream.logprob_text = bool(body.get("return_text_in_logprobs"))
-        if is_greedy(params.get("temperature"), params.get("top_k")):  # the prompt decides the tokens
+        if greedy:  # the prompt decides the tokens
             stream.tokens = self.numerics.plan(text, st.seed, base=stable_hash("tokens", st.seed, text))
         self.streams[rid] = stream
         self.sched.add(req)
@@ -219,9 +219,8 @@ class SimServer:
                      stream: bool, body: dict[str, Any]) -> Response:
         if self.draining or not self.ready:
             return _error(503, "The server is not ready or is shutting down.")
-        params = _sampling_params(kind, body)
         try:
-            is_greedy(params.get("temperature"), params.get("top_k"))
+            _greedy(kind, body)
         except ValueError as exc:
             return _error(400, str(exc))
         ctx = self.status.context_len
@@ -363,10 +362,13 @@ async def _json(request: Request) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def _sampling_params(kind: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Where a request's temperature and top_k live: ``sampling_params`` for native, the top level for OpenAI."""
+def _greedy(kind: str, body: dict[str, Any]) -> bool:
+    """Whether the request decodes greedily (``requests.is_greedy``: ValueError for a bad temperature), by its
+    temperature and top_k: in ``sampling_params`` for native, at the top level for OpenAI."""
     params = body.get("sampling_params") if kind == NATIVE else body
-    return params if isinstance(params, dict) else {}
+    if not isinstance(params, dict):
+        params = {}
+    return is_greedy(params.get("temperature"), params.get("top_k"))
 
 
 def _content(content: Any) -> str:
