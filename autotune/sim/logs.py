@@ -12,6 +12,8 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, TextIO
 
+from autotune.sglang.adaptive import AdaptiveSpec
+
 if TYPE_CHECKING:
     from autotune.sglang.endpoints import StartupTime
 
@@ -139,12 +141,11 @@ def unified_pool(total_bytes: int) -> str:
             f"(={total_bytes} B), 2 sub-pool(s)")
 
 
-def adaptive_init(adaptive: dict[str, Any]) -> str:
+def adaptive_init(adaptive: AdaptiveSpec) -> str:
     """``AdaptiveSpeculativeParams.__init__`` (adaptive_spec_params.py L296-303): the first slot's steps."""
-    first = min(adaptive["slots"], key=int)
-    cands = adaptive["slots"][first]["candidate_steps"]
-    steps = adaptive["initial_steps"] if adaptive["initial_steps"] in cands else cands[len(cands) // 2]
-    return f"AdaptiveSpeculativeParams initialized: steps={steps}, candidate_steps={cands}"
+    first = min(adaptive.table)
+    cands = list(adaptive.table[first].candidates)
+    return f"AdaptiveSpeculativeParams initialized: steps={adaptive.slot_initial(first)}, candidate_steps={cands}"
 
 
 def pool_end(avail_gib: float) -> str:
@@ -413,7 +414,7 @@ def graph_lines(st: Any, *, fail: bool) -> list[str]:
                       capture_end(phase, decode_bs(max_bs), cg[phase.replace(" ", "_")], use, avail - use)]
             avail -= use
     if x.get("adaptive"):
-        lines.append(adaptive_init(x["adaptive"]))
+        lines.append(adaptive_init(AdaptiveSpec.from_dict(x["adaptive"])))
     return lines
 
 def ready_lines(st: Any) -> list[str]:
