@@ -6,6 +6,7 @@ Both sinks take the same calls from the loop (trial started/finished, phase from
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from typing import IO, Any
@@ -145,24 +146,35 @@ class PlainProgress:
         return None
 
 
+@dataclasses.dataclass
+class PanelState:
+    """What the live panel shows now; the loop's calls update it between redraws."""
+
+    title: str = "starting"
+    phase: str = ""
+    diff: str = ""  # the config's difference from the baseline, as one line
+    tok_s: float | None = None  # the replay's live tok/s, while it measures
+    best: float | None = None
+
+
 class LiveProgress(PlainProgress):
     """A rich panel: trial n/N, phase, live tok/s, the config's difference from the baseline, best, ETA."""
 
     def __init__(self, console: Console | None = None):
         super().__init__()
         self.console = console or Console()
-        self.state: dict[str, Any] = {"title": "starting", "phase": "", "diff": "", "tok_s": None, "best": None}
+        self.state = PanelState()
         self.live = Live(self._render(), console=self.console, refresh_per_second=4, transient=True)
         self.live.start()
 
     def _render(self) -> Group:
         s = self.state
         table = Table.grid(padding=(0, 2))
-        table.add_row("trial", Text(s["title"], style="bold"))
-        table.add_row("phase", s["phase"])
-        table.add_row("vs baseline", s["diff"])
-        table.add_row("live", f"{s['tok_s']:,.0f} tok/s" if s["tok_s"] is not None else "-")
-        table.add_row("best", f"{s['best']:,.0f} {self.score_unit}" if s["best"] else "-")
+        table.add_row("trial", Text(s.title, style="bold"))
+        table.add_row("phase", s.phase)
+        table.add_row("vs baseline", s.diff)
+        table.add_row("live", f"{s.tok_s:,.0f} tok/s" if s.tok_s is not None else "-")
+        table.add_row("best", f"{s.best:,.0f} {self.score_unit}" if s.best else "-")
         eta = self.eta_s()
         table.add_row("ETA", f"{eta / 60:.1f} min" if eta else "-")
         return Group(table)
@@ -177,23 +189,23 @@ class LiveProgress(PlainProgress):
     def trial_started(self, number, done, target, role, label, diff) -> None:
         super().trial_started(number, done, target, role, label, diff)
         who = f"{role} {label}" if label and label != role else role
-        self.state.update(title=f"{number} ({done + 1}/{target}) {who}", phase="planning", diff=_fmt_diff(diff),
-                          tok_s=None)
+        self.state = dataclasses.replace(self.state, title=f"{number} ({done + 1}/{target}) {who}", phase="planning",
+                                         diff=_fmt_diff(diff), tok_s=None)
         self._refresh()
 
     def phase(self, name: str, info: dict[str, Any] | None = None) -> None:
-        self.state["phase"] = name
+        self.state.phase = name
         if info and info.get("tok_s") is not None:
-            self.state["tok_s"] = info["tok_s"]
+            self.state.tok_s = float(info["tok_s"])
         self._refresh()
 
     def trial_finished(self, number, result, best) -> None:
         super().trial_finished(number, result, best)
-        self.state.update(best=best, phase="done")
+        self.state.best, self.state.phase = best, "done"
         self._refresh()
 
     def confirm_started(self, index, total, trial, repeat) -> None:
-        self.state.update(title=f"confirmation {index}/{total}: trial {trial} launch {repeat + 1}", tok_s=None)
+        self.state.title, self.state.tok_s = f"confirmation {index}/{total}: trial {trial} launch {repeat + 1}", None
         self._refresh()
 
     def close(self) -> None:

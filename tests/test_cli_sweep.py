@@ -243,7 +243,7 @@ def test_live_panel_and_plain_lines_show_the_same_events():
         sink.phase("measuring", {"tok_s": 4000.0})
         sink.trial_finished(3, ok, 4321.0)
         sink.close()
-    assert live.state["tok_s"] == 4000.0 and live.state["best"] == 4321.0
+    assert live.state.tok_s == 4000.0 and live.state.best == 4321.0
     for text in (buf.getvalue(), plain_buf.getvalue()):
         assert "not searching [x]: inert" in text and "4,321 tok/s" in text
     assert "trial 3 [3/10] search: max_mamba_cache_size=384" in plain_buf.getvalue()

@@ -31,7 +31,7 @@ from autotune.inspect.diagnose import (
     inspect_servers,
     pool_usage,
 )
-from autotune.inspect.probe import Probe, ProbeFailure, parse_prometheus, probe
+from autotune.inspect.probe import GpuMemory, Probe, ProbeFailure, parse_prometheus, probe
 from autotune.inspect.state import ServerState, flags_from_command
 from autotune.inspect.sweep_file import _dumps, sweep_toml
 
@@ -748,9 +748,9 @@ def test_a_non_hybrid_server_has_no_mamba_pool():
 def test_a_local_cpu_server_gets_no_nvml_reading_or_note(monkeypatch):
     calls: list[int] = []
 
-    def fake_nvml(index: int) -> dict:
+    def fake_nvml(index: int) -> GpuMemory:
         calls.append(index)
-        return {"used_gib": 100.0, "total_gib": 140.4, "source": f"NVML GPU {index}"}
+        return GpuMemory(100.0, 140.4, f"NVML GPU {index}")
 
     monkeypatch.setattr("autotune.inspect.probe._nvml_gpu", fake_nvml)
     (d,) = inspect_recorded(use_nvml=True).servers  # local, device "cpu" in /server_info

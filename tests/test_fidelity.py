@@ -21,6 +21,7 @@ from autotune.errors import ConfigError
 from autotune.harness import steps as trial_mod
 from autotune.harness.fidelity import (
     FidelityProbe,
+    FlagChange,
     ProbeError,
     ProbeOutput,
     Reference,
@@ -119,10 +120,10 @@ def test_compare_counts_the_matching_prefix_exact_prompts_and_logprob_deltas_on_
     ref = [out([1, 2, 3, 4], [-0.1, -0.2, -0.3, -0.4]), out([5, 6, 7, 8], [-1.0, -1.0, -1.0, -1.0])]
     got = [out([1, 2, 9, 9], [-0.15, -0.2, -5.0, -5.0]), out([5, 6, 7, 8], [-1.0, -1.1, None, -1.0])]
     figures = compare(ref, got, 4)
-    assert figures["prefix_match_mean"] == 3.0 and figures["prefix_match_min"] == 2
-    assert figures["exact_share"] == 0.5 and figures["first_difference"] == [2, None]
+    assert figures.prefix_match_mean == 3.0 and figures.prefix_match_min == 2
+    assert figures.exact_share == 0.5 and figures.first_difference == (2, None)
     # scored on both sides within the prefix: 0.05, 0.0 (prompt 1); 0.0, 0.1, 0.0 (prompt 2; one None skipped)
-    assert figures["scored_tokens"] == 5 and figures["mean_abs_logprob_delta"] == pytest.approx(0.03)
+    assert figures.scored_tokens == 5 and figures.mean_abs_logprob_delta == pytest.approx(0.03)
 
 
 def test_prompts_are_spread_evenly_through_the_sample_and_fixed():
@@ -177,7 +178,7 @@ def test_a_server_without_logprobs_or_with_an_error_fails_the_trial_loudly(tmp_p
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     ref = Reference(prompts=("p",), tokens=2, outputs=(out([1, 2]),))
-    probe = FidelityProbe(prompts=("p",), tokens=2, reference=ref, changes=({"flag": "kv_cache_dtype"},))
+    probe = FidelityProbe(prompts=("p",), tokens=2, reference=ref, changes=(FlagChange(flag="kv_cache_dtype"),))
     try:
         with pytest.raises(ProbeError, match=words):
             run_probe(url, probe)
@@ -186,8 +187,9 @@ def test_a_server_without_logprobs_or_with_an_error_fails_the_trial_loudly(tmp_p
             base_url, alive = url, True
 
         fields = trial_mod._probe(Alive(), probe, tmp_path, {}, lambda *a: None)
-        assert fields["status"] == "probe_error" and words in fields["reason"]
-        assert fields["reason"].startswith("fidelity probe:") and fields["fidelity"].error
+        assert fields.status == "probe_error" and fields.reason is not None and words in fields.reason
+        assert fields.reason.startswith("fidelity probe:") and fields.fidelity is not None and fields.fidelity.error
+        assert fields.fidelity.changes == ({"flag": "kv_cache_dtype", "value": None, "reference": None},)
     finally:
         server.shutdown()
 

@@ -149,10 +149,12 @@ def test_the_first_confirmation_launch_of_every_contender_but_the_baseline_and_i
 
 def test_a_table_flag_is_still_a_change_the_table_explains():
     probe = fidelity.FidelityProbe(prompts=("a",), tokens=4, reference=Reference(("a",), 4, (ProbeOutput(
-        (1, 2, 3, 4), (-0.1,) * 4),)), changes=({"flag": "mamba_ssm_dtype", "value": "bfloat16"},))
-    figures = {**fidelity.compare(probe.reference.outputs, [ProbeOutput((1, 9, 9, 9), (-0.1,) * 4)], 4),
-               "changes": list(probe.changes)}
-    assert fidelity.verdict(figures, ()) == {"outputs_differ": True, "unexpected": False, "differs": []}
+        (1, 2, 3, 4), (-0.1,) * 4),)), changes=(fidelity.FlagChange(flag="mamba_ssm_dtype", value="bfloat16"),))
+    figures = dataclasses.replace(
+        fidelity.compare(probe.reference.outputs, [ProbeOutput((1, 9, 9, 9), (-0.1,) * 4)], 4),
+        changes=tuple(c.to_dict() for c in probe.changes))
+    judged = fidelity.verdict(figures, ())
+    assert (judged.outputs_differ, judged.unexpected, judged.differs) == (True, False, ())
 
 
 # --- apply ---------------------------------------------------------------------------------------------------------

@@ -238,7 +238,7 @@ def test_the_80b_study_sweeps_as_two_workers_on_gpu_pairs(tmp_path):
     for t in trials:
         result = TrialResult.from_dict(t.user_attrs["result"])
         assert result.ok and result.gpus in ([0, 1], [2, 3])
-        assert result.gpu is not None and [g["index"] for g in result.gpu.per_gpu or []] == result.gpus
+        assert result.gpu is not None and [g.index for g in result.gpu.per_gpu or []] == result.gpus
         assert t.values[0] == pytest.approx(result.output_tok_s / 2)  # ranked per GPU
         assert t.user_attrs["gpu"].endswith(":" + ",".join(map(str, result.gpus)))
         groups.add(tuple(result.gpus))

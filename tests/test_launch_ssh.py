@@ -118,7 +118,7 @@ def test_a_remote_group_is_read_with_one_call_per_reading():
     peaks = monitor.peaks()
     assert monitor.errors == 0 and len(monitor.samples) >= 5
     assert len(smi.commands) == 1 + len(monitor.samples)  # never a call per GPU
-    assert [g["index"] for g in peaks.per_gpu] == [0, 1]
+    assert [g.index for g in peaks.per_gpu] == [0, 1]
     assert peaks.peak_used_gib == pytest.approx(100_000 / GIB, abs=1e-3)
 
 

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import json
 
-from autotune.results import FidelityFigures, MeasurementVerdict, StressResult, TrialResult, Window
+from autotune.results import (
+    DevicePeak,
+    FidelityFigures,
+    MeasurementVerdict,
+    Rejections,
+    ServerProgress,
+    StressResult,
+    TrialResult,
+    Window,
+)
 
 # A result as a study stored it before its blocks were typed records (keys as they were written then), with a key
 # no version of this reader knows (a later version's): it must still read, the unknown key ignored.
@@ -59,3 +68,32 @@ def test_a_result_without_the_optional_blocks_reads_as_none():
     assert TrialResult.from_dict({"status": "ok", "config": {}, "windows": []}).windows == ()
     stored = result.to_dict()
     assert stored["fidelity"] is None and stored["windows"] is None and stored["stress"] is None
+
+
+# Blocks a study stored as plain dicts before they were typed: refusals, the server's progress in a window that
+# delivered nothing (stored empty when nothing moved), and each GPU's peak of a server over several GPUs.
+STORED_BLOCKS = {
+    "status": "too_slow", "config": {}, "engine": "sim",
+    "measurement": {"progress": {"prefill_batches": 2, "prefill_tokens": 4096}, "held_streams": 4,
+                    "rejected": {"count": 3, "of": 5, "kinds": {"HTTP 400": 2, "HTTP 413": 1}, "first": "HTTP 400: x"}},
+    "gpu": {"peak_used_gib": 170.0, "total_gib": 179.1, "headroom_gib": 9.1, "mean_util_pct": None,
+            "peak_power_w": None, "samples": 3,
+            "per_gpu": [{"index": 0, "peak_used_gib": 160.0, "total_gib": 179.1, "headroom_gib": 19.1},
+                        {"index": 1, "peak_used_gib": 170.0, "total_gib": 179.1, "headroom_gib": 9.1}]},
+}
+
+
+def test_stored_refusals_progress_and_per_gpu_peaks_read_into_records_and_store_the_same_keys():
+    result = TrialResult.from_dict(json.loads(json.dumps(STORED_BLOCKS)))
+    m, gpu = result.measurement, result.gpu
+    assert isinstance(m.rejected, Rejections) and (m.rejected.count, m.rejected.of) == (3, 5)
+    assert m.rejected.kinds == {"HTTP 400": 2, "HTTP 413": 1} and m.rejected.first == "HTTP 400: x"
+    assert m.progress == ServerProgress(prefill_batches=2, prefill_tokens=4096) and m.progress
+    assert gpu.per_gpu == (DevicePeak(index=0, peak_used_gib=160.0, total_gib=179.1, headroom_gib=19.1),
+                           DevicePeak(index=1, peak_used_gib=170.0, total_gib=179.1, headroom_gib=9.1))
+    stored = json.loads(json.dumps(result.to_dict()))
+    assert stored["measurement"] == STORED_BLOCKS["measurement"] and stored["gpu"] == STORED_BLOCKS["gpu"]
+    assert TrialResult.from_dict(stored) == result
+    nothing_moved = MeasurementVerdict.from_dict({"progress": {}})
+    assert nothing_moved.progress == ServerProgress() and not nothing_moved.progress
+    assert nothing_moved.to_dict() == {"progress": {}}  # stored empty, as before: not dropped

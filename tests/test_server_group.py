@@ -84,8 +84,8 @@ def test_peaks_per_gpu_and_headroom_from_the_fullest():
     with monitor:
         a.used = 79.0  # GPU 0 peaks higher, but GPU 1 is nearer its own total
     peaks = monitor.peaks()
-    assert [d["index"] for d in peaks.per_gpu] == [0, 1]
-    assert peaks.per_gpu[0]["peak_used_gib"] == 79.0
+    assert [d.index for d in peaks.per_gpu] == [0, 1]
+    assert peaks.per_gpu[0].peak_used_gib == 79.0
     assert peaks.headroom_gib == pytest.approx(0.5)
     assert peaks.peak_used_gib == 40.0 and peaks.total_gib == 40.5
     assert GpuPeaks.from_dict(peaks.to_dict()) == peaks

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from autotune.sim import args
@@ -33,13 +35,13 @@ def test_aliases_and_boolean_optional():
 
 def test_sim_flags_defaults_and_env(monkeypatch):
     a = args.parse(["--model-path", "m"])
-    assert a.sim["gpu"] == "b200" and a.sim["startup_s"] == 1.0 and a.sim["acceptance"] == 0.825
-    assert a.sim["release_s"] == 1.0 and a.sim["shm"] is None
+    assert a.sim.gpu == "b200" and a.sim.startup_s == 1.0 and a.sim.acceptance == 0.825
+    assert a.sim.release_s == 1.0 and a.sim.shm is None
     assert not any(k.startswith("sim") for k in a.flags)
     monkeypatch.setenv("AUTOTUNE_SIM_GPU", "h200")
     args.build_parser.cache_clear()
     try:
-        assert args.parse(["--model-path", "m", "--sim-shm"]).sim == {**a.sim, "gpu": "h200", "shm": "/dev/shm"}
+        assert args.parse(["--model-path", "m", "--sim-shm"]).sim == dataclasses.replace(a.sim, gpu="h200", shm="/dev/shm")
     finally:
         args.build_parser.cache_clear()
 

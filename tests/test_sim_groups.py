@@ -207,10 +207,10 @@ def test_a_trial_on_two_gpus_runs_tp2_across_both_and_releases_them(tmp_path, mo
     assert result.gpus == [0, 1] and result.gpus_spanned == 2
     assert result.metrics.output_tok_s > 0
     assert result.tok_s_per_gpu == pytest.approx(result.metrics.output_tok_s / 2)
-    per_gpu = {d["index"]: d for d in result.gpu.per_gpu}
+    per_gpu = {d.index: d for d in result.gpu.per_gpu}
     assert set(per_gpu) == {0, 1}
     expected_gib = _per_gpu_mib(2) / 1024
     for entry in per_gpu.values():
-        assert entry["peak_used_gib"] >= expected_gib - 0.01  # each GPU held the planner's per-GPU figure
+        assert entry.peak_used_gib >= expected_gib - 0.01  # each GPU held the planner's per-GPU figure
     assert all(device.read(i, devices).used_mib == 0 for i in (0, 1))  # teardown waited for both to free
     assert not any(device.read(i, devices).processes for i in (0, 1))

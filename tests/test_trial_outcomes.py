@@ -22,7 +22,7 @@ from autotune.harness.outcome import no_tokens, rejections
 from autotune.harness.setup import TrialSetup
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import ReplayRecords, RequestRecord, WorkloadSpec
-from autotune.results import TOO_SLOW, TrialResult
+from autotune.results import TOO_SLOW, ServerProgress, TrialResult
 
 PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
 GPU = 5  # a simulated device index only these tests use
@@ -38,11 +38,15 @@ def test_refused_requests_are_counted_by_kind_and_named_when_they_dominate():
     reqs = _requests(["HTTP 400: The input (9000 tokens) is longer than the model's context length (8192 tokens).",
                       "HTTP 413: body too large", "HTTP 400: again", "ReadTimeout", None])
     got = rejections(reqs)
-    assert got is not None and got["count"] == 3 and got["of"] == 5
-    assert got["kinds"] == {"HTTP 400": 2, "HTTP 413": 1} and got["first"].startswith("HTTP 400: The input")
+    assert got is not None and got.count == 3 and got.of == 5
+    assert got.kinds == {"HTTP 400": 2, "HTTP 413": 1} and got.first is not None
+    assert got.first.startswith("HTTP 400: The input")
     status, reason, figures = no_tokens(reqs, PREFILL, [], window_s=1.0)
     assert status == "crash" and "the server rejected 3 of the 5 requests sent (2 × HTTP 400, 1 × HTTP 413" in reason
-    assert figures["rejected"] == got
+    assert figures.rejected == got
+    # stored as the dict it replaced: the same keys, the kinds most first
+    assert figures.to_dict()["rejected"] == {"count": 3, "of": 5, "kinds": {"HTTP 400": 2, "HTTP 413": 1},
+                                             "first": got.first}
     assert rejections(_requests([None, "ReadTimeout"])) is None  # a client-side failure is not a refusal
 
 
@@ -50,7 +54,8 @@ def test_no_token_from_a_progressing_server_is_too_slow_with_its_evidence():
     probes = [{"modelled_s": 1.0, "lag_s": 0.0}, {"modelled_s": 1.25, "lag_s": 0.0}]
     status, reason, figures = no_tokens(_requests([None] * 4), "startup line\n" + PREFILL * 2, probes, window_s=0.5)
     assert status == TOO_SLOW
-    assert figures["progress"] == {"prefill_batches": 2, "prefill_tokens": 4096, "sim_modelled_s": 0.25}
+    assert figures.progress == ServerProgress(prefill_batches=2, prefill_tokens=4096, sim_modelled_s=0.25)
+    assert figures.to_dict()["progress"] == {"prefill_batches": 2, "prefill_tokens": 4096, "sim_modelled_s": 0.25}
     assert "2 prefill batches (4,096 new tokens)" in reason and "lengthen workload.measure_s" in reason
     assert "host is too slow" in reason
     spec = WorkloadSpec(prompts=PROMPTS, option_names=MEASURE_OPTIONS)  # `autotune measure` names its own options
@@ -101,7 +106,7 @@ def test_a_slow_but_alive_server_is_too_slow_not_crash(env):
                        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
     result = run_trial(setup, {}, trial_dir=env / "t")
     assert result.status == TOO_SLOW, (result.status, result.reason)
-    assert result.measurement.progress["prefill_batches"] >= 1 and "lengthen --window (and --warmup)" in result.reason
+    assert result.measurement.progress.prefill_batches >= 1 and "lengthen --window (and --warmup)" in result.reason
     assert result.metrics is None and result.output_tok_s is None and not _children()  # no "0 tok/s"
     assert TrialResult.from_dict(result.to_dict()).status == TOO_SLOW
 

@@ -17,7 +17,7 @@ import importlib.util
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import Field, ValidationError
 
@@ -51,6 +51,14 @@ class Timeouts:
     teardown_s: float = 60.0
     grace_s: float = 10.0
     request_s: float = 600.0
+
+
+class Given(NamedTuple):
+    """A config the study file names, as launched: its role (``baseline`` or ``enqueued``), label and flags."""
+
+    role: str
+    label: str
+    config: dict[str, Any]
 
 
 class StudyConfig(StrictModel):
@@ -97,11 +105,11 @@ class StudyConfig(StrictModel):
         """The baseline as launched: the fixed flags, then the baseline's own."""
         return {**self.engine.fixed, **self.baseline.flags}
 
-    def given(self) -> list[tuple[str, str, dict[str, Any]]]:
-        """The configs the study file names, as launched (fixed flags first): ``(role, label, config)`` for the
-        baseline, then for each enqueued config in order."""
-        return [("baseline", self.baseline.label, self.baseline_config()),
-                *(("enqueued", e.label, {**self.engine.fixed, **e.flags}) for e in self.enqueue)]
+    def given(self) -> list[Given]:
+        """The configs the study file names, as launched (fixed flags first): the baseline, then each enqueued
+        config in order."""
+        return [Given("baseline", self.baseline.label, self.baseline_config()),
+                *(Given("enqueued", e.label, {**self.engine.fixed, **e.flags}) for e in self.enqueue)]
 
     def given_configs(self) -> list[dict[str, Any]]:
         """The baseline's config, then each enqueued one's (``given`` without roles and labels)."""

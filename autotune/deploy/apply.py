@@ -26,7 +26,7 @@ from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, w
 from autotune.deploy.fleet import server_gpus as launch_group
 from autotune.deploy.fleetfile import spans
 from autotune.deploy.inflight import client_advice
-from autotune.deploy.launchscript import launch_script
+from autotune.deploy.launchscript import ScriptEntry, launch_script
 from autotune.deploy.ports import pick_ports
 from autotune.deploy.sglang_yaml import PER_SERVER, config_diff, read_config_file, split_config, yaml_text
 from autotune.errors import ConfigError, StudyError
@@ -368,7 +368,7 @@ def write_artifacts(
                            host=s.bind, port=s.port, extra=[*s.extra_args, *device, *sim])
         if levers:  # `env NAME=VALUE … argv`: each assignment one quoted word, never a shell string of config
             argv = ["env", *(f"{k}={v}" for k, v in levers.items()), *argv]
-        starts.append({"log": s.log, "pid": s.pid, "gpus": gpu, "argv": argv})
+        starts.append(ScriptEntry(log=s.log, pid=s.pid, gpus=gpu, argv=argv))
     script = launch_script(
         [*starts, *filter(None, [router.script_entry(routing, [s.url for s in servers])])], env=shared, elsewhere=elsewhere,
         header=header + f"\nengine {fleet.engine}, device {fleet.device}; one server per entry of fleet.toml."

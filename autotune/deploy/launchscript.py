@@ -7,9 +7,20 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from autotune.redaction import reference
+
+
+@dataclass(frozen=True)
+class ScriptEntry:
+    """One process the script starts: its log and pid file, its GPUs as CUDA_VISIBLE_DEVICES lists them (``0,1``;
+    empty leaves CUDA_VISIBLE_DEVICES alone), and its command."""
+
+    log: str
+    pid: str
+    gpus: str
+    argv: list[str]
 
 
 def _env_lines(env: Mapping[str, str]) -> list[str]:
@@ -25,7 +36,7 @@ def _env_lines(env: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def launch_script(servers: Sequence[Mapping[str, Any]], *, header: str, env: Mapping[str, str] | None = None,
+def launch_script(servers: Sequence[ScriptEntry], *, header: str, env: Mapping[str, str] | None = None,
                   elsewhere: Sequence[str] = ()) -> str:
     """A bash script starting each server detached (own session, so its pid is its process group), with a
     log and a pid file per server. Every argv token goes through ``shlex.quote``; ``env`` is exported first
@@ -60,7 +71,7 @@ def launch_script(servers: Sequence[Mapping[str, Any]], *, header: str, env: Map
         "",
     ]
     for server in servers:
-        tokens = [server["log"], server["pid"], str(server["gpus"]), *server["argv"]]
+        tokens = [server.log, server.pid, server.gpus, *server.argv]
         lines.append("start " + " ".join(shlex.quote(str(t)) for t in tokens))
     if elsewhere:
         lines += ["", "# On other hosts (start them with: autotune fleet up --fleet fleet.toml):",

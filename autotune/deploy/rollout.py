@@ -37,7 +37,7 @@ from autotune.deploy.fleet import (
     write_fleet,
 )
 from autotune.deploy.fleetfile import group_mismatch
-from autotune.deploy.rolloutlog import RolloutLog, locked, log_path  # noqa: F401 - the log's API, re-exported
+from autotune.deploy.rolloutlog import Figures, RolloutEvent, RolloutLog, locked, log_path  # noqa: F401 - the log's API, re-exported
 from autotune.deploy.sglang_yaml import deployed_config, read_config_file, split_config, yaml_text
 from autotune.errors import AutotuneError, FleetError
 from autotune.harness.workload import PromptSample, metrics_from_records, replay
@@ -160,7 +160,7 @@ def run_canary(server: FleetServer, canary: Canary, capacity) -> Any:
     return metrics_from_records(records)
 
 
-def verify(fleet: Fleet, server: FleetServer, expect: Expectation, canary: Canary | None) -> dict[str, Any]:
+def verify(fleet: Fleet, server: FleetServer, expect: Expectation, canary: Canary | None) -> Figures:
     """Capacity, then canary; FleetError naming what differs. Returns the figures measured."""
     info = get_json(f"{server.url}/server_info")
     if info is None:
@@ -169,8 +169,7 @@ def verify(fleet: Fleet, server: FleetServer, expect: Expectation, canary: Canar
     mismatch = check_capacity(expect, capacity)
     if mismatch:
         raise FleetError(f"server {server.name} reports a different capacity: {mismatch}")
-    figures: dict[str, Any] = {"capacity": {k: getattr(capacity, k) for k in
-                                            ("max_running_requests", "kv_tokens", "mamba_slots")}}
+    figures = Figures(capacity={k: getattr(capacity, k) for k in ("max_running_requests", "kv_tokens", "mamba_slots")})
     if canary is not None:
         metrics = run_canary(server, canary, capacity)
         figures["tok_s"] = metrics.output_tok_s
@@ -236,11 +235,11 @@ def _restore(fleet_path: Path, name: str, previous: str, log: RolloutLog, timing
     return True
 
 
-def _run(fleet_path: Path, begin: dict[str, Any], done: set[str], log: RolloutLog, timing: Timing,
+def _run(fleet_path: Path, begin: RolloutEvent, done: set[str], log: RolloutLog, timing: Timing,
          gate: Gate) -> Report:
     target, previous = begin["config"], begin["previous"]
     expect = Expectation.from_dict(begin.get("expect") or {})
-    canary = Canary.from_dict(begin["canary"]) if begin.get("canary") else None
+    canary = Canary.from_dict(stored) if (stored := begin.get("canary")) else None
     report = Report(verified=sorted(done, key=begin["servers"].index))
     remaining = [n for n in begin["servers"] if n not in done]
     for index, name in enumerate(remaining):
@@ -307,7 +306,7 @@ def _revert(fleet_path: Path, names: list[str], previous: Mapping[str, str], log
     return reverted
 
 
-def _settled(events: list[dict[str, Any]]) -> frozenset[str]:
+def _settled(events: list[RolloutEvent]) -> frozenset[str]:
     """Servers whose last logged event put them back on their previous config."""
     last: dict[str, str] = {}
     for event in events:
@@ -340,10 +339,9 @@ def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, c
         for server in fleet.servers:
             same = server.config == target or _read(fleet, server.config) == wanted
             (skipped if same and serving(fleet, server) else servers).append(server.name)
-        begin = {"config": target, "previous": {s.name: s.config for s in fleet.servers}, "servers": servers,
-                 "expect": asdict(expect), "canary": asdict(canary) if canary else None,
-                 "rollback_on_failure": rollback_on_failure, "source": dict(source or {})}
-        log.append("begin", **begin)
+        begin = log.append("begin", config=target, previous={s.name: s.config for s in fleet.servers},
+                           servers=servers, expect=asdict(expect), canary=asdict(canary) if canary else None,
+                           rollback_on_failure=rollback_on_failure, source=dict(source or {}))
         report = _run(fleet.path, begin, set(), log, timing, _gate(fleet, timing, say))
         report.skipped = skipped
         return report

@@ -11,10 +11,42 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Required, TypedDict, cast
 
 from autotune.deploy.fleetfile import Fleet
 from autotune.errors import FleetError
+
+
+class Figures(TypedDict, total=False):
+    """What a server's verification measured: the capacity it reports, and the canary's tok/s when one ran."""
+
+    capacity: Required[dict[str, int | None]]  # max_running_requests, kv_tokens, mamba_slots
+    tok_s: float
+
+
+class RolloutEvent(TypedDict, total=False):
+    """One line of the log: its kind and time, and the fields that kind carries. ``begin`` holds the plan
+    (``config``, ``previous``, ``servers``, ``expect``, ``canary``, ``rollback_on_failure``, ``source``); the steps
+    name their ``server``; ``verified`` adds its ``Figures``; ``end`` its ``result`` and ``summary``."""
+
+    event: Required[str]  # begin, step, verified, failed, restore_failed, restored, revert, reverted, resume,
+    #                       rollback, end
+    time: Required[str]  # ISO 8601, UTC
+    server: str
+    to: str  # the config file a step or revert puts the server on
+    reason: str
+    result: str  # done, failed, rolled_back
+    summary: str
+    done: list[str]
+    servers: list[str]
+    config: str
+    previous: dict[str, str]  # server → the config file it ran before
+    expect: dict[str, float | None]  # ``rollout.Expectation`` as plain data
+    canary: dict[str, str | int | float | bool | None] | None  # ``rollout.Canary`` as plain data
+    rollback_on_failure: bool
+    source: dict[str, str | int]  # where the config came from (study, trial)
+    capacity: dict[str, int | None]
+    tok_s: float
 
 
 def log_path(fleet: Fleet) -> Path:
@@ -28,19 +60,22 @@ class RolloutLog:
     def __init__(self, path: Path):
         self.path = path
 
-    def append(self, event: str, **fields: Any) -> None:
-        record = {"event": event, "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"), **fields}
+    def append(self, event: str, **fields: Any) -> RolloutEvent:
+        """Write one event (``fields``: the keys ``RolloutEvent`` names for it) and return it as written."""
+        record = cast(RolloutEvent, {"event": event, "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+                                     **fields})
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
+        return record
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[RolloutEvent]:
         try:
             lines = self.path.read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
             return []
-        out = []
+        out: list[RolloutEvent] = []
         for line in lines:
             try:
                 out.append(json.loads(line))
@@ -48,7 +83,7 @@ class RolloutLog:
                 continue  # a line torn by a kill mid-write; the step it announced is redone anyway
         return out
 
-    def current(self) -> list[dict[str, Any]]:
+    def current(self) -> list[RolloutEvent]:
         """The events of the latest rollout (from its ``begin``)."""
         events = self.events()
         starts = [i for i, e in enumerate(events) if e.get("event") == "begin"]

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 import psutil
@@ -28,6 +28,7 @@ import psutil
 from autotune import tls
 from autotune.deploy.fleetfile import Fleet, FleetServer, RouterSection
 from autotune.deploy.inflight import ClientAdvice
+from autotune.deploy.launchscript import ScriptEntry
 from autotune.deploy.ports import pick_after
 from autotune.errors import FleetError
 from autotune.launch.process import port_is_free, stop_process_group
@@ -231,7 +232,16 @@ def get(base: str, path: str, *, timeout_s: float = 3.0) -> Any:
         return response.text
 
 
-def workers(record: Record) -> list[dict[str, Any]]:
+class Worker(TypedDict, total=False):
+    """One entry of the router's ``/workers`` (the keys autotune reads)."""
+
+    id: str
+    url: str
+    is_healthy: bool
+    load: int  # the router's own count of requests it has in flight there
+
+
+def workers(record: Record) -> list[Worker]:
     """The router's ``/workers``: id, url, is_healthy, load (its own count of requests it has in flight there)."""
     data = get(record.url, "/workers")
     return list(data.get("workers") or []) if isinstance(data, dict) else []
@@ -305,9 +315,9 @@ def advise(client: ClientAdvice, routing: RouterSection | None) -> ClientAdvice:
         "requests it had in flight"))
 
 
-def script_entry(routing: RouterSection | None, urls: list[str]) -> dict[str, Any] | None:
+def script_entry(routing: RouterSection | None, urls: list[str]) -> ScriptEntry | None:
     """The launch script's line for the router (after the servers': it waits for them), when it runs."""
     if routing is None or not routing.router or not installed():
         return None
-    return {"log": routing.log, "pid": str(Path(routing.record).with_suffix(".pid")), "gpus": "",
-            "argv": command(routing, urls)}
+    return ScriptEntry(log=routing.log, pid=str(Path(routing.record).with_suffix(".pid")), gpus="",
+                       argv=command(routing, urls))

@@ -15,7 +15,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -40,6 +40,16 @@ def series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
 def total(text: str, name: str, **labels: str) -> float:
     """The sum of ``name``'s samples whose labels include ``labels``."""
     return sum(v for got, v in series(text, name) if all(got.get(k) == want for k, want in labels.items()))
+
+
+class Sample(TypedDict):
+    """One line of the router's samples file: when, the router's 2xx responses so far, each worker's generated
+    tokens so far (by URL), and the connections open at the router."""
+
+    t: float
+    completions: float
+    tokens: dict[str, float]
+    connections: float
 
 
 @dataclass(kw_only=True)
@@ -86,7 +96,7 @@ class RouterView:
         return out
 
 
-def _reading(record: router.Record, urls: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
+def _reading(record: router.Record, urls: list[str]) -> tuple[Sample, dict[str, str]]:
     texts = {u: router.get(u, "/metrics") for u in urls}
     worker_texts = {u: t for u, t in texts.items() if isinstance(t, str)}
     text = router.get(record.metrics_base, "/metrics")
@@ -94,19 +104,19 @@ def _reading(record: router.Record, urls: list[str]) -> tuple[dict[str, Any], di
     done = sum(v for labels, v in series(text, "smg_router_upstream_responses_total")
                if labels.get("status_code", "").startswith("2"))
     tokens = {u: total(t, "sglang:generation_tokens_total") for u, t in worker_texts.items()}
-    return ({"t": time.time(), "completions": done, "tokens": tokens,
-             "connections": total(text, "smg_http_connections_active")}, worker_texts)
+    return (Sample(t=time.time(), completions=done, tokens=tokens,
+                   connections=total(text, "smg_http_connections_active")), worker_texts)
 
 
-def _history(path: Path, now: float) -> list[dict[str, Any]]:
+def _history(path: Path, now: float) -> list[Sample]:
     try:
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     except (OSError, ValueError):
         return []
-    return [r for r in rows if isinstance(r, dict) and now - float(r.get("t", 0)) <= KEEP_S]
+    return [cast(Sample, r) for r in rows if isinstance(r, dict) and now - float(r.get("t", 0)) <= KEEP_S]
 
 
-def _rates(old: dict[str, Any], new: dict[str, Any]) -> tuple[float, float, float]:
+def _rates(old: Sample, new: Sample) -> tuple[float, float, float]:
     """(completions/min, output tok/s, span); a worker whose counter fell restarted: it counts from zero."""
     span = max(1e-6, new["t"] - old["t"])
     done = max(0.0, new["completions"] - old["completions"])

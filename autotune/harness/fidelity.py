@@ -27,6 +27,7 @@ becomes ``probe_error``, never a silent pass.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import json
 import os
@@ -42,8 +43,8 @@ from autotune import tls
 from autotune.results import FidelityFigures
 
 __all__ = [
-    "DEFAULT_PROMPTS", "DEFAULT_TOKENS", "FidelityProbe", "ProbeError", "ProbeOutput", "Reference", "choose_prompts",
-    "compare", "generate_outputs", "outputs_differ", "run_probe", "verdict",
+    "DEFAULT_PROMPTS", "DEFAULT_TOKENS", "FidelityProbe", "FlagChange", "ProbeError", "ProbeOutput", "Reference",
+    "ReferenceInfo", "choose_prompts", "compare", "generate_outputs", "outputs_differ", "run_probe", "verdict",
 ]
 
 DEFAULT_PROMPTS = 16  # K
@@ -129,6 +130,37 @@ class Reference:
 
 
 @dataclass(frozen=True, kw_only=True)
+class FlagChange:
+    """A flag a config sets differently from the reference: its value, the reference's (None: unset) and, for a
+    flag the numerics table lists (``sglang.numerics.NumericsChange``), why it changes outputs."""
+
+    flag: str
+    value: Any = None
+    reference: Any = None
+    why: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """As the figures store it: ``{flag, value, reference}``, and ``why`` for a table flag."""
+        data = {"flag": self.flag, "value": self.value, "reference": self.reference}
+        return data if self.why is None else {**data, "why": self.why}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReferenceInfo:
+    """Where the study keeps its reference outputs (``path``, the file's ``sha256`` when compared with it) and the
+    trial whose launch recorded them; ``config``: the reference config, written into a reference being recorded."""
+
+    path: str | None = None
+    trial: int | None = None
+    sha256: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def stored(self) -> dict[str, str | int | None]:
+        """As a probe's figures store it (``FidelityFigures.reference``): path, sha256, trial."""
+        return {"path": self.path, "sha256": self.sha256, "trial": self.trial}
+
+
+@dataclass(frozen=True, kw_only=True)
 class FidelityProbe:
     """What ``run_trial`` probes after the window: ``reference=None`` records this server's outputs as the
     reference (written to ``record_to``); otherwise they are compared with ``reference``."""
@@ -138,11 +170,11 @@ class FidelityProbe:
     lines: tuple[int, ...] = ()
     reference: Reference | None = None
     record_to: Path | None = None
-    changes: tuple[dict[str, Any], ...] = ()  # NumericsChange.to_dict() of the flags that differ from the reference
-    # Every flag the config sets differently from the reference ({flag, value, reference}), table or not: what an
-    # output change no table flag explains is reported against.
-    differs: tuple[dict[str, Any], ...] = ()
-    reference_info: dict[str, Any] = field(default_factory=dict)  # path / sha256 / trial, copied into the figures
+    changes: tuple[FlagChange, ...] = ()  # the output-changing flags (the numerics table's) that differ from it
+    # Every flag the config sets differently from the reference, table or not: what an output change no table flag
+    # explains is reported against.
+    differs: tuple[FlagChange, ...] = ()
+    reference_info: ReferenceInfo = field(default_factory=ReferenceInfo)  # copied into the figures
     timeout_s: float = 600.0
     # A launch that exists only to record the reference: probe whenever the server is up, whatever its (cut short)
     # throughput window measured.
@@ -220,8 +252,8 @@ def _prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def compare(reference: Sequence[ProbeOutput], outputs: Sequence[ProbeOutput], tokens: int) -> dict[str, Any]:
-    """The probe's figures for ``outputs`` against ``reference`` (same prompts, same order)."""
+def compare(reference: Sequence[ProbeOutput], outputs: Sequence[ProbeOutput], tokens: int) -> FidelityFigures:
+    """The probe's comparison figures for ``outputs`` against ``reference`` (same prompts, same order)."""
     if len(reference) != len(outputs):
         raise ProbeError(f"{len(outputs)} probe outputs for {len(reference)} reference prompts")
     prefixes, exact, deltas = [], [], []
@@ -234,28 +266,28 @@ def compare(reference: Sequence[ProbeOutput], outputs: Sequence[ProbeOutput], to
             if a is not None and b is not None:
                 deltas.append(abs(a - b))
     k = len(prefixes)
-    return {
-        "prefix_match_mean": round(sum(prefixes) / k, 3) if k else None,
-        "prefix_match_min": min(prefixes) if k else None,
-        "exact_share": round(sum(exact) / k, 4) if k else None,
-        "mean_abs_logprob_delta": round(sum(deltas) / len(deltas), 6) if deltas else None,
-        "scored_tokens": len(deltas),
-        "first_difference": [None if e else p for p, e in zip(prefixes, exact, strict=True)],
-    }
+    return FidelityFigures(
+        prefix_match_mean=round(sum(prefixes) / k, 3) if k else None,
+        prefix_match_min=min(prefixes) if k else None,
+        exact_share=round(sum(exact) / k, 4) if k else None,
+        mean_abs_logprob_delta=round(sum(deltas) / len(deltas), 6) if deltas else None,
+        scored_tokens=len(deltas),
+        first_difference=tuple(None if e else p for p, e in zip(prefixes, exact, strict=True)),
+    )
 
 
-def outputs_differ(figures: Mapping[str, Any] | FidelityFigures) -> bool:
+def outputs_differ(figures: FidelityFigures) -> bool:
     """The probe's rule for "the outputs differ": some prompt's N greedy tokens are not all the reference's."""
-    exact = figures.exact_share if isinstance(figures, FidelityFigures) else figures.get("exact_share")
-    return exact is None or exact < 1.0
+    return figures.exact_share is None or figures.exact_share < 1.0
 
 
-def verdict(figures: Mapping[str, Any], differs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """What a comparison means: whether the outputs differ and, when they do although no output-changing flag
-    changed (``changes`` empty), ``unexpected`` with the flags the config differs from the reference in."""
+def verdict(figures: FidelityFigures, differs: Sequence[FlagChange]) -> FidelityFigures:
+    """``figures`` with what the comparison means: whether the outputs differ and, when they do although no
+    output-changing flag changed (``changes`` empty), ``unexpected``, with the flags the config differs from the
+    reference in (``differs``)."""
     differ = outputs_differ(figures)
-    return {"outputs_differ": differ, "unexpected": differ and not figures.get("changes"),
-            "differs": [dict(d) for d in differs]}
+    return dataclasses.replace(figures, outputs_differ=differ, unexpected=differ and not figures.changes,
+                               differs=tuple(d.to_dict() for d in differs))
 
 
 def run_probe(base_url: str, probe: FidelityProbe, *, trial_dir: Path | None = None) -> FidelityFigures:
@@ -264,23 +296,22 @@ def run_probe(base_url: str, probe: FidelityProbe, *, trial_dir: Path | None = N
     t0 = time.monotonic()
     outputs = generate_outputs(base_url, probe.prompts, probe.tokens, timeout_s=probe.timeout_s)
     duration = round(time.monotonic() - t0, 3)
-    figures: dict[str, Any] = {"prompts": len(probe.prompts), "tokens": probe.tokens, "duration_s": duration}
+    info = probe.reference_info
     if probe.records:
-        figures["role"] = "reference"
+        figures = FidelityFigures(role="reference")
         if probe.record_to is not None:
             ref = Reference(prompts=probe.prompts, tokens=probe.tokens, outputs=tuple(outputs), lines=probe.lines,
-                            config=dict(probe.reference_info.get("config") or {}),
-                            trial=probe.reference_info.get("trial"))
-            figures["reference"] = {"path": str(probe.record_to), "sha256": ref.save(probe.record_to),
-                                    "trial": probe.reference_info.get("trial")}
+                            config=dict(info.config), trial=info.trial)
+            info = ReferenceInfo(path=str(probe.record_to), sha256=ref.save(probe.record_to), trial=info.trial)
+            figures = dataclasses.replace(figures, reference=info.stored())
     else:
         assert probe.reference is not None
-        figures.update(role="probe", changes=[dict(c) for c in probe.changes], **compare(
-            probe.reference.outputs, outputs, probe.tokens))
-        figures.update(verdict(figures, probe.differs))
-        figures["reference"] = {k: v for k, v in probe.reference_info.items() if k != "config"}
+        figures = dataclasses.replace(compare(probe.reference.outputs, outputs, probe.tokens), role="probe",
+                                      changes=tuple(c.to_dict() for c in probe.changes), reference=info.stored())
+        figures = verdict(figures, probe.differs)
+    figures = dataclasses.replace(figures, prompts=len(probe.prompts), tokens=probe.tokens, duration_s=duration)
     if trial_dir is not None:
         Path(trial_dir).mkdir(parents=True, exist_ok=True)
         (Path(trial_dir) / "fidelity.json").write_text(json.dumps(
-            {**figures, "outputs": [o.to_dict() for o in outputs]}, separators=(",", ":")) + "\n")
-    return FidelityFigures.from_dict(figures) or FidelityFigures()
+            {**figures.to_dict(), "outputs": [o.to_dict() for o in outputs]}, separators=(",", ":")) + "\n")
+    return figures

@@ -7,9 +7,10 @@ launcher's, ``launch.memory``) is how teardown knows the next server will size i
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import psutil
@@ -17,16 +18,17 @@ import psutil
 from autotune.errors import GpuError
 from autotune.launch.memory import MIB_PER_GIB, used_mib, wait_released
 from autotune.launch.procgroup import memory_bytes
-from autotune.results import GpuPeaks
+from autotune.results import DevicePeak, GpuPeaks
 
 if TYPE_CHECKING:
-    from autotune.harness.engines.base import GpuReader
+    from autotune.harness.engines.base import DeviceProcess, GpuReader
 
 __all__ = ["MIB_PER_GIB", "GpuMonitor", "HostMemoryReader", "NvmlReader", "used_mib", "wait_released"]
 
 
 def reading(used_gib: float | None = None, total_gib: float | None = None, util_pct: float | None = None,
-            power_w: float | None = None, sm_clock_mhz: float | None = None) -> dict[str, Any]:
+            power_w: float | None = None, sm_clock_mhz: float | None = None) -> dict[str, float | None]:
+    """One device's reading, as ``GpuReader.read`` returns it (None where the device does not say)."""
     return {
         "used_gib": used_gib, "total_gib": total_gib, "util_pct": util_pct,
         "power_w": power_w, "sm_clock_mhz": sm_clock_mhz,
@@ -52,7 +54,7 @@ class NvmlReader:
         self._nvml = pynvml
         self.index = index
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> dict[str, Any]:  # floats or None; Any since ``inspect.probe`` indexes it after a None check
         nv = self._nvml
         mem = nv.nvmlDeviceGetMemoryInfo(self._handle)
         values = reading(used_gib=mem.used / 2**30, total_gib=mem.total / 2**30)
@@ -67,7 +69,7 @@ class NvmlReader:
                 pass
         return values
 
-    def processes(self) -> list[dict[str, Any]]:
+    def processes(self) -> list[DeviceProcess]:
         """The device's compute processes (pid, GiB held; None where the driver does not say): who else is on it."""
         nv = self._nvml
         try:
@@ -99,7 +101,7 @@ class HostMemoryReader:
         """Measure the processes ``pids()`` returns and ``files_bytes()`` of shared-memory files from now on."""
         self._pids, self._files_bytes = pids, files_bytes
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> dict[str, float | None]:
         vm = psutil.virtual_memory()
         if self._pids is None:
             used = vm.total - vm.available
@@ -113,12 +115,46 @@ class HostMemoryReader:
         pass
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceSample:
+    """One GPU's memory in a group's reading (``launch.memory.GroupReader``)."""
+
+    index: int
+    used_gib: float | None = None
+    total_gib: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """One reading the monitor took, at ``t`` (monotonic seconds); ``devices``: each GPU's, for a group."""
+
+    t: float
+    used_gib: float | None = None
+    total_gib: float | None = None
+    util_pct: float | None = None
+    power_w: float | None = None
+    devices: tuple[DeviceSample, ...] = ()
+
+    @classmethod
+    def of(cls, t: float, reading: Mapping[str, Any]) -> Sample:
+        """A reader's reading (``GpuReader.read``: its keys, None where unknown) taken at ``t``."""
+        devices = tuple(DeviceSample(int(d["index"]), _float(d.get("used_gib")), _float(d.get("total_gib")))
+                        for d in reading.get("devices") or ())
+        return cls(t=t, used_gib=_float(reading.get("used_gib")), total_gib=_float(reading.get("total_gib")),
+                   util_pct=_float(reading.get("util_pct")), power_w=_float(reading.get("power_w")),
+                   devices=devices)
+
+
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 class GpuMonitor:
     """Samples a reader every ``interval_s`` in a thread while the ``with`` block runs."""
 
     def __init__(self, reader: GpuReader, interval_s: float = 0.2):
         self.reader, self.interval_s = reader, interval_s
-        self.samples: list[dict[str, Any]] = []
+        self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.errors = 0
@@ -146,18 +182,18 @@ class GpuMonitor:
         except Exception:  # noqa: BLE001 - a failed reading must not end the trial; it is counted
             self.errors += 1
             return
-        self.samples.append({"t": time.monotonic(), **reading})
+        self.samples.append(Sample.of(time.monotonic(), reading))
 
     def peaks(self) -> GpuPeaks:
-        def values(key: str, samples: list[dict[str, Any]] | None = None) -> list[float]:
-            return [s[key] for s in (self.samples if samples is None else samples) if s.get(key) is not None]
+        def values(key: str) -> list[float]:
+            return [v for v in (getattr(s, key) for s in self.samples) if v is not None]
 
         used, total = values("used_gib"), values("total_gib")
         util, power = values("util_pct"), values("power_w")
         per_gpu = self._per_gpu()
         if per_gpu:  # a group: the fullest GPU's peak and headroom, not one instant's least-free device
-            worst = min(per_gpu, key=lambda d: d["headroom_gib"] if d["headroom_gib"] is not None else float("inf"))
-            peak, tot = worst["peak_used_gib"], worst["total_gib"]
+            worst = min(per_gpu, key=lambda d: d.headroom_gib if d.headroom_gib is not None else float("inf"))
+            peak, tot = worst.peak_used_gib, worst.total_gib
         else:
             peak = max(used) if used else None
             tot = max(total) if total else None
@@ -171,21 +207,18 @@ class GpuMonitor:
             per_gpu=per_gpu or None,
         )
 
-    def _per_gpu(self) -> list[dict[str, Any]]:
+    def _per_gpu(self) -> tuple[DevicePeak, ...]:
         """Each GPU's own peak, when the reader is a group's (``launch.memory.GroupReader`` readings)."""
-        by_index: dict[int, dict[str, list[float]]] = {}
+        by_index: dict[int, list[DeviceSample]] = {}
         for sample in self.samples:
-            for dev in sample.get("devices") or ():
-                slot = by_index.setdefault(int(dev["index"]), {"used": [], "total": []})
-                if dev.get("used_gib") is not None:
-                    slot["used"].append(float(dev["used_gib"]))
-                if dev.get("total_gib") is not None:
-                    slot["total"].append(float(dev["total_gib"]))
+            for dev in sample.devices:
+                by_index.setdefault(dev.index, []).append(dev)
         out = []
-        for index, slot in sorted(by_index.items()):
-            peak = max(slot["used"]) if slot["used"] else None
-            tot = max(slot["total"]) if slot["total"] else None
-            out.append({"index": index, "peak_used_gib": None if peak is None else round(peak, 3),
-                        "total_gib": None if tot is None else round(tot, 3),
-                        "headroom_gib": None if peak is None or tot is None else round(tot - peak, 3)})
-        return out
+        for index, devs in sorted(by_index.items()):
+            used = [d.used_gib for d in devs if d.used_gib is not None]
+            total = [d.total_gib for d in devs if d.total_gib is not None]
+            peak, tot = (max(used) if used else None), (max(total) if total else None)
+            out.append(DevicePeak(index=index, peak_used_gib=None if peak is None else round(peak, 3),
+                                  total_gib=None if tot is None else round(tot, 3),
+                                  headroom_gib=None if peak is None or tot is None else round(tot - peak, 3)))
+        return tuple(out)

@@ -10,13 +10,14 @@ did nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from autotune.harness.workload.records import CUT
-from autotune.results import TOO_SLOW
+from autotune.results import TOO_SLOW, MeasurementVerdict, Rejections, ServerProgress
 
 _PREFILL = re.compile(r"Prefill batch[.,] #new-seq: (\d+), #new-token: (\d+)")
 _DECODE = re.compile(r"Decode batch[.,] #running-req: (\d+)")
@@ -33,9 +34,9 @@ def _kind(error: str) -> str | None:
     return None
 
 
-def rejections(requests: Sequence[Any]) -> dict[str, Any] | None:
-    """Requests of the replay the server refused or aborted: ``{"count", "of", "kinds": {kind: n}, "first"}``
-    (the first one's message, shortened); None when it refused none."""
+def rejections(requests: Sequence[Any]) -> Rejections | None:
+    """Requests of the replay the server refused or aborted, counted by kind with the first one's message
+    (shortened); None when it refused none."""
     kinds: Counter[str] = Counter()
     first = None
     for rec in requests:
@@ -45,73 +46,80 @@ def rejections(requests: Sequence[Any]) -> dict[str, Any] | None:
             first = first or rec.error[:200]
     if not kinds:
         return None
-    return {"count": sum(kinds.values()), "of": len(requests), "kinds": dict(kinds.most_common()), "first": first}
+    return Rejections(count=sum(kinds.values()), of=len(requests), kinds=dict(kinds.most_common()), first=first)
 
 
-def rejection_line(rejected: dict[str, Any]) -> str:
+def rejection_line(rejected: Rejections) -> str:
     """``the server rejected 60 of the 64 requests sent (60 × HTTP 400; first: …)``."""
-    kinds = ", ".join(f"{n} × {kind}" for kind, n in rejected["kinds"].items())
-    return (f"the server rejected {rejected['count']} of the {rejected['of']} requests sent ({kinds}; first: "
-            f"{rejected['first']})")
+    kinds = ", ".join(f"{n} × {kind}" for kind, n in rejected.kinds.items())
+    return (f"the server rejected {rejected.count} of the {rejected.of} requests sent ({kinds}; first: "
+            f"{rejected.first})")
 
 
-def dominated(rejected: dict[str, Any] | None) -> bool:
+def dominated(rejected: Rejections | None) -> bool:
     """Whether refusals are at least ``DOMINANT`` of the requests sent (then the reason names them)."""
-    return rejected is not None and rejected["count"] >= DOMINANT * max(rejected["of"], 1)
+    return rejected is not None and rejected.count >= DOMINANT * max(rejected.of, 1)
 
 
-def progress(log_since_replay: str, probes: Sequence[Any]) -> dict[str, Any]:
+def progress(log_since_replay: str, probes: Sequence[Any]) -> ServerProgress:
     """The server's own evidence of work since the replay began: prefill batches and their new tokens, decode
     batches (SGLang's log lines, which the simulator prints too), and the simulator's modelled seconds across the
-    window (its ``sim_pace`` probes). Empty when there is none."""
-    out: dict[str, Any] = {}
+    window (its ``sim_pace`` probes). Empty (false) when there is none."""
     prefills = _PREFILL.findall(log_since_replay)
-    if prefills:
-        out["prefill_batches"] = len(prefills)
-        out["prefill_tokens"] = sum(int(tokens) for _, tokens in prefills)
     decodes = len(_DECODE.findall(log_since_replay))
-    if decodes:
-        out["decode_batches"] = decodes
     marks = [p for p in probes if isinstance(p, dict) and "modelled_s" in p]
-    if len(marks) == 2 and float(marks[1]["modelled_s"]) > float(marks[0]["modelled_s"]):
-        out["sim_modelled_s"] = round(float(marks[1]["modelled_s"]) - float(marks[0]["modelled_s"]), 4)
-    return out
+    moved = len(marks) == 2 and float(marks[1]["modelled_s"]) > float(marks[0]["modelled_s"])
+    return ServerProgress(
+        prefill_batches=len(prefills) if prefills else None,
+        prefill_tokens=sum(int(tokens) for _, tokens in prefills) if prefills else None,
+        decode_batches=decodes or None,
+        sim_modelled_s=round(float(marks[1]["modelled_s"]) - float(marks[0]["modelled_s"]), 4) if moved else None)
 
 
-def _evidence(seen: dict[str, Any]) -> str:
+def _evidence(seen: ServerProgress) -> str:
     parts = []
-    if "prefill_batches" in seen:
-        n = seen["prefill_batches"]
-        parts.append(f"{n} prefill batch{'es' * (n != 1)} ({seen['prefill_tokens']:,} new tokens)")
-    if "decode_batches" in seen:
-        n = seen["decode_batches"]
+    if seen.prefill_batches is not None:
+        n = seen.prefill_batches
+        parts.append(f"{n} prefill batch{'es' * (n != 1)} ({seen.prefill_tokens or 0:,} new tokens)")
+    if seen.decode_batches is not None:
+        n = seen.decode_batches
         parts.append(f"{n} decode batch line{'s' * (n != 1)}")
     text = f"its log shows {' and '.join(parts)} since the replay began" if parts else ""
-    if "sim_modelled_s" in seen:
-        text += ("; " if text else "") + f"its simulated clock advanced {seen['sim_modelled_s']:g} s in the window"
+    if seen.sim_modelled_s is not None:
+        text += ("; " if text else "") + f"its simulated clock advanced {seen.sim_modelled_s:g} s in the window"
     return text
 
 
+class NoTokens(NamedTuple):
+    """Why a live server's window delivered no token: the trial's status, its reason, and the verdict on the window
+    (the server's progress, the requests it refused, the streams it held)."""
+
+    status: str
+    reason: str
+    measurement: MeasurementVerdict
+
+
 def no_tokens(requests: Sequence[Any], log_since_replay: str, probes: Sequence[Any], *, window_s: float,
-              options: tuple[str, str] = STUDY_OPTIONS) -> tuple[str, str, dict[str, Any]]:
-    """(status, reason, figures) of a window in which no token arrived from a live server: ``crash`` naming the
+              options: tuple[str, str] = STUDY_OPTIONS) -> NoTokens:
+    """(status, reason, verdict) of a window in which no token arrived from a live server: ``crash`` naming the
     refusals when they dominate, ``too_slow`` with the server's progress as evidence, else ``crash``. ``options``:
     the window's and the warm-up's length as the command names them (a study's keys, ``measure``'s options)."""
     rejected = rejections(requests)
     seen = progress(log_since_replay, probes)
-    figures: dict[str, Any] = {"progress": seen, **({"rejected": rejected} if rejected else {})}
+    figures = MeasurementVerdict(progress=seen, rejected=rejected)
     if rejected is not None and dominated(rejected):
-        return "crash", f"no tokens arrived in the measured window: {rejection_line(rejected)}", figures
+        return NoTokens("crash", f"no tokens arrived in the measured window: {rejection_line(rejected)}", figures)
     if seen:
-        return (TOO_SLOW, f"no token arrived in the {window_s:g} s window, but the server was alive and progressing "
-                          f"({_evidence(seen)}): lengthen {options[0]} (and {options[1]}), or the host is too "
-                          f"slow for this config", figures)
+        return NoTokens(TOO_SLOW, f"no token arrived in the {window_s:g} s window, but the server was alive and "
+                                  f"progressing ({_evidence(seen)}): lengthen {options[0]} (and {options[1]}), or the "
+                                  f"host is too slow for this config", figures)
     held = [r for r in requests if r.error is None and r.finish_reason == CUT and not r.chunks]
     if held and len(held) * 2 >= len(requests):  # accepted and kept open, never answered: alive, not serving
-        return (TOO_SLOW, f"no token arrived in the {window_s:g} s window: the server accepted the client's streams "
-                          f"and held {len(held)} of the {len(requests)} sent open without answering any (starved of "
-                          f"memory or CPU?): lower the running cap or the client's concurrency, lengthen {options[0]}, "
-                          f"or use a faster host", {**figures, "held_streams": len(held)})
+        return NoTokens(TOO_SLOW, f"no token arrived in the {window_s:g} s window: the server accepted the client's "
+                                  f"streams and held {len(held)} of the {len(requests)} sent open without answering "
+                                  f"any (starved of memory or CPU?): lower the running cap or the client's "
+                                  f"concurrency, lengthen {options[0]}, or use a faster host",
+                        dataclasses.replace(figures, held_streams=len(held)))
     first_error = next((r.error for r in requests if r.error), None)
-    return ("crash", f"no tokens arrived in the measured window and the server showed no progress "
-                     f"({first_error or 'no error'})", figures)
+    return NoTokens("crash", f"no tokens arrived in the measured window and the server showed no progress "
+                             f"({first_error or 'no error'})", figures)

@@ -20,7 +20,7 @@ from autotune.harness.files import writing
 from autotune.harness.setup import PhaseCallback
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.launch import ServerHandle
-from autotune.results import FidelityFigures
+from autotune.results import FidelityFigures, StressResult, Window
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,16 +38,34 @@ class Launch:
     durations: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StepOutcome:
+    """What a follow-up step adds to the trial's result or replaces in it: its figures (``fidelity``, ``windows``,
+    ``stress``) and, when it ended the launch's run of steps, the status and why. None: left as it was."""
+
+    status: str | None = None
+    reason: str | None = None
+    exit_code: int | None = None
+    log_tail: str | None = None
+    fidelity: FidelityFigures | None = None
+    windows: tuple[Window, ...] | None = None
+    stress: StressResult | None = None
+
+    def fields(self) -> dict[str, object]:
+        """The result's fields this outcome sets (its None ones left out), by ``TrialResult`` field name."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
 class AfterWindow(Protocol):
     """A follow-up step in the launch that measured the window (``run_trial(after=…)``): the probe, more windows,
-    the stress phase. ``fields`` is the result so far (``status``, ``capacity``, ``metrics``, …); the step returns the
-    fields it adds or replaces, and records its own duration in ``launch.durations``."""
+    the stress phase. ``fields`` is the result so far (``status``, ``capacity``, ``metrics``, …); the step returns
+    what it adds or replaces (``StepOutcome``), and records its own duration in ``launch.durations``."""
 
     def runs_after(self, fields: Mapping[str, Any], server: ServerHandle) -> bool:
         """Whether the step runs at all after ``fields`` (usually: the status is ``ok`` and the server alive)."""
         ...
 
-    def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> dict[str, Any]: ...
+    def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> StepOutcome: ...
 
 
 def after_ok(fields: Mapping[str, Any], server: ServerHandle) -> bool:
@@ -66,11 +84,12 @@ class ProbeStep:
         return fields.get("status") == "ok" or (self.probe.only and server.alive
                                                  and fields.get("status") != "interrupted")
 
-    def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> dict[str, Any]:
+    def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> StepOutcome:
         return _probe(server, self.probe, launch.trial_dir, launch.durations, launch.phase)
 
 
-def _probe(server, probe: FidelityProbe, trial_dir: Path, durations: dict[str, float], phase) -> dict[str, Any]:
+def _probe(server: ServerHandle, probe: FidelityProbe, trial_dir: Path, durations: dict[str, float],
+           phase: PhaseCallback) -> StepOutcome:
     """The fidelity probe, after the window in the same launch: figures in ``fidelity``, or ``probe_error``."""
     phase("probing numerics", {"prompts": len(probe.prompts), "tokens": probe.tokens,
                                "mode": "recording the reference" if probe.records else "comparing with the reference"})
@@ -80,12 +99,11 @@ def _probe(server, probe: FidelityProbe, trial_dir: Path, durations: dict[str, f
             figures = run_probe(server.base_url, probe, trial_dir=trial_dir)
     except ProbeError as exc:
         durations["probe"] = round(time.monotonic() - t0, 3)
-        return {"status": "probe_error", "reason": f"fidelity probe: {exc}",
-                "fidelity": FidelityFigures(role="reference" if probe.records else "probe", error=str(exc),
-                                            changes=tuple(probe.changes), prompts=len(probe.prompts),
-                                            tokens=probe.tokens)}
+        return StepOutcome(status="probe_error", reason=f"fidelity probe: {exc}", fidelity=FidelityFigures(
+            role="reference" if probe.records else "probe", error=str(exc),
+            changes=tuple(c.to_dict() for c in probe.changes), prompts=len(probe.prompts), tokens=probe.tokens))
     durations["probe"] = round(time.monotonic() - t0, 3)
     if not server.alive:  # the probe's requests took the server down: that is this config's outcome too
-        return {"status": "probe_error", "reason": "fidelity probe: the server exited during the probe",
-                "fidelity": dataclasses.replace(figures, error="the server exited during the probe")}
-    return {"fidelity": figures}
+        return StepOutcome(status="probe_error", reason="fidelity probe: the server exited during the probe",
+                           fidelity=dataclasses.replace(figures, error="the server exited during the probe"))
+    return StepOutcome(fidelity=figures)

@@ -32,7 +32,7 @@ import httpx
 
 from autotune import tls
 from autotune.harness.gpu import GpuMonitor
-from autotune.harness.steps import Launch, after_ok
+from autotune.harness.steps import Launch, StepOutcome, after_ok
 from autotune.harness.workload import ENDPOINTS, RequestRecord, SseStream, request_body
 from autotune.launch import ServerHandle
 from autotune.prompts import PromptRow
@@ -190,7 +190,7 @@ class StressStep:
     def runs_after(self, fields: Mapping[str, Any], server: ServerHandle) -> bool:
         return after_ok(fields, server)
 
-    def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> dict[str, Any]:
+    def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> StepOutcome:
         capacity = fields.get("capacity")
         capacity = capacity if isinstance(capacity, Capacity) else None
         cap = int((capacity.max_running_requests if capacity else None) or launch.workload.concurrency or 1)
@@ -203,7 +203,7 @@ class StressStep:
         t0 = time.monotonic()
         result = run_stress(server, launch, rows, target, cap_s=self.cap_s)
         launch.durations["stress"] = round(time.monotonic() - t0, 3)
-        return {"stress": result}
+        return StepOutcome(stress=result)
 
 
 def run_stress(server: ServerHandle, launch: Launch, rows: Sequence[tuple[PromptRow, int]], target: StressTarget,

@@ -216,7 +216,7 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
             for step in steps:
                 if not step.runs_after(fields, server):
                     break
-                fields.update(step(server, launch, fields))
+                fields.update(step(server, launch, fields).fields())
     finally:
         exit_code = _stop(server, launch) if server is not None else None
         reader.close()
@@ -413,7 +413,7 @@ def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords
         why = no_tokens(records.requests, log_since, records.probes, window_s=metrics.window_s, options=options)
         if why[0] == TOO_SLOW:  # no figure of this config: the window measured nothing (no "0 tok/s" is shown)
             out["metrics"] = None
-        return {**out, "status": why[0], "reason": why[1], "measurement": MeasurementVerdict.from_dict(why[2])}
+        return {**out, "status": why[0], "reason": why[1], "measurement": why[2]}
     rejected = rejections(records.requests)
     # An untrusted figure measured the CPU: it stays out of ``metrics`` (only here, for diagnosis).
     out["measurement"] = MeasurementVerdict.from_dict({

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.harness.files import writing
-from autotune.harness.steps import Launch, after_ok
+from autotune.harness.steps import Launch, StepOutcome, after_ok
 from autotune.harness.trial import (
     _ended_early,
     _should_stop,
@@ -54,7 +54,7 @@ class WindowsStep:
     def runs_after(self, fields: Mapping[str, Any], server: ServerHandle) -> bool:
         return self.count > 0 and after_ok(fields, server)
 
-    def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> dict[str, Any]:
+    def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> StepOutcome:
         concurrency = launch.workload.concurrency or auto_concurrency(fields.get("capacity"))
         next_pass = passes_sent(launch.trial_dir / "records.jsonl") + 1
         windows: list[Window] = []
@@ -67,13 +67,13 @@ class WindowsStep:
                     records.write_jsonl(launch.trial_dir / f"records-window-{index}.jsonl")
                 ended = _ended_early(server, launch.engine, records)
                 if ended is not None:  # interrupted, or the server died in this window: the launch's outcome
-                    return {**ended, "windows": tuple(windows)}
+                    return StepOutcome(**ended, windows=tuple(windows))
                 window = window_of(records, index, next_pass, self.span)
                 windows.append(window)
                 next_pass = window.last_pass + 1
         finally:
             launch.durations["windows"] = round(time.monotonic() - t0, 3)
-        return {"windows": tuple(windows)}
+        return StepOutcome(windows=tuple(windows))
 
     @staticmethod
     def _replay(server: ServerHandle, launch: Launch, concurrency: int, first_pass: int) -> ReplayRecords:

@@ -20,6 +20,7 @@ from autotune.inspect.probe import Probe, ProbeFailure, StartupPools, probe, rea
 from autotune.inspect.state import ServerState, as_int
 from autotune.inspect.suggest import advise
 from autotune.sglang.args import mamba_slots_per_request
+from autotune.sglang.parallel import requests_per_dp
 from autotune.sglang.profiles import load_gpu, load_model
 
 
@@ -79,7 +80,6 @@ def mamba_ratio(args: dict[str, Any], *, skip_decode_lock: bool = False) -> tupl
 
 def explain_capacity(s: ServerState) -> CapacityExplanation:
     """Which of SGLang's caps produced the server's effective ``max_running_requests``."""
-    dp = int(s.args.get("attn_dp_size") or s.args.get("dp_size") or 1)
     ratio, strategy = mamba_ratio(s.args)
     limits: list[Limit] = []
     if s.mamba_slots is not None and ratio:
@@ -91,19 +91,20 @@ def explain_capacity(s: ServerState) -> CapacityExplanation:
             )
         )
     requested = as_int(s.args.get("max_running_requests"))
+    per_dp = requests_per_dp(requested, s.args) if requested is not None else None
     explicit = "max_running_requests" in s.user_flags()
-    if requested is not None:
+    if per_dp is not None:
         if s.spec and requested == 48 and not explicit:
             limits.append(
                 Limit(
                     name="spec_default",
-                    value=requested // dp,
+                    value=per_dp,
                     why="SGLang's default of 48 under speculative decoding",
                 )
             )
         else:
             limits.append(
-                Limit(name="explicit", value=requested // dp, why=f"--max-running-requests {requested}")
+                Limit(name="explicit", value=per_dp, why=f"--max-running-requests {requested}")
             )
     elif s.context_len:
         est = min(max(int(s.kv_tokens / s.context_len * 512), 2048), 4096)
@@ -129,8 +130,8 @@ def explain_capacity(s: ServerState) -> CapacityExplanation:
             f"{s.effective_mrr} running requests, matching none of the known caps "
             f"({'; '.join(f'{lim.name} {lim.value}' for lim in limits)}): the strategy or an env override differs"
         )
-    if explicit and requested is not None and requested // dp > s.effective_mrr:  # what users ask SGLang for
-        sentence = f"asked for {requested // dp} running, got {s.effective_mrr}: {sentence}"
+    if explicit and per_dp is not None and per_dp > s.effective_mrr:  # what users ask SGLang for
+        sentence = f"asked for {per_dp} running, got {s.effective_mrr}: {sentence}"
     return CapacityExplanation(
         effective=s.effective_mrr,
         binding=binding,
@@ -198,7 +199,7 @@ class ServerDiagnosis:
             "usage": asdict(self.usage) if self.usage else None,
             "memory_gib": self.memory,
             "device": s.device,
-            "gpu": s.gpu,
+            "gpu": asdict(s.gpu) if s.gpu else None,
             "accept_length": s.accept_length,
             "last_gen_throughput": s.last_gen_throughput,
             "config": s.user_flags(),
@@ -233,7 +234,7 @@ def memory_split(s: ServerState, plan_gib: dict[str, float] | None) -> dict[str,
     m = s.memory
     free = None
     if s.gpu:
-        free = max(0.0, float(s.gpu["total_gib"]) - float(s.gpu["used_gib"]))
+        free = max(0.0, s.gpu.total_gib - s.gpu.used_gib)
     # SGLang's memory_usage.kvcache is the KV pool only (K + V); the Mamba pools are separate and come from the
     # startup log (or whatever the server states). A pool nobody reported stays None: "unknown", not a guess.
     kv, mamba = m["kv"], m.get("mamba_total")
@@ -249,8 +250,8 @@ def memory_split(s: ServerState, plan_gib: dict[str, float] | None) -> dict[str,
         "free": {"server": free, "planner": p.get("headroom")},
     }
     if s.gpu:
-        rows["gpu_used"] = {"server": float(s.gpu["used_gib"]), "planner": None}
-        rows["gpu_total"] = {"server": float(s.gpu["total_gib"]), "planner": p.get("total")}
+        rows["gpu_used"] = {"server": s.gpu.used_gib, "planner": None}
+        rows["gpu_total"] = {"server": s.gpu.total_gib, "planner": p.get("total")}
     return rows
 
 

@@ -17,13 +17,14 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.harness.gpu import NvmlReader
+from autotune.sglang.endpoints import ModelInfo
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
@@ -55,16 +56,25 @@ class StartupPools:
         return sum(v for k, v in self.mamba_gib.items() if k.startswith("intermediate"))
 
 
+@dataclass(frozen=True)
+class GpuMemory:
+    """The device's memory as read for one server (GiB used and in all), and the reader that said so."""
+
+    used_gib: float
+    total_gib: float
+    source: str  # "simulated GPU (/sim/gpu)" or "NVML GPU <index>"
+
+
 @dataclass(frozen=True, kw_only=True)
 class Probe:
     """What one server said, raw: the JSON bodies, the parsed Prometheus gauges, and its startup log's pools."""
 
     url: str
     server_info: dict[str, Any]
-    model_info: dict[str, Any] | None = None
+    model_info: ModelInfo | None = None
     metrics: dict[str, float] | None = None  # sglang:<name> → value summed over label sets (one per rank)
     metrics_note: str | None = None  # why there are no metrics
-    gpu: dict[str, Any] | None = None  # {used_gib, total_gib, source}
+    gpu: GpuMemory | None = None
     log: StartupPools | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -245,7 +255,7 @@ def _metrics(client: httpx.Client, url: str) -> tuple[dict[str, float] | None, s
     return gauges, None
 
 
-def _sim_gpu(client: httpx.Client, url: str) -> dict[str, Any] | None:
+def _sim_gpu(client: httpx.Client, url: str) -> GpuMemory | None:
     # The simulated server's device reading; a real SGLang answers 404 and NVML stands in when local.
     body = _optional_json(client, url, "/sim/gpu")
     if not body:
@@ -254,14 +264,14 @@ def _sim_gpu(client: httpx.Client, url: str) -> dict[str, Any] | None:
     total = body.get("total_gib", _mib(body.get("total_mib")))
     if used is None or total is None:
         return None
-    return {"used_gib": float(used), "total_gib": float(total), "source": "simulated GPU (/sim/gpu)"}
+    return GpuMemory(float(used), float(total), "simulated GPU (/sim/gpu)")
 
 
 def _mib(value: Any) -> float | None:
     return None if value is None else float(value) / 1024.0
 
 
-def _nvml_gpu(index: int) -> dict[str, Any] | None:
+def _nvml_gpu(index: int) -> GpuMemory | None:
     """The device's memory through NVML, or None: NVML is optional here, never a reason to fail."""
     try:
         reader = NvmlReader(index)
@@ -273,11 +283,7 @@ def _nvml_gpu(index: int) -> dict[str, Any] | None:
         return None
     if reading.get("used_gib") is None or reading.get("total_gib") is None:
         return None
-    return {
-        "used_gib": float(reading["used_gib"]),
-        "total_gib": float(reading["total_gib"]),
-        "source": f"NVML GPU {index}",
-    }
+    return GpuMemory(float(reading["used_gib"]), float(reading["total_gib"]), f"NVML GPU {index}")
 
 
 def probe(url: str, *, client: httpx.Client, use_nvml: bool = True, log: StartupPools | None = None) -> Probe | ProbeFailure:
@@ -288,7 +294,8 @@ def probe(url: str, *, client: httpx.Client, use_nvml: bool = True, log: Startup
     if isinstance(info, ProbeFailure):
         return info
     notes: list[str] = []
-    model_info = _optional_json(client, url, "/model_info")
+    # SGLang's keys, read with .get: a server that lacks one has None there
+    model_info = cast("ModelInfo | None", _optional_json(client, url, "/model_info"))
     if model_info is None:
         notes.append("/model_info unreadable: model inferred from /server_info model_path")
     metrics, metrics_note = _metrics(client, url)
@@ -305,7 +312,7 @@ def probe(url: str, *, client: httpx.Client, use_nvml: bool = True, log: Startup
         gpu = _nvml_gpu(int(info.get("base_gpu_id") or 0))
         if gpu is not None:
             notes.append(
-                f"GPU memory read from {gpu['source']} (assumes the server's CUDA_VISIBLE_DEVICES is unset)"
+                f"GPU memory read from {gpu.source} (assumes the server's CUDA_VISIBLE_DEVICES is unset)"
             )
     if gpu is None:
         notes.append(

@@ -53,7 +53,7 @@ def fleet_table(inspection: Inspection) -> Table:
         table.add_column(column, overflow="fold")
     for d in inspection.servers:
         u, s, c = d.usage, d.state, d.capacity
-        gpu = f"{s.gpu['used_gib']:.0f}/{s.gpu['total_gib']:.0f}" if s.gpu else "-"
+        gpu = f"{s.gpu.used_gib:.0f}/{s.gpu.total_gib:.0f}" if s.gpu else "-"
         load = f"{u.running}/{u.queued}" if u and u.running is not None else "-"
         tok_s = u.gen_throughput if u and u.gen_throughput is not None else s.last_gen_throughput
         table.add_row(

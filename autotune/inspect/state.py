@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.inspect.probe import Probe, StartupPools, server_device
+from autotune.inspect.probe import GpuMemory, Probe, StartupPools, server_device
 from autotune.redaction import secret_name
 from autotune.sglang.flags import FlagTable
 
@@ -80,7 +80,7 @@ class ServerState:
     device: str = "cuda"  # or "cpu": SGLang's CPU backend, pools in host RAM
     metrics: dict[str, float] | None
     metrics_note: str | None
-    gpu: dict[str, Any] | None
+    gpu: GpuMemory | None
     notes: list[str]
     simulated: bool
 
@@ -131,7 +131,7 @@ class ServerState:
             metrics_note=p.metrics_note,
             gpu=p.gpu,
             notes=list(p.notes),
-            simulated=bool(p.gpu and str(p.gpu.get("source", "")).startswith("simulated")),
+            simulated=bool(p.gpu and p.gpu.source.startswith("simulated")),
         )
 
     @property

@@ -15,7 +15,7 @@ from typing import Any
 from autotune.errors import AutotuneError
 from autotune.inspect.state import ServerState
 from autotune.sglang.flags import FlagTable
-from autotune.sglang.memory import plan
+from autotune.sglang.memory import MemoryPlan, plan
 from autotune.sglang.profiles import load_gpu, load_model
 
 GPU_NAMES = ("b200", "h200", "h100")
@@ -38,6 +38,15 @@ class Suggestion:
     headroom_gib: float
     confidence: str
     note: str | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A flag change the planner accepts (it starts with headroom to spare and lifts the running-request limit),
+    and the planner's plan for it."""
+
+    flags: dict[str, Any]  # dest → new value
+    plan: MemoryPlan
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +124,7 @@ def resolve_gpu(state: ServerState, override: str | None) -> tuple[Any, str | No
             None,
             "GPU unknown (no GPU reading for this server): pass --gpu b200|h200|h100 for planner advice",
         )
-    total_mib = float(state.gpu["total_gib"]) * 1024.0
+    total_mib = state.gpu.total_gib * 1024.0
     for name in GPU_NAMES:
         profile = load_gpu(name)
         if abs(profile.memory_mib - total_mib) <= 0.03 * profile.memory_mib:
@@ -124,7 +133,7 @@ def resolve_gpu(state: ServerState, override: str | None) -> tuple[Any, str | No
         None,
         None,
         (
-            f"GPU with {state.gpu['total_gib']:.1f} GiB matches no bundled profile "
+            f"GPU with {state.gpu.total_gib:.1f} GiB matches no bundled profile "
             f"({', '.join(GPU_NAMES)}): pass --gpu for planner advice"
         ),
     )
@@ -215,32 +224,32 @@ def search(state: ServerState, plan_fn: Callable[..., Any], model: Any, gpu: Any
     mfs = float(config.get("mem_fraction_static") or current.mem_fraction_static)
     planned: dict[tuple, Any] = {}  # planner calls, cached: the searches below revisit the same candidates
 
-    def lifts(changes: dict[str, Any]) -> tuple[dict[str, Any], Any] | None:
+    def lifts(flags: dict[str, Any]) -> Candidate | None:
         """The candidate, if it starts with headroom to spare and lifts the running-request limit."""
-        key = tuple(sorted(changes.items()))
+        key = tuple(sorted(flags.items()))
         if key not in planned:
-            p = plan_fn(model, gpu, {**config, **changes})
+            p = plan_fn(model, gpu, {**config, **flags})
             good = (p.fits and p.gib.headroom >= margin
                     and p.kv_tokens >= p.max_running_requests * tokens_per_request)
             planned[key] = p if good else None
         p = planned[key]
-        return (changes, p) if p is not None and p.max_running_requests > floor else None
+        return Candidate(flags, p) if p is not None and p.max_running_requests > floor else None
 
-    combos: list[tuple[dict[str, Any], Any]] = []
+    combos: list[Candidate] = []
     if hybrid:
         for value in [mfs, *_mfs_grid(mfs)]:
             # K = ratio × T slots serve T requests; past SGLang's request cap the cap must rise with them.
-            def changes_for(t: int, value: float = value) -> dict[str, Any]:
-                out: dict[str, Any] = {} if value == mfs else {"mem_fraction_static": value}
-                out["max_mamba_cache_size"] = ratio * t
+            def lifts_at(t: int, value: float = value) -> Candidate | None:
+                flags: dict[str, Any] = {} if value == mfs else {"mem_fraction_static": value}
+                flags["max_mamba_cache_size"] = ratio * t
                 if t > requested:
-                    out["max_running_requests"] = t
-                return out
+                    flags["max_running_requests"] = t
+                return lifts(flags)
 
-            best = _bisect(lambda t: lifts(changes_for(t)), floor + 1, 1024)
+            best = _bisect(lifts_at, floor + 1, 1024)
             if best:
                 combos.append(best)
-    singles: list[tuple[dict[str, Any], Any] | None] = []
+    singles: list[Candidate | None] = []
     if hybrid:
         singles.append(_bisect(lambda t: lifts({"max_mamba_cache_size": ratio * t}), floor + 1, requested))
         if "max_mamba_cache_size" not in config:
@@ -268,27 +277,28 @@ def _bisect(test: Callable[[int], Any], low: int, high: int) -> Any:
     return best
 
 
-def _key(item: tuple[dict[str, Any], Any]) -> tuple:
-    changes, p = item
+def _key(item: Candidate) -> tuple:
+    changes, p = item.flags, item.plan
     return (-p.max_running_requests, len(changes), changes.get("mem_fraction_static", 0.0), -p.gib.headroom)
 
 
-def _rank(combos: list[tuple[dict[str, Any], Any]], singles: list[tuple[dict[str, Any], Any]], table: Any,
-          confidence: str, margin: float) -> list[Suggestion]:
+def _rank(combos: list[Candidate], singles: list[Candidate], table: Any, confidence: str,
+          margin: float) -> list[Suggestion]:
     """First the highest-capacity combination with comfortable headroom, then the highest outright if it differs,
     then the best single change per flag; at most six."""
-    picked: list[tuple[dict[str, Any], Any]] = []
-    safe = sorted((c for c in combos if c[1].gib.headroom >= 2 * margin), key=_key)
+    picked: list[Candidate] = []
+    safe = sorted((c for c in combos if c.plan.gib.headroom >= 2 * margin), key=_key)
     picked += safe[:1]
     best = sorted(combos, key=_key)[:1]
-    if best and (not picked or best[0][1].max_running_requests > picked[0][1].max_running_requests):
+    if best and (not picked or best[0].plan.max_running_requests > picked[0].plan.max_running_requests):
         picked += best
-    by_flag: dict[str, tuple[dict[str, Any], Any]] = {}
+    by_flag: dict[str, Candidate] = {}
     for item in sorted(singles, key=_key):
-        by_flag.setdefault(next(iter(item[0])), item)
+        by_flag.setdefault(next(iter(item.flags)), item)
     picked += sorted(by_flag.values(), key=_key)
     out: list[Suggestion] = []
-    for changes, p in picked:
+    for candidate in picked:
+        changes, p = candidate.flags, candidate.plan
         if any(sug.changes == changes for sug in out):
             continue
         level = confidence if p.gib.headroom >= 2 * margin else _LEVEL[max(0, _LEVEL.index(confidence) - 1)]

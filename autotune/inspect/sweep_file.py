@@ -6,12 +6,42 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Literal, TypedDict
 from urllib.parse import urlsplit
 
 import tomli_w
 
 from autotune.inspect.diagnose import InspectError, ServerDiagnosis
+
+
+class ParamRange(TypedDict, total=False):
+    """One ``[space]`` entry as the study file holds it (``config.sections.ParamSpec`` reads it back): a stepped
+    int or float range, or choices."""
+
+    type: Literal["int", "float"]
+    low: float
+    high: float
+    step: float
+    choices: list[str]
+
+
+class EngineTable(TypedDict, total=False):
+    """The ``[engine]`` keys a sweep file from a diagnosis sets (``fixed``: the server's other flags, by dest)."""
+
+    kind: Literal["sim", "sglang"]
+    model: str | None
+    sim_gpu: str
+    profile: str
+    fixed: dict[str, Any]
+
+
+class WorkloadTable(TypedDict, total=False):
+    """The ``[workload]`` keys a sweep file from a diagnosis sets."""
+
+    prompts: str
+    sample_size: int
+    max_tokens: int
+    ignore_eos: bool
 
 
 def _dumps(doc: dict[str, Any]) -> str:
@@ -22,31 +52,31 @@ def _dumps(doc: dict[str, Any]) -> str:
         raise InspectError(f"cannot write a study file: {exc}") from None
 
 
-def _int_range(centre: int, step: int, low_frac: float, high_frac: float, floor: int) -> dict[str, Any]:
+def _int_range(centre: int, step: int, low_frac: float, high_frac: float, floor: int) -> ParamRange:
     low = max(floor, step * max(1, math.floor(centre * low_frac / step)))
     high = step * math.ceil(centre * high_frac / step)
     if high <= low:
         high = low + 2 * step
-    return {"type": "int", "low": low, "high": high, "step": step}
+    return ParamRange(type="int", low=low, high=high, step=step)
 
 
 def _float_range(
     centre: float, below: float, above: float, lo: float, hi: float, step: float
-) -> dict[str, Any]:
+) -> ParamRange:
     low = round(max(lo, centre - below), 2)
     high = round(min(hi, centre + above), 2)
     if high <= low:
         low = round(high - 2 * step, 2)
-    return {"type": "float", "low": low, "high": high, "step": step}
+    return ParamRange(type="float", low=low, high=high, step=step)
 
 
-def space_for(d: ServerDiagnosis) -> dict[str, dict[str, Any]]:
+def space_for(d: ServerDiagnosis) -> dict[str, ParamRange]:
     """Ranges around the first suggestion (or the current config when there is none)."""
     advice = d.advice
     config = advice.config
     first = advice.suggestions[0].changes if advice.suggestions else {}
     centre = {**config, **first}
-    space: dict[str, dict[str, Any]] = {}
+    space: dict[str, ParamRange] = {}
     ratio = advice.ratio or 1
     slots = centre.get("max_mamba_cache_size") or d.capacity.mamba_slots
     if slots:
@@ -65,9 +95,9 @@ def space_for(d: ServerDiagnosis) -> dict[str, dict[str, Any]]:
             float(ratio_value), ratio_value / 2, ratio_value, 0.1, 4.0, 0.1
         )
     if "mamba_ssm_dtype" in first:
-        space["mamba_ssm_dtype"] = {"choices": ["unset", "bfloat16"]}
+        space["mamba_ssm_dtype"] = ParamRange(choices=["unset", "bfloat16"])
     if "kv_cache_dtype" in first:
-        space["kv_cache_dtype"] = {"choices": ["auto", "fp8_e4m3"]}
+        space["kv_cache_dtype"] = ParamRange(choices=["auto", "fp8_e4m3"])
     return space
 
 
@@ -77,7 +107,7 @@ def _study_name(url: str, origin: str = "inspect") -> str:
 
 
 def sweep_toml(d: ServerDiagnosis, *, prompts: str | None = None, trials: int = 30,
-               workload: dict[str, Any] | None = None, origin: str = "inspect") -> str:
+               workload: WorkloadTable | None = None, origin: str = "inspect") -> str:
     """The study file text; raises ``InspectError`` when the diagnosis has no planner advice to centre on.
     ``workload`` replaces the default ``[workload]`` keys (``autotune watch`` writes the drifted traffic)."""
     advice = d.advice
@@ -90,14 +120,14 @@ def sweep_toml(d: ServerDiagnosis, *, prompts: str | None = None, trials: int = 
     config = advice.config
     fixed = {k: v for k, v in config.items() if k not in space and v is not None and k != "device"}
     baseline = {k: config[k] for k in space if config.get(k) is not None}
-    engine: dict[str, Any] = {"kind": "sim" if d.state.simulated else "sglang"}
+    engine = EngineTable(kind="sim" if d.state.simulated else "sglang")
     if d.state.simulated:
-        engine.update(model=advice.model, sim_gpu=advice.gpu)
+        engine["model"], engine["sim_gpu"] = advice.model, advice.gpu
     else:
-        engine.update(model=d.state.model_path or advice.model, profile=advice.model)
+        engine["model"], engine["profile"] = d.state.model_path or advice.model, advice.model
     doc: dict[str, Any] = {
         "study": {"name": _study_name(d.url, origin), "trials": trials},
-        "engine": {**engine, "fixed": fixed},
+        "engine": EngineTable(**engine, fixed=fixed),
         "space": space,
         "baseline": {"label": "running config", "flags": baseline},
     }
@@ -108,6 +138,6 @@ def sweep_toml(d: ServerDiagnosis, *, prompts: str | None = None, trials: int = 
     if workload is None:
         head.append("# [workload] prompts: the job's own prompts (JSONL rows with \"prompt\" or chat \"messages\"), "
                     "relative to this file")
-        workload = {"prompts": prompts or "prompts.jsonl", "max_tokens": 4096}
+        workload = WorkloadTable(prompts=prompts or "prompts.jsonl", max_tokens=4096)
     doc["workload"] = workload
     return "\n".join(head) + "\n\n" + _dumps(doc)

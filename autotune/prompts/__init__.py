@@ -12,6 +12,7 @@ from autotune.prompts.rows import (
     ENDPOINTS,
     REPEATS,
     UNKNOWN_CONTEXT_TOKENS,
+    ChatMessage,
     PromptRow,
     check_repeats,
     estimate_tokens,
@@ -23,7 +24,7 @@ from autotune.prompts.sample import PromptSample
 from autotune.prompts.template import ChatTemplate
 
 __all__ = [
-    "CHARS_PER_TOKEN", "ENDPOINTS", "REPEATS", "UNKNOWN_CONTEXT_TOKENS", "ChatTemplate", "PromptRow", "PromptSample",
-    "ReadRows", "check_repeats", "estimate_tokens", "on_pass", "pass_marker", "read_file", "read_rows",
-    "walk_position",
+    "CHARS_PER_TOKEN", "ENDPOINTS", "REPEATS", "UNKNOWN_CONTEXT_TOKENS", "ChatMessage", "ChatTemplate", "PromptRow",
+    "PromptSample", "ReadRows", "check_repeats", "estimate_tokens", "on_pass", "pass_marker", "read_file",
+    "read_rows", "walk_position",
 ]

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import WorkloadError
-from autotune.prompts.rows import CHARS_PER_TOKEN, PromptRow
+from autotune.prompts.rows import CHARS_PER_TOKEN, ChatMessage, PromptRow
 
 NAMED_BAD_LINES = 5  # bad lines one error names (the first with its fix, the others by line and message)
 BATCH_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
@@ -58,7 +58,7 @@ def _positive_int(value: Any, name: str, where: dict[str, str]) -> int | None:
     return value
 
 
-def _messages(value: Any) -> tuple[dict[str, Any], ...] | None:
+def _messages(value: Any) -> tuple[ChatMessage, ...] | None:
     if isinstance(value, list) and value and all(isinstance(m, dict) and "content" in m for m in value):
         return tuple(value)
     return None
@@ -166,7 +166,7 @@ def _sharegpt_record(path: Path, index: int, record: Any) -> PromptRow | None:
     if not isinstance(turns, list):
         raise WorkloadError('record has no "conversations" list', **where,
                             fix='give "conversations": [{"from": "human", "value": "..."}, ...]')
-    prompt: list[dict[str, Any]] = []
+    prompt: list[ChatMessage] = []
     reply: str | None = None
     for turn in turns:
         if not isinstance(turn, dict):

@@ -7,12 +7,21 @@ Depends on nothing but ``errors`` (layer 0: the config check, the harness and th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from autotune.errors import WorkloadError
 
 if TYPE_CHECKING:
     from autotune.prompts.template import ChatTemplate
+
+class ChatMessage(TypedDict, total=False):
+    """One chat message as a prompt file holds it and the chat endpoint takes it (OpenAI's shape): its role and
+    content, a string or a list of content parts. Any other key a file gives (``name``, tool calls) is kept and sent
+    as it is."""
+
+    role: str
+    content: str | list[Any]
+
 
 REPEATS = ("fresh", "verbatim")  # how a replay re-sends a prompt it already sent (``workload.repeats``)
 
@@ -55,7 +64,7 @@ class PromptRow:
 
     line: int
     prompt: str | None = None
-    messages: tuple[dict[str, Any], ...] | None = None
+    messages: tuple[ChatMessage, ...] | None = None
     max_tokens: int | None = None
     temperature: float | None = None
     endpoint: str | None = None
@@ -73,10 +82,10 @@ class PromptRow:
                         for m in self.messages or ())
         return on_pass(turns + "<|im_start|>assistant\n", pass_no)
 
-    def as_messages(self, pass_no: int = 0) -> list[dict[str, Any]]:
+    def as_messages(self, pass_no: int = 0) -> list[ChatMessage]:
         """The prompt for a chat endpoint; the ``pass_marker`` leads the first message's content (the server's
         chat template puts only a role header before it)."""
-        messages: list[dict[str, Any]] = [dict(m) for m in self.messages] if self.messages is not None else [
+        messages: list[ChatMessage] = [m.copy() for m in self.messages] if self.messages is not None else [
             {"role": "user", "content": self.prompt or ""}]
         if pass_no:
             content = messages[0].get("content", "")

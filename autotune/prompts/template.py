@@ -15,12 +15,15 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from autotune.errors import WorkloadError
+
+if TYPE_CHECKING:
+    from autotune.prompts.rows import ChatMessage
 
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -69,7 +72,7 @@ class ChatTemplate:
                                     '([workload] endpoint = "chat")') from None
         object.__setattr__(self, "_compiled", compiled)
 
-    def render(self, messages: Sequence[dict[str, Any]]) -> str:
+    def render(self, messages: Sequence[ChatMessage]) -> str:
         """The prompt text for ``messages``, ending where the assistant's reply begins."""
         try:
             return str(self._compiled.render(messages=list(messages), add_generation_prompt=True, tools=None,

@@ -31,7 +31,7 @@ from typing import Any
 from autotune.config import StudyConfig
 from autotune.config.sections import UNSET
 from autotune.errors import ConfigError
-from autotune.harness.fidelity import FidelityProbe, Reference, choose_prompts
+from autotune.harness.fidelity import FidelityProbe, FlagChange, Reference, ReferenceInfo, choose_prompts
 from autotune.results import FidelityFigures, TrialResult
 from autotune.sglang.numerics import NumericsChange, changes_numerics, numerics_flag
 
@@ -148,12 +148,9 @@ class ProbePlanner:
             return None
         return ref
 
-    def _info(self, trial: int | None) -> dict[str, Any]:
-        return {"path": str(self.path), "trial": trial}
-
     def recording(self, trial: int | None) -> FidelityProbe:
         return FidelityProbe(prompts=self.prompts, tokens=self.tokens, lines=self.lines, record_to=self.path,
-                             reference_info={**self._info(trial), "config": self.reference_cfg},
+                             reference_info=ReferenceInfo(path=str(self.path), trial=trial, config=self.reference_cfg),
                              timeout_s=self.timeout_s)
 
     def probe_for(self, config: Mapping[str, Any], trial: int,
@@ -197,9 +194,10 @@ class ProbePlanner:
                     return None, outcome
         if ref is None:
             return None, TrialResult(status="crash", config=dict(config), reason="no reference outputs recorded")
-        info = {**self._info(ref.trial), "sha256": _sha(self.path)}
+        info = ReferenceInfo(path=str(self.path), trial=ref.trial, sha256=_sha(self.path))
         return FidelityProbe(prompts=self.prompts, tokens=self.tokens, lines=self.lines, reference=ref,
-                             changes=tuple(c.to_dict() for c in found),
+                             changes=tuple(FlagChange(flag=c.flag, value=c.value, reference=c.reference, why=c.why)
+                                           for c in found),
                              differs=tuple(flag_differences(config, self.reference_cfg)), reference_info=info,
                              timeout_s=self.timeout_s), None
 
@@ -209,10 +207,11 @@ def _set(config: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in config.items() if v is not None and v is not False}
 
 
-def flag_differences(config: Mapping[str, Any], reference: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """``{flag, value, reference}`` for every flag ``config`` sets differently from ``reference`` (None: unset)."""
+def flag_differences(config: Mapping[str, Any], reference: Mapping[str, Any]) -> list[FlagChange]:
+    """Every flag ``config`` sets differently from ``reference``, with both values (None: unset)."""
     a, b = _set(config), _set(reference)
-    return [{"flag": k, "value": a.get(k), "reference": b.get(k)} for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    return [FlagChange(flag=k, value=a.get(k), reference=b.get(k)) for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k)]
 
 
 def contender_fidelity(searched: FidelityFigures | None, confirmed: FidelityFigures | None) -> FidelityFigures | None:

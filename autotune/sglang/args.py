@@ -5,13 +5,14 @@ strategy with its attention backend and page size, CUDA-graph switches and captu
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from autotune.sglang.envs import parse_bool
 from autotune.sglang.mamba_tree import mamba_tree_refusal, resolve_mamba_tree
 from autotune.sglang.profiles import GpuProfile, ModelProfile, vit_factor
 
-__all__ = ["PlanFailure", "PlanStop", "decode_bs_list", "default_mem_fraction", "env_bool", "graph_settings",
+__all__ = ["PlanFailure", "PlanStop", "Spec", "decode_bs_list", "default_mem_fraction", "env_bool", "graph_settings",
            "mamba_slots_per_request", "mamba_tracking_slots", "prefill_token_buckets", "resolve_spec",
            "resolve_strategy"]
 
@@ -97,11 +98,29 @@ def mamba_tracking_slots(strategy: str, *, overlap: bool) -> int:
     return 1 if strategy == "extra_buffer_lazy" or not overlap else 2
 
 
-def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Spec:
+    """Resolved speculative decoding (speculative_hook.py): D = ``draft_tokens``."""
+
+    on: bool
+    algorithm: str | None
+    steps: int
+    topk: int
+    draft_tokens: int
+    draft_model: bool  # a draft (MTP or separate) model is loaded
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def d(self) -> int:
+        """D as the Mamba pool charges it (0 without speculative decoding)."""
+        return self.draft_tokens if self.on else 0
+
+
+def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> Spec:
     """Resolve the speculative flags the way speculative_hook.py does."""
     algo = f.get("speculative_algorithm")
     if not algo:
-        return {"spec": False, "algorithm": None, "steps": 0, "topk": 0, "draft_tokens": 0, "draft_model": False}
+        return Spec(on=False, algorithm=None, steps=0, topk=0, draft_tokens=0, draft_model=False)
     name = str(algo).upper()
     if name not in SPEC_ALGORITHMS:
         raise PlanStop("bad_args", f"ValueError: Unknown speculative algorithm {algo!r}; "
@@ -110,8 +129,7 @@ def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> dict[str, Any]:
                           f.get("speculative_num_draft_tokens"))
     warnings: list[str] = []
     if name == "NGRAM":
-        return {"spec": True, "algorithm": name, "steps": 1, "topk": 1, "draft_tokens": int(draft or 12),
-                "draft_model": False, "warnings": warnings}
+        return Spec(on=True, algorithm=name, steps=1, topk=1, draft_tokens=int(draft or 12), draft_model=False)
     if name in ("DFLASH", "DSPARK"):
         steps, topk = 1, 1
     elif steps is None:
@@ -133,12 +151,12 @@ def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> dict[str, Any]:
     if name in EAGLE_FAMILY and not draft_model and model.mtp_layers == 0:
         raise PlanStop("bad_args", f"ValueError: --speculative-algorithm {name} needs --speculative-draft-model-path: "
                                 f"{model.name} has no MTP layers")
-    return {"spec": True, "algorithm": "EAGLE" if name in ("NEXTN", "MTP") else name, "steps": int(steps),
-            "topk": topk, "draft_tokens": int(draft if draft is not None else steps + 1), "draft_model": True,
-            "warnings": warnings}
+    return Spec(on=True, algorithm="EAGLE" if name in ("NEXTN", "MTP") else name, steps=int(steps), topk=topk,
+                draft_tokens=int(draft if draft is not None else steps + 1), draft_model=True,
+                warnings=tuple(warnings))
 
 
-def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any], spec: dict[str, Any], *,
+def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any], spec: Spec, *,
                      env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Mamba radix-cache strategy, overlap, attention backend and page size (``srt/arg_groups/overrides.py``, called
     from ``model_hook.py``); ``env`` is the server's environment (the decode-lock switch moves the ratio)."""
@@ -161,7 +179,7 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
             strategy = "extra_buffer" if (overlap or (page or 1) > 1) and supports_extra else "no_buffer"
     # SM100 override for the Qwen3.5 family: trtllm_mha + page 64, except (radix on, no extra_buffer, no spec).
     if backend is None and model.family == "qwen3_5" and gpu.arch == "sm100":
-        if not radix_off and not strategy.startswith("extra_buffer") and not spec["spec"]:
+        if not radix_off and not strategy.startswith("extra_buffer") and not spec.on:
             backend, page = "triton", page or 1
         else:
             backend, page = "trtllm_mha", page or 64
@@ -177,12 +195,11 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
     if strategy == "extra_buffer_lazy" and not overlap:
         raise PlanStop("bad_args", "ValueError: --mamba-radix-cache-strategy extra_buffer_lazy requires the overlap "
                                 "schedule (remove --disable-overlap-schedule)")
-    refusal = mamba_tree_refusal(f, strategy=strategy, draft_tokens=int(spec["draft_tokens"]),
-                                 spec=bool(spec["spec"]), page=page)
+    refusal = mamba_tree_refusal(f, strategy=strategy, draft_tokens=spec.draft_tokens, spec=spec.on, page=page)
     if refusal:
         raise PlanStop("bad_args", refusal)
     tree = resolve_mamba_tree(f, strategy=strategy, page=page, has_mamba=model.has_mamba)
-    if spec["spec"] and spec["topk"] > 1:
+    if spec.on and spec.topk > 1:
         if backend == "trtllm_mha":
             raise PlanStop("bad_args", "ValueError: trtllm_mha attention backend requires --speculative-eagle-topk 1")
         if page > 1 and backend not in ("fa3", "flashinfer", "triton"):
@@ -192,7 +209,7 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
     ratio = mamba_slots_per_request(strategy, overlap=overlap, radix_off=radix_off, skip_decode_lock=skip)
     return {"strategy": strategy, "overlap": overlap, "attention_backend": backend, "page_size": page,
             "ratio": ratio, "radix_off": radix_off, "skip_decode_lock": skip,
-            "tracking_slots": 0 if radix_off else mamba_tracking_slots(strategy, overlap=overlap), **tree}
+            "tracking_slots": 0 if radix_off else mamba_tracking_slots(strategy, overlap=overlap), **tree.to_dict()}
 
 
 def graph_settings(f: Mapping[str, Any]) -> tuple[bool, bool]:

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from autotune.errors import ConfigError
 from autotune.sglang.envs import ENV_PREFIX, EnvTable, assignment, lever
@@ -25,6 +25,21 @@ BUNDLED_VERSION = "0.5.23"
 # The keys of one row of a flag table as dumped from SGLang's parser (the bundled table has exactly these).
 # A dump of an installed SGLang adds ``action`` (argparse action kind) and ``help_suppressed``.
 ROW_KEYS = ("flags", "dest", "default", "type", "choices", "nargs", "is_store_true")
+
+
+class FlagRow(TypedDict):
+    """One row of the flag table as dumped from SGLang's parser (``ROW_KEYS``; a dump from an installed SGLang
+    also carries ``action`` and ``help_suppressed``)."""
+
+    flags: list[str]
+    dest: str
+    default: Any  # the parser's default: any JSON value
+    type: str | None  # the parser's type function by name
+    choices: list[Any] | None
+    nargs: int | str | None
+    is_store_true: bool
+    action: NotRequired[str | None]
+    help_suppressed: NotRequired[bool]
 
 # Flags that were renamed or removed, and what to use instead (SGLang 0.5.23's parser, ``srt/arg_groups/fields/*.py``). Consulted only when a name
 # is unknown, so a table that still has a deprecated flag (0.5.23 keeps --disable-cuda-graph) accepts it.

@@ -9,11 +9,13 @@ decoding makes (docs/sglang-memory.md §1, "Mamba states on shared prefixes").
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FLA_CHUNK_SIZE", "TRACK_INTERVAL_DEFAULT", "mamba_tree_refusal", "resolve_mamba_tree"]
+__all__ = ["FLA_CHUNK_SIZE", "TRACK_INTERVAL_DEFAULT", "MambaTree", "mamba_tree_refusal", "resolve_mamba_tree"]
 
 TRACK_INTERVAL_DEFAULT = 256  # ``mamba_track_interval``'s default, ``srt/arg_groups/fields/exec_.py`` L530-533
 # The GDN scan's chunk: the model's mamba_chunk_size, else FLA's 64 (``overrides.py`` L1897-1927, L1914-1917).
@@ -47,7 +49,23 @@ def mamba_tree_refusal(f: Mapping[str, Any], *, strategy: str, draft_tokens: int
     return None
 
 
-def resolve_mamba_tree(f: Mapping[str, Any], *, strategy: str, page: int, has_mamba: bool) -> dict[str, Any]:
+@dataclass(frozen=True, kw_only=True)
+class MambaTree:
+    """The radix cache's Mamba-state levers as resolved: whether states are cached in the tree at all, the grids a
+    prefill and decoding save them on (None unless extra_buffer tracks them), and the per-path cap."""
+
+    mamba_tree: bool
+    mamba_checkpoint_grid: int | None
+    mamba_track_interval: int | None
+    mamba_track_grid: int | None
+    mamba_max_states_per_path: int | None
+
+    def to_dict(self) -> dict[str, int | bool | None]:
+        """As ``MemoryPlan.extra`` holds them (the keys are the fields')."""
+        return dataclasses.asdict(self)
+
+
+def resolve_mamba_tree(f: Mapping[str, Any], *, strategy: str, page: int, has_mamba: bool) -> MambaTree:
     """What the simulator's radix cache needs of the two flags (validated first: ``mamba_tree_refusal``)."""
     cap = _cap(f)
     extra_buffer = strategy.startswith("extra_buffer")
@@ -57,10 +75,10 @@ def resolve_mamba_tree(f: Mapping[str, Any], *, strategy: str, page: int, has_ma
     # A prefill saves its state on the checkpoint grid (``runtime_context.py`` L1966-1971: lcm of the cache chunk,
     # max(FLA chunk, page), and the page); decoding on the track grid, which also lands on the interval (L1974-1979).
     grid = math.lcm(max(FLA_CHUNK_SIZE, page), page)
-    return {
-        "mamba_tree": tree,
-        "mamba_checkpoint_grid": grid if tracked else None,
-        "mamba_track_interval": interval if tracked else None,
-        "mamba_track_grid": math.lcm(grid, interval) if tracked else None,
-        "mamba_max_states_per_path": cap if tree and cap > 0 else None,
-    }
+    return MambaTree(
+        mamba_tree=tree,
+        mamba_checkpoint_grid=grid if tracked else None,
+        mamba_track_interval=interval if tracked else None,
+        mamba_track_grid=math.lcm(grid, interval) if tracked else None,
+        mamba_max_states_per_path=cap if tree and cap > 0 else None,
+    )

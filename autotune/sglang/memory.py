@@ -19,13 +19,14 @@ from autotune.sglang import unified
 from autotune.sglang.args import (
     PlanFailure,
     PlanStop,
+    Spec,
     decode_bs_list,
     default_mem_fraction,
     prefill_token_buckets,
 )
 from autotune.sglang.envs import env_strings, split_env
 from autotune.sglang.flags import FlagTable
-from autotune.sglang.mamba_tree import TRACK_INTERVAL_DEFAULT, resolve_mamba_tree
+from autotune.sglang.mamba_tree import TRACK_INTERVAL_DEFAULT, MambaTree, resolve_mamba_tree
 from autotune.sglang.profiles import GIB, GpuProfile, ModelProfile
 
 __all__ = ["MemoryGiB", "MemoryPlan", "PlanFailure", "decode_bs_list", "default_mem_fraction", "plan",
@@ -109,7 +110,7 @@ class _Trace:
     """The steps done so far: a plan that stops reports what SGLang had allocated when it stopped."""
 
     start: step.Start
-    spec: step.Spec | None = None
+    spec: Spec | None = None
     layout: step.Layout | None = None
     sizes: step.Sizes | None = None
     weights: step.Weights | None = None
@@ -202,7 +203,7 @@ def _extra(t: _Trace, f: Mapping[str, Any]) -> dict[str, Any]:
                   attention_backend=lay.attention_backend, page_size=lay.page_size,
                   ratio=lay.ratio if lay.has_mamba else None, skip_decode_lock=lay.skip_decode_lock,
                   tracking_slots=lay.tracking_slots)
-        ex.update(_mamba_tree(f, t))
+        ex.update(_mamba_tree(f, t).to_dict())
     if t.sizes:
         ex.update(chunked_prefill_size=t.sizes.chunk, context_len=t.sizes.context_len)
     if t.weights:
@@ -248,7 +249,7 @@ def _gib(t: _Trace) -> MemoryGiB:
     return MemoryGiB(**{k: round(v, 4) for k, v in parts.items()})
 
 
-def _mamba_tree(f: Mapping[str, Any], t: _Trace) -> dict[str, Any]:
+def _mamba_tree(f: Mapping[str, Any], t: _Trace) -> MambaTree:
     """The radix cache's Mamba-state levers as resolved (``sglang.mamba_tree``; validated in the layout step)."""
     assert t.layout is not None
     return resolve_mamba_tree(f, strategy=t.layout.strategy, page=t.layout.page_size, has_mamba=t.layout.has_mamba)

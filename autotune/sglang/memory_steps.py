@@ -18,6 +18,7 @@ from typing import Any
 from autotune.sglang.args import (
     SPEC_DEFAULT_MRR,
     PlanStop,
+    Spec,
     decode_bs_list,
     default_mem_fraction,
     graph_settings,
@@ -73,34 +74,8 @@ def check_parallel(model: ModelProfile, s: Start) -> None:
                                    f"divisible by tensor parallel size ({s.tp}).")
 
 
-@dataclass(frozen=True)
-class Spec:
-    """Resolved speculative decoding (speculative_hook.py): D = ``draft_tokens``."""
-
-    on: bool
-    algorithm: str | None
-    steps: int
-    topk: int
-    draft_tokens: int
-    draft_model: bool  # a draft (MTP or separate) model is loaded
-    warnings: tuple[str, ...] = ()
-
-    @property
-    def d(self) -> int:
-        """D as the Mamba pool charges it (0 without speculative decoding)."""
-        return self.draft_tokens if self.on else 0
-
-    def as_args(self) -> dict[str, Any]:
-        """The shape ``args.resolve_strategy`` takes."""
-        return {"spec": self.on, "algorithm": self.algorithm, "steps": self.steps, "topk": self.topk,
-                "draft_tokens": self.draft_tokens, "draft_model": self.draft_model}
-
-
 def spec(model: ModelProfile, f: Flags) -> Spec:
-    raw = resolve_spec(model, f)
-    return Spec(on=bool(raw["spec"]), algorithm=raw["algorithm"], steps=int(raw["steps"]), topk=int(raw["topk"]),
-                draft_tokens=int(raw["draft_tokens"]), draft_model=bool(raw["draft_model"]),
-                warnings=tuple(raw.get("warnings", ())))
+    return resolve_spec(model, f)
 
 
 @dataclass(frozen=True)
@@ -119,7 +94,7 @@ class Layout:
 
 
 def layout(model: ModelProfile, gpu: GpuProfile, f: Flags, sp: Spec, env: Mapping[str, str] | None = None) -> Layout:
-    res = resolve_strategy(model, gpu, f, sp.as_args(), env=env)
+    res = resolve_strategy(model, gpu, f, sp, env=env)
     return Layout(strategy=str(res["strategy"]), overlap=bool(res["overlap"]), radix_off=bool(res["radix_off"]),
                   attention_backend=str(res["attention_backend"]), page_size=int(res["page_size"]),
                   ratio=int(res["ratio"]), has_mamba=model.has_mamba, skip_decode_lock=bool(res["skip_decode_lock"]),

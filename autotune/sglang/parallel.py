@@ -39,6 +39,14 @@ def server_gpus(config: Mapping[str, Any]) -> int:
     return max(1, size // nodes) if size % nodes == 0 else size
 
 
+def requests_per_dp(requested: int, config: Mapping[str, Any]) -> int:
+    """The running-request cap each DP worker gets from ``--max-running-requests`` (SGLang divides it over the
+    attention DP ranks: ``srt/model_executor/pool_configurator.py`` L956, ``max_running_requests // attn_dp_size``);
+    the one rule the diagnosis and a trial's granted cap both use."""
+    dp = int(config.get("attn_dp_size") or config.get("dp_size") or 1)
+    return int(requested) // max(1, dp)
+
+
 @dataclass(frozen=True)
 class Rank:
     """One scheduler process of a server on this node: its parallel ranks and the device ordinal it opens."""

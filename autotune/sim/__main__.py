@@ -191,7 +191,7 @@ async def _serve(st: ServerStatus, log: logs.Log) -> int:
     from autotune.sim.server import SimServer, install_sigterm
 
     sim = st.args.sim
-    await _startup(st, log, max(0.0, float(sim["startup_s"])))
+    await _startup(st, log, max(0.0, sim.startup_s))
     try:
         sock = _listen(st.host, st.port)
     except OSError as exc:
@@ -218,7 +218,7 @@ async def _serve(st: ServerStatus, log: logs.Log) -> int:
     while not http.started and not task.done():
         await asyncio.sleep(0.01)
     log(f"INFO:     Uvicorn running on http://{st.host}:{port} (Press CTRL+C to quit)")
-    await asyncio.gather(server.warmup(), asyncio.sleep(max(0.0, float(sim["warmup_s"]))))
+    await asyncio.gather(server.warmup(), asyncio.sleep(max(0.0, sim.warmup_s)))
     if not server.draining:
         server.ready = True
         log(logs.READY)
@@ -241,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     log(logs.server_args_line(st.resolved_args()))
     st.register_device()
     shm = None
-    if args.sim.get("shm"):
-        shm = ShmFiles(args.sim["shm"], host=st.host, dist_port=dist_port(st.server_args, st.port))
+    if args.sim.shm:
+        shm = ShmFiles(args.sim.shm, host=st.host, dist_port=dist_port(st.server_args, st.port))
     try:
         rc = asyncio.run(_serve(st, log))
     finally:

@@ -18,6 +18,7 @@ from typing import Any
 
 import yaml
 
+from autotune.sglang.flags import FlagRow
 from autotune.sim.requests import OUTPUT_DISTS
 
 PROG = "autotune.sim"
@@ -58,7 +59,7 @@ _TYPES = {
 
 
 @cache
-def flag_table() -> tuple[dict[str, Any], ...]:
+def flag_table() -> tuple[FlagRow, ...]:
     """The 532 options of SGLang 0.5.23's parser, as recorded from the real one."""
     text = resources.files("autotune").joinpath("data/sglang-0.5.23-flags.json").read_text()
     return tuple(json.loads(text))
@@ -69,20 +70,20 @@ def sglang_defaults() -> dict[str, Any]:
     return {row["dest"]: row["default"] for row in flag_table() if row["dest"] not in ("help", "config")}
 
 
-def _add_sglang_flag(parser: argparse.ArgumentParser, row: dict[str, Any]) -> None:
+def _add_sglang_flag(parser: argparse.ArgumentParser, row: FlagRow) -> None:
     names = [name for name in row["flags"] if not name.startswith("--no-")]
-    common = {"dest": row["dest"], "default": argparse.SUPPRESS}  # only given flags land in the namespace
+    dest, default = row["dest"], argparse.SUPPRESS  # only given flags land in the namespace
     if row["is_store_true"]:
-        parser.add_argument(*names, action="store_true", **common)
+        parser.add_argument(*names, action="store_true", dest=dest, default=default)
     elif row["nargs"] == 0:  # --x / --no-x pairs (BooleanOptionalAction in SGLang)
-        parser.add_argument(*names, action=argparse.BooleanOptionalAction, **common)
+        parser.add_argument(*names, action=argparse.BooleanOptionalAction, dest=dest, default=default)
     else:
         kwargs: dict[str, Any] = {"type": _TYPES.get(row["type"] or "str", str)}
         if row["choices"] is not None:
             kwargs["choices"] = row["choices"]
         if row["nargs"] is not None:
             kwargs["nargs"] = row["nargs"]
-        parser.add_argument(*names, **kwargs, **common)
+        parser.add_argument(*names, **kwargs, dest=dest, default=default)
 
 
 def _positive_float(text: str) -> float:
@@ -163,12 +164,40 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SimOptions:
+    """The simulator's own ``--sim-*`` knobs as parsed (not SGLang flags; the parser above holds their defaults)."""
+
+    gpu: str
+    gpu_memory_mib: int | None
+    seed: int
+    startup_s: float
+    warmup_s: float
+    acceptance: float
+    output_mean: int
+    output_dist: str
+    noise: float
+    launch_cv: float
+    free_gib_delta: float
+    activation_scale: float
+    graph_scale: float
+    decode_efficiency: float
+    unified_efficiency: float
+    adaptive_efficiency: float
+    speedup: float
+    stall: bool
+    numerics_flags: tuple[str, ...]
+    release_s: float
+    device_dir: str | None
+    shm: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
 class SimArgs:
     """A parsed command line: SGLang flags given (by dest), all of SGLang's args, and the simulation knobs."""
 
     flags: dict[str, Any]  # only the SGLang flags on the command line: what the planner gets
     server_args: dict[str, Any]  # defaults overlaid with ``flags`` (before resolution)
-    sim: dict[str, Any] = field(default_factory=dict)  # sim_* values, keys without the prefix
+    sim: SimOptions
     argv: list[str] = field(default_factory=list)
 
     @property
@@ -220,7 +249,7 @@ def parse(argv: list[str]) -> SimArgs:
     expanded = _expand_config(list(argv))
     ns = vars(parser.parse_args(expanded))
     ns.pop("config", None)
-    sim = {key[4:]: ns.pop(key) for key in list(ns) if key.startswith("sim_")}
+    sim = SimOptions(**{key[4:]: ns.pop(key) for key in list(ns) if key.startswith("sim_")})
     if "model_path" not in ns:
         parser.error("the following arguments are required: --model-path")
     flags = {k: v for k, v in ns.items() if v is not None and v is not False}

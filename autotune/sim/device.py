@@ -16,12 +16,50 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import psutil
 
 ENV_DIR = "AUTOTUNE_SIM_DEVICE_DIR"
 DEVICE_FILE = "device.info"  # not *.json: never mistaken for a process record
+
+
+class ProcessRecord(TypedDict):
+    """``<index>/<pid>.json``: what one registered process holds, and since when it is gone (None: alive)."""
+
+    pid: int
+    create_time: float | None  # the process's start, so a reused pid reads as dead
+    gpu_name: str
+    total_mib: float
+    used_mib: float
+    util_pct: float
+    release_s: float
+    exited_at: float | None
+    updated_at: float
+
+
+class DeviceRecord(TypedDict):
+    """``<index>/device.info``: the device's own record, which outlives every process."""
+
+    gpu_name: str
+    total_mib: float
+
+
+class GpuReading(TypedDict):
+    """``/sim/gpu``'s reading of one GPU of a server's group."""
+
+    index: int
+    used_mib: float
+    total_mib: float | None
+    free_mib: float | None
+    util_pct: float
+    processes: list[ProcessRecord]
+
+
+class GroupReading(GpuReading):
+    """``/sim/gpu``: the first GPU's reading at the top level, every GPU of the group in ``devices``."""
+
+    devices: list[GpuReading]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,7 +69,7 @@ class DeviceReading:
     used_mib: float
     total_mib: float | None  # the last registered total; None only if nothing ever registered on this index
     util_pct: float
-    processes: list[dict[str, Any]] = field(default_factory=list)
+    processes: list[ProcessRecord] = field(default_factory=list)
 
     @property
     def free_mib(self) -> float | None:
@@ -65,7 +103,7 @@ def visible_index(env: dict[str, str] | None = None) -> int:
     return visible_indices(env)[0]
 
 
-def _write(path: Path, record: dict[str, Any]) -> None:
+def _write(path: Path, record: ProcessRecord | DeviceRecord) -> None:
     # Write a temp file in the same folder and rename: readers see the old or the new record, never a torn one.
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=".tmp")
@@ -78,11 +116,20 @@ def _write(path: Path, record: dict[str, Any]) -> None:
         raise
 
 
-def _load(path: Path) -> dict[str, Any] | None:
+def _load(path: Path) -> ProcessRecord | None:
     try:
-        return json.loads(path.read_text())
+        record: ProcessRecord = json.loads(path.read_text())
+        return record
     except (FileNotFoundError, json.JSONDecodeError):
         return None  # removed or replaced under us; the next reading sees the new state
+
+
+def _load_device(path: Path) -> DeviceRecord | None:
+    try:
+        record: DeviceRecord = json.loads(path.read_text())
+        return record
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
 
 
 def _create_time(pid: int) -> float | None:
@@ -92,7 +139,7 @@ def _create_time(pid: int) -> float | None:
         return None
 
 
-def _alive(record: dict[str, Any]) -> bool:
+def _alive(record: ProcessRecord) -> bool:
     """True while the registering process runs (a reused pid with another start time counts as dead)."""
     pid = int(record["pid"])
     try:
@@ -120,19 +167,11 @@ def register(
     """Record that ``pid`` holds ``used_mib`` of GPU ``index`` (total ``total_mib``). Returns the record's path."""
     folder = device_dir(index, directory)
     # The device's own record outlives every process, so a reader still knows the total after all are released.
-    _write(folder / DEVICE_FILE, {"gpu_name": gpu_name, "total_mib": float(total_mib)})
+    _write(folder / DEVICE_FILE, DeviceRecord(gpu_name=gpu_name, total_mib=float(total_mib)))
     path = folder / f"{int(pid)}.json"
-    record = {
-        "pid": int(pid),
-        "create_time": _create_time(pid),
-        "gpu_name": gpu_name,
-        "total_mib": float(total_mib),
-        "used_mib": float(used_mib),
-        "util_pct": 0.0,
-        "release_s": float(release_s),
-        "exited_at": None,
-        "updated_at": time.time(),
-    }
+    record = ProcessRecord(pid=int(pid), create_time=_create_time(pid), gpu_name=gpu_name, total_mib=float(total_mib),
+                           used_mib=float(used_mib), util_pct=0.0, release_s=float(release_s), exited_at=None,
+                           updated_at=time.time())
     _write(path, record)
     return path
 
@@ -175,7 +214,7 @@ def read(index: int, directory: str | os.PathLike[str] | None = None) -> DeviceR
     now = time.time()
     used = util = 0.0
     total: float | None = None
-    processes: list[dict[str, Any]] = []
+    processes: list[ProcessRecord] = []
     for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
         record = _load(path)
         if record is None:
@@ -192,7 +231,7 @@ def read(index: int, directory: str | os.PathLike[str] | None = None) -> DeviceR
         used += float(record["used_mib"])
         util = max(util, float(record.get("util_pct") or 0.0))
         processes.append(record)
-    if total is None and (info := _load(folder / DEVICE_FILE)) is not None:
+    if total is None and (info := _load_device(folder / DEVICE_FILE)) is not None:
         total = float(info["total_mib"])
     if total is not None:
         used = min(used, total)

@@ -151,13 +151,14 @@ def evaluate(
         from autotune.sim.truth import deviate
 
         mp = deviate(mp, model_p, deviation)
-    common: dict[str, Any] = dict(
-        plan=mp.to_dict(), capacity=_capacity(mp), startup_s=mp.extra.get("startup_s"),
-        max_running_requests=mp.max_running_requests, kv_tokens=mp.kv_tokens, mamba_slots=mp.max_mamba_cache_size,
+    # What the plan gave: the outcome of a config that does not start, and the plan's part of any other.
+    planned = SimEvaluation(
+        status=mp.failure or "startup_oom", reason=mp.message, plan=mp.to_dict(), capacity=_capacity(mp),
+        startup_s=mp.extra.get("startup_s"), max_running_requests=mp.max_running_requests, kv_tokens=mp.kv_tokens,
+        mamba_slots=mp.max_mamba_cache_size,
     )
     if not mp.fits:
-        return SimEvaluation(status=mp.failure or "startup_oom", reason=mp.message, **common,
-                             cpu_s=time.process_time() - cpu0)
+        return replace(planned, cpu_s=time.process_time() - cpu0)
     sched = Scheduler.from_plan(mp, model_p, gpu_p, noise=noise, seed=seed, emit=False,
                                 efficiency=deviation.efficiency(mp.extra) if deviation is not None else 1.0)
     loop = _ClosedLoop(sched, workload, seed=seed, acceptance=acceptance, output_mean=output_mean,
@@ -165,10 +166,9 @@ def evaluate(
     status, reason = loop.run()
     metrics = loop.metrics() if status == "ok" else None
     hits, computed = sched.stats.cached_tokens_total, sched.stats.input_tokens_total
-    return SimEvaluation(status=status, reason=reason, metrics=metrics, retractions=sched.stats.retractions,
-                         prefix_hit_share=round(hits / (hits + computed), 4) if hits + computed else 0.0,
-                         window_drift=loop.drift(), settling=loop.settling, sim_s=loop.t,
-                         cpu_s=time.process_time() - cpu0, **common)
+    return replace(planned, status=status, reason=reason, metrics=metrics, retractions=sched.stats.retractions,
+                   prefix_hit_share=round(hits / (hits + computed), 4) if hits + computed else 0.0,
+                   window_drift=loop.drift(), settling=loop.settling, sim_s=loop.t, cpu_s=time.process_time() - cpu0)
 
 
 class _ClosedLoop:

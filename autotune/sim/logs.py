@@ -10,7 +10,12 @@ import re
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+from autotune.sglang.adaptive import AdaptiveSpec
+
+if TYPE_CHECKING:
+    from autotune.sglang.endpoints import StartupTime
 
 READY = "The server is fired up and ready to roll!"
 SIGQUIT = "Received sigquit from a child process. It usually means the child failed."
@@ -136,12 +141,11 @@ def unified_pool(total_bytes: int) -> str:
             f"(={total_bytes} B), 2 sub-pool(s)")
 
 
-def adaptive_init(adaptive: dict[str, Any]) -> str:
+def adaptive_init(adaptive: AdaptiveSpec) -> str:
     """``AdaptiveSpeculativeParams.__init__`` (adaptive_spec_params.py L296-303): the first slot's steps."""
-    first = min(adaptive["slots"], key=int)
-    cands = adaptive["slots"][first]["candidate_steps"]
-    steps = adaptive["initial_steps"] if adaptive["initial_steps"] in cands else cands[len(cands) // 2]
-    return f"AdaptiveSpeculativeParams initialized: steps={steps}, candidate_steps={cands}"
+    first = min(adaptive.table)
+    cands = list(adaptive.table[first].candidates)
+    return f"AdaptiveSpeculativeParams initialized: steps={adaptive.slot_initial(first)}, candidate_steps={cands}"
 
 
 def pool_end(avail_gib: float) -> str:
@@ -167,13 +171,13 @@ def capacity(*, tokens: int, chunked: int, max_prefill: int, running: int, conte
     )
 
 
-def startup_timings(startup: dict[str, Any]) -> str:
-    graphs = ", ".join(f"{k}={v:.2f}" for k, v in startup.get("cuda_graph", {}).items())
+def startup_timings(startup: StartupTime) -> str:
+    graphs = ", ".join(f"{k}={v:.2f}" for k, v in startup["cuda_graph"].items())
     return (
-        f"Engine startup timings (s): load_weight={startup.get('load_weight', 0.0):.2f}, "
-        f"kv_cache_allocation={startup.get('kv_cache_allocation', 0.0):.2f}, "
-        f"scheduler_e2e={startup.get('scheduler_e2e', 0.0):.2f}, cuda_graph={{{graphs}}}, "
-        f"tokenizer_e2e={startup.get('tokenizer_e2e', 0.0):.2f}"
+        f"Engine startup timings (s): load_weight={startup['load_weight']:.2f}, "
+        f"kv_cache_allocation={startup['kv_cache_allocation']:.2f}, "
+        f"scheduler_e2e={startup['scheduler_e2e']:.2f}, cuda_graph={{{graphs}}}, "
+        f"tokenizer_e2e={startup['tokenizer_e2e']:.2f}"
     )
 
 
@@ -289,7 +293,7 @@ def graceful(remaining: Sequence[str]) -> str:
     )
 
 
-def prometheus(gauges: dict[str, Any], counters: dict[str, Any], summaries: dict[str, tuple[float, float]],
+def prometheus(gauges: dict[str, float], counters: dict[str, float], summaries: dict[str, tuple[float, float]],
                *, labels: dict[str, str]) -> str:
     """``/metrics`` text with SGLang's metric names (``sglang:`` prefix) and labels."""
     lab = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
@@ -410,7 +414,7 @@ def graph_lines(st: Any, *, fail: bool) -> list[str]:
                       capture_end(phase, decode_bs(max_bs), cg[phase.replace(" ", "_")], use, avail - use)]
             avail -= use
     if x.get("adaptive"):
-        lines.append(adaptive_init(x["adaptive"]))
+        lines.append(adaptive_init(AdaptiveSpec.from_dict(x["adaptive"])))
     return lines
 
 def ready_lines(st: Any) -> list[str]:

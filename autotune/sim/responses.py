@@ -16,6 +16,18 @@ from typing import Any
 
 from starlette.responses import Response
 
+from autotune.sim.bodies import (
+    ChatChoice,
+    ChatDeltaChoice,
+    ChatMessage,
+    Completion,
+    FinishReason,
+    Logprobs,
+    MetaInfo,
+    NativeBody,
+    TextChoice,
+    Usage,
+)
 from autotune.sim.tokens import STREAM, TokenPlan, filler
 
 __all__ = ["CHAT", "COMPLETION", "EOS_ID", "NATIVE", "SSEResponse", "Stream", "filler"]
@@ -69,7 +81,7 @@ class Stream:
             self.event.clear()
 
     # -- response bodies ------------------------------------------------------------------------------------
-    def _finish_native(self) -> dict[str, Any] | None:
+    def _finish_native(self) -> FinishReason | None:
         if not self.finished:
             return None
         if self.reason == "stop":
@@ -78,15 +90,15 @@ class Stream:
             return {"type": "abort", "message": "Aborted: the request cannot fit in the KV cache."}
         return {"type": "length", "length": self.completion_tokens}
 
-    def meta(self) -> dict[str, Any]:
+    def meta(self) -> MetaInfo:
         n = self.completion_tokens
-        meta: dict[str, Any] = {
-            "id": self.rid, "finish_reason": self._finish_native(), "prompt_tokens": self.prompt_tokens,
-            "weight_version": "default", "num_retractions": self.retractions, "reasoning_tokens": 0,
-            "completion_tokens": n, "cached_tokens": self.cached, "cached_tokens_details": None, "dp_rank": None,
-        }
+        meta = MetaInfo(
+            id=self.rid, finish_reason=self._finish_native(), prompt_tokens=self.prompt_tokens,
+            weight_version="default", num_retractions=self.retractions, reasoning_tokens=0,
+            completion_tokens=n, cached_tokens=self.cached, cached_tokens_details=None, dp_rank=None,
+        )
         if self.return_logprob:
-            meta.update(self.logprobs(n))
+            self._add_logprobs(meta, n)
         if self.finished:
             meta["e2e_latency"] = self.done_at - self.created
             if self.draft_tokens > 1:
@@ -98,7 +110,12 @@ class Stream:
                 meta["spec_num_proposed_drafts"] = proposed
         return meta
 
-    def logprobs(self, end: int) -> dict[str, Any]:
+    def _add_logprobs(self, meta: MetaInfo, end: int) -> None:
+        logprobs = self.logprobs(end)
+        meta["input_token_logprobs"] = logprobs["input_token_logprobs"]
+        meta["output_token_logprobs"] = logprobs["output_token_logprobs"]
+
+    def logprobs(self, end: int) -> Logprobs:
         """SGLang's logprob fields for output tokens [0, end): ``[logprob, token_id, text or null]`` triples.
 
         ``logprob_start_len`` defaults to -1 in SGLang (no prompt logprobs); the simulator never returns any.
@@ -107,7 +124,7 @@ class Stream:
         return {"input_token_logprobs": [], "output_token_logprobs": [
             [lp, tid, f" w{tid}" if self.logprob_text else None] for lp, tid in zip(values, ids, strict=True)]}
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> Usage:
         p, n = self.prompt_tokens, self.completion_tokens
         details = {"cached_tokens": self.cached} if self.cache_report else None
         return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n, "prompt_tokens_details": details,
@@ -120,19 +137,20 @@ class Stream:
         text, _ = self.tokens.span(start, end)
         reason = self.reason if self.finished else None
         matched = EOS_ID if self.finished and self.reason == "stop" else None
-        choice: dict[str, Any]
+        choice: ChatDeltaChoice | TextChoice
         if self.kind == CHAT:
-            choice = {"index": 0, "delta": {"role": "assistant" if start == 0 else None, "content": text,
-                                            "reasoning_content": None, "tool_calls": None},
-                      "logprobs": None, "finish_reason": reason, "matched_stop": matched}
+            delta = ChatMessage(role="assistant" if start == 0 else None, content=text, reasoning_content=None,
+                                tool_calls=None)
+            choice = ChatDeltaChoice(index=0, delta=delta, logprobs=None, finish_reason=reason, matched_stop=matched)
             obj = "chat.completion.chunk"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "matched_stop": matched}
+            choice = TextChoice(index=0, text=text, logprobs=None, finish_reason=reason, matched_stop=matched)
             obj = "text_completion"
-        head = {"id": self.rid, "object": obj, "created": int(self.created), "model": self.model}
-        out = _event({**head, "choices": [choice], "usage": None})
+        out = _event(Completion(id=self.rid, object=obj, created=int(self.created), model=self.model,
+                                choices=[choice], usage=None))
         if self.finished and self.include_usage:
-            out += _event({**head, "choices": [], "usage": self.usage()})
+            out += _event(Completion(id=self.rid, object=obj, created=int(self.created), model=self.model, choices=[],
+                                     usage=self.usage()))
         return out
 
     def _native_chunk(self, end: int) -> str:
@@ -145,33 +163,35 @@ class Stream:
         if self.finished or self.return_logprob:
             meta = self.meta()
             if end != self.completion_tokens:
-                meta.update(completion_tokens=end, **(self.logprobs(end) if self.return_logprob else {}))
+                meta["completion_tokens"] = end
+                if self.return_logprob:
+                    self._add_logprobs(meta, end)
             return f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{json.dumps(meta, separators=(",", ":"))}}}\n\n'
         return (f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{{"id":"{self.rid}",'
                 f'"finish_reason":null,"prompt_tokens":{self.prompt_tokens},"weight_version":"default",'
                 f'"num_retractions":{self.retractions},"reasoning_tokens":0,"completion_tokens":{end},'
                 f'"cached_tokens":{self.cached},"cached_tokens_details":null,"dp_rank":null}}}}\n\n')
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> NativeBody | Completion:
         """The non-streaming response."""
         text, ids = self.tokens.span(0, self.completion_tokens)
         if self.kind == NATIVE:
-            return {"text": text, "output_ids": json.loads(f"[{ids}]"), "meta_info": self.meta()}
+            return NativeBody(text=text, output_ids=json.loads(f"[{ids}]"), meta_info=self.meta())
         reason = self.reason or "abort"
         matched = EOS_ID if reason == "stop" else None
+        choice: ChatChoice | TextChoice
         if self.kind == CHAT:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
-                                              "tool_calls": None}, "logprobs": None, "finish_reason": reason,
-                      "matched_stop": matched}
+            message = ChatMessage(role="assistant", content=text, reasoning_content=None, tool_calls=None)
+            choice = ChatChoice(index=0, message=message, logprobs=None, finish_reason=reason, matched_stop=matched)
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason, "matched_stop": matched}
+            choice = TextChoice(index=0, text=text, logprobs=None, finish_reason=reason, matched_stop=matched)
             obj = "text_completion"
-        return {"id": self.rid, "object": obj, "created": int(self.created), "model": self.model,
-                "choices": [choice], "usage": self.usage()}
+        return Completion(id=self.rid, object=obj, created=int(self.created), model=self.model, choices=[choice],
+                          usage=self.usage())
 
 
-def _event(data: dict[str, Any]) -> str:
+def _event(data: Completion) -> str:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 

@@ -59,7 +59,7 @@ class SimServer:
         # Which output-changing flags differ from SGLang's reference: they decide each greedy request's tokens.
         self.numerics = SimNumerics.for_server(status.server_args, hybrid=status.model.has_mamba,
                                                ssm_dtype=status.model.ssm_dtype,
-                                               unlisted=status.args.sim.get("numerics_flags") or ())
+                                               unlisted=status.args.sim.numerics_flags)
         self.ready = False
         self.draining = False
         self._wake = asyncio.Event()
@@ -72,8 +72,8 @@ class SimServer:
         # checks (``autotune.harness.trial``): tokens paced that much slower than the model, i.e. a CPU-bound figure.
         self.pace = {"steps": 0, "modelled_s": 0.0, "late_s_sum": 0.0, "late_s_max": 0.0, "lag_s": 0.0}
         self._lag_retired = 0.0
-        self.speedup = float(status.args.sim.get("speedup") or 1.0)  # --sim-speedup: modelled s per wall s
-        self.stall = bool(status.args.sim.get("stall"))  # --sim-stall: once ready, never serve a request
+        self.speedup = status.args.sim.speedup  # --sim-speedup: modelled s per wall s
+        self.stall = status.args.sim.stall  # --sim-stall: once ready, never serve a request
         self.app = Starlette(routes=self._routes())
 
     # -- pacing ---------------------------------------------------------------------------------------------
@@ -193,10 +193,10 @@ class SimServer:
         stream.cache_report = bool(st.server_args.get("enable_cache_report"))
         stream.include_usage = bool((body.get("stream_options") or {}).get("include_usage")) or bool(
             st.server_args.get("stream_response_default_include_usage"))
-        params = _sampling_params(kind, body)
+        greedy = _greedy(kind, body)
         stream.return_logprob = kind == NATIVE and bool(body.get("return_logprob"))
         stream.logprob_text = bool(body.get("return_text_in_logprobs"))
-        if is_greedy(params.get("temperature"), params.get("top_k")):  # the prompt decides the tokens
+        if greedy:  # the prompt decides the tokens
             stream.tokens = self.numerics.plan(text, st.seed, base=stable_hash("tokens", st.seed, text))
         self.streams[rid] = stream
         self.sched.add(req)
@@ -219,9 +219,8 @@ class SimServer:
                      stream: bool, body: dict[str, Any]) -> Response:
         if self.draining or not self.ready:
             return _error(503, "The server is not ready or is shutting down.")
-        params = _sampling_params(kind, body)
         try:
-            is_greedy(params.get("temperature"), params.get("top_k"))
+            _greedy(kind, body)
         except ValueError as exc:
             return _error(400, str(exc))
         ctx = self.status.context_len
@@ -363,10 +362,13 @@ async def _json(request: Request) -> dict[str, Any] | None:
     return body if isinstance(body, dict) else None
 
 
-def _sampling_params(kind: str, body: dict[str, Any]) -> dict[str, Any]:
-    """Where a request's temperature and top_k live: ``sampling_params`` for native, the top level for OpenAI."""
+def _greedy(kind: str, body: dict[str, Any]) -> bool:
+    """Whether the request decodes greedily (``requests.is_greedy``: ValueError for a bad temperature), by its
+    temperature and top_k: in ``sampling_params`` for native, at the top level for OpenAI."""
     params = body.get("sampling_params") if kind == NATIVE else body
-    return params if isinstance(params, dict) else {}
+    if not isinstance(params, dict):
+        params = {}
+    return is_greedy(params.get("temperature"), params.get("top_k"))
 
 
 def _content(content: Any) -> str:

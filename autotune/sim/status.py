@@ -8,9 +8,11 @@ import math
 import os
 import random
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.sglang import parallel
+from autotune.sglang.endpoints import MemoryUsage, ModelInfo, StartupTime
 from autotune.sim import args as sim_args
 from autotune.sim import device, logs
 from autotune.sim.limits import largest_graph_bs
@@ -28,28 +30,29 @@ TOKEN_HISTOGRAMS = ("prompt_tokens_histogram", "generation_tokens_histogram")
 GRAPH_PHASES = ("prefill", "decode", "target_verify", "draft_prefill", "draft_decode", "draft_extend")
 
 
-def launch_factor(sim: dict[str, Any]) -> float:
+def launch_factor(sim: sim_args.SimOptions) -> float:
     """This start's own speed, ``exp(launch_cv · z)`` with ``z`` drawn fresh (``--sim-launch-cv``): what a real
     relaunch varies (CUDA-graph capture, allocator layout), which the study's seed must not fix. 1 at CV 0. A stated
     figure, not a measured one; the in-process evaluator (``sim.evaluate``) has no launches and never draws it."""
-    cv = float(sim.get("launch_cv") or 0.0)
+    cv = sim.launch_cv
     return math.exp(cv * random.gauss(0.0, 1.0)) if cv > 0 else 1.0
 
 
-def _startup_times(value: Any, spec: bool) -> dict[str, Any]:
+def _startup_times(value: Any, spec: bool) -> StartupTime:
     """The modelled real startup split like SGLang's ``startup_time`` (the simulator itself starts in ~1 s)."""
     if isinstance(value, dict) and "load_weight" in value:
-        out = {k: value.get(k, 0.0) for k in ("load_weight", "kv_cache_allocation", "scheduler_e2e")}
-        out["cuda_graph"] = {p: float((value.get("cuda_graph") or {}).get(p, 0.0)) for p in GRAPH_PHASES}
-        out["tokenizer_e2e"] = float(value.get("tokenizer_e2e", out["scheduler_e2e"]))
-        return out
+        scheduler = float(value.get("scheduler_e2e", 0.0))
+        return StartupTime(load_weight=float(value.get("load_weight", 0.0)),
+                           kv_cache_allocation=float(value.get("kv_cache_allocation", 0.0)), scheduler_e2e=scheduler,
+                           cuda_graph={p: float((value.get("cuda_graph") or {}).get(p, 0.0)) for p in GRAPH_PHASES},
+                           tokenizer_e2e=float(value.get("tokenizer_e2e", scheduler)))
     total = float(value or 0.0)
     load, kv = 0.55 * total, 0.03 * total
     graphs = total - load - kv
     shares = ({"prefill": 0.3, "target_verify": 0.4, "draft_decode": 0.2, "draft_extend": 0.1} if spec
               else {"prefill": 0.4, "decode": 0.6})
-    return {"load_weight": load, "kv_cache_allocation": kv, "scheduler_e2e": total,
-            "cuda_graph": {p: graphs * shares.get(p, 0.0) for p in GRAPH_PHASES}, "tokenizer_e2e": total + 1.0}
+    return StartupTime(load_weight=load, kv_cache_allocation=kv, scheduler_e2e=total,
+                       cuda_graph={p: graphs * shares.get(p, 0.0) for p in GRAPH_PHASES}, tokenizer_e2e=total + 1.0)
 
 
 def _group(server_args: dict[str, Any]) -> tuple[tuple[int, ...], parallel.Rank | None]:
@@ -62,6 +65,27 @@ def _group(server_args: dict[str, Any]) -> tuple[tuple[int, ...], parallel.Rank 
     return gpus or visible[:1], missing
 
 
+@dataclass(frozen=True)
+class LiveStats:
+    """The scheduler's live counters and the radix cache's figures, under the names /metrics reads them by."""
+
+    num_running: int = 0
+    num_queue: int = 0
+    kv_used: int = 0
+    mamba_used: int = 0
+    retractions: int = 0
+    new_token_ratio: float = 0.0
+    last_gen_throughput: float = 0.0
+    spec_verify_ct: int = 0
+    generation_tokens: int = 0
+    avg_spec_accept_length: float = 0.0
+    cache_hit_rate: float = 0.0  # cached ÷ (cached + computed) prompt tokens
+    cached_tokens: int = 0
+    input_tokens: int = 0
+    kv_evictable: int = 0
+    mamba_evictable: int = 0
+
+
 class ServerStatus:
     """What one sim server planned and holds: startup lines, ``/server_info``, ``/metrics``, the device record."""
 
@@ -72,14 +96,14 @@ class ServerStatus:
         self.gpus, self.free_gib, self.pid = gpus, free_gib, pid
         self.gpu_index = gpus[0]
         self.missing = missing  # the first scheduler whose device ordinal CUDA_VISIBLE_DEVICES does not show
-        self.device_dir = args.sim["device_dir"]
+        self.device_dir = args.sim.device_dir
         sim, x = args.sim, plan.extra
         self.server_args = args.server_args
         self.host = str(self.server_args.get("host") or "127.0.0.1")
         port = self.server_args.get("port")
         self.port = 30000 if port is None else int(port)  # 0: the OS picks; the "Uvicorn running" line says which
-        self.seed, self.acceptance = int(sim["seed"]), float(sim["acceptance"])
-        self.output_mean, self.output_dist = float(sim["output_mean"]), str(sim["output_dist"])
+        self.seed, self.acceptance = sim.seed, sim.acceptance
+        self.output_mean, self.output_dist = float(sim.output_mean), sim.output_dist
         self.spec = bool(x.get("spec"))
         self.draft_tokens = int(x.get("draft_tokens") or 1) if self.spec else 1
         self.context_len = int(x.get("context_len") or model.context_len)
@@ -118,13 +142,13 @@ class ServerStatus:
         from autotune.sim.truth import Deviation, deviate
 
         sim = args.sim
-        check_request_params(acceptance_mean=sim["acceptance"], output_mean=sim["output_mean"],
-                             output_dist=sim["output_dist"])
+        check_request_params(acceptance_mean=sim.acceptance, output_mean=sim.output_mean,
+                             output_dist=sim.output_dist)
         model = load_model(args.flags["model_path"])
-        gpu = load_gpu(sim["gpu"], memory_mib=sim["gpu_memory_mib"])
+        gpu = load_gpu(sim.gpu, memory_mib=sim.gpu_memory_mib)
         gpus, missing = _group(args.server_args)
         # The fullest GPU of the group decides (SGLang takes the minimum free memory over its TP group).
-        others = max(device.others_used_mib(index, pid, sim["device_dir"]) for index in gpus)
+        others = max(device.others_used_mib(index, pid, sim.device_dir) for index in gpus)
         # SGLang sizes from the memory free after its own CUDA context: what the others leave, minus ours.
         free_gib = max(0.0, (gpu.memory_mib - others) / 1024 - float(getattr(gpu, "cuda_context_gib", 0.5)))
         # SGLang reads its SGLANG_* switches from its own environment at start (the decode-lock switch moves the cap).
@@ -135,7 +159,7 @@ class ServerStatus:
         sched = None
         if plan.failure in (None, "runtime_oom"):
             # The same constructor ``evaluate()`` uses, so paced and virtual runs agree.
-            sched = Scheduler.from_plan(plan, model, gpu, noise=float(sim["noise"]), seed=int(sim["seed"]),
+            sched = Scheduler.from_plan(plan, model, gpu, noise=sim.noise, seed=sim.seed,
                                         efficiency=deviation.efficiency(plan.extra) * launch_factor(sim))
         return cls(args=args, model=model, gpu=gpu, plan=plan, scheduler=sched, gpus=gpus, free_gib=free_gib,
                    pid=pid, missing=missing)
@@ -145,7 +169,7 @@ class ServerStatus:
         """Register on every GPU of the group: each scheduler rank opens a CUDA context on its own device."""
         for index in self.gpus:
             device.register(index, pid=self.pid, gpu_name=self.gpu.name, total_mib=self.gpu.memory_mib,
-                            used_mib=self.context_mib, release_s=float(self.args.sim["release_s"]),
+                            used_mib=self.context_mib, release_s=self.args.sim.release_s,
                             directory=self.device_dir)
 
     def release_device(self) -> None:
@@ -167,14 +191,14 @@ class ServerStatus:
             except OSError:
                 pass  # the registry folder is gone (a test cleaned up): serving goes on
 
-    def device_reading(self) -> dict[str, Any]:
+    def device_reading(self) -> device.GroupReading:
         """``/sim/gpu``: the first GPU's reading at the top level (as before), every GPU of the group in ``devices``."""
         readings = []
         for index in self.gpus:
             r = device.read(index, self.device_dir)
-            readings.append({"index": index, "used_mib": r.used_mib, "total_mib": r.total_mib,
-                             "free_mib": r.free_mib, "util_pct": r.util_pct, "processes": r.processes})
-        return {**readings[0], "devices": readings}
+            readings.append(device.GpuReading(index=index, used_mib=r.used_mib, total_mib=r.total_mib,
+                                              free_mib=r.free_mib, util_pct=r.util_pct, processes=r.processes))
+        return device.GroupReading(**readings[0], devices=readings)
 
     # -- reports --------------------------------------------------------------------------------------------
     def resolved_args(self) -> dict[str, Any]:
@@ -198,26 +222,20 @@ class ServerStatus:
             out["max_running_requests"] = out.get("max_running_requests") or 48
         return out
 
-    def _stats(self) -> dict[str, Any]:
-        """The scheduler's live counters (zeros before the scheduler exists)."""
+    def _stats(self) -> LiveStats:
+        """The scheduler's live counters and the radix cache's figures (zeros before the scheduler exists)."""
         if self.scheduler is None:
-            return {}
-        st = self.scheduler.stats
-        return {"num_running": st.num_running, "num_queue": st.num_queue, "kv_used": self.scheduler.kv_used_tokens(),
-                "mamba_used": st.mamba_used, "retractions": st.retractions, "new_token_ratio": st.new_token_ratio,
-                "last_gen_throughput": st.last_gen_throughput, "spec_verify_ct": st.spec_verify_ct,
-                "generation_tokens": st.generation_tokens_total,
-                "avg_spec_accept_length": st.avg_spec_accept_length or 0.0,
-                **self._cache_stats(st)}
-
-    def _cache_stats(self, st: Any) -> dict[str, Any]:
-        """The radix cache's figures, under the names SGLang's /metrics uses (zeros with the cache off)."""
-        cache = self.scheduler.cache
+            return LiveStats()
+        st, cache = self.scheduler.stats, self.scheduler.cache
         hits, computed = st.cached_tokens_total, st.input_tokens_total
-        return {"cache_hit_rate": hits / (hits + computed) if hits + computed else 0.0, "cached_tokens": hits,
-                "input_tokens": computed,
-                "kv_evictable": cache.evictable_tokens if cache is not None else 0,
-                "mamba_evictable": cache.evictable_states if cache is not None else 0}
+        return LiveStats(
+            num_running=st.num_running, num_queue=st.num_queue, kv_used=self.scheduler.kv_used_tokens(),
+            mamba_used=st.mamba_used, retractions=st.retractions, new_token_ratio=st.new_token_ratio,
+            last_gen_throughput=st.last_gen_throughput, spec_verify_ct=st.spec_verify_ct,
+            generation_tokens=st.generation_tokens_total, avg_spec_accept_length=st.avg_spec_accept_length or 0.0,
+            cache_hit_rate=hits / (hits + computed) if hits + computed else 0.0, cached_tokens=hits,
+            input_tokens=computed, kv_evictable=cache.evictable_tokens if cache is not None else 0,
+            mamba_evictable=cache.evictable_states if cache is not None else 0)
 
     def flush(self) -> None:
         """``/flush_cache``: the spec counters restart (SGLang's reset_metrics) and the radix cache empties."""
@@ -226,14 +244,14 @@ class ServerStatus:
             if self.scheduler.cache is not None:
                 self.scheduler.cache.reset()
 
-    def memory_usage(self) -> dict[str, Any]:
+    def memory_usage(self) -> MemoryUsage:
         g = self.plan.gib
         cg = self.startup_time["cuda_graph"]
         total_cg = sum(cg.values()) or 1.0
-        return {"weight": round(g.weights, 3), "kvcache": round(g.kv, 3),  # KV only, like SGLang (no Mamba)
-                "startup_available": round(self.pre_gib - self.pools_gib - g.graphs, 3),
-                "token_capacity": self.plan.kv_tokens, "token_capacity_swa": None,
-                "graph": {p: round(g.graphs * cg[p] / total_cg, 3) for p in GRAPH_PHASES}}
+        return MemoryUsage(weight=round(g.weights, 3), kvcache=round(g.kv, 3),  # KV only, like SGLang (no Mamba)
+                           startup_available=round(self.pre_gib - self.pools_gib - g.graphs, 3),
+                           token_capacity=self.plan.kv_tokens, token_capacity_swa=None,
+                           graph={p: round(g.graphs * cg[p] / total_cg, 3) for p in GRAPH_PHASES})
 
     def server_info(self, *, ready: bool) -> dict[str, Any]:
         resolved = self.resolved_args()
@@ -242,27 +260,28 @@ class ServerStatus:
         internal = {**resolved, "world_size": int(resolved.get("tp_size") or 1) * int(resolved.get("pp_size") or 1),
                     "max_mamba_cache_size": self.plan.max_mamba_cache_size,
                     "effective_max_running_requests_per_dp": self.plan.max_running_requests,
-                    "last_gen_throughput": float(snap.get("last_gen_throughput", 0.0) or 0.0),
+                    "last_gen_throughput": float(snap.last_gen_throughput or 0.0),
                     "memory_usage": self.memory_usage(),
                     "decode_cuda_graph_bs": logs.decode_bs(largest_graph_bs(self.plan.extra.get("decode_graph_bs"))),
                     "step_time_dict": None,
                     "startup_time": {k: v for k, v in startup.items() if k != "tokenizer_e2e"}}
         if self.spec:
-            internal["avg_spec_accept_length"] = snap.get("avg_spec_accept_length", 0.0)
+            internal["avg_spec_accept_length"] = snap.avg_spec_accept_length
         kv = self.plan.kv_tokens
         return {**resolved, "launch_command": self.args.launch_command, "status": "ready" if ready else "starting",
                 "max_total_num_tokens": kv, "max_req_input_len": min(self.context_len - 1, kv - 1) - 5,
                 "startup_time": startup, "kv_events": None, "internal_states": [internal], "version": VERSION,
                 "frontend": "python"}
 
-    def model_info(self) -> dict[str, Any]:
+    def model_info(self) -> ModelInfo:
         m, sa = self.model, self.server_args
-        return {"model_path": sa.get("model_path"), "served_model_name": self.served_model_name,
-                "tokenizer_path": sa.get("tokenizer_path") or sa.get("model_path"), "is_generation": True,
-                "preferred_sampling_params": None, "weight_version": "default", "load_format": sa.get("load_format"),
-                "reasoning_parser": sa.get("reasoning_parser"), "tool_call_parser": sa.get("tool_call_parser"),
-                "disaggregation_mode": "null", "has_image_understanding": bool(getattr(m, "multimodal", False)),
-                "has_audio_understanding": False, "model_type": m.model_type, "architectures": [m.architecture]}
+        return ModelInfo(
+            model_path=sa.get("model_path"), served_model_name=self.served_model_name,
+            tokenizer_path=sa.get("tokenizer_path") or sa.get("model_path"), is_generation=True,
+            preferred_sampling_params=None, weight_version="default", load_format=sa.get("load_format"),
+            reasoning_parser=sa.get("reasoning_parser"), tool_call_parser=sa.get("tool_call_parser"),
+            disaggregation_mode="null", has_image_understanding=bool(getattr(m, "multimodal", False)),
+            has_audio_understanding=False, model_type=m.model_type, architectures=[m.architecture])
 
     def on_request(self, prompt_tokens: int) -> None:
         self.counters["num_requests_total"] += 1
@@ -287,19 +306,19 @@ class ServerStatus:
 
     def metrics_text(self) -> str:
         snap, g, c = self._stats(), self.plan.gib, self.counters
-        kv_used = float(snap.get("kv_used", 0) or 0)
+        kv_used = float(snap.kv_used)
         kv_usage = kv_used / max(1, self.plan.kv_tokens)
-        mamba_used = float(snap.get("mamba_used", 0) or 0)
+        mamba_used = float(snap.mamba_used)
         mamba_usage = mamba_used / self.plan.max_mamba_cache_size if self.plan.max_mamba_cache_size else 0.0
         gauges = {
-            "num_running_reqs": snap.get("num_running", 0), "num_queue_reqs": snap.get("num_queue", 0),
-            "gen_throughput": snap.get("last_gen_throughput", 0.0), "cache_hit_rate": snap.get("cache_hit_rate", 0.0),
-            "kv_evictable_tokens": snap.get("kv_evictable", 0), "mamba_evictable_tokens": snap.get("mamba_evictable", 0),
+            "num_running_reqs": snap.num_running, "num_queue_reqs": snap.num_queue,
+            "gen_throughput": snap.last_gen_throughput, "cache_hit_rate": snap.cache_hit_rate,
+            "kv_evictable_tokens": snap.kv_evictable, "mamba_evictable_tokens": snap.mamba_evictable,
             "token_usage": max(kv_usage, mamba_usage), "full_token_usage": kv_usage, "mamba_usage": mamba_usage,
             "num_used_tokens": kv_used, "kv_used_tokens": kv_used, "kv_available_tokens": self.plan.kv_tokens - kv_used,
             "mamba_used_tokens": mamba_used,
             "mamba_available_tokens": (self.plan.max_mamba_cache_size or 0) - mamba_used,
-            "num_retracted_reqs": snap.get("retractions", 0), "new_token_ratio": snap.get("new_token_ratio", 0.0),
+            "num_retracted_reqs": snap.retractions, "new_token_ratio": snap.new_token_ratio,
             "max_total_num_tokens": self.plan.kv_tokens, "context_len": self.context_len,
             "page_size": self.plan.extra.get("page_size", 1),
             "weight_memory_usage_gb": g.weights, "kv_cache_memory_usage_gb": g.kv,
@@ -310,14 +329,14 @@ class ServerStatus:
             "weight_load_duration_seconds": self.startup_time["load_weight"],
         }
         if self.spec:
-            accept = snap.get("avg_spec_accept_length", 0.0)
+            accept = snap.avg_spec_accept_length
             gauges.update(spec_accept_length=accept,
                           spec_accept_rate=(accept - 1) / (self.draft_tokens - 1) if accept else 0.0,
                           spec_num_steps=self.draft_tokens - 1, spec_num_draft_tokens=self.draft_tokens)
         counters = {k: c[k] for k in ("num_requests_total", "prompt_tokens_total", "generation_tokens_total",
                                        "num_aborted_requests_total")}
-        counters["spec_verify_calls_total"] = snap.get("spec_verify_ct", 0)
-        counters["num_retracted_requests_total"] = snap.get("retractions", 0)
+        counters["spec_verify_calls_total"] = snap.spec_verify_ct
+        counters["num_retracted_requests_total"] = snap.retractions
         summaries = {"e2e_request_latency_seconds": (c["e2e_sum"], c["e2e_count"]),
                      "time_to_first_token_seconds": (c["ttft_sum"], c["ttft_count"])}
         text = logs.prometheus(gauges, counters, summaries, labels={
@@ -326,11 +345,11 @@ class ServerStatus:
         hist_labels = {"engine_type": "unified", "model_name": self.served_model_name}
         modes = {"engine_type": "unified", "model_name": self.served_model_name, "moe_ep_rank": "0", "pp_rank": "0",
                  "tp_rank": "0"}
-        hits, computed = snap.get("cached_tokens", 0), snap.get("input_tokens", 0)
+        hits, computed = snap.cached_tokens, snap.input_tokens
         text += logs.prometheus_modes("prefill_effective_tokens_total", "counter", {
             "input": computed, "device_hit": hits, "host_hit": 0, "storage_hit": 0}, labels=modes)
         text += logs.prometheus_modes("realtime_tokens_total", "counter", {
             "prefill_compute": computed, "prefill_cache": hits,
-            "decode": snap.get("generation_tokens", 0)}, labels=modes)
+            "decode": snap.generation_tokens}, labels=modes)
         return text + "".join(logs.prometheus_histogram(name, TOKEN_BUCKETS, counts, total[0], labels=hist_labels)
                               for name, (counts, total) in self.histograms.items())

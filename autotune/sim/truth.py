@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from autotune.sim.args import SimOptions
 
 GIB = 2**30
 
@@ -58,14 +61,11 @@ class Deviation:
         return self.free_gib == 0.0 and self.activation_scale == 1.0 and self.graph_scale == 1.0
 
     @classmethod
-    def from_sim(cls, sim: dict[str, Any]) -> Deviation:
-        """From a sim server's ``--sim-*`` values (``SimArgs.sim``); absent keys keep the identity."""
-        return cls(free_gib=float(sim.get("free_gib_delta") or 0.0),
-                   activation_scale=float(sim.get("activation_scale") or 1.0),
-                   graph_scale=float(sim.get("graph_scale") or 1.0),
-                   decode_efficiency=float(sim.get("decode_efficiency") or 1.0),
-                   unified_efficiency=float(sim.get("unified_efficiency") or 1.0),
-                   adaptive_efficiency=float(sim.get("adaptive_efficiency") or 1.0))
+    def from_sim(cls, sim: SimOptions) -> Deviation:
+        """From a sim server's ``--sim-*`` values (``SimArgs.sim``)."""
+        return cls(free_gib=sim.free_gib_delta, activation_scale=sim.activation_scale, graph_scale=sim.graph_scale,
+                   decode_efficiency=sim.decode_efficiency, unified_efficiency=sim.unified_efficiency,
+                   adaptive_efficiency=sim.adaptive_efficiency)
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)

@@ -14,10 +14,10 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from autotune.inspect.suggest import Suggestion
-from autotune.inspect.sweep_file import _study_name, sweep_toml
+from autotune.inspect.sweep_file import WorkloadTable, _study_name, sweep_toml
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.memory import plan
 from autotune.sglang.profiles import load_gpu, load_model
@@ -47,6 +47,13 @@ class Traffic:
             return None
         return max(1, round(self.prompt_mean + (self.output_mean or 0.0)))
 
+
+
+class PromptRow(TypedDict):
+    """One row of the drifted prompts' JSONL, in autotune's own prompt format (``prompts.formats``)."""
+
+    prompt: str
+    max_tokens: int  # the drawn output length (the study sets ignore_eos, so each request produces it)
 
 def traffic(window: Window) -> Traffic:
     """The window's request shape from the histograms, else from the token counters."""
@@ -86,7 +93,7 @@ def filler(tokens: int, index: int) -> str:
     return " ".join(words)[: max(1, tokens * CHARS_PER_TOKEN - 1)]
 
 
-def drifted_rows(t: Traffic, *, n: int, seed: int, fallback_output: int) -> list[dict[str, Any]]:
+def drifted_rows(t: Traffic, *, n: int, seed: int, fallback_output: int) -> list[PromptRow]:
     """JSONL rows that replay today's traffic: a prompt of the drawn length and ``max_tokens`` of the drawn
     output (the study sets ``ignore_eos`` so each request produces exactly that)."""
     rng = random.Random(seed)
@@ -100,7 +107,7 @@ def drifted_rows(t: Traffic, *, n: int, seed: int, fallback_output: int) -> list
         outputs = draw_lengths(t.output, n, rng)
     else:
         outputs = [round(t.output_mean or fallback_output)] * n
-    return [{"prompt": filler(p, i), "max_tokens": o} for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))]
+    return [PromptRow(prompt=filler(p, i), max_tokens=o) for i, (p, o) in enumerate(zip(prompts, outputs, strict=True))]
 
 
 def rebalance(advice: Any, tokens_per_request: int) -> Any | None:
@@ -145,7 +152,7 @@ def suggestion_line(s: Any) -> str:
             f"{s.headroom_gib:.1f} GiB headroom (planner, confidence {s.confidence}{note})")
 
 
-def write_study(diagnosis: Any, suggestion: Any | None, rows: list[dict[str, Any]], out_dir: Path) -> Path:
+def write_study(diagnosis: Any, suggestion: Any | None, rows: list[PromptRow], out_dir: Path) -> Path:
     """``<out_dir>/watch-<host>-<port>.toml`` and its prompts JSONL; the study enqueues ``suggestion`` first."""
     d = diagnosis
     if suggestion is not None:
@@ -155,8 +162,8 @@ def write_study(diagnosis: Any, suggestion: Any | None, rows: list[dict[str, Any
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = out_dir / f"{name}-prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    workload = {"prompts": prompts.name, "sample_size": len(rows), "max_tokens": max(r["max_tokens"] for r in rows),
-                "ignore_eos": True}
+    workload = WorkloadTable(prompts=prompts.name, sample_size=len(rows), max_tokens=max(r["max_tokens"] for r in rows),
+                             ignore_eos=True)
     path = out_dir / f"{name}.toml"
     path.write_text(sweep_toml(d, workload=workload, origin="watch"), encoding="utf-8")
     return path

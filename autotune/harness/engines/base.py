@@ -11,10 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 
 from autotune.launch.memory import GroupReader
 from autotune.results import Capacity, FailureKind
+
+
+class DeviceProcess(TypedDict):
+    """A process holding memory on a device, as a reader's ``processes()`` names it: its GiB (None where the driver
+    does not say), and whether it has exited (its memory still being freed)."""
+
+    pid: int
+    used_gib: float | None
+    exited: bool
 
 
 class GpuReader(Protocol):
@@ -22,8 +31,8 @@ class GpuReader(Protocol):
 
     A reader may also offer ``track(pids, files_bytes)`` (the host-memory one does): ``launch.process.ServerProcess`` then hands it
     the server's own process group, so other processes' memory never counts as the server's (SGLang's CPU backend).
-    A reader of a device may offer ``processes()`` (NVML and the simulated GPU do): ``[{"pid", "used_gib",
-    "exited"}]``, what ``harness.tenancy`` reads to refuse a launch next to a tenant.
+    A reader of a device may offer ``processes()`` (NVML and the simulated GPU do): its ``DeviceProcess`` list,
+    what ``harness.tenancy`` reads to refuse a launch next to a tenant.
     """
 
     def read(self) -> dict[str, float | None]:

@@ -7,6 +7,7 @@ matching on them rather than on exit codes is what separates "config does not fi
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -168,52 +169,51 @@ def _i(value: Any) -> int | None:
 
 def capacity(log_text: str, server_info: Mapping[str, Any] | None = None) -> Capacity:
     """What the server allocated. ``/server_info`` ``internal_states[0]`` (runtime overrides) wins over the log."""
-    fields: dict[str, Any] = {}
-    if m := _CAPACITY_LINE.search(log_text):
-        fields.update(
-            kv_tokens=int(m[1]), chunked_prefill_size=int(m[2]), max_running_requests=int(m[4]),
-            context_len=int(m[5]), available_gib=float(m[6]),
-        )
-    if m := _MAMBA_LINE.search(log_text):
-        fields["mamba_slots"] = int(m[1])
-        fields["mamba_gib"] = round(sum(float(x) for x in m.groups()[1:] if x is not None), 4)
-    kv = [float(m[2]) + float(m[3]) for m in _KV_LINE.finditer(log_text)]
-    fields["kv_gib"] = _sum(kv)
-    fields["weights_gib"] = _sum([float(m[1]) for m in _WEIGHT_LINE.finditer(log_text)])
-    fields["graphs_gib"] = _sum([float(m[1]) for m in _GRAPH_LINE.finditer(log_text)])
-    if m := _MFS.search(log_text):
-        fields["mem_fraction_static"] = float(m[1])
-    fields["bound_by"] = "mamba" if _MAMBA_CAP.search(log_text) else "kv" if _KV_CAP.search(log_text) else None
-    if server_info:
-        _merge_server_info(fields, server_info)
-    return Capacity(**{k: v for k, v in fields.items() if v is not None})
+    logged = _logged(log_text)
+    if not server_info:
+        return logged
+    reported = _reported(server_info)
+    return dataclasses.replace(logged, **{f.name: getattr(reported, f.name) for f in dataclasses.fields(reported)
+                                          if getattr(reported, f.name) is not None})
 
 
-def _merge_server_info(fields: dict[str, Any], info: Mapping[str, Any]) -> None:
+def _logged(log_text: str) -> Capacity:
+    """What the startup log says the server allocated."""
+    line, mamba, mfs = _CAPACITY_LINE.search(log_text), _MAMBA_LINE.search(log_text), _MFS.search(log_text)
+    return Capacity(
+        kv_tokens=int(line[1]) if line else None, chunked_prefill_size=int(line[2]) if line else None,
+        max_running_requests=int(line[4]) if line else None, context_len=int(line[5]) if line else None,
+        available_gib=float(line[6]) if line else None,
+        mamba_slots=int(mamba[1]) if mamba else None,
+        mamba_gib=round(sum(float(x) for x in mamba.groups()[1:] if x is not None), 4) if mamba else None,
+        kv_gib=_sum([float(m[2]) + float(m[3]) for m in _KV_LINE.finditer(log_text)]),
+        weights_gib=_sum([float(m[1]) for m in _WEIGHT_LINE.finditer(log_text)]),
+        graphs_gib=_sum([float(m[1]) for m in _GRAPH_LINE.finditer(log_text)]),
+        mem_fraction_static=float(mfs[1]) if mfs else None,
+        bound_by="mamba" if _MAMBA_CAP.search(log_text) else "kv" if _KV_CAP.search(log_text) else None,
+    )
+
+
+def _reported(info: Mapping[str, Any]) -> Capacity:
+    """What ``/server_info`` reports (None where it does not say)."""
     states = info.get("internal_states") or [{}]
     state = states[0] if isinstance(states[0], Mapping) else {}
-    overrides = {
-        "max_running_requests": _i(state.get("effective_max_running_requests_per_dp")),
-        "mamba_slots": _i(state.get("max_mamba_cache_size")),
-        "kv_tokens": _i(info.get("max_total_num_tokens")),
-        "mem_fraction_static": _f(state.get("mem_fraction_static", info.get("mem_fraction_static"))),
-        "chunked_prefill_size": _i(state.get("chunked_prefill_size", info.get("chunked_prefill_size"))),
-        "context_len": _i(info.get("context_length") or state.get("context_length")),
-    }
     usage = state.get("memory_usage") or {}
-    if isinstance(usage, Mapping):
-        graphs = usage.get("graph")
-        overrides.update(
-            weights_gib=_f(usage.get("weight")),
-            kv_gib=_f(usage.get("kvcache")),
-            available_gib=_f(usage.get("startup_available")),
-            graphs_gib=round(sum(_f(v) or 0.0 for v in graphs.values()), 4) if isinstance(graphs, Mapping) else None,
-        )
-        if overrides["kv_tokens"] is None:
-            overrides["kv_tokens"] = _i(usage.get("token_capacity"))
-    for key, value in overrides.items():
-        if value is not None:
-            fields[key] = value
+    usage = usage if isinstance(usage, Mapping) else {}
+    graphs = usage.get("graph")
+    kv_tokens = _i(info.get("max_total_num_tokens"))
+    return Capacity(
+        max_running_requests=_i(state.get("effective_max_running_requests_per_dp")),
+        mamba_slots=_i(state.get("max_mamba_cache_size")),
+        kv_tokens=kv_tokens if kv_tokens is not None else _i(usage.get("token_capacity")),
+        mem_fraction_static=_f(state.get("mem_fraction_static", info.get("mem_fraction_static"))),
+        chunked_prefill_size=_i(state.get("chunked_prefill_size", info.get("chunked_prefill_size"))),
+        context_len=_i(info.get("context_length") or state.get("context_length")),
+        weights_gib=_f(usage.get("weight")),
+        kv_gib=_f(usage.get("kvcache")),
+        available_gib=_f(usage.get("startup_available")),
+        graphs_gib=round(sum(_f(v) or 0.0 for v in graphs.values()), 4) if isinstance(graphs, Mapping) else None,
+    )
 
 
 def startup_seconds(server_info: Mapping[str, Any] | None) -> float | None:

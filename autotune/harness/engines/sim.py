@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from autotune.config.sections import WorkloadSection
 from autotune.harness.engines import logparse
-from autotune.harness.engines.base import EngineSettings, GpuReader
+from autotune.harness.engines.base import DeviceProcess, EngineSettings, GpuReader
 from autotune.harness.engines.sglang import reject_harness_flags
 from autotune.harness.gpu import MIB_PER_GIB, reading
 from autotune.harness.workload import WorkloadSpec
@@ -122,7 +122,7 @@ class SimGpuReader:
     def __init__(self, index: int = 0, directory: str | None = None):
         self.index, self.directory = index, directory
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> dict[str, float | None]:
         r = device.read(self.index, directory=self.directory)
         return reading(
             used_gib=r.used_mib / MIB_PER_GIB,
@@ -130,7 +130,7 @@ class SimGpuReader:
             util_pct=getattr(r, "util_pct", None),
         )
 
-    def processes(self) -> list[dict[str, Any]]:
+    def processes(self) -> list[DeviceProcess]:
         """Every registration: pid, GiB held, and whether the process has exited (its memory still being freed)."""
         r = device.read(self.index, directory=self.directory)
         return [{"pid": int(p["pid"]), "used_gib": float(p["used_mib"]) / MIB_PER_GIB,

@@ -3,14 +3,32 @@ probe's figures, its later windows, its stress phase, and the TrialResult that h
 
 These are the contract between the harness (which fills them), the study (which stores ``to_dict()`` as an
 Optuna user attribute under ``"result"``) and everything downstream (report, apply, trials), which read them
-back with ``TrialResult.from_dict``. Keys are stable: add fields, never rename them.
+back with ``TrialResult.from_dict``. Keys are stable: add fields, never rename them. The window's trust
+(``measurement``) and the fidelity probe's figures (``fidelity``) have modules of their own; all are read from here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Final, Literal, Self
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Final, Literal
+
+from autotune.results.fidelity import (
+    FidelityFigures,
+    differing_flags,
+    fidelity_summary,
+    flag_list,
+    numerics_line,
+)
+from autotune.results.measurement import MeasurementVerdict, Rejections, ServerProgress
+from autotune.results.stored import from_known, typed
+
+__all__ = [
+    "OOM_STATUSES", "PROBE_ERROR", "REPEAT", "STATUSES", "TOO_SLOW", "UNTRUSTED_STATUSES", "WRITE_ERROR", "Capacity",
+    "DevicePeak", "FailureKind", "FidelityFigures", "GpuPeaks", "MeasurementVerdict", "Metrics", "Percentiles",
+    "Rejections", "ServerProgress", "Status", "StressResult", "TrialResult", "Window", "differing_flags",
+    "fidelity_summary", "flag_list", "granted", "granted_line", "halves_drift", "numerics_line",
+]
 
 Status = Literal[
     "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
@@ -41,14 +59,6 @@ WRITE_ERROR = "write_error"
 REPEAT: Final = "repeat"
 
 
-def _from(cls, data: Mapping[str, Any] | None):
-    """Build a dataclass from a dict, ignoring keys this version does not know (forward compatible)."""
-    if data is None:
-        return None
-    names = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
-
-
 @dataclass(frozen=True, kw_only=True)
 class Capacity:
     """What the server actually allocated, read from its startup log and ``/server_info``."""
@@ -71,7 +81,7 @@ class Capacity:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Capacity | None:
-        return _from(cls, data)
+        return from_known(cls, data)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +93,7 @@ class Percentiles:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Percentiles | None:
-        return _from(cls, data)
+        return from_known(cls, data)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,7 +122,17 @@ class Metrics:
         data = dict(data)
         for key in ("ttft_ms", "itl_ms", "e2e_ms"):
             data[key] = Percentiles.from_dict(data.get(key)) or Percentiles()
-        return _from(cls, data)
+        return from_known(cls, data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DevicePeak:
+    """One GPU's own peak in a server over several GPUs."""
+
+    index: int
+    peak_used_gib: float | None = None
+    total_gib: float | None = None
+    headroom_gib: float | None = None  # total - peak
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,81 +145,22 @@ class GpuPeaks:
     mean_util_pct: float | None = None
     peak_power_w: float | None = None
     samples: int = 0
-    # A server over several GPUs: each one's ``{"index", "peak_used_gib", "total_gib", "headroom_gib"}``; the fields
-    # above are then the fullest GPU's (the one that OOMs first decides headroom). None on one GPU.
-    per_gpu: list[dict[str, Any]] | None = None
+    # A server over several GPUs: each one's peak; the fields above are then the fullest GPU's (the one that OOMs
+    # first decides headroom). None on one GPU.
+    per_gpu: tuple[DevicePeak, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        data["per_gpu"] = None if self.per_gpu is None else [asdict(d) for d in self.per_gpu]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> GpuPeaks | None:
-        return _from(cls, data)
-
-
-class _Sparse:
-    """A record stored without its None fields, as the dict it replaced was written (an absent key reads None);
-    its lists are tuples here."""
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)  # type: ignore[call-overload]
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items() if v is not None}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> Self | None:
-        return _from(cls, {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}) if data else None
-
-
-def _typed(cls: Any, value: Any) -> Any:
-    """``value`` as a ``cls`` record: itself when it is one, else read from its stored dict."""
-    return value if isinstance(value, cls) else cls.from_dict(value)
-
-
-@dataclass(frozen=True, kw_only=True)
-class MeasurementVerdict(_Sparse):
-    """How far the window can be trusted (``harness.trial.measurement_verdict``): the client's CPU share, the sim
-    server's lag, how it settled, the --stream-interval it ran with, and the first attempt when re-measured."""
-
-    client_busy: float | None = None
-    repeated_prompts: float | None = None  # share of the window's requests that re-sent a prompt
-    window_drift: float | None = None
-    settled: bool | None = None  # the settle rule met before its caps (``autotune.settle``)
-    settling: Mapping[str, Any] | None = None  # ``Settling.to_dict()``: every slice's tok/s, the window's span
-    sim_lag: float | None = None
-    stream_interval: int | None = None
-    untrusted_tok_s: float | None = None  # an untrusted window's figure: kept for diagnosis, never a tok/s
-    rejected: Mapping[str, Any] | None = None  # requests the server refused (``harness.outcome.rejections``)
-    progress: Mapping[str, Any] | None = None  # what moved in a window that delivered no token
-    held_streams: int | None = None  # streams a server that answered none of them held open
-    first: Mapping[str, Any] | None = None  # the first attempt's status, reason and figures, when re-measured
-    device_at_launch: Mapping[str, Any] | None = None  # what the device held at launch (``search.correction``)
-
-
-@dataclass(frozen=True, kw_only=True)
-class FidelityFigures(_Sparse):
-    """The fidelity probe's figures (``harness.fidelity``): greedy outputs of fixed prompts against the study's
-    reference config. ``role``: "probe" (compared), "reference" (the run that recorded it)."""
-
-    role: str | None = None
-    prompts: int | None = None
-    tokens: int | None = None
-    duration_s: float | None = None
-    reference: Mapping[str, Any] | None = None  # where the reference is kept: path, sha256, trial
-    changes: tuple[Mapping[str, Any], ...] = ()  # the output-changing flags against the reference: {flag, value, …}
-    prefix_match_mean: float | None = None
-    prefix_match_min: int | None = None
-    exact_share: float | None = None
-    mean_abs_logprob_delta: float | None = None
-    scored_tokens: int | None = None
-    first_difference: tuple[int | None, ...] | None = None
-    outputs_differ: bool | None = None
-    unexpected: bool | None = None  # outputs differ though no output-changing flag did (``harness.fidelity.verdict``)
-    differs: tuple[Mapping[str, Any], ...] = ()  # every flag set differently from the reference: {flag, value, …}
-    error: str | None = None  # why the probe could not measure
-
-    @property
-    def probed(self) -> bool:
-        return self.role == "probe"
+        if data is None:
+            return None
+        per_gpu = data.get("per_gpu")
+        return from_known(cls, {**data, "per_gpu": None if per_gpu is None else tuple(
+            d if isinstance(d, DevicePeak) else from_known(DevicePeak, d) for d in per_gpu)})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,7 +198,7 @@ class StressResult:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> StressResult | None:
-        return _from(cls, data) if data else None
+        return from_known(cls, data) if data else None
 
     @property
     def interrupted(self) -> bool:
@@ -271,7 +232,7 @@ class Window:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Window:
-        return _from(cls, data)
+        return from_known(cls, data)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,6 +291,9 @@ class TrialResult:
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
+        for key in ("gpu", "host"):
+            peaks = getattr(self, key)
+            data[key] = peaks.to_dict() if peaks is not None else None
         data["fidelity"] = self.fidelity.to_dict() if self.fidelity is not None else None
         data["measurement"] = self.measurement.to_dict() if self.measurement is not None else None
         data["windows"] = None if self.windows is None else [w.to_dict() for w in self.windows]
@@ -347,64 +311,10 @@ class TrialResult:
         data = dict(data)
         for key, kind in (("capacity", Capacity), ("metrics", Metrics), ("gpu", GpuPeaks), ("host", GpuPeaks),
                           ("measurement", MeasurementVerdict), ("fidelity", FidelityFigures), ("stress", StressResult)):
-            data[key] = _typed(kind, data.get(key))
+            data[key] = typed(kind, data.get(key))
         windows = data.get("windows")
-        data["windows"] = None if windows is None else tuple(_typed(Window, w) for w in windows)
-        return _from(cls, data)
-
-
-def fidelity_summary(fidelity: FidelityFigures | None) -> str:
-    """One short line for a trial's fidelity figures (tables, progress): "" when the trial changed no
-    output-changing flag, "reference" on the run that recorded the reference outputs."""
-    if not fidelity:
-        return ""
-    if fidelity.error:
-        return "probe failed"
-    if fidelity.role == "reference":
-        return "reference"
-    if fidelity.outputs_differ is False and not fidelity.changes:
-        return "same as baseline"
-    figures = _probe_figures(fidelity)
-    # no output-changing flag explains the difference: the contender probe's catch (``harness.fidelity.verdict``)
-    return f"changed unexpectedly · {figures}" if fidelity.unexpected else figures
-
-
-def _probe_figures(fidelity: FidelityFigures) -> str:
-    prefix, exact, delta = fidelity.prefix_match_mean, fidelity.exact_share, fidelity.mean_abs_logprob_delta
-    parts = []
-    if prefix is not None:
-        parts.append(f"{prefix:.0f}/{fidelity.tokens} match")
-    if exact is not None:
-        parts.append(f"{exact:.0%} exact")
-    if delta is not None:
-        parts.append(f"|Δlp| {delta:.3f}")
-    return " · ".join(parts) or "probed"
-
-
-def flag_list(entries: Iterable[Mapping[str, Any]], *, unset: bool = False) -> str:
-    """``--flag value, …`` of ``{flag, value}`` entries (``unset``: a None value reads "unset")."""
-    return ", ".join(f"--{str(d.get('flag', '')).replace('_', '-')} "
-                     f"{'unset' if unset and d.get('value') is None else d.get('value')}" for d in entries)
-
-
-def differing_flags(fidelity: FidelityFigures | None) -> str:
-    """``--flag value, …``: the flags a contender probe found its config setting differently from the baseline."""
-    return flag_list(fidelity.differs if fidelity else (), unset=True) or "no flag"
-
-
-def numerics_line(fidelity: FidelityFigures | None) -> str | None:
-    """"outputs differ from the baseline (--flag value, …): <probe figures>" for a config whose probe measured an
-    output-changing flag, "outputs changed unexpectedly (…)" for one whose outputs differ though none changed; None
-    when its outputs matched or cannot differ (or no probe ran)."""
-    if not fidelity or not fidelity.probed:
-        return None
-    if fidelity.unexpected:  # the contender probe: outputs differ though no table flag changed
-        return (f"outputs changed unexpectedly (it differs from the baseline in {differing_flags(fidelity)}, none of "
-                f"them a flag known to change outputs): {_probe_figures(fidelity)}")
-    if not fidelity.changes:  # the baseline's numerics: matched (nothing to say), or the check failed
-        return f"outputs not checked against the baseline: {fidelity.error}" if fidelity.error else None
-    flags = flag_list(fidelity.changes)
-    return f"outputs differ from the baseline ({flags or 'output-changing flags'}): {fidelity_summary(fidelity)}"
+        data["windows"] = None if windows is None else tuple(typed(Window, w) for w in windows)
+        return from_known(cls, data)
 
 
 def halves_drift(first: float, second: float) -> float:
