@@ -249,7 +249,7 @@ async def _drive(server: ServerHandle, launch: Launch, rows: Sequence[tuple[Prom
     records = [RequestRecord(row=row.line, sent=0.0, pass_no=pass_no) for row, pass_no in rows]
     timeout = httpx.Timeout(launch.timeouts.request_s, connect=30.0)
     async with contextlib.AsyncExitStack() as stack:
-        clients = [await stack.enter_async_context(one_connection_client(timeout)) for _ in rows]
+        clients = [await stack.enter_async_context(_one_connection_client(timeout)) for _ in rows]
         await _open_connections(clients, server.base_url)
         t0 = time.perf_counter()
         tasks = []
@@ -280,12 +280,13 @@ async def _drive(server: ServerHandle, launch: Launch, rows: Sequence[tuple[Prom
     return records, ended
 
 
-def one_connection_client(timeout: httpx.Timeout) -> httpx.AsyncClient:
+def _one_connection_client(timeout: httpx.Timeout) -> httpx.AsyncClient:
     """A client of one keep-alive connection: one per request of the batch, not one pool for all of them.
 
     httpcore's pool re-examines every connection it holds each time a request starts or ends (an idle one costs a
     poll() and a scan of the whole pool), so one pool for a batch of N requests cost O(N²) a request, O(N³) for the
-    batch (the tiny study's 192 requests: 4.7 → 2.4 CPU-s for the harness's trial, the phase 22 → 14 s)."""
+    batch (the tiny study's 192 requests: 4.0–4.9 → 2.3–2.4 CPU-s for the harness's trial, the phase
+    22–26 → 14–15 s)."""
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, verify=tls.context())
 
