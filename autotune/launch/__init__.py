@@ -1,6 +1,6 @@
 """Where servers run: the ``Launcher`` contract (``base``) and its implementations, registered by name.
 
-A new launcher is one module here and one entry in ``LAUNCHERS``; ``tests/test_launchers.py`` runs the contract
+A new launcher is one module here and one entry in ``LAUNCHERS`` (``_CLASSES``: its class and module); ``tests/test_launchers.py`` runs the contract
 suite over every entry (each launcher's test case lives in ``tests/launchcase_<name>.py``).
 
 The registry is built on first use: every launch starts a watchdog process (``python -m autotune.launch.watchdog``),
