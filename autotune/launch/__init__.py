@@ -1,7 +1,8 @@
 """Where servers run: the ``Launcher`` contract (``base``) and its implementations, registered by name.
 
-A new launcher is one module here and one entry in ``LAUNCHERS`` (``_CLASSES``: its class and module); ``tests/test_launchers.py`` runs the contract
-suite over every entry (each launcher's test case lives in ``tests/launchcase_<name>.py``).
+A new launcher is one module here and one entry in ``LAUNCHERS`` (``_CLASSES``: its class and module);
+``tests/test_launchers.py`` runs the contract suite over every entry (each launcher's test case lives in
+``tests/launchcase_<name>.py``).
 
 The registry is built on first use: every launch starts a watchdog process (``python -m autotune.launch.watchdog``),
 and importing a submodule runs this file first, so an eager registry cost each watchdog the import of every launcher
