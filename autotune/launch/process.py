@@ -31,11 +31,12 @@ from autotune.launch.base import (
     ServerRecord,
     ServerStartTimeout,
 )
+from autotune.launch.health import wait_healthy
 from autotune.launch.memory import used_mib
 from autotune.launch.ports import free_port, port_is_free
 from autotune.launch.procgroup import group_pids
 from autotune.launch.shm import SHM_DIR, ShmOwnership, ShmSampler, launch_ports, release_semaphores, snapshot
-from autotune.launch.stopping import Release, StopSteps, stop_and_release, wait_healthy
+from autotune.launch.stopping import Release, StopSteps, stop_and_release
 from autotune.launch.watchdog import Watchdog
 
 GONE = -1  # the exit code of a detached server found again by its record: not our child, its code unknown
