@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autotune.search.skips import pool_cause, skip_reason
-from autotune.sglang.memory import plan
+from autotune.sglang.memory import MemoryGiB, MemoryPlan, plan
 from autotune.sglang.profiles import load_gpu, load_model
 
 
@@ -20,6 +20,7 @@ def test_eight_hundred_mamba_slots_are_named_as_the_cause_not_the_fraction():
 
 def test_a_plan_that_fits_or_has_no_sizes_gets_no_account():
     fits = plan(load_model("qwen3.6-27b"), load_gpu("b200"), {})
-    assert fits.fits and pool_cause(fits.to_dict()) is None
-    assert skip_reason({"fits": False, "failure": "bad_args", "message": "AssertionError: heads", "gib": {}}) \
-        == "AssertionError: heads"
+    assert fits.fits and pool_cause(fits) is None
+    unsized = MemoryPlan(fits=False, failure="bad_args", message="AssertionError: heads", mem_fraction_static=0.9,
+                         max_mamba_cache_size=None, max_running_requests=0, kv_tokens=0, inert=[], gib=MemoryGiB())
+    assert skip_reason(unsized) == "AssertionError: heads"

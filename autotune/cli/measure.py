@@ -6,6 +6,7 @@ import json
 import threading
 import time
 import tomllib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.progress import settling_line
 from autotune.prompts import REPEATS
+from autotune.results import TrialResult
 from autotune.settle import TARGET_HALF_WIDTH
 from autotune.sglang.flags import parse_sets
 
@@ -75,6 +77,14 @@ MEASURE_OPTIONS = {"measure_s": "--window", "warmup_s": "--warmup", "measure_max
                    "warmup_max_s": "--warmup-max", "target_half_width": "--target-half-width", "ramp_s": "--ramp",
                    "concurrency": "--concurrency", "max_tokens": "--max-tokens", "sample_size": "--sample",
                    "repeats": "--repeats"}
+
+
+@dataclass
+class _Outcome:
+    """What the trial thread ended with: its result, or the exception it raised (re-raised in the main thread)."""
+
+    result: TrialResult | None = None
+    error: BaseException | None = None
 
 
 def _sim_options(items: tuple[str, ...]) -> dict[str, Any]:
@@ -155,7 +165,7 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
         click.echo(f"Warning: {loaded.note}", err=True)
     trial_dir = out or Path("runs") / time.strftime("measure-%Y%m%d-%H%M%S")
     stop = threading.Event()
-    box: dict[str, Any] = {}
+    box = _Outcome()
 
     last = [0.0]
 
@@ -173,10 +183,10 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
         try:
             setup = TrialSetup(engine=engine, workload=spec, sample=loaded, gpu_index=gpu_index,
                                timeouts=Timeouts(startup_s=startup_timeout))
-            box["result"] = run_trial(setup, config, trial_dir=trial_dir,
+            box.result = run_trial(setup, config, trial_dir=trial_dir,
                                       hooks=TrialHooks(on_phase=phase, stop_event=stop))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            box["error"] = exc
+            box.error = exc
 
     thread = threading.Thread(target=work, name="trial")
     thread.start()
@@ -186,9 +196,10 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
     except KeyboardInterrupt:
         stop.set()  # the trial stops its server cleanly and reports "interrupted"
         thread.join()
-    if "error" in box:
-        raise box["error"]
-    result = box["result"]
+    if box.error is not None:
+        raise box.error
+    result = box.result
+    assert result is not None  # the thread either returned a result or raised
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
     else:

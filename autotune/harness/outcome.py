@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from autotune.harness.workload.records import CUT
-from autotune.results import TOO_SLOW, MeasurementVerdict, Rejections, ServerProgress
+from autotune.results import TOO_SLOW, MeasurementVerdict, Rejections, ServerProgress, Status
 
 _PREFILL = re.compile(r"Prefill batch[.,] #new-seq: (\d+), #new-token: (\d+)")
 _DECODE = re.compile(r"Decode batch[.,] #running-req: (\d+)")
@@ -94,7 +94,7 @@ class NoTokens(NamedTuple):
     """Why a live server's window delivered no token: the trial's status, its reason, and the verdict on the window
     (the server's progress, the requests it refused, the streams it held)."""
 
-    status: str
+    status: Status
     reason: str
     measurement: MeasurementVerdict
 

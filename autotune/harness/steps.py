@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from autotune.config import Timeouts
 from autotune.harness.engines.base import Engine, GpuReader
@@ -20,7 +20,7 @@ from autotune.harness.files import writing
 from autotune.harness.setup import PhaseCallback
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.launch import ServerHandle
-from autotune.results import FidelityFigures, StressResult, Window
+from autotune.results import FidelityFigures, Outcome, StressResult, Window
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -51,9 +51,10 @@ class StepOutcome:
     windows: tuple[Window, ...] | None = None
     stress: StressResult | None = None
 
-    def fields(self) -> dict[str, object]:
+    def fields(self) -> Outcome:
         """The result's fields this outcome sets (its None ones left out), by ``TrialResult`` field name."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+        return cast(Outcome, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                              if getattr(self, f.name) is not None})
 
 
 class AfterWindow(Protocol):

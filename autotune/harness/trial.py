@@ -50,7 +50,18 @@ from autotune.harness.workload import (
 from autotune.launch import Launcher, LaunchSpec, ServerExited, ServerHandle, ServerStartTimeout
 from autotune.launch.process import cleanup_orphans, free_port
 from autotune.launch.registry import make_launcher
-from autotune.results import TOO_SLOW, UNTRUSTED_STATUSES, Capacity, GpuPeaks, MeasurementVerdict, TrialResult
+from autotune.results import (
+    TOO_SLOW,
+    UNTRUSTED_STATUSES,
+    Capacity,
+    FailureKind,
+    GpuPeaks,
+    MeasurementVerdict,
+    Outcome,
+    Placement,
+    Status,
+    TrialResult,
+)
 from autotune.sglang.envs import env_strings
 
 DEFAULT_CONCURRENCY = 64  # when the server did not report its effective max running requests
@@ -97,7 +108,7 @@ def auto_concurrency(capacity: Capacity | None) -> int:
     return 2 * capacity.max_running_requests
 
 
-def _diagnose(engine: Engine, log_text: str, exit_code: int | None) -> tuple[str | None, str | None]:
+def _diagnose(engine: Engine, log_text: str, exit_code: int | None) -> tuple[FailureKind | None, str | None]:
     kind = engine.classify(log_text, exit_code)
     line = engine.failure_line(log_text, exit_code) if kind else None
     if kind and not line and exit_code is not None:
@@ -112,7 +123,7 @@ def _write(result: TrialResult, trial_dir: Path) -> TrialResult:
     return result
 
 
-def measurement_verdict(records: Any) -> tuple[str | None, str | None, dict[str, Any]]:
+def measurement_verdict(records: Any) -> tuple[Status | None, str | None, dict[str, Any]]:
     """(status, reason, figures) for a replay's trustworthiness: ``invalid_measurement`` when the simulated
     server lagged its model by more than ``LAG_LIMIT`` (sim only: ``sim_pace`` in /server_info), ``client_bound``
     when the replay's event-loop thread was saturated; (None, None, figures) when the window measured the server."""
@@ -191,10 +202,8 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
         trial_dir.mkdir(parents=True, exist_ok=True)
     log_path = trial_dir / "server.log"
     group = launch_gpus(engine, server_group(setup, config))
-    base: dict[str, Any] = dict(
-        engine=engine.name, gpu_index=group[0] if group else setup.gpu_index, gpus=list(group) or None,
-        trial_dir=str(trial_dir), log_path=str(log_path)
-    )
+    base = Placement(engine=engine.name, gpu_index=group[0] if group else setup.gpu_index, gpus=list(group) or None,
+                     trial_dir=str(trial_dir), log_path=str(log_path))
     assert setup.sample is not None
     launch = Launch(engine=engine, workload=workload, trial_dir=trial_dir, timeouts=setup.timeouts,
                     sample=setup.sample, phase=hooks.phase, stop_event=hooks.stop_event)
@@ -255,10 +264,10 @@ def _no_gpu(setup: TrialSetup) -> tuple[int, ...]:
     return () if setup.gpu_index is None else (setup.gpu_index,)
 
 
-def _start(launcher: Launcher, spec: LaunchSpec, launch: Launch) -> tuple[ServerHandle | None, dict[str, Any]]:
+def _start(launcher: Launcher, spec: LaunchSpec, launch: Launch) -> tuple[ServerHandle | None, Outcome]:
     """Start the server and wait until it is ready: the server (None when it could not start) and no fields when
     it is ready, else the failure's fields (a trial outcome)."""
-    fields: dict[str, Any] = {}
+    fields: Outcome = {}
     stop_event = launch.stop_event
     launch.phase("starting", {"port": spec.port, "argv": spec.argv})
     t0 = time.monotonic()
@@ -269,16 +278,15 @@ def _start(launcher: Launcher, spec: LaunchSpec, launch: Launch) -> tuple[Server
         server.wait_ready(launch.timeouts.startup_s, stop_event=stop_event)
     except ServerExited as exc:
         kind, line = _diagnose(launch.engine, server.log_text() if server is not None else "", exc.exit_code)
-        fields.update(status=kind or "crash", reason=line or str(exc), exit_code=exc.exit_code, log_tail=exc.log_tail)
+        fields.update({"status": kind or "crash", "reason": line or str(exc), "exit_code": exc.exit_code,
+                       "log_tail": exc.log_tail})
         fields.update(_cancelled(server) or {})
     except ServerStartTimeout as exc:
         interrupted = stop_event is not None and stop_event.is_set()
-        fields.update(
-            status="interrupted" if interrupted else "timeout",
-            reason="interrupted while starting" if interrupted else str(exc), log_tail=exc.log_tail,
-        )
+        fields.update({"status": "interrupted" if interrupted else "timeout",
+                       "reason": "interrupted while starting" if interrupted else str(exc), "log_tail": exc.log_tail})
     except ServerError as exc:
-        fields.update(status="crash", reason=str(exc))
+        fields.update({"status": "crash", "reason": str(exc)})
     except BaseException:  # an interruption or a full disk: the started server goes before it propagates
         if server is not None:
             server.stop(grace_s=launch.timeouts.grace_s, release_timeout_s=launch.timeouts.teardown_s)
@@ -296,19 +304,21 @@ def _stop(server: ServerHandle, launch: Launch) -> int | None:
     return exit_code
 
 
-def _measure(server: ServerHandle, launch: Launch) -> dict[str, Any]:
+def _measure(server: ServerHandle, launch: Launch) -> Outcome:
     """Capacity, then the replay; classifies a server that died or an interruption while measuring."""
     info = _server_info(server.base_url)
     capacity = launch.engine.capacity(server.log_text(), info)
     cpu = getattr(launch.engine, "device", "cuda") == "cpu"  # SGLang's CPU backend: host memory, no GPU figures
-    out: dict[str, Any] = {"capacity": capacity}
+    out: Outcome = {"capacity": capacity}
     if not cpu:  # the startup model is a GPU's (weights to device, graph capture)
         out["modelled_startup_s"] = launch.engine.startup_seconds(info)
     concurrency = launch.workload.concurrency or auto_concurrency(capacity)
     log_start = len(server.log_text())  # the replay's log lines are the server's progress evidence
     records, peaks = _replay_window(server, launch, concurrency)
-    if peaks is not None:
-        out["host" if cpu else "gpu"] = peaks
+    if peaks is not None and cpu:
+        out["host"] = peaks
+    elif peaks is not None:
+        out["gpu"] = peaks
     ended = _ended_early(server, launch.engine, records)
     if ended is not None:
         return {**out, **ended}
@@ -362,7 +372,7 @@ def _should_stop(server: ServerHandle, stop_event: threading.Event | None) -> st
     return None if server.alive else "server exited"
 
 
-def _ended_early(server: ServerHandle, engine: Engine, records: ReplayRecords) -> dict[str, Any] | None:
+def _ended_early(server: ServerHandle, engine: Engine, records: ReplayRecords) -> Outcome | None:
     """The outcome of a replay that did not measure its window (interrupted, or the server died); else None."""
     if records.stopped_early == "interrupted":
         return {"status": "interrupted", "reason": "interrupted while measuring"}
@@ -373,14 +383,14 @@ def _ended_early(server: ServerHandle, engine: Engine, records: ReplayRecords) -
             return {**cancelled, "exit_code": code, "log_tail": server.log_tail()}
         kind, line = _diagnose(engine, server.log_text(), code)
         return {
-            "status": kind if kind in ("runtime_oom", "crash", "timeout") else "crash",
+            "status": kind if kind is not None and kind in ("runtime_oom", "crash", "timeout") else "crash",
             "reason": line or f"server exited with code {code} while measuring",
             "exit_code": code, "log_tail": server.log_tail(),
         }
     return None
 
 
-def _cancelled(server: ServerHandle | None) -> dict[str, Any] | None:
+def _cancelled(server: ServerHandle | None) -> Outcome | None:
     """An ``interrupted`` outcome for a server ended from outside (a Slurm job another user ``scancel``'d): the
     config did not fail, so the study runs it again instead of recording a crash; None for any other exit."""
     if server is None or not getattr(server, "cancelled", False):
@@ -392,7 +402,7 @@ def _cancelled(server: ServerHandle | None) -> dict[str, Any] | None:
 
 def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords, info: Mapping[str, Any] | None,
                     log_since: str, *, options: tuple[str, str] = STUDY_OPTIONS,
-                    ) -> dict[str, Any]:
+                    ) -> Outcome:
     """Metrics and status of a replay that ran its window; a tok/s only where the window measured the server.
     ``options``: how the command names the window and warm-up lengths (its study keys, or its own options)."""
     metrics = metrics_from_records(records)
@@ -402,7 +412,7 @@ def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords
         accept = engine.spec_accept_length(_server_info(server.base_url))
         if accept:
             metrics = dataclasses.replace(metrics, accept_length=round(accept, 4))
-    out: dict[str, Any] = {"metrics": metrics}
+    out: Outcome = {"metrics": metrics}
     kind, line = _diagnose(engine, server.log_text(), None)
     if kind == "runtime_oom":
         return {**out, "status": "runtime_oom", "reason": line, "log_tail": server.log_tail()}

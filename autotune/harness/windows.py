@@ -67,7 +67,9 @@ class WindowsStep:
                     records.write_jsonl(launch.trial_dir / f"records-window-{index}.jsonl")
                 ended = _ended_early(server, launch.engine, records)
                 if ended is not None:  # interrupted, or the server died in this window: the launch's outcome
-                    return StepOutcome(**ended, windows=tuple(windows))
+                    return StepOutcome(status=ended.get("status"), reason=ended.get("reason"),
+                                       exit_code=ended.get("exit_code"), log_tail=ended.get("log_tail"),
+                                       windows=tuple(windows))
                 window = window_of(records, index, next_pass, self.span)
                 windows.append(window)
                 next_pass = window.last_pass + 1
@@ -91,7 +93,8 @@ class WindowsStep:
 def window_of(records: ReplayRecords, index: int, first_pass: int, span: int) -> Window:
     """A replay's figures as one window: a tok/s only where the window measured the server (as the first's)."""
     metrics = metrics_from_records(records)
-    status, reason, figures = measurement_verdict(records)
+    verdict, reason, figures = measurement_verdict(records)
+    status: str | None = verdict  # a window's own statuses add ``no_tokens``
     last = max((r.pass_no for r in records.requests), default=first_pass)
     if status is None and metrics.output_tokens == 0:
         status, reason = "no_tokens", "no token arrived inside the window"

@@ -44,9 +44,10 @@ from autotune.launch.base import (
     ServerRecord,
     log_tail,
 )
+from autotune.launch.health import wait_healthy
 from autotune.launch.keeper import Keeper, Kept
 from autotune.launch.ports import port_is_free
-from autotune.launch.stopping import Release, StopSteps, memory_baseline, stop_and_release, wait_healthy
+from autotune.launch.stopping import Release, StopSteps, memory_baseline, stop_and_release
 from autotune.redaction import looks_secret, reference
 
 IMAGE = "lmsysorg/sglang:latest"

@@ -19,7 +19,7 @@ import subprocess
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import psutil
 
@@ -31,11 +31,12 @@ from autotune.launch.base import (
     ServerRecord,
     ServerStartTimeout,
 )
+from autotune.launch.health import wait_healthy
 from autotune.launch.memory import used_mib
 from autotune.launch.ports import free_port, port_is_free
 from autotune.launch.procgroup import group_pids
 from autotune.launch.shm import SHM_DIR, ShmOwnership, ShmSampler, launch_ports, release_semaphores, snapshot
-from autotune.launch.stopping import Release, StopSteps, stop_and_release, wait_healthy
+from autotune.launch.stopping import Release, StopSteps, stop_and_release
 from autotune.launch.watchdog import Watchdog
 
 GONE = -1  # the exit code of a detached server found again by its record: not our child, its code unknown
@@ -117,6 +118,26 @@ def proven_process(record: ServerRecord) -> psutil.Process | None:
     except psutil.Error:
         return None
     return proc if same and _still_runs(proc) else None
+
+
+class PidFile(TypedDict):
+    """A local server's ``server-<pid>.json``: what ``cleanup_orphans`` needs to prove the server and its harness
+    (pid and start time each) and which /dev/shm files are its (``ShmOwnership.from_record``)."""
+
+    pid: int | None
+    create_time: float | None
+    cmdline: list[str]
+    port: int
+    host: str
+    log_path: str
+    detached: bool
+    harness_pid: int
+    harness_create_time: float
+    shm_dir: str
+    launch_id: str
+    shm_before: list[str]
+    shm_ports: list[int]
+    shm_owned: dict[str, int]
 
 
 class ServerProcess(LogFile):
@@ -236,12 +257,12 @@ class ServerProcess(LogFile):
         me = psutil.Process()
         shm = self._shm
         assert shm is not None  # set by start() before any record is written
-        record = {
-            "pid": self.pid, "create_time": self._create_time, "cmdline": self.argv, "port": self.port,
-            "host": self.host, "log_path": str(self.log_path), "detached": self.detach, "harness_pid": me.pid,
-            "harness_create_time": me.create_time(), "shm_dir": str(self.shm_dir), "launch_id": self.launch_id,
-            "shm_before": sorted(shm.before), "shm_ports": sorted(shm.ports), "shm_owned": shm.owned,
-        }
+        record = PidFile(
+            pid=self.pid, create_time=self._create_time, cmdline=self.argv, port=self.port, host=self.host,
+            log_path=str(self.log_path), detached=self.detach, harness_pid=me.pid,
+            harness_create_time=me.create_time(), shm_dir=str(self.shm_dir), launch_id=self.launch_id,
+            shm_before=sorted(shm.before), shm_ports=sorted(shm.ports), shm_owned=shm.owned,
+        )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._pid_file = self.run_dir / f"server-{self.pid}.json"
         tmp = self._pid_file.with_suffix(f".{threading.get_ident()}.tmp")
@@ -358,17 +379,18 @@ class ServerProcess(LogFile):
             self.stop()
 
 
-def _record_matches(record: dict[str, Any]) -> bool:
+def _record_matches(record: PidFile) -> bool:
     """The pid still belongs to the process the file recorded (same start time and cmdline)."""
     try:
         proc = psutil.Process(record["pid"])
-        same_start = record.get("create_time") is not None and abs(proc.create_time() - record["create_time"]) < 0.05
+        created = record.get("create_time")
+        same_start = created is not None and abs(proc.create_time() - created) < 0.05
         return same_start and proc.cmdline() == record.get("cmdline")
     except (psutil.Error, KeyError, TypeError):
         return False
 
 
-def _harness_alive(record: dict[str, Any]) -> bool:
+def _harness_alive(record: PidFile) -> bool:
     try:
         proc = psutil.Process(record["harness_pid"])
         return bool(abs(proc.create_time() - record["harness_create_time"]) < 0.05)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypedDict
 
 from autotune.errors import AutotuneError, GpuError
 from autotune.launch.memory import MIB_PER_GIB, GroupReader
@@ -75,7 +75,19 @@ def parse_gpus(text: str) -> dict[int, dict[str, float | None]]:
     return out
 
 
-def parse_apps(text: str) -> list[dict[str, Any]]:
+class RemoteProcess(TypedDict):
+    """A compute process ``nvidia-smi`` lists: its GPU (None: a GPU not in the index list), host pid, GiB (None
+    where the driver does not say), ``exited`` (always False: only live processes are listed) and name. Read as
+    the harness's ``DeviceProcess`` (the same keys, and two more)."""
+
+    gpu: int | None
+    pid: int
+    exited: bool
+    used_gib: float | None
+    name: str
+
+
+def parse_apps(text: str) -> list[RemoteProcess]:
     """``apps_query`` output → ``[{"gpu", "pid", "used_gib", "exited", "name"}]`` (``nvidia-smi`` lists only live
     processes: ``exited`` is always False; ``used_gib`` None where the driver does not say)."""
     head, _, apps = text.partition(APPS_MARK)
@@ -84,14 +96,14 @@ def parse_apps(text: str) -> list[dict[str, Any]]:
         index, _, uuid = (p.strip() for p in line.partition(","))
         if index.isdigit() and uuid:
             index_of[uuid] = int(index)
-    out: list[dict[str, Any]] = []
+    out: list[RemoteProcess] = []
     for line in apps.splitlines():
         parts = [p.strip() for p in line.split(",", len(APP_FIELDS) - 1)]
         if len(parts) != len(APP_FIELDS) or not parts[1].isdigit():
             continue
         used = value(parts[2])
-        out.append({"gpu": index_of.get(parts[0]), "pid": int(parts[1]), "exited": False,
-                    "used_gib": None if used is None else used / MIB_PER_GIB, "name": parts[3]})
+        out.append(RemoteProcess(gpu=index_of.get(parts[0]), pid=int(parts[1]), exited=False,
+                                 used_gib=None if used is None else used / MIB_PER_GIB, name=parts[3]))
     return out
 
 
@@ -132,7 +144,7 @@ class RemoteGpuReader:
             return devices[self.gpus[0]]
         return GroupReader({g: _Fixed(devices[g]) for g in self.gpus}).read()
 
-    def processes(self) -> list[dict[str, Any]]:
+    def processes(self) -> list[RemoteProcess]:
         return [p for p in parse_apps(self._ask(apps_query(self.gpus))) if p["gpu"] in (None, *self.gpus)]
 
     def close(self) -> None:

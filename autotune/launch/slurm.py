@@ -60,10 +60,11 @@ from autotune.launch.base import (
     ServerHandle,
     ServerRecord,
 )
+from autotune.launch.health import wait_healthy
 from autotune.launch.keeper import Keeper, Kept
 from autotune.launch.ports import port_is_free
 from autotune.launch.shm import SHM_DIR, ShmOwnership, clean_after_job, launch_ports, snapshot
-from autotune.launch.stopping import Release, StopSteps, memory_baseline, stop_and_release, wait_healthy
+from autotune.launch.stopping import Release, StopSteps, memory_baseline, stop_and_release
 
 log = logging.getLogger(__name__)
 GONE = -1  # the exit code of a job the controller forgot before its code was read (and no accounting)

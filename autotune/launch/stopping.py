@@ -1,4 +1,4 @@
-"""The one stop-and-release routine every launcher runs, and the health wait every launcher's start ends in.
+"""The one stop-and-release routine every launcher runs (the health wait its start ends in: ``health``).
 
 A stopped server must leave nothing the next one would trip over: the server's processes (or job, or container)
 gone, its port free, its ``/dev/shm`` files removed, its device memory back. The sequence is the same wherever
@@ -16,16 +16,12 @@ never a hang.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
-
-from autotune import tls
 from autotune.errors import AutotuneError
-from autotune.launch.base import MemoryReader, ServerExited, ServerStartTimeout
+from autotune.launch.base import MemoryReader
 from autotune.launch.memory import used_mib, wait_released
 
 POLL_S = 0.02
@@ -120,23 +116,3 @@ def stop_and_release(steps: StopSteps, release: Release, *, grace_s: float, rele
         if problem is not None:
             problems.append(problem)
     return problems
-
-
-def wait_healthy(url: Callable[[], str], timeout_s: float, *, ended: Callable[[], int | None], tail: Callable[[], str],
-                 stop_event: threading.Event | None = None, poll_s: float = 0.1) -> None:
-    """Return once ``url()``'s ``/health`` answers 200; ``ServerExited`` as soon as ``ended`` gives an exit code,
-    ``ServerStartTimeout`` when the time runs out or ``stop_event`` is set (every launcher's ``wait_ready``)."""
-    deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=2.0, trust_env=False, verify=tls.context()) as client:
-        while True:
-            code = ended()
-            if code is not None:
-                raise ServerExited(code, tail())
-            try:
-                if client.get(f"{url()}/health").status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass  # pending, or not listening yet
-            if (stop_event is not None and stop_event.is_set()) or time.monotonic() >= deadline:
-                raise ServerStartTimeout(timeout_s, tail())
-            time.sleep(poll_s)

@@ -27,7 +27,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from autotune.launch.procgroup import PROC, group_pids
 from autotune.launch.shm import ShmOwnership, release_semaphores
@@ -45,6 +45,21 @@ def start_ticks(pid: int) -> int | None:
         return int(data[data.rfind(b")") + 2:].split()[19])
     except (OSError, ValueError, IndexError):
         return None
+
+
+class Target(TypedDict):
+    """The harness's message naming the server to stop should it die: its pid, start time (clock ticks, proof
+    against pid reuse) and pid-file record to clean up after."""
+
+    pid: int
+    start: int | None
+    record: str
+
+
+class StandDown(TypedDict):
+    """The harness's message that it stopped the server itself: the watchdog exits touching nothing."""
+
+    stop: bool
 
 
 class Watchdog:
@@ -70,14 +85,14 @@ class Watchdog:
 
     def watch(self, pid: int, record: Path) -> None:
         """From now on, the harness's death stops ``pid``'s group and cleans up after it by ``record``."""
-        self._send({"pid": pid, "start": start_ticks(pid), "record": str(record)})
+        self._send(Target(pid=pid, start=start_ticks(pid), record=str(record)))
 
     def stand_down(self, timeout_s: float = 5.0) -> None:
         """The harness handled the server itself: the watchdog exits without touching anything."""
         if self._proc is None:
             return
         try:
-            self._send({"stop": True})
+            self._send(StandDown(stop=True))
         except OSError:
             pass  # the watchdog is already gone
         os.close(self._write_fd)
@@ -88,7 +103,7 @@ class Watchdog:
             self._proc.wait()
         self._proc = None
 
-    def _send(self, message: dict[str, Any]) -> None:
+    def _send(self, message: Target | StandDown) -> None:
         os.write(self._write_fd, (json.dumps(message) + "\n").encode())
 
 
@@ -161,7 +176,7 @@ def clean_after(record_path: Path, note: str) -> None:
 
 def run(read_fd: int, grace_s: float) -> int:
     """Read the harness's messages until EOF; act only when EOF comes without a stand-down."""
-    target: dict[str, Any] | None = None
+    target: Target | None = None
     buf = b""
     while True:
         try:

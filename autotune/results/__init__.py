@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, TypedDict
 
 from autotune.results.fidelity import (
     FidelityFigures,
@@ -25,9 +25,9 @@ from autotune.results.stored import from_known, typed
 
 __all__ = [
     "OOM_STATUSES", "PROBE_ERROR", "REPEAT", "STATUSES", "TOO_SLOW", "UNTRUSTED_STATUSES", "WRITE_ERROR", "Capacity",
-    "DevicePeak", "FailureKind", "FidelityFigures", "GpuPeaks", "MeasurementVerdict", "Metrics", "Percentiles",
-    "Rejections", "ServerProgress", "Status", "StressResult", "TrialResult", "Window", "differing_flags",
-    "fidelity_summary", "flag_list", "granted", "granted_line", "halves_drift", "numerics_line",
+    "DevicePeak", "FailureKind", "FidelityFigures", "GpuPeaks", "MeasurementVerdict", "Metrics", "Outcome",
+    "Percentiles", "Placement", "Rejections", "ServerProgress", "Status", "StressResult", "TrialResult", "Window",
+    "differing_flags", "fidelity_summary", "flag_list", "granted", "granted_line", "halves_drift", "numerics_line",
 ]
 
 Status = Literal[
@@ -50,7 +50,7 @@ UNTRUSTED_STATUSES: frozenset[str] = frozenset({"invalid_measurement", "client_b
 PROBE_ERROR = "probe_error"
 # The server was alive and making progress (its log or counters moved) but delivered no token inside the measured
 # window: the window was too short for this config on this host, not a crash of the config. A FAIL, never the wall.
-TOO_SLOW = "too_slow"
+TOO_SLOW: Final = "too_slow"
 # A file of the trial (records, result, log) could not be written (disk full, read-only): not the config's outcome;
 # the trial is failed with the path and free space named and the study stops.
 WRITE_ERROR = "write_error"
@@ -233,6 +233,35 @@ class Window:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Window:
         return from_known(cls, data)
+
+
+class Placement(TypedDict):
+    """Where a launch ran, the same whatever its outcome: a ``TrialResult``'s engine, GPUs and files by field name."""
+
+    engine: str
+    gpu_index: int | None
+    gpus: list[int] | None
+    trial_dir: str
+    log_path: str
+
+
+class Outcome(TypedDict, total=False):
+    """What a launch's phases settle of a ``TrialResult`` (the start, the window, the follow-up steps), by field
+    name: the trial builds ``TrialResult(config=…, **placement, **outcome)``."""
+
+    status: Status
+    reason: str | None
+    exit_code: int | None
+    log_tail: str | None
+    capacity: Capacity | None
+    modelled_startup_s: float | None
+    metrics: Metrics | None
+    gpu: GpuPeaks | None
+    host: GpuPeaks | None
+    measurement: MeasurementVerdict | None
+    fidelity: FidelityFigures | None
+    windows: tuple[Window, ...] | None
+    stress: StressResult | None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypedDict
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -127,6 +127,19 @@ def prompt_tokens(line_chars: tuple[tuple[int, int], ...], reported: dict[int, i
     return sum(tokens) / max(1, len(tokens)), ratio
 
 
+class EdgeAttrs(TypedDict):
+    """A queued memory-edge start's user attributes (stored as these keys): its config and what the planner
+    assumed of a request when it placed it (KV tokens, output and prompt tokens, and where the prompt's came from)."""
+
+    role: Literal["prior"]
+    label: str
+    config: dict[str, Any]
+    edge_kv_per_request: int
+    edge_output_tokens: float | None
+    edge_prompt_tokens: float
+    edge_prompt_tokens_from: str
+
+
 class EdgeStarts:
     """Places the study's ``edge_starts`` one at a time (role ``prior``, labels ``memory edge i``)."""
 
@@ -155,8 +168,8 @@ class EdgeStarts:
         prompt, _, _ = self.prompt_tokens(trials)
         return max(1, int(backoff * (prompt + mult * output))), seen
 
-    def place(self, study: optuna.Study, trials: list[FrozenTrial]) -> dict[str, Any] | None:
-        """Queue the next edge start when nothing else is queued; returns its config (None: nothing placed)."""
+    def place(self, study: optuna.Study, trials: list[FrozenTrial]) -> EdgeAttrs | None:
+        """Queue the next edge start when nothing else is queued; returns what it queued (None: nothing placed)."""
         if not self.n or any(t.state == TrialState.WAITING for t in trials):
             return None
         placed = [t for t in trials if t.user_attrs.get("role") == "prior"]
@@ -180,8 +193,9 @@ class EdgeStarts:
             return None
         config = configs[0]
         params = {k: v for k, v in config.items() if k in self.space.names}
-        study.enqueue_trial(params, user_attrs={
-            "role": "prior", "label": f"memory edge {i + 1}", "config": config, "edge_kv_per_request": tokens,
-            "edge_output_tokens": None if seen is None else round(seen, 1), "edge_prompt_tokens": round(prompt, 1),
-            "edge_prompt_tokens_from": "server" if reported else f"{CHARS_PER_TOKEN:g} characters per token"})
-        return config
+        attrs = EdgeAttrs(role="prior", label=f"memory edge {i + 1}", config=config, edge_kv_per_request=tokens,
+                          edge_output_tokens=None if seen is None else round(seen, 1),
+                          edge_prompt_tokens=round(prompt, 1),
+                          edge_prompt_tokens_from="server" if reported else f"{CHARS_PER_TOKEN:g} characters per token")
+        study.enqueue_trial(params, user_attrs=dict(attrs))
+        return attrs

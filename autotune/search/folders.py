@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 import optuna
 
@@ -28,9 +28,21 @@ from autotune.redaction import redact_url
 from autotune.results import TrialResult
 from autotune.search.storage.liveness import flocked
 
-IDENTITY_ATTR = "files"  # study user attr: {"id", "study_id", "storage", "created"}
+IDENTITY_ATTR = "files"  # study user attr: an Identity
 MARKER = "study.json"
 DEFAULT = "trials"
+
+
+class Identity(TypedDict):
+    """A study's identity: JSON stored as ``user_attrs["files"]`` and in its trials folder's ``study.json``, with
+    these keys (studies and folders marked before read the same)."""
+
+    id: str
+    study: str
+    study_id: int | None
+    storage: str  # redacted
+    storage_tag: str  # ``storage_tag`` of the unredacted URL: equal storages, equal tags
+    created: str
 
 
 def storage_tag(url: str) -> str:
@@ -38,27 +50,28 @@ def storage_tag(url: str) -> str:
     return hashlib.sha1(url.encode()).hexdigest()[:10]
 
 
-def identity(study: optuna.Study, cfg: StudyConfig) -> dict[str, Any]:
+def identity(study: optuna.Study, cfg: StudyConfig) -> Identity:
     """The study's identity record, created once (callers hold the node's lock, so workers agree)."""
     stored = study.user_attrs.get(IDENTITY_ATTR)
     if isinstance(stored, dict) and stored.get("id"):
-        return stored
-    record = {"id": uuid.uuid4().hex[:12], "study": study.study_name, "study_id": getattr(study, "_study_id", None),
-              "storage": redact_url(cfg.storage_url), "storage_tag": storage_tag(cfg.storage_url),
-              "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        return cast(Identity, stored)
+    record = Identity(id=uuid.uuid4().hex[:12], study=study.study_name, study_id=getattr(study, "_study_id", None),
+                      storage=redact_url(cfg.storage_url), storage_tag=storage_tag(cfg.storage_url),
+                      created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     study.set_user_attr(IDENTITY_ATTR, record)
-    return study.user_attrs.get(IDENTITY_ATTR) or record
+    return cast(Identity, study.user_attrs.get(IDENTITY_ATTR) or record)
 
 
-def read_marker(folder: Path) -> dict[str, Any] | None:
+def read_marker(folder: Path) -> Identity | None:
+    """The identity a trials folder is marked with, as ``_claim`` wrote it (None: unmarked or unreadable)."""
     try:
         data = json.loads((folder / MARKER).read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    return cast(Identity, data) if isinstance(data, dict) else None
 
 
-def _claim(folder: Path, ident: dict[str, Any]) -> Path:
+def _claim(folder: Path, ident: Identity) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MARKER).write_text(json.dumps(ident, indent=2) + "\n")
     return folder
@@ -84,7 +97,8 @@ def study_folder(cfg: StudyConfig, study: optuna.Study, *, log: Callable[[str], 
     with flocked(cfg.work_dir / "trials.lock"):  # one process of this node at a time choosing (and claiming) it
         ident = identity(study, cfg)
         default, own = cfg.work_dir / DEFAULT, cfg.work_dir / f"{DEFAULT}-{ident['id']}"
-        if (read_marker(own) or {}).get("id") == ident["id"]:
+        mine = read_marker(own)
+        if mine is not None and mine.get("id") == ident["id"]:
             return own
         marker = read_marker(default)
         if marker is not None and marker.get("id") == ident["id"]:

@@ -8,7 +8,7 @@ memory, from the plan's own sizes.
 
 from __future__ import annotations
 
-from typing import Any
+from autotune.sglang.memory import MemoryPlan
 
 POOLS = {"mamba_total": "the Mamba state", "kv": "the KV cache", "activations": "activations",
          "graphs": "CUDA graphs"}
@@ -17,20 +17,19 @@ FIXES = {"mamba_total": "fewer Mamba slots (--max-mamba-cache-size) or a bfloat1
          "graphs": "a smaller --cuda-graph-max-bs-decode"}
 
 
-def pool_cause(plan: dict[str, Any]) -> str | None:
+def pool_cause(plan: MemoryPlan) -> str | None:
     """"the Mamba state of 800 slots (142.7 GiB) and the weights (56.6 GiB) need more than the 167.9 GiB …" for a
     plan that does not fit; None when the plan's sizes cannot say (a failure before the pools were sized)."""
-    gib = plan.get("gib") or {}
-    pools = {key: float(gib.get(key) or 0.0) for key in POOLS}
+    pools = {key: float(getattr(plan.gib, key) or 0.0) for key in POOLS}
     key = max(pools, key=lambda k: pools[k])
-    if plan.get("fits") or pools[key] <= 0:
+    if plan.fits or pools[key] <= 0:
         return None
-    weights = float(gib.get("weights") or 0.0)
-    pre = (plan.get("extra") or {}).get("pre_gib")
-    fraction = plan.get("mem_fraction_static")
+    weights = float(plan.gib.weights or 0.0)
+    pre = plan.extra.get("pre_gib")
+    fraction = plan.mem_fraction_static
     what = POOLS[key]
-    if key == "mamba_total" and plan.get("max_mamba_cache_size"):
-        what += f" of {plan['max_mamba_cache_size']} slots"
+    if key == "mamba_total" and plan.max_mamba_cache_size:
+        what += f" of {plan.max_mamba_cache_size} slots"
     text = f"{what} ({pools[key]:.1f} GiB) and the weights ({weights:.1f} GiB)"
     if pre and fraction:
         budget = float(pre) * float(fraction)
@@ -40,9 +39,8 @@ def pool_cause(plan: dict[str, Any]) -> str | None:
     return f"{text} took the memory"
 
 
-def skip_reason(plan: Any) -> str:
+def skip_reason(plan: MemoryPlan) -> str:
     """SGLang's message for a skipped config, then the tool's account of it."""
-    data = plan.to_dict() if hasattr(plan, "to_dict") else dict(plan)
-    said = data.get("message") or f"planner: {data.get('failure')}"
-    cause = pool_cause(data)
+    said = plan.message or f"planner: {plan.failure}"
+    cause = pool_cause(plan)
     return f"{said} (autotune: {cause})" if cause else said

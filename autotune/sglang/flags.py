@@ -41,6 +41,7 @@ class FlagRow(TypedDict):
     action: NotRequired[str | None]
     help_suppressed: NotRequired[bool]
 
+
 # Flags that were renamed or removed, and what to use instead (SGLang 0.5.23's parser, ``srt/arg_groups/fields/*.py``). Consulted only when a name
 # is unknown, so a table that still has a deprecated flag (0.5.23 keeps --disable-cuda-graph) accepts it.
 RENAMED: dict[str, str] = {
@@ -140,14 +141,15 @@ class FlagTable:
         return _bundled()
 
     @classmethod
-    def from_json(cls, rows: list[dict[str, Any]], *, version: str | None = None) -> FlagTable:
+    def from_json(cls, rows: list[FlagRow], *, version: str | None = None) -> FlagTable:
         """Rows as dumped from SGLang's parser: ``flags, dest, default, type, choices, nargs, is_store_true``
         (``ROW_KEYS``), plus ``action`` and ``help_suppressed`` when dumped from an installed SGLang."""
         return cls(
             (
                 FlagSpec(
-                    dest=row["dest"], option_strings=row["flags"], type=row.get("type"),
-                    default=row.get("default"), choices=row.get("choices"), nargs=row.get("nargs"),
+                    dest=row["dest"], option_strings=tuple(row["flags"]), type=row.get("type"),
+                    default=row.get("default"), nargs=row.get("nargs"),
+                    choices=None if (c := row.get("choices")) is None else tuple(c),
                     store_true=bool(row.get("is_store_true")), action=row.get("action"),
                     suppressed=bool(row.get("help_suppressed")),
                 )

@@ -18,13 +18,13 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from autotune.errors import ConfigError, EngineError
 from autotune.harness.engines import logparse
 from autotune.harness.engines.base import EngineSettings, GpuReader
 from autotune.harness.gpu import HostMemoryReader, NvmlReader
-from autotune.sglang.flags import BUNDLED_VERSION, FlagTable
+from autotune.sglang.flags import BUNDLED_VERSION, FlagRow, FlagTable
 
 log = logging.getLogger(__name__)
 
@@ -94,13 +94,23 @@ def reject_harness_flags(config: Mapping[str, Any], *, fix: str) -> None:
             raise ConfigError(f"{key} is set by the harness", key=key, fix=fix)
 
 
-def parse_dump(stdout: str) -> list[dict[str, Any]]:
+class FlagCache(TypedDict):
+    """The installed SGLang's flag rows as cached on disk, with what they were dumped from (checked on reading)."""
+
+    schema: int
+    python: str
+    version: str
+    location: str | None
+    rows: list[FlagRow]
+
+
+def parse_dump(stdout: str) -> list[FlagRow]:
     """The rows ``DUMP_SCRIPT`` printed (its marked line); ValueError when there is none or it is malformed."""
     for line in reversed(stdout.splitlines()):
         if line.startswith(_DUMP_MARKER):
             rows = json.loads(line[len(_DUMP_MARKER):])
             if _valid_rows(rows):
-                return list(rows)
+                return cast(list[FlagRow], list(rows))
             raise ValueError("the flag dump is not a list of flag rows")
     raise ValueError("no flag dump in the output")
 
@@ -251,11 +261,11 @@ class SGLangEngine(logparse.LogReading):
                 rows = self.dump_flags()
             except EngineError as exc:
                 return self._fallback(str(exc))
-            self._write_cache(cached, {"schema": _CACHE_SCHEMA, "python": os.path.realpath(self.python),
-                                       "version": version, "location": location, "rows": rows})
+            self._write_cache(cached, FlagCache(schema=_CACHE_SCHEMA, python=os.path.realpath(self.python),
+                                                version=version, location=location, rows=rows))
         return FlagTable.from_json(rows, version=version)
 
-    def dump_flags(self) -> list[dict[str, Any]]:
+    def dump_flags(self) -> list[FlagRow]:
         """The installed SGLang's argparse actions as flag rows (one subprocess); EngineError when it fails."""
         what = f"dumping sglang's flags with {self.python}"
         try:
@@ -284,7 +294,7 @@ class SGLangEngine(logparse.LogReading):
         return FlagTable.bundled()
 
     @staticmethod
-    def _read_cache(path: Path | None, version: str) -> list[dict[str, Any]] | None:
+    def _read_cache(path: Path | None, version: str) -> list[FlagRow] | None:
         if path is None or not path.is_file():
             return None
         try:
@@ -293,7 +303,7 @@ class SGLangEngine(logparse.LogReading):
                 isinstance(data, dict) and data.get("schema") == _CACHE_SCHEMA and data.get("version") == version
                 and _valid_rows(data.get("rows"))
             ):
-                return list(data["rows"])
+                return cast(list[FlagRow], list(data["rows"]))
         except (OSError, ValueError):
             pass
         try:
@@ -303,7 +313,7 @@ class SGLangEngine(logparse.LogReading):
         return None
 
     @staticmethod
-    def _write_cache(path: Path | None, data: dict[str, Any]) -> None:
+    def _write_cache(path: Path | None, data: FlagCache) -> None:
         if path is None:
             return
         try:

@@ -22,7 +22,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from autotune.config import StudyConfig
 from autotune.errors import StudyError
@@ -169,7 +168,7 @@ def start_slurm_workers(cfg: StudyConfig, argvs: dict[int, tuple[list[str], int]
     """``sbatch`` one job per worker: its argv and the GPUs it asks for, keyed by the worker's first GPU (or slot;
     ``names`` are their progress prefixes, ``gpu0,1`` or ``worker1``). Scripts and logs under
     ``work_dir/runs/workers``. A failed ``sbatch`` cancels the jobs already submitted and raises ``StudyError``."""
-    settings = SlurmSettings(**_settings(cfg))
+    settings = _settings(cfg)
     folder = cfg.work_dir / "runs" / "workers"
     folder.mkdir(parents=True, exist_ok=True)
     workers = SlurmWorkers(echo=echo)
@@ -192,7 +191,8 @@ def start_slurm_workers(cfg: StudyConfig, argvs: dict[int, tuple[list[str], int]
     return workers
 
 
-def _settings(cfg: StudyConfig) -> dict[str, Any]:
+def _settings(cfg: StudyConfig) -> SlurmSettings:
+    """``[launcher.slurm]`` as given (defaults the launcher's), its extra sbatch arguments a tuple."""
     given = dict(cfg.launcher.settings("slurm"))
     given["extra_args"] = tuple(given.get("extra_args") or ())
-    return given
+    return SlurmSettings(**given)
