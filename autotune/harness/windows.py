@@ -43,9 +43,8 @@ class WindowsStep:
         return self.count > 0 and after_ok(fields, server)
 
     def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> dict[str, Any]:
-        windows: list[Window] = []
+        windows: list[Window] = []  # their phases were shown live, as the loop reached them (``trial``)
         for index, records in enumerate(launch.later, start=2):
-            launch.phase(f"window {index} of {self.count + 1}", {"requests": len(records.requests)})
             ended = _ended_early(server, launch.engine, records) if records.stopped_early else None
             if ended is not None:  # interrupted, or the server died in this window: the launch's outcome
                 return {**ended, "windows": tuple(windows)}
