@@ -250,10 +250,12 @@ class _Session:
         it was the last (the workers stop). The edge's probe reading ends one window and starts the next."""
         records = self.records
         records.settling, records.window = settling, settling.window
+        last = len(self.measured) >= self.windows
+        self.done = last  # the last window's streams send nothing more while the edge is read
         end = await self.mark(end=True)
         records.client_busy = round((end[1] - start[1]) / max(end[0] - start[0], 1e-9), 4)
         closed = self.close_window()
-        if len(self.measured) >= self.windows or (self.go_on is not None and not self.go_on(closed)):
+        if last or (self.go_on is not None and not self.go_on(closed)):
             self.done = True
             return None
         self.opened = settling.window[1]
