@@ -62,6 +62,7 @@ def test_a_launch_warms_up_once_before_its_windows(env):  # noqa: F811
 
 def test_an_interruption_in_window_two_is_the_launchs_outcome(env):  # noqa: F811
     stop = threading.Event()
-    result, phases = launch(env, stop_event=stop, hook=lambda name, info: stop.set() if name == "window 2 of 3" else None)
+    result, phases = launch(env, stop_event=stop,
+                            hook=lambda name, info: stop.set() if name == "window 2 of 3" else None)
     assert result.status == "interrupted" and not result.windows
     assert "window 2 of 3" in [name for name, _ in phases] and (env / "t" / "records-window-2.jsonl").exists()
