@@ -8,8 +8,11 @@ thousands of trials affordable; the noise model keeps the search as noisy as a r
 The noise has one term (``noise_cv``: the whole spread of a launch) or, with ``launch_cv`` set, the confirmation's
 two: a launch term of that stated CV, drawn once per launch, and a window term drawn per window, each config's own
 from its simulated window (the settle rule's 95 % half-width of the window's mean over 1.96). A confirmation launch
-of ``W`` windows (``runner.repeat(…, after=[WindowsStep(W − 1)])``) costs its startup once and W warm-ups and
-windows.
+of ``W`` windows (``runner.repeat(…, after=[WindowsStep(W − 1)])``) costs its startup and warm-up once and W
+windows: its windows are consecutive spans of one closed loop (``harness.windows``), so their window terms are
+correlated through the requests they share: windows i and j correlate max(0, 1 − |i − j| · L / D) (``window_corr``),
+L the window, D a request's mean life in the loop (Little's law on the simulated window: requests running at once
+over requests finished per second). A loop of answers far longer than its windows has windows that move together.
 
 The stress phase (``harness.stress``: the full running cap of the sample's longest prompts, every one decoding to
 ``max_tokens``) is modelled by its cost only: it runs until every running request reached ``max_tokens``, i.e.
@@ -46,6 +49,7 @@ from autotune.harness.workload import settling_figures
 from autotune.results import GpuPeaks, MeasurementVerdict, StressResult, TrialResult, Window
 from autotune.search.confirm import confirm
 from autotune.search.confirm.stress import stress_winner
+from autotune.search.confirm.warmup import turnover_s
 from autotune.search.correction import CorrectedFeasibility
 from autotune.search.objective import directions, make_sampler
 from autotune.search.pruning import PRUNED, PruningSettler, SlicePruner
@@ -130,7 +134,8 @@ class Outcome:
     result: TrialResult
     drift: float = 0.0  # the window's ``window_drift``: how far its halves' tokens differ (an unsettled load)
     window_cv: float = 0.0  # the window term: the settle rule's half-width of the window's mean ÷ 1.96
-    window_s: float = 0.0  # GPU-seconds of one more window in the same launch: warm-up + window × tp
+    window_s: float = 0.0  # GPU-seconds of one more window in the same launch (the loop goes on): window × tp
+    request_life_s: float = 0.0  # a request's mean life in the loop (Little's law), for ``window_corr``
     settling: Any = None  # the window's slices (``autotune.settle.Settling``), for the slice pruner's proposal row
 
 
@@ -199,7 +204,8 @@ class Oracle:
         half = ev.settling.half_width if ev.settling is not None and ev.settling.half_width else 0.0
         return Outcome(status=status, tok_s=ev.output_tok_s if status == "ok" else 0.0,
                        cost_s=wall * self.case.tp, result=result, drift=ev.window_drift, window_cv=half / 1.96,
-                       window_s=(wl.warmup_s + wl.measure_s) * self.case.tp, settling=ev.settling)
+                       window_s=wl.measure_s * self.case.tp, settling=ev.settling,
+                       request_life_s=_request_life(result, wl.max_tokens))
 
     def stress_s(self, config: Mapping[str, Any]) -> float:
         """GPU-seconds of the stress phase after a launch's windows (see the module docstring); 0 for a config that
@@ -222,7 +228,9 @@ class Oracle:
             seen = [out.tok_s * (1.0 + self.noise_cv * float(rng.standard_normal())) for _ in range(windows)]
         else:
             shift = self.launch_cv * float(rng.standard_normal())
-            seen = [out.tok_s * math.exp(shift + out.window_cv * float(rng.standard_normal())) for _ in range(windows)]
+            corr = window_corr(windows, self.case.workload.measure_s, out.request_life_s)
+            terms = np.linalg.cholesky(corr) @ rng.standard_normal(windows)
+            seen = [out.tok_s * math.exp(shift + out.window_cv * float(z)) for z in terms]
         durations = {**out.result.durations_s, **({"windows": (windows - 1) * out.window_s / self.case.tp}
                                                    if windows > 1 else {})}
         result = dataclasses.replace(out.result, metrics=dataclasses.replace(out.result.metrics, output_tok_s=seen[0]),
@@ -230,6 +238,29 @@ class Oracle:
                                      durations_s=durations)
         cost = out.cost_s + (windows - 1) * out.window_s
         return Launch(dict(config), out.status, seen[0], out.tok_s, cost), result
+
+
+def _request_life(result: TrialResult, max_tokens: int) -> float:
+    """A request's mean life in the loop, by Little's law on the simulated window: the requests running at once
+    (the streams, at most the server's cap) over the requests finished per second; a window that finished none
+    bounds it by a ``max_tokens`` answer at the per-request rate (``confirm.warmup.turnover_s``); 0 without a rate."""
+    metrics = result.metrics
+    if metrics is None or not metrics.output_tok_s:
+        return 0.0
+    if not metrics.request_s:
+        return turnover_s(result, max_tokens) or 0.0
+    cap = result.capacity.max_running_requests if result.capacity is not None else None
+    running = min(metrics.concurrency, cap) if metrics.concurrency and cap else metrics.concurrency or cap or 0
+    return running / metrics.request_s
+
+
+def window_corr(windows: int, window_s: float, life_s: float) -> np.ndarray:
+    """The correlation of the window terms of ``windows`` consecutive windows of one loop: the share of a window's
+    requests still running ``|i − j|`` windows later, max(0, 1 − |i − j| · window / life) (a triangle: a valid
+    correlation), with a small ridge so the Cholesky factor exists when windows are far shorter than a life."""
+    lag = np.abs(np.subtract.outer(np.arange(windows), np.arange(windows)))
+    corr = np.clip(1.0 - lag * window_s / life_s, 0.0, None) if life_s > 0 else np.eye(windows)
+    return corr + 1e-9 * np.eye(windows)
 
 
 def _window(index: int, tok_s: float) -> Window:

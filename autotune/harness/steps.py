@@ -18,14 +18,14 @@ from autotune.harness.engines.base import Engine, GpuReader
 from autotune.harness.fidelity import FidelityProbe, ProbeError, run_probe
 from autotune.harness.files import writing
 from autotune.harness.setup import PhaseCallback
-from autotune.harness.workload import PromptSample, WorkloadSpec
+from autotune.harness.workload import PromptSample, ReplayRecords, WorkloadSpec
 from autotune.launch import ServerHandle
 from autotune.results import FidelityFigures, Outcome, StressResult, Window
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Launch:
-    """What every phase of one launch needs; ``durations`` is the one part the phases fill in as they run."""
+    """What every phase of one launch needs; ``durations`` and ``later`` are the parts the phases fill in."""
 
     engine: Engine
     workload: WorkloadSpec
@@ -35,7 +35,9 @@ class Launch:
     phase: PhaseCallback
     stop_event: threading.Event | None
     reader: GpuReader | None = None  # the device's reader: the monitor's, and the launcher's release check
+    windows: int = 1  # windows the launch's closed loop measures in a row (``harness.windows``)
     durations: dict[str, float] = dataclasses.field(default_factory=dict)
+    later: list[ReplayRecords] = dataclasses.field(default_factory=list)  # windows 2.. of the loop, once measured
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -215,7 +215,9 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
     if misfit is not None:  # a prompt over this config's --context-length: nothing to launch
         return _write(TrialResult(status="bad_args", config=config, reason=misfit, **base), trial_dir)
     spec, reader = _spec(setup, config, group, log_path=log_path)
-    launch = dataclasses.replace(launch, reader=reader)
+    # A step that files windows of the first window's closed loop (``WindowsStep.later_windows``) lengthens it.
+    loop = 1 + sum(int(getattr(step, "later_windows", 0)) for step in after)
+    launch = dataclasses.replace(launch, reader=reader, windows=loop)
     server: ServerHandle | None = None
     try:
         server, fields = _start(make_launcher(setup.launcher), spec, launch)
@@ -327,7 +329,8 @@ def _measure(server: ServerHandle, launch: Launch) -> Outcome:
 
 
 def _replay_window(server: ServerHandle, launch: Launch, concurrency: int) -> tuple[ReplayRecords, GpuPeaks | None]:
-    """Warm-up and window under the GPU monitor (when the server has a reader); records in ``records.jsonl``."""
+    """Warm-up and window (and ``launch.windows`` − 1 more of the same loop, into ``launch.later``) under the GPU
+    monitor (when the server has a reader); records in ``records.jsonl`` and ``records-window-<i>.jsonl``."""
     workload = launch.workload
     _flush_cache(server.base_url)  # idle now: restart the server's spec counters so they cover this replay only
     launch.phase("warmup", {"concurrency": concurrency, "pid": server.pid})
@@ -338,30 +341,44 @@ def _replay_window(server: ServerHandle, launch: Launch, concurrency: int) -> tu
             replay(
                 server.base_url, launch.sample, concurrency=concurrency, max_tokens=workload.max_tokens,
                 warmup_s=workload.warmup_s, measure_s=workload.measure_s, endpoint=workload.endpoint,
-                ignore_eos=workload.ignore_eos, repeats=workload.repeats, on_progress=_progress_relay(launch.phase),
+                ignore_eos=workload.ignore_eos, repeats=workload.repeats,
+                on_progress=_progress_relay(launch.phase, launch.windows),
                 should_stop=functools.partial(_should_stop, server, launch.stop_event),
                 request_timeout_s=launch.timeouts.request_s, window_probe=functools.partial(_sim_pace, server.base_url),
-                rule=workload.settle_rule(), ramp_s=workload.ramp,
+                rule=workload.settle_rule(), ramp_s=workload.ramp, windows=launch.windows, go_on=_trusted,
             )
         )
     elapsed = time.monotonic() - t0
     # The settle rule's warm-up and window (not the floors): the lengths this trial actually ran.
-    warmup = records.settling.window[0] if records.settling is not None else workload.warmup_s
+    warmup, end = records.settling.window if records.settling is not None else (workload.warmup_s, elapsed)
+    first = end if records.later else elapsed
     launch.durations["warmup"] = round(min(elapsed, warmup), 3)
-    launch.durations["measure"] = round(max(0.0, elapsed - warmup), 3)
-    with writing(launch.trial_dir / "records.jsonl", partial=True):
-        records.write_jsonl(launch.trial_dir / "records.jsonl")
+    launch.durations["measure"] = round(max(0.0, first - warmup), 3)
+    if records.later:
+        launch.durations["windows"] = round(max(0.0, elapsed - first), 3)
+    launch.later.extend(records.later)
+    for index, window in enumerate([records, *records.later], start=1):
+        path = launch.trial_dir / ("records.jsonl" if index == 1 else f"records-window-{index}.jsonl")
+        with writing(path, partial=True):
+            window.write_jsonl(path)
     return records, monitor.peaks() if monitor is not None else None
 
 
-def _progress_relay(phase: PhaseCallback) -> Callable[[dict], None]:
-    """The replay's progress as phases: each phase once (warm-up is announced with the pid), every measuring tick."""
+def _trusted(records: ReplayRecords) -> bool:
+    """Whether a window measured the server (a trusted figure, some tokens): only then does its loop go on."""
+    return measurement_verdict(records)[0] is None and metrics_from_records(records).output_tokens > 0
+
+
+def _progress_relay(phase: PhaseCallback, windows: int = 1) -> Callable[[dict], None]:
+    """The replay's progress as phases: each phase once (warm-up is announced with the pid), every measuring tick;
+    a later window of the loop as ``window i of n``."""
     seen: set[str] = {"warmup"}
 
     def progress(info: dict) -> None:
-        if info["phase"] not in seen or info["phase"] == "measuring":
-            seen.add(info["phase"])
-            phase(info["phase"], info)
+        name = info["phase"] if info.get("window", 1) == 1 else f"window {info['window']} of {windows}"
+        if name not in seen or name == "measuring":
+            seen.add(name)
+            phase(name, info)
     return progress
 
 

@@ -5,6 +5,11 @@ Every trial replays the same seeded sample and counts tokens by *arrival time* u
 Throughput is what arrived inside the window, so ramp-up and the drain tail never inflate or dilute it. The
 streams ramp in over the warm-up (stream k of c starts at k / c × ``ramp_s``) so the closed loop starts
 desynchronised, as a production job runs, instead of in waves of prefills and decodes.
+
+One loop can measure several windows in a row (``windows``): each later window is the next span of the same loop,
+its streams in flight across the boundary, so the loop's warm-up (a turnover of its first requests, for the
+confirmation) is paid once. Every request of the loop has its own place in the walk, so a ``fresh`` replay never
+sends a prompt twice in the loop, whichever window it falls in.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -20,7 +25,7 @@ import httpx
 from autotune import tls
 from autotune.errors import WorkloadError
 from autotune.harness.workload.records import CUT, ReplayRecords, RequestRecord
-from autotune.harness.workload.settle import Settler, SettleRule, Settling, SliceTally
+from autotune.harness.workload.settle import NextWindow, Settler, SettleRule, Settling, SliceTally
 from autotune.harness.workload.spec import ENDPOINTS, request_body
 from autotune.harness.workload.sse import SseStream
 from autotune.prompts import PromptSample, check_repeats, walk_position
@@ -102,9 +107,10 @@ async def replay(
     window_probe: Callable[[], Awaitable[Any]] | None = None,
     rule: SettleRule | None = None,
     ramp_s: float = 0.0,
-    first_pass: int = 0,
+    windows: int = 1,
+    go_on: Callable[[ReplayRecords], bool] | None = None,
 ) -> ReplayRecords:
-    """Keep ``concurrency`` streams in flight through a warm-up and a window, then close them all.
+    """Keep ``concurrency`` streams in flight through a warm-up and ``windows`` windows, then close them all.
 
     ``rule`` decides where the warm-up and the window end (``autotune.settle``; ``warmup_s`` / ``measure_s`` are
     its floors); without one both last exactly ``warmup_s`` and ``measure_s``. ``ramp_s``: stream k's first request
@@ -113,8 +119,10 @@ async def replay(
     reason ends it early. ``repeats``: how a prompt goes out again once the walk through the sample comes round
     (``prompts.pass_marker``). At the window's start and end the client notes how busy its event-loop thread was
     (``client_busy``) and awaits ``window_probe`` (e.g. the simulated server's pacing counters) into ``probes``.
-    ``first_pass``: the pass number of this replay's first walk (a later window of the same launch starts past the
-    passes an earlier one sent, so a ``fresh`` replay's markers never repeat within a launch).
+    ``windows``: windows 2.. each follow the one before in the same loop under the settle rule without a warm-up
+    (``NextWindow``), as long as ``go_on`` says yes of the first; their records are the returned first window's
+    ``later``. A window's records hold every request it saw (sent before its end, not ended before its start); the
+    first's hold its warm-up's too. An early stop ends the loop in whichever window it came.
     """
     if endpoint not in ENDPOINTS:
         raise WorkloadError(f"unknown endpoint {endpoint!r}", key="endpoint", fix=f"use one of {sorted(ENDPOINTS)}")
@@ -124,8 +132,7 @@ async def replay(
         url=base_url.rstrip("/"), sample=sample, endpoint=endpoint, max_tokens=max_tokens,
         ignore_eos=ignore_eos, repeats=repeats, window_probe=window_probe, t0=time.perf_counter(),
         records=ReplayRecords([], (rule.warmup_s, rule.warmup_s + rule.measure_s), concurrency, endpoint),
-        settler=Settler(rule), tally=SliceTally(rule.slice_s), ramp_s=ramp_s,
-        next_row=first_pass * len(sample.rows),  # walk ``first_pass`` from row 0: ``walk_position`` marks it
+        settler=Settler(rule), tally=SliceTally(rule.slice_s), ramp_s=ramp_s, windows=windows, go_on=go_on,
     )
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
@@ -138,7 +145,10 @@ async def replay(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-    return session.records
+        session.close_window(last=True)
+    first, *later = session.measured
+    first.later = later
+    return first
 
 
 @dataclass(kw_only=True)
@@ -158,8 +168,13 @@ class _Session:
     settler: Settler
     tally: SliceTally
     ramp_s: float = 0.0
+    windows: int = 1
+    go_on: Callable[[ReplayRecords], bool] | None = None
     next_row: int = 0
     done: bool = False
+    sent: list[RequestRecord] = field(default_factory=list)  # every request of the loop, in the order sent
+    measured: list[ReplayRecords] = field(default_factory=list)  # the windows so far, ``records`` last
+    opened: float = float("-inf")  # when ``records``' window began (the first's: its warm-up's requests count too)
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.t0
@@ -175,7 +190,7 @@ class _Session:
             row = self.sample.rows[index]
             self.next_row += 1
             rec = RequestRecord(row=row.line, sent=self.elapsed(), pass_no=pass_no)
-            self.records.requests.append(rec)
+            self.sent.append(rec)
             endpoint = row.endpoint or self.endpoint
             body = request_body(endpoint, row, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
                                 pass_no=pass_no)
@@ -207,36 +222,66 @@ class _Session:
 
     async def pace(self, should_stop: Callable[[], str | None] | None,
                    on_progress: Callable[[dict[str, Any]], None] | None, interval_s: float) -> None:
-        """The control loop while the workers run: stop checks, progress, the window's edges, ``client_busy``."""
-        records = self.records
+        """The control loop while the workers run: stop checks, progress, each window's edges, ``client_busy``."""
+        self.measured.append(self.records)
         start = await self.mark() if self.settler.in_window else None
-        fed, settling = 0, None
-        while settling is None:
+        fed = 0
+        while True:
             reason = should_stop() if should_stop else None
             if reason:
-                records.stopped_early = reason
+                self.records.stopped_early = reason
                 return
             fed, start, settling = await self.feed(fed, start)
             if settling is not None:
-                break
+                assert start is not None
+                start = await self.next_window(settling, start)
+                if start is None:
+                    return
+                continue
             if on_progress is not None:
-                on_progress(_progress(records, self.elapsed(), "measuring" if self.settler.in_window else "warmup"))
+                on_progress({**_progress(self.sent, self.records.concurrency, self.elapsed(),
+                                         "measuring" if self.settler.in_window else "warmup"),
+                             "window": len(self.measured)})
             boundary = (fed + 1) * self.tally.slice_s
             await asyncio.sleep(min(interval_s, max(0.0, boundary - self.elapsed())))  # progress may have taken time
-        self.done = True
+
+    async def next_window(self, settling: Settling, start: tuple[float, float]) -> tuple[float, float] | None:
+        """Close the window that just settled and open the next one at the same edge (its start mark); None when
+        it was the last (the workers stop). The edge's probe reading ends one window and starts the next."""
+        records = self.records
         records.settling, records.window = settling, settling.window
-        assert start is not None
+        last = len(self.measured) >= self.windows
+        self.done = last  # the last window's streams send nothing more while the edge is read
         end = await self.mark(end=True)
         records.client_busy = round((end[1] - start[1]) / max(end[0] - start[0], 1e-9), 4)
+        closed = self.close_window()
+        if last or (self.go_on is not None and not self.go_on(closed)):
+            self.done = True
+            return None
+        self.opened = settling.window[1]
+        self.records = ReplayRecords([], records.window, records.concurrency, records.endpoint,
+                                     probes=records.probes[-1:])
+        self.measured.append(self.records)
+        self.settler = NextWindow(self.settler.rule, settling.tok_s)
+        return time.perf_counter(), thread_busy_s()
+
+    def close_window(self, *, last: bool = False) -> ReplayRecords:
+        """The requests the current window saw: sent before its end (any, once the loop is over) and not ended
+        before its start (a stream cut at the loop's end has ended)."""
+        records = self.records
+        end = float("inf") if last or records.settling is None else records.window[1]
+        records.requests = [r for r in self.sent
+                            if r.sent < end and (r.ended is None or r.ended >= self.opened)]
+        return records
 
 
-def _progress(records: ReplayRecords, elapsed: float, phase: str) -> dict[str, Any]:
+def _progress(sent: list[RequestRecord], concurrency: int, elapsed: float, phase: str) -> dict[str, Any]:
     """Live figures: tokens that arrived over the last second, requests done, errors so far."""
-    recent = sum(n for r in records.requests[-4 * records.concurrency :] for t, n in r.chunks if t >= elapsed - 1.0)
+    recent = sum(n for r in sent[-4 * concurrency :] for t, n in r.chunks if t >= elapsed - 1.0)
     return {
         "phase": phase,
         "elapsed_s": round(elapsed, 2),
         "tok_s": float(recent),
-        "completed": sum(1 for r in records.requests if r.finish_reason not in (None, CUT) and r.error is None),
-        "errors": sum(1 for r in records.requests if r.error is not None),
+        "completed": sum(1 for r in sent if r.finish_reason not in (None, CUT) and r.error is None),
+        "errors": sum(1 for r in sent if r.error is not None),
     }

@@ -44,6 +44,7 @@ class ReplayRecords:
     client_busy: float | None = None
     probes: list[Any] = field(default_factory=list)  # ``window_probe`` results at the window's start and end
     settling: Settling | None = None  # how the warm-up and window settled (``autotune.settle``); None: stopped early
+    later: list[ReplayRecords] = field(default_factory=list)  # the windows the same loop ran on to (``replay``)
 
     def write_jsonl(self, path: Path) -> None:
         """One line per request; times rounded to 0.1 ms (a long window has ~1k chunks per request)."""

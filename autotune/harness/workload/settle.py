@@ -3,11 +3,24 @@ time as the chunks come in, so the control loop reads each finished slice withou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from autotune.settle import Settler, SettleRule, Settling, settle
 
-__all__ = ["SettleRule", "Settler", "Settling", "SliceTally", "settle", "settling_figures"]
+__all__ = ["NextWindow", "SettleRule", "Settler", "Settling", "SliceTally", "settle", "settling_figures"]
+
+
+class NextWindow(Settler):
+    """The settle rule of a window that follows another in the same closed loop: the loop is warm, so the window
+    opens at once (``before``: every slice rate since the loop's start) and ends as any window does (its floor,
+    target and cap). Its ``Settling`` counts slices from the loop's start, so its ``window`` is in the loop's clock."""
+
+    def __init__(self, rule: SettleRule, before: Sequence[float]):
+        super().__init__(rule)
+        self.rates = list(before)
+        self.warmup_end = len(self.rates)
+        self.warmup_settled = True
 
 
 class SliceTally:

@@ -1,12 +1,12 @@
 """How many windows a contention launch measures: the split between windows and relaunches that buys the most
 precision per second, from the study's own noise terms and its own launch and window times.
 
-A launch of W windows adds σL² + σW²/W to a contender's variance and costs c_L + W·c_W (its startup, then W
-windows), so the variance per second is least at W* = √(σW² · c_L / (σL² · c_W)): the classic optimum of two-stage
-sampling (Cochran, *Sampling Techniques*, §10.6). A long-prompt workload's windows swing with its waves of
-prefills (σW of 4–6 %) while a relaunch adds about 1 %, and a GPU restart costs minutes: many windows a launch.
-A short-prompt workload with a quiet window is best relaunched with few. A launch term estimated at 0 puts W at
-the cap.
+A launch of W windows adds σL² + σW²/W to a contender's variance and costs c_L + W·c_W (its startup and warm-up,
+then W windows of one closed loop), so the variance per second is least at W* = √(σW² · c_L / (σL² · c_W)): the
+classic optimum of two-stage sampling (Cochran, *Sampling Techniques*, §10.6). A long-prompt workload's windows
+swing with its waves of prefills (σW of 4–6 %) while a relaunch adds about 1 %, and a GPU restart costs minutes:
+many windows a launch. A short-prompt workload with a quiet window is best relaunched with few. A launch term
+estimated at 0 puts W at the cap.
 
 Only the third stage (``stages.next_stage``: the open contenders) uses it; the first two measure
 ``confirm_windows`` each, so the launch term is estimated on launches alike. W stays within
@@ -35,16 +35,17 @@ class LaunchCosts:
 
 
 def launch_costs(runs: Iterable[ConfirmationRun]) -> LaunchCosts | None:
-    """The medians of the stored runs' own ``durations_s``: ``startup``, and per window the first's warm-up and
-    window, or the later windows' share of ``windows``; None until a run recorded both."""
+    """The medians of the stored runs' own ``durations_s``: per launch its ``startup`` (and its warm-up, paid once
+    where later windows continue its loop: ``harness.windows``), and per window the later windows' share of
+    ``windows``, or the first's warm-up and window; None until a run recorded both."""
     startups: list[float] = []
     windows: list[float] = []
     for run in runs:
         durations = run.result.durations_s or {}
-        if durations.get("startup"):
-            startups.append(float(durations["startup"]))
-        first = float(durations.get("warmup") or 0.0) + float(durations.get("measure") or 0.0)
         later = len(run.result.windows or ())
+        if durations.get("startup"):
+            startups.append(float(durations["startup"]) + (float(durations.get("warmup") or 0.0) if later else 0.0))
+        first = float(durations.get("warmup") or 0.0) + float(durations.get("measure") or 0.0)
         if later and durations.get("windows"):
             windows.append(float(durations["windows"]) / later)
         elif first > 0:

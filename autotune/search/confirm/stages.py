@@ -59,8 +59,8 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     results = {n: _result(t) for n, t in contenders_by_number.items()}
     configs = {n: r.config for n, r in results.items()}
     plans = {n: r.plan for n, r in results.items()}
-    # Every confirmation window warms up until the search launch's first wave of requests would have turned over:
-    # the claims are about the job's steady rate, not the young requests of a search window (``warmup``).
+    # Every confirmation launch warms up until the search launch's first wave of requests would have turned over,
+    # once before its windows: the claims are about the job's steady rate, not a search window's young requests.
     warmups = {n: steady_warmup(TrialResult.of(t), cfg.workload) for n, t in contenders_by_number.items()}
     runs: list[ConfirmationRun] = []
     if stored is not None and stored.n_trials == n_done and list(stored.order) == order:
@@ -137,7 +137,7 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: Confirmation, runs
     """Stage after stage (``next_stage``), each run saved as it lands so a killed sweep resumes where it was.
     False when interrupted. The top two's last launch of stage 2 runs the stress phase after its windows
     (``stressed_in``), so the winner is usually stressed without a launch of its own (``confirm.stress``).
-    ``contenders``: per trial its config, plan and the warm-up floor of its windows (``warmup.steady_warmup``)."""
+    ``contenders``: per trial its config, plan and the warm-up floor of its launches (``warmup.steady_warmup``)."""
     configs, plans, warmups = contenders
     order = list(state.order)
     first = cfg.study.confirm_repeats
@@ -180,8 +180,8 @@ def stressed_in(plan: list[tuple[int, int]], top_two: list[int], *, first: int) 
 def _repeat(runner: Runner, config: dict[str, Any], number: int, k: int, *, windows: int,
             stress: StressStep | None = None, warmup_s: float | None = None) -> TrialResult:
     """Confirmation launch ``k`` of trial ``number``: a runner that files repeats apart (``HarnessRunner.repeat``:
-    its own directory, no fidelity probe) measures ``windows`` windows in it (``harness.windows``), each after a
-    warm-up floor of ``warmup_s`` (None: the study's), then the stress phase when given; a plain runner gets the
+    its own directory, no fidelity probe) measures ``windows`` windows of one closed loop in it (``harness.windows``)
+    after a warm-up floor of ``warmup_s`` (None: the study's), then the stress phase when given; a plain runner gets the
     trial's number and measures one."""
     repeat = getattr(runner, "repeat", None)
     if not callable(repeat):

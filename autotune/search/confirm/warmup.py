@@ -5,9 +5,10 @@ seconds sees young requests only: short contexts, few answers finished and repla
 long answers at once reads faster there than it runs all job long, and by a share of its own (on the simulator,
 b200 seed workload: 176–224 running requests read 2–6 % above their rate after 300 s, a 16-request baseline 1 %
 below), so a gain from such windows is biased and its interval misses the job's gain. The confirmation's claims
-are about the job's rate: each of its windows warms up until the last stream's first request has surely ended,
+are about the job's rate: each of its launches warms up until the last stream's first request has surely ended,
 ``max_tokens`` at the per-request decode rate the contender's search launch measured (its tok/s over the requests
-it ran at once), after the ramp; never shorter than the study's own floor, at most ``TURNOVER_CAP_S``.
+it ran at once), after the ramp; never shorter than the study's own floor, at most ``TURNOVER_CAP_S``. Once: the
+launch's later windows continue the same closed loop (``harness.windows``), already turned over.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def turnover_s(result: TrialResult | None, max_tokens: int) -> float | None:
 
 
 def steady_warmup(result: TrialResult | None, workload: Any) -> float:
-    """The warm-up floor of a confirmation window of the config ``result`` measured: the ramp plus one turnover
+    """The warm-up floor of a confirmation launch of the config ``result`` measured: the ramp plus one turnover
     (``turnover_s``), rounded up to a whole slice, at least ``workload.warmup_s`` and at most ``TURNOVER_CAP_S``
     (never below the study's floor); the study's floor when the launch measured no rate."""
     floor = float(workload.warmup_s)
