@@ -11,13 +11,13 @@ import pytest
 from test_confirm_noise import launch
 
 from autotune.search.confirm.noise import estimates, ratio
-from autotune.search.confirm.samples import by_contender
+from autotune.search.confirm.samples import ConfirmationRun, by_contender
 
 WINDOWS, LAUNCHES, WINDOW_CV, LAUNCH_CV = 3, 2, 0.03, 0.01  # the confirmation's top two: 2 launches × 3 windows
 RATES = {0: 1000.0, 1: 1030.0}
 
 
-def correlated_runs(rng: np.random.Generator, life_windows: float) -> list[dict]:
+def correlated_runs(rng: np.random.Generator, life_windows: float) -> list[ConfirmationRun]:
     """Runs drawn with windows i and j of a launch correlated max(0, 1 − |i − j| / life): a request lives
     ``life_windows`` windows, so neighbouring windows share most of theirs."""
     lag = np.abs(np.subtract.outer(np.arange(WINDOWS), np.arange(WINDOWS)))
@@ -27,7 +27,7 @@ def correlated_runs(rng: np.random.Generator, life_windows: float) -> list[dict]
         for k in range(LAUNCHES):
             shift = rng.normal(0.0, LAUNCH_CV)
             tok = [rate * math.exp(shift + WINDOW_CV * z) for z in factor @ rng.standard_normal(WINDOWS)]
-            out.append({"trial": n, "repeat": k, "result": launch(tok)})
+            out.append(ConfirmationRun.from_dict({"trial": n, "repeat": k, "result": launch(tok)}))
     return out
 
 
