@@ -205,8 +205,6 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
     base = Placement(engine=engine.name, gpu_index=group[0] if group else setup.gpu_index, gpus=list(group) or None,
                      trial_dir=str(trial_dir), log_path=str(log_path))
     assert setup.sample is not None
-    launch = Launch(engine=engine, workload=workload, trial_dir=trial_dir, timeouts=setup.timeouts,
-                    sample=setup.sample, phase=hooks.phase, stop_event=hooks.stop_event)
     try:
         checked = engine.check(config)
     except ConfigError as exc:
@@ -217,7 +215,8 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
     spec, reader = _spec(setup, config, group, log_path=log_path)
     # A step that files windows of the first window's closed loop (``WindowsStep.later_windows``) lengthens it.
     loop = 1 + sum(int(getattr(step, "later_windows", 0)) for step in after)
-    launch = dataclasses.replace(launch, reader=reader, windows=loop)
+    launch = Launch(engine=engine, workload=workload, trial_dir=trial_dir, timeouts=setup.timeouts, sample=setup.sample,
+                    phase=hooks.phase, stop_event=hooks.stop_event, reader=reader, windows=loop)
     server: ServerHandle | None = None
     try:
         server, fields = _start(make_launcher(setup.launcher), spec, launch)
@@ -317,10 +316,8 @@ def _measure(server: ServerHandle, launch: Launch) -> Outcome:
     concurrency = launch.workload.concurrency or auto_concurrency(capacity)
     log_start = len(server.log_text())  # the replay's log lines are the server's progress evidence
     records, peaks = _replay_window(server, launch, concurrency)
-    if peaks is not None and cpu:
-        out["host"] = peaks
-    elif peaks is not None:
-        out["gpu"] = peaks
+    if peaks is not None:
+        out.update({"host": peaks} if cpu else {"gpu": peaks})
     ended = _ended_early(server, launch.engine, records)
     if ended is not None:
         return {**out, **ended}
