@@ -120,8 +120,8 @@ async def replay(
     (``prompts.pass_marker``). At the window's start and end the client notes how busy its event-loop thread was
     (``client_busy``) and awaits ``window_probe`` (e.g. the simulated server's pacing counters) into ``probes``.
     ``windows``: windows 2.. each follow the one before in the same loop under the settle rule without a warm-up
-    (``NextWindow``), as long as ``go_on`` says yes of the first; their records are the returned first window's
-    ``later``. A window's records hold every request it saw (sent before its end, not ended before its start); the
+    (``NextWindow``), as long as ``go_on`` says yes of each window before; their records are the returned first
+    window's ``later``. A window's records hold every request it saw (sent before its end, not ended before its start); the
     first's hold its warm-up's too. An early stop ends the loop in whichever window it came.
     """
     if endpoint not in ENDPOINTS:
