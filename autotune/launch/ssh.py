@@ -2,9 +2,9 @@
 ``pip install 'autotune[remote]'``), detached in its own session there.
 
 The launch is the same argv as a local one; it is shell-joined (``shlex``) only here, at the SSH boundary
-(``start_command``; the stop's steps are one short line each, ``SshLauncher.stop_steps``). Host keys are checked against ``~/.ssh/known_hosts`` and only public-key
-authentication (a key file or the agent) is offered: a fleet file never holds a password. Health is polled over
-HTTP from here (``http://<host name>:<port>``), as for local servers.
+(``start_command``; the stop's steps are one short line each, ``SshLauncher.stop_steps``). Host keys are checked
+against ``~/.ssh/known_hosts`` and only public-key authentication (a key file or the agent) is offered: a fleet file
+never holds a password. Health is polled over HTTP from here (``http://<host name>:<port>``), as for local servers.
 
 The transport is injectable (``SshLauncher(transport=…)``): a callable ``(host, command, timeout_s) -> (code,
 stdout, stderr)``; the default is asyncssh. The contract case runs the same lines through a local ``bash -c``.
