@@ -62,7 +62,8 @@ class StepOutcome:
 class AfterWindow(Protocol):
     """A follow-up step in the launch that measured the window (``run_trial(after=…)``): the probe, more windows,
     the stress phase. ``fields`` is the result so far (``status``, ``capacity``, ``metrics``, …); the step returns
-    what it adds or replaces (``StepOutcome``), and records its own duration in ``launch.durations``."""
+    what it adds or replaces (``StepOutcome``), and records its own duration in ``launch.durations`` (the later
+    windows' is the replay's, ``windows``: they ran in the first window's loop)."""
 
     def runs_after(self, fields: Mapping[str, Any], server: ServerHandle) -> bool:
         """Whether the step runs at all after ``fields`` (usually: the status is ``ok`` and the server alive)."""

@@ -11,7 +11,7 @@ it is recorded as ``invalid_measurement`` / ``client_bound``, without a tok/s.
 
 After a trusted window the same launch runs the caller's follow-up steps (``AfterWindow``) in order: the fidelity
 probe, more windows for the confirmation, the stress phase. Each gets the running server and this launch and returns
-fields for the result; the first that leaves the status other than ``ok`` (or the server dead) ends the chain.
+what it adds (a ``StepOutcome``); the first to leave a status other than ``ok`` (or the server dead) ends the chain.
 """
 
 from __future__ import annotations
