@@ -12,9 +12,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import StudyConfig
 from autotune.results import OOM_STATUSES, REPEAT, TrialResult
 from autotune.search.pruning import pruned
-from autotune.search.runner import prompt_texts
-from autotune.search.space import Feasibility, Space, key_of
-from autotune.search.starts import edge_configs
+from autotune.search.space import key_of
 from autotune.search.storage import dead_running, fail_stale, trial_handle, trial_id
 
 INFEASIBLE = OOM_STATUSES | {"bad_args"}  # deterministic: the same config fails the same way
@@ -159,21 +157,6 @@ def drop_duplicate(study: optuna.Study, trial: optuna.Trial, owner: FrozenTrial)
     trial.set_user_attr("status", DUPLICATE)
     trial.set_user_attr("reason", f"trial {owner.number} runs this {trial.user_attrs.get('role')} config")
     study.tell(trial, state=TrialState.PRUNED)
-
-
-def seed_edges(study: optuna.Study, cfg: StudyConfig, space: Space, feasibility: Feasibility | None) -> None:
-    """Enqueue the planner's starting points on the memory wall once, after the baseline and enqueued configs."""
-    n = cfg.study.edge_starts
-    if not n or feasibility is None or any(t.user_attrs.get("role") == "prior" for t in study.get_trials(deepcopy=False)):
-        return
-    wl = cfg.workload
-    chars = [len(text) for text in prompt_texts(wl.prompts, wl.sample_size, wl.seed)]
-    given = cfg.given_configs()
-    configs = edge_configs(space, feasibility, prompt_chars=chars, max_tokens=wl.max_tokens, n=n, seed=cfg.study.seed,
-                           exclude=given, hold=given[0])
-    for i, config in enumerate(configs, 1):
-        params = {k: v for k, v in config.items() if k in space.names}
-        study.enqueue_trial(params, user_attrs={"role": "prior", "label": f"memory edge {i}", "config": config})
 
 
 def measured_before(trials: list[FrozenTrial], key: str) -> FrozenTrial | None:
