@@ -126,10 +126,6 @@ def failure_line(log_text: str, exit_code: int | None = None) -> str | None:
     return diagnose(log_text, exit_code)[1]
 
 
-def ready_seen(log_text: str) -> bool:
-    return READY_LINE in log_text
-
-
 _NUM = r"(-?[\d.]+)"
 _CAPACITY_LINE = re.compile(
     r"max_total_num_tokens=(\d+), chunked_prefill_size=(-?\d+), max_prefill_tokens=(\d+), "
