@@ -121,8 +121,8 @@ async def replay(
     (``client_busy``) and awaits ``window_probe`` (e.g. the simulated server's pacing counters) into ``probes``.
     ``windows``: windows 2.. each follow the one before in the same loop under the settle rule without a warm-up
     (``NextWindow``), as long as ``go_on`` says yes of each window before; their records are the returned first
-    window's ``later``. A window's records hold every request it saw (sent before its end, not ended before its start); the
-    first's hold its warm-up's too. An early stop ends the loop in whichever window it came.
+    window's ``later``. A window's records hold every request it saw (sent before its end, not ended before its
+    start); the first's hold its warm-up's too. An early stop ends the loop in whichever window it came.
     """
     if endpoint not in ENDPOINTS:
         raise WorkloadError(f"unknown endpoint {endpoint!r}", key="endpoint", fix=f"use one of {sorted(ENDPOINTS)}")
