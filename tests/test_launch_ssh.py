@@ -369,7 +369,8 @@ def test_a_fleets_down_cleans_the_host_from_the_record_its_start_left(tmp_path):
         assert len(made) == 4, made
         foreign = _hold(shm / "sglang_loads_bbbbbbbbbbbb_ffffffff.shm")
         down = Loopback()
-        assert remote.stop_server(fleet, server, grace_s=5.0, transport=down)  # a fresh launcher, as `down` makes
+        assert remote.stop_server(fleet, server, grace_s=5.0, transport=down) == []  # a fresh launcher, as `down` makes;
+        # it was recorded and everything released in time
     finally:
         if foreign is not None:
             _end(foreign)
@@ -378,6 +379,25 @@ def test_a_fleets_down_cleans_the_host_from_the_record_its_start_left(tmp_path):
                                                      "sglang_loads_bbbbbbbbbbbb_ffffffff.shm"]
     assert not record.exists() and not (tmp_path / "remote/run/s0.pid").exists()
     assert any("/proc/$p/fd" in command for _, command in down.commands)  # its group was read before the kill
+
+
+def test_a_group_that_outlives_the_kill_is_a_problem_the_stop_reports():
+    """A host whose server group will not die (a process in uninterruptible sleep): the stop signals the group, kills
+    it twice, and says so, within its kill wait, instead of reporting the server stopped."""
+    sent: list[str] = []
+
+    def host(name: str, command: str, timeout_s: float) -> tuple[int, str, str]:
+        sent.append(command)
+        if command.startswith("cat "):  # the pid file, and no record of the start's /dev/shm listing
+            return 0, "4242\0", ""
+        return 0, "alive\n" if "kill -0" in command else "", ""
+
+    launcher = SshLauncher(host="gpu-node-7", remote_dir="/srv/autotune", transport=host)
+    problems = launcher.stop_pid_file("run/s0.pid", grace_s=0.2, release_timeout_s=0.2)
+    assert problems == ["process group 4242 on gpu-node-7 still there 5 s after the kill"]
+    assert [c for c in sent if "-TERM" in c] == ["kill -TERM -4242 2>/dev/null; true"]
+    assert sum("kill -KILL -4242" in c for c in sent) == 2  # once after the grace, once more after the wait
+    assert "rm -f /srv/autotune/run/s0.pid /srv/autotune/run/s0.shm" in sent  # its files go all the same
 
 
 FAKE_SMI = '''import sys

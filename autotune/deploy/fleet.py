@@ -236,7 +236,10 @@ def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_ti
     the kill after ``grace_s``; its /dev/shm files), then wait until every GPU of its group is free again (the next
     server sizes its pools from free memory). True if one ran. A server that is not the fleet's is never touched."""
     if not server.local:
-        return remote.stop_server(fleet, server, grace_s=grace_s)
+        problems = remote.stop_server(fleet, server, grace_s=grace_s, release_timeout_s=release_timeout_s)
+        for problem in problems or ():  # as a local server's teardown error: said, the fleet's stop goes on
+            log.warning("server %s on %s: %s", server.name, server.host, problem)
+        return problems is not None
     handle = ours(fleet, server)
     if handle is not None:
         handle.stop(grace_s=grace_s, release_timeout_s=release_timeout_s)

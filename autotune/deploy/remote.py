@@ -57,5 +57,9 @@ def start_server(fleet, server, argv: list[str], *, env: Mapping[str, str], gpus
     return handle.host_pid
 
 
-def stop_server(fleet, server, *, grace_s: float, transport: Transport | None = None) -> bool:
-    return launcher(fleet, server, transport=transport).stop_pid_file(pid_file(server), grace_s=grace_s) is not None
+def stop_server(fleet, server, *, grace_s: float, release_timeout_s: float = 60.0,
+                transport: Transport | None = None) -> list[str] | None:
+    """Stop the server its pid file on the host names (``SshLauncher.stop_pid_file``): None when none was recorded
+    there, else what the stop could not release in time (empty when it released everything)."""
+    return launcher(fleet, server, transport=transport).stop_pid_file(pid_file(server), grace_s=grace_s,
+                                                                       release_timeout_s=release_timeout_s)
