@@ -6,7 +6,7 @@ import pytest
 
 from autotune.results import TrialResult
 from autotune.search.confirm.record import Confirmation, LaunchCost
-from autotune.search.views.spend import launch_cost, launch_seconds, phase_spend, spend, study_spend
+from autotune.search.views.spend import launch_seconds, phase_spend, spend, study_spend
 
 
 def _launch(startup: float = 2.0, *, modelled: float | None = 170.0, gpus: list[int] | None = None,
@@ -60,4 +60,5 @@ def test_a_stored_confirmation_bills_its_runs_its_own_stress_launches_and_a_meas
     predicted = {"defaults": {"how": "predicted by the simulator's virtual clock"}}
     assert study_spend([], Confirmation.from_dict(predicted), simulated=True).phases == ()
     assert study_spend([], None, simulated=True).phases == ()
-    assert launch_cost(LaunchCost(durations_s={})) is None and launch_cost(None) is None
+    assert launch_seconds(LaunchCost(durations_s={})) is None  # a cost that stored no durations: untimed
+    assert launch_seconds(LaunchCost(durations_s={"startup": 3.0}, gpus=[0, 1])) == (6.0, 6.0)

@@ -35,6 +35,11 @@ class LaunchCost:
     modelled_startup_s: float | None = None
     gpus: list[int] | None = None
 
+    @property
+    def gpus_spanned(self) -> int:
+        """How many GPUs the launch held (``TrialResult.gpus_spanned``'s rule)."""
+        return max(1, len(self.gpus or ()))
+
     @classmethod
     def of(cls, result: TrialResult) -> LaunchCost:
         return cls(durations_s=dict(result.durations_s), modelled_startup_s=result.modelled_startup_s,

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
 
 from optuna.trial import FrozenTrial
 
 from autotune.results import TrialResult
-from autotune.search.confirm.record import Confirmation, LaunchCost
+from autotune.search.confirm.record import Confirmation
 from autotune.search.seeding import launches
 
 # "stress": the stress phase's own launches (one a confirmation launch ran is in its bill); "defaults": SGLang's
@@ -73,7 +74,21 @@ def _h(hours: float) -> str:
     return f"{hours:.2f} GPU-h" if hours >= 1.0 else f"{hours * 60:.1f} GPU-min"
 
 
-def launch_seconds(result: TrialResult) -> tuple[float, float] | None:
+class Timed(Protocol):
+    """What the bill reads of a launch: a stored result (``TrialResult``) or a cost kept apart from the
+    confirmation's runs (``LaunchCost``: a stress launch of its own, the defaults' launch)."""
+
+    @property
+    def durations_s(self) -> Mapping[str, float]: ...
+
+    @property
+    def modelled_startup_s(self) -> float | None: ...
+
+    @property
+    def gpus_spanned(self) -> int: ...
+
+
+def launch_seconds(result: Timed) -> tuple[float, float] | None:
     """(measured, modelled) GPU-seconds of one launch: its stored durations times its GPUs, the modelled one with
     the server-reported startup in place of the measured; None when it stored no durations."""
     durations = result.durations_s
@@ -85,7 +100,7 @@ def launch_seconds(result: TrialResult) -> tuple[float, float] | None:
     return wall * result.gpus_spanned, max(wall, modelled) * result.gpus_spanned
 
 
-def phase_spend(phase: str, results: Iterable[TrialResult | None]) -> PhaseSpend:
+def phase_spend(phase: str, results: Iterable[Timed | None]) -> PhaseSpend:
     """One phase's bill from its launches' results (None: a launch that stored no result)."""
     launches = untimed = 0
     measured = modelled = 0.0
@@ -99,18 +114,9 @@ def phase_spend(phase: str, results: Iterable[TrialResult | None]) -> PhaseSpend
     return PhaseSpend(phase, launches, measured / 3600.0, modelled / 3600.0, untimed)
 
 
-def spend(by_phase: Mapping[str, Sequence[TrialResult | None]], *, simulated: bool = False) -> Spend:
+def spend(by_phase: Mapping[str, Sequence[Timed | None]], *, simulated: bool = False) -> Spend:
     """The study's bill from each phase's launches (phases in ``PHASES`` order; empty ones left out)."""
     return Spend(tuple(phase_spend(p, by_phase[p]) for p in PHASES if by_phase.get(p)), simulated)
-
-
-def launch_cost(cost: LaunchCost | None) -> TrialResult | None:
-    """A launch the confirmation stored apart from its runs (a stress launch of its own, the defaults' launch) as
-    the bill reads it: its ``durations_s``, ``modelled_startup_s`` and ``gpus`` (None when it stored none)."""
-    if cost is None or not cost.durations_s:
-        return None
-    return TrialResult(status="ok", config={}, durations_s=dict(cost.durations_s),
-                       modelled_startup_s=cost.modelled_startup_s, gpus=cost.gpus)
 
 
 def study_spend(trials: Sequence[FrozenTrial], confirmation: Confirmation | None, *, simulated: bool) -> Spend:
@@ -122,7 +128,7 @@ def study_spend(trials: Sequence[FrozenTrial], confirmation: Confirmation | None
     return spend({
         "search": [TrialResult.of(t) for t in launches(list(trials))],
         "confirmation": [r.result for r in conf.runs],
-        "stress": [launch_cost(r.cost) for r in stress_runs if not r.in_confirmation and r.status != "not_run"],
-        "defaults": [launch_cost(defaults.cost)] if defaults is not None and str(defaults.how or "").startswith(
+        "stress": [r.cost for r in stress_runs if not r.in_confirmation and r.status != "not_run"],
+        "defaults": [defaults.cost] if defaults is not None and str(defaults.how or "").startswith(
             "measured") else [],
     }, simulated=simulated)
