@@ -17,7 +17,7 @@ import functools
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from autotune.search.confirm.noise import Estimate, NoiseModel, Ratio, estimates, ratio
+from autotune.search.confirm.noise import Estimate, NoiseModel, Ratio, estimates, ratio, stand_in_var
 from autotune.search.confirm.samples import ConfirmationRun, by_contender
 
 # A tie goes to the fastest estimate; only when that config's measured headroom is below this floor does the
@@ -159,19 +159,23 @@ def standing(best: Estimate, other: Estimate, noise: NoiseModel, resolution: flo
 
 def decide(runs: Sequence[ConfirmationRun], order: Sequence[int], baseline: int | None, *,
            same_as_baseline: Collection[int] = (), resolution: float = RESOLUTION,
-           demoted: Mapping[int, str] | None = None, given: Sequence[ConfirmationRun] = ()) -> Verdict:
+           demoted: Mapping[int, str] | None = None, given: Sequence[ConfirmationRun] = (),
+           searched: Mapping[int, float] | None = None) -> Verdict:
     """Winner, gain and interval from confirmation runs.
 
     ``same_as_baseline``: contenders that launched the baseline's exact flags. ``demoted``: contenders that may not
     win (trial → why: a failed stress phase), named in the note. ``given``: search runs that stand in for a
     baseline not relaunched (far behind the leader: ``ranking.IN_REACH``), one launch of one window each; they
     add nothing to the noise terms, the gain over that baseline has its interval, and the baseline, outside
-    ``order``, never wins (``Verdict`` says what each field means). The interval is analytic, so the same runs
-    always give the same verdict.
+    ``order``, never wins (``Verdict`` says what each field means). ``searched``: each contender's search-run tok/s
+    per GPU, from which a stand-in's error is learnt (``noise.stand_in_var``). The interval is analytic, so the
+    same runs always give the same verdict.
     """
     demoted = dict(demoted or {})
     noise, est = estimates(by_contender([*given, *runs], order))
     from_search = {run.trial for run in given}
+    if from_search and searched:
+        noise, est = _stand_ins(noise, est, from_search, searched)
     nothing = functools.partial(Verdict, baseline_trial=baseline, resolution=resolution, noise=noise.to_dict(),
                                 stats=_stats(est, noise, from_search),
                                 demoted={str(n): why for n, why in demoted.items()})
@@ -240,6 +244,16 @@ def _join(*parts: str) -> str:
 
 def _demoted_note(demoted: Mapping[int, str]) -> str:
     return "; ".join(f"trial {n} demoted: {why}" for n, why in demoted.items())
+
+
+def _stand_ins(noise: NoiseModel, est: dict[int, Estimate], from_search: Collection[int],
+               searched: Mapping[int, float]) -> tuple[NoiseModel, dict[int, Estimate]]:
+    """The noise model with the stand-in term, and each search run standing in held to at least that variance."""
+    var = stand_in_var({n: e for n, e in est.items() if n not in from_search}, searched)
+    if var is None:
+        return noise, est
+    widened = {n: dataclasses.replace(e, var=max(e.var, var)) if n in from_search else e for n, e in est.items()}
+    return dataclasses.replace(noise, stand_in_var=var), widened
 
 
 def _stats(est: Mapping[int, Estimate], noise: NoiseModel,

@@ -7,7 +7,11 @@ On the log of tok/s per GPU (so a standard deviation reads as a CV, and a differ
   window term puts into a mean of n windows (σW² × mean 1/n), floored at 0.
 
 A contender's estimate is the mean of its launch means, with SE² = Σ(σL² + σW²/nᵢ) / nL² (= σL²/nL + σW²/(nL·W)
-for W windows each). A gain is a log-ratio with a t interval: t on the launch term's degrees of freedom when it
+for W windows each). A baseline far behind the leader is not relaunched: its search run stands in, one short window
+with no warm-up. Such a window reads a config's young requests, a few per cent off its steady rate, a bias the two
+terms do not see; the stand-in term σS² is how far the contenders' own search runs read from their confirmed
+estimates (the mean squared log-difference less what their estimates' SE² explains), and the stand-in's SE² is at
+least σS². A gain is a log-ratio with a t interval: t on the launch term's degrees of freedom when it
 counts, else on the window term's. No resampling: the same runs give the same verdict.
 """
 
@@ -36,6 +40,7 @@ class NoiseModel:
     between_var: float | None  # pooled variance of launch means
     between_df: int
     mean_inverse_windows: float = 1.0  # mean 1/n over the launches between_var pools
+    stand_in_var: float | None = None  # σS²: a search run against its config's confirmed rate (``stand_in_var``)
 
     @property
     def separated(self) -> bool:
@@ -79,8 +84,11 @@ class NoiseModel:
 
     def to_dict(self) -> dict[str, Any]:
         r = (lambda v: None if v is None else round(v, 6))  # noqa: E731
-        return {"window_cv": r(self.window_cv), "launch_cv": r(self.launch_cv), "window_df": self.window_df,
-                "launch_df": self.between_df, "separated": self.separated, "line": self.line()}
+        out = {"window_cv": r(self.window_cv), "launch_cv": r(self.launch_cv), "window_df": self.window_df,
+               "launch_df": self.between_df, "separated": self.separated, "line": self.line()}
+        if self.stand_in_var is not None:  # stored only when a search run stood in
+            out["stand_in_cv"] = r(math.sqrt(self.stand_in_var))
+        return out
 
 
 def estimate_noise(samples: Iterable[list[LaunchSample]]) -> NoiseModel:
@@ -169,6 +177,17 @@ def ratio(a: Estimate, b: Estimate, noise: NoiseModel) -> Ratio | None:
     se = math.sqrt(a.var + b.var)
     half = t975(noise.df) * se if noise.df and se > 0 else 0.0
     return Ratio(gain=math.exp(d), low=math.exp(d - half), high=math.exp(d + half))
+
+
+def stand_in_var(est: Mapping[int, Estimate], searched: Mapping[int, float]) -> float | None:
+    """σS²: the mean over confirmed contenders of (log search tok/s − log confirmed estimate)², less the mean SE²
+    of those estimates (floored at 0); None with fewer than two contenders to learn it from. ``searched``: each
+    contender's search-run tok/s per GPU. Selected contenders read high in the search, so σS² leans wide."""
+    pairs = [(math.log(searched[n]) - e.log_mean, e.var) for n, e in est.items()
+             if e.log_mean is not None and e.launches and searched.get(n, 0) > 0]
+    if len(pairs) < 2:
+        return None
+    return max(0.0, sum(d * d for d, _ in pairs) / len(pairs) - sum(v for _, v in pairs) / len(pairs))
 
 
 def estimates(samples: Mapping[int, list[LaunchSample]]) -> tuple[NoiseModel, dict[int, Estimate]]:

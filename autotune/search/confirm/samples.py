@@ -84,6 +84,12 @@ def by_contender(runs: Iterable[ConfirmationRun], order: Iterable[int]) -> dict[
     return out
 
 
+def search_rates(results: Mapping[int, TrialResult | None]) -> dict[int, float]:
+    """Each contender's search run as tok/s per GPU (``decide``'s ``searched``); a failed run has none."""
+    rates = {n: per_gpu(r) if r is not None and r.ok else None for n, r in results.items()}
+    return {n: rate for n, rate in rates.items() if rate}
+
+
 def headroom(results: list[TrialResult]) -> float | None:
     """Memory left on the device at peak: measured when the GPU monitor saw it, else the planner's figure."""
     seen = [r.gpu.headroom_gib for r in results if r.gpu and r.gpu.headroom_gib is not None]

@@ -20,7 +20,7 @@ from autotune.search.confirm.decision import ContenderStat, Verdict, decide
 from autotune.search.confirm.noise import estimates
 from autotune.search.confirm.ranking import contenders, feasible, gains, in_reach
 from autotune.search.confirm.record import ATTR, Confirmation, ConfirmationRun, DefaultsRun
-from autotune.search.confirm.samples import by_contender
+from autotune.search.confirm.samples import by_contender, search_rates
 from autotune.search.confirm.warmup import steady_warmup
 from autotune.search.runner import Runner
 from autotune.search.seeding import finished
@@ -42,10 +42,12 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     base_key = _key(baseline) if baseline is not None else None
     twins = [n for n, t in contenders_by_number.items() if base_key is not None and _key(t) == base_key]
     base_n = baseline.number if baseline is not None and feasible(baseline) else None
+    results = {n: _result(t) for n, t in contenders_by_number.items()}
+    searched = search_rates(results)
     if stored is not None and stored.complete and stored.n_trials == n_done:
         # Decided before a winner equal to the baseline counted as none: the same runs, decided again.
         verdict = decide(stored.runs, stored.order, base_n, same_as_baseline=twins,
-                         resolution=cfg.study.resolution, given=stored.given)
+                         resolution=cfg.study.resolution, given=stored.given, searched=searched)
         return dataclasses.replace(stored, verdict=verdict).store(study)
     order = [t.number for t in top + refs]
     given: list[ConfirmationRun] = []
@@ -56,7 +58,6 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
             given.append(ConfirmationRun(trial=baseline.number, repeat=-1, search=True, result=_result(baseline)))
     if not order:
         return None
-    results = {n: _result(t) for n, t in contenders_by_number.items()}
     configs = {n: r.config for n, r in results.items()}
     plans = {n: r.plan for n, r in results.items()}
     # Every confirmation launch warms up until the search launch's first wave of requests would have turned over,
@@ -68,7 +69,7 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     state = Confirmation(order=tuple(order), n_trials=n_done, given=tuple(given),
                          warmup_s={n: warmups[n] for n in order})
     verdict_now = functools.partial(decide, runs, order, base_n, same_as_baseline=twins,
-                                    resolution=cfg.study.resolution, given=given)
+                                    resolution=cfg.study.resolution, given=given, searched=searched)
     if not _run_stages(study, cfg, state, runs, (configs, plans, warmups), verdict_now, runner=runner,
                        progress=progress, stop_event=stop_event):
         return None

@@ -26,6 +26,7 @@ from autotune.harness.stress import StressStep, stress_line
 from autotune.results import StressResult, TrialResult
 from autotune.search.confirm.decision import Verdict, decide
 from autotune.search.confirm.record import Confirmation, Demotion, LaunchCost, StressRecord, StressRun
+from autotune.search.confirm.samples import search_rates
 from autotune.search.runner import Runner
 from autotune.search.seeding import launch_key
 
@@ -153,8 +154,9 @@ def _redecided(confirmation: Confirmation, state: StressRecord, trials: dict[int
     base = confirmation.verdict.baseline_trial if confirmation.verdict is not None else None
     base_key = launch_key(trials[base]) if base in trials else None
     twins = [n for n in order if base_key is not None and n in trials and launch_key(trials[n]) == base_key]
+    searched = search_rates({n: TrialResult.of(trials[n]) for n in order if n in trials})
     verdict = decide(confirmation.runs, order, base, same_as_baseline=twins, resolution=cfg.study.resolution,
-                     demoted=demoted, given=confirmation.given)
+                     demoted=demoted, given=confirmation.given, searched=searched)
     return dataclasses.replace(confirmation, verdict=verdict)
 
 
