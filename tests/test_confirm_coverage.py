@@ -84,14 +84,17 @@ def test_a_search_run_standing_in_is_held_to_the_error_the_contenders_search_run
 
 
 def test_the_stand_in_term_on_exact_numbers():
-    """σS² = mean (log search − log estimate)² less the estimates' mean SE², floored at 0; None under two."""
+    """σS² = the variance of (log search − log estimate) less the estimates' mean SE², floored at 0; None under
+    two. A common offset (the contenders' selection) is not a stand-in's error."""
     est = {1: Estimate(trial=1, launches=2, windows=6, failed=0, log_mean=math.log(1000.0), var=1e-4,
                        headroom_gib=None),
            2: Estimate(trial=2, launches=1, windows=3, failed=0, log_mean=math.log(500.0), var=3e-4,
                        headroom_gib=None)}
     d1, d2 = math.log(1050.0 / 1000.0), math.log(490.0 / 500.0)
-    assert stand_in_var(est, {1: 1050.0, 2: 490.0}) == pytest.approx((d1 * d1 + d2 * d2) / 2 - 2e-4)
+    mean = (d1 + d2) / 2
+    assert stand_in_var(est, {1: 1050.0, 2: 490.0}) == pytest.approx((d1 - mean) ** 2 + (d2 - mean) ** 2 - 2e-4)
     assert stand_in_var(est, {1: 1000.0, 2: 500.0}) == 0.0  # no error beyond the estimates' own
+    assert stand_in_var(est, {1: 1100.0, 2: 550.0}) == 0.0  # both 10 % high: an offset, not a spread
     assert stand_in_var(est, {1: 1050.0}) is None  # one contender teaches nothing
 
 

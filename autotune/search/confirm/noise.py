@@ -9,9 +9,9 @@ On the log of tok/s per GPU (so a standard deviation reads as a CV, and a differ
 A contender's estimate is the mean of its launch means, with SE² = Σ(σL² + σW²/nᵢ) / nL² (= σL²/nL + σW²/(nL·W)
 for W windows each). A baseline far behind the leader is not relaunched: its search run stands in, one short window
 with no warm-up. Such a window reads a config's young requests, a few per cent off its steady rate, a bias the two
-terms do not see; the stand-in term σS² is how far the contenders' own search runs read from their confirmed
-estimates (the mean squared log-difference less what their estimates' SE² explains), and the stand-in's SE² is at
-least σS². A gain is a log-ratio with a t interval: t on the launch term's degrees of freedom when it
+terms do not see; the stand-in term σS² is how far the contenders' own search runs stray from their confirmed
+estimates (the variance of the log-differences less what their estimates' SE² explains), and the stand-in's SE² is
+at least σS². A gain is a log-ratio with a t interval: t on the launch term's degrees of freedom when it
 counts, else on the window term's. No resampling: the same runs give the same verdict.
 """
 
@@ -180,14 +180,18 @@ def ratio(a: Estimate, b: Estimate, noise: NoiseModel) -> Ratio | None:
 
 
 def stand_in_var(est: Mapping[int, Estimate], searched: Mapping[int, float]) -> float | None:
-    """σS²: the mean over confirmed contenders of (log search tok/s − log confirmed estimate)², less the mean SE²
-    of those estimates (floored at 0); None with fewer than two contenders to learn it from. ``searched``: each
-    contender's search-run tok/s per GPU. Selected contenders read high in the search, so σS² leans wide."""
+    """σS²: the variance over confirmed contenders of (log search tok/s − log confirmed estimate), less the mean
+    SE² of those estimates (floored at 0); None with fewer than two contenders to learn it from. ``searched``: each
+    contender's search-run tok/s per GPU. The spread, not the mean square: the contenders' common offset is mostly
+    their selection (they were picked for reading high in the search), which a baseline's search run does not share;
+    how far one config's reading strays from the others' is what the stand-in's own reading may stray."""
     pairs = [(math.log(searched[n]) - e.log_mean, e.var) for n, e in est.items()
              if e.log_mean is not None and e.launches and searched.get(n, 0) > 0]
     if len(pairs) < 2:
         return None
-    return max(0.0, sum(d * d for d, _ in pairs) / len(pairs) - sum(v for _, v in pairs) / len(pairs))
+    mean = sum(d for d, _ in pairs) / len(pairs)
+    spread = sum((d - mean) ** 2 for d, _ in pairs) / (len(pairs) - 1)
+    return max(0.0, spread - sum(v for _, v in pairs) / len(pairs))
 
 
 def estimates(samples: Mapping[int, list[LaunchSample]]) -> tuple[NoiseModel, dict[int, Estimate]]:
