@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -173,8 +173,8 @@ class TrialRow:
     trial_dir: str
 
 
-def _row(trial: optuna.trial.FrozenTrial, limits: Any = None, confirmation: Confirmation | None = None) -> TrialRow:
-    result = TrialResult.of(trial)
+def _row(trial: optuna.trial.FrozenTrial, result: TrialResult | None, limits: Any = None,
+         confirmation: Confirmation | None = None) -> TrialRow:
     status = _status(trial, result)
     outcome, group = OUTCOMES.get(status, (status, "failed"))
     config = result.config if result else {}
@@ -230,9 +230,8 @@ def _row(trial: optuna.trial.FrozenTrial, limits: Any = None, confirmation: Conf
     )
 
 
-def _param_values(trial: optuna.trial.FrozenTrial, flags: Iterable[str]) -> list[Any]:
+def _param_values(trial: optuna.trial.FrozenTrial, result: TrialResult | None, flags: Iterable[str]) -> list[Any]:
     """The trial's value of each flag, in order: what the search suggested, else what it launched with."""
-    result = TrialResult.of(trial)
     config = result.config if result else {}
     return [trial.params.get(flag, config.get(flag)) for flag in flags]
 
@@ -246,8 +245,11 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     flags = tuned_flags(study)
     limits = numerics_limits(study_config(study))
     confirmation = Confirmation.of(study)
-    rows = pd.DataFrame([asdict(_row(t, limits, confirmation)) for t in finished])
-    params = pd.DataFrame([_param_values(t, flags) for t in finished], columns=[PARAM_PREFIX + f for f in flags])
+    results = [TrialResult.of(t) for t in finished]
+    # the rows' fields as columns (their values are scalars: no deep copy as ``asdict`` makes)
+    rows = pd.DataFrame([vars(_row(t, r, limits, confirmation)) for t, r in zip(finished, results, strict=True)])
+    params = pd.DataFrame([_param_values(t, r, flags) for t, r in zip(finished, results, strict=True)],
+                          columns=[PARAM_PREFIX + f for f in flags])
     frame = pd.concat([rows, params], axis=1)
     frame = frame.sort_values("trial", ignore_index=True)
     frame.insert(0, "study", study.study_name)
