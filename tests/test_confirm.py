@@ -213,8 +213,8 @@ def test_a_baseline_far_behind_the_leader_is_not_relaunched(tmp_path, factor, re
     windows = sum(s["windows"] for s in conf["stats"].values() if not s.get("from_search"))
     assert summary.confirmation.startswith(f"{len(runner.calls)} launches, {windows} windows")
     assert ("its search run: far behind the leader, not relaunched" in render(summary)) is not relaunched
-    shown = next(r for r in trial_rows(study) if r["number"] == 0)  # autotune trials: nothing confirmed for it
-    assert (shown["confirmed_tok_s"] is not None) is relaunched
+    shown = next(r for r in trial_rows(study) if r.number == 0)  # autotune trials: nothing confirmed for it
+    assert (shown.confirmed_tok_s is not None) is relaunched
 
 
 # --- the SGLang-defaults run ----------------------------------------------------------------------------------

@@ -170,7 +170,7 @@ def test_trials_say_where_the_study_started(tmp_path, capsys):
     start_from(cfg, str(tmp_path / "t.toml"), lambda line: None)
     run_sweep(cfg, runner=PlannerRunner())
     study = optuna.load_study(study_name="h", storage=cfg.storage_url)
-    assert any(r["role"].startswith("enqueued:from t: winner") for r in trial_rows(study))
+    assert any(r.role.startswith("enqueued:from t: winner") for r in trial_rows(study))
     capsys.readouterr()
     with pytest.raises(SystemExit) as code:
         main(["trials", "--config", str(tmp_path / "h.toml")])

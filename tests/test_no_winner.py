@@ -72,7 +72,7 @@ def tied(tmp_path):
 def test_the_report_says_no_config_beat_the_baseline_and_names_no_winner(tied, tmp_path):
     study, _ = tied
     built = build(study, base_dir=tmp_path)
-    assert built.facts["winner"] is None and built.facts["outcome"] == "baseline"
+    assert built.facts.winner is None and built.facts.outcome == "baseline"
     page = render(built, figures_for(built))
     assert "Winner: none. No config beat the baseline" in page and "nothing to apply" in page
     assert "winner tok/s" not in page and "trial 1 ·" not in page  # the search's 1,620 is not crowned

@@ -172,8 +172,8 @@ def test_headline_uses_the_confirmation_stage(study, frame):
     assert headline.loc["winner", "tok_s_low"] == pytest.approx(median * 0.99)  # the stage's interval
     assert headline.loc["winner", "max_running_requests"] == frame.loc[winner, "max_running_requests"]
     gain = rh.gain(study, headline)
-    assert gain["gain"] == pytest.approx(confirmation["gain"]) and gain["ci_low"] < gain["gain"] < gain["ci_high"]
-    assert gain["over_defaults"] == pytest.approx(headline.loc["winner", "tok_s"] / (1.2 * median_of(study, 0)))
+    assert gain.gain == pytest.approx(confirmation["gain"]) and gain.ci_low < gain.gain < gain.ci_high
+    assert gain.over_defaults == pytest.approx(headline.loc["winner", "tok_s"] / (1.2 * median_of(study, 0)))
 
 
 def median_of(study, number):
@@ -188,7 +188,7 @@ def test_headline_without_confirmation_picks_the_fastest_feasible():
     assert headline.loc["winner", "trial"] == best["trial"] and headline.loc["winner", "repeats"] == 0
     assert math.isnan(headline.loc["winner", "tok_s_low"])
     gain = rh.gain(study, headline)
-    assert gain["gain"] == pytest.approx(best["tok_s"] / frame.loc[0, "tok_s"]) and gain["ci_low"] is None
+    assert gain.gain == pytest.approx(best["tok_s"] / frame.loc[0, "tok_s"]) and gain.ci_low is None
 
 
 def test_a_study_over_gpu_groups_is_ranked_and_shown_per_gpu():
@@ -207,7 +207,7 @@ def test_a_study_over_gpu_groups_is_ranked_and_shown_per_gpu():
     assert frame["gpus"].tolist() == [1, 2, 1] and frame["tok_s_per_gpu"].tolist() == [1000.0, 2500.0, 3000.0]
     assert rd.winner_trial(frame, study) == 2  # the faster server (trial 1) spans two GPUs: 2,500 per GPU
     headline = rh.headline_frame(frame, study)
-    assert headline.loc["winner", "tok_s_per_gpu"] == 3000.0 and rh.gain(study, headline)["gain"] == 3.0
+    assert headline.loc["winner", "tok_s_per_gpu"] == 3000.0 and rh.gain(study, headline).gain == 3.0
     hover = _hover(frame)
     assert "on 2 GPUs (2,500 tok/s per GPU)" in hover[1] and "per GPU" not in hover[2]
 
@@ -291,6 +291,6 @@ def test_device_label_follows_the_engine_and_device(settings, label):
 def test_launch_settings_are_the_studys_engine():
     settings = {"engine": {"kind": "sglang", "python": "/opt/sgl/bin/python", "device": "cpu",
                            "env": {"OMP_NUM_THREADS": "2"}}}
-    assert rd.launch_settings(settings) == {"python": "/opt/sgl/bin/python", "device": "cpu",
-                                            "env": {"OMP_NUM_THREADS": "2"}}
-    assert rd.launch_settings({}) == {"python": None, "device": "cuda", "env": {}}
+    assert rd.launch_settings(settings) == rd.LaunchSettings(python="/opt/sgl/bin/python", device="cpu",
+                                                             env={"OMP_NUM_THREADS": "2"})
+    assert rd.launch_settings({}) == rd.LaunchSettings(python=None, device="cuda", env={})

@@ -260,8 +260,8 @@ def test_cpu_study_is_labelled_by_its_engine_and_device_and_hides_secrets(tmp_pa
                           "env": {"HF_TOKEN": token, "OMP_NUM_THREADS": "2"}}  # sim_gpu stays the default b200
     study.set_user_attr("autotune", settings)
     built = build(study, base_dir=tmp_path)
-    assert built.facts["gpu"] == "CPU" and built.facts["engine"] == "sglang"
-    launch = built.facts["launch"]
+    assert built.facts.gpu == "CPU" and built.facts.engine == "sglang"
+    launch = built.facts.launch
     assert launch.startswith('HF_TOKEN="$HF_TOKEN" OMP_NUM_THREADS=2 /opt/sgl/bin/python -m sglang.launch_server ')
     argv = shlex.split(launch.split(" ", 2)[2])
     assert argv[argv.index("--device") + 1] == "cpu"

@@ -166,7 +166,7 @@ def test_apply_refuses_an_unstressed_or_failed_winner_and_accepts_it_when_told(t
     assert "trial 2 (winner): worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived" in table.output
     assert "trial 1: worst case: peak 179.0 of 179.1 GiB, 0 retractions, FAILED: runtime_oom" in table.output
     headline = pd.DataFrame({"tok_s_per_gpu": [2900.0, 1000.0], "trial": [2, 0]}, index=["winner", "baseline"])
-    assert gain(optuna.load_study(study_name="s", storage=url), headline)["worst_case"] == (
+    assert gain(optuna.load_study(study_name="s", storage=url), headline).worst_case == (
         "worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived")  # the report's headline says it too
 
     refused = CliRunner().invoke(cli, ["apply", "--storage", url, "--trial", "1", "--out", str(tmp_path / "d2"),

@@ -87,8 +87,9 @@ class _Outcome:
     error: BaseException | None = None
 
 
-def _sim_options(items: tuple[str, ...]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _sim_options(items: tuple[str, ...]) -> dict[str, str | bool]:
+    """``--sim-opt KEY=VALUE`` items as the simulator's options: the value as given, ``true`` as True."""
+    out: dict[str, str | bool] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():

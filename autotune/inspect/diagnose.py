@@ -18,7 +18,7 @@ import httpx
 from autotune.errors import AutotuneError
 from autotune.inspect.probe import Probe, ProbeFailure, StartupPools, probe, read_startup_log
 from autotune.inspect.state import ServerState, as_int
-from autotune.inspect.suggest import advise
+from autotune.inspect.suggest import Advice, advise
 from autotune.sglang.args import mamba_slots_per_request
 from autotune.sglang.parallel import requests_per_dp
 from autotune.sglang.profiles import load_gpu, load_model
@@ -184,7 +184,7 @@ class ServerDiagnosis:
     usage: PoolUsage | None
     memory: dict[str, dict[str, float | None]]  # pool → {server, planner} GiB
     headline: str
-    advice: Any = None  # diagnosis_suggest.Advice (planner reproduction, suggestions, inert flags) or None
+    advice: Advice | None = None  # planner reproduction, suggestions, inert flags
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -203,7 +203,7 @@ class ServerDiagnosis:
             "accept_length": s.accept_length,
             "last_gen_throughput": s.last_gen_throughput,
             "config": s.user_flags(),
-            "advice": self.advice.to_dict() if self.advice is not None else None,
+            "advice": asdict(self.advice) if self.advice is not None else None,
             "notes": self.notes,
         }
 

@@ -17,20 +17,49 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 from urllib.parse import urlsplit
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from autotune.harness.gpu import NvmlReader
-from autotune.sglang.endpoints import ModelInfo
+from autotune.sglang.endpoints import MemoryUsage, ModelInfo
 
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
 
 # /server_info fields the diagnosis cannot do without; an SGLang whose /server_info lacks one is reported as such.
 REQUIRED_STATE = ("effective_max_running_requests_per_dp",)
 REQUIRED_TOP = ("max_total_num_tokens",)
+
+
+class InternalState(TypedDict, total=False):
+    """``/server_info`` ``internal_states[0]``, the scheduler's runtime state (SGLang 0.5.23
+    ``srt/managers/scheduler.py`` ``get_internal_state``): the keys inspect reads. The keys are SGLang's; only
+    ``REQUIRED_STATE`` is checked to be there, every other one is read with ``.get``."""
+
+    effective_max_running_requests_per_dp: int
+    max_mamba_cache_size: int | None
+    memory_usage: MemoryUsage | None
+    avg_spec_accept_length: float | None
+    last_gen_throughput: float | None
+    device: str | None
+
+
+class ServerInfo(TypedDict, total=False):
+    """``/server_info`` (SGLang 0.5.23 ``srt/entrypoints/http_server.py``): the resolved server args at the top
+    level (every ``ServerArgs`` field by dest name; the ones inspect names are listed) and the runtime state in
+    ``internal_states``. ``fetch_server_info`` checks ``model_path``, ``REQUIRED_TOP`` and ``REQUIRED_STATE``."""
+
+    model_path: str
+    version: str | None
+    max_total_num_tokens: int
+    internal_states: list[InternalState]
+    launch_command: str | None
+    device: str | None
+    base_gpu_id: int | None
+    context_length: int | None
+    max_req_input_len: int | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,7 +99,7 @@ class Probe:
     """What one server said, raw: the JSON bodies, the parsed Prometheus gauges, and its startup log's pools."""
 
     url: str
-    server_info: dict[str, Any]
+    server_info: ServerInfo
     model_info: ModelInfo | None = None
     metrics: dict[str, float] | None = None  # sglang:<name> → value summed over label sets (one per rank)
     metrics_note: str | None = None  # why there are no metrics
@@ -175,7 +204,7 @@ def _describe(response: httpx.Response) -> str:
     return f"HTTP {response.status_code} ({kind})"
 
 
-def fetch_server_info(client: httpx.Client, url: str) -> dict[str, Any] | ProbeFailure:
+def fetch_server_info(client: httpx.Client, url: str) -> ServerInfo | ProbeFailure:
     """``/server_info`` or the line saying why this is not an inspectable SGLang server."""
     try:
         response = client.get(f"{url}/server_info")
@@ -226,7 +255,7 @@ def fetch_server_info(client: httpx.Client, url: str) -> dict[str, Any] | ProbeF
             message=f"{url}: SGLang {version}'s /server_info lacks {', '.join(missing)}; "
             "inspect reads SGLang 0.5.23's fields (upgrade the server or read its startup log)",
         )
-    return info
+    return cast(ServerInfo, info)  # the keys inspect cannot do without are there; the others are read with .get
 
 
 def _optional_json(client: httpx.Client, url: str, path: str) -> dict[str, Any] | None:
@@ -322,7 +351,7 @@ def probe(url: str, *, client: httpx.Client, use_nvml: bool = True, log: Startup
                  gpu=gpu, log=log, notes=notes)
 
 
-def server_device(info: dict[str, Any]) -> str:
+def server_device(info: ServerInfo) -> str:
     """The device SGLang runs on (``device`` in ``/server_info``; unset means CUDA)."""
     states = info.get("internal_states")
     state = states[0] if isinstance(states, list) and states and isinstance(states[0], dict) else {}

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from autotune.inspect.diagnose import Inspection, ServerDiagnosis
+from autotune.inspect.suggest import Suggestion
 
 _POOLS = {
     "weights": "weights (target + draft)",
@@ -94,10 +95,10 @@ def _memory(d: ServerDiagnosis) -> Table:
     return table
 
 
-def _suggestion_lines(d: ServerDiagnosis) -> list[str]:
+def _suggestion_lines(suggestions: list[Suggestion]) -> list[str]:
     """One line per suggestion, flags first so they can be pasted into a launch command."""
     lines = []
-    for i, sug in enumerate(d.advice.suggestions, 1):
+    for i, sug in enumerate(suggestions, 1):
         note = f"; {sug.note}" if sug.note else ""
         lines.append(
             f"{i}. {' '.join(sug.argv)}  → {sug.max_running_requests} running (then bound by "
@@ -131,7 +132,7 @@ def render(inspection: Inspection, console: Console) -> None:
             )
         if advice is not None and advice.suggestions:
             console.print("next step (planner predictions):", highlight=False, markup=False)
-            for line in _suggestion_lines(d):
+            for line in _suggestion_lines(advice.suggestions):
                 console.print(line, highlight=False, markup=False, soft_wrap=True)
         for line in advice.inert if advice else []:
             console.print(f"inert: {line}", highlight=False, markup=False)

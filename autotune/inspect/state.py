@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.inspect.probe import GpuMemory, Probe, StartupPools, server_device
+from autotune.inspect.probe import GpuMemory, InternalState, Probe, StartupPools, server_device
 from autotune.redaction import secret_name
+from autotune.sglang.endpoints import MemoryUsage
 from autotune.sglang.flags import FlagTable
 
 # Flags that say where the server runs, not how it is configured: left out of the config a sweep would tune.
@@ -65,7 +66,7 @@ class ServerState:
     model_path: str | None
     architectures: list[str]
     args: dict[str, Any]  # top-level resolved args
-    state: dict[str, Any]  # internal_states[0]
+    state: InternalState  # internal_states[0]
     launch_command: str | None
     effective_mrr: int
     mamba_slots: int | None
@@ -89,21 +90,21 @@ class ServerState:
         info, model_info = p.server_info, p.model_info or {}
         state = info["internal_states"][0]
         args = {k: v for k, v in info.items() if k != "internal_states"}
-        usage = state.get("memory_usage") or {}
-        graphs = usage.get("graph")
+        usage = state.get("memory_usage")  # absent or null: no figure from it
+        graphs = usage.get("graph") if usage else None
         graph_gib = (
             sum(as_num(v) or 0.0 for v in graphs.values()) if isinstance(graphs, dict) else as_num(graphs)
         )
         metrics = p.metrics or {}
         mamba_slots = as_int(state.get("max_mamba_cache_size"))
         kv_tokens = int(info["max_total_num_tokens"])
-        kv_gib = as_num(usage.get("kvcache"))
+        kv_gib = as_num(usage.get("kvcache")) if usage else None
         if kv_gib is None:
             kv_gib = as_num(metrics.get("sglang:kv_cache_memory_usage_gb"))
         mamba, memory_notes = mamba_memory(usage, metrics, p.log, mamba_slots=mamba_slots, kv_tokens=kv_tokens)
         context = as_int(args.get("context_length")) or as_int(metrics.get("sglang:context_len"))
-        if context is None and args.get("max_req_input_len") is not None:
-            context = int(args["max_req_input_len"]) + 6  # SGLang: min(context_len − 1, kv − 1) − 5
+        if context is None and (max_input := info.get("max_req_input_len")) is not None:
+            context = int(max_input) + 6  # SGLang: min(context_len − 1, kv − 1) − 5
         return cls(
             url=p.url,
             version=info.get("version"),
@@ -119,10 +120,10 @@ class ServerState:
             accept_length=as_num(state.get("avg_spec_accept_length")),
             last_gen_throughput=as_num(state.get("last_gen_throughput")),
             memory={
-                "weights": as_num(usage.get("weight")),
+                "weights": as_num(usage.get("weight")) if usage else None,
                 "kv": kv_gib,
                 "graphs": graph_gib,
-                "startup_available": as_num(usage.get("startup_available")),
+                "startup_available": as_num(usage.get("startup_available")) if usage else None,
                 **mamba,
             },
             memory_notes=memory_notes,
@@ -165,7 +166,7 @@ class ServerState:
 
 
 def mamba_memory(
-    usage: dict[str, Any],
+    usage: MemoryUsage | None,
     metrics: dict[str, float],
     log: StartupPools | None,
     *,
@@ -199,7 +200,7 @@ def mamba_memory(
         note = ("/server_info memory_usage.kvcache is the KV pool only (pass --log with the server's startup log "
                 "to read its `Mamba Cache is allocated` line)")
     # What the server states itself: a memory_usage or /metrics figure named for the Mamba pool, if any.
-    stated = [v for k, v in usage.items() if "mamba" in k.lower() and as_num(v) is not None]
+    stated = [v for k, v in (usage or {}).items() if "mamba" in k.lower() and as_num(v) is not None]
     stated_metrics = [v for k, v in metrics.items() if k.startswith("sglang:mamba") and k.endswith("_gb")]
     if stated or stated_metrics:
         total = sum(as_num(v) or 0.0 for v in stated) if stated else sum(stated_metrics)

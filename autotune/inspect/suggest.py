@@ -63,9 +63,6 @@ class Advice:
     ratio: int | None = None
     requested_mrr: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def _candidates(model_path: str, local: bool) -> list[str]:
     """Bundled-profile names a served model path may stand for, most specific first."""

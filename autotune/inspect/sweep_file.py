@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 from urllib.parse import urlsplit
 
 import tomli_w
 
 from autotune.inspect.diagnose import InspectError, ServerDiagnosis
+from autotune.inspect.suggest import Advice
 
 
 class ParamRange(TypedDict, total=False):
@@ -44,7 +45,33 @@ class WorkloadTable(TypedDict, total=False):
     ignore_eos: bool
 
 
-def _dumps(doc: dict[str, Any]) -> str:
+class StudyTable(TypedDict):
+    """The ``[study]`` keys a sweep file from a diagnosis sets."""
+
+    name: str
+    trials: int
+
+
+class FlagsEntry(TypedDict):
+    """A labelled config: the ``[baseline]`` table, or one ``[[enqueue]]`` entry (flags by dest)."""
+
+    label: str
+    flags: dict[str, Any]
+
+
+class StudyFile(TypedDict):
+    """The study file a diagnosis writes, table by table, in the order it is written (``config.load_config``
+    reads it back)."""
+
+    study: StudyTable
+    engine: EngineTable
+    space: dict[str, ParamRange]
+    baseline: FlagsEntry
+    enqueue: NotRequired[list[FlagsEntry]]
+    workload: NotRequired[WorkloadTable]
+
+
+def _dumps(doc: StudyFile) -> str:
     """The study file's TOML; a value TOML cannot hold is this command's error, not a crash."""
     try:
         return tomli_w.dumps(doc)
@@ -70,9 +97,8 @@ def _float_range(
     return ParamRange(type="float", low=low, high=high, step=step)
 
 
-def space_for(d: ServerDiagnosis) -> dict[str, ParamRange]:
-    """Ranges around the first suggestion (or the current config when there is none)."""
-    advice = d.advice
+def space_for(d: ServerDiagnosis, advice: Advice) -> dict[str, ParamRange]:
+    """Ranges around the first suggestion of ``advice``, ``d``'s (or the current config when there is none)."""
     config = advice.config
     first = advice.suggestions[0].changes if advice.suggestions else {}
     centre = {**config, **first}
@@ -116,7 +142,7 @@ def sweep_toml(d: ServerDiagnosis, *, prompts: str | None = None, trials: int = 
         raise InspectError(
             f"{d.url}: cannot write a sweep file without a {missing} profile",
         )
-    space = space_for(d)
+    space = space_for(d, advice)
     config = advice.config
     fixed = {k: v for k, v in config.items() if k not in space and v is not None and k != "device"}
     baseline = {k: config[k] for k in space if config.get(k) is not None}
@@ -125,15 +151,12 @@ def sweep_toml(d: ServerDiagnosis, *, prompts: str | None = None, trials: int = 
         engine["model"], engine["sim_gpu"] = advice.model, advice.gpu
     else:
         engine["model"], engine["profile"] = d.state.model_path or advice.model, advice.model
-    doc: dict[str, Any] = {
-        "study": {"name": _study_name(d.url, origin), "trials": trials},
-        "engine": EngineTable(**engine, fixed=fixed),
-        "space": space,
-        "baseline": {"label": "running config", "flags": baseline},
-    }
+    doc = StudyFile(study=StudyTable(name=_study_name(d.url, origin), trials=trials),
+                    engine=EngineTable(**engine, fixed=fixed), space=space,
+                    baseline=FlagsEntry(label="running config", flags=baseline))
     if advice.suggestions:
         first = advice.suggestions[0]
-        doc["enqueue"] = [{"label": origin + ": " + " ".join(first.argv), "flags": {**baseline, **first.changes}}]
+        doc["enqueue"] = [FlagsEntry(label=origin + ": " + " ".join(first.argv), flags={**baseline, **first.changes})]
     head = [f"# Written by `autotune {origin} {d.url}`: {d.headline}.", f"# Planner: {advice.reproduction}"]
     if workload is None:
         head.append("# [workload] prompts: the job's own prompts (JSONL rows with \"prompt\" or chat \"messages\"), "

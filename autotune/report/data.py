@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -61,12 +62,22 @@ def model_name(config: Mapping[str, Any]) -> str:
     return str(model or "model")
 
 
-def launch_settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The study's interpreter, device and environment, as ``report.launch_command`` takes them."""
+@dataclass(frozen=True)
+class LaunchSettings:
+    """The study's interpreter (None: ``python``), device and server environment: what the winner's launch line
+    (``report.page.launch_command``) is run with."""
+
+    python: str | None = None
+    device: str = "cuda"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def launch_settings(config: Mapping[str, Any]) -> LaunchSettings:
+    """The study's interpreter, device and environment, from its stored ``[engine]`` table."""
     engine = engine_table(config)
     env = engine.get("env") if isinstance(engine.get("env"), Mapping) else {}
-    return {"python": engine.get("python") or None, "device": str(engine.get("device") or "cuda"),
-            "env": {str(k): str(v) for k, v in env.items()}}
+    return LaunchSettings(python=engine.get("python") or None, device=str(engine.get("device") or "cuda"),
+                          env={str(k): str(v) for k, v in env.items()})
 
 
 def second_objective(config: Mapping[str, Any]) -> str:
@@ -120,9 +131,50 @@ def _probe_figure(fidelity: FidelityFigures | None, figure: str) -> float:
     return float(value) if value is not None else math.nan
 
 
-def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = None,
-         confirmation: Confirmation | None = None) -> dict[str, Any]:
-    result = TrialResult.of(trial)
+@dataclass(frozen=True)
+class TrialRow:
+    """One finished trial as the trials frame shows it (``trials_frame``: one column per field, in this order,
+    then one ``params_<flag>`` column per tuned flag). NaN where a figure is absent."""
+
+    trial: int
+    state: str  # Optuna's state name
+    status: str  # the stored outcome (``OUTCOMES``' keys)
+    outcome: str  # what a reader sees
+    group: str  # the outcome class: the marker a figure uses
+    role: str
+    label: str
+    feasible: bool
+    tok_s: float
+    gpus: int
+    tok_s_per_gpu: float | None  # the score the search ranks by: tok/s ÷ the GPUs the server spanned
+    max_running_requests: float
+    kv_tokens: float
+    mamba_slots: float
+    spec_steps: float
+    headroom_gib: float
+    peak_gib: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    itl_p99_ms: float
+    e2e_p99_ms: float
+    accept_length: float
+    # The fidelity probe against the reference config (``harness.fidelity``); NaN where not probed.
+    outputs_differ: bool
+    outputs_unexpected: bool  # though no table flag changed
+    numerics: str
+    prefix_match: float
+    exact_share: float
+    logprob_delta: float
+    over_numerics_limit: bool
+    planner_note: str
+    reason: str
+    log_path: str
+    trial_dir: str
+
+
+def _row(trial: optuna.trial.FrozenTrial, result: TrialResult | None, limits: Any = None,
+         confirmation: Confirmation | None = None) -> TrialRow:
     status = _status(trial, result)
     outcome, group = OUTCOMES.get(status, (status, "failed"))
     config = result.config if result else {}
@@ -147,53 +199,58 @@ def _row(trial: optuna.trial.FrozenTrial, flags: Iterable[str], limits: Any = No
         tok_s = math.nan
     mrr = cap.max_running_requests if cap and cap.max_running_requests else plan.get("max_running_requests")
     spec = config.get("speculative_num_steps") if config.get("speculative_algorithm") else 0
-    row: dict[str, Any] = {
-        "trial": trial.number, "state": trial.state.name, "status": status, "outcome": outcome, "group": group,
-        "role": trial.user_attrs.get("role", "search"), "label": trial.user_attrs.get("label") or f"trial {trial.number}",
-        "feasible": feasible, "tok_s": tok_s,
-        # the score the search ranks by: tok/s ÷ the GPUs the server spanned (shown beside tok/s where any spans 2+)
-        "gpus": gpus_spanned(result) if result else 1,
-        "tok_s_per_gpu": (per_gpu(result) if result and status == "ok" and metrics is not None
-                          else (0.0 if complete else math.nan)),
-        "max_running_requests": float(mrr) if mrr else math.nan,
-        "kv_tokens": attr_or_nan(cap, "kv_tokens") if cap else float(plan.get("kv_tokens") or math.nan),
-        "mamba_slots": attr_or_nan(cap, "mamba_slots") if cap else float(plan.get("max_mamba_cache_size") or math.nan),
-        "spec_steps": float(spec) if spec is not None else math.nan,
-        "headroom_gib": attr_or_nan(gpu, "headroom_gib"), "peak_gib": attr_or_nan(gpu, "peak_used_gib"),
-        "ttft_p50_ms": attr_or_nan(metrics.ttft_ms, "p50") if metrics else math.nan,
-        "ttft_p99_ms": attr_or_nan(metrics.ttft_ms, "p99") if metrics else math.nan,
-        "itl_p50_ms": attr_or_nan(metrics.itl_ms, "p50") if metrics else math.nan,
-        "itl_p99_ms": attr_or_nan(metrics.itl_ms, "p99") if metrics else math.nan,
-        "e2e_p99_ms": attr_or_nan(metrics.e2e_ms, "p99") if metrics else math.nan,
-        "accept_length": attr_or_nan(metrics, "accept_length"),
-        # The fidelity probe against the reference config (``harness.fidelity``); NaN where not probed.
-        "outputs_differ": bool(fidelity and probed and not fidelity.error and outputs_differ(fidelity)),
-        "outputs_unexpected": bool(fidelity and probed and fidelity.unexpected),  # though no table flag changed
-        "numerics": fidelity_summary(fidelity),
-        "prefix_match": _probe_figure(fidelity, "prefix_match_mean"),
-        "exact_share": _probe_figure(fidelity, "exact_share"),
-        "logprob_delta": _probe_figure(fidelity, "mean_abs_logprob_delta"),
-        "over_numerics_limit": over_numerics,
-        "planner_note": planner_note(plan) if status in ("skipped_infeasible", "startup_oom") else "",
-        "reason": (result.reason if result else None) or trial.user_attrs.get("reason") or "",
-        "log_path": (result.log_path if result else None) or "",
-        "trial_dir": (result.trial_dir if result else None) or "",
-    }
-    for flag in flags:
-        row[PARAM_PREFIX + flag] = trial.params.get(flag, config.get(flag))
-    return row
+    return TrialRow(
+        trial=trial.number, state=trial.state.name, status=status, outcome=outcome, group=group,
+        role=trial.user_attrs.get("role", "search"), label=trial.user_attrs.get("label") or f"trial {trial.number}",
+        feasible=feasible, tok_s=tok_s, gpus=gpus_spanned(result) if result else 1,
+        tok_s_per_gpu=(per_gpu(result) if result and status == "ok" and metrics is not None
+                       else (0.0 if complete else math.nan)),
+        max_running_requests=float(mrr) if mrr else math.nan,
+        kv_tokens=attr_or_nan(cap, "kv_tokens") if cap else float(plan.get("kv_tokens") or math.nan),
+        mamba_slots=attr_or_nan(cap, "mamba_slots") if cap else float(plan.get("max_mamba_cache_size") or math.nan),
+        spec_steps=float(spec) if spec is not None else math.nan,
+        headroom_gib=attr_or_nan(gpu, "headroom_gib"), peak_gib=attr_or_nan(gpu, "peak_used_gib"),
+        ttft_p50_ms=attr_or_nan(metrics.ttft_ms, "p50") if metrics else math.nan,
+        ttft_p99_ms=attr_or_nan(metrics.ttft_ms, "p99") if metrics else math.nan,
+        itl_p50_ms=attr_or_nan(metrics.itl_ms, "p50") if metrics else math.nan,
+        itl_p99_ms=attr_or_nan(metrics.itl_ms, "p99") if metrics else math.nan,
+        e2e_p99_ms=attr_or_nan(metrics.e2e_ms, "p99") if metrics else math.nan,
+        accept_length=attr_or_nan(metrics, "accept_length"),
+        outputs_differ=bool(fidelity and probed and not fidelity.error and outputs_differ(fidelity)),
+        outputs_unexpected=bool(fidelity and probed and fidelity.unexpected),
+        numerics=fidelity_summary(fidelity),
+        prefix_match=_probe_figure(fidelity, "prefix_match_mean"),
+        exact_share=_probe_figure(fidelity, "exact_share"),
+        logprob_delta=_probe_figure(fidelity, "mean_abs_logprob_delta"),
+        over_numerics_limit=over_numerics,
+        planner_note=planner_note(plan) if status in ("skipped_infeasible", "startup_oom") else "",
+        reason=(result.reason if result else None) or trial.user_attrs.get("reason") or "",
+        log_path=(result.log_path if result else None) or "",
+        trial_dir=(result.trial_dir if result else None) or "",
+    )
+
+
+def _param_values(trial: optuna.trial.FrozenTrial, result: TrialResult | None, flags: Iterable[str]) -> list[Any]:
+    """The trial's value of each flag, in order: what the search suggested, else what it launched with."""
+    config = result.config if result else {}
+    return [trial.params.get(flag, config.get(flag)) for flag in flags]
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per finished trial (COMPLETE or FAIL), failures labelled, with the best-so-far feasible tok/s."""
     trials = study.get_trials(deepcopy=False)
     finished = [t for t in trials if t.state.is_finished() and t.state != optuna.trial.TrialState.PRUNED]
+    if not finished:
+        return pd.DataFrame()
     flags = tuned_flags(study)
     limits = numerics_limits(study_config(study))
     confirmation = Confirmation.of(study)
-    frame = pd.DataFrame([_row(t, flags, limits, confirmation) for t in finished])
-    if frame.empty:
-        return frame
+    results = [TrialResult.of(t) for t in finished]
+    # the rows' fields as columns (their values are scalars: no deep copy as ``asdict`` makes)
+    rows = pd.DataFrame([vars(_row(t, r, limits, confirmation)) for t, r in zip(finished, results, strict=True)])
+    params = pd.DataFrame([_param_values(t, r, flags) for t, r in zip(finished, results, strict=True)],
+                          columns=[PARAM_PREFIX + f for f in flags])
+    frame = pd.concat([rows, params], axis=1)
     frame = frame.sort_values("trial", ignore_index=True)
     frame.insert(0, "study", study.study_name)
     frame["best_so_far"] = frame["tok_s"].where(frame["feasible"]).cummax().ffill()

@@ -7,9 +7,31 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
+
+from autotune.report.headline import Gain
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the header card states besides the tables: the study, where it ran, the gain, the winner's and the
+    baseline's trials (``winner`` None: the confirmation crowned none), the winner's launch line, and the
+    confirmation's verdict."""
+
+    study: str
+    model: str
+    gpu: str
+    engine: str
+    gain: Gain
+    winner: int | None
+    baseline: int | None
+    launch: str | None
+    second_objective: str
+    outcome: str  # the confirmation's verdict (``headline.VerdictFacts``)
+    note: str
 
 
 def num(value: Any, fmt: str = "{:,.0f}", suffix: str = "") -> str:
@@ -40,30 +62,30 @@ def _kpi(label: str, value: str, sub: str = "", cls: str = "") -> str:
             f'<div class="value {cls}">{html.escape(value)}</div><div class="sub">{html.escape(sub)}</div></div>')
 
 
-def header_html(f: Mapping[str, Any], t: Mapping[str, pd.DataFrame]) -> str:
+def header_html(f: Facts, t: Mapping[str, pd.DataFrame]) -> str:
     """The header card: the winner against the baseline, or why there is none."""
     trials = t["trials"]
     counts = trials["outcome"].value_counts()
-    meta = (f"{f['model']} on {f['gpu']} · engine {f['engine']} · {len(trials)} trials "
+    meta = (f"{f.model} on {f.gpu} · engine {f.engine} · {len(trials)} trials "
             f"({', '.join(f'{n} {k}' for k, n in counts.items())})")
-    head = [f"<h1>autotune report — {html.escape(f['study'])}</h1>", f'<p class="meta">{html.escape(meta)}</p>']
-    if f["winner"] is None:
+    head = [f"<h1>autotune report — {html.escape(f.study)}</h1>", f'<p class="meta">{html.escape(meta)}</p>']
+    if f.winner is None:
         head.append(_no_winner(f, t))
         return '<header class="card">' + "".join(head) + "</header>"
     hl = t["headline"].set_index("role")
     win, base = hl.loc["winner"], hl.loc["baseline"]
-    g = f["gain"]
-    ci = (f"95% CI {g['ci_low']:.2f}× – {g['ci_high']:.2f}×" if g.get("ci_low") is not None else g.get("note", ""))
-    if g.get("over_defaults"):
-        ci += f" · {g['over_defaults']:.2f}× SGLang defaults"
+    g = f.gain
+    ci = f"95% CI {g.ci_low:.2f}× – {g.ci_high:.2f}×" if g.ci_low is not None else (g.note or "")
+    if g.over_defaults:
+        ci += f" · {g.over_defaults:.2f}× SGLang defaults"
     spread = (f"95% CI {win['tok_s_low']:,.0f}–{win['tok_s_high']:,.0f} over {win['repeats']} runs"
               if win["repeats"] else "single run")
-    ratio = g["gain"]
+    ratio = g.gain
     if win.get("gpus", 1) > 1:  # ranked per GPU: say what the winner's server spans and its per-GPU score
         spread += f" · {int(win['gpus'])} GPUs, {num(win['tok_s_per_gpu'])} tok/s per GPU"
     kpis = [
-        _kpi("winner tok/s" if f.get("outcome") == "winner" else "best trial tok/s (not confirmed)",
-             num(win["tok_s"]), f"trial {f['winner']} · {spread}"),
+        _kpi("winner tok/s" if f.outcome == "winner" else "best trial tok/s (not confirmed)",
+             num(win["tok_s"]), f"trial {f.winner} · {spread}"),
         _kpi("speed vs baseline", num(ratio, "{:.2f}×"), ci, "good" if ratio and ratio > 1 else "bad"),
         _kpi("max running requests", num(win["max_running_requests"]), f"baseline {num(base['max_running_requests'])}"),
         _kpi("KV tokens", num(win["kv_tokens"]), f"baseline {num(base['kv_tokens'])}"),
@@ -72,22 +94,22 @@ def header_html(f: Mapping[str, Any], t: Mapping[str, pd.DataFrame]) -> str:
              f"baseline {num(base['headroom_gib'], '{:.1f}', ' GiB')}"),
     ]
     head.append('<div class="kpis">' + "".join(kpis) + "</div>")
-    noise = f"Confirmation: {g['noise']}." if g.get("noise") else None  # launches, windows, the two noise terms
-    head.append(f'<p class="why">{html.escape(" ".join(filter(None, [_why(base, win), g.get("worst_case"), noise, g.get("job")])))}</p>')
+    noise = f"Confirmation: {g.noise}." if g.noise else None  # launches, windows, the two noise terms
+    head.append(f'<p class="why">{html.escape(" ".join(filter(None, [_why(base, win), g.worst_case, noise, g.job])))}</p>')
     head.append("<h3>Winner vs baseline</h3>" + table(_headline_rows(hl)))
     diff = t["flag_diff"]
     head.append("<h3>Flags that changed</h3>" + (table(diff) if len(diff) else "<p>None: the baseline won.</p>"))
-    head.append(f"<h3>Launch command</h3><pre>{html.escape(f['launch'] or '')}</pre>")
+    head.append(f"<h3>Launch command</h3><pre>{html.escape(f.launch or '')}</pre>")
     return '<header class="card">' + "".join(head) + "</header>"
 
 
-def _no_winner(f: Mapping[str, Any], t: Mapping[str, pd.DataFrame]) -> str:
+def _no_winner(f: Facts, t: Mapping[str, pd.DataFrame]) -> str:
     """The confirmation crowned none: its reason, as the sweep printed it, and the best confirmed estimates (no
     trial is named winner); or, with nothing confirmed and nothing measured, that no trial ran."""
     confirmed = t.get("confirmed")
-    if f.get("outcome") not in ("baseline", "none"):
+    if f.outcome not in ("baseline", "none"):
         return '<p class="bad">No trial ran successfully: see the failures below.</p>'
-    note = str(f.get("note") or "no config beat the baseline")
+    note = f.note or "no config beat the baseline"
     out = [f'<p class="bad">Winner: none. {html.escape(note[:1].upper() + note[1:])} (keep the baseline; nothing to '
            "apply).</p>"]
     if confirmed is not None and len(confirmed):

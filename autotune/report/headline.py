@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import optuna
@@ -23,6 +24,56 @@ from autotune.search.views.summary import confirmation_line, confirmed, confirme
 from autotune.search.views.worstcase import worst_case_line
 
 
+@dataclass(frozen=True)
+class HeadlineRow:
+    """The baseline's or the winner's row of the headline table: its speed (confirmed where the confirmation
+    measured it) and the capacity behind it. NaN where the trial or the figure is absent."""
+
+    trial: float  # the trial number (NaN: no such trial)
+    label: str
+    tok_s: float
+    gpus: int
+    tok_s_per_gpu: float
+    tok_s_low: float
+    tok_s_high: float
+    repeats: int  # clean confirmation launches
+    max_running_requests: float
+    kv_tokens: float
+    mamba_slots: float
+    spec_steps: float
+    headroom_gib: float
+    peak_gib: float
+    ttft_p99_ms: float
+    itl_p99_ms: float
+
+
+@dataclass(frozen=True)
+class Gain:
+    """The winner's speed over the baseline's (``gain``: 2.0 = twice as fast; None when the confirmation crowned
+    none) with the confirmation's 95 % interval or the ``note`` saying why there is none, and the header's other
+    lines: the ratio over SGLang's defaults, the job's hours, the worst case under stress and the noise."""
+
+    gain: float | None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    note: str | None = None
+    over_defaults: float | None = None
+    defaults_how: str | None = None
+    job: str | None = None  # ``[job]``: the job's hours before and after, one line
+    worst_case: str | None = None  # the stress phase's verdict on the winner
+    noise: str | None = None  # the confirmation's launches and noise
+
+
+@dataclass(frozen=True)
+class VerdictFacts:
+    """The confirmation's verdict as the header states it: ``outcome`` (``"winner"``, ``"baseline"``: no config
+    beat it, ``"none"``: no contender ran cleanly, or ``"unconfirmed"``: no finished confirmation, the fastest
+    search trial is shown as not confirmed) and its ``note``, the reason the sweep printed."""
+
+    outcome: str
+    note: str
+
+
 def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
     """Winner vs baseline on the numbers that explain the win: speed (the confirmed estimate and its 95 % interval
     when there was a confirmation stage, ``summary.confirmed_rate``, else the search figure) and the capacity that
@@ -30,7 +81,7 @@ def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
     numbers = {"baseline": baseline_trial(frame, study), "winner": winner_trial(frame, study)}
     by_trial = frame.set_index("trial")
     confirmation = Confirmation.of(study)
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, HeadlineRow] = {}
     for role, number in numbers.items():
         info = by_trial.loc[number] if number is not None and number in by_trial.index else None
         gpus = int(info["gpus"]) if info is not None and "gpus" in info and info["gpus"] == info["gpus"] else 1
@@ -40,20 +91,18 @@ def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
         else:
             tok_s = float(info["tok_s"]) if info is not None else math.nan
             low = high = math.nan
-        rows[role] = {
-            "trial": number if number is not None else math.nan,
-            "label": info["label"] if info is not None else "",
-            "tok_s": tok_s,
-            "gpus": gpus,
-            "tok_s_per_gpu": tok_s / gpus,
-            "tok_s_low": float(low),
-            "tok_s_high": float(high),
-            "repeats": _launches(confirmation, number),
-            **{k: (float(info[k]) if info is not None else math.nan) for k in (
-                "max_running_requests", "kv_tokens", "mamba_slots", "spec_steps", "headroom_gib", "peak_gib",
-                "ttft_p99_ms", "itl_p99_ms")},
-        }
-    return pd.DataFrame.from_dict(rows, orient="index")
+
+        def figure(key: str, info: pd.Series | None = info) -> float:
+            return float(info[key]) if info is not None else math.nan
+
+        rows[role] = HeadlineRow(
+            trial=number if number is not None else math.nan, label=info["label"] if info is not None else "",
+            tok_s=tok_s, gpus=gpus, tok_s_per_gpu=tok_s / gpus, tok_s_low=float(low), tok_s_high=float(high),
+            repeats=_launches(confirmation, number), max_running_requests=figure("max_running_requests"),
+            kv_tokens=figure("kv_tokens"), mamba_slots=figure("mamba_slots"), spec_steps=figure("spec_steps"),
+            headroom_gib=figure("headroom_gib"), peak_gib=figure("peak_gib"), ttft_p99_ms=figure("ttft_p99_ms"),
+            itl_p99_ms=figure("itl_p99_ms"))
+    return pd.DataFrame.from_dict({role: asdict(row) for role, row in rows.items()}, orient="index")
 
 
 def _launches(confirmation: Confirmation | None, number: int | None) -> int:
@@ -66,7 +115,7 @@ def _launches(confirmation: Confirmation | None, number: int | None) -> int:
     return stats.runs - stats.failed
 
 
-def gain(study: optuna.Study, headline: pd.DataFrame) -> dict[str, Any]:
+def gain(study: optuna.Study, headline: pd.DataFrame) -> Gain:
     """Winner/baseline speed ratio (2.0 = twice as fast), with the confirmation stage's CI when there is one,
     the ratio over SGLang's own defaults when the confirmation measured (or predicted) them, and, with ``[job]``,
     the job's hours before and after (``job``: one line)."""
@@ -77,32 +126,29 @@ def gain(study: optuna.Study, headline: pd.DataFrame) -> dict[str, Any]:
     over_defaults = win / base_defaults if base_defaults and not math.isnan(win) else None
     number = headline.loc["winner", "trial"]
     job = job_for_study(study, None if number != number else int(number))  # [job]: the job's hours, both ways
-    common = {"over_defaults": over_defaults, "defaults_how": defaults.how if defaults is not None else None,
-              "job": job and job["line"],
-              "worst_case": worst_case_line(confirmation, int(number)) if number == number else None,  # stress
-              "noise": confirmation_line(confirmation) if confirmation is not None and confirmation.complete
-              else None}  # its noise
+    common = Gain(gain=None, over_defaults=over_defaults, defaults_how=defaults.how if defaults is not None else None,
+                  job=job["line"] if job else None,
+                  worst_case=worst_case_line(confirmation, int(number)) if number == number else None,  # stress
+                  noise=confirmation_line(confirmation) if confirmation is not None and confirmation.complete
+                  else None)  # its noise
     verdict = confirmation.verdict if confirmation is not None else None
     if verdict is not None and verdict.gain is not None:
-        return {"gain": float(verdict.gain), "ci_low": verdict.ci_low, "ci_high": verdict.ci_high,
-                "note": verdict.note, **common}
+        return replace(common, gain=float(verdict.gain), ci_low=verdict.ci_low, ci_high=verdict.ci_high,
+                       note=verdict.note)
     if number != number and confirmed(confirmation) is not None:  # the confirmation crowned none: no gain to give
-        return {"gain": None, "ci_low": None, "ci_high": None, "note": verdict_facts(study)["note"], **common}
+        return replace(common, note=verdict_facts(study).note)
     base = headline.loc["baseline", "tok_s_per_gpu"]
     value = win / base if base and not math.isnan(base) and base > 0 else math.nan
-    return {"gain": value, "ci_low": None, "ci_high": None, "note": "single measurement (no confirmation stage)",
-            **common}
+    return replace(common, gain=value, note="single measurement (no confirmation stage)")
 
 
-def verdict_facts(study: optuna.Study) -> dict[str, Any]:
-    """The confirmation's verdict as the header states it: ``outcome`` (``"winner"``, ``"baseline"``: no config beat
-    it, ``"none"``: no contender ran cleanly, or ``"unconfirmed"``: no finished confirmation, the fastest search
-    trial is shown as not confirmed) and its ``note``, the reason the sweep printed."""
+def verdict_facts(study: optuna.Study) -> VerdictFacts:
+    """The confirmation's verdict as the header states it (``VerdictFacts``)."""
     verdict = confirmed(Confirmation.of(study))
     if verdict is None:
-        return {"outcome": "unconfirmed", "note": "not confirmed: single search measurements"}
+        return VerdictFacts(outcome="unconfirmed", note="not confirmed: single search measurements")
     note = verdict.note or ("" if verdict.outcome == "winner" else "no config beat the baseline")
-    return {"outcome": verdict.outcome, "note": note}
+    return VerdictFacts(outcome=verdict.outcome, note=note)
 
 
 def confirmed_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 import optuna
@@ -19,6 +19,18 @@ from autotune.report.data import attr_or_nan, baseline_trial
 from autotune.results import TrialResult
 
 QUANTILES = {"p5": 5, "p25": 25, "p50": 50, "p75": 75, "p90": 90, "p95": 95, "p99": 99}
+
+
+class RecordLine(TypedDict, total=False):
+    """One line of a trial's ``records.jsonl``, the keys this figure reads: the replay client's
+    (``harness.workload.records.RequestRecord``: ``sent`` and ``chunks`` of (arrival, new tokens), seconds) or
+    pre-computed per-request ``ttft_s`` and ``itl_s``. A record with an ``error`` is left out."""
+
+    sent: float | None
+    chunks: list[tuple[float, int]]
+    error: str | None
+    ttft_s: float | None
+    itl_s: list[float] | None
 
 
 def key_trials(frame: pd.DataFrame, study: optuna.Study, top: int = 3) -> list[int]:
@@ -32,7 +44,7 @@ def key_trials(frame: pd.DataFrame, study: optuna.Study, top: int = 3) -> list[i
     return numbers
 
 
-def _records(trial_dir: str, base_dir: Path | None) -> list[dict[str, Any]]:
+def _records(trial_dir: str, base_dir: Path | None) -> list[RecordLine]:
     if not trial_dir:
         return []
     path = Path(trial_dir) / "records.jsonl"
@@ -76,22 +88,23 @@ def latency_frame(frame: pd.DataFrame, study: optuna.Study, *, top: int = 3,
     return pd.DataFrame(rows, columns=["trial", "label", "role", "metric", *QUANTILES, "mean", "n", "source"])
 
 
-def _record_values(records: list[dict[str, Any]], metric: str) -> np.ndarray:
+def _record_values(records: list[RecordLine], metric: str) -> np.ndarray:
     """Seconds → ms, from either the replay client's records (``sent`` + ``chunks`` of (arrival, tokens), ITL
     spread over a chunk's tokens as the metrics do) or pre-computed ``ttft_s`` / ``itl_s`` fields."""
     values: list[float] = []
     for rec in records:
         if rec.get("error"):
             continue
-        if "chunks" in rec and rec.get("sent") is not None:
+        sent = rec.get("sent")
+        if "chunks" in rec and sent is not None:
             arrivals = [(float(t), int(n)) for t, n in rec["chunks"] if int(n) > 0]
             if metric == "ttft" and arrivals:
-                values.append(arrivals[0][0] - float(rec["sent"]))
+                values.append(arrivals[0][0] - float(sent))
             elif metric == "itl":
                 for (prev, _), (t, n) in zip(arrivals, arrivals[1:], strict=False):
                     values.extend([(t - prev) / n] * n)
-        elif metric == "ttft" and rec.get("ttft_s") is not None:
-            values.append(rec["ttft_s"])
+        elif metric == "ttft" and (ttft := rec.get("ttft_s")) is not None:
+            values.append(ttft)
         elif metric == "itl":
             values.extend(rec.get("itl_s") or [])
     return np.asarray(values, dtype=float) * 1000.0

@@ -16,6 +16,7 @@ from typing import Any
 
 import optuna
 import pandas as pd
+import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
@@ -25,7 +26,7 @@ from autotune.redaction import env_for_files, redact_url, reference
 from autotune.report import data as data
 from autotune.report import figures as figures
 from autotune.report import numerics as report_numerics
-from autotune.report.header import header_html
+from autotune.report.header import Facts, header_html
 from autotune.report.header import num as _num
 from autotune.report.header import table as _table
 from autotune.report.headline import (
@@ -54,7 +55,7 @@ class Report:
 
     study: optuna.Study
     tables: dict[str, pd.DataFrame]
-    facts: dict[str, Any]
+    facts: Facts
     compare: dict[str, pd.DataFrame] = field(default_factory=dict)
 
 
@@ -93,14 +94,13 @@ def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study
     per_gpu = per_gpu_frame(study)
     if len(per_gpu) > 1:  # a study swept on several GPUs: show the device-to-device spread
         tables["per_gpu"] = per_gpu
-    facts = {
-        "study": study.study_name, "model": data.model_name(config), "gpu": device_name(config),
-        "engine": engine_kind(config), "gain": gain(study, headline), "winner": win_no, "baseline": base_no,
-        "launch": launch_command(win_cfg, data.model_name(config), **data.launch_settings(config))
+    verdict = verdict_facts(study)  # outcome and note: the confirmation's verdict, as the sweep printed it
+    facts = Facts(
+        study=study.study_name, model=data.model_name(config), gpu=device_name(config), engine=engine_kind(config),
+        gain=gain(study, headline), winner=win_no, baseline=base_no,
+        launch=launch_command(win_cfg, data.model_name(config), data.launch_settings(config))
         if win_no is not None else None,
-        "second_objective": data.second_objective(config),
-        **verdict_facts(study),  # outcome and note: the confirmation's verdict, as the sweep printed it
-    }
+        second_objective=data.second_objective(config), outcome=verdict.outcome, note=verdict.note)
     frames: dict[str, pd.DataFrame] = {}
     if compare:
         frames = {study.study_name: trials}
@@ -119,21 +119,22 @@ def _trials(study: optuna.Study) -> pd.DataFrame:
     return trials
 
 
-def launch_command(config: Mapping[str, Any], model: str, *, python: str | None = None, device: str = "cuda",
-                   env: Mapping[str, str] | None = None) -> str:
+def launch_command(config: Mapping[str, Any], model: str,
+                   settings: data.LaunchSettings | None = None) -> str:
     """The winner's launch line, rendered by the flag table when available (exact SGLang spelling), with the
     study's interpreter, device and environment; a secret-looking value is shown as ``"$NAME"``, never itself."""
+    settings = settings or data.LaunchSettings()
     flags = dict(config)
     model = str(flags.pop("model_path", None) or model)
-    head = [python or "python", "-m", "sglang.launch_server", "--model-path", model]
-    if device == "cpu" and not flags.get("device"):
+    head = [settings.python or "python", "-m", "sglang.launch_server", "--model-path", model]
+    if settings.device == "cpu" and not flags.get("device"):
         head += ["--device", "cpu"]
     try:
         argv = list(FlagTable.bundled().to_argv(flags))
     except (ImportError, AttributeError, AutotuneError):
         argv = _plain_argv(flags)
     assignments = [f'{key}="${name}"' if (name := reference(value)) else shlex.quote(f"{key}={value}")
-                   for key, value in env_for_files(env or {}).items()]
+                   for key, value in env_for_files(settings.env).items()]
     return " ".join([*assignments, shlex.join(head + argv)])
 
 
@@ -148,10 +149,10 @@ def _plain_argv(flags: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-def figures_for(report: Report) -> dict[str, Any]:
+def figures_for(report: Report) -> dict[str, go.Figure]:
     """Section key → figure, skipping figures whose data is absent (e.g. no second objective)."""
     t = report.tables
-    out: dict[str, Any] = {
+    out: dict[str, go.Figure] = {
         "history": figures.history_figure(t["trials"]),
         "capacity": figures.capacity_figure(t["trials"]),
     }
@@ -165,7 +166,7 @@ def figures_for(report: Report) -> dict[str, Any]:
     if not t["latency"].empty:
         out["latency"] = figures.latency_figure(t["latency"])
     if not t["pareto"].empty:
-        out["pareto"] = figures.pareto_figure(t["pareto"], report.facts["second_objective"])
+        out["pareto"] = figures.pareto_figure(t["pareto"], report.facts.second_objective)
     if not (stability := stability_frame(report.study)).empty:  # every measured trial's per-slice tok/s
         out["stability"] = figures.stability_figure(stability)
     if report.compare:
@@ -275,7 +276,7 @@ nav a{margin-right:14px;color:#2563eb;text-decoration:none} .note{color:#6b7280;
 """
 
 
-def _section(key: str, fig: Any) -> str:
+def _section(key: str, fig: go.Figure) -> str:
     title, explain = SECTIONS[key]
     div = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f"fig-{key}", default_width="100%",
                       config={"displaylogo": False, "responsive": True})
@@ -289,8 +290,8 @@ def _numerics_section(report: Report) -> str:
     limits = data.numerics_limits(data.study_config(report.study))
     if t["numerics"].empty and not limits.limits():
         return ""
-    return report_numerics.section_html(t["trials"], t["numerics"], report.study, winner=f["winner"],
-                                        baseline=f["baseline"], table_html=_table)
+    return report_numerics.section_html(t["trials"], t["numerics"], report.study, winner=f.winner,
+                                        baseline=f.baseline, table_html=_table)
 
 
 def _importance_note(report: Report) -> str:
@@ -304,7 +305,7 @@ def _importance_note(report: Report) -> str:
             "the top trials do not differ from the rest in any flag.</p></section>")
 
 
-def render(report: Report, figs: Mapping[str, Any]) -> str:
+def render(report: Report, figs: Mapping[str, go.Figure]) -> str:
     """One self-contained page: plotly.js inlined once in the head, then the header card and the sections."""
     sections = [_section(key, figs[key]) if key in figs else _importance_note(report)
                 for key in SECTIONS if key in figs or key == "importance"]
@@ -336,7 +337,7 @@ def render(report: Report, figs: Mapping[str, Any]) -> str:
     nav = " ".join(f'<a href="#{k}">{html.escape(SECTIONS[k][0])}</a>' for k in SECTIONS if k in figs)
     if numerics_html:
         nav = '<a href="#numerics">Numerics</a> ' + nav
-    title = html.escape(f"autotune report — {report.facts['study']}")
+    title = html.escape(f"autotune report — {report.facts.study}")
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{CSS}</style>'
