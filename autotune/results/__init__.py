@@ -91,10 +91,6 @@ class Percentiles:
     p99: float | None = None
     mean: float | None = None
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> Percentiles | None:
-        return from_known(cls, data)
-
 
 @dataclass(frozen=True, kw_only=True)
 class Metrics:
@@ -112,16 +108,13 @@ class Metrics:
     window_s: float = 0.0
     concurrency: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Metrics | None:
         if data is None:
             return None
         data = dict(data)
         for key in ("ttft_ms", "itl_ms", "e2e_ms"):
-            data[key] = Percentiles.from_dict(data.get(key)) or Percentiles()
+            data[key] = from_known(Percentiles, data.get(key)) or Percentiles()
         return from_known(cls, data)
 
 
@@ -227,9 +220,6 @@ class Window:
     def ok(self) -> bool:
         return self.status == "ok" and self.output_tok_s is not None
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Window:
         return from_known(cls, data)
@@ -325,7 +315,7 @@ class TrialResult:
             data[key] = peaks.to_dict() if peaks is not None else None
         data["fidelity"] = self.fidelity.to_dict() if self.fidelity is not None else None
         data["measurement"] = self.measurement.to_dict() if self.measurement is not None else None
-        data["windows"] = None if self.windows is None else [w.to_dict() for w in self.windows]
+        data["windows"] = None if self.windows is None else [asdict(w) for w in self.windows]
         return data
 
     @classmethod
