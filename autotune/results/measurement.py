@@ -19,10 +19,7 @@ class Rejections:
     count: int
     of: int
     kinds: Mapping[str, int]
-    first: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "of": self.of, "kinds": dict(self.kinds), "first": self.first}
+    first: str | None = None  # stored as ``asdict`` writes it (``MeasurementVerdict``'s ``Sparse.to_dict``)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Rejections | None:
