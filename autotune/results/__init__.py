@@ -220,6 +220,9 @@ class Window:
     def ok(self) -> bool:
         return self.status == "ok" and self.output_tok_s is not None
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Window:
         return from_known(cls, data)
@@ -315,7 +318,7 @@ class TrialResult:
             data[key] = peaks.to_dict() if peaks is not None else None
         data["fidelity"] = self.fidelity.to_dict() if self.fidelity is not None else None
         data["measurement"] = self.measurement.to_dict() if self.measurement is not None else None
-        data["windows"] = None if self.windows is None else [asdict(w) for w in self.windows]
+        data["windows"] = None if self.windows is None else [w.to_dict() for w in self.windows]
         return data
 
     @classmethod
