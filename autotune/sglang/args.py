@@ -12,8 +12,8 @@ from autotune.sglang.envs import parse_bool
 from autotune.sglang.mamba_tree import MambaTree, mamba_tree_refusal, resolve_mamba_tree
 from autotune.sglang.profiles import GpuProfile, ModelProfile, vit_factor
 
-__all__ = ["PlanFailure", "PlanStop", "Spec", "Strategy", "decode_bs_list", "default_mem_fraction", "env_bool", "graph_settings",
-           "mamba_slots_per_request", "mamba_tracking_slots", "prefill_token_buckets", "resolve_spec",
+__all__ = ["PlanFailure", "PlanStop", "Spec", "Strategy", "decode_bs_list", "default_mem_fraction", "env_bool",
+           "graph_settings", "mamba_slots_per_request", "mamba_tracking_slots", "prefill_token_buckets", "resolve_spec",
            "resolve_strategy"]
 
 PlanFailure = Literal["startup_oom", "runtime_oom", "bad_args"]
