@@ -9,6 +9,7 @@ fitted on the seed point (~2,000 tok/s at 16 running requests on a B200).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -259,8 +260,8 @@ def _confirm(study: optuna.Study, results: dict[int, TrialResult], rng: np.rando
         for repeat in range(3):
             base = results[number]
             tok_s = (base.output_tok_s or 0.0) * float(rng.normal(1.0, 0.01))
-            metrics = Metrics.from_dict({**base.metrics.to_dict(), "output_tok_s": tok_s})
-            rerun = TrialResult.from_dict({**base.to_dict(), "metrics": metrics.to_dict()})
+            metrics = Metrics.from_dict({**dataclasses.asdict(base.metrics), "output_tok_s": tok_s})
+            rerun = TrialResult.from_dict({**base.to_dict(), "metrics": dataclasses.asdict(metrics)})
             runs.append({"trial": number, "repeat": repeat, "result": rerun.to_dict()})
             values.append(tok_s)
         medians[number] = float(np.median(values))

@@ -159,7 +159,7 @@ class Scaled(PlannerRunner):
             return result
         m = result.metrics
         return TrialResult.from_dict({**result.to_dict(), "metrics": {
-            **m.to_dict(), "output_tok_s": m.output_tok_s * self.factor}})
+            **dataclasses.asdict(m), "output_tok_s": m.output_tok_s * self.factor}})
 
 
 @pytest.mark.parametrize("factor, confirmed", [(0.3, False), (1.0, True)])
@@ -343,7 +343,7 @@ class Twin(PlannerRunner):
             return result
         m = result.metrics
         return TrialResult.from_dict({**result.to_dict(), "metrics": {
-            **m.to_dict(), "output_tok_s": m.output_tok_s * self.FACTOR[number]}})
+            **dataclasses.asdict(m), "output_tok_s": m.output_tok_s * self.FACTOR[number]}})
 
 
 TWIN = """

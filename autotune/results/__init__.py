@@ -91,10 +91,6 @@ class Percentiles:
     p99: float | None = None
     mean: float | None = None
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any] | None) -> Percentiles | None:
-        return from_known(cls, data)
-
 
 @dataclass(frozen=True, kw_only=True)
 class Metrics:
@@ -112,16 +108,13 @@ class Metrics:
     window_s: float = 0.0
     concurrency: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @classmethod
     def from_dict(cls, data: dict[str, Any] | None) -> Metrics | None:
         if data is None:
             return None
         data = dict(data)
         for key in ("ttft_ms", "itl_ms", "e2e_ms"):
-            data[key] = Percentiles.from_dict(data.get(key)) or Percentiles()
+            data[key] = from_known(Percentiles, data.get(key)) or Percentiles()
         return from_known(cls, data)
 
 

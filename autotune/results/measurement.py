@@ -14,15 +14,13 @@ from autotune.results.stored import Sparse, from_known, typed
 @dataclass(frozen=True, kw_only=True)
 class Rejections:
     """Requests of a replay the server refused or aborted: how many ``of`` the requests sent, by kind (``HTTP 400``,
-    ``aborted by server``; most first), and the first one's message, shortened."""
+    ``aborted by server``; most first), and the first one's message, shortened. Stored as its fields (the
+    ``dataclasses.asdict`` of ``MeasurementVerdict``'s stored form)."""
 
     count: int
     of: int
     kinds: Mapping[str, int]
     first: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "of": self.of, "kinds": dict(self.kinds), "first": self.first}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Rejections | None:

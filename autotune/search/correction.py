@@ -32,6 +32,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.results import TrialResult
+from autotune.results.plan import PlanDetails
 from autotune.search.space import Feasibility, key_of
 
 LAUNCHED_FAILURES = frozenset({"startup_oom", "runtime_oom", "bad_args"})  # the same config fails the same way
@@ -143,7 +144,7 @@ class CorrectedFeasibility(Feasibility):
         delta = self.room_offset(mp.gib.activations)
         headroom = mp.gib.headroom + delta
         gib = dataclasses.replace(mp.gib, headroom=round(headroom, 4))
-        extra = {**mp.extra, "room_correction_gib": round(delta, 3)}
+        extra: PlanDetails = {**mp.extra, "room_correction_gib": round(delta, 3)}
         if headroom >= 0 and not mp.fits:
             return dataclasses.replace(mp, fits=True, failure=None, gib=gib, extra=extra,
                                        message=f"corrected planner: fits with {headroom:.2f} GiB headroom (the "

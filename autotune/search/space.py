@@ -68,7 +68,7 @@ def planner_ratio(model: Any, gpu: Any) -> Callable[[Mapping[str, Any]], int]:
     depend on both, e.g. a B200 with speculative decoding pages by 64 and so keeps extra_buffer)."""
     def ratio(config: Mapping[str, Any]) -> int:
         try:
-            return int(resolve_strategy(model, gpu, config, resolve_spec(model, config), env=env_strings(config))["ratio"])
+            return resolve_strategy(model, gpu, config, resolve_spec(model, config), env=env_strings(config)).ratio
         except PlanStop:  # arguments SGLang rejects: the planner records the trial as bad_args anyway
             return mamba_ratio(config)
 

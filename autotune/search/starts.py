@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -84,6 +85,17 @@ def random_values(space: Space, rng: np.random.Generator) -> dict[str, Any]:
     return values
 
 
+@dataclass(frozen=True, kw_only=True)
+class _Start:
+    """A sampled config the planner is sure starts, with what it planned: the running cap, the KV pool's tokens and
+    the headroom at peak (GiB)."""
+
+    config: Mapping[str, Any]
+    running: int
+    kv_tokens: int
+    headroom_gib: float
+
+
 def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[int], max_tokens: int, n: int,
                  seed: int, samples: int = 300, exclude: list[Mapping[str, Any]] = (),
                  hold: Mapping[str, Any] | None = None, per_request: list[int] | None = None,
@@ -99,7 +111,7 @@ def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[i
     rng = np.random.default_rng(seed)
     held = {k: v for k, v in (hold or {}).items() if k in space.names and k not in MEMORY_LEVERS}
     seen = {key_of(c) for c in exclude}
-    candidates: list[tuple[int, int, float, dict[str, Any]]] = []  # running cap, KV tokens, headroom, config
+    candidates: list[_Start] = []
     for _ in range(samples):
         config = space.complete({**random_values(space, rng), **held})
         if key_of(config) in seen:
@@ -107,19 +119,19 @@ def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[i
         seen.add(key_of(config))
         memory_plan = feasibility.predict(config, inert=False)
         if memory_plan.fits and memory_plan.gib.headroom >= feasibility.margin_gib:
-            candidates.append((memory_plan.max_running_requests, memory_plan.kv_tokens, memory_plan.gib.headroom,
-                               config))
-    candidates.sort(key=lambda c: (c[0], c[2]), reverse=True)
+            candidates.append(_Start(config=config, running=memory_plan.max_running_requests,
+                                     kv_tokens=memory_plan.kv_tokens, headroom_gib=memory_plan.gib.headroom))
+    candidates.sort(key=lambda c: (c.running, c.headroom_gib), reverse=True)
     if per_request is None:
         shares = [OUTPUT_SHARES[round(i * (len(OUTPUT_SHARES) - 1) / max(1, n - 1))] for i in range(n)]
         per_request = [tokens_per_request(prompt_chars, max_tokens, share) for share in shares]
     chosen: list[dict[str, Any]] = []
     for tokens in per_request[:n]:
         # more requests than the pool holds would be retracted by SGLang, not served
-        pick = next((c for c in candidates if c[0] * _held_per_request(c[3], tokens, shared_prefix) <= c[1]
-                     and c[3] not in chosen), None)
+        pick = next((c for c in candidates if c.running * _held_per_request(c.config, tokens, shared_prefix)
+                     <= c.kv_tokens and c.config not in chosen), None)
         if pick is not None:
-            chosen.append(pick[3])
+            chosen.append(dict(pick.config))
     return chosen
 
 

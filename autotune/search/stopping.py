@@ -93,9 +93,6 @@ class SearchStop:
         return cls(str(stored.get("rule")), str(stored.get("why") or ""), int(stored.get("launches") or 0),
                    int(stored.get("budget") or 0))
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
     @property
     def line(self) -> str:
         """The summary's line on how the search ended."""
@@ -114,7 +111,7 @@ def stopped_early(study: optuna.Study, rule: Patience, budget: int, progress: An
         return False
     record = SearchStop.ended(why, done, budget)
     if SearchStop.of(study.user_attrs) != record:
-        study.set_user_attr(STOP_ATTR, record.to_dict())
+        study.set_user_attr(STOP_ATTR, asdict(record))
         if why is not None:
             progress.log(record.line)
     return why is not None

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from autotune.results.plan import AdaptiveFigures
 from autotune.sglang.args import PlanStop
 
 __all__ = ["AdaptiveSpec", "SlotConfig", "load_config", "resolve", "settled_steps", "slot_for",
@@ -72,7 +73,7 @@ class AdaptiveSpec:
         cands = self.table[key].candidates
         return self.initial_steps if self.initial_steps in cands else cands[len(cands) // 2]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> AdaptiveFigures:
         return {"initial_steps": self.initial_steps, "candidates": list(self.candidates),
                 "max_draft_tokens": self.max_draft_tokens,
                 "slots": {str(k): {"candidate_steps": list(v.candidates), "up_hysteresis": v.up_hysteresis,
@@ -80,11 +81,11 @@ class AdaptiveSpec:
                           for k, v in sorted(self.table.items())}}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> AdaptiveSpec:
+    def from_dict(cls, data: AdaptiveFigures) -> AdaptiveSpec:
         """Back from ``to_dict`` (the plan's ``extra["adaptive"]``, which the simulator reads)."""
         table = {int(k): SlotConfig(tuple(int(x) for x in v["candidate_steps"]), float(v["up_hysteresis"]),
                                     float(v["down_hysteresis"]), float(v["ceiling_coeff"]))
-                 for k, v in dict(data["slots"]).items()}
+                 for k, v in data["slots"].items()}
         return cls(table, int(data["initial_steps"]))
 
     def steps_for(self, batch: int, graph_bs: tuple[int, ...] | list[int] | None, alpha: float) -> int:

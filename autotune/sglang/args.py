@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from autotune.sglang.envs import parse_bool
-from autotune.sglang.mamba_tree import mamba_tree_refusal, resolve_mamba_tree
+from autotune.sglang.mamba_tree import MambaTree, mamba_tree_refusal, resolve_mamba_tree
 from autotune.sglang.profiles import GpuProfile, ModelProfile, vit_factor
 
-__all__ = ["PlanFailure", "PlanStop", "Spec", "decode_bs_list", "default_mem_fraction", "env_bool", "graph_settings",
-           "mamba_slots_per_request", "mamba_tracking_slots", "prefill_token_buckets", "resolve_spec",
+__all__ = ["PlanFailure", "PlanStop", "Spec", "Strategy", "decode_bs_list", "default_mem_fraction", "env_bool",
+           "graph_settings", "mamba_slots_per_request", "mamba_tracking_slots", "prefill_token_buckets", "resolve_spec",
            "resolve_strategy"]
 
 PlanFailure = Literal["startup_oom", "runtime_oom", "bad_args"]
@@ -156,8 +156,24 @@ def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> Spec:
                 warnings=tuple(warnings))
 
 
+@dataclass(frozen=True, kw_only=True)
+class Strategy:
+    """The radix cache and attention as SGLang resolves them (``resolve_strategy``): the Mamba strategy, overlap,
+    backend, page size, Mamba slots per running request (``ratio``) and the radix tree's Mamba-state levers."""
+
+    strategy: str
+    overlap: bool
+    attention_backend: str
+    page_size: int
+    ratio: int
+    radix_off: bool
+    skip_decode_lock: bool
+    tracking_slots: int  # extra_buffer's tracking copies per request (in ``ratio``)
+    tree: MambaTree
+
+
 def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any], spec: Spec, *,
-                     env: Mapping[str, str] | None = None) -> dict[str, Any]:
+                     env: Mapping[str, str] | None = None) -> Strategy:
     """Mamba radix-cache strategy, overlap, attention backend and page size (``srt/arg_groups/overrides.py``, called
     from ``model_hook.py``); ``env`` is the server's environment (the decode-lock switch moves the ratio)."""
     radix_off = bool(f.get("disable_radix_cache"))
@@ -207,9 +223,9 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
                                     f"flashinfer or triton attention backend (got {backend})")
     skip = env_bool(env, SKIP_DECODE_LOCK)
     ratio = mamba_slots_per_request(strategy, overlap=overlap, radix_off=radix_off, skip_decode_lock=skip)
-    return {"strategy": strategy, "overlap": overlap, "attention_backend": backend, "page_size": page,
-            "ratio": ratio, "radix_off": radix_off, "skip_decode_lock": skip,
-            "tracking_slots": 0 if radix_off else mamba_tracking_slots(strategy, overlap=overlap), **tree.to_dict()}
+    return Strategy(strategy=strategy, overlap=overlap, attention_backend=backend, page_size=page, ratio=ratio,
+                    radix_off=radix_off, skip_decode_lock=skip,
+                    tracking_slots=0 if radix_off else mamba_tracking_slots(strategy, overlap=overlap), tree=tree)
 
 
 def graph_settings(f: Mapping[str, Any]) -> tuple[bool, bool]:

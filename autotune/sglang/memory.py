@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from autotune.results.plan import PlanDetails
 from autotune.sglang import adaptive as adaptive_spec
 from autotune.sglang import memory_levers as levers
 from autotune.sglang import memory_steps as step
@@ -63,7 +64,7 @@ class MemoryPlan:
     inert: list[str]  # flags given that change nothing under the others
     gib: MemoryGiB
     # Resolution details the simulator and the report use.
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: PlanDetails = field(default_factory=PlanDetails)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -186,34 +187,36 @@ def _chain(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], t: _Trace, f
     step.check_headroom(h, r, g, gpu)
 
 
-def _extra(t: _Trace, f: Mapping[str, Any]) -> dict[str, Any]:
+def _extra(t: _Trace, f: Mapping[str, Any]) -> PlanDetails:
     """``MemoryPlan.extra``: each finished step's details, in the order the steps ran."""
     s = t.start
-    ex: dict[str, Any] = dict(
+    ex = PlanDetails(
         pre_gib=round(s.pre_gib, 4), total_gib=round(s.total_gib, 4), cuda_context_gib=s.cuda_context_gib,
         tp_size=s.tp, pp_size=s.pp, attn_tp_size=s.attn_tp, spec=False, draft_tokens=0, spec_steps=0, spec_topk=0,
         requested_mrr=f.get("max_running_requests"), binding=None, startup_s=0.0, runtime_oom_tokens=None,
         static_gib=0.0, peak_gib=0.0, rest_gib=0.0)
     if t.spec:
-        ex.update(spec=t.spec.on, spec_algorithm=t.spec.algorithm, draft_tokens=t.spec.draft_tokens,
-                  spec_steps=t.spec.steps, spec_topk=t.spec.topk)
+        ex.update({"spec": t.spec.on, "spec_algorithm": t.spec.algorithm, "draft_tokens": t.spec.draft_tokens,
+                   "spec_steps": t.spec.steps, "spec_topk": t.spec.topk})
     if t.layout:
-        lay = t.layout
-        ex.update(strategy=lay.strategy, overlap=lay.overlap, radix_cache=not lay.radix_off,
-                  attention_backend=lay.attention_backend, page_size=lay.page_size,
-                  ratio=lay.ratio if lay.has_mamba else None, skip_decode_lock=lay.skip_decode_lock,
-                  tracking_slots=lay.tracking_slots)
-        ex.update(_mamba_tree(f, t).to_dict())
+        lay, tree = t.layout, _mamba_tree(f, t)
+        ex.update({"strategy": lay.strategy, "overlap": lay.overlap, "radix_cache": not lay.radix_off,
+                   "attention_backend": lay.attention_backend, "page_size": lay.page_size,
+                   "ratio": lay.ratio if lay.has_mamba else None, "skip_decode_lock": lay.skip_decode_lock,
+                   "tracking_slots": lay.tracking_slots, "mamba_tree": tree.mamba_tree,
+                   "mamba_checkpoint_grid": tree.mamba_checkpoint_grid,
+                   "mamba_track_interval": tree.mamba_track_interval, "mamba_track_grid": tree.mamba_track_grid,
+                   "mamba_max_states_per_path": tree.mamba_max_states_per_path})
     if t.sizes:
-        ex.update(chunked_prefill_size=t.sizes.chunk, context_len=t.sizes.context_len)
+        ex.update({"chunked_prefill_size": t.sizes.chunk, "context_len": t.sizes.context_len})
     if t.weights:
-        ex.update(startup_s=t.weights.startup_s, static_gib=t.weights.held_gib, peak_gib=t.weights.held_gib,
-                  target_weights_gib=round(t.weights.target_gib, 4))
+        ex.update({"startup_s": t.weights.startup_s, "static_gib": t.weights.held_gib,
+                   "peak_gib": t.weights.held_gib, "target_weights_gib": round(t.weights.target_gib, 4)})
     if t.mamba:
         m = t.mamba
         ex["mamba_slot_bytes"] = m.slot_bytes
         if m.slots is not None:
-            ex.update(mamba_full_memory_ratio=m.full_memory_ratio, ssm_dtype=m.ssm_dtype)
+            ex.update({"mamba_full_memory_ratio": m.full_memory_ratio, "ssm_dtype": m.ssm_dtype})
         ex["rest_gib"] = round(m.rest_bytes / GIB, 4)
     if t.kv:
         ex["kv_cell_bytes"] = t.kv.cell_bytes
@@ -224,9 +227,9 @@ def _extra(t: _Trace, f: Mapping[str, Any]) -> dict[str, Any]:
     if t.graphs and t.weights and t.headroom:
         g, w, h = t.graphs, t.weights, t.headroom
         static = s.cuda_context_gib + h.static_gib + g.gib
-        ex.update(decode_graph_bs=list(g.decode_bs), prefill_graph_tokens=max(g.prefill_bs, default=0),
-                  static_gib=round(static, 4), peak_gib=round(static + h.activations_gib, 4),
-                  workspace_gib=round(w.workspace_gib, 4), mm_reserve_gib=round(w.mm_reserve_gib, 4))
+        ex.update({"decode_graph_bs": list(g.decode_bs), "prefill_graph_tokens": max(g.prefill_bs, default=0),
+                   "static_gib": round(static, 4), "peak_gib": round(static + h.activations_gib, 4),
+                   "workspace_gib": round(w.workspace_gib, 4), "mm_reserve_gib": round(w.mm_reserve_gib, 4)})
         ex["startup_s"] = round(w.startup_s + g.decode_capture_s + g.prefill_capture_s, 1)
         if h.runtime_oom_tokens is not None:
             ex["runtime_oom_tokens"] = h.runtime_oom_tokens

@@ -95,10 +95,9 @@ class Layout:
 
 def layout(model: ModelProfile, gpu: GpuProfile, f: Flags, sp: Spec, env: Mapping[str, str] | None = None) -> Layout:
     res = resolve_strategy(model, gpu, f, sp, env=env)
-    return Layout(strategy=str(res["strategy"]), overlap=bool(res["overlap"]), radix_off=bool(res["radix_off"]),
-                  attention_backend=str(res["attention_backend"]), page_size=int(res["page_size"]),
-                  ratio=int(res["ratio"]), has_mamba=model.has_mamba, skip_decode_lock=bool(res["skip_decode_lock"]),
-                  tracking_slots=int(res["tracking_slots"]))
+    return Layout(strategy=res.strategy, overlap=res.overlap, radix_off=res.radix_off,
+                  attention_backend=res.attention_backend, page_size=res.page_size, ratio=res.ratio,
+                  has_mamba=model.has_mamba, skip_decode_lock=res.skip_decode_lock, tracking_slots=res.tracking_slots)
 
 
 @dataclass(frozen=True)

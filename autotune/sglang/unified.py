@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
+from autotune.results.plan import ArenaFigures
 from autotune.sglang.args import PlanStop
 from autotune.sglang.profiles import ModelProfile
 
@@ -230,8 +231,10 @@ class Arena:
     state_tokens: int  # KV tokens one Mamba state displaces (mamba_slot_full_token_cost)
     tokens: int  # KV tokens the arena holds with no Mamba state in it
 
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "total_gib": round(self.total_bytes / 2**30, 4)}
+    def to_dict(self) -> ArenaFigures:
+        return ArenaFigures(total_bytes=self.total_bytes, entry_bytes=self.entry_bytes, sink_bytes=self.sink_bytes,
+                            state_tokens=self.state_tokens, tokens=self.tokens,
+                            total_gib=round(self.total_bytes / 2**30, 4))
 
 
 def arena(*, kv_budget_bytes: float, kv_tokens: int, capped: bool, cell_bytes: int, slot_bytes: int, slots: int,

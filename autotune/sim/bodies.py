@@ -1,10 +1,11 @@
 """The response bodies the simulator sends, as TypedDicts naming SGLang 0.5.23's keys: native ``/generate``
-(``text``, ``output_ids``, ``meta_info``) and the OpenAI completion and chat bodies, whole or as stream chunks.
-They stay plain JSON (the keys are SGLang's and OpenAI's); mypy checks every key ``responses.py`` writes."""
+(``text``, ``output_ids``, ``meta_info``) and the OpenAI completion and chat bodies, whole or as stream chunks;
+and, last, the request bodies it reads. They stay plain JSON (the keys are SGLang's and OpenAI's); mypy checks
+every key ``responses.py`` writes and ``server.py`` reads."""
 
 from __future__ import annotations
 
-from typing import Literal, Required, TypedDict
+from typing import Any, Literal, Required, TypedDict
 
 # ``[logprob, token_id, text or None]``, as SGLang's ``output_token_logprobs`` lists each token
 LogprobTriple = list[float | int | str | None]
@@ -106,3 +107,35 @@ class Completion(TypedDict):
     model: str
     choices: list[TextChoice | ChatChoice | ChatDeltaChoice]
     usage: Usage | None
+
+
+# The request bodies the simulator reads. The keys are SGLang's (``/generate``'s ``GenerateReqInput``) and OpenAI's
+# (``/v1/completions``, ``/v1/chat/completions``); the values are as the client sent them, unchecked (``Any``): the
+# handlers test each before use and answer 400 where one is wrong, as SGLang does.
+class SamplingParams(TypedDict, total=False):
+    """``/generate``'s ``sampling_params``: the ones the simulator reads."""
+
+    max_new_tokens: Any
+    ignore_eos: Any
+    temperature: Any
+    top_k: Any
+
+
+class RequestBody(TypedDict, total=False):
+    """A generation request as sent, by the keys the simulator reads (one endpoint's keys, or another's)."""
+
+    model: Any  # OpenAI: echoed back in the response
+    stream: Any
+    stream_options: Any  # OpenAI: ``{"include_usage": true}``
+    ignore_eos: Any  # OpenAI (SGLang's extension); native: in ``sampling_params``
+    temperature: Any  # OpenAI; native: in ``sampling_params``
+    top_k: Any
+    text: Any  # native
+    input_ids: Any
+    sampling_params: SamplingParams
+    return_logprob: Any
+    return_text_in_logprobs: Any
+    prompt: Any  # completions
+    max_tokens: Any  # completions and chat
+    messages: Any  # chat
+    max_completion_tokens: Any

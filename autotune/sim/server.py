@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from autotune.sim import logs
+from autotune.sim.bodies import RequestBody
 from autotune.sim.divergence import SimNumerics
 from autotune.sim.requests import count_tokens, is_greedy, make_request, stable_hash
 from autotune.sim.responses import CHAT, COMPLETION, NATIVE, SSEResponse, Stream, filler
@@ -182,7 +183,7 @@ class SimServer:
 
     # -- requests -------------------------------------------------------------------------------------------
     def _submit(self, kind: str, text: str, prompt_tokens: int, max_new: int, ignore_eos: bool,
-                body: dict[str, Any]) -> Stream:
+                body: RequestBody) -> Stream:
         st = self.status
         rid = uuid.uuid4().hex
         req = make_request(rid, text, max_new, ignore_eos=ignore_eos, seed=st.seed, acceptance_mean=st.acceptance,
@@ -216,7 +217,7 @@ class SimServer:
                             prompt_tokens=stream.prompt_tokens)
 
     async def _serve(self, kind: str, text: str, prompt_tokens: int, max_new: Any, ignore_eos: bool,
-                     stream: bool, body: dict[str, Any]) -> Response:
+                     stream: bool, body: RequestBody) -> Response:
         if self.draining or not self.ready:
             return _error(503, "The server is not ready or is shutting down.")
         try:
@@ -260,8 +261,8 @@ class SimServer:
                                  bool(sp.get("ignore_eos")), bool(body.get("stream")), body)
 
     async def completions(self, request: Request) -> Response:
-        body = await _json(request)
-        prompt = (body or {}).get("prompt")
+        body = await _json(request) or RequestBody()  # no JSON object: no prompt, refused below
+        prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]
         if isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
@@ -274,8 +275,8 @@ class SimServer:
                                  bool(body.get("stream")), body)
 
     async def chat(self, request: Request) -> Response:
-        body = await _json(request)
-        messages = (body or {}).get("messages")
+        body = await _json(request) or RequestBody()  # no JSON object: no messages, refused below
+        messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             return _error(400, "messages must be a non-empty list of {role, content} objects.")
         text = "".join(f"<|im_start|>{m.get('role', 'user')}\n{_content(m.get('content'))}<|im_end|>\n"
@@ -354,15 +355,15 @@ class SimServer:
         self.log(logs.graceful([]))
 
 
-async def _json(request: Request) -> dict[str, Any] | None:
+async def _json(request: Request) -> RequestBody | None:
     try:
         body = json.loads(await request.body())
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None
-    return body if isinstance(body, dict) else None
+    return cast(RequestBody, body) if isinstance(body, dict) else None  # its keys read as sent (``RequestBody``)
 
 
-def _greedy(kind: str, body: dict[str, Any]) -> bool:
+def _greedy(kind: str, body: RequestBody) -> bool:
     """Whether the request decodes greedily (``requests.is_greedy``: ValueError for a bad temperature), by its
     temperature and top_k: in ``sampling_params`` for native, at the top level for OpenAI."""
     params = body.get("sampling_params") if kind == NATIVE else body

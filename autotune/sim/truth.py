@@ -29,6 +29,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from autotune.results.plan import PlanDetails
+
 if TYPE_CHECKING:
     from autotune.sim.args import SimOptions
 
@@ -46,7 +48,7 @@ class Deviation:
     unified_efficiency: float = 1.0
     adaptive_efficiency: float = 1.0
 
-    def efficiency(self, extra: dict[str, Any]) -> float:
+    def efficiency(self, extra: PlanDetails) -> float:
         """The speed multiple for a plan (its ``extra``): ``decode_efficiency``, times the lever factors that
         apply (``unified`` and ``adaptive`` are set only where the planner accepted the lever)."""
         factor = self.decode_efficiency
@@ -85,7 +87,7 @@ def deviate(mp: Any, model: Any, dev: Deviation | None) -> Any:
     """The plan the simulated machine actually runs: same pools, deviated graph/activation memory and room."""
     if dev is None or dev.memory_is_exact or not _reached_graphs(mp):
         return mp
-    g, x = mp.gib, dict(mp.extra)
+    g, x = mp.gib, PlanDetails(**mp.extra)
     tp = int(x.get("tp_size") or 1)
     ctx = float(x.get("cuda_context_gib") or 0.0)
     pre = float(x.get("pre_gib") or 0.0)
@@ -119,8 +121,8 @@ def deviate(mp: Any, model: Any, dev: Deviation | None) -> Any:
                    f"{max(free_at_run, 0.0):.2f} GiB is free (a prefill batch needs {activations:.2f} GiB of "
                    "activations).")
     held = pools - dev.free_gib  # what the device shows used beyond the context once the pools are allocated
-    x.update(static_gib=round(ctx + held + graphs, 4), peak_gib=round(ctx + held + graphs + activations, 4),
-             truth=dev.to_dict())
+    x.update({"static_gib": round(ctx + held + graphs, 4), "peak_gib": round(ctx + held + graphs + activations, 4),
+              "truth": dev.to_dict()})
     gib = dataclasses.replace(g, graphs=round(graphs, 4), activations=round(activations, 4),
                               headroom=round(headroom, 4))
     return dataclasses.replace(mp, fits=failure is None, failure=failure, message=message, gib=gib, extra=x)

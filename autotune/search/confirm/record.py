@@ -29,7 +29,7 @@ VERDICT_KEYS = frozenset(f.name for f in dataclasses.fields(Verdict))
 class LaunchCost:
     """What the study's bill (``views.spend``) reads of a launch kept apart from the confirmation's runs (a stress
     launch of its own, the defaults' measured launch): its durations, the startup its server reported, its GPUs.
-    Stored flat beside the launch's own keys."""
+    Stored flat beside the launch's own keys (its fields, as ``dataclasses.asdict`` writes them)."""
 
     durations_s: dict[str, float]
     modelled_startup_s: float | None = None
@@ -44,10 +44,6 @@ class LaunchCost:
     def of(cls, result: TrialResult) -> LaunchCost:
         return cls(durations_s=dict(result.durations_s), modelled_startup_s=result.modelled_startup_s,
                    gpus=result.gpus)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"durations_s": dict(self.durations_s), "modelled_startup_s": self.modelled_startup_s,
-                "gpus": self.gpus}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LaunchCost | None:
@@ -80,7 +76,7 @@ class StressRun:
                 "result": self.result.to_dict() if self.result is not None else None,
                 **({"trial_dir": self.trial_dir} if self.trial_dir is not None else {}),
                 **({"in_confirmation": True} if self.in_confirmation else {}),
-                **(self.cost.to_dict() if self.cost is not None else {})}
+                **(dataclasses.asdict(self.cost) if self.cost is not None else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StressRun:
@@ -149,7 +145,7 @@ class DefaultsRun:
     def to_dict(self) -> dict[str, Any]:
         """The stored form (the cost's keys only for a measured run)."""
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "cost"}
-        return {**out, **(self.cost.to_dict() if self.cost is not None else {})}
+        return {**out, **(dataclasses.asdict(self.cost) if self.cost is not None else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> DefaultsRun | None:

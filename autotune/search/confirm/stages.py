@@ -58,11 +58,9 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
             given.append(ConfirmationRun(trial=baseline.number, repeat=-1, search=True, result=_result(baseline)))
     if not order:
         return None
-    configs = {n: r.config for n, r in results.items()}
-    plans = {n: r.plan for n, r in results.items()}
     # Every confirmation launch warms up until the search launch's first wave of requests would have turned over,
     # once before its windows: the claims are about the job's steady rate, not a search window's young requests.
-    warmups = {n: steady_warmup(TrialResult.of(t), cfg.workload) for n, t in contenders_by_number.items()}
+    warmups = {n: steady_warmup(r, cfg.workload) for n, r in results.items()}
     runs: list[ConfirmationRun] = []
     if stored is not None and stored.n_trials == n_done and list(stored.order) == order:
         runs = list(stored.runs)  # a confirmation a killed sweep left half done
@@ -70,7 +68,8 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
                          warmup_s={n: warmups[n] for n in order})
     verdict_now = functools.partial(decide, runs, order, base_n, same_as_baseline=twins,
                                     resolution=cfg.study.resolution, given=given, searched=searched)
-    if not _run_stages(study, cfg, state, runs, (configs, plans, warmups), verdict_now, runner=runner,
+    launches = {n: Contender(result=r, warmup_s=warmups[n]) for n, r in results.items()}
+    if not _run_stages(study, cfg, state, runs, launches, verdict_now, runner=runner,
                        progress=progress, stop_event=stop_event):
         return None
     verdict = verdict_now()
@@ -123,6 +122,15 @@ def leaders(order: list[int], verdict: Verdict) -> list[int]:
     return sorted(clean, key=lambda n: -(_stat(verdict, n).median or 0.0))[:2]
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Contender:
+    """A contender as its confirmation launches run it: its search launch (the config, launched again, and the
+    planner's plan, read by the stress phase) and the warm-up floor of its launches (``warmup.steady_warmup``)."""
+
+    result: TrialResult
+    warmup_s: float
+
+
 def _stat(verdict: Verdict, n: int) -> ContenderStat:
     return verdict.stat(n) or ContenderStat()
 
@@ -132,14 +140,13 @@ def _windows(verdict: Verdict, n: int) -> int:
 
 
 def _run_stages(study: optuna.Study, cfg: StudyConfig, state: Confirmation, runs: list[ConfirmationRun],
-                contenders: tuple[dict[int, dict[str, Any]], dict[int, Any], dict[int, float]],
+                contenders: Mapping[int, Contender],
                 verdict_now: Callable[[], Verdict],
                 *, runner: Runner, progress: Any, stop_event: threading.Event | None) -> bool:
     """Stage after stage (``next_stage``), each run saved as it lands so a killed sweep resumes where it was.
     False when interrupted. The top two's last launch of stage 2 runs the stress phase after its windows
     (``stressed_in``), so the winner is usually stressed without a launch of its own (``confirm.stress``).
-    ``contenders``: per trial its config, plan and the warm-up floor of its launches (``warmup.steady_warmup``)."""
-    configs, plans, warmups = contenders
+    ``contenders``: per trial its search launch and the warm-up floor of its launches."""
     order = list(state.order)
     first = cfg.study.confirm_repeats
     most = max(first, cfg.study.confirm_max_repeats)
@@ -160,8 +167,10 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: Confirmation, runs
                 return False
             if progress is not None:
                 progress.confirm_started(len(runs) + 1, total, n, k)
-            stress = StressStep(plan=plans.get(n)) if (n, k) in stressed else None
-            result = _repeat(runner, dict(configs[n]), n, k, windows=windows, stress=stress, warmup_s=warmups.get(n))
+            contender = contenders[n]
+            stress = StressStep(plan=contender.result.plan) if (n, k) in stressed else None
+            result = _repeat(runner, dict(contender.result.config), n, k, windows=windows, stress=stress,
+                             warmup_s=contender.warmup_s)
             if result.status == "interrupted":
                 dataclasses.replace(state, runs=tuple(runs)).store(study)
                 return False
