@@ -40,6 +40,7 @@ from autotune.harness.outcome import STUDY_OPTIONS, dominated, no_tokens, reject
 from autotune.harness.setup import NO_HOOKS, PhaseCallback, TrialHooks, TrialSetup, server_group
 from autotune.harness.steps import AfterWindow, Launch, ProbeStep
 from autotune.harness.workload import (
+    ReplayProgress,
     ReplayRecords,
     metrics_from_records,
     repeated_prompt_share,
@@ -366,16 +367,16 @@ def _trusted(records: ReplayRecords) -> bool:
     return measurement_verdict(records)[0] is None and metrics_from_records(records).output_tokens > 0
 
 
-def _progress_relay(phase: PhaseCallback, windows: int = 1) -> Callable[[dict], None]:
-    """The replay's progress as phases: each phase once (warm-up is announced with the pid), every measuring tick;
-    a later window of the loop as ``window i of n``."""
+def _progress_relay(phase: PhaseCallback, windows: int = 1) -> Callable[[ReplayProgress], None]:
+    """The replay's progress as phases (its fields the phase's info): each phase once (warm-up is announced with the
+    pid), every measuring tick; a later window of the loop as ``window i of n``."""
     seen: set[str] = {"warmup"}
 
-    def progress(info: dict) -> None:
-        name = info["phase"] if info.get("window", 1) == 1 else f"window {info['window']} of {windows}"
+    def progress(tick: ReplayProgress) -> None:
+        name = tick.phase if tick.window == 1 else f"window {tick.window} of {windows}"
         if name not in seen or name == "measuring":
             seen.add(name)
-            phase(name, info)
+            phase(name, dataclasses.asdict(tick))
     return progress
 
 

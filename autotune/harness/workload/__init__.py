@@ -5,7 +5,7 @@
 figures). The names other modules use are re-exported here.
 """
 
-from autotune.harness.workload.client import replay, thread_busy_s
+from autotune.harness.workload.client import ReplayProgress, replay, thread_busy_s
 from autotune.harness.workload.metrics import metrics_from_records
 from autotune.harness.workload.records import (
     CUT,
@@ -27,7 +27,7 @@ from autotune.harness.workload.sse import SseStream
 from autotune.prompts import PromptRow, PromptSample
 
 __all__ = [
-    "CUT", "ENDPOINTS", "PromptRow", "PromptSample", "ReplayRecords", "RequestRecord", "SettleRule", "Settler",
+    "CUT", "ENDPOINTS", "PromptRow", "PromptSample", "ReplayProgress", "ReplayRecords", "RequestRecord", "SettleRule", "Settler",
     "Settling", "SliceTally", "SseStream", "WorkloadSpec", "metrics_from_records", "repeated_prompt_share", "replay",
     "request_body", "settle", "settle_rule", "settling_figures", "thread_busy_s", "window_drift",
 ]
