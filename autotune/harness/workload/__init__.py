@@ -11,6 +11,7 @@ from autotune.harness.workload.records import (
     CUT,
     ReplayRecords,
     RequestRecord,
+    SimPace,
     repeated_prompt_share,
     window_drift,
 )
@@ -28,6 +29,6 @@ from autotune.prompts import PromptRow, PromptSample
 
 __all__ = [
     "CUT", "ENDPOINTS", "PromptRow", "PromptSample", "ReplayProgress", "ReplayRecords", "RequestRecord", "SettleRule", "Settler",
-    "Settling", "SliceTally", "SseStream", "WorkloadSpec", "metrics_from_records", "repeated_prompt_share", "replay",
+    "Settling", "SimPace", "SliceTally", "SseStream", "WorkloadSpec", "metrics_from_records", "repeated_prompt_share", "replay",
     "request_body", "settle", "settle_rule", "settling_figures", "thread_busy_s", "window_drift",
 ]
