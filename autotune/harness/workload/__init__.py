@@ -23,12 +23,13 @@ from autotune.harness.workload.settle import (
     settle,
     settling_figures,
 )
-from autotune.harness.workload.spec import ENDPOINTS, WorkloadSpec, request_body, settle_rule
+from autotune.harness.workload.spec import ENDPOINTS, RequestBody, WorkloadSpec, request_body, settle_rule
 from autotune.harness.workload.sse import SseStream
 from autotune.prompts import PromptRow, PromptSample
 
 __all__ = [
-    "CUT", "ENDPOINTS", "PromptRow", "PromptSample", "ReplayProgress", "ReplayRecords", "RequestRecord", "SettleRule", "Settler",
-    "Settling", "SimPace", "SliceTally", "SseStream", "WorkloadSpec", "metrics_from_records", "repeated_prompt_share", "replay",
-    "request_body", "settle", "settle_rule", "settling_figures", "thread_busy_s", "window_drift",
+    "CUT", "ENDPOINTS", "PromptRow", "PromptSample", "ReplayProgress", "ReplayRecords", "RequestBody",
+    "RequestRecord", "SettleRule", "Settler", "Settling", "SimPace", "SliceTally", "SseStream",
+    "WorkloadSpec", "metrics_from_records", "repeated_prompt_share", "replay", "request_body", "settle",
+    "settle_rule", "settling_figures", "thread_busy_s", "window_drift",
 ]

@@ -26,7 +26,7 @@ from autotune import tls
 from autotune.errors import WorkloadError
 from autotune.harness.workload.records import CUT, ReplayRecords, RequestRecord
 from autotune.harness.workload.settle import NextWindow, Settler, SettleRule, Settling, SliceTally
-from autotune.harness.workload.spec import ENDPOINTS, request_body
+from autotune.harness.workload.spec import ENDPOINTS, RequestBody, request_body
 from autotune.harness.workload.sse import SseStream
 from autotune.prompts import PromptSample, check_repeats, walk_position
 
@@ -44,7 +44,7 @@ class ReplayProgress:
     window: int = 1
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict, rec: RequestRecord, endpoint: str, t0: float,
+async def _one(client: httpx.AsyncClient, url: str, body: RequestBody, rec: RequestRecord, endpoint: str, t0: float,
                tally: SliceTally | None = None) -> None:
     """One streaming request into ``rec`` (and its tokens into ``tally``); never raises but for cancellation."""
     clock = time.perf_counter
