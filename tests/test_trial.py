@@ -22,6 +22,7 @@ from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.launch.process import free_port, port_is_free, stop_process_group
+from autotune.progress import PhaseInfo
 from autotune.results import TrialResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
@@ -72,6 +73,7 @@ def trial(tmp_path, config, *, engine=None, name="t", hook=None, workload=None, 
 def assert_clean(tmp_path: Path, result: TrialResult, phases: list) -> None:
     """After any trial: no server process, port free, simulated GPU released, no pid file, no shm leftovers."""
     starting = next(info for name, info in phases if name == "starting")
+    assert all(set(info) <= PhaseInfo.__optional_keys__ for _, info in phases)  # the keys the display may read
     pid = next((info["pid"] for name, info in phases if name == "warmup"), None)
     if pid is not None:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
