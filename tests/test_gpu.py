@@ -11,6 +11,7 @@ import pytest
 from autotune.errors import GpuError
 from autotune.harness.engines.sim import SimGpuReader
 from autotune.harness.gpu import GpuMonitor, GpuReading, HostMemoryReader, NvmlReader, wait_released
+from autotune.inspect.probe import GpuMemory, _nvml_gpu
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -137,3 +138,4 @@ def test_nvml_reading_leaves_none_where_the_board_does_not_report(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", fake)
     assert NvmlReader(2).read() == GpuReading(used_gib=3.0, total_gib=8.0, util_pct=42.0, power_w=None,
                                               sm_clock_mhz=1980.0)
+    assert _nvml_gpu(2) == GpuMemory(3.0, 8.0, "NVML GPU 2")  # inspect reads the same record
