@@ -118,8 +118,9 @@ class Sample:
         return {f"sglang:{k}": v for k, v in {**self.gauges, **self.counters}.items()}
 
 
-# A window's samples as the state file stores them: dumped as plain data (tuples stay tuples, so ``json.dumps``
-# writes NaN and infinities as before) and validated back, a malformed entry a ``ValueError``.
+# A window's samples as the state file stores them: dumped in Python mode (floats as they are, so ``json.dumps``
+# writes NaN and infinities as it always did; tuples come out as lists) and validated back, a malformed entry a
+# ``ValueError`` (pydantic's ``ValidationError``).
 SAMPLES = TypeAdapter(list[Sample])
 
 
