@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from typing import IO, Any
+from typing import IO, Any, TypedDict
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -18,6 +18,29 @@ from rich.text import Text
 
 from autotune.results import MeasurementVerdict, TrialResult, granted_line
 from autotune.settle import settling_of
+
+
+class PhaseInfo(TypedDict, total=False):
+    """What a launch's phase says beside its name (``run_trial``'s ``on_phase``), each key in the phases that have
+    it: ``starting`` (port, argv), ``warmup`` (concurrency, pid), a re-measure (reason, stream_interval), the replay's
+    ticks while it measures (``harness.workload.ReplayProgress``'s fields), ``stress`` (its target)."""
+
+    port: int
+    argv: list[str]
+    concurrency: int
+    pid: int | None
+    reason: str | None
+    stream_interval: int
+    phase: str
+    elapsed_s: float
+    tok_s: float
+    completed: int
+    errors: int
+    window: int
+    requests: int
+    running: int
+    max_tokens: int
+    prompt_tokens_max: int
 
 
 def _fmt_diff(diff: dict[str, Any]) -> str:
@@ -119,7 +142,7 @@ class PlainProgress:
         tail = f" (ETA {eta / 60:.1f} min)" if eta else ""
         self._print(f"trial {number} [{done + 1}/{target}] {who}: {_fmt_diff(diff)}{tail}")
 
-    def phase(self, name: str, info: dict[str, Any] | None = None) -> None:
+    def phase(self, name: str, info: PhaseInfo | None = None) -> None:
         if name == self._phase:
             return  # live updates repeat a phase; a log keeps one line per phase
         self._phase = name
@@ -193,7 +216,7 @@ class LiveProgress(PlainProgress):
                                          diff=_fmt_diff(diff), tok_s=None)
         self._refresh()
 
-    def phase(self, name: str, info: dict[str, Any] | None = None) -> None:
+    def phase(self, name: str, info: PhaseInfo | None = None) -> None:
         self.state.phase = name
         if info and info.get("tok_s") is not None:
             self.state.tok_s = float(info["tok_s"])

@@ -109,7 +109,7 @@ def test_start_ready_stop_gone_with_the_sim_engine(tmp_path):
         try:
             server.wait_ready(30)
             assert server.alive and server.poll() is None
-            assert reader.read()["used_gib"] > 1  # the sim registered on host GPU 5, chosen by --gpus device=5
+            assert reader.read().used_gib > 1  # the sim registered on host GPU 5, chosen by --gpus device=5
             inside = json.loads((state / "containers" / server.name / "state.json").read_text())
             assert inside["env"]["HF_TOKEN"] == SECRET  # reached the container by name
             assert "ready to roll" in server.log_text()
@@ -124,7 +124,7 @@ def test_start_ready_stop_gone_with_the_sim_engine(tmp_path):
     assert ["stop", "-t", "3", server.name] in calls(state)
     assert server.teardown_error is None and code is not None and server.exit_code == code
     assert port_is_free("127.0.0.1", port)
-    assert reader.read()["used_gib"] < 0.2  # released
+    assert reader.read().used_gib < 0.2  # released
     assert not (state / "containers" / server.name).exists() and not server.alive
     assert "ready to roll" in (tmp_path / "trial" / "server.log").read_text()  # the log outlives the container
 

@@ -17,6 +17,7 @@ from launchcase_slurm import case, empty_queue, queue, slurm_missing
 
 from autotune.errors import ServerError
 from autotune.launch import LaunchSpec
+from autotune.launch.base import GpuReading
 from autotune.launch.ports import free_port, port_is_free
 from autotune.launch.slurm import (
     CANCELLED_CODE,
@@ -311,9 +312,9 @@ class _NeverReleased:
     def __init__(self) -> None:
         self.used_gib = 10.0
 
-    def read(self) -> dict:
+    def read(self) -> GpuReading:
         self.used_gib += 1.0
-        return {"used_gib": self.used_gib, "total_gib": 1000.0}
+        return GpuReading(used_gib=self.used_gib, total_gib=1000.0)
 
     def close(self) -> None:
         pass

@@ -24,7 +24,7 @@ from autotune.errors import FleetError, GpuError
 from autotune.harness.engines.sim import SimGpuReader
 from autotune.harness.gpu import GpuMonitor
 from autotune.harness.tenancy import occupancy
-from autotune.launch.base import LaunchSpec
+from autotune.launch.base import GpuReading, LaunchSpec
 from autotune.launch.memory import wait_released
 from autotune.launch.ports import free_port, port_is_free
 from autotune.launch.remote_memory import NoReading, RemoteGpuReader, parse_apps, parse_gpus, value
@@ -81,9 +81,9 @@ def test_nvidia_smi_csv_lines_parse_and_unreported_fields_are_none():
             "2, [N/A], 143771, 0, 75.50\n")  # a field short: not a reading
     gpus = parse_gpus(text)
     assert sorted(gpus) == [0, 1]
-    assert gpus[0] == {"used_gib": 81234 / GIB, "total_gib": 143771 / GIB, "util_pct": 97.0, "power_w": 689.12,
-                       "sm_clock_mhz": 1980.0}
-    assert gpus[1]["used_gib"] == 1.0 and gpus[1]["util_pct"] is None and gpus[1]["power_w"] is None
+    assert gpus[0] == GpuReading(used_gib=81234 / GIB, total_gib=143771 / GIB, util_pct=97.0, power_w=689.12,
+                                 sm_clock_mhz=1980.0)
+    assert gpus[1].used_gib == 1.0 and gpus[1].util_pct is None and gpus[1].power_w is None
     assert [value(v) for v in ("[N/A]", "N/A", "[Not Supported]", "[Insufficient Permissions]", " 12.5 ", "")] == \
         [None, None, None, None, 12.5, None]
 
@@ -110,9 +110,9 @@ def test_a_remote_group_is_read_with_one_call_per_reading():
     assert shlex.split(smi.commands[0]) == [
         "nvidia-smi", "--query-gpu=index,memory.used,memory.total,utilization.gpu,power.draw,clocks.sm",
         "--format=csv,noheader,nounits", "-i", "0,1"]
-    assert reading["used_gib"] == pytest.approx(100_000 / GIB)  # the fullest GPU decides headroom
-    assert [d["index"] for d in reading["devices"]] == [0, 1]
-    assert reading["power_w"] == pytest.approx(300.25)  # GPU 1 reports none: the group's draw is GPU 0's
+    assert reading.used_gib == pytest.approx(100_000 / GIB)  # the fullest GPU decides headroom
+    assert [d.index for d in reading.devices] == [0, 1]
+    assert reading.power_w == pytest.approx(300.25)  # GPU 1 reports none: the group's draw is GPU 0's
     with GpuMonitor(reader, interval_s=0.01) as monitor:
         time.sleep(0.2)
     peaks = monitor.peaks()
@@ -125,7 +125,7 @@ def test_a_remote_group_is_read_with_one_call_per_reading():
 def test_a_single_gpu_reading_and_its_processes_serve_the_tenancy_check():
     smi = FakeSmi({0: 30_000, 1: 0}, apps=[f"{UUIDS[0]}, 999999, 29000, tenant-server"])
     reader = _remote(smi).memory_reader((0,), _no_local)
-    assert reader.read()["used_gib"] == pytest.approx(30_000 / GIB)
+    assert reader.read().used_gib == pytest.approx(30_000 / GIB)
     assert reader.processes() == [{"gpu": 0, "pid": 999999, "exited": False, "used_gib": 29000 / GIB,
                                    "name": "tenant-server"}]
     occ = occupancy(reader, 0)
@@ -174,7 +174,7 @@ def test_a_remote_server_without_gpus_gets_a_reader_of_nothing():
     smi = FakeSmi({})
     reader = _remote(smi).memory_reader((), _no_local)
     assert isinstance(reader, NoReading)
-    assert set(reader.read().values()) == {None}
+    assert reader.read() == GpuReading()  # every value None
     assert wait_released(reader, 1024.0, timeout_s=5.0)  # nothing waits on it
     assert smi.commands == []
 
@@ -296,7 +296,7 @@ class _Flaky:
     def __init__(self, inner: SimGpuReader):
         self.inner, self.broken, self.fail_next, self.failures = inner, False, 0, 0
 
-    def read(self) -> dict:
+    def read(self) -> GpuReading:
         if self.broken or self.fail_next > 0:
             self.fail_next -= 1
             self.failures += 1

@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from autotune.errors import ServerError
-from autotune.harness.gpu import HostMemoryReader
+from autotune.harness.gpu import GpuReading, HostMemoryReader
 from autotune.launch.process import (
     ServerExited,
     ServerProcess,
@@ -191,10 +191,10 @@ class SlowRelease:
     def read(self):
         self.reads += 1
         if self.reads == 1:
-            return {"used_gib": 1.0, "total_gib": 80.0}
+            return GpuReading(used_gib=1.0, total_gib=80.0)
         self.held_since = self.held_since or time.monotonic()
         held = time.monotonic() - self.held_since < self.release_after_s
-        return {"used_gib": 60.0 if held else 1.0, "total_gib": 80.0}
+        return GpuReading(used_gib=60.0 if held else 1.0, total_gib=80.0)
 
     def close(self):
         pass
@@ -377,17 +377,17 @@ def test_cpu_teardown_ignores_other_processes_memory(tmp_path, fake):
     server = _server(tmp_path, fake(port, "--shm", str(shm), "--child"), port, gpu_reader=reader)
     server.start()
     server.wait_ready(10)
-    own = reader.read()["used_gib"] * 1024
+    own = reader.read().used_gib * 1024
     assert 4 < own < 512  # two small Pythons and their files (MiB), not the host's used memory
     hog = subprocess.Popen([sys.executable, "-c", HOG], stdout=subprocess.PIPE, text=True)
     try:
         assert hog.stdout.readline().strip() == "held"
-        assert reader.read()["used_gib"] * 1024 < own + 64  # the hog is not the server's
+        assert reader.read().used_gib * 1024 < own + 64  # the hog is not the server's
         t0 = time.monotonic()
         server.stop(grace_s=5, release_timeout_s=10)
         assert time.monotonic() - t0 < 3
         assert server.teardown_error is None and len(server.removed_shm) == 3
-        assert reader.read()["used_gib"] == 0  # the tree is gone and its files removed
+        assert reader.read().used_gib == 0  # the tree is gone and its files removed
         # a server that already died at startup (SGLang's OOM exit) is torn down at once, hog or not
         port = free_port()
         dead = _server(tmp_path, fake(port, "--ready-after", "100", "--exit-after", "0.2", "--exit-code", "137"), port,

@@ -6,7 +6,7 @@ import pytest
 
 from autotune.errors import GpuBusyError
 from autotune.harness.engines.base import group_reader, launch_gpus
-from autotune.harness.gpu import GpuMonitor
+from autotune.harness.gpu import GpuMonitor, GpuReading
 from autotune.harness.setup import TrialSetup, server_group
 from autotune.harness.tenancy import check_engine_gpus
 from autotune.harness.workload import WorkloadSpec
@@ -56,8 +56,7 @@ class Device:
         self.used, self.total, self.util, self.procs, self.closed = used, total, util, procs, False
 
     def read(self):
-        return {"used_gib": self.used, "total_gib": self.total, "util_pct": self.util, "power_w": 300.0,
-                "sm_clock_mhz": None}
+        return GpuReading(used_gib=self.used, total_gib=self.total, util_pct=self.util, power_w=300.0)
 
     def processes(self):
         return list(self.procs or [])
@@ -70,12 +69,12 @@ def test_a_group_reads_as_its_fullest_gpu_and_lists_every_one():
     a, b = Device(30.0), Device(70.0, util=100.0)
     reader = GroupReader({2: a, 3: b})
     got = reader.read()
-    assert got["used_gib"] == 70.0 and got["total_gib"] == 80.0
-    assert [d["index"] for d in got["devices"]] == [2, 3]
-    assert got["util_pct"] == 75.0 and got["power_w"] == 600.0
+    assert got.used_gib == 70.0 and got.total_gib == 80.0 and got.index is None
+    assert [d.index for d in got.devices] == [2, 3] and [d.used_gib for d in got.devices] == [30.0, 70.0]
+    assert got.util_pct == 75.0 and got.power_w == 600.0
     reader.close()
     assert a.closed and b.closed
-    assert GroupReader({0: Device(1.0)}).read().get("devices") is None  # one GPU reads as itself
+    assert GroupReader({0: Device(1.0)}).read() == Device(1.0).read()  # one GPU reads as itself
 
 
 def test_peaks_per_gpu_and_headroom_from_the_fullest():
@@ -124,8 +123,8 @@ def test_group_reader_of_an_engine():
             return Device(float(index or 0))
 
     assert isinstance(group_reader(Engine(), (0, 1)), GroupReader)
-    assert group_reader(Engine(), (4,)).read()["used_gib"] == 4.0
-    assert group_reader(Engine(), ()).read()["used_gib"] == 0.0
+    assert group_reader(Engine(), (4,)).read().used_gib == 4.0
+    assert group_reader(Engine(), ()).read().used_gib == 0.0
 
 
 def test_the_tenancy_check_reads_where_the_launcher_runs_its_servers():

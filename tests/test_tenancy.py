@@ -18,6 +18,7 @@ from tinystudy import write_tiny_study
 from autotune.config import load_config
 from autotune.errors import GpuBusyError
 from autotune.harness.engines.sim import SimGpuReader
+from autotune.harness.gpu import GpuReading
 from autotune.harness.tenancy import check_engine_gpu, check_free, occupancy
 from autotune.results import TrialResult
 from autotune.search.correction import CorrectedFeasibility, replay
@@ -99,7 +100,7 @@ class FakeNvml:
         self.used_gib, self.procs = used_gib, procs
 
     def read(self):
-        return {"used_gib": self.used_gib, "total_gib": 139.8}
+        return GpuReading(used_gib=self.used_gib, total_gib=139.8)
 
     def processes(self):
         return self.procs

@@ -22,6 +22,7 @@ from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.launch.process import free_port, port_is_free, stop_process_group
+from autotune.progress import PhaseInfo
 from autotune.results import TrialResult
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
@@ -72,11 +73,12 @@ def trial(tmp_path, config, *, engine=None, name="t", hook=None, workload=None, 
 def assert_clean(tmp_path: Path, result: TrialResult, phases: list) -> None:
     """After any trial: no server process, port free, simulated GPU released, no pid file, no shm leftovers."""
     starting = next(info for name, info in phases if name == "starting")
+    assert all(set(info) <= PhaseInfo.__optional_keys__ for _, info in phases)  # the keys the display may read
     pid = next((info["pid"] for name, info in phases if name == "warmup"), None)
     if pid is not None:
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert port_is_free("127.0.0.1", starting["port"])
-    assert SimGpuReader(GPU).read()["used_gib"] < 0.1
+    assert SimGpuReader(GPU).read().used_gib < 0.1
     assert not list((tmp_path / "runs").glob("server-*.json"))
     assert not list((tmp_path / "shm").iterdir())
     saved = json.loads((Path(result.trial_dir) / "result.json").read_text())
@@ -214,9 +216,9 @@ def test_next_run_removes_the_orphan_of_a_killed_harness(env):
         assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
         assert lookalike.poll() is None  # the unrelated server survived
         deadline = time.monotonic() + 10
-        while SimGpuReader(3).read()["used_gib"] > 0.5 and time.monotonic() < deadline:
+        while SimGpuReader(3).read().used_gib > 0.5 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert SimGpuReader(3).read()["used_gib"] < 0.5  # the orphan's GPU memory came back
+        assert SimGpuReader(3).read().used_gib < 0.5  # the orphan's GPU memory came back
     finally:
         harness.kill()
         stop_process_group(lookalike.pid, grace_s=2)
@@ -262,6 +264,6 @@ def test_a_trial_runs_through_the_ssh_launcher_on_a_loopback_transport(env):
     assert result.status == "ok" and result.output_tok_s and result.output_tok_s > 0, result.reason
     starting = next(info for name, info in phases if name == "starting")
     assert port_is_free("127.0.0.1", starting["port"])
-    assert SimGpuReader(GPU).read()["used_gib"] < 0.1
+    assert SimGpuReader(GPU).read().used_gib < 0.1
     assert any("setsid" in command or "kill" in command for _, command in transport.commands)
     assert "fired up and ready to roll" in (env / "ssh" / "server.log").read_text()  # the host's log, read back

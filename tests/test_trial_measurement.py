@@ -13,7 +13,7 @@ from autotune.config import Timeouts
 from autotune.harness.engines import make_engine
 from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.trial import CLIENT_BUSY_LIMIT, LAG_LIMIT, measurement_verdict, run_trial
-from autotune.harness.workload import ReplayRecords, WorkloadSpec, thread_busy_s
+from autotune.harness.workload import ReplayRecords, SimPace, WorkloadSpec, thread_busy_s
 from autotune.results import STATUSES, UNTRUSTED_STATUSES, MeasurementVerdict, TrialResult
 from autotune.settle import Settling
 
@@ -23,14 +23,14 @@ GPU = 3  # a simulated device index only these tests use
 
 def records(*, busy: float | None = 0.3, lag: float = 0.0, modelled: float = 10.0) -> ReplayRecords:
     rec = ReplayRecords([], (1.0, 3.0), 8, "generate", client_busy=busy)
-    rec.probes = [{"modelled_s": 5.0, "lag_s": 0.1}, {"modelled_s": 5.0 + modelled, "lag_s": 0.1 + lag}]
+    rec.probes = [SimPace(modelled_s=5.0, lag_s=0.1), SimPace(modelled_s=5.0 + modelled, lag_s=0.1 + lag)]
     return rec
 
 
 def test_verdict_refuses_lag_over_the_limit_and_a_saturated_client():
     assert measurement_verdict(records(lag=0.5 * LAG_LIMIT * 10))[0] is None
     status, reason, figures = measurement_verdict(records(lag=2 * LAG_LIMIT * 10))
-    assert status == "invalid_measurement" and "trailed" in reason and figures["sim_lag"] == pytest.approx(0.04)
+    assert status == "invalid_measurement" and "trailed" in reason and figures.sim_lag == pytest.approx(0.04)
     status, reason, _ = measurement_verdict(records(busy=CLIENT_BUSY_LIMIT + 0.01))
     assert status == "client_bound" and "client" in reason
     real = ReplayRecords([], (1.0, 3.0), 8, "generate", client_busy=0.99)
@@ -62,7 +62,7 @@ def test_repeated_prompts_counts_window_requests_whose_prompt_was_already_sent()
     rec = ReplayRecords([RequestRecord(row=r, sent=t) for r, t in sends], (1.0, 3.0), 8, "generate")
     assert repeated_prompt_share(rec) == pytest.approx(2 / 3, abs=1e-4)  # rows 1 and 2 again, row 3 new; row 4 after
     assert repeated_prompt_share(ReplayRecords([], (1.0, 3.0), 8, "generate")) == 0.0
-    assert measurement_verdict(rec)[2]["repeated_prompts"] == pytest.approx(2 / 3, abs=1e-4)
+    assert measurement_verdict(rec)[2].repeated_prompts == pytest.approx(2 / 3, abs=1e-4)
     walks = [RequestRecord(row=r, sent=t, pass_no=int(t >= 1.3)) for r, t in sends]  # row 2 again on a new walk
     assert repeated_prompt_share(ReplayRecords(walks, (1.0, 3.0), 8, "generate")) == pytest.approx(1 / 3, abs=1e-4)
 
@@ -77,7 +77,20 @@ def test_window_drift_compares_the_window_halves():
     skew = [RequestRecord(row=1, sent=0.0, chunks=[(1.5, 10), (2.5, 30)])]
     assert window_drift(ReplayRecords(skew, (1.0, 3.0), 1, "generate")) == pytest.approx(1.0)  # 20 apart, mean 20
     assert window_drift(ReplayRecords([], (1.0, 3.0), 1, "generate")) == 0.0
-    assert measurement_verdict(ReplayRecords(skew, (1.0, 3.0), 1, "generate"))[2]["window_drift"] == pytest.approx(1.0)
+    assert measurement_verdict(ReplayRecords(skew, (1.0, 3.0), 1, "generate"))[2].window_drift == pytest.approx(1.0)
+
+
+def test_a_later_window_stores_every_figure_as_it_always_has():
+    """A window's ``measurement`` is stored plain: client_busy first and kept when None (a window cut short), the
+    settling only when it settled, sim_lag only with the simulator's pacing counters."""
+    from autotune.harness.windows import window_of
+
+    cut = ReplayRecords([], (1.0, 3.0), 8, "generate")  # stopped before its end: no client_busy, no settling
+    assert window_of(cut, 2, 1).measurement == {"client_busy": None, "repeated_prompts": 0.0, "window_drift": 0.0}
+    lagging = records(lag=2 * LAG_LIMIT * 10)
+    stored = window_of(lagging, 2, 1).measurement
+    assert list(stored) == ["client_busy", "repeated_prompts", "window_drift", "sim_lag"]
+    assert stored["sim_lag"] == pytest.approx(0.04) and window_of(lagging, 2, 1).status == "invalid_measurement"
 
 
 def test_untrusted_statuses_are_statuses_and_round_trip():

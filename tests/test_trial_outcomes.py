@@ -21,7 +21,7 @@ from autotune.harness.files import writing
 from autotune.harness.outcome import no_tokens, rejections
 from autotune.harness.setup import TrialSetup
 from autotune.harness.trial import run_trial
-from autotune.harness.workload import ReplayRecords, RequestRecord, WorkloadSpec
+from autotune.harness.workload import ReplayRecords, RequestRecord, SimPace, WorkloadSpec
 from autotune.results import TOO_SLOW, ServerProgress, TrialResult
 
 PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
@@ -51,7 +51,7 @@ def test_refused_requests_are_counted_by_kind_and_named_when_they_dominate():
 
 
 def test_no_token_from_a_progressing_server_is_too_slow_with_its_evidence():
-    probes = [{"modelled_s": 1.0, "lag_s": 0.0}, {"modelled_s": 1.25, "lag_s": 0.0}]
+    probes = [SimPace(modelled_s=1.0, lag_s=0.0), SimPace(modelled_s=1.25, lag_s=0.0)]
     status, reason, figures = no_tokens(_requests([None] * 4), "startup line\n" + PREFILL * 2, probes, window_s=0.5)
     assert status == TOO_SLOW
     assert figures.progress == ServerProgress(prefill_batches=2, prefill_tokens=4096, sim_modelled_s=0.25)

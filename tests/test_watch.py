@@ -21,7 +21,7 @@ from autotune.cli.watch import parse_duration
 from autotune.errors import ConfigError
 from autotune.inspect.probe import ProbeFailure
 from autotune.watch.listen import THREAD_NAME, MetricsServer, parse_listen
-from autotune.watch.metrics import Histogram, Sample, parse_sample, watched_lines
+from autotune.watch.metrics import SAMPLES, Histogram, Sample, parse_sample, watched_lines
 from autotune.watch.output import lines
 from autotune.watch.prometheus import DriftCollector, write_prometheus
 from autotune.watch.reference import Tuned, median_interval
@@ -78,7 +78,11 @@ def test_recorded_real_metrics_give_histograms_gauges_and_counters():
     assert s.gauges["num_running_reqs"] == 4.0 and s.gauges["num_retracted_reqs"] == 0.0
     assert s.counters["prompt_tokens_total"] == 6.0 and s.counters["num_requests_total"] == 1.0
     assert s.flat()["sglang:num_queue_reqs"] == 2.0
-    assert Sample.from_dict(json.loads(json.dumps(s.to_dict()))) == s
+    stored = json.loads(json.dumps(SAMPLES.dump_python([s])))  # the state file's form of it
+    assert SAMPLES.validate_python(stored) == [s]
+    assert list(stored[0]) == ["t", "gauges", "counters", "histograms"]  # the keys state files have always had
+    assert stored[0]["histograms"]["prompt_tokens_histogram"] == {
+        "bounds": list(prompt.bounds), "cumulative": list(prompt.cumulative), "total": 6.0, "count": 1.0}
 
 
 def test_histogram_window_quantile_and_buckets():

@@ -104,7 +104,7 @@ def test_an_interruption_in_window_two_ends_the_loop_and_reports(tmp_path, sse_s
     sample = _sample(tmp_path)
     stop = threading.Event()
     first = _loop(url, sample, progress_interval_s=0.05,
-                  on_progress=lambda info: stop.set() if info["window"] == 2 else None,
+                  on_progress=lambda tick: stop.set() if tick.window == 2 else None,
                   should_stop=lambda: "interrupted" if stop.is_set() else None)
     assert first.settling is not None and first.stopped_early is None  # the first window measured in full
     (second,) = first.later

@@ -20,6 +20,7 @@ from autotune.errors import WorkloadError
 from autotune.harness.workload import (
     CUT,
     PromptSample,
+    ReplayProgress,
     ReplayRecords,
     RequestRecord,
     WorkloadSpec,
@@ -165,10 +166,10 @@ def _sample(tmp_path, rows) -> PromptSample:
 def test_replay_counts_server_tokens_and_closes_streams(tmp_path, sse_server):
     fake, url = sse_server
     sample = _sample(tmp_path, [{"prompt": "a"}, {"prompt": "b", "max_tokens": 9}, {"messages": [{"role": "user", "content": "c"}]}])
-    ticks: list[dict] = []
+    ticks: list[ReplayProgress] = []
     records = asyncio.run(replay(url, sample, concurrency=4, max_tokens=30, warmup_s=0.3, measure_s=1.0,
                                  on_progress=ticks.append, progress_interval_s=0.1))
-    assert {t["phase"] for t in ticks} == {"warmup", "measuring"}
+    assert {t.phase for t in ticks} == {"warmup", "measuring"} and {t.window for t in ticks} == {1}
     finished = [r for r in records.requests if r.finish_reason == "length"]
     assert finished and all(r.tokens in (9, 30) for r in finished)  # server counts, capped by the row's max_tokens
     assert all(r.prompt_tokens == PROMPT_TOKENS for r in finished)  # the server's count, for the edge starts

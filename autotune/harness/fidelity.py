@@ -33,7 +33,7 @@ import json
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,9 +63,6 @@ class ProbeOutput:
     ids: tuple[int, ...]
     logprobs: tuple[float | None, ...]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"ids": list(self.ids), "logprobs": list(self.logprobs)}
-
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ProbeOutput:
         return cls(tuple(int(i) for i in data["ids"]), tuple(None if v is None else float(v) for v in data["logprobs"]))
@@ -90,7 +87,7 @@ class Reference:
         return {"version": REFERENCE_VERSION, "trial": self.trial, "config": self.config, "tokens": self.tokens,
                 "prompts": [{"line": line, "sha256": _text_hash(text), "text": text}
                             for line, text in zip(self.lines or (None,) * len(self.prompts), self.prompts, strict=True)],
-                "outputs": [o.to_dict() for o in self.outputs]}
+                "outputs": [asdict(o) for o in self.outputs]}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Reference:
@@ -313,5 +310,5 @@ def run_probe(base_url: str, probe: FidelityProbe, *, trial_dir: Path | None = N
     if trial_dir is not None:
         Path(trial_dir).mkdir(parents=True, exist_ok=True)
         (Path(trial_dir) / "fidelity.json").write_text(json.dumps(
-            {**figures.to_dict(), "outputs": [o.to_dict() for o in outputs]}, separators=(",", ":")) + "\n")
+            {**figures.to_dict(), "outputs": [asdict(o) for o in outputs]}, separators=(",", ":")) + "\n")
     return figures

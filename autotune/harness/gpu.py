@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import psutil
 
 from autotune.errors import GpuError
+from autotune.launch.base import GpuReading
 from autotune.launch.memory import MIB_PER_GIB, used_mib, wait_released
 from autotune.launch.procgroup import memory_bytes
 from autotune.results import DevicePeak, GpuPeaks
@@ -23,16 +24,7 @@ from autotune.results import DevicePeak, GpuPeaks
 if TYPE_CHECKING:
     from autotune.harness.engines.base import DeviceProcess, GpuReader
 
-__all__ = ["MIB_PER_GIB", "GpuMonitor", "HostMemoryReader", "NvmlReader", "used_mib", "wait_released"]
-
-
-def reading(used_gib: float | None = None, total_gib: float | None = None, util_pct: float | None = None,
-            power_w: float | None = None, sm_clock_mhz: float | None = None) -> dict[str, float | None]:
-    """One device's reading, as ``GpuReader.read`` returns it (None where the device does not say)."""
-    return {
-        "used_gib": used_gib, "total_gib": total_gib, "util_pct": util_pct,
-        "power_w": power_w, "sm_clock_mhz": sm_clock_mhz,
-    }
+__all__ = ["MIB_PER_GIB", "GpuMonitor", "GpuReading", "HostMemoryReader", "NvmlReader", "used_mib", "wait_released"]
 
 
 class NvmlReader:
@@ -54,20 +46,21 @@ class NvmlReader:
         self._nvml = pynvml
         self.index = index
 
-    def read(self) -> dict[str, Any]:  # floats or None; Any since ``inspect.probe`` indexes it after a None check
-        nv = self._nvml
-        mem = nv.nvmlDeviceGetMemoryInfo(self._handle)
-        values = reading(used_gib=mem.used / 2**30, total_gib=mem.total / 2**30)
-        for key, call in (
-            ("util_pct", lambda: float(nv.nvmlDeviceGetUtilizationRates(self._handle).gpu)),
-            ("power_w", lambda: nv.nvmlDeviceGetPowerUsage(self._handle) / 1000.0),
-            ("sm_clock_mhz", lambda: float(nv.nvmlDeviceGetClockInfo(self._handle, nv.NVML_CLOCK_SM))),
-        ):
-            try:
-                values[key] = call()
-            except nv.NVMLError:  # some boards do not report power or clocks
-                pass
-        return values
+    def read(self) -> GpuReading:
+        nv, handle = self._nvml, self._handle
+        mem = nv.nvmlDeviceGetMemoryInfo(handle)
+        return GpuReading(
+            used_gib=mem.used / 2**30, total_gib=mem.total / 2**30,
+            util_pct=self._optional(lambda: float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)),
+            power_w=self._optional(lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+            sm_clock_mhz=self._optional(lambda: float(nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))),
+        )
+
+    def _optional(self, call: Callable[[], float]) -> float | None:
+        try:
+            return call()
+        except self._nvml.NVMLError:  # some boards do not report power or clocks
+            return None
 
     def processes(self) -> list[DeviceProcess]:
         """The device's compute processes (pid, GiB held; None where the driver does not say): who else is on it."""
@@ -101,13 +94,13 @@ class HostMemoryReader:
         """Measure the processes ``pids()`` returns and ``files_bytes()`` of shared-memory files from now on."""
         self._pids, self._files_bytes = pids, files_bytes
 
-    def read(self) -> dict[str, float | None]:
+    def read(self) -> GpuReading:
         vm = psutil.virtual_memory()
         if self._pids is None:
             used = vm.total - vm.available
         else:
             used = sum(memory_bytes(pid) for pid in self._pids()) + self._files_bytes()
-        return reading(
+        return GpuReading(
             used_gib=used / 2**30, total_gib=vm.total / 2**30, util_pct=psutil.cpu_percent(interval=None),
         )
 
@@ -136,17 +129,11 @@ class Sample:
     devices: tuple[DeviceSample, ...] = ()
 
     @classmethod
-    def of(cls, t: float, reading: Mapping[str, Any]) -> Sample:
-        """A reader's reading (``GpuReader.read``: its keys, None where unknown) taken at ``t``."""
-        devices = tuple(DeviceSample(int(d["index"]), _float(d.get("used_gib")), _float(d.get("total_gib")))
-                        for d in reading.get("devices") or ())
-        return cls(t=t, used_gib=_float(reading.get("used_gib")), total_gib=_float(reading.get("total_gib")),
-                   util_pct=_float(reading.get("util_pct")), power_w=_float(reading.get("power_w")),
-                   devices=devices)
-
-
-def _float(value: Any) -> float | None:
-    return None if value is None else float(value)
+    def of(cls, t: float, reading: GpuReading) -> Sample:
+        """A reader's reading taken at ``t``."""
+        devices = tuple(DeviceSample(d.index, d.used_gib, d.total_gib) for d in reading.devices if d.index is not None)
+        return cls(t=t, used_gib=reading.used_gib, total_gib=reading.total_gib, util_pct=reading.util_pct,
+                   power_w=reading.power_w, devices=devices)
 
 
 class GpuMonitor:

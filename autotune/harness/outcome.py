@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
-from autotune.harness.workload.records import CUT
+from autotune.harness.workload.records import CUT, SimPace
 from autotune.results import TOO_SLOW, MeasurementVerdict, Rejections, ServerProgress, Status
 
 _PREFILL = re.compile(r"Prefill batch[.,] #new-seq: (\d+), #new-token: (\d+)")
@@ -61,19 +61,19 @@ def dominated(rejected: Rejections | None) -> bool:
     return rejected is not None and rejected.count >= DOMINANT * max(rejected.of, 1)
 
 
-def progress(log_since_replay: str, probes: Sequence[Any]) -> ServerProgress:
+def progress(log_since_replay: str, probes: Sequence[SimPace | None]) -> ServerProgress:
     """The server's own evidence of work since the replay began: prefill batches and their new tokens, decode
     batches (SGLang's log lines, which the simulator prints too), and the simulator's modelled seconds across the
     window (its ``sim_pace`` probes). Empty (false) when there is none."""
     prefills = _PREFILL.findall(log_since_replay)
     decodes = len(_DECODE.findall(log_since_replay))
-    marks = [p for p in probes if isinstance(p, dict) and "modelled_s" in p]
-    moved = len(marks) == 2 and float(marks[1]["modelled_s"]) > float(marks[0]["modelled_s"])
+    marks = [p for p in probes if isinstance(p, SimPace)]
+    moved = len(marks) == 2 and marks[1].modelled_s > marks[0].modelled_s
     return ServerProgress(
         prefill_batches=len(prefills) if prefills else None,
         prefill_tokens=sum(int(tokens) for _, tokens in prefills) if prefills else None,
         decode_batches=decodes or None,
-        sim_modelled_s=round(float(marks[1]["modelled_s"]) - float(marks[0]["modelled_s"]), 4) if moved else None)
+        sim_modelled_s=round(marks[1].modelled_s - marks[0].modelled_s, 4) if moved else None)
 
 
 def _evidence(seen: ServerProgress) -> str:
@@ -99,7 +99,7 @@ class NoTokens(NamedTuple):
     measurement: MeasurementVerdict
 
 
-def no_tokens(requests: Sequence[Any], log_since_replay: str, probes: Sequence[Any], *, window_s: float,
+def no_tokens(requests: Sequence[Any], log_since_replay: str, probes: Sequence[SimPace | None], *, window_s: float,
               options: tuple[str, str] = STUDY_OPTIONS) -> NoTokens:
     """(status, reason, verdict) of a window in which no token arrived from a live server: ``crash`` naming the
     refusals when they dominate, ``too_slow`` with the server's progress as evidence, else ``crash``. ``options``:

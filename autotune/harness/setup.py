@@ -55,8 +55,8 @@ class TrialSetup:
 
 @dataclasses.dataclass(frozen=True)
 class TrialHooks:
-    """``on_phase(name, info)``: each phase as it starts (the display); ``stop_event``: set to end the trial as
-    ``interrupted``, the server stopped cleanly."""
+    """``on_phase(name, info)``: each phase as it starts (the display; ``info`` has ``progress.PhaseInfo``'s keys);
+    ``stop_event``: set to end the trial as ``interrupted``, the server stopped cleanly."""
 
     on_phase: PhaseCallback | None = None
     stop_event: threading.Event | None = None

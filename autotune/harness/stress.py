@@ -33,7 +33,7 @@ import httpx
 from autotune import tls
 from autotune.harness.gpu import GpuMonitor
 from autotune.harness.steps import Launch, StepOutcome, after_ok
-from autotune.harness.workload import ENDPOINTS, RequestRecord, SseStream, request_body
+from autotune.harness.workload import ENDPOINTS, RequestBody, RequestRecord, SseStream, request_body
 from autotune.launch import ServerHandle
 from autotune.prompts import PromptRow
 from autotune.prompts.rows import estimate_tokens
@@ -303,7 +303,7 @@ async def _open_connections(clients: Sequence[httpx.AsyncClient], base_url: str)
     await asyncio.gather(*(one(client) for client in clients))
 
 
-async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any], rec: RequestRecord, endpoint: str,
+async def _stream(client: httpx.AsyncClient, url: str, body: RequestBody, rec: RequestRecord, endpoint: str,
                   t0: float) -> None:
     """One streaming request into ``rec``; a closed stream at the phase's end is ``cut``, not an error."""
     stream = SseStream(endpoint)

@@ -112,8 +112,8 @@ def checkable(reader: Any) -> bool:
 def occupancy(reader: Any, gpu: int | str, *, own_pids: Iterable[int] = ()) -> Occupancy:
     """One reading: live processes that are not in ``own_pids`` (the study's running servers) are holders;
     memory the device shows used beyond every listed process is a holder with no pid (NVML in a container)."""
-    values = reader.read()
-    used, total = values.get("used_gib"), values.get("total_gib")
+    reading = reader.read()
+    used, total = reading.used_gib, reading.total_gib
     own = {int(p) for p in own_pids}
     holders: list[Holder] = []
     releasing = listed = 0.0

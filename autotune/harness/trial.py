@@ -27,9 +27,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from autotune import tls
 from autotune.config.context import misfit_reason
 from autotune.errors import ConfigError, ServerError
 from autotune.harness.engines.base import Engine, GpuReader, group_reader, launch_gpus
@@ -37,14 +34,16 @@ from autotune.harness.fidelity import FidelityProbe
 from autotune.harness.files import writing
 from autotune.harness.gpu import GpuMonitor
 from autotune.harness.outcome import STUDY_OPTIONS, dominated, no_tokens, rejection_line, rejections
+from autotune.harness.serverinfo import flush_cache, server_info, server_stream_interval, sim_pace
 from autotune.harness.setup import NO_HOOKS, PhaseCallback, TrialHooks, TrialSetup, server_group
 from autotune.harness.steps import AfterWindow, Launch, ProbeStep
 from autotune.harness.workload import (
+    ReplayProgress,
     ReplayRecords,
+    SimPace,
     metrics_from_records,
     repeated_prompt_share,
     replay,
-    settling_figures,
     window_drift,
 )
 from autotune.launch import Launcher, LaunchSpec, ServerExited, ServerHandle, ServerStartTimeout
@@ -70,37 +69,6 @@ CLIENT_BUSY_LIMIT = 0.95  # the replay's event-loop thread running or runnable t
 REMEASURE_STREAM_INTERVAL = 16  # tokens per SSE chunk for the re-measure (at least 4 × the trial's own)
 
 
-def _server_info(base_url: str) -> dict[str, Any] | None:
-    try:
-        resp = httpx.get(f"{base_url}/server_info", timeout=10.0, trust_env=False, verify=tls.context())
-        return resp.json() if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
-
-
-async def _sim_pace(base_url: str) -> dict[str, Any] | None:
-    """The simulated server's pacing counters (``sim_pace`` in /server_info); None for a real SGLang."""
-    try:
-        async with httpx.AsyncClient(timeout=10.0, trust_env=False, verify=tls.context()) as client:
-            resp = await client.get(f"{base_url}/server_info")
-        return resp.json().get("sim_pace") if resp.status_code == 200 else None
-    except (httpx.HTTPError, ValueError, AttributeError):
-        return None
-
-
-def server_stream_interval(info: Mapping[str, Any] | None) -> int | None:
-    """The server's ``--stream-interval`` as /server_info reports it."""
-    value = (info or {}).get("stream_interval")
-    return int(value) if isinstance(value, int) else None
-
-
-def _flush_cache(base_url: str) -> None:
-    try:
-        httpx.post(f"{base_url}/flush_cache", timeout=10.0, trust_env=False, verify=tls.context())
-    except httpx.HTTPError:
-        pass  # only the accept-length fallback loses precision
-
-
 def auto_concurrency(capacity: Capacity | None) -> int:
     """2 × the effective max running requests: enough queued work that the server's batch stays full."""
     if capacity is None or not capacity.max_running_requests:
@@ -123,18 +91,19 @@ def _write(result: TrialResult, trial_dir: Path) -> TrialResult:
     return result
 
 
-def measurement_verdict(records: Any) -> tuple[Status | None, str | None, dict[str, Any]]:
+def measurement_verdict(records: ReplayRecords) -> tuple[Status | None, str | None, MeasurementVerdict]:
     """(status, reason, figures) for a replay's trustworthiness: ``invalid_measurement`` when the simulated
     server lagged its model by more than ``LAG_LIMIT`` (sim only: ``sim_pace`` in /server_info), ``client_bound``
     when the replay's event-loop thread was saturated; (None, None, figures) when the window measured the server."""
-    figures: dict[str, Any] = {"client_busy": records.client_busy, "repeated_prompts": repeated_prompt_share(records),
-                               "window_drift": window_drift(records), **settling_figures(records.settling)}
-    probes = [p for p in records.probes if isinstance(p, dict)]
+    settling = records.settling
+    figures = MeasurementVerdict(client_busy=records.client_busy, repeated_prompts=repeated_prompt_share(records),
+                                 window_drift=window_drift(records), settled=settling.settled if settling else None,
+                                 settling=settling.to_dict() if settling is not None else None)
+    probes = [p for p in records.probes if isinstance(p, SimPace)]
     if len(probes) == 2:
-        modelled = float(probes[1]["modelled_s"]) - float(probes[0]["modelled_s"])
-        lag = float(probes[1]["lag_s"]) - float(probes[0]["lag_s"])
+        modelled, lag = probes[1].modelled_s - probes[0].modelled_s, probes[1].lag_s - probes[0].lag_s
         share = lag / modelled if modelled > 0 else 0.0
-        figures["sim_lag"] = round(share, 4)
+        figures = dataclasses.replace(figures, sim_lag=round(share, 4))
         if share > LAG_LIMIT:
             return ("invalid_measurement",
                     f"the simulated server's wall clock trailed its modelled clock by {share:.1%} over the window "
@@ -307,7 +276,7 @@ def _stop(server: ServerHandle, launch: Launch) -> int | None:
 
 def _measure(server: ServerHandle, launch: Launch) -> Outcome:
     """Capacity, then the replay; classifies a server that died or an interruption while measuring."""
-    info = _server_info(server.base_url)
+    info = server_info(server.base_url)
     capacity = launch.engine.capacity(server.log_text(), info)
     cpu = getattr(launch.engine, "device", "cuda") == "cpu"  # SGLang's CPU backend: host memory, no GPU figures
     out: Outcome = {"capacity": capacity}
@@ -329,7 +298,7 @@ def _replay_window(server: ServerHandle, launch: Launch, concurrency: int) -> tu
     """Warm-up and window (and ``launch.windows`` − 1 more of the same loop, into ``launch.later``) under the GPU
     monitor (when the server has a reader); records in ``records.jsonl`` and ``records-window-<i>.jsonl``."""
     workload = launch.workload
-    _flush_cache(server.base_url)  # idle now: restart the server's spec counters so they cover this replay only
+    flush_cache(server.base_url)  # idle now: restart the server's spec counters so they cover this replay only
     launch.phase("warmup", {"concurrency": concurrency, "pid": server.pid})
     monitor = GpuMonitor(launch.reader) if launch.reader is not None else None
     t0 = time.monotonic()
@@ -341,7 +310,7 @@ def _replay_window(server: ServerHandle, launch: Launch, concurrency: int) -> tu
                 ignore_eos=workload.ignore_eos, repeats=workload.repeats,
                 on_progress=_progress_relay(launch.phase, launch.windows),
                 should_stop=functools.partial(_should_stop, server, launch.stop_event),
-                request_timeout_s=launch.timeouts.request_s, window_probe=functools.partial(_sim_pace, server.base_url),
+                request_timeout_s=launch.timeouts.request_s, window_probe=functools.partial(sim_pace, server.base_url),
                 rule=workload.settle_rule(), ramp_s=workload.ramp, windows=launch.windows, go_on=_trusted,
             )
         )
@@ -366,16 +335,16 @@ def _trusted(records: ReplayRecords) -> bool:
     return measurement_verdict(records)[0] is None and metrics_from_records(records).output_tokens > 0
 
 
-def _progress_relay(phase: PhaseCallback, windows: int = 1) -> Callable[[dict], None]:
-    """The replay's progress as phases: each phase once (warm-up is announced with the pid), every measuring tick;
-    a later window of the loop as ``window i of n``."""
+def _progress_relay(phase: PhaseCallback, windows: int = 1) -> Callable[[ReplayProgress], None]:
+    """The replay's progress as phases (its fields the phase's info): each phase once (warm-up is announced with the
+    pid), every measuring tick; a later window of the loop as ``window i of n``."""
     seen: set[str] = {"warmup"}
 
-    def progress(info: dict) -> None:
-        name = info["phase"] if info.get("window", 1) == 1 else f"window {info['window']} of {windows}"
+    def progress(tick: ReplayProgress) -> None:
+        name = tick.phase if tick.window == 1 else f"window {tick.window} of {windows}"
         if name not in seen or name == "measuring":
             seen.add(name)
-            phase(name, info)
+            phase(name, dataclasses.asdict(tick))
     return progress
 
 
@@ -423,7 +392,7 @@ def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords
     if metrics.accept_length is None and metrics.output_tokens:  # a server that sent nothing is not asked again
         # No request finished inside the window (long outputs, short window): the server's own counter,
         # reset before the replay, covers warm-up + window.
-        accept = engine.spec_accept_length(_server_info(server.base_url))
+        accept = engine.spec_accept_length(server_info(server.base_url))
         if accept:
             metrics = dataclasses.replace(metrics, accept_length=round(accept, 4))
     out: Outcome = {"metrics": metrics}
@@ -440,9 +409,9 @@ def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords
         return {**out, "status": why[0], "reason": why[1], "measurement": why[2]}
     rejected = rejections(records.requests)
     # An untrusted figure measured the CPU: it stays out of ``metrics`` (only here, for diagnosis).
-    out["measurement"] = MeasurementVerdict.from_dict({
-        **figures, "stream_interval": int(server_stream_interval(info) or 1), "rejected": rejected or None,
-        "untrusted_tok_s": metrics.output_tok_s if status is not None else None})
+    out["measurement"] = dataclasses.replace(
+        figures, stream_interval=int(server_stream_interval(info) or 1), rejected=rejected or None,
+        untrusted_tok_s=metrics.output_tok_s if status is not None else None)
     if status is not None:
         return {**out, "metrics": None, "status": status, "reason": reason}
     if rejected is not None and dominated(rejected):  # a tok/s of the requests it served; the rest named

@@ -67,5 +67,6 @@ def window_of(records: ReplayRecords, index: int, span: int) -> Window:
     tok_s = metrics.output_tok_s if status is None else None
     return Window(index=index, status=status or "ok", output_tok_s=tok_s,
                   tok_s_per_gpu=None if tok_s is None else tok_s / max(1, span), output_tokens=metrics.output_tokens,
-                  window_s=round(metrics.window_s, 3), settled=figures.get("settled"), first_pass=min(passes),
-                  last_pass=max(passes), reason=reason, measurement=figures)
+                  window_s=round(metrics.window_s, 3), settled=figures.settled, first_pass=min(passes),
+                  last_pass=max(passes), reason=reason,
+                  measurement={"client_busy": figures.client_busy, **figures.to_dict()})  # client_busy even when None

@@ -310,9 +310,9 @@ def _nvml_gpu(index: int) -> GpuMemory | None:
             reader.close()
     except Exception:  # noqa: BLE001 - no driver, no library, no device: inspect simply reports without it
         return None
-    if reading.get("used_gib") is None or reading.get("total_gib") is None:
+    if reading.used_gib is None or reading.total_gib is None:
         return None
-    return GpuMemory(float(reading["used_gib"]), float(reading["total_gib"]), f"NVML GPU {index}")
+    return GpuMemory(reading.used_gib, reading.total_gib, f"NVML GPU {index}")
 
 
 def probe(url: str, *, client: httpx.Client, use_nvml: bool = True, log: StartupPools | None = None) -> Probe | ProbeFailure:

@@ -126,11 +126,33 @@ class ServerRecord:
             raise ValueError(f"not a server record: {exc}") from None
 
 
+@dataclass(frozen=True)
+class GpuReading:
+    """One reading of a device, None where it does not say: memory in GiB, utilisation, power, SM clock. A group's
+    reading (``launch.memory.GroupReader``) is its fullest device's, with each device's own (``index`` set) under
+    ``devices``."""
+
+    used_gib: float | None = None
+    total_gib: float | None = None
+    util_pct: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+    index: int | None = None
+    devices: tuple[GpuReading, ...] = ()
+
+    @property
+    def free_gib(self) -> float:
+        """What is left (``inf`` when used is unknown; with no total known, the most used is the fullest)."""
+        if self.used_gib is None:
+            return float("inf")
+        return (self.total_gib or 0.0) - self.used_gib
+
+
 class MemoryReader(Protocol):
     """What a launcher reads to know a stopped server's device memory is released (``harness.engines.GpuReader``
     satisfies it: NVML, the simulated GPU, host memory)."""
 
-    def read(self) -> dict[str, float | None]: ...
+    def read(self) -> GpuReading: ...
 
     def close(self) -> None: ...
 

@@ -3,16 +3,16 @@ so the next server sizes its pools from truly free memory (a driver frees asynch
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
 
-from autotune.launch.base import MemoryReader
+from autotune.launch.base import GpuReading, MemoryReader
 
 MIB_PER_GIB = 1024.0
 
 
 def used_mib(reader: MemoryReader) -> float | None:
-    used = reader.read().get("used_gib")
+    used = reader.read().used_gib
     return None if used is None else used * MIB_PER_GIB
 
 
@@ -47,27 +47,16 @@ class GroupReader:
     def gpus(self) -> tuple[int, ...]:
         return tuple(self.readers)
 
-    def read(self) -> dict[str, Any]:
-        devices: list[dict[str, Any]] = []
-        for index, reader in self.readers.items():
-            devices.append({"index": index, **reader.read()})
-        worst = min(devices, key=_free_gib)
-        out: dict[str, Any] = {k: v for k, v in worst.items() if k != "index"}
-        if len(devices) > 1:
-            out["devices"] = devices
-            util = [float(d["util_pct"]) for d in devices if d.get("util_pct") is not None]
-            power = [float(d["power_w"]) for d in devices if d.get("power_w") is not None]
-            out["util_pct"] = sum(util) / len(util) if util else None
-            out["power_w"] = sum(power) if power else None  # the server's draw: all its GPUs
-        return out
+    def read(self) -> GpuReading:
+        devices = [dataclasses.replace(reader.read(), index=index) for index, reader in self.readers.items()]
+        worst = dataclasses.replace(min(devices, key=lambda d: d.free_gib), index=None)
+        if len(devices) == 1:
+            return worst
+        util = [d.util_pct for d in devices if d.util_pct is not None]
+        power = [d.power_w for d in devices if d.power_w is not None]
+        return dataclasses.replace(worst, devices=tuple(devices), util_pct=sum(util) / len(util) if util else None,
+                                   power_w=sum(power) if power else None)  # the server's draw: all its GPUs
 
     def close(self) -> None:
         for reader in self.readers.values():
             reader.close()
-
-
-def _free_gib(reading: dict[str, Any]) -> float:
-    used, total = reading.get("used_gib"), reading.get("total_gib")
-    if used is None:
-        return float("inf")
-    return (total or 0.0) - used  # no total known: the most used is the fullest

@@ -15,16 +15,16 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn, TypedDict
+from typing import NoReturn, TypedDict
 
 from autotune.errors import AutotuneError, GpuError
+from autotune.launch.base import GpuReading
 from autotune.launch.memory import MIB_PER_GIB, GroupReader
 
 # (command, timeout_s) -> (exit code, stdout, stderr): the launcher's transport, bound to its host.
 Call = Callable[[str, float], tuple[int, str, str]]
 GPU_FIELDS = ("index", "memory.used", "memory.total", "utilization.gpu", "power.draw", "clocks.sm")
 APP_FIELDS = ("gpu_uuid", "pid", "used_memory", "process_name")  # the name last: it is the one that may hold ", "
-READING_KEYS = ("used_gib", "total_gib", "util_pct", "power_w", "sm_clock_mhz")
 CSV = "--format=csv,noheader,nounits"
 READ_TIMEOUT_S = 5.0  # a sample that takes longer is a failed one, not a stalled monitor
 RETRY_S = 2.0
@@ -59,19 +59,19 @@ def value(text: str) -> float | None:
         return None
 
 
-def parse_gpus(text: str) -> dict[int, dict[str, float | None]]:
+def parse_gpus(text: str) -> dict[int, GpuReading]:
     """``--query-gpu`` lines → index → reading (memory in GiB). Lines of another shape are skipped."""
-    out: dict[int, dict[str, float | None]] = {}
+    out: dict[int, GpuReading] = {}
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) != len(GPU_FIELDS) or not parts[0].isdigit():
             continue
         used, total, util, power, clock = (value(p) for p in parts[1:])
-        out[int(parts[0])] = {
-            "used_gib": None if used is None else used / MIB_PER_GIB,
-            "total_gib": None if total is None else total / MIB_PER_GIB,
-            "util_pct": util, "power_w": power, "sm_clock_mhz": clock,
-        }
+        out[int(parts[0])] = GpuReading(
+            used_gib=None if used is None else used / MIB_PER_GIB,
+            total_gib=None if total is None else total / MIB_PER_GIB,
+            util_pct=util, power_w=power, sm_clock_mhz=clock,
+        )
     return out
 
 
@@ -110,10 +110,10 @@ def parse_apps(text: str) -> list[RemoteProcess]:
 class _Fixed:
     """One device's reading, already taken: lets ``GroupReader`` combine a group read in one call."""
 
-    def __init__(self, reading: dict[str, float | None]):
+    def __init__(self, reading: GpuReading):
         self.reading = reading
 
-    def read(self) -> dict[str, float | None]:
+    def read(self) -> GpuReading:
         return self.reading
 
     def close(self) -> None:
@@ -135,7 +135,7 @@ class RemoteGpuReader:
         self._failed_at: float | None = None
         self._failure = ""
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> GpuReading:
         devices = parse_gpus(self._ask(gpu_query(self.gpus)))
         missing = [g for g in self.gpus if g not in devices]
         if missing:
@@ -174,8 +174,8 @@ class NoReading:
     """The reader of a server without GPUs on another host: this host's host-memory reader would measure the wrong
     machine, so it reports nothing (every value None) and nothing waits on it."""
 
-    def read(self) -> dict[str, float | None]:
-        return dict.fromkeys(READING_KEYS)
+    def read(self) -> GpuReading:
+        return GpuReading()
 
     def close(self) -> None:
         pass

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import TypeAdapter
 
 GAUGES = (
     "num_running_reqs",
@@ -103,16 +103,6 @@ class Histogram:
             rank -= n
         return self.bounds[-1] if self.bounds else None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"bounds": list(self.bounds), "cumulative": list(self.cumulative), "total": self.total,
-                "count": self.count}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Histogram:
-        return cls(bounds=tuple(float(b) for b in data["bounds"]),
-                   cumulative=tuple(float(c) for c in data["cumulative"]),
-                   total=float(data["total"]), count=float(data["count"]))
-
 
 @dataclass(frozen=True)
 class Sample:
@@ -127,16 +117,11 @@ class Sample:
         """``sglang:<name>`` → value, the shape ``diagnosis_probe.parse_prometheus`` gives the diagnosis."""
         return {f"sglang:{k}": v for k, v in {**self.gauges, **self.counters}.items()}
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"t": self.t, "gauges": self.gauges, "counters": self.counters,
-                "histograms": {k: h.to_dict() for k, h in self.histograms.items()}}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Sample:
-        return cls(t=float(data["t"]),
-                   gauges={str(k): float(v) for k, v in data.get("gauges", {}).items()},
-                   counters={str(k): float(v) for k, v in data.get("counters", {}).items()},
-                   histograms={str(k): Histogram.from_dict(h) for k, h in data.get("histograms", {}).items()})
+# A window's samples as the state file stores them: dumped in Python mode (floats as they are, so ``json.dumps``
+# writes NaN and infinities as it always did; tuples come out as lists) and validated back, a malformed entry a
+# ``ValueError`` (pydantic's ``ValidationError``).
+SAMPLES = TypeAdapter(list[Sample])
 
 
 def parse_sample(text: str, t: float) -> Sample:

@@ -24,6 +24,17 @@ CHARS_PER_TOKEN = 4.0  # the same rough ratio the prior and the simulator use; r
 BOOTSTRAP = 2000
 
 
+@dataclass(frozen=True)
+class TunedWorkload:
+    """The study's workload as far as watch reads it: the replayed prompt sample (file, size, seed) and the most
+    output a request could ask for."""
+
+    prompts: str | None = None
+    sample_size: int = 200
+    seed: int = 0
+    max_tokens: int = 4096
+
+
 @dataclass(frozen=True, kw_only=True)
 class Tuned:
     source: str
@@ -32,13 +43,8 @@ class Tuned:
     tok_s: float | None = None  # the winner's confirmed output tok/s per server
     tok_s_ci: tuple[float, float] | None = None  # 95 % bootstrap interval of the median confirmation run
     accept_length: float | None = None
-    workload: dict[str, Any] = field(default_factory=dict)
+    workload: TunedWorkload = TunedWorkload()
     notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"source": self.source, "prompt_range": self.prompt_range, "output_range": self.output_range,
-                "tok_s": self.tok_s, "tok_s_ci": self.tok_s_ci, "accept_length": self.accept_length,
-                "notes": self.notes}
 
 
 def median_interval(runs: list[float], *, seed: int = 0) -> tuple[float, float] | None:
@@ -50,15 +56,14 @@ def median_interval(runs: list[float], *, seed: int = 0) -> tuple[float, float] 
     return float(np.percentile(medians, 2.5)), float(np.percentile(medians, 97.5))
 
 
-def _prompt_range(workload: dict[str, Any], notes: list[str]) -> tuple[tuple[int, int] | None, int | None]:
+def _prompt_range(workload: TunedWorkload, notes: list[str]) -> tuple[tuple[int, int] | None, int | None]:
     """(min, max) prompt tokens of the replayed sample, and the largest output a row may ask for."""
-    prompts = workload.get("prompts")
-    max_tokens = int(workload.get("max_tokens") or 4096)
-    if not prompts:
+    max_tokens = workload.max_tokens
+    if not workload.prompts:
         notes.append("the study records no prompt file: the prompt-length rule is off")
         return None, max_tokens
     try:
-        sample = PromptSample.load(prompts, int(workload.get("sample_size") or 200), int(workload.get("seed") or 0))
+        sample = PromptSample.load(workload.prompts, workload.sample_size, workload.seed)
     except AutotuneError as exc:
         notes.append(f"the study's prompt sample cannot be read ({exc}): the prompt-length rule is off")
         return None, max_tokens
@@ -78,7 +83,9 @@ def _from_provenance(path: Path) -> Tuned:
         raise ConfigError("has no workload", file=str(path), key="workload",
                           fix="pass the provenance.json that autotune apply wrote")
     notes: list[str] = []
-    workload = dict(meta.get("workload") or {})
+    stored = meta.get("workload") or {}
+    workload = TunedWorkload(prompts=stored.get("prompts"), sample_size=int(stored.get("sample_size") or 200),
+                             seed=int(stored.get("seed") or 0), max_tokens=int(stored.get("max_tokens") or 4096))
     prompt_range, largest = _prompt_range(workload, notes)
     runs = [float(r) for r in meta.get("output_tok_s_runs") or []]
     ci = median_interval(runs)
@@ -106,8 +113,9 @@ def _from_study(path: Path) -> Tuned:
     cfg = load_config(path)
     winner = load_winner(cfg.storage_url, cfg.name)
     notes: list[str] = []
-    workload = {**cfg.workload.model_dump(mode="json"), **winner.workload}
-    workload["prompts"] = str(cfg.workload.prompts)
+    stored = {**cfg.workload.model_dump(mode="json"), **winner.workload}  # the winner's own workload overrides
+    workload = TunedWorkload(prompts=str(cfg.workload.prompts), sample_size=int(stored.get("sample_size") or 200),
+                             seed=int(stored.get("seed") or 0), max_tokens=int(stored.get("max_tokens") or 4096))
     prompt_range, largest = _prompt_range(workload, notes)
     ci = median_interval(winner.tok_s_runs)
     if ci is None:

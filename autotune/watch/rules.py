@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from autotune.watch.metrics import Histogram
 from autotune.watch.reference import Tuned
@@ -37,10 +36,6 @@ class Finding:
     def line(self) -> str:
         fix = f" Fix: {' '.join(self.fix)}" if self.fix else ""
         return f"{self.server} [{self.rule}] {self.evidence}: {self.reason}.{fix}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"server": self.server, "rule": self.rule, "evidence": self.evidence, "reason": self.reason,
-                "fix": self.fix}
 
 
 @dataclass(frozen=True, kw_only=True)

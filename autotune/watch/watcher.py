@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from autotune.inspect.diagnose import InspectError, diagnose, explain_capacity
 from autotune.inspect.probe import ProbeFailure, normalise_url, probe
 from autotune.inspect.state import ServerState
 from autotune.watch.metrics import parse_sample
-from autotune.watch.reference import Tuned
+from autotune.watch.reference import Tuned, TunedWorkload
 from autotune.watch.rules import Context, Finding, Limits, evaluate
 from autotune.watch.suggest import drifted_rows, rebalance, suggestion_line, traffic, write_study
 from autotune.watch.window import WatchState
@@ -60,11 +60,6 @@ class ServerReport:
     study_file: str | None = None
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"url": self.url, "findings": [f.to_dict() for f in self.findings], "gauges": self.gauges,
-                "traffic": self.traffic, "samples": self.samples, "window_s": self.window_s,
-                "study_file": self.study_file, "notes": self.notes}
-
 
 @dataclass(kw_only=True)
 class CycleReport:
@@ -79,7 +74,7 @@ class CycleReport:
         return EXIT_DRIFT if any(s.findings for s in self.servers) else EXIT_OK
 
     def to_dict(self) -> dict[str, Any]:
-        return {"t": self.t, "exit": self.exit_code, "servers": [s.to_dict() for s in self.servers],
+        return {"t": self.t, "exit": self.exit_code, "servers": [asdict(s) for s in self.servers],
                 "failures": [{"url": f.url, "kind": f.kind, "message": f.message} for f in self.failures]}
 
 
@@ -171,7 +166,7 @@ class Watcher:
         planner = rebalance(advice, max(held)) if held else None
         if planner is None and advice is not None and advice.suggestions:
             planner = advice.suggestions[0]
-        fallback = int((self.tuned.workload.get("max_tokens") if self.tuned else None) or 4096)
+        fallback = self.tuned.workload.max_tokens if self.tuned else TunedWorkload().max_tokens
         try:
             rows = drifted_rows(t, n=self.options.rows, seed=self.options.seed, fallback_output=fallback)
             report.study_file = str(write_study(d, planner, rows, self.options.out_dir))

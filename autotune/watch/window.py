@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError
-from autotune.watch.metrics import Histogram, Sample
+from autotune.watch.metrics import SAMPLES, Histogram, Sample
 
 STATE_VERSION = 1
 
@@ -77,7 +77,7 @@ class ServerMemory:
     first_accept: float | None = None  # the first speculative accept length watch saw (no study to compare with)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"samples": [s.to_dict() for s in self.window.samples], "first_accept": self.first_accept}
+        return {"samples": SAMPLES.dump_python(list(self.window.samples)), "first_accept": self.first_accept}
 
 
 @dataclass
@@ -114,7 +114,7 @@ class WatchState:
                               fix=fix)
         try:
             for url, entry in (data.get("servers") or {}).items():
-                samples = [Sample.from_dict(s) for s in entry.get("samples", [])]
+                samples = SAMPLES.validate_python(entry.get("samples", []))
                 first = entry.get("first_accept")
                 state.servers[url] = ServerMemory(window=Window(span_s, max_samples, samples),
                                                   first_accept=None if first is None else float(first))

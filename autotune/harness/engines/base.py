@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, Protocol, TypedDict
 
+from autotune.launch.base import GpuReading
 from autotune.launch.memory import GroupReader
 from autotune.results import Capacity, FailureKind
 
@@ -35,8 +36,8 @@ class GpuReader(Protocol):
     what ``harness.tenancy`` reads to refuse a launch next to a tenant.
     """
 
-    def read(self) -> dict[str, float | None]:
-        """Return ``used_gib``, ``total_gib``, ``util_pct``, ``power_w``, ``sm_clock_mhz`` (None if unknown)."""
+    def read(self) -> GpuReading:
+        """Memory, utilisation, power and SM clock, None where the device does not say."""
         ...
 
     def close(self) -> None: ...

@@ -17,7 +17,7 @@ from autotune.config.sections import WorkloadSection
 from autotune.harness.engines import logparse
 from autotune.harness.engines.base import DeviceProcess, EngineSettings, GpuReader
 from autotune.harness.engines.sglang import reject_harness_flags
-from autotune.harness.gpu import MIB_PER_GIB, reading
+from autotune.harness.gpu import MIB_PER_GIB, GpuReading
 from autotune.harness.workload import WorkloadSpec
 from autotune.results import MeasurementVerdict, Status, TrialResult
 from autotune.sglang.flags import FlagTable
@@ -122,9 +122,9 @@ class SimGpuReader:
     def __init__(self, index: int = 0, directory: str | None = None):
         self.index, self.directory = index, directory
 
-    def read(self) -> dict[str, float | None]:
+    def read(self) -> GpuReading:
         r = device.read(self.index, directory=self.directory)
-        return reading(
+        return GpuReading(
             used_gib=r.used_mib / MIB_PER_GIB,
             total_gib=None if r.total_mib is None else r.total_mib / MIB_PER_GIB,
             util_pct=getattr(r, "util_pct", None),

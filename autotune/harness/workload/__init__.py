@@ -5,12 +5,13 @@
 figures). The names other modules use are re-exported here.
 """
 
-from autotune.harness.workload.client import replay, thread_busy_s
+from autotune.harness.workload.client import ReplayProgress, replay, thread_busy_s
 from autotune.harness.workload.metrics import metrics_from_records
 from autotune.harness.workload.records import (
     CUT,
     ReplayRecords,
     RequestRecord,
+    SimPace,
     repeated_prompt_share,
     window_drift,
 )
@@ -22,12 +23,13 @@ from autotune.harness.workload.settle import (
     settle,
     settling_figures,
 )
-from autotune.harness.workload.spec import ENDPOINTS, WorkloadSpec, request_body, settle_rule
+from autotune.harness.workload.spec import ENDPOINTS, RequestBody, WorkloadSpec, request_body, settle_rule
 from autotune.harness.workload.sse import SseStream
 from autotune.prompts import PromptRow, PromptSample
 
 __all__ = [
-    "CUT", "ENDPOINTS", "PromptRow", "PromptSample", "ReplayRecords", "RequestRecord", "SettleRule", "Settler",
-    "Settling", "SliceTally", "SseStream", "WorkloadSpec", "metrics_from_records", "repeated_prompt_share", "replay",
-    "request_body", "settle", "settle_rule", "settling_figures", "thread_busy_s", "window_drift",
+    "CUT", "ENDPOINTS", "PromptRow", "PromptSample", "ReplayProgress", "ReplayRecords", "RequestBody",
+    "RequestRecord", "SettleRule", "Settler", "Settling", "SimPace", "SliceTally", "SseStream",
+    "WorkloadSpec", "metrics_from_records", "repeated_prompt_share", "replay", "request_body", "settle",
+    "settle_rule", "settling_figures", "thread_busy_s", "window_drift",
 ]

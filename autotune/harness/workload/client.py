@@ -26,12 +26,25 @@ from autotune import tls
 from autotune.errors import WorkloadError
 from autotune.harness.workload.records import CUT, ReplayRecords, RequestRecord
 from autotune.harness.workload.settle import NextWindow, Settler, SettleRule, Settling, SliceTally
-from autotune.harness.workload.spec import ENDPOINTS, request_body
+from autotune.harness.workload.spec import ENDPOINTS, RequestBody, request_body
 from autotune.harness.workload.sse import SseStream
 from autotune.prompts import PromptSample, check_repeats, walk_position
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: dict, rec: RequestRecord, endpoint: str, t0: float,
+@dataclass(frozen=True)
+class ReplayProgress:
+    """One live tick of the replay (``on_progress``): tokens that arrived over the last second, requests done and
+    errors so far, in which phase and window of the loop."""
+
+    phase: str
+    elapsed_s: float
+    tok_s: float
+    completed: int
+    errors: int
+    window: int = 1
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: RequestBody, rec: RequestRecord, endpoint: str, t0: float,
                tally: SliceTally | None = None) -> None:
     """One streaming request into ``rec`` (and its tokens into ``tally``); never raises but for cancellation."""
     clock = time.perf_counter
@@ -100,7 +113,7 @@ async def replay(
     endpoint: str = "generate",
     ignore_eos: bool = False,
     repeats: str = "fresh",
-    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: Callable[[ReplayProgress], None] | None = None,
     should_stop: Callable[[], str | None] | None = None,
     request_timeout_s: float = 600.0,
     progress_interval_s: float = 0.5,
@@ -221,7 +234,7 @@ class _Session:
         return fed, start, None
 
     async def pace(self, should_stop: Callable[[], str | None] | None,
-                   on_progress: Callable[[dict[str, Any]], None] | None, interval_s: float) -> None:
+                   on_progress: Callable[[ReplayProgress], None] | None, interval_s: float) -> None:
         """The control loop while the workers run: stop checks, progress, each window's edges, ``client_busy``."""
         self.measured.append(self.records)
         start = await self.mark() if self.settler.in_window else None
@@ -239,9 +252,8 @@ class _Session:
                     return
                 continue
             if on_progress is not None:
-                on_progress({**_progress(self.sent, self.records.concurrency, self.elapsed(),
-                                         "measuring" if self.settler.in_window else "warmup"),
-                             "window": len(self.measured)})
+                on_progress(_progress(self.sent, self.records.concurrency, self.elapsed(),
+                                      "measuring" if self.settler.in_window else "warmup", len(self.measured)))
             boundary = (fed + 1) * self.tally.slice_s
             await asyncio.sleep(min(interval_s, max(0.0, boundary - self.elapsed())))  # progress may have taken time
 
@@ -275,13 +287,11 @@ class _Session:
         return records
 
 
-def _progress(sent: list[RequestRecord], concurrency: int, elapsed: float, phase: str) -> dict[str, Any]:
+def _progress(sent: list[RequestRecord], concurrency: int, elapsed: float, phase: str, window: int) -> ReplayProgress:
     """Live figures: tokens that arrived over the last second, requests done, errors so far."""
     recent = sum(n for r in sent[-4 * concurrency :] for t, n in r.chunks if t >= elapsed - 1.0)
-    return {
-        "phase": phase,
-        "elapsed_s": round(elapsed, 2),
-        "tok_s": float(recent),
-        "completed": sum(1 for r in sent if r.finish_reason not in (None, CUT) and r.error is None),
-        "errors": sum(1 for r in sent if r.error is not None),
-    }
+    return ReplayProgress(
+        phase=phase, elapsed_s=round(elapsed, 2), tok_s=float(recent),
+        completed=sum(1 for r in sent if r.finish_reason not in (None, CUT) and r.error is None),
+        errors=sum(1 for r in sent if r.error is not None), window=window,
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from autotune.results import halves_drift
 from autotune.settle import Settling
@@ -32,6 +31,15 @@ class RequestRecord:
         return sum(n for _, n in self.chunks)
 
 
+@dataclass(frozen=True)
+class SimPace:
+    """The simulated server's pacing counters at a window's edge (``sim_pace`` in its /server_info): how far its
+    modelled clock has advanced and how far its wall clock trailed it, seconds since it started."""
+
+    modelled_s: float
+    lag_s: float
+
+
 @dataclass
 class ReplayRecords:
     requests: list[RequestRecord]
@@ -42,7 +50,7 @@ class ReplayRecords:
     # Share of one core the replay's process was running or waiting for a CPU during the window (≈ 1.0: the
     # client could not keep up, so the figure is the client's, not the server's); None before the window ended.
     client_busy: float | None = None
-    probes: list[Any] = field(default_factory=list)  # ``window_probe`` results at the window's start and end
+    probes: list[SimPace | None] = field(default_factory=list)  # ``window_probe`` readings at the window's edges
     settling: Settling | None = None  # how the warm-up and window settled (``autotune.settle``); None: stopped early
     later: list[ReplayRecords] = field(default_factory=list)  # the windows the same loop ran on to (``replay``)
 

@@ -4,10 +4,64 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import TypedDict
 
 from autotune.harness.workload.records import RequestRecord
 from autotune.harness.workload.settle import SliceTally
+
+
+# One streamed chunk as SGLang 0.5.23 sends it, only the keys the replay reads (all optional: a chunk carries some).
+# The OpenAI routes' are ``srt/entrypoints/openai/protocol.py``'s stream responses; the native ``/generate`` chunk's
+# ``meta_info`` is filled in ``srt/managers/tokenizer_manager.py``.
+class ErrorBody(TypedDict, total=False):
+    message: str
+
+
+class FinishReason(TypedDict, total=False):
+    type: str  # "stop", "length", "abort"
+    message: str
+
+
+class MetaInfo(TypedDict, total=False):
+    completion_tokens: int
+    prompt_tokens: int
+    finish_reason: FinishReason | str | None
+    spec_accept_length: float
+
+
+class Usage(TypedDict, total=False):
+    completion_tokens: int | None
+    prompt_tokens: int
+
+
+class Delta(TypedDict, total=False):
+    content: str | None
+
+
+class Choice(TypedDict, total=False):
+    text: str  # /v1/completions
+    delta: Delta  # /v1/chat/completions
+    finish_reason: str | None
+
+
+class SpecTokensDetails(TypedDict, total=False):
+    spec_accept_length: float
+
+
+class SglExt(TypedDict, total=False):
+    spec_tokens_details: SpecTokensDetails | None  # a list only for n > 1, which the replay never asks for
+
+
+class Chunk(TypedDict, total=False):
+    """A native chunk (``meta_info``) or an OpenAI one (``choices``, ``usage``, SGLang's ``sglext``); ``error``
+    when the request failed."""
+
+    error: ErrorBody | str
+    meta_info: MetaInfo | None
+    usage: Usage | None
+    choices: list[Choice] | None
+    sglext: SglExt | None
+
 
 _TOKENS = re.compile(rb'"completion_tokens":\s*(\d+)')
 _UNFINISHED = re.compile(rb'"finish_reason":\s*null')
@@ -50,7 +104,7 @@ class SseStream:
                 self.tally.add(now, total - self.counted)
             self.counted = total
 
-    def feed(self, data: dict[str, Any], rec: RequestRecord, now: float) -> None:
+    def feed(self, data: Chunk, rec: RequestRecord, now: float) -> None:
         if "error" in data:
             err = data["error"]
             rec.error = str(err.get("message", err) if isinstance(err, dict) else err)
@@ -59,8 +113,8 @@ class SseStream:
         if total is not None:
             self._count(int(total), rec, now)
 
-    def _native(self, data: dict[str, Any], rec: RequestRecord) -> Any:
-        meta = data.get("meta_info") or {}
+    def _native(self, data: Chunk, rec: RequestRecord) -> int | None:
+        meta: MetaInfo = data.get("meta_info") or {}
         finish = meta.get("finish_reason")
         if finish:
             rec.finish_reason = finish.get("type") if isinstance(finish, dict) else str(finish)
@@ -72,8 +126,8 @@ class SseStream:
             rec.prompt_tokens = int(meta["prompt_tokens"])
         return meta.get("completion_tokens")
 
-    def _openai(self, data: dict[str, Any], rec: RequestRecord) -> Any:
-        usage = data.get("usage") or {}
+    def _openai(self, data: Chunk, rec: RequestRecord) -> int | None:
+        usage: Usage = data.get("usage") or {}
         total = usage.get("completion_tokens")
         if usage.get("prompt_tokens") is not None:
             rec.prompt_tokens = int(usage["prompt_tokens"])
@@ -86,7 +140,8 @@ class SseStream:
                 rec.finish_reason = choice["finish_reason"]
                 if rec.finish_reason == "abort":
                     rec.error = "aborted by server"
-        details = (data.get("sglext") or {}).get("spec_tokens_details") or {}
+        ext: SglExt = data.get("sglext") or {}
+        details: SpecTokensDetails = ext.get("spec_tokens_details") or {}
         if details.get("spec_accept_length") is not None:
             rec.accept_length = float(details["spec_accept_length"])
         return total
