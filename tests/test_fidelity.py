@@ -311,7 +311,7 @@ def test_apply_refuses_a_numerics_change_without_a_measured_probe():
                     baseline_config={}, settings={"engine": {"model": "qwen3.6-27b"}})
     with pytest.raises(NumericsRefused, match="no fidelity probe measured"):
         check_numerics(winner)
-    assert check_numerics(winner, accept=True)["accepted"] is True
+    assert check_numerics(winner, accept=True).accepted is True
 
 
 # --- parameter importance ---------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import datetime as dt
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +33,15 @@ from autotune.errors import ConfigError, StudyError
 from autotune.harness.engines.sim import sim_argv
 from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files
-from autotune.results import Capacity, TrialResult
+from autotune.results import Capacity, StressResult, TrialResult
 from autotune.search.confirm.decision import Verdict
 from autotune.search.confirm.record import Confirmation
 from autotune.search.numerics import contender_result
 from autotune.search.objective import per_gpu
 from autotune.search.storage import load_study
-from autotune.search.views.jobview import job_for_study
+from autotune.search.views.jobview import JobView, job_for_study
 from autotune.search.views.settings import device_name
-from autotune.search.views.worstcase import worst_case_block
+from autotune.search.views.worstcase import WorstCase, worst_case_block
 from autotune.sglang.envs import env_strings, split_env
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.parallel import server_gpus
@@ -68,8 +68,8 @@ class Winner:
     gain_ci: tuple[float | None, float | None] = (None, None)
     baseline_config: dict[str, Any] | None = None
     settings: dict[str, Any] = field(default_factory=dict)  # the study's user_attrs["autotune"]
-    job: dict[str, Any] | None = None  # [job]: the job's hours before and after (``search.views.jobview``)
-    worst_case: dict[str, Any] | None = None  # the stress phase's verdict (``search.confirm.stress``)
+    job: JobView | None = None  # [job]: the job's hours before and after (``search.views.jobview``)
+    worst_case: WorstCase | None = None  # the stress phase's verdict (``search.confirm.stress``)
 
     @property
     def capacity(self) -> Capacity | None:
@@ -194,9 +194,13 @@ def winner_from_yaml(path: Path) -> Winner:
                 "python": meta.get("python"), "device": meta.get("device"), "env": meta.get("env") or {},
                 "sim_gpu": meta.get("sim_gpu"), "sim_options": meta.get("sim_options") or {},
                 "workload": meta.get("workload") or {}}
+    stored = meta.get("worst_case")  # as provenance() wrote it
+    worst_case = WorstCase(line=str(stored.get("line") or ""), passed=bool(stored.get("passed")),
+                           stress=StressResult.from_dict(stored.get("stress")), problem=stored.get("problem")
+                           ) if stored else None
     return Winner(study=str(meta.get("study") or path.name), trial=int(meta.get("trial") or -1), config=config,
                   result=result, tok_s=meta.get("output_tok_s"), settings=settings,
-                  confirmed=bool(meta.get("confirmed")), gain=meta.get("gain"), worst_case=meta.get("worst_case"))
+                  confirmed=bool(meta.get("confirmed")), gain=meta.get("gain"), worst_case=worst_case)
 
 
 def _baseline(complete, number: int | None) -> dict[str, Any] | None:
@@ -248,8 +252,8 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
         "sglang_env": env_strings(winner.config),  # the environment levers the winner ran with (``[space.env]``)
         "workload": winner.workload,
         # The flags that change outputs against the baseline and the fidelity probe's figures (``deploy.numerics``).
-        "numerics": numerics_block(winner),
-        "worst_case": winner.worst_case,  # "worst case: peak X of Y GiB, Z retractions, survived", or why not
+        "numerics": block.to_dict() if (block := numerics_block(winner)) else None,
+        "worst_case": asdict(winner.worst_case) if winner.worst_case else None,  # "worst case: peak X of Y GiB, Z retractions, survived", or why not
         "date": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
     }
 

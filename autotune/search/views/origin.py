@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -70,16 +71,26 @@ def study_version(study: optuna.Study, settings: Mapping[str, Any]) -> str:
     return f"{BUNDLED_VERSION} (simulated)" if engine_kind(settings) == "sim" else "unrecorded"
 
 
-def ranked_configs(study: optuna.Study, name: str | None = None) -> list[tuple[str, int, dict[str, Any]]]:
-    """(label, trial, launched config) of the confirmed winner, then the top ``FROM_TOP`` distinct others by the
-    study's own ranking; ConfigError when nothing measured. ``name``: the study as labels name it."""
+@dataclass(frozen=True)
+class RankedConfig:
+    """One of the earlier study's best configs: its label ("from s: winner (was trial 4)"), trial and the flags it
+    launched with."""
+
+    label: str
+    trial: int
+    config: dict[str, Any]
+
+
+def ranked_configs(study: optuna.Study, name: str | None = None) -> list[RankedConfig]:
+    """The confirmed winner, then the top ``FROM_TOP`` distinct others by the study's own ranking; ConfigError when
+    nothing measured. ``name``: the study as labels name it."""
     top, _, _ = contenders(study, FROM_TOP + 1)
     confirmation = Confirmation.of(study)
     verdict = confirmation.verdict if confirmation is not None else None
     winner = verdict.winner_trial if verdict is not None else None
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     chosen = ([by_number[winner]] if winner in by_number else []) + [t for t in top if t.number != winner]
-    out: list[tuple[str, int, dict[str, Any]]] = []
+    out: list[RankedConfig] = []
     seen: set[str] = set()
     for t in chosen:
         result = TrialResult.of(t)
@@ -88,7 +99,7 @@ def ranked_configs(study: optuna.Study, name: str | None = None) -> list[tuple[s
             continue
         seen.add(key_of(config))
         what = "winner" if t.number == winner else f"#{len(out) + 1}"  # its rank in that study
-        out.append((f"from {name or study.study_name}: {what} (was trial {t.number})", t.number, config))
+        out.append(RankedConfig(f"from {name or study.study_name}: {what} (was trial {t.number})", t.number, config))
     if not out:
         raise _fail(f"study {study.study_name!r} has no finished trial that measured a throughput",
                     f"finish it first (autotune sweep --study {study.study_name}), or name another study")
@@ -182,8 +193,9 @@ def warm_record(source: optuna.Study, storage: str, cfg: StudyConfig, *, table: 
     planner = CorrectedFeasibility.from_config(cfg)
     seen = {key_of(config) for config in cfg.given_configs()}  # the baseline and the file's own [[enqueue]]
     configs, lines = [], []
-    for label, number, config in ranked:
-        config, renamed = translate(config, table, envs)
+    for entry in ranked:
+        label, number = entry.label, entry.trial
+        config, renamed = translate(entry.config, table, envs)
         config, fitted = fit_space(config, cfg, space)
         lines += [f"{label}: {line}" for line in renamed + fitted]
         refused = planner.predict(config, inert=False) if planner is not None else None
