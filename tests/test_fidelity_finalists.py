@@ -28,6 +28,7 @@ from autotune.results import FidelityFigures, TrialResult, numerics_line
 from autotune.search import numerics as sn
 from autotune.search.confirm.record import Confirmation, ConfirmationRun
 from autotune.search.runner import HarnessRunner
+from autotune.search.views.settings import StudySettings
 from autotune.search.views.summary import UnexpectedEntry
 from autotune.sim.divergence import SimNumerics
 
@@ -163,7 +164,7 @@ def _winner(fid: dict, limits: dict | None = None) -> Winner:
     settings = {"engine": {"model": "qwen3.6-27b"}, **({"objective": {"numerics": limits}} if limits else {})}
     return Winner(study="s", trial=3, config=config, result=TrialResult(status="ok", config=config,
                                                                          fidelity=FidelityFigures.from_dict(fid)),
-                  tok_s=1.0, baseline_config={}, settings=settings)
+                  tok_s=1.0, baseline_config={}, settings=StudySettings.of(settings))
 
 
 UNEXPECTED = {"role": "probe", "changes": [], "prefix_match_mean": 10.0, "exact_share": 0.0, "tokens": 64,

@@ -150,7 +150,7 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
         expect = rollout.Expectation.from_winner(winner, kv_tolerance=kv_tolerance, tok_s_tolerance=tolerance)
         canary = None
         if canary_s > 0:
-            canary = rollout.Canary.from_workload(winner.workload, prompts=str(prompts) if prompts else None,
+            canary = rollout.Canary.from_workload(winner.settings.workload, prompts=str(prompts) if prompts else None,
                                                   warmup_s=canary_warmup_s, measure_s=canary_s,
                                                   concurrency=canary_concurrency)
         fleet = load_fleet(fleet_file)  # the rolled-out sglang.yaml carries apply --out's header for this fleet

@@ -9,7 +9,6 @@ flag did (``unexpected``, ``search.numerics.contender_fidelity``) is judged the 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,7 @@ from autotune.errors import StudyError
 from autotune.results import FidelityFigures, differing_flags
 
 if TYPE_CHECKING:
+    from autotune.search.views.settings import StudySettings
     from autotune.sglang.numerics import NumericsChange
 
 __all__ = ["Numerics", "NumericsRefused", "check_numerics", "numerics_block"]
@@ -48,25 +48,14 @@ class Numerics:
                 "limits": dict(self.limits), "problem": self.problem}
 
 
-def _limits(settings: Mapping[str, Any]):
-    from autotune.config.sections import NumericsLimits
-
-    raw = ((settings.get("objective") or {}).get("numerics")) if isinstance(settings.get("objective"), Mapping) else None
-    try:
-        return NumericsLimits(**raw) if isinstance(raw, Mapping) else NumericsLimits()
-    except Exception:  # noqa: BLE001 - a study stored by a different version: judge without limits
-        return NumericsLimits()
-
-
-def _defaults(settings: Mapping[str, Any], model: str | None) -> dict[str, str] | None:
+def _defaults(settings: StudySettings, model: str | None) -> dict[str, str] | None:
     from autotune.sglang.profiles import load_model
 
-    engine = settings.get("engine") if isinstance(settings.get("engine"), Mapping) else {}
-    name = engine.get("profile") or engine.get("model") or model
+    name = settings.profile or settings.model or model
     if not name:
         return None
     try:
-        profile = load_model(str(name))
+        profile = load_model(name)
     except Exception:  # noqa: BLE001 - no profile for this checkpoint: SGLang's own reference values
         return None
     return {"mamba_ssm_dtype": profile.ssm_dtype} if profile.has_mamba else None
@@ -84,7 +73,7 @@ def numerics_block(winner: Any) -> Numerics | None:
                                    defaults=_defaults(winner.settings, winner.model))
     except Exception as exc:  # noqa: BLE001 - a value the table cannot read: say so, never pass silently
         return Numerics(fidelity=winner.result.fidelity, problem=f"cannot compare: {exc}")
-    limits = _limits(winner.settings)
+    limits = winner.settings.numerics
     fidelity = winner.result.fidelity
     problem = None
     unexpected = bool(fidelity and fidelity.unexpected)  # no table flag changed, yet its outputs did
