@@ -235,7 +235,8 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
         "workload": winner.settings.workload,
         # The flags that change outputs against the baseline and the fidelity probe's figures (``deploy.numerics``).
         "numerics": block.to_dict() if (block := numerics_block(winner)) else None,
-        "worst_case": asdict(winner.worst_case) if winner.worst_case else None,  # "worst case: peak X of Y GiB, Z retractions, survived", or why not
+        # "worst case: peak X of Y GiB, Z retractions, survived", or why not (``views.worstcase``)
+        "worst_case": asdict(winner.worst_case) if winner.worst_case else None,
         "date": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
     }
 
