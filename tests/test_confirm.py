@@ -135,12 +135,12 @@ def test_run_sweep_summary(tmp_path):
     assert summary.launched_oom == 0
     assert summarize(run_study(cfg, runner=PlannerRunner()), cfg).best == summary.best
     # ``autotune sweep --json`` prints the record's ``asdict``: the keys, in the order, it always printed
-    assert list(summary.to_dict()) == [
+    assert list(dataclasses.asdict(summary)) == [
         "study", "storage", "n_trials", "statuses", "launched", "launched_oom", "launched_interrupted", "confirmed",
         "baseline", "best", "outcome", "gain_over_baseline", "gain_ci", "enqueued", "defaults", "gain_over_defaults",
         "multi_gpu", "unexpected", "confirmation", "search_stop", "note", "error", "above_baseline", "job", "interrupted",
         "origin", "spend"]  # new keys only ever join at the end
-    assert summary.to_dict()["best"] == dataclasses.asdict(summary.best) and summary.interrupted is False
+    assert dataclasses.asdict(summary)["best"] == dataclasses.asdict(summary.best) and summary.interrupted is False
     with pytest.raises(dataclasses.FrozenInstanceError):
         summary.outcome = "none"  # built once: nothing changes it after summarize
 

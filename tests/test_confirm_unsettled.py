@@ -44,9 +44,9 @@ def test_a_summary_with_only_unsettled_configs_above_the_baseline_names_them_and
     summary = run_sweep(load_config(path), runner=Unsettled())  # no confirmation: the search figures stand
     above = summary.above_baseline
     assert summary.outcome == "baseline" and summary.best is None and above
-    assert all(e["gain"] > 1 and not e["settled"] and not e["confirmed"] for e in above)
+    assert all(e.gain > 1 and not e.settled and not e.confirmed for e in above)
     text = render(summary)
     assert "no config beat the baseline" not in text and "no config was shown to beat the baseline" in text
     first = above[0]
-    assert f"trial {first['trial']} {first['gain']:.2f}× (search run, did not settle)" in summary.note
+    assert f"trial {first.trial} {first.gain:.2f}× (search run, did not settle)" in summary.note
     assert "workload.measure_max_s" in summary.note

@@ -305,13 +305,14 @@ def test_apply_refuses_a_numerics_change_without_a_measured_probe():
     from autotune.deploy.apply import Winner
     from autotune.deploy.numerics import NumericsRefused, check_numerics
     from autotune.results import TrialResult
+    from autotune.search.views.settings import StudySettings
 
     config = {"mamba_ssm_dtype": "bfloat16"}
     winner = Winner(study="s", trial=3, config=config, result=TrialResult(status="ok", config=config), tok_s=1.0,
-                    baseline_config={}, settings={"engine": {"model": "qwen3.6-27b"}})
+                    baseline_config={}, settings=StudySettings.of({"engine": {"model": "qwen3.6-27b"}}))
     with pytest.raises(NumericsRefused, match="no fidelity probe measured"):
         check_numerics(winner)
-    assert check_numerics(winner, accept=True)["accepted"] is True
+    assert check_numerics(winner, accept=True).accepted is True
 
 
 # --- parameter importance ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from autotune.results import FidelityFigures, TrialResult, numerics_line
 from autotune.search import numerics as sn
 from autotune.search.confirm.record import Confirmation, ConfirmationRun
 from autotune.search.runner import HarnessRunner
+from autotune.search.views.settings import StudySettings
 from autotune.search.views.summary import UnexpectedEntry
 from autotune.sim.divergence import SimNumerics
 
@@ -163,7 +164,7 @@ def _winner(fid: dict, limits: dict | None = None) -> Winner:
     settings = {"engine": {"model": "qwen3.6-27b"}, **({"objective": {"numerics": limits}} if limits else {})}
     return Winner(study="s", trial=3, config=config, result=TrialResult(status="ok", config=config,
                                                                          fidelity=FidelityFigures.from_dict(fid)),
-                  tok_s=1.0, baseline_config={}, settings=settings)
+                  tok_s=1.0, baseline_config={}, settings=StudySettings.of(settings))
 
 
 UNEXPECTED = {"role": "probe", "changes": [], "prefix_match_mean": 10.0, "exact_share": 0.0, "tokens": 64,
@@ -173,12 +174,12 @@ UNEXPECTED = {"role": "probe", "changes": [], "prefix_match_mean": 10.0, "exact_
 
 def test_apply_judges_an_unexpected_change_as_a_numerics_change():
     block = check_numerics(_winner(UNEXPECTED))  # measured, no limit set: deployed, said, in provenance
-    assert block["unexpected"] is True and block["problem"] is None and block["fidelity"]["exact_share"] == 0.0
+    assert block.unexpected is True and block.problem is None and block.fidelity.exact_share == 0.0
     with pytest.raises(NumericsRefused, match="changed its outputs unexpectedly .*--chunked-prefill-size 4096"):
         check_numerics(_winner(UNEXPECTED, {"min_exact_share": 1.0}))
-    assert check_numerics(_winner(UNEXPECTED, {"min_exact_share": 1.0}), accept=True)["accepted"] is True
+    assert check_numerics(_winner(UNEXPECTED, {"min_exact_share": 1.0}), accept=True).accepted is True
     equal = {**UNEXPECTED, "exact_share": 1.0, "prefix_match_mean": 64.0, "outputs_differ": False, "unexpected": False}
-    assert check_numerics(_winner(equal, {"min_exact_share": 1.0}))["problem"] is None  # no false alarm
+    assert check_numerics(_winner(equal, {"min_exact_share": 1.0})).problem is None  # no false alarm
 
 
 def test_the_contender_probe_is_what_a_trial_is_known_by():

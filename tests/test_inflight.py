@@ -14,8 +14,9 @@ from click.testing import CliRunner
 
 from autotune.cli import cli
 from autotune.deploy.apply import load_winner
-from autotune.deploy.inflight import ClientAdvice, client_advice, poisson_quantile
+from autotune.deploy.inflight import ClientAdvice, client_advice, poisson_quantile, read_advice
 from autotune.results import TrialResult
+from autotune.search.views.settings import StudySettings
 
 RECORDED = Path(__file__).resolve().parent / "data" / "inflight"
 WARNING = "warning: the study's client was the binding limit"
@@ -27,7 +28,7 @@ def recorded(concurrency: int) -> TrialResult:
 
 def load_winner_like(result: TrialResult, *, config: dict | None = None) -> SimpleNamespace:
     """What ``client_advice`` reads of a winner, for a trial outside any study."""
-    return SimpleNamespace(trial=1, result=result, config=config or result.config, workload={})
+    return SimpleNamespace(trial=1, result=result, config=config or result.config, settings=StudySettings())
 
 
 def study_with_winner(tmp_path: Path, winner: TrialResult) -> str:
@@ -81,7 +82,8 @@ def test_apply_prints_and_writes_the_same_figures(tmp_path, concurrency, binding
 
     written = json.loads((out / "client.json").read_text())
     assert json.loads((out / "provenance.json").read_text())["client"] == written
-    advice = ClientAdvice.from_dict(written)
+    advice = read_advice(out)  # what client.json holds, read back as apply reads it
+    assert isinstance(advice, ClientAdvice)
     # the same figures, with the fleet's router said (its URL, or what it would give: deploy.router.advise)
     assert replace(advice, router_url=None, router_note=None) == client_advice(load_winner(storage), servers=2)
     assert (advice.running_cap, advice.per_server, advice.fleet) == (40, 43, 86)

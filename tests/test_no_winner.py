@@ -120,8 +120,8 @@ def test_a_study_stored_with_an_empty_stress_record_still_reads_its_confirmation
     conf = study.user_attrs["confirmation"]
     study.set_user_attr("confirmation", {**conf, "stress": {"runs": [], "decided_trial": None, "complete": True}})
     block = worst_case_block(study.user_attrs, 0)
-    assert block["passed"] and block["problem"] is None
-    assert block["line"] == "worst case: peak 171.0 of 179.1 GiB, 1 retraction, survived"
+    assert block.passed and block.problem is None
+    assert block.line == "worst case: peak 171.0 of 179.1 GiB, 1 retraction, survived"
     assert load_winner(url, trial=0).confirmed
 
 

@@ -72,7 +72,7 @@ def _worst_case(winner, *, allow: bool) -> None:
     if block is None:
         return
     check_stressed(block, allow=allow)
-    click.echo(f"--allow-unstressed: {block['problem']}" if block.get("problem") else block["line"])
+    click.echo(f"--allow-unstressed: {block.problem}" if block.problem else block.line)
 
 
 @click.command("apply")
@@ -141,8 +141,8 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
         _dry_run(winner, fleet_file)
         return
     numerics = check_numerics(winner, accept=accept_numerics)  # refuses outputs that differ unmeasured or too much
-    if numerics and numerics.get("accepted"):
-        click.echo(f"--accept-numerics: {numerics['problem']}")
+    if numerics and numerics.accepted:
+        click.echo(f"--accept-numerics: {numerics.problem}")
     elif numerics_line(winner.result.fidelity):  # within the study's limits: said once, with the probe's figures
         click.echo(numerics_line(winner.result.fidelity))
     _worst_case(winner, allow=allow_unstressed)
@@ -150,7 +150,7 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
         expect = rollout.Expectation.from_winner(winner, kv_tolerance=kv_tolerance, tok_s_tolerance=tolerance)
         canary = None
         if canary_s > 0:
-            canary = rollout.Canary.from_workload(winner.workload, prompts=str(prompts) if prompts else None,
+            canary = rollout.Canary.from_workload(winner.settings.workload, prompts=str(prompts) if prompts else None,
                                                   warmup_s=canary_warmup_s, measure_s=canary_s,
                                                   concurrency=canary_concurrency)
         fleet = load_fleet(fleet_file)  # the rolled-out sglang.yaml carries apply --out's header for this fleet

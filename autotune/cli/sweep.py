@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,7 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
     if gpus or workers is not None:
         cfg = _search_on(cfg, gpus, workers, err=as_json)
     summary = run_sweep(cfg, progress=make_progress(quiet_stdout=as_json))
-    click.echo(json.dumps(summary.to_dict(), indent=2, default=str) if as_json else render(summary))
+    click.echo(json.dumps(dataclasses.asdict(summary), indent=2, default=str) if as_json else render(summary))
     if (gpus or workers is not None) and not as_json:
         click.echo(render_gpus(open_study(cfg, create=False)))
     if summary.interrupted:

@@ -12,7 +12,7 @@ import datetime as dt
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,15 +33,15 @@ from autotune.errors import ConfigError, StudyError
 from autotune.harness.engines.sim import sim_argv
 from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files
-from autotune.results import Capacity, TrialResult
+from autotune.results import Capacity, StressResult, TrialResult
 from autotune.search.confirm.decision import Verdict
 from autotune.search.confirm.record import Confirmation
 from autotune.search.numerics import contender_result
 from autotune.search.objective import per_gpu
 from autotune.search.storage import load_study
-from autotune.search.views.jobview import job_for_study
-from autotune.search.views.settings import device_name
-from autotune.search.views.worstcase import worst_case_block
+from autotune.search.views.jobview import JobView, job_for_study
+from autotune.search.views.settings import StudySettings
+from autotune.search.views.worstcase import WorstCase, worst_case_block
 from autotune.sglang.envs import env_strings, split_env
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.parallel import server_gpus
@@ -67,76 +67,58 @@ class Winner:
     gain: float | None = None
     gain_ci: tuple[float | None, float | None] = (None, None)
     baseline_config: dict[str, Any] | None = None
-    settings: dict[str, Any] = field(default_factory=dict)  # the study's user_attrs["autotune"]
-    job: dict[str, Any] | None = None  # [job]: the job's hours before and after (``search.views.jobview``)
-    worst_case: dict[str, Any] | None = None  # the stress phase's verdict (``search.confirm.stress``)
+    settings: StudySettings = field(default_factory=StudySettings)  # the study's user_attrs["autotune"], as read
+    job: JobView | None = None  # [job]: the job's hours before and after (``search.views.jobview``)
+    worst_case: WorstCase | None = None  # the stress phase's verdict (``search.confirm.stress``)
 
     @property
     def capacity(self) -> Capacity | None:
         return self.result.capacity
 
-    def _engine_setting(self, key: str) -> Any:
-        # The study config is stored nested (``engine.kind``, ``engine.model``); accept flat keys as well.
-        engine = self.settings.get("engine")
-        if isinstance(engine, dict):
-            return engine.get({"engine": "kind"}.get(key, key))
-        return engine if key == "engine" else self.settings.get(key)
-
     @property
     def engine(self) -> str:
-        return str(self._engine_setting("engine") or self.result.engine or "sim")
+        return str(self.settings.kind or self.result.engine or "sim")
 
     @property
     def model(self) -> str | None:
         """What the study launched: the config's model path, the simulator's profile, or the engine's model."""
-        profile = self._engine_setting("profile") if self.engine == "sim" else None
-        value = self.result.config.get("model_path") or profile or self._engine_setting("model")
+        profile = self.settings.profile if self.engine == "sim" else None
+        value = self.result.config.get("model_path") or profile or self.settings.model
         return None if value is None else str(value)
 
     @property
     def sim_gpu(self) -> str | None:
         """The simulated GPU of a simulator study; None for any other engine (a real or CPU server has none)."""
-        value = self._engine_setting("sim_gpu") if self.engine == "sim" else None
-        return None if value is None else str(value)
+        return self.settings.sim_gpu if self.engine == "sim" else None
 
     @property
     def python(self) -> str | None:
         """The study's interpreter (None: the one that ran the study, i.e. autotune's own)."""
-        value = self._engine_setting("python")
-        return None if value is None else str(value)
+        return self.settings.python
 
     @property
     def device(self) -> str:
-        return str(self._engine_setting("device") or "cuda")
+        return self.settings.device or "cuda"
 
     @property
     def env(self) -> dict[str, str]:
         """The study's engine environment (may hold secrets: write it only through ``redaction``)."""
-        return {str(k): str(v) for k, v in (self._engine_setting("env") or {}).items()}
+        return self.settings.env
 
     @property
     def launcher(self) -> str:
         """Where the study's servers ran (``[engine] launcher``): the fleet's servers start the same way."""
-        return str(self._engine_setting("launcher") or "local")
+        return self.settings.launcher
 
     @property
-    def launcher_settings(self) -> dict[str, Any]:
-        """The study's ``[launcher.<name>]`` table for that launcher, unset fields left out."""
-        table = (self.settings.get("launcher") or {}).get(self.launcher) or {}
-        return {k: v for k, v in table.items() if v not in (None, [], {})} if isinstance(table, dict) else {}
-
-    @property
-    def sim_options(self) -> dict[str, Any]:
-        return dict(self._engine_setting("sim_options") or {}) if self.engine == "sim" else {}
+    def workload(self) -> dict[str, Any]:
+        """The study's ``[workload]`` as stored (``settings.workload``)."""
+        return self.settings.workload
 
     @property
     def gpu(self) -> str | None:
         """Where the study measured, by engine and device: the simulated GPU, "CPU", or the recorded GPU."""
-        return device_name(self.settings) if self.settings else None
-
-    @property
-    def workload(self) -> dict[str, Any]:
-        return dict(self.settings.get("workload") or {})
+        return self.settings.gpu
 
 
 def load_winner(storage: str, study: str | None = None, *, trial: int | None = None,
@@ -168,7 +150,7 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
     return Winner(
         study=loaded.study_name, trial=trial, config=dict(result.config), result=result, tok_s=figures.tok_s,
         tok_s_runs=figures.runs, confirmed=figures.confirmed, gain=figures.gain, gain_ci=figures.gain_ci,
-        baseline_config=baseline, settings=dict(loaded.user_attrs.get("autotune") or {}),
+        baseline_config=baseline, settings=StudySettings.of(loaded.user_attrs.get("autotune") or {}),
         job=job_for_study(loaded, trial), worst_case=worst_case_block(loaded.user_attrs, trial),
     )
 
@@ -194,9 +176,13 @@ def winner_from_yaml(path: Path) -> Winner:
                 "python": meta.get("python"), "device": meta.get("device"), "env": meta.get("env") or {},
                 "sim_gpu": meta.get("sim_gpu"), "sim_options": meta.get("sim_options") or {},
                 "workload": meta.get("workload") or {}}
+    stored = meta.get("worst_case")  # as provenance() wrote it
+    worst_case = WorstCase(line=str(stored.get("line") or ""), passed=bool(stored.get("passed")),
+                           stress=StressResult.from_dict(stored.get("stress")), problem=stored.get("problem")
+                           ) if stored else None
     return Winner(study=str(meta.get("study") or path.name), trial=int(meta.get("trial") or -1), config=config,
-                  result=result, tok_s=meta.get("output_tok_s"), settings=settings,
-                  confirmed=bool(meta.get("confirmed")), gain=meta.get("gain"), worst_case=meta.get("worst_case"))
+                  result=result, tok_s=meta.get("output_tok_s"), settings=StudySettings.of(settings),
+                  confirmed=bool(meta.get("confirmed")), gain=meta.get("gain"), worst_case=worst_case)
 
 
 def _baseline(complete, number: int | None) -> dict[str, Any] | None:
@@ -239,17 +225,18 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
         "python": winner.python,
         "env": env_for_files(winner.env),  # secrets as ${NAME} references, never their values
         "sim_gpu": winner.sim_gpu if winner.engine == "sim" else None,
-        "sim_options": winner.sim_options,
-        "sglang_version": str(winner.settings.get("sglang_version") or SGLANG_VERSION),
+        "sim_options": winner.settings.sim_options,
+        "sglang_version": winner.settings.sglang_version or SGLANG_VERSION,
         "model_path": winner.model,
         "gpu": winner.gpu,
         "gpus_per_server": server_gpus(winner.config),  # the group one server spans (tp × pp × dp)
         "config": winner.config,
         "sglang_env": env_strings(winner.config),  # the environment levers the winner ran with (``[space.env]``)
-        "workload": winner.workload,
+        "workload": winner.settings.workload,
         # The flags that change outputs against the baseline and the fidelity probe's figures (``deploy.numerics``).
-        "numerics": numerics_block(winner),
-        "worst_case": winner.worst_case,  # "worst case: peak X of Y GiB, Z retractions, survived", or why not
+        "numerics": block.to_dict() if (block := numerics_block(winner)) else None,
+        # "worst case: peak X of Y GiB, Z retractions, survived", or why not (``views.worstcase``)
+        "worst_case": asdict(winner.worst_case) if winner.worst_case else None,
         "date": (now or dt.datetime.now(dt.UTC)).isoformat(timespec="seconds"),
     }
 
@@ -296,7 +283,7 @@ def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layo
             name = server_name(prefix, group)
             servers.append(FleetServer(name=name, gpus=[] if no_gpu else group, port=port, bind=host,
                                        config="sglang.yaml", log=f"logs/{name}.log", pid=f"run/{name}.pid",
-                                       extra_args=list(cli), sim_options=winner.sim_options))
+                                       extra_args=list(cli), sim_options=winner.settings.sim_options))
         return servers
     if layout is not None:
         for s in layout.servers:
@@ -306,7 +293,7 @@ def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layo
                                   fix="lay the fleet out again with --gpus (one server per group of "
                                       f"{size} GPUs)")
         return [s.model_copy(update={"config": "sglang.yaml", "extra_args": list(cli),
-                                     "sim_options": {**winner.sim_options, **s.sim_options}})
+                                     "sim_options": {**winner.settings.sim_options, **s.sim_options}})
                 for s in layout.servers]
     raise ConfigError("no GPUs given: the fleet's servers come from the command line or a fleet file",
                       key="--gpus", fix="pass --gpus 0-7 (one server per group of as many GPUs as the winner spans; "
@@ -333,7 +320,7 @@ def write_artifacts(
     client = router.advise(client_advice(winner, servers=len(servers)), routing)  # what the job's client sends
     python = python or winner.python or (layout.python if layout is not None else None)
     # the study's launcher; a study that ran locally keeps the launcher of the fleet file it is laid out on
-    launcher, settings = winner.launcher, winner.launcher_settings
+    launcher, settings = winner.launcher, winner.settings.launcher_settings
     if layout is not None and launcher == "local":
         launcher, settings = layout.launcher, layout.launcher_settings
     try:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autotune.deploy import router
-from autotune.deploy.fleet import get_json, serving
+from autotune.deploy.fleet import server_info, serving
 from autotune.deploy.fleetfile import Fleet, FleetServer
 from autotune.deploy.routerview import total
 from autotune.errors import FleetError
@@ -29,7 +29,7 @@ def in_flight(server: FleetServer, record: router.Record | None = None) -> int |
     text = router.get(server.url, "/metrics")
     if isinstance(text, str) and "sglang:num_running_reqs" in text:
         return int(total(text, "sglang:num_running_reqs") + total(text, "sglang:num_queue_reqs"))
-    info = get_json(f"{server.url}/server_info")
+    info = server_info(server)
     states = (info or {}).get("internal_states") or []
     counts = [s.get("num_running_reqs") for s in states if isinstance(s, dict)]
     if counts and all(isinstance(c, (int, float)) for c in counts):

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import httpx
 
@@ -80,10 +80,27 @@ def server_argv(fleet: Fleet, server: FleetServer, config: Mapping[str, Any]) ->
     return [*argv, *device_argv(fleet, argv)]
 
 
-def get_json(url: str, *, timeout_s: float = 3.0) -> dict[str, Any] | None:
+class InternalState(TypedDict, total=False):
+    """One scheduler's entry of ``/server_info``'s ``internal_states``: the keys read here by name. SGLang 0.5.23
+    reports ``last_gen_throughput``; ``num_running_reqs`` is read where a server reports it (0.5.23 does not, nor
+    the simulator: ``drain`` then counts from ``/metrics`` or the router)."""
+
+    last_gen_throughput: float
+    num_running_reqs: int
+
+
+class ServerInfo(TypedDict, total=False):
+    """A server's ``/server_info`` body (SGLang's keys): its resolved args by dest name (``drift`` and the engine's
+    ``capacity`` read them), and ``internal_states``, one per DP scheduler, declared as read by name."""
+
+    internal_states: list[InternalState]
+
+
+def server_info(server: FleetServer, *, timeout_s: float = 3.0) -> ServerInfo | None:
+    """The server's ``/server_info``, None when it does not answer with one."""
     try:
         with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context()) as client:
-            response = client.get(url)
+            response = client.get(f"{server.url}/server_info")
         return response.json() if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
@@ -314,7 +331,7 @@ def drift(config: Mapping[str, Any], server_info: Mapping[str, Any]) -> list[str
                   if v is not None and k in server_info and not _same(server_info[k], v))
 
 
-def _tok_s(server: FleetServer, info: Mapping[str, Any] | None) -> float | None:
+def _tok_s(server: FleetServer, info: ServerInfo | None) -> float | None:
     states = (info or {}).get("internal_states") or [{}]
     value = states[0].get("last_gen_throughput") if isinstance(states[0], dict) else None
     if value is not None:
@@ -341,7 +358,7 @@ def server_status(fleet: Fleet, server: FleetServer) -> ServerStatus:
     status.healthy = healthy(server)
     if not status.healthy:
         return status
-    info = get_json(f"{server.url}/server_info")
+    info = server_info(server)
     if info is not None:
         status.capacity = engine_for(fleet, server).capacity("", info)
         try:

@@ -28,11 +28,13 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from autotune.results import TrialResult
+from autotune.results.stored import from_known
+from autotune.search.views.settings import StudySettings
 
 __all__ = ["ClientAdvice", "client_advice", "read_advice"]
 
@@ -51,7 +53,7 @@ class _Winner(Protocol):  # what ``deploy.apply.Winner`` offers (a Protocol keep
     def config(self) -> dict[str, Any]: ...
 
     @property
-    def workload(self) -> dict[str, Any]: ...
+    def settings(self) -> StudySettings: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,15 +115,11 @@ class ClientAdvice:
     def json_text(self) -> str:
         return json.dumps(self.to_dict(), indent=2) + "\n"
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ClientAdvice:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
-
 
 def read_advice(out_dir: Path) -> ClientAdvice:
     """The advice ``apply`` wrote into ``out_dir`` (what it prints is what it wrote)."""
-    return ClientAdvice.from_dict(json.loads((Path(out_dir) / FILE).read_text()))
+    advice: ClientAdvice = from_known(ClientAdvice, json.loads((Path(out_dir) / FILE).read_text()))
+    return advice
 
 
 def dp_workers(config: dict[str, Any]) -> int:
@@ -153,7 +151,7 @@ def _measured_concurrency(winner: _Winner, per_dp_cap: int | None) -> int | None
     metrics = winner.result.metrics
     if metrics is not None and metrics.concurrency > 0:
         return metrics.concurrency
-    setting = winner.workload.get("concurrency")
+    setting = winner.settings.workload.get("concurrency")
     if isinstance(setting, int) and setting > 0:
         return setting
     return 2 * per_dp_cap if per_dp_cap else None  # ``harness.trial.auto_concurrency``

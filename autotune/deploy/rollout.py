@@ -28,8 +28,8 @@ from autotune.deploy.fleet import (
     FleetServer,
     engine_for,
     foreign_note,
-    get_json,
     load_fleet,
+    server_info,
     serving,
     set_server_config,
     start_server,
@@ -162,7 +162,7 @@ def run_canary(server: FleetServer, canary: Canary, capacity) -> Any:
 
 def verify(fleet: Fleet, server: FleetServer, expect: Expectation, canary: Canary | None) -> Figures:
     """Capacity, then canary; FleetError naming what differs. Returns the figures measured."""
-    info = get_json(f"{server.url}/server_info")
+    info = server_info(server)
     if info is None:
         raise FleetError(f"server {server.name} does not answer /server_info")
     capacity = engine_for(fleet, server).capacity("", info)

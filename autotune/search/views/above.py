@@ -11,12 +11,23 @@ pruned window (``search.pruning``: stopped clearly below the best so far, not a 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
 
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.search.confirm.decision import ContenderStat, Verdict
 from autotune.search.seeding import launch_key, unsettled, window_pruned
+
+
+@dataclass(frozen=True)
+class AboveEntry:
+    """A trial not crowned that measured above the baseline: its gain, whether the confirmation measured it, and
+    whether its windows settled (the summary's ``--json`` stores it under these names)."""
+
+    trial: int
+    gain: float
+    confirmed: bool
+    settled: bool
 
 
 def _confirmed(stats: Mapping[str, ContenderStat], trial: FrozenTrial) -> ContenderStat | None:
@@ -25,8 +36,8 @@ def _confirmed(stats: Mapping[str, ContenderStat], trial: FrozenTrial) -> Conten
 
 
 def above_baseline(trials: list[FrozenTrial], verdict: Verdict | None,
-                   base: FrozenTrial | None) -> list[dict[str, Any]]:
-    """``[{"trial", "gain", "confirmed", "settled"}]`` by gain: each trial not crowned that measured above the
+                   base: FrozenTrial | None) -> list[AboveEntry]:
+    """By gain: each trial not crowned that measured above the
     baseline (``base``, a measured one; None: none). Confirmed figures are compared with the baseline's confirmed
     figure (``verdict``: the finished confirmation's, None without one); an unconfirmed trial (never relaunched) is
     listed only where its search window was unsettled, against the baseline's search figure."""
@@ -50,24 +61,24 @@ def above_baseline(trials: list[FrozenTrial], verdict: Verdict | None,
         else:
             continue
         if gain > 1.0:
-            out.append({"trial": t.number, "gain": round(gain, 4), "confirmed": entry is not None, "settled": settled})
-    return sorted(out, key=lambda e: -e["gain"])
+            out.append(AboveEntry(t.number, round(gain, 4), confirmed=entry is not None, settled=settled))
+    return sorted(out, key=lambda e: -e.gain)
 
 
-def above_line(entries: list[dict[str, Any]], *, window_key: str = "workload.measure_max_s") -> str:
+def above_line(entries: list[AboveEntry], *, window_key: str = "workload.measure_max_s") -> str:
     """One line for the summary: which configs measured how far above the baseline, why none was crowned, and what
     to change (the window cap for unsettled windows, more confirmation launches for an unresolved gain)."""
     parts = []
     for e in entries[:4]:
-        how = "confirmed" if e["confirmed"] else "search run"
-        why = "did not settle" if not e["settled"] else "not resolved from the baseline's noise"
-        parts.append(f"trial {e['trial']} {e['gain']:.2f}× ({how}, {why})")
+        how = "confirmed" if e.confirmed else "search run"
+        why = "did not settle" if not e.settled else "not resolved from the baseline's noise"
+        parts.append(f"trial {e.trial} {e.gain:.2f}× ({how}, {why})")
     more = f" and {len(entries) - 4} more" if len(entries) > 4 else ""
     fixes = []
-    if any(not e["settled"] for e in entries):
+    if any(not e.settled for e in entries):
         fixes.append(f"lengthen {window_key} (the window cap) or loosen workload.target_half_width so their "
                      "windows settle")
-    if any(e["settled"] for e in entries):
+    if any(e.settled for e in entries):
         fixes.append("give the confirmation more launches (study.confirm_max_repeats) or a coarser "
                      "study.resolution")
     return (f"no config was shown to beat the baseline, but {', '.join(parts)}{more} measured above it: "

@@ -5,11 +5,14 @@ the same thing. A trial's rate is its confirmed median (and the interval of that
 measured it, else its search measurement. The job's mean output length is ``[job] mean_output_tokens`` when
 given, else what the baseline's window measured (output tok/s ÷ completed requests/s: the mean output of the
 sample's requests at steady state).
+
+The view is plain data by design (``JobView``, a ``TypedDict``): it is stored as is (``provenance.json``, the
+summary's ``--json``) and read by key, so mypy checks the keys its readers use.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import NotRequired, TypedDict
 
 import optuna
 
@@ -18,6 +21,27 @@ from autotune.results import TrialResult
 from autotune.search.confirm.record import Confirmation
 from autotune.search.objective import gpus_spanned
 from autotune.search.views.summary import baseline_trial, confirmed_rate
+
+
+class JobHours(TypedDict):
+    """One config's run of the job: servers of ``gpus_per_server`` GPUs, its hours (and the interval's), cost."""
+
+    servers: int
+    gpus_per_server: int
+    hours: float
+    hours_range: list[float] | None
+    gpu_hours: float
+    cost: float | None
+
+
+class JobView(TypedDict):
+    """The job's line and, where the figures answer it, the baseline's and the winner's hours."""
+
+    line: str
+    baseline: JobHours | None
+    winner: JobHours | None
+    mean_output_tokens: NotRequired[float]
+    output_from: NotRequired[str]  # "job" ([job] mean_output_tokens) or "baseline's window"
 
 
 def study_job(study: optuna.Study) -> Job | None:
@@ -47,14 +71,14 @@ def _rate(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> tuple[float, 
     return float(result.output_tok_s), span, None
 
 
-def _as_dict(t: JobTime) -> dict[str, Any]:
+def _hours(t: JobTime) -> JobHours:
     return {"servers": t.servers, "gpus_per_server": t.span, "hours": round(t.hours, 3),
             "hours_range": None if t.hours_range is None else [round(h, 3) for h in t.hours_range],
             "gpu_hours": round(t.gpu_hours, 2), "cost": None if t.cost is None else round(t.cost, 2)}
 
 
-def job_for_study(study: optuna.Study, winner: int | None) -> dict[str, Any] | None:
-    """``{"line", "baseline", "winner", "mean_output_tokens", "output_from"}`` for trial ``winner`` against the
+def job_for_study(study: optuna.Study, winner: int | None) -> JobView | None:
+    """The job's view for trial ``winner`` against the
     baseline; None without ``[job]``. A job the figures cannot answer (no measured baseline, a server wider
     than the job's GPUs) still gets a line saying why, never a made-up figure."""
     job = study_job(study)
@@ -86,6 +110,6 @@ def job_for_study(study: optuna.Study, winner: int | None) -> dict[str, Any] | N
         line = job_line(job, None, base) + " (the baseline)"
     else:
         return None
-    return {"line": line, "baseline": base and _as_dict(base), "winner": win and _as_dict(win),
+    return {"line": line, "baseline": _hours(base) if base else None, "winner": _hours(win) if win else None,
             "mean_output_tokens": round(mean_out, 1),
             "output_from": "job" if job.mean_output_tokens else "baseline's window"}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -41,7 +42,7 @@ from autotune.search.correction import CorrectedFeasibility, replay
 from autotune.search.seeding import finished
 from autotune.search.space import Space, key_of
 from autotune.search.views.settings import device_name, engine_kind, engine_table
-from autotune.search.warm import learnt, scaled
+from autotune.search.warm import Carried, WarmConfig, WarmRecord, learnt, scaled
 from autotune.sglang.envs import EnvTable
 from autotune.sglang.flags import BUNDLED_VERSION, FlagTable
 from autotune.sglang.profiles import load_gpu, load_model
@@ -70,16 +71,26 @@ def study_version(study: optuna.Study, settings: Mapping[str, Any]) -> str:
     return f"{BUNDLED_VERSION} (simulated)" if engine_kind(settings) == "sim" else "unrecorded"
 
 
-def ranked_configs(study: optuna.Study, name: str | None = None) -> list[tuple[str, int, dict[str, Any]]]:
-    """(label, trial, launched config) of the confirmed winner, then the top ``FROM_TOP`` distinct others by the
-    study's own ranking; ConfigError when nothing measured. ``name``: the study as labels name it."""
+@dataclass(frozen=True)
+class RankedConfig:
+    """One of the earlier study's best configs: its label ("from s: winner (was trial 4)"), trial and the flags it
+    launched with."""
+
+    label: str
+    trial: int
+    config: dict[str, Any]
+
+
+def ranked_configs(study: optuna.Study, name: str | None = None) -> list[RankedConfig]:
+    """The confirmed winner, then the top ``FROM_TOP`` distinct others by the study's own ranking; ConfigError when
+    nothing measured. ``name``: the study as labels name it."""
     top, _, _ = contenders(study, FROM_TOP + 1)
     confirmation = Confirmation.of(study)
     verdict = confirmation.verdict if confirmation is not None else None
     winner = verdict.winner_trial if verdict is not None else None
     by_number = {t.number: t for t in study.get_trials(deepcopy=False)}
     chosen = ([by_number[winner]] if winner in by_number else []) + [t for t in top if t.number != winner]
-    out: list[tuple[str, int, dict[str, Any]]] = []
+    out: list[RankedConfig] = []
     seen: set[str] = set()
     for t in chosen:
         result = TrialResult.of(t)
@@ -88,7 +99,7 @@ def ranked_configs(study: optuna.Study, name: str | None = None) -> list[tuple[s
             continue
         seen.add(key_of(config))
         what = "winner" if t.number == winner else f"#{len(out) + 1}"  # its rank in that study
-        out.append((f"from {name or study.study_name}: {what} (was trial {t.number})", t.number, config))
+        out.append(RankedConfig(f"from {name or study.study_name}: {what} (was trial {t.number})", t.number, config))
     if not out:
         raise _fail(f"study {study.study_name!r} has no finished trial that measured a throughput",
                     f"finish it first (autotune sweep --study {study.study_name}), or name another study")
@@ -148,7 +159,7 @@ def _gpu_memory(name: str | None) -> float | None:
         return None
 
 
-def corrections(study: optuna.Study, settings: Mapping[str, Any], cfg: StudyConfig) -> tuple[dict[str, Any], str]:
+def corrections(study: optuna.Study, settings: Mapping[str, Any], cfg: StudyConfig) -> tuple[Carried, str]:
     """The earlier study's learnt planner corrections scaled to this study's GPU, and one line saying how."""
     eng = engine_table(settings)
     src_gpu, profile = eng.get("sim_gpu"), study_model(settings)
@@ -159,8 +170,9 @@ def corrections(study: optuna.Study, settings: Mapping[str, Any], cfg: StudyConf
     replay(feas, finished(study.get_trials(deepcopy=False)))
     old, new = _gpu_memory(str(src_gpu)), _gpu_memory(cfg.engine.sim_gpu)
     ratio = new / old if old and new else 1.0
-    data = {**scaled(learnt(feas), ratio), "scale": round(ratio, 4),
-            "memory_gib": [round(old or 0.0, 1), round(new or 0.0, 1)]}
+    moved = scaled(learnt(feas), ratio)
+    data: Carried = {"offsets": moved["offsets"], "room": moved["room"], "ooms": moved["ooms"],
+                     "scale": round(ratio, 4), "memory_gib": [round(old or 0.0, 1), round(new or 0.0, 1)]}
     n = len(data["offsets"]) + len(data["room"]) + len(data["ooms"])
     how = (f"× {ratio:.3f} ({src_gpu} {old:.0f} GiB → {cfg.engine.sim_gpu} {new:.0f} GiB)"
            if not math.isclose(ratio, 1.0) else "unscaled (the same GPU memory)")
@@ -169,7 +181,7 @@ def corrections(study: optuna.Study, settings: Mapping[str, Any], cfg: StudyConf
 
 
 def warm_record(source: optuna.Study, storage: str, cfg: StudyConfig, *, table: FlagTable,
-                version: str, envs: EnvTable | None = None, name: str | None = None) -> tuple[dict[str, Any], list[str]]:
+                version: str, envs: EnvTable | None = None, name: str | None = None) -> tuple[WarmRecord, list[str]]:
     """The record ``search.warm`` reads (``WARM_KEY``), and the lines the sweep prints before it starts. ``table``:
     the installed SGLang's flags (``version``: its version); ``name``: the earlier study as shown (its own name)."""
     settings = dict(source.user_attrs.get("autotune") or {})
@@ -181,9 +193,11 @@ def warm_record(source: optuna.Study, storage: str, cfg: StudyConfig, *, table: 
     space = Space.from_config(cfg)
     planner = CorrectedFeasibility.from_config(cfg)
     seen = {key_of(config) for config in cfg.given_configs()}  # the baseline and the file's own [[enqueue]]
-    configs, lines = [], []
-    for label, number, config in ranked:
-        config, renamed = translate(config, table, envs)
+    configs: list[WarmConfig] = []
+    lines: list[str] = []
+    for entry in ranked:
+        label, number = entry.label, entry.trial
+        config, renamed = translate(entry.config, table, envs)
         config, fitted = fit_space(config, cfg, space)
         lines += [f"{label}: {line}" for line in renamed + fitted]
         refused = planner.predict(config, inert=False) if planner is not None else None
@@ -196,10 +210,11 @@ def warm_record(source: optuna.Study, storage: str, cfg: StudyConfig, *, table: 
         seen.add(key_of(config))
         configs.append({"label": label, "trial": number, "config": config})
     data, planner_line = corrections(source, settings, cfg)
-    record = {"study": name or source.study_name, "storage": redact_url(storage), "sglang_version": study_version(source, settings),
-              "gpu": device_name(settings) if settings else "unrecorded", "model": model,
-              "to": {"sglang_version": version, "gpu": device_name(cfg.to_dict())},
-              "configs": configs, "corrections": data, "notes": lines}
+    record: WarmRecord = {
+        "study": name or source.study_name, "storage": redact_url(storage), "sglang_version": study_version(source, settings),
+        "gpu": device_name(settings) if settings else "unrecorded", "model": model,
+        "to": {"sglang_version": version, "gpu": device_name(cfg.to_dict())},
+        "configs": configs, "corrections": data, "notes": lines}
     return record, [str(origin_line(record)), *lines, planner_line]
 
 

@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -29,11 +29,14 @@ from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launch_key, launches, unsettled
 from autotune.search.stopping import SearchStop
-from autotune.search.views.above import above_baseline, above_line
+from autotune.search.views.above import AboveEntry, above_baseline, above_line
 from autotune.search.views.origin import origin_line
 from autotune.search.views.spend import Spend, study_spend
 from autotune.search.views.worstcase import worst_case_line
 from autotune.search.warm import record_of
+
+if TYPE_CHECKING:  # jobview reads the summary's rates: its record type only, here
+    from autotune.search.views.jobview import JobView
 
 
 def baseline_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
@@ -250,14 +253,11 @@ class SweepSummary:
     search_stop: SearchStop | None  # how the search ended: the budget spent or ``[study] patience`` (``stopping``)
     note: str | None
     error: str | None
-    above_baseline: list[dict[str, Any]]
-    job: dict[str, Any] | None = None
+    above_baseline: list[AboveEntry]
+    job: JobView | None = None
     interrupted: bool = False
     origin: str | None = None  # where a re-tune started (``--from``: ``views.origin``); None for a cold study
     spend: Spend | None = None  # launches and GPU-hours by phase (``views.spend``)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def _baseline_entry(trial: FrozenTrial | None, base: TrialEntry | None, failure: str | None) -> BaselineEntry:
@@ -272,7 +272,7 @@ def _baseline_entry(trial: FrozenTrial | None, base: TrialEntry | None, failure:
 
 
 def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = False,
-              job: Callable[[int | None], dict[str, Any] | None] | None = None) -> SweepSummary:
+              job: Callable[[int | None], JobView | None] | None = None) -> SweepSummary:
     """The figures a user reads: statuses, baseline, confirmed winner and gains (search values if unconfirmed);
     ``job``: the ``[job]`` view of the winner's trial (``jobview.job_for_study``), ``interrupted``: the sweep was.
 

@@ -5,31 +5,43 @@ and ``apply``, which refuses a config not known to survive it unless told to (``
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from autotune.errors import StudyError
+from autotune.results import StressResult
 from autotune.search.confirm.record import Confirmation, StressRun
 from autotune.search.confirm.stress import passed, stress_of, worst_case_line
 
-__all__ = ["Unstressed", "check_stressed", "passed", "stress_of", "worst_case_block", "worst_case_line"]
+__all__ = ["Unstressed", "WorstCase", "check_stressed", "passed", "stress_of", "worst_case_block", "worst_case_line"]
 
 
 class Unstressed(StudyError):
     """The config to deploy never passed the stress phase (failed it, or never ran it)."""
 
 
-def worst_case_block(study_attrs: Mapping[str, Any], trial: int) -> dict[str, Any]:
-    """What ``apply`` says and writes into ``provenance.json`` about ``trial`` of a study (its user attrs: the
-    confirmation and the settings): ``{"line", "passed", "stress", "problem"}``, ``problem`` naming why it is not
-    known to survive its worst case (None when it passed)."""
+@dataclass(frozen=True, kw_only=True)
+class WorstCase:
+    """What ``apply`` says and writes into ``provenance.json`` (as its ``asdict``) about a config's worst case: the
+    line, whether it passed the stress phase, that phase's verdict, and why it is not known to survive (None when
+    it passed)."""
+
+    line: str
+    passed: bool
+    stress: StressResult | None
+    problem: str | None
+
+
+def worst_case_block(study_attrs: Mapping[str, Any], trial: int) -> WorstCase:
+    """The worst case of ``trial`` of a study (its user attrs: the confirmation and the settings)."""
     confirmation, settings = Confirmation.of(study_attrs), study_attrs.get("autotune") or {}
     run = stress_of(confirmation, trial)
-    result = run.result.to_dict() if run is not None and run.result is not None else None
     ok = passed(confirmation, trial) is not None
     problem = None
     if not ok:
         problem = _unstressed_why(confirmation, trial, run, settings)
-    return {"line": worst_case_line(confirmation, trial), "passed": ok, "stress": result, "problem": problem}
+    return WorstCase(line=worst_case_line(confirmation, trial), passed=ok, problem=problem,
+                     stress=run.result if run is not None else None)
 
 
 def _unstressed_why(confirmation: Confirmation | None, trial: int, run: StressRun | None,
@@ -49,7 +61,7 @@ def _unstressed_why(confirmation: Confirmation | None, trial: int, run: StressRu
             "re-run autotune sweep to stress it")
 
 
-def check_stressed(block: dict[str, Any], *, allow: bool = False) -> None:
+def check_stressed(block: WorstCase, *, allow: bool = False) -> None:
     """Raise ``Unstressed`` for a config not known to survive its worst case, unless ``allow``."""
-    if block.get("problem") and not allow:
-        raise Unstressed(f"{block['problem']}; deploy it anyway with --allow-unstressed")
+    if block.problem and not allow:
+        raise Unstressed(f"{block.problem}; deploy it anyway with --allow-unstressed")
