@@ -23,7 +23,8 @@ from autotune.settle import settling_of
 class PhaseInfo(TypedDict, total=False):
     """What a launch's phase says beside its name (``run_trial``'s ``on_phase``), each key in the phases that have
     it: ``starting`` (port, argv), ``warmup`` (concurrency, pid), a re-measure (reason, stream_interval), the replay's
-    ticks while it measures (``harness.workload.ReplayProgress``'s fields), ``stress`` (its target)."""
+    ticks while it measures (``harness.workload.ReplayProgress``'s fields), ``stress`` (its target), the fidelity
+    probe (prompts, tokens, mode)."""
 
     port: int
     argv: list[str]
@@ -41,6 +42,9 @@ class PhaseInfo(TypedDict, total=False):
     running: int
     max_tokens: int
     prompt_tokens_max: int
+    prompts: int
+    tokens: int
+    mode: str
 
 
 def _fmt_diff(diff: dict[str, Any]) -> str:

@@ -24,7 +24,7 @@ from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.tenancy import check_engine_gpu
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
-from autotune.progress import settling_line
+from autotune.progress import PhaseInfo, settling_line
 from autotune.prompts import REPEATS
 from autotune.results import TrialResult
 from autotune.settle import TARGET_HALF_WIDTH
@@ -170,7 +170,7 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
 
     last = [0.0]
 
-    def phase(name: str, info: dict) -> None:
+    def phase(name: str, info: PhaseInfo) -> None:
         if as_json:
             return
         if name != "measuring":

@@ -19,10 +19,11 @@ from autotune.harness.engines.base import Engine
 from autotune.harness.workload import WorkloadSpec
 from autotune.launch import Launcher
 from autotune.launch.registry import make_launcher
+from autotune.progress import PhaseInfo
 from autotune.prompts import PromptSample
 from autotune.sglang.parallel import server_gpus
 
-PhaseCallback = Callable[[str, dict[str, Any]], None]
+PhaseCallback = Callable[[str, PhaseInfo], None]
 DEFAULT_TIMEOUTS = Timeouts()
 
 
@@ -61,7 +62,7 @@ class TrialHooks:
     on_phase: PhaseCallback | None = None
     stop_event: threading.Event | None = None
 
-    def phase(self, name: str, info: dict[str, Any]) -> None:
+    def phase(self, name: str, info: PhaseInfo) -> None:
         if self.on_phase is not None:
             self.on_phase(name, info)
 

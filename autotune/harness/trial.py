@@ -49,6 +49,7 @@ from autotune.harness.workload import (
 from autotune.launch import Launcher, LaunchSpec, ServerExited, ServerHandle, ServerStartTimeout
 from autotune.launch.process import cleanup_orphans, free_port
 from autotune.launch.registry import make_launcher
+from autotune.progress import PhaseInfo
 from autotune.results import (
     TOO_SLOW,
     UNTRUSTED_STATUSES,
@@ -344,7 +345,8 @@ def _progress_relay(phase: PhaseCallback, windows: int = 1) -> Callable[[ReplayP
         name = tick.phase if tick.window == 1 else f"window {tick.window} of {windows}"
         if name not in seen or name == "measuring":
             seen.add(name)
-            phase(name, dataclasses.asdict(tick))
+            phase(name, PhaseInfo(phase=tick.phase, elapsed_s=tick.elapsed_s, tok_s=tick.tok_s,
+                                  completed=tick.completed, errors=tick.errors, window=tick.window))
     return progress
 
 
