@@ -109,31 +109,11 @@ class HostMemoryReader:
 
 
 @dataclasses.dataclass(frozen=True)
-class DeviceSample:
-    """One GPU's memory in a group's reading (``launch.memory.GroupReader``)."""
-
-    index: int
-    used_gib: float | None = None
-    total_gib: float | None = None
-
-
-@dataclasses.dataclass(frozen=True)
 class Sample:
-    """One reading the monitor took, at ``t`` (monotonic seconds); ``devices``: each GPU's, for a group."""
+    """One reading the monitor took, at ``t`` (monotonic seconds); a group's carries each GPU's (``devices``)."""
 
     t: float
-    used_gib: float | None = None
-    total_gib: float | None = None
-    util_pct: float | None = None
-    power_w: float | None = None
-    devices: tuple[DeviceSample, ...] = ()
-
-    @classmethod
-    def of(cls, t: float, reading: GpuReading) -> Sample:
-        """A reader's reading taken at ``t``."""
-        devices = tuple(DeviceSample(d.index, d.used_gib, d.total_gib) for d in reading.devices if d.index is not None)
-        return cls(t=t, used_gib=reading.used_gib, total_gib=reading.total_gib, util_pct=reading.util_pct,
-                   power_w=reading.power_w, devices=devices)
+    reading: GpuReading
 
 
 class GpuMonitor:
@@ -169,11 +149,11 @@ class GpuMonitor:
         except Exception:  # noqa: BLE001 - a failed reading must not end the trial; it is counted
             self.errors += 1
             return
-        self.samples.append(Sample.of(time.monotonic(), reading))
+        self.samples.append(Sample(time.monotonic(), reading))
 
     def peaks(self) -> GpuPeaks:
         def values(key: str) -> list[float]:
-            return [v for v in (getattr(s, key) for s in self.samples) if v is not None]
+            return [v for v in (getattr(s.reading, key) for s in self.samples) if v is not None]
 
         used, total = values("used_gib"), values("total_gib")
         util, power = values("util_pct"), values("power_w")
@@ -196,10 +176,11 @@ class GpuMonitor:
 
     def _per_gpu(self) -> tuple[DevicePeak, ...]:
         """Each GPU's own peak, when the reader is a group's (``launch.memory.GroupReader`` readings)."""
-        by_index: dict[int, list[DeviceSample]] = {}
+        by_index: dict[int, list[GpuReading]] = {}
         for sample in self.samples:
-            for dev in sample.devices:
-                by_index.setdefault(dev.index, []).append(dev)
+            for dev in sample.reading.devices:
+                if dev.index is not None:
+                    by_index.setdefault(dev.index, []).append(dev)
         out = []
         for index, devs in sorted(by_index.items()):
             used = [d.used_gib for d in devs if d.used_gib is not None]
