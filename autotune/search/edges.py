@@ -127,6 +127,13 @@ def prompt_tokens(line_chars: tuple[tuple[int, int], ...], reported: dict[int, i
     return sum(tokens) / max(1, len(tokens)), ratio
 
 
+def mean_prompt_tokens(cfg: StudyConfig, trials: list[FrozenTrial]) -> float:
+    """The study's prompt sample's mean length in tokens, as the server counted them where it reported them
+    (``prompt_tokens``)."""
+    wl = cfg.workload
+    return prompt_tokens(_line_chars(wl.prompts, wl.sample_size, wl.seed), reported_prompt_tokens(trials))[0]
+
+
 class EdgeAttrs(TypedDict):
     """A queued memory-edge start's user attributes (stored as these keys): its config and what the planner
     assumed of a request when it placed it (KV tokens, output and prompt tokens, and where the prompt's came from)."""

@@ -12,6 +12,7 @@ import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.results import TrialResult
+from autotune.search.confirm.twins import twin_key
 from autotune.search.seeding import unsettled, window_pruned
 
 # An enqueued config or a baseline whose search figure is under this share of the leader's is not relaunched: no
@@ -25,9 +26,11 @@ def feasible(trial: FrozenTrial) -> bool:
     return trial.user_attrs.get("status") == "ok" and all(c <= 0 for c in trial.user_attrs.get("constraint", [0]))
 
 
-def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], FrozenTrial | None, list[FrozenTrial]]:
+def contenders(study: optuna.Study, top_k: int, *, held: float | None = None,
+               ) -> tuple[list[FrozenTrial], FrozenTrial | None, list[FrozenTrial]]:
     """(top-k distinct feasible trials, the baseline trial, the ok enqueued trials in reach of the leader: at least
-    ``IN_REACH`` × its search value), by search value."""
+    ``IN_REACH`` × its search value), by search value. ``held``: KV tokens a running request holds at steady state
+    (``twins.held_tokens``); given, twins (``twins.twin_key``: one server at two memory fractions) count as one."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     gain = gains(study)  # swept on several GPUs: rank by tok/s ÷ the trial's own GPU's baseline
     baseline = next((t for t in done if t.user_attrs.get("role") == "baseline"), None)
@@ -45,7 +48,7 @@ def contenders(study: optuna.Study, top_k: int) -> tuple[list[FrozenTrial], Froz
     seen: set[str | None] = set()
     top: list[FrozenTrial] = []
     for t in ranked:
-        key = t.user_attrs.get("launch_key")
+        key = twin_key(t, held)
         if key in seen or t.user_attrs.get("reused_from") is not None:
             continue
         seen.add(key)

@@ -1,0 +1,48 @@
+"""Twins: search launches of one server at two memory fractions, confirmed as one contender.
+
+A sampler that has found a good region launches it again at neighbouring memory fractions (0.92, 0.93, 0.94 …),
+and each launch reads a few per cent off by the search window's noise, so the confirmation's top-k fills with one
+config: on the simulator's h200 seed study, two or three of its three contenders in most seeds, while a config
+that ran 3–8 % faster at steady state went unconfirmed. The fraction sizes the KV pool only: SGLang 0.5.23's
+scheduler admits a request while the pool has room for the prompts and, for the requests running, the tokens they
+may still decode times ``new_token_ratio`` (``srt/managers/schedule_policy.py`` lines 780–794), a ratio that decays
+while nothing is retracted. So where both pools hold the running cap's requests at their mean steady context,
+neither pool decides what runs, and the two launches are the same server measured twice.
+
+A request's context averaged over its life is its prompt plus half its answer, and answers are at most
+``max_tokens``, so ``running × (mean prompt + max_tokens ÷ 2)`` bounds the KV the running batch holds on average
+(a long answer is running for longer, so the batch's mean is weighted to long answers, still at most that).
+Two launches are twins when their configs differ only in the memory fraction, their servers logged the same
+running cap, and each KV pool holds that bound; the confirmation keeps the better search figure of each such pair.
+A pool smaller than the bound may starve the batch (retractions, re-prefills), so such a launch is its own.
+"""
+
+from __future__ import annotations
+
+from optuna.trial import FrozenTrial
+
+from autotune.results import TrialResult
+from autotune.search.seeding import launch_key
+from autotune.search.space import key_of
+
+MEMORY_ONLY = frozenset({"mem_fraction_static"})  # flags that size the pools and nothing the scheduler reads else
+
+
+def held_tokens(mean_prompt_tokens: float, max_tokens: int) -> float:
+    """KV tokens a running request holds on average at steady state, at most (see the module docstring)."""
+    return mean_prompt_tokens + max_tokens / 2.0
+
+
+def twin_key(trial: FrozenTrial, held: float | None) -> str:
+    """The identity the confirmation ranks ``trial`` under: its config without the memory fraction and its logged
+    running cap, when its KV pool holds that cap at ``held`` tokens a request; else its own launch key (``held``
+    None: never a twin)."""
+    own = launch_key(trial)
+    result = TrialResult.of(trial)
+    cap = result.capacity if result is not None else None
+    if held is None or result is None or cap is None or not cap.max_running_requests or not cap.kv_tokens:
+        return own
+    if cap.kv_tokens < cap.max_running_requests * held:
+        return own
+    rest = {k: v for k, v in result.config.items() if k not in MEMORY_ONLY}
+    return f"{key_of(rest)} running={cap.max_running_requests}"

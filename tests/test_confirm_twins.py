@@ -1,0 +1,62 @@
+"""Twins: one server launched at two memory fractions is one contender of the confirmation, not two."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.distributions import FloatDistribution
+from optuna.trial import create_trial
+
+from autotune.results import Capacity, Metrics, Percentiles, TrialResult
+from autotune.search.confirm.ranking import contenders
+from autotune.search.confirm.twins import held_tokens, twin_key
+from autotune.search.space import key_of
+
+BASE = {"max_running_requests": 128, "max_mamba_cache_size": 128, "speculative_num_steps": 3}
+
+
+def _trial(tok_s: float, fraction: float, *, running: int = 128, kv: int = 400_000, role: str = "search",
+           **flags: object) -> optuna.trial.FrozenTrial:
+    config = {**BASE, "max_running_requests": running, "mem_fraction_static": fraction, **flags}
+    p = Percentiles()
+    result = TrialResult(status="ok", config=config,
+                         capacity=Capacity(max_running_requests=running, kv_tokens=kv, mem_fraction_static=fraction),
+                         metrics=Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=p, itl_ms=p, e2e_ms=p))
+    return create_trial(value=tok_s, params={"x": fraction}, distributions={"x": FloatDistribution(0.5, 1.0)},
+                        user_attrs={"status": "ok", "role": role, "config": config, "launch_key": key_of(config),
+                                    "result": result.to_dict()})
+
+
+def test_a_request_is_taken_to_hold_its_prompt_and_half_its_answer_budget():
+    assert held_tokens(270.0, 4096) == 270.0 + 2048.0
+
+
+def test_two_fractions_whose_pools_hold_the_batch_are_twins():
+    held = held_tokens(270.0, 4096)  # 2,318 tokens a request; 128 requests: 296,704
+    a, b = _trial(100.0, 0.92, kv=345_280), _trial(99.0, 0.95, kv=410_000)
+    assert twin_key(a, held) == twin_key(b, held)
+    assert twin_key(a, None) != twin_key(b, None)  # without the bound, each launch is its own
+
+
+def test_a_pool_too_small_for_the_batch_is_its_own_config():
+    held = held_tokens(270.0, 4096)
+    small = _trial(100.0, 0.86, kv=215_841)  # 1,686 tokens a request: the pool decides what runs
+    assert twin_key(small, held) != twin_key(_trial(99.0, 0.92, kv=345_280), held)
+
+
+def test_another_running_cap_or_another_flag_is_another_config():
+    held = held_tokens(270.0, 4096)
+    a = _trial(100.0, 0.92, kv=500_000)
+    assert twin_key(a, held) != twin_key(_trial(99.0, 0.95, running=112, kv=500_000), held)
+    assert twin_key(a, held) != twin_key(_trial(99.0, 0.95, kv=500_000, chunked_prefill_size=8192), held)
+
+
+def test_the_confirmation_takes_the_best_twin_and_the_next_distinct_config():
+    study = optuna.create_study(direction="maximize")
+    trials = [_trial(2000.0, 0.95, running=16, kv=900_000, role="baseline"),
+              _trial(5100.0, 0.93, kv=400_000), _trial(5000.0, 0.92, kv=345_280), _trial(4990.0, 0.94, kv=380_000),
+              _trial(4900.0, 0.95, running=144, kv=500_000), _trial(4800.0, 0.9, running=112, kv=400_000)]
+    for t in trials:
+        study.add_trial(t)
+    numbers = [t.number for t in contenders(study, 3, held=held_tokens(270.0, 4096))[0]]
+    assert numbers == [1, 4, 5]  # trials 2 and 3 are trial 1 at other fractions
+    assert [t.number for t in contenders(study, 3)[0]] == [1, 2, 3]  # without the bound: three launches of one server
