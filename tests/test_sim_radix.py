@@ -153,7 +153,7 @@ def test_prompts_without_a_shared_prefix_never_hit():
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_paced_server_reports_hits_and_agrees_with_evaluate(sim):
-    from test_sim_server import _replay
+    from test_sim_server import _replay, paced_within
 
     prompts = shared_prompts()
     concurrency, max_tokens, warmup, window = 12, 300, 1.0, 4.0
@@ -162,8 +162,9 @@ def test_paced_server_reports_hits_and_agrees_with_evaluate(sim):
     p = sim("--speculative-algorithm", "NEXTN", "--enable-metrics", "--sim-seed", "7", "--sim-warmup-s", "0",
             "--sim-output-mean", "250")
     p.wait_ready()
-    measured = asyncio.run(_replay(p.url, prompts, concurrency, max_tokens, warmup, window))
-    assert measured == pytest.approx(predicted.output_tok_s, rel=0.05), (measured, predicted.output_tok_s)
+    measured, low, high = paced_within(p.url, predicted.output_tok_s, window, lambda: asyncio.run(
+        _replay(p.url, prompts, concurrency, max_tokens, warmup, window)))
+    assert low <= measured <= high, (measured, predicted.output_tok_s, low, high)
     body = httpx.post(f"{p.url}/generate", json={"text": prompts[0], "sampling_params": {"max_new_tokens": 4}},
                       timeout=30).json()
     assert body["meta_info"]["cached_tokens"] >= 1000

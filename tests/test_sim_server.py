@@ -383,8 +383,9 @@ def test_paced_throughput_matches_evaluate(sim):
                          seed=7, output_mean=600)
     p = sim(*MTP, "--sim-seed", "7", "--sim-warmup-s", "0", "--sim-output-mean", "600")
     p.wait_ready()
-    measured = asyncio.run(_replay(p.url, prompts, concurrency, max_tokens, warmup, window))
-    assert measured == pytest.approx(predicted.output_tok_s, rel=0.05), (measured, predicted.output_tok_s)
+    measured, low, high = paced_within(p.url, predicted.output_tok_s, window, lambda: asyncio.run(
+        _replay(p.url, prompts, concurrency, max_tokens, warmup, window)))
+    assert low <= measured <= high, (measured, predicted.output_tok_s, low, high)
 
 
 async def _replay(url: str, prompts: list[str], concurrency: int, max_tokens: int, warmup: float,
@@ -417,3 +418,15 @@ async def _replay(url: str, prompts: list[str], concurrency: int, max_tokens: in
     async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as c:
         await asyncio.gather(*(worker(c) for _ in range(concurrency)))
     return tokens / window
+
+
+def paced_within(url: str, predicted: float, window: float, replay) -> tuple[float, float, float]:
+    """(measured tok/s, lowest and highest accepted): within 5 % of ``predicted``, the low end lowered by the share
+    of the window the server's own pacing fell further behind while ``replay()`` ran (``/sim/pace``'s ``lag_s``): a
+    host too busy to keep the server's pace is the host's load, not a pacing error, and the verdict must not
+    depend on it. Pacing never runs ahead, so the high end stays."""
+    before = float(httpx.get(f"{url}/sim/pace", timeout=10).json()["lag_s"])
+    measured = replay()
+    after = float(httpx.get(f"{url}/sim/pace", timeout=10).json()["lag_s"])
+    slack = max(0.0, after - before) / window
+    return measured, predicted * (0.95 - slack), predicted * 1.05

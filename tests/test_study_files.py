@@ -51,7 +51,7 @@ mamba_ssm_dtype = { choices = ["unset", "bfloat16"] }
 [workload]
 prompts = "prompts.jsonl"
 sample_size = 16
-max_tokens = 256
+max_tokens = 96
 warmup_s = 0.5
 measure_s = 1.0
 warmup_max_s = 1.0
