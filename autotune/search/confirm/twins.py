@@ -2,8 +2,8 @@
 
 A sampler that has found a good region launches it again at neighbouring memory fractions (0.92, 0.93, 0.94 …),
 and each launch reads a few per cent off by the search window's noise, so the confirmation's top-k fills with one
-config: on the simulator's h200 seed study, two or three of its three contenders in most seeds, while a config
-that ran 3–8 % faster at steady state went unconfirmed. The fraction sizes the KV pool only: SGLang 0.5.23's
+config: on the simulator's h200 seed study, two or three of its three contenders in 5 of 10 seeds, while a config
+that ran up to 3 % faster at steady state went unconfirmed. The fraction sizes the KV pool only: SGLang 0.5.23's
 scheduler admits a request while the pool has room for the prompts and, for the requests running, the tokens they
 may still decode times ``new_token_ratio`` (``srt/managers/schedule_policy.py`` lines 780–794), a ratio that decays
 while nothing is retracted. So where both pools hold the running cap's requests at their mean steady context,
