@@ -45,7 +45,7 @@ def contenders(study: optuna.Study, top_k: int, *, held: float | None = None,
         return not unsettled(t) or (floor is not None and gain.get(t.number, t.values[0]) > floor)
 
     ranked = sorted((t for t in done if eligible(t)), key=lambda t: -gain.get(t.number, t.values[0]))
-    seen: set[str | None] = set()
+    seen: set[str] = set()
     top: list[FrozenTrial] = []
     for t in ranked:
         key = twin_key(t, held)

@@ -43,13 +43,13 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     top, baseline, refs = contenders(study, cfg.study.confirm_top_k, held=held)
     contenders_by_number = {t.number: t for t in [*top, *refs, *([baseline] if baseline else [])]}
     base_key = _key(baseline) if baseline is not None else None
-    twins = [n for n, t in contenders_by_number.items() if base_key is not None and _key(t) == base_key]
+    as_baseline = [n for n, t in contenders_by_number.items() if base_key is not None and _key(t) == base_key]
     base_n = baseline.number if baseline is not None and feasible(baseline) else None
     results = {n: _result(t) for n, t in contenders_by_number.items()}
     searched = search_rates(results)
     if stored is not None and stored.complete and stored.n_trials == n_done:
         # Decided before a winner equal to the baseline counted as none: the same runs, decided again.
-        verdict = decide(stored.runs, stored.order, base_n, same_as_baseline=twins,
+        verdict = decide(stored.runs, stored.order, base_n, same_as_baseline=as_baseline,
                          resolution=cfg.study.resolution, given=stored.given, searched=searched)
         return dataclasses.replace(stored, verdict=verdict).store(study)
     order = [t.number for t in top + refs]
@@ -69,7 +69,7 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
         runs = list(stored.runs)  # a confirmation a killed sweep left half done
     state = Confirmation(order=tuple(order), n_trials=n_done, given=tuple(given),
                          warmup_s={n: warmups[n] for n in order})
-    verdict_now = functools.partial(decide, runs, order, base_n, same_as_baseline=twins,
+    verdict_now = functools.partial(decide, runs, order, base_n, same_as_baseline=as_baseline,
                                     resolution=cfg.study.resolution, given=given, searched=searched)
     launches = {n: Contender(result=r, warmup_s=warmups[n]) for n, r in results.items()}
     if not _run_stages(study, cfg, state, runs, launches, verdict_now, runner=runner,

@@ -5,8 +5,8 @@ and each launch reads a few per cent off by the search window's noise, so the co
 config: on the simulator's h200 seed study, two or three of its three contenders in 5 of 10 seeds, while a config
 that ran up to 3 % faster at steady state went unconfirmed. The fraction sizes the KV pool only: SGLang 0.5.23's
 scheduler admits a request while the pool has room for the prompts and, for the requests running, the tokens they
-may still decode times ``new_token_ratio`` (``srt/managers/schedule_policy.py`` lines 780–794), a ratio that decays
-while nothing is retracted. So where both pools hold the running cap's requests at their mean steady context,
+may still decode (clipped) times ``new_token_ratio`` (``srt/managers/schedule_policy.py`` lines 785–794,
+``_get_running_request_total_token_offset``), a ratio that decays while nothing is retracted. So where both pools hold the running cap's requests at their mean steady context,
 neither pool decides what runs, and the two launches are the same server measured twice.
 
 A request's context averaged over its life is its prompt plus half its answer, and answers are at most
@@ -37,12 +37,10 @@ def twin_key(trial: FrozenTrial, held: float | None) -> str:
     """The identity the confirmation ranks ``trial`` under: its config without the memory fraction and its logged
     running cap, when its KV pool holds that cap at ``held`` tokens a request; else its own launch key (``held``
     None: never a twin)."""
-    own = launch_key(trial)
-    result = TrialResult.of(trial)
+    result = TrialResult.of(trial) if held is not None else None
     cap = result.capacity if result is not None else None
-    if held is None or result is None or cap is None or not cap.max_running_requests or not cap.kv_tokens:
-        return own
-    if cap.kv_tokens < cap.max_running_requests * held:
-        return own
+    if result is None or held is None or cap is None or not cap.max_running_requests or not cap.kv_tokens \
+            or cap.kv_tokens < cap.max_running_requests * held:
+        return launch_key(trial)
     rest = {k: v for k, v in result.config.items() if k not in MEMORY_ONLY}
     return f"{key_of(rest)} running={cap.max_running_requests}"
