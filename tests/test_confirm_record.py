@@ -33,8 +33,8 @@ def test_a_real_sweeps_confirmation_round_trips_exactly(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = write_tiny_study(tmp_path, name="rec", trials=2, top_k=1, measure_s=0.5)
     # two launches of the top two (the second runs the stress phase after its windows), two windows a launch
-    path.write_text(path.read_text().replace("confirm_repeats = 1",
-                                             "confirm_repeats = 2\nconfirm_max_repeats = 2\nconfirm_windows = 2"))
+    path.write_text(path.read_text().replace(
+        "confirm_repeats = 1\nconfirm_windows = 1", "confirm_repeats = 2\nconfirm_max_repeats = 2\nconfirm_windows = 2"))
     cfg = load_config(path)
     run_sweep(cfg)
     study = optuna.load_study(study_name="rec", storage=cfg.storage_url)

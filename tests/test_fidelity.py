@@ -1,6 +1,7 @@
 """The fidelity probe (issue 14): figures, errors, the constraint, and a study on the simulated engine end to end.
 
-The end-to-end tests run real sim servers (0.2 s startups, 1 s windows, 8 prompts × 128 probe tokens).
+The end-to-end tests run real sim servers (0.2 s startups, 1 s windows of 128-token answers, 8 prompts × 128 probe
+tokens).
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ mamba_ssm_dtype = {{ choices = {choices} }}
 [workload]
 prompts = "prompts.jsonl"
 sample_size = 16
-max_tokens = 256
-warmup_s = 1.0
-measure_s = 2.0
+max_tokens = 128
+warmup_s = 0.5
+measure_s = 1.0
 {caps}
 
 [objective]
@@ -85,7 +86,7 @@ flags = { max_mamba_cache_size = 96 }
 """
 
 
-SHORT_CAPS = "warmup_max_s = 1.5\nmeasure_max_s = 3.0"  # quick; trials stay unsettled, which these tests allow
+SHORT_CAPS = "warmup_max_s = 1.0\nmeasure_max_s = 2.0"  # quick; trials stay unsettled, which these tests allow
 
 
 def write_study(tmp_path: Path, *, name: str, trials: int, choices: str, limit: str = "", enqueue: str = "",

@@ -36,6 +36,7 @@ seed = 0
 confirm_top_k = {top_k}
 confirm_repeats = 1
 confirm_max_repeats = 1
+confirm_windows = 1
 
 [engine]
 kind = "sim"
@@ -56,7 +57,7 @@ mem_fraction_static = {{ type = "float", low = 0.86, high = 0.90, step = 0.02 }}
 [workload]
 prompts = "prompts.jsonl"
 sample_size = 16
-max_tokens = 256
+max_tokens = 128
 warmup_s = 0.3
 measure_s = 1.0
 

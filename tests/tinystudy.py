@@ -12,6 +12,7 @@ trials = {trials}
 seed = 0
 confirm_top_k = {top_k}
 confirm_repeats = 1
+confirm_windows = 1  # one window a confirmation launch: the tests read the flow, not the noise
 
 [engine]
 kind = "sim"
@@ -35,7 +36,7 @@ mem_fraction_static = {{ type = "float", low = 0.86, high = 0.90, step = 0.02 }}
 [workload]
 prompts = "prompts.jsonl"
 sample_size = 16
-max_tokens = 256
+max_tokens = 128
 warmup_s = {warmup_s}
 measure_s = {measure_s}
 # A sub-second test window is no steady-state estimate: a loose settle rule lets its trials stop at their floors.
