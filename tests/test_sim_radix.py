@@ -162,7 +162,7 @@ def test_paced_server_reports_hits_and_agrees_with_evaluate(sim):
     p = sim("--speculative-algorithm", "NEXTN", "--enable-metrics", "--sim-seed", "7", "--sim-warmup-s", "0",
             "--sim-output-mean", "250")
     p.wait_ready()
-    measured, low, high = paced_within(p.url, predicted.output_tok_s, window, lambda: asyncio.run(
+    measured, low, high = paced_within(p.url, predicted.output_tok_s, warmup, window, lambda: asyncio.run(
         _replay(p.url, prompts, concurrency, max_tokens, warmup, window)))
     assert low <= measured <= high, (measured, predicted.output_tok_s, low, high)
     body = httpx.post(f"{p.url}/generate", json={"text": prompts[0], "sampling_params": {"max_new_tokens": 4}},
