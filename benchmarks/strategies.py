@@ -49,7 +49,7 @@ from autotune.harness.workload import settling_figures
 from autotune.results import GpuPeaks, MeasurementVerdict, StressResult, TrialResult, Window
 from autotune.search.confirm import confirm
 from autotune.search.confirm.stress import stress_winner
-from autotune.search.confirm.warmup import turnover_s
+from autotune.search.confirm.warmup import steady_warmup, turnover_s
 from autotune.search.correction import CorrectedFeasibility
 from autotune.search.objective import directions, make_sampler
 from autotune.search.pruning import PRUNED, PruningSettler, SlicePruner
@@ -330,15 +330,20 @@ class _SweepRunner:
     phase the stress's; one with only a stress step is a stress launch of its own."""
 
     def __init__(self, oracle: Oracle, rng: np.random.Generator, launches: dict[int, Launch],
-                 confirm_runs: list[Launch], prune_resolution: float | None = None):
+                 confirm_runs: list[Launch], prune_resolution: float | None = None, turnover: bool = False):
         self.oracle, self.rng, self.launches, self.confirm_runs = oracle, rng, launches, confirm_runs
+        self.turnover = turnover  # set: every search launch warms up until its first wave has turned over
         self.stress_runs: list[float] = []  # GPU-seconds of each stress phase (with its launch, when its own)
         self.stress_launches = 0
         self.prune_resolution = prune_resolution  # set: search launches run under the slice pruner (``search.pruning``)
         self.pruned = 0  # search launches the pruner ended early
 
     def __call__(self, config: dict[str, Any], number: int) -> TrialResult:
-        launch, result = self.oracle.launch(config, self.rng)
+        warmup_s = None
+        if self.turnover and number not in self.launches:  # the confirmation's warm-up rule on a search launch
+            out = self.oracle.outcome(config)
+            warmup_s = steady_warmup(out.result, self.oracle.case.workload) if out.status == "ok" else None
+        launch, result = self.oracle.launch(config, self.rng, warmup_s=warmup_s)
         if number in self.launches:  # a confirmation repeat of a search trial (a plain runner's)
             self.confirm_runs.append(launch)
         else:
@@ -397,11 +402,15 @@ class _SweepRunner:
 def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = True, precheck: bool = True,
            correction: bool = True, planner: bool = True, confirmation: bool = True,
            launches_cap: int | None = None, patience: int = 0, prune: bool = False,
-           warm: Mapping[str, Any] | None = None) -> Launches:
+           warm: Mapping[str, Any] | None = None, study: Mapping[str, Any] | None = None,
+           turnover: bool = False) -> Launches:
     """``autotune.search.study``'s Sweep as shipped (then ``confirm`` as a sweep runs it), with the oracle as its
     runner; the keywords switch parts off for the ablation rows; ``warm``: the record ``sweep --from`` writes
-    (``search.views.origin.warm_record``), the study started from an earlier one. The run keeps its study (``study``)."""
-    update = {"trials": launches_cap or budget, "seed": seed, "storage": "sqlite:///:memory:", "patience": patience}
+    (``search.views.origin.warm_record``), the study started from an earlier one; ``study``: more ``[study]`` keys;
+    ``turnover``: every search launch warms up as a confirmation launch does (``confirm.warmup.steady_warmup``).
+    The run keeps its study (``Launches.study``)."""
+    update = {"trials": launches_cap or budget, "seed": seed, "storage": "sqlite:///:memory:", "patience": patience,
+              **(study or {})}
     if not edges:
         update["edge_starts"] = 0
     # A study directory of this process's own: parallel benchmark workers running the same study file would
@@ -411,7 +420,7 @@ def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = 
     rng = np.random.default_rng([seed, 0])
     launches: dict[int, Launch] = {}
     confirm_runs: list[Launch] = []
-    runner = _SweepRunner(oracle, rng, launches, confirm_runs, cfg.study.resolution if prune else None)
+    runner = _SweepRunner(oracle, rng, launches, confirm_runs, cfg.study.resolution if prune else None, turnover)
 
     sweep = Sweep(cfg, runner=runner, progress=_Quiet())
     # The same loop on Optuna's in-memory storage: SQLite bookkeeping would cost more CPU than the simulator.
@@ -613,14 +622,6 @@ def _fill_random(run: _Runner, seed: int) -> None:
         run.run({k: v for k, v in config.items() if k not in run.space.fixed})
 
 
-def ours_patience(launches: int) -> Strategy:
-    """Ours with ``[study] patience``: the search stops after that many launches without a gain beyond the
-    resolution (the budget stays the bound)."""
-    def strategy(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
-        return _sweep(case, oracle, budget, seed, patience=launches)
-    return strategy
-
-
 # Changes to the study loop or space, measured here before they are made (rows drawn dotted). Earlier ones, a
 # budget of launches and Mamba slots derived from the running cap, were measured this way and are now shipped.
 def ours_pruned(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
@@ -628,8 +629,21 @@ def ours_pruned(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
     return _sweep(case, oracle, budget, seed, prune=True)
 
 
-PROPOSALS: dict[str, Strategy] = {"ours-patience-3": ours_patience(3), "ours-patience-5": ours_patience(5),
-                                  "ours-pruned": ours_pruned}
+def ours_with(patience: int = 0, turnover: bool = False, **keys: Any) -> Strategy:
+    """Ours with ``[study] patience`` (the search stops after that many launches without a gain beyond the
+    resolution; the budget stays the bound), other ``[study]`` keys (e.g. ``confirm_top_k``), and its search launches
+    warmed up to a turnover when asked."""
+    def strategy(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
+        return _sweep(case, oracle, budget, seed, patience=patience, study=keys, turnover=turnover)
+    return strategy
+
+
+PROPOSALS: dict[str, Strategy] = {
+    "ours-patience-3": ours_with(3), "ours-patience-5": ours_with(5), "ours-pruned": ours_pruned,
+    # measured and not adopted (docs/benchmarks.md): more contenders confirmed; search launches warmed up to a turnover
+    "ours-top-5": ours_with(confirm_top_k=5), "ours-patience-5-top-5": ours_with(5, confirm_top_k=5),
+    "ours-turnover": ours_with(turnover=True), "ours-turnover-patience-5": ours_with(5, turnover=True),
+}
 
 STRATEGIES: dict[str, Strategy] = {
     "ours": ours,
