@@ -340,6 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--proposals", action="store_true", help="add rows for proposed study-loop/space changes")
     ap.add_argument("--strategies", default="", help="only these rows (comma-separated names; default: all)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="where to write the table and figure")
+    ap.add_argument("--cache", type=Path, default=RESULTS,
+                    help="where the ground truth and steady rates are memoised (default: beside the tables)")
     ap.add_argument("--no-figure", action="store_true")
     ap.add_argument("--launch-cv", type=float, default=LAUNCH_CV, help="the stated launch term (default 0.01)")
     ap.add_argument("--single-noise", action="store_true", help="one noise term per launch (the table before windows)")
@@ -374,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     started = time.monotonic()
     launch_cv = None if args.single_noise else args.launch_cv
-    jobs = [(n, w, not args.no_truth, seeds, budget_list, args.proposals, str(RESULTS), only, window, launch_cv,
+    jobs = [(n, w, not args.no_truth, seeds, budget_list, args.proposals, str(args.cache), only, window, launch_cv,
              args.truth_seed) for n, w in units]
     if args.jobs > 1 and len(jobs) > 1:
         # Results come back in submission order: the table does not depend on which worker finished first.
