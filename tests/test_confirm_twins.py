@@ -8,7 +8,7 @@ from optuna.trial import create_trial
 
 from autotune.results import Capacity, Metrics, Percentiles, TrialResult
 from autotune.search.confirm.ranking import contenders
-from autotune.search.confirm.twins import held_tokens, twin_key
+from autotune.search.confirm.twins import held_tokens, twin_key, twins_of
 from autotune.search.space import key_of
 
 BASE = {"max_running_requests": 128, "max_mamba_cache_size": 128, "speculative_num_steps": 3}
@@ -50,13 +50,41 @@ def test_another_running_cap_or_another_flag_is_another_config():
     assert twin_key(a, held) != twin_key(_trial(99.0, 0.95, kv=500_000, chunked_prefill_size=8192), held)
 
 
+def _six(study: optuna.Study) -> None:
+    """The baseline, one server at three fractions (trials 1–3), two other configs."""
+    for t in [_trial(2000.0, 0.95, running=16, kv=900_000, role="baseline"),
+              _trial(5100.0, 0.93, kv=400_000), _trial(5000.0, 0.92, kv=345_280), _trial(4990.0, 0.94, kv=380_000),
+              _trial(4900.0, 0.95, running=144, kv=500_000), _trial(4800.0, 0.9, running=112, kv=400_000)]:
+        study.add_trial(t)
+
+
 def test_the_confirmation_takes_the_best_twin_and_the_next_distinct_config():
     study = optuna.create_study(direction="maximize")
-    trials = [_trial(2000.0, 0.95, running=16, kv=900_000, role="baseline"),
-              _trial(5100.0, 0.93, kv=400_000), _trial(5000.0, 0.92, kv=345_280), _trial(4990.0, 0.94, kv=380_000),
-              _trial(4900.0, 0.95, running=144, kv=500_000), _trial(4800.0, 0.9, running=112, kv=400_000)]
-    for t in trials:
-        study.add_trial(t)
-    numbers = [t.number for t in contenders(study, 3, held=held_tokens(270.0, 4096))[0]]
+    _six(study)
+    held = held_tokens(270.0, 4096)
+    numbers = [t.number for t in contenders(study, 3, held=held)[0]]
     assert numbers == [1, 4, 5]  # trials 2 and 3 are trial 1 at other fractions
     assert [t.number for t in contenders(study, 3)[0]] == [1, 2, 3]  # without the bound: three launches of one server
+    trials = study.get_trials()
+    assert twins_of(trials, numbers, held) == {1: (2, 3)}  # what the summary says trial 1 stood for
+    assert twins_of(trials, [1, 2, 5], held) == {1: (3,), 2: (3,)}  # a confirmed twin is not stood for
+    assert twins_of(trials, numbers, None) == {}
+
+
+def test_the_sweep_summary_says_which_launches_a_contender_stood_for(tmp_path):
+    from test_study import PlannerRunner, write_study
+
+    from autotune.cli.sweep import render
+    from autotune.config import load_config
+    from autotune.search.confirm import confirm
+    from autotune.search.objective import open_study
+    from autotune.search.views.summary import summarize
+
+    cfg = load_config(write_study(tmp_path, trials=6))  # its prompts are a few tokens: the bound is max_tokens / 2
+    study = open_study(cfg)
+    _six(study)
+    assert confirm(study, cfg, runner=PlannerRunner()) is not None
+    summary = summarize(study, cfg)
+    assert summary.twins == {1: (2, 3)}
+    line = next(x for x in render(summary).splitlines() if "one server" in x)
+    assert line.startswith("  confirmed as one server: trial 1 for 2, 3 (the same config at another")

@@ -111,6 +111,10 @@ def render(summary: SweepSummary) -> str:
         lines.append(f"  {summary.spend.line()}")
     if summary.confirmation:  # launches, windows and the two noise terms the verdict was read with
         lines.append(f"  confirmation: {summary.confirmation}")
+    if summary.twins:  # one server at two memory fractions, confirmed once (``confirm.twins``)
+        said = "; ".join(f"trial {n} for {', '.join(str(m) for m in others)}" for n, others in summary.twins.items())
+        lines.append(f"  confirmed as one server: {said} (the same config at another --mem-fraction-static, the "
+                     "same running cap, each KV pool holding the batch)")
     if summary.note:
         lines.append(f"  note: {summary.note}")
     if summary.interrupted:

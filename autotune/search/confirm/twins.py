@@ -19,7 +19,9 @@ A pool smaller than the bound may starve the batch (retractions, re-prefills), s
 
 from __future__ import annotations
 
-from optuna.trial import FrozenTrial
+from collections.abc import Iterable
+
+from optuna.trial import FrozenTrial, TrialState
 
 from autotune.results import TrialResult
 from autotune.search.seeding import launch_key
@@ -44,3 +46,24 @@ def twin_key(trial: FrozenTrial, held: float | None) -> str:
         return launch_key(trial)
     rest = {k: v for k, v in result.config.items() if k not in MEMORY_ONLY}
     return f"{key_of(rest)} running={cap.max_running_requests}"
+
+
+def twins_of(trials: Iterable[FrozenTrial], numbers: Iterable[int], held: float | None) -> dict[int, tuple[int, ...]]:
+    """For each trial of ``numbers`` (the confirmation's contenders), the other finished launches it stood for as one
+    server: the same ``twin_key``, another config (a launch of the same config is a repeat, not a twin), not itself
+    confirmed (a hand-written config is, in reach); only the contenders that had any. Empty without the bound."""
+    numbers = list(numbers)
+    if held is None:
+        return {}
+    ok = [t for t in trials if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"]
+    keys = {t.number: (twin_key(t, held), launch_key(t)) for t in ok}
+    out: dict[int, tuple[int, ...]] = {}
+    for n in numbers:
+        if n not in keys:
+            continue
+        twin, own = keys[n]
+        others = tuple(m for m, (k, launch) in sorted(keys.items())
+                       if m not in numbers and k == twin and launch != own)
+        if others:
+            out[n] = others
+    return out

@@ -25,6 +25,8 @@ from autotune.redaction import redact_url
 from autotune.results import TrialResult, numerics_line
 from autotune.search.confirm.decision import ContenderStat, Verdict
 from autotune.search.confirm.record import Confirmation, DefaultsRun
+from autotune.search.confirm.twins import held_tokens, twins_of
+from autotune.search.edges import mean_prompt_tokens
 from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launch_key, launches, unsettled
@@ -258,6 +260,7 @@ class SweepSummary:
     interrupted: bool = False
     origin: str | None = None  # where a re-tune started (``--from``: ``views.origin``); None for a cold study
     spend: Spend | None = None  # launches and GPU-hours by phase (``views.spend``)
+    twins: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # contender: the launches it stood for
 
 
 def _baseline_entry(trial: FrozenTrial | None, base: TrialEntry | None, failure: str | None) -> BaselineEntry:
@@ -330,4 +333,14 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         above_baseline=above,
         job=job(best.trial if best else None) if job is not None else None, interrupted=interrupted,
         origin=origin_line(record_of(study)), spend=study_spend(trials, conf, simulated=cfg.engine.kind == "sim"),
+        twins=_twins(cfg, trials, conf),
     )
+
+
+def _twins(cfg: StudyConfig, trials: list[FrozenTrial], conf: Confirmation | None) -> dict[int, tuple[int, ...]]:
+    """The confirmation's contenders that stood for their twins (``confirm.twins``), with the bound it used; none
+    before a confirmation ran (the prompt sample is read only then, as the confirmation read it)."""
+    if conf is None or not conf.order:
+        return {}
+    held = held_tokens(mean_prompt_tokens(cfg, trials), cfg.workload.max_tokens)
+    return twins_of(trials, conf.order, held)
