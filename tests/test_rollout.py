@@ -35,7 +35,7 @@ from autotune.sglang.profiles import load_gpu, load_model
 NEW = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 200, "mem_fraction_static": 0.93,
        "max_running_requests": 64}
 SMALL_GPU = {"gpu_memory_mib": 120000}
-CANARY = {"sample_size": 16, "concurrency": 8, "max_tokens": 64, "warmup_s": 0.3, "measure_s": 0.8}
+CANARY = {"sample_size": 16, "concurrency": 8, "max_tokens": 64, "warmup_s": 0.5, "measure_s": 1.5}
 FAST = rollout.Timing(grace_s=5.0, startup_timeout_s=90.0, release_timeout_s=10.0)  # bounds, not expectations
 
 
@@ -235,7 +235,7 @@ def test_resume_after_sigkill_finishes_the_rollout(tmp_path, study_tok_s):
         up(load_fleet(path), timeout_s=30)
         url = study_storage(tmp_path, study_tok_s)
         argv = [sys.executable, "-m", "autotune", "apply", "--storage", url, "--fleet", str(path), "--rolling", "--allow-unstressed",
-                "--canary-s", "0.8", "--canary-warmup-s", "0.3", "--tolerance", "0.5", "--grace", "5",
+                "--canary-s", "1.5", "--canary-warmup-s", "0.5", "--tolerance", "0.5", "--grace", "5",
                 "--startup-timeout", "30"]
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")})

@@ -287,8 +287,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
     trials = study.get_trials(deepcopy=False)
     done = finished(trials)
     statuses = dict(collections.Counter(t.user_attrs.get("status", t.state.name.lower()) for t in done))
-    by_number = {t.number: t for t in trials}
-    conf = Confirmation.of(study)
+    by_number, conf = {t.number: t for t in trials}, Confirmation.of(study)
     verdict = confirmed(conf)
     entry = functools.partial(_entry, by_number, dict(verdict.stats) if verdict is not None else {}, conf=conf)
     base_t = baseline_trial(trials)
