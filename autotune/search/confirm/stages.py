@@ -21,9 +21,8 @@ from autotune.search.confirm.noise import estimates
 from autotune.search.confirm.ranking import contenders, feasible, gains, in_reach
 from autotune.search.confirm.record import ATTR, Confirmation, ConfirmationRun, DefaultsRun
 from autotune.search.confirm.samples import by_contender, search_rates
-from autotune.search.confirm.twins import held_tokens
+from autotune.search.confirm.twins import study_held_tokens
 from autotune.search.confirm.warmup import steady_warmup
-from autotune.search.edges import mean_prompt_tokens
 from autotune.search.runner import Runner
 from autotune.search.seeding import finished
 from autotune.search.seeding import launch_key as _key
@@ -39,7 +38,7 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     decided = "outcome" in (study.user_attrs.get(ATTR) or {})  # a verdict stored before outcomes is decided again
     if stored is not None and stored.complete and stored.n_trials == n_done and decided:
         return stored
-    held = held_tokens(mean_prompt_tokens(cfg, study.get_trials(deepcopy=False)), cfg.workload.max_tokens)
+    held = study_held_tokens(cfg, study.get_trials(deepcopy=False))
     top, baseline, refs = contenders(study, cfg.study.confirm_top_k, held=held)
     contenders_by_number = {t.number: t for t in [*top, *refs, *([baseline] if baseline else [])]}
     base_key = _key(baseline) if baseline is not None else None

@@ -6,8 +6,9 @@ config: on the simulator's h200 seed study, two or three of its three contenders
 that ran up to 3 % faster at steady state went unconfirmed. The fraction sizes the KV pool only: SGLang 0.5.23's
 scheduler admits a request while the pool has room for the prompts and, for the requests running, the tokens they
 may still decode (clipped) times ``new_token_ratio`` (``srt/managers/schedule_policy.py`` lines 785–794,
-``_get_running_request_total_token_offset``), a ratio that decays while nothing is retracted. So where both pools hold the running cap's requests at their mean steady context,
-neither pool decides what runs, and the two launches are the same server measured twice.
+``_get_running_request_total_token_offset``), a ratio that decays while nothing is retracted. So where both pools
+hold the running cap's requests at their mean steady context, neither pool decides what runs, and the two launches
+are the same server measured twice.
 
 A request's context averaged over its life is its prompt plus half its answer, and answers are at most
 ``max_tokens``, so ``running × (mean prompt + max_tokens ÷ 2)`` bounds the KV the running batch holds on average
@@ -23,7 +24,9 @@ from collections.abc import Iterable
 
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config import StudyConfig
 from autotune.results import TrialResult
+from autotune.search.edges import mean_prompt_tokens
 from autotune.search.seeding import launch_key
 from autotune.search.space import key_of
 
@@ -33,6 +36,12 @@ MEMORY_ONLY = frozenset({"mem_fraction_static"})  # flags that size the pools an
 def held_tokens(mean_prompt_tokens: float, max_tokens: int) -> float:
     """KV tokens a running request holds on average at steady state, at most (see the module docstring)."""
     return mean_prompt_tokens + max_tokens / 2.0
+
+
+def study_held_tokens(cfg: StudyConfig, trials: list[FrozenTrial]) -> float:
+    """``held_tokens`` for a study: its prompt sample's mean as the servers counted it (``edges.mean_prompt_tokens``)
+    and its ``max_tokens``; the one bound the confirmation ranks by and the summary reports with."""
+    return held_tokens(mean_prompt_tokens(cfg, trials), cfg.workload.max_tokens)
 
 
 def twin_key(trial: FrozenTrial, held: float | None) -> str:

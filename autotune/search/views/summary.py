@@ -25,8 +25,7 @@ from autotune.redaction import redact_url
 from autotune.results import TrialResult, numerics_line
 from autotune.search.confirm.decision import ContenderStat, Verdict
 from autotune.search.confirm.record import Confirmation, DefaultsRun
-from autotune.search.confirm.twins import held_tokens, twins_of
-from autotune.search.edges import mean_prompt_tokens
+from autotune.search.confirm.twins import study_held_tokens, twins_of
 from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launch_key, launches, unsettled
@@ -341,5 +340,4 @@ def _twins(cfg: StudyConfig, trials: list[FrozenTrial], conf: Confirmation | Non
     before a confirmation ran (the prompt sample is read only then, as the confirmation read it)."""
     if conf is None or not conf.order:
         return {}
-    held = held_tokens(mean_prompt_tokens(cfg, trials), cfg.workload.max_tokens)
-    return twins_of(trials, conf.order, held)
+    return twins_of(trials, conf.order, study_held_tokens(cfg, trials))
