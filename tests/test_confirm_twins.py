@@ -7,7 +7,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import create_trial
 
 from autotune.results import Capacity, Metrics, Percentiles, TrialResult
-from autotune.search.confirm.ranking import contenders
+from autotune.search.confirm.ranking import contenders, ranked
 from autotune.search.confirm.twins import held_tokens, twin_key, twins_of
 from autotune.search.space import key_of
 
@@ -69,6 +69,22 @@ def test_the_confirmation_takes_the_best_twin_and_the_next_distinct_config():
     assert twins_of(trials, numbers, held) == {1: (2, 3)}  # what the summary says trial 1 stood for
     assert twins_of(trials, [1, 2, 5], held) == {1: (3,), 2: (3,)}  # a confirmed twin is not stood for
     assert twins_of(trials, numbers, None) == {}
+
+
+def test_a_twin_the_confirmation_could_not_take_was_not_stood_for():
+    """A launch of the same server that broke a constraint (or was pruned) was left out on its own: only the trials
+    the confirmation could rank (``ranked``) are named as stood for."""
+    study = optuna.create_study(direction="maximize")
+    _six(study)
+    over = _trial(5050.0, 0.91, kv=340_000)
+    study.add_trial(create_trial(value=5050.0, params=over.params, distributions=over.distributions,
+                                 user_attrs={**over.user_attrs, "constraint": [0.2]}))  # trial 6: infeasible
+    held = held_tokens(270.0, 4096)
+    numbers = [t.number for t in contenders(study, 3, held=held)[0]]
+    assert numbers == [1, 4, 5]
+    assert twins_of(study.get_trials(), numbers, held) == {1: (2, 3, 6)}  # every launch of the server
+    assert [t.number for t in ranked(study)] == [1, 2, 3, 4, 5, 0]
+    assert twins_of(ranked(study), numbers, held) == {1: (2, 3)}  # what the summary passes
 
 
 def test_the_sweep_summary_says_which_launches_a_contender_stood_for(tmp_path):

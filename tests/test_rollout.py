@@ -24,6 +24,8 @@ from autotune.deploy import rollout
 from autotune.deploy.fleet import load_fleet, start_server, status, stop_server, up
 from autotune.deploy.sglang_yaml import read_config_file
 from autotune.errors import FleetError
+from autotune.harness.trial import CLIENT_BUSY_LIMIT
+from autotune.harness.workload import ReplayRecords, RequestRecord
 from autotune.launch import LaunchSpec
 from autotune.launch.local import LocalLauncher
 from autotune.launch.process import free_port
@@ -195,6 +197,34 @@ def test_capacity_check():
     assert rollout.check_capacity(want, Capacity(max_running_requests=16, kv_tokens=None, mamba_slots=80)) == (
         "max_running_requests 16 (study: 40), mamba_slots 80 (study: 200), kv_tokens None (study: 800000)")
     assert rollout.check_capacity(rollout.Expectation(), Capacity()) is None
+
+
+def canary_window(busy: float, tokens: int) -> ReplayRecords:
+    """A one-second canary window whose client was busy ``busy`` of it, with one request of ``tokens`` tokens."""
+    request = RequestRecord(row=0, sent=0.0, chunks=[(0.5, tokens)], finish_reason="length", ended=0.5)
+    return ReplayRecords(requests=[request], window=(0.0, 1.0), concurrency=1, endpoint="generate", client_busy=busy)
+
+
+def test_a_canary_window_that_did_not_measure_the_server_is_replayed(tmp_path, monkeypatch):
+    """A canary whose client was starved of CPU is measured again (never judged on that window); only when no try
+    measured the server does the step fail, saying why."""
+    windows = [canary_window(CLIENT_BUSY_LIMIT + 0.01, 5), canary_window(0.1, 800)]
+    sent: list[int] = []
+
+    async def fake_replay(url, sample, **kwargs):
+        sent.append(kwargs["concurrency"])
+        return windows.pop(0)
+
+    monkeypatch.setattr(rollout, "replay", fake_replay)
+    canary = rollout.Canary(prompts=str(prompts(tmp_path)), **CANARY)
+    assert rollout.run_canary(stub_server(1), canary, None).output_tok_s == pytest.approx(800.0)
+    assert sent == [8, 8]  # the busy window's 5 tok/s were never the canary's figure
+
+    windows[:] = [canary_window(CLIENT_BUSY_LIMIT + 0.01, 5)] * rollout.CANARY_TRIES
+    with pytest.raises(FleetError, match=rf"none of {rollout.CANARY_TRIES} windows measured the server: the replay "
+                                         r"client's event loop was busy .*--canary-s 0"):
+        rollout.run_canary(stub_server(1), canary, None)
+    assert windows == []
 
 
 @pytest.mark.slow

@@ -15,6 +15,7 @@ verified server goes back into the router before the next one leaves it: never t
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import os
 from collections.abc import Callable, Mapping
@@ -40,9 +41,14 @@ from autotune.deploy.fleetfile import group_mismatch
 from autotune.deploy.rolloutlog import Figures, RolloutEvent, RolloutLog, locked, log_path  # noqa: F401 - the log's API, re-exported
 from autotune.deploy.sglang_yaml import deployed_config, read_config_file, split_config, yaml_text
 from autotune.errors import AutotuneError, FleetError
+from autotune.harness.serverinfo import sim_pace
+from autotune.harness.trial import measurement_verdict
 from autotune.harness.workload import PromptSample, metrics_from_records, replay
 
 Say = Callable[[str], None]
+# A canary window that did not measure the server is replayed again, up to this many windows in all: the host running
+# apply is often busy, and a failed canary restores the server and rolls the verified ones back.
+CANARY_TRIES = 3
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,12 +158,23 @@ def check_capacity(expect: Expectation, capacity) -> str | None:
 
 
 def run_canary(server: FleetServer, canary: Canary, capacity) -> Any:
+    """The canary's figures: ``canary`` replayed against ``server``, and replayed again while its window did not
+    measure the server (``harness.trial.measurement_verdict``: the replay client starved of CPU on the host running
+    apply, or a simulated server's clock trailing its model), at most ``CANARY_TRIES`` times. Such a window says
+    nothing of the new config, and a canary that failed on it would roll the fleet back; FleetError, naming why,
+    when no try measured the server."""
     sample = PromptSample.load(canary.prompts, canary.sample_size, canary.seed)
     concurrency = canary.concurrency or max(1, 2 * (getattr(capacity, "max_running_requests", None) or 1))
-    records = asyncio.run(replay(server.url, sample, concurrency=concurrency, max_tokens=canary.max_tokens,
-                                 warmup_s=canary.warmup_s, measure_s=canary.measure_s, endpoint=canary.endpoint,
-                                 ignore_eos=canary.ignore_eos))
-    return metrics_from_records(records)
+    reason = None
+    for _ in range(CANARY_TRIES):
+        records = asyncio.run(replay(server.url, sample, concurrency=concurrency, max_tokens=canary.max_tokens,
+                                     warmup_s=canary.warmup_s, measure_s=canary.measure_s, endpoint=canary.endpoint,
+                                     ignore_eos=canary.ignore_eos, window_probe=functools.partial(sim_pace, server.url)))
+        verdict, reason, _ = measurement_verdict(records)
+        if verdict is None:
+            return metrics_from_records(records)
+    raise FleetError(f"server {server.name} canary: none of {CANARY_TRIES} windows measured the server: {reason}; "
+                     "run apply where the replay has a core to itself, or pass --canary-s 0 to check capacity only")
 
 
 def verify(fleet: Fleet, server: FleetServer, expect: Expectation, canary: Canary | None) -> Figures:

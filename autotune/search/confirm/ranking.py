@@ -26,28 +26,36 @@ def feasible(trial: FrozenTrial) -> bool:
     return trial.user_attrs.get("status") == "ok" and all(c <= 0 for c in trial.user_attrs.get("constraint", [0]))
 
 
-def contenders(study: optuna.Study, top_k: int, *, held: float | None = None,
-               ) -> tuple[list[FrozenTrial], FrozenTrial | None, list[FrozenTrial]]:
-    """(top-k distinct feasible trials, the baseline trial, the ok enqueued trials in reach of the leader: at least
-    ``IN_REACH`` × its search value), by search value. ``held``: KV tokens a running request holds at steady state
-    (``twins.held_tokens``); given, twins (``twins.twin_key``: one server at two memory fractions) count as one."""
+def ranked(study: optuna.Study) -> list[FrozenTrial]:
+    """The finished trials the confirmation may take, best search value first (by gain over their own GPU's
+    baseline on a study swept on several GPUs): feasible, and settled, or unsettled but above the baseline (never
+    crowned on that figure, but re-measured by the confirmation rather than dropped: a config far faster than
+    production is the one to confirm). A pruned window (``pruning``: stopped clearly below the best so far) is none."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     gain = gains(study)  # swept on several GPUs: rank by tok/s ÷ the trial's own GPU's baseline
     baseline = next((t for t in done if t.user_attrs.get("role") == "baseline"), None)
     floor = gain.get(baseline.number, baseline.values[0]) if baseline is not None and feasible(baseline) else None
 
     def eligible(t: FrozenTrial) -> bool:
-        """Feasible, and settled, or unsettled above the baseline: never crowned on that figure, but re-measured by
-        the confirmation rather than dropped (a config far faster than production is the one to confirm). A pruned
-        window (``pruning``: stopped clearly below the best so far) is no contender."""
         if not feasible(t) or (unsettled(t) and window_pruned(t)):
             return False
         return not unsettled(t) or (floor is not None and gain.get(t.number, t.values[0]) > floor)
 
-    ranked = sorted((t for t in done if eligible(t)), key=lambda t: -gain.get(t.number, t.values[0]))
+    return sorted((t for t in done if eligible(t)), key=lambda t: -gain.get(t.number, t.values[0]))
+
+
+def contenders(study: optuna.Study, top_k: int, *, held: float | None = None,
+               ) -> tuple[list[FrozenTrial], FrozenTrial | None, list[FrozenTrial]]:
+    """(top-k distinct trials of ``ranked``, the baseline trial, the ok enqueued trials in reach of the leader: at
+    least ``IN_REACH`` × its search value), by search value. ``held``: KV tokens a running request holds at steady
+    state (``twins.held_tokens``); given, twins (``twins.twin_key``: one server at two memory fractions) count as
+    one."""
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    gain = gains(study)
+    baseline = next((t for t in done if t.user_attrs.get("role") == "baseline"), None)
     seen: set[str] = set()
     top: list[FrozenTrial] = []
-    for t in ranked:
+    for t in ranked(study):
         key = twin_key(t, held)
         if key in seen or t.user_attrs.get("reused_from") is not None:
             continue

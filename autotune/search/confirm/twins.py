@@ -58,9 +58,11 @@ def twin_key(trial: FrozenTrial, held: float | None) -> str:
 
 
 def twins_of(trials: Iterable[FrozenTrial], numbers: Iterable[int], held: float | None) -> dict[int, tuple[int, ...]]:
-    """For each trial of ``numbers`` (the confirmation's contenders), the other finished launches it stood for as one
-    server: the same ``twin_key``, another config (a launch of the same config is a repeat, not a twin), not itself
-    confirmed (a hand-written config is, in reach); only the contenders that had any. Empty without the bound."""
+    """For each trial of ``numbers`` (the confirmation's contenders), the other finished launches of ``trials`` (the
+    ones it could take: ``ranking.ranked``; an infeasible or pruned launch was left out on its own) it stood for as
+    one server: the same ``twin_key``, another config (a launch of the same config is a repeat, not a twin), not
+    itself confirmed (a hand-written config is, in reach); only the contenders that had any. Empty without the
+    bound."""
     numbers = list(numbers)
     if held is None:
         return {}

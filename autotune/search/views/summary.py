@@ -24,6 +24,7 @@ from autotune.config import StudyConfig
 from autotune.redaction import redact_url
 from autotune.results import TrialResult, numerics_line
 from autotune.search.confirm.decision import ContenderStat, Verdict
+from autotune.search.confirm.ranking import ranked
 from autotune.search.confirm.record import Confirmation, DefaultsRun
 from autotune.search.confirm.twins import study_held_tokens, twins_of
 from autotune.search.numerics import contender_fidelity
@@ -331,13 +332,14 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         above_baseline=above,
         job=job(best.trial if best else None) if job is not None else None, interrupted=interrupted,
         origin=origin_line(record_of(study)), spend=study_spend(trials, conf, simulated=cfg.engine.kind == "sim"),
-        twins=_twins(cfg, trials, conf),
+        twins=_twins(cfg, study, conf),
     )
 
 
-def _twins(cfg: StudyConfig, trials: list[FrozenTrial], conf: Confirmation | None) -> dict[int, tuple[int, ...]]:
-    """The confirmation's contenders that stood for their twins (``confirm.twins``), with the bound it used; none
-    before a confirmation ran (the prompt sample is read only then, as the confirmation read it)."""
+def _twins(cfg: StudyConfig, study: optuna.Study, conf: Confirmation | None) -> dict[int, tuple[int, ...]]:
+    """The confirmation's contenders that stood for their twins (``confirm.twins``) among the trials it could have
+    taken (``ranking.ranked``), with the bound it used; none before a confirmation ran (the prompt sample is read
+    only then, as the confirmation read it)."""
     if conf is None or not conf.order:
         return {}
-    return twins_of(trials, conf.order, study_held_tokens(cfg, trials))
+    return twins_of(ranked(study), conf.order, study_held_tokens(cfg, study.get_trials(deepcopy=False)))
