@@ -192,7 +192,47 @@ def test_a_given_baseline_run_gives_the_gain_its_interval_and_adds_nothing_to_th
     # a given baseline is never a candidate: if it read fastest, no config beat it and nothing is decided
     fast = [dataclasses.replace(given[0], result=TrialResult.from_dict(ok(9000)))]
     held = decide(runs(data), [3, 7], baseline=0, given=fast)
-    assert held.winner_trial is None and held.outcome == "baseline" and held.contention == (3,)
+    assert held.winner_trial is None and held.outcome == "baseline" and not held.decided
+    assert held.contention == (0,)  # the one reading that blocks the decision is what a launch must settle
+
+
+class LuckySearch(PlannerRunner):
+    """The fake planner's figures, but trial ``lucky``'s search launch read ``factor`` × its rate (a window that
+    caught a good phase); a confirmation launch reads the rate 1 % high or low, by turns (launch noise)."""
+
+    def __init__(self, lucky: int, factor: float):
+        super().__init__()
+        self.lucky, self.factor = lucky, factor
+
+    def __call__(self, config: dict, number: int) -> TrialResult:
+        before = sum(n == number for n, _ in self.calls)
+        result = super().__call__(config, number)
+        if result.metrics is None:
+            return result
+        scale = (self.factor if number == self.lucky else 1.0) if not before else 1.0 + 0.01 * (-1) ** before
+        m = result.metrics
+        return TrialResult.from_dict({**result.to_dict(), "metrics": {
+            **dataclasses.asdict(m), "output_tok_s": m.output_tok_s * scale}})
+
+
+def test_a_stand_in_baseline_that_blocks_the_decision_is_relaunched(tmp_path):
+    """The leader's lucky search reading put the baseline out of reach; confirmed, the leader runs near the
+    baseline's one search reading, which alone cannot say whether it beat the baseline: the baseline is relaunched
+    (its launch settles it) rather than named because nothing was resolved against it."""
+    cfg = load_config(write_study(tmp_path, trials=5))
+    plain = run_study(cfg, runner=PlannerRunner())
+    base = plain.trials[0].values[0]
+    leader = max((t for t in plain.trials if t.values), key=lambda t: t.values[0])
+    (tmp_path / "lucky").mkdir()
+    cfg = load_config(write_study(tmp_path / "lucky", trials=5))
+    runner = LuckySearch(leader.number, factor=3.0)
+    study = run_study(cfg, runner=runner)
+    assert study.trials[0].values[0] == base and max(t.values[0] for t in study.trials if t.values) > 2 * base / 0.5
+    searched = len(runner.calls)
+    conf = confirm(study, cfg, runner=runner).to_dict()
+    assert 0 in conf["order"] and not conf.get("given")  # relaunched, its search run no longer standing in
+    assert 0 in [n for n, _ in runner.calls[searched:]]
+    assert conf["decided"] and conf["outcome"] == "winner" and conf["ci_low"] > 1
 
 
 @pytest.mark.parametrize("factor, relaunched", [(1.0, False), (2.5, True)])

@@ -45,7 +45,7 @@ PENDING_LAZY = {"autotune/deploy/numerics.py", "autotune/deploy/apply.py", "auto
 # the views; only its command in ``cli/`` imports it.
 SEARCH_PARTS: dict[str, int] = {"storage": 0, "loop": 1, "confirm": 2, "views": 3, "scaleout": 3, "sweep": 4}
 SEARCH_LOOP = {"study", "space", "starts", "edges", "correction", "objective", "runner", "seeding", "skips", "warm",
-               "numerics", "folders", "preflight", "signals", "stopping", "pruning"}
+               "numerics", "folders", "preflight", "signals", "stopping", "pruning", "wall"}
 
 
 def _modules() -> list[Path]:

@@ -55,6 +55,10 @@ class StudySection(StrictModel):
     # Stop the search before `trials` once this many launches in a row found no gain beyond `resolution` over the
     # best so far (autotune/search/stopping.py); 0: always spend the whole budget.
     patience: int = Field(0, ge=0)
+    # "wall": each sampled config gets the highest mem_fraction_static of its [space] range the corrected planner
+    # expects to start (autotune/search/wall.py), where the study has a planner and searches or fixes
+    # max_running_requests; "sampled": the sampler picks it as any other flag.
+    memory_fraction: Literal["wall", "sampled"] = "wall"
     confirm_top_k: int = Field(3, ge=0)
     # The confirmation (autotune/search/confirm/): every contender is launched once and measured over
     # confirm_windows windows in that launch (fresh pass markers each); the top two are launched confirm_repeats

@@ -29,6 +29,7 @@ from autotune.search.confirm.record import Confirmation
 from autotune.search.numerics import contender_fidelity
 from autotune.search.objective import gpus_spanned, per_gpu
 from autotune.search.views.settings import engine_table
+from autotune.search.wall import PLACED_ATTR
 
 # status → the outcome class a reader sees; the group decides the marker a figure uses.
 OUTCOMES: dict[str, tuple[str, str]] = {
@@ -101,10 +102,12 @@ def attr_or_nan(obj: Any, name: str) -> float:
 
 
 def tuned_flags(study: optuna.Study) -> list[str]:
-    """Flags the search varied, in the order they first appear."""
+    """Flags the search varied, in the order they first appear: the sampler's, then those the sweep placed for it
+    (``search.wall``: the memory fraction, read from each trial's launched config)."""
     names: dict[str, None] = {}
     for trial in study.get_trials(deepcopy=False):
         names.update(dict.fromkeys(trial.params))
+    names.update(dict.fromkeys(study.user_attrs.get(PLACED_ATTR) or ()))
     return list(names)
 
 

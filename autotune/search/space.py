@@ -352,6 +352,11 @@ class Feasibility:
         self.offsets.append(offset)
         return offset
 
+    def clear(self, memory_plan: MemoryPlan) -> bool:
+        """Whether the planner is sure ``memory_plan``'s config starts: it fits with ``margin_gib`` of headroom at
+        peak. Where the search places a config itself (an edge start, the memory fraction at the wall)."""
+        return memory_plan.fits and memory_plan.gib.headroom >= self.margin_gib
+
     def sure_failure(self, memory_plan: MemoryPlan) -> bool:
         """Skip without launching only when the planner is sure: pool arithmetic, bad args, or a clear deficit.
 

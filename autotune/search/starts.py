@@ -118,7 +118,7 @@ def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[i
             continue
         seen.add(key_of(config))
         memory_plan = feasibility.predict(config, inert=False)
-        if memory_plan.fits and memory_plan.gib.headroom >= feasibility.margin_gib:
+        if feasibility.clear(memory_plan):
             candidates.append(_Start(config=config, running=memory_plan.max_running_requests,
                                      kv_tokens=memory_plan.kv_tokens, headroom_gib=memory_plan.gib.headroom))
     candidates.sort(key=lambda c: (c.running, c.headroom_gib), reverse=True)

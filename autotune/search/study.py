@@ -59,6 +59,7 @@ from autotune.search.space import Space, config_diff, key_of
 from autotune.search.stopping import Patience, stopped_early
 from autotune.search.storage import Liveness, node_lock, storage_file
 from autotune.search.storage.diskguard import Ballast, Room, disk_error, starved
+from autotune.search.wall import FRACTION, PLACED_ATTR, Wall
 from autotune.search.warm import record_of, warm_config, warm_planner
 from autotune.sglang.parallel import group_line, server_gpus
 
@@ -101,6 +102,7 @@ class Sweep:
         self._current: optuna.Trial | None = None  # the trial between ask and tell (failed if a write fails)
         self._tenant: str | None = None  # why the trial just run OOMed because of another process
         self._disk: DiskError | None = None  # the write that failed in the trial in flight
+        self.wall: Wall | None = None  # where the memory fraction leaves the sampler (``prepare``)
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -170,6 +172,12 @@ class Sweep:
             seed_trials(study, cfg)
         # edge starts are placed one at a time once the baseline has run (edges.py), not queued here
         self.edges = EdgeStarts(cfg, self.space, self.feasibility)
+        # the sampler's proposals at the highest memory fraction the planner expects to start (``wall``); the edge
+        # starts keep the whole space: they choose their fraction with their running cap
+        self.wall = Wall.of(cfg, self.space, self.feasibility)
+        if self.wall is not None:
+            self.space = self.space.without({FRACTION})
+            study.set_user_attr(PLACED_ATTR, [FRACTION])
         study.sampler = make_sampler(cfg, salt=len(study.get_trials(deepcopy=False)))
         trials = study.get_trials(deepcopy=False)
         left = cfg.study.trials - len(launched(trials))
@@ -279,6 +287,8 @@ class Sweep:
             self.space.record(trial, config)
         else:
             config = self.space.suggest(trial)
+            if self.wall is not None:
+                config = self.wall.place(config)
         memory_plan = self.feasibility.predict(config) if self.feasibility else None
         launch = config
         if memory_plan is not None and role == "search" and memory_plan.inert:

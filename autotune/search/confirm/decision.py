@@ -167,7 +167,9 @@ def decide(runs: Sequence[ConfirmationRun], order: Sequence[int], baseline: int 
     win (trial → why: a failed stress phase), named in the note. ``given``: search runs that stand in for a
     baseline not relaunched (far behind the leader: ``ranking.IN_REACH``), one launch of one window each; they
     add nothing to the noise terms, the gain over that baseline has its interval, and the baseline, outside
-    ``order``, never wins (``Verdict`` says what each field means). ``searched``: each contender's search-run tok/s
+    ``order``, never wins; when that one reading leaves open whether anything beat the baseline, ``contention`` is
+    the baseline alone, which the confirmation then relaunches (``stages.confirm``). ``Verdict`` says what each
+    field means. ``searched``: each contender's search-run tok/s
     per GPU, from which a stand-in's error is learnt (``noise.stand_in_var``). The interval is analytic, so the
     same runs always give the same verdict.
     """
@@ -192,6 +194,8 @@ def decide(runs: Sequence[ConfirmationRun], order: Sequence[int], baseline: int 
     if held is not None:
         why, decided = held
         contention = sorted({top, *(n for n, s in stand.items() if s.state == "open" and n not in twins)})
+        if baseline in from_search:  # one search reading of the baseline blocks it: the baseline is relaunched
+            contention = [baseline]
         return nothing(outcome="baseline", note=_join(f"no config beat the baseline: {why}", _demoted_note(demoted)),
                        decided=decided, resolved=decided, contention=() if decided else tuple(contention))
     others = {n: s for n, s in stand.items() if n not in twins}  # noise around the baseline's flags is no candidate

@@ -51,30 +51,32 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
         verdict = decide(stored.runs, stored.order, base_n, same_as_baseline=as_baseline,
                          resolution=cfg.study.resolution, given=stored.given, searched=searched)
         return dataclasses.replace(stored, verdict=verdict).store(study)
-    order = [t.number for t in top + refs]
-    given: list[ConfirmationRun] = []
-    if baseline is not None and baseline.number not in order and feasible(baseline):
-        if in_reach(baseline, top, gains(study)):
-            order.append(baseline.number)
-        else:  # far behind the leader: its search run stands in for a launch (``ranking.IN_REACH``)
-            given.append(ConfirmationRun(trial=baseline.number, repeat=-1, search=True, result=_result(baseline)))
+    order, given = _order(study, top, refs, baseline)
     if not order:
         return None
     # Every confirmation launch warms up until the search launch's first wave of requests would have turned over,
     # once before its windows: the claims are about the job's steady rate, not a search window's young requests.
     warmups = {n: steady_warmup(r, cfg.workload) for n, r in results.items()}
     runs: list[ConfirmationRun] = []
-    if stored is not None and stored.n_trials == n_done and list(stored.order) == order:
+    if stored is not None and stored.n_trials == n_done and list(stored.order) in (order, [*order, base_n]):
         runs = list(stored.runs)  # a confirmation a killed sweep left half done
-    state = Confirmation(order=tuple(order), n_trials=n_done, given=tuple(given),
-                         warmup_s={n: warmups[n] for n in order})
-    verdict_now = functools.partial(decide, runs, order, base_n, same_as_baseline=as_baseline,
-                                    resolution=cfg.study.resolution, given=given, searched=searched)
+        if list(stored.order) != order:  # its stand-in baseline was being relaunched (below)
+            order, given = list(stored.order), []
     launches = {n: Contender(result=r, warmup_s=warmups[n]) for n, r in results.items()}
-    if not _run_stages(study, cfg, state, runs, launches, verdict_now, runner=runner,
-                       progress=progress, stop_event=stop_event):
-        return None
-    verdict = verdict_now()
+    while True:
+        state = Confirmation(order=tuple(order), n_trials=n_done, given=tuple(given),
+                             warmup_s={n: warmups[n] for n in order})
+        verdict_now = functools.partial(decide, runs, order, base_n, same_as_baseline=as_baseline,
+                                        resolution=cfg.study.resolution, given=given, searched=searched)
+        if not _run_stages(study, cfg, state, runs, launches, verdict_now, runner=runner,
+                           progress=progress, stop_event=stop_event):
+            return None
+        verdict = verdict_now()
+        if base_n is None or base_n in order or base_n not in verdict.contention:
+            break
+        # The baseline's one search reading, standing in, leaves open whether anything beat it (the leader's
+        # search figure that put it out of reach read high): it is relaunched as a contender, and the stages go on.
+        order, given = [*order, base_n], []
     # The stress stage runs on this verdict once it is stored (``sweep.run_sweep``: ``stress.stress_winner``); a
     # contender that fails it is demoted through ``decide(demoted=…)`` and the next one stressed.
     measured = defaults() if defaults is not None else None
@@ -82,6 +84,20 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
         dataclasses.replace(state, runs=tuple(runs)).store(study)  # a resume measures the defaults again
         return None
     return dataclasses.replace(state, complete=True, runs=tuple(runs), verdict=verdict, defaults=measured).store(study)
+
+
+def _order(study: optuna.Study, top: list[optuna.trial.FrozenTrial], refs: list[optuna.trial.FrozenTrial],
+           baseline: optuna.trial.FrozenTrial | None) -> tuple[list[int], list[ConfirmationRun]]:
+    """(the contenders in launch order, the search runs standing in): the top k, the hand-written configs in reach,
+    and the baseline, relaunched when in reach of the leader, else its search run standing in (``ranking.IN_REACH``)."""
+    order = [t.number for t in top + refs]
+    given: list[ConfirmationRun] = []
+    if baseline is not None and baseline.number not in order and feasible(baseline):
+        if in_reach(baseline, top, gains(study)):
+            order.append(baseline.number)
+        else:  # far behind the leader: its search run stands in for a launch
+            given.append(ConfirmationRun(trial=baseline.number, repeat=-1, search=True, result=_result(baseline)))
+    return order, given
 
 
 def next_launches(order: list[int], launched: Mapping[int, int], verdict: Verdict, *, first: int,
