@@ -193,9 +193,9 @@ def decide(runs: Sequence[ConfirmationRun], order: Sequence[int], baseline: int 
     held = _baseline_holds(est, top, base_stand, baseline, twins, resolution)
     if held is not None:
         why, decided = held
-        contention = sorted({top, *(n for n, s in stand.items() if s.state == "open" and n not in twins)})
-        if baseline in from_search:  # one search reading of the baseline blocks it: the baseline is relaunched
-            contention = [baseline]
+        # one search reading of the baseline blocks it: the baseline is what to relaunch, not the contenders
+        contention = [baseline] if baseline in from_search else sorted(
+            {top, *(n for n, s in stand.items() if s.state == "open" and n not in twins)})
         return nothing(outcome="baseline", note=_join(f"no config beat the baseline: {why}", _demoted_note(demoted)),
                        decided=decided, resolved=decided, contention=() if decided else tuple(contention))
     others = {n: s for n, s in stand.items() if n not in twins}  # noise around the baseline's flags is no candidate

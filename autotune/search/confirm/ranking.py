@@ -31,9 +31,17 @@ def ranked(study: optuna.Study) -> list[FrozenTrial]:
     baseline on a study swept on several GPUs): feasible, and settled, or unsettled but above the baseline (never
     crowned on that figure, but re-measured by the confirmation rather than dropped: a config far faster than
     production is the one to confirm). A pruned window (``pruning``: stopped clearly below the best so far) is none."""
+    return _ranked(*_field(study))
+
+
+def _field(study: optuna.Study) -> tuple[list[FrozenTrial], dict[int, float], FrozenTrial | None]:
+    """(the completed trials, ``gains``, the baseline trial): what ranking reads, gathered once."""
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    gain = gains(study)  # swept on several GPUs: rank by tok/s ÷ the trial's own GPU's baseline
     baseline = next((t for t in done if t.user_attrs.get("role") == "baseline"), None)
+    return done, gains(study), baseline  # gains: swept on several GPUs, tok/s ÷ the trial's own GPU's baseline
+
+
+def _ranked(done: list[FrozenTrial], gain: Mapping[int, float], baseline: FrozenTrial | None) -> list[FrozenTrial]:
     floor = gain.get(baseline.number, baseline.values[0]) if baseline is not None and feasible(baseline) else None
 
     def eligible(t: FrozenTrial) -> bool:
@@ -50,12 +58,10 @@ def contenders(study: optuna.Study, top_k: int, *, held: float | None = None,
     least ``IN_REACH`` × its search value), by search value. ``held``: KV tokens a running request holds at steady
     state (``twins.held_tokens``); given, twins (``twins.twin_key``: one server at two memory fractions) count as
     one."""
-    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-    gain = gains(study)
-    baseline = next((t for t in done if t.user_attrs.get("role") == "baseline"), None)
+    done, gain, baseline = _field(study)
     seen: set[str] = set()
     top: list[FrozenTrial] = []
-    for t in ranked(study):
+    for t in _ranked(done, gain, baseline):
         key = twin_key(t, held)
         if key in seen or t.user_attrs.get("reused_from") is not None:
             continue

@@ -332,14 +332,15 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         above_baseline=above,
         job=job(best.trial if best else None) if job is not None else None, interrupted=interrupted,
         origin=origin_line(record_of(study)), spend=study_spend(trials, conf, simulated=cfg.engine.kind == "sim"),
-        twins=_twins(cfg, study, conf),
+        twins=_twins(cfg, study, trials, conf),
     )
 
 
-def _twins(cfg: StudyConfig, study: optuna.Study, conf: Confirmation | None) -> dict[int, tuple[int, ...]]:
+def _twins(cfg: StudyConfig, study: optuna.Study, trials: list[FrozenTrial],
+           conf: Confirmation | None) -> dict[int, tuple[int, ...]]:
     """The confirmation's contenders that stood for their twins (``confirm.twins``) among the trials it could have
     taken (``ranking.ranked``), with the bound it used; none before a confirmation ran (the prompt sample is read
     only then, as the confirmation read it)."""
     if conf is None or not conf.order:
         return {}
-    return twins_of(ranked(study), conf.order, study_held_tokens(cfg, study.get_trials(deepcopy=False)))
+    return twins_of(ranked(study), conf.order, study_held_tokens(cfg, trials))
