@@ -24,9 +24,10 @@ from autotune.config import load_config
 from autotune.errors import ConfigError
 from autotune.launch.gpulocks import GpuLocks, Stopped
 from autotune.launch.groups import aligned_groups, parse_gpus, worker_groups
-from autotune.results import Metrics, Percentiles, TrialResult
+from autotune.results import UNTRUSTED_STATUSES, Metrics, Percentiles, TrialResult
 from autotune.search.objective import objective_values, per_gpu
 from autotune.search.scaleout.workers import on_gpus, plan_workers
+from autotune.search.seeding import launched
 
 STUDY = """
 [study]
@@ -99,6 +100,12 @@ def _registry_holders(devices: Path) -> list[Path]:
 def _finished(path: Path, name: str) -> list[optuna.trial.FrozenTrial]:
     study = optuna.load_study(study_name=name, storage=f"sqlite:///{path.parent / (name + '.db')}")
     return [t for t in study.trials if t.state == TrialState.COMPLETE and t.user_attrs.get("status") != "repeat"]
+
+
+def _launched(path: Path, name: str) -> list[optuna.trial.FrozenTrial]:
+    """The trials that started a server: what ``trials`` counts, whatever the host's load made of their windows."""
+    study = optuna.load_study(study_name=name, storage=f"sqlite:///{path.parent / (name + '.db')}")
+    return launched(study.trials)
 
 
 # --- --gpus text, groups, plans ------------------------------------------------------------------------------
@@ -233,14 +240,16 @@ def test_the_80b_study_sweeps_as_two_workers_on_gpu_pairs(tmp_path):
     out = done.stdout + done.stderr
     assert "gpu0,1 | " in out and "gpu2,3 | " in out and "gpu1 | " not in out
     assert "ranked by tok/s per GPU" in out and "on 2 GPUs" in out
-    trials = _finished(tmp_path / "big.toml", "big")
+    trials = _launched(tmp_path / "big.toml", "big")
     assert len(trials) == 4
     groups = set()
     for t in trials:
         result = TrialResult.from_dict(t.user_attrs["result"])
-        assert result.ok and result.gpus in ([0, 1], [2, 3])
+        # a loaded host can leave a window untrusted (recorded, not scored): the server still ran on its pair
+        assert (result.ok or result.status in UNTRUSTED_STATUSES) and result.gpus in ([0, 1], [2, 3]), result.reason
         assert result.gpu is not None and [g.index for g in result.gpu.per_gpu or []] == result.gpus
-        assert t.values[0] == pytest.approx(result.output_tok_s / 2)  # ranked per GPU
+        if result.ok:
+            assert t.values[0] == pytest.approx(result.output_tok_s / 2)  # ranked per GPU
         assert t.user_attrs["gpu"].endswith(":" + ",".join(map(str, result.gpus)))
         groups.add(tuple(result.gpus))
     assert groups == {(0, 1), (2, 3)}  # both workers ran trials
@@ -251,7 +260,8 @@ def test_the_80b_study_sweeps_as_two_workers_on_gpu_pairs(tmp_path):
                             "--json"], capture_output=True, text=True, timeout=60, check=True)
     rows = [r for r in json.loads(table.stdout) if r["status"] != "repeat"]  # a repeat is told, never launched
     assert len(rows) == 4
-    assert all(r["gpus"] == 2 and r["tok_s_per_gpu"] == pytest.approx(r["output_tok_s"] / 2) for r in rows)
+    assert all(r["gpus"] == 2 for r in rows)
+    assert all(r["tok_s_per_gpu"] == pytest.approx(r["output_tok_s"] / 2) for r in rows if r["status"] == "ok")
 
 
 class RegistryWatch:
@@ -399,7 +409,7 @@ def test_a_tenant_on_one_gpu_of_a_pair_stops_that_worker_and_the_message_names_t
     assert codes[0] == 0 and codes[2] == 1, "\n".join(lines)
     busy = [line for line in lines if line.startswith("gpu2,3 | Error: ")]
     assert len(busy) == 1 and "GPU 3 is busy" in busy[0] and "GPUs 2,3" in busy[0], busy
-    groups = {tuple(t.user_attrs["result"]["gpus"]) for t in _finished(tmp_path / "big.toml", "big")}
+    groups = {tuple(t.user_attrs["result"]["gpus"]) for t in _launched(tmp_path / "big.toml", "big")}
     assert groups == {(0, 1)}
 
 
