@@ -20,6 +20,7 @@ from click.testing import CliRunner
 from tinystudy import write_prompts
 
 from autotune.config import load_config
+from autotune.config.sections import NumericsLimits
 from autotune.deploy.apply import Winner
 from autotune.deploy.numerics import NumericsRefused, check_numerics
 from autotune.harness import fidelity
@@ -180,6 +181,13 @@ def test_apply_judges_an_unexpected_change_as_a_numerics_change():
     assert check_numerics(_winner(UNEXPECTED, {"min_exact_share": 1.0}), accept=True).accepted is True
     equal = {**UNEXPECTED, "exact_share": 1.0, "prefix_match_mean": 64.0, "outputs_differ": False, "unexpected": False}
     assert check_numerics(_winner(equal, {"min_exact_share": 1.0})).problem is None  # no false alarm
+
+
+def test_numerics_limits_a_study_stored_by_another_version_are_read_as_none():
+    assert _winner(UNEXPECTED, {"min_exact_share": 1.0}).settings.numerics.min_exact_share == 1.0
+    for stored in ({"min_exact_share": 1.0, "renamed_limit": 2.0}, {"tokens": "many"}):  # a field it does not know
+        assert _winner(UNEXPECTED, stored).settings.numerics == NumericsLimits()
+    assert check_numerics(_winner(UNEXPECTED, {"min_exact_share": 1.0, "renamed_limit": 2.0})).problem is None
 
 
 def test_the_contender_probe_is_what_a_trial_is_known_by():

@@ -331,9 +331,18 @@ def _replay_window(server: ServerHandle, launch: Launch, concurrency: int) -> tu
     return records, monitor.peaks() if monitor is not None else None
 
 
+def window_verdict(records: ReplayRecords) -> tuple[str | None, str | None, MeasurementVerdict]:
+    """``measurement_verdict`` for one window of a loop, which adds ``no_tokens``: a window in which no token
+    arrived measured nothing. (None, None, figures): a trusted figure, the only kind a loop goes on from."""
+    status, reason, figures = measurement_verdict(records)
+    if status is None and metrics_from_records(records).output_tokens == 0:
+        return "no_tokens", "no token arrived inside the window", figures
+    return status, reason, figures
+
+
 def _trusted(records: ReplayRecords) -> bool:
-    """Whether a window measured the server (a trusted figure, some tokens): only then does its loop go on."""
-    return measurement_verdict(records)[0] is None and metrics_from_records(records).output_tokens > 0
+    """Whether a window measured the server: only then does its loop go on."""
+    return window_verdict(records)[0] is None
 
 
 def _progress_relay(phase: PhaseCallback, windows: int = 1) -> Callable[[ReplayProgress], None]:

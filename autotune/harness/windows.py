@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from autotune.harness.steps import Launch, StepOutcome, after_ok
-from autotune.harness.trial import _ended_early, measurement_verdict
+from autotune.harness.trial import _ended_early, window_verdict
 from autotune.harness.workload import ReplayRecords, metrics_from_records
 from autotune.launch import ServerHandle
 from autotune.results import Window
@@ -57,13 +57,10 @@ class WindowsStep:
 def window_of(records: ReplayRecords, index: int, span: int) -> Window:
     """A replay's figures as one window: a tok/s only where the window measured the server (as the first's)."""
     metrics = metrics_from_records(records)
-    verdict, reason, figures = measurement_verdict(records)
-    status: str | None = verdict  # a window's own statuses add ``no_tokens``
+    status, reason, figures = window_verdict(records)
     # the passes of the requests it sent (a window too short to send one: those it saw)
     passes = ([r.pass_no for r in records.requests if r.sent >= records.window[0]]
               or [r.pass_no for r in records.requests] or [0])
-    if status is None and metrics.output_tokens == 0:
-        status, reason = "no_tokens", "no token arrived inside the window"
     tok_s = metrics.output_tok_s if status is None else None
     return Window(index=index, status=status or "ok", output_tok_s=tok_s,
                   tok_s_per_gpu=None if tok_s is None else tok_s / max(1, span), output_tokens=metrics.output_tokens,

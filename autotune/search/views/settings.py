@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
 from autotune.config.sections import NumericsLimits
 
 
@@ -87,5 +89,5 @@ def _limits(stored: Mapping[str, Any]) -> NumericsLimits:
     raw = objective.get("numerics") if isinstance(objective, Mapping) else None
     try:
         return NumericsLimits(**raw) if isinstance(raw, Mapping) else NumericsLimits()
-    except Exception:  # noqa: BLE001 - a study stored by a different version: judge without limits
+    except (ValidationError, TypeError):  # a study stored by a different version: judge without limits
         return NumericsLimits()
