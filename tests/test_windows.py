@@ -18,6 +18,10 @@ from autotune.harness.workload import CUT, PromptSample, ReplayRecords, Workload
 
 pytestmark = pytest.mark.timeout(60)
 WARMUP_S, MEASURE_S = 0.4, 0.4
+# Streams of three lengths (the fake server sends 3 tokens per 10 ms: 90 tokens take 0.3 s, the rows' own caps
+# 0.24 and 0.18 s), none a divisor of the window: the two streams do not finish in step on a window's edge, so one
+# is in flight across it even when a loaded host sends the next request late, and each window still sends some.
+MAX_TOKENS = 90
 
 
 class Server:
@@ -28,7 +32,7 @@ class Server:
 
 
 def _launch(tmp_path: Path, sample: PromptSample, phases: list[str], later: list[ReplayRecords]) -> Launch:
-    spec = WorkloadSpec(prompts=tmp_path / "p.jsonl", concurrency=2, max_tokens=60, warmup_s=WARMUP_S,
+    spec = WorkloadSpec(prompts=tmp_path / "p.jsonl", concurrency=2, max_tokens=MAX_TOKENS, warmup_s=WARMUP_S,
                         measure_s=MEASURE_S)
     return Launch(engine=None, workload=spec, sample=sample, trial_dir=tmp_path,  # type: ignore[arg-type]
                   timeouts=Timeouts(), phase=lambda name, info: phases.append(name), stop_event=None, windows=3,
@@ -36,13 +40,14 @@ def _launch(tmp_path: Path, sample: PromptSample, phases: list[str], later: list
 
 
 def _sample(tmp_path: Path) -> PromptSample:
-    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "alpha"}, {"prompt": "beta"}, {"prompt": "gamma"}])
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "alpha"}, {"prompt": "beta", "max_tokens": 72},
+                                                 {"prompt": "gamma", "max_tokens": 54}])
     return PromptSample.load(prompts, 3)
 
 
 def _loop(url: str, sample: PromptSample, **kw) -> ReplayRecords:
     """Three windows of one closed loop: a warm-up and window of fixed lengths, then two windows of the same."""
-    return asyncio.run(replay(url, sample, concurrency=2, max_tokens=60, warmup_s=WARMUP_S, measure_s=MEASURE_S,
+    return asyncio.run(replay(url, sample, concurrency=2, max_tokens=MAX_TOKENS, warmup_s=WARMUP_S, measure_s=MEASURE_S,
                               windows=3, **kw))
 
 
