@@ -93,11 +93,11 @@ def no_leaked_threads():
     assert not left, f"threads left running after the test: {sorted(t.name for t in left)}"
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def fleet_base_port(monkeypatch) -> int:
-    """Where ``apply`` starts handing out ports in this test: ten ports free now in this process's own range, in
-    place of 30000, which any server on the host (another run's) may hold; a test can then name the ports a new
-    fleet's servers and router get."""
+    """Where ``apply`` starts handing out ports in every test: ten ports free now in this process's own range, in
+    place of 30000, which any server on the host (another worker's fleet, another run's) may hold or take between
+    one test's ``apply`` and its ``fleet up``; a test can then name the ports a new fleet's servers and router get."""
     from autotune.deploy import ports
     from autotune.launch.ports import port_is_free, port_range
 

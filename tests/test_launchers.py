@@ -22,18 +22,23 @@ import importlib
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 from launchcase import CaseEnv
+from starlette.applications import Starlette
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
 
 from autotune.config.sections import LAUNCHER_KINDS
 from autotune.harness.engines.sim import SimGpuReader
 from autotune.launch import LAUNCHERS, LaunchSpec, ServerExited
-from autotune.launch.base import ServerRecord
+from autotune.launch.base import PortTaken, ServerRecord
 from autotune.launch.ports import free_port, port_is_free
 from autotune.sim import device
 from autotune.sim.logs import READY
@@ -169,6 +174,31 @@ def test_a_local_record_whose_pid_now_runs_another_process_is_not_that_server(tm
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_port_another_process_takes_while_the_server_loads_is_never_its_readiness(tmp_path):
+    """A port free at the pick and taken before the bind (a real model loads for minutes first): the other
+    process's /health must not pass for this server's, or every figure measured there would be the other's."""
+    with _case("local", tmp_path) as env:
+        spec = _spec(env, "--sim-startup-s", "30", label="late")  # binds after its startup, as SGLang does
+        server = env.launcher.start(spec)
+        other = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/health", lambda request: PlainTextResponse(""))]),
+                                              host=env.host, port=spec.port, log_level="error", lifespan="off"))
+        thread = threading.Thread(target=other.run, daemon=True)
+        thread.start()
+        try:
+            deadline = time.monotonic() + 10
+            while not other.started and time.monotonic() < deadline:
+                time.sleep(0.02)
+            t0 = time.monotonic()
+            with pytest.raises(PortTaken, match=f"{spec.port} answers /health but no process of this server"):
+                server.wait_ready(60)
+            assert time.monotonic() - t0 < 10 and server.alive  # said at once, not after the 30 s startup
+        finally:
+            server.stop(grace_s=1.0, release_timeout_s=10.0)
+            other.should_exit = True
+            thread.join(10)
+        assert not server.alive
 
 
 def test_the_local_launcher_selects_gpus_by_environment():

@@ -36,6 +36,16 @@ class ServerStartTimeout(ServerError):
         super().__init__(f"server not ready after {timeout_s:g} s (raise the startup timeout if it was still loading)")
 
 
+class PortTaken(ServerError):
+    """Another process answers ``/health`` on the server's port: the server could never bind it, and its readiness
+    (and every figure measured there) would be the other's."""
+
+    def __init__(self, url: str, log_tail: str):
+        self.url, self.log_tail = url, log_tail
+        super().__init__(f"{url} answers /health but no process of this server listens there: another process "
+                         f"holds the port (stop it, or pick another port)")
+
+
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     """The last ``lines`` lines of a server's log file ("" when there is none yet)."""
     try:

@@ -13,6 +13,9 @@ import os
 import random
 import socket
 import threading
+from collections.abc import Iterable
+
+import psutil
 
 from autotune.errors import ConfigError
 
@@ -43,6 +46,21 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def listens(pids: Iterable[int], port: int) -> bool | None:
+    """Whether one of ``pids`` holds a listening socket on ``port``: the server answering there is theirs. None
+    when no process could be read (another user's, a platform that hides them): unknown, never a no."""
+    known = False
+    for pid in pids:
+        try:
+            sockets = psutil.Process(pid).net_connections(kind="inet")
+        except (psutil.NoSuchProcess, psutil.AccessDenied):  # gone, or not ours to read: says nothing
+            continue
+        known = True
+        if any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in sockets):
+            return True
+    return False if known else None
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -33,7 +33,7 @@ from autotune.launch.base import (
 )
 from autotune.launch.health import wait_healthy
 from autotune.launch.memory import used_mib
-from autotune.launch.ports import free_port, port_is_free
+from autotune.launch.ports import free_port, listens, port_is_free
 from autotune.launch.procgroup import group_pids
 from autotune.launch.shm import SHM_DIR, ShmOwnership, ShmSampler, launch_ports, release_semaphores, snapshot
 from autotune.launch.stopping import Release, StopSteps, stop_and_release
@@ -286,7 +286,8 @@ class ServerProcess(LogFile):
         """Return once ``/health`` answers 200; a process that exits ends the wait at once."""
         if self._proc is None and self._attached is None:
             raise ServerError("server not started")
-        wait_healthy(lambda: self.base_url, timeout_s, ended=self.poll, tail=self.log_tail, stop_event=stop_event)
+        wait_healthy(lambda: self.base_url, timeout_s, ended=self.poll, tail=self.log_tail, stop_event=stop_event,
+                     owns_port=lambda: listens(group_pids(self._pgid), self.port))
 
     # -- stop -------------------------------------------------------------------------------------------
     def stop(self, grace_s: float = 10.0, release_timeout_s: float = 30.0) -> int | None:
