@@ -190,10 +190,10 @@ def test_a_port_another_process_takes_while_the_server_loads_is_never_its_readin
             deadline = time.monotonic() + 10
             while not other.started and time.monotonic() < deadline:
                 time.sleep(0.02)
-            t0 = time.monotonic()
+            # said while the server still loads: after its 30 s startup it would have failed to bind and exited
             with pytest.raises(PortTaken, match=f"{spec.port} answers /health but no process of this server"):
                 server.wait_ready(60)
-            assert time.monotonic() - t0 < 10 and server.alive  # said at once, not after the 30 s startup
+            assert server.alive and "bind" not in server.log_text()
         finally:
             server.stop(grace_s=1.0, release_timeout_s=10.0)
             other.should_exit = True
