@@ -11,8 +11,8 @@ import pytest
 from optuna.trial import TrialState
 
 from autotune.config import load_config
-from autotune.results import Capacity, Metrics, Percentiles, TrialResult
-from autotune.search.seeding import NOT_LAUNCHED, recover
+from autotune.results import PORT_TAKEN, Capacity, Metrics, Percentiles, TrialResult
+from autotune.search.seeding import NOT_LAUNCHED, launched, recover
 from autotune.search.study import Sweep, run_study
 from autotune.sglang.memory import plan
 from autotune.sglang.profiles import load_gpu, load_model
@@ -185,6 +185,45 @@ def test_crash_is_fail_with_class_and_log(tmp_path):
     assert t.state == TrialState.FAIL
     assert t.user_attrs["failure"] == "crash" and t.user_attrs["log_path"] == "/logs/0"
     assert len(study.trials) == 2  # crashes count toward the target: they are finished trials
+
+
+class PortTakenOnce(PlannerRunner):
+    """Trial 1's port was taken by another process before its server bound it (``launch.base.PortTaken``)."""
+
+    def __call__(self, config: dict, number: int) -> TrialResult:
+        if number == 1:
+            self.calls.append((number, dict(config)))
+            return TrialResult(status=PORT_TAKEN, config=config, reason="http://127.0.0.1:20001 answers /health but "
+                               "no process of this server listens there: another process holds the port")
+        return super().__call__(config, number)
+
+
+def test_a_port_another_process_took_is_run_again_and_not_counted(tmp_path):
+    cfg = load_config(write_study(tmp_path, trials=3))
+    runner = PortTakenOnce()
+    study = run_study(cfg, runner=runner)
+    trials = study.get_trials()
+    assert trials[1].state == TrialState.FAIL and trials[1].user_attrs["status"] == PORT_TAKEN
+    again = [t for t in trials if t.user_attrs.get("requeued_from") == 1]
+    assert len(again) == 1 and again[0].state == TrialState.COMPLETE and again[0].user_attrs["status"] == "ok"
+    assert again[0].user_attrs["config"] == trials[1].user_attrs["config"]  # the same config, launched afresh
+    assert len(launched(trials)) == 3 and trials[1] not in launched(trials)  # the host's failure costs no budget
+    assert [n for n, _ in runner.calls].count(again[0].number) == 1
+
+
+class PortAlwaysTaken(PlannerRunner):
+    def __call__(self, config: dict, number: int) -> TrialResult:
+        self.calls.append((number, dict(config)))
+        return TrialResult(status=PORT_TAKEN, config=config, reason="another process holds the port")
+
+
+def test_a_host_where_every_port_is_taken_still_ends_its_study(tmp_path):
+    cfg = load_config(write_study(tmp_path, trials=2))
+    study = run_study(cfg, runner=PortAlwaysTaken())
+    trials = study.get_trials()
+    assert all(t.user_attrs["status"] == PORT_TAKEN for t in trials)
+    # each config once more on a fresh port; that second one counts, so two budget units take four launches
+    assert len(trials) == 4 and [t.user_attrs.get("requeued_from") is not None for t in trials].count(True) == 2
 
 
 def test_stale_running_trial_is_failed_and_requeued_once(tmp_path):

@@ -47,10 +47,12 @@ from autotune.harness.workload import (
     window_drift,
 )
 from autotune.launch import Launcher, LaunchSpec, ServerExited, ServerHandle, ServerStartTimeout
+from autotune.launch.base import PortTaken
 from autotune.launch.process import cleanup_orphans, free_port
 from autotune.launch.registry import make_launcher
 from autotune.progress import PhaseInfo
 from autotune.results import (
+    PORT_TAKEN,
     TOO_SLOW,
     UNTRUSTED_STATUSES,
     Capacity,
@@ -256,6 +258,8 @@ def _start(launcher: Launcher, spec: LaunchSpec, launch: Launch) -> tuple[Server
         interrupted = stop_event is not None and stop_event.is_set()
         fields.update({"status": "interrupted" if interrupted else "timeout",
                        "reason": "interrupted while starting" if interrupted else str(exc), "log_tail": exc.log_tail})
+    except PortTaken as exc:
+        fields.update({"status": PORT_TAKEN, "reason": str(exc), "log_tail": exc.log_tail})
     except ServerError as exc:
         fields.update({"status": "crash", "reason": str(exc)})
     except BaseException:  # an interruption or a full disk: the started server goes before it propagates

@@ -46,6 +46,7 @@ OUTCOMES: dict[str, tuple[str, str]] = {
     "probe_error": ("fidelity probe failed", "failed"),
     "too_slow": ("too slow for the window", "failed"),  # alive and progressing, no token in the window
     "write_error": ("write failed (disk)", "failed"),  # the disk's failure, not the config's
+    "port_taken": ("port taken by another process", "failed"),  # the host's, not the config's: run again
     "repeat": ("already measured (not launched)", "repeat"),  # the earlier trial's figure, not a launch of its own
 }
 MEMORY_PARTS = ("weights", "kv", "mamba_states", "spec_intermediates", "graphs", "activations", "other", "headroom")

@@ -24,7 +24,7 @@ from autotune.results.measurement import MeasurementVerdict, Rejections, ServerP
 from autotune.results.stored import from_known, typed
 
 __all__ = [
-    "OOM_STATUSES", "PROBE_ERROR", "REPEAT", "STATUSES", "TOO_SLOW", "UNTRUSTED_STATUSES", "WRITE_ERROR", "Capacity",
+    "OOM_STATUSES", "PORT_TAKEN", "PROBE_ERROR", "REPEAT", "STATUSES", "TOO_SLOW", "UNTRUSTED_STATUSES", "WRITE_ERROR", "Capacity",
     "DevicePeak", "FailureKind", "FidelityFigures", "GpuPeaks", "MeasurementVerdict", "Metrics", "Outcome",
     "Percentiles", "Placement", "Rejections", "ServerProgress", "Status", "StressResult", "TrialResult", "Window",
     "differing_flags", "fidelity_summary", "flag_list", "granted", "granted_line", "halves_drift", "numerics_line",
@@ -32,12 +32,12 @@ __all__ = [
 
 Status = Literal[
     "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
-    "invalid_measurement", "client_bound", "probe_error", "too_slow", "write_error", "repeat",
+    "invalid_measurement", "client_bound", "probe_error", "too_slow", "write_error", "port_taken", "repeat",
 ]
 FailureKind = Literal["startup_oom", "runtime_oom", "crash", "timeout", "bad_args"]
 STATUSES: tuple[str, ...] = (
     "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
-    "invalid_measurement", "client_bound", "probe_error", "too_slow", "write_error", "repeat",
+    "invalid_measurement", "client_bound", "probe_error", "too_slow", "write_error", "port_taken", "repeat",
 )
 OOM_STATUSES: frozenset[str] = frozenset({"startup_oom", "runtime_oom", "skipped_infeasible"})
 # The config ran, but the figure cannot be trusted: the simulated server could not keep pace with its model
@@ -54,6 +54,10 @@ TOO_SLOW: Final = "too_slow"
 # A file of the trial (records, result, log) could not be written (disk full, read-only): not the config's outcome;
 # the trial is failed with the path and free space named and the study stops.
 WRITE_ERROR = "write_error"
+# Another process answered /health on the port picked for the server before the server bound it
+# (``launch.base.PortTaken``): the host's, not the config's; the trial is failed and its config queued again once,
+# on a port picked afresh, and it does not count toward the budget.
+PORT_TAKEN: Final = "port_taken"
 # The search proposed a config the study had already measured (``ok``, the baseline's included): not launched again;
 # the trial is told the earlier trial's figure (``reused_from``) so the sampler learns it, and it costs no budget.
 REPEAT: Final = "repeat"

@@ -10,7 +10,7 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
-from autotune.results import OOM_STATUSES, REPEAT, TrialResult
+from autotune.results import OOM_STATUSES, PORT_TAKEN, REPEAT, WRITE_ERROR, TrialResult
 from autotune.search.pruning import pruned
 from autotune.search.space import key_of
 from autotune.search.storage import dead_running, fail_stale, trial_handle, trial_id
@@ -18,6 +18,7 @@ from autotune.search.storage import dead_running, fail_stale, trial_handle, tria
 INFEASIBLE = OOM_STATUSES | {"bad_args"}  # deterministic: the same config fails the same way
 DUPLICATE = "duplicate"  # a later queued copy of a given config another trial runs: ended unrun
 NOT_LAUNCHED = frozenset({"skipped_infeasible", REPEAT})  # recorded, but no server started: free of the budget
+RUN_AGAIN = frozenset({None, "interrupted", WRITE_ERROR, PORT_TAKEN})  # failed, not by the config: not counted
 
 
 # --- bookkeeping -------------------------------------------------------------------------------------------
@@ -65,11 +66,16 @@ def window_pruned(trial: FrozenTrial) -> bool:
 
 
 def finished(trials: list[FrozenTrial]) -> list[FrozenTrial]:
-    """Trials that count toward the target: everything done except interrupted ones and failed writes (they run
-    again: neither is the config's outcome). A FAIL without a status is one Optuna's heartbeat failed after its
-    worker died: interrupted too."""
-    return [t for t in trials if t.state == TrialState.COMPLETE
-            or (t.state == TrialState.FAIL and t.user_attrs.get("status") not in (None, "interrupted", "write_error"))]
+    """Trials that count toward the target: everything done except interrupted ones, failed writes and ports
+    another process took (they run again: none is the config's outcome). A FAIL without a status is one Optuna's
+    heartbeat failed after its worker died: interrupted too. A port taken again on the run-again counts: a host
+    where every pick races another process must still end its study."""
+    return [t for t in trials if t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and counted_failure(t))]
+
+
+def counted_failure(trial: FrozenTrial) -> bool:
+    status = trial.user_attrs.get("status")
+    return status not in RUN_AGAIN or (status == PORT_TAKEN and trial.user_attrs.get("requeued_from") is not None)
 
 
 def _requeue(study: optuna.Study, trial: FrozenTrial, trials: list[FrozenTrial]) -> None:

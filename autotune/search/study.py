@@ -32,7 +32,7 @@ from autotune.launch.gpulocks import hold_sweep_gpus
 from autotune.launch.groups import group_label
 from autotune.launch.process import cleanup_orphans
 from autotune.progress import PlainProgress
-from autotune.results import REPEAT, WRITE_ERROR, TrialResult
+from autotune.results import PORT_TAKEN, REPEAT, WRITE_ERROR, TrialResult
 from autotune.search.correction import CorrectedFeasibility, known_failure, replay, skip_was_wrong
 from autotune.search.edges import EdgeStarts
 from autotune.search.numerics import record_reference
@@ -410,7 +410,7 @@ class Sweep:
             frozen = study.get_trials(deepcopy=False)
             _requeue(study, next(t for t in frozen if t.number == trial.number), frozen)
             study.tell(trial, state=TrialState.FAIL)
-        elif result.status == WRITE_ERROR:  # the disk's failure, not the config's: run it again once there is room
+        elif result.status in (WRITE_ERROR, PORT_TAKEN):  # the disk's or the host's, not the config's: run it again
             trial.set_user_attr("failure", result.status)
             frozen = study.get_trials(deepcopy=False)
             _requeue(study, next(t for t in frozen if t.number == trial.number), frozen)
