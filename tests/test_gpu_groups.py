@@ -97,15 +97,17 @@ def _registry_holders(devices: Path) -> list[Path]:
     return [p for p in devices.rglob("*.json")] if devices.exists() else []
 
 
+def _trials(path: Path, name: str) -> list[optuna.trial.FrozenTrial]:
+    return optuna.load_study(study_name=name, storage=f"sqlite:///{path.parent / (name + '.db')}").trials
+
+
 def _finished(path: Path, name: str) -> list[optuna.trial.FrozenTrial]:
-    study = optuna.load_study(study_name=name, storage=f"sqlite:///{path.parent / (name + '.db')}")
-    return [t for t in study.trials if t.state == TrialState.COMPLETE and t.user_attrs.get("status") != "repeat"]
+    return [t for t in _trials(path, name) if t.state == TrialState.COMPLETE and t.user_attrs.get("status") != "repeat"]
 
 
 def _launched(path: Path, name: str) -> list[optuna.trial.FrozenTrial]:
     """The trials that started a server: what ``trials`` counts, whatever the host's load made of their windows."""
-    study = optuna.load_study(study_name=name, storage=f"sqlite:///{path.parent / (name + '.db')}")
-    return launched(study.trials)
+    return launched(_trials(path, name))
 
 
 # --- --gpus text, groups, plans ------------------------------------------------------------------------------

@@ -187,20 +187,25 @@ def test_crash_is_fail_with_class_and_log(tmp_path):
     assert len(study.trials) == 2  # crashes count toward the target: they are finished trials
 
 
-class PortTakenOnce(PlannerRunner):
-    """Trial 1's port was taken by another process before its server bound it (``launch.base.PortTaken``)."""
+class PortTakenRunner(PlannerRunner):
+    """The ports of trials ``numbers`` (all: None) were taken by another process before their servers bound them
+    (``launch.base.PortTaken``)."""
+
+    def __init__(self, numbers: set[int] | None = None):
+        super().__init__()
+        self.numbers = numbers
 
     def __call__(self, config: dict, number: int) -> TrialResult:
-        if number == 1:
-            self.calls.append((number, dict(config)))
-            return TrialResult(status=PORT_TAKEN, config=config, reason="http://127.0.0.1:20001 answers /health but "
-                               "no process of this server listens there: another process holds the port")
-        return super().__call__(config, number)
+        if self.numbers is not None and number not in self.numbers:
+            return super().__call__(config, number)
+        self.calls.append((number, dict(config)))
+        return TrialResult(status=PORT_TAKEN, config=config, reason="http://127.0.0.1:20001 answers /health but "
+                           "no process of this server listens there: another process holds the port")
 
 
 def test_a_port_another_process_took_is_run_again_and_not_counted(tmp_path):
     cfg = load_config(write_study(tmp_path, trials=3))
-    runner = PortTakenOnce()
+    runner = PortTakenRunner({1})
     study = run_study(cfg, runner=runner)
     trials = study.get_trials()
     assert trials[1].state == TrialState.FAIL and trials[1].user_attrs["status"] == PORT_TAKEN
@@ -211,15 +216,9 @@ def test_a_port_another_process_took_is_run_again_and_not_counted(tmp_path):
     assert [n for n, _ in runner.calls].count(again[0].number) == 1
 
 
-class PortAlwaysTaken(PlannerRunner):
-    def __call__(self, config: dict, number: int) -> TrialResult:
-        self.calls.append((number, dict(config)))
-        return TrialResult(status=PORT_TAKEN, config=config, reason="another process holds the port")
-
-
 def test_a_host_where_every_port_is_taken_still_ends_its_study(tmp_path):
     cfg = load_config(write_study(tmp_path, trials=2))
-    study = run_study(cfg, runner=PortAlwaysTaken())
+    study = run_study(cfg, runner=PortTakenRunner())
     trials = study.get_trials()
     assert all(t.user_attrs["status"] == PORT_TAKEN for t in trials)
     # each config once more on a fresh port; that second one counts, so two budget units take four launches

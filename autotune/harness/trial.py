@@ -46,8 +46,7 @@ from autotune.harness.workload import (
     replay,
     window_drift,
 )
-from autotune.launch import Launcher, LaunchSpec, ServerExited, ServerHandle, ServerStartTimeout
-from autotune.launch.base import PortTaken
+from autotune.launch import Launcher, LaunchSpec, PortTaken, ServerExited, ServerHandle, ServerStartTimeout
 from autotune.launch.process import cleanup_orphans, free_port
 from autotune.launch.registry import make_launcher
 from autotune.progress import PhaseInfo
@@ -59,6 +58,7 @@ from autotune.results import (
     FailureKind,
     GpuPeaks,
     MeasurementVerdict,
+    Metrics,
     Outcome,
     Placement,
     Status,
@@ -335,11 +335,13 @@ def _replay_window(server: ServerHandle, launch: Launch, concurrency: int) -> tu
     return records, monitor.peaks() if monitor is not None else None
 
 
-def window_verdict(records: ReplayRecords) -> tuple[str | None, str | None, MeasurementVerdict]:
+def window_verdict(records: ReplayRecords, metrics: Metrics | None = None,
+                   ) -> tuple[str | None, str | None, MeasurementVerdict]:
     """``measurement_verdict`` for one window of a loop, which adds ``no_tokens``: a window in which no token
-    arrived measured nothing. (None, None, figures): a trusted figure, the only kind a loop goes on from."""
+    arrived measured nothing. (None, None, figures): a trusted figure, the only kind a loop goes on from.
+    ``metrics``: the window's, where the caller has them already."""
     status, reason, figures = measurement_verdict(records)
-    if status is None and metrics_from_records(records).output_tokens == 0:
+    if status is None and (metrics or metrics_from_records(records)).output_tokens == 0:
         return "no_tokens", "no token arrived inside the window", figures
     return status, reason, figures
 

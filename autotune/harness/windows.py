@@ -57,7 +57,7 @@ class WindowsStep:
 def window_of(records: ReplayRecords, index: int, span: int) -> Window:
     """A replay's figures as one window: a tok/s only where the window measured the server (as the first's)."""
     metrics = metrics_from_records(records)
-    status, reason, figures = window_verdict(records)
+    status, reason, figures = window_verdict(records, metrics)
     # the passes of the requests it sent (a window too short to send one: those it saw)
     passes = ([r.pass_no for r in records.requests if r.sent >= records.window[0]]
               or [r.pass_no for r in records.requests] or [0])

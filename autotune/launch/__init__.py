@@ -18,6 +18,7 @@ from autotune.launch.base import (
     Launcher,
     LauncherFactory,
     LaunchSpec,
+    PortTaken,
     ServerExited,
     ServerHandle,
     ServerStartTimeout,
@@ -34,8 +35,8 @@ if TYPE_CHECKING:
 _CLASSES = {"LocalLauncher": "local", "ContainerLauncher": "container", "SlurmLauncher": "slurm",
             "SshLauncher": "ssh"}  # class → its module, and the name it is registered under
 
-__all__ = ["LAUNCHERS", "ContainerLauncher", "LaunchSpec", "Launcher", "LocalLauncher", "ServerExited", "ServerHandle",
-           "ServerStartTimeout", "SlurmLauncher", "SshLauncher"]
+__all__ = ["LAUNCHERS", "ContainerLauncher", "LaunchSpec", "Launcher", "LocalLauncher", "PortTaken", "ServerExited",
+           "ServerHandle", "ServerStartTimeout", "SlurmLauncher", "SshLauncher"]
 
 
 def __getattr__(name: str) -> Any:

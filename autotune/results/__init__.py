@@ -24,8 +24,8 @@ from autotune.results.measurement import MeasurementVerdict, Rejections, ServerP
 from autotune.results.stored import from_known, typed
 
 __all__ = [
-    "OOM_STATUSES", "PORT_TAKEN", "PROBE_ERROR", "REPEAT", "STATUSES", "TOO_SLOW", "UNTRUSTED_STATUSES", "WRITE_ERROR", "Capacity",
-    "DevicePeak", "FailureKind", "FidelityFigures", "GpuPeaks", "MeasurementVerdict", "Metrics", "Outcome",
+    "OOM_STATUSES", "PORT_TAKEN", "PROBE_ERROR", "REPEAT", "STATUSES", "TOO_SLOW", "UNTRUSTED_STATUSES", "WRITE_ERROR",
+    "Capacity", "DevicePeak", "FailureKind", "FidelityFigures", "GpuPeaks", "MeasurementVerdict", "Metrics", "Outcome",
     "Percentiles", "Placement", "Rejections", "ServerProgress", "Status", "StressResult", "TrialResult", "Window",
     "differing_flags", "fidelity_summary", "flag_list", "granted", "granted_line", "halves_drift", "numerics_line",
 ]

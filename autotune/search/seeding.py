@@ -70,10 +70,11 @@ def finished(trials: list[FrozenTrial]) -> list[FrozenTrial]:
     another process took (they run again: none is the config's outcome). A FAIL without a status is one Optuna's
     heartbeat failed after its worker died: interrupted too. A port taken again on the run-again counts: a host
     where every pick races another process must still end its study."""
-    return [t for t in trials if t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and counted_failure(t))]
+    return [t for t in trials if t.state == TrialState.COMPLETE or (t.state == TrialState.FAIL and _counted(t))]
 
 
-def counted_failure(trial: FrozenTrial) -> bool:
+def _counted(trial: FrozenTrial) -> bool:
+    """Whether a failed trial was the config's outcome (``RUN_AGAIN``: not), or a port taken on its run-again."""
     status = trial.user_attrs.get("status")
     return status not in RUN_AGAIN or (status == PORT_TAKEN and trial.user_attrs.get("requeued_from") is not None)
 
