@@ -73,6 +73,8 @@ def own_devices_ports_and_caches(tmp_path_factory):
         mp.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path_factory.mktemp("sim-devices")))
         mp.setenv("AUTOTUNE_PORT_RANGE", f"{low}-{low + PORTS_PER_WORKER - 1}")
         mp.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+        mp.setenv("HF_HUB_OFFLINE", "1")  # a model id the tests name is never fetched from the Hub
+        mp.setenv("HF_HUB_CACHE", str(tmp_path_factory.mktemp("hf-cache")))
         yield
 
 

@@ -128,8 +128,9 @@ def test_unknown_engine_kind_names_the_registered_ones(tmp_path):
          "(it was renamed or removed; use --mamba-radix-cache-strategy)"),
         (("max_mamba_cache_size = 80 }", 'max_mamba_cache_size = "lots" }'),
          "baseline.flags.max_mamba_cache_size: --max-mamba-cache-size expects an integer, got 'lots'"),
-        (('model = "qwen3.6-27b"', 'model = "qwen3.6-27b"\nsim_gpu = "a100"'),
-         "engine.sim_gpu: unknown GPU 'a100' (use one of b200, h200, h100)"),
+        (('model = "qwen3.6-27b"', 'model = "qwen3.6-27b"\nsim_gpu = "t4"'),
+         "engine.sim_gpu: unknown GPU 't4' (use one of b200, b300, gb200, h200, h100, h20, a100-80g, l40s, "
+         "rtx-pro-6000, mi300x)"),
         (("low = 64, high = 512", "low = 512, high = 64"),
          "space.max_mamba_cache_size: empty range: low (512) must be below high (64) (see the study file reference)"),
     ],

@@ -301,7 +301,7 @@ def test_graph_bucket_lists():
         (["--model", "nope", "--gpu", "b200"], "unknown model 'nope'"),
         (["--model", str(CONFIGS / "malformed.json"), "--gpu", "b200"], "malformed.json: cannot read it as JSON"),
         (["--model", str(CONFIGS / "unsupported.json"), "--gpu", "b200"], "unsupported model_type"),
-        (["--model", "qwen3.6-27b", "--gpu", "a100"], "unknown GPU 'a100'"),
+        (["--model", "qwen3.6-27b", "--gpu", "t4"], "unknown GPU 't4'"),
         (["--model", "qwen3.6-27b", "--gpu", "b200", "--set", "mamba-scheduler-strategy=extra_buffer"],
          "--mamba-radix-cache-strategy"),
     ],

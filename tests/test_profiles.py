@@ -133,7 +133,7 @@ def test_gpus_and_memory_override():
     assert h100.bandwidth == pytest.approx(3.35e12)
     assert b200.peak_flops > h200.peak_flops
     assert load_gpu("b200", memory_mib=100_000).memory_mib == 100_000
-    with pytest.raises(ProfileError, match="unknown GPU 'a100'"):
-        load_gpu("a100")
+    with pytest.raises(ProfileError, match="unknown GPU 't4'"):
+        load_gpu("t4")
     with pytest.raises(ProfileError, match="positive"):
         load_gpu("b200", memory_mib=0)

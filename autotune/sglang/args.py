@@ -193,15 +193,15 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
         strategy = asked
         if asked == "auto":
             strategy = "extra_buffer" if (overlap or (page or 1) > 1) and supports_extra else "no_buffer"
-    # SM100 override for the Qwen3.5 family: trtllm_mha + page 64, except (radix on, no extra_buffer, no spec).
-    if backend is None and model.family == "qwen3_5" and gpu.arch == "sm100":
+    # SM100 override for the Qwen3.5/Next hybrids: trtllm_mha + page 64, except (radix on, no extra_buffer, no spec).
+    if backend is None and model.qwen_sm100_override and gpu.arch == "sm100":
         if not radix_off and not strategy.startswith("extra_buffer") and not spec.on:
             backend, page = "triton", page or 1
         else:
             backend, page = "trtllm_mha", page or 64
             if asked == "auto" and strategy == "no_buffer" and supports_extra:
                 strategy = "extra_buffer"  # auto picks extra_buffer once page_size > 1
-    backend = backend or ("fa3" if gpu.arch == "sm90" else "flashinfer")
+    backend = backend or gpu.default_attention_backend
     page = int(page or 1)
     if strategy == "no_buffer":
         overlap = False  # SGLang forces --disable-overlap-schedule for no_buffer

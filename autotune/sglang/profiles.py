@@ -1,8 +1,9 @@
-"""Model and GPU profiles: the numbers SGLang's memory arithmetic and the speed model need.
+"""Model profiles: the numbers SGLang's memory arithmetic and the speed model need.
 
-A model profile is built from a HuggingFace ``config.json`` (bundled ones are real configs plus the weight
-sizes SGLang logged for them). Supported: ``qwen3_5`` (Qwen3.5/3.6 hybrids, incl. a nested ``text_config``),
-``qwen3_next``, and plain dense llama/qwen2/qwen3/mistral transformers (no Mamba pool).
+A profile is built from a HuggingFace ``config.json`` of any family in ``sglang.families`` (bundled ones are
+real configs plus the weight sizes SGLang logged for them); its weights come from the checkpoint's safetensors
+index or shard headers beside it when they are there (``sglang.checkpoint``), else from arithmetic, named an
+estimate. GPU profiles live in ``sglang.gpus``.
 """
 
 from __future__ import annotations
@@ -13,16 +14,25 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ProfileError
+from autotune.sglang.checkpoint import CheckpointBytes, Quantization, quantization, read_checkpoint
+from autotune.sglang.families import (
+    EXTRA_BUFFER_ARCHS,
+    NOT_IN_SGLANG,
+    Family,
+    LinearState,
+    family_of,
+    supported_types,
+)
+from autotune.sglang.gpus import GIB, GPUS, MIB, GpuProfile, load_gpu
+from autotune.sglang.hub import find_model
 
-GIB = 2**30
-MIB = 2**20
+__all__ = ["GIB", "GPUS", "MIB", "BUNDLED", "GpuProfile", "ModelProfile", "dtype_bytes", "from_hf_config", "load_gpu",
+           "load_model", "vit_factor"]
 
 # Bytes per element; block-scaled formats include their scales (mxfp8: 1 B + 1/32; nvfp4: 0.5 B + 1/16).
 _DTYPE_BYTES: dict[str, float] = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
                                   "half": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "mxfp8": 1.03125, "nvfp4": 0.5625,
                                   "fp4_mx_block16": 0.5625}
-DENSE_TYPES = ("llama", "qwen2", "qwen3", "mistral")
-HYBRID_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_next")
 # Activation temporaries of one forward, per token, are kept by torch's caching allocator in blocks that do not
 # fit the next differently sized tensor; the observed peak is this much above the live sum (see
 # docs/sglang-memory.md; chosen so the seed's 0.93 run fits and ≥ 0.95 does not, docs/sglang-memory.md §4).
@@ -43,11 +53,11 @@ class ModelProfile:
     num_kv_heads: int
     head_dim: int
     v_head_dim: int
-    linear_k_heads: int = 0
-    linear_v_heads: int = 0
-    linear_k_dim: int = 0
-    linear_v_dim: int = 0
-    conv_kernel: int = 0
+    linear: LinearState | None = None  # one linear-attention layer's state shape (None: no Mamba pool)
+    family_name: str = "dense"
+    qwen_sm100_override: bool = False  # the Qwen3.5/Next SM100 backend override applies
+    quant_method: str = "none"  # the checkpoint's weight quantization (fp8, fp8-block, nvfp4, int4, …)
+    weights_source: str = "arithmetic"  # index | headers | arithmetic | SGLang log (bundled)
     ssm_dtype: str = "float32"  # config ``mamba_ssm_dtype`` (SGLang's default when the flag is unset)
     hidden: int
     ffn: int  # dense MLP width; for MoE the per-token active expert width (top-k × expert + shared)
@@ -73,28 +83,27 @@ class ModelProfile:
         return self.linear_layers > 0
 
     @property
-    def family(self) -> str:
-        return "qwen3_5" if self.model_type.startswith("qwen3_5") else self.model_type
+    def conv_dim(self) -> int:
+        return self.linear.conv_dim() if self.linear else 0
 
     @property
-    def conv_dim(self) -> int:
-        return self.linear_v_heads * self.linear_v_dim + 2 * self.linear_k_heads * self.linear_k_dim
+    def conv_kernel(self) -> int:
+        return self.linear.conv_kernel if self.linear else 0
 
     def mamba_conv_bytes(self, tp: int = 1, conv_dtype: str = "bfloat16") -> int:
         """Conv state of one slot, all linear layers, per rank."""
-        if not self.has_mamba:
+        if not self.linear or not self.has_mamba:
             return 0
-        return int(self.linear_layers * (self.conv_dim // tp) * (self.conv_kernel - 1) * dtype_bytes(conv_dtype))
+        return int(self.linear_layers * self.linear.conv_elems(tp) * dtype_bytes(conv_dtype))
 
     def mamba_ssm_bytes(self, tp: int = 1, ssm_dtype: str | None = None) -> int:
         """Temporal (ssm) state of one slot, all linear layers, per rank."""
-        if not self.has_mamba:
+        if not self.linear or not self.has_mamba:
             return 0
-        heads = max(1, self.linear_v_heads // tp)
-        return int(self.linear_layers * heads * self.linear_v_dim * self.linear_k_dim * dtype_bytes(ssm_dtype or self.ssm_dtype))
+        return int(self.linear_layers * self.linear.ssm_elems(tp) * dtype_bytes(ssm_dtype or self.ssm_dtype))
 
     def mamba_slot_bytes(self, tp: int = 1, ssm_dtype: str | None = None) -> int:
-        """P: one Mamba slot (conv + ssm over all linear layers) per rank (``srt/configs/mamba_utils.py``, ``srt/configs/qwen3_next.py``)."""
+        """P: one Mamba slot (conv + ssm over all linear layers) per rank (``mamba_cache_per_req``, ``srt/configs/mamba_utils.py`` L112-124)."""
         return self.mamba_conv_bytes(tp) + self.mamba_ssm_bytes(tp, ssm_dtype)
 
     def kv_cell_bytes(self, tp: int = 1, kv_dtype: str = "bfloat16", with_draft: bool = False) -> int:
@@ -122,35 +131,6 @@ class ModelProfile:
         hidden_part = 6 * self.hidden * self.dtype_bytes
         sharded = self.act_bytes_per_token - hidden_part
         return tokens * (hidden_part + sharded / tp)
-
-
-@dataclass(frozen=True, kw_only=True)
-class GpuProfile:
-    """One GPU model: what nvidia-smi reports and the roofline figures."""
-
-    name: str
-    memory_mib: int  # nvidia-smi memory.total (what SGLang's mem-fraction heuristic reads)
-    bandwidth: float  # HBM bytes/s
-    peak_flops: float  # dense bf16 FLOP/s
-    arch: str  # sm100 | sm90
-    cuda_context_gib: float = 0.5
-
-    @property
-    def memory_gib(self) -> float:
-        return self.memory_mib * MIB / GIB
-
-    def tier(self, tp: int = 1) -> tuple[int, int]:
-        """SGLang's defaults by nvidia-smi size: (chunked_prefill_size, decode cuda-graph max bs) (``srt/arg_groups/memory_hook.py``; docs/sglang-memory.md §2)."""
-        gib = self.memory_mib / 1024
-        if gib < 20:
-            return 2048, 8
-        if gib < 35:
-            return 4096, 48 if tp < 4 else 160
-        if gib < 60:
-            return 4096, 32 if tp < 4 else 160
-        if gib < 160:
-            return 8192, 256 if tp < 4 else 512
-        return 16384, 512
 
 
 # Bundled models: the public config.json fields that matter, plus what SGLang logged for them
@@ -184,13 +164,6 @@ BUNDLED: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "qwen3-next-80b-a3b": (_QWEN3_NEXT_80B, {}),
 }
 
-GPUS: dict[str, GpuProfile] = {
-    "b200": GpuProfile(name="b200", memory_mib=183_359, bandwidth=8.0e12, peak_flops=2.25e15, arch="sm100"),
-    "h200": GpuProfile(name="h200", memory_mib=143_771, bandwidth=4.8e12, peak_flops=0.99e15, arch="sm90"),
-    "h100": GpuProfile(name="h100", memory_mib=81_559, bandwidth=3.35e12, peak_flops=0.99e15, arch="sm90"),
-}
-
-
 def dtype_bytes(name: str | None) -> float:
     key = (name or "bfloat16").lower().replace("torch.", "")
     if key == "auto":
@@ -200,22 +173,10 @@ def dtype_bytes(name: str | None) -> float:
     return _DTYPE_BYTES[key]
 
 
-def load_gpu(name: str, *, memory_mib: int | None = None) -> GpuProfile:
-    """A bundled GPU (``b200``, ``h200``, ``h100``), optionally with another total memory (MiB)."""
-    key = str(name).strip().lower().removeprefix("nvidia-").removeprefix("nvidia ")
-    if key not in GPUS:
-        raise ProfileError(f"unknown GPU {name!r}", key="gpu", fix=f"use one of {', '.join(GPUS)}")
-    gpu = GPUS[key]
-    if memory_mib is not None:
-        if int(memory_mib) <= 0:
-            raise ProfileError(f"GPU memory must be positive, got {memory_mib}", key="memory_mib")
-        gpu = replace(gpu, memory_mib=int(memory_mib))
-    return gpu
-
-
 def load_model(name_or_path: str | Path) -> ModelProfile:
     """A bundled model (``qwen3.6-27b``, ``qwen3-next-80b-a3b``, or their HuggingFace ids such as
-    ``Qwen/Qwen3.6-27B``) or a HF ``config.json`` / a model directory holding one (a local path wins)."""
+    ``Qwen/Qwen3.6-27B``), a HF ``config.json`` or a folder holding one (with the safetensors index or shards
+    beside it for exact weights; a local path wins), or a HuggingFace model id (``sglang.hub``)."""
     key = str(name_or_path).strip()
     path = Path(key).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
@@ -225,31 +186,37 @@ def load_model(name_or_path: str | Path) -> ModelProfile:
     bundled = _bundled_name(key)
     if bundled:
         config, measured = BUNDLED[bundled]
-        return replace(from_hf_config(config, name=bundled, source=f"bundled profile {bundled}"), **measured)
+        return replace(from_hf_config(config, name=bundled, source=f"bundled profile {bundled}"), **measured,
+                       weights_source="SGLang log (bundled)" if measured else "arithmetic")
+    folder = find_model(key)  # a model id: the local HuggingFace cache, or its two small files from the Hub
+    if folder is not None:
+        return _load_config_file(folder / "config.json", name=key.rstrip("/").rsplit("/", 1)[-1])
     raise ProfileError(
-        f"unknown model {key!r}: not a bundled profile and no config.json there",
-        key="model", fix=f"use one of {', '.join(BUNDLED)} or a path to a HuggingFace config.json",
+        f"unknown model {key!r}: not a bundled profile, no config.json there, not in the HuggingFace cache",
+        key="model", fix=f"use one of {', '.join(BUNDLED)}, a folder with config.json (and "
+                         "model.safetensors.index.json), or an org/name HuggingFace id with network access",
     )
 
 
 def _bundled_name(key: str) -> str | None:
     """``Qwen/Qwen3.6-27B`` and ``qwen3-next-80b-a3b-instruct`` name bundled profiles too (a sim launch passes
-    SGLang's ``--model-path``, which is usually a HuggingFace id)."""
+    SGLang's ``--model-path``, which is usually a HuggingFace id). A quantized id (``-FP8``) does not."""
     name = key.lower().rstrip("/").rsplit("/", 1)[-1]
-    for suffix in ("-instruct", "-thinking", "-fp8"):
+    for suffix in ("-instruct", "-thinking"):
         name = name.removesuffix(suffix)
     return name if name in BUNDLED else None
 
 
-def _load_config_file(path: Path) -> ModelProfile:
+def _load_config_file(path: Path, *, name: str | None = None) -> ModelProfile:
     try:
         config = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProfileError(f"cannot read it as JSON: {exc}", file=str(path)) from exc
     if not isinstance(config, dict):
         raise ProfileError("expected a JSON object", file=str(path))
-    return from_hf_config(config, name=path.parent.name if path.name == "config.json" else path.stem,
-                          source=str(path))
+    checkpoint = read_checkpoint(path.parent) if path.name == "config.json" else None
+    return from_hf_config(config, name=name or (path.parent.name if path.name == "config.json" else path.stem),
+                          source=str(path), checkpoint=checkpoint)
 
 
 def _need(cfg: dict[str, Any], key: str, source: str, kind: type = int) -> Any:
@@ -261,47 +228,80 @@ def _need(cfg: dict[str, Any], key: str, source: str, kind: type = int) -> Any:
     return value
 
 
-def _model_type(config: dict[str, Any], cfg: dict[str, Any], source: str) -> tuple[str, str]:
-    """(model_type, architecture), rejecting what the planner does not model."""
-    model_type = str(config.get("model_type") or cfg.get("model_type") or "")
+def _family(config: dict[str, Any], cfg: dict[str, Any], source: str) -> tuple[Family, str, str]:
+    """(family, model_type, architecture), rejecting what SGLang 0.5.23 does not serve."""
+    model_type = str(cfg.get("model_type") or config.get("model_type") or "")
     archs = config.get("architectures") or cfg.get("architectures") or []
     arch = str(archs[0]) if archs else ""
-    if model_type not in HYBRID_TYPES + DENSE_TYPES:
+    family = family_of(model_type) or family_of(str(config.get("model_type") or ""))
+    if family is None:
+        why = NOT_IN_SGLANG.get(model_type.split("_")[0], "")
         raise ProfileError(
-            f"unsupported model_type {model_type or None!r} (architecture {arch or '?'})", file=source,
-            key="model_type", fix=f"supported: {', '.join(('qwen3_5', 'qwen3_next') + DENSE_TYPES)}",
+            f"unsupported model_type {model_type or None!r} (architecture {arch or '?'}){': ' + why if why else ''}",
+            file=source, key="model_type", fix=f"supported: {', '.join(supported_types())}",
         )
-    if "quantization_config" in cfg:
-        raise ProfileError("quantized checkpoints are not modelled", file=source, key="quantization_config",
-                           fix="point at the bf16 checkpoint's config.json")
-    return model_type, arch
+    return family, model_type, arch
 
 
-def _linear_attention(cfg: dict[str, Any], layers: int, source: str) -> tuple[int, int, int, int, int, int]:
-    """(key heads, value heads, key dim, value dim, conv kernel, full-attention layers) of a hybrid model."""
-    kh, vh = _need(cfg, "linear_num_key_heads", source), _need(cfg, "linear_num_value_heads", source)
-    kd, vd = _need(cfg, "linear_key_head_dim", source), _need(cfg, "linear_value_head_dim", source)
-    kernel = _need(cfg, "linear_conv_kernel_dim", source)
-    layer_types = cfg.get("layer_types")
-    if isinstance(layer_types, list) and len(layer_types) == layers:
-        full = sum(1 for t in layer_types if t == "full_attention")
-    else:
-        interval = _need(cfg, "full_attention_interval", source)
-        full = sum(1 for i in range(layers) if (i + 1) % interval == 0)
-    return kh, vh, kd, vd, kernel, full
+@dataclass(frozen=True)
+class _Arith:
+    """Parameter counts from ``config.json`` (an estimate of the checkpoint), split the way the planner needs."""
+
+    embed: int  # the input embedding table
+    lm_head: int  # 0 when tied
+    quantizable: int  # attention, MLP/expert and (unless kept) mixer projections of the target's layers
+    kept: int  # target parameters a quantized checkpoint keeps in 16 bits (mixers as the recipe says)
+    active_quantizable: int  # what one token reads of ``quantizable`` (routed experts: top-k of them)
+    mtp_layer: int  # one MTP layer (a full-attention decoder layer + the 2h→h fusion)
+    mtp_active: int
+    vit: int
+    active_ffn: int  # FFN width one token goes through (MoE: top-k experts + shared)
+    attn: int  # one full-attention layer's projections
 
 
-def _mlp(cfg: dict[str, Any], hidden: int, source: str) -> tuple[int, int, int]:
-    """(active FFN width per token, MLP params per layer in total, MLP params per layer active per token)."""
-    experts = int(cfg.get("num_experts") or 0)
-    if not experts:
-        active_ffn = _need(cfg, "intermediate_size", source)
-        return active_ffn, 3 * hidden * active_ffn, 3 * hidden * active_ffn
-    top_k = int(cfg.get("num_experts_per_tok") or 1)
-    expert_ffn = _need(cfg, "moe_intermediate_size", source)
-    shared_ffn = int(cfg.get("shared_expert_intermediate_size") or 0)
-    active_ffn = top_k * expert_ffn + shared_ffn
-    return active_ffn, 3 * hidden * (experts * expert_ffn + shared_ffn) + hidden * experts, 3 * hidden * active_ffn
+def _mlp_params(fam: Family, cfg: dict[str, Any], hidden: int, kind: str | None) -> tuple[int, int, int]:
+    """(params, params one token reads, FFN width one token goes through) of one MLP block."""
+    mm = fam.mlp_matrices
+    if kind is None:
+        return 0, 0, 0
+    if kind == "dense":
+        ffn = int(cfg.get("intermediate_size") or cfg.get("ffn_hidden_size") or 0)
+        return mm * hidden * ffn, mm * hidden * ffn, ffn
+    experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
+    top_k = int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or 1)
+    expert_ffn = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
+    shared = int(cfg.get("shared_expert_intermediate_size") or cfg.get("moe_shared_expert_intermediate_size")
+                 or cfg.get("shared_intermediate_size") or 0)
+    shared += int(cfg.get("num_shared_experts") or 0) * expert_ffn
+    total = mm * hidden * (experts * expert_ffn + shared) + hidden * experts
+    return total, mm * hidden * (top_k * expert_ffn + shared), top_k * expert_ffn + shared
+
+
+def _arith(fam: Family, cfg: dict[str, Any], blocks: list[tuple[Any, Any]], state: LinearState | None,
+           q: Quantization, dims: tuple[int, int, int, int, int], vision: dict[str, Any] | None) -> _Arith:
+    hidden, heads, kv_heads, head_dim, vocab = dims
+    gate = 2 if fam.gated_attention else 1
+    attn = hidden * heads * head_dim * gate + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
+    mixer = state.mixer_params(hidden) if state else 0
+    quant = kept = active = 0
+    ffn_active = 0
+    for mix, mlp in blocks:
+        a = attn if mix in ("attention", "both") else 0
+        m = mixer if mix in ("linear", "both") else 0
+        total, act, ffn = _mlp_params(fam, cfg, hidden, mlp)
+        ffn_active = max(ffn_active, ffn)
+        mixer_q = 0 if q.keeps_mixer else m
+        quant += a + total + mixer_q
+        kept += m - mixer_q
+        active += a + act + mixer_q
+    last_mlp = next((mlp for _, mlp in reversed(blocks) if mlp), "dense")
+    mtp_total, mtp_act, _ = _mlp_params(fam, cfg, hidden, last_mlp)
+    embed = vocab * hidden
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    return _Arith(embed=embed, lm_head=0 if tied else embed, quantizable=quant, kept=kept,
+                  active_quantizable=active, mtp_layer=attn + mtp_total + 2 * hidden * hidden,
+                  mtp_active=attn + mtp_act + 2 * hidden * hidden, vit=_vit_params(vision), active_ffn=ffn_active,
+                  attn=attn)
 
 
 def _vit_params(vision: dict[str, Any] | None) -> int:
@@ -313,59 +313,91 @@ def _vit_params(vision: dict[str, Any] | None) -> int:
     return v_depth * (4 * v_hidden * v_hidden + 2 * v_hidden * v_ffn)
 
 
-def from_hf_config(config: dict[str, Any], *, name: str, source: str = "config.json") -> ModelProfile:
-    """Build a profile from a HuggingFace config dict; weights are estimated from the parameter count."""
+def _weights(a: _Arith, q: Quantization, nbytes: int, mtp: int, ck: CheckpointBytes | None,
+             ) -> tuple[float, float, float, float, str]:
+    """(target bytes, draft bytes, streamed bytes per target step, per draft pass, source): from the checkpoint's
+    files when given (the arithmetic only splits them), else the arithmetic."""
+    wq, w16 = q.weight_bytes, nbytes
+    target = a.quantizable * wq + (a.kept + a.embed + a.lm_head + a.vit) * w16
+    mtp_file = mtp * a.mtp_layer * wq
+    streamed = a.active_quantizable * wq + (a.kept + a.embed) * w16  # lm_head (or the tied table) once a step
+    draft_streamed = mtp * a.mtp_active * wq + a.embed * w16
+    source = "arithmetic"
+    if ck is not None:
+        if ck.draft is not None:
+            mtp_file = float(ck.draft) if ck.has_draft_tensors else 0.0
+        elif not ck.has_draft_tensors:
+            mtp_file = 0.0
+        else:
+            mtp_file *= ck.total / max(1.0, target + mtp_file)
+        scale = (ck.total - mtp_file) / max(1.0, target)
+        target, streamed, source = ck.total - mtp_file, streamed * scale, ck.source
+    # SGLang's MTP draft loads its layers plus its own embedding and lm_head copy.
+    draft = mtp_file + 2 * a.embed * w16 if mtp else 0.0
+    return target, draft, streamed, draft_streamed if mtp else 0.0, source
+
+
+def from_hf_config(config: dict[str, Any], *, name: str, source: str = "config.json",
+                   checkpoint: CheckpointBytes | None = None) -> ModelProfile:
+    """Build a profile from a HuggingFace config dict; weights from ``checkpoint`` (the safetensors index or
+    shard headers) when given, else estimated from the parameter count and the quantization scheme."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
     cfg = {**config, **text} if text else dict(config)
-    model_type, arch = _model_type(config, cfg, source)
+    fam, model_type, arch = _family(config, cfg, source)
     hidden = _need(cfg, "hidden_size", source)
-    layers = _need(cfg, "num_hidden_layers", source)
     heads = _need(cfg, "num_attention_heads", source)
+    layers = int(cfg.get("num_hidden_layers") or 0)
+    try:
+        blocks = fam.layers(cfg, layers)
+        state = fam.state(cfg) if fam.state else None
+    except ProfileError as exc:
+        raise ProfileError(exc.message, file=source, key=exc.key, fix=exc.fix) from None
+    if not blocks:
+        raise ProfileError("missing required field 'num_hidden_layers'", file=source, key="num_hidden_layers")
+    layers = len(blocks)
     kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
+    head_dim = int(cfg.get("head_dim") or cfg.get("attention_head_dim") or hidden // heads)
+    v_head_dim = head_dim
+    if cfg.get("kv_lora_rank"):  # MLA (Kimi-Linear's full attention): one latent "head", not split over TP
+        kv_heads, head_dim, v_head_dim = 1, int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0), 0
     vocab = _need(cfg, "vocab_size", source)
-    hybrid = model_type in HYBRID_TYPES
-    kh, vh, kd, vd, kernel, full = _linear_attention(cfg, layers, source) if hybrid else (0, 0, 0, 0, 0, layers)
-    linear = layers - full
-    active_ffn, mlp_total, mlp_active = _mlp(cfg, hidden, source)
-    gate = 2 if hybrid else 1  # Qwen3.5/Next full attention has an output gate: q_proj is twice as wide
-    attn = hidden * heads * head_dim * gate + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
-    conv_dim = vh * vd + 2 * kh * kd
-    gdn = hidden * (2 * kh * kd + 2 * vh * vd + 2 * vh) + conv_dim * kernel + vh * vd * hidden
-    embed = vocab * hidden
-    tied = bool(cfg.get("tie_word_embeddings", False))
-    body_total = full * (attn + mlp_total) + linear * (gdn + mlp_total)
-    body_active = full * (attn + mlp_active) + linear * (gdn + mlp_active)
-    lm_head = 0 if tied else embed
-    mtp = int(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
+    full = sum(1 for mix, _ in blocks if mix in ("attention", "both"))
+    linear = sum(1 for mix, _ in blocks if mix in ("linear", "both")) if state else 0
+    q = quantization(cfg, source)
     vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else None
-    vit_params = _vit_params(vision)
+    attn_heads_dim = int(cfg.get("head_dim") or cfg.get("attention_head_dim") or hidden // heads)
+    a = _arith(fam, cfg, blocks, state, q, (hidden, heads, int(cfg.get("num_key_value_heads") or heads),
+                                               attn_heads_dim, vocab), vision)
+    mtp = int(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
     nbytes = int(dtype_bytes(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")))
     nbytes = 2 if nbytes == 4 else nbytes  # SGLang's dtype=auto serves fp32 checkpoints in bf16
-    # One MTP layer = a full-attention decoder layer + the 2h→h fusion; SGLang loads its own embed/lm_head copy.
-    draft_params = mtp * (attn + mlp_total + 2 * hidden * hidden) + (2 * embed if mtp else 0)
-    streamed = (body_active + embed) * nbytes  # lm_head (or the tied table) is read once per step; lookups are not
-    draft_streamed = mtp * (attn + mlp_active + 2 * hidden * hidden) * nbytes + embed * nbytes
-    mixer_width = max(heads * head_dim * gate + 2 * kv_heads * head_dim, 2 * kh * kd + 2 * vh * vd + 2 * vh)
+    target, draft, streamed, draft_streamed, weights_source = _weights(a, q, nbytes, mtp, checkpoint)
+    gate = 2 if fam.gated_attention else 1
+    mixer_width = heads * attn_heads_dim * gate + 2 * kv_heads * head_dim
+    scan = 0
+    if state:
+        mixer_width = max(mixer_width, 2 * state.groups * state.state + 2 * state.intermediate + 2 * state.heads)
+        scan = 4 * 2 * (state.conv_dim() + state.intermediate)  # the chunked scan's fp32 q/k/v + output
     # Live temporaries per prefill token: MLP gate/up + activation, six hidden-size buffers (residual, norms,
-    # mixer and MLP outputs), the mixer's projections, and the GDN chunked scan's fp32 q/k/v + output.
-    act = nbytes * (3 * active_ffn + 6 * hidden + mixer_width) + (4 * 2 * (conv_dim + vh * vd) if hybrid else 0)
-    per_tok_attn = 4 * full * heads * head_dim * 1024  # attention over a ~1K context, both matmuls
+    # mixer and MLP outputs), the mixer's projections, and the linear-attention scan's buffers.
+    act = nbytes * (3 * a.active_ffn + 6 * hidden + mixer_width) + scan
+    per_tok_attn = 4 * full * heads * attn_heads_dim * 1024  # attention over a ~1K context, both matmuls
+    body_active = a.active_quantizable + a.kept
     return ModelProfile(
         name=name, model_type=model_type, architecture=arch, num_layers=layers, full_layers=full,
-        linear_layers=linear, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, v_head_dim=head_dim,
-        linear_k_heads=kh, linear_v_heads=vh, linear_k_dim=kd, linear_v_dim=vd, conv_kernel=kernel,
-        ssm_dtype=str(cfg.get("mamba_ssm_dtype") or "float32"), hidden=hidden, ffn=active_ffn, vocab=vocab,
-        mtp_layers=mtp,
-        target_weights_gib=(body_total + embed + lm_head + vit_params) * nbytes / GIB,
-        draft_weights_gib=draft_params * nbytes / GIB,
-        streamed_weight_bytes=float(streamed), streamed_draft_bytes=float(draft_streamed if mtp else 0),
-        flops_per_token=float(2 * (body_active + lm_head + (0 if lm_head else embed)) + per_tok_attn),
-        draft_flops_per_token=float(2 * (mtp * (attn + mlp_active + 2 * hidden * hidden) + embed) if mtp else 0),
+        linear_layers=linear, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim,
+        linear=state, family_name=fam.name, qwen_sm100_override=fam.qwen_sm100_override, quant_method=q.method,
+        weights_source=weights_source, ssm_dtype=str(cfg.get("mamba_ssm_dtype") or "float32"), hidden=hidden,
+        ffn=a.active_ffn, vocab=vocab, mtp_layers=mtp, target_weights_gib=target / GIB,
+        draft_weights_gib=draft / GIB, streamed_weight_bytes=float(streamed),
+        streamed_draft_bytes=float(draft_streamed),
+        flops_per_token=float(2 * (body_active + (a.lm_head or a.embed)) + per_tok_attn),
+        draft_flops_per_token=float(2 * (mtp * a.mtp_active + a.embed) if mtp else 0),
         context_len=int(cfg.get("max_position_embeddings") or 4096),
         multimodal=vision is not None, vit_hidden=int(vision.get("hidden_size") or 0) if vision else 0,
         vit_layers=int(vision.get("num_hidden_layers") or 24) if vision else 24,
-        dtype_bytes=nbytes, extra_buffer_arch=hybrid,
+        dtype_bytes=nbytes, extra_buffer_arch=bool(state) and (arch in EXTRA_BUFFER_ARCHS or (
+            not arch and fam.qwen_sm100_override)),
         spec_defaults=(5, 4, 8) if model_type in ("llama", "mistral") else (3, 1, 4),
         act_bytes_per_token=float(act),
     )
