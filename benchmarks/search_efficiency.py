@@ -61,7 +61,12 @@ CASES = {  # name: (study file, model profile override, fixed flags added)
     "qwen3.6-27b-h200": ("studies/qwen3.6-27b-h200.toml", None, {}),
     # 148 GiB of bf16 weights do not fit one H200: the 80B model runs tensor-parallel on two.
     "qwen3-next-80b-a3b-h200": ("studies/qwen3.6-27b-h200.toml", "qwen3-next-80b-a3b", {"tp_size": 2}),
+    # A MoE hybrid (the planner's active-expert streaming) and a quantized checkpoint (bytes per FP8 weight), each
+    # from its shipped study: these two are not in the default run (``--cases`` names them).
+    "qwen3.5-35b-a3b-h200": ("studies/qwen3.5-35b-a3b-h200.toml", None, {}),
+    "qwen3.6-27b-fp8-h100": ("studies/qwen3.6-27b-fp8-h100.toml", None, {}),
 }
+DEFAULT_CASES = ("qwen3.6-27b-b200", "qwen3.6-27b-h200", "qwen3-next-80b-a3b-h200")
 
 
 # Workloads: (prompt lengths in tokens, max_tokens, the hidden natural output mean's range as a share of max_tokens).
@@ -330,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--budgets", default="10,20")
-    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--cases", default=",".join(DEFAULT_CASES))
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--quick", action="store_true", help="3 seeds, budgets 10,20, the seed case and workload only")
     ap.add_argument("--no-truth", action="store_true", help="turn the hidden deviations off (the planner is exact)")
@@ -390,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         " --single-noise" if args.single_noise else f" --launch-cv {args.launch_cv:g}" if args.launch_cv != LAUNCH_CV
         else "") + (f" --truth-seed {args.truth_seed}" if args.truth_seed != TRUTH_SEED else "") + (
         f" --strategies {args.strategies}" if args.strategies else "") + (
-        f" --cases {args.cases}" if args.cases != ",".join(CASES) and not args.quick else "") + (
+        f" --cases {args.cases}" if args.cases != ",".join(DEFAULT_CASES) and not args.quick else "") + (
         f" --workloads {args.workloads}" if args.workloads != ",".join(WORKLOADS) and not args.quick else "") + (
         f" --budgets {args.budgets}" if args.budgets != "10,20" and not args.quick else "") + (
         " --proposals" if args.proposals else "")

@@ -11,14 +11,16 @@ from rich.table import Table
 
 from autotune.sglang.envs import parse_envs
 from autotune.sglang.flags import parse_sets
+from autotune.sglang.gpus import GPUS, GpuProfile
 from autotune.sglang.memory import plan as make_plan
-from autotune.sglang.profiles import load_gpu, load_model
+from autotune.sglang.profiles import ModelProfile, load_gpu, load_model
 
 
 @click.command("plan")
 @click.option("--model", "model_name", required=True,
-              help="Bundled profile (qwen3.6-27b, qwen3-next-80b-a3b) or a HuggingFace config.json / model dir.")
-@click.option("--gpu", "gpu_name", required=True, help="GPU profile: b200, h200 or h100.")
+              help="Bundled profile (qwen3.6-27b, qwen3-next-80b-a3b), a folder with config.json (and the "
+                   "safetensors index for exact weights), or a HuggingFace id.")
+@click.option("--gpu", "gpu_name", required=True, help=f"GPU profile: {', '.join(GPUS)}.")
 @click.option("--gpu-memory-mib", type=click.IntRange(min=1), help="Override the GPU's total memory (MiB).")
 @click.option("--free-gib", type=click.FloatRange(min=0), help="Memory free before load (default: total − context).")
 @click.option("--set", "sets", multiple=True, metavar="FLAG=VALUE",
@@ -31,13 +33,28 @@ def plan(model_name: str, gpu_name: str, gpu_memory_mib: int | None, free_gib: f
          sets: tuple[str, ...], envs: tuple[str, ...], as_json: bool) -> None:
     """Print what SGLang 0.5.23 would allocate, and whether it would start."""
     flags, env = parse_sets(sets), parse_envs(envs)
-    memory_plan = make_plan(load_model(model_name), load_gpu(gpu_name, memory_mib=gpu_memory_mib), flags,
-                            free_gib=free_gib, env=env)
-    data = memory_plan.to_dict()
+    model, gpu = load_model(model_name), load_gpu(gpu_name, memory_mib=gpu_memory_mib)
+    memory_plan = make_plan(model, gpu, flags, free_gib=free_gib, env=env)
+    data = {**memory_plan.to_dict(), "sources": sources(model, gpu, overridden=gpu_memory_mib is not None)}
     if as_json:
         click.echo(json.dumps(data, indent=2, default=str))
         return
     _render(data, env)
+
+
+_WEIGHTS_FROM = {"index": "the safetensors index's total_size", "headers": "the shards' safetensors headers",
+                 "arithmetic": "an estimate from config.json (no safetensors index beside it)"}
+
+
+def sources(model: ModelProfile, gpu: GpuProfile, *, overridden: bool) -> dict[str, str]:
+    """Where the plan's inputs came from: the model's family and weights, the GPU's memory."""
+    quant = "" if model.quant_method == "none" else f", {model.quant_method} weights"
+    return {"model": f"{model.name}: {model.family_name} family ({model.model_type}){quant}",
+            "weights": f"{_WEIGHTS_FROM.get(model.weights_source, model.weights_source)} "
+                       f"({model.target_weights_gib:.2f} GiB target"
+                       f"{f', {model.draft_weights_gib:.2f} GiB MTP draft' if model.mtp_layers else ''})",
+            "gpu": f"{gpu.name} profile, {gpu.memory_mib:,} MiB ({'--gpu-memory-mib' if overridden else 'nvidia-smi'}"
+                   f"), {gpu.arch}"}
 
 
 def _render(data: dict, env: dict[str, str] | None = None) -> None:
@@ -48,6 +65,8 @@ def _render(data: dict, env: dict[str, str] | None = None) -> None:
                   f"strategy={extra.get('strategy')}  ratio={extra.get('ratio')}  "
                   f"D={extra.get('draft_tokens')}  page_size={extra.get('page_size')}")
     summary = Table(show_header=False, box=None)
+    for name, text in data.get("sources", {}).items():
+        summary.add_row(name, text)
     summary.add_row("max_running_requests", f"{data['max_running_requests']} (binding: {extra.get('binding')})")
     summary.add_row("max_mamba_cache_size", str(data["max_mamba_cache_size"]))
     if env:

@@ -289,7 +289,8 @@ def _check_engine(cfg: StudyConfig, file: str) -> StudyConfig:
         except ConfigError as exc:
             raise _flag_error(exc, file, model_key) from None
     try:
-        load_gpu(eng.sim_gpu)
+        if eng.sim_gpu is not None:
+            load_gpu(eng.sim_gpu)
     except ConfigError as exc:
         raise _flag_error(exc, file, "engine.sim_gpu") from None
     known = {f.name for f in dataclasses.fields(Timeouts)}

@@ -80,7 +80,9 @@ class EngineSection(StrictModel):
     # The GPUs a sweep may use (its pool): each server gets a free aligned group of the size it spans. Not with gpu.
     gpus: list[int] | None = None
     port: int | None = Field(None, ge=1, le=65535)
-    sim_gpu: str = "b200"  # the simulated device, and the GPU profile the planner assumes
+    # The simulated device (default b200). On a real GPU the planner reads the device; a sim_gpu set there must
+    # name the same GPU.
+    sim_gpu: str | None = None
     sim_options: dict[str, Any] = {}
     env: dict[str, str] = {}
     device: str = "cuda"
@@ -101,6 +103,13 @@ class EngineSection(StrictModel):
         if len(set(gpus)) != len(gpus):
             raise fix_error("bad_gpus", "gpus names a GPU twice", "name each GPU once: two servers on one GPU skew both")
         return gpus
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sim_gpu_default(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("sim_gpu") is None and data.get("kind", "sim") == "sim":
+            return {**data, "sim_gpu": "b200"}
+        return data
 
     @model_validator(mode="after")
     def _gpu_or_gpus(self) -> EngineSection:

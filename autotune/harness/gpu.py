@@ -56,6 +56,18 @@ class NvmlReader:
             sm_clock_mhz=self._optional(lambda: float(nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))),
         )
 
+    def describe(self) -> tuple[str, int, tuple[int, int] | None]:
+        """(name, total MiB, CUDA compute capability): what picks the planner's GPU profile on a real run."""
+        nv, handle = self._nvml, self._handle
+        name = nv.nvmlDeviceGetName(handle)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        total_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).total // 2**20)
+        try:
+            major, minor = nv.nvmlDeviceGetCudaComputeCapability(handle)
+            return name, total_mib, (int(major), int(minor))
+        except nv.NVMLError:
+            return name, total_mib, None
+
     def _optional(self, call: Callable[[], float]) -> float | None:
         try:
             return call()

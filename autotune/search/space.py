@@ -29,6 +29,7 @@ from optuna.distributions import (
 from autotune.config import StudyConfig
 from autotune.config.sections import ParamSpec
 from autotune.errors import ConfigError
+from autotune.harness.engines import study_gpu
 from autotune.sglang.args import (
     SKIP_DECODE_LOCK,
     PlanStop,
@@ -39,7 +40,7 @@ from autotune.sglang.args import (
 )
 from autotune.sglang.envs import env_strings
 from autotune.sglang.memory import MemoryPlan, plan
-from autotune.sglang.profiles import load_gpu, load_model
+from autotune.sglang.profiles import load_model
 
 _BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
         ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
@@ -250,7 +251,7 @@ class Space:
             derived[name] = expr
         ratio_of: Callable[[Mapping[str, Any]], int] = mamba_ratio
         if cfg.engine.profile and any("mamba_ratio" in expr.names for expr in derived.values()):
-            ratio_of = planner_ratio(load_model(cfg.engine.profile), load_gpu(cfg.engine.sim_gpu))
+            ratio_of = planner_ratio(load_model(cfg.engine.profile), study_gpu(cfg.engine))
         return cls(params, derived, cfg.engine.fixed, ratio_of)
 
     @property
@@ -324,7 +325,7 @@ class Feasibility:
     def from_config(cls, cfg: StudyConfig) -> Feasibility | None:
         if not cfg.engine.profile:
             return None  # a real model without a planner profile: launch everything
-        return cls(load_model(cfg.engine.profile), load_gpu(cfg.engine.sim_gpu))
+        return cls(load_model(cfg.engine.profile), study_gpu(cfg.engine))
 
     @property
     def offset_gib(self) -> float:

@@ -8,6 +8,7 @@ fallback, named an estimate. MTP/NextN tensors are the draft's; vision tensors l
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,9 @@ from autotune.errors import ProfileError
 
 INDEX_NAME = "model.safetensors.index.json"
 _HEADER_LIMIT = 100 * 2**20  # safetensors caps its JSON header at 100 MB
+# An ignore-list entry that leaves a whole mixer's input projection in 16 bits (a gate-only entry such as
+# ``linear_attn.in_proj_ba`` or ``mixer.conv1d`` does not).
+_MIXER_KEPT = re.compile(r"(linear_attn|mixer|mamba)(\.in_proj(_qkvz?)?)?$")
 _DRAFT_MARKERS = ("mtp.", ".mtp.", "nextn", "model.mtp")
 _VISION_MARKERS = ("visual.", "vision_tower", "vision_model", "multi_modal_projector", "mm_projector")
 
@@ -27,14 +31,14 @@ class Quantization:
 
     method: str  # fp8, fp8-block, nvfp4, mxfp4, int4, int8, or none
     weight_bytes: float  # per element, scales included
-    keeps_mixer: bool  # linear-attention / Mamba projections left in 16 bits (the usual recipe)
+    keeps_mixer: bool  # linear-attention / Mamba input projections left in 16 bits by the ignore list
 
     @property
     def quantized(self) -> bool:
         return self.method != "none"
 
 
-NONE = Quantization(method="none", weight_bytes=2.0, keeps_mixer=True)
+NONE = Quantization(method="none", weight_bytes=2.0, keeps_mixer=False)
 
 
 @dataclass(frozen=True)
@@ -58,9 +62,9 @@ def quantization(cfg: dict[str, Any], source: str) -> Quantization:
     if not isinstance(q, dict):
         raise ProfileError("quantization_config must be an object", file=source, key="quantization_config")
     method = str(q.get("quant_method") or "").lower()
-    ignored = " ".join(str(x) for x in (q.get("ignore") or q.get("ignored_layers") or q.get("modules_to_not_convert")
-                                        or q.get("exclude_modules") or []))
-    keeps_mixer = not ignored or any(k in ignored for k in ("linear_attn", "mixer", "mamba", "conv"))
+    ignored = [str(x) for x in (q.get("ignore") or q.get("ignored_layers") or q.get("modules_to_not_convert")
+                                or q.get("exclude_modules") or [])]
+    keeps_mixer = any(_MIXER_KEPT.search(entry) for entry in ignored)
     if method == "fp8":
         block = q.get("weight_block_size")
         per = 4 / (block[0] * block[1]) if isinstance(block, list) and len(block) == 2 else 0.0

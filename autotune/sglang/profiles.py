@@ -337,6 +337,25 @@ def _weights(a: _Arith, q: Quantization, nbytes: int, mtp: int, ck: CheckpointBy
     return target, draft, streamed, draft_streamed if mtp else 0.0, source
 
 
+def _kv_geometry(cfg: dict[str, Any], hidden: int, heads: int) -> tuple[int, int, int]:
+    """(KV heads, K head dim, V head dim) of the KV cache; MLA (Kimi-Linear's full attention) caches one latent
+    "head" of kv_lora_rank + rope dims that is not split over TP."""
+    if cfg.get("kv_lora_rank"):
+        return 1, int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0), 0
+    head_dim = int(cfg.get("head_dim") or cfg.get("attention_head_dim") or hidden // heads)
+    return int(cfg.get("num_key_value_heads") or heads), head_dim, head_dim
+
+
+def _activation_per_token(nbytes: int, ffn: int, hidden: int, attn_width: int, state: LinearState | None) -> float:
+    """Live temporaries per prefill token: MLP gate/up + activation, six hidden-size buffers (residual, norms,
+    mixer and MLP outputs), the mixer's projections, and the linear-attention scan's fp32 q/k/v + output."""
+    width, scan = attn_width, 0
+    if state:
+        width = max(width, 2 * state.groups * state.state + 2 * state.intermediate + 2 * state.heads)
+        scan = 4 * 2 * (state.conv_dim() + state.intermediate)
+    return float(nbytes * (3 * ffn + 6 * hidden + width) + scan)
+
+
 def from_hf_config(config: dict[str, Any], *, name: str, source: str = "config.json",
                    checkpoint: CheckpointBytes | None = None) -> ModelProfile:
     """Build a profile from a HuggingFace config dict; weights from ``checkpoint`` (the safetensors index or
@@ -355,11 +374,7 @@ def from_hf_config(config: dict[str, Any], *, name: str, source: str = "config.j
     if not blocks:
         raise ProfileError("missing required field 'num_hidden_layers'", file=source, key="num_hidden_layers")
     layers = len(blocks)
-    kv_heads = int(cfg.get("num_key_value_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or cfg.get("attention_head_dim") or hidden // heads)
-    v_head_dim = head_dim
-    if cfg.get("kv_lora_rank"):  # MLA (Kimi-Linear's full attention): one latent "head", not split over TP
-        kv_heads, head_dim, v_head_dim = 1, int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim") or 0), 0
+    kv_heads, head_dim, v_head_dim = _kv_geometry(cfg, hidden, heads)
     vocab = _need(cfg, "vocab_size", source)
     full = sum(1 for mix, _ in blocks if mix in ("attention", "both"))
     linear = sum(1 for mix, _ in blocks if mix in ("linear", "both")) if state else 0
@@ -373,14 +388,8 @@ def from_hf_config(config: dict[str, Any], *, name: str, source: str = "config.j
     nbytes = 2 if nbytes == 4 else nbytes  # SGLang's dtype=auto serves fp32 checkpoints in bf16
     target, draft, streamed, draft_streamed, weights_source = _weights(a, q, nbytes, mtp, checkpoint)
     gate = 2 if fam.gated_attention else 1
-    mixer_width = heads * attn_heads_dim * gate + 2 * kv_heads * head_dim
-    scan = 0
-    if state:
-        mixer_width = max(mixer_width, 2 * state.groups * state.state + 2 * state.intermediate + 2 * state.heads)
-        scan = 4 * 2 * (state.conv_dim() + state.intermediate)  # the chunked scan's fp32 q/k/v + output
-    # Live temporaries per prefill token: MLP gate/up + activation, six hidden-size buffers (residual, norms,
-    # mixer and MLP outputs), the mixer's projections, and the linear-attention scan's buffers.
-    act = nbytes * (3 * a.active_ffn + 6 * hidden + mixer_width) + scan
+    act = _activation_per_token(nbytes, a.active_ffn, hidden, heads * attn_heads_dim * gate + 2 * kv_heads * head_dim,
+                                state)
     per_tok_attn = 4 * full * heads * attn_heads_dim * 1024  # attention over a ~1K context, both matmuls
     body_active = a.active_quantizable + a.kept
     return ModelProfile(

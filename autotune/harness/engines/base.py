@@ -16,6 +16,7 @@ from typing import Any, Protocol, TypedDict
 from autotune.launch.base import GpuReading
 from autotune.launch.memory import GroupReader
 from autotune.results import Capacity, FailureKind
+from autotune.sglang.gpus import GpuProfile
 
 
 class DeviceProcess(TypedDict):
@@ -97,7 +98,7 @@ class EngineSettings:
     model_path: str
     python: str | None = None
     env: Mapping[str, str] | None = None
-    sim_gpu: str = "b200"
+    sim_gpu: str | None = None  # the simulated device (default b200); on a real GPU, the profile it must match
     sim_options: Mapping[str, Any] | None = None
     device: str = "cuda"
 
@@ -108,6 +109,10 @@ class EngineClass(Protocol):
     name: str
 
     def from_settings(self, settings: EngineSettings) -> Engine: ...
+
+    def planner_gpu(self, settings: EngineSettings, gpu_index: int) -> GpuProfile:
+        """The GPU profile the planner plans this engine's servers with (the simulated one, or the real device)."""
+        ...
 
 
 def launch_gpus(engine: object, gpus: int | tuple[int, ...] | None) -> tuple[int, ...]:

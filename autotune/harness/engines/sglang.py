@@ -20,11 +20,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
-from autotune.errors import ConfigError, EngineError
+from autotune.errors import ConfigError, EngineError, GpuError
 from autotune.harness.engines import logparse
 from autotune.harness.engines.base import EngineSettings, GpuReader
 from autotune.harness.gpu import HostMemoryReader, NvmlReader
 from autotune.sglang.flags import BUNDLED_VERSION, FlagRow, FlagTable
+from autotune.sglang.gpus import GpuProfile, load_gpu, profile_for_device
 
 log = logging.getLogger(__name__)
 
@@ -325,6 +326,33 @@ class SGLangEngine(logparse.LogReading):
             log.warning("cannot cache sglang's flags at %s: %s", path, exc)
 
     # -- reading the server: classify, failure_line, capacity come from logparse.LogReading -------------
+    @classmethod
+    def planner_gpu(cls, settings: EngineSettings, gpu_index: int) -> GpuProfile:
+        """The GPU the server runs on, read through NVML (name, total memory, compute capability →
+        ``sglang.gpus.profile_for_device``); a study's ``sim_gpu`` that names another GPU is a ConfigError saying
+        both. Where there is no device to read (SGLang's CPU backend, no NVIDIA driver) ``sim_gpu`` stands in
+        (default b200 on the CPU backend; without a driver and without sim_gpu, the GpuError)."""
+        if settings.device == "cpu":
+            return load_gpu(settings.sim_gpu or "b200")
+        try:
+            reader = NvmlReader(gpu_index)
+        except GpuError:
+            if settings.sim_gpu is None:
+                raise
+            return load_gpu(settings.sim_gpu)  # no driver here to read: the named profile stands
+        try:
+            name, total_mib, capability = reader.describe()
+        finally:
+            reader.close()
+        device = profile_for_device(name, total_mib, capability)
+        if settings.sim_gpu is not None:
+            named = load_gpu(settings.sim_gpu)
+            if named.name != device.name:
+                raise ConfigError(f"sim_gpu is {named.name!r} but GPU {gpu_index} is {name} ({device.name})",
+                                  key="engine.sim_gpu",
+                                  fix=f"remove sim_gpu (the device's profile is used) or set it to {device.name!r}")
+        return device
+
     def gpu_reader(self, gpu_index: int | None) -> GpuReader:
         if self.device == "cpu":
             return HostMemoryReader()

@@ -21,10 +21,12 @@ from autotune.harness.gpu import MIB_PER_GIB, GpuReading
 from autotune.harness.workload import WorkloadSpec
 from autotune.results import MeasurementVerdict, Status, TrialResult
 from autotune.sglang.flags import FlagTable
+from autotune.sglang.gpus import GpuProfile, load_gpu
 from autotune.sim import device
 from autotune.sim.__main__ import main as serve  # noqa: F401  (``autotune sim``: the server in this process)
 from autotune.sim.evaluate import SimWorkload, evaluate
 
+DEFAULT_SIM_GPU = "b200"
 STATUSES = ("ok", "startup_oom", "runtime_oom", "bad_args", "crash", "timeout")  # what a trial may end as
 
 
@@ -52,19 +54,24 @@ class SimEngine(logparse.LogReading):
         model_path: str = "qwen3.6-27b",
         python: str | None = None,
         env: Mapping[str, str] | None = None,
-        sim_gpu: str = "b200",
+        sim_gpu: str | None = "b200",
         sim_options: Mapping[str, Any] | None = None,
     ):
         self.model_path = model_path
         self.python = python or sys.executable
         self.extra_env = dict(env or {})
-        self.sim_gpu = sim_gpu
+        self.sim_gpu = sim_gpu or DEFAULT_SIM_GPU
         self.sim_options = dict(sim_options or {})
 
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> SimEngine:
         return cls(model_path=settings.model_path, python=settings.python, env=settings.env, sim_gpu=settings.sim_gpu,
                    sim_options=settings.sim_options)
+
+    @classmethod
+    def planner_gpu(cls, settings: EngineSettings, gpu_index: int) -> GpuProfile:
+        """The simulated device is the profile: ``sim_gpu`` (default b200)."""
+        return load_gpu(settings.sim_gpu or DEFAULT_SIM_GPU)
 
     @property
     def shm_dir(self) -> Path | None:

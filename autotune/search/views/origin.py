@@ -34,6 +34,7 @@ from optuna.distributions import CategoricalDistribution
 
 from autotune.config import StudyConfig
 from autotune.errors import ConfigError
+from autotune.harness.engines import study_gpu
 from autotune.redaction import redact_url
 from autotune.results import TrialResult
 from autotune.search.confirm.ranking import contenders
@@ -168,13 +169,14 @@ def corrections(study: optuna.Study, settings: Mapping[str, Any], cfg: StudyConf
     except (ConfigError, OSError, ValueError):
         return {}, "no planner corrections carried (the earlier study's model or GPU has no planner profile)"
     replay(feas, finished(study.get_trials(deepcopy=False)))
-    old, new = _gpu_memory(str(src_gpu)), _gpu_memory(cfg.engine.sim_gpu)
+    here = study_gpu(cfg.engine)
+    old, new = _gpu_memory(str(src_gpu)), here.memory_gib
     ratio = new / old if old and new else 1.0
     moved = scaled(learnt(feas), ratio)
     data: Carried = {"offsets": moved["offsets"], "room": moved["room"], "ooms": moved["ooms"],
                      "scale": round(ratio, 4), "memory_gib": [round(old or 0.0, 1), round(new or 0.0, 1)]}
     n = len(data["offsets"]) + len(data["room"]) + len(data["ooms"])
-    how = (f"× {ratio:.3f} ({src_gpu} {old:.0f} GiB → {cfg.engine.sim_gpu} {new:.0f} GiB)"
+    how = (f"× {ratio:.3f} ({src_gpu} {old:.0f} GiB → {here.name} {new:.0f} GiB)"
            if not math.isclose(ratio, 1.0) else "unscaled (the same GPU memory)")
     return data, (f"planner starts from {n} learnt corrections of that study, {how}, until this study "
                   "measures its own")
