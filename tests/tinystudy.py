@@ -16,8 +16,8 @@ confirm_windows = 1  # one window a confirmation launch: the tests read the flow
 
 [engine]
 kind = "sim"
-model = "qwen3.6-27b"
-sim_gpu = "b200"
+model = "{model}"
+sim_gpu = "{sim_gpu}"
 sim_options = {{ startup_s = 0.2, warmup_s = 0.1, release_s = 0.2 }}
 
 [engine.fixed]
@@ -55,9 +55,10 @@ def write_prompts(tmp_path: Path) -> None:
 
 
 def write_tiny_study(tmp_path: Path, *, name: str, trials: int, top_k: int = 0, measure_s: float = 1.0,
-                     warmup_s: float = 0.5) -> Path:
+                     warmup_s: float = 0.5, model: str = "qwen3.6-27b", sim_gpu: str = "b200") -> Path:
     """Write ``<name>.toml`` and the 16-row prompt file it reads into ``tmp_path``; return the study path."""
     write_prompts(tmp_path)
     path = tmp_path / f"{name}.toml"
-    path.write_text(TEMPLATE.format(name=name, trials=trials, top_k=top_k, measure_s=measure_s, warmup_s=warmup_s))
+    path.write_text(TEMPLATE.format(name=name, trials=trials, top_k=top_k, measure_s=measure_s, warmup_s=warmup_s,
+                                    model=model, sim_gpu=sim_gpu))
     return path
