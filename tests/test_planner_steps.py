@@ -77,7 +77,7 @@ def test_resolve_stops_on_bad_args():
 def test_weights_and_workspace(baseline):
     w, start = baseline["weights"], baseline["start"]
     assert w.weights_gib == pytest.approx(51.05 + 5.53)  # target + MTP draft, as SGLang logs them
-    assert w.workspace_gib == pytest.approx(5.03, abs=0.01)  # one 16384-token chunk of live activations
+    assert w.workspace_gib == 0.0  # 0.5.23 profiles the pools right after the weights (docs/sglang-memory.md §12)
     assert w.mm_reserve_gib == pytest.approx(100 / 1024)  # SGLANG_VLM_CACHE_SIZE_MB
     assert w.avail_gib == pytest.approx(start.pre_gib - w.weights_gib - w.workspace_gib)
     rest_gib = w.avail_gib - start.pre_gib * (1 - 0.79) - w.mm_reserve_gib
@@ -105,13 +105,13 @@ def test_mamba_pool_c4_and_bf16(hand_tuned):
 
 def test_mamba_pool_auto_case_c_h200():
     m = chain("speculative-algorithm=EAGLE", gpu="h200")["mamba"]
-    assert m.slots is not None and 100 <= m.slots <= 111  # ≈111 by hand with 54 GiB of weights (§7)
+    assert m.slots is not None and 104 <= m.slots <= 111  # ≈111 by hand with 54 GiB of weights (§7)
 
 
 def test_kv_pool_c6_c7(hand_tuned):
     kv = hand_tuned["kv"]
     assert kv.cell_bytes == 65536 + 4096  # C6: 64 KiB target + 4 KiB MTP draft per token
-    assert kv.tokens == 802_112 and kv.tokens == pytest.approx(798_000, rel=0.03)  # C7
+    assert kv.tokens == 879_744  # C7 under 0.5.23's rule; the seed's older server logged 798K
     assert kv.tokens % 64 == 0
     assert kv.tokens == int(hand_tuned["mamba"].rest_bytes // kv.cell_bytes) // 64 * 64
 

@@ -171,14 +171,14 @@ def test_fresh_repeats_keep_only_the_prefix_a_pass_shares() -> None:
 
 
 def test_window_drift_flags_a_window_that_caught_the_start() -> None:
-    """Long prompts, short answers, no warm-up and a window held to 10 s: the window's first half is the first
+    """Long prompts, short answers, no warm-up and a window held to 14 s: the window's first half is the first
     prefills (few tokens), its second the first decodes, and the settle rule flags it. The same floors under the
     default rule run on until the estimate holds, and read the steady rate; the seed workload's batch is full from
     the start."""
     prompts = [f"document {i}: " + f"line {i} of the record. " * 1000 for i in range(200)]  # ≈ 5,500 tokens each
     flags = {**MTP, "disable_radix_cache": True, "max_running_requests": 128, "max_mamba_cache_size": 128,
              "mem_fraction_static": 0.93}
-    start = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=300, warmup_s=0, measure_s=10, measure_max_s=10),
+    start = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=300, warmup_s=0, measure_s=14, measure_max_s=14),
                      output_mean=300)
     steady = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=300, warmup_s=120, measure_s=120),
                       output_mean=300)

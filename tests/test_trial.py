@@ -124,7 +124,7 @@ def test_bad_combination_rejected_by_the_server_is_bad_args(env):
 
 def test_startup_oom_is_classified_from_sglangs_line(env):
     # startup_s 1: the dying server holds its /dev/shm files long enough to be seen holding them (SGLang: ~20 s)
-    result, _ = trial(env, {"mem_fraction_static": 0.3}, engine=sim(env, startup_s=1.0))
+    result, _ = trial(env, {"mem_fraction_static": 0.287}, engine=sim(env, startup_s=1.0))
     assert result.status == "startup_oom"
     assert "Not enough GPU memory for hybrid" in result.reason
     assert result.exit_code in (137, -9)

@@ -2,7 +2,7 @@
 6,000-token prompts gives the KV finding within two intervals, with the planner's fix and a study file whose
 workload replays the new lengths.
 
-The sim server trades KV for Mamba slots the way a tuned config does (560 slots leave ~73K KV tokens on a
+The sim server trades KV for Mamba slots the way a tuned config does (595 slots leave ~73K KV tokens on a
 simulated B200), so long prompts exhaust its KV quickly. What it shows about SGLang holds only as far as the
 simulator is true to SGLang.
 """
@@ -33,7 +33,7 @@ from autotune.watch.watcher import Watcher, WatchOptions
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 ROOT = Path(__file__).parents[1]
-SLOTS = "560"  # Mamba slots: most of the pool memory goes to them, KV keeps ~73K tokens
+SLOTS = "595"  # Mamba slots: most of the pool memory goes to them, KV keeps ~73K tokens
 SHORT, LONG = 270, 6000  # prompt tokens before and after the shift (the seed job's ≈270)
 OUTPUT = 200  # max_new_tokens of every request (ignore_eos): short enough to finish inside the test
 

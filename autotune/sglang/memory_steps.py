@@ -175,7 +175,9 @@ def weights(model: ModelProfile, f: Flags, r: Resolved, *, workspace_offset_gib:
     target = model.weights_gib(with_draft=False, tp=r.start.tp) * stage_layers / max(1, model.num_layers)
     w = target + model.weights_gib(with_draft=r.spec.draft_model, tp=r.start.tp) - model.weights_gib(
         with_draft=False, tp=r.start.tp)
-    workspace = model.workspace_bytes(r.sizes.prefill_tokens, r.start.tp) / GIB + workspace_offset_gib
+    # 0.5.23 takes nothing between the weights and the pools' profile: rest = free after load − pre·(1 − mfs)
+    # (``_profile_available_bytes``, kv_cache_configurator.py L2990-3060; docs/sglang-memory.md §3, §12).
+    workspace = workspace_offset_gib
     mm_reserve = 100 / 1024 if model.multimodal and not f.get("language_only") else 0.0
     avail = pre - w - workspace
     return Weights(weights_gib=w, target_gib=target, workspace_gib=workspace, mm_reserve_gib=mm_reserve, avail_gib=avail,
