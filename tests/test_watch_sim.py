@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from simserver import free_port, sim_server
@@ -185,6 +186,9 @@ def test_cli_watches_a_fleet_file_with_its_provenance_and_writes_prometheus(sim_
         'engine = "sim"\nmodel = "qwen3.6-27b"\n\n[[servers]]\nname = "gpu0"\ngpu = 0\n'
         f'port = {port}\nconfig = "sglang.yaml"\nlog = "logs/gpu0.log"\npid = "run/gpu0.pid"\n')
     provenance(tmp_path)  # beside the fleet file, where autotune apply writes it
+    # the server is the fleet's by its pid file (as launch_fleet.sh writes one): watch names a foreign one
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "gpu0.pid").write_text(f"{listener(port)}\n")
     prom = tmp_path / "drift.prom"
     with pytest.raises(SystemExit) as exc:
         main(["watch", "--fleet", str(tmp_path / "fleet.toml"), "--cycles", "2", "--interval", "0.2s", "--json",
@@ -198,6 +202,12 @@ def test_cli_watches_a_fleet_file_with_its_provenance_and_writes_prometheus(sim_
     values = {(s.name, s.labels.get("rule")): s.value
               for fam in text_string_to_metric_families(prom.read_text()) for s in fam.samples}
     assert values[("autotune_watch_up", None)] == 1.0 and values[("autotune_drift", "kv_pressure")] == 0.0
+
+
+def listener(port: int) -> int:
+    """The pid of the process listening on ``port``."""
+    return next(c.pid for c in psutil.net_connections("tcp")
+                if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid)
 
 
 def _series(text: str) -> dict[tuple[str, str | None, str | None], float]:

@@ -3,7 +3,11 @@ fleet the last ``autotune apply`` wrote, ``config.studyref.locate_fleet``)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
@@ -11,10 +15,13 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.config.studyref import locate_fleet
+from autotune.deploy import keeperproc
 from autotune.deploy.fleet import Fleet, foreign_note, load_fleet
 from autotune.deploy.fleet import down as fleet_down
 from autotune.deploy.fleet import status as fleet_status
 from autotune.deploy.fleet import up as fleet_up
+from autotune.deploy.fleetlog import FleetLog, events_path, shown
+from autotune.deploy.keeper import Keeper
 from autotune.deploy.router import running as router_running
 from autotune.deploy.router import wanted as router_wanted
 from autotune.deploy.routerview import view as router_view
@@ -44,11 +51,18 @@ def fleet() -> None:
 @SERVER_OPTION
 @click.option("--timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
               help="Seconds each server may take to become healthy.")
-def up(fleet_file: Path | None, names: tuple[str, ...], timeout: float) -> None:
-    """Start every server that is not running (detached: they keep running after this command)."""
+@click.option("--keeper/--no-keeper", default=None,
+              help="Leave the fleet's keeper running beside it (default: [keeper] keep, true unless set).")
+def up(fleet_file: Path | None, names: tuple[str, ...], timeout: float, keeper: bool | None) -> None:
+    """Start every server that is not running (detached: they keep running after this command), then the router
+    and the keeper, which restarts a server that dies."""
     fleet = _load(fleet_file)[0]
     started = fleet_up(fleet, timeout_s=timeout, names=names or None)
     click.echo(f"started: {', '.join(started)}" if started else "all servers already running")
+    if fleet.keeper.keep if keeper is None else keeper:
+        kept = keeperproc.start(fleet)
+        click.echo(f"keeper: pid {kept.pid}, restarts a server that dies (log {kept.log}; events "
+                   f"{events_path(fleet)})")
     record = router_running(fleet)
     if record is not None:
         click.echo(f"router: point the job at {record.url} (pid {record.pid}, {len(record.worker_urls)} workers, "
@@ -85,6 +99,8 @@ def status(fleet_file: Path | None, as_json: bool) -> None:
     for r in rows:
         if r.note:
             click.echo(r.note)
+    for line in keeper_lines(fleet):
+        click.echo(line)
     for line in seen.lines() if seen is not None else ([f"no router: {router_wanted(fleet) or 'not running'}"]
                                                        if len(fleet.servers) > 1 else []):
         click.echo(line)
@@ -100,7 +116,10 @@ def down(fleet_file: Path | None, names: tuple[str, ...], grace: float) -> None:
     and with all of them the router; a server on a fleet port that is not the fleet's is named and left running."""
     fleet = _load(fleet_file)[0]
     had_router = router_running(fleet) is not None and not names
+    had_keeper = keeperproc.running(fleet) is not None and not names
     stopped = fleet_down(fleet, grace_s=grace, names=names or None)
+    if had_keeper:
+        click.echo("keeper stopped")
     if had_router:
         click.echo("router stopped")
     click.echo(f"stopped: {', '.join(stopped)}" if stopped else "no server was running")
@@ -108,3 +127,34 @@ def down(fleet_file: Path | None, names: tuple[str, ...], grace: float) -> None:
         note = None if server.name in stopped or (names and server.name not in names) else foreign_note(fleet, server)
         if note:
             click.echo(note)
+
+
+@fleet.command("keep")
+@FLEET_OPTION
+def keep(fleet_file: Path | None) -> None:
+    """Run the fleet's keeper in the foreground until SIGTERM or Ctrl-C (``fleet up`` leaves one running detached):
+    it restarts a server that died or stopped answering and keeps the router on the fleet's own servers."""
+    fleet, path = _load(fleet_file)
+    keeper = Keeper(path)
+    with keeperproc.only_keeper(fleet), stop_on_signals(keeper.stop):
+        keeper.run()
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: threading.Event) -> Iterator[None]:
+    """SIGTERM (``fleet down``) and Ctrl-C set ``stop``: the keeper ends its look and lets go of the fleet."""
+    previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def keeper_lines(fleet: Fleet, *, count: int = 5) -> list[str]:
+    """The keeper's state and its latest events, as ``fleet status`` prints them."""
+    kept = keeperproc.running(fleet)
+    events = FleetLog.of(fleet).recent(count)
+    head = (f"keeper: running (pid {kept.pid})" if kept is not None else
+            "keeper: not running (autotune fleet up starts it; nothing restarts a server that dies)")
+    return [head, *(f"  {shown(e)}" for e in events)]

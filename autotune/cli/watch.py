@@ -10,7 +10,9 @@ from pathlib import Path
 import click
 
 from autotune.config.studyref import locate_fleet
+from autotune.deploy.fleet import status as fleet_status
 from autotune.deploy.fleetfile import Fleet, load_fleet
+from autotune.deploy.fleetlog import FleetLog, shown
 from autotune.deploy.routerview import view as router_view
 from autotune.errors import ConfigError
 from autotune.sglang.profiles import load_gpu, load_model
@@ -19,7 +21,7 @@ from autotune.watch.output import lines
 from autotune.watch.prometheus import DriftCollector, write_prometheus
 from autotune.watch.reference import load_tuned
 from autotune.watch.rules import Limits
-from autotune.watch.watcher import CycleReport, Watcher, WatchOptions, run
+from autotune.watch.watcher import EXIT_UNREACHABLE, CycleReport, Watcher, WatchOptions, run
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
 _SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -103,13 +105,20 @@ def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_j
 
     collector = DriftCollector()
 
+    missing: list[str] = []  # the fleet's servers down or foreign at the last cycle
+
     def show(report: CycleReport) -> None:
         # the fleet's router, when it runs one: the job's throughput, queue and per-worker load through it
         seen = router_view(fleet, first_wait_s=0.0) if fleet is not None else None
+        missing[:] = fleet_problems(fleet) if fleet is not None else []
+        kept = [shown(e) for e in FleetLog.of(fleet).recent(3)] if fleet is not None else []
         if as_json:
-            click.echo(json.dumps({**report.to_dict(), **({"router": seen.to_dict()} if seen else {})}, default=str))
+            click.echo(json.dumps({**report.to_dict(), **({"router": seen.to_dict()} if seen else {}),
+                                   **({"fleet": {"problems": missing, "keeper": kept}} if fleet else {})},
+                                  default=str))
         else:
-            for line in [*lines(report), *(seen.lines() if seen else [])]:
+            for line in [*lines(report), *missing, *(seen.lines() if seen else []),
+                         *(f"keeper: {line}" for line in kept)]:
                 click.echo(line)
         if prom_file is not None:
             write_prometheus(report, prom_file)
@@ -121,4 +130,16 @@ def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_j
             server = stack.enter_context(MetricsServer(*address, collector))
             click.echo(f"serving watch's metrics on {server.url}", err=True)
         last = run(watcher, cycles=1 if once else cycles, on_report=show)
-    raise SystemExit(last.exit_code)
+    raise SystemExit(EXIT_UNREACHABLE if missing else last.exit_code)
+
+
+def fleet_problems(fleet: Fleet) -> list[str]:
+    """One line for each of the fleet's servers that is down, not answering, or whose port a process that is not
+    the fleet's holds: watch's exit status says so (a third of the fleet down is not "no drift")."""
+    out = []
+    for row in fleet_status(fleet):
+        if row.state == "foreign":
+            out.append(f"{row.name}: {row.note}")
+        elif row.state != "healthy":
+            out.append(f"{row.name} ({row.host}, port {row.port}): {row.state}, not serving")
+    return out

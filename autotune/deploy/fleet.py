@@ -25,7 +25,7 @@ from typing import Any, TypedDict
 import httpx
 
 from autotune import tls
-from autotune.deploy import remote, router
+from autotune.deploy import keeperproc, remote, router
 from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re-exported
     LOCAL_HOSTS,
     Fleet,
@@ -36,6 +36,7 @@ from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re
     set_server_config,
     write_fleet,
 )
+from autotune.deploy.rolloutlog import locked
 from autotune.errors import AutotuneError, ConfigError, FleetError
 from autotune.harness.engines import make_engine
 from autotune.harness.engines.base import group_reader, launch_gpus
@@ -268,14 +269,20 @@ def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_ti
     fleet.resolve(server.pid).unlink(missing_ok=True)
     if handle is None:
         return False
+    wait_gpus_free(fleet, server, timeout_s=release_timeout_s)
+    return True
+
+
+def wait_gpus_free(fleet: Fleet, server: FleetServer, *, timeout_s: float) -> None:
+    """Until every GPU of the server's group is back to (nearly) nothing used: the fleet owns its GPUs, and the
+    next server sizes its pools from free memory (a dead server's memory comes back once its driver context is
+    gone). Host RAM is shared, "back to nothing used" never comes: no wait there."""
     reader = memory_reader(fleet, server, make_launcher(fleet.launcher, fleet.launcher_settings))
-    if reader is not None:  # host RAM is shared: "back to nothing used" never comes, and it has no reader here
+    if reader is not None:
         try:
-            # The fleet owns its GPUs: released means back to (nearly) nothing used.
-            wait_released(reader, 0.0, release_timeout_s, tolerance_mib=1024.0)
+            wait_released(reader, 0.0, timeout_s, tolerance_mib=1024.0)
         finally:
             reader.close()
-    return True
 
 
 # -- the fleet -----------------------------------------------------------------------------------------
@@ -420,12 +427,16 @@ def router_up(fleet: Fleet, *, timeout_s: float = 60.0) -> router.Record | None:
 
 def down(fleet: Fleet, *, grace_s: float = 30.0, names: Iterable[str] | None = None) -> list[str]:
     """Stop the fleet's own servers (all by default; see ``foreign_note`` for what else holds a port) and, with all
-    of them, the router; returns the names that were running. A server stopped alone leaves the router first, so
-    the router sends it nothing more."""
-    record = router.running(fleet)
-    if record is not None and names:
-        for server in _selected(fleet, names):
-            router.remove_worker(record, server.url)
-    elif not names:
+    of them, the keeper first (it would restart them) and the router; returns the names that were running. A server
+    stopped alone leaves the router first, so the router sends it nothing more, under the fleet's lock, so the
+    keeper sees it stopped on purpose, not dead."""
+    if not names:
+        keeperproc.stop(fleet)
         router.stop(fleet, grace_s=min(grace_s, 10.0))
-    return [s.name for s in _selected(fleet, names) if stop_server(fleet, s, grace_s=grace_s)]
+        return [s.name for s in fleet.servers if stop_server(fleet, s, grace_s=grace_s)]
+    with locked(fleet, holder="fleet down", wait_s=30.0):
+        record = router.running(fleet)
+        for server in _selected(fleet, names):
+            if record is not None:
+                router.remove_worker(record, server.url)
+        return [s.name for s in _selected(fleet, names) if stop_server(fleet, s, grace_s=grace_s)]

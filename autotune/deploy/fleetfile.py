@@ -136,6 +136,28 @@ class RouterSection(_Model):
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
 
+class KeeperSection(_Model):
+    """``[keeper]``: the fleet's keeper (``deploy.keeper``), which ``fleet up`` leaves running beside the fleet: it
+    restarts a server that died or stopped answering, and keeps the router on the fleet's own servers only."""
+
+    keep: bool = True  # false: fleet up starts no keeper (``autotune fleet keep`` runs one in the foreground)
+    interval_s: float = Field(default=1.0, gt=0, le=60)  # how often it looks at every server
+    unresponsive_s: float = Field(default=30.0, gt=0)  # a serving server silent this long is restarted
+    backoff_s: list[float] = Field(default=[5.0, 30.0, 120.0], min_length=1)  # before the 1st, 2nd, … restart
+    crash_limit: int = Field(default=3, ge=1)  # deaths within crash_window_s after which it stops restarting
+    crash_window_s: float = Field(default=600.0, gt=0)
+    start_timeout_s: float = Field(default=900.0, gt=0)  # a restart's startup, as fleet up --timeout
+    log: str = "logs/keeper.log"
+    record: str = "run/keeper.json"  # its pid and start time, written when it starts
+
+    @field_validator("backoff_s")
+    @classmethod
+    def _not_negative(cls, backoff: list[float]) -> list[float]:
+        if any(b < 0 for b in backoff):
+            raise ValueError("backoff_s: seconds are 0 or more")
+        return backoff
+
+
 class Fleet(_Model):
     engine: str = "sglang"  # one of ENGINE_KINDS
     model: str
@@ -149,6 +171,7 @@ class Fleet(_Model):
     remote_dir: str = "autotune-fleet"  # remote hosts: relative log/pid paths live under this directory
     servers: list[FleetServer] = Field(min_length=1)
     router: RouterSection | None = None  # absent: no router (a fleet file written before it; deploy.router.wanted)
+    keeper: KeeperSection = KeeperSection()  # absent: a keeper with these defaults
     path: Path | None = Field(default=None, exclude=True)
 
     @field_validator("engine")

@@ -332,6 +332,9 @@ def _settled(events: list[RolloutEvent]) -> frozenset[str]:
     return frozenset(n for n, e in last.items() if e in ("restored", "reverted"))
 
 
+LOCK_WAIT_S = 10.0  # a keeper's look at the fleet holds the lock for moments; a restart of its for minutes
+
+
 # -- entry points ---------------------------------------------------------------------------------------
 def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, canary: Canary | None,
           timing: Timing = Timing(), rollback_on_failure: bool = True, source: Mapping[str, Any] | None = None,
@@ -339,7 +342,7 @@ def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, c
     """Roll ``config`` out to every server of the fleet, one at a time (``header``: atop its sglang.yaml)."""
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
-    with locked(fleet):
+    with locked(fleet, holder="a rollout", wait_s=LOCK_WAIT_S):
         current = log.current()
         if current and current[-1].get("event") != "end":
             raise FleetError(f"an earlier rollout in {log.path} did not finish: finish it with --resume or "
@@ -368,7 +371,7 @@ def resume(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _: 
     """Finish the latest rollout; the server that was mid-step is redone from its stop."""
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
-    with locked(fleet):
+    with locked(fleet, holder="a resumed rollout", wait_s=LOCK_WAIT_S):
         current = log.current()
         if not current or current[-1].get("event") == "end":
             raise FleetError(f"no unfinished rollout in {log.path}")
@@ -381,7 +384,7 @@ def rollback(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _
     """Return every server the latest rollout touched to its previous config, one at a time."""
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
-    with locked(fleet):
+    with locked(fleet, holder="a rollback", wait_s=LOCK_WAIT_S):
         current = log.current()
         if not current:
             raise FleetError(f"no rollout recorded in {log.path}")

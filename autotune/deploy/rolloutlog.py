@@ -8,6 +8,7 @@ import datetime as dt
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -90,13 +91,36 @@ class RolloutLog:
         return events[starts[-1]:] if starts else []
 
 
+def lock_path(fleet: Fleet) -> Path:
+    return log_path(fleet).with_suffix(".lock")
+
+
 @contextmanager
-def locked(fleet: Fleet) -> Iterator[None]:
-    # The kernel drops the lock when its holder dies, so a SIGKILLed rollout never blocks the resume.
-    path = log_path(fleet).with_suffix(".lock")
-    with open(path, "w") as fh:
+def locked(fleet: Fleet, *, holder: str = "a rollout", wait_s: float = 0.0) -> Iterator[None]:
+    """The fleet's lock for anything that stops or starts its servers (a rollout, ``fleet down``, the keeper's
+    restart), held for the block; waits up to ``wait_s`` for it, then FleetError naming who holds it. The kernel
+    drops the lock when its holder dies, so a SIGKILLed rollout never blocks the resume."""
+    path = lock_path(fleet)
+    with open(path, "a+") as fh:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    fh.seek(0)
+                    who = fh.read().strip() or "another rollout"
+                    raise FleetError(f"{who} holds {fleet.path} (lock {path}); run this again once it is done "
+                                     "(autotune fleet status says what it does)") from None
+                time.sleep(0.05)
+        fh.seek(0)
+        fh.truncate()
+        fh.write(f"{holder} (pid {os.getpid()})\n")
+        fh.flush()
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise FleetError(f"another rollout of {fleet.path} is running (lock {path})") from None
-        yield
+            yield
+        finally:
+            fh.seek(0)
+            fh.truncate()
+            fh.flush()

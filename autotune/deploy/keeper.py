@@ -1,0 +1,300 @@
+"""The fleet's keeper: one process per fleet that keeps its servers serving between rollouts.
+
+Every ``[keeper] interval_s`` it looks at each server under the fleet's lock (so it never acts while a rollout,
+a rollback or ``fleet down`` holds the fleet): a server whose record proves it the fleet's and that exited, or
+that stopped answering ``/health`` for ``unresponsive_s`` after it served, is taken out of the router at once,
+its death classified from its log, and restarted on the config the fleet file records, after a backoff; once
+it serves again (its running config the recorded one) it goes back into the router. More than ``crash_limit``
+deaths within ``crash_window_s`` end the restarts with one line saying why. A URL in the router that no server of
+the fleet answers (a dead one, or a process that is not the fleet's on its port) is removed the moment it is
+seen. A server with no record was stopped on purpose and is left alone. See docs/fleet.md#the-keeper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autotune.deploy import router
+from autotune.deploy.fleet import (
+    attached,
+    drift,
+    engine_for,
+    healthy,
+    server_config,
+    server_info,
+    start_server,
+    stop_server,
+    wait_gpus_free,
+)
+from autotune.deploy.fleetfile import Fleet, FleetServer, KeeperSection, load_fleet
+from autotune.deploy.fleetlog import FleetLog
+from autotune.deploy.rolloutlog import locked
+from autotune.errors import AutotuneError, ConfigError, FleetError
+from autotune.launch.ports import port_is_free
+from autotune.results import Capacity
+
+log = logging.getLogger(__name__)
+
+HOLDER = "the fleet's keeper"
+UNREADABLE_LIMIT = 10  # looks in a row with the fleet file unreadable (deleted, moved) before the keeper exits
+
+
+@dataclass
+class Watched:
+    """What the keeper knows of one server between looks."""
+
+    last_healthy: float | None = None  # when it last answered /health (monotonic); None: not seen serving yet
+    deaths: deque[float] = field(default_factory=deque)  # monotonic times of its deaths in the crash window
+    gave_up: bool = False
+    capacity: Capacity | None = None  # what it reported when the keeper first saw it serving
+    died_at: float | None = None  # the death the running repair answers
+    log_offset: int | None = None  # where its log's current life begins, when the keeper started it
+
+
+class Keeper:
+    """``cycle()`` is one look at the fleet; ``run()`` looks until ``stop`` is set. Restarts run in threads of their
+    own (one per server), so a server that takes minutes to load does not blind the keeper to the others."""
+
+    def __init__(self, fleet_path: Path):
+        self.path = fleet_path
+        self.stop = threading.Event()
+        self.watched: dict[str, Watched] = {}
+        self.repairs: dict[str, threading.Thread] = {}
+        self._held: contextlib.ExitStack | None = None
+        fleet = load_fleet(fleet_path)
+        self.events = FleetLog.of(fleet)
+        self.policy: KeeperSection = fleet.keeper
+
+    # -- the loop ----------------------------------------------------------------------------------------
+    def run(self) -> None:
+        self.events.append("keeper_start", f"keeper started (pid {os.getpid()}), looking every {self.policy.interval_s:g} s")
+        unreadable = 0
+        try:
+            while not self.stop.is_set():
+                try:
+                    self.cycle()
+                    unreadable = 0
+                except (ConfigError, FleetError, OSError) as exc:
+                    unreadable += 1
+                    log.warning("the keeper could not look at the fleet: %s", exc)
+                    if unreadable >= UNREADABLE_LIMIT:
+                        self.events.append("keeper_stop", f"keeper stopped: the fleet file cannot be read ({exc})")
+                        return
+                self.stop.wait(self.policy.interval_s)
+            self.events.append("keeper_stop", "keeper stopped")
+        finally:
+            self.stop.set()
+            for thread in list(self.repairs.values()):
+                thread.join(timeout=5.0)
+            self._release()
+
+    def cycle(self) -> None:
+        fleet = load_fleet(self.path)
+        self.policy = fleet.keeper
+        self.repairs = {name: t for name, t in self.repairs.items() if t.is_alive()}
+        if not self._hold(fleet):
+            return  # a rollout, a rollback or fleet down has the fleet: it is theirs until they let go
+        try:
+            record = router.running(fleet)
+            listed = {w.get("url") for w in router.workers(record)} if record is not None else set()
+            for server in fleet.servers:
+                if server.name not in self.repairs:
+                    self._look(fleet, server, record, listed)
+        finally:
+            if not any(t.is_alive() for t in self.repairs.values()):
+                self._release()
+
+    # -- one server ------------------------------------------------------------------------------------
+    def _look(self, fleet: Fleet, server: FleetServer, record: router.Record | None, listed: set) -> None:
+        w = self.watched.setdefault(server.name, Watched())
+        if not server.local:  # another host: /health is all the proof there is; no restart from here
+            if not healthy(server) and server.url in listed and record is not None:
+                self._remove(record, server, "does not answer /health")
+            return
+        handle = attached(fleet, server)
+        if handle is None:  # stopped on purpose (fleet down --server, a rollout's stop) or never started
+            w.last_healthy = None
+            if server.url in listed and record is not None:
+                self._remove(record, server, "no server of this fleet runs there"
+                             + ("" if port_is_free(server.bind, server.port) else
+                                " (a process that is not the fleet's holds the port)"))
+            return
+        now = time.monotonic()
+        if handle.alive:
+            if healthy(server):
+                self._serving(fleet, server, w, record, listed, now)
+                return
+            if w.last_healthy is None or now - w.last_healthy < self.policy.unresponsive_s:
+                return  # still loading (its starter's timeout decides), or a short silence
+            self._died(fleet, server, w, record, listed, cause="unresponsive",
+                       line=f"stopped answering /health for {now - w.last_healthy:.0f} s")
+            return
+        engine = engine_for(fleet, server)
+        text = handle.log_text()[w.log_offset:] if w.log_offset is not None else handle.log_tail(400)
+        cause = engine.classify(text, None) or "unknown"
+        said = engine.failure_line(text, None)
+        line = f"exited ({cause}: {said})" if said else "exited (killed, or no failure line in its log)"
+        if cause == "runtime_oom":
+            line += (f"; the config's worst case failed in production (an OOM at a peak the study's stress phase "
+                     f"did not reach): autotune apply --rollback --fleet {fleet.path} returns the previous config")
+        self._died(fleet, server, w, record, listed, cause=cause, line=line)
+
+    def _serving(self, fleet: Fleet, server: FleetServer, w: Watched, record: router.Record | None, listed: set,
+                 now: float) -> None:
+        if w.gave_up:
+            w.gave_up = False
+            w.deaths.clear()
+            self.events.append("serving", "serving again (started by hand); the keeper watches it again",
+                               server=server.name)
+        w.last_healthy = now
+        if w.capacity is None:
+            info = server_info(server)
+            w.capacity = engine_for(fleet, server).capacity("", info) if info is not None else None
+        if record is not None and server.url not in listed:
+            with contextlib.suppress(FleetError):
+                router.add_worker(record, server.url, timeout_s=10.0)
+                self.events.append("readmitted", "serving but missing from the router: added back", server=server.name)
+
+    def _died(self, fleet: Fleet, server: FleetServer, w: Watched, record: router.Record | None, listed: set, *,
+              cause: str, line: str) -> None:
+        now = time.monotonic()
+        if record is not None and server.url in listed:
+            self._remove(record, server, None)
+        self.events.append("exited" if cause != "unresponsive" else "unresponsive",
+                           line + ("; out of the router" if server.url in listed else ""), server=server.name,
+                           cause=cause)
+        w.last_healthy, w.died_at = None, now
+        self._count_death(w, now)
+        thread = threading.Thread(target=self._repair, args=(server.name, w), name=f"keeper-{server.name}",
+                                  daemon=True)
+        self.repairs[server.name] = thread
+        thread.start()
+
+    def _count_death(self, w: Watched, now: float) -> None:
+        w.deaths.append(now)
+        while w.deaths and now - w.deaths[0] > self.policy.crash_window_s:
+            w.deaths.popleft()
+
+    # -- the restart -------------------------------------------------------------------------------------
+    def _repair(self, name: str, w: Watched) -> None:
+        """Restart ``name`` until it serves, its crash loop is reached or the keeper stops."""
+        try:
+            while not self.stop.is_set():
+                fleet = load_fleet(self.path)
+                server = fleet.server(name)
+                if len(w.deaths) > self.policy.crash_limit:
+                    self._give_up(fleet, server, w)
+                    return
+                if self._restart_once(fleet, server, w):
+                    return
+        except AutotuneError as exc:  # the fleet file changed under it (the server renamed away, a bad config)
+            self.events.append("gave_up", f"not restarted: {exc}", server=name)
+            w.gave_up = True
+
+    def _restart_once(self, fleet: Fleet, server: FleetServer, w: Watched) -> bool:
+        """One restart after its backoff: True once the server serves again, False after a failed start (counted
+        as a death)."""
+        attempt = len(w.deaths)
+        delay = self.policy.backoff_s[min(attempt, len(self.policy.backoff_s)) - 1]
+        with contextlib.suppress(AutotuneError):  # whatever is left of the dead one: its record, its process group
+            stop_server(fleet, server, grace_s=5.0, release_timeout_s=60.0)
+        self.events.append("restarting", f"restarting in {delay:g} s on {server.config} ({attempt} death(s) in "
+                           f"{self.policy.crash_window_s:g} s; more than {self.policy.crash_limit} end the restarts)",
+                           server=server.name, attempt=attempt)
+        if self.stop.wait(delay):
+            return True
+        said = False
+        while not port_is_free(server.bind, server.port):
+            if not said:
+                self.events.append("foreign", f"port {server.port} is held by a process that is not this fleet's: "
+                                   "not restarted until it is free; the router sends it nothing",
+                                   server=server.name)
+                said = True
+            if self.stop.wait(max(1.0, self.policy.interval_s)):
+                return True
+        try:
+            wait_gpus_free(fleet, server, timeout_s=60.0)
+            log_path = fleet.resolve(server.log)
+            w.log_offset = log_path.stat().st_size if log_path.exists() else 0
+            start_server(fleet, server, server_config(fleet, server), timeout_s=self.policy.start_timeout_s)
+        except (FleetError, ConfigError) as exc:
+            self.events.append("restart_failed", f"restart failed: {exc}", server=server.name, attempt=attempt)
+            self._count_death(w, time.monotonic())
+            return False
+        self._verified(fleet, server, w)
+        return True
+
+    def _verified(self, fleet: Fleet, server: FleetServer, w: Watched) -> None:
+        """Compare what the restarted server runs and reports with the fleet's record of it, then readmit it."""
+        info = server_info(server) or {}
+        notes = []
+        changed = drift(server_config(fleet, server), info)
+        if changed:
+            notes.append(f"runs other values than {server.config} for {', '.join(changed)}")
+        capacity = engine_for(fleet, server).capacity("", info) if info else None
+        if capacity is not None and w.capacity is not None:
+            lower = [f"{key} {getattr(capacity, key)} (was {getattr(w.capacity, key)})"
+                     for key in ("max_running_requests", "kv_tokens", "mamba_slots")
+                     if getattr(capacity, key) is not None and getattr(w.capacity, key) is not None
+                     and getattr(capacity, key) < getattr(w.capacity, key)]
+            if lower:
+                notes.append("smaller than before its death: " + ", ".join(lower)
+                             + (" (a CPU server sizes its pools from the host memory free at its start)"
+                                if fleet.host_memory else " (memory its GPUs did not get back?)"))
+        w.capacity = w.capacity or capacity
+        record = router.running(fleet)
+        back = ""
+        if record is not None:
+            try:
+                router.add_worker(record, server.url, timeout_s=60.0)
+                back = "; back in the router"
+            except FleetError as exc:
+                back = f"; not back in the router: {exc}"
+        took = time.monotonic() - (w.died_at or time.monotonic())
+        cap = capacity.to_dict() if capacity is not None else {}
+        self.events.append("restarted", f"serving again {took:.1f} s after it died{back}"
+                           + (f"; {'; '.join(notes)}" if notes else ""), server=server.name, seconds=round(took, 1),
+                           capacity={k: cap.get(k) for k in ("max_running_requests", "kv_tokens", "mamba_slots")})
+        w.last_healthy = time.monotonic()
+
+    def _give_up(self, fleet: Fleet, server: FleetServer, w: Watched) -> None:
+        with contextlib.suppress(AutotuneError):
+            stop_server(fleet, server, grace_s=5.0)
+        w.gave_up = True
+        self.events.append("gave_up", f"died {len(w.deaths)} times in {self.policy.crash_window_s:g} s: the keeper "
+                           f"stops restarting it (a crash loop; its log: {fleet.resolve(server.log)}); "
+                           f"autotune fleet up --server {server.name} --fleet {fleet.path} starts it again",
+                           server=server.name)
+
+    # -- the router and the lock -------------------------------------------------------------------------
+    def _remove(self, record: router.Record, server: FleetServer, why: str | None) -> None:
+        try:
+            router.remove_worker(record, server.url, timeout_s=10.0)
+        except FleetError as exc:
+            self.events.append("removed", f"could not take it out of the router: {exc}", server=server.name)
+            return
+        if why is not None:
+            self.events.append("removed", f"out of the router: {why}", server=server.name)
+
+    def _hold(self, fleet: Fleet) -> bool:
+        if self._held is not None:
+            return True
+        stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(locked(fleet, holder=HOLDER))
+        except FleetError:
+            return False
+        self._held = stack
+        return True
+
+    def _release(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.close()
