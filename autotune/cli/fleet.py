@@ -15,13 +15,14 @@ from rich.console import Console
 from rich.table import Table
 
 from autotune.config.studyref import locate_fleet
-from autotune.deploy import keeperproc
+from autotune.deploy import keeperproc, leasefile
 from autotune.deploy.fleet import Fleet, foreign_note, load_fleet
 from autotune.deploy.fleet import down as fleet_down
 from autotune.deploy.fleet import status as fleet_status
 from autotune.deploy.fleet import up as fleet_up
 from autotune.deploy.fleetlog import FleetLog, events_path, shown
 from autotune.deploy.keeper import Keeper
+from autotune.deploy.lease import give_back
 from autotune.deploy.router import running as router_running
 from autotune.deploy.router import wanted as router_wanted
 from autotune.deploy.routerview import view as router_view
@@ -56,7 +57,12 @@ def fleet() -> None:
 def up(fleet_file: Path | None, names: tuple[str, ...], timeout: float, keeper: bool | None) -> None:
     """Start every server that is not running (detached: they keep running after this command), then the router
     and the keeper, which restarts a server that dies."""
-    fleet = _load(fleet_file)[0]
+    fleet, path = _load(fleet_file)
+    lent = leasefile.current(fleet)
+    if lent is not None and not lent.holder_alive():  # a sweep killed while it held a server: the server comes back
+        click.echo(give_back(path, reason="its sweep is gone") or "")
+    elif lent is not None:
+        click.echo(f"lease: {lent.line} (left to its study)")
     started = fleet_up(fleet, timeout_s=timeout, names=names or None)
     click.echo(f"started: {', '.join(started)}" if started else "all servers already running")
     if fleet.keeper.keep if keeper is None else keeper:
@@ -157,4 +163,5 @@ def keeper_lines(fleet: Fleet, *, count: int = 5) -> list[str]:
     events = FleetLog.of(fleet).recent(count)
     head = (f"keeper: running (pid {kept.pid})" if kept is not None else
             "keeper: not running (autotune fleet up starts it; nothing restarts a server that dies)")
-    return [head, *(f"  {shown(e)}" for e in events)]
+    lent = leasefile.current(fleet)
+    return [head, *(f"  {shown(e)}" for e in events), *([f"lease: {lent.line}"] if lent is not None else [])]

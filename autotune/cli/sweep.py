@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from autotune.cli import INTERRUPTED
+from autotune.cli.borrow import borrowed_sweep
 from autotune.cli.fromstudy import start_from
 from autotune.config import load_config
 from autotune.config.studyref import resolve_config
@@ -139,9 +140,14 @@ def render(summary: SweepSummary) -> str:
 @click.option("--from", "from_study", metavar="STUDY",
               help="Re-tune from an earlier study (FILE.toml, NAME or STORAGE_URL): its best configs first, its planner "
                    "corrections scaled to this GPU.")
+@click.option("--borrow", "borrow", metavar="SERVER",
+              help="Tune in place: lend this server of the running fleet to the study (drained out of the router, "
+                   "stopped), run the study on its GPUs, give it back on its production config when the study ends.")
+@click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="With --borrow: the fleet file (default: the fleet the last `autotune apply` wrote).")
 def sweep(config_path: Path | None, study_name: str | None, storage: str | None, trials: int | None,
           engine: str | None, as_json: bool, gpus: str | None, launcher: str | None, workers: int | None,
-          from_study: str | None) -> None:
+          from_study: str | None, borrow: str | None, fleet_file: Path | None) -> None:
     """Run (or resume) a study: search configs, then confirm the winner."""
     cfg = load_config(resolve_config(config_path), name=study_name, storage=storage, trials=trials, engine=engine)
     cfg = with_launcher(cfg, launcher)
@@ -156,9 +162,16 @@ def sweep(config_path: Path | None, study_name: str | None, storage: str | None,
     check_study(cfg)  # a baseline or [[enqueue]] SGLang refuses: one line, before any worker or server starts
     if from_study:  # the earlier study's best configs and planner corrections, recorded in this study
         start_from(cfg, from_study, echo=lambda line: click.echo(line, err=as_json))
-    if gpus or workers is not None:
-        cfg = _search_on(cfg, gpus, workers, err=as_json)
-    summary = run_sweep(cfg, progress=make_progress(quiet_stdout=as_json))
+    if borrow is not None:
+        if gpus or workers is not None:
+            raise ConfigError("--borrow runs the study on the lent server's GPUs", key="--borrow",
+                              fix="give --borrow SERVER alone, or --gpus / --workers without it")
+        summary = borrowed_sweep(cfg, borrow, fleet_file, echo=lambda line: click.echo(line, err=as_json),
+                                 progress=make_progress(quiet_stdout=as_json))
+    else:
+        if gpus or workers is not None:
+            cfg = _search_on(cfg, gpus, workers, err=as_json)
+        summary = run_sweep(cfg, progress=make_progress(quiet_stdout=as_json))
     click.echo(json.dumps(dataclasses.asdict(summary), indent=2, default=str) if as_json else render(summary))
     if (gpus or workers is not None) and not as_json:
         click.echo(render_gpus(open_study(cfg, create=False)))

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from autotune.config.studyref import locate_fleet
+from autotune.deploy import leasefile
 from autotune.deploy.fleet import status as fleet_status
 from autotune.deploy.fleetfile import Fleet, load_fleet
 from autotune.deploy.fleetlog import FleetLog, shown
@@ -112,6 +113,9 @@ def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_j
         seen = router_view(fleet, first_wait_s=0.0) if fleet is not None else None
         missing[:] = fleet_problems(fleet) if fleet is not None else []
         kept = [shown(e) for e in FleetLog.of(fleet).recent(3)] if fleet is not None else []
+        lent = leasefile.current(fleet) if fleet is not None else None
+        if lent is not None:
+            kept.append(lent.line)
         if as_json:
             click.echo(json.dumps({**report.to_dict(), **({"router": seen.to_dict()} if seen else {}),
                                    **({"fleet": {"problems": missing, "keeper": kept}} if fleet else {})},
@@ -138,6 +142,8 @@ def fleet_problems(fleet: Fleet) -> list[str]:
     the fleet's holds: watch's exit status says so (a third of the fleet down is not "no drift")."""
     out = []
     for row in fleet_status(fleet):
+        if row.state == "lent":  # out on purpose, and given back when its study ends: said, not a problem
+            continue
         if row.state == "foreign":
             out.append(f"{row.name}: {row.note}")
         elif row.state != "healthy":

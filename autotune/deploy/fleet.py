@@ -25,7 +25,7 @@ from typing import Any, TypedDict
 import httpx
 
 from autotune import tls
-from autotune.deploy import keeperproc, remote, router
+from autotune.deploy import keeperproc, leasefile, remote, router
 from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re-exported
     LOCAL_HOSTS,
     Fleet,
@@ -298,6 +298,7 @@ class ServerStatus:
     launcher: str | None = None
     running: bool = False  # its record proves it the fleet's, and it runs (pending or serving)
     note: str | None = None  # a server that is not the fleet's holds the port
+    lent: str | None = None  # lent to a study (``deploy.lease``): the lease's line
     healthy: bool = False
     capacity: Capacity | None = None
     drift: list[str] = field(default_factory=list)  # flags whose running value differs from `config`
@@ -310,6 +311,8 @@ class ServerStatus:
 
     @property
     def state(self) -> str:
+        if self.lent is not None:
+            return "lent"
         if self.note is not None:
             return "foreign"
         if self.healthy:
@@ -319,7 +322,7 @@ class ServerStatus:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "host": self.host, "gpus": self.gpus, "gpu": self.gpu, "port": self.port,
                 "config": self.config, "pid": self.pid, "job": self.job, "launcher": self.launcher,
-                "state": self.state, "note": self.note, "drift": self.drift, "tok_s": self.tok_s,
+                "state": self.state, "note": self.note, "lent": self.lent, "drift": self.drift, "tok_s": self.tok_s,
                 "capacity": self.capacity.to_dict() if self.capacity else None}
 
 
@@ -355,6 +358,10 @@ def _tok_s(server: FleetServer, info: ServerInfo | None) -> float | None:
 def server_status(fleet: Fleet, server: FleetServer) -> ServerStatus:
     status = ServerStatus(name=server.name, host=server.host, gpus=list(server.gpus), port=server.port,
                           config=server.config)
+    lent = leasefile.current(fleet)
+    if lent is not None and lent.server == server.name:
+        status.lent = lent.line
+        return status  # the study's now: what runs on its GPUs is not the fleet's server
     if server.local:
         handle = ours(fleet, server)
         if handle is None:
@@ -387,8 +394,11 @@ def _selected(fleet: Fleet, names: Iterable[str] | None) -> list[FleetServer]:
 def up(fleet: Fleet, *, timeout_s: float = 900.0, names: Iterable[str] | None = None) -> list[str]:
     """Start every server that is not already up. Configs and ports are checked before anything starts."""
     todo = []
+    lent = leasefile.current(fleet)
     for server in _selected(fleet, names):
         config = server_config(fleet, server)  # a bad config file stops the command before any launch
+        if lent is not None and lent.server == server.name and lent.holder_alive():
+            continue  # its study's until the sweep gives it back
         if server.local and ours(fleet, server) is not None:
             continue
         if not server.local and healthy(server):

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.deploy import router
+from autotune.deploy import lease, router
 from autotune.deploy.fleet import (
     attached,
     drift,
@@ -102,10 +102,13 @@ class Keeper:
         if not self._hold(fleet):
             return  # a rollout, a rollback or fleet down has the fleet: it is theirs until they let go
         try:
+            lent = lease.current(fleet)
+            if lent is not None and lent.server not in self.repairs and not lent.holder_alive():
+                self._start_repair(lent.server, self._return_lease, ())
             record = router.running(fleet)
             listed = {w.get("url") for w in router.workers(record)} if record is not None else set()
             for server in fleet.servers:
-                if server.name not in self.repairs:
+                if server.name not in self.repairs and (lent is None or server.name != lent.server):
                     self._look(fleet, server, record, listed)
         finally:
             if not any(t.is_alive() for t in self.repairs.values()):
@@ -172,10 +175,23 @@ class Keeper:
                            cause=cause)
         w.last_healthy, w.died_at = None, now
         self._count_death(w, now)
-        thread = threading.Thread(target=self._repair, args=(server.name, w), name=f"keeper-{server.name}",
-                                  daemon=True)
-        self.repairs[server.name] = thread
+        self._start_repair(server.name, self._repair, (w,))
+
+    def _start_repair(self, name: str, target, args: tuple) -> None:
+        thread = threading.Thread(target=target, args=(name, *args), name=f"keeper-{name}", daemon=True)
+        self.repairs[name] = thread
         thread.start()
+
+    def _return_lease(self, name: str) -> None:
+        """The lent server back from a sweep that is gone (killed): started, verified, readmitted; the lease ends."""
+        try:
+            said = lease.returned(load_fleet(self.path), reason="its sweep is gone")
+        except AutotuneError as exc:
+            self.events.append("restart_failed", f"could not take it back from its lease: {exc}", server=name)
+            self.stop.wait(max(5.0, self.policy.interval_s))  # the next look tries again
+            return
+        if said is not None:
+            self.watched[name] = Watched(last_healthy=time.monotonic())
 
     def _count_death(self, w: Watched, now: float) -> None:
         w.deaths.append(now)

@@ -38,6 +38,7 @@ from autotune.deploy.fleet import (
     write_fleet,
 )
 from autotune.deploy.fleetfile import group_mismatch
+from autotune.deploy.lease import refuse_while_lent
 from autotune.deploy.rolloutlog import Figures, RolloutEvent, RolloutLog, locked, log_path  # noqa: F401 - the log's API, re-exported
 from autotune.deploy.sglang_yaml import deployed_config, read_config_file, split_config, yaml_text
 from autotune.errors import AutotuneError, FleetError
@@ -343,6 +344,7 @@ def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, c
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
     with locked(fleet, holder="a rollout", wait_s=LOCK_WAIT_S):
+        refuse_while_lent(fleet, "a rollout")
         current = log.current()
         if current and current[-1].get("event") != "end":
             raise FleetError(f"an earlier rollout in {log.path} did not finish: finish it with --resume or "
@@ -372,6 +374,7 @@ def resume(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _: 
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
     with locked(fleet, holder="a resumed rollout", wait_s=LOCK_WAIT_S):
+        refuse_while_lent(fleet, "a resumed rollout")
         current = log.current()
         if not current or current[-1].get("event") == "end":
             raise FleetError(f"no unfinished rollout in {log.path}")
@@ -385,6 +388,7 @@ def rollback(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
     with locked(fleet, holder="a rollback", wait_s=LOCK_WAIT_S):
+        refuse_while_lent(fleet, "a rollback")
         current = log.current()
         if not current:
             raise FleetError(f"no rollout recorded in {log.path}")

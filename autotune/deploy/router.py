@@ -203,13 +203,15 @@ def _log_reason(log: str) -> str:
 
 
 def stop(fleet: Fleet, *, grace_s: float = 10.0) -> bool:
-    """SIGTERM, SIGKILL of its group after ``grace_s``, until both its ports are free; True if one ran."""
+    """SIGTERM, SIGKILL of its group after ``grace_s``, until its process has exited and both its ports are free;
+    True if one ran."""
     record = read_record(fleet)
     if record is None:
         return False
     ran = record.alive()
     if ran:
         stop_process_group(record.pid, grace_s=grace_s)
+        wait_until(lambda: not record.alive(), 10.0, 0.05)  # fleet down returns once the router has exited
     wait_until(lambda: all(port_is_free(record.host, p) for p in (record.port, record.metrics_port)), 10.0, 0.05)
     for path in (record_path(fleet), pid_path(fleet), samples_path(fleet)):
         path.unlink(missing_ok=True)
