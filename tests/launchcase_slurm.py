@@ -5,6 +5,7 @@ simulated-GPU registry are the job's too. Skipped without ``sbatch`` unless ``AU
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import shutil
 import subprocess
@@ -19,14 +20,27 @@ from launchcase import CaseEnv
 from autotune.launch.slurm import SlurmLauncher
 
 
-def slurm_missing() -> str | None:
-    """Why Slurm cannot run here, or None (a missing tool fails instead under ``AUTOTUNE_REQUIRE_ALL=1``)."""
+@functools.cache
+def _why_no_slurm() -> str | None:
     if shutil.which("sbatch") is None:
-        why = "no Slurm here (sbatch not found; .ci/slurm.sh starts a single-node cluster)"
-        if os.environ.get("AUTOTUNE_REQUIRE_ALL") == "1":
-            pytest.fail(why)
-        return why
+        return "no Slurm here (sbatch not found; .ci/slurm.sh starts a single-node cluster)"
+    try:  # the client tools alone (a login node, a laptop) are not a cluster: a controller must answer
+        done = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"Slurm's controller does not answer (squeue: {exc}; .ci/slurm.sh starts a single-node cluster)"
+    if done.returncode != 0:
+        said = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        return f"Slurm's controller does not answer (squeue: {said}; .ci/slurm.sh starts a single-node cluster)"
     return None
+
+
+def slurm_missing() -> str | None:
+    """Why Slurm cannot run here (no ``sbatch``, or no controller answering ``squeue``), or None; a missing cluster
+    fails instead under ``AUTOTUNE_REQUIRE_ALL=1``."""
+    why = _why_no_slurm()
+    if why is not None and os.environ.get("AUTOTUNE_REQUIRE_ALL") == "1":
+        pytest.fail(why)
+    return why
 
 
 def queue() -> list[str]:

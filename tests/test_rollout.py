@@ -407,3 +407,10 @@ def test_rolling_apply_to_two_tp2_servers_keeps_one_server_up_and_each_on_its_pa
     finally:
         teardown(path)
     assert all(device.read(gpu, devices).used_mib == 0 for gpu in range(4))
+
+
+def test_a_verification_is_said_in_words_not_as_a_dict():
+    line = rollout.figures_line({"capacity": {"max_running_requests": 16, "kv_tokens": 1761708, "mamba_slots": 48},
+                                 "tok_s": 273.2})
+    assert line == "running cap 16, KV 1,761,708 tokens, Mamba slots 48; canary 273 tok/s"
+    assert rollout.figures_line({"capacity": {"max_running_requests": 40, "kv_tokens": None}}) == "running cap 40"

@@ -16,6 +16,7 @@ from autotune.deploy.fleetfile import Fleet, load_fleet
 from autotune.deploy.fleetlog import FleetLog, shown
 from autotune.deploy.routerview import view as router_view
 from autotune.errors import ConfigError
+from autotune.inspect.probe import normalise_url
 from autotune.sglang.profiles import load_gpu, load_model
 from autotune.watch.listen import MetricsServer, parse_listen
 from autotune.watch.output import lines
@@ -96,6 +97,8 @@ def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_j
         interval_s=interval_s, window_s=parse_duration(window, option="--window"),
         limits=Limits(sustain_s=parse_duration(sustain, option="--sustain")), model=model, gpu=gpu,
         timeout_s=timeout_s, out_dir=out_dir or home / "watch", state_path=state_path or home / "watch-state.json",
+        fleet=fleet.path if fleet is not None else None,
+        names={normalise_url(s.url): s.name for s in fleet.servers} if fleet is not None else {},
     )
     if tuned is None:
         click.echo("note: no --study: the length and throughput rules are off (they compare with the study)",

@@ -17,7 +17,7 @@ from autotune.deploy.fleetfile import Fleet
 
 class FleetEvent(TypedDict, total=False):
     event: Required[str]  # keeper_start, keeper_stop, exited, unresponsive, removed, foreign, restarting,
-    #                       restarted, restart_failed, readmitted, gave_up, capacity_changed
+    #                       restarted, restart_failed, readmitted, gave_up, serving, lent, returned
     time: Required[str]  # ISO 8601, UTC
     line: Required[str]  # the account every view prints
     server: str
@@ -25,6 +25,7 @@ class FleetEvent(TypedDict, total=False):
     attempt: int
     pid: int
     seconds: float
+    return_s: float  # a lent server's return: from its start to back in the router
     capacity: dict[str, int | None]
 
 

@@ -96,5 +96,6 @@ def returned(fleet: Fleet, *, reason: str) -> str | None:
             + (" and back in the router" if record is not None else "")
             + f", {time.monotonic() - began:.1f} s after the return began"
             + (f"; it runs other values for {', '.join(changed)}" if changed else ""))
-    FleetLog.of(fleet).append("returned", line, server=server.name, seconds=round(out_s, 1))
+    FleetLog.of(fleet).append("returned", line, server=server.name, seconds=round(out_s, 1),
+                              return_s=round(time.monotonic() - began, 1))
     return f"{server.name}: {line}"

@@ -7,21 +7,13 @@ Depends on nothing but ``errors`` (layer 0: the config check, the harness and th
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING
 
 from autotune.errors import WorkloadError
+from autotune.prompts.messages import ChatMessage
 
 if TYPE_CHECKING:
     from autotune.prompts.template import ChatTemplate
-
-class ChatMessage(TypedDict, total=False):
-    """One chat message as a prompt file holds it and the chat endpoint takes it (OpenAI's shape): its role and
-    content, a string or a list of content parts. Any other key a file gives (``name``, tool calls) is kept and sent
-    as it is."""
-
-    role: str
-    content: str | list[Any]
-
 
 REPEATS = ("fresh", "verbatim")  # how a replay re-sends a prompt it already sent (``workload.repeats``)
 

@@ -23,7 +23,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from autotune.errors import WorkloadError
 
 if TYPE_CHECKING:
-    from autotune.prompts.rows import ChatMessage
+    from autotune.prompts.messages import ChatMessage
 
 TEMPLATE_FILE = "chat_template.jinja"
 TOKENIZER_CONFIG = "tokenizer_config.json"

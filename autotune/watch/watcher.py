@@ -43,6 +43,8 @@ class WatchOptions:
     state_path: Path | None = None
     rows: int = 200  # prompts in a drifted study's sample
     seed: int = 0
+    fleet: Path | None = None  # the fleet file watched: its fixes say how to re-tune in place (``sweep --borrow``)
+    names: dict[str, str] = field(default_factory=dict)  # server URL → its name in the fleet file
 
     @property
     def max_samples(self) -> int:
@@ -183,7 +185,13 @@ class Watcher:
                 fix.append(f"planner: {suggestion_line(planner)}.")
             elif advice is not None and advice.model and advice.gpu:
                 fix.append("planner: no change it trusts serves today's traffic better.")
-            if report.study_file:
+            name = self.options.names.get(report.url)
+            if report.study_file and self.options.fleet is not None and name is not None:
+                fleet = self.options.fleet
+                fix.append(f"Re-tune for today's traffic in place, on this server's GPUs while the others serve: "
+                           f"autotune sweep --config {report.study_file} --borrow {name} --fleet {fleet}; then roll "
+                           f"the winner out: autotune apply --config {report.study_file} --fleet {fleet} --rolling")
+            elif report.study_file:
                 fix.append(f"Re-tune for today's traffic: autotune sweep --config {report.study_file}")
             fixed.append(Finding(server=f.server, rule=f.rule, evidence=f.evidence, reason=f.reason, fix=fix))
         report.findings = fixed

@@ -12,36 +12,14 @@ summary's ``--json``) and read by key, so mypy checks the keys its readers use.
 
 from __future__ import annotations
 
-from typing import NotRequired, TypedDict
-
 import optuna
 
 from autotune.job import Job, JobShapeError, JobTime, job_line, job_time
 from autotune.results import TrialResult
 from autotune.search.confirm.record import Confirmation
 from autotune.search.objective import gpus_spanned
+from autotune.search.views.jobtypes import JobHours, JobView
 from autotune.search.views.summary import baseline_trial, confirmed_rate
-
-
-class JobHours(TypedDict):
-    """One config's run of the job: servers of ``gpus_per_server`` GPUs, its hours (and the interval's), cost."""
-
-    servers: int
-    gpus_per_server: int
-    hours: float
-    hours_range: list[float] | None
-    gpu_hours: float
-    cost: float | None
-
-
-class JobView(TypedDict):
-    """The job's line and, where the figures answer it, the baseline's and the winner's hours."""
-
-    line: str
-    baseline: JobHours | None
-    winner: JobHours | None
-    mean_output_tokens: NotRequired[float]
-    output_from: NotRequired[str]  # "job" ([job] mean_output_tokens) or "baseline's window"
 
 
 def study_job(study: optuna.Study) -> Job | None:

@@ -15,7 +15,7 @@ import collections
 import dataclasses
 import functools
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -32,13 +32,11 @@ from autotune.search.objective import gpus_spanned
 from autotune.search.seeding import finished, launch_key, launches, unsettled
 from autotune.search.stopping import SearchStop
 from autotune.search.views.above import AboveEntry, above_baseline, above_line
+from autotune.search.views.jobtypes import JobView
 from autotune.search.views.origin import origin_line
 from autotune.search.views.spend import Spend, study_spend
 from autotune.search.views.worstcase import worst_case_line
 from autotune.search.warm import record_of
-
-if TYPE_CHECKING:  # jobview reads the summary's rates: its record type only, here
-    from autotune.search.views.jobview import JobView
 
 
 def baseline_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
