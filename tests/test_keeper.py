@@ -243,3 +243,12 @@ def test_one_keeper_per_fleet_and_a_rollout_waits_for_the_keepers_look(tmp_path)
         for _ in range(20):
             with locked(load_fleet(path), holder="a rollout", wait_s=5.0):
                 pass
+        # a router that dies is started again on the fleet's serving servers (the job's one URL)
+        first = router.running(load_fleet(path))
+        assert first is not None
+        os.killpg(first.pid, signal.SIGKILL)
+        said = wait_event(path, "restarted")
+        assert said["line"].startswith("the router exited: started again (pid") and "on 3 serving" in said["line"]
+        again = router.running(load_fleet(path))
+        assert again is not None and again.pid != first.pid and again.url == first.url
+        assert len([w for w in router.workers(again) if w["is_healthy"]]) == 3

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.deploy import lease, router
+from autotune.deploy import lease, leasefile, router
 from autotune.deploy.fleet import (
     attached,
     drift,
@@ -29,6 +29,7 @@ from autotune.deploy.fleet import (
     healthy,
     server_config,
     server_info,
+    serving,
     start_server,
     stop_server,
     wait_gpus_free,
@@ -102,10 +103,10 @@ class Keeper:
         if not self._hold(fleet):
             return  # a rollout, a rollback or fleet down has the fleet: it is theirs until they let go
         try:
-            lent = lease.current(fleet)
+            lent = leasefile.current(fleet)
             if lent is not None and lent.server not in self.repairs and not lent.holder_alive():
                 self._start_repair(lent.server, self._return_lease, ())
-            record = router.running(fleet)
+            record = router.running(fleet) or self._router_back(fleet, lent)
             listed = {w.get("url") for w in router.workers(record)} if record is not None else set()
             for server in fleet.servers:
                 if server.name not in self.repairs and (lent is None or server.name != lent.server):
@@ -290,6 +291,21 @@ class Keeper:
                            server=server.name)
 
     # -- the router and the lock -------------------------------------------------------------------------
+    def _router_back(self, fleet: Fleet, lent: leasefile.Lease | None) -> router.Record | None:
+        """A router whose record says it ran, and whose process is gone: started again on the fleet's serving
+        servers (the job's one URL is the router's)."""
+        if router.wanted(fleet) is not None or router.read_record(fleet) is None:
+            return None  # no router wanted, or stopped on purpose (fleet down removes its record)
+        urls = [s.url for s in fleet.servers if (lent is None or s.name != lent.server) and serving(fleet, s)]
+        try:
+            record = router.start(fleet, urls, timeout_s=60.0)
+        except FleetError as exc:
+            self.events.append("restart_failed", f"the router exited and did not start again: {exc}")
+            return None
+        self.events.append("restarted", f"the router exited: started again (pid {record.pid}) on {len(urls)} "
+                           "serving server(s)")
+        return record
+
     def _remove(self, record: router.Record, server: FleetServer, why: str | None) -> None:
         try:
             router.remove_worker(record, server.url, timeout_s=10.0)
