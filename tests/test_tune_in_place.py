@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from test_keeper import FAST, events, kept_fleet, listed, wait_event
-from test_router import Load, needs_router, run_cli
+from test_router import Load, needs_router, routed_fleet, run_cli
 from tinystudy import write_tiny_study
 
 from autotune.cli import cli
 from autotune.deploy import rollout
-from autotune.deploy.fleet import load_fleet
+from autotune.deploy.fleet import load_fleet, write_fleet
 from autotune.deploy.lease import borrow
 from autotune.deploy.leasefile import current
 from autotune.errors import FleetError
@@ -28,6 +28,16 @@ from autotune.errors import FleetError
 @pytest.fixture(autouse=True)
 def sim_devices(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
+
+
+def test_only_a_serving_local_server_is_lent_and_nothing_is_written_otherwise(tmp_path):
+    path = routed_fleet(tmp_path, n=2)
+    with pytest.raises(FleetError, match="server s1 is not serving .*lend a serving one"):
+        borrow(path, "s1", "tune")
+    write_fleet(load_fleet(path).model_copy(update={"launcher": "slurm"}), path)
+    with pytest.raises(FleetError, match="through the slurm launcher: only this host's local servers are lent"):
+        borrow(path, "s1", "tune")
+    assert current(load_fleet(path)) is None and not events(path)
 
 
 def borrowing_sweep(tmp_path: Path, fleet: Path, server: str, trials: int = 2) -> subprocess.Popen[str]:
@@ -80,6 +90,8 @@ def test_a_study_on_a_lent_server_gives_it_back_and_nothing_else_moves_meanwhile
 def test_a_sigkilled_sweeps_server_is_given_back_by_the_keeper(tmp_path):
     with kept_fleet(tmp_path, FAST) as (path, record):
         s2 = load_fleet(path).server("s2")
+        load = Load([record.url], tmp_path / "client.jsonl", concurrency=16, max_tokens=16)
+        load.wait_for(20)
         sweep = borrowing_sweep(tmp_path, path, "s2", trials=6)
         try:
             wait_event(path, "lent", "s2", timeout_s=60.0)
@@ -92,3 +104,6 @@ def test_a_sigkilled_sweeps_server_is_given_back_by_the_keeper(tmp_path):
         assert "(its sweep is gone)" in back["line"] and "back in the router" in back["line"]
         assert time.monotonic() - killed < 60.0
         assert current(load_fleet(path)) is None and s2.url in listed(record)
+        load.wait_for(len(load.records()) + 20)
+        done = load.stop()
+        assert done and all(r["ok"] for r in done), [r for r in done if not r["ok"]][:3]

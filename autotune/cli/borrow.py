@@ -33,6 +33,10 @@ def borrowed_sweep(cfg: Any, name: str, fleet_file: Path | None, *, echo: Callab
                           key="engine.sim_gpu", fix=f"set sim_gpu = \"{fleet.sim_gpu}\" (the lent server's GPU)")
     if server.gpus:
         cfg = on_gpus(cfg, server.gpus, cfg.engine.port, key="--borrow")
+    tuned_on = _tuned_prompts(fleet)
+    if tuned_on is not None and Path(cfg.workload.prompts).resolve() != tuned_on.resolve():
+        echo(f"note: the study replays {cfg.workload.prompts}; the fleet's running config was tuned on {tuned_on} "
+             "(its provenance.json): set [workload] prompts to it to tune for the fleet's own traffic")
     serving = len(fleet.servers) - 1
     echo(f"lending {name} ({server.where}) to study {cfg.name}: the job runs on {serving} of {len(fleet.servers)} "
          f"servers until the study ends{_advice(fleet, serving)}")
@@ -60,3 +64,12 @@ def _advice(fleet: Fleet, serving: int) -> str:
     if not isinstance(per_server, int):
         return ""
     return f"; keep about {per_server * serving} requests in flight meanwhile ({per_server} per serving server)"
+
+
+def _tuned_prompts(fleet: Fleet) -> Path | None:
+    """The prompt file the fleet's running config was tuned on (``provenance.json`` beside the fleet), if known."""
+    try:
+        prompts = json.loads(fleet.resolve("provenance.json").read_text())["workload"]["prompts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return fleet.resolve(prompts) if isinstance(prompts, str) else None

@@ -276,7 +276,7 @@ def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_ti
 def wait_gpus_free(fleet: Fleet, server: FleetServer, *, timeout_s: float) -> None:
     """Until every GPU of the server's group is back to (nearly) nothing used: the fleet owns its GPUs, and the
     next server sizes its pools from free memory (a dead server's memory comes back once its driver context is
-    gone). Host RAM is shared, "back to nothing used" never comes: no wait there."""
+    gone). Host RAM is shared: no wait there."""
     reader = memory_reader(fleet, server, make_launcher(fleet.launcher, fleet.launcher_settings))
     if reader is not None:
         try:
@@ -436,10 +436,8 @@ def router_up(fleet: Fleet, *, timeout_s: float = 60.0) -> router.Record | None:
 
 
 def down(fleet: Fleet, *, grace_s: float = 30.0, names: Iterable[str] | None = None) -> list[str]:
-    """Stop the fleet's own servers (all by default; see ``foreign_note`` for what else holds a port) and, with all
-    of them, the keeper first (it would restart them) and the router; returns the names that were running. A server
-    stopped alone leaves the router first, so the router sends it nothing more, under the fleet's lock, so the
-    keeper sees it stopped on purpose, not dead."""
+    """Stop the fleet's own servers (all by default: the keeper first, then the router); the names that ran. A server
+    stopped alone leaves the router first, under the fleet's lock (the keeper sees it stopped on purpose)."""
     if not names:
         keeperproc.stop(fleet)
         router.stop(fleet, grace_s=min(grace_s, 10.0))

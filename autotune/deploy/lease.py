@@ -42,8 +42,9 @@ def borrow(fleet_path: Path, name: str, study: str, *, drain_timeout_s: float = 
     server = fleet.server(name)
     with locked(fleet, holder=f"the lease of {name} to study {study}", wait_s=30.0):
         refuse_while_lent(fleet, "a second lease")
-        if not server.local:
-            raise FleetError(f"server {name} runs on {server.host}: only this host's servers are lent")
+        if not server.local or fleet.launcher != "local":
+            raise FleetError(f"server {name} runs on {server.host} through the {fleet.launcher} launcher: only this "
+                             "host's local servers are lent (the study runs here)")
         if not serving(fleet, server):
             raise FleetError(f"server {name} is not serving (autotune fleet status): lend a serving one")
         others = [s.name for s in fleet.servers if s.name != name and serving(fleet, s)]
