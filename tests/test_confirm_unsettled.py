@@ -3,13 +3,18 @@ config beat the baseline" while one measured above it (in-process runner, no ser
 
 from __future__ import annotations
 
+from click.testing import CliRunner
 from test_study import PlannerRunner, write_study
 
+from autotune.cli import cli
 from autotune.cli.sweep import render
 from autotune.config import load_config
+from autotune.deploy.apply import load_winner, provenance
+from autotune.report.headline import verdict_facts
 from autotune.results import TrialResult
 from autotune.search.objective import open_study
 from autotune.search.sweep import run_sweep
+from autotune.search.views.summary import verdict_note
 
 BASELINE_SLOTS = 80  # the test study's baseline: every other config measures more, in windows that never settle
 
@@ -50,3 +55,19 @@ def test_a_summary_with_only_unsettled_configs_above_the_baseline_names_them_and
     first = above[0]
     assert f"trial {first.trial} {first.gain:.2f}× (search run, did not settle)" in summary.note
     assert "workload.measure_max_s" in summary.note
+
+
+def test_one_verdict_text_in_the_summary_report_trials_apply_and_provenance(tmp_path):
+    path = write_study(tmp_path, trials=4)
+    path.write_text(path.read_text().replace("[study]\n", "[study]\nconfirm_top_k = 0\n", 1))
+    cfg = load_config(path)
+    summary = run_sweep(cfg, runner=Unsettled())  # unsettled configs above the baseline, none crowned
+    study = open_study(cfg, create=False)
+    assert summary.outcome == "baseline" and summary.above_baseline, render(summary)
+    note = verdict_note(study)
+    assert "no config was shown to beat the baseline" in note and "(search run, did not settle)" in note
+    assert summary.note == note and f"note: {note}" in render(summary)
+    assert verdict_facts(study).note == note  # the report's header
+    assert f"verdict: {note}" in CliRunner().invoke(cli, ["trials", "--config", str(cfg.path)]).output
+    picked = summary.above_baseline[0].trial  # apply --trial N deploys one anyway; provenance.json keeps the verdict
+    assert provenance(load_winner(cfg.storage_url, study.study_name, trial=picked))["verdict"] == note

@@ -24,7 +24,7 @@ from autotune.search.space import config_diff
 from autotune.search.storage import load_study
 from autotune.search.views.jobview import job_for_study
 from autotune.search.views.origin import origin_line
-from autotune.search.views.summary import confirmation_line, confirmed, confirmed_rate
+from autotune.search.views.summary import confirmation_line, confirmed, confirmed_rate, verdict_note
 from autotune.search.views.worstcase import stress_of, worst_case_line
 from autotune.search.warm import record_of
 
@@ -161,6 +161,8 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
                        f"{r.worst_case or worst_case_line(conf, r.number)}")
     if conf is not None and conf.complete and confirmation_line(conf):  # the launches and noise the figures rest on
         click.echo(f"confirmation: {confirmation_line(conf)}")
+    if note := verdict_note(study):  # the verdict in the words the summary, report and apply use
+        click.echo(f"verdict: {note}")
     verdict = confirmed(conf)
     job = job_for_study(study, verdict.winner_trial if verdict is not None else None)
     if job is not None:  # [job]: the confirmed winner (or the baseline alone) as the job's hours

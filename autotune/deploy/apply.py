@@ -41,6 +41,7 @@ from autotune.search.objective import per_gpu
 from autotune.search.storage import load_study
 from autotune.search.views.jobview import JobView, job_for_study
 from autotune.search.views.settings import StudySettings
+from autotune.search.views.summary import verdict_note
 from autotune.search.views.worstcase import WorstCase, worst_case_block
 from autotune.sglang.envs import env_strings, split_env
 from autotune.sglang.flags import FlagTable
@@ -70,6 +71,7 @@ class Winner:
     settings: StudySettings = field(default_factory=StudySettings)  # the study's user_attrs["autotune"], as read
     job: JobView | None = None  # [job]: the job's hours before and after (``search.views.jobview``)
     worst_case: WorstCase | None = None  # the stress phase's verdict (``search.confirm.stress``)
+    verdict: str = ""  # the confirmation's verdict as every view says it (``views.summary.verdict_note``)
 
     @property
     def capacity(self) -> Capacity | None:
@@ -133,7 +135,7 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
     trial = verdict.winner_trial if trial is None else trial
     if trial is None and confirmation.complete:  # confirmed, and nothing beat the baseline
         raise StudyError(f"study {loaded.study_name!r} has no winner to apply: "
-                         f"{verdict.note or 'the confirmation found none'}; "
+                         f"{verdict_note(loaded) or 'the confirmation found none'}; "
                          "keep the current config (or pass --trial N to deploy a trial anyway)")
     if trial is None:
         if not usable:
@@ -152,6 +154,7 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
         tok_s_runs=figures.runs, confirmed=figures.confirmed, gain=figures.gain, gain_ci=figures.gain_ci,
         baseline_config=baseline, settings=StudySettings.of(loaded.user_attrs.get("autotune") or {}),
         job=job_for_study(loaded, trial), worst_case=worst_case_block(loaded.user_attrs, trial),
+        verdict=verdict_note(loaded),
     )
 
 
@@ -214,6 +217,7 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
         "study": winner.study,
         "trial": winner.trial,
         "confirmed": winner.confirmed,
+        "verdict": winner.verdict or None,
         "output_tok_s": winner.tok_s,
         "output_tok_s_runs": winner.tok_s_runs,
         "gain": winner.gain,

@@ -20,7 +20,7 @@ from autotune.results import TrialResult
 from autotune.search.confirm.record import Confirmation
 from autotune.search.views.jobview import job_for_study
 from autotune.search.views.settings import device_name
-from autotune.search.views.summary import confirmation_line, confirmed, confirmed_rate
+from autotune.search.views.summary import confirmation_line, confirmed, confirmed_rate, verdict_note
 from autotune.search.views.worstcase import worst_case_line
 
 
@@ -145,10 +145,7 @@ def gain(study: optuna.Study, headline: pd.DataFrame) -> Gain:
 def verdict_facts(study: optuna.Study) -> VerdictFacts:
     """The confirmation's verdict as the header states it (``VerdictFacts``)."""
     verdict = confirmed(Confirmation.of(study))
-    if verdict is None:
-        return VerdictFacts(outcome="unconfirmed", note="not confirmed: single search measurements")
-    note = verdict.note or ("" if verdict.outcome == "winner" else "no config beat the baseline")
-    return VerdictFacts(outcome=verdict.outcome, note=note)
+    return VerdictFacts(outcome=verdict.outcome if verdict is not None else "unconfirmed", note=verdict_note(study))
 
 
 def confirmed_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:

@@ -216,6 +216,23 @@ def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
     return best_n, None, note
 
 
+def verdict_note(study: optuna.Study) -> str:
+    """The one account of the study's verdict every view prints (the sweep's summary, ``report``, ``trials``,
+    ``apply`` and ``provenance.json``): with no winner, the configs that measured above the baseline and why none
+    was crowned (``views.above``), else the verdict's own note (or why the figures are unconfirmed)."""
+    trials = study.get_trials(deepcopy=False)
+    return _verdict(trials, baseline_trial(trials), confirmed(Confirmation.of(study)))[2] or ""
+
+
+def _verdict(trials: list[FrozenTrial], base_t: FrozenTrial | None,
+             verdict: Verdict | None) -> tuple[int | None, str | None, str | None, list[AboveEntry]]:
+    """(the best trial, the outcome, the note, the uncrowned configs above the baseline): ``_best`` with the note
+    naming those configs when there are any."""
+    best_n, outcome, note = _best(trials, base_t, verdict)
+    above = above_baseline(trials, verdict, base_t) if best_n is None and outcome == "baseline" else []
+    return best_n, outcome, above_line(above) if above else note, above
+
+
 def _unexpected(conf: Confirmation | None, best: TrialEntry | None) -> list[UnexpectedEntry]:
     """The confirmed contenders other than the winner whose outputs changed though no output-changing flag did, each
     with its one line (``results.numerics_line``)."""
@@ -290,7 +307,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
     entry = functools.partial(_entry, by_number, dict(verdict.stats) if verdict is not None else {}, conf=conf)
     base_t = baseline_trial(trials)
     baseline = base_t.number if base_t is not None else None
-    best_n, outcome, note = _best(trials, base_t, verdict)
+    best_n, outcome, note, above = _verdict(trials, base_t, verdict)
     failure = baseline_failure(study)
     if failure is not None:
         best_n, outcome, note = None, "no_baseline", None  # the baseline line and ``error`` say why
@@ -306,7 +323,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
     reran = sum(1 for t in started if t.state.name == "FAIL" and t.user_attrs.get("status") in (None, "interrupted"))
     attrs = base_t.user_attrs if base_t is not None else {}
     outcome = "winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none")
-    above = above_baseline(trials, verdict, base_t) if outcome == "baseline" else []  # measured above, uncrowned
+    above = above if outcome == "baseline" else []  # measured above, uncrowned (the note names them)
     return SweepSummary(
         study=study.study_name, storage=redact_url(cfg.storage_url), n_trials=len(done),
         statuses=statuses, launched=len(started), launched_oom=launched_oom,
@@ -323,7 +340,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         unexpected=_unexpected(conf, best),
         confirmation=confirmation_line(conf) if verdict is not None else None,
         search_stop=SearchStop.of(study.user_attrs),  # which rule ended the search (``stopping``)
-        note=above_line(above) if above else note,
+        note=note,
         error=None if failure is None else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"
             + (f" (its log: {attrs['log_path']})" if attrs.get("log_path") else "")),
