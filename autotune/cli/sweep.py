@@ -106,6 +106,8 @@ def render(summary: SweepSummary) -> str:
         why = f"{defaults.status or 'failed'}" + (f": {defaults.reason}" if defaults.reason else "")
         lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept) failed, {defaults.how}: {why}; "
                      "no gain over defaults")
+    if summary.defaults_lead:  # the defaults beat everything the space reached: say so, with what to do
+        lines.append(f"  {summary.defaults_lead}")
     if summary.search_stop is not None:  # the budget spent, or the rule that stopped the search before it
         lines.append(f"  {summary.search_stop.line}")
     if summary.spend is not None and summary.spend.phases:  # launches and GPU-hours by phase (``views.spend``)

@@ -32,6 +32,7 @@ class Facts:
     second_objective: str
     outcome: str  # the confirmation's verdict (``headline.VerdictFacts``)
     note: str
+    defaults_lead: str | None = None  # SGLang's defaults measured above every searched config (``views.summary``)
 
 
 def num(value: Any, fmt: str = "{:,.0f}", suffix: str = "") -> str:
@@ -69,6 +70,8 @@ def header_html(f: Facts, t: Mapping[str, pd.DataFrame]) -> str:
     meta = (f"{f.model} on {f.gpu} · engine {f.engine} · {len(trials)} trials "
             f"({', '.join(f'{n} {k}' for k, n in counts.items())})")
     head = [f"<h1>autotune report — {html.escape(f.study)}</h1>", f'<p class="meta">{html.escape(meta)}</p>']
+    if f.defaults_lead:  # before the verdict: what the study did not reach
+        head.append(f'<p class="bad">{html.escape(f.defaults_lead)}</p>')
     if f.winner is None:
         head.append(_no_winner(f, t))
         return '<header class="card">' + "".join(head) + "</header>"

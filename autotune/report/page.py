@@ -44,6 +44,7 @@ from autotune.report.stability import STABILITY_SECTION, stability_frame
 from autotune.search.storage import load_study, study_names
 from autotune.search.views.gpus import per_gpu_frame
 from autotune.search.views.settings import device_name, engine_kind
+from autotune.search.views.summary import defaults_lead
 from autotune.sglang.flags import FlagTable
 
 FORMATS = ("html", "csv", "json")
@@ -100,7 +101,8 @@ def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study
         gain=gain(study, headline), winner=win_no, baseline=base_no,
         launch=launch_command(win_cfg, data.model_name(config), data.launch_settings(config))
         if win_no is not None else None,
-        second_objective=data.second_objective(config), outcome=verdict.outcome, note=verdict.note)
+        second_objective=data.second_objective(config), outcome=verdict.outcome, note=verdict.note,
+        defaults_lead=defaults_lead(study))
     frames: dict[str, pd.DataFrame] = {}
     if compare:
         frames = {study.study_name: trials}

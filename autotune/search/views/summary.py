@@ -276,6 +276,7 @@ class SweepSummary:
     origin: str | None = None  # where a re-tune started (``--from``: ``views.origin``); None for a cold study
     spend: Spend | None = None  # launches and GPU-hours by phase (``views.spend``)
     twins: dict[int, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # contender: the launches it stood for
+    defaults_lead: str | None = None  # SGLang's defaults measured above every searched config: the line and the fix
 
 
 def _baseline_entry(trial: FrozenTrial | None, base: TrialEntry | None, failure: str | None) -> BaselineEntry:
@@ -348,7 +349,36 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         job=job(best.trial if best else None) if job is not None else None, interrupted=interrupted,
         origin=origin_line(record_of(study)), spend=study_spend(trials, conf, simulated=cfg.engine.kind == "sim"),
         twins=_twins(cfg, study, trials, conf),
+        defaults_lead=_defaults_lead(defaults, [e for t in trials if t.state.name == "COMPLETE"
+                                                and t.user_attrs.get("status") == "ok" and (e := entry(t.number))]),
     )
+
+
+def defaults_lead(study: optuna.Study) -> str | None:
+    """``SweepSummary.defaults_lead`` of a stored study (the report's header says what the summary said)."""
+    trials = study.get_trials(deepcopy=False)
+    conf = Confirmation.of(study)
+    verdict = confirmed(conf)
+    if conf is None or verdict is None:
+        return None
+    entry = functools.partial(_entry, {t.number: t for t in trials}, dict(verdict.stats), conf=conf)
+    return _defaults_lead(_defaults_entry(conf.defaults), [
+        e for t in trials if t.state.name == "COMPLETE" and t.user_attrs.get("status") == "ok" and (e := entry(t.number))])
+
+
+def _defaults_lead(defaults: DefaultsEntry | None, measured: list[TrialEntry]) -> str | None:
+    """One line when SGLang's defaults (the fixed flags kept) measured above every config the study measured: the
+    space never reached what they run. None otherwise."""
+    if defaults is None or not defaults.output_tok_s or not measured:
+        return None
+    top = max(measured, key=lambda e: e.tok_s_per_gpu or 0.0)
+    if _defaults_per_gpu(defaults) <= (top.tok_s_per_gpu or 0.0):
+        return None
+    return (f"SGLang's defaults ({defaults.output_tok_s:,.0f} tok/s, {defaults.how}) came out above every searched "
+            f"config (the best: trial {top.trial}, {top.output_tok_s or 0:,.0f} tok/s): the space never reached what "
+            "SGLang picks by itself for the tuned flags. Widen [space] to reach it, or measure the defaults as a "
+            "config the study can crown and apply: [[enqueue]] label = \"defaults\" with flags = {} (then autotune "
+            "apply --trial N)")
 
 
 def _twins(cfg: StudyConfig, study: optuna.Study, trials: list[FrozenTrial],
