@@ -39,6 +39,8 @@ def test_phases_keep_their_order_leave_out_empty_ones_and_the_line_says_the_mode
     assert line.endswith("2.2 GPU-min in all, 35.8 GPU-min with the startups the modelled GPU takes")
     real = spend({"search": [_launch(modelled=None)] * 400})
     assert real.line() == "spent: 400 search launches 1.22 GPU-h; 1.22 GPU-h in all"
+    cpu = spend({"search": [_launch(modelled=None)] * 8}, cpu=True)  # SGLang's CPU backend: no GPU time to speak of
+    assert cpu.line() == "spent: 8 search launches 1.5 server-min; 1.5 server-min in all on SGLang's CPU backend"
 
 
 def test_a_stored_confirmation_bills_its_runs_its_own_stress_launches_and_a_measured_defaults_run():

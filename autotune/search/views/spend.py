@@ -45,6 +45,7 @@ class Spend:
 
     phases: tuple[PhaseSpend, ...]
     simulated: bool = False
+    device: str = "GPU"  # what a launch occupied: "GPU", or "server" for SGLang's CPU backend (no GPU time)
 
     @property
     def launches(self) -> int:
@@ -61,17 +62,21 @@ class Spend:
     def line(self) -> str:
         """``spent: 8 search launches 4.3 GPU-min, 4 confirmation launches 5.0 GPU-min; 9.3 GPU-min in all, 1.42
         GPU-h with the startups the modelled GPU takes``; the modelled figure on the simulator only."""
-        parts = [f"{p.launches} {p.phase} launch{'es' if p.launches != 1 else ''} {_h(p.gpu_h)}"
+        unit = self.device
+        parts = [f"{p.launches} {p.phase} launch{'es' if p.launches != 1 else ''} {_h(p.gpu_h, unit)}"
                  + (f" ({p.untimed} untimed)" if p.untimed else "") for p in self.phases]
-        text = "spent: " + ", ".join(parts) + f"; {_h(self.gpu_h)} in all"
+        text = "spent: " + ", ".join(parts) + f"; {_h(self.gpu_h, unit)} in all"
+        if unit != "GPU":
+            text += " on SGLang's CPU backend"
         if self.simulated and self.modelled_gpu_h > self.gpu_h:
-            text += f", {_h(self.modelled_gpu_h)} with the startups the modelled GPU takes"
+            text += f", {_h(self.modelled_gpu_h, unit)} with the startups the modelled GPU takes"
         return text
 
 
-def _h(hours: float) -> str:
-    """Hours from one up, minutes below: a simulated study's minutes read as minutes, a real study's hours as hours."""
-    return f"{hours:.2f} GPU-h" if hours >= 1.0 else f"{hours * 60:.1f} GPU-min"
+def _h(hours: float, unit: str = "GPU") -> str:
+    """Hours from one up, minutes below: a simulated study's minutes read as minutes, a real study's hours as hours
+    (``unit``: what a launch occupied, a GPU or a CPU backend's server)."""
+    return f"{hours:.2f} {unit}-h" if hours >= 1.0 else f"{hours * 60:.1f} {unit}-min"
 
 
 class Timed(Protocol):
@@ -114,12 +119,15 @@ def phase_spend(phase: str, results: Iterable[Timed | None]) -> PhaseSpend:
     return PhaseSpend(phase, launches, measured / 3600.0, modelled / 3600.0, untimed)
 
 
-def spend(by_phase: Mapping[str, Sequence[Timed | None]], *, simulated: bool = False) -> Spend:
-    """The study's bill from each phase's launches (phases in ``PHASES`` order; empty ones left out)."""
-    return Spend(tuple(phase_spend(p, by_phase[p]) for p in PHASES if by_phase.get(p)), simulated)
+def spend(by_phase: Mapping[str, Sequence[Timed | None]], *, simulated: bool = False, cpu: bool = False) -> Spend:
+    """The study's bill from each phase's launches (phases in ``PHASES`` order; empty ones left out); ``cpu``: the
+    servers ran on SGLang's CPU backend (the bill in CPU-server time, not GPU time)."""
+    return Spend(tuple(phase_spend(p, by_phase[p]) for p in PHASES if by_phase.get(p)), simulated,
+                 "server" if cpu else "GPU")
 
 
-def study_spend(trials: Sequence[FrozenTrial], confirmation: Confirmation | None, *, simulated: bool) -> Spend:
+def study_spend(trials: Sequence[FrozenTrial], confirmation: Confirmation | None, *, simulated: bool,
+                cpu: bool = False) -> Spend:
     """The bill of a stored study: its search launches (``seeding.launches``), the confirmation's runs, the
     stress phase's own launches and a measured defaults run."""
     conf = confirmation or Confirmation()
@@ -131,4 +139,4 @@ def study_spend(trials: Sequence[FrozenTrial], confirmation: Confirmation | None
         "stress": [r.cost for r in stress_runs if not r.in_confirmation and r.status != "not_run"],
         "defaults": [defaults.cost] if defaults is not None and str(defaults.how or "").startswith(
             "measured") else [],
-    }, simulated=simulated)
+    }, simulated=simulated, cpu=cpu)
