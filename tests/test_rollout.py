@@ -414,3 +414,16 @@ def test_a_verification_is_said_in_words_not_as_a_dict():
                                  "tok_s": 273.2})
     assert line == "running cap 16, KV 1,761,708 tokens, Mamba slots 48; canary 273 tok/s"
     assert rollout.figures_line({"capacity": {"max_running_requests": 40, "kv_tokens": None}}) == "running cap 40"
+
+
+def test_a_cpu_fleets_rollout_compares_what_its_device_fixes_and_says_what_it_left_out(tmp_path):
+    gpu_fleet = load_fleet(make_fleet(tmp_path / "gpu", 2))
+    assert rollout.device_tolerances(gpu_fleet, None, None) == (0.0, 0.15, [])
+    cpu = load_fleet(make_fleet(tmp_path / "cpu", 2)).model_copy(update={"engine": "sglang", "device": "cpu"})
+    kv, tok, said = rollout.device_tolerances(cpu, None, None)
+    assert (kv, tok) == (None, 0.5) and "KV tokens not compared" in said[0] and "50 %" in said[1]
+    assert rollout.device_tolerances(cpu, 0.1, 0.2) == (0.1, 0.2, [])  # what the user gives stands
+    expect = rollout.Expectation(max_running_requests=16, kv_tokens=2011529, mamba_slots=48, kv_tolerance=kv)
+    started = Capacity(max_running_requests=16, kv_tokens=85704, mamba_slots=48)  # what this start's free RAM gave
+    assert rollout.check_capacity(expect, started) is None
+    assert rollout.check_capacity(rollout.Expectation(kv_tokens=2011529), started) == "kv_tokens 85704 (study: 2011529)"

@@ -60,7 +60,7 @@ class Expectation:
     kv_tokens: int | None = None
     mamba_slots: int | None = None
     tok_s: float | None = None
-    kv_tolerance: float = 0.0  # relative; real GPUs differ by a few MiB of free memory, the simulator never
+    kv_tolerance: float | None = 0.0  # relative (real GPUs differ by a few MiB of free memory); None: not compared
     tok_s_tolerance: float = 0.15  # a canary this much slower than the study's figure fails
 
     @classmethod
@@ -68,7 +68,7 @@ class Expectation:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     @classmethod
-    def from_winner(cls, winner, *, kv_tolerance: float = 0.0, tok_s_tolerance: float = 0.15) -> Expectation:
+    def from_winner(cls, winner, *, kv_tolerance: float | None = 0.0, tok_s_tolerance: float = 0.15) -> Expectation:
         cap = winner.capacity
         if cap is None and winner.tok_s is None:
             raise FleetError("nothing to verify the rollout against: the config has no measured capacity or "
@@ -76,6 +76,21 @@ class Expectation:
         return cls(max_running_requests=getattr(cap, "max_running_requests", None),
                    kv_tokens=getattr(cap, "kv_tokens", None), mamba_slots=getattr(cap, "mamba_slots", None),
                    tok_s=winner.tok_s, kv_tolerance=kv_tolerance, tok_s_tolerance=tok_s_tolerance)
+
+
+def device_tolerances(fleet: Fleet, kv_tolerance: float | None,
+                      tolerance: float | None) -> tuple[float | None, float, list[str]]:
+    """The capacity and canary tolerances for ``fleet``'s device where the user gave none, and what was assumed:
+    a GPU server's KV pool is set by its config (compared exactly); a CPU server's follows the host memory free at
+    its start (not compared: ``None``), and its canary shares the host's cores with the fleet (a wider margin)."""
+    said = []
+    if kv_tolerance is None and fleet.host_memory:
+        said.append("KV tokens not compared: a CPU server's pool follows the host memory free at its start "
+                    "(--kv-tolerance to compare)")
+    if tolerance is None and fleet.host_memory:
+        said.append("canary tolerance 50 %: CPU servers share the host's cores (--tolerance to change)")
+    kv = kv_tolerance if kv_tolerance is not None else (None if fleet.host_memory else 0.0)
+    return kv, tolerance if tolerance is not None else (0.5 if fleet.host_memory else 0.15), said
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,9 +165,9 @@ def check_capacity(expect: Expectation, capacity) -> str | None:
     problems = []
     for name in ("max_running_requests", "mamba_slots", "kv_tokens"):
         want, got = getattr(expect, name), getattr(capacity, name, None)
-        if want is None:
+        if want is None or (name == "kv_tokens" and expect.kv_tolerance is None):
             continue
-        slack = expect.kv_tolerance * want if name == "kv_tokens" else 0
+        slack = (expect.kv_tolerance or 0.0) * want if name == "kv_tokens" else 0
         if got is None or abs(got - want) > slack:
             problems.append(f"{name} {got} (study: {want})")
     return ", ".join(problems) or None
