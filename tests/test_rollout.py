@@ -427,3 +427,29 @@ def test_a_cpu_fleets_rollout_compares_what_its_device_fixes_and_says_what_it_le
     started = Capacity(max_running_requests=16, kv_tokens=85704, mamba_slots=48)  # what this start's free RAM gave
     assert rollout.check_capacity(expect, started) is None
     assert rollout.check_capacity(rollout.Expectation(kv_tokens=2011529), started) == "kv_tokens 85704 (study: 2011529)"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_restore_that_fails_names_the_server_keeps_the_fleet_file_and_says_the_command_that_brings_it_back(
+        fleet3, monkeypatch):
+    real_start = rollout.start_server
+
+    def old_never_starts(fleet, server, config, **kwargs):
+        if config.get("max_mamba_cache_size") == OLD["max_mamba_cache_size"]:
+            raise FleetError(f"server {server.name} did not start: forced by the test")
+        return real_start(fleet, server, config, **kwargs)
+
+    monkeypatch.setattr(rollout, "start_server", old_never_starts)
+    with pytest.raises(FleetError) as info:  # s0 fails its capacity check on NEW, and cannot go back on OLD
+        rollout.start(fleet3, NEW, expect=rollout.Expectation(max_running_requests=1), canary=None, timing=FAST)
+    said = str(info.value)
+    assert "server s0 failed" in said and "did not come back on old.yaml either and is down" in said
+    command = f"autotune fleet up --server s0 --fleet {fleet3}"
+    assert said.endswith(command) or command in said
+    assert [s.config for s in load_fleet(fleet3).servers] == ["old.yaml"] * 3  # the file says what ran before
+    assert [r.state for r in status(load_fleet(fleet3))] == ["down", "healthy", "healthy"]
+    monkeypatch.setattr(rollout, "start_server", real_start)
+    done = CliRunner().invoke(cli, [*command.split()[1:], "--no-keeper", "--timeout", "30"])
+    assert done.exit_code == 0, done.output
+    assert [r.state for r in status(load_fleet(fleet3))] == ["healthy"] * 3

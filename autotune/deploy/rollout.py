@@ -290,7 +290,9 @@ def _run(fleet_path: Path, begin: RolloutEvent, done: set[str], log: RolloutLog,
             report.untouched = remaining[index + 1:]
             if not _restore(fleet_path, name, previous[name], log, timing, gate):
                 # Reverting others now would take a second server down: leave that to --rollback.
-                report.reason = f"{exc}; it did not come back on {previous[name]} either"
+                report.reason = (f"{exc}; it did not come back on {previous[name]} either and is down (the fleet "
+                                 f"file still says {previous[name]}): bring it back with autotune fleet up --server "
+                                 f"{name} --fleet {fleet_path}")
             else:
                 log.append("restored", server=name)
                 report.restored.append(name)
