@@ -334,6 +334,32 @@ def test_down_removes_the_shm_files_its_server_owned_and_nothing_else(tmp_path):
         teardown(path)
 
 
+@pytest.mark.timeout(60)
+def test_a_sigkilled_servers_shm_files_go_with_fleet_down_and_a_neighbours_stay(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    path = make_fleet(tmp_path, 1, sim_options={0: {"shm": str(shm)}})
+    try:
+        assert up(load_fleet(path), timeout_s=30) == ["s0"]
+        made = sorted(p.name for p in shm.iterdir() if not p.name.startswith("sem."))
+        assert [n.split("_")[0] for n in made] == ["deepspeed", "sglang"]  # proven its own while it ran
+        neighbour = shm / "sglang_loads_ba9876543210_11111111.shm"  # a neighbour's, made while ours runs
+        neighbour.write_bytes(b"theirs")
+        fleet = load_fleet(path)
+        pid = int(fleet.resolve(fleet.servers[0].pid).read_text())
+        os.killpg(pid, signal.SIGKILL)  # it can prove nothing now
+        with contextlib.suppress(psutil.Error):
+            psutil.Process(pid).wait(timeout=10)
+        assert all((shm / n).exists() for n in made)  # a SIGKILLed server removes nothing itself
+        res = CliRunner().invoke(cli, ["fleet", "down", "--fleet", str(path), "--grace", "5"])
+        assert res.exit_code == 0, res.output
+        left = sorted(p.name for p in shm.iterdir() if not p.name.startswith("sem."))
+        assert left == [neighbour.name]  # its buffer and load segment went; the neighbour's stayed
+        assert not list((tmp_path / "run").glob("server-*.json"))
+    finally:
+        teardown(path)
+
+
 @pytest.mark.timeout(120)
 def test_a_fleet_server_starts_detached_through_the_launcher(tmp_path, monkeypatch):
     """The fleet builds no process itself: the launcher gets a detached spec with the server's GPU, the engine's

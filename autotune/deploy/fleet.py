@@ -82,17 +82,15 @@ def server_argv(fleet: Fleet, server: FleetServer, config: Mapping[str, Any]) ->
 
 
 class InternalState(TypedDict, total=False):
-    """One scheduler's entry of ``/server_info``'s ``internal_states``: the keys read here by name. SGLang 0.5.23
-    reports ``last_gen_throughput``; ``num_running_reqs`` is read where a server reports it (0.5.23 does not, nor
-    the simulator: ``drain`` then counts from ``/metrics`` or the router)."""
+    """One scheduler's ``internal_states`` entry, the keys read here (``num_running_reqs`` where reported; 0.5.23 and
+    the simulator do not report it: ``drain`` then counts from ``/metrics`` or the router)."""
 
     last_gen_throughput: float
     num_running_reqs: int
 
 
 class ServerInfo(TypedDict, total=False):
-    """A server's ``/server_info`` body (SGLang's keys): its resolved args by dest name (``drift`` and the engine's
-    ``capacity`` read them), and ``internal_states``, one per DP scheduler, declared as read by name."""
+    """A server's ``/server_info`` (SGLang's keys): its resolved args by dest name, and one state per DP scheduler."""
 
     internal_states: list[InternalState]
 
@@ -259,6 +257,8 @@ def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_ti
             log.warning("server %s on %s: %s", server.name, server.host, problem)
         return problems is not None
     handle = ours(fleet, server)
+    if handle is None and (dead := attached(fleet, server)) is not None:
+        dead.stop(grace_s=0.0)  # it died: what it proved its own in /dev/shm while it ran goes (neighbours' stay)
     if handle is not None:
         handle.stop(grace_s=grace_s, release_timeout_s=release_timeout_s)
         if handle.alive:

@@ -194,13 +194,15 @@ class ServerProcess(LogFile):
                      launch_id=record.launch_id)
         server.pid, server._pgid, server._create_time = record.pid, record.pid, record.create_time
         server._attached = proven_process(record)
-        if server._attached is None:
-            return server  # gone, or not ours: nothing to stop, nothing proven
         server._pid_file = server.run_dir / f"server-{record.pid}.json"
         try:
-            server._shm = ShmOwnership.from_record(json.loads(server._pid_file.read_text()))
+            data = json.loads(server._pid_file.read_text())  # a dead server's own (same start): its files go
+            same_start = record.create_time is not None and data.get("create_time") == record.create_time
+            server._shm = ShmOwnership.from_record(data) if server._attached is not None or same_start else None
         except (OSError, ValueError, TypeError, AttributeError):
             server._shm = None  # no record, or a damaged one: it proves nothing, and nothing is removed
+        if server._shm is None and server._attached is None:
+            server._pid_file = None  # gone, or not ours: nothing to stop, nothing proven
         return server
 
     def record(self) -> ServerRecord:
@@ -298,6 +300,9 @@ class ServerProcess(LogFile):
         """
         steps = self._stop_steps()
         if steps is None:
+            if self._proc is None and self._attached is None and self._shm is not None and self._pid_file:
+                self._clean_files()  # a detached server that died: the files its pid file proved its own go
+                self._pid_file.unlink(missing_ok=True)
             return self.exit_code
         if self._sampler is not None:
             self._sampler.stop()  # the last look at what the group holds, before it dies
