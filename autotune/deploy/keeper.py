@@ -27,6 +27,7 @@ from autotune.deploy.fleet import (
     drift,
     engine_for,
     healthy,
+    read_record,
     server_config,
     server_info,
     serving,
@@ -45,6 +46,7 @@ log = logging.getLogger(__name__)
 
 HOLDER = "the fleet's keeper"
 UNREADABLE_LIMIT = 10  # looks in a row with the fleet file unreadable (deleted, moved) before the keeper exits
+IDLE_LIMIT_S = 60.0  # nothing of the fleet has run this long (no server record, router or lease): the keeper exits
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Keeper:
         self.watched: dict[str, Watched] = {}
         self.repairs: dict[str, threading.Thread] = {}
         self._held: contextlib.ExitStack | None = None
+        self._idle_since: float | None = None
         fleet = load_fleet(fleet_path)
         self.events = FleetLog.of(fleet)
         self.policy: KeeperSection = fleet.keeper
@@ -82,6 +85,10 @@ class Keeper:
                 try:
                     self.cycle()
                     unreadable = 0
+                    if self._idle_since is not None and time.monotonic() - self._idle_since > IDLE_LIMIT_S:
+                        self.events.append("keeper_stop", f"keeper stopped: nothing of the fleet has run for "
+                                           f"{IDLE_LIMIT_S:g} s (autotune fleet up starts it again)")
+                        return
                 except (ConfigError, FleetError, OSError) as exc:
                     unreadable += 1
                     log.warning("the keeper could not look at the fleet: %s", exc)
@@ -104,6 +111,9 @@ class Keeper:
             return  # a rollout, a rollback or fleet down has the fleet: it is theirs until they let go
         try:
             lent = leasefile.current(fleet)
+            running = lent is not None or router.read_record(fleet) is not None or self.repairs or any(
+                read_record(fleet, s) is not None for s in fleet.servers if s.local)
+            self._idle_since = None if running else (self._idle_since or time.monotonic())
             if lent is not None and lent.server not in self.repairs and not lent.holder_alive():
                 self._start_repair(lent.server, self._return_lease, ())
             record = router.running(fleet) or self._router_back(fleet, lent)
