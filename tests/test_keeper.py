@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from test_router import Load, needs_router, routed_fleet, run_cli, stop_all
 
 from autotune.cli import cli
-from autotune.deploy import keeperproc, router
+from autotune.deploy import keeper, keeperproc, router
 from autotune.deploy.fleet import load_fleet, write_fleet
 from autotune.deploy.fleetfile import KeeperSection
 from autotune.deploy.fleetlog import FleetLog
@@ -52,6 +52,18 @@ def test_the_keeper_section_defaults_and_refuses_a_negative_backoff(tmp_path):
     assert fleet.keeper.keep and fleet.keeper.crash_limit == 3 and fleet.keeper.backoff_s == [5.0, 30.0, 120.0]
     with pytest.raises(ValueError, match="backoff_s: seconds are 0 or more"):
         KeeperSection(backoff_s=[1.0, -2.0])
+
+
+def test_a_keeper_with_nothing_of_the_fleet_running_exits_and_says_so(tmp_path, monkeypatch):
+    path = routed_fleet(tmp_path, n=2)
+    write_fleet(load_fleet(path).model_copy(update={"keeper": FAST}), path)
+    monkeypatch.setattr(keeper, "IDLE_LIMIT_S", 0.5)
+    done = threading.Thread(target=keeper.Keeper(path).run, daemon=True)
+    done.start()
+    done.join(timeout=20)
+    assert not done.is_alive()
+    last = events(path)[-1]
+    assert last["event"] == "keeper_stop" and "nothing of the fleet has run for 0.5 s" in last["line"]
 
 
 # -- the real router ------------------------------------------------------------------------------------
