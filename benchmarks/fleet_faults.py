@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from rollout_under_load import autotune, buckets, setup  # noqa: E402
+from rollout_under_load import autotune, buckets, routed_load, setup  # noqa: E402
 
 from autotune.deploy import router  # noqa: E402
 from autotune.deploy.fleet import load_fleet, write_fleet  # noqa: E402
@@ -111,16 +110,9 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
     os.environ["AUTOTUNE_SIM_DEVICE_DIR"] = env["AUTOTUNE_SIM_DEVICE_DIR"]
     load = None
     try:
-        up = autotune("fleet", "up", "--fleet", str(path), env=env)
-        if up.returncode:
-            raise SystemExit(up.stderr or up.stdout)
-        fleet = load_fleet(path)
-        assert fleet.router is not None
-        record = router.running(fleet)
         out = directory / "load.jsonl"
-        load = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "closed_loop.py"), "--url", fleet.router.url,
-                                 "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens),
-                                 "--out", str(out)], env=env, stdout=subprocess.DEVNULL)
+        fleet, load = routed_load(path, env, concurrency=args.concurrency, max_tokens=args.max_tokens, out=out)
+        record = router.running(fleet)
         t0 = time.time()
         time.sleep(args.before_s)
         victim = fleet.servers[1]

@@ -104,6 +104,21 @@ def autotune(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str
                           timeout=900)
 
 
+def routed_load(path: Path, env: dict[str, str], *, concurrency: int, max_tokens: int,
+                out: Path) -> tuple[Fleet, subprocess.Popen[bytes]]:
+    """``fleet up`` on ``path`` (its router and keeper too), then a closed loop through the router's one URL
+    writing to ``out``: the fleet and the loop's process (SIGTERM ends it)."""
+    up = autotune("fleet", "up", "--fleet", str(path), env=env)
+    if up.returncode:
+        raise SystemExit(up.stderr or up.stdout)
+    fleet = load_fleet(path)
+    assert fleet.router is not None
+    load = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "closed_loop.py"), "--url", fleet.router.url,
+                             "--concurrency", str(concurrency), "--max-tokens", str(max_tokens), "--out", str(out)],
+                            env=env, stdout=subprocess.DEVNULL)
+    return fleet, load
+
+
 def run_mode(base: Path, args: argparse.Namespace, routed: bool) -> dict[str, Any]:
     directory = base / ("router" if routed else "direct")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOTUNE_SIM_DEVICE_DIR": str(directory / "devices")}

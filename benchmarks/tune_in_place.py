@@ -22,7 +22,6 @@ import datetime as dt
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,9 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from rollout_under_load import autotune, buckets, setup  # noqa: E402
+from rollout_under_load import autotune, buckets, routed_load, setup  # noqa: E402
 
-from autotune.deploy.fleet import load_fleet  # noqa: E402
 from autotune.deploy.fleetlog import FleetLog  # noqa: E402
 
 STUDY = """
@@ -104,15 +102,8 @@ def main() -> None:
             json.dumps({"prompt": f"Explain topic {i} in detail. " * 4}) + "\n" for i in range(64)))
         load = None
         try:
-            up = autotune("fleet", "up", "--fleet", str(path), env=env)
-            if up.returncode:
-                raise SystemExit(up.stderr or up.stdout)
-            fleet = load_fleet(path)
-            assert fleet.router is not None
             out = directory / "load.jsonl"
-            load = subprocess.Popen([sys.executable, str(ROOT / "benchmarks" / "closed_loop.py"), "--url",
-                                     fleet.router.url, "--concurrency", str(args.concurrency), "--max-tokens",
-                                     str(args.max_tokens), "--out", str(out)], env=env, stdout=subprocess.DEVNULL)
+            fleet, load = routed_load(path, env, concurrency=args.concurrency, max_tokens=args.max_tokens, out=out)
             t0 = time.time()
             time.sleep(args.before_s)
             swept = autotune("sweep", "--config", str(study), "--borrow", "s1", "--fleet", str(path), env=env)

@@ -139,7 +139,7 @@ def test_run_sweep_summary(tmp_path):
         "study", "storage", "n_trials", "statuses", "launched", "launched_oom", "launched_interrupted", "confirmed",
         "baseline", "best", "outcome", "gain_over_baseline", "gain_ci", "enqueued", "defaults", "gain_over_defaults",
         "multi_gpu", "unexpected", "confirmation", "search_stop", "note", "error", "above_baseline", "job", "interrupted",
-        "origin", "spend", "twins"]  # new keys only ever join at the end
+        "origin", "spend", "twins", "defaults_lead"]  # new keys only ever join at the end
     assert dataclasses.asdict(summary)["best"] == dataclasses.asdict(summary.best) and summary.interrupted is False
     with pytest.raises(dataclasses.FrozenInstanceError):
         summary.outcome = "none"  # built once: nothing changes it after summarize

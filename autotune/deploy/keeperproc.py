@@ -21,6 +21,7 @@ from autotune.deploy.fleetfile import Fleet
 from autotune.deploy.fleetlog import FleetLog
 from autotune.errors import FleetError
 from autotune.launch.process import stop_process_group
+from autotune.launch.procgroup import alive_since
 from autotune.launch.stopping import wait_until
 
 
@@ -31,11 +32,7 @@ class Record:
     log: str
 
     def alive(self) -> bool:
-        try:
-            proc = psutil.Process(self.pid)
-            return proc.status() != psutil.STATUS_ZOMBIE and abs(proc.create_time() - self.started) < 1.0
-        except psutil.Error:
-            return False
+        return alive_since(self.pid, self.started)
 
 
 def record_path(fleet: Fleet) -> Path:

@@ -7,9 +7,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 from autotune.deploy.fleetfile import Fleet
+from autotune.launch.procgroup import alive_since
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,11 +22,7 @@ class Lease:
     total: int
 
     def holder_alive(self) -> bool:
-        try:
-            proc = psutil.Process(self.pid)
-            return proc.status() != psutil.STATUS_ZOMBIE and abs(proc.create_time() - self.started) < 1.0
-        except psutil.Error:
-            return False
+        return alive_since(self.pid, self.started)
 
     @property
     def line(self) -> str:

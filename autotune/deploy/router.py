@@ -32,6 +32,7 @@ from autotune.deploy.launchscript import ScriptEntry
 from autotune.deploy.ports import pick_after
 from autotune.errors import FleetError
 from autotune.launch.process import port_is_free, stop_process_group
+from autotune.launch.procgroup import alive_since
 from autotune.launch.stopping import wait_until
 
 MODULE = "sglang_router"
@@ -82,11 +83,7 @@ class Record:
         return f"http://127.0.0.1:{self.metrics_port}"
 
     def alive(self) -> bool:
-        try:
-            proc = psutil.Process(self.pid)
-            return proc.status() != psutil.STATUS_ZOMBIE and abs(proc.create_time() - self.started) < 1.0
-        except psutil.Error:
-            return False
+        return alive_since(self.pid, self.started)
 
 
 def record_path(fleet: Fleet) -> Path:

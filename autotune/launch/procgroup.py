@@ -1,4 +1,5 @@
-"""A process group seen through ``/proc``: its live members, the files they hold, and their memory.
+"""A process group seen through ``/proc``: its live members, the files they hold, their memory, and whether a
+process is still the one that was started.
 
 ``/proc`` is the only place that says which process holds a ``/dev/shm`` file (SGLang's names carry no pid),
 and it is cheap enough to read several times a second while a server runs.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+
+import psutil
 
 PROC = "/proc"
 
@@ -109,3 +112,13 @@ def memory_bytes(pid: int) -> int:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def alive_since(pid: int, started: float) -> bool:
+    """``pid`` still runs and is the process created at ``started`` (psutil's create time): a reused pid is not it,
+    nor a zombie."""
+    try:
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and abs(proc.create_time() - started) < 1.0
+    except psutil.Error:
+        return False

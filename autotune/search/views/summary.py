@@ -340,8 +340,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         multi_gpu=any(_spans(t) > 1 for t in started),
         unexpected=_unexpected(conf, best),
         confirmation=confirmation_line(conf) if verdict is not None else None,
-        search_stop=SearchStop.of(study.user_attrs),  # which rule ended the search (``stopping``)
-        note=note,
+        search_stop=SearchStop.of(study.user_attrs), note=note,  # the rule that ended the search; the verdict
         error=None if failure is None else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"
             + (f" (its log: {attrs['log_path']})" if attrs.get("log_path") else "")),
@@ -349,10 +348,14 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
         job=job(best.trial if best else None) if job is not None else None, interrupted=interrupted,
         origin=origin_line(record_of(study)), spend=study_spend(trials, conf, simulated=cfg.engine.kind == "sim",
                                                                cpu=cfg.engine.device == "cpu"),
-        twins=_twins(cfg, study, trials, conf),
-        defaults_lead=_defaults_lead(defaults, [e for t in trials if t.state.name == "COMPLETE"
-                                                and t.user_attrs.get("status") == "ok" and (e := entry(t.number))]),
+        twins=_twins(cfg, study, trials, conf), defaults_lead=_defaults_lead(defaults, _measured(trials, entry)),
     )
+
+
+def _measured(trials: list[FrozenTrial], entry: Callable[[int], TrialEntry | None]) -> list[TrialEntry]:
+    """Every trial that measured, as the summary shows it."""
+    return [e for t in trials if t.state.name == "COMPLETE" and t.user_attrs.get("status") == "ok"
+            and (e := entry(t.number))]
 
 
 def defaults_lead(study: optuna.Study) -> str | None:
@@ -363,8 +366,7 @@ def defaults_lead(study: optuna.Study) -> str | None:
     if conf is None or verdict is None:
         return None
     entry = functools.partial(_entry, {t.number: t for t in trials}, dict(verdict.stats), conf=conf)
-    return _defaults_lead(_defaults_entry(conf.defaults), [
-        e for t in trials if t.state.name == "COMPLETE" and t.user_attrs.get("status") == "ok" and (e := entry(t.number))])
+    return _defaults_lead(_defaults_entry(conf.defaults), _measured(trials, entry))
 
 
 def _defaults_lead(defaults: DefaultsEntry | None, measured: list[TrialEntry]) -> str | None:
