@@ -7,7 +7,8 @@ its death classified from its log, and restarted on the config the fleet file re
 it serves again (its running config the recorded one) it goes back into the router. More than ``crash_limit``
 deaths within ``crash_window_s`` end the restarts with one line saying why. A URL in the router that no server of
 the fleet answers (a dead one, or a process that is not the fleet's on its port) is removed the moment it is
-seen. A server with no record was stopped on purpose and is left alone. See docs/fleet.md#the-keeper.
+seen. A server with no record was stopped on purpose and is left alone.
+See docs/fleet.md#the-keeper-a-fleet-that-heals-itself.
 """
 
 from __future__ import annotations
