@@ -218,7 +218,8 @@ class Foreign:
 @pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_a_foreign_server_on_a_dead_servers_port_is_sent_nothing_and_the_server_returns_once_it_is_free(tmp_path):
-    with kept_fleet(tmp_path, FAST.model_copy(update={"backoff_s": [1.0]})) as (path, record):
+    # the restart waits 5 s: the foreign server binds the port well before it, however loaded the host
+    with kept_fleet(tmp_path, FAST.model_copy(update={"backoff_s": [5.0]})) as (path, record):
         s1 = load_fleet(path).server("s1")
         load = Load([record.url], tmp_path / "client.jsonl", concurrency=16, max_tokens=16)
         load.wait_for(20)

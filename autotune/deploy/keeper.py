@@ -73,6 +73,7 @@ class Keeper:
         self.repairs: dict[str, threading.Thread] = {}
         self._held: contextlib.ExitStack | None = None
         self._idle_since: float | None = None
+        self._had_router = False  # a router ran while the keeper looked: one that is gone is started again
         fleet = load_fleet(fleet_path)
         self.events = FleetLog.of(fleet)
         self.policy: KeeperSection = fleet.keeper
@@ -118,6 +119,7 @@ class Keeper:
             if lent is not None and lent.server not in self.repairs and not lent.holder_alive():
                 self._start_repair(lent.server, self._return_lease, ())
             record = router.running(fleet) or self._router_back(fleet, lent)
+            self._had_router = self._had_router or record is not None
             listed = {w.get("url") for w in router.workers(record)} if record is not None else set()
             for server in fleet.servers:
                 if server.name not in self.repairs and (lent is None or server.name != lent.server):
@@ -305,8 +307,8 @@ class Keeper:
     def _router_back(self, fleet: Fleet, lent: leasefile.Lease | None) -> router.Record | None:
         """A router whose record says it ran, and whose process is gone: started again on the fleet's serving
         servers (the job's one URL is the router's)."""
-        if router.wanted(fleet) is not None or router.read_record(fleet) is None:
-            return None  # no router wanted, or stopped on purpose (fleet down removes its record)
+        if router.wanted(fleet) is not None or (router.read_record(fleet) is None and not self._had_router):
+            return None  # no router wanted, or none ran (fleet down stops the keeper before the router)
         urls = [s.url for s in fleet.servers if (lent is None or s.name != lent.server) and serving(fleet, s)]
         try:
             record = router.start(fleet, urls, timeout_s=60.0)

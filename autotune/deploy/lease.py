@@ -20,7 +20,15 @@ import psutil
 
 from autotune.deploy import router
 from autotune.deploy.drain import DRAIN_TIMEOUT_S, wait_idle
-from autotune.deploy.fleet import drift, server_config, server_info, serving, start_server, stop_server
+from autotune.deploy.fleet import (
+    drift,
+    server_config,
+    server_info,
+    serving,
+    start_server,
+    stop_server,
+    wait_gpus_free,
+)
 from autotune.deploy.fleetfile import Fleet, load_fleet
 from autotune.deploy.fleetlog import FleetLog
 from autotune.deploy.leasefile import Lease, current, lease_path
@@ -84,7 +92,8 @@ def returned(fleet: Fleet, *, reason: str) -> str | None:
         return None
     server = fleet.server(lease.server)
     began = time.monotonic()
-    if not serving(fleet, server):
+    if not serving(fleet, server):  # the study's last server may still be letting go of the GPUs (its watchdog)
+        wait_gpus_free(fleet, server, timeout_s=120.0)
         start_server(fleet, server, server_config(fleet, server), timeout_s=fleet.keeper.start_timeout_s)
     changed = drift(server_config(fleet, server), server_info(server) or {})
     record = router.running(fleet)
