@@ -265,3 +265,14 @@ def test_one_keeper_per_fleet_and_a_rollout_waits_for_the_keepers_look(tmp_path)
         again = router.running(load_fleet(path))
         assert again is not None and again.pid != first.pid and again.url == first.url
         assert len([w for w in router.workers(again) if w["is_healthy"]]) == 3
+
+
+def test_the_fault_benchmark_counts_streams_cut_by_a_kill_apart_from_every_other_failure(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from fleet_faults import failures
+
+    records = [{"ok": False, "endpoint": "/generate stream", "start": 9.0, "end": 10.5},  # cut by the kill at 10
+               {"ok": False, "endpoint": "/generate", "start": 9.0, "end": 10.5},  # not a stream: the router's to keep
+               {"ok": False, "endpoint": "/v1/completions stream", "start": 11.0, "end": 11.5},  # after the kill
+               {"ok": True, "endpoint": "/generate stream", "start": 9.0, "end": 12.0}]
+    assert failures(records, [10.0]) == (1, 2)
