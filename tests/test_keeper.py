@@ -85,8 +85,11 @@ def server_pid(path: Path, name: str) -> int:
     return int(fleet.resolve(fleet.server(name).pid).read_text().split()[0])
 
 
-def kill(path: Path, name: str) -> None:
+def kill(path: Path, name: str) -> float:
+    """SIGKILL the server's group; the time just after, which every stream it cut began before (a killed process
+    sends nothing more, so a stream that got bytes from it was sent before the kill)."""
     os.killpg(server_pid(path, name), signal.SIGKILL)
+    return time.time()
 
 
 def lost(done: list[dict], kills: list[float]) -> list[dict]:
@@ -130,8 +133,7 @@ def test_a_server_killed_under_load_is_restarted_and_readmitted_losing_no_reques
         with open(fleet.resolve(s1.log), "a") as log:
             log.write("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB\n")
         old = server_pid(path, "s1")
-        kills = [time.time()]
-        kill(path, "s1")
+        kills = [kill(path, "s1")]
         died = wait_event(path, "exited", "s1")
         assert died["cause"] == "runtime_oom" and "the config's worst case failed in production" in died["line"]
         assert f"autotune apply --rollback --fleet {path}" in died["line"] and "out of the router" in died["line"]
@@ -172,8 +174,7 @@ def test_a_crash_loop_ends_the_restarts_with_one_line_and_the_job_loses_nothing(
         kills = []
         for death in (1, 2, 3):
             wait_event(path, "restarted", "s0", count=death - 1) if death > 1 else None
-            kills.append(time.time())
-            kill(path, "s0")
+            kills.append(kill(path, "s0"))
             wait_event(path, "exited", "s0", count=death)
         gave_up = wait_event(path, "gave_up", "s0")
         assert "died 3 times in 120 s" in gave_up["line"] and "crash loop" in gave_up["line"]
@@ -223,8 +224,7 @@ def test_a_foreign_server_on_a_dead_servers_port_is_sent_nothing_and_the_server_
         s1 = load_fleet(path).server("s1")
         load = Load([record.url], tmp_path / "client.jsonl", concurrency=16, max_tokens=16)
         load.wait_for(20)
-        kills = [time.time()]
-        kill(path, "s1")
+        kills = [kill(path, "s1")]
         wait_event(path, "exited", "s1")
         assert s1.url not in listed(record)
         foreign = Foreign(s1.port)  # another tenant binds the free port before the restart
