@@ -89,16 +89,19 @@ def wait_event(path: Path, kind: str, server: str, count: int = 1, timeout_s: fl
     return found[count - 1]
 
 
-def kill(path: Path, name: str) -> float:
+def kill(path: Path, name: str) -> tuple[float, float]:
+    """SIGKILL the server's group: the times just before and just after."""
     fleet = load_fleet(path)
-    os.killpg(int(fleet.resolve(fleet.server(name).pid).read_text().split()[0]), signal.SIGKILL)
-    return time.time()
+    pid = int(fleet.resolve(fleet.server(name).pid).read_text().split()[0])
+    before = time.time()
+    os.killpg(pid, signal.SIGKILL)
+    return before, time.time()
 
 
-def failures(records: list[dict[str, Any]], kills: list[float]) -> tuple[int, int]:
-    """(streams cut by a kill, every other failure)."""
+def failures(records: list[dict[str, Any]], kills: list[tuple[float, float]]) -> tuple[int, int]:
+    """(streams cut by a kill: begun before it ended, ended after it began; every other failure)."""
     cut = [r for r in records if not r["ok"] and r["endpoint"].endswith(" stream")
-           and any(r["start"] <= k <= r["end"] for k in kills)]
+           and any(r["start"] <= after and r["end"] >= before for before, after in kills)]
     return len(cut), sum(not r["ok"] for r in records) - len(cut)
 
 
@@ -120,7 +123,7 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
         kills = [kill(path, victim.name)]
         if case == "kill":
             back = wait_event(path, "restarted", victim.name)
-            out_s = time.time() - kills[0]
+            out_s = time.time() - kills[0][1]
             lines.append(f"  back in the router {back['seconds']} s after the kill: {back['line']}")
         elif case == "loop":
             for death in range(2, 6):
@@ -130,8 +133,8 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
                 wait_event(path, "restarted", victim.name, count=death - 1)
                 kills.append(kill(path, victim.name))
             gave_up = wait_event(path, "gave_up", victim.name, timeout_s=60.0)
-            out_s = time.time() - kills[0]
-            lines.append(f"  {len(kills)} kills in {kills[-1] - kills[0]:.0f} s, "
+            out_s = time.time() - kills[0][1]
+            lines.append(f"  {len(kills)} kills in {kills[-1][1] - kills[0][1]:.0f} s, "
                          f"{len(events(path, 'restarted', victim.name))} restarts; the keeper: {gave_up['line']}")
         else:
             wait_event(path, "exited", victim.name)
@@ -145,15 +148,15 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
             finally:
                 foreign.close()
             wait_event(path, "restarted", victim.name)
-            out_s = time.time() - kills[0]
+            out_s = time.time() - kills[0][1]
         time.sleep(args.after_s)
         t1 = time.time()
         load.send_signal(signal.SIGTERM)
         load.wait(timeout=180)
         records = [json.loads(line) for line in out.read_text().splitlines() if line.endswith("}")]
         ends = [r["end"] for r in records if r["ok"]]
-        before = buckets(ends, t0 + 10.0, kills[0])
-        during = buckets(ends, kills[0], kills[0] + max(out_s, 10.0))
+        before = buckets(ends, t0 + 10.0, kills[0][1])
+        during = buckets(ends, kills[0][1], kills[0][1] + max(out_s, 10.0))
         after = buckets(ends, t1 - args.after_s, t1)
         cut, other = failures(records, kills)
         share = f"{min(during) / mean(before):.2f}" if before and during else "-"

@@ -85,19 +85,20 @@ def server_pid(path: Path, name: str) -> int:
     return int(fleet.resolve(fleet.server(name).pid).read_text().split()[0])
 
 
-def kill(path: Path, name: str) -> float:
-    """SIGKILL the server's group; the time just after, which every stream it cut began before (a killed process
-    sends nothing more, so a stream that got bytes from it was sent before the kill)."""
+def kill(path: Path, name: str) -> tuple[float, float]:
+    """SIGKILL the server's group; the times just before and just after: every stream it cut began before the second
+    (a killed process sends nothing more) and ended after the first."""
+    before = time.time()
     os.killpg(server_pid(path, name), signal.SIGKILL)
-    return time.time()
+    return before, time.time()
 
 
-def lost(done: list[dict], kills: list[float]) -> list[dict]:
+def lost(done: list[dict], kills: list[tuple[float, float]]) -> list[dict]:
     """Failed requests other than streams the killed server was sending: a stream whose first bytes reached the job
     cannot be retried by the router (a non-streamed request is, on another worker); every other failure is the
     fleet's fault."""
     cut = [r for r in done if not r["ok"] and r["endpoint"].endswith(" stream")
-           and any(r["start"] <= k <= r["end"] for k in kills)]
+           and any(r["start"] <= after and r["end"] >= before for before, after in kills)]
     return [r for r in done if not r["ok"] and r not in cut]
 
 
@@ -275,4 +276,4 @@ def test_the_fault_benchmark_counts_streams_cut_by_a_kill_apart_from_every_other
                {"ok": False, "endpoint": "/generate", "start": 9.0, "end": 10.5},  # not a stream: the router's to keep
                {"ok": False, "endpoint": "/v1/completions stream", "start": 11.0, "end": 11.5},  # after the kill
                {"ok": True, "endpoint": "/generate stream", "start": 9.0, "end": 12.0}]
-    assert failures(records, [10.0]) == (1, 2)
+    assert failures(records, [(10.0, 10.001)]) == (1, 2)
