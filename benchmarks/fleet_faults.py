@@ -98,10 +98,16 @@ def kill(path: Path, name: str) -> tuple[float, float]:
     return before, time.time()
 
 
+def cut_streams(records: list[dict[str, Any]], kills: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    """The failed streams a kill cut: begun before it ended, ended after it began (a stream whose first bytes reached
+    the job cannot be retried by the router; every other failure is the fleet's to keep)."""
+    return [r for r in records if not r["ok"] and r["endpoint"].endswith(" stream")
+            and any(r["start"] <= after and r["end"] >= before for before, after in kills)]
+
+
 def failures(records: list[dict[str, Any]], kills: list[tuple[float, float]]) -> tuple[int, int]:
-    """(streams cut by a kill: begun before it ended, ended after it began; every other failure)."""
-    cut = [r for r in records if not r["ok"] and r["endpoint"].endswith(" stream")
-           and any(r["start"] <= after and r["end"] >= before for before, after in kills)]
+    """(streams cut by a kill, every other failure)."""
+    cut = cut_streams(records, kills)
     return len(cut), sum(not r["ok"] for r in records) - len(cut)
 
 

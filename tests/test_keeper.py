@@ -5,20 +5,22 @@ server is down. The first tests need neither the router nor a server."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import psutil
 import pytest
 from click.testing import CliRunner
 from test_router import Load, needs_router, routed_fleet, run_cli, stop_all
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from fleet_faults import Foreign, cut_streams, failures, kill  # noqa: E402
 
 from autotune.cli import cli
 from autotune.deploy import keeper, keeperproc, router
@@ -85,20 +87,9 @@ def server_pid(path: Path, name: str) -> int:
     return int(fleet.resolve(fleet.server(name).pid).read_text().split()[0])
 
 
-def kill(path: Path, name: str) -> tuple[float, float]:
-    """SIGKILL the server's group; the times just before and just after: every stream it cut began before the second
-    (a killed process sends nothing more) and ended after the first."""
-    before = time.time()
-    os.killpg(server_pid(path, name), signal.SIGKILL)
-    return before, time.time()
-
-
 def lost(done: list[dict], kills: list[tuple[float, float]]) -> list[dict]:
-    """Failed requests other than streams the killed server was sending: a stream whose first bytes reached the job
-    cannot be retried by the router (a non-streamed request is, on another worker); every other failure is the
-    fleet's fault."""
-    cut = [r for r in done if not r["ok"] and r["endpoint"].endswith(" stream")
-           and any(r["start"] <= after and r["end"] >= before for before, after in kills)]
+    """Failed requests other than streams a kill cut (``fleet_faults.cut_streams``): the fleet's fault."""
+    cut = cut_streams(done, kills)
     return [r for r in done if not r["ok"] and r not in cut]
 
 
@@ -187,35 +178,6 @@ def test_a_crash_loop_ends_the_restarts_with_one_line_and_the_job_loses_nothing(
         assert not lost(done, kills), lost(done, kills)[:3]
 
 
-class Foreign:
-    """Another process's server on a fleet port: answers everything with 200 and counts what it was sent."""
-
-    def __init__(self, port: int):
-        counts = self.counts = {"requests": 0}
-
-        class Handler(BaseHTTPRequestHandler):
-            def _answer(self) -> None:
-                if self.path not in ("/health", "/health_generate"):
-                    counts["requests"] += 1
-                body = json.dumps({"text": "not the fleet's"}).encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = _answer
-
-            def log_message(self, *args) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @needs_router
 @pytest.mark.slow
 @pytest.mark.timeout(180)
@@ -269,9 +231,6 @@ def test_one_keeper_per_fleet_and_a_rollout_waits_for_the_keepers_look(tmp_path)
 
 
 def test_the_fault_benchmark_counts_streams_cut_by_a_kill_apart_from_every_other_failure(monkeypatch):
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from fleet_faults import failures
-
     records = [{"ok": False, "endpoint": "/generate stream", "start": 9.0, "end": 10.5},  # cut by the kill at 10
                {"ok": False, "endpoint": "/generate", "start": 9.0, "end": 10.5},  # not a stream: the router's to keep
                {"ok": False, "endpoint": "/v1/completions stream", "start": 11.0, "end": 11.5},  # after the kill

@@ -149,7 +149,7 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
         click.echo(numerics_line(winner.result.fidelity))
     _worst_case(winner, allow=allow_unstressed)
     if rolling:
-        fleet = load_fleet(fleet_file)
+        fleet = load_fleet(fleet_file)  # its device sets the tolerances; the rolled-out sglang.yaml its header
         kv_tolerance, tolerance, said = rollout.device_tolerances(fleet, kv_tolerance, tolerance)
         for line in said:
             click.echo(line)
@@ -159,7 +159,6 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
             canary = rollout.Canary.from_workload(winner.settings.workload, prompts=str(prompts) if prompts else None,
                                                   warmup_s=canary_warmup_s, measure_s=canary_s,
                                                   concurrency=canary_concurrency)
-        # the rolled-out sglang.yaml carries apply --out's header for this fleet
         client = router.advise(client_advice(winner, servers=len(fleet.servers)), fleet.router)
         report = rollout.start(fleet_file, winner.config, expect=expect, canary=canary, timing=timing,
                                rollback_on_failure=not keep_partial, say=click.echo,

@@ -117,15 +117,13 @@ def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_j
         missing[:] = fleet_problems(fleet) if fleet is not None else []
         kept = [shown(e) for e in FleetLog.of(fleet).recent(3)] if fleet is not None else []
         lent = leasefile.current(fleet) if fleet is not None else None
-        if lent is not None:
-            kept.append(lent.line)
         if as_json:
+            said = {"problems": missing, "keeper": kept, "lease": lent.line if lent else None}
             click.echo(json.dumps({**report.to_dict(), **({"router": seen.to_dict()} if seen else {}),
-                                   **({"fleet": {"problems": missing, "keeper": kept}} if fleet else {})},
-                                  default=str))
+                                   **({"fleet": said} if fleet else {})}, default=str))
         else:
             for line in [*lines(report), *missing, *(seen.lines() if seen else []),
-                         *(f"keeper: {line}" for line in kept)]:
+                         *(f"keeper: {line}" for line in kept), *([f"lease: {lent.line}"] if lent else [])]:
                 click.echo(line)
         if prom_file is not None:
             write_prometheus(report, prom_file)
@@ -144,7 +142,7 @@ def fleet_problems(fleet: Fleet) -> list[str]:
     """One line for each of the fleet's servers that is down, not answering, or whose port a process that is not
     the fleet's holds: watch's exit status says so (a third of the fleet down is not "no drift")."""
     out = []
-    for row in fleet_status(fleet):
+    for row in fleet_status(fleet, figures=False):  # the states only: the watcher reads each server's figures
         if row.state == "lent":  # out on purpose, and given back when its study ends: said, not a problem
             continue
         if row.state == "foreign":

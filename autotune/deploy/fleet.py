@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re
     FleetServer,
     fleet_toml,
     load_fleet,
+    replace_file,
     server_config,
     set_server_config,
     write_fleet,
@@ -120,11 +120,7 @@ def record_path(fleet: Fleet, server: FleetServer) -> Path:
 
 def write_record(fleet: Fleet, server: FleetServer, record: ServerRecord) -> None:
     """Written as soon as the launcher answers: a command killed while the server loads leaves it findable."""
-    path = record_path(fleet, server)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record.to_dict()) + "\n")
-    os.replace(tmp, path)
+    replace_file(record_path(fleet, server), json.dumps(record.to_dict()) + "\n")
 
 
 def read_record(fleet: Fleet, server: FleetServer) -> ServerRecord | None:
@@ -355,7 +351,8 @@ def _tok_s(server: FleetServer, info: ServerInfo | None) -> float | None:
     return float(found.group(1)) if found else None
 
 
-def server_status(fleet: Fleet, server: FleetServer) -> ServerStatus:
+def server_status(fleet: Fleet, server: FleetServer, *, figures: bool = True) -> ServerStatus:
+    """Its state (lent, foreign, healthy, unhealthy, down) and, with ``figures``, its capacity, drift and tok/s."""
     status = ServerStatus(name=server.name, host=server.host, gpus=list(server.gpus), port=server.port,
                           config=server.config)
     lent = leasefile.current(fleet)
@@ -370,7 +367,7 @@ def server_status(fleet: Fleet, server: FleetServer) -> ServerStatus:
         record = handle.record()
         status.pid, status.job, status.launcher, status.running = record.pid, record.job_id, record.launcher, True
     status.healthy = healthy(server)
-    if not status.healthy:
+    if not status.healthy or not figures:
         return status
     info = server_info(server)
     if info is not None:
@@ -383,8 +380,8 @@ def server_status(fleet: Fleet, server: FleetServer) -> ServerStatus:
     return status
 
 
-def status(fleet: Fleet) -> list[ServerStatus]:
-    return [server_status(fleet, server) for server in fleet.servers]
+def status(fleet: Fleet, *, figures: bool = True) -> list[ServerStatus]:
+    return [server_status(fleet, server, figures=figures) for server in fleet.servers]
 
 
 def _selected(fleet: Fleet, names: Iterable[str] | None) -> list[FleetServer]:

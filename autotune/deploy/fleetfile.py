@@ -355,13 +355,18 @@ def fleet_toml(fleet: Fleet) -> str:
     return head + tomli_w.dumps(doc)
 
 
-def write_fleet(fleet: Fleet, path: str | Path | None = None) -> Path:
-    """Write atomically (a reader, or a SIGKILL mid-write, sees the old file or the new one)."""
-    path = Path(path or fleet.path or "fleet.toml")
+def replace_file(path: Path, text: str) -> None:
+    """Write ``text`` atomically (a reader, or a SIGKILL mid-write, sees the old file or the new one): the fleet file
+    and the records beside it (servers', router's, keeper's, a lease)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(fleet_toml(fleet))
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_fleet(fleet: Fleet, path: str | Path | None = None) -> Path:
+    path = Path(path or fleet.path or "fleet.toml")
+    replace_file(path, fleet_toml(fleet))
     return path
 
 

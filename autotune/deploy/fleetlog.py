@@ -6,13 +6,11 @@ Each event carries its one-line account (``line``), so every view says the same 
 
 from __future__ import annotations
 
-import datetime as dt
-import json
-import os
 from pathlib import Path
 from typing import Any, Required, TypedDict, cast
 
 from autotune.deploy.fleetfile import Fleet
+from autotune.deploy.rolloutlog import JsonlLog
 
 
 class FleetEvent(TypedDict, total=False):
@@ -23,7 +21,6 @@ class FleetEvent(TypedDict, total=False):
     server: str
     cause: str  # the engine's failure class of a death (runtime_oom, crash, …), or "unknown"
     attempt: int
-    pid: int
     seconds: float
     return_s: float  # a lent server's return: from its start to back in the router
     capacity: dict[str, int | None]
@@ -34,44 +31,21 @@ def events_path(fleet: Fleet) -> Path:
     return fleet.path.with_name(fleet.path.stem + ".events.jsonl")
 
 
-class FleetLog:
-    """Append-only JSONL; each line is flushed and fsynced, so a reader never misses an event that happened."""
-
-    def __init__(self, path: Path):
-        self.path = path
+class FleetLog(JsonlLog):
+    """The fleet's events (``FleetEvent``), each with the line every view prints."""
 
     @classmethod
     def of(cls, fleet: Fleet) -> FleetLog:
         return cls(events_path(fleet))
 
     def append(self, event: str, line: str, **fields: Any) -> FleetEvent:
-        record = cast(FleetEvent, {"event": event, "time": now(), "line": line, **fields})
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        return record
+        return cast(FleetEvent, self.write(event, line=line, **fields))
 
     def events(self) -> list[FleetEvent]:
-        try:
-            lines = self.path.read_text(encoding="utf-8").splitlines()
-        except FileNotFoundError:
-            return []
-        out: list[FleetEvent] = []
-        for text in lines:
-            try:
-                out.append(json.loads(text))
-            except ValueError:
-                continue  # a line torn by a kill mid-write
-        return out
+        return cast(list[FleetEvent], self.records())
 
     def recent(self, count: int) -> list[FleetEvent]:
         return self.events()[-count:]
-
-
-def now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
 
 
 def shown(event: FleetEvent) -> str:

@@ -28,7 +28,6 @@ from autotune.deploy.fleet import (
     drift,
     engine_for,
     healthy,
-    read_record,
     server_config,
     server_info,
     serving,
@@ -74,6 +73,7 @@ class Keeper:
         self._held: contextlib.ExitStack | None = None
         self._idle_since: float | None = None
         self._had_router = False  # a router ran while the keeper looked: one that is gone is started again
+        self._loaded: tuple[tuple[int, int], Fleet] | None = None
         fleet = load_fleet(fleet_path)
         self.events = FleetLog.of(fleet)
         self.policy: KeeperSection = fleet.keeper
@@ -105,36 +105,43 @@ class Keeper:
                 thread.join(timeout=5.0)
             self._release()
 
+    def _fleet(self) -> Fleet:
+        """The fleet file, read again only when it changed (a rollout rewrites it): a look a second stays cheap."""
+        stat = self.path.stat()
+        stamp = (stat.st_mtime_ns, stat.st_size)
+        if self._loaded is None or self._loaded[0] != stamp:
+            self._loaded = (stamp, load_fleet(self.path))
+        return self._loaded[1]
+
     def cycle(self) -> None:
-        fleet = load_fleet(self.path)
+        fleet = self._fleet()
         self.policy = fleet.keeper
         self.repairs = {name: t for name, t in self.repairs.items() if t.is_alive()}
         if not self._hold(fleet):
             return  # a rollout, a rollback or fleet down has the fleet: it is theirs until they let go
         try:
             lent = leasefile.current(fleet)
-            running = lent is not None or router.read_record(fleet) is not None or self.repairs or any(
-                read_record(fleet, s) is not None for s in fleet.servers if s.local)
-            self._idle_since = None if running else (self._idle_since or time.monotonic())
             if lent is not None and lent.server not in self.repairs and not lent.holder_alive():
                 self._start_repair(lent.server, self._return_lease, ())
             record = router.running(fleet) or self._router_back(fleet, lent)
             self._had_router = self._had_router or record is not None
             listed = {w.get("url") for w in router.workers(record)} if record is not None else set()
-            for server in fleet.servers:
-                if server.name not in self.repairs and (lent is None or server.name != lent.server):
-                    self._look(fleet, server, record, listed)
+            running = [self._look(fleet, server, record, listed) for server in fleet.servers
+                       if server.name not in self.repairs and (lent is None or server.name != lent.server)]
+            busy = lent is not None or record is not None or self.repairs or any(running)
+            self._idle_since = None if busy else (self._idle_since or time.monotonic())
         finally:
             if not any(t.is_alive() for t in self.repairs.values()):
                 self._release()
 
     # -- one server ------------------------------------------------------------------------------------
-    def _look(self, fleet: Fleet, server: FleetServer, record: router.Record | None, listed: set) -> None:
+    def _look(self, fleet: Fleet, server: FleetServer, record: router.Record | None, listed: set) -> bool:
+        """Act on what one server is now; False when nothing of it runs by the fleet's records (stopped on purpose)."""
         w = self.watched.setdefault(server.name, Watched())
         if not server.local:  # another host: /health is all the proof there is; no restart from here
             if not healthy(server) and server.url in listed and record is not None:
                 self._remove(record, server, "does not answer /health")
-            return
+            return True
         handle = attached(fleet, server)
         if handle is None:  # stopped on purpose (fleet down --server, a rollout's stop) or never started
             w.last_healthy = None
@@ -142,17 +149,15 @@ class Keeper:
                 self._remove(record, server, "no server of this fleet runs there"
                              + ("" if port_is_free(server.bind, server.port) else
                                 " (a process that is not the fleet's holds the port)"))
-            return
+            return False
         now = time.monotonic()
         if handle.alive:
             if healthy(server):
                 self._serving(fleet, server, w, record, listed, now)
-                return
-            if w.last_healthy is None or now - w.last_healthy < self.policy.unresponsive_s:
-                return  # still loading (its starter's timeout decides), or a short silence
-            self._died(fleet, server, w, record, listed, cause="unresponsive",
-                       line=f"stopped answering /health for {now - w.last_healthy:.0f} s")
-            return
+            elif w.last_healthy is not None and now - w.last_healthy >= self.policy.unresponsive_s:
+                self._died(fleet, server, w, record, listed, cause="unresponsive",
+                           line=f"stopped answering /health for {now - w.last_healthy:.0f} s")
+            return True  # else still loading (its starter's timeout decides), or a short silence
         engine = engine_for(fleet, server)
         text = handle.log_text()[w.log_offset:] if w.log_offset is not None else handle.log_tail(400)
         cause = engine.classify(text, None) or "unknown"
@@ -162,6 +167,7 @@ class Keeper:
             line += (f"; the config's worst case failed in production (an OOM at a peak the study's stress phase "
                      f"did not reach): autotune apply --rollback --fleet {fleet.path} returns the previous config")
         self._died(fleet, server, w, record, listed, cause=cause, line=line)
+        return True
 
     def _serving(self, fleet: Fleet, server: FleetServer, w: Watched, record: router.Record | None, listed: set,
                  now: float) -> None:
@@ -269,11 +275,11 @@ class Keeper:
         if changed:
             notes.append(f"runs other values than {server.config} for {', '.join(changed)}")
         capacity = engine_for(fleet, server).capacity("", info) if info else None
-        if capacity is not None and w.capacity is not None:
-            lower = [f"{key} {getattr(capacity, key)} (was {getattr(w.capacity, key)})"
-                     for key in ("max_running_requests", "kv_tokens", "mamba_slots")
-                     if getattr(capacity, key) is not None and getattr(w.capacity, key) is not None
-                     and getattr(capacity, key) < getattr(w.capacity, key)]
+        now_caps = capacity.pools() if capacity is not None else {}
+        if now_caps and w.capacity is not None:
+            before = w.capacity.pools()
+            lower = [f"{key} {value} (was {before[key]})" for key, value in now_caps.items()
+                     if value is not None and before[key] is not None and value < before[key]]
             if lower:
                 notes.append("smaller than before its death: " + ", ".join(lower)
                              + (" (a CPU server sizes its pools from the host memory free at its start)"
@@ -288,10 +294,9 @@ class Keeper:
             except FleetError as exc:
                 back = f"; not back in the router: {exc}"
         took = time.monotonic() - (w.died_at or time.monotonic())
-        cap = capacity.to_dict() if capacity is not None else {}
         self.events.append("restarted", f"serving again {took:.1f} s after it died{back}"
                            + (f"; {'; '.join(notes)}" if notes else ""), server=server.name, seconds=round(took, 1),
-                           capacity={k: cap.get(k) for k in ("max_running_requests", "kv_tokens", "mamba_slots")})
+                           capacity=now_caps)
         w.last_healthy = time.monotonic()
 
     def _give_up(self, fleet: Fleet, server: FleetServer, w: Watched) -> None:

@@ -6,18 +6,14 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import psutil
-
-from autotune.deploy.fleetfile import Fleet
+from autotune.deploy.detached import spawn
+from autotune.deploy.fleetfile import Fleet, replace_file
 from autotune.deploy.fleetlog import FleetLog
 from autotune.errors import FleetError
 from autotune.launch.process import stop_process_group
@@ -75,19 +71,12 @@ def start(fleet: Fleet, *, timeout_s: float = 30.0) -> Record:
     current = running(fleet)
     if current is not None:
         return current
-    log_path, path = fleet.resolve(fleet.keeper.log), record_path(fleet)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
     assert fleet.path is not None
-    command = [sys.executable, "-m", "autotune", "fleet", "keep", "--fleet", str(fleet.path.resolve())]
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True, close_fds=True)
-    threading.Thread(target=proc.wait, name="keeper-reaper", daemon=True).start()
-    record = Record(pid=proc.pid, started=psutil.Process(proc.pid).create_time(), log=str(log_path))
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(asdict(record)) + "\n")
-    os.replace(tmp, path)
+    log_path = fleet.resolve(fleet.keeper.log)
+    proc, started = spawn([sys.executable, "-m", "autotune", "fleet", "keep", "--fleet", str(fleet.path.resolve())],
+                          log_path)
+    record = Record(pid=proc.pid, started=started, log=str(log_path))
+    replace_file(record_path(fleet), json.dumps(asdict(record)) + "\n")
     pid_path(fleet).write_text(f"{proc.pid}\n")
     events = FleetLog.of(fleet)
     if not wait_until(lambda: proc.poll() is not None or _started(events, proc.pid), timeout_s, 0.05) \

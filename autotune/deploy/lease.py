@@ -29,7 +29,7 @@ from autotune.deploy.fleet import (
     stop_server,
     wait_gpus_free,
 )
-from autotune.deploy.fleetfile import Fleet, load_fleet
+from autotune.deploy.fleetfile import Fleet, load_fleet, replace_file
 from autotune.deploy.fleetlog import FleetLog
 from autotune.deploy.leasefile import Lease, current, lease_path
 from autotune.deploy.rolloutlog import locked
@@ -65,11 +65,8 @@ def borrow(fleet_path: Path, name: str, study: str, *, drain_timeout_s: float = 
         lease = Lease(server=name, study=study, pid=os.getpid(), started=psutil.Process().create_time(),
                       since=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), serving=len(others),
                       total=len(fleet.servers))
-        path = lease_path(fleet)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(asdict(lease)) + "\n")
-        os.replace(tmp, path)  # before the stop: a sweep killed from here on leaves a lease the keeper returns
+        # before the stop: a sweep killed from here on leaves a lease the keeper returns
+        replace_file(lease_path(fleet), json.dumps(asdict(lease)) + "\n")
         stop_server(fleet, server, grace_s=30.0)
         FleetLog.of(fleet).append("lent", f"lent to study {study} (sweep pid {lease.pid}); {len(others)} of "
                                   f"{len(fleet.servers)} servers serve the job meanwhile", server=name)

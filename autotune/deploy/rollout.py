@@ -18,7 +18,8 @@ import asyncio
 import functools
 import hashlib
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,7 +203,7 @@ def verify(fleet: Fleet, server: FleetServer, expect: Expectation, canary: Canar
     mismatch = check_capacity(expect, capacity)
     if mismatch:
         raise FleetError(f"server {server.name} reports a different capacity: {mismatch}")
-    figures = Figures(capacity={k: getattr(capacity, k) for k in ("max_running_requests", "kv_tokens", "mamba_slots")})
+    figures = Figures(capacity=capacity.pools())
     if canary is not None:
         metrics = run_canary(server, canary, capacity)
         figures["tok_s"] = metrics.output_tok_s
@@ -364,6 +365,14 @@ def figures_line(figures: Figures) -> str:
 LOCK_WAIT_S = 10.0  # a keeper's look at the fleet holds the lock for moments; a restart of its for minutes
 
 
+@contextmanager
+def _holding(fleet: Fleet, what: str) -> Iterator[None]:
+    """The fleet's lock for ``what`` (a rollout, a resume, a rollback), refused in one line while a server is lent."""
+    with locked(fleet, holder=what, wait_s=LOCK_WAIT_S):
+        refuse_while_lent(fleet, what)
+        yield
+
+
 # -- entry points ---------------------------------------------------------------------------------------
 def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, canary: Canary | None,
           timing: Timing = Timing(), rollback_on_failure: bool = True, source: Mapping[str, Any] | None = None,
@@ -371,8 +380,7 @@ def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, c
     """Roll ``config`` out to every server of the fleet, one at a time (``header``: atop its sglang.yaml)."""
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
-    with locked(fleet, holder="a rollout", wait_s=LOCK_WAIT_S):
-        refuse_while_lent(fleet, "a rollout")
+    with _holding(fleet, "a rollout"):
         current = log.current()
         if current and current[-1].get("event") != "end":
             raise FleetError(f"an earlier rollout in {log.path} did not finish: finish it with --resume or "
@@ -401,8 +409,7 @@ def resume(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _: 
     """Finish the latest rollout; the server that was mid-step is redone from its stop."""
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
-    with locked(fleet, holder="a resumed rollout", wait_s=LOCK_WAIT_S):
-        refuse_while_lent(fleet, "a resumed rollout")
+    with _holding(fleet, "a resumed rollout"):
         current = log.current()
         if not current or current[-1].get("event") == "end":
             raise FleetError(f"no unfinished rollout in {log.path}")
@@ -415,8 +422,7 @@ def rollback(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _
     """Return every server the latest rollout touched to its previous config, one at a time."""
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
-    with locked(fleet, holder="a rollback", wait_s=LOCK_WAIT_S):
-        refuse_while_lent(fleet, "a rollback")
+    with _holding(fleet, "a rollback"):
         current = log.current()
         if not current:
             raise FleetError(f"no rollout recorded in {log.path}")

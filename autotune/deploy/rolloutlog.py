@@ -8,14 +8,14 @@ import datetime as dt
 import fcntl
 import json
 import os
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Required, TypedDict, cast
+from typing import IO, Any, Required, TypedDict, cast
 
 from autotune.deploy.fleetfile import Fleet
 from autotune.errors import FleetError
+from autotune.launch.stopping import wait_until
 
 
 class Figures(TypedDict, total=False):
@@ -55,34 +55,50 @@ def log_path(fleet: Fleet) -> Path:
     return fleet.path.with_name(fleet.path.stem + ".rollout.jsonl")
 
 
-class RolloutLog:
-    """Append-only JSONL; each line is flushed and fsynced before the step it announces begins."""
+class JsonlLog:
+    """Append-only JSONL of events (``event``, ``time`` and the kind's fields); each line is flushed and fsynced
+    before the step it announces begins, and a line torn by a kill mid-write is skipped on reading."""
 
     def __init__(self, path: Path):
         self.path = path
 
-    def append(self, event: str, **fields: Any) -> RolloutEvent:
-        """Write one event (``fields``: the keys ``RolloutEvent`` names for it) and return it as written."""
-        record = cast(RolloutEvent, {"event": event, "time": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
-                                     **fields})
+    def write(self, event: str, **fields: Any) -> dict[str, Any]:
+        record = {"event": event, "time": now(), **fields}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as fh:
             fh.write(json.dumps(record) + "\n")
             fh.flush()
             os.fsync(fh.fileno())
         return record
 
-    def events(self) -> list[RolloutEvent]:
+    def records(self) -> list[dict[str, Any]]:
         try:
             lines = self.path.read_text(encoding="utf-8").splitlines()
         except FileNotFoundError:
             return []
-        out: list[RolloutEvent] = []
+        out = []
         for line in lines:
             try:
                 out.append(json.loads(line))
             except ValueError:
                 continue  # a line torn by a kill mid-write; the step it announced is redone anyway
         return out
+
+
+def now() -> str:
+    """ISO 8601, UTC, to the millisecond: every event's ``time``."""
+    return dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds")
+
+
+class RolloutLog(JsonlLog):
+    """A rollout's steps (``RolloutEvent``)."""
+
+    def append(self, event: str, **fields: Any) -> RolloutEvent:
+        """Write one event (``fields``: the keys ``RolloutEvent`` names for it) and return it as written."""
+        return cast(RolloutEvent, self.write(event, **fields))
+
+    def events(self) -> list[RolloutEvent]:
+        return cast(list[RolloutEvent], self.records())
 
     def current(self) -> list[RolloutEvent]:
         """The events of the latest rollout (from its ``begin``)."""
@@ -95,6 +111,14 @@ def lock_path(fleet: Fleet) -> Path:
     return log_path(fleet).with_suffix(".lock")
 
 
+def _try_lock(fh: IO[str]) -> bool:
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
 @contextmanager
 def locked(fleet: Fleet, *, holder: str = "a rollout", wait_s: float = 0.0) -> Iterator[None]:
     """The fleet's lock for anything that stops or starts its servers (a rollout, ``fleet down``, the keeper's
@@ -102,18 +126,11 @@ def locked(fleet: Fleet, *, holder: str = "a rollout", wait_s: float = 0.0) -> I
     drops the lock when its holder dies, so a SIGKILLed rollout never blocks the resume."""
     path = lock_path(fleet)
     with open(path, "a+") as fh:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    fh.seek(0)
-                    who = fh.read().strip() or "another rollout"
-                    raise FleetError(f"{who} holds {fleet.path} (lock {path}); run this again once it is done "
-                                     "(autotune fleet status says what it does)") from None
-                time.sleep(0.05)
+        if not wait_until(lambda: _try_lock(fh), wait_s, 0.05):
+            fh.seek(0)
+            who = fh.read().strip() or "another rollout"
+            raise FleetError(f"{who} holds {fleet.path} (lock {path}); run this again once it is done "
+                             "(autotune fleet status says what it does)")
         fh.seek(0)
         fh.truncate()
         fh.write(f"{holder} (pid {os.getpid()})\n")

@@ -16,7 +16,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -26,7 +25,8 @@ import httpx
 import psutil
 
 from autotune import tls
-from autotune.deploy.fleetfile import Fleet, FleetServer, RouterSection
+from autotune.deploy.detached import spawn
+from autotune.deploy.fleetfile import Fleet, FleetServer, RouterSection, replace_file
 from autotune.deploy.inflight import ClientAdvice
 from autotune.deploy.launchscript import ScriptEntry
 from autotune.deploy.ports import pick_after
@@ -135,11 +135,6 @@ def command(r: RouterSection, urls: list[str]) -> list[str]:
             "--prometheus-port", str(r.prometheus_port), *r.extra_args]
 
 
-def _reap(proc: subprocess.Popen[bytes]) -> None:
-    """Collect the router's exit status whenever it ends, so a stopped router leaves no zombie behind."""
-    threading.Thread(target=proc.wait, name="router-reaper", daemon=True).start()
-
-
 def start(fleet: Fleet, worker_urls: list[str], *, timeout_s: float = 60.0) -> Record:
     """Start the router detached on ``worker_urls`` and wait until it answers with every worker healthy; a
     router already running is kept and its workers set to ``worker_urls``. FleetError with its log's reason."""
@@ -153,22 +148,13 @@ def start(fleet: Fleet, worker_urls: list[str], *, timeout_s: float = 60.0) -> R
         if not port_is_free(r.host, port):
             raise FleetError(f"port {r.host}:{port} of the router is in use (stop what holds it, or change "
                              f"[router] port / metrics_port in {fleet.path})")
-    log_path, path = fleet.resolve(r.log), record_path(fleet)
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    command = argv(fleet, worker_urls)
+    log_path, command = fleet.resolve(r.log), argv(fleet, worker_urls)
     env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
-    with open(log_path, "ab") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, close_fds=True)
-    _reap(proc)
-    record = Record(pid=proc.pid, started=psutil.Process(proc.pid).create_time(), url=r.url, host=r.host,
-                    port=r.port, metrics_port=r.prometheus_port, log=str(log_path), worker_urls=list(worker_urls),
-                    argv=command)
+    proc, started = spawn(command, log_path, env=env)
+    record = Record(pid=proc.pid, started=started, url=r.url, host=r.host, port=r.port, metrics_port=r.prometheus_port,
+                    log=str(log_path), worker_urls=list(worker_urls), argv=command)
     # The record goes first: a fleet up killed while the router starts leaves one the next command finds.
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
-    os.replace(tmp, path)
+    replace_file(record_path(fleet), json.dumps(asdict(record), indent=2) + "\n")
     pid_path(fleet).write_text(f"{proc.pid}\n")
     try:
         _wait_ready(record, proc, worker_urls, timeout_s)

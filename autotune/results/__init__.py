@@ -80,6 +80,11 @@ class Capacity:
     available_gib: float | None = None  # available_gpu_mem after startup
     bound_by: str | None = None  # the pool SGLang said lowered max_running_requests: "mamba" or "kv" (its warning)
 
+    def pools(self) -> dict[str, int | None]:
+        """What it allocated that a restart or a rollout compares: running cap, KV tokens, Mamba slots."""
+        return {"max_running_requests": self.max_running_requests, "kv_tokens": self.kv_tokens,
+                "mamba_slots": self.mamba_slots}
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
