@@ -131,7 +131,7 @@ def test_cpu_study_launcher_and_fleet_carry_its_engine(tmp_path, monkeypatch):
     assert "export AUTOTUNE_STUDY_MARK='cpu study'" in script
     assert ': "${HF_TOKEN:?' in script and 'export HF_TOKEN="${HF_TOKEN}"' in script
     ((log, pid, gpu, *argv),) = starts(script)
-    assert (log, pid, gpu) == ("logs/cpu0.log", "run/cpu0.pid", "0")  # the simulator picks its device by index
+    assert (log, pid, gpu) == ("logs/cpu0.log", "run/cpu0.pid", "")  # the host's memory, as on SGLang's CPU backend
     assert argv[:3] == [str(python), "-m", "autotune.sim"]  # the study's interpreter, not a bare `python`
     assert argv[argv.index("--device") + 1] == "cpu" and argv[argv.index("--model-path") + 1] == "qwen3.6-27b"
     assert argv[argv.index("--sim-startup-s") + 1] == "0.1"
@@ -139,7 +139,7 @@ def test_cpu_study_launcher_and_fleet_carry_its_engine(tmp_path, monkeypatch):
     fleet = load_fleet(out / "fleet.toml")
     assert (fleet.engine, fleet.device, fleet.python, fleet.model) == ("sim", "cpu", str(python), "qwen3.6-27b")
     assert fleet.env == {"AUTOTUNE_STUDY_MARK": "cpu study", "HF_TOKEN": "${HF_TOKEN}"}
-    assert [(s.name, s.gpu, s.port) for s in fleet.servers] == [("cpu0", 0, port)]
+    assert [(s.name, s.gpu, s.port) for s in fleet.servers] == [("cpu0", None, port)]
 
     # The secret is not set here: fleet up says which variable is missing and starts nothing.
     with pytest.raises(SystemExit) as exit_info:

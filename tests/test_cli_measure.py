@@ -159,9 +159,10 @@ def test_a_cpu_server_gets_no_cuda_devices_and_measure_names_no_gpu(capsys, quie
     assert "host memory peak" in out
     import json
 
-    record = json.loads((quiet_env / "trial" / "result.json").read_text())  # the record holds no GPU figure either
-    assert record["modelled_startup_s"] is None and record["gpu"] is None
+    record = json.loads((quiet_env / "trial" / "result.json").read_text())  # the record holds no GPU key either
+    assert record["device"] == "cpu" and not {"modelled_startup_s", "gpu", "gpus", "gpu_index"} & set(record)
     assert record["host"]["peak_used_gib"] > 0 and record["host"]["total_gib"] > 0
+    assert not {"peak_power_w", "per_gpu"} & set(record["host"])
 
 
 def test_measure_on_a_gpu_another_process_holds_is_one_line_and_starts_nothing(capsys, quiet_env):

@@ -283,6 +283,7 @@ def test_importance_ranks_the_search_flags_even_when_the_baseline_sets_few():
     ({"engine": {"kind": "sglang", "device": "cuda", "sim_gpu": "h200"}}, "GPU (planner profile h200)"),
     ({"engine": "sglang", "device": "cpu"}, "CPU"),  # a flat record (provenance.json)
     ({"engine": "sim", "gpu_name": "b200"}, "b200"),
+    ({"engine": {"kind": "sim", "device": "cpu", "sim_gpu": "h200"}}, "CPU (simulated, paced as h200)"),
 ])
 def test_device_label_follows_the_engine_and_device(settings, label):
     assert device_name(settings) == label

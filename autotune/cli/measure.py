@@ -204,7 +204,7 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
     else:
-        _render(result, host_memory=engine_name == "sglang" and device == "cpu")
+        _render(result, host_memory=device == "cpu")
     if not result.ok:
         raise SystemExit(FAILED_TRIAL_EXIT)
 

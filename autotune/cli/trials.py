@@ -67,7 +67,7 @@ def rows(study: optuna.Study) -> list[TrialRow]:
     winner = verdict.winner_trial if verdict is not None else None
     for t in study.get_trials(deepcopy=False):
         stored = TrialResult.of(t)  # the one reader of a stored trial's result
-        cap, gpu = (stored.capacity, stored.gpu or stored.host) if stored is not None else (None, None)
+        cap, gpu = (stored.capacity, stored.peaks) if stored is not None else (None, None)
         role = t.user_attrs.get("role", "")
         label = t.user_attrs.get("label")
         rate = confirmed_rate(conf, t.number, gpus_spanned(stored) if stored else 1)  # (median, interval) | None

@@ -276,9 +276,8 @@ def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layo
              host: str) -> list[FleetServer]:
     """One server per group of the GPUs given (as many GPUs each as the winner spans), or the servers of an
     existing fleet file (hosts, GPUs, ports kept; each group must be the winner's size)."""
-    # SGLang's CPU backend: the index names the server and its files, and no GPU (the simulator keeps its index:
-    # it picks its simulated device by it)
-    no_gpu = winner.engine == "sglang" and winner.device == "cpu"
+    # SGLang's CPU backend (real or simulated): the index names the server and its files, and no GPU
+    no_gpu = winner.device == "cpu"
     size = 1 if no_gpu else server_gpus(winner.config)
     if gpus:
         prefix = "cpu" if winner.device == "cpu" else "gpu"

@@ -407,8 +407,11 @@ def up(fleet: Fleet, *, timeout_s: float = 900.0, names: Iterable[str] | None = 
     if todo:
         launch_env(fleet)  # an unset ${NAME} stops the command before any launch, too
     started, failures = [], []
-    # Servers on different GPUs (groups never overlap: the fleet file's check) load in parallel: a fleet of 7 comes up in one startup time, not seven.
-    with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+    # Servers on different GPUs (groups never overlap: the fleet file's check) load in parallel: a fleet of 7 comes
+    # up in one startup time, not seven. Servers in one host's RAM start one after another: each sizes its pools
+    # from what the one before left free (started together, each would count the same free memory twice).
+    workers = 1 if fleet.host_memory else max(1, len(todo))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(start_server, fleet, s, c, timeout_s=timeout_s): s.name for s, c in todo}
         for future, name in futures.items():
             try:

@@ -252,8 +252,9 @@ class Fleet(_Model):
 
     @property
     def host_memory(self) -> bool:
-        """SGLang's CPU backend: its pools live in host RAM, shared with everything else on the host."""
-        return self.engine == "sglang" and self.device == "cpu"
+        """SGLang's CPU backend (or the simulator's model of it): its pools live in host RAM, shared with everything
+        else on the host."""
+        return self.device == "cpu"
 
     def resolve(self, relative: str) -> Path:
         path = Path(relative)

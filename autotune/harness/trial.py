@@ -174,7 +174,8 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
         trial_dir.mkdir(parents=True, exist_ok=True)
     log_path = trial_dir / "server.log"
     group = launch_gpus(engine, server_group(setup, config))
-    base = Placement(engine=engine.name, gpu_index=group[0] if group else setup.gpu_index, gpus=list(group) or None,
+    base = Placement(engine=engine.name, device=getattr(engine, "device", "cuda"),
+                     gpu_index=group[0] if group else setup.gpu_index, gpus=list(group) or None,
                      trial_dir=str(trial_dir), log_path=str(log_path))
     assert setup.sample is not None
     try:

@@ -183,7 +183,7 @@ def _row(trial: optuna.trial.FrozenTrial, result: TrialResult | None, limits: An
     outcome, group = OUTCOMES.get(status, (status, "failed"))
     config = result.config if result else {}
     plan = (result.plan if result else None) or {}
-    cap, metrics, gpu = (result.capacity, result.metrics, result.gpu) if result else (None, None, None)
+    cap, metrics, gpu = (result.capacity, result.metrics, result.peaks) if result else (None, None, None)
     violated = any(float(c) > 0 for c in trial.user_attrs.get("constraint") or [])
     complete = trial.state == optuna.trial.TrialState.COMPLETE
     feasible = complete and status == "ok" and not violated
@@ -288,8 +288,8 @@ def memory_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
         }
         itemised = sum(parts.values())
         total = extra.get("total_gib")
-        if total is None and result and result.gpu and result.gpu.total_gib:
-            total = result.gpu.total_gib
+        if total is None and result and result.peaks and result.peaks.total_gib:
+            total = result.peaks.total_gib
         total = float(total) if total is not None else itemised
         parts["other"] = max(total - itemised, 0.0)
         rows.append({

@@ -33,6 +33,7 @@ class Facts:
     outcome: str  # the confirmation's verdict (``headline.VerdictFacts``)
     note: str
     defaults_lead: str | None = None  # SGLang's defaults measured above every searched config (``views.summary``)
+    host_memory: bool = False  # SGLang's CPU backend: its memory is the host's
 
 
 def num(value: Any, fmt: str = "{:,.0f}", suffix: str = "") -> str:

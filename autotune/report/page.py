@@ -102,7 +102,7 @@ def build(study: optuna.Study, *, base_dir: Path, compare: Sequence[optuna.Study
         launch=launch_command(win_cfg, data.model_name(config), data.launch_settings(config))
         if win_no is not None else None,
         second_objective=data.second_objective(config), outcome=verdict.outcome, note=verdict.note,
-        defaults_lead=defaults_lead(study))
+        defaults_lead=defaults_lead(study), host_memory=data.launch_settings(config).device == "cpu")
     frames: dict[str, pd.DataFrame] = {}
     if compare:
         frames = {study.study_name: trials}
@@ -259,6 +259,13 @@ SECTIONS: dict[str, tuple[str, str]] = {
     "compare": ("Studies compared", "The best-so-far curves and throughput vs concurrency of each study, "
                 "overlaid (e.g. the same model on two GPU types)."),
 }
+# The cards whose words differ on SGLang's CPU backend (its memory is the host's).
+HOST_SECTIONS: dict[str, tuple[str, str]] = {
+    "memory": ("Where the memory goes", "The planner's predicted split of the host memory SGLang's CPU backend "
+               "sized its pools from (a share of what the host had free at the server's start: weights, KV cache, "
+               "Mamba states, speculative intermediates, activations, headroom) beside the peak the host monitor "
+               "observed (the server's processes and its /dev/shm files)."),
+}
 CSS = """
 body{margin:0;background:#f3f4f6;color:#111827;font:14px/1.5 Inter,-apple-system,'Segoe UI',Roboto,Helvetica,Arial,sans-serif}
 main{max-width:1240px;margin:0 auto;padding:24px}
@@ -278,8 +285,9 @@ nav a{margin-right:14px;color:#2563eb;text-decoration:none} .note{color:#6b7280;
 """
 
 
-def _section(key: str, fig: go.Figure) -> str:
-    title, explain = SECTIONS[key]
+def _section(key: str, fig: go.Figure, *, host_memory: bool = False) -> str:
+    """One figure's card; a CPU study's memory card speaks of the host's memory."""
+    title, explain = (HOST_SECTIONS.get(key) if host_memory else None) or SECTIONS[key]
     div = pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=f"fig-{key}", default_width="100%",
                       config={"displaylogo": False, "responsive": True})
     return (f'<section class="card figure-section" id="{key}"><h2>{html.escape(title)}</h2>'
@@ -309,8 +317,8 @@ def _importance_note(report: Report) -> str:
 
 def render(report: Report, figs: Mapping[str, go.Figure]) -> str:
     """One self-contained page: plotly.js inlined once in the head, then the header card and the sections."""
-    sections = [_section(key, figs[key]) if key in figs else _importance_note(report)
-                for key in SECTIONS if key in figs or key == "importance"]
+    sections = [_section(key, figs[key], host_memory=report.facts.host_memory) if key in figs
+                else _importance_note(report) for key in SECTIONS if key in figs or key == "importance"]
     numerics_html = _numerics_section(report)
     failures = report.tables["failures"]
     fail_html = "<p>Every trial measured.</p>"

@@ -241,6 +241,7 @@ class Placement(TypedDict):
     """Where a launch ran, the same whatever its outcome: a ``TrialResult``'s engine, GPUs and files by field name."""
 
     engine: str
+    device: str
     gpu_index: int | None
     gpus: list[int] | None
     trial_dir: str
@@ -266,6 +267,11 @@ class Outcome(TypedDict, total=False):
     stress: StressResult | None
 
 
+# What a result of SGLang's CPU backend leaves out: a GPU's block, placement and startup model, a GPU's power.
+GPU_ONLY = ("gpu", "gpu_index", "gpus", "modelled_startup_s")
+GPU_ONLY_PEAKS = ("peak_power_w", "per_gpu")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrialResult:
     """One trial's outcome. A failure is data: ``status`` says what happened, ``reason`` the log line why."""
@@ -273,6 +279,7 @@ class TrialResult:
     status: Status
     config: dict[str, Any]  # SGLang flags by dest name (fixed + tuned), exactly what was launched
     engine: str = "sim"
+    device: str = "cuda"  # "cpu": SGLang's CPU backend (real or simulated): no GPU keys in ``to_dict``
     capacity: Capacity | None = None
     metrics: Metrics | None = None
     gpu: GpuPeaks | None = None
@@ -320,11 +327,21 @@ class TrialResult:
         tok_s = self.output_tok_s
         return None if tok_s is None else tok_s / self.gpus_spanned
 
+    @property
+    def peaks(self) -> GpuPeaks | None:
+        """The memory the monitor saw the server hold: its GPUs', or the host's on the CPU backend."""
+        return self.host if self.device == "cpu" else self.gpu
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         for key in ("gpu", "host"):
             peaks = getattr(self, key)
             data[key] = peaks.to_dict() if peaks is not None else None
+        if self.device == "cpu":  # no GPU, no GPU's figures: its memory is the host's, its time CPU time
+            for key in GPU_ONLY:
+                data.pop(key, None)
+            if data["host"] is not None:
+                data["host"] = {k: v for k, v in data["host"].items() if k not in GPU_ONLY_PEAKS}
         data["fidelity"] = self.fidelity.to_dict() if self.fidelity is not None else None
         data["measurement"] = self.measurement.to_dict() if self.measurement is not None else None
         data["windows"] = None if self.windows is None else [w.to_dict() for w in self.windows]

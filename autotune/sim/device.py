@@ -22,6 +22,9 @@ import psutil
 
 ENV_DIR = "AUTOTUNE_SIM_DEVICE_DIR"
 DEVICE_FILE = "device.info"  # not *.json: never mistaken for a process record
+# The host's memory (SGLang's CPU backend, ``--device cpu``): one device every server on the host shares, whatever
+# GPUs it was given; a process's memory is back the moment it exits (no driver frees it later).
+HOST = -1
 
 
 class ProcessRecord(TypedDict):
@@ -77,9 +80,10 @@ class DeviceReading:
 
 
 def device_dir(index: int, directory: str | os.PathLike[str] | None = None) -> Path:
-    """The folder of GPU ``index``: ``directory`` or ``$AUTOTUNE_SIM_DEVICE_DIR`` or ``<tmp>/autotune-sim-devices``."""
+    """The folder of GPU ``index`` (``host`` for ``HOST``): under ``directory`` or ``$AUTOTUNE_SIM_DEVICE_DIR`` or
+    ``<tmp>/autotune-sim-devices``."""
     base = directory or os.environ.get(ENV_DIR) or Path(tempfile.gettempdir()) / "autotune-sim-devices"
-    return Path(base) / str(int(index))
+    return Path(base) / ("host" if int(index) == HOST else str(int(index)))
 
 
 def visible_indices(env: dict[str, str] | None = None, *, need: int = 1) -> tuple[int, ...]:

@@ -57,7 +57,10 @@ def _startup_times(value: Any, spec: bool) -> StartupTime:
 
 def _group(server_args: dict[str, Any]) -> tuple[tuple[int, ...], parallel.Rank | None]:
     """The GPUs the server's schedulers open (``CUDA_VISIBLE_DEVICES`` entries at their device ordinals) and the
-    first scheduler whose ordinal is past the visible list (it fails at startup; None when all fit)."""
+    first scheduler whose ordinal is past the visible list (it fails at startup; None when all fit). On SGLang's
+    CPU backend (``--device cpu``): the host's memory, shared by every server on the host."""
+    if str(server_args.get("device") or "").lower() == "cpu":
+        return (device.HOST,), None
     ranks = parallel.ranks(server_args)
     visible = device.visible_indices(need=max(r.gpu_id for r in ranks) + 1)
     missing = next((r for r in ranks if r.gpu_id >= len(visible)), None)
@@ -90,8 +93,11 @@ class ServerStatus:
     """What one sim server planned and holds: startup lines, ``/server_info``, ``/metrics``, the device record."""
 
     def __init__(self, *, args: sim_args.SimArgs, model: Any, gpu: Any, plan: Any, scheduler: Any,
-                 gpus: tuple[int, ...], free_gib: float, pid: int, missing: parallel.Rank | None = None):
+                 gpus: tuple[int, ...], free_gib: float, pid: int, missing: parallel.Rank | None = None,
+                 device_total_mib: float | None = None):
         self.args, self.model, self.gpu, self.plan, self.scheduler = args, model, gpu, plan, scheduler
+        # The device's whole memory (the host's on the CPU backend, where ``gpu`` is sized to what was free)
+        self.device_total_mib = float(gpu.memory_mib if device_total_mib is None else device_total_mib)
         # Every GPU of the server's group holds the planner's per-GPU figures (TP and PP ranks alike).
         self.gpus, self.free_gib, self.pid = gpus, free_gib, pid
         self.gpu_index = gpus[0]
@@ -149,6 +155,10 @@ class ServerStatus:
         gpus, missing = _group(args.server_args)
         # The fullest GPU of the group decides (SGLang takes the minimum free memory over its TP group).
         others = max(device.others_used_mib(index, pid, sim.device_dir) for index in gpus)
+        device_total_mib = float(gpu.memory_mib)
+        if gpus == (device.HOST,):  # the CPU backend: --mem-fraction-static is a share of the RAM free at its start
+            gpu = load_gpu(sim.gpu, memory_mib=max(1024, int(device_total_mib - others)))
+            others = 0.0
         # SGLang sizes from the memory free after its own CUDA context: what the others leave, minus ours.
         free_gib = max(0.0, (gpu.memory_mib - others) / 1024 - float(getattr(gpu, "cuda_context_gib", 0.5)))
         # SGLang reads its SGLANG_* switches from its own environment at start (the decode-lock switch moves the cap).
@@ -162,14 +172,15 @@ class ServerStatus:
             sched = Scheduler.from_plan(plan, model, gpu, noise=sim.noise, seed=sim.seed,
                                         efficiency=deviation.efficiency(plan.extra) * launch_factor(sim))
         return cls(args=args, model=model, gpu=gpu, plan=plan, scheduler=sched, gpus=gpus, free_gib=free_gib,
-                   pid=pid, missing=missing)
+                   pid=pid, missing=missing, device_total_mib=device_total_mib)
 
     # -- device ---------------------------------------------------------------------------------------------
     def register_device(self) -> None:
         """Register on every GPU of the group: each scheduler rank opens a CUDA context on its own device."""
+        release_s = 0.0 if self.gpus == (device.HOST,) else self.args.sim.release_s  # host RAM: back at exit
         for index in self.gpus:
-            device.register(index, pid=self.pid, gpu_name=self.gpu.name, total_mib=self.gpu.memory_mib,
-                            used_mib=self.context_mib, release_s=self.args.sim.release_s,
+            device.register(index, pid=self.pid, gpu_name=self.gpu.name, total_mib=self.device_total_mib,
+                            used_mib=self.context_mib, release_s=release_s,
                             directory=self.device_dir)
 
     def release_device(self) -> None:

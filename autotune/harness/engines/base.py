@@ -93,7 +93,7 @@ class Engine(Protocol):
 class EngineSettings:
     """Everything any engine is built from (the study's ``[engine]`` section, ``measure``'s and a fleet's options).
     One record for all engines, so ``make_engine`` needs no per-engine branch: each engine reads the fields it
-    uses and leaves the rest (the sim ignores ``device``, SGLang ignores ``sim_gpu`` and ``sim_options``)."""
+    uses and leaves the rest (SGLang ignores ``sim_gpu`` and ``sim_options``)."""
 
     model_path: str
     python: str | None = None

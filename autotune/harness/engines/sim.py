@@ -56,8 +56,10 @@ class SimEngine(logparse.LogReading):
         env: Mapping[str, str] | None = None,
         sim_gpu: str | None = "b200",
         sim_options: Mapping[str, Any] | None = None,
+        device: str = "cuda",
     ):
         self.model_path = model_path
+        self.device = device  # "cpu": SGLang's CPU backend, its pools in the host's memory (the sim's ``HOST``)
         self.python = python or sys.executable
         self.extra_env = dict(env or {})
         self.sim_gpu = sim_gpu or DEFAULT_SIM_GPU
@@ -66,7 +68,7 @@ class SimEngine(logparse.LogReading):
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> SimEngine:
         return cls(model_path=settings.model_path, python=settings.python, env=settings.env, sim_gpu=settings.sim_gpu,
-                   sim_options=settings.sim_options)
+                   sim_options=settings.sim_options, device=settings.device)
 
     @classmethod
     def planner_gpu(cls, settings: EngineSettings, gpu_index: int) -> GpuProfile:
@@ -82,9 +84,10 @@ class SimEngine(logparse.LogReading):
         return Path("/dev/shm") if value is True else Path(str(value))
 
     def argv(self, config: Mapping[str, Any], *, port: int, host: str = "127.0.0.1") -> list[str]:
+        device = ["--device", "cpu"] if self.device == "cpu" and "device" not in config else []
         return [
             self.python, "-m", "autotune.sim", "--model-path", self.model_path, "--host", host, "--port", str(port),
-            *FlagTable.bundled().to_argv(dict(config)), "--sim-gpu", self.sim_gpu, *sim_argv(self.sim_options),
+            *FlagTable.bundled().to_argv(dict(config)), *device, "--sim-gpu", self.sim_gpu, *sim_argv(self.sim_options),
         ]
 
     def env(self) -> dict[str, str]:
@@ -99,6 +102,9 @@ class SimEngine(logparse.LogReading):
         return FlagTable.bundled().check(dict(config))
 
     def gpu_reader(self, gpu_index: int | None) -> GpuReader:
+        """The simulated GPU ``gpu_index``; the shared host memory on the CPU backend."""
+        if self.device == "cpu":
+            return SimGpuReader(device.HOST)
         return SimGpuReader(0 if gpu_index is None else gpu_index)
 
     def predict(self, config: Mapping[str, Any], workload: WorkloadSpec | WorkloadSection, prompts: Sequence[str], *,
@@ -108,7 +114,7 @@ class SimEngine(logparse.LogReading):
         ev = evaluate(dict(config), sim_workload(workload, prompts), model=self.model_path, gpu=self.sim_gpu,
                       seed=seed, noise=float(self.sim_options.get("noise", 0.0)))
         status = cast(Status, ev.status if ev.status in STATUSES else "crash")
-        return TrialResult(status=status, config=dict(config), engine="sim", capacity=ev.capacity, metrics=ev.metrics,
+        return TrialResult(status=status, config=dict(config), engine="sim", device=self.device, capacity=ev.capacity, metrics=ev.metrics,
                            reason=ev.reason, modelled_startup_s=ev.startup_s, plan=ev.plan,
                            measurement=None if ev.settling is None else MeasurementVerdict(
                                settled=ev.settling.settled, settling=ev.settling.to_dict()))

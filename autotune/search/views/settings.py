@@ -25,9 +25,12 @@ def engine_kind(config: Mapping[str, Any]) -> str:
 
 def device_name(config: Mapping[str, Any]) -> str:
     """Where the study measured, by its engine and device: the simulated GPU profile for the simulator,
-    "CPU" for SGLang's CPU backend, else the GPU it recorded (a real GPU's ``sim_gpu`` is only the profile
-    the planner assumed, so it is named as such)."""
+    "CPU" for SGLang's CPU backend (the simulator's says whose pace it keeps), else the GPU it recorded (a real
+    GPU's ``sim_gpu`` is only the profile the planner assumed, so it is named as such)."""
     engine = engine_table(config)
+    cpu = str(engine.get("device") or config.get("device") or "cuda") == "cpu"
+    if cpu and engine_kind(config) == "sim":
+        return f"CPU (simulated, paced as {engine.get('sim_gpu') or config.get('sim_gpu') or 'b200'})"
     recorded = config.get("gpu_name") or engine.get("gpu_name")
     if recorded:
         return str(recorded)
@@ -37,7 +40,7 @@ def device_name(config: Mapping[str, Any]) -> str:
         if isinstance(gpu, Mapping):
             gpu = gpu.get("name")
         return str(gpu or "GPU")
-    if str(engine.get("device") or config.get("device") or "cuda") == "cpu":
+    if cpu:
         return "CPU"
     return f"GPU (planner profile {sim_gpu})" if sim_gpu else "GPU"
 
