@@ -9,7 +9,9 @@ noticeable share of its CPU there. Built once, the context costs that once per p
 from __future__ import annotations
 
 import functools
+import os
 import ssl
+from pathlib import Path
 
 import httpx
 
@@ -18,3 +20,15 @@ import httpx
 def context() -> ssl.SSLContext:
     """httpx's default verifying context (certifi's CA bundle), built on first use and shared."""
     return httpx.create_ssl_context()
+
+
+_trusted: set[str] = set()
+
+
+def trust(ca_file: str | os.PathLike[str]) -> None:
+    """Every client of this process also verifies servers against ``ca_file`` (a fleet's own CA,
+    ``deploy.fleettls``); loaded once per file."""
+    path = str(Path(ca_file).resolve())
+    if path not in _trusted:
+        context().load_verify_locations(cafile=path)
+        _trusted.add(path)

@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import signal
+import ssl
 import sys
 import tempfile
 import threading
@@ -49,9 +50,10 @@ KEEPER = KeeperSection(backoff_s=[1.0, 2.0, 4.0])
 
 
 class Foreign:
-    """Another process's server: answers everything with 200 and counts the requests it was sent."""
+    """Another process's server: answers everything with 200 and counts the requests it was sent; with ``tls``
+    (certificate and key files) it speaks HTTPS with a certificate that is not the fleet's."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, tls: tuple[Path, Path] | None = None):
         counts = self.counts = {"requests": 0}
 
         class Handler(BaseHTTPRequestHandler):
@@ -69,6 +71,10 @@ class Foreign:
                 pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(str(tls[0]), str(tls[1]))
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:

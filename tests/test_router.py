@@ -53,7 +53,7 @@ def two_servers(**router_fields) -> dict:
 def test_router_section_refuses_a_server_port_and_flags_it_sets_itself():
     with pytest.raises(ValueError, match="router.port: 31001 .* collides with port 31001"):
         Fleet(**two_servers(router=RouterSection(port=31001)))
-    with pytest.raises(ValueError, match="--worker-urls is set by the .router. section itself"):
+    with pytest.raises(ValueError, match="--worker-urls is set by the fleet file itself"):
         RouterSection(port=32000, extra_args=["--worker-urls", "http://x"])
     fleet = Fleet(**two_servers(router=RouterSection(port=32000)))
     assert router.section(fleet).prometheus_port == 32001
@@ -409,9 +409,17 @@ def test_apply_writes_the_router_into_the_fleet_file_client_json_and_the_launch_
         assert client["router_url"] == f"http://127.0.0.1:{base + 2}"
         assert f"client: point the job at http://127.0.0.1:{base + 2}; keep" in printed
         assert f"# client: point the job at http://127.0.0.1:{base + 2}" in script
-        assert len(routed) == 1 and f"http://127.0.0.1:{base} http://127.0.0.1:{base + 1} --policy" in routed[0]
+        # the servers prove themselves with the fleet's own CA, which the router verifies them against
+        assert len(routed) == 1 and f"https://127.0.0.1:{base} https://127.0.0.1:{base + 1} --policy" in routed[0]
+        assert routed[0].endswith("--ca-cert-paths tls/ca.pem")
+        assert all(s.tls for s in fleet.servers)
+        servers = [ln for ln in script.splitlines() if ln.startswith("start ") and "sglang_router" not in ln]
+        assert [f"--ssl-certfile tls/{s.name}.pem --ssl-keyfile tls/{s.name}.key --ssl-ca-certs tls/ca.pem" in ln
+                for s, ln in zip(fleet.servers, servers, strict=True)] == [True, True]
+        for name in ("ca", *(s.name for s in fleet.servers)):
+            assert (out / "tls" / f"{name}.pem").is_file() and (out / "tls" / f"{name}.key").stat().st_mode & 0o077 == 0
     else:
-        assert client["router_url"] is None and routed == []
+        assert client["router_url"] is None and routed == [] and not any(s.tls for s in fleet.servers)
         assert "no router (sglang-router is not installed" in printed and f"http://127.0.0.1:{base + 2}" in printed
 
 

@@ -19,12 +19,12 @@ from typing import Any
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
-from autotune.deploy import router
+from autotune.deploy import fleettls, router
 from autotune.deploy import sglang_yaml as yaml_files
 from autotune.deploy.confirmed import confirmed_figures
 from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, write_fleet
 from autotune.deploy.fleet import server_gpus as launch_group
-from autotune.deploy.fleetfile import spans
+from autotune.deploy.fleetfile import TLS_CA, spans
 from autotune.deploy.inflight import client_advice
 from autotune.deploy.launchscript import ScriptEntry, launch_script
 from autotune.deploy.ports import pick_ports
@@ -320,6 +320,10 @@ def write_artifacts(
     document, cli = split_config(yaml_files.deployed_config(flags))
     servers = _servers(winner, cli, gpus=gpus, layout=layout, base_port=base_port, host=host)
     routing = router.for_servers(servers, layout)  # [router]: sglang-router in front of two or more servers
+    if layout is None and routing is not None and routing.router and router.installed():
+        # behind a router, a new fleet's servers prove themselves with its own CA: no request of the job goes to
+        # a process that took a fleet server's port (deploy.fleettls)
+        servers = [s.model_copy(update={"tls": True}) if s.local else s for s in servers]
     client = router.advise(client_advice(winner, servers=len(servers)), routing)  # what the job's client sends
     python = python or winner.python or (layout.python if layout is not None else None)
     # the study's launcher; a study that ran locally keeps the launcher of the fleet file it is laid out on
@@ -344,6 +348,8 @@ def write_artifacts(
     # The script exports what the engine exports for every server (references to secrets stay references) and
     # the local launcher's device order where servers have GPUs; CUDA_VISIBLE_DEVICES per server, as it sets it.
     local = LocalLauncher()
+    # where the fleet file goes: its CA and each server's certificate and key go to tls/ beside it (user-only keys)
+    placed = fleet.model_copy(update={"path": (Path(out_dir) / "fleet.toml").resolve()})
     shared = {**engine_for(fleet, servers[0], env=fleet.env).env(),
               **{k: v for k, v in local.device_env(launch_group(fleet, servers[0])).items() if k != VISIBLE}}
     device = [] if winner.config.get("device") else device_argv(fleet, [])
@@ -354,13 +360,15 @@ def write_artifacts(
             continue
         gpu = local.device_env(launch_group(fleet, s)).get(VISIBLE, "")
         sim = ["--sim-gpu", fleet.sim_gpu, *sim_argv(s.sim_options)] if fleet.engine == "sim" and fleet.sim_gpu else []
+        ssl = fleettls.ssl_argv(placed, s, relative=True)  # the CA and the server's certificate, made here
         argv = launch_argv(engine=fleet.engine, python=python or sys.executable, config_file=s.config, model=model,
-                           host=s.bind, port=s.port, extra=[*s.extra_args, *device, *sim])
+                           host=s.bind, port=s.port, extra=[*s.extra_args, *device, *sim, *ssl])
         if levers:  # `env NAME=VALUE … argv`: each assignment one quoted word, never a shell string of config
             argv = ["env", *(f"{k}={v}" for k, v in levers.items()), *argv]
         starts.append(ScriptEntry(log=s.log, pid=s.pid, gpus=gpu, argv=argv))
     script = launch_script(
-        [*starts, *filter(None, [router.script_entry(routing, [s.url for s in servers])])], env=shared, elsewhere=elsewhere,
+        [*starts, *filter(None, [router.script_entry(routing, [s.url for s in servers], ca=TLS_CA if fleet.tls else None)])],
+        env=shared, elsewhere=elsewhere,
         header=header + f"\nengine {fleet.engine}, device {fleet.device}; one server per entry of fleet.toml."
                         "\nStop one with: kill -TERM -- -$(cat run/<name>.pid)"
                         + (f"\nfleet.toml's launcher is {launcher}: `autotune fleet up` starts the servers that way; "

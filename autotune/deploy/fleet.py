@@ -24,7 +24,7 @@ from typing import Any, TypedDict
 import httpx
 
 from autotune import tls
-from autotune.deploy import keeperproc, leasefile, remote, router
+from autotune.deploy import fleettls, keeperproc, leasefile, remote, router
 from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re-exported
     LOCAL_HOSTS,
     Fleet,
@@ -77,8 +77,9 @@ def device_argv(fleet: Fleet, argv: list[str]) -> list[str]:
 
 
 def server_argv(fleet: Fleet, server: FleetServer, config: Mapping[str, Any]) -> list[str]:
+    """The server's command: the engine's for its config, its extra flags, the fleet's device, its certificate."""
     argv = [*engine_for(fleet, server).argv(config, port=server.port, host=server.bind), *server.extra_args]
-    return [*argv, *device_argv(fleet, argv)]
+    return [*argv, *device_argv(fleet, argv), *fleettls.ssl_argv(fleet, server)]
 
 
 class InternalState(TypedDict, total=False):
@@ -407,9 +408,8 @@ def up(fleet: Fleet, *, timeout_s: float = 900.0, names: Iterable[str] | None = 
     if todo:
         launch_env(fleet)  # an unset ${NAME} stops the command before any launch, too
     started, failures = [], []
-    # Servers on different GPUs (groups never overlap: the fleet file's check) load in parallel: a fleet of 7 comes
-    # up in one startup time, not seven. Servers in one host's RAM start one after another: each sizes its pools
-    # from what the one before left free (started together, each would count the same free memory twice).
+    # Servers on different GPUs (groups never overlap) load in parallel: 7 come up in one startup time. Servers in
+    # one host's RAM start one after another: each sizes its pools from what the one before left free.
     workers = 1 if fleet.host_memory else max(1, len(todo))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(start_server, fleet, s, c, timeout_s=timeout_s): s.name for s, c in todo}

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from autotune import tls
 from autotune.config.sections import ENGINE_KINDS, LAUNCHER_KINDS, LauncherSection
 from autotune.deploy.sglang_yaml import read_config_file
 from autotune.errors import ConfigError, FleetError
@@ -26,6 +27,8 @@ from autotune.redaction import looks_secret
 from autotune.sglang.parallel import server_gpus
 
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
+TLS_DIR = "tls"  # the fleet's CA and its servers' certificates and keys (``deploy.fleettls``), beside fleet.toml
+TLS_CA = f"{TLS_DIR}/ca.pem"
 SECRET_KEYS = re.compile(r"pass(word|phrase|wd)|secret", re.IGNORECASE)
 
 
@@ -45,6 +48,9 @@ class FleetServer(_Model):
     pid: str
     extra_args: list[str] = []
     sim_options: dict[str, Any] = {}
+    # HTTPS with a certificate of the fleet's own CA (``deploy.fleettls``): the router and autotune's clients verify
+    # it, so a process that takes the server's port is never sent a request
+    tls: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -91,7 +97,7 @@ class FleetServer(_Model):
     @property
     def url(self) -> str:
         host = f"[{self.address}]" if ":" in self.address else self.address
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     @property
     def where(self) -> str:
@@ -101,7 +107,8 @@ class FleetServer(_Model):
         return f"gpu{'s' if len(self.gpus) > 1 else ''} {self.gpu_line}, port {self.port}"
 
 
-ROUTER_OWNS = ("--host", "--port", "--worker-urls", "--prometheus-host", "--prometheus-port", "--policy")
+ROUTER_OWNS = ("--host", "--port", "--worker-urls", "--prometheus-host", "--prometheus-port", "--policy",
+               "--ca-cert-paths")
 
 
 class RouterSection(_Model):
@@ -122,8 +129,8 @@ class RouterSection(_Model):
     def _not_ours(cls, args: list[str]) -> list[str]:
         owned = [a for a in args if a.split("=", 1)[0] in ROUTER_OWNS]
         if owned:
-            raise ValueError(f"{', '.join(owned)} is set by the [router] section itself "
-                             "(use host, port, metrics_port or policy)")
+            raise ValueError(f"{', '.join(owned)} is set by the fleet file itself (use host, port, metrics_port "
+                             "or policy; --ca-cert-paths follows the servers' tls)")
         return args
 
     @property
@@ -244,11 +251,19 @@ class Fleet(_Model):
             if not server.local and server.bind.startswith("127."):
                 raise ValueError(f"server {server.name} on {server.host} binds {server.bind}, which cannot be "
                                  "polled from here; set bind to that host's address or 0.0.0.0")
+            if server.tls and not server.local:
+                raise ValueError(f"server {server.name} on {server.host}: tls needs the fleet's certificate on that "
+                                 "host, which autotune does not copy there yet (set tls = false for it)")
         return self
 
     @property
     def base_dir(self) -> Path:
         return self.path.parent if self.path else Path.cwd()
+
+    @property
+    def tls(self) -> bool:
+        """Some server proves itself with the fleet's CA: the router verifies workers against it."""
+        return any(s.tls for s in self.servers)
 
     @property
     def host_memory(self) -> bool:
@@ -321,6 +336,8 @@ def load_fleet(path: str | Path) -> Fleet:
     mismatch = group_mismatch(fleet)
     if mismatch:
         raise FleetError(f"{path}: {mismatch}")
+    if fleet.tls and fleet.resolve(TLS_CA).is_file():  # this process's clients verify its servers by the fleet's CA
+        tls.trust(fleet.resolve(TLS_CA))
     return fleet
 
 

@@ -26,7 +26,7 @@ import psutil
 
 from autotune import tls
 from autotune.deploy.detached import spawn
-from autotune.deploy.fleetfile import Fleet, FleetServer, RouterSection, replace_file
+from autotune.deploy.fleetfile import TLS_CA, Fleet, FleetServer, RouterSection, replace_file
 from autotune.deploy.inflight import ClientAdvice
 from autotune.deploy.launchscript import ScriptEntry
 from autotune.deploy.ports import pick_after
@@ -124,15 +124,18 @@ def running(fleet: Fleet) -> Record | None:
 
 
 def argv(fleet: Fleet, worker_urls: Iterable[str]) -> list[str]:
-    """The router's command: argv tokens, never a shell line; it and its metrics bind ``[router] host``."""
-    return command(section(fleet), list(worker_urls))
+    """The router's command: argv tokens, never a shell line; it and its metrics bind ``[router] host``; a fleet
+    whose servers prove themselves with its CA has the router verify every worker against it."""
+    ca = fleet.resolve(TLS_CA) if fleet.tls else None
+    return command(section(fleet), list(worker_urls), ca=ca)
 
 
-def command(r: RouterSection, urls: list[str]) -> list[str]:
+def command(r: RouterSection, urls: list[str], *, ca: Path | str | None = None) -> list[str]:
     metrics_host = "127.0.0.1" if r.host in ("0.0.0.0", "") else r.host
+    verify = ["--ca-cert-paths", str(ca)] if ca is not None else []
     return [sys.executable, "-m", f"{MODULE}.launch_router", "--host", r.host, "--port", str(r.port),
             "--worker-urls", *urls, "--policy", r.policy, "--prometheus-host", metrics_host,
-            "--prometheus-port", str(r.prometheus_port), *r.extra_args]
+            "--prometheus-port", str(r.prometheus_port), *verify, *r.extra_args]
 
 
 def start(fleet: Fleet, worker_urls: list[str], *, timeout_s: float = 60.0) -> Record:
@@ -300,9 +303,9 @@ def advise(client: ClientAdvice, routing: RouterSection | None) -> ClientAdvice:
         "requests it had in flight"))
 
 
-def script_entry(routing: RouterSection | None, urls: list[str]) -> ScriptEntry | None:
+def script_entry(routing: RouterSection | None, urls: list[str], *, ca: str | None = None) -> ScriptEntry | None:
     """The launch script's line for the router (after the servers': it waits for them), when it runs."""
     if routing is None or not routing.router or not installed():
         return None
     return ScriptEntry(log=routing.log, pid=str(Path(routing.record).with_suffix(".pid")), gpus="",
-                       argv=command(routing, urls))
+                       argv=command(routing, urls, ca=ca))

@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from autotune import tls
 from autotune.errors import AutotuneError
 from autotune.inspect.probe import Probe, ProbeFailure, StartupPools, probe, read_startup_log
 from autotune.inspect.state import ServerState, as_int
@@ -369,7 +370,7 @@ def inspect_servers(
     pools += [None] * (len(urls) - len(pools))
     diagnoses: list[ServerDiagnosis] = []
     failures: list[ProbeFailure] = []
-    with httpx.Client(timeout=timeout_s, transport=transport, follow_redirects=False) as client:
+    with httpx.Client(timeout=timeout_s, transport=transport, follow_redirects=False, verify=tls.context()) as client:
         for url, log in zip(urls, pools, strict=True):
             result = probe(url, client=client, use_nvml=use_nvml, log=log)
             if isinstance(result, ProbeFailure):

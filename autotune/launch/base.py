@@ -70,6 +70,11 @@ class LogFile:
         return log_tail(self.log_path, lines)
 
 
+def url_scheme(argv: list[str]) -> str:
+    """``https`` for a server started with a certificate (SGLang's ``--ssl-certfile``), else ``http``."""
+    return "https" if any(a == "--ssl-certfile" or a.startswith("--ssl-certfile=") for a in argv) else "http"
+
+
 @dataclass(frozen=True, kw_only=True)
 class LaunchSpec:
     """One server to start: the engine's command and environment, where it listens, the GPUs it gets."""

@@ -43,6 +43,7 @@ from autotune.launch.base import (
     ServerHandle,
     ServerRecord,
     log_tail,
+    url_scheme,
 )
 from autotune.launch.health import wait_healthy
 from autotune.launch.keeper import Keeper, Kept
@@ -211,7 +212,7 @@ class ContainerServer(Kept):
         self.launch_id = launch_id or name
         self.port, self.log_path = spec.port, Path(spec.log_path)
         connect = "127.0.0.1" if spec.host in ("0.0.0.0", "") else spec.host
-        self.base_url = f"http://{connect}:{spec.port}"
+        self.base_url = f"{url_scheme(spec.argv)}://{connect}:{spec.port}"
         self.exit_code: int | None = None
         self.teardown_error: str | None = None
         self.container_id: str | None = None

@@ -30,6 +30,7 @@ from autotune.launch.base import (
     ServerExited,
     ServerRecord,
     ServerStartTimeout,
+    url_scheme,
 )
 from autotune.launch.health import wait_healthy
 from autotune.launch.memory import used_mib
@@ -168,7 +169,7 @@ class ServerProcess(LogFile):
         self.run_dir = Path(run_dir) if run_dir is not None else Path.cwd() / "runs"
         self.detach, self.watchdog_grace_s = detach, watchdog_grace_s
         self.shm_dir = Path(shm_dir) if shm_dir is not None else SHM_DIR
-        self.base_url = f"http://{host}:{port}"
+        self.base_url = f"{url_scheme(self.argv)}://{host}:{port}"
         self.gpus, self.launch_id = tuple(gpus), launch_id or secrets.token_hex(6)
         self.pid: int | None = None
         self.exit_code: int | None = None

@@ -59,6 +59,7 @@ from autotune.launch.base import (
     ReaderFactory,
     ServerHandle,
     ServerRecord,
+    url_scheme,
 )
 from autotune.launch.health import wait_healthy
 from autotune.launch.keeper import Keeper, Kept
@@ -239,7 +240,7 @@ class SlurmJob(Kept, LogFile):
         self.node: str | None = None
         self.port, self.log_path = spec.port, Path(spec.log_path)
         self._connect = "127.0.0.1" if spec.host in ("0.0.0.0", "") else spec.host
-        self.base_url = f"http://{self._connect}:{spec.port}"
+        self.base_url = f"{url_scheme(spec.argv)}://{self._connect}:{spec.port}"
         self.job_id = ""
         self.exit_code: int | None = None
         self.teardown_error: str | None = None
@@ -284,7 +285,7 @@ class SlurmJob(Kept, LogFile):
             self.node = nodes
             local = socket.gethostname().split(".")[0]
             host = self._connect if nodes == local else nodes
-            self.base_url = f"http://{host}:{self.port}"
+            self.base_url = f"{self.base_url.split(':', 1)[0]}://{host}:{self.port}"
 
     @property
     def alive(self) -> bool:

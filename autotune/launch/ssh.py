@@ -47,6 +47,7 @@ from autotune.launch.base import (
     ServerHandle,
     ServerRecord,
     ServerStartTimeout,
+    url_scheme,
 )
 from autotune.launch.local import DEVICE_ORDER
 from autotune.launch.remote_memory import NoReading, RemoteGpuReader
@@ -304,7 +305,7 @@ class SshServer:
         self.pid_file, self.status_file = pid_file, status_file
         self.port = spec.port
         name = launcher.host_name
-        self.base_url = f"http://{f'[{name}]' if ':' in name else name}:{spec.port}"
+        self.base_url = f"{url_scheme(spec.argv)}://{f'[{name}]' if ':' in name else name}:{spec.port}"
         self.exit_code: int | None = None
         self.teardown_error: str | None = None
         self.removed_shm: list[str] = []

@@ -199,7 +199,10 @@ async def _serve(st: ServerStatus, log: logs.Log) -> int:
             f"{exc.strerror}")
         return 1
     server = SimServer(st, log=log, on_fatal=die_by_sigkill)
-    config = uvicorn.Config(server.app, log_config=_uvicorn_log_config(), lifespan="off", timeout_keep_alive=30)
+    # SGLang's --ssl-certfile/--ssl-keyfile: HTTPS, as uvicorn serves it for SGLang
+    certfile, keyfile = st.server_args.get("ssl_certfile"), st.server_args.get("ssl_keyfile")
+    config = uvicorn.Config(server.app, log_config=_uvicorn_log_config(), lifespan="off", timeout_keep_alive=30,
+                            ssl_certfile=certfile, ssl_keyfile=keyfile)
     prefixes = tuple(st.server_args.get("uvicorn_access_log_exclude_prefixes") or ())
     if prefixes:  # SGLang's --uvicorn-access-log-exclude-prefixes: no access line for these paths
         logging.getLogger("uvicorn.access").addFilter(
@@ -217,7 +220,8 @@ async def _serve(st: ServerStatus, log: logs.Log) -> int:
     port = sock.getsockname()[1]
     while not http.started and not task.done():
         await asyncio.sleep(0.01)
-    log(f"INFO:     Uvicorn running on http://{st.host}:{port} (Press CTRL+C to quit)")
+    scheme = "https" if certfile else "http"
+    log(f"INFO:     Uvicorn running on {scheme}://{st.host}:{port} (Press CTRL+C to quit)")
     await asyncio.gather(server.warmup(), asyncio.sleep(max(0.0, sim.warmup_s)))
     if not server.draining:
         server.ready = True

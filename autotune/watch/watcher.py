@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from autotune import tls
 from autotune.inspect.diagnose import InspectError, diagnose, explain_capacity
 from autotune.inspect.probe import ProbeFailure, normalise_url, probe
 from autotune.inspect.state import ServerState
@@ -92,7 +93,7 @@ class Watcher:
         # The probe reduces /metrics to levels; watch also needs the histograms, so it keeps the body the probe
         # already fetched (one GET per endpoint, and still GET only).
         self.client = httpx.Client(timeout=options.timeout_s, transport=transport, follow_redirects=False,
-                                   event_hooks={"response": [self._keep_metrics]})
+                                   verify=tls.context(), event_hooks={"response": [self._keep_metrics]})
 
     def _keep_metrics(self, response: httpx.Response) -> None:
         if response.request.url.path.endswith("/metrics") and response.status_code == 200:
