@@ -10,6 +10,9 @@ URL (``closed_loop.py``). Three cases, each on a fresh fleet:
   line when it stopped, failed requests.
 - ``foreign``: SIGKILL one server, then bind another process's HTTP server on its port once the keeper has taken it
   out of the router. Printed: requests that reached the foreign server (counted there), the keeper's line.
+- ``swap``: the fleet's servers on HTTPS with the fleet's own CA (``tls = true``, as ``apply`` writes a routed
+  fleet) and no keeper: SIGKILL one server and bind another process's HTTPS server (another CA's certificate) on
+  its port at once, before anything noticed. Printed: requests that reached it, failed requests.
 
 The servers are the simulator (``autotune.sim``): their startup, step times and deaths stand for SGLang's only as
 far as the simulator is true; the router is the real ``sglang-router``; the keeper is autotune's own.
@@ -40,10 +43,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from rollout_under_load import autotune, buckets, routed_load, setup  # noqa: E402
 
-from autotune.deploy import router  # noqa: E402
-from autotune.deploy.fleet import load_fleet, write_fleet  # noqa: E402
+from autotune.deploy import fleettls, router  # noqa: E402
+from autotune.deploy.fleet import Fleet, FleetServer, load_fleet, write_fleet  # noqa: E402
 from autotune.deploy.fleetfile import KeeperSection  # noqa: E402
 from autotune.deploy.fleetlog import FleetLog  # noqa: E402
+from autotune.launch.process import port_is_free  # noqa: E402
+from autotune.launch.stopping import wait_until  # noqa: E402
 
 # Backoffs short enough for five deaths in about a minute; every other figure is the fleet file's default.
 KEEPER = KeeperSection(backoff_s=[1.0, 2.0, 4.0])
@@ -104,6 +109,14 @@ def kill(path: Path, name: str) -> tuple[float, float]:
     return before, time.time()
 
 
+def other_certificate(directory: Path, port: int) -> tuple[Path, Path]:
+    """A valid certificate for 127.0.0.1 from another CA (another fleet's): HTTPS, but not this fleet's."""
+    other = Fleet(engine="sim", model="qwen3.6-27b", path=directory / "other" / "fleet.toml", servers=[
+        FleetServer(name="x", gpus=[7], port=port, config="x.yaml", log="x.log", pid="x.pid", tls=True)])
+    files = fleettls.server_files(other, other.servers[0])
+    return files.cert, files.key
+
+
 def cut_streams(records: list[dict[str, Any]], kills: list[tuple[float, float]]) -> list[dict[str, Any]]:
     """The failed streams a kill cut: begun before it ended, ended after it began (a stream whose first bytes reached
     the job cannot be retried by the router; every other failure is the fleet's to keep)."""
@@ -121,7 +134,11 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
     directory = base / case
     env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOTUNE_SIM_DEVICE_DIR": str(directory / "devices")}
     path = setup(directory, args.servers, True)
-    write_fleet(load_fleet(path).model_copy(update={"keeper": KEEPER}), path)
+    fleet = load_fleet(path)
+    if case == "swap":  # the fleet's own CA, and nothing that would take the dead server out of the router
+        fleet = fleet.model_copy(update={"servers": [s.model_copy(update={"tls": True}) for s in fleet.servers],
+                                         "keeper": KEEPER.model_copy(update={"keep": False})})
+    write_fleet(fleet.model_copy(update={"keeper": fleet.keeper if case == "swap" else KEEPER}), path)
     os.environ["AUTOTUNE_SIM_DEVICE_DIR"] = env["AUTOTUNE_SIM_DEVICE_DIR"]
     load = None
     try:
@@ -148,6 +165,20 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
             out_s = time.time() - kills[0][1]
             lines.append(f"  {len(kills)} kills in {kills[-1][1] - kills[0][1]:.0f} s, "
                          f"{len(events(path, 'restarted', victim.name))} restarts; the keeper: {gave_up['line']}")
+        elif case == "swap":
+            if not wait_until(lambda: port_is_free("127.0.0.1", victim.port), 30.0, poll_s=0.01):
+                raise SystemExit(f"port {victim.port} still held 30 s after the kill")
+            foreign = Foreign(victim.port, tls=other_certificate(directory, victim.port))
+            bound_s = time.time() - kills[0][1]
+            try:
+                time.sleep(args.foreign_s)
+                in_router = victim.url in {w.get("url") for w in router.workers(record)} if record else False
+                lines.append(f"  the other server bound the port {bound_s:.2f} s after the kill; requests that reached "
+                             f"it in {args.foreign_s:.0f} s: {foreign.counts['requests']} (still in the router: "
+                             f"{in_router})")
+            finally:
+                foreign.close()
+            out_s = args.foreign_s
         else:
             wait_event(path, "exited", victim.name)
             foreign = Foreign(victim.port)
@@ -184,7 +215,8 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", nargs="+", choices=["kill", "loop", "foreign"], default=["kill", "loop", "foreign"])
+    parser.add_argument("--cases", nargs="+", choices=["kill", "loop", "foreign", "swap"],
+                        default=["kill", "loop", "foreign", "swap"])
     parser.add_argument("--servers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)

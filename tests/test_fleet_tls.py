@@ -12,7 +12,7 @@ import pytest
 from test_router import Load, needs_router, routed_fleet, run_cli, stop_all
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from fleet_faults import Foreign, cut_streams, kill  # noqa: E402
+from fleet_faults import Foreign, cut_streams, kill, other_certificate  # noqa: E402
 
 from autotune import tls
 from autotune.deploy import fleettls, router
@@ -31,14 +31,6 @@ def tls_fleet(tmp_path: Path, n: int = 2) -> Path:
     fleet = load_fleet(path)
     servers = [s.model_copy(update={"tls": True}) for s in fleet.servers]
     return write_fleet(fleet.model_copy(update={"servers": servers}), path)
-
-
-def other_certificate(tmp_path: Path, port: int) -> tuple[Path, Path]:
-    """A valid certificate for 127.0.0.1 from another CA (another fleet's): TLS, but not this fleet's."""
-    other = Fleet(engine="sim", model="qwen3.6-27b", path=tmp_path / "other" / "fleet.toml", servers=[
-        FleetServer(name="x", gpus=[7], port=port, config="x.yaml", log="x.log", pid="x.pid", tls=True)])
-    files = fleettls.server_files(other, other.servers[0])
-    return files.cert, files.key
 
 
 def test_a_server_certificate_names_its_addresses_and_keys_are_the_users_alone(tmp_path):
