@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from typing import Any
 
 from autotune.errors import ConfigError
 
@@ -130,3 +131,13 @@ def redact_text(text: str, url: str) -> str:
     for password in url_passwords(url):
         text = text.replace(password, SHOWN)
     return text
+
+
+def scrub(data: Any) -> Any:
+    """A server's JSON (``/server_info`` echoes its ``--api-key``) with every credential-named value shown as
+    ``***``, at any depth: what autotune keeps, prints or writes of a server never holds its key."""
+    if isinstance(data, Mapping):
+        return {k: SHOWN if secret_name(str(k)) and data[k] not in (None, "", False) else scrub(data[k]) for k in data}
+    if isinstance(data, list):
+        return [scrub(v) for v in data]
+    return data

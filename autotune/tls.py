@@ -1,9 +1,12 @@
-"""One TLS context for every HTTP client autotune opens.
+"""One TLS context, and the keys this process presents, for every HTTP client autotune opens.
 
 httpx builds a fresh ``ssl.SSLContext`` (and loads the CA bundle) for each client it is given none: about 30 ms of
 CPU, even for a plain-HTTP loopback client that never uses it. The harness opens dozens of short-lived clients per
 trial (health polls, ``/server_info``, the replay, the fidelity probe, the stop's drain checks), so a sweep spent a
 noticeable share of its CPU there. Built once, the context costs that once per process.
+
+A fleet that runs with keys (``deploy.fleetkeys``) registers them here when its file is read; every client passes
+``auth=auth()``, which adds the key registered for the request's server (and path) as SGLang and the router read it.
 """
 
 from __future__ import annotations
@@ -32,3 +35,34 @@ def trust(ca_file: str | os.PathLike[str]) -> None:
     if path not in _trusted:
         context().load_verify_locations(cafile=path)
         _trusted.add(path)
+
+
+_keys: dict[str, list[tuple[str, str]]] = {}  # origin → (path prefix, key), the longest prefix first
+
+
+def _origin(url: httpx.URL) -> str:
+    return f"{url.scheme}://{url.host}:{url.port or (443 if url.scheme == 'https' else 80)}"
+
+
+def present(base_url: str, key: str, *, prefix: str = "/") -> None:
+    """Send ``key`` (``Authorization: Bearer``) with every request of this process to ``base_url`` whose path
+    starts with ``prefix``."""
+    entries = [e for e in _keys.get(_origin(httpx.URL(base_url)), []) if e[0] != prefix]
+    _keys[_origin(httpx.URL(base_url))] = sorted([*entries, (prefix, key)], key=lambda e: -len(e[0]))
+
+
+class _Keys(httpx.Auth):
+    def auth_flow(self, request: httpx.Request):  # type: ignore[no-untyped-def]
+        for prefix, key in _keys.get(_origin(request.url), []):
+            if request.url.path.startswith(prefix) and "authorization" not in request.headers:
+                request.headers["Authorization"] = f"Bearer {key}"
+                break
+        yield request
+
+
+_AUTH = _Keys()
+
+
+def auth() -> httpx.Auth:
+    """The keys registered with ``present``, for a client's ``auth=``."""
+    return _AUTH

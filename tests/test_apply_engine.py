@@ -263,8 +263,15 @@ def test_gpus_come_from_a_fleet_file(tmp_path):
                                log="l/far", pid="p/far"))
     old = write_fleet(Fleet(engine="sglang", model="m", servers=servers), tmp_path / "old" / "fleet.toml")
     out = tmp_path / "new"
-    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--fleet", str(old), "--allow-unstressed"])
+    # "far" listens beyond loopback on another host, where autotune places no keys: refused in one line ...
+    with pytest.raises(ConfigError, match=r"beyond loopback \(server far binds 0.0.0.0\) without keys.*--insecure"):
+        write_artifacts(load_winner(url), out, layout=load_fleet(old))
+    assert not (out / "fleet.toml").exists()
+    # ... unless told --insecure, which it says
+    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--fleet", str(old), "--allow-unstressed",
+                                   "--insecure"])
     assert res.exit_code == 0, res.output
+    assert "insecure: server far binds 0.0.0.0, without keys" in res.output
     fleet = load_fleet(out / "fleet.toml")
     assert [(s.name, s.host, s.gpu, s.port, s.config) for s in fleet.servers] == [
         ("box2", "localhost", 2, 31002, "sglang.yaml"), ("box5", "localhost", 5, 31005, "sglang.yaml"),
@@ -273,7 +280,8 @@ def test_gpus_come_from_a_fleet_file(tmp_path):
     script = (out / "launch_fleet.sh").read_text()
     assert [s[:3] for s in starts(script)] == [["l/2", "p/2", "2"], ["l/5", "p/5", "5"]]
     assert "#   far on ops@gpu-box" in script  # another host's server: fleet up starts it, not this script
-    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--fleet", str(old), "--gpus", "0", "--allow-unstressed"])
+    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--fleet", str(old), "--gpus", "0",
+                                   "--allow-unstressed", "--insecure"])
     assert res.exit_code == 2 and "not both" in res.output
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import click
 
 from autotune.config.studyref import locate, locate_fleet, record_apply, study_file
+from autotune.deploy import fleetkeys, rollout, router
 from autotune.deploy import ports as fleet_ports
-from autotune.deploy import rollout, router
 from autotune.deploy.apply import load_winner, winner_from_yaml, write_artifacts, yaml_header
 from autotune.deploy.fleet import load_fleet, server_config
 from autotune.deploy.inflight import client_advice, read_advice
@@ -88,7 +88,10 @@ def _worst_case(winner, *, allow: bool) -> None:
 @click.option("--base-port", type=click.IntRange(1, 65535),
               help="The first server's port (the next servers take the ports after it; one in use is an error). "
                    "Default: 30000 and up, skipping ports in use.")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address the servers listen on.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address the servers listen on; beyond loopback the fleet runs with keys (keys/ beside fleet.toml).")
+@click.option("--insecure", is_flag=True,
+              help="Write a fleet that listens beyond loopback without keys (anyone who reaches its ports can use it).")
 @click.option("--python", "python", help="Interpreter in the scripts (default: the study's engine.python, "
                                         "else this one).")
 @click.option("--model", help="Model path for the launch command (default: the study's).")
@@ -121,7 +124,7 @@ def _worst_case(winner, *, allow: bool) -> None:
 @click.option("--allow-unstressed", is_flag=True,
               help="Deploy a config that never passed the stress phase (failed it, was never stressed, or comes from "
                    "a study with the confirmation off).")
-def apply(config, study, storage, trial, out, gpus, base_port, host, python, model, fleet_file, dry_run,
+def apply(config, study, storage, trial, out, gpus, base_port, host, insecure, python, model, fleet_file, dry_run,
           rolling, resume, rollback, prompts, canary_s, canary_warmup_s, canary_concurrency, tolerance,
           kv_tolerance, grace, startup_timeout, drain_timeout, keep_partial, accept_numerics,
           allow_unstressed) -> None:
@@ -174,7 +177,10 @@ def apply(config, study, storage, trial, out, gpus, base_port, host, python, mod
     if fleet_file is not None:
         layout = load_fleet(fleet_file)
     paths = write_artifacts(winner, out, gpus=parse_gpus(gpus) if gpus is not None else None, layout=layout,
-                            base_port=base_port, host=host, python=python, model=model)
+                            base_port=base_port, host=host, python=python, model=model, insecure=insecure)
+    if insecure and (open_to := fleetkeys.exposed(load_fleet(out / "fleet.toml"))):
+        click.echo(f"insecure: {'; '.join(open_to)}, without keys: anyone who reaches these ports can send requests "
+                   "and add or remove the router's workers")
     click.echo(f"study {winner.study}, trial {winner.trial}: wrote " + ", ".join(str(p) for p in paths))
     if base_port is None and layout is None:
         _say_skipped_ports(load_fleet(Path(out) / "fleet.toml"))

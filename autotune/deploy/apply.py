@@ -12,19 +12,19 @@ import datetime as dt
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from optuna.trial import TrialState
 from pydantic import ValidationError
 
-from autotune.deploy import fleettls, router
+from autotune.deploy import fleetkeys, fleettls, router
 from autotune.deploy import sglang_yaml as yaml_files
 from autotune.deploy.confirmed import confirmed_figures
 from autotune.deploy.fleet import Fleet, FleetServer, device_argv, engine_for, write_fleet
 from autotune.deploy.fleet import server_gpus as launch_group
-from autotune.deploy.fleetfile import TLS_CA, spans
+from autotune.deploy.fleetfile import KEYS_DIR, TLS_CA, spans
 from autotune.deploy.inflight import client_advice
 from autotune.deploy.launchscript import ScriptEntry, launch_script
 from autotune.deploy.ports import pick_ports
@@ -303,16 +303,31 @@ def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layo
                                         "on a CPU study, one per index), or --fleet fleet.toml to reuse its servers")
 
 
+def _keyed(fleet: Fleet, insecure: bool) -> Fleet:
+    """The fleet with keys when it binds beyond loopback (``deploy.fleetkeys``); a ConfigError in one line where
+    it cannot have them (servers on other hosts or under another launcher) unless ``insecure``."""
+    exposed = fleetkeys.exposed(fleet)
+    if not exposed or insecure:
+        return fleet
+    if fleet.launcher != "local" or any(not s.local for s in fleet.servers):
+        raise ConfigError(f"the fleet would serve beyond loopback ({'; '.join(exposed)}) without keys: autotune "
+                          "places keys only on servers it starts on this host with the local launcher",
+                          key="--host", fix="bind 127.0.0.1, or pass --insecure to write the fleet without keys")
+    return fleet.model_copy(update={"keys": True})
+
+
 def write_artifacts(
     winner: Winner, out_dir: Path, *, gpus: Sequence[int] | None = None, layout: Fleet | None = None,
     base_port: int | None = None, host: str = "127.0.0.1", python: str | None = None, model: str | None = None,
+    insecure: bool = False,
 ) -> list[Path]:
     """Write the four artifacts into ``out_dir`` (created) and return their paths.
 
     The servers are one per group of ``gpus`` (as many GPUs as the winner's config spans: ``--gpus 0-7`` and a TP=2
     winner make four servers on pairs), on free ports (``pick_ports``), else those of ``layout`` (a loaded fleet
     file); there is no default. Engine, interpreter (``python`` overrides the study's), device, environment and
-    model are the study's, so the fleet runs what the study measured."""
+    model are the study's, so the fleet runs what the study measured. A fleet that binds beyond loopback runs with
+    keys (``deploy.fleetkeys``), or is refused unless ``insecure``."""
     model = model or winner.model
     if not model:
         raise ConfigError("the study does not record a model path", key="--model", fix="pass --model")
@@ -340,6 +355,9 @@ def write_artifacts(
         err = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in err["loc"]) or "fleet"
         raise ConfigError(err["msg"].removeprefix("Value error, "), key=where) from None
+    fleet = _keyed(fleet, insecure)
+    if fleet.keys:
+        client = replace(client, api_key_file=f"{KEYS_DIR}/api.key")
     header = yaml_header(winner, client)
     size = server_gpus(winner.config)
     if size > 1 and not fleet.host_memory:
@@ -363,12 +381,14 @@ def write_artifacts(
         ssl = fleettls.ssl_argv(placed, s, relative=True)  # the CA and the server's certificate, made here
         argv = launch_argv(engine=fleet.engine, python=python or sys.executable, config_file=s.config, model=model,
                            host=s.bind, port=s.port, extra=[*s.extra_args, *device, *sim, *ssl])
+        argv = fleetkeys.server_argv(placed, argv, relative=True)  # the key read from its file, in the process
         if levers:  # `env NAME=VALUE … argv`: each assignment one quoted word, never a shell string of config
             argv = ["env", *(f"{k}={v}" for k, v in levers.items()), *argv]
         starts.append(ScriptEntry(log=s.log, pid=s.pid, gpus=gpu, argv=argv))
     script = launch_script(
-        [*starts, *filter(None, [router.script_entry(routing, [s.url for s in servers], ca=TLS_CA if fleet.tls else None)])],
-        env=shared, elsewhere=elsewhere,
+        [*starts, *filter(None, [router.script_entry(routing, [s.url for s in servers], ca=TLS_CA if fleet.tls else None,
+                                                     keyed=placed if fleet.keys else None)])],
+        env=shared, elsewhere=elsewhere, private=fleet.keys,
         header=header + f"\nengine {fleet.engine}, device {fleet.device}; one server per entry of fleet.toml."
                         "\nStop one with: kill -TERM -- -$(cat run/<name>.pid)"
                         + (f"\nfleet.toml's launcher is {launcher}: `autotune fleet up` starts the servers that way; "

@@ -23,8 +23,8 @@ from typing import Any, TypedDict
 
 import httpx
 
-from autotune import tls
-from autotune.deploy import fleettls, keeperproc, leasefile, remote, router
+from autotune import redaction, tls
+from autotune.deploy import fleetkeys, keeperproc, leasefile, remote, router
 from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re-exported
     LOCAL_HOSTS,
     Fleet,
@@ -37,15 +37,14 @@ from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re
     write_fleet,
 )
 from autotune.deploy.rolloutlog import locked
+from autotune.deploy.servercmd import device_argv, engine_for, launch_env, server_argv  # noqa: F401 - re-exported
 from autotune.errors import AutotuneError, ConfigError, FleetError
-from autotune.harness.engines import make_engine
 from autotune.harness.engines.base import group_reader, launch_gpus
 from autotune.launch import Launcher, LaunchSpec, ServerHandle
 from autotune.launch.base import ServerRecord
 from autotune.launch.memory import wait_released
 from autotune.launch.ports import port_is_free
 from autotune.launch.registry import make_launcher
-from autotune.redaction import resolve_env
 from autotune.results import Capacity
 from autotune.sglang.envs import env_strings
 
@@ -53,35 +52,6 @@ log = logging.getLogger(__name__)
 
 
 # -- one server at runtime -----------------------------------------------------------------------------
-def engine_for(fleet: Fleet, server: FleetServer, *, env: Mapping[str, str] | None = None):
-    """The fleet's engine for one server; ``env`` (resolved, see ``launch_env``) only matters for a launch."""
-    python = fleet.python if server.local else (fleet.python or "python3")
-    return make_engine(fleet.engine, model_path=fleet.model, python=python, env=env, device=fleet.device,
-                       sim_gpu=fleet.sim_gpu or "b200", sim_options=server.sim_options or None)
-
-
-def launch_env(fleet: Fleet) -> dict[str, str]:
-    """The fleet's ``env`` with every ``${NAME}`` filled from this environment; FleetError naming one unset."""
-    try:
-        return resolve_env(fleet.env)
-    except ConfigError as exc:
-        where = f"{fleet.path}: " if fleet.path else ""
-        raise FleetError(f"{where}{exc}") from None
-
-
-def device_argv(fleet: Fleet, argv: list[str]) -> list[str]:
-    """SGLang's own ``--device cpu`` for a CPU fleet, unless the command already names a device."""
-    if fleet.device == "cpu" and not any(a == "--device" or a.startswith("--device=") for a in argv):
-        return ["--device", "cpu"]
-    return []
-
-
-def server_argv(fleet: Fleet, server: FleetServer, config: Mapping[str, Any]) -> list[str]:
-    """The server's command: the engine's for its config, its extra flags, the fleet's device, its certificate."""
-    argv = [*engine_for(fleet, server).argv(config, port=server.port, host=server.bind), *server.extra_args]
-    return [*argv, *device_argv(fleet, argv), *fleettls.ssl_argv(fleet, server)]
-
-
 class InternalState(TypedDict, total=False):
     """One scheduler's ``internal_states`` entry, the keys read here (``num_running_reqs`` where reported; 0.5.23 and
     the simulator do not report it: ``drain`` then counts from ``/metrics`` or the router)."""
@@ -99,16 +69,16 @@ class ServerInfo(TypedDict, total=False):
 def server_info(server: FleetServer, *, timeout_s: float = 3.0) -> ServerInfo | None:
     """The server's ``/server_info``, None when it does not answer with one."""
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context()) as client:
+        with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
             response = client.get(f"{server.url}/server_info")
-        return response.json() if response.status_code == 200 else None
+        return redaction.scrub(response.json()) if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
 
 
 def healthy(server: FleetServer, *, timeout_s: float = 3.0) -> bool:
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context()) as client:
+        with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
             return client.get(f"{server.url}/health").status_code == 200
     except httpx.HTTPError:
         return False
@@ -211,6 +181,7 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
                                    gpus=server_gpus(fleet, server), timeout_s=timeout_s)
     engine = engine_for(fleet, server, env=launch_env(fleet))
     pid_path, log_path = fleet.resolve(server.pid), fleet.resolve(server.log)
+    fleetkeys.private_log(fleet, log_path)
     offset = log_path.stat().st_size if log_path.exists() else 0
     # With the GPU reader, a failed start waits until the device has released the memory again, so the
     # previous config that goes back on it next sizes its pools as before. Host RAM has no such owner.
@@ -344,7 +315,7 @@ def _tok_s(server: FleetServer, info: ServerInfo | None) -> float | None:
     if value is not None:
         return float(value)
     try:
-        with httpx.Client(timeout=3.0, trust_env=False, verify=tls.context()) as client:
+        with httpx.Client(timeout=3.0, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
             text = client.get(f"{server.url}/metrics").text
     except httpx.HTTPError:
         return None

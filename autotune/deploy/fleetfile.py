@@ -29,6 +29,7 @@ from autotune.sglang.parallel import server_gpus
 LOCAL_HOSTS = frozenset({"", "localhost", "127.0.0.1", "::1"})
 TLS_DIR = "tls"  # the fleet's CA and its servers' certificates and keys (``deploy.fleettls``), beside fleet.toml
 TLS_CA = f"{TLS_DIR}/ca.pem"
+KEYS_DIR = "keys"  # the fleet's API and admin keys (``deploy.fleetkeys``), beside fleet.toml
 SECRET_KEYS = re.compile(r"pass(word|phrase|wd)|secret", re.IGNORECASE)
 
 
@@ -179,6 +180,9 @@ class Fleet(_Model):
     servers: list[FleetServer] = Field(min_length=1)
     router: RouterSection | None = None  # absent: no router (a fleet file written before it; deploy.router.wanted)
     keeper: KeeperSection = KeeperSection()  # absent: a keeper with these defaults
+    # The fleet's API key on every server and the router, an admin key on the router's control plane, in keys/
+    # (``deploy.fleetkeys``): what a fleet that binds beyond loopback runs with
+    keys: bool = False
     path: Path | None = Field(default=None, exclude=True)
 
     @field_validator("engine")
@@ -251,6 +255,9 @@ class Fleet(_Model):
             if not server.local and server.bind.startswith("127."):
                 raise ValueError(f"server {server.name} on {server.host} binds {server.bind}, which cannot be "
                                  "polled from here; set bind to that host's address or 0.0.0.0")
+            if self.keys and (not server.local or self.launcher != "local"):
+                raise ValueError(f"server {server.name}: keys = true needs every server started on this host by the "
+                                 "local launcher (the key files and the script that reads them are here)")
             if server.tls and not server.local:
                 raise ValueError(f"server {server.name} on {server.host}: tls needs the fleet's certificate on that "
                                  "host, which autotune does not copy there yet (set tls = false for it)")
@@ -338,7 +345,23 @@ def load_fleet(path: str | Path) -> Fleet:
         raise FleetError(f"{path}: {mismatch}")
     if fleet.tls and fleet.resolve(TLS_CA).is_file():  # this process's clients verify its servers by the fleet's CA
         tls.trust(fleet.resolve(TLS_CA))
+    present_keys(fleet)
     return fleet
+
+
+def present_keys(fleet: Fleet) -> None:
+    """This process's clients send the fleet's keys (``autotune.tls.present``): the API key to its servers and the
+    router, the admin key to the router's worker endpoints; nothing for a fleet without keys or before they exist."""
+    api, admin = fleet.resolve(f"{KEYS_DIR}/api.key"), fleet.resolve(f"{KEYS_DIR}/admin.key")
+    if not fleet.keys or not api.is_file():
+        return
+    key = api.read_text().strip()
+    for server in fleet.servers:
+        tls.present(server.url, key)
+    if fleet.router is not None:
+        tls.present(fleet.router.url, key)
+        if admin.is_file():
+            tls.present(fleet.router.url, admin.read_text().strip(), prefix="/workers")
 
 
 def spans(config: Mapping[str, Any]) -> str:

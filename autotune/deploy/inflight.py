@@ -73,6 +73,7 @@ class ClientAdvice:
     binding: bool = False  # measured_concurrency < running_cap: the study's client was the limit
     router_url: str | None = None  # the fleet's router (``deploy.router``): the one URL the job's client needs
     router_note: str | None = None  # without one: what it would give
+    api_key_file: str | None = None  # a fleet with keys: the file (beside fleet.toml) whose text the job sends
 
     def lines(self) -> list[str]:
         """What ``apply`` prints and the launch script's header says, in that order."""
@@ -97,6 +98,9 @@ class ClientAdvice:
                        f"≈{waiting:.0f} waiting or in prefill")
         if self.router_note:
             out.append(self.router_note)
+        if self.api_key_file:
+            out.append(f"client: send Authorization: Bearer <the text of {self.api_key_file}> with every request "
+                       "(the fleet binds beyond loopback: the router and the servers refuse requests without it)")
         if self.binding:
             at_least = self.per_server or (self.running_cap or 0) + 1
             out.append(f"warning: the study's client was the binding limit: trial {self.trial} kept "

@@ -37,16 +37,19 @@ def _env_lines(env: Mapping[str, str]) -> list[str]:
 
 
 def launch_script(servers: Sequence[ScriptEntry], *, header: str, env: Mapping[str, str] | None = None,
-                  elsewhere: Sequence[str] = ()) -> str:
+                  elsewhere: Sequence[str] = (), private: bool = False) -> str:
     """A bash script starting each server detached (own session, so its pid is its process group), with a
     log and a pid file per server. Every argv token goes through ``shlex.quote``; ``env`` is exported first
     (references to secrets as ``${NAME}``). A server's ``gpus`` is its group as CUDA_VISIBLE_DEVICES lists it
-    (``0,1``); empty leaves CUDA_VISIBLE_DEVICES alone (SGLang's CPU backend). ``elsewhere`` names servers on other hosts, which this script cannot start."""
+    (``0,1``); empty leaves CUDA_VISIBLE_DEVICES alone (SGLang's CPU backend). ``elsewhere`` names servers on other
+    hosts, which this script cannot start. ``private``: files it makes are the user's alone (a fleet with keys,
+    whose servers log them)."""
     lines = [
         "#!/usr/bin/env bash",
         *(f"# {line}" for line in header.splitlines()),
         "set -euo pipefail",
         'cd "$(dirname "$0")"',
+        *(["umask 077  # the fleet's keys: SGLang logs its arguments, its --api-key among them"] if private else []),
         "",
     ]
     if env:

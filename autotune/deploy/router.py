@@ -25,6 +25,7 @@ import httpx
 import psutil
 
 from autotune import tls
+from autotune.deploy import fleetkeys
 from autotune.deploy.detached import spawn
 from autotune.deploy.fleetfile import TLS_CA, Fleet, FleetServer, RouterSection, replace_file
 from autotune.deploy.inflight import ClientAdvice
@@ -125,9 +126,10 @@ def running(fleet: Fleet) -> Record | None:
 
 def argv(fleet: Fleet, worker_urls: Iterable[str]) -> list[str]:
     """The router's command: argv tokens, never a shell line; it and its metrics bind ``[router] host``; a fleet
-    whose servers prove themselves with its CA has the router verify every worker against it."""
+    whose servers prove themselves with its CA has the router verify every worker against it; a fleet with keys
+    starts it reading them from their files."""
     ca = fleet.resolve(TLS_CA) if fleet.tls else None
-    return command(section(fleet), list(worker_urls), ca=ca)
+    return fleetkeys.router_argv(fleet, command(section(fleet), list(worker_urls), ca=ca))
 
 
 def command(r: RouterSection, urls: list[str], *, ca: Path | str | None = None) -> list[str]:
@@ -152,6 +154,7 @@ def start(fleet: Fleet, worker_urls: list[str], *, timeout_s: float = 60.0) -> R
             raise FleetError(f"port {r.host}:{port} of the router is in use (stop what holds it, or change "
                              f"[router] port / metrics_port in {fleet.path})")
     log_path, command = fleet.resolve(r.log), argv(fleet, worker_urls)
+    fleetkeys.private_log(fleet, log_path)
     env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
     proc, started = spawn(command, log_path, env=env)
     record = Record(pid=proc.pid, started=started, url=r.url, host=r.host, port=r.port, metrics_port=r.prometheus_port,
@@ -208,7 +211,7 @@ def stop(fleet: Fleet, *, grace_s: float = 10.0) -> bool:
 def get(base: str, path: str, *, timeout_s: float = 3.0) -> Any:
     """GET ``base + path``: its JSON (or text), None on any failure."""
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context()) as client:
+        with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
             response = client.get(base + path)
     except httpx.HTTPError:
         return None
@@ -241,7 +244,7 @@ def _healthy_urls(record: Record) -> set[str]:
 
 def _change(method: str, url: str, **kwargs: Any) -> None:
     try:
-        with httpx.Client(timeout=10.0, trust_env=False, verify=tls.context()) as client:
+        with httpx.Client(timeout=10.0, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
             response = client.request(method, url, **kwargs)
     except httpx.HTTPError as exc:
         raise FleetError(f"the router did not take {method} {url}: {exc}") from None
@@ -303,9 +306,12 @@ def advise(client: ClientAdvice, routing: RouterSection | None) -> ClientAdvice:
         "requests it had in flight"))
 
 
-def script_entry(routing: RouterSection | None, urls: list[str], *, ca: str | None = None) -> ScriptEntry | None:
-    """The launch script's line for the router (after the servers': it waits for them), when it runs."""
+def script_entry(routing: RouterSection | None, urls: list[str], *, ca: str | None = None,
+                 keyed: Fleet | None = None) -> ScriptEntry | None:
+    """The launch script's line for the router (after the servers': it waits for them), when it runs; ``keyed``:
+    the fleet whose keys it reads from their files."""
     if routing is None or not routing.router or not installed():
         return None
+    line = command(routing, urls, ca=ca)
     return ScriptEntry(log=routing.log, pid=str(Path(routing.record).with_suffix(".pid")), gpus="",
-                       argv=command(routing, urls, ca=ca))
+                       argv=fleetkeys.router_argv(keyed, line, relative=True) if keyed is not None else line)

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from autotune import redaction
 from autotune.harness.gpu import NvmlReader
 from autotune.sglang.endpoints import MemoryUsage, ModelInfo
 
@@ -228,7 +229,7 @@ def fetch_server_info(client: httpx.Client, url: str) -> ServerInfo | ProbeFailu
             message=f"{url}: GET /server_info → {_describe(response)}; is the server still starting?",
         )
     try:
-        info = _json(response)
+        info = redaction.scrub(_json(response))  # it echoes the server's --api-key
     except ValueError:
         return ProbeFailure(
             url=url,

@@ -19,11 +19,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from autotune.sim import logs
+from autotune.sim.auth import ApiKeyMiddleware
 from autotune.sim.bodies import RequestBody
 from autotune.sim.divergence import SimNumerics
 from autotune.sim.requests import count_tokens, is_greedy, make_request, stable_hash
@@ -75,7 +77,8 @@ class SimServer:
         self._lag_retired = 0.0
         self.speedup = status.args.sim.speedup  # --sim-speedup: modelled s per wall s
         self.stall = status.args.sim.stall  # --sim-stall: once ready, never serve a request
-        self.app = Starlette(routes=self._routes())
+        self.app = Starlette(routes=self._routes(),
+                             middleware=[Middleware(ApiKeyMiddleware, api_key=status.server_args.get("api_key"))])
 
     # -- pacing ---------------------------------------------------------------------------------------------
     def start(self) -> None:

@@ -1,0 +1,112 @@
+"""The fleet's keys, for a fleet that binds beyond loopback: one API key and one admin key, in user-only files.
+
+- ``keys/api.key``: each server's SGLang ``--api-key`` and the router's ``--api-key``, which sglang-router 0.3.2
+  both requires of the job's requests and sends to its workers. Health and metrics stay open (SGLang 0.5.23,
+  ``srt/utils/auth.py`` L98-106), so probes and Prometheus need no key.
+- ``keys/admin.key``: the router's control plane (``--control-plane-api-keys``, role ``admin``): adding and
+  removing workers.
+
+No key is ever on a command line: servers and the router start through ``secretargv.py``, which reads each value
+from its file inside the process. autotune's own clients present the keys once the fleet file is read
+(``autotune.tls.present``). docs/fleet.md, "Keys past loopback".
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+from pathlib import Path
+
+from autotune.deploy.fleetfile import KEYS_DIR, Fleet, present_keys
+
+SCRIPT = Path(__file__).with_name("secretargv.py")
+ADMIN_ID = "autotune:autotune fleet:admin"  # the control-plane key's id, name and role
+
+
+def folder(fleet: Fleet) -> Path:
+    return fleet.resolve(KEYS_DIR)
+
+
+def api_file(fleet: Fleet) -> Path:
+    return folder(fleet) / "api.key"
+
+
+def admin_file(fleet: Fleet) -> Path:
+    return folder(fleet) / "admin.key"
+
+
+def admin_arg_file(fleet: Fleet) -> Path:
+    """``--control-plane-api-keys``'s value (``id:name:role:key``), for the router's launch."""
+    return folder(fleet) / "router-admin.arg"
+
+
+def _write_secret(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text + "\n")
+
+
+def ensure(fleet: Fleet) -> None:
+    """The fleet's keys, made once (a folder and files only the user can read); kept as they are afterwards."""
+    folder(fleet).mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder(fleet), 0o700)
+    for path in (api_file(fleet), admin_file(fleet)):
+        if not path.is_file():
+            _write_secret(path, secrets.token_urlsafe(32))
+    if not admin_arg_file(fleet).is_file():
+        _write_secret(admin_arg_file(fleet), f"{ADMIN_ID}:{admin_file(fleet).read_text().strip()}")
+    present_keys(fleet)
+
+
+def wrap(argv: list[str], values: dict[str, Path], *, script: str | None = None) -> list[str]:
+    """``[python, -m, module, ...]`` started so that each ``values`` flag is read from its file in the process."""
+    if len(argv) < 3 or argv[1] != "-m":
+        raise ValueError(f"cannot pass keys to {argv[:3]}: not a 'python -m module' command")
+    flags = [f"{flag}=@{path}" for flag, path in values.items()]
+    return [argv[0], script or str(SCRIPT), *flags, "--", *argv[1:]]
+
+
+def server_argv(fleet: Fleet, argv: list[str], *, relative: bool = False) -> list[str]:
+    """A server's command with the fleet's API key (none for a fleet without keys)."""
+    if not fleet.keys:
+        return argv
+    ensure(fleet)
+    path = api_file(fleet)
+    return wrap(argv, {"--api-key": path.relative_to(fleet.base_dir) if relative else path})
+
+
+def router_argv(fleet: Fleet, argv: list[str], *, relative: bool = False) -> list[str]:
+    """The router's command with the API key (the job's and its workers') and the control-plane admin key."""
+    if not fleet.keys:
+        return argv
+    ensure(fleet)
+    files = {"--api-key": api_file(fleet), "--control-plane-api-keys": admin_arg_file(fleet)}
+    return wrap(argv, {k: p.relative_to(fleet.base_dir) if relative else p for k, p in files.items()})
+
+
+def private_log(fleet: Fleet, path: Path) -> None:
+    """On a fleet with keys, a log only the user can read: SGLang logs its arguments, its ``--api-key`` among them
+    (0.5.23 redacts only the watermark's secrets: ``srt/entrypoints/engine.py`` L173-174)."""
+    if fleet.keys:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600, exist_ok=True)
+        os.chmod(path, 0o600)
+
+
+def exposed(fleet: Fleet) -> list[str]:
+    """What of the fleet listens beyond loopback, in words (empty: everything is on 127.0.0.1)."""
+    out = [f"server {s.name} binds {s.bind}" for s in fleet.servers if not s.local or not _loopback(s.bind)]
+    if fleet.router is not None and fleet.router.router and not _loopback(fleet.router.host):
+        out.append(f"the router binds {fleet.router.host}")
+    return out
+
+
+def _loopback(host: str) -> bool:
+    if host in ("localhost",):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
