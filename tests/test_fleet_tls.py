@@ -47,6 +47,10 @@ def test_a_server_certificate_names_its_addresses_and_keys_are_the_users_alone(t
     bound = s0.model_copy(update={"bind": "10.1.2.3"})
     assert fleettls.names(bound) == ["127.0.0.1", "localhost", "10.1.2.3"]
     assert fleettls.server_files(fleet, bound).cert.read_bytes() != first  # another address: issued again
+    stale = fleettls.server_files(fleet, s0).cert.read_bytes()
+    for name in ("ca.pem", "ca.key"):  # a new CA of the same name: what the old one signed is issued again
+        (fleettls.folder(fleet) / name).unlink()
+    assert fleettls.server_files(fleet, s0).cert.read_bytes() != stale
     remote = FleetServer(name="r", host="ops@gpu-box", gpus=[1], port=30001, bind="0.0.0.0", config="x", log="l",
                          pid="p", tls=True)
     with pytest.raises(ValueError, match="tls needs the fleet's certificate on that host"):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
@@ -124,6 +125,15 @@ def _san(names_: list[str]) -> x509.SubjectAlternativeName:
     return x509.SubjectAlternativeName(entries)
 
 
+def _signed_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:
+    """Issued by this very CA (its key's signature), not by an earlier one of the same name."""
+    try:
+        cert.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
 def server_files(fleet: Fleet, server: FleetServer) -> ServerFiles:
     """The server's certificate and key, issued by the fleet's CA when missing, for other names, or by an older CA."""
     ca_path = ensure_ca(fleet)
@@ -139,11 +149,11 @@ def _server_files(fleet: Fleet, server: FleetServer, ca_path: Path) -> ServerFil
         cert = x509.load_pem_x509_certificate(files.cert.read_bytes())
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
         fresh = cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC) > datetime.timedelta(days=30)
-        if cert.issuer == ca_cert.subject and set(san) == set(wanted) and fresh:
+        if _signed_by(cert, ca_cert) and set(san) == set(wanted) and fresh:
             return files
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
-    cert = (x509.CertificateBuilder().subject_name(_name(f"{server.name}")).issuer_name(ca_cert.subject)
+    cert = (x509.CertificateBuilder().subject_name(_name(server.name)).issuer_name(ca_cert.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + datetime.timedelta(days=SERVER_DAYS))
