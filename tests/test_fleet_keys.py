@@ -102,8 +102,12 @@ def test_a_keyed_fleet_refuses_requests_without_its_keys_and_autotune_presents_t
         info = httpx.get(f"{s0}/server_info", verify=tls.context(), auth=tls.auth(), timeout=10).json()
         assert info["api_key"] == api  # SGLang echoes it: what autotune reads of a server is scrubbed
         assert server_info(fleet.servers[0])["api_key"] == "***"
+        prompts = tmp_path / "prompts.jsonl"
+        prompts.write_text("".join(json.dumps({"prompt": f"Item {i} of a list."}) + "\n" for i in range(8)))
+        canary = rollout.Canary(prompts=str(prompts), sample_size=8, concurrency=4, max_tokens=16, warmup_s=0.3,
+                                measure_s=1.0)  # its replay and /server_info reads carry the key
         report = rollout.start(path, {**fleet_config(path), "max_mamba_cache_size": 100},
-                               expect=rollout.Expectation(), canary=None, timing=FAST)
+                               expect=rollout.Expectation(tok_s=1.0, tok_s_tolerance=0.99), canary=canary, timing=FAST)
         assert report.verified == ["s0", "s1"] and report.failed is None
         assert all(r.healthy for r in status(load_fleet(path)))
         plain.close()
