@@ -3,13 +3,17 @@
     python secretargv.py --api-key=@keys/api.key -- -m sglang.launch_server --port 30000 ...
 
 Each ``--flag=@FILE`` before ``--`` becomes ``--flag VALUE`` (the file's text, stripped) at the end of the module's
-arguments inside this process: other users' ``ps`` shows the file's name, never the value. Standard library only,
-run as a script by path: the fleet's interpreter (SGLang's, the router's) need not have autotune installed.
+arguments inside this process: other users' ``ps`` shows the file's name, never the value. What the process and
+its children print passes a filter that writes ``***`` for each value (SGLang logs its arguments, its
+``--api-key`` among them), so no log holds one. Standard library only, run as a script by path: the fleet's
+interpreter (SGLang's, the router's) need not have autotune installed.
 """
 
 from __future__ import annotations
 
+import os
 import runpy
+import signal
 import sys
 
 USAGE = "usage: secretargv.py --flag=@FILE [--flag=@FILE ...] -- -m MODULE [ARG ...]"
@@ -33,8 +37,47 @@ def split(argv: list[str]) -> tuple[list[str], str, list[str]]:
     return flags, rest[1], rest[2:]
 
 
+def scrub(data: bytes, secrets: list[bytes]) -> bytes:
+    for secret in secrets:
+        data = data.replace(secret, b"***")
+    return data
+
+
+def filter_output(values: list[str]) -> None:
+    """Route this process's stdout and stderr (and its children's) through a forked filter that replaces every
+    value with ``***`` and writes whole lines to where they went before. The filter ignores SIGTERM and SIGINT (the
+    server drains and keeps writing; the filter ends at end of input) and dies with the group on SIGKILL."""
+    secrets = [v.encode() for v in values if v]
+    if not secrets:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_fd, write_fd = os.pipe()
+    if os.fork() == 0:
+        os.close(write_fd)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        keep = max(len(s) for s in secrets)
+        pending = b""
+        while chunk := os.read(read_fd, 65536):
+            # scrubbed before any byte leaves; a value cut by the read stays in ``pending`` until it is whole
+            pending = scrub(pending + chunk, secrets)
+            cut = pending.rfind(b"\n") + 1 or (len(pending) - keep if len(pending) > 65536 else 0)
+            if cut:
+                os.write(1, pending[:cut])
+                pending = pending[cut:]
+        if pending:
+            os.write(1, pending)
+        os._exit(0)
+    os.close(read_fd)
+    os.dup2(write_fd, 1)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+
+
 def main(argv: list[str]) -> None:
     flags, module, args = split(argv)
+    filter_output(flags[1::2])
     sys.argv = [module, *args, *flags]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
