@@ -132,3 +132,27 @@ def fleet_config(path: Path) -> dict:
 
     fleet = load_fleet(path)
     return read_config_file(fleet.resolve(fleet.servers[0].config))
+
+
+@needs_router
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_the_keeper_restarts_a_server_of_a_keyed_fleet_on_https(tmp_path):
+    """The keeper is its own process: it reads the CA and the keys from the fleet file like any other client."""
+    from test_keeper import FAST, kill, listed, wait_event
+
+    path = routed_fleet(tmp_path, n=2)
+    fleet = load_fleet(path)
+    servers = [s.model_copy(update={"tls": True}) for s in fleet.servers]
+    write_fleet(fleet.model_copy(update={"keeper": FAST, "keys": True, "servers": servers}), path)
+    try:
+        assert "keeper: pid" in run_cli("fleet", "up", "--fleet", str(path), "--timeout", "60")
+        record = router.running(load_fleet(path))
+        assert record is not None
+        kill(path, "s1")
+        wait_event(path, "exited", "s1")
+        back = wait_event(path, "restarted", "s1")
+        assert "back in the router" in back["line"] and load_fleet(path).server("s1").url in listed(record)
+        assert [r.state for r in status(load_fleet(path))] == ["healthy", "healthy"]
+    finally:
+        stop_all(path)
