@@ -326,7 +326,7 @@ def _revert(fleet_path: Path, names: list[str], previous: Mapping[str, str], log
     """
     fleet = load_fleet(fleet_path)
     order = sorted(names, key=lambda n: (serving(fleet, fleet.server(n)), -names.index(n)))
-    reverted = []
+    reverted: list[str] = []
     for name in order:
         fleet = load_fleet(fleet_path)
         server = fleet.server(name)
@@ -393,14 +393,15 @@ def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, c
         strangers = [note for note in (foreign_note(fleet, s) for s in fleet.servers) if note]
         if strangers:  # a rollout acts only on servers its records prove the fleet's; nothing has changed yet
             raise FleetError("; ".join(strangers) + " (stop it, or move the fleet's server to a free port)")
-        skipped, servers = [], []
+        skipped: list[str] = []
+        servers: list[str] = []
         for server in fleet.servers:
             same = server.config == target or _read(fleet, server.config) == wanted
             (skipped if same and serving(fleet, server) else servers).append(server.name)
         begin = log.append("begin", config=target, previous={s.name: s.config for s in fleet.servers},
                            servers=servers, expect=asdict(expect), canary=asdict(canary) if canary else None,
                            rollback_on_failure=rollback_on_failure, source=dict(source or {}))
-        report = _run(fleet.path, begin, set(), log, timing, _gate(fleet, timing, say))
+        report = _run(fleet.path or fleet_path, begin, set(), log, timing, _gate(fleet, timing, say))
         report.skipped = skipped
         return report
 
@@ -415,7 +416,7 @@ def resume(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _: 
             raise FleetError(f"no unfinished rollout in {log.path}")
         done = {e["server"] for e in current if e.get("event") == "verified"}
         log.append("resume", done=sorted(done))
-        return _run(fleet.path, current[0], done, log, timing, _gate(fleet, timing, say))
+        return _run(fleet.path or fleet_path, current[0], done, log, timing, _gate(fleet, timing, say))
 
 
 def rollback(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _: None) -> Report:
@@ -432,7 +433,7 @@ def rollback(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _
         touched = [n for n in begin["servers"] if any(e.get("server") == n for e in current)]
         log.append("rollback", servers=touched)
         gate = _gate(fleet, timing, say)
-        reverted = _revert(fleet.path, touched, begin["previous"], log, timing, gate, settled=_settled(current))
+        reverted = _revert(fleet.path or fleet_path, touched, begin["previous"], log, timing, gate, settled=_settled(current))
         log.append("end", result="rolled_back")
         return Report(reverted=reverted, untouched=[n for n in begin["servers"] if n not in touched],
                       notes=gate.finish())

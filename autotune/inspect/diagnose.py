@@ -125,7 +125,8 @@ def explain_capacity(s: ServerState) -> CapacityExplanation:
     binding = matching[0].name if matching else None
     if matching:
         also = f" (also {', '.join(m.name for m in matching[1:])})" if len(matching) > 1 else ""
-        sentence = f"capped at {s.effective_mrr} running requests by {_LIMIT_WORDS[binding]}: {matching[0].why}{also}"
+        words = _LIMIT_WORDS[matching[0].name]
+        sentence = f"capped at {s.effective_mrr} running requests by {words}: {matching[0].why}{also}"
     else:
         sentence = (
             f"{s.effective_mrr} running requests, matching none of the known caps "

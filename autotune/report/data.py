@@ -77,7 +77,8 @@ class LaunchSettings:
 def launch_settings(config: Mapping[str, Any]) -> LaunchSettings:
     """The study's interpreter, device and environment, from its stored ``[engine]`` table."""
     engine = engine_table(config)
-    env = engine.get("env") if isinstance(engine.get("env"), Mapping) else {}
+    env = engine.get("env")
+    env = env if isinstance(env, Mapping) else {}
     return LaunchSettings(python=engine.get("python") or None, device=str(engine.get("device") or "cuda"),
                           env={str(k): str(v) for k, v in env.items()})
 
@@ -375,7 +376,7 @@ def planner_note(plan: Mapping[str, Any] | None) -> str:
     gib, extra = plan.get("gib") or {}, plan.get("extra") or {}
     mfs, pre = plan.get("mem_fraction_static"), extra.get("pre_gib")
     weights, mamba, rest = gib.get("weights"), gib.get("mamba_total"), extra.get("rest_gib")
-    if None in (mfs, pre, weights, mamba, rest):
+    if mfs is None or pre is None or weights is None or mamba is None or rest is None:
         return ""
     budget = float(mfs) * float(pre)
     slots = plan.get("max_mamba_cache_size")

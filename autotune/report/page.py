@@ -209,6 +209,7 @@ def report(*, study: str | None = None, storage: str | None = None, config: Path
     if fmt != "html":
         text = write_tables(built.tables, fmt, out)
         return out, text
+    assert out is not None  # an html report always has a file (the default above)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(built, figures_for(built)), encoding="utf-8")
     return out, None

@@ -246,7 +246,7 @@ class CorrectedFeasibility(Feasibility):
         planned = self._plan(config, self.offset_gib, inert=False)  # capacity-corrected, room uncorrected
         if not _graph_stage(planned):
             return out
-        if result.ok:
+        if result.ok and result.gpu is not None and result.gpu.headroom_gib is not None:
             delta = float(result.gpu.headroom_gib) - planned.gib.headroom
             self.room.append((planned.gib.activations, delta))
             out["planner_room_gib"] = round(delta, 3)

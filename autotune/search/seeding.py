@@ -5,6 +5,7 @@ again once). Also the bookkeeping the loop and the confirmation count trials wit
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
@@ -85,7 +86,7 @@ def _requeue(study: optuna.Study, trial: FrozenTrial, trials: list[FrozenTrial])
         return  # interrupted twice: once is enough
     if any(t.user_attrs.get("requeued_from") == trial.number for t in trials):
         return
-    attrs = {k: trial.user_attrs[k] for k in ("role", "label", "config") if k in trial.user_attrs}
+    attrs: dict[str, Any] = {k: trial.user_attrs[k] for k in ("role", "label", "config") if k in trial.user_attrs}
     study.enqueue_trial(trial.params, user_attrs={**attrs, "requeued_from": trial.number})
 
 

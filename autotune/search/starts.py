@@ -10,7 +10,7 @@ distinct categorical settings). The sampler then refines around measured points 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,7 +97,7 @@ class _Start:
 
 
 def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[int], max_tokens: int, n: int,
-                 seed: int, samples: int = 300, exclude: list[Mapping[str, Any]] = (),
+                 seed: int, samples: int = 300, exclude: Sequence[Mapping[str, Any]] = (),
                  hold: Mapping[str, Any] | None = None, per_request: list[int] | None = None,
                  shared_prefix: float = 0.0) -> list[dict[str, Any]]:
     """Up to ``n`` distinct configs of ``space``, each the one (among ``samples`` random ones the planner is sure

@@ -205,8 +205,8 @@ async def _serve(st: ServerStatus, log: logs.Log) -> int:
                             ssl_certfile=certfile, ssl_keyfile=keyfile)
     prefixes = tuple(st.server_args.get("uvicorn_access_log_exclude_prefixes") or ())
     if prefixes:  # SGLang's --uvicorn-access-log-exclude-prefixes: no access line for these paths
-        logging.getLogger("uvicorn.access").addFilter(
-            lambda rec: not (len(rec.args or ()) > 2 and str(rec.args[2]).startswith(prefixes)))
+        logging.getLogger("uvicorn.access").addFilter(lambda rec: not (
+            isinstance(rec.args, tuple) and len(rec.args) > 2 and str(rec.args[2]).startswith(prefixes)))
 
     class _Server(uvicorn.Server):
         def capture_signals(self):  # SIGTERM belongs to the drain handler, not to uvicorn

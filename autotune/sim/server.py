@@ -258,8 +258,8 @@ class SimServer:
             return _error(400, "input_ids must be a non-empty list of token ids (batches are not simulated).")
         if ids is None and not isinstance(text, str):
             return _error(400, "Either text (a string) or input_ids should be provided.")
-        prompt = text if ids is None else " ".join(map(str, ids))
-        tokens = len(ids) if ids is not None else count_tokens(text)
+        prompt = str(text) if ids is None else " ".join(map(str, ids))
+        tokens = len(ids) if ids is not None else count_tokens(prompt)
         return await self._serve(NATIVE, prompt, tokens, sp.get("max_new_tokens", 128),
                                  bool(sp.get("ignore_eos")), bool(body.get("stream")), body)
 
