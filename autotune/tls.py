@@ -6,7 +6,8 @@ trial (health polls, ``/server_info``, the replay, the fidelity probe, the stop'
 noticeable share of its CPU there. Built once, the context costs that once per process.
 
 A fleet that runs with keys (``deploy.fleetkeys``) registers them here when its file is read; every client passes
-``auth=auth()``, which adds the key registered for the request's server (and path) as SGLang and the router read it.
+``**secured()``, whose ``auth`` adds the key registered for the request's server (and path) as SGLang and the
+router read it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import functools
 import os
 import ssl
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -63,6 +65,7 @@ class _Keys(httpx.Auth):
 _AUTH = _Keys()
 
 
-def auth() -> httpx.Auth:
-    """The keys registered with ``present``, for a client's ``auth=``."""
-    return _AUTH
+def secured() -> dict[str, Any]:
+    """What every client autotune opens passes (``httpx.Client(..., **tls.secured())``): the shared verifying context,
+    which trusts the fleets' CAs, and the keys presented for their servers."""
+    return {"verify": context(), "auth": _AUTH}

@@ -107,7 +107,7 @@ def test_a_keyed_fleet_refuses_requests_without_its_keys_and_autotune_presents_t
         assert {w["url"] for w in router.workers(record)} == {s.url for s in fleet.servers}
         rows = status(fleet)
         assert all(r.healthy and r.capacity is not None for r in rows)
-        info = httpx.get(f"{s0}/server_info", verify=tls.context(), auth=tls.auth(), timeout=10).json()
+        info = httpx.get(f"{s0}/server_info", timeout=10, **tls.secured()).json()
         assert info["api_key"] == api  # SGLang echoes it: what autotune reads of a server is scrubbed
         assert server_info(fleet.servers[0])["api_key"] == "***"
         prompts = tmp_path / "prompts.jsonl"
@@ -156,3 +156,26 @@ def test_the_keeper_restarts_a_server_of_a_keyed_fleet_on_https(tmp_path):
         assert [r.state for r in status(load_fleet(path))] == ["healthy", "healthy"]
     finally:
         stop_all(path)
+
+
+def test_servers_starting_together_make_one_set_of_keys(tmp_path, monkeypatch):
+    """``fleet up`` starts servers in parallel, each asking for the keys: one writer makes them, the others read."""
+    import secrets
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    token = secrets.token_urlsafe
+
+    def slow_token(n: int) -> str:  # a key that takes a while to make: every starter arrives before it exists
+        time.sleep(0.05)
+        return token(n)
+
+    monkeypatch.setattr(fleetkeys.secrets, "token_urlsafe", slow_token)
+    path = routed_fleet(tmp_path, n=2)
+    fleet = load_fleet(path).model_copy(update={"keys": True})
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        argvs = list(pool.map(lambda _: fleetkeys.server_argv(fleet, ["python", "-m", "autotune.sim"]), range(8)))
+    assert all(argv == argvs[0] for argv in argvs)
+    api = fleetkeys.api_file(fleet).read_text()
+    assert len(api.strip()) >= 40 and fleetkeys.admin_arg_file(fleet).read_text().strip().endswith(
+        fleetkeys.admin_file(fleet).read_text().strip())

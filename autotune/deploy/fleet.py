@@ -69,7 +69,7 @@ class ServerInfo(TypedDict, total=False):
 def server_info(server: FleetServer, *, timeout_s: float = 3.0) -> ServerInfo | None:
     """The server's ``/server_info``, None when it does not answer with one."""
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
+        with httpx.Client(timeout=timeout_s, trust_env=False, **tls.secured()) as client:
             response = client.get(f"{server.url}/server_info")
         return redaction.scrub(response.json()) if response.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
@@ -78,7 +78,7 @@ def server_info(server: FleetServer, *, timeout_s: float = 3.0) -> ServerInfo | 
 
 def healthy(server: FleetServer, *, timeout_s: float = 3.0) -> bool:
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
+        with httpx.Client(timeout=timeout_s, trust_env=False, **tls.secured()) as client:
             return client.get(f"{server.url}/health").status_code == 200
     except httpx.HTTPError:
         return False
@@ -315,7 +315,7 @@ def _tok_s(server: FleetServer, info: ServerInfo | None) -> float | None:
     if value is not None:
         return float(value)
     try:
-        with httpx.Client(timeout=3.0, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
+        with httpx.Client(timeout=3.0, trust_env=False, **tls.secured()) as client:
             text = client.get(f"{server.url}/metrics").text
     except httpx.HTTPError:
         return None

@@ -9,10 +9,12 @@ for a TP=2 server); an older file's ``gpu = N`` reads as ``gpus = [N]``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -396,13 +398,29 @@ def fleet_toml(fleet: Fleet) -> str:
     return head + tomli_w.dumps(doc)
 
 
-def replace_file(path: Path, text: str) -> None:
+def replace_file(path: Path, text: str, *, private: bool = False) -> None:
     """Write ``text`` atomically (a reader, or a SIGKILL mid-write, sees the old file or the new one): the fleet file
-    and the records beside it (servers', router's, keeper's, a lease)."""
+    and the records beside it (servers', router's, keeper's, a lease); ``private``: readable by the user only from
+    the moment it exists (the fleet's keys and its CA's)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    if private:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w", encoding="utf-8") as fh:
+            fh.write(text)
+    else:
+        tmp.write_text(text)
     os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def private_folder(folder: Path) -> Iterator[Path]:
+    """A folder only the user can read (the fleet's ``tls/``, ``keys/``), one writer at a time in it: servers start
+    in parallel and a keeper may restart one, so what one writes is never made twice."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(folder, 0o700)
+    with os.fdopen(os.open(folder / ".lock", os.O_WRONLY | os.O_CREAT, 0o600), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield folder
 
 
 def write_fleet(fleet: Fleet, path: str | Path | None = None) -> Path:

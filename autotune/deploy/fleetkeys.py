@@ -13,12 +13,12 @@ from its file inside the process. autotune's own clients present the keys once t
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import secrets
 from pathlib import Path
 
-from autotune.deploy.fleetfile import KEYS_DIR, Fleet, present_keys
+from autotune.deploy.fleetfile import KEYS_DIR, Fleet, present_keys, private_folder, replace_file
+from autotune.launch.ssh import is_loopback
 
 SCRIPT = Path(__file__).with_name("secretargv.py")
 ADMIN_ID = "autotune:autotune fleet:admin"  # the control-plane key's id, name and role
@@ -41,21 +41,15 @@ def admin_arg_file(fleet: Fleet) -> Path:
     return folder(fleet) / "router-admin.arg"
 
 
-def _write_secret(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-
-
 def ensure(fleet: Fleet) -> None:
-    """The fleet's keys, made once (a folder and files only the user can read); kept as they are afterwards."""
-    folder(fleet).mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(folder(fleet), 0o700)
-    for path in (api_file(fleet), admin_file(fleet)):
-        if not path.is_file():
-            _write_secret(path, secrets.token_urlsafe(32))
-    if not admin_arg_file(fleet).is_file():
-        _write_secret(admin_arg_file(fleet), f"{ADMIN_ID}:{admin_file(fleet).read_text().strip()}")
+    """The fleet's keys, made once (a folder and files only the user can read, one writer at a time: servers start
+    in parallel); kept as they are afterwards."""
+    with private_folder(folder(fleet)):
+        for path in (api_file(fleet), admin_file(fleet)):
+            if not path.is_file():
+                replace_file(path, secrets.token_urlsafe(32) + "\n", private=True)
+        if not admin_arg_file(fleet).is_file():
+            replace_file(admin_arg_file(fleet), f"{ADMIN_ID}:{admin_file(fleet).read_text().strip()}\n", private=True)
     present_keys(fleet)
 
 
@@ -96,17 +90,7 @@ def private_log(fleet: Fleet, path: Path) -> None:
 
 def exposed(fleet: Fleet) -> list[str]:
     """What of the fleet listens beyond loopback, in words (empty: everything is on 127.0.0.1)."""
-    out = [f"server {s.name} binds {s.bind}" for s in fleet.servers if not s.local or not _loopback(s.bind)]
-    if fleet.router is not None and fleet.router.router and not _loopback(fleet.router.host):
+    out = [f"server {s.name} binds {s.bind}" for s in fleet.servers if not s.local or not is_loopback(s.bind)]
+    if fleet.router is not None and fleet.router.router and not is_loopback(fleet.router.host):
         out.append(f"the router binds {fleet.router.host}")
     return out
-
-
-def _loopback(host: str) -> bool:
-    if host in ("localhost",):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-

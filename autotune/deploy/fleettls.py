@@ -8,13 +8,8 @@ the user (docs/fleet.md, "Only the fleet's servers").
 
 from __future__ import annotations
 
-import contextlib
 import datetime
-import fcntl
 import ipaddress
-import os
-import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from autotune import tls
-from autotune.deploy.fleetfile import TLS_CA, TLS_DIR, Fleet, FleetServer, replace_file
+from autotune.deploy.fleetfile import TLS_CA, TLS_DIR, Fleet, FleetServer, private_folder, replace_file
 
 CA_YEARS = 10
 SERVER_DAYS = 825  # the longest a TLS client accepts a server certificate for
@@ -49,22 +44,9 @@ def ca_file(fleet: Fleet) -> Path:
 
 
 def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    """A private key, readable only by the user from the moment it exists (mkstemp makes it 0600)."""
     data = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                              serialization.NoEncryption())
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def _issuing(fleet: Fleet) -> Iterator[None]:
-    """One issuer at a time (servers start in parallel, and a keeper may restart one): never two CAs."""
-    folder(fleet).mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(folder(fleet) / ".lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+    replace_file(path, data.decode(), private=True)
 
 
 def _read_key(path: Path) -> ec.EllipticCurvePrivateKey:
@@ -80,7 +62,7 @@ def _name(text: str) -> x509.Name:
 def ensure_ca(fleet: Fleet) -> Path:
     """The fleet's CA certificate, made on first use (its key never leaves the fleet's ``tls/`` folder)."""
     if not (ca_file(fleet).is_file() and (folder(fleet) / "ca.key").is_file()):
-        with _issuing(fleet):
+        with private_folder(folder(fleet)):
             _make_ca(fleet)
     return ca_file(fleet)
 
@@ -137,7 +119,7 @@ def _signed_by(cert: x509.Certificate, ca_cert: x509.Certificate) -> bool:
 def server_files(fleet: Fleet, server: FleetServer) -> ServerFiles:
     """The server's certificate and key, issued by the fleet's CA when missing, for other names, or by an older CA."""
     ca_path = ensure_ca(fleet)
-    with _issuing(fleet):
+    with private_folder(folder(fleet)):
         return _server_files(fleet, server, ca_path)
 
 

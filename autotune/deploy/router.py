@@ -211,7 +211,7 @@ def stop(fleet: Fleet, *, grace_s: float = 10.0) -> bool:
 def get(base: str, path: str, *, timeout_s: float = 3.0) -> Any:
     """GET ``base + path``: its JSON (or text), None on any failure."""
     try:
-        with httpx.Client(timeout=timeout_s, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
+        with httpx.Client(timeout=timeout_s, trust_env=False, **tls.secured()) as client:
             response = client.get(base + path)
     except httpx.HTTPError:
         return None
@@ -244,7 +244,7 @@ def _healthy_urls(record: Record) -> set[str]:
 
 def _change(method: str, url: str, **kwargs: Any) -> None:
     try:
-        with httpx.Client(timeout=10.0, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
+        with httpx.Client(timeout=10.0, trust_env=False, **tls.secured()) as client:
             response = client.request(method, url, **kwargs)
     except httpx.HTTPError as exc:
         raise FleetError(f"the router did not take {method} {url}: {exc}") from None

@@ -231,7 +231,7 @@ async def _generate_one(client: httpx.AsyncClient, base_url: str, text: str, tok
 
 
 async def _generate_all(base_url: str, prompts: Sequence[str], tokens: int, timeout_s: float) -> list[ProbeOutput]:
-    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
+    async with httpx.AsyncClient(timeout=timeout_s, trust_env=False, **tls.secured()) as client:
         return list(await asyncio.gather(*(_generate_one(client, base_url, text, tokens) for text in prompts)))
 
 

@@ -20,7 +20,7 @@ from autotune.harness.workload import SimPace
 def server_info(base_url: str) -> dict[str, Any] | None:
     """The server's ``/server_info`` JSON as it answered (SGLang's keys); None when it did not."""
     try:
-        resp = httpx.get(f"{base_url}/server_info", timeout=10.0, trust_env=False, verify=tls.context(), auth=tls.auth())
+        resp = httpx.get(f"{base_url}/server_info", timeout=10.0, trust_env=False, **tls.secured())
         return redaction.scrub(resp.json()) if resp.status_code == 200 else None
     except (httpx.HTTPError, ValueError):
         return None
@@ -29,7 +29,7 @@ def server_info(base_url: str) -> dict[str, Any] | None:
 async def sim_pace(base_url: str) -> SimPace | None:
     """The simulated server's pacing counters (``sim_pace`` in /server_info); None for a real SGLang."""
     try:
-        async with httpx.AsyncClient(timeout=10.0, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
+        async with httpx.AsyncClient(timeout=10.0, trust_env=False, **tls.secured()) as client:
             resp = await client.get(f"{base_url}/server_info")
         pace = resp.json().get("sim_pace") if resp.status_code == 200 else None
         return SimPace(float(pace["modelled_s"]), float(pace["lag_s"])) if pace is not None else None
@@ -45,6 +45,6 @@ def server_stream_interval(info: Mapping[str, Any] | None) -> int | None:
 
 def flush_cache(base_url: str) -> None:
     try:
-        httpx.post(f"{base_url}/flush_cache", timeout=10.0, trust_env=False, verify=tls.context(), auth=tls.auth())
+        httpx.post(f"{base_url}/flush_cache", timeout=10.0, trust_env=False, **tls.secured())
     except httpx.HTTPError:
         pass  # only the accept-length fallback loses precision

@@ -288,7 +288,7 @@ def _one_connection_client(timeout: httpx.Timeout) -> httpx.AsyncClient:
     batch (the tiny study's 192 requests: 4.0–4.9 → 2.3–2.4 CPU-s for the harness's trial, the phase
     22–26 → 14–15 s)."""
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, verify=tls.context(), auth=tls.auth())
+    return httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, **tls.secured())
 
 
 async def _open_connections(clients: Sequence[httpx.AsyncClient], base_url: str) -> None:

@@ -371,7 +371,7 @@ def inspect_servers(
     pools += [None] * (len(urls) - len(pools))
     diagnoses: list[ServerDiagnosis] = []
     failures: list[ProbeFailure] = []
-    with httpx.Client(timeout=timeout_s, transport=transport, follow_redirects=False, verify=tls.context(), auth=tls.auth()) as client:
+    with httpx.Client(timeout=timeout_s, transport=transport, follow_redirects=False, **tls.secured()) as client:
         for url, log in zip(urls, pools, strict=True):
             result = probe(url, client=client, use_nvml=use_nvml, log=log)
             if isinstance(result, ProbeFailure):

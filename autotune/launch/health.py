@@ -25,7 +25,7 @@ def wait_healthy(url: Callable[[], str], timeout_s: float, *, ended: Callable[[]
     False raises ``PortTaken``: a port taken between its pick and the bind, minutes later for a real model,
     answers for another server."""
     deadline = time.monotonic() + timeout_s
-    with httpx.Client(timeout=2.0, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
+    with httpx.Client(timeout=2.0, trust_env=False, **tls.secured()) as client:
         while True:
             code = ended()
             if code is not None:

@@ -240,7 +240,8 @@ class SlurmJob(Kept, LogFile):
         self.node: str | None = None
         self.port, self.log_path = spec.port, Path(spec.log_path)
         self._connect = "127.0.0.1" if spec.host in ("0.0.0.0", "") else spec.host
-        self.base_url = f"{url_scheme(spec.argv)}://{self._connect}:{spec.port}"
+        self._scheme = url_scheme(spec.argv)  # https for a server started with a certificate
+        self.base_url = f"{self._scheme}://{self._connect}:{spec.port}"
         self.job_id = ""
         self.exit_code: int | None = None
         self.teardown_error: str | None = None
@@ -285,7 +286,7 @@ class SlurmJob(Kept, LogFile):
             self.node = nodes
             local = socket.gethostname().split(".")[0]
             host = self._connect if nodes == local else nodes
-            self.base_url = f"{self.base_url.split(':', 1)[0]}://{host}:{self.port}"
+            self.base_url = f"{self._scheme}://{host}:{self.port}"
 
     @property
     def alive(self) -> bool:

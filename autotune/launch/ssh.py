@@ -353,7 +353,7 @@ class SshServer:
 
     def wait_ready(self, timeout_s: float, *, stop_event: threading.Event | None = None) -> None:
         deadline = time.monotonic() + timeout_s
-        with httpx.Client(timeout=3.0, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
+        with httpx.Client(timeout=3.0, trust_env=False, **tls.secured()) as client:
             while True:
                 try:
                     if client.get(f"{self.base_url}/health").status_code == 200:

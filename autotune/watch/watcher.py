@@ -93,7 +93,7 @@ class Watcher:
         # The probe reduces /metrics to levels; watch also needs the histograms, so it keeps the body the probe
         # already fetched (one GET per endpoint, and still GET only).
         self.client = httpx.Client(timeout=options.timeout_s, transport=transport, follow_redirects=False,
-                                   verify=tls.context(), auth=tls.auth(), event_hooks={"response": [self._keep_metrics]})
+                                   **tls.secured(), event_hooks={"response": [self._keep_metrics]})
 
     def _keep_metrics(self, response: httpx.Response) -> None:
         if response.request.url.path.endswith("/metrics") and response.status_code == 200:

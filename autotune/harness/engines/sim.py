@@ -114,8 +114,8 @@ class SimEngine(logparse.LogReading):
         ev = evaluate(dict(config), sim_workload(workload, prompts), model=self.model_path, gpu=self.sim_gpu,
                       seed=seed, noise=float(self.sim_options.get("noise", 0.0)))
         status = cast(Status, ev.status if ev.status in STATUSES else "crash")
-        return TrialResult(status=status, config=dict(config), engine="sim", device=self.device, capacity=ev.capacity, metrics=ev.metrics,
-                           reason=ev.reason, modelled_startup_s=ev.startup_s, plan=ev.plan,
+        return TrialResult(status=status, config=dict(config), engine="sim", device=self.device, capacity=ev.capacity,
+                           metrics=ev.metrics, reason=ev.reason, modelled_startup_s=ev.startup_s, plan=ev.plan,
                            measurement=None if ev.settling is None else MeasurementVerdict(
                                settled=ev.settling.settled, settling=ev.settling.to_dict()))
 

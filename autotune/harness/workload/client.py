@@ -149,7 +149,7 @@ async def replay(
     )
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, verify=tls.context(), auth=tls.auth()) as client:
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False, **tls.secured()) as client:
         tasks = [asyncio.create_task(session.worker(client, k)) for k in range(concurrency)]
         try:
             await session.pace(should_stop, on_progress, progress_interval_s)
