@@ -267,7 +267,8 @@ def test_resume_after_sigkill_finishes_the_rollout(tmp_path, study_tok_s):
         up(load_fleet(path), timeout_s=30)
         url = study_storage(tmp_path, study_tok_s)
         argv = [sys.executable, "-m", "autotune", "apply", "--storage", url, "--fleet", str(path), "--rolling", "--allow-unstressed",
-                "--canary-s", "1.5", "--canary-warmup-s", "0.5", "--tolerance", "0.5", "--grace", "5",
+                # the canary runs, but its tok/s is not what this test judges: a loaded host slows it at will
+                "--canary-s", "1.5", "--canary-warmup-s", "0.5", "--tolerance", "1", "--grace", "5",
                 "--startup-timeout", "30"]
         proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")})
@@ -472,7 +473,7 @@ def cpu_fleet(tmp_path: Path, n: int) -> Path:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
-def test_a_cpu_fleets_rolling_apply_passes_with_each_servers_pool_what_its_own_start_allows(tmp_path, study_tok_s):
+def test_a_cpu_fleets_rolling_apply_passes_with_each_servers_pool_what_its_own_start_allows(tmp_path):
     path = cpu_fleet(tmp_path, 2)
     try:
         assert up(load_fleet(path), timeout_s=30) == ["s0", "s1"]
@@ -481,8 +482,10 @@ def test_a_cpu_fleets_rolling_apply_passes_with_each_servers_pool_what_its_own_s
         kv, tolerance, said = rollout.device_tolerances(load_fleet(path), None, None)  # apply --rolling's defaults
         assert kv is None and len(said) == 2
         whole = plan(load_model("qwen3.6-27b"), load_gpu("b200", memory_mib=HOST["gpu_memory_mib"]), CPU_NEW)
+        # the canary replays, its tok/s not compared (a loaded host slows it at will; the 50 % default is held by
+        # test_a_cpu_fleets_rollout_compares_what_its_device_fixes…)
         expect = rollout.Expectation(max_running_requests=whole.max_running_requests, kv_tokens=whole.kv_tokens,
-                                     mamba_slots=whole.max_mamba_cache_size, kv_tolerance=kv, tok_s=study_tok_s,
+                                     mamba_slots=whole.max_mamba_cache_size, kv_tolerance=kv, tok_s=None,
                                      tok_s_tolerance=tolerance)
         canary = rollout.Canary(prompts=str(prompts(tmp_path)), **CANARY)
         report = rollout.start(path, CPU_NEW, expect=expect, canary=canary, timing=FAST)
