@@ -45,6 +45,7 @@ class MemoryGiB:
     intermediate_ssm: float = 0.0  # speculative per-request scratch
     intermediate_conv: float = 0.0
     mamba_total: float = 0.0  # ssm + conv + intermediates
+    backend: float = 0.0  # the attention backend's buffers, taken after the pools, before capture
     graphs: float = 0.0  # CUDA graphs captured at startup
     activations: float = 0.0  # peak activation memory of a full prefill chunk
     headroom: float = 0.0  # what is left on the device after all of the above at peak (negative → OOM)
@@ -226,7 +227,7 @@ def _extra(t: _Trace, f: Mapping[str, Any]) -> PlanDetails:
     ex["unified"] = t.arena.to_dict() if t.arena else None
     if t.graphs and t.weights and t.headroom:
         g, w, h = t.graphs, t.weights, t.headroom
-        static = s.cuda_context_gib + h.static_gib + g.gib
+        static = s.cuda_context_gib + h.static_gib + g.backend_gib + g.gib
         ex.update({"decode_graph_bs": list(g.decode_bs), "prefill_graph_tokens": max(g.prefill_bs, default=0),
                    "static_gib": round(static, 4), "peak_gib": round(static + h.activations_gib, 4),
                    "workspace_gib": round(w.workspace_gib, 4), "mm_reserve_gib": round(w.mm_reserve_gib, 4)})
@@ -247,7 +248,7 @@ def _gib(t: _Trace) -> MemoryGiB:
     if t.kv and t.kv.tokens > 0:
         parts["kv"] = t.kv.gib
     if t.graphs and t.headroom:
-        parts.update(graphs=t.graphs.gib, activations=t.headroom.activations_gib,
+        parts.update(backend=t.graphs.backend_gib, graphs=t.graphs.gib, activations=t.headroom.activations_gib,
                      headroom=t.headroom.headroom_gib)
     return MemoryGiB(**{k: round(v, 4) for k, v in parts.items()})
 

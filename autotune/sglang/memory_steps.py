@@ -37,6 +37,10 @@ CAPTURE_S = 0.35  # per decode-phase graph
 CAPTURE_PREFILL_S = 0.3  # per prefill token bucket
 GRAPH_MIB_PER_TOKEN = 2.0  # SGLang's own reserve figure for decode graphs (memory_hook: 2 MiB per bs)
 GRAPH_MIB_PER_PREFILL_BUCKET = 8.0
+# FlashInfer's workspace, allocated after the pools and before capture (SGLANG_FLASHINFER_WORKSPACE_SIZE,
+# srt/environ.py L1221; flashinfer_backend.py L455-469; 512 MiB for the Qwen2/Qwen3 architectures, L421-431, which
+# are not hybrid). Real logs take 0.39-0.45 GiB there (docs/sglang-memory.md §12).
+BACKEND_MIB = {"flashinfer": 384.0}
 DEFAULT_FULL_MEMORY_RATIO = 0.9  # --mamba-full-memory-ratio unset (fields/schedule.py)
 
 
@@ -358,6 +362,7 @@ class Graphs:
     gib: float
     decode_capture_s: float
     prefill_capture_s: float
+    backend_gib: float = 0.0  # the attention backend's buffers, taken between the pools and capture
 
     @property
     def capture_tokens(self) -> int:
@@ -376,7 +381,8 @@ def graphs(r: Resolved, cap: RunningCap, *, graph_scale: float = 1.0) -> Graphs:
     mib = GRAPH_MIB_PER_TOKEN * sum(phases) + GRAPH_MIB_PER_PREFILL_BUCKET * len(sz.prefill_bs)
     return Graphs(decode_bs=tuple(bs), phase_tokens=tuple(phases), prefill_bs=sz.prefill_bs,
                   gib=mib * MIB / GIB * graph_scale, decode_capture_s=CAPTURE_S * len(bs) * len(phases),
-                  prefill_capture_s=CAPTURE_PREFILL_S * len(sz.prefill_bs))
+                  prefill_capture_s=CAPTURE_PREFILL_S * len(sz.prefill_bs),
+                  backend_gib=BACKEND_MIB.get(r.layout.attention_backend, 0.0) * MIB / GIB)
 
 
 # -- headroom: graph capture, then the first full prefill chunk ---------------------------------------------
@@ -397,12 +403,12 @@ def headroom(model: ModelProfile, r: Resolved, w: Weights, m: MambaPool, kv: KvP
     static = w.weights_gib + w.workspace_gib + m.total_gib + kv.gib
     pre = r.start.pre_gib
     free_after_pools = pre - static
-    capture = g.gib + g.capture_tokens * act_tok / GIB
-    free_at_run = free_after_pools - g.gib
+    capture = g.backend_gib + g.gib + g.capture_tokens * act_tok / GIB
+    free_at_run = free_after_pools - g.backend_gib - g.gib
     starts = capture <= free_after_pools
     oom_tokens = max(1, int(free_at_run * GIB // act_tok)) if starts and activations > free_at_run else None
     return Headroom(static_gib=static, activations_gib=activations,
-                    headroom_gib=pre - static - g.gib - activations, free_after_pools_gib=free_after_pools,
+                    headroom_gib=free_at_run - activations, free_after_pools_gib=free_after_pools,
                     capture_gib=capture, runtime_oom_tokens=oom_tokens)
 
 
@@ -416,7 +422,7 @@ def check_headroom(h: Headroom, r: Resolved, g: Graphs, gpu: GpuProfile) -> None
                                       f"--cuda-graph-max-bs-decode to a smaller value (e.g., 16) 3. disable decode "
                                       f"CUDA graph by --cuda-graph-backend-decode=disabled.")
     if h.runtime_oom_tokens is not None:
-        free_at_run = h.free_after_pools_gib - g.gib
+        free_at_run = h.free_after_pools_gib - g.backend_gib - g.gib
         raise PlanStop("runtime_oom", f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
                                       f"{min(h.activations_gib, 2.0):.2f} GiB (a prefill batch of "
                                       f"{r.sizes.prefill_tokens} tokens needs {h.activations_gib:.2f} GiB of "

@@ -381,7 +381,7 @@ def pool_lines(st: Any) -> list[str]:
 
 def graph_lines(st: Any, *, fail: bool) -> list[str]:
     x, g, sa = st.plan.extra, st.plan.gib, st.server_args
-    avail = st.pre_gib - st.pools_gib
+    avail = st.pre_gib - st.pools_gib - g.backend
     cg = st.startup_time["cuda_graph"]
     lines: list[str] = []
     prefill_on = not (sa.get("disable_cuda_graph") or sa.get("disable_prefill_cuda_graph")
@@ -419,7 +419,7 @@ def graph_lines(st: Any, *, fail: bool) -> list[str]:
 
 def ready_lines(st: Any) -> list[str]:
     x, plan = st.plan.extra, st.plan
-    avail = st.pre_gib - st.pools_gib - plan.gib.graphs
+    avail = st.pre_gib - st.pools_gib - plan.gib.backend - plan.gib.graphs
     return [capacity(tokens=plan.kv_tokens, chunked=int(x.get("chunked_prefill_size") or -1),
                           max_prefill=int(st.server_args.get("max_prefill_tokens") or 16384),
                           running=plan.max_running_requests, context_len=st.context_len, avail_gib=avail),

@@ -260,7 +260,7 @@ class ServerStatus:
         cg = self.startup_time["cuda_graph"]
         total_cg = sum(cg.values()) or 1.0
         return MemoryUsage(weight=round(g.weights, 3), kvcache=round(g.kv, 3),  # KV only, like SGLang (no Mamba)
-                           startup_available=round(self.pre_gib - self.pools_gib - g.graphs, 3),
+                           startup_available=round(self.pre_gib - self.pools_gib - g.backend - g.graphs, 3),
                            token_capacity=self.plan.kv_tokens, token_capacity_swa=None,
                            graph={p: round(g.graphs * cg[p] / total_cg, 3) for p in GRAPH_PHASES})
 
@@ -334,7 +334,7 @@ class ServerStatus:
             "page_size": self.plan.extra.get("page_size", 1),
             "weight_memory_usage_gb": g.weights, "kv_cache_memory_usage_gb": g.kv,
             "graph_memory_usage_gb": g.graphs,
-            "startup_available_gpu_memory_gb": self.pre_gib - self.pools_gib - g.graphs,
+            "startup_available_gpu_memory_gb": self.pre_gib - self.pools_gib - g.backend - g.graphs,
             "startup_time_seconds": self.startup_time["scheduler_e2e"],
             "startup_cuda_graph_time_seconds": sum(self.startup_time["cuda_graph"].values()),
             "weight_load_duration_seconds": self.startup_time["load_weight"],

@@ -91,9 +91,9 @@ def deviate(mp: Any, model: Any, dev: Deviation | None) -> Any:
     tp = int(x.get("tp_size") or 1)
     ctx = float(x.get("cuda_context_gib") or 0.0)
     pre = float(x.get("pre_gib") or 0.0)
-    planned_free = g.headroom + g.graphs + g.activations  # free after the pools, as planned
+    planned_free = g.headroom + g.backend + g.graphs + g.activations  # free after the pools, as planned
     pools = pre - planned_free  # weights + workspace + Mamba + KV, as SGLang sized them
-    free = planned_free + dev.free_gib
+    free = planned_free + dev.free_gib - g.backend  # what capture finds once the attention backend is set up
     graphs = g.graphs * dev.graph_scale
     act_tok = float(model.activation_bytes(1, tp)) / GIB * dev.activation_scale
     activations = g.activations * dev.activation_scale
@@ -121,6 +121,7 @@ def deviate(mp: Any, model: Any, dev: Deviation | None) -> Any:
                    f"{max(free_at_run, 0.0):.2f} GiB is free (a prefill batch needs {activations:.2f} GiB of "
                    "activations).")
     held = pools - dev.free_gib  # what the device shows used beyond the context once the pools are allocated
+    held += g.backend
     x.update({"static_gib": round(ctx + held + graphs, 4), "peak_gib": round(ctx + held + graphs + activations, 4),
               "truth": dev.to_dict()})
     gib = dataclasses.replace(g, graphs=round(graphs, 4), activations=round(activations, 4),
