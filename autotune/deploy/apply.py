@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 from pydantic import ValidationError
 
 from autotune.deploy import fleetkeys, fleettls, router
@@ -39,7 +39,8 @@ from autotune.search.confirm.record import Confirmation
 from autotune.search.numerics import contender_result
 from autotune.search.objective import per_gpu
 from autotune.search.storage import load_study
-from autotune.search.views.jobview import JobView, job_for_study
+from autotune.search.views.jobtypes import JobView
+from autotune.search.views.jobview import job_for_study
 from autotune.search.views.settings import StudySettings
 from autotune.search.views.summary import verdict_note
 from autotune.search.views.worstcase import WorstCase, worst_case_block
@@ -188,8 +189,8 @@ def winner_from_yaml(path: Path) -> Winner:
                   confirmed=bool(meta.get("confirmed")), gain=meta.get("gain"), worst_case=worst_case)
 
 
-def _baseline(complete, number: int | None) -> dict[str, Any] | None:
-    candidates = [complete[number]] if number in complete else [
+def _baseline(complete: Mapping[int, FrozenTrial], number: int | None) -> dict[str, Any] | None:
+    candidates = [complete[number]] if number is not None and number in complete else [
         t for t in complete.values() if t.user_attrs.get("role") == "baseline"
     ]
     for t in candidates:

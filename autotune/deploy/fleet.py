@@ -25,23 +25,50 @@ import httpx
 
 from autotune import redaction, tls
 from autotune.deploy import fleetkeys, keeperproc, leasefile, remote, router
-from autotune.deploy.fleetfile import (  # noqa: F401 - the fleet file's API, re-exported
-    LOCAL_HOSTS,
-    Fleet,
-    FleetServer,
-    fleet_toml,
-    load_fleet,
-    replace_file,
-    server_config,
-    set_server_config,
-    write_fleet,
+from autotune.deploy.fleetfile import (  # the fleet file's API, re-exported
+    LOCAL_HOSTS as LOCAL_HOSTS,
+)
+from autotune.deploy.fleetfile import (
+    Fleet as Fleet,
+)
+from autotune.deploy.fleetfile import (
+    FleetServer as FleetServer,
+)
+from autotune.deploy.fleetfile import (
+    fleet_toml as fleet_toml,
+)
+from autotune.deploy.fleetfile import (
+    load_fleet as load_fleet,
+)
+from autotune.deploy.fleetfile import (
+    replace_file as replace_file,
+)
+from autotune.deploy.fleetfile import (
+    server_config as server_config,
+)
+from autotune.deploy.fleetfile import (
+    set_server_config as set_server_config,
+)
+from autotune.deploy.fleetfile import (
+    write_fleet as write_fleet,
 )
 from autotune.deploy.rolloutlog import locked
-from autotune.deploy.servercmd import device_argv, engine_for, launch_env, server_argv  # noqa: F401 - re-exported
+from autotune.deploy.servercmd import (  # re-exported
+    device_argv as device_argv,
+)
+from autotune.deploy.servercmd import (
+    engine_for as engine_for,
+)
+from autotune.deploy.servercmd import (
+    launch_env as launch_env,
+)
+from autotune.deploy.servercmd import (
+    server_argv as server_argv,
+)
 from autotune.errors import AutotuneError, ConfigError, FleetError
 from autotune.harness.engines.base import group_reader, launch_gpus
 from autotune.launch import Launcher, LaunchSpec, ServerHandle
-from autotune.launch.base import ServerRecord
+from autotune.launch.base import MemoryReader, ServerRecord
 from autotune.launch.memory import wait_released
 from autotune.launch.ports import port_is_free
 from autotune.launch.registry import make_launcher
@@ -154,7 +181,7 @@ def server_gpus(fleet: Fleet, server: FleetServer) -> tuple[int, ...]:
     return launch_gpus(engine_for(fleet, server), tuple(server.gpus) or None)
 
 
-def memory_reader(fleet: Fleet, server: FleetServer, launcher: Launcher):
+def memory_reader(fleet: Fleet, server: FleetServer, launcher: Launcher) -> MemoryReader | None:
     """The reader of the server's devices, through the launcher (it knows where the server runs): every GPU of
     its group (the fullest one decides); None for host RAM (shared: never "back to nothing used") or no driver."""
     if fleet.host_memory:
@@ -297,10 +324,10 @@ class ServerStatus:
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         try:
-            return abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(a)))
+            return bool(abs(float(a) - float(b)) <= 1e-9 * max(1.0, abs(float(a))))
         except (TypeError, ValueError):
             return False
-    return a == b
+    return bool(a == b)
 
 
 def drift(config: Mapping[str, Any], server_info: Mapping[str, Any]) -> list[str]:

@@ -19,8 +19,10 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from autotune.deploy import lease, leasefile, router
 from autotune.deploy.fleet import (
@@ -80,7 +82,8 @@ class Keeper:
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> None:
-        self.events.append("keeper_start", f"keeper started (pid {os.getpid()}), looking every {self.policy.interval_s:g} s")
+        self.events.append("keeper_start",
+                           f"keeper started (pid {os.getpid()}), looking every {self.policy.interval_s:g} s")
         unreadable = 0
         try:
             while not self.stop.is_set():
@@ -125,7 +128,7 @@ class Keeper:
                 self._start_repair(lent.server, self._return_lease, ())
             record = router.running(fleet) or self._router_back(fleet, lent)
             self._had_router = self._had_router or record is not None
-            listed = {w.get("url") for w in router.workers(record)} if record is not None else set()
+            listed = {str(w.get("url")) for w in router.workers(record)} if record is not None else set()
             running = [self._look(fleet, server, record, listed) for server in fleet.servers
                        if server.name not in self.repairs and (lent is None or server.name != lent.server)]
             busy = lent is not None or record is not None or self.repairs or any(running)
@@ -135,7 +138,7 @@ class Keeper:
                 self._release()
 
     # -- one server ------------------------------------------------------------------------------------
-    def _look(self, fleet: Fleet, server: FleetServer, record: router.Record | None, listed: set) -> bool:
+    def _look(self, fleet: Fleet, server: FleetServer, record: router.Record | None, listed: set[str]) -> bool:
         """Act on what one server is now; False when nothing of it runs by the fleet's records (stopped on purpose)."""
         w = self.watched.setdefault(server.name, Watched())
         if not server.local:  # another host: /health is all the proof there is; no restart from here
@@ -169,7 +172,7 @@ class Keeper:
         self._died(fleet, server, w, record, listed, cause=cause, line=line)
         return True
 
-    def _serving(self, fleet: Fleet, server: FleetServer, w: Watched, record: router.Record | None, listed: set,
+    def _serving(self, fleet: Fleet, server: FleetServer, w: Watched, record: router.Record | None, listed: set[str],
                  now: float) -> None:
         if w.gave_up:
             w.gave_up = False
@@ -185,7 +188,7 @@ class Keeper:
                 router.add_worker(record, server.url, timeout_s=10.0)
                 self.events.append("readmitted", "serving but missing from the router: added back", server=server.name)
 
-    def _died(self, fleet: Fleet, server: FleetServer, w: Watched, record: router.Record | None, listed: set, *,
+    def _died(self, fleet: Fleet, server: FleetServer, w: Watched, record: router.Record | None, listed: set[str], *,
               cause: str, line: str) -> None:
         now = time.monotonic()
         if record is not None and server.url in listed:
@@ -197,7 +200,7 @@ class Keeper:
         self._count_death(w, now)
         self._start_repair(server.name, self._repair, (w,))
 
-    def _start_repair(self, name: str, target, args: tuple) -> None:
+    def _start_repair(self, name: str, target: Callable[..., None], args: tuple[Any, ...]) -> None:
         thread = threading.Thread(target=target, args=(name, *args), name=f"keeper-{name}", daemon=True)
         self.repairs[name] = thread
         thread.start()
@@ -278,8 +281,8 @@ class Keeper:
         now_caps = capacity.pools() if capacity is not None else {}
         if now_caps and w.capacity is not None:
             before = w.capacity.pools()
-            lower = [f"{key} {value} (was {before[key]})" for key, value in now_caps.items()
-                     if value is not None and before[key] is not None and value < before[key]]
+            lower = [f"{key} {value} (was {was})" for key, value in now_caps.items()
+                     if value is not None and (was := before[key]) is not None and value < was]
             if lower:
                 notes.append("smaller than before its death: " + ", ".join(lower)
                              + (" (a CPU server sizes its pools from the host memory free at its start)"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
 
 from autotune.errors import FleetError, ServerError
 from autotune.launch.base import LaunchSpec, ServerExited, ServerStartTimeout
@@ -17,12 +18,15 @@ from autotune.launch.ssh import (  # noqa: F401 - re-exported: the lines the fle
     start_command,
 )
 
+if TYPE_CHECKING:
+    from autotune.deploy.fleetfile import Fleet, FleetServer
 
-def launcher(fleet, server, *, transport: Transport | None = None) -> SshLauncher:
+
+def launcher(fleet: Fleet, server: FleetServer, *, transport: Transport | None = None) -> SshLauncher:
     return SshLauncher(host=server.host, remote_dir=fleet.remote_dir, transport=transport)
 
 
-def server_spec(server, argv: list[str], *, env: Mapping[str, str], gpus: tuple[int, ...]) -> LaunchSpec:
+def server_spec(server: FleetServer, argv: list[str], *, env: Mapping[str, str], gpus: tuple[int, ...]) -> LaunchSpec:
     """The fleet entry as a spec: its pid file is ``<run_dir>/<name>.pid``, i.e. the entry's ``pid`` path."""
     pid = PurePosixPath(server.pid)
     if pid.suffix != ".pid":
@@ -31,12 +35,12 @@ def server_spec(server, argv: list[str], *, env: Mapping[str, str], gpus: tuple[
                       log_path=Path(server.log), run_dir=Path(str(pid.parent)), name=pid.stem, detach=True)
 
 
-def pid_file(server) -> str:
+def pid_file(server: FleetServer) -> str:
     """The entry's pid path as the launcher writes it (``run/./x.pid`` → ``run/x.pid``)."""
     return str(PurePosixPath(server.pid))
 
 
-def start_server(fleet, server, argv: list[str], *, env: Mapping[str, str], gpus: tuple[int, ...],
+def start_server(fleet: Fleet, server: FleetServer, argv: list[str], *, env: Mapping[str, str], gpus: tuple[int, ...],
                  timeout_s: float, transport: Transport | None = None) -> int:
     """Start through the ``ssh`` launcher and wait for ``/health``; its pid on the host. FleetError if not."""
     made = launcher(fleet, server, transport=transport)
@@ -57,7 +61,7 @@ def start_server(fleet, server, argv: list[str], *, env: Mapping[str, str], gpus
     return handle.host_pid
 
 
-def stop_server(fleet, server, *, grace_s: float, release_timeout_s: float = 60.0,
+def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_timeout_s: float = 60.0,
                 transport: Transport | None = None) -> list[str] | None:
     """Stop the server its pid file on the host names (``SshLauncher.stop_pid_file``): None when none was recorded
     there, else what the stop could not release in time (empty when it released everything)."""

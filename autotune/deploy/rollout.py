@@ -1,15 +1,8 @@
 """Rolling restart of a fleet onto a new config: one server at a time, each verified before the next.
 
-For each server: take it out of the fleet's router and wait until its requests in flight are done (``deploy.drain``;
-without a router the rollout says first that the job will see failed requests, and after how many the stopped servers
-had in flight), stop it (SIGTERM lets SGLang drain), start it on the new config, wait for health, check the
-capacity it reports against what the study measured, replay a short canary and compare tok/s. Any failure
-puts that server back on its previous config and stops (by default rolling the verified ones back too).
-Every step is appended (and fsynced) to a JSONL log beside the fleet file before it happens, so a rollout
-killed at any point can be resumed or rolled back from the log. At most one server is ever down: a step
-starts only when every other server answers ``/health`` (the floor counts servers, however many GPUs each spans).
-A config that spans another number of GPUs than the fleet's servers have is refused before any server stops. A
-verified server goes back into the router before the next one leaves it: never two out of it at once.
+Per server: out of the router, drained, stopped, started on the new config, its capacity and a canary checked,
+back into the router; a failure restores it (and by default the verified ones). Every step is logged before it
+happens, so a killed rollout resumes or rolls back. docs/fleet.md has the whole contract.
 """
 
 from __future__ import annotations
@@ -22,7 +15,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.deploy.drain import DRAIN_TIMEOUT_S, Gate
 from autotune.deploy.fleet import (
@@ -47,6 +40,10 @@ from autotune.harness.serverinfo import sim_pace
 from autotune.harness.trial import measurement_verdict
 from autotune.harness.workload import PromptSample, metrics_from_records, replay
 
+if TYPE_CHECKING:
+    from autotune.deploy.apply import Winner
+    from autotune.results import Capacity
+
 Say = Callable[[str], None]
 # A canary window that did not measure the server is replayed again, up to this many windows in all: the host running
 # apply is often busy, and a failed canary restores the server and rolls the verified ones back.
@@ -69,7 +66,7 @@ class Expectation:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     @classmethod
-    def from_winner(cls, winner, *, kv_tolerance: float | None = 0.0, tok_s_tolerance: float = 0.15) -> Expectation:
+    def from_winner(cls, winner: Winner, *, kv_tolerance: float | None = 0.0, tok_s_tolerance: float = 0.15) -> Expectation:
         cap = winner.capacity
         if cap is None and winner.tok_s is None:
             raise FleetError("nothing to verify the rollout against: the config has no measured capacity or "
@@ -161,7 +158,7 @@ class Report:
 
 
 # -- verification ----------------------------------------------------------------------------------------
-def check_capacity(expect: Expectation, capacity) -> str | None:
+def check_capacity(expect: Expectation, capacity: Capacity) -> str | None:
     """Why the reported capacity does not match the study's, or None."""
     problems = []
     for name in ("max_running_requests", "mamba_slots", "kv_tokens"):
@@ -174,7 +171,7 @@ def check_capacity(expect: Expectation, capacity) -> str | None:
     return ", ".join(problems) or None
 
 
-def run_canary(server: FleetServer, canary: Canary, capacity) -> Any:
+def run_canary(server: FleetServer, canary: Canary, capacity: Capacity) -> Any:
     """The canary's figures: ``canary`` replayed against ``server``, and replayed again while its window did not
     measure the server (``harness.trial.measurement_verdict``: the replay client starved of CPU on the host running
     apply, or a simulated server's clock trailing its model), at most ``CANARY_TRIES`` times. Such a window says

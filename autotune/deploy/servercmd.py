@@ -10,10 +10,11 @@ from autotune.deploy import fleetkeys, fleettls
 from autotune.deploy.fleetfile import Fleet, FleetServer
 from autotune.errors import ConfigError, FleetError
 from autotune.harness.engines import make_engine
+from autotune.harness.engines.base import Engine
 from autotune.redaction import resolve_env
 
 
-def engine_for(fleet: Fleet, server: FleetServer, *, env: Mapping[str, str] | None = None):
+def engine_for(fleet: Fleet, server: FleetServer, *, env: Mapping[str, str] | None = None) -> Engine:
     """The fleet's engine for one server; ``env`` (resolved, see ``launch_env``) only matters for a launch."""
     python = fleet.python if server.local else (fleet.python or "python3")
     return make_engine(fleet.engine, model_path=fleet.model, python=python, env=env, device=fleet.device,

@@ -17,7 +17,7 @@ from typing import Any
 import yaml
 
 from autotune.errors import ConfigError
-from autotune.sglang.flags import FlagTable
+from autotune.sglang.flags import FlagSpec, FlagTable
 
 SGLANG_VERSION = "0.5.23"
 # SGLang answers "Unsupported config option" for these in a YAML config (SGLang 0.5.23 ``srt/utils/server_args_config_parser.py``).
@@ -39,17 +39,17 @@ def _flags() -> FlagTable:
     return FlagTable.bundled()
 
 
-def dash_name(spec) -> str:
+def dash_name(spec: FlagSpec) -> str:
     """The canonical ``dash-name`` of a flag (its first long option string, without the dashes)."""
     return spec.flag[2:]
 
 
-def _yaml_safe(spec) -> bool:
+def _yaml_safe(spec: FlagSpec) -> bool:
     return spec.dest not in YAML_REJECTED and not spec.boolean_optional
 
 
 # -- the SGLang YAML form ------------------------------------------------------------------------------
-def split_config(config: Mapping[str, Any], *, flags=None) -> tuple[dict[str, Any], list[str]]:
+def split_config(config: Mapping[str, Any], *, flags: FlagTable | None = None) -> tuple[dict[str, Any], list[str]]:
     """Split a dest-keyed config into (YAML mapping with dash keys, argv for flags YAML cannot hold).
 
     False/None values mean "absent" and are dropped, and so are per-server keys (the launcher sets them).
@@ -79,7 +79,7 @@ def yaml_text(document: Mapping[str, Any], *, header: str = "") -> str:
     return comment + body
 
 
-def yaml_to_argv(document: Mapping[str, Any], *, flags=None) -> list[str]:
+def yaml_to_argv(document: Mapping[str, Any], *, flags: FlagTable | None = None) -> list[str]:
     """Expand a YAML config exactly as SGLang 0.5.23's loader does: ``--key value``, ``true`` → bare flag
     for store-true flags (``false`` dropped), lists → ``--key v1 v2``. Unknown keys are ConfigErrors."""
     flags = flags or _flags()
@@ -103,7 +103,7 @@ def yaml_to_argv(document: Mapping[str, Any], *, flags=None) -> list[str]:
     return argv
 
 
-def read_config_file(path: Path, *, flags=None) -> dict[str, Any]:
+def read_config_file(path: Path, *, flags: FlagTable | None = None) -> dict[str, Any]:
     """An ``sglang.yaml`` → the dest-keyed, typed config it stands for."""
     flags = flags or _flags()
     try:
@@ -124,7 +124,7 @@ def read_config_file(path: Path, *, flags=None) -> dict[str, Any]:
 
 def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(flag, old, new) for every flag whose value differs; an absent flag reads as None."""
-    def present(config):
+    def present(config: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in config.items() if v is not None and v is not False}
 
     a, b = present(old), present(new)

@@ -34,6 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.results import TrialResult
 from autotune.results.plan import PlanDetails
 from autotune.search.space import Feasibility, key_of
+from autotune.sglang.memory import MemoryPlan
 
 LAUNCHED_FAILURES = frozenset({"startup_oom", "runtime_oom", "bad_args"})  # the same config fails the same way
 OOM = frozenset({"startup_oom", "runtime_oom"})
@@ -67,14 +68,14 @@ def _graph_stage(mp: Any) -> bool:
     return mp.failure == "startup_oom" and str(mp.message or "").startswith("Capture cuda graph failed")
 
 
-_PLANS: dict[tuple, Any] = {}  # (model, GPU, config, offset, inert) → plan: the planner is a pure function
+_PLANS: dict[tuple[Any, ...], MemoryPlan] = {}  # (model, GPU, config, offset, inert) → plan: the planner is a pure function
 _PLANS_MAX = 50_000
 
 
 class CorrectedFeasibility(Feasibility):
     """``Feasibility`` with a planner that learns its capacity and room errors from each launched trial."""
 
-    def _plan(self, config: Mapping[str, Any], offset: float = 0.0, *, inert: bool = True):
+    def _plan(self, config: Mapping[str, Any], offset: float = 0.0, *, inert: bool = True) -> MemoryPlan:
         key = (getattr(self.model, "name", id(self.model)), getattr(self.gpu, "name", id(self.gpu)),
                getattr(self.gpu, "memory_gib", None),
                key_of(config), round(offset, 9), inert)
@@ -133,11 +134,11 @@ class CorrectedFeasibility(Feasibility):
     def learned(self) -> bool:
         return bool(self.offsets or self.room or self.ooms or self.prior != Prior())
 
-    def raw(self, config: Mapping[str, Any], *, inert: bool = False):
+    def raw(self, config: Mapping[str, Any], *, inert: bool = False) -> MemoryPlan:
         """The uncorrected planner's plan (what SGLang's arithmetic says with the modelled constants)."""
         return self._plan(config, 0.0, inert=inert)
 
-    def predict(self, config: Mapping[str, Any], *, inert: bool = True):
+    def predict(self, config: Mapping[str, Any], *, inert: bool = True) -> MemoryPlan:
         mp = super().predict(config, inert=inert)
         if not any(self._room_points()) or not _graph_stage(mp):
             return mp
@@ -162,7 +163,7 @@ class CorrectedFeasibility(Feasibility):
         return (f"the earlier study's {len(self.prior.room)} measured peaks and {len(self.prior.ooms)} OOMs, scaled to "
                 "this GPU")
 
-    def sure_failure(self, memory_plan) -> bool:
+    def sure_failure(self, memory_plan: MemoryPlan) -> bool:
         if memory_plan.fits:
             return False
         if not _graph_stage(memory_plan):
@@ -170,7 +171,7 @@ class CorrectedFeasibility(Feasibility):
         # Uncorrected, a deficit within the margin is launched (the estimate of graph and activation memory is the
         # least exact part of the plan). Once peaks or OOMs have measured the room, the correction is the estimate:
         # a corrected deficit is skipped.
-        return memory_plan.gib.headroom < (0.0 if self.room or self.ooms else -self.margin_gib)
+        return bool(memory_plan.gib.headroom < (0.0 if self.room or self.ooms else -self.margin_gib))
 
     # -- learning -------------------------------------------------------------------------------------------
     def learn_capacity(self, config: Mapping[str, Any], capacity: Any) -> float | None:
@@ -192,7 +193,9 @@ class CorrectedFeasibility(Feasibility):
             if not planned or planned == seen:
                 continue
             lo, hi = (0.0, 16.0) if seen < planned else (-16.0, 0.0)  # less capacity: less free memory
-            value_at = lambda o, k=key: getattr(self._plan(config, o, inert=False), k) or 0  # noqa: E731
+            def value_at(o: float, k: str = key) -> int:
+                return int(getattr(self._plan(config, o, inert=False), k) or 0)
+
             if (value_at(lo) - seen) * (value_at(hi) - seen) > 0:
                 continue  # not reachable by a free-memory offset (another cause)
             for _ in range(24):

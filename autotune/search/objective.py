@@ -105,9 +105,11 @@ def _metric(result: TrialResult, name: str) -> float | None:
     if m is None:
         return None
     if name in ("output_tok_s", "request_s", "accept_length"):
-        return getattr(m, name)
-    stat, family, _ = name.split("_")
-    return getattr(getattr(m, f"{family}_ms"), stat)
+        value = getattr(m, name)
+    else:
+        stat, family, _ = name.split("_")
+        value = getattr(getattr(m, f"{family}_ms"), stat)
+    return None if value is None else float(value)
 
 
 def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:

@@ -13,12 +13,13 @@ import functools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import optuna
 
 from autotune.config import StudyConfig, Timeouts
 from autotune.harness.engines import Engine, make_engine
+from autotune.harness.engines.base import Predictor
 from autotune.harness.fidelity import FidelityProbe
 from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.steps import AfterWindow
@@ -42,6 +43,19 @@ from autotune.settle import with_warmup
 from autotune.sglang.parallel import server_gpus
 
 Runner = Callable[[dict[str, Any], int], TrialResult]
+
+
+@runtime_checkable
+class RepeatingRunner(Protocol):
+    """A runner that files confirmation runs apart and runs follow-up steps in their launch (``HarnessRunner``,
+    ``confirm.stages.Checked``); a plain ``Runner`` measures a repeat as the trial itself."""
+
+    def __call__(self, config: dict[str, Any], trial_number: int) -> TrialResult: ...
+
+    def repeat(self, config: dict[str, Any], trial_number: int, k: int, *,
+               after: Sequence[AfterWindow] = (), warmup_s: float | None = None) -> TrialResult: ...
+
+
 DeviceCheck = Callable[[tuple[int, ...]], Occupancy | None]
 # The number a runner gets for the confirmation's "SGLang defaults" measurement: no Optuna trial has it, so the
 # run never lands in (or is counted as a repeat of) a real trial's directory; HarnessRunner writes it under
@@ -66,11 +80,11 @@ def prompt_texts(path: Path, n: int, seed: int) -> tuple[str, ...]:
 def predict(cfg: StudyConfig, config: Mapping[str, Any], *, seed: int = 0) -> TrialResult | None:
     """``config`` on the engine's virtual clock (the sim engine's ``predict``: the same model, GPU and
     workload, no server), or None for an engine that can only measure."""
-    engine_predict = getattr(study_engine(cfg), "predict", None)  # optional: the sim engine's only
-    if engine_predict is None:
+    engine = study_engine(cfg)
+    if not isinstance(engine, Predictor):  # optional: the sim engine's only
         return None
     wl = cfg.workload
-    return engine_predict(config, wl, prompt_texts(wl.prompts, wl.sample_size, wl.seed), seed=seed)
+    return engine.predict(config, wl, prompt_texts(wl.prompts, wl.sample_size, wl.seed), seed=seed)
 
 
 class HarnessRunner:
@@ -208,7 +222,6 @@ class CheckedRunner:
         probed, every window after ``warmup_s``)."""
         if self.check is not None:
             self.check()
-        repeat = getattr(self.runner, "repeat", None)
-        if not callable(repeat):
+        if not isinstance(self.runner, RepeatingRunner):
             return self.runner(config, trial_number)
-        return repeat(config, trial_number, k, after=after, warmup_s=warmup_s)
+        return self.runner.repeat(config, trial_number, k, after=after, warmup_s=warmup_s)

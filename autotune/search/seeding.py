@@ -4,6 +4,7 @@ again once). Also the bookkeeping the loop and the confirmation count trials wit
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,7 @@ def seed_trials(study: optuna.Study, cfg: StudyConfig) -> None:
             study.enqueue_trial(params, user_attrs={"role": role, "label": label, "config": config})
 
 
-def repeat_result(measured: FrozenTrial, launch: dict, engine: str) -> TrialResult:
+def repeat_result(measured: FrozenTrial, launch: Mapping[str, Any], engine: str) -> TrialResult:
     """The record of a search proposal the study already measured: not launched, the earlier trial's figure stands."""
     earlier = TrialResult.of(measured)
     tok_s = (earlier.output_tok_s if earlier is not None else None) or 0.0

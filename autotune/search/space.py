@@ -14,9 +14,9 @@ from __future__ import annotations
 import ast
 import json
 import operator
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import optuna
 from optuna.distributions import (
@@ -322,7 +322,7 @@ class Feasibility:
         self.offsets: list[float] = []
 
     @classmethod
-    def from_config(cls, cfg: StudyConfig) -> Feasibility | None:
+    def from_config(cls, cfg: StudyConfig) -> Self | None:
         if not cfg.engine.profile:
             return None  # a real model without a planner profile: launch everything
         return cls(load_model(cfg.engine.profile), study_gpu(cfg.engine))
@@ -371,7 +371,7 @@ class Feasibility:
             return True
         return headroom < -self.margin_gib
 
-    def inert_everywhere(self, space: Space, contexts: list[Mapping[str, Any]]) -> dict[str, str]:
+    def inert_everywhere(self, space: Space, contexts: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         """Parameters the planner calls inert at every probed value in every context that starts: {name: why}.
 
         Contexts are whole configs (the baseline, the enqueued ones, the space's low and high corners), since

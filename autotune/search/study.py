@@ -86,16 +86,18 @@ class Sweep:
         self.space = Space.from_config(cfg)
         self.feasibility = CorrectedFeasibility.from_config(cfg)  # the planner, learning its error online
         self.study = open_study(cfg)
-        self.harness = runner is None
-        self.runner: Runner = runner or HarnessRunner(cfg, stop_event=self.stop, on_phase=self.progress.phase,
-                                                      study=self.study)
+        self.harness_runner: HarnessRunner | None = None  # the real trial (None: an injected runner)
+        if runner is None:
+            runner = self.harness_runner = HarnessRunner(cfg, stop_event=self.stop, on_phase=self.progress.phase,
+                                                         study=self.study)
+        self.runner: Runner = runner
         self.state_dir = cfg.work_dir / "workers"  # heartbeat files and the node's ask lock
         self.liveness: Liveness | None = None
         # The GPU pre-check: the harness runner checks each launch's group itself (it knows which GPUs it took);
         # an injected runner has none unless given one.
         self.device_check = device_check
-        if self.harness:
-            self.runner.device_check = self._engine_check  # type: ignore[attr-defined]
+        if self.harness_runner is not None:
+            self.harness_runner.device_check = self._engine_check
         self.db_path = storage_file(cfg.storage_url, cfg.base_dir)
         self.ballast = Ballast(self.db_path)  # room to fail the trial in flight when the database's disk fills
         self.room = Room(cfg.work_dir / "trials", self.db_path)
@@ -115,7 +117,8 @@ class Sweep:
         """The tenancy check of ``gpus`` (a launch's group; None: every GPU this sweep may use)."""
         eng, group = self.cfg.engine, gpus or self.gpus
         try:
-            return check_engine_gpus(getattr(self.runner, "engine"), group,  # noqa: B009
+            assert self.harness_runner is not None  # the engine check is the harness's
+            return check_engine_gpus(self.harness_runner.engine, group,
                                      mode=eng.busy_gpu, wait_s=eng.busy_wait_s, on_wait=self.progress.log)
         except GpuBusyError as exc:
             if len(group) <= 1:
@@ -141,19 +144,17 @@ class Sweep:
         warm = record_of(self.study)  # started from an earlier study (``--from``): its configs and corrections
         self.cfg = cfg = warm_config(self.cfg, warm)
         study = self.study
-        engine = getattr(self.runner, "engine", None) if self.harness else None
+        engine = self.harness_runner.engine if self.harness_runner is not None else None
         check_given(cfg, engine=engine, feasibility=self.feasibility)  # a config SGLang refuses: one line, no launch
         self._lock()
         study.set_user_attr("autotune", cfg.to_dict())
-        if self.harness:
-            for pid in cleanup_orphans(self.runner.run_dir):
+        if self.harness_runner is not None:
+            for pid in cleanup_orphans(self.harness_runner.run_dir):
                 self.progress.log(f"stopped orphan server pid {pid} left by an earlier sweep")
-        if self.harness:
             self._engine_check()  # every GPU of the pool: GpuBusyError before anything is queued or launched
+            self.room.trials_dir = self.harness_runner.folder  # the study's own trials folder, where its trials write
         elif self.device_check is not None:
             self.device_check()
-        if self.harness:  # the study's own trials folder (``folders``), where its trials write
-            self.room.trials_dir = getattr(self.runner, "folder", self.room.trials_dir)
         self.ballast.place()
         # Named by the GPUs its baseline runs on, as its trials' results name theirs (the per-GPU calibration).
         home = self.gpus[:server_gpus(cfg.baseline_config())]
@@ -340,7 +341,7 @@ class Sweep:
             return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind,
                                reason=f"trial {prior.number} with this config ended {prior.user_attrs['status']}: "
                                       f"{prior.user_attrs.get('reason') or ''}".rstrip(": "))
-        if memory_plan is not None and self.feasibility.sure_failure(memory_plan):
+        if memory_plan is not None and self.feasibility is not None and self.feasibility.sure_failure(memory_plan):
             return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind,
                                reason=skip_reason(memory_plan))  # SGLang's line and which pool took it
         too_big = self._over_pool(launch)

@@ -139,17 +139,23 @@ class RunningBatch:
         return r
 
     # -- the radix cache ----------------------------------------------------------------------------------
+    @property
+    def _radix(self) -> RadixCache:
+        """The radix cache, for the paths that run only with one (``cache`` is None with the cache off)."""
+        assert self.cache is not None
+        return self.cache
+
     def _admit(self, r: ReqState) -> None:
         """Match the request's prompt in the radix cache and lock the hit (at least one token is computed)."""
         key = r.req.key
         limit = min(r.req.prompt_tokens, len(key) // CHARS) - 1
-        r.node, r.cached, r.branch = self.cache.match(key, max(0, limit))
+        r.node, r.cached, r.branch = self._radix.match(key, max(0, limit))
 
     def _release(self, r: ReqState) -> None:
         """Unlock its prefix (finished, aborted, retracted or not admitted after all); ``cached`` stays for its
         report and is matched afresh at its next admission."""
         if r.node is not None:
-            self.cache.unlock(r.node)
+            self._radix.unlock(r.node)
             r.node = None
 
     def _insert_done(self, batch: list[tuple[ReqState, int]]) -> int:
@@ -160,14 +166,15 @@ class RunningBatch:
             if r.done_prefill + take >= r.extend_len:
                 key = r.req.key
                 tokens = min(r.req.prompt_tokens, len(key) // CHARS)
-                r.node, saved = self.cache.insert(key, tokens, cached=r.cached, locked=r.node, branch=r.branch)
+                assert r.node is not None  # admitted: it holds its match
+                r.node, saved = self._radix.insert(key, tokens, cached=r.cached, locked=r.node, branch=r.branch)
                 copies += saved
         return copies
 
     def _make_room(self) -> None:
         """Evict cached prefixes (LRU) that no longer fit beside what running requests hold: KV tokens, and for
         hybrid models the Mamba slots the running requests leave free."""
-        cache, lim = self.cache, self.limits
+        cache, lim = self._radix, self.limits
         if not cache.evictable_tokens and not cache.evictable_states:
             return
         over = self.kv_used_tokens() + cache.evictable_tokens - self._kv_cap()

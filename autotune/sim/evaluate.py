@@ -9,6 +9,7 @@ strategies can be compared over thousands of trials. Metrics use the harness's d
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -179,8 +180,9 @@ class _ClosedLoop:
     def __init__(self, sched: Scheduler, workload: SimWorkload, *, seed: int, acceptance: float, output_mean: float,
                  output_dist: str, concurrency: int):
         self.sched, self.w, self.concurrency = sched, workload, concurrency
-        self.req_args = dict(ignore_eos=workload.ignore_eos, seed=seed, acceptance_mean=acceptance,
-                             output_mean=output_mean, output_dist=output_dist)
+        self.make_request = functools.partial(make_request, ignore_eos=workload.ignore_eos, seed=seed,
+                                              acceptance_mean=acceptance, output_mean=output_mean,
+                                              output_dist=output_dist)
         self.t = 0.0
         self.settler = Settler(workload.rule)
         self.settling: Settling | None = None
@@ -202,7 +204,7 @@ class _ClosedLoop:
         template = self.drawn.get(key)
         if template is None:  # a prompt's draws depend only on its text and the seed: derive them once
             text = on_pass(self.w.prompts[index], pass_no)
-            template = self.drawn[key] = make_request(rid, text, self.w.max_tokens, **self.req_args)
+            template = self.drawn[key] = self.make_request(rid, text, self.w.max_tokens)
         self.sched.add(replace(template, rid=rid))
         self.arrival[rid] = self.t
         self.sent += 1
@@ -248,6 +250,7 @@ class _ClosedLoop:
             for offset, n in enumerate(per):
                 self.slices[int(index[0]) + offset] += float(n)
             keep = r.ends_s >= self.keep_from
+            assert isinstance(r.gaps_s, np.ndarray) and r.new is not None  # a block: per-cycle arrays
             if keep.any():
                 self.cycles.append((r.ends_s[keep], r.gaps_s[keep], r.new[keep]))
             return

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from autotune.sim.requests import SimRequest
+
+if TYPE_CHECKING:
+    from autotune.sim.radix import _Node
 
 __all__ = ["Emission", "ReqState", "StepResult"]
 
@@ -68,7 +72,7 @@ class ReqState:
         self.last_t = 0.0
         self.entry = (0, 0)  # (decode cycle, gen) when it last entered the running batch
         self.cached = 0  # prompt tokens the radix cache served at its last admission
-        self.node = None  # the radix-cache node it holds locked while admitted (None: holds none)
+        self.node: _Node | None = None  # the radix-cache node it holds locked while admitted (None: holds none)
         self.branch: int | None = None  # where its prefill saves the Mamba state (``sim.radix.Match.branch``)
 
     @property

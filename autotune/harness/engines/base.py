@@ -10,12 +10,12 @@ booleans are store-true flags (``True`` → present, ``False`` → absent).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from typing import Any, Protocol, TypedDict
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from autotune.launch.base import GpuReading
 from autotune.launch.memory import GroupReader
-from autotune.results import Capacity, FailureKind
+from autotune.results import Capacity, FailureKind, TrialResult
 from autotune.sglang.gpus import GpuProfile
 
 
@@ -89,6 +89,15 @@ class Engine(Protocol):
         ...
 
 
+@runtime_checkable
+class Predictor(Protocol):
+    """What an engine that can answer without a server offers (the simulator's virtual clock): a trial's result
+    for ``config`` over the study's workload and prompt sample. The study's warm start and benchmarks ask it."""
+
+    def predict(self, config: Mapping[str, Any], workload: Any, prompts: Sequence[str], *,
+                seed: int = 0) -> TrialResult: ...
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class EngineSettings:
     """Everything any engine is built from (the study's ``[engine]`` section, ``measure``'s and a fleet's options).
@@ -128,4 +137,4 @@ def group_reader(engine: Engine, gpus: tuple[int, ...]) -> GpuReader:
     of a group (the fullest decides headroom); the engine's host reader when the server has no GPU."""
     if len(gpus) <= 1:
         return engine.gpu_reader(gpus[0] if gpus else None)
-    return GroupReader({g: engine.gpu_reader(g) for g in gpus})  # type: ignore[return-value]
+    return GroupReader({g: engine.gpu_reader(g) for g in gpus})

@@ -23,11 +23,16 @@ from autotune.results import MeasurementVerdict, Status, TrialResult
 from autotune.sglang.flags import FlagTable
 from autotune.sglang.gpus import GpuProfile, load_gpu
 from autotune.sim import device
-from autotune.sim.__main__ import main as serve  # noqa: F401  (``autotune sim``: the server in this process)
+from autotune.sim.__main__ import main as _serve_main
 from autotune.sim.evaluate import SimWorkload, evaluate
 
 DEFAULT_SIM_GPU = "b200"
 STATUSES = ("ok", "startup_oom", "runtime_oom", "bad_args", "crash", "timeout")  # what a trial may end as
+
+
+def serve(argv: list[str]) -> int:
+    """``autotune sim ARGS...``: the simulated server in this process (the CLI reaches the simulator here)."""
+    return _serve_main(argv)
 
 
 def sim_argv(options: Mapping[str, Any]) -> list[str]:

@@ -83,7 +83,9 @@ class NoiseModel:
         return "noise not estimated (one measurement per contender)"
 
     def to_dict(self) -> dict[str, Any]:
-        r = (lambda v: None if v is None else round(v, 6))  # noqa: E731
+        def r(v: float | None) -> float | None:
+            return None if v is None else round(v, 6)
+
         out = {"window_cv": r(self.window_cv), "launch_cv": r(self.launch_cv), "window_df": self.window_df,
                "launch_df": self.between_df, "separated": self.separated, "line": self.line()}
         if self.stand_in_var is not None:  # stored only when a search run stood in

@@ -23,7 +23,7 @@ from autotune.search.confirm.record import ATTR, Confirmation, ConfirmationRun, 
 from autotune.search.confirm.samples import by_contender, search_rates
 from autotune.search.confirm.twins import study_held_tokens
 from autotune.search.confirm.warmup import steady_warmup
-from autotune.search.runner import Runner
+from autotune.search.runner import RepeatingRunner, Runner
 from autotune.search.seeding import finished
 from autotune.search.seeding import launch_key as _key
 from autotune.sglang.parallel import server_gpus
@@ -211,13 +211,12 @@ def _repeat(runner: Runner, config: dict[str, Any], number: int, k: int, *, wind
     its own directory, no fidelity probe) measures ``windows`` windows of one closed loop in it (``harness.windows``)
     after a warm-up floor of ``warmup_s`` (None: the study's), then the stress phase when given; a plain runner gets the
     trial's number and measures one."""
-    repeat = getattr(runner, "repeat", None)
-    if not callable(repeat):
+    if not isinstance(runner, RepeatingRunner):
         return runner(config, number)
     after: list[Any] = [WindowsStep(windows - 1, span=server_gpus(config))]
     if stress is not None:
         after.append(stress)
-    return repeat(config, number, k, after=after, warmup_s=warmup_s)
+    return runner.repeat(config, number, k, after=after, warmup_s=warmup_s)
 
 
 def _result(trial: optuna.trial.FrozenTrial) -> TrialResult:

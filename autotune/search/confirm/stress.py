@@ -27,7 +27,7 @@ from autotune.results import StressResult, TrialResult
 from autotune.search.confirm.decision import Verdict, decide
 from autotune.search.confirm.record import Confirmation, Demotion, LaunchCost, StressRecord, StressRun
 from autotune.search.confirm.samples import search_rates
-from autotune.search.runner import Runner
+from autotune.search.runner import RepeatingRunner, Runner
 from autotune.search.seeding import launch_key
 
 STRESS_MAX = 3  # stress launches of their own at most: the winner, a tied runner-up, one more after a demotion
@@ -120,10 +120,9 @@ def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, co
     if log is not None:
         log(f"stress: trial {number}: the sample's longest prompts, max_tokens, the full running cap at once")
     step = StressStep(plan=stored.plan if stored is not None else None)
-    repeat = getattr(runner, "repeat", None)
-    if not callable(repeat):  # a plain runner cannot run follow-up steps: nothing to stress with
+    if not isinstance(runner, RepeatingRunner):  # a plain runner cannot run follow-up steps: nothing to stress with
         return StressRun(trial=number, repeat=k, status="not_run", reason="this study's runner runs no follow-up steps")
-    result: TrialResult = repeat(config, number, k, after=[step])
+    result = runner.repeat(config, number, k, after=[step])
     if result.status == "interrupted":
         return None
     stress = result.stress

@@ -191,7 +191,9 @@ def _entry(by_number: dict[int, FrozenTrial], stats: Mapping[str, ContenderStat]
     value = s.median if s else (t.values[0] if t.values else None)  # the score: tok/s per GPU
     data = TrialResult.of(t)
     gpus = _spans(t)
-    scale = (lambda v: None if v is None else v * gpus)  # noqa: E731  (the server's tok/s from its per-GPU score)
+    def scale(v: float | None) -> float | None:  # the server's tok/s from its per-GPU score
+        return None if v is None else v * gpus
+
     return TrialEntry(
         trial=n, label=t.user_attrs.get("label"), params=data.config if data is not None else None,
         output_tok_s=scale(value), tok_s_per_gpu=value, gpus=gpus,
