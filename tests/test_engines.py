@@ -16,7 +16,6 @@ from autotune.config.sections import ENGINE_KINDS
 from autotune.errors import ConfigError
 from autotune.harness.engines import ENGINES, EngineSettings, SGLangEngine, SimEngine, logparse, make_engine
 from autotune.harness.engines.sim import sim_argv
-from autotune.results import FailureKind
 
 RECORDED = Path(__file__).parent / "data" / "recorded"
 
@@ -43,10 +42,10 @@ def engine(request, tmp_path, monkeypatch):
         ("llama-startup-serve-sigterm.log", None, None, None),
     ],
 )
-def test_classify_recorded_logs(engine, name, code, kind, phrase):
+def test_classify_recorded_logs(name, code, kind, phrase):
     text = recorded(name)
-    assert engine.classify(text, code) == kind
-    line = engine.failure_line(text, code)
+    assert logparse.classify(text, code) == kind
+    line = logparse.failure_line(text, code)
     if phrase is None:
         assert line is None
     else:
@@ -54,32 +53,32 @@ def test_classify_recorded_logs(engine, name, code, kind, phrase):
         assert line.startswith(("ValueError:", "RuntimeError:"))  # the exception line, not a traceback frame
 
 
-def test_bad_args_from_argparse_and_from_resolution(engine):
+def test_bad_args_from_argparse_and_from_resolution():
     argparse_err = "usage: launch_server.py [-h] ...\nlaunch_server.py: error: unrecognized arguments: --mamba-scheduler-strategy extra_buffer\n"
-    assert engine.classify(argparse_err, 2) == "bad_args"
-    assert "unrecognized arguments" in engine.failure_line(argparse_err, 2)
+    assert logparse.classify(argparse_err, 2) == "bad_args"
+    assert "unrecognized arguments" in logparse.failure_line(argparse_err, 2)
     resolve_err = "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: --mamba-radix-cache-strategy extra_buffer needs mamba state\n"
-    assert engine.classify(resolve_err, 1) == "bad_args"
-    assert engine.failure_line(resolve_err, 1).startswith("ValueError: --mamba-radix-cache-strategy")
+    assert logparse.classify(resolve_err, 1) == "bad_args"
+    assert logparse.failure_line(resolve_err, 1).startswith("ValueError: --mamba-radix-cache-strategy")
 
 
-def test_cuda_oom_before_and_after_ready(engine):
+def test_cuda_oom_before_and_after_ready():
     head = recorded("qwen3next-startup-serve-sigterm.log").split(logparse.READY_LINE)[0]
     capture = head + "[2026-11-29 08:02:26] Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB\n"
-    assert engine.classify(capture, 137) == "startup_oom"
-    assert "Capture cuda graph failed" in engine.failure_line(capture, 137)
+    assert logparse.classify(capture, 137) == "startup_oom"
+    assert "Capture cuda graph failed" in logparse.failure_line(capture, 137)
     serving = head + logparse.READY_LINE + "\n[2026-11-29 08:03:00] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB\n"
-    assert engine.classify(serving, -9) == "runtime_oom"
-    assert engine.failure_line(serving, -9).startswith("torch.OutOfMemoryError")
+    assert logparse.classify(serving, -9) == "runtime_oom"
+    assert logparse.failure_line(serving, -9).startswith("torch.OutOfMemoryError")
 
 
-def test_crash_without_a_phrase(engine):
+def test_crash_without_a_phrase():
     text = recorded("qwen3next-startup-serve-sigterm.log")
-    assert engine.classify(text, -9) == "crash"
-    assert engine.classify(text, None) is None  # still running: nothing to classify
+    assert logparse.classify(text, -9) == "crash"
+    assert logparse.classify(text, None) is None  # still running: nothing to classify
 
 
-def test_a_rank_without_a_device_is_a_crash_named_by_its_ordinal_line(engine):
+def test_a_rank_without_a_device_is_a_crash_named_by_its_ordinal_line():
     """A GPU group smaller than tp × pp: the first rank past CUDA_VISIBLE_DEVICES dies in ``set_device``. The
     launch's fault, not the config's (never ``bad_args``, never an OOM), even when SGLang's parent adds its own
     exception after it."""
@@ -91,13 +90,13 @@ def test_a_rank_without_a_device_is_a_crash_named_by_its_ordinal_line(engine):
             "[2026-11-29 08:00:57] Rank 1 scheduler is dead. Please check if there are relevant logs.\n"
             "[2026-11-29 08:00:57] RuntimeError: Initialization failed. Please see the error messages above.\n")
     for code in (137, -9, 1):
-        assert engine.classify(text, code) == "crash"
-        assert engine.failure_line(text, code) == "RuntimeError: CUDA error: invalid device ordinal"
+        assert logparse.classify(text, code) == "crash"
+        assert logparse.failure_line(text, code) == "RuntimeError: CUDA error: invalid device ordinal"
 
 
 # -- capacity ---------------------------------------------------------------------------------------------
-def test_capacity_from_log_alone(engine):
-    cap = engine.capacity(recorded("qwen3next-mamba16-capped-to-5.log"), None)
+def test_capacity_from_log_alone():
+    cap = logparse.capacity(recorded("qwen3next-mamba16-capped-to-5.log"), None)
     assert cap.max_running_requests == 5
     assert cap.kv_tokens == 1796728
     assert cap.mamba_slots == 16
@@ -107,9 +106,9 @@ def test_capacity_from_log_alone(engine):
     assert cap.weights_gib == pytest.approx(0.01)
 
 
-def test_capacity_prefers_server_info_internal_states(engine):
+def test_capacity_prefers_server_info_internal_states():
     info = json.loads(recorded("qwen3next-server_info.json"))
-    cap = engine.capacity(recorded("qwen3next-startup-serve-sigterm.log"), info)
+    cap = logparse.capacity(recorded("qwen3next-startup-serve-sigterm.log"), info)
     assert cap.max_running_requests == 1481
     assert cap.mamba_slots == 4443
     assert cap.kv_tokens == 1985628
@@ -119,8 +118,8 @@ def test_capacity_prefers_server_info_internal_states(engine):
     assert logparse.startup_seconds(info) == pytest.approx(13.664, abs=1e-3)
 
 
-def test_capacity_of_dense_model_has_no_mamba(engine):
-    cap = engine.capacity(recorded("llama-startup-serve-sigterm.log"), None)
+def test_capacity_of_dense_model_has_no_mamba():
+    cap = logparse.capacity(recorded("llama-startup-serve-sigterm.log"), None)
     assert cap.mamba_slots is None and cap.mamba_gib is None
     assert cap.max_running_requests == 4096 and cap.kv_tokens == 4282560
 
@@ -182,7 +181,7 @@ def test_sglang_cpu_device_sets_backend_and_env(tmp_path, monkeypatch):
 def test_engine_env_is_its_own_extras_and_no_device_selection(engine):
     """Device selection moved to the launcher (``launch.local.LocalLauncher.device_env``); the engine keeps only
     what its study file's ``env`` says."""
-    forced = type(engine)(model_path="qwen3.6-27b", env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST", "X": "1"})
+    forced = make_engine(engine.name, model_path="qwen3.6-27b", env={"CUDA_DEVICE_ORDER": "FASTEST_FIRST", "X": "1"})
     assert forced.env() == {"CUDA_DEVICE_ORDER": "FASTEST_FIRST", "X": "1"}
     assert "CUDA_VISIBLE_DEVICES" not in engine.env() and "CUDA_DEVICE_ORDER" not in engine.env()
 
@@ -203,21 +202,28 @@ def test_preflight_refuses_an_interpreter_without_sglang(tmp_path):
 
 # -- the registry: one module and one entry per engine ----------------------------------------------------------
 def test_the_registry_is_what_study_files_are_checked_against():
-    assert set(ENGINES) == set(ENGINE_KINDS)  # config cannot import the harness, so it keeps the names
+    assert set(ENGINES) == set(ENGINE_KINDS)  # config cannot import the harness, so it keeps the names and traits
+    assert all(ENGINE_KINDS[name].simulated == cls.simulated for name, cls in ENGINES.items())
 
 
-@pytest.mark.parametrize("kind", sorted(ENGINES))
-def test_every_registered_engine_meets_the_contract(kind, tmp_path, monkeypatch):
+def meets_the_contract(kind: str) -> None:
     """What every engine must do, whatever it launches: built from the shared settings by name, an argv of
-    strings, a typed config from ``check``, and a known failure kind (or none) from ``classify``."""
-    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    strings, a typed config from ``check``, the fields the harness reads, and its kind's traits in config."""
     eng = make_engine(kind, model_path="qwen3.6-27b")
     assert eng.name == kind == ENGINES[kind].name
     argv = eng.argv({}, port=4321)
     assert isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv)
     assert isinstance(eng.check({}), dict)
-    assert eng.classify("", 0) in (None, *FailureKind.__args__)
+    assert eng.model_path == "qwen3.6-27b" and eng.device in ("cuda", "cpu")
+    assert ENGINE_KINDS[kind].simulated is ENGINES[kind].simulated
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in eng.env().items())
+    assert isinstance(eng.shm_dir, Path | None)
+
+
+@pytest.mark.parametrize("kind", sorted(ENGINES))
+def test_every_registered_engine_meets_the_contract(kind, tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
+    meets_the_contract(kind)
 
 
 def test_make_engine_hands_each_engine_the_settings_it_reads():

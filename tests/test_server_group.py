@@ -43,12 +43,13 @@ def test_a_group_is_the_first_gpus_of_the_pool_or_counted_up_from_the_first_gpu(
 
 
 def test_cpu_servers_get_no_gpus():
-    class Cpu:
-        device = "cpu"
+    class Engine:
+        def __init__(self, device: str):
+            self.device = device
 
-    assert launch_gpus(Cpu(), (0, 1)) == ()
-    assert launch_gpus(object(), 3) == (3,)
-    assert launch_gpus(object(), (2, 3)) == (2, 3)
+    assert launch_gpus(Engine("cpu"), (0, 1)) == ()
+    assert launch_gpus(Engine("cuda"), 3) == (3,)
+    assert launch_gpus(Engine("cuda"), (2, 3)) == (2, 3)
 
 
 class Device:

@@ -28,7 +28,7 @@ def borrowed_sweep(cfg: Any, name: str, fleet_file: Path | None, *, echo: Callab
     if fleet.engine != cfg.engine.kind:
         raise ConfigError(f"the study runs engine {cfg.engine.kind!r}, the fleet {fleet.engine!r}", key="engine.kind",
                           fix=f"borrow from a fleet of the study's engine, or set [engine] kind = \"{fleet.engine}\"")
-    if fleet.engine == "sim" and fleet.sim_gpu and cfg.engine.sim_gpu and fleet.sim_gpu != cfg.engine.sim_gpu:
+    if fleet.simulated and fleet.sim_gpu and cfg.engine.sim_gpu and fleet.sim_gpu != cfg.engine.sim_gpu:
         raise ConfigError(f"the study plans for {cfg.engine.sim_gpu}, the fleet's servers run on {fleet.sim_gpu}",
                           key="engine.sim_gpu", fix=f"set sim_gpu = \"{fleet.sim_gpu}\" (the lent server's GPU)")
     if server.gpus:

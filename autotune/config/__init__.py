@@ -283,7 +283,7 @@ def _check_engine(cfg: StudyConfig, file: str) -> StudyConfig:
     eng = cfg.engine
     profile = eng.profile or eng.model
     model_key = "engine.profile" if eng.profile else "engine.model"
-    if eng.kind == "sim" or eng.profile:
+    if eng.simulated or eng.profile:
         try:
             load_model(_maybe_path(profile, cfg.base_dir))
         except ConfigError as exc:
@@ -305,7 +305,7 @@ def _check_engine(cfg: StudyConfig, file: str) -> StudyConfig:
     if extra and importlib.util.find_spec(extra[0]) is None:
         raise ConfigError(f"sampler {cfg.study.sampler!r} needs the {extra[0]} package", file=file,
                           key="study.sampler", fix=f"{extra[1]}, or use sampler = \"tpe\"")
-    if eng.kind == "sim" or eng.profile:
+    if eng.simulated or eng.profile:
         return cfg.model_copy(update={"engine": eng.model_copy(update={"profile": _maybe_path(profile, cfg.base_dir)})})
     return cfg
 
@@ -322,7 +322,7 @@ def _check_prompts(cfg: StudyConfig, file: str) -> StudyConfig:
         raise _flag_error(exc, file, "workload.prompts") from None
     eng = cfg.engine
     served = _maybe_path(eng.model, cfg.base_dir)  # the sglang engine's checkpoint, when it is on disk
-    model = eng.profile if eng.kind == "sim" or not Path(served).expanduser().exists() else served
+    model = eng.profile if eng.simulated or not Path(served).expanduser().exists() else served
     limit, source, _ = context_limit(model or eng.model, cfg.baseline_config())
     sample.check_fit(limit, wl.max_tokens, source=source)
     return cfg.model_copy(update={"notes": (sample.note,) if sample.note else ()})

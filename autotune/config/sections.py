@@ -10,12 +10,14 @@ one place and the loader stays short.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from autotune.errors import ConfigError
 from autotune.job import Job
 from autotune.settle import AGREE_TOLERANCE, TARGET_HALF_WIDTH
 
@@ -25,10 +27,28 @@ METRICS = (
     "output_tok_s", "request_s", "accept_length",
     *(f"{p}_{m}_ms" for m in ("ttft", "itl", "e2e") for p in ("p50", "p90", "p99", "mean")),
 )
-# The names of the harness's engine registry (``autotune.harness.engines.ENGINES``, which a test holds equal to
-# this). Kept here rather than read from the registry because config (layer 2) sits below the harness (layer 3)
-# and a study file's `kind` must fail as one line when it loads, before any engine is built.
-ENGINE_KINDS = ("sglang", "sim")
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """What the layers below the harness know of an engine: its name, and whether it is a model of a GPU (it runs
+    the planner's profile on ``sim_gpu`` and its figures are the model's) rather than a server on a real device."""
+
+    name: str
+    simulated: bool = False
+
+
+# The harness's engine registry as config sees it (``autotune.harness.engines.ENGINES``, which a test holds equal
+# to this; ``harness.engines.register`` adds to both). Kept here because config (layer 2) sits below the harness
+# (layer 4) and a study file's `kind` must fail as one line when it loads, before any engine is built.
+ENGINE_KINDS: dict[str, EngineKind] = {k.name: k for k in (EngineKind("sglang"), EngineKind("sim", simulated=True))}
+
+
+def engine_kind(name: str) -> EngineKind:
+    """The kind called ``name``; a ConfigError listing the known ones otherwise."""
+    if name not in ENGINE_KINDS:
+        raise ConfigError(f"unknown engine {name!r}", key="engine", fix=f"use one of: {', '.join(ENGINE_KINDS)}")
+    return ENGINE_KINDS[name]
 # ``launch.LAUNCHERS``' names (config sits below launch/; a test keeps the two equal)
 LAUNCHER_KINDS = ("local", "container", "slurm", "ssh")
 _CONSTRAINT = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
@@ -135,6 +155,11 @@ class EngineSection(StrictModel):
             raise fix_error("unknown_launcher", "unknown launcher {launcher}",
                             f"use one of: {', '.join(LAUNCHER_KINDS)}", launcher=repr(launcher))
         return launcher
+
+    @property
+    def simulated(self) -> bool:
+        """The engine is a model of a GPU (``EngineKind.simulated``): the study plans and paces with its profile."""
+        return engine_kind(self.kind).simulated
 
     @field_validator("kind")
     @classmethod

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 from pydantic import ValidationError
 
+from autotune.config.sections import engine_kind
 from autotune.deploy import fleetkeys, fleettls, router
 from autotune.deploy import sglang_yaml as yaml_files
 from autotune.deploy.confirmed import confirmed_figures
@@ -30,7 +30,6 @@ from autotune.deploy.launchscript import ScriptEntry, launch_script
 from autotune.deploy.ports import pick_ports
 from autotune.deploy.sglang_yaml import PER_SERVER, config_diff, read_config_file, split_config, yaml_text
 from autotune.errors import ConfigError, StudyError
-from autotune.harness.engines.sim import sim_argv
 from autotune.launch.local import LocalLauncher
 from autotune.redaction import env_for_files
 from autotune.results import Capacity, StressResult, TrialResult
@@ -51,7 +50,6 @@ from autotune.sglang.parallel import server_gpus
 VISIBLE = "CUDA_VISIBLE_DEVICES"  # the launch script sets it per server, as the local launcher does
 
 SGLANG_VERSION = "0.5.23"
-LAUNCHERS = {"sglang": "sglang.launch_server", "sim": "autotune.sim"}
 
 
 # -- reading the winner from a study ---------------------------------------------------------------------
@@ -83,16 +81,21 @@ class Winner:
         return str(self.settings.kind or self.result.engine or "sim")
 
     @property
+    def simulated(self) -> bool:
+        """The study ran a model of a GPU (``config.EngineKind.simulated``): its profile and ``sim_gpu`` apply."""
+        return engine_kind(self.engine).simulated
+
+    @property
     def model(self) -> str | None:
         """What the study launched: the config's model path, the simulator's profile, or the engine's model."""
-        profile = self.settings.profile if self.engine == "sim" else None
+        profile = self.settings.profile if self.simulated else None
         value = self.result.config.get("model_path") or profile or self.settings.model
         return None if value is None else str(value)
 
     @property
     def sim_gpu(self) -> str | None:
         """The simulated GPU of a simulator study; None for any other engine (a real or CPU server has none)."""
-        return self.settings.sim_gpu if self.engine == "sim" else None
+        return self.settings.sim_gpu if self.simulated else None
 
     @property
     def python(self) -> str | None:
@@ -200,14 +203,11 @@ def _baseline(complete: Mapping[int, FrozenTrial], number: int | None) -> dict[s
 
 
 # -- artifacts -----------------------------------------------------------------------------------------
-def launch_argv(*, engine: str, python: str, config_file: str, model: str, host: str, port: int,
-                extra: Sequence[str] = ()) -> list[str]:
-    """One server's command with the shared config file; ``--config path`` as two tokens (SGLang ignores
-    ``--config=path``)."""
-    if engine not in LAUNCHERS:
-        raise ConfigError(f"unknown engine {engine!r}", key="engine", fix=f"use one of: {', '.join(LAUNCHERS)}")
-    return [python, "-m", LAUNCHERS[engine], "--config", config_file, "--model-path", model,
-            "--host", host, "--port", str(port), *extra]
+def with_config_file(argv: list[str], config_file: str) -> list[str]:
+    """An engine's command reading ``config_file`` (SGLang's ``--config``, as two tokens: ``--config=path`` is
+    ignored) before its first flag, so that any flag after it overrides the file."""
+    first = next((i for i, a in enumerate(argv) if a.startswith("--")), len(argv))
+    return [*argv[:first], "--config", config_file, *argv[first:]]
 
 
 def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, Any]:
@@ -229,7 +229,7 @@ def provenance(winner: Winner, *, now: dt.datetime | None = None) -> dict[str, A
         "device": winner.device,
         "python": winner.python,
         "env": env_for_files(winner.env),  # secrets as ${NAME} references, never their values
-        "sim_gpu": winner.sim_gpu if winner.engine == "sim" else None,
+        "sim_gpu": winner.sim_gpu,
         "sim_options": winner.settings.sim_options,
         "sglang_version": winner.settings.sglang_version or SGLANG_VERSION,
         "model_path": winner.model,
@@ -371,17 +371,15 @@ def write_artifacts(
     placed = fleet.model_copy(update={"path": (Path(out_dir) / "fleet.toml").resolve()})
     shared = {**engine_for(fleet, servers[0], env=fleet.env).env(),
               **{k: v for k, v in local.device_env(launch_group(fleet, servers[0])).items() if k != VISIBLE}}
-    device = [] if winner.config.get("device") else device_argv(fleet, [])
     starts, elsewhere = [], []
     for s in servers:
         if not s.local:
             elsewhere.append(f"{s.name} on {s.host} ({s.where})")
             continue
         gpu = local.device_env(launch_group(fleet, s)).get(VISIBLE, "")
-        sim = ["--sim-gpu", fleet.sim_gpu, *sim_argv(s.sim_options)] if fleet.engine == "sim" and fleet.sim_gpu else []
         ssl = fleettls.ssl_argv(placed, s, relative=True)  # the CA and the server's certificate, made here
-        argv = launch_argv(engine=fleet.engine, python=python or sys.executable, config_file=s.config, model=model,
-                           host=s.bind, port=s.port, extra=[*s.extra_args, *device, *sim, *ssl])
+        base = engine_for(fleet, s).argv({}, port=s.port, host=s.bind)  # the engine's own command, no flags
+        argv = with_config_file(base, s.config) + [*s.extra_args, *device_argv(fleet, base), *ssl]
         argv = fleetkeys.server_argv(placed, argv, relative=True)  # the key read from its file, in the process
         if levers:  # `env NAME=VALUE … argv`: each assignment one quoted word, never a shell string of config
             argv = ["env", *(f"{k}={v}" for k, v in levers.items()), *argv]

@@ -66,6 +66,7 @@ from autotune.deploy.servercmd import (
     server_argv as server_argv,
 )
 from autotune.errors import AutotuneError, ConfigError, FleetError
+from autotune.harness.engines import logparse
 from autotune.harness.engines.base import group_reader, launch_gpus
 from autotune.launch import Launcher, LaunchSpec, ServerHandle
 from autotune.launch.base import MemoryReader, ServerRecord
@@ -219,7 +220,7 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
     spec = LaunchSpec(argv=server_argv(fleet, server, config), port=server.port, host=server.bind,
                       env={**engine.env(), **fleet.sglang_env, **env_strings(config)},
                       gpus=server_gpus(fleet, server), log_path=log_path, run_dir=pid_path.parent, detach=True,
-                      shm_dir=getattr(engine, "shm_dir", None), name=f"autotune-fleet-{server.name}")
+                      shm_dir=engine.shm_dir, name=f"autotune-fleet-{server.name}")
     handle = None
     try:
         handle = made.start(spec, gpu_reader=reader)
@@ -231,7 +232,7 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
         handle.wait_ready(timeout_s)
     except AutotuneError as exc:
         text = handle.log_text()[offset:] if handle is not None else ""
-        reason = engine.failure_line(text) or str(exc)
+        reason = logparse.failure_line(text) or str(exc)
         if handle is not None:
             handle.stop(grace_s=5.0, release_timeout_s=30.0)
             pid_path.unlink(missing_ok=True)
@@ -370,7 +371,7 @@ def server_status(fleet: Fleet, server: FleetServer, *, figures: bool = True) ->
         return status
     info = server_info(server)
     if info is not None:
-        status.capacity = engine_for(fleet, server).capacity("", info)
+        status.capacity = logparse.capacity("", info)
         try:
             status.drift = drift(server_config(fleet, server), info)
         except ConfigError:

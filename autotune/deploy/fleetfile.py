@@ -275,6 +275,11 @@ class Fleet(_Model):
         return any(s.tls for s in self.servers)
 
     @property
+    def simulated(self) -> bool:
+        """The fleet runs a model of a GPU (``config.EngineKind.simulated``): its ``sim_gpu`` applies."""
+        return ENGINE_KINDS[self.engine].simulated
+
+    @property
     def host_memory(self) -> bool:
         """SGLang's CPU backend (or the simulator's model of it): its pools live in host RAM, shared with everything
         else on the host."""

@@ -28,7 +28,6 @@ from autotune.deploy import lease, leasefile, router
 from autotune.deploy.fleet import (
     attached,
     drift,
-    engine_for,
     healthy,
     server_config,
     server_info,
@@ -41,6 +40,7 @@ from autotune.deploy.fleetfile import Fleet, FleetServer, KeeperSection, load_fl
 from autotune.deploy.fleetlog import FleetLog
 from autotune.deploy.rolloutlog import locked
 from autotune.errors import AutotuneError, ConfigError, FleetError
+from autotune.harness.engines import logparse
 from autotune.launch.ports import port_is_free
 from autotune.results import Capacity
 
@@ -161,10 +161,9 @@ class Keeper:
                 self._died(fleet, server, w, record, listed, cause="unresponsive",
                            line=f"stopped answering /health for {now - w.last_healthy:.0f} s")
             return True  # else still loading (its starter's timeout decides), or a short silence
-        engine = engine_for(fleet, server)
         text = handle.log_text()[w.log_offset:] if w.log_offset is not None else handle.log_tail(400)
-        cause = engine.classify(text, None) or "unknown"
-        said = engine.failure_line(text, None)
+        cause = logparse.classify(text, None) or "unknown"
+        said = logparse.failure_line(text, None)
         line = f"exited ({cause}: {said})" if said else "exited (killed, or no failure line in its log)"
         if cause == "runtime_oom":
             line += (f"; the config's worst case failed in production (an OOM at a peak the study's stress phase "
@@ -182,7 +181,7 @@ class Keeper:
         w.last_healthy = now
         if w.capacity is None:
             info = server_info(server)
-            w.capacity = engine_for(fleet, server).capacity("", info) if info is not None else None
+            w.capacity = logparse.capacity("", info) if info is not None else None
         if record is not None and server.url not in listed:
             with contextlib.suppress(FleetError):
                 router.add_worker(record, server.url, timeout_s=10.0)
@@ -277,7 +276,7 @@ class Keeper:
         changed = drift(server_config(fleet, server), info)
         if changed:
             notes.append(f"runs other values than {server.config} for {', '.join(changed)}")
-        capacity = engine_for(fleet, server).capacity("", info) if info else None
+        capacity = logparse.capacity("", info) if info else None
         now_caps = capacity.pools() if capacity is not None else {}
         if now_caps and w.capacity is not None:
             before = w.capacity.pools()

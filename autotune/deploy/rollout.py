@@ -21,7 +21,6 @@ from autotune.deploy.drain import DRAIN_TIMEOUT_S, Gate
 from autotune.deploy.fleet import (
     Fleet,
     FleetServer,
-    engine_for,
     foreign_note,
     load_fleet,
     server_info,
@@ -36,6 +35,7 @@ from autotune.deploy.lease import refuse_while_lent
 from autotune.deploy.rolloutlog import Figures, RolloutEvent, RolloutLog, locked, log_path  # noqa: F401 - the log's API, re-exported
 from autotune.deploy.sglang_yaml import deployed_config, read_config_file, split_config, yaml_text
 from autotune.errors import AutotuneError, FleetError
+from autotune.harness.engines import logparse
 from autotune.harness.serverinfo import sim_pace
 from autotune.harness.trial import measurement_verdict
 from autotune.harness.workload import PromptSample, metrics_from_records, replay
@@ -196,7 +196,7 @@ def verify(fleet: Fleet, server: FleetServer, expect: Expectation, canary: Canar
     info = server_info(server)
     if info is None:
         raise FleetError(f"server {server.name} does not answer /server_info")
-    capacity = engine_for(fleet, server).capacity("", info)
+    capacity = logparse.capacity("", info)
     mismatch = check_capacity(expect, capacity)
     if mismatch:
         raise FleetError(f"server {server.name} reports a different capacity: {mismatch}")

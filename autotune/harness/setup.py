@@ -50,7 +50,7 @@ class TrialSetup:
         of a trial (an unknown launcher name is a ``ConfigError`` here, before any launch)."""
         sample = self.sample or PromptSample.load(self.workload.prompts, self.workload.sample_size, self.workload.seed)
         # Chat rows sent as text are rendered with the served model's own template when its directory has one.
-        sample = sample.for_model(getattr(self.engine, "model_path", None))
+        sample = sample.for_model(self.engine.model_path)
         return dataclasses.replace(self, sample=sample, launcher=make_launcher(self.launcher))
 
 

@@ -31,6 +31,7 @@ from typing import Any
 import httpx
 
 from autotune import tls
+from autotune.harness.engines import logparse
 from autotune.harness.gpu import GpuMonitor
 from autotune.harness.steps import Launch, StepOutcome, after_ok
 from autotune.harness.workload import ENDPOINTS, RequestBody, RequestRecord, SseStream, request_body
@@ -221,11 +222,11 @@ def run_stress(server: ServerHandle, launch: Launch, rows: Sequence[tuple[Prompt
     kind, line = None, None
     if not server.alive:
         code = server.poll()
-        kind = launch.engine.classify(server.log_text(), code) or "crash"
-        line = launch.engine.failure_line(server.log_text(), code) or f"server exited with code {code} under stress"
+        kind = logparse.classify(server.log_text(), code) or "crash"
+        line = logparse.failure_line(server.log_text(), code) or f"server exited with code {code} under stress"
         ended = "server exited"
-    elif launch.engine.classify(log, None) == "runtime_oom":  # a torch OOM it logged and survived is still one
-        kind, line = "runtime_oom", launch.engine.failure_line(log, None)
+    elif logparse.classify(log, None) == "runtime_oom":  # a torch OOM it logged and survived is still one
+        kind, line = "runtime_oom", logparse.failure_line(log, None)
     peaks = monitor.peaks() if monitor is not None else None
     return StressResult(
         survived=kind is None and ended != "interrupted", failure=kind, reason=line, ended=ended,

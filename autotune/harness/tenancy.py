@@ -189,7 +189,7 @@ def check_engine_gpus(engine: Any, gpus: Iterable[int], *, mode: str = "stop", w
     """``check_free`` on every GPU of a server's group, each on its own reader (a tenant on any one of them is
     the server's tenant); the last GPU's occupancy, or None when nothing could be checked. ``launcher``: read the
     GPUs where its servers run (``Launcher.memory_reader``: another host's over SSH), else this host's."""
-    if getattr(engine, "device", "cuda") == "cpu":
+    if engine.device == "cpu":
         return None
     seen: Occupancy | None = None
     for gpu in gpus:

@@ -29,6 +29,7 @@ from typing import Any
 
 from autotune.config.context import misfit_reason
 from autotune.errors import ConfigError, ServerError
+from autotune.harness.engines import logparse
 from autotune.harness.engines.base import Engine, GpuReader, group_reader, launch_gpus
 from autotune.harness.fidelity import FidelityProbe
 from autotune.harness.files import writing
@@ -80,8 +81,8 @@ def auto_concurrency(capacity: Capacity | None) -> int:
 
 
 def _diagnose(engine: Engine, log_text: str, exit_code: int | None) -> tuple[FailureKind | None, str | None]:
-    kind = engine.classify(log_text, exit_code)
-    line = engine.failure_line(log_text, exit_code) if kind else None
+    kind = logparse.classify(log_text, exit_code)
+    line = logparse.failure_line(log_text, exit_code) if kind else None
     if kind and not line and exit_code is not None:
         line = f"server exited with code {exit_code}"
     return kind, line
@@ -138,7 +139,7 @@ def run_trial(
     setup = setup.resolved()
     assert setup.sample is not None
     # a prompt over the model's context raises here, before any file or launch; over the config's: bad_args
-    misfit = misfit_reason(getattr(setup.engine, "model_path", None), config, setup.sample, setup.workload.max_tokens)
+    misfit = misfit_reason(setup.engine.model_path, config, setup.sample, setup.workload.max_tokens)
     result = _run_once(setup, config, trial_dir=trial_dir, probe=probe, hooks=hooks, misfit=misfit, after=after)
     if result.status not in UNTRUSTED_STATUSES or hooks.stopped:
         return result
@@ -174,7 +175,7 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
         trial_dir.mkdir(parents=True, exist_ok=True)
     log_path = trial_dir / "server.log"
     group = launch_gpus(engine, server_group(setup, config))
-    base = Placement(engine=engine.name, device=getattr(engine, "device", "cuda"),
+    base = Placement(engine=engine.name, device=engine.device,
                      gpu_index=group[0] if group else setup.gpu_index, gpus=list(group) or None,
                      trial_dir=str(trial_dir), log_path=str(log_path))
     assert setup.sample is not None
@@ -215,9 +216,7 @@ def _spec(setup: TrialSetup, config: Mapping[str, Any], group: tuple[int, ...], 
     """The server to start on ``group`` and its devices' reader (the launcher's: it knows where the server runs):
     the engine can launch, orphans of earlier runs are gone, no old log remains."""
     engine = setup.engine
-    preflight = getattr(engine, "preflight", None)
-    if preflight is not None:
-        preflight()  # an engine that cannot launch at all is an error of the setup, not a trial outcome
+    engine.preflight()  # an engine that cannot launch at all is an error of the setup, not a trial outcome
     run_dir = Path(setup.run_dir) if setup.run_dir is not None else Path.cwd() / "runs"
     cleanup_orphans(run_dir)
     with writing(log_path):
@@ -228,7 +227,7 @@ def _spec(setup: TrialSetup, config: Mapping[str, Any], group: tuple[int, ...], 
     reader = launcher.memory_reader(group, lambda gpus: group_reader(engine, gpus or _no_gpu(setup)))
     return LaunchSpec(
         argv=engine.argv(config, port=port), port=port, env={**engine.env(), **env_strings(config)}, gpus=group,
-        log_path=log_path, run_dir=run_dir, shm_dir=setup.shm_dir or getattr(engine, "shm_dir", None),
+        log_path=log_path, run_dir=run_dir, shm_dir=setup.shm_dir or engine.shm_dir,
     ), reader
 
 
@@ -283,11 +282,11 @@ def _stop(server: ServerHandle, launch: Launch) -> int | None:
 def _measure(server: ServerHandle, launch: Launch) -> Outcome:
     """Capacity, then the replay; classifies a server that died or an interruption while measuring."""
     info = server_info(server.base_url)
-    capacity = launch.engine.capacity(server.log_text(), info)
-    cpu = getattr(launch.engine, "device", "cuda") == "cpu"  # SGLang's CPU backend: host memory, no GPU figures
+    capacity = logparse.capacity(server.log_text(), info)
+    cpu = launch.engine.device == "cpu"  # SGLang's CPU backend: host memory, no GPU figures
     out: Outcome = {"capacity": capacity}
     if not cpu:  # the startup model is a GPU's (weights to device, graph capture)
-        out["modelled_startup_s"] = launch.engine.startup_seconds(info)
+        out["modelled_startup_s"] = logparse.startup_seconds(info)
     concurrency = launch.workload.concurrency or auto_concurrency(capacity)
     log_start = len(server.log_text())  # the replay's log lines are the server's progress evidence
     records, peaks = _replay_window(server, launch, concurrency)
@@ -410,7 +409,7 @@ def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords
     if metrics.accept_length is None and metrics.output_tokens:  # a server that sent nothing is not asked again
         # No request finished inside the window (long outputs, short window): the server's own counter,
         # reset before the replay, covers warm-up + window.
-        accept = engine.spec_accept_length(server_info(server.base_url))
+        accept = logparse.spec_accept_length(server_info(server.base_url))
         if accept:
             metrics = dataclasses.replace(metrics, accept_length=round(accept, 4))
     out: Outcome = {"metrics": metrics}

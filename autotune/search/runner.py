@@ -66,7 +66,7 @@ DEFAULTS_RUN = -1
 def study_engine(cfg: StudyConfig) -> Engine:
     """The engine the study's ``[engine]`` section names (the sim engine runs the profile, when given)."""
     eng = cfg.engine
-    model = eng.profile if eng.kind == "sim" and eng.profile else eng.model
+    model = eng.profile if eng.simulated and eng.profile else eng.model
     return make_engine(eng.kind, model_path=model, python=eng.python, env=eng.env, sim_gpu=eng.sim_gpu,
                        sim_options=eng.sim_options, device=eng.device)
 
@@ -162,7 +162,7 @@ class HarnessRunner:
     def _run(self, config: dict[str, Any], trial_dir: Path, probe: FidelityProbe | None,
              workload: WorkloadSpec | None = None, *, after: Sequence[AfterWindow] = ()) -> TrialResult:
         """One launch on a group of GPUs held for it (checked for tenants first), released once the server is gone."""
-        if getattr(self.engine, "device", "cuda") == "cpu":  # the CPU backend holds no GPU
+        if self.engine.device == "cpu":  # the CPU backend holds no GPU
             return run_trial(self._setup(workload or self.workload, None), config, trial_dir=trial_dir, probe=probe,
                              hooks=self._hooks(), after=after)
         phase = self.on_phase

@@ -1,13 +1,14 @@
-"""The engines the harness can launch, by name. Plain registration: an engine is one module whose class has a
-``name`` and a ``from_settings`` classmethod, and one entry here (and its name in ``config.sections.ENGINE_KINDS``,
-which the study file is checked against when it loads; config sits below the harness and cannot read this)."""
+"""The engines the harness can launch, by name. An engine is one module whose class meets ``EngineClass``
+(``name``, ``simulated``, ``from_settings``, ``planner_gpu``) and one entry in ``ENGINES`` and in
+``config.sections.ENGINE_KINDS`` (which the study file is checked against when it loads: config sits below the
+harness); ``register`` adds one from outside the package (a plugin, a test) to both. docs/contributing.md."""
 
 from __future__ import annotations
 
 import functools
 from typing import Any
 
-from autotune.config.sections import EngineSection
+from autotune.config.sections import ENGINE_KINDS, EngineKind, EngineSection
 from autotune.errors import ConfigError
 from autotune.harness.engines.base import Engine, EngineClass, EngineSettings, GpuReader
 from autotune.harness.engines.sglang import SGLangEngine
@@ -17,7 +18,15 @@ from autotune.sglang.gpus import GpuProfile
 ENGINES: dict[str, EngineClass] = {"sglang": SGLangEngine, "sim": SimEngine}
 
 __all__ = ["ENGINES", "Engine", "EngineSettings", "GpuReader", "SGLangEngine", "SimEngine", "make_engine",
-           "planner_gpu", "study_gpu"]
+           "planner_gpu", "register", "study_gpu"]
+
+
+def register(cls: EngineClass) -> EngineClass:
+    """Add an engine class to the registry and its kind to what study and fleet files are checked against."""
+    ENGINES[cls.name] = cls
+    ENGINE_KINDS[cls.name] = EngineKind(cls.name, simulated=cls.simulated)
+    planner_gpu.cache_clear()
+    return cls
 
 
 def make_engine(kind: str, **settings: Any) -> Engine:

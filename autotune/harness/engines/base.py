@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol, TypedDict, runtime_checkable
 
 from autotune.launch.base import GpuReading
 from autotune.launch.memory import GroupReader
-from autotune.results import Capacity, FailureKind, TrialResult
+from autotune.results import TrialResult
 from autotune.sglang.gpus import GpuProfile
 
 
@@ -45,7 +46,18 @@ class GpuReader(Protocol):
 
 
 class Engine(Protocol):
+    """What differs between engines: the launch (argv, env), the checks before it and the device it runs on.
+    Reading a server's output is SGLang's format for every engine (``logparse``'s functions); an engine that can
+    answer without a server also offers ``Predictor``."""
+
     name: str
+    model_path: str  # what the server loads (a checkpoint, or the simulator's profile)
+    device: str  # "cuda", or "cpu" for SGLang's CPU backend (host memory, no GPU)
+
+    @property
+    def shm_dir(self) -> Path | None:
+        """Where the server leaves /dev/shm files for teardown to clean (None: it leaves none)."""
+        ...
 
     def argv(self, config: Mapping[str, Any], *, port: int, host: str = "127.0.0.1") -> list[str]:
         """The launch command as an argv list (never a shell string)."""
@@ -62,26 +74,6 @@ class Engine(Protocol):
     def check(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """The config dest-keyed and typed, as the server will read it; ``ConfigError`` (with a did-you-mean)
         for any flag the engine does not know or a bad value."""
-        ...
-
-    def classify(self, log_text: str, exit_code: int | None) -> FailureKind | None:
-        """The failure kind a finished or dead server's log shows, or None when the log shows no failure."""
-        ...
-
-    def failure_line(self, log_text: str, exit_code: int | None = None) -> str | None:
-        """The log line that decided ``classify`` (shown in reports), if any; same ``exit_code`` as classify."""
-        ...
-
-    def capacity(self, log_text: str, server_info: Mapping[str, Any] | None) -> Capacity:
-        """What the server allocated, from its startup lines and ``/server_info`` ``internal_states``."""
-        ...
-
-    def startup_seconds(self, server_info: Mapping[str, Any] | None) -> float | None:
-        """The server-reported startup time (load + pools + graphs) from ``/server_info``, if it reports one."""
-        ...
-
-    def spec_accept_length(self, server_info: Mapping[str, Any] | None) -> float | None:
-        """The server's own mean speculative accept length from ``/server_info``, if it reports one."""
         ...
 
     def gpu_reader(self, gpu_index: int | None) -> GpuReader:
@@ -113,9 +105,11 @@ class EngineSettings:
 
 
 class EngineClass(Protocol):
-    """What ``ENGINES`` holds: an engine class by its ``name``, built from the settings."""
+    """What ``ENGINES`` holds: an engine class by its ``name``, built from the settings. ``simulated``: a model of
+    a GPU (it runs the planner's profile on ``sim_gpu``; its figures are the model's), as ``config.EngineKind``."""
 
     name: str
+    simulated: bool
 
     def from_settings(self, settings: EngineSettings) -> Engine: ...
 
@@ -124,10 +118,10 @@ class EngineClass(Protocol):
         ...
 
 
-def launch_gpus(engine: object, gpus: int | tuple[int, ...] | None) -> tuple[int, ...]:
+def launch_gpus(engine: Engine, gpus: int | tuple[int, ...] | None) -> tuple[int, ...]:
     """The GPUs a launcher gives the engine's server: none for SGLang's CPU backend (``device`` "cpu": no
     CUDA_VISIBLE_DEVICES), else the group (the simulator picks its simulated devices from it, CPU or not)."""
-    if gpus is None or getattr(engine, "device", "cuda") == "cpu":
+    if gpus is None or engine.device == "cpu":
         return ()
     return (gpus,) if isinstance(gpus, int) else tuple(gpus)
 

@@ -239,22 +239,3 @@ def spec_accept_length(server_info: Mapping[str, Any] | None) -> float | None:
     state = states[0] if isinstance(states[0], Mapping) else {}
     return _f(state.get("avg_spec_accept_length"))
 
-
-class LogReading:
-    """The Engine methods that read a server's output, shared by both engines (the simulator prints SGLang's
-    lines)."""
-
-    def classify(self, log_text: str, exit_code: int | None) -> FailureKind | None:
-        return classify(log_text, exit_code)
-
-    def failure_line(self, log_text: str, exit_code: int | None = None) -> str | None:
-        return failure_line(log_text, exit_code)
-
-    def capacity(self, log_text: str, server_info: Mapping[str, Any] | None) -> Capacity:
-        return capacity(log_text, server_info)
-
-    def startup_seconds(self, server_info: Mapping[str, Any] | None) -> float | None:
-        return startup_seconds(server_info)
-
-    def spec_accept_length(self, server_info: Mapping[str, Any] | None) -> float | None:
-        return spec_accept_length(server_info)

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, TypedDict, cast
 
 from autotune.errors import ConfigError, EngineError, GpuError
-from autotune.harness.engines import logparse
 from autotune.harness.engines.base import EngineSettings, GpuReader
 from autotune.harness.gpu import HostMemoryReader, NvmlReader
 from autotune.sglang.flags import BUNDLED_VERSION, FlagRow, FlagTable
@@ -133,10 +132,12 @@ def _cache_dir() -> Path:
     return Path(root) / "sglang-flags"
 
 
-class SGLangEngine(logparse.LogReading):
+class SGLangEngine:
     """Launches SGLang itself. ``device="cpu"`` selects SGLang's CPU backend (measured by host memory)."""
 
     name = "sglang"
+    simulated = False
+    shm_dir: Path | None = None  # SGLang's own /dev/shm files are its to clean
 
     def __init__(
         self,
@@ -165,7 +166,7 @@ class SGLangEngine(logparse.LogReading):
 
     # -- launch -----------------------------------------------------------------------------------------
     def argv(self, config: Mapping[str, Any], *, port: int, host: str = "127.0.0.1") -> list[str]:
-        flags = self.flag_table().to_argv(dict(config))
+        flags = self.flag_table().to_argv(dict(config)) if config else []  # none to render: no interpreter asked
         if self.device == "cpu" and "device" not in config:
             flags = ["--device", "cpu", *flags]
         return [
@@ -325,7 +326,7 @@ class SGLangEngine(logparse.LogReading):
         except OSError as exc:
             log.warning("cannot cache sglang's flags at %s: %s", path, exc)
 
-    # -- reading the server: classify, failure_line, capacity come from logparse.LogReading -------------
+    # -- the device the planner plans with ---------------------------------------------------------------
     @classmethod
     def planner_gpu(cls, settings: EngineSettings, gpu_index: int) -> GpuProfile:
         """The GPU the server runs on, read through NVML (name, total memory, compute capability →

@@ -1,8 +1,8 @@
 """The simulated engine: the same launch, through ``python -m autotune.sim``, on a simulated GPU.
 
 The simulator takes SGLang's flags and prints SGLang's log lines, so everything but the command and the
-GPU reader is shared with the real engine (``logparse``). This module is the harness's only door into
-``autotune.sim``: the simulated GPU's reader, the study workload as the simulator's, and ``predict`` (one
+GPU reader is shared with the real engine (the harness reads both with ``logparse``). This module is the
+harness's only door into ``autotune.sim``: the simulated GPU's reader, the study workload as the simulator's, and ``predict`` (one
 trial on the simulator's virtual clock, no server), which no other engine offers.
 """
 
@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, cast
 
 from autotune.config.sections import WorkloadSection
-from autotune.harness.engines import logparse
 from autotune.harness.engines.base import DeviceProcess, EngineSettings, GpuReader
 from autotune.harness.engines.sglang import reject_harness_flags
 from autotune.harness.gpu import MIB_PER_GIB, GpuReading
@@ -48,10 +47,11 @@ def sim_argv(options: Mapping[str, Any]) -> list[str]:
     return argv
 
 
-class SimEngine(logparse.LogReading):
+class SimEngine:
     """Launches the simulated SGLang server; its GPU is ``autotune.sim.device``."""
 
     name = "sim"
+    simulated = True
 
     def __init__(
         self,

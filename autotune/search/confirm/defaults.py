@@ -35,7 +35,7 @@ def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callabl
     stored as failed (status, reason, no tok/s), never as 0 tok/s."""
     def measure() -> DefaultsRun | None:
         config = defaults_config(cfg)
-        predicted = predict(cfg, config) if cfg.engine.kind == "sim" else None
+        predicted = predict(cfg, config)  # None where the engine measures only
         if predicted is not None:
             result = predicted
             how = "predicted by the simulator's virtual clock"
@@ -47,7 +47,7 @@ def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callabl
         ok = result.ok and result.output_tok_s is not None
         status = "no_measurement" if result.ok and not ok else result.status
         reason = None if ok else (result.reason or "no measurement")
-        if progress is not None and cfg.engine.kind != "sim":
+        if progress is not None and predicted is None:
             progress.log(f"  defaults: ok {result.output_tok_s:,.0f} tok/s" if ok else f"  defaults: {status}: {reason}")
         return DefaultsRun(status=status, output_tok_s=result.output_tok_s if ok else None,
                            tok_s_per_gpu=per_gpu(result) if ok else None, reason=reason, how=how, config=config,

@@ -348,7 +348,7 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
             + (f" (its log: {attrs['log_path']})" if attrs.get("log_path") else "")),
         above_baseline=above,
         job=job(best.trial if best else None) if job is not None else None, interrupted=interrupted,
-        origin=origin_line(record_of(study)), spend=study_spend(trials, conf, simulated=cfg.engine.kind == "sim",
+        origin=origin_line(record_of(study)), spend=study_spend(trials, conf, simulated=cfg.engine.simulated,
                                                                cpu=cfg.engine.device == "cpu"),
         twins=_twins(cfg, study, trials, conf), defaults_lead=_defaults_lead(defaults, _measured(trials, entry)),
     )
