@@ -17,8 +17,15 @@ class ConfigError(AutotuneError):
     The parts stay apart (``message``, ``file``, ``key``, ``fix``, ``note``) so a caller can anchor the same error
     at another file or key (``at``) without cutting its text."""
 
-    def __init__(self, message: str, *, file: str | None = None, key: str | None = None, fix: str | None = None,
-                 note: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        file: str | None = None,
+        key: str | None = None,
+        fix: str | None = None,
+        note: str | None = None,
+    ):
         self.message, self.file, self.key, self.fix, self.note = message, file, key, fix, note
         where = ": ".join(part for part in (file, key) if part)
         text = f"{where}: {message}" if where else message
@@ -57,8 +64,14 @@ class GpuBusyError(GpuError):
     """A GPU a trial would launch on is held by processes that are not the study's: a launch there would size its
     pools from what the tenant left, and every figure (and every OOM the planner learns from) would be wrong."""
 
-    def __init__(self, message: str, *, gpu: int | str | None = None, holders: list[str] | None = None,
-                 held_gib: float | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        gpu: int | str | None = None,
+        holders: list[str] | None = None,
+        held_gib: float | None = None,
+    ):
         self.gpu, self.holders, self.held_gib = gpu, list(holders or []), held_gib
         super().__init__(message)
 

@@ -40,8 +40,9 @@ class JobShapeError(ValueError):
     """The job's GPUs cannot hold one server of the config (its span is larger than the job's GPU count)."""
 
 
-def job_time(job: Job, tok_s: float, *, span: int = 1, mean_output_tokens: float,
-             tok_s_range: tuple[float, float] | None = None) -> JobTime:
+def job_time(
+    job: Job, tok_s: float, *, span: int = 1, mean_output_tokens: float, tok_s_range: tuple[float, float] | None = None
+) -> JobTime:
     """The job at ``tok_s`` per server (``span`` GPUs each); ``mean_output_tokens`` when the job gives none."""
     if tok_s <= 0:
         raise ValueError("a rate of 0 tok/s never finishes the job")
@@ -60,8 +61,15 @@ def job_time(job: Job, tok_s: float, *, span: int = 1, mean_output_tokens: float
         lo, hi = sorted(tok_s_range)
         spread = (hours_at(hi), hours_at(lo))
     cost = gpu_hours * job.gpu_hour_cost if job.gpu_hour_cost is not None else None
-    return JobTime(servers=servers, span=span, fleet_tok_s=servers * tok_s, hours=hours, gpu_hours=gpu_hours,
-                   cost=cost, hours_range=spread)
+    return JobTime(
+        servers=servers,
+        span=span,
+        fleet_tok_s=servers * tok_s,
+        hours=hours,
+        gpu_hours=gpu_hours,
+        cost=cost,
+        hours_range=spread,
+    )
 
 
 def _hours(t: JobTime) -> str:
@@ -76,9 +84,11 @@ def job_line(job: Job, baseline: JobTime | None, winner: JobTime) -> str:
     if baseline is None:
         text = f"{_hours(winner)}, {winner.gpu_hours:,.0f} GPU-hours"
         return head + text + (f", ${winner.cost:,.0f}" if winner.cost is not None else "")
-    text = (f"{_hours(baseline)} → {_hours(winner)} on {winner.servers} server{'s' * (winner.servers != 1)}, "
-            f"{baseline.gpu_hours:,.0f} → {winner.gpu_hours:,.0f} GPU-hours "
-            f"({baseline.gpu_hours - winner.gpu_hours:,.0f} saved)")
+    text = (
+        f"{_hours(baseline)} → {_hours(winner)} on {winner.servers} server{'s' * (winner.servers != 1)}, "
+        f"{baseline.gpu_hours:,.0f} → {winner.gpu_hours:,.0f} GPU-hours "
+        f"({baseline.gpu_hours - winner.gpu_hours:,.0f} saved)"
+    )
     if baseline.cost is not None and winner.cost is not None:
         text += f", ${baseline.cost:,.0f} → ${winner.cost:,.0f}"
     return head + text

@@ -81,7 +81,7 @@ def sparkline(rates: list[float]) -> str:
     if not rates:
         return ""
     n = min(len(rates), SPARK_WIDTH)
-    cells = [rates[i * len(rates) // n:(i + 1) * len(rates) // n] for i in range(n)]
+    cells = [rates[i * len(rates) // n : (i + 1) * len(rates) // n] for i in range(n)]
     means = [sum(c) / len(c) for c in cells]
     top = max(means)
     if top <= 0:
@@ -97,17 +97,26 @@ def _fmt_result(result: TrialResult) -> str:
         running += f" ({short})" if short else ""
         fid = result.fidelity
         changed = " changed unexpectedly" if fid and fid.unexpected else ""  # no output-changing flag explains it
-        outputs = (f", outputs{changed}: {fid.prefix_match_mean:.0f}/{fid.tokens} tokens match, "
-                   f"{fid.exact_share:.0%} exact" if fid and fid.probed
-                   and fid.prefix_match_mean is not None else "")
+        outputs = (
+            f", outputs{changed}: {fid.prefix_match_mean:.0f}/{fid.tokens} tokens match, {fid.exact_share:.0%} exact"
+            if fid and fid.probed and fid.prefix_match_mean is not None
+            else ""
+        )
         repeats = (result.measurement.repeated_prompts if result.measurement else None) or 0.0
-        resent = (f", {repeats:.0%} of the window re-sent a prompt verbatim (cache hits a one-pass job would not "
-                  f"get: set workload.repeats = \"fresh\" or grow workload.sample_size)"
-                  if repeats >= REPEATS_WORTH_SAYING else "")
+        resent = (
+            f", {repeats:.0%} of the window re-sent a prompt verbatim (cache hits a one-pass job would not "
+            f'get: set workload.repeats = "fresh" or grow workload.sample_size)'
+            if repeats >= REPEATS_WORTH_SAYING
+            else ""
+        )
         settled = settling_line(result.measurement)
         drift = (result.measurement.window_drift if result.measurement else None) or 0.0
-        unsettled = (f", the window's halves differ by {drift:.0%} (the load had not settled: lengthen "
-                     f"workload.warmup_s and measure_s)" if drift >= DRIFT_WORTH_SAYING and settled is None else "")
+        unsettled = (
+            f", the window's halves differ by {drift:.0%} (the load had not settled: lengthen "
+            f"workload.warmup_s and measure_s)"
+            if drift >= DRIFT_WORTH_SAYING and settled is None
+            else ""
+        )
         settle = f", {settled}" if settled else ""
         return f"ok {result.metrics.output_tok_s:,.0f} tok/s{running}{outputs}{resent}{unsettled}{settle}"
     return f"{result.status}: {result.reason or ''}".rstrip(": ")
@@ -137,8 +146,9 @@ class PlainProgress:
             return None
         return sum(self.durations) / len(self.durations) * (self.target - self.done)
 
-    def trial_started(self, number: int, done: int, target: int, role: str, label: str | None,
-                      diff: dict[str, Any]) -> None:
+    def trial_started(
+        self, number: int, done: int, target: int, role: str, label: str | None, diff: dict[str, Any]
+    ) -> None:
         self.number, self.done, self.target, self._t0 = number, done, target, time.monotonic()
         self._phase = ""
         who = f"{role} {label}" if label and label != role else role
@@ -166,7 +176,9 @@ class PlainProgress:
 
     def confirm_finished(self, trial: int, result: TrialResult) -> None:
         more = [w.output_tok_s for w in result.windows or ()]  # the launch's later windows
-        tail = ("; later windows " + ", ".join("-" if v is None else f"{v:,.0f}" for v in more) + " tok/s") if more else ""
+        tail = (
+            ("; later windows " + ", ".join("-" if v is None else f"{v:,.0f}" for v in more) + " tok/s") if more else ""
+        )
         self._print(f"  trial {trial}: {_fmt_result(result)}{tail}")
 
     def close(self) -> None:
@@ -216,8 +228,13 @@ class LiveProgress(PlainProgress):
     def trial_started(self, number, done, target, role, label, diff) -> None:
         super().trial_started(number, done, target, role, label, diff)
         who = f"{role} {label}" if label and label != role else role
-        self.state = dataclasses.replace(self.state, title=f"{number} ({done + 1}/{target}) {who}", phase="planning",
-                                         diff=_fmt_diff(diff), tok_s=None)
+        self.state = dataclasses.replace(
+            self.state,
+            title=f"{number} ({done + 1}/{target}) {who}",
+            phase="planning",
+            diff=_fmt_diff(diff),
+            tok_s=None,
+        )
         self._refresh()
 
     def phase(self, name: str, info: PhaseInfo | None = None) -> None:

@@ -18,12 +18,15 @@ from autotune.errors import ConfigError
 
 # Words that name a credential in a variable or flag name (whole words: TOKENIZERS_PARALLELISM and
 # max_total_tokens are not secrets), and the pairs that do (WANDB_API_KEY, AWS_SECRET_ACCESS_KEY).
-_SECRET_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS",
-                           "AUTH", "APIKEY"})
+_SECRET_WORDS = frozenset(
+    {"TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "CREDENTIAL", "CREDENTIALS", "AUTH", "APIKEY"}
+)
 _SECRET_PAIRS = frozenset({("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY")})
 # Values shaped like the usual token formats (Hugging Face, OpenAI, GitHub, GitLab, Slack, AWS, Google, JWT).
-_TOKEN_PREFIX = re.compile(r"^(?:hf_|sk-|sk_|ghp_|gho_|ghu_|ghs_|github_pat_|glpat-|xox[abposr]-|AKIA|ASIA|AIza|eyJ)"
-                           r"[A-Za-z0-9_\-.=+/]{8,}$")
+_TOKEN_PREFIX = re.compile(
+    r"^(?:hf_|sk-|sk_|ghp_|gho_|ghu_|ghs_|github_pat_|glpat-|xox[abposr]-|AKIA|ASIA|AIza|eyJ)"
+    r"[A-Za-z0-9_\-.=+/]{8,}$"
+)
 _OPAQUE = re.compile(r"^[A-Za-z0-9_\-+=]{20,}$")  # long, no path or list separators
 _HEX = re.compile(r"^[0-9a-fA-F]{32,}$")
 _REFERENCE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_]*)\}$")
@@ -54,8 +57,12 @@ def looks_secret(name: str, value: str) -> bool:
     if _TOKEN_PREFIX.match(value) or _HEX.match(value):
         return True
     # An opaque random-looking string: long, mixed case, several digits.
-    return bool(_OPAQUE.match(value) and sum(c.isdigit() for c in value) >= 3
-                and any(c.islower() for c in value) and any(c.isupper() for c in value))
+    return bool(
+        _OPAQUE.match(value)
+        and sum(c.isdigit() for c in value) >= 3
+        and any(c.islower() for c in value)
+        and any(c.isupper() for c in value)
+    )
 
 
 def redact_argv(argv: list[str]) -> list[str]:
@@ -101,8 +108,11 @@ def resolve_env(env: Mapping[str, str], environ: Mapping[str, str] | None = None
         elif name in environ:
             out[key] = environ[name]
         else:
-            raise ConfigError(f"{key} is read from the environment (${{{name}}}), which does not set {name}",
-                              key=f"env.{key}", fix=f"export {name}=... before starting the fleet")
+            raise ConfigError(
+                f"{key} is read from the environment (${{{name}}}), which does not set {name}",
+                key=f"env.{key}",
+                fix=f"export {name}=... before starting the fleet",
+            )
     return out
 
 

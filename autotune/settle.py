@@ -73,8 +73,9 @@ def half_width(rates: Sequence[float]) -> float | None:
     if gamma0 == 0:
         return 0.0
     lags = max(1, int(n * LAG_SHARE))
-    long_run = gamma0 + 2 * sum((1 - k / (lags + 1)) * sum(a * b for a, b in zip(dev, dev[k:], strict=False)) / n
-                                for k in range(1, lags + 1))
+    long_run = gamma0 + 2 * sum(
+        (1 - k / (lags + 1)) * sum(a * b for a, b in zip(dev, dev[k:], strict=False)) / n for k in range(1, lags + 1)
+    )
     long_run = max(long_run, gamma0 / n)  # an estimate driven to 0 by a wave's negative lags is not certainty
     return t975(n - 1) * math.sqrt(long_run / n) / mean
 
@@ -85,7 +86,7 @@ def agree(rates: Sequence[float], run: int, tolerance: float) -> bool:
     ±30 % with the waves of prefills even in steady state, a run of three (6 s) about ±10 %."""
     if len(rates) < 2 * run:
         return False
-    before = sum(rates[-2 * run:-run]) / run
+    before = sum(rates[-2 * run : -run]) / run
     last = sum(rates[-run:]) / run
     mean = (before + last) / 2
     return mean > 0 and abs(last - before) <= tolerance * mean
@@ -159,8 +160,11 @@ class Settling:
         return self.window[1]
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "tok_s": [round(r, 2) for r in self.tok_s],
-                "half_width": None if self.half_width is None else round(self.half_width, 4)}
+        return {
+            **asdict(self),
+            "tok_s": [round(r, 2) for r in self.tok_s],
+            "half_width": None if self.half_width is None else round(self.half_width, 4),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> Settling | None:
@@ -207,7 +211,7 @@ class Settler:
         if self.warmup_end is None:
             self._check_warmup()
             return None
-        window = self.rates[self.warmup_end:]
+        window = self.rates[self.warmup_end :]
         floor, cap = self.rule.window_slices
         if len(window) < floor:
             return None
@@ -221,16 +225,27 @@ class Settler:
             return None
         reasons = []
         if not self.warmup_settled:
-            reasons.append(f"the warm-up's last two runs of {self.rule.agree} slices still differed by more than "
-                           f"{self.rule.tolerance:.0%} at its cap ({self.warmup_end * self.slice_s:g} s)")
+            reasons.append(
+                f"the warm-up's last two runs of {self.rule.agree} slices still differed by more than "
+                f"{self.rule.tolerance:.0%} at its cap ({self.warmup_end * self.slice_s:g} s)"
+            )
         if idle:
             reasons.append(f"no token arrived in the window's {len(window) * self.slice_s:g} s")
         elif not met:
-            reasons.append(f"the window's 95% half-width was {'unknown' if hw is None else f'{hw:.1%}'} (target "
-                           f"{self.rule.target_half_width:.0%}) at its cap ({len(window) * self.slice_s:g} s)")
-        return Settling(slice_s=self.slice_s, tok_s=list(self.rates), warmup_slices=self.warmup_end,
-                        window_slices=len(window), warmup_settled=self.warmup_settled,
-                        settled=not reasons, half_width=hw, reason="; ".join(reasons) or None)
+            reasons.append(
+                f"the window's 95% half-width was {'unknown' if hw is None else f'{hw:.1%}'} (target "
+                f"{self.rule.target_half_width:.0%}) at its cap ({len(window) * self.slice_s:g} s)"
+            )
+        return Settling(
+            slice_s=self.slice_s,
+            tok_s=list(self.rates),
+            warmup_slices=self.warmup_end,
+            window_slices=len(window),
+            warmup_settled=self.warmup_settled,
+            settled=not reasons,
+            half_width=hw,
+            reason="; ".join(reasons) or None,
+        )
 
 
 def settle(tokens_per_slice: Sequence[float], rule: SettleRule) -> Settling | None:
@@ -254,5 +269,9 @@ def with_warmup(workload: W, warmup_s: float | None) -> W:
         return workload
     ramp = min(current, ramp_seconds(current, workload.ramp_s))  # type: ignore[attr-defined]
     cap = workload.warmup_max_s  # type: ignore[attr-defined]
-    return dataclasses.replace(workload, warmup_s=warmup_s, ramp_s=ramp,  # type: ignore[type-var]
-                               warmup_max_s=None if cap is None else max(cap, warmup_s))
+    return dataclasses.replace(
+        workload,
+        warmup_s=warmup_s,
+        ramp_s=ramp,  # type: ignore[type-var]
+        warmup_max_s=None if cap is None else max(cap, warmup_s),
+    )

@@ -36,12 +36,23 @@ def check(run: Any, rate: Callable[[Mapping[str, Any]], float]) -> dict[str, Any
     configs: Mapping[int, dict[str, Any]] = getattr(run, "trial_configs", None) or {}
     out: dict[str, Any] = {"gain": None, "verdicts": []}
     win, base = conf.get("winner_trial"), conf.get("baseline_trial")
-    if (conf.get("gain") is not None and isinstance(win, int) and isinstance(base, int) and win in configs
-            and base in configs and rate(configs[base])):
+    if (
+        conf.get("gain") is not None
+        and isinstance(win, int)
+        and isinstance(base, int)
+        and win in configs
+        and base in configs
+        and rate(configs[base])
+    ):
         true = rate(configs[win]) / rate(configs[base])
         low, high = float(conf["ci_low"]), float(conf["ci_high"])
-        out["gain"] = {"low": low, "high": high, "stated": float(conf["gain"]), "true": true,
-                       "holds": low <= true <= high}
+        out["gain"] = {
+            "low": low,
+            "high": high,
+            "stated": float(conf["gain"]),
+            "true": true,
+            "holds": low <= true <= high,
+        }
     for kind, a, b, r in claims(conf):
         if a not in configs or b not in configs or not rate(configs[b]):
             continue
@@ -57,8 +68,13 @@ def coverage(checks: list[dict[str, Any]]) -> dict[str, Any]:
     gains = [c["gain"] for c in checks if c["gain"] is not None]
     verdicts = [v[2] for c in checks for v in c["verdicts"]]
     widths = [g["high"] / g["low"] - 1 for g in gains if g["low"] > 0]
-    return {"gain_held": sum(g["holds"] for g in gains), "gains": len(gains), "verdicts_true": sum(verdicts),
-            "verdicts": len(verdicts), "median_width": statistics.median(widths) if widths else None}
+    return {
+        "gain_held": sum(g["holds"] for g in gains),
+        "gains": len(gains),
+        "verdicts_true": sum(verdicts),
+        "verdicts": len(verdicts),
+        "median_width": statistics.median(widths) if widths else None,
+    }
 
 
 def width(cov: Mapping[str, Any]) -> str:

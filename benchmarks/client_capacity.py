@@ -62,7 +62,9 @@ def _serve(sock: socket.socket, per_chunk: int) -> None:
                 n = body["sampling_params"]["max_new_tokens"]
                 if n not in cache:
                     cache[n] = _sse_body(n, per_chunk)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                )
                 writer.write(cache[n])
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -92,8 +94,16 @@ def client_capacity(seconds: float, per_chunk: int, concurrency: int = 32) -> tu
         sample = PromptSample.load(path, 64)
         os.sched_setaffinity(0, {0})  # the client gets one core
         cpu0 = time.process_time()
-        records = asyncio.run(replay(f"http://127.0.0.1:{port}", sample, concurrency=concurrency, max_tokens=2048,
-                                     warmup_s=0.5, measure_s=seconds))
+        records = asyncio.run(
+            replay(
+                f"http://127.0.0.1:{port}",
+                sample,
+                concurrency=concurrency,
+                max_tokens=2048,
+                warmup_s=0.5,
+                measure_s=seconds,
+            )
+        )
         cpu = time.process_time() - cpu0
         os.sched_setaffinity(0, set(range(os.cpu_count())))
     proc.terminate()
@@ -114,8 +124,9 @@ def harness_overhead(trials: int) -> list[tuple[float, dict]]:
     with tempfile.TemporaryDirectory() as tmp:
         os.environ["AUTOTUNE_SIM_DEVICE_DIR"] = str(Path(tmp) / "devices")
         engine = make_engine("sim", model_path="qwen3.6-27b", sim_options={"startup_s": 0.3, "release_s": 0.3})
-        spec = WorkloadSpec(prompts=REPO / "examples" / "prompts.jsonl", sample_size=100, warmup_s=1.0, measure_s=2.0,
-                            max_tokens=1024)
+        spec = WorkloadSpec(
+            prompts=REPO / "examples" / "prompts.jsonl", sample_size=100, warmup_s=1.0, measure_s=2.0, max_tokens=1024
+        )
         for i in range(trials):
             t0 = time.monotonic()
             setup = TrialSetup(engine=engine, workload=spec, gpu_index=0, run_dir=Path(tmp) / "runs")
@@ -135,9 +146,11 @@ def main() -> None:
     print("replay client capacity (one core, local SSE server, 32 streams):")
     for per_chunk in (1, 3):
         tok_s, cpu_share, per_cpu_s = client_capacity(args.seconds, per_chunk)
-        print(f"  {per_chunk} token(s)/chunk: {tok_s:,.0f} tokens/s absorbed ({tok_s / per_chunk:,.0f} chunks/s) using "
-              f"{cpu_share:.0%} of one core; {per_cpu_s:,.0f} tokens per client CPU-second "
-              f"(= the rate one saturated core absorbs; target >= 50,000 tokens/s)")
+        print(
+            f"  {per_chunk} token(s)/chunk: {tok_s:,.0f} tokens/s absorbed ({tok_s / per_chunk:,.0f} chunks/s) using "
+            f"{cpu_share:.0%} of one core; {per_cpu_s:,.0f} tokens per client CPU-second "
+            f"(= the rate one saturated core absorbs; target >= 50,000 tokens/s)"
+        )
     print("harness overhead per trial (beyond startup + warm-up + window; sim, 1 s + 2 s windows):")
     for overhead, detail in harness_overhead(args.trials):
         print(f"  {overhead:.2f} s  {detail}  (target <= 2 s)")

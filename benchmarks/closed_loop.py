@@ -5,7 +5,8 @@ Requests rotate over SGLang's ``/generate`` and OpenAI's ``/v1/completions`` and
 and not, so the one-URL client is the job's real client shape. One JSON line per finished request (start, end,
 endpoint, ok, status or error) goes to ``--out`` as it ends; SIGTERM (or ``--seconds``) stops issuing new requests and
 lets those in flight finish. A slot whose request failed pauses half a second before the next (a client that
-retried at once would count thousands of failures per second against a stopped server). Used by ``rollout_under_load.py`` and the router tests.
+retried at once would count thousands of failures per second against a stopped server). Used by
+``rollout_under_load.py`` and the router tests.
 
     python benchmarks/closed_loop.py --url http://127.0.0.1:30003 --concurrency 64 --out load.jsonl
 """
@@ -23,8 +24,14 @@ from typing import Any
 import httpx
 
 FAILED_PAUSE_S = 0.5  # a slot whose request failed waits this long before its next one, as a job's client backs off
-KINDS = [("generate", False), ("generate", True), ("completions", False), ("completions", True),
-         ("chat", False), ("chat", True)]
+KINDS = [
+    ("generate", False),
+    ("generate", True),
+    ("completions", False),
+    ("completions", True),
+    ("chat", False),
+    ("chat", True),
+]
 
 
 def request(kind: str, stream: bool, i: int, max_tokens: int, model: str) -> tuple[str, dict[str, Any]]:
@@ -33,8 +40,12 @@ def request(kind: str, stream: bool, i: int, max_tokens: int, model: str) -> tup
         return "/generate", {"text": prompt, "sampling_params": {"max_new_tokens": max_tokens}, "stream": stream}
     if kind == "completions":
         return "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
-    return "/v1/chat/completions", {"model": model, "messages": [{"role": "user", "content": prompt}],
-                                    "max_tokens": max_tokens, "stream": stream}
+    return "/v1/chat/completions", {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    }
 
 
 def answered(kind: str, stream: bool, text: str) -> bool:
@@ -60,8 +71,7 @@ async def one(client: httpx.AsyncClient, url: str, slot: int, i: int, max_tokens
     try:
         async with client.stream("POST", url + path, json=body) as response:
             text = (await response.aread()).decode(errors="replace")
-        record.update(status=response.status_code,
-                      ok=response.status_code == 200 and answered(kind, stream, text))
+        record.update(status=response.status_code, ok=response.status_code == 200 and answered(kind, stream, text))
         if not record["ok"]:
             record["error"] = text[:200]
     except httpx.HTTPError as exc:
@@ -70,8 +80,16 @@ async def one(client: httpx.AsyncClient, url: str, slot: int, i: int, max_tokens
     return record
 
 
-async def run(urls: list[str], *, concurrency: int, out: Path, max_tokens: int = 32, seconds: float | None = None,
-              model: str = "qwen3.6-27b", signals: bool = False) -> list[dict[str, Any]]:
+async def run(
+    urls: list[str],
+    *,
+    concurrency: int,
+    out: Path,
+    max_tokens: int = 32,
+    seconds: float | None = None,
+    model: str = "qwen3.6-27b",
+    signals: bool = False,
+) -> list[dict[str, Any]]:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT) if signals else ():
@@ -83,6 +101,7 @@ async def run(urls: list[str], *, concurrency: int, out: Path, max_tokens: int =
     limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
     with open(out, "w") as fh:
         async with httpx.AsyncClient(timeout=120.0, trust_env=False, limits=limits) as client:
+
             async def slot(n: int) -> None:
                 while not stop.is_set():
                     i = next(counter)
@@ -105,8 +124,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=None)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
-    records = asyncio.run(run(args.url, concurrency=args.concurrency, out=args.out, max_tokens=args.max_tokens,
-                              seconds=args.seconds, signals=True))
+    records = asyncio.run(
+        run(
+            args.url,
+            concurrency=args.concurrency,
+            out=args.out,
+            max_tokens=args.max_tokens,
+            seconds=args.seconds,
+            signals=True,
+        )
+    )
     failed = sum(not r["ok"] for r in records)
     print(f"{len(records)} requests, {failed} failed")
 

@@ -32,13 +32,20 @@ PATTERN = "dict[str, Any]"
 ROOT = Path(__file__).resolve().parents[1] / "autotune"
 # Names whose mapping is free-form by nature, each for the reason given (see the module docstring).
 FREE_FORM = {
-    "config": "SGLang's flags by dest name (or a model's config.json)", "flags": "SGLang's flags by dest name",
-    "server_args": "SGLang's server args by dest name", "args": "SGLang's server args by dest name",
-    "env": "environment variables for the server", "sim_options": "the simulator's options, passed through",
-    "body": "an HTTP request body", "info": "a server's /server_info JSON, or a progress event's fields",
-    "server_info": "a server's /server_info JSON", "usage": "an OpenAI usage block",
-    "kwargs": "keyword arguments handed to a library", "options": "keyword arguments handed to a library",
-    "doc": "a TOML document being written", "raw": "a TOML table as read, before validation",
+    "config": "SGLang's flags by dest name (or a model's config.json)",
+    "flags": "SGLang's flags by dest name",
+    "server_args": "SGLang's server args by dest name",
+    "args": "SGLang's server args by dest name",
+    "env": "environment variables for the server",
+    "sim_options": "the simulator's options, passed through",
+    "body": "an HTTP request body",
+    "info": "a server's /server_info JSON, or a progress event's fields",
+    "server_info": "a server's /server_info JSON",
+    "usage": "an OpenAI usage block",
+    "kwargs": "keyword arguments handed to a library",
+    "options": "keyword arguments handed to a library",
+    "doc": "a TOML document being written",
+    "raw": "a TOML table as read, before validation",
 }
 ANNOTATED = re.compile(r"\b(\w+): dict\[str, Any\]")
 CONVERSION = re.compile(r"\bdef (to_dict|from_dict)\(")
@@ -91,16 +98,22 @@ def count(root: Path = ROOT) -> Count:
         hits, lines = hits + len(found), lines + len(text)
         if found:
             by_file.append((str(path.relative_to(root.parent)), len(found)))
-    return Count(hits, lines, tuple(sorted(by_file, key=lambda f: (-f[1], f[0]))), conversions=kinds["conversion"],
-                 free_form=kinds["free-form"])
+    return Count(
+        hits,
+        lines,
+        tuple(sorted(by_file, key=lambda f: (-f[1], f[0]))),
+        conversions=kinds["conversion"],
+        free_form=kinds["free-form"],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", type=Path, default=ROOT, help="the package to count (default: autotune/)")
     parser.add_argument("--max", type=float, help="exit 1 when the figure per 1,000 lines is above this")
-    parser.add_argument("--max-records", type=float,
-                        help="exit 1 when the records figure per 1,000 lines is above this")
+    parser.add_argument(
+        "--max-records", type=float, help="exit 1 when the records figure per 1,000 lines is above this"
+    )
     parser.add_argument("--by-file", action="store_true", help="also list the files, most lines first")
     args = parser.parse_args(argv)
     if not args.root.is_dir():

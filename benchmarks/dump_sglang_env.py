@@ -19,8 +19,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-TYPES = {"EnvBool": "bool", "EnvInt": "int", "EnvFloat": "float", "EnvStr": "str", "EnvTuple": "tuple",
-         "EnvJSON": "json"}
+TYPES = {
+    "EnvBool": "bool",
+    "EnvInt": "int",
+    "EnvFloat": "float",
+    "EnvStr": "str",
+    "EnvTuple": "tuple",
+    "EnvJSON": "json",
+}
 
 
 def _field_type(call: ast.Call) -> str | None:
@@ -53,8 +59,15 @@ def rows(source: str) -> list[dict[str, Any]]:
             continue
         kw = {k.arg: k.value for k in node.value.keywords}
         default = node.value.args[0] if node.value.args else kw.get("default")
-        out.append({"name": target.id, "type": kind, "default": _literal(default),
-                    "secret": bool(_literal(kw.get("secret"))), "alias": _literal(kw.get("deprecated_name"))})
+        out.append(
+            {
+                "name": target.id,
+                "type": kind,
+                "default": _literal(default),
+                "secret": bool(_literal(kw.get("secret"))),
+                "alias": _literal(kw.get("deprecated_name")),
+            }
+        )
     return out
 
 
@@ -63,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("environ", type=Path, help="sglang/srt/environ.py")
     parser.add_argument("--version", required=True, help="the SGLang version the file is from")
     args = parser.parse_args(argv)
-    table = {"version": args.version, "source": "sglang/srt/environ.py (class Envs)",
-             "vars": rows(args.environ.read_text())}
+    table = {
+        "version": args.version,
+        "source": "sglang/srt/environ.py (class Envs)",
+        "vars": rows(args.environ.read_text()),
+    }
     json.dump(table, sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0

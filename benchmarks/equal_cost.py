@@ -30,15 +30,29 @@ def extra_launches(ours: Any, rival: list[Any]) -> int:
     return math.ceil(after_search_s(ours) / (sum(launched) / len(launched)))
 
 
-def equal_cost_runs(case: Any, oracle: Any, strategies: dict[str, Any], runs: dict[tuple[str, int], list[Any]],
-                    budgets: list[int], seeds: int, wrap) -> dict[tuple[str, int], list[Any]]:
+def equal_cost_runs(
+    case: Any,
+    oracle: Any,
+    strategies: dict[str, Any],
+    runs: dict[tuple[str, int], list[Any]],
+    budgets: list[int],
+    seeds: int,
+    wrap,
+) -> dict[tuple[str, int], list[Any]]:
     """Each rival in ``strategies`` rerun per budget and seed with its budget extended (``extra_launches``);
     ``wrap``: the per-GPU view every run of the table gets. Ours' own runs are its equal-GPU-hours runs."""
     out: dict[tuple[str, int], list[Any]] = {}
     for name in (n for n in RIVALS if n in strategies):
         for budget in budgets:
             out[name, budget] = [
-                wrap(strategies[name](case, oracle, budget + extra_launches(runs["ours", budget][seed],
-                                                                             runs[name, budget][seed]), seed))
-                for seed in range(seeds)]
+                wrap(
+                    strategies[name](
+                        case,
+                        oracle,
+                        budget + extra_launches(runs["ours", budget][seed], runs[name, budget][seed]),
+                        seed,
+                    )
+                )
+                for seed in range(seeds)
+            ]
     return out

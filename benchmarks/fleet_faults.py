@@ -111,8 +111,12 @@ def kill(path: Path, name: str) -> tuple[float, float]:
 
 def other_certificate(directory: Path, port: int) -> tuple[Path, Path]:
     """A valid certificate for 127.0.0.1 from another CA (another fleet's): HTTPS, but not this fleet's."""
-    other = Fleet(engine="sim", model="qwen3.6-27b", path=directory / "other" / "fleet.toml", servers=[
-        FleetServer(name="x", gpus=[7], port=port, config="x.yaml", log="x.log", pid="x.pid", tls=True)])
+    other = Fleet(
+        engine="sim",
+        model="qwen3.6-27b",
+        path=directory / "other" / "fleet.toml",
+        servers=[FleetServer(name="x", gpus=[7], port=port, config="x.yaml", log="x.log", pid="x.pid", tls=True)],
+    )
     files = fleettls.server_files(other, other.servers[0])
     return files.cert, files.key
 
@@ -120,8 +124,13 @@ def other_certificate(directory: Path, port: int) -> tuple[Path, Path]:
 def cut_streams(records: list[dict[str, Any]], kills: list[tuple[float, float]]) -> list[dict[str, Any]]:
     """The failed streams a kill cut: begun before it ended, ended after it began (a stream whose first bytes reached
     the job cannot be retried by the router; every other failure is the fleet's to keep)."""
-    return [r for r in records if not r["ok"] and r["endpoint"].endswith(" stream")
-            and any(r["start"] <= after and r["end"] >= before for before, after in kills)]
+    return [
+        r
+        for r in records
+        if not r["ok"]
+        and r["endpoint"].endswith(" stream")
+        and any(r["start"] <= after and r["end"] >= before for before, after in kills)
+    ]
 
 
 def failures(records: list[dict[str, Any]], kills: list[tuple[float, float]]) -> tuple[int, int]:
@@ -136,8 +145,12 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
     path = setup(directory, args.servers, True)
     fleet = load_fleet(path)
     if case == "swap":  # the fleet's own CA, and nothing that would take the dead server out of the router
-        fleet = fleet.model_copy(update={"servers": [s.model_copy(update={"tls": True}) for s in fleet.servers],
-                                         "keeper": KEEPER.model_copy(update={"keep": False})})
+        fleet = fleet.model_copy(
+            update={
+                "servers": [s.model_copy(update={"tls": True}) for s in fleet.servers],
+                "keeper": KEEPER.model_copy(update={"keep": False}),
+            }
+        )
     write_fleet(fleet.model_copy(update={"keeper": fleet.keeper if case == "swap" else KEEPER}), path)
     os.environ["AUTOTUNE_SIM_DEVICE_DIR"] = env["AUTOTUNE_SIM_DEVICE_DIR"]
     load = None
@@ -163,8 +176,10 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
                 kills.append(kill(path, victim.name))
             gave_up = wait_event(path, "gave_up", victim.name, timeout_s=60.0)
             out_s = time.time() - kills[0][1]
-            lines.append(f"  {len(kills)} kills in {kills[-1][1] - kills[0][1]:.0f} s, "
-                         f"{len(events(path, 'restarted', victim.name))} restarts; the keeper: {gave_up['line']}")
+            lines.append(
+                f"  {len(kills)} kills in {kills[-1][1] - kills[0][1]:.0f} s, "
+                f"{len(events(path, 'restarted', victim.name))} restarts; the keeper: {gave_up['line']}"
+            )
         elif case == "swap":
             if not wait_until(lambda: port_is_free("127.0.0.1", victim.port), 30.0, poll_s=0.01):
                 raise SystemExit(f"port {victim.port} still held 30 s after the kill")
@@ -173,9 +188,11 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
             try:
                 time.sleep(args.foreign_s)
                 in_router = victim.url in {w.get("url") for w in router.workers(record)} if record else False
-                lines.append(f"  the other server bound the port {bound_s:.2f} s after the kill; requests that reached "
-                             f"it in {args.foreign_s:.0f} s: {foreign.counts['requests']} (still in the router: "
-                             f"{in_router})")
+                lines.append(
+                    f"  the other server bound the port {bound_s:.2f} s after the kill; requests that reached "
+                    f"it in {args.foreign_s:.0f} s: {foreign.counts['requests']} (still in the router: "
+                    f"{in_router})"
+                )
             finally:
                 foreign.close()
             out_s = args.foreign_s
@@ -186,8 +203,10 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
                 said = wait_event(path, "foreign", victim.name)
                 time.sleep(args.foreign_s)
                 in_router = victim.url in {w.get("url") for w in router.workers(record)} if record else False
-                lines.append(f"  requests that reached the foreign server in {args.foreign_s:.0f} s: "
-                             f"{foreign.counts['requests']} (in the router: {in_router}); the keeper: {said['line']}")
+                lines.append(
+                    f"  requests that reached the foreign server in {args.foreign_s:.0f} s: "
+                    f"{foreign.counts['requests']} (in the router: {in_router}); the keeper: {said['line']}"
+                )
             finally:
                 foreign.close()
             wait_event(path, "restarted", victim.name)
@@ -203,10 +222,12 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
         after = buckets(ends, t1 - args.after_s, t1)
         cut, other = failures(records, kills)
         share = f"{min(during) / mean(before):.2f}" if before and during else "-"
-        return [f"{case}: {other} failed of {len(records)} requests besides {cut} streams cut by the kill(s)",
-                *lines,
-                f"  completions per 10 s  before {before}  after the kill {during}  after {after}; lowest after the "
-                f"kill {share} of the mean before (target (N-1)/N = {(args.servers - 1) / args.servers:.2f})"]
+        return [
+            f"{case}: {other} failed of {len(records)} requests besides {cut} streams cut by the kill(s)",
+            *lines,
+            f"  completions per 10 s  before {before}  after the kill {during}  after {after}; lowest after the "
+            f"kill {share} of the mean before (target (N-1)/N = {(args.servers - 1) / args.servers:.2f})",
+        ]
     finally:
         if load is not None and load.poll() is None:
             load.kill()
@@ -215,8 +236,9 @@ def run_case(base: Path, case: str, args: argparse.Namespace) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cases", nargs="+", choices=["kill", "loop", "foreign", "swap"],
-                        default=["kill", "loop", "foreign", "swap"])
+    parser.add_argument(
+        "--cases", nargs="+", choices=["kill", "loop", "foreign", "swap"], default=["kill", "loop", "foreign", "swap"]
+    )
     parser.add_argument("--servers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -224,10 +246,12 @@ def main() -> None:
     parser.add_argument("--after-s", type=float, default=20.0)
     parser.add_argument("--foreign-s", type=float, default=20.0)
     args = parser.parse_args()
-    print(f"{args.servers} simulated servers (qwen3.6-27b on a simulated B200) behind sglang-router, closed loop of "
-          f"{args.concurrency} in flight, {args.max_tokens} tokens each; keeper every {KEEPER.interval_s:g} s, "
-          f"backoff {KEEPER.backoff_s} s, at most {KEEPER.crash_limit} deaths in {KEEPER.crash_window_s:g} s; "
-          f"host: {os.cpu_count()} cores")
+    print(
+        f"{args.servers} simulated servers (qwen3.6-27b on a simulated B200) behind sglang-router, closed loop of "
+        f"{args.concurrency} in flight, {args.max_tokens} tokens each; keeper every {KEEPER.interval_s:g} s, "
+        f"backoff {KEEPER.backoff_s} s, at most {KEEPER.crash_limit} deaths in {KEEPER.crash_window_s:g} s; "
+        f"host: {os.cpu_count()} cores"
+    )
     with tempfile.TemporaryDirectory(prefix="fleet-faults-") as tmp:
         for case in args.cases:
             for line in run_case(Path(tmp), case, args):

@@ -72,8 +72,9 @@ def signature(mp: Any) -> tuple:
     return (limits, x.get("kv_cell_bytes"), x.get("mamba_slot_bytes"), x.get("tp_size"))
 
 
-def _plan_families(case: Case, model_name: str, gpu_name: str, fractions: list[Any],
-                  families: list[dict[str, Any]]) -> list[tuple[tuple, int, dict[str, Any]]]:
+def _plan_families(
+    case: Case, model_name: str, gpu_name: str, fractions: list[Any], families: list[dict[str, Any]]
+) -> list[tuple[tuple, int, dict[str, Any]]]:
     """(signature, KV tokens, config) of each family's highest memory fraction that starts (none if none)."""
     from autotune.sglang.memory import plan
     from autotune.sglang.profiles import load_gpu, load_model
@@ -99,7 +100,7 @@ def _outcomes(case: Case, configs: list[dict[str, Any]]) -> list[Outcome]:
 
 def _chunks(items: list[Any], n: int) -> list[list[Any]]:
     size = max(1, math.ceil(len(items) / n))
-    return [items[i:i + size] for i in range(0, len(items), size)]
+    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 def exhaustive(case: Case, oracle: Oracle, *, jobs: int = 2) -> dict[str, Any]:
@@ -114,8 +115,13 @@ def exhaustive(case: Case, oracle: Oracle, *, jobs: int = 2) -> dict[str, Any]:
     families = list(_families([p for p in space.params if p is not memory], dict(space.fixed)))
     groups: dict[tuple, tuple[int, dict[str, Any]]] = {}
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
-        parts = pool.map(_plan_families, *zip(*[(case, oracle.model, oracle.gpu, fractions, chunk)
-                                                for chunk in _chunks(families, 8 * jobs)], strict=True))
+        parts = pool.map(
+            _plan_families,
+            *zip(
+                *[(case, oracle.model, oracle.gpu, fractions, chunk) for chunk in _chunks(families, 8 * jobs)],
+                strict=True,
+            ),
+        )
         for part in parts:
             for key, kv, config in part:
                 if key not in groups or kv > groups[key][0]:
@@ -130,20 +136,34 @@ def exhaustive(case: Case, oracle: Oracle, *, jobs: int = 2) -> dict[str, Any]:
         if oracle.outcome(config).tok_s > best:
             best_config, best = config, oracle.outcome(config).tok_s
     ranked = sorted((c for c in configs if oracle.outcome(c).tok_s > 0), key=lambda c: -oracle.outcome(c).tok_s)
-    return {"config": best_config, "tok_s": best, "grid": len(families) * len(fractions), "families": len(families),
-            "groups": len(groups), "baseline_tok_s": oracle.outcome(case.baseline).tok_s,
-            "top": [[oracle.outcome(c).tok_s, c] for c in ranked[:TOP_KEPT]]}
+    return {
+        "config": best_config,
+        "tok_s": best,
+        "grid": len(families) * len(fractions),
+        "families": len(families),
+        "groups": len(groups),
+        "baseline_tok_s": oracle.outcome(case.baseline).tok_s,
+        "top": [[oracle.outcome(c).tok_s, c] for c in ranked[:TOP_KEPT]],
+    }
 
 
 def space_hash(case: Case) -> str:
     """What the optimum depends on: the study's space, fixed flags, baseline, workload, model, GPU, and the
     planner's and simulator's source (a changed speed model invalidates the cached optimum)."""
     cfg = case.cfg
-    parts = {"space": {k: v.model_dump(mode="json") for k, v in cfg.space.items()}, "derived": cfg.derived,
-             "fixed": cfg.engine.fixed, "baseline": cfg.baseline.flags, "model": cfg.engine.profile,
-             "gpu": cfg.engine.sim_gpu, "workload": cfg.workload.model_dump(mode="json", exclude={"prompts"}),
-             "prompts": hashlib.sha256("\n".join(case.workload.prompts).encode()).hexdigest(), "method": METHOD,
-             "truth": case.truth.to_dict(), "max_tokens": case.workload.max_tokens}
+    parts = {
+        "space": {k: v.model_dump(mode="json") for k, v in cfg.space.items()},
+        "derived": cfg.derived,
+        "fixed": cfg.engine.fixed,
+        "baseline": cfg.baseline.flags,
+        "model": cfg.engine.profile,
+        "gpu": cfg.engine.sim_gpu,
+        "workload": cfg.workload.model_dump(mode="json", exclude={"prompts"}),
+        "prompts": hashlib.sha256("\n".join(case.workload.prompts).encode()).hexdigest(),
+        "method": METHOD,
+        "truth": case.truth.to_dict(),
+        "max_tokens": case.workload.max_tokens,
+    }
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode())
     package = Path(autotune.__file__).parent
     for source in sorted([*(package / "sglang").glob("*.py"), *(package / "sim").glob("*.py")]):
@@ -182,6 +202,8 @@ def ground_truth(case: Case, oracle: Oracle, *, cache_dir: Path, say) -> dict[st
     truth["seconds"] = round(time.monotonic() - started, 1)
     truth["best_diff"] = config_diff(truth["config"], case.baseline)
     write_cache(path, truth)
-    say(f"  {case.name}: optimum {truth['tok_s']:,.0f} tok/s over {truth['grid']:,} configs "
-        f"({truth['groups']:,} simulated) in {truth['seconds']:.0f} s")
+    say(
+        f"  {case.name}: optimum {truth['tok_s']:,.0f} tok/s over {truth['grid']:,} configs "
+        f"({truth['groups']:,} simulated) in {truth['seconds']:.0f} s"
+    )
     return truth

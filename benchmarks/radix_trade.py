@@ -10,7 +10,8 @@ as that model is. Usage: ``python benchmarks/radix_trade.py [--trials 40]``; wri
 ``--levers`` answers another question on the same two studies: do the Mamba-slot and Mamba-state levers of SGLang
 0.5.23 (the decode-lock switch ``SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK``, ``--mamba-track-interval``,
 ``--mamba-max-states-per-path``) change the winner? Each study runs without them (its file less any of them),
-then with them (``LEVERS`` added as ``LEVER_VARIANTS`` says), per ``--seeds``; each crowned config is re-measured on fresh seeds, and the winner
+then with them (``LEVERS`` added as ``LEVER_VARIANTS`` says), per ``--seeds``; each crowned config is re-measured on
+fresh seeds, and the winner
 found without them is re-measured with the decode-lock switch set (the slots re-derived). Writes
 ``results/radix_trade_levers.md``. ``--tree``: the shared-prefix study's radix-on configs at fixed running caps,
 with the track interval and the per-path cap varied one at a time (``results/radix_trade_tree.md``).
@@ -36,8 +37,10 @@ from autotune.search.runner import Runner, predict  # noqa: E402
 from autotune.search.space import Space  # noqa: E402
 from autotune.search.study import run_study  # noqa: E402
 
-STUDIES = {"seed workload": "studies/qwen3.6-27b-b200.toml",
-           "shared prefix": "studies/qwen3.6-27b-b200-shared-prefix.toml"}
+STUDIES = {
+    "seed workload": "studies/qwen3.6-27b-b200.toml",
+    "shared prefix": "studies/qwen3.6-27b-b200-shared-prefix.toml",
+}
 
 
 def simulated_runner(cfg: StudyConfig) -> Runner:
@@ -75,8 +78,12 @@ def run(path: str, trials: int, storage_dir: Path) -> dict:
     if config is None:  # no confirmation stage: the best measured trial
         off = max(best, key=lambda k: best[k][0])
         crowned, config = best[off][1], {"disable_radix_cache": off}
-    return {"on": best.get(False), "off": best.get(True), "crowned": crowned,
-            "winner_radix": "off" if config.get("disable_radix_cache") else "on"}
+    return {
+        "on": best.get(False),
+        "off": best.get(True),
+        "crowned": crowned,
+        "winner_radix": "off" if config.get("disable_radix_cache") else "on",
+    }
 
 
 SWITCH = "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK"
@@ -84,16 +91,24 @@ TREE = ("mamba_track_interval", "mamba_max_states_per_path")
 ALL_LEVERS = (f"env:{SWITCH}", *TREE)
 # How a variant searches each lever (the committed studies search the switch this way; the shared-prefix one was
 # measured with the tree levers too, results/radix_trade_levers.md, and does not search them).
-LEVERS = {f"env:{SWITCH}": {"choices": [False, True], "when": "not disable_radix_cache"},
-          "mamba_track_interval": {"choices": [128, 256, 1024], "when": "not disable_radix_cache"},
-          "mamba_max_states_per_path": {"choices": ["unset", 2, 8], "when": "not disable_radix_cache"}}
+LEVERS = {
+    f"env:{SWITCH}": {"choices": [False, True], "when": "not disable_radix_cache"},
+    "mamba_track_interval": {"choices": [128, 256, 1024], "when": "not disable_radix_cache"},
+    "mamba_max_states_per_path": {"choices": ["unset", 2, 8], "when": "not disable_radix_cache"},
+}
 # (study, variant label, the levers it searches)
-LEVER_VARIANTS = [("seed workload", "without", ()), ("seed workload", "+ decode lock", (f"env:{SWITCH}",)),
-                  ("shared prefix", "without", ()), ("shared prefix", "+ decode lock", (f"env:{SWITCH}",)),
-                  ("shared prefix", "+ decode lock, track interval, cap", ALL_LEVERS)]
+LEVER_VARIANTS = [
+    ("seed workload", "without", ()),
+    ("seed workload", "+ decode lock", (f"env:{SWITCH}",)),
+    ("shared prefix", "without", ()),
+    ("shared prefix", "+ decode lock", (f"env:{SWITCH}",)),
+    ("shared prefix", "+ decode lock, track interval, cap", ALL_LEVERS),
+]
 REMEASURE_SEEDS = range(1, 6)
-SIM_NOTE = ("Simulator figures (virtual clock): a claim about SGLang 0.5.23 only as far as the planner's slot rule and "
-            "the simulator's radix cache are true (docs/sglang-memory.md §1).")
+SIM_NOTE = (
+    "Simulator figures (virtual clock): a claim about SGLang 0.5.23 only as far as the planner's slot rule and "
+    "the simulator's radix cache are true (docs/sglang-memory.md §1)."
+)
 
 
 def variant_file(path: str, keep: tuple[str, ...], directory: Path, label: str, seed: int) -> Path:
@@ -153,29 +168,42 @@ def lever_row(study: str, label: str, keep: tuple[str, ...], trials: int, seed: 
     config = result.config
     shown = {k: config.get(k) for k in ("disable_radix_cache", "max_running_requests", *ALL_LEVERS) if k in config}
     mean = remeasure(cfg, config)
-    flipped = "" if config.get("disable_radix_cache") or config.get(f"env:{SWITCH}") else \
-        f"{remeasure(cfg, with_switch(cfg, config)):,.0f}"
+    flipped = (
+        ""
+        if config.get("disable_radix_cache") or config.get(f"env:{SWITCH}")
+        else f"{remeasure(cfg, with_switch(cfg, config)):,.0f}"
+    )
     return f"| {study} | {label} | {seed} | #{crowned}: {shown} | {mean:,.0f} | {flipped or '—'} |"
 
 
 def levers(trials: int, seeds: int) -> None:
-    lines = ["| study | space | study seed | crowned trial: its radix cache, running cap and levers | "
-             "crowned tok/s (5 fresh seeds) | the same + decode lock |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| study | space | study seed | crowned trial: its radix cache, running cap and levers | "
+        "crowned tok/s (5 fresh seeds) | the same + decode lock |",
+        "|---|---|---|---|---|---|",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(seeds):
             for study, label, keep in LEVER_VARIANTS:
                 lines.append(lever_row(study, label, keep, trials, seed, Path(tmp)))
                 print(lines[-1], flush=True)
-    text = (f"# Mamba levers: do they change the winner? (simulator, {trials} trials per study)\n\n"
-            f"`python benchmarks/radix_trade.py --levers --trials {trials} --seeds {seeds}`\n\n{SIM_NOTE}\n\n"
-            + "\n".join(lines) + "\n")
+    text = (
+        f"# Mamba levers: do they change the winner? (simulator, {trials} trials per study)\n\n"
+        f"`python benchmarks/radix_trade.py --levers --trials {trials} --seeds {seeds}`\n\n{SIM_NOTE}\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
     (ROOT / "benchmarks" / "results" / "radix_trade_levers.md").write_text(text)
     print(text)
 
 
-TREE_VARIANTS = {"default": {}, "track interval 64": {"mamba_track_interval": 64},
-                 "track interval 2048": {"mamba_track_interval": 2048}, "cap 1": {"mamba_max_states_per_path": 1},
-                 "cap 8": {"mamba_max_states_per_path": 8}}
+TREE_VARIANTS = {
+    "default": {},
+    "track interval 64": {"mamba_track_interval": 64},
+    "track interval 2048": {"mamba_track_interval": 2048},
+    "cap 1": {"mamba_max_states_per_path": 1},
+    "cap 8": {"mamba_max_states_per_path": 8},
+}
 
 
 def tree() -> None:
@@ -184,18 +212,27 @@ def tree() -> None:
     space = Space.from_config(cfg)
     lines = ["| running cap | " + " | ".join(TREE_VARIANTS) + " |", "|---|" + "---|" * len(TREE_VARIANTS)]
     for mrr in (32, 48, 64, 80):
-        base = space.complete({**cfg.engine.fixed, "mem_fraction_static": 0.93, "speculative_num_steps": 3,
-                               "mamba_radix_cache_strategy": "extra_buffer_lazy", "max_running_requests": mrr})
+        base = space.complete(
+            {
+                **cfg.engine.fixed,
+                "mem_fraction_static": 0.93,
+                "speculative_num_steps": 3,
+                "mamba_radix_cache_strategy": "extra_buffer_lazy",
+                "max_running_requests": mrr,
+            }
+        )
         cells = []
         for extra in TREE_VARIANTS.values():
             runs = [predict(cfg, {**base, **extra}, seed=seed) for seed in (1, 2)]
             cells.append(statistics.fmean(r.metrics.output_tok_s if r and r.ok and r.metrics else 0.0 for r in runs))
         lines.append(f"| {mrr} | " + " | ".join(f"{v:,.0f}" for v in cells) + " |")
         print(lines[-1], flush=True)
-    text = ("# Track interval and per-path cap on the shared-prefix workload (simulator)\n\n"
-            "`python benchmarks/radix_trade.py --tree`: `extra_buffer_lazy`, mem_fraction_static 0.93, EAGLE 3/1/4, "
-            "the slots derived from the running cap; output tok/s, mean of two seeds.\n\n"
-            f"{SIM_NOTE}\n\n" + "\n".join(lines) + "\n")
+    text = (
+        "# Track interval and per-path cap on the shared-prefix workload (simulator)\n\n"
+        "`python benchmarks/radix_trade.py --tree`: `extra_buffer_lazy`, mem_fraction_static 0.93, EAGLE 3/1/4, "
+        "the slots derived from the running cap; output tok/s, mean of two seeds.\n\n"
+        f"{SIM_NOTE}\n\n" + "\n".join(lines) + "\n"
+    )
     (ROOT / "benchmarks" / "results" / "radix_trade_tree.md").write_text(text)
     print(text)
 
@@ -213,16 +250,22 @@ def main() -> None:
     if opts.levers:
         levers(opts.trials, opts.seeds)
         return
-    lines = ["| workload | best tok/s, radix on (trial) | best tok/s, radix off (trial) | crowned trial: radix cache |",
-             "|---|---|---|---|"]
+    lines = [
+        "| workload | best tok/s, radix on (trial) | best tok/s, radix off (trial) | crowned trial: radix cache |",
+        "|---|---|---|---|",
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         for label, path in STUDIES.items():
             out = run(path, opts.trials, Path(tmp))
             cell = lambda v: f"{v[0]:,.0f} (#{v[1]})" if v else "—"  # noqa: E731
-            lines.append(f"| {label} | {cell(out['on'])} | {cell(out['off'])} | #{out['crowned']}: {out['winner_radix']} |")
+            lines.append(
+                f"| {label} | {cell(out['on'])} | {cell(out['off'])} | #{out['crowned']}: {out['winner_radix']} |"
+            )
             print(lines[-1], flush=True)
-    text = (f"# Radix cache trade (simulator, {opts.trials} trials per study)\n\n"
-            f"`python benchmarks/radix_trade.py --trials {opts.trials}`\n\n" + "\n".join(lines) + "\n")
+    text = (
+        f"# Radix cache trade (simulator, {opts.trials} trials per study)\n\n"
+        f"`python benchmarks/radix_trade.py --trials {opts.trials}`\n\n" + "\n".join(lines) + "\n"
+    )
     (ROOT / "benchmarks" / "results" / "radix_trade.md").write_text(text)
     print(text)
 

@@ -81,7 +81,8 @@ def fresh_study(workers: int, *, trials: int, measure_s: float, storage: str) ->
         base = Path(tmp)
         os.environ["AUTOTUNE_SIM_DEVICE_DIR"] = str(base / "devices")
         (base / "prompts.jsonl").write_text(
-            "".join(json.dumps({"prompt": f"Explain topic {i} in detail. " * 4}) + "\n" for i in range(16)))
+            "".join(json.dumps({"prompt": f"Explain topic {i} in detail. " * 4}) + "\n" for i in range(16))
+        )
         path = base / "scale-out.toml"
         path.write_text(STUDY.format(trials=trials, measure_s=measure_s))
         name = f"scale-out-{workers}w-{time.time_ns()}"
@@ -122,8 +123,10 @@ def run_paced(cfg, workers: int, paced_s: float) -> None:
     open_study(cfg)
     spawn = multiprocessing.get_context("spawn")
     env = {k: v for k, v in os.environ.items() if k.startswith("AUTOTUNE_")}
-    procs = [spawn.Process(target=paced_worker, args=(str(cfg.path), cfg.name, cfg.storage_url, g, paced_s, env))
-             for g in range(workers)]
+    procs = [
+        spawn.Process(target=paced_worker, args=(str(cfg.path), cfg.name, cfg.storage_url, g, paced_s, env))
+        for g in range(workers)
+    ]
     for proc in procs:
         proc.start()
     for proc in procs:
@@ -137,10 +140,15 @@ def time_mode(mode: str, counts: list[int], args: argparse.Namespace) -> list[st
     from autotune.search.views.gpus import gpu_spread
 
     run = {"sim": run_sim, "paced": run_paced}[mode]
-    what = (f"{args.measure_s:g} s windows, real sim servers" if mode == "sim"
-            else f"trials held {args.paced_s:g} s each, no servers")
-    lines = [f"{mode}: {args.trials}-trial study, {what}; speed-up vs {counts[0]} worker(s)",
-             f"{'workers':>8} {'wall s':>8} {'speed-up':>9} {'trials/min':>11} {'baseline spread':>16}"]
+    what = (
+        f"{args.measure_s:g} s windows, real sim servers"
+        if mode == "sim"
+        else f"trials held {args.paced_s:g} s each, no servers"
+    )
+    lines = [
+        f"{mode}: {args.trials}-trial study, {what}; speed-up vs {counts[0]} worker(s)",
+        f"{'workers':>8} {'wall s':>8} {'speed-up':>9} {'trials/min':>11} {'baseline spread':>16}",
+    ]
     print("\n".join(lines), flush=True)
     first = None
     for n in counts:
@@ -174,12 +182,13 @@ def main() -> None:
     counts = [int(n) for n in args.workers.split(",")]
     lines = [f"scale-out on {os.cpu_count()} CPU cores, storage {redact(args.storage)}"]
     print(lines[0], flush=True)
-    for mode in (["sim", "paced"] if args.mode == "both" else [args.mode]):
+    for mode in ["sim", "paced"] if args.mode == "both" else [args.mode]:
         lines += time_mode(mode, counts, args)
     out = Path(__file__).resolve().parent / "results" / "scale_out.md"
     out.parent.mkdir(exist_ok=True)
     out.write_text("```\n" + "\n".join(lines) + "\n```\n")
     print(f"wrote {out}")
+
 
 if __name__ == "__main__":
     main()

@@ -77,8 +77,13 @@ WORKLOADS = {
     "mixed": (("loguniform", 100, 100, 6000), 2048, (0.2, 0.95)),  # 100–6,000 in, anywhere from 0.2 to 0.95
 }
 TRUTH_SEED = 12  # the draw of hidden deviations; a new value is a new truth, never tuned to the search
-DEVIATION_RANGES = {"free_gib": (-3.0, 3.0), "activation_scale": (0.7, 1.3), "graph_scale": (0.7, 1.3),
-                    "decode_efficiency": (0.85, 1.15), "acceptance_delta": (-0.1, 0.1)}
+DEVIATION_RANGES = {
+    "free_gib": (-3.0, 3.0),
+    "activation_scale": (0.7, 1.3),
+    "graph_scale": (0.7, 1.3),
+    "decode_efficiency": (0.85, 1.15),
+    "acceptance_delta": (-0.1, 0.1),
+}
 # The levers' own speed multiples (sim/truth.py), drawn from a stream of their own so the draws above stay as they
 # were: --enable-unified-memory's translation and compaction, --speculative-adaptive's swaps and EMA lag.
 LEVER_RANGES = {"unified_efficiency": (0.9, 1.05), "adaptive_efficiency": (0.9, 1.05)}
@@ -100,10 +105,17 @@ def draw_truth(case: str, workload: str, *, hidden: bool = True, seed: int = TRU
         return Truth(output_mean=output_mean)
     levers = np.random.default_rng([_stable(case), _stable(workload), seed, _stable("levers")])
     v = {k: round(float(levers.uniform(a, b)), 3) for k, (a, b) in LEVER_RANGES.items()}
-    return Truth(deviation=Deviation(free_gib=round(u["free_gib"], 3), activation_scale=round(u["activation_scale"], 3),
-                                     graph_scale=round(u["graph_scale"], 3),
-                                     decode_efficiency=round(u["decode_efficiency"], 3), **v),
-                 acceptance=round(0.825 + u["acceptance_delta"], 3), output_mean=round(output_mean, 1))
+    return Truth(
+        deviation=Deviation(
+            free_gib=round(u["free_gib"], 3),
+            activation_scale=round(u["activation_scale"], 3),
+            graph_scale=round(u["graph_scale"], 3),
+            decode_efficiency=round(u["decode_efficiency"], 3),
+            **v,
+        ),
+        acceptance=round(0.825 + u["acceptance_delta"], 3),
+        output_mean=round(output_mean, 1),
+    )
 
 
 def workload_prompts(name: str, n: int = 400) -> Path | None:
@@ -138,15 +150,26 @@ def check_unit(name: str, workload: str) -> None:
         raise ConfigError(f"unknown workload {workload!r}", key="--workloads", fix=f"use one of {', '.join(WORKLOADS)}")
 
 
-def make_case(name: str, workload: str = "seed", *, hidden: bool = True,
-              window: tuple[float, float] | None = None, truth_seed: int = TRUTH_SEED) -> Case:
+def make_case(
+    name: str,
+    workload: str = "seed",
+    *,
+    hidden: bool = True,
+    window: tuple[float, float] | None = None,
+    truth_seed: int = TRUTH_SEED,
+) -> Case:
     """A case × workload on its hidden truth; ``window`` (warm-up, measured seconds) overrides the study's."""
     check_unit(name, workload)
     path, model, extra = CASES[name]
     cfg = load_config(ROOT / path, name=name)
     if model or extra:
-        eng = cfg.engine.model_copy(update={"model": model or cfg.engine.model, "profile": model or cfg.engine.profile,
-                                            "fixed": {**cfg.engine.fixed, **extra}})
+        eng = cfg.engine.model_copy(
+            update={
+                "model": model or cfg.engine.model,
+                "profile": model or cfg.engine.profile,
+                "fixed": {**cfg.engine.fixed, **extra},
+            }
+        )
         cfg = cfg.model_copy(update={"engine": eng})
     prompts = workload_prompts(workload)
     update: dict[str, Any] = {"prompts": prompts, "max_tokens": WORKLOADS[workload][1]} if prompts is not None else {}
@@ -202,10 +225,22 @@ def gpus_of(config: dict[str, Any] | None) -> int:
 
 def per_gpu_launches(launches: list[Launch]) -> list[Launch]:
     """A strategy's launches with every tok/s (observed, true, the named config's) per GPU its server spans."""
-    out = Launches(dataclasses.replace(x, observed=x.observed / gpus_of(x.config), true=x.true / gpus_of(x.config))
-                   for x in launches)
-    for name in ("named_config", "confirm_launches", "confirm_cost_s", "confirm_note", "stress_launches",
-                 "stress_cost_s", "confirm", "trial_configs", "search_stop", "pruned"):
+    out = Launches(
+        dataclasses.replace(x, observed=x.observed / gpus_of(x.config), true=x.true / gpus_of(x.config))
+        for x in launches
+    )
+    for name in (
+        "named_config",
+        "confirm_launches",
+        "confirm_cost_s",
+        "confirm_note",
+        "stress_launches",
+        "stress_cost_s",
+        "confirm",
+        "trial_configs",
+        "search_stop",
+        "pruned",
+    ):
         setattr(out, name, getattr(launches, name, getattr(Launches, name)))
     named = getattr(launches, "named", None)
     out.named = None if named is None else named / gpus_of(out.named_config)
@@ -213,9 +248,17 @@ def per_gpu_launches(launches: list[Launch]) -> list[Launch]:
 
 
 # --- the run --------------------------------------------------------------------------------------------------
-def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path = RESULTS,
-             proposals: bool = False, only: list[str] | None = None,
-             launch_cv: float | None = LAUNCH_CV) -> dict[str, Any]:
+def run_case(
+    case: Case,
+    *,
+    seeds: int,
+    budgets: list[int],
+    say,
+    cache_dir: Path = RESULTS,
+    proposals: bool = False,
+    only: list[str] | None = None,
+    launch_cv: float | None = LAUNCH_CV,
+) -> dict[str, Any]:
     started = time.monotonic()
     cv = noise_cv(case)
     oracle = Oracle(case, noise_cv=cv, launch_cv=launch_cv)
@@ -234,29 +277,57 @@ def run_case(case: Case, *, seeds: int, budgets: list[int], say, cache_dir: Path
     if launch_cv is not None and "ours" in chosen:  # the stated launch term is a guess: ours again at 3× it
         loud = Oracle(case, noise_cv=cv, launch_cv=SENSITIVITY * launch_cv)
         loud.memo = oracle.memo  # the same configs, evaluated once
-        sensitivity = {"launch_cv": loud.launch_cv, "factor": SENSITIVITY,
-                       "runs": [per_gpu_launches(STRATEGIES["ours"](case, loud, top, seed)) for seed in range(seeds)]}
+        sensitivity = {
+            "launch_cv": loud.launch_cv,
+            "factor": SENSITIVITY,
+            "runs": [per_gpu_launches(STRATEGIES["ours"](case, loud, top, seed)) for seed in range(seeds)],
+        }
         say(f"  {case.name}: ours at {SENSITIVITY:g}× the launch CV done ({time.monotonic() - started:.0f} s)")
     equal = equal_cost_runs(case, oracle, chosen, runs, budgets, seeds, per_gpu_launches) if "ours" in chosen else {}
     if equal:
         say(f"  {case.name}: rivals at equal GPU-hours done ({time.monotonic() - started:.0f} s)")
-    steady, checks = _steady(case, oracle, truth, [*runs.values(), *equal.values(),
-                                                    *([sensitivity["runs"]] if sensitivity else [])],
-                             runs.get(("ours", top), []), cache_dir)
+    steady, checks = _steady(
+        case,
+        oracle,
+        truth,
+        [*runs.values(), *equal.values(), *([sensitivity["runs"]] if sensitivity else [])],
+        runs.get(("ours", top), []),
+        cache_dir,
+    )
     say(f"  {case.name}: steady state, {steady['evaluated']} configs evaluated ({time.monotonic() - started:.0f} s)")
     optimum = truth["tok_s"] / gpus_of(truth["config"])  # per GPU, as every launch above
     found = max((x.true for rs in runs.values() for r in rs for x in r), default=0.0)
     if found > optimum:  # the grid's KV shortcut missed a config (see ground_truth.py): keep the honest maximum
         say(f"  {case.name}: a strategy found {found:,.0f} tok/s > grid optimum {optimum:,.0f}; using it")
         optimum = found
-    return {"case": case, "name": case.name, "truth": truth, "hidden": case.truth.to_dict(), "optimum": optimum,
-            "baseline_per_gpu": truth["baseline_tok_s"] / gpus_of(case.baseline), "gpus": gpus_of(truth["config"]),
-            "noise_cv": cv, "launch_cv": launch_cv, "window_cv": _median_window_cv(oracle), "runs": runs,
-            "names": list(chosen), "steady": steady, "sensitivity": sensitivity, "equal": equal, "calibration": checks}
+    return {
+        "case": case,
+        "name": case.name,
+        "truth": truth,
+        "hidden": case.truth.to_dict(),
+        "optimum": optimum,
+        "baseline_per_gpu": truth["baseline_tok_s"] / gpus_of(case.baseline),
+        "gpus": gpus_of(truth["config"]),
+        "noise_cv": cv,
+        "launch_cv": launch_cv,
+        "window_cv": _median_window_cv(oracle),
+        "runs": runs,
+        "names": list(chosen),
+        "steady": steady,
+        "sensitivity": sensitivity,
+        "equal": equal,
+        "calibration": checks,
+    }
 
 
-def _steady(case: Case, oracle: Oracle, truth: dict[str, Any], groups: list[list[Launches]],
-            ours: list[Launches], cache_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def _steady(
+    case: Case,
+    oracle: Oracle,
+    truth: dict[str, Any],
+    groups: list[list[Launches]],
+    ours: list[Launches],
+    cache_dir: Path,
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The steady-state optimum over the grid's top and every pick; each run's ``steady`` (its pick's steady rate
     per GPU); ours' claims checked against it (``calibration``). The rates are memoised on disk."""
     rates = SteadyRates(case, cache_dir)
@@ -276,9 +347,12 @@ def _steady(case: Case, oracle: Oracle, truth: dict[str, Any], groups: list[list
     # against the steady state is the windows' bias.
     steady["window_checks"] = [calibration.check(r, _confirm_rate(oracle, r)) for r in ours]
     window_best = rate(truth["config"])
-    steady.update(window_optimum_pct=100 * window_best / steady["tok_s"] if steady["tok_s"] else 0.0,
-                  window_optimum_drift=oracle.outcome(truth["config"]).drift, baseline_tok_s=rate(case.baseline),
-                  best_diff=config_diff(steady["config"] or case.baseline, case.baseline))
+    steady.update(
+        window_optimum_pct=100 * window_best / steady["tok_s"] if steady["tok_s"] else 0.0,
+        window_optimum_drift=oracle.outcome(truth["config"]).drift,
+        baseline_tok_s=rate(case.baseline),
+        best_diff=config_diff(steady["config"] or case.baseline, case.baseline),
+    )
     rates.save()
     steady["evaluated"] = rates.evaluated
     return steady, checks
@@ -297,8 +371,11 @@ def _median_window_cv(oracle: Oracle) -> float:
     return float(statistics.median(cvs)) if cvs else 0.0
 
 
-def _unit(args: tuple[str, str, bool, int, list[int], bool, str, list[str] | None, tuple[float, float] | None,
-                      float | None, int]) -> dict[str, Any]:
+def _unit(
+    args: tuple[
+        str, str, bool, int, list[int], bool, str, list[str] | None, tuple[float, float] | None, float | None, int
+    ],
+) -> dict[str, Any]:
     """One case × workload in a worker process (the result without the case object)."""
     name, workload, hidden, seeds, budgets, proposals, cache, only, window, launch_cv, truth_seed = args
 
@@ -306,8 +383,16 @@ def _unit(args: tuple[str, str, bool, int, list[int], bool, str, list[str] | Non
         print(text, file=sys.stderr, flush=True)
 
     case = make_case(name, workload, hidden=hidden, window=window, truth_seed=truth_seed)
-    result = run_case(case, seeds=seeds, budgets=budgets, say=say,
-                      cache_dir=Path(cache), proposals=proposals, only=only, launch_cv=launch_cv)
+    result = run_case(
+        case,
+        seeds=seeds,
+        budgets=budgets,
+        say=say,
+        cache_dir=Path(cache),
+        proposals=proposals,
+        only=only,
+        launch_cv=launch_cv,
+    )
     result.pop("case")
     return result
 
@@ -339,25 +424,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workloads", default=",".join(WORKLOADS))
     ap.add_argument("--quick", action="store_true", help="3 seeds, budgets 10,20, the seed case and workload only")
     ap.add_argument("--no-truth", action="store_true", help="turn the hidden deviations off (the planner is exact)")
-    ap.add_argument("--truth-seed", type=int, default=TRUTH_SEED,
-                    help=f"draw the hidden truth with another seed (default {TRUTH_SEED}, the committed table's)")
+    ap.add_argument(
+        "--truth-seed",
+        type=int,
+        default=TRUTH_SEED,
+        help=f"draw the hidden truth with another seed (default {TRUTH_SEED}, the committed table's)",
+    )
     ap.add_argument("--jobs", type=int, default=min(2, os.cpu_count() or 1), help="case × workload units in parallel")
     ap.add_argument("--proposals", action="store_true", help="add rows for proposed study-loop/space changes")
     ap.add_argument("--strategies", default="", help="only these rows (comma-separated names; default: all)")
     ap.add_argument("--out", type=Path, default=RESULTS, help="where to write the table and figure")
-    ap.add_argument("--cache", type=Path, default=RESULTS,
-                    help="where the ground truth and steady rates are memoised (default: beside the tables)")
+    ap.add_argument(
+        "--cache",
+        type=Path,
+        default=RESULTS,
+        help="where the ground truth and steady rates are memoised (default: beside the tables)",
+    )
     ap.add_argument("--no-figure", action="store_true")
     ap.add_argument("--launch-cv", type=float, default=LAUNCH_CV, help="the stated launch term (default 0.01)")
     ap.add_argument("--single-noise", action="store_true", help="one noise term per launch (the table before windows)")
-    ap.add_argument("--window", default="", metavar="WARMUP,MEASURE",
-                    help="every trial's warm-up and window in seconds, instead of the study's (e.g. 90,30)")
+    ap.add_argument(
+        "--window",
+        default="",
+        metavar="WARMUP,MEASURE",
+        help="every trial's warm-up and window in seconds, instead of the study's (e.g. 90,30)",
+    )
     args = ap.parse_args(argv)
     try:
         window = _window(args.window)
     except ValueError:
-        print(f"Error: --window must be WARMUP,MEASURE in seconds (warm-up ≥ 0, window > 0), got {args.window!r}",
-              file=sys.stderr)
+        print(
+            f"Error: --window must be WARMUP,MEASURE in seconds (warm-up ≥ 0, window > 0), got {args.window!r}",
+            file=sys.stderr,
+        )
         return 1
     seeds, budgets, names, workloads = args.seeds, args.budgets, args.cases.split(","), args.workloads.split(",")
     if args.quick:
@@ -371,8 +470,11 @@ def main(argv: list[str] | None = None) -> int:
         known = {**STRATEGIES, **(PROPOSALS if args.proposals else {})}
         for x in only or []:
             if x not in known:
-                raise ConfigError(f"unknown strategy {x!r}", key="--strategies",
-                                  fix=f"use names from {', '.join(known)} (proposals need --proposals)")
+                raise ConfigError(
+                    f"unknown strategy {x!r}",
+                    key="--strategies",
+                    fix=f"use names from {', '.join(known)} (proposals need --proposals)",
+                )
     except ValueError:
         print(f"Error: --budgets must be comma-separated integers, got {budgets!r}", file=sys.stderr)
         return 1
@@ -381,26 +483,56 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     started = time.monotonic()
     launch_cv = None if args.single_noise else args.launch_cv
-    jobs = [(n, w, not args.no_truth, seeds, budget_list, args.proposals, str(args.cache), only, window, launch_cv,
-             args.truth_seed) for n, w in units]
+    jobs = [
+        (
+            n,
+            w,
+            not args.no_truth,
+            seeds,
+            budget_list,
+            args.proposals,
+            str(args.cache),
+            only,
+            window,
+            launch_cv,
+            args.truth_seed,
+        )
+        for n, w in units
+    ]
     if args.jobs > 1 and len(jobs) > 1:
         # Results come back in submission order: the table does not depend on which worker finished first.
         with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("fork")) as pool:
             results = list(pool.map(_unit, jobs))
     else:
         results = [_unit(job) for job in jobs]
-    command = "python benchmarks/search_efficiency.py" + (" --quick" if args.quick else "") + (
-        f" --seeds {args.seeds}" if args.seeds != 10 and not args.quick else "") + (
-        " --no-truth" if args.no_truth else "") + (f" --window {args.window}" if window else "") + (
-        " --single-noise" if args.single_noise else f" --launch-cv {args.launch_cv:g}" if args.launch_cv != LAUNCH_CV
-        else "") + (f" --truth-seed {args.truth_seed}" if args.truth_seed != TRUTH_SEED else "") + (
-        f" --strategies {args.strategies}" if args.strategies else "") + (
-        f" --cases {args.cases}" if args.cases != ",".join(DEFAULT_CASES) and not args.quick else "") + (
-        f" --workloads {args.workloads}" if args.workloads != ",".join(WORKLOADS) and not args.quick else "") + (
-        f" --budgets {args.budgets}" if args.budgets != "10,20" and not args.quick else "") + (
-        " --proposals" if args.proposals else "")
-    text = markdown(results, seeds=seeds, budgets=budget_list, seconds=time.monotonic() - started,
-                    hidden=not args.no_truth, command=command)
+    command = (
+        "python benchmarks/search_efficiency.py"
+        + (" --quick" if args.quick else "")
+        + (f" --seeds {args.seeds}" if args.seeds != 10 and not args.quick else "")
+        + (" --no-truth" if args.no_truth else "")
+        + (f" --window {args.window}" if window else "")
+        + (
+            " --single-noise"
+            if args.single_noise
+            else f" --launch-cv {args.launch_cv:g}"
+            if args.launch_cv != LAUNCH_CV
+            else ""
+        )
+        + (f" --truth-seed {args.truth_seed}" if args.truth_seed != TRUTH_SEED else "")
+        + (f" --strategies {args.strategies}" if args.strategies else "")
+        + (f" --cases {args.cases}" if args.cases != ",".join(DEFAULT_CASES) and not args.quick else "")
+        + (f" --workloads {args.workloads}" if args.workloads != ",".join(WORKLOADS) and not args.quick else "")
+        + (f" --budgets {args.budgets}" if args.budgets != "10,20" and not args.quick else "")
+        + (" --proposals" if args.proposals else "")
+    )
+    text = markdown(
+        results,
+        seeds=seeds,
+        budgets=budget_list,
+        seconds=time.monotonic() - started,
+        hidden=not args.no_truth,
+        command=command,
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "search_efficiency.md").write_text(text + "\n", encoding="utf-8")
     if not args.no_figure:

@@ -36,8 +36,21 @@ def figure(results: list[dict[str, Any]], budgets: list[int], path: Path) -> Non
 
     top = max(budgets)
     fig = make_subplots(rows=1, cols=len(results), subplot_titles=[r["name"] for r in results])
-    palette = ["#d62728", "#ff9896", "#e377c2", "#f7b6d2", "#c49c94", "#bcbd22", "#1f77b4", "#7f7f7f", "#2ca02c",
-               "#9467bd", "#ff7f0e", "#8c564b", "#17becf"]
+    palette = [
+        "#d62728",
+        "#ff9896",
+        "#e377c2",
+        "#f7b6d2",
+        "#c49c94",
+        "#bcbd22",
+        "#1f77b4",
+        "#7f7f7f",
+        "#2ca02c",
+        "#9467bd",
+        "#ff7f0e",
+        "#8c564b",
+        "#17becf",
+    ]
     names = results[0]["names"]
     colors = {name: palette[i % len(palette)] for i, name in enumerate(names)}
     for col, res in enumerate(results, start=1):
@@ -45,14 +58,24 @@ def figure(results: list[dict[str, Any]], budgets: list[int], path: Path) -> Non
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN columns after every seed ended
                 x, y = curves(res, name, top)
-            fig.add_trace(go.Scatter(x=np.round(x, 3), y=np.round(y, 2), mode="lines", name=name,
-                                     line={"color": colors[name], "shape": "hv",
-                                           "dash": "dot" if name in PROPOSALS else "solid"}, showlegend=col == 1,
-                                     legendgroup=name), row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=np.round(x, 3),
+                    y=np.round(y, 2),
+                    mode="lines",
+                    name=name,
+                    line={"color": colors[name], "shape": "hv", "dash": "dot" if name in PROPOSALS else "solid"},
+                    showlegend=col == 1,
+                    legendgroup=name,
+                ),
+                row=1,
+                col=col,
+            )
         fig.update_xaxes(title_text="modelled GPU-hours", row=1, col=col)
         fig.update_yaxes(title_text="best so far, % of optimum" if col == 1 else None, range=[0, 102], row=1, col=col)
-    fig.update_layout(title=f"Best config found vs GPU time (median of seeds, {top}-trial runs)", height=450,
-                      width=420 * len(results))
+    fig.update_layout(
+        title=f"Best config found vs GPU time (median of seeds, {top}-trial runs)", height=450, width=420 * len(results)
+    )
     fig.write_html(path, include_plotlyjs=True, full_html=True)
     if path.stat().st_size > MAX_HTML_BYTES:  # too big to commit: the figure as JSON, and a page without plotly.js
         path.with_suffix(".json").write_text(fig.to_json(), encoding="utf-8")

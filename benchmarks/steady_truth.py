@@ -54,10 +54,12 @@ class SteadyRates:
             write_cache(self.path, self.rates)
 
 
-def steady_optimum(rates: SteadyRates, ranked: list[dict[str, Any]], picks: Iterable[dict[str, Any]],
-                   per_gpu) -> dict[str, Any]:
+def steady_optimum(
+    rates: SteadyRates, ranked: list[dict[str, Any]], picks: Iterable[dict[str, Any]], per_gpu
+) -> dict[str, Any]:
     """The best steady rate per GPU (``per_gpu(config)``: the GPUs a server spans) over the grid's configs ranked
     by window score (``ranked``, best first) and every pick; how many of each it examined."""
+
     def value(config: dict[str, Any]) -> float:
         return rates.rate(config) / per_gpu(config)
 
@@ -65,7 +67,7 @@ def steady_optimum(rates: SteadyRates, ranked: list[dict[str, Any]], picks: Iter
     best_config = max(ranked[:n], key=value, default=None)
     best = value(best_config) if best_config is not None else 0.0
     while n < min(MOST, len(ranked)):
-        batch = ranked[n:n + STEP]
+        batch = ranked[n : n + STEP]
         n += len(batch)
         top = max(batch, key=value)
         if value(top) <= best:
@@ -75,6 +77,12 @@ def steady_optimum(rates: SteadyRates, ranked: list[dict[str, Any]], picks: Iter
     for config in distinct.values():
         if value(config) > best:
             best_config, best = config, value(config)
-    return {"tok_s": best, "config": best_config, "grid_examined": n, "picks": len(distinct),
-            "from_pick": best_config is not None and key_of(best_config) in distinct
-            and all(key_of(best_config) != key_of(c) for c in ranked[:n])}
+    return {
+        "tok_s": best,
+        "config": best_config,
+        "grid_examined": n,
+        "picks": len(distinct),
+        "from_pick": best_config is not None
+        and key_of(best_config) in distinct
+        and all(key_of(best_config) != key_of(c) for c in ranked[:n]),
+    }

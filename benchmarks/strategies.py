@@ -75,8 +75,11 @@ class Truth:
     output_mean: float = 2500.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.deviation.to_dict(), "acceptance": round(self.acceptance, 4),
-                "output_mean": round(self.output_mean, 1)}
+        return {
+            **self.deviation.to_dict(),
+            "acceptance": round(self.acceptance, 4),
+            "output_mean": round(self.output_mean, 1),
+        }
 
 
 _SPACES: dict[tuple[str, int], Space] = {}
@@ -114,14 +117,23 @@ class Case:
         return space.without(set(feas.inert_everywhere(space, contexts)))
 
 
-def simulate(case: Case, config: Mapping[str, Any], workload: SimWorkload | None = None, *, seed: int = 0,
-             noise: float = 0.0) -> Any:
+def simulate(
+    case: Case, config: Mapping[str, Any], workload: SimWorkload | None = None, *, seed: int = 0, noise: float = 0.0
+) -> Any:
     """``config`` on the case's hidden truth (its model, GPU, deviations, acceptance and output length), over the
     case's workload or ``workload``: the one way the benchmark runs the simulator."""
     eng, truth = case.cfg.engine, case.truth
-    return evaluate(dict(config), workload or case.workload, model=eng.profile or eng.model, gpu=eng.sim_gpu,
-                    seed=seed, noise=noise, deviation=truth.deviation, acceptance=truth.acceptance,
-                    output_mean=truth.output_mean)
+    return evaluate(
+        dict(config),
+        workload or case.workload,
+        model=eng.profile or eng.model,
+        gpu=eng.sim_gpu,
+        seed=seed,
+        noise=noise,
+        deviation=truth.deviation,
+        acceptance=truth.acceptance,
+        output_mean=truth.output_mean,
+    )
 
 
 @dataclass(frozen=True)
@@ -160,7 +172,9 @@ class Oracle:
     def __init__(self, case: Case, *, noise_cv: float, launch_cv: float | None = None):
         self.case, self.noise_cv, self.launch_cv = case, noise_cv, launch_cv
         self.memo: dict[str, Outcome] = {}
-        self.asked: set[str] = set()  # the configs a strategy evaluated (the memo also holds the grid's, when not cached)
+        self.asked: set[str] = (
+            set()
+        )  # the configs a strategy evaluated (the memo also holds the grid's, when not cached)
         eng = case.cfg.engine
         self.model, self.gpu = eng.profile or eng.model, eng.sim_gpu  # the ground truth's planner reads them
 
@@ -194,18 +208,38 @@ class Oracle:
         if status == "ok" and ev.plan:
             x = ev.plan["extra"]
             total = float(x.get("total_gib") or 0.0)
-            gpu = GpuPeaks(peak_used_gib=float(x["peak_gib"]), total_gib=total,
-                           headroom_gib=total - float(x["peak_gib"]), samples=1)
+            gpu = GpuPeaks(
+                peak_used_gib=float(x["peak_gib"]),
+                total_gib=total,
+                headroom_gib=total - float(x["peak_gib"]),
+                samples=1,
+            )
         # The modelled seconds, recorded as the harness records its own: the confirmation splits windows and
         # relaunches by them (``search.confirm.allocation``).
         durations = {"startup": startup, "warmup": wl.warmup_s, "measure": wl.measure_s} if status == "ok" else {}
-        result = TrialResult(status=status, config=config, engine="sim", capacity=ev.capacity, metrics=ev.metrics,
-                             gpu=gpu, reason=ev.reason, modelled_startup_s=ev.startup_s, durations_s=durations)
+        result = TrialResult(
+            status=status,
+            config=config,
+            engine="sim",
+            capacity=ev.capacity,
+            metrics=ev.metrics,
+            gpu=gpu,
+            reason=ev.reason,
+            modelled_startup_s=ev.startup_s,
+            durations_s=durations,
+        )
         half = ev.settling.half_width if ev.settling is not None and ev.settling.half_width else 0.0
-        return Outcome(status=status, tok_s=ev.output_tok_s if status == "ok" else 0.0,
-                       cost_s=wall * self.case.tp, result=result, drift=ev.window_drift, window_cv=half / 1.96,
-                       window_s=wl.measure_s * self.case.tp, settling=ev.settling,
-                       request_life_s=_request_life(result, wl.max_tokens))
+        return Outcome(
+            status=status,
+            tok_s=ev.output_tok_s if status == "ok" else 0.0,
+            cost_s=wall * self.case.tp,
+            result=result,
+            drift=ev.window_drift,
+            window_cv=half / 1.96,
+            window_s=wl.measure_s * self.case.tp,
+            settling=ev.settling,
+            request_life_s=_request_life(result, wl.max_tokens),
+        )
 
     def stress_s(self, config: Mapping[str, Any]) -> float:
         """GPU-seconds of the stress phase after a launch's windows (see the module docstring); 0 for a config that
@@ -216,8 +250,9 @@ class Oracle:
         running = (out.result.capacity.max_running_requests if out.result.capacity else None) or 1
         return min(DEFAULT_CAP_S, running * self.case.workload.max_tokens / out.tok_s) * self.case.tp
 
-    def launch(self, config: Mapping[str, Any], rng: np.random.Generator,
-               windows: int = 1, warmup_s: float | None = None) -> tuple[Launch, TrialResult]:
+    def launch(
+        self, config: Mapping[str, Any], rng: np.random.Generator, windows: int = 1, warmup_s: float | None = None
+    ) -> tuple[Launch, TrialResult]:
         """One measured launch of ``windows`` windows, each after the warm-up floor ``warmup_s`` (None: the study's):
         the true value times the noise, the way a re-run scatters (one term, or the launch term once and the window
         term per window: see the module docstring)."""
@@ -231,11 +266,16 @@ class Oracle:
             corr = window_corr(windows, self.case.workload.measure_s, out.request_life_s)
             terms = np.linalg.cholesky(corr) @ rng.standard_normal(windows)
             seen = [out.tok_s * math.exp(shift + out.window_cv * float(z)) for z in terms]
-        durations = {**out.result.durations_s, **({"windows": (windows - 1) * out.window_s / self.case.tp}
-                                                   if windows > 1 else {})}
-        result = dataclasses.replace(out.result, metrics=dataclasses.replace(out.result.metrics, output_tok_s=seen[0]),
-                                     windows=tuple(_window(i + 2, v) for i, v in enumerate(seen[1:])) or None,
-                                     durations_s=durations)
+        durations = {
+            **out.result.durations_s,
+            **({"windows": (windows - 1) * out.window_s / self.case.tp} if windows > 1 else {}),
+        }
+        result = dataclasses.replace(
+            out.result,
+            metrics=dataclasses.replace(out.result.metrics, output_tok_s=seen[0]),
+            windows=tuple(_window(i + 2, v) for i, v in enumerate(seen[1:])) or None,
+            durations_s=durations,
+        )
         cost = out.cost_s + (windows - 1) * out.window_s
         return Launch(dict(config), out.status, seen[0], out.tok_s, cost), result
 
@@ -265,8 +305,17 @@ def window_corr(windows: int, window_s: float, life_s: float) -> np.ndarray:
 
 def _window(index: int, tok_s: float) -> Window:
     """A later window of a launch as the harness stores it (``results.Window``)."""
-    return Window(index=index, status="ok", output_tok_s=tok_s, tok_s_per_gpu=None, output_tokens=0, window_s=0.0,
-                  settled=True, first_pass=index - 1, last_pass=index - 1)
+    return Window(
+        index=index,
+        status="ok",
+        output_tok_s=tok_s,
+        tok_s_per_gpu=None,
+        output_tokens=0,
+        window_s=0.0,
+        settled=True,
+        first_pass=index - 1,
+        last_pass=index - 1,
+    )
 
 
 Strategy = Callable[[Case, Oracle, int, int], list[Launch]]
@@ -329,8 +378,15 @@ class _SweepRunner:
     stress phase when one is asked for (``StressStep``): a launch with windows is the confirmation's, its stress
     phase the stress's; one with only a stress step is a stress launch of its own."""
 
-    def __init__(self, oracle: Oracle, rng: np.random.Generator, launches: dict[int, Launch],
-                 confirm_runs: list[Launch], prune_resolution: float | None = None, turnover: bool = False):
+    def __init__(
+        self,
+        oracle: Oracle,
+        rng: np.random.Generator,
+        launches: dict[int, Launch],
+        confirm_runs: list[Launch],
+        prune_resolution: float | None = None,
+        turnover: bool = False,
+    ):
         self.oracle, self.rng, self.launches, self.confirm_runs = oracle, rng, launches, confirm_runs
         self.turnover = turnover  # set: every search launch warms up until its first wave has turned over
         self.stress_runs: list[float] = []  # GPU-seconds of each stress phase (with its launch, when its own)
@@ -366,12 +422,14 @@ class _SweepRunner:
         done = next((d for d in (settler.add(r * settling.slice_s) for r in settling.tok_s) if d is not None), None)
         if done is None or done.settled or not done.reason.startswith(PRUNED):
             return launch, result
-        window = done.tok_s[done.warmup_slices:]
+        window = done.tok_s[done.warmup_slices :]
         seen = sum(window) / len(window) * (launch.observed / out.tok_s)
-        saved = (self.oracle.case.workload.warmup_s + self.oracle.case.workload.measure_s - done.total_s)
+        saved = self.oracle.case.workload.warmup_s + self.oracle.case.workload.measure_s - done.total_s
         cost = launch.cost_s - max(0.0, saved) * self.oracle.case.tp
         metrics = dataclasses.replace(result.metrics, output_tok_s=seen) if result.metrics else None
-        result = dataclasses.replace(result, metrics=metrics, measurement=MeasurementVerdict.from_dict(settling_figures(done)))
+        result = dataclasses.replace(
+            result, metrics=metrics, measurement=MeasurementVerdict.from_dict(settling_figures(done))
+        )
         self.pruned += 1
         return dataclasses.replace(launch, observed=seen, cost_s=cost), result
 
@@ -392,31 +450,56 @@ class _SweepRunner:
             return result
         cap = result.capacity.max_running_requests if result.capacity else None
         gpu = result.gpu
-        stress = StressResult(survived=True, ended="all requests done", duration_s=stress_s / self.oracle.case.tp,
-                              running_cap=cap, max_tokens=self.oracle.case.workload.max_tokens,
-                              peak_used_gib=gpu.peak_used_gib if gpu else None,
-                              total_gib=gpu.total_gib if gpu else None, reached_peak=True)
+        stress = StressResult(
+            survived=True,
+            ended="all requests done",
+            duration_s=stress_s / self.oracle.case.tp,
+            running_cap=cap,
+            max_tokens=self.oracle.case.workload.max_tokens,
+            peak_used_gib=gpu.peak_used_gib if gpu else None,
+            total_gib=gpu.total_gib if gpu else None,
+            reached_peak=True,
+        )
         return dataclasses.replace(result, stress=stress)
 
 
-def _sweep(case: Case, oracle: Oracle, budget: int, seed: int, *, edges: bool = True, precheck: bool = True,
-           correction: bool = True, planner: bool = True, confirmation: bool = True,
-           launches_cap: int | None = None, patience: int = 0, prune: bool = False,
-           warm: Mapping[str, Any] | None = None, study: Mapping[str, Any] | None = None,
-           turnover: bool = False) -> Launches:
+def _sweep(
+    case: Case,
+    oracle: Oracle,
+    budget: int,
+    seed: int,
+    *,
+    edges: bool = True,
+    precheck: bool = True,
+    correction: bool = True,
+    planner: bool = True,
+    confirmation: bool = True,
+    launches_cap: int | None = None,
+    patience: int = 0,
+    prune: bool = False,
+    warm: Mapping[str, Any] | None = None,
+    study: Mapping[str, Any] | None = None,
+    turnover: bool = False,
+) -> Launches:
     """``autotune.search.study``'s Sweep as shipped (then ``confirm`` as a sweep runs it), with the oracle as its
     runner; the keywords switch parts off for the ablation rows; ``warm``: the record ``sweep --from`` writes
     (``search.views.origin.warm_record``), the study started from an earlier one; ``study``: more ``[study]`` keys;
     ``turnover``: every search launch warms up as a confirmation launch does (``confirm.warmup.steady_warmup``).
     The run keeps its study (``Launches.study``)."""
-    update = {"trials": launches_cap or budget, "seed": seed, "storage": "sqlite:///:memory:", "patience": patience,
-              **(study or {})}
+    update = {
+        "trials": launches_cap or budget,
+        "seed": seed,
+        "storage": "sqlite:///:memory:",
+        "patience": patience,
+        **(study or {}),
+    }
     if not edges:
         update["edge_starts"] = 0
     # A study directory of this process's own: parallel benchmark workers running the same study file would
     # otherwise hold each other's sweep lock (one sweep per study and GPU).
-    cfg = case.cfg.model_copy(update={"study": case.cfg.study.model_copy(update=update),
-                                      "path": _workdir() / f"{case.cfg.name}.toml"})
+    cfg = case.cfg.model_copy(
+        update={"study": case.cfg.study.model_copy(update=update), "path": _workdir() / f"{case.cfg.name}.toml"}
+    )
     rng = np.random.default_rng([seed, 0])
     launches: dict[int, Launch] = {}
     confirm_runs: list[Launch] = []
@@ -499,8 +582,9 @@ def tpe_constraints(case: Case, oracle: Oracle, budget: int, seed: int) -> Launc
 
 
 # --- what existing tools do ---------------------------------------------------------------------------------
-def _sampled(case: Case, oracle: Oracle, budget: int, seed: int, sampler: optuna.samplers.BaseSampler,
-             tag: int) -> list[Launch]:
+def _sampled(
+    case: Case, oracle: Oracle, budget: int, seed: int, sampler: optuna.samplers.BaseSampler, tag: int
+) -> list[Launch]:
     """Ask/tell over the whole declared space with no planner: every proposal is launched, an OOM is FAIL."""
     space, rng = case.space, np.random.default_rng([seed, tag])
     study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -540,8 +624,9 @@ def _levels(dist: Any, n: int, rng: np.random.Generator) -> list[Any]:
         return sorted({int(dist.low + round((v - dist.low) / step) * step) for v in raw})
     assert isinstance(dist, FloatDistribution)
     step = dist.step
-    return sorted({round(dist.low + round((v - dist.low) / step) * step, 6) if step else round(float(v), 6)
-                   for v in raw})
+    return sorted(
+        {round(dist.low + round((v - dist.low) / step) * step, 6) if step else round(float(v), 6) for v in raw}
+    )
 
 
 class _Runner:
@@ -633,16 +718,22 @@ def ours_with(patience: int = 0, turnover: bool = False, **keys: Any) -> Strateg
     """Ours with ``[study] patience`` (the search stops after that many launches without a gain beyond the
     resolution; the budget stays the bound), other ``[study]`` keys (e.g. ``confirm_top_k``), and its search launches
     warmed up to a turnover when asked."""
+
     def strategy(case: Case, oracle: Oracle, budget: int, seed: int) -> Launches:
         return _sweep(case, oracle, budget, seed, patience=patience, study=keys, turnover=turnover)
+
     return strategy
 
 
 PROPOSALS: dict[str, Strategy] = {
-    "ours-patience-3": ours_with(3), "ours-patience-5": ours_with(5), "ours-pruned": ours_pruned,
+    "ours-patience-3": ours_with(3),
+    "ours-patience-5": ours_with(5),
+    "ours-pruned": ours_pruned,
     # measured and not adopted (docs/benchmarks.md): more contenders confirmed; search launches warmed up to a turnover
-    "ours-top-5": ours_with(confirm_top_k=5), "ours-patience-5-top-5": ours_with(5, confirm_top_k=5),
-    "ours-turnover": ours_with(turnover=True), "ours-turnover-patience-5": ours_with(5, turnover=True),
+    "ours-top-5": ours_with(confirm_top_k=5),
+    "ours-patience-5-top-5": ours_with(5, confirm_top_k=5),
+    "ours-turnover": ours_with(turnover=True),
+    "ours-turnover-patience-5": ours_with(5, turnover=True),
 }
 
 STRATEGIES: dict[str, Strategy] = {

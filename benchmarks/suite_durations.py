@@ -35,11 +35,14 @@ def table(before: dict[str, tuple[float, int]], after: dict[str, tuple[float, in
     for name in names:
         b, a = before.get(name), after.get(name)
         ratio = f"{a[0] / b[0]:.2f}" if a and b and b[0] > 0 else "–"
-        rows.append(f"| `{name}.py` | {(a or b)[1]} | {f'{b[0]:.1f}' if b else '–'} | {f'{a[0]:.1f}' if a else '–'} "
-                    f"| {ratio} |")
+        rows.append(
+            f"| `{name}.py` | {(a or b)[1]} | {f'{b[0]:.1f}' if b else '–'} | {f'{a[0]:.1f}' if a else '–'} | {ratio} |"
+        )
     total_b, total_a = (sum(s for s, _ in run.values()) for run in (before, after))
-    rows.append(f"| **all files (sum of test times)** | {sum(n for _, n in after.values())} | {total_b:.0f} "
-                f"| {total_a:.0f} | {total_a / total_b:.2f} |")
+    rows.append(
+        f"| **all files (sum of test times)** | {sum(n for _, n in after.values())} | {total_b:.0f} "
+        f"| {total_a:.0f} | {total_a / total_b:.2f} |"
+    )
     return rows
 
 

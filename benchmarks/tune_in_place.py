@@ -89,17 +89,21 @@ def main() -> None:
     parser.add_argument("--after-s", type=float, default=20.0)
     args = parser.parse_args()
     n = args.servers
-    print(f"{n} simulated servers (qwen3.6-27b on a simulated B200) behind sglang-router, closed loop of "
-          f"{args.concurrency} in flight, {args.max_tokens} tokens each; sweep --borrow s1 --trials {args.trials}, "
-          f"then apply --rolling; host: {os.cpu_count()} cores", flush=True)
+    print(
+        f"{n} simulated servers (qwen3.6-27b on a simulated B200) behind sglang-router, closed loop of "
+        f"{args.concurrency} in flight, {args.max_tokens} tokens each; sweep --borrow s1 --trials {args.trials}, "
+        f"then apply --rolling; host: {os.cpu_count()} cores",
+        flush=True,
+    )
     with tempfile.TemporaryDirectory(prefix="tune-in-place-") as tmp:
         directory = Path(tmp)
         env = {**os.environ, "PYTHONPATH": str(ROOT), "AUTOTUNE_SIM_DEVICE_DIR": str(directory / "devices")}
         path = setup(directory, n, True)
         study = directory / "inplace.toml"
         study.write_text(STUDY.format(trials=args.trials))
-        (directory / "prompts.jsonl").write_text("".join(
-            json.dumps({"prompt": f"Explain topic {i} in detail. " * 4}) + "\n" for i in range(64)))
+        (directory / "prompts.jsonl").write_text(
+            "".join(json.dumps({"prompt": f"Explain topic {i} in detail. " * 4}) + "\n" for i in range(64))
+        )
         load = None
         try:
             out = directory / "load.jsonl"
@@ -114,8 +118,19 @@ def main() -> None:
             time.sleep(args.after_s / 2)
             rolled_at = time.time()
             # the canary replays the study's own workload (its concurrency), so its tok/s compares with the study's
-            rolled = autotune("apply", "--config", str(study), "--fleet", str(path), "--rolling", "--grace", "10",
-                              "--startup-timeout", "120", env=env)
+            rolled = autotune(
+                "apply",
+                "--config",
+                str(study),
+                "--fleet",
+                str(path),
+                "--rolling",
+                "--grace",
+                "10",
+                "--startup-timeout",
+                "120",
+                env=env,
+            )
             rolled_end = time.time()
             time.sleep(args.after_s)
             t1 = time.time()
@@ -138,10 +153,14 @@ def main() -> None:
         print(f"from the study's end to s1 back in the router: {back['return_s']} s")
         said = (rolled.stderr if rolled.returncode else rolled.stdout).strip().splitlines() or ["(no output)"]
         print(f"rollout (rc {rolled.returncode}, {rolled_end - rolled_at:.0f} s): {said[-1]}")
-        print(f"completions per 10 s  before {before}  during the lease {during}  after the return {after_return}  "
-              f"after the rollout {after_rollout}")
-        print(f"lowest 10 s bucket during the lease: {lowest_share(during, before)} of the mean before "
-              f"(target (N-1)/N = {(n - 1) / n:.2f})")
+        print(
+            f"completions per 10 s  before {before}  during the lease {during}  after the return {after_return}  "
+            f"after the rollout {after_rollout}"
+        )
+        print(
+            f"lowest 10 s bucket during the lease: {lowest_share(during, before)} of the mean before "
+            f"(target (N-1)/N = {(n - 1) / n:.2f})"
+        )
 
 
 if __name__ == "__main__":

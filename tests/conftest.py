@@ -3,12 +3,14 @@
 The suite runs in several processes at once (pytest-xdist). Each gets its own simulated-GPU registry (servers of
 two workers on one registry would see each other's memory), its own port range (two workers binding port 0 can be
 handed the same port between one's pick and its server's bind) and its own flag-table cache. A port range is a
-slot held by a file lock for the process's life, so two test sessions on one host never share one either. Everything a test
+slot held by a file lock for the process's life, so two test sessions on one host never share one either. Everything a
+test
 starts inherits them through the environment.
 
 A leaked watcher thread is invisible to the test that leaks it and slows every test after it (a worker shares one
 process): a rollout that left one ``shm-sampler`` per detached server once made later timing tests fail.
 """
+
 from __future__ import annotations
 
 import fcntl

@@ -22,8 +22,23 @@ import time
 from pathlib import Path
 
 STATE = Path(os.environ.get("FAKEDOCKER_STATE") or "/nonexistent-fakedocker-state")
-VALUE_FLAGS = {"--name", "--gpus", "--device", "--shm-size", "-p", "--publish", "-e", "--env", "-v", "--volume",
-               "--label", "--ulimit", "--entrypoint", "-w", "--network"}
+VALUE_FLAGS = {
+    "--name",
+    "--gpus",
+    "--device",
+    "--shm-size",
+    "-p",
+    "--publish",
+    "-e",
+    "--env",
+    "-v",
+    "--volume",
+    "--label",
+    "--ulimit",
+    "--entrypoint",
+    "-w",
+    "--network",
+}
 
 
 def box(name: str) -> Path:
@@ -88,7 +103,7 @@ def parse_run(args: list[str]) -> tuple[dict, list[str]]:
             opts["gpus"] += value.strip('"').removeprefix("device=").split(",")
         elif flag == "--device" and value.startswith("nvidia.com/gpu="):
             opts["gpus"].append(value.split("=", 1)[1])
-    return opts, args[i + 1:]  # args[i] is the image
+    return opts, args[i + 1 :]  # args[i] is the image
 
 
 def cmd_run(args: list[str]) -> int:
@@ -120,9 +135,14 @@ def cmd_run(args: list[str]) -> int:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(opts["gpus"])
     box(name).mkdir(parents=True)
     save(name, {"name": name, "command": command, "env": env, "exit_code": None, "supervisor": None, "pid": None})
-    sup = subprocess.Popen([sys.executable, __file__, "_supervise", name], stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-                           env={**os.environ, "FAKEDOCKER_STATE": str(STATE)})
+    sup = subprocess.Popen(
+        [sys.executable, __file__, "_supervise", name],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "FAKEDOCKER_STATE": str(STATE)},
+    )
     deadline = time.monotonic() + 10
     while (state := load(name)) is not None and state.get("pid") is None and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -136,8 +156,14 @@ def cmd_supervise(name: str) -> int:
     assert state is not None
     with open(box(name) / "log", "wb") as log:
         try:
-            proc = subprocess.Popen(state["command"], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=state["env"], start_new_session=True)
+            proc = subprocess.Popen(
+                state["command"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=state["env"],
+                start_new_session=True,
+            )
         except OSError as exc:
             log.write(f"exec failed: {exc}\n".encode())
             save(name, {**state, "supervisor": os.getpid(), "pid": 0, "exit_code": 127})
@@ -224,9 +250,12 @@ def cmd_inspect(args: list[str]) -> int:
         if state is None:
             return fail(f"No such object: {name}")
         code = state.get("exit_code")
-        fields = {"{{.State.Running}}": "true" if running(state) else "false",
-                  "{{.State.ExitCode}}": str(code if code is not None else 0),
-                  "{{.State.Pid}}": str(state.get("pid") if running(state) else 0), "{{.Name}}": f"/{name}"}
+        fields = {
+            "{{.State.Running}}": "true" if running(state) else "false",
+            "{{.State.ExitCode}}": str(code if code is not None else 0),
+            "{{.State.Pid}}": str(state.get("pid") if running(state) else 0),
+            "{{.Name}}": f"/{name}",
+        }
         out = fmt
         for key, value in fields.items():
             out = out.replace(key, value)
@@ -260,8 +289,16 @@ def cmd_ps(args: list[str]) -> int:
     return 0
 
 
-COMMANDS = {"run": cmd_run, "stop": cmd_stop, "kill": cmd_kill, "rm": cmd_rm, "inspect": cmd_inspect,
-            "logs": cmd_logs, "wait": cmd_wait, "ps": cmd_ps}
+COMMANDS = {
+    "run": cmd_run,
+    "stop": cmd_stop,
+    "kill": cmd_kill,
+    "rm": cmd_rm,
+    "inspect": cmd_inspect,
+    "logs": cmd_logs,
+    "wait": cmd_wait,
+    "ps": cmd_ps,
+}
 
 
 def main(argv: list[str]) -> int:

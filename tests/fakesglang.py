@@ -93,7 +93,12 @@ class ServerArgs:
 
 # Flags the fake hides from --help (deprecated shims, as SGLang hides them). None is a BooleanOptionalAction:
 # that action appends to its help text, so argparse would not hide it either.
-SUPPRESSED = ("disable_cuda_graph", "enable_dp_attention", "enable_amd_monokernel", "enable_flashinfer_allreduce_fusion")
+SUPPRESSED = (
+    "disable_cuda_graph",
+    "enable_dp_attention",
+    "enable_amd_monokernel",
+    "enable_flashinfer_allreduce_fusion",
+)
 
 
 @dataclass
@@ -110,8 +115,14 @@ def bundled_rows() -> list[dict[str, Any]]:
     return json.loads(resources.files("autotune").joinpath("data/sglang-0.5.23-flags.json").read_text())
 
 
-def make_fake_sglang(tmp: Path, *, version: str = "0.5.23", rows: list[dict[str, Any]] | None = None,
-                     suppressed: tuple[str, ...] = SUPPRESSED, server_args: str = SERVER_ARGS) -> FakeSGLang:
+def make_fake_sglang(
+    tmp: Path,
+    *,
+    version: str = "0.5.23",
+    rows: list[dict[str, Any]] | None = None,
+    suppressed: tuple[str, ...] = SUPPRESSED,
+    server_args: str = SERVER_ARGS,
+) -> FakeSGLang:
     root = tmp / "site"
     pkg = root / "sglang" / "srt"
     pkg.mkdir(parents=True)

@@ -8,8 +8,18 @@ from pathlib import Path
 from typing import Any
 
 # A tiny simulated SGLang server: ready in ~0.1 s, its simulated GPU memory released 0.2 s after it exits.
-SIM_FLAGS = ["--model-path", "qwen3.6-27b", "--sim-gpu", "b200", "--sim-startup-s", "0.1", "--sim-release-s", "0.2",
-             "--sim-warmup-s", "0"]
+SIM_FLAGS = [
+    "--model-path",
+    "qwen3.6-27b",
+    "--sim-gpu",
+    "b200",
+    "--sim-startup-s",
+    "0.1",
+    "--sim-release-s",
+    "0.2",
+    "--sim-warmup-s",
+    "0",
+]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -47,8 +47,7 @@ def queue() -> list[str]:
     """Every job this test run's processes submitted that the controller still lists (pending, running or
     completing), as ``id name state``. Jobs are told apart by their working directory (the cwd of whoever ran
     ``sbatch``): another checkout's tests on the same cluster are not ours to count or cancel."""
-    done = subprocess.run(["squeue", "-h", "-o", "%i %j %T|%Z"], capture_output=True, text=True, timeout=30,
-                          check=True)
+    done = subprocess.run(["squeue", "-h", "-o", "%i %j %T|%Z"], capture_output=True, text=True, timeout=30, check=True)
     here = os.path.realpath(os.getcwd())
     rows = [line.rpartition("|") for line in done.stdout.split("\n")[:-1]]
     return [row for row, _, cwd in rows if os.path.realpath(cwd) == here]
@@ -72,8 +71,14 @@ def empty_queue() -> Iterator[None]:
 def case(tmp_path: Path) -> Iterator[CaseEnv]:
     devices = tmp_path / "devices"
     skip = slurm_missing()
-    env = CaseEnv(launcher=SlurmLauncher(watchdog_grace_s=1.0), python=sys.executable,
-                  env={"AUTOTUNE_SIM_DEVICE_DIR": str(devices)}, device_dir=devices, work=tmp_path, skip=skip)
+    env = CaseEnv(
+        launcher=SlurmLauncher(watchdog_grace_s=1.0),
+        python=sys.executable,
+        env={"AUTOTUNE_SIM_DEVICE_DIR": str(devices)},
+        device_dir=devices,
+        work=tmp_path,
+        skip=skip,
+    )
     if skip:
         yield env
         return

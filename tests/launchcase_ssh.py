@@ -27,8 +27,7 @@ class Loopback:
     def __call__(self, host: str, command: str, timeout_s: float) -> tuple[int, str, str]:
         assert host == "127.0.0.1", host  # loopback only
         self.commands.append((host, command))
-        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout_s,
-                              check=False)
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout_s, check=False)
         return done.returncode, done.stdout, done.stderr
 
 
@@ -36,8 +35,9 @@ class Loopback:
 def case(tmp_path: Path) -> Iterator[CaseEnv]:
     devices = tmp_path / "devices"
     transport = Loopback()
-    launcher = SshLauncher.from_settings({"host": "127.0.0.1", "remote_dir": str(tmp_path / "remote"),
-                                          "transport": transport})
+    launcher = SshLauncher.from_settings(
+        {"host": "127.0.0.1", "remote_dir": str(tmp_path / "remote"), "transport": transport}
+    )
     yield CaseEnv(
         launcher=launcher,
         python=sys.executable,

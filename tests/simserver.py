@@ -23,9 +23,28 @@ def sim_server(tmp_path: Path, flags: list[str], env: dict[str, str]) -> Iterato
     port = free_port()
     log = (tmp_path / "sim.log").open("wb")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--host", "127.0.0.1",
-         "--port", str(port), "--sim-gpu", "b200", "--sim-startup-s", "0.3", "--sim-release-s", "0.2", *flags],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        [
+            sys.executable,
+            "-m",
+            "autotune.sim",
+            "--model-path",
+            "qwen3.6-27b",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--sim-gpu",
+            "b200",
+            "--sim-startup-s",
+            "0.3",
+            "--sim-release-s",
+            "0.2",
+            *flags,
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -44,16 +44,29 @@ def test_steps_outside_the_candidates_are_refused_with_sglangs_message():
     p = plan(QWEN, B200, {**MTP, **AD, "speculative_num_steps": 2})
     assert p.failure == "bad_args" and p.message == (
         "ValueError: --speculative-num-steps=2 is not in the adaptive config candidate_steps [0, 1, 3, 5, 7]. "
-        "Pass one of those values.")
+        "Pass one of those values."
+    )
 
 
-@pytest.mark.parametrize(("flags", "reason"), [
-    ({}, "speculative_algorithm=None (only EAGLE/EAGLE3 are supported)"),
-    ({"speculative_algorithm": "NGRAM"}, "speculative_algorithm=NGRAM"),
-    ({**MTP, "speculative_num_steps": 3, "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 4,
-      "attention_backend": "fa3", "page_size": 1}, "speculative_eagle_topk=2 (only topk=1 is supported)"),
-    ({**MTP, "tp_size": 2, "enable_dp_attention": True, "dp_size": 2}, "attention DP is not supported"),
-])
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        ({}, "speculative_algorithm=None (only EAGLE/EAGLE3 are supported)"),
+        ({"speculative_algorithm": "NGRAM"}, "speculative_algorithm=NGRAM"),
+        (
+            {
+                **MTP,
+                "speculative_num_steps": 3,
+                "speculative_eagle_topk": 2,
+                "speculative_num_draft_tokens": 4,
+                "attention_backend": "fa3",
+                "page_size": 1,
+            },
+            "speculative_eagle_topk=2 (only topk=1 is supported)",
+        ),
+        ({**MTP, "tp_size": 2, "enable_dp_attention": True, "dp_size": 2}, "attention DP is not supported"),
+    ],
+)
 def test_dropped_with_a_warning_where_0523_does(flags, reason):
     p = plan(QWEN, B200, {**flags, **AD})
     assert p.extra["adaptive"] is None and "speculative_adaptive" in p.inert
@@ -63,7 +76,10 @@ def test_dropped_with_a_warning_where_0523_does(flags, reason):
 def test_scratch_is_charged_at_d_and_allocated_for_the_largest_candidate():
     static, ad = plan(QWEN, B200, MTP), plan(QWEN, B200, {**MTP, **AD})
     assert (ad.kv_tokens, ad.max_running_requests, ad.extra["rest_gib"]) == (
-        static.kv_tokens, static.max_running_requests, static.extra["rest_gib"])  # the charge is unchanged
+        static.kv_tokens,
+        static.max_running_requests,
+        static.extra["rest_gib"],
+    )  # the charge is unchanged
     assert ad.gib.intermediate_ssm == pytest.approx(2 * static.gib.intermediate_ssm, rel=1e-3)  # D 8 against 4
     more = ad.gib.mamba_total - static.gib.mamba_total + ad.gib.graphs - static.gib.graphs
     assert ad.gib.headroom == pytest.approx(static.gib.headroom - more, abs=0.01)
@@ -81,8 +97,10 @@ def test_a_config_file_is_read_and_checked(tmp_path):
     assert p.extra["adaptive"]["initial_steps"] == 4 and p.extra["adaptive"]["max_draft_tokens"] == 5
     assert p.extra["adaptive"]["slots"]["1"]["down_hysteresis"] == 0.0
     path.write_text(json.dumps({"ema_alpha": 0.3}))
-    assert "at least one integer-string" in plan(QWEN, B200, {**MTP, **AD,
-                                                               "speculative_adaptive_config": str(path)}).message
+    assert (
+        "at least one integer-string"
+        in plan(QWEN, B200, {**MTP, **AD, "speculative_adaptive_config": str(path)}).message
+    )
     missing = plan(QWEN, B200, {**MTP, **AD, "speculative_adaptive_config": str(tmp_path / "no.json")})
     assert missing.failure == "bad_args" and "No such file" in missing.message
 
@@ -93,8 +111,10 @@ def test_routing_pads_to_the_graph_size_then_takes_the_slot_below():
     assert slot_for(5, keys, None) == 1  # no graphs: no padding
 
 
-@pytest.mark.parametrize(("alpha", "steps"), [(0.95, {1: 5, 8: 3, 32: 1, 64: 0}), (0.825, {1: 3, 8: 3, 32: 1, 64: 0}),
-                                              (0.2, {1: 1, 8: 1, 32: 1, 64: 0})])
+@pytest.mark.parametrize(
+    ("alpha", "steps"),
+    [(0.95, {1: 5, 8: 3, 32: 1, 64: 0}), (0.825, {1: 3, 8: 3, 32: 1, 64: 0}), (0.2, {1: 1, 8: 1, 32: 1, 64: 0})],
+)
 def test_settled_steps_follow_the_slot_rule(alpha, steps):
     spec = AdaptiveSpec(DEFAULT_TABLE, 3)
     # bs 1: E[accepted | 3 steps] = .95 + .90 + .86 = 2.71 > 3 − .5 → 5; at .825 it is 2.07: stays at 3.
@@ -102,11 +122,30 @@ def test_settled_steps_follow_the_slot_rule(alpha, steps):
 
 
 def test_plan_cli_and_numerics():
-    out = CliRunner().invoke(cli, ["plan", "--model", "qwen3.6-27b", "--gpu", "b200", "--set",
-                                   "speculative_algorithm=EAGLE", "--set", "speculative_adaptive=true"]).output
+    out = (
+        CliRunner()
+        .invoke(
+            cli,
+            [
+                "plan",
+                "--model",
+                "qwen3.6-27b",
+                "--gpu",
+                "b200",
+                "--set",
+                "speculative_algorithm=EAGLE",
+                "--set",
+                "speculative_adaptive=true",
+            ],
+        )
+        .output
+    )
     assert "adaptive steps" in out and "D=8" in out
-    dropped = CliRunner().invoke(cli, ["plan", "--model", "qwen3.6-27b", "--gpu", "b200", "--set",
-                                       "speculative_adaptive=true"]).output
+    dropped = (
+        CliRunner()
+        .invoke(cli, ["plan", "--model", "qwen3.6-27b", "--gpu", "b200", "--set", "speculative_adaptive=true"])
+        .output
+    )
     assert "speculative_adaptive disabled" in dropped
     assert changes_numerics({"speculative_algorithm": "EAGLE", "speculative_adaptive": True}) == []
     assert "speculation depth only" in not_numerics_reason("speculative_adaptive")

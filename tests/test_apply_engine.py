@@ -90,7 +90,11 @@ def every_file(out: Path) -> str:
 
 
 def starts(script: str) -> list[list[str]]:
-    return [shlex.split(line)[1:] for line in script.splitlines() if line.startswith("start ") and "sglang_router" not in line]
+    return [
+        shlex.split(line)[1:]
+        for line in script.splitlines()
+        if line.startswith("start ") and "sglang_router" not in line
+    ]
 
 
 def wait_healthy(port: int, log: Path, timeout_s: float = 30.0) -> None:
@@ -115,13 +119,18 @@ def kill_pid_files(out: Path) -> None:
 @pytest.mark.slow
 def test_cpu_study_launcher_and_fleet_carry_its_engine(tmp_path, monkeypatch):
     python = interpreter(tmp_path)
-    settings = study_settings(tmp_path, f'kind = "sim"\nmodel = "qwen3.6-27b"\npython = "{python}"\n'
-                                        'device = "cpu"\nenv = {AUTOTUNE_STUDY_MARK = "cpu study", '
-                                        f'HF_TOKEN = "{TOKEN}"}}\n'
-                                        "sim_options = {startup_s = 0.1, warmup_s = 0.05, release_s = 0.2}")
+    settings = study_settings(
+        tmp_path,
+        f'kind = "sim"\nmodel = "qwen3.6-27b"\npython = "{python}"\n'
+        'device = "cpu"\nenv = {AUTOTUNE_STUDY_MARK = "cpu study", '
+        f'HF_TOKEN = "{TOKEN}"}}\n'
+        "sim_options = {startup_s = 0.1, warmup_s = 0.05, release_s = 0.2}",
+    )
     url, out, port = study_url(tmp_path, settings), tmp_path / "deploy", free_port()
-    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--gpus", "0", "--allow-unstressed",
-                                   "--base-port", str(port)])
+    res = CliRunner().invoke(
+        cli,
+        ["apply", "--storage", url, "--out", str(out), "--gpus", "0", "--allow-unstressed", "--base-port", str(port)],
+    )
     assert res.exit_code == 0, res.output
     assert "HF_TOKEN looks like a secret" in res.output and TOKEN not in res.output
     assert TOKEN not in every_file(out)  # launcher, fleet file, provenance, YAML: none holds the value
@@ -170,8 +179,10 @@ def test_cpu_study_launcher_and_fleet_carry_its_engine(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_sglang_cpu_study_runs_on_the_cpu_backend_from_fleet_up_and_the_launcher(tmp_path):
     python = fake_sglang(tmp_path)
-    settings = study_settings(tmp_path, f'kind = "sglang"\nmodel = "qwen3.6-27b"\npython = "{python}"\n'
-                                        'device = "cpu"\nenv = {OMP_NUM_THREADS = "2"}')
+    settings = study_settings(
+        tmp_path,
+        f'kind = "sglang"\nmodel = "qwen3.6-27b"\npython = "{python}"\ndevice = "cpu"\nenv = {{OMP_NUM_THREADS = "2"}}',
+    )
     url, out, port = study_url(tmp_path, settings), tmp_path / "deploy", free_port()
     winner = load_winner(url)
     assert (winner.engine, winner.device, winner.python, winner.gpu) == ("sglang", "cpu", str(python), "CPU")
@@ -204,6 +215,7 @@ def test_sglang_cpu_study_runs_on_the_cpu_backend_from_fleet_up_and_the_launcher
         # The simulator stands in for SGLang here and keeps its simulated device busy for its release delay after
         # it exits; a script started within it would plan against the old server's memory (a race, not the fleet).
         from autotune.sim import device
+
         deadline = time.monotonic() + 5
         while device.read(0).used_mib > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -220,8 +232,7 @@ def test_sglang_engine_servers_get_the_winners_environment_lever(tmp_path):
     ``[space.env]`` lever to the server process, and the server runs with it: the stand-in reads it as 0.5.23 does
     (``environ.py`` L1637), so its running cap is 80 slots at ratio 4, not 5 (``kv_cache_configurator.py`` L3066)."""
     python = fake_sglang(tmp_path)
-    settings = study_settings(tmp_path, f'kind = "sglang"\nmodel = "qwen3.6-27b"\npython = "{python}"\n'
-                                        'device = "cpu"')
+    settings = study_settings(tmp_path, f'kind = "sglang"\nmodel = "qwen3.6-27b"\npython = "{python}"\ndevice = "cpu"')
     config = {**CONFIG, "max_mamba_cache_size": 80, f"{ENV_PREFIX}{SKIP}": True}
     url = f"sqlite:///{tmp_path / 'study.db'}"
     make_study(url, trials=[(result(config, 1500.0), "search")], settings=settings)
@@ -257,10 +268,22 @@ def test_no_gpu_list_is_an_error_naming_the_option(tmp_path, capsys):
 
 def test_gpus_come_from_a_fleet_file(tmp_path):
     url = study_url(tmp_path, study_settings(tmp_path, 'kind = "sim"\nmodel = "qwen3.6-27b"\nsim_gpu = "h200"'))
-    servers = [FleetServer(name=f"box{g}", gpu=g, port=31000 + g, config="old.yaml", log=f"l/{g}", pid=f"p/{g}")
-               for g in (2, 5)]
-    servers.append(FleetServer(name="far", host="ops@gpu-box", gpu=1, port=32000, bind="0.0.0.0", config="old.yaml",
-                               log="l/far", pid="p/far"))
+    servers = [
+        FleetServer(name=f"box{g}", gpu=g, port=31000 + g, config="old.yaml", log=f"l/{g}", pid=f"p/{g}")
+        for g in (2, 5)
+    ]
+    servers.append(
+        FleetServer(
+            name="far",
+            host="ops@gpu-box",
+            gpu=1,
+            port=32000,
+            bind="0.0.0.0",
+            config="old.yaml",
+            log="l/far",
+            pid="p/far",
+        )
+    )
     old = write_fleet(Fleet(engine="sglang", model="m", servers=servers), tmp_path / "old" / "fleet.toml")
     out = tmp_path / "new"
     # "far" listens beyond loopback on another host, where autotune places no keys: refused in one line ...
@@ -268,20 +291,37 @@ def test_gpus_come_from_a_fleet_file(tmp_path):
         write_artifacts(load_winner(url), out, layout=load_fleet(old))
     assert not (out / "fleet.toml").exists()
     # ... unless told --insecure, which it says
-    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--fleet", str(old), "--allow-unstressed",
-                                   "--insecure"])
+    res = CliRunner().invoke(
+        cli, ["apply", "--storage", url, "--out", str(out), "--fleet", str(old), "--allow-unstressed", "--insecure"]
+    )
     assert res.exit_code == 0, res.output
     assert "insecure: server far binds 0.0.0.0, without keys" in res.output
     fleet = load_fleet(out / "fleet.toml")
     assert [(s.name, s.host, s.gpu, s.port, s.config) for s in fleet.servers] == [
-        ("box2", "localhost", 2, 31002, "sglang.yaml"), ("box5", "localhost", 5, 31005, "sglang.yaml"),
-        ("far", "ops@gpu-box", 1, 32000, "sglang.yaml")]
+        ("box2", "localhost", 2, 31002, "sglang.yaml"),
+        ("box5", "localhost", 5, 31005, "sglang.yaml"),
+        ("far", "ops@gpu-box", 1, 32000, "sglang.yaml"),
+    ]
     assert (fleet.engine, fleet.sim_gpu) == ("sim", "h200")  # the study's engine, not the old file's
     script = (out / "launch_fleet.sh").read_text()
     assert [s[:3] for s in starts(script)] == [["l/2", "p/2", "2"], ["l/5", "p/5", "5"]]
     assert "#   far on ops@gpu-box" in script  # another host's server: fleet up starts it, not this script
-    res = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(out), "--fleet", str(old), "--gpus", "0",
-                                   "--allow-unstressed", "--insecure"])
+    res = CliRunner().invoke(
+        cli,
+        [
+            "apply",
+            "--storage",
+            url,
+            "--out",
+            str(out),
+            "--fleet",
+            str(old),
+            "--gpus",
+            "0",
+            "--allow-unstressed",
+            "--insecure",
+        ],
+    )
     assert res.exit_code == 2 and "not both" in res.output
 
 
@@ -301,9 +341,15 @@ def test_what_looks_like_a_secret():
     assert looks_secret("HF_TOKEN", "anything") and looks_secret("WANDB_API_KEY", "x")
     assert looks_secret("EXTRA", TOKEN) and looks_secret("EXTRA", "sk-" + "a1B2c3D4e5F6g7H8")
     assert looks_secret("EXTRA", "0123456789abcdef0123456789abcdef")
-    for name, value in [("SGLANG_USE_CPU_ENGINE", "1"), ("HF_HOME", "/data/hf"), ("OMP_NUM_THREADS", "8"),
-                        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"), ("HF_TOKEN", "${HF_TOKEN}"),
-                        ("SGLANG_BACKEND", "flashinfer_trtllm_backend_v2"), ("TOKENIZERS_PARALLELISM", "false")]:
+    for name, value in [
+        ("SGLANG_USE_CPU_ENGINE", "1"),
+        ("HF_HOME", "/data/hf"),
+        ("OMP_NUM_THREADS", "8"),
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+        ("HF_TOKEN", "${HF_TOKEN}"),
+        ("SGLANG_BACKEND", "flashinfer_trtllm_backend_v2"),
+        ("TOKENIZERS_PARALLELISM", "false"),
+    ]:
         assert not looks_secret(name, value), name
     env = {"HF_TOKEN": TOKEN, "OMP_NUM_THREADS": "8"}
     assert redact_env(env) == {"HF_TOKEN": "***", "OMP_NUM_THREADS": "8"}
@@ -316,8 +362,10 @@ def test_what_looks_like_a_secret():
 
 def test_a_fleet_file_holding_a_secret_value_is_refused_without_echoing_it(tmp_path):
     path = tmp_path / "fleet.toml"
-    path.write_text(f'engine = "sim"\nmodel = "m"\nenv = {{MY_SECRET = "${{MY_SECRET}}", HF_TOKEN = "{TOKEN}"}}\n'
-                    '[[servers]]\nname = "a"\ngpu = 0\nport = 30000\nconfig = "c.yaml"\nlog = "l"\npid = "p"\n')
+    path.write_text(
+        f'engine = "sim"\nmodel = "m"\nenv = {{MY_SECRET = "${{MY_SECRET}}", HF_TOKEN = "{TOKEN}"}}\n'
+        '[[servers]]\nname = "a"\ngpu = 0\nport = 30000\nconfig = "c.yaml"\nlog = "l"\npid = "p"\n'
+    )
     with pytest.raises(FleetError, match=r'env.HF_TOKEN: looks like a secret.*HF_TOKEN = "\$\{HF_TOKEN\}"') as info:
         load_fleet(path)
     assert TOKEN not in str(info.value)
@@ -328,12 +376,19 @@ def test_a_fleet_file_holding_a_secret_value_is_refused_without_echoing_it(tmp_p
 def test_provenance_records_the_engine_without_secret_values(tmp_path):
     import json
 
-    settings = study_settings(tmp_path, f'kind = "sglang"\nmodel = "/m"\npython = "/opt/sgl/bin/python"\n'
-                                        f'device = "cpu"\nenv = {{HF_TOKEN = "{TOKEN}", OMP_NUM_THREADS = "2"}}')
+    settings = study_settings(
+        tmp_path,
+        f'kind = "sglang"\nmodel = "/m"\npython = "/opt/sgl/bin/python"\n'
+        f'device = "cpu"\nenv = {{HF_TOKEN = "{TOKEN}", OMP_NUM_THREADS = "2"}}',
+    )
     write_artifacts(load_winner(study_url(tmp_path, settings)), tmp_path / "out", gpus=[0])
     prov = json.loads((tmp_path / "out" / "provenance.json").read_text())
-    assert (prov["engine"], prov["device"], prov["python"], prov["gpu"]) == ("sglang", "cpu", "/opt/sgl/bin/python",
-                                                                             "CPU")
+    assert (prov["engine"], prov["device"], prov["python"], prov["gpu"]) == (
+        "sglang",
+        "cpu",
+        "/opt/sgl/bin/python",
+        "CPU",
+    )
     assert prov["env"] == {"HF_TOKEN": "${HF_TOKEN}", "OMP_NUM_THREADS": "2"}
     fleet_raw = tomllib.loads((tmp_path / "out" / "fleet.toml").read_text())
     assert fleet_raw["device"] == "cpu" and fleet_raw["python"] == "/opt/sgl/bin/python"
@@ -344,8 +399,7 @@ def test_provenance_records_the_engine_without_secret_values(tmp_path):
 
 def test_a_cpu_study_fleet_file_names_no_gpu_and_no_simulated_gpu(tmp_path):
     python = fake_sglang(tmp_path)
-    settings = study_settings(tmp_path, f'kind = "sglang"\nmodel = "qwen3.6-27b"\npython = "{python}"\n'
-                                        'device = "cpu"')
+    settings = study_settings(tmp_path, f'kind = "sglang"\nmodel = "qwen3.6-27b"\npython = "{python}"\ndevice = "cpu"')
     winner = load_winner(study_url(tmp_path, settings))
     assert winner.sim_gpu is None
     out = tmp_path / "deploy"

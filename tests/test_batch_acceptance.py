@@ -24,9 +24,15 @@ BAD = {"custom_id": "bad", "method": "POST", "url": "/v1/chat/completions", "bod
 def batch_line(i: int) -> dict:
     """Odd rows chat, even rows completions, each with its own output budget; chat rows with a temperature."""
     if i % 2:
-        body = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
-                                           {"role": "user", "content": f"Explain topic {i} step by step. " * 3}],
-                "max_completion_tokens": 200 + i % 100, "temperature": 0.7}
+        body = {
+            "model": "m",
+            "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": f"Explain topic {i} step by step. " * 3},
+            ],
+            "max_completion_tokens": 200 + i % 100,
+            "temperature": 0.7,
+        }
         return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions", "body": body}
     body = {"model": "m", "prompt": f"Write a short story about {i}. " * 5, "max_tokens": 150}
     return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/completions", "body": body}
@@ -42,9 +48,16 @@ def write_batch(path: Path, *, bad: bool = False) -> Path:
 
 def write_sharegpt(path: Path) -> Path:
     """300 conversations (a human turn, then a reply whose length is the output budget) and one with no human turn."""
-    records = [{"id": f"c{i}", "conversations": [{"from": "human", "value": f"Tell me about item {i}. " * 4},
-                                                 {"from": "gpt", "value": "word " * (50 + i % 200)}]}
-               for i in range(300)]
+    records = [
+        {
+            "id": f"c{i}",
+            "conversations": [
+                {"from": "human", "value": f"Tell me about item {i}. " * 4},
+                {"from": "gpt", "value": "word " * (50 + i % 200)},
+            ],
+        }
+        for i in range(300)
+    ]
     records.append({"id": "no-human", "conversations": [{"from": "gpt", "value": "hello"}]})
     path.write_text(json.dumps(records))
     return path
@@ -79,17 +92,42 @@ def test_a_bad_batch_line_stops_measure_and_the_sweep_before_any_server(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("name", "write", "fmt"), [("job.jsonl", write_batch, "batch"),
-                                                    ("job.json", write_sharegpt, "sharegpt")])
+@pytest.mark.parametrize(
+    ("name", "write", "fmt"), [("job.jsonl", write_batch, "batch"), ("job.json", write_sharegpt, "sharegpt")]
+)
 @pytest.mark.slow
 def test_the_jobs_own_file_runs_measure_and_the_example_sweep(tmp_path, name, write, fmt):
     clone = fresh_clone(tmp_path / "clone")
     write(clone / name)
     env = _env(tmp_path)
-    run = lambda *argv: subprocess.run([sys.executable, "-m", "autotune", *argv], cwd=clone, env=env,  # noqa: E731
-                                       capture_output=True, text=True, timeout=120)
-    measured = run("measure", "--prompts", name, "--sample", "16", "--max-tokens", "256", "--warmup", "0.5",
-                   "--warmup-max", "0.5", "--window", "1", "--window-max", "1", "--sim-opt", "startup_s=0.2", "--out", "m", "--json")
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "autotune", *argv], cwd=clone, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    measured = run(
+        "measure",
+        "--prompts",
+        name,
+        "--sample",
+        "16",
+        "--max-tokens",
+        "256",
+        "--warmup",
+        "0.5",
+        "--warmup-max",
+        "0.5",
+        "--window",
+        "1",
+        "--window-max",
+        "1",
+        "--sim-opt",
+        "startup_s=0.2",
+        "--out",
+        "m",
+        "--json",
+    )
     assert measured.returncode == 0, measured.stderr[-2000:]
     result = json.loads(measured.stdout)
     assert result["status"] == "ok" and result["metrics"]["output_tok_s"] > 0 and not result["metrics"]["errors"]
@@ -100,8 +138,18 @@ def test_the_jobs_own_file_runs_measure_and_the_example_sweep(tmp_path, name, wr
         assert "/generate" in served
         assert "skipped 1 record with no human turn" in measured.stderr
     # the example sweep with the job's file as its sample (the copy's [workload] prompts), as the README runs it
-    shrink_example(clone, prompts=f"../{name}", trials="2", edge_starts="0", confirm_top_k="0", sample_size="16",
-                   warmup_s="0.5", measure_s="1", warmup_max_s="1", measure_max_s="1.5")
+    shrink_example(
+        clone,
+        prompts=f"../{name}",
+        trials="2",
+        edge_starts="0",
+        confirm_top_k="0",
+        sample_size="16",
+        warmup_s="0.5",
+        measure_s="1",
+        warmup_max_s="1",
+        measure_max_s="1.5",
+    )
     swept = run("sweep")
     assert swept.returncode == 0, swept.stderr[-2000:]
     assert "2 trials (2 ok)" in swept.stdout, swept.stdout[-2000:]

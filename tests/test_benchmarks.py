@@ -99,8 +99,9 @@ def test_a_confirmation_launch_is_evaluated_and_costed_at_its_own_warmup(case, o
     # the warm-up is the launch's, paid once: a later window of the same loop costs its window alone
     assert warm.window_s == short.window_s == pytest.approx(case.workload.measure_s * case.tp)
     assert warm.result.durations_s["warmup"] == case.workload.warmup_s + 20.0
-    launch, result = oracle.launch(case.baseline, np.random.default_rng(0), windows=3,
-                                   warmup_s=case.workload.warmup_s + 20.0)
+    launch, result = oracle.launch(
+        case.baseline, np.random.default_rng(0), windows=3, warmup_s=case.workload.warmup_s + 20.0
+    )
     assert launch.cost_s == pytest.approx(warm.cost_s + 2 * warm.window_s) and len(result.windows) == 2
 
 
@@ -129,8 +130,13 @@ def test_figures_from_launches():
     def launch(status, true, cost, observed=None):
         return st.Launch({}, status, true if observed is None else observed, true, cost)
 
-    runs = [launch("startup_oom", 0, 3600), launch("ok", 90, 3600), launch("skipped_infeasible", 0, 0),
-            launch("ok", 99, 1800, observed=80), launch("ok", 98.5, 1800)]
+    runs = [
+        launch("startup_oom", 0, 3600),
+        launch("ok", 90, 3600),
+        launch("skipped_infeasible", 0, 0),
+        launch("ok", 99, 1800, observed=80),
+        launch("ok", 98.5, 1800),
+    ]
     # The 99 config measured low (80), so the pick stays at 90 until 98.5 is measured.
     assert st.best_so_far(runs) == [0.0, 90, 90, 90, 98.5]
     summary = tab.summarise(runs, 100.0)
@@ -189,17 +195,36 @@ def test_unknown_case_is_a_one_line_error(capsys):
 
 
 def test_window_overrides_the_study_trial_window():
-    default, settled = se.make_case("qwen3.6-27b-b200", "seed"), se.make_case("qwen3.6-27b-b200", "seed", window=(90, 30))
+    default, settled = (
+        se.make_case("qwen3.6-27b-b200", "seed"),
+        se.make_case("qwen3.6-27b-b200", "seed", window=(90, 30)),
+    )
     assert (settled.workload.warmup_s, settled.workload.measure_s) == (90, 30)
     assert (default.workload.warmup_s, default.workload.measure_s) != (90, 30)
     assert settled.workload.prompts == default.workload.prompts and settled.truth == default.truth
 
 
 def test_window_rates_from_records(tmp_path):
-    rows = [{"row": 0, "sent": 0.0, "chunks": [[1.0, 10], [2.5, 10], [4.0, 10]], "finish_reason": "length",
-             "error": None, "ended": 4.0, "accept_length": None},
-            {"row": 1, "sent": 0.0, "chunks": [[1.5, 5], [3.5, 5]], "finish_reason": None, "error": None,
-             "ended": None, "accept_length": None}]
+    rows = [
+        {
+            "row": 0,
+            "sent": 0.0,
+            "chunks": [[1.0, 10], [2.5, 10], [4.0, 10]],
+            "finish_reason": "length",
+            "error": None,
+            "ended": 4.0,
+            "accept_length": None,
+        },
+        {
+            "row": 1,
+            "sent": 0.0,
+            "chunks": [[1.5, 5], [3.5, 5]],
+            "finish_reason": None,
+            "error": None,
+            "ended": None,
+            "accept_length": None,
+        },
+    ]
     (tmp_path / "records.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     rates = mn.window_rates(tmp_path, 1.0, [1.0, 3.0], concurrency=2)
     assert rates[1.0] == pytest.approx(15.0)  # [1, 2): 10 + 5 tokens
@@ -213,12 +238,21 @@ def test_noise_through_the_real_harness(tmp_path, monkeypatch):
     cfg = load_config(mn.STUDY)
     cfg = cfg.model_copy(update={"workload": cfg.workload.model_copy(update={"warmup_s": 1.0, "sample_size": 40})})
     config = {**cfg.engine.fixed, **cfg.enqueue[0].flags}
-    runs = mn.harness_runs(config, cfg=cfg, repeats=2, windows=[1.0, 2.0], noise=0.02, workdir=tmp_path,
-                           say=lambda text: None)
+    runs = mn.harness_runs(
+        config, cfg=cfg, repeats=2, windows=[1.0, 2.0], noise=0.02, workdir=tmp_path, say=lambda text: None
+    )
     assert len(runs) == 2 and all(r[1.0] > 0 and r[2.0] > 0 for r in runs)
     virtual = mn.evaluator_runs(config, cfg=cfg, repeats=2, windows=[1.0, 2.0], noise=0.02)
-    text = mn.report(config, {"same seed": runs, "new seed": runs}, virtual, windows=[1.0, 2.0], warmup_s=1.0,
-                     noise=0.02, default_s=12, seconds=5)
+    text = mn.report(
+        config,
+        {"same seed": runs, "new seed": runs},
+        virtual,
+        windows=[1.0, 2.0],
+        warmup_s=1.0,
+        noise=0.02,
+        default_s=12,
+        seconds=5,
+    )
     assert "| 1 |" in text and "| 2 |" in text and "same seed: CV %" in text
 
 
@@ -236,8 +270,16 @@ def test_noise_reports_failed_launches(tmp_path, monkeypatch):
     config = {**cfg.engine.fixed, **cfg.enqueue[0].flags, "max_mamba_cache_size": 100_000}
     failures: list[str] = []
     with pytest.raises(AutotuneError, match="only 0 of 2 launches measured"):
-        mn.harness_runs(config, cfg=cfg, repeats=2, windows=[1.0], noise=0.02, workdir=tmp_path,
-                        say=lambda text: None, failures=failures)
+        mn.harness_runs(
+            config,
+            cfg=cfg,
+            repeats=2,
+            windows=[1.0],
+            noise=0.02,
+            workdir=tmp_path,
+            say=lambda text: None,
+            failures=failures,
+        )
     assert len(failures) == 2 and all("startup_oom" in f for f in failures)
 
 
@@ -254,7 +296,8 @@ def test_truth_is_a_seeded_draw_in_the_declared_ranges():
     assert se.draw_truth("qwen3.6-27b-b200", "seed", hidden=False).deviation.memory_is_exact
     other = se.draw_truth("qwen3.6-27b-b200", "seed", seed=se.TRUTH_SEED + 1)  # --truth-seed: another truth
     assert other != se.draw_truth("qwen3.6-27b-b200", "seed") and other == se.draw_truth(
-        "qwen3.6-27b-b200", "seed", seed=se.TRUTH_SEED + 1)
+        "qwen3.6-27b-b200", "seed", seed=se.TRUTH_SEED + 1
+    )
     assert se.make_case("qwen3.6-27b-b200", truth_seed=se.TRUTH_SEED + 1).truth == other
 
 
@@ -282,9 +325,26 @@ def test_quick_run_is_reproducible(tmp_path):
     tables = []
     for i in range(2):
         out = tmp_path / str(i)
-        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "search_efficiency.py"), "--quick", "--seeds", "1",
-                        "--no-figure", "--window", "2,4", "--out", str(out), "--cache", str(tmp_path / "cache")],
-                       check=True, env=env, capture_output=True, timeout=1500)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "benchmarks" / "search_efficiency.py"),
+                "--quick",
+                "--seeds",
+                "1",
+                "--no-figure",
+                "--window",
+                "2,4",
+                "--out",
+                str(out),
+                "--cache",
+                str(tmp_path / "cache"),
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
+            timeout=1500,
+        )
         text = (out / "search_efficiency.md").read_text()
         tables.append([line for line in text.splitlines() if not line.startswith("Generated by")])
     assert tables[0] == tables[1]
@@ -297,15 +357,22 @@ def test_the_80b_rows_score_per_gpu_as_the_tool_does():
     big = se.make_case("qwen3-next-80b-a3b-h200", window=(1.0, 2.0))
     assert big.tp == 2 and se.gpus_of(big.baseline) == 2
     config = dict(big.baseline)
-    launches = st.Launches([st.Launch(config, "ok", 3000.0, 3100.0, 10.0),
-                            st.Launch(config, "startup_oom", 0.0, 0.0, 5.0)])
+    launches = st.Launches(
+        [st.Launch(config, "ok", 3000.0, 3100.0, 10.0), st.Launch(config, "startup_oom", 0.0, 0.0, 5.0)]
+    )
     launches.named, launches.named_config, launches.confirm_launches = 3100.0, config, 3
     scored = se.per_gpu_launches(launches)
     assert [(x.observed, x.true, x.cost_s) for x in scored] == [(1500.0, 1550.0, 10.0), (0.0, 0.0, 5.0)]
     assert (scored.named, scored.confirm_launches) == (1550.0, 3)
     # The tool's own score of the same measurement: the study's objective divides by the same count.
-    assert per_gpu(TrialResult.from_dict({"status": "ok", "config": config, "metrics": {
-        "output_tok_s": 3000.0, "request_s": 1.0}})) == 1500.0
+    assert (
+        per_gpu(
+            TrialResult.from_dict(
+                {"status": "ok", "config": config, "metrics": {"output_tok_s": 3000.0, "request_s": 1.0}}
+            )
+        )
+        == 1500.0
+    )
     one = se.per_gpu_launches([st.Launch({"tp_size": 1}, "ok", 2000.0, 2000.0, 1.0)])
     assert one[0].observed == 2000.0 and one.named is None  # a 1-GPU case is unchanged
 
@@ -347,7 +414,7 @@ def test_steady_rates_are_memoised_on_disk(case, oracle, tmp_path, monkeypatch):
     first = stt.SteadyRates(case, tmp_path)
     best = stt.steady_optimum(first, ranked, [case.baseline], se.gpus_of)
     assert first.evaluated >= min(stt.TOP, len(ranked)) and best["tok_s"] > 0
-    assert best["tok_s"] == max(first.rate(c) for c in [*ranked[:best["grid_examined"]], case.baseline])
+    assert best["tok_s"] == max(first.rate(c) for c in [*ranked[: best["grid_examined"]], case.baseline])
     first.save()
 
     def no_simulation(*args, **kwargs):
@@ -363,8 +430,11 @@ def test_equal_gpu_hours_extends_a_rival_by_what_ours_spent_after_its_search():
 
     ours = st.Launches([st.Launch({}, "ok", 1.0, 1.0, 100.0)])
     ours.confirm_cost_s, ours.stress_cost_s = 250.0, 50.0
-    rival = [st.Launch({}, "ok", 1.0, 1.0, 100.0), st.Launch({}, "startup_oom", 0, 0, 20.0),
-             st.Launch({}, "skipped_infeasible", 0, 0, 0.0)]
+    rival = [
+        st.Launch({}, "ok", 1.0, 1.0, 100.0),
+        st.Launch({}, "startup_oom", 0, 0, 20.0),
+        st.Launch({}, "skipped_infeasible", 0, 0, 0.0),
+    ]
     assert equal_cost.after_search_s(ours) == 300.0
     assert equal_cost.extra_launches(ours, rival) == 5  # 300 GPU-s at a mean launch of 60 GPU-s (skips not counted)
     rival[1] = st.Launch({}, "startup_oom", 0, 0, 30.0)
@@ -377,8 +447,14 @@ def test_calibration_checks_the_stated_gain_and_within_verdicts():
 
     run = st.Launches()
     run.trial_configs = {0: {"c": 0}, 3: {"c": 3}, 5: {"c": 5}}
-    run.confirm = {"winner_trial": 3, "baseline_trial": 0, "gain": 1.5, "ci_low": 1.4, "ci_high": 1.6,
-                   "note": "tied within 2 %: trial 3's gain over trial 5 is 1.010× (CI 0.99–1.02×, inside ±2 %); x"}
+    run.confirm = {
+        "winner_trial": 3,
+        "baseline_trial": 0,
+        "gain": 1.5,
+        "ci_low": 1.4,
+        "ci_high": 1.6,
+        "note": "tied within 2 %: trial 3's gain over trial 5 is 1.010× (CI 0.99–1.02×, inside ±2 %); x",
+    }
     rates = {0: 100.0, 3: 145.0, 5: 150.0}
     out = calibration.check(run, lambda c: rates[c["c"]])
     assert out["gain"]["holds"] and out["gain"]["true"] == pytest.approx(1.45)
@@ -392,8 +468,11 @@ def test_calibration_checks_the_stated_gain_and_within_verdicts():
     assert calibration.coverage([])["median_width"] is None and calibration.width(calibration.coverage([])) == "–"
     settled = {"baseline_trial": 0, "note": "settled within 2 %: trial 3's gain over trial 5 is 0.99×"}
     assert calibration.claims(settled) == [("settled", 3, 5, 0.02)]
-    held = {"baseline_trial": 0, "note": "no config beat the baseline: trial 3's 1,000 tok/s against the baseline's "
-            "990 is tied within 2 % (CI 0.99–1.03×)"}
+    held = {
+        "baseline_trial": 0,
+        "note": "no config beat the baseline: trial 3's 1,000 tok/s against the baseline's "
+        "990 is tied within 2 % (CI 0.99–1.03×)",
+    }
     assert calibration.claims(held) == [("tied", 3, 0, 0.02)]
 
 
@@ -404,8 +483,7 @@ def test_warm_start_reach_follows_the_best_measured_config_at_steady_state():
         return st.Launch({"name": name}, status, observed, observed, cost_s)
 
     steady = {"a": 90.0, "b": 98.0, "c": 99.0}
-    run = [launch("a", 100.0), launch("skip", 0.0, "skipped_infeasible", 0.0), launch("b", 95.0),
-           launch("c", 120.0)]
+    run = [launch("a", 100.0), launch("skip", 0.0, "skipped_infeasible", 0.0), launch("b", 95.0), launch("c", 120.0)]
     rate = lambda config: steady.get(config["name"], 0.0)  # noqa: E731
     # "b" runs at 98 % but measured below "a": not yet picked; "c", measured best, is picked at the third launch
     assert ws.reach(run, rate, 100.0) == (3.0, 3 * 360.0 / 3600)
@@ -417,12 +495,13 @@ def test_a_warm_run_measures_the_earlier_studys_configs_right_after_the_baseline
     from autotune.sglang.flags import FlagTable
 
     earlier = st._sweep(case, oracle, 6, 0)
-    record, lines = warm_record(earlier.study, "in memory", case.cfg, table=FlagTable.bundled(),
-                                version="0.5.23 (simulated)", name="tiny@0")
+    record, lines = warm_record(
+        earlier.study, "in memory", case.cfg, table=FlagTable.bundled(), version="0.5.23 (simulated)", name="tiny@0"
+    )
     assert record["configs"] and lines[0].startswith("started from study tiny@0 (in memory;")
     warm = st._sweep(case, oracle, 6, 1, warm=record)
     trials = warm.study.get_trials()
-    carried = [t.user_attrs["config"] for t in trials[1:1 + len(record["configs"])]]
+    carried = [t.user_attrs["config"] for t in trials[1 : 1 + len(record["configs"])]]
     assert trials[0].user_attrs["role"] == "baseline"
     assert carried == [c["config"] for c in record["configs"]]
     assert sum(x.launched for x in warm) == 6  # the carried configs are launches of the same budget

@@ -46,8 +46,7 @@ def test_the_set_spans_gpus_families_and_precisions():
     assert all(c["source"] and c["sglang"] and c["log"] for c in CASES)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if "weights_gib" in c["logged"]],
-                         ids=lambda c: c["name"])
+@pytest.mark.parametrize("case", [c for c in CASES if "weights_gib" in c["logged"]], ids=lambda c: c["name"])
 def test_weights_from_config_arithmetic_are_within_two_percent_of_the_log(case):
     """Without a safetensors index the weights are config.json arithmetic (docs/sglang-memory.md §12)."""
     model = model_of(case)
@@ -99,8 +98,11 @@ def test_the_attention_backend_takes_what_the_logs_show_between_the_pools_and_ca
     measured = {}
     for case in CASES:
         logged = case["logged"]
-        before_capture = logged.get("capture_begin_gib", logged["after_graphs_gib"] if logged.get("graphs_gib") == 0
-                                    else None) if "pool_end_gib" in logged else None
+        before_capture = (
+            logged.get("capture_begin_gib", logged["after_graphs_gib"] if logged.get("graphs_gib") == 0 else None)
+            if "pool_end_gib" in logged
+            else None
+        )
         if before_capture is None:
             continue
         _, p = planned(case)
@@ -121,6 +123,8 @@ def test_free_memory_after_graph_capture_is_what_the_docs_table_says():
         g = p.gib
         free_after_graphs = case["free_gib"] - (g.weights + g.mamba_total + g.kv) - g.backend - g.graphs
         errors[case["name"]] = round(free_after_graphs - case["logged"]["after_graphs_gib"], 2)
-    assert errors == {"qwen3.5-9b-tp2-rtx4090": pytest.approx(0.25, abs=0.05),
-                      "qwen3.6-27b-class-fp8-h100": pytest.approx(2.47, abs=0.05),
-                      "qwen3.5-397b-a17b-fp8-tp2-rtx4090": pytest.approx(-0.48, abs=0.05)}
+    assert errors == {
+        "qwen3.5-9b-tp2-rtx4090": pytest.approx(0.25, abs=0.05),
+        "qwen3.6-27b-class-fp8-h100": pytest.approx(2.47, abs=0.05),
+        "qwen3.5-397b-a17b-fp8-tp2-rtx4090": pytest.approx(-0.48, abs=0.05),
+    }

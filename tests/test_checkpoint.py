@@ -34,10 +34,12 @@ def fp8_folder(tmp_path: Path, *, shards: bool) -> tuple[Path, int, int]:
     folder = tmp_path / "Qwen3.6-27B-FP8"
     folder.mkdir()
     (folder / "config.json").write_text((MODELS / "qwen3.6-27b-fp8" / "config.json").read_text())
-    body = {"model.language_model.layers.0.mlp.up_proj.weight": ("F8_E4M3", [17408, 5120], 14_000_000_000),
-            "model.language_model.embed_tokens.weight": ("BF16", [248320, 5120], 2_542_796_800),
-            "lm_head.weight": ("BF16", [248320, 5120], 2_542_796_800),
-            "model.visual.blocks.0.attn.qkv.weight": ("BF16", [3456, 1152], 900_000_000)}
+    body = {
+        "model.language_model.layers.0.mlp.up_proj.weight": ("F8_E4M3", [17408, 5120], 14_000_000_000),
+        "model.language_model.embed_tokens.weight": ("BF16", [248320, 5120], 2_542_796_800),
+        "lm_head.weight": ("BF16", [248320, 5120], 2_542_796_800),
+        "model.visual.blocks.0.attn.qkv.weight": ("BF16", [3456, 1152], 900_000_000),
+    }
     mtp = {"mtp.layers.0.mlp.up_proj.weight": ("F8_E4M3", [17408, 5120], 450_000_000)}
     total = sum(t[2] for t in (*body.values(), *mtp.values()))
     weight_map = {name: "model-00001-of-00002.safetensors" for name in body}

@@ -37,7 +37,9 @@ def _one_error_line(err: str, *needles: str) -> None:
 
 
 def test_unknown_flag_is_one_line_before_any_server(capsys, quiet_env):
-    code, _, err = run(capsys, "--set", "mamba-scheduler-strategy=extra_buffer", "--prompts", str(PROMPTS), "--out", "t")
+    code, _, err = run(
+        capsys, "--set", "mamba-scheduler-strategy=extra_buffer", "--prompts", str(PROMPTS), "--out", "t"
+    )
     assert code == 1
     _one_error_line(err, "--mamba-scheduler-strategy", "--mamba-radix-cache-strategy")
     assert not (quiet_env / "t").exists() and not (quiet_env / "runs").exists()
@@ -73,7 +75,11 @@ def test_bad_jsonl_line_names_file_and_line(capsys, quiet_env):
 @pytest.mark.parametrize(
     ("name", "text", "expected"),
     [
-        ("c.toml", 'max-mamba-cache-size = 200\ndisable-radix-cache = true\n', {"max-mamba-cache-size": 200, "disable-radix-cache": True}),
+        (
+            "c.toml",
+            "max-mamba-cache-size = 200\ndisable-radix-cache = true\n",
+            {"max-mamba-cache-size": 200, "disable-radix-cache": True},
+        ),
         ("c.yaml", "max_running_requests: 8\n", {"max_running_requests": 8}),
         ("c.json", '{"flags": {"mem_fraction_static": 0.8}}', {"mem_fraction_static": 0.8}),
     ],
@@ -84,7 +90,10 @@ def test_config_files(tmp_path, name, text, expected):
     assert load_config_file(path) == expected
 
 
-@pytest.mark.parametrize(("name", "text", "match"), [("c.toml", "x = [", "cannot parse"), ("c.ini", "x=1", "unsupported"), ("c.yaml", "- 1\n", "mapping")])
+@pytest.mark.parametrize(
+    ("name", "text", "match"),
+    [("c.toml", "x = [", "cannot parse"), ("c.ini", "x=1", "unsupported"), ("c.yaml", "- 1\n", "mapping")],
+)
 def test_bad_config_files_name_the_file(tmp_path, name, text, match):
     path = tmp_path / name
     path.write_text(text)
@@ -100,9 +109,32 @@ def test_measure_prints_the_trial_result_as_json(capsys, quiet_env):
     shm = quiet_env / "shm"
     shm.mkdir()
     code, out, _ = run(
-        capsys, "--engine", "sim", "--config", str(cfg), "--set", "mem-fraction-static=0.85", "--prompts", str(PROMPTS),
-        "--sample", "40", "--warmup", "1", "--window", "2", "--json", "--out", str(quiet_env / "trial"), "--gpu-index", "6",
-        "--sim-opt", "startup_s=0.3", "--sim-opt", "release_s=0.3", "--sim-opt", f"shm={shm}",
+        capsys,
+        "--engine",
+        "sim",
+        "--config",
+        str(cfg),
+        "--set",
+        "mem-fraction-static=0.85",
+        "--prompts",
+        str(PROMPTS),
+        "--sample",
+        "40",
+        "--warmup",
+        "1",
+        "--window",
+        "2",
+        "--json",
+        "--out",
+        str(quiet_env / "trial"),
+        "--gpu-index",
+        "6",
+        "--sim-opt",
+        "startup_s=0.3",
+        "--sim-opt",
+        "release_s=0.3",
+        "--sim-opt",
+        f"shm={shm}",
     )
     assert code == 0
     data = json.loads(out)
@@ -148,11 +180,30 @@ def test_a_cpu_server_gets_no_cuda_devices_and_measure_names_no_gpu(capsys, quie
         f'  echo "${{CUDA_VISIBLE_DEVICES-unset}}" > {shlex.quote(str(seen))}; shift 2\n'
         f'  exec {shlex.quote(sys.executable)} -m autotune.sim "$@" --sim-startup-s 0.2 --sim-release-s 0.2\n'
         "fi\n"
-        f'exec {shlex.quote(str(fake.python))} "$@"\n')
+        f'exec {shlex.quote(str(fake.python))} "$@"\n'
+    )
     python.chmod(0o755)
-    code, out, err = run(capsys, "--engine", "sglang", "--device", "cpu", "--python", str(python), "--model",
-                         "qwen3.6-27b", "--prompts", str(PROMPTS), "--sample", "8", "--warmup", "0.5", "--window",
-                         "1", "--out", str(quiet_env / "trial"))
+    code, out, err = run(
+        capsys,
+        "--engine",
+        "sglang",
+        "--device",
+        "cpu",
+        "--python",
+        str(python),
+        "--model",
+        "qwen3.6-27b",
+        "--prompts",
+        str(PROMPTS),
+        "--sample",
+        "8",
+        "--warmup",
+        "0.5",
+        "--window",
+        "1",
+        "--out",
+        str(quiet_env / "trial"),
+    )
     assert code is None or code == 0, out + err
     assert seen.read_text().strip() == "unset"  # the trial's launch set no CUDA_VISIBLE_DEVICES
     assert "GPU peak used" not in out and "modelled startup" not in out
@@ -173,8 +224,15 @@ def test_measure_on_a_gpu_another_process_holds_is_one_line_and_starts_nothing(c
 
     tenant = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        device.register(0, pid=tenant.pid, gpu_name="b200", total_mib=183_359.0, used_mib=150 * 1024.0,
-                        release_s=0.1, directory=quiet_env / "devices")
+        device.register(
+            0,
+            pid=tenant.pid,
+            gpu_name="b200",
+            total_mib=183_359.0,
+            used_mib=150 * 1024.0,
+            release_s=0.1,
+            directory=quiet_env / "devices",
+        )
         code, _, err = run(capsys, "--prompts", str(PROMPTS), "--out", "t")
     finally:
         tenant.kill()

@@ -36,8 +36,9 @@ def sim_env(tmp_path, monkeypatch):
 
 def cli(*args: str, env: dict, timeout: float = 240) -> subprocess.CompletedProcess:
     """``autotune ARGS`` in a process of its own; ``timeout`` only catches a hang (a loaded host slows a sweep 3-4x)."""
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args], capture_output=True, text=True, env=env, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize(
@@ -132,8 +133,13 @@ def _wait_for(lines: queue.Queue, needle: str, deadline: float) -> list[str]:
 @pytest.mark.slow
 def test_sigkill_mid_trial_then_resume_loses_nothing_and_cleans_the_orphan(tmp_path, sim_env):
     path = tiny(tmp_path, trials=2, top_k=0, measure_s=3.0)
-    proc = subprocess.Popen([sys.executable, "-m", "autotune", "sweep", "--config", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=sim_env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "sweep", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=sim_env,
+    )
     try:
         lines = _lines(proc)
         deadline = time.monotonic() + 60
@@ -203,8 +209,13 @@ def _pid_file_pid(runs: Path, deadline: float) -> int:
 
 def test_ctrl_c_stops_the_server_and_records_the_trial_as_interrupted(tmp_path, sim_env):
     path = tiny(tmp_path, trials=1, top_k=0, measure_s=5.0)
-    proc = subprocess.Popen([sys.executable, "-m", "autotune", "sweep", "--config", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=sim_env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "sweep", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=sim_env,
+    )
     try:
         lines = _lines(proc)
         deadline = time.monotonic() + 60
@@ -231,8 +242,9 @@ def test_live_panel_and_plain_lines_show_the_same_events():
     from autotune.results import MeasurementVerdict, Metrics, Percentiles, TrialResult
 
     p = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
-    ok = TrialResult(status="ok", config={}, metrics=Metrics(output_tok_s=4321.0, request_s=1.0, ttft_ms=p,
-                                                               itl_ms=p, e2e_ms=p))
+    ok = TrialResult(
+        status="ok", config={}, metrics=Metrics(output_tok_s=4321.0, request_s=1.0, ttft_ms=p, itl_ms=p, e2e_ms=p)
+    )
     buf = io.StringIO()
     live = LiveProgress(console=Console(file=buf, force_terminal=True, width=120))
     plain_buf = io.StringIO()
@@ -254,7 +266,9 @@ def test_live_panel_and_plain_lines_show_the_same_events():
     assert "60% of the window re-sent a prompt verbatim" in plain_buf.getvalue() and "repeats" in plain_buf.getvalue()
     assert "halves differ" not in plain_buf.getvalue()
     plain_buf = io.StringIO()
-    PlainProgress(plain_buf).trial_finished(5, dataclasses.replace(ok, measurement=MeasurementVerdict(window_drift=1.6)), 4321.0)
+    PlainProgress(plain_buf).trial_finished(
+        5, dataclasses.replace(ok, measurement=MeasurementVerdict(window_drift=1.6)), 4321.0
+    )
     assert "halves differ by 160%" in plain_buf.getvalue() and "warmup_s" in plain_buf.getvalue()
 
 
@@ -275,11 +289,13 @@ def test_a_sweep_without_a_measured_baseline_names_no_winner_and_exits_1(tmp_pat
 
     path = tiny(tmp_path, trials=1)
     # a baseline the planner is sure cannot start: skipped without a launch, so the study has no baseline figure
-    path.write_text(path.read_text().replace("flags = { max_mamba_cache_size = 80 }",
-                                             "flags = { max_mamba_cache_size = 4000 }"))
+    path.write_text(
+        path.read_text().replace("flags = { max_mamba_cache_size = 80 }", "flags = { max_mamba_cache_size = 4000 }")
+    )
     # The CLI's verdict on the summary is the claim: the one search launch runs on the planner's figures, no server.
-    monkeypatch.setattr(sweep_cli, "run_sweep", lambda cfg, progress: run_sweep(cfg, runner=PlannerRunner(),
-                                                                              progress=progress))
+    monkeypatch.setattr(
+        sweep_cli, "run_sweep", lambda cfg, progress: run_sweep(cfg, runner=PlannerRunner(), progress=progress)
+    )
     assert _run_main(["sweep", "--config", str(path)]) == 1
     out, err = capsys.readouterr()
     assert "baseline (trial 0) failed: skipped_infeasible:" in out
@@ -304,9 +320,14 @@ def test_an_interrupted_command_says_so_not_aborted(tmp_path, monkeypatch, capsy
 def test_sigint_stops_a_background_sweep_during_confirmation(tmp_path, sim_env):
     """A sweep started with ``&`` from a script has SIGINT ignored; the confirmation must still stop on it."""
     path = tiny(tmp_path, trials=2, top_k=1, measure_s=4.0)
-    proc = subprocess.Popen([sys.executable, "-m", "autotune", "sweep", "--config", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=sim_env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "sweep", "--config", str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=sim_env,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )
     try:
         lines = _lines(proc)
         deadline = time.monotonic() + 90

@@ -45,8 +45,9 @@ def write(tmp_path: Path, text: str, name: str = "s.toml") -> Path:
     return path
 
 
-@pytest.mark.parametrize("name", ["example.toml", "qwen3.6-27b-b200.toml", "qwen3.6-27b-h200.toml",
-                                  "qwen3-next-80b-a3b-h200.toml"])
+@pytest.mark.parametrize(
+    "name", ["example.toml", "qwen3.6-27b-b200.toml", "qwen3.6-27b-h200.toml", "qwen3-next-80b-a3b-h200.toml"]
+)
 def test_shipped_studies_load(name):
     cfg = load_config(REPO / "studies" / name)
     assert cfg.study.trials >= 1 and cfg.space
@@ -78,7 +79,9 @@ def test_cli_overrides(tmp_path):
 
 
 def test_flag_spellings_normalise_to_dest(tmp_path):
-    text = GOOD.replace('speculative_algorithm = "EAGLE"', '"--speculative-algorithm" = "EAGLE"\n"mem-fraction-static" = "0.9"')
+    text = GOOD.replace(
+        'speculative_algorithm = "EAGLE"', '"--speculative-algorithm" = "EAGLE"\n"mem-fraction-static" = "0.9"'
+    )
     cfg = load_config(write(tmp_path, text))
     assert cfg.engine.fixed == {"speculative_algorithm": "EAGLE", "mem_fraction_static": 0.9}
 
@@ -93,8 +96,11 @@ def test_flag_spellings_normalise_to_dest(tmp_path):
         (("[baseline]", "[baseline]\nnope = 2"), "baseline.nope", "unknown key"),
         (("[baseline]", "[launcher.slurm]\nqueue = 'gpu'\n\n[baseline]"), "launcher.slurm.queue", "unknown key"),
         (("[baseline]", "[launcher.container]\nipc = 'shared'\n\n[baseline]"), "launcher.container.ipc", "host"),
-        (('speculative_algorithm = "EAGLE"', 'mamba_scheduler_strategy = "extra_buffer"'), "engine.fixed",
-         "--mamba-radix-cache-strategy"),
+        (
+            ('speculative_algorithm = "EAGLE"', 'mamba_scheduler_strategy = "extra_buffer"'),
+            "engine.fixed",
+            "--mamba-radix-cache-strategy",
+        ),
     ],
 )
 def test_bad_study_is_one_clear_error(tmp_path, edit, key, words):
@@ -120,19 +126,29 @@ def test_unknown_engine_kind_names_the_registered_ones(tmp_path):
 @pytest.mark.parametrize(
     ("edit", "text"),
     [
-        (("max_mamba_cache_size = {", "max_mamba_cache_sise = {"),
-         "space.max_mamba_cache_sise: --max-mamba-cache-sise is not a flag of sglang 0.5.23 "
-         "(did you mean --max-mamba-cache-size?)"),
-        (('speculative_algorithm = "EAGLE"', 'mamba_scheduler_strategy = "extra_buffer"'),
-         "engine.fixed.mamba_scheduler_strategy: --mamba-scheduler-strategy is not a flag of sglang 0.5.23 "
-         "(it was renamed or removed; use --mamba-radix-cache-strategy)"),
-        (("max_mamba_cache_size = 80 }", 'max_mamba_cache_size = "lots" }'),
-         "baseline.flags.max_mamba_cache_size: --max-mamba-cache-size expects an integer, got 'lots'"),
-        (('model = "qwen3.6-27b"', 'model = "qwen3.6-27b"\nsim_gpu = "t4"'),
-         "engine.sim_gpu: unknown GPU 't4' (use one of b200, b300, gb200, h200, h100, h20, a100-80g, l40s, "
-         "rtx-pro-6000, mi300x)"),
-        (("low = 64, high = 512", "low = 512, high = 64"),
-         "space.max_mamba_cache_size: empty range: low (512) must be below high (64) (see the study file reference)"),
+        (
+            ("max_mamba_cache_size = {", "max_mamba_cache_sise = {"),
+            "space.max_mamba_cache_sise: --max-mamba-cache-sise is not a flag of sglang 0.5.23 "
+            "(did you mean --max-mamba-cache-size?)",
+        ),
+        (
+            ('speculative_algorithm = "EAGLE"', 'mamba_scheduler_strategy = "extra_buffer"'),
+            "engine.fixed.mamba_scheduler_strategy: --mamba-scheduler-strategy is not a flag of sglang 0.5.23 "
+            "(it was renamed or removed; use --mamba-radix-cache-strategy)",
+        ),
+        (
+            ("max_mamba_cache_size = 80 }", 'max_mamba_cache_size = "lots" }'),
+            "baseline.flags.max_mamba_cache_size: --max-mamba-cache-size expects an integer, got 'lots'",
+        ),
+        (
+            ('model = "qwen3.6-27b"', 'model = "qwen3.6-27b"\nsim_gpu = "t4"'),
+            "engine.sim_gpu: unknown GPU 't4' (use one of b200, b300, gb200, h200, h100, h20, a100-80g, l40s, "
+            "rtx-pro-6000, mi300x)",
+        ),
+        (
+            ("low = 64, high = 512", "low = 512, high = 64"),
+            "space.max_mamba_cache_size: empty range: low (512) must be below high (64) (see the study file reference)",
+        ),
     ],
 )
 def test_errors_from_other_modules_are_anchored_at_the_study_key(tmp_path, edit, text):
@@ -213,9 +229,13 @@ def test_unknown_timeout_and_model(tmp_path):
 def test_launcher_tables_reach_the_launcher_the_engine_section_names(tmp_path):
     from autotune.launch.registry import make_launcher
 
-    text = GOOD.replace('model = "qwen3.6-27b"', 'model = "qwen3.6-27b"\nlauncher = "slurm"').replace("[baseline]", (
-        "[launcher.slurm]\npartition = 'h200'\ntime = '02:00:00'\nextra_args = ['--constraint=nvlink']\n\n"
-        "[launcher.container]\nruntime = 'podman'\n\n[baseline]"))
+    text = GOOD.replace('model = "qwen3.6-27b"', 'model = "qwen3.6-27b"\nlauncher = "slurm"').replace(
+        "[baseline]",
+        (
+            "[launcher.slurm]\npartition = 'h200'\ntime = '02:00:00'\nextra_args = ['--constraint=nvlink']\n\n"
+            "[launcher.container]\nruntime = 'podman'\n\n[baseline]"
+        ),
+    )
     cfg = load_config(write(tmp_path, text))
     slurm = make_launcher(cfg.engine.launcher, cfg.launcher.settings(cfg.engine.launcher))
     assert slurm.name == "slurm" and slurm.settings.partition == "h200" and slurm.settings.time == "02:00:00"
@@ -232,7 +252,9 @@ def test_the_ssh_launcher_takes_its_host_from_the_study_and_refuses_a_study_with
     with pytest.raises(ConfigError) as info:
         load_config(write(tmp_path, text))
     assert "launcher.ssh.host" in str(info.value) and "user@name:port" in str(info.value)
-    cfg = load_config(write(tmp_path, text.replace("[baseline]", "[launcher.ssh]\nhost = 'ops@gpu-box:2222'\n\n[baseline]")))
+    cfg = load_config(
+        write(tmp_path, text.replace("[baseline]", "[launcher.ssh]\nhost = 'ops@gpu-box:2222'\n\n[baseline]"))
+    )
     ssh = make_launcher(cfg.engine.launcher, cfg.launcher.settings("ssh"))
     assert ssh.name == "ssh" and ssh.host == "ops@gpu-box:2222" and ssh.host_name == "gpu-box"
     assert ssh.remote_dir == "autotune-fleet"

@@ -58,8 +58,11 @@ def test_confirmation_ranks_by_tok_s_per_gpu():
         return TrialResult(status="ok", config={"tp_size": len(gpus)}, metrics=m, gpus=gpus).to_dict()
 
     # trial 3: the fastest server (5,000 tok/s) over two GPUs; trial 7: 3,000 tok/s on one GPU, the better fleet
-    rs = [ConfirmationRun.from_dict({"trial": n, "repeat": k, "result": on(v * (1 + 0.01 * k), g)})
-          for n, v, g in ((3, 5000.0, [0, 1]), (7, 3000.0, [2]), (0, 1000.0, [3])) for k in range(3)]
+    rs = [
+        ConfirmationRun.from_dict({"trial": n, "repeat": k, "result": on(v * (1 + 0.01 * k), g)})
+        for n, v, g in ((3, 5000.0, [0, 1]), (7, 3000.0, [2]), (0, 1000.0, [3]))
+        for k in range(3)
+    ]
     verdict = decide(rs, [3, 7, 0], baseline=0)
     assert verdict.winner_trial == 7
     assert verdict.stats["3"].median == pytest.approx(2525.0, rel=1e-4)  # per GPU: 5,050 ÷ 2
@@ -83,7 +86,8 @@ def test_a_tie_keeps_the_fastest_median_when_it_has_room_enough():
 def test_a_contender_that_fails_a_repeat_cannot_win():
     failed = TrialResult(status="runtime_oom", config={}, reason="CUDA out of memory").to_dict()
     rs = runs({3: [9000, 9000], 0: [2000, 2000]}) + [
-        ConfirmationRun.from_dict({"trial": 3, "repeat": 2, "result": failed})]
+        ConfirmationRun.from_dict({"trial": 3, "repeat": 2, "result": failed})
+    ]
     verdict = decide(rs, [3, 0], baseline=0)
     # the baseline is then the fastest clean config: that is no winner (and no 1.00× "gain")
     assert verdict.winner_trial is None and verdict.gain is None and verdict.outcome == "baseline"
@@ -136,10 +140,36 @@ def test_run_sweep_summary(tmp_path):
     assert summarize(run_study(cfg, runner=PlannerRunner()), cfg).best == summary.best
     # ``autotune sweep --json`` prints the record's ``asdict``: the keys, in the order, it always printed
     assert list(dataclasses.asdict(summary)) == [
-        "study", "storage", "n_trials", "statuses", "launched", "launched_oom", "launched_interrupted", "confirmed",
-        "baseline", "best", "outcome", "gain_over_baseline", "gain_ci", "enqueued", "defaults", "gain_over_defaults",
-        "multi_gpu", "unexpected", "confirmation", "search_stop", "note", "error", "above_baseline", "job", "interrupted",
-        "origin", "spend", "twins", "defaults_lead"]  # new keys only ever join at the end
+        "study",
+        "storage",
+        "n_trials",
+        "statuses",
+        "launched",
+        "launched_oom",
+        "launched_interrupted",
+        "confirmed",
+        "baseline",
+        "best",
+        "outcome",
+        "gain_over_baseline",
+        "gain_ci",
+        "enqueued",
+        "defaults",
+        "gain_over_defaults",
+        "multi_gpu",
+        "unexpected",
+        "confirmation",
+        "search_stop",
+        "note",
+        "error",
+        "above_baseline",
+        "job",
+        "interrupted",
+        "origin",
+        "spend",
+        "twins",
+        "defaults_lead",
+    ]  # new keys only ever join at the end
     assert dataclasses.asdict(summary)["best"] == dataclasses.asdict(summary.best) and summary.interrupted is False
     with pytest.raises(dataclasses.FrozenInstanceError):
         summary.outcome = "none"  # built once: nothing changes it after summarize
@@ -158,8 +188,9 @@ class Scaled(PlannerRunner):
         if result.metrics is None or number != self.trial:
             return result
         m = result.metrics
-        return TrialResult.from_dict({**result.to_dict(), "metrics": {
-            **dataclasses.asdict(m), "output_tok_s": m.output_tok_s * self.factor}})
+        return TrialResult.from_dict(
+            {**result.to_dict(), "metrics": {**dataclasses.asdict(m), "output_tok_s": m.output_tok_s * self.factor}}
+        )
 
 
 @pytest.mark.parametrize("factor, confirmed", [(0.3, False), (1.0, True)])
@@ -211,8 +242,9 @@ class LuckySearch(PlannerRunner):
             return result
         scale = (self.factor if number == self.lucky else 1.0) if not before else 1.0 + 0.01 * (-1) ** before
         m = result.metrics
-        return TrialResult.from_dict({**result.to_dict(), "metrics": {
-            **dataclasses.asdict(m), "output_tok_s": m.output_tok_s * scale}})
+        return TrialResult.from_dict(
+            {**result.to_dict(), "metrics": {**dataclasses.asdict(m), "output_tok_s": m.output_tok_s * scale}}
+        )
 
 
 def test_a_stand_in_baseline_that_blocks_the_decision_is_relaunched(tmp_path):
@@ -269,8 +301,12 @@ class DefaultsFail(PlannerRunner):
     def __call__(self, config: dict, number: int) -> TrialResult:
         if number == DEFAULTS_RUN:
             self.calls.append((number, dict(config)))
-            return TrialResult(status="bad_args", config=config, reason="unrecognized arguments: --nope",
-                               trial_dir="/w/trials/defaults")
+            return TrialResult(
+                status="bad_args",
+                config=config,
+                reason="unrecognized arguments: --nope",
+                trial_dir="/w/trials/defaults",
+            )
         return super().__call__(config, number)
 
 
@@ -281,8 +317,13 @@ def test_defaults_run_keeps_the_fixed_flags_and_gets_its_own_run_number(tmp_path
     assert cfg.engine.fixed == {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1}
     assert defaults_config(cfg) == {"speculative_algorithm": "EAGLE"}
     fixed = {**cfg.engine.fixed, "speculative_num_steps": 2, "context_length": 8192}
-    pinned = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"fixed": fixed}), "derived": {},
-                                    "space": {k: v for k, v in cfg.space.items() if k != "speculative_num_steps"}})
+    pinned = cfg.model_copy(
+        update={
+            "engine": cfg.engine.model_copy(update={"fixed": fixed}),
+            "derived": {},
+            "space": {k: v for k, v in cfg.space.items() if k != "speculative_num_steps"},
+        }
+    )
     assert defaults_config(pinned) == fixed  # nothing fixed depends on a tuned flag: every fixed flag is kept
     runner = PlannerRunner()
     summary = run_sweep(measured(cfg), runner=runner)
@@ -296,8 +337,9 @@ def test_defaults_run_keeps_the_fixed_flags_and_gets_its_own_run_number(tmp_path
     assert summary.defaults.output_tok_s == stored["output_tok_s"]
     assert "gain over SGLang 0.5.23 defaults" in render(summary)
     # on the sim the same config is predicted, not bare defaults
-    assert run_sweep(load_config(write_study(tmp_path, trials=5)), runner=PlannerRunner()).defaults.config \
-        == calls[0][1]
+    assert (
+        run_sweep(load_config(write_study(tmp_path, trials=5)), runner=PlannerRunner()).defaults.config == calls[0][1]
+    )
 
 
 def test_a_failed_defaults_run_is_reported_as_failed_not_as_zero(tmp_path):
@@ -309,15 +351,21 @@ def test_a_failed_defaults_run_is_reported_as_failed_not_as_zero(tmp_path):
     assert summary.defaults.status == "bad_args" and summary.defaults.output_tok_s is None
     assert summary.gain_over_defaults is None
     line = next(x for x in render(summary).splitlines() if "SGLang 0.5.23 defaults" in x)
-    assert line == ("  SGLang 0.5.23 defaults (fixed flags kept) failed, measured once during confirmation: "
-                    "bad_args: unrecognized arguments: --nope; no gain over defaults")
+    assert line == (
+        "  SGLang 0.5.23 defaults (fixed flags kept) failed, measured once during confirmation: "
+        "bad_args: unrecognized arguments: --nope; no gain over defaults"
+    )
 
 
 def test_older_studies_stored_a_failed_defaults_run_as_zero(tmp_path):
     cfg = load_config(write_study(tmp_path, trials=4))
     study = run_study(cfg, runner=PlannerRunner())
-    confirm(study, cfg, runner=PlannerRunner(), defaults=lambda: DefaultsRun(output_tok_s=0.0, status="bad_args",
-                                                                  how="measured once during confirmation"))
+    confirm(
+        study,
+        cfg,
+        runner=PlannerRunner(),
+        defaults=lambda: DefaultsRun(output_tok_s=0.0, status="bad_args", how="measured once during confirmation"),
+    )
     summary = summarize(study, cfg)
     assert summary.defaults.output_tok_s is None and summary.gain_over_defaults is None
     assert "defaults (fixed flags kept) failed" in render(summary)
@@ -356,8 +404,10 @@ def test_a_best_config_with_the_baseline_flags_is_no_winner():
     verdict = decide(runs(data), [3, 7, 0], baseline=0, same_as_baseline=[3, 0])
     assert verdict.winner_trial is None and verdict.outcome == "baseline"
     assert verdict.gain is None and verdict.ci_low is None
-    assert verdict.note == "no config beat the baseline: the fastest confirmed config (trial 3) runs the " \
-                              "baseline's own flags"
+    assert (
+        verdict.note == "no config beat the baseline: the fastest confirmed config (trial 3) runs the "
+        "baseline's own flags"
+    )
 
 
 def test_a_best_config_within_the_baseline_noise_is_no_winner():
@@ -367,8 +417,7 @@ def test_a_best_config_within_the_baseline_noise_is_no_winner():
     assert "within the baseline's run-to-run noise" in verdict.note
     # a twin of the baseline tied with the best is not picked for its headroom either
     data = {3: [3000, 3100, 2900], 5: [2990, 3050, 2950], 0: [2000, 2000, 2000]}
-    verdict = decide(runs(data, headroom={3: 1.0, 5: 9.0, 0: 9.0}), [3, 5, 0], baseline=0,
-                     same_as_baseline=[5])
+    verdict = decide(runs(data, headroom={3: 1.0, 5: 9.0, 0: 9.0}), [3, 5, 0], baseline=0, same_as_baseline=[5])
     assert verdict.winner_trial == 3 and verdict.outcome == "winner"
 
 
@@ -382,8 +431,12 @@ class Twin(PlannerRunner):
         if result.metrics is None or number not in self.FACTOR:
             return result
         m = result.metrics
-        return TrialResult.from_dict({**result.to_dict(), "metrics": {
-            **dataclasses.asdict(m), "output_tok_s": m.output_tok_s * self.FACTOR[number]}})
+        return TrialResult.from_dict(
+            {
+                **result.to_dict(),
+                "metrics": {**dataclasses.asdict(m), "output_tok_s": m.output_tok_s * self.FACTOR[number]},
+            }
+        )
 
 
 TWIN = """
@@ -440,8 +493,9 @@ class StopsOnce(PlannerRunner):
         if number == 1:
             self.calls.append((number, dict(config)))
             self.stop.set()
-            return TrialResult(status="interrupted", config=config, reason="interrupted while measuring",
-                               durations_s={"startup": 1.0})
+            return TrialResult(
+                status="interrupted", config=config, reason="interrupted while measuring", durations_s={"startup": 1.0}
+            )
         return super().__call__(config, number)
 
 
@@ -488,8 +542,9 @@ class BaselineFails(PlannerRunner):
             self.baseline_runs += 1
             if not self.in_confirmation or self.baseline_runs > 1:
                 self.calls.append((number, dict(config)))
-                return TrialResult(status="startup_oom", config=config, reason="17.81 GiB free",
-                                   log_path="/logs/0/server.log")
+                return TrialResult(
+                    status="startup_oom", config=config, reason="17.81 GiB free", log_path="/logs/0/server.log"
+                )
         return super().__call__(config, number)
 
 
@@ -528,14 +583,30 @@ def test_the_verdict_is_stored_with_the_keys_studies_hold_and_read_back_as_it_wa
     per outcome) and every reader takes it back through ``from_dict``."""
     data = {3: [5000, 5100, 4900, 5050], 7: [4000, 4100, 3900, 4050], 0: [2000, 2050, 1950, 2010]}
     failed = TrialResult(status="runtime_oom", config={}, reason="CUDA out of memory").to_dict()
-    common = {"baseline_trial", "resolution", "noise", "stats", "winner_trial", "gain", "ci_low", "ci_high",
-              "outcome", "note", "decided", "contention"}
+    common = {
+        "baseline_trial",
+        "resolution",
+        "noise",
+        "stats",
+        "winner_trial",
+        "gain",
+        "ci_low",
+        "ci_high",
+        "outcome",
+        "note",
+        "decided",
+        "contention",
+    }
     kinds = {
-        "winner": (decide(runs(data), [3, 7, 0], baseline=0, demoted={7: "failed its stress phase"}),
-                   common | {"resolved", "runner_up_trial", "runner_up_gain", "runner_up_ci", "demoted"}),
+        "winner": (
+            decide(runs(data), [3, 7, 0], baseline=0, demoted={7: "failed its stress phase"}),
+            common | {"resolved", "runner_up_trial", "runner_up_gain", "runner_up_ci", "demoted"},
+        ),
         "baseline": (decide(runs(data), [3, 7, 0], baseline=0, same_as_baseline=[3, 0]), common | {"resolved"}),
-        "none": (decide([ConfirmationRun.from_dict({"trial": 3, "repeat": 0, "result": failed})], [3], baseline=None),
-                 common),
+        "none": (
+            decide([ConfirmationRun.from_dict({"trial": 3, "repeat": 0, "result": failed})], [3], baseline=None),
+            common,
+        ),
     }
     for outcome, (verdict, keys) in kinds.items():
         stored = verdict.to_dict()
@@ -550,8 +621,16 @@ def test_a_stored_contenders_figures_read_as_a_record_and_store_as_they_were():
     from autotune.search.confirm.decision import ContenderStat, Verdict
 
     older = {"median": 2500.0, "ci": [2400.0, 2600.0], "runs": 3, "windows": 9, "failed": 0}  # before headroom
-    given = {"median": 1000.0, "ci": [900.0, 1100.0], "runs": 1, "windows": 1, "failed": 0, "headroom_gib": None,
-             "unsettled_windows": 0, "from_search": True}
+    given = {
+        "median": 1000.0,
+        "ci": [900.0, 1100.0],
+        "runs": 1,
+        "windows": 1,
+        "failed": 0,
+        "headroom_gib": None,
+        "unsettled_windows": 0,
+        "from_search": True,
+    }
     verdict = Verdict.from_dict({"outcome": "winner", "winner_trial": 3, "stats": {"3": older, "0": given}})
     assert verdict.stat(3) == ContenderStat(median=2500.0, ci=(2400.0, 2600.0), runs=3, windows=9)
     assert verdict.stat(0).from_search and verdict.stat(7) is None

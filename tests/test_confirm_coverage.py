@@ -62,8 +62,11 @@ def _biased_study(seed: int, *, learn: bool, cv: float = 0.01) -> tuple[float, f
     runs += synthetic({3: 900.0, 4: 800.0}, {3: 1, 4: 1}, 3, cv, cv, seed=30_000 + seed)
     steady = {**RATES, 3: 900.0, 4: 800.0}
     searched = {n: steady[n] * math.exp(rng.normal(0.0, 0.03)) for n in (1, 2, 3, 4)}
-    stand_in = [ConfirmationRun.from_dict({"trial": 0, "repeat": -1, "search": True,
-                                           "result": launch([RATES[0] * math.exp(rng.normal(0.0, 0.03))])})]
+    stand_in = [
+        ConfirmationRun.from_dict(
+            {"trial": 0, "repeat": -1, "search": True, "result": launch([RATES[0] * math.exp(rng.normal(0.0, 0.03))])}
+        )
+    ]
     verdict = decide(runs, [1, 2, 3, 4], 0, given=stand_in, searched=searched if learn else None)
     assert verdict.winner_trial == 1
     return verdict.ci_low, verdict.ci_high
@@ -86,10 +89,10 @@ def test_a_search_run_standing_in_is_held_to_the_error_the_contenders_search_run
 def test_the_stand_in_term_on_exact_numbers():
     """σS² = the variance of (log search − log estimate) less the estimates' mean SE², floored at 0; None under
     two. A common offset (the contenders' selection) is not a stand-in's error."""
-    est = {1: Estimate(trial=1, launches=2, windows=6, failed=0, log_mean=math.log(1000.0), var=1e-4,
-                       headroom_gib=None),
-           2: Estimate(trial=2, launches=1, windows=3, failed=0, log_mean=math.log(500.0), var=3e-4,
-                       headroom_gib=None)}
+    est = {
+        1: Estimate(trial=1, launches=2, windows=6, failed=0, log_mean=math.log(1000.0), var=1e-4, headroom_gib=None),
+        2: Estimate(trial=2, launches=1, windows=3, failed=0, log_mean=math.log(500.0), var=3e-4, headroom_gib=None),
+    }
     d1, d2 = math.log(1050.0 / 1000.0), math.log(490.0 / 500.0)
     mean = (d1 + d2) / 2
     assert stand_in_var(est, {1: 1050.0, 2: 490.0}) == pytest.approx((d1 - mean) ** 2 + (d2 - mean) ** 2 - 2e-4)
@@ -104,9 +107,17 @@ def test_a_confirmation_window_reads_the_simulators_steady_rate_where_a_search_w
     cfg = load_config("studies/qwen3.6-27b-b200.toml")
     wl = cfg.workload
     workload = sim_workload(wl, [row.as_text() for row in PromptSample.load(wl.prompts, wl.sample_size, wl.seed).rows])
-    config = {**cfg.engine.fixed, "chunked_prefill_size": 4096, "disable_radix_cache": True,
-              "mamba_ssm_dtype": "bfloat16", "max_mamba_cache_size": 208, "max_running_requests": 208,
-              "mem_fraction_static": 0.95, "speculative_num_steps": 3, "speculative_num_draft_tokens": 4}
+    config = {
+        **cfg.engine.fixed,
+        "chunked_prefill_size": 4096,
+        "disable_radix_cache": True,
+        "mamba_ssm_dtype": "bfloat16",
+        "max_mamba_cache_size": 208,
+        "max_running_requests": 208,
+        "mem_fraction_static": 0.95,
+        "speculative_num_steps": 3,
+        "speculative_num_draft_tokens": 4,
+    }
 
     def rate(w):
         ev = evaluate(config, w, model=cfg.engine.model, gpu=cfg.engine.sim_gpu)

@@ -28,13 +28,26 @@ P = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
 def launch(tok: list[float], headroom: float | None = None) -> dict:
     """A stored confirmation result: the first window in metrics, the rest as ``windows``."""
     m = Metrics(output_tok_s=tok[0], request_s=1.0, ttft_ms=P, itl_ms=P, e2e_ms=P)
-    windows = [Window(index=i + 2, status="ok", output_tok_s=v, tok_s_per_gpu=v, output_tokens=int(v), window_s=1.0,
-                      settled=True, first_pass=i + 1, last_pass=i + 1) for i, v in enumerate(tok[1:])]
+    windows = [
+        Window(
+            index=i + 2,
+            status="ok",
+            output_tok_s=v,
+            tok_s_per_gpu=v,
+            output_tokens=int(v),
+            window_s=1.0,
+            settled=True,
+            first_pass=i + 1,
+            last_pass=i + 1,
+        )
+        for i, v in enumerate(tok[1:])
+    ]
     return TrialResult(status="ok", config={}, metrics=m, windows=tuple(windows) or None).to_dict()
 
 
-def synthetic(rates: dict[int, float], launches: dict[int, int], windows: int, window_cv: float, launch_cv: float,
-              seed: int) -> list[ConfirmationRun]:
+def synthetic(
+    rates: dict[int, float], launches: dict[int, int], windows: int, window_cv: float, launch_cv: float, seed: int
+) -> list[ConfirmationRun]:
     """Runs drawn from the model itself: log tok/s = log rate + launch term + window term."""
     rng = np.random.default_rng(seed)
     out = []
@@ -48,8 +61,10 @@ def synthetic(rates: dict[int, float], launches: dict[int, int], windows: int, w
 
 def test_the_noise_model_on_exact_numbers():
     # two launches of two contenders, two windows each: every term by hand
-    runs = [ConfirmationRun.from_dict({"trial": n, "repeat": k, "result": launch([a, b])})
-            for n, k, a, b in ((1, 0, 100, 110), (1, 1, 120, 120), (2, 0, 50, 50), (2, 1, 55, 60.5))]
+    runs = [
+        ConfirmationRun.from_dict({"trial": n, "repeat": k, "result": launch([a, b])})
+        for n, k, a, b in ((1, 0, 100, 110), (1, 1, 120, 120), (2, 0, 50, 50), (2, 1, 55, 60.5))
+    ]
     noise = estimate_noise(by_contender(runs, [1, 2]).values())
     y = {key: np.log(v) for key, v in {"1a": [100, 110], "1b": [120, 120], "2a": [50, 50], "2b": [55, 60.5]}.items()}
     within = sum(((v - v.mean()) ** 2).sum() for v in y.values()) / 4  # 4 launches × (2 − 1) windows
@@ -75,8 +90,9 @@ def test_known_window_and_launch_terms_are_recovered():
     assert "not separated" in alone.line()
 
 
-def _stage(rates: dict[int, float], seed: int, cv: tuple[float, float] = (0.004, 0.002),
-           **kw) -> tuple[list[ConfirmationRun], dict]:
+def _stage(
+    rates: dict[int, float], seed: int, cv: tuple[float, float] = (0.004, 0.002), **kw
+) -> tuple[list[ConfirmationRun], dict]:
     """The first stage as the confirmation runs it: each contender once, then the top two again (``cv``: the
     window and launch terms drawn)."""
     order = list(rates)
@@ -85,11 +101,17 @@ def _stage(rates: dict[int, float], seed: int, cv: tuple[float, float] = (0.004,
     plan = next_launches(order, {n: 1 for n in order}, verdict, first=2, most=8)
     top_two = sorted(rates, key=lambda n: -rates[n])[:2]
     assert sorted(n for n, _ in plan) == sorted(top_two) and all(k == 1 for _, k in plan)
-    runs += [dataclasses.replace(r, trial=n, repeat=1) for n in top_two
-             for r in synthetic({n: rates[n]}, {n: 1}, 3, *cv, seed=seed + 1 + n)]
+    runs += [
+        dataclasses.replace(r, trial=n, repeat=1)
+        for n in top_two
+        for r in synthetic({n: rates[n]}, {n: 1}, 3, *cv, seed=seed + 1 + n)
+    ]
     verdict = decide(runs, order, 0, **kw)
     launched = {n: 1 + (n in top_two) for n in order}
-    return runs, {**verdict.to_dict(), "next": next_launches(order, launched, verdict, first=2, most=8)}  # the stored form
+    return runs, {
+        **verdict.to_dict(),
+        "next": next_launches(order, launched, verdict, first=2, most=8),
+    }  # the stored form
 
 
 def test_a_clear_gap_resolves_in_the_first_stage():
@@ -148,9 +170,20 @@ class Windowed(PlannerRunner):
         if not result.ok:
             return result
         tok = result.output_tok_s
-        more = [Window(index=i, status="ok", output_tok_s=tok * (1 + 0.002 * (i % 2)), tok_s_per_gpu=None,
-                       output_tokens=1, window_s=1.0, settled=True, first_pass=i, last_pass=i)
-                for i in range(2, step.count + 2)]
+        more = [
+            Window(
+                index=i,
+                status="ok",
+                output_tok_s=tok * (1 + 0.002 * (i % 2)),
+                tok_s_per_gpu=None,
+                output_tokens=1,
+                window_s=1.0,
+                settled=True,
+                first_pass=i,
+                last_pass=i,
+            )
+            for i in range(2, step.count + 2)
+        ]
         return dataclasses.replace(result, windows=tuple(more))
 
 
@@ -185,8 +218,20 @@ def test_every_window_of_a_tp2_launch_is_scored_per_gpu_alike(gpus):
     """A TP-2 launch's later windows are divided by the GPUs its first is divided by, recorded or not (an
     in-process prediction records none): a launch at one steady rate has no window spread."""
     m = Metrics(output_tok_s=6000.0, request_s=1.0, ttft_ms=P, itl_ms=P, e2e_ms=P)
-    later = [Window(index=i, status="ok", output_tok_s=6000.0, tok_s_per_gpu=3000.0, output_tokens=1, window_s=1.0,
-                    settled=True, first_pass=i - 1, last_pass=i - 1) for i in (2, 3)]
+    later = [
+        Window(
+            index=i,
+            status="ok",
+            output_tok_s=6000.0,
+            tok_s_per_gpu=3000.0,
+            output_tokens=1,
+            window_s=1.0,
+            settled=True,
+            first_pass=i - 1,
+            last_pass=i - 1,
+        )
+        for i in (2, 3)
+    ]
     result = TrialResult(status="ok", config={"tp_size": 2}, engine="sim", metrics=m, gpus=gpus, windows=tuple(later))
     sample = by_contender([ConfirmationRun(trial=4, repeat=0, result=result)], [4])[4][0]
     assert sample.rates == (3000.0, 3000.0, 3000.0)

@@ -28,8 +28,12 @@ def test_a_confirmation_launch_of_three_windows_costs_one_startup_and_draws_the_
     # (``window_corr``): over many launches, windows spread within a launch and launch means across as modelled
     corr = st.window_corr(3, case.workload.measure_s, out.request_life_s)
     assert out.request_life_s > 0 and np.all(corr >= 0) and corr[0, 1] >= corr[0, 2]
-    logs = np.log([[r.output_tok_s, *(w.output_tok_s for w in r.windows)]
-                   for r in (runner.repeat(dict(config), 0, k, after=[WindowsStep(2)]) for k in range(400))])
+    logs = np.log(
+        [
+            [r.output_tok_s, *(w.output_tok_s for w in r.windows)]
+            for r in (runner.repeat(dict(config), 0, k, after=[WindowsStep(2)]) for k in range(400))
+        ]
+    )
     within = float(np.sqrt(np.mean(np.var(logs, axis=1, ddof=1))))
     assert within == pytest.approx(out.window_cv * np.sqrt((3 - corr.sum() / 3) / 2), rel=0.2)
     across = np.sqrt(0.05**2 + out.window_cv**2 * corr.sum() / 9)

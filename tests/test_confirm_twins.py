@@ -14,16 +14,29 @@ from autotune.search.space import key_of
 BASE = {"max_running_requests": 128, "max_mamba_cache_size": 128, "speculative_num_steps": 3}
 
 
-def _trial(tok_s: float, fraction: float, *, running: int = 128, kv: int = 400_000, role: str = "search",
-           **flags: object) -> optuna.trial.FrozenTrial:
+def _trial(
+    tok_s: float, fraction: float, *, running: int = 128, kv: int = 400_000, role: str = "search", **flags: object
+) -> optuna.trial.FrozenTrial:
     config = {**BASE, "max_running_requests": running, "mem_fraction_static": fraction, **flags}
     p = Percentiles()
-    result = TrialResult(status="ok", config=config,
-                         capacity=Capacity(max_running_requests=running, kv_tokens=kv, mem_fraction_static=fraction),
-                         metrics=Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=p, itl_ms=p, e2e_ms=p))
-    return create_trial(value=tok_s, params={"x": fraction}, distributions={"x": FloatDistribution(0.5, 1.0)},
-                        user_attrs={"status": "ok", "role": role, "config": config, "launch_key": key_of(config),
-                                    "result": result.to_dict()})
+    result = TrialResult(
+        status="ok",
+        config=config,
+        capacity=Capacity(max_running_requests=running, kv_tokens=kv, mem_fraction_static=fraction),
+        metrics=Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=p, itl_ms=p, e2e_ms=p),
+    )
+    return create_trial(
+        value=tok_s,
+        params={"x": fraction},
+        distributions={"x": FloatDistribution(0.5, 1.0)},
+        user_attrs={
+            "status": "ok",
+            "role": role,
+            "config": config,
+            "launch_key": key_of(config),
+            "result": result.to_dict(),
+        },
+    )
 
 
 def test_a_request_is_taken_to_hold_its_prompt_and_half_its_answer_budget():
@@ -52,9 +65,14 @@ def test_another_running_cap_or_another_flag_is_another_config():
 
 def _six(study: optuna.Study) -> None:
     """The baseline, one server at three fractions (trials 1–3), two other configs."""
-    for t in [_trial(2000.0, 0.95, running=16, kv=900_000, role="baseline"),
-              _trial(5100.0, 0.93, kv=400_000), _trial(5000.0, 0.92, kv=345_280), _trial(4990.0, 0.94, kv=380_000),
-              _trial(4900.0, 0.95, running=144, kv=500_000), _trial(4800.0, 0.9, running=112, kv=400_000)]:
+    for t in [
+        _trial(2000.0, 0.95, running=16, kv=900_000, role="baseline"),
+        _trial(5100.0, 0.93, kv=400_000),
+        _trial(5000.0, 0.92, kv=345_280),
+        _trial(4990.0, 0.94, kv=380_000),
+        _trial(4900.0, 0.95, running=144, kv=500_000),
+        _trial(4800.0, 0.9, running=112, kv=400_000),
+    ]:
         study.add_trial(t)
 
 
@@ -77,8 +95,14 @@ def test_a_twin_the_confirmation_could_not_take_was_not_stood_for():
     study = optuna.create_study(direction="maximize")
     _six(study)
     over = _trial(5050.0, 0.91, kv=340_000)
-    study.add_trial(create_trial(value=5050.0, params=over.params, distributions=over.distributions,
-                                 user_attrs={**over.user_attrs, "constraint": [0.2]}))  # trial 6: infeasible
+    study.add_trial(
+        create_trial(
+            value=5050.0,
+            params=over.params,
+            distributions=over.distributions,
+            user_attrs={**over.user_attrs, "constraint": [0.2]},
+        )
+    )  # trial 6: infeasible
     held = held_tokens(270.0, 4096)
     numbers = [t.number for t in contenders(study, 3, held=held)[0]]
     assert numbers == [1, 4, 5]

@@ -30,8 +30,7 @@ class Unsettled(PlannerRunner):
         result = super().__call__(config, number)
         if not result.ok or config.get("max_mamba_cache_size") == BASELINE_SLOTS:
             return result
-        return TrialResult.from_dict({**result.to_dict(), "measurement": {
-            "settled": False, "settling": None}})
+        return TrialResult.from_dict({**result.to_dict(), "measurement": {"settled": False, "settling": None}})
 
 
 def test_unsettled_configs_above_the_baseline_are_confirmed_not_dropped(tmp_path):
@@ -40,8 +39,11 @@ def test_unsettled_configs_above_the_baseline_are_confirmed_not_dropped(tmp_path
     summary = run_sweep(cfg, runner=runner)
     study = open_study(cfg, create=False)
     conf = study.user_attrs["confirmation"]
-    search = [t for t in study.get_trials() if t.user_attrs.get("status") == "ok"
-              and (t.user_attrs["result"]["measurement"] or {}).get("settled") is False]
+    search = [
+        t
+        for t in study.get_trials()
+        if t.user_attrs.get("status") == "ok" and (t.user_attrs["result"]["measurement"] or {}).get("settled") is False
+    ]
     assert search, "no unsettled trial: the fake did not mark any"
     assert set(conf["order"]) & {t.number for t in search}  # relaunched by the confirmation
     assert "no config beat the baseline" not in render(summary)

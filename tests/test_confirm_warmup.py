@@ -21,9 +21,14 @@ from autotune.settle import with_warmup
 
 
 def measured(tok_s: float, streams: int, running: int | None) -> TrialResult:
-    return TrialResult.from_dict({"status": "ok", "config": {},
-                                  "metrics": {"output_tok_s": tok_s, "concurrency": streams, "request_s": 0.0},
-                                  "capacity": {"max_running_requests": running} if running else None})
+    return TrialResult.from_dict(
+        {
+            "status": "ok",
+            "config": {},
+            "metrics": {"output_tok_s": tok_s, "concurrency": streams, "request_s": 0.0},
+            "capacity": {"max_running_requests": running} if running else None,
+        }
+    )
 
 
 def test_turnover_is_max_tokens_at_the_per_request_rate_of_the_requests_running_at_once():
@@ -110,8 +115,13 @@ def test_the_harness_runner_measures_a_confirmation_launch_with_the_longer_warmu
     cfg = load_config(write_study(tmp_path, trials=5))
     runner = HarnessRunner(cfg, stop_event=__import__("threading").Event())
     seen: list[WorkloadSpec | None] = []
-    monkeypatch.setattr(runner, "_run", lambda config, trial_dir, probe, workload=None, *, after=():
-                        seen.append(workload) or TrialResult(status="ok", config=config))
+    monkeypatch.setattr(
+        runner,
+        "_run",
+        lambda config, trial_dir, probe, workload=None, *, after=(): (
+            seen.append(workload) or TrialResult(status="ok", config=config)
+        ),
+    )
     monkeypatch.setattr(runner, "trial_dir", lambda number, repeat=None: tmp_path / f"{number}-{repeat}")
     runner.repeat({}, 2, 1, warmup_s=66.0)
     runner.repeat({}, 2, 2)

@@ -17,8 +17,9 @@ from autotune.sim.truth import Deviation
 
 def _study(tmp_path, *, trials: int, space_update: dict | None = None, enqueue: list | None = None):
     cfg = load_config("studies/qwen3.6-27b-b200.toml")
-    study = cfg.study.model_copy(update={"trials": trials, "storage": "sqlite:///:memory:", "confirm_top_k": 0,
-                                         "seed": 0})
+    study = cfg.study.model_copy(
+        update={"trials": trials, "storage": "sqlite:///:memory:", "confirm_top_k": 0, "seed": 0}
+    )
     update = {"study": study, "path": tmp_path / "s.toml"}
     if space_update:
         update["space"] = {**cfg.space, **{k: cfg.space[k].model_copy(update=v) for k, v in space_update.items()}}
@@ -33,8 +34,9 @@ class TruthRunner:
 
     def __init__(self, cfg, deviation: Deviation, *, nvml: bool):
         wl = cfg.workload
-        self.work = SimWorkload(prompts=list(prompt_texts(wl.prompts, 40, wl.seed)), max_tokens=wl.max_tokens,
-                                warmup_s=5, measure_s=10)
+        self.work = SimWorkload(
+            prompts=list(prompt_texts(wl.prompts, 40, wl.seed)), max_tokens=wl.max_tokens, warmup_s=5, measure_s=10
+        )
         self.deviation, self.nvml = deviation, nvml
         self.calls: list[tuple[int, dict, str]] = []
 
@@ -43,11 +45,19 @@ class TruthRunner:
         gpu = None
         if ev.status == "ok" and self.nvml:
             x = ev.plan["extra"]
-            gpu = GpuPeaks(peak_used_gib=x["peak_gib"], total_gib=x["total_gib"],
-                           headroom_gib=x["total_gib"] - x["peak_gib"])
+            gpu = GpuPeaks(
+                peak_used_gib=x["peak_gib"], total_gib=x["total_gib"], headroom_gib=x["total_gib"] - x["peak_gib"]
+            )
         self.calls.append((number, dict(config), ev.status))
-        return TrialResult(status=ev.status, config=config, engine="sim", capacity=ev.capacity,
-                           metrics=ev.metrics, gpu=gpu, reason=ev.reason)
+        return TrialResult(
+            status=ev.status,
+            config=config,
+            engine="sim",
+            capacity=ev.capacity,
+            metrics=ev.metrics,
+            gpu=gpu,
+            reason=ev.reason,
+        )
 
 
 def _run(cfg, runner) -> optuna.Study:
@@ -64,8 +74,12 @@ def test_a_hidden_deficit_moves_the_edge_starts_below_the_wall(tmp_path):
     of memory; the planner learns the deficit from that OOM, the next edge starts sit below the wall, and no
     later launch runs out of memory again."""
     # high memory fractions and the largest prefill chunk: the wall is where the room for activations ends
-    cfg = _study(tmp_path, trials=8, enqueue=[],
-                 space_update={"mem_fraction_static": {"low": 0.9}, "chunked_prefill_size": {"choices": [16384]}})
+    cfg = _study(
+        tmp_path,
+        trials=8,
+        enqueue=[],
+        space_update={"mem_fraction_static": {"low": 0.9}, "chunked_prefill_size": {"choices": [16384]}},
+    )
     runner = TruthRunner(cfg, Deviation(free_gib=-3.0), nvml=False)
     study = _run(cfg, runner)
     trials = study.get_trials()
@@ -89,9 +103,16 @@ def test_a_config_the_planner_skipped_is_launched_once_it_learns_there_is_more_r
     anything is measured, and launched (and runs) once the baseline's measured peak shows the room."""
     cfg = load_config("studies/qwen3.6-27b-b200.toml")
     feas = CorrectedFeasibility.from_config(cfg)
-    tight = {**cfg.engine.fixed, **cfg.enqueue[0].flags, "max_running_requests": 208, "max_mamba_cache_size": 208,
-             "disable_radix_cache": True, "mamba_ssm_dtype": "bfloat16", "mem_fraction_static": 0.94,
-             "chunked_prefill_size": 16384}
+    tight = {
+        **cfg.engine.fixed,
+        **cfg.enqueue[0].flags,
+        "max_running_requests": 208,
+        "max_mamba_cache_size": 208,
+        "disable_radix_cache": True,
+        "mamba_ssm_dtype": "bfloat16",
+        "mem_fraction_static": 0.94,
+        "chunked_prefill_size": 16384,
+    }
     raw = feas.predict(tight)
     assert not raw.fits and -3.0 + feas.margin_gib < raw.gib.headroom < -feas.margin_gib
     assert feas.sure_failure(raw)  # the uncorrected planner skips it
@@ -112,9 +133,16 @@ def test_an_earlier_skip_is_judged_again_and_the_reason_says_it_was_wrong(tmp_pa
 
     cfg = load_config("studies/qwen3.6-27b-b200.toml")
     feas = CorrectedFeasibility.from_config(cfg)
-    tight = {**cfg.engine.fixed, **cfg.enqueue[0].flags, "max_running_requests": 208, "max_mamba_cache_size": 208,
-             "disable_radix_cache": True, "mamba_ssm_dtype": "bfloat16", "mem_fraction_static": 0.94,
-             "chunked_prefill_size": 16384}
+    tight = {
+        **cfg.engine.fixed,
+        **cfg.enqueue[0].flags,
+        "max_running_requests": 208,
+        "max_mamba_cache_size": 208,
+        "disable_radix_cache": True,
+        "mamba_ssm_dtype": "bfloat16",
+        "mem_fraction_static": 0.94,
+        "chunked_prefill_size": 16384,
+    }
     assert feas.sure_failure(feas.predict(tight))
     base = {**cfg.engine.fixed, **cfg.baseline.flags}
     planned = feas.predict(base, inert=False)
@@ -123,16 +151,24 @@ def test_an_earlier_skip_is_judged_again_and_the_reason_says_it_was_wrong(tmp_pa
     assert not feas.sure_failure(feas.predict(tight)) and feas.predict(tight).fits
     from autotune.search.space import key_of
 
-    skipped = optuna.trial.create_trial(value=0.0, user_attrs={
-        "launch_key": key_of(tight), "status": "skipped_infeasible", "reason": "Capture cuda graph failed: ..."})
+    skipped = optuna.trial.create_trial(
+        value=0.0,
+        user_attrs={
+            "launch_key": key_of(tight),
+            "status": "skipped_infeasible",
+            "reason": "Capture cuda graph failed: ...",
+        },
+    )
     note = skip_was_wrong(feas, [skipped], key_of(tight), tight, TrialResult(status="ok", config=tight))
     assert note is not None and "wrong to skip" in note and f"trial {skipped.number} " in note
 
 
 def test_learning_from_an_oom_message_and_an_oom_bound():
     cfg = load_config("studies/qwen3.6-27b-b200.toml")
-    assert free_in_message("CUDA out of memory. GPU 0 has a total capacity of 179.06 GiB of which 1.25 GiB is "
-                           "free.") == 1.25
+    assert (
+        free_in_message("CUDA out of memory. GPU 0 has a total capacity of 179.06 GiB of which 1.25 GiB is free.")
+        == 1.25
+    )
     assert free_in_message("boom") is None
     feas = CorrectedFeasibility.from_config(cfg)
     config = {**cfg.engine.fixed, **cfg.enqueue[0].flags}
@@ -146,8 +182,9 @@ def test_learning_from_an_oom_message_and_an_oom_bound():
 def test_the_truth_changes_only_what_the_simulator_runs():
     cfg = load_config("studies/qwen3.6-27b-b200.toml")
     wl = cfg.workload
-    work = SimWorkload(prompts=list(prompt_texts(wl.prompts, 30, wl.seed)), max_tokens=wl.max_tokens,
-                       warmup_s=5, measure_s=10)
+    work = SimWorkload(
+        prompts=list(prompt_texts(wl.prompts, 30, wl.seed)), max_tokens=wl.max_tokens, warmup_s=5, measure_s=10
+    )
     config = {**cfg.engine.fixed, **cfg.enqueue[0].flags}
     exact = evaluate(config, work, model="qwen3.6-27b", gpu="b200")
     slower = evaluate(config, work, model="qwen3.6-27b", gpu="b200", deviation=Deviation(decode_efficiency=0.85))

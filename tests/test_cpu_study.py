@@ -16,8 +16,9 @@ from autotune.results import GPU_ONLY, GPU_ONLY_PEAKS
 
 
 def cli(*args: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
 
 
 @pytest.mark.slow

@@ -30,20 +30,24 @@ SKIP = {"SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": "1"}
 CASE = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 96}
 
 
-@pytest.mark.parametrize(("strategy", "overlap", "radix_off", "without", "with_skip"), [
-    ("extra_buffer", True, False, 5, 4),  # 3 + 2 ping-pong tracking slots; L3066-3080
-    ("extra_buffer", False, False, 4, 3),  # 3 + 1 tracking slot without the overlap schedule
-    ("extra_buffer_lazy", True, False, 4, 3),  # lazy defers the second slot (allocation_sizing.py L17-18)
-    ("no_buffer", False, False, 3, 3),  # L3081-3086: the drop is added back, effective 3 either way
-    ("no_buffer", False, True, 1, 1),  # L3063-3064: no radix cache, one slot per request
-])
+@pytest.mark.parametrize(
+    ("strategy", "overlap", "radix_off", "without", "with_skip"),
+    [
+        ("extra_buffer", True, False, 5, 4),  # 3 + 2 ping-pong tracking slots; L3066-3080
+        ("extra_buffer", False, False, 4, 3),  # 3 + 1 tracking slot without the overlap schedule
+        ("extra_buffer_lazy", True, False, 4, 3),  # lazy defers the second slot (allocation_sizing.py L17-18)
+        ("no_buffer", False, False, 3, 3),  # L3081-3086: the drop is added back, effective 3 either way
+        ("no_buffer", False, True, 1, 1),  # L3063-3064: no radix cache, one slot per request
+    ],
+)
 def test_ratio_follows_calculate_mamba_ratio(strategy, overlap, radix_off, without, with_skip):
     assert mamba_slots_per_request(strategy, overlap=overlap, radix_off=radix_off) == without
     assert mamba_slots_per_request(strategy, overlap=overlap, radix_off=radix_off, skip_decode_lock=True) == with_skip
 
 
-@pytest.mark.parametrize(("value", "on"), [("1", True), ("true", True), ("Y", True), ("0", False), ("no", False),
-                                           ("maybe", False)])  # EnvField.get L79-86: a bad value → the default
+@pytest.mark.parametrize(
+    ("value", "on"), [("1", True), ("true", True), ("Y", True), ("0", False), ("no", False), ("maybe", False)]
+)  # EnvField.get L79-86: a bad value → the default
 def test_env_bool_reads_like_envbool(value, on):
     assert env_bool({"X": value}, "X") is on
     assert env_bool({}, "X") is False
@@ -63,8 +67,18 @@ def test_plan_with_the_switch_raises_the_running_cap():
 
 
 def test_plan_cli_env_option(capsys):
-    argv = ["plan", "--model", "qwen3.6-27b", "--gpu", "b200", "--set", "speculative_algorithm=EAGLE",
-            "--set", "max_mamba_cache_size=96", "--json"]
+    argv = [
+        "plan",
+        "--model",
+        "qwen3.6-27b",
+        "--gpu",
+        "b200",
+        "--set",
+        "speculative_algorithm=EAGLE",
+        "--set",
+        "max_mamba_cache_size=96",
+        "--json",
+    ]
     base = json.loads(CliRunner().invoke(cli, argv).output)
     skip = json.loads(CliRunner().invoke(cli, [*argv, "--env", "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1"]).output)
     assert skip["extra"]["ratio"] == base["extra"]["ratio"] - 1
@@ -91,9 +105,25 @@ def test_env_table_is_0523s():
 @pytest.mark.timeout(60)
 def test_simulated_server_reads_the_switch_from_its_environment(tmp_path):
     env = {**os.environ, device.ENV_DIR: str(tmp_path / "devices"), "PYTHONUNBUFFERED": "1", **SKIP}
-    argv = [sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--host", "127.0.0.1",
-            "--port", "0", "--sim-startup-s", "0.2", "--sim-warmup-s", "0.2", "--speculative-algorithm", "EAGLE",
-            "--max-mamba-cache-size", "96"]
+    argv = [
+        sys.executable,
+        "-m",
+        "autotune.sim",
+        "--model-path",
+        "qwen3.6-27b",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--sim-startup-s",
+        "0.2",
+        "--sim-warmup-s",
+        "0.2",
+        "--speculative-algorithm",
+        "EAGLE",
+        "--max-mamba-cache-size",
+        "96",
+    ]
     expected = plan(load_model("qwen3.6-27b"), load_gpu("b200"), CASE, env=SKIP).max_running_requests
     log = tmp_path / "sim.log"
     with log.open("w") as out:
@@ -113,7 +143,9 @@ def test_simulated_server_reads_the_switch_from_its_environment(tmp_path):
             except (httpx.HTTPError, KeyError, ValueError):
                 time.sleep(0.05)
         assert state["effective_max_running_requests_per_dp"] == expected == 24
-        assert f"capped to {expected} by the mamba state cache (max_mamba_cache_size=96, 4 state slots" in log.read_text()
+        assert (
+            f"capped to {expected} by the mamba state cache (max_mamba_cache_size=96, 4 state slots" in log.read_text()
+        )
     finally:
         os.killpg(proc.pid, 9)
         proc.wait(timeout=10)

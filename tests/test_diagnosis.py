@@ -60,9 +60,7 @@ def mock_transport(routes_by_port: dict[int, dict[str, Route]]) -> httpx.MockTra
         routes = routes_by_port.get(request.url.port)
         if routes is None:
             raise httpx.ConnectError("connection refused", request=request)
-        status, ctype, body = routes.get(
-            request.url.path, (404, "application/json", '{"detail":"Not Found"}')
-        )
+        status, ctype, body = routes.get(request.url.path, (404, "application/json", '{"detail":"Not Found"}'))
         return httpx.Response(status, headers={"content-type": ctype}, text=body)
 
     return httpx.MockTransport(handler)
@@ -337,9 +335,7 @@ def test_fleet_calls_out_the_odd_server():
     odd["internal_states"][0]["max_mamba_cache_size"] = 200
     odd["internal_states"][0]["effective_max_running_requests_per_dp"] = 66
     transport = mock_transport({1: recorded_routes(), 2: recorded_routes(odd), 3: recorded_routes()})
-    inspection = inspect_servers(
-        ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], transport=transport, use_nvml=False
-    )
+    inspection = inspect_servers(["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"], transport=transport, use_nvml=False)
     lines = inspection.differences
     assert "http://127.0.0.1:2: max running requests = 66 (the others: 1481)" in lines
     assert "http://127.0.0.1:2: Mamba slots = 200 (the others: 4443)" in lines
@@ -390,14 +386,10 @@ def seed_routes(*, kv_tokens: int | None = None) -> dict[str, Route]:
 
 
 def test_planner_reproduces_the_seed_server_and_lifts_the_mamba_cap():
-    inspection = inspect_servers(
-        ["127.0.0.1:7"], transport=mock_transport({7: seed_routes()}), use_nvml=False
-    )
+    inspection = inspect_servers(["127.0.0.1:7"], transport=mock_transport({7: seed_routes()}), use_nvml=False)
     (d,) = inspection.servers
     assert d.capacity.binding == "mamba" and d.capacity.ratio == 5
-    assert d.headline.startswith(
-        "capped at 16 running requests by the Mamba slots: 80 Mamba slots ÷ 5 per request"
-    )
+    assert d.headline.startswith("capped at 16 running requests by the Mamba slots: 80 Mamba slots ÷ 5 per request")
     assert "27.7 GiB of GPU memory idle" in d.headline
     advice = d.advice
     assert (advice.model, advice.gpu, advice.confidence) == ("qwen3.6-27b", "b200", "high")
@@ -415,9 +407,7 @@ def test_planner_reproduces_the_seed_server_and_lifts_the_mamba_cap():
         "spec_default",
     )
     assert d.memory["mamba_states"]["planner"] == pytest.approx(11.39 + 0.22, abs=0.05)  # 80 (+1) slots
-    assert d.memory["spec_intermediates"]["planner"] == pytest.approx(
-        9.66, abs=0.05
-    )  # 16 (+1) requests × D=4
+    assert d.memory["spec_intermediates"]["planner"] == pytest.approx(9.66, abs=0.05)  # 16 (+1) requests × D=4
 
 
 def test_confidence_drops_and_says_by_how_much_when_the_planner_is_off():
@@ -432,9 +422,7 @@ def test_confidence_drops_and_says_by_how_much_when_the_planner_is_off():
 
 
 def test_sweep_file_is_a_valid_study_centred_on_the_first_suggestion(tmp_path):
-    (d,) = inspect_servers(
-        ["127.0.0.1:7"], transport=mock_transport({7: seed_routes()}), use_nvml=False
-    ).servers
+    (d,) = inspect_servers(["127.0.0.1:7"], transport=mock_transport({7: seed_routes()}), use_nvml=False).servers
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "hello"}\n')
     path = tmp_path / "sweep.toml"
@@ -442,10 +430,7 @@ def test_sweep_file_is_a_valid_study_centred_on_the_first_suggestion(tmp_path):
     cfg = load_config(path)
     first = d.advice.suggestions[0]
     assert cfg.engine.kind == "sim" and cfg.engine.model == "qwen3.6-27b" and cfg.engine.sim_gpu == "b200"
-    assert (
-        cfg.engine.fixed["speculative_algorithm"] == "EAGLE"
-        and cfg.engine.fixed["mamba_full_memory_ratio"] == 0.4
-    )
+    assert cfg.engine.fixed["speculative_algorithm"] == "EAGLE" and cfg.engine.fixed["mamba_full_memory_ratio"] == 0.4
     assert cfg.baseline.flags == {"max_mamba_cache_size": 80}
     assert cfg.enqueue[0].flags == {"max_mamba_cache_size": 80, **first.changes}
     for dest, value in first.changes.items():
@@ -549,9 +534,7 @@ class Load:
                     self.tokens += 1
 
     async def _run(self) -> None:
-        async with httpx.AsyncClient(
-            timeout=httpx.Timeout(30.0), limits=httpx.Limits(max_connections=100)
-        ) as client:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(30.0), limits=httpx.Limits(max_connections=100)) as client:
             tasks = [asyncio.create_task(self._one(client, i)) for i in range(self.concurrency)]
             while not self.stop.is_set():
                 await asyncio.sleep(0.05)
@@ -706,8 +689,11 @@ def test_without_the_log_the_mamba_pools_are_unknown_not_guessed(fake_server, ca
     with pytest.raises(SystemExit) as exc:
         main(["inspect", server.url])
     assert exc.value.code == 0
-    rows = {line.split("│")[1].strip(): line.split("│")[2].strip()
-            for line in capsys.readouterr().out.splitlines() if line.count("│") == 4}
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip()
+        for line in capsys.readouterr().out.splitlines()
+        if line.count("│") == 4
+    }
     assert rows["pools (KV + Mamba)"] == "unknown" and rows["Mamba states (ssm + conv)"] == "unknown"
     assert rows["KV cache (SGLang's kvcache)"] == "0.95"
 
@@ -733,7 +719,8 @@ def test_the_log_of_the_simulated_server_matches_its_server_info(sim_server_with
     (d,) = inspect_servers([url], logs=[log]).servers
     assert d.memory["mamba_states"]["server"] == pytest.approx(d.memory["mamba_states"]["planner"], abs=0.01)
     assert d.memory["spec_intermediates"]["server"] == pytest.approx(
-        d.memory["spec_intermediates"]["planner"], abs=0.01)
+        d.memory["spec_intermediates"]["planner"], abs=0.01
+    )
     assert d.memory["kv"]["server"] == pytest.approx(d.memory["kv"]["planner"], abs=0.01)
 
 
@@ -788,8 +775,10 @@ def test_a_cpu_server_is_drawn_without_gpu_columns_or_cuda_graphs():
 
 def test_log_option_errors_are_one_line_before_any_request(fake_server, tmp_path, capsys):
     server = fake_server(recorded_routes())
-    for args, message in (([str(tmp_path / "missing.log")], "cannot read the startup log"),
-                          ([str(STARTUP_LOG), str(STARTUP_LOG)], "2 startup logs for 1 server")):
+    for args, message in (
+        ([str(tmp_path / "missing.log")], "cannot read the startup log"),
+        ([str(STARTUP_LOG), str(STARTUP_LOG)], "2 startup logs for 1 server"),
+    ):
         with pytest.raises(SystemExit) as exc:
             main(["inspect", server.url, *(a for path in args for a in ("--log", path))])
         assert exc.value.code == 1
@@ -810,10 +799,28 @@ def sim_server_with_log(tmp_path, sim_env) -> Iterator[tuple[str, Path]]:
     log_path = tmp_path / "sim.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--host", "127.0.0.1",
-             "--port", str(port), "--sim-gpu", "b200", "--sim-startup-s", "0.3", "--sim-release-s", "0.2",
-             *PRODUCTION],
-            stdout=log, stderr=subprocess.STDOUT, env=sim_env, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "autotune.sim",
+                "--model-path",
+                "qwen3.6-27b",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--sim-gpu",
+                "b200",
+                "--sim-startup-s",
+                "0.3",
+                "--sim-release-s",
+                "0.2",
+                *PRODUCTION,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=sim_env,
+            start_new_session=True,
         )
     url = f"http://127.0.0.1:{port}"
     try:

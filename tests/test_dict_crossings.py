@@ -60,14 +60,20 @@ def test_a_missing_root_is_one_error_line(tmp_path):
 def test_conversions_and_free_form_mappings_are_counted_apart_by_their_rule(tmp_path):
     pkg = tmp_path / "pkg"
     pkg.mkdir()
-    (pkg / "m.py").write_text("\n".join([
-        "    def to_dict(self) -> dict[str, Any]:",  # a record's stored form: a conversion
-        "    def from_dict(cls, data: dict[str, Any]) -> X:",  # and back
-        "def launch(config: dict[str, Any]) -> None:",  # SGLang's flags by dest name: free-form
-        "def body_of(body: dict[str, Any], seen: dict[str, Any]) -> None:",  # one name not free-form: a record
-        "    verdict: dict[str, Any]",  # a record
-        "def confirm() -> dict[str, Any]:",  # a record returned
-    ] + ["x = 1"] * 94) + "\n")
+    (pkg / "m.py").write_text(
+        "\n".join(
+            [
+                "    def to_dict(self) -> dict[str, Any]:",  # a record's stored form: a conversion
+                "    def from_dict(cls, data: dict[str, Any]) -> X:",  # and back
+                "def launch(config: dict[str, Any]) -> None:",  # SGLang's flags by dest name: free-form
+                "def body_of(body: dict[str, Any], seen: dict[str, Any]) -> None:",  # one name not free-form: a record
+                "    verdict: dict[str, Any]",  # a record
+                "def confirm() -> dict[str, Any]:",  # a record returned
+            ]
+            + ["x = 1"] * 94
+        )
+        + "\n"
+    )
     done = _run("--root", str(pkg), "--max", "60", "--max-records", "30")
     assert done.returncode == 0, done.stderr
     assert "storage conversions (to_dict/from_dict): 2, free-form mappings: 1" in done.stdout

@@ -38,8 +38,9 @@ def tiny_disk(tmp_path):
     """A 3 MiB tmpfs at ``tmp_path/disk``, unmounted afterwards."""
     mount = tmp_path / "disk"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True,
-                          text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         if os.environ.get("AUTOTUNE_REQUIRE_ALL") == "1":
             pytest.fail(f"cannot mount a tmpfs: {done.stderr.strip()}")
@@ -73,8 +74,13 @@ def fill_once_started(disk: Path, server_log: Path, timeout_s: float = 60) -> th
 
 
 def sweep(path: Path, env: dict, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", "sweep", "--config", str(path), *extra], env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", "sweep", "--config", str(path), *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def assert_one_line_and_nothing_running(done: subprocess.CompletedProcess, storage: str, env: dict, where: str):
@@ -86,8 +92,13 @@ def assert_one_line_and_nothing_running(done: subprocess.CompletedProcess, stora
     assert not [t.number for t in study.trials if t.state == TrialState.RUNNING]
     failed = [t for t in study.trials if t.user_attrs.get("status") == "write_error"]
     assert len(failed) == 1 and failed[0].state == TrialState.FAIL and where in failed[0].user_attrs["reason"]
-    listed = subprocess.run([sys.executable, "-m", "autotune", "trials", "--storage", storage, "--study", "tiny"],
-                            env=env, capture_output=True, text=True, timeout=60)
+    listed = subprocess.run(
+        [sys.executable, "-m", "autotune", "trials", "--storage", storage, "--study", "tiny"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert listed.returncode == 0 and "write_error" in listed.stdout, listed.stderr
     return failed[0]
 
@@ -205,8 +216,11 @@ class WritesFail(PlannerRunner):
 
     def __call__(self, config, number):
         if number == 1:
-            raise DiskError("cannot write trials/1/records.jsonl: No space left on device; 10 bytes free there",
-                            path="trials/1/records.jsonl", free_bytes=10)
+            raise DiskError(
+                "cannot write trials/1/records.jsonl: No space left on device; 10 bytes free there",
+                path="trials/1/records.jsonl",
+                free_bytes=10,
+            )
         return super().__call__(config, number)
 
 

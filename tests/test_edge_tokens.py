@@ -23,8 +23,16 @@ def baseline_with_records(trial_dir: Path, rows: list[dict]) -> optuna.trial.Fro
 
 
 def record(line: int, prompt_tokens: int | None = None, pass_no: int = 0) -> dict:
-    row = {"row": line, "sent": 0.0, "pass_no": pass_no, "chunks": [[0.1, 4]], "finish_reason": "length",
-           "error": None, "ended": 0.2, "accept_length": None}
+    row = {
+        "row": line,
+        "sent": 0.0,
+        "pass_no": pass_no,
+        "chunks": [[0.1, 4]],
+        "finish_reason": "length",
+        "error": None,
+        "ended": 0.2,
+        "accept_length": None,
+    }
     if prompt_tokens is not None:
         row["prompt_tokens"] = prompt_tokens
     return row
@@ -65,8 +73,9 @@ def test_a_sweep_places_its_edge_start_from_the_baselines_reported_tokens(tmp_pa
     from autotune.search.study import run_study
 
     cfg, *_ = _setup()
-    study_cfg = cfg.study.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}", "edge_starts": 1,
-                                             "trials": 3, "confirm_top_k": 0})
+    study_cfg = cfg.study.model_copy(
+        update={"storage": f"sqlite:///{tmp_path / 's.db'}", "edge_starts": 1, "trials": 3, "confirm_top_k": 0}
+    )
     cfg = cfg.model_copy(update={"study": study_cfg, "path": tmp_path / "s.toml"})
     line_chars = dict(EdgeStarts(cfg, *_setup()[1:3]).line_chars)
 

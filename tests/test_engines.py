@@ -54,10 +54,16 @@ def test_classify_recorded_logs(name, code, kind, phrase):
 
 
 def test_bad_args_from_argparse_and_from_resolution():
-    argparse_err = "usage: launch_server.py [-h] ...\nlaunch_server.py: error: unrecognized arguments: --mamba-scheduler-strategy extra_buffer\n"
+    argparse_err = (
+        "usage: launch_server.py [-h] ...\n"
+        "launch_server.py: error: unrecognized arguments: --mamba-scheduler-strategy extra_buffer\n"
+    )
     assert logparse.classify(argparse_err, 2) == "bad_args"
     assert "unrecognized arguments" in logparse.failure_line(argparse_err, 2)
-    resolve_err = "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: --mamba-radix-cache-strategy extra_buffer needs mamba state\n"
+    resolve_err = (
+        'Traceback (most recent call last):\n  File "x.py", line 1\n'
+        "ValueError: --mamba-radix-cache-strategy extra_buffer needs mamba state\n"
+    )
     assert logparse.classify(resolve_err, 1) == "bad_args"
     assert logparse.failure_line(resolve_err, 1).startswith("ValueError: --mamba-radix-cache-strategy")
 
@@ -67,7 +73,11 @@ def test_cuda_oom_before_and_after_ready():
     capture = head + "[2026-11-29 08:02:26] Capture cuda graph failed: CUDA out of memory. Tried to allocate 2.00 GiB\n"
     assert logparse.classify(capture, 137) == "startup_oom"
     assert "Capture cuda graph failed" in logparse.failure_line(capture, 137)
-    serving = head + logparse.READY_LINE + "\n[2026-11-29 08:03:00] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB\n"
+    serving = (
+        head
+        + logparse.READY_LINE
+        + "\n[2026-11-29 08:03:00] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 4.00 GiB\n"
+    )
     assert logparse.classify(serving, -9) == "runtime_oom"
     assert logparse.failure_line(serving, -9).startswith("torch.OutOfMemoryError")
 
@@ -86,9 +96,11 @@ def test_a_rank_without_a_device_is_a_crash_named_by_its_ordinal_line():
 
     head = recorded("llama-startup-serve-sigterm.log").split("Load weight begin")[0].rsplit("\n", 1)[0]
     trace = logs.invalid_device_ordinal()[0]
-    text = (f"{head}\n[2026-11-29 08:00:57 TP1] {trace}"
-            "[2026-11-29 08:00:57] Rank 1 scheduler is dead. Please check if there are relevant logs.\n"
-            "[2026-11-29 08:00:57] RuntimeError: Initialization failed. Please see the error messages above.\n")
+    text = (
+        f"{head}\n[2026-11-29 08:00:57 TP1] {trace}"
+        "[2026-11-29 08:00:57] Rank 1 scheduler is dead. Please check if there are relevant logs.\n"
+        "[2026-11-29 08:00:57] RuntimeError: Initialization failed. Please see the error messages above.\n"
+    )
     for code in (137, -9, 1):
         assert logparse.classify(text, code) == "crash"
         assert logparse.failure_line(text, code) == "RuntimeError: CUDA error: invalid device ordinal"
@@ -127,7 +139,8 @@ def test_capacity_of_dense_model_has_no_mamba():
 def test_speculative_mamba_line_sums_intermediates():
     line = (
         "[2026-01-01 00:00:00] Mamba Cache is allocated. max_mamba_cache_size: 80, conv_state size: 0.36GB, "
-        "ssm_state size: 11.39GB intermediate_ssm_state_cache size: 9.56GB intermediate_conv_window_cache size: 0.05GB\n"
+        "ssm_state size: 11.39GB intermediate_ssm_state_cache size: 9.56GB "
+        "intermediate_conv_window_cache size: 0.05GB\n"
     )
     cap = logparse.capacity(line)
     assert cap.mamba_slots == 80
@@ -159,7 +172,9 @@ def test_unknown_engine_names_the_kinds():
 
 
 def test_sim_engine_launches_the_simulator_with_its_options():
-    eng = SimEngine(model_path="qwen3.6-27b", sim_gpu="h200", sim_options={"startup_s": 0.3, "shm": True, "noise": False})
+    eng = SimEngine(
+        model_path="qwen3.6-27b", sim_gpu="h200", sim_options={"startup_s": 0.3, "shm": True, "noise": False}
+    )
     argv = eng.argv({}, port=1234)
     assert argv[1:3] == ["-m", "autotune.sim"]
     assert argv[argv.index("--sim-gpu") + 1] == "h200"
@@ -194,7 +209,9 @@ def test_preflight_refuses_an_interpreter_without_sglang(tmp_path):
         pytest.skip("sglang is installed here")
     with pytest.raises(EngineError, match="sglang is not importable"):
         eng.preflight()
-    SGLangEngine(model_path="/m", python=str(make_fake_sglang(tmp_path / "fake").python), cache_dir=tmp_path).preflight()
+    SGLangEngine(
+        model_path="/m", python=str(make_fake_sglang(tmp_path / "fake").python), cache_dir=tmp_path
+    ).preflight()
     SimEngine().preflight()
     with pytest.raises(EngineError, match="not found"):
         SGLangEngine(model_path="/m", python=str(tmp_path / "no-python")).preflight()

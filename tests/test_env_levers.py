@@ -33,9 +33,13 @@ SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND = {{ choices = [true] }}
 def study(tmp_path, *, name="levers", trials=2, space=LEVERS, baseline_env=f"{{ {SKIP} = 1 }}"):
     path = write_tiny_study(tmp_path, name=name, trials=trials, top_k=0, measure_s=1.0, warmup_s=0.5)
     text = path.read_text().replace("[workload]", space + "\n[workload]")
-    text = text.replace("flags = { max_mamba_cache_size = 80 }",
-                        f"flags = {{ max_mamba_cache_size = 80 }}\nenv = {baseline_env}")
-    text += f'\n[[enqueue]]\nlabel = "plain"\nflags = {{ max_mamba_cache_size = 160, max_running_requests = 48 }}\nenv = {{ {SKIP} = "no" }}\n'
+    text = text.replace(
+        "flags = { max_mamba_cache_size = 80 }", f"flags = {{ max_mamba_cache_size = 80 }}\nenv = {baseline_env}"
+    )
+    text += (
+        '\n[[enqueue]]\nlabel = "plain"\nflags = { max_mamba_cache_size = 160, max_running_requests = 48 }\n'
+        f'env = {{ {SKIP} = "no" }}\n'
+    )
     path.write_text(text)
     return path
 
@@ -54,11 +58,19 @@ def test_levers_load_typed_beside_the_flags(tmp_path):
     assert not any(SKIP in a for a in sim.argv(base, port=1))
 
 
-@pytest.mark.parametrize(("edit", "where"), [
-    ((f"{SKIP} = {{ choices", "SGLANG_OPT_MAMBA_SKIP_DECODE_LOKC = { choices"), "space.env.SGLANG_OPT_MAMBA_SKIP_DECODE_LOKC"),
-    ((f"env = {{ {SKIP} = 1 }}", "env = { SGLANG_OPT_MAMBA_SKIP_DECODE_LOKC = 1 }"),
-     "baseline.env.SGLANG_OPT_MAMBA_SKIP_DECODE_LOKC"),
-])
+@pytest.mark.parametrize(
+    ("edit", "where"),
+    [
+        (
+            (f"{SKIP} = {{ choices", "SGLANG_OPT_MAMBA_SKIP_DECODE_LOKC = { choices"),
+            "space.env.SGLANG_OPT_MAMBA_SKIP_DECODE_LOKC",
+        ),
+        (
+            (f"env = {{ {SKIP} = 1 }}", "env = { SGLANG_OPT_MAMBA_SKIP_DECODE_LOKC = 1 }"),
+            "baseline.env.SGLANG_OPT_MAMBA_SKIP_DECODE_LOKC",
+        ),
+    ],
+)
 def test_a_misspelt_name_is_one_error_line_with_did_you_mean(tmp_path, capsys, edit, where):
     path = study(tmp_path)
     path.write_text(path.read_text().replace(*edit, 1))
@@ -96,8 +108,9 @@ def test_sweep_gives_the_server_its_environment_and_apply_carries_it(tmp_path, m
     table = run("trials", "--config", str(path)).stdout
     assert f"env:{SKIP}=False" in table and "asked for 48" in table  # beside the flags and the running cap
     out = tmp_path / "fleet"
-    applied = run("apply", "--config", str(path), "--trial", "0", "--out", str(out), "--gpus", "0",
-                  "--allow-unstressed")
+    applied = run(
+        "apply", "--config", str(path), "--trial", "0", "--out", str(out), "--gpus", "0", "--allow-unstressed"
+    )
     assert applied.returncode == 0, applied.stderr[-2000:]
     start = next(line for line in (out / "launch_fleet.sh").read_text().splitlines() if line.startswith("start "))
     words = shlex.split(start)
@@ -128,13 +141,25 @@ def test_the_slurm_launcher_gives_the_job_its_environment(tmp_path):
         pytest.skip(why)
     path = study(tmp_path, name="slurmlevers", trials=1)
     text = path.read_text().replace('kind = "sim"', 'kind = "sim"\nlauncher = "slurm"')
-    path.write_text(text[:text.index("[[enqueue]]")])  # the baseline alone: one job
+    path.write_text(text[: text.index("[[enqueue]]")])  # the baseline alone: one job
     env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}  # jobs inherit it (--export=ALL)
     with empty_queue():
-        done = subprocess.run([sys.executable, "-m", "autotune", "sweep", "--config", str(path), "--json"],
-                              capture_output=True, text=True, env=env, timeout=130)
+        done = subprocess.run(
+            [sys.executable, "-m", "autotune", "sweep", "--config", str(path), "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=130,
+        )
     assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(subprocess.run([sys.executable, "-m", "autotune", "trials", "--config", str(path), "--json"],
-                                     capture_output=True, text=True, env=env, timeout=60).stdout)
+    rows = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "autotune", "trials", "--config", str(path), "--json"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        ).stdout
+    )
     # the batch job's server read the switch: 80 slots at ratio 4 (kv_cache_configurator.py L3066-3069)
     assert rows[0]["params"][ENV_PREFIX + SKIP] is True and rows[0]["max_running_requests"] == 80 // 4

@@ -52,13 +52,30 @@ def test_qwen35_moe_is_planned_with_active_experts_streamed():
 
 
 def _config(model_type: str, **fields) -> dict:
-    return {"model_type": model_type, "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
-            "vocab_size": 65536, "intermediate_size": 4096, **fields}
+    return {
+        "model_type": model_type,
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "vocab_size": 65536,
+        "intermediate_size": 4096,
+        **fields,
+    }
 
 
 def test_falcon_h1_runs_attention_and_mamba_in_every_layer():
-    m = from_hf_config(_config("falcon_h1", num_hidden_layers=24, mamba_d_ssm=1536, mamba_n_heads=24,
-                               mamba_d_state=128, mamba_n_groups=1, mamba_d_conv=4), name="falcon")
+    m = from_hf_config(
+        _config(
+            "falcon_h1",
+            num_hidden_layers=24,
+            mamba_d_ssm=1536,
+            mamba_n_heads=24,
+            mamba_d_state=128,
+            mamba_n_groups=1,
+            mamba_d_conv=4,
+        ),
+        name="falcon",
+    )
     assert (m.full_layers, m.linear_layers) == (24, 24)
     assert m.linear is not None and m.linear.head_dim == 1536 // 24  # mamba_d_head "auto"
     assert m.mamba_ssm_bytes() == 24 * 24 * 64 * 128 * 4
@@ -74,14 +91,36 @@ def test_lfm2_short_conv_holds_no_temporal_state():
 
 
 def test_granite_hybrid_and_kimi_linear():
-    granite = from_hf_config(_config("granitemoehybrid", num_hidden_layers=8, mamba_n_heads=32, mamba_d_head=64,
-                                     mamba_d_state=128, mamba_expand=2, mamba_n_groups=1,
-                                     layer_types=["mamba"] * 7 + ["attention"]), name="granite")
+    granite = from_hf_config(
+        _config(
+            "granitemoehybrid",
+            num_hidden_layers=8,
+            mamba_n_heads=32,
+            mamba_d_head=64,
+            mamba_d_state=128,
+            mamba_expand=2,
+            mamba_n_groups=1,
+            layer_types=["mamba"] * 7 + ["attention"],
+        ),
+        name="granite",
+    )
     assert (granite.full_layers, granite.linear_layers) == (1, 7)
-    kimi = from_hf_config(_config("kimi_linear", num_hidden_layers=4, kv_lora_rank=512, qk_rope_head_dim=64,
-                                  linear_attn_config={"kda_layers": [1, 2, 3], "full_attn_layers": [4],
-                                                      "num_heads": 16, "head_dim": 128,
-                                                      "short_conv_kernel_size": 4}), name="kimi")
+    kimi = from_hf_config(
+        _config(
+            "kimi_linear",
+            num_hidden_layers=4,
+            kv_lora_rank=512,
+            qk_rope_head_dim=64,
+            linear_attn_config={
+                "kda_layers": [1, 2, 3],
+                "full_attn_layers": [4],
+                "num_heads": 16,
+                "head_dim": 128,
+                "short_conv_kernel_size": 4,
+            },
+        ),
+        name="kimi",
+    )
     assert (kimi.full_layers, kimi.linear_layers) == (1, 3)
     assert kimi.mamba_ssm_bytes() == 3 * 16 * 128 * 128 * 4
     assert kimi.kv_cell_bytes(tp=4) == (512 + 64) * 2  # MLA: one latent, not split over TP
@@ -114,13 +153,16 @@ def test_unknown_quantization_names_the_field(tmp_path):
     assert "model.safetensors.index.json" in str(err.value)
 
 
-@pytest.mark.parametrize("model, gpu, flags", [
-    ("qwen3.6-27b-fp8", "h100", {}),
-    ("qwen3.6-27b-nvfp4", "b200", {"speculative_algorithm": "EAGLE"}),
-    ("qwen3.5-35b-a3b", "h200", {"tp_size": 2}),
-    ("qwen3.5-397b-a17b", "h200", {"tp_size": 8}),
-    ("nemotron-h-8b", "h100", {}),
-])
+@pytest.mark.parametrize(
+    "model, gpu, flags",
+    [
+        ("qwen3.6-27b-fp8", "h100", {}),
+        ("qwen3.6-27b-nvfp4", "b200", {"speculative_algorithm": "EAGLE"}),
+        ("qwen3.5-35b-a3b", "h200", {"tp_size": 2}),
+        ("qwen3.5-397b-a17b", "h200", {"tp_size": 8}),
+        ("nemotron-h-8b", "h100", {}),
+    ],
+)
 def test_shipped_models_are_planned_not_refused(model, gpu, flags):
     p = plan(load_model(MODELS / model), load_gpu(gpu), flags)
     assert p.fits, p.message

@@ -92,8 +92,9 @@ flags = { max_mamba_cache_size = 96 }
 SHORT_CAPS = "warmup_max_s = 1.0\nmeasure_max_s = 2.0"  # quick; trials stay unsettled, which these tests allow
 
 
-def write_study(tmp_path: Path, *, name: str, trials: int, choices: str, limit: str = "", enqueue: str = "",
-                caps: str = SHORT_CAPS) -> Path:
+def write_study(
+    tmp_path: Path, *, name: str, trials: int, choices: str, limit: str = "", enqueue: str = "", caps: str = SHORT_CAPS
+) -> Path:
     write_prompts(tmp_path)
     path = tmp_path / f"{name}.toml"
     path.write_text(TEMPLATE.format(name=name, trials=trials, choices=choices, limit=limit, enqueue=enqueue, caps=caps))
@@ -174,8 +175,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.mark.parametrize(("mode", "words"), [("no-logprobs", "does not support return_logprob"),
-                                             ("500", "HTTP 500")])
+@pytest.mark.parametrize(("mode", "words"), [("no-logprobs", "does not support return_logprob"), ("500", "HTTP 500")])
 def test_a_server_without_logprobs_or_with_an_error_fails_the_trial_loudly(tmp_path, mode, words):
     handler = type("H", (_Handler,), {"mode": mode})
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -200,8 +200,9 @@ def test_a_server_without_logprobs_or_with_an_error_fails_the_trial_loudly(tmp_p
 
 # --- which studies probe --------------------------------------------------------------------------------------
 def test_only_a_space_that_can_change_numerics_probes(tmp_path):
-    f32 = load_config(write_study(tmp_path, name="f32", trials=1, choices='["unset", "float32"]',
-                                  limit=", min_prefix_match = 64"))
+    f32 = load_config(
+        write_study(tmp_path, name="f32", trials=1, choices='["unset", "float32"]', limit=", min_prefix_match = 64")
+    )
     assert not sn.aware(f32) and not sn.constrained(f32)
     bf16 = load_config(write_study(tmp_path, name="bf16", trials=1, choices='["unset", "bfloat16"]'))
     assert sn.aware(bf16) and not sn.constrained(bf16)  # measured and shown, no limit set
@@ -212,8 +213,9 @@ def test_only_a_space_that_can_change_numerics_probes(tmp_path):
 # --- on the simulator, end to end ------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_float32_only_space_runs_no_probe_and_has_no_constraint(tmp_path, cli):
-    path = write_study(tmp_path, name="f32", trials=2, choices='["unset", "float32"]',
-                       limit=", min_prefix_match = 64", caps="")  # default caps: a settled contender is confirmed
+    path = write_study(
+        tmp_path, name="f32", trials=2, choices='["unset", "float32"]', limit=", min_prefix_match = 64", caps=""
+    )  # default caps: a settled contender is confirmed
     run = cli("sweep", "--config", str(path), "--json")
     assert run.returncode == 0, run.stderr
     done = [t for t in trials_of(path) if t.state == optuna.trial.TrialState.COMPLETE]
@@ -236,8 +238,14 @@ def test_float32_only_space_runs_no_probe_and_has_no_constraint(tmp_path, cli):
 
 @pytest.mark.slow
 def test_bfloat16_trials_are_probed_the_limit_crowns_float32_and_apply_refuses_bfloat16(tmp_path, cli):
-    path = write_study(tmp_path, name="num", trials=3, choices='["unset", "bfloat16"]',
-                       limit=", min_prefix_match = 120", enqueue=FAST_BF16)
+    path = write_study(
+        tmp_path,
+        name="num",
+        trials=3,
+        choices='["unset", "bfloat16"]',
+        limit=", min_prefix_match = 120",
+        enqueue=FAST_BF16,
+    )
     run = cli("sweep", "--config", str(path), "--json")
     assert run.returncode == 0, run.stderr
     trials = {t.number: t for t in trials_of(path) if t.state == optuna.trial.TrialState.COMPLETE}
@@ -252,7 +260,9 @@ def test_bfloat16_trials_are_probed_the_limit_crowns_float32_and_apply_refuses_b
     assert 1 <= fid["prefix_match_mean"] < 120 and fid["exact_share"] < 1
     assert fid["mean_abs_logprob_delta"] == pytest.approx(0.02, abs=1e-6)  # the sim's bfloat16 SSM shift
     assert (Path(fast.user_attrs["result"]["trial_dir"]) / "fidelity.json").is_file()
-    ref_attr = optuna.load_study(study_name="num", storage=load_config(path).storage_url).user_attrs["numerics_reference"]
+    ref_attr = optuna.load_study(study_name="num", storage=load_config(path).storage_url).user_attrs[
+        "numerics_reference"
+    ]
     assert Path(ref_attr["path"]).is_file() and ref_attr["trial"] == base.number and len(ref_attr["sha256"]) == 64
     # The limit is one more constraint entry: violated by the faster bfloat16 trial, so float32 wins.
     assert fast.user_attrs["constraint"][0] < 0 < fast.user_attrs["constraint"][-1]
@@ -278,12 +288,24 @@ def test_bfloat16_trials_are_probed_the_limit_crowns_float32_and_apply_refuses_b
     assert rows[fast.number]["numerics"].endswith("|Δlp| 0.020") and rows[base.number]["numerics"] == "reference"
 
     # apply: the bfloat16 trial only with --accept-numerics; its figures land in provenance.json
-    refused = cli("apply", "--config", str(path), "--trial", str(fast.number), "--out", str(tmp_path / "d1"),
-                  "--gpus", "0")
+    refused = cli(
+        "apply", "--config", str(path), "--trial", str(fast.number), "--out", str(tmp_path / "d1"), "--gpus", "0"
+    )
     assert refused.returncode == 1 and "--accept-numerics" in refused.stderr and "limit" in refused.stderr
     assert not (tmp_path / "d1").exists()
-    ok = cli("apply", "--config", str(path), "--trial", str(fast.number), "--out", str(tmp_path / "d2"),
-             "--gpus", "0", "--accept-numerics", "--allow-unstressed")  # not the winner
+    ok = cli(
+        "apply",
+        "--config",
+        str(path),
+        "--trial",
+        str(fast.number),
+        "--out",
+        str(tmp_path / "d2"),
+        "--gpus",
+        "0",
+        "--accept-numerics",
+        "--allow-unstressed",
+    )  # not the winner
     assert ok.returncode == 0, ok.stderr
     prov = json.loads((tmp_path / "d2" / "provenance.json").read_text())
     assert prov["numerics"]["fidelity"]["prefix_match_mean"] == fid["prefix_match_mean"]
@@ -312,8 +334,15 @@ def test_apply_refuses_a_numerics_change_without_a_measured_probe():
     from autotune.search.views.settings import StudySettings
 
     config = {"mamba_ssm_dtype": "bfloat16"}
-    winner = Winner(study="s", trial=3, config=config, result=TrialResult(status="ok", config=config), tok_s=1.0,
-                    baseline_config={}, settings=StudySettings.of({"engine": {"model": "qwen3.6-27b"}}))
+    winner = Winner(
+        study="s",
+        trial=3,
+        config=config,
+        result=TrialResult(status="ok", config=config),
+        tok_s=1.0,
+        baseline_config={},
+        settings=StudySettings.of({"engine": {"model": "qwen3.6-27b"}}),
+    )
     with pytest.raises(NumericsRefused, match="no fidelity probe measured"):
         check_numerics(winner)
     assert check_numerics(winner, accept=True).accepted is True
@@ -326,16 +355,29 @@ def _conditional_study(n: int, *, flat: bool = False) -> optuna.Study:
 
     rng = __import__("random").Random(0)
     study = optuna.create_study(direction="maximize")
-    dists = {"running": IntDistribution(16, 256, step=16), "cache_off": CategoricalDistribution([False, True]),
-             "strategy": CategoricalDistribution(["auto", "lazy"]), "chunk": CategoricalDistribution([4096, 8192])}
+    dists = {
+        "running": IntDistribution(16, 256, step=16),
+        "cache_off": CategoricalDistribution([False, True]),
+        "strategy": CategoricalDistribution(["auto", "lazy"]),
+        "chunk": CategoricalDistribution([4096, 8192]),
+    }
     for _ in range(n):
-        params = {"running": rng.choice(range(16, 257, 16)), "cache_off": rng.random() < 0.8,
-                  "chunk": rng.choice([4096, 8192])}
+        params = {
+            "running": rng.choice(range(16, 257, 16)),
+            "cache_off": rng.random() < 0.8,
+            "chunk": rng.choice([4096, 8192]),
+        }
         if not params["cache_off"]:
             params["strategy"] = rng.choice(["auto", "lazy"])
         value = 1000.0 if flat else params["running"] * 10 + (500 if params["cache_off"] else 0) + rng.random()
-        study.add_trial(optuna.trial.create_trial(params=params, distributions={k: dists[k] for k in params},
-                                                  values=[value], user_attrs={"role": "search"}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                params=params,
+                distributions={k: dists[k] for k in params},
+                values=[value],
+                user_attrs={"role": "search"},
+            )
+        )
     return study
 
 
@@ -380,14 +422,30 @@ def test_the_failures_table_explains_a_self_contradictory_planner_message():
     from autotune.sglang.memory import plan
     from autotune.sglang.profiles import load_gpu, load_model
 
-    flags = {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1, "speculative_num_steps": 3,
-             "speculative_num_draft_tokens": 4, "max_mamba_cache_size": 1200, "mem_fraction_static": 0.88}
+    flags = {
+        "speculative_algorithm": "EAGLE",
+        "speculative_eagle_topk": 1,
+        "speculative_num_steps": 3,
+        "speculative_num_draft_tokens": 4,
+        "max_mamba_cache_size": 1200,
+        "mem_fraction_static": 0.88,
+    }
     memory = plan(load_model("qwen3.6-27b"), load_gpu("b200"), flags)
     assert "under --mem-fraction-static=0.88. Raise --mem-fraction-static above 0.3" in memory.message
     note = rd.planner_note(memory.to_dict())
     assert "the Mamba state pool (1200 slots" in note and "The Mamba pool took the memory" in note
     assert "56.6 GiB" in note and "for the KV cache" in note
-    frame = rd.pd.DataFrame([{"trial": 5, "outcome": "infeasible (planner)", "status": "skipped_infeasible",
-                              "reason": memory.message, "log_path": "", "planner_note": note}])
+    frame = rd.pd.DataFrame(
+        [
+            {
+                "trial": 5,
+                "outcome": "infeasible (planner)",
+                "status": "skipped_infeasible",
+                "reason": memory.message,
+                "log_path": "",
+                "planner_note": note,
+            }
+        ]
+    )
     reason = rd.failures_frame(frame)["reason"][0]
     assert reason.splitlines() == [memory.message, note]

@@ -150,11 +150,16 @@ def test_the_first_confirmation_launch_of_every_contender_but_the_baseline_and_i
 
 
 def test_a_table_flag_is_still_a_change_the_table_explains():
-    probe = fidelity.FidelityProbe(prompts=("a",), tokens=4, reference=Reference(("a",), 4, (ProbeOutput(
-        (1, 2, 3, 4), (-0.1,) * 4),)), changes=(fidelity.FlagChange(flag="mamba_ssm_dtype", value="bfloat16"),))
+    probe = fidelity.FidelityProbe(
+        prompts=("a",),
+        tokens=4,
+        reference=Reference(("a",), 4, (ProbeOutput((1, 2, 3, 4), (-0.1,) * 4),)),
+        changes=(fidelity.FlagChange(flag="mamba_ssm_dtype", value="bfloat16"),),
+    )
     figures = dataclasses.replace(
         fidelity.compare(probe.reference.outputs, [ProbeOutput((1, 9, 9, 9), (-0.1,) * 4)], 4),
-        changes=tuple(c.to_dict() for c in probe.changes))
+        changes=tuple(c.to_dict() for c in probe.changes),
+    )
     judged = fidelity.verdict(figures, ())
     assert (judged.outputs_differ, judged.unexpected, judged.differs) == (True, False, ())
 
@@ -163,14 +168,28 @@ def test_a_table_flag_is_still_a_change_the_table_explains():
 def _winner(fid: dict, limits: dict | None = None) -> Winner:
     config = {"chunked_prefill_size": 4096}
     settings = {"engine": {"model": "qwen3.6-27b"}, **({"objective": {"numerics": limits}} if limits else {})}
-    return Winner(study="s", trial=3, config=config, result=TrialResult(status="ok", config=config,
-                                                                         fidelity=FidelityFigures.from_dict(fid)),
-                  tok_s=1.0, baseline_config={}, settings=StudySettings.of(settings))
+    return Winner(
+        study="s",
+        trial=3,
+        config=config,
+        result=TrialResult(status="ok", config=config, fidelity=FidelityFigures.from_dict(fid)),
+        tok_s=1.0,
+        baseline_config={},
+        settings=StudySettings.of(settings),
+    )
 
 
-UNEXPECTED = {"role": "probe", "changes": [], "prefix_match_mean": 10.0, "exact_share": 0.0, "tokens": 64,
-              "mean_abs_logprob_delta": 0.0, "outputs_differ": True, "unexpected": True,
-              "differs": [{"flag": "chunked_prefill_size", "value": 4096, "reference": None}]}
+UNEXPECTED = {
+    "role": "probe",
+    "changes": [],
+    "prefix_match_mean": 10.0,
+    "exact_share": 0.0,
+    "tokens": 64,
+    "mean_abs_logprob_delta": 0.0,
+    "outputs_differ": True,
+    "unexpected": True,
+    "differs": [{"flag": "chunked_prefill_size", "value": 4096, "reference": None}],
+}
 
 
 def test_apply_judges_an_unexpected_change_as_a_numerics_change():
@@ -203,7 +222,8 @@ def test_the_contender_probe_is_what_a_trial_is_known_by():
     table = FidelityFigures(role="probe", changes=({"flag": "mamba_ssm_dtype", "value": "bfloat16"},))
     assert sn.contender_fidelity(table, failed.probe(3)) == table  # a failed contender probe never hides a measured one
     assert numerics_line(sn.contender_fidelity(None, failed.probe(3))) == (
-        "outputs not checked against the baseline: no reference")
+        "outputs not checked against the baseline: no reference"
+    )
 
 
 # --- the simulator ---------------------------------------------------------------------------------------------------
@@ -219,7 +239,8 @@ def test_the_sim_option_makes_a_flag_outside_the_table_change_outputs_and_nothin
 
 @pytest.mark.slow
 def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_treats_it_as_numerics(
-        tmp_path, monkeypatch, capsys):
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -237,8 +258,11 @@ def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_tre
     caught = first[chunked]["fidelity"]
     assert caught["unexpected"] and caught["changes"] == [] and caught["exact_share"] < 1.0
     base = trials["baseline"].number  # the reference: never probed (far behind the leader, not even relaunched)
-    assert (first[base].get("fidelity") is None if base in first
-            else [g["trial"] for g in study.user_attrs["confirmation"]["given"]] == [base])
+    assert (
+        first[base].get("fidelity") is None
+        if base in first
+        else [g["trial"] for g in study.user_attrs["confirmation"]["given"]] == [base]
+    )
     assert first[chunked]["durations_s"]["probe"] > 0
     # The sweep's summary names it in one line (the uncapped contender wins: 32 streams against a cap of 8).
     assert summary.best.trial == chunked
@@ -247,8 +271,12 @@ def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_tre
     from autotune.cli.sweep import render
 
     assert f"  {summary.best.numerics}" in render(summary).splitlines()
-    other = dataclasses.replace(summary, best=None, outcome="baseline",  # a finalist, not the winner
-                                unexpected=[UnexpectedEntry(chunked, summary.best.numerics)])
+    other = dataclasses.replace(
+        summary,
+        best=None,
+        outcome="baseline",  # a finalist, not the winner
+        unexpected=[UnexpectedEntry(chunked, summary.best.numerics)],
+    )
     assert f"  trial {chunked}: outputs changed unexpectedly" in render(other)
 
     from autotune.cli import cli
@@ -259,10 +287,15 @@ def test_a_sim_study_catches_a_non_table_flag_that_changes_outputs_and_apply_tre
     assert f"trial {chunked}: outputs changed unexpectedly" in shown.output
     refused = runner.invoke(cli, ["apply", "--config", str(path), "--out", str(tmp_path / "d1"), "--gpus", "0"])
     assert isinstance(refused.exception, NumericsRefused)  # the CLI's one-line error (exit 1)
-    assert "changed its outputs unexpectedly" in str(refused.exception) and "--chunked-prefill-size 4096" in str(
-        refused.exception) and "--accept-numerics" in str(refused.exception) and not (tmp_path / "d1").exists()
-    ok = runner.invoke(cli, ["apply", "--config", str(path), "--out", str(tmp_path / "d2"), "--gpus", "0",
-                             "--accept-numerics"])
+    assert (
+        "changed its outputs unexpectedly" in str(refused.exception)
+        and "--chunked-prefill-size 4096" in str(refused.exception)
+        and "--accept-numerics" in str(refused.exception)
+        and not (tmp_path / "d1").exists()
+    )
+    ok = runner.invoke(
+        cli, ["apply", "--config", str(path), "--out", str(tmp_path / "d2"), "--gpus", "0", "--accept-numerics"]
+    )
     assert ok.exit_code == 0, ok.output
     prov = json.loads((tmp_path / "d2" / "provenance.json").read_text())["numerics"]
     assert "--accept-numerics: trial" in ok.output and "changed its outputs unexpectedly" in ok.output

@@ -126,8 +126,15 @@ def test_check_rejects_the_same_flag_twice(table):
 
 
 def test_to_argv_renders_switches_lists_and_omits_false(table):
-    argv = table.to_argv({"max_mamba_cache_size": 200, "disable_radix_cache": True, "enable_metrics": False,
-                          "cuda_graph_bs_decode": [1, 2, 4], "max_total_tokens": None})
+    argv = table.to_argv(
+        {
+            "max_mamba_cache_size": 200,
+            "disable_radix_cache": True,
+            "enable_metrics": False,
+            "cuda_graph_bs_decode": [1, 2, 4],
+            "max_total_tokens": None,
+        }
+    )
     assert argv == ["--max-mamba-cache-size", "200", "--disable-radix-cache", "--cuda-graph-bs-decode", "1", "2", "4"]
 
 
@@ -145,60 +152,100 @@ def _argparse_from(table: FlagTable, dests: list[str]) -> argparse.ArgumentParse
         if spec.store_true:
             parser.add_argument(*spec.option_strings, dest=dest, action="store_true")
         else:
-            parser.add_argument(*spec.option_strings, dest=dest, type=types.get(spec.type, str), nargs=spec.nargs,
-                                choices=spec.choices)
+            parser.add_argument(
+                *spec.option_strings, dest=dest, type=types.get(spec.type, str), nargs=spec.nargs, choices=spec.choices
+            )
     return parser
 
 
 def test_argv_round_trip_through_argparse(table):
-    config = {"max_mamba_cache_size": 200, "mem_fraction_static": 0.93, "disable_radix_cache": True,
-              "speculative_algorithm": "EAGLE", "cuda_graph_bs_decode": [1, 2, 4, 8],
-              "mamba_radix_cache_strategy": "extra_buffer", "max_running_requests": 64}
+    config = {
+        "max_mamba_cache_size": 200,
+        "mem_fraction_static": 0.93,
+        "disable_radix_cache": True,
+        "speculative_algorithm": "EAGLE",
+        "cuda_graph_bs_decode": [1, 2, 4, 8],
+        "mamba_radix_cache_strategy": "extra_buffer",
+        "max_running_requests": 64,
+    }
     parsed = vars(_argparse_from(table, list(config)).parse_args(table.to_argv(config)))
     assert parsed == config
 
 
 def test_parse_sets_accepts_dashes_or_not_and_switches(table):
-    out = parse_sets(["max-mamba-cache-size=200", "--disable-radix-cache=true", "mem_fraction_static=0.93",
-                      "cuda-graph-bs-decode=1,2,4"], table)
-    assert out == {"max_mamba_cache_size": 200, "disable_radix_cache": True, "mem_fraction_static": 0.93,
-                   "cuda_graph_bs_decode": [1, 2, 4]}
+    out = parse_sets(
+        [
+            "max-mamba-cache-size=200",
+            "--disable-radix-cache=true",
+            "mem_fraction_static=0.93",
+            "cuda-graph-bs-decode=1,2,4",
+        ],
+        table,
+    )
+    assert out == {
+        "max_mamba_cache_size": 200,
+        "disable_radix_cache": True,
+        "mem_fraction_static": 0.93,
+        "cuda_graph_bs_decode": [1, 2, 4],
+    }
 
 
-@pytest.mark.parametrize("item, phrase", [("max-mamba-cache-size", "FLAG=VALUE"), ("=3", "FLAG=VALUE"),
-                                          ("cuda-graph-max-bs=16", "ambiguous"),
-                                          ("max-running-requests=lots", "expects an integer")])
+@pytest.mark.parametrize(
+    "item, phrase",
+    [
+        ("max-mamba-cache-size", "FLAG=VALUE"),
+        ("=3", "FLAG=VALUE"),
+        ("cuda-graph-max-bs=16", "ambiguous"),
+        ("max-running-requests=lots", "expects an integer"),
+    ],
+)
 def test_parse_sets_errors(table, item, phrase):
     with pytest.raises(ConfigError, match=phrase):
         parse_sets([item], table)
 
 
 def test_table_from_dumped_specs_works_like_the_bundled_one():
-    small = FlagTable([
-        FlagSpec(dest="tp_size", option_strings=["--tp-size", "--tensor-parallel-size"], type="int", default=1),
-        FlagSpec(dest="disable_radix_cache", option_strings=["--disable-radix-cache"], nargs=0, store_true=True),
-    ])
+    small = FlagTable(
+        [
+            FlagSpec(dest="tp_size", option_strings=["--tp-size", "--tensor-parallel-size"], type="int", default=1),
+            FlagSpec(dest="disable_radix_cache", option_strings=["--disable-radix-cache"], nargs=0, store_true=True),
+        ]
+    )
     assert small.lookup("--tp").dest == "tp_size"
     assert small.check({"tp": "2", "disable-radix-cache": "yes"}) == {"tp_size": 2, "disable_radix_cache": True}
     assert small.to_argv({"tp_size": 2, "disable_radix_cache": True}) == ["--tp-size", "2", "--disable-radix-cache"]
 
 
 def test_dumped_rows_carry_action_kind_and_suppression_without_changing_meaning(table):
-    row = {"flags": ["--disable-cuda-graph"], "dest": "disable_cuda_graph", "default": False, "type": None,
-           "choices": None, "nargs": 0, "is_store_true": True}
+    row = {
+        "flags": ["--disable-cuda-graph"],
+        "dest": "disable_cuda_graph",
+        "default": False,
+        "type": None,
+        "choices": None,
+        "nargs": 0,
+        "is_store_true": True,
+    }
     plain = FlagTable.from_json([row]).lookup("disable_cuda_graph")
-    dumped = FlagTable.from_json([{**row, "action": "store_true", "help_suppressed": True}]).lookup("disable_cuda_graph")
+    dumped = FlagTable.from_json([{**row, "action": "store_true", "help_suppressed": True}]).lookup(
+        "disable_cuda_graph"
+    )
     assert dumped.suppressed and dumped.action == "store_true" and not plain.suppressed
     assert dumped == plain == table.lookup("disable_cuda_graph")  # what only a dump knows is not part of the spec
     assert table.specs[0].dest == "model_path" and len(table.specs) == 531  # every option but --help
 
 
 def test_other_no_value_actions_are_switches_and_append_repeats():
-    small = FlagTable([
-        FlagSpec(dest="use_x", option_strings=["--no-x"], nargs=0, action="store_false"),
-        FlagSpec(dest="old", option_strings=["--old-shim"], nargs=0, action="other"),
-        FlagSpec(dest="urls", option_strings=["--url"], type="str", action="append"),
-    ])
-    assert small.check({"no-x": "true", "old-shim": True, "url": "a,b"}) == {"use_x": True, "old": True,
-                                                                               "urls": ["a", "b"]}
+    small = FlagTable(
+        [
+            FlagSpec(dest="use_x", option_strings=["--no-x"], nargs=0, action="store_false"),
+            FlagSpec(dest="old", option_strings=["--old-shim"], nargs=0, action="other"),
+            FlagSpec(dest="urls", option_strings=["--url"], type="str", action="append"),
+        ]
+    )
+    assert small.check({"no-x": "true", "old-shim": True, "url": "a,b"}) == {
+        "use_x": True,
+        "old": True,
+        "urls": ["a", "b"],
+    }
     assert small.to_argv({"use_x": True, "old": False, "urls": ["a", "b"]}) == ["--no-x", "--url", "a", "--url", "b"]

@@ -42,14 +42,27 @@ def write_yaml(path: Path, config: dict[str, Any]) -> str:
     return path.name
 
 
-def make_fleet(tmp_path: Path, n: int, *, config: dict[str, Any] = OLD,
-               sim_options: dict[int, dict[str, Any]] | None = None, group: int = 1) -> Path:
+def make_fleet(
+    tmp_path: Path,
+    n: int,
+    *,
+    config: dict[str, Any] = OLD,
+    sim_options: dict[int, dict[str, Any]] | None = None,
+    group: int = 1,
+) -> Path:
     """``n`` simulated servers, server i on GPUs ``i*group … i*group+group-1`` (``group`` GPUs each, as its config
     must span), all on ``config``; ``sim_options[i]`` adds to server i's."""
     name = write_yaml(tmp_path / "old.yaml", config)
     servers = [
-        FleetServer(name=f"s{i}", gpus=list(range(i * group, (i + 1) * group)), port=free_port(), config=name,
-                    log=f"logs/s{i}.log", pid=f"run/s{i}.pid", sim_options={**FAST, **(sim_options or {}).get(i, {})})
+        FleetServer(
+            name=f"s{i}",
+            gpus=list(range(i * group, (i + 1) * group)),
+            port=free_port(),
+            config=name,
+            log=f"logs/s{i}.log",
+            pid=f"run/s{i}.pid",
+            sim_options={**FAST, **(sim_options or {}).get(i, {})},
+        )
         for i in range(n)
     ]
     fleet = Fleet(engine="sim", model="qwen3.6-27b", sim_gpu="b200", servers=servers)
@@ -83,15 +96,21 @@ def sim_devices(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
 
 
-@pytest.mark.parametrize("text, message", [
-    ("engine = 'sim'\nmodel = [", "not valid TOML"),
-    (GOOD + "colour = 'red'\n", "servers.0.colour: unknown key"),
-    (GOOD.replace("port = 30000", "port = 70000"), "servers.0.port"),
-    (GOOD + GOOD.split("[[servers]]")[1].join(["[[servers]]", ""]).replace('"a"', '"b"'), "same port"),
-    (GOOD.replace('engine = "sim"', 'engine = "vllm"'), r"engine: unknown engine 'vllm' \(use one of: sglang, sim\)"),
-    (GOOD + 'password = "hunter2"\n', "servers.0.password: passwords and secrets are not allowed"),
-    (GOOD.replace('name = "a"', 'name = "a"\nhost = "ops@gpu-box"'), "cannot be polled from here"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("engine = 'sim'\nmodel = [", "not valid TOML"),
+        (GOOD + "colour = 'red'\n", "servers.0.colour: unknown key"),
+        (GOOD.replace("port = 30000", "port = 70000"), "servers.0.port"),
+        (GOOD + GOOD.split("[[servers]]")[1].join(["[[servers]]", ""]).replace('"a"', '"b"'), "same port"),
+        (
+            GOOD.replace('engine = "sim"', 'engine = "vllm"'),
+            r"engine: unknown engine 'vllm' \(use one of: sglang, sim\)",
+        ),
+        (GOOD + 'password = "hunter2"\n', "servers.0.password: passwords and secrets are not allowed"),
+        (GOOD.replace('name = "a"', 'name = "a"\nhost = "ops@gpu-box"'), "cannot be polled from here"),
+    ],
+)
 def test_malformed_fleet_files(tmp_path, text, message):
     path = tmp_path / "fleet.toml"
     path.write_text(text)
@@ -116,9 +135,20 @@ def test_fleet_file_round_trips(tmp_path):
     path = tmp_path / "fleet.toml"
     path.write_text(GOOD)
     fleet = load_fleet(path)
-    fleet.servers.append(FleetServer(name="r", host="ops@gpu-box:2222", gpu=1, port=30001, bind="0.0.0.0",
-                                     config="c.yaml", log="l", pid="p", extra_args=["--x", 'a "b"'],
-                                     sim_options={"gpu_memory_mib": 90000}))
+    fleet.servers.append(
+        FleetServer(
+            name="r",
+            host="ops@gpu-box:2222",
+            gpu=1,
+            port=30001,
+            bind="0.0.0.0",
+            config="c.yaml",
+            log="l",
+            pid="p",
+            extra_args=["--x", 'a "b"'],
+            sim_options={"gpu_memory_mib": 90000},
+        )
+    )
     write_fleet(fleet)
     again = load_fleet(path)
     assert again.model_dump() == fleet.model_dump()
@@ -135,8 +165,13 @@ def test_split_host():
 def test_remote_command_lines_start_and_stop_a_detached_group(tmp_path):
     """The exact lines sent over SSH, run here by a local shell (no other host is ever contacted)."""
     argv = ["sleep", "30"]
-    line = start_command(argv, env={"CUDA_VISIBLE_DEVICES": "3", "ODD": "a b'c"}, log="logs/x.log",
-                         pid="run/x.pid", remote_dir=str(tmp_path / "remote dir"))
+    line = start_command(
+        argv,
+        env={"CUDA_VISIBLE_DEVICES": "3", "ODD": "a b'c"},
+        log="logs/x.log",
+        pid="run/x.pid",
+        remote_dir=str(tmp_path / "remote dir"),
+    )
     assert "env CUDA_VISIBLE_DEVICES=3 'ODD=a b'\"'\"'c' setsid sleep 30" in line
     out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=10, check=True).stdout
     pid = int(out.strip())
@@ -172,8 +207,13 @@ def test_remote_command_lines_start_and_stop_a_detached_group(tmp_path):
 
 
 def test_drift_compares_recorded_flags_with_server_info():
-    assert drift({"max_mamba_cache_size": 120, "mem_fraction_static": 0.9}, {"max_mamba_cache_size": 120,
-                                                                            "mem_fraction_static": 0.9}) == []
+    assert (
+        drift(
+            {"max_mamba_cache_size": 120, "mem_fraction_static": 0.9},
+            {"max_mamba_cache_size": 120, "mem_fraction_static": 0.9},
+        )
+        == []
+    )
     assert drift({"max_mamba_cache_size": 120}, {"max_mamba_cache_size": 200}) == ["max_mamba_cache_size"]
 
 
@@ -235,10 +275,30 @@ def test_busy_port_is_refused_before_anything_starts(fleet_of_two, capsys):
 @contextlib.contextmanager
 def outside_server(port: int, devices: Path):
     """A simulated server on ``port`` that no fleet command started (another user's, or a leftover)."""
-    argv = [sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--port", str(port), "--model-path",
-            "qwen3.6-27b", "--sim-gpu", "b200", "--sim-startup-s", "0.1", "--sim-warmup-s", "0"]
-    proc = subprocess.Popen(argv, env={**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(devices)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    argv = [
+        sys.executable,
+        "-m",
+        "autotune.sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--model-path",
+        "qwen3.6-27b",
+        "--sim-gpu",
+        "b200",
+        "--sim-startup-s",
+        "0.1",
+        "--sim-warmup-s",
+        "0",
+    ]
+    proc = subprocess.Popen(
+        argv,
+        env={**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(devices)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -276,9 +336,16 @@ def test_a_server_on_a_fleet_port_that_is_not_the_fleets_is_named_and_never_touc
         assert shown.exit_code == 0 and note in shown.output and "healthy" not in shown.output
 
         # a record naming the outsider's pid with another start time proves nothing (a reused pid)
-        forged = {"launcher": "local", "launch_id": "x", "host": "127.0.0.1", "port": port, "log_path": "l",
-                  "pid": outsider.pid, "create_time": psutil.Process(outsider.pid).create_time() - 100,
-                  "run_dir": str(tmp_path / "run")}
+        forged = {
+            "launcher": "local",
+            "launch_id": "x",
+            "host": "127.0.0.1",
+            "port": port,
+            "log_path": "l",
+            "pid": outsider.pid,
+            "create_time": psutil.Process(outsider.pid).create_time() - 100,
+            "run_dir": str(tmp_path / "run"),
+        }
         record_path(fleet, fleet.servers[0]).parent.mkdir(parents=True, exist_ok=True)
         record_path(fleet, fleet.servers[0]).write_text(json.dumps(forged))
         assert [r.state for r in status(fleet)] == ["foreign", "down"]
@@ -331,7 +398,9 @@ def test_down_removes_the_shm_files_its_server_owned_and_nothing_else(tmp_path):
         res = CliRunner().invoke(cli, ["fleet", "down", "--fleet", str(path), "--grace", "5"])
         assert res.exit_code == 0 and "stopped: s0" in res.output, res.output
         assert sorted(p.name for p in shm.iterdir()) == [
-            "sglang_loads_0123456789ab_00000000.shm", neighbour.name]  # its load segment and buffer went
+            "sglang_loads_0123456789ab_00000000.shm",
+            neighbour.name,
+        ]  # its load segment and buffer went
         assert not list((tmp_path / "run").glob("server-*.json"))
     finally:
         teardown(path)
@@ -421,8 +490,7 @@ def test_two_servers_sharing_a_gpu_is_one_line_naming_both_and_the_gpu(tmp_path)
     with pytest.raises(FleetError) as info:
         load_fleet(path)
     message = str(info.value)
-    assert message == (f"{path}: servers a and b both use GPU 1 on localhost (give each GPU of a host to one "
-                       "server)")
+    assert message == (f"{path}: servers a and b both use GPU 1 on localhost (give each GPU of a host to one server)")
     path.write_text(two_servers("gpus = [0, 1]", "gpu = 1"))  # an old-style entry inside a pair
     with pytest.raises(FleetError, match="servers a and b both use GPU 1 on localhost"):
         load_fleet(path)
@@ -441,13 +509,17 @@ def test_a_group_of_another_size_than_its_config_spans_is_refused_on_load(tmp_pa
         load_fleet(path)
     assert str(info.value) == (
         f"{path}: servers.a.gpus: [0] is 1 GPU(s), but its config spans 2 (tp_size 2 × pp_size 1 × dp_size 1) "
-        "(give it 2 GPU(s), or lay the fleet out again with autotune apply --gpus ... --out DIR)")
+        "(give it 2 GPU(s), or lay the fleet out again with autotune apply --gpus ... --out DIR)"
+    )
     path.write_text(GOOD.replace("gpu = 0", "gpus = [4, 5]"))
     server = load_fleet(path).servers[0]
     assert (server.gpus, server.gpu, server.where) == ([4, 5], 4, "gpus 4,5, port 30000")  # as messages name it
     write_yaml(tmp_path / "sglang.yaml", {**OLD, "tp_size": 2, "dp_size": 2})
-    with pytest.raises(FleetError, match=r"\[4, 5\] is 2 GPU\(s\), but its config spans 4 \(tp_size 2 × pp_size 1 × "
-                                         r"dp_size 2\)"):
+    with pytest.raises(
+        FleetError,
+        match=r"\[4, 5\] is 2 GPU\(s\), but its config spans 4 \(tp_size 2 × pp_size 1 × "
+        r"dp_size 2\)",
+    ):
         load_fleet(path)
 
 
@@ -482,11 +554,16 @@ def test_up_status_down_with_two_tp2_servers_on_gpus_0_to_3(fleet_of_pairs, tmp_
     res = runner.invoke(cli, ["fleet", "status", "--fleet", str(fleet_of_pairs), "--json"])
     assert res.exit_code == 0, res.output
     assert [(r["gpus"], r["gpu"], r["state"]) for r in json.loads(res.output)] == [
-        ([0, 1], 0, "healthy"), ([2, 3], 2, "healthy")]
+        ([0, 1], 0, "healthy"),
+        ([2, 3], 2, "healthy"),
+    ]
     res = runner.invoke(cli, ["fleet", "status", "--fleet", str(fleet_of_pairs)], env={"COLUMNS": "200"})
     assert res.exit_code == 0
-    table = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
-             for line in res.output.splitlines() if line.startswith("│ s")}
+    table = {
+        line.split("│")[1].strip(): [c.strip() for c in line.split("│")[1:-1]]
+        for line in res.output.splitlines()
+        if line.startswith("│ s")
+    }
     assert table["s0"][2] == "0,1" and table["s1"][2] == "2,3"
 
     res = runner.invoke(cli, ["fleet", "down", "--fleet", str(fleet_of_pairs), "--grace", "5"])
@@ -530,8 +607,11 @@ def test_a_remote_pair_server_goes_to_the_ssh_launcher_with_its_group(tmp_path):
     from autotune.deploy.fleet import server_gpus
 
     path = tmp_path / "fleet.toml"
-    path.write_text(GOOD.replace('name = "a"', 'name = "a"\nhost = "ops@gpu-box"\nbind = "0.0.0.0"')
-                    .replace("gpu = 0", "gpus = [2, 3]"))
+    path.write_text(
+        GOOD.replace('name = "a"', 'name = "a"\nhost = "ops@gpu-box"\nbind = "0.0.0.0"').replace(
+            "gpu = 0", "gpus = [2, 3]"
+        )
+    )
     fleet = load_fleet(path)
     server = fleet.servers[0]
     spec = remote.server_spec(server, ["python3", "-m", "autotune.sim"], env={}, gpus=server_gpus(fleet, server))

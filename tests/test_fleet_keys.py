@@ -44,8 +44,11 @@ def test_apply_keys_a_fleet_that_binds_beyond_loopback_and_writes_no_key_elsewhe
     from test_apply import BASELINE, WINNER, make_study, result
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    make_study(url, trials=[(result(BASELINE, 2050.0, mrr=16, slots=80), "baseline"),
-                            (result(WINNER, 3000.0), "search")], confirm=1)
+    make_study(
+        url,
+        trials=[(result(BASELINE, 2050.0, mrr=16, slots=80), "baseline"), (result(WINNER, 3000.0), "search")],
+        confirm=1,
+    )
     monkeypatch.setattr(router, "installed", lambda: True)
     out = tmp_path / "deploy"
     printed = run_cli("apply", "--storage", url, "--out", str(out), "--gpus", "0-1", "--host", "0.0.0.0")
@@ -101,8 +104,9 @@ def test_a_keyed_fleet_refuses_requests_without_its_keys_and_autotune_presents_t
         assert plain.get(f"{record.url}/workers").status_code == 401
         bearer = {"Authorization": f"Bearer {api}"}
         assert plain.post(f"{record.url}/generate", json=GENERATE, headers=bearer).status_code == 200
-        assert plain.post(f"{record.url}/workers", json={"url": "http://127.0.0.1:9"},
-                          headers=bearer).status_code == 401  # the job's key is not the router's admin key
+        assert (
+            plain.post(f"{record.url}/workers", json={"url": "http://127.0.0.1:9"}, headers=bearer).status_code == 401
+        )  # the job's key is not the router's admin key
         # autotune's own clients present the keys: the router's workers, each server's /server_info, a rollout
         assert {w["url"] for w in router.workers(record)} == {s.url for s in fleet.servers}
         rows = status(fleet)
@@ -112,10 +116,16 @@ def test_a_keyed_fleet_refuses_requests_without_its_keys_and_autotune_presents_t
         assert server_info(fleet.servers[0])["api_key"] == "***"
         prompts = tmp_path / "prompts.jsonl"
         prompts.write_text("".join(json.dumps({"prompt": f"Item {i} of a list."}) + "\n" for i in range(8)))
-        canary = rollout.Canary(prompts=str(prompts), sample_size=8, concurrency=4, max_tokens=16, warmup_s=0.3,
-                                measure_s=1.0)  # its replay and /server_info reads carry the key
-        report = rollout.start(path, {**fleet_config(path), "max_mamba_cache_size": 100},
-                               expect=rollout.Expectation(tok_s=1.0, tok_s_tolerance=0.99), canary=canary, timing=FAST)
+        canary = rollout.Canary(
+            prompts=str(prompts), sample_size=8, concurrency=4, max_tokens=16, warmup_s=0.3, measure_s=1.0
+        )  # its replay and /server_info reads carry the key
+        report = rollout.start(
+            path,
+            {**fleet_config(path), "max_mamba_cache_size": 100},
+            expect=rollout.Expectation(tok_s=1.0, tok_s_tolerance=0.99),
+            canary=canary,
+            timing=FAST,
+        )
         assert report.verified == ["s0", "s1"] and report.failed is None
         assert all(r.healthy for r in status(load_fleet(path)))
         plain.close()
@@ -178,4 +188,5 @@ def test_servers_starting_together_make_one_set_of_keys(tmp_path, monkeypatch):
     assert all(argv == argvs[0] for argv in argvs)
     api = fleetkeys.api_file(fleet).read_text()
     assert len(api.strip()) >= 40 and fleetkeys.admin_arg_file(fleet).read_text().strip().endswith(
-        fleetkeys.admin_file(fleet).read_text().strip())
+        fleetkeys.admin_file(fleet).read_text().strip()
+    )

@@ -49,18 +49,22 @@ TIMING = rollout.Timing(grace_s=5.0, startup_timeout_s=90.0, release_timeout_s=1
 # -- the fleet file's launcher (no cluster needed) ----------------------------------------------------------
 def test_fleet_file_records_and_checks_its_launcher(tmp_path):
     server = FleetServer(name="s0", gpus=[0], port=30000, config="x.yaml", log="l", pid="run/s0.pid")
-    fleet = Fleet(engine="sim", model="m", launcher="slurm", launcher_settings={"partition": "gpu"},
-                  servers=[server])
+    fleet = Fleet(engine="sim", model="m", launcher="slurm", launcher_settings={"partition": "gpu"}, servers=[server])
     path = write_fleet(fleet, tmp_path / "fleet.toml")
     again = load_fleet(path)
     assert (again.launcher, again.launcher_settings) == ("slurm", {"partition": "gpu"})
-    assert load_fleet(write_fleet(Fleet(engine="sim", model="m", servers=[server]), tmp_path / "f2.toml")).launcher \
+    assert (
+        load_fleet(write_fleet(Fleet(engine="sim", model="m", servers=[server]), tmp_path / "f2.toml")).launcher
         == "local"
-    for bad, message in (('launcher = "kubernetes"', "unknown launcher 'kubernetes'"),
-                         ('launcher = "slurm"\nlauncher_settings = { partiton = "gpu" }', "partiton"),
-                         ('launcher_settings = { partition = "gpu" }', "takes no launcher_settings")):
-        text = path.read_text().replace('launcher = "slurm"\n', "").replace("[launcher_settings]\npartition = \"gpu\"\n",
-                                                                              "")
+    )
+    for bad, message in (
+        ('launcher = "kubernetes"', "unknown launcher 'kubernetes'"),
+        ('launcher = "slurm"\nlauncher_settings = { partiton = "gpu" }', "partiton"),
+        ('launcher_settings = { partition = "gpu" }', "takes no launcher_settings"),
+    ):
+        text = (
+            path.read_text().replace('launcher = "slurm"\n', "").replace('[launcher_settings]\npartition = "gpu"\n', "")
+        )
         (tmp_path / "bad.toml").write_text(bad + "\n" + text)
         with pytest.raises(FleetError, match=message):
             load_fleet(tmp_path / "bad.toml")
@@ -68,9 +72,13 @@ def test_fleet_file_records_and_checks_its_launcher(tmp_path):
 
 def test_apply_writes_the_studys_launcher_and_its_table(tmp_path):
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    settings = {"engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200", "launcher": "slurm"},
-                "launcher": {"slurm": {"partition": "debug", "account": None, "time": "01:00:00", "extra_args": []},
-                             "container": {"runtime": "docker"}}}
+    settings = {
+        "engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200", "launcher": "slurm"},
+        "launcher": {
+            "slurm": {"partition": "debug", "account": None, "time": "01:00:00", "extra_args": []},
+            "container": {"runtime": "docker"},
+        },
+    }
     make_study(url, trials=[(result(OLD, 100.0), "baseline")], settings=settings)
     write_artifacts(load_winner(url), tmp_path / "out", gpus=[0, 1])
     fleet = load_fleet(tmp_path / "out" / "fleet.toml")
@@ -99,11 +107,22 @@ def slurm_servers(tmp_path: Path, *, config: dict, group: int = 1) -> Iterator[t
         pytest.skip(skip)
     token = secrets.token_hex(3)
     name = write_yaml(tmp_path / "old.yaml", config)
-    servers = [FleetServer(name=f"t{token}-{i}", gpus=list(range(i * group, (i + 1) * group)), port=free_port(),
-                           config=name, log=f"logs/s{i}.log", pid=f"run/s{i}.pid", sim_options=FAST)
-               for i in range(2)]
-    path = write_fleet(Fleet(engine="sim", model="qwen3.6-27b", sim_gpu="b200", launcher="slurm",
-                             servers=servers), tmp_path / "fleet.toml")
+    servers = [
+        FleetServer(
+            name=f"t{token}-{i}",
+            gpus=list(range(i * group, (i + 1) * group)),
+            port=free_port(),
+            config=name,
+            log=f"logs/s{i}.log",
+            pid=f"run/s{i}.pid",
+            sim_options=FAST,
+        )
+        for i in range(2)
+    ]
+    path = write_fleet(
+        Fleet(engine="sim", model="qwen3.6-27b", sim_gpu="b200", launcher="slurm", servers=servers),
+        tmp_path / "fleet.toml",
+    )
     assert our_jobs(token) == []
     try:
         yield path, token
@@ -139,7 +158,9 @@ def test_fleet_up_status_rolling_apply_down_on_slurm(slurm_fleet):
     assert done.exit_code == 0, done.output
     jobs = our_jobs(token)
     assert sorted((name, state) for _, name, state in jobs) == [
-        (f"autotune-fleet-t{token}-0", "RUNNING"), (f"autotune-fleet-t{token}-1", "RUNNING")]
+        (f"autotune-fleet-t{token}-0", "RUNNING"),
+        (f"autotune-fleet-t{token}-1", "RUNNING"),
+    ]
     assert all(healthy(s) for s in fleet.servers)
     recorded = {read_record(fleet, s).job_id for s in fleet.servers}
     assert recorded == {job_id for job_id, _, _ in jobs}
@@ -184,8 +205,9 @@ def test_a_slurm_server_that_cannot_start_leaves_no_job(slurm_fleet):
 def job_gpus(job_id: str) -> int | None:
     """The GPUs per node the job asked Slurm for (``scontrol show job``'s ``TresPerNode=gres:gpu:2``, or
     ``gres/gpu=2`` in older versions), None without any."""
-    done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30,
-                          check=True)
+    done = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30, check=True
+    )
     found = re.search(r"gres[:/]gpu[:=](\d+)", done.stdout)
     return int(found.group(1)) if found else None
 
@@ -211,11 +233,11 @@ def test_a_fleet_of_tp2_servers_on_slurm_asks_two_gpus_per_job(tmp_path, monkeyp
         assert owners[0] == owners[1] != owners[2] == owners[3] and len(owners[0]) == 1  # one server per pair
 
         shown = CliRunner().invoke(cli, ["fleet", "status", "--fleet", str(path), "--json"], catch_exceptions=False)
-        assert [(r["gpus"], r["state"]) for r in json.loads(shown.output)] == [([0, 1], "healthy"),
-                                                                               ([2, 3], "healthy")]
+        assert [(r["gpus"], r["state"]) for r in json.loads(shown.output)] == [([0, 1], "healthy"), ([2, 3], "healthy")]
         with HealthPoller([s.url for s in fleet.servers]) as poller:
-            report = rollout.start(path, {**NEW, "tp_size": 2}, expect=rollout.Expectation(), canary=None,
-                                   timing=TIMING)
+            report = rollout.start(
+                path, {**NEW, "tp_size": 2}, expect=rollout.Expectation(), canary=None, timing=TIMING
+            )
         assert report.verified == [s.name for s in fleet.servers] and poller.minimum >= 1
         moved = {read_record(fleet, s).job_id for s in fleet.servers}
         assert moved.isdisjoint(jobs) and [job_gpus(job) for job in moved] == [2, 2]

@@ -50,8 +50,9 @@ def test_a_server_certificate_names_its_addresses_and_keys_are_the_users_alone(t
     for name in ("ca.pem", "ca.key"):  # a new CA of the same name: what the old one signed is issued again
         (fleettls.folder(fleet) / name).unlink()
     assert fleettls.server_files(fleet, s0).cert.read_bytes() != stale
-    remote = FleetServer(name="r", host="ops@gpu-box", gpus=[1], port=30001, bind="0.0.0.0", config="x", log="l",
-                         pid="p", tls=True)
+    remote = FleetServer(
+        name="r", host="ops@gpu-box", gpus=[1], port=30001, bind="0.0.0.0", config="x", log="l", pid="p", tls=True
+    )
     with pytest.raises(ValueError, match="tls needs the fleet's certificate on that host"):
         Fleet(engine="sim", model="m", servers=[remote])
 

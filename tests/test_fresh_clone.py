@@ -24,13 +24,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # The example study, smaller: the same file and sections, fewer trials, second-long windows, a 1 × 1 confirmation
 # of one window per launch, short requests (the stress phase runs each to max_tokens).
-SHRINK = {"study": {"trials": "3", "edge_starts": "1", "confirm_top_k": "1", "confirm_repeats": "1",
-                    "confirm_windows": "1"},
-          "engine": {"sim_options": "{ startup_s = 0.2, noise = 0.02, release_s = 0.2 }"},
-          # second-long windows are no steady-state estimate: capped, with a loose settle rule (tests/tinystudy.py)
-          "workload": {"sample_size": "32", "max_tokens": "128", "warmup_s": "1", "measure_s": "2",
-                       "warmup_max_s": "2", "measure_max_s": "3", "target_half_width": "0.5",
-                       "settle_tolerance": "0.5"}}
+SHRINK = {
+    "study": {"trials": "3", "edge_starts": "1", "confirm_top_k": "1", "confirm_repeats": "1", "confirm_windows": "1"},
+    "engine": {"sim_options": "{ startup_s = 0.2, noise = 0.02, release_s = 0.2 }"},
+    # second-long windows are no steady-state estimate: capped, with a loose settle rule (tests/tinystudy.py)
+    "workload": {
+        "sample_size": "32",
+        "max_tokens": "128",
+        "warmup_s": "1",
+        "measure_s": "2",
+        "warmup_max_s": "2",
+        "measure_max_s": "3",
+        "target_half_width": "0.5",
+        "settle_tolerance": "0.5",
+    },
+}
 
 
 def set_key(text: str, section: str, key: str, value: str) -> str:
@@ -77,15 +85,20 @@ def readme_commands(readme: Path) -> list[list[str]]:
     section = re.search(r"^## Quick start\n(.*?)(?=^## )", text, re.MULTILINE | re.DOTALL)
     assert section, "README.md has no Quick start section"
     block, _, prose = section[1].partition("```bash\n")[2].partition("```")
-    sweep = [shlex.split(part)[1:] for line in block.splitlines() for part in line.split("&&")
-             if part.strip().startswith("autotune ")]
+    sweep = [
+        shlex.split(part)[1:]
+        for line in block.splitlines()
+        for part in line.split("&&")
+        if part.strip().startswith("autotune ")
+    ]
     later = [shlex.split(cmd)[1:] for cmd in re.findall(r"`(autotune [^`]+)`", prose.replace("\n", " "))]
     return sweep + later
 
 
 def autotune(*args: str, cwd: Path, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 # -- where the fleet commands look ---------------------------------------------------------------------------------
@@ -110,8 +123,11 @@ def test_the_fleet_the_last_apply_wrote_then_the_working_directorys(tmp_path, mo
     (clone / "deploy" / "fleet.toml").unlink()  # removed since: the working directory's, then nothing
     assert locate_fleet(None).path == clone / "fleet.toml"
     (clone / "fleet.toml").unlink()
-    with pytest.raises(ConfigError, match=r"deploy/fleet.toml \(the last apply of studies/example.toml\) and "
-                                          r"\./fleet.toml"):
+    with pytest.raises(
+        ConfigError,
+        match=r"deploy/fleet.toml \(the last apply of studies/example.toml\) and "
+        r"\./fleet.toml",
+    ):
         locate_fleet(None)
 
 
@@ -132,8 +148,15 @@ def test_a_fleet_directorys_own_file_comes_before_the_packaged_studys(tmp_path, 
 
 def test_fleet_watch_and_rollouts_without_a_fleet_file_are_one_line(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(fresh_clone(tmp_path / "clone"))
-    for args in (["fleet", "status"], ["fleet", "up"], ["fleet", "down"], ["watch", "--once"], ["apply", "--rolling"],
-                 ["apply", "--resume"], ["apply", "--rollback"]):
+    for args in (
+        ["fleet", "status"],
+        ["fleet", "up"],
+        ["fleet", "down"],
+        ["watch", "--once"],
+        ["apply", "--rolling"],
+        ["apply", "--resume"],
+        ["apply", "--rollback"],
+    ):
         with pytest.raises(SystemExit) as info:
             main(args)
         assert info.value.code == 1, args
@@ -169,8 +192,12 @@ def test_a_fresh_clone_from_the_quick_start_to_a_stopped_fleet(tmp_path, monkeyp
     assert "★ winner" in listed and "confirmed (" in listed
     assert "outputs vs baseline" in listed  # the last column whole though no terminal is this wide
     # whole flag names, one per line: every flag the hand-tuned config changes, as the study file spells it
-    for flag in ("mamba_full_memory_ratio=0.6", "max_mamba_cache_size=200", "max_running_requests=64",
-                 "mem_fraction_static=0.93"):
+    for flag in (
+        "mamba_full_memory_ratio=0.6",
+        "max_mamba_cache_size=200",
+        "max_running_requests=64",
+        "mem_fraction_static=0.93",
+    ):
         assert flag in listed
     assert (clone / "reports" / "example.html").is_file()
     assert (clone / "deploy" / "fleet.toml").is_file()

@@ -28,8 +28,12 @@ from autotune.sglang.translate import translate
 
 # --- translation to the installed SGLang -------------------------------------------------------------------
 def test_a_renamed_flag_is_translated_and_a_vanished_one_dropped_with_one_line():
-    old = {"mamba_scheduler_strategy": "extra_buffer", "enable_old_overlap": True, "max_running_requests": 64,
-           "cuda_graph_max_bs": 64}
+    old = {
+        "mamba_scheduler_strategy": "extra_buffer",
+        "enable_old_overlap": True,
+        "max_running_requests": 64,
+        "cuda_graph_max_bs": 64,
+    }
     config, lines = translate(old, FlagTable.bundled())
     # RENAMED names exactly one successor that 0.5.23 has: renamed, value kept
     assert config == {"mamba_radix_cache_strategy": "extra_buffer", "max_running_requests": 64}
@@ -48,9 +52,19 @@ def test_a_vanished_flag_is_never_taken_for_the_flag_it_prefixes():
 
 
 def test_a_flag_another_version_drops_is_dropped_there():
-    rows = [{"flags": list(s.option_strings), "dest": s.dest, "default": s.default, "type": s.type,
-             "choices": s.choices, "nargs": s.nargs, "is_store_true": s.store_true}
-            for s in FlagTable.bundled().specs if s.dest != "mamba_ssm_dtype"]
+    rows = [
+        {
+            "flags": list(s.option_strings),
+            "dest": s.dest,
+            "default": s.default,
+            "type": s.type,
+            "choices": s.choices,
+            "nargs": s.nargs,
+            "is_store_true": s.store_true,
+        }
+        for s in FlagTable.bundled().specs
+        if s.dest != "mamba_ssm_dtype"
+    ]
     newer = FlagTable.from_json(rows, version="0.6.0")
     config, lines = translate({"mamba_ssm_dtype": "bfloat16", "max_running_requests": 32}, newer)
     assert config == {"max_running_requests": 32}
@@ -58,8 +72,9 @@ def test_a_flag_another_version_drops_is_dropped_there():
 
 
 def test_environment_levers_are_carried_and_an_unknown_one_dropped():
-    config, lines = translate({"env:SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": "1", "env:SGLANG_GONE_SWITCH": "1"},
-                              FlagTable.bundled())
+    config, lines = translate(
+        {"env:SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": "1", "env:SGLANG_GONE_SWITCH": "1"}, FlagTable.bundled()
+    )
     assert config == {"env:SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK": True}
     assert lines == ["dropped SGLANG_GONE_SWITCH: not an environment variable of sglang 0.5.23"]
 
@@ -68,11 +83,21 @@ def test_environment_levers_are_carried_and_an_unknown_one_dropped():
 def test_values_outside_the_space_are_clamped_or_replaced_with_a_line(tmp_path):
     extra = 'mamba_ssm_dtype = { choices = ["float32", "bfloat16"] }\n'
     text = STUDY.format(trials=4, sampler="tpe", extra="").replace("[space.derived]", extra + "\n[space.derived]")
-    cfg = load_config(write_toml(tmp_path, text.replace("max_mamba_cache_size = 80 }",
-                                                        'max_mamba_cache_size = 80, mamba_ssm_dtype = "bfloat16" }')))
-    source = {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 2, "max_mamba_cache_size": 900,
-              "mem_fraction_static": 0.93, "speculative_num_steps": 2, "speculative_num_draft_tokens": 9,
-              "mamba_ssm_dtype": "float16"}
+    cfg = load_config(
+        write_toml(
+            tmp_path,
+            text.replace("max_mamba_cache_size = 80 }", 'max_mamba_cache_size = 80, mamba_ssm_dtype = "bfloat16" }'),
+        )
+    )
+    source = {
+        "speculative_algorithm": "EAGLE",
+        "speculative_eagle_topk": 2,
+        "max_mamba_cache_size": 900,
+        "mem_fraction_static": 0.93,
+        "speculative_num_steps": 2,
+        "speculative_num_draft_tokens": 9,
+        "mamba_ssm_dtype": "float16",
+    }
     fitted, lines = fit_space(source, cfg, Space.from_config(cfg))
     assert fitted["speculative_eagle_topk"] == 1  # the study's fixed flag wins
     assert fitted["max_mamba_cache_size"] == 512  # above the range: its top
@@ -101,8 +126,9 @@ class ShortRunner(PlannerRunner):
         mp = plan(self.model, self.gpu, config, free_gib=pre - self.short_gib)
         if not mp.fits:
             return TrialResult(status=mp.failure, config=config, reason=mp.message)
-        cap = Capacity(max_running_requests=mp.max_running_requests, kv_tokens=mp.kv_tokens,
-                       mamba_slots=mp.max_mamba_cache_size)
+        cap = Capacity(
+            max_running_requests=mp.max_running_requests, kv_tokens=mp.kv_tokens, mamba_slots=mp.max_mamba_cache_size
+        )
         return ok(config, 100.0 * self.tok_scale * mp.max_running_requests, capacity=cap)
 
 
@@ -120,14 +146,20 @@ def test_scaled_corrections_start_the_planner_until_it_measures_its_own():
     assert here.room_model() == pytest.approx(by_hand.room_model(), abs=1e-3)
     config = {"max_mamba_cache_size": 128, "mem_fraction_static": 0.9}
     cold = CorrectedFeasibility(model, load_gpu("h200"))
-    assert here.predict(config).kv_tokens == here._plan(config, here.offset_gib).kv_tokens < cold.predict(config).kv_tokens
+    assert (
+        here.predict(config).kv_tokens == here._plan(config, here.offset_gib).kv_tokens < cold.predict(config).kv_tokens
+    )
     here.offsets.append(0.5)  # this study's own measurement replaces the prior
     assert here.offset_gib == 0.5
 
 
 def _h200(tmp_path, name: str = "h", model: str = "qwen3.6-27b"):
-    text = (STUDY.format(trials=5, sampler="tpe", extra="").replace('name = "t"', f'name = "{name}"')
-            .replace('sim_gpu = "b200"', 'sim_gpu = "h200"').replace('model = "qwen3.6-27b"', f'model = "{model}"'))
+    text = (
+        STUDY.format(trials=5, sampler="tpe", extra="")
+        .replace('name = "t"', f'name = "{name}"')
+        .replace('sim_gpu = "b200"', 'sim_gpu = "h200"')
+        .replace('model = "qwen3.6-27b"', f'model = "{model}"')
+    )
     return load_config(write_toml(tmp_path, text, name=name))
 
 

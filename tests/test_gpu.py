@@ -34,12 +34,14 @@ class Scripted:
 
 
 def test_monitor_keeps_peaks_and_counts_failed_readings():
-    reader = Scripted([
-        GpuReading(used_gib=10.0, total_gib=80.0, util_pct=50.0, power_w=300.0),
-        RuntimeError("driver hiccup"),
-        GpuReading(used_gib=70.0, total_gib=80.0, util_pct=100.0, power_w=650.0),
-        GpuReading(used_gib=40.0, total_gib=80.0, util_pct=90.0, power_w=None),
-    ])
+    reader = Scripted(
+        [
+            GpuReading(used_gib=10.0, total_gib=80.0, util_pct=50.0, power_w=300.0),
+            RuntimeError("driver hiccup"),
+            GpuReading(used_gib=70.0, total_gib=80.0, util_pct=100.0, power_w=650.0),
+            GpuReading(used_gib=40.0, total_gib=80.0, util_pct=90.0, power_w=None),
+        ]
+    )
     with GpuMonitor(reader, interval_s=0.01) as monitor:
         deadline = time.monotonic() + 5
         while reader.i < 4 and time.monotonic() < deadline:
@@ -130,12 +132,18 @@ def test_nvml_reading_leaves_none_where_the_board_does_not_report(monkeypatch):
         raise NVMLError("not supported")
 
     fake = types.SimpleNamespace(
-        NVMLError=NVMLError, NVML_CLOCK_SM=1, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        NVMLError=NVMLError,
+        NVML_CLOCK_SM=1,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
         nvmlDeviceGetHandleByIndex=lambda index: f"gpu{index}",
         nvmlDeviceGetMemoryInfo=lambda handle: types.SimpleNamespace(used=3 * 2**30, total=8 * 2**30),
         nvmlDeviceGetUtilizationRates=lambda handle: types.SimpleNamespace(gpu=42),
-        nvmlDeviceGetPowerUsage=unsupported, nvmlDeviceGetClockInfo=lambda handle, clock: 1980)
+        nvmlDeviceGetPowerUsage=unsupported,
+        nvmlDeviceGetClockInfo=lambda handle, clock: 1980,
+    )
     monkeypatch.setitem(sys.modules, "pynvml", fake)
-    assert NvmlReader(2).read() == GpuReading(used_gib=3.0, total_gib=8.0, util_pct=42.0, power_w=None,
-                                              sm_clock_mhz=1980.0)
+    assert NvmlReader(2).read() == GpuReading(
+        used_gib=3.0, total_gib=8.0, util_pct=42.0, power_w=None, sm_clock_mhz=1980.0
+    )
     assert _nvml_gpu(2) == GpuMemory(3.0, 8.0, "NVML GPU 2")  # inspect reads the same record

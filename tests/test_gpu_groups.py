@@ -67,12 +67,32 @@ flags = {{ max_mamba_cache_size = 80 }}
 """
 
 
-def write_study(tmp_path: Path, name: str, *, trials: int = 4, top_k: int = 0, model: str = "qwen3.6-27b",
-                gpu: str = "b200", fixed: str = "", space: str = "", engine_extra: str = "") -> Path:
+def write_study(
+    tmp_path: Path,
+    name: str,
+    *,
+    trials: int = 4,
+    top_k: int = 0,
+    model: str = "qwen3.6-27b",
+    gpu: str = "b200",
+    fixed: str = "",
+    space: str = "",
+    engine_extra: str = "",
+) -> Path:
     write_prompts(tmp_path)
     path = tmp_path / f"{name}.toml"
-    path.write_text(STUDY.format(name=name, trials=trials, top_k=top_k, model=model, gpu=gpu, fixed=fixed,
-                                 space=space, engine_extra=engine_extra))
+    path.write_text(
+        STUDY.format(
+            name=name,
+            trials=trials,
+            top_k=top_k,
+            model=model,
+            gpu=gpu,
+            fixed=fixed,
+            space=space,
+            engine_extra=engine_extra,
+        )
+    )
     return path
 
 
@@ -88,8 +108,14 @@ def mixed_study(tmp_path: Path, **kwargs) -> Path:
 
 def _sweep(path: Path, *args: str, env_dir: Path, timeout: float = 240) -> subprocess.CompletedProcess:
     env = {**__import__("os").environ, "AUTOTUNE_SIM_DEVICE_DIR": str(env_dir), "AUTOTUNE_HEARTBEAT_S": "2"}
-    return subprocess.run([sys.executable, "-m", "autotune", "sweep", "--config", str(path), *args],
-                          capture_output=True, text=True, timeout=timeout, env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", "sweep", "--config", str(path), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
+    )
 
 
 def _registry_holders(devices: Path) -> list[Path]:
@@ -115,8 +141,13 @@ def test_gpu_lists_read_ranges_and_reject_bad_text():
     assert parse_gpus("0-3") == [0, 1, 2, 3]
     assert parse_gpus("0,1,2,3") == [0, 1, 2, 3]
     assert parse_gpus("0-3,6,7") == [0, 1, 2, 3, 6, 7]
-    for text, words in (("0-", "ranges like 0-3"), ("gpu0", "0,1,2,3"), ("3-1", "write 1-3"),
-                        ("0-2,1", "repeats a GPU"), ("", "cannot read")):
+    for text, words in (
+        ("0-", "ranges like 0-3"),
+        ("gpu0", "0,1,2,3"),
+        ("3-1", "write 1-3"),
+        ("0-2,1", "repeats a GPU"),
+        ("", "cannot read"),
+    ):
         with pytest.raises(ConfigError, match=words) as err:
             parse_gpus(text)
         assert err.value.key == "--gpus" and "\n" not in str(err.value)
@@ -133,8 +164,10 @@ def test_groups_tile_the_pool_and_sizes_that_vary_share_it():
 
 def test_plan_pins_a_fixed_size_study_to_pairs_and_shares_a_varying_one(tmp_path):
     big = load_config(big_study(tmp_path))
-    assert [(p.key, p.name, p.gpus, p.shared) for p in plan_workers(big, [0, 1, 2, 3])] == \
-        [(0, "0,1", (0, 1), None), (2, "2,3", (2, 3), None)]
+    assert [(p.key, p.name, p.gpus, p.shared) for p in plan_workers(big, [0, 1, 2, 3])] == [
+        (0, "0,1", (0, 1), None),
+        (2, "2,3", (2, 3), None),
+    ]
     mixed = load_config(mixed_study(tmp_path))
     plans = plan_workers(mixed, [0, 1, 2, 3])
     assert [(p.name, p.gpus, p.shared) for p in plans] == [(f"worker{k}", (0, 1, 2, 3), k) for k in range(4)]
@@ -153,10 +186,10 @@ def test_a_pool_smaller_than_the_fixed_flags_is_one_line_on_load(tmp_path):
 
 
 def test_a_space_whose_every_config_exceeds_the_pool_is_one_line(tmp_path):
-    path = write_study(tmp_path, "wide", space="tp_size = { choices = [2, 4] }", engine_extra="gpus = [0]",
-                       fixed="")
-    text = path.read_text().replace("flags = { max_mamba_cache_size = 80 }",
-                                    "flags = { max_mamba_cache_size = 80, tp_size = 1 }")
+    path = write_study(tmp_path, "wide", space="tp_size = { choices = [2, 4] }", engine_extra="gpus = [0]", fixed="")
+    text = path.read_text().replace(
+        "flags = { max_mamba_cache_size = 80 }", "flags = { max_mamba_cache_size = 80, tp_size = 1 }"
+    )
     path.write_text(text)
     with pytest.raises(ConfigError, match="every config of \\[space\\] spans at least 2 GPUs") as err:
         load_config(path)
@@ -208,22 +241,36 @@ def test_locks_hold_across_processes(tmp_path):
     locks = GpuLocks(tmp_path, [0, 1])
     held = locks.try_take(2)
     assert held is not None
-    code = ("from pathlib import Path; from autotune.launch.gpulocks import GpuLocks; "
-            f"print(GpuLocks(Path({str(tmp_path)!r}), [0, 1]).try_take(1))")
+    code = (
+        "from pathlib import Path; from autotune.launch.gpulocks import GpuLocks; "
+        f"print(GpuLocks(Path({str(tmp_path)!r}), [0, 1]).try_take(1))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "None"
     held.release()
-    out = subprocess.run([sys.executable, "-c", code.replace("print(", "print(getattr(").replace(".try_take(1))",
-                                                                                               ".try_take(1), 'gpus'))")],
-                         capture_output=True, text=True, timeout=60, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code.replace("print(", "print(getattr(").replace(".try_take(1))", ".try_take(1), 'gpus'))"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert out.stdout.strip() == "(0,)"
 
 
 # --- the per-GPU score -------------------------------------------------------------------------------------
 def _ok(tok_s: float, gpus: list[int] | None, config: dict | None = None) -> TrialResult:
     p = Percentiles(p50=1.0, p90=1.0, p99=1.0, mean=1.0)
-    return TrialResult(status="ok", config=config or {}, gpus=gpus,
-                       metrics=Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=p, itl_ms=p, e2e_ms=p))
+    return TrialResult(
+        status="ok",
+        config=config or {},
+        gpus=gpus,
+        metrics=Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=p, itl_ms=p, e2e_ms=p),
+    )
 
 
 def test_the_objective_is_tok_s_per_gpu(tmp_path):
@@ -258,8 +305,13 @@ def test_the_80b_study_sweeps_as_two_workers_on_gpu_pairs(tmp_path):
     baselines = [t.user_attrs["gpu"].rpartition(":")[2] for t in trials if t.user_attrs.get("role") == "baseline"]
     assert len(baselines) == 1 and baselines[0] in ("0,1", "2,3")  # the baseline runs once per study
     assert _registry_holders(devices) == []  # every server released every GPU it held
-    table = subprocess.run([sys.executable, "-m", "autotune", "trials", "--config", str(tmp_path / "big.toml"),
-                            "--json"], capture_output=True, text=True, timeout=60, check=True)
+    table = subprocess.run(
+        [sys.executable, "-m", "autotune", "trials", "--config", str(tmp_path / "big.toml"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     rows = [r for r in json.loads(table.stdout) if r["status"] != "repeat"]  # a repeat is told, never launched
     assert len(rows) == 4
     assert all(r["gpus"] == 2 for r in rows)
@@ -306,12 +358,16 @@ def test_a_varying_tp_runs_concurrently_on_free_groups_never_overlapping(tmp_pat
     summary = json.loads(done.stdout)
     # Never two servers on one GPU, at any snapshot; servers ran at once on different GPUs.
     assert watch.snapshots, "the watcher never saw a server"
-    assert all(len(pids) == 1 for snap in watch.snapshots for pids in snap.values()), \
-        [snap for snap in watch.snapshots if any(len(p) > 1 for p in snap.values())][:3]
+    assert all(len(pids) == 1 for snap in watch.snapshots for pids in snap.values()), [
+        snap for snap in watch.snapshots if any(len(p) > 1 for p in snap.values())
+    ][:3]
     assert any(len({pid for pids in snap.values() for pid in pids}) >= 2 for snap in watch.snapshots)
     # A two-GPU server held both of its GPUs in the registry.
-    assert any(sum(1 for pids in snap.values() if pid in pids) == 2
-               for snap in watch.snapshots for pid in {p for pids in snap.values() for p in pids})
+    assert any(
+        sum(1 for pids in snap.values() if pid in pids) == 2
+        for snap in watch.snapshots
+        for pid in {p for pids in snap.values() for p in pids}
+    )
     trials = _finished(path, "mixed")
     ok = [TrialResult.from_dict(t.user_attrs["result"]) for t in trials if t.user_attrs.get("status") == "ok"]
     assert all(len(r.gpus or []) == int(r.config.get("tp_size") or 1) for r in ok)
@@ -361,15 +417,13 @@ def test_a_searched_tp_that_does_not_divide_the_heads_is_skipped_with_sglangs_re
 def test_a_searched_config_larger_than_the_pool_is_skipped_not_launched(tmp_path):
     from autotune.search.study import run_study
 
-    path = write_study(tmp_path, "pool", trials=5, space="tp_size = { choices = [1, 4] }",
-                       engine_extra="gpus = [0, 1]")
+    path = write_study(tmp_path, "pool", trials=5, space="tp_size = { choices = [1, 4] }", engine_extra="gpus = [0, 1]")
     path.write_text(path.read_text().replace("[study]\n", '[study]\nsampler = "random"\n'))
     runner = CountingRunner()
     study = run_study(load_config(path), runner=runner)
     wide = [t for t in _searched(study) if t.user_attrs["config"].get("tp_size") == 4]
     assert wide and all(t.user_attrs["status"] == "skipped_infeasible" for t in wide)
-    assert all("spans 4 GPUs" in t.user_attrs["reason"] and "pool has 2 (0,1)" in t.user_attrs["reason"]
-               for t in wide)
+    assert all("spans 4 GPUs" in t.user_attrs["reason"] and "pool has 2 (0,1)" in t.user_attrs["reason"] for t in wide)
     assert runner.launched and all(int(c.get("tp_size") or 1) == 1 for c in runner.launched)
 
 
@@ -400,8 +454,15 @@ def test_a_tenant_on_one_gpu_of_a_pair_stops_that_worker_and_the_message_names_t
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(devices))
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        device.register(3, pid=sleeper.pid, gpu_name="h200", total_mib=143_771, used_mib=100 * 1024, release_s=0.2,
-                        directory=devices)  # a tenant on GPU 3 only: the 2,3 pair is unusable, 0,1 is not
+        device.register(
+            3,
+            pid=sleeper.pid,
+            gpu_name="h200",
+            total_mib=143_771,
+            used_mib=100 * 1024,
+            release_s=0.2,
+            directory=devices,
+        )  # a tenant on GPU 3 only: the 2,3 pair is unusable, 0,1 is not
         cfg = load_config(big_study(tmp_path, trials=2))
         lines: list[str] = []
         codes = run_workers(cfg, [0, 1, 2, 3], echo=lines.append)
@@ -415,8 +476,10 @@ def test_a_tenant_on_one_gpu_of_a_pair_stops_that_worker_and_the_message_names_t
     assert groups == {(0, 1)}
 
 
-@pytest.mark.parametrize(("gpus", "words"), [("0-", "cannot read GPU list"), ("2-1", "runs backwards"),
-                                             ("0,0", "repeats a GPU"), ("1", "span 2 GPUs")])
+@pytest.mark.parametrize(
+    ("gpus", "words"),
+    [("0-", "cannot read GPU list"), ("2-1", "runs backwards"), ("0,0", "repeats a GPU"), ("1", "span 2 GPUs")],
+)
 def test_bad_gpus_on_the_command_line_are_one_line_before_anything_starts(tmp_path, monkeypatch, capsys, gpus, words):
     path = big_study(tmp_path)
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))

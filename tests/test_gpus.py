@@ -14,17 +14,20 @@ from autotune.sglang.memory import plan
 from autotune.sglang.profiles import load_model
 
 
-@pytest.mark.parametrize("reported, mib, cap, profile", [
-    ("NVIDIA B200", 183_359, (10, 0), "b200"),
-    ("NVIDIA GB200", 189_471, (10, 0), "gb200"),  # not a B200: the longer name wins
-    ("NVIDIA B300 SXM6 AC", 275_040, (10, 3), "b300"),
-    ("NVIDIA H100 80GB HBM3", 81_559, (9, 0), "h100"),
-    ("NVIDIA H200", 143_771, (9, 0), "h200"),
-    ("NVIDIA H20", 97_871, (9, 0), "h20"),
-    ("NVIDIA A100-SXM4-80GB", 81_920, (8, 0), "a100-80g"),
-    ("NVIDIA L40S", 46_068, (8, 9), "l40s"),
-    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97_887, (12, 0), "rtx-pro-6000"),
-])
+@pytest.mark.parametrize(
+    "reported, mib, cap, profile",
+    [
+        ("NVIDIA B200", 183_359, (10, 0), "b200"),
+        ("NVIDIA GB200", 189_471, (10, 0), "gb200"),  # not a B200: the longer name wins
+        ("NVIDIA B300 SXM6 AC", 275_040, (10, 3), "b300"),
+        ("NVIDIA H100 80GB HBM3", 81_559, (9, 0), "h100"),
+        ("NVIDIA H200", 143_771, (9, 0), "h200"),
+        ("NVIDIA H20", 97_871, (9, 0), "h20"),
+        ("NVIDIA A100-SXM4-80GB", 81_920, (8, 0), "a100-80g"),
+        ("NVIDIA L40S", 46_068, (8, 9), "l40s"),
+        ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 97_887, (12, 0), "rtx-pro-6000"),
+    ],
+)
 def test_a_device_name_finds_its_profile_with_the_devices_memory(reported, mib, cap, profile):
     gpu = profile_for_device(reported, mib, cap)
     assert gpu.name == profile and gpu.memory_mib == mib and gpu.capability == cap
@@ -39,10 +42,20 @@ def test_an_unknown_device_takes_its_architectures_figures():
 
 def test_backend_defaults_follow_the_architecture():
     model = load_model("qwen3.6-27b")
-    backends = {name: plan(model, load_gpu(name), {"max_mamba_cache_size": 40}).extra["attention_backend"]
-                for name in ("b200", "b300", "gb200", "h100", "h20", "a100-80g", "l40s", "mi300x")}
-    assert backends == {"b200": "trtllm_mha", "b300": "trtllm_mha", "gb200": "trtllm_mha", "h100": "fa3",
-                        "h20": "fa3", "a100-80g": "flashinfer", "l40s": "flashinfer", "mi300x": "aiter"}
+    backends = {
+        name: plan(model, load_gpu(name), {"max_mamba_cache_size": 40}).extra["attention_backend"]
+        for name in ("b200", "b300", "gb200", "h100", "h20", "a100-80g", "l40s", "mi300x")
+    }
+    assert backends == {
+        "b200": "trtllm_mha",
+        "b300": "trtllm_mha",
+        "gb200": "trtllm_mha",
+        "h100": "fa3",
+        "h20": "fa3",
+        "a100-80g": "flashinfer",
+        "l40s": "flashinfer",
+        "mi300x": "aiter",
+    }
 
 
 class FakeNvml(types.ModuleType):

@@ -1,4 +1,4 @@
-""""Asked for N, got M": where the running cap SGLang granted is below the config's ``max_running_requests``, the
+""" "Asked for N, got M": where the running cap SGLang granted is below the config's ``max_running_requests``, the
 trial line, ``trials`` and ``inspect`` say so and name the pool that bound it. The pool is read from SGLang
 0.5.23's own warnings (``sglang/srt/mem_cache/kv_cache_configurator.py`` L3141 "max_running_requests is capped to
 %d by the mamba state cache", L3167 "max_running_requests was reduced from the requested %d to %d"), which the
@@ -33,7 +33,10 @@ def test_the_planners_warning_names_the_pool_and_the_line_says_asked_and_got():
     assert cap.bound_by == "mamba"
     cap = dataclasses.replace(cap, max_running_requests=p.max_running_requests)
     assert granted(config, cap) == (32, p.max_running_requests, "mamba")
-    assert granted_line(config, cap) == f"asked for 32 running, got {p.max_running_requests}: the Mamba state pool bound it"
+    assert (
+        granted_line(config, cap)
+        == f"asked for 32 running, got {p.max_running_requests}: the Mamba state pool bound it"
+    )
     # KV binds: L3167's warning, as SGLang words it
     kv = "max_running_requests was reduced from the requested 4096 to 1200 (per dp worker) due to the available KV"
     assert capacity(kv).bound_by == "kv" and capacity("nothing said").bound_by is None
@@ -44,24 +47,39 @@ def test_nothing_is_said_when_the_cap_is_what_was_asked_or_nothing_was_asked():
     assert granted({"max_running_requests": 16}, cap) is None
     assert granted({}, cap) is None  # SGLang's own default: nothing was asked
     assert granted({"max_running_requests": 64, "dp_size": 4}, cap) is None  # 64 over 4 DP workers: 16 each
-    assert granted_line({"max_running_requests": 20}, Capacity(max_running_requests=16)) == "asked for 20 running, got 16"
+    assert (
+        granted_line({"max_running_requests": 20}, Capacity(max_running_requests=16)) == "asked for 20 running, got 16"
+    )
 
 
 def test_trial_line_says_asked_for_and_got():
-    result = TrialResult(status="ok", config={"max_running_requests": 32},
-                         capacity=Capacity(max_running_requests=19, bound_by="mamba"),
-                         metrics=Metrics(output_tok_s=1000.0, request_s=1.0, ttft_ms=Percentiles(),
-                                         itl_ms=Percentiles(), e2e_ms=Percentiles()))
+    result = TrialResult(
+        status="ok",
+        config={"max_running_requests": 32},
+        capacity=Capacity(max_running_requests=19, bound_by="mamba"),
+        metrics=Metrics(
+            output_tok_s=1000.0, request_s=1.0, ttft_ms=Percentiles(), itl_ms=Percentiles(), e2e_ms=Percentiles()
+        ),
+    )
     line = _fmt_result(result)
     assert "19 running (asked for 32 running, got 19: the Mamba state pool bound it)" in line
 
 
 def test_inspect_says_asked_for_and_names_the_decode_lock_switch():
     state = ServerState.from_probe(probe_recorded())
-    extra = dataclasses.replace(state, launch_command="python -m sglang.launch_server --max-running-requests 32",
-                                args={**state.args, "max_running_requests": 32, "mamba_radix_cache_strategy":
-                                      "extra_buffer", "disable_overlap_schedule": False, "dp_size": 1},
-                                mamba_slots=96, effective_mrr=24)
+    extra = dataclasses.replace(
+        state,
+        launch_command="python -m sglang.launch_server --max-running-requests 32",
+        args={
+            **state.args,
+            "max_running_requests": 32,
+            "mamba_radix_cache_strategy": "extra_buffer",
+            "disable_overlap_schedule": False,
+            "dp_size": 1,
+        },
+        mamba_slots=96,
+        effective_mrr=24,
+    )
     cap = explain_capacity(extra)
     # 96 // 5 = 19 is not what the server runs; 96 // 4 = 24 is (SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK, L3066-3069)
     assert cap.binding == "mamba" and "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1" in cap.sentence

@@ -35,15 +35,35 @@ def study_with_winner(tmp_path: Path, winner: TrialResult) -> str:
     """A stored study whose confirmed winner (trial 1) is ``winner``; the baseline runs the seed's 80 slots."""
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     study = optuna.create_study(study_name="s", storage=storage, direction="maximize")
-    study.set_user_attr("autotune", {"engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
-                                     "workload": {"prompts": "prompts.jsonl", "sample_size": 100}})
+    study.set_user_attr(
+        "autotune",
+        {
+            "engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
+            "workload": {"prompts": "prompts.jsonl", "sample_size": 100},
+        },
+    )
     baseline = TrialResult.from_dict({**winner.to_dict(), "config": {**winner.config, "max_mamba_cache_size": 80}})
     for res, role in ((baseline, "baseline"), (winner, "search")):
-        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE,
-                                                  value=res.output_tok_s or 0.0,
-                                                  user_attrs={"result": res.to_dict(), "role": role}))
-    study.set_user_attr("confirmation", {"runs": [], "winner_trial": 1, "baseline_trial": 0, "complete": True,
-                                         "gain": 0.1, "ci_low": 0.05, "ci_high": 0.15, "note": ""})
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE,
+                value=res.output_tok_s or 0.0,
+                user_attrs={"result": res.to_dict(), "role": role},
+            )
+        )
+    study.set_user_attr(
+        "confirmation",
+        {
+            "runs": [],
+            "winner_trial": 1,
+            "baseline_trial": 0,
+            "complete": True,
+            "gain": 0.1,
+            "ci_low": 0.05,
+            "ci_high": 0.15,
+            "note": "",
+        },
+    )
     return storage
 
 
@@ -76,8 +96,9 @@ def test_dp_workers_each_run_the_reported_cap():
 def test_apply_prints_and_writes_the_same_figures(tmp_path, concurrency, binding):
     storage = study_with_winner(tmp_path, recorded(concurrency))
     out = tmp_path / "deploy"
-    res = CliRunner().invoke(cli, ["apply", "--storage", storage, "--out", str(out), "--gpus", "0-1",
-                                 "--allow-unstressed"])
+    res = CliRunner().invoke(
+        cli, ["apply", "--storage", storage, "--out", str(out), "--gpus", "0-1", "--allow-unstressed"]
+    )
     assert res.exit_code == 0, res.output
 
     written = json.loads((out / "client.json").read_text())
@@ -102,10 +123,25 @@ def test_apply_prints_and_writes_the_same_figures(tmp_path, concurrency, binding
 def test_a_yaml_deployed_as_is_has_no_window_to_size_the_queue(tmp_path):
     storage = study_with_winner(tmp_path, recorded(80))
     runner = CliRunner()
-    assert runner.invoke(cli, ["apply", "--storage", storage, "--out", str(tmp_path / "a"), "--gpus", "0",
-                              "--allow-unstressed"]).exit_code == 0
-    res = runner.invoke(cli, ["apply", "--config", str(tmp_path / "a" / "sglang.yaml"), "--out", str(tmp_path / "b"),
-                              "--gpus", "0", "--allow-unstressed"])
+    assert (
+        runner.invoke(
+            cli, ["apply", "--storage", storage, "--out", str(tmp_path / "a"), "--gpus", "0", "--allow-unstressed"]
+        ).exit_code
+        == 0
+    )
+    res = runner.invoke(
+        cli,
+        [
+            "apply",
+            "--config",
+            str(tmp_path / "a" / "sglang.yaml"),
+            "--out",
+            str(tmp_path / "b"),
+            "--gpus",
+            "0",
+            "--allow-unstressed",
+        ],
+    )
     assert res.exit_code == 0, res.output
     advice = json.loads((tmp_path / "b" / "client.json").read_text())
     assert advice["per_server"] is None and advice["running_cap"] == 40

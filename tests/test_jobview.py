@@ -41,8 +41,12 @@ def test_the_job_before_and_after_follows_from_the_confirmed_medians(study):
     mean_out = base.metrics.output_tok_s / base.metrics.request_s
     job = Job(completions=902_087, gpus=7, gpu_hour_cost=4.0)
     expect_base = job_time(job, conf["stats"]["0"]["median"], mean_output_tokens=mean_out)
-    expect_win = job_time(job, conf["stats"][str(winner)]["median"], mean_output_tokens=mean_out,
-                          tok_s_range=tuple(conf["stats"][str(winner)]["ci"]))
+    expect_win = job_time(
+        job,
+        conf["stats"][str(winner)]["median"],
+        mean_output_tokens=mean_out,
+        tok_s_range=tuple(conf["stats"][str(winner)]["ci"]),
+    )
     assert view["baseline"]["hours"] == pytest.approx(expect_base.hours, rel=1e-3)
     assert view["winner"]["hours"] == pytest.approx(expect_win.hours, rel=1e-3)
     lo, hi = view["winner"]["hours_range"]
@@ -83,8 +87,9 @@ def test_report_headline_apply_and_trials_show_the_job(study, tmp_path):
     assert line.replace("→", "&rarr;") in out.read_text(encoding="utf-8") or line in out.read_text(encoding="utf-8")
     winner = load_winner(url, "seed")
     assert winner.job["line"] == line and provenance(winner)["job"]["winner"]["hours"] == winner.job["winner"]["hours"]
-    result = CliRunner().invoke(cli, ["apply", "--study", "seed", "--storage", url, "--out", str(tmp_path / "d"),
-                                      "--gpus", "0-6"])
+    result = CliRunner().invoke(
+        cli, ["apply", "--study", "seed", "--storage", url, "--out", str(tmp_path / "d"), "--gpus", "0-6"]
+    )
     assert result.exit_code == 0, result.output
     assert line in result.output
     assert json.loads((tmp_path / "d" / "provenance.json").read_text())["job"]["line"] == line
@@ -109,11 +114,20 @@ def test_trials_marks_the_confirmed_winner_with_its_confirmed_figure_and_whole_f
 def test_a_winner_that_changes_outputs_is_said_in_one_line_with_its_probe_figures(tmp_path):
     from autotune.results import FidelityFigures, numerics_line
 
-    probe = FidelityFigures.from_dict({
-        "role": "probe", "changes": [{"flag": "mamba_ssm_dtype", "value": "bfloat16", "reference": "float32"}],
-        "tokens": 256, "prefix_match_mean": 102.0, "exact_share": 0.0625, "mean_abs_logprob_delta": 0.02})
+    probe = FidelityFigures.from_dict(
+        {
+            "role": "probe",
+            "changes": [{"flag": "mamba_ssm_dtype", "value": "bfloat16", "reference": "float32"}],
+            "tokens": 256,
+            "prefix_match_mean": 102.0,
+            "exact_share": 0.0625,
+            "mean_abs_logprob_delta": 0.02,
+        }
+    )
     line = numerics_line(probe)
-    assert line == "outputs differ from the baseline (--mamba-ssm-dtype bfloat16): 102/256 match · 6% exact · |Δlp| 0.020"
+    assert (
+        line == "outputs differ from the baseline (--mamba-ssm-dtype bfloat16): 102/256 match · 6% exact · |Δlp| 0.020"
+    )
     assert numerics_line(None) is None and numerics_line(FidelityFigures(role="reference")) is None
     summary = run_sweep(load_config(write_study(tmp_path, trials=4)), runner=PlannerRunner())
     assert summary.best.numerics is None  # the planner runner probes nothing: no line

@@ -70,8 +70,11 @@ def test_a_keeper_with_nothing_of_the_fleet_running_exits_and_says_so(tmp_path, 
 
 # -- the real router ------------------------------------------------------------------------------------
 def events(path: Path, kind: str | None = None, server: str | None = None) -> list[dict]:
-    return [e for e in FleetLog.of(load_fleet(path)).events()
-            if (kind is None or e["event"] == kind) and (server is None or e.get("server") == server)]
+    return [
+        e
+        for e in FleetLog.of(load_fleet(path)).events()
+        if (kind is None or e["event"] == kind) and (server is None or e.get("server") == server)
+    ]
 
 
 def wait_event(path: Path, kind: str, server: str | None = None, *, count: int = 1, timeout_s: float = 60.0) -> dict:
@@ -231,8 +234,10 @@ def test_one_keeper_per_fleet_and_a_rollout_waits_for_the_keepers_look(tmp_path)
 
 
 def test_the_fault_benchmark_counts_streams_cut_by_a_kill_apart_from_every_other_failure(monkeypatch):
-    records = [{"ok": False, "endpoint": "/generate stream", "start": 9.0, "end": 10.5},  # cut by the kill at 10
-               {"ok": False, "endpoint": "/generate", "start": 9.0, "end": 10.5},  # not a stream: the router's to keep
-               {"ok": False, "endpoint": "/v1/completions stream", "start": 11.0, "end": 11.5},  # after the kill
-               {"ok": True, "endpoint": "/generate stream", "start": 9.0, "end": 12.0}]
+    records = [
+        {"ok": False, "endpoint": "/generate stream", "start": 9.0, "end": 10.5},  # cut by the kill at 10
+        {"ok": False, "endpoint": "/generate", "start": 9.0, "end": 10.5},  # not a stream: the router's to keep
+        {"ok": False, "endpoint": "/v1/completions stream", "start": 11.0, "end": 11.5},  # after the kill
+        {"ok": True, "endpoint": "/generate stream", "start": 9.0, "end": 12.0},
+    ]
     assert failures(records, [(10.0, 10.001)]) == (1, 2)

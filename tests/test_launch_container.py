@@ -25,11 +25,29 @@ pytestmark = pytest.mark.timeout(90)
 SECRET = "hf_AbCdEfGhIjKlMnOpQrStUv123456"
 # SGLang's documented line (docs/get_started/install.md, "Method 3: Using docker"), one element per entry.
 DOCUMENTED = [
-    "docker", "run", "--gpus", "all", "--shm-size", "32g", "-p", "30000:30000",
-    "-v", "~/.cache/huggingface:/root/.cache/huggingface", "--env", "HF_TOKEN=<secret>", "--ipc=host",
+    "docker",
+    "run",
+    "--gpus",
+    "all",
+    "--shm-size",
+    "32g",
+    "-p",
+    "30000:30000",
+    "-v",
+    "~/.cache/huggingface:/root/.cache/huggingface",
+    "--env",
+    "HF_TOKEN=<secret>",
+    "--ipc=host",
     "lmsysorg/sglang:latest",
-    "python3", "-m", "sglang.launch_server", "--model-path", "meta-llama/Llama-3.1-8B-Instruct",
-    "--host", "0.0.0.0", "--port", "30000",
+    "python3",
+    "-m",
+    "sglang.launch_server",
+    "--model-path",
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "30000",
 ]
 
 
@@ -38,10 +56,18 @@ def calls(state: Path) -> list[list[str]]:
 
 
 def b200_spec(tmp_path: Path) -> LaunchSpec:
-    engine = SGLangEngine(model_path="meta-llama/Llama-3.1-8B-Instruct", python=sys.executable)  # a host path: python3 inside
+    engine = SGLangEngine(
+        model_path="meta-llama/Llama-3.1-8B-Instruct", python=sys.executable
+    )  # a host path: python3 inside
     argv = engine.argv({"mem_fraction_static": 0.85}, port=30000)
-    return LaunchSpec(argv=argv, port=30000, log_path=tmp_path / "server.log", gpus=(3,), name="autotune-trial-7",
-                      env={"HF_TOKEN": SECRET, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "3"})
+    return LaunchSpec(
+        argv=argv,
+        port=30000,
+        log_path=tmp_path / "server.log",
+        gpus=(3,),
+        name="autotune-trial-7",
+        env={"HF_TOKEN": SECRET, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": "3"},
+    )
 
 
 def test_the_b200_command_is_sglangs_documented_docker_run_line(tmp_path, monkeypatch):
@@ -49,7 +75,7 @@ def test_the_b200_command_is_sglangs_documented_docker_run_line(tmp_path, monkey
     launcher = ContainerLauncher()
     argv, hidden = launcher.command(b200_spec(tmp_path), "autotune-trial-7")
     image = argv.index("lmsysorg/sglang:latest")
-    head, inside = argv[:image], argv[image + 1:]
+    head, inside = argv[:image], argv[image + 1 :]
 
     def value(flag: str) -> list[str]:
         return [head[i + 1] for i, a in enumerate(head) if a == flag]
@@ -63,8 +89,10 @@ def test_the_b200_command_is_sglangs_documented_docker_run_line(tmp_path, monkey
     assert "HF_TOKEN" in value("-e") and hidden == {"HF_TOKEN": SECRET}  # --env HF_TOKEN=… by name
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in value("-e")
     assert not any(v.startswith("CUDA_VISIBLE_DEVICES") for v in value("-e"))  # inside, GPUs are 0..n-1
-    assert inside[:DOCUMENTED.index("--host") - DOCUMENTED.index("python3")] == DOCUMENTED[DOCUMENTED.index("python3"):
-                                                                                          DOCUMENTED.index("--host")]
+    assert (
+        inside[: DOCUMENTED.index("--host") - DOCUMENTED.index("python3")]
+        == DOCUMENTED[DOCUMENTED.index("python3") : DOCUMENTED.index("--host")]
+    )
     assert inside[inside.index("--host") + 1] == "0.0.0.0" and inside[inside.index("--port") + 1] == "30000"
     assert inside[inside.index("--mem-fraction-static") + 1] == "0.85"
     assert all(SECRET not in a for a in argv)
@@ -79,10 +107,18 @@ def test_the_b200_command_is_sglangs_documented_docker_run_line(tmp_path, monkey
 def test_gpu_selection_for_docker_and_podman_and_the_host_flag():
     assert ContainerLauncher().gpu_args((1, 2)) == ["--gpus", '"device=1,2"']
     assert ContainerLauncher(runtime="/usr/bin/podman").gpu_args((1, 2)) == [
-        "--device", "nvidia.com/gpu=1", "--device", "nvidia.com/gpu=2"]
+        "--device",
+        "nvidia.com/gpu=1",
+        "--device",
+        "nvidia.com/gpu=2",
+    ]
     assert ContainerLauncher().gpu_args(()) == [] and ContainerLauncher().device_env((0, 1)) == {}
     assert inside_argv(["/x/python", "-m", "s", "--host=127.0.0.1"], python="python3") == [
-        "python3", "-m", "s", "--host=0.0.0.0"]
+        "python3",
+        "-m",
+        "s",
+        "--host=0.0.0.0",
+    ]
     assert inside_argv(["srv", "--port", "1"], python="python3")[-2:] == ["--host", "0.0.0.0"]
     assert LAUNCHERS["container"] is ContainerLauncher
 
@@ -94,8 +130,23 @@ def test_a_missing_runtime_is_one_line(tmp_path):
 
 
 def sim_spec(tmp_path: Path, port: int, gpu: int) -> LaunchSpec:
-    argv = [sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--host", "127.0.0.1",
-            "--port", str(port), "--sim-gpu", "b200", "--sim-startup-s", "0.3", "--sim-release-s", "0.2"]
+    argv = [
+        sys.executable,
+        "-m",
+        "autotune.sim",
+        "--model-path",
+        "qwen3.6-27b",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--sim-gpu",
+        "b200",
+        "--sim-startup-s",
+        "0.3",
+        "--sim-release-s",
+        "0.2",
+    ]
     env = {"AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices"), "HF_TOKEN": SECRET}
     return LaunchSpec(argv=argv, port=port, log_path=tmp_path / "trial" / "server.log", env=env, gpus=(5,))
 
@@ -145,8 +196,12 @@ def test_a_server_that_fails_at_startup_is_server_exited_with_its_log_tail(tmp_p
 
 def test_a_name_in_use_is_refused_and_the_container_holding_it_left_alone(tmp_path):
     port = free_port()
-    spec = LaunchSpec(argv=[sys.executable, "-c", "import time; time.sleep(30)"], port=port,
-                      log_path=tmp_path / "server.log", name="autotune-dup")
+    spec = LaunchSpec(
+        argv=[sys.executable, "-c", "import time; time.sleep(30)"],
+        port=port,
+        log_path=tmp_path / "server.log",
+        name="autotune-dup",
+    )
     with fake_runtime(tmp_path):
         launcher = ContainerLauncher(python=sys.executable, mounts=[])
         first = launcher.start(spec)
@@ -174,8 +229,9 @@ time.sleep(120)
 
 def test_a_trials_container_does_not_outlive_its_harness_killed_by_sigkill(tmp_path):
     with fake_runtime(tmp_path) as state:
-        harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path), str(free_port())],
-                                   stdout=subprocess.PIPE, text=True)
+        harness = subprocess.Popen(
+            [sys.executable, "-c", HARNESS, str(tmp_path), str(free_port())], stdout=subprocess.PIPE, text=True
+        )
         try:
             assert harness.stdout is not None and harness.stdout.readline().strip() == "started"
             box = state / "containers" / "autotune-orphan"

@@ -43,8 +43,16 @@ def cluster():
 
 def _sim(env, label: str = "sim", **kw) -> LaunchSpec:
     port = free_port()
-    return LaunchSpec(argv=env.sim_argv(port), port=port, env=dict(env.env), gpus=(0,), log_path=env.work / f"{label}.log",
-                      run_dir=env.work / "runs", name=f"autotune-test-{label}-{port}", **kw)
+    return LaunchSpec(
+        argv=env.sim_argv(port),
+        port=port,
+        env=dict(env.env),
+        gpus=(0,),
+        log_path=env.work / f"{label}.log",
+        run_dir=env.work / "runs",
+        name=f"autotune-test-{label}-{port}",
+        **kw,
+    )
 
 
 def _job_fields(job_id: str) -> dict[str, str]:
@@ -74,15 +82,22 @@ def test_only_a_cancel_that_is_not_ours_marks_the_job_cancelled(tmp_path):
 
 
 def test_sbatch_argv_carries_the_settings_and_the_gpu_count(tmp_path):
-    launcher = SlurmLauncher(SlurmSettings(partition="gpu", account="lab", time="00:30:00",
-                                           extra_args=("--constraint=h200",)))
+    launcher = SlurmLauncher(
+        SlurmSettings(partition="gpu", account="lab", time="00:30:00", extra_args=("--constraint=h200",))
+    )
     spec = LaunchSpec(argv=["srv"], port=1, log_path=tmp_path / "s.log", gpus=(2, 3))
     argv = launcher.sbatch_argv(spec, "job-a", tmp_path / "job-a.sbatch")
     assert argv[:2] == ["sbatch", "--parsable"] and argv[-1] == str(tmp_path / "job-a.sbatch")
-    assert ["--job-name", "job-a"] == argv[argv.index("--job-name"):argv.index("--job-name") + 2]
-    assert ["--output", str(tmp_path / "s.log")] == argv[argv.index("--output"):argv.index("--output") + 2]
-    for arg in ("--gres=gpu:2", "--partition=gpu", "--account=lab", "--time=00:30:00", "--constraint=h200",
-                "--export=ALL"):
+    assert ["--job-name", "job-a"] == argv[argv.index("--job-name") : argv.index("--job-name") + 2]
+    assert ["--output", str(tmp_path / "s.log")] == argv[argv.index("--output") : argv.index("--output") + 2]
+    for arg in (
+        "--gres=gpu:2",
+        "--partition=gpu",
+        "--account=lab",
+        "--time=00:30:00",
+        "--constraint=h200",
+        "--export=ALL",
+    ):
         assert arg in argv
     cpu = launcher.sbatch_argv(LaunchSpec(argv=["srv"], port=1, log_path=tmp_path / "s.log"), "b", tmp_path / "b")
     assert not any(a.startswith("--gres") for a in cpu)
@@ -93,8 +108,10 @@ def test_sbatch_argv_carries_the_settings_and_the_gpu_count(tmp_path):
 def test_the_script_selects_the_specs_gpus_only_when_slurm_bound_none(tmp_path):
     spec = LaunchSpec(argv=["srv", "--port", "1"], port=1, log_path=tmp_path / "s.log", gpus=(1, 0))
     script = job_script(spec, SlurmLauncher().device_env(spec.gpus))
-    assert 'if [ -z "${SLURM_JOB_GPUS:-}" ]; then export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=1,0; fi' \
+    assert (
+        'if [ -z "${SLURM_JOB_GPUS:-}" ]; then export CUDA_DEVICE_ORDER=PCI_BUS_ID CUDA_VISIBLE_DEVICES=1,0; fi'
         in script
+    )
     assert script.rstrip().endswith("exec srv --port 1")
     assert "CUDA" not in job_script(spec, {})
 
@@ -150,8 +167,13 @@ def test_a_job_cancelled_from_outside_is_reported_dead_with_a_reason(cluster, tm
 def test_the_batch_script_quotes_the_argv(cluster, tmp_path):
     prompt = "a prompt with spaces, $HOME, `ls`, 'quotes' and \"more\"; echo pwned"
     argv = [sys.executable, "-c", "import sys; print('ARGV=' + repr(sys.argv[1:]))", prompt, "--x=$((1+1))"]
-    spec = LaunchSpec(argv=argv, port=free_port(), log_path=tmp_path / "q.log", run_dir=tmp_path / "runs",
-                      name="autotune-test-quoting")
+    spec = LaunchSpec(
+        argv=argv,
+        port=free_port(),
+        log_path=tmp_path / "q.log",
+        run_dir=tmp_path / "runs",
+        name="autotune-test-quoting",
+    )
     job = SlurmLauncher(watchdog_grace_s=1.0).start(spec)
     try:
         deadline = time.monotonic() + 20
@@ -180,8 +202,12 @@ HARNESS = textwrap.dedent("""
 
 
 def test_a_job_does_not_outlive_its_harness(cluster, tmp_path):
-    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(free_port()), str(tmp_path)],
-                               stdout=subprocess.PIPE, text=True, env={**os.environ})
+    harness = subprocess.Popen(
+        [sys.executable, "-c", HARNESS, str(free_port()), str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ},
+    )
     try:
         assert harness.stdout is not None
         job_id = harness.stdout.readline().strip()
@@ -205,15 +231,19 @@ def _trial(tmp_path, monkeypatch, hook=None, measure_s=2.0):
     from autotune.harness.workload import WorkloadSpec
 
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))  # the job inherits it (--export=ALL)
-    engine = make_engine("sim", model_path="qwen3.6-27b", sim_gpu="b200",
-                         sim_options={"startup_s": 0.3, "release_s": 0.3})
+    engine = make_engine(
+        "sim", model_path="qwen3.6-27b", sim_gpu="b200", sim_options={"startup_s": 0.3, "release_s": 0.3}
+    )
     prompts = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
-    setup = TrialSetup(engine=engine, workload=WorkloadSpec(prompts=prompts, sample_size=40, warmup_s=0.5,
-                                                            measure_s=measure_s),
-                       gpu_index=1, run_dir=tmp_path / "runs", launcher=SlurmLauncher(watchdog_grace_s=1.0),
-                       timeouts=Timeouts(startup_s=30, teardown_s=15, grace_s=3))
-    return run_trial(setup, {"max_running_requests": 8}, trial_dir=tmp_path / "trial",
-                     hooks=TrialHooks(on_phase=hook))
+    setup = TrialSetup(
+        engine=engine,
+        workload=WorkloadSpec(prompts=prompts, sample_size=40, warmup_s=0.5, measure_s=measure_s),
+        gpu_index=1,
+        run_dir=tmp_path / "runs",
+        launcher=SlurmLauncher(watchdog_grace_s=1.0),
+        timeouts=Timeouts(startup_s=30, teardown_s=15, grace_s=3),
+    )
+    return run_trial(setup, {"max_running_requests": 8}, trial_dir=tmp_path / "trial", hooks=TrialHooks(on_phase=hook))
 
 
 def _gpu_released(tmp_path) -> bool:
@@ -291,8 +321,13 @@ def test_the_stop_signals_the_servers_main_process_only_then_the_whole_job(clust
     """SGLang's launcher drains and stops its own children; a SIGTERM that reached a child first would send it down
     its crash path (the real engine: "Subprocess detokenizer … crashed with exit code -15")."""
     marks = tmp_path / "marks"
-    spec = LaunchSpec(argv=[sys.executable, "-c", FAMILY, str(marks)], port=free_port(), log_path=tmp_path / "f.log",
-                      run_dir=tmp_path / "runs", name="autotune-test-family")
+    spec = LaunchSpec(
+        argv=[sys.executable, "-c", FAMILY, str(marks)],
+        port=free_port(),
+        log_path=tmp_path / "f.log",
+        run_dir=tmp_path / "runs",
+        name="autotune-test-family",
+    )
     job = SlurmLauncher(watchdog_grace_s=1.0).start(spec)
     try:
         deadline = time.monotonic() + 30
@@ -322,7 +357,8 @@ class _NeverReleased:
 
 @pytest.mark.slow
 def test_a_job_without_gpus_is_not_held_for_the_memory_wait_and_its_shm_files_go_while_a_neighbours_stay(
-        cluster, tmp_path):
+    cluster, tmp_path
+):
     """A server with no GPU (SGLang's CPU backend) and a reader of host memory that never returns to its earlier
     level: the teardown does not wait for it (it once waited the whole release timeout, 60 s, per launch). The
     simulated servers create SGLang's /dev/shm files; the job's go once it is gone, a neighbour's stay."""
@@ -333,25 +369,59 @@ def test_a_job_without_gpus_is_not_held_for_the_memory_wait_and_its_shm_files_go
     earlier = shm / "sglang_loads_0123456789ab_00000000.shm"
     earlier.write_bytes(b"there before the job")
     env = {"AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")}
-    sim = [sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--model-path", "qwen3.6-27b", "--sim-gpu",
-           "b200", "--sim-startup-s", "0.1", "--sim-release-s", "0.2", "--sim-warmup-s", "0", "--sim-shm", str(shm)]
+    sim = [
+        sys.executable,
+        "-m",
+        "autotune.sim",
+        "--host",
+        "127.0.0.1",
+        "--model-path",
+        "qwen3.6-27b",
+        "--sim-gpu",
+        "b200",
+        "--sim-startup-s",
+        "0.1",
+        "--sim-release-s",
+        "0.2",
+        "--sim-warmup-s",
+        "0",
+        "--sim-shm",
+        str(shm),
+    ]
     runs = tmp_path / "runs"
     timings = []
     for label in ("first", "second"):  # two launches: neither leaves a file behind for the next
         port = free_port()
         job = SlurmLauncher(watchdog_grace_s=1.0).start(
-            LaunchSpec(argv=[*sim, "--port", str(port)], port=port, env=env, gpus=(), log_path=tmp_path / f"{label}.log",
-                       run_dir=runs, shm_dir=shm, name=f"autotune-test-shm-{label}-{port}"),
-            gpu_reader=_NeverReleased())
+            LaunchSpec(
+                argv=[*sim, "--port", str(port)],
+                port=port,
+                env=env,
+                gpus=(),
+                log_path=tmp_path / f"{label}.log",
+                run_dir=runs,
+                shm_dir=shm,
+                name=f"autotune-test-shm-{label}-{port}",
+            ),
+            gpu_reader=_NeverReleased(),
+        )
         neighbour = None
         try:
             job.wait_ready(60)
             made = {p.name for p in shm.iterdir()} - {earlier.name}
             assert any(n.startswith("sglang_loads_") for n in made) and any(n.startswith("deepspeed") for n in made)
             nport = free_port()  # a neighbour on this host starts while the job runs: its files are new too, held
-            neighbour = LocalLauncher(watchdog_grace_s=1.0).start(LaunchSpec(
-                argv=[*sim, "--port", str(nport)], port=nport, env=env, gpus=(3,), log_path=tmp_path / "n.log",
-                run_dir=runs, shm_dir=tmp_path / "elsewhere"))
+            neighbour = LocalLauncher(watchdog_grace_s=1.0).start(
+                LaunchSpec(
+                    argv=[*sim, "--port", str(nport)],
+                    port=nport,
+                    env=env,
+                    gpus=(3,),
+                    log_path=tmp_path / "n.log",
+                    run_dir=runs,
+                    shm_dir=tmp_path / "elsewhere",
+                )
+            )
             neighbour.wait_ready(60)
             theirs = {p.name for p in shm.iterdir()} - made - {earlier.name}
             assert theirs

@@ -35,8 +35,11 @@ from autotune.sim import device
 pytestmark = pytest.mark.timeout(90)
 
 GIB = 1024.0
-UUIDS = {0: "GPU-1f0e2d3c-0000-4a5b-8c9d-000000000000", 1: "GPU-1f0e2d3c-1111-4a5b-8c9d-111111111111",
-         2: "GPU-1f0e2d3c-2222-4a5b-8c9d-222222222222"}
+UUIDS = {
+    0: "GPU-1f0e2d3c-0000-4a5b-8c9d-000000000000",
+    1: "GPU-1f0e2d3c-1111-4a5b-8c9d-111111111111",
+    2: "GPU-1f0e2d3c-2222-4a5b-8c9d-222222222222",
+}
 
 
 class FakeSmi:
@@ -59,8 +62,10 @@ class FakeSmi:
         if "--query-compute-apps" in command:
             head = "".join(f"{i}, {UUIDS[i]}\n" for i in ids)
             return 0, f"{head}--apps--\n" + "".join(f"{a}\n" for a in self.apps), ""
-        lines = [f"{i}, {self.used_mib[i]:.0f}, 143771, {40 + i}, {'[N/A]' if i == 1 else f'{300 + i}.25'}, 1980"
-                 for i in ids]
+        lines = [
+            f"{i}, {self.used_mib[i]:.0f}, 143771, {40 + i}, {'[N/A]' if i == 1 else f'{300 + i}.25'}, 1980"
+            for i in ids
+        ]
         return 0, "\n".join(lines) + "\n", ""
 
 
@@ -74,28 +79,45 @@ def _no_local(gpus: tuple[int, ...]) -> SimGpuReader:
 
 # -- the nvidia-smi answer ---------------------------------------------------------------------------------
 def test_nvidia_smi_csv_lines_parse_and_unreported_fields_are_none():
-    text = ("WARNING: infoROM is corrupted at gpu 0000:19:00.0\n"  # what nvidia-smi may print first
-            "0, 81234, 143771, 97, 689.12, 1980\n"
-            "1, 1024, 143771, [N/A], [Not Supported], [N/A]\n"
-            "No devices were found\n"
-            "2, [N/A], 143771, 0, 75.50\n")  # a field short: not a reading
+    text = (
+        "WARNING: infoROM is corrupted at gpu 0000:19:00.0\n"  # what nvidia-smi may print first
+        "0, 81234, 143771, 97, 689.12, 1980\n"
+        "1, 1024, 143771, [N/A], [Not Supported], [N/A]\n"
+        "No devices were found\n"
+        "2, [N/A], 143771, 0, 75.50\n"
+    )  # a field short: not a reading
     gpus = parse_gpus(text)
     assert sorted(gpus) == [0, 1]
-    assert gpus[0] == GpuReading(used_gib=81234 / GIB, total_gib=143771 / GIB, util_pct=97.0, power_w=689.12,
-                                 sm_clock_mhz=1980.0)
+    assert gpus[0] == GpuReading(
+        used_gib=81234 / GIB, total_gib=143771 / GIB, util_pct=97.0, power_w=689.12, sm_clock_mhz=1980.0
+    )
     assert gpus[1].used_gib == 1.0 and gpus[1].util_pct is None and gpus[1].power_w is None
-    assert [value(v) for v in ("[N/A]", "N/A", "[Not Supported]", "[Insufficient Permissions]", " 12.5 ", "")] == \
-        [None, None, None, None, 12.5, None]
+    assert [value(v) for v in ("[N/A]", "N/A", "[Not Supported]", "[Insufficient Permissions]", " 12.5 ", "")] == [
+        None,
+        None,
+        None,
+        None,
+        12.5,
+        None,
+    ]
 
 
 def test_compute_apps_map_back_to_the_gpu_index_by_uuid():
-    text = (f"0, {UUIDS[0]}\n1, {UUIDS[1]}\n--apps--\n"
-            f"{UUIDS[1]}, 4242, 70210, python3 -m sglang.launch_server, tp 1\n"
-            f"{UUIDS[0]}, 777, [N/A], /usr/bin/tenant\n"
-            "garbage\n")
+    text = (
+        f"0, {UUIDS[0]}\n1, {UUIDS[1]}\n--apps--\n"
+        f"{UUIDS[1]}, 4242, 70210, python3 -m sglang.launch_server, tp 1\n"
+        f"{UUIDS[0]}, 777, [N/A], /usr/bin/tenant\n"
+        "garbage\n"
+    )
     apps = parse_apps(text)
     assert apps == [
-        {"gpu": 1, "pid": 4242, "exited": False, "used_gib": 70210 / GIB, "name": "python3 -m sglang.launch_server, tp 1"},
+        {
+            "gpu": 1,
+            "pid": 4242,
+            "exited": False,
+            "used_gib": 70210 / GIB,
+            "name": "python3 -m sglang.launch_server, tp 1",
+        },
         {"gpu": 0, "pid": 777, "exited": False, "used_gib": None, "name": "/usr/bin/tenant"},
     ]
 
@@ -108,8 +130,12 @@ def test_a_remote_group_is_read_with_one_call_per_reading():
     reading = reader.read()
     assert len(smi.commands) == 1
     assert shlex.split(smi.commands[0]) == [
-        "nvidia-smi", "--query-gpu=index,memory.used,memory.total,utilization.gpu,power.draw,clocks.sm",
-        "--format=csv,noheader,nounits", "-i", "0,1"]
+        "nvidia-smi",
+        "--query-gpu=index,memory.used,memory.total,utilization.gpu,power.draw,clocks.sm",
+        "--format=csv,noheader,nounits",
+        "-i",
+        "0,1",
+    ]
     assert reading.used_gib == pytest.approx(100_000 / GIB)  # the fullest GPU decides headroom
     assert [d.index for d in reading.devices] == [0, 1]
     assert reading.power_w == pytest.approx(300.25)  # GPU 1 reports none: the group's draw is GPU 0's
@@ -126,8 +152,9 @@ def test_a_single_gpu_reading_and_its_processes_serve_the_tenancy_check():
     smi = FakeSmi({0: 30_000, 1: 0}, apps=[f"{UUIDS[0]}, 999999, 29000, tenant-server"])
     reader = _remote(smi).memory_reader((0,), _no_local)
     assert reader.read().used_gib == pytest.approx(30_000 / GIB)
-    assert reader.processes() == [{"gpu": 0, "pid": 999999, "exited": False, "used_gib": 29000 / GIB,
-                                   "name": "tenant-server"}]
+    assert reader.processes() == [
+        {"gpu": 0, "pid": 999999, "exited": False, "used_gib": 29000 / GIB, "name": "tenant-server"}
+    ]
     occ = occupancy(reader, 0)
     assert occ.busy and [h.pid for h in occ.holders] == [999999]
     assert "--query-compute-apps=gpu_uuid,pid,used_memory,process_name" in smi.commands[-1]
@@ -146,8 +173,9 @@ def test_a_failed_reading_is_an_error_the_monitor_counts_and_the_host_is_not_ask
     assert len(smi.commands) == 1  # within RETRY_S every reading fails without a connection attempt
     smi.fail = None
     clock = [0.0]
-    reader = RemoteGpuReader(lambda c, t: smi("ops@gpu-node-7:2222", c, t), (0, 5), host="gpu-node-7",
-                             clock=lambda: clock[0])
+    reader = RemoteGpuReader(
+        lambda c, t: smi("ops@gpu-node-7:2222", c, t), (0, 5), host="gpu-node-7", clock=lambda: clock[0]
+    )
     with pytest.raises(GpuError, match=r"failed \(exit 6\): No devices were found"):  # an index it lacks
         reader.read()
     with pytest.raises(GpuError):
@@ -190,8 +218,9 @@ HOLDER = (
 
 
 def _hold(*paths: Path) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, *map(str, paths)], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, *map(str, paths)], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 
@@ -235,7 +264,8 @@ def test_the_rules_hold_over_the_transport(tmp_path):
     assert removed == sorted([odd, "sem.mp-k2x93001", "sem.mp-orphaned", "sglang_loads_0123456789ab_127001ff.shm"])
     assert left == ["deepspeed_allreduce_buffer_0_127.0.0.1_31999_0", "sem.mp-neighbr1"]
     assert sorted(p.name for p in shm.iterdir()) == sorted(
-        ["sglang_loads_000000000000_00000000.shm", "unrelated_app", *left])
+        ["sglang_loads_000000000000_00000000.shm", "unrelated_app", *left]
+    )
     assert not any(Path(d, "PWNED").exists() for d in (tmp_path, shm, Path.cwd()))
     assert all(host == "127.0.0.1" for host, _ in transport.commands)
 
@@ -251,8 +281,10 @@ def test_no_file_name_can_pass_for_another_record(tmp_path):
     code, out, _ = Loopback()("127.0.0.1", facts_command(str(shm), None), 30)
     assert code == 0
     facts = parse_facts(out)
-    assert facts.files == {forged: (shm / forged).stat().st_ino,
-                           "sglang_loads_a_b.shm": (shm / "sglang_loads_a_b.shm").stat().st_ino}
+    assert facts.files == {
+        forged: (shm / forged).stat().st_ino,
+        "sglang_loads_a_b.shm": (shm / "sglang_loads_a_b.shm").stat().st_ino,
+    }
     assert facts.held == set()  # no holders asked for, and none forged
     other_uid = parse_facts(out.replace(f"u {os.getuid()}\0", "u 123456\0"))
     assert other_uid.files == {}  # another user's files are never ours
@@ -265,10 +297,26 @@ def test_stop_removes_the_servers_files_on_the_host_and_names_a_foreign_one(tmp_
     transport = Loopback()
     launcher = SshLauncher(host="127.0.0.1", remote_dir=str(tmp_path / "remote"), transport=transport)
     port = free_port()
-    spec = LaunchSpec(argv=[sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--port", str(port),
-                            *SIM_FLAGS, "--sim-shm", str(shm)],
-                      port=port, env={device.ENV_DIR: str(devices)}, gpus=(0,), log_path=tmp_path / "server.log",
-                      run_dir=tmp_path / "runs", shm_dir=shm)
+    spec = LaunchSpec(
+        argv=[
+            sys.executable,
+            "-m",
+            "autotune.sim",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            *SIM_FLAGS,
+            "--sim-shm",
+            str(shm),
+        ],
+        port=port,
+        env={device.ENV_DIR: str(devices)},
+        gpus=(0,),
+        log_path=tmp_path / "server.log",
+        run_dir=tmp_path / "runs",
+        shm_dir=shm,
+    )
     server = launcher.start(spec, gpu_reader=SimGpuReader(0, str(devices)))
     foreign = None
     try:
@@ -284,8 +332,10 @@ def test_stop_removes_the_servers_files_on_the_host_and_names_a_foreign_one(tmp_
     assert port_is_free("127.0.0.1", port) and device.read(0, devices).used_mib == 0
     assert set(server.removed_shm) >= {n for n in made if not n.startswith("sem.mp-")}  # sems: unlinked on exit
     assert server.unattributed_shm == ["sglang_loads_bbbbbbbbbbbb_ffffffff.shm"]
-    assert sorted(p.name for p in shm.iterdir()) == ["sglang_loads_aaaaaaaaaaaa_00000000.shm",
-                                                     "sglang_loads_bbbbbbbbbbbb_ffffffff.shm"]
+    assert sorted(p.name for p in shm.iterdir()) == [
+        "sglang_loads_aaaaaaaaaaaa_00000000.shm",
+        "sglang_loads_bbbbbbbbbbbb_ffffffff.shm",
+    ]
     assert all(host == "127.0.0.1" for host, _ in transport.commands)
 
 
@@ -311,9 +361,14 @@ def _plain_server(tmp_path: Path, reader: _Flaky):
     devices = tmp_path / "devices"
     launcher = SshLauncher(host="127.0.0.1", remote_dir=str(tmp_path / "remote"), transport=Loopback())
     port = free_port()
-    spec = LaunchSpec(argv=[sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--port", str(port),
-                            *SIM_FLAGS], port=port, env={device.ENV_DIR: str(devices)}, gpus=(0,),
-                      log_path=tmp_path / "server.log", run_dir=tmp_path / "runs")
+    spec = LaunchSpec(
+        argv=[sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--port", str(port), *SIM_FLAGS],
+        port=port,
+        env={device.ENV_DIR: str(devices)},
+        gpus=(0,),
+        log_path=tmp_path / "server.log",
+        run_dir=tmp_path / "runs",
+    )
     server = launcher.start(spec, gpu_reader=reader)
     server.wait_ready(60)
     return server
@@ -326,8 +381,9 @@ def test_a_host_whose_gpus_stay_unreadable_after_the_stop_is_reported_within_the
     t0 = time.monotonic()
     server.stop(grace_s=5.0, release_timeout_s=3.0)
     assert time.monotonic() - t0 < 3.0 + 5.0 + 3.0  # the grace, the release timeout, and the host's round trips
-    assert server.teardown_error == ("GPU memory not checked in the 3 s after the stop: "
-                                     "cannot read the GPUs of gpu-node-7: ssh: TimeoutError")
+    assert server.teardown_error == (
+        "GPU memory not checked in the 3 s after the stop: cannot read the GPUs of gpu-node-7: ssh: TimeoutError"
+    )
     assert reader.failures >= 3  # tried again while the timeout ran, not given up at the first failure
 
 
@@ -351,14 +407,26 @@ def test_a_fleets_down_cleans_the_host_from_the_record_its_start_left(tmp_path):
     (shm / "sglang_loads_aaaaaaaaaaaa_00000000.shm").write_text("there before the fleet")
     port = free_port()
     fleet = SimpleNamespace(remote_dir=str(tmp_path / "remote"))
-    server = SimpleNamespace(name="s0", host="127.0.0.1", address="127.0.0.1", port=port, log="logs/s0.log",
-                             pid="run/s0.pid")
-    argv = [sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--port", str(port), *SIM_FLAGS,
-            "--sim-shm", str(shm)]
+    server = SimpleNamespace(
+        name="s0", host="127.0.0.1", address="127.0.0.1", port=port, log="logs/s0.log", pid="run/s0.pid"
+    )
+    argv = [
+        sys.executable,
+        "-m",
+        "autotune.sim",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        *SIM_FLAGS,
+        "--sim-shm",
+        str(shm),
+    ]
     spec = remote.server_spec(server, argv, env={device.ENV_DIR: str(devices)}, gpus=(0,))
     up = Loopback()
     handle = SshLauncher(host="127.0.0.1", remote_dir=fleet.remote_dir, transport=up).start(
-        dataclasses.replace(spec, shm_dir=shm))
+        dataclasses.replace(spec, shm_dir=shm)
+    )
     record = tmp_path / "remote/run/s0.shm"
     foreign = None
     try:
@@ -369,14 +437,18 @@ def test_a_fleets_down_cleans_the_host_from_the_record_its_start_left(tmp_path):
         assert len(made) == 4, made
         foreign = _hold(shm / "sglang_loads_bbbbbbbbbbbb_ffffffff.shm")
         down = Loopback()
-        assert remote.stop_server(fleet, server, grace_s=5.0, transport=down) == []  # a fresh launcher, as `down` makes;
+        assert (
+            remote.stop_server(fleet, server, grace_s=5.0, transport=down) == []
+        )  # a fresh launcher, as `down` makes;
         # it was recorded and everything released in time
     finally:
         if foreign is not None:
             _end(foreign)
         subprocess.run(["bash", "-c", f"kill -9 -{handle.host_pid} 2>/dev/null"], check=False)
-    assert sorted(p.name for p in shm.iterdir()) == ["sglang_loads_aaaaaaaaaaaa_00000000.shm",
-                                                     "sglang_loads_bbbbbbbbbbbb_ffffffff.shm"]
+    assert sorted(p.name for p in shm.iterdir()) == [
+        "sglang_loads_aaaaaaaaaaaa_00000000.shm",
+        "sglang_loads_bbbbbbbbbbbb_ffffffff.shm",
+    ]
     assert not record.exists() and not (tmp_path / "remote/run/s0.pid").exists()
     assert any("/proc/$p/fd" in command for _, command in down.commands)  # its group was read before the kill
 
@@ -400,7 +472,7 @@ def test_a_group_that_outlives_the_kill_is_a_problem_the_stop_reports():
     assert "rm -f /srv/autotune/run/s0.pid /srv/autotune/run/s0.shm" in sent  # its files go all the same
 
 
-FAKE_SMI = '''import sys
+FAKE_SMI = """import sys
 from autotune.sim import device
 args = sys.argv[1:]
 fields = next(a.split("=", 1)[1] for a in args if a.startswith("--query-gpu=")).split(",")
@@ -410,7 +482,7 @@ for index in (int(i) for i in args[args.index("-i") + 1].split(",")):
            "memory.total": "[N/A]" if r.total_mib is None else f"{r.total_mib:.0f}", "power.draw": "[N/A]",
            "clocks.sm": "[Not Supported]"}
     print(", ".join(row[f] for f in fields))
-'''
+"""
 
 
 def test_the_monitor_and_the_release_check_read_the_host_through_its_shell(tmp_path, monkeypatch):
@@ -425,12 +497,18 @@ def test_the_monitor_and_the_release_check_read_the_host_through_its_shell(tmp_p
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     transport = Loopback()
     launcher = SshLauncher(host="127.0.0.1", remote_dir=str(tmp_path / "remote"), transport=transport)
-    reader = RemoteGpuReader(lambda command, timeout_s: launcher.call(command, timeout_s=timeout_s), (0,),
-                             host=launcher.host)
+    reader = RemoteGpuReader(
+        lambda command, timeout_s: launcher.call(command, timeout_s=timeout_s), (0,), host=launcher.host
+    )
     port = free_port()
-    spec = LaunchSpec(argv=[sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--port", str(port),
-                            *SIM_FLAGS], port=port, env={device.ENV_DIR: str(devices)}, gpus=(0,),
-                      log_path=tmp_path / "server.log", run_dir=tmp_path / "runs")
+    spec = LaunchSpec(
+        argv=[sys.executable, "-m", "autotune.sim", "--host", "127.0.0.1", "--port", str(port), *SIM_FLAGS],
+        port=port,
+        env={device.ENV_DIR: str(devices)},
+        gpus=(0,),
+        log_path=tmp_path / "server.log",
+        run_dir=tmp_path / "runs",
+    )
     server = launcher.start(spec, gpu_reader=reader)
     try:
         server.wait_ready(60)

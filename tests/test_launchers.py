@@ -58,9 +58,17 @@ def _case(name: str, tmp_path: Path) -> Iterator[CaseEnv]:
 
 def _spec(env: CaseEnv, *extra: str, gpus: tuple[int, ...] = (0,), label: str = "server") -> LaunchSpec:
     port = free_port(env.host)
-    return LaunchSpec(argv=env.sim_argv(port, *extra), port=port, host=env.host, env=dict(env.env), gpus=gpus,
-                      log_path=env.work / f"{label}.log", run_dir=env.work / "runs", shm_dir=env.work / "shm",
-                      name=f"autotune-test-{label}-{port}")
+    return LaunchSpec(
+        argv=env.sim_argv(port, *extra),
+        port=port,
+        host=env.host,
+        env=dict(env.env),
+        gpus=gpus,
+        log_path=env.work / f"{label}.log",
+        run_dir=env.work / "runs",
+        shm_dir=env.work / "shm",
+        name=f"autotune-test-{label}-{port}",
+    )
 
 
 def test_every_launcher_has_a_case_module_and_a_config_name():
@@ -164,9 +172,16 @@ def test_a_local_record_whose_pid_now_runs_another_process_is_not_that_server(tm
     """A reused pid: the record's start time differs, so attach finds no server and its stop signals nothing."""
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        record = ServerRecord(launcher="local", launch_id="x", host="127.0.0.1", port=free_port(),
-                              log_path=str(tmp_path / "l.log"), pid=other.pid, create_time=1.0,
-                              run_dir=str(tmp_path))
+        record = ServerRecord(
+            launcher="local",
+            launch_id="x",
+            host="127.0.0.1",
+            port=free_port(),
+            log_path=str(tmp_path / "l.log"),
+            pid=other.pid,
+            create_time=1.0,
+            run_dir=str(tmp_path),
+        )
         handle = LAUNCHERS["local"]().attach(record)
         assert not handle.alive
         handle.stop(grace_s=0.1, release_timeout_s=1.0)
@@ -182,8 +197,15 @@ def test_a_port_another_process_takes_while_the_server_loads_is_never_its_readin
     with _case("local", tmp_path) as env:
         spec = _spec(env, "--sim-startup-s", "30", label="late")  # binds after its startup, as SGLang does
         server = env.launcher.start(spec)
-        other = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route("/health", lambda request: PlainTextResponse(""))]),
-                                              host=env.host, port=spec.port, log_level="error", lifespan="off"))
+        other = uvicorn.Server(
+            uvicorn.Config(
+                Starlette(routes=[Route("/health", lambda request: PlainTextResponse(""))]),
+                host=env.host,
+                port=spec.port,
+                log_level="error",
+                lifespan="off",
+            )
+        )
         thread = threading.Thread(target=other.run, daemon=True)
         thread.start()
         try:

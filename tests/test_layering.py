@@ -16,13 +16,23 @@ PACKAGE = ROOT / "autotune"
 # Lower layers never import higher ones. ``prompts`` reads the prompt file for both config (its check) and the
 # harness (its replay); it depends on ``errors`` only.
 LAYERS: dict[str, int] = {
-    "errors": 0, "results": 0, "progress": 0, "redaction": 0, "tomlwrite": 0, "prompts": 0, "settle": 0, "job": 0, "tls": 0,
+    "errors": 0,
+    "results": 0,
+    "progress": 0,
+    "redaction": 0,
+    "tomlwrite": 0,
+    "prompts": 0,
+    "settle": 0,
+    "job": 0,
+    "tls": 0,
     "sglang": 1,
     "config": 2,
     "launch": 3,  # WHERE a server runs: below the harness (trial) and deploy (fleet), which start servers through it
     "harness": 4,
     "search": 5,
-    "report": 6, "deploy": 6, "inspect": 6,
+    "report": 6,
+    "deploy": 6,
+    "inspect": 6,
     "watch": 7,  # compares a live fleet (inspect's probe) with the deployed winner (deploy's load_winner)
     "cli": 8,
 }
@@ -44,8 +54,25 @@ PENDING_LAZY = {"autotune/deploy/numerics.py", "autotune/deploy/apply.py", "auto
 # ``sweep.py`` (run_sweep). ``scaleout/`` (workers, Slurm workers) sits on the loop beside the confirmation and
 # the views; only its command in ``cli/`` imports it.
 SEARCH_PARTS: dict[str, int] = {"storage": 0, "loop": 1, "confirm": 2, "views": 3, "scaleout": 3, "sweep": 4}
-SEARCH_LOOP = {"study", "space", "starts", "edges", "correction", "objective", "runner", "seeding", "skips", "warm",
-               "numerics", "folders", "preflight", "signals", "stopping", "pruning", "wall"}
+SEARCH_LOOP = {
+    "study",
+    "space",
+    "starts",
+    "edges",
+    "correction",
+    "objective",
+    "runner",
+    "seeding",
+    "skips",
+    "warm",
+    "numerics",
+    "folders",
+    "preflight",
+    "signals",
+    "stopping",
+    "pruning",
+    "wall",
+}
 
 
 def _modules() -> list[Path]:
@@ -141,8 +168,11 @@ def test_no_circle_between_packages_or_modules_of_deploy():
             a, b = _unit(src), _unit(dst)
             if a and b and a != b:
                 units.setdefault(a, set()).add(b)
-    deploy = {k: {d for d in v if d.startswith("autotune.deploy.")} for k, v in graph.items()
-              if k.startswith("autotune.deploy.")}
+    deploy = {
+        k: {d for d in v if d.startswith("autotune.deploy.")}
+        for k, v in graph.items()
+        if k.startswith("autotune.deploy.")
+    }
     for name, edges in (("packages", units), ("deploy's modules", deploy)):
         cycle = _find_cycle(edges)
         assert cycle is None, f"a circle between {name}: {' -> '.join(cycle or [])}"
@@ -157,7 +187,7 @@ def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         stack.append(node)
         for nxt in sorted(graph.get(node, ())):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state and (found := dfs(nxt)):
                 return found
         stack.pop()
@@ -176,14 +206,20 @@ def test_the_simulator_is_reached_only_through_its_engine():
         rel = str(path.relative_to(ROOT))
         if rel.startswith(("autotune/sim/", "benchmarks/")) or rel in SIM_DOORS:
             continue
-        bad += [f"{rel}:{line}: imports {m}" for m, line, _ in _imports(path)
-                if m == "autotune.sim" or m.startswith("autotune.sim.")]
+        bad += [
+            f"{rel}:{line}: imports {m}"
+            for m, line, _ in _imports(path)
+            if m == "autotune.sim" or m.startswith("autotune.sim.")
+        ]
     assert not bad, "imports of autotune.sim outside its engine:\n" + "\n".join(bad)
 
 
 def test_the_simulator_imports_only_sglang_and_the_bottom_layer():
-    bad = [f"{where}:{line}: sim imports {dst}" for src, dst, where, line, _ in _edges()
-           if src == "sim" and dst not in SIM_MAY_IMPORT]
+    bad = [
+        f"{where}:{line}: sim imports {dst}"
+        for src, dst, where, line, _ in _edges()
+        if src == "sim" and dst not in SIM_MAY_IMPORT
+    ]
     assert not bad, "\n".join(bad)
 
 
@@ -209,8 +245,9 @@ def test_lazy_imports_are_for_heavy_optional_dependencies_only():
 def test_the_walker_sees_imports_inside_functions_and_resolves_relative_ones(tmp_path):
     source = tmp_path / "autotune" / "search" / "x.py"
     source.parent.mkdir(parents=True)
-    source.write_text("import os\nfrom . import space\n\ndef f():\n    from autotune.deploy import apply\n",
-                      encoding="utf-8")
+    source.write_text(
+        "import os\nfrom . import space\n\ndef f():\n    from autotune.deploy import apply\n", encoding="utf-8"
+    )
     found = {(m, lazy) for m, _, lazy in _imports(source, tmp_path)}
     assert {("os", False), ("autotune.search.space", False), ("autotune.deploy.apply", True)} <= found
 
@@ -228,7 +265,13 @@ def test_launch_sits_between_config_and_the_harness_and_both_starters_use_it():
     assert LAYERS["config"] < LAYERS["launch"] < LAYERS["harness"] < LAYERS["deploy"]
     uses = {src for src, dst, *_ in _edges() if dst == "launch" and src != "launch"}
     assert {"harness", "deploy"} <= uses
-    assert not {dst for src, dst, *_ in _edges() if src == "launch"} - {"launch", "errors", "redaction", "config", "tls"}
+    assert not {dst for src, dst, *_ in _edges() if src == "launch"} - {
+        "launch",
+        "errors",
+        "redaction",
+        "config",
+        "tls",
+    }
 
 
 def _search_part(module: str) -> str | None:
@@ -261,8 +304,11 @@ def test_the_parts_of_search_import_down():
 
 
 def test_scale_out_is_started_by_its_command_only_and_search_has_no_command_line():
-    users = {str(path.relative_to(ROOT)) for path in _modules() if _unit(_name(path)) != "search"
-             and any(m.startswith("autotune.search.scaleout") for m, *_ in _imports(path))}
+    users = {
+        str(path.relative_to(ROOT))
+        for path in _modules()
+        if _unit(_name(path)) != "search" and any(m.startswith("autotune.search.scaleout") for m, *_ in _imports(path))
+    }
     assert users and all(where.startswith("autotune/cli/") for where in users), users
     for path in (PACKAGE / "search").rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))

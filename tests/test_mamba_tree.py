@@ -20,8 +20,12 @@ from autotune.sim.requests import make_request
 from autotune.sim.scheduler import Scheduler
 
 QWEN, B200, H200 = load_model("qwen3.6-27b"), load_gpu("b200"), load_gpu("h200")
-MTP = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-       "speculative_num_draft_tokens": 4}
+MTP = {
+    "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+}
 
 
 # -- the planner ------------------------------------------------------------------------------------------------
@@ -30,10 +34,12 @@ def test_max_states_per_path_zero_or_below_minus_one_is_refused_with_sglangs_mes
     """``handle_mamba_backend``, srt/arg_groups/mamba_hook.py L24-28 (run for every server, pipeline.py L251)."""
     p = plan(QWEN, B200, {**MTP, "mamba_max_states_per_path": cap})
     assert p.failure == "bad_args"
-    assert p.message == ("ValueError: --mamba-max-states-per-path must be -1 (unlimited) or a positive integer, "
-                         f"got {cap}.")
-    assert plan(QWEN, B200, {**MTP, "disable_radix_cache": True, "mamba_max_states_per_path": cap}).failure == \
-        "bad_args"  # refused whatever the cache strategy
+    assert p.message == (
+        f"ValueError: --mamba-max-states-per-path must be -1 (unlimited) or a positive integer, got {cap}."
+    )
+    assert (
+        plan(QWEN, B200, {**MTP, "disable_radix_cache": True, "mamba_max_states_per_path": cap}).failure == "bad_args"
+    )  # refused whatever the cache strategy
 
 
 def test_track_interval_below_the_draft_tokens_or_off_the_page_is_refused_for_extra_buffer_only():
@@ -44,8 +50,11 @@ def test_track_interval_below_the_draft_tokens_or_off_the_page_is_refused_for_ex
     off_page = plan(QWEN, B200, {**MTP, "mamba_track_interval": 96})
     assert off_page.failure == "bad_args" and "mamba_hook.py L135" in off_page.message
     assert plan(QWEN, H200, {**MTP, "mamba_track_interval": 96}).fits  # page 1 on Hopper
-    no_buffer = plan(QWEN, H200, {**MTP, "mamba_radix_cache_strategy": "no_buffer", "disable_overlap_schedule": True,
-                                  "mamba_track_interval": 2})
+    no_buffer = plan(
+        QWEN,
+        H200,
+        {**MTP, "mamba_radix_cache_strategy": "no_buffer", "disable_overlap_schedule": True, "mamba_track_interval": 2},
+    )
     assert no_buffer.fits and "mamba_track_interval" in no_buffer.inert
 
 
@@ -55,8 +64,11 @@ def test_neither_lever_moves_a_pool_or_the_running_cap():
     base = plan(QWEN, B200, {**MTP, "max_mamba_cache_size": 96})
     for extra in ({"mamba_track_interval": 64}, {"mamba_track_interval": 4096}, {"mamba_max_states_per_path": 1}):
         other = plan(QWEN, B200, {**MTP, "max_mamba_cache_size": 96, **extra})
-        assert (other.max_running_requests, other.kv_tokens, other.max_mamba_cache_size) == \
-            (base.max_running_requests, base.kv_tokens, base.max_mamba_cache_size)
+        assert (other.max_running_requests, other.kv_tokens, other.max_mamba_cache_size) == (
+            base.max_running_requests,
+            base.kv_tokens,
+            base.max_mamba_cache_size,
+        )
     fine = plan(QWEN, B200, {**MTP, "mamba_track_interval": 128, "mamba_max_states_per_path": 2}).extra
     # runtime_context.py L1966-1979: prefill states on lcm(max(64, page), page), decode ones also on the interval
     assert (fine["mamba_checkpoint_grid"], fine["mamba_track_grid"], fine["mamba_max_states_per_path"]) == (64, 128, 2)
@@ -118,7 +130,9 @@ def test_a_finer_track_interval_slows_decoding_by_its_state_copies():
 
 # -- refused before launch --------------------------------------------------------------------------------------
 def test_a_refused_cap_stops_the_study_before_launch_and_is_bad_args_on_the_simulator():
-    cfg = SimpleNamespace(path=None, given=lambda: [("baseline", "production", {**MTP, "mamba_max_states_per_path": 0})])
+    cfg = SimpleNamespace(
+        path=None, given=lambda: [("baseline", "production", {**MTP, "mamba_max_states_per_path": 0})]
+    )
     with pytest.raises(ConfigError) as info:
         check_given(cfg, feasibility=Feasibility(QWEN, B200))  # type: ignore[arg-type]
     assert "SGLang refuses this config: ValueError: --mamba-max-states-per-path must be -1" in str(info.value)

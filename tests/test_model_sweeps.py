@@ -30,18 +30,37 @@ def test_a_quick_sweep_report_and_apply(tmp_path, monkeypatch, capsys, model, gp
     assert rows
     profile, device = load_model(MODELS / model), load_gpu(gpu)
     for row in rows:  # the simulated server allocated what the planner predicts for this model on this GPU
-        expected = plan(profile, device, {k: v for k, v in row["params"].items() if v is not None}
-                        | {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1, "speculative_num_steps": 3,
-                           "speculative_num_draft_tokens": 4, "stream_interval": 8})
-        assert (row["kv_tokens"], row["max_running_requests"]) == (expected.kv_tokens,
-                                                                    expected.max_running_requests)
+        expected = plan(
+            profile,
+            device,
+            {k: v for k, v in row["params"].items() if v is not None}
+            | {
+                "speculative_algorithm": "EAGLE",
+                "speculative_eagle_topk": 1,
+                "speculative_num_steps": 3,
+                "speculative_num_draft_tokens": 4,
+                "stream_interval": 8,
+            },
+        )
+        assert (row["kv_tokens"], row["max_running_requests"]) == (expected.kv_tokens, expected.max_running_requests)
     report = run_cli(capsys, "report", "--config", str(path), "--out", str(tmp_path / "m.html"))
     assert report.returncode == 0, report.stderr
     assert (tmp_path / "m.html").stat().st_size > 10_000
     # Two trials may not beat the baseline, nor reach the stress phase: deploy the searched trial named.
     best = max(rows[1:] or rows, key=lambda r: r["output_tok_s"] or 0)
-    applied = run_cli(capsys, "apply", "--config", str(path), "--out", str(tmp_path / "deploy"), "--gpus", "0",
-                      "--trial", str(best["number"]), "--allow-unstressed")
+    applied = run_cli(
+        capsys,
+        "apply",
+        "--config",
+        str(path),
+        "--out",
+        str(tmp_path / "deploy"),
+        "--gpus",
+        "0",
+        "--trial",
+        str(best["number"]),
+        "--allow-unstressed",
+    )
     assert applied.returncode == 0, applied.stderr
     fleet = (tmp_path / "deploy" / "fleet.toml").read_text()
     assert model in fleet and f'sim_gpu = "{gpu}"' in fleet

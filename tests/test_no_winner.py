@@ -22,22 +22,37 @@ from autotune.search.confirm.record import Confirmation, ConfirmationRun
 from autotune.search.confirm.stress import stress_winner
 from autotune.search.views.worstcase import worst_case_block
 
-BASE = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-        "max_mamba_cache_size": 80}
+BASE = {
+    "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "max_mamba_cache_size": 80,
+}
 WIDER = {**BASE, "max_mamba_cache_size": 120, "max_running_requests": 24}
 CFG = SimpleNamespace(study=SimpleNamespace(seed=0, resolution=0.02))
-SETTINGS = {"study": {"confirm_top_k": 2}, "engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
-            "workload": {"prompts": "prompts.jsonl", "sample_size": 20, "max_tokens": 256}}
-SURVIVED = StressResult(survived=True, ended="peak reached", peak_used_gib=171.0, total_gib=179.1, retractions=1,
-                        reached_peak=True)
+SETTINGS = {
+    "study": {"confirm_top_k": 2},
+    "engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
+    "workload": {"prompts": "prompts.jsonl", "sample_size": 20, "max_tokens": 256},
+}
+SURVIVED = StressResult(
+    survived=True, ended="peak reached", peak_used_gib=171.0, total_gib=179.1, retractions=1, reached_peak=True
+)
 
 
 def _result(config, tok_s, *, stress=None) -> TrialResult:
-    metrics = Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=Percentiles(), itl_ms=Percentiles(),
-                      e2e_ms=Percentiles())
-    return TrialResult(status="ok", config=dict(config), engine="sim", metrics=metrics,
-                       capacity=Capacity(max_running_requests=24, kv_tokens=798_000, mamba_slots=120),
-                       gpu=GpuPeaks(peak_used_gib=170.0, total_gib=179.1, headroom_gib=9.1), stress=stress)
+    metrics = Metrics(
+        output_tok_s=tok_s, request_s=1.0, ttft_ms=Percentiles(), itl_ms=Percentiles(), e2e_ms=Percentiles()
+    )
+    return TrialResult(
+        status="ok",
+        config=dict(config),
+        engine="sim",
+        metrics=metrics,
+        capacity=Capacity(max_running_requests=24, kv_tokens=798_000, mamba_slots=120),
+        gpu=GpuPeaks(peak_used_gib=170.0, total_gib=179.1, headroom_gib=9.1),
+        stress=stress,
+    )
 
 
 def _study(url: str, launches: dict[int, tuple[float, ...]], search: dict[int, float]) -> optuna.Study:
@@ -46,17 +61,35 @@ def _study(url: str, launches: dict[int, tuple[float, ...]], search: dict[int, f
     study = optuna.create_study(study_name="s", storage=url, direction="maximize")
     study.set_user_attr("autotune", SETTINGS)
     for number, (config, role) in enumerate(((BASE, "baseline"), (WIDER, "search"))):
-        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=search[number],
-                                                  user_attrs={"result": _result(config, search[number]).to_dict(),
-                                                              "role": role}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE,
+                value=search[number],
+                user_attrs={"result": _result(config, search[number]).to_dict(), "role": role},
+            )
+        )
     configs = {0: BASE, 1: WIDER}
-    runs = [{"trial": n, "repeat": k, "result": _result(configs[n], tok, stress=(
-        SURVIVED if k == len(launches[n]) - 1 else None)).to_dict()}
-            for k in range(3) for n in (1, 0) for tok in [launches[n][k]]]
+    runs = [
+        {
+            "trial": n,
+            "repeat": k,
+            "result": _result(configs[n], tok, stress=(SURVIVED if k == len(launches[n]) - 1 else None)).to_dict(),
+        }
+        for k in range(3)
+        for n in (1, 0)
+        for tok in [launches[n][k]]
+    ]
     order = [1, 0]
-    study.set_user_attr("confirmation", {"runs": runs, "order": order, "n_trials": 2, "complete": True,
-                                         **decide([ConfirmationRun.from_dict(r) for r in runs], order, 0,
-                                                     resolution=0.02).to_dict()})
+    study.set_user_attr(
+        "confirmation",
+        {
+            "runs": runs,
+            "order": order,
+            "n_trials": 2,
+            "complete": True,
+            **decide([ConfirmationRun.from_dict(r) for r in runs], order, 0, resolution=0.02).to_dict(),
+        },
+    )
     return study
 
 
@@ -78,7 +111,9 @@ def test_the_report_says_no_config_beat_the_baseline_and_names_no_winner(tied, t
     assert "winner tok/s" not in page and "trial 1 ·" not in page  # the search's 1,620 is not crowned
     confirmed = built.tables["confirmed"]
     assert list(confirmed["trial"]) == [1, 0]  # the best confirmed estimates, fastest first
-    assert confirmed.loc[0, "confirmed_tok_s"] == pytest.approx(study.user_attrs["confirmation"]["stats"]["1"]["median"])
+    assert confirmed.loc[0, "confirmed_tok_s"] == pytest.approx(
+        study.user_attrs["confirmation"]["stats"]["1"]["median"]
+    )
     assert confirmed.loc[1, "vs_baseline"] == pytest.approx(1.0) and set(confirmed["launches"]) == {3}
     assert "Confirmed estimates" in page
     assert "1,620" not in page.split("Confirmed estimates")[1].split("</table>")[0]
@@ -103,8 +138,9 @@ def test_every_stress_phase_that_ran_is_recorded_winner_or_not(tied):
 def test_apply_deploys_a_trial_that_survived_its_stress_phase_in_the_confirmation(tied, tmp_path):
     study, url = tied
     stress_winner(study, CFG, Confirmation.of(study), runner=SimpleNamespace())
-    done = CliRunner().invoke(cli, ["apply", "--storage", url, "--trial", "1", "--out", str(tmp_path / "d"),
-                                    "--gpus", "0"])
+    done = CliRunner().invoke(
+        cli, ["apply", "--storage", url, "--trial", "1", "--out", str(tmp_path / "d"), "--gpus", "0"]
+    )
     assert done.exit_code == 0, done.output
     meta = json.loads((tmp_path / "d" / "provenance.json").read_text())
     assert meta["trial"] == 1 and meta["confirmed"] and meta["worst_case"]["passed"]

@@ -51,14 +51,20 @@ def test_each_listed_value_is_reported_against_the_defaults(flag):
     for value in values:
         (change,) = changes_numerics({flag.dest: value})
         assert (change.flag, change.value, change.reference) == (flag.dest, flag.canonical(value), flag.reference)
-        assert change.to_dict() == {"flag": flag.dest, "value": change.value, "reference": flag.reference,
-                                    "why": flag.why}
+        assert change.to_dict() == {
+            "flag": flag.dest,
+            "value": change.value,
+            "reference": flag.reference,
+            "why": flag.why,
+        }
 
 
 def test_reference_values_and_synonyms_change_nothing():
     assert changes_numerics({}) == [] and changes_numerics({}, {}) == []
     assert changes_numerics(reference_config()) == []
-    assert changes_numerics({"mamba_ssm_dtype": "float32", "kv_cache_dtype": "auto", "enable_fp32_lm_head": False}) == []
+    assert (
+        changes_numerics({"mamba_ssm_dtype": "float32", "kv_cache_dtype": "auto", "enable_fp32_lm_head": False}) == []
+    )
     assert changes_numerics({"dtype": "half"}, {"dtype": "float16"}) == []
     assert changes_numerics({"kv_cache_dtype": "bfloat16"}, {"kv_cache_dtype": "bf16"}) == []
     assert changes_numerics({"flashinfer_a2a_dispatch_type": "auto"}) == []
@@ -70,18 +76,30 @@ def test_compares_two_configs_flag_by_flag():
     trial = {"mamba_ssm_dtype": "bfloat16", "kv_cache_dtype": "fp8_e4m3", "quantization": "fp8"}
     changes = changes_numerics(trial, baseline)
     assert [(c.flag, c.value, c.reference) for c in changes] == [
-        ("kv_cache_dtype", "fp8_e4m3", "auto"), ("quantization", "fp8", None)]
+        ("kv_cache_dtype", "fp8_e4m3", "auto"),
+        ("quantization", "fp8", None),
+    ]
     back = changes_numerics(baseline, trial)  # the other way round names the same flags
     assert [c.flag for c in back] == ["kv_cache_dtype", "quantization"]
     assert changes_numerics({}, {"mamba_ssm_dtype": "float16"})[0].value == "float32"
 
 
 def test_scheduling_memory_and_speculative_flags_are_not_numerics():
-    config = {"speculative_algorithm": "NEXTN", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-              "speculative_num_draft_tokens": 4, "speculative_draft_kv_cache_dtype": "fp8_e4m3",
-              "max_running_requests": 208, "chunked_prefill_size": 4096, "schedule_policy": "lpm",
-              "disable_radix_cache": True, "mamba_radix_cache_strategy": "extra_buffer", "max_mamba_cache_size": 208,
-              "mem_fraction_static": 0.93, "enable_deterministic_inference": True}
+    config = {
+        "speculative_algorithm": "NEXTN",
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+        "speculative_draft_kv_cache_dtype": "fp8_e4m3",
+        "max_running_requests": 208,
+        "chunked_prefill_size": 4096,
+        "schedule_policy": "lpm",
+        "disable_radix_cache": True,
+        "mamba_radix_cache_strategy": "extra_buffer",
+        "max_mamba_cache_size": 208,
+        "mem_fraction_static": 0.93,
+        "enable_deterministic_inference": True,
+    }
     assert changes_numerics(config) == []
     for dest in config:
         assert numerics_flag(dest) is None and not_numerics_reason(dest), dest

@@ -1,5 +1,6 @@
-"""The memory planner against the calibration targets (C1–C18) and SGLang rules of docs/sglang-memory.md, through `autotune plan --json`
-and ``plan()``. Targets: b200 + qwen3.6-27b, TP1, MTP D=4, extra_buffer + overlap unless stated otherwise."""
+"""The memory planner against the calibration targets (C1–C18) and SGLang rules of docs/sglang-memory.md, through
+`autotune plan --json` and ``plan()``. Targets: b200 + qwen3.6-27b, TP1, MTP D=4, extra_buffer + overlap unless
+stated otherwise."""
 
 from __future__ import annotations
 
@@ -16,11 +17,20 @@ from autotune.sglang.memory import decode_bs_list, plan, prefill_token_buckets
 from autotune.sglang.profiles import GIB, load_gpu, load_model
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
-MTP = ["speculative-algorithm=EAGLE", "speculative-num-steps=3", "speculative-eagle-topk=1",
-       "speculative-num-draft-tokens=4"]
+MTP = [
+    "speculative-algorithm=EAGLE",
+    "speculative-num-steps=3",
+    "speculative-eagle-topk=1",
+    "speculative-num-draft-tokens=4",
+]
 BASELINE = [*MTP, "max-mamba-cache-size=80", "mamba-full-memory-ratio=0.4"]  # the seed's default run
-HAND_TUNED = [*MTP, "max-mamba-cache-size=200", "mamba-full-memory-ratio=0.6", "mem-fraction-static=0.93",
-              "max-running-requests=64"]
+HAND_TUNED = [
+    *MTP,
+    "max-mamba-cache-size=200",
+    "mamba-full-memory-ratio=0.6",
+    "mem-fraction-static=0.93",
+    "max-running-requests=64",
+]
 
 
 def cli_plan(*sets: str, model: str = "qwen3.6-27b", gpu: str = "b200") -> dict:
@@ -47,16 +57,57 @@ def hand_tuned() -> dict:
 
 
 def test_json_contract_keys(hand_tuned):
-    for key in ("fits", "failure", "message", "mem_fraction_static", "max_mamba_cache_size", "max_running_requests",
-                "kv_tokens", "inert", "gib"):
+    for key in (
+        "fits",
+        "failure",
+        "message",
+        "mem_fraction_static",
+        "max_mamba_cache_size",
+        "max_running_requests",
+        "kv_tokens",
+        "inert",
+        "gib",
+    ):
         assert key in hand_tuned
-    assert set(hand_tuned["gib"]) >= {"weights", "kv", "mamba_ssm", "mamba_conv", "intermediate_ssm",
-                                      "intermediate_conv", "mamba_total", "graphs", "activations", "headroom"}
+    assert set(hand_tuned["gib"]) >= {
+        "weights",
+        "kv",
+        "mamba_ssm",
+        "mamba_conv",
+        "intermediate_ssm",
+        "intermediate_conv",
+        "mamba_total",
+        "graphs",
+        "activations",
+        "headroom",
+    }
     extra = hand_tuned["extra"]
-    for key in ("pre_gib", "rest_gib", "ratio", "strategy", "overlap", "spec", "draft_tokens", "spec_steps",
-                "spec_topk", "requested_mrr", "binding", "chunked_prefill_size", "page_size", "context_len",
-                "attention_backend", "decode_graph_bs", "kv_cell_bytes", "mamba_slot_bytes", "total_gib",
-                "static_gib", "peak_gib", "runtime_oom_tokens", "startup_s", "warnings"):
+    for key in (
+        "pre_gib",
+        "rest_gib",
+        "ratio",
+        "strategy",
+        "overlap",
+        "spec",
+        "draft_tokens",
+        "spec_steps",
+        "spec_topk",
+        "requested_mrr",
+        "binding",
+        "chunked_prefill_size",
+        "page_size",
+        "context_len",
+        "attention_backend",
+        "decode_graph_bs",
+        "kv_cell_bytes",
+        "mamba_slot_bytes",
+        "total_gib",
+        "static_gib",
+        "peak_gib",
+        "runtime_oom_tokens",
+        "startup_s",
+        "warnings",
+    ):
         assert key in extra, key
 
 
@@ -89,8 +140,9 @@ def test_seed_hand_tuned_c4_c5_c7(hand_tuned):
 
 
 def test_mode_ratio_5_comes_from_extra_buffer_not_draft_tokens():
-    five = lib_plan("speculative-algorithm=EAGLE", "speculative-num-steps=5", "speculative-eagle-topk=1",
-                    "max-mamba-cache-size=200")
+    five = lib_plan(
+        "speculative-algorithm=EAGLE", "speculative-num-steps=5", "speculative-eagle-topk=1", "max-mamba-cache-size=200"
+    )
     assert five.extra["draft_tokens"] == 6 and five.max_running_requests == 40
 
 
@@ -127,8 +179,9 @@ def test_runtime_oom_when_prefill_graph_does_not_reserve_the_chunk():
     p = lib_plan(*HAND_TUNED[:-2], "mem-fraction-static=0.95", "cuda-graph-backend-prefill=disabled")
     assert p.failure == "runtime_oom" and "CUDA out of memory" in p.message
     assert 0 < p.extra["runtime_oom_tokens"] < p.extra["chunked_prefill_size"]
-    smaller = lib_plan(*HAND_TUNED[:-2], "mem-fraction-static=0.95", "cuda-graph-backend-prefill=disabled",
-                       "chunked-prefill-size=8192")
+    smaller = lib_plan(
+        *HAND_TUNED[:-2], "mem-fraction-static=0.95", "cuda-graph-backend-prefill=disabled", "chunked-prefill-size=8192"
+    )
     assert smaller.fits and smaller.extra["runtime_oom_tokens"] is None
 
 
@@ -136,7 +189,9 @@ def test_facts_worked_example_h200():
     spec = lib_plan("speculative-algorithm=EAGLE", gpu="h200")
     assert spec.mem_fraction_static == pytest.approx(0.835, abs=0.001)
     assert spec.extra["pre_gib"] == pytest.approx(139.4, abs=0.6)
-    assert 20 <= spec.max_running_requests <= 24  # ≈22 by hand with 54 GiB of weights, no workspace (docs/sglang-memory.md, deviations)
+    assert (
+        20 <= spec.max_running_requests <= 24
+    )  # ≈22 by hand with 54 GiB of weights, no workspace (docs/sglang-memory.md, deviations)
     assert spec.extra["binding"] == "mamba" and spec.extra["attention_backend"] == "fa3"
     no_spec = lib_plan(gpu="h200")
     # FACTS' ≈204 counts the 54 GiB with MTP; without speculative decoding SGLang loads 51.05 GiB: by hand, rest =
@@ -164,8 +219,13 @@ def test_unset_steps_resolve_to_3_1_4_and_spec_default_48():
 
 
 def test_topk_1_forces_draft_tokens():
-    p = lib_plan("speculative-algorithm=EAGLE", "speculative-num-steps=2", "speculative-eagle-topk=1",
-                 "speculative-num-draft-tokens=8", "max-mamba-cache-size=100")
+    p = lib_plan(
+        "speculative-algorithm=EAGLE",
+        "speculative-num-steps=2",
+        "speculative-eagle-topk=1",
+        "speculative-num-draft-tokens=8",
+        "max-mamba-cache-size=100",
+    )
     assert p.extra["draft_tokens"] == 3
     assert "speculative_num_draft_tokens" in p.inert
     assert any("adjusted" in w for w in p.extra["warnings"])
@@ -181,8 +241,12 @@ def test_bf16_ssm_roughly_doubles_slots():
 
 
 def test_disable_radix_cache_case_b():
-    p = lib_plan("speculative-algorithm=EAGLE", "disable-radix-cache=true", "max-running-requests=32",
-                 "mamba-radix-cache-strategy=extra_buffer")
+    p = lib_plan(
+        "speculative-algorithm=EAGLE",
+        "disable-radix-cache=true",
+        "max-running-requests=32",
+        "mamba-radix-cache-strategy=extra_buffer",
+    )
     assert p.fits and p.extra["ratio"] == 1
     assert p.max_mamba_cache_size == 32 and p.max_running_requests == 32
     assert p.gib.intermediate_ssm == pytest.approx(33 * 4 * 48 * 3 / 1024, rel=1e-6)  # (K+1) × D ssm states
@@ -201,8 +265,13 @@ def test_max_total_tokens_caps_kv_and_frees_memory_not_given_to_mamba():
 
 
 def test_kv_binds_when_kv_is_small():
-    p = lib_plan("max-mamba-cache-size=1000", "mamba-ssm-dtype=bfloat16", "max-total-tokens=128",
-                 "max-running-requests=100", "context-length=64")
+    p = lib_plan(
+        "max-mamba-cache-size=1000",
+        "mamba-ssm-dtype=bfloat16",
+        "max-total-tokens=128",
+        "max-running-requests=100",
+        "context-length=64",
+    )
     assert p.kv_tokens == 128 and p.max_running_requests == 64 and p.extra["binding"] == "kv"
     assert any("reduced from the requested 100 to 64" in w for w in p.extra["warnings"])
 
@@ -231,16 +300,22 @@ def test_disable_overlap_without_spec_on_b200_selects_triton_page_1():
     [
         (["mamba-radix-cache-strategy=extra_buffer"], "llama", "needs mamba state"),
         (["mamba-radix-cache-strategy=no_buffer", "page-size=64"], "qwen", "no_buffer needs page_size 1"),
-        (["speculative-algorithm=EAGLE", "speculative-num-steps=3", "speculative-eagle-topk=4"], "qwen",
-         "trtllm_mha attention backend requires --speculative-eagle-topk 1"),
+        (
+            ["speculative-algorithm=EAGLE", "speculative-num-steps=3", "speculative-eagle-topk=4"],
+            "qwen",
+            "trtllm_mha attention backend requires --speculative-eagle-topk 1",
+        ),
         (["chunked-prefill-size=1000"], "qwen", "must be divisible by page_size (64)"),
         (["speculative-algorithm=EAGLE", "speculative-eagle-topk=1"], "qwen", "must be unset when"),
         (["speculative-algorithm=EAGLE"], "llama", "needs --speculative-draft-model-path"),
         (["speculative-algorithm=WARP"], "qwen", "Unknown speculative algorithm"),
         (["tp=5"], "qwen", "must be divisible by tensor parallel size"),
         (["mem-fraction-static=1.2"], "qwen", "must be in (0, 1)"),
-        (["mamba-radix-cache-strategy=extra_buffer_lazy", "disable-overlap-schedule=true"], "qwen",
-         "requires the overlap schedule"),
+        (
+            ["mamba-radix-cache-strategy=extra_buffer_lazy", "disable-overlap-schedule=true"],
+            "qwen",
+            "requires the overlap schedule",
+        ),
     ],
 )
 def test_bad_args(sets, model, phrase):
@@ -251,8 +326,12 @@ def test_bad_args(sets, model, phrase):
 
 
 def test_inert_flags():
-    p = lib_plan("num-continuous-decode-steps=4", "speculative-num-steps=3", "max-mamba-cache-size=200",
-                 "mamba-full-memory-ratio=0.5")
+    p = lib_plan(
+        "num-continuous-decode-steps=4",
+        "speculative-num-steps=3",
+        "max-mamba-cache-size=200",
+        "mamba-full-memory-ratio=0.5",
+    )
     assert set(p.inert) == {"num_continuous_decode_steps", "speculative_num_steps", "mamba_full_memory_ratio"}
     dense = lib_plan("max-mamba-cache-size=100", "mamba-ssm-dtype=bfloat16", model=str(CONFIGS / "llama_8b.json"))
     assert dense.fits and set(dense.inert) == {"max_mamba_cache_size", "mamba_ssm_dtype"}
@@ -264,9 +343,16 @@ def test_inert_flags():
 
 def test_string_values_are_coerced_or_rejected():
     typed = lib_plan(*HAND_TUNED)
-    raw = plan(load_model("qwen3.6-27b"), load_gpu("b200"),
-               {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": "200", "mem_fraction_static": "0.93",
-                "max_running_requests": "64"})
+    raw = plan(
+        load_model("qwen3.6-27b"),
+        load_gpu("b200"),
+        {
+            "speculative_algorithm": "EAGLE",
+            "max_mamba_cache_size": "200",
+            "mem_fraction_static": "0.93",
+            "max_running_requests": "64",
+        },
+    )
     assert (raw.kv_tokens, raw.max_running_requests) == (typed.kv_tokens, typed.max_running_requests)
     with pytest.raises(ConfigError, match="--max-mamba-cache-size expects an integer"):
         plan(load_model("qwen3.6-27b"), load_gpu("b200"), {"max_mamba_cache_size": "lots"})
@@ -307,8 +393,10 @@ def test_graph_bucket_lists():
         (["--model", str(CONFIGS / "malformed.json"), "--gpu", "b200"], "malformed.json: cannot read it as JSON"),
         (["--model", str(CONFIGS / "unsupported.json"), "--gpu", "b200"], "unsupported model_type"),
         (["--model", "qwen3.6-27b", "--gpu", "t4"], "unknown GPU 't4'"),
-        (["--model", "qwen3.6-27b", "--gpu", "b200", "--set", "mamba-scheduler-strategy=extra_buffer"],
-         "--mamba-radix-cache-strategy"),
+        (
+            ["--model", "qwen3.6-27b", "--gpu", "b200", "--set", "mamba-scheduler-strategy=extra_buffer"],
+            "--mamba-radix-cache-strategy",
+        ),
     ],
 )
 def test_cli_bad_input_is_one_line_and_exit_1(capsys, args, phrase):
@@ -321,7 +409,10 @@ def test_cli_bad_input_is_one_line_and_exit_1(capsys, args, phrase):
 
 
 def test_cli_table_output():
-    result = CliRunner().invoke(cli, ["plan", "--model", "qwen3.6-27b", "--gpu", "b200", *sum(
-        (["--set", s] for s in HAND_TUNED), [])], catch_exceptions=False)
+    result = CliRunner().invoke(
+        cli,
+        ["plan", "--model", "qwen3.6-27b", "--gpu", "b200", *sum((["--set", s] for s in HAND_TUNED), [])],
+        catch_exceptions=False,
+    )
     assert result.exit_code == 0
     assert "fits" in result.output and "mamba_total" in result.output and "879,744" in result.output

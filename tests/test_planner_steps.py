@@ -14,11 +14,20 @@ from autotune.sglang.memory import plan
 from autotune.sglang.parallel import pp_stage
 from autotune.sglang.profiles import GIB, MIB, load_gpu, load_model
 
-MTP = ["speculative-algorithm=EAGLE", "speculative-num-steps=3", "speculative-eagle-topk=1",
-       "speculative-num-draft-tokens=4"]
+MTP = [
+    "speculative-algorithm=EAGLE",
+    "speculative-num-steps=3",
+    "speculative-eagle-topk=1",
+    "speculative-num-draft-tokens=4",
+]
 BASELINE = [*MTP, "max-mamba-cache-size=80", "mamba-full-memory-ratio=0.4"]
-HAND_TUNED = [*MTP, "max-mamba-cache-size=200", "mamba-full-memory-ratio=0.6", "mem-fraction-static=0.93",
-              "max-running-requests=64"]
+HAND_TUNED = [
+    *MTP,
+    "max-mamba-cache-size=200",
+    "mamba-full-memory-ratio=0.6",
+    "mem-fraction-static=0.93",
+    "max-running-requests=64",
+]
 QWEN = load_model("qwen3.6-27b")
 
 
@@ -53,7 +62,11 @@ def test_resolve_default_mem_fraction_and_layout(baseline):
     start, sp, lay, sz = baseline["start"], baseline["spec"], baseline["layout"], baseline["sizes"]
     assert start.pre_gib == pytest.approx(183_359 / 1024 - 0.5)  # nvidia-smi total − CUDA context
     assert (sp.steps, sp.topk, sp.draft_tokens, sp.d) == (3, 1, 4, 4)
-    assert (lay.strategy, lay.overlap, lay.ratio) == ("extra_buffer", True, 5)  # ratio = 3 + 2 (docs/sglang-memory.md §1)
+    assert (lay.strategy, lay.overlap, lay.ratio) == (
+        "extra_buffer",
+        True,
+        5,
+    )  # ratio = 3 + 2 (docs/sglang-memory.md §1)
     assert (lay.attention_backend, lay.page_size) == ("trtllm_mha", 64)  # SM100 override for Qwen3.5
     assert (sz.chunk, sz.decode_max_bs, len(sz.prefill_bs)) == (16384, 512, 74)  # B200 tier
     assert sz.mfs == pytest.approx(0.790, abs=0.0005)  # 0.854 text-only × ViT factor 0.925 (§2)
@@ -201,8 +214,14 @@ def test_attention_dp_shards_kv_and_mamba_over_the_attention_tp_group_only():
 
 
 def test_attention_dp_splits_running_requests_and_mamba_slots_per_worker():
-    dp = chain(*MTP, "tp-size=4", "dp-size=2", "enable-dp-attention=true", "max-running-requests=64",
-               "max-mamba-cache-size=400")
+    dp = chain(
+        *MTP,
+        "tp-size=4",
+        "dp-size=2",
+        "enable-dp-attention=true",
+        "max-running-requests=64",
+        "max-mamba-cache-size=400",
+    )
     assert dp["sizes"].mrr_dp == 32  # resolve_max_num_reqs: requested // attn_dp_size
     assert dp["mamba"].slots == 200  # _handle_max_mamba_cache: max_mamba_cache_size // attn_dp_size
     assert dp["cap"].requests == min(32, 200 // dp["layout"].ratio)

@@ -20,7 +20,7 @@ def refused_baseline(tmp_path):
     and whose baseline sets none: SGLang's assertion refuses the baseline (and only it)."""
     path = write_tiny_study(tmp_path, name="tiny", trials=2, top_k=1)
     text = path.read_text().replace("speculative_num_steps = 3\n", "", 1)
-    text = text.replace("[space]\n", "[space]\nspeculative_num_steps = { type = \"int\", low = 1, high = 3 }\n")
+    text = text.replace("[space]\n", '[space]\nspeculative_num_steps = { type = "int", low = 1, high = 3 }\n')
     path.write_text(text)
     return path
 

@@ -21,8 +21,16 @@ def _setup():
 def test_edges_fill_the_kv_pool_without_overcommitting_it():
     cfg, space, feasibility, chars = _setup()
     baseline = {**cfg.engine.fixed, **cfg.baseline.flags}
-    configs = edge_configs(space, feasibility, prompt_chars=chars, max_tokens=cfg.workload.max_tokens, n=4, seed=0,
-                           exclude=[baseline], hold=baseline)
+    configs = edge_configs(
+        space,
+        feasibility,
+        prompt_chars=chars,
+        max_tokens=cfg.workload.max_tokens,
+        n=4,
+        seed=0,
+        exclude=[baseline],
+        hold=baseline,
+    )
     assert len(configs) == 4 and len({str(sorted(c.items())) for c in configs}) == 4
     base_plan = feasibility.predict(baseline, inert=False)
     caps = []
@@ -46,8 +54,9 @@ def test_edges_are_placed_after_the_baseline_once_and_survive_resume(tmp_path):
     from test_study import PlannerRunner
 
     cfg, *_ = _setup()
-    study_cfg = cfg.study.model_copy(update={"storage": f"sqlite:///{tmp_path / 's.db'}", "edge_starts": 3,
-                                             "trials": 5, "confirm_top_k": 0})
+    study_cfg = cfg.study.model_copy(
+        update={"storage": f"sqlite:///{tmp_path / 's.db'}", "edge_starts": 3, "trials": 5, "confirm_top_k": 0}
+    )
     cfg = cfg.model_copy(update={"study": study_cfg, "path": tmp_path / "s.toml"})
     sweep = Sweep(cfg)
     sweep.prepare()
@@ -73,8 +82,16 @@ def test_observed_output_reads_the_window_with_most_turnover():
     p = Percentiles()
 
     def trial(tokens: int, completed: int, concurrency: int):
-        m = Metrics(output_tok_s=1.0, request_s=1.0, ttft_ms=p, itl_ms=p, e2e_ms=p, output_tokens=tokens,
-                    completed=completed, concurrency=concurrency)
+        m = Metrics(
+            output_tok_s=1.0,
+            request_s=1.0,
+            ttft_ms=p,
+            itl_ms=p,
+            e2e_ms=p,
+            output_tokens=tokens,
+            completed=completed,
+            concurrency=concurrency,
+        )
         result = TrialResult(status="ok", config={}, metrics=m).to_dict()
         return optuna.trial.create_trial(value=1.0, user_attrs={"result": result})
 
@@ -89,8 +106,9 @@ def _ok(role: str, tok_s: float) -> optuna.trial.FrozenTrial:
     from autotune.results import Metrics, Percentiles, TrialResult
 
     p = Percentiles()
-    m = Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=p, itl_ms=p, e2e_ms=p, output_tokens=100, completed=1,
-                concurrency=8)
+    m = Metrics(
+        output_tok_s=tok_s, request_s=1.0, ttft_ms=p, itl_ms=p, e2e_ms=p, output_tokens=100, completed=1, concurrency=8
+    )
     result = TrialResult(status="ok", config={}, metrics=m).to_dict()
     return optuna.trial.create_trial(value=tok_s, user_attrs={"result": result, "role": role})
 
@@ -129,8 +147,15 @@ def test_the_radix_cache_holds_a_shared_prefix_once():
 def test_edges_with_a_shared_prefix_admit_more_requests_when_the_radix_cache_is_on():
     cfg, space, feasibility, chars = _setup()
     baseline = {**cfg.engine.fixed, **cfg.baseline.flags}
-    kw = dict(prompt_chars=chars, max_tokens=cfg.workload.max_tokens, n=1, seed=0, exclude=[baseline],
-              hold=baseline, per_request=[6000])
+    kw = dict(
+        prompt_chars=chars,
+        max_tokens=cfg.workload.max_tokens,
+        n=1,
+        seed=0,
+        exclude=[baseline],
+        hold=baseline,
+        per_request=[6000],
+    )
     plain = edge_configs(space, feasibility, **kw)[0]
     shared = edge_configs(space, feasibility, shared_prefix=5000.0, **kw)[0]
     cap = lambda c: feasibility.predict(c, inert=False).max_running_requests  # noqa: E731

@@ -119,8 +119,10 @@ def test_unknown_model_name_lists_the_bundled_ones(tmp_path):
 
 def test_non_positive_dimension_is_rejected(tmp_path):
     path = tmp_path / "config.json"
-    path.write_text('{"model_type": "llama", "hidden_size": 0, "num_hidden_layers": 2, '
-                    '"num_attention_heads": 2, "vocab_size": 10, "intermediate_size": 8}')
+    path.write_text(
+        '{"model_type": "llama", "hidden_size": 0, "num_hidden_layers": 2, '
+        '"num_attention_heads": 2, "vocab_size": 10, "intermediate_size": 8}'
+    )
     with pytest.raises(ProfileError, match="hidden_size must be a positive integer"):
         load_model(path)
 

@@ -22,9 +22,12 @@ LLAMA_TEMPLATE = (
 
 def _batch_line(i: int) -> dict:
     if i % 2:
-        body = {"model": "m", "messages": [{"role": "system", "content": "Be brief."},
-                                           {"role": "user", "content": f"question {i}"}],
-                "max_completion_tokens": 100 + i, "temperature": 0.7}
+        body = {
+            "model": "m",
+            "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": f"question {i}"}],
+            "max_completion_tokens": 100 + i,
+            "temperature": 0.7,
+        }
         url = "/v1/chat/completions"
     else:
         body = {"model": "m", "prompt": f"complete {i}", "max_tokens": 50}
@@ -47,15 +50,27 @@ def test_a_batch_api_file_reads_chat_and_completions_lines_as_given(tmp_path):
     assert completion.temperature is None
 
 
-@pytest.mark.parametrize(("bad", "says"), [
-    ({"custom_id": "x", "method": "POST", "url": "/v1/embeddings", "body": {"input": "a"}}, '"url"'),
-    ({"custom_id": "x", "method": "GET", "url": "/v1/completions", "body": {"prompt": "a"}}, '"method"'),
-    ({"custom_id": "x", "url": "/v1/completions", "body": {"prompt": ["a", "b"]}}, "body.prompt"),
-    ({"custom_id": "x", "url": "/v1/chat/completions", "body": {"messages": "hi"}}, "body.messages"),
-    ({"custom_id": "x", "url": "/v1/chat/completions",
-      "body": {"messages": [{"role": "user", "content": "a"}], "max_completion_tokens": 0}}, "max_completion_tokens"),
-    ({"custom_id": "x", "url": "/v1/completions", "body": {"prompt": "a", "temperature": "hot"}}, "body.temperature"),
-])
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ({"custom_id": "x", "method": "POST", "url": "/v1/embeddings", "body": {"input": "a"}}, '"url"'),
+        ({"custom_id": "x", "method": "GET", "url": "/v1/completions", "body": {"prompt": "a"}}, '"method"'),
+        ({"custom_id": "x", "url": "/v1/completions", "body": {"prompt": ["a", "b"]}}, "body.prompt"),
+        ({"custom_id": "x", "url": "/v1/chat/completions", "body": {"messages": "hi"}}, "body.messages"),
+        (
+            {
+                "custom_id": "x",
+                "url": "/v1/chat/completions",
+                "body": {"messages": [{"role": "user", "content": "a"}], "max_completion_tokens": 0},
+            },
+            "max_completion_tokens",
+        ),
+        (
+            {"custom_id": "x", "url": "/v1/completions", "body": {"prompt": "a", "temperature": "hot"}},
+            "body.temperature",
+        ),
+    ],
+)
 def test_a_bad_batch_line_is_one_error_with_its_line_number(tmp_path, bad, says):
     rows = [_batch_line(i) for i in range(1000)]
     rows[616] = bad
@@ -91,11 +106,16 @@ def _sharegpt(tmp_path: Path, records: list) -> Path:
 
 def test_a_sharegpt_file_takes_the_turns_before_the_first_reply_and_its_length(tmp_path):
     records = [
-        {"id": "a", "conversations": [{"from": "human", "value": "Tell me a story."},
-                                      {"from": "gpt", "value": "x" * 400}, {"from": "human", "value": "more"}]},
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "human", "value": "Tell me a story."},
+                {"from": "gpt", "value": "x" * 400},
+                {"from": "human", "value": "more"},
+            ],
+        },
         {"id": "b", "conversations": []},  # empty: skipped, as the serving benchmarks skip it
-        {"id": "c", "conversations": [{"from": "system", "value": "You are terse."},
-                                      {"from": "human", "value": "Hi"}]},
+        {"id": "c", "conversations": [{"from": "system", "value": "You are terse."}, {"from": "human", "value": "Hi"}]},
     ]
     sample = PromptSample.load(_sharegpt(tmp_path, records), 10, seed=0)
     assert sample.format == "sharegpt" and len(sample) == 2 and sample.skipped == 1
@@ -107,8 +127,10 @@ def test_a_sharegpt_file_takes_the_turns_before_the_first_reply_and_its_length(t
 
 
 def test_a_bad_sharegpt_record_names_its_index(tmp_path):
-    path = _sharegpt(tmp_path, [{"conversations": [{"from": "human", "value": "a"}]},
-                                {"conversations": [{"from": "narrator", "value": "b"}]}])
+    path = _sharegpt(
+        tmp_path,
+        [{"conversations": [{"from": "human", "value": "a"}]}, {"conversations": [{"from": "narrator", "value": "b"}]}],
+    )
     with pytest.raises(WorkloadError) as err:
         PromptSample.load(path, 10)
     assert f"{path}: record 1" in str(err.value) and "narrator" in str(err.value)
@@ -132,12 +154,15 @@ def _model_dir(tmp_path: Path, config: dict, *, jinja: str | None = None) -> Pat
 
 def test_chat_rows_are_rendered_with_the_models_own_template(tmp_path):
     model = _model_dir(tmp_path, {"chat_template": LLAMA_TEMPLATE, "bos_token": "<|begin_of_text|>"})
-    path = _write_jsonl(tmp_path / "p.jsonl", [{"messages": [{"role": "user", "content": " Hello "}]},
-                                               {"prompt": "plain text"}])
+    path = _write_jsonl(
+        tmp_path / "p.jsonl", [{"messages": [{"role": "user", "content": " Hello "}]}, {"prompt": "plain text"}]
+    )
     sample = PromptSample.load(path, 10).for_model(model)
     chat = next(r for r in sample.rows if r.messages)
-    assert chat.as_text() == ("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
-                              "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert chat.as_text() == (
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
     assert "<|im_start|>" not in chat.as_text(pass_no=2) and "[pass 2]" in chat.as_text(pass_no=2)
     assert next(r for r in sample.rows if r.prompt).as_text() == "plain text"
     # no template (a bundled profile name, a directory without one): Qwen's ChatML, the simulator's default
@@ -146,9 +171,16 @@ def test_chat_rows_are_rendered_with_the_models_own_template(tmp_path):
 
 
 def test_template_sources_named_templates_and_a_standalone_file(tmp_path):
-    named = _model_dir(tmp_path, {"chat_template": [{"name": "tool_use", "template": "T"},
-                                                     {"name": "default", "template": "D{{ messages | length }}"}],
-                                  "eos_token": {"content": "</s>"}})
+    named = _model_dir(
+        tmp_path,
+        {
+            "chat_template": [
+                {"name": "tool_use", "template": "T"},
+                {"name": "default", "template": "D{{ messages | length }}"},
+            ],
+            "eos_token": {"content": "</s>"},
+        },
+    )
     found = ChatTemplate.find(named)
     assert found is not None and found.render([{"role": "user", "content": "a"}]) == "D1" and found.eos_token == "</s>"
     (named / "chat_template.jinja").write_text("J{{ messages[0]['content'] | tojson }}")
@@ -160,8 +192,9 @@ def test_a_broken_or_refusing_template_is_one_error_naming_its_file(tmp_path):
     with pytest.raises(WorkloadError) as err:
         ChatTemplate("{% for m in messages %}", tmp_path / "tokenizer_config.json")
     assert "tokenizer_config.json" in str(err.value) and "does not compile" in str(err.value)
-    strict = ChatTemplate("{% if messages[0]['role'] != 'system' %}{{ raise_exception('system first') }}{% endif %}",
-                          tmp_path / "t.jinja")
+    strict = ChatTemplate(
+        "{% if messages[0]['role'] != 'system' %}{{ raise_exception('system first') }}{% endif %}", tmp_path / "t.jinja"
+    )
     with pytest.raises(WorkloadError) as err:
         strict.render([{"role": "user", "content": "a"}])
     assert "system first" in str(err.value)
@@ -171,8 +204,11 @@ def test_batch_lines_go_to_the_endpoints_they_name_with_their_temperature(tmp_pa
     fake, url = sse_server
     path = _write_jsonl(tmp_path / "batch.jsonl", [_batch_line(i) for i in range(6)])
     sample = PromptSample.load(path, 6)
-    records = asyncio.run(replay(url, sample, concurrency=3, max_tokens=12, warmup_s=0.0, measure_s=0.6,
-                                 endpoint="generate", ignore_eos=True))
+    records = asyncio.run(
+        replay(
+            url, sample, concurrency=3, max_tokens=12, warmup_s=0.0, measure_s=0.6, endpoint="generate", ignore_eos=True
+        )
+    )
     assert records.requests and not any(r.error for r in records.requests if r.finish_reason)
     chat = [b for b in fake.requests if "messages" in b]
     completions = [b for b in fake.requests if "prompt" in b]

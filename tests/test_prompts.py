@@ -17,8 +17,10 @@ from autotune.prompts import CHARS_PER_TOKEN, UNKNOWN_CONTEXT_TOKENS, PromptRow,
 
 
 def write_lines(path: Path, lines: list[bytes | str | dict]) -> Path:
-    raw = [line if isinstance(line, bytes) else (json.dumps(line) if isinstance(line, dict) else line).encode()
-           for line in lines]
+    raw = [
+        line if isinstance(line, bytes) else (json.dumps(line) if isinstance(line, dict) else line).encode()
+        for line in lines
+    ]
     path.write_bytes(b"".join(line + b"\n" for line in raw))
     return path
 
@@ -35,8 +37,13 @@ def test_invalid_utf8_names_its_line_and_byte(tmp_path):
 def test_line_breaks_inside_json_strings_bom_and_crlf_read_as_rows(tmp_path):
     path = tmp_path / "p.jsonl"
     # U+2028 / U+0085 are legal raw inside a JSON string; str.splitlines would cut the row in two.
-    path.write_bytes(b"\xef\xbb\xbf" + json.dumps({"prompt": "a\u2028b\x85c"}, ensure_ascii=False).encode()
-                     + b"\r\n" + json.dumps({"prompt": "second"}).encode() + b"\r\n")
+    path.write_bytes(
+        b"\xef\xbb\xbf"
+        + json.dumps({"prompt": "a\u2028b\x85c"}, ensure_ascii=False).encode()
+        + b"\r\n"
+        + json.dumps({"prompt": "second"}).encode()
+        + b"\r\n"
+    )
     rows = sorted(PromptSample.load(path, 5).rows, key=lambda r: r.line)
     assert [(r.line, r.prompt) for r in rows] == [(1, "a\u2028b\x85c"), (2, "second")]
 
@@ -54,8 +61,16 @@ def test_fit_refuses_the_first_prompt_over_the_limit_and_counts_the_rest(tmp_pat
     marker = estimate_tokens(PromptRow(1, prompt="")) * CHARS_PER_TOKEN  # the pass-marker allowance, in chars
     limit, new = 1000, 100
     fits = "x" * ((limit - new) * CHARS_PER_TOKEN - marker)  # exactly at the limit
-    path = write_lines(tmp_path / "p.jsonl", [{"prompt": fits}, {"prompt": fits + "x"}, {"prompt": "short"},
-                                              {"prompt": fits * 3}, {"prompt": fits * 2, "max_tokens": 1}])
+    path = write_lines(
+        tmp_path / "p.jsonl",
+        [
+            {"prompt": fits},
+            {"prompt": fits + "x"},
+            {"prompt": "short"},
+            {"prompt": fits * 3},
+            {"prompt": fits * 2, "max_tokens": 1},
+        ],
+    )
     sample = PromptSample.load(path, 10)
     with pytest.raises(WorkloadError) as info:
         sample.check_fit(limit, new, source="--context-length")
@@ -78,12 +93,17 @@ def test_unknown_context_still_refuses_what_no_model_could_take(tmp_path):
 def test_context_length_comes_from_the_flag_then_the_model(tmp_path):
     model = tmp_path / "my-model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "x", "text_config": {"max_position_embeddings": 4096}}))
+    (model / "config.json").write_text(
+        json.dumps({"model_type": "x", "text_config": {"max_position_embeddings": 4096}})
+    )
     assert model_context_len(str(model)) == 4096
     assert model_context_len("qwen3.6-27b") == 262144
     yarn = tmp_path / "yarn.json"  # SGLang scales the length by a RoPE factor: the limit is never under its own
-    yarn.write_text(json.dumps({"max_position_embeddings": 32768, "seq_length": 8192,
-                                "rope_scaling": {"type": "yarn", "factor": 4.0}}))
+    yarn.write_text(
+        json.dumps(
+            {"max_position_embeddings": 32768, "seq_length": 8192, "rope_scaling": {"type": "yarn", "factor": 4.0}}
+        )
+    )
     assert model_context_len(str(yarn)) == 131072
     assert model_context_len("someone/not-on-disk") is None
     assert context_limit(str(model), {}) == (4096, "my-model's context length", False)
@@ -111,8 +131,12 @@ def test_sweep_refuses_a_bad_prompt_file_with_one_line_and_no_launch(tmp_path, m
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
     study = write_tiny_study(tmp_path, name="tiny", trials=2)
     rows: list[bytes | str | dict] = [{"prompt": f"row {i}"} for i in range(15)]
-    bad = {"utf8": b'{"prompt": "\xff"}', "non-object": "42", "too-long": {"prompt": "word " * 8000},
-           "50MB": {"prompt": "x" * 50_000_000}}[case]
+    bad = {
+        "utf8": b'{"prompt": "\xff"}',
+        "non-object": "42",
+        "too-long": {"prompt": "word " * 8000},
+        "50MB": {"prompt": "x" * 50_000_000},
+    }[case]
     rows.insert(4, bad)
     write_lines(tmp_path / "prompts.jsonl", rows)
     if case == "too-long":  # 10k tokens over a fixed 8k context
@@ -134,8 +158,19 @@ def test_measure_refuses_a_bad_prompt_file_with_one_line_and_no_launch(tmp_path,
     bad = b'{"prompt": "\xc3("}' if case == "utf8" else {"prompt": "x" * (262_144 * CHARS_PER_TOKEN)}
     prompts = write_lines(tmp_path / "p.jsonl", [{"prompt": "fine"}, bad])
     with pytest.raises(SystemExit) as exit_info:
-        main(["measure", "--engine", "sim", "--prompts", str(prompts), "--max-tokens", "64", "--out",
-              str(tmp_path / "trial")])
+        main(
+            [
+                "measure",
+                "--engine",
+                "sim",
+                "--prompts",
+                str(prompts),
+                "--max-tokens",
+                "64",
+                "--out",
+                str(tmp_path / "trial"),
+            ]
+        )
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 1
     assert len(err) == 1 and err[0].startswith(f"Error: {prompts}:2: "), err
@@ -155,4 +190,6 @@ def test_an_unreadable_prompt_file_names_the_study_key_and_the_file(tmp_path, mo
     monkeypatch.setattr(Path, "read_bytes", deny)
     with pytest.raises(ConfigError) as info:
         load_config(path)
-    assert str(info.value).startswith(f"{path}: workload.prompts: cannot read prompts file {tmp_path / 'prompts.jsonl'}")
+    assert str(info.value).startswith(
+        f"{path}: workload.prompts: cannot read prompts file {tmp_path / 'prompts.jsonl'}"
+    )

@@ -170,7 +170,6 @@ def test_the_parse_check_refuses_what_the_cli_would():
         _parse(["fleet", "upp"])
 
 
-
 def test_the_study_file_page_names_every_section_and_key():
     """A key the schema gains without a line in docs/study-file.md's reference fails here, naming the key."""
     from autotune.config import Timeouts
@@ -180,13 +179,23 @@ def test_the_study_file_page_names_every_section_and_key():
     reference = re.search(r"^## Every section and key\n(.*?)(?=^## |\Z)", page, re.MULTILINE | re.DOTALL)
     assert reference, "docs/study-file.md has no '## Every section and key' section"
     text = reference.group(1)
-    tables = {"[study]": s.StudySection, "[engine]": s.EngineSection, "[space]": s.ParamSpec, "[workload]":
-              s.WorkloadSection, "[objective]": s.ObjectiveSection, "[baseline]": s.BaselineSection, "[[enqueue]]":
-              s.Enqueued, "[launcher.slurm]": s.SlurmSection, "[launcher.container]": s.ContainerSection,
-              "[launcher.ssh]": s.SshSection, "[job]": s.JobSection}
+    tables = {
+        "[study]": s.StudySection,
+        "[engine]": s.EngineSection,
+        "[space]": s.ParamSpec,
+        "[workload]": s.WorkloadSection,
+        "[objective]": s.ObjectiveSection,
+        "[baseline]": s.BaselineSection,
+        "[[enqueue]]": s.Enqueued,
+        "[launcher.slurm]": s.SlurmSection,
+        "[launcher.container]": s.ContainerSection,
+        "[launcher.ssh]": s.SshSection,
+        "[job]": s.JobSection,
+    }
     missing = [table for table in tables if f"`{table}`" not in text]
-    keys = {f.alias or name for m in [*tables.values(), s.Condition, s.NumericsLimits]
-            for name, f in m.model_fields.items()}
+    keys = {
+        f.alias or name for m in [*tables.values(), s.Condition, s.NumericsLimits] for name, f in m.model_fields.items()
+    }
     keys |= {f.name for f in dataclasses.fields(Timeouts)}
     missing += sorted(k for k in keys if f"`{k}`" not in text)
     assert not missing, f"docs/study-file.md, '## Every section and key': add {missing}"

@@ -125,8 +125,10 @@ def test_latency_falls_back_to_stored_percentiles(tmp_path):
 
 
 def test_record_formats_replay_chunks_and_precomputed(tmp_path):
-    replay = [{"row": 0, "sent": 1.0, "chunks": [[1.5, 1], [1.6, 2], [1.7, 1]], "error": None},
-              {"row": 1, "sent": 0.0, "chunks": [[9.0, 3]], "error": "aborted"}]
+    replay = [
+        {"row": 0, "sent": 1.0, "chunks": [[1.5, 1], [1.6, 2], [1.7, 1]], "error": None},
+        {"row": 1, "sent": 0.0, "chunks": [[9.0, 3]], "error": "aborted"},
+    ]
     assert rl._record_values(replay, "ttft").tolist() == pytest.approx([500.0])
     assert rl._record_values(replay, "itl").tolist() == pytest.approx([50.0, 50.0, 100.0])
     precomputed = [{"ttft_s": 0.2, "itl_s": [0.01, 0.02]}]
@@ -141,8 +143,11 @@ def test_pareto_front_of_a_two_objective_study():
     front, rest = pareto[pareto["on_front"]], pareto[~pareto["on_front"]]
     assert len(front) >= 1
     for _, p in front.iterrows():  # tok/s maximised, p99 ITL minimised
-        assert not ((pareto["tok_s"] >= p["tok_s"]) & (pareto["second"] <= p["second"])
-                    & ((pareto["tok_s"] > p["tok_s"]) | (pareto["second"] < p["second"]))).any()
+        assert not (
+            (pareto["tok_s"] >= p["tok_s"])
+            & (pareto["second"] <= p["second"])
+            & ((pareto["tok_s"] > p["tok_s"]) | (pareto["second"] < p["second"]))
+        ).any()
     for _, p in rest.iterrows():
         assert ((front["tok_s"] >= p["tok_s"]) & (front["second"] <= p["second"])).any()
     assert rd.second_objective(rd.study_config(study)) == "p99_itl_ms"
@@ -197,12 +202,21 @@ def test_a_study_over_gpu_groups_is_ranked_and_shown_per_gpu():
     study = optuna.create_study(direction="maximize")
     p = {"p50": 1.0, "p90": 1.0, "p99": 1.0, "mean": 1.0}
     for tok_s, gpus, role in ((1000.0, [0], "baseline"), (5000.0, [0, 1], "search"), (3000.0, [2], "search")):
-        result = TrialResult.from_dict({"status": "ok", "config": {"tp_size": len(gpus)}, "gpus": gpus,
-                                        "metrics": {"output_tok_s": tok_s, "request_s": 1.0, "ttft_ms": p,
-                                                    "itl_ms": p, "e2e_ms": p}})
-        study.add_trial(optuna.trial.create_trial(
-            state=optuna.trial.TrialState.COMPLETE, value=tok_s / len(gpus),
-            user_attrs={"result": result.to_dict(), "status": "ok", "role": role, "constraint": [-1.0]}))
+        result = TrialResult.from_dict(
+            {
+                "status": "ok",
+                "config": {"tp_size": len(gpus)},
+                "gpus": gpus,
+                "metrics": {"output_tok_s": tok_s, "request_s": 1.0, "ttft_ms": p, "itl_ms": p, "e2e_ms": p},
+            }
+        )
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE,
+                value=tok_s / len(gpus),
+                user_attrs={"result": result.to_dict(), "status": "ok", "role": role, "constraint": [-1.0]},
+            )
+        )
     frame = rd.trials_frame(study)
     assert frame["gpus"].tolist() == [1, 2, 1] and frame["tok_s_per_gpu"].tolist() == [1000.0, 2500.0, 3000.0]
     assert rd.winner_trial(frame, study) == 2  # the faster server (trial 1) spans two GPUs: 2,500 per GPU
@@ -213,9 +227,16 @@ def test_a_study_over_gpu_groups_is_ranked_and_shown_per_gpu():
 
 
 def test_flag_diff_lists_only_changes():
-    diff = rh.flag_diff({"max_mamba_cache_size": 80, "speculative_algorithm": "EAGLE", "enable_metrics": False},
-                        {"max_mamba_cache_size": 200, "speculative_algorithm": "EAGLE", "mem_fraction_static": 0.93,
-                         "enable_metrics": None, "disable_radix_cache": True})
+    diff = rh.flag_diff(
+        {"max_mamba_cache_size": 80, "speculative_algorithm": "EAGLE", "enable_metrics": False},
+        {
+            "max_mamba_cache_size": 200,
+            "speculative_algorithm": "EAGLE",
+            "mem_fraction_static": 0.93,
+            "enable_metrics": None,
+            "disable_radix_cache": True,
+        },
+    )
     assert diff.to_dict("records") == [
         {"flag": "--disable-radix-cache", "baseline": "default", "winner": "on"},
         {"flag": "--max-mamba-cache-size", "baseline": "80", "winner": "200"},
@@ -235,10 +256,17 @@ def test_failures_link_to_logs_relative_to_the_report(frame, trials_dir):
 
 def test_slo_violation_and_fail_without_result():
     study = optuna.create_study()
-    ok = TrialResult.from_dict({"status": "ok", "config": {}, "metrics": {
-        "output_tok_s": 900.0, "request_s": 1.0, "ttft_ms": {}, "itl_ms": {}, "e2e_ms": {}}})
+    ok = TrialResult.from_dict(
+        {
+            "status": "ok",
+            "config": {},
+            "metrics": {"output_tok_s": 900.0, "request_s": 1.0, "ttft_ms": {}, "itl_ms": {}, "e2e_ms": {}},
+        }
+    )
     study.add_trial(optuna.trial.create_trial(value=900.0, user_attrs={"result": ok.to_dict(), "constraint": [-1.0]}))
-    study.add_trial(optuna.trial.create_trial(value=1200.0, user_attrs={"result": ok.to_dict(), "constraint": [0.0, 35.0]}))
+    study.add_trial(
+        optuna.trial.create_trial(value=1200.0, user_attrs={"result": ok.to_dict(), "constraint": [0.0, 35.0]})
+    )
     study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL))
     frame = rd.trials_frame(study)
     assert frame["group"].tolist() == ["ok", "slo", "failed"]
@@ -268,30 +296,44 @@ def test_records_file_is_read_from_the_trial_dir(study, frame, trials_dir):
 def test_importance_ranks_the_search_flags_even_when_the_baseline_sets_few():
     study = optuna.create_study(direction="maximize")
     dists = {"slots": IntDistribution(1, 10), "steps": IntDistribution(1, 5)}
-    study.add_trial(optuna.trial.create_trial(value=1.0, params={"steps": 3}, distributions={"steps": dists["steps"]},
-                                              user_attrs={"role": "baseline"}))
+    study.add_trial(
+        optuna.trial.create_trial(
+            value=1.0, params={"steps": 3}, distributions={"steps": dists["steps"]}, user_attrs={"role": "baseline"}
+        )
+    )
     for slots, steps in [(1, 1), (3, 5), (5, 2), (7, 4), (9, 3), (10, 1), (2, 2), (8, 5)]:
-        study.add_trial(optuna.trial.create_trial(value=100.0 * slots, params={"slots": slots, "steps": steps},
-                                                  distributions=dists, user_attrs={"role": "search"}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                value=100.0 * slots,
+                params={"slots": slots, "steps": steps},
+                distributions=dists,
+                user_attrs={"role": "search"},
+            )
+        )
     importance = ri.importance_frame(study)
     assert importance["param"].tolist()[0] == "slots" and set(importance["param"]) == {"slots", "steps"}
 
 
-@pytest.mark.parametrize("settings, label", [
-    ({"engine": {"kind": "sim", "sim_gpu": "h200"}}, "h200"),
-    ({"engine": {"kind": "sglang", "device": "cpu", "sim_gpu": "b200"}}, "CPU"),  # not the simulator's default GPU
-    ({"engine": {"kind": "sglang", "device": "cuda", "sim_gpu": "h200"}}, "GPU (planner profile h200)"),
-    ({"engine": "sglang", "device": "cpu"}, "CPU"),  # a flat record (provenance.json)
-    ({"engine": "sim", "gpu_name": "b200"}, "b200"),
-    ({"engine": {"kind": "sim", "device": "cpu", "sim_gpu": "h200"}}, "CPU (simulated, paced as h200)"),
-])
+@pytest.mark.parametrize(
+    "settings, label",
+    [
+        ({"engine": {"kind": "sim", "sim_gpu": "h200"}}, "h200"),
+        ({"engine": {"kind": "sglang", "device": "cpu", "sim_gpu": "b200"}}, "CPU"),  # not the simulator's default GPU
+        ({"engine": {"kind": "sglang", "device": "cuda", "sim_gpu": "h200"}}, "GPU (planner profile h200)"),
+        ({"engine": "sglang", "device": "cpu"}, "CPU"),  # a flat record (provenance.json)
+        ({"engine": "sim", "gpu_name": "b200"}, "b200"),
+        ({"engine": {"kind": "sim", "device": "cpu", "sim_gpu": "h200"}}, "CPU (simulated, paced as h200)"),
+    ],
+)
 def test_device_label_follows_the_engine_and_device(settings, label):
     assert device_name(settings) == label
 
 
 def test_launch_settings_are_the_studys_engine():
-    settings = {"engine": {"kind": "sglang", "python": "/opt/sgl/bin/python", "device": "cpu",
-                           "env": {"OMP_NUM_THREADS": "2"}}}
-    assert rd.launch_settings(settings) == rd.LaunchSettings(python="/opt/sgl/bin/python", device="cpu",
-                                                             env={"OMP_NUM_THREADS": "2"})
+    settings = {
+        "engine": {"kind": "sglang", "python": "/opt/sgl/bin/python", "device": "cpu", "env": {"OMP_NUM_THREADS": "2"}}
+    }
+    assert rd.launch_settings(settings) == rd.LaunchSettings(
+        python="/opt/sgl/bin/python", device="cpu", env={"OMP_NUM_THREADS": "2"}
+    )
     assert rd.launch_settings({}) == rd.LaunchSettings(python=None, device="cuda", env={})

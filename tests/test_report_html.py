@@ -85,11 +85,23 @@ def _chromium() -> str | None:
 
 
 def _run_chromium(binary: str, profile: Path, *args: str) -> subprocess.CompletedProcess:
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             # Parallel coordinates draw with WebGL; without a GPU only SwiftShader provides it.
-             "--enable-unsafe-swiftshader", f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
-             "--hide-scrollbars", "--virtual-time-budget=5000"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        # Parallel coordinates draw with WebGL; without a GPU only SwiftShader provides it.
+        "--enable-unsafe-swiftshader",
+        f"--user-data-dir={profile}",
+        "--enable-logging=stderr",
+        "--v=0",
+        "--hide-scrollbars",
+        "--virtual-time-budget=5000",
+    ]
     return subprocess.run([binary, *flags, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -102,8 +114,9 @@ def test_every_figure_renders_in_headless_chromium(page, tmp_path):
     shot = ARTIFACTS / "report-200-trials.png"
     shot.unlink(missing_ok=True)
     # One browser run: the DOM after the scripts ran on stdout, and a full-page screenshot as a test artifact.
-    run = _run_chromium(binary, tmp_path / "profile", "--window-size=1280,9000", "--dump-dom",
-                        f"--screenshot={shot}", probe.as_uri())
+    run = _run_chromium(
+        binary, tmp_path / "profile", "--window-size=1280,9000", "--dump-dom", f"--screenshot={shot}", probe.as_uri()
+    )
     dom = run.stdout
     assert run.returncode == 0 and "</html>" in dom, run.stderr[-2000:]
     errors = re.search(r'<pre id="__errs">(.*?)</pre>', dom, re.S)
@@ -129,8 +142,9 @@ def test_cli_formats_json_and_csv(big, tmp_path):
     assert {"trials", "memory", "latency", "importance", "failures", "headline", "flag_diff"} <= set(tables)
     assert len(tables["trials"]) == 30 and any(r["status"] == "crash" for r in tables["trials"])
     out = tmp_path / "tables"
-    result = runner.invoke(cli, ["report", "--study", "qwen-b200", "--storage", url, "--format", "csv",
-                                 "--out", str(out)])
+    result = runner.invoke(
+        cli, ["report", "--study", "qwen-b200", "--storage", url, "--format", "csv", "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     trials_csv = (out / "trials.csv").read_text().splitlines()
     assert trials_csv[0].startswith("study,trial,state,status") and len(trials_csv) == 31
@@ -140,8 +154,7 @@ def test_cli_formats_json_and_csv(big, tmp_path):
 def test_cli_html_default_path_and_compare(big, tmp_path, monkeypatch):
     _, url = big
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(cli, ["report", "--study", "qwen-h200", "--storage", url,
-                                      "--compare", "qwen-b200"])
+    result = CliRunner().invoke(cli, ["report", "--study", "qwen-h200", "--storage", url, "--compare", "qwen-b200"])
     assert result.exit_code == 0, result.output
     page = tmp_path / "reports" / "qwen-h200.html"
     assert result.output.strip() == f"Wrote {Path('reports') / 'qwen-h200.html'}" and page.is_file()
@@ -190,13 +203,17 @@ def test_config_file_gives_study_and_storage(big, tmp_path):
     root, _ = big
     toml = tmp_path / "qwen-b200.toml"
     (tmp_path / "prompts.jsonl").write_text('{"prompt": "hello"}\n', encoding="utf-8")  # the config checks it
-    toml.write_text(f'[study]\nname = "qwen-b200"\nstorage = "sqlite:///{root / "studies.db"}"\n'
-                    '[workload]\nprompts = "prompts.jsonl"\n', encoding="utf-8")
+    toml.write_text(
+        f'[study]\nname = "qwen-b200"\nstorage = "sqlite:///{root / "studies.db"}"\n'
+        '[workload]\nprompts = "prompts.jsonl"\n',
+        encoding="utf-8",
+    )
     other = tmp_path / "qwen-h200.toml"
     other.write_text(toml.read_text(encoding="utf-8").replace('"qwen-b200"', '"qwen-h200"'), encoding="utf-8")
     out = tmp_path / "page.json"
-    result = CliRunner().invoke(cli, ["report", "--config", str(toml), "--out", str(out), "--format", "json",
-                                      "--compare", str(other)])
+    result = CliRunner().invoke(
+        cli, ["report", "--config", str(toml), "--out", str(out), "--format", "json", "--compare", str(other)]
+    )
     assert result.exit_code == 0, result.output
     tables = json.loads(out.read_text())
     assert len(tables["trials"]) == 30 and [r["gpu"] for r in tables["compare"]] == ["b200", "h200"]
@@ -217,11 +234,17 @@ def test_study_where_nothing_measured_still_explains_itself(tmp_path):
     from autotune.results import TrialResult
 
     study = optuna.create_study(study_name="walls")
-    oom = TrialResult(status="startup_oom", config={"mem_fraction_static": 0.5},
-                      reason="Not enough memory. Please try to increase --mem-fraction-static.")
+    oom = TrialResult(
+        status="startup_oom",
+        config={"mem_fraction_static": 0.5},
+        reason="Not enough memory. Please try to increase --mem-fraction-static.",
+    )
     study.add_trial(optuna.trial.create_trial(value=0.0, user_attrs={"result": oom.to_dict(), "constraint": [1.0]}))
-    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL,
-                                              user_attrs={"result": TrialResult(status="crash", config={}).to_dict()}))
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.FAIL, user_attrs={"result": TrialResult(status="crash", config={}).to_dict()}
+        )
+    )
     built = build(study, base_dir=tmp_path)
     figs = figures_for(built)
     assert list(figs) == ["history", "capacity"]  # nothing measured: no latency, importance or slices
@@ -239,8 +262,11 @@ def test_study_swept_on_several_gpus_shows_the_per_gpu_spread(tmp_path):
         attrs = {**t.user_attrs, "gpu": f"node:{t.number % 2}"}
         if second_baseline is None and t.number % 2 == 1 and attrs["result"]["status"] == "ok":
             second_baseline, attrs["role"] = t.number, "baseline"  # each GPU calibrates with its own baseline
-        study.add_trial(optuna.trial.create_trial(state=t.state, values=t.values, params=t.params,
-                                                  distributions=t.distributions, user_attrs=attrs))
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=t.state, values=t.values, params=t.params, distributions=t.distributions, user_attrs=attrs
+            )
+        )
     assert second_baseline is not None
     built = build(study, base_dir=tmp_path)
     per_gpu = built.tables["per_gpu"]
@@ -256,8 +282,13 @@ def test_cpu_study_is_labelled_by_its_engine_and_device_and_hides_secrets(tmp_pa
     token = "hf_" + "Zq8rT2vLm9Kx4Wn7Pb3Yc6Hd1"
     study = sf.make_study(n_trials=8, seed=3, name="tiny-cpu", crash_every=0)
     settings = dict(study.user_attrs["autotune"])
-    settings["engine"] = {**settings["engine"], "kind": "sglang", "device": "cpu", "python": "/opt/sgl/bin/python",
-                          "env": {"HF_TOKEN": token, "OMP_NUM_THREADS": "2"}}  # sim_gpu stays the default b200
+    settings["engine"] = {
+        **settings["engine"],
+        "kind": "sglang",
+        "device": "cpu",
+        "python": "/opt/sgl/bin/python",
+        "env": {"HF_TOKEN": token, "OMP_NUM_THREADS": "2"},
+    }  # sim_gpu stays the default b200
     study.set_user_attr("autotune", settings)
     built = build(study, base_dir=tmp_path)
     assert built.facts.gpu == "CPU" and built.facts.engine == "sglang"

@@ -34,8 +34,12 @@ from autotune.sglang.memory import plan
 from autotune.sglang.profiles import load_gpu, load_model
 
 # The seed's hand-tuned config: fits a B200, not a GPU shrunk to 120,000 MiB (where OLD still fits).
-NEW = {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 200, "mem_fraction_static": 0.93,
-       "max_running_requests": 64}
+NEW = {
+    "speculative_algorithm": "EAGLE",
+    "max_mamba_cache_size": 200,
+    "mem_fraction_static": 0.93,
+    "max_running_requests": 64,
+}
 SMALL_GPU = {"gpu_memory_mib": 120000}
 CANARY = {"sample_size": 16, "concurrency": 8, "max_tokens": 64, "warmup_s": 0.5, "measure_s": 1.5}
 FAST = rollout.Timing(grace_s=5.0, startup_timeout_s=90.0, release_timeout_s=10.0)  # bounds, not expectations
@@ -48,8 +52,9 @@ def sim_devices(tmp_path, monkeypatch):
 
 def prompts(directory: Path) -> Path:
     path = directory / "prompts.jsonl"
-    path.write_text("".join(json.dumps({"prompt": f"Write item {i} of a numbered list about GPUs."}) + "\n"
-                            for i in range(32)))
+    path.write_text(
+        "".join(json.dumps({"prompt": f"Write item {i} of a numbered list about GPUs."}) + "\n" for i in range(32))
+    )
     return path
 
 
@@ -57,8 +62,9 @@ def predicted(config) -> Capacity:
     """What the study would have recorded: SGLang's memory plan for a whole B200."""
     p = plan(load_model("qwen3.6-27b"), load_gpu("b200"), config)
     assert p.fits
-    return Capacity(max_running_requests=p.max_running_requests, kv_tokens=p.kv_tokens,
-                    mamba_slots=p.max_mamba_cache_size)
+    return Capacity(
+        max_running_requests=p.max_running_requests, kv_tokens=p.kv_tokens, mamba_slots=p.max_mamba_cache_size
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +77,14 @@ def study_tok_s(tmp_path_factory) -> float:
 
         engine = make_engine("sim", model_path="qwen3.6-27b", sim_options={"startup_s": 0.1, "warmup_s": 0.05})
         port = free_port()
-        spec = LaunchSpec(argv=engine.argv(NEW, port=port), port=port, env=engine.env(), gpus=(0,),
-                          log_path=directory / "server.log", run_dir=directory / "run")
+        spec = LaunchSpec(
+            argv=engine.argv(NEW, port=port),
+            port=port,
+            env=engine.env(),
+            gpus=(0,),
+            log_path=directory / "server.log",
+            run_dir=directory / "run",
+        )
         with LocalLauncher().server(spec) as proc:
             proc.wait_ready(30)
             canary = rollout.Canary(prompts=str(prompts(directory)), **CANARY)
@@ -89,8 +101,13 @@ def stub_server(port: int):
 
 def expectation(tok_s: float) -> rollout.Expectation:
     cap = predicted(NEW)
-    return rollout.Expectation(max_running_requests=cap.max_running_requests, kv_tokens=cap.kv_tokens,
-                               mamba_slots=cap.mamba_slots, tok_s=tok_s, tok_s_tolerance=0.5)  # shared CI cores slow the sim
+    return rollout.Expectation(
+        max_running_requests=cap.max_running_requests,
+        kv_tokens=cap.kv_tokens,
+        mamba_slots=cap.mamba_slots,
+        tok_s=tok_s,
+        tok_s_tolerance=0.5,
+    )  # shared CI cores slow the sim
 
 
 class HealthPoller:
@@ -151,7 +168,10 @@ def test_good_rollout_moves_every_server_and_never_two_down(tmp_path, study_tok_
         for row in status(load_fleet(path)):
             assert row.state == "healthy" and row.drift == []
             assert (row.capacity.max_running_requests, row.capacity.kv_tokens, row.capacity.mamba_slots) == (
-                want.max_running_requests, want.kv_tokens, want.mamba_slots)
+                want.max_running_requests,
+                want.kv_tokens,
+                want.mamba_slots,
+            )
         assert all(c["max_mamba_cache_size"] == 200 for c in running_configs(path))
         events = [json.loads(line) for line in (tmp_path / "fleet.rollout.jsonl").read_text().splitlines()]
         assert [e["event"] for e in events].count("verified") == 3 and events[-1]["result"] == "done"
@@ -193,9 +213,11 @@ def test_capacity_check():
     want = rollout.Expectation(max_running_requests=40, kv_tokens=800_000, mamba_slots=200, kv_tolerance=0.01)
     assert rollout.check_capacity(want, Capacity(max_running_requests=40, kv_tokens=795_000, mamba_slots=200)) is None
     assert rollout.check_capacity(want, Capacity(max_running_requests=40, kv_tokens=700_000, mamba_slots=200)) == (
-        "kv_tokens 700000 (study: 800000)")
+        "kv_tokens 700000 (study: 800000)"
+    )
     assert rollout.check_capacity(want, Capacity(max_running_requests=16, kv_tokens=None, mamba_slots=80)) == (
-        "max_running_requests 16 (study: 40), mamba_slots 80 (study: 200), kv_tokens None (study: 800000)")
+        "max_running_requests 16 (study: 40), mamba_slots 80 (study: 200), kv_tokens None (study: 800000)"
+    )
     assert rollout.check_capacity(rollout.Expectation(), Capacity()) is None
 
 
@@ -221,8 +243,11 @@ def test_a_canary_window_that_did_not_measure_the_server_is_replayed(tmp_path, m
     assert sent == [8, 8]  # the busy window's 5 tok/s were never the canary's figure
 
     windows[:] = [canary_window(CLIENT_BUSY_LIMIT + 0.01, 5)] * rollout.CANARY_TRIES
-    with pytest.raises(FleetError, match=rf"none of {rollout.CANARY_TRIES} windows measured the server: the replay "
-                                         r"client's event loop was busy .*--canary-s 0"):
+    with pytest.raises(
+        FleetError,
+        match=rf"none of {rollout.CANARY_TRIES} windows measured the server: the replay "
+        r"client's event loop was busy .*--canary-s 0",
+    ):
         rollout.run_canary(stub_server(1), canary, None)
     assert windows == []
 
@@ -248,13 +273,24 @@ def test_a_slow_canary_fails_the_step(tmp_path):
 def study_storage(directory: Path, tok_s: float) -> str:
     url = f"sqlite:///{directory / 'study.db'}"
     study = optuna.create_study(study_name="tuned", storage=url, direction="maximize")
-    study.set_user_attr("autotune", {"engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
-                                     "workload": {"prompts": str(prompts(directory)), **CANARY}})
-    metrics = Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=Percentiles(), itl_ms=Percentiles(),
-                      e2e_ms=Percentiles())
+    study.set_user_attr(
+        "autotune",
+        {
+            "engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
+            "workload": {"prompts": str(prompts(directory)), **CANARY},
+        },
+    )
+    metrics = Metrics(
+        output_tok_s=tok_s, request_s=1.0, ttft_ms=Percentiles(), itl_ms=Percentiles(), e2e_ms=Percentiles()
+    )
     result = TrialResult(status="ok", config=NEW, capacity=predicted(NEW), metrics=metrics)
-    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=tok_s,
-                                              user_attrs={"result": result.to_dict(), "role": "search"}))
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.COMPLETE,
+            value=tok_s,
+            user_attrs={"result": result.to_dict(), "role": "search"},
+        )
+    )
     return url
 
 
@@ -266,12 +302,35 @@ def test_resume_after_sigkill_finishes_the_rollout(tmp_path, study_tok_s):
     try:
         up(load_fleet(path), timeout_s=30)
         url = study_storage(tmp_path, study_tok_s)
-        argv = [sys.executable, "-m", "autotune", "apply", "--storage", url, "--fleet", str(path), "--rolling", "--allow-unstressed",
-                # the canary runs, but its tok/s is not what this test judges: a loaded host slows it at will
-                "--canary-s", "1.5", "--canary-warmup-s", "0.5", "--tolerance", "1", "--grace", "5",
-                "--startup-timeout", "30"]
-        proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env={**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")})
+        argv = [
+            sys.executable,
+            "-m",
+            "autotune",
+            "apply",
+            "--storage",
+            url,
+            "--fleet",
+            str(path),
+            "--rolling",
+            "--allow-unstressed",
+            # the canary runs, but its tok/s is not what this test judges: a loaded host slows it at will
+            "--canary-s",
+            "1.5",
+            "--canary-warmup-s",
+            "0.5",
+            "--tolerance",
+            "1",
+            "--grace",
+            "5",
+            "--startup-timeout",
+            "30",
+        ]
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices")},
+        )
         try:
             deadline = time.monotonic() + 90
             while '"server": "s1"' not in (log.read_text() if log.exists() else ""):
@@ -285,8 +344,9 @@ def test_resume_after_sigkill_finishes_the_rollout(tmp_path, study_tok_s):
         with pytest.raises(FleetError, match="did not finish"):
             rollout.start(path, NEW, expect=rollout.Expectation(), canary=None, timing=FAST)
 
-        res = CliRunner().invoke(cli, ["apply", "--fleet", str(path), "--resume", "--grace", "5",
-                                       "--startup-timeout", "30"])
+        res = CliRunner().invoke(
+            cli, ["apply", "--fleet", str(path), "--resume", "--grace", "5", "--startup-timeout", "30"]
+        )
         assert res.exit_code == 0, res.output
         assert res.output.strip().splitlines()[-1] == "on the new config: s0, s1, s2"
         rows = status(load_fleet(path))
@@ -321,8 +381,15 @@ def test_rollback_restarts_a_server_killed_mid_step_even_if_the_fleet_file_says_
         fleet = load_fleet(path)
         target = rollout.stage_config(fleet, NEW)
         log = rollout.RolloutLog(rollout.log_path(fleet))
-        log.append("begin", config=target, previous={"s0": "old.yaml", "s1": "old.yaml"}, servers=["s0", "s1"],
-                   expect={}, canary=None, rollback_on_failure=True)
+        log.append(
+            "begin",
+            config=target,
+            previous={"s0": "old.yaml", "s1": "old.yaml"},
+            servers=["s0", "s1"],
+            expect={},
+            canary=None,
+            rollback_on_failure=True,
+        )
         log.append("step", server="s0", to=target)
         stop_server(fleet, fleet.servers[0], grace_s=5)
         start_server(fleet, fleet.servers[0], NEW, timeout_s=30)
@@ -348,13 +415,22 @@ def tp2_storage(directory: Path) -> str:
     """A study whose winner is NEW on TP=2 (its capacity: SGLang's plan for one rank of the pair)."""
     url = f"sqlite:///{directory / 'tp2.db'}"
     study = optuna.create_study(study_name="tp2", storage=url, direction="maximize")
-    study.set_user_attr("autotune", {"engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
-                                     "workload": {"prompts": str(prompts(directory)), **CANARY}})
-    metrics = Metrics(output_tok_s=1.0, request_s=1.0, ttft_ms=Percentiles(), itl_ms=Percentiles(),
-                      e2e_ms=Percentiles())
+    study.set_user_attr(
+        "autotune",
+        {
+            "engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
+            "workload": {"prompts": str(prompts(directory)), **CANARY},
+        },
+    )
+    metrics = Metrics(
+        output_tok_s=1.0, request_s=1.0, ttft_ms=Percentiles(), itl_ms=Percentiles(), e2e_ms=Percentiles()
+    )
     result = TrialResult(status="ok", config=NEW_TP2, capacity=predicted(NEW_TP2), metrics=metrics)
-    study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=1.0,
-                                              user_attrs={"result": result.to_dict(), "role": "search"}))
+    study.add_trial(
+        optuna.trial.create_trial(
+            state=optuna.trial.TrialState.COMPLETE, value=1.0, user_attrs={"result": result.to_dict(), "role": "search"}
+        )
+    )
     return url
 
 
@@ -373,25 +449,43 @@ def test_rolling_apply_to_two_tp2_servers_keeps_one_server_up_and_each_on_its_pa
         up(load_fleet(path), timeout_s=60)
         before = server_pids(path)
         # A config of another size never touches the fleet: refused before any server stops.
-        with pytest.raises(FleetError, match=r"does not fit the fleet's servers: servers.s0.gpus: \[0, 1\] is 2 "
-                                             r"GPU\(s\), but its config spans 1"):
+        with pytest.raises(
+            FleetError,
+            match=r"does not fit the fleet's servers: servers.s0.gpus: \[0, 1\] is 2 "
+            r"GPU\(s\), but its config spans 1",
+        ):
             rollout.start(path, NEW, expect=rollout.Expectation(), canary=None, timing=FAST)
         assert server_pids(path) == before
 
         # The N-1 floor counts servers: with s1 down, replacing s0 would leave no server, so nothing stops.
         fleet = load_fleet(path)
         stop_server(fleet, fleet.servers[1], grace_s=5)
-        argv = ["apply", "--storage", tp2_storage(tmp_path), "--fleet", str(path), "--rolling", "--allow-unstressed", "--canary-s", "0",
-                "--grace", "5", "--startup-timeout", "60"]
+        argv = [
+            "apply",
+            "--storage",
+            tp2_storage(tmp_path),
+            "--fleet",
+            str(path),
+            "--rolling",
+            "--allow-unstressed",
+            "--canary-s",
+            "0",
+            "--grace",
+            "5",
+            "--startup-timeout",
+            "60",
+        ]
         res = runner.invoke(cli, argv)
         assert res.exit_code != 0 and "server(s) s1 not healthy: replacing s0 now would take a second server down" in (
-            str(res.exception))
+            str(res.exception)
+        )
         assert server_pids(path)[0] == before[0]
 
         up(load_fleet(path), timeout_s=60)
         with HealthPoller([s.url for s in fleet.servers]) as poller:
-            res = runner.invoke(cli, ["apply", "--fleet", str(path), "--resume", "--grace", "5",
-                                      "--startup-timeout", "60"])
+            res = runner.invoke(
+                cli, ["apply", "--fleet", str(path), "--resume", "--grace", "5", "--startup-timeout", "60"]
+            )
         assert res.exit_code == 0, res.output
         assert res.output.strip().splitlines()[-1] == "on the new config: s0, s1"
         assert poller.samples > 10 and poller.minimum >= 1  # one server of the two was always up
@@ -399,8 +493,7 @@ def test_rolling_apply_to_two_tp2_servers_keeps_one_server_up_and_each_on_its_pa
         rows = status(load_fleet(path))
         want = predicted(NEW_TP2)
         assert [(r.state, r.gpus, r.drift) for r in rows] == [("healthy", [0, 1], []), ("healthy", [2, 3], [])]
-        assert all(r.capacity.mamba_slots == want.mamba_slots and r.capacity.kv_tokens == want.kv_tokens
-                   for r in rows)
+        assert all(r.capacity.mamba_slots == want.mamba_slots and r.capacity.kv_tokens == want.kv_tokens for r in rows)
         assert all(c["max_mamba_cache_size"] == 200 and c["tp_size"] == 2 for c in running_configs(path))
         pids = [r.pid for r in rows]
         assert pids[0] != before[0]
@@ -413,8 +506,9 @@ def test_rolling_apply_to_two_tp2_servers_keeps_one_server_up_and_each_on_its_pa
 
 
 def test_a_verification_is_said_in_words_not_as_a_dict():
-    line = rollout.figures_line({"capacity": {"max_running_requests": 16, "kv_tokens": 1761708, "mamba_slots": 48},
-                                 "tok_s": 273.2})
+    line = rollout.figures_line(
+        {"capacity": {"max_running_requests": 16, "kv_tokens": 1761708, "mamba_slots": 48}, "tok_s": 273.2}
+    )
     assert line == "running cap 16, KV 1,761,708 tokens, Mamba slots 48; canary 273 tok/s"
     assert rollout.figures_line({"capacity": {"max_running_requests": 40, "kv_tokens": None}}) == "running cap 40"
 
@@ -435,7 +529,8 @@ def test_a_cpu_fleets_rollout_compares_what_its_device_fixes_and_says_what_it_le
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_restore_that_fails_names_the_server_keeps_the_fleet_file_and_says_the_command_that_brings_it_back(
-        fleet3, monkeypatch):
+    fleet3, monkeypatch
+):
     real_start = rollout.start_server
 
     def old_never_starts(fleet, server, config, **kwargs):
@@ -465,7 +560,9 @@ CPU_NEW = {**NEW, "mem_fraction_static": 0.5}  # a share of the RAM free at the 
 def cpu_fleet(tmp_path: Path, n: int) -> Path:
     """``n`` simulated servers on one host's memory (``device = "cpu"``), no GPUs: each sizes its pools from what
     the host has free at its start."""
-    path = make_fleet(tmp_path, n, config={**OLD, "mem_fraction_static": 0.5}, sim_options=dict.fromkeys(range(n), HOST))
+    path = make_fleet(
+        tmp_path, n, config={**OLD, "mem_fraction_static": 0.5}, sim_options=dict.fromkeys(range(n), HOST)
+    )
     fleet = load_fleet(path)
     servers = [s.model_copy(update={"gpus": []}) for s in fleet.servers]
     return write_fleet(fleet.model_copy(update={"device": "cpu", "servers": servers}), path)
@@ -484,9 +581,14 @@ def test_a_cpu_fleets_rolling_apply_passes_with_each_servers_pool_what_its_own_s
         whole = plan(load_model("qwen3.6-27b"), load_gpu("b200", memory_mib=HOST["gpu_memory_mib"]), CPU_NEW)
         # the canary replays, its tok/s not compared (a loaded host slows it at will; the 50 % default is held by
         # test_a_cpu_fleets_rollout_compares_what_its_device_fixes…)
-        expect = rollout.Expectation(max_running_requests=whole.max_running_requests, kv_tokens=whole.kv_tokens,
-                                     mamba_slots=whole.max_mamba_cache_size, kv_tolerance=kv, tok_s=None,
-                                     tok_s_tolerance=tolerance)
+        expect = rollout.Expectation(
+            max_running_requests=whole.max_running_requests,
+            kv_tokens=whole.kv_tokens,
+            mamba_slots=whole.max_mamba_cache_size,
+            kv_tolerance=kv,
+            tok_s=None,
+            tok_s_tolerance=tolerance,
+        )
         canary = rollout.Canary(prompts=str(prompts(tmp_path)), **CANARY)
         report = rollout.start(path, CPU_NEW, expect=expect, canary=canary, timing=FAST)
         assert report.verified == ["s0", "s1"] and report.failed is None

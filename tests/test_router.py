@@ -34,8 +34,9 @@ from autotune.launch.process import free_port, port_is_free
 ROOT = Path(__file__).resolve().parent.parent
 LOADER = ROOT / "benchmarks" / "closed_loop.py"
 REQUIRE_ALL = os.environ.get("AUTOTUNE_REQUIRE_ALL") == "1"
-needs_router = pytest.mark.skipif(not router.installed() and not REQUIRE_ALL,
-                                  reason="sglang-router is not installed (pip install 'autotune[router]')")
+needs_router = pytest.mark.skipif(
+    not router.installed() and not REQUIRE_ALL, reason="sglang-router is not installed (pip install 'autotune[router]')"
+)
 
 
 @pytest.fixture(autouse=True)
@@ -45,8 +46,7 @@ def sim_devices(tmp_path, monkeypatch):
 
 # -- no server ------------------------------------------------------------------------------------------
 def two_servers(**router_fields) -> dict:
-    servers = [FleetServer(name=f"s{i}", gpus=[i], port=31000 + i, config="a.yaml", log="l", pid="p")
-               for i in range(2)]
+    servers = [FleetServer(name=f"s{i}", gpus=[i], port=31000 + i, config="a.yaml", log="l", pid="p") for i in range(2)]
     return {"engine": "sim", "model": "m", "servers": servers, **router_fields}
 
 
@@ -57,8 +57,9 @@ def test_router_section_refuses_a_server_port_and_flags_it_sets_itself():
         RouterSection(port=32000, extra_args=["--worker-urls", "http://x"])
     fleet = Fleet(**two_servers(router=RouterSection(port=32000)))
     assert router.section(fleet).prometheus_port == 32001
-    assert router.wanted(Fleet(**two_servers())) == ("the fleet file has no [router] section (autotune apply --out "
-                                                     "writes one)")
+    assert router.wanted(Fleet(**two_servers())) == (
+        "the fleet file has no [router] section (autotune apply --out writes one)"
+    )
     named = two_servers(router=RouterSection(port=32000))
     named["servers"][1] = named["servers"][1].model_copy(update={"name": "router", "pid": "run/router.pid"})
     with pytest.raises(ValueError, match="server router: its pid file or log is the router's"):
@@ -76,8 +77,9 @@ def test_a_new_fleets_router_takes_free_ports_after_its_servers_never_one_in_use
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         taken = holder.getsockname()[1]
-        servers = [FleetServer(name=f"s{i}", gpus=[i], port=taken - 2 + i, config="a.yaml", log="l", pid="p")
-                   for i in range(2)]
+        servers = [
+            FleetServer(name=f"s{i}", gpus=[i], port=taken - 2 + i, config="a.yaml", log="l", pid="p") for i in range(2)
+        ]
         section = router.for_servers(servers)
         assert section is not None
         ports = (section.port, section.prometheus_port)
@@ -108,10 +110,17 @@ def test_the_router_and_the_rollouts_gate_take_only_the_fleets_own_servers(tmp_p
     for thread in threads:
         thread.start()
     try:
-        servers = [FleetServer(name=f"s{i}", gpus=[i], port=h.server_address[1], config="a.yaml", log="l", pid=f"p{i}")
-                   for i, h in enumerate(answering)]
-        fleet = Fleet(engine="sim", model="m", servers=servers, path=tmp_path / "fleet.toml",
-                      router=RouterSection(port=free_port(), metrics_port=free_port()))
+        servers = [
+            FleetServer(name=f"s{i}", gpus=[i], port=h.server_address[1], config="a.yaml", log="l", pid=f"p{i}")
+            for i, h in enumerate(answering)
+        ]
+        fleet = Fleet(
+            engine="sim",
+            model="m",
+            servers=servers,
+            path=tmp_path / "fleet.toml",
+            router=RouterSection(port=free_port(), metrics_port=free_port()),
+        )
         assert all(fleet_module.healthy(s) for s in servers)  # both answer /health; only s1 is proven the fleet's
         monkeypatch.setattr(fleet_module, "ours", lambda _fleet, server: object() if server.name == "s1" else None)
         assert fleet_module.foreign_note(fleet, servers[0]) is not None and fleet_module.serving(fleet, servers[1])
@@ -122,8 +131,17 @@ def test_the_router_and_the_rollouts_gate_take_only_the_fleets_own_servers(tmp_p
         fleet_module.router_up(fleet)
         assert started == [[servers[1].url]]
         monkeypatch.setattr(router, "add_worker", lambda _record, url: added.append(url))
-        record = router.Record(pid=0, started=0.0, url="http://127.0.0.1:9", host="127.0.0.1", port=9,
-                               metrics_port=10, log="l", worker_urls=[], argv=[])
+        record = router.Record(
+            pid=0,
+            started=0.0,
+            url="http://127.0.0.1:9",
+            host="127.0.0.1",
+            port=9,
+            metrics_port=10,
+            log="l",
+            worker_urls=[],
+            argv=[],
+        )
         drain.Gate(record=record).admit_all(fleet)
         assert added == [servers[1].url]
     finally:
@@ -133,27 +151,41 @@ def test_the_router_and_the_rollouts_gate_take_only_the_fleets_own_servers(tmp_p
 
 
 def test_router_command_is_an_argv_on_loopback_with_the_workers():
-    fleet = Fleet(**two_servers(router=RouterSection(port=32000, policy="round_robin", extra_args=["--log-level",
-                                                                                                      "warn"])))
+    fleet = Fleet(
+        **two_servers(router=RouterSection(port=32000, policy="round_robin", extra_args=["--log-level", "warn"]))
+    )
     argv = router.argv(fleet, [s.url for s in fleet.servers])
     assert argv[1:3] == ["-m", "sglang_router.launch_router"]
     assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
-    workers = argv[argv.index("--worker-urls") + 1:argv.index("--policy")]
+    workers = argv[argv.index("--worker-urls") + 1 : argv.index("--policy")]
     assert workers == ["http://127.0.0.1:31000", "http://127.0.0.1:31001"] and argv[-2:] == ["--log-level", "warn"]
 
 
 def test_advice_points_the_job_at_the_router_or_says_what_it_would_give(monkeypatch):
-    client = ClientAdvice(trial=3, servers=2, running_cap=24, queue=4, per_server=28, fleet=56,
-                          measured_concurrency=48, measured_generating=23.0, completions_s=5.0, refill_s=0.1)
+    client = ClientAdvice(
+        trial=3,
+        servers=2,
+        running_cap=24,
+        queue=4,
+        per_server=28,
+        fleet=56,
+        measured_concurrency=48,
+        measured_generating=23.0,
+        completions_s=5.0,
+        refill_s=0.1,
+    )
     section = RouterSection(port=30002)
     monkeypatch.setattr(router, "installed", lambda: True)
     first = router.advise(client, section).lines()[0]
-    assert first == ("client: point the job at http://127.0.0.1:30002; keep 56 requests in flight (sglang-router "
-                     "spreads them over the 2 servers)")
+    assert first == (
+        "client: point the job at http://127.0.0.1:30002; keep 56 requests in flight (sglang-router "
+        "spreads them over the 2 servers)"
+    )
     monkeypatch.setattr(router, "installed", lambda: False)
     note = router.advise(client, section).lines()
-    assert not note[0].startswith("client: point") and any("no router (sglang-router is not installed" in ln and
-                                                           "http://127.0.0.1:30002" in ln for ln in note)
+    assert not note[0].startswith("client: point") and any(
+        "no router (sglang-router is not installed" in ln and "http://127.0.0.1:30002" in ln for ln in note
+    )
     assert router.advise(client, None) == client
 
 
@@ -221,10 +253,23 @@ class Load:
 
     def __init__(self, urls: list[str], out: Path, *, concurrency: int = 64, max_tokens: int = 24):
         self.out = out
-        self.proc = subprocess.Popen([sys.executable, str(LOADER), *[a for u in urls for a in ("--url", u)],
-                                      "--concurrency", str(concurrency), "--max-tokens", str(max_tokens),
-                                      "--seconds", str(LOAD_BOUND_S), "--out", str(out)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(LOADER),
+                *[a for u in urls for a in ("--url", u)],
+                "--concurrency",
+                str(concurrency),
+                "--max-tokens",
+                str(max_tokens),
+                "--seconds",
+                str(LOAD_BOUND_S),
+                "--out",
+                str(out),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
         Load.running.append(self)
 
     def records(self) -> list[dict]:
@@ -291,8 +336,12 @@ def test_fleet_up_status_down_with_the_router_and_a_one_url_client(tmp_path):
         assert router.read_record(load_fleet(path)) is None and not list((tmp_path / "run").glob("router*"))
         # a fleet up killed once the router's record is written leaves nothing the next one trips on
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        killed = subprocess.Popen([sys.executable, "-m", "autotune", "fleet", "up", "--fleet", str(path)], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        killed = subprocess.Popen(
+            [sys.executable, "-m", "autotune", "fleet", "up", "--fleet", str(path)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 60
         while not router.record_path(load_fleet(path)).exists() and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -313,14 +362,38 @@ def write_winner(directory: Path, config: dict, *, tok_s: float | None = None) -
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "sglang.yaml").write_text(yaml_text(split_config(deployed_config(config))[0]))
     workload = {"prompts": str(prompts(directory)), "sample_size": 16, "max_tokens": 64}
-    (directory / "provenance.json").write_text(json.dumps({
-        "study": "tuned", "trial": 4, "engine": "sim", "model_path": "qwen3.6-27b", "sim_gpu": "b200",
-        "capacity": predicted(config).to_dict(), "config": config, "workload": workload, "output_tok_s": tok_s}))
+    (directory / "provenance.json").write_text(
+        json.dumps(
+            {
+                "study": "tuned",
+                "trial": 4,
+                "engine": "sim",
+                "model_path": "qwen3.6-27b",
+                "sim_gpu": "b200",
+                "capacity": predicted(config).to_dict(),
+                "config": config,
+                "workload": workload,
+                "output_tok_s": tok_s,
+            }
+        )
+    )
     return directory / "sglang.yaml"
 
 
-ROLL = ["--canary-s", "0.6", "--canary-warmup-s", "0.2", "--canary-concurrency", "4", "--grace", "5",
-        "--startup-timeout", "30", "--drain-timeout", "30"]
+ROLL = [
+    "--canary-s",
+    "0.6",
+    "--canary-warmup-s",
+    "0.2",
+    "--canary-concurrency",
+    "4",
+    "--grace",
+    "5",
+    "--startup-timeout",
+    "30",
+    "--drain-timeout",
+    "30",
+]
 
 
 @needs_router
@@ -344,7 +417,8 @@ def test_rolling_apply_under_load_through_the_router_fails_no_request(tmp_path):
         text = fleet.resolve(fleet.servers[0].config).read_text()
         assert text.startswith("# autotune: study tuned, trial 4") and "enable-metrics: true" in text
         assert sorted(w["url"] for w in router.workers(record) if w["is_healthy"]) == sorted(
-            s.url for s in fleet.servers)
+            s.url for s in fleet.servers
+        )
         watched = CliRunner().invoke(cli, ["watch", "--once", "--fleet", str(path)])
         assert watched.exit_code == 0, watched.output
         assert f"router {record.url} (pid {record.pid}): healthy, 3 worker(s)" in watched.output  # watch reads it
@@ -362,8 +436,21 @@ def test_a_canary_failure_on_the_second_server_then_rollback_under_load_fails_no
         winner = write_winner(tmp_path / "new", NEW, tok_s=tok_s)
         load = Load([record.url], tmp_path / "load.jsonl")
         load.wait_for(64)
-        failed = CliRunner().invoke(cli, ["apply", "--config", str(winner), "--fleet", str(path), "--rolling",
-                                          "--keep-partial", "--tolerance", "0.75", *ROLL])
+        failed = CliRunner().invoke(
+            cli,
+            [
+                "apply",
+                "--config",
+                str(winner),
+                "--fleet",
+                str(path),
+                "--rolling",
+                "--keep-partial",
+                "--tolerance",
+                "0.75",
+                *ROLL,
+            ],
+        )
         assert isinstance(failed.exception, FleetError), failed.output
         assert "server s1 failed" in str(failed.exception) and "canary" in str(failed.exception)
         configs = [s.config for s in load_fleet(path).servers]
@@ -375,7 +462,8 @@ def test_a_canary_failure_on_the_second_server_then_rollback_under_load_fails_no
         fleet = load_fleet(path)
         assert [s.config for s in fleet.servers] == ["old.yaml"] * 3
         assert sorted(w["url"] for w in router.workers(record) if w["is_healthy"]) == sorted(
-            s.url for s in fleet.servers)
+            s.url for s in fleet.servers
+        )
 
 
 def test_a_router_that_cannot_start_says_why_and_leaves_nothing(tmp_path, monkeypatch):
@@ -389,13 +477,17 @@ def test_a_router_that_cannot_start_says_why_and_leaves_nothing(tmp_path, monkey
 
 
 @pytest.mark.parametrize("with_router", [True, False])
-def test_apply_writes_the_router_into_the_fleet_file_client_json_and_the_launch_script(tmp_path, monkeypatch,
-                                                                                      with_router, fleet_base_port):
+def test_apply_writes_the_router_into_the_fleet_file_client_json_and_the_launch_script(
+    tmp_path, monkeypatch, with_router, fleet_base_port
+):
     from test_apply import BASELINE, WINNER, make_study, result
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
-    make_study(url, trials=[(result(BASELINE, 2050.0, mrr=16, slots=80), "baseline"), (result(WINNER, 3000.0),
-                                                                                       "search")], confirm=1)
+    make_study(
+        url,
+        trials=[(result(BASELINE, 2050.0, mrr=16, slots=80), "baseline"), (result(WINNER, 3000.0), "search")],
+        confirm=1,
+    )
     monkeypatch.setattr(router, "installed", lambda: with_router)
     out = tmp_path / "deploy"
     printed = run_cli("apply", "--storage", url, "--out", str(out), "--gpus", "0-1")
@@ -414,8 +506,10 @@ def test_apply_writes_the_router_into_the_fleet_file_client_json_and_the_launch_
         assert routed[0].endswith("--ca-cert-paths tls/ca.pem")
         assert all(s.tls for s in fleet.servers)
         servers = [ln for ln in script.splitlines() if ln.startswith("start ") and "sglang_router" not in ln]
-        assert [f"--ssl-certfile tls/{s.name}.pem --ssl-keyfile tls/{s.name}.key --ssl-ca-certs tls/ca.pem" in ln
-                for s, ln in zip(fleet.servers, servers, strict=True)] == [True, True]
+        assert [
+            f"--ssl-certfile tls/{s.name}.pem --ssl-keyfile tls/{s.name}.key --ssl-ca-certs tls/ca.pem" in ln
+            for s, ln in zip(fleet.servers, servers, strict=True)
+        ] == [True, True]
         for name in ("ca", *(s.name for s in fleet.servers)):
             assert (out / "tls" / f"{name}.pem").is_file() and (out / "tls" / f"{name}.key").stat().st_mode & 0o077 == 0
     else:

@@ -94,7 +94,9 @@ def fake(tmp_path):
 
 
 def _server(tmp_path, argv, port, **kw) -> ServerProcess:
-    return ServerProcess(argv, port=port, log_path=tmp_path / "server.log", run_dir=tmp_path / "runs", shm_dir=tmp_path / "shm", **kw)
+    return ServerProcess(
+        argv, port=port, log_path=tmp_path / "server.log", run_dir=tmp_path / "runs", shm_dir=tmp_path / "shm", **kw
+    )
 
 
 def _group_pids(pgid: int) -> list[int]:
@@ -282,7 +284,9 @@ def test_orphan_of_a_killed_harness_is_cleaned_and_nothing_else(tmp_path, fake):
         unheld.write_text("")
         # a stale pid file pointing at the look-alike (recycled pid): start time/cmdline do not match
         stale = tmp_path / "runs" / f"server-{lookalike.pid}.json"
-        stale.write_text(json.dumps({"pid": lookalike.pid, "create_time": 1.0, "cmdline": ["other"], "harness_pid": 999999999}))
+        stale.write_text(
+            json.dumps({"pid": lookalike.pid, "create_time": 1.0, "cmdline": ["other"], "harness_pid": 999999999})
+        )
         killed = cleanup_orphans(tmp_path / "runs")
         assert killed == [orphan]
         assert not psutil.pid_exists(orphan) or psutil.Process(orphan).status() == psutil.STATUS_ZOMBIE
@@ -390,8 +394,12 @@ def test_cpu_teardown_ignores_other_processes_memory(tmp_path, fake):
         assert reader.read().used_gib == 0  # the tree is gone and its files removed
         # a server that already died at startup (SGLang's OOM exit) is torn down at once, hog or not
         port = free_port()
-        dead = _server(tmp_path, fake(port, "--ready-after", "100", "--exit-after", "0.2", "--exit-code", "137"), port,
-                       gpu_reader=HostMemoryReader())
+        dead = _server(
+            tmp_path,
+            fake(port, "--ready-after", "100", "--exit-after", "0.2", "--exit-code", "137"),
+            port,
+            gpu_reader=HostMemoryReader(),
+        )
         dead.start()
         with pytest.raises(ServerExited):
             dead.wait_ready(10)

@@ -15,16 +15,19 @@ from autotune.results import GpuPeaks, TrialResult
 from autotune.sglang.parallel import group_line, server_gpus
 
 
-@pytest.mark.parametrize(("config", "gpus"), [
-    ({}, 1),
-    ({"tp_size": 2}, 2),
-    ({"tp_size": 2, "pp_size": 2}, 4),
-    ({"tp_size": 2, "dp_size": 2}, 4),  # two replicas, each a TP group
-    ({"tp_size": 4, "dp_size": 4, "enable_dp_attention": True}, 4),  # attention DP inside the TP group
-    ({"tp_size": 4, "attn_dp_size": 2, "dp_size": 2}, 4),
-    ({"tp_size": 8, "nnodes": 2}, 4),  # per node
-    ({"tp_size": None, "pp_size": "2"}, 2),
-])
+@pytest.mark.parametrize(
+    ("config", "gpus"),
+    [
+        ({}, 1),
+        ({"tp_size": 2}, 2),
+        ({"tp_size": 2, "pp_size": 2}, 4),
+        ({"tp_size": 2, "dp_size": 2}, 4),  # two replicas, each a TP group
+        ({"tp_size": 4, "dp_size": 4, "enable_dp_attention": True}, 4),  # attention DP inside the TP group
+        ({"tp_size": 4, "attn_dp_size": 2, "dp_size": 2}, 4),
+        ({"tp_size": 8, "nnodes": 2}, 4),  # per node
+        ({"tp_size": None, "pp_size": "2"}, 2),
+    ],
+)
 def test_server_gpus_counts_as_sglang(config, gpus):
     assert server_gpus(config) == gpus
 

@@ -27,8 +27,12 @@ from autotune.sim.evaluate import SimWorkload, _seed_prompts, evaluate
 from tests.test_workload import _sample, sse_server  # noqa: F401 - the fake SSE server fixture
 
 RULE = SettleRule(warmup_s=12, measure_s=30)  # 2 s slices: a 6-slice warm-up floor, a 15-slice window floor
-MTP = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-       "speculative_num_draft_tokens": 4}
+MTP = {
+    "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+}
 BASELINE = {**MTP, "max_mamba_cache_size": 80, "mamba_full_memory_ratio": 0.4}
 
 
@@ -123,7 +127,7 @@ def test_the_evaluator_stops_where_the_rule_stops_on_its_own_series():
     assert again == ev.settling  # same series → same stop
     lo, hi = ev.settling.window
     assert ev.metrics is not None and ev.metrics.window_s == hi - lo
-    window = ev.settling.tok_s[ev.settling.warmup_slices:ev.settling.warmup_slices + ev.settling.window_slices]
+    window = ev.settling.tok_s[ev.settling.warmup_slices : ev.settling.warmup_slices + ev.settling.window_slices]
     assert ev.metrics.output_tok_s == pytest.approx(sum(window) / len(window))
 
 
@@ -142,8 +146,18 @@ def test_the_evaluator_ramps_its_streams_in():
 def test_the_replay_spreads_first_requests_over_the_ramp(tmp_path, sse_server):  # noqa: F811 - the fixture
     fake, url = sse_server
     rule = SettleRule.fixed(1.0, 1.0)
-    records = asyncio.run(replay(url, _sample(tmp_path, [{"prompt": "a"}]), concurrency=4, max_tokens=100_000,
-                                 warmup_s=1.0, measure_s=1.0, rule=rule, ramp_s=0.8))
+    records = asyncio.run(
+        replay(
+            url,
+            _sample(tmp_path, [{"prompt": "a"}]),
+            concurrency=4,
+            max_tokens=100_000,
+            warmup_s=1.0,
+            measure_s=1.0,
+            rule=rule,
+            ramp_s=0.8,
+        )
+    )
     firsts = sorted(r.sent for r in records.requests)
     assert len(firsts) == 4  # long outputs: each stream's first request is its only one
     for k, sent in enumerate(firsts):
@@ -154,8 +168,17 @@ def test_the_replay_spreads_first_requests_over_the_ramp(tmp_path, sse_server): 
 
 def test_the_replay_runs_on_past_its_floor_until_the_rule_stops(tmp_path, sse_server):  # noqa: F811
     fake, url = sse_server
-    records = asyncio.run(replay(url, _sample(tmp_path, [{"prompt": "a"}]), concurrency=4, max_tokens=40,
-                                 warmup_s=0.4, measure_s=1.0, rule=SettleRule(warmup_s=0.4, measure_s=1.0)))
+    records = asyncio.run(
+        replay(
+            url,
+            _sample(tmp_path, [{"prompt": "a"}]),
+            concurrency=4,
+            max_tokens=40,
+            warmup_s=0.4,
+            measure_s=1.0,
+            rule=SettleRule(warmup_s=0.4, measure_s=1.0),
+        )
+    )
     settling = records.settling
     assert settling is not None and records.window == settling.window
     assert settling.window[0] >= 1.2 - 1e-9  # two runs of three 0.2 s slices at least
@@ -190,8 +213,12 @@ def _metrics(tok_s: float) -> Metrics:
 def _result(tok_s: float, rates: list[float], rule: SettleRule) -> TrialResult:
     done = settle(tokens(rates), rule)
     assert done is not None
-    return TrialResult(status="ok", config={"max_running_requests": int(tok_s)}, metrics=_metrics(tok_s),
-                       measurement=MeasurementVerdict(settled=done.settled, settling=done.to_dict()))
+    return TrialResult(
+        status="ok",
+        config={"max_running_requests": int(tok_s)},
+        metrics=_metrics(tok_s),
+        measurement=MeasurementVerdict(settled=done.settled, settling=done.to_dict()),
+    )
 
 
 def test_the_trial_line_says_how_the_measurement_settled():
@@ -212,9 +239,13 @@ def test_the_trial_line_says_how_the_measurement_settled():
 def _study(results: dict[int, tuple[TrialResult, str]]) -> optuna.Study:
     study = optuna.create_study(direction="maximize")
     for _, (result, role) in sorted(results.items()):
-        study.add_trial(create_trial(state=TrialState.COMPLETE, value=result.output_tok_s or 0.0,
-                                     user_attrs={"status": "ok", "role": role, "result": result.to_dict(),
-                                                 "launch_key": str(result.config)}))
+        study.add_trial(
+            create_trial(
+                state=TrialState.COMPLETE,
+                value=result.output_tok_s or 0.0,
+                user_attrs={"status": "ok", "role": role, "result": result.to_dict(), "launch_key": str(result.config)},
+            )
+        )
     return study
 
 
@@ -234,8 +265,12 @@ def test_an_unsettled_trial_is_never_the_winner_on_its_figure_but_is_confirmed_a
 
 
 def test_the_report_draws_a_stability_strip_per_trial():
-    study = _study({0: (_result(1000, [1000.0] * 40, RULE), "baseline"),
-                    1: (_result(2000, [50.0 * (i + 1) for i in range(200)], RULE), "search")})
+    study = _study(
+        {
+            0: (_result(1000, [1000.0] * 40, RULE), "baseline"),
+            1: (_result(2000, [50.0 * (i + 1) for i in range(200)], RULE), "search"),
+        }
+    )
     frame = stability_frame(study)
     assert set(frame["trial"]) == {0, 1}
     first = frame[frame["trial"] == 0]
@@ -258,9 +293,14 @@ def test_a_settler_fed_one_slice_at_a_time_matches_the_series():
     assert stop is not None and stop == settle(tokens(rates), RULE) and fed == stop.window[1] / 2.0
 
 
-@pytest.mark.parametrize(("args", "words"), [(["--ramp", "20"], "--ramp (20) must lie within the warm-up floor"),
-                                             (["--window-max", "5"], "--window-max (5) is below --window (30)"),
-                                             (["--warmup-max", "2"], "--warmup-max (2) is below --warmup (10)")])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["--ramp", "20"], "--ramp (20) must lie within the warm-up floor"),
+        (["--window-max", "5"], "--window-max (5) is below --window (30)"),
+        (["--warmup-max", "2"], "--warmup-max (2) is below --warmup (10)"),
+    ],
+)
 def test_measure_checks_its_settle_options_before_any_server(args, words, tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
     result = CliRunner().invoke(measure, [*args, "--out", str(tmp_path / "trial")])

@@ -176,10 +176,17 @@ def test_a_trial_stores_the_config_typed_and_a_cpu_server_gets_no_cuda_variables
     prompts.write_text("".join(json.dumps({"prompt": f"p{i}"}) + "\n" for i in range(4)))
     workload = WorkloadSpec(prompts=prompts, sample_size=4, warmup_s=0.1, measure_s=0.1)
     eng = engine_for(fake, tmp_path, device="cpu")
-    setup = TrialSetup(engine=eng, workload=workload, gpu_index=None, run_dir=tmp_path / "runs",
-                       sample=PromptSample.load(prompts, 4, 0), timeouts=Timeouts(startup_s=20, teardown_s=5, grace_s=1))
+    setup = TrialSetup(
+        engine=eng,
+        workload=workload,
+        gpu_index=None,
+        run_dir=tmp_path / "runs",
+        sample=PromptSample.load(prompts, 4, 0),
+        timeouts=Timeouts(startup_s=20, teardown_s=5, grace_s=1),
+    )
     result = run_trial(
-        setup, {"mem-fraction-static": "0.05", "fp8_gemm_runner_backend": "triton", "max_running_requests": "8"},
+        setup,
+        {"mem-fraction-static": "0.05", "fp8_gemm_runner_backend": "triton", "max_running_requests": "8"},
         trial_dir=tmp_path / "trial",
     )
     assert result.status == "crash" and result.exit_code == 3

@@ -27,8 +27,9 @@ HOLDER = (
 
 
 def _hold(path, *, new_session: bool) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True,
-                            start_new_session=new_session)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)], stdout=subprocess.PIPE, text=True, start_new_session=new_session
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -95,9 +96,28 @@ def test_a_file_replaced_under_the_same_name_is_not_removed(tmp_path):
 
 # -- two simulated servers writing SGLang's real-shaped names into one directory ---------------------------
 def _sim_argv(port: int, shm, *extra: str, startup_s: float = 0.3) -> list[str]:
-    return [sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--host", "127.0.0.1",
-            "--port", str(port), "--sim-gpu", "b200", "--sim-startup-s", str(startup_s), "--sim-warmup-s", "0",
-            "--sim-release-s", "0.1", "--sim-shm", str(shm), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "autotune.sim",
+        "--model-path",
+        "qwen3.6-27b",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--sim-gpu",
+        "b200",
+        "--sim-startup-s",
+        str(startup_s),
+        "--sim-warmup-s",
+        "0",
+        "--sim-release-s",
+        "0.1",
+        "--sim-shm",
+        str(shm),
+        *extra,
+    ]
 
 
 def _wait_healthy(port: int, proc: subprocess.Popen) -> None:
@@ -123,8 +143,14 @@ def test_two_independent_servers_each_keep_their_own_files(tmp_path, monkeypatch
         return {p.name for p in shm.iterdir()}
 
     def trial_server(port: int, *extra: str, startup_s: float = 0.3, gpu: int = 0) -> ServerProcess:
-        return ServerProcess(_sim_argv(port, shm, *extra, startup_s=startup_s), port=port, gpu_index=gpu,
-                             log_path=tmp_path / f"{port}.log", run_dir=tmp_path / "runs", shm_dir=shm)
+        return ServerProcess(
+            _sim_argv(port, shm, *extra, startup_s=startup_s),
+            port=port,
+            gpu_index=gpu,
+            log_path=tmp_path / f"{port}.log",
+            run_dir=tmp_path / "runs",
+            shm_dir=shm,
+        )
 
     x = trial_server(free_port())
     x.start()
@@ -132,8 +158,13 @@ def test_two_independent_servers_each_keep_their_own_files(tmp_path, monkeypatch
     x_files = names()
     assert len(x_files) == 4  # loads segment, all-reduce buffer, two semaphores
     y_port = free_port()  # a production server started on its own while the trial's server runs
-    y = subprocess.Popen(_sim_argv(y_port, shm), env={**os.environ, "CUDA_VISIBLE_DEVICES": "1"},
-                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+    y = subprocess.Popen(
+        _sim_argv(y_port, shm),
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         _wait_healthy(y_port, y)
         y_files = names() - x_files
@@ -168,8 +199,12 @@ SEM_OPEN = (  # glibc's sem_open(O_CREAT): map a temporary sem.XXXXXX, link it t
 
 
 def _sem_open(directory, name) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", SEM_OPEN, str(directory), name], stdout=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SEM_OPEN, str(directory), name],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -214,7 +249,10 @@ def test_release_semaphores_takes_new_unheld_ones_and_never_a_neighbours(tmp_pat
         (tmp_path / "sglang_loads_000000000000_00000000.shm").write_bytes(b"\0")  # not a semaphore: no proof
         assert release_semaphores(tmp_path, before) == ["sem.mp-leaked00"]
         assert sorted(p.name for p in tmp_path.iterdir()) == [
-            "sem.mp-before00", "sem.mp-neighbr1", "sglang_loads_000000000000_00000000.shm"]
+            "sem.mp-before00",
+            "sem.mp-neighbr1",
+            "sglang_loads_000000000000_00000000.shm",
+        ]
     finally:
         _stop(neighbour)
 
@@ -223,9 +261,18 @@ def test_a_stopped_server_removes_the_unheld_semaphores_of_its_life_and_keeps_a_
     shm = tmp_path / "shm"
     shm.mkdir()
     port = free_port()
-    script = "import http.server, sys\nhttp.server.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.BaseHTTPRequestHandler).serve_forever()\n"
-    server = ServerProcess([sys.executable, "-c", script, str(port)], port=port, log_path=tmp_path / "s.log",
-                           run_dir=tmp_path / "runs", shm_dir=shm)
+    script = (
+        "import http.server, sys\n"
+        "http.server.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), http.server.BaseHTTPRequestHandler)"
+        ".serve_forever()\n"
+    )
+    server = ServerProcess(
+        [sys.executable, "-c", script, str(port)],
+        port=port,
+        log_path=tmp_path / "s.log",
+        run_dir=tmp_path / "runs",
+        shm_dir=shm,
+    )
     server.start()
     neighbour = None
     try:

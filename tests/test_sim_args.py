@@ -17,12 +17,37 @@ def parse_error(argv: list[str], capsys) -> str:
 
 
 def test_given_flags_only_and_typed():
-    a = args.parse(["--model-path", "qwen3.6-27b", "--tp", "2", "--speculative-algorithm", "NEXTN",
-                    "--max-mamba-cache-size", "200", "--mem-fraction-static", "0.93", "--disable-radix-cache",
-                    "--cuda-graph-bs-decode", "1", "2", "4", "--context-length", "32K"])
-    assert a.flags == {"model_path": "qwen3.6-27b", "tp_size": 2, "speculative_algorithm": "NEXTN",
-                       "max_mamba_cache_size": 200, "mem_fraction_static": 0.93, "disable_radix_cache": True,
-                       "cuda_graph_bs_decode": [1, 2, 4], "context_length": 32768}
+    a = args.parse(
+        [
+            "--model-path",
+            "qwen3.6-27b",
+            "--tp",
+            "2",
+            "--speculative-algorithm",
+            "NEXTN",
+            "--max-mamba-cache-size",
+            "200",
+            "--mem-fraction-static",
+            "0.93",
+            "--disable-radix-cache",
+            "--cuda-graph-bs-decode",
+            "1",
+            "2",
+            "4",
+            "--context-length",
+            "32K",
+        ]
+    )
+    assert a.flags == {
+        "model_path": "qwen3.6-27b",
+        "tp_size": 2,
+        "speculative_algorithm": "NEXTN",
+        "max_mamba_cache_size": 200,
+        "mem_fraction_static": 0.93,
+        "disable_radix_cache": True,
+        "cuda_graph_bs_decode": [1, 2, 4],
+        "context_length": 32768,
+    }
     # server_args carries every SGLang default for flags not given.
     assert a.server_args["chunked_prefill_size"] is None and a.server_args["schedule_policy"] == "fcfs"
     assert a.server_args["tp_size"] == 2 and "config" not in a.server_args
@@ -41,7 +66,9 @@ def test_sim_flags_defaults_and_env(monkeypatch):
     monkeypatch.setenv("AUTOTUNE_SIM_GPU", "h200")
     args.build_parser.cache_clear()
     try:
-        assert args.parse(["--model-path", "m", "--sim-shm"]).sim == dataclasses.replace(a.sim, gpu="h200", shm="/dev/shm")
+        assert args.parse(["--model-path", "m", "--sim-shm"]).sim == dataclasses.replace(
+            a.sim, gpu="h200", shm="/dev/shm"
+        )
     finally:
         args.build_parser.cache_clear()
 
@@ -53,7 +80,10 @@ def test_removed_flag_is_unrecognized(capsys):
 
 def test_renamed_prefix_is_ambiguous(capsys):
     err = parse_error(["--model-path", "m", "--cuda-graph-max-bs", "16"], capsys)
-    assert "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill" in err
+    assert (
+        "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode, --cuda-graph-max-bs-prefill"
+        in err
+    )
 
 
 def test_bad_choice_and_missing_model(capsys):
@@ -63,8 +93,9 @@ def test_bad_choice_and_missing_model(capsys):
 
 def test_yaml_config_is_merged_and_cli_wins(tmp_path):
     cfg = tmp_path / "sglang.yaml"
-    cfg.write_text("model-path: qwen3.6-27b\nmax-mamba-cache-size: 80\nenable-metrics: true\n"
-                   "disable-radix-cache: false\n")
+    cfg.write_text(
+        "model-path: qwen3.6-27b\nmax-mamba-cache-size: 80\nenable-metrics: true\ndisable-radix-cache: false\n"
+    )
     a = args.parse(["--config", str(cfg), "--max-mamba-cache-size", "200"])
     assert a.flags == {"model_path": "qwen3.6-27b", "max_mamba_cache_size": 200, "enable_metrics": True}
 

@@ -13,11 +13,20 @@ from autotune.sim.evaluate import SimEvaluation, SimWorkload, _seed_prompts, eva
 
 pytestmark = pytest.mark.timeout(120)
 
-MTP = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-       "speculative_num_draft_tokens": 4}
+MTP = {
+    "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "speculative_num_draft_tokens": 4,
+}
 BASELINE = {**MTP, "max_mamba_cache_size": 80, "mamba_full_memory_ratio": 0.4}
-HAND_TUNED = {**MTP, "max_mamba_cache_size": 200, "mamba_full_memory_ratio": 0.6, "mem_fraction_static": 0.93,
-              "max_running_requests": 64}
+HAND_TUNED = {
+    **MTP,
+    "max_mamba_cache_size": 200,
+    "mamba_full_memory_ratio": 0.6,
+    "mem_fraction_static": 0.93,
+    "max_running_requests": 64,
+}
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +79,12 @@ def test_metrics_are_consistent(tuned: SimEvaluation) -> None:
 
 @pytest.mark.parametrize(("alpha", "batch", "spec_wins"), [(0.8, 64, True), (0.35, 64, False), (0.35, 128, False)])
 def test_c12_c13_speculation_sign(work: SimWorkload, alpha: float, batch: int, spec_wins: bool) -> None:
-    sized = {"max_mamba_cache_size": 5 * batch + 5, "max_running_requests": batch, "mem_fraction_static": 0.93,
-             "mamba_ssm_dtype": "bfloat16"}
+    sized = {
+        "max_mamba_cache_size": 5 * batch + 5,
+        "max_running_requests": batch,
+        "mem_fraction_static": 0.93,
+        "mamba_ssm_dtype": "bfloat16",
+    }
     short = SimWorkload(prompts=work.prompts, max_tokens=4096, warmup_s=40, measure_s=80)
     spec = evaluate({**MTP, **sized}, short, acceptance=alpha)
     plain = evaluate(sized, short, acceptance=alpha)
@@ -89,21 +102,35 @@ def test_same_seed_same_result_and_noise_is_seeded(work: SimWorkload) -> None:
 
 
 def test_same_result_in_another_process(work: SimWorkload) -> None:
-    code = ("from autotune.sim.evaluate import SimWorkload, _seed_prompts, evaluate; "
-            "w = SimWorkload(prompts=_seed_prompts(256), warmup_s=10, measure_s=30); "
-            "m = evaluate({'speculative_algorithm': 'EAGLE', 'max_mamba_cache_size': 80}, w, seed=9, noise=0.05).metrics; "
-            "print(repr((m.output_tokens, m.completed, m.itl_ms.p99)))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
-                         cwd=Path(__file__).parents[1], env={"PYTHONHASHSEED": "123"})
-    here = evaluate({"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 80},
-                    SimWorkload(prompts=_seed_prompts(256), warmup_s=10, measure_s=30), seed=9, noise=0.05).metrics
+    code = (
+        "from autotune.sim.evaluate import SimWorkload, _seed_prompts, evaluate; "
+        "w = SimWorkload(prompts=_seed_prompts(256), warmup_s=10, measure_s=30); "
+        "m = evaluate({'speculative_algorithm': 'EAGLE', 'max_mamba_cache_size': 80}, w, seed=9, noise=0.05).metrics; "
+        "print(repr((m.output_tokens, m.completed, m.itl_ms.p99)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=Path(__file__).parents[1],
+        env={"PYTHONHASHSEED": "123"},
+    )
+    here = evaluate(
+        {"speculative_algorithm": "EAGLE", "max_mamba_cache_size": 80},
+        SimWorkload(prompts=_seed_prompts(256), warmup_s=10, measure_s=30),
+        seed=9,
+        noise=0.05,
+    ).metrics
     assert here is not None
     assert out.stdout.strip() == repr((here.output_tokens, here.completed, here.itl_ms.p99))
 
 
 def test_kv_pressure_retracts_and_keeps_serving(work: SimWorkload) -> None:
-    ev = evaluate({**BASELINE, "max_total_tokens": 20_000}, SimWorkload(prompts=work.prompts, warmup_s=30,
-                                                                        measure_s=90))
+    ev = evaluate(
+        {**BASELINE, "max_total_tokens": 20_000}, SimWorkload(prompts=work.prompts, warmup_s=30, measure_s=90)
+    )
     assert ev.status == "ok" and ev.kv_tokens <= 20_000
     assert ev.retractions > 0
     assert ev.metrics is not None and ev.output_tok_s > 100
@@ -122,8 +149,9 @@ def test_unknown_or_renamed_flags_are_bad_args(work: SimWorkload) -> None:
     ev = evaluate({**MTP, "mamba_scheduler_strategy": "extra_buffer"}, work)
     assert ev.status == "bad_args" and "--mamba-radix-cache-strategy" in (ev.reason or "")
     assert ev.metrics is None and ev.sim_s == 0
-    typed = evaluate({**BASELINE, "max_mamba_cache_size": "80"}, SimWorkload(prompts=work.prompts, warmup_s=5,
-                                                                             measure_s=10))
+    typed = evaluate(
+        {**BASELINE, "max_mamba_cache_size": "80"}, SimWorkload(prompts=work.prompts, warmup_s=5, measure_s=10)
+    )
     assert typed.status == "ok" and typed.mamba_slots == 80
 
 
@@ -144,10 +172,18 @@ def test_bad_workloads_are_workload_errors() -> None:
 
 
 def test_package_exports_evaluate_lazily() -> None:
-    code = ("import sys, autotune.sim as s; assert 'numpy' not in sys.modules; "
-            "from autotune.sim import evaluate, SimWorkload; print(evaluate.__name__, SimWorkload.__name__)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
-                         cwd=Path(__file__).parents[1])
+    code = (
+        "import sys, autotune.sim as s; assert 'numpy' not in sys.modules; "
+        "from autotune.sim import evaluate, SimWorkload; print(evaluate.__name__, SimWorkload.__name__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        cwd=Path(__file__).parents[1],
+    )
     assert out.stdout.split() == ["evaluate", "SimWorkload"]
 
 
@@ -156,15 +192,23 @@ def test_fresh_repeats_keep_only_the_prefix_a_pass_shares() -> None:
     walk; ``fresh`` (the default) serves only the prefix prompts of one walk share, as a one-pass job would see."""
     shared = "system prompt " * 300  # ≈ 1,050 tokens every prompt starts with
     prompts = [shared + f"question {i}: " + f"{i} details " * 300 for i in range(12)]
-    runs = {mode: evaluate(BASELINE, SimWorkload(prompts=prompts, max_tokens=32, concurrency=8, warmup_s=5,
-                                                 measure_s=20, repeats=mode)) for mode in ("fresh", "verbatim")}
+    runs = {
+        mode: evaluate(
+            BASELINE, SimWorkload(prompts=prompts, max_tokens=32, concurrency=8, warmup_s=5, measure_s=20, repeats=mode)
+        )
+        for mode in ("fresh", "verbatim")
+    }
     fresh, verbatim = runs["fresh"], runs["verbatim"]
     assert fresh.status == verbatim.status == "ok" and fresh.metrics.completed > 5 * len(prompts)  # many walks
     assert verbatim.prefix_hit_share > 0.9  # whole prompts from the previous walk
     assert 0.35 < fresh.prefix_hit_share < 0.56  # the shared system prompt only: ≈ 1,050 of ≈ 1,900 tokens
     assert verbatim.output_tok_s > 1.3 * fresh.output_tok_s  # what the repeated walks were worth
-    alone = evaluate(BASELINE, SimWorkload(prompts=[p[len(shared):] for p in prompts], max_tokens=32,
-                                           concurrency=8, warmup_s=5, measure_s=20))
+    alone = evaluate(
+        BASELINE,
+        SimWorkload(
+            prompts=[p[len(shared) :] for p in prompts], max_tokens=32, concurrency=8, warmup_s=5, measure_s=20
+        ),
+    )
     assert alone.prefix_hit_share < 0.01  # no shared prefix, no walk repeated: nothing to serve
     with pytest.raises(WorkloadError, match="repeats"):
         SimWorkload(prompts=["a"], repeats="twice")
@@ -176,12 +220,17 @@ def test_window_drift_flags_a_window_that_caught_the_start() -> None:
     default rule run on until the estimate holds, and read the steady rate; the seed workload's batch is full from
     the start."""
     prompts = [f"document {i}: " + f"line {i} of the record. " * 1000 for i in range(200)]  # ≈ 5,500 tokens each
-    flags = {**MTP, "disable_radix_cache": True, "max_running_requests": 128, "max_mamba_cache_size": 128,
-             "mem_fraction_static": 0.93}
-    start = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=300, warmup_s=0, measure_s=14, measure_max_s=14),
-                     output_mean=300)
-    steady = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=300, warmup_s=120, measure_s=120),
-                      output_mean=300)
+    flags = {
+        **MTP,
+        "disable_radix_cache": True,
+        "max_running_requests": 128,
+        "max_mamba_cache_size": 128,
+        "mem_fraction_static": 0.93,
+    }
+    start = evaluate(
+        flags, SimWorkload(prompts=prompts, max_tokens=300, warmup_s=0, measure_s=14, measure_max_s=14), output_mean=300
+    )
+    steady = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=300, warmup_s=120, measure_s=120), output_mean=300)
     ruled = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=300, warmup_s=10, measure_s=30), output_mean=300)
     assert start.status == steady.status == ruled.status == "ok"
     assert start.window_drift > 1.0 and steady.window_drift < 0.1

@@ -38,8 +38,24 @@ def _wait(predicate, timeout: float = 10.0):
 
 
 def _argv(port: int, *flags: str) -> list[str]:
-    return [sys.executable, "-m", "autotune.sim", "--model-path", MODEL, "--sim-gpu", GPU, "--host", "127.0.0.1",
-            "--port", str(port), "--sim-startup-s", "0.3", "--sim-release-s", "0.2", *flags]
+    return [
+        sys.executable,
+        "-m",
+        "autotune.sim",
+        "--model-path",
+        MODEL,
+        "--sim-gpu",
+        GPU,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--sim-startup-s",
+        "0.3",
+        "--sim-release-s",
+        "0.2",
+        *flags,
+    ]
 
 
 def _env(tmp_path: Path, visible: str | None) -> dict[str, str]:
@@ -86,15 +102,20 @@ def test_visible_indices_reads_every_entry_and_defaults_to_what_the_server_needs
     assert device.visible_index({"CUDA_VISIBLE_DEVICES": "7,1"}) == 7
 
 
-@pytest.mark.parametrize(("config", "expected"), [
-    ({}, [("", 0)]),
-    ({"tp_size": 2}, [("TP0", 0), ("TP1", 1)]),
-    ({"tp_size": 2, "pp_size": 2}, [("PP0 TP0", 0), ("PP0 TP1", 1), ("PP1 TP0", 2), ("PP1 TP1", 3)]),
-    ({"tp_size": 2, "dp_size": 2}, [("DP0 TP0", 0), ("DP0 TP1", 1), ("DP1 TP0", 2), ("DP1 TP1", 3)]),
-    ({"tp_size": 4, "dp_size": 2, "enable_dp_attention": True},
-     [("DP0 TP0", 0), ("DP0 TP1", 1), ("DP1 TP2", 2), ("DP1 TP3", 3)]),
-    ({"tp_size": 2, "base_gpu_id": 1, "gpu_id_step": 2}, [("TP0", 1), ("TP1", 3)]),
-])
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ({}, [("", 0)]),
+        ({"tp_size": 2}, [("TP0", 0), ("TP1", 1)]),
+        ({"tp_size": 2, "pp_size": 2}, [("PP0 TP0", 0), ("PP0 TP1", 1), ("PP1 TP0", 2), ("PP1 TP1", 3)]),
+        ({"tp_size": 2, "dp_size": 2}, [("DP0 TP0", 0), ("DP0 TP1", 1), ("DP1 TP0", 2), ("DP1 TP1", 3)]),
+        (
+            {"tp_size": 4, "dp_size": 2, "enable_dp_attention": True},
+            [("DP0 TP0", 0), ("DP0 TP1", 1), ("DP1 TP2", 2), ("DP1 TP3", 3)],
+        ),
+        ({"tp_size": 2, "base_gpu_id": 1, "gpu_id_step": 2}, [("TP0", 1), ("TP1", 3)]),
+    ],
+)
 def test_ranks_open_the_ordinals_sglangs_launcher_gives_them(config, expected):
     ranks = parallel.ranks(config)
     assert [(r.label(config), r.gpu_id) for r in ranks] == expected
@@ -142,8 +163,13 @@ def test_server_info_and_sim_gpu_describe_the_whole_group(tmp_path):
 def test_the_first_rank_past_the_visible_gpus_is_the_one_that_dies(tmp_path):
     log = tmp_path / "sim.log"
     with log.open("wb") as out:  # tp 2 × pp 2 opens ordinals 0-3; with 3 visible, PP1 TP1 (ordinal 3) has none
-        proc = subprocess.run(_argv(free_port(), "--tp-size", "2", "--pp-size", "2"), stdout=out,
-                              stderr=subprocess.STDOUT, env=_env(tmp_path, "4,5,6"), timeout=30)
+        proc = subprocess.run(
+            _argv(free_port(), "--tp-size", "2", "--pp-size", "2"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(tmp_path, "4,5,6"),
+            timeout=30,
+        )
     assert proc.returncode == -signal.SIGKILL
     assert " PP1 TP1] Scheduler hit an exception" in log.read_text()
     assert {i for i in (4, 5, 6) if device.read(i, tmp_path / "devices").processes} == {4, 5, 6}
@@ -153,8 +179,13 @@ def test_the_first_rank_past_the_visible_gpus_is_the_one_that_dies(tmp_path):
 def test_tp2_server_on_one_visible_gpu_dies_with_invalid_device_ordinal(tmp_path):
     log = tmp_path / "sim.log"
     with log.open("wb") as out:
-        proc = subprocess.run(_argv(free_port(), "--tp-size", "2"), stdout=out, stderr=subprocess.STDOUT,
-                              env=_env(tmp_path, "2"), timeout=30)
+        proc = subprocess.run(
+            _argv(free_port(), "--tp-size", "2"),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(tmp_path, "2"),
+            timeout=30,
+        )
     text = log.read_text()
     assert proc.returncode == -signal.SIGKILL  # SGLang's parent kills its own tree when a scheduler dies
     assert "TP1] Scheduler hit an exception: Traceback (most recent call last):" in text
@@ -176,12 +207,20 @@ def _trial(tmp_path: Path, gpus: tuple[int, ...], name: str):
     from autotune.harness.workload import WorkloadSpec
 
     (tmp_path / "shm").mkdir(exist_ok=True)
-    engine = make_engine("sim", model_path=MODEL, sim_gpu=GPU,
-                         sim_options={"startup_s": 0.3, "release_s": 0.3, "shm": str(tmp_path / "shm")})
-    setup = TrialSetup(engine=engine, workload=WorkloadSpec(prompts=PROMPTS, sample_size=40, warmup_s=1.0,
-                                                            measure_s=2.0, concurrency=16),
-                       gpus=gpus, run_dir=tmp_path / "runs", shm_dir=tmp_path / "shm",
-                       timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    engine = make_engine(
+        "sim",
+        model_path=MODEL,
+        sim_gpu=GPU,
+        sim_options={"startup_s": 0.3, "release_s": 0.3, "shm": str(tmp_path / "shm")},
+    )
+    setup = TrialSetup(
+        engine=engine,
+        workload=WorkloadSpec(prompts=PROMPTS, sample_size=40, warmup_s=1.0, measure_s=2.0, concurrency=16),
+        gpus=gpus,
+        run_dir=tmp_path / "runs",
+        shm_dir=tmp_path / "shm",
+        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3),
+    )
     return run_trial(setup, {"tp_size": 2}, trial_dir=tmp_path / name)
 
 

@@ -55,7 +55,9 @@ def test_bfloat16_ssm_state_diverges_at_a_seeded_position_and_stays_different():
         at = p.diverges_at
         reference, diverged = plan(ref, text).ids(0, at + 200), p.ids(0, at + 200)
         assert diverged[:at] == reference[:at]
-        assert all(x != y for x, y in zip(diverged[at:], reference[at:], strict=True))  # the continuation differs throughout
+        assert all(
+            x != y for x, y in zip(diverged[at:], reference[at:], strict=True)
+        )  # the continuation differs throughout
         text_ref, text_div = plan(ref, text).span(0, at + 5)[0], p.span(0, at + 5)[0]
         assert text_div.split()[:at] == text_ref.split()[:at] and text_div != text_ref
 
@@ -97,7 +99,9 @@ def test_logprobs_shift_by_the_flags_amounts():
     lp_ref = plan(ref, text).logprobs(0, at)
     assert all(x <= 0 for x in lp_ref) and len(set(lp_ref)) > 1
     for n, shift in ((bf16, ssm.logprob_shift), (both, ssm.logprob_shift + kv.logprob_shift)):
-        assert [r - x for r, x in zip(lp_ref, plan(n, text).logprobs(0, at), strict=True)] == pytest.approx([shift] * at)
+        assert [r - x for r, x in zip(lp_ref, plan(n, text).logprobs(0, at), strict=True)] == pytest.approx(
+            [shift] * at
+        )
 
 
 def test_mamba_flags_are_inert_on_a_dense_model():
@@ -118,10 +122,27 @@ class Server:
     """One ``python -m autotune.sim`` on a free loopback port."""
 
     def __init__(self, argv: list[str], env: dict[str, str]):
-        self.argv = ["--model-path", MODEL, "--host", "127.0.0.1", "--port", "0", "--sim-startup-s", "0.1",
-                     "--sim-warmup-s", "0.1", *argv]
-        self.proc = subprocess.Popen([sys.executable, "-m", "autotune.sim", *self.argv], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        self.argv = [
+            "--model-path",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--sim-startup-s",
+            "0.1",
+            "--sim-warmup-s",
+            "0.1",
+            *argv,
+        ]
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "autotune.sim", *self.argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
         self.url = ""
 
     def wait_ready(self, timeout: float = 30.0) -> Server:
@@ -139,8 +160,12 @@ class Server:
         raise AssertionError("never healthy")
 
     def generate(self, text: str, n: int, **extra) -> dict:
-        body = {"text": text, "sampling_params": {"max_new_tokens": n, "ignore_eos": True, "temperature": 0},
-                "return_logprob": True, **extra}
+        body = {
+            "text": text,
+            "sampling_params": {"max_new_tokens": n, "ignore_eos": True, "temperature": 0},
+            "return_logprob": True,
+            **extra,
+        }
         r = httpx.post(f"{self.url}/generate", json=body, timeout=60)
         assert r.status_code == 200, r.text
         return r.json()
@@ -194,22 +219,34 @@ def test_generate_returns_seeded_tokens_and_shifted_logprobs(servers):
     assert "".join(t[2] for t in b2["meta_info"]["output_token_logprobs"]) == b2["text"]  # return_text_in_logprobs
 
     # The same tokens whatever the endpoint: OpenAI completions and a streamed /generate.
-    r = httpx.post(f"{bf16.url}/v1/completions", timeout=60, json={
-        "model": "default", "prompt": text, "max_tokens": 80, "ignore_eos": True, "temperature": 0})
+    r = httpx.post(
+        f"{bf16.url}/v1/completions",
+        timeout=60,
+        json={"model": "default", "prompt": text, "max_tokens": 80, "ignore_eos": True, "temperature": 0},
+    )
     assert r.json()["choices"][0]["text"] == b1["text"]
-    with httpx.stream("POST", f"{bf16.url}/generate", timeout=60, json={
-            "text": text, "sampling_params": {"max_new_tokens": 80, "ignore_eos": True, "temperature": 0},
-            "return_logprob": True, "stream": True}) as s:
+    with httpx.stream(
+        "POST",
+        f"{bf16.url}/generate",
+        timeout=60,
+        json={
+            "text": text,
+            "sampling_params": {"max_new_tokens": 80, "ignore_eos": True, "temperature": 0},
+            "return_logprob": True,
+            "stream": True,
+        },
+    ) as s:
         events = [json.loads(x[6:]) for x in s.iter_lines() if x.startswith("data: {")]
     assert len(events) > 1 and events[-1]["output_ids"] == b1["output_ids"]
     assert all(len(e["meta_info"]["output_token_logprobs"]) == e["meta_info"]["completion_tokens"] for e in events)
     assert events[-1]["meta_info"]["output_token_logprobs"] == b1["meta_info"]["output_token_logprobs"]
 
     # Sampled requests keep working (their tokens are not the prompt's greedy ones); a bad temperature is refused.
-    sampled = [fp32.generate(text, 20, sampling_params={"max_new_tokens": 20, "ignore_eos": True,
-                                                         "temperature": 0.8}) for _ in range(2)]
+    sampled = [
+        fp32.generate(text, 20, sampling_params={"max_new_tokens": 20, "ignore_eos": True, "temperature": 0.8})
+        for _ in range(2)
+    ]
     assert all(s["meta_info"]["completion_tokens"] == 20 for s in sampled)
     assert sampled[0]["output_ids"] != sampled[1]["output_ids"]
-    bad = httpx.post(f"{fp32.url}/generate", timeout=10,
-                     json={"text": text, "sampling_params": {"temperature": -1}})
+    bad = httpx.post(f"{fp32.url}/generate", timeout=10, json={"text": text, "sampling_params": {"temperature": -1}})
     assert bad.status_code == 400 and "temperature must be a non-negative number" in bad.json()["message"]

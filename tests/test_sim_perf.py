@@ -24,8 +24,9 @@ def test_profile_numbers_match_calibration(params: PerfParams) -> None:
 
 
 def test_plan_cell_sizes_win_and_keep_the_draft_share(params: PerfParams) -> None:
-    fp8 = PerfParams.from_profiles(load_model("qwen3.6-27b"), load_gpu("b200"), kv_cell_bytes=34_816,
-                                   mamba_slot_bytes=78_446_592)
+    fp8 = PerfParams.from_profiles(
+        load_model("qwen3.6-27b"), load_gpu("b200"), kv_cell_bytes=34_816, mamba_slot_bytes=78_446_592
+    )
     assert fp8.kv_cell_bytes + fp8.draft_cell_bytes == pytest.approx(34_816)
     assert fp8.kv_cell_bytes / fp8.draft_cell_bytes == pytest.approx(16.0)
     assert fp8.mamba_slot_bytes == 78_446_592
@@ -52,10 +53,12 @@ def test_c11_never_faster_than_the_ideal_roofline(params: PerfParams, batch: int
     assert batch * 3 / perf.decode_s(batch, context) < ideal
 
 
-@pytest.mark.parametrize(("alpha", "batch", "spec_wins"),
-                         [(0.8, 16, True), (0.8, 64, True), (0.35, 64, False), (0.35, 128, False)])
-def test_c12_c13_speculation_helps_at_high_acceptance_only(params: PerfParams, alpha: float, batch: int,
-                                                           spec_wins: bool) -> None:
+@pytest.mark.parametrize(
+    ("alpha", "batch", "spec_wins"), [(0.8, 16, True), (0.8, 64, True), (0.35, 64, False), (0.35, 128, False)]
+)
+def test_c12_c13_speculation_helps_at_high_acceptance_only(
+    params: PerfParams, alpha: float, batch: int, spec_wins: bool
+) -> None:
     spec = PerfModel(params, spec=True, draft_tokens=4).steady_tok_s(batch, 1500, expected_accept_length(alpha, 4))
     plain = PerfModel(params, spec=False).steady_tok_s(batch, 1500)
     assert (spec > plain) is spec_wins

@@ -1,4 +1,5 @@
 """The simulator's radix (prefix) cache: the tree itself, the scheduler's use of it, and what the server reports."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,8 +17,9 @@ MTP = {"speculative_algorithm": "NEXTN"}
 
 
 def shared_prompts(n: int = 24) -> list[str]:
-    return [f"{SHARED}Report {i}: " + "the disk filled up overnight and the job stopped " * (3 + i % 5)
-            for i in range(n)]
+    return [
+        f"{SHARED}Report {i}: " + "the disk filled up overnight and the job stopped " * (3 + i % 5) for i in range(n)
+    ]
 
 
 def key(text: str) -> str:
@@ -100,8 +102,7 @@ def test_hybrid_hits_resume_only_from_saved_states():
 
 # -- the scheduler and evaluate() -------------------------------------------------------------------------------
 def _evaluate(flags: dict, prompts: list[str], **kw):
-    work = SimWorkload(prompts=prompts, max_tokens=300, concurrency=kw.pop("concurrency", 24), warmup_s=5,
-                       measure_s=20)
+    work = SimWorkload(prompts=prompts, max_tokens=300, concurrency=kw.pop("concurrency", 24), warmup_s=5, measure_s=20)
     return evaluate(flags, work, seed=3, output_mean=250, **kw)
 
 
@@ -121,6 +122,7 @@ def test_shared_prefixes_skip_prefill_and_raise_throughput_only_with_the_radix_c
     for label, flags in (("on", MTP), ("off", {**MTP, "disable_radix_cache": True})):
         sched = Scheduler.from_plan(plan(model, gpu, flags), model, gpu, seed=3, emit=False)
         from autotune.sim.requests import make_request
+
         for i, text in enumerate(shared_prompts(72)):  # waves: the second saves the shared state, later ones hit
             sched.add(make_request(str(i), text, 50, seed=3))
         while sched.has_work():
@@ -157,21 +159,41 @@ def test_paced_server_reports_hits_and_agrees_with_evaluate(sim):
 
     prompts = shared_prompts()
     concurrency, max_tokens, warmup, window = 12, 300, 1.0, 4.0
-    predicted = evaluate(MTP, SimWorkload(prompts=prompts, max_tokens=max_tokens, concurrency=concurrency,
-                                          warmup_s=warmup, measure_s=window), seed=7, output_mean=250)
-    p = sim("--speculative-algorithm", "NEXTN", "--enable-metrics", "--sim-seed", "7", "--sim-warmup-s", "0",
-            "--sim-output-mean", "250")
+    predicted = evaluate(
+        MTP,
+        SimWorkload(prompts=prompts, max_tokens=max_tokens, concurrency=concurrency, warmup_s=warmup, measure_s=window),
+        seed=7,
+        output_mean=250,
+    )
+    p = sim(
+        "--speculative-algorithm",
+        "NEXTN",
+        "--enable-metrics",
+        "--sim-seed",
+        "7",
+        "--sim-warmup-s",
+        "0",
+        "--sim-output-mean",
+        "250",
+    )
     p.wait_ready()
-    measured, low, high = paced_within(p.url, predicted.output_tok_s, warmup, window, lambda: asyncio.run(
-        _replay(p.url, prompts, concurrency, max_tokens, warmup, window)))
+    measured, low, high = paced_within(
+        p.url,
+        predicted.output_tok_s,
+        warmup,
+        window,
+        lambda: asyncio.run(_replay(p.url, prompts, concurrency, max_tokens, warmup, window)),
+    )
     assert low <= measured <= high, (measured, predicted.output_tok_s, low, high)
-    body = httpx.post(f"{p.url}/generate", json={"text": prompts[0], "sampling_params": {"max_new_tokens": 4}},
-                      timeout=30).json()
+    body = httpx.post(
+        f"{p.url}/generate", json={"text": prompts[0], "sampling_params": {"max_new_tokens": 4}}, timeout=30
+    ).json()
     assert body["meta_info"]["cached_tokens"] >= 1000
     metrics = httpx.get(f"{p.url}/metrics", timeout=10).text
     hit_rate = float(re.search(r"^sglang:cache_hit_rate\{[^}]*\} (\S+)", metrics, re.M)[1])
-    device_hit = float(re.search(r'^sglang:prefill_effective_tokens_total\{[^}]*mode="device_hit"[^}]*\} (\S+)',
-                                 metrics, re.M)[1])
+    device_hit = float(
+        re.search(r'^sglang:prefill_effective_tokens_total\{[^}]*mode="device_hit"[^}]*\} (\S+)', metrics, re.M)[1]
+    )
     # Cumulative since start: the first two waves of 12 compute the shared prefix (the second saves its state at
     # the branch point: 0.5.23's rule), later ones hit ~0.9 of their prompt (a 4 s window takes it past half).
     assert hit_rate > 0.5 and device_hit > 0
@@ -184,8 +206,11 @@ def test_radix_cache_off_reports_no_hits(sim):
     p = sim("--disable-radix-cache", "--enable-metrics")
     p.wait_ready()
     for _ in range(2):
-        body = httpx.post(f"{p.url}/generate", json={"text": SHARED + "same prompt",
-                                                     "sampling_params": {"max_new_tokens": 2}}, timeout=30).json()
+        body = httpx.post(
+            f"{p.url}/generate",
+            json={"text": SHARED + "same prompt", "sampling_params": {"max_new_tokens": 2}},
+            timeout=30,
+        ).json()
         assert body["meta_info"]["cached_tokens"] == 0
     metrics = httpx.get(f"{p.url}/metrics", timeout=10).text
     assert re.search(r"^sglang:cache_hit_rate\{[^}]*\} 0\.0$", metrics, re.M)

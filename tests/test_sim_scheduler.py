@@ -23,8 +23,18 @@ PARAMS = PerfParams.from_profiles(load_model("qwen3.6-27b"), load_gpu("b200"))
 
 
 def limits(**overrides) -> SchedulerLimits:
-    base = dict(max_running_requests=4, kv_tokens=200_000, chunked_prefill_size=4096, page_size=1, spec=True,
-                draft_tokens=4, mamba_slots=20, ratio=5, decode_graph_bs=512, decode_log_interval=40)
+    base = dict(
+        max_running_requests=4,
+        kv_tokens=200_000,
+        chunked_prefill_size=4096,
+        page_size=1,
+        spec=True,
+        draft_tokens=4,
+        mamba_slots=20,
+        ratio=5,
+        decode_graph_bs=512,
+        decode_log_interval=40,
+    )
     base.update(overrides)
     return SchedulerLimits(**base)
 
@@ -37,10 +47,12 @@ def scheduler(lim: SchedulerLimits | None = None, *, seed: int = 0) -> Scheduler
 def req(rid: str, prompt: int = 100, target: int = 50, *, alpha: float = 0.8, eos: bool = True) -> SimRequest:
     """A request producing exactly ``target`` tokens (``eos``: it stops on its own, else max_new_tokens cuts it)."""
     if eos:
-        return SimRequest(rid=rid, prompt_tokens=prompt, max_new_tokens=4 * target, ignore_eos=False,
-                          natural_len=target, alpha=alpha)
-    return SimRequest(rid=rid, prompt_tokens=prompt, max_new_tokens=target, ignore_eos=True,
-                      natural_len=10 * target, alpha=alpha)
+        return SimRequest(
+            rid=rid, prompt_tokens=prompt, max_new_tokens=4 * target, ignore_eos=False, natural_len=target, alpha=alpha
+        )
+    return SimRequest(
+        rid=rid, prompt_tokens=prompt, max_new_tokens=target, ignore_eos=True, natural_len=10 * target, alpha=alpha
+    )
 
 
 def drain(s: Scheduler, max_steps: int = 200_000) -> list[StepResult]:
@@ -82,17 +94,29 @@ def test_target_len_and_finish_reason() -> None:
     assert (cut.target_len, cut.finish_reason) == (200, "length")
     forced = make_request("a", "p", 1000, ignore_eos=True, output_dist="fixed", output_mean=300)
     assert (forced.target_len, forced.finish_reason) == (1000, "length")
-    uniform = [make_request(str(i), str(i), 10_000, output_dist="uniform", output_mean=100).natural_len
-               for i in range(500)]
+    uniform = [
+        make_request(str(i), str(i), 10_000, output_dist="uniform", output_mean=100).natural_len for i in range(500)
+    ]
     assert 1 <= min(uniform) and max(uniform) <= 199
 
 
 def test_request_derivation_is_stable_across_processes() -> None:
-    code = ("from autotune.sim.requests import make_request as m; "
-            "r = m('q', 'The capital of France is', 4096, seed=7); print(repr((r.alpha, r.natural_len)))")
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           timeout=30, cwd=Path(__file__).parents[1], env={"PYTHONHASHSEED": str(k)}).stdout
-            for k in (1, 2)}
+    code = (
+        "from autotune.sim.requests import make_request as m; "
+        "r = m('q', 'The capital of France is', 4096, seed=7); print(repr((r.alpha, r.natural_len)))"
+    )
+    outs = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=30,
+            cwd=Path(__file__).parents[1],
+            env={"PYTHONHASHSEED": str(k)},
+        ).stdout
+        for k in (1, 2)
+    }
     here = make_request("q", "The capital of France is", 4096, seed=7)
     assert outs == {repr((here.alpha, here.natural_len)) + "\n"}
 
@@ -108,14 +132,34 @@ def test_bad_request_params_are_config_errors() -> None:
 def test_limits_validate_and_read_a_plan() -> None:
     with pytest.raises(ConfigError, match="max_running_requests"):
         limits(max_running_requests=0)
-    plan = MemoryPlan(fits=True, failure=None, message=None, mem_fraction_static=0.93, max_mamba_cache_size=200,
-                      max_running_requests=40, kv_tokens=798_000, inert=[], gib=MemoryGiB(),
-                      extra={"ratio": 5, "spec": True, "draft_tokens": 4, "chunked_prefill_size": 16384,
-                             "page_size": 64, "runtime_oom_tokens": 30000, "decode_graph_bs": 40})
+    plan = MemoryPlan(
+        fits=True,
+        failure=None,
+        message=None,
+        mem_fraction_static=0.93,
+        max_mamba_cache_size=200,
+        max_running_requests=40,
+        kv_tokens=798_000,
+        inert=[],
+        gib=MemoryGiB(),
+        extra={
+            "ratio": 5,
+            "spec": True,
+            "draft_tokens": 4,
+            "chunked_prefill_size": 16384,
+            "page_size": 64,
+            "runtime_oom_tokens": 30000,
+            "decode_graph_bs": 40,
+        },
+    )
     lim = SchedulerLimits.from_plan(plan)
     assert (lim.max_running_requests, lim.kv_tokens, lim.mamba_slots, lim.draft_tokens) == (40, 798_000, 200, 4)
-    assert (lim.page_size, lim.chunked_prefill_size, lim.runtime_oom_tokens, lim.decode_graph_bs) == (64, 16384,
-                                                                                                     30000, 40)
+    assert (lim.page_size, lim.chunked_prefill_size, lim.runtime_oom_tokens, lim.decode_graph_bs) == (
+        64,
+        16384,
+        30000,
+        40,
+    )
     assert lim.hybrid and lim.mamba_slots_per_req == 3
 
 
@@ -130,9 +174,12 @@ def test_batching_is_bounded_by_max_running_requests() -> None:
     assert (st.num_running, st.num_queue, st.kv_used, st.mamba_used) == (4, 6, 404, 13)  # 4×(100+1); 4×3+1 slots
     assert st.prompt_tokens_total == 400 and st.generation_tokens_total == 4
     assert sorted(first.started) == ["0", "1", "2", "3"]
-    assert re.fullmatch(r"Prefill batch, #new-seq: 4, #new-token: 400, #cached-token: 0, full token usage: \d\.\d\d, "
-                        r"mamba usage: \d\.\d\d, #running-req: 0, #queue-req: 6, #pending-token: 600, "
-                        r"cuda graph: False, input throughput \(token/s\): [\d.]+", first.log_lines[0])
+    assert re.fullmatch(
+        r"Prefill batch, #new-seq: 4, #new-token: 400, #cached-token: 0, full token usage: \d\.\d\d, "
+        r"mamba usage: \d\.\d\d, #running-req: 0, #queue-req: 6, #pending-token: 600, "
+        r"cuda graph: False, input throughput \(token/s\): [\d.]+",
+        first.log_lines[0],
+    )
     second = s.step()
     assert second.kind == "decode" and len(second.emissions) == 4
     assert all(1 <= e.new_tokens <= 4 for e in second.emissions)
@@ -152,8 +199,13 @@ def test_every_request_gets_exactly_its_tokens() -> None:
             if e.finished:
                 finals[e.rid] = e
     assert got == targets
-    assert {rid: e.finish_reason for rid, e in finals.items()} == {"a": "stop", "b": "length", "c": "stop",
-                                                                   "d": "length", "e": "stop"}
+    assert {rid: e.finish_reason for rid, e in finals.items()} == {
+        "a": "stop",
+        "b": "length",
+        "c": "stop",
+        "d": "length",
+        "e": "stop",
+    }
     assert s.stats.requests_total == 5 and s.stats.generation_tokens_total == sum(targets.values())
     c = finals["c"]
     assert c.verify_ct > 0 and c.completion_tokens == 1 + c.verify_ct + c.accepted_drafts
@@ -185,9 +237,12 @@ def test_decode_log_line_every_interval() -> None:
     s.add(req("a", target=400, eos=False))
     lines = [line for res in drain(s) for line in res.log_lines if line.startswith("Decode")]
     assert len(lines) == s._cycles // 40
-    assert re.fullmatch(r"Decode batch, #running-req: 1, #full token: \d+, full token usage: 0\.\d\d, mamba num: 4, "
-                        r"mamba usage: 0\.20, accept len: \d\.\d\d, accept rate: 0\.\d\d, cuda graph: True, "
-                        r"gen throughput \(token/s\): [\d.]+, #queue-req: 0", lines[0])
+    assert re.fullmatch(
+        r"Decode batch, #running-req: 1, #full token: \d+, full token usage: 0\.\d\d, mamba num: 4, "
+        r"mamba usage: 0\.20, accept len: \d\.\d\d, accept rate: 0\.\d\d, cuda graph: True, "
+        r"gen throughput \(token/s\): [\d.]+, #queue-req: 0",
+        lines[0],
+    )
 
 
 def test_no_spec_emits_one_token_per_cycle_and_plain_log_fields() -> None:
@@ -207,8 +262,11 @@ def test_kv_pressure_retracts_without_crashing() -> None:
     results = drain(s)
     retracts = [line for r in results for line in r.log_lines if line.startswith("KV cache pool is full")]
     assert retracts
-    assert re.fullmatch(r"KV cache pool is full\. Retract requests\. #retracted_reqs: \d+, #new_tokens_gained: \d+, "
-                        r"#mamba_num_gained: \d+, #new_token_ratio: \d\.\d{4} -> \d\.\d{4}", retracts[0])
+    assert re.fullmatch(
+        r"KV cache pool is full\. Retract requests\. #retracted_reqs: \d+, #new_tokens_gained: \d+, "
+        r"#mamba_num_gained: \d+, #new_token_ratio: \d\.\d{4} -> \d\.\d{4}",
+        retracts[0],
+    )
     finished = {e.rid: e for r in results for e in r.finished}
     assert len(finished) == 8 and all(e.completion_tokens == 400 for e in finished.values())
     assert s.stats.retractions >= 1 and any(e.retractions for e in finished.values())
@@ -275,8 +333,12 @@ def run_both_ways(lim: SchedulerLimits, requests: list[SimRequest], *, noise: fl
     that may run quiet stretches as blocks (what evaluate does)."""
     runs = []
     for emit, cycles in ((True, 1), (False, 64)):
-        s = Scheduler(lim, PerfModel(PARAMS, spec=lim.spec, draft_tokens=lim.draft_tokens, noise=noise, seed=seed),
-                      seed=seed, emit=emit)
+        s = Scheduler(
+            lim,
+            PerfModel(PARAMS, spec=lim.spec, draft_tokens=lim.draft_tokens, noise=noise, seed=seed),
+            seed=seed,
+            emit=emit,
+        )
         for r in requests:
             s.add(r)
         events = []
@@ -284,8 +346,14 @@ def run_both_ways(lim: SchedulerLimits, requests: list[SimRequest], *, noise: fl
             res = s.step(cycles)
             retracts = [line for line in res.log_lines if line.startswith("KV cache")]
             if res.finished or res.started or retracts:
-                events.append((s.clock, [(e.rid, e.completion_tokens, e.verify_ct, e.accepted_drafts)
-                                         for e in res.finished], list(res.started), retracts))
+                events.append(
+                    (
+                        s.clock,
+                        [(e.rid, e.completion_tokens, e.verify_ct, e.accepted_drafts) for e in res.finished],
+                        list(res.started),
+                        retracts,
+                    )
+                )
         st = s.stats
         events.append((st.generation_tokens_total, st.spec_verify_ct, st.retractions, st.new_token_ratio))
         runs.append(events)
@@ -296,10 +364,17 @@ def run_both_ways(lim: SchedulerLimits, requests: list[SimRequest], *, noise: fl
 def test_emitting_and_virtual_runs_are_the_same_run(spec: bool) -> None:
     """The HTTP server (emissions, one cycle per step) and evaluate (counters only, quiet stretches in blocks)
     drive one scheduler: the same events at the same clock times, bit for bit."""
-    lim = limits(max_running_requests=8, kv_tokens=3000, page_size=16, spec=spec, draft_tokens=4 if spec else 1,
-                 decode_log_interval=40)
-    requests = [req(str(i), prompt=200 + 10 * i, target=400 + 20 * i, alpha=0.6 + 0.03 * i, eos=False)
-                for i in range(10)]
+    lim = limits(
+        max_running_requests=8,
+        kv_tokens=3000,
+        page_size=16,
+        spec=spec,
+        draft_tokens=4 if spec else 1,
+        decode_log_interval=40,
+    )
+    requests = [
+        req(str(i), prompt=200 + 10 * i, target=400 + 20 * i, alpha=0.6 + 0.03 * i, eos=False) for i in range(10)
+    ]
     emitting, virtual = run_both_ways(lim, requests, noise=0.1, seed=5)
     assert emitting == virtual
     assert any(retracts for *_, retracts in emitting[:-1])

@@ -30,8 +30,14 @@ class SimProcess:
     """One ``python -m autotune.sim`` process with its combined output collected by a thread."""
 
     def __init__(self, argv: list[str], env: dict[str, str]):
-        self.proc = subprocess.Popen([sys.executable, "-m", "autotune.sim", *argv], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "autotune.sim", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            start_new_session=True,
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -98,8 +104,22 @@ def sim(tmp_path):
     started: list[SimProcess] = []
 
     def start(*argv: str, startup_s: float = 0.2, warmup_s: float = 0.4, model: str = MODEL) -> SimProcess:
-        p = SimProcess(["--model-path", model, "--host", "127.0.0.1", "--port", "0", "--sim-startup-s",
-                        str(startup_s), "--sim-warmup-s", str(warmup_s), *argv], env)
+        p = SimProcess(
+            [
+                "--model-path",
+                model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--sim-startup-s",
+                str(startup_s),
+                "--sim-warmup-s",
+                str(warmup_s),
+                *argv,
+            ],
+            env,
+        )
         started.append(p)
         return p
 
@@ -163,41 +183,77 @@ def test_serves_like_sglang(sim):
         assert c.get("/v1/models").json()["data"][0]["id"] == MODEL
 
         # OpenAI completions, streamed, with the usage chunk.
-        with c.stream("POST", "/v1/completions", json={
-                "model": "default", "prompt": "Write a haiku about GPUs.", "max_tokens": 40, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True}}) as r:
+        with c.stream(
+            "POST",
+            "/v1/completions",
+            json={
+                "model": "default",
+                "prompt": "Write a haiku about GPUs.",
+                "max_tokens": 40,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        ) as r:
             events = sse_events(list(r.iter_lines()))
         assert events[-1] == "[DONE]"
         usage = events[-2]
         assert usage["choices"] == [] and usage["usage"]["completion_tokens"] == 40
         chunks = events[:-2]
-        assert all(e["object"] == "text_completion" for e in chunks) and chunks[-1]["choices"][0]["finish_reason"] == "length"
+        assert (
+            all(e["object"] == "text_completion" for e in chunks)
+            and chunks[-1]["choices"][0]["finish_reason"] == "length"
+        )
         assert len(chunks) > 1 and "".join(e["choices"][0]["text"] for e in chunks)
 
         # Chat completions, streamed.
-        with c.stream("POST", "/v1/chat/completions", json={
-                "model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 30,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        with c.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_completion_tokens": 30,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        ) as r:
             events = sse_events(list(r.iter_lines()))
         assert events[-1] == "[DONE]" and events[-2]["usage"]["completion_tokens"] == 30
-        assert events[0]["object"] == "chat.completion.chunk" and events[0]["choices"][0]["delta"]["role"] == "assistant"
+        assert (
+            events[0]["object"] == "chat.completion.chunk" and events[0]["choices"][0]["delta"]["role"] == "assistant"
+        )
 
         # Native /generate: cumulative text, meta_info, spec stats on the final chunk.
-        with c.stream("POST", "/generate", json={"text": "The capital of France is", "stream": True,
-                                                 "sampling_params": {"max_new_tokens": 50, "ignore_eos": True}}) as r:
+        with c.stream(
+            "POST",
+            "/generate",
+            json={
+                "text": "The capital of France is",
+                "stream": True,
+                "sampling_params": {"max_new_tokens": 50, "ignore_eos": True},
+            },
+        ) as r:
             events = sse_events(list(r.iter_lines()))
         assert events[-1] == "[DONE]"
         counts = [e["meta_info"]["completion_tokens"] for e in events[:-1]]
         assert counts == sorted(counts) and counts[-1] == 50
         final = events[-2]["meta_info"]
         assert final["finish_reason"] == {"type": "length", "length": 50} and final["e2e_latency"] > 0
-        assert final["spec_verify_ct"] > 0 and final["spec_accept_length"] == pytest.approx(50 / final["spec_verify_ct"])
+        assert final["spec_verify_ct"] > 0 and final["spec_accept_length"] == pytest.approx(
+            50 / final["spec_verify_ct"]
+        )
         assert len(events[-2]["text"]) > len(events[0]["text"]) and len(events[-2]["output_ids"]) == 50
 
         body = c.post("/generate", json={"input_ids": [1, 2, 3], "sampling_params": {}}).json()
         assert body["meta_info"]["completion_tokens"] <= 128 and body["meta_info"]["prompt_tokens"] == 3
-        assert c.post("/v1/completions", json={"prompt": "x" * 4, "max_tokens": 5, "ignore_eos": True}).json()[
-            "usage"]["completion_tokens"] == 5
+        assert (
+            c.post("/v1/completions", json={"prompt": "x" * 4, "max_tokens": 5, "ignore_eos": True}).json()["usage"][
+                "completion_tokens"
+            ]
+            == 5
+        )
         too_long = c.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 10**7}})
         assert too_long.status_code == 400 and "context length" in too_long.json()["message"]
 
@@ -216,10 +272,15 @@ def test_serves_like_sglang(sim):
     for phrase in ("KV Cache is allocated.", "max_total_num_tokens=", "Load weight begin.", "Memory pool end."):
         want = {shape(x) for x in recorded if phrase in x}
         assert want & mine, f"{phrase}: {want} not in {[m for m in mine if phrase in m]}"
-    for phrase in ("server_args={'model_path': 'qwen3.6-27b'", "Mamba Cache is allocated. max_mamba_cache_size: ",
-                   "intermediate_ssm_state_cache size: ", "Capture target verify CUDA graph end. bs=[1, 2, 3",
-                   "Memory baseline taken. mem usage=", "The server is fired up and ready to roll!",
-                   f"'mem_fraction_static': {expected.mem_fraction_static}"):
+    for phrase in (
+        "server_args={'model_path': 'qwen3.6-27b'",
+        "Mamba Cache is allocated. max_mamba_cache_size: ",
+        "intermediate_ssm_state_cache size: ",
+        "Capture target verify CUDA graph end. bs=[1, 2, 3",
+        "Memory baseline taken. mem usage=",
+        "The server is fired up and ready to roll!",
+        f"'mem_fraction_static': {expected.mem_fraction_static}",
+    ):
         assert phrase in p.log, phrase
 
 
@@ -230,23 +291,43 @@ def test_metrics_need_enable_metrics(sim):
 
 
 # -- startup failures ---------------------------------------------------------------------------------------
-LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
-         "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
-         "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "head_dim": 128}
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "torch_dtype": "bfloat16",
+    "head_dim": 128,
+}
 
 
-@pytest.mark.parametrize(("argv", "code", "phrase"), [
-    (["--cuda-graph-max-bs", "16"], 2, "ambiguous option: --cuda-graph-max-bs"),
-    (["--mamba-scheduler-strategy", "extra_buffer"], 2, "unrecognized arguments: --mamba-scheduler-strategy"),
-    (["--tp-size", "5"], 1, "must be divisible by tensor parallel size"),
-    (["nomodel"], 1, "unknown model .*config.json"),
-    (["dense", "--mem-fraction-static", "0.05"], 137, "Loaded weights leave no GPU memory for the KV cache"),
-    ([*MTP, "--max-mamba-cache-size", "100000"], 137,
-     r"(Not enough GPU memory for hybrid|Loaded weights leave no GPU memory)"),
-    (["--max-mamba-cache-size", "2"], 137, "state cache is too small to serve any requests"),
-    (["--sim-gpu-memory-mib", "50000"], 137, "CUDA out of memory.*while loading weights"),
-    (["--mem-fraction-static", "0.97"], 137, r"Capture cuda graph failed: .*CUDA out of memory(.|\n)*Possible solutions:"),
-])
+@pytest.mark.parametrize(
+    ("argv", "code", "phrase"),
+    [
+        (["--cuda-graph-max-bs", "16"], 2, "ambiguous option: --cuda-graph-max-bs"),
+        (["--mamba-scheduler-strategy", "extra_buffer"], 2, "unrecognized arguments: --mamba-scheduler-strategy"),
+        (["--tp-size", "5"], 1, "must be divisible by tensor parallel size"),
+        (["nomodel"], 1, "unknown model .*config.json"),
+        (["dense", "--mem-fraction-static", "0.05"], 137, "Loaded weights leave no GPU memory for the KV cache"),
+        (
+            [*MTP, "--max-mamba-cache-size", "100000"],
+            137,
+            r"(Not enough GPU memory for hybrid|Loaded weights leave no GPU memory)",
+        ),
+        (["--max-mamba-cache-size", "2"], 137, "state cache is too small to serve any requests"),
+        (["--sim-gpu-memory-mib", "50000"], 137, "CUDA out of memory.*while loading weights"),
+        (
+            ["--mem-fraction-static", "0.97"],
+            137,
+            r"Capture cuda graph failed: .*CUDA out of memory(.|\n)*Possible solutions:",
+        ),
+    ],
+)
 def test_startup_failures(sim, tmp_path, argv, code, phrase):
     if argv[0] == "dense":
         (tmp_path / "llama").mkdir()
@@ -266,20 +347,33 @@ def test_startup_failures(sim, tmp_path, argv, code, phrase):
 
 def test_runtime_oom_dies_when_the_big_prefill_forms(sim, tmp_path):
     shm = tmp_path / "shm"
-    cfg = ["--mem-fraction-static", "0.95", "--chunked-prefill-size", "32768", "--disable-cuda-graph",
-           "--sim-shm", str(shm)]
+    cfg = [
+        "--mem-fraction-static",
+        "0.95",
+        "--chunked-prefill-size",
+        "32768",
+        "--disable-cuda-graph",
+        "--sim-shm",
+        str(shm),
+    ]
     flags = {"mem_fraction_static": 0.95, "chunked_prefill_size": 32768, "disable_cuda_graph": True}
     assert plan(load_model(MODEL), load_gpu("b200"), flags).failure == "runtime_oom"
     p = sim(*cfg)
     p.wait_ready()  # small requests are fine: the server starts and serves
-    assert httpx.post(f"{p.url}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4}},
-                      timeout=20).status_code == 200
+    assert (
+        httpx.post(
+            f"{p.url}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4}}, timeout=20
+        ).status_code
+        == 200
+    )
 
     async def flood() -> None:
         async with httpx.AsyncClient(base_url=p.url, timeout=20) as c:
             prompt = "lorem ipsum " * 4000  # ~12k tokens each: a few of them make one huge prefill batch
-            tasks = [c.post("/generate", json={"text": f"{i} {prompt}", "sampling_params": {"max_new_tokens": 8}})
-                     for i in range(6)]
+            tasks = [
+                c.post("/generate", json={"text": f"{i} {prompt}", "sampling_params": {"max_new_tokens": 8}})
+                for i in range(6)
+            ]
             await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(flood())
@@ -305,21 +399,28 @@ def test_sigterm_drains_and_device_memory_is_released_late(sim):
 
     # A client that disconnects aborts its request; a SIGTERM lets the in-flight one finish.
     with httpx.Client(base_url=a.url, timeout=20) as c:
-        with c.stream("POST", "/generate", json={"text": "bye", "stream": True,
-                                                 "sampling_params": {"max_new_tokens": 5000, "ignore_eos": True}}) as r:
+        with c.stream(
+            "POST",
+            "/generate",
+            json={"text": "bye", "stream": True, "sampling_params": {"max_new_tokens": 5000, "ignore_eos": True}},
+        ) as r:
             next(r.iter_lines())
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             text = c.get("/metrics").text
-            if (re.search(r"^sglang:num_aborted_requests_total\{.*\} 1\.0$", text, re.M)
-                    and re.search(r"^sglang:num_running_reqs\{.*\} 0\.0$", text, re.M)):
+            if re.search(r"^sglang:num_aborted_requests_total\{.*\} 1\.0$", text, re.M) and re.search(
+                r"^sglang:num_running_reqs\{.*\} 0\.0$", text, re.M
+            ):
                 break
             time.sleep(0.05)
         else:
             raise AssertionError("the disconnected request was not aborted")
 
-        with c.stream("POST", "/generate", json={"text": "last words", "stream": True,
-                                                 "sampling_params": {"max_new_tokens": 150, "ignore_eos": True}}) as r:
+        with c.stream(
+            "POST",
+            "/generate",
+            json={"text": "last words", "stream": True, "sampling_params": {"max_new_tokens": 150, "ignore_eos": True}},
+        ) as r:
             lines = r.iter_lines()
             next(lines)
             a.proc.send_signal(signal.SIGTERM)
@@ -377,19 +478,36 @@ def test_paced_throughput_matches_evaluate(sim):
     prompts = [f"request {i}: " + "the quick brown fox " * (20 + 7 * i) for i in range(24)]
     concurrency, max_tokens, warmup, window = 12, 2000, 1.0, 3.0
     flags = {"speculative_algorithm": "NEXTN"}
-    predicted = evaluate(flags, SimWorkload(prompts=prompts, max_tokens=max_tokens, concurrency=concurrency,
-                                            warmup_s=warmup, measure_s=window, warmup_max_s=warmup,
-                                            measure_max_s=window, ramp_s=0.0),  # this test's client: fixed, no ramp
-                         seed=7, output_mean=600)
+    predicted = evaluate(
+        flags,
+        SimWorkload(
+            prompts=prompts,
+            max_tokens=max_tokens,
+            concurrency=concurrency,
+            warmup_s=warmup,
+            measure_s=window,
+            warmup_max_s=warmup,
+            measure_max_s=window,
+            ramp_s=0.0,
+        ),  # this test's client: fixed, no ramp
+        seed=7,
+        output_mean=600,
+    )
     p = sim(*MTP, "--sim-seed", "7", "--sim-warmup-s", "0", "--sim-output-mean", "600")
     p.wait_ready()
-    measured, low, high = paced_within(p.url, predicted.output_tok_s, warmup, window, lambda: asyncio.run(
-        _replay(p.url, prompts, concurrency, max_tokens, warmup, window)))
+    measured, low, high = paced_within(
+        p.url,
+        predicted.output_tok_s,
+        warmup,
+        window,
+        lambda: asyncio.run(_replay(p.url, prompts, concurrency, max_tokens, warmup, window)),
+    )
     assert low <= measured <= high, (measured, predicted.output_tok_s, low, high)
 
 
-async def _replay(url: str, prompts: list[str], concurrency: int, max_tokens: int, warmup: float,
-                  window: float) -> float:
+async def _replay(
+    url: str, prompts: list[str], concurrency: int, max_tokens: int, warmup: float, window: float
+) -> float:
     """A minimal closed-loop replay client: tokens counted by arrival time inside [warmup, warmup + window]."""
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -402,8 +520,11 @@ async def _replay(url: str, prompts: list[str], concurrency: int, max_tokens: in
             text = prompts[sent % len(prompts)]
             sent += 1
             seen = 0
-            async with c.stream("POST", "/generate", json={
-                    "text": text, "stream": True, "sampling_params": {"max_new_tokens": max_tokens}}) as r:
+            async with c.stream(
+                "POST",
+                "/generate",
+                json={"text": text, "stream": True, "sampling_params": {"max_new_tokens": max_tokens}},
+            ) as r:
                 async for line in r.aiter_lines():
                     if not line.startswith("data: {"):
                         continue

@@ -42,8 +42,13 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _sweep(path: Path, *args: str, env: dict[str, str], timeout: float = 100) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", "sweep", "--config", str(path), *args],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "autotune", "sweep", "--config", str(path), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
 
 
 def _trials(path: Path, name: str) -> list[optuna.trial.FrozenTrial]:
@@ -99,13 +104,17 @@ def test_the_tiny_study_sweeps_with_every_server_a_slurm_job(cluster, tmp_path):
 @pytest.mark.slow
 def test_two_workers_as_slurm_jobs_share_one_study(cluster, tmp_path):
     path = _study(tmp_path, "pair", trials=4, launcher=False)  # the --launcher option alone puts it on Slurm
-    path.write_text(path.read_text().replace("step = 80", "step = 16").replace("step = 0.02", "step = 0.01"))  # few repeats
+    path.write_text(
+        path.read_text().replace("step = 80", "step = 16").replace("step = 0.02", "step = 0.01")
+    )  # few repeats
     with QueueWatch() as watch:
         done = _sweep(path, "--gpus", "0,1", "--launcher", "slurm", env=_env(tmp_path))
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
     trials = _trials(path, "pair")
     finished = [t for t in trials if t.state == TrialState.COMPLETE]
-    assert len(finished) >= 4 and all(t.user_attrs.get("status") in ("ok", "repeat", "duplicate") for t in finished)  # a repeat is told its figure, never launched
+    assert len(finished) >= 4 and all(
+        t.user_attrs.get("status") in ("ok", "repeat", "duplicate") for t in finished
+    )  # a repeat is told its figure, never launched
     launched = [t for t in finished if t.user_attrs.get("status") == "ok"]  # a repeat or duplicate ran nowhere
     assert {str(t.user_attrs.get("gpu")).rpartition(":")[2] for t in launched} == {"0", "1"}  # host:gpu, both
     workers = sorted(tmp_path.rglob("workers/gpu-*.log"))
@@ -118,8 +127,12 @@ def test_two_workers_as_slurm_jobs_share_one_study(cluster, tmp_path):
 @pytest.mark.slow
 def test_workers_n_on_slurm_each_ask_for_a_servers_gpus_and_run_on_their_allocation(cluster, tmp_path):
     path = _study(tmp_path, "pairs", trials=4, launcher=False)
-    path.write_text(path.read_text().replace("[engine.fixed]\n", "[engine.fixed]\ntp_size = 2\n")
-                    .replace("step = 80", "step = 16").replace("step = 0.02", "step = 0.01"))  # 55 configs: few repeats
+    path.write_text(
+        path.read_text()
+        .replace("[engine.fixed]\n", "[engine.fixed]\ntp_size = 2\n")
+        .replace("step = 80", "step = 16")
+        .replace("step = 0.02", "step = 0.01")
+    )  # 55 configs: few repeats
     with QueueWatch() as watch:
         done = _sweep(path, "--workers", "2", "--launcher", "slurm", env=_env(tmp_path))
     out = done.stdout + done.stderr
@@ -129,7 +142,9 @@ def test_workers_n_on_slurm_each_ask_for_a_servers_gpus_and_run_on_their_allocat
     assert scripts == ["worker-0.sbatch", "worker-1.sbatch"]
     assert all("--slurm-gpus" in (tmp_path / "pairs" / "runs" / "workers" / s).read_text() for s in scripts)
     finished = [t for t in _trials(path, "pairs") if t.state == TrialState.COMPLETE]
-    assert len(finished) >= 4 and all(t.user_attrs.get("status") in ("ok", "repeat", "duplicate") for t in finished)  # a repeat is told its figure, never launched
+    assert len(finished) >= 4 and all(
+        t.user_attrs.get("status") in ("ok", "repeat", "duplicate") for t in finished
+    )  # a repeat is told its figure, never launched
     launched = [t for t in finished if t.user_attrs.get("status") == "ok"]  # a repeat or duplicate has no GPUs
     groups = {tuple(t.user_attrs["result"]["gpus"]) for t in launched}
     assert groups == {(0, 1), (2, 3)}, groups  # Slurm gave the two jobs disjoint pairs; each ran its servers there
@@ -173,8 +188,13 @@ def test_a_trial_whose_job_is_scancelled_from_outside_runs_again_and_the_study_f
 
 def test_ctrl_c_reaches_the_slurm_workers_as_sigint_and_leaves_no_job(cluster, tmp_path):
     path = _study(tmp_path, "stopped", trials=6, measure_s=30.0)
-    proc = subprocess.Popen([sys.executable, "-m", "autotune", "sweep", "--config", str(path), "--gpus", "0,1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(tmp_path))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "sweep", "--config", str(path), "--gpus", "0,1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(tmp_path),
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # both workers' first servers are up: each is mid-trial

@@ -22,7 +22,8 @@ speculative_eagle_topk = 1
 
 [space]
 speculative_algorithm = {{ choices = ["unset", "EAGLE"] }}
-speculative_num_steps = {{ type = "int", low = 1, high = 4, condition = {{ flag = "speculative_algorithm", in = ["EAGLE"] }} }}
+speculative_num_steps = {{ type = "int", low = 1, high = 4, \
+condition = {{ flag = "speculative_algorithm", in = ["EAGLE"] }} }}
 max_mamba_cache_size = {{ type = "int", low = 64, high = 512, step = 64 }}
 mamba_full_memory_ratio = {{ type = "float", low = 0.2, high = 1.0 }}
 num_continuous_decode_steps = {{ type = "int", low = 1, high = 4 }}
@@ -36,7 +37,8 @@ speculative_num_draft_tokens = "speculative_num_steps + 1"
 prompts = "prompts.jsonl"
 
 [baseline]
-flags = {{ speculative_algorithm = "EAGLE", speculative_num_steps = 3, speculative_num_draft_tokens = 4, max_mamba_cache_size = 80 }}
+flags = {{ speculative_algorithm = "EAGLE", speculative_num_steps = 3, speculative_num_draft_tokens = 4, \
+max_mamba_cache_size = 80 }}
 """
 
 
@@ -57,8 +59,10 @@ def test_expressions_evaluate_without_eval():
         Expr("steps + 1")({})
 
 
-@pytest.mark.parametrize("text", ["__import__('os').system('true')", "a.b", "(lambda: 1)()", "a[0]",
-                                  "open('x')", "[x for x in a]", "max(a, key=b)"])
+@pytest.mark.parametrize(
+    "text",
+    ["__import__('os').system('true')", "a.b", "(lambda: 1)()", "a[0]", "open('x')", "[x for x in a]", "max(a, key=b)"],
+)
 def test_expressions_reject_anything_but_arithmetic(text):
     with pytest.raises(ValueError):
         Expr(text)
@@ -118,8 +122,12 @@ def test_planner_prunes_flags_that_can_change_nothing(tmp_path):
 def test_planner_is_sure_only_about_clear_failures(tmp_path):
     cfg = load(tmp_path)
     feas = Feasibility.from_config(cfg)
-    base = {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1, "speculative_num_steps": 3,
-            "speculative_num_draft_tokens": 4}
+    base = {
+        "speculative_algorithm": "EAGLE",
+        "speculative_eagle_topk": 1,
+        "speculative_num_steps": 3,
+        "speculative_num_draft_tokens": 4,
+    }
     assert not feas.sure_failure(feas.predict({**base, "max_mamba_cache_size": 80}))
     assert feas.sure_failure(feas.predict({**base, "max_mamba_cache_size": 5000}))  # the pools cannot fit
 
@@ -127,8 +135,14 @@ def test_planner_is_sure_only_about_clear_failures(tmp_path):
 def test_learning_a_capacity_offset_corrects_predictions(tmp_path):
     cfg = load(tmp_path)
     feas = Feasibility.from_config(cfg)
-    config = {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1, "speculative_num_steps": 3,
-              "speculative_num_draft_tokens": 4, "max_mamba_cache_size": 200, "mem_fraction_static": 0.9}
+    config = {
+        "speculative_algorithm": "EAGLE",
+        "speculative_eagle_topk": 1,
+        "speculative_num_steps": 3,
+        "speculative_num_draft_tokens": 4,
+        "max_mamba_cache_size": 200,
+        "mem_fraction_static": 0.9,
+    }
     predicted = feas.predict(config).kv_tokens
     # this machine reports 30k fewer KV tokens than the planner expects (e.g. a bigger CUDA context)
     offset = feas.learn(config, predicted - 30_000)
@@ -140,14 +154,17 @@ def test_config_diff():
     assert config_diff({"a": 1, "b": 2}, {"a": 1, "c": 3}) == {"b": 2, "c": None}
 
 
-@pytest.mark.parametrize("flags", [
-    {},
-    {"disable_radix_cache": True},
-    {"mamba_radix_cache_strategy": "extra_buffer_lazy"},
-    {"disable_overlap_schedule": True},
-    {"speculative_algorithm": "EAGLE", "speculative_num_steps": 2, "speculative_eagle_topk": 1},
-    {"speculative_algorithm": "EAGLE", "disable_radix_cache": True},
-])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {},
+        {"disable_radix_cache": True},
+        {"mamba_radix_cache_strategy": "extra_buffer_lazy"},
+        {"disable_overlap_schedule": True},
+        {"speculative_algorithm": "EAGLE", "speculative_num_steps": 2, "speculative_eagle_topk": 1},
+        {"speculative_algorithm": "EAGLE", "disable_radix_cache": True},
+    ],
+)
 @pytest.mark.parametrize("gpu", ["b200", "h200"])
 def test_mamba_ratio_matches_the_planners_slots_per_request(flags, gpu):
     from autotune.search.space import mamba_ratio, planner_ratio

@@ -9,8 +9,9 @@ from autotune.search.confirm.record import Confirmation, LaunchCost
 from autotune.search.views.spend import launch_seconds, phase_spend, spend, study_spend
 
 
-def _launch(startup: float = 2.0, *, modelled: float | None = 170.0, gpus: list[int] | None = None,
-            **more: float) -> TrialResult:
+def _launch(
+    startup: float = 2.0, *, modelled: float | None = 170.0, gpus: list[int] | None = None, **more: float
+) -> TrialResult:
     durations = {"startup": startup, "warmup": 4.0, "measure": 4.0, "teardown": 1.0, **more}
     return TrialResult(status="ok", config={}, durations_s=durations, modelled_startup_s=modelled, gpus=gpus)
 
@@ -46,18 +47,26 @@ def test_phases_keep_their_order_leave_out_empty_ones_and_the_line_says_the_mode
 def test_a_stored_confirmation_bills_its_runs_its_own_stress_launches_and_a_measured_defaults_run():
     costed = {"durations_s": {"startup": 3.0, "stress": 20.0}, "modelled_startup_s": 100.0, "gpus": [0, 1]}
     confirmation = {
-        "runs": [{"trial": 0, "repeat": 0, "result": _launch().to_dict()},
-                 {"trial": 1, "repeat": 0, "result": TrialResult(status="interrupted", config={}).to_dict()}],
-        "stress": {"runs": [{"trial": 0, "in_confirmation": True, "result": {"survived": True}},
-                            {"trial": 1, "status": "ok", **costed},
-                            {"trial": 2, "status": "not_run", "result": None},
-                            {"trial": 3, "status": "ok"}]},  # stored before its launch was costed
+        "runs": [
+            {"trial": 0, "repeat": 0, "result": _launch().to_dict()},
+            {"trial": 1, "repeat": 0, "result": TrialResult(status="interrupted", config={}).to_dict()},
+        ],
+        "stress": {
+            "runs": [
+                {"trial": 0, "in_confirmation": True, "result": {"survived": True}},
+                {"trial": 1, "status": "ok", **costed},
+                {"trial": 2, "status": "not_run", "result": None},
+                {"trial": 3, "status": "ok"},
+            ]
+        },  # stored before its launch was costed
         "defaults": {"how": "measured once during confirmation", **costed},
     }
     bill = {p.phase: p for p in study_spend([], Confirmation.from_dict(confirmation), simulated=False).phases}
     assert (bill["confirmation"].launches, bill["confirmation"].untimed) == (2, 1)
     assert (bill["stress"].launches, bill["stress"].untimed) == (2, 1)
-    assert bill["stress"].gpu_h == pytest.approx(46 / 3600) and bill["stress"].modelled_gpu_h == pytest.approx(240 / 3600)
+    assert bill["stress"].gpu_h == pytest.approx(46 / 3600) and bill["stress"].modelled_gpu_h == pytest.approx(
+        240 / 3600
+    )
     assert bill["defaults"].launches == 1 and "search" not in bill
     predicted = {"defaults": {"how": "predicted by the simulator's virtual clock"}}
     assert study_spend([], Confirmation.from_dict(predicted), simulated=True).phases == ()

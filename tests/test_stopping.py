@@ -55,6 +55,7 @@ label = "hand-tuned"
 flags = {{ speculative_num_steps = 3, speculative_num_draft_tokens = 4, max_mamba_cache_size = 192 }}
 """
 
+
 def study_file(tmp_path: Path, *, trials: int, patience: int) -> Path:
     return write_toml(tmp_path, STUDY.format(trials=trials, patience=patience))
 
@@ -111,7 +112,11 @@ def test_the_pruner_stops_a_clearly_losing_window_on_exact_slices():
     # Within the resolution of the incumbent (990 > 1000 × 0.98): the settle rule ends it, settled, as without.
     close = PruningSettler(RULE, SlicePruner(incumbent=1000.0, resolution=0.02))
     kept = next(s for s in (close.add(x) for x in [1980.0] * 40) if s is not None)
-    assert kept.settled and not pruned(MeasurementVerdict.from_dict(settling_figures(kept))) and kept == settle([1980.0] * 40, RULE)
+    assert (
+        kept.settled
+        and not pruned(MeasurementVerdict.from_dict(settling_figures(kept)))
+        and kept == settle([1980.0] * 40, RULE)
+    )
 
 
 @pytest.mark.parametrize("noisy", [False, True])
@@ -127,8 +132,10 @@ def test_a_pruned_trial_keeps_its_figure_and_is_never_crowned(tmp_path, noisy):
                 return ok(config, 500.0)
             settler = PruningSettler(RULE, SlicePruner(incumbent=5000.0, resolution=0.02))
             done = next(s for s in (settler.add(x) for x in wave) if s is not None)
-            window = done.tok_s[done.warmup_slices:]
-            return ok(config, sum(window) / len(window), measurement=MeasurementVerdict.from_dict(settling_figures(done)))
+            window = done.tok_s[done.warmup_slices :]
+            return ok(
+                config, sum(window) / len(window), measurement=MeasurementVerdict.from_dict(settling_figures(done))
+            )
 
     study = run_study(cfg, runner=Runner())
     trial = next(t for t in study.get_trials() if t.user_attrs.get("role") == "enqueued")

@@ -31,8 +31,10 @@ from autotune.search.storage import (
     ("url", "shown"),
     [
         ("postgresql+psycopg2://tuner:s3cret@db:5432/studies", "postgresql+psycopg2://tuner:***@db:5432/studies"),
-        ("postgresql://tuner@db/studies?password=s3cret&sslmode=require",
-         "postgresql://tuner@db/studies?password=***&sslmode=require"),
+        (
+            "postgresql://tuner@db/studies?password=s3cret&sslmode=require",
+            "postgresql://tuner@db/studies?password=***&sslmode=require",
+        ),
         ("mysql+pymysql://u:p@ss:w0rd@h/db", "mysql+pymysql://u:***@h/db"),
         ("sqlite:///studies/a.db", "sqlite:///studies/a.db"),
     ],
@@ -206,8 +208,11 @@ def test_optuna_heartbeat_fails_a_silent_remote_trial_and_retries_it_once(tmp_pa
     trials = study.get_trials()
     assert trials[trial.number].state == TrialState.FAIL
     [retry] = [t for t in trials if t.state == TrialState.WAITING]
-    assert retry.user_attrs == {"config": {"max_mamba_cache_size": 80}, "role": "search",
-                                "requeued_from": trial.number}  # not the dead run's worker tag
+    assert retry.user_attrs == {
+        "config": {"max_mamba_cache_size": 80},
+        "role": "search",
+        "requeued_from": trial.number,
+    }  # not the dead run's worker tag
     # the retry dies too: it is not retried a second time
     again = study.ask()
     assert again.number == retry.number

@@ -22,8 +22,13 @@ from autotune.sglang.profiles import load_gpu, load_model
 
 PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
 GPU = 6  # a simulated device index only these tests use
-SPEC = {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1, "speculative_num_steps": 3,
-        "speculative_num_draft_tokens": 4, "context_length": 8192}
+SPEC = {
+    "speculative_algorithm": "EAGLE",
+    "speculative_eagle_topk": 1,
+    "speculative_num_steps": 3,
+    "speculative_num_draft_tokens": 4,
+    "context_length": 8192,
+}
 
 
 @pytest.fixture
@@ -32,14 +37,25 @@ def devices(tmp_path, monkeypatch):
     return tmp_path
 
 
-def _setup(tmp_path: Path, *, max_tokens: int, concurrency: int | None = None, sim: dict | None = None,
-           prompts: Path = PROMPTS) -> TrialSetup:
-    engine = make_engine("sim", model_path="qwen3.6-27b", sim_gpu="b200",
-                         sim_options={"startup_s": 0.2, "release_s": 0.2, "warmup_s": 0.1, **(sim or {})})
-    work = WorkloadSpec(prompts=prompts, sample_size=50, warmup_s=1.0, measure_s=1.0, max_tokens=max_tokens,
-                        concurrency=concurrency)
-    return TrialSetup(engine=engine, workload=work, gpu_index=GPU, run_dir=tmp_path / "runs",
-                      timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+def _setup(
+    tmp_path: Path, *, max_tokens: int, concurrency: int | None = None, sim: dict | None = None, prompts: Path = PROMPTS
+) -> TrialSetup:
+    engine = make_engine(
+        "sim",
+        model_path="qwen3.6-27b",
+        sim_gpu="b200",
+        sim_options={"startup_s": 0.2, "release_s": 0.2, "warmup_s": 0.1, **(sim or {})},
+    )
+    work = WorkloadSpec(
+        prompts=prompts, sample_size=50, warmup_s=1.0, measure_s=1.0, max_tokens=max_tokens, concurrency=concurrency
+    )
+    return TrialSetup(
+        engine=engine,
+        workload=work,
+        gpu_index=GPU,
+        run_dir=tmp_path / "runs",
+        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3),
+    )
 
 
 def test_the_batch_is_the_longest_prompts_with_fresh_markers_and_a_queue_for_a_full_chunk():
@@ -59,8 +75,9 @@ def test_a_config_survives_its_worst_case_with_retractions_and_a_peak_within_the
     # 28 running requests of ≈490-token prompts at 1,024 tokens each need ≈42K KV tokens: a 30K pool retracts.
     config = {**SPEC, "max_running_requests": 32, "max_total_tokens": 30000}
     planned = plan(load_model("qwen3.6-27b"), load_gpu("b200"), config).to_dict()
-    result = run_trial(_setup(devices, max_tokens=1024), config, trial_dir=devices / "t",
-                       after=[StressStep(plan=planned, cap_s=60)])
+    result = run_trial(
+        _setup(devices, max_tokens=1024), config, trial_dir=devices / "t", after=[StressStep(plan=planned, cap_s=60)]
+    )
     assert result.status == "ok", result.reason
     stress = result.stress
     assert stress is not None and stress.survived and stress.failure is None
@@ -82,10 +99,19 @@ def test_a_config_that_passes_its_window_dies_under_the_stress_phase(devices):
     # ≈3,000 tokens) never prefills more than one prompt at once; its worst case, 64 of the long ones at once,
     # fills a chunk.
     prompts = devices / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"Report {i}: " + ("word " * (2400 if i % 5 == 0 else 80))})
-                               + "\n" for i in range(50)))
-    config = {**SPEC, "disable_radix_cache": True, "max_running_requests": 64, "mem_fraction_static": 0.95,
-              "chunked_prefill_size": 4096, "cuda_graph_max_bs_prefill": 1024}
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": f"Report {i}: " + ("word " * (2400 if i % 5 == 0 else 80))}) + "\n" for i in range(50)
+        )
+    )
+    config = {
+        **SPEC,
+        "disable_radix_cache": True,
+        "max_running_requests": 64,
+        "mem_fraction_static": 0.95,
+        "chunked_prefill_size": 4096,
+        "cuda_graph_max_bs_prefill": 1024,
+    }
     assert plan(load_model("qwen3.6-27b"), load_gpu("b200"), config).fits  # the planner sees nothing wrong
     setup = _setup(devices, max_tokens=256, concurrency=1, sim={"activation_scale": 4.0}, prompts=prompts)
     result = run_trial(setup, config, trial_dir=devices / "t", after=[StressStep(cap_s=60)])
@@ -94,4 +120,5 @@ def test_a_config_that_passes_its_window_dies_under_the_stress_phase(devices):
     assert stress is not None and not stress.survived and stress.failure == "runtime_oom"
     assert stress.ended == "server exited" and "CUDA out of memory" in stress.reason
     assert stress_line(result.stress).startswith("worst case: peak ") and "FAILED: runtime_oom" in stress_line(
-        result.stress)
+        result.stress
+    )

@@ -21,21 +21,35 @@ from autotune.search.confirm.record import Confirmation, ConfirmationRun
 from autotune.search.confirm.stress import STRESS_MAX, stress_winner
 from autotune.search.views.worstcase import worst_case_line
 
-BASE = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-        "max_mamba_cache_size": 80}
+BASE = {
+    "speculative_algorithm": "EAGLE",
+    "speculative_num_steps": 3,
+    "speculative_eagle_topk": 1,
+    "max_mamba_cache_size": 80,
+}
 FAST = {**BASE, "max_mamba_cache_size": 200, "mem_fraction_static": 0.95, "max_running_requests": 40}
 SAFE = {**BASE, "max_mamba_cache_size": 200, "mem_fraction_static": 0.90, "max_running_requests": 40}
 CFG = SimpleNamespace(study=SimpleNamespace(seed=0, resolution=0.02))
-SETTINGS = {"study": {"confirm_top_k": 2}, "engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
-            "workload": {"prompts": "prompts.jsonl", "sample_size": 20, "max_tokens": 256}}
+SETTINGS = {
+    "study": {"confirm_top_k": 2},
+    "engine": {"kind": "sim", "model": "qwen3.6-27b", "sim_gpu": "b200"},
+    "workload": {"prompts": "prompts.jsonl", "sample_size": 20, "max_tokens": 256},
+}
 
 
 def _result(config, tok_s, *, stress=None) -> TrialResult:
-    metrics = Metrics(output_tok_s=tok_s, request_s=1.0, ttft_ms=Percentiles(), itl_ms=Percentiles(),
-                      e2e_ms=Percentiles())
-    return TrialResult(status="ok", config=dict(config), engine="sim", metrics=metrics,
-                       capacity=Capacity(max_running_requests=40, kv_tokens=798_000, mamba_slots=200),
-                       gpu=GpuPeaks(peak_used_gib=170.0, total_gib=179.1, headroom_gib=9.1), stress=stress)
+    metrics = Metrics(
+        output_tok_s=tok_s, request_s=1.0, ttft_ms=Percentiles(), itl_ms=Percentiles(), e2e_ms=Percentiles()
+    )
+    return TrialResult(
+        status="ok",
+        config=dict(config),
+        engine="sim",
+        metrics=metrics,
+        capacity=Capacity(max_running_requests=40, kv_tokens=798_000, mamba_slots=200),
+        gpu=GpuPeaks(peak_used_gib=170.0, total_gib=179.1, headroom_gib=9.1),
+        stress=stress,
+    )
 
 
 def _study(url: str, *, settings=SETTINGS) -> optuna.Study:
@@ -43,8 +57,13 @@ def _study(url: str, *, settings=SETTINGS) -> optuna.Study:
     study = optuna.create_study(study_name="s", storage=url, direction="maximize")
     study.set_user_attr("autotune", settings)
     for config, tok_s, role in ((BASE, 1000.0, "baseline"), (FAST, 3000.0, "search"), (SAFE, 2800.0, "search")):
-        study.add_trial(optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, value=tok_s, user_attrs={
-            "result": _result(config, tok_s).to_dict(), "role": role}))
+        study.add_trial(
+            optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE,
+                value=tok_s,
+                user_attrs={"result": _result(config, tok_s).to_dict(), "role": role},
+            )
+        )
     return study
 
 
@@ -59,11 +78,19 @@ def _stress(study: optuna.Study, cfg, confirmation: dict, *, runner) -> dict | N
 
 
 def _confirmed(study: optuna.Study) -> dict:
-    runs = [{"trial": n, "repeat": k, "result": _result(cfg, tok * (1 + 0.002 * (k - 1))).to_dict()}
-            for k in range(3) for n, cfg, tok in ((1, FAST, 3000.0), (2, SAFE, 2800.0), (0, BASE, 1000.0))]
+    runs = [
+        {"trial": n, "repeat": k, "result": _result(cfg, tok * (1 + 0.002 * (k - 1))).to_dict()}
+        for k in range(3)
+        for n, cfg, tok in ((1, FAST, 3000.0), (2, SAFE, 2800.0), (0, BASE, 1000.0))
+    ]
     order = [1, 2, 0]
-    confirmation = {"runs": runs, "order": order, "n_trials": 3, "complete": True,
-                    **decide(_records(runs), order, 0, resolution=0.02).to_dict()}
+    confirmation = {
+        "runs": runs,
+        "order": order,
+        "n_trials": 3,
+        "complete": True,
+        **decide(_records(runs), order, 0, resolution=0.02).to_dict(),
+    }
     study.set_user_attr("confirmation", confirmation)
     return confirmation
 
@@ -83,11 +110,16 @@ class StressRunner:
         if self.interrupt:
             return TrialResult(status="interrupted", config=config, reason="interrupted while measuring")
         survived = self.verdicts[number]
-        stress = StressResult(survived=survived, ended="peak reached" if survived else "server exited",
-                              failure=None if survived else "runtime_oom",
-                              reason=None if survived else "torch.OutOfMemoryError: CUDA out of memory.",
-                              peak_used_gib=172.4 if survived else 179.0, total_gib=179.1,
-                              retractions=3 if survived else 0, reached_peak=survived)
+        stress = StressResult(
+            survived=survived,
+            ended="peak reached" if survived else "server exited",
+            failure=None if survived else "runtime_oom",
+            reason=None if survived else "torch.OutOfMemoryError: CUDA out of memory.",
+            peak_used_gib=172.4 if survived else 179.0,
+            total_gib=179.1,
+            retractions=3 if survived else 0,
+            reached_peak=survived,
+        )
         return _result(config, 2900.0, stress=stress)
 
 
@@ -105,16 +137,23 @@ def test_a_winner_that_dies_under_stress_is_demoted_and_the_next_one_stressed(tm
     stored = study.user_attrs["confirmation"]
     assert stored["winner_trial"] == 2
     assert worst_case_line(Confirmation.from_dict(stored), 2) == (
-        "worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived")
+        "worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived"
+    )
     again = _stress(study, CFG, stored, runner=StressRunner({}))  # resumed: nothing launched again
     assert again["winner_trial"] == 2 and len(again["stress"]["runs"]) == 2
 
 
 def _stressed_in_confirmation(confirmation: dict, number: int, *, survived: bool) -> dict:
     """``confirmation`` with trial ``number``'s last confirmation launch carrying a stress phase's verdict."""
-    stress = StressResult(survived=survived, ended="peak reached" if survived else "server exited",
-                          failure=None if survived else "runtime_oom", peak_used_gib=171.0 if survived else 179.0,
-                          total_gib=179.1, retractions=1, reached_peak=survived).to_dict()
+    stress = StressResult(
+        survived=survived,
+        ended="peak reached" if survived else "server exited",
+        failure=None if survived else "runtime_oom",
+        peak_used_gib=171.0 if survived else 179.0,
+        total_gib=179.1,
+        retractions=1,
+        reached_peak=survived,
+    ).to_dict()
     runs = [dict(r) for r in confirmation["runs"]]
     last = max(i for i, r in enumerate(runs) if r["trial"] == number)
     runs[last] = {**runs[last], "result": {**runs[last]["result"], "stress": stress}}
@@ -130,7 +169,8 @@ def test_a_stress_phase_run_in_a_confirmation_launch_costs_no_launch_of_its_own(
     (run,) = out["stress"]["runs"]
     assert run["in_confirmation"] and run["repeat"] == 2
     assert worst_case_line(Confirmation.from_dict(out), 1) == (
-        "worst case: peak 171.0 of 179.1 GiB, 1 retraction, survived")
+        "worst case: peak 171.0 of 179.1 GiB, 1 retraction, survived"
+    )
     # one that died there is demoted all the same, and the next one is stressed in a launch of its own
     study2 = _study(f"sqlite:///{tmp_path / 's2.db'}")
     died = _stressed_in_confirmation(_confirmed(study2), 1, survived=False)
@@ -167,15 +207,20 @@ def test_apply_refuses_an_unstressed_or_failed_winner_and_accepts_it_when_told(t
     assert "trial 1: worst case: peak 179.0 of 179.1 GiB, 0 retractions, FAILED: runtime_oom" in table.output
     headline = pd.DataFrame({"tok_s_per_gpu": [2900.0, 1000.0], "trial": [2, 0]}, index=["winner", "baseline"])
     assert gain(optuna.load_study(study_name="s", storage=url), headline).worst_case == (
-        "worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived")  # the report's headline says it too
+        "worst case: peak 172.4 of 179.1 GiB, 3 retractions, survived"
+    )  # the report's headline says it too
 
-    refused = CliRunner().invoke(cli, ["apply", "--storage", url, "--trial", "1", "--out", str(tmp_path / "d2"),
-                                       "--gpus", "0"])
+    refused = CliRunner().invoke(
+        cli, ["apply", "--storage", url, "--trial", "1", "--out", str(tmp_path / "d2"), "--gpus", "0"]
+    )
     assert refused.exit_code == 1 and not (tmp_path / "d2").exists()
     assert "trial 1 failed the stress phase" in str(refused.exception) and "--allow-unstressed" in str(
-        refused.exception)
-    told = CliRunner().invoke(cli, ["apply", "--storage", url, "--trial", "1", "--out", str(tmp_path / "d3"),
-                                    "--gpus", "0", "--allow-unstressed"])
+        refused.exception
+    )
+    told = CliRunner().invoke(
+        cli,
+        ["apply", "--storage", url, "--trial", "1", "--out", str(tmp_path / "d3"), "--gpus", "0", "--allow-unstressed"],
+    )
     assert told.exit_code == 0, told.output
     assert "--allow-unstressed: trial 1 failed the stress phase" in told.output
     assert not json.loads((tmp_path / "d3" / "provenance.json").read_text())["worst_case"]["passed"]
@@ -187,17 +232,26 @@ def test_a_study_with_the_confirmation_off_says_why_its_winner_was_never_stresse
     refused = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(tmp_path / "d"), "--gpus", "0"])
     assert refused.exit_code == 1 and "confirm_top_k = 0" in str(refused.exception)
     assert "--allow-unstressed" in str(refused.exception)
-    told = CliRunner().invoke(cli, ["apply", "--storage", url, "--out", str(tmp_path / "d"), "--gpus", "0",
-                                    "--allow-unstressed"])
+    told = CliRunner().invoke(
+        cli, ["apply", "--storage", url, "--out", str(tmp_path / "d"), "--gpus", "0", "--allow-unstressed"]
+    )
     assert told.exit_code == 0, told.output
 
 
 def test_a_runner_up_the_confirmation_could_not_separate_is_stressed_too(tmp_path):
     study = _study(f"sqlite:///{tmp_path / 's.db'}")
-    runs = [{"trial": n, "repeat": k, "result": _result(cfg, tok * (1 + 0.03 * (k - 1) * (-1) ** n)).to_dict()}
-            for k in range(3) for n, cfg, tok in ((1, FAST, 2900.0), (2, SAFE, 2890.0), (0, BASE, 1000.0))]
-    confirmation = {"runs": runs, "order": [1, 2, 0], "n_trials": 3, "complete": True,
-                    **decide(_records(runs), [1, 2, 0], 0, resolution=0.02).to_dict()}
+    runs = [
+        {"trial": n, "repeat": k, "result": _result(cfg, tok * (1 + 0.03 * (k - 1) * (-1) ** n)).to_dict()}
+        for k in range(3)
+        for n, cfg, tok in ((1, FAST, 2900.0), (2, SAFE, 2890.0), (0, BASE, 1000.0))
+    ]
+    confirmation = {
+        "runs": runs,
+        "order": [1, 2, 0],
+        "n_trials": 3,
+        "complete": True,
+        **decide(_records(runs), [1, 2, 0], 0, resolution=0.02).to_dict(),
+    }
     assert not confirmation["resolved"] and confirmation["runner_up_trial"] is not None
     runner = StressRunner({1: True, 2: True})
     out = _stress(study, CFG, confirmation, runner=runner)

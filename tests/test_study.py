@@ -51,7 +51,8 @@ flags = {{ speculative_num_steps = 3, speculative_num_draft_tokens = 4, max_mamb
 
 [[enqueue]]
 label = "hand-tuned"
-flags = {{ speculative_num_steps = 3, speculative_num_draft_tokens = 4, max_mamba_cache_size = 200, mem_fraction_static = 0.93 }}
+flags = {{ speculative_num_steps = 3, speculative_num_draft_tokens = 4, max_mamba_cache_size = 200, \
+mem_fraction_static = 0.93 }}
 {extra}
 """
 
@@ -73,8 +74,12 @@ P = Percentiles(p50=1.0, p90=2.0, p99=3.0, mean=1.0)
 
 def ok(config: dict, tok_s: float, **fields) -> TrialResult:
     """A measured trial of ``tok_s`` (one request per 2,500 tokens, flat latencies); ``fields``: the rest."""
-    return TrialResult(status="ok", config=config, **fields,
-                       metrics=Metrics(output_tok_s=tok_s, request_s=tok_s / 2500, ttft_ms=P, itl_ms=P, e2e_ms=P))
+    return TrialResult(
+        status="ok",
+        config=config,
+        **fields,
+        metrics=Metrics(output_tok_s=tok_s, request_s=tok_s / 2500, ttft_ms=P, itl_ms=P, e2e_ms=P),
+    )
 
 
 class PlannerRunner:
@@ -97,8 +102,9 @@ class PlannerRunner:
             return TrialResult(status="runtime_oom", config=config, reason="CUDA out of memory")
         if not mp.fits:
             return TrialResult(status=mp.failure, config=config, reason=mp.message)
-        cap = Capacity(max_running_requests=mp.max_running_requests, kv_tokens=mp.kv_tokens,
-                       mamba_slots=mp.max_mamba_cache_size)
+        cap = Capacity(
+            max_running_requests=mp.max_running_requests, kv_tokens=mp.kv_tokens, mamba_slots=mp.max_mamba_cache_size
+        )
         return ok(config, 100.0 * mp.max_running_requests, capacity=cap)
 
 
@@ -199,8 +205,12 @@ class PortTakenRunner(PlannerRunner):
         if self.numbers is not None and number not in self.numbers:
             return super().__call__(config, number)
         self.calls.append((number, dict(config)))
-        return TrialResult(status=PORT_TAKEN, config=config, reason="http://127.0.0.1:20001 answers /health but "
-                           "no process of this server listens there: another process holds the port")
+        return TrialResult(
+            status=PORT_TAKEN,
+            config=config,
+            reason="http://127.0.0.1:20001 answers /health but "
+            "no process of this server listens there: another process holds the port",
+        )
 
 
 def test_a_port_another_process_took_is_run_again_and_not_counted(tmp_path):
@@ -352,8 +362,9 @@ def test_launches_count_interrupted_trials_and_not_skipped_or_rejected_ones():
 
     def trial(state, status, **result):
         attrs = {"status": status, "result": {"status": status, "config": {}, **result}} if status else {}
-        return optuna.trial.create_trial(state=state, value=1.0 if state == TrialState.COMPLETE else None,
-                                         user_attrs=attrs)
+        return optuna.trial.create_trial(
+            state=state, value=1.0 if state == TrialState.COMPLETE else None, user_attrs=attrs
+        )
 
     trials = [
         trial(TrialState.COMPLETE, "ok"),

@@ -49,8 +49,9 @@ def test_report_reads_every_storage(url, tmp_path):
     out = tmp_path / "r.json"
     report(storage=url, out=out, fmt="json")
     assert json.loads(out.read_text(encoding="utf-8"))
-    res = CliRunner().invoke(cli, ["report", "--storage", url, "--study", "s", "--format", "csv", "--out",
-                                   str(tmp_path / "csv")])
+    res = CliRunner().invoke(
+        cli, ["report", "--storage", url, "--study", "s", "--format", "csv", "--out", str(tmp_path / "csv")]
+    )
     assert res.exit_code == 0, res.output
 
 
@@ -74,16 +75,23 @@ def test_loading_never_creates_and_names_the_studies_there(url):
 def test_apply_on_a_journal_named_by_a_relative_path_in_the_study_file(tmp_path):
     sf.make_study(n_trials=6, seed=1, name="rel", storage=open_storage(f"journal://{tmp_path / 'runs/rel.log'}"))
     (tmp_path / "prompts.jsonl").write_text('{"prompt": "hello"}\n', encoding="utf-8")
-    (tmp_path / "rel.toml").write_text('[study]\nname = "rel"\nstorage = "journal:runs/rel.log"\n'
-                                       '[workload]\nprompts = "prompts.jsonl"\n', encoding="utf-8")
+    (tmp_path / "rel.toml").write_text(
+        '[study]\nname = "rel"\nstorage = "journal:runs/rel.log"\n[workload]\nprompts = "prompts.jsonl"\n',
+        encoding="utf-8",
+    )
     out = tmp_path / "deploy"
-    res = CliRunner().invoke(cli, ["apply", "--config", str(tmp_path / "rel.toml"), "--out", str(out), "--gpus", "0", "--allow-unstressed"])
+    res = CliRunner().invoke(
+        cli, ["apply", "--config", str(tmp_path / "rel.toml"), "--out", str(out), "--gpus", "0", "--allow-unstressed"]
+    )
     assert res.exit_code == 0, res.output
     assert (out / "sglang.yaml").is_file()
 
 
 def test_a_password_never_shows_in_a_loading_error():
-    for url in ("postgresql+psycopg2://u:s3cret@127.0.0.1:1/x", "postgresql+psycopg2://u@127.0.0.1:1/x?password=s3cret"):
+    for url in (
+        "postgresql+psycopg2://u:s3cret@127.0.0.1:1/x",
+        "postgresql+psycopg2://u@127.0.0.1:1/x?password=s3cret",
+    ):
         with pytest.raises(StorageError) as info:
             load_study(url, "s")
         assert "s3cret" not in str(info.value) and "***" in str(info.value)
@@ -105,8 +113,13 @@ def test_trials_on_a_finished_study_prints_no_library_warning(tmp_path):
     study = write_tiny_study(tmp_path, name="w", trials=4)
     cfg = load_config(study)
     sf.make_study(n_trials=6, seed=1, name="w", storage=open_storage(cfg.storage_url, base_dir=cfg.base_dir))
-    done = subprocess.run([sys.executable, "-m", "autotune", "trials", "--config", str(study)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "trials", "--config", str(study)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     assert "baseline" in done.stdout  # the table itself
     lines = (done.stdout + done.stderr).splitlines()

@@ -71,8 +71,11 @@ flags = { max_mamba_cache_size = 160, mamba_ssm_dtype = "bfloat16" }
 
 def snapshot(folder: Path) -> dict[str, tuple[int, int]]:
     """Every file under ``folder``: (size, mtime) — what overwriting or appending would change."""
-    return {str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def sweep(capsys: pytest.CaptureFixture[str], path: Path, *extra: str) -> None:
@@ -105,8 +108,9 @@ def check_own_study(url: str, folder: Path) -> None:
 
 
 @pytest.mark.slow
-def test_a_recreated_study_and_a_namesake_elsewhere_get_their_own_folders_and_probe_again(tmp_path, monkeypatch,
-                                                                                          capsys):
+def test_a_recreated_study_and_a_namesake_elsewhere_get_their_own_folders_and_probe_again(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.chdir(tmp_path)
@@ -218,6 +222,8 @@ def test_an_unmarked_folder_of_a_deleted_study_is_never_adopted(tmp_path):
     (cfg.work_dir / "trials" / "0").mkdir(parents=True)  # an older layout's folder, no study of ours points in
     study = open_study(cfg)
     chosen = folders.study_folder(cfg, study)
-    assert chosen != cfg.work_dir / "trials" and json.loads((chosen / "study.json").read_text())["id"] == \
-        study.user_attrs["files"]["id"]
+    assert (
+        chosen != cfg.work_dir / "trials"
+        and json.loads((chosen / "study.json").read_text())["id"] == study.user_attrs["files"]["id"]
+    )
     assert folders.study_folder(cfg, study) == chosen  # stable across calls and processes

@@ -88,7 +88,7 @@ class SlowRunner(PlannerRunner):
             return super().__call__(config, number)
 
 
-MEM_FRACTIONS = 'mem_fraction_static = { choices = [0.86, 0.88, 0.90] }'  # search configs the given ones are not
+MEM_FRACTIONS = "mem_fraction_static = { choices = [0.86, 0.88, 0.90] }"  # search configs the given ones are not
 HAND_TUNED = """
 [[enqueue]]
 label = "hand-tuned"
@@ -127,8 +127,11 @@ def test_two_workers_on_one_study_launch_the_baseline_and_each_enqueued_config_o
     for role, label, config in first.given():
         runs = [c for _, c in runner.calls if key_of(c) == key_of(config)]
         assert len(runs) == 1, f"{role} {label} launched {len(runs)} times"
-        done = [t for t in trials if (t.user_attrs.get("role"), t.user_attrs.get("label")) == (role, label)
-                and t.state == TrialState.COMPLETE]
+        done = [
+            t
+            for t in trials
+            if (t.user_attrs.get("role"), t.user_attrs.get("label")) == (role, label) and t.state == TrialState.COMPLETE
+        ]
         assert len(done) == 1
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     dropped = [t for t in trials if t.user_attrs.get("status") == "duplicate"]

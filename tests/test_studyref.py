@@ -90,15 +90,31 @@ def test_from_the_quick_starts_study_to_a_watched_fleet_with_the_readmes_argumen
 def test_plan_never_sends_the_user_to_a_flag_it_called_inert():
     from autotune.cli.plan import inert_advice
 
-    said = ("max_running_requests is capped to 16 by the mamba state cache (max_mamba_cache_size=80, 5 state slots "
-            "per request). To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size, or halve the "
-            "state size with --mamba-ssm-dtype bfloat16.")
+    said = (
+        "max_running_requests is capped to 16 by the mamba state cache (max_mamba_cache_size=80, 5 state slots "
+        "per request). To raise it: increase --mamba-full-memory-ratio or --max-mamba-cache-size, or halve the "
+        "state size with --mamba-ssm-dtype bfloat16."
+    )
     advice = inert_advice(said, ["mamba_full_memory_ratio"])
     assert advice.startswith("autotune: --mamba-full-memory-ratio is inert")
     assert "change --max-mamba-cache-size or --mamba-ssm-dtype instead" in advice
     assert inert_advice(said, []) is None
-    result = CliRunner().invoke(cli, ["plan", "--model", "qwen3.6-27b", "--gpu", "b200", "--set",
-                                      "speculative_algorithm=EAGLE", "--set", "max_mamba_cache_size=80", "--set",
-                                      "mamba_full_memory_ratio=0.4"], terminal_width=200)
+    result = CliRunner().invoke(
+        cli,
+        [
+            "plan",
+            "--model",
+            "qwen3.6-27b",
+            "--gpu",
+            "b200",
+            "--set",
+            "speculative_algorithm=EAGLE",
+            "--set",
+            "max_mamba_cache_size=80",
+            "--set",
+            "mamba_full_memory_ratio=0.4",
+        ],
+        terminal_width=200,
+    )
     assert result.exit_code == 0, result.output
     assert "--mamba-full-memory-ratio is inert for this config" in result.output

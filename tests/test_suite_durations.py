@@ -12,8 +12,9 @@ _spec.loader.exec_module(durations)
 
 
 def _report(path: Path, cases: list[tuple[str, float]]) -> Path:
-    rows = "".join(f'<testcase classname="tests.{name}" name="t{i}" time="{seconds}"/>'
-                   for i, (name, seconds) in enumerate(cases))
+    rows = "".join(
+        f'<testcase classname="tests.{name}" name="t{i}" time="{seconds}"/>' for i, (name, seconds) in enumerate(cases)
+    )
     path.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{rows}</testsuite></testsuites>')
     return path
 

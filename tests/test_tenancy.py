@@ -40,8 +40,15 @@ def sleeper():
 
 
 def hold(tmp_path, pid: int, gib: float, *, release_s: float = 0.3) -> None:
-    device.register(0, pid=pid, gpu_name="b200", total_mib=TOTAL_MIB, used_mib=gib * 1024, release_s=release_s,
-                    directory=tmp_path / "devices")
+    device.register(
+        0,
+        pid=pid,
+        gpu_name="b200",
+        total_mib=TOTAL_MIB,
+        used_mib=gib * 1024,
+        release_s=release_s,
+        directory=tmp_path / "devices",
+    )
 
 
 def reader(tmp_path) -> SimGpuReader:
@@ -132,8 +139,13 @@ def test_sweep_next_to_a_simulated_server_stops_before_the_search(tmp_path):
     path = write_tiny_study(tmp_path, name="tiny", trials=3)
     with sim_server(tmp_path, [], env):  # another server on GPU 0 of the same registry holds most of it
         holder = [p["pid"] for p in device.read(0, tmp_path / "devices").processes]
-        done = subprocess.run([sys.executable, "-m", "autotune", "sweep", "--config", str(path)], env=env,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-m", "autotune", "sweep", "--config", str(path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     assert done.returncode == 1, done.stdout + done.stderr
     errors = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and errors[0].startswith("Error: GPU 0 is busy") and "Traceback" not in done.stderr
@@ -178,9 +190,12 @@ class TenantOom(PlannerRunner):
 
     def __call__(self, config, number):
         self.calls.append((number, dict(config)))
-        return TrialResult(status="startup_oom", config=config,
-                           reason="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB while "
-                                  "loading weights (56.58 GiB of weights, 17.81 GiB free).")
+        return TrialResult(
+            status="startup_oom",
+            config=config,
+            reason="torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB while "
+            "loading weights (56.58 GiB of weights, 17.81 GiB free).",
+        )
 
 
 def test_an_oom_far_below_the_idle_free_memory_is_the_tenants_and_teaches_the_planner_nothing(tmp_path):
@@ -202,13 +217,20 @@ def _planner() -> CorrectedFeasibility:
 
 
 def test_the_planner_learns_nothing_from_a_launch_that_shared_the_gpu():
-    config = {"speculative_algorithm": "EAGLE", "speculative_eagle_topk": 1, "speculative_num_steps": 3,
-              "speculative_num_draft_tokens": 4, "max_mamba_cache_size": 80}
+    config = {
+        "speculative_algorithm": "EAGLE",
+        "speculative_eagle_topk": 1,
+        "speculative_num_steps": 3,
+        "speculative_num_draft_tokens": 4,
+        "max_mamba_cache_size": 80,
+    }
     oom = TrialResult(status="runtime_oom", config=config, reason="CUDA out of memory")
-    shared = TrialResult.from_dict({**oom.to_dict(), "measurement": {"device_at_launch": {
-        "gpu": 0, "held_gib": 40.0, "floor_gib": 1.79}}})
-    alone = TrialResult.from_dict({**oom.to_dict(), "measurement": {"device_at_launch": {
-        "gpu": 0, "held_gib": 0.3, "floor_gib": 1.79}}})
+    shared = TrialResult.from_dict(
+        {**oom.to_dict(), "measurement": {"device_at_launch": {"gpu": 0, "held_gib": 40.0, "floor_gib": 1.79}}}
+    )
+    alone = TrialResult.from_dict(
+        {**oom.to_dict(), "measurement": {"device_at_launch": {"gpu": 0, "held_gib": 0.3, "floor_gib": 1.79}}}
+    )
     planner = _planner()
     assert planner.learn_trial(config, shared) == {} and not planner.learned
     assert "planner_oom_headroom_gib" in planner.learn_trial(config, alone) and planner.learned
@@ -226,8 +248,15 @@ def test_the_planner_learns_nothing_from_a_launch_that_shared_the_gpu():
 @pytest.mark.slow
 def test_each_worker_checks_its_own_gpu(tmp_path, sleeper, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
-    device.register(1, pid=sleeper.pid, gpu_name="b200", total_mib=TOTAL_MIB, used_mib=100 * 1024, release_s=0.2,
-                    directory=tmp_path / "devices")  # a tenant on GPU 1 only
+    device.register(
+        1,
+        pid=sleeper.pid,
+        gpu_name="b200",
+        total_mib=TOTAL_MIB,
+        used_mib=100 * 1024,
+        release_s=0.2,
+        directory=tmp_path / "devices",
+    )  # a tenant on GPU 1 only
     cfg = load_config(write_tiny_study(tmp_path, name="scale", trials=2, warmup_s=0.3))
     lines: list[str] = []
     codes = run_workers(cfg, [0, 1], echo=lines.append)
@@ -286,7 +315,7 @@ def test_busy_gpu_wait_comes_from_the_study_file_and_a_bad_value_is_refused(tmp_
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))
     hold(tmp_path, sleeper.pid, 150.0)
     path = write_tiny_study(tmp_path, name="tiny", trials=2)
-    path.write_text(path.read_text().replace("[engine]\n", "[engine]\nbusy_gpu = \"wait\"\nbusy_wait_s = 0.5\n"))
+    path.write_text(path.read_text().replace("[engine]\n", '[engine]\nbusy_gpu = "wait"\nbusy_wait_s = 0.5\n'))
     sweep = Sweep(load_config(path))
     try:
         with pytest.raises(GpuBusyError, match=r"\(waited 0.5 s\)"):  # the harness's own check, in wait mode
@@ -322,12 +351,25 @@ def test_the_confirmations_runs_read_the_device_before_each_launch(tmp_path, sle
 def test_a_holders_command_line_never_shows_its_credentials():
     from autotune.redaction import redact_argv
 
-    argv = ["-m", "sglang.launch_server", "--api-key", "s3cret-value", "--port", "30000", "--hf-token=hf_abcdefghijklmn",
-            "--enable-metrics", "--model-path", "Qwen/Qwen3.6-27B"]
+    argv = [
+        "-m",
+        "sglang.launch_server",
+        "--api-key",
+        "s3cret-value",
+        "--port",
+        "30000",
+        "--hf-token=hf_abcdefghijklmn",
+        "--enable-metrics",
+        "--model-path",
+        "Qwen/Qwen3.6-27B",
+    ]
     shown = redact_argv(argv)
     assert "s3cret-value" not in shown and "--hf-token=***" in shown and "hf_abcdefghijklmn" not in " ".join(shown)
-    assert shown[shown.index("--api-key") + 1] == "***" and shown[-3:] == ["--enable-metrics", "--model-path",
-                                                                          "Qwen/Qwen3.6-27B"]
+    assert shown[shown.index("--api-key") + 1] == "***" and shown[-3:] == [
+        "--enable-metrics",
+        "--model-path",
+        "Qwen/Qwen3.6-27B",
+    ]
     assert len(shown) == len(argv)
 
 

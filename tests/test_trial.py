@@ -52,8 +52,18 @@ def spec(**kw) -> WorkloadSpec:
 PLUMBING = spec(sample_size=8, warmup_s=0.3, measure_s=1.0, measure_max_s=6.0)
 
 
-def trial(tmp_path, config, *, engine=None, name="t", hook=None, workload=None, timeouts=None, stop_event=None,
-          launcher="local") -> tuple[TrialResult, list]:
+def trial(
+    tmp_path,
+    config,
+    *,
+    engine=None,
+    name="t",
+    hook=None,
+    workload=None,
+    timeouts=None,
+    stop_event=None,
+    launcher="local",
+) -> tuple[TrialResult, list]:
     phases: list = []
 
     def on_phase(name: str, info: dict) -> None:
@@ -61,11 +71,18 @@ def trial(tmp_path, config, *, engine=None, name="t", hook=None, workload=None, 
         if hook is not None:
             hook(name, info)
 
-    setup = TrialSetup(engine=engine or sim(tmp_path), workload=workload or spec(), gpu_index=GPU,
-                       run_dir=tmp_path / "runs", shm_dir=tmp_path / "shm", launcher=launcher,
-                       timeouts=timeouts or Timeouts(startup_s=30, teardown_s=10, grace_s=3))
-    result = run_trial(setup, config, trial_dir=tmp_path / name,
-                       hooks=TrialHooks(on_phase=on_phase, stop_event=stop_event))
+    setup = TrialSetup(
+        engine=engine or sim(tmp_path),
+        workload=workload or spec(),
+        gpu_index=GPU,
+        run_dir=tmp_path / "runs",
+        shm_dir=tmp_path / "shm",
+        launcher=launcher,
+        timeouts=timeouts or Timeouts(startup_s=30, teardown_s=10, grace_s=3),
+    )
+    result = run_trial(
+        setup, config, trial_dir=tmp_path / name, hooks=TrialHooks(on_phase=on_phase, stop_event=stop_event)
+    )
     assert_clean(tmp_path, result, phases)
     return result, phases
 
@@ -100,16 +117,23 @@ def test_good_config_matches_the_simulators_prediction(env):
     assert set(result.durations_s) == {"startup", "warmup", "measure", "teardown"}
     assert (Path(result.trial_dir) / "records.jsonl").stat().st_size > 0
     sample = PromptSample.load(PROMPTS, 60)
-    predicted = evaluate(config, SimWorkload(prompts=[r.as_text() for r in sample.rows], concurrency=32,
-                                             warmup_s=1.0, measure_s=2.5), model="qwen3.6-27b", gpu="b200")
+    predicted = evaluate(
+        config,
+        SimWorkload(prompts=[r.as_text() for r in sample.rows], concurrency=32, warmup_s=1.0, measure_s=2.5),
+        model="qwen3.6-27b",
+        gpu="b200",
+    )
     assert predicted.status == "ok"
     print(f"measured {result.metrics.output_tok_s:.1f} tok/s, predicted {predicted.metrics.output_tok_s:.1f} tok/s")
     assert result.metrics.output_tok_s == pytest.approx(predicted.metrics.output_tok_s, rel=0.10)
 
 
 def test_bad_flag_is_bad_args_before_launch(env):
-    result = run_trial(TrialSetup(engine=sim(env), workload=spec(), run_dir=env / "runs"),
-                       {"mamba_scheduler_strategy": "extra_buffer"}, trial_dir=env / "bad")
+    result = run_trial(
+        TrialSetup(engine=sim(env), workload=spec(), run_dir=env / "runs"),
+        {"mamba_scheduler_strategy": "extra_buffer"},
+        trial_dir=env / "bad",
+    )
     assert result.status == "bad_args"
     assert "--mamba-radix-cache-strategy" in result.reason
     assert not (env / "bad" / "server.log").exists()  # nothing was launched
@@ -160,7 +184,9 @@ def test_server_killed_mid_measure_is_a_crash_with_log_tail(env):
 
 
 def test_startup_timeout(env):
-    result, _ = trial(env, {}, engine=sim(env, startup_s=60), timeouts=Timeouts(startup_s=1.0, teardown_s=10, grace_s=2))
+    result, _ = trial(
+        env, {}, engine=sim(env, startup_s=60), timeouts=Timeouts(startup_s=1.0, teardown_s=10, grace_s=2)
+    )
     assert result.status == "timeout"
     assert "not ready after 1 s" in result.reason
 
@@ -168,8 +194,13 @@ def test_startup_timeout(env):
 def test_stop_event_interrupts_cleanly(env):
     stop = threading.Event()
     t0 = time.monotonic()
-    result, _ = trial(env, {"max_running_requests": 8}, workload=spec(measure_s=30), stop_event=stop,
-                      hook=lambda name, info: stop.set() if name == "measuring" else None)
+    result, _ = trial(
+        env,
+        {"max_running_requests": 8},
+        workload=spec(measure_s=30),
+        stop_event=stop,
+        hook=lambda name, info: stop.set() if name == "measuring" else None,
+    )
     assert result.status == "interrupted"
     assert time.monotonic() - t0 < 20
 
@@ -183,7 +214,8 @@ HARNESS = textwrap.dedent(
     from autotune.harness.trial import run_trial
     from autotune.harness.workload import WorkloadSpec
     tmp = Path(sys.argv[1])
-    eng = make_engine("sim", model_path="qwen3.6-27b", sim_options={"startup_s": 0.3, "release_s": 0.3, "shm": str(tmp / "shm")})
+    eng = make_engine("sim", model_path="qwen3.6-27b", sim_options={"startup_s": 0.3, "release_s": 0.3, "shm": str(tmp
+    / "shm")})
     def phase(name, info):
         if name == "warmup":
             print("PID", info["pid"], flush=True)
@@ -195,13 +227,31 @@ HARNESS = textwrap.dedent(
 
 
 def test_next_run_removes_the_orphan_of_a_killed_harness(env):
-    harness = subprocess.Popen([sys.executable, "-c", HARNESS, str(env), str(PROMPTS)], stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(env / "devices")})
+    harness = subprocess.Popen(
+        [sys.executable, "-c", HARNESS, str(env), str(PROMPTS)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(env / "devices")},
+    )
     lookalike_port = free_port()
     lookalike = subprocess.Popen(  # an unrelated sim server with the same kind of command line, not in any pid file
-        [sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--host", "127.0.0.1", "--port",
-         str(lookalike_port), "--sim-startup-s", "0.3"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, env={**os.environ, "CUDA_VISIBLE_DEVICES": "4"},
+        [
+            sys.executable,
+            "-m",
+            "autotune.sim",
+            "--model-path",
+            "qwen3.6-27b",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(lookalike_port),
+            "--sim-startup-s",
+            "0.3",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": "4"},
     )
     try:
         line = harness.stdout.readline().split()
@@ -256,9 +306,14 @@ def test_a_trial_runs_through_the_ssh_launcher_on_a_loopback_transport(env):
 
     transport = Loopback()
     launcher = SshLauncher(host="127.0.0.1", remote_dir=str(env / "remote"), transport=transport)
-    setup = TrialSetup(engine=sim(env), workload=PLUMBING, gpu_index=GPU,
-                       run_dir=env / "runs", launcher=launcher,
-                       timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    setup = TrialSetup(
+        engine=sim(env),
+        workload=PLUMBING,
+        gpu_index=GPU,
+        run_dir=env / "runs",
+        launcher=launcher,
+        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3),
+    )
     phases: list = []
     result = run_trial(setup, {}, trial_dir=env / "ssh", hooks=TrialHooks(on_phase=lambda n, i: phases.append((n, i))))
     assert result.status == "ok" and result.output_tok_s and result.output_tok_s > 0, result.reason

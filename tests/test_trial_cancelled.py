@@ -31,8 +31,12 @@ def env(tmp_path, monkeypatch):
 
 
 def _engine():
-    return make_engine("sim", model_path="qwen3.6-27b", sim_gpu="b200",
-                       sim_options={"startup_s": 0.2, "release_s": 0.2, "warmup_s": 0.1})
+    return make_engine(
+        "sim",
+        model_path="qwen3.6-27b",
+        sim_gpu="b200",
+        sim_options={"startup_s": 0.2, "release_s": 0.2, "warmup_s": 0.1},
+    )
 
 
 class _GoneBeforeReady:
@@ -77,15 +81,22 @@ class _FakeLauncher:
 
 
 def _work(**kw) -> WorkloadSpec:
-    return WorkloadSpec(**{**dict(prompts=PROMPTS, sample_size=8, warmup_s=0.2, measure_s=0.5, concurrency=4,
-                                  max_tokens=64), **kw})
+    return WorkloadSpec(
+        **{**dict(prompts=PROMPTS, sample_size=8, warmup_s=0.2, measure_s=0.5, concurrency=4, max_tokens=64), **kw}
+    )
 
 
 @pytest.mark.parametrize("cancelled", [True, False])
 def test_a_server_cancelled_while_starting_is_interrupted_and_any_other_exit_a_crash(env, cancelled):
     handle = _GoneBeforeReady(cancelled)
-    setup = TrialSetup(engine=_engine(), workload=_work(), gpu_index=GPU, run_dir=env / "runs", timeouts=TIMEOUTS,
-                       launcher=_FakeLauncher(handle))
+    setup = TrialSetup(
+        engine=_engine(),
+        workload=_work(),
+        gpu_index=GPU,
+        run_dir=env / "runs",
+        timeouts=TIMEOUTS,
+        launcher=_FakeLauncher(handle),
+    )
     result = run_trial(setup, {}, trial_dir=env / "t")
     assert handle.stopped  # stopped (and released) whatever the outcome
     if cancelled:
@@ -110,8 +121,14 @@ def test_a_server_cancelled_while_measuring_is_interrupted_not_a_crash(env):
             handles[0].cancelled, handles[0].reason = True, REASON
             os.killpg(handles[0].pid, signal.SIGKILL)
 
-    setup = TrialSetup(engine=_engine(), workload=_work(measure_s=20), gpu_index=GPU, run_dir=env / "runs",
-                       timeouts=TIMEOUTS, launcher=Cancelling())
+    setup = TrialSetup(
+        engine=_engine(),
+        workload=_work(measure_s=20),
+        gpu_index=GPU,
+        run_dir=env / "runs",
+        timeouts=TIMEOUTS,
+        launcher=Cancelling(),
+    )
     result = run_trial(setup, {"max_running_requests": 8}, trial_dir=env / "t", hooks=TrialHooks(on_phase=on_phase))
     assert handles and handles[0].cancelled
     assert result.status == "interrupted", (result.status, result.reason)

@@ -1,5 +1,6 @@
 """A trial records a tok/s only if the window measured the server: a lagging simulator or a saturated replay
 client makes it ``invalid_measurement`` / ``client_bound`` (after one re-measure with batched SSE chunks)."""
+
 from __future__ import annotations
 
 import threading
@@ -95,16 +96,21 @@ def test_a_later_window_stores_every_figure_as_it_always_has():
 
 def test_untrusted_statuses_are_statuses_and_round_trip():
     assert UNTRUSTED_STATUSES <= set(STATUSES)
-    r = TrialResult(status="client_bound", config={}, measurement=MeasurementVerdict(client_busy=0.99, stream_interval=16))
+    r = TrialResult(
+        status="client_bound", config={}, measurement=MeasurementVerdict(client_busy=0.99, stream_interval=16)
+    )
     assert r.to_dict()["measurement"] == {"client_busy": 0.99, "stream_interval": 16}
     assert TrialResult.from_dict(r.to_dict()).measurement == MeasurementVerdict(client_busy=0.99, stream_interval=16)
 
 
 def test_a_stored_trial_is_read_back_through_one_reader():
     """``TrialResult.of``: what a study stored on a trial (``user_attrs["result"]``), None where it stored none."""
-    r = TrialResult(status="client_bound", config={"tp_size": 2}, gpus=[0, 1], measurement=MeasurementVerdict(client_busy=0.99))
-    stored = optuna.trial.create_trial(state=optuna.trial.TrialState.COMPLETE, values=[0.0],
-                                       user_attrs={"result": r.to_dict(), "status": r.status})
+    r = TrialResult(
+        status="client_bound", config={"tp_size": 2}, gpus=[0, 1], measurement=MeasurementVerdict(client_busy=0.99)
+    )
+    stored = optuna.trial.create_trial(
+        state=optuna.trial.TrialState.COMPLETE, values=[0.0], user_attrs={"result": r.to_dict(), "status": r.status}
+    )
     assert TrialResult.of(stored) == r and TrialResult.of(stored).gpus_spanned == 2
     bare = optuna.trial.create_trial(state=optuna.trial.TrialState.FAIL)  # never launched: nothing stored
     assert TrialResult.of(bare) is None and TrialResult.of(None) is None
@@ -139,8 +145,12 @@ def env(tmp_path, monkeypatch):
 
 
 def _trial(tmp_path: Path, *, options: dict, hook=None) -> tuple[TrialResult, list[str]]:
-    engine = make_engine("sim", model_path="qwen3.6-27b", sim_gpu="b200",
-                         sim_options={"startup_s": 0.2, "release_s": 0.2, "warmup_s": 0.1, **options})
+    engine = make_engine(
+        "sim",
+        model_path="qwen3.6-27b",
+        sim_gpu="b200",
+        sim_options={"startup_s": 0.2, "release_s": 0.2, "warmup_s": 0.1, **options},
+    )
     phases: list[str] = []
 
     def on_phase(name: str, info: dict) -> None:
@@ -149,12 +159,19 @@ def _trial(tmp_path: Path, *, options: dict, hook=None) -> tuple[TrialResult, li
             hook(name)
 
     # Lengths held at the floors (caps = floors): the burn below must cover the whole window.
-    work = WorkloadSpec(prompts=PROMPTS, sample_size=40, warmup_s=1.0, measure_s=2.0, warmup_max_s=1.0,
-                        measure_max_s=2.0, concurrency=8)
-    setup = TrialSetup(engine=engine, workload=work, gpu_index=GPU, run_dir=tmp_path / "runs",
-                       timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
-    result = run_trial(setup, {"speculative_algorithm": "NEXTN"}, trial_dir=tmp_path / "t",
-                       hooks=TrialHooks(on_phase=on_phase))
+    work = WorkloadSpec(
+        prompts=PROMPTS, sample_size=40, warmup_s=1.0, measure_s=2.0, warmup_max_s=1.0, measure_max_s=2.0, concurrency=8
+    )
+    setup = TrialSetup(
+        engine=engine,
+        workload=work,
+        gpu_index=GPU,
+        run_dir=tmp_path / "runs",
+        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3),
+    )
+    result = run_trial(
+        setup, {"speculative_algorithm": "NEXTN"}, trial_dir=tmp_path / "t", hooks=TrialHooks(on_phase=on_phase)
+    )
     return result, phases
 
 
@@ -216,20 +233,32 @@ def test_a_normal_trial_measures_and_records_its_figures(env):
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_trial_records_its_slices_and_the_lengths_the_settle_rule_ran(env):
-    engine = make_engine("sim", model_path="qwen3.6-27b", sim_gpu="b200",
-                         sim_options={"startup_s": 0.2, "release_s": 0.2, "warmup_s": 0.1})
+    engine = make_engine(
+        "sim",
+        model_path="qwen3.6-27b",
+        sim_gpu="b200",
+        sim_options={"startup_s": 0.2, "release_s": 0.2, "warmup_s": 0.1},
+    )
     work = WorkloadSpec(prompts=PROMPTS, sample_size=40, warmup_s=1.0, measure_s=2.0, concurrency=8)
-    setup = TrialSetup(engine=engine, workload=work, gpu_index=GPU, run_dir=env / "runs",
-                       timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    setup = TrialSetup(
+        engine=engine,
+        workload=work,
+        gpu_index=GPU,
+        run_dir=env / "runs",
+        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3),
+    )
     result = run_trial(setup, {"speculative_algorithm": "NEXTN"}, trial_dir=env / "t")
     assert result.status == "ok", result.reason
     settling = Settling.from_dict(result.measurement.settling)
     assert settling is not None and result.measurement.settled is settling.settled
     lo, hi = settling.window
-    assert settling.slice_s == pytest.approx(0.4) and len(settling.tok_s) == settling.warmup_slices + settling.window_slices
+    assert (
+        settling.slice_s == pytest.approx(0.4)
+        and len(settling.tok_s) == settling.warmup_slices + settling.window_slices
+    )
     assert lo >= 1.0 and hi - lo >= 2.0 and hi <= 4.0 + 8.0  # the floors at least, the caps (4 × floors) at most
     assert result.durations_s["warmup"] == pytest.approx(lo, abs=1e-3)
     assert result.durations_s["measure"] >= hi - lo  # the window, plus closing the streams
     assert result.metrics.window_s == pytest.approx(hi - lo)
-    window = settling.tok_s[settling.warmup_slices:]
+    window = settling.tok_s[settling.warmup_slices :]
     assert result.metrics.output_tok_s == pytest.approx(sum(window) / len(window), rel=0.01)

@@ -26,8 +26,10 @@ from autotune.results import TOO_SLOW, ServerProgress, TrialResult
 
 PROMPTS = Path(__file__).resolve().parents[1] / "examples" / "prompts.jsonl"
 GPU = 5  # a simulated device index only these tests use
-PREFILL = ("Prefill batch, #new-seq: 3, #new-token: 2048, #cached-token: 0, full token usage: 0.01, #running-req: 0, "
-           "#queue-req: 5, #pending-token: 0, cuda graph: False, input throughput (token/s): 10.00\n")
+PREFILL = (
+    "Prefill batch, #new-seq: 3, #new-token: 2048, #cached-token: 0, full token usage: 0.01, #running-req: 0, "
+    "#queue-req: 5, #pending-token: 0, cuda graph: False, input throughput (token/s): 10.00\n"
+)
 
 
 def _requests(errors: list[str | None]) -> list[RequestRecord]:
@@ -35,8 +37,15 @@ def _requests(errors: list[str | None]) -> list[RequestRecord]:
 
 
 def test_refused_requests_are_counted_by_kind_and_named_when_they_dominate():
-    reqs = _requests(["HTTP 400: The input (9000 tokens) is longer than the model's context length (8192 tokens).",
-                      "HTTP 413: body too large", "HTTP 400: again", "ReadTimeout", None])
+    reqs = _requests(
+        [
+            "HTTP 400: The input (9000 tokens) is longer than the model's context length (8192 tokens).",
+            "HTTP 413: body too large",
+            "HTTP 400: again",
+            "ReadTimeout",
+            None,
+        ]
+    )
     got = rejections(reqs)
     assert got is not None and got.count == 3 and got.of == 5
     assert got.kinds == {"HTTP 400": 2, "HTTP 413": 1} and got.first is not None
@@ -45,8 +54,12 @@ def test_refused_requests_are_counted_by_kind_and_named_when_they_dominate():
     assert status == "crash" and "the server rejected 3 of the 5 requests sent (2 × HTTP 400, 1 × HTTP 413" in reason
     assert figures.rejected == got
     # stored as the dict it replaced: the same keys, the kinds most first
-    assert figures.to_dict()["rejected"] == {"count": 3, "of": 5, "kinds": {"HTTP 400": 2, "HTTP 413": 1},
-                                             "first": got.first}
+    assert figures.to_dict()["rejected"] == {
+        "count": 3,
+        "of": 5,
+        "kinds": {"HTTP 400": 2, "HTTP 413": 1},
+        "first": got.first,
+    }
     assert rejections(_requests([None, "ReadTimeout"])) is None  # a client-side failure is not a refusal
 
 
@@ -59,8 +72,9 @@ def test_no_token_from_a_progressing_server_is_too_slow_with_its_evidence():
     assert "2 prefill batches (4,096 new tokens)" in reason and "lengthen workload.measure_s" in reason
     assert "host is too slow" in reason
     spec = WorkloadSpec(prompts=PROMPTS, option_names=MEASURE_OPTIONS)  # `autotune measure` names its own options
-    _, reason, _ = no_tokens(_requests([None] * 4), PREFILL, [], window_s=0.5,
-                             options=(spec.option("measure_s"), spec.option("warmup_s")))
+    _, reason, _ = no_tokens(
+        _requests([None] * 4), PREFILL, [], window_s=0.5, options=(spec.option("measure_s"), spec.option("warmup_s"))
+    )
     assert "lengthen --window (and --warmup)" in reason and "workload." not in reason
     status, reason, _ = no_tokens(_requests([None, "ReadTimeout"]), "", [], window_s=0.5)
     assert status == "crash" and "showed no progress (ReadTimeout)" in reason  # nothing moved: not too_slow
@@ -78,8 +92,12 @@ def test_writing_turns_disk_errnos_into_one_line_and_leaves_the_rest(tmp_path):
 
 
 def _engine(options: dict | None = None):
-    return make_engine("sim", model_path="qwen3.6-27b", sim_gpu="b200",
-                       sim_options={"startup_s": 0.2, "release_s": 0.2, "warmup_s": 0.1, **(options or {})})
+    return make_engine(
+        "sim",
+        model_path="qwen3.6-27b",
+        sim_gpu="b200",
+        sim_options={"startup_s": 0.2, "release_s": 0.2, "warmup_s": 0.1, **(options or {})},
+    )
 
 
 def _children() -> list[psutil.Process]:
@@ -97,13 +115,28 @@ def test_a_slow_but_alive_server_is_too_slow_not_crash(env):
     # ~100k-token prompts prefilled in 16k chunks on a clock paced at half real time (--sim-speedup 0.5): the server
     # works through the first chunks all window long, and no token can arrive in 0.5 s.
     prompts = env / "long.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"Document {i}: " + "lorem ipsum dolor sit amet " * 15000}) + "\n"
-                               for i in range(4)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": f"Document {i}: " + "lorem ipsum dolor sit amet " * 15000}) + "\n" for i in range(4)
+        )
+    )
     # Run as `autotune measure` runs it: the reason names measure's own options, not a study file's keys.
-    work = WorkloadSpec(prompts=prompts, sample_size=4, warmup_s=0.2, measure_s=0.5, concurrency=2, max_tokens=64,
-                        option_names=MEASURE_OPTIONS)
-    setup = TrialSetup(engine=_engine({"speedup": 0.5}), workload=work, gpu_index=GPU, run_dir=env / "runs",
-                       timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    work = WorkloadSpec(
+        prompts=prompts,
+        sample_size=4,
+        warmup_s=0.2,
+        measure_s=0.5,
+        concurrency=2,
+        max_tokens=64,
+        option_names=MEASURE_OPTIONS,
+    )
+    setup = TrialSetup(
+        engine=_engine({"speedup": 0.5}),
+        workload=work,
+        gpu_index=GPU,
+        run_dir=env / "runs",
+        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3),
+    )
     result = run_trial(setup, {}, trial_dir=env / "t")
     assert result.status == TOO_SLOW, (result.status, result.reason)
     assert result.measurement.progress.prefill_batches >= 1 and "lengthen --window (and --warmup)" in result.reason
@@ -118,10 +151,23 @@ DRAIN_S = 5.0  # closing the streams and the window's last probe: generous, so a
 @pytest.mark.timeout(90)
 def test_a_server_that_never_answers_is_too_slow_at_the_cap_plus_the_drain(env):
     # --sim-stall: once ready the server accepts every request and holds its stream open, never sending a token.
-    work = WorkloadSpec(prompts=PROMPTS, sample_size=8, warmup_s=0.3, measure_s=0.5, warmup_max_s=0.6,
-                        measure_max_s=1.0, concurrency=4, max_tokens=64)
-    setup = TrialSetup(engine=_engine({"stall": True}), workload=work, gpu_index=GPU, run_dir=env / "runs",
-                       timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
+    work = WorkloadSpec(
+        prompts=PROMPTS,
+        sample_size=8,
+        warmup_s=0.3,
+        measure_s=0.5,
+        warmup_max_s=0.6,
+        measure_max_s=1.0,
+        concurrency=4,
+        max_tokens=64,
+    )
+    setup = TrialSetup(
+        engine=_engine({"stall": True}),
+        workload=work,
+        gpu_index=GPU,
+        run_dir=env / "runs",
+        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3),
+    )
     result = run_trial(setup, {}, trial_dir=env / "t")
     assert result.status == TOO_SLOW, (result.status, result.reason)
     assert "held 4 of the 4 sent open without answering" in result.reason and "workload.measure_s" in result.reason
@@ -139,8 +185,17 @@ def test_a_full_disk_mid_trial_is_a_disk_error_after_the_server_stopped(env, mon
     monkeypatch.setattr(ReplayRecords, "write_jsonl", full)
     work = WorkloadSpec(prompts=PROMPTS, sample_size=8, warmup_s=0.2, measure_s=0.3, concurrency=4, max_tokens=64)
     with pytest.raises(DiskError) as info:
-        run_trial(TrialSetup(engine=_engine(), workload=work, gpu_index=GPU, run_dir=env / "runs",
-                             timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3)), {}, trial_dir=env / "t")
+        run_trial(
+            TrialSetup(
+                engine=_engine(),
+                workload=work,
+                gpu_index=GPU,
+                run_dir=env / "runs",
+                timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3),
+            ),
+            {},
+            trial_dir=env / "t",
+        )
     assert f"cannot write {env / 't' / 'records.jsonl'}: No space left on device" in str(info.value)
     assert info.value.path == str(env / "t" / "records.jsonl")
     assert not _children()  # the server did not outlive the trial
@@ -170,8 +225,11 @@ def test_a_trial_folder_on_a_full_disk_is_one_disk_error_and_no_launch(env, tiny
     work = WorkloadSpec(prompts=PROMPTS, sample_size=8, warmup_s=0.2, measure_s=0.3, concurrency=4, max_tokens=64)
     # An unknown flag: the trial's result.json is its only write (a bad_args outcome), and it cannot be made.
     with pytest.raises(DiskError) as info:
-        run_trial(TrialSetup(engine=_engine(), workload=work, gpu_index=GPU, run_dir=env / "runs"),
-                  {"no_such_flag": 1}, trial_dir=tiny_disk / "t")
+        run_trial(
+            TrialSetup(engine=_engine(), workload=work, gpu_index=GPU, run_dir=env / "runs"),
+            {"no_such_flag": 1},
+            trial_dir=tiny_disk / "t",
+        )
     assert str(tiny_disk / "t") in str(info.value) and "No space left on device" in str(info.value)
     assert info.value.free_bytes is not None and info.value.free_bytes < 8192
     assert not _children() and not (env / "devices").exists()

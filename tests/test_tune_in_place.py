@@ -43,9 +43,13 @@ def test_only_a_serving_local_server_is_lent_and_nothing_is_written_otherwise(tm
 def borrowing_sweep(tmp_path: Path, fleet: Path, server: str, trials: int = 2) -> subprocess.Popen[str]:
     (tmp_path / "study").mkdir(exist_ok=True)
     study = write_tiny_study(tmp_path / "study", name="inplace", trials=trials)
-    return subprocess.Popen([sys.executable, "-m", "autotune", "sweep", "--config", str(study), "--borrow", server,
-                             "--fleet", str(fleet)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": os.environ["AUTOTUNE_SIM_DEVICE_DIR"]})
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune", "sweep", "--config", str(study), "--borrow", server, "--fleet", str(fleet)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": os.environ["AUTOTUNE_SIM_DEVICE_DIR"]},
+    )
 
 
 @needs_router

@@ -37,20 +37,27 @@ UNI = {"enable_unified_memory": True}
 QWEN, B200, H200 = load_model("qwen3.6-27b"), load_gpu("b200"), load_gpu("h200")
 
 
-@pytest.mark.parametrize(("gpu", "flags"), [
-    (B200, {**MTP, "max_mamba_cache_size": 96}),  # trtllm_mha, extra_buffer + overlap (ratio 5)
-    (H200, {**MTP}),  # fa3, auto-sized Mamba pool
-    (B200, {**MTP, "mamba_radix_cache_strategy": "extra_buffer_lazy", "max_mamba_cache_size": 96}),
-    (B200, {"mamba_radix_cache_strategy": "no_buffer", "attention_backend": "triton", "max_mamba_cache_size": 90}),
-    (B200, {**MTP, "disable_radix_cache": True, "max_running_requests": 32}),
-    (B200, {"speculative_algorithm": "NEXTN", "max_mamba_cache_size": 96}),  # NEXTN resolves to EAGLE first
-])
+@pytest.mark.parametrize(
+    ("gpu", "flags"),
+    [
+        (B200, {**MTP, "max_mamba_cache_size": 96}),  # trtllm_mha, extra_buffer + overlap (ratio 5)
+        (H200, {**MTP}),  # fa3, auto-sized Mamba pool
+        (B200, {**MTP, "mamba_radix_cache_strategy": "extra_buffer_lazy", "max_mamba_cache_size": 96}),
+        (B200, {"mamba_radix_cache_strategy": "no_buffer", "attention_backend": "triton", "max_mamba_cache_size": 90}),
+        (B200, {**MTP, "disable_radix_cache": True, "max_running_requests": 32}),
+        (B200, {"speculative_algorithm": "NEXTN", "max_mamba_cache_size": 96}),  # NEXTN resolves to EAGLE first
+    ],
+)
 def test_accepted_for_every_strategy_with_the_same_cap_and_one_arena(gpu, flags):
     static, uni = plan(QWEN, gpu, flags), plan(QWEN, gpu, {**flags, **UNI})
     assert static.fits and uni.fits, uni.message
     # Sizing is the static path's: K, the running cap and the boot label max_total_num_tokens (L3119-3172).
     assert (uni.max_running_requests, uni.max_mamba_cache_size, uni.kv_tokens, uni.extra["ratio"]) == (
-        static.max_running_requests, static.max_mamba_cache_size, static.kv_tokens, static.extra["ratio"])
+        static.max_running_requests,
+        static.max_mamba_cache_size,
+        static.kv_tokens,
+        static.extra["ratio"],
+    )
     arena, k = uni.extra["unified"], uni.max_mamba_cache_size
     slot, cell = uni.extra["mamba_slot_bytes"], uni.extra["kv_cell_bytes"]
     budget = int(static.extra["rest_gib"] * GIB)  # the KV budget after the Mamba pool, as the planner rounds it
@@ -71,27 +78,47 @@ def test_seed_case_figures():
     assert uni.extra["unified"]["entry_bytes"] == 69_632  # 65,536 target + 4,096 fused MTP draft
 
 
-@pytest.mark.parametrize(("flags", "words"), [
-    ({"speculative_algorithm": "NGRAM"}, "only supports --speculative-algorithm DSPARK, DFLASH, EAGLE and EAGLE3"),
-    ({**MTP, "speculative_num_steps": 3, "speculative_eagle_topk": 2, "speculative_num_draft_tokens": 4,
-      "attention_backend": "fa3", "page_size": 1}, "supports a linear draft chain only"),  # L601-607
-    ({**MTP, "attention_backend": "fa4"}, "+ EAGLE/EAGLE3 requires the target on the spec-verify-audited"),
-    ({**MTP, "speculative_draft_attention_backend": "fa4"}, "runs the draft on ['fa4']"),  # L634-640
-    ({"attention_backend": "flex_attention"}, "--enable-page-major-kv-layout: the resolved attention backends"),
-    ({"linear_attn_decode_backend": "cutedsl"}, "linear-attention DECODE backend must be one of"),  # L843-852
-    ({"mamba_backend": "flashinfer"}, "requires the Triton Mamba kernels"),  # L858-862
-    ({"kv_cache_dtype": "nvfp4"}, "FP4 KV cache does not yet support --enable-unified-memory"),
-    ({**MTP, "speculative_draft_kv_cache_dtype": "fp8_e4m3"}, "this draft cannot fuse"),  # L1395-1405
-    ({"enable_two_batch_overlap": True}, "does not support --enable-two-batch-overlap"),  # L653-657
-    ({"dcp_size": 2}, "supports MLA models only"),  # _validate_unified_memory_dcp L719-732
-    # PD disaggregation (L533-586): Mooncake only; no speculative decoding over it; Mamba-specific refusals.
-    ({"disaggregation_mode": "decode", "disaggregation_transfer_backend": "nixl"}, "transfer backends: mooncake"),
-    ({**MTP, "disaggregation_mode": "prefill"}, "does not support speculative decoding with the Mooncake"),
-    ({"disaggregation_mode": "decode", "disaggregation_decode_enable_offload_kvcache": True,
-      "hicache_storage_backend": "file"}, "decode KV offload does not support hybrid-Mamba models"),
-    ({"disaggregation_mode": "decode", "disaggregation_decode_retraction_backup": "host_pool"},
-     "host-pool decode retraction does not support hybrid-Mamba models"),
-])
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        ({"speculative_algorithm": "NGRAM"}, "only supports --speculative-algorithm DSPARK, DFLASH, EAGLE and EAGLE3"),
+        (
+            {
+                **MTP,
+                "speculative_num_steps": 3,
+                "speculative_eagle_topk": 2,
+                "speculative_num_draft_tokens": 4,
+                "attention_backend": "fa3",
+                "page_size": 1,
+            },
+            "supports a linear draft chain only",
+        ),  # L601-607
+        ({**MTP, "attention_backend": "fa4"}, "+ EAGLE/EAGLE3 requires the target on the spec-verify-audited"),
+        ({**MTP, "speculative_draft_attention_backend": "fa4"}, "runs the draft on ['fa4']"),  # L634-640
+        ({"attention_backend": "flex_attention"}, "--enable-page-major-kv-layout: the resolved attention backends"),
+        ({"linear_attn_decode_backend": "cutedsl"}, "linear-attention DECODE backend must be one of"),  # L843-852
+        ({"mamba_backend": "flashinfer"}, "requires the Triton Mamba kernels"),  # L858-862
+        ({"kv_cache_dtype": "nvfp4"}, "FP4 KV cache does not yet support --enable-unified-memory"),
+        ({**MTP, "speculative_draft_kv_cache_dtype": "fp8_e4m3"}, "this draft cannot fuse"),  # L1395-1405
+        ({"enable_two_batch_overlap": True}, "does not support --enable-two-batch-overlap"),  # L653-657
+        ({"dcp_size": 2}, "supports MLA models only"),  # _validate_unified_memory_dcp L719-732
+        # PD disaggregation (L533-586): Mooncake only; no speculative decoding over it; Mamba-specific refusals.
+        ({"disaggregation_mode": "decode", "disaggregation_transfer_backend": "nixl"}, "transfer backends: mooncake"),
+        ({**MTP, "disaggregation_mode": "prefill"}, "does not support speculative decoding with the Mooncake"),
+        (
+            {
+                "disaggregation_mode": "decode",
+                "disaggregation_decode_enable_offload_kvcache": True,
+                "hicache_storage_backend": "file",
+            },
+            "decode KV offload does not support hybrid-Mamba models",
+        ),
+        (
+            {"disaggregation_mode": "decode", "disaggregation_decode_retraction_backup": "host_pool"},
+            "host-pool decode retraction does not support hybrid-Mamba models",
+        ),
+    ],
+)
 def test_refused_before_launch_with_sglangs_message(flags, words):
     p = plan(QWEN, B200, {**flags, **UNI})
     assert not p.fits and p.failure == "bad_args" and words in p.message, p.message
@@ -123,8 +150,19 @@ def test_full_prefill_graph_is_turned_off_not_refused():
 
 
 def test_plan_cli_shows_the_arena():
-    argv = ["plan", "--model", "qwen3.6-27b", "--gpu", "b200", "--set", "speculative_algorithm=EAGLE",
-            "--set", "max_mamba_cache_size=96", "--set", "enable_unified_memory=true"]
+    argv = [
+        "plan",
+        "--model",
+        "qwen3.6-27b",
+        "--gpu",
+        "b200",
+        "--set",
+        "speculative_algorithm=EAGLE",
+        "--set",
+        "max_mamba_cache_size=96",
+        "--set",
+        "enable_unified_memory=true",
+    ]
     table = CliRunner().invoke(cli, argv).output
     assert "unified arena" in table and "2,211" in table
     data = json.loads(CliRunner().invoke(cli, [*argv, "--json"]).output)
@@ -133,7 +171,8 @@ def test_plan_cli_shows_the_arena():
 
 def test_not_a_numerics_flag():
     assert numerics_flag("enable_unified_memory") is None and "memory layout only" in not_numerics_reason(
-        "enable_unified_memory")
+        "enable_unified_memory"
+    )
     assert changes_numerics({"enable_unified_memory": True}) == []
 
 
@@ -161,8 +200,18 @@ def test_simulator_unified_arena_lends_idle_state_bytes_to_kv():
 
 
 def test_sim_options_carry_the_lever_factors():
-    parsed = sim_args.parse(["--model-path", "qwen3.6-27b", "--enable-unified-memory", "--speculative-adaptive",
-                             "--sim-unified-efficiency", "0.93", "--sim-adaptive-efficiency", "0.97"])
+    parsed = sim_args.parse(
+        [
+            "--model-path",
+            "qwen3.6-27b",
+            "--enable-unified-memory",
+            "--speculative-adaptive",
+            "--sim-unified-efficiency",
+            "0.93",
+            "--sim-adaptive-efficiency",
+            "0.97",
+        ]
+    )
     assert parsed.flags["enable_unified_memory"] is True and parsed.flags["speculative_adaptive"] is True
     dev = Deviation.from_sim(parsed.sim)
     assert (dev.unified_efficiency, dev.adaptive_efficiency) == (0.93, 0.97)
@@ -174,8 +223,14 @@ def test_sim_options_carry_the_lever_factors():
 @pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_simulated_server_runs_both_levers_and_refuses_before_loading(tmp_path):
-    flags = ["--speculative-algorithm", "EAGLE", "--max-mamba-cache-size", "96", "--enable-unified-memory",
-             "--speculative-adaptive"]
+    flags = [
+        "--speculative-algorithm",
+        "EAGLE",
+        "--max-mamba-cache-size",
+        "96",
+        "--enable-unified-memory",
+        "--speculative-adaptive",
+    ]
     expected = plan(QWEN, B200, {**MTP, "max_mamba_cache_size": 96, **UNI, "speculative_adaptive": True})
     with sim_server(tmp_path, flags, dict(os.environ)) as url:
         state = httpx.get(f"{url}/server_info", timeout=5).json()["internal_states"][0]
@@ -183,8 +238,23 @@ def test_simulated_server_runs_both_levers_and_refuses_before_loading(tmp_path):
     log = (tmp_path / "sim.log").read_text()
     assert f"UnifiedKVPool allocated: total_bytes={expected.extra['unified']['total_gib']:.2f} GB" in log
     assert "AdaptiveSpeculativeParams initialized: steps=3, candidate_steps=[1, 3, 5, 7]" in log
-    refused = subprocess.run([sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--port", "0",
-                              "--speculative-algorithm", "NGRAM", "--enable-unified-memory"],
-                             capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    refused = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune.sim",
+            "--model-path",
+            "qwen3.6-27b",
+            "--port",
+            "0",
+            "--speculative-algorithm",
+            "NGRAM",
+            "--enable-unified-memory",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
     assert refused.returncode != 0 and "only supports --speculative-algorithm DSPARK" in refused.stdout + refused.stderr
     assert "Load weight" not in refused.stdout + refused.stderr

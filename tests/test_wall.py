@@ -63,8 +63,15 @@ def test_a_proposal_takes_the_highest_fraction_the_planner_expects_to_start(tmp_
     space, feasibility = Space.from_config(cfg), CorrectedFeasibility.from_config(cfg)
     wall = Wall.of(cfg, space, feasibility)
     assert wall is not None and wall.values[0] == 0.95 and wall.values[-1] == 0.80 and len(wall.values) == 16
-    proposal = space.complete({**space.fixed, "max_running_requests": 32, "speculative_num_steps": 4,
-                               "chunked_prefill_size": 16384, FRACTION: 0.80})
+    proposal = space.complete(
+        {
+            **space.fixed,
+            "max_running_requests": 32,
+            "speculative_num_steps": 4,
+            "chunked_prefill_size": 16384,
+            FRACTION: 0.80,
+        }
+    )
     placed = wall.place(proposal)
     fraction = placed[FRACTION]
     assert 0.80 < fraction < 0.95  # the planner's wall lies inside the range here: the check below bites
@@ -96,8 +103,11 @@ def test_a_sweep_launches_every_proposal_at_the_wall_and_the_sampler_never_sees_
         study = sweep.run()
     finally:
         sweep.close()
-    search = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("role") == "search"
-              and t.state == optuna.trial.TrialState.COMPLETE]
+    search = [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if t.user_attrs.get("role") == "search" and t.state == optuna.trial.TrialState.COMPLETE
+    ]
     assert len(search) >= 3
     feasibility = CorrectedFeasibility.from_config(cfg)
     for t in search:

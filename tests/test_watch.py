@@ -44,23 +44,39 @@ def hist(lengths: list[int]) -> Histogram:
     return Histogram(bounds=BOUNDS, cumulative=cumulative, total=float(sum(lengths)), count=float(len(lengths)))
 
 
-def sample(t: float, *, prompts: list[int] = (), outputs: list[int] = (), retracted: float = 0.0,
-           **gauges: float) -> Sample:
+def sample(
+    t: float, *, prompts: list[int] = (), outputs: list[int] = (), retracted: float = 0.0, **gauges: float
+) -> Sample:
     base = {"num_running_reqs": 10.0, "num_queue_reqs": 0.0, "full_token_usage": 0.3, "mamba_usage": 0.5}
-    return Sample(t=t, gauges={**base, **gauges},
-                  counters={"num_requests_total": float(len(prompts)), "num_retracted_requests_total": retracted},
-                  histograms={"prompt_tokens_histogram": hist(list(prompts)),
-                              "generation_tokens_histogram": hist(list(outputs))})
+    return Sample(
+        t=t,
+        gauges={**base, **gauges},
+        counters={"num_requests_total": float(len(prompts)), "num_retracted_requests_total": retracted},
+        histograms={"prompt_tokens_histogram": hist(list(prompts)), "generation_tokens_histogram": hist(list(outputs))},
+    )
 
 
 def context(samples: list[Sample], tuned: Tuned | None = None, **kw) -> Context:
     window = Window(600.0, 100, samples)
-    return Context(url=URL, window=window, memory=ServerMemory(window=window), tuned=tuned,
-                   limits=Limits(sustain_s=kw.pop("sustain_s", 60.0)), hybrid=kw.pop("hybrid", True), **kw)
+    return Context(
+        url=URL,
+        window=window,
+        memory=ServerMemory(window=window),
+        tuned=tuned,
+        limits=Limits(sustain_s=kw.pop("sustain_s", 60.0)),
+        hybrid=kw.pop("hybrid", True),
+        **kw,
+    )
 
 
-TUNED = Tuned(source="test", prompt_range=(100, 600), output_range=(200, 4096), tok_s=1000.0,
-              tok_s_ci=(950.0, 1050.0), accept_length=3.0)
+TUNED = Tuned(
+    source="test",
+    prompt_range=(100, 600),
+    output_range=(200, 4096),
+    tok_s=1000.0,
+    tok_s_ci=(950.0, 1050.0),
+    accept_length=3.0,
+)
 SHORT = [250] * 40
 
 
@@ -82,7 +98,11 @@ def test_recorded_real_metrics_give_histograms_gauges_and_counters():
     assert SAMPLES.validate_python(stored) == [s]
     assert list(stored[0]) == ["t", "gauges", "counters", "histograms"]  # the keys state files have always had
     assert stored[0]["histograms"]["prompt_tokens_histogram"] == {
-        "bounds": list(prompt.bounds), "cumulative": list(prompt.cumulative), "total": 6.0, "count": 1.0}
+        "bounds": list(prompt.bounds),
+        "cumulative": list(prompt.cumulative),
+        "total": 6.0,
+        "count": 1.0,
+    }
 
 
 def test_histogram_window_quantile_and_buckets():
@@ -125,9 +145,13 @@ def test_state_file_round_trips_and_a_broken_one_names_file_and_fix(tmp_path):
 
 # ---------------------------------------------------------------- the rules
 def test_steady_traffic_within_the_tuned_ranges_fires_nothing():
-    ctx = context([sample(0, prompts=SHORT[:5], outputs=[2500] * 5),
-                   sample(30, prompts=SHORT, outputs=[2500] * 40, gen_throughput=1000.0, spec_accept_length=3.0)],
-                  TUNED)
+    ctx = context(
+        [
+            sample(0, prompts=SHORT[:5], outputs=[2500] * 5),
+            sample(30, prompts=SHORT, outputs=[2500] * 40, gen_throughput=1000.0, spec_accept_length=3.0),
+        ],
+        TUNED,
+    )
     assert evaluate(ctx) == []
 
 
@@ -161,7 +185,8 @@ def test_the_binding_limit_moving_either_way():
 
 def test_acceptance_down_more_than_10_percent_against_the_study_or_the_first_seen():
     assert rules(context([sample(0, spec_accept_length=2.6), sample(30, spec_accept_length=2.6)], TUNED)) == {
-        "acceptance"}
+        "acceptance"
+    }
     assert rules(context([sample(0, spec_accept_length=2.8)], TUNED)) == set()
     ctx = context([sample(0, spec_accept_length=2.0)])
     ctx.memory.first_accept = 2.5
@@ -200,8 +225,11 @@ def test_prometheus_file_has_every_rule_per_server_and_up(tmp_path):
     watcher_report = _report_from(evaluate(context(state)))
     path = tmp_path / "drift.prom"
     write_prometheus(watcher_report, path)
-    values = {(s.name, s.labels.get("server"), s.labels.get("rule")): s.value
-              for fam in text_string_to_metric_families(path.read_text()) for s in fam.samples}
+    values = {
+        (s.name, s.labels.get("server"), s.labels.get("rule")): s.value
+        for fam in text_string_to_metric_families(path.read_text())
+        for s in fam.samples
+    }
     assert values[("autotune_drift", URL, "kv_pressure")] == 1.0
     assert sum(values[("autotune_drift", URL, rule)] for rule in RULES) == 1.0
     assert values[("autotune_watch_up", URL, None)] == 1.0
@@ -215,13 +243,24 @@ def _report_from(findings):
 
 
 def _values(text: str) -> dict[tuple[str, str | None, str | None], float]:
-    return {(s.name, s.labels.get("server"), s.labels.get("rule")): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, s.labels.get("server"), s.labels.get("rule")): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
-@pytest.mark.parametrize(("text", "address"), [
-    (":9400", ("127.0.0.1", 9400)), ("9400", ("127.0.0.1", 9400)), ("127.0.0.1:9400", ("127.0.0.1", 9400)),
-    ("0.0.0.0:9400", ("0.0.0.0", 9400)), ("[::1]:9400", ("::1", 9400)), ("localhost:0", ("localhost", 0))])
+@pytest.mark.parametrize(
+    ("text", "address"),
+    [
+        (":9400", ("127.0.0.1", 9400)),
+        ("9400", ("127.0.0.1", 9400)),
+        ("127.0.0.1:9400", ("127.0.0.1", 9400)),
+        ("0.0.0.0:9400", ("0.0.0.0", 9400)),
+        ("[::1]:9400", ("::1", 9400)),
+        ("localhost:0", ("localhost", 0)),
+    ],
+)
 def test_listen_addresses_default_to_loopback(text, address):
     assert parse_listen(text) == address
 
@@ -264,8 +303,9 @@ def test_a_busy_listen_port_is_one_config_error_naming_the_option():
     assert THREAD_NAME not in [t.name for t in threading.enumerate()]
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("30s", 30.0), ("2m", 120.0), ("1.5h", 5400.0), ("250ms", 0.25),
-                                               ("45", 45.0)])
+@pytest.mark.parametrize(
+    ("text", "seconds"), [("30s", 30.0), ("2m", 120.0), ("1.5h", 5400.0), ("250ms", 0.25), ("45", 45.0)]
+)
 def test_durations(text, seconds):
     assert parse_duration(text, option="--interval") == seconds
 
@@ -290,8 +330,12 @@ def _counting_server(methods: set[str]) -> httpx.MockTransport:
         if request.url.path == "/metrics":
             scrapes[0] += 1
             n = scrapes[0]
-            text = re.sub(r"^(sglang:(?:num_requests_total|prompt_tokens_total)\{[^}]*\}) [0-9.]+$",
-                          lambda m: f"{m[1]} {float(n)}", metrics, flags=re.MULTILINE)
+            text = re.sub(
+                r"^(sglang:(?:num_requests_total|prompt_tokens_total)\{[^}]*\}) [0-9.]+$",
+                lambda m: f"{m[1]} {float(n)}",
+                metrics,
+                flags=re.MULTILINE,
+            )
             return httpx.Response(200, headers={"content-type": "text/plain"}, text=text)
         return httpx.Response(404, headers={"content-type": "application/json"}, text="{}")
 
@@ -302,8 +346,9 @@ def _counting_server(methods: set[str]) -> httpx.MockTransport:
 @pytest.mark.timeout(300)  # tracemalloc slows every allocation several times over
 def test_memory_stays_flat_over_many_windows_of_samples_and_watch_only_reads(tmp_path):
     methods: set[str] = set()
-    options = WatchOptions(interval_s=0.05, window_s=1.0, state_path=tmp_path / "state.json",
-                           out_dir=tmp_path / "watch")
+    options = WatchOptions(
+        interval_s=0.05, window_s=1.0, state_path=tmp_path / "state.json", out_dir=tmp_path / "watch"
+    )
     with Watcher([URL], None, options, transport=_counting_server(methods)) as watcher:
         for i in range(50):  # warm up: the window fills, caches and imports settle
             watcher.cycle(now=i * 0.05)

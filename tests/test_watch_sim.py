@@ -85,19 +85,29 @@ class Load:
 def provenance(tmp_path: Path) -> Path:
     """What `autotune apply` would have recorded for a study tuned on the shipped ≈100–600-token prompts."""
     path = tmp_path / "provenance.json"
-    path.write_text(json.dumps({
-        "study": "seed", "trial": 7, "output_tok_s": None, "output_tok_s_runs": [],
-        "workload": {"prompts": str(ROOT / "examples" / "prompts.jsonl"), "sample_size": 200, "seed": 0,
-                     "max_tokens": 4096},
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "study": "seed",
+                "trial": 7,
+                "output_tok_s": None,
+                "output_tok_s_runs": [],
+                "workload": {
+                    "prompts": str(ROOT / "examples" / "prompts.jsonl"),
+                    "sample_size": 200,
+                    "seed": 0,
+                    "max_tokens": 4096,
+                },
+            }
+        )
+    )
     return path
 
 
 def test_steady_traffic_gives_no_finding_and_exits_0(sim_url, tmp_path):
     tuned = load_tuned(provenance(tmp_path))
     assert tuned.prompt_range is not None and tuned.prompt_range[0] <= SHORT <= tuned.prompt_range[1]
-    options = WatchOptions(interval_s=0.5, window_s=5.0, out_dir=tmp_path / "watch",
-                           state_path=tmp_path / "state.json")
+    options = WatchOptions(interval_s=0.5, window_s=5.0, out_dir=tmp_path / "watch", state_path=tmp_path / "state.json")
     with Load(sim_url, SHORT), Watcher([sim_url], tuned, options) as watcher:
         time.sleep(1.0)  # the clients' first requests are in
         reports = []
@@ -116,8 +126,14 @@ def test_prompts_shifting_to_6000_tokens_give_the_kv_finding_fix_and_study_file(
     tuned = load_tuned(provenance(tmp_path))
     interval = 1.5
     fleet = tmp_path / "fleet.toml"  # watched as the fleet's server gpu0: the fix says how to re-tune in place
-    options = WatchOptions(interval_s=interval, window_s=3 * interval, out_dir=tmp_path / "watch",
-                           state_path=tmp_path / "state.json", fleet=fleet, names={normalise_url(sim_url): "gpu0"})
+    options = WatchOptions(
+        interval_s=interval,
+        window_s=3 * interval,
+        out_dir=tmp_path / "watch",
+        state_path=tmp_path / "state.json",
+        fleet=fleet,
+        names={normalise_url(sim_url): "gpu0"},
+    )
     with Watcher([sim_url], tuned, options) as watcher:
         with Load(sim_url, SHORT):
             before = []
@@ -190,42 +206,78 @@ def test_cli_watches_a_fleet_file_with_its_provenance_and_writes_prometheus(sim_
     port = int(sim_url.rsplit(":", 1)[1])
     (tmp_path / "fleet.toml").write_text(
         'engine = "sim"\nmodel = "qwen3.6-27b"\n\n[[servers]]\nname = "gpu0"\ngpu = 0\n'
-        f'port = {port}\nconfig = "sglang.yaml"\nlog = "logs/gpu0.log"\npid = "run/gpu0.pid"\n')
+        f'port = {port}\nconfig = "sglang.yaml"\nlog = "logs/gpu0.log"\npid = "run/gpu0.pid"\n'
+    )
     provenance(tmp_path)  # beside the fleet file, where autotune apply writes it
     # the server is the fleet's by its pid file (as launch_fleet.sh writes one): watch names a foreign one
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "gpu0.pid").write_text(f"{listener(port)}\n")
     prom = tmp_path / "drift.prom"
     with pytest.raises(SystemExit) as exc:
-        main(["watch", "--fleet", str(tmp_path / "fleet.toml"), "--cycles", "2", "--interval", "0.2s", "--json",
-              "--prom-file", str(prom)])
+        main(
+            [
+                "watch",
+                "--fleet",
+                str(tmp_path / "fleet.toml"),
+                "--cycles",
+                "2",
+                "--interval",
+                "0.2s",
+                "--json",
+                "--prom-file",
+                str(prom),
+            ]
+        )
     assert exc.value.code == 0
     captured = capsys.readouterr()
     assert "no --study" not in captured.err  # the provenance beside the fleet file was found
     reports = [json.loads(line) for line in captured.out.splitlines()]
     assert [r["servers"][0]["url"] for r in reports] == [sim_url, sim_url]
     assert reports[-1]["servers"][0]["samples"] == 2 and (tmp_path / "watch-state.json").is_file()
-    values = {(s.name, s.labels.get("rule")): s.value
-              for fam in text_string_to_metric_families(prom.read_text()) for s in fam.samples}
+    values = {
+        (s.name, s.labels.get("rule")): s.value
+        for fam in text_string_to_metric_families(prom.read_text())
+        for s in fam.samples
+    }
     assert values[("autotune_watch_up", None)] == 1.0 and values[("autotune_drift", "kv_pressure")] == 0.0
 
 
 def listener(port: int) -> int:
     """The pid of the process listening on ``port``."""
-    return next(c.pid for c in psutil.net_connections("tcp")
-                if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid)
+    return next(
+        c.pid
+        for c in psutil.net_connections("tcp")
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid
+    )
 
 
 def _series(text: str) -> dict[tuple[str, str | None, str | None], float]:
-    return {(s.name, s.labels.get("server"), s.labels.get("rule")): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, s.labels.get("server"), s.labels.get("rule")): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
 def test_cli_listen_serves_the_prom_file_series_over_http_until_watch_ends(sim_url, tmp_path, capsys):
     port = free_port()
     url, prom = f"http://127.0.0.1:{port}/metrics", tmp_path / "drift.prom"
-    args = ["watch", sim_url, "--listen", f"127.0.0.1:{port}", "--cycles", "4", "--interval", "1s",
-            "--prom-file", str(prom), "--state", str(tmp_path / "state.json"), "--out", str(tmp_path / "w")]
+    args = [
+        "watch",
+        sim_url,
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--cycles",
+        "4",
+        "--interval",
+        "1s",
+        "--prom-file",
+        str(prom),
+        "--state",
+        str(tmp_path / "state.json"),
+        "--out",
+        str(tmp_path / "w"),
+    ]
     exits: list[object] = []
 
     def watch() -> None:

@@ -35,16 +35,36 @@ HARNESS = textwrap.dedent(
 
 
 def _sim_argv(port: int, shm) -> list[str]:
-    return [sys.executable, "-m", "autotune.sim", "--model-path", "qwen3.6-27b", "--host", "127.0.0.1",
-            "--port", str(port), "--sim-gpu", "b200", "--sim-startup-s", "0.3", "--sim-release-s", "0.2",
-            "--sim-shm", str(shm)]
+    return [
+        sys.executable,
+        "-m",
+        "autotune.sim",
+        "--model-path",
+        "qwen3.6-27b",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--sim-gpu",
+        "b200",
+        "--sim-startup-s",
+        "0.3",
+        "--sim-release-s",
+        "0.2",
+        "--sim-shm",
+        str(shm),
+    ]
 
 
 def _harness(tmp_path, argv, port, *, detach: bool = False):
     """A harness process that started ``argv`` through ServerProcess: (the process, the server's pid)."""
     env = {**os.environ, device.ENV_DIR: str(tmp_path / "devices")}
-    proc = subprocess.Popen([sys.executable, "-c", HARNESS, str(tmp_path), str(port),
-                             "detach" if detach else "attach", *argv], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HARNESS, str(tmp_path), str(port), "detach" if detach else "attach", *argv],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     line = proc.stdout.readline().split()
     assert line and line[0] == "READY", (tmp_path / "server.log").read_text()[-2000:]
     return proc, int(line[1])
@@ -91,9 +111,14 @@ def test_sigkilled_harness_takes_its_sim_server_and_gpu_memory_along(tmp_path):
 
 def test_a_stopped_server_stands_its_watchdog_down(tmp_path):
     port = free_port()
-    server = ServerProcess(_sim_argv(port, tmp_path / "shm"), port=port, log_path=tmp_path / "s.log",
-                           run_dir=tmp_path / "runs", shm_dir=tmp_path / "shm",
-                           env={device.ENV_DIR: str(tmp_path / "devices")})
+    server = ServerProcess(
+        _sim_argv(port, tmp_path / "shm"),
+        port=port,
+        log_path=tmp_path / "s.log",
+        run_dir=tmp_path / "runs",
+        shm_dir=tmp_path / "shm",
+        env={device.ENV_DIR: str(tmp_path / "devices")},
+    )
     with server:
         server.wait_ready(30)
         dogs = [c for c in psutil.Process().children() if "autotune.launch.watchdog" in c.cmdline()]

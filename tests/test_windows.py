@@ -32,23 +32,37 @@ class Server:
 
 
 def _launch(tmp_path: Path, sample: PromptSample, phases: list[str], later: list[ReplayRecords]) -> Launch:
-    spec = WorkloadSpec(prompts=tmp_path / "p.jsonl", concurrency=2, max_tokens=MAX_TOKENS, warmup_s=WARMUP_S,
-                        measure_s=MEASURE_S)
-    return Launch(engine=None, workload=spec, sample=sample, trial_dir=tmp_path,  # type: ignore[arg-type]
-                  timeouts=Timeouts(), phase=lambda name, info: phases.append(name), stop_event=None, windows=3,
-                  later=later)
+    spec = WorkloadSpec(
+        prompts=tmp_path / "p.jsonl", concurrency=2, max_tokens=MAX_TOKENS, warmup_s=WARMUP_S, measure_s=MEASURE_S
+    )
+    return Launch(
+        engine=None,
+        workload=spec,
+        sample=sample,
+        trial_dir=tmp_path,  # type: ignore[arg-type]
+        timeouts=Timeouts(),
+        phase=lambda name, info: phases.append(name),
+        stop_event=None,
+        windows=3,
+        later=later,
+    )
 
 
 def _sample(tmp_path: Path) -> PromptSample:
-    prompts = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "alpha"}, {"prompt": "beta", "max_tokens": 72},
-                                                 {"prompt": "gamma", "max_tokens": 54}])
+    prompts = write_jsonl(
+        tmp_path / "p.jsonl",
+        [{"prompt": "alpha"}, {"prompt": "beta", "max_tokens": 72}, {"prompt": "gamma", "max_tokens": 54}],
+    )
     return PromptSample.load(prompts, 3)
 
 
 def _loop(url: str, sample: PromptSample, **kw) -> ReplayRecords:
     """Three windows of one closed loop: a warm-up and window of fixed lengths, then two windows of the same."""
-    return asyncio.run(replay(url, sample, concurrency=2, max_tokens=MAX_TOKENS, warmup_s=WARMUP_S, measure_s=MEASURE_S,
-                              windows=3, **kw))
+    return asyncio.run(
+        replay(
+            url, sample, concurrency=2, max_tokens=MAX_TOKENS, warmup_s=WARMUP_S, measure_s=MEASURE_S, windows=3, **kw
+        )
+    )
 
 
 def _sent_text(body: dict) -> str:
@@ -91,8 +105,7 @@ def test_the_step_files_the_loops_later_windows(tmp_path, sse_server):  # noqa: 
     sample = _sample(tmp_path)
     first = _loop(url, sample)
     phases: list[str] = []
-    fields = WindowsStep(count=2, span=2)(Server(url), _launch(tmp_path, sample, phases, first.later),
-                                          {"status": "ok"})
+    fields = WindowsStep(count=2, span=2)(Server(url), _launch(tmp_path, sample, phases, first.later), {"status": "ok"})
     windows = list(fields.windows or ())
     assert [w.index for w in windows] == [2, 3] and phases == []  # the loop showed them as it reached them
     assert all(w.ok and w.output_tok_s > 0 for w in windows)
@@ -108,9 +121,13 @@ def test_an_interruption_in_window_two_ends_the_loop_and_reports(tmp_path, sse_s
     fake, url = sse_server
     sample = _sample(tmp_path)
     stop = threading.Event()
-    first = _loop(url, sample, progress_interval_s=0.05,
-                  on_progress=lambda tick: stop.set() if tick.window == 2 else None,
-                  should_stop=lambda: "interrupted" if stop.is_set() else None)
+    first = _loop(
+        url,
+        sample,
+        progress_interval_s=0.05,
+        on_progress=lambda tick: stop.set() if tick.window == 2 else None,
+        should_stop=lambda: "interrupted" if stop.is_set() else None,
+    )
     assert first.settling is not None and first.stopped_early is None  # the first window measured in full
     (second,) = first.later
     assert second.stopped_early == "interrupted" and second.settling is None

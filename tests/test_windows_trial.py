@@ -27,10 +27,21 @@ def launch(tmp_path, *, hook=None, stop_event=None) -> tuple[TrialResult, list]:
         if hook is not None:
             hook(name, info)
 
-    setup = TrialSetup(engine=sim(tmp_path), workload=WORKLOAD, gpu_index=GPU, run_dir=tmp_path / "runs",
-                       shm_dir=tmp_path / "shm", timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3))
-    result = run_trial(setup, {"max_running_requests": 8}, trial_dir=tmp_path / "t", after=[WindowsStep(2)],
-                       hooks=TrialHooks(on_phase=on_phase, stop_event=stop_event))
+    setup = TrialSetup(
+        engine=sim(tmp_path),
+        workload=WORKLOAD,
+        gpu_index=GPU,
+        run_dir=tmp_path / "runs",
+        shm_dir=tmp_path / "shm",
+        timeouts=Timeouts(startup_s=30, teardown_s=10, grace_s=3),
+    )
+    result = run_trial(
+        setup,
+        {"max_running_requests": 8},
+        trial_dir=tmp_path / "t",
+        after=[WindowsStep(2)],
+        hooks=TrialHooks(on_phase=on_phase, stop_event=stop_event),
+    )
     assert_clean(tmp_path, result, phases)
     return result, phases
 
@@ -50,8 +61,10 @@ def test_a_launch_warms_up_once_before_its_windows(env):  # noqa: F811
         edges.append((settling["warmup_slices"], settling["warmup_slices"] + settling["window_slices"]))
     assert all(after[0] == before[1] for before, after in zip(edges, edges[1:], strict=False))
     dirs = env / "t"
-    records = [ReplayRecords.read_jsonl(dirs / name)
-               for name in ("records.jsonl", "records-window-2.jsonl", "records-window-3.jsonl")]
+    records = [
+        ReplayRecords.read_jsonl(dirs / name)
+        for name in ("records.jsonl", "records-window-2.jsonl", "records-window-3.jsonl")
+    ]
     slice_s = first["slice_s"]
     for (start, _), window in zip(edges[1:], records[1:], strict=False):  # streams carried over each boundary
         assert any(r.sent < start * slice_s <= max(t for t, _ in r.chunks) for r in window if r.chunks)
@@ -62,7 +75,8 @@ def test_a_launch_warms_up_once_before_its_windows(env):  # noqa: F811
 
 def test_an_interruption_in_window_two_is_the_launchs_outcome(env):  # noqa: F811
     stop = threading.Event()
-    result, phases = launch(env, stop_event=stop,
-                            hook=lambda name, info: stop.set() if name == "window 2 of 3" else None)
+    result, phases = launch(
+        env, stop_event=stop, hook=lambda name, info: stop.set() if name == "window 2 of 3" else None
+    )
     assert result.status == "interrupted" and not result.windows
     assert "window 2 of 3" in [name for name, _ in phases] and (env / "t" / "records-window-2.jsonl").exists()

@@ -59,15 +59,23 @@ def _ok(tok_s: float) -> dict:
 
 def _trial(gpu: str, role: str, tok_s: float | None, status: str = "ok") -> optuna.trial.FrozenTrial:
     result = _ok(tok_s) if tok_s is not None else TrialResult(status=status, config={}).to_dict()
-    return optuna.trial.create_trial(state=TrialState.COMPLETE, value=tok_s or 0.0,
-                                     user_attrs={"gpu": gpu, "role": role, "status": status, "result": result})
+    return optuna.trial.create_trial(
+        state=TrialState.COMPLETE,
+        value=tok_s or 0.0,
+        user_attrs={"gpu": gpu, "role": role, "status": status, "result": result},
+    )
 
 
 def test_per_gpu_frame_normalises_by_each_gpus_own_baseline():
     study = optuna.create_study(direction="maximize")
-    for t in (_trial("n:0", "baseline", 2000), _trial("n:1", "baseline", 1600),  # GPU 1 is 20 % slower
-              _trial("n:0", "search", 2200), _trial("n:1", "search", 2000),  # raw: GPU 0's looks best
-              _trial("n:1", "search", None, "startup_oom"), _trial("n:2", "search", 1900)):
+    for t in (
+        _trial("n:0", "baseline", 2000),
+        _trial("n:1", "baseline", 1600),  # GPU 1 is 20 % slower
+        _trial("n:0", "search", 2200),
+        _trial("n:1", "search", 2000),  # raw: GPU 0's looks best
+        _trial("n:1", "search", None, "startup_oom"),
+        _trial("n:2", "search", 1900),
+    ):
         study.add_trial(t)
     frame = gpu_frame(study)
     assert frame.gain.tolist()[:4] == pytest.approx([1.0, 1.0, 1.1, 1.25])
@@ -92,8 +100,14 @@ def test_confirmation_takes_contenders_by_gain_when_swept_on_several_gpus():
     from autotune.search.confirm import contenders
 
     study = optuna.create_study(direction="maximize")
-    for k, t in enumerate((_trial("n:0", "baseline", 2000), _trial("n:1", "baseline", 1600),
-                           _trial("n:0", "search", 2200), _trial("n:1", "search", 2000))):
+    for k, t in enumerate(
+        (
+            _trial("n:0", "baseline", 2000),
+            _trial("n:1", "baseline", 1600),
+            _trial("n:0", "search", 2200),
+            _trial("n:1", "search", 2000),
+        )
+    ):
         t.user_attrs["launch_key"] = f"config {k}"
         study.add_trial(t)
     top, baseline, _ = contenders(study, 1)
@@ -102,8 +116,12 @@ def test_confirmation_takes_contenders_by_gain_when_swept_on_several_gpus():
 
 def test_render_gpus_names_each_gpu_its_calibration_and_best_gain():
     study = optuna.create_study(direction="maximize")
-    for t in (_trial("n:0", "baseline", 2000), _trial("n:1", "baseline", 1600), _trial("n:1", "search", 2000),
-              _trial("n:2", "search", 1900)):
+    for t in (
+        _trial("n:0", "baseline", 2000),
+        _trial("n:1", "baseline", 1600),
+        _trial("n:1", "search", 2000),
+        _trial("n:2", "search", 1900),
+    ):
         study.add_trial(t)
     text = render_gpus(study)
     assert "baselines spread 22.2%" in text
@@ -138,8 +156,12 @@ def test_workers_on_other_gpus_share_the_study_but_one_gpu_takes_one_sweep(tmp_p
 
 @pytest.mark.slow
 def test_worker_command_errors_are_one_line(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "autotune", "worker", "--config", str(tmp_path / "none.toml"),
-                           "--gpu", "0"], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "worker", "--config", str(tmp_path / "none.toml"), "--gpu", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1
     assert done.stderr.strip().count("\n") == 0 and "study file not found" in done.stderr
 
@@ -250,8 +272,13 @@ def test_a_worker_killed_mid_trial_is_retried_by_another_and_its_server_removed(
 
 def _cli(tmp_path: Path, *args: str) -> subprocess.Popen:
     env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices"), "AUTOTUNE_HEARTBEAT_S": "2"}
-    return subprocess.Popen([sys.executable, "-m", "autotune", "sweep", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune", "sweep", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
 
 
 @pytest.mark.slow

@@ -42,7 +42,10 @@ def write_jsonl(path: Path, rows: list) -> Path:
 
 # -- prompt sample -----------------------------------------------------------------------------------------
 def test_sample_is_seeded_and_identical_across_loads(tmp_path):
-    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"p{i}"} for i in range(50)] + [{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 7}])
+    path = write_jsonl(
+        tmp_path / "p.jsonl",
+        [{"prompt": f"p{i}"} for i in range(50)] + [{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 7}],
+    )
     a, b = PromptSample.load(path, 20, seed=3), PromptSample.load(path, 20, seed=3)
     assert a.rows == b.rows and len(a) == 20
     assert PromptSample.load(path, 20, seed=4).rows != a.rows
@@ -55,8 +58,13 @@ def test_sample_is_seeded_and_identical_across_loads(tmp_path):
 
 @pytest.mark.parametrize(
     ("line", "match"),
-    [("{not json", "not valid JSON"), ('{"text": "x"}', "neither"), ('["x"]', "JSON list, not an object"),
-     ('{"prompt": "x", "max_tokens": 0}', "max_tokens"), ('{"prompt": 5}', '"prompt" must be a string')],
+    [
+        ("{not json", "not valid JSON"),
+        ('{"text": "x"}', "neither"),
+        ('["x"]', "JSON list, not an object"),
+        ('{"prompt": "x", "max_tokens": 0}', "max_tokens"),
+        ('{"prompt": 5}', '"prompt" must be a string'),
+    ],
 )
 def test_bad_rows_name_file_and_line(tmp_path, line, match):
     path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "ok"}, line])
@@ -106,11 +114,13 @@ class FakeSSE:
             self.requests.append(body)
             return StreamingResponse(self._openai(body["max_tokens"]), media_type="text/event-stream")
 
-        return Starlette(routes=[
-            Route("/generate", generate, methods=["POST"]),
-            Route("/v1/completions", openai, methods=["POST"]),
-            Route("/v1/chat/completions", openai, methods=["POST"]),
-        ])
+        return Starlette(
+            routes=[
+                Route("/generate", generate, methods=["POST"]),
+                Route("/v1/completions", openai, methods=["POST"]),
+                Route("/v1/chat/completions", openai, methods=["POST"]),
+            ]
+        )
 
     async def _native(self, n: int):
         done = 0
@@ -133,7 +143,12 @@ class FakeSSE:
             while done < n:
                 await asyncio.sleep(self.dt)
                 done = min(n, done + self.per_chunk)
-                choice = {"index": 0, "text": "y", "delta": {"content": "y"}, "finish_reason": "length" if done == n else None}
+                choice = {
+                    "index": 0,
+                    "text": "y",
+                    "delta": {"content": "y"},
+                    "finish_reason": "length" if done == n else None,
+                }
                 usage = {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": done}
                 yield f"data: {json.dumps({'choices': [choice], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
@@ -165,10 +180,22 @@ def _sample(tmp_path, rows) -> PromptSample:
 
 def test_replay_counts_server_tokens_and_closes_streams(tmp_path, sse_server):
     fake, url = sse_server
-    sample = _sample(tmp_path, [{"prompt": "a"}, {"prompt": "b", "max_tokens": 9}, {"messages": [{"role": "user", "content": "c"}]}])
+    sample = _sample(
+        tmp_path, [{"prompt": "a"}, {"prompt": "b", "max_tokens": 9}, {"messages": [{"role": "user", "content": "c"}]}]
+    )
     ticks: list[ReplayProgress] = []
-    records = asyncio.run(replay(url, sample, concurrency=4, max_tokens=30, warmup_s=0.3, measure_s=1.0,
-                                 on_progress=ticks.append, progress_interval_s=0.1))
+    records = asyncio.run(
+        replay(
+            url,
+            sample,
+            concurrency=4,
+            max_tokens=30,
+            warmup_s=0.3,
+            measure_s=1.0,
+            on_progress=ticks.append,
+            progress_interval_s=0.1,
+        )
+    )
     assert {t.phase for t in ticks} == {"warmup", "measuring"} and {t.window for t in ticks} == {1}
     finished = [r for r in records.requests if r.finish_reason == "length"]
     assert finished and all(r.tokens in (9, 30) for r in finished)  # server counts, capped by the row's max_tokens
@@ -186,8 +213,11 @@ def test_replay_counts_server_tokens_and_closes_streams(tmp_path, sse_server):
 
 def test_window_end_closes_every_open_stream(tmp_path, sse_server):
     fake, url = sse_server
-    records = asyncio.run(replay(url, _sample(tmp_path, [{"prompt": "a"}]), concurrency=4, max_tokens=100_000,
-                                 warmup_s=0.1, measure_s=0.4))
+    records = asyncio.run(
+        replay(
+            url, _sample(tmp_path, [{"prompt": "a"}]), concurrency=4, max_tokens=100_000, warmup_s=0.1, measure_s=0.4
+        )
+    )
     assert len(records.requests) == 4 and all(r.finish_reason == CUT for r in records.requests)
     deadline = time.monotonic() + 5
     while fake.disconnects < 4 and time.monotonic() < deadline:
@@ -199,8 +229,11 @@ def test_window_end_closes_every_open_stream(tmp_path, sse_server):
 def test_replay_openai_endpoints_use_usage_counts(tmp_path, sse_server, endpoint):
     fake, url = sse_server
     sample = _sample(tmp_path, [{"prompt": "a"}, {"messages": [{"role": "user", "content": "c"}]}])
-    records = asyncio.run(replay(url, sample, concurrency=2, max_tokens=12, warmup_s=0.0, measure_s=1.0,
-                                 endpoint=endpoint, ignore_eos=True))
+    records = asyncio.run(
+        replay(
+            url, sample, concurrency=2, max_tokens=12, warmup_s=0.0, measure_s=1.0, endpoint=endpoint, ignore_eos=True
+        )
+    )
     done = [r for r in records.requests if r.finish_reason == "length"]
     assert done and all(r.tokens == 12 for r in done)
     assert all(r.prompt_tokens == PROMPT_TOKENS for r in done)
@@ -210,15 +243,23 @@ def test_replay_openai_endpoints_use_usage_counts(tmp_path, sse_server, endpoint
 
 
 def test_pass_marker_leads_the_prompt_on_later_walks():
-    text_row, chat_row = PromptRow(1, prompt="alpha"), PromptRow(2, messages=({"role": "system", "content": "be brief"},
-                                                                             {"role": "user", "content": "beta"}))
+    text_row, chat_row = (
+        PromptRow(1, prompt="alpha"),
+        PromptRow(2, messages=({"role": "system", "content": "be brief"}, {"role": "user", "content": "beta"})),
+    )
     assert text_row.as_text(0) == "alpha" and text_row.as_text(2) == "[pass 2]\nalpha"
     assert chat_row.as_text(1).startswith("[pass 1]\n<|im_start|>system\nbe brief")
     assert chat_row.as_messages(0)[0]["content"] == "be brief"
-    assert chat_row.as_messages(3)[0]["content"] == "[pass 3]\nbe brief" and chat_row.as_messages(3)[1]["content"] == "beta"
+    assert (
+        chat_row.as_messages(3)[0]["content"] == "[pass 3]\nbe brief"
+        and chat_row.as_messages(3)[1]["content"] == "beta"
+    )
     assert chat_row.messages[0]["content"] == "be brief"  # the row itself is untouched
     parts = PromptRow(3, messages=({"role": "user", "content": [{"type": "text", "text": "gamma"}]},))
-    assert parts.as_messages(1)[0]["content"] == [{"type": "text", "text": "[pass 1]\n"}, {"type": "text", "text": "gamma"}]
+    assert parts.as_messages(1)[0]["content"] == [
+        {"type": "text", "text": "[pass 1]\n"},
+        {"type": "text", "text": "gamma"},
+    ]
 
 
 @pytest.mark.parametrize("endpoint", ["generate", "completions", "chat"])
@@ -226,8 +267,13 @@ def test_fresh_replay_marks_each_walk_and_verbatim_resends(tmp_path, sse_server,
     """The sample comes round many times in the window; a fresh replay sends each later walk's prompts with that
     walk's marker (nothing cached on an earlier walk matches past it), a verbatim one re-sends the text."""
     fake, url = sse_server
-    sample = _sample(tmp_path, [{"prompt": "alpha"}, {"messages": [{"role": "system", "content": "be brief"},
-                                                                    {"role": "user", "content": "beta"}]}])
+    sample = _sample(
+        tmp_path,
+        [
+            {"prompt": "alpha"},
+            {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "beta"}]},
+        ],
+    )
     rows = {row.line: row for row in sample.rows}
     key = {"generate": "text", "completions": "prompt"}.get(endpoint)
 
@@ -237,12 +283,24 @@ def test_fresh_replay_marks_each_walk_and_verbatim_resends(tmp_path, sse_server,
     def replayed(mode: str, measure_s: float = 0.6) -> tuple[list[str], list[str], ReplayRecords]:
         """What went out, what the records say should have, and the records."""
         fake.requests.clear()
-        records = asyncio.run(replay(url, sample, concurrency=2, max_tokens=3, warmup_s=0.2, measure_s=measure_s,
-                                     endpoint=endpoint, repeats=mode))
+        records = asyncio.run(
+            replay(
+                url,
+                sample,
+                concurrency=2,
+                max_tokens=3,
+                warmup_s=0.2,
+                measure_s=measure_s,
+                endpoint=endpoint,
+                repeats=mode,
+            )
+        )
         time.sleep(0.3)  # a body the client sent just before closing may still be read by the server
         sent = [body_prompt(b[key] if key else b["messages"]) for b in fake.requests]
-        expected = [body_prompt(rows[r.row].as_text(r.pass_no) if key else rows[r.row].as_messages(r.pass_no))
-                    for r in records.requests]
+        expected = [
+            body_prompt(rows[r.row].as_text(r.pass_no) if key else rows[r.row].as_messages(r.pass_no))
+            for r in records.requests
+        ]
         return sent, expected, records
 
     sent, expected, records = replayed("fresh")
@@ -272,8 +330,17 @@ def test_failed_requests_are_counted_not_dropped(tmp_path, sse_server):
 def test_replay_stops_early_when_asked(tmp_path, sse_server):
     _, url = sse_server
     t0 = time.monotonic()
-    records = asyncio.run(replay(url, _sample(tmp_path, [{"prompt": "a"}]), concurrency=2, max_tokens=1000,
-                                 warmup_s=5, measure_s=30, should_stop=lambda: "server exited" if time.monotonic() - t0 > 0.3 else None))
+    records = asyncio.run(
+        replay(
+            url,
+            _sample(tmp_path, [{"prompt": "a"}]),
+            concurrency=2,
+            max_tokens=1000,
+            warmup_s=5,
+            measure_s=30,
+            should_stop=lambda: "server exited" if time.monotonic() - t0 > 0.3 else None,
+        )
+    )
     assert records.stopped_early == "server exited"
     assert time.monotonic() - t0 < 5
 
@@ -282,8 +349,16 @@ def test_replay_against_a_dead_port_records_errors(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    records = asyncio.run(replay(f"http://127.0.0.1:{port}", _sample(tmp_path, [{"prompt": "a"}]), concurrency=2,
-                                 max_tokens=5, warmup_s=0, measure_s=0.3))
+    records = asyncio.run(
+        replay(
+            f"http://127.0.0.1:{port}",
+            _sample(tmp_path, [{"prompt": "a"}]),
+            concurrency=2,
+            max_tokens=5,
+            warmup_s=0,
+            measure_s=0.3,
+        )
+    )
     assert sum(1 for r in records.requests if r.error) >= 2
     assert all(r.error or r.finish_reason == CUT for r in records.requests)  # a connect still pending at the end is cut
     assert len(records.requests) < 40  # errors back off instead of spinning
@@ -291,8 +366,12 @@ def test_replay_against_a_dead_port_records_errors(tmp_path):
 
 # -- metrics on exact records ------------------------------------------------------------------------------
 def test_metrics_count_only_the_window():
-    a = RequestRecord(row=1, sent=0.0, chunks=[(0.5, 3), (1.5, 3), (2.5, 3)], finish_reason="length", ended=2.5, accept_length=3.0)
-    b = RequestRecord(row=2, sent=1.0, chunks=[(1.2, 2), (1.4, 2)], finish_reason="length", ended=1.4, accept_length=2.0)
+    a = RequestRecord(
+        row=1, sent=0.0, chunks=[(0.5, 3), (1.5, 3), (2.5, 3)], finish_reason="length", ended=2.5, accept_length=3.0
+    )
+    b = RequestRecord(
+        row=2, sent=1.0, chunks=[(1.2, 2), (1.4, 2)], finish_reason="length", ended=1.4, accept_length=2.0
+    )
     c = RequestRecord(row=3, sent=1.8, chunks=[(2.9, 4), (3.5, 4)], finish_reason=CUT, ended=3.5)
     d = RequestRecord(row=4, sent=1.1, error="HTTP 500: boom", ended=1.2)
     records = ReplayRecords([a, b, c, d], (1.0, 3.0), 4, "generate")

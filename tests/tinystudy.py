@@ -51,14 +51,27 @@ flags = {{ max_mamba_cache_size = 80 }}
 def write_prompts(tmp_path: Path) -> None:
     """The 16-row ``prompts.jsonl`` the tiny studies read."""
     (tmp_path / "prompts.jsonl").write_text(
-        "".join(json.dumps({"prompt": f"Explain topic {i} in detail. " * 4}) + "\n" for i in range(16)))
+        "".join(json.dumps({"prompt": f"Explain topic {i} in detail. " * 4}) + "\n" for i in range(16))
+    )
 
 
-def write_tiny_study(tmp_path: Path, *, name: str, trials: int, top_k: int = 0, measure_s: float = 1.0,
-                     warmup_s: float = 0.5, model: str = "qwen3.6-27b", sim_gpu: str = "b200") -> Path:
+def write_tiny_study(
+    tmp_path: Path,
+    *,
+    name: str,
+    trials: int,
+    top_k: int = 0,
+    measure_s: float = 1.0,
+    warmup_s: float = 0.5,
+    model: str = "qwen3.6-27b",
+    sim_gpu: str = "b200",
+) -> Path:
     """Write ``<name>.toml`` and the 16-row prompt file it reads into ``tmp_path``; return the study path."""
     write_prompts(tmp_path)
     path = tmp_path / f"{name}.toml"
-    path.write_text(TEMPLATE.format(name=name, trials=trials, top_k=top_k, measure_s=measure_s, warmup_s=warmup_s,
-                                    model=model, sim_gpu=sim_gpu))
+    path.write_text(
+        TEMPLATE.format(
+            name=name, trials=trials, top_k=top_k, measure_s=measure_s, warmup_s=warmup_s, model=model, sim_gpu=sim_gpu
+        )
+    )
     return path

@@ -22,7 +22,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "report": ("autotune.cli.report", "report", "Write a self-contained HTML report of a study."),
     "apply": ("autotune.cli.apply", "apply", "Write the winner's fleet artifacts, or roll it out to a fleet."),
     "fleet": ("autotune.cli.fleet", "fleet", "Start, inspect or stop a local fleet of servers."),
-    "inspect": ("autotune.cli.inspect", "inspect", "Diagnose running SGLang servers: binding limit, idle memory, next step."),
+    "inspect": (
+        "autotune.cli.inspect",
+        "inspect",
+        "Diagnose running SGLang servers: binding limit, idle memory, next step.",
+    ),
     "sim": ("autotune.cli.sim", "sim", "Run the simulated SGLang server (same flags as SGLang)."),
     "watch": ("autotune.cli.watch", "watch", "Watch a tuned fleet and report when its traffic drifts from the tuning."),
 }

@@ -17,8 +17,7 @@ from autotune.search.scaleout.workers import on_gpus
 from autotune.search.sweep import run_sweep
 
 
-def borrowed_sweep(cfg: Any, name: str, fleet_file: Path | None, *, echo: Callable[[str], None],
-                   progress: Any) -> Any:
+def borrowed_sweep(cfg: Any, name: str, fleet_file: Path | None, *, echo: Callable[[str], None], progress: Any) -> Any:
     """Lend ``name``, run the study on its GPUs, give it back however the study ends; the sweep's summary."""
     found = locate_fleet(fleet_file)
     if found.said:
@@ -26,27 +25,42 @@ def borrowed_sweep(cfg: Any, name: str, fleet_file: Path | None, *, echo: Callab
     fleet = load_fleet(found.path)
     server = fleet.server(name)
     if fleet.engine != cfg.engine.kind:
-        raise ConfigError(f"the study runs engine {cfg.engine.kind!r}, the fleet {fleet.engine!r}", key="engine.kind",
-                          fix=f"borrow from a fleet of the study's engine, or set [engine] kind = \"{fleet.engine}\"")
+        raise ConfigError(
+            f"the study runs engine {cfg.engine.kind!r}, the fleet {fleet.engine!r}",
+            key="engine.kind",
+            fix=f'borrow from a fleet of the study\'s engine, or set [engine] kind = "{fleet.engine}"',
+        )
     if fleet.simulated and fleet.sim_gpu and cfg.engine.sim_gpu and fleet.sim_gpu != cfg.engine.sim_gpu:
-        raise ConfigError(f"the study plans for {cfg.engine.sim_gpu}, the fleet's servers run on {fleet.sim_gpu}",
-                          key="engine.sim_gpu", fix=f"set sim_gpu = \"{fleet.sim_gpu}\" (the lent server's GPU)")
+        raise ConfigError(
+            f"the study plans for {cfg.engine.sim_gpu}, the fleet's servers run on {fleet.sim_gpu}",
+            key="engine.sim_gpu",
+            fix=f'set sim_gpu = "{fleet.sim_gpu}" (the lent server\'s GPU)',
+        )
     if server.gpus:
         cfg = on_gpus(cfg, server.gpus, cfg.engine.port, key="--borrow")
     tuned_on = _tuned_prompts(fleet)
     if tuned_on is not None and Path(cfg.workload.prompts).resolve() != tuned_on.resolve():
-        echo(f"note: the study replays {cfg.workload.prompts}; the fleet's running config was tuned on {tuned_on} "
-             "(its provenance.json): set [workload] prompts to it to tune for the fleet's own traffic")
+        echo(
+            f"note: the study replays {cfg.workload.prompts}; the fleet's running config was tuned on {tuned_on} "
+            "(its provenance.json): set [workload] prompts to it to tune for the fleet's own traffic"
+        )
     serving = len(fleet.servers) - 1
-    echo(f"lending {name} ({server.where}) to study {cfg.name}: the job runs on {serving} of {len(fleet.servers)} "
-         f"servers until the study ends{_advice(fleet, serving)}")
+    echo(
+        f"lending {name} ({server.where}) to study {cfg.name}: the job runs on {serving} of {len(fleet.servers)} "
+        f"servers until the study ends{_advice(fleet, serving)}"
+    )
     lease = borrow(found.path, name, cfg.name)
     began, summary = time.monotonic(), None
     try:
         summary = run_sweep(cfg, progress=progress)
     finally:
-        reason = ("the study was interrupted" if summary is not None and summary.interrupted else
-                  "the study ended" if summary is not None else "the study failed")
+        reason = (
+            "the study was interrupted"
+            if summary is not None and summary.interrupted
+            else "the study ended"
+            if summary is not None
+            else "the study failed"
+        )
         said = give_back(found.path, reason=reason)
         echo(said or f"{name}: no lease to give back (already returned)")
         echo(f"the job ran on {lease.serving} of {lease.total} servers for {time.monotonic() - began:.0f} s")

@@ -27,9 +27,13 @@ from autotune.deploy.router import running as router_running
 from autotune.deploy.router import wanted as router_wanted
 from autotune.deploy.routerview import view as router_view
 
-FLEET_OPTION = click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False),
-                            help="The fleet file (default: the fleet.toml the last `autotune apply` wrote for the "
-                                 "default study, else ./fleet.toml).")
+FLEET_OPTION = click.option(
+    "--fleet",
+    "fleet_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The fleet file (default: the fleet.toml the last `autotune apply` wrote for the "
+    "default study, else ./fleet.toml).",
+)
 SERVER_OPTION = click.option("--server", "names", multiple=True, help="Only this server (repeatable).")
 
 
@@ -50,10 +54,18 @@ def fleet() -> None:
 @fleet.command("up")
 @FLEET_OPTION
 @SERVER_OPTION
-@click.option("--timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
-              help="Seconds each server may take to become healthy.")
-@click.option("--keeper/--no-keeper", default=None,
-              help="Leave the fleet's keeper running beside it (default: [keeper] keep, true unless set).")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=900.0,
+    show_default=True,
+    help="Seconds each server may take to become healthy.",
+)
+@click.option(
+    "--keeper/--no-keeper",
+    default=None,
+    help="Leave the fleet's keeper running beside it (default: [keeper] keep, true unless set).",
+)
 def up(fleet_file: Path | None, names: tuple[str, ...], timeout: float, keeper: bool | None) -> None:
     """Start every server that is not running (detached: they keep running after this command), then the router
     and the keeper, which restarts a server that dies."""
@@ -67,12 +79,13 @@ def up(fleet_file: Path | None, names: tuple[str, ...], timeout: float, keeper: 
     click.echo(f"started: {', '.join(started)}" if started else "all servers already running")
     if fleet.keeper.keep if keeper is None else keeper:
         kept = keeperproc.start(fleet)
-        click.echo(f"keeper: pid {kept.pid}, restarts a server that dies (log {kept.log}; events "
-                   f"{events_path(fleet)})")
+        click.echo(f"keeper: pid {kept.pid}, restarts a server that dies (log {kept.log}; events {events_path(fleet)})")
     record = router_running(fleet)
     if record is not None:
-        click.echo(f"router: point the job at {record.url} (pid {record.pid}, {len(record.worker_urls)} workers, "
-                   f"log {record.log})")
+        click.echo(
+            f"router: point the job at {record.url} (pid {record.pid}, {len(record.worker_urls)} workers, "
+            f"log {record.log})"
+        )
     elif len(fleet.servers) > 1:
         click.echo(f"no router: {router_wanted(fleet)}")
 
@@ -86,37 +99,63 @@ def status(fleet_file: Path | None, as_json: bool) -> None:
     rows = fleet_status(fleet)
     seen = router_view(fleet)
     if as_json:  # the servers' list, as before; the router's view rides on the first entry's side
-        click.echo(json.dumps([r.to_dict() for r in rows] + ([{"router": seen.to_dict()}] if seen else []),
-                              indent=2))
+        click.echo(json.dumps([r.to_dict() for r in rows] + ([{"router": seen.to_dict()}] if seen else []), indent=2))
         return
     table = Table(title=str(fleet_file))
     # The capacity columns are what each server allocated at startup (its caps), not what it holds now.
-    for column in ("server", "host", "gpus", "port", "state", "running cap", "KV tokens (cap)",
-                   "Mamba slots (cap)", "tok/s (last)", "config"):
+    for column in (
+        "server",
+        "host",
+        "gpus",
+        "port",
+        "state",
+        "running cap",
+        "KV tokens (cap)",
+        "Mamba slots (cap)",
+        "tok/s (last)",
+        "config",
+    ):
         table.add_column(column, justify="left" if column in ("server", "host", "state", "config") else "right")
     for r in rows:
         cap = r.capacity
         config = r.config + (f" (differs: {', '.join(r.drift)})" if r.drift else "")
-        table.add_row(r.name, r.host, ",".join(str(g) for g in r.gpus) or "-", str(r.port), r.state,
-                      *(str(getattr(cap, k)) if cap and getattr(cap, k) is not None else "-"
-                        for k in ("max_running_requests", "kv_tokens", "mamba_slots")),
-                      f"{r.tok_s:.0f}" if r.tok_s is not None else "-", config)
+        table.add_row(
+            r.name,
+            r.host,
+            ",".join(str(g) for g in r.gpus) or "-",
+            str(r.port),
+            r.state,
+            *(
+                str(getattr(cap, k)) if cap and getattr(cap, k) is not None else "-"
+                for k in ("max_running_requests", "kv_tokens", "mamba_slots")
+            ),
+            f"{r.tok_s:.0f}" if r.tok_s is not None else "-",
+            config,
+        )
     Console(width=max(Console().width, 150)).print(table)  # whole headers and configs, as trials prints
     for r in rows:
         if r.note:
             click.echo(r.note)
     for line in keeper_lines(fleet):
         click.echo(line)
-    for line in seen.lines() if seen is not None else ([f"no router: {router_wanted(fleet) or 'not running'}"]
-                                                       if len(fleet.servers) > 1 else []):
+    for line in (
+        seen.lines()
+        if seen is not None
+        else ([f"no router: {router_wanted(fleet) or 'not running'}"] if len(fleet.servers) > 1 else [])
+    ):
         click.echo(line)
 
 
 @fleet.command("down")
 @FLEET_OPTION
 @SERVER_OPTION
-@click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              help="Seconds SGLang may drain in-flight requests before SIGKILL.")
+@click.option(
+    "--grace",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Seconds SGLang may drain in-flight requests before SIGKILL.",
+)
 def down(fleet_file: Path | None, names: tuple[str, ...], grace: float) -> None:
     """Stop the fleet's servers (SIGTERM, then SIGKILL after --grace, through the launcher that started each),
     and with all of them the router; a server on a fleet port that is not the fleet's is named and left running."""
@@ -161,7 +200,10 @@ def keeper_lines(fleet: Fleet, *, count: int = 5) -> list[str]:
     """The keeper's state and its latest events, as ``fleet status`` prints them."""
     kept = keeperproc.running(fleet)
     events = FleetLog.of(fleet).recent(count)
-    head = (f"keeper: running (pid {kept.pid})" if kept is not None else
-            "keeper: not running (autotune fleet up starts it; nothing restarts a server that dies)")
+    head = (
+        f"keeper: running (pid {kept.pid})"
+        if kept is not None
+        else "keeper: not running (autotune fleet up starts it; nothing restarts a server that dies)"
+    )
     lent = leasefile.current(fleet)
     return [head, *(f"  {shown(e)}" for e in events), *([f"lease: {lent.line}"] if lent is not None else [])]

@@ -56,8 +56,11 @@ def start_from(cfg: StudyConfig, ref: str, echo: Callable[[str], None]) -> None:
     """Record in ``cfg``'s study where it starts from (a resumed study keeps its record); print what was carried."""
     source, storage = open_source(ref)
     if source.study_name == cfg.name and Path(str(storage)) == Path(cfg.storage_url):
-        raise ConfigError(f"study {cfg.name!r} cannot start from itself", key=OPTION,
-                          fix="give the new study its own --study NAME (or run without --from to resume it)")
+        raise ConfigError(
+            f"study {cfg.name!r} cannot start from itself",
+            key=OPTION,
+            fix="give the new study its own --study NAME (or run without --from to resume it)",
+        )
     table, version = _installed(cfg)
     record, lines = warm_record(source, storage, cfg, table=table, version=version)
     study = open_study(cfg)
@@ -66,9 +69,12 @@ def start_from(cfg: StudyConfig, ref: str, echo: Callable[[str], None]) -> None:
         echo(f"resuming: {origin_line(earlier)}")
         return
     if earlier is not None or study.get_trials(deepcopy=False):
-        raise ConfigError(f"study {cfg.name!r} has already started"
-                          + (f" from study {earlier['study']}" if earlier else " without --from"), key=OPTION,
-                          fix="give the re-tune a new study: add --study NEW_NAME")
+        raise ConfigError(
+            f"study {cfg.name!r} has already started"
+            + (f" from study {earlier['study']}" if earlier else " without --from"),
+            key=OPTION,
+            fix="give the re-tune a new study: add --study NEW_NAME",
+        )
     study.set_user_attr(WARM_KEY, record)
     study.set_user_attr("sglang_version", version)  # what a later --from of this study reads
     for line in lines:

@@ -16,9 +16,7 @@ from autotune.inspect.sweep_file import sweep_toml
 @click.command("inspect")
 @click.argument("urls", nargs=-1, required=True, metavar="URL [URL ...]")
 @click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
-@click.option(
-    "--model", help="Model profile or config.json for the planner (default: inferred from /model_info)."
-)
+@click.option("--model", help="Model profile or config.json for the planner (default: inferred from /model_info).")
 @click.option("--gpu", help="GPU profile b200|h200|h100 (default: matched by the device's total memory).")
 @click.option(
     "--sweep-out",
@@ -27,7 +25,8 @@ from autotune.inspect.sweep_file import sweep_toml
 )
 @click.option(
     "--prompts",
-    help="Prompt file the sweep file's [workload] names (default: examples/prompts.jsonl if present, else prompts.jsonl beside the file).",
+    help="Prompt file the sweep file's [workload] names "
+    "(default: examples/prompts.jsonl if present, else prompts.jsonl beside the file).",
 )
 @click.option(
     "--log",
@@ -62,13 +61,9 @@ def inspect(
     else:
         render(inspection, Console(soft_wrap=False))
     if not inspection.ok:
-        raise InspectError(
-            f"no server could be inspected ({len(inspection.failures)} failed; see the lines above)"
-        )
+        raise InspectError(f"no server could be inspected ({len(inspection.failures)} failed; see the lines above)")
     if sweep_out is not None:
-        base = next(
-            (d for d in inspection.servers if d.advice and d.advice.suggestions), inspection.servers[0]
-        )
+        base = next((d for d in inspection.servers if d.advice and d.advice.suggestions), inspection.servers[0])
         shipped = Path("examples/prompts.jsonl")
         if prompts is None and shipped.is_file():
             prompts = str(shipped.resolve())  # the bundled sample, so the file runs as written

@@ -73,10 +73,18 @@ def resolve_prompts(path: Path | None) -> Path:
 
 
 # The spec's fields as this command's options, for the messages a trial writes (``WorkloadSpec.option``).
-MEASURE_OPTIONS = {"measure_s": "--window", "warmup_s": "--warmup", "measure_max_s": "--window-max",
-                   "warmup_max_s": "--warmup-max", "target_half_width": "--target-half-width", "ramp_s": "--ramp",
-                   "concurrency": "--concurrency", "max_tokens": "--max-tokens", "sample_size": "--sample",
-                   "repeats": "--repeats"}
+MEASURE_OPTIONS = {
+    "measure_s": "--window",
+    "warmup_s": "--warmup",
+    "measure_max_s": "--window-max",
+    "warmup_max_s": "--warmup-max",
+    "target_half_width": "--target-half-width",
+    "ramp_s": "--ramp",
+    "concurrency": "--concurrency",
+    "max_tokens": "--max-tokens",
+    "sample_size": "--sample",
+    "repeats": "--repeats",
+}
 
 
 @dataclass
@@ -100,41 +108,96 @@ def _sim_options(items: tuple[str, ...]) -> dict[str, str | bool]:
 
 @click.command("measure")
 # Not a click.Choice: an unknown name is make_engine's one-line ConfigError (exit 1), like every bad input here.
-@click.option("--engine", "engine_name", default="sim", show_default=True,
-              help=f"One of: {', '.join(sorted(ENGINES))}.")
+@click.option(
+    "--engine", "engine_name", default="sim", show_default=True, help=f"One of: {', '.join(sorted(ENGINES))}."
+)
 @click.option("--model", default="qwen3.6-27b", show_default=True, help="Model path (sglang) or profile (sim).")
 @click.option("--gpu", default="b200", show_default=True, help="Simulated GPU profile (sim engine).")
 @click.option("--gpu-index", default=0, show_default=True, type=int, help="Which device the server runs on.")
-@click.option("--config", "config_file", type=click.Path(path_type=Path, dir_okay=False), help="Flags file (.toml/.yaml/.json).")
-@click.option("--set", "sets", multiple=True, metavar="FLAG=VALUE", help="An SGLang flag (repeatable; overrides --config).")
-@click.option("--prompts", type=click.Path(path_type=Path, dir_okay=False), help="JSONL prompt sample [examples/prompts.jsonl].")
+@click.option(
+    "--config", "config_file", type=click.Path(path_type=Path, dir_okay=False), help="Flags file (.toml/.yaml/.json)."
+)
+@click.option(
+    "--set", "sets", multiple=True, metavar="FLAG=VALUE", help="An SGLang flag (repeatable; overrides --config)."
+)
+@click.option(
+    "--prompts", type=click.Path(path_type=Path, dir_okay=False), help="JSONL prompt sample [examples/prompts.jsonl]."
+)
 @click.option("--sample", default=200, show_default=True, type=click.IntRange(min=1), help="Rows in the fixed sample.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of the sample.")
-@click.option("--warmup", default=10.0, show_default=True, type=click.FloatRange(min=0),
-              help="Warm-up floor, seconds: it runs on until the load stops rising (at most --warmup-max).")
-@click.option("--window", default=30.0, show_default=True, type=click.FloatRange(min=0.1),
-              help="Window floor, seconds: it runs on until the estimate is within --target-half-width.")
+@click.option(
+    "--warmup",
+    default=10.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Warm-up floor, seconds: it runs on until the load stops rising (at most --warmup-max).",
+)
+@click.option(
+    "--window",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0.1),
+    help="Window floor, seconds: it runs on until the estimate is within --target-half-width.",
+)
 @click.option("--warmup-max", type=click.FloatRange(min=0), help="Warm-up cap, seconds [4 × --warmup].")
 @click.option("--window-max", type=click.FloatRange(min=0.1), help="Window cap, seconds [4 × --window].")
-@click.option("--target-half-width", default=TARGET_HALF_WIDTH, show_default=True,
-              type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
-              help="The window's 95% half-width, as a share of its tok/s, at which it may end.")
+@click.option(
+    "--target-half-width",
+    default=TARGET_HALF_WIDTH,
+    show_default=True,
+    type=click.FloatRange(min=0, max=1, min_open=True, max_open=True),
+    help="The window's 95% half-width, as a share of its tok/s, at which it may end.",
+)
 @click.option("--ramp", type=click.FloatRange(min=0), help="Streams start over this many seconds [half of --warmup].")
 @click.option("--concurrency", type=click.IntRange(min=1), help="Requests in flight [2 × max running requests].")
 @click.option("--max-tokens", default=4096, show_default=True, type=click.IntRange(min=1))
-@click.option("--endpoint", default="generate", show_default=True, type=click.Choice(["generate", "completions", "chat"]))
+@click.option(
+    "--endpoint", default="generate", show_default=True, type=click.Choice(["generate", "completions", "chat"])
+)
 @click.option("--ignore-eos", is_flag=True, help="Force every request to max tokens.")
-@click.option("--repeats", type=click.Choice(REPEATS), default="fresh", show_default=True,
-              help="A prompt sent again when the sample comes round: marked per pass (fresh) or the same text.")
+@click.option(
+    "--repeats",
+    type=click.Choice(REPEATS),
+    default="fresh",
+    show_default=True,
+    help="A prompt sent again when the sample comes round: marked per pass (fresh) or the same text.",
+)
 @click.option("--python", "python", help="Interpreter with sglang installed (sglang engine).")
-@click.option("--device", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]), help="sglang engine device.")
+@click.option(
+    "--device", default="cuda", show_default=True, type=click.Choice(["cuda", "cpu"]), help="sglang engine device."
+)
 @click.option("--sim-opt", "sim_opts", multiple=True, metavar="KEY=VALUE", help="Simulator option, e.g. startup_s=0.3.")
 @click.option("--startup-timeout", default=900.0, show_default=True, type=click.FloatRange(min=1), help="Seconds.")
 @click.option("--out", type=click.Path(path_type=Path, file_okay=False), help="Trial directory [runs/measure-<time>].")
 @click.option("--json", "as_json", is_flag=True, help="Print the TrialResult as JSON.")
-def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, sample, seed, warmup, window, warmup_max,
-            window_max, target_half_width, ramp, concurrency, max_tokens, endpoint, ignore_eos, repeats, python, device,
-            sim_opts, startup_timeout, out, as_json) -> None:
+def measure(
+    engine_name,
+    model,
+    gpu,
+    gpu_index,
+    config_file,
+    sets,
+    prompts,
+    sample,
+    seed,
+    warmup,
+    window,
+    warmup_max,
+    window_max,
+    target_half_width,
+    ramp,
+    concurrency,
+    max_tokens,
+    endpoint,
+    ignore_eos,
+    repeats,
+    python,
+    device,
+    sim_opts,
+    startup_timeout,
+    out,
+    as_json,
+) -> None:
     """Run one trial: start a server with the given flags, replay the sample, stop it, print the result.
 
     --warmup and --window are floors: both run on until the settle rule is met, at most to their caps.
@@ -142,23 +205,42 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
     Exit status: 0 when the trial is ok, 3 when it failed (OOM, crash, timeout), 1 for bad input.
     """
     if ramp is not None and ramp > warmup:
-        raise WorkloadError(f"--ramp ({ramp:g}) must lie within the warm-up floor (--warmup {warmup:g})", key="ramp",
-                            fix="lower --ramp or raise --warmup")
-    for cap, value, floor, least in (("--warmup-max", warmup_max, "--warmup", warmup),
-                                     ("--window-max", window_max, "--window", window)):
+        raise WorkloadError(
+            f"--ramp ({ramp:g}) must lie within the warm-up floor (--warmup {warmup:g})",
+            key="ramp",
+            fix="lower --ramp or raise --warmup",
+        )
+    for cap, value, floor, least in (
+        ("--warmup-max", warmup_max, "--warmup", warmup),
+        ("--window-max", window_max, "--window", window),
+    ):
         if value is not None and value < least:
             raise WorkloadError(f"{cap} ({value:g}) is below {floor} ({least:g})", fix=f"raise {cap} or omit it")
-    engine = make_engine(engine_name, model_path=model, python=python, sim_gpu=gpu,
-                         sim_options=_sim_options(sim_opts), device=device)
+    engine = make_engine(
+        engine_name, model_path=model, python=python, sim_gpu=gpu, sim_options=_sim_options(sim_opts), device=device
+    )
     config = load_config_file(config_file) if config_file else {}
     config = {**engine.check(config), **parse_sets(sets)}
     config = engine.check(config)  # bad flags end here, before any server starts
     engine.preflight()
     check_engine_gpu(engine, gpu_index)  # a GPU another process holds would measure what the tenant left
-    spec = WorkloadSpec(prompts=resolve_prompts(prompts), sample_size=sample, seed=seed, max_tokens=max_tokens,
-                        concurrency=concurrency, warmup_s=warmup, measure_s=window, endpoint=endpoint,
-                        ignore_eos=ignore_eos, repeats=repeats, warmup_max_s=warmup_max, measure_max_s=window_max,
-                        target_half_width=target_half_width, ramp_s=ramp, option_names=MEASURE_OPTIONS)
+    spec = WorkloadSpec(
+        prompts=resolve_prompts(prompts),
+        sample_size=sample,
+        seed=seed,
+        max_tokens=max_tokens,
+        concurrency=concurrency,
+        warmup_s=warmup,
+        measure_s=window,
+        endpoint=endpoint,
+        ignore_eos=ignore_eos,
+        repeats=repeats,
+        warmup_max_s=warmup_max,
+        measure_max_s=window_max,
+        target_half_width=target_half_width,
+        ramp_s=ramp,
+        option_names=MEASURE_OPTIONS,
+    )
     loaded = PromptSample.load(spec.prompts, spec.sample_size, spec.seed)
     # A prompt over the model's context is bad input, one Error: line; check it before warning about the sample.
     misfit_reason(model, config, loaded, spec.max_tokens)
@@ -177,15 +259,24 @@ def measure(engine_name, model, gpu, gpu_index, config_file, sets, prompts, samp
             click.echo(f"[{name}]", err=True)
         elif time.monotonic() - last[0] >= 2.0:  # a live figure every couple of seconds, not every tick
             last[0] = time.monotonic()
-            click.echo(f"[measuring] {info.get('tok_s', 0):,.0f} tok/s, {info.get('completed', 0)} done, "
-                       f"{info.get('errors', 0)} errors", err=True)
+            click.echo(
+                f"[measuring] {info.get('tok_s', 0):,.0f} tok/s, {info.get('completed', 0)} done, "
+                f"{info.get('errors', 0)} errors",
+                err=True,
+            )
 
     def work() -> None:
         try:
-            setup = TrialSetup(engine=engine, workload=spec, sample=loaded, gpu_index=gpu_index,
-                               timeouts=Timeouts(startup_s=startup_timeout))
-            box.result = run_trial(setup, config, trial_dir=trial_dir,
-                                      hooks=TrialHooks(on_phase=phase, stop_event=stop))
+            setup = TrialSetup(
+                engine=engine,
+                workload=spec,
+                sample=loaded,
+                gpu_index=gpu_index,
+                timeouts=Timeouts(startup_s=startup_timeout),
+            )
+            box.result = run_trial(
+                setup, config, trial_dir=trial_dir, hooks=TrialHooks(on_phase=phase, stop_event=stop)
+            )
         except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
             box.error = exc
 
@@ -221,7 +312,10 @@ def _render(result, *, host_memory: bool = False) -> None:
     m, cap, g = result.metrics, result.capacity, result.host or result.gpu
     if m is not None:
         table.add_row("output tok/s", f"{m.output_tok_s:,.1f}")
-        table.add_row("requests/s", f"{m.request_s:.3f}  (completed {m.completed}, errors {m.errors}, concurrency {m.concurrency})")
+        table.add_row(
+            "requests/s",
+            f"{m.request_s:.3f}  (completed {m.completed}, errors {m.errors}, concurrency {m.concurrency})",
+        )
         for name, p in (("TTFT ms", m.ttft_ms), ("ITL ms", m.itl_ms), ("E2E ms", m.e2e_ms)):
             if p.p50 is not None:
                 table.add_row(name, f"p50 {p.p50:,.1f}  p90 {p.p90:,.1f}  p99 {p.p99:,.1f}  mean {p.mean:,.1f}")

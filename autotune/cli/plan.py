@@ -17,20 +17,40 @@ from autotune.sglang.profiles import ModelProfile, load_gpu, load_model
 
 
 @click.command("plan")
-@click.option("--model", "model_name", required=True,
-              help="Bundled profile (qwen3.6-27b, qwen3-next-80b-a3b), a folder with config.json (and the "
-                   "safetensors index for exact weights), or a HuggingFace id.")
+@click.option(
+    "--model",
+    "model_name",
+    required=True,
+    help="Bundled profile (qwen3.6-27b, qwen3-next-80b-a3b), a folder with config.json (and the "
+    "safetensors index for exact weights), or a HuggingFace id.",
+)
 @click.option("--gpu", "gpu_name", required=True, help=f"GPU profile: {', '.join(GPUS)}.")
 @click.option("--gpu-memory-mib", type=click.IntRange(min=1), help="Override the GPU's total memory (MiB).")
 @click.option("--free-gib", type=click.FloatRange(min=0), help="Memory free before load (default: total − context).")
-@click.option("--set", "sets", multiple=True, metavar="FLAG=VALUE",
-              help="An SGLang flag, e.g. --set max-mamba-cache-size=200 (repeatable; switches as FLAG=true).")
-@click.option("--env", "envs", multiple=True, metavar="NAME=VALUE",
-              help="An SGLang environment variable for the server, e.g. --env SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 "
-                   "(repeatable).")
+@click.option(
+    "--set",
+    "sets",
+    multiple=True,
+    metavar="FLAG=VALUE",
+    help="An SGLang flag, e.g. --set max-mamba-cache-size=200 (repeatable; switches as FLAG=true).",
+)
+@click.option(
+    "--env",
+    "envs",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="An SGLang environment variable for the server, e.g. --env SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 (repeatable).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
-def plan(model_name: str, gpu_name: str, gpu_memory_mib: int | None, free_gib: float | None,
-         sets: tuple[str, ...], envs: tuple[str, ...], as_json: bool) -> None:
+def plan(
+    model_name: str,
+    gpu_name: str,
+    gpu_memory_mib: int | None,
+    free_gib: float | None,
+    sets: tuple[str, ...],
+    envs: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Print what SGLang 0.5.23 would allocate, and whether it would start."""
     flags, env = parse_sets(sets), parse_envs(envs)
     model, gpu = load_model(model_name), load_gpu(gpu_name, memory_mib=gpu_memory_mib)
@@ -42,28 +62,35 @@ def plan(model_name: str, gpu_name: str, gpu_memory_mib: int | None, free_gib: f
     _render(data, env)
 
 
-_WEIGHTS_FROM = {"index": "the safetensors index's total_size", "headers": "the shards' safetensors headers",
-                 "arithmetic": "an estimate from config.json (no safetensors index beside it)"}
+_WEIGHTS_FROM = {
+    "index": "the safetensors index's total_size",
+    "headers": "the shards' safetensors headers",
+    "arithmetic": "an estimate from config.json (no safetensors index beside it)",
+}
 
 
 def sources(model: ModelProfile, gpu: GpuProfile, *, overridden: bool) -> dict[str, str]:
     """Where the plan's inputs came from: the model's family and weights, the GPU's memory."""
     quant = "" if model.quant_method == "none" else f", {model.quant_method} weights"
-    return {"model": f"{model.name}: {model.family_name} family ({model.model_type}){quant}",
-            "weights": f"{_WEIGHTS_FROM.get(model.weights_source, model.weights_source)} "
-                       f"({model.target_weights_gib:.2f} GiB target"
-                       f"{f', {model.draft_weights_gib:.2f} GiB MTP draft' if model.mtp_layers else ''})",
-            "gpu": f"{gpu.name} profile, {gpu.memory_mib:,} MiB ({'--gpu-memory-mib' if overridden else 'nvidia-smi'}"
-                   f"), {gpu.arch}"}
+    return {
+        "model": f"{model.name}: {model.family_name} family ({model.model_type}){quant}",
+        "weights": f"{_WEIGHTS_FROM.get(model.weights_source, model.weights_source)} "
+        f"({model.target_weights_gib:.2f} GiB target"
+        f"{f', {model.draft_weights_gib:.2f} GiB MTP draft' if model.mtp_layers else ''})",
+        "gpu": f"{gpu.name} profile, {gpu.memory_mib:,} MiB ({'--gpu-memory-mib' if overridden else 'nvidia-smi'}"
+        f"), {gpu.arch}",
+    }
 
 
 def _render(data: dict, env: dict[str, str] | None = None) -> None:
     console = Console()
     extra = data["extra"]
     verdict = "[green]fits[/green]" if data["fits"] else f"[red]{data['failure']}[/red]"
-    console.print(f"Plan: {verdict}  mem_fraction_static={data['mem_fraction_static']}  "
-                  f"strategy={extra.get('strategy')}  ratio={extra.get('ratio')}  "
-                  f"D={extra.get('draft_tokens')}  page_size={extra.get('page_size')}")
+    console.print(
+        f"Plan: {verdict}  mem_fraction_static={data['mem_fraction_static']}  "
+        f"strategy={extra.get('strategy')}  ratio={extra.get('ratio')}  "
+        f"D={extra.get('draft_tokens')}  page_size={extra.get('page_size')}"
+    )
     summary = Table(show_header=False, box=None)
     for name, text in data.get("sources", {}).items():
         summary.add_row(name, text)
@@ -98,18 +125,30 @@ def lever_rows(extra: dict) -> list[tuple[str, str]]:
     rows = []
     arena = extra.get("unified")
     if arena:
-        rows.append(("unified arena", f"{arena['total_gib']:.2f} GiB shared by KV and Mamba state: "
-                                      f"{arena['tokens']:,} KV tokens with no state in it, one state displaces "
-                                      f"{arena['state_tokens']:,} (kv_tokens above is SGLang's boot label)"))
+        rows.append(
+            (
+                "unified arena",
+                f"{arena['total_gib']:.2f} GiB shared by KV and Mamba state: "
+                f"{arena['tokens']:,} KV tokens with no state in it, one state displaces "
+                f"{arena['state_tokens']:,} (kv_tokens above is SGLang's boot label)",
+            )
+        )
     adaptive = extra.get("adaptive")
     if adaptive:
         slots = ", ".join(f"bs≥{k}: {v['candidate_steps']}" for k, v in adaptive["slots"].items())
-        rows.append(("adaptive steps", f"starts at {adaptive['initial_steps']} ({slots}); buffers and Mamba "
-                                       f"scratch for D={adaptive['max_draft_tokens']}"))
+        rows.append(
+            (
+                "adaptive steps",
+                f"starts at {adaptive['initial_steps']} ({slots}); buffers and Mamba "
+                f"scratch for D={adaptive['max_draft_tokens']}",
+            )
+        )
     for note in extra.get("warnings") or []:
         if str(note).startswith(("speculative_adaptive disabled", "--enable-unified-memory:")):
             rows.append(("lever note", str(note)))
     return rows
+
+
 def tree_levers(extra: dict) -> str:
     """What the radix cache keeps of Mamba state (--mamba-track-interval, --mamba-max-states-per-path): no pool
     is sized by either, so the memory above is the same for any value (docs/sglang-memory.md §1)."""
@@ -117,9 +156,11 @@ def tree_levers(extra: dict) -> str:
     per_path = f"at most {cap} per path" if cap else "unlimited per path"
     if extra.get("mamba_track_interval") is None:
         return f"at each prompt's end (no_buffer), {per_path}; no memory"
-    return (f"prefill: one at each chunk's end or branch point on a {extra['mamba_checkpoint_grid']}-token grid; "
-            f"decode: every {extra['mamba_track_grid']} tokens (track interval {extra['mamba_track_interval']}); "
-            f"{per_path}; no memory")
+    return (
+        f"prefill: one at each chunk's end or branch point on a {extra['mamba_checkpoint_grid']}-token grid; "
+        f"decode: every {extra['mamba_track_grid']} tokens (track interval {extra['mamba_track_interval']}); "
+        f"{per_path}; no memory"
+    )
 
 
 def inert_advice(message: str, inert: list[str]) -> str | None:

@@ -59,8 +59,10 @@ def render(summary: SweepSummary) -> str:
         rerun = f" ({again} interrupted and run again)" if again else ""
         skipped = summary.statuses.get("skipped_infeasible", 0)
         tail = f"; the planner skipped {skipped} without launching" if skipped else ""
-        lines.append(f"  launched {summary.launched} servers{rerun}, {summary.launched_oom} ran out of memory "
-                     f"({share:.0f} %){tail}")
+        lines.append(
+            f"  launched {summary.launched} servers{rerun}, {summary.launched_oom} ran out of memory "
+            f"({share:.0f} %){tail}"
+        )
     base, best = summary.baseline, summary.best
     multi = bool(summary.multi_gpu)
     if multi:
@@ -98,14 +100,17 @@ def render(summary: SweepSummary) -> str:
         lines.append(f"  {summary.job['line']}")
     defaults = summary.defaults
     if defaults and defaults.output_tok_s and best:
-        lines.append(f"  gain over SGLang 0.5.23 defaults ({_tok(defaults.output_tok_s)}, {defaults.how}): "
-                     f"{_x(summary.gain_over_defaults)}")
+        lines.append(
+            f"  gain over SGLang 0.5.23 defaults ({_tok(defaults.output_tok_s)}, {defaults.how}): "
+            f"{_x(summary.gain_over_defaults)}"
+        )
     elif defaults and defaults.output_tok_s:
         lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept): {_tok(defaults.output_tok_s)}, {defaults.how}")
     elif defaults:
         why = f"{defaults.status or 'failed'}" + (f": {defaults.reason}" if defaults.reason else "")
-        lines.append(f"  SGLang 0.5.23 defaults (fixed flags kept) failed, {defaults.how}: {why}; "
-                     "no gain over defaults")
+        lines.append(
+            f"  SGLang 0.5.23 defaults (fixed flags kept) failed, {defaults.how}: {why}; no gain over defaults"
+        )
     if summary.defaults_lead:  # the defaults beat everything the space reached: say so, with what to do
         lines.append(f"  {summary.defaults_lead}")
     if summary.search_stop is not None:  # the budget spent, or the rule that stopped the search before it
@@ -116,8 +121,10 @@ def render(summary: SweepSummary) -> str:
         lines.append(f"  confirmation: {summary.confirmation}")
     if summary.twins:  # one server at two memory fractions, confirmed once (``confirm.twins``)
         said = "; ".join(f"trial {n} for {', '.join(str(m) for m in others)}" for n, others in summary.twins.items())
-        lines.append(f"  confirmed as one server: {said} (the same config at another --mem-fraction-static, the "
-                     "same running cap, each KV pool holding the batch)")
+        lines.append(
+            f"  confirmed as one server: {said} (the same config at another --mem-fraction-static, the "
+            "same running cap, each KV pool holding the batch)"
+        )
     if summary.note:
         lines.append(f"  note: {summary.note}")
     if summary.interrupted:
@@ -126,50 +133,100 @@ def render(summary: SweepSummary) -> str:
 
 
 @click.command()
-@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Study file (default: studies/example.toml).")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Study file (default: studies/example.toml).",
+)
 @click.option("--study", "study_name", help="Study name (default: [study] name, else the file name).")
 @click.option("--storage", help="Optuna storage URL (default: sqlite beside the study file).")
 @click.option("--trials", type=click.IntRange(min=1), help="Total number of trials (counting finished ones).")
 @click.option("--engine", type=click.Choice(sorted(ENGINES)), help="Override [engine] kind.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-@click.option("--gpus", help="GPUs of this node, e.g. 0-7 or 0,1,2,3: one worker per GPU group (as many GPUs as "
-                                "a server spans), all sharing the study.")
-@click.option("--launcher", type=click.Choice(sorted(LAUNCHERS)),
-              help="Override [engine] launcher; slurm with --gpus or --workers runs each worker as its own Slurm job.")
-@click.option("--workers", type=click.IntRange(min=1),
-              help="With --launcher slurm: this many worker jobs, each asking Slurm for a server's GPUs.")
-@click.option("--from", "from_study", metavar="STUDY",
-              help="Re-tune from an earlier study (FILE.toml, NAME or STORAGE_URL): its best configs first, its planner "
-                   "corrections scaled to this GPU.")
-@click.option("--borrow", "borrow", metavar="SERVER",
-              help="Tune in place: lend this server of the running fleet to the study (drained out of the router, "
-                   "stopped), run the study on its GPUs, give it back on its production config when the study ends.")
-@click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False),
-              help="With --borrow: the fleet file (default: the fleet the last `autotune apply` wrote).")
-def sweep(config_path: Path | None, study_name: str | None, storage: str | None, trials: int | None,
-          engine: str | None, as_json: bool, gpus: str | None, launcher: str | None, workers: int | None,
-          from_study: str | None, borrow: str | None, fleet_file: Path | None) -> None:
+@click.option(
+    "--gpus",
+    help="GPUs of this node, e.g. 0-7 or 0,1,2,3: one worker per GPU group (as many GPUs as "
+    "a server spans), all sharing the study.",
+)
+@click.option(
+    "--launcher",
+    type=click.Choice(sorted(LAUNCHERS)),
+    help="Override [engine] launcher; slurm with --gpus or --workers runs each worker as its own Slurm job.",
+)
+@click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    help="With --launcher slurm: this many worker jobs, each asking Slurm for a server's GPUs.",
+)
+@click.option(
+    "--from",
+    "from_study",
+    metavar="STUDY",
+    help="Re-tune from an earlier study (FILE.toml, NAME or STORAGE_URL): its best configs first, its planner "
+    "corrections scaled to this GPU.",
+)
+@click.option(
+    "--borrow",
+    "borrow",
+    metavar="SERVER",
+    help="Tune in place: lend this server of the running fleet to the study (drained out of the router, "
+    "stopped), run the study on its GPUs, give it back on its production config when the study ends.",
+)
+@click.option(
+    "--fleet",
+    "fleet_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="With --borrow: the fleet file (default: the fleet the last `autotune apply` wrote).",
+)
+def sweep(
+    config_path: Path | None,
+    study_name: str | None,
+    storage: str | None,
+    trials: int | None,
+    engine: str | None,
+    as_json: bool,
+    gpus: str | None,
+    launcher: str | None,
+    workers: int | None,
+    from_study: str | None,
+    borrow: str | None,
+    fleet_file: Path | None,
+) -> None:
     """Run (or resume) a study: search configs, then confirm the winner."""
     cfg = load_config(resolve_config(config_path), name=study_name, storage=storage, trials=trials, engine=engine)
     cfg = with_launcher(cfg, launcher)
     for note in cfg.notes:  # e.g. a prompt file shorter than sample_size
         click.echo(f"Warning: {note}", err=True)
     if workers is not None and gpus:
-        raise ConfigError("--workers and --gpus both name the workers", key="--workers",
-                          fix="give --gpus 0-3 (workers on these GPUs) or --workers N (N Slurm jobs), not both")
+        raise ConfigError(
+            "--workers and --gpus both name the workers",
+            key="--workers",
+            fix="give --gpus 0-3 (workers on these GPUs) or --workers N (N Slurm jobs), not both",
+        )
     if workers is not None and cfg.engine.launcher != "slurm":
-        raise ConfigError("--workers needs the slurm launcher", key="--workers",
-                          fix="add --launcher slurm, or give --gpus 0-3 to run workers on this node")
+        raise ConfigError(
+            "--workers needs the slurm launcher",
+            key="--workers",
+            fix="add --launcher slurm, or give --gpus 0-3 to run workers on this node",
+        )
     check_study(cfg)  # a baseline or [[enqueue]] SGLang refuses: one line, before any worker or server starts
     if from_study:  # the earlier study's best configs and planner corrections, recorded in this study
         start_from(cfg, from_study, echo=lambda line: click.echo(line, err=as_json))
     if borrow is not None:
         if gpus or workers is not None:
-            raise ConfigError("--borrow runs the study on the lent server's GPUs", key="--borrow",
-                              fix="give --borrow SERVER alone, or --gpus / --workers without it")
-        summary = borrowed_sweep(cfg, borrow, fleet_file, echo=lambda line: click.echo(line, err=as_json),
-                                 progress=make_progress(quiet_stdout=as_json))
+            raise ConfigError(
+                "--borrow runs the study on the lent server's GPUs",
+                key="--borrow",
+                fix="give --borrow SERVER alone, or --gpus / --workers without it",
+            )
+        summary = borrowed_sweep(
+            cfg,
+            borrow,
+            fleet_file,
+            echo=lambda line: click.echo(line, err=as_json),
+            progress=make_progress(quiet_stdout=as_json),
+        )
     else:
         if gpus or workers is not None:
             cfg = _search_on(cfg, gpus, workers, err=as_json)

@@ -28,9 +28,26 @@ from autotune.search.views.summary import confirmation_line, confirmed, confirme
 from autotune.search.views.worstcase import stress_of, worst_case_line
 from autotune.search.warm import record_of
 
-COLUMNS = ["number", "state", "status", "role", "params", "output_tok_s", "gpus", "tok_s_per_gpu",
-           "max_running_requests", "granted", "kv_tokens", "mamba_slots", "peak_gib", "numerics", "reason", "winner",
-           "confirmed_tok_s", "worst_case"]
+COLUMNS = [
+    "number",
+    "state",
+    "status",
+    "role",
+    "params",
+    "output_tok_s",
+    "gpus",
+    "tok_s_per_gpu",
+    "max_running_requests",
+    "granted",
+    "kv_tokens",
+    "mamba_slots",
+    "peak_gib",
+    "numerics",
+    "reason",
+    "winner",
+    "confirmed_tok_s",
+    "worst_case",
+]
 
 
 @dataclass(frozen=True)
@@ -74,21 +91,32 @@ def rows(study: optuna.Study) -> list[TrialRow]:
         stat = verdict.stat(t.number) if verdict is not None else None
         if stat is not None and stat.from_search:
             rate = None  # a baseline far behind the leader: its search run stood in, nothing was confirmed
-        fidelity = contender_fidelity(stored.fidelity if stored else None,
-                                      conf.probe(t.number) if conf is not None else None)
-        out.append(TrialRow(
-            number=t.number, state=t.state.name, status=t.user_attrs.get("status", ""),
-            role=f"{role}:{label}" if label and label != role else role,
-            params=(stored.config if stored else None) or t.user_attrs.get("config") or t.params,
-            output_tok_s=stored.output_tok_s if stored else None,
-            gpus=gpus_spanned(stored) if stored else None, tok_s_per_gpu=per_gpu(stored) if stored else None,
-            max_running_requests=cap.max_running_requests if cap else None, kv_tokens=cap.kv_tokens if cap else None,
-            granted=granted_line(stored.config, stored.capacity) if stored else None,
-            mamba_slots=cap.mamba_slots if cap else None, peak_gib=gpu.peak_used_gib if gpu else None,
-            numerics=fidelity_summary(fidelity), fidelity=fidelity, reason=t.user_attrs.get("reason"),
-            winner=t.number == winner, confirmed_tok_s=rate[0] if rate else None,
-            worst_case=worst_case_line(conf, t.number) if stress_of(conf, t.number) else None,
-        ))
+        fidelity = contender_fidelity(
+            stored.fidelity if stored else None, conf.probe(t.number) if conf is not None else None
+        )
+        out.append(
+            TrialRow(
+                number=t.number,
+                state=t.state.name,
+                status=t.user_attrs.get("status", ""),
+                role=f"{role}:{label}" if label and label != role else role,
+                params=(stored.config if stored else None) or t.user_attrs.get("config") or t.params,
+                output_tok_s=stored.output_tok_s if stored else None,
+                gpus=gpus_spanned(stored) if stored else None,
+                tok_s_per_gpu=per_gpu(stored) if stored else None,
+                max_running_requests=cap.max_running_requests if cap else None,
+                kv_tokens=cap.kv_tokens if cap else None,
+                granted=granted_line(stored.config, stored.capacity) if stored else None,
+                mamba_slots=cap.mamba_slots if cap else None,
+                peak_gib=gpu.peak_used_gib if gpu else None,
+                numerics=fidelity_summary(fidelity),
+                fidelity=fidelity,
+                reason=t.user_attrs.get("reason"),
+                winner=t.number == winner,
+                confirmed_tok_s=rate[0] if rate else None,
+                worst_case=worst_case_line(conf, t.number) if stress_of(conf, t.number) else None,
+            )
+        )
     return out
 
 
@@ -112,8 +140,7 @@ def _open(config_path: Path | None, study_name: str | None, storage: str | None)
 @click.option("--storage", help="Optuna storage URL.")
 @click.option("--csv", "as_csv", is_flag=True, help="Print CSV.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def trials(config_path: Path | None, study_name: str | None, storage: str | None, as_csv: bool,
-           as_json: bool) -> None:
+def trials(config_path: Path | None, study_name: str | None, storage: str | None, as_csv: bool, as_json: bool) -> None:
     """Print a study's trials as a table, CSV or JSON."""
     if as_csv and as_json:
         raise click.UsageError("--csv and --json are exclusive")
@@ -132,8 +159,21 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
     # The table shows each config as its difference from the baseline; CSV and JSON carry the full flags.
     base = next((r.params for r in data if r.role.startswith("baseline")), None) or {}
     multi = any((r.gpus or 1) > 1 for r in data)  # servers over several GPUs: show the per-GPU score beside
-    table = Table(*["#", "status", "role", "flags vs baseline", "tok/s", *(["GPUs", "tok/s per GPU"] if multi else []),
-                    "running", "KV tokens", "Mamba slots", "peak GiB", "outputs vs baseline"])
+    table = Table(
+        *[
+            "#",
+            "status",
+            "role",
+            "flags vs baseline",
+            "tok/s",
+            *(["GPUs", "tok/s per GPU"] if multi else []),
+            "running",
+            "KV tokens",
+            "Mamba slots",
+            "peak GiB",
+            "outputs vs baseline",
+        ]
+    )
     # whole flag names, one per line, never cut to "mamba_full_memory_ratio=u…"
     table.columns[3].overflow, table.columns[3].min_width = "fold", 36
     for r in data:
@@ -145,9 +185,19 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
         tok = fmt(r.output_tok_s, ",.0f")
         if r.confirmed_tok_s is not None:  # the confirmed median beside the search figure
             tok = f"{r.confirmed_tok_s:,.0f} confirmed ({tok} search)"
-        table.add_row(str(r.number), r.status or r.state.lower(), role, params, tok, *per,
-                      fmt(r.max_running_requests, "d") + (f"\n({r.granted})" if r.granted else ""),
-                      fmt(r.kv_tokens, ","), fmt(r.mamba_slots, "d"), fmt(r.peak_gib, ".1f"), r.numerics)
+        table.add_row(
+            str(r.number),
+            r.status or r.state.lower(),
+            role,
+            params,
+            tok,
+            *per,
+            fmt(r.max_running_requests, "d") + (f"\n({r.granted})" if r.granted else ""),
+            fmt(r.kv_tokens, ","),
+            fmt(r.mamba_slots, "d"),
+            fmt(r.peak_gib, ".1f"),
+            r.numerics,
+        )
     Console(width=max(Console().width, 160, natural_width(table))).print(table)  # every column whole
     if (origin := origin_line(record_of(study))) is not None:  # a re-tune (``sweep --from``): where it started
         click.echo(origin)
@@ -157,8 +207,9 @@ def trials(config_path: Path | None, study_name: str | None, storage: str | None
     conf = Confirmation.of(study)
     for r in data:  # the stress phase's verdict on each stressed config (the winner's, or why it has none)
         if r.worst_case or r.winner:
-            click.echo(f"trial {r.number}{' (winner)' if r.winner else ''}: "
-                       f"{r.worst_case or worst_case_line(conf, r.number)}")
+            click.echo(
+                f"trial {r.number}{' (winner)' if r.winner else ''}: {r.worst_case or worst_case_line(conf, r.number)}"
+            )
     if conf is not None and conf.complete and confirmation_line(conf):  # the launches and noise the figures rest on
         click.echo(f"confirmation: {confirmation_line(conf)}")
     if note := verdict_note(study):  # the verdict in the words the summary, report and apply use

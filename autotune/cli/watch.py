@@ -51,36 +51,89 @@ def _targets(urls: tuple[str, ...], fleet_file: Path | None) -> tuple[list[str],
 
 @click.command("watch")
 @click.argument("urls", nargs=-1, metavar="[URL ...]")
-@click.option("--fleet", "fleet_file", type=click.Path(path_type=Path, dir_okay=False),
-              help="fleet.toml (from autotune apply): watch every server in it (default with no URLs: the fleet "
-                   "the last `autotune apply` wrote, else ./fleet.toml).")
-@click.option("--study", "study", type=click.Path(path_type=Path),
-              help="What the config was tuned for: provenance.json, the directory apply wrote, or the study "
-                   "TOML (default: the provenance.json beside --fleet, if any).")
+@click.option(
+    "--fleet",
+    "fleet_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="fleet.toml (from autotune apply): watch every server in it (default with no URLs: the fleet "
+    "the last `autotune apply` wrote, else ./fleet.toml).",
+)
+@click.option(
+    "--study",
+    "study",
+    type=click.Path(path_type=Path),
+    help="What the config was tuned for: provenance.json, the directory apply wrote, or the study "
+    "TOML (default: the provenance.json beside --fleet, if any).",
+)
 @click.option("--interval", default="30s", show_default=True, help="Time between samples (30s, 2m, ...).")
 @click.option("--window", default="10m", show_default=True, help="Rolling window the rules look at.")
-@click.option("--sustain", default="3m", show_default=True,
-              help="How long throughput must stay below the confirmed interval before it is a finding.")
-@click.option("--once", is_flag=True, help="Take one sample, report, exit 0 (no drift), 1 (drift) or 2 (no "
-                                           "server answered). Run it from cron: the state file keeps the window.")
-@click.option("--cycles", type=click.IntRange(min=1), help="Stop after this many samples (default: run until "
-                                                            "interrupted).")
+@click.option(
+    "--sustain",
+    default="3m",
+    show_default=True,
+    help="How long throughput must stay below the confirmed interval before it is a finding.",
+)
+@click.option(
+    "--once",
+    is_flag=True,
+    help="Take one sample, report, exit 0 (no drift), 1 (drift) or 2 (no "
+    "server answered). Run it from cron: the state file keeps the window.",
+)
+@click.option(
+    "--cycles", type=click.IntRange(min=1), help="Stop after this many samples (default: run until interrupted)."
+)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per cycle, for alerting systems.")
-@click.option("--prom-file", type=click.Path(path_type=Path, dir_okay=False),
-              help="Write autotune_drift{server,rule} here each cycle (node_exporter textfile collector).")
-@click.option("--listen", metavar="HOST:PORT",
-              help="Serve the same series over HTTP at /metrics for Prometheus to scrape (:9400 is "
-                   "127.0.0.1:9400; give 0.0.0.0:9400 to expose it beyond this host).")
-@click.option("--state", "state_path", type=click.Path(path_type=Path, dir_okay=False),
-              help="Rolling-window state file (default: watch-state.json beside the fleet file, or here).")
-@click.option("--out", "out_dir", type=click.Path(path_type=Path, file_okay=False),
-              help="Where re-tuning study files go (default: watch/ beside the fleet file, or here).")
+@click.option(
+    "--prom-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Write autotune_drift{server,rule} here each cycle (node_exporter textfile collector).",
+)
+@click.option(
+    "--listen",
+    metavar="HOST:PORT",
+    help="Serve the same series over HTTP at /metrics for Prometheus to scrape (:9400 is "
+    "127.0.0.1:9400; give 0.0.0.0:9400 to expose it beyond this host).",
+)
+@click.option(
+    "--state",
+    "state_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Rolling-window state file (default: watch-state.json beside the fleet file, or here).",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Where re-tuning study files go (default: watch/ beside the fleet file, or here).",
+)
 @click.option("--model", help="Model profile or config.json for the planner (default: inferred).")
 @click.option("--gpu", help="GPU profile b200|h200|h100 for the planner (default: matched by memory).")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
-              help="Seconds per HTTP request.")
-def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_json, prom_file, listen,
-          state_path, out_dir, model, gpu, timeout_s) -> None:
+@click.option(
+    "--timeout",
+    "timeout_s",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="Seconds per HTTP request.",
+)
+def watch(
+    urls,
+    fleet_file,
+    study,
+    interval,
+    window,
+    sustain,
+    once,
+    cycles,
+    as_json,
+    prom_file,
+    listen,
+    state_path,
+    out_dir,
+    model,
+    gpu,
+    timeout_s,
+) -> None:
     """Watch a tuned fleet (read-only) and report when its traffic drifts from what it was tuned for."""
     address = parse_listen(listen) if listen is not None else None
     targets, home, fleet = _targets(urls, fleet_file)
@@ -94,15 +147,19 @@ def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_j
     tuned = load_tuned(study) if study is not None else None
     interval_s = parse_duration(interval, option="--interval")
     options = WatchOptions(
-        interval_s=interval_s, window_s=parse_duration(window, option="--window"),
-        limits=Limits(sustain_s=parse_duration(sustain, option="--sustain")), model=model, gpu=gpu,
-        timeout_s=timeout_s, out_dir=out_dir or home / "watch", state_path=state_path or home / "watch-state.json",
+        interval_s=interval_s,
+        window_s=parse_duration(window, option="--window"),
+        limits=Limits(sustain_s=parse_duration(sustain, option="--sustain")),
+        model=model,
+        gpu=gpu,
+        timeout_s=timeout_s,
+        out_dir=out_dir or home / "watch",
+        state_path=state_path or home / "watch-state.json",
         fleet=fleet.path if fleet is not None else None,
         names={normalise_url(s.url): s.name for s in fleet.servers} if fleet is not None else {},
     )
     if tuned is None:
-        click.echo("note: no --study: the length and throughput rules are off (they compare with the study)",
-                   err=True)
+        click.echo("note: no --study: the length and throughput rules are off (they compare with the study)", err=True)
     else:
         for note in tuned.notes:
             click.echo(f"note: {note}", err=True)
@@ -119,11 +176,24 @@ def watch(urls, fleet_file, study, interval, window, sustain, once, cycles, as_j
         lent = leasefile.current(fleet) if fleet is not None else None
         if as_json:
             said = {"problems": missing, "keeper": kept, "lease": lent.line if lent else None}
-            click.echo(json.dumps({**report.to_dict(), **({"router": seen.to_dict()} if seen else {}),
-                                   **({"fleet": said} if fleet else {})}, default=str))
+            click.echo(
+                json.dumps(
+                    {
+                        **report.to_dict(),
+                        **({"router": seen.to_dict()} if seen else {}),
+                        **({"fleet": said} if fleet else {}),
+                    },
+                    default=str,
+                )
+            )
         else:
-            for line in [*lines(report), *missing, *(seen.lines() if seen else []),
-                         *(f"keeper: {line}" for line in kept), *([f"lease: {lent.line}"] if lent else [])]:
+            for line in [
+                *lines(report),
+                *missing,
+                *(seen.lines() if seen else []),
+                *(f"keeper: {line}" for line in kept),
+                *([f"lease: {lent.line}"] if lent else []),
+            ]:
                 click.echo(line)
         if prom_file is not None:
             write_prometheus(report, prom_file)

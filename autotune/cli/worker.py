@@ -34,9 +34,19 @@ from autotune.search.scaleout.workers import on_gpu, on_gpus, run_worker, with_l
 @click.option("--trials", type=click.IntRange(min=1))
 @click.option("--engine", type=click.Choice(sorted(ENGINES)))
 @click.option("--launcher", type=click.Choice(sorted(LAUNCHERS)))
-def worker(config_path: Path, gpu: int | None, group: str | None, shared: int | None, slurm_gpus: bool,
-           port: int | None, storage: str | None, study_name: str | None, trials: int | None, engine: str | None,
-           launcher: str | None) -> None:
+def worker(
+    config_path: Path,
+    gpu: int | None,
+    group: str | None,
+    shared: int | None,
+    slurm_gpus: bool,
+    port: int | None,
+    storage: str | None,
+    study_name: str | None,
+    trials: int | None,
+    engine: str | None,
+    launcher: str | None,
+) -> None:
     """One worker: sweep the shared study on its GPUs until it has its trials (started by run_workers)."""
     cfg = load_config(config_path, name=study_name, storage=storage, trials=trials, engine=engine)
     cfg = with_launcher(cfg, launcher)

@@ -108,8 +108,10 @@ class StudyConfig(StrictModel):
     def given(self) -> list[Given]:
         """The configs the study file names, as launched (fixed flags first): the baseline, then each enqueued
         config in order."""
-        return [Given("baseline", self.baseline.label, self.baseline_config()),
-                *(Given("enqueued", e.label, {**self.engine.fixed, **e.flags}) for e in self.enqueue)]
+        return [
+            Given("baseline", self.baseline.label, self.baseline_config()),
+            *(Given("enqueued", e.label, {**self.engine.fixed, **e.flags}) for e in self.enqueue),
+        ]
 
     def given_configs(self) -> list[dict[str, Any]]:
         """The baseline's config, then each enqueued one's (``given`` without roles and labels)."""
@@ -156,13 +158,23 @@ def _split_space(raw: dict[str, Any], file: str) -> dict[str, Any]:
     space.update({ENV_PREFIX + str(name): spec for name, spec in levers.items()})
     for name, spec in space.items():
         if not isinstance(spec, dict):
-            raise ConfigError("a parameter must be a table", file=file, key=f"space.{name}",
-                              fix='write e.g. {type = "int", low = 1, high = 8} or {choices = [...]}')
+            raise ConfigError(
+                "a parameter must be a table",
+                file=file,
+                key=f"space.{name}",
+                fix='write e.g. {type = "int", low = 1, high = 8} or {choices = [...]}',
+            )
     return {**raw, "space": space, "derived": derived}
 
 
-def load_config(path: str | Path, *, name: str | None = None, storage: str | None = None,
-                trials: int | None = None, engine: str | None = None) -> StudyConfig:
+def load_config(
+    path: str | Path,
+    *,
+    name: str | None = None,
+    storage: str | None = None,
+    trials: int | None = None,
+    engine: str | None = None,
+) -> StudyConfig:
     """Read, validate and resolve a study file; keyword arguments are CLI overrides."""
     path = Path(path)
     file = str(path)
@@ -197,16 +209,20 @@ def _resolve_storage(url: str | None, base: Path, name: str) -> str:
     if not url:
         return f"sqlite:///{base / (name + '.db')}"
     prefix = "sqlite:///"
-    if url.startswith(prefix) and not url.startswith(prefix + "/") and url[len(prefix):] not in ("", ":memory:"):
-        return prefix + str(base / url[len(prefix):])
+    if url.startswith(prefix) and not url.startswith(prefix + "/") and url[len(prefix) :] not in ("", ":memory:"):
+        return prefix + str(base / url[len(prefix) :])
     return url
 
 
 def _resolve(cfg: StudyConfig, path: Path, file: str) -> StudyConfig:
     base = path.parent
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", cfg.study.name or ""):
-        raise ConfigError(f"study name {cfg.study.name!r} is not usable as a file name", file=file,
-                          key="study.name", fix="use letters, digits, '.', '_' or '-'")
+        raise ConfigError(
+            f"study name {cfg.study.name!r} is not usable as a file name",
+            file=file,
+            key="study.name",
+            fix="use letters, digits, '.', '_' or '-'",
+        )
     study = cfg.study.model_copy(update={"storage": _resolve_storage(cfg.study.storage, base, cfg.name)})
     prompts = cfg.workload.prompts if cfg.workload.prompts.is_absolute() else (base / cfg.workload.prompts)
     workload = cfg.workload.model_copy(update={"prompts": prompts.resolve()})
@@ -260,22 +276,31 @@ def _check_flags(cfg: StudyConfig, file: str) -> StudyConfig:
             update["choices"] = [UNSET if v is None else v for v in values]
         if spec.condition is not None:
             update["condition"] = spec.condition.model_copy(
-                update={"flag": dest(spec.condition.flag, f"{key}.condition.flag")})
+                update={"flag": dest(spec.condition.flag, f"{key}.condition.flag")}
+            )
         space[flag] = spec.model_copy(update=update)
     derived = {dest(name, f"space.derived.{name}"): expr for name, expr in cfg.derived.items()}
     clash = sorted(set(space) & set(derived))
     if clash:
-        raise ConfigError("a flag cannot be both searched and derived", file=file, key=f"space.derived.{clash[0]}",
-                          fix="remove it from one of the two tables")
+        raise ConfigError(
+            "a flag cannot be both searched and derived",
+            file=file,
+            key=f"space.derived.{clash[0]}",
+            fix="remove it from one of the two tables",
+        )
     fixed = dict(cfg.engine.fixed)
     fixed_env = fixed.pop("env", None) or {}  # [engine.fixed.env]
     engine = cfg.engine.model_copy(update={"fixed": flags(fixed, "engine.fixed", fixed_env, "engine.fixed.env")})
-    baseline = cfg.baseline.model_copy(update={
-        "flags": flags(cfg.baseline.flags, "baseline.flags", cfg.baseline.env, "baseline.env"), "env": {}})
-    enqueue = [e.model_copy(update={"flags": flags(e.flags, f"enqueue.{i}.flags", e.env, f"enqueue.{i}.env"),
-                                    "env": {}}) for i, e in enumerate(cfg.enqueue)]
-    return cfg.model_copy(update={"space": space, "derived": derived, "engine": engine, "baseline": baseline,
-                                  "enqueue": enqueue})
+    baseline = cfg.baseline.model_copy(
+        update={"flags": flags(cfg.baseline.flags, "baseline.flags", cfg.baseline.env, "baseline.env"), "env": {}}
+    )
+    enqueue = [
+        e.model_copy(update={"flags": flags(e.flags, f"enqueue.{i}.flags", e.env, f"enqueue.{i}.env"), "env": {}})
+        for i, e in enumerate(cfg.enqueue)
+    ]
+    return cfg.model_copy(
+        update={"space": space, "derived": derived, "engine": engine, "baseline": baseline, "enqueue": enqueue}
+    )
 
 
 def _check_engine(cfg: StudyConfig, file: str) -> StudyConfig:
@@ -296,15 +321,24 @@ def _check_engine(cfg: StudyConfig, file: str) -> StudyConfig:
     known = {f.name for f in dataclasses.fields(Timeouts)}
     for key in eng.timeouts:
         if key not in known:
-            raise ConfigError("unknown timeout", file=file, key=f"engine.timeouts.{key}",
-                              fix=f"use one of {', '.join(sorted(known))}")
+            raise ConfigError(
+                "unknown timeout", file=file, key=f"engine.timeouts.{key}", fix=f"use one of {', '.join(sorted(known))}"
+            )
     if eng.launcher == "ssh" and not cfg.launcher.ssh.host:
-        raise ConfigError("the ssh launcher needs a host", file=file, key="launcher.ssh.host",
-                          fix='add [launcher.ssh] host = "user@name:port"')
+        raise ConfigError(
+            "the ssh launcher needs a host",
+            file=file,
+            key="launcher.ssh.host",
+            fix='add [launcher.ssh] host = "user@name:port"',
+        )
     extra = {"gp": ("torch", "pip install torch"), "cmaes": ("cmaes", "pip install cmaes")}.get(cfg.study.sampler)
     if extra and importlib.util.find_spec(extra[0]) is None:
-        raise ConfigError(f"sampler {cfg.study.sampler!r} needs the {extra[0]} package", file=file,
-                          key="study.sampler", fix=f"{extra[1]}, or use sampler = \"tpe\"")
+        raise ConfigError(
+            f"sampler {cfg.study.sampler!r} needs the {extra[0]} package",
+            file=file,
+            key="study.sampler",
+            fix=f'{extra[1]}, or use sampler = "tpe"',
+        )
     if eng.simulated or eng.profile:
         return cfg.model_copy(update={"engine": eng.model_copy(update={"profile": _maybe_path(profile, cfg.base_dir)})})
     return cfg

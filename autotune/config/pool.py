@@ -60,13 +60,23 @@ def check_pool(cfg: Any, pool: tuple[int, ...] | None, *, file: str | None, key:
     for role, label, config in cfg.given():
         need = server_gpus(config)
         if need > n:
-            what = "the fixed flags" if role == "baseline" and need == server_gpus(cfg.engine.fixed) else \
-                f"the {role} config {label!r}"
-            raise ConfigError(f"{what} span {need} GPUs (tp_size × pp_size × dp_size) but the pool has {n} "
-                              f"({','.join(map(str, pool))})", file=file, key=key,
-                              fix=f"give at least {need} GPUs, or lower tp_size/pp_size/dp_size")
+            what = (
+                "the fixed flags"
+                if role == "baseline" and need == server_gpus(cfg.engine.fixed)
+                else f"the {role} config {label!r}"
+            )
+            raise ConfigError(
+                f"{what} span {need} GPUs (tp_size × pp_size × dp_size) but the pool has {n} "
+                f"({','.join(map(str, pool))})",
+                file=file,
+                key=key,
+                fix=f"give at least {need} GPUs, or lower tp_size/pp_size/dp_size",
+            )
     spans = space_spans(cfg.engine.fixed, cfg.space)
     if min(spans) > n:
-        raise ConfigError(f"every config of [space] spans at least {min(spans)} GPUs but the pool has {n}",
-                          file=file, key=key, fix=f"give at least {min(spans)} GPUs, or let [space] propose "
-                                                  "smaller tp_size/pp_size/dp_size")
+        raise ConfigError(
+            f"every config of [space] spans at least {min(spans)} GPUs but the pool has {n}",
+            file=file,
+            key=key,
+            fix=f"give at least {min(spans)} GPUs, or let [space] propose smaller tp_size/pp_size/dp_size",
+        )

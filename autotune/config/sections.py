@@ -24,7 +24,9 @@ from autotune.settle import AGREE_TOLERANCE, TARGET_HALF_WIDTH
 Scalar = str | int | float | bool
 UNSET = "unset"  # a choice meaning "leave the flag out: SGLang's default"
 METRICS = (
-    "output_tok_s", "request_s", "accept_length",
+    "output_tok_s",
+    "request_s",
+    "accept_length",
     *(f"{p}_{m}_ms" for m in ("ttft", "itl", "e2e") for p in ("p50", "p90", "p99", "mean")),
 )
 
@@ -49,6 +51,8 @@ def engine_kind(name: str) -> EngineKind:
     if name not in ENGINE_KINDS:
         raise ConfigError(f"unknown engine {name!r}", key="engine", fix=f"use one of: {', '.join(ENGINE_KINDS)}")
     return ENGINE_KINDS[name]
+
+
 # ``launch.LAUNCHERS``' names (config sits below launch/; a test keeps the two equal)
 LAUNCHER_KINDS = ("local", "container", "slurm", "ssh")
 _CONSTRAINT = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
@@ -121,7 +125,9 @@ class EngineSection(StrictModel):
         if not gpus or any(g < 0 for g in gpus):
             raise fix_error("bad_gpus", "gpus must list GPU indices", "write e.g. gpus = [0, 1]")
         if len(set(gpus)) != len(gpus):
-            raise fix_error("bad_gpus", "gpus names a GPU twice", "name each GPU once: two servers on one GPU skew both")
+            raise fix_error(
+                "bad_gpus", "gpus names a GPU twice", "name each GPU once: two servers on one GPU skew both"
+            )
         return gpus
 
     @model_validator(mode="before")
@@ -134,8 +140,11 @@ class EngineSection(StrictModel):
     @model_validator(mode="after")
     def _gpu_or_gpus(self) -> EngineSection:
         if self.gpus is not None and "gpu" in self.model_fields_set:
-            raise fix_error("gpu_and_gpus", "both gpu and gpus are given",
-                            "give gpus = [..] for a pool, or gpu = N for a first GPU, not both")
+            raise fix_error(
+                "gpu_and_gpus",
+                "both gpu and gpus are given",
+                "give gpus = [..] for a pool, or gpu = N for a first GPU, not both",
+            )
         return self
 
     @property
@@ -152,8 +161,12 @@ class EngineSection(StrictModel):
     @classmethod
     def _known_launcher(cls, launcher: str) -> str:
         if launcher not in LAUNCHER_KINDS:
-            raise fix_error("unknown_launcher", "unknown launcher {launcher}",
-                            f"use one of: {', '.join(LAUNCHER_KINDS)}", launcher=repr(launcher))
+            raise fix_error(
+                "unknown_launcher",
+                "unknown launcher {launcher}",
+                f"use one of: {', '.join(LAUNCHER_KINDS)}",
+                launcher=repr(launcher),
+            )
         return launcher
 
     @property
@@ -165,8 +178,9 @@ class EngineSection(StrictModel):
     @classmethod
     def _known_kind(cls, kind: str) -> str:
         if kind not in ENGINE_KINDS:
-            raise fix_error("unknown_engine", "unknown engine {kind}", f"use one of: {', '.join(ENGINE_KINDS)}",
-                            kind=repr(kind))
+            raise fix_error(
+                "unknown_engine", "unknown engine {kind}", f"use one of: {', '.join(ENGINE_KINDS)}", kind=repr(kind)
+            )
         return kind
 
 
@@ -295,11 +309,15 @@ class WorkloadSection(StrictModel):
         for cap, floor in (("warmup_max_s", "warmup_s"), ("measure_max_s", "measure_s")):
             value = getattr(self, cap)
             if value is not None and value < getattr(self, floor):
-                raise ValueError(f"{cap} ({value:g}) is below {floor} ({getattr(self, floor):g}): set it at or "
-                                 f"above {floor}, or leave it unset (4 × {floor})")
+                raise ValueError(
+                    f"{cap} ({value:g}) is below {floor} ({getattr(self, floor):g}): set it at or "
+                    f"above {floor}, or leave it unset (4 × {floor})"
+                )
         if self.ramp_s is not None and self.ramp_s > self.warmup_s:
-            raise ValueError(f"ramp_s ({self.ramp_s:g}) must lie within the warm-up floor (warmup_s = "
-                             f"{self.warmup_s:g}): lower ramp_s or raise warmup_s")
+            raise ValueError(
+                f"ramp_s ({self.ramp_s:g}) must lie within the warm-up floor (warmup_s = "
+                f"{self.warmup_s:g}): lower ramp_s or raise warmup_s"
+            )
         return self
 
 
@@ -330,16 +348,19 @@ class NumericsLimits(StrictModel):
     @model_validator(mode="after")
     def _reachable(self) -> NumericsLimits:
         if self.min_prefix_match is not None and self.min_prefix_match > self.tokens:
-            raise ValueError(f"min_prefix_match ({self.min_prefix_match:g}) cannot exceed the probe's tokens "
-                             f"({self.tokens})")
+            raise ValueError(
+                f"min_prefix_match ({self.min_prefix_match:g}) cannot exceed the probe's tokens ({self.tokens})"
+            )
         return self
 
     def limits(self) -> list[tuple[str, str, float]]:
         """(figure, op, limit) for each limit set, in a fixed order: the constraint entries' order."""
         out = []
-        for name, figure, op in (("min_prefix_match", "prefix_match_mean", ">="),
-                                 ("max_mean_abs_logprob_delta", "mean_abs_logprob_delta", "<="),
-                                 ("min_exact_share", "exact_share", ">=")):
+        for name, figure, op in (
+            ("min_prefix_match", "prefix_match_mean", ">="),
+            ("max_mean_abs_logprob_delta", "mean_abs_logprob_delta", "<="),
+            ("min_exact_share", "exact_share", ">="),
+        ):
             value = getattr(self, name)
             if value is not None:
                 out.append((figure, op, float(value)))
@@ -373,8 +394,10 @@ class ObjectiveSection(StrictModel):
         for text in values:
             m = _CONSTRAINT.match(text)
             if not m or m.group(1) not in METRICS:
-                raise ValueError(f"cannot read constraint {text!r}: write '<metric> <= <number>' with a metric "
-                                 f"from {', '.join(METRICS)}")
+                raise ValueError(
+                    f"cannot read constraint {text!r}: write '<metric> <= <number>' with a metric "
+                    f"from {', '.join(METRICS)}"
+                )
         return values
 
     def parsed_constraints(self) -> list[tuple[str, str, float]]:
@@ -407,5 +430,9 @@ class JobSection(StrictModel):
     mean_output_tokens: float | None = Field(None, gt=0)  # None: the sample's measured mean
 
     def as_job(self) -> Job:
-        return Job(completions=self.completions, gpus=self.gpus, gpu_hour_cost=self.gpu_hour_cost,
-                   mean_output_tokens=self.mean_output_tokens)
+        return Job(
+            completions=self.completions,
+            gpus=self.gpus,
+            gpu_hour_cost=self.gpu_hour_cost,
+            mean_output_tokens=self.mean_output_tokens,
+        )

@@ -30,8 +30,9 @@ def resolve_config(path: Path | None) -> Path:
     packaged = Path(__file__).resolve().parents[2] / DEFAULT_STUDY  # beside the package: autotune/config/..
     if packaged.is_file():
         return packaged
-    raise ConfigError("no study file given and studies/example.toml not found", file=str(DEFAULT_STUDY),
-                      fix="pass --config FILE.toml")
+    raise ConfigError(
+        "no study file given and studies/example.toml not found", file=str(DEFAULT_STUDY), fix="pass --config FILE.toml"
+    )
 
 
 def study_file(config: Path | None, study: str | None, storage: str | None) -> Path | None:
@@ -96,8 +97,11 @@ def record_apply(study: Path, fleet: Path, *, trial: int | None = None) -> Path 
     if work is None:
         return None
     work.mkdir(parents=True, exist_ok=True)
-    note = {"fleet": os.path.relpath(fleet.resolve(), work.resolve()), "trial": trial,
-            "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds")}
+    note = {
+        "fleet": os.path.relpath(fleet.resolve(), work.resolve()),
+        "trial": trial,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    }
     path = work / LAST_APPLY
     path.write_text(json.dumps(note, indent=2) + "\n")
     return path
@@ -130,7 +134,11 @@ def locate_fleet(given: Path | None) -> FleetRef:
     # (file, where it is, why it was used); the default study's own before ./fleet.toml when it lies here
     places: list[tuple[Path | None, str, str]] = [(here, f"./{HERE_FLEET}", "the working directory's")]
     if study is not None:
-        last = (_last_applied(study), f"the last apply of {_shown(study)}", f"the last autotune apply of {_shown(study)}")
+        last = (
+            _last_applied(study),
+            f"the last apply of {_shown(study)}",
+            f"the last autotune apply of {_shown(study)}",
+        )
         places.insert(0 if study.parent.parent.resolve() == Path.cwd().resolve() else 1, last)
     looked = []
     for path, where, why in places:
@@ -138,5 +146,8 @@ def locate_fleet(given: Path | None) -> FleetRef:
             return FleetRef(path, f"fleet: {_shown(path)} ({why})")
         if path is not None:
             looked.append(where if path == here else f"{_shown(path)} ({where})")
-    raise ConfigError(f"no fleet file: looked for {' and '.join(looked)}", key="--fleet",
-                      fix="run `autotune apply --out DIR --gpus 0-1` first, or pass --fleet FILE")
+    raise ConfigError(
+        f"no fleet file: looked for {' and '.join(looked)}",
+        key="--fleet",
+        fix="run `autotune apply --out DIR --gpus 0-1` first, or pass --fleet FILE",
+    )

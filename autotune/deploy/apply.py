@@ -127,8 +127,9 @@ class Winner:
         return self.settings.gpu
 
 
-def load_winner(storage: str, study: str | None = None, *, trial: int | None = None,
-                base_dir: Path | None = None) -> Winner:
+def load_winner(
+    storage: str, study: str | None = None, *, trial: int | None = None, base_dir: Path | None = None
+) -> Winner:
     """The confirmed winner (or trial ``trial``) of a study on any storage (SQLite, journal, a database server;
     ``base_dir``: where a relative journal path lives). StudyError when there is nothing to deploy."""
     loaded = load_study(storage, study, base_dir=base_dir)
@@ -138,26 +139,40 @@ def load_winner(storage: str, study: str | None = None, *, trial: int | None = N
     verdict = confirmation.verdict or Verdict(outcome="none")
     trial = verdict.winner_trial if trial is None else trial
     if trial is None and confirmation.complete:  # confirmed, and nothing beat the baseline
-        raise StudyError(f"study {loaded.study_name!r} has no winner to apply: "
-                         f"{verdict_note(loaded) or 'the confirmation found none'}; "
-                         "keep the current config (or pass --trial N to deploy a trial anyway)")
+        raise StudyError(
+            f"study {loaded.study_name!r} has no winner to apply: "
+            f"{verdict_note(loaded) or 'the confirmation found none'}; "
+            "keep the current config (or pass --trial N to deploy a trial anyway)"
+        )
     if trial is None:
         if not usable:
-            raise StudyError(f"study {loaded.study_name!r} has no completed trial with a measurement; "
-                             "run (or resume) autotune sweep first")
+            raise StudyError(
+                f"study {loaded.study_name!r} has no completed trial with a measurement; "
+                "run (or resume) autotune sweep first"
+            )
         trial = max(usable, key=lambda n: per_gpu(usable[n]) or 0.0)  # ranked as the study ranks: per GPU
     if trial not in usable:
         known = ", ".join(str(n) for n in sorted(usable)) or "none"
-        raise StudyError(f"trial {trial} of study {loaded.study_name!r} is not a completed, measured trial "
-                         f"(usable trials: {known})")
+        raise StudyError(
+            f"trial {trial} of study {loaded.study_name!r} is not a completed, measured trial (usable trials: {known})"
+        )
     result = contender_result(usable[trial], confirmation.probe(trial))  # its fidelity: its contender probe's, if any
     figures = confirmed_figures(confirmation, verdict, trial, result)  # the estimate the sweep's summary printed
     baseline = _baseline(complete, verdict.baseline_trial)
     return Winner(
-        study=loaded.study_name, trial=trial, config=dict(result.config), result=result, tok_s=figures.tok_s,
-        tok_s_runs=figures.runs, confirmed=figures.confirmed, gain=figures.gain, gain_ci=figures.gain_ci,
-        baseline_config=baseline, settings=StudySettings.of(loaded.user_attrs.get("autotune") or {}),
-        job=job_for_study(loaded, trial), worst_case=worst_case_block(loaded.user_attrs, trial),
+        study=loaded.study_name,
+        trial=trial,
+        config=dict(result.config),
+        result=result,
+        tok_s=figures.tok_s,
+        tok_s_runs=figures.runs,
+        confirmed=figures.confirmed,
+        gain=figures.gain,
+        gain_ci=figures.gain_ci,
+        baseline_config=baseline,
+        settings=StudySettings.of(loaded.user_attrs.get("autotune") or {}),
+        job=job_for_study(loaded, trial),
+        worst_case=worst_case_block(loaded.user_attrs, trial),
         verdict=verdict_note(loaded),
     )
 
@@ -177,25 +192,53 @@ def winner_from_yaml(path: Path) -> Winner:
         deployed = yaml_files.deployed_config  # the YAML holds what the fleet runs: the winner plus metrics
         if config_diff(FlagTable.bundled().check(deployed(recorded)), deployed(config)):
             meta = {}  # the YAML was edited after the study: its figures no longer describe it
-    result = TrialResult(status="ok", config=config, engine=str(meta.get("engine") or "sglang"),
-                         capacity=Capacity.from_dict(meta.get("capacity")))
-    settings = {"engine": meta.get("engine"), "model": meta.get("model_path"), "gpu_name": meta.get("gpu"),
-                "python": meta.get("python"), "device": meta.get("device"), "env": meta.get("env") or {},
-                "sim_gpu": meta.get("sim_gpu"), "sim_options": meta.get("sim_options") or {},
-                "workload": meta.get("workload") or {}}
+    result = TrialResult(
+        status="ok",
+        config=config,
+        engine=str(meta.get("engine") or "sglang"),
+        capacity=Capacity.from_dict(meta.get("capacity")),
+    )
+    settings = {
+        "engine": meta.get("engine"),
+        "model": meta.get("model_path"),
+        "gpu_name": meta.get("gpu"),
+        "python": meta.get("python"),
+        "device": meta.get("device"),
+        "env": meta.get("env") or {},
+        "sim_gpu": meta.get("sim_gpu"),
+        "sim_options": meta.get("sim_options") or {},
+        "workload": meta.get("workload") or {},
+    }
     stored = meta.get("worst_case")  # as provenance() wrote it
-    worst_case = WorstCase(line=str(stored.get("line") or ""), passed=bool(stored.get("passed")),
-                           stress=StressResult.from_dict(stored.get("stress")), problem=stored.get("problem")
-                           ) if stored else None
-    return Winner(study=str(meta.get("study") or path.name), trial=int(meta.get("trial") or -1), config=config,
-                  result=result, tok_s=meta.get("output_tok_s"), settings=StudySettings.of(settings),
-                  confirmed=bool(meta.get("confirmed")), gain=meta.get("gain"), worst_case=worst_case)
+    worst_case = (
+        WorstCase(
+            line=str(stored.get("line") or ""),
+            passed=bool(stored.get("passed")),
+            stress=StressResult.from_dict(stored.get("stress")),
+            problem=stored.get("problem"),
+        )
+        if stored
+        else None
+    )
+    return Winner(
+        study=str(meta.get("study") or path.name),
+        trial=int(meta.get("trial") or -1),
+        config=config,
+        result=result,
+        tok_s=meta.get("output_tok_s"),
+        settings=StudySettings.of(settings),
+        confirmed=bool(meta.get("confirmed")),
+        gain=meta.get("gain"),
+        worst_case=worst_case,
+    )
 
 
 def _baseline(complete: Mapping[int, FrozenTrial], number: int | None) -> dict[str, Any] | None:
-    candidates = [complete[number]] if number is not None and number in complete else [
-        t for t in complete.values() if t.user_attrs.get("role") == "baseline"
-    ]
+    candidates = (
+        [complete[number]]
+        if number is not None and number in complete
+        else [t for t in complete.values() if t.user_attrs.get("role") == "baseline"]
+    )
     for t in candidates:
         if (r := TrialResult.of(t)) is not None:
             return dict(r.config)
@@ -266,15 +309,28 @@ def split_groups(gpus: Sequence[int], size: int, config: Mapping[str, Any]) -> l
     """``gpus`` cut in order into groups of ``size`` (one server each); ConfigError if they do not split evenly."""
     if len(gpus) % size:
         fit = len(gpus) - len(gpus) % size
-        hint = f"e.g. {gpus[0]}-{gpus[0] + fit - 1}, " if fit and list(gpus) == list(
-            range(gpus[0], gpus[0] + len(gpus))) else ""
-        raise ConfigError(f"{len(gpus)} GPUs do not split into servers of {size} GPUs (the winner's {spans(config)})",
-                          key="--gpus", fix=f"give a multiple of {size} GPUs, {hint}one server per {size}")
-    return [list(gpus[i:i + size]) for i in range(0, len(gpus), size)]
+        hint = (
+            f"e.g. {gpus[0]}-{gpus[0] + fit - 1}, "
+            if fit and list(gpus) == list(range(gpus[0], gpus[0] + len(gpus)))
+            else ""
+        )
+        raise ConfigError(
+            f"{len(gpus)} GPUs do not split into servers of {size} GPUs (the winner's {spans(config)})",
+            key="--gpus",
+            fix=f"give a multiple of {size} GPUs, {hint}one server per {size}",
+        )
+    return [list(gpus[i : i + size]) for i in range(0, len(gpus), size)]
 
 
-def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layout: Fleet | None, base_port: int | None,
-             host: str) -> list[FleetServer]:
+def _servers(
+    winner: Winner,
+    cli: list[str],
+    *,
+    gpus: Sequence[int] | None,
+    layout: Fleet | None,
+    base_port: int | None,
+    host: str,
+) -> list[FleetServer]:
     """One server per group of the GPUs given (as many GPUs each as the winner spans), or the servers of an
     existing fleet file (hosts, GPUs, ports kept; each group must be the winner's size)."""
     # SGLang's CPU backend (real or simulated): the index names the server and its files, and no GPU
@@ -285,23 +341,45 @@ def _servers(winner: Winner, cli: list[str], *, gpus: Sequence[int] | None, layo
         servers, groups = [], split_groups(gpus, size, winner.config)
         for group, port in zip(groups, pick_ports(len(groups), host, base_port), strict=True):
             name = server_name(prefix, group)
-            servers.append(FleetServer(name=name, gpus=[] if no_gpu else group, port=port, bind=host,
-                                       config="sglang.yaml", log=f"logs/{name}.log", pid=f"run/{name}.pid",
-                                       extra_args=list(cli), sim_options=winner.settings.sim_options))
+            servers.append(
+                FleetServer(
+                    name=name,
+                    gpus=[] if no_gpu else group,
+                    port=port,
+                    bind=host,
+                    config="sglang.yaml",
+                    log=f"logs/{name}.log",
+                    pid=f"run/{name}.pid",
+                    extra_args=list(cli),
+                    sim_options=winner.settings.sim_options,
+                )
+            )
         return servers
     if layout is not None:
         for s in layout.servers:
             if not layout.host_memory and len(s.gpus) != size:
-                raise ConfigError(f"server {s.name} has {len(s.gpus)} GPU(s) ({s.gpu_line}), but the winner spans "
-                                  f"{size} ({spans(winner.config)})", key="--fleet",
-                                  fix="lay the fleet out again with --gpus (one server per group of "
-                                      f"{size} GPUs)")
-        return [s.model_copy(update={"config": "sglang.yaml", "extra_args": list(cli),
-                                     "sim_options": {**winner.settings.sim_options, **s.sim_options}})
-                for s in layout.servers]
-    raise ConfigError("no GPUs given: the fleet's servers come from the command line or a fleet file",
-                      key="--gpus", fix="pass --gpus 0-7 (one server per group of as many GPUs as the winner spans; "
-                                        "on a CPU study, one per index), or --fleet fleet.toml to reuse its servers")
+                raise ConfigError(
+                    f"server {s.name} has {len(s.gpus)} GPU(s) ({s.gpu_line}), but the winner spans "
+                    f"{size} ({spans(winner.config)})",
+                    key="--fleet",
+                    fix=f"lay the fleet out again with --gpus (one server per group of {size} GPUs)",
+                )
+        return [
+            s.model_copy(
+                update={
+                    "config": "sglang.yaml",
+                    "extra_args": list(cli),
+                    "sim_options": {**winner.settings.sim_options, **s.sim_options},
+                }
+            )
+            for s in layout.servers
+        ]
+    raise ConfigError(
+        "no GPUs given: the fleet's servers come from the command line or a fleet file",
+        key="--gpus",
+        fix="pass --gpus 0-7 (one server per group of as many GPUs as the winner spans; "
+        "on a CPU study, one per index), or --fleet fleet.toml to reuse its servers",
+    )
 
 
 def _keyed(fleet: Fleet, insecure: bool) -> Fleet:
@@ -311,15 +389,25 @@ def _keyed(fleet: Fleet, insecure: bool) -> Fleet:
     if not exposed or insecure:
         return fleet
     if fleet.launcher != "local" or any(not s.local for s in fleet.servers):
-        raise ConfigError(f"the fleet would serve beyond loopback ({'; '.join(exposed)}) without keys: autotune "
-                          "places keys only on servers it starts on this host with the local launcher",
-                          key="--host", fix="bind 127.0.0.1, or pass --insecure to write the fleet without keys")
+        raise ConfigError(
+            f"the fleet would serve beyond loopback ({'; '.join(exposed)}) without keys: autotune "
+            "places keys only on servers it starts on this host with the local launcher",
+            key="--host",
+            fix="bind 127.0.0.1, or pass --insecure to write the fleet without keys",
+        )
     return fleet.model_copy(update={"keys": True})
 
 
 def write_artifacts(
-    winner: Winner, out_dir: Path, *, gpus: Sequence[int] | None = None, layout: Fleet | None = None,
-    base_port: int | None = None, host: str = "127.0.0.1", python: str | None = None, model: str | None = None,
+    winner: Winner,
+    out_dir: Path,
+    *,
+    gpus: Sequence[int] | None = None,
+    layout: Fleet | None = None,
+    base_port: int | None = None,
+    host: str = "127.0.0.1",
+    python: str | None = None,
+    model: str | None = None,
     insecure: bool = False,
 ) -> list[Path]:
     """Write the four artifacts into ``out_dir`` (created) and return their paths.
@@ -347,11 +435,20 @@ def write_artifacts(
     if layout is not None and launcher == "local":
         launcher, settings = layout.launcher, layout.launcher_settings
     try:
-        fleet = Fleet(engine=winner.engine, model=model, python=python, device=winner.device,
-                      env=env_for_files(winner.env), sglang_env=levers, sim_gpu=winner.sim_gpu, launcher=launcher,
-                      launcher_settings=settings,
-                      remote_dir=layout.remote_dir if layout is not None else "autotune-fleet", servers=servers,
-                      router=routing)
+        fleet = Fleet(
+            engine=winner.engine,
+            model=model,
+            python=python,
+            device=winner.device,
+            env=env_for_files(winner.env),
+            sglang_env=levers,
+            sim_gpu=winner.sim_gpu,
+            launcher=launcher,
+            launcher_settings=settings,
+            remote_dir=layout.remote_dir if layout is not None else "autotune-fleet",
+            servers=servers,
+            router=routing,
+        )
     except ValidationError as exc:
         err = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in err["loc"]) or "fleet"
@@ -363,14 +460,17 @@ def write_artifacts(
     size = server_gpus(winner.config)
     if size > 1 and not fleet.host_memory:
         header += f"\neach server spans {size} GPUs ({spans(winner.config)}): " + "; ".join(
-            f"{s.name} on {s.gpu_line}" for s in servers)
+            f"{s.name} on {s.gpu_line}" for s in servers
+        )
     # The script exports what the engine exports for every server (references to secrets stay references) and
     # the local launcher's device order where servers have GPUs; CUDA_VISIBLE_DEVICES per server, as it sets it.
     local = LocalLauncher()
     # where the fleet file goes: its CA and each server's certificate and key go to tls/ beside it (user-only keys)
     placed = fleet.model_copy(update={"path": (Path(out_dir) / "fleet.toml").resolve()})
-    shared = {**engine_for(fleet, servers[0], env=fleet.env).env(),
-              **{k: v for k, v in local.device_env(launch_group(fleet, servers[0])).items() if k != VISIBLE}}
+    shared = {
+        **engine_for(fleet, servers[0], env=fleet.env).env(),
+        **{k: v for k, v in local.device_env(launch_group(fleet, servers[0])).items() if k != VISIBLE},
+    }
     starts, elsewhere = [], []
     for s in servers:
         if not s.local:
@@ -385,13 +485,31 @@ def write_artifacts(
             argv = ["env", *(f"{k}={v}" for k, v in levers.items()), *argv]
         starts.append(ScriptEntry(log=s.log, pid=s.pid, gpus=gpu, argv=argv))
     script = launch_script(
-        [*starts, *filter(None, [router.script_entry(routing, [s.url for s in servers], ca=TLS_CA if fleet.tls else None,
-                                                     keyed=placed if fleet.keys else None)])],
-        env=shared, elsewhere=elsewhere, private=fleet.keys,
+        [
+            *starts,
+            *filter(
+                None,
+                [
+                    router.script_entry(
+                        routing,
+                        [s.url for s in servers],
+                        ca=TLS_CA if fleet.tls else None,
+                        keyed=placed if fleet.keys else None,
+                    )
+                ],
+            ),
+        ],
+        env=shared,
+        elsewhere=elsewhere,
+        private=fleet.keys,
         header=header + f"\nengine {fleet.engine}, device {fleet.device}; one server per entry of fleet.toml."
-                        "\nStop one with: kill -TERM -- -$(cat run/<name>.pid)"
-                        + (f"\nfleet.toml's launcher is {launcher}: `autotune fleet up` starts the servers that way; "
-                           "this script starts them as local processes." if launcher != "local" else ""),
+        "\nStop one with: kill -TERM -- -$(cat run/<name>.pid)"
+        + (
+            f"\nfleet.toml's launcher is {launcher}: `autotune fleet up` starts the servers that way; "
+            "this script starts them as local processes."
+            if launcher != "local"
+            else ""
+        ),
     )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -399,8 +517,12 @@ def write_artifacts(
         "sglang.yaml": yaml_text(document, header=header),
         "launch_fleet.sh": script,
         "client.json": client.json_text(),
-        "provenance.json": json.dumps({**provenance(winner), "model_path": model, "python": python,
-                                       "client": client.to_dict()}, indent=2, default=str) + "\n",
+        "provenance.json": json.dumps(
+            {**provenance(winner), "model_path": model, "python": python, "client": client.to_dict()},
+            indent=2,
+            default=str,
+        )
+        + "\n",
     }
     written = []
     for name, text in paths.items():

@@ -30,14 +30,12 @@ class Confirmed:
     gain_ci: tuple[float | None, float | None] = (None, None)
 
 
-def confirmed_figures(confirmation: Confirmation, verdict: Verdict, trial: int,
-                      result: TrialResult) -> Confirmed:
+def confirmed_figures(confirmation: Confirmation, verdict: Verdict, trial: int, result: TrialResult) -> Confirmed:
     """Trial ``trial``'s figures from the confirmation (``result``: its search result, for a trial never confirmed)."""
     launched = [launch_tok_s(run) for run in confirmation.runs_of(trial)]
     runs = [float(v) for v in launched if v]  # a failed launch has no figure
     stat = verdict.stat(trial)
-    rate = None if stat is not None and stat.from_search else confirmed_rate(confirmation, trial,
-                                                                              gpus_spanned(result))
+    rate = None if stat is not None and stat.from_search else confirmed_rate(confirmation, trial, gpus_spanned(result))
     winner = verdict.winner_trial == trial
     if rate is not None:
         tok_s: float | None = rate[0]
@@ -46,6 +44,10 @@ def confirmed_figures(confirmation: Confirmation, verdict: Verdict, trial: int,
     else:
         tok_s = result.output_tok_s
     confirmed = winner or (rate is not None and bool(runs))
-    return Confirmed(tok_s=tok_s, runs=runs if confirmed else [], confirmed=confirmed,
-                     gain=verdict.gain if winner else None,
-                     gain_ci=(verdict.ci_low, verdict.ci_high) if winner else (None, None))
+    return Confirmed(
+        tok_s=tok_s,
+        runs=runs if confirmed else [],
+        confirmed=confirmed,
+        gain=verdict.gain if winner else None,
+        gain_ci=(verdict.ci_low, verdict.ci_high) if winner else (None, None),
+    )

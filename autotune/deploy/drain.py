@@ -40,8 +40,9 @@ def in_flight(server: FleetServer, record: router.Record | None = None) -> int |
     return None
 
 
-def wait_idle(server: FleetServer, timeout_s: float, *, record: router.Record | None = None,
-              poll_s: float = 0.1) -> int | None:
+def wait_idle(
+    server: FleetServer, timeout_s: float, *, record: router.Record | None = None, poll_s: float = 0.1
+) -> int | None:
     """Wait until the server has no request in flight, at most ``timeout_s``; what it still has then. Zero must
     hold for two readings in a row: a request the router picked the server for just before it left may still be
     on its way."""
@@ -83,8 +84,10 @@ class Gate:
         if self.routed:
             return None
         why = router.wanted(fleet) or "the router is not running (autotune fleet up starts it)"
-        return (f"no router in front of the fleet ({why}): the job's client will see failed requests while each "
-                "server restarts; the rollout counts what each stopped server had in flight")
+        return (
+            f"no router in front of the fleet ({why}): the job's client will see failed requests while each "
+            "server restarts; the rollout counts what each stopped server had in flight"
+        )
 
     def admit_all(self, fleet: Fleet) -> None:
         """Every healthy server of the fleet's own into the router (a rollout killed between a server's verification
@@ -106,15 +109,19 @@ class Gate:
                 self.uncounted.append(server.name)
             return
         if self.out not in (None, server.name):  # never two servers out of the router at once
-            raise FleetError(f"server {self.out} is still out of the router: taking {server.name} out too would "
-                             "leave two servers out of it (autotune apply --resume or --rollback puts it back)")
+            raise FleetError(
+                f"server {self.out} is still out of the router: taking {server.name} out too would "
+                "leave two servers out of it (autotune apply --resume or --rollback puts it back)"
+            )
         router.remove_worker(self.record, server.url)
         self.out = server.name
         left = wait_idle(server, self.drain_timeout_s, record=self.record)
         if left:
             self.lost[server.name] = self.lost.get(server.name, 0) + left
-            self.say(f"{server.name}: still {left} request(s) in flight after the {self.drain_timeout_s:.0f} s "
-                     "drain timeout; stopping it anyway")
+            self.say(
+                f"{server.name}: still {left} request(s) in flight after the {self.drain_timeout_s:.0f} s "
+                "drain timeout; stopping it anyway"
+            )
         else:
             self.say(f"{server.name}: out of the router and drained")
 
@@ -133,7 +140,8 @@ class Gate:
             return None
         each = ", ".join(f"{n} {k}" for n, k in self.lost.items())
         line = f"the stopped servers had {sum(self.lost.values())} request(s) in flight when they stopped" + (
-            f" ({each})" if each else "")
+            f" ({each})" if each else ""
+        )
         if self.uncounted:
             line += f"; {', '.join(self.uncounted)} did not say (no /metrics: start it with --enable-metrics)"
         return line

@@ -134,9 +134,16 @@ def read_record(fleet: Fleet, server: FleetServer) -> ServerRecord | None:
         pid = int(pid_path.read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return ServerRecord(launcher="local", launch_id=f"pid-file-{pid}", host=server.bind, port=server.port,
-                        log_path=str(fleet.resolve(server.log)), gpus=tuple(server.gpus), pid=pid,
-                        run_dir=str(pid_path.parent))
+    return ServerRecord(
+        launcher="local",
+        launch_id=f"pid-file-{pid}",
+        host=server.bind,
+        port=server.port,
+        log_path=str(fleet.resolve(server.log)),
+        gpus=tuple(server.gpus),
+        pid=pid,
+        run_dir=str(pid_path.parent),
+    )
 
 
 def attached(fleet: Fleet, server: FleetServer) -> ServerHandle | None:
@@ -190,23 +197,32 @@ def memory_reader(fleet: Fleet, server: FleetServer, launcher: Launcher) -> Memo
     engine = engine_for(fleet, server)
     own = tuple(server.gpus)
     try:
-        return launcher.memory_reader(server_gpus(fleet, server),
-                                      lambda gpus: group_reader(engine, gpus or own[:1]))
+        return launcher.memory_reader(server_gpus(fleet, server), lambda gpus: group_reader(engine, gpus or own[:1]))
     except AutotuneError:  # no driver to ask (NVML missing): the next start's capacity check still guards
         return None
 
 
-def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *, timeout_s: float,
-                 launcher: str | Launcher | None = None) -> int | str:
+def start_server(
+    fleet: Fleet,
+    server: FleetServer,
+    config: Mapping[str, Any],
+    *,
+    timeout_s: float,
+    launcher: str | Launcher | None = None,
+) -> int | str:
     """Start one server detached through ``launcher`` (default: the fleet file's, with its settings), record its
     handle and wait until ``/health`` answers; its pid, else its job id or container name. FleetError with the
     log's reason if not. A server on another host goes through the ``ssh`` launcher (``deploy.remote``: the entry's
     host, the fleet's ``remote_dir``)."""
     if not server.local:  # the ssh launcher, built from the entry's host and the fleet's remote_dir
-        return remote.start_server(fleet, server, server_argv(fleet, server, config),
-                                   env={**engine_for(fleet, server, env=launch_env(fleet)).env(), **fleet.sglang_env,
-                                        **env_strings(config)},
-                                   gpus=server_gpus(fleet, server), timeout_s=timeout_s)
+        return remote.start_server(
+            fleet,
+            server,
+            server_argv(fleet, server, config),
+            env={**engine_for(fleet, server, env=launch_env(fleet)).env(), **fleet.sglang_env, **env_strings(config)},
+            gpus=server_gpus(fleet, server),
+            timeout_s=timeout_s,
+        )
     engine = engine_for(fleet, server, env=launch_env(fleet))
     pid_path, log_path = fleet.resolve(server.pid), fleet.resolve(server.log)
     fleetkeys.private_log(fleet, log_path)
@@ -217,10 +233,18 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
     reader = memory_reader(fleet, server, made)
     # the launcher keeps what proves the server's /dev/shm files its own in its run dir; ``down`` attaches to the
     # server by its record, takes a last look and removes what that proves
-    spec = LaunchSpec(argv=server_argv(fleet, server, config), port=server.port, host=server.bind,
-                      env={**engine.env(), **fleet.sglang_env, **env_strings(config)},
-                      gpus=server_gpus(fleet, server), log_path=log_path, run_dir=pid_path.parent, detach=True,
-                      shm_dir=engine.shm_dir, name=f"autotune-fleet-{server.name}")
+    spec = LaunchSpec(
+        argv=server_argv(fleet, server, config),
+        port=server.port,
+        host=server.bind,
+        env={**engine.env(), **fleet.sglang_env, **env_strings(config)},
+        gpus=server_gpus(fleet, server),
+        log_path=log_path,
+        run_dir=pid_path.parent,
+        detach=True,
+        shm_dir=engine.shm_dir,
+        name=f"autotune-fleet-{server.name}",
+    )
     handle = None
     try:
         handle = made.start(spec, gpu_reader=reader)
@@ -237,8 +261,7 @@ def start_server(fleet: Fleet, server: FleetServer, config: Mapping[str, Any], *
             handle.stop(grace_s=5.0, release_timeout_s=30.0)
             pid_path.unlink(missing_ok=True)
             record_path(fleet, server).unlink(missing_ok=True)
-        raise FleetError(f"server {server.name} ({server.where}) did not start: {reason} "
-                         f"(log: {log_path})") from None
+        raise FleetError(f"server {server.name} ({server.where}) did not start: {reason} (log: {log_path})") from None
     handle.release()  # it serves on after this command; this process stops watching it
     return record.pid if record.pid is not None else (record.job_id or record.name or record.launch_id)
 
@@ -316,10 +339,23 @@ class ServerStatus:
         return "unhealthy" if self.running else "down"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "host": self.host, "gpus": self.gpus, "gpu": self.gpu, "port": self.port,
-                "config": self.config, "pid": self.pid, "job": self.job, "launcher": self.launcher,
-                "state": self.state, "note": self.note, "lent": self.lent, "drift": self.drift, "tok_s": self.tok_s,
-                "capacity": self.capacity.to_dict() if self.capacity else None}
+        return {
+            "name": self.name,
+            "host": self.host,
+            "gpus": self.gpus,
+            "gpu": self.gpu,
+            "port": self.port,
+            "config": self.config,
+            "pid": self.pid,
+            "job": self.job,
+            "launcher": self.launcher,
+            "state": self.state,
+            "note": self.note,
+            "lent": self.lent,
+            "drift": self.drift,
+            "tok_s": self.tok_s,
+            "capacity": self.capacity.to_dict() if self.capacity else None,
+        }
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -333,8 +369,7 @@ def _same(a: Any, b: Any) -> bool:
 
 def drift(config: Mapping[str, Any], server_info: Mapping[str, Any]) -> list[str]:
     """Flags of ``config`` that ``/server_info`` (the resolved args) reports with another value."""
-    return sorted(k for k, v in config.items()
-                  if v is not None and k in server_info and not _same(server_info[k], v))
+    return sorted(k for k, v in config.items() if v is not None and k in server_info and not _same(server_info[k], v))
 
 
 def _tok_s(server: FleetServer, info: ServerInfo | None) -> float | None:
@@ -353,8 +388,9 @@ def _tok_s(server: FleetServer, info: ServerInfo | None) -> float | None:
 
 def server_status(fleet: Fleet, server: FleetServer, *, figures: bool = True) -> ServerStatus:
     """Its state (lent, foreign, healthy, unhealthy, down) and, with ``figures``, its capacity, drift and tok/s."""
-    status = ServerStatus(name=server.name, host=server.host, gpus=list(server.gpus), port=server.port,
-                          config=server.config)
+    status = ServerStatus(
+        name=server.name, host=server.host, gpus=list(server.gpus), port=server.port, config=server.config
+    )
     lent = leasefile.current(fleet)
     if lent is not None and lent.server == server.name:
         status.lent = lent.line
@@ -401,8 +437,10 @@ def up(fleet: Fleet, *, timeout_s: float = 900.0, names: Iterable[str] | None = 
         if not server.local and healthy(server):
             continue
         if server.local and not port_is_free(server.bind, server.port):
-            raise FleetError(f"port {server.bind}:{server.port} of server {server.name} is in use "
-                             "(stop what holds it, or change the port in the fleet file)")
+            raise FleetError(
+                f"port {server.bind}:{server.port} of server {server.name} is in use "
+                "(stop what holds it, or change the port in the fleet file)"
+            )
         todo.append((server, config))
     if todo:
         launch_env(fleet)  # an unset ${NAME} stops the command before any launch, too

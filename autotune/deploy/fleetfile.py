@@ -42,7 +42,8 @@ class _Model(BaseModel):
 class FleetServer(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     host: str = "localhost"  # where it runs: local, or "user@name" / "name" reached over SSH
-    # the group this server spans (CUDA_VISIBLE_DEVICES); empty for SGLang's CPU backend (the simulator's CPU: its index)
+    # the group this server spans (CUDA_VISIBLE_DEVICES); empty for SGLang's CPU backend (the simulator's CPU: its
+    # index)
     gpus: list[int] = []
     port: int = Field(ge=1, le=65535)
     bind: str = "127.0.0.1"  # the address the server listens on
@@ -110,8 +111,15 @@ class FleetServer(_Model):
         return f"gpu{'s' if len(self.gpus) > 1 else ''} {self.gpu_line}, port {self.port}"
 
 
-ROUTER_OWNS = ("--host", "--port", "--worker-urls", "--prometheus-host", "--prometheus-port", "--policy",
-               "--ca-cert-paths")
+ROUTER_OWNS = (
+    "--host",
+    "--port",
+    "--worker-urls",
+    "--prometheus-host",
+    "--prometheus-port",
+    "--policy",
+    "--ca-cert-paths",
+)
 
 
 class RouterSection(_Model):
@@ -132,8 +140,10 @@ class RouterSection(_Model):
     def _not_ours(cls, args: list[str]) -> list[str]:
         owned = [a for a in args if a.split("=", 1)[0] in ROUTER_OWNS]
         if owned:
-            raise ValueError(f"{', '.join(owned)} is set by the fleet file itself (use host, port, metrics_port "
-                             "or policy; --ca-cert-paths follows the servers' tls)")
+            raise ValueError(
+                f"{', '.join(owned)} is set by the fleet file itself (use host, port, metrics_port "
+                "or policy; --ca-cert-paths follows the servers' tls)"
+            )
         return args
 
     @property
@@ -211,8 +221,9 @@ class Fleet(_Model):
                 LauncherSection.model_validate({self.launcher: self.launcher_settings})
             except ValidationError as exc:
                 err = exc.errors(include_url=False)[0]
-                raise ValueError(f"launcher_settings.{'.'.join(str(p) for p in err['loc'][1:])}: "
-                                 f"{err['msg']}") from None
+                raise ValueError(
+                    f"launcher_settings.{'.'.join(str(p) for p in err['loc'][1:])}: {err['msg']}"
+                ) from None
         return self
 
     @field_validator("env")
@@ -237,32 +248,45 @@ class Fleet(_Model):
             for gpu in server.gpus:
                 other = owner.setdefault((host, gpu), server.name)
                 if other != server.name:
-                    raise ValueError(f"servers {other} and {server.name} both use GPU {gpu} on {host} "
-                                     "(give each GPU of a host to one server)")
+                    raise ValueError(
+                        f"servers {other} and {server.name} both use GPU {gpu} on {host} "
+                        "(give each GPU of a host to one server)"
+                    )
         if self.router is not None and self.router.router:
             local = {s.port for s in self.servers if s.local}
             taken = sorted(local & {self.router.port, self.router.prometheus_port})
             if taken or self.router.port == self.router.prometheus_port:
-                raise ValueError(f"router.port: {self.router.port} (metrics {self.router.prometheus_port}) collides "
-                                 f"with port {(taken or [self.router.port])[0]} (give the router ports no server uses)")
+                raise ValueError(
+                    f"router.port: {self.router.port} (metrics {self.router.prometheus_port}) collides "
+                    f"with port {(taken or [self.router.port])[0]} (give the router ports no server uses)"
+                )
             own = {self.router.log, self.router.record, str(Path(self.router.record).with_suffix(".pid"))}
             for server in self.servers:  # a server's pid file or log that is the router's would prove the wrong one
                 if server.local and own & {server.pid, server.log, str(Path(server.pid).with_suffix(".record.json"))}:
-                    raise ValueError(f"server {server.name}: its pid file or log is the router's (rename the server, "
-                                     "or give [router] another log and record)")
+                    raise ValueError(
+                        f"server {server.name}: its pid file or log is the router's (rename the server, "
+                        "or give [router] another log and record)"
+                    )
         for server in self.servers:
             if not server.gpus and not self.host_memory:
-                raise ValueError(f"server {server.name} has no gpus (every server of a GPU fleet names its GPUs, "
-                                 "e.g. gpus = [0, 1])")
+                raise ValueError(
+                    f"server {server.name} has no gpus (every server of a GPU fleet names its GPUs, e.g. gpus = [0, 1])"
+                )
             if not server.local and server.bind.startswith("127."):
-                raise ValueError(f"server {server.name} on {server.host} binds {server.bind}, which cannot be "
-                                 "polled from here; set bind to that host's address or 0.0.0.0")
+                raise ValueError(
+                    f"server {server.name} on {server.host} binds {server.bind}, which cannot be "
+                    "polled from here; set bind to that host's address or 0.0.0.0"
+                )
             if self.keys and (not server.local or self.launcher != "local"):
-                raise ValueError(f"server {server.name}: keys = true needs every server started on this host by the "
-                                 "local launcher (the key files and the script that reads them are here)")
+                raise ValueError(
+                    f"server {server.name}: keys = true needs every server started on this host by the "
+                    "local launcher (the key files and the script that reads them are here)"
+                )
             if server.tls and not server.local:
-                raise ValueError(f"server {server.name} on {server.host}: tls needs the fleet's certificate on that "
-                                 "host, which autotune does not copy there yet (set tls = false for it)")
+                raise ValueError(
+                    f"server {server.name} on {server.host}: tls needs the fleet's certificate on that "
+                    "host, which autotune does not copy there yet (set tls = false for it)"
+                )
         return self
 
     @property
@@ -334,11 +358,15 @@ def load_fleet(path: str | Path) -> Fleet:
     secret = _find_secrets(raw)
     if secret and secret.startswith("env."):
         name = secret.removeprefix("env.")
-        raise FleetError(f"{path}: {secret}: looks like a secret, which a fleet file must not hold "
-                         f"(write {name} = \"${{{name}}}\" and set {name} in the environment that starts the fleet)")
+        raise FleetError(
+            f"{path}: {secret}: looks like a secret, which a fleet file must not hold "
+            f'(write {name} = "${{{name}}}" and set {name} in the environment that starts the fleet)'
+        )
     if secret:
-        raise FleetError(f"{path}: {secret}: passwords and secrets are not allowed in a fleet file "
-                         "(reach remote hosts with an SSH key or agent)")
+        raise FleetError(
+            f"{path}: {secret}: passwords and secrets are not allowed in a fleet file "
+            "(reach remote hosts with an SSH key or agent)"
+        )
     try:
         fleet = Fleet.model_validate(raw)
     except ValidationError as exc:
@@ -388,9 +416,11 @@ def group_mismatch(fleet: Fleet, config: Mapping[str, Any] | None = None) -> str
             continue
         need = server_gpus(wanted)
         if len(server.gpus) != need:
-            return (f"servers.{server.name}.gpus: [{', '.join(str(g) for g in server.gpus)}] is "
-                    f"{len(server.gpus)} GPU(s), but its config spans {need} ({spans(wanted)}) "
-                    f"(give it {need} GPU(s), or lay the fleet out again with autotune apply --gpus ... --out DIR)")
+            return (
+                f"servers.{server.name}.gpus: [{', '.join(str(g) for g in server.gpus)}] is "
+                f"{len(server.gpus)} GPU(s), but its config spans {need} ({spans(wanted)}) "
+                f"(give it {need} GPU(s), or lay the fleet out again with autotune apply --gpus ... --out DIR)"
+            )
     return None
 
 

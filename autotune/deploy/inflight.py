@@ -79,35 +79,46 @@ class ClientAdvice:
         """What ``apply`` prints and the launch script's header says, in that order."""
         if self.router_url is not None:
             keep = f"keep {self.fleet} requests in flight" if self.fleet else "keep the servers' running caps full"
-            out = [f"client: point the job at {self.router_url}; {keep} (sglang-router spreads them over the "
-                   f"{self.servers} servers)"]
+            out = [
+                f"client: point the job at {self.router_url}; {keep} (sglang-router spreads them over the "
+                f"{self.servers} servers)"
+            ]
         else:
             out = []
         if self.per_server is None:
             cap = f"{self.running_cap} running requests per server" if self.running_cap else "the running cap"
-            out += [f"client: keep more than {cap} in flight (trial {self.trial} has no measured window to size "
-                    "the queue)"]
+            out += [
+                f"client: keep more than {cap} in flight (trial {self.trial} has no measured window to size the queue)"
+            ]
         else:
             servers = f"the {self.servers} servers" if self.servers > 1 else "the one server"
-            out += [f"client: keep {self.per_server} requests in flight per server (running cap {self.running_cap} "
-                    f"+ queue {self.queue}), {self.fleet} across {servers}"]
+            out += [
+                f"client: keep {self.per_server} requests in flight per server (running cap {self.running_cap} "
+                f"+ queue {self.queue}), {self.fleet} across {servers}"
+            ]
         if self.measured_concurrency is not None and self.measured_generating is not None:
             waiting = max(0.0, self.measured_concurrency - self.measured_generating)
-            out.append(f"trial {self.trial} measured with {self.measured_concurrency} in flight: "
-                       f"{self.measured_generating:.1f} generating of the cap of {self.running_cap}, "
-                       f"≈{waiting:.0f} waiting or in prefill")
+            out.append(
+                f"trial {self.trial} measured with {self.measured_concurrency} in flight: "
+                f"{self.measured_generating:.1f} generating of the cap of {self.running_cap}, "
+                f"≈{waiting:.0f} waiting or in prefill"
+            )
         if self.router_note:
             out.append(self.router_note)
         if self.api_key_file:
-            out.append(f"client: send Authorization: Bearer <the text of {self.api_key_file}> with every request "
-                       "(the fleet binds beyond loopback: the router and the servers refuse requests without it)")
+            out.append(
+                f"client: send Authorization: Bearer <the text of {self.api_key_file}> with every request "
+                "(the fleet binds beyond loopback: the router and the servers refuse requests without it)"
+            )
         if self.binding:
             at_least = self.per_server or (self.running_cap or 0) + 1
-            out.append(f"warning: the study's client was the binding limit: trial {self.trial} kept "
-                       f"{self.measured_concurrency} requests in flight, below the winner's running cap of "
-                       f"{self.running_cap}, so the study never saw the cap full and its tok/s is the client's; "
-                       f"raise [workload] concurrency to at least {at_least} (or leave it unset: 2 × the cap) "
-                       "and run the sweep again")
+            out.append(
+                f"warning: the study's client was the binding limit: trial {self.trial} kept "
+                f"{self.measured_concurrency} requests in flight, below the winner's running cap of "
+                f"{self.running_cap}, so the study never saw the cap full and its tok/s is the client's; "
+                f"raise [workload] concurrency to at least {at_least} (or leave it unset: 2 × the cap) "
+                "and run the sweep again"
+            )
         return out
 
     def __str__(self) -> str:
@@ -186,8 +197,15 @@ def client_advice(winner: _Winner, *, servers: int) -> ClientAdvice:
     queue = max(1, poisson_quantile(rate * refill)) if cap and rate and refill else None
     per_server = cap + queue if cap and queue else None
     return ClientAdvice(
-        trial=winner.trial, servers=servers, running_cap=cap, queue=queue, per_server=per_server,
-        fleet=per_server * servers if per_server else None, measured_concurrency=concurrency,
-        measured_generating=generating, completions_s=rate, refill_s=refill,
+        trial=winner.trial,
+        servers=servers,
+        running_cap=cap,
+        queue=queue,
+        per_server=per_server,
+        fleet=per_server * servers if per_server else None,
+        measured_concurrency=concurrency,
+        measured_generating=generating,
+        completions_s=rate,
+        refill_s=refill,
         binding=bool(cap and concurrency is not None and concurrency < cap),
     )

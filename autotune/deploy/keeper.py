@@ -82,8 +82,9 @@ class Keeper:
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> None:
-        self.events.append("keeper_start",
-                           f"keeper started (pid {os.getpid()}), looking every {self.policy.interval_s:g} s")
+        self.events.append(
+            "keeper_start", f"keeper started (pid {os.getpid()}), looking every {self.policy.interval_s:g} s"
+        )
         unreadable = 0
         try:
             while not self.stop.is_set():
@@ -91,8 +92,11 @@ class Keeper:
                     self.cycle()
                     unreadable = 0
                     if self._idle_since is not None and time.monotonic() - self._idle_since > IDLE_LIMIT_S:
-                        self.events.append("keeper_stop", f"keeper stopped: nothing of the fleet has run for "
-                                           f"{IDLE_LIMIT_S:g} s (autotune fleet up starts it again)")
+                        self.events.append(
+                            "keeper_stop",
+                            f"keeper stopped: nothing of the fleet has run for "
+                            f"{IDLE_LIMIT_S:g} s (autotune fleet up starts it again)",
+                        )
                         return
                 except (ConfigError, FleetError, OSError) as exc:
                     unreadable += 1
@@ -129,8 +133,11 @@ class Keeper:
             record = router.running(fleet) or self._router_back(fleet, lent)
             self._had_router = self._had_router or record is not None
             listed = {str(w.get("url")) for w in router.workers(record)} if record is not None else set()
-            running = [self._look(fleet, server, record, listed) for server in fleet.servers
-                       if server.name not in self.repairs and (lent is None or server.name != lent.server)]
+            running = [
+                self._look(fleet, server, record, listed)
+                for server in fleet.servers
+                if server.name not in self.repairs and (lent is None or server.name != lent.server)
+            ]
             busy = lent is not None or record is not None or self.repairs or any(running)
             self._idle_since = None if busy else (self._idle_since or time.monotonic())
         finally:
@@ -149,35 +156,53 @@ class Keeper:
         if handle is None:  # stopped on purpose (fleet down --server, a rollout's stop) or never started
             w.last_healthy = None
             if server.url in listed and record is not None:
-                self._remove(record, server, "no server of this fleet runs there"
-                             + ("" if port_is_free(server.bind, server.port) else
-                                " (a process that is not the fleet's holds the port)"))
+                self._remove(
+                    record,
+                    server,
+                    "no server of this fleet runs there"
+                    + (
+                        ""
+                        if port_is_free(server.bind, server.port)
+                        else " (a process that is not the fleet's holds the port)"
+                    ),
+                )
             return False
         now = time.monotonic()
         if handle.alive:
             if healthy(server):
                 self._serving(fleet, server, w, record, listed, now)
             elif w.last_healthy is not None and now - w.last_healthy >= self.policy.unresponsive_s:
-                self._died(fleet, server, w, record, listed, cause="unresponsive",
-                           line=f"stopped answering /health for {now - w.last_healthy:.0f} s")
+                self._died(
+                    fleet,
+                    server,
+                    w,
+                    record,
+                    listed,
+                    cause="unresponsive",
+                    line=f"stopped answering /health for {now - w.last_healthy:.0f} s",
+                )
             return True  # else still loading (its starter's timeout decides), or a short silence
-        text = handle.log_text()[w.log_offset:] if w.log_offset is not None else handle.log_tail(400)
+        text = handle.log_text()[w.log_offset :] if w.log_offset is not None else handle.log_tail(400)
         cause = logparse.classify(text, None) or "unknown"
         said = logparse.failure_line(text, None)
         line = f"exited ({cause}: {said})" if said else "exited (killed, or no failure line in its log)"
         if cause == "runtime_oom":
-            line += (f"; the config's worst case failed in production (an OOM at a peak the study's stress phase "
-                     f"did not reach): autotune apply --rollback --fleet {fleet.path} returns the previous config")
+            line += (
+                f"; the config's worst case failed in production (an OOM at a peak the study's stress phase "
+                f"did not reach): autotune apply --rollback --fleet {fleet.path} returns the previous config"
+            )
         self._died(fleet, server, w, record, listed, cause=cause, line=line)
         return True
 
-    def _serving(self, fleet: Fleet, server: FleetServer, w: Watched, record: router.Record | None, listed: set[str],
-                 now: float) -> None:
+    def _serving(
+        self, fleet: Fleet, server: FleetServer, w: Watched, record: router.Record | None, listed: set[str], now: float
+    ) -> None:
         if w.gave_up:
             w.gave_up = False
             w.deaths.clear()
-            self.events.append("serving", "serving again (started by hand); the keeper watches it again",
-                               server=server.name)
+            self.events.append(
+                "serving", "serving again (started by hand); the keeper watches it again", server=server.name
+            )
         w.last_healthy = now
         if w.capacity is None:
             info = server_info(server)
@@ -187,14 +212,26 @@ class Keeper:
                 router.add_worker(record, server.url, timeout_s=10.0)
                 self.events.append("readmitted", "serving but missing from the router: added back", server=server.name)
 
-    def _died(self, fleet: Fleet, server: FleetServer, w: Watched, record: router.Record | None, listed: set[str], *,
-              cause: str, line: str) -> None:
+    def _died(
+        self,
+        fleet: Fleet,
+        server: FleetServer,
+        w: Watched,
+        record: router.Record | None,
+        listed: set[str],
+        *,
+        cause: str,
+        line: str,
+    ) -> None:
         now = time.monotonic()
         if record is not None and server.url in listed:
             self._remove(record, server, None)
-        self.events.append("exited" if cause != "unresponsive" else "unresponsive",
-                           line + ("; out of the router" if server.url in listed else ""), server=server.name,
-                           cause=cause)
+        self.events.append(
+            "exited" if cause != "unresponsive" else "unresponsive",
+            line + ("; out of the router" if server.url in listed else ""),
+            server=server.name,
+            cause=cause,
+        )
         w.last_healthy, w.died_at = None, now
         self._count_death(w, now)
         self._start_repair(server.name, self._repair, (w,))
@@ -243,17 +280,24 @@ class Keeper:
         delay = self.policy.backoff_s[min(attempt, len(self.policy.backoff_s)) - 1]
         with contextlib.suppress(AutotuneError):  # whatever is left of the dead one: its record, its process group
             stop_server(fleet, server, grace_s=5.0, release_timeout_s=60.0)
-        self.events.append("restarting", f"restarting in {delay:g} s on {server.config} ({attempt} death(s) in "
-                           f"{self.policy.crash_window_s:g} s; more than {self.policy.crash_limit} end the restarts)",
-                           server=server.name, attempt=attempt)
+        self.events.append(
+            "restarting",
+            f"restarting in {delay:g} s on {server.config} ({attempt} death(s) in "
+            f"{self.policy.crash_window_s:g} s; more than {self.policy.crash_limit} end the restarts)",
+            server=server.name,
+            attempt=attempt,
+        )
         if self.stop.wait(delay):
             return True
         said = False
         while not port_is_free(server.bind, server.port):
             if not said:
-                self.events.append("foreign", f"port {server.port} is held by a process that is not this fleet's: "
-                                   "not restarted until it is free; the router sends it nothing",
-                                   server=server.name)
+                self.events.append(
+                    "foreign",
+                    f"port {server.port} is held by a process that is not this fleet's: "
+                    "not restarted until it is free; the router sends it nothing",
+                    server=server.name,
+                )
                 said = True
             if self.stop.wait(max(1.0, self.policy.interval_s)):
                 return True
@@ -280,12 +324,21 @@ class Keeper:
         now_caps = capacity.pools() if capacity is not None else {}
         if now_caps and w.capacity is not None:
             before = w.capacity.pools()
-            lower = [f"{key} {value} (was {was})" for key, value in now_caps.items()
-                     if value is not None and (was := before[key]) is not None and value < was]
+            lower = [
+                f"{key} {value} (was {was})"
+                for key, value in now_caps.items()
+                if value is not None and (was := before[key]) is not None and value < was
+            ]
             if lower:
-                notes.append("smaller than before its death: " + ", ".join(lower)
-                             + (" (a CPU server sizes its pools from the host memory free at its start)"
-                                if fleet.host_memory else " (memory its GPUs did not get back?)"))
+                notes.append(
+                    "smaller than before its death: "
+                    + ", ".join(lower)
+                    + (
+                        " (a CPU server sizes its pools from the host memory free at its start)"
+                        if fleet.host_memory
+                        else " (memory its GPUs did not get back?)"
+                    )
+                )
         w.capacity = w.capacity or capacity
         record = router.running(fleet)
         back = ""
@@ -296,19 +349,26 @@ class Keeper:
             except FleetError as exc:
                 back = f"; not back in the router: {exc}"
         took = time.monotonic() - (w.died_at or time.monotonic())
-        self.events.append("restarted", f"serving again {took:.1f} s after it died{back}"
-                           + (f"; {'; '.join(notes)}" if notes else ""), server=server.name, seconds=round(took, 1),
-                           capacity=now_caps)
+        self.events.append(
+            "restarted",
+            f"serving again {took:.1f} s after it died{back}" + (f"; {'; '.join(notes)}" if notes else ""),
+            server=server.name,
+            seconds=round(took, 1),
+            capacity=now_caps,
+        )
         w.last_healthy = time.monotonic()
 
     def _give_up(self, fleet: Fleet, server: FleetServer, w: Watched) -> None:
         with contextlib.suppress(AutotuneError):
             stop_server(fleet, server, grace_s=5.0)
         w.gave_up = True
-        self.events.append("gave_up", f"died {len(w.deaths)} times in {self.policy.crash_window_s:g} s: the keeper "
-                           f"stops restarting it (a crash loop; its log: {fleet.resolve(server.log)}); "
-                           f"autotune fleet up --server {server.name} --fleet {fleet.path} starts it again",
-                           server=server.name)
+        self.events.append(
+            "gave_up",
+            f"died {len(w.deaths)} times in {self.policy.crash_window_s:g} s: the keeper "
+            f"stops restarting it (a crash loop; its log: {fleet.resolve(server.log)}); "
+            f"autotune fleet up --server {server.name} --fleet {fleet.path} starts it again",
+            server=server.name,
+        )
 
     # -- the router and the lock -------------------------------------------------------------------------
     def _router_back(self, fleet: Fleet, lent: leasefile.Lease | None) -> router.Record | None:
@@ -322,8 +382,9 @@ class Keeper:
         except FleetError as exc:
             self.events.append("restart_failed", f"the router exited and did not start again: {exc}")
             return None
-        self.events.append("restarted", f"the router exited: started again (pid {record.pid}) on {len(urls)} "
-                           "serving server(s)")
+        self.events.append(
+            "restarted", f"the router exited: started again (pid {record.pid}) on {len(urls)} serving server(s)"
+        )
         return record
 
     def _remove(self, record: router.Record, server: FleetServer, why: str | None) -> None:

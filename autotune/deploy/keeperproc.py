@@ -62,7 +62,9 @@ def only_keeper(fleet: Fleet) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             other = running(fleet)
-            raise FleetError(f"a keeper of {fleet.path} already runs" + (f" (pid {other.pid})" if other else "")) from None
+            raise FleetError(
+                f"a keeper of {fleet.path} already runs" + (f" (pid {other.pid})" if other else "")
+            ) from None
         yield
 
 
@@ -73,14 +75,17 @@ def start(fleet: Fleet, *, timeout_s: float = 30.0) -> Record:
         return current
     assert fleet.path is not None
     log_path = fleet.resolve(fleet.keeper.log)
-    proc, started = spawn([sys.executable, "-m", "autotune", "fleet", "keep", "--fleet", str(fleet.path.resolve())],
-                          log_path)
+    proc, started = spawn(
+        [sys.executable, "-m", "autotune", "fleet", "keep", "--fleet", str(fleet.path.resolve())], log_path
+    )
     record = Record(pid=proc.pid, started=started, log=str(log_path))
     replace_file(record_path(fleet), json.dumps(asdict(record)) + "\n")
     pid_path(fleet).write_text(f"{proc.pid}\n")
     events = FleetLog.of(fleet)
-    if not wait_until(lambda: proc.poll() is not None or _started(events, proc.pid), timeout_s, 0.05) \
-            or proc.poll() is not None:
+    if (
+        not wait_until(lambda: proc.poll() is not None or _started(events, proc.pid), timeout_s, 0.05)
+        or proc.poll() is not None
+    ):
         stop(fleet)
         raise FleetError(f"the fleet's keeper did not start (log: {log_path})")
     return record

@@ -31,13 +31,21 @@ def _env_lines(env: Mapping[str, str]) -> list[str]:
         if name is None:
             lines.append(f"export {key}={shlex.quote(value)}")
         else:
-            lines += [f': "${{{name}:?set {name} in your environment: autotune writes no secret to disk}}"',
-                      f'export {key}="${{{name}}}"']
+            lines += [
+                f': "${{{name}:?set {name} in your environment: autotune writes no secret to disk}}"',
+                f'export {key}="${{{name}}}"',
+            ]
     return lines
 
 
-def launch_script(servers: Sequence[ScriptEntry], *, header: str, env: Mapping[str, str] | None = None,
-                  elsewhere: Sequence[str] = (), private: bool = False) -> str:
+def launch_script(
+    servers: Sequence[ScriptEntry],
+    *,
+    header: str,
+    env: Mapping[str, str] | None = None,
+    elsewhere: Sequence[str] = (),
+    private: bool = False,
+) -> str:
     """A bash script starting each server detached (own session, so its pid is its process group), with a
     log and a pid file per server. Every argv token goes through ``shlex.quote``; ``env`` is exported first
     (references to secrets as ``${NAME}``). A server's ``gpus`` is its group as CUDA_VISIBLE_DEVICES lists it
@@ -56,7 +64,7 @@ def launch_script(servers: Sequence[ScriptEntry], *, header: str, env: Mapping[s
         lines += ["# The study's engine environment.", *_env_lines(env), ""]
     lines += [
         "start() {  # start LOG PIDFILE GPUS ARGV...  (GPUS: 3 or 0,1; empty leaves CUDA_VISIBLE_DEVICES alone)",
-        '  local log=$1 pidfile=$2 gpus=$3',
+        "  local log=$1 pidfile=$2 gpus=$3",
         "  shift 3",
         '  if [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then',
         '    echo "already running: $pidfile (pid $(cat "$pidfile"))"',
@@ -77,6 +85,9 @@ def launch_script(servers: Sequence[ScriptEntry], *, header: str, env: Mapping[s
         tokens = [server.log, server.pid, server.gpus, *server.argv]
         lines.append("start " + " ".join(shlex.quote(str(t)) for t in tokens))
     if elsewhere:
-        lines += ["", "# On other hosts (start them with: autotune fleet up --fleet fleet.toml):",
-                  *(f"#   {name}" for name in elsewhere)]
+        lines += [
+            "",
+            "# On other hosts (start them with: autotune fleet up --fleet fleet.toml):",
+            *(f"#   {name}" for name in elsewhere),
+        ]
     return "\n".join(lines) + "\n"

@@ -40,8 +40,10 @@ def refuse_while_lent(fleet: Fleet, what: str) -> None:
     """FleetError in one line when a server of the fleet is lent: ``what`` (a rollout, …) waits for its return."""
     lease = current(fleet)
     if lease is not None:
-        raise FleetError(f"{lease.line}: {what} waits until it is back (the sweep gives it back when it ends; "
-                         f"autotune fleet status shows the lease)")
+        raise FleetError(
+            f"{lease.line}: {what} waits until it is back (the sweep gives it back when it ends; "
+            f"autotune fleet status shows the lease)"
+        )
 
 
 def borrow(fleet_path: Path, name: str, study: str, *, drain_timeout_s: float = DRAIN_TIMEOUT_S) -> Lease:
@@ -51,8 +53,10 @@ def borrow(fleet_path: Path, name: str, study: str, *, drain_timeout_s: float = 
     with locked(fleet, holder=f"the lease of {name} to study {study}", wait_s=30.0):
         refuse_while_lent(fleet, "a second lease")
         if not server.local or fleet.launcher != "local":
-            raise FleetError(f"server {name} runs on {server.host} through the {fleet.launcher} launcher: only this "
-                             "host's local servers are lent (the study runs here)")
+            raise FleetError(
+                f"server {name} runs on {server.host} through the {fleet.launcher} launcher: only this "
+                "host's local servers are lent (the study runs here)"
+            )
         if not serving(fleet, server):
             raise FleetError(f"server {name} is not serving (autotune fleet status): lend a serving one")
         others = [s.name for s in fleet.servers if s.name != name and serving(fleet, s)]
@@ -62,14 +66,24 @@ def borrow(fleet_path: Path, name: str, study: str, *, drain_timeout_s: float = 
         if record is not None:  # the router sends it nothing more; what it has finishes before it stops
             router.remove_worker(record, server.url)
             wait_idle(server, drain_timeout_s, record=record)
-        lease = Lease(server=name, study=study, pid=os.getpid(), started=psutil.Process().create_time(),
-                      since=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), serving=len(others),
-                      total=len(fleet.servers))
+        lease = Lease(
+            server=name,
+            study=study,
+            pid=os.getpid(),
+            started=psutil.Process().create_time(),
+            since=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            serving=len(others),
+            total=len(fleet.servers),
+        )
         # before the stop: a sweep killed from here on leaves a lease the keeper returns
         replace_file(lease_path(fleet), json.dumps(asdict(lease)) + "\n")
         stop_server(fleet, server, grace_s=30.0)
-        FleetLog.of(fleet).append("lent", f"lent to study {study} (sweep pid {lease.pid}); {len(others)} of "
-                                  f"{len(fleet.servers)} servers serve the job meanwhile", server=name)
+        FleetLog.of(fleet).append(
+            "lent",
+            f"lent to study {study} (sweep pid {lease.pid}); {len(others)} of "
+            f"{len(fleet.servers)} servers serve the job meanwhile",
+            server=name,
+        )
         return lease
 
 
@@ -99,10 +113,13 @@ def returned(fleet: Fleet, *, reason: str) -> str | None:
     lease_path(fleet).unlink(missing_ok=True)
     since = dt.datetime.fromisoformat(lease.since)
     out_s = (dt.datetime.now(dt.UTC) - since).total_seconds()
-    line = (f"back from study {lease.study} ({reason}) after {out_s:.0f} s out: serving on {server.config}"
-            + (" and back in the router" if record is not None else "")
-            + f", {time.monotonic() - began:.1f} s after the return began"
-            + (f"; it runs other values for {', '.join(changed)}" if changed else ""))
-    FleetLog.of(fleet).append("returned", line, server=server.name, seconds=round(out_s, 1),
-                              return_s=round(time.monotonic() - began, 1))
+    line = (
+        f"back from study {lease.study} ({reason}) after {out_s:.0f} s out: serving on {server.config}"
+        + (" and back in the router" if record is not None else "")
+        + f", {time.monotonic() - began:.1f} s after the return began"
+        + (f"; it runs other values for {', '.join(changed)}" if changed else "")
+    )
+    FleetLog.of(fleet).append(
+        "returned", line, server=server.name, seconds=round(out_s, 1), return_s=round(time.monotonic() - began, 1)
+    )
     return f"{server.name}: {line}"

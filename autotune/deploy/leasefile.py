@@ -27,8 +27,10 @@ class Lease:
     @property
     def line(self) -> str:
         """``s1 lent to study tune since 12:03:04 (sweep pid 4242); 2 of 3 servers serving``."""
-        return (f"{self.server} lent to study {self.study} since {self.since[11:19]} UTC (sweep pid {self.pid}); "
-                f"{self.serving} of {self.total} servers serving")
+        return (
+            f"{self.server} lent to study {self.study} since {self.since[11:19]} UTC (sweep pid {self.pid}); "
+            f"{self.serving} of {self.total} servers serving"
+        )
 
 
 def lease_path(fleet: Fleet) -> Path:

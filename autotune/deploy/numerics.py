@@ -42,10 +42,13 @@ class Numerics:
 
     def to_dict(self) -> dict[str, Any]:
         """As ``provenance.json`` stores it (``unexpected`` only where the table compared; never ``accepted``)."""
-        return {"changes": [c.to_dict() for c in self.changes],
-                **({"unexpected": self.unexpected} if self.unexpected is not None else {}),
-                "fidelity": self.fidelity.to_dict() if self.fidelity is not None else None,
-                "limits": dict(self.limits), "problem": self.problem}
+        return {
+            "changes": [c.to_dict() for c in self.changes],
+            **({"unexpected": self.unexpected} if self.unexpected is not None else {}),
+            "fidelity": self.fidelity.to_dict() if self.fidelity is not None else None,
+            "limits": dict(self.limits),
+            "problem": self.problem,
+        }
 
 
 def _defaults(settings: StudySettings, model: str | None) -> dict[str, str] | None:
@@ -69,8 +72,9 @@ def numerics_block(winner: Any) -> Numerics | None:
     if winner.baseline_config is None:
         return None
     try:
-        changes = changes_numerics(winner.config, winner.baseline_config,
-                                   defaults=_defaults(winner.settings, winner.model))
+        changes = changes_numerics(
+            winner.config, winner.baseline_config, defaults=_defaults(winner.settings, winner.model)
+        )
     except Exception as exc:  # noqa: BLE001 - a value the table cannot read: say so, never pass silently
         return Numerics(fidelity=winner.result.fidelity, problem=f"cannot compare: {exc}")
     limits = winner.settings.numerics
@@ -81,25 +85,36 @@ def numerics_block(winner: Any) -> Numerics | None:
         flags = ", ".join(f"--{c.flag.replace('_', '-')} {c.value}" for c in changes) or differing_flags(fidelity)
         if not fidelity or not fidelity.probed or fidelity.error:
             why = f" (the probe failed: {fidelity.error})" if fidelity and fidelity.error else ""
-            problem = f"trial {winner.trial} changes outputs against the baseline ({flags}) and no fidelity probe measured how much{why}"
+            problem = (
+                f"trial {winner.trial} changes outputs against the baseline ({flags}) and no fidelity probe "
+                f"measured how much{why}"
+            )
         else:
             figures = fidelity.to_dict()
-            broken = [f"{figure} {figures.get(figure)} (limit {op} {limit:g})"
-                      for (figure, op, limit), v in zip(limits.limits(), limits.violations(figures), strict=True)
-                      if v > 0]
+            broken = [
+                f"{figure} {figures.get(figure)} (limit {op} {limit:g})"
+                for (figure, op, limit), v in zip(limits.limits(), limits.violations(figures), strict=True)
+                if v > 0
+            ]
             if broken:
-                what = (f"changed its outputs unexpectedly (it differs from the baseline in {flags}, none of them a "
-                        "flag known to change outputs)" if unexpected else f"changes outputs against the baseline ({flags})")
+                what = (
+                    f"changed its outputs unexpectedly (it differs from the baseline in {flags}, none of them a "
+                    "flag known to change outputs)"
+                    if unexpected
+                    else f"changes outputs against the baseline ({flags})"
+                )
                 problem = f"trial {winner.trial} {what} beyond the study's limit: {'; '.join(broken)}"
     set_limits = tuple((k, v) for k, v in limits.model_dump().items() if k in LIMITS and v is not None)
-    return Numerics(changes=tuple(changes), unexpected=unexpected, fidelity=fidelity, limits=set_limits,
-                    problem=problem)
+    return Numerics(
+        changes=tuple(changes), unexpected=unexpected, fidelity=fidelity, limits=set_limits, problem=problem
+    )
 
 
 def check_numerics(winner: Any, *, accept: bool = False) -> Numerics | None:
     """``numerics_block(winner)``; raises ``NumericsRefused`` when it names a problem and ``accept`` is False."""
     block = numerics_block(winner)
     if block and block.problem and not accept:
-        raise NumericsRefused(f"{block.problem}; deploy it anyway with --accept-numerics, or pick a trial "
-                              "with --trial N")
+        raise NumericsRefused(
+            f"{block.problem}; deploy it anyway with --accept-numerics, or pick a trial with --trial N"
+        )
     return replace(block, accepted=bool(block.problem) and accept) if block is not None else None

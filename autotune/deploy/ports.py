@@ -19,14 +19,19 @@ def pick_ports(count: int, host: str, base_port: int | None = None) -> list[int]
     port = DEFAULT_BASE_PORT if base_port is None else base_port
     while len(ports) < count:
         if port > 65535:
-            raise ConfigError(f"no {count} free ports from {ports[0] if ports else port} up on {host}",
-                              key="--base-port", fix="give a lower --base-port")
+            raise ConfigError(
+                f"no {count} free ports from {ports[0] if ports else port} up on {host}",
+                key="--base-port",
+                fix="give a lower --base-port",
+            )
         if port_is_free(host, port):
             ports.append(port)
         elif base_port is not None:
-            raise ConfigError(f"port {port} is in use on {host}", key="--base-port",
-                              fix="stop what holds it, or give another --base-port (without one, apply picks free "
-                                  "ports)")
+            raise ConfigError(
+                f"port {port} is in use on {host}",
+                key="--base-port",
+                fix="stop what holds it, or give another --base-port (without one, apply picks free ports)",
+            )
         port += 1
     return ports
 
@@ -39,8 +44,11 @@ def pick_after(ports: Iterable[int], count: int, host: str) -> list[int]:
     port = max(used, default=DEFAULT_BASE_PORT - 1) + 1
     while len(picked) < count:
         if port > 65535:
-            raise ConfigError(f"no {count} free ports after {max(used, default=port)} on {host}",
-                              key="[router] port", fix="give the servers lower ports, or set [router] port")
+            raise ConfigError(
+                f"no {count} free ports after {max(used, default=port)} on {host}",
+                key="[router] port",
+                fix="give the servers lower ports, or set [router] port",
+            )
         if port not in used and port_is_free(host, port):
             picked.append(port)
         port += 1

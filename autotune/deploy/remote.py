@@ -31,8 +31,17 @@ def server_spec(server: FleetServer, argv: list[str], *, env: Mapping[str, str],
     pid = PurePosixPath(server.pid)
     if pid.suffix != ".pid":
         raise FleetError(f"server {server.name}: its pid file must end in .pid (not {server.pid!r})")
-    return LaunchSpec(argv=argv, port=server.port, host=server.address, env=dict(env), gpus=gpus,
-                      log_path=Path(server.log), run_dir=Path(str(pid.parent)), name=pid.stem, detach=True)
+    return LaunchSpec(
+        argv=argv,
+        port=server.port,
+        host=server.address,
+        env=dict(env),
+        gpus=gpus,
+        log_path=Path(server.log),
+        run_dir=Path(str(pid.parent)),
+        name=pid.stem,
+        detach=True,
+    )
 
 
 def pid_file(server: FleetServer) -> str:
@@ -40,8 +49,16 @@ def pid_file(server: FleetServer) -> str:
     return str(PurePosixPath(server.pid))
 
 
-def start_server(fleet: Fleet, server: FleetServer, argv: list[str], *, env: Mapping[str, str], gpus: tuple[int, ...],
-                 timeout_s: float, transport: Transport | None = None) -> int:
+def start_server(
+    fleet: Fleet,
+    server: FleetServer,
+    argv: list[str],
+    *,
+    env: Mapping[str, str],
+    gpus: tuple[int, ...],
+    timeout_s: float,
+    transport: Transport | None = None,
+) -> int:
     """Start through the ``ssh`` launcher and wait for ``/health``; its pid on the host. FleetError if not."""
     made = launcher(fleet, server, transport=transport)
     spec = server_spec(server, argv, env=env, gpus=gpus)
@@ -52,8 +69,10 @@ def start_server(fleet: Fleet, server: FleetServer, argv: list[str], *, env: Map
     try:
         handle.wait_ready(timeout_s)
     except ServerExited as exc:
-        raise FleetError(f"server {server.name} on {server.host} exited before it was ready (code {exc.exit_code}; "
-                         f"log: {made.path(server.log)} there): {exc.log_tail[-300:]}") from None
+        raise FleetError(
+            f"server {server.name} on {server.host} exited before it was ready (code {exc.exit_code}; "
+            f"log: {made.path(server.log)} there): {exc.log_tail[-300:]}"
+        ) from None
     except ServerStartTimeout:
         handle.stop(grace_s=5.0)
         raise FleetError(f"server {server.name} on {server.host} not healthy after {timeout_s:g} s") from None
@@ -61,9 +80,16 @@ def start_server(fleet: Fleet, server: FleetServer, argv: list[str], *, env: Map
     return handle.host_pid
 
 
-def stop_server(fleet: Fleet, server: FleetServer, *, grace_s: float, release_timeout_s: float = 60.0,
-                transport: Transport | None = None) -> list[str] | None:
+def stop_server(
+    fleet: Fleet,
+    server: FleetServer,
+    *,
+    grace_s: float,
+    release_timeout_s: float = 60.0,
+    transport: Transport | None = None,
+) -> list[str] | None:
     """Stop the server its pid file on the host names (``SshLauncher.stop_pid_file``): None when none was recorded
     there, else what the stop could not release in time (empty when it released everything)."""
-    return launcher(fleet, server, transport=transport).stop_pid_file(pid_file(server), grace_s=grace_s,
-                                                                       release_timeout_s=release_timeout_s)
+    return launcher(fleet, server, transport=transport).stop_pid_file(
+        pid_file(server), grace_s=grace_s, release_timeout_s=release_timeout_s
+    )

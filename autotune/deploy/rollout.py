@@ -32,7 +32,21 @@ from autotune.deploy.fleet import (
 )
 from autotune.deploy.fleetfile import group_mismatch
 from autotune.deploy.lease import refuse_while_lent
-from autotune.deploy.rolloutlog import Figures, RolloutEvent, RolloutLog, locked, log_path  # noqa: F401 - the log's API, re-exported
+from autotune.deploy.rolloutlog import (  # the log's API, re-exported
+    Figures as Figures,
+)
+from autotune.deploy.rolloutlog import (
+    RolloutEvent as RolloutEvent,
+)
+from autotune.deploy.rolloutlog import (
+    RolloutLog as RolloutLog,
+)
+from autotune.deploy.rolloutlog import (
+    locked as locked,
+)
+from autotune.deploy.rolloutlog import (
+    log_path as log_path,
+)
 from autotune.deploy.sglang_yaml import deployed_config, read_config_file, split_config, yaml_text
 from autotune.errors import AutotuneError, FleetError
 from autotune.harness.engines import logparse
@@ -66,25 +80,37 @@ class Expectation:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     @classmethod
-    def from_winner(cls, winner: Winner, *, kv_tolerance: float | None = 0.0, tok_s_tolerance: float = 0.15) -> Expectation:
+    def from_winner(
+        cls, winner: Winner, *, kv_tolerance: float | None = 0.0, tok_s_tolerance: float = 0.15
+    ) -> Expectation:
         cap = winner.capacity
         if cap is None and winner.tok_s is None:
-            raise FleetError("nothing to verify the rollout against: the config has no measured capacity or "
-                             "tok/s (roll out from --study, or keep provenance.json beside the config)")
-        return cls(max_running_requests=getattr(cap, "max_running_requests", None),
-                   kv_tokens=getattr(cap, "kv_tokens", None), mamba_slots=getattr(cap, "mamba_slots", None),
-                   tok_s=winner.tok_s, kv_tolerance=kv_tolerance, tok_s_tolerance=tok_s_tolerance)
+            raise FleetError(
+                "nothing to verify the rollout against: the config has no measured capacity or "
+                "tok/s (roll out from --study, or keep provenance.json beside the config)"
+            )
+        return cls(
+            max_running_requests=getattr(cap, "max_running_requests", None),
+            kv_tokens=getattr(cap, "kv_tokens", None),
+            mamba_slots=getattr(cap, "mamba_slots", None),
+            tok_s=winner.tok_s,
+            kv_tolerance=kv_tolerance,
+            tok_s_tolerance=tok_s_tolerance,
+        )
 
 
-def device_tolerances(fleet: Fleet, kv_tolerance: float | None,
-                      tolerance: float | None) -> tuple[float | None, float, list[str]]:
+def device_tolerances(
+    fleet: Fleet, kv_tolerance: float | None, tolerance: float | None
+) -> tuple[float | None, float, list[str]]:
     """The capacity and canary tolerances for ``fleet``'s device where the user gave none, and what was assumed:
     a GPU server's KV pool is set by its config (compared exactly); a CPU server's follows the host memory free at
     its start (not compared: ``None``), and its canary shares the host's cores with the fleet (a wider margin)."""
     said = []
     if kv_tolerance is None and fleet.host_memory:
-        said.append("KV tokens not compared: a CPU server's pool follows the host memory free at its start "
-                    "(--kv-tolerance to compare)")
+        said.append(
+            "KV tokens not compared: a CPU server's pool follows the host memory free at its start "
+            "(--kv-tolerance to compare)"
+        )
     if tolerance is None and fleet.host_memory:
         said.append("canary tolerance 50 %: CPU servers share the host's cores (--tolerance to change)")
     kv = kv_tolerance if kv_tolerance is not None else (None if fleet.host_memory else 0.0)
@@ -110,13 +136,22 @@ class Canary:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
 
     @classmethod
-    def from_workload(cls, workload: Mapping[str, Any], *, prompts: str | None, warmup_s: float,
-                      measure_s: float, concurrency: int | None = None) -> Canary:
+    def from_workload(
+        cls,
+        workload: Mapping[str, Any],
+        *,
+        prompts: str | None,
+        warmup_s: float,
+        measure_s: float,
+        concurrency: int | None = None,
+    ) -> Canary:
         """The study's workload (same prompts, length cap, concurrency), replayed for a short window."""
         path = prompts or workload.get("prompts")
         if not path or not Path(path).is_file():
-            raise FleetError(f"no prompt file for the canary ({path or 'the study names none'}): pass --prompts, "
-                             "or --canary-s 0 to check capacity only")
+            raise FleetError(
+                f"no prompt file for the canary ({path or 'the study names none'}): pass --prompts, "
+                "or --canary-s 0 to check capacity only"
+            )
         data = {k: v for k, v in workload.items() if k in cls.__dataclass_fields__}
         data.update(prompts=str(path), warmup_s=warmup_s, measure_s=measure_s)
         if concurrency is not None:
@@ -147,9 +182,13 @@ class Report:
 
     def summary(self) -> str:
         parts = []
-        for label, names in (("on the new config", self.verified), ("already on it", self.skipped),
-                             ("restored", self.restored), ("rolled back", self.reverted),
-                             ("not touched", self.untouched)):
+        for label, names in (
+            ("on the new config", self.verified),
+            ("already on it", self.skipped),
+            ("restored", self.restored),
+            ("rolled back", self.reverted),
+            ("not touched", self.untouched),
+        ):
             if names:
                 parts.append(f"{label}: {', '.join(names)}")
         if self.failed:
@@ -181,14 +220,26 @@ def run_canary(server: FleetServer, canary: Canary, capacity: Capacity) -> Any:
     concurrency = canary.concurrency or max(1, 2 * (getattr(capacity, "max_running_requests", None) or 1))
     reason = None
     for _ in range(CANARY_TRIES):
-        records = asyncio.run(replay(server.url, sample, concurrency=concurrency, max_tokens=canary.max_tokens,
-                                     warmup_s=canary.warmup_s, measure_s=canary.measure_s, endpoint=canary.endpoint,
-                                     ignore_eos=canary.ignore_eos, window_probe=functools.partial(sim_pace, server.url)))
+        records = asyncio.run(
+            replay(
+                server.url,
+                sample,
+                concurrency=concurrency,
+                max_tokens=canary.max_tokens,
+                warmup_s=canary.warmup_s,
+                measure_s=canary.measure_s,
+                endpoint=canary.endpoint,
+                ignore_eos=canary.ignore_eos,
+                window_probe=functools.partial(sim_pace, server.url),
+            )
+        )
         verdict, reason, _ = measurement_verdict(records)
         if verdict is None:
             return metrics_from_records(records)
-    raise FleetError(f"server {server.name} canary: none of {CANARY_TRIES} windows measured the server: {reason}; "
-                     "run apply where the replay has a core to itself, or pass --canary-s 0 to check capacity only")
+    raise FleetError(
+        f"server {server.name} canary: none of {CANARY_TRIES} windows measured the server: {reason}; "
+        "run apply where the replay has a core to itself, or pass --canary-s 0 to check capacity only"
+    )
 
 
 def verify(fleet: Fleet, server: FleetServer, expect: Expectation, canary: Canary | None) -> Figures:
@@ -205,11 +256,14 @@ def verify(fleet: Fleet, server: FleetServer, expect: Expectation, canary: Canar
         metrics = run_canary(server, canary, capacity)
         figures["tok_s"] = metrics.output_tok_s
         if metrics.errors or not metrics.output_tokens:
-            raise FleetError(f"server {server.name} canary: {metrics.errors} failed requests, "
-                             f"{metrics.output_tokens} tokens")
+            raise FleetError(
+                f"server {server.name} canary: {metrics.errors} failed requests, {metrics.output_tokens} tokens"
+            )
         if expect.tok_s and metrics.output_tok_s < expect.tok_s * (1 - expect.tok_s_tolerance):
-            raise FleetError(f"server {server.name} canary ran at {metrics.output_tok_s:.0f} tok/s, more than "
-                             f"{expect.tok_s_tolerance:.0%} below the study's {expect.tok_s:.0f} tok/s")
+            raise FleetError(
+                f"server {server.name} canary ran at {metrics.output_tok_s:.0f} tok/s, more than "
+                f"{expect.tok_s_tolerance:.0%} below the study's {expect.tok_s:.0f} tok/s"
+            )
     return figures
 
 
@@ -234,8 +288,10 @@ def stage_config(fleet: Fleet, config: Mapping[str, Any], *, header: str = "") -
 def _others_healthy(fleet: Fleet, name: str) -> None:
     down = [s.name for s in fleet.servers if s.name != name and not serving(fleet, s)]
     if down:
-        raise FleetError(f"server(s) {', '.join(down)} not healthy: replacing {name} now would take a second "
-                         "server down (bring them up with autotune fleet up, then --resume)")
+        raise FleetError(
+            f"server(s) {', '.join(down)} not healthy: replacing {name} now would take a second "
+            "server down (bring them up with autotune fleet up, then --resume)"
+        )
 
 
 def _replace(fleet: Fleet, server: FleetServer, config_file: str, timing: Timing, gate: Gate) -> None:
@@ -266,8 +322,7 @@ def _restore(fleet_path: Path, name: str, previous: str, log: RolloutLog, timing
     return True
 
 
-def _run(fleet_path: Path, begin: RolloutEvent, done: set[str], log: RolloutLog, timing: Timing,
-         gate: Gate) -> Report:
+def _run(fleet_path: Path, begin: RolloutEvent, done: set[str], log: RolloutLog, timing: Timing, gate: Gate) -> Report:
     target, previous = begin["config"], begin["previous"]
     expect = Expectation.from_dict(begin.get("expect") or {})
     canary = Canary.from_dict(stored) if (stored := begin.get("canary")) else None
@@ -285,12 +340,14 @@ def _run(fleet_path: Path, begin: RolloutEvent, done: set[str], log: RolloutLog,
         except AutotuneError as exc:
             log.append("failed", server=name, reason=str(exc))
             report.failed, report.reason = name, str(exc)
-            report.untouched = remaining[index + 1:]
+            report.untouched = remaining[index + 1 :]
             if not _restore(fleet_path, name, previous[name], log, timing, gate):
                 # Reverting others now would take a second server down: leave that to --rollback.
-                report.reason = (f"{exc}; it did not come back on {previous[name]} either and is down (the fleet "
-                                 f"file still says {previous[name]}): bring it back with autotune fleet up --server "
-                                 f"{name} --fleet {fleet_path}")
+                report.reason = (
+                    f"{exc}; it did not come back on {previous[name]} either and is down (the fleet "
+                    f"file still says {previous[name]}): bring it back with autotune fleet up --server "
+                    f"{name} --fleet {fleet_path}"
+                )
             else:
                 log.append("restored", server=name)
                 report.restored.append(name)
@@ -313,8 +370,16 @@ def _run(fleet_path: Path, begin: RolloutEvent, done: set[str], log: RolloutLog,
     return report
 
 
-def _revert(fleet_path: Path, names: list[str], previous: Mapping[str, str], log: RolloutLog, timing: Timing,
-            gate: Gate, *, settled: frozenset[str] = frozenset()) -> list[str]:
+def _revert(
+    fleet_path: Path,
+    names: list[str],
+    previous: Mapping[str, str],
+    log: RolloutLog,
+    timing: Timing,
+    gate: Gate,
+    *,
+    settled: frozenset[str] = frozenset(),
+) -> list[str]:
     """Return ``names`` to their previous configs, one at a time, servers that are down first.
 
     ``settled`` servers are known (from the log) to run their previous config already: they are left alone
@@ -332,8 +397,10 @@ def _revert(fleet_path: Path, names: list[str], previous: Mapping[str, str], log
         _others_healthy(fleet, name)
         log.append("revert", server=name, to=previous[name])
         if not _restore(fleet_path, name, previous[name], log, timing, gate):
-            raise FleetError(f"rollback stopped: server {name} did not come back on {previous[name]} "
-                             f"(rolled back so far: {', '.join(reverted) or 'none'})")
+            raise FleetError(
+                f"rollback stopped: server {name} did not come back on {previous[name]} "
+                f"(rolled back so far: {', '.join(reverted) or 'none'})"
+            )
         log.append("reverted", server=name)
         reverted.append(name)
     return reverted
@@ -351,10 +418,15 @@ def _settled(events: list[RolloutEvent]) -> frozenset[str]:
 def figures_line(figures: Figures) -> str:
     """``running cap 40, KV 798,000 tokens, 200 Mamba slots; canary 2,667 tok/s``: a verification in words."""
     capacity = figures.get("capacity") or {}
-    parts = [f"{label} {value:,}{unit}" for key, label, unit in (("max_running_requests", "running cap", ""),
-                                                                 ("kv_tokens", "KV", " tokens"),
-                                                                 ("mamba_slots", "Mamba slots", ""))
-             if (value := capacity.get(key)) is not None]
+    parts = [
+        f"{label} {value:,}{unit}"
+        for key, label, unit in (
+            ("max_running_requests", "running cap", ""),
+            ("kv_tokens", "KV", " tokens"),
+            ("mamba_slots", "Mamba slots", ""),
+        )
+        if (value := capacity.get(key)) is not None
+    ]
     tok_s = figures.get("tok_s")
     return ", ".join(parts) + (f"; canary {tok_s:,.0f} tok/s" if tok_s is not None else "")
 
@@ -371,17 +443,28 @@ def _holding(fleet: Fleet, what: str) -> Iterator[None]:
 
 
 # -- entry points ---------------------------------------------------------------------------------------
-def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, canary: Canary | None,
-          timing: Timing = Timing(), rollback_on_failure: bool = True, source: Mapping[str, Any] | None = None,
-          say: Say = lambda _: None, header: str = "") -> Report:
+def start(
+    fleet_path: Path,
+    config: Mapping[str, Any],
+    *,
+    expect: Expectation,
+    canary: Canary | None,
+    timing: Timing = Timing(),
+    rollback_on_failure: bool = True,
+    source: Mapping[str, Any] | None = None,
+    say: Say = lambda _: None,
+    header: str = "",
+) -> Report:
     """Roll ``config`` out to every server of the fleet, one at a time (``header``: atop its sglang.yaml)."""
     fleet = load_fleet(fleet_path)
     log = RolloutLog(log_path(fleet))
     with _holding(fleet, "a rollout"):
         current = log.current()
         if current and current[-1].get("event") != "end":
-            raise FleetError(f"an earlier rollout in {log.path} did not finish: finish it with --resume or "
-                             "undo it with --rollback first")
+            raise FleetError(
+                f"an earlier rollout in {log.path} did not finish: finish it with --resume or "
+                "undo it with --rollback first"
+            )
         target = stage_config(fleet, config, header=header)
         wanted = _read(fleet, target)
         mismatch = group_mismatch(fleet, wanted)
@@ -395,9 +478,16 @@ def start(fleet_path: Path, config: Mapping[str, Any], *, expect: Expectation, c
         for server in fleet.servers:
             same = server.config == target or _read(fleet, server.config) == wanted
             (skipped if same and serving(fleet, server) else servers).append(server.name)
-        begin = log.append("begin", config=target, previous={s.name: s.config for s in fleet.servers},
-                           servers=servers, expect=asdict(expect), canary=asdict(canary) if canary else None,
-                           rollback_on_failure=rollback_on_failure, source=dict(source or {}))
+        begin = log.append(
+            "begin",
+            config=target,
+            previous={s.name: s.config for s in fleet.servers},
+            servers=servers,
+            expect=asdict(expect),
+            canary=asdict(canary) if canary else None,
+            rollback_on_failure=rollback_on_failure,
+            source=dict(source or {}),
+        )
         report = _run(fleet.path or fleet_path, begin, set(), log, timing, _gate(fleet, timing, say))
         report.skipped = skipped
         return report
@@ -430,10 +520,13 @@ def rollback(fleet_path: Path, *, timing: Timing = Timing(), say: Say = lambda _
         touched = [n for n in begin["servers"] if any(e.get("server") == n for e in current)]
         log.append("rollback", servers=touched)
         gate = _gate(fleet, timing, say)
-        reverted = _revert(fleet.path or fleet_path, touched, begin["previous"], log, timing, gate, settled=_settled(current))
+        reverted = _revert(
+            fleet.path or fleet_path, touched, begin["previous"], log, timing, gate, settled=_settled(current)
+        )
         log.append("end", result="rolled_back")
-        return Report(reverted=reverted, untouched=[n for n in begin["servers"] if n not in touched],
-                      notes=gate.finish())
+        return Report(
+            reverted=reverted, untouched=[n for n in begin["servers"] if n not in touched], notes=gate.finish()
+        )
 
 
 def _gate(fleet: Fleet, timing: Timing, say: Say) -> Gate:

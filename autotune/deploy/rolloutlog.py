@@ -104,7 +104,7 @@ class RolloutLog(JsonlLog):
         """The events of the latest rollout (from its ``begin``)."""
         events = self.events()
         starts = [i for i, e in enumerate(events) if e.get("event") == "begin"]
-        return events[starts[-1]:] if starts else []
+        return events[starts[-1] :] if starts else []
 
 
 def lock_path(fleet: Fleet) -> Path:
@@ -129,8 +129,10 @@ def locked(fleet: Fleet, *, holder: str = "a rollout", wait_s: float = 0.0) -> I
         if not wait_until(lambda: _try_lock(fh), wait_s, 0.05):
             fh.seek(0)
             who = fh.read().strip() or "another rollout"
-            raise FleetError(f"{who} holds {fleet.path} (lock {path}); run this again once it is done "
-                             "(autotune fleet status says what it does)")
+            raise FleetError(
+                f"{who} holds {fleet.path} (lock {path}); run this again once it is done "
+                "(autotune fleet status says what it does)"
+            )
         fh.seek(0)
         fh.truncate()
         fh.write(f"{holder} (pid {os.getpid()})\n")

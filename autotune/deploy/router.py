@@ -112,8 +112,17 @@ def read_record(fleet: Fleet) -> Record | None:
         if "router" not in " ".join(proc.cmdline()):
             return None
         r = section(fleet)
-        return Record(pid=proc.pid, started=proc.create_time(), url=r.url, host=r.host, port=r.port,
-                      metrics_port=r.prometheus_port, log=str(fleet.resolve(r.log)), worker_urls=[], argv=[])
+        return Record(
+            pid=proc.pid,
+            started=proc.create_time(),
+            url=r.url,
+            host=r.host,
+            port=r.port,
+            metrics_port=r.prometheus_port,
+            log=str(fleet.resolve(r.log)),
+            worker_urls=[],
+            argv=[],
+        )
     except (OSError, ValueError, IndexError, psutil.Error):
         return None
 
@@ -135,9 +144,25 @@ def argv(fleet: Fleet, worker_urls: Iterable[str]) -> list[str]:
 def command(r: RouterSection, urls: list[str], *, ca: Path | str | None = None) -> list[str]:
     metrics_host = "127.0.0.1" if r.host in ("0.0.0.0", "") else r.host
     verify = ["--ca-cert-paths", str(ca)] if ca is not None else []
-    return [sys.executable, "-m", f"{MODULE}.launch_router", "--host", r.host, "--port", str(r.port),
-            "--worker-urls", *urls, "--policy", r.policy, "--prometheus-host", metrics_host,
-            "--prometheus-port", str(r.prometheus_port), *verify, *r.extra_args]
+    return [
+        sys.executable,
+        "-m",
+        f"{MODULE}.launch_router",
+        "--host",
+        r.host,
+        "--port",
+        str(r.port),
+        "--worker-urls",
+        *urls,
+        "--policy",
+        r.policy,
+        "--prometheus-host",
+        metrics_host,
+        "--prometheus-port",
+        str(r.prometheus_port),
+        *verify,
+        *r.extra_args,
+    ]
 
 
 def start(fleet: Fleet, worker_urls: list[str], *, timeout_s: float = 60.0) -> Record:
@@ -151,14 +176,25 @@ def start(fleet: Fleet, worker_urls: list[str], *, timeout_s: float = 60.0) -> R
     r = section(fleet)
     for port in (r.port, r.prometheus_port):
         if not port_is_free(r.host, port):
-            raise FleetError(f"port {r.host}:{port} of the router is in use (stop what holds it, or change "
-                             f"[router] port / metrics_port in {fleet.path})")
+            raise FleetError(
+                f"port {r.host}:{port} of the router is in use (stop what holds it, or change "
+                f"[router] port / metrics_port in {fleet.path})"
+            )
     log_path, command = fleet.resolve(r.log), argv(fleet, worker_urls)
     fleetkeys.private_log(fleet, log_path)
     env = {k: v for k, v in os.environ.items() if k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
     proc, started = spawn(command, log_path, env=env)
-    record = Record(pid=proc.pid, started=started, url=r.url, host=r.host, port=r.port, metrics_port=r.prometheus_port,
-                    log=str(log_path), worker_urls=list(worker_urls), argv=command)
+    record = Record(
+        pid=proc.pid,
+        started=started,
+        url=r.url,
+        host=r.host,
+        port=r.port,
+        metrics_port=r.prometheus_port,
+        log=str(log_path),
+        worker_urls=list(worker_urls),
+        argv=command,
+    )
     # The record goes first: a fleet up killed while the router starts leaves one the next command finds.
     replace_file(record_path(fleet), json.dumps(asdict(record), indent=2) + "\n")
     pid_path(fleet).write_text(f"{proc.pid}\n")
@@ -173,13 +209,17 @@ def start(fleet: Fleet, worker_urls: list[str], *, timeout_s: float = 60.0) -> R
 def _wait_ready(record: Record, proc: subprocess.Popen[bytes], urls: list[str], timeout_s: float) -> None:
     def ready() -> bool:
         if proc.poll() is not None:
-            raise FleetError(f"the router exited with code {proc.returncode} before it answered: "
-                             f"{_log_reason(record.log)} (log: {record.log})")
+            raise FleetError(
+                f"the router exited with code {proc.returncode} before it answered: "
+                f"{_log_reason(record.log)} (log: {record.log})"
+            )
         return get(record.url, "/health") is not None and _healthy_urls(record) >= set(urls)
 
     if not wait_until(ready, timeout_s, 0.1):
-            raise FleetError(f"the router did not answer with its {len(urls)} workers healthy within {timeout_s:.0f} s "
-                         f"(log: {record.log})")
+        raise FleetError(
+            f"the router did not answer with its {len(urls)} workers healthy within {timeout_s:.0f} s "
+            f"(log: {record.log})"
+        )
 
 
 def _log_reason(log: str) -> str:
@@ -300,18 +340,27 @@ def advise(client: ClientAdvice, routing: RouterSection | None) -> ClientAdvice:
     if routing.router and installed():
         return replace(client, router_url=routing.url)
     why = "router = false in [router]" if not routing.router else f"sglang-router is not installed ({EXTRA})"
-    return replace(client, router_note=(
-        f"no router ({why}): with it, the job points at one URL ({routing.url}) that spreads its requests over "
-        f"the {client.servers} servers, and a rollout drains each server through it instead of failing the "
-        "requests it had in flight"))
+    return replace(
+        client,
+        router_note=(
+            f"no router ({why}): with it, the job points at one URL ({routing.url}) that spreads its requests over "
+            f"the {client.servers} servers, and a rollout drains each server through it instead of failing the "
+            "requests it had in flight"
+        ),
+    )
 
 
-def script_entry(routing: RouterSection | None, urls: list[str], *, ca: str | None = None,
-                 keyed: Fleet | None = None) -> ScriptEntry | None:
+def script_entry(
+    routing: RouterSection | None, urls: list[str], *, ca: str | None = None, keyed: Fleet | None = None
+) -> ScriptEntry | None:
     """The launch script's line for the router (after the servers': it waits for them), when it runs; ``keyed``:
     the fleet whose keys it reads from their files."""
     if routing is None or not routing.router or not installed():
         return None
     line = command(routing, urls, ca=ca)
-    return ScriptEntry(log=routing.log, pid=str(Path(routing.record).with_suffix(".pid")), gpus="",
-                       argv=fleetkeys.router_argv(keyed, line, relative=True) if keyed is not None else line)
+    return ScriptEntry(
+        log=routing.log,
+        pid=str(Path(routing.record).with_suffix(".pid")),
+        gpus="",
+        argv=fleetkeys.router_argv(keyed, line, relative=True) if keyed is not None else line,
+    )

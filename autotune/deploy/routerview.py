@@ -31,8 +31,12 @@ def series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     """(labels, value) of every sample of ``name`` in a Prometheus text body, by ``prometheus_client``'s parser (a
     body it cannot read has none)."""
     try:
-        return [(sample.labels, sample.value) for family in text_string_to_metric_families(text)
-                for sample in family.samples if sample.name == name and not math.isnan(sample.value)]
+        return [
+            (sample.labels, sample.value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and not math.isnan(sample.value)
+        ]
     except ValueError:
         return []
 
@@ -85,14 +89,18 @@ class RouterView:
         state = "healthy" if self.healthy else "not answering"
         out = [f"router {self.url} (pid {self.pid}): {state}, {sum(w.in_router for w in self.workers)} worker(s)"]
         if self.over_s is not None:
-            out.append(f"through the router over the last {self.over_s:.0f} s: {self.completions or 0:,.0f} "
-                       f"completions/min, {self.output_tok_s or 0:,.0f} output tok/s; {self.in_flight} in flight "
-                       f"at the router, {self.queued} queued there")
+            out.append(
+                f"through the router over the last {self.over_s:.0f} s: {self.completions or 0:,.0f} "
+                f"completions/min, {self.output_tok_s or 0:,.0f} output tok/s; {self.in_flight} in flight "
+                f"at the router, {self.queued} queued there"
+            )
         for w in self.workers:
             where = "in the router" if w.in_router else "OUT of the router"
             load = "-" if w.running is None else f"{w.running} running, {w.queued} queued"
-            out.append(f"  {w.url}: {where}, {'healthy' if w.healthy else 'unhealthy'}, {load}"
-                       + (f" (router: {w.router_load} in flight)" if w.router_load is not None else ""))
+            out.append(
+                f"  {w.url}: {where}, {'healthy' if w.healthy else 'unhealthy'}, {load}"
+                + (f" (router: {w.router_load} in flight)" if w.router_load is not None else "")
+            )
         return out
 
 
@@ -101,11 +109,16 @@ def _reading(record: router.Record, urls: list[str]) -> tuple[Sample, dict[str, 
     worker_texts = {u: t for u, t in texts.items() if isinstance(t, str)}
     text = router.get(record.metrics_base, "/metrics")
     text = text if isinstance(text, str) else ""
-    done = sum(v for labels, v in series(text, "smg_router_upstream_responses_total")
-               if labels.get("status_code", "").startswith("2"))
+    done = sum(
+        v
+        for labels, v in series(text, "smg_router_upstream_responses_total")
+        if labels.get("status_code", "").startswith("2")
+    )
     tokens = {u: total(t, "sglang:generation_tokens_total") for u, t in worker_texts.items()}
-    return (Sample(t=time.time(), completions=done, tokens=tokens,
-                   connections=total(text, "smg_http_connections_active")), worker_texts)
+    return (
+        Sample(t=time.time(), completions=done, tokens=tokens, connections=total(text, "smg_http_connections_active")),
+        worker_texts,
+    )
 
 
 def _history(path: Path, now: float) -> list[Sample]:
@@ -151,8 +164,16 @@ def view(fleet: Fleet, *, first_wait_s: float = FIRST_WAIT_S) -> RouterView | No
         text, entry = texts.get(url), listed.get(url) or {}
         running = int(total(text, "sglang:num_running_reqs")) if text is not None else None
         queued = int(total(text, "sglang:num_queue_reqs")) if text is not None else None
-        out.workers.append(WorkerLoad(url=url, in_router=url in listed, healthy=bool(entry.get("is_healthy")),
-                                      running=running, queued=queued, router_load=entry.get("load")))
+        out.workers.append(
+            WorkerLoad(
+                url=url,
+                in_router=url in listed,
+                healthy=bool(entry.get("is_healthy")),
+                running=running,
+                queued=queued,
+                router_load=entry.get("load"),
+            )
+        )
     if base is not None:
         out.completions, out.output_tok_s, out.over_s = _rates(base, reading)
     out.in_flight = int(reading["connections"])

@@ -24,7 +24,7 @@ def split(argv: list[str]) -> tuple[list[str], str, list[str]]:
     if "--" not in argv:
         raise SystemExit(USAGE)
     cut = argv.index("--")
-    secret, rest = argv[:cut], argv[cut + 1:]
+    secret, rest = argv[:cut], argv[cut + 1 :]
     if len(rest) < 2 or rest[0] != "-m":
         raise SystemExit(USAGE)
     flags: list[str] = []

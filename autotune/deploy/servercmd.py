@@ -17,8 +17,15 @@ from autotune.redaction import resolve_env
 def engine_for(fleet: Fleet, server: FleetServer, *, env: Mapping[str, str] | None = None) -> Engine:
     """The fleet's engine for one server; ``env`` (resolved, see ``launch_env``) only matters for a launch."""
     python = fleet.python if server.local else (fleet.python or "python3")
-    return make_engine(fleet.engine, model_path=fleet.model, python=python, env=env, device=fleet.device,
-                       sim_gpu=fleet.sim_gpu or "b200", sim_options=server.sim_options or None)
+    return make_engine(
+        fleet.engine,
+        model_path=fleet.model,
+        python=python,
+        env=env,
+        device=fleet.device,
+        sim_gpu=fleet.sim_gpu or "b200",
+        sim_options=server.sim_options or None,
+    )
 
 
 def launch_env(fleet: Fleet) -> dict[str, str]:

@@ -20,7 +20,8 @@ from autotune.errors import ConfigError
 from autotune.sglang.flags import FlagSpec, FlagTable
 
 SGLANG_VERSION = "0.5.23"
-# SGLang answers "Unsupported config option" for these in a YAML config (SGLang 0.5.23 ``srt/utils/server_args_config_parser.py``).
+# SGLang answers "Unsupported config option" for these in a YAML config (SGLang 0.5.23
+# ``srt/utils/server_args_config_parser.py``).
 YAML_REJECTED = frozenset({"disable_cuda_graph", "enable_dp_attention"})
 # Per-server values: the launch command sets them, so a shared config file must not.
 PER_SERVER = frozenset({"model_path", "host", "port", "config", "base_gpu_id"})
@@ -87,11 +88,11 @@ def yaml_to_argv(document: Mapping[str, Any], *, flags: FlagTable | None = None)
     for key, value in document.items():
         spec = flags.lookup(key)
         if "--" + str(key) not in spec.option_strings:
-            raise ConfigError(f"{key} is not a flag name of sglang {SGLANG_VERSION}", key=str(key),
-                              fix=f"use {dash_name(spec)}")
+            raise ConfigError(
+                f"{key} is not a flag name of sglang {SGLANG_VERSION}", key=str(key), fix=f"use {dash_name(spec)}"
+            )
         if not _yaml_safe(spec):
-            raise ConfigError(f"sglang rejects {key} in a YAML config", key=str(key),
-                              fix="pass it on the command line")
+            raise ConfigError(f"sglang rejects {key} in a YAML config", key=str(key), fix="pass it on the command line")
         if isinstance(value, bool) and spec.store_true:
             argv += [f"--{key}"] if value else []
         elif isinstance(value, bool):
@@ -124,6 +125,7 @@ def read_config_file(path: Path, *, flags: FlagTable | None = None) -> dict[str,
 
 def config_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
     """(flag, old, new) for every flag whose value differs; an absent flag reads as None."""
+
     def present(config: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in config.items() if v is not None and v is not False}
 

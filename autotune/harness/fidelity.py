@@ -43,8 +43,20 @@ from autotune import tls
 from autotune.results import FidelityFigures
 
 __all__ = [
-    "DEFAULT_PROMPTS", "DEFAULT_TOKENS", "FidelityProbe", "FlagChange", "ProbeError", "ProbeOutput", "Reference",
-    "ReferenceInfo", "choose_prompts", "compare", "generate_outputs", "outputs_differ", "run_probe", "verdict",
+    "DEFAULT_PROMPTS",
+    "DEFAULT_TOKENS",
+    "FidelityProbe",
+    "FlagChange",
+    "ProbeError",
+    "ProbeOutput",
+    "Reference",
+    "ReferenceInfo",
+    "choose_prompts",
+    "compare",
+    "generate_outputs",
+    "outputs_differ",
+    "run_probe",
+    "verdict",
 ]
 
 DEFAULT_PROMPTS = 16  # K
@@ -84,19 +96,29 @@ class Reference:
     trial: int | None = None  # the study trial whose launch recorded it
 
     def to_dict(self) -> dict[str, Any]:
-        return {"version": REFERENCE_VERSION, "trial": self.trial, "config": self.config, "tokens": self.tokens,
-                "prompts": [{"line": line, "sha256": _text_hash(text), "text": text}
-                            for line, text in zip(self.lines or (None,) * len(self.prompts), self.prompts, strict=True)],
-                "outputs": [asdict(o) for o in self.outputs]}
+        return {
+            "version": REFERENCE_VERSION,
+            "trial": self.trial,
+            "config": self.config,
+            "tokens": self.tokens,
+            "prompts": [
+                {"line": line, "sha256": _text_hash(text), "text": text}
+                for line, text in zip(self.lines or (None,) * len(self.prompts), self.prompts, strict=True)
+            ],
+            "outputs": [asdict(o) for o in self.outputs],
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Reference:
         prompts = data["prompts"]
-        return cls(prompts=tuple(str(p["text"]) for p in prompts), tokens=int(data["tokens"]),
-                   outputs=tuple(ProbeOutput.from_dict(o) for o in data["outputs"]),
-                   config=dict(data.get("config") or {}),
-                   lines=tuple(int(p["line"]) for p in prompts if p.get("line") is not None),
-                   trial=data.get("trial"))
+        return cls(
+            prompts=tuple(str(p["text"]) for p in prompts),
+            tokens=int(data["tokens"]),
+            outputs=tuple(ProbeOutput.from_dict(o) for o in data["outputs"]),
+            config=dict(data.get("config") or {}),
+            lines=tuple(int(p["line"]) for p in prompts if p.get("line") is not None),
+            trial=data.get("trial"),
+        )
 
     def save(self, path: Path) -> str:
         """Write atomically; returns the file's sha256 (what the study records beside its path)."""
@@ -195,14 +217,17 @@ def _parse(body: Any, tokens: int) -> ProbeOutput:
     meta = body.get("meta_info") if isinstance(body, dict) else None
     triples = meta.get("output_token_logprobs") if isinstance(meta, dict) else None
     if not isinstance(triples, list):
-        raise ProbeError("the server answered /generate with return_logprob=true but without "
-                         "meta_info.output_token_logprobs: it does not support return_logprob")
+        raise ProbeError(
+            "the server answered /generate with return_logprob=true but without "
+            "meta_info.output_token_logprobs: it does not support return_logprob"
+        )
     ids: list[int] = []
     logprobs: list[float | None] = []
     for triple in triples:
         if not isinstance(triple, list | tuple) or len(triple) < 2 or not isinstance(triple[1], int):
-            raise ProbeError(f"unexpected output_token_logprobs entry {triple!r} (SGLang's shape is "
-                             "[logprob, token_id, text])")
+            raise ProbeError(
+                f"unexpected output_token_logprobs entry {triple!r} (SGLang's shape is [logprob, token_id, text])"
+            )
         ids.append(int(triple[1]))
         logprobs.append(None if triple[0] is None else float(triple[0]))
     if not ids and isinstance(body.get("output_ids"), list):
@@ -211,8 +236,12 @@ def _parse(body: Any, tokens: int) -> ProbeOutput:
 
 
 async def _generate_one(client: httpx.AsyncClient, base_url: str, text: str, tokens: int) -> ProbeOutput:
-    body = {"text": text, "return_logprob": True, "stream": False,
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True}}
+    body = {
+        "text": text,
+        "return_logprob": True,
+        "stream": False,
+        "sampling_params": {"temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True},
+    }
     try:
         resp = await client.post(f"{base_url}/generate", json=body)
     except httpx.TimeoutException:
@@ -235,7 +264,9 @@ async def _generate_all(base_url: str, prompts: Sequence[str], tokens: int, time
         return list(await asyncio.gather(*(_generate_one(client, base_url, text, tokens) for text in prompts)))
 
 
-def generate_outputs(base_url: str, prompts: Sequence[str], tokens: int, *, timeout_s: float = 600.0) -> list[ProbeOutput]:
+def generate_outputs(
+    base_url: str, prompts: Sequence[str], tokens: int, *, timeout_s: float = 600.0
+) -> list[ProbeOutput]:
     """Greedy outputs of ``prompts`` from the server at ``base_url`` (all in flight together)."""
     return asyncio.run(_generate_all(base_url, prompts, tokens, timeout_s))
 
@@ -259,7 +290,10 @@ def compare(reference: Sequence[ProbeOutput], outputs: Sequence[ProbeOutput], to
         prefixes.append(n)
         exact.append(ref.ids == out.ids)
         for i in range(n):  # the same token after the same text: both sides scored the reference token
-            a, b = ref.logprobs[i] if i < len(ref.logprobs) else None, out.logprobs[i] if i < len(out.logprobs) else None
+            a, b = (
+                ref.logprobs[i] if i < len(ref.logprobs) else None,
+                out.logprobs[i] if i < len(out.logprobs) else None,
+            )
             if a is not None and b is not None:
                 deltas.append(abs(a - b))
     k = len(prefixes)
@@ -283,8 +317,12 @@ def verdict(figures: FidelityFigures, differs: Sequence[FlagChange]) -> Fidelity
     output-changing flag changed (``changes`` empty), ``unexpected``, with the flags the config differs from the
     reference in (``differs``)."""
     differ = outputs_differ(figures)
-    return dataclasses.replace(figures, outputs_differ=differ, unexpected=differ and not figures.changes,
-                               differs=tuple(d.to_dict() for d in differs))
+    return dataclasses.replace(
+        figures,
+        outputs_differ=differ,
+        unexpected=differ and not figures.changes,
+        differs=tuple(d.to_dict() for d in differs),
+    )
 
 
 def run_probe(base_url: str, probe: FidelityProbe, *, trial_dir: Path | None = None) -> FidelityFigures:
@@ -297,18 +335,29 @@ def run_probe(base_url: str, probe: FidelityProbe, *, trial_dir: Path | None = N
     if probe.records:
         figures = FidelityFigures(role="reference")
         if probe.record_to is not None:
-            ref = Reference(prompts=probe.prompts, tokens=probe.tokens, outputs=tuple(outputs), lines=probe.lines,
-                            config=dict(info.config), trial=info.trial)
+            ref = Reference(
+                prompts=probe.prompts,
+                tokens=probe.tokens,
+                outputs=tuple(outputs),
+                lines=probe.lines,
+                config=dict(info.config),
+                trial=info.trial,
+            )
             info = ReferenceInfo(path=str(probe.record_to), sha256=ref.save(probe.record_to), trial=info.trial)
             figures = dataclasses.replace(figures, reference=info.stored())
     else:
         assert probe.reference is not None
-        figures = dataclasses.replace(compare(probe.reference.outputs, outputs, probe.tokens), role="probe",
-                                      changes=tuple(c.to_dict() for c in probe.changes), reference=info.stored())
+        figures = dataclasses.replace(
+            compare(probe.reference.outputs, outputs, probe.tokens),
+            role="probe",
+            changes=tuple(c.to_dict() for c in probe.changes),
+            reference=info.stored(),
+        )
         figures = verdict(figures, probe.differs)
     figures = dataclasses.replace(figures, prompts=len(probe.prompts), tokens=probe.tokens, duration_s=duration)
     if trial_dir is not None:
         Path(trial_dir).mkdir(parents=True, exist_ok=True)
-        (Path(trial_dir) / "fidelity.json").write_text(json.dumps(
-            {**figures.to_dict(), "outputs": [asdict(o) for o in outputs]}, separators=(",", ":")) + "\n")
+        (Path(trial_dir) / "fidelity.json").write_text(
+            json.dumps({**figures.to_dict(), "outputs": [asdict(o) for o in outputs]}, separators=(",", ":")) + "\n"
+        )
     return figures

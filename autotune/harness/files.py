@@ -43,10 +43,12 @@ def disk_error(exc: OSError, path: Path) -> DiskError:
     """The one-line error for a write to ``path`` that failed with ``exc`` (a ``DISK_ERRNOS`` errno)."""
     free = free_bytes(path)
     what = "read-only file system" if exc.errno == errno.EROFS else (exc.strerror or str(exc))
-    fix = ("mount it writable or move the study elsewhere" if exc.errno == errno.EROFS
-           else "free space there or move the study to a larger disk")
-    return DiskError(f"cannot write {path}: {what} ({_size(free)} on its disk): {fix}", path=str(path),
-                     free_bytes=free)
+    fix = (
+        "mount it writable or move the study elsewhere"
+        if exc.errno == errno.EROFS
+        else "free space there or move the study to a larger disk"
+    )
+    return DiskError(f"cannot write {path}: {what} ({_size(free)} on its disk): {fix}", path=str(path), free_bytes=free)
 
 
 @contextlib.contextmanager

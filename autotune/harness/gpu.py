@@ -50,7 +50,8 @@ class NvmlReader:
         nv, handle = self._nvml, self._handle
         mem = nv.nvmlDeviceGetMemoryInfo(handle)
         return GpuReading(
-            used_gib=mem.used / 2**30, total_gib=mem.total / 2**30,
+            used_gib=mem.used / 2**30,
+            total_gib=mem.total / 2**30,
             util_pct=self._optional(lambda: float(nv.nvmlDeviceGetUtilizationRates(handle).gpu)),
             power_w=self._optional(lambda: nv.nvmlDeviceGetPowerUsage(handle) / 1000.0),
             sm_clock_mhz=self._optional(lambda: float(nv.nvmlDeviceGetClockInfo(handle, nv.NVML_CLOCK_SM))),
@@ -81,8 +82,14 @@ class NvmlReader:
             procs = nv.nvmlDeviceGetComputeRunningProcesses(self._handle)
         except nv.NVMLError:
             return []
-        return [{"pid": int(p.pid), "exited": False,
-                 "used_gib": None if p.usedGpuMemory is None else p.usedGpuMemory / 2**30} for p in procs]
+        return [
+            {
+                "pid": int(p.pid),
+                "exited": False,
+                "used_gib": None if p.usedGpuMemory is None else p.usedGpuMemory / 2**30,
+            }
+            for p in procs
+        ]
 
     def close(self) -> None:
         try:
@@ -95,7 +102,8 @@ class HostMemoryReader:
     """Host RAM held by one server (SGLang's CPU backend): its process group's PSS plus its /dev/shm files.
 
     Not the machine's used memory: another process allocating RAM must neither hold a teardown nor count as this
-    server's peak. ``launch.process.ServerProcess`` calls ``track`` once the server runs; before that it reads the whole host.
+    server's peak. ``launch.process.ServerProcess`` calls ``track`` once the server runs; before that it reads the
+    whole host.
     """
 
     def __init__(self) -> None:
@@ -113,7 +121,9 @@ class HostMemoryReader:
         else:
             used = sum(memory_bytes(pid) for pid in self._pids()) + self._files_bytes()
         return GpuReading(
-            used_gib=used / 2**30, total_gib=vm.total / 2**30, util_pct=psutil.cpu_percent(interval=None),
+            used_gib=used / 2**30,
+            total_gib=vm.total / 2**30,
+            util_pct=psutil.cpu_percent(interval=None),
         )
 
     def close(self) -> None:
@@ -198,7 +208,12 @@ class GpuMonitor:
             used = [d.used_gib for d in devs if d.used_gib is not None]
             total = [d.total_gib for d in devs if d.total_gib is not None]
             peak, tot = (max(used) if used else None), (max(total) if total else None)
-            out.append(DevicePeak(index=index, peak_used_gib=None if peak is None else round(peak, 3),
-                                  total_gib=None if tot is None else round(tot, 3),
-                                  headroom_gib=None if peak is None or tot is None else round(tot - peak, 3)))
+            out.append(
+                DevicePeak(
+                    index=index,
+                    peak_used_gib=None if peak is None else round(peak, 3),
+                    total_gib=None if tot is None else round(tot, 3),
+                    headroom_gib=None if peak is None or tot is None else round(tot - peak, 3),
+                )
+            )
         return tuple(out)

@@ -52,8 +52,7 @@ def rejections(requests: Sequence[Any]) -> Rejections | None:
 def rejection_line(rejected: Rejections) -> str:
     """``the server rejected 60 of the 64 requests sent (60 × HTTP 400; first: …)``."""
     kinds = ", ".join(f"{n} × {kind}" for kind, n in rejected.kinds.items())
-    return (f"the server rejected {rejected.count} of the {rejected.of} requests sent ({kinds}; first: "
-            f"{rejected.first})")
+    return f"the server rejected {rejected.count} of the {rejected.of} requests sent ({kinds}; first: {rejected.first})"
 
 
 def dominated(rejected: Rejections | None) -> bool:
@@ -73,7 +72,8 @@ def progress(log_since_replay: str, probes: Sequence[SimPace | None]) -> ServerP
         prefill_batches=len(prefills) if prefills else None,
         prefill_tokens=sum(int(tokens) for _, tokens in prefills) if prefills else None,
         decode_batches=decodes or None,
-        sim_modelled_s=round(marks[1].modelled_s - marks[0].modelled_s, 4) if moved else None)
+        sim_modelled_s=round(marks[1].modelled_s - marks[0].modelled_s, 4) if moved else None,
+    )
 
 
 def _evidence(seen: ServerProgress) -> str:
@@ -99,8 +99,14 @@ class NoTokens(NamedTuple):
     measurement: MeasurementVerdict
 
 
-def no_tokens(requests: Sequence[Any], log_since_replay: str, probes: Sequence[SimPace | None], *, window_s: float,
-              options: tuple[str, str] = STUDY_OPTIONS) -> NoTokens:
+def no_tokens(
+    requests: Sequence[Any],
+    log_since_replay: str,
+    probes: Sequence[SimPace | None],
+    *,
+    window_s: float,
+    options: tuple[str, str] = STUDY_OPTIONS,
+) -> NoTokens:
     """(status, reason, verdict) of a window in which no token arrived from a live server: ``crash`` naming the
     refusals when they dominate, ``too_slow`` with the server's progress as evidence, else ``crash``. ``options``:
     the window's and the warm-up's length as the command names them (a study's keys, ``measure``'s options)."""
@@ -110,16 +116,26 @@ def no_tokens(requests: Sequence[Any], log_since_replay: str, probes: Sequence[S
     if rejected is not None and dominated(rejected):
         return NoTokens("crash", f"no tokens arrived in the measured window: {rejection_line(rejected)}", figures)
     if seen:
-        return NoTokens(TOO_SLOW, f"no token arrived in the {window_s:g} s window, but the server was alive and "
-                                  f"progressing ({_evidence(seen)}): lengthen {options[0]} (and {options[1]}), or the "
-                                  f"host is too slow for this config", figures)
+        return NoTokens(
+            TOO_SLOW,
+            f"no token arrived in the {window_s:g} s window, but the server was alive and "
+            f"progressing ({_evidence(seen)}): lengthen {options[0]} (and {options[1]}), or the "
+            f"host is too slow for this config",
+            figures,
+        )
     held = [r for r in requests if r.error is None and r.finish_reason == CUT and not r.chunks]
     if held and len(held) * 2 >= len(requests):  # accepted and kept open, never answered: alive, not serving
-        return NoTokens(TOO_SLOW, f"no token arrived in the {window_s:g} s window: the server accepted the client's "
-                                  f"streams and held {len(held)} of the {len(requests)} sent open without answering "
-                                  f"any (starved of memory or CPU?): lower the running cap or the client's "
-                                  f"concurrency, lengthen {options[0]}, or use a faster host",
-                        dataclasses.replace(figures, held_streams=len(held)))
+        return NoTokens(
+            TOO_SLOW,
+            f"no token arrived in the {window_s:g} s window: the server accepted the client's "
+            f"streams and held {len(held)} of the {len(requests)} sent open without answering "
+            f"any (starved of memory or CPU?): lower the running cap or the client's "
+            f"concurrency, lengthen {options[0]}, or use a faster host",
+            dataclasses.replace(figures, held_streams=len(held)),
+        )
     first_error = next((r.error for r in requests if r.error), None)
-    return NoTokens("crash", f"no tokens arrived in the measured window and the server showed no progress "
-                             f"({first_error or 'no error'})", figures)
+    return NoTokens(
+        "crash",
+        f"no tokens arrived in the measured window and the server showed no progress ({first_error or 'no error'})",
+        figures,
+    )

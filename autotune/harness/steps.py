@@ -55,8 +55,10 @@ class StepOutcome:
 
     def fields(self) -> Outcome:
         """The result's fields this outcome sets (its None ones left out), by ``TrialResult`` field name."""
-        return cast(Outcome, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                              if getattr(self, f.name) is not None})
+        return cast(
+            Outcome,
+            {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None},
+        )
 
 
 class AfterWindow(Protocol):
@@ -85,29 +87,48 @@ class ProbeStep:
     probe: FidelityProbe
 
     def runs_after(self, fields: Mapping[str, Any], server: ServerHandle) -> bool:
-        return fields.get("status") == "ok" or (self.probe.only and server.alive
-                                                 and fields.get("status") != "interrupted")
+        return fields.get("status") == "ok" or (
+            self.probe.only and server.alive and fields.get("status") != "interrupted"
+        )
 
     def __call__(self, server: ServerHandle, launch: Launch, fields: Mapping[str, Any]) -> StepOutcome:
         return _probe(server, self.probe, launch.trial_dir, launch.durations, launch.phase)
 
 
-def _probe(server: ServerHandle, probe: FidelityProbe, trial_dir: Path, durations: dict[str, float],
-           phase: PhaseCallback) -> StepOutcome:
+def _probe(
+    server: ServerHandle, probe: FidelityProbe, trial_dir: Path, durations: dict[str, float], phase: PhaseCallback
+) -> StepOutcome:
     """The fidelity probe, after the window in the same launch: figures in ``fidelity``, or ``probe_error``."""
-    phase("probing numerics", {"prompts": len(probe.prompts), "tokens": probe.tokens,
-                               "mode": "recording the reference" if probe.records else "comparing with the reference"})
+    phase(
+        "probing numerics",
+        {
+            "prompts": len(probe.prompts),
+            "tokens": probe.tokens,
+            "mode": "recording the reference" if probe.records else "comparing with the reference",
+        },
+    )
     t0 = time.monotonic()
     try:
         with writing(trial_dir / "fidelity.json"):  # and the reference, when this launch records it
             figures = run_probe(server.base_url, probe, trial_dir=trial_dir)
     except ProbeError as exc:
         durations["probe"] = round(time.monotonic() - t0, 3)
-        return StepOutcome(status="probe_error", reason=f"fidelity probe: {exc}", fidelity=FidelityFigures(
-            role="reference" if probe.records else "probe", error=str(exc),
-            changes=tuple(c.to_dict() for c in probe.changes), prompts=len(probe.prompts), tokens=probe.tokens))
+        return StepOutcome(
+            status="probe_error",
+            reason=f"fidelity probe: {exc}",
+            fidelity=FidelityFigures(
+                role="reference" if probe.records else "probe",
+                error=str(exc),
+                changes=tuple(c.to_dict() for c in probe.changes),
+                prompts=len(probe.prompts),
+                tokens=probe.tokens,
+            ),
+        )
     durations["probe"] = round(time.monotonic() - t0, 3)
     if not server.alive:  # the probe's requests took the server down: that is this config's outcome too
-        return StepOutcome(status="probe_error", reason="fidelity probe: the server exited during the probe",
-                           fidelity=dataclasses.replace(figures, error="the server exited during the probe"))
+        return StepOutcome(
+            status="probe_error",
+            reason="fidelity probe: the server exited during the probe",
+            fidelity=dataclasses.replace(figures, error="the server exited during the probe"),
+        )
     return StepOutcome(fidelity=figures)

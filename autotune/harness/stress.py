@@ -66,21 +66,27 @@ class StressTarget:
     prompt_tokens_mean: float
     kv_tokens: int | None
     mamba_slots: int | None
-    planned_peak_gib: float | None = None
-    overflows: bool = False  # the running batch needs more KV than the pool holds: SGLang must retract  # the planner's peak for this config (static + a full prefill chunk)
+    planned_peak_gib: float | None = None  # the planner's peak for this config (static + a full prefill chunk)
+    overflows: bool = False  # the running batch needs more KV than the pool holds: SGLang must retract
 
 
 def stress_line(data: Mapping[str, Any] | StressResult | None) -> str | None:
-    """"worst case: peak X of Y GiB, Z retractions, survived" (or the failure); None when never stressed."""
+    """ "worst case: peak X of Y GiB, Z retractions, survived" (or the failure); None when never stressed."""
     res = data if isinstance(data, StressResult) else StressResult.from_dict(data)
     if res is None:
         return None
-    peak = (f"peak {res.peak_used_gib:.1f} of {res.total_gib:.1f} GiB" if res.peak_used_gib is not None
-            and res.total_gib is not None else "peak not read")
+    peak = (
+        f"peak {res.peak_used_gib:.1f} of {res.total_gib:.1f} GiB"
+        if res.peak_used_gib is not None and res.total_gib is not None
+        else "peak not read"
+    )
     retractions = f"{res.retractions} retraction{'s' if res.retractions != 1 else ''}"
     if res.survived:
-        verdict = "survived" if res.reached_peak or res.ended == "all requests done" else (
-            f"survived ({res.ended} before the predicted peak)")
+        verdict = (
+            "survived"
+            if res.reached_peak or res.ended == "all requests done"
+            else (f"survived ({res.ended} before the predicted peak)")
+        )
     elif res.interrupted:
         verdict = "interrupted"
     else:
@@ -90,7 +96,7 @@ def stress_line(data: Mapping[str, Any] | StressResult | None) -> str | None:
 
 def _short(text: str, limit: int = 160) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
-    return line if len(line) <= limit else line[:limit - 1] + "…"
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def longest_rows(rows: Sequence[PromptRow], n: int) -> list[tuple[PromptRow, int]]:
@@ -114,8 +120,13 @@ def burst_size(rows: Sequence[PromptRow], cap: int, chunk: int | None) -> int:
     return max(cap, min(MAX_BURST * cap, -(-QUEUE_CHUNKS * chunk // max(1, int(mean)))))
 
 
-def stress_target(capacity: Capacity | None, rows: Sequence[tuple[PromptRow, int]], *, max_tokens: int,
-                  plan: Mapping[str, Any] | None = None) -> StressTarget:
+def stress_target(
+    capacity: Capacity | None,
+    rows: Sequence[tuple[PromptRow, int]],
+    *,
+    max_tokens: int,
+    plan: Mapping[str, Any] | None = None,
+) -> StressTarget:
     """The peak the batch should reach: the first ``max_running_requests`` of ``rows`` running at once, every one
     at its prompt plus ``max_tokens``, bounded by the KV pool the server reported; one Mamba state per running
     request plus extra_buffer's tracking copies (the plan's slots→requests ratio less the 3 every radix-cached
@@ -123,8 +134,10 @@ def stress_target(capacity: Capacity | None, rows: Sequence[tuple[PromptRow, int
     cap = capacity.max_running_requests if capacity is not None and capacity.max_running_requests else len(rows)
     running = rows[:cap]
     lengths = [estimate_tokens(row) for row, _ in running]
-    per_request = [length + min(row.max_tokens or max_tokens, max_tokens)
-                   for (row, _), length in zip(running, lengths, strict=True)]
+    per_request = [
+        length + min(row.max_tokens or max_tokens, max_tokens)
+        for (row, _), length in zip(running, lengths, strict=True)
+    ]
     kv_pool = capacity.kv_tokens if capacity is not None else None
     kv = sum(per_request) if per_request else None
     overflows = bool(kv is not None and kv_pool and kv > kv_pool)
@@ -139,11 +152,18 @@ def stress_target(capacity: Capacity | None, rows: Sequence[tuple[PromptRow, int
     prompts = sum(lengths)
     prefill = min(int(chunk), prompts) if chunk and int(chunk) > 0 else prompts
     peak = extra.get("peak_gib")
-    return StressTarget(requests=len(rows), running=len(running), prefill_tokens=prefill or None,
-                        max_tokens=max_tokens, prompt_tokens_max=max(lengths, default=0),
-                        prompt_tokens_mean=round(sum(lengths) / len(lengths), 1) if lengths else 0.0,
-                        kv_tokens=kv, mamba_slots=mamba, planned_peak_gib=None if peak is None else float(peak),
-                        overflows=overflows)
+    return StressTarget(
+        requests=len(rows),
+        running=len(running),
+        prefill_tokens=prefill or None,
+        max_tokens=max_tokens,
+        prompt_tokens_max=max(lengths, default=0),
+        prompt_tokens_mean=round(sum(lengths) / len(lengths), 1) if lengths else 0.0,
+        kv_tokens=kv,
+        mamba_slots=mamba,
+        planned_peak_gib=None if peak is None else float(peak),
+        overflows=overflows,
+    )
 
 
 @dataclasses.dataclass
@@ -169,11 +189,13 @@ class _Pools:
 
     def reached(self, target: StressTarget) -> bool:
         """The batch is at the predicted peak: the KV pool at its share, or, for a batch that needs more than the
-        pool, full (SGLang retracted: the count is part of the worst case); and so are the Mamba slots. The largest prefill batch is recorded beside its target, not waited for: SGLang's
+        pool, full (SGLang retracted: the count is part of the worst case); and so are the Mamba slots. The largest
+        prefill batch is recorded beside its target, not waited for: SGLang's
         admission holds back room for the running requests' outputs, so a full chunk may never form at once."""
         full = self.retractions > 0
-        kv = full or (not target.overflows and target.kv_tokens is not None
-                      and (self.kv or 0) >= REACHED * target.kv_tokens)
+        kv = full or (
+            not target.overflows and target.kv_tokens is not None and (self.kv or 0) >= REACHED * target.kv_tokens
+        )
         mamba = full or target.mamba_slots is None or (self.mamba or 0) >= REACHED * target.mamba_slots
         return kv and mamba
 
@@ -196,19 +218,33 @@ class StressStep:
         capacity = capacity if isinstance(capacity, Capacity) else None
         cap = int((capacity.max_running_requests if capacity else None) or launch.workload.concurrency or 1)
         chunk = (capacity.chunked_prefill_size if capacity else None) or ((self.plan or {}).get("extra") or {}).get(
-            "chunked_prefill_size")
+            "chunked_prefill_size"
+        )
         rows = longest_rows(launch.sample.rows, burst_size(launch.sample.rows, cap, chunk))
         target = stress_target(capacity, rows, max_tokens=launch.workload.max_tokens, plan=self.plan)
-        launch.phase("stress", {"requests": target.requests, "running": target.running,
-                                "max_tokens": target.max_tokens, "prompt_tokens_max": target.prompt_tokens_max})
+        launch.phase(
+            "stress",
+            {
+                "requests": target.requests,
+                "running": target.running,
+                "max_tokens": target.max_tokens,
+                "prompt_tokens_max": target.prompt_tokens_max,
+            },
+        )
         t0 = time.monotonic()
         result = run_stress(server, launch, rows, target, cap_s=self.cap_s)
         launch.durations["stress"] = round(time.monotonic() - t0, 3)
         return StepOutcome(stress=result)
 
 
-def run_stress(server: ServerHandle, launch: Launch, rows: Sequence[tuple[PromptRow, int]], target: StressTarget,
-               *, cap_s: float = DEFAULT_CAP_S) -> StressResult:
+def run_stress(
+    server: ServerHandle,
+    launch: Launch,
+    rows: Sequence[tuple[PromptRow, int]],
+    target: StressTarget,
+    *,
+    cap_s: float = DEFAULT_CAP_S,
+) -> StressResult:
     """Send the batch, watch it to its peak (or the end, or ``cap_s``), and read the verdict off the server."""
     log_start = len(server.log_text())
     monitor = GpuMonitor(launch.reader) if launch.reader is not None else None
@@ -229,21 +265,42 @@ def run_stress(server: ServerHandle, launch: Launch, rows: Sequence[tuple[Prompt
         kind, line = "runtime_oom", logparse.failure_line(log, None)
     peaks = monitor.peaks() if monitor is not None else None
     return StressResult(
-        survived=kind is None and ended != "interrupted", failure=kind, reason=line, ended=ended,
-        duration_s=round(duration, 3), requests=len(rows), running_cap=target.running,
+        survived=kind is None and ended != "interrupted",
+        failure=kind,
+        reason=line,
+        ended=ended,
+        duration_s=round(duration, 3),
+        requests=len(rows),
+        running_cap=target.running,
         completed=sum(1 for r in records if r.finish_reason not in (None, "cut") and r.error is None),
-        errors=sum(1 for r in records if r.error is not None), max_tokens=target.max_tokens,
-        prompt_tokens_max=target.prompt_tokens_max, prompt_tokens_mean=target.prompt_tokens_mean,
-        peak_used_gib=peaks.peak_used_gib if peaks else None, total_gib=peaks.total_gib if peaks else None,
-        planned_peak_gib=target.planned_peak_gib, retractions=pools.retractions, kv_peak_tokens=pools.kv,
-        kv_target_tokens=target.kv_tokens, mamba_peak_slots=pools.mamba, mamba_target_slots=target.mamba_slots,
-        running_peak=pools.running, prefill_peak_tokens=pools.prefill, prefill_target_tokens=target.prefill_tokens,
+        errors=sum(1 for r in records if r.error is not None),
+        max_tokens=target.max_tokens,
+        prompt_tokens_max=target.prompt_tokens_max,
+        prompt_tokens_mean=target.prompt_tokens_mean,
+        peak_used_gib=peaks.peak_used_gib if peaks else None,
+        total_gib=peaks.total_gib if peaks else None,
+        planned_peak_gib=target.planned_peak_gib,
+        retractions=pools.retractions,
+        kv_peak_tokens=pools.kv,
+        kv_target_tokens=target.kv_tokens,
+        mamba_peak_slots=pools.mamba,
+        mamba_target_slots=target.mamba_slots,
+        running_peak=pools.running,
+        prefill_peak_tokens=pools.prefill,
+        prefill_target_tokens=target.prefill_tokens,
         reached_peak=pools.reached(target),
     )
 
 
-async def _drive(server: ServerHandle, launch: Launch, rows: Sequence[tuple[PromptRow, int]], target: StressTarget,
-                 pools: _Pools, log_start: int, cap_s: float) -> tuple[list[RequestRecord], str]:
+async def _drive(
+    server: ServerHandle,
+    launch: Launch,
+    rows: Sequence[tuple[PromptRow, int]],
+    target: StressTarget,
+    pools: _Pools,
+    log_start: int,
+    cap_s: float,
+) -> tuple[list[RequestRecord], str]:
     """All requests at once; ends when the pools reach the target, all are done, the server dies, the study is
     stopped, or ``cap_s`` passes; the streams still open are closed (the server aborts them)."""
     wl = launch.workload
@@ -257,8 +314,9 @@ async def _drive(server: ServerHandle, launch: Launch, rows: Sequence[tuple[Prom
         for (row, pass_no), rec, client in zip(rows, records, clients, strict=True):
             endpoint = row.endpoint or wl.endpoint  # a Batch API line goes where its url says, as in the window
             body = request_body(endpoint, row, max_tokens=wl.max_tokens, ignore_eos=True, pass_no=pass_no)
-            tasks.append(asyncio.create_task(_stream(client, server.base_url + ENDPOINTS[endpoint], body, rec,
-                                                     endpoint, t0)))
+            tasks.append(
+                asyncio.create_task(_stream(client, server.base_url + ENDPOINTS[endpoint], body, rec, endpoint, t0))
+            )
         ended, deadline = "cap reached", time.monotonic() + cap_s
         while time.monotonic() < deadline:
             if all(task.done() for task in tasks):
@@ -295,6 +353,7 @@ def _one_connection_client(timeout: httpx.Timeout) -> httpx.AsyncClient:
 async def _open_connections(clients: Sequence[httpx.AsyncClient], base_url: str) -> None:
     """One cheap GET per request first, at once, so the batch's POSTs go out on open connections together and the
     server's scheduler finds them waiting together (a burst of TCP handshakes would let it prefill them in dribs)."""
+
     async def one(client: httpx.AsyncClient) -> None:
         try:
             await client.get(f"{base_url}/model_info")
@@ -304,8 +363,9 @@ async def _open_connections(clients: Sequence[httpx.AsyncClient], base_url: str)
     await asyncio.gather(*(one(client) for client in clients))
 
 
-async def _stream(client: httpx.AsyncClient, url: str, body: RequestBody, rec: RequestRecord, endpoint: str,
-                  t0: float) -> None:
+async def _stream(
+    client: httpx.AsyncClient, url: str, body: RequestBody, rec: RequestRecord, endpoint: str, t0: float
+) -> None:
     """One streaming request into ``rec``; a closed stream at the phase's end is ``cut``, not an error."""
     stream = SseStream(endpoint)
     try:

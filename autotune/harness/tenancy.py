@@ -74,9 +74,11 @@ class Occupancy:
         who = "; ".join(_holder_text(h) for h in self.holders)
         if self.releasing_gib > 0:
             who = "; ".join(filter(None, [who, f"{self.releasing_gib:.1f} GiB of exited processes not yet freed"]))
-        return (f"GPU {self.gpu} is busy: {held:.1f} GiB{total} held by processes that are not this study's "
-                f"({who}); a trial there would size its pools from what they leave and every figure would be "
-                "theirs. Stop them, pick another GPU ([engine] gpu / --gpus), or set [engine] busy_gpu = \"wait\"")
+        return (
+            f"GPU {self.gpu} is busy: {held:.1f} GiB{total} held by processes that are not this study's "
+            f"({who}); a trial there would size its pools from what they leave and every figure would be "
+            'theirs. Stop them, pick another GPU ([engine] gpu / --gpus), or set [engine] busy_gpu = "wait"'
+        )
 
 
 def _holder_text(h: Holder) -> str:
@@ -126,18 +128,36 @@ def occupancy(reader: Any, gpu: int | str, *, own_pids: Iterable[int] = ()) -> O
         if p.get("exited"):
             releasing += gib
         elif gib > 0 or p.get("used_gib") is None:
-            holders.append(Holder(pid=None if pid is None else int(pid), used_gib=round(gib, 3),
-                                  name=process_name(int(pid)) if pid is not None else ""))
+            holders.append(
+                Holder(
+                    pid=None if pid is None else int(pid),
+                    used_gib=round(gib, 3),
+                    name=process_name(int(pid)) if pid is not None else "",
+                )
+            )
     floor = floor_gib(total)
     unlisted = (float(used) - listed) if used is not None else 0.0
     if unlisted > floor:  # NVML shows it used, no process we can see holds it
         holders.append(Holder(pid=None, used_gib=round(unlisted, 3)))
-    return Occupancy(gpu=gpu, total_gib=total, used_gib=used, holders=tuple(holders),
-                     releasing_gib=round(releasing, 3), floor_gib=floor)
+    return Occupancy(
+        gpu=gpu,
+        total_gib=total,
+        used_gib=used,
+        holders=tuple(holders),
+        releasing_gib=round(releasing, 3),
+        floor_gib=floor,
+    )
 
 
-def settled(reader: Any, gpu: int | str, *, own_pids: Iterable[int] = (), release_wait_s: float = RELEASE_WAIT_S,
-            poll_s: float = 0.1, clock: Callable[[], float] = time.monotonic) -> Occupancy:
+def settled(
+    reader: Any,
+    gpu: int | str,
+    *,
+    own_pids: Iterable[int] = (),
+    release_wait_s: float = RELEASE_WAIT_S,
+    poll_s: float = 0.1,
+    clock: Callable[[], float] = time.monotonic,
+) -> Occupancy:
     """``occupancy`` once memory with no live holder is freed, or ``release_wait_s`` has passed: a just-stopped
     server (this study's or a killed neighbour's) is not a tenant, only its memory not yet returned."""
     own = tuple(own_pids)
@@ -150,9 +170,17 @@ def settled(reader: Any, gpu: int | str, *, own_pids: Iterable[int] = (), releas
         time.sleep(poll_s)
 
 
-def check_free(reader: Any, gpu: int | str, *, mode: str = "stop", wait_s: float = 600.0,
-               own_pids: Iterable[int] = (), release_wait_s: float = RELEASE_WAIT_S,
-               on_wait: Callable[[str], None] | None = None, poll_s: float = BUSY_POLL_S) -> Occupancy | None:
+def check_free(
+    reader: Any,
+    gpu: int | str,
+    *,
+    mode: str = "stop",
+    wait_s: float = 600.0,
+    own_pids: Iterable[int] = (),
+    release_wait_s: float = RELEASE_WAIT_S,
+    on_wait: Callable[[str], None] | None = None,
+    poll_s: float = BUSY_POLL_S,
+) -> Occupancy | None:
     """The pre-launch check: the GPU's occupancy when it is free enough to launch on; ``GpuBusyError`` (one line)
     when it is held by others — at once with ``mode="stop"``, after ``wait_s`` of polling with ``"wait"``.
     None for a reader that cannot name processes (nothing to check)."""
@@ -167,25 +195,41 @@ def check_free(reader: Any, gpu: int | str, *, mode: str = "stop", wait_s: float
             time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
             occ = settled(reader, gpu, own_pids=own_pids, release_wait_s=release_wait_s)
         if occ.busy:
-            raise GpuBusyError(f"{occ.line()} (waited {wait_s:g} s)", gpu=gpu,
-                               holders=[_holder_text(h) for h in occ.holders], held_gib=occ.held_gib)
+            raise GpuBusyError(
+                f"{occ.line()} (waited {wait_s:g} s)",
+                gpu=gpu,
+                holders=[_holder_text(h) for h in occ.holders],
+                held_gib=occ.held_gib,
+            )
     if occ.busy:
-        raise GpuBusyError(occ.line(), gpu=gpu, holders=[_holder_text(h) for h in occ.holders],
-                           held_gib=occ.held_gib)
+        raise GpuBusyError(occ.line(), gpu=gpu, holders=[_holder_text(h) for h in occ.holders], held_gib=occ.held_gib)
     return occ
 
 
-def check_engine_gpu(engine: Any, gpu_index: int | None, *, mode: str = "stop", wait_s: float = 600.0,
-                     on_wait: Callable[[str], None] | None = None) -> Occupancy | None:
+def check_engine_gpu(
+    engine: Any,
+    gpu_index: int | None,
+    *,
+    mode: str = "stop",
+    wait_s: float = 600.0,
+    on_wait: Callable[[str], None] | None = None,
+) -> Occupancy | None:
     """``check_free`` on the device ``engine`` launches on (``autotune measure`` and the sweep call this). CPU
     servers (no ``processes()`` on their reader) are not checked."""
-    return check_engine_gpus(engine, (0 if gpu_index is None else gpu_index,), mode=mode, wait_s=wait_s,
-                             on_wait=on_wait)
+    return check_engine_gpus(
+        engine, (0 if gpu_index is None else gpu_index,), mode=mode, wait_s=wait_s, on_wait=on_wait
+    )
 
 
-def check_engine_gpus(engine: Any, gpus: Iterable[int], *, mode: str = "stop", wait_s: float = 600.0,
-                      on_wait: Callable[[str], None] | None = None,
-                      launcher: Any = None) -> Occupancy | None:
+def check_engine_gpus(
+    engine: Any,
+    gpus: Iterable[int],
+    *,
+    mode: str = "stop",
+    wait_s: float = 600.0,
+    on_wait: Callable[[str], None] | None = None,
+    launcher: Any = None,
+) -> Occupancy | None:
     """``check_free`` on every GPU of a server's group, each on its own reader (a tenant on any one of them is
     the server's tenant); the last GPU's occupancy, or None when nothing could be checked. ``launcher``: read the
     GPUs where its servers run (``Launcher.memory_reader``: another host's over SSH), else this host's."""

@@ -100,24 +100,34 @@ def measurement_verdict(records: ReplayRecords) -> tuple[Status | None, str | No
     server lagged its model by more than ``LAG_LIMIT`` (sim only: ``sim_pace`` in /server_info), ``client_bound``
     when the replay's event-loop thread was saturated; (None, None, figures) when the window measured the server."""
     settling = records.settling
-    figures = MeasurementVerdict(client_busy=records.client_busy, repeated_prompts=repeated_prompt_share(records),
-                                 window_drift=window_drift(records), settled=settling.settled if settling else None,
-                                 settling=settling.to_dict() if settling is not None else None)
+    figures = MeasurementVerdict(
+        client_busy=records.client_busy,
+        repeated_prompts=repeated_prompt_share(records),
+        window_drift=window_drift(records),
+        settled=settling.settled if settling else None,
+        settling=settling.to_dict() if settling is not None else None,
+    )
     probes = [p for p in records.probes if isinstance(p, SimPace)]
     if len(probes) == 2:
         modelled, lag = probes[1].modelled_s - probes[0].modelled_s, probes[1].lag_s - probes[0].lag_s
         share = lag / modelled if modelled > 0 else 0.0
         figures = dataclasses.replace(figures, sim_lag=round(share, 4))
         if share > LAG_LIMIT:
-            return ("invalid_measurement",
-                    f"the simulated server's wall clock trailed its modelled clock by {share:.1%} over the window "
-                    f"(limit {LAG_LIMIT:.0%}): the host's CPU could not pace this config, so the tok/s would be "
-                    f"the CPU's, not the modelled GPU's", figures)
+            return (
+                "invalid_measurement",
+                f"the simulated server's wall clock trailed its modelled clock by {share:.1%} over the window "
+                f"(limit {LAG_LIMIT:.0%}): the host's CPU could not pace this config, so the tok/s would be "
+                f"the CPU's, not the modelled GPU's",
+                figures,
+            )
     busy = records.client_busy
     if busy is not None and busy >= CLIENT_BUSY_LIMIT:
-        return ("client_bound",
-                f"the replay client's event loop was busy or waiting for a CPU {busy:.0%} of the window (limit "
-                f"{CLIENT_BUSY_LIMIT:.0%}): the tok/s would be the client's, not the server's", figures)
+        return (
+            "client_bound",
+            f"the replay client's event loop was busy or waiting for a CPU {busy:.0%} of the window (limit "
+            f"{CLIENT_BUSY_LIMIT:.0%}): the tok/s would be the client's, not the server's",
+            figures,
+        )
     return None, None, figures
 
 
@@ -151,13 +161,25 @@ def run_trial(
                 path.replace(trial_dir / name.replace(".", ".first.", 1))
     interval = max(REMEASURE_STREAM_INTERVAL, 4 * int(config.get("stream_interval") or 1))
     # the display says why the trial runs again
-    hooks.phase(f"re-measuring with --stream-interval {interval} ({first.status})",
-                {"reason": first.reason, "stream_interval": interval})
-    result = _run_once(setup, {**config, "stream_interval": interval}, trial_dir=trial_dir, probe=probe, hooks=hooks,
-                       misfit=misfit, after=after)
+    hooks.phase(
+        f"re-measuring with --stream-interval {interval} ({first.status})",
+        {"reason": first.reason, "stream_interval": interval},
+    )
+    result = _run_once(
+        setup,
+        {**config, "stream_interval": interval},
+        trial_dir=trial_dir,
+        probe=probe,
+        hooks=hooks,
+        misfit=misfit,
+        after=after,
+    )
     first_figures = first.measurement.to_dict() if first.measurement else {}
-    measurement = dataclasses.replace(result.measurement or MeasurementVerdict(), stream_interval=interval,
-                                      first={"status": first.status, "reason": first.reason, **first_figures})
+    measurement = dataclasses.replace(
+        result.measurement or MeasurementVerdict(),
+        stream_interval=interval,
+        first={"status": first.status, "reason": first.reason, **first_figures},
+    )
     reason = result.reason
     if result.status in UNTRUSTED_STATUSES:
         reason = f"{result.reason}; also after re-measuring with --stream-interval {interval}"
@@ -166,8 +188,16 @@ def run_trial(
     return _write(result, trial_dir)
 
 
-def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, probe: FidelityProbe | None,
-              hooks: TrialHooks, misfit: str | None, after: Sequence[AfterWindow] = ()) -> TrialResult:
+def _run_once(
+    setup: TrialSetup,
+    config: Mapping[str, Any],
+    *,
+    trial_dir: Path,
+    probe: FidelityProbe | None,
+    hooks: TrialHooks,
+    misfit: str | None,
+    after: Sequence[AfterWindow] = (),
+) -> TrialResult:
     """One launch of a resolved ``setup``; never raises for a trial outcome (bad input, a prompt over the model's
     context and a full disk still raise: ``WorkloadError``, ``DiskError``, after the server is stopped)."""
     engine, workload = setup.engine, setup.workload
@@ -175,9 +205,14 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
         trial_dir.mkdir(parents=True, exist_ok=True)
     log_path = trial_dir / "server.log"
     group = launch_gpus(engine, server_group(setup, config))
-    base = Placement(engine=engine.name, device=engine.device,
-                     gpu_index=group[0] if group else setup.gpu_index, gpus=list(group) or None,
-                     trial_dir=str(trial_dir), log_path=str(log_path))
+    base = Placement(
+        engine=engine.name,
+        device=engine.device,
+        gpu_index=group[0] if group else setup.gpu_index,
+        gpus=list(group) or None,
+        trial_dir=str(trial_dir),
+        log_path=str(log_path),
+    )
     assert setup.sample is not None
     try:
         checked = engine.check(config)
@@ -189,8 +224,17 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
     spec, reader = _spec(setup, config, group, log_path=log_path)
     # A step that files windows of the first window's closed loop (``WindowsStep.later_windows``) lengthens it.
     loop = 1 + sum(int(getattr(step, "later_windows", 0)) for step in after)
-    launch = Launch(engine=engine, workload=workload, trial_dir=trial_dir, timeouts=setup.timeouts, sample=setup.sample,
-                    phase=hooks.phase, stop_event=hooks.stop_event, reader=reader, windows=loop)
+    launch = Launch(
+        engine=engine,
+        workload=workload,
+        trial_dir=trial_dir,
+        timeouts=setup.timeouts,
+        sample=setup.sample,
+        phase=hooks.phase,
+        stop_event=hooks.stop_event,
+        reader=reader,
+        windows=loop,
+    )
     server: ServerHandle | None = None
     try:
         server, fields = _start(make_launcher(setup.launcher), spec, launch)
@@ -211,8 +255,9 @@ def _run_once(setup: TrialSetup, config: Mapping[str, Any], *, trial_dir: Path, 
     return _write(result, trial_dir)
 
 
-def _spec(setup: TrialSetup, config: Mapping[str, Any], group: tuple[int, ...], *,
-          log_path: Path) -> tuple[LaunchSpec, GpuReader]:
+def _spec(
+    setup: TrialSetup, config: Mapping[str, Any], group: tuple[int, ...], *, log_path: Path
+) -> tuple[LaunchSpec, GpuReader]:
     """The server to start on ``group`` and its devices' reader (the launcher's: it knows where the server runs):
     the engine can launch, orphans of earlier runs are gone, no old log remains."""
     engine = setup.engine
@@ -226,8 +271,13 @@ def _spec(setup: TrialSetup, config: Mapping[str, Any], group: tuple[int, ...], 
     # The engine's kind of reader (NVML, the simulated GPU, host memory) of the group: the launcher's to place.
     reader = launcher.memory_reader(group, lambda gpus: group_reader(engine, gpus or _no_gpu(setup)))
     return LaunchSpec(
-        argv=engine.argv(config, port=port), port=port, env={**engine.env(), **env_strings(config)}, gpus=group,
-        log_path=log_path, run_dir=run_dir, shm_dir=setup.shm_dir or engine.shm_dir,
+        argv=engine.argv(config, port=port),
+        port=port,
+        env={**engine.env(), **env_strings(config)},
+        gpus=group,
+        log_path=log_path,
+        run_dir=run_dir,
+        shm_dir=setup.shm_dir or engine.shm_dir,
     ), reader
 
 
@@ -251,13 +301,24 @@ def _start(launcher: Launcher, spec: LaunchSpec, launch: Launch) -> tuple[Server
         server.wait_ready(launch.timeouts.startup_s, stop_event=stop_event)
     except ServerExited as exc:
         kind, line = _diagnose(launch.engine, server.log_text() if server is not None else "", exc.exit_code)
-        fields.update({"status": kind or "crash", "reason": line or str(exc), "exit_code": exc.exit_code,
-                       "log_tail": exc.log_tail})
+        fields.update(
+            {
+                "status": kind or "crash",
+                "reason": line or str(exc),
+                "exit_code": exc.exit_code,
+                "log_tail": exc.log_tail,
+            }
+        )
         fields.update(_cancelled(server) or {})
     except ServerStartTimeout as exc:
         interrupted = stop_event is not None and stop_event.is_set()
-        fields.update({"status": "interrupted" if interrupted else "timeout",
-                       "reason": "interrupted while starting" if interrupted else str(exc), "log_tail": exc.log_tail})
+        fields.update(
+            {
+                "status": "interrupted" if interrupted else "timeout",
+                "reason": "interrupted while starting" if interrupted else str(exc),
+                "log_tail": exc.log_tail,
+            }
+        )
     except PortTaken as exc:
         fields.update({"status": PORT_TAKEN, "reason": str(exc), "log_tail": exc.log_tail})
     except ServerError as exc:
@@ -295,8 +356,17 @@ def _measure(server: ServerHandle, launch: Launch) -> Outcome:
     ended = _ended_early(server, launch.engine, records)
     if ended is not None:
         return {**out, **ended}
-    return {**out, **_window_outcome(server, launch.engine, records, info, server.log_text()[log_start:],
-                                     options=(launch.workload.option("measure_s"), launch.workload.option("warmup_s")))}
+    return {
+        **out,
+        **_window_outcome(
+            server,
+            launch.engine,
+            records,
+            info,
+            server.log_text()[log_start:],
+            options=(launch.workload.option("measure_s"), launch.workload.option("warmup_s")),
+        ),
+    }
 
 
 def _replay_window(server: ServerHandle, launch: Launch, concurrency: int) -> tuple[ReplayRecords, GpuPeaks | None]:
@@ -310,13 +380,23 @@ def _replay_window(server: ServerHandle, launch: Launch, concurrency: int) -> tu
     with monitor if monitor is not None else contextlib.nullcontext():
         records = asyncio.run(
             replay(
-                server.base_url, launch.sample, concurrency=concurrency, max_tokens=workload.max_tokens,
-                warmup_s=workload.warmup_s, measure_s=workload.measure_s, endpoint=workload.endpoint,
-                ignore_eos=workload.ignore_eos, repeats=workload.repeats,
+                server.base_url,
+                launch.sample,
+                concurrency=concurrency,
+                max_tokens=workload.max_tokens,
+                warmup_s=workload.warmup_s,
+                measure_s=workload.measure_s,
+                endpoint=workload.endpoint,
+                ignore_eos=workload.ignore_eos,
+                repeats=workload.repeats,
                 on_progress=_progress_relay(launch.phase, launch.windows),
                 should_stop=functools.partial(_should_stop, server, launch.stop_event),
-                request_timeout_s=launch.timeouts.request_s, window_probe=functools.partial(sim_pace, server.base_url),
-                rule=workload.settle_rule(), ramp_s=workload.ramp, windows=launch.windows, go_on=_trusted,
+                request_timeout_s=launch.timeouts.request_s,
+                window_probe=functools.partial(sim_pace, server.base_url),
+                rule=workload.settle_rule(),
+                ramp_s=workload.ramp,
+                windows=launch.windows,
+                go_on=_trusted,
             )
         )
     elapsed = time.monotonic() - t0
@@ -335,8 +415,10 @@ def _replay_window(server: ServerHandle, launch: Launch, concurrency: int) -> tu
     return records, monitor.peaks() if monitor is not None else None
 
 
-def window_verdict(records: ReplayRecords, metrics: Metrics | None = None,
-                   ) -> tuple[str | None, str | None, MeasurementVerdict]:
+def window_verdict(
+    records: ReplayRecords,
+    metrics: Metrics | None = None,
+) -> tuple[str | None, str | None, MeasurementVerdict]:
     """``measurement_verdict`` for one window of a loop, which adds ``no_tokens``: a window in which no token
     arrived measured nothing. (None, None, figures): a trusted figure, the only kind a loop goes on from.
     ``metrics``: the window's, where the caller has them already."""
@@ -360,8 +442,18 @@ def _progress_relay(phase: PhaseCallback, windows: int = 1) -> Callable[[ReplayP
         name = tick.phase if tick.window == 1 else f"window {tick.window} of {windows}"
         if name not in seen or name == "measuring":
             seen.add(name)
-            phase(name, PhaseInfo(phase=tick.phase, elapsed_s=tick.elapsed_s, tok_s=tick.tok_s,
-                                  completed=tick.completed, errors=tick.errors, window=tick.window))
+            phase(
+                name,
+                PhaseInfo(
+                    phase=tick.phase,
+                    elapsed_s=tick.elapsed_s,
+                    tok_s=tick.tok_s,
+                    completed=tick.completed,
+                    errors=tick.errors,
+                    window=tick.window,
+                ),
+            )
+
     return progress
 
 
@@ -385,7 +477,8 @@ def _ended_early(server: ServerHandle, engine: Engine, records: ReplayRecords) -
         return {
             "status": kind if kind is not None and kind in ("runtime_oom", "crash", "timeout") else "crash",
             "reason": line or f"server exited with code {code} while measuring",
-            "exit_code": code, "log_tail": server.log_tail(),
+            "exit_code": code,
+            "log_tail": server.log_tail(),
         }
     return None
 
@@ -396,13 +489,21 @@ def _cancelled(server: ServerHandle | None) -> Outcome | None:
     if server is None or not getattr(server, "cancelled", False):
         return None
     why = getattr(server, "reason", None)
-    return {"status": "interrupted",
-            "reason": "the server was cancelled outside the study; it runs again" + (f" ({why})" if why else "")}
+    return {
+        "status": "interrupted",
+        "reason": "the server was cancelled outside the study; it runs again" + (f" ({why})" if why else ""),
+    }
 
 
-def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords, info: Mapping[str, Any] | None,
-                    log_since: str, *, options: tuple[str, str] = STUDY_OPTIONS,
-                    ) -> Outcome:
+def _window_outcome(
+    server: ServerHandle,
+    engine: Engine,
+    records: ReplayRecords,
+    info: Mapping[str, Any] | None,
+    log_since: str,
+    *,
+    options: tuple[str, str] = STUDY_OPTIONS,
+) -> Outcome:
     """Metrics and status of a replay that ran its window; a tok/s only where the window measured the server.
     ``options``: how the command names the window and warm-up lengths (its study keys, or its own options)."""
     metrics = metrics_from_records(records)
@@ -427,8 +528,11 @@ def _window_outcome(server: ServerHandle, engine: Engine, records: ReplayRecords
     rejected = rejections(records.requests)
     # An untrusted figure measured the CPU: it stays out of ``metrics`` (only here, for diagnosis).
     out["measurement"] = dataclasses.replace(
-        figures, stream_interval=int(server_stream_interval(info) or 1), rejected=rejected or None,
-        untrusted_tok_s=metrics.output_tok_s if status is not None else None)
+        figures,
+        stream_interval=int(server_stream_interval(info) or 1),
+        rejected=rejected or None,
+        untrusted_tok_s=metrics.output_tok_s if status is not None else None,
+    )
     if status is not None:
         return {**out, "metrics": None, "status": status, "reason": reason}
     if rejected is not None and dominated(rejected):  # a tok/s of the requests it served; the rest named

@@ -47,9 +47,13 @@ class WindowsStep:
         for index, records in enumerate(launch.later, start=2):
             ended = _ended_early(server, launch.engine, records) if records.stopped_early else None
             if ended is not None:  # interrupted, or the server died in this window: the launch's outcome
-                return StepOutcome(status=ended.get("status"), reason=ended.get("reason"),
-                                   exit_code=ended.get("exit_code"), log_tail=ended.get("log_tail"),
-                                   windows=tuple(windows))
+                return StepOutcome(
+                    status=ended.get("status"),
+                    reason=ended.get("reason"),
+                    exit_code=ended.get("exit_code"),
+                    log_tail=ended.get("log_tail"),
+                    windows=tuple(windows),
+                )
             windows.append(window_of(records, index, self.span))
         return StepOutcome(windows=tuple(windows))
 
@@ -59,11 +63,22 @@ def window_of(records: ReplayRecords, index: int, span: int) -> Window:
     metrics = metrics_from_records(records)
     status, reason, figures = window_verdict(records, metrics)
     # the passes of the requests it sent (a window too short to send one: those it saw)
-    passes = ([r.pass_no for r in records.requests if r.sent >= records.window[0]]
-              or [r.pass_no for r in records.requests] or [0])
+    passes = (
+        [r.pass_no for r in records.requests if r.sent >= records.window[0]]
+        or [r.pass_no for r in records.requests]
+        or [0]
+    )
     tok_s = metrics.output_tok_s if status is None else None
-    return Window(index=index, status=status or "ok", output_tok_s=tok_s,
-                  tok_s_per_gpu=None if tok_s is None else tok_s / max(1, span), output_tokens=metrics.output_tokens,
-                  window_s=round(metrics.window_s, 3), settled=figures.settled, first_pass=min(passes),
-                  last_pass=max(passes), reason=reason,
-                  measurement={"client_busy": figures.client_busy, **figures.to_dict()})  # client_busy even when None
+    return Window(
+        index=index,
+        status=status or "ok",
+        output_tok_s=tok_s,
+        tok_s_per_gpu=None if tok_s is None else tok_s / max(1, span),
+        output_tokens=metrics.output_tokens,
+        window_s=round(metrics.window_s, 3),
+        settled=figures.settled,
+        first_pass=min(passes),
+        last_pass=max(passes),
+        reason=reason,
+        measurement={"client_busy": figures.client_busy, **figures.to_dict()},
+    )  # client_busy even when None

@@ -31,7 +31,8 @@ class InspectError(AutotuneError):
 
 @dataclass(frozen=True, kw_only=True)
 class Limit:
-    """One cap on ``max_running_requests`` (SGLang 0.5.23 ``srt/mem_cache/kv_cache_configurator.py``, ``resolve_max_num_reqs``): its name, value and where it comes from."""
+    """One cap on ``max_running_requests`` (SGLang 0.5.23 ``srt/mem_cache/kv_cache_configurator.py``,
+    ``resolve_max_num_reqs``): its name, value and where it comes from."""
 
     name: str  # mamba | kv | spec_default | explicit | est
     value: int
@@ -74,8 +75,11 @@ def mamba_ratio(args: dict[str, Any], *, skip_decode_lock: bool = False) -> tupl
     if strategy not in ("extra_buffer", "extra_buffer_lazy", "no_buffer"):
         return None, strategy
     overlap = not args.get("disable_overlap_schedule")
-    words = ("extra_buffer + overlap" if overlap else "extra_buffer, no overlap") if strategy == "extra_buffer" else \
-        strategy
+    words = (
+        ("extra_buffer + overlap" if overlap else "extra_buffer, no overlap")
+        if strategy == "extra_buffer"
+        else strategy
+    )
     return mamba_slots_per_request(strategy, overlap=overlap, radix_off=False, skip_decode_lock=skip_decode_lock), words
 
 
@@ -104,23 +108,30 @@ def explain_capacity(s: ServerState) -> CapacityExplanation:
                 )
             )
         else:
-            limits.append(
-                Limit(name="explicit", value=per_dp, why=f"--max-running-requests {requested}")
-            )
+            limits.append(Limit(name="explicit", value=per_dp, why=f"--max-running-requests {requested}"))
     elif s.context_len:
         est = min(max(int(s.kv_tokens / s.context_len * 512), 2048), 4096)
-        limits.append(
-            Limit(name="est", value=est, why=f"SGLang's estimate from {s.kv_tokens:,} tokens ÷ context")
-        )
+        limits.append(Limit(name="est", value=est, why=f"SGLang's estimate from {s.kv_tokens:,} tokens ÷ context"))
     limits.append(Limit(name="kv", value=s.kv_tokens // 2, why=f"{s.kv_tokens:,} KV tokens ÷ 2"))
     # SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1 (an environment switch /server_info does not show) lowers the ratio by one
     # in the extra-buffer strategies (kv_cache_configurator.py L3066-3069)
     skipped = mamba_ratio(s.args, skip_decode_lock=True)[0]
-    if s.mamba_slots is not None and ratio and skipped and skipped != ratio \
-            and s.mamba_slots // ratio != s.effective_mrr == s.mamba_slots // skipped:
-        limits.insert(0, Limit(name="mamba", value=s.mamba_slots // skipped,
-                               why=f"{s.mamba_slots:,} Mamba slots ÷ {skipped} per request ({strategy}, "
-                                   "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1)"))
+    if (
+        s.mamba_slots is not None
+        and ratio
+        and skipped
+        and skipped != ratio
+        and s.mamba_slots // ratio != s.effective_mrr == s.mamba_slots // skipped
+    ):
+        limits.insert(
+            0,
+            Limit(
+                name="mamba",
+                value=s.mamba_slots // skipped,
+                why=f"{s.mamba_slots:,} Mamba slots ÷ {skipped} per request ({strategy}, "
+                "SGLANG_OPT_MAMBA_SKIP_DECODE_LOCK=1)",
+            ),
+        )
     matching = [limit for limit in limits if limit.value == s.effective_mrr]
     binding = matching[0].name if matching else None
     if matching:
@@ -246,8 +257,10 @@ def memory_split(s: ServerState, plan_gib: dict[str, float] | None) -> dict[str,
         "pools": {"server": pools, "planner": _sum(p, "kv", "mamba_total")},
         "kv": {"server": m["kv"], "planner": p.get("kv")},
         "mamba_states": {"server": m.get("mamba_states"), "planner": _sum(p, "mamba_ssm", "mamba_conv")},
-        "spec_intermediates": {"server": m.get("spec_intermediates"),
-                               "planner": _sum(p, "intermediate_ssm", "intermediate_conv")},
+        "spec_intermediates": {
+            "server": m.get("spec_intermediates"),
+            "planner": _sum(p, "intermediate_ssm", "intermediate_conv"),
+        },
         "graphs": {"server": m["graphs"], "planner": p.get("graphs")},
         "free": {"server": free, "planner": p.get("headroom")},
     }
@@ -262,9 +275,7 @@ def _sum(d: dict[str, float], *keys: str) -> float | None:
     return sum(values) if values else None
 
 
-def headline(
-    cap: CapacityExplanation, usage: PoolUsage | None, memory: dict[str, dict[str, float | None]]
-) -> str:
+def headline(cap: CapacityExplanation, usage: PoolUsage | None, memory: dict[str, dict[str, float | None]]) -> str:
     """The seed's one-line diagnosis."""
     parts = [cap.sentence]
     if usage and usage.kv_used_pct is not None:
@@ -329,9 +340,7 @@ def fleet_differences(diagnoses: Sequence[ServerDiagnosis]) -> list[str]:
         if count * 2 > n:
             for d, v in zip(diagnoses, values, strict=True):
                 if repr(v) != common:
-                    lines.append(
-                        f"{d.url}: {key} = {_show(v)} (the others: {common if common != 'None' else 'unset'})"
-                    )
+                    lines.append(f"{d.url}: {key} = {_show(v)} (the others: {common if common != 'None' else 'unset'})")
         else:
             shown = ", ".join(f"{d.url} {_show(v)}" for d, v in zip(diagnoses, values, strict=True))
             lines.append(f"servers differ on {key}: {shown}")
@@ -360,8 +369,10 @@ def inspect_servers(
     if gpu:
         load_gpu(gpu)
     if len(logs) > len(urls):
-        raise InspectError(f"{len(logs)} startup logs for {len(urls)} server(s): give at most one --log per URL, "
-                           "in the order of the URLs")
+        raise InspectError(
+            f"{len(logs)} startup logs for {len(urls)} server(s): give at most one --log per URL, "
+            "in the order of the URLs"
+        )
     pools: list[StartupPools | None] = []
     for path in logs:
         try:

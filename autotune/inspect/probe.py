@@ -146,9 +146,13 @@ def read_startup_log(path: str | Path) -> StartupPools:
                 kv.append(float(m[2]) + float(m[3]))
             elif m := _CAPACITY_LINE.search(line):
                 tokens = int(m[1])
-    return StartupPools(path=str(path), mamba_slots=mamba[0] if mamba else None,
-                        mamba_gib=mamba[1] if mamba else {}, kv_gib=round(sum(kv), 4) if kv else None,
-                        kv_tokens=tokens)
+    return StartupPools(
+        path=str(path),
+        mamba_slots=mamba[0] if mamba else None,
+        mamba_gib=mamba[1] if mamba else {},
+        kv_gib=round(sum(kv), 4) if kv else None,
+        kv_tokens=tokens,
+    )
 
 
 def normalise_url(url: str) -> str:
@@ -160,6 +164,8 @@ def normalise_url(url: str) -> str:
 
 
 _FRACTIONS = ("_usage", "_rate", "_ratio", "accept_length")
+
+
 def _samples(text: str) -> Iterator[tuple[str, float]]:
     """(sample name, value) of every sample, by ``prometheus_client``'s parser; a malformed exposition is read
     line by line so that one bad line costs only itself."""
@@ -316,7 +322,9 @@ def _nvml_gpu(index: int) -> GpuMemory | None:
     return GpuMemory(reading.used_gib, reading.total_gib, f"NVML GPU {index}")
 
 
-def probe(url: str, *, client: httpx.Client, use_nvml: bool = True, log: StartupPools | None = None) -> Probe | ProbeFailure:
+def probe(
+    url: str, *, client: httpx.Client, use_nvml: bool = True, log: StartupPools | None = None
+) -> Probe | ProbeFailure:
     """Everything inspect reads from one server, GET only. ``/server_info`` answering is the liveness check.
     ``log``: the pools of the server's startup log (``read_startup_log``), when the caller has it."""
     url = normalise_url(url)
@@ -334,22 +342,36 @@ def probe(url: str, *, client: httpx.Client, use_nvml: bool = True, log: Startup
     if gpu is None and server_device(info) == "cpu":
         # SGLang's CPU backend: its pools live in host RAM. NVML would describe some GPU it does not use.
         notes.append("CPU server (device cpu): its pools live in host RAM, so there is no GPU memory reading")
-        return Probe(url=url, server_info=info, model_info=model_info, metrics=metrics,
-                     metrics_note=metrics_note, gpu=None, log=log, notes=notes)
+        return Probe(
+            url=url,
+            server_info=info,
+            model_info=model_info,
+            metrics=metrics,
+            metrics_note=metrics_note,
+            gpu=None,
+            log=log,
+            notes=notes,
+        )
     if gpu is None and local and use_nvml:
         # base_gpu_id is the server's first device as SGLang numbers it; with CUDA_VISIBLE_DEVICES set the
         # physical index may differ, which the note below owns up to.
         gpu = _nvml_gpu(int(info.get("base_gpu_id") or 0))
         if gpu is not None:
-            notes.append(
-                f"GPU memory read from {gpu.source} (assumes the server's CUDA_VISIBLE_DEVICES is unset)"
-            )
+            notes.append(f"GPU memory read from {gpu.source} (assumes the server's CUDA_VISIBLE_DEVICES is unset)")
     if gpu is None:
         notes.append(
             "no GPU memory reading (server not local or NVML unavailable): idle memory is the planner's estimate"
         )
-    return Probe(url=url, server_info=info, model_info=model_info, metrics=metrics, metrics_note=metrics_note,
-                 gpu=gpu, log=log, notes=notes)
+    return Probe(
+        url=url,
+        server_info=info,
+        model_info=model_info,
+        metrics=metrics,
+        metrics_note=metrics_note,
+        gpu=gpu,
+        log=log,
+        notes=notes,
+    )
 
 
 def server_device(info: ServerInfo) -> str:

@@ -49,8 +49,17 @@ def _on_cpu(d: ServerDiagnosis) -> bool:
 def fleet_table(inspection: Inspection) -> Table:
     table = Table(title="SGLang servers", title_justify="left")
     gpus = not all(_on_cpu(d) for d in inspection.servers)  # a fleet of CPU servers has no GPU column
-    for column in ("server", "max run (binds)", "slots", "KV tokens", "run/queue", "KV", "Mamba",
-                   *(["GPU GiB"] if gpus else []), "tok/s"):
+    for column in (
+        "server",
+        "max run (binds)",
+        "slots",
+        "KV tokens",
+        "run/queue",
+        "KV",
+        "Mamba",
+        *(["GPU GiB"] if gpus else []),
+        "tok/s",
+    ):
         table.add_column(column, overflow="fold")
     for d in inspection.servers:
         u, s, c = d.usage, d.state, d.capacity
@@ -125,8 +134,7 @@ def render(inspection: Inspection, console: Console) -> None:
         advice = d.advice
         if advice is not None and advice.reproduction:
             console.print(
-                f"planner ({advice.model} on {advice.gpu}), confidence {advice.confidence}: "
-                f"{advice.reproduction}",
+                f"planner ({advice.model} on {advice.gpu}), confidence {advice.confidence}: {advice.reproduction}",
                 highlight=False,
                 markup=False,
             )

@@ -1,7 +1,8 @@
 """One probed server in autotune's words: the resolved args, the runtime capacity and the operator's flags.
 
 ``/server_info`` mixes resolved startup args (top level) with runtime overrides (``internal_states[0]``);
-this module reads each figure from the place SGLang 0.5.23 actually puts it (``srt/entrypoints/http_server.py``: ``/server_info`` and its ``internal_states``).
+this module reads each figure from the place SGLang 0.5.23 actually puts it (``srt/entrypoints/http_server.py``:
+``/server_info`` and its ``internal_states``).
 """
 
 from __future__ import annotations
@@ -92,9 +93,7 @@ class ServerState:
         args = {k: v for k, v in info.items() if k != "internal_states"}
         usage = state.get("memory_usage")  # absent or null: no figure from it
         graphs = usage.get("graph") if usage else None
-        graph_gib = (
-            sum(as_num(v) or 0.0 for v in graphs.values()) if isinstance(graphs, dict) else as_num(graphs)
-        )
+        graph_gib = sum(as_num(v) or 0.0 for v in graphs.values()) if isinstance(graphs, dict) else as_num(graphs)
         metrics = p.metrics or {}
         mamba_slots = as_int(state.get("max_mamba_cache_size"))
         kv_tokens = int(info["max_total_num_tokens"])
@@ -191,14 +190,18 @@ def mamba_memory(
         if not mismatch:
             states, spec = log.mamba_states_gib, log.spec_intermediates_gib
             total = None if states is None or spec is None else states + spec
-            return ({"mamba_states": states, "spec_intermediates": spec, "mamba_total": total},
-                    [f"Mamba pools from the startup log {log.path} (`Mamba Cache is allocated`)"])
+            return (
+                {"mamba_states": states, "spec_intermediates": spec, "mamba_total": total},
+                [f"Mamba pools from the startup log {log.path} (`Mamba Cache is allocated`)"],
+            )
         note = f"the startup log {log.path} describes another startup ({'; '.join(mismatch)}), so it is not used"
     elif log is not None:
         note = f"the startup log {log.path} has no `Mamba Cache is allocated` line"
     else:
-        note = ("/server_info memory_usage.kvcache is the KV pool only (pass --log with the server's startup log "
-                "to read its `Mamba Cache is allocated` line)")
+        note = (
+            "/server_info memory_usage.kvcache is the KV pool only (pass --log with the server's startup log "
+            "to read its `Mamba Cache is allocated` line)"
+        )
     # What the server states itself: a memory_usage or /metrics figure named for the Mamba pool, if any.
     stated = [v for k, v in (usage or {}).items() if "mamba" in k.lower() and as_num(v) is not None]
     stated_metrics = [v for k, v in metrics.items() if k.startswith("sglang:mamba") and k.endswith("_gb")]

@@ -87,9 +87,7 @@ def resolve_model(state: ServerState, override: str | None) -> tuple[Any, str | 
             return (
                 load_model(name),
                 name,
-                None
-                if name == state.model_path
-                else f"model profile {name!r} inferred from {state.model_path}",
+                None if name == state.model_path else f"model profile {name!r} inferred from {state.model_path}",
             )
         except AutotuneError:
             continue
@@ -149,10 +147,7 @@ def reproduce(p: Any, state: ServerState) -> tuple[str, str]:
     mrr_gap = _gap(p.max_running_requests, state.effective_mrr)
     slot_gap = _gap(p.max_mamba_cache_size, state.mamba_slots)
     kv_gap = _gap(p.kv_tokens, state.kv_tokens)
-    facts = (
-        f"{p.max_running_requests} running, {p.max_mamba_cache_size or 0} Mamba slots, "
-        f"{p.kv_tokens:,} KV tokens"
-    )
+    facts = f"{p.max_running_requests} running, {p.max_mamba_cache_size or 0} Mamba slots, {p.kv_tokens:,} KV tokens"
     if mrr_gap == 0 and slot_gap == 0 and kv_gap <= 0.01:
         exact = "exactly" if kv_gap == 0 else f"(KV within {100 * kv_gap:.1f} %)"
         return "high", f"the planner reproduces the server {exact}: {facts}"
@@ -202,18 +197,21 @@ def _tokens_per_request(state: ServerState) -> int:
     return min(need, state.context_len) if state.context_len else need
 
 
-def search(state: ServerState, plan_fn: Callable[..., Any], model: Any, gpu: Any, config: dict[str, Any],
-           current: Any, confidence: str) -> list[Suggestion]:
+def search(
+    state: ServerState,
+    plan_fn: Callable[..., Any],
+    model: Any,
+    gpu: Any,
+    config: dict[str, Any],
+    current: Any,
+    confidence: str,
+) -> list[Suggestion]:
     """The best combined change first (the safest of the highest), then the single changes that lift
     ``max_running_requests``, each with its predicted capacity."""
     extra = current.extra
     ratio = extra.get("ratio")
     # SGLang's request cap before the pools cut it: explicit, 48 under speculative decoding, else its estimate.
-    requested = (
-        extra.get("requested_mrr")
-        or config.get("max_running_requests")
-        or (48 if extra.get("spec") else 4096)
-    )
+    requested = extra.get("requested_mrr") or config.get("max_running_requests") or (48 if extra.get("spec") else 4096)
     margin = max(2.0, 0.02 * float(extra.get("total_gib") or 0.0))
     tokens_per_request = _tokens_per_request(state)
     floor = state.effective_mrr
@@ -226,8 +224,7 @@ def search(state: ServerState, plan_fn: Callable[..., Any], model: Any, gpu: Any
         key = tuple(sorted(flags.items()))
         if key not in planned:
             p = plan_fn(model, gpu, {**config, **flags})
-            good = (p.fits and p.gib.headroom >= margin
-                    and p.kv_tokens >= p.max_running_requests * tokens_per_request)
+            good = p.fits and p.gib.headroom >= margin and p.kv_tokens >= p.max_running_requests * tokens_per_request
             planned[key] = p if good else None
         p = planned[key]
         return Candidate(flags, p) if p is not None and p.max_running_requests > floor else None
@@ -279,8 +276,9 @@ def _key(item: Candidate) -> tuple:
     return (-p.max_running_requests, len(changes), changes.get("mem_fraction_static", 0.0), -p.gib.headroom)
 
 
-def _rank(combos: list[Candidate], singles: list[Candidate], table: Any, confidence: str,
-          margin: float) -> list[Suggestion]:
+def _rank(
+    combos: list[Candidate], singles: list[Candidate], table: Any, confidence: str, margin: float
+) -> list[Suggestion]:
     """First the highest-capacity combination with comfortable headroom, then the highest outright if it differs,
     then the best single change per flag; at most six."""
     picked: list[Candidate] = []
@@ -306,11 +304,20 @@ def _rank(combos: list[Candidate], singles: list[Candidate], table: Any, confide
             note = "fp8 KV: check output quality"
         elif level != confidence:
             note = f"thin headroom ({p.gib.headroom:.1f} GiB)"
-        out.append(Suggestion(
-            changes=changes, argv=table.to_argv(changes), max_running_requests=p.max_running_requests,
-            binding=p.extra.get("binding"), kv_tokens=p.kv_tokens, mamba_slots=p.max_mamba_cache_size,
-            mem_fraction_static=p.mem_fraction_static, headroom_gib=round(p.gib.headroom, 2), confidence=level,
-            note=note))
+        out.append(
+            Suggestion(
+                changes=changes,
+                argv=table.to_argv(changes),
+                max_running_requests=p.max_running_requests,
+                binding=p.extra.get("binding"),
+                kv_tokens=p.kv_tokens,
+                mamba_slots=p.max_mamba_cache_size,
+                mem_fraction_static=p.mem_fraction_static,
+                headroom_gib=round(p.gib.headroom, 2),
+                confidence=level,
+                note=note,
+            )
+        )
     return out[:6]
 
 
@@ -325,8 +332,15 @@ def advise(state: ServerState, cap: Any, *, model: str | None = None, gpu: str |
     except AutotuneError as exc:
         notes.append(f"the server's flags are not all SGLang 0.5.23 flags ({exc}): no planner advice")
     if config is None or profile is None or gpu_profile is None:
-        return Advice(model=model_name, gpu=gpu_name, config=state.user_flags() if config is None else config,
-                      confidence=None, reproduction=None, plan_gib=None, notes=notes)
+        return Advice(
+            model=model_name,
+            gpu=gpu_name,
+            config=state.user_flags() if config is None else config,
+            confidence=None,
+            reproduction=None,
+            plan_gib=None,
+            notes=notes,
+        )
     current = plan(profile, gpu_profile, config)
     confidence, sentence = reproduce(current, state)
     plan_gib = {**asdict(current.gib), "total": current.extra.get("total_gib")}
@@ -336,6 +350,16 @@ def advise(state: ServerState, cap: Any, *, model: str | None = None, gpu: str |
             "no single or combined change the planner trusts lifts max_running_requests "
             "while keeping headroom: this config is at the memory wall"
         )
-    return Advice(model=model_name, gpu=gpu_name, config=config, confidence=confidence, reproduction=sentence,
-                  plan_gib=plan_gib, suggestions=suggestions, inert=_inert_lines(list(current.inert), config),
-                  notes=notes, ratio=current.extra.get("ratio"), requested_mrr=current.extra.get("requested_mrr"))
+    return Advice(
+        model=model_name,
+        gpu=gpu_name,
+        config=config,
+        confidence=confidence,
+        reproduction=sentence,
+        plan_gib=plan_gib,
+        suggestions=suggestions,
+        inert=_inert_lines(list(current.inert), config),
+        notes=notes,
+        ratio=current.extra.get("ratio"),
+        requested_mrr=current.extra.get("requested_mrr"),
+    )

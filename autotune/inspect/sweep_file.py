@@ -87,9 +87,7 @@ def _int_range(centre: int, step: int, low_frac: float, high_frac: float, floor:
     return ParamRange(type="int", low=low, high=high, step=step)
 
 
-def _float_range(
-    centre: float, below: float, above: float, lo: float, hi: float, step: float
-) -> ParamRange:
+def _float_range(centre: float, below: float, above: float, lo: float, hi: float, step: float) -> ParamRange:
     low = round(max(lo, centre - below), 2)
     high = round(min(hi, centre + above), 2)
     if high <= low:
@@ -108,8 +106,7 @@ def space_for(d: ServerDiagnosis, advice: Advice) -> dict[str, ParamRange]:
     if slots:
         space["max_mamba_cache_size"] = _int_range(int(slots), ratio, 0.6, 1.3, ratio)
     mfs = float(
-        centre.get("mem_fraction_static")
-        or (advice.suggestions[0].mem_fraction_static if advice.suggestions else 0.85)
+        centre.get("mem_fraction_static") or (advice.suggestions[0].mem_fraction_static if advice.suggestions else 0.85)
     )
     space["mem_fraction_static"] = _float_range(mfs, 0.05, 0.02, 0.5, 0.95, 0.01)
     mrr = centre.get("max_running_requests")
@@ -117,9 +114,7 @@ def space_for(d: ServerDiagnosis, advice: Advice) -> dict[str, ParamRange]:
         space["max_running_requests"] = _int_range(int(mrr), 8, 0.5, 1.5, 8)
     ratio_value = first.get("mamba_full_memory_ratio")
     if ratio_value:
-        space["mamba_full_memory_ratio"] = _float_range(
-            float(ratio_value), ratio_value / 2, ratio_value, 0.1, 4.0, 0.1
-        )
+        space["mamba_full_memory_ratio"] = _float_range(float(ratio_value), ratio_value / 2, ratio_value, 0.1, 4.0, 0.1)
     if "mamba_ssm_dtype" in first:
         space["mamba_ssm_dtype"] = ParamRange(choices=["unset", "bfloat16"])
     if "kv_cache_dtype" in first:
@@ -132,8 +127,14 @@ def _study_name(url: str, origin: str = "inspect") -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{origin}-{parts.hostname}-{parts.port or 80}").strip("-")
 
 
-def sweep_toml(d: ServerDiagnosis, *, prompts: str | None = None, trials: int = 30,
-               workload: WorkloadTable | None = None, origin: str = "inspect") -> str:
+def sweep_toml(
+    d: ServerDiagnosis,
+    *,
+    prompts: str | None = None,
+    trials: int = 30,
+    workload: WorkloadTable | None = None,
+    origin: str = "inspect",
+) -> str:
     """The study file text; raises ``InspectError`` when the diagnosis has no planner advice to centre on.
     ``workload`` replaces the default ``[workload]`` keys (``autotune watch`` writes the drifted traffic)."""
     advice = d.advice
@@ -151,16 +152,21 @@ def sweep_toml(d: ServerDiagnosis, *, prompts: str | None = None, trials: int = 
         engine["model"], engine["sim_gpu"] = advice.model, advice.gpu
     else:
         engine["model"], engine["profile"] = d.state.model_path or advice.model, advice.model
-    doc = StudyFile(study=StudyTable(name=_study_name(d.url, origin), trials=trials),
-                    engine=EngineTable(**engine, fixed=fixed), space=space,
-                    baseline=FlagsEntry(label="running config", flags=baseline))
+    doc = StudyFile(
+        study=StudyTable(name=_study_name(d.url, origin), trials=trials),
+        engine=EngineTable(**engine, fixed=fixed),
+        space=space,
+        baseline=FlagsEntry(label="running config", flags=baseline),
+    )
     if advice.suggestions:
         first = advice.suggestions[0]
         doc["enqueue"] = [FlagsEntry(label=origin + ": " + " ".join(first.argv), flags={**baseline, **first.changes})]
     head = [f"# Written by `autotune {origin} {d.url}`: {d.headline}.", f"# Planner: {advice.reproduction}"]
     if workload is None:
-        head.append("# [workload] prompts: the job's own prompts (JSONL rows with \"prompt\" or chat \"messages\"), "
-                    "relative to this file")
+        head.append(
+            '# [workload] prompts: the job\'s own prompts (JSONL rows with "prompt" or chat "messages"), '
+            "relative to this file"
+        )
         workload = WorkloadTable(prompts=prompts or "prompts.jsonl", max_tokens=4096)
     doc["workload"] = workload
     return "\n".join(head) + "\n\n" + _dumps(doc)

@@ -32,17 +32,33 @@ if TYPE_CHECKING:
 
     LAUNCHERS: dict[str, LauncherFactory]
 
-_CLASSES = {"LocalLauncher": "local", "ContainerLauncher": "container", "SlurmLauncher": "slurm",
-            "SshLauncher": "ssh"}  # class → its module, and the name it is registered under
+_CLASSES = {
+    "LocalLauncher": "local",
+    "ContainerLauncher": "container",
+    "SlurmLauncher": "slurm",
+    "SshLauncher": "ssh",
+}  # class → its module, and the name it is registered under
 
-__all__ = ["LAUNCHERS", "ContainerLauncher", "LaunchSpec", "Launcher", "LocalLauncher", "PortTaken", "ServerExited",
-           "ServerHandle", "ServerStartTimeout", "SlurmLauncher", "SshLauncher"]
+__all__ = [
+    "LAUNCHERS",
+    "ContainerLauncher",
+    "LaunchSpec",
+    "Launcher",
+    "LocalLauncher",
+    "PortTaken",
+    "ServerExited",
+    "ServerHandle",
+    "ServerStartTimeout",
+    "SlurmLauncher",
+    "SshLauncher",
+]
 
 
 def __getattr__(name: str) -> Any:
     if name == "LAUNCHERS":
         registry: dict[str, LauncherFactory] = {
-            where: getattr(importlib.import_module(f"autotune.launch.{where}"), cls) for cls, where in _CLASSES.items()}
+            where: getattr(importlib.import_module(f"autotune.launch.{where}"), cls) for cls, where in _CLASSES.items()
+        }
         globals()["LAUNCHERS"] = registry
         return registry
     if name in _CLASSES:

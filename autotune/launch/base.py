@@ -42,8 +42,10 @@ class PortTaken(ServerError):
 
     def __init__(self, url: str, log_tail: str):
         self.url, self.log_tail = url, log_tail
-        super().__init__(f"{url} answers /health but no process of this server listens there: another process "
-                         f"holds the port (stop it, or pick another port)")
+        super().__init__(
+            f"{url} answers /health but no process of this server listens there: another process "
+            f"holds the port (stop it, or pick another port)"
+        )
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -117,14 +119,30 @@ class ServerRecord:
     def of(cls, launcher: str, spec: LaunchSpec, launch_id: str, **fields: Any) -> ServerRecord:
         """The record of a server started from ``spec`` (its address, log, GPUs, run dir) with the launcher's own
         ``fields`` (its pid, job id, name)."""
-        return cls(launcher=launcher, launch_id=launch_id, host=spec.host, port=spec.port, log_path=str(spec.log_path),
-                   gpus=spec.gpus, run_dir=str(spec.run_dir) if spec.run_dir else None, **fields)
+        return cls(
+            launcher=launcher,
+            launch_id=launch_id,
+            host=spec.host,
+            port=spec.port,
+            log_path=str(spec.log_path),
+            gpus=spec.gpus,
+            run_dir=str(spec.run_dir) if spec.run_dir else None,
+            **fields,
+        )
 
     def detached_spec(self) -> LaunchSpec:
         """What ``Launcher.attach`` knows of the server's spec: where it listens and logs, its GPUs, run dir and
         name; no argv (nothing is started from it)."""
-        return LaunchSpec(argv=[], port=self.port, host=self.host, log_path=Path(self.log_path), gpus=self.gpus,
-                          run_dir=Path(self.run_dir) if self.run_dir else None, detach=True, name=self.name)
+        return LaunchSpec(
+            argv=[],
+            port=self.port,
+            host=self.host,
+            log_path=Path(self.log_path),
+            gpus=self.gpus,
+            run_dir=Path(self.run_dir) if self.run_dir else None,
+            detach=True,
+            name=self.name,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}

@@ -97,9 +97,18 @@ class ContainerLauncher:
     name = "container"
 
     def __init__(
-        self, *, runtime: str = "docker", image: str = IMAGE, mounts: Sequence[str] | None = None,
-        ipc: str = "private", shm_size: str = "32g", python: str = "python3", pass_env: Sequence[str] = PASS_ENV,
-        extra_args: Sequence[str] = (), pull_timeout_s: float = 1800.0, watchdog_grace_s: float = KEEPER_GRACE_S,
+        self,
+        *,
+        runtime: str = "docker",
+        image: str = IMAGE,
+        mounts: Sequence[str] | None = None,
+        ipc: str = "private",
+        shm_size: str = "32g",
+        python: str = "python3",
+        pass_env: Sequence[str] = PASS_ENV,
+        extra_args: Sequence[str] = (),
+        pull_timeout_s: float = 1800.0,
+        watchdog_grace_s: float = KEEPER_GRACE_S,
     ) -> None:
         if ipc not in ("private", "host"):
             raise ServerError(f"container ipc must be 'private' or 'host', not {ipc!r}")
@@ -154,17 +163,29 @@ class ContainerLauncher:
                 env_args += ["-e", f"{key}={value}"]
         mounts = [*self.mounts, *filter(None, [model_mount(spec.argv)])]
         argv = [
-            self.runtime, "run", "-d", "--name", name, *self.gpu_args(spec.gpus), *ipc,
-            "-p", f"{spec.host}:{spec.port}:{spec.port}", *env_args,
-            *[a for m in mounts for a in ("-v", m)], *self.extra_args,
-            self.image, *inside_argv(spec.argv, python=self.python),
+            self.runtime,
+            "run",
+            "-d",
+            "--name",
+            name,
+            *self.gpu_args(spec.gpus),
+            *ipc,
+            "-p",
+            f"{spec.host}:{spec.port}:{spec.port}",
+            *env_args,
+            *[a for m in mounts for a in ("-v", m)],
+            *self.extra_args,
+            self.image,
+            *inside_argv(spec.argv, python=self.python),
         ]
         return argv, hidden
 
     def start(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> ContainerServer:
         if shutil.which(self.runtime) is None:
-            raise ServerError(f"container runtime {self.runtime!r} not found (install docker or podman, or set the "
-                              "container launcher's runtime to its path)")
+            raise ServerError(
+                f"container runtime {self.runtime!r} not found (install docker or podman, or set the "
+                "container launcher's runtime to its path)"
+            )
         if not port_is_free(spec.host, spec.port):
             raise ServerError(f"port {spec.host}:{spec.port} is busy (stop what holds it or pick another port)")
         name = spec.name or f"autotune-{secrets.token_hex(6)}"
@@ -174,8 +195,14 @@ class ContainerLauncher:
             raise ServerError(f"a container named {name!r} already exists ({self.runtime} rm -f it if it is stale)")
         server.baseline_mib = memory_baseline(gpu_reader, spec.gpus)
         try:
-            done = subprocess.run(argv, env={**os.environ, **hidden}, capture_output=True, text=True,
-                                  timeout=self.pull_timeout_s, check=False)
+            done = subprocess.run(
+                argv,
+                env={**os.environ, **hidden},
+                capture_output=True,
+                text=True,
+                timeout=self.pull_timeout_s,
+                check=False,
+            )
         except subprocess.TimeoutExpired as exc:
             server.remove()
             raise ServerError(f"{self.runtime} run did not return within {self.pull_timeout_s:g} s") from exc
@@ -206,8 +233,15 @@ class ContainerServer(Kept):
 
     pid: int | None = None  # ``run -d`` leaves no client process
 
-    def __init__(self, runtime: str, name: str, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None,
-                 launch_id: str | None = None):
+    def __init__(
+        self,
+        runtime: str,
+        name: str,
+        spec: LaunchSpec,
+        *,
+        gpu_reader: MemoryReader | None = None,
+        launch_id: str | None = None,
+    ):
         self.runtime, self.name, self.spec, self.gpu_reader = runtime, name, spec, gpu_reader
         self.launch_id = launch_id or name
         self.port, self.log_path = spec.port, Path(spec.log_path)
@@ -226,9 +260,13 @@ class ContainerServer(Kept):
     def keep(self, runtime_path: str, grace_s: float) -> None:
         """Start the keeper: from now on the harness's death removes the container."""
         run_dir = self.spec.run_dir or self.log_path.parent
-        self._keeper = Keeper([runtime_path, "rm", "-f", self.name], log_path=self.log_path, grace_s=grace_s,
-                              note=f"[autotune keeper] harness gone; removing container {self.name}",
-                              record=run_dir / f"container-{self.name}.json")
+        self._keeper = Keeper(
+            [runtime_path, "rm", "-f", self.name],
+            log_path=self.log_path,
+            grace_s=grace_s,
+            note=f"[autotune keeper] harness gone; removing container {self.name}",
+            record=run_dir / f"container-{self.name}.json",
+        )
 
     def _cli(self, *args: str, timeout: float = _CALL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
         return subprocess.run([self.runtime, *args], capture_output=True, text=True, timeout=timeout, check=False)
@@ -268,8 +306,13 @@ class ContainerServer(Kept):
 
     def _copy_logs(self) -> None:
         """The container's output into the spec's log file (the trial's ``server.log``), whole each time."""
-        done = subprocess.run([self.runtime, "logs", self.name], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=_CALL_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            [self.runtime, "logs", self.name],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=_CALL_TIMEOUT_S,
+            check=False,
+        )
         if done.returncode == 0:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             self.log_path.write_bytes(done.stdout)
@@ -287,8 +330,9 @@ class ContainerServer(Kept):
 
     def wait_ready(self, timeout_s: float, *, stop_event: threading.Event | None = None) -> None:
         """Return once ``/health`` answers 200 on the published port; a container that ends ends the wait."""
-        wait_healthy(lambda: self.base_url, timeout_s, ended=self.poll, tail=self.log_tail, stop_event=stop_event,
-                     poll_s=0.2)
+        wait_healthy(
+            lambda: self.base_url, timeout_s, ended=self.poll, tail=self.log_tail, stop_event=stop_event, poll_s=0.2
+        )
 
     def stop(self, grace_s: float = 10.0, release_timeout_s: float = 30.0) -> int | None:
         """``stop -t <grace>`` (SIGTERM, SIGKILL after the grace), ``kill`` if it still runs, the log copied,
@@ -308,10 +352,20 @@ class ContainerServer(Kept):
             self.poll()
             self.remove()
 
-        steps = StopSteps(what=f"container {self.name}", running=self._running, terminate=terminate, kill=kill,
-                          gone=lambda: self._state() is None, poll_s=0.1)
-        release = Release(port=self.port, port_free=lambda: port_is_free(self.spec.host, self.port),
-                          reader=self.gpu_reader, baseline_mib=self.baseline_mib)
+        steps = StopSteps(
+            what=f"container {self.name}",
+            running=self._running,
+            terminate=terminate,
+            kill=kill,
+            gone=lambda: self._state() is None,
+            poll_s=0.1,
+        )
+        release = Release(
+            port=self.port,
+            port_free=lambda: port_is_free(self.spec.host, self.port),
+            reader=self.gpu_reader,
+            baseline_mib=self.baseline_mib,
+        )
         problems = stop_and_release(steps, release, grace_s=grace_s, release_timeout_s=release_timeout_s)
         self._stand_down()
         self.teardown_error = "; ".join(problems) or None
@@ -325,7 +379,6 @@ class ContainerServer(Kept):
 
     def __enter__(self) -> ContainerServer:
         return self
-
 
 
 def _conforms(server: ContainerServer, launcher: ContainerLauncher) -> tuple[ServerHandle, Launcher]:

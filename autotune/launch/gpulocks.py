@@ -74,8 +74,14 @@ class GpuLocks:
             return Held(group, files)
         return None
 
-    def take(self, size: int, *, stop: threading.Event | None = None, poll_s: float = POLL_S,
-             on_wait: Callable[[str], None] | None = None) -> Held:
+    def take(
+        self,
+        size: int,
+        *,
+        stop: threading.Event | None = None,
+        poll_s: float = POLL_S,
+        on_wait: Callable[[str], None] | None = None,
+    ) -> Held:
         """Wait for a free group of ``size`` GPUs and hold it; ``Stopped`` when ``stop`` is set meanwhile."""
         said = False
         while True:
@@ -92,8 +98,9 @@ class GpuLocks:
                 threading.Event().wait(poll_s)
 
     @contextlib.contextmanager
-    def holding(self, size: int, *, stop: threading.Event | None = None,
-                on_wait: Callable[[str], None] | None = None) -> Iterator[tuple[int, ...]]:
+    def holding(
+        self, size: int, *, stop: threading.Event | None = None, on_wait: Callable[[str], None] | None = None
+    ) -> Iterator[tuple[int, ...]]:
         """``take`` as a context: the group's GPUs, released on exit however the block ends."""
         held = self.take(size, stop=stop, on_wait=on_wait)
         try:
@@ -134,8 +141,10 @@ def hold_sweep_gpus(cfg: StudyConfig, names: list[str]) -> list[Any]:
             for other in held:
                 other.close()
             what = f"GPU {name}" if name.isdigit() else f"worker slot {name}"
-            raise StudyError(f"study {cfg.name!r} is being swept on {what} by pid {holder}; "
-                             f"wait for it, stop it or use other GPUs (the lock is {path})") from None
+            raise StudyError(
+                f"study {cfg.name!r} is being swept on {what} by pid {holder}; "
+                f"wait for it, stop it or use other GPUs (the lock is {path})"
+            ) from None
         fh.seek(0)
         fh.truncate()
         fh.write(str(os.getpid()))

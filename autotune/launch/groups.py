@@ -21,22 +21,28 @@ def parse_gpus(text: str) -> list[int]:
     for part in parts:
         lo, dash, hi = part.partition("-")
         if not lo.strip().isdigit() or (dash and not hi.strip().isdigit()):
-            raise ConfigError(f"cannot read GPU list {text!r}", key="--gpus",
-                              fix="write GPU indices like 0,1,2,3 or ranges like 0-3,6,7")
+            raise ConfigError(
+                f"cannot read GPU list {text!r}",
+                key="--gpus",
+                fix="write GPU indices like 0,1,2,3 or ranges like 0-3,6,7",
+            )
         first, last = int(lo), int(hi) if dash else int(lo)
         if last < first:
             raise ConfigError(f"GPU range {part!r} runs backwards", key="--gpus", fix=f"write {last}-{first}")
         gpus.extend(range(first, last + 1))
     if len(set(gpus)) != len(gpus):
-        raise ConfigError(f"GPU list {text!r} repeats a GPU", key="--gpus",
-                          fix="name each GPU once: two workers on one GPU would skew both")
+        raise ConfigError(
+            f"GPU list {text!r} repeats a GPU",
+            key="--gpus",
+            fix="name each GPU once: two workers on one GPU would skew both",
+        )
     return gpus
 
 
 def aligned_groups(pool: Sequence[int], size: int) -> list[tuple[int, ...]]:
     """The pool's groups of ``size`` GPUs, tiling it from its start (a remainder too small for one is left out)."""
     pool = tuple(pool)
-    return [pool[i:i + size] for i in range(0, len(pool) - size + 1, size)] if size >= 1 else []
+    return [pool[i : i + size] for i in range(0, len(pool) - size + 1, size)] if size >= 1 else []
 
 
 def group_label(gpus: Sequence[int]) -> str:

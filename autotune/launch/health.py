@@ -16,9 +16,16 @@ from autotune import tls
 from autotune.launch.base import PortTaken, ServerExited, ServerStartTimeout
 
 
-def wait_healthy(url: Callable[[], str], timeout_s: float, *, ended: Callable[[], int | None], tail: Callable[[], str],
-                 stop_event: threading.Event | None = None, poll_s: float = 0.1,
-                 owns_port: Callable[[], bool | None] | None = None) -> None:
+def wait_healthy(
+    url: Callable[[], str],
+    timeout_s: float,
+    *,
+    ended: Callable[[], int | None],
+    tail: Callable[[], str],
+    stop_event: threading.Event | None = None,
+    poll_s: float = 0.1,
+    owns_port: Callable[[], bool | None] | None = None,
+) -> None:
     """Return once ``url()``'s ``/health`` answers 200; ``ServerExited`` as soon as ``ended`` gives an exit code,
     ``ServerStartTimeout`` when the time runs out or ``stop_event`` is set (every launcher's ``wait_ready``).
     ``owns_port``: whether the answer came from this server (a launcher that can see its processes' sockets);

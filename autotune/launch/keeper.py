@@ -43,7 +43,10 @@ class Keeper:
         try:
             keeper = subprocess.Popen(
                 [sys.executable, "-c", KEEPER, str(log_path), note, json.dumps(list(command))],
-                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
                 close_fds=True,
             )
             assert keeper.stdout is not None

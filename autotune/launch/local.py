@@ -41,9 +41,17 @@ class LocalLauncher:
     def server(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> ServerProcess:
         """The server, not started yet (a context manager: ``with launcher.server(spec) as s``)."""
         return ServerProcess(
-            spec.argv, port=spec.port, host=spec.host, env={**spec.env, **self.device_env(spec.gpus)},
-            gpu_index=spec.gpus[0] if spec.gpus else None, log_path=spec.log_path, gpu_reader=gpu_reader,
-            run_dir=spec.run_dir, detach=spec.detach, shm_dir=spec.shm_dir, watchdog_grace_s=self.watchdog_grace_s,
+            spec.argv,
+            port=spec.port,
+            host=spec.host,
+            env={**spec.env, **self.device_env(spec.gpus)},
+            gpu_index=spec.gpus[0] if spec.gpus else None,
+            log_path=spec.log_path,
+            gpu_reader=gpu_reader,
+            run_dir=spec.run_dir,
+            detach=spec.detach,
+            shm_dir=spec.shm_dir,
+            watchdog_grace_s=self.watchdog_grace_s,
             gpus=spec.gpus,
         )
 

@@ -17,7 +17,11 @@ def used_mib(reader: MemoryReader) -> float | None:
 
 
 def wait_released(
-    reader: MemoryReader, baseline_used_mib: float | None, timeout_s: float, *, tolerance_mib: float = 128.0,
+    reader: MemoryReader,
+    baseline_used_mib: float | None,
+    timeout_s: float,
+    *,
+    tolerance_mib: float = 128.0,
     poll_s: float = 0.1,
 ) -> bool:
     """Poll until used memory is back within ``tolerance_mib`` of the pre-start baseline; False on timeout."""
@@ -35,7 +39,8 @@ def wait_released(
 
 class GroupReader:
     """The devices of one server that spans several GPUs, read as one: ``read`` reports the device with the least
-    free memory (the one that OOMs first decides headroom) and every device under ``devices``. It names no processes: the tenancy check reads
+    free memory (the one that OOMs first decides headroom) and every device under ``devices``. It names no processes:
+    the tenancy check reads
     each device on its own (``harness.tenancy.check_engine_gpus``)."""
 
     def __init__(self, readers: dict[int, MemoryReader]):
@@ -54,8 +59,12 @@ class GroupReader:
             return worst
         util = [d.util_pct for d in devices if d.util_pct is not None]
         power = [d.power_w for d in devices if d.power_w is not None]
-        return dataclasses.replace(worst, devices=tuple(devices), util_pct=sum(util) / len(util) if util else None,
-                                   power_w=sum(power) if power else None)  # the server's draw: all its GPUs
+        return dataclasses.replace(
+            worst,
+            devices=tuple(devices),
+            util_pct=sum(util) / len(util) if util else None,
+            power_w=sum(power) if power else None,
+        )  # the server's draw: all its GPUs
 
     def close(self) -> None:
         for reader in self.readers.values():

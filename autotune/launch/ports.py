@@ -32,8 +32,9 @@ def port_range(value: str | None = None) -> tuple[int, int] | None:
         return None
     low, sep, high = raw.partition("-")
     if not (sep and low.strip().isdigit() and high.strip().isdigit()) or not 1024 <= int(low) <= int(high) <= 65535:
-        raise ConfigError(f"{raw!r} is not a port range", key=PORT_RANGE_ENV,
-                          fix="write LOW-HIGH within 1024-65535, e.g. 20000-20999")
+        raise ConfigError(
+            f"{raw!r} is not a port range", key=PORT_RANGE_ENV, fix="write LOW-HIGH within 1024-65535, e.g. 20000-20999"
+        )
     return int(low), int(high)
 
 
@@ -78,5 +79,6 @@ def free_port(host: str = "127.0.0.1") -> int:
             port = low + next(turn) % size
             if port_is_free(host, port):
                 return port
-    raise ConfigError(f"no free port in {low}-{high}", key=PORT_RANGE_ENV,
-                      fix="widen the range, or stop what holds its ports")
+    raise ConfigError(
+        f"no free port in {low}-{high}", key=PORT_RANGE_ENV, fix="widen the range, or stop what holds its ports"
+    )

@@ -3,7 +3,8 @@
 Nothing a trial starts may outlive it: the next server sizes its pools from *free* GPU memory, so a
 leftover process, a held port or memory still being released would skew (or OOM) the next trial. A watchdog
 process per non-detached server (``autotune.launch.watchdog``) stops it within seconds of the harness's death,
-SIGKILL included; a pid file per server lets a later run remove what even that missed, and only that. /dev/shm files go only
+SIGKILL included; a pid file per server lets a later run remove what even that missed, and only that. /dev/shm files go
+only
 when proven this server's (``autotune.launch.shm``): other servers on the host have files of the same shapes.
 """
 
@@ -43,8 +44,15 @@ from autotune.launch.watchdog import Watchdog
 GONE = -1  # the exit code of a detached server found again by its record: not our child, its code unknown
 WATCHDOG_GRACE_S = 5.0  # harness gone: SIGTERM to the launcher, SIGKILL of the group this much later
 log = logging.getLogger(__name__)
-__all__ = ["ServerExited", "ServerProcess", "ServerStartTimeout", "cleanup_orphans", "free_port", "port_is_free",
-           "stop_process_group"]
+__all__ = [
+    "ServerExited",
+    "ServerProcess",
+    "ServerStartTimeout",
+    "cleanup_orphans",
+    "free_port",
+    "port_is_free",
+    "stop_process_group",
+]
 
 
 def _group_alive(pgid: int) -> bool:
@@ -82,9 +90,13 @@ def _terminate(proc: psutil.Process) -> None:
 def group_steps(proc: psutil.Process, pgid: int) -> StopSteps:
     """The stop of a process group led by ``proc`` that is not our child (a fleet's server, an orphan): SIGTERM
     the leader only, SIGKILL the whole group."""
-    return StopSteps(what=f"process group {pgid}", running=lambda: _still_runs(proc), terminate=lambda: _terminate(proc),
-                     kill=lambda: _kill_group(pgid, signal.SIGKILL),
-                     gone=lambda: not _still_runs(proc) and not _group_alive(pgid))
+    return StopSteps(
+        what=f"process group {pgid}",
+        running=lambda: _still_runs(proc),
+        terminate=lambda: _terminate(proc),
+        kill=lambda: _kill_group(pgid, signal.SIGKILL),
+        gone=lambda: not _still_runs(proc) and not _group_alive(pgid),
+    )
 
 
 def stop_process_group(pid: int, *, grace_s: float) -> int | None:
@@ -190,9 +202,16 @@ class ServerProcess(LogFile):
     def attached(cls, record: ServerRecord) -> ServerProcess:
         """The detached server ``record`` describes (started by an earlier command); not alive when its pid now
         runs something else. Its /dev/shm ownership comes from the pid-file record its start left in ``run_dir``."""
-        server = cls([], port=record.port, host=record.host, log_path=Path(record.log_path), detach=True,
-                     run_dir=Path(record.run_dir) if record.run_dir else None, gpus=record.gpus,
-                     launch_id=record.launch_id)
+        server = cls(
+            [],
+            port=record.port,
+            host=record.host,
+            log_path=Path(record.log_path),
+            detach=True,
+            run_dir=Path(record.run_dir) if record.run_dir else None,
+            gpus=record.gpus,
+            launch_id=record.launch_id,
+        )
         server.pid, server._pgid, server._create_time = record.pid, record.pid, record.create_time
         server._attached = proven_process(record)
         server._pid_file = server.run_dir / f"server-{record.pid}.json"
@@ -207,9 +226,17 @@ class ServerProcess(LogFile):
         return server
 
     def record(self) -> ServerRecord:
-        return ServerRecord(launcher="local", launch_id=self.launch_id, host=self.host, port=self.port,
-                            log_path=str(self.log_path), gpus=self.gpus, pid=self.pid, create_time=self._create_time,
-                            run_dir=str(self.run_dir))
+        return ServerRecord(
+            launcher="local",
+            launch_id=self.launch_id,
+            host=self.host,
+            port=self.port,
+            log_path=str(self.log_path),
+            gpus=self.gpus,
+            pid=self.pid,
+            create_time=self._create_time,
+            run_dir=str(self.run_dir),
+        )
 
     # -- start ------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -228,8 +255,13 @@ class ServerProcess(LogFile):
             watchdog = None if self.detach else Watchdog(grace_s=self.watchdog_grace_s)
             try:
                 self._proc = subprocess.Popen(
-                    self.argv, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    env=env, start_new_session=True, close_fds=True,
+                    self.argv,
+                    stdout=log_file,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                    close_fds=True,
                 )
             except BaseException as exc:
                 if watchdog is not None:
@@ -261,10 +293,20 @@ class ServerProcess(LogFile):
         shm = self._shm
         assert shm is not None  # set by start() before any record is written
         record = PidFile(
-            pid=self.pid, create_time=self._create_time, cmdline=self.argv, port=self.port, host=self.host,
-            log_path=str(self.log_path), detached=self.detach, harness_pid=me.pid,
-            harness_create_time=me.create_time(), shm_dir=str(self.shm_dir), launch_id=self.launch_id,
-            shm_before=sorted(shm.before), shm_ports=sorted(shm.ports), shm_owned=shm.owned,
+            pid=self.pid,
+            create_time=self._create_time,
+            cmdline=self.argv,
+            port=self.port,
+            host=self.host,
+            log_path=str(self.log_path),
+            detached=self.detach,
+            harness_pid=me.pid,
+            harness_create_time=me.create_time(),
+            shm_dir=str(self.shm_dir),
+            launch_id=self.launch_id,
+            shm_before=sorted(shm.before),
+            shm_ports=sorted(shm.ports),
+            shm_owned=shm.owned,
         )
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._pid_file = self.run_dir / f"server-{self.pid}.json"
@@ -289,8 +331,14 @@ class ServerProcess(LogFile):
         """Return once ``/health`` answers 200; a process that exits ends the wait at once."""
         if self._proc is None and self._attached is None:
             raise ServerError("server not started")
-        wait_healthy(lambda: self.base_url, timeout_s, ended=self.poll, tail=self.log_tail, stop_event=stop_event,
-                     owns_port=lambda: listens(group_pids(self._pgid), self.port))
+        wait_healthy(
+            lambda: self.base_url,
+            timeout_s,
+            ended=self.poll,
+            tail=self.log_tail,
+            stop_event=stop_event,
+            owns_port=lambda: listens(group_pids(self._pgid), self.port),
+        )
 
     # -- stop -------------------------------------------------------------------------------------------
     def stop(self, grace_s: float = 10.0, release_timeout_s: float = 30.0) -> int | None:
@@ -310,8 +358,12 @@ class ServerProcess(LogFile):
             self._sampler = None
         elif self._shm is not None and self._pgid is not None:
             self._shm.observe(group_pids(self._pgid))  # a detached server's last look, from its record on
-        release = Release(port=self.port, port_free=lambda: port_is_free(self.host, self.port),
-                          reader=self.gpu_reader, baseline_mib=self._baseline_mib)
+        release = Release(
+            port=self.port,
+            port_free=lambda: port_is_free(self.host, self.port),
+            reader=self.gpu_reader,
+            baseline_mib=self._baseline_mib,
+        )
         problems = stop_and_release(steps, release, grace_s=grace_s, release_timeout_s=release_timeout_s)
         self.poll()
         if self._pid_file is not None:
@@ -337,9 +389,14 @@ class ServerProcess(LogFile):
             except ProcessLookupError:
                 pass
 
-        return StopSteps(what=f"process group {pgid}", running=lambda: proc.poll() is None, terminate=terminate,
-                         kill=lambda: _kill_group(pgid, signal.SIGKILL),
-                         gone=lambda: proc.poll() is not None and not _group_alive(pgid), clean_files=self._clean_files)
+        return StopSteps(
+            what=f"process group {pgid}",
+            running=lambda: proc.poll() is None,
+            terminate=terminate,
+            kill=lambda: _kill_group(pgid, signal.SIGKILL),
+            gone=lambda: proc.poll() is not None and not _group_alive(pgid),
+            clean_files=self._clean_files,
+        )
 
     def _clean_files(self) -> None:
         """The group is gone: remove the /dev/shm files it provably owned (the port rule applied once more)."""
@@ -351,8 +408,12 @@ class ServerProcess(LogFile):
         if self._proc is not None:  # a trial's: since its start, only seconds to minutes passed (see shm)
             self._release_semaphores(shm)
         if self.unattributed_shm:
-            log.warning("left %d new file(s) in %s not proven this server's: %s", len(self.unattributed_shm),
-                        self.shm_dir, ", ".join(self.unattributed_shm))
+            log.warning(
+                "left %d new file(s) in %s not proven this server's: %s",
+                len(self.unattributed_shm),
+                self.shm_dir,
+                ", ".join(self.unattributed_shm),
+            )
 
     def _release_semaphores(self, shm: ShmOwnership) -> None:
         """The group is gone: semaphores new since the start that nobody on the host holds were its (see shm)."""
@@ -444,7 +505,12 @@ def cleanup_orphans(run_dir: Path, *, grace_s: float = 5.0) -> list[int]:
             shm.observe(())  # the port rule still applies to what appeared since
             removed, left = shm.remove()
             if left and "shm_before" in record:
-                log.warning("left %d new file(s) in %s not proven server %s's: %s", len(left), shm.directory,
-                            record.get("pid"), ", ".join(left))
+                log.warning(
+                    "left %d new file(s) in %s not proven server %s's: %s",
+                    len(left),
+                    shm.directory,
+                    record.get("pid"),
+                    ", ".join(left),
+                )
         pid_file.unlink(missing_ok=True)
     return killed

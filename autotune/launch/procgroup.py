@@ -23,7 +23,7 @@ def _stat_tail(pid: int | str) -> list[bytes] | None:
             data = fh.read()
     except OSError:
         return None
-    return data[data.rfind(b")") + 2:].split()
+    return data[data.rfind(b")") + 2 :].split()
 
 
 def group_pids(pgid: int | None) -> set[int]:
@@ -58,7 +58,7 @@ def _held(pids: Iterable[int], folder: str) -> Iterator[tuple[str, int, bool]]:
             try:
                 target = os.readlink(f"{fd_dir}/{fd}")
                 if target.startswith(folder + "/"):
-                    yield target[len(folder) + 1:], os.stat(f"{fd_dir}/{fd}").st_ino, False
+                    yield target[len(folder) + 1 :], os.stat(f"{fd_dir}/{fd}").st_ino, False
             except OSError:
                 continue  # closed meanwhile
         try:
@@ -71,14 +71,17 @@ def _held(pids: Iterable[int], folder: str) -> Iterator[tuple[str, int, bool]]:
         for line in maps.splitlines():
             parts = line.split(maxsplit=5)
             if len(parts) == 6 and parts[5].startswith(needle):
-                yield os.fsdecode(parts[5][len(needle):]), int(parts[4]), True
+                yield os.fsdecode(parts[5][len(needle) :]), int(parts[4]), True
 
 
 def held_files(pids: Iterable[int], directory: Path) -> dict[str, int]:
     """Names in ``directory`` that ``pids`` hold open or mapped → the inode they hold (a deleted file held open
     under its ``/proc`` name, `` (deleted)`` appended; a deleted mapping left out)."""
-    return {name: ino for name, ino, mapped in _held(pids, os.path.realpath(directory))
-            if not (name.endswith(" (deleted)") if mapped else "/" in name)}
+    return {
+        name: ino
+        for name, ino, mapped in _held(pids, os.path.realpath(directory))
+        if not (name.endswith(" (deleted)") if mapped else "/" in name)
+    }
 
 
 def held_inodes(pids: Iterable[int] | None, directory: Path) -> set[int]:

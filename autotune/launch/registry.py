@@ -16,7 +16,8 @@ def make_launcher(launcher: str | Launcher = "local", settings: Mapping[str, Any
     if not isinstance(launcher, str):
         return launcher
     if launcher not in LAUNCHERS:
-        raise ConfigError(f"unknown launcher {launcher!r}", key="launcher",
-                          fix=f"use one of {', '.join(sorted(LAUNCHERS))}")
+        raise ConfigError(
+            f"unknown launcher {launcher!r}", key="launcher", fix=f"use one of {', '.join(sorted(LAUNCHERS))}"
+        )
     made: Launcher = LAUNCHERS[launcher].from_settings(dict(settings or {}))
     return made

@@ -70,7 +70,9 @@ def parse_gpus(text: str) -> dict[int, GpuReading]:
         out[int(parts[0])] = GpuReading(
             used_gib=None if used is None else used / MIB_PER_GIB,
             total_gib=None if total is None else total / MIB_PER_GIB,
-            util_pct=util, power_w=power, sm_clock_mhz=clock,
+            util_pct=util,
+            power_w=power,
+            sm_clock_mhz=clock,
         )
     return out
 
@@ -102,8 +104,15 @@ def parse_apps(text: str) -> list[RemoteProcess]:
         if len(parts) != len(APP_FIELDS) or not parts[1].isdigit():
             continue
         used = value(parts[2])
-        out.append(RemoteProcess(gpu=index_of.get(parts[0]), pid=int(parts[1]), exited=False,
-                                 used_gib=None if used is None else used / MIB_PER_GIB, name=parts[3]))
+        out.append(
+            RemoteProcess(
+                gpu=index_of.get(parts[0]),
+                pid=int(parts[1]),
+                exited=False,
+                used_gib=None if used is None else used / MIB_PER_GIB,
+                name=parts[3],
+            )
+        )
     return out
 
 
@@ -125,8 +134,16 @@ class RemoteGpuReader:
     (the fullest GPU, every GPU under ``devices``). ``processes()`` names the compute processes on them (their pids
     are the host's, ``name`` is what ``nvidia-smi`` calls them)."""
 
-    def __init__(self, call: Call, gpus: tuple[int, ...], *, host: str, timeout_s: float = READ_TIMEOUT_S,
-                 retry_s: float = RETRY_S, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        call: Call,
+        gpus: tuple[int, ...],
+        *,
+        host: str,
+        timeout_s: float = READ_TIMEOUT_S,
+        retry_s: float = RETRY_S,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         if not gpus:
             raise ValueError("a remote GPU reader needs at least one GPU")
         self.call, self.gpus, self.host = call, tuple(int(g) for g in gpus), host

@@ -37,8 +37,10 @@ def snapshot_command(directory: str, ports: Collection[int], record: str | None 
     of ``directory`` now (none when it does not exist). With ``record`` (a file on the host) it is kept there
     too, so a later command that has only the pid file (a fleet's ``down``) can tell the server's files."""
     header = " ".join(shlex.quote(r) for r in (f"dir {directory}", " ".join(["ports", *map(str, sorted(ports))])))
-    listing = (f"{{ printf '%s\\0' {header}; "
-               f"find {shlex.quote(directory)} -mindepth 1 -maxdepth 1 -printf 'n %f\\0' 2>/dev/null; true; }}")
+    listing = (
+        f"{{ printf '%s\\0' {header}; "
+        f"find {shlex.quote(directory)} -mindepth 1 -maxdepth 1 -printf 'n %f\\0' 2>/dev/null; true; }}"
+    )
     if record is None:
         return listing
     folder = record.rpartition("/")[0] or "."
@@ -59,9 +61,11 @@ def facts_command(directory: str, holders: int | None) -> str:
     """The host's facts as NUL-separated records: ``u <uid>``; ``f <inode> <uid> <type> <name>`` for each entry of
     ``directory``; and ``i <inode>`` for each file there held (fd or mapping, deleted names included) by the
     process group ``holders`` (``ALL_PROCESSES``: by any process; None: no holders read)."""
-    lines = [f"d=$(cd {shlex.quote(directory)} 2>/dev/null && pwd -P) || exit 0",
-             "printf 'u %s\\0' \"$(id -u)\"",
-             "find \"$d\" -mindepth 1 -maxdepth 1 -printf 'f %i %U %y %f\\0'"]
+    lines = [
+        f"d=$(cd {shlex.quote(directory)} 2>/dev/null && pwd -P) || exit 0",
+        "printf 'u %s\\0' \"$(id -u)\"",
+        "find \"$d\" -mindepth 1 -maxdepth 1 -printf 'f %i %U %y %f\\0'",
+    ]
     if holders is not None:
         if holders == ALL_PROCESSES:
             pids = "ps -e -o pid="
@@ -70,8 +74,9 @@ def facts_command(directory: str, holders: int | None) -> str:
         lines.append(
             f"for p in $({pids}); do "
             "find /proc/$p/fd -mindepth 1 -maxdepth 1 -lname \"$d/*\" -exec stat -L -c 'i %i' {} + 2>/dev/null; "
-            "awk -v d=\"$d/\" 'index($6, d) == 1 {print \"i \" $5}' /proc/$p/maps 2>/dev/null; "
-            "done | tr '\\n' '\\0'")
+            'awk -v d="$d/" \'index($6, d) == 1 {print "i " $5}\' /proc/$p/maps 2>/dev/null; '
+            "done | tr '\\n' '\\0'"
+        )
     return "\n".join(lines)
 
 
@@ -80,8 +85,9 @@ def remove_command(directory: str, files: dict[str, int]) -> str:
     steps = [f"cd {shlex.quote(directory)} || exit 0"]
     for name, ino in sorted(files.items()):
         q = shlex.quote(name)
-        steps.append(f"if [ \"$(stat -c %i -- {q} 2>/dev/null)\" = {int(ino)} ]; then "
-                     f"rm -f -- {q} && printf '%s\\0' {q}; fi")
+        steps.append(
+            f"if [ \"$(stat -c %i -- {q} 2>/dev/null)\" = {int(ino)} ]; then rm -f -- {q} && printf '%s\\0' {q}; fi"
+        )
     return "\n".join(steps)
 
 
@@ -101,8 +107,13 @@ def parse_facts(text: str) -> Facts:
     for record in records:
         if record.startswith("f "):
             parts = record[2:].split(" ", 3)
-            if len(parts) == 4 and parts[0].isdigit() and parts[1] == uid and parts[2] == "f" \
-                    and sglang_shaped(parts[3]):
+            if (
+                len(parts) == 4
+                and parts[0].isdigit()
+                and parts[1] == uid
+                and parts[2] == "f"
+                and sglang_shaped(parts[3])
+            ):
                 facts.files[parts[3]] = int(parts[0])
         elif record.startswith("i ") and record[2:].strip().isdigit():
             facts.held.add(int(record[2:].strip()))
@@ -174,8 +185,13 @@ class RemoteShm:
             removed = sorted(parse_names(out or "") & set(doomed))
         left = sorted(set(new) - set(removed))
         if left:
-            log.warning("left %d new file(s) in %s on %s not proven this server's: %s", len(left), self.directory,
-                        self.host, ", ".join(left))
+            log.warning(
+                "left %d new file(s) in %s on %s not proven this server's: %s",
+                len(left),
+                self.directory,
+                self.host,
+                ", ".join(left),
+            )
         return removed, left
 
     def _new(self, facts: Facts) -> dict[str, int]:

@@ -121,8 +121,9 @@ class ShmOwnership:
     def from_record(cls, record: Mapping[str, Any]) -> ShmOwnership:
         """The ownership a pid file recorded (``shm_dir``, ``shm_before``, ``shm_ports``, ``shm_owned``)."""
         owned = {str(k): int(v) for k, v in (record.get("shm_owned") or {}).items()}
-        return cls(Path(record.get("shm_dir", SHM_DIR)), record.get("shm_before") or [],
-                   record.get("shm_ports") or [], owned)
+        return cls(
+            Path(record.get("shm_dir", SHM_DIR)), record.get("shm_before") or [], record.get("shm_ports") or [], owned
+        )
 
     def pending(self) -> bool:
         """Whether a new file is not attributed yet (a scan of the directory only, no /proc)."""
@@ -173,7 +174,9 @@ class ShmOwnership:
 class ShmSampler:
     """Samples, while the server runs, which new /dev/shm files its process group holds (a dead one holds none)."""
 
-    def __init__(self, ownership: ShmOwnership, pgid: int, on_grow: Callable[[], None], interval_s: float = SHM_SAMPLE_S):
+    def __init__(
+        self, ownership: ShmOwnership, pgid: int, on_grow: Callable[[], None], interval_s: float = SHM_SAMPLE_S
+    ):
         self.ownership, self.pgid, self.on_grow, self.interval_s = ownership, pgid, on_grow, interval_s
         self._stop = threading.Event()
         self._alive_at = 0.0

@@ -114,8 +114,9 @@ def read_shm_record(path: Path) -> ShmOwnership | None:
 
 def scontrol_job(job_id: str) -> dict[str, str] | None:
     """``scontrol show job -o``'s fields; None once the controller no longer knows the job."""
-    done = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
-                          timeout=_CALL_TIMEOUT_S, check=False)
+    done = subprocess.run(
+        ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=_CALL_TIMEOUT_S, check=False
+    )
     if done.returncode != 0 or not done.stdout.strip():
         return None
     fields: dict[str, str] = {}
@@ -130,8 +131,13 @@ def sacct_job(job_id: str) -> tuple[str, str] | None:
     """(state, ExitCode) from accounting, or None where the cluster keeps none."""
     if shutil.which("sacct") is None:
         return None
-    done = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"], capture_output=True,
-                          text=True, timeout=_CALL_TIMEOUT_S, check=False)
+    done = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"],
+        capture_output=True,
+        text=True,
+        timeout=_CALL_TIMEOUT_S,
+        check=False,
+    )
     line = done.stdout.strip().splitlines()[:1] if done.returncode == 0 else []
     if not line or "|" not in line[0]:
         return None
@@ -163,12 +169,24 @@ class SlurmLauncher:
 
     def sbatch_argv(self, spec: LaunchSpec, name: str, script: Path) -> list[str]:
         s = self.settings
-        argv = ["sbatch", "--parsable", "--job-name", name, "--output", str(spec.log_path), "--no-requeue",
-                "--ntasks=1", "--export=ALL"]
+        argv = [
+            "sbatch",
+            "--parsable",
+            "--job-name",
+            name,
+            "--output",
+            str(spec.log_path),
+            "--no-requeue",
+            "--ntasks=1",
+            "--export=ALL",
+        ]
         if spec.gpus:
             argv.append(f"--gres=gpu:{len(spec.gpus)}")
-        argv += [f"--{key}={value}" for key, value in
-                 (("partition", s.partition), ("account", s.account), ("time", s.time)) if value]
+        argv += [
+            f"--{key}={value}"
+            for key, value in (("partition", s.partition), ("account", s.account), ("time", s.time))
+            if value
+        ]
         return [*argv, *s.extra_args, str(script)]
 
     def memory_reader(self, gpus: tuple[int, ...], local: ReaderFactory) -> MemoryReader:
@@ -179,8 +197,10 @@ class SlurmLauncher:
     def start(self, spec: LaunchSpec, *, gpu_reader: MemoryReader | None = None) -> SlurmJob:
         sbatch = shutil.which("sbatch")
         if sbatch is None or shutil.which("scancel") is None or shutil.which("scontrol") is None:
-            raise ServerError("Slurm's sbatch/scancel/scontrol not found (install Slurm's client commands, or use "
-                              "another [engine] launcher)")
+            raise ServerError(
+                "Slurm's sbatch/scancel/scontrol not found (install Slurm's client commands, or use "
+                "another [engine] launcher)"
+            )
         if not port_is_free(spec.host, spec.port):
             raise ServerError(f"port {spec.host}:{spec.port} is busy (stop what holds it or pick another port)")
         launch_id = secrets.token_hex(6)
@@ -195,8 +215,14 @@ class SlurmLauncher:
         job.baseline_mib = memory_baseline(gpu_reader, spec.gpus)  # no GPU: nothing of the job's to wait for
         job.watch_shm(run_dir)  # before the job exists: only what appears after can be its
         try:
-            done = subprocess.run(self.sbatch_argv(spec, name, script), env={**os.environ, **env},
-                                  capture_output=True, text=True, timeout=_CALL_TIMEOUT_S, check=False)
+            done = subprocess.run(
+                self.sbatch_argv(spec, name, script),
+                env={**os.environ, **env},
+                capture_output=True,
+                text=True,
+                timeout=_CALL_TIMEOUT_S,
+                check=False,
+            )
         except subprocess.TimeoutExpired as exc:
             raise ServerError(f"sbatch did not return within {_CALL_TIMEOUT_S:g} s (is slurmctld up?)") from exc
         if done.returncode != 0:
@@ -230,8 +256,9 @@ class SlurmJob(Kept, LogFile):
 
     pid: int | None = None  # sbatch returns at once: no local process stands for the server
 
-    def __init__(self, spec: LaunchSpec, name: str, *, gpu_reader: MemoryReader | None = None,
-                 launch_id: str | None = None):
+    def __init__(
+        self, spec: LaunchSpec, name: str, *, gpu_reader: MemoryReader | None = None, launch_id: str | None = None
+    ):
         self.spec, self.name, self.gpu_reader = spec, name, gpu_reader
         self.launch_id = launch_id or name
         self.shm: ShmOwnership | None = None  # the node's /dev/shm before the job (this host's)
@@ -275,7 +302,8 @@ class SlurmJob(Kept, LogFile):
             if state == "CANCELLED" and self.exit_code == 0:
                 self.exit_code = CANCELLED_CODE
             self.reason = f"Slurm job {self.job_id} {state} (ExitCode {code or '?'}" + (
-                f", {why})" if why and why != "None" else ")")
+                f", {why})" if why and why != "None" else ")"
+            )
             if state == "CANCELLED" and not self._stopping:
                 self.cancelled = True
                 self.reason = f"Slurm job {self.job_id} CANCELLED from outside autotune (scancel or preemption)"
@@ -314,13 +342,18 @@ class SlurmJob(Kept, LogFile):
 
     def wait_ready(self, timeout_s: float, *, stop_event: threading.Event | None = None) -> None:
         """Return once ``/health`` answers 200 while the job is pending or running; a job that ends ends the wait."""
-        wait_healthy(lambda: self.base_url, timeout_s, ended=self.poll, tail=self.log_tail, stop_event=stop_event,
-                     poll_s=0.2)
+        wait_healthy(
+            lambda: self.base_url, timeout_s, ended=self.poll, tail=self.log_tail, stop_event=stop_event, poll_s=0.2
+        )
 
     # -- stop ----------------------------------------------------------------------------------------------
     def cancel(self, signal_name: str) -> None:
-        subprocess.run(["scancel", "--full", f"--signal={signal_name}", self.job_id], capture_output=True,
-                       timeout=_CALL_TIMEOUT_S, check=False)
+        subprocess.run(
+            ["scancel", "--full", f"--signal={signal_name}", self.job_id],
+            capture_output=True,
+            timeout=_CALL_TIMEOUT_S,
+            check=False,
+        )
         if signal_name == "KILL":
             subprocess.run(["scancel", self.job_id], capture_output=True, timeout=_CALL_TIMEOUT_S, check=False)
 
@@ -329,7 +362,9 @@ class SlurmJob(Kept, LogFile):
         memory is back (``stopping.stop_and_release``). A job that already ended is only released."""
         if not self.job_id:
             return None
-        seen: list[str | None] = []  # the state read last (before our own cancel: a job cancelled from outside stays so)
+        seen: list[
+            str | None
+        ] = []  # the state read last (before our own cancel: a job cancelled from outside stays so)
 
         def running() -> bool:
             seen[:] = [self.state()]
@@ -340,8 +375,12 @@ class SlurmJob(Kept, LogFile):
             if seen and seen[0] == "PENDING":
                 self.cancel("KILL")  # never started: nothing to drain
             else:  # the batch step's main process only: the server the job script exec'd
-                subprocess.run(["scancel", "--batch", "--signal=TERM", self.job_id], capture_output=True,
-                               timeout=_CALL_TIMEOUT_S, check=False)
+                subprocess.run(
+                    ["scancel", "--batch", "--signal=TERM", self.job_id],
+                    capture_output=True,
+                    timeout=_CALL_TIMEOUT_S,
+                    check=False,
+                )
 
         def kill() -> None:
             self._stopping = True
@@ -352,10 +391,21 @@ class SlurmJob(Kept, LogFile):
             state = self.state()
             return state not in ACTIVE and state != "COMPLETING"
 
-        steps = StopSteps(what=f"Slurm job {self.job_id}", running=running, terminate=terminate, kill=kill, gone=gone,
-                          clean_files=self._clean_shm, poll_s=0.1)
-        release = Release(port=self.port, port_free=lambda: port_is_free(self.spec.host, self.port),
-                          reader=self.gpu_reader, baseline_mib=self.baseline_mib)
+        steps = StopSteps(
+            what=f"Slurm job {self.job_id}",
+            running=running,
+            terminate=terminate,
+            kill=kill,
+            gone=gone,
+            clean_files=self._clean_shm,
+            poll_s=0.1,
+        )
+        release = Release(
+            port=self.port,
+            port_free=lambda: port_is_free(self.spec.host, self.port),
+            reader=self.gpu_reader,
+            baseline_mib=self.baseline_mib,
+        )
         problems = stop_and_release(steps, release, grace_s=grace_s, release_timeout_s=release_timeout_s)
         self.poll()
         self._stand_down()
@@ -371,8 +421,7 @@ class SlurmJob(Kept, LogFile):
         """List the directory before the job starts, and keep the listing for a later ``attach`` (a fleet's)."""
         directory = Path(self.spec.shm_dir) if self.spec.shm_dir is not None else SHM_DIR
         self.shm = ShmOwnership(directory, snapshot(directory), launch_ports(self.spec.port, self.spec.argv))
-        record = {"shm_dir": str(directory), "shm_before": sorted(self.shm.before),
-                  "shm_ports": sorted(self.shm.ports)}
+        record = {"shm_dir": str(directory), "shm_before": sorted(self.shm.before), "shm_ports": sorted(self.shm.ports)}
         run_dir.mkdir(parents=True, exist_ok=True)
         self.shm_record.write_text(json.dumps(record))
 
@@ -386,8 +435,10 @@ class SlurmJob(Kept, LogFile):
         removed = ", ".join(self.removed_shm)
         lines = [f"removed {len(self.removed_shm)} file(s) of Slurm job {self.job_id}: {removed}"]
         if self.unattributed_shm:
-            lines.append(f"left {len(self.unattributed_shm)} new file(s) other processes hold (not provably the "
-                         f"job's): {', '.join(self.unattributed_shm)}")
+            lines.append(
+                f"left {len(self.unattributed_shm)} new file(s) other processes hold (not provably the "
+                f"job's): {', '.join(self.unattributed_shm)}"
+            )
             log.warning("%s: %s", shm.directory, lines[-1])
         if self.removed_shm or self.unattributed_shm:
             with contextlib.suppress(OSError), open(self.log_path, "a") as fh:
@@ -397,13 +448,16 @@ class SlurmJob(Kept, LogFile):
     def keep(self, grace_s: float) -> None:
         """Start the keeper: from now on the harness's death cancels the job."""
         run_dir = Path(self.spec.run_dir or self.log_path.parent)
-        self._keeper = Keeper([str(shutil.which("scancel")), "--full", self.job_id], log_path=self.log_path,
-                              note=f"[autotune keeper] harness gone; cancelled Slurm job {self.job_id} (scancel --full)",
-                              grace_s=grace_s, record=run_dir / f"slurm-{self.job_id}.json")
+        self._keeper = Keeper(
+            [str(shutil.which("scancel")), "--full", self.job_id],
+            log_path=self.log_path,
+            note=f"[autotune keeper] harness gone; cancelled Slurm job {self.job_id} (scancel --full)",
+            grace_s=grace_s,
+            record=run_dir / f"slurm-{self.job_id}.json",
+        )
 
     def __enter__(self) -> SlurmJob:
         return self
-
 
 
 def _conforms(job: SlurmJob, launcher: SlurmLauncher) -> tuple[ServerHandle, Launcher]:

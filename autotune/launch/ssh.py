@@ -87,8 +87,9 @@ def _path(remote_dir: str, relative: str) -> str:
     return relative if relative.startswith(("/", "~")) else f"{remote_dir.rstrip('/')}/{relative}"
 
 
-def start_command(argv: Sequence[str], *, env: Mapping[str, str], log: str, pid: str, remote_dir: str,
-                  exit_status: str | None = None) -> str:
+def start_command(
+    argv: Sequence[str], *, env: Mapping[str, str], log: str, pid: str, remote_dir: str, exit_status: str | None = None
+) -> str:
     """The shell line that starts one server detached (own session, so its pid is its process group); prints
     the pid. With ``exit_status`` (a file), the server runs under ``sh``, which writes its exit code there."""
     log, pid = _path(remote_dir, log), _path(remote_dir, pid)
@@ -165,10 +166,14 @@ class SshLauncher:
     def from_settings(cls, settings: Mapping[str, Any]) -> SshLauncher:
         """``[launcher.ssh]``: ``host`` (required), ``remote_dir``; ``transport`` only from code (tests)."""
         if not settings.get("host"):
-            raise ConfigError("the ssh launcher needs a host", key="launcher.ssh.host",
-                              fix="give host = \"user@name:port\"")
-        return cls(host=str(settings["host"]), remote_dir=str(settings.get("remote_dir", "autotune-fleet")),
-                   transport=settings.get("transport"))
+            raise ConfigError(
+                "the ssh launcher needs a host", key="launcher.ssh.host", fix='give host = "user@name:port"'
+            )
+        return cls(
+            host=str(settings["host"]),
+            remote_dir=str(settings.get("remote_dir", "autotune-fleet")),
+            transport=settings.get("transport"),
+        )
 
     @property
     def host_name(self) -> str:
@@ -187,8 +192,7 @@ class SshLauncher:
             return local(gpus)
         if not gpus:
             return NoReading()
-        return RemoteGpuReader(lambda command, timeout_s: self.call(command, timeout_s=timeout_s), gpus,
-                               host=self.host)
+        return RemoteGpuReader(lambda command, timeout_s: self.call(command, timeout_s=timeout_s), gpus, host=self.host)
 
     def call(self, command: str, *, timeout_s: float = _CALL_TIMEOUT_S) -> tuple[int, str, str]:
         return self.transport(self.host, command, timeout_s)
@@ -197,8 +201,12 @@ class SshLauncher:
         """The host's shared-memory files of ``spec``'s server: in ``spec.shm_dir`` (where the engine has its server
         write them, a path on the host), else the host's /dev/shm; its ports are its own and ``--nccl-port``."""
         directory = str(spec.shm_dir) if spec.shm_dir is not None else str(SHM_DIR)
-        return RemoteShm(lambda command, timeout_s: self.call(command, timeout_s=timeout_s), directory,
-                         launch_ports(spec.port, spec.argv), host=self.host)
+        return RemoteShm(
+            lambda command, timeout_s: self.call(command, timeout_s=timeout_s),
+            directory,
+            launch_ports(spec.port, spec.argv),
+            host=self.host,
+        )
 
     def path(self, relative: str | PurePosixPath) -> str:
         """A path on the host (relative ones under ``remote_dir``)."""
@@ -216,25 +224,44 @@ class SshLauncher:
         status_file = pid_file.removesuffix(".pid") + ".exit"
         baseline = memory_baseline(gpu_reader, spec.gpus)
         if gpu_reader is not None and spec.gpus and baseline is None:
-            log.warning("GPU memory not read before the start on %s: the stop will not wait for its release",
-                        self.host)
+            log.warning("GPU memory not read before the start on %s: the stop will not wait for its release", self.host)
         shm = self.shm(spec)
         shm.snapshot(self.path(shm_record(pid_file)))  # before the start: only what appears after can be its
-        command = start_command(spec.argv, env={**spec.env, **self.device_env(spec.gpus)}, log=str(spec.log_path),
-                                pid=pid_file, remote_dir=self.remote_dir, exit_status=status_file)
+        command = start_command(
+            spec.argv,
+            env={**spec.env, **self.device_env(spec.gpus)},
+            log=str(spec.log_path),
+            pid=pid_file,
+            remote_dir=self.remote_dir,
+            exit_status=status_file,
+        )
         code, out, err = self.call(command)
         if code != 0 or not out.strip().isdigit():
             raise ServerError(f"launch on {self.host} failed: {(err or out).strip()[:200]}")
-        return SshServer(self, spec, pid=int(out.strip()), pid_file=pid_file, status_file=status_file,
-                         gpu_reader=gpu_reader, baseline_mib=baseline, shm=shm)
+        return SshServer(
+            self,
+            spec,
+            pid=int(out.strip()),
+            pid_file=pid_file,
+            status_file=status_file,
+            gpu_reader=gpu_reader,
+            baseline_mib=baseline,
+            shm=shm,
+        )
 
     def attach(self, record: ServerRecord) -> SshServer:
         """The server whose pid file on the host (``record.name``) still names the recorded pid; else not alive.
         Its /dev/shm files are told by the record its start left beside the pid file."""
         spec = record.detached_spec()
         pid_file = str(record.name or self.pid_file(spec))
-        server = SshServer(self, spec, pid=int(record.pid or 0), pid_file=pid_file,
-                           status_file=pid_file.removesuffix(".pid") + ".exit", launch_id=record.launch_id)
+        server = SshServer(
+            self,
+            spec,
+            pid=int(record.pid or 0),
+            pid_file=pid_file,
+            status_file=pid_file.removesuffix(".pid") + ".exit",
+            launch_id=record.launch_id,
+        )
         shm, pid = self._recorded(pid_file)
         if pid is None or pid != record.pid:
             server.exit_code, server._stopped = GONE, True  # gone, or another server's pid file now
@@ -255,6 +282,7 @@ class SshLauncher:
         def signal(name: str) -> Callable[[], None]:
             def send() -> None:
                 self.call(f"kill -{name} -{pgid} 2>/dev/null; true", timeout_s=30.0)
+
             return send
 
         def clean_files() -> None:
@@ -262,12 +290,19 @@ class SshLauncher:
             if shm is not None:
                 shm.release()
 
-        return StopSteps(what=f"process group {pgid} on {self.host}", running=group_alive, terminate=signal("TERM"),
-                         kill=signal("KILL"), gone=lambda: not group_alive(), clean_files=clean_files,
-                         poll_s=REMOTE_POLL_S)
+        return StopSteps(
+            what=f"process group {pgid} on {self.host}",
+            running=group_alive,
+            terminate=signal("TERM"),
+            kill=signal("KILL"),
+            gone=lambda: not group_alive(),
+            clean_files=clean_files,
+            poll_s=REMOTE_POLL_S,
+        )
 
-    def stop_pid_file(self, pid_file: str, *, grace_s: float, release: Release | None = None,
-                      release_timeout_s: float = 30.0) -> list[str] | None:
+    def stop_pid_file(
+        self, pid_file: str, *, grace_s: float, release: Release | None = None, release_timeout_s: float = 30.0
+    ) -> list[str] | None:
         """Stop the server whose pid is in ``pid_file`` on the host through the one stop-and-release routine
         (``stopping.stop_and_release`` with ``stop_steps``): SIGTERM its group, SIGKILL after ``grace_s``, remove
         its files, then wait for ``release`` (its port, its memory). The start's record beside the pid file says
@@ -278,14 +313,21 @@ class SshLauncher:
             return None
         if shm is not None:
             shm.observe(pgid)
-        return stop_and_release(self.stop_steps(pid_file, pgid, shm=shm), release or Release(), grace_s=grace_s,
-                                release_timeout_s=release_timeout_s)
+        return stop_and_release(
+            self.stop_steps(pid_file, pgid, shm=shm),
+            release or Release(),
+            grace_s=grace_s,
+            release_timeout_s=release_timeout_s,
+        )
 
     def _recorded(self, pid_file: str) -> tuple[RemoteShm | None, int | None]:
         """The pid in ``pid_file`` and the /dev/shm record of its start (one call); (None, None) without them."""
         q = shlex.quote
-        code, out, _ = self.call(f"cat {q(self.path(pid_file))} 2>/dev/null; printf '\\0'; "
-                                 f"cat {q(self.path(shm_record(pid_file)))} 2>/dev/null; true", timeout_s=30.0)
+        code, out, _ = self.call(
+            f"cat {q(self.path(pid_file))} 2>/dev/null; printf '\\0'; "
+            f"cat {q(self.path(shm_record(pid_file)))} 2>/dev/null; true",
+            timeout_s=30.0,
+        )
         pid, _, record = out.partition("\0")
         if code != 0 or not pid.strip().isdigit():
             return None, None
@@ -295,9 +337,19 @@ class SshLauncher:
 class SshServer:
     """A server on another host: its state read over the launcher's transport."""
 
-    def __init__(self, launcher: SshLauncher, spec: LaunchSpec, *, pid: int, pid_file: str, status_file: str,
-                 gpu_reader: MemoryReader | None = None, baseline_mib: float | None = None,
-                 shm: RemoteShm | None = None, launch_id: str | None = None) -> None:
+    def __init__(
+        self,
+        launcher: SshLauncher,
+        spec: LaunchSpec,
+        *,
+        pid: int,
+        pid_file: str,
+        status_file: str,
+        gpu_reader: MemoryReader | None = None,
+        baseline_mib: float | None = None,
+        shm: RemoteShm | None = None,
+        launch_id: str | None = None,
+    ) -> None:
         self.launcher, self.spec = launcher, spec
         self.launch_id = launch_id or secrets.token_hex(6)
         self.pid: int | None = pid  # its pid on the host (the ``sh`` that leads its session there)
@@ -321,8 +373,10 @@ class SshServer:
         """One round trip: running, or its exit code (``GONE`` without a status file)."""
         status = shlex.quote(self.launcher.path(self.status_file))
         code, out, _ = self.launcher.call(
-            f"if kill -0 {self.host_pid} 2>/dev/null; then echo running; else cat {status} 2>/dev/null || echo gone; fi",
-            timeout_s=30.0)
+            f"if kill -0 {self.host_pid} 2>/dev/null; then echo running; "
+            f"else cat {status} 2>/dev/null || echo gone; fi",
+            timeout_s=30.0,
+        )
         self._checked_at = time.monotonic()
         word = out.strip()
         if code != 0 or word == "running":
@@ -332,8 +386,7 @@ class SshServer:
     @property
     def alive(self) -> bool:
         """Running (``kill -0`` on the host), asked at most once per ``ALIVE_TTL_S``."""
-        if self.exit_code is None and (self._checked_at is None
-                                       or time.monotonic() - self._checked_at >= ALIVE_TTL_S):
+        if self.exit_code is None and (self._checked_at is None or time.monotonic() - self._checked_at >= ALIVE_TTL_S):
             self._check()
         return self.exit_code is None
 
@@ -344,8 +397,9 @@ class SshServer:
         return self.exit_code
 
     def log_text(self) -> str:
-        _, out, _ = self.launcher.call(f"cat {shlex.quote(self.launcher.path(str(self.spec.log_path)))} 2>/dev/null",
-                                       timeout_s=30.0)
+        _, out, _ = self.launcher.call(
+            f"cat {shlex.quote(self.launcher.path(str(self.spec.log_path)))} 2>/dev/null", timeout_s=30.0
+        )
         return out
 
     def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
@@ -381,10 +435,15 @@ class SshServer:
         if shm is not None and self.exit_code is None:
             shm.observe(self.host_pid)  # the session's pid is its group's id
         host, port = self.launcher.host_name, self.port
-        release = Release(port=port, port_free=lambda: not _port_open(host, port), reader=self._reader,
-                          baseline_mib=self._baseline)
-        problems = stop_and_release(self.launcher.stop_steps(self.pid_file, self.host_pid, shm=shm), release,
-                                    grace_s=grace_s, release_timeout_s=release_timeout_s)
+        release = Release(
+            port=port, port_free=lambda: not _port_open(host, port), reader=self._reader, baseline_mib=self._baseline
+        )
+        problems = stop_and_release(
+            self.launcher.stop_steps(self.pid_file, self.host_pid, shm=shm),
+            release,
+            grace_s=grace_s,
+            release_timeout_s=release_timeout_s,
+        )
         if shm is not None:
             self.removed_shm, self.unattributed_shm = shm.removed, shm.left
         self.teardown_error = "; ".join(problems) or None

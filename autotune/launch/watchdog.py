@@ -42,7 +42,7 @@ def start_ticks(pid: int) -> int | None:
     try:
         with open(f"{PROC}/{pid}/stat", "rb") as fh:
             data = fh.read()
-        return int(data[data.rfind(b")") + 2:].split()[19])
+        return int(data[data.rfind(b")") + 2 :].split()[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -70,8 +70,12 @@ class Watchdog:
         try:
             self._proc: subprocess.Popen[bytes] | None = subprocess.Popen(
                 [sys.executable, "-m", "autotune.launch.watchdog", str(read_fd), repr(float(grace_s))],
-                pass_fds=(read_fd,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+                pass_fds=(read_fd,),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
             )
         except BaseException:
             os.close(self._write_fd)
@@ -115,7 +119,7 @@ def _gone(pid: int) -> bool:
             data = fh.read()
     except OSError:
         return True
-    return data[data.rfind(b")") + 2:][:1] in (b"Z", b"X")
+    return data[data.rfind(b")") + 2 :][:1] in (b"Z", b"X")
 
 
 def _kill_group(pid: int) -> None:
@@ -143,9 +147,14 @@ def stop_server(pid: int, start: int | None, grace_s: float) -> bool:
     leader = start_ticks(pid)
     if leader is not None and start is not None and leader != start:
         return False  # the pid was reused: the group of that id is someone else's
-    steps = StopSteps(what=f"process group {pid}", running=lambda: leader is not None and not _gone(pid),
-                      terminate=lambda: _terminate(pid), kill=lambda: _kill_group(pid),
-                      gone=lambda: not group_pids(pid), poll_s=POLL_S)
+    steps = StopSteps(
+        what=f"process group {pid}",
+        running=lambda: leader is not None and not _gone(pid),
+        terminate=lambda: _terminate(pid),
+        kill=lambda: _kill_group(pid),
+        gone=lambda: not group_pids(pid),
+        poll_s=POLL_S,
+    )
     stop_and_release(steps, Release(), grace_s=grace_s, release_timeout_s=KILL_WAIT_S)
     return True
 

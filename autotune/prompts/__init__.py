@@ -24,7 +24,20 @@ from autotune.prompts.sample import PromptSample
 from autotune.prompts.template import ChatTemplate
 
 __all__ = [
-    "CHARS_PER_TOKEN", "ENDPOINTS", "REPEATS", "UNKNOWN_CONTEXT_TOKENS", "ChatMessage", "ChatTemplate", "PromptRow",
-    "PromptSample", "ReadRows", "check_repeats", "estimate_tokens", "on_pass", "pass_marker", "read_file",
-    "read_rows", "walk_position",
+    "CHARS_PER_TOKEN",
+    "ENDPOINTS",
+    "REPEATS",
+    "UNKNOWN_CONTEXT_TOKENS",
+    "ChatMessage",
+    "ChatTemplate",
+    "PromptRow",
+    "PromptSample",
+    "ReadRows",
+    "check_repeats",
+    "estimate_tokens",
+    "on_pass",
+    "pass_marker",
+    "read_file",
+    "read_rows",
+    "walk_position",
 ]

@@ -24,8 +24,16 @@ from autotune.prompts.rows import CHARS_PER_TOKEN, ChatMessage, PromptRow
 
 NAMED_BAD_LINES = 5  # bad lines one error names (the first with its fix, the others by line and message)
 BATCH_URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
-SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                  "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "system": "system"}
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "system": "system",
+}
 
 
 @dataclass(frozen=True)
@@ -47,14 +55,19 @@ def _decode(path: Path, line_no: int, raw: bytes) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise WorkloadError(
-            f"line is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})", **_where(path, line_no),
-            fix="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or remove the line") from None
+            f"line is not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})",
+            **_where(path, line_no),
+            fix="re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or remove the line",
+        ) from None
 
 
 def _positive_int(value: Any, name: str, where: dict[str, str]) -> int | None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise WorkloadError(f"{name} must be a positive integer, got {value!r}", **where,
-                            fix="remove it or give a whole number of tokens")
+        raise WorkloadError(
+            f"{name} must be a positive integer, got {value!r}",
+            **where,
+            fix="remove it or give a whole number of tokens",
+        )
     return value
 
 
@@ -68,14 +81,16 @@ def _native_row(data: dict[str, Any], line_no: int, where: dict[str, str]) -> Pr
     max_tokens = _positive_int(data.get("max_tokens"), "max_tokens", where)
     prompt, messages = data.get("prompt"), _messages(data.get("messages"))
     if prompt is not None and not isinstance(prompt, str):
-        raise WorkloadError(f'"prompt" must be a string, got a JSON {type(prompt).__name__}', **where,
-                            fix='write {"prompt": "..."}')
+        raise WorkloadError(
+            f'"prompt" must be a string, got a JSON {type(prompt).__name__}', **where, fix='write {"prompt": "..."}'
+        )
     if isinstance(prompt, str):
         return PromptRow(line_no, prompt=prompt, max_tokens=max_tokens)
     if messages is not None:
         return PromptRow(line_no, messages=messages, max_tokens=max_tokens)
     raise WorkloadError(
-        'row has neither a "prompt" string nor a chat "messages" list of {"role", "content"} objects', **where,
+        'row has neither a "prompt" string nor a chat "messages" list of {"role", "content"} objects',
+        **where,
         fix='use {"prompt": "..."} or {"messages": [{"role": "user", "content": "..."}]}',
     )
 
@@ -87,30 +102,40 @@ def _batch_row(data: dict[str, Any], line_no: int, where: dict[str, str]) -> Pro
         raise WorkloadError(f'"method" is {method!r}; the Batch API sends POST', **where, fix='use "method": "POST"')
     endpoint = BATCH_URLS.get(str(url))
     if endpoint is None:
-        raise WorkloadError(f'"url" is {url!r}: autotune replays {" or ".join(BATCH_URLS)}', **where,
-                            fix="remove the line, or point it at one of those endpoints")
+        raise WorkloadError(
+            f'"url" is {url!r}: autotune replays {" or ".join(BATCH_URLS)}',
+            **where,
+            fix="remove the line, or point it at one of those endpoints",
+        )
     if not isinstance(body, dict):
         raise WorkloadError('"body" must be a JSON object (the request)', **where, fix='give "body": {...}')
     budget = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = _positive_int(budget, "body.max_completion_tokens" if "max_completion_tokens" in body
-                               else "body.max_tokens", where)
+    max_tokens = _positive_int(
+        budget, "body.max_completion_tokens" if "max_completion_tokens" in body else "body.max_tokens", where
+    )
     temperature = body.get("temperature")
-    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-                                    or temperature < 0):
-        raise WorkloadError(f"body.temperature must be a number >= 0, got {temperature!r}", **where,
-                            fix="remove it or give a number such as 0.7")
+    if temperature is not None and (
+        isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0
+    ):
+        raise WorkloadError(
+            f"body.temperature must be a number >= 0, got {temperature!r}",
+            **where,
+            fix="remove it or give a number such as 0.7",
+        )
     temp = None if temperature is None else float(temperature)
     if endpoint == "chat":
         messages = _messages(body.get("messages"))
         if messages is None:
-            raise WorkloadError('body.messages must be a list of {"role", "content"} objects', **where,
-                                fix='give "messages": [{"role": "user", "content": "..."}]')
+            raise WorkloadError(
+                'body.messages must be a list of {"role", "content"} objects',
+                **where,
+                fix='give "messages": [{"role": "user", "content": "..."}]',
+            )
         return PromptRow(line_no, messages=messages, max_tokens=max_tokens, temperature=temp, endpoint=endpoint)
     prompt = body.get("prompt")
     if not isinstance(prompt, str):
         kind = "a list (several prompts in one request)" if isinstance(prompt, list) else repr(prompt)
-        raise WorkloadError(f"body.prompt must be one string, got {kind}", **where,
-                            fix="write one prompt per line")
+        raise WorkloadError(f"body.prompt must be one string, got {kind}", **where, fix="write one prompt per line")
     return PromptRow(line_no, prompt=prompt, max_tokens=max_tokens, temperature=temp, endpoint=endpoint)
 
 
@@ -119,11 +144,15 @@ def _jsonl_row(path: Path, line_no: int, text: str) -> PromptRow:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise WorkloadError(f"line is not valid JSON ({exc.msg})", **where,
-                            fix="each line must be one JSON object") from None
+        raise WorkloadError(
+            f"line is not valid JSON ({exc.msg})", **where, fix="each line must be one JSON object"
+        ) from None
     if not isinstance(data, dict):
-        raise WorkloadError(f"line is a JSON {type(data).__name__}, not an object", **where,
-                            fix='use {"prompt": "..."} or {"messages": [...]}')
+        raise WorkloadError(
+            f"line is a JSON {type(data).__name__}, not an object",
+            **where,
+            fix='use {"prompt": "..."} or {"messages": [...]}',
+        )
     return _batch_row(data, line_no, where) if "body" in data else _native_row(data, line_no, where)
 
 
@@ -160,12 +189,18 @@ def _bad_lines(bad: list[WorkloadError], more: int) -> WorkloadError:
 def _sharegpt_record(path: Path, index: int, record: Any) -> PromptRow | None:
     where = {"file": f"{path}: record {index}"}
     if not isinstance(record, dict):
-        raise WorkloadError(f"record is a JSON {type(record).__name__}, not an object", **where,
-                            fix='each record must be {"conversations": [...]}')
+        raise WorkloadError(
+            f"record is a JSON {type(record).__name__}, not an object",
+            **where,
+            fix='each record must be {"conversations": [...]}',
+        )
     turns = record.get("conversations", record.get("messages"))
     if not isinstance(turns, list):
-        raise WorkloadError('record has no "conversations" list', **where,
-                            fix='give "conversations": [{"from": "human", "value": "..."}, ...]')
+        raise WorkloadError(
+            'record has no "conversations" list',
+            **where,
+            fix='give "conversations": [{"from": "human", "value": "..."}, ...]',
+        )
     prompt: list[ChatMessage] = []
     reply: str | None = None
     for turn in turns:
@@ -174,8 +209,11 @@ def _sharegpt_record(path: Path, index: int, record: Any) -> PromptRow | None:
         role = SHAREGPT_ROLES.get(str(turn.get("from", turn.get("role", ""))).lower())
         text = turn.get("value", turn.get("content"))
         if role is None or not isinstance(text, str):
-            raise WorkloadError(f"a turn has an unknown speaker {turn.get('from', turn.get('role'))!r} or no text",
-                                **where, fix=f'use "from" one of {sorted(SHAREGPT_ROLES)} with a "value" string')
+            raise WorkloadError(
+                f"a turn has an unknown speaker {turn.get('from', turn.get('role'))!r} or no text",
+                **where,
+                fix=f'use "from" one of {sorted(SHAREGPT_ROLES)} with a "value" string',
+            )
         if role == "assistant":
             reply = text
             break
@@ -190,11 +228,15 @@ def _sharegpt(path: Path, data: bytes) -> ReadRows:
     try:
         records = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WorkloadError(f"file starts like a JSON array but does not parse ({exc})", file=str(path),
-                            fix="give a ShareGPT-style JSON array, or one JSON object per line") from None
+        raise WorkloadError(
+            f"file starts like a JSON array but does not parse ({exc})",
+            file=str(path),
+            fix="give a ShareGPT-style JSON array, or one JSON object per line",
+        ) from None
     if not isinstance(records, list):
-        raise WorkloadError("the JSON file is not an array of records", file=str(path),
-                            fix='give [{"conversations": [...]}, ...]')
+        raise WorkloadError(
+            "the JSON file is not an array of records", file=str(path), fix='give [{"conversations": [...]}, ...]'
+        )
     rows = [_sharegpt_record(path, i, r) for i, r in enumerate(records)]
     kept = [r for r in rows if r is not None]
     return ReadRows(kept, "sharegpt", skipped=len(rows) - len(kept))
@@ -205,8 +247,9 @@ def read_file(path: Path) -> ReadRows:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise WorkloadError(f"cannot read prompts file {path} ({exc.strerror})",
-                            fix="point it at a readable JSONL file") from None
+        raise WorkloadError(
+            f"cannot read prompts file {path} ({exc.strerror})", fix="point it at a readable JSONL file"
+        ) from None
     data = data.removeprefix(b"\xef\xbb\xbf")
     if data.lstrip()[:1] == b"[":
         return _sharegpt(path, data)

@@ -70,19 +70,26 @@ class PromptRow:
             return on_pass(self.prompt, pass_no)
         if self.template is not None:
             return self.template.render(self.as_messages(pass_no))
-        turns = "".join(f"<|im_start|>{m.get('role', 'user')}\n{m.get('content', '')}<|im_end|>\n"
-                        for m in self.messages or ())
+        turns = "".join(
+            f"<|im_start|>{m.get('role', 'user')}\n{m.get('content', '')}<|im_end|>\n" for m in self.messages or ()
+        )
         return on_pass(turns + "<|im_start|>assistant\n", pass_no)
 
     def as_messages(self, pass_no: int = 0) -> list[ChatMessage]:
         """The prompt for a chat endpoint; the ``pass_marker`` leads the first message's content (the server's
         chat template puts only a role header before it)."""
-        messages: list[ChatMessage] = [m.copy() for m in self.messages] if self.messages is not None else [
-            {"role": "user", "content": self.prompt or ""}]
+        messages: list[ChatMessage] = (
+            [m.copy() for m in self.messages]
+            if self.messages is not None
+            else [{"role": "user", "content": self.prompt or ""}]
+        )
         if pass_no:
             content = messages[0].get("content", "")
-            messages[0]["content"] = ([{"type": "text", "text": pass_marker(pass_no)}, *content]
-                                      if isinstance(content, list) else on_pass(str(content), pass_no))
+            messages[0]["content"] = (
+                [{"type": "text", "text": pass_marker(pass_no)}, *content]
+                if isinstance(content, list)
+                else on_pass(str(content), pass_no)
+            )
         return messages
 
 

@@ -31,15 +31,24 @@ class PromptSample:
     def load(cls, path: Path | str, n: int, seed: int = 0) -> PromptSample:
         path = Path(path)
         if not path.is_file():
-            raise WorkloadError("prompts file not found", file=str(path),
-                                fix="pass --prompts with a JSONL, OpenAI Batch API or ShareGPT file of prompts")
+            raise WorkloadError(
+                "prompts file not found",
+                file=str(path),
+                fix="pass --prompts with a JSONL, OpenAI Batch API or ShareGPT file of prompts",
+            )
         read = read_file(path)
         if not read.rows:
             raise WorkloadError("prompts file has no rows", file=str(path), fix="add one JSON object per line")
         rng = random.Random(seed)
         chosen = rng.sample(read.rows, min(n, len(read.rows)))
-        return cls(path=path, rows=tuple(chosen), seed=seed, short_of=max(0, n - len(read.rows)), format=read.format,
-                   skipped=read.skipped)
+        return cls(
+            path=path,
+            rows=tuple(chosen),
+            seed=seed,
+            short_of=max(0, n - len(read.rows)),
+            format=read.format,
+            skipped=read.skipped,
+        )
 
     def for_model(self, model_path: str | Path | None) -> PromptSample:
         """The sample with chat rows rendered by the model's own chat template (``ChatTemplate.find``), for the
@@ -60,17 +69,27 @@ class PromptSample:
         ShareGPT records it skipped."""
         notes = []
         if self.skipped:
-            notes.append(f"{self.path}: skipped {self.skipped} record{'s' * (self.skipped != 1)} with no human turn "
-                         "before a reply")
+            notes.append(
+                f"{self.path}: skipped {self.skipped} record{'s' * (self.skipped != 1)} with no human turn "
+                "before a reply"
+            )
         if self.short_of:
             have = len(self.rows)
-            notes.append(f"{self.path} has {have} prompt{'s' * (have != 1)}, {self.short_of} fewer than sample_size "
-                         f"{have + self.short_of}: every trial replays only {'these' if have != 1 else 'this one'} "
-                         "(add rows, or lower sample_size)")
+            notes.append(
+                f"{self.path} has {have} prompt{'s' * (have != 1)}, {self.short_of} fewer than sample_size "
+                f"{have + self.short_of}: every trial replays only {'these' if have != 1 else 'this one'} "
+                "(add rows, or lower sample_size)"
+            )
         return "; ".join(notes) or None
 
-    def check_fit(self, context_len: int | None, max_tokens: int, *, source: str = "the context length",
-                  counter: TokenCounter | None = None) -> None:
+    def check_fit(
+        self,
+        context_len: int | None,
+        max_tokens: int,
+        *,
+        source: str = "the context length",
+        counter: TokenCounter | None = None,
+    ) -> None:
         """A ``WorkloadError`` naming the first sampled row (by line) whose prompt tokens plus its ``max_tokens``
         exceed ``context_len`` (the server would refuse every send of it); ``context_len`` None:
         ``UNKNOWN_CONTEXT_TOKENS``. ``source`` says where the limit came from; ``counter`` counts the tokens (the
@@ -83,12 +102,17 @@ class PromptSample:
             return
         row, tokens, new = over[0]
         more = f"; {len(over) - 1} more sampled prompt{'s' * (len(over) > 2)} too" if len(over) > 1 else ""
-        known = (f"{source} ({limit:,} tokens)" if context_len else
-                 f"{limit:,} tokens, the longest context any model has (this one's is not known before launch)")
+        known = (
+            f"{source} ({limit:,} tokens)"
+            if context_len
+            else f"{limit:,} tokens, the longest context any model has (this one's is not known before launch)"
+        )
         raise WorkloadError(
             f"prompt is {'' if counter.exact else '~'}{tokens:,} tokens ({counter.how(row)}) + {new:,} "
-            f"max_tokens, over {known}{more}", file=self.where(row),
-            fix="shorten or remove the line, lower max_tokens, or raise --context-length")
+            f"max_tokens, over {known}{more}",
+            file=self.where(row),
+            fix="shorten or remove the line, lower max_tokens, or raise --context-length",
+        )
 
     def __len__(self) -> int:
         return len(self.rows)

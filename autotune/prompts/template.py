@@ -66,21 +66,32 @@ class ChatTemplate:
         try:
             compiled = _environment().from_string(self.source)
         except jinja2.TemplateSyntaxError as exc:
-            raise WorkloadError(f"the model's chat template does not compile ({exc.message}, template line "
-                                f"{exc.lineno})", file=str(self.path),
-                                fix="fix the template, or send chat rows to the chat endpoint "
-                                    '([workload] endpoint = "chat")') from None
+            raise WorkloadError(
+                f"the model's chat template does not compile ({exc.message}, template line {exc.lineno})",
+                file=str(self.path),
+                fix='fix the template, or send chat rows to the chat endpoint ([workload] endpoint = "chat")',
+            ) from None
         object.__setattr__(self, "_compiled", compiled)
 
     def render(self, messages: Sequence[ChatMessage]) -> str:
         """The prompt text for ``messages``, ending where the assistant's reply begins."""
         try:
-            return str(self._compiled.render(messages=list(messages), add_generation_prompt=True, tools=None,
-                                             bos_token=self.bos_token, eos_token=self.eos_token))
+            return str(
+                self._compiled.render(
+                    messages=list(messages),
+                    add_generation_prompt=True,
+                    tools=None,
+                    bos_token=self.bos_token,
+                    eos_token=self.eos_token,
+                )
+            )
         except jinja2.TemplateError as exc:
-            raise WorkloadError(f"the model's chat template refused a prompt ({exc})", file=str(self.path),
-                                fix="check the prompt's roles and order against the template, or send chat rows "
-                                    'to the chat endpoint ([workload] endpoint = "chat")') from None
+            raise WorkloadError(
+                f"the model's chat template refused a prompt ({exc})",
+                file=str(self.path),
+                fix="check the prompt's roles and order against the template, or send chat rows "
+                'to the chat endpoint ([workload] endpoint = "chat")',
+            ) from None
 
     @classmethod
     def find(cls, model_path: str | Path | None) -> ChatTemplate | None:
@@ -111,6 +122,9 @@ def _tokenizer_config(path: Path) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise WorkloadError(f"cannot read the model's tokenizer config ({exc})", file=str(path),
-                            fix="repair or re-download tokenizer_config.json") from None
+        raise WorkloadError(
+            f"cannot read the model's tokenizer config ({exc})",
+            file=str(path),
+            fix="repair or re-download tokenizer_config.json",
+        ) from None
     return data if isinstance(data, dict) else {}

@@ -79,8 +79,11 @@ def launch_settings(config: Mapping[str, Any]) -> LaunchSettings:
     engine = engine_table(config)
     env = engine.get("env")
     env = env if isinstance(env, Mapping) else {}
-    return LaunchSettings(python=engine.get("python") or None, device=str(engine.get("device") or "cuda"),
-                          env={str(k): str(v) for k, v in env.items()})
+    return LaunchSettings(
+        python=engine.get("python") or None,
+        device=str(engine.get("device") or "cuda"),
+        env={str(k): str(v) for k, v in env.items()},
+    )
 
 
 def second_objective(config: Mapping[str, Any]) -> str:
@@ -178,8 +181,12 @@ class TrialRow:
     trial_dir: str
 
 
-def _row(trial: optuna.trial.FrozenTrial, result: TrialResult | None, limits: Any = None,
-         confirmation: Confirmation | None = None) -> TrialRow:
+def _row(
+    trial: optuna.trial.FrozenTrial,
+    result: TrialResult | None,
+    limits: Any = None,
+    confirmation: Confirmation | None = None,
+) -> TrialRow:
     status = _status(trial, result)
     outcome, group = OUTCOMES.get(status, (status, "failed"))
     config = result.config if result else {}
@@ -190,8 +197,12 @@ def _row(trial: optuna.trial.FrozenTrial, result: TrialResult | None, limits: An
     feasible = complete and status == "ok" and not violated
     fidelity = trial_fidelity(trial, confirmation)
     probed = fidelity is not None and fidelity.probed
-    over_numerics = bool(probed and limits is not None and fidelity is not None
-                         and any(v > 0 for v in limits.violations(fidelity.to_dict())))
+    over_numerics = bool(
+        probed
+        and limits is not None
+        and fidelity is not None
+        and any(v > 0 for v in limits.violations(fidelity.to_dict()))
+    )
     if status == "ok" and violated:  # measured, but over a latency SLO: not a candidate winner
         outcome, group = "violates SLO", "slo"
         if over_numerics:
@@ -205,16 +216,25 @@ def _row(trial: optuna.trial.FrozenTrial, result: TrialResult | None, limits: An
     mrr = cap.max_running_requests if cap and cap.max_running_requests else plan.get("max_running_requests")
     spec = config.get("speculative_num_steps") if config.get("speculative_algorithm") else 0
     return TrialRow(
-        trial=trial.number, state=trial.state.name, status=status, outcome=outcome, group=group,
-        role=trial.user_attrs.get("role", "search"), label=trial.user_attrs.get("label") or f"trial {trial.number}",
-        feasible=feasible, tok_s=tok_s, gpus=gpus_spanned(result) if result else 1,
-        tok_s_per_gpu=(per_gpu(result) if result and status == "ok" and metrics is not None
-                       else (0.0 if complete else math.nan)),
+        trial=trial.number,
+        state=trial.state.name,
+        status=status,
+        outcome=outcome,
+        group=group,
+        role=trial.user_attrs.get("role", "search"),
+        label=trial.user_attrs.get("label") or f"trial {trial.number}",
+        feasible=feasible,
+        tok_s=tok_s,
+        gpus=gpus_spanned(result) if result else 1,
+        tok_s_per_gpu=(
+            per_gpu(result) if result and status == "ok" and metrics is not None else (0.0 if complete else math.nan)
+        ),
         max_running_requests=float(mrr) if mrr else math.nan,
         kv_tokens=attr_or_nan(cap, "kv_tokens") if cap else float(plan.get("kv_tokens") or math.nan),
         mamba_slots=attr_or_nan(cap, "mamba_slots") if cap else float(plan.get("max_mamba_cache_size") or math.nan),
         spec_steps=float(spec) if spec is not None else math.nan,
-        headroom_gib=attr_or_nan(gpu, "headroom_gib"), peak_gib=attr_or_nan(gpu, "peak_used_gib"),
+        headroom_gib=attr_or_nan(gpu, "headroom_gib"),
+        peak_gib=attr_or_nan(gpu, "peak_used_gib"),
         ttft_p50_ms=attr_or_nan(metrics.ttft_ms, "p50") if metrics else math.nan,
         ttft_p99_ms=attr_or_nan(metrics.ttft_ms, "p99") if metrics else math.nan,
         itl_p50_ms=attr_or_nan(metrics.itl_ms, "p50") if metrics else math.nan,
@@ -253,8 +273,10 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
     results = [TrialResult.of(t) for t in finished]
     # the rows' fields as columns (their values are scalars: no deep copy as ``asdict`` makes)
     rows = pd.DataFrame([vars(_row(t, r, limits, confirmation)) for t, r in zip(finished, results, strict=True)])
-    params = pd.DataFrame([_param_values(t, r, flags) for t, r in zip(finished, results, strict=True)],
-                          columns=[PARAM_PREFIX + f for f in flags])
+    params = pd.DataFrame(
+        [_param_values(t, r, flags) for t, r in zip(finished, results, strict=True)],
+        columns=[PARAM_PREFIX + f for f in flags],
+    )
     frame = pd.concat([rows, params], axis=1)
     frame = frame.sort_values("trial", ignore_index=True)
     frame.insert(0, "study", study.study_name)
@@ -281,10 +303,12 @@ def memory_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
         if not gib:
             continue
         parts = {
-            "weights": gib.get("weights", 0.0), "kv": gib.get("kv", 0.0),
+            "weights": gib.get("weights", 0.0),
+            "kv": gib.get("kv", 0.0),
             "mamba_states": gib.get("mamba_ssm", 0.0) + gib.get("mamba_conv", 0.0),
             "spec_intermediates": gib.get("intermediate_ssm", 0.0) + gib.get("intermediate_conv", 0.0),
-            "graphs": gib.get("graphs", 0.0), "activations": gib.get("activations", 0.0),
+            "graphs": gib.get("graphs", 0.0),
+            "activations": gib.get("activations", 0.0),
             "headroom": gib.get("headroom", 0.0),
         }
         itemised = sum(parts.values())
@@ -293,16 +317,31 @@ def memory_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
             total = result.peaks.total_gib
         total = float(total) if total is not None else itemised
         parts["other"] = max(total - itemised, 0.0)
-        rows.append({
-            "trial": info["trial"], "label": info["label"], "outcome": info["outcome"], "group": info["group"],
-            **{k: float(parts[k]) for k in MEMORY_PARTS},
-            "total_gib": total,
-            "predicted_peak_gib": float(extra.get("peak_gib", total - parts["headroom"])),
-            "observed_peak_gib": float(info["peak_gib"]),
-        })
-    return pd.DataFrame(rows, columns=["trial", "label", "outcome", "group", *MEMORY_PARTS, "total_gib",
-                                       "predicted_peak_gib", "observed_peak_gib"])
-
+        rows.append(
+            {
+                "trial": info["trial"],
+                "label": info["label"],
+                "outcome": info["outcome"],
+                "group": info["group"],
+                **{k: float(parts[k]) for k in MEMORY_PARTS},
+                "total_gib": total,
+                "predicted_peak_gib": float(extra.get("peak_gib", total - parts["headroom"])),
+                "observed_peak_gib": float(info["peak_gib"]),
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "trial",
+            "label",
+            "outcome",
+            "group",
+            *MEMORY_PARTS,
+            "total_gib",
+            "predicted_peak_gib",
+            "observed_peak_gib",
+        ],
+    )
 
 
 def pareto_frame(study: optuna.Study, frame: pd.DataFrame) -> pd.DataFrame:
@@ -311,8 +350,11 @@ def pareto_frame(study: optuna.Study, frame: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["trial", "label", "tok_s", "second", "on_front"])
     maximize = [d == optuna.study.StudyDirection.MAXIMIZE for d in study.directions[:2]]
     feasible = set(frame.loc[frame["feasible"], "trial"])
-    points = [(t.number, t.values[0], t.values[1]) for t in study.get_trials(deepcopy=False)
-              if t.number in feasible and t.values and len(t.values) >= 2]
+    points = [
+        (t.number, t.values[0], t.values[1])
+        for t in study.get_trials(deepcopy=False)
+        if t.number in feasible and t.values and len(t.values) >= 2
+    ]
     signs = [-1.0 if m else 1.0 for m in maximize]  # minimise both after flipping signs
     rows = []
     labels = frame.set_index("trial")["label"]
@@ -323,7 +365,6 @@ def pareto_frame(study: optuna.Study, frame: pd.DataFrame) -> pd.DataFrame:
         )
         rows.append({"trial": number, "label": labels[number], "tok_s": a, "second": b, "on_front": not dominated})
     return pd.DataFrame(rows, columns=["trial", "label", "tok_s", "second", "on_front"])
-
 
 
 def baseline_trial(frame: pd.DataFrame, study: optuna.Study) -> int | None:
@@ -362,16 +403,24 @@ def failures_frame(frame: pd.DataFrame, *, base_dir: Path | None = None) -> pd.D
     notes = failed["planner_note"] if "planner_note" in failed else pd.Series("", index=failed.index)
     # SGLang's message, and on a second line what the planner saw when the message alone misleads a reader.
     reasons = [f"{r}\n{n}" if n else r for r, n in zip(failed["reason"], notes.fillna(""), strict=True)]
-    return pd.DataFrame({"trial": failed["trial"].astype(int), "outcome": failed["outcome"],
-                         "status": failed["status"], "reason": reasons, "log": links}).reset_index(drop=True)
+    return pd.DataFrame(
+        {
+            "trial": failed["trial"].astype(int),
+            "outcome": failed["outcome"],
+            "status": failed["status"],
+            "reason": reasons,
+            "log": links,
+        }
+    ).reset_index(drop=True)
 
 
 def planner_note(plan: Mapping[str, Any] | None) -> str:
     """What the planner saw behind SGLang's "Loaded weights leave no GPU memory for the KV cache under
     --mem-fraction-static=F. Raise --mem-fraction-static above X" when X < F: not the weights but the Mamba pool
     took the static budget (SGLang's message computes X from the weights alone). "" when it does not apply."""
-    if not plan or not str(plan.get("message") or "").startswith(("ValueError: Loaded weights leave no GPU memory",
-                                                                     "Loaded weights leave no GPU memory")):
+    if not plan or not str(plan.get("message") or "").startswith(
+        ("ValueError: Loaded weights leave no GPU memory", "Loaded weights leave no GPU memory")
+    ):
         return ""
     gib, extra = plan.get("gib") or {}, plan.get("extra") or {}
     mfs, pre = plan.get("mem_fraction_static"), extra.get("pre_gib")
@@ -382,14 +431,20 @@ def planner_note(plan: Mapping[str, Any] | None) -> str:
     slots = plan.get("max_mamba_cache_size")
     pool = "the Mamba state pool" + (f" ({slots} slots with speculative scratch)" if slots else "")
     if float(mamba) >= float(weights) or float(weights) < budget:
-        taker, fix = "the Mamba pool", "fewer Mamba slots (--max-mamba-cache-size, --mamba-full-memory-ratio) free it; raising " \
-                           "--mem-fraction-static alone does not"
+        taker, fix = (
+            "the Mamba pool",
+            "fewer Mamba slots (--max-mamba-cache-size, --mamba-full-memory-ratio) free it; raising "
+            "--mem-fraction-static alone does not",
+        )
     else:
         taker, fix = "the weights", "raise --mem-fraction-static"
-    return (f"planner: --mem-fraction-static {float(mfs):g} × {float(pre):.1f} GiB = {budget:.1f} GiB of static "
-            f"pools; the weights take {float(weights):.1f} GiB and {pool} {float(mamba):.1f} GiB, leaving "
-            f"{float(rest):.1f} GiB{' (nothing)' if float(rest) <= 0 else ''} for the KV cache. {taker[0].upper() + taker[1:]} "
-            f"took the memory: {fix}.")
+    return (
+        f"planner: --mem-fraction-static {float(mfs):g} × {float(pre):.1f} GiB = {budget:.1f} GiB of static "
+        f"pools; the weights take {float(weights):.1f} GiB and {pool} {float(mamba):.1f} GiB, leaving "
+        f"{float(rest):.1f} GiB{' (nothing)' if float(rest) <= 0 else ''} for the KV cache. "
+        f"{taker[0].upper() + taker[1:]} "
+        f"took the memory: {fix}."
+    )
 
 
 def _relative(path: str, base_dir: Path | None) -> str:

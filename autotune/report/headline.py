@@ -96,12 +96,23 @@ def headline_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
             return float(info[key]) if info is not None else math.nan
 
         rows[role] = HeadlineRow(
-            trial=number if number is not None else math.nan, label=info["label"] if info is not None else "",
-            tok_s=tok_s, gpus=gpus, tok_s_per_gpu=tok_s / gpus, tok_s_low=float(low), tok_s_high=float(high),
-            repeats=_launches(confirmation, number), max_running_requests=figure("max_running_requests"),
-            kv_tokens=figure("kv_tokens"), mamba_slots=figure("mamba_slots"), spec_steps=figure("spec_steps"),
-            headroom_gib=figure("headroom_gib"), peak_gib=figure("peak_gib"), ttft_p99_ms=figure("ttft_p99_ms"),
-            itl_p99_ms=figure("itl_p99_ms"))
+            trial=number if number is not None else math.nan,
+            label=info["label"] if info is not None else "",
+            tok_s=tok_s,
+            gpus=gpus,
+            tok_s_per_gpu=tok_s / gpus,
+            tok_s_low=float(low),
+            tok_s_high=float(high),
+            repeats=_launches(confirmation, number),
+            max_running_requests=figure("max_running_requests"),
+            kv_tokens=figure("kv_tokens"),
+            mamba_slots=figure("mamba_slots"),
+            spec_steps=figure("spec_steps"),
+            headroom_gib=figure("headroom_gib"),
+            peak_gib=figure("peak_gib"),
+            ttft_p99_ms=figure("ttft_p99_ms"),
+            itl_p99_ms=figure("itl_p99_ms"),
+        )
     return pd.DataFrame.from_dict({role: asdict(row) for role, row in rows.items()}, orient="index")
 
 
@@ -126,15 +137,19 @@ def gain(study: optuna.Study, headline: pd.DataFrame) -> Gain:
     over_defaults = win / base_defaults if base_defaults and not math.isnan(win) else None
     number = headline.loc["winner", "trial"]
     job = job_for_study(study, None if number != number else int(number))  # [job]: the job's hours, both ways
-    common = Gain(gain=None, over_defaults=over_defaults, defaults_how=defaults.how if defaults is not None else None,
-                  job=job["line"] if job else None,
-                  worst_case=worst_case_line(confirmation, int(number)) if number == number else None,  # stress
-                  noise=confirmation_line(confirmation) if confirmation is not None and confirmation.complete
-                  else None)  # its noise
+    common = Gain(
+        gain=None,
+        over_defaults=over_defaults,
+        defaults_how=defaults.how if defaults is not None else None,
+        job=job["line"] if job else None,
+        worst_case=worst_case_line(confirmation, int(number)) if number == number else None,  # stress
+        noise=confirmation_line(confirmation) if confirmation is not None and confirmation.complete else None,
+    )  # its noise
     verdict = confirmation.verdict if confirmation is not None else None
     if verdict is not None and verdict.gain is not None:
-        return replace(common, gain=float(verdict.gain), ci_low=verdict.ci_low, ci_high=verdict.ci_high,
-                       note=verdict.note)
+        return replace(
+            common, gain=float(verdict.gain), ci_low=verdict.ci_low, ci_high=verdict.ci_high, note=verdict.note
+        )
     if number != number and confirmed(confirmation) is not None:  # the confirmation crowned none: no gain to give
         return replace(common, note=verdict_facts(study).note)
     base = headline.loc["baseline", "tok_s_per_gpu"]
@@ -168,10 +183,18 @@ def confirmed_frame(frame: pd.DataFrame, study: optuna.Study) -> pd.DataFrame:
         if rate is None or stats.from_search:
             continue
         low, high = rate[1] or (math.nan, math.nan)
-        rows.append({"trial": number, "label": info["label"] if info is not None else "",
-                     "role": info["role"] if info is not None else "", "confirmed_tok_s": rate[0],
-                     "tok_s_low": low, "tok_s_high": high, "launches": _launches(confirmation, number),
-                     "vs_baseline": (stats.median or math.nan) / base.median if base and base.median else math.nan})
+        rows.append(
+            {
+                "trial": number,
+                "label": info["label"] if info is not None else "",
+                "role": info["role"] if info is not None else "",
+                "confirmed_tok_s": rate[0],
+                "tok_s_low": low,
+                "tok_s_high": high,
+                "launches": _launches(confirmation, number),
+                "vs_baseline": (stats.median or math.nan) / base.median if base and base.median else math.nan,
+            }
+        )
     return pd.DataFrame(rows, columns=columns).sort_values("confirmed_tok_s", ascending=False, ignore_index=True)
 
 
@@ -207,8 +230,17 @@ def compare_frame(frames: Mapping[str, pd.DataFrame], configs: Mapping[str, Mapp
         base = frame.loc[(frame["role"] == "baseline") & frame["feasible"], "tok_s"]
         best = float(feasible["tok_s"].max()) if len(feasible) else math.nan
         base_tok = float(base.iloc[0]) if len(base) else math.nan
-        rows.append({"study": name, "model": model_name(configs[name]), "gpu": device_name(configs[name]),
-                     "trials": len(frame), "feasible": len(feasible), "failed": int((frame["status"] != "ok").sum()),
-                     "baseline_tok_s": base_tok, "best_tok_s": best,
-                     "gain": best / base_tok if base_tok and base_tok > 0 else math.nan})
+        rows.append(
+            {
+                "study": name,
+                "model": model_name(configs[name]),
+                "gpu": device_name(configs[name]),
+                "trials": len(frame),
+                "feasible": len(feasible),
+                "failed": int((frame["status"] != "ok").sum()),
+                "baseline_tok_s": base_tok,
+                "best_tok_s": best,
+                "gain": best / base_tok if base_tok and base_tok > 0 else math.nan,
+            }
+        )
     return pd.DataFrame(rows)

@@ -26,8 +26,7 @@ def importance_frame(study: optuna.Study) -> pd.DataFrame:
     each flag on its own marginal, so per-flag scores are comparable. Empty (``NOT_ENOUGH_TO_RANK``) when no
     flag has enough trials or the evaluator cannot tell the flags apart: never a uniform chart."""
     empty = pd.DataFrame(columns=["param", "importance", "trials"])
-    complete = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
-                if t.params]
+    complete = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if t.params]
     searched = [t for t in complete if t.user_attrs.get("role", "search") == "search"]
     flags = list(dict.fromkeys(p for t in (searched or complete) for p in t.params))
     raw: dict[str, float] = {}
@@ -41,8 +40,12 @@ def importance_frame(study: optuna.Study) -> pd.DataFrame:
                 # PED-ANOVA is "experimental" and warns that it ranks low targets; the negated tok/s is exactly that.
                 warnings.simplefilter("ignore")
                 scores = optuna.importance.get_param_importances(
-                    study, evaluator=optuna.importance.PedAnovaImportanceEvaluator(), params=[flag],
-                    target=lambda t: -t.values[0], normalize=False)
+                    study,
+                    evaluator=optuna.importance.PedAnovaImportanceEvaluator(),
+                    params=[flag],
+                    target=lambda t: -t.values[0],
+                    normalize=False,
+                )
         except (ValueError, RuntimeError, ZeroDivisionError):
             continue
         value = float(scores.get(flag, 0.0))
@@ -55,5 +58,6 @@ def importance_frame(study: optuna.Study) -> pd.DataFrame:
     if max(shares.values()) - min(shares.values()) < 1e-9:  # the evaluator cannot tell the flags apart
         return empty
     ordered = sorted(shares, key=lambda k: shares[k], reverse=True)
-    return pd.DataFrame({"param": ordered, "importance": [shares[k] for k in ordered],
-                         "trials": [counts[k] for k in ordered]})
+    return pd.DataFrame(
+        {"param": ordered, "importance": [shares[k] for k in ordered], "trials": [counts[k] for k in ordered]}
+    )

@@ -56,8 +56,9 @@ def _records(trial_dir: str, base_dir: Path | None) -> list[RecordLine]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
-def latency_frame(frame: pd.DataFrame, study: optuna.Study, *, top: int = 3,
-                  base_dir: Path | None = None) -> pd.DataFrame:
+def latency_frame(
+    frame: pd.DataFrame, study: optuna.Study, *, top: int = 3, base_dir: Path | None = None
+) -> pd.DataFrame:
     """TTFT and ITL quantiles (ms) for the baseline and the top trials.
 
     From per-request records when the trial kept them (every quantile), else from the stored percentiles
@@ -80,8 +81,16 @@ def latency_frame(frame: pd.DataFrame, study: optuna.Study, *, top: int = 3,
             elif stored is not None:
                 pct = stored.ttft_ms if metric == "ttft" else stored.itl_ms
                 row.update({k: math.nan for k in QUANTILES})
-                row.update({"p50": attr_or_nan(pct, "p50"), "p90": attr_or_nan(pct, "p90"), "p99": attr_or_nan(pct, "p99"),
-                            "mean": attr_or_nan(pct, "mean"), "n": 0, "source": "stored percentiles"})
+                row.update(
+                    {
+                        "p50": attr_or_nan(pct, "p50"),
+                        "p90": attr_or_nan(pct, "p90"),
+                        "p99": attr_or_nan(pct, "p99"),
+                        "mean": attr_or_nan(pct, "mean"),
+                        "n": 0,
+                        "source": "stored percentiles",
+                    }
+                )
             else:
                 continue
             rows.append(row)

@@ -36,7 +36,16 @@ def stability_frame(study: optuna.Study) -> pd.DataFrame:
         mean = sum(window) / len(window) if window else 0.0
         label = str(trial.user_attrs.get("label") or trial.user_attrs.get("role") or "")
         for i, rate in enumerate(settling.tok_s[:hi]):
-            rows.append({"trial": trial.number, "label": label, "slice": i, "t_s": round(i * settling.slice_s, 3),
-                         "tok_s": rate, "relative": rate / mean if mean > 0 else 0.0,
-                         "phase": "warm-up" if i < lo else "window", "settled": settling.settled})
+            rows.append(
+                {
+                    "trial": trial.number,
+                    "label": label,
+                    "slice": i,
+                    "t_s": round(i * settling.slice_s, 3),
+                    "tok_s": rate,
+                    "relative": rate / mean if mean > 0 else 0.0,
+                    "phase": "warm-up" if i < lo else "window",
+                    "settled": settling.settled,
+                }
+            )
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -24,20 +24,73 @@ from autotune.results.measurement import MeasurementVerdict, Rejections, ServerP
 from autotune.results.stored import from_known, typed
 
 __all__ = [
-    "OOM_STATUSES", "PORT_TAKEN", "PROBE_ERROR", "REPEAT", "STATUSES", "TOO_SLOW", "UNTRUSTED_STATUSES", "WRITE_ERROR",
-    "Capacity", "DevicePeak", "FailureKind", "FidelityFigures", "GpuPeaks", "MeasurementVerdict", "Metrics", "Outcome",
-    "Percentiles", "Placement", "Rejections", "ServerProgress", "Status", "StressResult", "TrialResult", "Window",
-    "differing_flags", "fidelity_summary", "flag_list", "granted", "granted_line", "halves_drift", "numerics_line",
+    "OOM_STATUSES",
+    "PORT_TAKEN",
+    "PROBE_ERROR",
+    "REPEAT",
+    "STATUSES",
+    "TOO_SLOW",
+    "UNTRUSTED_STATUSES",
+    "WRITE_ERROR",
+    "Capacity",
+    "DevicePeak",
+    "FailureKind",
+    "FidelityFigures",
+    "GpuPeaks",
+    "MeasurementVerdict",
+    "Metrics",
+    "Outcome",
+    "Percentiles",
+    "Placement",
+    "Rejections",
+    "ServerProgress",
+    "Status",
+    "StressResult",
+    "TrialResult",
+    "Window",
+    "differing_flags",
+    "fidelity_summary",
+    "flag_list",
+    "granted",
+    "granted_line",
+    "halves_drift",
+    "numerics_line",
 ]
 
 Status = Literal[
-    "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
-    "invalid_measurement", "client_bound", "probe_error", "too_slow", "write_error", "port_taken", "repeat",
+    "ok",
+    "startup_oom",
+    "runtime_oom",
+    "crash",
+    "timeout",
+    "bad_args",
+    "skipped_infeasible",
+    "interrupted",
+    "invalid_measurement",
+    "client_bound",
+    "probe_error",
+    "too_slow",
+    "write_error",
+    "port_taken",
+    "repeat",
 ]
 FailureKind = Literal["startup_oom", "runtime_oom", "crash", "timeout", "bad_args"]
 STATUSES: tuple[str, ...] = (
-    "ok", "startup_oom", "runtime_oom", "crash", "timeout", "bad_args", "skipped_infeasible", "interrupted",
-    "invalid_measurement", "client_bound", "probe_error", "too_slow", "write_error", "port_taken", "repeat",
+    "ok",
+    "startup_oom",
+    "runtime_oom",
+    "crash",
+    "timeout",
+    "bad_args",
+    "skipped_infeasible",
+    "interrupted",
+    "invalid_measurement",
+    "client_bound",
+    "probe_error",
+    "too_slow",
+    "write_error",
+    "port_taken",
+    "repeat",
 )
 OOM_STATUSES: frozenset[str] = frozenset({"startup_oom", "runtime_oom", "skipped_infeasible"})
 # The config ran, but the figure cannot be trusted: the simulated server could not keep pace with its model
@@ -82,8 +135,11 @@ class Capacity:
 
     def pools(self) -> dict[str, int | None]:
         """What it allocated that a restart or a rollout compares: running cap, KV tokens, Mamba slots."""
-        return {"max_running_requests": self.max_running_requests, "kv_tokens": self.kv_tokens,
-                "mamba_slots": self.mamba_slots}
+        return {
+            "max_running_requests": self.max_running_requests,
+            "kv_tokens": self.kv_tokens,
+            "mamba_slots": self.mamba_slots,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -161,8 +217,15 @@ class GpuPeaks:
         if data is None:
             return None
         per_gpu = data.get("per_gpu")
-        return from_known(cls, {**data, "per_gpu": None if per_gpu is None else tuple(
-            d if isinstance(d, DevicePeak) else from_known(DevicePeak, d) for d in per_gpu)})
+        return from_known(
+            cls,
+            {
+                **data,
+                "per_gpu": None
+                if per_gpu is None
+                else tuple(d if isinstance(d, DevicePeak) else from_known(DevicePeak, d) for d in per_gpu),
+            },
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -357,8 +420,15 @@ class TrialResult:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> TrialResult:
         data = dict(data)
-        for key, kind in (("capacity", Capacity), ("metrics", Metrics), ("gpu", GpuPeaks), ("host", GpuPeaks),
-                          ("measurement", MeasurementVerdict), ("fidelity", FidelityFigures), ("stress", StressResult)):
+        for key, kind in (
+            ("capacity", Capacity),
+            ("metrics", Metrics),
+            ("gpu", GpuPeaks),
+            ("host", GpuPeaks),
+            ("measurement", MeasurementVerdict),
+            ("fidelity", FidelityFigures),
+            ("stress", StressResult),
+        ):
             data[key] = typed(kind, data.get(key))
         windows = data.get("windows")
         data["windows"] = None if windows is None else tuple(typed(Window, w) for w in windows)
@@ -389,7 +459,7 @@ def granted(config: dict[str, Any] | None, capacity: Capacity | None) -> tuple[i
 
 
 def granted_line(config: dict[str, Any] | None, capacity: Capacity | None) -> str | None:
-    """"asked for 32 running, got 24: the Mamba state pool bound it", or None when SGLang granted what was asked."""
+    """ "asked for 32 running, got 24: the Mamba state pool bound it", or None when SGLang granted what was asked."""
     g = granted(config, capacity)
     if g is None:
         return None

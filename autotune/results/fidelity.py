@@ -67,8 +67,11 @@ def _probe_figures(fidelity: FidelityFigures) -> str:
 
 def flag_list(entries: Iterable[Mapping[str, Any]], *, unset: bool = False) -> str:
     """``--flag value, …`` of ``{flag, value}`` entries (``unset``: a None value reads "unset")."""
-    return ", ".join(f"--{str(d.get('flag', '')).replace('_', '-')} "
-                     f"{'unset' if unset and d.get('value') is None else d.get('value')}" for d in entries)
+    return ", ".join(
+        f"--{str(d.get('flag', '')).replace('_', '-')} "
+        f"{'unset' if unset and d.get('value') is None else d.get('value')}"
+        for d in entries
+    )
 
 
 def differing_flags(fidelity: FidelityFigures | None) -> str:
@@ -77,14 +80,16 @@ def differing_flags(fidelity: FidelityFigures | None) -> str:
 
 
 def numerics_line(fidelity: FidelityFigures | None) -> str | None:
-    """"outputs differ from the baseline (--flag value, …): <probe figures>" for a config whose probe measured an
+    """ "outputs differ from the baseline (--flag value, …): <probe figures>" for a config whose probe measured an
     output-changing flag, "outputs changed unexpectedly (…)" for one whose outputs differ though none changed; None
     when its outputs matched or cannot differ (or no probe ran)."""
     if not fidelity or not fidelity.probed:
         return None
     if fidelity.unexpected:  # the contender probe: outputs differ though no table flag changed
-        return (f"outputs changed unexpectedly (it differs from the baseline in {differing_flags(fidelity)}, none of "
-                f"them a flag known to change outputs): {_probe_figures(fidelity)}")
+        return (
+            f"outputs changed unexpectedly (it differs from the baseline in {differing_flags(fidelity)}, none of "
+            f"them a flag known to change outputs): {_probe_figures(fidelity)}"
+        )
     if not fidelity.changes:  # the baseline's numerics: matched (nothing to say), or the check failed
         return f"outputs not checked against the baseline: {fidelity.error}" if fidelity.error else None
     flags = flag_list(fidelity.changes)

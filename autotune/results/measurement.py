@@ -69,5 +69,10 @@ class MeasurementVerdict(Sparse):
     def from_dict(cls, data: Mapping[str, Any] | None) -> Self | None:
         if not data:
             return None
-        return super().from_dict({**data, "rejected": typed(Rejections, data.get("rejected")),
-                                  "progress": typed(ServerProgress, data.get("progress"))})
+        return super().from_dict(
+            {
+                **data,
+                "rejected": typed(Rejections, data.get("rejected")),
+                "progress": typed(ServerProgress, data.get("progress")),
+            }
+        )

@@ -68,7 +68,9 @@ def _graph_stage(mp: Any) -> bool:
     return mp.failure == "startup_oom" and str(mp.message or "").startswith("Capture cuda graph failed")
 
 
-_PLANS: dict[tuple[Any, ...], MemoryPlan] = {}  # (model, GPU, config, offset, inert) → plan: the planner is a pure function
+_PLANS: dict[
+    tuple[Any, ...], MemoryPlan
+] = {}  # (model, GPU, config, offset, inert) → plan: the planner is a pure function
 _PLANS_MAX = 50_000
 
 
@@ -76,9 +78,14 @@ class CorrectedFeasibility(Feasibility):
     """``Feasibility`` with a planner that learns its capacity and room errors from each launched trial."""
 
     def _plan(self, config: Mapping[str, Any], offset: float = 0.0, *, inert: bool = True) -> MemoryPlan:
-        key = (getattr(self.model, "name", id(self.model)), getattr(self.gpu, "name", id(self.gpu)),
-               getattr(self.gpu, "memory_gib", None),
-               key_of(config), round(offset, 9), inert)
+        key = (
+            getattr(self.model, "name", id(self.model)),
+            getattr(self.gpu, "name", id(self.gpu)),
+            getattr(self.gpu, "memory_gib", None),
+            key_of(config),
+            round(offset, 9),
+            inert,
+        )
         mp = _PLANS.get(key)
         if mp is None:
             if len(_PLANS) >= _PLANS_MAX:
@@ -147,21 +154,35 @@ class CorrectedFeasibility(Feasibility):
         gib = dataclasses.replace(mp.gib, headroom=round(headroom, 4))
         extra: PlanDetails = {**mp.extra, "room_correction_gib": round(delta, 3)}
         if headroom >= 0 and not mp.fits:
-            return dataclasses.replace(mp, fits=True, failure=None, gib=gib, extra=extra,
-                                       message=f"corrected planner: fits with {headroom:.2f} GiB headroom (the "
-                                               f"uncorrected plan: {mp.message})")
+            return dataclasses.replace(
+                mp,
+                fits=True,
+                failure=None,
+                gib=gib,
+                extra=extra,
+                message=f"corrected planner: fits with {headroom:.2f} GiB headroom (the "
+                f"uncorrected plan: {mp.message})",
+            )
         if headroom < 0 and mp.fits:
-            return dataclasses.replace(mp, fits=False, failure="runtime_oom", gib=gib, extra=extra,
-                                       message=f"corrected planner: {headroom:.2f} GiB headroom at peak (planned "
-                                               f"{mp.gib.headroom:.2f} GiB, corrected by {delta:+.2f} GiB from "
-                                               f"{self._evidence()})")
+            return dataclasses.replace(
+                mp,
+                fits=False,
+                failure="runtime_oom",
+                gib=gib,
+                extra=extra,
+                message=f"corrected planner: {headroom:.2f} GiB headroom at peak (planned "
+                f"{mp.gib.headroom:.2f} GiB, corrected by {delta:+.2f} GiB from "
+                f"{self._evidence()})",
+            )
         return dataclasses.replace(mp, gib=gib, extra=extra)
 
     def _evidence(self) -> str:
         if self.room or self.ooms:
             return f"{len(self.room)} measured peaks and {len(self.ooms)} OOMs"
-        return (f"the earlier study's {len(self.prior.room)} measured peaks and {len(self.prior.ooms)} OOMs, scaled to "
-                "this GPU")
+        return (
+            f"the earlier study's {len(self.prior.room)} measured peaks and {len(self.prior.ooms)} OOMs, scaled to "
+            "this GPU"
+        )
 
     def sure_failure(self, memory_plan: MemoryPlan) -> bool:
         if memory_plan.fits:
@@ -185,14 +206,17 @@ class CorrectedFeasibility(Feasibility):
         at0 = self._plan(config, 0.0, inert=False)
         if not at0.fits:
             return None
-        for key, seen in (("max_mamba_cache_size", capacity.mamba_slots),
-                          ("max_running_requests", capacity.max_running_requests)):
+        for key, seen in (
+            ("max_mamba_cache_size", capacity.mamba_slots),
+            ("max_running_requests", capacity.max_running_requests),
+        ):
             if not seen or key in config and key == "max_mamba_cache_size":
                 continue  # an explicit slot count is the user's, not the pools'
             planned = getattr(at0, key) or 0
             if not planned or planned == seen:
                 continue
             lo, hi = (0.0, 16.0) if seen < planned else (-16.0, 0.0)  # less capacity: less free memory
+
             def value_at(o: float, k: str = key) -> int:
                 return int(getattr(self._plan(config, o, inert=False), k) or 0)
 
@@ -230,9 +254,11 @@ class CorrectedFeasibility(Feasibility):
             expected = g.headroom + g.activations + (g.graphs if capture else 0.0)
         if total <= 0 or expected - free <= TENANT_GAP_SHARE * total:
             return None
-        return (f"the OOM logged {free:.2f} GiB free where {stage} {expected:.2f} GiB: {expected - free:.1f} GiB "
-                "missing, more than any planner error, so another process held the GPU (the tenant's OOM, not this "
-                "config's; the planner learnt nothing from it)")
+        return (
+            f"the OOM logged {free:.2f} GiB free where {stage} {expected:.2f} GiB: {expected - free:.1f} GiB "
+            "missing, more than any planner error, so another process held the GPU (the tenant's OOM, not this "
+            "config's; the planner learnt nothing from it)"
+        )
 
     def learn_trial(self, config: Mapping[str, Any], result: TrialResult) -> dict[str, float]:
         """Learn from one launched trial: its capacity, its measured peak, its OOM. Returns what was learned;
@@ -323,25 +349,34 @@ def known_failure(trials: list[FrozenTrial], key: str) -> FrozenTrial | None:
 def earlier_skip(trials: list[FrozenTrial], key: str) -> FrozenTrial | None:
     """The first trial the planner skipped with exactly this config (not a reuse of a known outcome)."""
     for t in sorted(trials, key=lambda t: t.number):
-        if (t.state == TrialState.COMPLETE and t.user_attrs.get("launch_key") == key
-                and t.user_attrs.get("status") == "skipped_infeasible" and t.user_attrs.get("reused_from") is None):
+        if (
+            t.state == TrialState.COMPLETE
+            and t.user_attrs.get("launch_key") == key
+            and t.user_attrs.get("status") == "skipped_infeasible"
+            and t.user_attrs.get("reused_from") is None
+        ):
             return t
     return None
 
 
-def skip_was_wrong(feasibility: Feasibility | None, trials: list[FrozenTrial], key: str, config: Mapping[str, Any],
-                   result: TrialResult) -> str | None:
+def skip_was_wrong(
+    feasibility: Feasibility | None, trials: list[FrozenTrial], key: str, config: Mapping[str, Any], result: TrialResult
+) -> str | None:
     """When a config that ran cleanly had been (or, uncorrected, would have been) skipped: say so."""
     if feasibility is None or not result.ok:
         return None
     skipped = earlier_skip(trials, key)
     if skipped is not None:
         why = skipped.user_attrs.get("reason") or "planner"
-        return (f"the planner was wrong to skip this config in trial {skipped.number} ({why}); the corrected planner "
-                "let it through and it ran")
+        return (
+            f"the planner was wrong to skip this config in trial {skipped.number} ({why}); the corrected planner "
+            "let it through and it ran"
+        )
     if isinstance(feasibility, CorrectedFeasibility) and feasibility.learned:
         raw = feasibility.raw(config)
         if Feasibility.sure_failure(feasibility, raw):
-            return (f"the uncorrected planner would have skipped this config ({raw.message or raw.failure}); the "
-                    "corrected planner let it through and it ran")
+            return (
+                f"the uncorrected planner would have skipped this config ({raw.message or raw.failure}); the "
+                "corrected planner let it through and it ran"
+            )
     return None

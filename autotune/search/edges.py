@@ -66,6 +66,7 @@ def _ok_result(t: FrozenTrial) -> TrialResult | None:
 
 def starved_starts(trials: list[FrozenTrial]) -> int:
     """How many finished edge starts measured under ``STARVED_SHARE`` of the best baseline/enqueued tok/s."""
+
     def tok_s(t: FrozenTrial) -> float | None:
         result = _ok_result(t)
         return result.output_tok_s if result is not None else None
@@ -74,8 +75,7 @@ def starved_starts(trials: list[FrozenTrial]) -> int:
     if not given:
         return 0
     floor = STARVED_SHARE * max(given)
-    return sum(1 for t in trials if t.user_attrs.get("role") == "prior" and (v := tok_s(t)) is not None
-               and v < floor)
+    return sum(1 for t in trials if t.user_attrs.get("role") == "prior" and (v := tok_s(t)) is not None and v < floor)
 
 
 def reported_prompt_tokens(trials: list[FrozenTrial]) -> dict[int, int]:
@@ -182,8 +182,10 @@ class EdgeStarts:
         placed = [t for t in trials if t.user_attrs.get("role") == "prior"]
         if len(placed) >= self.n:
             return None
-        if any(t.state == TrialState.RUNNING and t.user_attrs.get("role") in ("baseline", "enqueued", "prior")
-               for t in trials):
+        if any(
+            t.state == TrialState.RUNNING and t.user_attrs.get("role") in ("baseline", "enqueued", "prior")
+            for t in trials
+        ):
             return None  # its outcome is what this placement should learn from: the sampler goes meanwhile
         i = len(placed)
         tokens, seen = self.per_request(trials, i)
@@ -191,18 +193,31 @@ class EdgeStarts:
         assert self.feasibility is not None  # edge starts are only placed with a planner (``self.n`` is 0 without)
         prompt, ratio, reported = self.prompt_tokens(trials)
         shared = self.shared_prefix * CHARS_PER_TOKEN * ratio  # shared_prefix_tokens counts 4 characters a token
-        configs = edge_configs(self.space, self.feasibility, prompt_chars=self.prompt_chars,
-                               max_tokens=self.max_tokens, n=1, seed=self.cfg.study.seed + 7 * i,
-                               exclude=[*self.given, *tried], hold=self.given[0], per_request=[tokens],
-                               shared_prefix=shared)
+        configs = edge_configs(
+            self.space,
+            self.feasibility,
+            prompt_chars=self.prompt_chars,
+            max_tokens=self.max_tokens,
+            n=1,
+            seed=self.cfg.study.seed + 7 * i,
+            exclude=[*self.given, *tried],
+            hold=self.given[0],
+            per_request=[tokens],
+            shared_prefix=shared,
+        )
         if not configs:
             self.n = i  # nothing the planner is sure starts holds that many requests: no more edge starts
             return None
         config = configs[0]
         params = {k: v for k, v in config.items() if k in self.space.names}
-        attrs = EdgeAttrs(role="prior", label=f"memory edge {i + 1}", config=config, edge_kv_per_request=tokens,
-                          edge_output_tokens=None if seen is None else round(seen, 1),
-                          edge_prompt_tokens=round(prompt, 1),
-                          edge_prompt_tokens_from="server" if reported else f"{CHARS_PER_TOKEN:g} characters per token")
+        attrs = EdgeAttrs(
+            role="prior",
+            label=f"memory edge {i + 1}",
+            config=config,
+            edge_kv_per_request=tokens,
+            edge_output_tokens=None if seen is None else round(seen, 1),
+            edge_prompt_tokens=round(prompt, 1),
+            edge_prompt_tokens_from="server" if reported else f"{CHARS_PER_TOKEN:g} characters per token",
+        )
         study.enqueue_trial(params, user_attrs=dict(attrs))
         return attrs

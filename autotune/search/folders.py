@@ -55,9 +55,14 @@ def identity(study: optuna.Study, cfg: StudyConfig) -> Identity:
     stored = study.user_attrs.get(IDENTITY_ATTR)
     if isinstance(stored, dict) and stored.get("id"):
         return cast(Identity, stored)
-    record = Identity(id=uuid.uuid4().hex[:12], study=study.study_name, study_id=getattr(study, "_study_id", None),
-                      storage=redact_url(cfg.storage_url), storage_tag=storage_tag(cfg.storage_url),
-                      created=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    record = Identity(
+        id=uuid.uuid4().hex[:12],
+        study=study.study_name,
+        study_id=getattr(study, "_study_id", None),
+        storage=redact_url(cfg.storage_url),
+        storage_tag=storage_tag(cfg.storage_url),
+        created=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    )
     study.set_user_attr(IDENTITY_ATTR, record)
     return cast(Identity, study.user_attrs.get(IDENTITY_ATTR) or record)
 
@@ -112,8 +117,10 @@ def study_folder(cfg: StudyConfig, study: optuna.Study, *, log: Callable[[str], 
                 aside = aside.with_name(aside.name + "-1")
             default.rename(aside)
             if log is not None:
-                log(f"moved {default} aside to {aside.name}: it belongs to study {marker.get('id')}, "
-                    f"no longer in {ident['storage']}")
+                log(
+                    f"moved {default} aside to {aside.name}: it belongs to study {marker.get('id')}, "
+                    f"no longer in {ident['storage']}"
+                )
             return _claim(default, ident)
         if log is not None:
             whose = f"study {marker.get('id')} in {marker.get('storage')}" if marker else "an earlier study"

@@ -111,8 +111,9 @@ def record_reference(study: Any, result: TrialResult) -> None:
     """Keep the reference's path and sha256 with the study when ``result``'s launch recorded it."""
     fidelity = result.fidelity
     if fidelity and fidelity.role == "reference" and isinstance(fidelity.reference, Mapping) and not fidelity.error:
-        study.set_user_attr(REFERENCE_ATTR, {**fidelity.reference, "prompts": fidelity.prompts,
-                                             "tokens": fidelity.tokens})
+        study.set_user_attr(
+            REFERENCE_ATTR, {**fidelity.reference, "prompts": fidelity.prompts, "tokens": fidelity.tokens}
+        )
 
 
 class ProbePlanner:
@@ -149,13 +150,21 @@ class ProbePlanner:
         return ref
 
     def recording(self, trial: int | None) -> FidelityProbe:
-        return FidelityProbe(prompts=self.prompts, tokens=self.tokens, lines=self.lines, record_to=self.path,
-                             reference_info=ReferenceInfo(path=str(self.path), trial=trial, config=self.reference_cfg),
-                             timeout_s=self.timeout_s)
+        return FidelityProbe(
+            prompts=self.prompts,
+            tokens=self.tokens,
+            lines=self.lines,
+            record_to=self.path,
+            reference_info=ReferenceInfo(path=str(self.path), trial=trial, config=self.reference_cfg),
+            timeout_s=self.timeout_s,
+        )
 
-    def probe_for(self, config: Mapping[str, Any], trial: int,
-                  record: Callable[[FidelityProbe], TrialResult] | None = None,
-                  ) -> tuple[FidelityProbe | None, TrialResult | None]:
+    def probe_for(
+        self,
+        config: Mapping[str, Any],
+        trial: int,
+        record: Callable[[FidelityProbe], TrialResult] | None = None,
+    ) -> tuple[FidelityProbe | None, TrialResult | None]:
         """(the probe for trial ``trial`` launching ``config``, None) — the probe None when the trial needs none —
         or (None, the failed launch) when the reference had to be recorded first (``record``) and could not be."""
         if not (self.enabled or self.confirms):
@@ -167,9 +176,11 @@ class ProbePlanner:
             return (self.recording(trial) if ref is None and dict(config) == self.reference_cfg else None), None
         return self._comparing(config, found, record)
 
-    def confirmation_probe(self, config: Mapping[str, Any],
-                           record: Callable[[FidelityProbe], TrialResult] | None = None,
-                           ) -> tuple[FidelityProbe | None, TrialResult | None]:
+    def confirmation_probe(
+        self,
+        config: Mapping[str, Any],
+        record: Callable[[FidelityProbe], TrialResult] | None = None,
+    ) -> tuple[FidelityProbe | None, TrialResult | None]:
         """The probe of a confirmed contender's first confirmation launch, table or not: (None, None) for the
         baseline's own flags (its twins included), else as ``probe_for``. Every flag the config sets differently
         from the baseline goes with it (``differs``), for a change no table flag explains."""
@@ -181,9 +192,12 @@ class ProbePlanner:
             found = []
         return self._comparing(config, found, record)
 
-    def _comparing(self, config: Mapping[str, Any], found: list[NumericsChange],
-                   record: Callable[[FidelityProbe], TrialResult] | None,
-                   ) -> tuple[FidelityProbe | None, TrialResult | None]:
+    def _comparing(
+        self,
+        config: Mapping[str, Any],
+        found: list[NumericsChange],
+        record: Callable[[FidelityProbe], TrialResult] | None,
+    ) -> tuple[FidelityProbe | None, TrialResult | None]:
         """A probe comparing with the reference, recorded first (``record``) when it is missing."""
         with self._lock:  # workers of one process record the reference once
             ref = self.reference()
@@ -195,11 +209,16 @@ class ProbePlanner:
         if ref is None:
             return None, TrialResult(status="crash", config=dict(config), reason="no reference outputs recorded")
         info = ReferenceInfo(path=str(self.path), trial=ref.trial, sha256=_sha(self.path))
-        return FidelityProbe(prompts=self.prompts, tokens=self.tokens, lines=self.lines, reference=ref,
-                             changes=tuple(FlagChange(flag=c.flag, value=c.value, reference=c.reference, why=c.why)
-                                           for c in found),
-                             differs=tuple(flag_differences(config, self.reference_cfg)), reference_info=info,
-                             timeout_s=self.timeout_s), None
+        return FidelityProbe(
+            prompts=self.prompts,
+            tokens=self.tokens,
+            lines=self.lines,
+            reference=ref,
+            changes=tuple(FlagChange(flag=c.flag, value=c.value, reference=c.reference, why=c.why) for c in found),
+            differs=tuple(flag_differences(config, self.reference_cfg)),
+            reference_info=info,
+            timeout_s=self.timeout_s,
+        ), None
 
 
 def _set(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -210,8 +229,9 @@ def _set(config: Mapping[str, Any]) -> dict[str, Any]:
 def flag_differences(config: Mapping[str, Any], reference: Mapping[str, Any]) -> list[FlagChange]:
     """Every flag ``config`` sets differently from ``reference``, with both values (None: unset)."""
     a, b = _set(config), _set(reference)
-    return [FlagChange(flag=k, value=a.get(k), reference=b.get(k)) for k in sorted(set(a) | set(b))
-            if a.get(k) != b.get(k)]
+    return [
+        FlagChange(flag=k, value=a.get(k), reference=b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)
+    ]
 
 
 def contender_fidelity(searched: FidelityFigures | None, confirmed: FidelityFigures | None) -> FidelityFigures | None:
@@ -242,8 +262,11 @@ def contender_result(result: TrialResult, confirmed: FidelityFigures | None) -> 
 
 def without_reference(failed: TrialResult) -> FidelityFigures:
     """A confirmation run's fidelity when the reference could not be recorded: said, never a silent pass."""
-    return FidelityFigures(role="probe", error=f"no reference outputs: the baseline's reference launch ended "
-                           f"{failed.status}" + (f" ({failed.reason})" if failed.reason else ""))
+    return FidelityFigures(
+        role="probe",
+        error=f"no reference outputs: the baseline's reference launch ended "
+        f"{failed.status}" + (f" ({failed.reason})" if failed.reason else ""),
+    )
 
 
 def missing_reference(result: TrialResult, config: Mapping[str, Any]) -> TrialResult:
@@ -251,6 +274,6 @@ def missing_reference(result: TrialResult, config: Mapping[str, Any]) -> TrialRe
     return dataclasses.replace(
         TrialResult(status="probe_error", config=dict(config), engine=result.engine),
         reason=f"fidelity probe: no reference outputs: the baseline's reference launch ended {result.status}"
-               + (f" ({result.reason})" if result.reason else ""),
+        + (f" ({result.reason})" if result.reason else ""),
         fidelity=FidelityFigures(role="probe", error="no reference outputs"),
     )

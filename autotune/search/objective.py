@@ -63,14 +63,24 @@ def _sampler(cfg: StudyConfig, seed: int) -> optuna.samplers.BaseSampler:
         return optuna.samplers.GPSampler(seed=seed, constraints_func=constraints)
     if kind == "cmaes":
         if cfg.objective.second:
-            raise ConfigError("CMA-ES cannot optimise two objectives", file=str(cfg.path), key="study.sampler",
-                              fix='use sampler = "tpe"')
+            raise ConfigError(
+                "CMA-ES cannot optimise two objectives",
+                file=str(cfg.path),
+                key="study.sampler",
+                fix='use sampler = "tpe"',
+            )
         return optuna.samplers.CmaEsSampler(seed=seed)
     # Multivariate + group TPE models the flags jointly (memory levers interact) and copes with conditions.
     startup = max(4, min(10, cfg.study.trials // 4))
     # constant_liar: parallel workers see each other's running trials and do not propose the same config.
-    return optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=startup,
-                                      constraints_func=constraints, constant_liar=True)
+    return optuna.samplers.TPESampler(
+        seed=seed,
+        multivariate=True,
+        group=True,
+        n_startup_trials=startup,
+        constraints_func=constraints,
+        constant_liar=True,
+    )
 
 
 def directions(cfg: StudyConfig) -> list[str]:
@@ -120,8 +130,13 @@ def open_study(cfg: StudyConfig, *, create: bool = True) -> optuna.Study:
     url = cfg.storage_url
     storage = open_storage(url, base_dir=cfg.base_dir)  # StorageError (one line, redacted) when unusable
     try:
-        return optuna.create_study(study_name=cfg.name, storage=storage, sampler=make_sampler(cfg),
-                                   directions=directions(cfg), load_if_exists=True)
+        return optuna.create_study(
+            study_name=cfg.name,
+            storage=storage,
+            sampler=make_sampler(cfg),
+            directions=directions(cfg),
+            load_if_exists=True,
+        )
     except ValueError as exc:
         raise StudyError(f"study {cfg.name!r} in {redact(url)} cannot be used: {exc}") from None
     except Exception as exc:  # SQLAlchemy's errors once the database is queried

@@ -39,9 +39,12 @@ def check_given(cfg: StudyConfig, *, engine: Any = None, feasibility: Any = None
             continue
         memory_plan = feasibility.predict(config, inert=False)
         if memory_plan.failure == "bad_args":
-            raise ConfigError(f"SGLang refuses this config: {memory_plan.message}", file=file, key=where,
-                              fix="change the flags the rule names, in this table or in [engine.fixed]; "
-                                  "nothing was launched")
+            raise ConfigError(
+                f"SGLang refuses this config: {memory_plan.message}",
+                file=file,
+                key=where,
+                fix="change the flags the rule names, in this table or in [engine.fixed]; nothing was launched",
+            )
 
 
 def check_study(cfg: StudyConfig) -> None:

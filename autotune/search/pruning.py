@@ -56,16 +56,25 @@ class PruningSettler(Settler):
         done = super().add(tokens)
         if done is not None or self.warmup_end is None:
             return done
-        window = self.rates[self.warmup_end:]
+        window = self.rates[self.warmup_end :]
         if not self.pruner.prune(window):
             return None
         mean = sum(window) / len(window)
-        reason = (f"{PRUNED}: after {len(window) * self.slice_s:g} s of window its {mean:,.0f} tok/s (95 % at most "
-                  f"{self.pruner.upper(window):,.0f}) is clearly below the best so far, "
-                  f"{self.pruner.incumbent:,.0f} tok/s less {round(100 * self.pruner.resolution, 2):g} %")
-        return Settling(slice_s=self.slice_s, tok_s=list(self.rates), warmup_slices=self.warmup_end,
-                        window_slices=len(window), warmup_settled=self.warmup_settled, settled=False,
-                        half_width=half_width(window), reason=reason)
+        reason = (
+            f"{PRUNED}: after {len(window) * self.slice_s:g} s of window its {mean:,.0f} tok/s (95 % at most "
+            f"{self.pruner.upper(window):,.0f}) is clearly below the best so far, "
+            f"{self.pruner.incumbent:,.0f} tok/s less {round(100 * self.pruner.resolution, 2):g} %"
+        )
+        return Settling(
+            slice_s=self.slice_s,
+            tok_s=list(self.rates),
+            warmup_slices=self.warmup_end,
+            window_slices=len(window),
+            warmup_settled=self.warmup_settled,
+            settled=False,
+            half_width=half_width(window),
+            reason=reason,
+        )
 
 
 def pruned(measurement: MeasurementVerdict | None) -> bool:

@@ -52,8 +52,15 @@ class RepeatingRunner(Protocol):
 
     def __call__(self, config: dict[str, Any], trial_number: int) -> TrialResult: ...
 
-    def repeat(self, config: dict[str, Any], trial_number: int, k: int, *,
-               after: Sequence[AfterWindow] = (), warmup_s: float | None = None) -> TrialResult: ...
+    def repeat(
+        self,
+        config: dict[str, Any],
+        trial_number: int,
+        k: int,
+        *,
+        after: Sequence[AfterWindow] = (),
+        warmup_s: float | None = None,
+    ) -> TrialResult: ...
 
 
 DeviceCheck = Callable[[tuple[int, ...]], Occupancy | None]
@@ -67,8 +74,15 @@ def study_engine(cfg: StudyConfig) -> Engine:
     """The engine the study's ``[engine]`` section names (the sim engine runs the profile, when given)."""
     eng = cfg.engine
     model = eng.profile if eng.simulated and eng.profile else eng.model
-    return make_engine(eng.kind, model_path=model, python=eng.python, env=eng.env, sim_gpu=eng.sim_gpu,
-                       sim_options=eng.sim_options, device=eng.device)
+    return make_engine(
+        eng.kind,
+        model_path=model,
+        python=eng.python,
+        env=eng.env,
+        sim_gpu=eng.sim_gpu,
+        sim_options=eng.sim_options,
+        device=eng.device,
+    )
 
 
 @functools.lru_cache(maxsize=8)
@@ -92,8 +106,14 @@ class HarnessRunner:
     ``<n>/`` for trial ``n``'s search launch, ``<n>/repeat-<k>/`` for its confirmation runs, ``defaults/`` for
     ``DEFAULTS_RUN``. ``study``: the study it runs for (default: the config's, opened on first use)."""
 
-    def __init__(self, cfg: StudyConfig, *, stop_event: threading.Event, on_phase: Callable[..., None] | None = None,
-                 study: optuna.Study | None = None):
+    def __init__(
+        self,
+        cfg: StudyConfig,
+        *,
+        stop_event: threading.Event,
+        on_phase: Callable[..., None] | None = None,
+        study: optuna.Study | None = None,
+    ):
         eng, wl = cfg.engine, cfg.workload
         self.engine = study_engine(cfg)
         self.workload = WorkloadSpec(**wl.model_dump())  # the section's fields are the spec's
@@ -106,7 +126,8 @@ class HarnessRunner:
         self.launcher = make_launcher(eng.launcher, cfg.launcher.settings(eng.launcher))
         self.run_dir = cfg.work_dir / "runs"
         self.numerics = ProbePlanner(cfg, self.sample.rows, timeout_s=self.timeouts.request_s)  # the fidelity probe
-        # Every launch takes its GPUs here first (``launch.gpulocks``): a free aligned group of the pool ``[engine] gpus``
+        # Every launch takes its GPUs here first (``launch.gpulocks``): a free aligned group of the pool ``[engine]
+        # gpus``
         # (a worker's own group, or the pool its workers share), else the GPUs counted up from ``[engine] gpu``.
         self.locks = GpuLocks(lock_dir(cfg.work_dir), eng.pool, first=eng.first_gpu)
         self.device_check: DeviceCheck | None = None  # the sweep's tenancy check of the group, before each launch
@@ -143,8 +164,15 @@ class HarnessRunner:
                 return missing_reference(failed, config)
         return self._run(config, trial_dir, probe)
 
-    def repeat(self, config: dict[str, Any], trial_number: int, k: int, *,
-               after: Sequence[AfterWindow] = (), warmup_s: float | None = None) -> TrialResult:
+    def repeat(
+        self,
+        config: dict[str, Any],
+        trial_number: int,
+        k: int,
+        *,
+        after: Sequence[AfterWindow] = (),
+        warmup_s: float | None = None,
+    ) -> TrialResult:
         """Confirmation launch ``k`` (from 0) of trial ``trial_number``, in ``<n>/repeat-<k+1>/``: speed, then the
         follow-up steps ``after`` in the same launch (more windows, the stress phase), every window after a warm-up
         floor of ``warmup_s`` (None: the study's; ``confirm.warmup``). The first launch of every
@@ -153,25 +181,48 @@ class HarnessRunner:
         probe = failed = None
         if k == 0 and trial_number != DEFAULTS_RUN:
             probe, failed = self.numerics.confirmation_probe(config, record=self._record_reference)
-        result = self._run(config, self.trial_dir(trial_number, repeat=k + 1), probe,
-                           with_warmup(self.workload, warmup_s), after=after)
+        result = self._run(
+            config, self.trial_dir(trial_number, repeat=k + 1), probe, with_warmup(self.workload, warmup_s), after=after
+        )
         if failed is not None and result.fidelity is None:  # no reference to compare with: said, not passed
             result = dataclasses.replace(result, fidelity=without_reference(failed))
         return result
 
-    def _run(self, config: dict[str, Any], trial_dir: Path, probe: FidelityProbe | None,
-             workload: WorkloadSpec | None = None, *, after: Sequence[AfterWindow] = ()) -> TrialResult:
+    def _run(
+        self,
+        config: dict[str, Any],
+        trial_dir: Path,
+        probe: FidelityProbe | None,
+        workload: WorkloadSpec | None = None,
+        *,
+        after: Sequence[AfterWindow] = (),
+    ) -> TrialResult:
         """One launch on a group of GPUs held for it (checked for tenants first), released once the server is gone."""
         if self.engine.device == "cpu":  # the CPU backend holds no GPU
-            return run_trial(self._setup(workload or self.workload, None), config, trial_dir=trial_dir, probe=probe,
-                             hooks=self._hooks(), after=after)
+            return run_trial(
+                self._setup(workload or self.workload, None),
+                config,
+                trial_dir=trial_dir,
+                probe=probe,
+                hooks=self._hooks(),
+                after=after,
+            )
         phase = self.on_phase
         try:
-            with self.locks.holding(server_gpus(config), stop=self.stop_event,
-                                    on_wait=(lambda line: phase(line, {})) if phase is not None else None) as group:
+            with self.locks.holding(
+                server_gpus(config),
+                stop=self.stop_event,
+                on_wait=(lambda line: phase(line, {})) if phase is not None else None,
+            ) as group:
                 seen = self.device_check(group) if self.device_check is not None else None  # GpuBusyError: no launch
-                result = run_trial(self._setup(workload or self.workload, group), config, trial_dir=trial_dir,
-                                   probe=probe, hooks=self._hooks(), after=after)
+                result = run_trial(
+                    self._setup(workload or self.workload, group),
+                    config,
+                    trial_dir=trial_dir,
+                    probe=probe,
+                    hooks=self._hooks(),
+                    after=after,
+                )
         except Stopped as stopped:  # Ctrl-C while other servers held the GPUs: nothing launched, run it again later
             return TrialResult(status="interrupted", config=config, engine=self.engine.name, reason=str(stopped))
         return with_device(result, seen)
@@ -182,15 +233,27 @@ class HarnessRunner:
         if self.on_phase is not None:
             self.on_phase("recording the numerics reference (baseline config)", {})
         short = dataclasses.replace(self.workload, warmup_s=0.0, measure_s=1.0)
-        return self._run(dict(self.numerics.reference_cfg), self.trial_dir(REFERENCE_RUN),
-                         dataclasses.replace(probe, only=True), short)
+        return self._run(
+            dict(self.numerics.reference_cfg),
+            self.trial_dir(REFERENCE_RUN),
+            dataclasses.replace(probe, only=True),
+            short,
+        )
 
     def _setup(self, workload: WorkloadSpec, group: tuple[int, ...] | None) -> TrialSetup:
         """Every launch of this runner: the study's engine, the GPUs it holds, port, launcher and prompt sample."""
         first = group[0] if group else self.cfg.engine.first_gpu
-        return TrialSetup(engine=self.engine, workload=workload, sample=self.sample, launcher=self.launcher,
-                          gpu_index=first, gpus=group or None, port=self.cfg.engine.port, timeouts=self.timeouts,
-                          run_dir=self.run_dir)
+        return TrialSetup(
+            engine=self.engine,
+            workload=workload,
+            sample=self.sample,
+            launcher=self.launcher,
+            gpu_index=first,
+            gpus=group or None,
+            port=self.cfg.engine.port,
+            timeouts=self.timeouts,
+            run_dir=self.run_dir,
+        )
 
     def _hooks(self) -> TrialHooks:
         return TrialHooks(on_phase=self.on_phase, stop_event=self.stop_event)
@@ -216,8 +279,15 @@ class CheckedRunner:
             self.check()
         return self.runner(config, trial_number)
 
-    def repeat(self, config: dict[str, Any], trial_number: int, k: int, *,
-               after: Sequence[AfterWindow] = (), warmup_s: float | None = None) -> TrialResult:
+    def repeat(
+        self,
+        config: dict[str, Any],
+        trial_number: int,
+        k: int,
+        *,
+        after: Sequence[AfterWindow] = (),
+        warmup_s: float | None = None,
+    ) -> TrialResult:
         """Confirmation run ``k``: the runner's own ``repeat`` where it has one (its own folder, the first run
         probed, every window after ``warmup_s``)."""
         if self.check is not None:

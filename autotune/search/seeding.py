@@ -96,8 +96,9 @@ def _mark_interrupted(study: optuna.Study, trial: optuna.Trial | FrozenTrial, re
     handle.set_user_attr("status", "interrupted")
     handle.set_user_attr("reason", reason)
     if "result" not in handle.user_attrs and "config" in handle.user_attrs:
-        handle.set_user_attr("result", TrialResult(status="interrupted", config=handle.user_attrs["config"],
-                                                   reason=reason).to_dict())
+        handle.set_user_attr(
+            "result", TrialResult(status="interrupted", config=handle.user_attrs["config"], reason=reason).to_dict()
+        )
 
 
 def recover(study: optuna.Study, state_dir: Path | None = None) -> list[int]:
@@ -131,15 +132,20 @@ def repeat_result(measured: FrozenTrial, launch: Mapping[str, Any], engine: str)
     """The record of a search proposal the study already measured: not launched, the earlier trial's figure stands."""
     earlier = TrialResult.of(measured)
     tok_s = (earlier.output_tok_s if earlier is not None else None) or 0.0
-    return TrialResult(status=REPEAT, config=dict(launch), engine=engine,
-                       reason=f"trial {measured.number} measured this config ({tok_s:,.0f} tok/s); its figure "
-                              "stands, not launched again")
+    return TrialResult(
+        status=REPEAT,
+        config=dict(launch),
+        engine=engine,
+        reason=f"trial {measured.number} measured this config ({tok_s:,.0f} tok/s); its figure "
+        "stands, not launched again",
+    )
 
 
 def running_twin(trials: list[FrozenTrial], number: int, key: str) -> bool:
     """Whether an earlier trial than ``number`` is running this same config (on another worker) right now."""
-    return any(t.state == TrialState.RUNNING and t.number < number and t.user_attrs.get("launch_key") == key
-               for t in trials)
+    return any(
+        t.state == TrialState.RUNNING and t.number < number and t.user_attrs.get("launch_key") == key for t in trials
+    )
 
 
 def claimed_by(trials: list[FrozenTrial], trial: optuna.Trial) -> FrozenTrial | None:
@@ -172,7 +178,11 @@ def measured_before(trials: list[FrozenTrial], key: str) -> FrozenTrial | None:
     """The trial that measured exactly this config (``ok``, the baseline's included): a search that proposes it
     again is told its figure instead of launching it (``REPEAT``)."""
     for t in sorted(trials, key=lambda t: t.number):
-        if (t.state == TrialState.COMPLETE and t.user_attrs.get("launch_key") == key
-                and t.user_attrs.get("status") == "ok" and t.user_attrs.get("reused_from") is None):
+        if (
+            t.state == TrialState.COMPLETE
+            and t.user_attrs.get("launch_key") == key
+            and t.user_attrs.get("status") == "ok"
+            and t.user_attrs.get("reused_from") is None
+        ):
             return t
     return None

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from autotune.sglang.memory import MemoryPlan
 
-POOLS = {"mamba_total": "the Mamba state", "kv": "the KV cache", "activations": "activations",
-         "graphs": "CUDA graphs"}
-FIXES = {"mamba_total": "fewer Mamba slots (--max-mamba-cache-size) or a bfloat16 state (--mamba-ssm-dtype)",
-         "kv": "a smaller --max-total-tokens", "activations": "a smaller --chunked-prefill-size",
-         "graphs": "a smaller --cuda-graph-max-bs-decode"}
+POOLS = {"mamba_total": "the Mamba state", "kv": "the KV cache", "activations": "activations", "graphs": "CUDA graphs"}
+FIXES = {
+    "mamba_total": "fewer Mamba slots (--max-mamba-cache-size) or a bfloat16 state (--mamba-ssm-dtype)",
+    "kv": "a smaller --max-total-tokens",
+    "activations": "a smaller --chunked-prefill-size",
+    "graphs": "a smaller --cuda-graph-max-bs-decode",
+}
 
 
 def pool_cause(plan: MemoryPlan) -> str | None:
-    """"the Mamba state of 800 slots (142.7 GiB) and the weights (56.6 GiB) need more than the 167.9 GiB …" for a
+    """ "the Mamba state of 800 slots (142.7 GiB) and the weights (56.6 GiB) need more than the 167.9 GiB …" for a
     plan that does not fit; None when the plan's sizes cannot say (a failure before the pools were sized)."""
     pools = {key: float(getattr(plan.gib, key) or 0.0) for key in POOLS}
     key = max(pools, key=lambda k: pools[k])
@@ -34,8 +36,10 @@ def pool_cause(plan: MemoryPlan) -> str | None:
     if pre and fraction:
         budget = float(pre) * float(fraction)
         if pools[key] + weights > budget:
-            return (f"{text} need more than the {budget:.1f} GiB --mem-fraction-static {fraction:g} reserves: "
-                    f"{FIXES[key]} makes room, not another fraction")
+            return (
+                f"{text} need more than the {budget:.1f} GiB --mem-fraction-static {fraction:g} reserves: "
+                f"{FIXES[key]} makes room, not another fraction"
+            )
     return f"{text} took the memory"
 
 

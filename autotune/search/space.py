@@ -42,11 +42,24 @@ from autotune.sglang.envs import env_strings
 from autotune.sglang.memory import MemoryPlan, plan
 from autotune.sglang.profiles import load_model
 
-_BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
-_CMP: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-        ast.Gt: operator.gt, ast.GtE: operator.ge, ast.In: lambda a, b: a in b,
-        ast.NotIn: lambda a, b: a not in b}
+_BIN = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+}
+_CMP: dict[type[ast.cmpop], Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq,
+    ast.NotEq: operator.ne,
+    ast.Lt: operator.lt,
+    ast.LtE: operator.le,
+    ast.Gt: operator.gt,
+    ast.GtE: operator.ge,
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+}
 _FUNCS: dict[str, Callable[..., Any]] = {"min": min, "max": max, "int": int, "round": round}
 _CONSTANTS = {"none": None, "None": None, "unset": None, "true": True, "false": False, "True": True, "False": False}
 BUILTINS = ("mamba_ratio",)  # values computed from the config itself, readable by derived expressions
@@ -60,13 +73,18 @@ def mamba_ratio(config: Mapping[str, Any]) -> int:
     overlap = not config.get("disable_overlap_schedule")
     if strategy == "auto":
         strategy = "extra_buffer" if overlap or int(config.get("page_size") or 1) > 1 else "no_buffer"
-    return mamba_slots_per_request(strategy, overlap=overlap, radix_off=bool(config.get("disable_radix_cache")),
-                                   skip_decode_lock=env_bool(env_strings(config), SKIP_DECODE_LOCK))
+    return mamba_slots_per_request(
+        strategy,
+        overlap=overlap,
+        radix_off=bool(config.get("disable_radix_cache")),
+        skip_decode_lock=env_bool(env_strings(config), SKIP_DECODE_LOCK),
+    )
 
 
 def planner_ratio(model: Any, gpu: Any) -> Callable[[Mapping[str, Any]], int]:
     """The same rule resolved by the planner for a known model and GPU (attention backend and page size
     depend on both, e.g. a B200 with speculative decoding pages by 64 and so keeps extra_buffer)."""
+
     def ratio(config: Mapping[str, Any]) -> int:
         try:
             return resolve_strategy(model, gpu, config, resolve_spec(model, config), env=env_strings(config)).ratio
@@ -97,8 +115,24 @@ class Expr:
             if node.id not in _CONSTANTS and node.id not in _FUNCS:
                 self.names.add(node.id)
             return
-        allowed = (ast.Constant, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Call, ast.List, ast.Tuple,
-                   ast.Load, ast.USub, ast.UAdd, ast.Not, ast.And, ast.Or, *_BIN, *_CMP)
+        allowed = (
+            ast.Constant,
+            ast.BinOp,
+            ast.UnaryOp,
+            ast.BoolOp,
+            ast.Compare,
+            ast.Call,
+            ast.List,
+            ast.Tuple,
+            ast.Load,
+            ast.USub,
+            ast.UAdd,
+            ast.Not,
+            ast.And,
+            ast.Or,
+            *_BIN,
+            *_CMP,
+        )
         if not isinstance(node, allowed):
             raise ValueError(f"{type(node).__name__} is not allowed in {self.text!r}")
         if isinstance(node, ast.Call) and not (isinstance(node.func, ast.Name) and node.func.id in _FUNCS):
@@ -219,8 +253,13 @@ def _distribution(spec: ParamSpec) -> BaseDistribution:
 class Space:
     """The tuned flags of a study, in declaration order (a condition reads flags declared before it)."""
 
-    def __init__(self, params: list[Param], derived: dict[str, Expr], fixed: Mapping[str, Any],
-                 ratio_of: Callable[[Mapping[str, Any]], int] = mamba_ratio):
+    def __init__(
+        self,
+        params: list[Param],
+        derived: dict[str, Expr],
+        fixed: Mapping[str, Any],
+        ratio_of: Callable[[Mapping[str, Any]], int] = mamba_ratio,
+    ):
         self.params = params
         self.derived = derived
         self.fixed = dict(fixed)
@@ -237,8 +276,12 @@ class Space:
             needs = (when.names if when else set()) | ({spec.condition.flag} if spec.condition else set())
             unknown = sorted(needs - seen)
             if unknown:
-                raise ConfigError(f"condition reads {unknown[0]!r}, which is neither fixed nor declared before it",
-                                  file=file, key=key, fix="declare that flag earlier in [space] or in engine.fixed")
+                raise ConfigError(
+                    f"condition reads {unknown[0]!r}, which is neither fixed nor declared before it",
+                    file=file,
+                    key=key,
+                    fix="declare that flag earlier in [space] or in engine.fixed",
+                )
             params.append(Param(name, spec, _distribution(spec), when))
             seen.add(name)
         derived = {}
@@ -246,8 +289,12 @@ class Space:
             expr = _expr(text, file, f"space.derived.{name}")
             unknown = sorted(expr.names - seen - set(BUILTINS))
             if unknown:
-                raise ConfigError(f"reads {unknown[0]!r}, which is neither fixed nor in [space]", file=file,
-                                  key=f"space.derived.{name}", fix="derive only from searched or fixed flags")
+                raise ConfigError(
+                    f"reads {unknown[0]!r}, which is neither fixed nor in [space]",
+                    file=file,
+                    key=f"space.derived.{name}",
+                    fix="derive only from searched or fixed flags",
+                )
             derived[name] = expr
         ratio_of: Callable[[Mapping[str, Any]], int] = mamba_ratio
         if cfg.engine.profile and any("mamba_ratio" in expr.names for expr in derived.values()):
@@ -284,8 +331,9 @@ class Space:
             except Missing:  # an input is unset: keep the flag as given (e.g. an enqueued config's own value)
                 out[name] = out.get(name)
             except (TypeError, ZeroDivisionError) as exc:
-                raise ConfigError(f"cannot derive {name} = {expr.text} ({exc})", key=f"space.derived.{name}",
-                                  fix="fix the expression") from None
+                raise ConfigError(
+                    f"cannot derive {name} = {expr.text} ({exc})", key=f"space.derived.{name}", fix="fix the expression"
+                ) from None
         return {k: v for k, v in out.items() if v is not None and v is not False}
 
 
@@ -293,8 +341,12 @@ def _expr(text: str, file: str | None, key: str) -> Expr:
     try:
         return Expr(text)
     except ValueError as exc:
-        raise ConfigError(str(exc), file=file, key=key, fix="use flags, numbers, + - * / //, comparisons, "
-                          "and/or/not, in, min/max/int/round") from None
+        raise ConfigError(
+            str(exc),
+            file=file,
+            key=key,
+            fix="use flags, numbers, + - * / //, comparisons, and/or/not, in, min/max/int/round",
+        ) from None
 
 
 def key_of(config: Mapping[str, Any]) -> str:

@@ -23,12 +23,22 @@ CHARS_PER_TOKEN = 4.0  # a rough tokenizer ratio: the prior only ranks configs, 
 # KV a running request holds on average, as a share of max_tokens beside its prompt: unknown before the first
 # measurement (it depends on the output lengths), so the starting points bracket it, one share each.
 OUTPUT_SHARES = (0.5, 0.6, 0.7, 0.8)
-# Flags that decide where memory goes (the levers of SGLang 0.5.23's ``srt/mem_cache/kv_cache_configurator.py``, see docs/sglang-memory.md §3); the others are held at the production config's values.
-MEMORY_LEVERS = frozenset({
-    "mem_fraction_static", "max_running_requests", "max_mamba_cache_size", "mamba_full_memory_ratio",
-    "mamba_ssm_dtype", "disable_radix_cache", "mamba_radix_cache_strategy", "chunked_prefill_size",
-    "max_total_tokens", "kv_cache_dtype",
-})
+# Flags that decide where memory goes (the levers of SGLang 0.5.23's ``srt/mem_cache/kv_cache_configurator.py``, see
+# docs/sglang-memory.md §3); the others are held at the production config's values.
+MEMORY_LEVERS = frozenset(
+    {
+        "mem_fraction_static",
+        "max_running_requests",
+        "max_mamba_cache_size",
+        "mamba_full_memory_ratio",
+        "mamba_ssm_dtype",
+        "disable_radix_cache",
+        "mamba_radix_cache_strategy",
+        "chunked_prefill_size",
+        "max_total_tokens",
+        "kv_cache_dtype",
+    }
+)
 
 
 def tokens_per_request(prompt_chars: list[int], max_tokens: int, share: float) -> int:
@@ -96,10 +106,20 @@ class _Start:
     headroom_gib: float
 
 
-def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[int], max_tokens: int, n: int,
-                 seed: int, samples: int = 300, exclude: Sequence[Mapping[str, Any]] = (),
-                 hold: Mapping[str, Any] | None = None, per_request: list[int] | None = None,
-                 shared_prefix: float = 0.0) -> list[dict[str, Any]]:
+def edge_configs(
+    space: Space,
+    feasibility: Feasibility,
+    *,
+    prompt_chars: list[int],
+    max_tokens: int,
+    n: int,
+    seed: int,
+    samples: int = 300,
+    exclude: Sequence[Mapping[str, Any]] = (),
+    hold: Mapping[str, Any] | None = None,
+    per_request: list[int] | None = None,
+    shared_prefix: float = 0.0,
+) -> list[dict[str, Any]]:
     """Up to ``n`` distinct configs of ``space``, each the one (among ``samples`` random ones the planner is sure
     start) with the highest running cap its KV pool holds when a request holds a given share of its output
     budget — one share per config, so the starting points bracket the wall. Flags in ``hold`` that are not
@@ -119,8 +139,14 @@ def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[i
         seen.add(key_of(config))
         memory_plan = feasibility.predict(config, inert=False)
         if feasibility.clear(memory_plan):
-            candidates.append(_Start(config=config, running=memory_plan.max_running_requests,
-                                     kv_tokens=memory_plan.kv_tokens, headroom_gib=memory_plan.gib.headroom))
+            candidates.append(
+                _Start(
+                    config=config,
+                    running=memory_plan.max_running_requests,
+                    kv_tokens=memory_plan.kv_tokens,
+                    headroom_gib=memory_plan.gib.headroom,
+                )
+            )
     candidates.sort(key=lambda c: (c.running, c.headroom_gib), reverse=True)
     if per_request is None:
         shares = [OUTPUT_SHARES[round(i * (len(OUTPUT_SHARES) - 1) / max(1, n - 1))] for i in range(n)]
@@ -128,8 +154,15 @@ def edge_configs(space: Space, feasibility: Feasibility, *, prompt_chars: list[i
     chosen: list[dict[str, Any]] = []
     for tokens in per_request[:n]:
         # more requests than the pool holds would be retracted by SGLang, not served
-        pick = next((c for c in candidates if c.running * _held_per_request(c.config, tokens, shared_prefix)
-                     <= c.kv_tokens and c.config not in chosen), None)
+        pick = next(
+            (
+                c
+                for c in candidates
+                if c.running * _held_per_request(c.config, tokens, shared_prefix) <= c.kv_tokens
+                and c.config not in chosen
+            ),
+            None,
+        )
         if pick is not None:
             chosen.append(dict(pick.config))
     return chosen

@@ -63,8 +63,10 @@ class Patience:
         done, since = self.since_gain(trials)
         if done < self.after or since < self.launches:
             return None
-        return (f"{since} launches in a row found no gain beyond {round(100 * self.threshold, 2):g} % over the best "
-                f"so far (patience {self.launches})")
+        return (
+            f"{since} launches in a row found no gain beyond {round(100 * self.threshold, 2):g} % over the best "
+            f"so far (patience {self.launches})"
+        )
 
 
 @dataclass(frozen=True)
@@ -90,8 +92,12 @@ class SearchStop:
         stored = study_attrs.get(STOP_ATTR)
         if not stored:
             return None
-        return cls(str(stored.get("rule")), str(stored.get("why") or ""), int(stored.get("launches") or 0),
-                   int(stored.get("budget") or 0))
+        return cls(
+            str(stored.get("rule")),
+            str(stored.get("why") or ""),
+            int(stored.get("launches") or 0),
+            int(stored.get("budget") or 0),
+        )
 
     @property
     def line(self) -> str:

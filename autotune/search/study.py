@@ -73,9 +73,16 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 class Sweep:
     """One sweep over a study: holds the study, space, planner check, runner and progress sink."""
 
-    def __init__(self, cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None,
-                 stop_event: threading.Event | None = None,
-                 device_check: Callable[[], Occupancy | None] | None = None, shared: int | None = None):
+    def __init__(
+        self,
+        cfg: StudyConfig,
+        *,
+        runner: Runner | None = None,
+        progress: Any = None,
+        stop_event: threading.Event | None = None,
+        device_check: Callable[[], Occupancy | None] | None = None,
+        shared: int | None = None,
+    ):
         self.cfg = cfg
         # ``shared``: this worker's number among workers sharing the pool ``[engine] gpus`` through the GPU locks
         # (its sweep lock is its slot; the supervisor holds the pool's); None: this sweep has the pool to itself.
@@ -88,8 +95,9 @@ class Sweep:
         self.study = open_study(cfg)
         self.harness_runner: HarnessRunner | None = None  # the real trial (None: an injected runner)
         if runner is None:
-            runner = self.harness_runner = HarnessRunner(cfg, stop_event=self.stop, on_phase=self.progress.phase,
-                                                         study=self.study)
+            runner = self.harness_runner = HarnessRunner(
+                cfg, stop_event=self.stop, on_phase=self.progress.phase, study=self.study
+            )
         self.runner: Runner = runner
         self.state_dir = cfg.work_dir / "workers"  # heartbeat files and the node's ask lock
         self.liveness: Liveness | None = None
@@ -118,13 +126,18 @@ class Sweep:
         eng, group = self.cfg.engine, gpus or self.gpus
         try:
             assert self.harness_runner is not None  # the engine check is the harness's
-            return check_engine_gpus(self.harness_runner.engine, group,
-                                     mode=eng.busy_gpu, wait_s=eng.busy_wait_s, on_wait=self.progress.log)
+            return check_engine_gpus(
+                self.harness_runner.engine, group, mode=eng.busy_gpu, wait_s=eng.busy_wait_s, on_wait=self.progress.log
+            )
         except GpuBusyError as exc:
             if len(group) <= 1:
                 raise
-            raise GpuBusyError(f"{exc} ({'the group' if gpus else 'this sweep'}'s {group_line(group)})",
-                               gpu=exc.gpu, holders=exc.holders, held_gib=exc.held_gib) from None
+            raise GpuBusyError(
+                f"{exc} ({'the group' if gpus else 'this sweep'}'s {group_line(group)})",
+                gpu=exc.gpu,
+                holders=exc.holders,
+                held_gib=exc.held_gib,
+            ) from None
 
     def _lock(self) -> None:
         """One sweep per GPU of a study at a time (two servers on one GPU would skew both): a lock file per GPU of
@@ -157,10 +170,11 @@ class Sweep:
             self.device_check()
         self.ballast.place()
         # Named by the GPUs its baseline runs on, as its trials' results name theirs (the per-GPU calibration).
-        home = self.gpus[:server_gpus(cfg.baseline_config())]
+        home = self.gpus[: server_gpus(cfg.baseline_config())]
         label = group_label(home) + (f"/worker{self.shared}" if self.shared is not None else "")
-        self.liveness = Liveness(study, gpu=label if len(home) > 1 or self.shared is not None else home[0],
-                                 state_dir=self.state_dir)
+        self.liveness = Liveness(
+            study, gpu=label if len(home) > 1 or self.shared is not None else home[0], state_dir=self.state_dir
+        )
         if self.feasibility is not None:
             warm_planner(self.feasibility, warm)
             replay(self.feasibility, finished(study.get_trials(deepcopy=False)))
@@ -240,8 +254,10 @@ class Sweep:
             result = TrialResult(status="write_error", config=config, engine=self.cfg.engine.kind, reason=str(err))
             self._record(trial, result, 0.0)
         except Exception as exc:  # noqa: BLE001 - the sweep stops with ``err`` either way
-            self.progress.log(f"trial {trial.number} could not be failed in the study ({type(exc).__name__}); "
-                              "the next sweep of this study fails it and queues it again")
+            self.progress.log(
+                f"trial {trial.number} could not be failed in the study ({type(exc).__name__}); "
+                "the next sweep of this study fails it and queues it again"
+            )
 
     def _ask(self, target: int) -> tuple[optuna.Trial | None, int]:
         """The next trial, tagged as this worker's; None when launched + running trials reach the target
@@ -299,8 +315,9 @@ class Sweep:
         key = key_of(launch)
         for name, value in (("role", role), ("config", config), ("launch_key", key)):
             trial.set_user_attr(name, value)
-        self.progress.trial_started(trial.number, done, target, role, attrs.get("label"),
-                                    config_diff(launch, self.cfg.baseline_config()))
+        self.progress.trial_started(
+            trial.number, done, target, role, attrs.get("label"), config_diff(launch, self.cfg.baseline_config())
+        )
         started = time.monotonic()
         try:
             result = self._outcome(trial, launch, key, memory_plan, role=role)
@@ -324,11 +341,15 @@ class Sweep:
         tenant, self._tenant = self._tenant, None
         if tenant is not None:  # recorded and queued again; the next launch would meet the same tenant
             group = tuple(result.gpus or self.gpus)
-            raise GpuBusyError(f"{self._busy_line(group)}: trial {trial.number} {tenant}. Stop what holds "
-                               f"{group_line(group)} or pick other GPUs ([engine] gpu / gpus / --gpus)", gpu=group[0])
+            raise GpuBusyError(
+                f"{self._busy_line(group)}: trial {trial.number} {tenant}. Stop what holds "
+                f"{group_line(group)} or pick other GPUs ([engine] gpu / gpus / --gpus)",
+                gpu=group[0],
+            )
 
-    def _outcome(self, trial: optuna.Trial, launch: dict[str, Any], key: str, memory_plan: Any, *,
-                 role: str = "search") -> TrialResult:
+    def _outcome(
+        self, trial: optuna.Trial, launch: dict[str, Any], key: str, memory_plan: Any, *, role: str = "search"
+    ) -> TrialResult:
         trials = self._after_twin(trial.number, key)
         # The search's proposals only: a hand-written config runs as written, once (``_take``).
         measured = measured_before(trials, key) if role not in ("baseline", "enqueued") else None
@@ -338,12 +359,17 @@ class Sweep:
         prior = known_failure(trials, key)  # launched failures; skips are re-judged
         if prior is not None:
             trial.set_user_attr("reused_from", prior.number)
-            return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind,
-                               reason=f"trial {prior.number} with this config ended {prior.user_attrs['status']}: "
-                                      f"{prior.user_attrs.get('reason') or ''}".rstrip(": "))
+            return TrialResult(
+                status="skipped_infeasible",
+                config=launch,
+                engine=self.cfg.engine.kind,
+                reason=f"trial {prior.number} with this config ended {prior.user_attrs['status']}: "
+                f"{prior.user_attrs.get('reason') or ''}".rstrip(": "),
+            )
         if memory_plan is not None and self.feasibility is not None and self.feasibility.sure_failure(memory_plan):
-            return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind,
-                               reason=skip_reason(memory_plan))  # SGLang's line and which pool took it
+            return TrialResult(
+                status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind, reason=skip_reason(memory_plan)
+            )  # SGLang's line and which pool took it
         too_big = self._over_pool(launch)
         if too_big is not None:
             return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind, reason=too_big)
@@ -357,8 +383,9 @@ class Sweep:
             if note is not None:  # the tenant's OOM: not this config's outcome, so neither the wall nor a skip later
                 trial.set_user_attr("tenant_oom", True)
                 self._tenant = note
-                return TrialResult.from_dict({**result.to_dict(), "status": "interrupted",
-                                              "reason": f"{note}: {result.reason}"})
+                return TrialResult.from_dict(
+                    {**result.to_dict(), "status": "interrupted", "reason": f"{note}: {result.reason}"}
+                )
             for name, value in self.feasibility.learn_trial(launch, result).items():
                 trial.set_user_attr(name, value)
             note = skip_was_wrong(self.feasibility, self.study.get_trials(deepcopy=False), key, launch, result)
@@ -384,8 +411,10 @@ class Sweep:
         need = server_gpus(launch)
         if pool is None or need <= len(pool):
             return None
-        return (f"spans {need} GPUs (tp_size × pp_size × dp_size) but this sweep's pool has {len(pool)} "
-                f"({group_label(pool)}): not launched")
+        return (
+            f"spans {need} GPUs (tp_size × pp_size × dp_size) but this sweep's pool has {len(pool)} "
+            f"({group_label(pool)}): not launched"
+        )
 
     def _record(self, trial: optuna.Trial, result: TrialResult, elapsed: float) -> None:
         try:
@@ -401,8 +430,13 @@ class Sweep:
         study = self.study
         if result.gpus:  # the group the server ran on names the trial's GPU (a shared pool's workers move around)
             trial.set_user_attr("gpu", f"{self.liveness.tag.host if self.liveness else ''}:{group_label(result.gpus)}")
-        for name, value in (("result", result.to_dict()), ("status", result.status),
-                            ("reason", result.reason), ("log_path", result.log_path), ("elapsed_s", round(elapsed, 2))):
+        for name, value in (
+            ("result", result.to_dict()),
+            ("status", result.status),
+            ("reason", result.reason),
+            ("log_path", result.log_path),
+            ("elapsed_s", round(elapsed, 2)),
+        ):
             trial.set_user_attr(name, value)
         record_reference(study, result)  # the baseline's launch recorded the fidelity probe's reference
         if result.status == "interrupted":
@@ -431,14 +465,20 @@ class Sweep:
 
 
 def best_value(study: optuna.Study) -> float | None:
-    ok = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-          if t.user_attrs.get("status") == "ok"]
+    ok = [
+        t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if t.user_attrs.get("status") == "ok"
+    ]
     return max((t.values[0] for t in ok), default=None)
 
 
-def run_study(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any = None,
-              stop_event: threading.Event | None = None,
-              device_check: Callable[[], Occupancy | None] | None = None) -> optuna.Study:
+def run_study(
+    cfg: StudyConfig,
+    *,
+    runner: Runner | None = None,
+    progress: Any = None,
+    stop_event: threading.Event | None = None,
+    device_check: Callable[[], Occupancy | None] | None = None,
+) -> optuna.Study:
     """Run (or resume) the search until ``cfg.study.trials`` trials are finished; returns the study."""
     sweep = Sweep(cfg, runner=runner, progress=progress, stop_event=stop_event, device_check=device_check)
     try:

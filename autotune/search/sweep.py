@@ -38,8 +38,14 @@ def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any =
             elif not stop.is_set() and cfg.study.confirm_top_k > 0:
                 checked = CheckedRunner(sweep.runner, sweep.device_check)  # every confirmation launch too
                 try:
-                    confirmation = confirm(study, cfg, runner=checked, progress=progress, stop_event=stop,
-                                           defaults=_defaults(cfg, checked, progress))
+                    confirmation = confirm(
+                        study,
+                        cfg,
+                        runner=checked,
+                        progress=progress,
+                        stop_event=stop,
+                        defaults=_defaults(cfg, checked, progress),
+                    )
                     # the worst case before the crown: the winner (and a tied runner-up) stressed, a failure demoted
                     stress_winner(study, cfg, confirmation, runner=checked, progress=progress, stop_event=stop)
                 except BaseException as exc:  # a full disk here is one line, as in the search
@@ -51,5 +57,6 @@ def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any =
             if sweep is not None:
                 sweep.close()
             progress.close()
-    return summarize(study, cfg, interrupted=stop.is_set(),
-                     job=lambda winner: job_for_study(study, winner))  # None without [job]
+    return summarize(
+        study, cfg, interrupted=stop.is_set(), job=lambda winner: job_for_study(study, winner)
+    )  # None without [job]

@@ -44,8 +44,14 @@ class Wall:
     def of(cls, cfg: StudyConfig, space: Space, feasibility: Feasibility | None) -> Wall | None:
         """The wall for this study, or None where the sampler keeps the fraction (see the module docstring)."""
         param = next((p for p in space.params if p.name == FRACTION), None)
-        if cfg.study.memory_fraction != "wall" or feasibility is None or param is None or param.when is not None \
-                or param.spec.condition is not None or not isinstance(param.distribution, FloatDistribution):
+        if (
+            cfg.study.memory_fraction != "wall"
+            or feasibility is None
+            or param is None
+            or param.when is not None
+            or param.spec.condition is not None
+            or not isinstance(param.distribution, FloatDistribution)
+        ):
             return None
         if RUNNING_CAP not in space.names and RUNNING_CAP not in space.fixed:
             return None

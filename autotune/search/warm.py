@@ -79,17 +79,22 @@ def warm_config(cfg: StudyConfig, record: WarmRecord | None) -> StudyConfig:
     if not record:
         return cfg
     labels = {e.label for e in cfg.enqueue}
-    extra = [Enqueued(label=str(c["label"]), flags=dict(c["config"]))
-             for c in record.get("configs") or () if str(c["label"]) not in labels]
+    extra = [
+        Enqueued(label=str(c["label"]), flags=dict(c["config"]))
+        for c in record.get("configs") or ()
+        if str(c["label"]) not in labels
+    ]
     return cfg.model_copy(update={"enqueue": [*cfg.enqueue, *extra]}) if extra else cfg
 
 
 def prior_of(corrections: Carried | None) -> Prior:
     """The planner's ``Prior`` from a record's (already scaled) corrections."""
     c: Carried = corrections or {}
-    return Prior(offsets=tuple(float(x) for x in c.get("offsets") or ()),
-                 room=tuple((float(a), float(d)) for a, d in c.get("room") or ()),
-                 ooms=tuple((float(a), float(h)) for a, h in c.get("ooms") or ()))
+    return Prior(
+        offsets=tuple(float(x) for x in c.get("offsets") or ()),
+        room=tuple((float(a), float(d)) for a, d in c.get("room") or ()),
+        ooms=tuple((float(a), float(h)) for a, h in c.get("ooms") or ()),
+    )
 
 
 def warm_planner(feasibility: Any, record: WarmRecord | None) -> None:
@@ -100,9 +105,11 @@ def warm_planner(feasibility: Any, record: WarmRecord | None) -> None:
 
 def learnt(feasibility: CorrectedFeasibility) -> Corrections:
     """What a study's planner learnt (after ``correction.replay``), as the record stores it, unscaled."""
-    return {"offsets": [round(x, 4) for x in feasibility.offsets],
-            "room": [[round(a, 4), round(d, 4)] for a, d in feasibility.room],
-            "ooms": [[round(a, 4), round(h, 4)] for a, h in feasibility.ooms]}
+    return {
+        "offsets": [round(x, 4) for x in feasibility.offsets],
+        "room": [[round(a, 4), round(d, 4)] for a, d in feasibility.room],
+        "ooms": [[round(a, 4), round(h, 4)] for a, h in feasibility.ooms],
+    }
 
 
 def scaled(corrections: Corrections, ratio: float) -> dict[str, Any]:
@@ -110,6 +117,8 @@ def scaled(corrections: Corrections, ratio: float) -> dict[str, Any]:
     offset, the room at peak, an OOM's planned headroom) scales with the device; the activation memory a room point
     or OOM was measured at is the config's (its batch and chunk), the same on any device, so it is kept. A plain dict:
     ``search.views.origin`` adds the scale and both GPUs' memory to it (the record's ``Carried``)."""
-    return {"offsets": [round(x * ratio, 4) for x in corrections.get("offsets") or ()],
-            "room": [[a, round(d * ratio, 4)] for a, d in corrections.get("room") or ()],
-            "ooms": [[a, round(h * ratio, 4)] for a, h in corrections.get("ooms") or ()]}
+    return {
+        "offsets": [round(x * ratio, 4) for x in corrections.get("offsets") or ()],
+        "room": [[a, round(d * ratio, 4)] for a, d in corrections.get("room") or ()],
+        "ooms": [[a, round(h * ratio, 4)] for a, h in corrections.get("ooms") or ()],
+    }

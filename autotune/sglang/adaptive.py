@@ -28,8 +28,7 @@ from typing import Any
 from autotune.results.plan import AdaptiveFigures
 from autotune.sglang.args import PlanStop
 
-__all__ = ["AdaptiveSpec", "SlotConfig", "load_config", "resolve", "settled_steps", "slot_for",
-           "unsupported_reason"]
+__all__ = ["AdaptiveSpec", "SlotConfig", "load_config", "resolve", "settled_steps", "slot_for", "unsupported_reason"]
 
 
 @dataclass(frozen=True)
@@ -74,18 +73,33 @@ class AdaptiveSpec:
         return self.initial_steps if self.initial_steps in cands else cands[len(cands) // 2]
 
     def to_dict(self) -> AdaptiveFigures:
-        return {"initial_steps": self.initial_steps, "candidates": list(self.candidates),
-                "max_draft_tokens": self.max_draft_tokens,
-                "slots": {str(k): {"candidate_steps": list(v.candidates), "up_hysteresis": v.up_hysteresis,
-                                   "down_hysteresis": v.down_hysteresis, "ceiling_coeff": v.ceiling_coeff}
-                          for k, v in sorted(self.table.items())}}
+        return {
+            "initial_steps": self.initial_steps,
+            "candidates": list(self.candidates),
+            "max_draft_tokens": self.max_draft_tokens,
+            "slots": {
+                str(k): {
+                    "candidate_steps": list(v.candidates),
+                    "up_hysteresis": v.up_hysteresis,
+                    "down_hysteresis": v.down_hysteresis,
+                    "ceiling_coeff": v.ceiling_coeff,
+                }
+                for k, v in sorted(self.table.items())
+            },
+        }
 
     @classmethod
     def from_dict(cls, data: AdaptiveFigures) -> AdaptiveSpec:
         """Back from ``to_dict`` (the plan's ``extra["adaptive"]``, which the simulator reads)."""
-        table = {int(k): SlotConfig(tuple(int(x) for x in v["candidate_steps"]), float(v["up_hysteresis"]),
-                                    float(v["down_hysteresis"]), float(v["ceiling_coeff"]))
-                 for k, v in data["slots"].items()}
+        table = {
+            int(k): SlotConfig(
+                tuple(int(x) for x in v["candidate_steps"]),
+                float(v["up_hysteresis"]),
+                float(v["down_hysteresis"]),
+                float(v["ceiling_coeff"]),
+            )
+            for k, v in data["slots"].items()
+        }
         return cls(table, int(data["initial_steps"]))
 
     def steps_for(self, batch: int, graph_bs: tuple[int, ...] | list[int] | None, alpha: float) -> int:
@@ -102,27 +116,36 @@ def load_config(path: str | None) -> dict[int, SlotConfig]:
     try:
         raw = json.loads(Path(path).read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise PlanStop("bad_args", f"FileNotFoundError: [Errno 2] No such file or directory: {path!r} "
-                                   f"(--speculative-adaptive-config)") from None
+        raise PlanStop(
+            "bad_args",
+            f"FileNotFoundError: [Errno 2] No such file or directory: {path!r} (--speculative-adaptive-config)",
+        ) from None
     except (OSError, ValueError) as exc:
         raise PlanStop("bad_args", f"--speculative-adaptive-config {path}: {exc}") from None
     table: dict[int, SlotConfig] = {}
     shared = {k: v for k, v in raw.items() if not str(k).isdigit()} if isinstance(raw, dict) else {}
-    for key, entry in (raw.items() if isinstance(raw, dict) else ()):
+    for key, entry in raw.items() if isinstance(raw, dict) else ():
         if not str(key).isdigit():
             continue
         steps = entry.get("candidate_steps") if isinstance(entry, dict) else None
         if not isinstance(steps, list) or not steps or not all(isinstance(s, int) and s >= 0 for s in steps):
-            raise PlanStop("bad_args", f"ValueError: BS {key}: candidate_steps must be a list of non-negative ints, "
-                                       f"got {steps!r}")
+            raise PlanStop(
+                "bad_args", f"ValueError: BS {key}: candidate_steps must be a list of non-negative ints, got {steps!r}"
+            )
         knobs = {**shared, **entry}
-        table[int(key)] = SlotConfig(tuple(sorted(set(steps))), float(knobs.get("up_hysteresis", 0.0)),
-                                     float(knobs.get("down_hysteresis", -0.25)),
-                                     float(knobs.get("ceiling_coeff", 0.0)))
+        table[int(key)] = SlotConfig(
+            tuple(sorted(set(steps))),
+            float(knobs.get("up_hysteresis", 0.0)),
+            float(knobs.get("down_hysteresis", -0.25)),
+            float(knobs.get("ceiling_coeff", 0.0)),
+        )
     if not table:
         keys = list(raw) if isinstance(raw, dict) else []
-        raise PlanStop("bad_args", "ValueError: speculative_adaptive_config must contain at least one integer-string "
-                                   f'BS key, e.g. {{"1": {{"candidate_steps": [1,3,7]}}}}. Got keys: {keys}')
+        raise PlanStop(
+            "bad_args",
+            "ValueError: speculative_adaptive_config must contain at least one integer-string "
+            f'BS key, e.g. {{"1": {{"candidate_steps": [1,3,7]}}}}. Got keys: {keys}',
+        )
     return table
 
 
@@ -139,7 +162,10 @@ def unsupported_reason(algorithm: str | None, f: Mapping[str, Any], attn_dp: int
     if f.get("enable_multi_layer_eagle"):
         return "enable_multi_layer_eagle=True is not supported (MultiLayerEagleWorkerV2 does not implement adaptive)"
     if f.get("enable_two_batch_overlap"):
-        return "enable_two_batch_overlap=True is not supported (adaptive state swap would discard the TboAttnBackend wrapper)"
+        return (
+            "enable_two_batch_overlap=True is not supported (adaptive state swap would discard the "
+            "TboAttnBackend wrapper)"
+        )
     if f.get("enable_pdmux"):
         return "enable_pdmux=True is not supported (adaptive state swap does not update decode_attn_backend_group)"
     return None
@@ -166,8 +192,11 @@ def resolve(f: Mapping[str, Any], attn_dp: int) -> tuple[dict[str, Any], Adaptiv
     if steps is None:
         steps = out["speculative_num_steps"] = candidates[len(candidates) // 2]
     if int(steps) not in candidates:
-        raise PlanStop("bad_args", f"ValueError: --speculative-num-steps={steps} is not in the adaptive config "
-                                   f"candidate_steps {candidates}. Pass one of those values.")
+        raise PlanStop(
+            "bad_args",
+            f"ValueError: --speculative-num-steps={steps} is not in the adaptive config "
+            f"candidate_steps {candidates}. Pass one of those values.",
+        )
     out["speculative_num_draft_tokens"] = int(steps) + 1
     return out, AdaptiveSpec(table, int(steps)), []
 
@@ -199,7 +228,7 @@ def settled_steps(slot: SlotConfig, initial: int, alpha: float) -> int:
     while steps not in seen:
         seen.append(steps)
         steps = _next_steps(slot, cands, steps, alpha)
-    cycle = seen[seen.index(steps):]
+    cycle = seen[seen.index(steps) :]
     return max(cycle)
 
 

@@ -12,9 +12,21 @@ from autotune.sglang.envs import parse_bool
 from autotune.sglang.mamba_tree import MambaTree, mamba_tree_refusal, resolve_mamba_tree
 from autotune.sglang.profiles import GpuProfile, ModelProfile, vit_factor
 
-__all__ = ["PlanFailure", "PlanStop", "Spec", "Strategy", "decode_bs_list", "default_mem_fraction", "env_bool",
-           "graph_settings", "mamba_slots_per_request", "mamba_tracking_slots", "prefill_token_buckets", "resolve_spec",
-           "resolve_strategy"]
+__all__ = [
+    "PlanFailure",
+    "PlanStop",
+    "Spec",
+    "Strategy",
+    "decode_bs_list",
+    "default_mem_fraction",
+    "env_bool",
+    "graph_settings",
+    "mamba_slots_per_request",
+    "mamba_tracking_slots",
+    "prefill_token_buckets",
+    "resolve_spec",
+    "resolve_strategy",
+]
 
 PlanFailure = Literal["startup_oom", "runtime_oom", "bad_args"]
 
@@ -51,8 +63,18 @@ def prefill_token_buckets(max_tokens: int) -> list[int]:
     return [v for v in out if v <= max_tokens] or [max_tokens]
 
 
-def default_mem_fraction(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any], *, chunk: int,
-                         decode_max_bs: int, decode_graph: bool, prefill_buckets: int, tp: int, pp: int) -> float:
+def default_mem_fraction(
+    model: ModelProfile,
+    gpu: GpuProfile,
+    f: Mapping[str, Any],
+    *,
+    chunk: int,
+    decode_max_bs: int,
+    decode_graph: bool,
+    prefill_buckets: int,
+    tp: int,
+    pp: int,
+) -> float:
     """SGLang's auto --mem-fraction-static: reserve for activations and graphs, then the VLM adjustment."""
     gpu_mem = gpu.memory_mib
     reserved = 512 + 1.5 * max(chunk, 2048) + tp * pp / 8 * 1024
@@ -123,10 +145,15 @@ def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> Spec:
         return Spec(on=False, algorithm=None, steps=0, topk=0, draft_tokens=0, draft_model=False)
     name = str(algo).upper()
     if name not in SPEC_ALGORITHMS:
-        raise PlanStop("bad_args", f"ValueError: Unknown speculative algorithm {algo!r}; "
-                                f"choose one of {', '.join(sorted(SPEC_ALGORITHMS))}")
-    steps, topk, draft = (f.get("speculative_num_steps"), f.get("speculative_eagle_topk"),
-                          f.get("speculative_num_draft_tokens"))
+        raise PlanStop(
+            "bad_args",
+            f"ValueError: Unknown speculative algorithm {algo!r}; choose one of {', '.join(sorted(SPEC_ALGORITHMS))}",
+        )
+    steps, topk, draft = (
+        f.get("speculative_num_steps"),
+        f.get("speculative_eagle_topk"),
+        f.get("speculative_num_draft_tokens"),
+    )
     warnings: list[str] = []
     if name == "NGRAM":
         return Spec(on=True, algorithm=name, steps=1, topk=1, draft_tokens=int(draft or 12), draft_model=False)
@@ -134,8 +161,11 @@ def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> Spec:
         steps, topk = 1, 1
     elif steps is None:
         if topk is not None or draft is not None:
-            raise PlanStop("bad_args", "AssertionError: --speculative-eagle-topk and --speculative-num-draft-tokens "
-                                    "must be unset when --speculative-num-steps is unset (they are auto-chosen together)")
+            raise PlanStop(
+                "bad_args",
+                "AssertionError: --speculative-eagle-topk and --speculative-num-draft-tokens "
+                "must be unset when --speculative-num-steps is unset (they are auto-chosen together)",
+            )
         steps, topk, draft = model.spec_defaults
     topk = 1 if topk is None else int(topk)
     if steps < 1 or topk < 1:
@@ -144,16 +174,27 @@ def resolve_spec(model: ModelProfile, f: Mapping[str, Any]) -> Spec:
         draft = steps + 1
     if topk == 1 and draft != steps + 1:
         if draft is not None:
-            warnings.append(f"speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 = {steps + 1} "
-                            f"when speculative_eagle_topk == 1")
+            warnings.append(
+                f"speculative_num_draft_tokens is adjusted to speculative_num_steps + 1 = {steps + 1} "
+                f"when speculative_eagle_topk == 1"
+            )
         draft = steps + 1
     draft_model = bool(f.get("speculative_draft_model_path"))
     if name in EAGLE_FAMILY and not draft_model and model.mtp_layers == 0:
-        raise PlanStop("bad_args", f"ValueError: --speculative-algorithm {name} needs --speculative-draft-model-path: "
-                                f"{model.name} has no MTP layers")
-    return Spec(on=True, algorithm="EAGLE" if name in ("NEXTN", "MTP") else name, steps=int(steps), topk=topk,
-                draft_tokens=int(draft if draft is not None else steps + 1), draft_model=True,
-                warnings=tuple(warnings))
+        raise PlanStop(
+            "bad_args",
+            f"ValueError: --speculative-algorithm {name} needs --speculative-draft-model-path: "
+            f"{model.name} has no MTP layers",
+        )
+    return Spec(
+        on=True,
+        algorithm="EAGLE" if name in ("NEXTN", "MTP") else name,
+        steps=int(steps),
+        topk=topk,
+        draft_tokens=int(draft if draft is not None else steps + 1),
+        draft_model=True,
+        warnings=tuple(warnings),
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -172,8 +213,9 @@ class Strategy:
     tree: MambaTree
 
 
-def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any], spec: Spec, *,
-                     env: Mapping[str, str] | None = None) -> Strategy:
+def resolve_strategy(
+    model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any], spec: Spec, *, env: Mapping[str, str] | None = None
+) -> Strategy:
     """Mamba radix-cache strategy, overlap, attention backend and page size (``srt/arg_groups/overrides.py``, called
     from ``model_hook.py``); ``env`` is the server's environment (the decode-lock switch moves the ratio)."""
     radix_off = bool(f.get("disable_radix_cache"))
@@ -183,11 +225,17 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
     backend = f.get("attention_backend")
     supports_extra = model.extra_buffer_arch and (f.get("linear_attn_backend") or "triton") == "triton"
     if asked.startswith("extra_buffer") and not model.has_mamba:
-        raise PlanStop("bad_args", f"ValueError: --mamba-radix-cache-strategy {asked} needs mamba state; "
-                                f"{model.architecture or model.name} has no linear-attention layers")
+        raise PlanStop(
+            "bad_args",
+            f"ValueError: --mamba-radix-cache-strategy {asked} needs mamba state; "
+            f"{model.architecture or model.name} has no linear-attention layers",
+        )
     if asked.startswith("extra_buffer") and not supports_extra:
-        raise PlanStop("bad_args", f"ValueError: --mamba-radix-cache-strategy {asked} needs an extra-buffer "
-                                f"architecture and --linear-attn-backend triton")
+        raise PlanStop(
+            "bad_args",
+            f"ValueError: --mamba-radix-cache-strategy {asked} needs an extra-buffer "
+            f"architecture and --linear-attn-backend triton",
+        )
     strategy = "none"
     if model.has_mamba and not radix_off:
         strategy = asked
@@ -206,11 +254,17 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
     if strategy == "no_buffer":
         overlap = False  # SGLang forces --disable-overlap-schedule for no_buffer
         if page > 1 or backend == "trtllm_mha":
-            raise PlanStop("bad_args", f"ValueError: --mamba-radix-cache-strategy no_buffer needs page_size 1 and a "
-                                    f"non-trtllm_mha attention backend (got page_size={page}, {backend})")
+            raise PlanStop(
+                "bad_args",
+                f"ValueError: --mamba-radix-cache-strategy no_buffer needs page_size 1 and a "
+                f"non-trtllm_mha attention backend (got page_size={page}, {backend})",
+            )
     if strategy == "extra_buffer_lazy" and not overlap:
-        raise PlanStop("bad_args", "ValueError: --mamba-radix-cache-strategy extra_buffer_lazy requires the overlap "
-                                "schedule (remove --disable-overlap-schedule)")
+        raise PlanStop(
+            "bad_args",
+            "ValueError: --mamba-radix-cache-strategy extra_buffer_lazy requires the overlap "
+            "schedule (remove --disable-overlap-schedule)",
+        )
     refusal = mamba_tree_refusal(f, strategy=strategy, draft_tokens=spec.draft_tokens, spec=spec.on, page=page)
     if refusal:
         raise PlanStop("bad_args", refusal)
@@ -219,13 +273,24 @@ def resolve_strategy(model: ModelProfile, gpu: GpuProfile, f: Mapping[str, Any],
         if backend == "trtllm_mha":
             raise PlanStop("bad_args", "ValueError: trtllm_mha attention backend requires --speculative-eagle-topk 1")
         if page > 1 and backend not in ("fa3", "flashinfer", "triton"):
-            raise PlanStop("bad_args", f"ValueError: --speculative-eagle-topk > 1 with page_size > 1 needs the fa3, "
-                                    f"flashinfer or triton attention backend (got {backend})")
+            raise PlanStop(
+                "bad_args",
+                f"ValueError: --speculative-eagle-topk > 1 with page_size > 1 needs the fa3, "
+                f"flashinfer or triton attention backend (got {backend})",
+            )
     skip = env_bool(env, SKIP_DECODE_LOCK)
     ratio = mamba_slots_per_request(strategy, overlap=overlap, radix_off=radix_off, skip_decode_lock=skip)
-    return Strategy(strategy=strategy, overlap=overlap, attention_backend=backend, page_size=page, ratio=ratio,
-                    radix_off=radix_off, skip_decode_lock=skip,
-                    tracking_slots=0 if radix_off else mamba_tracking_slots(strategy, overlap=overlap), tree=tree)
+    return Strategy(
+        strategy=strategy,
+        overlap=overlap,
+        attention_backend=backend,
+        page_size=page,
+        ratio=ratio,
+        radix_off=radix_off,
+        skip_decode_lock=skip,
+        tracking_slots=0 if radix_off else mamba_tracking_slots(strategy, overlap=overlap),
+        tree=tree,
+    )
 
 
 def graph_settings(f: Mapping[str, Any]) -> tuple[bool, bool]:
@@ -233,9 +298,16 @@ def graph_settings(f: Mapping[str, Any]) -> tuple[bool, bool]:
     raw = f.get("cuda_graph_config")
     cfg: dict[str, Any] = raw if isinstance(raw, dict) else {}
     all_off = bool(f.get("disable_cuda_graph"))
-    decode_on = not (all_off or f.get("disable_decode_cuda_graph") or f.get("cuda_graph_backend_decode") == "disabled"
-                     or (cfg.get("decode") or {}).get("backend") == "disabled")
-    prefill_on = not (all_off or f.get("disable_prefill_cuda_graph")
-                      or f.get("cuda_graph_backend_prefill") == "disabled"
-                      or (cfg.get("prefill") or {}).get("backend") == "disabled")
+    decode_on = not (
+        all_off
+        or f.get("disable_decode_cuda_graph")
+        or f.get("cuda_graph_backend_decode") == "disabled"
+        or (cfg.get("decode") or {}).get("backend") == "disabled"
+    )
+    prefill_on = not (
+        all_off
+        or f.get("disable_prefill_cuda_graph")
+        or f.get("cuda_graph_backend_prefill") == "disabled"
+        or (cfg.get("prefill") or {}).get("backend") == "disabled"
+    )
     return decode_on, prefill_on

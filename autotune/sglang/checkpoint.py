@@ -62,8 +62,16 @@ def quantization(cfg: dict[str, Any], source: str) -> Quantization:
     if not isinstance(q, dict):
         raise ProfileError("quantization_config must be an object", file=source, key="quantization_config")
     method = str(q.get("quant_method") or "").lower()
-    ignored = [str(x) for x in (q.get("ignore") or q.get("ignored_layers") or q.get("modules_to_not_convert")
-                                or q.get("exclude_modules") or [])]
+    ignored = [
+        str(x)
+        for x in (
+            q.get("ignore")
+            or q.get("ignored_layers")
+            or q.get("modules_to_not_convert")
+            or q.get("exclude_modules")
+            or []
+        )
+    ]
     keeps_mixer = any(_MIXER_KEPT.search(entry) for entry in ignored)
     if method == "fp8":
         block = q.get("weight_block_size")
@@ -82,10 +90,13 @@ def quantization(cfg: dict[str, Any], source: str) -> Quantization:
         bits, group = int(q.get("bits") or 4), int(q.get("group_size") or 128)
         per = (2 + bits / 8) / group if group > 0 else 0.0  # a 16-bit scale and a zero point per group
         return Quantization(method=f"int{bits}", weight_bytes=bits / 8 + per, keeps_mixer=keeps_mixer)
-    raise ProfileError(f"quantization method {method or None!r} is not modelled", file=source,
-                       key="quantization_config.quant_method",
-                       fix="fp8, modelopt (FP8/NVFP4), compressed-tensors, mxfp4, gptq and awq are; or give the "
-                           "checkpoint's model.safetensors.index.json beside config.json")
+    raise ProfileError(
+        f"quantization method {method or None!r} is not modelled",
+        file=source,
+        key="quantization_config.quant_method",
+        fix="fp8, modelopt (FP8/NVFP4), compressed-tensors, mxfp4, gptq and awq are; or give the "
+        "checkpoint's model.safetensors.index.json beside config.json",
+    )
 
 
 def _compressed_tensors(q: dict[str, Any], keeps_mixer: bool) -> Quantization:
@@ -113,19 +124,32 @@ def read_checkpoint(folder: Path) -> CheckpointBytes | None:
             raise ProfileError(f"cannot read it as JSON: {exc}", file=str(index_path)) from exc
         if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
             raise ProfileError("expected an object with a weight_map", file=str(index_path), key="weight_map")
-    shards = sorted({folder / str(f) for f in (index or {}).get("weight_map", {}).values()}) if index else \
-        sorted(folder.glob("*.safetensors"))
+    shards = (
+        sorted({folder / str(f) for f in (index or {}).get("weight_map", {}).values()})
+        if index
+        else sorted(folder.glob("*.safetensors"))
+    )
     if shards and all(s.is_file() for s in shards):
         return _from_headers(shards, folder)
     if index is None:
         return None
     total = (index.get("metadata") or {}).get("total_size")
     if not isinstance(total, (int, float)) or isinstance(total, bool) or total <= 0:
-        raise ProfileError("metadata.total_size is missing or not a positive number", file=str(index_path),
-                           key="metadata.total_size", fix="regenerate the index, or put the shards beside it")
+        raise ProfileError(
+            "metadata.total_size is missing or not a positive number",
+            file=str(index_path),
+            key="metadata.total_size",
+            fix="regenerate the index, or put the shards beside it",
+        )
     names = list(index["weight_map"])
-    return CheckpointBytes(total=int(total), draft=None, vision=None,
-                           has_draft_tensors=any(_is_draft(n) for n in names), source="index", path=str(index_path))
+    return CheckpointBytes(
+        total=int(total),
+        draft=None,
+        vision=None,
+        has_draft_tensors=any(_is_draft(n) for n in names),
+        source="index",
+        path=str(index_path),
+    )
 
 
 def _from_headers(shards: list[Path], folder: Path) -> CheckpointBytes:
@@ -137,8 +161,9 @@ def _from_headers(shards: list[Path], folder: Path) -> CheckpointBytes:
                 draft += nbytes
             elif any(m in name for m in _VISION_MARKERS):
                 vision += nbytes
-    return CheckpointBytes(total=total, draft=draft, vision=vision, has_draft_tensors=draft > 0, source="headers",
-                           path=str(folder))
+    return CheckpointBytes(
+        total=total, draft=draft, vision=vision, has_draft_tensors=draft > 0, source="headers", path=str(folder)
+    )
 
 
 def _header_sizes(shard: Path) -> dict[str, int]:

@@ -19,8 +19,18 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["ENV_PREFIX", "EnvTable", "EnvVar", "assignment", "env_strings", "lever", "parse_bool", "parse_envs",
-           "render", "split_env"]
+__all__ = [
+    "ENV_PREFIX",
+    "EnvTable",
+    "EnvVar",
+    "assignment",
+    "env_strings",
+    "lever",
+    "parse_bool",
+    "parse_envs",
+    "render",
+    "split_env",
+]
 
 BUNDLED_VERSION = "0.5.23"
 ENV_PREFIX = "env:"
@@ -38,7 +48,7 @@ def parse_bool(value: Any) -> bool | None:
 def lever(key: object) -> str | None:
     """The variable a config's ``env:NAME`` key names; None for a flag's key."""
     text = str(key)
-    return text[len(ENV_PREFIX):] if text.startswith(ENV_PREFIX) else None
+    return text[len(ENV_PREFIX) :] if text.startswith(ENV_PREFIX) else None
 
 
 @dataclass(frozen=True)
@@ -77,8 +87,11 @@ class EnvTable:
             return self._by_name[self._alias[raw]]
         version = f" {self.version}" if self.version else ""
         close = difflib.get_close_matches(raw.upper(), self._by_name, n=2, cutoff=0.8)
-        fix = ("did you mean " + " or ".join(close) + "?") if close else \
-            "see the Envs class in sglang/srt/environ.py for the variables this version reads"
+        fix = (
+            ("did you mean " + " or ".join(close) + "?")
+            if close
+            else "see the Envs class in sglang/srt/environ.py for the variables this version reads"
+        )
         raise ConfigError(f"unknown environment variable for sglang{version}", key=raw, fix=fix)
 
     def coerce(self, name: str, value: Any) -> Any:
@@ -98,8 +111,11 @@ class EnvTable:
             if var.type in ("int", "float"):
                 raise ValueError(f'"{text}" is not a valid {var.type} value')
         except ValueError as exc:
-            raise ConfigError(f"invalid value for {var.name}: {exc}", key=var.name,
-                              fix=f"give a {var.type} (SGLang would ignore it and use {var.default!r})") from None
+            raise ConfigError(
+                f"invalid value for {var.name}: {exc}",
+                key=var.name,
+                fix=f"give a {var.type} (SGLang would ignore it and use {var.default!r})",
+            ) from None
         return text
 
     def names(self) -> list[str]:
@@ -149,6 +165,10 @@ def env_strings(config: Mapping[str, Any]) -> dict[str, str]:
 def _bundled() -> EnvTable:
     text = resources.files("autotune").joinpath(f"data/sglang-{BUNDLED_VERSION}-env.json").read_text()
     data = json.loads(text)
-    rows = (EnvVar(name=r["name"], type=r["type"], default=r.get("default"), secret=bool(r.get("secret")),
-                   alias=r.get("alias")) for r in data["vars"])
+    rows = (
+        EnvVar(
+            name=r["name"], type=r["type"], default=r.get("default"), secret=bool(r.get("secret")), alias=r.get("alias")
+        )
+        for r in data["vars"]
+    )
     return EnvTable(rows, version=str(data.get("version") or BUNDLED_VERSION))

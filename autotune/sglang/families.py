@@ -108,11 +108,15 @@ _NEMOTRON_TYPES = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
 def _nemotron_layers(cfg: Cfg, n: int) -> list[tuple[Mixer, Mlp]]:
     """``nemotron_h.py`` L195-209, L497-510: each block is one of Mamba, attention, MLP or MoE."""
     types = cfg.get("layers_block_type")
-    pattern = "".join(_NEMOTRON_TYPES.get(t, "?") for t in types) if isinstance(types, list) else \
-        str(cfg.get("hybrid_override_pattern") or "")
+    pattern = (
+        "".join(_NEMOTRON_TYPES.get(t, "?") for t in types)
+        if isinstance(types, list)
+        else str(cfg.get("hybrid_override_pattern") or "")
+    )
     if not pattern or any(c not in _NEMOTRON_PATTERN for c in pattern):
-        raise ProfileError("hybrid_override_pattern must be made of 'M', '*', '-' and 'E'",
-                           key="hybrid_override_pattern")
+        raise ProfileError(
+            "hybrid_override_pattern must be made of 'M', '*', '-' and 'E'", key="hybrid_override_pattern"
+        )
     return [_NEMOTRON_PATTERN[c] for c in pattern]  # type: ignore[misc]
 
 
@@ -127,8 +131,9 @@ def _typed_layers(linear: tuple[str, ...], full: tuple[str, ...]) -> Callable[[C
         out: list[tuple[Mixer, Mlp]] = []
         for i, t in enumerate(types):
             if t not in linear + full:
-                raise ProfileError(f"layer_types[{i}] is {t!r}", key="layer_types",
-                                   fix=f"use {' or '.join(linear + full)}")
+                raise ProfileError(
+                    f"layer_types[{i}] is {t!r}", key="layer_types", fix=f"use {' or '.join(linear + full)}"
+                )
             out.append(("linear" if t in linear else "attention", _moe(cfg, i)))
         return out
 
@@ -144,17 +149,30 @@ def _kimi_layers(cfg: Cfg, n: int) -> list[tuple[Mixer, Mlp]]:
 def _gdn(cfg: Cfg) -> LinearState:
     """``qwen3_next.py`` L288-313 (Qwen3.5/3.6 text configs subclass it, ``qwen3_5.py`` L15, L119)."""
     vh, vd = _int(cfg, "linear_num_value_heads"), _int(cfg, "linear_value_head_dim")
-    return LinearState(kind="mamba2", intermediate=vh * vd, groups=_int(cfg, "linear_num_key_heads"), heads=vh,
-                       head_dim=vd, state=_int(cfg, "linear_key_head_dim"),
-                       conv_kernel=_int(cfg, "linear_conv_kernel_dim"), dt_per_head=2)
+    return LinearState(
+        kind="mamba2",
+        intermediate=vh * vd,
+        groups=_int(cfg, "linear_num_key_heads"),
+        heads=vh,
+        head_dim=vd,
+        state=_int(cfg, "linear_key_head_dim"),
+        conv_kernel=_int(cfg, "linear_conv_kernel_dim"),
+        dt_per_head=2,
+    )
 
 
 def _nemotron_state(cfg: Cfg) -> LinearState:
     """``nemotron_h.py`` L425-439."""
     heads, dim = _int(cfg, "mamba_num_heads"), _int(cfg, "mamba_head_dim")
-    return LinearState(kind="mamba2", intermediate=heads * dim, groups=_int(cfg, "n_groups", "mamba_n_groups"),
-                       heads=heads, head_dim=dim, state=_int(cfg, "ssm_state_size"),
-                       conv_kernel=_int(cfg, "conv_kernel", "mamba_d_conv", default=4))
+    return LinearState(
+        kind="mamba2",
+        intermediate=heads * dim,
+        groups=_int(cfg, "n_groups", "mamba_n_groups"),
+        heads=heads,
+        head_dim=dim,
+        state=_int(cfg, "ssm_state_size"),
+        conv_kernel=_int(cfg, "conv_kernel", "mamba_d_conv", default=4),
+    )
 
 
 def _falcon_state(cfg: Cfg) -> LinearState:
@@ -163,24 +181,42 @@ def _falcon_state(cfg: Cfg) -> LinearState:
     inter = _int(cfg, "mamba_d_ssm", default=_int(cfg, "mamba_expand", default=2) * hidden)
     heads = _int(cfg, "mamba_n_heads")
     head = cfg.get("mamba_d_head")
-    return LinearState(kind="mamba2", intermediate=inter, groups=_int(cfg, "mamba_n_groups", default=1), heads=heads,
-                       head_dim=inter // heads if head in (None, "auto") else int(head),
-                       state=_int(cfg, "mamba_d_state"), conv_kernel=_int(cfg, "mamba_d_conv", default=4))
+    return LinearState(
+        kind="mamba2",
+        intermediate=inter,
+        groups=_int(cfg, "mamba_n_groups", default=1),
+        heads=heads,
+        head_dim=inter // heads if head in (None, "auto") else int(head),
+        state=_int(cfg, "mamba_d_state"),
+        conv_kernel=_int(cfg, "mamba_d_conv", default=4),
+    )
 
 
 def _granite_state(cfg: Cfg) -> LinearState:
     """``granitemoehybrid.py`` L239 (mamba_intermediate_size = expand × hidden), L298-310."""
-    return LinearState(kind="mamba2", intermediate=_int(cfg, "mamba_expand", default=2) * _int(cfg, "hidden_size"),
-                       groups=_int(cfg, "mamba_n_groups", default=1), heads=_int(cfg, "mamba_n_heads"),
-                       head_dim=_int(cfg, "mamba_d_head"), state=_int(cfg, "mamba_d_state"),
-                       conv_kernel=_int(cfg, "mamba_d_conv", default=4))
+    return LinearState(
+        kind="mamba2",
+        intermediate=_int(cfg, "mamba_expand", default=2) * _int(cfg, "hidden_size"),
+        groups=_int(cfg, "mamba_n_groups", default=1),
+        heads=_int(cfg, "mamba_n_heads"),
+        head_dim=_int(cfg, "mamba_d_head"),
+        state=_int(cfg, "mamba_d_state"),
+        conv_kernel=_int(cfg, "mamba_d_conv", default=4),
+    )
 
 
 def _short_conv_state(cfg: Cfg) -> LinearState:
     """``lfm2.py`` L59-97, ``lfm2_moe.py`` L49-85: conv state only (state_size 0), over the hidden width."""
     hidden = _int(cfg, "hidden_size")
-    return LinearState(kind="mamba2", intermediate=hidden, groups=1, heads=1, head_dim=hidden, state=0,
-                       conv_kernel=_int(cfg, "conv_L_cache", default=3))
+    return LinearState(
+        kind="mamba2",
+        intermediate=hidden,
+        groups=1,
+        heads=1,
+        head_dim=hidden,
+        state=0,
+        conv_kernel=_int(cfg, "conv_L_cache", default=3),
+    )
 
 
 def _kda_state(cfg: Cfg) -> LinearState:
@@ -189,38 +225,96 @@ def _kda_state(cfg: Cfg) -> LinearState:
     heads, dim = int(la.get("num_heads") or 0), int(la.get("head_dim") or 0)
     if heads <= 0 or dim <= 0:
         raise ProfileError("linear_attn_config needs num_heads and head_dim", key="linear_attn_config")
-    return LinearState(kind="kda", intermediate=heads * dim, groups=heads, heads=heads, head_dim=dim, state=dim,
-                       conv_kernel=int(la.get("short_conv_kernel_size") or 4))
+    return LinearState(
+        kind="kda",
+        intermediate=heads * dim,
+        groups=heads,
+        heads=heads,
+        head_dim=dim,
+        state=dim,
+        conv_kernel=int(la.get("short_conv_kernel_size") or 4),
+    )
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family(name="qwen3_5", model_types=("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
-           source="srt/configs/qwen3_5.py L15-138 (subclasses Qwen3NextConfig)", layers=_qwen_layers, state=_gdn,
-           gated_attention=True, qwen_sm100_override=True),
-    Family(name="qwen3_next", model_types=("qwen3_next",), source="srt/configs/qwen3_next.py L259-313",
-           layers=_qwen_layers, state=_gdn, gated_attention=True, qwen_sm100_override=True),
-    Family(name="nemotron_h", model_types=("nemotron_h",), source="srt/configs/nemotron_h.py L195-209, L409-439",
-           layers=_nemotron_layers, state=_nemotron_state, mlp_matrices=2),
-    Family(name="falcon_h1", model_types=("falcon_h1",), source="srt/configs/falcon_h1.py L288-315",
-           layers=lambda cfg, n: [("both", "dense")] * n, state=_falcon_state),
-    Family(name="lfm2", model_types=("lfm2", "lfm2_moe"), source="srt/configs/lfm2.py L42-97, lfm2_moe.py L28-85",
-           layers=_typed_layers(("conv", "short_conv"), ("full_attention",)), state=_short_conv_state),
-    Family(name="granitemoehybrid", model_types=("granitemoehybrid",),
-           source="srt/configs/granitemoehybrid.py L279-310", layers=_typed_layers(("mamba",), ("attention",)),
-           state=_granite_state),
-    Family(name="kimi_linear", model_types=("kimi_linear",), source="srt/configs/kimi_linear.py L158-182",
-           layers=_kimi_layers, state=_kda_state),
-    Family(name="dense", model_types=("llama", "qwen2", "qwen3", "mistral"), source="no linear-attention state",
-           layers=lambda cfg, n: [("attention", _moe(cfg, i)) for i in range(n)], state=None),
+    Family(
+        name="qwen3_5",
+        model_types=("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text"),
+        source="srt/configs/qwen3_5.py L15-138 (subclasses Qwen3NextConfig)",
+        layers=_qwen_layers,
+        state=_gdn,
+        gated_attention=True,
+        qwen_sm100_override=True,
+    ),
+    Family(
+        name="qwen3_next",
+        model_types=("qwen3_next",),
+        source="srt/configs/qwen3_next.py L259-313",
+        layers=_qwen_layers,
+        state=_gdn,
+        gated_attention=True,
+        qwen_sm100_override=True,
+    ),
+    Family(
+        name="nemotron_h",
+        model_types=("nemotron_h",),
+        source="srt/configs/nemotron_h.py L195-209, L409-439",
+        layers=_nemotron_layers,
+        state=_nemotron_state,
+        mlp_matrices=2,
+    ),
+    Family(
+        name="falcon_h1",
+        model_types=("falcon_h1",),
+        source="srt/configs/falcon_h1.py L288-315",
+        layers=lambda cfg, n: [("both", "dense")] * n,
+        state=_falcon_state,
+    ),
+    Family(
+        name="lfm2",
+        model_types=("lfm2", "lfm2_moe"),
+        source="srt/configs/lfm2.py L42-97, lfm2_moe.py L28-85",
+        layers=_typed_layers(("conv", "short_conv"), ("full_attention",)),
+        state=_short_conv_state,
+    ),
+    Family(
+        name="granitemoehybrid",
+        model_types=("granitemoehybrid",),
+        source="srt/configs/granitemoehybrid.py L279-310",
+        layers=_typed_layers(("mamba",), ("attention",)),
+        state=_granite_state,
+    ),
+    Family(
+        name="kimi_linear",
+        model_types=("kimi_linear",),
+        source="srt/configs/kimi_linear.py L158-182",
+        layers=_kimi_layers,
+        state=_kda_state,
+    ),
+    Family(
+        name="dense",
+        model_types=("llama", "qwen2", "qwen3", "mistral"),
+        source="no linear-attention state",
+        layers=lambda cfg, n: [("attention", _moe(cfg, i)) for i in range(n)],
+        state=None,
+    ),
 )
 # Hybrid families with a public config.json that SGLang 0.5.23 does not serve (no config class, no model file).
 NOT_IN_SGLANG = {"jamba": "SGLang 0.5.23 has no Jamba model (no srt/models/jamba.py)"}
 # ``srt/arg_groups/overrides.py`` L403-430: architectures whose Mamba radix cache may take extra_buffer.
-EXTRA_BUFFER_ARCHS = frozenset({
-    "KimiLinearForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
-    "Qwen3_5MoeForCausalLM", "Qwen3_5ForCausalLM", "Qwen3NextForCausalLM", "FalconH1ForCausalLM",
-    "GraniteMoeHybridForCausalLM", "NemotronHForCausalLM",
-})
+EXTRA_BUFFER_ARCHS = frozenset(
+    {
+        "KimiLinearForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5ForCausalLM",
+        "Qwen3NextForCausalLM",
+        "FalconH1ForCausalLM",
+        "GraniteMoeHybridForCausalLM",
+        "NemotronHForCausalLM",
+    }
+)
 
 
 def family_of(model_type: str) -> Family | None:

@@ -42,7 +42,8 @@ class FlagRow(TypedDict):
     help_suppressed: NotRequired[bool]
 
 
-# Flags that were renamed or removed, and what to use instead (SGLang 0.5.23's parser, ``srt/arg_groups/fields/*.py``). Consulted only when a name
+# Flags that were renamed or removed, and what to use instead (SGLang 0.5.23's parser, ``srt/arg_groups/fields/*.py``).
+# Consulted only when a name
 # is unknown, so a table that still has a deprecated flag (0.5.23 keeps --disable-cuda-graph) accepts it.
 RENAMED: dict[str, str] = {
     "mamba_scheduler_strategy": "--mamba-radix-cache-strategy",
@@ -147,10 +148,14 @@ class FlagTable:
         return cls(
             (
                 FlagSpec(
-                    dest=row["dest"], option_strings=tuple(row["flags"]), type=row.get("type"),
-                    default=row.get("default"), nargs=row.get("nargs"),
+                    dest=row["dest"],
+                    option_strings=tuple(row["flags"]),
+                    type=row.get("type"),
+                    default=row.get("default"),
+                    nargs=row.get("nargs"),
                     choices=None if (c := row.get("choices")) is None else tuple(c),
-                    store_true=bool(row.get("is_store_true")), action=row.get("action"),
+                    store_true=bool(row.get("is_store_true")),
+                    action=row.get("action"),
                     suppressed=bool(row.get("help_suppressed")),
                 )
                 for row in rows
@@ -203,7 +208,8 @@ class FlagTable:
             hint = RENAMED.get(dest)
             raise ConfigError(
                 f"ambiguous option: {option} could match {', '.join(matches[:6])}",
-                key=raw, fix=f"use {hint}" if hint else "spell the flag out in full",
+                key=raw,
+                fix=f"use {hint}" if hint else "spell the flag out in full",
             )
         raise ConfigError(self._unknown_message(option), key=raw, fix=self._suggestion(dest))
 
@@ -304,9 +310,7 @@ def _to_bool(spec: FlagSpec, value: Any) -> bool:
         return True
     if text in _FALSE:
         return False
-    raise ConfigError(
-        f"{spec.flag} takes no value (a switch), got {value!r}", key=spec.dest, fix="use true or false"
-    )
+    raise ConfigError(f"{spec.flag} takes no value (a switch), got {value!r}", key=spec.dest, fix="use true or false")
 
 
 def _human_int(text: str) -> int:
@@ -327,7 +331,9 @@ def _scalar(spec: FlagSpec, value: Any) -> Any:
                 raise ValueError(value)
             result: Any = int(value) if not isinstance(value, str) else int(value.strip())
         elif kind == "human_readable_int":
-            result = int(value) if isinstance(value, int) and not isinstance(value, bool) else _human_int(str(value).strip())
+            result = (
+                int(value) if isinstance(value, int) and not isinstance(value, bool) else _human_int(str(value).strip())
+            )
         elif kind == "float":
             if isinstance(value, bool):
                 raise ValueError(value)
@@ -344,9 +350,7 @@ def _scalar(spec: FlagSpec, value: Any) -> Any:
             fix=f"e.g. {spec.flag} {spec.default}" if spec.default not in (None, "") else None,
         ) from exc
     if spec.choices is not None and result not in spec.choices:
-        raise ConfigError(
-            f"{spec.flag} got {value!r}, allowed: {', '.join(map(str, spec.choices))}", key=spec.dest
-        )
+        raise ConfigError(f"{spec.flag} got {value!r}, allowed: {', '.join(map(str, spec.choices))}", key=spec.dest)
     return result
 
 

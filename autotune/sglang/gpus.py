@@ -33,7 +33,8 @@ class GpuProfile:
         return self.memory_mib * MIB / GIB
 
     def tier(self, tp: int = 1) -> tuple[int, int]:
-        """SGLang's defaults by nvidia-smi size: (chunked_prefill_size, decode cuda-graph max bs) (``srt/arg_groups/memory_hook.py``; docs/sglang-memory.md §2)."""
+        """SGLang's defaults by nvidia-smi size: (chunked_prefill_size, decode cuda-graph max bs)
+        (``srt/arg_groups/memory_hook.py``; docs/sglang-memory.md §2)."""
         gib = self.memory_mib / 1024
         if gib < 20:
             return 2048, 8
@@ -53,8 +54,9 @@ class GpuProfile:
 
 
 def _gpu(name: str, mib: int, bw: float, flops: float, arch: str, cap: tuple[int, int], *names: str) -> GpuProfile:
-    return GpuProfile(name=name, memory_mib=mib, bandwidth=bw, peak_flops=flops, arch=arch, capability=cap,
-                      device_names=names)
+    return GpuProfile(
+        name=name, memory_mib=mib, bandwidth=bw, peak_flops=flops, arch=arch, capability=cap, device_names=names
+    )
 
 
 GPUS: dict[str, GpuProfile] = {
@@ -91,8 +93,12 @@ def profile_for_device(device_name: str, total_mib: int, capability: tuple[int, 
     device's matches (longest match wins: a GB200 is not a B200), with the device's own total memory; an unknown
     device gets the nearest architecture's roofline figures, named after the device."""
     text = re.sub(r"\s+", " ", device_name.upper())
-    hits = [(len(alias), gpu) for gpu in GPUS.values() for alias in gpu.device_names
-            if re.search(rf"(?<![A-Z0-9]){re.escape(alias.upper())}(?![0-9])", text)]
+    hits = [
+        (len(alias), gpu)
+        for gpu in GPUS.values()
+        for alias in gpu.device_names
+        if re.search(rf"(?<![A-Z0-9]){re.escape(alias.upper())}(?![0-9])", text)
+    ]
     best = max(hits, key=lambda h: h[0])[1] if hits else None
     cap = (int(capability[0]), int(capability[1])) if capability else None
     if best is None:

@@ -63,23 +63,29 @@ def _download(model_id: str, *, transport: httpx.BaseTransport | None = None) ->
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     files: dict[str, bytes] = {}
     try:
-        with httpx.Client(base_url=HUB_URL, headers=headers, timeout=15.0, follow_redirects=True,
-                          transport=transport) as client:
+        with httpx.Client(
+            base_url=HUB_URL, headers=headers, timeout=15.0, follow_redirects=True, transport=transport
+        ) as client:
             for name in ("config.json", INDEX_NAME):
                 resp = client.get(f"/{model_id}/resolve/main/{name}")
                 if resp.status_code == 404 and name != "config.json":
                     continue
                 if resp.status_code in (401, 403):
-                    raise ProfileError(f"the Hub refused {name} of {model_id!r} ({resp.status_code})", key="model",
-                                       fix="set HF_TOKEN for a gated model, or point at a local folder")
+                    raise ProfileError(
+                        f"the Hub refused {name} of {model_id!r} ({resp.status_code})",
+                        key="model",
+                        fix="set HF_TOKEN for a gated model, or point at a local folder",
+                    )
                 if resp.status_code == 404:
                     return None
                 resp.raise_for_status()
                 files[name] = resp.content
     except httpx.HTTPError as exc:
-        raise ProfileError(f"cannot fetch {model_id!r} from the Hub: {type(exc).__name__}", key="model",
-                           fix="point at a local folder with config.json (and model.safetensors.index.json), "
-                               "or set HF_HUB_OFFLINE=1") from None
+        raise ProfileError(
+            f"cannot fetch {model_id!r} from the Hub: {type(exc).__name__}",
+            key="model",
+            fix="point at a local folder with config.json (and model.safetensors.index.json), or set HF_HUB_OFFLINE=1",
+        ) from None
     folder.mkdir(parents=True, exist_ok=True)
     for name, body in sorted(files.items(), key=lambda kv: kv[0] == "config.json"):  # config.json last
         tmp = folder / f".{name}.part"

@@ -27,8 +27,7 @@ def _cap(f: Mapping[str, Any]) -> int:
     return -1 if raw is None else int(raw)
 
 
-def mamba_tree_refusal(f: Mapping[str, Any], *, strategy: str, draft_tokens: int, spec: bool,
-                       page: int) -> str | None:
+def mamba_tree_refusal(f: Mapping[str, Any], *, strategy: str, draft_tokens: int, spec: bool, page: int) -> str | None:
     """SGLang's own message where 0.5.23 refuses the two flags (the caller stops with ``bad_args``), else None:
     ``--mamba-max-states-per-path`` 0 or below -1 for every model (``handle_mamba_backend``,
     ``srt/arg_groups/mamba_hook.py`` L24-28, run for every server by ``pipeline.py`` L251); for the extra-buffer
@@ -40,12 +39,16 @@ def mamba_tree_refusal(f: Mapping[str, Any], *, strategy: str, draft_tokens: int
     extra_buffer = strategy.startswith("extra_buffer")
     interval = int(f.get("mamba_track_interval") or TRACK_INTERVAL_DEFAULT)
     if extra_buffer and spec and interval < draft_tokens:
-        return ("AssertionError (sglang/srt/arg_groups/mamba_hook.py L133: assert view.mamba_track_interval >= "
-                f"view.speculative_num_draft_tokens): --mamba-track-interval {interval} < "
-                f"speculative_num_draft_tokens {draft_tokens}")
+        return (
+            "AssertionError (sglang/srt/arg_groups/mamba_hook.py L133: assert view.mamba_track_interval >= "
+            f"view.speculative_num_draft_tokens): --mamba-track-interval {interval} < "
+            f"speculative_num_draft_tokens {draft_tokens}"
+        )
     if extra_buffer and interval % page:
-        return ("AssertionError (sglang/srt/arg_groups/mamba_hook.py L135: assert view.mamba_track_interval % "
-                f"view.page_size == 0): --mamba-track-interval {interval} is not a multiple of page_size {page}")
+        return (
+            "AssertionError (sglang/srt/arg_groups/mamba_hook.py L135: assert view.mamba_track_interval % "
+            f"view.page_size == 0): --mamba-track-interval {interval} is not a multiple of page_size {page}"
+        )
     return None
 
 

@@ -30,8 +30,15 @@ from autotune.sglang.flags import FlagTable
 from autotune.sglang.mamba_tree import TRACK_INTERVAL_DEFAULT, MambaTree, resolve_mamba_tree
 from autotune.sglang.profiles import GIB, GpuProfile, ModelProfile
 
-__all__ = ["MemoryGiB", "MemoryPlan", "PlanFailure", "decode_bs_list", "default_mem_fraction", "plan",
-           "prefill_token_buckets"]
+__all__ = [
+    "MemoryGiB",
+    "MemoryPlan",
+    "PlanFailure",
+    "decode_bs_list",
+    "default_mem_fraction",
+    "plan",
+    "prefill_token_buckets",
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,25 +78,68 @@ class MemoryPlan:
         return asdict(self)
 
 
-SPEC_SUBFLAGS = ("speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens",
-                 "speculative_draft_model_path", "speculative_draft_kv_cache_dtype", "speculative_adaptive",
-                 "speculative_adaptive_config")
-MAMBA_FLAGS = ("max_mamba_cache_size", "mamba_full_memory_ratio", "mamba_ssm_dtype", "mamba_radix_cache_strategy",
-               "mamba_track_interval", "mamba_max_states_per_path", "enable_linear_replayssm_spec")
-NEVER_READ = ("num_continuous_decode_steps",)  # accepted by 0.5.23, read by nothing (no reader in the 0.5.23 source tree; docs/sglang-memory.md)
+SPEC_SUBFLAGS = (
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "speculative_draft_model_path",
+    "speculative_draft_kv_cache_dtype",
+    "speculative_adaptive",
+    "speculative_adaptive_config",
+)
+MAMBA_FLAGS = (
+    "max_mamba_cache_size",
+    "mamba_full_memory_ratio",
+    "mamba_ssm_dtype",
+    "mamba_radix_cache_strategy",
+    "mamba_track_interval",
+    "mamba_max_states_per_path",
+    "enable_linear_replayssm_spec",
+)
+NEVER_READ = (
+    "num_continuous_decode_steps",
+)  # accepted by 0.5.23, read by nothing (no reader in the 0.5.23 source tree; docs/sglang-memory.md)
 # Flags tested for inertness by re-planning without them: every effect they have shows in the plan's signature.
 PLANNER_FLAGS = (
-    "mem_fraction_static", "max_running_requests", "max_total_tokens", "max_mamba_cache_size",
-    "mamba_full_memory_ratio", "mamba_radix_cache_strategy", "mamba_ssm_dtype",
-    "disable_radix_cache", "disable_overlap_schedule", "page_size", "attention_backend", "chunked_prefill_size",
-    "speculative_num_steps", "speculative_eagle_topk", "speculative_num_draft_tokens", "kv_cache_dtype",
-    "cuda_graph_max_bs_decode", "cuda_graph_bs_decode", "cuda_graph_max_bs_prefill", "cuda_graph_bs_prefill",
-    "disable_cuda_graph", "disable_decode_cuda_graph", "disable_prefill_cuda_graph", "cuda_graph_backend_decode",
-    "cuda_graph_backend_prefill", "context_length", "enable_linear_replayssm_spec", "speculative_adaptive",
-    "speculative_adaptive_config", "enable_unified_memory",
+    "mem_fraction_static",
+    "max_running_requests",
+    "max_total_tokens",
+    "max_mamba_cache_size",
+    "mamba_full_memory_ratio",
+    "mamba_radix_cache_strategy",
+    "mamba_ssm_dtype",
+    "disable_radix_cache",
+    "disable_overlap_schedule",
+    "page_size",
+    "attention_backend",
+    "chunked_prefill_size",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "kv_cache_dtype",
+    "cuda_graph_max_bs_decode",
+    "cuda_graph_bs_decode",
+    "cuda_graph_max_bs_prefill",
+    "cuda_graph_bs_prefill",
+    "disable_cuda_graph",
+    "disable_decode_cuda_graph",
+    "disable_prefill_cuda_graph",
+    "cuda_graph_backend_decode",
+    "cuda_graph_backend_prefill",
+    "context_length",
+    "enable_linear_replayssm_spec",
+    "speculative_adaptive",
+    "speculative_adaptive_config",
+    "enable_unified_memory",
 )
-_COERCED = PLANNER_FLAGS + ("tp_size", "pp_size", "dp_size", "attn_dp_size", "mamba_track_interval",
-                            "max_prefill_tokens")
+_COERCED = PLANNER_FLAGS + (
+    "tp_size",
+    "pp_size",
+    "dp_size",
+    "attn_dp_size",
+    "mamba_track_interval",
+    "max_prefill_tokens",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,9 +176,18 @@ class _Trace:
     notes: list[str] = field(default_factory=list)  # the levers' warnings (adaptive dropped, FULL prefill graph off)
 
 
-def plan(model: ModelProfile, gpu: GpuProfile, flags: Mapping[str, Any], *, free_gib: float | None = None,
-         workspace_offset_gib: float = 0.0, activation_scale: float = 1.0, graph_scale: float = 1.0,
-         env: Mapping[str, str] | None = None, _inert: bool = True) -> MemoryPlan:
+def plan(
+    model: ModelProfile,
+    gpu: GpuProfile,
+    flags: Mapping[str, Any],
+    *,
+    free_gib: float | None = None,
+    workspace_offset_gib: float = 0.0,
+    activation_scale: float = 1.0,
+    graph_scale: float = 1.0,
+    env: Mapping[str, str] | None = None,
+    _inert: bool = True,
+) -> MemoryPlan:
     """What SGLang 0.5.23 allocates for ``flags`` (dest-keyed, typed) on ``gpu``, and whether it starts.
 
     ``free_gib`` is the memory free on the device before this server loads (default: total − CUDA context).
@@ -136,8 +195,9 @@ def plan(model: ModelProfile, gpu: GpuProfile, flags: Mapping[str, Any], *, free
     constants (see ``Corrections``); their defaults change nothing. ``env`` is the server's environment: the
     ``SGLANG_*`` variables 0.5.23 reads while planning (the decode-lock switch; docs/sglang-memory.md).
     """
-    fix = Corrections(workspace_offset_gib=workspace_offset_gib, activation_scale=activation_scale,
-                      graph_scale=graph_scale)
+    fix = Corrections(
+        workspace_offset_gib=workspace_offset_gib, activation_scale=activation_scale, graph_scale=graph_scale
+    )
     env = {**env_strings(flags), **(env or {})}  # a study's environment levers travel in its config as ``env:NAME``
     flags = split_env(flags)[0]
     f = {k: _typed(k, v) for k, v in flags.items() if v is not None}
@@ -154,16 +214,23 @@ def plan(model: ModelProfile, gpu: GpuProfile, flags: Mapping[str, Any], *, free
     return result
 
 
-def _chain(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], t: _Trace, fix: Corrections,
-           env: Mapping[str, str] | None) -> None:
+def _chain(
+    model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], t: _Trace, fix: Corrections, env: Mapping[str, str] | None
+) -> None:
     """Run the steps in SGLang's order, recording each; ``PlanStop`` ends the chain where SGLang stops."""
     step.check_parallel(model, t.start)
     f, t.adaptive, dropped = adaptive_spec.resolve(f, t.start.attn_dp)
     t.notes += dropped
     t.spec = sp = step.spec(model, f)
     t.layout = lay = step.layout(model, gpu, f, sp, env)
-    limited = unified.check(model, f, algorithm=sp.algorithm if sp.on else None, topk=sp.topk,
-                            backend=lay.attention_backend, attn_tp=t.start.attn_tp)
+    limited = unified.check(
+        model,
+        f,
+        algorithm=sp.algorithm if sp.on else None,
+        topk=sp.topk,
+        backend=lay.attention_backend,
+        attn_tp=t.start.attn_tp,
+    )
     if limited:  # the FULL prefill graph backend is turned off rather than refused
         t.notes += limited
         f = {**f, "cuda_graph_backend_prefill": "disabled"}
@@ -172,8 +239,9 @@ def _chain(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], t: _Trace, f
     r = step.Resolved(start=t.start, spec=sp, layout=lay, sizes=sz)
     t.weights = w = step.weights(model, f, r, workspace_offset_gib=fix.workspace_offset_gib)
     step.check_weights(w, r)
-    t.mamba = m = levers.scratch_allocation(model, f, r, step.mamba_pool(model, f, r, w), adaptive=t.adaptive,
-                                            unified=uni)
+    t.mamba = m = levers.scratch_allocation(
+        model, f, r, step.mamba_pool(model, f, r, w), adaptive=t.adaptive, unified=uni
+    )
     step.check_rest(w, m, r)
     t.kv = kv = step.kv_pool(model, f, r, m)
     step.check_kv(kv, r)
@@ -182,8 +250,9 @@ def _chain(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], t: _Trace, f
         t.kv = kv
     t.cap = cap = step.running_cap(f, r, m, kv)
     step.check_running(cap, m, r)
-    t.graphs = g = levers.adaptive_graphs(step.graphs(r, cap, graph_scale=fix.graph_scale), r, t.adaptive,
-                                          graph_scale=fix.graph_scale)
+    t.graphs = g = levers.adaptive_graphs(
+        step.graphs(r, cap, graph_scale=fix.graph_scale), r, t.adaptive, graph_scale=fix.graph_scale
+    )
     t.headroom = h = step.headroom(model, r, w, m, kv, g, activation_scale=fix.activation_scale)
     step.check_headroom(h, r, g, gpu)
 
@@ -192,27 +261,64 @@ def _extra(t: _Trace, f: Mapping[str, Any]) -> PlanDetails:
     """``MemoryPlan.extra``: each finished step's details, in the order the steps ran."""
     s = t.start
     ex = PlanDetails(
-        pre_gib=round(s.pre_gib, 4), total_gib=round(s.total_gib, 4), cuda_context_gib=s.cuda_context_gib,
-        tp_size=s.tp, pp_size=s.pp, attn_tp_size=s.attn_tp, spec=False, draft_tokens=0, spec_steps=0, spec_topk=0,
-        requested_mrr=f.get("max_running_requests"), binding=None, startup_s=0.0, runtime_oom_tokens=None,
-        static_gib=0.0, peak_gib=0.0, rest_gib=0.0)
+        pre_gib=round(s.pre_gib, 4),
+        total_gib=round(s.total_gib, 4),
+        cuda_context_gib=s.cuda_context_gib,
+        tp_size=s.tp,
+        pp_size=s.pp,
+        attn_tp_size=s.attn_tp,
+        spec=False,
+        draft_tokens=0,
+        spec_steps=0,
+        spec_topk=0,
+        requested_mrr=f.get("max_running_requests"),
+        binding=None,
+        startup_s=0.0,
+        runtime_oom_tokens=None,
+        static_gib=0.0,
+        peak_gib=0.0,
+        rest_gib=0.0,
+    )
     if t.spec:
-        ex.update({"spec": t.spec.on, "spec_algorithm": t.spec.algorithm, "draft_tokens": t.spec.draft_tokens,
-                   "spec_steps": t.spec.steps, "spec_topk": t.spec.topk})
+        ex.update(
+            {
+                "spec": t.spec.on,
+                "spec_algorithm": t.spec.algorithm,
+                "draft_tokens": t.spec.draft_tokens,
+                "spec_steps": t.spec.steps,
+                "spec_topk": t.spec.topk,
+            }
+        )
     if t.layout:
         lay, tree = t.layout, _mamba_tree(f, t)
-        ex.update({"strategy": lay.strategy, "overlap": lay.overlap, "radix_cache": not lay.radix_off,
-                   "attention_backend": lay.attention_backend, "page_size": lay.page_size,
-                   "ratio": lay.ratio if lay.has_mamba else None, "skip_decode_lock": lay.skip_decode_lock,
-                   "tracking_slots": lay.tracking_slots, "mamba_tree": tree.mamba_tree,
-                   "mamba_checkpoint_grid": tree.mamba_checkpoint_grid,
-                   "mamba_track_interval": tree.mamba_track_interval, "mamba_track_grid": tree.mamba_track_grid,
-                   "mamba_max_states_per_path": tree.mamba_max_states_per_path})
+        ex.update(
+            {
+                "strategy": lay.strategy,
+                "overlap": lay.overlap,
+                "radix_cache": not lay.radix_off,
+                "attention_backend": lay.attention_backend,
+                "page_size": lay.page_size,
+                "ratio": lay.ratio if lay.has_mamba else None,
+                "skip_decode_lock": lay.skip_decode_lock,
+                "tracking_slots": lay.tracking_slots,
+                "mamba_tree": tree.mamba_tree,
+                "mamba_checkpoint_grid": tree.mamba_checkpoint_grid,
+                "mamba_track_interval": tree.mamba_track_interval,
+                "mamba_track_grid": tree.mamba_track_grid,
+                "mamba_max_states_per_path": tree.mamba_max_states_per_path,
+            }
+        )
     if t.sizes:
         ex.update({"chunked_prefill_size": t.sizes.chunk, "context_len": t.sizes.context_len})
     if t.weights:
-        ex.update({"startup_s": t.weights.startup_s, "static_gib": t.weights.held_gib,
-                   "peak_gib": t.weights.held_gib, "target_weights_gib": round(t.weights.target_gib, 4)})
+        ex.update(
+            {
+                "startup_s": t.weights.startup_s,
+                "static_gib": t.weights.held_gib,
+                "peak_gib": t.weights.held_gib,
+                "target_weights_gib": round(t.weights.target_gib, 4),
+            }
+        )
     if t.mamba:
         m = t.mamba
         ex["mamba_slot_bytes"] = m.slot_bytes
@@ -228,9 +334,16 @@ def _extra(t: _Trace, f: Mapping[str, Any]) -> PlanDetails:
     if t.graphs and t.weights and t.headroom:
         g, w, h = t.graphs, t.weights, t.headroom
         static = s.cuda_context_gib + h.static_gib + g.backend_gib + g.gib
-        ex.update({"decode_graph_bs": list(g.decode_bs), "prefill_graph_tokens": max(g.prefill_bs, default=0),
-                   "static_gib": round(static, 4), "peak_gib": round(static + h.activations_gib, 4),
-                   "workspace_gib": round(w.workspace_gib, 4), "mm_reserve_gib": round(w.mm_reserve_gib, 4)})
+        ex.update(
+            {
+                "decode_graph_bs": list(g.decode_bs),
+                "prefill_graph_tokens": max(g.prefill_bs, default=0),
+                "static_gib": round(static, 4),
+                "peak_gib": round(static + h.activations_gib, 4),
+                "workspace_gib": round(w.workspace_gib, 4),
+                "mm_reserve_gib": round(w.mm_reserve_gib, 4),
+            }
+        )
         ex["startup_s"] = round(w.startup_s + g.decode_capture_s + g.prefill_capture_s, 1)
         if h.runtime_oom_tokens is not None:
             ex["runtime_oom_tokens"] = h.runtime_oom_tokens
@@ -243,13 +356,22 @@ def _gib(t: _Trace) -> MemoryGiB:
         parts["weights"] = t.weights.weights_gib
     if t.mamba and t.mamba.slots is not None:
         m = t.mamba
-        parts.update(mamba_ssm=m.ssm_gib, mamba_conv=m.conv_gib, intermediate_ssm=m.intermediate_ssm_gib,
-                     intermediate_conv=m.intermediate_conv_gib, mamba_total=m.total_gib)
+        parts.update(
+            mamba_ssm=m.ssm_gib,
+            mamba_conv=m.conv_gib,
+            intermediate_ssm=m.intermediate_ssm_gib,
+            intermediate_conv=m.intermediate_conv_gib,
+            mamba_total=m.total_gib,
+        )
     if t.kv and t.kv.tokens > 0:
         parts["kv"] = t.kv.gib
     if t.graphs and t.headroom:
-        parts.update(backend=t.graphs.backend_gib, graphs=t.graphs.gib, activations=t.headroom.activations_gib,
-                     headroom=t.headroom.headroom_gib)
+        parts.update(
+            backend=t.graphs.backend_gib,
+            graphs=t.graphs.gib,
+            activations=t.headroom.activations_gib,
+            headroom=t.headroom.headroom_gib,
+        )
     return MemoryGiB(**{k: round(v, 4) for k, v in parts.items()})
 
 
@@ -260,18 +382,26 @@ def _mamba_tree(f: Mapping[str, Any], t: _Trace) -> MambaTree:
 
 
 def _assemble(t: _Trace, f: Mapping[str, Any], failure: PlanFailure | None, message: str | None) -> MemoryPlan:
-    warnings = [*t.notes, *(t.spec.warnings if t.spec else ()), *(t.kv.warnings if t.kv else ()),
-                *(t.cap.warnings if t.cap else ())]
+    warnings = [
+        *t.notes,
+        *(t.spec.warnings if t.spec else ()),
+        *(t.kv.warnings if t.kv else ()),
+        *(t.cap.warnings if t.cap else ()),
+    ]
     if message is None and warnings:
         message = next((w for w in warnings if "capped" in w or "reduced" in w), warnings[0])
     mfs = t.sizes.mfs if t.sizes else f.get("mem_fraction_static")
     kv_ok = t.kv is not None and t.kv.tokens > 0
     return MemoryPlan(
-        fits=failure is None, failure=failure, message=message,
+        fits=failure is None,
+        failure=failure,
+        message=message,
         mem_fraction_static=float(mfs) if mfs is not None else 0.0,
         max_mamba_cache_size=t.mamba.slots if t.mamba else None,
         max_running_requests=int(t.cap.requests) if t.cap and t.cap.requests > 0 else 0,
-        kv_tokens=int(t.kv.tokens) if t.kv and kv_ok else 0, inert=[], gib=_gib(t),
+        kv_tokens=int(t.kv.tokens) if t.kv and kv_ok else 0,
+        inert=[],
+        gib=_gib(t),
         extra={**_extra(t, f), "warnings": warnings},
     )
 
@@ -284,11 +414,32 @@ def _typed(dest: str, value: Any) -> Any:
 
 
 def _signature(p: MemoryPlan) -> tuple[Any, ...]:
-    keys = ("ratio", "strategy", "overlap", "radix_cache", "draft_tokens", "spec_steps", "spec_topk", "page_size",
-            "attention_backend", "chunked_prefill_size", "decode_graph_bs", "prefill_graph_tokens", "context_len",
-            "adaptive", "unified")
-    return (p.failure, p.mem_fraction_static, p.max_mamba_cache_size, p.max_running_requests, p.kv_tokens,
-            tuple(round(v, 6) for v in asdict(p.gib).values()), tuple(str(p.extra.get(k)) for k in keys))
+    keys = (
+        "ratio",
+        "strategy",
+        "overlap",
+        "radix_cache",
+        "draft_tokens",
+        "spec_steps",
+        "spec_topk",
+        "page_size",
+        "attention_backend",
+        "chunked_prefill_size",
+        "decode_graph_bs",
+        "prefill_graph_tokens",
+        "context_len",
+        "adaptive",
+        "unified",
+    )
+    return (
+        p.failure,
+        p.mem_fraction_static,
+        p.max_mamba_cache_size,
+        p.max_running_requests,
+        p.kv_tokens,
+        tuple(round(v, 6) for v in asdict(p.gib).values()),
+        tuple(str(p.extra.get(k)) for k in keys),
+    )
 
 
 def _inert_tree_levers(f: Mapping[str, Any], result: MemoryPlan) -> list[str]:
@@ -304,8 +455,15 @@ def _inert_tree_levers(f: Mapping[str, Any], result: MemoryPlan) -> list[str]:
     return out
 
 
-def _inert_flags(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], free_gib: float | None,
-                 fix: Corrections, result: MemoryPlan, env: Mapping[str, str] | None) -> list[str]:
+def _inert_flags(
+    model: ModelProfile,
+    gpu: GpuProfile,
+    f: dict[str, Any],
+    free_gib: float | None,
+    fix: Corrections,
+    result: MemoryPlan,
+    env: Mapping[str, str] | None,
+) -> list[str]:
     """Flags whose removal changes nothing the planner can see, among the flags it reads (plus never-read ones)."""
     out = [k for k in NEVER_READ if k in f]
     if not f.get("speculative_algorithm"):
@@ -317,8 +475,17 @@ def _inert_flags(model: ModelProfile, gpu: GpuProfile, f: dict[str, Any], free_g
     for key in PLANNER_FLAGS:
         if key in f and key not in out:
             rest = {k: v for k, v in f.items() if k != key}
-            again = plan(model, gpu, rest, free_gib=free_gib, workspace_offset_gib=fix.workspace_offset_gib,
-                         activation_scale=fix.activation_scale, graph_scale=fix.graph_scale, env=env, _inert=False)
+            again = plan(
+                model,
+                gpu,
+                rest,
+                free_gib=free_gib,
+                workspace_offset_gib=fix.workspace_offset_gib,
+                activation_scale=fix.activation_scale,
+                graph_scale=fix.graph_scale,
+                env=env,
+                _inert=False,
+            )
             if _signature(again) == base:
                 out.append(key)
     return sorted(set(out))

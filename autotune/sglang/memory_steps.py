@@ -68,14 +68,18 @@ def start(gpu: GpuProfile, f: Flags, *, free_gib: float | None) -> Start:
     tp, pp = int(f.get("tp_size") or 1), int(f.get("pp_size") or 1)
     attn_dp = int(f.get("attn_dp_size") or (f.get("dp_size") if f.get("enable_dp_attention") else 1) or 1)
     pre = float(free_gib) if free_gib is not None else gpu.memory_gib - gpu.cuda_context_gib
-    return Start(pre_gib=pre, total_gib=gpu.memory_gib, cuda_context_gib=gpu.cuda_context_gib, tp=tp, pp=pp,
-                 attn_dp=attn_dp)
+    return Start(
+        pre_gib=pre, total_gib=gpu.memory_gib, cuda_context_gib=gpu.cuda_context_gib, tp=tp, pp=pp, attn_dp=attn_dp
+    )
 
 
 def check_parallel(model: ModelProfile, s: Start) -> None:
     if model.num_heads % s.tp:
-        raise PlanStop("bad_args", f"AssertionError: Total number of attention heads ({model.num_heads}) must be "
-                                   f"divisible by tensor parallel size ({s.tp}).")
+        raise PlanStop(
+            "bad_args",
+            f"AssertionError: Total number of attention heads ({model.num_heads}) must be "
+            f"divisible by tensor parallel size ({s.tp}).",
+        )
 
 
 def spec(model: ModelProfile, f: Flags) -> Spec:
@@ -84,7 +88,8 @@ def spec(model: ModelProfile, f: Flags) -> Spec:
 
 @dataclass(frozen=True)
 class Layout:
-    """Radix-cache strategy, overlap, attention backend, page size and the slots→requests ``ratio`` (``srt/arg_groups/overrides.py``; ``srt/mem_cache/allocation_sizing.py``)."""
+    """Radix-cache strategy, overlap, attention backend, page size and the slots→requests ``ratio``
+    (``srt/arg_groups/overrides.py``; ``srt/mem_cache/allocation_sizing.py``)."""
 
     strategy: str
     overlap: bool
@@ -99,14 +104,23 @@ class Layout:
 
 def layout(model: ModelProfile, gpu: GpuProfile, f: Flags, sp: Spec, env: Mapping[str, str] | None = None) -> Layout:
     res = resolve_strategy(model, gpu, f, sp, env=env)
-    return Layout(strategy=res.strategy, overlap=res.overlap, radix_off=res.radix_off,
-                  attention_backend=res.attention_backend, page_size=res.page_size, ratio=res.ratio,
-                  has_mamba=model.has_mamba, skip_decode_lock=res.skip_decode_lock, tracking_slots=res.tracking_slots)
+    return Layout(
+        strategy=res.strategy,
+        overlap=res.overlap,
+        radix_off=res.radix_off,
+        attention_backend=res.attention_backend,
+        page_size=res.page_size,
+        ratio=res.ratio,
+        has_mamba=model.has_mamba,
+        skip_decode_lock=res.skip_decode_lock,
+        tracking_slots=res.tracking_slots,
+    )
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """Chunk, context, CUDA-graph capture lists and the resolved ``--mem-fraction-static`` (``srt/arg_groups/memory_hook.py``)."""
+    """Chunk, context, CUDA-graph capture lists and the resolved ``--mem-fraction-static``
+    (``srt/arg_groups/memory_hook.py``)."""
 
     chunk: int
     context_len: int
@@ -123,28 +137,50 @@ def sizes(model: ModelProfile, gpu: GpuProfile, f: Flags, s: Start, sp: Spec, la
     tier_chunk, tier_bs = gpu.tier(s.tp)
     chunk = int(f.get("chunked_prefill_size") or tier_chunk)
     if chunk > 0 and chunk % lay.page_size:
-        raise PlanStop("bad_args", f"ValueError: chunked_prefill_size ({chunk}) must be divisible by page_size "
-                                   f"({lay.page_size})")
+        raise PlanStop(
+            "bad_args", f"ValueError: chunked_prefill_size ({chunk}) must be divisible by page_size ({lay.page_size})"
+        )
     if f.get("mem_fraction_static") is not None and not 0 < f["mem_fraction_static"] < 1:
-        raise PlanStop("bad_args", f"ValueError: --mem-fraction-static must be in (0, 1), got "
-                                   f"{f['mem_fraction_static']}")
+        raise PlanStop(
+            "bad_args", f"ValueError: --mem-fraction-static must be in (0, 1), got {f['mem_fraction_static']}"
+        )
     prefill_tokens = chunk if chunk > 0 else int(f.get("max_prefill_tokens") or 16384)
     decode_graph, prefill_graph = graph_settings(f)
     explicit_bs = tuple(f.get("cuda_graph_bs_decode") or ())
-    decode_max_bs = int(f.get("cuda_graph_max_bs_decode") or (max(explicit_bs) if explicit_bs else 0)
-                        or min(tier_bs, f.get("max_running_requests") or tier_bs))
+    decode_max_bs = int(
+        f.get("cuda_graph_max_bs_decode")
+        or (max(explicit_bs) if explicit_bs else 0)
+        or min(tier_bs, f.get("max_running_requests") or tier_bs)
+    )
     prefill_max = int(f.get("cuda_graph_max_bs_prefill") or prefill_tokens)
-    prefill_bs = (tuple(sorted(f.get("cuda_graph_bs_prefill") or prefill_token_buckets(prefill_max)))
-                  if prefill_graph else ())
+    prefill_bs = (
+        tuple(sorted(f.get("cuda_graph_bs_prefill") or prefill_token_buckets(prefill_max))) if prefill_graph else ()
+    )
     mfs = f.get("mem_fraction_static")
     if mfs is None:
-        mfs = default_mem_fraction(model, gpu, f, chunk=chunk, decode_max_bs=decode_max_bs,
-                                   decode_graph=decode_graph, prefill_buckets=len(prefill_bs), tp=s.tp, pp=s.pp)
+        mfs = default_mem_fraction(
+            model,
+            gpu,
+            f,
+            chunk=chunk,
+            decode_max_bs=decode_max_bs,
+            decode_graph=decode_graph,
+            prefill_buckets=len(prefill_bs),
+            tp=s.tp,
+            pp=s.pp,
+        )
     mrr_req = f.get("max_running_requests") or (SPEC_DEFAULT_MRR if sp.on else None)
-    return Sizes(chunk=chunk, context_len=int(f.get("context_length") or model.context_len),
-                 prefill_tokens=prefill_tokens, decode_graph=decode_graph, decode_max_bs=decode_max_bs,
-                 explicit_bs=explicit_bs, prefill_bs=prefill_bs, mfs=float(mfs),
-                 mrr_dp=mrr_req // s.attn_dp if mrr_req else None)
+    return Sizes(
+        chunk=chunk,
+        context_len=int(f.get("context_length") or model.context_len),
+        prefill_tokens=prefill_tokens,
+        decode_graph=decode_graph,
+        decode_max_bs=decode_max_bs,
+        explicit_bs=explicit_bs,
+        prefill_bs=prefill_bs,
+        mfs=float(mfs),
+        mrr_dp=mrr_req // s.attn_dp if mrr_req else None,
+    )
 
 
 @dataclass(frozen=True)
@@ -177,25 +213,37 @@ def weights(model: ModelProfile, f: Flags, r: Resolved, *, workspace_offset_gib:
     # A pipeline stage loads only its layers (the draft stays whole: it runs after the last stage).
     stage_layers, _ = pp_stage(model.num_layers, model.full_layers, r.start.pp)
     target = model.weights_gib(with_draft=False, tp=r.start.tp) * stage_layers / max(1, model.num_layers)
-    w = target + model.weights_gib(with_draft=r.spec.draft_model, tp=r.start.tp) - model.weights_gib(
-        with_draft=False, tp=r.start.tp)
+    w = (
+        target
+        + model.weights_gib(with_draft=r.spec.draft_model, tp=r.start.tp)
+        - model.weights_gib(with_draft=False, tp=r.start.tp)
+    )
     # 0.5.23 takes nothing between the weights and the pools' profile: rest = free after load − pre·(1 − mfs)
     # (``_profile_available_bytes``, kv_cache_configurator.py L2990-3060; docs/sglang-memory.md §3, §12).
     workspace = workspace_offset_gib
     mm_reserve = 100 / 1024 if model.multimodal and not f.get("language_only") else 0.0
     avail = pre - w - workspace
-    return Weights(weights_gib=w, target_gib=target, workspace_gib=workspace, mm_reserve_gib=mm_reserve, avail_gib=avail,
-                   rest_bytes=(avail - pre * (1 - mfs) - mm_reserve) * GIB,
-                   startup_s=round(STARTUP_FIXED_S + w / LOAD_GIB_S, 1),
-                   held_gib=round(r.start.cuda_context_gib + min(w, pre), 4))
+    return Weights(
+        weights_gib=w,
+        target_gib=target,
+        workspace_gib=workspace,
+        mm_reserve_gib=mm_reserve,
+        avail_gib=avail,
+        rest_bytes=(avail - pre * (1 - mfs) - mm_reserve) * GIB,
+        startup_s=round(STARTUP_FIXED_S + w / LOAD_GIB_S, 1),
+        held_gib=round(r.start.cuda_context_gib + min(w, pre), 4),
+    )
 
 
 def check_weights(w: Weights, r: Resolved) -> None:
     pre = r.start.pre_gib
     if w.weights_gib + w.workspace_gib > pre:
-        raise PlanStop("startup_oom", f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                                      f"{min(w.weights_gib, 2.0):.2f} GiB while loading weights "
-                                      f"({w.weights_gib:.2f} GiB of weights, {pre:.2f} GiB free).")
+        raise PlanStop(
+            "startup_oom",
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            f"{min(w.weights_gib, 2.0):.2f} GiB while loading weights "
+            f"({w.weights_gib:.2f} GiB of weights, {pre:.2f} GiB free).",
+        )
 
 
 # -- Mamba pool (_handle_max_mamba_cache) ------------------------------------------------------------------
@@ -218,7 +266,8 @@ class MambaPool:
 
 
 def _slots(f: Flags, r: Resolved, *, slot: int, scratch: int, budget: float) -> tuple[int, int]:
-    """(K, requests with speculative scratch) for SGLang's cases A–D (``srt/mem_cache/kv_cache_configurator.py``, ``_handle_max_mamba_cache``; docs/sglang-memory.md §3)."""
+    """(K, requests with speculative scratch) for SGLang's cases A–D (``srt/mem_cache/kv_cache_configurator.py``,
+    ``_handle_max_mamba_cache``; docs/sglang-memory.md §3)."""
     mrr_dp, ratio = r.sizes.mrr_dp, r.layout.ratio
     if f.get("max_mamba_cache_size") is not None:  # A: explicit
         k = int(f["max_mamba_cache_size"]) // r.start.attn_dp
@@ -235,8 +284,9 @@ def _slots(f: Flags, r: Resolved, *, slot: int, scratch: int, budget: float) -> 
 def mamba_pool(model: ModelProfile, f: Flags, r: Resolved, w: Weights) -> MambaPool:
     rest = w.rest_bytes
     if not model.has_mamba:
-        return MambaPool(slots=None, scratch_requests=0, slot_bytes=0, full_memory_ratio=None, ssm_dtype=None,
-                         rest_bytes=rest)
+        return MambaPool(
+            slots=None, scratch_requests=0, slot_bytes=0, full_memory_ratio=None, ssm_dtype=None, rest_bytes=rest
+        )
     # Linear-attention state shards over the attention TP group (``mamba2_cache_params``: get_attention_tp_size);
     # the charge P counts every linear layer (``mamba_cache_per_req``: len(layers) over all linear_layer_ids).
     tp, d = r.start.attn_tp, r.spec.d
@@ -247,20 +297,37 @@ def mamba_pool(model: ModelProfile, f: Flags, r: Resolved, w: Weights) -> MambaP
     ratio_r = float(f.get("mamba_full_memory_ratio") or DEFAULT_FULL_MEMORY_RATIO)
     k, n_inter = _slots(f, r, slot=slot, scratch=scratch, budget=rest * ratio_r / (1 + ratio_r))
     if k <= 0:
-        raise PlanStop("startup_oom", f"RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) "
-                                      f"state cache. Computed max_mamba_cache_size={k} (total_rest_memory="
-                                      f"{rest / GIB:.2f} GB, mamba_cache_per_req={slot / MIB:.2f} MB). Try: (1) "
-                                      f"reduce --max-running-requests, (2) increase --mem-fraction-static, (3) "
-                                      f"reduce --speculative-num-draft-tokens, or (4) use GPUs with more memory.")
+        raise PlanStop(
+            "startup_oom",
+            f"RuntimeError: Not enough GPU memory for hybrid (mamba/linear-attention) "
+            f"state cache. Computed max_mamba_cache_size={k} (total_rest_memory="
+            f"{rest / GIB:.2f} GB, mamba_cache_per_req={slot / MIB:.2f} MB). Try: (1) "
+            f"reduce --max-running-requests, (2) increase --mem-fraction-static, (3) "
+            f"reduce --speculative-num-draft-tokens, or (4) use GPUs with more memory.",
+        )
     rest -= slot * (n_inter + 1) * scratch if scratch else 0
     rest -= (k + 1) * slot
     conv_cols = (d + model.conv_kernel - 2) if r.spec.topk <= 1 else d * (model.conv_kernel - 1)
-    inter_conv = (model.linear_layers * (n_inter + 1) * (model.conv_dim // tp) * conv_cols * 2 if scratch else 0)
-    parts = ((k + 1) * ssm / GIB, (k + 1) * conv / GIB,
-             (n_inter + 1) * scratch * ssm / GIB if scratch else 0.0, inter_conv / GIB)
-    return MambaPool(slots=k, scratch_requests=n_inter, slot_bytes=slot, full_memory_ratio=ratio_r,
-                     ssm_dtype=ssm_dtype, ssm_gib=parts[0], conv_gib=parts[1], intermediate_ssm_gib=parts[2],
-                     intermediate_conv_gib=parts[3], total_gib=sum(parts), rest_bytes=rest)
+    inter_conv = model.linear_layers * (n_inter + 1) * (model.conv_dim // tp) * conv_cols * 2 if scratch else 0
+    parts = (
+        (k + 1) * ssm / GIB,
+        (k + 1) * conv / GIB,
+        (n_inter + 1) * scratch * ssm / GIB if scratch else 0.0,
+        inter_conv / GIB,
+    )
+    return MambaPool(
+        slots=k,
+        scratch_requests=n_inter,
+        slot_bytes=slot,
+        full_memory_ratio=ratio_r,
+        ssm_dtype=ssm_dtype,
+        ssm_gib=parts[0],
+        conv_gib=parts[1],
+        intermediate_ssm_gib=parts[2],
+        intermediate_conv_gib=parts[3],
+        total_gib=sum(parts),
+        rest_bytes=rest,
+    )
 
 
 # -- KV pool --------------------------------------------------------------------------------------------------
@@ -276,10 +343,13 @@ def check_rest(w: Weights, m: MambaPool, r: Resolved) -> None:
     """SGLang's "Loaded weights leave no GPU memory" fires when weights *or* the Mamba pool ate ``rest``."""
     if m.rest_bytes <= 0:
         need = 1 - w.avail_gib / r.start.pre_gib
-        raise PlanStop("startup_oom", f"ValueError: Loaded weights leave no GPU memory for the KV cache under "
-                                      f"--mem-fraction-static={r.sizes.mfs:g}. Raise --mem-fraction-static above "
-                                      f"{math.ceil(need * 1000) / 1000:.3f} (minimum viable = 1 - available/pre = "
-                                      f"{need:.4f}). If using speculative decoding, draft weights are now counted.")
+        raise PlanStop(
+            "startup_oom",
+            f"ValueError: Loaded weights leave no GPU memory for the KV cache under "
+            f"--mem-fraction-static={r.sizes.mfs:g}. Raise --mem-fraction-static above "
+            f"{math.ceil(need * 1000) / 1000:.3f} (minimum viable = 1 - available/pre = "
+            f"{need:.4f}). If using speculative decoding, draft weights are now counted.",
+        )
 
 
 def kv_pool(model: ModelProfile, f: Flags, r: Resolved, m: MambaPool) -> KvPool:
@@ -291,8 +361,9 @@ def kv_pool(model: ModelProfile, f: Flags, r: Resolved, m: MambaPool) -> KvPool:
     cap = f.get("max_total_tokens")
     if cap is not None:
         if cap > tokens:
-            warnings.append(f"max_total_tokens={cap} is larger than the profiled value {tokens}. "
-                            f"The profiled value will be used.")
+            warnings.append(
+                f"max_total_tokens={cap} is larger than the profiled value {tokens}. The profiled value will be used."
+            )
         else:
             tokens = int(cap) // page * page
     if 0 < tokens < r.sizes.context_len:
@@ -312,8 +383,11 @@ def kv_cell(model: ModelProfile, s: Start, kv_dtype: str, *, with_draft: bool) -
 
 def check_kv(kv: KvPool, r: Resolved) -> None:
     if kv.tokens <= 0:
-        raise PlanStop("startup_oom", f"RuntimeError: Not enough memory. Please try to increase "
-                                      f"--mem-fraction-static. Current value: mem_fraction_static={r.sizes.mfs:g}")
+        raise PlanStop(
+            "startup_oom",
+            f"RuntimeError: Not enough memory. Please try to increase "
+            f"--mem-fraction-static. Current value: mem_fraction_static={r.sizes.mfs:g}",
+        )
 
 
 # -- resolve_max_num_reqs ---------------------------------------------------------------------------------------
@@ -331,8 +405,10 @@ def running_cap(f: Flags, r: Resolved, m: MambaPool, kv: KvPool) -> RunningCap:
     warnings: list[str] = []
     if kv.tokens // 2 < mrr:
         if f.get("max_running_requests"):
-            warnings.append(f"max_running_requests was reduced from the requested {mrr} to {kv.tokens // 2} "
-                            f"(per dp worker) due to the available KV cache capacity.")
+            warnings.append(
+                f"max_running_requests was reduced from the requested {mrr} to {kv.tokens // 2} "
+                f"(per dp worker) due to the available KV cache capacity."
+            )
         mrr, binding = kv.tokens // 2, "kv"
     ratio = r.layout.ratio
     if m.slots is not None and m.slots // ratio < mrr:
@@ -340,17 +416,21 @@ def running_cap(f: Flags, r: Resolved, m: MambaPool, kv: KvPool) -> RunningCap:
         warnings.append(
             f"max_running_requests is capped to {mrr} by the mamba state cache (max_mamba_cache_size={m.slots}, "
             f"{ratio} state slots per request). To raise it: increase --mamba-full-memory-ratio or "
-            f"--max-mamba-cache-size, or halve the state size with --mamba-ssm-dtype bfloat16.")
+            f"--max-mamba-cache-size, or halve the state size with --mamba-ssm-dtype bfloat16."
+        )
     return RunningCap(requests=mrr, binding=binding, warnings=tuple(warnings))
 
 
 def check_running(cap: RunningCap, m: MambaPool, r: Resolved) -> None:
     if cap.requests <= 0:
-        raise PlanStop("startup_oom", f"RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to "
-                                      f"serve any requests. max_mamba_cache_size={m.slots}, mamba_ratio="
-                                      f"{r.layout.ratio}, resulting max_num_reqs={cap.requests}. Try: (1) reduce "
-                                      f"--max-running-requests, (2) increase --mem-fraction-static, or (3) use GPUs "
-                                      f"with more memory.")
+        raise PlanStop(
+            "startup_oom",
+            f"RuntimeError: Hybrid (mamba/linear-attention) state cache is too small to "
+            f"serve any requests. max_mamba_cache_size={m.slots}, mamba_ratio="
+            f"{r.layout.ratio}, resulting max_num_reqs={cap.requests}. Try: (1) reduce "
+            f"--max-running-requests, (2) increase --mem-fraction-static, or (3) use GPUs "
+            f"with more memory.",
+        )
 
 
 # -- CUDA graphs --------------------------------------------------------------------------------------------------
@@ -372,17 +452,25 @@ class Graphs:
 
 def graphs(r: Resolved, cap: RunningCap, *, graph_scale: float = 1.0) -> Graphs:
     sp, sz = r.spec, r.sizes
-    bs = sorted({min(b, cap.requests) for b in (sz.explicit_bs or decode_bs_list(sz.decode_max_bs))}) \
-        if sz.decode_graph else []
+    bs = (
+        sorted({min(b, cap.requests) for b in (sz.explicit_bs or decode_bs_list(sz.decode_max_bs))})
+        if sz.decode_graph
+        else []
+    )
     max_bs = max(bs, default=0)
     phases = [max_bs * (sp.d or 1)]  # target decode, or verify with D tokens per request
     if sp.on and sp.draft_model:
         phases += [max_bs * sp.topk * sp.steps, max_bs * sp.d]  # draft decode steps, draft extend
     mib = GRAPH_MIB_PER_TOKEN * sum(phases) + GRAPH_MIB_PER_PREFILL_BUCKET * len(sz.prefill_bs)
-    return Graphs(decode_bs=tuple(bs), phase_tokens=tuple(phases), prefill_bs=sz.prefill_bs,
-                  gib=mib * MIB / GIB * graph_scale, decode_capture_s=CAPTURE_S * len(bs) * len(phases),
-                  prefill_capture_s=CAPTURE_PREFILL_S * len(sz.prefill_bs),
-                  backend_gib=BACKEND_MIB.get(r.layout.attention_backend, 0.0) * MIB / GIB)
+    return Graphs(
+        decode_bs=tuple(bs),
+        phase_tokens=tuple(phases),
+        prefill_bs=sz.prefill_bs,
+        gib=mib * MIB / GIB * graph_scale,
+        decode_capture_s=CAPTURE_S * len(bs) * len(phases),
+        prefill_capture_s=CAPTURE_PREFILL_S * len(sz.prefill_bs),
+        backend_gib=BACKEND_MIB.get(r.layout.attention_backend, 0.0) * MIB / GIB,
+    )
 
 
 # -- headroom: graph capture, then the first full prefill chunk ---------------------------------------------
@@ -396,8 +484,9 @@ class Headroom:
     runtime_oom_tokens: int | None  # started, then OOMs at this many prefill tokens in one batch
 
 
-def headroom(model: ModelProfile, r: Resolved, w: Weights, m: MambaPool, kv: KvPool, g: Graphs, *,
-             activation_scale: float = 1.0) -> Headroom:
+def headroom(
+    model: ModelProfile, r: Resolved, w: Weights, m: MambaPool, kv: KvPool, g: Graphs, *, activation_scale: float = 1.0
+) -> Headroom:
     act_tok = model.activation_bytes(1, r.start.tp) * activation_scale
     activations = r.sizes.prefill_tokens * act_tok / GIB
     static = w.weights_gib + w.workspace_gib + m.total_gib + kv.gib
@@ -407,23 +496,34 @@ def headroom(model: ModelProfile, r: Resolved, w: Weights, m: MambaPool, kv: KvP
     free_at_run = free_after_pools - g.backend_gib - g.gib
     starts = capture <= free_after_pools
     oom_tokens = max(1, int(free_at_run * GIB // act_tok)) if starts and activations > free_at_run else None
-    return Headroom(static_gib=static, activations_gib=activations,
-                    headroom_gib=free_at_run - activations, free_after_pools_gib=free_after_pools,
-                    capture_gib=capture, runtime_oom_tokens=oom_tokens)
+    return Headroom(
+        static_gib=static,
+        activations_gib=activations,
+        headroom_gib=free_at_run - activations,
+        free_after_pools_gib=free_after_pools,
+        capture_gib=capture,
+        runtime_oom_tokens=oom_tokens,
+    )
 
 
 def check_headroom(h: Headroom, r: Resolved, g: Graphs, gpu: GpuProfile) -> None:
     if h.capture_gib > h.free_after_pools_gib:
-        raise PlanStop("startup_oom", f"Capture cuda graph failed: torch.OutOfMemoryError: CUDA out of memory. "
-                                      f"Tried to allocate {min(h.capture_gib, 2.0):.2f} GiB. GPU 0 has a total "
-                                      f"capacity of {gpu.memory_gib:.2f} GiB of which "
-                                      f"{max(h.free_after_pools_gib, 0.0):.2f} GiB is free. Possible solutions: 1. "
-                                      f"set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7) 2. set "
-                                      f"--cuda-graph-max-bs-decode to a smaller value (e.g., 16) 3. disable decode "
-                                      f"CUDA graph by --cuda-graph-backend-decode=disabled.")
+        raise PlanStop(
+            "startup_oom",
+            f"Capture cuda graph failed: torch.OutOfMemoryError: CUDA out of memory. "
+            f"Tried to allocate {min(h.capture_gib, 2.0):.2f} GiB. GPU 0 has a total "
+            f"capacity of {gpu.memory_gib:.2f} GiB of which "
+            f"{max(h.free_after_pools_gib, 0.0):.2f} GiB is free. Possible solutions: 1. "
+            f"set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7) 2. set "
+            f"--cuda-graph-max-bs-decode to a smaller value (e.g., 16) 3. disable decode "
+            f"CUDA graph by --cuda-graph-backend-decode=disabled.",
+        )
     if h.runtime_oom_tokens is not None:
         free_at_run = h.free_after_pools_gib - g.backend_gib - g.gib
-        raise PlanStop("runtime_oom", f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                                      f"{min(h.activations_gib, 2.0):.2f} GiB (a prefill batch of "
-                                      f"{r.sizes.prefill_tokens} tokens needs {h.activations_gib:.2f} GiB of "
-                                      f"activations; {free_at_run:.2f} GiB is free).")
+        raise PlanStop(
+            "runtime_oom",
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            f"{min(h.activations_gib, 2.0):.2f} GiB (a prefill batch of "
+            f"{r.sizes.prefill_tokens} tokens needs {h.activations_gib:.2f} GiB of "
+            f"activations; {free_at_run:.2f} GiB is free).",
+        )

@@ -21,8 +21,14 @@ from autotune.errors import ConfigError
 from autotune.sglang.flags import FlagTable
 
 __all__ = [
-    "NOT_NUMERICS", "NUMERICS_FLAGS", "NumericsChange", "NumericsFlag", "changes_numerics", "not_numerics_reason",
-    "numerics_flag", "reference_config",
+    "NOT_NUMERICS",
+    "NUMERICS_FLAGS",
+    "NumericsChange",
+    "NumericsFlag",
+    "changes_numerics",
+    "not_numerics_reason",
+    "numerics_flag",
+    "reference_config",
 ]
 
 
@@ -46,90 +52,124 @@ class NumericsFlag:
 
 NUMERICS_FLAGS: tuple[NumericsFlag, ...] = (
     NumericsFlag(
-        dest="mamba_ssm_dtype", reference="float32", values=("bfloat16", "float16"),
+        dest="mamba_ssm_dtype",
+        reference="float32",
+        values=("bfloat16", "float16"),
         why="dtype of the Gated-DeltaNet/Mamba recurrent state. The state is rewritten at every decoded token, "
-            "so its rounding error accumulates along the sequence. Unset means the model config's "
-            "mamba_ssm_dtype, float32 for Qwen3-Next and Qwen3.5/3.6 (SGLang's own fallback is float32)",
+        "so its rounding error accumulates along the sequence. Unset means the model config's "
+        "mamba_ssm_dtype, float32 for Qwen3-Next and Qwen3.5/3.6 (SGLang's own fallback is float32)",
         only_with="a hybrid Mamba/GDN model",
     ),
     NumericsFlag(
-        dest="kv_cache_dtype", reference="auto",
+        dest="kv_cache_dtype",
+        reference="auto",
         values=("fp8_e5m2", "fp8_e4m3", "mxfp8", "nvfp4", "fp4_mx_block16", "bf16"),
         why="precision of the stored keys and values every later token attends to. auto stores them in the "
-            "model dtype; bf16 equals auto only on a bfloat16 checkpoint, so it is listed (conservatively)",
+        "model dtype; bf16 equals auto only on a bfloat16 checkpoint, so it is listed (conservatively)",
         aliases={"bfloat16": "bf16"},
     ),
     NumericsFlag(
-        dest="quantization", reference=None, values=None,
+        dest="quantization",
+        reference=None,
+        values=None,
         why="quantised weights (and for w8a8/fp8 methods, activations): every matmul changes. Unset means the "
-            "checkpoint's own precision",
+        "checkpoint's own precision",
     ),
     NumericsFlag(
-        dest="dtype", reference="auto", values=("float16", "bfloat16", "float32"),
+        dest="dtype",
+        reference="auto",
+        values=("float16", "bfloat16", "float32"),
         why="dtype of weights and activations. auto is the checkpoint's torch_dtype (bfloat16 for the bundled "
-            "models), so bfloat16 equals auto there; higher precision (float32) changes outputs too",
+        "models), so bfloat16 equals auto there; higher precision (float32) changes outputs too",
         aliases={"half": "float16", "float": "float32"},
     ),
     NumericsFlag(
-        dest="quantization_param_path", reference=None, values=None,
+        dest="quantization_param_path",
+        reference=None,
+        values=None,
         why="per-layer scaling factors for an fp8 KV cache: they change how keys and values are rounded",
         only_with="an fp8 KV cache (--kv-cache-dtype fp8_*)",
     ),
     NumericsFlag(
-        dest="modelopt_quant", reference=None, values=None,
+        dest="modelopt_quant",
+        reference=None,
+        values=None,
         why="NVIDIA ModelOpt quantises the weights at load time",
     ),
     NumericsFlag(
-        dest="enable_fp32_lm_head", reference=False, values=(True,),
+        dest="enable_fp32_lm_head",
+        reference=False,
+        values=(True,),
         why="logits computed in float32 instead of the model dtype: nearly tied top tokens can swap. Higher "
-            "precision than the reference is still a different output",
+        "precision than the reference is still a different output",
     ),
     NumericsFlag(
-        dest="enable_tf32_matmul", reference=False, values=(True,),
+        dest="enable_tf32_matmul",
+        reference=False,
+        values=(True,),
         why="float32 matmuls run in TF32 (10-bit mantissa). Unset leaves PyTorch's default, TF32 off",
     ),
     NumericsFlag(
-        dest="triton_attention_reduce_in_fp32", reference=False, values=(True,),
+        dest="triton_attention_reduce_in_fp32",
+        reference=False,
+        values=(True,),
         why="the triton attention kernel reduces in float32 instead of the model dtype",
         only_with="the triton attention backend",
     ),
     NumericsFlag(
-        dest="enable_mamba_cache_stochastic_rounding", reference=False, values=(True,),
+        dest="enable_mamba_cache_stochastic_rounding",
+        reference=False,
+        values=(True,),
         why="stochastic rounding of the float16 SSM state: outputs change, and vary from run to run",
         only_with="--mamba-ssm-dtype float16 on SM100",
     ),
     NumericsFlag(
-        dest="enable_int8_mamba_checkpoint", reference=False, values=(True,),
+        dest="enable_int8_mamba_checkpoint",
+        reference=False,
+        values=(True,),
         why="radix-cache Mamba checkpoints stored in int8: a request that reuses a cached prefix resumes from a "
-            "quantised state",
+        "quantised state",
         only_with="a hybrid Mamba/GDN model with the radix cache on",
     ),
     NumericsFlag(
-        dest="enable_quant_communications", reference=False, values=(True,),
+        dest="enable_quant_communications",
+        reference=False,
+        values=(True,),
         why="tensor-parallel collectives carry quantised activations",
         only_with="tp_size > 1",
     ),
     NumericsFlag(
-        dest="prefill_kv_cache_dequant_dtype", reference="auto", values=("nvfp4", "fp8_e4m3"),
+        dest="prefill_kv_cache_dequant_dtype",
+        reference="auto",
+        values=("nvfp4", "fp8_e4m3"),
         why="precision the KV cache is dequantised to for prefill attention",
     ),
     NumericsFlag(
-        dest="flashinfer_mxfp4_moe_precision", reference="default", values=("bf16", "fp8"),
+        dest="flashinfer_mxfp4_moe_precision",
+        reference="default",
+        values=("bf16", "fp8"),
         why="activation precision of flashinfer's mxfp4 MoE kernels",
         only_with="an mxfp4 MoE checkpoint",
     ),
     NumericsFlag(
-        dest="deepep_dispatcher_output_dtype", reference="auto", values=("bf16", "fp8", "int8", "nvfp4"),
+        dest="deepep_dispatcher_output_dtype",
+        reference="auto",
+        values=("bf16", "fp8", "int8", "nvfp4"),
         why="dtype tokens are sent to experts in: fp8/int8/nvfp4 quantise the expert inputs",
         only_with="DeepEP expert parallelism",
     ),
     NumericsFlag(
-        dest="flashinfer_a2a_dispatch_type", reference=None, values=("bf16", "nvfp4", "mxfp8"),
+        dest="flashinfer_a2a_dispatch_type",
+        reference=None,
+        values=("bf16", "nvfp4", "mxfp8"),
         why="dtype of flashinfer's all-to-all expert dispatch: nvfp4/mxfp8 quantise the expert inputs",
-        only_with="flashinfer all-to-all expert parallelism", aliases={"auto": None},
+        only_with="flashinfer all-to-all expert parallelism",
+        aliases={"auto": None},
     ),
     NumericsFlag(
-        dest="qsa_indexer_dtype", reference="auto", values=("bfloat16", "fp8_e4m3"),
+        dest="qsa_indexer_dtype",
+        reference="auto",
+        values=("bfloat16", "fp8_e4m3"),
         why="precision of the sparse-attention indexer, which decides which tokens are attended",
         only_with="a QSA sparse-attention model",
     ),
@@ -138,24 +178,24 @@ NUMERICS_FLAGS: tuple[NumericsFlag, ...] = (
 # Flags one might expect in the table, and why they are not there. A key ending in ``*`` is a prefix.
 NOT_NUMERICS: dict[str, str] = {
     "speculative_*": "speculative decoding is lossless for greedy requests: the target model verifies every "
-                     "draft token and keeps only its own argmax, so the draft's dtype, quantisation and depth change "
-                     "the acceptance rate, never the tokens (the accept thresholds relax verification of sampled "
-                     "requests only)",
+    "draft token and keeps only its own argmax, so the draft's dtype, quantisation and depth change "
+    "the acceptance rate, never the tokens (the accept thresholds relax verification of sampled "
+    "requests only)",
     "max_running_requests": "scheduling only: how many requests share a batch",
     "chunked_prefill_size": "scheduling only: how a long prompt is split across forward passes",
     "schedule_policy": "scheduling only: the order waiting requests are admitted in",
     "disable_radix_cache": "prefix reuse only: a cache hit skips recomputing the same prefix at the same precision",
     "mamba_radix_cache_strategy": "prefix reuse only: where Mamba states are checkpointed, not their precision",
     "speculative_adaptive": "speculation depth only: steps chosen per batch size move the acceptance and the speed; "
-                            "the target still verifies every draft token, so greedy tokens are the same (see "
-                            "speculative_*)",
+    "the target still verifies every draft token, so greedy tokens are the same (see "
+    "speculative_*)",
     "enable_unified_memory": "memory layout only: the same KV cache and Mamba state, in the same dtypes, stored in one "
-                             "arena and read through a virtual-to-physical table (FP4 KV, the one precision change it "
-                             "could meet, is refused with it)",
+    "arena and read through a virtual-to-physical table (FP4 KV, the one precision change it "
+    "could meet, is refused with it)",
     "mamba_track_interval": "prefix reuse only: how often decoding snapshots a Mamba state for the radix cache "
-                            "(a copy in the pool's own dtype), not its precision",
+    "(a copy in the pool's own dtype), not its precision",
     "mamba_max_states_per_path": "prefix reuse only: how many cached Mamba states a path keeps; a dropped one is "
-                                 "recomputed at the same precision",
+    "recomputed at the same precision",
     "max_mamba_cache_size": "memory only: how many Mamba state slots exist",
     "mamba_full_memory_ratio": "memory only: the split between Mamba state and KV cache",
     "mem_fraction_static": "memory only: how much of the GPU the pools take",
@@ -163,14 +203,14 @@ NOT_NUMERICS: dict[str, str] = {
     "cuda_graph_*": "replays the same kernels at the same precision",
     "disable_overlap_schedule": "scheduling only: CPU work overlapped with the GPU or not",
     "attention_backend": "kernel choice at the same precision: only the order of floating-point sums changes, the "
-                         "same order of effect as a different batch size (noise a probe must tolerate)",
+    "same order of effect as a different batch size (noise a probe must tolerate)",
     "moe_runner_backend": "kernel choice at the same precision (see attention_backend)",
     "fp8_gemm_runner_backend": "kernel choice for fp8 GEMMs: the precision is set by --quantization or the "
-                               "checkpoint; the backend changes only the order of sums (see attention_backend)",
+    "checkpoint; the backend changes only the order of sums (see attention_backend)",
     "fp4_gemm_runner_backend": "kernel choice for fp4 GEMMs (see fp8_gemm_runner_backend)",
     "tp_size": "same precision split across GPUs: only the all-reduce order changes (see attention_backend)",
     "enable_deterministic_inference": "batch-invariant kernels at the same precision: it removes batch-dependent "
-                                      "summation noise rather than adding error",
+    "summation noise rather than adding error",
     "sampling_backend": "sampled requests only: a greedy token is the argmax whatever the sampler",
     "random_seed": "sampled requests only",
     "torchao_config": "not a flag of SGLang 0.5.23 (its parser has no --torchao-config)",
@@ -211,8 +251,11 @@ def _mapping(value: Any, name: str) -> Mapping[str, Any]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise ConfigError(f"{name} must be a mapping of SGLang flag names (dest) to values, got "
-                          f"{type(value).__name__}", key=name, fix="pass a dict such as {'kv_cache_dtype': 'fp8_e4m3'}")
+        raise ConfigError(
+            f"{name} must be a mapping of SGLang flag names (dest) to values, got {type(value).__name__}",
+            key=name,
+            fix="pass a dict such as {'kv_cache_dtype': 'fp8_e4m3'}",
+        )
     return value
 
 
@@ -221,8 +264,11 @@ def _references(defaults: Mapping[str, Any] | None) -> dict[str, Any]:
     given = _mapping(defaults, "defaults")
     unknown = sorted(set(given) - set(_BY_DEST))
     if unknown:
-        raise ConfigError(f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not in the numerics table",
-                          key="defaults", fix=f"use flags among {', '.join(_BY_DEST)}")
+        raise ConfigError(
+            f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not in the numerics table",
+            key="defaults",
+            fix=f"use flags among {', '.join(_BY_DEST)}",
+        )
     table = FlagTable.bundled()
     out = {}
     for flag in NUMERICS_FLAGS:
@@ -245,8 +291,9 @@ def _effective(config: Mapping[str, Any], references: dict[str, Any], table: Fla
     return out
 
 
-def changes_numerics(config: Mapping[str, Any], reference: Mapping[str, Any] | None = None, *,
-                     defaults: Mapping[str, Any] | None = None) -> list[NumericsChange]:
+def changes_numerics(
+    config: Mapping[str, Any], reference: Mapping[str, Any] | None = None, *, defaults: Mapping[str, Any] | None = None
+) -> list[NumericsChange]:
     """The flags of ``config`` whose effective value differs from ``reference``'s, in table order.
 
     Both are dest-keyed configs (``{"kv_cache_dtype": "fp8_e4m3"}``); a flag absent, ``None`` or ``False`` means
@@ -259,5 +306,8 @@ def changes_numerics(config: Mapping[str, Any], reference: Mapping[str, Any] | N
     table = FlagTable.bundled()
     mine = _effective(config, references, table)
     theirs = _effective(_mapping(reference, "reference"), references, table)
-    return [NumericsChange(flag=flag.dest, value=mine[flag.dest], reference=theirs[flag.dest], why=flag.why)
-            for flag in NUMERICS_FLAGS if mine[flag.dest] != theirs[flag.dest]]
+    return [
+        NumericsChange(flag=flag.dest, value=mine[flag.dest], reference=theirs[flag.dest], why=flag.why)
+        for flag in NUMERICS_FLAGS
+        if mine[flag.dest] != theirs[flag.dest]
+    ]

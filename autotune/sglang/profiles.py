@@ -26,13 +26,35 @@ from autotune.sglang.families import (
 from autotune.sglang.gpus import GIB, GPUS, MIB, GpuProfile, load_gpu
 from autotune.sglang.hub import find_model
 
-__all__ = ["GIB", "GPUS", "MIB", "BUNDLED", "GpuProfile", "ModelProfile", "dtype_bytes", "from_hf_config", "load_gpu",
-           "load_model", "vit_factor"]
+__all__ = [
+    "GIB",
+    "GPUS",
+    "MIB",
+    "BUNDLED",
+    "GpuProfile",
+    "ModelProfile",
+    "dtype_bytes",
+    "from_hf_config",
+    "load_gpu",
+    "load_model",
+    "vit_factor",
+]
 
 # Bytes per element; block-scaled formats include their scales (mxfp8: 1 B + 1/32; nvfp4: 0.5 B + 1/16).
-_DTYPE_BYTES: dict[str, float] = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2,
-                                  "half": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "mxfp8": 1.03125, "nvfp4": 0.5625,
-                                  "fp4_mx_block16": 0.5625}
+_DTYPE_BYTES: dict[str, float] = {
+    "float32": 4,
+    "fp32": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "fp16": 2,
+    "half": 2,
+    "fp8_e4m3": 1,
+    "fp8_e5m2": 1,
+    "mxfp8": 1.03125,
+    "nvfp4": 0.5625,
+    "fp4_mx_block16": 0.5625,
+}
 # Activation temporaries of one forward, per token, are kept by torch's caching allocator in blocks that do not
 # fit the next differently sized tensor; the observed peak is this much above the live sum (see
 # docs/sglang-memory.md; chosen so the seed's 0.93 run fits and ≥ 0.95 does not, docs/sglang-memory.md §4).
@@ -103,7 +125,8 @@ class ModelProfile:
         return int(self.linear_layers * self.linear.ssm_elems(tp) * dtype_bytes(ssm_dtype or self.ssm_dtype))
 
     def mamba_slot_bytes(self, tp: int = 1, ssm_dtype: str | None = None) -> int:
-        """P: one Mamba slot (conv + ssm over all linear layers) per rank (``mamba_cache_per_req``, ``srt/configs/mamba_utils.py`` L112-124)."""
+        """P: one Mamba slot (conv + ssm over all linear layers) per rank (``mamba_cache_per_req``,
+        ``srt/configs/mamba_utils.py`` L112-124)."""
         return self.mamba_conv_bytes(tp) + self.mamba_ssm_bytes(tp, ssm_dtype)
 
     def kv_cell_bytes(self, tp: int = 1, kv_dtype: str = "bfloat16", with_draft: bool = False) -> int:
@@ -136,33 +159,70 @@ class ModelProfile:
 # Bundled models: the public config.json fields that matter, plus what SGLang logged for them
 # (``Load weight end … mem usage``: target and MTP draft weights; ``srt/model_executor/model_runner.py``).
 _QWEN36_27B = {
-    "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
     "text_config": {
-        "model_type": "qwen3_5_text", "hidden_size": 5120, "intermediate_size": 17408, "num_hidden_layers": 64,
-        "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256, "full_attention_interval": 4,
-        "linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
-        "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4, "mamba_ssm_dtype": "float32",
-        "vocab_size": 248320, "tie_word_embeddings": False, "max_position_embeddings": 262144,
-        "mtp_num_hidden_layers": 1, "torch_dtype": "bfloat16",
+        "model_type": "qwen3_5_text",
+        "hidden_size": 5120,
+        "intermediate_size": 17408,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "full_attention_interval": 4,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "mamba_ssm_dtype": "float32",
+        "vocab_size": 248320,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 262144,
+        "mtp_num_hidden_layers": 1,
+        "torch_dtype": "bfloat16",
     },
     "vision_config": {"depth": 27, "hidden_size": 1152, "intermediate_size": 4304},
 }
 _QWEN3_NEXT_80B = {
-    "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "hidden_size": 2048,
-    "num_hidden_layers": 48, "num_attention_heads": 16, "num_key_value_heads": 2, "head_dim": 256,
-    "full_attention_interval": 4, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
-    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
-    "num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512,
-    "shared_expert_intermediate_size": 512, "intermediate_size": 5120, "vocab_size": 151936,
-    "tie_word_embeddings": False, "max_position_embeddings": 262144, "mtp_num_hidden_layers": 1,
+    "architectures": ["Qwen3NextForCausalLM"],
+    "model_type": "qwen3_next",
+    "hidden_size": 2048,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "full_attention_interval": 4,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "num_experts": 512,
+    "num_experts_per_tok": 10,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512,
+    "intermediate_size": 5120,
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 262144,
+    "mtp_num_hidden_layers": 1,
     "torch_dtype": "bfloat16",
 }
 BUNDLED: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "qwen3.6-27b": (_QWEN36_27B, {"target_weights_gib": 51.05, "draft_weights_gib": 5.53,
-                                  "streamed_weight_bytes": 51.25e9, "streamed_draft_bytes": 3.39e9,
-                                  "flops_per_token": 52e9}),
+    "qwen3.6-27b": (
+        _QWEN36_27B,
+        {
+            "target_weights_gib": 51.05,
+            "draft_weights_gib": 5.53,
+            "streamed_weight_bytes": 51.25e9,
+            "streamed_draft_bytes": 3.39e9,
+            "flops_per_token": 52e9,
+        },
+    ),
     "qwen3-next-80b-a3b": (_QWEN3_NEXT_80B, {}),
 }
+
 
 def dtype_bytes(name: str | None) -> float:
     key = (name or "bfloat16").lower().replace("torch.", "")
@@ -186,15 +246,19 @@ def load_model(name_or_path: str | Path) -> ModelProfile:
     bundled = _bundled_name(key)
     if bundled:
         config, measured = BUNDLED[bundled]
-        return replace(from_hf_config(config, name=bundled, source=f"bundled profile {bundled}"), **measured,
-                       weights_source="SGLang log (bundled)" if measured else "arithmetic")
+        return replace(
+            from_hf_config(config, name=bundled, source=f"bundled profile {bundled}"),
+            **measured,
+            weights_source="SGLang log (bundled)" if measured else "arithmetic",
+        )
     folder = find_model(key)  # a model id: the local HuggingFace cache, or its two small files from the Hub
     if folder is not None:
         return _load_config_file(folder / "config.json", name=key.rstrip("/").rsplit("/", 1)[-1])
     raise ProfileError(
         f"unknown model {key!r}: not a bundled profile, no config.json there, not in the HuggingFace cache",
-        key="model", fix=f"use one of {', '.join(BUNDLED)}, a folder with config.json (and "
-                         "model.safetensors.index.json), or an org/name HuggingFace id with network access",
+        key="model",
+        fix=f"use one of {', '.join(BUNDLED)}, a folder with config.json (and "
+        "model.safetensors.index.json), or an org/name HuggingFace id with network access",
     )
 
 
@@ -215,8 +279,12 @@ def _load_config_file(path: Path, *, name: str | None = None) -> ModelProfile:
     if not isinstance(config, dict):
         raise ProfileError("expected a JSON object", file=str(path))
     checkpoint = read_checkpoint(path.parent) if path.name == "config.json" else None
-    return from_hf_config(config, name=name or (path.parent.name if path.name == "config.json" else path.stem),
-                          source=str(path), checkpoint=checkpoint)
+    return from_hf_config(
+        config,
+        name=name or (path.parent.name if path.name == "config.json" else path.stem),
+        source=str(path),
+        checkpoint=checkpoint,
+    )
 
 
 def _need(cfg: dict[str, Any], key: str, source: str, kind: type = int) -> Any:
@@ -238,7 +306,9 @@ def _family(config: dict[str, Any], cfg: dict[str, Any], source: str) -> tuple[F
         why = NOT_IN_SGLANG.get(model_type.split("_")[0], "")
         raise ProfileError(
             f"unsupported model_type {model_type or None!r} (architecture {arch or '?'}){': ' + why if why else ''}",
-            file=source, key="model_type", fix=f"supported: {', '.join(supported_types())}",
+            file=source,
+            key="model_type",
+            fix=f"supported: {', '.join(supported_types())}",
         )
     return family, model_type, arch
 
@@ -270,15 +340,26 @@ def _mlp_params(fam: Family, cfg: dict[str, Any], hidden: int, kind: str | None)
     experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or cfg.get("n_routed_experts") or 0)
     top_k = int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or 1)
     expert_ffn = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0)
-    shared = int(cfg.get("shared_expert_intermediate_size") or cfg.get("moe_shared_expert_intermediate_size")
-                 or cfg.get("shared_intermediate_size") or 0)
+    shared = int(
+        cfg.get("shared_expert_intermediate_size")
+        or cfg.get("moe_shared_expert_intermediate_size")
+        or cfg.get("shared_intermediate_size")
+        or 0
+    )
     shared += int(cfg.get("num_shared_experts") or 0) * expert_ffn
     total = mm * hidden * (experts * expert_ffn + shared) + hidden * experts
     return total, mm * hidden * (top_k * expert_ffn + shared), top_k * expert_ffn + shared
 
 
-def _arith(fam: Family, cfg: dict[str, Any], blocks: list[tuple[Any, Any]], state: LinearState | None,
-           q: Quantization, dims: tuple[int, int, int, int, int], vision: dict[str, Any] | None) -> _Arith:
+def _arith(
+    fam: Family,
+    cfg: dict[str, Any],
+    blocks: list[tuple[Any, Any]],
+    state: LinearState | None,
+    q: Quantization,
+    dims: tuple[int, int, int, int, int],
+    vision: dict[str, Any] | None,
+) -> _Arith:
     hidden, heads, kv_heads, head_dim, vocab = dims
     gate = 2 if fam.gated_attention else 1
     attn = hidden * heads * head_dim * gate + 2 * hidden * kv_heads * head_dim + heads * head_dim * hidden
@@ -298,10 +379,18 @@ def _arith(fam: Family, cfg: dict[str, Any], blocks: list[tuple[Any, Any]], stat
     mtp_total, mtp_act, _ = _mlp_params(fam, cfg, hidden, last_mlp)
     embed = vocab * hidden
     tied = bool(cfg.get("tie_word_embeddings", False))
-    return _Arith(embed=embed, lm_head=0 if tied else embed, quantizable=quant, kept=kept,
-                  active_quantizable=active, mtp_layer=attn + mtp_total + 2 * hidden * hidden,
-                  mtp_active=attn + mtp_act + 2 * hidden * hidden, vit=_vit_params(vision), active_ffn=ffn_active,
-                  attn=attn)
+    return _Arith(
+        embed=embed,
+        lm_head=0 if tied else embed,
+        quantizable=quant,
+        kept=kept,
+        active_quantizable=active,
+        mtp_layer=attn + mtp_total + 2 * hidden * hidden,
+        mtp_active=attn + mtp_act + 2 * hidden * hidden,
+        vit=_vit_params(vision),
+        active_ffn=ffn_active,
+        attn=attn,
+    )
 
 
 def _vit_params(vision: dict[str, Any] | None) -> int:
@@ -313,8 +402,13 @@ def _vit_params(vision: dict[str, Any] | None) -> int:
     return v_depth * (4 * v_hidden * v_hidden + 2 * v_hidden * v_ffn)
 
 
-def _weights(a: _Arith, q: Quantization, nbytes: int, mtp: int, ck: CheckpointBytes | None,
-             ) -> tuple[float, float, float, float, str]:
+def _weights(
+    a: _Arith,
+    q: Quantization,
+    nbytes: int,
+    mtp: int,
+    ck: CheckpointBytes | None,
+) -> tuple[float, float, float, float, str]:
     """(target bytes, draft bytes, streamed bytes per target step, per draft pass, source): from the checkpoint's
     files when given (the arithmetic only splits them), else the arithmetic."""
     wq, w16 = q.weight_bytes, nbytes
@@ -356,8 +450,9 @@ def _activation_per_token(nbytes: int, ffn: int, hidden: int, attn_width: int, s
     return float(nbytes * (3 * ffn + 6 * hidden + width) + scan)
 
 
-def from_hf_config(config: dict[str, Any], *, name: str, source: str = "config.json",
-                   checkpoint: CheckpointBytes | None = None) -> ModelProfile:
+def from_hf_config(
+    config: dict[str, Any], *, name: str, source: str = "config.json", checkpoint: CheckpointBytes | None = None
+) -> ModelProfile:
     """Build a profile from a HuggingFace config dict; weights from ``checkpoint`` (the safetensors index or
     shard headers) when given, else estimated from the parameter count and the quantization scheme."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
@@ -381,32 +476,58 @@ def from_hf_config(config: dict[str, Any], *, name: str, source: str = "config.j
     q = quantization(cfg, source)
     vision = config.get("vision_config") if isinstance(config.get("vision_config"), dict) else None
     attn_heads_dim = int(cfg.get("head_dim") or cfg.get("attention_head_dim") or hidden // heads)
-    a = _arith(fam, cfg, blocks, state, q, (hidden, heads, int(cfg.get("num_key_value_heads") or heads),
-                                               attn_heads_dim, vocab), vision)
+    a = _arith(
+        fam,
+        cfg,
+        blocks,
+        state,
+        q,
+        (hidden, heads, int(cfg.get("num_key_value_heads") or heads), attn_heads_dim, vocab),
+        vision,
+    )
     mtp = int(cfg.get("mtp_num_hidden_layers") or cfg.get("num_nextn_predict_layers") or 0)
     nbytes = int(dtype_bytes(str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")))
     nbytes = 2 if nbytes == 4 else nbytes  # SGLang's dtype=auto serves fp32 checkpoints in bf16
     target, draft, streamed, draft_streamed, weights_source = _weights(a, q, nbytes, mtp, checkpoint)
     gate = 2 if fam.gated_attention else 1
-    act = _activation_per_token(nbytes, a.active_ffn, hidden, heads * attn_heads_dim * gate + 2 * kv_heads * head_dim,
-                                state)
+    act = _activation_per_token(
+        nbytes, a.active_ffn, hidden, heads * attn_heads_dim * gate + 2 * kv_heads * head_dim, state
+    )
     per_tok_attn = 4 * full * heads * attn_heads_dim * 1024  # attention over a ~1K context, both matmuls
     body_active = a.active_quantizable + a.kept
     return ModelProfile(
-        name=name, model_type=model_type, architecture=arch, num_layers=layers, full_layers=full,
-        linear_layers=linear, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, v_head_dim=v_head_dim,
-        linear=state, family_name=fam.name, qwen_sm100_override=fam.qwen_sm100_override, quant_method=q.method,
-        weights_source=weights_source, ssm_dtype=str(cfg.get("mamba_ssm_dtype") or "float32"), hidden=hidden,
-        ffn=a.active_ffn, vocab=vocab, mtp_layers=mtp, target_weights_gib=target / GIB,
-        draft_weights_gib=draft / GIB, streamed_weight_bytes=float(streamed),
+        name=name,
+        model_type=model_type,
+        architecture=arch,
+        num_layers=layers,
+        full_layers=full,
+        linear_layers=linear,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        v_head_dim=v_head_dim,
+        linear=state,
+        family_name=fam.name,
+        qwen_sm100_override=fam.qwen_sm100_override,
+        quant_method=q.method,
+        weights_source=weights_source,
+        ssm_dtype=str(cfg.get("mamba_ssm_dtype") or "float32"),
+        hidden=hidden,
+        ffn=a.active_ffn,
+        vocab=vocab,
+        mtp_layers=mtp,
+        target_weights_gib=target / GIB,
+        draft_weights_gib=draft / GIB,
+        streamed_weight_bytes=float(streamed),
         streamed_draft_bytes=float(draft_streamed),
         flops_per_token=float(2 * (body_active + (a.lm_head or a.embed)) + per_tok_attn),
         draft_flops_per_token=float(2 * (mtp * a.mtp_active + a.embed) if mtp else 0),
         context_len=int(cfg.get("max_position_embeddings") or 4096),
-        multimodal=vision is not None, vit_hidden=int(vision.get("hidden_size") or 0) if vision else 0,
+        multimodal=vision is not None,
+        vit_hidden=int(vision.get("hidden_size") or 0) if vision else 0,
         vit_layers=int(vision.get("num_hidden_layers") or 24) if vision else 24,
-        dtype_bytes=nbytes, extra_buffer_arch=bool(state) and (arch in EXTRA_BUFFER_ARCHS or (
-            not arch and fam.qwen_sm100_override)),
+        dtype_bytes=nbytes,
+        extra_buffer_arch=bool(state) and (arch in EXTRA_BUFFER_ARCHS or (not arch and fam.qwen_sm100_override)),
         spec_defaults=(5, 4, 8) if model_type in ("llama", "mistral") else (3, 1, 4),
         act_bytes_per_token=float(act),
     )

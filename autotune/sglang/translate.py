@@ -33,8 +33,9 @@ def _version(table: FlagTable | EnvTable) -> str:
     return f"sglang {table.version}" if table.version else "the installed sglang"
 
 
-def translate(config: Mapping[str, Any], table: FlagTable,
-              envs: EnvTable | None = None) -> tuple[dict[str, Any], list[str]]:
+def translate(
+    config: Mapping[str, Any], table: FlagTable, envs: EnvTable | None = None
+) -> tuple[dict[str, Any], list[str]]:
     """(``config`` in ``table``'s names and types, one line per flag renamed or dropped)."""
     envs = envs or EnvTable.bundled()
     out: dict[str, Any] = {}

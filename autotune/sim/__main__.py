@@ -167,11 +167,19 @@ def _listen(host: str, port: int) -> socket.socket:
 def _uvicorn_log_config() -> dict[str, Any]:
     fmt = {"datefmt": "%Y-%m-%d %H:%M:%S", "use_colors": False}
     return {
-        "version": 1, "disable_existing_loggers": False,
+        "version": 1,
+        "disable_existing_loggers": False,
         "formatters": {
-            "default": {"()": "uvicorn.logging.DefaultFormatter", "fmt": "[%(asctime)s] %(levelprefix)s %(message)s", **fmt},
-            "access": {"()": "uvicorn.logging.AccessFormatter",
-                       "fmt": '[%(asctime)s] %(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s', **fmt},
+            "default": {
+                "()": "uvicorn.logging.DefaultFormatter",
+                "fmt": "[%(asctime)s] %(levelprefix)s %(message)s",
+                **fmt,
+            },
+            "access": {
+                "()": "uvicorn.logging.AccessFormatter",
+                "fmt": '[%(asctime)s] %(levelprefix)s %(client_addr)s - "%(request_line)s" %(status_code)s',
+                **fmt,
+            },
         },
         "handlers": {
             "default": {"formatter": "default", "class": "logging.StreamHandler", "stream": "ext://sys.stdout"},
@@ -195,18 +203,29 @@ async def _serve(st: ServerStatus, log: logs.Log) -> int:
     try:
         sock = _listen(st.host, st.port)
     except OSError as exc:
-        log(f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address ({st.host!r}, {st.port}): "
-            f"{exc.strerror}")
+        log(
+            f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address ({st.host!r}, {st.port}): "
+            f"{exc.strerror}"
+        )
         return 1
     server = SimServer(st, log=log, on_fatal=die_by_sigkill)
     # SGLang's --ssl-certfile/--ssl-keyfile: HTTPS, as uvicorn serves it for SGLang
     certfile, keyfile = st.server_args.get("ssl_certfile"), st.server_args.get("ssl_keyfile")
-    config = uvicorn.Config(server.app, log_config=_uvicorn_log_config(), lifespan="off", timeout_keep_alive=30,
-                            ssl_certfile=certfile, ssl_keyfile=keyfile)
+    config = uvicorn.Config(
+        server.app,
+        log_config=_uvicorn_log_config(),
+        lifespan="off",
+        timeout_keep_alive=30,
+        ssl_certfile=certfile,
+        ssl_keyfile=keyfile,
+    )
     prefixes = tuple(st.server_args.get("uvicorn_access_log_exclude_prefixes") or ())
     if prefixes:  # SGLang's --uvicorn-access-log-exclude-prefixes: no access line for these paths
-        logging.getLogger("uvicorn.access").addFilter(lambda rec: not (
-            isinstance(rec.args, tuple) and len(rec.args) > 2 and str(rec.args[2]).startswith(prefixes)))
+        logging.getLogger("uvicorn.access").addFilter(
+            lambda rec: (
+                not (isinstance(rec.args, tuple) and len(rec.args) > 2 and str(rec.args[2]).startswith(prefixes))
+            )
+        )
 
     class _Server(uvicorn.Server):
         def capture_signals(self):  # SIGTERM belongs to the drain handler, not to uvicorn

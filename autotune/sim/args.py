@@ -112,43 +112,91 @@ def _add_sim_flags(parser: argparse.ArgumentParser) -> None:
     sim.add_argument("--sim-gpu", default=os.environ.get(DEFAULT_GPU_ENV, "b200"), help="GPU profile name")
     sim.add_argument("--sim-gpu-memory-mib", type=int, default=None, help="override the device's total memory")
     sim.add_argument("--sim-seed", type=int, default=0)
-    sim.add_argument("--sim-startup-s", type=float, default=1.0, help="real seconds spent 'loading' before the port opens")
+    sim.add_argument(
+        "--sim-startup-s", type=float, default=1.0, help="real seconds spent 'loading' before the port opens"
+    )
     sim.add_argument("--sim-warmup-s", type=float, default=0.3, help="seconds the port is open but /health is 503")
     sim.add_argument("--sim-acceptance", type=float, default=0.825, help="mean per-token draft acceptance")
     sim.add_argument("--sim-output-mean", type=int, default=2500, help="mean natural output length (tokens)")
-    sim.add_argument("--sim-output-dist", default="lognormal", choices=OUTPUT_DISTS, help="distribution of natural output lengths")
+    sim.add_argument(
+        "--sim-output-dist", default="lognormal", choices=OUTPUT_DISTS, help="distribution of natural output lengths"
+    )
     sim.add_argument("--sim-noise", type=float, default=0.0, help="relative noise on step times")
-    sim.add_argument("--sim-launch-cv", type=float, default=0.0,
-                     help="a relaunch's own speed (graph capture, allocator layout): each server start runs at "
-                          "exp(CV·z) of the modelled speed, z drawn fresh per start (0: every start alike)")
+    sim.add_argument(
+        "--sim-launch-cv",
+        type=float,
+        default=0.0,
+        help="a relaunch's own speed (graph capture, allocator layout): each server start runs at "
+        "exp(CV·z) of the modelled speed, z drawn fresh per start (0: every start alike)",
+    )
     # Where the simulated machine departs from the planner's model (autotune/sim/truth.py); the planner never sees it.
-    sim.add_argument("--sim-free-gib-delta", type=float, default=0.0,
-                     help="GiB more (negative: less) free after the weights and pools than the planner's model, "
-                          "unseen by SGLang's profile (fragmentation, NCCL/cuBLAS workspaces): moves the room for "
-                          "CUDA graphs and activations")
-    sim.add_argument("--sim-activation-scale", type=_positive_float, default=1.0,
-                     help="the activation/workspace peak is this multiple of the planner's")
-    sim.add_argument("--sim-graph-scale", type=_positive_float, default=1.0,
-                     help="CUDA-graph memory is this multiple of the planner's")
-    sim.add_argument("--sim-decode-efficiency", type=_positive_float, default=1.0,
-                     help="achieved bandwidth/compute share is this multiple of the speed model's")
-    sim.add_argument("--sim-unified-efficiency", type=_positive_float, default=1.0,
-                     help="and a further multiple of it with --enable-unified-memory (translation, compaction)")
-    sim.add_argument("--sim-adaptive-efficiency", type=_positive_float, default=1.0,
-                     help="and a further multiple of it with --speculative-adaptive (state swaps, the EMA's lag)")
-    sim.add_argument("--sim-speedup", type=_positive_float, default=1.0,
-                     help="pace the modelled clock this many times faster than real time (tests and benchmarks: a "
-                          "rate the host's CPU cannot pace, which the harness must refuse)")
-    sim.add_argument("--sim-stall", action="store_true",
-                     help="once ready, accept requests and hold their streams open without ever serving them (a "
-                          "server starved of memory or CPU: tests of the window's wall-time bound)")
-    sim.add_argument("--sim-numerics-flags", type=_flag_names, default=(), metavar="FLAG[,FLAG]",
-                     help="flags outside SGLang's numerics table that change greedy outputs on this server anyway, "
-                          "at any value other than SGLang's default (sim/divergence.py)")
+    sim.add_argument(
+        "--sim-free-gib-delta",
+        type=float,
+        default=0.0,
+        help="GiB more (negative: less) free after the weights and pools than the planner's model, "
+        "unseen by SGLang's profile (fragmentation, NCCL/cuBLAS workspaces): moves the room for "
+        "CUDA graphs and activations",
+    )
+    sim.add_argument(
+        "--sim-activation-scale",
+        type=_positive_float,
+        default=1.0,
+        help="the activation/workspace peak is this multiple of the planner's",
+    )
+    sim.add_argument(
+        "--sim-graph-scale",
+        type=_positive_float,
+        default=1.0,
+        help="CUDA-graph memory is this multiple of the planner's",
+    )
+    sim.add_argument(
+        "--sim-decode-efficiency",
+        type=_positive_float,
+        default=1.0,
+        help="achieved bandwidth/compute share is this multiple of the speed model's",
+    )
+    sim.add_argument(
+        "--sim-unified-efficiency",
+        type=_positive_float,
+        default=1.0,
+        help="and a further multiple of it with --enable-unified-memory (translation, compaction)",
+    )
+    sim.add_argument(
+        "--sim-adaptive-efficiency",
+        type=_positive_float,
+        default=1.0,
+        help="and a further multiple of it with --speculative-adaptive (state swaps, the EMA's lag)",
+    )
+    sim.add_argument(
+        "--sim-speedup",
+        type=_positive_float,
+        default=1.0,
+        help="pace the modelled clock this many times faster than real time (tests and benchmarks: a "
+        "rate the host's CPU cannot pace, which the harness must refuse)",
+    )
+    sim.add_argument(
+        "--sim-stall",
+        action="store_true",
+        help="once ready, accept requests and hold their streams open without ever serving them (a "
+        "server starved of memory or CPU: tests of the window's wall-time bound)",
+    )
+    sim.add_argument(
+        "--sim-numerics-flags",
+        type=_flag_names,
+        default=(),
+        metavar="FLAG[,FLAG]",
+        help="flags outside SGLang's numerics table that change greedy outputs on this server anyway, "
+        "at any value other than SGLang's default (sim/divergence.py)",
+    )
     sim.add_argument("--sim-release-s", type=float, default=1.0, help="GPU memory release delay after exit")
     sim.add_argument("--sim-device-dir", default=None, help="simulated GPU registry (default $AUTOTUNE_SIM_DEVICE_DIR)")
     sim.add_argument(
-        "--sim-shm", nargs="?", const="/dev/shm", default=None, metavar="DIR",
+        "--sim-shm",
+        nargs="?",
+        const="/dev/shm",
+        default=None,
+        metavar="DIR",
         help="leave SGLang-like shared-memory files in DIR (default /dev/shm), as a real server does",
     )
 

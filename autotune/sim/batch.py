@@ -41,9 +41,16 @@ class RunningBatch:
         self._prev_end = 0.0  # when the previous decode cycle ended
         self._fresh = False  # a request entered since the previous decode cycle
         # SGLang's prefix cache: hits skip prefill, the tree lives in the KV pool (and Mamba slots), LRU-evicted.
-        self.cache = (RadixCache(hybrid=limits.hybrid, checkpoint_grid=limits.mamba_checkpoint_grid,
-                                 page_size=limits.page_size, max_states_per_path=limits.mamba_max_states_per_path)
-                      if limits.radix_cache else None)
+        self.cache = (
+            RadixCache(
+                hybrid=limits.hybrid,
+                checkpoint_grid=limits.mamba_checkpoint_grid,
+                page_size=limits.page_size,
+                max_states_per_path=limits.mamba_max_states_per_path,
+            )
+            if limits.radix_cache
+            else None
+        )
 
     # -- what is held -------------------------------------------------------------------------------------
     def kv_used_tokens(self) -> int:

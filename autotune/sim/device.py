@@ -173,9 +173,17 @@ def register(
     # The device's own record outlives every process, so a reader still knows the total after all are released.
     _write(folder / DEVICE_FILE, DeviceRecord(gpu_name=gpu_name, total_mib=float(total_mib)))
     path = folder / f"{int(pid)}.json"
-    record = ProcessRecord(pid=int(pid), create_time=_create_time(pid), gpu_name=gpu_name, total_mib=float(total_mib),
-                           used_mib=float(used_mib), util_pct=0.0, release_s=float(release_s), exited_at=None,
-                           updated_at=time.time())
+    record = ProcessRecord(
+        pid=int(pid),
+        create_time=_create_time(pid),
+        gpu_name=gpu_name,
+        total_mib=float(total_mib),
+        used_mib=float(used_mib),
+        util_pct=0.0,
+        release_s=float(release_s),
+        exited_at=None,
+        updated_at=time.time(),
+    )
     _write(path, record)
     return path
 

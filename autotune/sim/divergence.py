@@ -9,7 +9,8 @@ diverged so far. So two configs that share a flag diverge from each other where 
 does, and never re-converge. Every output log-probability is lowered by the sum of the flags' shifts.
 
 ``--sim-numerics-flags FLAG[,FLAG]`` makes flags outside the table change outputs too (any value other than
-SGLang's default, the ``UNLISTED`` model: a median 16 tokens): the kind of bug the table cannot know of, for a test to prove the
+SGLang's default, the ``UNLISTED`` model: a median 16 tokens): the kind of bug the table cannot know of, for a test to
+prove the
 confirmation's contender probe catches it. Without it nothing outside the table changes outputs.
 
 This is a model, chosen to be plausible, not a measurement of SGLang: a bfloat16 SSM state typically diverges
@@ -55,13 +56,24 @@ UNLISTED = Divergence(median_tokens=16, sigma=0.5, logprob_shift=0.05)
 
 # flag → value → model ("*": any other non-reference value); None: no divergence on a bfloat16 checkpoint.
 DIVERGENCE: dict[str, dict[Any, Divergence | None]] = {
-    "mamba_ssm_dtype": {"bfloat16": Divergence(120, 0.8, 0.02), "float16": Divergence(300, 0.8, 0.008),
-                        "*": Divergence(120, 0.8, 0.02)},
-    "kv_cache_dtype": {"fp8_e4m3": Divergence(40, 0.9, 0.05), "fp8_e5m2": Divergence(20, 0.9, 0.08),
-                       "mxfp8": Divergence(50, 0.9, 0.04), "nvfp4": _FOUR_BIT, "fp4_mx_block16": _FOUR_BIT,
-                       "bf16": None},
-    "quantization": {"fp8": Divergence(60, 1.0, 0.04), "w8a8_fp8": Divergence(60, 1.0, 0.04),
-                     "*": Divergence(30, 1.0, 0.1)},
+    "mamba_ssm_dtype": {
+        "bfloat16": Divergence(120, 0.8, 0.02),
+        "float16": Divergence(300, 0.8, 0.008),
+        "*": Divergence(120, 0.8, 0.02),
+    },
+    "kv_cache_dtype": {
+        "fp8_e4m3": Divergence(40, 0.9, 0.05),
+        "fp8_e5m2": Divergence(20, 0.9, 0.08),
+        "mxfp8": Divergence(50, 0.9, 0.04),
+        "nvfp4": _FOUR_BIT,
+        "fp4_mx_block16": _FOUR_BIT,
+        "bf16": None,
+    },
+    "quantization": {
+        "fp8": Divergence(60, 1.0, 0.04),
+        "w8a8_fp8": Divergence(60, 1.0, 0.04),
+        "*": Divergence(30, 1.0, 0.1),
+    },
     "dtype": {"bfloat16": None, "float16": Divergence(250, 0.9, 0.01), "float32": Divergence(150, 0.9, 0.02)},
 }
 
@@ -81,8 +93,9 @@ class SimNumerics:
     changes: tuple[tuple[str, Divergence], ...] = ()
 
     @classmethod
-    def for_server(cls, server_args: Mapping[str, Any], *, hybrid: bool, ssm_dtype: str = "float32",
-                   unlisted: Iterable[str] = ()) -> SimNumerics:
+    def for_server(
+        cls, server_args: Mapping[str, Any], *, hybrid: bool, ssm_dtype: str = "float32", unlisted: Iterable[str] = ()
+    ) -> SimNumerics:
         """From a server's args; Mamba flags are inert on a model without Mamba/GDN layers. ``unlisted``
         (``--sim-numerics-flags``): flags outside the table that change outputs here anyway, at any value other
         than SGLang's default, with the ``UNLISTED`` model (the bug a contender probe must catch)."""
@@ -108,8 +121,9 @@ class SimNumerics:
     def plan(self, text: str, seed: int, *, base: int) -> TokenPlan:
         """The token plan of a request with prompt ``text`` whose reference tokens start at stream ``base``
         (any integer; folded onto the stream)."""
-        draws = sorted((model.draw(random.Random(stable_hash("diverge", seed, text, key))), key)
-                       for key, model in self.changes)
+        draws = sorted(
+            (model.draw(random.Random(stable_hash("diverge", seed, text, key))), key) for key, model in self.changes
+        )
         base %= STREAM
         segments = [(0, base)]
         keys: list[str] = []

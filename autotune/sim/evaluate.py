@@ -47,9 +47,14 @@ class SimWorkload:
 
     @property
     def rule(self) -> SettleRule:
-        return SettleRule(warmup_s=self.warmup_s, measure_s=self.measure_s, warmup_max_s=self.warmup_max_s,
-                          measure_max_s=self.measure_max_s, target_half_width=self.target_half_width,
-                          tolerance=self.settle_tolerance)
+        return SettleRule(
+            warmup_s=self.warmup_s,
+            measure_s=self.measure_s,
+            warmup_max_s=self.warmup_max_s,
+            measure_max_s=self.measure_max_s,
+            target_half_width=self.target_half_width,
+            tolerance=self.settle_tolerance,
+        )
 
     @property
     def ramp(self) -> float:
@@ -64,8 +69,9 @@ class SimWorkload:
         if self.concurrency is not None and self.concurrency < 1:
             raise WorkloadError(f"concurrency must be at least 1, got {self.concurrency}", key="concurrency")
         if self.warmup_s < 0 or self.measure_s <= 0:
-            raise WorkloadError(f"need warmup_s ≥ 0 and measure_s > 0, got {self.warmup_s} and {self.measure_s}",
-                                key="measure_s")
+            raise WorkloadError(
+                f"need warmup_s ≥ 0 and measure_s > 0, got {self.warmup_s} and {self.measure_s}", key="measure_s"
+            )
         if self.ramp_s is not None and self.ramp_s < 0:
             raise WorkloadError(f"ramp_s must be >= 0, got {self.ramp_s}", key="ramp_s")
 
@@ -106,17 +112,22 @@ def _percentiles(values: np.ndarray, weights: np.ndarray | None = None) -> Perce
     ranked, cum = values[order], np.cumsum(weights[order])
     at = np.searchsorted(cum, np.array([0.5, 0.9, 0.99]) * cum[-1])
     p50, p90, p99 = ranked[np.minimum(at, ranked.size - 1)]
-    return Percentiles(p50=float(p50), p90=float(p90), p99=float(p99),
-                       mean=float((values * weights).sum() / cum[-1]))
+    return Percentiles(p50=float(p50), p90=float(p90), p99=float(p99), mean=float((values * weights).sum() / cum[-1]))
 
 
 def _capacity(mp: Any) -> Capacity:
     gib = mp.gib
     return Capacity(
-        max_running_requests=mp.max_running_requests, kv_tokens=mp.kv_tokens, mamba_slots=mp.max_mamba_cache_size,
-        mem_fraction_static=mp.mem_fraction_static, context_len=mp.extra.get("context_len"),
-        chunked_prefill_size=mp.extra.get("chunked_prefill_size"), weights_gib=gib.weights, kv_gib=gib.kv,
-        mamba_gib=gib.mamba_total, graphs_gib=gib.graphs,
+        max_running_requests=mp.max_running_requests,
+        kv_tokens=mp.kv_tokens,
+        mamba_slots=mp.max_mamba_cache_size,
+        mem_fraction_static=mp.mem_fraction_static,
+        context_len=mp.extra.get("context_len"),
+        chunked_prefill_size=mp.extra.get("chunked_prefill_size"),
+        weights_gib=gib.weights,
+        kv_gib=gib.kv,
+        mamba_gib=gib.mamba_total,
+        graphs_gib=gib.graphs,
     )
 
 
@@ -154,22 +165,50 @@ def evaluate(
         mp = deviate(mp, model_p, deviation)
     # What the plan gave: the outcome of a config that does not start, and the plan's part of any other.
     planned = SimEvaluation(
-        status=mp.failure or "startup_oom", reason=mp.message, plan=mp.to_dict(), capacity=_capacity(mp),
-        startup_s=mp.extra.get("startup_s"), max_running_requests=mp.max_running_requests, kv_tokens=mp.kv_tokens,
+        status=mp.failure or "startup_oom",
+        reason=mp.message,
+        plan=mp.to_dict(),
+        capacity=_capacity(mp),
+        startup_s=mp.extra.get("startup_s"),
+        max_running_requests=mp.max_running_requests,
+        kv_tokens=mp.kv_tokens,
         mamba_slots=mp.max_mamba_cache_size,
     )
     if not mp.fits:
         return replace(planned, cpu_s=time.process_time() - cpu0)
-    sched = Scheduler.from_plan(mp, model_p, gpu_p, noise=noise, seed=seed, emit=False,
-                                efficiency=deviation.efficiency(mp.extra) if deviation is not None else 1.0)
-    loop = _ClosedLoop(sched, workload, seed=seed, acceptance=acceptance, output_mean=output_mean,
-                       output_dist=output_dist, concurrency=workload.concurrency or 2 * sched.limits.max_running_requests)
+    sched = Scheduler.from_plan(
+        mp,
+        model_p,
+        gpu_p,
+        noise=noise,
+        seed=seed,
+        emit=False,
+        efficiency=deviation.efficiency(mp.extra) if deviation is not None else 1.0,
+    )
+    loop = _ClosedLoop(
+        sched,
+        workload,
+        seed=seed,
+        acceptance=acceptance,
+        output_mean=output_mean,
+        output_dist=output_dist,
+        concurrency=workload.concurrency or 2 * sched.limits.max_running_requests,
+    )
     status, reason = loop.run()
     metrics = loop.metrics() if status == "ok" else None
     hits, computed = sched.stats.cached_tokens_total, sched.stats.input_tokens_total
-    return replace(planned, status=status, reason=reason, metrics=metrics, retractions=sched.stats.retractions,
-                   prefix_hit_share=round(hits / (hits + computed), 4) if hits + computed else 0.0,
-                   window_drift=loop.drift(), settling=loop.settling, sim_s=loop.t, cpu_s=time.process_time() - cpu0)
+    return replace(
+        planned,
+        status=status,
+        reason=reason,
+        metrics=metrics,
+        retractions=sched.stats.retractions,
+        prefix_hit_share=round(hits / (hits + computed), 4) if hits + computed else 0.0,
+        window_drift=loop.drift(),
+        settling=loop.settling,
+        sim_s=loop.t,
+        cpu_s=time.process_time() - cpu0,
+    )
 
 
 class _ClosedLoop:
@@ -177,12 +216,26 @@ class _ClosedLoop:
     ``repeats`` is "fresh", as the harness's replay does), ramps the streams in and stops where the harness's
     settle rule (``autotune.settle``) stops, on the same per-slice token counts."""
 
-    def __init__(self, sched: Scheduler, workload: SimWorkload, *, seed: int, acceptance: float, output_mean: float,
-                 output_dist: str, concurrency: int):
+    def __init__(
+        self,
+        sched: Scheduler,
+        workload: SimWorkload,
+        *,
+        seed: int,
+        acceptance: float,
+        output_mean: float,
+        output_dist: str,
+        concurrency: int,
+    ):
         self.sched, self.w, self.concurrency = sched, workload, concurrency
-        self.make_request = functools.partial(make_request, ignore_eos=workload.ignore_eos, seed=seed,
-                                              acceptance_mean=acceptance, output_mean=output_mean,
-                                              output_dist=output_dist)
+        self.make_request = functools.partial(
+            make_request,
+            ignore_eos=workload.ignore_eos,
+            seed=seed,
+            acceptance_mean=acceptance,
+            output_mean=output_mean,
+            output_dist=output_dist,
+        )
         self.t = 0.0
         self.settler = Settler(workload.rule)
         self.settling: Settling | None = None
@@ -287,13 +340,13 @@ class _ClosedLoop:
         """Tokens emitted inside the window (whole slices: the window starts and ends on slice boundaries)."""
         lo, hi = self.window
         s = self.settler.slice_s
-        return int(sum(self.slices[round(lo / s):round(hi / s)]))
+        return int(sum(self.slices[round(lo / s) : round(hi / s)]))
 
     def drift(self) -> float:
         """The harness's ``window_drift`` on the window's slices (a middle slice split between the halves)."""
         s = self.settler.slice_s
         lo, hi = self.window
-        inside = (self.slices + [0.0] * round(hi / s))[round(lo / s):round(hi / s)]
+        inside = (self.slices + [0.0] * round(hi / s))[round(lo / s) : round(hi / s)]
         half = len(inside) / 2
         first = sum(inside[: int(half)]) + (inside[int(half)] / 2 if len(inside) % 2 else 0.0)
         return halves_drift(first, sum(inside) - first)
@@ -378,16 +431,27 @@ def _seed_prompts(n: int = 512, mean_tokens: int = 270, seed: int = 0) -> list[s
 if __name__ == "__main__":  # figures for the seed configs; the benchmark script calls evaluate() directly
     prompts = _seed_prompts()
     work = SimWorkload(prompts=prompts, max_tokens=4096, warmup_s=60, measure_s=600)
-    mtp = {"speculative_algorithm": "EAGLE", "speculative_num_steps": 3, "speculative_eagle_topk": 1,
-           "speculative_num_draft_tokens": 4}
+    mtp = {
+        "speculative_algorithm": "EAGLE",
+        "speculative_num_steps": 3,
+        "speculative_eagle_topk": 1,
+        "speculative_num_draft_tokens": 4,
+    }
     configs = {
         "baseline": {**mtp, "max_mamba_cache_size": 80, "mamba_full_memory_ratio": 0.4},
-        "hand-tuned": {**mtp, "max_mamba_cache_size": 200, "mamba_full_memory_ratio": 0.6,
-                       "mem_fraction_static": 0.93, "max_running_requests": 64},
+        "hand-tuned": {
+            **mtp,
+            "max_mamba_cache_size": 200,
+            "mamba_full_memory_ratio": 0.6,
+            "mem_fraction_static": 0.93,
+            "max_running_requests": 64,
+        },
     }
     for label, cfg in configs.items():
         ev = evaluate(cfg, work)
         m = ev.metrics
         tok = f"{m.output_tok_s:,.0f} tok/s, accept {m.accept_length:.2f}" if m else "-"
-        print(f"{label:>10}: {ev.status}, R={ev.max_running_requests}, {tok}, {ev.sim_s:,.0f} simulated s in "
-              f"{ev.cpu_s:.2f} CPU s = {ev.sim_s / max(ev.cpu_s, 1e-9):,.0f} simulated s per CPU s")
+        print(
+            f"{label:>10}: {ev.status}, R={ev.max_running_requests}, {tok}, {ev.sim_s:,.0f} simulated s in "
+            f"{ev.cpu_s:.2f} CPU s = {ev.sim_s / max(ev.cpu_s, 1e-9):,.0f} simulated s per CPU s"
+        )

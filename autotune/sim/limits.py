@@ -58,8 +58,11 @@ class SchedulerLimits:
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "kv_tokens", "page_size", "draft_tokens", "decode_log_interval"):
             if getattr(self, name) < 1:
-                raise ConfigError(f"must be at least 1, got {getattr(self, name)}", key=name,
-                                  fix="the plan that produced these limits does not fit")
+                raise ConfigError(
+                    f"must be at least 1, got {getattr(self, name)}",
+                    key=name,
+                    fix="the plan that produced these limits does not fit",
+                )
 
     @property
     def hybrid(self) -> bool:
@@ -102,7 +105,8 @@ class SchedulerLimits:
             mamba_max_states_per_path=_int_or_none(extra.get("mamba_max_states_per_path")),
             tracking_slots=None if extra.get("tracking_slots") is None else int(extra["tracking_slots"]),
             graph_bs=tuple(int(b) for b in graph_bs) if isinstance(graph_bs, list | tuple) else (),
-            adaptive=adaptive, arena_tokens=int(arena["tokens"]) if arena else None,
+            adaptive=adaptive,
+            arena_tokens=int(arena["tokens"]) if arena else None,
             state_tokens=int(arena.get("state_tokens") or 0),
         )
 

@@ -26,40 +26,74 @@ CAPTURE_SOLUTIONS = (
     "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled.",
 )
 _POOL_FRAMES = (
-    ('site-packages/sglang/srt/managers/scheduler.py', 6362, "run_scheduler_process",
-     "scheduler = Scheduler(server_args, port_args)"),
-    ('site-packages/sglang/srt/managers/scheduler.py', 1137, "init_model_worker", "self.init_memory_pools()"),
-    ('site-packages/sglang/srt/model_executor/model_runner.py', 982, "alloc_memory_pool",
-     "result = self.kv_cache_configurator.configure("),
-    ('site-packages/sglang/srt/mem_cache/kv_cache_configurator.py', 3182, "_resolve_memory_pool_config",
-     "available_bytes = self._profile_available_bytes(pre_model_load_memory)"),
+    (
+        "site-packages/sglang/srt/managers/scheduler.py",
+        6362,
+        "run_scheduler_process",
+        "scheduler = Scheduler(server_args, port_args)",
+    ),
+    ("site-packages/sglang/srt/managers/scheduler.py", 1137, "init_model_worker", "self.init_memory_pools()"),
+    (
+        "site-packages/sglang/srt/model_executor/model_runner.py",
+        982,
+        "alloc_memory_pool",
+        "result = self.kv_cache_configurator.configure(",
+    ),
+    (
+        "site-packages/sglang/srt/mem_cache/kv_cache_configurator.py",
+        3182,
+        "_resolve_memory_pool_config",
+        "available_bytes = self._profile_available_bytes(pre_model_load_memory)",
+    ),
 )
 _GRAPH_FRAMES = (
-    ('site-packages/sglang/srt/managers/scheduler.py', 6362, "run_scheduler_process",
-     "scheduler = Scheduler(server_args, port_args)"),
-    ('site-packages/sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py', 771, "init_cuda_graphs",
-     "self.graph_runner = DecodeCudaGraphRunner(self)"),
-    ('site-packages/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py', 597, "__init__",
-     "raise Exception("),
+    (
+        "site-packages/sglang/srt/managers/scheduler.py",
+        6362,
+        "run_scheduler_process",
+        "scheduler = Scheduler(server_args, port_args)",
+    ),
+    (
+        "site-packages/sglang/srt/model_executor/model_runner_components/cuda_graph_setup.py",
+        771,
+        "init_cuda_graphs",
+        "self.graph_runner = DecodeCudaGraphRunner(self)",
+    ),
+    ("site-packages/sglang/srt/model_executor/runner/decode_cuda_graph_runner.py", 597, "__init__", "raise Exception("),
 )
 _RUNTIME_FRAMES = (
-    ('site-packages/sglang/srt/managers/scheduler.py', 6370, "run_scheduler_process", "scheduler.event_loop_overlap()"),
-    ('site-packages/sglang/srt/managers/scheduler.py', 1532, "event_loop_overlap",
-     "batch_result = self.run_batch(batch)"),
-    ('site-packages/sglang/srt/model_executor/model_runner.py', 2310, "forward_extend",
-     "return self.model.forward("),
+    ("site-packages/sglang/srt/managers/scheduler.py", 6370, "run_scheduler_process", "scheduler.event_loop_overlap()"),
+    (
+        "site-packages/sglang/srt/managers/scheduler.py",
+        1532,
+        "event_loop_overlap",
+        "batch_result = self.run_batch(batch)",
+    ),
+    ("site-packages/sglang/srt/model_executor/model_runner.py", 2310, "forward_extend", "return self.model.forward("),
 )
 
 _DEVICE_FRAMES = (
-    ('site-packages/sglang/srt/managers/scheduler.py', 6362, "run_scheduler_process",
-     "scheduler = Scheduler(server_args, port_args)"),
-    ('site-packages/sglang/srt/managers/scheduler.py', 552, "__init__", "self.init_model_worker()"),
-    ('site-packages/sglang/srt/managers/tp_worker.py', 247, "__init__", "self._model_runner = ModelRunner("),
-    ('site-packages/sglang/srt/model_executor/model_runner.py', 383, "__init__",
-     "min_per_gpu_memory = self.init_torch_distributed()"),
-    ('site-packages/sglang/srt/model_executor/model_runner.py', 791, "init_torch_distributed",
-     "torch.get_device_module(self.device).set_device(self.gpu_id)"),
-    ('site-packages/torch/cuda/__init__.py', 567, "set_device", "torch._C._cuda_setDevice(device)"),
+    (
+        "site-packages/sglang/srt/managers/scheduler.py",
+        6362,
+        "run_scheduler_process",
+        "scheduler = Scheduler(server_args, port_args)",
+    ),
+    ("site-packages/sglang/srt/managers/scheduler.py", 552, "__init__", "self.init_model_worker()"),
+    ("site-packages/sglang/srt/managers/tp_worker.py", 247, "__init__", "self._model_runner = ModelRunner("),
+    (
+        "site-packages/sglang/srt/model_executor/model_runner.py",
+        383,
+        "__init__",
+        "min_per_gpu_memory = self.init_torch_distributed()",
+    ),
+    (
+        "site-packages/sglang/srt/model_executor/model_runner.py",
+        791,
+        "init_torch_distributed",
+        "torch.get_device_module(self.device).set_device(self.gpu_id)",
+    ),
+    ("site-packages/torch/cuda/__init__.py", 567, "set_device", "torch._C._cuda_setDevice(device)"),
 )
 INVALID_ORDINAL = "RuntimeError: CUDA error: invalid device ordinal"
 TORCH_CUDA_HINTS = (
@@ -137,8 +171,10 @@ def kv_pool(dtype: str, tokens: int, k_gib: float, v_gib: float) -> str:
 
 def unified_pool(total_bytes: int) -> str:
     """``--enable-unified-memory``'s buffer (``UnifiedKVPool.__init__``, unified_memory_pool.py L567-575)."""
-    return (f"[unified-memory-pool] UnifiedKVPool allocated: total_bytes={total_bytes / 2**30:.2f} GB "
-            f"(={total_bytes} B), 2 sub-pool(s)")
+    return (
+        f"[unified-memory-pool] UnifiedKVPool allocated: total_bytes={total_bytes / 2**30:.2f} GB "
+        f"(={total_bytes} B), 2 sub-pool(s)"
+    )
 
 
 def adaptive_init(adaptive: AdaptiveSpec) -> str:
@@ -229,44 +265,81 @@ def invalid_device_ordinal() -> list[str]:
 
 
 def runtime_oom(new_tokens: int, alloc_gib: float) -> str:
-    return (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {alloc_gib:.2f} GiB. The activations of a "
-            f"{new_tokens}-token prefill batch do not fit in the memory left outside the static pools.")
+    return (
+        f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {alloc_gib:.2f} GiB. The activations of a "
+        f"{new_tokens}-token prefill batch do not fit in the memory left outside the static pools."
+    )
 
 
-def prefill_line(*, new_seq: int, new_token: int, kv_usage: float, mamba_usage: float, hybrid: bool, running: int,
-                 queue: int, pending: int, graph: bool, throughput: float, cached_token: int = 0) -> str:
+def prefill_line(
+    *,
+    new_seq: int,
+    new_token: int,
+    kv_usage: float,
+    mamba_usage: float,
+    hybrid: bool,
+    running: int,
+    queue: int,
+    pending: int,
+    graph: bool,
+    throughput: float,
+    cached_token: int = 0,
+) -> str:
     if hybrid:
         usage = f"full token usage: {kv_usage:.2f}, mamba usage: {mamba_usage:.2f}"
     else:
         usage = f"token usage: {kv_usage:.2f}"
-    return (f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: {cached_token}, {usage}, "
-            f"#running-req: {running}, #queue-req: {queue}, #pending-token: {pending}, cuda graph: {graph}, "
-            f"input throughput (token/s): {throughput:.2f}")
+    return (
+        f"Prefill batch, #new-seq: {new_seq}, #new-token: {new_token}, #cached-token: {cached_token}, {usage}, "
+        f"#running-req: {running}, #queue-req: {queue}, #pending-token: {pending}, cuda graph: {graph}, "
+        f"input throughput (token/s): {throughput:.2f}"
+    )
 
 
-def decode_line(*, running: int, kv_used: int, kv_usage: float, mamba_num: int, mamba_usage: float, hybrid: bool,
-                spec: bool, accept_len: float, accept_rate: float, graph: bool, throughput: float, queue: int) -> str:
+def decode_line(
+    *,
+    running: int,
+    kv_used: int,
+    kv_usage: float,
+    mamba_num: int,
+    mamba_usage: float,
+    hybrid: bool,
+    spec: bool,
+    accept_len: float,
+    accept_rate: float,
+    graph: bool,
+    throughput: float,
+    queue: int,
+) -> str:
     if hybrid:
-        pools = (f"#full token: {kv_used}, full token usage: {kv_usage:.2f}, mamba num: {mamba_num}, "
-                 f"mamba usage: {mamba_usage:.2f}")
+        pools = (
+            f"#full token: {kv_used}, full token usage: {kv_usage:.2f}, mamba num: {mamba_num}, "
+            f"mamba usage: {mamba_usage:.2f}"
+        )
     else:
         pools = f"#token: {kv_used}, token usage: {kv_usage:.2f}"
     spec_part = f"accept len: {accept_len:.2f}, accept rate: {accept_rate:.2f}, " if spec else ""
-    return (f"Decode batch, #running-req: {running}, {pools}, {spec_part}cuda graph: {graph}, "
-            f"gen throughput (token/s): {throughput:.2f}, #queue-req: {queue}")
+    return (
+        f"Decode batch, #running-req: {running}, {pools}, {spec_part}cuda graph: {graph}, "
+        f"gen throughput (token/s): {throughput:.2f}, #queue-req: {queue}"
+    )
 
 
 def retract_line(retracted: int, gained: int, mamba_gained: int | None, old: float, new: float) -> str:
     mamba = f", #mamba_num_gained: {mamba_gained}" if mamba_gained is not None else ""
-    return (f"KV cache pool is full. Retract requests. #retracted_reqs: {retracted}, #new_tokens_gained: {gained}"
-            f"{mamba}, #new_token_ratio: {old:.4f} -> {new:.4f}")
+    return (
+        f"KV cache pool is full. Retract requests. #retracted_reqs: {retracted}, #new_tokens_gained: {gained}"
+        f"{mamba}, #new_token_ratio: {old:.4f} -> {new:.4f}"
+    )
 
 
 def pace_line(modelled_s: float, lag_s: float) -> str:
     """The simulator's own line (not SGLang's): how far its wall clock fell behind its modelled clock."""
     share = lag_s / modelled_s if modelled_s > 0 else 0.0
-    return (f"[sim] pacing: {modelled_s:.2f} modelled s, wall clock {lag_s:+.3f} s behind ({share:.1%} lag); "
-            f"over 2 % the harness refuses the measurement")
+    return (
+        f"[sim] pacing: {modelled_s:.2f} modelled s, wall clock {lag_s:+.3f} s behind ({share:.1%} lag); "
+        f"over 2 % the harness refuses the measurement"
+    )
 
 
 def prometheus_modes(name: str, kind: str, values: dict[str, float], *, labels: dict[str, str]) -> str:
@@ -293,32 +366,51 @@ def graceful(remaining: Sequence[str]) -> str:
     )
 
 
-def prometheus(gauges: dict[str, float], counters: dict[str, float], summaries: dict[str, tuple[float, float]],
-               *, labels: dict[str, str]) -> str:
+def prometheus(
+    gauges: dict[str, float],
+    counters: dict[str, float],
+    summaries: dict[str, tuple[float, float]],
+    *,
+    labels: dict[str, str],
+) -> str:
     """``/metrics`` text with SGLang's metric names (``sglang:`` prefix) and labels."""
     lab = "{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}"
     out: list[str] = []
     for name, value in gauges.items():
-        out += [f"# HELP sglang:{name} {name.replace('_', ' ')}.", f"# TYPE sglang:{name} gauge",
-                f"sglang:{name}{lab} {float(value or 0.0)}"]
+        out += [
+            f"# HELP sglang:{name} {name.replace('_', ' ')}.",
+            f"# TYPE sglang:{name} gauge",
+            f"sglang:{name}{lab} {float(value or 0.0)}",
+        ]
     for name, value in counters.items():
-        out += [f"# HELP sglang:{name} {name.replace('_', ' ')}.", f"# TYPE sglang:{name} counter",
-                f"sglang:{name}{lab} {float(value or 0.0)}"]
+        out += [
+            f"# HELP sglang:{name} {name.replace('_', ' ')}.",
+            f"# TYPE sglang:{name} counter",
+            f"sglang:{name}{lab} {float(value or 0.0)}",
+        ]
     for name, (total, count) in summaries.items():
-        out += [f"# HELP sglang:{name} {name.replace('_', ' ')}.", f"# TYPE sglang:{name} histogram",
-                f'sglang:{name}_bucket{lab[:-1]},le="+Inf"}} {float(count)}',
-                f"sglang:{name}_sum{lab} {float(total)}", f"sglang:{name}_count{lab} {float(count)}"]
+        out += [
+            f"# HELP sglang:{name} {name.replace('_', ' ')}.",
+            f"# TYPE sglang:{name} histogram",
+            f'sglang:{name}_bucket{lab[:-1]},le="+Inf"}} {float(count)}',
+            f"sglang:{name}_sum{lab} {float(total)}",
+            f"sglang:{name}_count{lab} {float(count)}",
+        ]
     return "\n".join(out) + "\n"
 
 
-def prometheus_histogram(name: str, bounds: tuple[float, ...], counts: list[int], total: float,
-                         *, labels: dict[str, str]) -> str:
+def prometheus_histogram(
+    name: str, bounds: tuple[float, ...], counts: list[int], total: float, *, labels: dict[str, str]
+) -> str:
     """One SGLang histogram (``sglang:<name>``): cumulative ``_bucket`` series for ``bounds`` and ``+Inf``,
     then ``_sum`` and ``_count``. ``counts[i]`` is the observations in bucket i (``counts[-1]``: above the last
     bound), not yet cumulative."""
     lab = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    out = [f"# HELP sglang:{name} {name.replace('_', ' ')}.", f"# TYPE sglang:{name} histogram",
-           f"sglang:{name}_sum{{{lab}}} {float(total)}"]
+    out = [
+        f"# HELP sglang:{name} {name.replace('_', ' ')}.",
+        f"# TYPE sglang:{name} histogram",
+        f"sglang:{name}_sum{{{lab}}} {float(total)}",
+    ]
     running = 0
     for bound, count in zip((*map(repr, map(float, bounds)), "+Inf"), counts, strict=True):
         running += count
@@ -337,20 +429,32 @@ def decode_bs(max_bs: int) -> list[int]:
 
 
 def prefill_tokens(chunked: int) -> list[int]:
-    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
-             *range(1280, 4097, 256), *range(5120, 32769, 1024)]
+    sizes = [
+        *range(4, 33, 4),
+        *range(48, 257, 16),
+        *range(288, 513, 32),
+        *range(576, 1025, 64),
+        *range(1280, 4097, 256),
+        *range(5120, 32769, 1024),
+    ]
     return [t for t in sizes if t <= max(chunked, 4)]
 
 
-# -- the startup sequence of one server (``st`` is the sim's ServerStatus) --------------------------------------------------------------------------------------
+# -- the startup sequence of one server (``st`` is the sim's ServerStatus)
+# --------------------------------------------------------------------------------------
 def load_lines(st: Any) -> list[str]:
     pre, t, d = st.pre_gib, st.target_gib, st.draft_gib
     times = st.startup_time
-    lines = [baseline(st.context_mib / 1024), load_begin(pre),
-             load_end(times["load_weight"] * (0.9 if d else 1.0), st.model.architecture, pre - t, t)]
+    lines = [
+        baseline(st.context_mib / 1024),
+        load_begin(pre),
+        load_end(times["load_weight"] * (0.9 if d else 1.0), st.model.architecture, pre - t, t),
+    ]
     if d:
-        lines += [load_begin(pre - t),
-                  load_end(times["load_weight"] * 0.1, f"{st.model.architecture}MTP", pre - t - d, d)]
+        lines += [
+            load_begin(pre - t),
+            load_end(times["load_weight"] * 0.1, f"{st.model.architecture}MTP", pre - t - d, d),
+        ]
     warnings = [str(w) for w in st.plan.extra.get("warnings") or []]
     k, ratio = st.plan.max_mamba_cache_size, int(st.plan.extra.get("ratio") or 1)
     if k and not any("capped to" in w for w in warnings) and st.plan.max_running_requests == k // ratio:
@@ -359,12 +463,20 @@ def load_lines(st: Any) -> list[str]:
             warnings.append(mamba_cap(k // ratio, k, ratio))
     return lines + warnings
 
+
 def pool_lines(st: Any) -> list[str]:
     g, plan, lines = st.plan.gib, st.plan, []
     if plan.max_mamba_cache_size:
         spec = st.spec
-        lines.append(mamba_pool(plan.max_mamba_cache_size, g.mamba_conv, g.mamba_ssm,
-                                     g.intermediate_ssm if spec else None, g.intermediate_conv if spec else None))
+        lines.append(
+            mamba_pool(
+                plan.max_mamba_cache_size,
+                g.mamba_conv,
+                g.mamba_ssm,
+                g.intermediate_ssm if spec else None,
+                g.intermediate_conv if spec else None,
+            )
+        )
     dtype = KV_DTYPES.get(str(st.server_args.get("kv_cache_dtype")), "torch.bfloat16")
     draft_share = 0.0
     if st.spec and getattr(st.model, "mtp_layers", 0):
@@ -379,19 +491,24 @@ def pool_lines(st: Any) -> list[str]:
     lines.append(pool_end(st.pre_gib - st.pools_gib))
     return lines
 
+
 def graph_lines(st: Any, *, fail: bool) -> list[str]:
     x, g, sa = st.plan.extra, st.plan.gib, st.server_args
     avail = st.pre_gib - st.pools_gib - g.backend
     cg = st.startup_time["cuda_graph"]
     lines: list[str] = []
-    prefill_on = not (sa.get("disable_cuda_graph") or sa.get("disable_prefill_cuda_graph")
-                      or sa.get("cuda_graph_backend_prefill") == "disabled")
+    prefill_on = not (
+        sa.get("disable_cuda_graph")
+        or sa.get("disable_prefill_cuda_graph")
+        or sa.get("cuda_graph_backend_prefill") == "disabled"
+    )
     chunked = int(x.get("chunked_prefill_size") or 8192)
     if prefill_on and not fail:
         use = g.graphs * 0.25
-        lines += [capture_begin("target prefill", f"backend=breakable, num_tokens={prefill_tokens(chunked)}",
-                                     avail),
-                  capture_end("target prefill", None, cg["prefill"], use, avail - use)]
+        lines += [
+            capture_begin("target prefill", f"backend=breakable, num_tokens={prefill_tokens(chunked)}", avail),
+            capture_end("target prefill", None, cg["prefill"], use, avail - use),
+        ]
         avail -= use
     max_bs = x.get("decode_graph_bs")
     max_bs = int(max(max_bs) if isinstance(max_bs, list | tuple) and max_bs else max_bs or 0)
@@ -403,24 +520,33 @@ def graph_lines(st: Any, *, fail: bool) -> list[str]:
     if fail:
         return lines
     use = g.graphs * (0.45 if st.spec else 0.75)
-    lines.append(capture_end(name, decode_bs(max_bs), cg["target_verify" if st.spec else "decode"],
-                                  use, avail - use))
+    lines.append(capture_end(name, decode_bs(max_bs), cg["target_verify" if st.spec else "decode"], use, avail - use))
     avail -= use
     if st.spec:
         for phase, share in (("draft decode", 0.2), ("draft extend", 0.1)):
             use = g.graphs * share
             detail = f"backend=full, num_tokens_per_req={1 if phase == 'draft decode' else st.draft_tokens}"
-            lines += [capture_begin(phase, detail, avail),
-                      capture_end(phase, decode_bs(max_bs), cg[phase.replace(" ", "_")], use, avail - use)]
+            lines += [
+                capture_begin(phase, detail, avail),
+                capture_end(phase, decode_bs(max_bs), cg[phase.replace(" ", "_")], use, avail - use),
+            ]
             avail -= use
     if x.get("adaptive"):
         lines.append(adaptive_init(AdaptiveSpec.from_dict(x["adaptive"])))
     return lines
 
+
 def ready_lines(st: Any) -> list[str]:
     x, plan = st.plan.extra, st.plan
     avail = st.pre_gib - st.pools_gib - plan.gib.backend - plan.gib.graphs
-    return [capacity(tokens=plan.kv_tokens, chunked=int(x.get("chunked_prefill_size") or -1),
-                          max_prefill=int(st.server_args.get("max_prefill_tokens") or 16384),
-                          running=plan.max_running_requests, context_len=st.context_len, avail_gib=avail),
-            startup_timings(st.startup_time)]
+    return [
+        capacity(
+            tokens=plan.kv_tokens,
+            chunked=int(x.get("chunked_prefill_size") or -1),
+            max_prefill=int(st.server_args.get("max_prefill_tokens") or 16384),
+            running=plan.max_running_requests,
+            context_len=st.context_len,
+            avail_gib=avail,
+        ),
+        startup_timings(st.startup_time),
+    ]

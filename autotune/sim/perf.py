@@ -44,8 +44,16 @@ class PerfParams:
     eager_extra_s: float = EAGER_EXTRA_S
 
     @classmethod
-    def from_profiles(cls, model: Any, gpu: Any, *, kv_cell_bytes: float | None = None,
-                      mamba_slot_bytes: float | None = None, with_draft: bool = True, tp: int = 1) -> PerfParams:
+    def from_profiles(
+        cls,
+        model: Any,
+        gpu: Any,
+        *,
+        kv_cell_bytes: float | None = None,
+        mamba_slot_bytes: float | None = None,
+        with_draft: bool = True,
+        tp: int = 1,
+    ) -> PerfParams:
         """From a ``ModelProfile`` and ``GpuProfile``. The plan's KV cell (target, plus the draft's when
         ``with_draft``) and slot size win when given: ``--kv-cache-dtype`` and ``--mamba-ssm-dtype`` change them."""
         target_cell = float(model.kv_cell_bytes(tp))
@@ -86,8 +94,9 @@ class PerfModel:
         bw = p.eta_bw * p.bandwidth
         # Decode cycle = const + per_req·B + per_ctx·Σcontext bytes, and flops_per_req·B FLOPs.
         self._coefs: dict[int, tuple[float, float, float, float, float]] = {}
-        (self._bytes_const, self._bytes_per_req, self._bytes_per_ctx, self._flops_per_req,
-         self._overhead) = self._cycle(self.draft_tokens)
+        (self._bytes_const, self._bytes_per_req, self._bytes_per_ctx, self._flops_per_req, self._overhead) = (
+            self._cycle(self.draft_tokens)
+        )
         self._inv_bw = 1.0 / bw
         self._inv_flops = 1.0 / (p.eta_compute * p.peak_flops)
         self._inv_bw_ideal = 1.0 / p.bandwidth
@@ -108,9 +117,13 @@ class PerfModel:
         p = self.params
         if self.spec:
             n_d = d - 1
-            coefs = (p.weight_bytes + n_d * p.draft_weight_bytes, (3 + d) * p.mamba_slot_bytes + d * p.kv_cell_bytes,
-                     p.kv_cell_bytes + n_d * p.draft_cell_bytes, d * p.flops_per_token + n_d * p.draft_flops_per_token,
-                     p.overhead_spec_s)
+            coefs = (
+                p.weight_bytes + n_d * p.draft_weight_bytes,
+                (3 + d) * p.mamba_slot_bytes + d * p.kv_cell_bytes,
+                p.kv_cell_bytes + n_d * p.draft_cell_bytes,
+                d * p.flops_per_token + n_d * p.draft_flops_per_token,
+                p.overhead_spec_s,
+            )
         else:
             coefs = (p.weight_bytes, 2 * p.mamba_slot_bytes, p.kv_cell_bytes, p.flops_per_token, p.overhead_s)
         self._coefs[d] = coefs
@@ -137,8 +150,9 @@ class PerfModel:
             t = max(t * self._factor(), self.decode_roofline_s(batch, context_tokens, d))
         return t
 
-    def decode_s_many(self, batch: int, contexts: np.ndarray, *, graph: bool = True,
-                      d: int | None = None) -> np.ndarray:
+    def decode_s_many(
+        self, batch: int, contexts: np.ndarray, *, graph: bool = True, d: int | None = None
+    ) -> np.ndarray:
         """``decode_s`` for consecutive cycles of one batch, bit for bit (same arithmetic, same noise draws)."""
         const, per_req, per_ctx, flops_req, overhead = self._cycle(d or self.draft_tokens)
         nbytes = (const + batch * per_req) + contexts * per_ctx
@@ -147,8 +161,9 @@ class PerfModel:
         if not graph:
             t += self.params.eager_extra_s
         if self.noise:
-            t = np.maximum(t * self._factors(len(t)), np.maximum(nbytes * self._inv_bw_ideal,
-                                                                 flops * self._inv_flops_ideal))
+            t = np.maximum(
+                t * self._factors(len(t)), np.maximum(nbytes * self._inv_bw_ideal, flops * self._inv_flops_ideal)
+            )
         return t
 
     # -- prefill ------------------------------------------------------------------------------------------
@@ -185,7 +200,7 @@ class PerfModel:
                 self._factor()
                 self._jitter_pos -= 1  # refilled: hand the first value out below
             take = min(count, len(self._jitter) - self._jitter_pos)
-            parts.append(self._jitter[self._jitter_pos:self._jitter_pos + take])
+            parts.append(self._jitter[self._jitter_pos : self._jitter_pos + take])
             self._jitter_pos += take
             count -= take
         return np.concatenate(parts) if parts else np.empty(0)

@@ -84,8 +84,14 @@ class RadixStats:
 class RadixCache:
     """A token-level radix tree in the KV pool; ``hybrid`` adds Mamba-state checkpoints."""
 
-    def __init__(self, *, hybrid: bool = False, checkpoint_grid: int | None = None, page_size: int = 1,
-                 max_states_per_path: int | None = None):
+    def __init__(
+        self,
+        *,
+        hybrid: bool = False,
+        checkpoint_grid: int | None = None,
+        page_size: int = 1,
+        max_states_per_path: int | None = None,
+    ):
         self.hybrid = hybrid
         self.grid = checkpoint_grid if hybrid else None  # extra_buffer's checkpoint grid; None: no_buffer
         self.cap = max_states_per_path if hybrid else None  # None: unlimited
@@ -125,7 +131,7 @@ class RadixCache:
         node, pos, best, full = self.root, 0, (self.root, 0), 0
         limit_chars = limit * CHARS
         while pos < limit_chars:
-            child = node.children.get(key[pos:pos + CHARS])
+            child = node.children.get(key[pos : pos + CHARS])
             if child is None:
                 break
             span = _common(child.key, key, pos, limit_chars)
@@ -156,8 +162,9 @@ class RadixCache:
         usable = end // self.page * self.page
         return usable if usable > start else None
 
-    def insert(self, key: str, tokens: int, *, cached: int, locked: _Node,
-               branch: int | None = None) -> tuple[_Node, int]:
+    def insert(
+        self, key: str, tokens: int, *, cached: int, locked: _Node, branch: int | None = None
+    ) -> tuple[_Node, int]:
         """Insert the prefilled prompt (its first ``tokens`` tokens), move the caller's lock from ``locked`` to
         its end, and return (the new locked node, Mamba states saved: the caller pays their copies).
         ``branch`` is the match's branch point."""
@@ -165,11 +172,11 @@ class RadixCache:
         node, pos, end = self.root, 0, tokens * CHARS
         while pos < end:
             node.last = self._clock
-            child = node.children.get(key[pos:pos + CHARS])
+            child = node.children.get(key[pos : pos + CHARS])
             if child is None:
                 leaf = _Node(node, key[pos:end], tokens)
                 leaf.last = self._clock
-                node.children[key[pos:pos + CHARS]] = leaf
+                node.children[key[pos : pos + CHARS]] = leaf
                 self.tokens += leaf.tokens
                 node = leaf
                 pos = end
@@ -323,7 +330,7 @@ def _common(edge: str, key: str, pos: int, end: int) -> int:
     lo, hi = 0, n // CHARS  # tokens known to match / upper bound
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if key.startswith(edge[:mid * CHARS], pos):
+        if key.startswith(edge[: mid * CHARS], pos):
             lo = mid
         else:
             hi = mid - 1

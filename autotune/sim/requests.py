@@ -96,11 +96,14 @@ def check_request_params(*, acceptance_mean: float, output_mean: float, output_d
     """Raise ``ConfigError`` for parameters no request could be drawn from."""
     if output_dist not in OUTPUT_DISTS:
         raise ConfigError(
-            f"unknown output distribution {output_dist!r}", key="output_dist", fix=f"use one of {', '.join(OUTPUT_DISTS)}"
+            f"unknown output distribution {output_dist!r}",
+            key="output_dist",
+            fix=f"use one of {', '.join(OUTPUT_DISTS)}",
         )
     if not 0.0 < acceptance_mean < 1.0:
         raise ConfigError(
-            f"acceptance must be strictly between 0 and 1, got {acceptance_mean}", key="acceptance",
+            f"acceptance must be strictly between 0 and 1, got {acceptance_mean}",
+            key="acceptance",
             fix="use the per-token draft acceptance rate, e.g. 0.825",
         )
     if not output_mean >= 1:

@@ -39,10 +39,32 @@ EOS_ID = 248046  # what a "stop" finish reports as the matched token
 class Stream:
     """One request's tokens as they are delivered, and what its response needs to say about them."""
 
-    __slots__ = ("rid", "kind", "prompt_tokens", "completion_tokens", "sent", "finished", "reason", "verify_ct",
-                 "accepted", "retractions", "event", "created", "first_at", "done_at", "tokens", "model",
-                 "include_usage", "draft_tokens", "gone", "interval", "return_logprob", "logprob_text",
-                 "cached", "cache_report")
+    __slots__ = (
+        "rid",
+        "kind",
+        "prompt_tokens",
+        "completion_tokens",
+        "sent",
+        "finished",
+        "reason",
+        "verify_ct",
+        "accepted",
+        "retractions",
+        "event",
+        "created",
+        "first_at",
+        "done_at",
+        "tokens",
+        "model",
+        "include_usage",
+        "draft_tokens",
+        "gone",
+        "interval",
+        "return_logprob",
+        "logprob_text",
+        "cached",
+        "cache_report",
+    )
 
     def __init__(self, rid: str, kind: str, prompt_tokens: int, *, model: str, draft_tokens: int):
         self.rid, self.kind, self.prompt_tokens = rid, kind, prompt_tokens
@@ -93,9 +115,16 @@ class Stream:
     def meta(self) -> MetaInfo:
         n = self.completion_tokens
         meta = MetaInfo(
-            id=self.rid, finish_reason=self._finish_native(), prompt_tokens=self.prompt_tokens,
-            weight_version="default", num_retractions=self.retractions, reasoning_tokens=0,
-            completion_tokens=n, cached_tokens=self.cached, cached_tokens_details=None, dp_rank=None,
+            id=self.rid,
+            finish_reason=self._finish_native(),
+            prompt_tokens=self.prompt_tokens,
+            weight_version="default",
+            num_retractions=self.retractions,
+            reasoning_tokens=0,
+            completion_tokens=n,
+            cached_tokens=self.cached,
+            cached_tokens_details=None,
+            dp_rank=None,
         )
         if self.return_logprob:
             self._add_logprobs(meta, n)
@@ -121,14 +150,23 @@ class Stream:
         ``logprob_start_len`` defaults to -1 in SGLang (no prompt logprobs); the simulator never returns any.
         """
         ids, values = self.tokens.ids(0, end), self.tokens.logprobs(0, end)
-        return {"input_token_logprobs": [], "output_token_logprobs": [
-            [lp, tid, f" w{tid}" if self.logprob_text else None] for lp, tid in zip(values, ids, strict=True)]}
+        return {
+            "input_token_logprobs": [],
+            "output_token_logprobs": [
+                [lp, tid, f" w{tid}" if self.logprob_text else None] for lp, tid in zip(values, ids, strict=True)
+            ],
+        }
 
     def usage(self) -> Usage:
         p, n = self.prompt_tokens, self.completion_tokens
         details = {"cached_tokens": self.cached} if self.cache_report else None
-        return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n, "prompt_tokens_details": details,
-                "reasoning_tokens": 0}
+        return {
+            "prompt_tokens": p,
+            "completion_tokens": n,
+            "total_tokens": p + n,
+            "prompt_tokens_details": details,
+            "reasoning_tokens": 0,
+        }
 
     def chunk(self, start: int, end: int) -> str:
         """One SSE event with tokens [start, end) (cumulative text for native, a delta for OpenAI)."""
@@ -139,18 +177,25 @@ class Stream:
         matched = EOS_ID if self.finished and self.reason == "stop" else None
         choice: ChatDeltaChoice | TextChoice
         if self.kind == CHAT:
-            delta = ChatMessage(role="assistant" if start == 0 else None, content=text, reasoning_content=None,
-                                tool_calls=None)
+            delta = ChatMessage(
+                role="assistant" if start == 0 else None, content=text, reasoning_content=None, tool_calls=None
+            )
             choice = ChatDeltaChoice(index=0, delta=delta, logprobs=None, finish_reason=reason, matched_stop=matched)
             obj = "chat.completion.chunk"
         else:
             choice = TextChoice(index=0, text=text, logprobs=None, finish_reason=reason, matched_stop=matched)
             obj = "text_completion"
-        out = _event(Completion(id=self.rid, object=obj, created=int(self.created), model=self.model,
-                                choices=[choice], usage=None))
+        out = _event(
+            Completion(
+                id=self.rid, object=obj, created=int(self.created), model=self.model, choices=[choice], usage=None
+            )
+        )
         if self.finished and self.include_usage:
-            out += _event(Completion(id=self.rid, object=obj, created=int(self.created), model=self.model, choices=[],
-                                     usage=self.usage()))
+            out += _event(
+                Completion(
+                    id=self.rid, object=obj, created=int(self.created), model=self.model, choices=[], usage=self.usage()
+                )
+            )
         return out
 
     def _native_chunk(self, end: int) -> str:
@@ -166,11 +211,14 @@ class Stream:
                 meta["completion_tokens"] = end
                 if self.return_logprob:
                     self._add_logprobs(meta, end)
-            return f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{json.dumps(meta, separators=(",", ":"))}}}\n\n'
-        return (f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{{"id":"{self.rid}",'
-                f'"finish_reason":null,"prompt_tokens":{self.prompt_tokens},"weight_version":"default",'
-                f'"num_retractions":{self.retractions},"reasoning_tokens":0,"completion_tokens":{end},'
-                f'"cached_tokens":{self.cached},"cached_tokens_details":null,"dp_rank":null}}}}\n\n')
+            info = json.dumps(meta, separators=(",", ":"))
+            return f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{info}}}\n\n'
+        return (
+            f'data: {{"text":"{text}","output_ids":[{ids}],"meta_info":{{"id":"{self.rid}",'
+            f'"finish_reason":null,"prompt_tokens":{self.prompt_tokens},"weight_version":"default",'
+            f'"num_retractions":{self.retractions},"reasoning_tokens":0,"completion_tokens":{end},'
+            f'"cached_tokens":{self.cached},"cached_tokens_details":null,"dp_rank":null}}}}\n\n'
+        )
 
     def body(self) -> NativeBody | Completion:
         """The non-streaming response."""
@@ -187,8 +235,9 @@ class Stream:
         else:
             choice = TextChoice(index=0, text=text, logprobs=None, finish_reason=reason, matched_stop=matched)
             obj = "text_completion"
-        return Completion(id=self.rid, object=obj, created=int(self.created), model=self.model, choices=[choice],
-                          usage=self.usage())
+        return Completion(
+            id=self.rid, object=obj, created=int(self.created), model=self.model, choices=[choice], usage=self.usage()
+        )
 
 
 def _event(data: Completion) -> str:
@@ -213,8 +262,13 @@ class SSEResponse(Response):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         s = self.stream
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")],
+            }
+        )
         watcher = asyncio.get_running_loop().create_task(self._watch(receive))
         try:
             while not s.gone:
@@ -227,8 +281,13 @@ class SSEResponse(Response):
                     text = s.chunk(s.sent, end)
                     s.sent = end
                     if s.finished:
-                        await send({"type": "http.response.body", "body": (text + "data: [DONE]\n\n").encode(),
-                                    "more_body": False})
+                        await send(
+                            {
+                                "type": "http.response.body",
+                                "body": (text + "data: [DONE]\n\n").encode(),
+                                "more_body": False,
+                            }
+                        )
                         return
                     await send({"type": "http.response.body", "body": text.encode(), "more_body": True})
         except OSError:

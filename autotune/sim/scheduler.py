@@ -69,20 +69,35 @@ class Scheduler(RunningBatch):
         self._log_t = self._prefill_log_t = 0.0
 
     @classmethod
-    def from_plan(cls, plan: Any, model: Any, gpu: Any, *, noise: float = 0.0, seed: int = 0, emit: bool = True,
-                  decode_log_interval: int = 40,
-                  efficiency: float = 1.0) -> Scheduler:
+    def from_plan(
+        cls,
+        plan: Any,
+        model: Any,
+        gpu: Any,
+        *,
+        noise: float = 0.0,
+        seed: int = 0,
+        emit: bool = True,
+        decode_log_interval: int = 40,
+        efficiency: float = 1.0,
+    ) -> Scheduler:
         """The scheduler and speed model for a fitting plan: one constructor for the paced and the virtual clock.
         ``efficiency`` scales the achieved bandwidth and compute shares (a machine faster or slower than the model:
         ``sim.truth.Deviation.decode_efficiency``)."""
         limits = SchedulerLimits.from_plan(plan, decode_log_interval=decode_log_interval)
         x = plan.extra
-        params = PerfParams.from_profiles(model, gpu, kv_cell_bytes=x.get("kv_cell_bytes"),
-                                          mamba_slot_bytes=x.get("mamba_slot_bytes"), with_draft=limits.spec,
-                                          tp=int(x.get("tp_size") or 1))
+        params = PerfParams.from_profiles(
+            model,
+            gpu,
+            kv_cell_bytes=x.get("kv_cell_bytes"),
+            mamba_slot_bytes=x.get("mamba_slot_bytes"),
+            with_draft=limits.spec,
+            tp=int(x.get("tp_size") or 1),
+        )
         if efficiency != 1.0:
-            params = dataclasses.replace(params, eta_bw=params.eta_bw * efficiency,
-                                         eta_compute=params.eta_compute * efficiency)
+            params = dataclasses.replace(
+                params, eta_bw=params.eta_bw * efficiency, eta_compute=params.eta_compute * efficiency
+            )
         perf = PerfModel(params, spec=limits.spec, draft_tokens=limits.draft_tokens, noise=noise, seed=seed)
         return cls(limits, perf, seed=seed, emit=emit)
 
@@ -222,14 +237,31 @@ class Scheduler(RunningBatch):
         if self.emit:
             elapsed = max(now - self._prefill_log_t, 1e-9)
             self._prefill_log_t = now
-            lines.append(prefill_line(
-                new_seq=len(batch), new_token=new_tokens, kv_usage=self.kv_used_tokens() / lim.kv_tokens,
-                mamba_usage=self._mamba_usage(), hybrid=lim.hybrid, running=running_before,
-                queue=len(self.waiting), pending=sum(r.extend_len for r in self.waiting),
-                graph=new_tokens <= lim.prefill_graph_tokens, throughput=new_tokens / elapsed, cached_token=cached,
-            ))
-        return StepResult(duration, "prefill", emissions=emissions, log_lines=lines, tokens=tokens, started=started,
-                          finished=finished, prefill_tokens=new_tokens)
+            lines.append(
+                prefill_line(
+                    new_seq=len(batch),
+                    new_token=new_tokens,
+                    kv_usage=self.kv_used_tokens() / lim.kv_tokens,
+                    mamba_usage=self._mamba_usage(),
+                    hybrid=lim.hybrid,
+                    running=running_before,
+                    queue=len(self.waiting),
+                    pending=sum(r.extend_len for r in self.waiting),
+                    graph=new_tokens <= lim.prefill_graph_tokens,
+                    throughput=new_tokens / elapsed,
+                    cached_token=cached,
+                )
+            )
+        return StepResult(
+            duration,
+            "prefill",
+            emissions=emissions,
+            log_lines=lines,
+            tokens=tokens,
+            started=started,
+            finished=finished,
+            prefill_tokens=new_tokens,
+        )
 
     # -- decode -------------------------------------------------------------------------------------------
     def _decode(self, max_cycles: int = 1) -> StepResult:
@@ -249,7 +281,7 @@ class Scheduler(RunningBatch):
         k = self._quiet_cycles(max_cycles) if quiet else 1
         left = self._left[:n]
         if d > 1:  # accepted drafts = floor(E·c), P(≥ j) = α^j; tokens = min(accepted + 1, D)
-            new = self._expo[self._expo_pos:self._expo_pos + k * n].reshape(k, n) * self._inv_nla[:n]
+            new = self._expo[self._expo_pos : self._expo_pos + k * n].reshape(k, n) * self._inv_nla[:n]
             new += 1.0
             np.minimum(new, dc, out=new)
             np.floor(new, out=new)
@@ -272,8 +304,11 @@ class Scheduler(RunningBatch):
             ends = np.cumsum(np.concatenate(([self.clock], cycle_s)))[1:]
             now = float(ends[-1])
         else:
-            now = (self.clock + self.perf.decode_s(n, self._ctx_sum, graph=graph, d=dc)
-                   + float(row_tokens[0]) * self._track_s_per_token)
+            now = (
+                self.clock
+                + self.perf.decode_s(n, self._ctx_sum, graph=graph, d=dc)
+                + float(row_tokens[0]) * self._track_s_per_token
+            )
         left -= new.sum(axis=0)
         # Every request in the previous cycle last got tokens when it ended; only entrants since differ.
         gaps: float | np.ndarray
@@ -310,9 +345,19 @@ class Scheduler(RunningBatch):
         if self._cycles % lim.decode_log_interval == 0:
             self._log_decode(lines, now, n)
         block = ends is not None
-        return StepResult(now - self.clock, "decode", emissions=emissions, log_lines=lines, tokens=tokens,
-                          verify=n * k if d > 1 else 0, finished=finished, gaps_s=gaps,
-                          new=new if block else new[0], ends_s=ends, cycle_tokens=row_tokens if block else None)
+        return StepResult(
+            now - self.clock,
+            "decode",
+            emissions=emissions,
+            log_lines=lines,
+            tokens=tokens,
+            verify=n * k if d > 1 else 0,
+            finished=finished,
+            gaps_s=gaps,
+            new=new if block else new[0],
+            ends_s=ends,
+            cycle_tokens=row_tokens if block else None,
+        )
 
     def _quiet_cycles(self, max_cycles: int) -> int:
         """How many cycles may run as one block: up to the next decode-log line, while the KV fast path holds
@@ -334,12 +379,22 @@ class Scheduler(RunningBatch):
         self._log_t = now
         if self.emit:
             used = self.kv_used_tokens()
-            lines.append(decode_line(
-                running=self._n, kv_used=used, kv_usage=used / lim.kv_tokens, mamba_num=self._mamba_num(),
-                mamba_usage=self._mamba_usage(), hybrid=lim.hybrid, spec=self._d > 1, accept_len=accept,
-                accept_rate=(accept - 1) / max(1, self._d - 1), graph=n <= lim.decode_graph_bs,
-                throughput=gen_tps, queue=len(self.waiting),
-            ))
+            lines.append(
+                decode_line(
+                    running=self._n,
+                    kv_used=used,
+                    kv_usage=used / lim.kv_tokens,
+                    mamba_num=self._mamba_num(),
+                    mamba_usage=self._mamba_usage(),
+                    hybrid=lim.hybrid,
+                    spec=self._d > 1,
+                    accept_len=accept,
+                    accept_rate=(accept - 1) / max(1, self._d - 1),
+                    graph=n <= lim.decode_graph_bs,
+                    throughput=gen_tps,
+                    queue=len(self.waiting),
+                )
+            )
 
     def _emit_all(self, new: np.ndarray) -> list[Emission]:
         gens = (self._target[: self._n] - self._left[: self._n]).tolist()
@@ -347,14 +402,35 @@ class Scheduler(RunningBatch):
         out = []
         for r, k, g in zip(self._reqs, new.tolist(), gens, strict=True):
             cycles = cycles_now - r.entry[0] if spec else 0
-            out.append(Emission(r.req.rid, int(k), int(g), False, None, r.verify + cycles,
-                                r.accepted + int(g) - r.entry[1] - cycles, r.req.prompt_tokens, r.retractions,
-                                r.cached))
+            out.append(
+                Emission(
+                    r.req.rid,
+                    int(k),
+                    int(g),
+                    False,
+                    None,
+                    r.verify + cycles,
+                    r.accepted + int(g) - r.entry[1] - cycles,
+                    r.req.prompt_tokens,
+                    r.retractions,
+                    r.cached,
+                )
+            )
         return out
 
     def _emission(self, r: ReqState, new_tokens: int, *, finished: bool, reason: str | None) -> Emission:
-        return Emission(r.req.rid, new_tokens, r.gen, finished, reason, r.verify, r.accepted, r.req.prompt_tokens,
-                        r.retractions, r.cached)
+        return Emission(
+            r.req.rid,
+            new_tokens,
+            r.gen,
+            finished,
+            reason,
+            r.verify,
+            r.accepted,
+            r.req.prompt_tokens,
+            r.retractions,
+            r.cached,
+        )
 
     def _ensure_decode_room(self, lines: list[str]) -> None:
         """Retract the newest requests until the next cycle's D tokens per request fit (SGLang's retract_decode)."""
@@ -400,4 +476,3 @@ class Scheduler(RunningBatch):
                 self._leave(i)
                 count += 1
         self._stats.aborted_total += count
-

@@ -45,8 +45,10 @@ STALL_POLL_S = 0.05  # how often a stalled server's (--sim-stall) pacing loop wa
 
 
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"object": "error", "message": message, "type": "BadRequestError", "param": None,
-                         "code": status}, status_code=status)
+    return JSONResponse(
+        {"object": "error", "message": message, "type": "BadRequestError", "param": None, "code": status},
+        status_code=status,
+    )
 
 
 class SimServer:
@@ -60,9 +62,12 @@ class SimServer:
         self.on_fatal = on_fatal  # SGLang SIGKILLs its own process tree when a child fails
         self.streams: dict[str, Stream] = {}
         # Which output-changing flags differ from SGLang's reference: they decide each greedy request's tokens.
-        self.numerics = SimNumerics.for_server(status.server_args, hybrid=status.model.has_mamba,
-                                               ssm_dtype=status.model.ssm_dtype,
-                                               unlisted=status.args.sim.numerics_flags)
+        self.numerics = SimNumerics.for_server(
+            status.server_args,
+            hybrid=status.model.has_mamba,
+            ssm_dtype=status.model.ssm_dtype,
+            unlisted=status.args.sim.numerics_flags,
+        )
         self.ready = False
         self.draining = False
         self._wake = asyncio.Event()
@@ -77,8 +82,9 @@ class SimServer:
         self._lag_retired = 0.0
         self.speedup = status.args.sim.speedup  # --sim-speedup: modelled s per wall s
         self.stall = status.args.sim.stall  # --sim-stall: once ready, never serve a request
-        self.app = Starlette(routes=self._routes(),
-                             middleware=[Middleware(ApiKeyMiddleware, api_key=status.server_args.get("api_key"))])
+        self.app = Starlette(
+            routes=self._routes(), middleware=[Middleware(ApiKeyMiddleware, api_key=status.server_args.get("api_key"))]
+        )
 
     # -- pacing ---------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -185,18 +191,34 @@ class SimServer:
         self._writer.submit(self.status.report_device, busy=busy, prefill=prefill)
 
     # -- requests -------------------------------------------------------------------------------------------
-    def _submit(self, kind: str, text: str, prompt_tokens: int, max_new: int, ignore_eos: bool,
-                body: RequestBody) -> Stream:
+    def _submit(
+        self, kind: str, text: str, prompt_tokens: int, max_new: int, ignore_eos: bool, body: RequestBody
+    ) -> Stream:
         st = self.status
         rid = uuid.uuid4().hex
-        req = make_request(rid, text, max_new, ignore_eos=ignore_eos, seed=st.seed, acceptance_mean=st.acceptance,
-                           output_mean=st.output_mean, output_dist=st.output_dist, prompt_tokens=prompt_tokens)
-        stream = Stream(rid, kind, req.prompt_tokens, model=str(body.get("model") or st.served_model_name),
-                        draft_tokens=st.draft_tokens)
+        req = make_request(
+            rid,
+            text,
+            max_new,
+            ignore_eos=ignore_eos,
+            seed=st.seed,
+            acceptance_mean=st.acceptance,
+            output_mean=st.output_mean,
+            output_dist=st.output_dist,
+            prompt_tokens=prompt_tokens,
+        )
+        stream = Stream(
+            rid,
+            kind,
+            req.prompt_tokens,
+            model=str(body.get("model") or st.served_model_name),
+            draft_tokens=st.draft_tokens,
+        )
         stream.interval = max(1, int(st.server_args.get("stream_interval") or 1))
         stream.cache_report = bool(st.server_args.get("enable_cache_report"))
         stream.include_usage = bool((body.get("stream_options") or {}).get("include_usage")) or bool(
-            st.server_args.get("stream_response_default_include_usage"))
+            st.server_args.get("stream_response_default_include_usage")
+        )
         greedy = _greedy(kind, body)
         stream.return_logprob = kind == NATIVE and bool(body.get("return_logprob"))
         stream.logprob_text = bool(body.get("return_text_in_logprobs"))
@@ -214,13 +236,17 @@ class SimServer:
         if not stream.finished:
             self.sched.abort(stream.rid)
             self._wake.set()
-        self.status.on_done(stream.completion_tokens, finished=stream.finished,
-                            e2e_s=(stream.done_at or time.time()) - stream.created,
-                            ttft_s=(stream.first_at - stream.created) if stream.first_at else None,
-                            prompt_tokens=stream.prompt_tokens)
+        self.status.on_done(
+            stream.completion_tokens,
+            finished=stream.finished,
+            e2e_s=(stream.done_at or time.time()) - stream.created,
+            ttft_s=(stream.first_at - stream.created) if stream.first_at else None,
+            prompt_tokens=stream.prompt_tokens,
+        )
 
-    async def _serve(self, kind: str, text: str, prompt_tokens: int, max_new: Any, ignore_eos: bool,
-                     stream: bool, body: RequestBody) -> Response:
+    async def _serve(
+        self, kind: str, text: str, prompt_tokens: int, max_new: Any, ignore_eos: bool, stream: bool, body: RequestBody
+    ) -> Response:
         if self.draining or not self.ready:
             return _error(503, "The server is not ready or is shutting down.")
         try:
@@ -233,12 +259,16 @@ class SimServer:
         if not isinstance(max_new, int) or max_new < 0:
             return _error(400, f"max_new_tokens must be a non-negative integer, got {max_new!r}")
         if prompt_tokens >= ctx:
-            return _error(400, f"The input ({prompt_tokens} tokens) is longer than the model's context length "
-                               f"({ctx} tokens).")
+            return _error(
+                400, f"The input ({prompt_tokens} tokens) is longer than the model's context length ({ctx} tokens)."
+            )
         if prompt_tokens + max_new > ctx and not self.status.server_args.get("allow_auto_truncate"):
-            return _error(400, f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
-                               f"You requested a total of {prompt_tokens + max_new} tokens: {prompt_tokens} tokens "
-                               f"from the input messages and {max_new} tokens for the completion.")
+            return _error(
+                400,
+                f"Requested token count exceeds the model's maximum context length of {ctx} tokens. "
+                f"You requested a total of {prompt_tokens + max_new} tokens: {prompt_tokens} tokens "
+                f"from the input messages and {max_new} tokens for the completion.",
+            )
         s = self._submit(kind, text, prompt_tokens, max(1, max_new), ignore_eos, body)
         if stream:
             return SSEResponse(s, self._close)
@@ -260,8 +290,15 @@ class SimServer:
             return _error(400, "Either text (a string) or input_ids should be provided.")
         prompt = str(text) if ids is None else " ".join(map(str, ids))
         tokens = len(ids) if ids is not None else count_tokens(prompt)
-        return await self._serve(NATIVE, prompt, tokens, sp.get("max_new_tokens", 128),
-                                 bool(sp.get("ignore_eos")), bool(body.get("stream")), body)
+        return await self._serve(
+            NATIVE,
+            prompt,
+            tokens,
+            sp.get("max_new_tokens", 128),
+            bool(sp.get("ignore_eos")),
+            bool(body.get("stream")),
+            body,
+        )
 
     async def completions(self, request: Request) -> Response:
         body = await _json(request) or RequestBody()  # no JSON object: no prompt, refused below
@@ -274,19 +311,29 @@ class SimServer:
             text, tokens = prompt, count_tokens(prompt)
         else:
             return _error(400, "prompt must be a string or a list of token ids (batches are not simulated).")
-        return await self._serve(COMPLETION, text, tokens, body.get("max_tokens", 16), bool(body.get("ignore_eos")),
-                                 bool(body.get("stream")), body)
+        return await self._serve(
+            COMPLETION,
+            text,
+            tokens,
+            body.get("max_tokens", 16),
+            bool(body.get("ignore_eos")),
+            bool(body.get("stream")),
+            body,
+        )
 
     async def chat(self, request: Request) -> Response:
         body = await _json(request) or RequestBody()  # no JSON object: no messages, refused below
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             return _error(400, "messages must be a non-empty list of {role, content} objects.")
-        text = "".join(f"<|im_start|>{m.get('role', 'user')}\n{_content(m.get('content'))}<|im_end|>\n"
-                       for m in messages) + "<|im_start|>assistant\n"
+        text = (
+            "".join(f"<|im_start|>{m.get('role', 'user')}\n{_content(m.get('content'))}<|im_end|>\n" for m in messages)
+            + "<|im_start|>assistant\n"
+        )
         max_new = body.get("max_completion_tokens", body.get("max_tokens"))
-        return await self._serve(CHAT, text, count_tokens(text), max_new, bool(body.get("ignore_eos")),
-                                 bool(body.get("stream")), body)
+        return await self._serve(
+            CHAT, text, count_tokens(text), max_new, bool(body.get("ignore_eos")), bool(body.get("stream")), body
+        )
 
     # -- status endpoints -----------------------------------------------------------------------------------
     async def health(self, request: Request) -> Response:
@@ -301,9 +348,22 @@ class SimServer:
 
     async def models(self, request: Request) -> Response:
         st = self.status
-        return JSONResponse({"object": "list", "data": [{
-            "id": st.served_model_name, "object": "model", "created": int(st.started_at), "owned_by": "sglang",
-            "root": st.served_model_name, "parent": None, "max_model_len": st.context_len}]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": st.served_model_name,
+                        "object": "model",
+                        "created": int(st.started_at),
+                        "owned_by": "sglang",
+                        "root": st.served_model_name,
+                        "parent": None,
+                        "max_model_len": st.context_len,
+                    }
+                ],
+            }
+        )
 
     async def metrics(self, request: Request) -> Response:
         if not self.status.server_args.get("enable_metrics"):
@@ -314,8 +374,10 @@ class SimServer:
         if self.streams or self.sched.has_work():
             return PlainTextResponse("Cache not flushed. Please check the server status.", status_code=400)
         self.status.flush()
-        return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. (When there are "
-                                 "running or waiting requests, the operation will not be performed.)\n")
+        return PlainTextResponse(
+            "Cache flushed.\nPlease check backend logs for more details. (When there are "
+            "running or waiting requests, the operation will not be performed.)\n"
+        )
 
     async def sim_gpu(self, request: Request) -> Response:
         return JSONResponse(self.status.device_reading())
@@ -325,15 +387,21 @@ class SimServer:
 
     def _routes(self) -> list[Route]:
         return [
-            Route("/health", self.health), Route("/health_generate", self.health), Route("/ready", self.health),
-            Route("/model_info", self.model_info), Route("/get_model_info", self.model_info),
-            Route("/server_info", self.server_info), Route("/get_server_info", self.server_info),
+            Route("/health", self.health),
+            Route("/health_generate", self.health),
+            Route("/ready", self.health),
+            Route("/model_info", self.model_info),
+            Route("/get_model_info", self.model_info),
+            Route("/server_info", self.server_info),
+            Route("/get_server_info", self.server_info),
             Route("/generate", self.generate, methods=["POST"]),
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
-            Route("/v1/models", self.models), Route("/metrics", self.metrics),
+            Route("/v1/models", self.models),
+            Route("/metrics", self.metrics),
             Route("/flush_cache", self.flush_cache, methods=["GET", "POST"]),
-            Route("/sim/gpu", self.sim_gpu), Route("/sim/pace", self.sim_pace),
+            Route("/sim/gpu", self.sim_gpu),
+            Route("/sim/pace", self.sim_pace),
         ]
 
     # -- warm-up and shutdown -------------------------------------------------------------------------------

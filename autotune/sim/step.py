@@ -60,8 +60,21 @@ class StepResult:
 class ReqState:
     """A request's mutable state in the scheduler while it waits, prefills, or is retracted."""
 
-    __slots__ = ("req", "gen", "done_prefill", "seq", "verify", "accepted", "retractions", "started", "last_t",
-                 "entry", "cached", "node", "branch")
+    __slots__ = (
+        "req",
+        "gen",
+        "done_prefill",
+        "seq",
+        "verify",
+        "accepted",
+        "retractions",
+        "started",
+        "last_t",
+        "entry",
+        "cached",
+        "node",
+        "branch",
+    )
 
     def __init__(self, req: SimRequest, seq: int):
         self.req, self.seq = req, seq

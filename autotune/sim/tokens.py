@@ -100,5 +100,6 @@ class TokenPlan:
 
     def logprobs(self, start: int, end: int) -> list[float]:
         """Log-probability of each output token [start, end) as the server computed it."""
-        return [logprob_at(offset, i) - self.shift for offset, lo, hi in self._pieces(start, end)
-                for i in range(lo, hi)]
+        return [
+            logprob_at(offset, i) - self.shift for offset, lo, hi in self._pieces(start, end) for i in range(lo, hi)
+        ]

@@ -65,9 +65,14 @@ class Deviation:
     @classmethod
     def from_sim(cls, sim: SimOptions) -> Deviation:
         """From a sim server's ``--sim-*`` values (``SimArgs.sim``)."""
-        return cls(free_gib=sim.free_gib_delta, activation_scale=sim.activation_scale, graph_scale=sim.graph_scale,
-                   decode_efficiency=sim.decode_efficiency, unified_efficiency=sim.unified_efficiency,
-                   adaptive_efficiency=sim.adaptive_efficiency)
+        return cls(
+            free_gib=sim.free_gib_delta,
+            activation_scale=sim.activation_scale,
+            graph_scale=sim.graph_scale,
+            decode_efficiency=sim.decode_efficiency,
+            unified_efficiency=sim.unified_efficiency,
+            adaptive_efficiency=sim.adaptive_efficiency,
+        )
 
     def to_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)
@@ -106,24 +111,34 @@ def deviate(mp: Any, model: Any, dev: Deviation | None) -> Any:
     x["runtime_oom_tokens"] = None
     if graphs + capture_act > free:
         failure = "startup_oom"
-        message = (f"Capture cuda graph failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
-                   f"{min(graphs + capture_act, 2.0):.2f} GiB. GPU 0 has a total capacity of "
-                   f"{float(x.get('total_gib') or 0.0):.2f} GiB of which {max(free, 0.0):.2f} GiB is free. "
-                   "Possible solutions: 1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7) 2. set "
-                   "--cuda-graph-max-bs-decode to a smaller value (e.g., 16) 3. disable decode CUDA graph by "
-                   "--cuda-graph-backend-decode=disabled.")
+        message = (
+            f"Capture cuda graph failed: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "
+            f"{min(graphs + capture_act, 2.0):.2f} GiB. GPU 0 has a total capacity of "
+            f"{float(x.get('total_gib') or 0.0):.2f} GiB of which {max(free, 0.0):.2f} GiB is free. "
+            "Possible solutions: 1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7) 2. set "
+            "--cuda-graph-max-bs-decode to a smaller value (e.g., 16) 3. disable decode CUDA graph by "
+            "--cuda-graph-backend-decode=disabled."
+        )
     elif activations > free - graphs:
         failure = "runtime_oom"
         free_at_run = free - graphs
         x["runtime_oom_tokens"] = max(1, int(free_at_run / act_tok)) if act_tok > 0 else 1
-        message = (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {min(activations, 2.0):.2f} GiB. "
-                   f"GPU 0 has a total capacity of {float(x.get('total_gib') or 0.0):.2f} GiB of which "
-                   f"{max(free_at_run, 0.0):.2f} GiB is free (a prefill batch needs {activations:.2f} GiB of "
-                   "activations).")
+        message = (
+            f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {min(activations, 2.0):.2f} GiB. "
+            f"GPU 0 has a total capacity of {float(x.get('total_gib') or 0.0):.2f} GiB of which "
+            f"{max(free_at_run, 0.0):.2f} GiB is free (a prefill batch needs {activations:.2f} GiB of "
+            "activations)."
+        )
     held = pools - dev.free_gib  # what the device shows used beyond the context once the pools are allocated
     held += g.backend
-    x.update({"static_gib": round(ctx + held + graphs, 4), "peak_gib": round(ctx + held + graphs + activations, 4),
-              "truth": dev.to_dict()})
-    gib = dataclasses.replace(g, graphs=round(graphs, 4), activations=round(activations, 4),
-                              headroom=round(headroom, 4))
+    x.update(
+        {
+            "static_gib": round(ctx + held + graphs, 4),
+            "peak_gib": round(ctx + held + graphs + activations, 4),
+            "truth": dev.to_dict(),
+        }
+    )
+    gib = dataclasses.replace(
+        g, graphs=round(graphs, 4), activations=round(activations, 4), headroom=round(headroom, 4)
+    )
     return dataclasses.replace(mp, fits=failure is None, failure=failure, message=message, gib=gib, extra=x)

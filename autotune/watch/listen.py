@@ -54,11 +54,15 @@ class MetricsServer:
 
     def start(self) -> MetricsServer:
         try:
-            self._httpd, self._thread = start_wsgi_server(self.port, addr=self.host,
-                                                          registry=registry_of(self.collector))
+            self._httpd, self._thread = start_wsgi_server(
+                self.port, addr=self.host, registry=registry_of(self.collector)
+            )
         except OSError as exc:
-            raise ConfigError(f"cannot listen on {self.host}:{self.port} ({exc.strerror or exc})", key="--listen",
-                              fix="choose a free port, or :0 for any") from None
+            raise ConfigError(
+                f"cannot listen on {self.host}:{self.port} ({exc.strerror or exc})",
+                key="--listen",
+                fix="choose a free port, or :0 for any",
+            ) from None
         self._thread.name = THREAD_NAME
         return self
 

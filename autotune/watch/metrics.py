@@ -39,8 +39,12 @@ HISTOGRAMS = ("prompt_tokens_histogram", "generation_tokens_histogram")
 _FRACTIONS = ("_usage", "accept_length")
 _WANTED = frozenset(
     f"sglang:{name}"
-    for name in (*GAUGES, *COUNTERS, *HISTOGRAMS, *(h + part for h in HISTOGRAMS for part in ("_bucket", "_sum",
-                                                                                            "_count")))
+    for name in (
+        *GAUGES,
+        *COUNTERS,
+        *HISTOGRAMS,
+        *(h + part for h in HISTOGRAMS for part in ("_bucket", "_sum", "_count")),
+    )
 )
 
 
@@ -156,8 +160,9 @@ def parse_sample(text: str, t: float) -> Sample:
     for name, per in buckets.items():
         finite = sorted(b for b in per if math.isfinite(b))
         count = counts.get(name, per.get(math.inf, 0.0))
-        histograms[name] = Histogram(bounds=tuple(finite), cumulative=tuple(per[b] for b in finite),
-                                     total=sums.get(name, 0.0), count=count)
+        histograms[name] = Histogram(
+            bounds=tuple(finite), cumulative=tuple(per[b] for b in finite), total=sums.get(name, 0.0), count=count
+        )
     levels = {
         name: (sum(values) / len(values) if name.endswith(_FRACTIONS) else sum(values))
         for name, values in gauges.items()

@@ -14,8 +14,10 @@ def _pct(value: float | None) -> str:
 def status_line(server: Any) -> str:
     """One server's live figures over the window, for cycles where it shows no drift."""
     g = server.gauges
-    parts = [f"{g.get('num_running_reqs', 0):.0f} running, {g.get('num_queue_reqs', 0):.0f} queued",
-             f"KV {_pct(g.get('full_token_usage', g.get('token_usage')))}"]
+    parts = [
+        f"{g.get('num_running_reqs', 0):.0f} running, {g.get('num_queue_reqs', 0):.0f} queued",
+        f"KV {_pct(g.get('full_token_usage', g.get('token_usage')))}",
+    ]
     if "mamba_usage" in g:
         parts.append(f"Mamba {_pct(g['mamba_usage'])}")
     if g.get("gen_throughput") is not None:

@@ -28,10 +28,14 @@ class DriftCollector:
         report = self.report
         if report is None:
             return
-        drift = GaugeMetricFamily("autotune_drift", "1 when autotune watch finds this drift rule firing on this "
-                                  "server", labels=["server", "rule"])
-        up = GaugeMetricFamily("autotune_watch_up", "1 when autotune watch could read the server this cycle",
-                               labels=["server"])
+        drift = GaugeMetricFamily(
+            "autotune_drift",
+            "1 when autotune watch finds this drift rule firing on this server",
+            labels=["server", "rule"],
+        )
+        up = GaugeMetricFamily(
+            "autotune_watch_up", "1 when autotune watch could read the server this cycle", labels=["server"]
+        )
         for server in report.servers:
             up.add_metric([server.url], 1)
             firing = {f.rule for f in server.findings}
@@ -41,8 +45,9 @@ class DriftCollector:
             up.add_metric([failure.url], 0)
         yield drift
         yield up
-        yield GaugeMetricFamily("autotune_watch_last_cycle_timestamp_seconds",
-                                "When autotune watch last sampled the fleet", value=report.t)
+        yield GaugeMetricFamily(
+            "autotune_watch_last_cycle_timestamp_seconds", "When autotune watch last sampled the fleet", value=report.t
+        )
 
 
 def registry_of(collector: DriftCollector) -> CollectorRegistry:

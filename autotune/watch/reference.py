@@ -80,20 +80,31 @@ def _from_provenance(path: Path) -> Tuned:
     except ValueError:
         raise ConfigError("not valid JSON", file=str(path), fix="rewrite it with autotune apply --out DIR") from None
     if not isinstance(meta, dict) or "workload" not in meta:
-        raise ConfigError("has no workload", file=str(path), key="workload",
-                          fix="pass the provenance.json that autotune apply wrote")
+        raise ConfigError(
+            "has no workload", file=str(path), key="workload", fix="pass the provenance.json that autotune apply wrote"
+        )
     notes: list[str] = []
     stored = meta.get("workload") or {}
-    workload = TunedWorkload(prompts=stored.get("prompts"), sample_size=int(stored.get("sample_size") or 200),
-                             seed=int(stored.get("seed") or 0), max_tokens=int(stored.get("max_tokens") or 4096))
+    workload = TunedWorkload(
+        prompts=stored.get("prompts"),
+        sample_size=int(stored.get("sample_size") or 200),
+        seed=int(stored.get("seed") or 0),
+        max_tokens=int(stored.get("max_tokens") or 4096),
+    )
     prompt_range, largest = _prompt_range(workload, notes)
     runs = [float(r) for r in meta.get("output_tok_s_runs") or []]
     ci = median_interval(runs)
     if ci is None:
         notes.append("fewer than two confirmation runs recorded: the throughput rule is off")
-    return Tuned(source=f"{path} (study {meta.get('study')}, trial {meta.get('trial')})",
-                 prompt_range=prompt_range, output_range=(1, largest) if largest else None,
-                 tok_s=meta.get("output_tok_s"), tok_s_ci=ci, workload=workload, notes=notes)
+    return Tuned(
+        source=f"{path} (study {meta.get('study')}, trial {meta.get('trial')})",
+        prompt_range=prompt_range,
+        output_range=(1, largest) if largest else None,
+        tok_s=meta.get("output_tok_s"),
+        tok_s_ci=ci,
+        workload=workload,
+        notes=notes,
+    )
 
 
 def _output_range(result: Any, largest: int | None) -> tuple[int, int] | None:
@@ -114,16 +125,27 @@ def _from_study(path: Path) -> Tuned:
     winner = load_winner(cfg.storage_url, cfg.name)
     notes: list[str] = []
     stored = {**cfg.workload.model_dump(mode="json"), **winner.workload}  # the winner's own workload overrides
-    workload = TunedWorkload(prompts=str(cfg.workload.prompts), sample_size=int(stored.get("sample_size") or 200),
-                             seed=int(stored.get("seed") or 0), max_tokens=int(stored.get("max_tokens") or 4096))
+    workload = TunedWorkload(
+        prompts=str(cfg.workload.prompts),
+        sample_size=int(stored.get("sample_size") or 200),
+        seed=int(stored.get("seed") or 0),
+        max_tokens=int(stored.get("max_tokens") or 4096),
+    )
     prompt_range, largest = _prompt_range(workload, notes)
     ci = median_interval(winner.tok_s_runs)
     if ci is None:
         notes.append("the winner has fewer than two confirmation runs: the throughput rule is off")
     metrics = winner.result.metrics
-    return Tuned(source=f"study {winner.study} (trial {winner.trial}) in {path}", prompt_range=prompt_range,
-                 output_range=_output_range(winner.result, largest), tok_s=winner.tok_s, tok_s_ci=ci,
-                 accept_length=metrics.accept_length if metrics else None, workload=workload, notes=notes)
+    return Tuned(
+        source=f"study {winner.study} (trial {winner.trial}) in {path}",
+        prompt_range=prompt_range,
+        output_range=_output_range(winner.result, largest),
+        tok_s=winner.tok_s,
+        tok_s_ci=ci,
+        accept_length=metrics.accept_length if metrics else None,
+        workload=workload,
+        notes=notes,
+    )
 
 
 def load_tuned(path: str | Path) -> Tuned:
@@ -134,6 +156,10 @@ def load_tuned(path: str | Path) -> Tuned:
     if path.suffix == ".toml":
         return _from_study(path)
     if not path.is_file():
-        raise ConfigError("not found", file=str(path), key="--study",
-                          fix="pass the provenance.json autotune apply wrote, its directory, or the study TOML")
+        raise ConfigError(
+            "not found",
+            file=str(path),
+            key="--study",
+            fix="pass the provenance.json autotune apply wrote, its directory, or the study TOML",
+        )
     return _from_provenance(path)

@@ -71,22 +71,27 @@ def _length_rule(ctx: Context, name: str, rule: str, what: str, rng: tuple[int, 
     median, mean = h.quantile(0.5) or 0.0, h.mean or 0.0
     direction = "longer" if median > rng[1] else "shorter"
     return Finding(
-        server=ctx.url, rule=rule,
-        evidence=(f"{what} lengths median ≈ {median:,.0f}, mean {mean:,.0f} tokens over {h.count:.0f} requests "
-                  f"in the last {ctx.window.seconds:.0f} s; {_pct(share)} outside the tuned {rng[0]:,}–{rng[1]:,}"),
+        server=ctx.url,
+        rule=rule,
+        evidence=(
+            f"{what} lengths median ≈ {median:,.0f}, mean {mean:,.0f} tokens over {h.count:.0f} requests "
+            f"in the last {ctx.window.seconds:.0f} s; {_pct(share)} outside the tuned {rng[0]:,}–{rng[1]:,}"
+        ),
         reason=f"the workload is {direction} than the one this config was tuned on, so its memory split and "
-               "running cap no longer fit it",
+        "running cap no longer fit it",
     )
 
 
 def prompt_length(ctx: Context) -> Finding | None:
-    return _length_rule(ctx, "prompt_tokens_histogram", "prompt_length", "prompt",
-                        ctx.tuned.prompt_range if ctx.tuned else None)
+    return _length_rule(
+        ctx, "prompt_tokens_histogram", "prompt_length", "prompt", ctx.tuned.prompt_range if ctx.tuned else None
+    )
 
 
 def output_length(ctx: Context) -> Finding | None:
-    return _length_rule(ctx, "generation_tokens_histogram", "output_length", "output",
-                        ctx.tuned.output_range if ctx.tuned else None)
+    return _length_rule(
+        ctx, "generation_tokens_histogram", "output_length", "output", ctx.tuned.output_range if ctx.tuned else None
+    )
 
 
 def _kv_usage(ctx: Context) -> float | None:
@@ -116,9 +121,11 @@ def kv_pressure(ctx: Context) -> Finding | None:
     if retracted > 0:
         parts.append(f"{retracted:.0f} request(s) retracted in the last {ctx.window.seconds:.0f} s")
     return Finding(
-        server=ctx.url, rule="kv_pressure", evidence=", ".join(parts),
+        server=ctx.url,
+        rule="kv_pressure",
+        evidence=", ".join(parts),
         reason="the KV pool runs dry: SGLang retracts requests and recomputes them, so throughput falls while "
-               "the server stays healthy (the memory this config gave to Mamba slots no longer pays)",
+        "the server stays healthy (the memory this config gave to Mamba slots no longer pays)",
     )
 
 
@@ -132,15 +139,17 @@ def binding_moved(ctx: Context) -> Finding | None:
         return None
     if kv > ctx.limits.kv_full and mamba < ctx.limits.idle:
         return Finding(
-            server=ctx.url, rule="binding_moved",
+            server=ctx.url,
+            rule="binding_moved",
             evidence=f"KV {_pct(kv)} used while the Mamba slots are {_pct(mamba)} used"
-                     + (f" (tuned to bind on {ctx.binding})" if ctx.binding else ""),
+            + (f" (tuned to bind on {ctx.binding})" if ctx.binding else ""),
             reason="the KV cache now limits how many requests run, not the Mamba slots: slots sit idle while "
-                   "requests wait for KV",
+            "requests wait for KV",
         )
     if mamba >= ctx.limits.kv_full and kv < ctx.limits.idle and queued > 0:
         return Finding(
-            server=ctx.url, rule="binding_moved",
+            server=ctx.url,
+            rule="binding_moved",
             evidence=f"Mamba slots {_pct(mamba)} used, KV only {_pct(kv)}, {queued:.0f} request(s) queued",
             reason="the Mamba slots now cap concurrency while the KV pool has room: the traffic got shorter",
         )
@@ -159,11 +168,12 @@ def acceptance(ctx: Context) -> Finding | None:
         return None
     origin = "the study measured" if ctx.tuned and ctx.tuned.accept_length else "watch first saw"
     return Finding(
-        server=ctx.url, rule="acceptance",
+        server=ctx.url,
+        rule="acceptance",
         evidence=f"speculative accept length {now:.2f} over the window, {origin} {ref:.2f} "
-                 f"({100 * (1 - now / ref):.0f} % lower)",
+        f"({100 * (1 - now / ref):.0f} % lower)",
         reason="each speculative step now yields fewer tokens, so the draft work and its Mamba scratch may no "
-               "longer pay for themselves",
+        "longer pay for themselves",
     )
 
 
@@ -180,10 +190,11 @@ def throughput(ctx: Context) -> Finding | None:
     if not waiting or len(rates) < len(recent) or any(r >= low for r in rates):
         return None  # without waiting demand a slower server is just a quieter one
     return Finding(
-        server=ctx.url, rule="throughput",
+        server=ctx.url,
+        rule="throughput",
         evidence=f"generation {min(rates):,.0f}–{max(rates):,.0f} tok/s for {ctx.limits.sustain_s:.0f} s with "
-                 f"requests queued; the confirmed figure is {ctx.tuned.tok_s or 0:,.0f} tok/s "
-                 f"(95 % CI {low:,.0f}–{high:,.0f})",
+        f"requests queued; the confirmed figure is {ctx.tuned.tok_s or 0:,.0f} tok/s "
+        f"(95 % CI {low:,.0f}–{high:,.0f})",
         reason="the server is saturated yet slower than the tuning measured: the config no longer suits the traffic",
     )
 

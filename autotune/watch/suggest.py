@@ -26,8 +26,28 @@ from autotune.watch.window import Window
 
 CHARS_PER_TOKEN = 4
 MARGIN_GIB = 2.0  # headroom a suggestion must keep, as inspect asks of its own
-_WORDS = ("the", "report", "measured", "latency", "across", "every", "region", "while", "operators", "kept",
-          "notes", "about", "cache", "sizes", "and", "restarts", "during", "long", "night", "shifts")
+_WORDS = (
+    "the",
+    "report",
+    "measured",
+    "latency",
+    "across",
+    "every",
+    "region",
+    "while",
+    "operators",
+    "kept",
+    "notes",
+    "about",
+    "cache",
+    "sizes",
+    "and",
+    "restarts",
+    "during",
+    "long",
+    "night",
+    "shifts",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,12 +68,12 @@ class Traffic:
         return max(1, round(self.prompt_mean + (self.output_mean or 0.0)))
 
 
-
 class PromptRow(TypedDict):
     """One row of the drifted prompts' JSONL, in autotune's own prompt format (``prompts.formats``)."""
 
     prompt: str
     max_tokens: int  # the drawn output length (the study sets ignore_eos, so each request produces it)
+
 
 def traffic(window: Window) -> Traffic:
     """The window's request shape from the histograms, else from the token counters."""
@@ -66,9 +86,13 @@ def traffic(window: Window) -> Traffic:
         total = window.counter_delta(counter)
         return total / requests if total and requests else None
 
-    return Traffic(requests=max(requests, prompt.count if prompt else 0.0), prompt=prompt, output=output,
-                   prompt_mean=mean(prompt, "prompt_tokens_total"),
-                   output_mean=mean(output, "generation_tokens_total"))
+    return Traffic(
+        requests=max(requests, prompt.count if prompt else 0.0),
+        prompt=prompt,
+        output=output,
+        prompt_mean=mean(prompt, "prompt_tokens_total"),
+        output_mean=mean(output, "generation_tokens_total"),
+    )
 
 
 def draw_lengths(h: Histogram, n: int, rng: random.Random) -> list[int]:
@@ -138,18 +162,26 @@ def rebalance(advice: Any, tokens_per_request: int) -> Any | None:
         return None
     n, _, slots, p = best
     changes = {"max_mamba_cache_size": slots}  # an explicit count makes --mamba-full-memory-ratio inert
-    return Suggestion(changes=changes, argv=FlagTable.bundled().to_argv(changes),
-                      max_running_requests=p.max_running_requests, binding=p.extra.get("binding"),
-                      kv_tokens=p.kv_tokens, mamba_slots=p.max_mamba_cache_size,
-                      mem_fraction_static=p.mem_fraction_static, headroom_gib=round(p.gib.headroom, 2),
-                      confidence=advice.confidence or "low",
-                      note=f"holds {n} requests of ~{tokens_per_request:,} tokens at once (the running config: {now})")
+    return Suggestion(
+        changes=changes,
+        argv=FlagTable.bundled().to_argv(changes),
+        max_running_requests=p.max_running_requests,
+        binding=p.extra.get("binding"),
+        kv_tokens=p.kv_tokens,
+        mamba_slots=p.max_mamba_cache_size,
+        mem_fraction_static=p.mem_fraction_static,
+        headroom_gib=round(p.gib.headroom, 2),
+        confidence=advice.confidence or "low",
+        note=f"holds {n} requests of ~{tokens_per_request:,} tokens at once (the running config: {now})",
+    )
 
 
 def suggestion_line(s: Any) -> str:
     note = f"; {s.note}" if s.note else ""
-    return (f"{' '.join(s.argv)} → {s.max_running_requests} running, {s.kv_tokens:,} KV tokens, "
-            f"{s.headroom_gib:.1f} GiB headroom (planner, confidence {s.confidence}{note})")
+    return (
+        f"{' '.join(s.argv)} → {s.max_running_requests} running, {s.kv_tokens:,} KV tokens, "
+        f"{s.headroom_gib:.1f} GiB headroom (planner, confidence {s.confidence}{note})"
+    )
 
 
 def write_study(diagnosis: Any, suggestion: Any | None, rows: list[PromptRow], out_dir: Path) -> Path:
@@ -162,8 +194,9 @@ def write_study(diagnosis: Any, suggestion: Any | None, rows: list[PromptRow], o
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts = out_dir / f"{name}-prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    workload = WorkloadTable(prompts=prompts.name, sample_size=len(rows), max_tokens=max(r["max_tokens"] for r in rows),
-                             ignore_eos=True)
+    workload = WorkloadTable(
+        prompts=prompts.name, sample_size=len(rows), max_tokens=max(r["max_tokens"] for r in rows), ignore_eos=True
+    )
     path = out_dir / f"{name}.toml"
     path.write_text(sweep_toml(d, workload=workload, origin="watch"), encoding="utf-8")
     return path

@@ -77,23 +77,38 @@ class CycleReport:
         return EXIT_DRIFT if any(s.findings for s in self.servers) else EXIT_OK
 
     def to_dict(self) -> dict[str, Any]:
-        return {"t": self.t, "exit": self.exit_code, "servers": [asdict(s) for s in self.servers],
-                "failures": [{"url": f.url, "kind": f.kind, "message": f.message} for f in self.failures]}
+        return {
+            "t": self.t,
+            "exit": self.exit_code,
+            "servers": [asdict(s) for s in self.servers],
+            "failures": [{"url": f.url, "kind": f.kind, "message": f.message} for f in self.failures],
+        }
 
 
 class Watcher:
     """Probes every server once per ``cycle()`` and evaluates the rules on its window."""
 
-    def __init__(self, urls: Sequence[str], tuned: Tuned | None, options: WatchOptions, *,
-                 transport: httpx.BaseTransport | None = None):
+    def __init__(
+        self,
+        urls: Sequence[str],
+        tuned: Tuned | None,
+        options: WatchOptions,
+        *,
+        transport: httpx.BaseTransport | None = None,
+    ):
         self.urls = [normalise_url(u) for u in urls]
         self.tuned, self.options = tuned, options
         self.state = WatchState.load(options.state_path, span_s=options.window_s, max_samples=options.max_samples)
         self._texts: dict[str, str] = {}
         # The probe reduces /metrics to levels; watch also needs the histograms, so it keeps the body the probe
         # already fetched (one GET per endpoint, and still GET only).
-        self.client = httpx.Client(timeout=options.timeout_s, transport=transport, follow_redirects=False,
-                                   **tls.secured(), event_hooks={"response": [self._keep_metrics]})
+        self.client = httpx.Client(
+            timeout=options.timeout_s,
+            transport=transport,
+            follow_redirects=False,
+            **tls.secured(),
+            event_hooks={"response": [self._keep_metrics]},
+        )
 
     def _keep_metrics(self, response: httpx.Response) -> None:
         if response.request.url.path.endswith("/metrics") and response.status_code == 200:
@@ -122,15 +137,25 @@ class Watcher:
                 continue
             text = self._texts.pop(url, None)
             if text is None:
-                failures.append(ProbeFailure(url=url, kind="no_metrics", message=(
-                    f"{url}: no readable /metrics ({result.metrics_note or 'no sglang: series'}); "
-                    "watch needs the server started with --enable-metrics")))
+                failures.append(
+                    ProbeFailure(
+                        url=url,
+                        kind="no_metrics",
+                        message=(
+                            f"{url}: no readable /metrics ({result.metrics_note or 'no sglang: series'}); "
+                            "watch needs the server started with --enable-metrics"
+                        ),
+                    )
+                )
                 continue
             try:
                 servers.append(self._server(result, text, now))
             except (KeyError, TypeError, ValueError) as exc:  # a malformed field: this server only
-                failures.append(ProbeFailure(url=url, kind="malformed",
-                                             message=f"{url}: malformed /server_info or /metrics ({exc!r})"))
+                failures.append(
+                    ProbeFailure(
+                        url=url, kind="malformed", message=f"{url}: malformed /server_info or /metrics ({exc!r})"
+                    )
+                )
         if self.options.state_path is not None:
             self.state.save(self.options.state_path)
         return CycleReport(t=now, servers=servers, failures=failures)
@@ -143,16 +168,25 @@ class Watcher:
         if memory.first_accept is None and accept > 0:
             memory.first_accept = accept
         cap = explain_capacity(ServerState.from_probe(result))
-        ctx = Context(url=result.url, window=memory.window, memory=memory, tuned=self.tuned,
-                      limits=self.options.limits, binding=cap.binding, hybrid=cap.mamba_slots is not None)
+        ctx = Context(
+            url=result.url,
+            window=memory.window,
+            memory=memory,
+            tuned=self.tuned,
+            limits=self.options.limits,
+            binding=cap.binding,
+            hybrid=cap.mamba_slots is not None,
+        )
         findings = evaluate(ctx)
         t = traffic(memory.window)
         report = ServerReport(
-            url=result.url, findings=findings, gauges=dict(sample.gauges),
+            url=result.url,
+            findings=findings,
+            gauges=dict(sample.gauges),
             traffic={"requests": t.requests, "prompt_mean": t.prompt_mean, "output_mean": t.output_mean},
-            samples=len(memory.window), window_s=memory.window.seconds,
-            notes=["counters fell: the server restarted, the window starts again"] if memory.window.restarted
-            else [],
+            samples=len(memory.window),
+            window_s=memory.window.seconds,
+            notes=["counters fell: the server restarted, the window starts again"] if memory.window.restarted else [],
         )
         if findings:
             self._fix(report, result, t)
@@ -189,9 +223,11 @@ class Watcher:
             name = self.options.names.get(report.url)
             if report.study_file and self.options.fleet is not None and name is not None:
                 fleet = self.options.fleet
-                fix.append(f"Re-tune for today's traffic in place, on this server's GPUs while the others serve: "
-                           f"autotune sweep --config {report.study_file} --borrow {name} --fleet {fleet}; then roll "
-                           f"the winner out: autotune apply --config {report.study_file} --fleet {fleet} --rolling")
+                fix.append(
+                    f"Re-tune for today's traffic in place, on this server's GPUs while the others serve: "
+                    f"autotune sweep --config {report.study_file} --borrow {name} --fleet {fleet}; then roll "
+                    f"the winner out: autotune apply --config {report.study_file} --fleet {fleet} --rolling"
+                )
             elif report.study_file:
                 fix.append(f"Re-tune for today's traffic: autotune sweep --config {report.study_file}")
             fixed.append(Finding(server=f.server, rule=f.rule, evidence=f.evidence, reason=f.reason, fix=fix))
@@ -205,8 +241,13 @@ def _held_per_request(gauges: dict[str, float]) -> int | None:
     return round(used / running) if running and used else None
 
 
-def run(watcher: Watcher, *, cycles: int | None, on_report: Callable[[CycleReport], None],
-        sleep: Callable[[float], None] = time.sleep) -> CycleReport:
+def run(
+    watcher: Watcher,
+    *,
+    cycles: int | None,
+    on_report: Callable[[CycleReport], None],
+    sleep: Callable[[float], None] = time.sleep,
+) -> CycleReport:
     """``cycles`` cycles (None: until interrupted), one every ``interval_s``; returns the last report."""
     done = 0
     while True:

@@ -34,9 +34,7 @@ class Window:
 
     def add(self, sample: Sample) -> None:
         last = self.samples[-1] if self.samples else None
-        self.restarted = last is not None and any(
-            sample.counters.get(k, v) < v for k, v in last.counters.items()
-        )
+        self.restarted = last is not None and any(sample.counters.get(k, v) < v for k, v in last.counters.items())
         if self.restarted:
             self.samples.clear()
         self.samples.append(sample)
@@ -110,17 +108,16 @@ class WatchState:
         except ValueError:
             raise ConfigError("not valid JSON", file=str(path), fix=fix) from None
         if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
-            raise ConfigError(f"not a version-{STATE_VERSION} watch state", file=str(path), key="version",
-                              fix=fix)
+            raise ConfigError(f"not a version-{STATE_VERSION} watch state", file=str(path), key="version", fix=fix)
         try:
             for url, entry in (data.get("servers") or {}).items():
                 samples = SAMPLES.validate_python(entry.get("samples", []))
                 first = entry.get("first_accept")
-                state.servers[url] = ServerMemory(window=Window(span_s, max_samples, samples),
-                                                  first_accept=None if first is None else float(first))
+                state.servers[url] = ServerMemory(
+                    window=Window(span_s, max_samples, samples), first_accept=None if first is None else float(first)
+                )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(f"malformed server entry ({exc!r})", file=str(path), key="servers",
-                              fix=fix) from None
+            raise ConfigError(f"malformed server entry ({exc!r})", file=str(path), key="servers", fix=fix) from None
         return state
 
     def save(self, path: Path) -> None:

@@ -17,8 +17,18 @@ from autotune.sglang.gpus import GpuProfile
 
 ENGINES: dict[str, EngineClass] = {"sglang": SGLangEngine, "sim": SimEngine}
 
-__all__ = ["ENGINES", "Engine", "EngineSettings", "GpuReader", "SGLangEngine", "SimEngine", "make_engine",
-           "planner_gpu", "register", "study_gpu"]
+__all__ = [
+    "ENGINES",
+    "Engine",
+    "EngineSettings",
+    "GpuReader",
+    "SGLangEngine",
+    "SimEngine",
+    "make_engine",
+    "planner_gpu",
+    "register",
+    "study_gpu",
+]
 
 
 def register(cls: EngineClass) -> EngineClass:

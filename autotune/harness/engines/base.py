@@ -32,7 +32,8 @@ class DeviceProcess(TypedDict):
 class GpuReader(Protocol):
     """One memory/utilisation reading of one device. Implemented by NVML, the simulated GPU and psutil.
 
-    A reader may also offer ``track(pids, files_bytes)`` (the host-memory one does): ``launch.process.ServerProcess`` then hands it
+    A reader may also offer ``track(pids, files_bytes)`` (the host-memory one does): ``launch.process.ServerProcess``
+    then hands it
     the server's own process group, so other processes' memory never counts as the server's (SGLang's CPU backend).
     A reader of a device may offer ``processes()`` (NVML and the simulated GPU do): its ``DeviceProcess`` list,
     what ``harness.tenancy`` reads to refuse a launch next to a tenant.
@@ -86,8 +87,9 @@ class Predictor(Protocol):
     """What an engine that can answer without a server offers (the simulator's virtual clock): a trial's result
     for ``config`` over the study's workload and prompt sample. The study's warm start and benchmarks ask it."""
 
-    def predict(self, config: Mapping[str, Any], workload: Any, prompts: Sequence[str], *,
-                seed: int = 0) -> TrialResult: ...
+    def predict(
+        self, config: Mapping[str, Any], workload: Any, prompts: Sequence[str], *, seed: int = 0
+    ) -> TrialResult: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -169,16 +169,24 @@ def capacity(log_text: str, server_info: Mapping[str, Any] | None = None) -> Cap
     if not server_info:
         return logged
     reported = _reported(server_info)
-    return dataclasses.replace(logged, **{f.name: getattr(reported, f.name) for f in dataclasses.fields(reported)
-                                          if getattr(reported, f.name) is not None})
+    return dataclasses.replace(
+        logged,
+        **{
+            f.name: getattr(reported, f.name)
+            for f in dataclasses.fields(reported)
+            if getattr(reported, f.name) is not None
+        },
+    )
 
 
 def _logged(log_text: str) -> Capacity:
     """What the startup log says the server allocated."""
     line, mamba, mfs = _CAPACITY_LINE.search(log_text), _MAMBA_LINE.search(log_text), _MFS.search(log_text)
     return Capacity(
-        kv_tokens=int(line[1]) if line else None, chunked_prefill_size=int(line[2]) if line else None,
-        max_running_requests=int(line[4]) if line else None, context_len=int(line[5]) if line else None,
+        kv_tokens=int(line[1]) if line else None,
+        chunked_prefill_size=int(line[2]) if line else None,
+        max_running_requests=int(line[4]) if line else None,
+        context_len=int(line[5]) if line else None,
         available_gib=float(line[6]) if line else None,
         mamba_slots=int(mamba[1]) if mamba else None,
         mamba_gib=round(sum(float(x) for x in mamba.groups()[1:] if x is not None), 4) if mamba else None,
@@ -238,4 +246,3 @@ def spec_accept_length(server_info: Mapping[str, Any] | None) -> float | None:
     states = server_info.get("internal_states") or [{}]
     state = states[0] if isinstance(states[0], Mapping) else {}
     return _f(state.get("avg_spec_accept_length"))
-

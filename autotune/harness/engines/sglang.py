@@ -44,8 +44,7 @@ DUMP_TIMEOUT_S = 300.0
 # Run as ``[python, "-c", DUMP_SCRIPT]`` in the engine's interpreter (any Python 3.8+). It prints one line,
 # _DUMP_MARKER + a JSON list of rows shaped like data/sglang-0.5.23-flags.json plus "action" and
 # "help_suppressed"; whatever importing SGLang prints goes to stderr or comes before that line.
-DUMP_SCRIPT = (
-    r"""
+DUMP_SCRIPT = r"""
 import argparse, json, sys
 out = sys.stdout
 sys.stdout = sys.stderr
@@ -84,7 +83,6 @@ for a in parser._actions:
 sys.stdout.write("\n" + MARKER + json.dumps(rows) + "\n")
 sys.stdout.flush()
 """.replace("MARKER", repr(_DUMP_MARKER))
-)
 
 
 def reject_harness_flags(config: Mapping[str, Any], *, fix: str) -> None:
@@ -108,7 +106,7 @@ def parse_dump(stdout: str) -> list[FlagRow]:
     """The rows ``DUMP_SCRIPT`` printed (its marked line); ValueError when there is none or it is malformed."""
     for line in reversed(stdout.splitlines()):
         if line.startswith(_DUMP_MARKER):
-            rows = json.loads(line[len(_DUMP_MARKER):])
+            rows = json.loads(line[len(_DUMP_MARKER) :])
             if _valid_rows(rows):
                 return cast(list[FlagRow], list(rows))
             raise ValueError("the flag dump is not a list of flag rows")
@@ -117,8 +115,11 @@ def parse_dump(stdout: str) -> list[FlagRow]:
 
 def _valid_rows(rows: Any) -> bool:
     return (
-        isinstance(rows, list) and bool(rows)
-        and all(isinstance(r, dict) and isinstance(r.get("dest"), str) and isinstance(r.get("flags"), list) for r in rows)
+        isinstance(rows, list)
+        and bool(rows)
+        and all(
+            isinstance(r, dict) and isinstance(r.get("dest"), str) and isinstance(r.get("flags"), list) for r in rows
+        )
     )
 
 
@@ -170,8 +171,16 @@ class SGLangEngine:
         if self.device == "cpu" and "device" not in config:
             flags = ["--device", "cpu", *flags]
         return [
-            self.python, "-m", "sglang.launch_server", "--model-path", self.model_path,
-            "--host", host, "--port", str(port), *flags,
+            self.python,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            self.model_path,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            *flags,
         ]
 
     def env(self) -> dict[str, str]:
@@ -187,7 +196,8 @@ class SGLangEngine:
         if not self.sglang_version():
             raise EngineError(
                 f"sglang is not importable by {self.python} "
-                "(pip install 'sglang==0.5.23' there, or pass --python / engine.python pointing at an interpreter that has it)"
+                "(pip install 'sglang==0.5.23' there, or pass --python / engine.python pointing at an interpreter "
+                "that has it)"
             )
 
     def check(self, config: Mapping[str, Any]) -> dict[str, Any]:
@@ -218,7 +228,11 @@ class SGLangEngine:
             return self._install
         try:
             proc = subprocess.run(
-                [self.python, "-c", _PROBE_SNIPPET], capture_output=True, text=True, timeout=60, check=False,
+                [self.python, "-c", _PROBE_SNIPPET],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
                 env=self._subprocess_env(),
             )
         except FileNotFoundError as exc:
@@ -263,8 +277,16 @@ class SGLangEngine:
                 rows = self.dump_flags()
             except EngineError as exc:
                 return self._fallback(str(exc))
-            self._write_cache(cached, FlagCache(schema=_CACHE_SCHEMA, python=os.path.realpath(self.python),
-                                                version=version, location=location, rows=rows))
+            self._write_cache(
+                cached,
+                FlagCache(
+                    schema=_CACHE_SCHEMA,
+                    python=os.path.realpath(self.python),
+                    version=version,
+                    location=location,
+                    rows=rows,
+                ),
+            )
         return FlagTable.from_json(rows, version=version)
 
     def dump_flags(self) -> list[FlagRow]:
@@ -272,8 +294,12 @@ class SGLangEngine:
         what = f"dumping sglang's flags with {self.python}"
         try:
             proc = subprocess.run(
-                [self.python, "-c", DUMP_SCRIPT], capture_output=True, text=True, timeout=DUMP_TIMEOUT_S,
-                check=False, env=self._subprocess_env(),
+                [self.python, "-c", DUMP_SCRIPT],
+                capture_output=True,
+                text=True,
+                timeout=DUMP_TIMEOUT_S,
+                check=False,
+                env=self._subprocess_env(),
             )
         except FileNotFoundError as exc:
             raise EngineError(f"{what}: interpreter not found") from exc
@@ -302,7 +328,9 @@ class SGLangEngine:
         try:
             data = json.loads(path.read_text())
             if (
-                isinstance(data, dict) and data.get("schema") == _CACHE_SCHEMA and data.get("version") == version
+                isinstance(data, dict)
+                and data.get("schema") == _CACHE_SCHEMA
+                and data.get("version") == version
                 and _valid_rows(data.get("rows"))
             ):
                 return cast(list[FlagRow], list(data["rows"]))
@@ -349,9 +377,11 @@ class SGLangEngine:
         if settings.sim_gpu is not None:
             named = load_gpu(settings.sim_gpu)
             if named.name != device.name:
-                raise ConfigError(f"sim_gpu is {named.name!r} but GPU {gpu_index} is {name} ({device.name})",
-                                  key="engine.sim_gpu",
-                                  fix=f"remove sim_gpu (the device's profile is used) or set it to {device.name!r}")
+                raise ConfigError(
+                    f"sim_gpu is {named.name!r} but GPU {gpu_index} is {name} ({device.name})",
+                    key="engine.sim_gpu",
+                    fix=f"remove sim_gpu (the device's profile is used) or set it to {device.name!r}",
+                )
         return device
 
     def gpu_reader(self, gpu_index: int | None) -> GpuReader:

@@ -2,7 +2,8 @@
 
 The simulator takes SGLang's flags and prints SGLang's log lines, so everything but the command and the
 GPU reader is shared with the real engine (the harness reads both with ``logparse``). This module is the
-harness's only door into ``autotune.sim``: the simulated GPU's reader, the study workload as the simulator's, and ``predict`` (one
+harness's only door into ``autotune.sim``: the simulated GPU's reader, the study workload as the simulator's, and
+``predict`` (one
 trial on the simulator's virtual clock, no server), which no other engine offers.
 """
 
@@ -72,8 +73,14 @@ class SimEngine:
 
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> SimEngine:
-        return cls(model_path=settings.model_path, python=settings.python, env=settings.env, sim_gpu=settings.sim_gpu,
-                   sim_options=settings.sim_options, device=settings.device)
+        return cls(
+            model_path=settings.model_path,
+            python=settings.python,
+            env=settings.env,
+            sim_gpu=settings.sim_gpu,
+            sim_options=settings.sim_options,
+            device=settings.device,
+        )
 
     @classmethod
     def planner_gpu(cls, settings: EngineSettings, gpu_index: int) -> GpuProfile:
@@ -91,8 +98,20 @@ class SimEngine:
     def argv(self, config: Mapping[str, Any], *, port: int, host: str = "127.0.0.1") -> list[str]:
         device = ["--device", "cpu"] if self.device == "cpu" and "device" not in config else []
         return [
-            self.python, "-m", "autotune.sim", "--model-path", self.model_path, "--host", host, "--port", str(port),
-            *FlagTable.bundled().to_argv(dict(config)), *device, "--sim-gpu", self.sim_gpu, *sim_argv(self.sim_options),
+            self.python,
+            "-m",
+            "autotune.sim",
+            "--model-path",
+            self.model_path,
+            "--host",
+            host,
+            "--port",
+            str(port),
+            *FlagTable.bundled().to_argv(dict(config)),
+            *device,
+            "--sim-gpu",
+            self.sim_gpu,
+            *sim_argv(self.sim_options),
         ]
 
     def env(self) -> dict[str, str]:
@@ -112,26 +131,57 @@ class SimEngine:
             return SimGpuReader(device.HOST)
         return SimGpuReader(0 if gpu_index is None else gpu_index)
 
-    def predict(self, config: Mapping[str, Any], workload: WorkloadSpec | WorkloadSection, prompts: Sequence[str], *,
-                seed: int = 0) -> TrialResult:
+    def predict(
+        self,
+        config: Mapping[str, Any],
+        workload: WorkloadSpec | WorkloadSection,
+        prompts: Sequence[str],
+        *,
+        seed: int = 0,
+    ) -> TrialResult:
         """One trial on the simulator's virtual clock (no server, no waiting): this engine's model and GPU,
         ``workload``'s shape over ``prompts`` (the study's sample). Noise as ``sim_options["noise"]``."""
-        ev = evaluate(dict(config), sim_workload(workload, prompts), model=self.model_path, gpu=self.sim_gpu,
-                      seed=seed, noise=float(self.sim_options.get("noise", 0.0)))
+        ev = evaluate(
+            dict(config),
+            sim_workload(workload, prompts),
+            model=self.model_path,
+            gpu=self.sim_gpu,
+            seed=seed,
+            noise=float(self.sim_options.get("noise", 0.0)),
+        )
         status = cast(Status, ev.status if ev.status in STATUSES else "crash")
-        return TrialResult(status=status, config=dict(config), engine="sim", device=self.device, capacity=ev.capacity,
-                           metrics=ev.metrics, reason=ev.reason, modelled_startup_s=ev.startup_s, plan=ev.plan,
-                           measurement=None if ev.settling is None else MeasurementVerdict(
-                               settled=ev.settling.settled, settling=ev.settling.to_dict()))
+        return TrialResult(
+            status=status,
+            config=dict(config),
+            engine="sim",
+            device=self.device,
+            capacity=ev.capacity,
+            metrics=ev.metrics,
+            reason=ev.reason,
+            modelled_startup_s=ev.startup_s,
+            plan=ev.plan,
+            measurement=None
+            if ev.settling is None
+            else MeasurementVerdict(settled=ev.settling.settled, settling=ev.settling.to_dict()),
+        )
 
 
 def sim_workload(workload: WorkloadSpec | WorkloadSection, prompts: Sequence[str]) -> SimWorkload:
     """A study's workload (the ``[workload]`` section or the harness's spec) as the simulator's, over ``prompts``."""
-    return SimWorkload(prompts=list(prompts), max_tokens=workload.max_tokens, concurrency=workload.concurrency,
-                       warmup_s=workload.warmup_s, measure_s=workload.measure_s, ignore_eos=workload.ignore_eos,
-                       repeats=workload.repeats, warmup_max_s=workload.warmup_max_s,
-                       measure_max_s=workload.measure_max_s, target_half_width=workload.target_half_width,
-                       settle_tolerance=workload.settle_tolerance, ramp_s=workload.ramp_s)
+    return SimWorkload(
+        prompts=list(prompts),
+        max_tokens=workload.max_tokens,
+        concurrency=workload.concurrency,
+        warmup_s=workload.warmup_s,
+        measure_s=workload.measure_s,
+        ignore_eos=workload.ignore_eos,
+        repeats=workload.repeats,
+        warmup_max_s=workload.warmup_max_s,
+        measure_max_s=workload.measure_max_s,
+        target_half_width=workload.target_half_width,
+        settle_tolerance=workload.settle_tolerance,
+        ramp_s=workload.ramp_s,
+    )
 
 
 class SimGpuReader:
@@ -151,8 +201,14 @@ class SimGpuReader:
     def processes(self) -> list[DeviceProcess]:
         """Every registration: pid, GiB held, and whether the process has exited (its memory still being freed)."""
         r = device.read(self.index, directory=self.directory)
-        return [{"pid": int(p["pid"]), "used_gib": float(p["used_mib"]) / MIB_PER_GIB,
-                 "exited": p.get("exited_at") is not None} for p in r.processes]
+        return [
+            {
+                "pid": int(p["pid"]),
+                "used_gib": float(p["used_mib"]) / MIB_PER_GIB,
+                "exited": p.get("exited_at") is not None,
+            }
+            for p in r.processes
+        ]
 
     def close(self) -> None:
         pass

@@ -44,8 +44,15 @@ class ReplayProgress:
     window: int = 1
 
 
-async def _one(client: httpx.AsyncClient, url: str, body: RequestBody, rec: RequestRecord, endpoint: str, t0: float,
-               tally: SliceTally | None = None) -> None:
+async def _one(
+    client: httpx.AsyncClient,
+    url: str,
+    body: RequestBody,
+    rec: RequestRecord,
+    endpoint: str,
+    t0: float,
+    tally: SliceTally | None = None,
+) -> None:
     """One streaming request into ``rec`` (and its tokens into ``tally``); never raises but for cancellation."""
     clock = time.perf_counter
     stream = SseStream(endpoint, tally)
@@ -142,10 +149,20 @@ async def replay(
     check_repeats(repeats)
     rule = rule or SettleRule.fixed(warmup_s, measure_s)
     session = _Session(
-        url=base_url.rstrip("/"), sample=sample, endpoint=endpoint, max_tokens=max_tokens,
-        ignore_eos=ignore_eos, repeats=repeats, window_probe=window_probe, t0=time.perf_counter(),
+        url=base_url.rstrip("/"),
+        sample=sample,
+        endpoint=endpoint,
+        max_tokens=max_tokens,
+        ignore_eos=ignore_eos,
+        repeats=repeats,
+        window_probe=window_probe,
+        t0=time.perf_counter(),
         records=ReplayRecords([], (rule.warmup_s, rule.warmup_s + rule.measure_s), concurrency, endpoint),
-        settler=Settler(rule), tally=SliceTally(rule.slice_s), ramp_s=ramp_s, windows=windows, go_on=go_on,
+        settler=Settler(rule),
+        tally=SliceTally(rule.slice_s),
+        ramp_s=ramp_s,
+        windows=windows,
+        go_on=go_on,
     )
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     timeout = httpx.Timeout(request_timeout_s, connect=10.0)
@@ -205,8 +222,7 @@ class _Session:
             rec = RequestRecord(row=row.line, sent=self.elapsed(), pass_no=pass_no)
             self.sent.append(rec)
             endpoint = row.endpoint or self.endpoint
-            body = request_body(endpoint, row, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos,
-                                pass_no=pass_no)
+            body = request_body(endpoint, row, max_tokens=self.max_tokens, ignore_eos=self.ignore_eos, pass_no=pass_no)
             await _one(client, self.url + ENDPOINTS[endpoint], body, rec, endpoint, self.t0, self.tally)
             if rec.error is not None:
                 await asyncio.sleep(0.05)  # a refusing server must not turn this loop into a busy spin
@@ -219,8 +235,9 @@ class _Session:
             self.records.probes.append(await self.window_probe())
         return now or (time.perf_counter(), thread_busy_s())
 
-    async def feed(self, fed: int, start: tuple[float, float] | None) -> tuple[int, tuple[float, float] | None,
-                                                                               Settling | None]:
+    async def feed(
+        self, fed: int, start: tuple[float, float] | None
+    ) -> tuple[int, tuple[float, float] | None, Settling | None]:
         """Every slice that has ended into the settler: (slices fed, the window's start mark, the settling once
         the rule says stop)."""
         slice_s = self.tally.slice_s
@@ -233,8 +250,12 @@ class _Session:
                 return fed, start, settling
         return fed, start, None
 
-    async def pace(self, should_stop: Callable[[], str | None] | None,
-                   on_progress: Callable[[ReplayProgress], None] | None, interval_s: float) -> None:
+    async def pace(
+        self,
+        should_stop: Callable[[], str | None] | None,
+        on_progress: Callable[[ReplayProgress], None] | None,
+        interval_s: float,
+    ) -> None:
         """The control loop while the workers run: stop checks, progress, each window's edges, ``client_busy``."""
         self.measured.append(self.records)
         start = await self.mark() if self.settler.in_window else None
@@ -252,8 +273,15 @@ class _Session:
                     return
                 continue
             if on_progress is not None:
-                on_progress(_progress(self.sent, self.records.concurrency, self.elapsed(),
-                                      "measuring" if self.settler.in_window else "warmup", len(self.measured)))
+                on_progress(
+                    _progress(
+                        self.sent,
+                        self.records.concurrency,
+                        self.elapsed(),
+                        "measuring" if self.settler.in_window else "warmup",
+                        len(self.measured),
+                    )
+                )
             boundary = (fed + 1) * self.tally.slice_s
             await asyncio.sleep(min(interval_s, max(0.0, boundary - self.elapsed())))  # progress may have taken time
 
@@ -271,8 +299,9 @@ class _Session:
             self.done = True
             return None
         self.opened = settling.window[1]
-        self.records = ReplayRecords([], records.window, records.concurrency, records.endpoint,
-                                     probes=records.probes[-1:])
+        self.records = ReplayRecords(
+            [], records.window, records.concurrency, records.endpoint, probes=records.probes[-1:]
+        )
         self.measured.append(self.records)
         self.settler = NextWindow(self.settler.rule, settling.tok_s)
         return time.perf_counter(), thread_busy_s()
@@ -282,8 +311,7 @@ class _Session:
         before its start (a stream cut at the loop's end has ended)."""
         records = self.records
         end = float("inf") if last or records.settling is None else records.window[1]
-        records.requests = [r for r in self.sent
-                            if r.sent < end and (r.ended is None or r.ended >= self.opened)]
+        records.requests = [r for r in self.sent if r.sent < end and (r.ended is None or r.ended >= self.opened)]
         return records
 
 
@@ -291,7 +319,10 @@ def _progress(sent: list[RequestRecord], concurrency: int, elapsed: float, phase
     """Live figures: tokens that arrived over the last second, requests done, errors so far."""
     recent = sum(n for r in sent[-4 * concurrency :] for t, n in r.chunks if t >= elapsed - 1.0)
     return ReplayProgress(
-        phase=phase, elapsed_s=round(elapsed, 2), tok_s=float(recent),
+        phase=phase,
+        elapsed_s=round(elapsed, 2),
+        tok_s=float(recent),
         completed=sum(1 for r in sent if r.finish_reason not in (None, CUT) and r.error is None),
-        errors=sum(1 for r in sent if r.error is not None), window=window,
+        errors=sum(1 for r in sent if r.error is not None),
+        window=window,
     )

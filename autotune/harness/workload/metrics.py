@@ -13,7 +13,9 @@ def _pct(values: list[float]) -> Percentiles:
         return Percentiles()
     arr = np.asarray(values, dtype=float) * 1000.0
     p50, p90, p99 = np.percentile(arr, [50, 90, 99])
-    return Percentiles(p50=round(float(p50), 3), p90=round(float(p90), 3), p99=round(float(p99), 3), mean=round(float(arr.mean()), 3))
+    return Percentiles(
+        p50=round(float(p50), 3), p90=round(float(p90), 3), p99=round(float(p99), 3), mean=round(float(arr.mean()), 3)
+    )
 
 
 def metrics_from_records(records: ReplayRecords, *, window: tuple[float, float] | None = None) -> Metrics:
@@ -49,8 +51,13 @@ def metrics_from_records(records: ReplayRecords, *, window: tuple[float, float] 
     return Metrics(
         output_tok_s=round(tokens / span, 3),
         request_s=round(completed / span, 4),
-        ttft_ms=_pct(ttft), itl_ms=_pct(itl), e2e_ms=_pct(e2e),
+        ttft_ms=_pct(ttft),
+        itl_ms=_pct(itl),
+        e2e_ms=_pct(e2e),
         accept_length=round(accept_num / accept_den, 4) if accept_den else None,
-        output_tokens=tokens, completed=completed, errors=errors, window_s=round(span, 3),
+        output_tokens=tokens,
+        completed=completed,
+        errors=errors,
+        window_s=round(span, 3),
         concurrency=records.concurrency,
     )

@@ -43,7 +43,9 @@ class WorkloadSpec:
 
     def __post_init__(self) -> None:
         if self.endpoint not in ENDPOINTS:
-            raise WorkloadError(f"unknown endpoint {self.endpoint!r}", key="endpoint", fix=f"use one of {sorted(ENDPOINTS)}")
+            raise WorkloadError(
+                f"unknown endpoint {self.endpoint!r}", key="endpoint", fix=f"use one of {sorted(ENDPOINTS)}"
+            )
         check_repeats(self.repeats)
         for name in ("sample_size", "max_tokens"):
             if getattr(self, name) < 1:
@@ -70,9 +72,14 @@ class WorkloadSpec:
 
 def settle_rule(workload: Any) -> SettleRule:
     """The settle rule of any workload with the spec's fields (the spec, the study's ``[workload]`` section)."""
-    return SettleRule(warmup_s=workload.warmup_s, measure_s=workload.measure_s, warmup_max_s=workload.warmup_max_s,
-                      measure_max_s=workload.measure_max_s, target_half_width=workload.target_half_width,
-                      tolerance=workload.settle_tolerance)
+    return SettleRule(
+        warmup_s=workload.warmup_s,
+        measure_s=workload.measure_s,
+        warmup_max_s=workload.warmup_max_s,
+        measure_max_s=workload.measure_max_s,
+        target_half_width=workload.target_half_width,
+        tolerance=workload.settle_tolerance,
+    )
 
 
 def check_settle_fields(workload: Any) -> None:
@@ -80,14 +87,18 @@ def check_settle_fields(workload: Any) -> None:
     for cap, floor in (("warmup_max_s", "warmup_s"), ("measure_max_s", "measure_s")):
         value = getattr(workload, cap)
         if value is not None and value < getattr(workload, floor):
-            raise WorkloadError(f"{cap} ({value:g}) is below {floor} ({getattr(workload, floor):g})", key=cap,
-                                fix=f"set {cap} at or above {floor}, or leave it unset (4 × {floor})")
+            raise WorkloadError(
+                f"{cap} ({value:g}) is below {floor} ({getattr(workload, floor):g})",
+                key=cap,
+                fix=f"set {cap} at or above {floor}, or leave it unset (4 × {floor})",
+            )
     if workload.ramp_s is not None and workload.ramp_s < 0:
         raise WorkloadError(f"ramp_s must be >= 0, got {workload.ramp_s:g}", key="ramp_s", fix="e.g. ramp_s = 5")
     for name in ("target_half_width", "settle_tolerance"):
         if not 0 < getattr(workload, name) < 1:
-            raise WorkloadError(f"{name} must lie between 0 and 1 (a share of the mean rate)", key=name,
-                                fix="e.g. 0.03 for 3 %")
+            raise WorkloadError(
+                f"{name} must lie between 0 and 1 (a share of the mean rate)", key=name, fix="e.g. 0.03 for 3 %"
+            )
 
 
 class SamplingParams(TypedDict):
@@ -125,8 +136,7 @@ class OpenAIBody(TypedDict, total=False):
 RequestBody = NativeBody | OpenAIBody
 
 
-def request_body(endpoint: str, row: PromptRow, *, max_tokens: int, ignore_eos: bool,
-                 pass_no: int = 0) -> RequestBody:
+def request_body(endpoint: str, row: PromptRow, *, max_tokens: int, ignore_eos: bool, pass_no: int = 0) -> RequestBody:
     """The streaming request for ``row`` on ``endpoint`` (SGLang's native /generate or the OpenAI routes): greedy,
     unless the row carries the job's own temperature (a Batch API body's: it moves speculative acceptance)."""
     n = min(row.max_tokens or max_tokens, max_tokens)
@@ -134,8 +144,14 @@ def request_body(endpoint: str, row: PromptRow, *, max_tokens: int, ignore_eos: 
     if endpoint == "generate":
         params = SamplingParams(max_new_tokens=n, ignore_eos=ignore_eos, temperature=temperature)
         return NativeBody(text=row.as_text(pass_no), sampling_params=params, stream=True)
-    body = OpenAIBody(model="default", max_tokens=n, ignore_eos=ignore_eos, temperature=temperature, stream=True,
-                      stream_options=StreamOptions(include_usage=True, continuous_usage_stats=True))
+    body = OpenAIBody(
+        model="default",
+        max_tokens=n,
+        ignore_eos=ignore_eos,
+        temperature=temperature,
+        stream=True,
+        stream_options=StreamOptions(include_usage=True, continuous_usage_stats=True),
+    )
     if endpoint == "chat":
         body["messages"] = row.as_messages(pass_no)
     else:

@@ -23,5 +23,16 @@ from autotune.search.confirm.noise import NoiseModel, estimate_noise
 from autotune.search.confirm.ranking import contenders
 from autotune.search.confirm.stages import confirm, next_launches
 
-__all__ = ["CHOSEN_TOGETHER", "RESOLUTION", "TIE_HEADROOM_FLOOR_GIB", "NoiseModel", "_defaults", "confirm",
-           "contenders", "decide", "defaults_config", "estimate_noise", "next_launches"]
+__all__ = [
+    "CHOSEN_TOGETHER",
+    "RESOLUTION",
+    "TIE_HEADROOM_FLOOR_GIB",
+    "NoiseModel",
+    "_defaults",
+    "confirm",
+    "contenders",
+    "decide",
+    "defaults_config",
+    "estimate_noise",
+    "next_launches",
+]

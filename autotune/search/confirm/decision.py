@@ -5,7 +5,8 @@ Each contender's estimate and the gain of the best over every other come from th
 resolution* (the whole interval inside ±``resolution``: a result, nothing more to measure), *close* (the interval's
 low end at or above 1 − ``resolution``: the best is at most that much slower, so no launch would change the pick;
 it may be far faster, so a close contender is not in the tie) or *open* (more launches may tell). The confirmation
-relaunches only the open ones and the best (``contention``), until none is open or the launches are spent. A tie (within the resolution, or open when the launches are spent) goes to the
+relaunches only the open ones and the best (``contention``), until none is open or the launches are spent. A tie
+(within the resolution, or open when the launches are spent) goes to the
 fastest estimate unless its memory headroom is under ``TIE_HEADROOM_FLOOR_GIB``; then to the roomiest. A best
 config that runs the baseline's own flags, or that is not resolved from the baseline, did not beat it: no winner.
 """
@@ -65,8 +66,10 @@ class ContenderStat:
     def from_dict(cls, data: Mapping[str, Any]) -> ContenderStat:
         ci = data.get("ci")
         names = {f.name for f in dataclasses.fields(cls)} - {"ci"}
-        return cls(ci=(ci[0], ci[1]) if isinstance(ci, list | tuple) and len(ci) == 2 else None,
-                   **{k: v for k, v in data.items() if k in names and v is not None})
+        return cls(
+            ci=(ci[0], ci[1]) if isinstance(ci, list | tuple) and len(ci) == 2 else None,
+            **{k: v for k, v in data.items() if k in names and v is not None},
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,16 +104,28 @@ class Verdict:
         """The stored form: the keys a study has always held (``runner_up_*`` only with a winner, ``resolved``
         unless nothing ran cleanly, ``demoted`` only when one was)."""
         out: dict[str, Any] = {
-            "baseline_trial": self.baseline_trial, "resolution": self.resolution, "noise": dict(self.noise),
+            "baseline_trial": self.baseline_trial,
+            "resolution": self.resolution,
+            "noise": dict(self.noise),
             "stats": {k: v.to_dict() for k, v in self.stats.items()},
             **({"demoted": dict(self.demoted)} if self.demoted else {}),
-            "winner_trial": self.winner_trial, "gain": self.gain, "ci_low": self.ci_low, "ci_high": self.ci_high,
-            "outcome": self.outcome, "note": self.note, "decided": self.decided, "contention": list(self.contention)}
+            "winner_trial": self.winner_trial,
+            "gain": self.gain,
+            "ci_low": self.ci_low,
+            "ci_high": self.ci_high,
+            "outcome": self.outcome,
+            "note": self.note,
+            "decided": self.decided,
+            "contention": list(self.contention),
+        }
         if self.outcome != "none":
             out["resolved"] = self.resolved
         if self.outcome == "winner":
-            out.update(runner_up_trial=self.runner_up_trial, runner_up_gain=self.runner_up_gain,
-                       runner_up_ci=list(self.runner_up_ci) if self.runner_up_ci is not None else None)
+            out.update(
+                runner_up_trial=self.runner_up_trial,
+                runner_up_gain=self.runner_up_gain,
+                runner_up_ci=list(self.runner_up_ci) if self.runner_up_ci is not None else None,
+            )
         return out
 
     @classmethod
@@ -120,15 +135,25 @@ class Verdict:
         if not data:
             return None
         ci = data.get("runner_up_ci")
-        return cls(outcome=data.get("outcome") or "none", winner_trial=data.get("winner_trial"),
-                   baseline_trial=data.get("baseline_trial"), gain=data.get("gain"), ci_low=data.get("ci_low"),
-                   ci_high=data.get("ci_high"), note=data.get("note") or "", decided=data.get("decided", True),
-                   resolved=data.get("resolved"), contention=tuple(data.get("contention") or ()),
-                   runner_up_trial=data.get("runner_up_trial"), runner_up_gain=data.get("runner_up_gain"),
-                   runner_up_ci=(ci[0], ci[1]) if ci else None, resolution=data.get("resolution", RESOLUTION),
-                   noise=dict(data.get("noise") or {}),
-                   stats={k: ContenderStat.from_dict(v) for k, v in (data.get("stats") or {}).items()},
-                   demoted=dict(data.get("demoted") or {}))
+        return cls(
+            outcome=data.get("outcome") or "none",
+            winner_trial=data.get("winner_trial"),
+            baseline_trial=data.get("baseline_trial"),
+            gain=data.get("gain"),
+            ci_low=data.get("ci_low"),
+            ci_high=data.get("ci_high"),
+            note=data.get("note") or "",
+            decided=data.get("decided", True),
+            resolved=data.get("resolved"),
+            contention=tuple(data.get("contention") or ()),
+            runner_up_trial=data.get("runner_up_trial"),
+            runner_up_gain=data.get("runner_up_gain"),
+            runner_up_ci=(ci[0], ci[1]) if ci else None,
+            resolution=data.get("resolution", RESOLUTION),
+            noise=dict(data.get("noise") or {}),
+            stats={k: ContenderStat.from_dict(v) for k, v in (data.get("stats") or {}).items()},
+            demoted=dict(data.get("demoted") or {}),
+        )
 
     def stat(self, trial: int | None) -> ContenderStat | None:
         """A contender's stored figures (``median``, ``ci``, ``runs``, ``windows``, ...), None when not confirmed."""
@@ -157,10 +182,17 @@ def standing(best: Estimate, other: Estimate, noise: NoiseModel, resolution: flo
     return Standing(other.trial, r, state)
 
 
-def decide(runs: Sequence[ConfirmationRun], order: Sequence[int], baseline: int | None, *,
-           same_as_baseline: Collection[int] = (), resolution: float = RESOLUTION,
-           demoted: Mapping[int, str] | None = None, given: Sequence[ConfirmationRun] = (),
-           searched: Mapping[int, float] | None = None) -> Verdict:
+def decide(
+    runs: Sequence[ConfirmationRun],
+    order: Sequence[int],
+    baseline: int | None,
+    *,
+    same_as_baseline: Collection[int] = (),
+    resolution: float = RESOLUTION,
+    demoted: Mapping[int, str] | None = None,
+    given: Sequence[ConfirmationRun] = (),
+    searched: Mapping[int, float] | None = None,
+) -> Verdict:
     """Winner, gain and interval from confirmation runs.
 
     ``same_as_baseline``: contenders that launched the baseline's exact flags. ``demoted``: contenders that may not
@@ -178,12 +210,19 @@ def decide(runs: Sequence[ConfirmationRun], order: Sequence[int], baseline: int 
     from_search = {run.trial for run in given}
     if from_search and searched:
         noise, est = _stand_ins(noise, est, from_search, searched)
-    nothing = functools.partial(Verdict, baseline_trial=baseline, resolution=resolution, noise=noise.to_dict(),
-                                stats=_stats(est, noise, from_search),
-                                demoted={str(n): why for n, why in demoted.items()})
+    nothing = functools.partial(
+        Verdict,
+        baseline_trial=baseline,
+        resolution=resolution,
+        noise=noise.to_dict(),
+        stats=_stats(est, noise, from_search),
+        demoted={str(n): why for n, why in demoted.items()},
+    )
     candidates = [n for n in order if est[n].launches and not est[n].failed and n not in demoted]
     if not candidates:
-        return nothing(outcome="none", note=_demoted_note(demoted) or "no contender ran cleanly in every confirmation run")
+        return nothing(
+            outcome="none", note=_demoted_note(demoted) or "no contender ran cleanly in every confirmation run"
+        )
     top = max(candidates, key=lambda n: est[n].rate)
     twins = {n for n in same_as_baseline if n != baseline}
     stand = {n: s for n in candidates if n != top and (s := standing(est[top], est[n], noise, resolution))}
@@ -194,10 +233,18 @@ def decide(runs: Sequence[ConfirmationRun], order: Sequence[int], baseline: int 
     if held is not None:
         why, decided = held
         # one search reading of the baseline blocks it: the baseline is what to relaunch, not the contenders
-        contention = [baseline] if baseline in from_search else sorted(
-            {top, *(n for n, s in stand.items() if s.state == "open" and n not in twins)})
-        return nothing(outcome="baseline", note=_join(f"no config beat the baseline: {why}", _demoted_note(demoted)),
-                       decided=decided, resolved=decided, contention=() if decided else tuple(contention))
+        contention = (
+            [baseline]
+            if baseline in from_search
+            else sorted({top, *(n for n, s in stand.items() if s.state == "open" and n not in twins)})
+        )
+        return nothing(
+            outcome="baseline",
+            note=_join(f"no config beat the baseline: {why}", _demoted_note(demoted)),
+            decided=decided,
+            resolved=decided,
+            contention=() if decided else tuple(contention),
+        )
     others = {n: s for n, s in stand.items() if n not in twins}  # noise around the baseline's flags is no candidate
     tied = [top, *(n for n, s in others.items() if s.state in ("within", "open"))]  # a close one may be far slower
     winner, tie_note = _break_tie(est, top, tied)
@@ -210,17 +257,31 @@ def decide(runs: Sequence[ConfirmationRun], order: Sequence[int], baseline: int 
     close = [n for n, s in others.items() if s.state == "close"]
     against = others[runner].against_best if runner else None  # (a runner-up trial 0 has none stored)
     note = _winner_note(est, others, top, winner, runner, tie_note, resolution)
-    return nothing(outcome="winner", winner_trial=winner, note=_join(note, _demoted_note(demoted)),
-                   gain=base.gain if base else None, ci_low=base.low if base else None,
-                   ci_high=base.high if base else None, runner_up_trial=runner,
-                   runner_up_gain=against.gain if against else None,
-                   runner_up_ci=(against.low, against.high) if against else None,
-                   resolved=not open_ and not within and not close, decided=not open_,
-                   contention=tuple(sorted({top, *open_})) if open_ else ())
+    return nothing(
+        outcome="winner",
+        winner_trial=winner,
+        note=_join(note, _demoted_note(demoted)),
+        gain=base.gain if base else None,
+        ci_low=base.low if base else None,
+        ci_high=base.high if base else None,
+        runner_up_trial=runner,
+        runner_up_gain=against.gain if against else None,
+        runner_up_ci=(against.low, against.high) if against else None,
+        resolved=not open_ and not within and not close,
+        decided=not open_,
+        contention=tuple(sorted({top, *open_})) if open_ else (),
+    )
 
 
-def _winner_note(est: Mapping[int, Any], others: Mapping[int, Standing], top: int, winner: int, runner: int | None,
-                 tie_note: str, resolution: float) -> str:
+def _winner_note(
+    est: Mapping[int, Any],
+    others: Mapping[int, Standing],
+    top: int,
+    winner: int,
+    runner: int | None,
+    tie_note: str,
+    resolution: float,
+) -> str:
     """Why the winner stands: still open against the runner-up, tied within the resolution, settled within it (a
     close one), or resolved (the tie-break's note, if any)."""
     open_ = [n for n, s in others.items() if s.state == "open"]
@@ -228,17 +289,23 @@ def _winner_note(est: Mapping[int, Any], others: Mapping[int, Standing], top: in
     close = [n for n, s in others.items() if s.state == "close"]
     if open_ and runner is not None:
         r = others[runner].against_best
-        return (f"tied: trial {top}'s gain over the runner-up (trial {runner}) is not resolved after "
-                f"{est[top].launches} launches ({_ci(r)}); {tie_note or f'trial {winner} has the fastest estimate'}")
+        return (
+            f"tied: trial {top}'s gain over the runner-up (trial {runner}) is not resolved after "
+            f"{est[top].launches} launches ({_ci(r)}); {tie_note or f'trial {winner} has the fastest estimate'}"
+        )
     if within and runner is not None:
         r = others[runner].against_best
-        return (f"tied within {_pct(resolution)}: trial {top}'s gain over trial {runner} is {r.gain:.3f}× "
-                f"({_ci(r)}, inside ±{_pct(resolution)}); {tie_note}")
+        return (
+            f"tied within {_pct(resolution)}: trial {top}'s gain over trial {runner} is {r.gain:.3f}× "
+            f"({_ci(r)}, inside ±{_pct(resolution)}); {tie_note}"
+        )
     if close:
         n = max(close, key=lambda c: est[c].rate)
         r = others[n].against_best
-        return (f"settled within {_pct(resolution)}: trial {top}'s gain over trial {n} is {r.gain:.3f}× ({_ci(r)}): "
-                f"not resolved, but trial {top} is at most {_pct(resolution)} slower, so no launch would change the pick")
+        return (
+            f"settled within {_pct(resolution)}: trial {top}'s gain over trial {n} is {r.gain:.3f}× ({_ci(r)}): "
+            f"not resolved, but trial {top} is at most {_pct(resolution)} slower, so no launch would change the pick"
+        )
     return tie_note
 
 
@@ -250,8 +317,9 @@ def _demoted_note(demoted: Mapping[int, str]) -> str:
     return "; ".join(f"trial {n} demoted: {why}" for n, why in demoted.items())
 
 
-def _stand_ins(noise: NoiseModel, est: dict[int, Estimate], from_search: Collection[int],
-               searched: Mapping[int, float]) -> tuple[NoiseModel, dict[int, Estimate]]:
+def _stand_ins(
+    noise: NoiseModel, est: dict[int, Estimate], from_search: Collection[int], searched: Mapping[int, float]
+) -> tuple[NoiseModel, dict[int, Estimate]]:
     """The noise model with the stand-in term, and each search run standing in held to at least that variance."""
     var = stand_in_var({n: e for n, e in est.items() if n not in from_search}, searched)
     if var is None:
@@ -260,21 +328,36 @@ def _stand_ins(noise: NoiseModel, est: dict[int, Estimate], from_search: Collect
     return dataclasses.replace(noise, stand_in_var=var), widened
 
 
-def _stats(est: Mapping[int, Estimate], noise: NoiseModel,
-           from_search: Collection[int] = ()) -> dict[str, ContenderStat]:
+def _stats(
+    est: Mapping[int, Estimate], noise: NoiseModel, from_search: Collection[int] = ()
+) -> dict[str, ContenderStat]:
     """Per contender (by trial number as text), its figures (``median``: the confirmed estimate)."""
-    return {str(n): ContenderStat(median=e.rate, ci=e.interval(noise), runs=e.launches + e.failed, windows=e.windows,
-                                  failed=e.failed, headroom_gib=e.headroom_gib, unsettled_windows=e.unsettled,
-                                  from_search=n in from_search) for n, e in est.items()}
+    return {
+        str(n): ContenderStat(
+            median=e.rate,
+            ci=e.interval(noise),
+            runs=e.launches + e.failed,
+            windows=e.windows,
+            failed=e.failed,
+            headroom_gib=e.headroom_gib,
+            unsettled_windows=e.unsettled,
+            from_search=n in from_search,
+        )
+        for n, e in est.items()
+    }
 
 
-def _baseline_holds(est: Mapping[int, Estimate], top: int, s: Standing | None, baseline: int | None,
-                    twins: set[int], resolution: float) -> tuple[str, bool] | None:
+def _baseline_holds(
+    est: Mapping[int, Estimate], top: int, s: Standing | None, baseline: int | None, twins: set[int], resolution: float
+) -> tuple[str, bool] | None:
     """(why no config beat the baseline, whether that is decided); None when one did. ``s``: the baseline's
     standing against the best."""
     if top == baseline or top in twins:
-        return (f"the fastest confirmed config (trial {top}) runs the baseline's own flags" if top != baseline
-                else "the baseline has the fastest confirmed estimate"), True
+        return (
+            f"the fastest confirmed config (trial {top}) runs the baseline's own flags"
+            if top != baseline
+            else "the baseline has the fastest confirmed estimate"
+        ), True
     if s is None or s.state == "resolved":
         return None  # (a close baseline is open: a winner must be resolved from it, not merely not slower)
     tok = f"trial {top}'s {est[top].rate:,.0f} tok/s against the baseline's {est[s.trial].rate:,.0f}"
@@ -292,10 +375,14 @@ def _break_tie(est: Mapping[int, Estimate], top: int, tied: list[int]) -> tuple[
     names = ", ".join(map(str, tied))
     top_room = room[top]
     if top_room is not None and top_room >= TIE_HEADROOM_FLOOR_GIB:
-        return top, (f"trials {names} are statistically tied; trial {top} has the fastest estimate and "
-                     f"{top_room:.1f} GiB headroom (≥ {TIE_HEADROOM_FLOOR_GIB:.0f} GiB, so headroom does not decide)")
+        return top, (
+            f"trials {names} are statistically tied; trial {top} has the fastest estimate and "
+            f"{top_room:.1f} GiB headroom (≥ {TIE_HEADROOM_FLOOR_GIB:.0f} GiB, so headroom does not decide)"
+        )
     if roomy != top and room[roomy] is not None:
         extra = (room[roomy] or 0.0) - (room[top] or 0.0)
-        return roomy, (f"trials {names} are statistically tied; chose trial {roomy} over the fastest estimate "
-                       f"(trial {top}) for {extra:.1f} GiB more headroom")
+        return roomy, (
+            f"trials {names} are statistically tied; chose trial {roomy} over the fastest estimate "
+            f"(trial {top}) for {extra:.1f} GiB more headroom"
+        )
     return top, f"trials {names} are statistically tied; trial {top} has the fastest estimate and the most headroom"

@@ -33,6 +33,7 @@ def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callabl
     """SGLang 0.5.23's defaults for the tuned flags (``defaults_config``): predicted on the sim, measured once
     otherwise, in its own directory (``trials/defaults/``, the runner's ``DEFAULTS_RUN``). A run that fails is
     stored as failed (status, reason, no tok/s), never as 0 tok/s."""
+
     def measure() -> DefaultsRun | None:
         config = defaults_config(cfg)
         predicted = predict(cfg, config)  # None where the engine measures only
@@ -48,9 +49,19 @@ def _defaults(cfg: StudyConfig, runner: Runner, progress: Any = None) -> Callabl
         status = "no_measurement" if result.ok and not ok else result.status
         reason = None if ok else (result.reason or "no measurement")
         if progress is not None and predicted is None:
-            progress.log(f"  defaults: ok {result.output_tok_s:,.0f} tok/s" if ok else f"  defaults: {status}: {reason}")
-        return DefaultsRun(status=status, output_tok_s=result.output_tok_s if ok else None,
-                           tok_s_per_gpu=per_gpu(result) if ok else None, reason=reason, how=how, config=config,
-                           trial_dir=result.trial_dir, log_path=result.log_path,
-                           cost=LaunchCost.of(result) if predicted is None else None)
+            progress.log(
+                f"  defaults: ok {result.output_tok_s:,.0f} tok/s" if ok else f"  defaults: {status}: {reason}"
+            )
+        return DefaultsRun(
+            status=status,
+            output_tok_s=result.output_tok_s if ok else None,
+            tok_s_per_gpu=per_gpu(result) if ok else None,
+            reason=reason,
+            how=how,
+            config=config,
+            trial_dir=result.trial_dir,
+            log_path=result.log_path,
+            cost=LaunchCost.of(result) if predicted is None else None,
+        )
+
     return measure

@@ -78,16 +78,25 @@ class NoiseModel:
         if w is not None:
             return f"window CV {w:.1%}, launch CV not estimated (one launch per contender)".replace("%", " %")
         if lcv is not None:
-            return (f"launch CV {lcv:.1%} (one window per launch: the window and launch terms are not separated)"
-                    .replace("%", " %"))
+            return (
+                f"launch CV {lcv:.1%} (one window per launch: the window and launch terms are not separated)".replace(
+                    "%", " %"
+                )
+            )
         return "noise not estimated (one measurement per contender)"
 
     def to_dict(self) -> dict[str, Any]:
         def r(v: float | None) -> float | None:
             return None if v is None else round(v, 6)
 
-        out = {"window_cv": r(self.window_cv), "launch_cv": r(self.launch_cv), "window_df": self.window_df,
-               "launch_df": self.between_df, "separated": self.separated, "line": self.line()}
+        out = {
+            "window_cv": r(self.window_cv),
+            "launch_cv": r(self.launch_cv),
+            "window_df": self.window_df,
+            "launch_df": self.between_df,
+            "separated": self.separated,
+            "line": self.line(),
+        }
         if self.stand_in_var is not None:  # stored only when a search run stood in
             out["stand_in_cv"] = r(math.sqrt(self.stand_in_var))
         return out
@@ -109,9 +118,13 @@ def estimate_noise(samples: Iterable[list[LaunchSample]]) -> NoiseModel:
             ss_b += _ss([sum(ys) / len(ys) for ys in logs])
             df_b += len(logs) - 1
             inverse += [1 / len(ys) for ys in logs]
-    return NoiseModel(window_var=ss_w / df_w if df_w else None, window_df=df_w,
-                      between_var=ss_b / df_b if df_b else None, between_df=df_b,
-                      mean_inverse_windows=sum(inverse) / len(inverse) if inverse else 1.0)
+    return NoiseModel(
+        window_var=ss_w / df_w if df_w else None,
+        window_df=df_w,
+        between_var=ss_b / df_b if df_b else None,
+        between_df=df_b,
+        mean_inverse_windows=sum(inverse) / len(inverse) if inverse else 1.0,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,14 +158,28 @@ def estimate(trial: int, launches: list[LaunchSample], noise: NoiseModel) -> Est
     clean = [s for s in launches if s.ok and s.rates]
     failed = len(launches) - len(clean)
     if not clean:
-        return Estimate(trial=trial, launches=0, windows=0, failed=failed, log_mean=None, var=0.0,
-                        headroom_gib=least_headroom(launches))
+        return Estimate(
+            trial=trial,
+            launches=0,
+            windows=0,
+            failed=failed,
+            log_mean=None,
+            var=0.0,
+            headroom_gib=least_headroom(launches),
+        )
     means = [sum(math.log(r) for r in s.rates) / len(s.rates) for s in clean]
     launch_var, window_var = noise.launch_var or 0.0, noise.window_var or 0.0
     var = sum(launch_var + window_var / len(s.rates) for s in clean) / len(clean) ** 2
-    return Estimate(trial=trial, launches=len(clean), windows=sum(len(s.rates) for s in clean), failed=failed,
-                    log_mean=sum(means) / len(means), var=var, headroom_gib=least_headroom(launches),
-                    unsettled=sum(s.unsettled for s in clean))
+    return Estimate(
+        trial=trial,
+        launches=len(clean),
+        windows=sum(len(s.rates) for s in clean),
+        failed=failed,
+        log_mean=sum(means) / len(means),
+        var=var,
+        headroom_gib=least_headroom(launches),
+        unsettled=sum(s.unsettled for s in clean),
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +214,11 @@ def stand_in_var(est: Mapping[int, Estimate], searched: Mapping[int, float]) -> 
     contender's search-run tok/s per GPU. The spread, not the mean square: the contenders' common offset is mostly
     their selection (they were picked for reading high in the search), which a baseline's search run does not share;
     how far one config's reading strays from the others' is what the stand-in's own reading may stray."""
-    pairs = [(math.log(searched[n]) - e.log_mean, e.var) for n, e in est.items()
-             if e.log_mean is not None and e.launches and searched.get(n, 0) > 0]
+    pairs = [
+        (math.log(searched[n]) - e.log_mean, e.var)
+        for n, e in est.items()
+        if e.log_mean is not None and e.launches and searched.get(n, 0) > 0
+    ]
     if len(pairs) < 2:
         return None
     mean = sum(d for d, _ in pairs) / len(pairs)

@@ -52,8 +52,12 @@ def _ranked(done: list[FrozenTrial], gain: Mapping[int, float], baseline: Frozen
     return sorted((t for t in done if eligible(t)), key=lambda t: -gain.get(t.number, t.values[0]))
 
 
-def contenders(study: optuna.Study, top_k: int, *, held: float | None = None,
-               ) -> tuple[list[FrozenTrial], FrozenTrial | None, list[FrozenTrial]]:
+def contenders(
+    study: optuna.Study,
+    top_k: int,
+    *,
+    held: float | None = None,
+) -> tuple[list[FrozenTrial], FrozenTrial | None, list[FrozenTrial]]:
     """(top-k distinct trials of ``ranked``, the baseline trial, the ok enqueued trials in reach of the leader: at
     least ``IN_REACH`` × its search value), by search value. ``held``: KV tokens a running request holds at steady
     state (``twins.held_tokens``); given, twins (``twins.twin_key``: one server at two memory fractions) count as
@@ -68,9 +72,15 @@ def contenders(study: optuna.Study, top_k: int, *, held: float | None = None,
         seen.add(key)
         if len(top) < top_k:
             top.append(t)
-    refs = [t for t in done if t.user_attrs.get("role") == "enqueued" and feasible(t)
-            and t not in top and t.user_attrs.get("launch_key") != (baseline and baseline.user_attrs.get("launch_key"))
-            and in_reach(t, top, gain)]
+    refs = [
+        t
+        for t in done
+        if t.user_attrs.get("role") == "enqueued"
+        and feasible(t)
+        and t not in top
+        and t.user_attrs.get("launch_key") != (baseline and baseline.user_attrs.get("launch_key"))
+        and in_reach(t, top, gain)
+    ]
     return top, baseline, refs
 
 
@@ -93,9 +103,15 @@ def gpu_frame(study: optuna.Study) -> pd.DataFrame:
     baseline. Comparing gains, not raw tok/s, keeps a fast device from crowning its own trials."""
     rows = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)):
-        rows.append({"trial": t.number, "gpu": t.user_attrs.get("gpu", "unknown"),
-                     "role": t.user_attrs.get("role", "search"), "status": t.user_attrs.get("status", "fail"),
-                     "tok_s": _tok_s(t)})
+        rows.append(
+            {
+                "trial": t.number,
+                "gpu": t.user_attrs.get("gpu", "unknown"),
+                "role": t.user_attrs.get("role", "search"),
+                "status": t.user_attrs.get("status", "fail"),
+                "tok_s": _tok_s(t),
+            }
+        )
     frame = pd.DataFrame(rows, columns=["trial", "gpu", "role", "status", "tok_s"])
     base = frame[(frame.role == "baseline") & frame.tok_s.notna()].groupby("gpu").tok_s.median()
     frame["baseline_tok_s"] = frame.gpu.map(base).astype(float)

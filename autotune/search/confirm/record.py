@@ -16,8 +16,17 @@ from autotune.results import FidelityFigures, StressResult, TrialResult
 from autotune.search.confirm.decision import Verdict
 from autotune.search.confirm.samples import ConfirmationRun
 
-__all__ = ["ATTR", "VERDICT_KEYS", "Confirmation", "ConfirmationRun", "DefaultsRun", "Demotion", "LaunchCost",
-           "StressRecord", "StressRun"]
+__all__ = [
+    "ATTR",
+    "VERDICT_KEYS",
+    "Confirmation",
+    "ConfirmationRun",
+    "DefaultsRun",
+    "Demotion",
+    "LaunchCost",
+    "StressRecord",
+    "StressRun",
+]
 
 ATTR = "confirmation"  # the study's user attribute
 # The keys ``Verdict.to_dict`` writes beside the confirmation's own (its fields, by name): any of them stored means
@@ -42,8 +51,7 @@ class LaunchCost:
 
     @classmethod
     def of(cls, result: TrialResult) -> LaunchCost:
-        return cls(durations_s=dict(result.durations_s), modelled_startup_s=result.modelled_startup_s,
-                   gpus=result.gpus)
+        return cls(durations_s=dict(result.durations_s), modelled_startup_s=result.modelled_startup_s, gpus=result.gpus)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LaunchCost | None:
@@ -51,8 +59,9 @@ class LaunchCost:
         durations = data.get("durations_s")
         if not isinstance(durations, Mapping):
             return None
-        return cls(durations_s=dict(durations), modelled_startup_s=data.get("modelled_startup_s"),
-                   gpus=data.get("gpus"))
+        return cls(
+            durations_s=dict(durations), modelled_startup_s=data.get("modelled_startup_s"), gpus=data.get("gpus")
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,18 +81,29 @@ class StressRun:
     def to_dict(self) -> dict[str, Any]:
         """The stored form (``trial_dir`` only when known, ``in_confirmation`` only when set, the cost's keys only
         for a launch of its own)."""
-        return {"trial": self.trial, "repeat": self.repeat, "status": self.status, "reason": self.reason,
-                "result": self.result.to_dict() if self.result is not None else None,
-                **({"trial_dir": self.trial_dir} if self.trial_dir is not None else {}),
-                **({"in_confirmation": True} if self.in_confirmation else {}),
-                **(dataclasses.asdict(self.cost) if self.cost is not None else {})}
+        return {
+            "trial": self.trial,
+            "repeat": self.repeat,
+            "status": self.status,
+            "reason": self.reason,
+            "result": self.result.to_dict() if self.result is not None else None,
+            **({"trial_dir": self.trial_dir} if self.trial_dir is not None else {}),
+            **({"in_confirmation": True} if self.in_confirmation else {}),
+            **(dataclasses.asdict(self.cost) if self.cost is not None else {}),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StressRun:
-        return cls(trial=int(data["trial"]), repeat=data.get("repeat"), status=data.get("status"),
-                   reason=data.get("reason"), result=StressResult.from_dict(data.get("result")),
-                   trial_dir=data.get("trial_dir"), in_confirmation=bool(data.get("in_confirmation")),
-                   cost=LaunchCost.from_dict(data))
+        return cls(
+            trial=int(data["trial"]),
+            repeat=data.get("repeat"),
+            status=data.get("status"),
+            reason=data.get("reason"),
+            result=StressResult.from_dict(data.get("result")),
+            trial_dir=data.get("trial_dir"),
+            in_confirmation=bool(data.get("in_confirmation")),
+            cost=LaunchCost.from_dict(data),
+        )
 
     @property
     def failed(self) -> bool:
@@ -112,15 +132,21 @@ class StressRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form (``complete`` only once finished)."""
-        return {"runs": [r.to_dict() for r in self.runs],
-                "demoted": [{"trial": d.trial, "reason": d.reason} for d in self.demoted],
-                "decided_trial": self.decided_trial, **({"complete": True} if self.complete else {})}
+        return {
+            "runs": [r.to_dict() for r in self.runs],
+            "demoted": [{"trial": d.trial, "reason": d.reason} for d in self.demoted],
+            "decided_trial": self.decided_trial,
+            **({"complete": True} if self.complete else {}),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StressRecord:
-        return cls(runs=tuple(StressRun.from_dict(r) for r in data.get("runs") or ()),
-                   demoted=tuple(Demotion(int(d["trial"]), str(d["reason"])) for d in data.get("demoted") or ()),
-                   decided_trial=data.get("decided_trial"), complete=bool(data.get("complete")))
+        return cls(
+            runs=tuple(StressRun.from_dict(r) for r in data.get("runs") or ()),
+            demoted=tuple(Demotion(int(d["trial"]), str(d["reason"])) for d in data.get("demoted") or ()),
+            decided_trial=data.get("decided_trial"),
+            complete=bool(data.get("complete")),
+        )
 
     def of(self, trial: int | None) -> tuple[StressRun, ...]:
         """``trial``'s stress phases in the order they ran."""
@@ -182,7 +208,8 @@ class Confirmation:
             "complete": self.complete,
             **({"given": [g.to_dict() for g in self.given]} if self.given else {}),
             **({"warmup_s": {str(n): s for n, s in self.warmup_s.items()}} if self.warmup_s is not None else {}),
-            "runs": [r.to_dict() for r in self.runs]}
+            "runs": [r.to_dict() for r in self.runs],
+        }
         if self.verdict is not None:
             out.update(self.verdict.to_dict())
         if self.complete:
@@ -197,13 +224,17 @@ class Confirmation:
         warmup = data.get("warmup_s")
         stress = data.get("stress")
         complete = bool(data.get("complete"))
-        return cls(order=tuple(int(n) for n in data.get("order") or ()), n_trials=data.get("n_trials"),
-                   complete=complete, runs=tuple(ConfirmationRun.from_dict(r) for r in data.get("runs") or ()),
-                   given=tuple(ConfirmationRun.from_dict(g) for g in data.get("given") or ()),
-                   warmup_s={int(n): float(s) for n, s in warmup.items()} if isinstance(warmup, Mapping) else None,
-                   verdict=Verdict.from_dict(data) if complete or not VERDICT_KEYS.isdisjoint(data) else None,
-                   defaults=DefaultsRun.from_dict(data.get("defaults")),
-                   stress=StressRecord.from_dict(stress) if isinstance(stress, Mapping) else None)
+        return cls(
+            order=tuple(int(n) for n in data.get("order") or ()),
+            n_trials=data.get("n_trials"),
+            complete=complete,
+            runs=tuple(ConfirmationRun.from_dict(r) for r in data.get("runs") or ()),
+            given=tuple(ConfirmationRun.from_dict(g) for g in data.get("given") or ()),
+            warmup_s={int(n): float(s) for n, s in warmup.items()} if isinstance(warmup, Mapping) else None,
+            verdict=Verdict.from_dict(data) if complete or not VERDICT_KEYS.isdisjoint(data) else None,
+            defaults=DefaultsRun.from_dict(data.get("defaults")),
+            stress=StressRecord.from_dict(stress) if isinstance(stress, Mapping) else None,
+        )
 
     @classmethod
     def of(cls, source: Any) -> Confirmation | None:

@@ -26,13 +26,21 @@ class ConfirmationRun:
     search: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"trial": self.trial, "repeat": self.repeat, **({"search": True} if self.search else {}),
-                "result": self.result.to_dict()}
+        return {
+            "trial": self.trial,
+            "repeat": self.repeat,
+            **({"search": True} if self.search else {}),
+            "result": self.result.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ConfirmationRun:
-        return cls(trial=int(data["trial"]), repeat=int(data["repeat"]), search=bool(data.get("search")),
-                   result=TrialResult.from_dict(data["result"]))
+        return cls(
+            trial=int(data["trial"]),
+            repeat=int(data["repeat"]),
+            search=bool(data.get("search")),
+            result=TrialResult.from_dict(data["result"]),
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,8 +70,14 @@ def launch_sample(run: ConfirmationRun) -> LaunchSample:
             # result with no GPU group recorded, as an in-process prediction, still spans tp_size of them)
             rates.append(window.output_tok_s / span)
             unsettled += window.settled is False
-    return LaunchSample(trial=run.trial, repeat=run.repeat, ok=ok, rates=tuple(rates),
-                        headroom_gib=headroom([result]), unsettled=unsettled)
+    return LaunchSample(
+        trial=run.trial,
+        repeat=run.repeat,
+        ok=ok,
+        rates=tuple(rates),
+        headroom_gib=headroom([result]),
+        unsettled=unsettled,
+    )
 
 
 def launch_tok_s(run: ConfirmationRun) -> float | None:

@@ -29,9 +29,15 @@ from autotune.search.seeding import launch_key as _key
 from autotune.sglang.parallel import server_gpus
 
 
-def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: Any = None,
-            stop_event: threading.Event | None = None,
-            defaults: Callable[[], DefaultsRun | None] | None = None) -> Confirmation | None:
+def confirm(
+    study: optuna.Study,
+    cfg: StudyConfig,
+    *,
+    runner: Runner,
+    progress: Any = None,
+    stop_event: threading.Event | None = None,
+    defaults: Callable[[], DefaultsRun | None] | None = None,
+) -> Confirmation | None:
     """Run (or reuse) the confirmation stage and store it as the study's confirmation (``record.Confirmation``)."""
     n_done = len(finished(study.get_trials(deepcopy=False)))
     stored = Confirmation.of(study)
@@ -48,8 +54,15 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     searched = search_rates(results)
     if stored is not None and stored.complete and stored.n_trials == n_done:
         # Decided before a winner equal to the baseline counted as none: the same runs, decided again.
-        verdict = decide(stored.runs, stored.order, base_n, same_as_baseline=as_baseline,
-                         resolution=cfg.study.resolution, given=stored.given, searched=searched)
+        verdict = decide(
+            stored.runs,
+            stored.order,
+            base_n,
+            same_as_baseline=as_baseline,
+            resolution=cfg.study.resolution,
+            given=stored.given,
+            searched=searched,
+        )
         return dataclasses.replace(stored, verdict=verdict).store(study)
     order, given = _order(study, top, refs, baseline)
     if not order:
@@ -64,12 +77,22 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
             order, given = list(stored.order), []
     launches = {n: Contender(result=r, warmup_s=warmups[n]) for n, r in results.items()}
     while True:
-        state = Confirmation(order=tuple(order), n_trials=n_done, given=tuple(given),
-                             warmup_s={n: warmups[n] for n in order})
-        verdict_now = functools.partial(decide, runs, order, base_n, same_as_baseline=as_baseline,
-                                        resolution=cfg.study.resolution, given=given, searched=searched)
-        if not _run_stages(study, cfg, state, runs, launches, verdict_now, runner=runner,
-                           progress=progress, stop_event=stop_event):
+        state = Confirmation(
+            order=tuple(order), n_trials=n_done, given=tuple(given), warmup_s={n: warmups[n] for n in order}
+        )
+        verdict_now = functools.partial(
+            decide,
+            runs,
+            order,
+            base_n,
+            same_as_baseline=as_baseline,
+            resolution=cfg.study.resolution,
+            given=given,
+            searched=searched,
+        )
+        if not _run_stages(
+            study, cfg, state, runs, launches, verdict_now, runner=runner, progress=progress, stop_event=stop_event
+        ):
             return None
         verdict = verdict_now()
         if base_n is None or base_n in order or base_n not in verdict.contention:
@@ -86,8 +109,12 @@ def confirm(study: optuna.Study, cfg: StudyConfig, *, runner: Runner, progress: 
     return dataclasses.replace(state, complete=True, runs=tuple(runs), verdict=verdict, defaults=measured).store(study)
 
 
-def _order(study: optuna.Study, top: list[optuna.trial.FrozenTrial], refs: list[optuna.trial.FrozenTrial],
-           baseline: optuna.trial.FrozenTrial | None) -> tuple[list[int], list[ConfirmationRun]]:
+def _order(
+    study: optuna.Study,
+    top: list[optuna.trial.FrozenTrial],
+    refs: list[optuna.trial.FrozenTrial],
+    baseline: optuna.trial.FrozenTrial | None,
+) -> tuple[list[int], list[ConfirmationRun]]:
     """(the contenders in launch order, the search runs standing in): the top k, the hand-written configs in reach,
     and the baseline, relaunched when in reach of the leader, else its search run standing in (``ranking.IN_REACH``)."""
     order = [t.number for t in top + refs]
@@ -100,15 +127,23 @@ def _order(study: optuna.Study, top: list[optuna.trial.FrozenTrial], refs: list[
     return order, given
 
 
-def next_launches(order: list[int], launched: Mapping[int, int], verdict: Verdict, *, first: int,
-                  most: int) -> list[tuple[int, int]]:
+def next_launches(
+    order: list[int], launched: Mapping[int, int], verdict: Verdict, *, first: int, most: int
+) -> list[tuple[int, int]]:
     """The next stage's launches, (trial, repeat) in the order they run; none when the confirmation is done
     (``next_stage`` without the stage's number)."""
     return next_stage(order, launched, verdict, first=first, most=most)[1]
 
 
-def next_stage(order: list[int], launched: Mapping[int, int], verdict: Verdict, *, first: int,
-               most: int, most_windows: int | None = None) -> tuple[int, list[tuple[int, int]]]:
+def next_stage(
+    order: list[int],
+    launched: Mapping[int, int],
+    verdict: Verdict,
+    *,
+    first: int,
+    most: int,
+    most_windows: int | None = None,
+) -> tuple[int, list[tuple[int, int]]]:
     """(the stage, its launches as (trial, repeat) in the order they run); no launches when the confirmation is done.
 
     1. Every contender once (``W`` windows each, in ``order``: drift hits everyone alike).
@@ -129,8 +164,7 @@ def next_stage(order: list[int], launched: Mapping[int, int], verdict: Verdict, 
             return 2, short
     if verdict.decided:
         return 3, []
-    room = [n for n in order if launched[n] < most and (most_windows is None
-                                                        or _windows(verdict, n) < most_windows)]
+    room = [n for n in order if launched[n] < most and (most_windows is None or _windows(verdict, n) < most_windows)]
     return 3, [(n, launched[n]) for n in room if n in verdict.contention]
 
 
@@ -157,10 +191,18 @@ def _windows(verdict: Verdict, n: int) -> int:
     return _stat(verdict, n).windows
 
 
-def _run_stages(study: optuna.Study, cfg: StudyConfig, state: Confirmation, runs: list[ConfirmationRun],
-                contenders: Mapping[int, Contender],
-                verdict_now: Callable[[], Verdict],
-                *, runner: Runner, progress: Any, stop_event: threading.Event | None) -> bool:
+def _run_stages(
+    study: optuna.Study,
+    cfg: StudyConfig,
+    state: Confirmation,
+    runs: list[ConfirmationRun],
+    contenders: Mapping[int, Contender],
+    verdict_now: Callable[[], Verdict],
+    *,
+    runner: Runner,
+    progress: Any,
+    stop_event: threading.Event | None,
+) -> bool:
     """Stage after stage (``next_stage``), each run saved as it lands so a killed sweep resumes where it was.
     False when interrupted. The top two's last launch of stage 2 runs the stress phase after its windows
     (``stressed_in``), so the winner is usually stressed without a launch of its own (``confirm.stress``).
@@ -171,13 +213,19 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: Confirmation, runs
     while True:
         launched = {n: sum(1 for r in runs if r.trial == n) for n in order}
         verdict = verdict_now()
-        stage, plan = next_stage(order, launched, verdict, first=first, most=most,
-                                 most_windows=most * cfg.study.confirm_windows)
+        stage, plan = next_stage(
+            order, launched, verdict, first=first, most=most, most_windows=most * cfg.study.confirm_windows
+        )
         if not plan:
             return True
         stressed = stressed_in(plan, leaders(order, verdict), first=first)
-        windows = cfg.study.confirm_windows if stage < 3 else windows_per_launch(
-            estimates(by_contender(runs, order))[0], launch_costs(runs), base=cfg.study.confirm_windows)
+        windows = (
+            cfg.study.confirm_windows
+            if stage < 3
+            else windows_per_launch(
+                estimates(by_contender(runs, order))[0], launch_costs(runs), base=cfg.study.confirm_windows
+            )
+        )
         total = len(runs) + len(plan)
         for n, k in plan:
             if stop_event is not None and stop_event.is_set():
@@ -187,8 +235,9 @@ def _run_stages(study: optuna.Study, cfg: StudyConfig, state: Confirmation, runs
                 progress.confirm_started(len(runs) + 1, total, n, k)
             contender = contenders[n]
             stress = StressStep(plan=contender.result.plan) if (n, k) in stressed else None
-            result = _repeat(runner, dict(contender.result.config), n, k, windows=windows, stress=stress,
-                             warmup_s=contender.warmup_s)
+            result = _repeat(
+                runner, dict(contender.result.config), n, k, windows=windows, stress=stress, warmup_s=contender.warmup_s
+            )
             if result.status == "interrupted":
                 dataclasses.replace(state, runs=tuple(runs)).store(study)
                 return False
@@ -205,8 +254,16 @@ def stressed_in(plan: list[tuple[int, int]], top_two: list[int], *, first: int) 
     return {(n, k) for n, k in plan if n in top_two and k == first - 1 and k >= 1}
 
 
-def _repeat(runner: Runner, config: dict[str, Any], number: int, k: int, *, windows: int,
-            stress: StressStep | None = None, warmup_s: float | None = None) -> TrialResult:
+def _repeat(
+    runner: Runner,
+    config: dict[str, Any],
+    number: int,
+    k: int,
+    *,
+    windows: int,
+    stress: StressStep | None = None,
+    warmup_s: float | None = None,
+) -> TrialResult:
     """Confirmation launch ``k`` of trial ``number``: a runner that files repeats apart (``HarnessRunner.repeat``:
     its own directory, no fidelity probe) measures ``windows`` windows of one closed loop in it (``harness.windows``)
     after a warm-up floor of ``warmup_s`` (None: the study's), then the stress phase when given; a plain runner gets the

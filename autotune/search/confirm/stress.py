@@ -33,15 +33,23 @@ from autotune.search.seeding import launch_key
 STRESS_MAX = 3  # stress launches of their own at most: the winner, a tied runner-up, one more after a demotion
 
 
-def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: Confirmation | None, *, runner: Runner,
-                  progress: object = None, stop_event: threading.Event | None = None) -> Confirmation | None:
+def stress_winner(
+    study: optuna.Study,
+    cfg: StudyConfig,
+    confirmation: Confirmation | None,
+    *,
+    runner: Runner,
+    progress: object = None,
+    stop_event: threading.Event | None = None,
+) -> Confirmation | None:
     """Stress the confirmed winner (and a tied runner-up), demoting a failure; returns the confirmation as stored
     (the winner changed where one was demoted), or None when interrupted (a resume goes on from what is stored)."""
     if confirmation is None or not confirmation.complete:
         return confirmation
     stored = confirmation.stress or StressRecord()
-    state = dataclasses.replace(stored, decided_trial=stored.decided_trial if confirmation.stress is not None
-                                else _winner(confirmation))
+    state = dataclasses.replace(
+        stored, decided_trial=stored.decided_trial if confirmation.stress is not None else _winner(confirmation)
+    )
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     if state.complete:  # a confirmation decided again on resume still excludes what the stress demoted
         redecided = _redecided(confirmation, state, trials, cfg)
@@ -56,7 +64,7 @@ def stress_winner(study: optuna.Study, cfg: StudyConfig, confirmation: Confirmat
         room = STRESS_MAX - _launches(state)
         if _winner(confirmation) is None or not due or (room <= 0 and not shared):
             break
-        for n in [n for n in due if n in shared] + [n for n in due if n not in shared][:max(0, room)]:
+        for n in [n for n in due if n in shared] + [n for n in due if n not in shared][: max(0, room)]:
             if stop_event is not None and stop_event.is_set():
                 return _save(study, confirmation, state, interrupted=True)
             run = shared.get(n) or _stress_one(runner, trials[n], n, confirmation, progress)
@@ -91,8 +99,14 @@ def _from_confirmation(confirmation: Confirmation, number: int) -> StressRun | N
     for run in reversed(confirmation.runs):
         stress = run.result.stress
         if run.trial == number and stress is not None and not stress.interrupted:
-            return StressRun(trial=number, repeat=run.repeat, status=run.result.status, result=stress,
-                             trial_dir=run.result.trial_dir, in_confirmation=True)
+            return StressRun(
+                trial=number,
+                repeat=run.repeat,
+                status=run.result.status,
+                result=stress,
+                trial_dir=run.result.trial_dir,
+                in_confirmation=True,
+            )
     return None
 
 
@@ -110,8 +124,9 @@ def _to_stress(confirmation: Confirmation) -> list[int]:
     return out
 
 
-def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, confirmation: Confirmation,
-                progress: object) -> StressRun | None:
+def _stress_one(
+    runner: Runner, trial: optuna.trial.FrozenTrial, number: int, confirmation: Confirmation, progress: object
+) -> StressRun | None:
     """One stress launch of trial ``number``; its record, or None when the launch was interrupted."""
     stored = TrialResult.of(trial)
     config = dict(stored.config) if stored is not None else {}
@@ -128,21 +143,34 @@ def _stress_one(runner: Runner, trial: optuna.trial.FrozenTrial, number: int, co
     stress = result.stress
     if stress is not None and stress.interrupted:
         return None
-    reason = None if stress is not None else (
-        f"its stress launch ended before the stress phase: {result.status}" + (f": {result.reason}" if result.reason
-                                                                                else ""))
+    reason = (
+        None
+        if stress is not None
+        else (
+            f"its stress launch ended before the stress phase: {result.status}"
+            + (f": {result.reason}" if result.reason else "")
+        )
+    )
     if stress is None and result.status in ("runtime_oom", "startup_oom", "crash", "timeout"):
         # the launch died before its stress phase could start: as much a failure of the config under load
         stress = StressResult(survived=False, failure=result.status, reason=result.reason, ended="server exited")
-    run = StressRun(trial=number, repeat=k, status=result.status, reason=reason, result=stress,
-                    trial_dir=result.trial_dir, cost=LaunchCost.of(result))
+    run = StressRun(
+        trial=number,
+        repeat=k,
+        status=result.status,
+        reason=reason,
+        result=stress,
+        trial_dir=result.trial_dir,
+        cost=LaunchCost.of(result),
+    )
     if log is not None:
         log(f"stress: trial {number}: {_line(run)}")
     return run
 
 
-def _redecided(confirmation: Confirmation, state: StressRecord, trials: dict[int, optuna.trial.FrozenTrial],
-               cfg: StudyConfig) -> Confirmation:
+def _redecided(
+    confirmation: Confirmation, state: StressRecord, trials: dict[int, optuna.trial.FrozenTrial], cfg: StudyConfig
+) -> Confirmation:
     """The confirmation decided again from its own runs, the demoted trials barred from winning (``decide``'s
     ``demoted``: their reasons join the note); as stored when none is demoted."""
     demoted = {d.trial: d.reason for d in state.demoted}
@@ -154,13 +182,22 @@ def _redecided(confirmation: Confirmation, state: StressRecord, trials: dict[int
     base_key = launch_key(trials[base]) if base in trials else None
     twins = [n for n in order if base_key is not None and n in trials and launch_key(trials[n]) == base_key]
     searched = search_rates({n: TrialResult.of(trials[n]) for n in order if n in trials})
-    verdict = decide(confirmation.runs, order, base, same_as_baseline=twins, resolution=cfg.study.resolution,
-                     demoted=demoted, given=confirmation.given, searched=searched)
+    verdict = decide(
+        confirmation.runs,
+        order,
+        base,
+        same_as_baseline=twins,
+        resolution=cfg.study.resolution,
+        demoted=demoted,
+        given=confirmation.given,
+        searched=searched,
+    )
     return dataclasses.replace(confirmation, verdict=verdict)
 
 
-def _save(study: optuna.Study, confirmation: Confirmation, state: StressRecord, *,
-          interrupted: bool = False) -> Confirmation | None:
+def _save(
+    study: optuna.Study, confirmation: Confirmation, state: StressRecord, *, interrupted: bool = False
+) -> Confirmation | None:
     stored = dataclasses.replace(confirmation, stress=state).store(study)
     return None if interrupted else stored
 
@@ -191,7 +228,9 @@ def worst_case_line(confirmation: Confirmation | None, trial: int | None) -> str
     if run is not None:
         return _line(run)
     if confirmation is None or not confirmation.complete:
-        return "worst case: not stressed (the stress phase runs after the confirmation; confirmation is off or unfinished)"
+        return (
+            "worst case: not stressed (the stress phase runs after the confirmation; confirmation is off or unfinished)"
+        )
     return "worst case: not stressed"
 
 

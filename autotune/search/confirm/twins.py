@@ -50,8 +50,14 @@ def twin_key(trial: FrozenTrial, held: float | None) -> str:
     None: never a twin)."""
     result = TrialResult.of(trial) if held is not None else None
     cap = result.capacity if result is not None else None
-    if result is None or held is None or cap is None or not cap.max_running_requests or not cap.kv_tokens \
-            or cap.kv_tokens < cap.max_running_requests * held:
+    if (
+        result is None
+        or held is None
+        or cap is None
+        or not cap.max_running_requests
+        or not cap.kv_tokens
+        or cap.kv_tokens < cap.max_running_requests * held
+    ):
         return launch_key(trial)
     rest = {k: v for k, v in result.config.items() if k not in MEMORY_ONLY}
     return f"{key_of(rest)} running={cap.max_running_requests}"
@@ -73,8 +79,7 @@ def twins_of(trials: Iterable[FrozenTrial], numbers: Iterable[int], held: float 
         if n not in keys:
             continue
         twin, own = keys[n]
-        others = tuple(m for m, (k, launch) in sorted(keys.items())
-                       if m not in numbers and k == twin and launch != own)
+        others = tuple(m for m, (k, launch) in sorted(keys.items()) if m not in numbers and k == twin and launch != own)
         if others:
             out[n] = others
     return out

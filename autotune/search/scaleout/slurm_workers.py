@@ -3,7 +3,8 @@
 The supervisor ``sbatch``es ``python -m autotune worker …`` (the argv quoted by ``shlex`` in a job script
 that ``exec``s it, so the worker *is* the batch step and gets Slurm's signals), each with ``--gres=gpu:<group
 size>`` and its own log file, then waits for the jobs. With ``--gpus`` each job's worker is told its group; with
-``--workers N`` Slurm picks the GPUs and the worker reads them from its allocation (``allocation_gpus``). Inside its allocation a worker starts its trials'
+``--workers N`` Slurm picks the GPUs and the worker reads them from its allocation (``allocation_gpus``). Inside its
+allocation a worker starts its trials'
 servers with the ``local`` launcher: the job already holds the GPU, and a server job per trial would need a second
 allocation (on a small cluster, one that never comes). Ctrl-C becomes ``scancel --signal=INT`` (each worker stops
 its server and records the trial as interrupted); a second Ctrl-C cancels the jobs.
@@ -35,16 +36,28 @@ _CALL_TIMEOUT_S = 30.0
 
 def worker_script(argv: Sequence[str]) -> str:
     """The worker's batch script: one ``exec`` line, every word quoted by ``shlex``."""
-    return "#!/bin/bash\n# written by autotune: one study worker, its argv quoted by shlex\n" \
-           f"exec {shlex.join(argv)}\n"
+    return f"#!/bin/bash\n# written by autotune: one study worker, its argv quoted by shlex\nexec {shlex.join(argv)}\n"
 
 
 def sbatch_argv(settings: SlurmSettings, name: str, log: Path, script: Path, gpus: int = 1) -> list[str]:
     """``sbatch`` for one worker: one task, ``gpus`` GPUs, the study's partition/account/time and extra options."""
-    argv = ["sbatch", "--parsable", "--job-name", name, "--output", str(log), "--no-requeue", "--ntasks=1",
-            f"--gres=gpu:{gpus}", "--export=ALL"]
-    argv += [f"--{key}={value}" for key, value in
-             (("partition", settings.partition), ("account", settings.account), ("time", settings.time)) if value]
+    argv = [
+        "sbatch",
+        "--parsable",
+        "--job-name",
+        name,
+        "--output",
+        str(log),
+        "--no-requeue",
+        "--ntasks=1",
+        f"--gres=gpu:{gpus}",
+        "--export=ALL",
+    ]
+    argv += [
+        f"--{key}={value}"
+        for key, value in (("partition", settings.partition), ("account", settings.account), ("time", settings.time))
+        if value
+    ]
     return [*argv, *settings.extra_args, str(script)]
 
 
@@ -68,8 +81,9 @@ def allocation_gpus(env: dict[str, str] | None = None) -> tuple[int, ...]:
             return tuple(_indices(value))
     job = env.get("SLURM_JOB_ID")
     if job:
-        done = subprocess.run(["scontrol", "show", "job", "-d", job], capture_output=True, text=True,
-                              timeout=_CALL_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            ["scontrol", "show", "job", "-d", job], capture_output=True, text=True, timeout=_CALL_TIMEOUT_S, check=False
+        )
         found = re.search(r"GRES=gpu[^(\s]*\(IDX:([0-9,\-]+)\)", done.stdout)
         if found:
             return tuple(_indices(found.group(1)))
@@ -163,8 +177,14 @@ class SlurmWorkers:
         return {job.gpu: int(job.code if job.code is not None else GONE) for job in self.jobs}
 
 
-def start_slurm_workers(cfg: StudyConfig, argvs: dict[int, tuple[list[str], int]], *, echo: Echo = print,
-                        env: dict[str, str] | None = None, names: dict[int, str] | None = None) -> SlurmWorkers:
+def start_slurm_workers(
+    cfg: StudyConfig,
+    argvs: dict[int, tuple[list[str], int]],
+    *,
+    echo: Echo = print,
+    env: dict[str, str] | None = None,
+    names: dict[int, str] | None = None,
+) -> SlurmWorkers:
     """``sbatch`` one job per worker: its argv and the GPUs it asks for, keyed by the worker's first GPU (or slot;
     ``names`` are their progress prefixes, ``gpu0,1`` or ``worker1``). Scripts and logs under
     ``work_dir/runs/workers``. A failed ``sbatch`` cancels the jobs already submitted and raises ``StudyError``."""
@@ -179,8 +199,14 @@ def start_slurm_workers(cfg: StudyConfig, argvs: dict[int, tuple[list[str], int]
         script, log = folder / f"{stem}.sbatch", folder / f"{stem}.log"
         script.write_text(worker_script(argv))
         log.unlink(missing_ok=True)  # the relay reads this run's lines only
-        done = subprocess.run(sbatch_argv(settings, name, log, script, gpus), env={**os.environ, **(env or {})},
-                              capture_output=True, text=True, timeout=_CALL_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            sbatch_argv(settings, name, log, script, gpus),
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            text=True,
+            timeout=_CALL_TIMEOUT_S,
+            check=False,
+        )
         if done.returncode != 0:
             workers.scancel()
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]

@@ -57,8 +57,9 @@ def on_gpu(cfg: StudyConfig, gpu: int, port: int | None) -> StudyConfig:
 def on_gpus(cfg: StudyConfig, gpus: Sequence[int], port: int | None, *, key: str = "--gpus") -> StudyConfig:
     """The study config on the pool ``gpus`` (``[engine] gpus``) and port; a pool too small for the study is a
     ConfigError naming ``key``."""
-    pinned = cfg.model_copy(update={"engine": cfg.engine.model_copy(
-        update={"gpu": gpus[0], "gpus": list(gpus), "port": port})})
+    pinned = cfg.model_copy(
+        update={"engine": cfg.engine.model_copy(update={"gpu": gpus[0], "gpus": list(gpus), "port": port})}
+    )
     check_pool(pinned, tuple(gpus), file=str(cfg.path) if cfg.path else None, key=key)
     return pinned
 
@@ -99,8 +100,14 @@ class WorkerSweep(Sweep):
         self.study.sampler = make_sampler(self.cfg, salt=salt)
 
 
-def run_worker(cfg: StudyConfig, *, progress: Any = None, stop_event: threading.Event | None = None,
-               runner: Any = None, shared: int | None = None) -> optuna.Study:
+def run_worker(
+    cfg: StudyConfig,
+    *,
+    progress: Any = None,
+    stop_event: threading.Event | None = None,
+    runner: Any = None,
+    shared: int | None = None,
+) -> optuna.Study:
     """One worker's search (no confirmation: the supervisor's caller runs that once, after all workers)."""
     sweep = WorkerSweep(cfg, runner=runner, progress=progress, stop_event=stop_event, shared=shared)
     try:
@@ -164,8 +171,14 @@ class Workers:
         self._pool_locks = []
 
 
-def worker_argv(cfg: StudyConfig, gpu: int | Sequence[int] | None, port: int | None, *, launcher: str | None = None,
-                shared: int | None = None) -> list[str]:
+def worker_argv(
+    cfg: StudyConfig,
+    gpu: int | Sequence[int] | None,
+    port: int | None,
+    *,
+    launcher: str | None = None,
+    shared: int | None = None,
+) -> list[str]:
     """The worker's command line: the study file plus every override already resolved into ``cfg``
     (``gpu``: one GPU, a group, or None for the GPUs of its Slurm allocation; ``launcher``: where its servers
     run, when not the study's own; ``shared``: its slot among workers sharing the pool ``gpu``)."""
@@ -176,9 +189,25 @@ def worker_argv(cfg: StudyConfig, gpu: int | Sequence[int] | None, port: int | N
         where = ["--gpu", str(gpu)]
     else:
         where = ["--gpus", group_label(gpu)] + (["--shared", str(shared)] if shared is not None else [])
-    argv = [sys.executable, "-m", "autotune", "worker", "--config", str(cfg.path), *where,
-            "--storage", cfg.storage_url, "--study", cfg.name, "--trials", str(cfg.study.trials),
-            "--engine", cfg.engine.kind, "--launcher", launcher or cfg.engine.launcher]
+    argv = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "worker",
+        "--config",
+        str(cfg.path),
+        *where,
+        "--storage",
+        cfg.storage_url,
+        "--study",
+        cfg.name,
+        "--trials",
+        str(cfg.study.trials),
+        "--engine",
+        cfg.engine.kind,
+        "--launcher",
+        launcher or cfg.engine.launcher,
+    ]
     return argv + (["--port", str(port)] if port else [])
 
 
@@ -215,8 +244,9 @@ def _relay(stream: IO[str], prefix: str, echo: Echo) -> None:
     stream.close()
 
 
-def start_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
-                  env: dict[str, str] | None = None) -> Workers:
+def start_workers(
+    cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print, env: dict[str, str] | None = None
+) -> Workers:
     """Check the pool and the storage, create the study, then start one worker per group (``plan_workers``;
     ports ``engine.port + k`` when a port is configured, else each trial picks a free one). Nothing starts if
     the storage is unusable or another sweep of the study holds one of these GPUs."""
@@ -225,16 +255,24 @@ def start_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
     workers = Workers(cfg=cfg, echo=echo)
     idle = [g for g in gpus if not any(g in p.gpus for p in plans)]
     if idle:  # a pool that does not divide into the servers' groups
-        echo(f"note: {'GPU' if len(idle) == 1 else 'GPUs'} {group_label(idle)} left idle: the study's servers span "
-             f"{len(plans[0].gpus)} GPUs each and take aligned groups")
+        echo(
+            f"note: {'GPU' if len(idle) == 1 else 'GPUs'} {group_label(idle)} left idle: the study's servers span "
+            f"{len(plans[0].gpus)} GPUs each and take aligned groups"
+        )
     if plans and plans[0].shared is not None:  # the shared pool's GPUs are this supervisor's to hold
         workers._pool_locks = hold_sweep_gpus(cfg, [str(g) for g in gpus])
     for k, plan in enumerate(plans):
         port = cfg.engine.port + k if cfg.engine.port else None
         argv = worker_argv(cfg, plan.argv_gpu(), port, shared=plan.shared)
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, text=True, env={**os.environ, **(env or {})},
-                                start_new_session=True)  # Ctrl-C reaches workers through us, once
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )  # Ctrl-C reaches workers through us, once
         workers.procs[plan.key], workers.names[plan.key] = proc, plan.name
         relay = threading.Thread(target=_relay, args=(proc.stdout, f"{_prefix(plan.name)} | ", echo), daemon=True)
         relay.start()
@@ -242,8 +280,14 @@ def start_workers(cfg: StudyConfig, gpus: Sequence[int], *, echo: Echo = print,
     return workers
 
 
-def start_workers_on_slurm(cfg: StudyConfig, gpus: Sequence[int] | None, *, echo: Echo = print,
-                           env: dict[str, str] | None = None, count: int | None = None) -> SlurmWorkers:
+def start_workers_on_slurm(
+    cfg: StudyConfig,
+    gpus: Sequence[int] | None,
+    *,
+    echo: Echo = print,
+    env: dict[str, str] | None = None,
+    count: int | None = None,
+) -> SlurmWorkers:
     """Check the storage, create the study, then ``sbatch`` the worker jobs (``slurm_workers``): one per
     group of ``gpus`` (``plan_workers``), or ``count`` jobs that each ask Slurm for a group of the study's size
     (``--gres=gpu:<size>``) and run on the GPUs of their allocation. Inside its allocation each worker's servers
@@ -252,18 +296,25 @@ def start_workers_on_slurm(cfg: StudyConfig, gpus: Sequence[int] | None, *, echo
     if gpus is None:
         size = max(study_spans(cfg))  # a job holds the largest server's GPUs, so every config of the space fits
         open_study(cfg)
-        argvs = {k: (worker_argv(cfg, None, port + k if port else None, launcher="local"), size)
-                 for k in range(count or 1)}
+        argvs = {
+            k: (worker_argv(cfg, None, port + k if port else None, launcher="local"), size) for k in range(count or 1)
+        }
         return start_slurm_workers(cfg, argvs, echo=echo, env=env, names={k: f"worker{k}" for k in argvs})
     plans = plan_workers(cfg, gpus)
     open_study(cfg)
-    argvs = {p.key: (worker_argv(cfg, p.argv_gpu(), port + k if port else None, launcher="local", shared=p.shared),
-                     len(p.gpus) if p.shared is None else 1) for k, p in enumerate(plans)}
+    argvs = {
+        p.key: (
+            worker_argv(cfg, p.argv_gpu(), port + k if port else None, launcher="local", shared=p.shared),
+            len(p.gpus) if p.shared is None else 1,
+        )
+        for k, p in enumerate(plans)
+    }
     return start_slurm_workers(cfg, argvs, echo=echo, env=env, names={p.key: _prefix(p.name) for p in plans})
 
 
-def run_workers(cfg: StudyConfig, gpus: Sequence[int] | None, *, echo: Echo = print,
-                count: int | None = None) -> dict[int, int]:
+def run_workers(
+    cfg: StudyConfig, gpus: Sequence[int] | None, *, echo: Echo = print, count: int | None = None
+) -> dict[int, int]:
     """Search ``cfg``'s study with one worker per GPU group until it has its trials; returns each worker's exit
     code (by its first GPU, or its slot). On ``[engine] launcher = "slurm"`` each worker is a Slurm job
     (``count`` jobs on GPUs Slurm allocates when ``gpus`` is None). Raises KeyboardInterrupt after a forwarded
@@ -272,8 +323,11 @@ def run_workers(cfg: StudyConfig, gpus: Sequence[int] | None, *, echo: Echo = pr
         workers: Workers | SlurmWorkers = start_workers_on_slurm(cfg, gpus, echo=echo, count=count)
     else:
         if gpus is None:
-            raise ConfigError("--workers needs the slurm launcher", key="--workers",
-                              fix="add --launcher slurm, or give --gpus 0-3 to run workers on this node")
+            raise ConfigError(
+                "--workers needs the slurm launcher",
+                key="--workers",
+                fix="add --launcher slurm, or give --gpus 0-3 to run workers on this node",
+            )
         workers = start_workers(cfg, gpus, echo=echo)
     codes = workers.wait()
     if workers.interrupted:
@@ -283,7 +337,8 @@ def run_workers(cfg: StudyConfig, gpus: Sequence[int] | None, *, echo: Echo = pr
         raise StudyError(f"every worker failed (exit codes {failed}); see the lines above for why")
     names = getattr(workers, "names", {})
     for key, code in failed.items():
-        echo(f"{_prefix(names.get(key, str(key)))}: worker exited with code {code}; the other workers finished its "
-             "trials")
+        echo(
+            f"{_prefix(names.get(key, str(key)))}: worker exited with code {code}; the other workers finished its "
+            "trials"
+        )
     return codes
-

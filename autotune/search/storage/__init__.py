@@ -24,7 +24,29 @@ from autotune.search.storage.access import (
 )
 from autotune.search.storage.liveness import Liveness, WorkerTag, dead_running, fail_stale, is_dead, node_lock
 
-__all__ = ["HEARTBEAT_ENV", "Liveness", "RetryOnce", "WorkerTag", "check_storage", "close_storage",
-           "dead_running", "fail_stale", "grace_s", "heartbeat_s", "is_dead", "journal_path", "kind", "load_study",
-           "node_lock", "open_storage", "quiet_ask", "redact", "storage_error", "storage_file", "storage_of",
-           "study_names", "trial_handle", "trial_id"]
+__all__ = [
+    "HEARTBEAT_ENV",
+    "Liveness",
+    "RetryOnce",
+    "WorkerTag",
+    "check_storage",
+    "close_storage",
+    "dead_running",
+    "fail_stale",
+    "grace_s",
+    "heartbeat_s",
+    "is_dead",
+    "journal_path",
+    "kind",
+    "load_study",
+    "node_lock",
+    "open_storage",
+    "quiet_ask",
+    "redact",
+    "storage_error",
+    "storage_file",
+    "storage_of",
+    "study_names",
+    "trial_handle",
+    "trial_id",
+]

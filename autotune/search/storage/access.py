@@ -43,19 +43,22 @@ def kind(url: str) -> str:
     scheme = url.split(":", 1)[0].split("+", 1)[0].lower() if ":" in url else ""
     if scheme == "sqlite" and url.startswith("sqlite:///"):
         return "sqlite"
-    if scheme == "journal" and url[len("journal:"):].strip("/"):
+    if scheme == "journal" and url[len("journal:") :].strip("/"):
         return "journal"
     if scheme in SQL_SCHEMES and "://" in url:
         return "rdb"
-    fix = ("write postgresql+psycopg2://user:password@host:5432/db" if scheme == "postgres" else
-           "use sqlite:///file.db, postgresql+psycopg2://user:password@host/db, mysql+pymysql://…, "
-           "or journal:///path/to/study.log")
+    fix = (
+        "write postgresql+psycopg2://user:password@host:5432/db"
+        if scheme == "postgres"
+        else "use sqlite:///file.db, postgresql+psycopg2://user:password@host/db, mysql+pymysql://…, "
+        "or journal:///path/to/study.log"
+    )
     raise StorageError(f"cannot read storage URL {redact(url)!r} ({fix})")
 
 
 def journal_path(url: str, base_dir: Path | None = None) -> Path:
     """``journal:///abs/x.log`` → ``/abs/x.log``; ``journal:x.log`` resolves against ``base_dir`` (default cwd)."""
-    rest = url[len("journal:"):]
+    rest = url[len("journal:") :]
     path = Path("/" + rest.lstrip("/")) if rest.startswith("///") else Path(rest.removeprefix("//"))
     return path if path.is_absolute() else (base_dir or Path.cwd()) / path
 
@@ -98,8 +101,10 @@ class RetryOnce:
         if trial.user_attrs.get("requeued_from") is not None:
             return  # already the second run of this config
         clean = copy.deepcopy(trial)
-        clean.user_attrs = {**{k: trial.user_attrs[k] for k in RETRY_KEEP if k in trial.user_attrs},
-                            "requeued_from": trial.number}
+        clean.user_attrs = {
+            **{k: trial.user_attrs[k] for k in RETRY_KEEP if k in trial.user_attrs},
+            "requeued_from": trial.number,
+        }
         self._retry(study, clean)
 
 
@@ -134,18 +139,26 @@ def open_storage(url: str, *, heartbeat: int | None = None, base_dir: Path | Non
         quiet_ask()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return RDBStorage(url, engine_kwargs=_engine_kwargs(url), heartbeat_interval=interval,
-                              grace_period=grace_s(interval), heartbeat_stale_trial_callback=RetryOnce())
+            return RDBStorage(
+                url,
+                engine_kwargs=_engine_kwargs(url),
+                heartbeat_interval=interval,
+                grace_period=grace_s(interval),
+                heartbeat_stale_trial_callback=RetryOnce(),
+            )
     except StorageError:
         raise
     except ImportError:
         driver = url.split("://", 1)[0].partition("+")[2] or "psycopg2-binary"
-        raise StorageError(f"no database driver for {redact(url)} (pip install {driver}; for PostgreSQL "
-                           "pip install psycopg2-binary and write postgresql+psycopg2://...)") from None
+        raise StorageError(
+            f"no database driver for {redact(url)} (pip install {driver}; for PostgreSQL "
+            "pip install psycopg2-binary and write postgresql+psycopg2://...)"
+        ) from None
     except Exception as exc:  # SQLAlchemy's errors for malformed or unreachable URLs, OSError for files
         if type(exc).__name__ == "NoSuchModuleError":  # SQLAlchemy knows no such dialect+driver
-            raise StorageError(f"unknown database driver in {redact(url)} (write postgresql+psycopg2://... "
-                               "or mysql+pymysql://...)") from None
+            raise StorageError(
+                f"unknown database driver in {redact(url)} (write postgresql+psycopg2://... or mysql+pymysql://...)"
+            ) from None
         full = disk_error(exc, db_path=storage_file(url, base_dir))  # a full disk says so, with its free space
         if full is not None:
             raise full from None
@@ -165,8 +178,13 @@ def close_storage(storage: BaseStorage) -> None:
         storage.engine.dispose()
 
 
-def load_study(url: str, name: str | None = None, *, base_dir: Path | None = None,
-               sampler: optuna.samplers.BaseSampler | None = None) -> optuna.Study:
+def load_study(
+    url: str,
+    name: str | None = None,
+    *,
+    base_dir: Path | None = None,
+    sampler: optuna.samplers.BaseSampler | None = None,
+) -> optuna.Study:
     """An existing study on any storage (SQLite, journal, a database server), never created: a typo must not
     leave an empty database behind. ``name`` None: the storage's only study. Every failure is one line."""
     if kind(url) == "sqlite":
@@ -179,12 +197,15 @@ def load_study(url: str, name: str | None = None, *, base_dir: Path | None = Non
         if not names:
             raise StudyError(f"storage {shown} holds no study; run `autotune sweep` first")
         if len(names) > 1:
-            raise StudyError(f"storage {shown} holds {len(names)} studies; pick one with --study "
-                             f"({', '.join(sorted(names))})")
+            raise StudyError(
+                f"storage {shown} holds {len(names)} studies; pick one with --study ({', '.join(sorted(names))})"
+            )
         name = names[0]
     if name not in names:
-        raise StudyError(f"no study named {name!r} in {shown} (studies there: {', '.join(sorted(names)) or 'none'}); "
-                         "run `autotune sweep` first or pass --study NAME")
+        raise StudyError(
+            f"no study named {name!r} in {shown} (studies there: {', '.join(sorted(names)) or 'none'}); "
+            "run `autotune sweep` first or pass --study NAME"
+        )
     try:
         return optuna.load_study(study_name=name, storage=open_storage(url, base_dir=base_dir), sampler=sampler)
     except Exception as exc:

@@ -74,8 +74,10 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 def db_full(exc: BaseException) -> bool:
     """The study storage failed because its disk is full (SQLite through SQLAlchemy/Optuna, or a journal file)."""
-    return any(any(p in str(e).lower() for p in DB_FULL_PHRASES) or
-               (isinstance(e, OSError) and e.errno in FULL_ERRNOS) for e in _chain(exc))
+    return any(
+        any(p in str(e).lower() for p in DB_FULL_PHRASES) or (isinstance(e, OSError) and e.errno in FULL_ERRNOS)
+        for e in _chain(exc)
+    )
 
 
 def disk_error(exc: BaseException, *, db_path: Path | None = None, fallback: Path | None = None) -> DiskError | None:
@@ -94,10 +96,13 @@ def disk_error(exc: BaseException, *, db_path: Path | None = None, fallback: Pat
 def _make(path: Path | None, what: str) -> DiskError:
     free = free_bytes(path)
     where = str(path) if path is not None else "the study folder"
-    return DiskError(f"cannot write {where}: {what}; {human(free)} free there. Free space on that disk (or move the "
-                     "study file and its folder to a larger one, the database with --storage) and run the same "
-                     "command again to resume",
-                     path=str(path) if path is not None else None, free_bytes=free)
+    return DiskError(
+        f"cannot write {where}: {what}; {human(free)} free there. Free space on that disk (or move the "
+        "study file and its folder to a larger one, the database with --storage) and run the same "
+        "command again to resume",
+        path=str(path) if path is not None else None,
+        free_bytes=free,
+    )
 
 
 STARVED_BYTES = 64 * 1024  # a trial folder's disk with less than this free could not take the server's log
@@ -189,8 +194,11 @@ class Room:
         per = {"trials folder": trial_bytes(self.trials_dir)}
         if self.db_path is not None:
             size = self.db_path.stat().st_size if self.db_path.is_file() else 0
-            per["study database"] = ((size // n_trials, f"measured: the database over its {n_trials} trial(s)")
-                                     if n_trials and size else (DB_TRIAL_BYTES_ESTIMATE, "estimated"))
+            per["study database"] = (
+                (size // n_trials, f"measured: the database over its {n_trials} trial(s)")
+                if n_trials and size
+                else (DB_TRIAL_BYTES_ESTIMATE, "estimated")
+            )
         return per
 
     def warning(self, trials_left: int, n_trials: int = 0) -> str | None:
@@ -202,9 +210,11 @@ class Room:
             need = each * max(1, trials_left)
             free = free_bytes(path)
             if free is not None and free < need:
-                return (f"warning: the {label} ({path}) has {human(free)} free; a trial writes about {human(each)} "
-                        f"there ({how}), the {trials_left} trial(s) left about {human(need)}: a write may fail "
-                        "mid-study (the trial then fails as write_error and the sweep stops)")
+                return (
+                    f"warning: the {label} ({path}) has {human(free)} free; a trial writes about {human(each)} "
+                    f"there ({how}), the {trials_left} trial(s) left about {human(need)}: a write may fail "
+                    "mid-study (the trial then fails as write_error and the sweep stops)"
+                )
         return None
 
     def check(self) -> None:
@@ -216,6 +226,10 @@ class Room:
         for label, path in self._places():
             free = free_bytes(path)
             if free is not None and free < floors[label]:
-                raise DiskError(f"the {label} ({path}) has only {human(free)} free (one more trial needs about "
-                                f"{human(floors[label])}); free space on that disk and run the same command again to "
-                                "resume", path=str(path), free_bytes=free)
+                raise DiskError(
+                    f"the {label} ({path}) has only {human(free)} free (one more trial needs about "
+                    f"{human(floors[label])}); free space on that disk and run the same command again to "
+                    "resume",
+                    path=str(path),
+                    free_bytes=free,
+                )

@@ -35,8 +35,7 @@ def _confirmed(stats: Mapping[str, ContenderStat], trial: FrozenTrial) -> Conten
     return entry if entry and entry.median else None
 
 
-def above_baseline(trials: list[FrozenTrial], verdict: Verdict | None,
-                   base: FrozenTrial | None) -> list[AboveEntry]:
+def above_baseline(trials: list[FrozenTrial], verdict: Verdict | None, base: FrozenTrial | None) -> list[AboveEntry]:
     """By gain: each trial not crowned that measured above the
     baseline (``base``, a measured one; None: none). Confirmed figures are compared with the baseline's confirmed
     figure (``verdict``: the finished confirmation's, None without one); an unconfirmed trial (never relaunched) is
@@ -48,9 +47,15 @@ def above_baseline(trials: list[FrozenTrial], verdict: Verdict | None,
     base_conf = _confirmed(stats, base)
     out = []
     for t in trials:
-        if (t.number == base.number or t.state != TrialState.COMPLETE or t.user_attrs.get("status") != "ok"
-                or not t.values or t.user_attrs.get("reused_from") is not None or launch_key(t) == launch_key(base)
-                or t.number == winner):
+        if (
+            t.number == base.number
+            or t.state != TrialState.COMPLETE
+            or t.user_attrs.get("status") != "ok"
+            or not t.values
+            or t.user_attrs.get("reused_from") is not None
+            or launch_key(t) == launch_key(base)
+            or t.number == winner
+        ):
             continue
         entry = _confirmed(stats, t)
         if entry is not None and base_conf is not None:
@@ -76,11 +81,12 @@ def above_line(entries: list[AboveEntry], *, window_key: str = "workload.measure
     more = f" and {len(entries) - 4} more" if len(entries) > 4 else ""
     fixes = []
     if any(not e.settled for e in entries):
-        fixes.append(f"lengthen {window_key} (the window cap) or loosen workload.target_half_width so their "
-                     "windows settle")
+        fixes.append(
+            f"lengthen {window_key} (the window cap) or loosen workload.target_half_width so their windows settle"
+        )
     if any(e.settled for e in entries):
-        fixes.append("give the confirmation more launches (study.confirm_max_repeats) or a coarser "
-                     "study.resolution")
-    return (f"no config was shown to beat the baseline, but {', '.join(parts)}{more} measured above it: "
-            f"{'; or '.join(fixes)}, and sweep again (the baseline stands until then)")
-
+        fixes.append("give the confirmation more launches (study.confirm_max_repeats) or a coarser study.resolution")
+    return (
+        f"no config was shown to beat the baseline, but {', '.join(parts)}{more} measured above it: "
+        f"{'; or '.join(fixes)}, and sweep again (the baseline stands until then)"
+    )

@@ -28,15 +28,33 @@ def per_gpu_frame(study: optuna.Study) -> pd.DataFrame:
         best = ok.loc[ok.tok_s.idxmax()] if len(ok) else None
         gained = ok[ok.gain.notna()]
         best_gain = gained.loc[gained.gain.idxmax()] if len(gained) else None
-        rows.append({"gpu": gpu, "trials": len(g), "ok": len(ok), "baseline_tok_s": g.baseline_tok_s.iloc[0],
-                     "best_trial": None if best is None else int(best.trial),
-                     "best_tok_s": None if best is None else float(best.tok_s),
-                     "best_gain_trial": None if best_gain is None else int(best_gain.trial),
-                     "best_gain": None if best_gain is None else float(best_gain.gain)})
-    out = pd.DataFrame(rows, columns=["gpu", "trials", "ok", "baseline_tok_s", "best_trial", "best_tok_s",
-                                      "best_gain_trial", "best_gain"])
-    out = out.astype({"trials": int, "ok": int, "best_trial": "Int64", "best_gain_trial": "Int64",
-                      "baseline_tok_s": float, "best_tok_s": float, "best_gain": float})
+        rows.append(
+            {
+                "gpu": gpu,
+                "trials": len(g),
+                "ok": len(ok),
+                "baseline_tok_s": g.baseline_tok_s.iloc[0],
+                "best_trial": None if best is None else int(best.trial),
+                "best_tok_s": None if best is None else float(best.tok_s),
+                "best_gain_trial": None if best_gain is None else int(best_gain.trial),
+                "best_gain": None if best_gain is None else float(best_gain.gain),
+            }
+        )
+    out = pd.DataFrame(
+        rows,
+        columns=["gpu", "trials", "ok", "baseline_tok_s", "best_trial", "best_tok_s", "best_gain_trial", "best_gain"],
+    )
+    out = out.astype(
+        {
+            "trials": int,
+            "ok": int,
+            "best_trial": "Int64",
+            "best_gain_trial": "Int64",
+            "baseline_tok_s": float,
+            "best_tok_s": float,
+            "best_gain": float,
+        }
+    )
     median = float(np.nanmedian(out.baseline_tok_s)) if out.baseline_tok_s.notna().any() else float("nan")
     out["vs_median"] = out.baseline_tok_s.astype(float) / median
     return out
@@ -54,13 +72,19 @@ def render_gpus(study: optuna.Study) -> str:
     """The per-GPU lines under a sweep's summary: calibration, spread, and each GPU's best gain."""
     per = per_gpu_frame(study)
     spread = gpu_spread(study)
-    head = ("per GPU (configs compare by tok/s ÷ their own GPU's baseline" if gains(study) else
-            # workers sharing a pool, or a device without its own baseline: no per-device calibration applies
-            "per GPU (configs compare by tok/s per GPU: not every GPU group ran its own baseline")
+    head = (
+        "per GPU (configs compare by tok/s ÷ their own GPU's baseline"
+        if gains(study)
+        # workers sharing a pool, or a device without its own baseline: no per-device calibration applies
+        else "per GPU (configs compare by tok/s per GPU: not every GPU group ran its own baseline"
+    )
     lines = [head + (f"; baselines spread {spread:.1%})" if spread is not None else ")")]
     for row in per.itertuples():
-        base = (f"baseline {row.baseline_tok_s:,.0f} tok/s ({row.vs_median:.2f}× median)"
-                if pd.notna(row.baseline_tok_s) else "no baseline")
+        base = (
+            f"baseline {row.baseline_tok_s:,.0f} tok/s ({row.vs_median:.2f}× median)"
+            if pd.notna(row.baseline_tok_s)
+            else "no baseline"
+        )
         best = f"; best gain trial {row.best_gain_trial}: {row.best_gain:.2f}×" if pd.notna(row.best_gain) else ""
         lines.append(f"  {row.gpu}: {row.trials} trials, {base}{best}")
     return "\n".join(lines)

@@ -102,8 +102,10 @@ def ranked_configs(study: optuna.Study, name: str | None = None) -> list[RankedC
         what = "winner" if t.number == winner else f"#{len(out) + 1}"  # its rank in that study
         out.append(RankedConfig(f"from {name or study.study_name}: {what} (was trial {t.number})", t.number, config))
     if not out:
-        raise _fail(f"study {study.study_name!r} has no finished trial that measured a throughput",
-                    f"finish it first (autotune sweep --study {study.study_name}), or name another study")
+        raise _fail(
+            f"study {study.study_name!r} has no finished trial that measured a throughput",
+            f"finish it first (autotune sweep --study {study.study_name}), or name another study",
+        )
     return out
 
 
@@ -134,12 +136,15 @@ def fit_space(config: Mapping[str, Any], cfg: StudyConfig, space: Space) -> tupl
             shown = ", ".join(map(str, getattr(dist, "choices", ())))
             if base.get(param.name) is not None:
                 out[param.name] = base[param.name]
-                lines.append(f"{param.name}: {value} is not among this study's choices ({shown}); "
-                             f"the baseline's {base[param.name]} instead")
+                lines.append(
+                    f"{param.name}: {value} is not among this study's choices ({shown}); "
+                    f"the baseline's {base[param.name]} instead"
+                )
             else:
                 out.pop(param.name)
-                lines.append(f"{param.name}: {value} is not among this study's choices ({shown}); left to SGLang's "
-                             "default")
+                lines.append(
+                    f"{param.name}: {value} is not among this study's choices ({shown}); left to SGLang's default"
+                )
             continue
         low, high = float(dist.low), float(dist.high)  # type: ignore[attr-defined]
         if low <= float(value) <= high:
@@ -173,24 +178,41 @@ def corrections(study: optuna.Study, settings: Mapping[str, Any], cfg: StudyConf
     old, new = _gpu_memory(str(src_gpu)), here.memory_gib
     ratio = new / old if old and new else 1.0
     moved = scaled(learnt(feas), ratio)
-    data: Carried = {"offsets": moved["offsets"], "room": moved["room"], "ooms": moved["ooms"],
-                     "scale": round(ratio, 4), "memory_gib": [round(old or 0.0, 1), round(new or 0.0, 1)]}
+    data: Carried = {
+        "offsets": moved["offsets"],
+        "room": moved["room"],
+        "ooms": moved["ooms"],
+        "scale": round(ratio, 4),
+        "memory_gib": [round(old or 0.0, 1), round(new or 0.0, 1)],
+    }
     n = len(data["offsets"]) + len(data["room"]) + len(data["ooms"])
-    how = (f"× {ratio:.3f} ({src_gpu} {old:.0f} GiB → {here.name} {new:.0f} GiB)"
-           if not math.isclose(ratio, 1.0) else "unscaled (the same GPU memory)")
-    return data, (f"planner starts from {n} learnt corrections of that study, {how}, until this study "
-                  "measures its own")
+    how = (
+        f"× {ratio:.3f} ({src_gpu} {old:.0f} GiB → {here.name} {new:.0f} GiB)"
+        if not math.isclose(ratio, 1.0)
+        else "unscaled (the same GPU memory)"
+    )
+    return data, (f"planner starts from {n} learnt corrections of that study, {how}, until this study measures its own")
 
 
-def warm_record(source: optuna.Study, storage: str, cfg: StudyConfig, *, table: FlagTable,
-                version: str, envs: EnvTable | None = None, name: str | None = None) -> tuple[WarmRecord, list[str]]:
+def warm_record(
+    source: optuna.Study,
+    storage: str,
+    cfg: StudyConfig,
+    *,
+    table: FlagTable,
+    version: str,
+    envs: EnvTable | None = None,
+    name: str | None = None,
+) -> tuple[WarmRecord, list[str]]:
     """The record ``search.warm`` reads (``WARM_KEY``), and the lines the sweep prints before it starts. ``table``:
     the installed SGLang's flags (``version``: its version); ``name``: the earlier study as shown (its own name)."""
     settings = dict(source.user_attrs.get("autotune") or {})
     model, mine = study_model(settings), cfg.engine.profile or cfg.engine.model
     if model is not None and model != mine:
-        raise _fail(f"study {source.study_name!r} tuned model {model}, this study tunes {mine}",
-                    "re-tune from a study of the same model, or run without --from")
+        raise _fail(
+            f"study {source.study_name!r} tuned model {model}, this study tunes {mine}",
+            "re-tune from a study of the same model, or run without --from",
+        )
     ranked = ranked_configs(source, name)
     space = Space.from_config(cfg)
     planner = CorrectedFeasibility.from_config(cfg)
@@ -207,16 +229,24 @@ def warm_record(source: optuna.Study, storage: str, cfg: StudyConfig, *, table: 
             lines.append(f"{label}: not enqueued, sglang {version} refuses it: {refused.message}")
             continue
         if key_of(config) in seen:
-            lines.append(f"{label}: not enqueued, the same config as this study's baseline, an [[enqueue]] or one above")
+            lines.append(
+                f"{label}: not enqueued, the same config as this study's baseline, an [[enqueue]] or one above"
+            )
             continue
         seen.add(key_of(config))
         configs.append({"label": label, "trial": number, "config": config})
     data, planner_line = corrections(source, settings, cfg)
     record: WarmRecord = {
-        "study": name or source.study_name, "storage": redact_url(storage), "sglang_version": study_version(source, settings),
-        "gpu": device_name(settings) if settings else "unrecorded", "model": model,
+        "study": name or source.study_name,
+        "storage": redact_url(storage),
+        "sglang_version": study_version(source, settings),
+        "gpu": device_name(settings) if settings else "unrecorded",
+        "model": model,
         "to": {"sglang_version": version, "gpu": device_name(cfg.to_dict())},
-        "configs": configs, "corrections": data, "notes": lines}
+        "configs": configs,
+        "corrections": data,
+        "notes": lines,
+    }
     return record, [str(origin_line(record)), *lines, planner_line]
 
 
@@ -225,6 +255,8 @@ def origin_line(record: Mapping[str, Any] | None) -> str | None:
     if not record:
         return None
     n = len(record.get("configs") or ())
-    return (f"started from study {record['study']} ({record['storage']}; sglang {record['sglang_version']} on "
-            f"{record['gpu']}): {n} of its best configs enqueued and measured here, its planner corrections scaled to "
-            f"this GPU; every figure shown is this study's own")
+    return (
+        f"started from study {record['study']} ({record['storage']}; sglang {record['sglang_version']} on "
+        f"{record['gpu']}): {n} of its best configs enqueued and measured here, its planner corrections scaled to "
+        f"this GPU; every figure shown is this study's own"
+    )

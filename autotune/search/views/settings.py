@@ -78,13 +78,23 @@ class StudySettings:
         launcher = str(engine.get("launcher") or "local")
         table = (stored.get("launcher") or {}).get(launcher) or {}
         return cls(
-            kind=_text(kind), model=_text(engine.get("model")), profile=_text(engine.get("profile")),
-            sim_gpu=_text(engine.get("sim_gpu")), python=_text(engine.get("python")), device=_text(engine.get("device")),
-            env={str(k): str(v) for k, v in (engine.get("env") or {}).items()}, launcher=launcher,
-            launcher_settings={k: v for k, v in table.items() if v not in (None, [], {})} if isinstance(table, dict) else {},
+            kind=_text(kind),
+            model=_text(engine.get("model")),
+            profile=_text(engine.get("profile")),
+            sim_gpu=_text(engine.get("sim_gpu")),
+            python=_text(engine.get("python")),
+            device=_text(engine.get("device")),
+            env={str(k): str(v) for k, v in (engine.get("env") or {}).items()},
+            launcher=launcher,
+            launcher_settings={k: v for k, v in table.items() if v not in (None, [], {})}
+            if isinstance(table, dict)
+            else {},
             sim_options=dict(engine.get("sim_options") or {}) if str(kind or "sim") == "sim" else {},
-            workload=dict(stored.get("workload") or {}), sglang_version=_text(stored.get("sglang_version")),
-            gpu=device_name(stored) if stored else None, numerics=_limits(stored))
+            workload=dict(stored.get("workload") or {}),
+            sglang_version=_text(stored.get("sglang_version")),
+            gpu=device_name(stored) if stored else None,
+            numerics=_limits(stored),
+        )
 
 
 def _limits(stored: Mapping[str, Any]) -> NumericsLimits:

@@ -63,8 +63,11 @@ class Spend:
         """``spent: 8 search launches 4.3 GPU-min, 4 confirmation launches 5.0 GPU-min; 9.3 GPU-min in all, 1.42
         GPU-h with the startups the modelled GPU takes``; the modelled figure on the simulator only."""
         unit = self.device
-        parts = [f"{p.launches} {p.phase} launch{'es' if p.launches != 1 else ''} {_h(p.gpu_h, unit)}"
-                 + (f" ({p.untimed} untimed)" if p.untimed else "") for p in self.phases]
+        parts = [
+            f"{p.launches} {p.phase} launch{'es' if p.launches != 1 else ''} {_h(p.gpu_h, unit)}"
+            + (f" ({p.untimed} untimed)" if p.untimed else "")
+            for p in self.phases
+        ]
         text = "spent: " + ", ".join(parts) + f"; {_h(self.gpu_h, unit)} in all"
         if unit != "GPU":
             text += " on SGLang's CPU backend"
@@ -122,21 +125,28 @@ def phase_spend(phase: str, results: Iterable[Timed | None]) -> PhaseSpend:
 def spend(by_phase: Mapping[str, Sequence[Timed | None]], *, simulated: bool = False, cpu: bool = False) -> Spend:
     """The study's bill from each phase's launches (phases in ``PHASES`` order; empty ones left out); ``cpu``: the
     servers ran on SGLang's CPU backend (the bill in CPU-server time, not GPU time)."""
-    return Spend(tuple(phase_spend(p, by_phase[p]) for p in PHASES if by_phase.get(p)), simulated,
-                 "server" if cpu else "GPU")
+    return Spend(
+        tuple(phase_spend(p, by_phase[p]) for p in PHASES if by_phase.get(p)), simulated, "server" if cpu else "GPU"
+    )
 
 
-def study_spend(trials: Sequence[FrozenTrial], confirmation: Confirmation | None, *, simulated: bool,
-                cpu: bool = False) -> Spend:
+def study_spend(
+    trials: Sequence[FrozenTrial], confirmation: Confirmation | None, *, simulated: bool, cpu: bool = False
+) -> Spend:
     """The bill of a stored study: its search launches (``seeding.launches``), the confirmation's runs, the
     stress phase's own launches and a measured defaults run."""
     conf = confirmation or Confirmation()
     stress_runs = conf.stress.runs if conf.stress is not None else ()
     defaults = conf.defaults
-    return spend({
-        "search": [TrialResult.of(t) for t in launches(list(trials))],
-        "confirmation": [r.result for r in conf.runs],
-        "stress": [r.cost for r in stress_runs if not r.in_confirmation and r.status != "not_run"],
-        "defaults": [defaults.cost] if defaults is not None and str(defaults.how or "").startswith(
-            "measured") else [],
-    }, simulated=simulated, cpu=cpu)
+    return spend(
+        {
+            "search": [TrialResult.of(t) for t in launches(list(trials))],
+            "confirmation": [r.result for r in conf.runs],
+            "stress": [r.cost for r in stress_runs if not r.in_confirmation and r.status != "not_run"],
+            "defaults": [defaults.cost]
+            if defaults is not None and str(defaults.how or "").startswith("measured")
+            else [],
+        },
+        simulated=simulated,
+        cpu=cpu,
+    )

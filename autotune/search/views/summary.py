@@ -47,8 +47,13 @@ def baseline_trial(trials: list[FrozenTrial]) -> FrozenTrial | None:
 
 def measured(trial: FrozenTrial | None) -> bool:
     """Whether a trial measured a throughput (COMPLETE, status ok, a positive value)."""
-    return (trial is not None and trial.state == TrialState.COMPLETE and trial.user_attrs.get("status") == "ok"
-            and bool(trial.values) and trial.values[0] > 0)
+    return (
+        trial is not None
+        and trial.state == TrialState.COMPLETE
+        and trial.user_attrs.get("status") == "ok"
+        and bool(trial.values)
+        and trial.values[0] > 0
+    )
 
 
 def baseline_failure(study: optuna.Study) -> str | None:
@@ -96,9 +101,16 @@ def _defaults_entry(stored: DefaultsRun | None) -> DefaultsEntry | None:
     status = stored.status or ("ok" if stored.output_tok_s else "failed")
     if status == "ok" and not stored.output_tok_s:
         status = "no_measurement"
-    return DefaultsEntry(status=status, output_tok_s=stored.output_tok_s if status == "ok" else None,
-                         tok_s_per_gpu=stored.tok_s_per_gpu, reason=stored.reason, how=stored.how or "",
-                         config=stored.config, trial_dir=stored.trial_dir, log_path=stored.log_path)
+    return DefaultsEntry(
+        status=status,
+        output_tok_s=stored.output_tok_s if status == "ok" else None,
+        tok_s_per_gpu=stored.tok_s_per_gpu,
+        reason=stored.reason,
+        how=stored.how or "",
+        config=stored.config,
+        trial_dir=stored.trial_dir,
+        log_path=stored.log_path,
+    )
 
 
 def _spans(trial: FrozenTrial) -> int:
@@ -112,8 +124,9 @@ def _defaults_per_gpu(defaults: DefaultsEntry) -> float:
     return float(defaults.tok_s_per_gpu or defaults.output_tok_s or 0.0)
 
 
-def confirmed_rate(confirmation: Confirmation | None, number: int,
-                   span: int) -> tuple[float, tuple[float, float] | None] | None:
+def confirmed_rate(
+    confirmation: Confirmation | None, number: int, span: int
+) -> tuple[float, tuple[float, float] | None] | None:
     """A confirmed trial's median server tok/s and the interval of that median; None when the confirmation did not
     finish or did not measure it. The stored statistics are of tok/s per GPU, the score: × ``span`` GPUs."""
     verdict = confirmed(confirmation)
@@ -181,8 +194,12 @@ class UnexpectedEntry:
     line: str | None
 
 
-def _entry(by_number: dict[int, FrozenTrial], stats: Mapping[str, ContenderStat], n: int | None,
-           conf: Confirmation | None = None) -> TrialEntry | None:
+def _entry(
+    by_number: dict[int, FrozenTrial],
+    stats: Mapping[str, ContenderStat],
+    n: int | None,
+    conf: Confirmation | None = None,
+) -> TrialEntry | None:
     """A trial as the summary shows it: the confirmed median and interval where confirmed, else its search value."""
     if n is None or n not in by_number:
         return None
@@ -191,30 +208,47 @@ def _entry(by_number: dict[int, FrozenTrial], stats: Mapping[str, ContenderStat]
     value = s.median if s else (t.values[0] if t.values else None)  # the score: tok/s per GPU
     data = TrialResult.of(t)
     gpus = _spans(t)
+
     def scale(v: float | None) -> float | None:  # the server's tok/s from its per-GPU score
         return None if v is None else v * gpus
 
     return TrialEntry(
-        trial=n, label=t.user_attrs.get("label"), params=data.config if data is not None else None,
-        output_tok_s=scale(value), tok_s_per_gpu=value, gpus=gpus,
-        ci_low=scale(s.ci[0]) if s and s.ci else None, ci_high=scale(s.ci[1]) if s and s.ci else None,
-        confirmed_runs=s.runs if s and not s.from_search else 0, from_search=bool(s and s.from_search),
-        numerics=numerics_line(contender_fidelity(data.fidelity if data is not None else None,
-                                                  conf.probe(n) if conf is not None else None)),
-        worst_case=worst_case_line(conf, n) if conf is not None and conf.complete else None)  # the stress phase
+        trial=n,
+        label=t.user_attrs.get("label"),
+        params=data.config if data is not None else None,
+        output_tok_s=scale(value),
+        tok_s_per_gpu=value,
+        gpus=gpus,
+        ci_low=scale(s.ci[0]) if s and s.ci else None,
+        ci_high=scale(s.ci[1]) if s and s.ci else None,
+        confirmed_runs=s.runs if s and not s.from_search else 0,
+        from_search=bool(s and s.from_search),
+        numerics=numerics_line(
+            contender_fidelity(data.fidelity if data is not None else None, conf.probe(n) if conf is not None else None)
+        ),
+        worst_case=worst_case_line(conf, n) if conf is not None and conf.complete else None,
+    )  # the stress phase
 
 
-def _best(trials: list[FrozenTrial], base: FrozenTrial | None,
-          verdict: Verdict | None) -> tuple[int | None, str | None, str | None]:
+def _best(
+    trials: list[FrozenTrial], base: FrozenTrial | None, verdict: Verdict | None
+) -> tuple[int | None, str | None, str | None]:
     """(the best trial's number, the outcome, the note): the confirmed winner, else the best search value."""
     if verdict is not None:
         return verdict.winner_trial, verdict.outcome, verdict.note
     note = "not confirmed: these are single search measurements"
     ok = [t for t in finished(trials) if t.user_attrs.get("status") == "ok" and t.values and not unsettled(t)]
     best_n = max(ok, key=lambda t: t.values[0]).number if ok else None
-    if best_n is not None and base is not None and launch_key(next(t for t in ok if t.number == best_n)) == launch_key(base):
-        return None, "baseline", (f"no config beat the baseline: the best search trial ({best_n}) runs the "
-                                  f"baseline's flags; {note}")
+    if (
+        best_n is not None
+        and base is not None
+        and launch_key(next(t for t in ok if t.number == best_n)) == launch_key(base)
+    ):
+        return (
+            None,
+            "baseline",
+            (f"no config beat the baseline: the best search trial ({best_n}) runs the baseline's flags; {note}"),
+        )
     return best_n, None, note
 
 
@@ -226,8 +260,9 @@ def verdict_note(study: optuna.Study) -> str:
     return _verdict(trials, baseline_trial(trials), confirmed(Confirmation.of(study)))[2] or ""
 
 
-def _verdict(trials: list[FrozenTrial], base_t: FrozenTrial | None,
-             verdict: Verdict | None) -> tuple[int | None, str | None, str | None, list[AboveEntry]]:
+def _verdict(
+    trials: list[FrozenTrial], base_t: FrozenTrial | None, verdict: Verdict | None
+) -> tuple[int | None, str | None, str | None, list[AboveEntry]]:
     """(the best trial, the outcome, the note, the uncrowned configs above the baseline): ``_best`` with the note
     naming those configs when there are any."""
     best_n, outcome, note = _best(trials, base_t, verdict)
@@ -286,14 +321,26 @@ def _baseline_entry(trial: FrozenTrial | None, base: TrialEntry | None, failure:
     attrs = trial.user_attrs if trial is not None else {}
     result = TrialResult.of(trial)
     return BaselineEntry(
-        trial=trial.number if trial is not None else None, params=result.config if result is not None else None,
-        output_tok_s=base.output_tok_s if base else None, tok_s_per_gpu=base.tok_s_per_gpu if base else None,
-        gpus=base.gpus if base else None, status=attrs.get("status"), from_search=bool(base and base.from_search),
-        reason=attrs.get("reason") if failure else None, failed=failure, log_path=attrs.get("log_path"))
+        trial=trial.number if trial is not None else None,
+        params=result.config if result is not None else None,
+        output_tok_s=base.output_tok_s if base else None,
+        tok_s_per_gpu=base.tok_s_per_gpu if base else None,
+        gpus=base.gpus if base else None,
+        status=attrs.get("status"),
+        from_search=bool(base and base.from_search),
+        reason=attrs.get("reason") if failure else None,
+        failed=failure,
+        log_path=attrs.get("log_path"),
+    )
 
 
-def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = False,
-              job: Callable[[int | None], JobView | None] | None = None) -> SweepSummary:
+def summarize(
+    study: optuna.Study,
+    cfg: StudyConfig,
+    *,
+    interrupted: bool = False,
+    job: Callable[[int | None], JobView | None] | None = None,
+) -> SweepSummary:
     """The figures a user reads: statuses, baseline, confirmed winner and gains (search values if unconfirmed);
     ``job``: the ``[job]`` view of the winner's trial (``jobview.job_for_study``), ``interrupted``: the sweep was.
 
@@ -315,11 +362,23 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
     if failure is not None:
         best_n, outcome, note = None, "no_baseline", None  # the baseline line and ``error`` say why
     base, best = (entry(baseline) if failure is None else None), entry(best_n)
-    gain = verdict.gain if verdict is not None else (  # per GPU: a TP-2 winner must beat twice a TP-1 baseline's tok/s
-        best.tok_s_per_gpu / base.tok_s_per_gpu if best and base and best.tok_s_per_gpu and base.tok_s_per_gpu
-        else None)
-    enqueued = [entry(t.number) for t in trials if t.user_attrs.get("role") == "enqueued"
-                and t.state.name == "COMPLETE" and t.user_attrs.get("requeued_from") is None]
+    gain = (
+        verdict.gain
+        if verdict is not None
+        # per GPU: a TP-2 winner must beat twice a TP-1 baseline's tok/s
+        else (
+            best.tok_s_per_gpu / base.tok_s_per_gpu
+            if best and base and best.tok_s_per_gpu and base.tok_s_per_gpu
+            else None
+        )
+    )
+    enqueued = [
+        entry(t.number)
+        for t in trials
+        if t.user_attrs.get("role") == "enqueued"
+        and t.state.name == "COMPLETE"
+        and t.user_attrs.get("requeued_from") is None
+    ]
     defaults = _defaults_entry(conf.defaults) if conf is not None and verdict is not None else None
     started = launches(trials)
     launched_oom = sum(1 for t in started if t.user_attrs.get("status") in ("startup_oom", "runtime_oom"))
@@ -328,36 +387,54 @@ def summarize(study: optuna.Study, cfg: StudyConfig, *, interrupted: bool = Fals
     outcome = "winner" if best is not None else (outcome if outcome in ("baseline", "no_baseline") else "none")
     above = above if outcome == "baseline" else []  # measured above, uncrowned (the note names them)
     return SweepSummary(
-        study=study.study_name, storage=redact_url(cfg.storage_url), n_trials=len(done),
-        statuses=statuses, launched=len(started), launched_oom=launched_oom,
-        launched_interrupted=reran, confirmed=verdict is not None,
+        study=study.study_name,
+        storage=redact_url(cfg.storage_url),
+        n_trials=len(done),
+        statuses=statuses,
+        launched=len(started),
+        launched_oom=launched_oom,
+        launched_interrupted=reran,
+        confirmed=verdict is not None,
         baseline=_baseline_entry(base_t, base, failure),
-        best=best, outcome=outcome,
+        best=best,
+        outcome=outcome,
         gain_over_baseline=gain if best is not None else None,
         gain_ci=[verdict.ci_low, verdict.ci_high] if verdict is not None and best is not None else None,
-        enqueued=[e for e in enqueued if e], defaults=defaults,
-        gain_over_defaults=(best.tok_s_per_gpu / _defaults_per_gpu(defaults)
-                            if best and best.tok_s_per_gpu is not None and defaults and defaults.output_tok_s
-                            else None),
+        enqueued=[e for e in enqueued if e],
+        defaults=defaults,
+        gain_over_defaults=(
+            best.tok_s_per_gpu / _defaults_per_gpu(defaults)
+            if best and best.tok_s_per_gpu is not None and defaults and defaults.output_tok_s
+            else None
+        ),
         multi_gpu=any(_spans(t) > 1 for t in started),
         unexpected=_unexpected(conf, best),
         confirmation=confirmation_line(conf) if verdict is not None else None,
-        search_stop=SearchStop.of(study.user_attrs), note=note,  # the rule that ended the search; the verdict
-        error=None if failure is None else (
+        search_stop=SearchStop.of(study.user_attrs),
+        note=note,  # the rule that ended the search; the verdict
+        error=None
+        if failure is None
+        else (
             f"the baseline {failure}; no winner without a measured baseline to compare with"
-            + (f" (its log: {attrs['log_path']})" if attrs.get("log_path") else "")),
+            + (f" (its log: {attrs['log_path']})" if attrs.get("log_path") else "")
+        ),
         above_baseline=above,
-        job=job(best.trial if best else None) if job is not None else None, interrupted=interrupted,
-        origin=origin_line(record_of(study)), spend=study_spend(trials, conf, simulated=cfg.engine.simulated,
-                                                               cpu=cfg.engine.device == "cpu"),
-        twins=_twins(cfg, study, trials, conf), defaults_lead=_defaults_lead(defaults, _measured(trials, entry)),
+        job=job(best.trial if best else None) if job is not None else None,
+        interrupted=interrupted,
+        origin=origin_line(record_of(study)),
+        spend=study_spend(trials, conf, simulated=cfg.engine.simulated, cpu=cfg.engine.device == "cpu"),
+        twins=_twins(cfg, study, trials, conf),
+        defaults_lead=_defaults_lead(defaults, _measured(trials, entry)),
     )
 
 
 def _measured(trials: list[FrozenTrial], entry: Callable[[int], TrialEntry | None]) -> list[TrialEntry]:
     """Every trial that measured, as the summary shows it."""
-    return [e for t in trials if t.state.name == "COMPLETE" and t.user_attrs.get("status") == "ok"
-            and (e := entry(t.number))]
+    return [
+        e
+        for t in trials
+        if t.state.name == "COMPLETE" and t.user_attrs.get("status") == "ok" and (e := entry(t.number))
+    ]
 
 
 def defaults_lead(study: optuna.Study) -> str | None:
@@ -379,15 +456,18 @@ def _defaults_lead(defaults: DefaultsEntry | None, measured: list[TrialEntry]) -
     top = max(measured, key=lambda e: e.tok_s_per_gpu or 0.0)
     if _defaults_per_gpu(defaults) <= (top.tok_s_per_gpu or 0.0):
         return None
-    return (f"SGLang's defaults ({defaults.output_tok_s:,.0f} tok/s, {defaults.how}) came out above every searched "
-            f"config (the best: trial {top.trial}, {top.output_tok_s or 0:,.0f} tok/s): the space never reached what "
-            "SGLang picks by itself for the tuned flags. Widen [space] to reach it, or measure the defaults as a "
-            "config the study can crown and apply: [[enqueue]] label = \"defaults\" with flags = {} (then autotune "
-            "apply --trial N)")
+    return (
+        f"SGLang's defaults ({defaults.output_tok_s:,.0f} tok/s, {defaults.how}) came out above every searched "
+        f"config (the best: trial {top.trial}, {top.output_tok_s or 0:,.0f} tok/s): the space never reached what "
+        "SGLang picks by itself for the tuned flags. Widen [space] to reach it, or measure the defaults as a "
+        'config the study can crown and apply: [[enqueue]] label = "defaults" with flags = {} (then autotune '
+        "apply --trial N)"
+    )
 
 
-def _twins(cfg: StudyConfig, study: optuna.Study, trials: list[FrozenTrial],
-           conf: Confirmation | None) -> dict[int, tuple[int, ...]]:
+def _twins(
+    cfg: StudyConfig, study: optuna.Study, trials: list[FrozenTrial], conf: Confirmation | None
+) -> dict[int, tuple[int, ...]]:
     """The confirmation's contenders that stood for their twins (``confirm.twins``) among the trials it could have
     taken (``ranking.ranked``), with the bound it used; none before a confirmation ran (the prompt sample is read
     only then, as the confirmation read it)."""

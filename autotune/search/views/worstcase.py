@@ -40,25 +40,36 @@ def worst_case_block(study_attrs: Mapping[str, Any], trial: int) -> WorstCase:
     problem = None
     if not ok:
         problem = _unstressed_why(confirmation, trial, run, settings)
-    return WorstCase(line=worst_case_line(confirmation, trial), passed=ok, problem=problem,
-                     stress=run.result if run is not None else None)
+    return WorstCase(
+        line=worst_case_line(confirmation, trial),
+        passed=ok,
+        problem=problem,
+        stress=run.result if run is not None else None,
+    )
 
 
-def _unstressed_why(confirmation: Confirmation | None, trial: int, run: StressRun | None,
-                    settings: Mapping[str, Any]) -> str:
+def _unstressed_why(
+    confirmation: Confirmation | None, trial: int, run: StressRun | None, settings: Mapping[str, Any]
+) -> str:
     if run is not None:
         return f"trial {trial} failed the stress phase ({worst_case_line(confirmation, trial)})"
     top_k = (settings.get("study") or {}).get("confirm_top_k")
     if top_k == 0:
-        return (f"trial {trial} never ran the stress phase: it runs in the confirmation, which this study turns off "
-                "([study] confirm_top_k = 0); set confirm_top_k = 1 or more and re-run autotune sweep")
+        return (
+            f"trial {trial} never ran the stress phase: it runs in the confirmation, which this study turns off "
+            "([study] confirm_top_k = 0); set confirm_top_k = 1 or more and re-run autotune sweep"
+        )
     verdict = confirmation.verdict if confirmation is not None else None
     winner = verdict.winner_trial if verdict is not None else None
     if winner not in (None, trial):
-        return (f"trial {trial} never ran the stress phase (only the confirmed winner, and a runner-up tied with it, "
-                f"are stressed; the winner is trial {winner})")
-    return (f"trial {trial} never ran the stress phase (the study's confirmation did not reach it, or predates it); "
-            "re-run autotune sweep to stress it")
+        return (
+            f"trial {trial} never ran the stress phase (only the confirmed winner, and a runner-up tied with it, "
+            f"are stressed; the winner is trial {winner})"
+        )
+    return (
+        f"trial {trial} never ran the stress phase (the study's confirmation did not reach it, or predates it); "
+        "re-run autotune sweep to stress it"
+    )
 
 
 def check_stressed(block: WorstCase, *, allow: bool = False) -> None:
