@@ -240,3 +240,33 @@ def test_measure_on_a_gpu_another_process_holds_is_one_line_and_starts_nothing(c
     assert code == 1
     _one_error_line(err, "GPU 0 is busy", f"pid {tenant.pid}")
     assert not (quiet_env / "t").exists()  # no server was started
+
+
+def test_ctrl_c_stops_the_server_and_reports_the_trial_interrupted(quiet_env):
+    """One SIGINT: the trial stops its server cleanly and the result says so (exit 3); no server outlives it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    out = quiet_env / "trial"
+    env = {**os.environ, "AUTOTUNE_SIM_DEVICE_DIR": str(quiet_env / "devices")}
+    argv = [sys.executable, "-m", "autotune", "measure", "--engine", "sim", "--prompts", str(PROMPTS), "--sample", "8"]
+    argv += ["--warmup", "1", "--window", "120", "--json", "--out", str(out), "--sim-opt", "startup_s=0.2"]
+    proc = subprocess.Popen(argv, cwd=quiet_env, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 50
+        while not list(out.glob("*.pid")) and not (out / "server.log").exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2.0)  # past the server's start, into the trial's window
+        servers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=50)
+    finally:
+        proc.kill()
+    assert proc.returncode == 3, stderr[-2000:]
+    assert json.loads(stdout)["status"] == "interrupted"
+    assert servers and not [p for p in servers if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]

@@ -6,7 +6,6 @@ import json
 import threading
 import time
 import tomllib
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.progress import PhaseInfo, settling_line
 from autotune.prompts import REPEATS
-from autotune.results import TrialResult
+from autotune.search.signals import sigint_stops
 from autotune.settle import TARGET_HALF_WIDTH
 from autotune.sglang.flags import parse_sets
 
@@ -85,14 +84,6 @@ MEASURE_OPTIONS = {
     "sample_size": "--sample",
     "repeats": "--repeats",
 }
-
-
-@dataclass
-class _Outcome:
-    """What the trial thread ended with: its result, or the exception it raised (re-raised in the main thread)."""
-
-    result: TrialResult | None = None
-    error: BaseException | None = None
 
 
 def _sim_options(items: tuple[str, ...]) -> dict[str, str | bool]:
@@ -248,7 +239,6 @@ def measure(
         click.echo(f"Warning: {loaded.note}", err=True)
     trial_dir = out or Path("runs") / time.strftime("measure-%Y%m%d-%H%M%S")
     stop = threading.Event()
-    box = _Outcome()
 
     last = [0.0]
 
@@ -265,33 +255,11 @@ def measure(
                 err=True,
             )
 
-    def work() -> None:
-        try:
-            setup = TrialSetup(
-                engine=engine,
-                workload=spec,
-                sample=loaded,
-                gpu_index=gpu_index,
-                timeouts=Timeouts(startup_s=startup_timeout),
-            )
-            box.result = run_trial(
-                setup, config, trial_dir=trial_dir, hooks=TrialHooks(on_phase=phase, stop_event=stop)
-            )
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the main thread
-            box.error = exc
-
-    thread = threading.Thread(target=work, name="trial")
-    thread.start()
-    try:
-        while thread.is_alive():
-            thread.join(0.2)
-    except KeyboardInterrupt:
-        stop.set()  # the trial stops its server cleanly and reports "interrupted"
-        thread.join()
-    if box.error is not None:
-        raise box.error
-    result = box.result
-    assert result is not None  # the thread either returned a result or raised
+    setup = TrialSetup(
+        engine=engine, workload=spec, sample=loaded, gpu_index=gpu_index, timeouts=Timeouts(startup_s=startup_timeout)
+    )
+    with sigint_stops(stop):  # Ctrl-C: the trial stops its server cleanly and reports "interrupted"; twice: at once
+        result = run_trial(setup, config, trial_dir=trial_dir, hooks=TrialHooks(on_phase=phase, stop_event=stop))
     if as_json:
         click.echo(json.dumps(result.to_dict(), indent=2, default=str))
     else:
