@@ -101,6 +101,15 @@ def _mark_interrupted(study: optuna.Study, trial: optuna.Trial | FrozenTrial, re
         )
 
 
+def run_again(study: optuna.Study, trial: optuna.Trial, *, interrupted: str | None = None) -> None:
+    """Queue the config of ``trial`` (still running) again, once: it was interrupted (``interrupted`` says why:
+    marked so) or failed for the disk's or the host's sake, not the config's."""
+    if interrupted is not None:
+        _mark_interrupted(study, trial, interrupted)
+    frozen = study.get_trials(deepcopy=False)
+    _requeue(study, next(t for t in frozen if t.number == trial.number), frozen)
+
+
 def recover(study: optuna.Study, state_dir: Path | None = None) -> list[int]:
     """Fail trials a dead sweep left RUNNING and queue their configs again; trials of live workers (this
     host's by pid, others' by heartbeat: ``storage.dead_running``) are left alone. Returns their numbers."""

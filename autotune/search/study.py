@@ -41,8 +41,6 @@ from autotune.search.preflight import check_given
 from autotune.search.runner import HarnessRunner, Runner, with_device
 from autotune.search.seeding import (
     INFEASIBLE,
-    _mark_interrupted,
-    _requeue,
     claimed_by,
     drop_duplicate,
     finished,
@@ -50,6 +48,7 @@ from autotune.search.seeding import (
     measured_before,
     recover,
     repeat_result,
+    run_again,
     running_twin,
     seed_trials,
 )
@@ -440,15 +439,11 @@ class Sweep:
             trial.set_user_attr(name, value)
         record_reference(study, result)  # the baseline's launch recorded the fidelity probe's reference
         if result.status == "interrupted":
-            reason = result.reason or "interrupted (Ctrl-C)"
-            _mark_interrupted(study, trial, reason)
-            frozen = study.get_trials(deepcopy=False)
-            _requeue(study, next(t for t in frozen if t.number == trial.number), frozen)
+            run_again(study, trial, interrupted=result.reason or "interrupted (Ctrl-C)")
             study.tell(trial, state=TrialState.FAIL)
         elif result.status in (WRITE_ERROR, PORT_TAKEN):  # the disk's or the host's, not the config's: run it again
             trial.set_user_attr("failure", result.status)
-            frozen = study.get_trials(deepcopy=False)
-            _requeue(study, next(t for t in frozen if t.number == trial.number), frozen)
+            run_again(study, trial)
             study.tell(trial, state=TrialState.FAIL)
         elif result.status == REPEAT:  # the measured trial's values and constraint: what the sampler learns
             prior = study.get_trials(deepcopy=False)[trial.user_attrs["reused_from"]]
