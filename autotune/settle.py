@@ -1,27 +1,7 @@
 """When a closed-loop measurement has settled: one rule on the run's per-slice throughput, used by the HTTP replay
 (``harness.workload``) and by the simulator's in-process evaluator (``sim.evaluate``), so both stop at the same
-slice on the same series.
-
-The run is cut into fixed slices from its start (``slice_s``: 2 s, or a fifth of a shorter window floor). Two
-seconds hold dozens of decode cycles and thousands of tokens on a busy server, so a slice's rate is not one
-cycle's noise, while a 30 s window floor still has 15 slices to estimate from.
-
-* Warm-up: at least ``warmup_s``; it ends at the first slice boundary where the last two runs of ``agree`` (3)
-  slices have mean rates within ``tolerance`` (20 %) of each other: the load stopped rising; at ``warmup_max_s``
-  it ends regardless (unsettled).
-* Window: at least ``measure_s``; it ends at the first slice boundary where the half-width of the 95 %
-  t-interval of the mean slice rate is within ``target_half_width`` (5 %) of that mean; at ``measure_max_s`` it
-  ends regardless (unsettled). Slices of a closed loop are autocorrelated: a long-prompt workload runs in waves
-  of prefills ~10 s apart even in steady state (neighbouring slices covary negatively, slices a wave apart
-  positively), so the variance of the mean is the long-run variance (Newey-West, Bartlett weights over lags up
-  to a third of the window's slices), not the slices' own over n.
-* Caps left unset are ``CAP_FACTOR`` (4) × their floors. An unsettled run keeps its slices and figure, flagged.
-
-Why these defaults, on the simulator (b200, MTP, 96 running, radix cache off; ≈ 6,000 tokens in, ≤ 384 out): its
-2 s slices swing ±27 % around the steady rate with a 10 s wave, 30 s windows of its steady state read up to 4 % off
-it (90th percentile), and the rule settles it after 14 s of warm-up and 60–110 s of window; a seed-workload run
-settles at 14 s + 30 s. Without MTP the same workload's steady state is a 34 s cycle (20 s of prefills, 14 s of
-decodes): its window reaches the 120 s cap, within 8 % of the steady rate but flagged.
+slice on the same series. The rule (warm-up slices that agree, a window whose long-run 95 % interval is narrow
+enough, caps at ``CAP_FACTOR`` × the floors) and why its defaults: docs/search.md ("steady state by construction").
 """
 
 from __future__ import annotations

@@ -1,27 +1,7 @@
 """What the job's client must send: the in-flight requests per server that keep the winner's running cap
-full.
-
-A tuned cap does nothing if the client keeps fewer requests in flight than the server may run. ``apply``
-writes this advice into ``client.json`` beside ``launch_fleet.sh``, into the script's header and into
-``provenance.json``, all from the stored trial (no server is asked).
-
-The figure per server is ``cap + queue``:
-
-- ``cap``: the winner's effective ``max_running_requests`` as the server reported it (``Capacity``, per DP
-  worker) × its DP workers: the requests SGLang will run at once.
-- ``queue``: the requests that must already wait at the server so that a slot freed by a finished request is
-  refilled at the scheduler's next admission, not one client round trip later. A closed-loop client sends a
-  replacement when it sees a request finish; that replacement reaches a slot after ``refill_s`` = two chunk
-  gaps (the finish on its way out, the new request on its way in and admitted between decode steps). The
-  window's ITL p99 × tokens per chunk (accept length × ``--stream-interval``) is that gap as the streams saw
-  it, prefill pauses included. Requests finish at the window's completion rate λ, so the completions during
-  one refill are Poisson(λ · ``refill_s``); ``queue`` is its 99.9 % quantile (at least 1): the queue runs dry
-  in about one refill in a thousand.
-
-The trial also says how full the cap was: tok/s × mean ITL is the mean number of streams generating (a
-window's tokens per second are the sum of each stream's 1/ITL), and ``concurrency`` is what the replay kept in
-flight. When that concurrency was below the cap, the study never saw the cap full: its figure is the client's
-limit (``binding``), and the advice says so with both numbers and the fix.
+full (``cap + queue``: the running cap, and the 99.9 % quantile of the completions during one refill), written
+by ``apply`` into ``client.json``, the launch script's header and ``provenance.json`` from the stored trial.
+The arithmetic, and when the study's own client was the limit: docs/fleet.md.
 """
 
 from __future__ import annotations

@@ -1,27 +1,9 @@
 """The fidelity probe: does a trial's server answer like the study's reference config?
 
-A trial whose config changes an output-changing flag (``autotune.sglang.numerics``) against the reference (the
-study's baseline) is probed in the same server launch, *after* its throughput window, so the probe never disturbs
-the measurement: K fixed prompts of the study's sample, greedy (``temperature = 0``), exactly N new tokens each
-(``ignore_eos``, so every prompt yields N comparable positions), with ``return_logprob`` through SGLang's native
-``POST /generate``, all K in flight together (the same batch shape on both sides). The same HTTP calls serve the
-real SGLang and the simulated server (whose outputs follow its numerics model, ``docs/numerics.md`` §2).
-
-The baseline's run records the reference outputs (``Reference``, a JSON file stored with the study); every probed
-trial is compared with it:
-
-- ``prefix_match_mean``: mean number of leading tokens identical to the reference's (0…N);
-- ``exact_share``: share of prompts whose N tokens all match;
-- ``mean_abs_logprob_delta``: mean |Δ logprob| (nats) of the reference tokens where both sides scored them, i.e.
-  over the matching prefix (after the first differing token the two sides condition on different text);
-- ``outputs_differ`` (some prompt not exact) and ``unexpected``: they differ although no output-changing flag
-  changed (``changes`` empty), with ``differs``, the flags the config sets differently from the reference.
-
-Every confirmed contender is probed in its first confirmation launch, table or not (``search.numerics``): a flag
-the table calls harmless that changes outputs anyway is caught there.
-
-A server that errors, times out or returns no ``meta_info.output_token_logprobs`` raises ``ProbeError``: the trial
-becomes ``probe_error``, never a silent pass.
+After the throughput window (never during it), K fixed prompts, greedy, exactly N new tokens each with
+``return_logprob`` through ``POST /generate``, all in flight together; compared with the baseline's recorded
+``Reference``. A server that errors or returns no logprobs raises ``ProbeError`` (the trial is ``probe_error``,
+never a silent pass). The figures and when a trial is probed: docs/numerics.md.
 """
 
 from __future__ import annotations

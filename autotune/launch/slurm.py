@@ -1,35 +1,8 @@
 """The ``slurm`` launcher: a server as a Slurm batch job (``sbatch``), stopped with ``scancel``.
 
-- **The job script** is the one place a shell line exists: written to the run dir from the engine's argv with
-  ``shlex.join``, ending in ``exec`` so the server *is* the batch step and receives Slurm's signals itself.
-- **Environment.** ``--export=ALL`` with the spec's env placed in ``sbatch``'s own environment (not spelled on
-  ``--export=ALL,K=V``, whose commas would split ``CUDA_VISIBLE_DEVICES=0,1``; nor written to the script, where
-  a token would sit on disk).
-- **GPUs.** ``--gres=gpu:N``. When Slurm binds GPUs it sets ``SLURM_JOB_GPUS`` and ``CUDA_VISIBLE_DEVICES`` and
-  those win; when it does not (a GRES without device files, as on the CI's single-node cluster), the script
-  selects the spec's GPUs itself, as the local launcher would.
-- **State and exit code.** ``scontrol show job`` (finished jobs stay visible for the cluster's ``MinJobAge``);
-  once the controller has forgotten the job, ``sacct`` when accounting exists, else ``GONE``. Slurm's
-  ``ExitCode=a:b`` becomes ``-b`` when a signal ended it (as ``Popen`` reports), else ``a``; a CANCELLED job
-  Slurm recorded as ``0:0`` reads ``-15``. ``reason`` holds the state and Slurm's reason for the trial's record.
-- **Cancelled from outside.** A job that ends CANCELLED without our ``stop()`` having cancelled it (an operator's
-  ``scancel``, a preemption) is no fault of the config: ``cancelled`` is True, and the trial records it as
-  interrupted (the study runs it again) instead of a crash.
-- **Address.** The server's ``/health`` is polled at the spec's host while the job runs on this host; on another
-  node (``NodeList`` in ``scontrol``), at that node's name: such a server must listen on ``0.0.0.0``.
-- **Stop** (``stopping.stop_and_release``), as SGLang expects it: ``scancel --batch --signal=TERM`` reaches the
-  batch step's main process only, which the job script's ``exec`` made the server itself (SGLang's launcher then
-  drains and stops its own children; a SIGTERM to every process of the job, ``--full``, killed the detokenizer
-  first and sent SGLang down its crash path); after the grace, ``--full --signal=KILL`` and ``scancel`` of the
-  whole job. Released once the job has left the queue, the port is free, its ``/dev/shm`` files are gone and,
-  only for a server with GPUs, the GPU memory is back (a CPU server's host memory is shared: no wait).
-- **/dev/shm on the job's node** (this host: the single-node case; a job on another node is not cleaned): the
-  directory is listed before ``sbatch``; once the job is gone, the new files its ports name and every new
-  SGLang-shaped file no process on the host holds are removed (``shm.clean_after_job``); new files someone
-  still holds are left and listed (``unattributed_shm``, and a line in the job's log).
-- **Never outliving the harness.** A non-detached job has a keeper: a tiny local process that ``scancel``s the
-  job when SIGTERMed, watched by the local launcher's watchdog (``launch/watchdog.py``). A detached (fleet) job has
-  none; ``release`` forgets it.
+The job script ``exec``s the engine's argv (``shlex.join``: the one shell line), the environment goes through
+``sbatch``'s own, and the stop, the state and exit code, the /dev/shm cleanup and the keeper follow
+docs/engines-and-launchers.md ("Slurm").
 """
 
 from __future__ import annotations

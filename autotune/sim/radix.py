@@ -1,32 +1,7 @@
 """SGLang's radix (prefix) cache, reduced to what decides throughput: which prompt tokens a request need not
-prefill again, and how much KV (and Mamba state) the cached prefixes hold.
-
-Tokens are the simulator's deterministic ones (``requests.count_tokens``: four characters each), so a prompt's
-key is its text padded to whole tokens and token-level prefix matching is string prefix matching on 4-character
-boundaries, done with C-speed ``startswith`` instead of per-token Python loops.
-
-What is modelled, after SGLang 0.5.23's ``RadixCache`` / ``MambaRadixCache``:
-
-* a request's prompt is matched when it is admitted; the hit is locked while it runs (never evicted), and the
-  whole prompt is inserted once its prefill is done, so later requests can reuse it;
-* the tree lives in the KV pool: cached tokens not locked by a running request are *evictable* and are evicted
-  least-recently-used first, leaf by leaf, when running requests need the room;
-* hybrid (Mamba) models can only resume from a prefix whose recurrent state was saved. ``no_buffer`` saves it at
-  the end of each prefilled prompt. ``extra_buffer(_lazy)`` saves one state per prefill, on the checkpoint grid
-  (``sglang.mamba_tree``): at the last grid point of what it computed, or, when the match found cached KV deeper
-  than the deepest saved state, at that *branch point* instead (``MambaComponent`` match,
-  ``unified_cache/components/mamba.py`` L164-194; ``_mamba_radix_cache_v2_req_prepare_for_extend``,
-  ``schedule_batch.py`` L3137-3232): so the second prompt through a shared prefix computes it and leaves the state
-  the third one resumes from. ``--mamba-track-interval`` is read only while decoding (outputs: not inserted here);
-  ``--mamba-max-states-per-path`` drops the shallowest states on a path beyond the cap after each insert, sparing
-  the deepest, forks and locked ones (``_evict_excess_path_states``, ``mamba.py`` L255-320). A hit is cut back to
-  the deepest saved state, each saved state is one state copy (its cost is the caller's), and the saved states
-  occupy Mamba slots the running requests leave free (evicted LRU when they do not fit);
-* with ``page_size`` > 1 a hit is whole pages only.
-
-Not modelled: outputs inserted at finish (an offline job's outputs are unique, so they only add evictable tokens
-LRU evicts first, and the state decoding tracks is never reused), one state per prefill chunk of a prompt split
-across chunks (here one per prompt), hierarchical (host/storage) tiers, and eviction policies other than LRU.
+prefill again, and how much KV (and Mamba state) the cached prefixes hold. Prefix matching is string matching on
+the simulator's 4-character tokens (C-speed ``startswith``); what is modelled after SGLang 0.5.23's
+``RadixCache`` / ``MambaRadixCache``, and what is not: docs/engines-and-launchers.md ("Prefix reuse").
 """
 
 from __future__ import annotations

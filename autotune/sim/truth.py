@@ -1,26 +1,8 @@
 """Where the simulated machine departs from the planner's model: a *truth* the search cannot see.
 
-The planner (``autotune.sglang.memory.plan``) is SGLang 0.5.23's arithmetic with modelled constants: the memory
-free after the weights load, the activation peak of a prefill chunk, the CUDA-graph memory, the speed of a decode
-cycle. A real GPU differs in all of them. ``Deviation`` says by how much, and ``deviate`` turns the planner's plan
-into what the simulated server actually allocates and whether it survives:
-
-- ``free_gib``: memory free after the weights and pools differs by this many GiB (negative: less room), as when
-  NCCL/cuBLAS workspaces, allocator fragmentation or another process take memory *after* SGLang profiled the
-  device. SGLang sizes its pools from its profile, so the pools (KV tokens, Mamba slots, running cap) are what the
-  planner says; what is left for CUDA graphs and activations moves by ``free_gib``.
-- ``activation_scale``, ``graph_scale``: the activation/workspace peak of a prefill chunk (and of graph capture)
-  and the captured CUDA graphs take this multiple of the planner's figure.
-- ``decode_efficiency``: the achieved share of bandwidth and compute is this multiple of the speed model's
-  (``PerfParams.eta_bw``/``eta_compute``): every step is slower or faster.
-- ``unified_efficiency``, ``adaptive_efficiency``: a further multiple of that share for a config with
-  ``--enable-unified-memory`` (the virtual-to-physical translation and compaction the speed model leaves out) or
-  with ``--speculative-adaptive`` kept (runtime-state swaps and the EMA's lag the settled-step model leaves out).
-
-A memory deviation that SGLang's own profile *does* see (less total memory: ``--sim-gpu-memory-mib``) shrinks the
-pools instead, and shows in the capacity SGLang logs. Acceptance and output lengths have their own options
-(``--sim-acceptance``, ``--sim-output-mean``). None of this reaches the planner: the deviations apply inside the
-simulator only.
+``Deviation`` says by how much the real machine differs from the planner's modelled constants (free memory after
+the pools, activation and graph memory, decode speed), and ``deviate`` turns the planner's plan into what the
+simulated server actually allocates and whether it survives. None of it reaches the planner: docs/benchmarks.md.
 """
 
 from __future__ import annotations
