@@ -4,6 +4,7 @@ a certificate of its own or none, is sent nothing while the other servers serve 
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -96,3 +97,49 @@ def test_a_process_on_a_dead_servers_port_is_sent_nothing_before_anything_notice
         print(f"{len(done)} requests, {len(cut)} cut by the kill, {len(failed)} failed at the handshake")
     finally:
         stop_all(path)
+
+
+def test_one_process_trusts_two_fleets_whose_folders_share_a_name(tmp_path):
+    """OpenSSL finds an issuer by its name: two fleets in folders both called ``deploy`` once had CAs of one name, and
+    a process that trusted both (a test worker, a ``watch`` of two fleets) refused the second fleet's servers."""
+    import socket
+    import ssl
+    import threading
+
+    def fleet_in(root: Path) -> Fleet:
+        (root / "deploy").mkdir(parents=True)
+        server = FleetServer(
+            name="s0",
+            host="localhost",
+            gpus=[0],
+            port=1,
+            bind="127.0.0.1",
+            config="x",
+            log="l",
+            pid="run/s0.pid",
+            tls=True,
+        )
+        return load_fleet(write_fleet(Fleet(engine="sim", model="m", servers=[server]), root / "deploy" / "fleet.toml"))
+
+    first, second = fleet_in(tmp_path / "a"), fleet_in(tmp_path / "b")
+    files = [fleettls.server_files(f, f.servers[0]) for f in (first, second)]
+    client = ssl.create_default_context()
+    for fleet in (first, second):  # both trusted, as tls.trust does for every fleet file a process reads
+        client.load_verify_locations(cafile=str(fleettls.ca_file(fleet)))
+    for served in files:
+        server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server.load_cert_chain(served.cert, served.key)
+        with socket.create_server(("127.0.0.1", 0)) as listening:
+            port = listening.getsockname()[1]
+
+            def accept(listening=listening, server=server):
+                conn, _ = listening.accept()
+                with contextlib.suppress(OSError), server.wrap_socket(conn, server_side=True) as tls_conn:
+                    tls_conn.recv(1)
+
+            thread = threading.Thread(target=accept, daemon=True)
+            thread.start()
+            with socket.create_connection(("127.0.0.1", port)) as raw:
+                with client.wrap_socket(raw, server_hostname="127.0.0.1") as tls_conn:  # verifies, or raises
+                    assert tls_conn.version() is not None
+            thread.join(5)

@@ -74,13 +74,17 @@ def _make_ca(fleet: Fleet) -> None:
         return  # another issuer made it while this one waited
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
-    name = _name(f"autotune fleet CA ({fleet.path.parent.name if fleet.path else 'fleet'})")
+    # A name of its own: OpenSSL finds an issuer by name, and a process that trusts two fleets' CAs of one name
+    # (two folders called deploy) checked the second fleet's servers against the first CA and refused them.
+    serial = x509.random_serial_number()
+    name = _name(f"autotune fleet CA ({fleet.path.parent.name if fleet.path else 'fleet'}) {serial % 16**8:08x}")
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)
         .issuer_name(name)
         .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
+        .serial_number(serial)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=365 * CA_YEARS))
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
@@ -150,6 +154,7 @@ def _server_files(fleet: Fleet, server: FleetServer, ca_path: Path) -> ServerFil
         fresh = cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC) > datetime.timedelta(days=30)
         if _signed_by(cert, ca_cert) and set(san) == set(wanted) and fresh:
             return files
+    ca_key = _read_key(folder(fleet) / "ca.key")
     key = ec.generate_private_key(ec.SECP256R1())
     now = datetime.datetime.now(datetime.UTC)
     cert = (
@@ -161,9 +166,10 @@ def _server_files(fleet: Fleet, server: FleetServer, ca_path: Path) -> ServerFil
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=SERVER_DAYS))
         .add_extension(wanted, critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .sign(_read_key(folder(fleet) / "ca.key"), hashes.SHA256())
+        .sign(ca_key, hashes.SHA256())
     )
     _write_key(files.key, key)
     replace_file(files.cert, cert.public_bytes(serialization.Encoding.PEM).decode())
