@@ -1,23 +1,8 @@
 """The ``container`` launcher: a server in SGLang's official image under docker or podman.
 
-The command follows SGLang's documented ``docker run`` line (GPU selection, shared memory, the published port, the
-Hugging Face cache mount, ``HF_TOKEN``, the image, ``python3 -m sglang.launch_server … --host 0.0.0.0``), with
-three differences that keep a trial honest:
-
-- the port is published on 127.0.0.1 only (the spec's host says otherwise), while the server listens on 0.0.0.0
-  inside, where the container's own network namespace is its loopback;
-- a secret variable is passed by name (``-e HF_TOKEN``) with its value in the runtime's environment, so it never
-  appears in an argv that ``ps`` shows;
-- no ``--rm``: a server that dies at startup would take its log and exit code with it. ``stop`` removes the
-  container (``rm -f``) after reading both, so nothing is left either way.
-
-A trial's container never outlives its harness: beside it runs a keeper, a tiny local process that removes the
-container (``rm -f``) when SIGTERMed, watched by the local launcher's watchdog (``launch/watchdog.py``), which
-SIGTERMs it once the harness is gone, SIGKILL included. A detached (fleet) container has neither.
-
-The default is a private IPC namespace with ``--shm-size``: the container's ``/dev/shm`` is its own and goes with
-it, so there is nothing to attribute. ``ipc = "host"`` (the docs' other flag) puts SGLang's ``/dev/shm`` files on
-the host, where this launcher does not clean them.
+SGLang's documented ``docker run`` line, with the port published on 127.0.0.1 only, a secret passed by name
+(``-e HF_TOKEN``), no ``--rm`` (a server that dies at startup keeps its log and exit code until ``stop`` reads them
+and removes it) and a keeper that removes a trial's container when the harness dies: docs/engines-and-launchers.md.
 """
 
 from __future__ import annotations

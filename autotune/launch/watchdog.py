@@ -1,21 +1,8 @@
 """A trial server never outlives its harness: a tiny watchdog process per non-detached server.
 
-Why a watchdog and not ``prctl(PR_SET_PDEATHSIG)``: the parent-death signal fires when the *thread* that forked
-the server ends (trials start servers from worker threads, which end long before the harness does), it reaches
-only the direct child (SGLang's scheduler and detokenizer are grandchildren in the same group), and it cannot run
-the cleanup a dead server needs (its /dev/shm files). The watchdog holds the read end of a pipe whose write end
-only the harness holds; the kernel closes that end however the harness dies, SIGKILL included, so EOF without a
-"stand down" means the harness is gone: SIGTERM the launcher (SGLang stops its own children; a SIGTERM to the
-group costs them a 5 s crash-diagnostics sleep), SIGKILL the group after the grace period, remove the /dev/shm
-files the server's pid file proves its own, then the pid file. The watchdog runs in a session of its own, so a
-terminal's Ctrl-C or a kill of the harness's group does not take it along. It runs as a module of ``autotune.launch``,
-whose registry imports every launcher (~30 MB, a few tenths of a second to start: the server's launch does not
-wait for it). The pid files and ``cleanup_orphans`` stay as the second line of defence
-(a watchdog killed too, a host reboot of /proc-visible state). Limit: a process that ``fork()``\\ s the harness
-without exec would inherit the write end and delay the EOF until it exits too.
-
-Protocol, one JSON object per line on the pipe: ``{"pid", "start", "record"}`` names the server to watch;
-``{"stop": true}`` stands the watchdog down (the harness stopped or released the server itself).
+It holds the read end of a pipe only the harness writes; EOF without a "stand down" means the harness is gone
+(SIGKILL included): stop the server, remove the /dev/shm files its pid file proves its own, then the pid file.
+Why not ``PR_SET_PDEATHSIG``, the protocol and the limits: docs/contracts.md (``launch/watchdog.py``).
 """
 
 from __future__ import annotations

@@ -1,23 +1,9 @@
 """A study's numerics: which trials the fidelity probe runs on, the reference it compares with, the constraint.
 
-The study's reference config is its baseline (``[engine.fixed]`` + ``[baseline]``). A study is *numerics-aware*
-when some config it can launch (a ``[space]`` choice, an ``[[enqueue]]`` config) changes an output-changing flag
-(``autotune.sglang.numerics``) against the reference; a study whose space cannot (e.g. float32 SSM state only)
-probes no search trial and has no numerics constraint. In an aware study:
-
-- the baseline's launch records the reference outputs (``harness.fidelity.Reference``) after its window, into
-  ``numerics-reference.json`` in the study's own trials folder (``folders.study_folder``: a re-created study of
-  the same name never reads the old one's); the study keeps its path and sha256 in
-  ``user_attrs["numerics_reference"]``; a resumed study whose file is missing (or recorded for other prompts)
-  records it again, with a baseline launch whose window is cut short;
-- every trial whose config changes a table flag against the reference runs the probe after its window;
-- with limits set (``[objective] numerics = { min_prefix_match = …, max_mean_abs_logprob_delta = … }``) each limit
-  is one more constraint entry, after the memory wall and the SLOs, so the sampler learns it like the memory wall.
-
-Whatever the table says, every confirmed contender but the baseline's own flags is probed in its first
-confirmation launch (``confirmation_probe``), so a study that confirms records the reference in its baseline's
-launch even when it is not aware; a contender whose outputs differ although no table flag changed is marked
-``unexpected`` (``harness.fidelity.verdict``) and treated downstream as a numerics change (``contender_fidelity``).
+The baseline records the reference outputs; a trial that changes an output-changing flag against it is probed
+after its window, and every confirmed contender in its first confirmation launch; limits in ``[objective]
+numerics`` become constraint entries. Who is probed, where the reference lives and how a resume records it
+again: docs/numerics.md.
 """
 
 from __future__ import annotations

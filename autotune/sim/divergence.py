@@ -1,22 +1,8 @@
 """The simulator's numerics model: after how many tokens a greedy output stops matching the reference.
 
-A server whose output-changing flags (``autotune.sglang.numerics``) all sit at their reference values emits the
-reference tokens for a prompt, identical run to run. Each flag that differs draws, per request, the output
-position of its first changed token from a log-normal distribution of its own, seeded by (sim seed, prompt text,
-flag, value): a rerun diverges at the same position. From the earliest such position on the request reads a
-different continuation; a later flag's position switches it once more, to the continuation of the set of flags
-diverged so far. So two configs that share a flag diverge from each other where a flag they do *not* share
-does, and never re-converge. Every output log-probability is lowered by the sum of the flags' shifts.
-
-``--sim-numerics-flags FLAG[,FLAG]`` makes flags outside the table change outputs too (any value other than
-SGLang's default, the ``UNLISTED`` model: a median 16 tokens): the kind of bug the table cannot know of, for a test to
-prove the
-confirmation's contender probe catches it. Without it nothing outside the table changes outputs.
-
-This is a model, chosen to be plausible, not a measurement of SGLang: a bfloat16 SSM state typically diverges
-after tens to a few hundred tokens, an fp8 KV cache earlier, a 4-bit KV cache or weight quantisation earlier
-still. The simulator assumes a bfloat16 checkpoint, so ``--dtype bfloat16`` and ``--kv-cache-dtype bf16`` change
-nothing there. A figure measured against the simulator is a claim about SGLang only as far as this model is true.
+Each output-changing flag that differs from the reference draws, per request, the position of its first changed
+token from a log-normal of its own (seeded, so a rerun diverges at the same place); ``--sim-numerics-flags``
+extends it past the table. A model chosen to be plausible, not a measurement of SGLang: docs/numerics.md §2.
 """
 
 from __future__ import annotations

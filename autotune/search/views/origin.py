@@ -1,25 +1,8 @@
 """Where a re-tune starts: an earlier study read for ``autotune sweep --from STUDY`` (``search.warm`` applies it).
 
-From the earlier study (any storage, read as ``trials``/``report``/``apply`` read a study) it takes:
-
-- **its best configs**: the confirmed winner, then the top ``FROM_TOP`` distinct configs by the study's own ranking
-  (``confirm.ranking.contenders``: feasible, settled, tok/s per GPU, each GPU's trials against its own baseline).
-  Three is the confirmation's own default (``[study] confirm_top_k``): the configs the earlier study measured
-  closely enough to tell apart; further down, its ranking is within the noise, and another GPU or version
-  reorders configs that close. Four launches of a 20-launch budget leave the search most of it.
-- **translated** to the installed SGLang (``sglang.translate``: renames, a vanished flag or variable dropped with a
-  line) and **fitted to this study**: its fixed flags win; a numeric value outside this study's range is clamped to
-  the range (on its step), keeping the direction the earlier study found (one inside the range but off its step is
-  launched as given, as a hand-written ``[[enqueue]]`` value is); a categorical value this study does not
-  offer is replaced by this study's baseline value (or left to SGLang's default when the baseline sets none), each
-  with a line; where any of these changed a value, derived flags are derived again (else the config stays as that
-  study measured it); a config SGLang's cross-flag rules now refuse is dropped with a line.
-- **its planner's learnt corrections** (``correction.replay`` over its launches), scaled by the GPUs' memory
-  (``warm.scaled``).
-
-Nothing of its figures is carried: its configs are measured here like any enqueued config, and crowned only by this
-study's confirmation. Bad input (no such study, nothing measured, another model) is one ``ConfigError`` naming
-``--from`` and the fix, before anything launches.
+It takes the earlier study's winner and top ``FROM_TOP`` configs, translated to the installed SGLang and fitted to
+this study, and its planner's learnt corrections scaled by the GPUs' memory; nothing of its figures. What each step
+does and why: docs/search.md ("Re-tuning from an earlier study").
 """
 
 from __future__ import annotations
