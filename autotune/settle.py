@@ -242,16 +242,15 @@ W = TypeVar("W")
 
 
 def with_warmup(workload: W, warmup_s: float | None) -> W:
-    """``workload`` (any dataclass with the settle fields) with its warm-up floor raised to ``warmup_s`` and its ramp
-    kept as it was (a longer ramp would only delay the turnover); unchanged when ``warmup_s`` is not longer."""
+    """``workload`` (the study's record, or the simulator's dataclass, with the settle fields) with its warm-up floor
+    raised to ``warmup_s`` and its ramp kept as it was (a longer ramp would only delay the turnover); unchanged when
+    ``warmup_s`` is not longer."""
     current = float(workload.warmup_s)  # type: ignore[attr-defined]
     if warmup_s is None or warmup_s <= current:
         return workload
     ramp = min(current, ramp_seconds(current, workload.ramp_s))  # type: ignore[attr-defined]
     cap = workload.warmup_max_s  # type: ignore[attr-defined]
-    return dataclasses.replace(
-        workload,
-        warmup_s=warmup_s,
-        ramp_s=ramp,  # type: ignore[type-var]
-        warmup_max_s=None if cap is None else max(cap, warmup_s),
-    )
+    changes = {"warmup_s": warmup_s, "ramp_s": ramp, "warmup_max_s": None if cap is None else max(cap, warmup_s)}
+    if dataclasses.is_dataclass(workload):
+        return dataclasses.replace(workload, **changes)  # type: ignore[type-var]
+    return workload.model_copy(update=changes)  # type: ignore[attr-defined, no-any-return]  # a pydantic record

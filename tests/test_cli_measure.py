@@ -270,3 +270,15 @@ def test_ctrl_c_stops_the_server_and_reports_the_trial_interrupted(quiet_env):
     assert proc.returncode == 3, stderr[-2000:]
     assert json.loads(stdout)["status"] == "interrupted"
     assert servers and not [p for p in servers if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+
+def test_a_workload_value_the_record_refuses_names_measures_option(tmp_path):
+    """The options build the study's own workload record; what it refuses is one error naming the option."""
+    from autotune.cli.measure import workload_of
+    from autotune.errors import WorkloadError
+
+    with pytest.raises(WorkloadError, match="^--target-half-width: .*less than 1") as info:
+        workload_of(prompts=PROMPTS, target_half_width=1.5)
+    assert info.value.key == "--target-half-width"
+    spec = workload_of(prompts=PROMPTS, measure_s=2.0)
+    assert spec.option("measure_s") == "--window" and spec.option("sample_size") == "--sample"

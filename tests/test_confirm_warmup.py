@@ -47,7 +47,7 @@ def test_the_steady_warmup_is_the_ramp_plus_one_turnover_in_whole_slices_within_
     assert steady_warmup(measured(1e6, 352, 176), workload) == 10.0  # turns over at once: the study's floor
     assert steady_warmup(measured(10, 352, 176), workload) == TURNOVER_CAP_S  # too slow: capped
     assert steady_warmup(None, workload) == 10.0
-    ramped = dataclasses.replace(workload, ramp_s=1.0)
+    ramped = workload.model_copy(update={"ramp_s": 1.0})
     assert steady_warmup(measured(12_000, 352, 176), ramped) == 62.0
 
 
@@ -57,7 +57,7 @@ def test_with_warmup_raises_the_floor_and_keeps_the_ramp_and_a_cap_above_it():
     assert (longer.warmup_s, longer.ramp, longer.warmup_max_s) == (66.0, 5.0, 66.0)
     assert longer.settle_rule().warmup_slices[0] == 33
     assert with_warmup(workload, 8.0) is workload and with_warmup(workload, None) is workload
-    free = with_warmup(dataclasses.replace(workload, warmup_max_s=None), 66.0)
+    free = with_warmup(workload.model_copy(update={"warmup_max_s": None}), 66.0)
     assert free.warmup_max_s is None and free.ramp == 5.0
 
 

@@ -193,9 +193,9 @@ def test_the_replay_runs_on_past_its_floor_until_the_rule_stops(tmp_path, sse_se
 
 
 def test_settle_fields_are_checked_before_anything_starts(tmp_path):
-    with pytest.raises(WorkloadError, match="measure_max_s"):
+    with pytest.raises(ValueError, match="measure_max_s"):
         WorkloadSpec(prompts=tmp_path, measure_s=30, measure_max_s=10)
-    with pytest.raises(WorkloadError, match="target_half_width"):
+    with pytest.raises(ValueError, match="target_half_width"):
         WorkloadSpec(prompts=tmp_path, target_half_width=0)
     with pytest.raises(ValueError, match="ramp_s"):
         WorkloadSection(warmup_s=5, ramp_s=8)

@@ -71,7 +71,7 @@ def test_no_token_from_a_progressing_server_is_too_slow_with_its_evidence():
     assert figures.to_dict()["progress"] == {"prefill_batches": 2, "prefill_tokens": 4096, "sim_modelled_s": 0.25}
     assert "2 prefill batches (4,096 new tokens)" in reason and "lengthen workload.measure_s" in reason
     assert "host is too slow" in reason
-    spec = WorkloadSpec(prompts=PROMPTS, option_names=MEASURE_OPTIONS)  # `autotune measure` names its own options
+    spec = WorkloadSpec(prompts=PROMPTS).named_by(MEASURE_OPTIONS)  # `autotune measure` names its own options
     _, reason, _ = no_tokens(
         _requests([None] * 4), PREFILL, [], window_s=0.5, options=(spec.option("measure_s"), spec.option("warmup_s"))
     )
@@ -128,8 +128,7 @@ def test_a_slow_but_alive_server_is_too_slow_not_crash(env):
         measure_s=0.5,
         concurrency=2,
         max_tokens=64,
-        option_names=MEASURE_OPTIONS,
-    )
+    ).named_by(MEASURE_OPTIONS)
     setup = TrialSetup(
         engine=_engine({"speedup": 0.5}),
         workload=work,

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 import yaml
+from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
@@ -84,6 +85,17 @@ MEASURE_OPTIONS = {
     "sample_size": "--sample",
     "repeats": "--repeats",
 }
+
+
+def workload_of(**fields: Any) -> WorkloadSpec:
+    """The study's workload record built from this command's options; a bad value is one line naming its option."""
+    try:
+        return WorkloadSpec(**fields).named_by(MEASURE_OPTIONS)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        name = str(error["loc"][0]) if error["loc"] else ""
+        option = MEASURE_OPTIONS.get(name, f"--{name.replace('_', '-')}")
+        raise WorkloadError(error["msg"].removeprefix("Value error, "), key=option) from None
 
 
 def _sim_options(items: tuple[str, ...]) -> dict[str, str | bool]:
@@ -215,7 +227,7 @@ def measure(
     config = engine.check(config)  # bad flags end here, before any server starts
     engine.preflight()
     check_engine_gpu(engine, gpu_index)  # a GPU another process holds would measure what the tenant left
-    spec = WorkloadSpec(
+    spec = workload_of(
         prompts=resolve_prompts(prompts),
         sample_size=sample,
         seed=seed,
@@ -230,7 +242,6 @@ def measure(
         measure_max_s=window_max,
         target_half_width=target_half_width,
         ramp_s=ramp,
-        option_names=MEASURE_OPTIONS,
     )
     loaded = PromptSample.load(spec.prompts, spec.sample_size, spec.seed)
     # A prompt over the model's context is bad input, one Error: line; check it before warning about the sample.

@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from autotune.errors import ConfigError
 from autotune.job import Job
-from autotune.settle import AGREE_TOLERANCE, TARGET_HALF_WIDTH
+from autotune.settle import AGREE_TOLERANCE, TARGET_HALF_WIDTH, SettleRule, ramp_seconds
 
 Scalar = str | int | float | bool
 UNSET = "unset"  # a choice meaning "leave the flag out: SGLang's default"
@@ -283,6 +283,10 @@ class ParamSpec(StrictModel):
 
 
 class WorkloadSection(StrictModel):
+    """What each trial replays, from the study file's ``[workload]`` to the replay client (the harness's
+    ``WorkloadSpec`` is this record). ``concurrency=None`` means 2 × the server's effective max running requests.
+    ``warmup_s`` and ``measure_s`` are floors of the settle rule (``autotune.settle``, docs/search.md)."""
+
     prompts: Path = Path("../examples/prompts.jsonl")
     sample_size: int = Field(200, ge=1)
     seed: int = 0
@@ -303,6 +307,35 @@ class WorkloadSection(StrictModel):
     # prompt's front so no cache serves it from an earlier walk (a one-pass job of distinct prompts); "verbatim"
     # re-sends the text (a job that really sends a prompt several times).
     repeats: Literal["fresh", "verbatim"] = "fresh"
+    # How the command that runs the trial names these fields in its messages (``autotune measure``: ``--window``);
+    # a field not named is the study file's ``workload.<field>`` (``named_by``).
+    _option_names: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def named_by(self, names: dict[str, str]) -> WorkloadSection:
+        """This workload, its fields named in messages as a command's options (``{"measure_s": "--window"}``)."""
+        named = self.model_copy()
+        named._option_names = dict(names)
+        return named
+
+    def option(self, name: str) -> str:
+        """The name a message gives the field ``name``: ``workload.measure_s`` in a study, ``--window`` under
+        ``measure``."""
+        return self._option_names.get(name, f"workload.{name}")
+
+    def settle_rule(self) -> SettleRule:
+        return SettleRule(
+            warmup_s=self.warmup_s,
+            measure_s=self.measure_s,
+            warmup_max_s=self.warmup_max_s,
+            measure_max_s=self.measure_max_s,
+            target_half_width=self.target_half_width,
+            tolerance=self.settle_tolerance,
+        )
+
+    @property
+    def ramp(self) -> float:
+        """Seconds over which the streams start: within the warm-up floor (a shortened warm-up clips it)."""
+        return min(self.warmup_s, ramp_seconds(self.warmup_s, self.ramp_s))
 
     @model_validator(mode="after")
     def _settle_bounds(self) -> WorkloadSection:

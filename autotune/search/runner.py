@@ -116,7 +116,7 @@ class HarnessRunner:
     ):
         eng, wl = cfg.engine, cfg.workload
         self.engine = study_engine(cfg)
-        self.workload = WorkloadSpec(**wl.model_dump())  # the section's fields are the spec's
+        self.workload: WorkloadSpec = wl  # the study file's [workload], as every trial replays it
         self.timeouts = Timeouts(**eng.timeouts)
         self.sample = PromptSample.load(wl.prompts, wl.sample_size, wl.seed)  # once: every trial replays the same
         self.cfg, self.stop_event, self.on_phase = cfg, stop_event, on_phase
@@ -232,7 +232,7 @@ class HarnessRunner:
         a second): for a resumed study whose reference file is missing."""
         if self.on_phase is not None:
             self.on_phase("recording the numerics reference (baseline config)", {})
-        short = dataclasses.replace(self.workload, warmup_s=0.0, measure_s=1.0)
+        short = self.workload.model_copy(update={"warmup_s": 0.0, "measure_s": 1.0})
         return self._run(
             dict(self.numerics.reference_cfg),
             self.trial_dir(REFERENCE_RUN),

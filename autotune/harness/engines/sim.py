@@ -14,7 +14,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from autotune.config.sections import WorkloadSection
 from autotune.harness.engines.base import DeviceProcess, EngineSettings, GpuReader
 from autotune.harness.engines.sglang import reject_harness_flags
 from autotune.harness.gpu import MIB_PER_GIB, GpuReading
@@ -134,7 +133,7 @@ class SimEngine:
     def predict(
         self,
         config: Mapping[str, Any],
-        workload: WorkloadSpec | WorkloadSection,
+        workload: WorkloadSpec,
         prompts: Sequence[str],
         *,
         seed: int = 0,
@@ -166,8 +165,8 @@ class SimEngine:
         )
 
 
-def sim_workload(workload: WorkloadSpec | WorkloadSection, prompts: Sequence[str]) -> SimWorkload:
-    """A study's workload (the ``[workload]`` section or the harness's spec) as the simulator's, over ``prompts``."""
+def sim_workload(workload: WorkloadSpec, prompts: Sequence[str]) -> SimWorkload:
+    """A study's workload as the simulator's, over ``prompts``."""
     return SimWorkload(
         prompts=list(prompts),
         max_tokens=workload.max_tokens,

@@ -23,7 +23,7 @@ from autotune.harness.workload.settle import (
     settle,
     settling_figures,
 )
-from autotune.harness.workload.spec import ENDPOINTS, RequestBody, WorkloadSpec, request_body, settle_rule
+from autotune.harness.workload.spec import ENDPOINTS, RequestBody, WorkloadSpec, request_body
 from autotune.harness.workload.sse import SseStream
 from autotune.prompts import PromptRow, PromptSample
 
@@ -48,7 +48,6 @@ __all__ = [
     "replay",
     "request_body",
     "settle",
-    "settle_rule",
     "settling_figures",
     "thread_busy_s",
     "window_drift",
