@@ -1,25 +1,8 @@
 """The planner learns its error online, from everything a launched trial tells it.
 
-The planner is SGLang 0.5.23's arithmetic with modelled constants; on a real GPU the memory free after loading,
-the activation peak, the CUDA-graph memory and fragmentation all differ from the model. Two corrections are
-learned, each from what a trial reports and nothing else:
-
-- **capacity** (the pools): the free-memory offset that makes the planner reproduce the capacity SGLang logged —
-  ``max_total_num_tokens`` first, else the Mamba slots or the running cap when the pools decided them. Pools
-  scale with free memory, so one offset in GiB moves them all (``Feasibility.offsets``).
-- **room** (what is left for CUDA graphs and activations at peak): measured headroom (NVML's peak against the
-  device's total) minus the planner's headroom for the same config, as ``c0 + c1 × activations`` once two
-  measurements differ enough in activation memory, else a constant. Every OOM of a config the planner let
-  through is an upper bound: the corrected room there must be below zero, so the correction moves down to
-  ``−planned headroom − OOM_MARGIN_GIB`` when the fit says otherwise.
-
-Nothing is learned from a launch that did not have the device to itself (``shared_launch``: others held more than
-the idle floor at launch, as ``measurement.device_at_launch`` records), nor from an OOM whose logged free memory
-is further below the plan's than any planner error goes (``tenant_oom``): both measure a tenant, not the plan.
-
-``predict`` applies both; a config the corrected planner now expects to fit is launched even when the
-uncorrected one would have skipped it, and a config it now expects to fail is skipped. ``sure_failure`` keeps the
-old margin: only a clear corrected deficit is skipped.
+Two corrections, each from what a trial reports and nothing else: the pools' free-memory offset (from the capacity
+SGLang logged) and the room left for graphs and activations at peak (from NVML's peak and every OOM). ``predict``
+applies both; ``sure_failure`` keeps the margin. What each learns from, and from what not: docs/search.md.
 """
 
 from __future__ import annotations
