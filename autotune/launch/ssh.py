@@ -1,22 +1,8 @@
-"""The ``ssh`` launcher: a server on another host, started over SSH (asyncssh, optional:
-``pip install 'autotune[remote]'``), detached in its own session there.
+"""The ``ssh`` launcher: a server on another host over SSH (asyncssh: ``autotune[remote]``), detached there.
 
-The launch is the same argv as a local one; it is shell-joined (``shlex``) only here, at the SSH boundary
-(``start_command``; the stop's steps are one short line each, ``SshLauncher.stop_steps``). Host keys are checked
-against ``~/.ssh/known_hosts`` and only public-key authentication (a key file or the agent) is offered: a fleet file
-never holds a password. Health is polled over HTTP from here (``http://<host name>:<port>``), as for local servers.
-
-The transport is injectable (``SshLauncher(transport=…)``): a callable ``(host, command, timeout_s) -> (code,
-stdout, stderr)``; the default is asyncssh. The contract case runs the same lines through a local ``bash -c``.
-
-Exit codes: the server runs under a small ``sh`` that writes its exit status beside its pid file (``.exit``), so
-``poll`` returns the real code of a server that ended by itself; a server killed by a signal (our own ``stop``
-included) leaves no status there, and ``poll`` then says ``GONE`` (-1) once ``kill -0`` finds it gone.
-
-Memory and files live on the host, so both are read there: ``memory_reader`` gives the monitor and the release
-check a reader of the host's GPUs over the transport (``launch.remote_memory``; this host's reader only for a
-loopback host), and ``stop`` removes the host's ``/dev/shm`` files the server provably owned
-(``launch.remote_shm``, the local launcher's rules), naming the rest in ``unattributed_shm``.
+The argv is shell-joined only here, at the SSH boundary; host keys are checked and only public keys offered; the
+transport is injectable; exit codes, the host's GPU memory and its /dev/shm are read on the host. The whole
+contract: docs/contracts.md (``launch/ssh.py``) and docs/engines-and-launchers.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""The memory fraction at the wall: each sampled config is launched at the highest ``--mem-fraction-static`` of its
-range that the corrected planner expects to start.
+"""The memory fraction at the wall: a sampled config launches at the highest fraction its corrected plan starts.
 
-SGLang 0.5.23 gives its pools (KV tokens, Mamba slots) what the static fraction leaves after the weights, and keeps
-the rest for activations and CUDA graphs at peak (docs/sglang-memory.md). Behind a running cap the search sets, a
-higher fraction only grows the pools: more of the running requests' context held, none retracted for want of it;
-its one price is the risk of an OOM at peak, which is the planner's to judge. Sampled freely, the fraction is one
-more dimension the sampler spends launches learning that, and a config it samples low reads as a worse config (on
-the simulator's H200 study, 128 running requests at 0.82 ran at 3 % of the same config at 0.95: the pool starved
-the batch). So, when the study has a planner and searches the running cap (or fixes it), the fraction leaves the
-sampler, and each proposal takes the highest value of its range whose corrected plan fits with the planner's
-margin of headroom, as the edge starts do (``starts.edge_configs``); every OOM and measured peak that corrects the
-planner moves the wall for the proposals after it. Without a planner, or without the running cap in the user's
-hands (the pools would set it, so the fraction changes what runs), the sampler keeps the fraction.
-``[study] memory_fraction = "sampled"`` keeps it always.
+Behind a running cap the search sets, a higher fraction only grows the pools, so its one price is an OOM, which is
+the planner's to judge; the sampler keeps the fraction without a planner, without the running cap in the user's
+hands, or with ``[study] memory_fraction = "sampled"``. Why, and what it measured: docs/search.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
 """Twins: search launches of one server at two memory fractions, confirmed as one contender.
 
-A sampler that has found a good region launches it again at neighbouring memory fractions (0.92, 0.93, 0.94 …),
-and each launch reads a few per cent off by the search window's noise, so the confirmation's top-k fills with one
-config: on the simulator's h200 seed study, two or three of its three contenders in 5 of 10 seeds, while a config
-that ran up to 3 % faster at steady state went unconfirmed. The fraction sizes the KV pool only: SGLang 0.5.23's
-scheduler admits a request while the pool has room for the prompts and, for the requests running, the tokens they
-may still decode (clipped) times ``new_token_ratio`` (``srt/managers/schedule_policy.py`` lines 785–794,
-``_get_running_request_total_token_offset``), a ratio that decays while nothing is retracted. So where both pools
-hold the running cap's requests at their mean steady context, neither pool decides what runs, and the two launches
-are the same server measured twice.
-
-A request's context averaged over its life is its prompt plus half its answer, and answers are at most
-``max_tokens``, so ``running × (mean prompt + max_tokens ÷ 2)`` bounds the KV the running batch holds on average
-(a long answer is running for longer, so the batch's mean is weighted to long answers, still at most that).
-Two launches are twins when their configs differ only in the memory fraction, their servers logged the same
-running cap, and each KV pool holds that bound; the confirmation keeps the better search figure of each such pair.
-A pool smaller than the bound may starve the batch (retractions, re-prefills), so such a launch is its own.
+Two launches are twins when their configs differ only in the memory fraction, their servers logged the same running
+cap, and each KV pool holds the running requests at their mean steady context; the confirmation keeps the better
+search figure of each pair. Why the fraction then decides nothing SGLang's scheduler does: docs/search.md.
 """
 
 from __future__ import annotations
