@@ -10,7 +10,7 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 SLICE_S = 2.0  # seconds per slice (shorter for a window floor under MIN_WINDOW_SLICES slices of it)
 MIN_WINDOW_SLICES = 5  # slices a window floor holds at least: a shorter floor gets shorter slices
@@ -238,19 +238,56 @@ def settle(tokens_per_slice: Sequence[float], rule: SettleRule) -> Settling | No
     return None
 
 
-W = TypeVar("W")
+class SettleFields(Protocol):
+    """A workload's settle fields: the study's ``[workload]`` record and the simulator's ``SimWorkload`` both."""
+
+    @property
+    def warmup_s(self) -> float: ...
+    @property
+    def measure_s(self) -> float: ...
+    @property
+    def warmup_max_s(self) -> float | None: ...
+    @property
+    def measure_max_s(self) -> float | None: ...
+    @property
+    def target_half_width(self) -> float: ...
+    @property
+    def settle_tolerance(self) -> float: ...
+    @property
+    def ramp_s(self) -> float | None: ...
+
+
+def settle_rule(workload: SettleFields) -> SettleRule:
+    """The rule ``workload``'s fields set."""
+    return SettleRule(
+        warmup_s=workload.warmup_s,
+        measure_s=workload.measure_s,
+        warmup_max_s=workload.warmup_max_s,
+        measure_max_s=workload.measure_max_s,
+        target_half_width=workload.target_half_width,
+        tolerance=workload.settle_tolerance,
+    )
+
+
+def ramp_of(workload: SettleFields) -> float:
+    """Seconds over which the streams start: within the warm-up floor (a shortened warm-up clips it)."""
+    return min(workload.warmup_s, ramp_seconds(workload.warmup_s, workload.ramp_s))
+
+
+W = TypeVar("W", bound=SettleFields)
 
 
 def with_warmup(workload: W, warmup_s: float | None) -> W:
-    """``workload`` (the study's record, or the simulator's dataclass, with the settle fields) with its warm-up floor
-    raised to ``warmup_s`` and its ramp kept as it was (a longer ramp would only delay the turnover); unchanged when
-    ``warmup_s`` is not longer."""
-    current = float(workload.warmup_s)  # type: ignore[attr-defined]
-    if warmup_s is None or warmup_s <= current:
+    """``workload`` with its warm-up floor raised to ``warmup_s`` and its ramp kept as it was (a longer ramp would only
+    delay the turnover); unchanged when ``warmup_s`` is not longer."""
+    if warmup_s is None or warmup_s <= workload.warmup_s:
         return workload
-    ramp = min(current, ramp_seconds(current, workload.ramp_s))  # type: ignore[attr-defined]
-    cap = workload.warmup_max_s  # type: ignore[attr-defined]
-    changes = {"warmup_s": warmup_s, "ramp_s": ramp, "warmup_max_s": None if cap is None else max(cap, warmup_s)}
-    if dataclasses.is_dataclass(workload):
+    cap = workload.warmup_max_s
+    changes = {
+        "warmup_s": warmup_s,
+        "ramp_s": ramp_of(workload),
+        "warmup_max_s": None if cap is None else max(cap, warmup_s),
+    }
+    if dataclasses.is_dataclass(workload):  # the simulator's SimWorkload
         return dataclasses.replace(workload, **changes)  # type: ignore[type-var]
-    return workload.model_copy(update=changes)  # type: ignore[attr-defined, no-any-return]  # a pydantic record
+    return workload.model_copy(update=changes)  # type: ignore[attr-defined, no-any-return]  # the study's record

@@ -19,8 +19,7 @@ CONTRACTS = (DOCS / "contracts.md").read_text(encoding="utf-8")
 
 def members(protocol: Any) -> set[str]:
     """A Protocol's own attributes and methods (annotations included), not typing's machinery."""
-    names = set(getattr(protocol, "__annotations__", {})) | {n for n in vars(protocol) if not n.startswith("_")}
-    return names - {"register"}
+    return set(getattr(protocol, "__annotations__", {})) | {n for n in vars(protocol) if not n.startswith("_")}
 
 
 def row(module: str) -> str:

@@ -20,15 +20,16 @@ from test_engines import (  # noqa: F401 - the contract suite's engine tests, co
 )
 from tinystudy import write_tiny_study
 
-from autotune.config.sections import ENGINE_KINDS
+from autotune.config.sections import ENGINE_KINDS, EngineKind
 from autotune.harness.engines import ENGINES, Engine, make_engine, register
 from autotune.harness.engines.base import Predictor
 
 
 @pytest.fixture
 def registered(monkeypatch):
-    monkeypatch.setitem(ENGINES, "relabelled", RelabelledEngine)  # restored after the test, both registries
-    monkeypatch.setitem(ENGINE_KINDS, "relabelled", ENGINE_KINDS["sim"])
+    # monkeypatch forgets both entries after the test; ``register`` is what makes them
+    monkeypatch.setitem(ENGINES, "relabelled", RelabelledEngine)
+    monkeypatch.setitem(ENGINE_KINDS, "relabelled", EngineKind("relabelled", simulated=True))
     register(RelabelledEngine)
     return "relabelled"
 

@@ -19,7 +19,7 @@ from pydantic_core import PydanticCustomError
 
 from autotune.errors import ConfigError
 from autotune.job import Job
-from autotune.settle import AGREE_TOLERANCE, TARGET_HALF_WIDTH, SettleRule, ramp_seconds
+from autotune.settle import AGREE_TOLERANCE, TARGET_HALF_WIDTH, SettleRule, ramp_of, settle_rule
 
 Scalar = str | int | float | bool
 UNSET = "unset"  # a choice meaning "leave the flag out: SGLang's default"
@@ -323,19 +323,11 @@ class WorkloadSection(StrictModel):
         return self._option_names.get(name, f"workload.{name}")
 
     def settle_rule(self) -> SettleRule:
-        return SettleRule(
-            warmup_s=self.warmup_s,
-            measure_s=self.measure_s,
-            warmup_max_s=self.warmup_max_s,
-            measure_max_s=self.measure_max_s,
-            target_half_width=self.target_half_width,
-            tolerance=self.settle_tolerance,
-        )
+        return settle_rule(self)
 
     @property
     def ramp(self) -> float:
-        """Seconds over which the streams start: within the warm-up floor (a shortened warm-up clips it)."""
-        return min(self.warmup_s, ramp_seconds(self.warmup_s, self.ramp_s))
+        return ramp_of(self)
 
     @model_validator(mode="after")
     def _settle_bounds(self) -> WorkloadSection:

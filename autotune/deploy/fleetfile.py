@@ -22,7 +22,7 @@ import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from autotune import tls
-from autotune.config.sections import ENGINE_KINDS, LAUNCHER_KINDS, LauncherSection
+from autotune.config.sections import ENGINE_KINDS, LAUNCHER_KINDS, LauncherSection, engine_kind
 from autotune.deploy.sglang_yaml import read_config_file
 from autotune.errors import ConfigError, FleetError
 from autotune.redaction import looks_secret
@@ -42,8 +42,8 @@ class _Model(BaseModel):
 class FleetServer(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     host: str = "localhost"  # where it runs: local, or "user@name" / "name" reached over SSH
-    # the group this server spans (CUDA_VISIBLE_DEVICES); empty for SGLang's CPU backend (the simulator's CPU: its
-    # index)
+    # the group this server spans (CUDA_VISIBLE_DEVICES); empty for SGLang's CPU backend (the simulator's CPU:
+    # its index)
     gpus: list[int] = []
     port: int = Field(ge=1, le=65535)
     bind: str = "127.0.0.1"  # the address the server listens on
@@ -301,7 +301,7 @@ class Fleet(_Model):
     @property
     def simulated(self) -> bool:
         """The fleet runs a model of a GPU (``config.EngineKind.simulated``): its ``sim_gpu`` applies."""
-        return ENGINE_KINDS[self.engine].simulated
+        return engine_kind(self.engine).simulated
 
     @property
     def host_memory(self) -> bool:

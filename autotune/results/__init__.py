@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, Final, Literal, TypedDict, get_args
 
 from autotune.results.fidelity import (
     FidelityFigures,
@@ -75,23 +75,7 @@ Status = Literal[
     "repeat",
 ]
 FailureKind = Literal["startup_oom", "runtime_oom", "crash", "timeout", "bad_args"]
-STATUSES: tuple[str, ...] = (
-    "ok",
-    "startup_oom",
-    "runtime_oom",
-    "crash",
-    "timeout",
-    "bad_args",
-    "skipped_infeasible",
-    "interrupted",
-    "invalid_measurement",
-    "client_bound",
-    "probe_error",
-    "too_slow",
-    "write_error",
-    "port_taken",
-    "repeat",
-)
+STATUSES: tuple[str, ...] = get_args(Status)
 OOM_STATUSES: frozenset[str] = frozenset({"startup_oom", "runtime_oom", "skipped_infeasible"})
 # The config ran, but the figure cannot be trusted: the simulated server could not keep pace with its model
 # (``invalid_measurement``) or the replay client's CPU was saturated (``client_bound``). Not the config's fault and

@@ -113,6 +113,7 @@ class HarnessRunner:
         stop_event: threading.Event,
         on_phase: Callable[..., None] | None = None,
         study: optuna.Study | None = None,
+        device_check: DeviceCheck | None = None,
     ):
         eng, wl = cfg.engine, cfg.workload
         self.engine = study_engine(cfg)
@@ -126,11 +127,11 @@ class HarnessRunner:
         self.launcher = make_launcher(eng.launcher, cfg.launcher.settings(eng.launcher))
         self.run_dir = cfg.work_dir / "runs"
         self.numerics = ProbePlanner(cfg, self.sample.rows, timeout_s=self.timeouts.request_s)  # the fidelity probe
-        # Every launch takes its GPUs here first (``launch.gpulocks``): a free aligned group of the pool ``[engine]
-        # gpus``
-        # (a worker's own group, or the pool its workers share), else the GPUs counted up from ``[engine] gpu``.
+        # Every launch takes its GPUs here first (``launch.gpulocks``): a free aligned group of the pool
+        # ``[engine] gpus`` (a worker's own group, or the pool its workers share), else the GPUs counted up from
+        # ``[engine] gpu``.
         self.locks = GpuLocks(lock_dir(cfg.work_dir), eng.pool, first=eng.first_gpu)
-        self.device_check: DeviceCheck | None = None  # the sweep's tenancy check of the group, before each launch
+        self.device_check = device_check  # the sweep's tenancy check of the group, before each launch
         self._study = study
         self._folder: Path | None = None
 

@@ -95,7 +95,11 @@ class Sweep:
         self.harness_runner: HarnessRunner | None = None  # the real trial (None: an injected runner)
         if runner is None:
             runner = self.harness_runner = HarnessRunner(
-                cfg, stop_event=self.stop, on_phase=self.progress.phase, study=self.study
+                cfg,
+                stop_event=self.stop,
+                on_phase=self.progress.phase,
+                study=self.study,
+                device_check=self._engine_check,
             )
         self.runner: Runner = runner
         self.state_dir = cfg.work_dir / "workers"  # heartbeat files and the node's ask lock
@@ -103,8 +107,6 @@ class Sweep:
         # The GPU pre-check: the harness runner checks each launch's group itself (it knows which GPUs it took);
         # an injected runner has none unless given one.
         self.device_check = device_check
-        if self.harness_runner is not None:
-            self.harness_runner.device_check = self._engine_check
         self.db_path = storage_file(cfg.storage_url, cfg.base_dir)
         self.ballast = Ballast(self.db_path)  # room to fail the trial in flight when the database's disk fills
         self.room = Room(cfg.work_dir / "trials", self.db_path)

@@ -42,9 +42,9 @@ class FlagRow(TypedDict):
     help_suppressed: NotRequired[bool]
 
 
-# Flags that were renamed or removed, and what to use instead (SGLang 0.5.23's parser, ``srt/arg_groups/fields/*.py``).
-# Consulted only when a name
-# is unknown, so a table that still has a deprecated flag (0.5.23 keeps --disable-cuda-graph) accepts it.
+# Flags that were renamed or removed, and what to use instead (SGLang 0.5.23's parser,
+# ``srt/arg_groups/fields/*.py``). Consulted only when a name is unknown, so a table that still has a deprecated flag
+# (0.5.23 keeps --disable-cuda-graph) accepts it.
 RENAMED: dict[str, str] = {
     "mamba_scheduler_strategy": "--mamba-radix-cache-strategy",
     "cuda_graph_max_bs": "--cuda-graph-max-bs-decode (or --cuda-graph-max-bs-prefill)",

@@ -20,7 +20,7 @@ import numpy as np
 from autotune.errors import ConfigError, WorkloadError
 from autotune.prompts import check_repeats, on_pass, walk_position
 from autotune.results import Capacity, Metrics, Percentiles, halves_drift
-from autotune.settle import AGREE_TOLERANCE, TARGET_HALF_WIDTH, Settler, SettleRule, Settling, ramp_seconds
+from autotune.settle import AGREE_TOLERANCE, TARGET_HALF_WIDTH, Settler, SettleRule, Settling, ramp_of, settle_rule
 from autotune.sim.requests import SimRequest, check_request_params, make_request
 from autotune.sim.scheduler import Emission, Scheduler, StepResult
 
@@ -47,18 +47,11 @@ class SimWorkload:
 
     @property
     def rule(self) -> SettleRule:
-        return SettleRule(
-            warmup_s=self.warmup_s,
-            measure_s=self.measure_s,
-            warmup_max_s=self.warmup_max_s,
-            measure_max_s=self.measure_max_s,
-            target_half_width=self.target_half_width,
-            tolerance=self.settle_tolerance,
-        )
+        return settle_rule(self)
 
     @property
     def ramp(self) -> float:
-        return min(self.warmup_s, ramp_seconds(self.warmup_s, self.ramp_s))
+        return ramp_of(self)
 
     def __post_init__(self) -> None:
         check_repeats(self.repeats)

@@ -538,7 +538,7 @@ def graph_lines(st: Any, *, fail: bool) -> list[str]:
 
 def ready_lines(st: Any) -> list[str]:
     x, plan = st.plan.extra, st.plan
-    avail = st.pre_gib - st.pools_gib - plan.gib.backend - plan.gib.graphs
+    avail = st.startup_available_gib
     return [
         capacity(
             tokens=plan.kv_tokens,

@@ -182,7 +182,9 @@ class ServerStatus:
         self.context_mib = float(getattr(gpu, "cuda_context_gib", 0.5)) * 1024
         self.weights_mib = self.context_mib + float(g.weights) * 1024
         self.pools_mib = self.context_mib + self.pools_gib * 1024
-        self.static_mib = float(x.get("static_gib") or 0.0) * 1024 or self.pools_mib + g.graphs * 1024
+        self.static_mib = float(x.get("static_gib") or 0.0) * 1024 or self.pools_mib + (g.backend + g.graphs) * 1024
+        # Free once the pools, the attention backend's buffers and the graphs are in place ("available_gpu_mem").
+        self.startup_available_gib = self.pre_gib - self.pools_gib - g.backend - g.graphs
         # Activations as torch's caching allocator holds them: the largest forward so far stays reserved (NVML sees
         # it), starting with the prefill graph captured at startup; a prefill batch of t tokens takes t × the plan's
         # per-token figure (the plan's ``activations`` are one full chunk's, deviated where the truth says so).
@@ -370,7 +372,7 @@ class ServerStatus:
         return MemoryUsage(
             weight=round(g.weights, 3),
             kvcache=round(g.kv, 3),  # KV only, like SGLang (no Mamba)
-            startup_available=round(self.pre_gib - self.pools_gib - g.backend - g.graphs, 3),
+            startup_available=round(self.startup_available_gib, 3),
             token_capacity=self.plan.kv_tokens,
             token_capacity_swa=None,
             graph={p: round(g.graphs * cg[p] / total_cg, 3) for p in GRAPH_PHASES},
@@ -477,7 +479,7 @@ class ServerStatus:
             "weight_memory_usage_gb": g.weights,
             "kv_cache_memory_usage_gb": g.kv,
             "graph_memory_usage_gb": g.graphs,
-            "startup_available_gpu_memory_gb": self.pre_gib - self.pools_gib - g.backend - g.graphs,
+            "startup_available_gpu_memory_gb": self.startup_available_gib,
             "startup_time_seconds": self.startup_time["scheduler_e2e"],
             "startup_cuda_graph_time_seconds": sum(self.startup_time["cuda_graph"].values()),
             "weight_load_duration_seconds": self.startup_time["load_weight"],
