@@ -54,7 +54,7 @@ from autotune.search.correction import CorrectedFeasibility
 from autotune.search.objective import directions, make_sampler
 from autotune.search.pruning import PRUNED, PruningSettler, SlicePruner
 from autotune.search.space import Feasibility, Space, key_of
-from autotune.search.study import Sweep
+from autotune.search.study import SearchParts, Sweep
 from autotune.search.warm import WARM_KEY
 from autotune.settle import with_warmup
 from autotune.sim import SimWorkload, evaluate
@@ -505,18 +505,18 @@ def _sweep(
     confirm_runs: list[Launch] = []
     runner = _SweepRunner(oracle, rng, launches, confirm_runs, cfg.study.resolution if prune else None, turnover)
 
-    sweep = Sweep(cfg, runner=runner, progress=_Quiet())
     # The same loop on Optuna's in-memory storage: SQLite bookkeeping would cost more CPU than the simulator.
-    sweep.study = optuna.create_study(directions=directions(cfg), sampler=make_sampler(cfg))
+    parts = SearchParts.of(cfg, study=optuna.create_study(directions=directions(cfg), sampler=make_sampler(cfg)))
     if warm:
-        sweep.study.set_user_attr(WARM_KEY, dict(warm))
-    feas = sweep.feasibility
+        parts.study.set_user_attr(WARM_KEY, dict(warm))
+    feas = parts.feasibility
     if not planner:
-        sweep.feasibility, sweep.space = None, case.space  # same pruned space, no planner at all
+        parts = dataclasses.replace(parts, feasibility=None, space=case.space)  # same pruned space, no planner
     elif feas is not None and not correction:
-        sweep.feasibility = _Uncorrected(feas.model, feas.gpu, margin_gib=feas.margin_gib)
+        parts = dataclasses.replace(parts, feasibility=_Uncorrected(feas.model, feas.gpu, margin_gib=feas.margin_gib))
     elif feas is not None and not precheck:
-        sweep.feasibility = _NoPrecheck(feas.model, feas.gpu, margin_gib=feas.margin_gib)
+        parts = dataclasses.replace(parts, feasibility=_NoPrecheck(feas.model, feas.gpu, margin_gib=feas.margin_gib))
+    sweep = Sweep(cfg, runner=runner, progress=_Quiet(), parts=parts)
     try:
         study = sweep.run()
         out = Launches()

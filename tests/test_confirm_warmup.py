@@ -15,7 +15,7 @@ from autotune.harness.workload import WorkloadSpec
 from autotune.results import TrialResult
 from autotune.search.confirm import confirm
 from autotune.search.confirm.warmup import TURNOVER_CAP_S, steady_warmup, turnover_s
-from autotune.search.runner import CheckedRunner, HarnessRunner
+from autotune.search.runner import GivenRunner, HarnessRunner
 from autotune.search.study import run_study
 from autotune.settle import with_warmup
 
@@ -105,9 +105,9 @@ class Recording:
         return TrialResult(status="ok", config=config)
 
 
-def test_the_checked_runner_passes_the_warmup_on():
+def test_a_given_runner_passes_the_warmup_on():
     inner = Recording()
-    CheckedRunner(inner, check=None).repeat({}, 3, 0, warmup_s=66.0)
+    GivenRunner(inner).repeat({}, 3, 0, warmup_s=66.0)
     assert inner.seen == [66.0]
 
 

@@ -10,7 +10,7 @@ from autotune.results import GpuPeaks, TrialResult
 from autotune.search.correction import CorrectedFeasibility, free_in_message
 from autotune.search.runner import prompt_texts
 from autotune.search.seeding import NOT_LAUNCHED
-from autotune.search.study import Sweep
+from autotune.search.study import SearchParts, Sweep
 from autotune.sim import SimWorkload, evaluate
 from autotune.sim.truth import Deviation
 
@@ -61,8 +61,7 @@ class TruthRunner:
 
 
 def _run(cfg, runner) -> optuna.Study:
-    sweep = Sweep(cfg, runner=runner)
-    sweep.study = optuna.create_study(directions=["maximize"])
+    sweep = Sweep(cfg, runner=runner, parts=SearchParts.of(cfg, study=optuna.create_study(directions=["maximize"])))
     try:
         return sweep.run()
     finally:

@@ -11,7 +11,7 @@ import pytest
 
 from autotune.harness.engines.base import Engine, EngineClass, Predictor
 from autotune.results import STATUSES
-from autotune.search.runner import RepeatingRunner
+from autotune.search.runner import RepeatingRunner, SweepRunner
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 CONTRACTS = (DOCS / "contracts.md").read_text(encoding="utf-8")
@@ -36,6 +36,7 @@ def row(module: str) -> str:
         ("harness/engines/base.py", EngineClass),
         ("harness/engines/base.py", Predictor),
         ("search/runner.py", RepeatingRunner),
+        ("search/runner.py", SweepRunner),
     ],
 )
 def test_the_contracts_row_names_every_member(module, protocol):
@@ -47,6 +48,7 @@ def test_the_contracts_row_names_every_member(module, protocol):
 def test_members_are_read_from_the_protocols():
     assert {"argv", "check", "device", "model_path", "shm_dir"} <= members(Engine)
     assert members(Predictor) == {"predict"} and "repeat" in members(RepeatingRunner)
+    assert members(SweepRunner) == {"engine", "folder", "start"}
 
 
 def test_every_status_is_explained_in_the_docs():

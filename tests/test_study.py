@@ -136,11 +136,12 @@ def test_baseline_first_then_enqueued_then_search_and_resume_continues(tmp_path)
 def test_inert_flag_is_not_searched(tmp_path):
     cfg = load_config(write_study(tmp_path, trials=4))
     sweep = Sweep(cfg, runner=PlannerRunner())
-    sweep.prepare()
+    space = sweep.prepare().space
     sweep.close()
     # max_mamba_cache_size is always set, so the ratio cannot matter
-    assert "mamba_full_memory_ratio" not in sweep.space.names
-    assert "max_mamba_cache_size" in sweep.space.names
+    assert "mamba_full_memory_ratio" not in space.names
+    assert "max_mamba_cache_size" in space.names
+    assert "mamba_full_memory_ratio" in sweep.parts.space.names  # the study file's space, as given
 
 
 def test_planner_skips_a_config_that_cannot_start_without_launching(tmp_path):

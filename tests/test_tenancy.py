@@ -327,10 +327,10 @@ def test_busy_gpu_wait_comes_from_the_study_file_and_a_bad_value_is_refused(tmp_
         load_config(path)
 
 
-def test_the_confirmations_runs_read_the_device_before_each_launch(tmp_path, sleeper):
-    """``CheckedRunner``: what ``run_sweep`` hands the confirmation; a tenant arriving between runs stops it before
-    the next launch, for plain runs and repeats alike."""
-    from autotune.search.runner import CheckedRunner
+def test_a_given_runners_launches_read_the_device_before_each_launch(tmp_path, sleeper):
+    """``GivenRunner``: what a sweep wraps a given runner in; a tenant arriving between runs stops it before the next
+    launch, for plain runs and repeats alike, and what each launch saw is its ``device_at_launch``."""
+    from autotune.search.runner import GivenRunner
 
     launched: list[tuple[int, int | None]] = []
 
@@ -339,12 +339,14 @@ def test_the_confirmations_runs_read_the_device_before_each_launch(tmp_path, sle
             launched.append((number, None))
             return TrialResult(status="ok", config=config)
 
-    checked = CheckedRunner(Plain(), lambda: check_free(reader(tmp_path), 0))
-    checked({}, 1)
-    checked.repeat({}, 1, 2)  # a runner without its own ``repeat`` gets the trial's number
+    given = GivenRunner(Plain(), lambda: check_free(reader(tmp_path), 0))
+    assert given({}, 1).measurement.device_at_launch["held_gib"] == 0
+    given.repeat({}, 1, 2)  # a runner without its own ``repeat`` gets the trial's number
     hold(tmp_path, sleeper.pid, 120.0)
     with pytest.raises(GpuBusyError):
-        checked.repeat({}, 1, 3)
+        given.repeat({}, 1, 3)
+    with pytest.raises(GpuBusyError):
+        given.start()
     assert launched == [(1, None), (1, None)]
 
 

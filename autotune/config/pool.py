@@ -51,6 +51,13 @@ def study_spans(cfg: Any) -> list[int]:
     return sorted(set(space_spans(cfg.engine.fixed, cfg.space)) | given)
 
 
+def sweep_gpus(cfg: Any) -> tuple[int, ...]:
+    """The GPUs a sweep may use: its pool (``[engine] gpus``), else as many as its largest server spans, counted up
+    from ``[engine] gpu``."""
+    eng = cfg.engine
+    return eng.pool or tuple(range(eng.first_gpu, eng.first_gpu + max(study_spans(cfg))))
+
+
 def check_pool(cfg: Any, pool: tuple[int, ...] | None, *, file: str | None, key: str = "engine.gpus") -> None:
     """ConfigError when ``pool`` cannot hold the study: a given config (fixed flags, baseline, enqueued) spans
     more GPUs than it has, or the space proposes nothing small enough. None: no pool, nothing to check."""

@@ -18,15 +18,18 @@ from typing import Any, Protocol, runtime_checkable
 import optuna
 
 from autotune.config import StudyConfig, Timeouts
+from autotune.config.pool import sweep_gpus
+from autotune.errors import GpuBusyError
 from autotune.harness.engines import Engine, make_engine
 from autotune.harness.engines.base import Predictor
 from autotune.harness.fidelity import FidelityProbe
 from autotune.harness.setup import TrialHooks, TrialSetup
 from autotune.harness.steps import AfterWindow
-from autotune.harness.tenancy import Occupancy
+from autotune.harness.tenancy import Occupancy, check_engine_gpus
 from autotune.harness.trial import run_trial
 from autotune.harness.workload import PromptSample, WorkloadSpec
 from autotune.launch.gpulocks import GpuLocks, Stopped, lock_dir
+from autotune.launch.process import cleanup_orphans
 from autotune.launch.registry import make_launcher
 from autotune.results import MeasurementVerdict, TrialResult
 from autotune.search.folders import fresh, study_folder
@@ -40,7 +43,7 @@ from autotune.search.numerics import (
 )
 from autotune.search.objective import open_study
 from autotune.settle import with_warmup
-from autotune.sglang.parallel import server_gpus
+from autotune.sglang.parallel import group_line, server_gpus
 
 Runner = Callable[[dict[str, Any], int], TrialResult]
 
@@ -63,7 +66,21 @@ class RepeatingRunner(Protocol):
     ) -> TrialResult: ...
 
 
-DeviceCheck = Callable[[tuple[int, ...]], Occupancy | None]
+class SweepRunner(RepeatingRunner, Protocol):
+    """What a sweep drives (``HarnessRunner``, ``GivenRunner``): the engine it launches (None: a given runner that
+    measures without one), the folder its trials write to (None: the study's default), and ``start``, run once
+    before the first launch (``GpuBusyError`` there: nothing is queued or launched)."""
+
+    @property
+    def engine(self) -> Engine | None: ...
+
+    @property
+    def folder(self) -> Path | None: ...
+
+    def start(self) -> None: ...
+
+
+DeviceCheck = Callable[[], Occupancy | None]
 # The number a runner gets for the confirmation's "SGLang defaults" measurement: no Optuna trial has it, so the
 # run never lands in (or is counted as a repeat of) a real trial's directory; HarnessRunner writes it under
 # ``trials/defaults/``.
@@ -113,7 +130,8 @@ class HarnessRunner:
         stop_event: threading.Event,
         on_phase: Callable[..., None] | None = None,
         study: optuna.Study | None = None,
-        device_check: DeviceCheck | None = None,
+        log: Callable[[str], None] | None = None,
+        run_dir: Path | None = None,
     ):
         eng, wl = cfg.engine, cfg.workload
         self.engine = study_engine(cfg)
@@ -121,17 +139,18 @@ class HarnessRunner:
         self.timeouts = Timeouts(**eng.timeouts)
         self.sample = PromptSample.load(wl.prompts, wl.sample_size, wl.seed)  # once: every trial replays the same
         self.cfg, self.stop_event, self.on_phase = cfg, stop_event, on_phase
-        # Pid files of this GPU's servers (workers use one per GPU). Shared by the studies of this work dir on
-        # purpose: orphan cleanup stops only servers whose harness is dead, so a deleted study's orphan goes too.
         # where its servers run: the launcher [engine] names, with its [launcher.<name>] table
         self.launcher = make_launcher(eng.launcher, cfg.launcher.settings(eng.launcher))
-        self.run_dir = cfg.work_dir / "runs"
+        # Pid files of its servers (a worker's own: ``scaleout.workers.gpu_run_dir``). Shared by the studies of this
+        # work dir on purpose: orphan cleanup stops only servers whose harness is dead, so a deleted study's goes too.
+        self.run_dir = run_dir or cfg.work_dir / "runs"
         self.numerics = ProbePlanner(cfg, self.sample.rows, timeout_s=self.timeouts.request_s)  # the fidelity probe
         # Every launch takes its GPUs here first (``launch.gpulocks``): a free aligned group of the pool
         # ``[engine] gpus`` (a worker's own group, or the pool its workers share), else the GPUs counted up from
         # ``[engine] gpu``.
         self.locks = GpuLocks(lock_dir(cfg.work_dir), eng.pool, first=eng.first_gpu)
-        self.device_check = device_check  # the sweep's tenancy check of the group, before each launch
+        self.gpus = sweep_gpus(cfg)  # every GPU the sweep may use, checked for tenants by ``start``
+        self.log = log
         self._study = study
         self._folder: Path | None = None
 
@@ -148,6 +167,30 @@ class HarnessRunner:
             self._folder = folder
             return folder
         return self._folder
+
+    def start(self) -> None:
+        """Before the first launch: servers an earlier sweep left are stopped, and every GPU the sweep may use is
+        checked for tenants (``GpuBusyError`` before anything is queued or launched)."""
+        for pid in cleanup_orphans(self.run_dir):
+            if self.log is not None:
+                self.log(f"stopped orphan server pid {pid} left by an earlier sweep")
+        self.check_gpus()
+
+    def check_gpus(self, group: tuple[int, ...] | None = None) -> Occupancy | None:
+        """The tenancy check of ``group`` (a launch's GPUs; None: every GPU the sweep may use): ``GpuBusyError``,
+        else what other processes hold (``measurement.device_at_launch``)."""
+        eng, gpus = self.cfg.engine, group or self.gpus
+        try:
+            return check_engine_gpus(self.engine, gpus, mode=eng.busy_gpu, wait_s=eng.busy_wait_s, on_wait=self.log)
+        except GpuBusyError as exc:
+            if len(gpus) <= 1:
+                raise
+            raise GpuBusyError(
+                f"{exc} ({'the group' if group else 'this sweep'}'s {group_line(gpus)})",
+                gpu=exc.gpu,
+                holders=exc.holders,
+                held_gib=exc.held_gib,
+            ) from None
 
     def trial_dir(self, number: int | str, repeat: int | None = None) -> Path:
         """Where trial ``number``'s launch (or its confirmation run ``repeat``, counted from 1) is written: a
@@ -215,7 +258,7 @@ class HarnessRunner:
                 stop=self.stop_event,
                 on_wait=(lambda line: phase(line, {})) if phase is not None else None,
             ) as group:
-                seen = self.device_check(group) if self.device_check is not None else None  # GpuBusyError: no launch
+                seen = self.check_gpus(group)  # GpuBusyError: no launch
                 result = run_trial(
                     self._setup(workload or self.workload, group),
                     config,
@@ -268,17 +311,26 @@ def with_device(result: TrialResult, seen: Occupancy | None) -> TrialResult:
     return dataclasses.replace(result, measurement=measurement)
 
 
-class CheckedRunner:
-    """A runner that reads the device before every launch (``check``: the sweep's GPU pre-check, raising
-    ``GpuBusyError``), so the confirmation's runs start only on a GPU they can have, as the search's do."""
+class GivenRunner:
+    """A runner given to the sweep (a test's, a benchmark's oracle), with no engine or folder of its own: ``check``
+    (the caller's GPU pre-check, raising ``GpuBusyError``) is read before every launch, search and confirmation
+    alike, and what it saw is the result's ``measurement.device_at_launch``, as the harness records its own."""
 
-    def __init__(self, runner: Runner, check: Callable[[], object] | None):
+    engine: Engine | None = None
+    folder: Path | None = None
+
+    def __init__(self, runner: Runner, check: DeviceCheck | None = None):
         self.runner, self.check = runner, check
 
+    def start(self) -> None:
+        self._seen()
+
+    def _seen(self) -> Occupancy | None:
+        return self.check() if self.check is not None else None
+
     def __call__(self, config: dict[str, Any], trial_number: int) -> TrialResult:
-        if self.check is not None:
-            self.check()
-        return self.runner(config, trial_number)
+        seen = self._seen()
+        return with_device(self.runner(config, trial_number), seen)
 
     def repeat(
         self,
@@ -290,9 +342,29 @@ class CheckedRunner:
         warmup_s: float | None = None,
     ) -> TrialResult:
         """Confirmation run ``k``: the runner's own ``repeat`` where it has one (its own folder, the first run
-        probed, every window after ``warmup_s``)."""
-        if self.check is not None:
-            self.check()
+        probed, every window after ``warmup_s``), else the trial itself."""
+        seen = self._seen()
         if not isinstance(self.runner, RepeatingRunner):
-            return self.runner(config, trial_number)
-        return self.runner.repeat(config, trial_number, k, after=after, warmup_s=warmup_s)
+            return with_device(self.runner(config, trial_number), seen)
+        return with_device(self.runner.repeat(config, trial_number, k, after=after, warmup_s=warmup_s), seen)
+
+
+def sweep_runner(
+    cfg: StudyConfig,
+    given: Runner | None,
+    *,
+    check: DeviceCheck | None,
+    stop_event: threading.Event,
+    progress: Any,
+    study: optuna.Study,
+    run_dir: Path | None,
+) -> SweepRunner:
+    """The sweep's runner: the study's harness (``check`` unused: it checks each launch's own GPUs), else ``given``
+    wrapped so it meets the same interface (already a ``SweepRunner`` class: as is)."""
+    if given is None:
+        return HarnessRunner(
+            cfg, stop_event=stop_event, on_phase=progress.phase, study=study, log=progress.log, run_dir=run_dir
+        )
+    if isinstance(given, (HarnessRunner, GivenRunner)):
+        return given
+    return GivenRunner(given, check)

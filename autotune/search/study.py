@@ -1,36 +1,27 @@
 """The Optuna loop: baseline and enqueued configs first, then the sampler; planner pre-check; resume.
 
-Every outcome is data. OOMs and infeasible configs are COMPLETE trials with value 0 and a violated constraint
-(the sampler learns where the wall is); crashes and timeouts are FAIL with their class and log. The study is
-written after every step, so a sweep killed at any moment resumes where it stopped: a trial left RUNNING by a
-dead process is failed as interrupted and its config queued again, once.
-
-What is queued and recovered is ``seeding``'s; the values and constraints ``objective``'s; the trial itself
-``runner``'s (``HarnessRunner``); opening the study ``objective.open_study``'s, its storage ``storage``'s.
-
-A trial launches only on a GPU other processes do not hold (``harness.tenancy``, checked at the sweep's start and
-before every launch; what the device held is recorded in ``measurement.device_at_launch``, and the planner learns
-nothing from a shared launch). A failed write (trial files, the study database) fails the trial as ``write_error``
-and stops the sweep with one ``DiskError`` line (``diskguard``).
+Every outcome is data (an OOM a completed trial with a violated constraint, a crash a failed one), and the study is
+written after every step, so a sweep killed at any moment resumes: docs/search.md ("Nothing is lost"), the
+statuses in docs/contracts.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from autotune.config import StudyConfig
-from autotune.config.pool import study_spans
+from autotune.config.pool import sweep_gpus
 from autotune.errors import DiskError, GpuBusyError
-from autotune.harness.tenancy import Occupancy, check_engine_gpus
 from autotune.launch.gpulocks import hold_sweep_gpus
 from autotune.launch.groups import group_label
-from autotune.launch.process import cleanup_orphans
 from autotune.progress import PlainProgress
 from autotune.results import PORT_TAKEN, REPEAT, WRITE_ERROR, TrialResult
 from autotune.search.correction import CorrectedFeasibility, known_failure, replay, skip_was_wrong
@@ -38,7 +29,7 @@ from autotune.search.edges import EdgeStarts
 from autotune.search.numerics import record_reference
 from autotune.search.objective import make_sampler, objective_values, open_study
 from autotune.search.preflight import check_given
-from autotune.search.runner import HarnessRunner, Runner, with_device
+from autotune.search.runner import DeviceCheck, Runner, SweepRunner, sweep_runner
 from autotune.search.seeding import (
     INFEASIBLE,
     claimed_by,
@@ -68,9 +59,46 @@ MAX_ASKS_PER_LAUNCH = 10
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+# --- what the sweep holds --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SearchParts:
+    """What a sweep searches with: its study, the space as the study file gives it and the planner (None: none).
+    ``of`` opens the study file's; a benchmark passes its own (an in-memory study, another planner)."""
+
+    study: optuna.Study
+    space: Space
+    feasibility: CorrectedFeasibility | None
+
+    @classmethod
+    def of(cls, cfg: StudyConfig, *, study: optuna.Study | None = None) -> SearchParts:
+        """The study file's parts (``study``: another study than the one its storage holds)."""
+        return cls(study or open_study(cfg), Space.from_config(cfg), CorrectedFeasibility.from_config(cfg))
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What ``prepare`` settles before the first ask, read by the loop and never changed after."""
+
+    space: Space  # without the flags the planner finds inert and the memory fraction the wall places
+    wall: Wall | None  # where the memory fraction leaves the sampler
+    edges: EdgeStarts  # the memory-edge starts, placed one at a time once the baseline has run
+    liveness: Liveness  # this worker's claim on its running trial
+    room: Room  # free space against what the study will write
+
+
+@dataclass
+class InFlight:
+    """The trial between ask and tell (``run_one``'s): failed as ``write_error`` if a write fails."""
+
+    trial: optuna.Trial | None = None
+    tenant: str | None = None  # why it OOMed because of another process
+    disk: DiskError | None = None  # the write that failed in it
+
+
 # --- the loop ----------------------------------------------------------------------------------------------
 class Sweep:
-    """One sweep over a study: holds the study, space, planner check, runner and progress sink."""
+    """One sweep over a study: what it is given (``parts``, its runner), what ``prepare`` settles (``ready``),
+    the trial in flight (``flight``), and what ``close`` releases (``held``)."""
 
     def __init__(
         self,
@@ -79,66 +107,48 @@ class Sweep:
         runner: Runner | None = None,
         progress: Any = None,
         stop_event: threading.Event | None = None,
-        device_check: Callable[[], Occupancy | None] | None = None,
+        device_check: DeviceCheck | None = None,
         shared: int | None = None,
+        run_dir: Path | None = None,
+        parts: SearchParts | None = None,
     ):
         self.cfg = cfg
         # ``shared``: this worker's number among workers sharing the pool ``[engine] gpus`` through the GPU locks
         # (its sweep lock is its slot; the supervisor holds the pool's); None: this sweep has the pool to itself.
         self.shared = shared
-        self._widest = max(study_spans(cfg))  # the most GPUs one of this study's servers can span
+        self.gpus = sweep_gpus(cfg)
         self.progress = progress or PlainProgress()
         self.stop = stop_event or threading.Event()
-        self.space = Space.from_config(cfg)
-        self.feasibility = CorrectedFeasibility.from_config(cfg)  # the planner, learning its error online
-        self.study = open_study(cfg)
-        self.harness_runner: HarnessRunner | None = None  # the real trial (None: an injected runner)
-        if runner is None:
-            runner = self.harness_runner = HarnessRunner(
-                cfg,
-                stop_event=self.stop,
-                on_phase=self.progress.phase,
-                study=self.study,
-                device_check=self._engine_check,
-            )
-        self.runner: Runner = runner
+        self.parts = parts or SearchParts.of(cfg)
+        # ``device_check``: a given runner's GPU pre-check; the harness checks each launch's own group
+        self.runner: SweepRunner = sweep_runner(
+            cfg,
+            runner,
+            check=device_check,
+            stop_event=self.stop,
+            progress=self.progress,
+            study=self.study,
+            run_dir=run_dir,
+        )
         self.state_dir = cfg.work_dir / "workers"  # heartbeat files and the node's ask lock
-        self.liveness: Liveness | None = None
-        # The GPU pre-check: the harness runner checks each launch's group itself (it knows which GPUs it took);
-        # an injected runner has none unless given one.
-        self.device_check = device_check
         self.db_path = storage_file(cfg.storage_url, cfg.base_dir)
         self.ballast = Ballast(self.db_path)  # room to fail the trial in flight when the database's disk fills
-        self.room = Room(cfg.work_dir / "trials", self.db_path)
-        self._current: optuna.Trial | None = None  # the trial between ask and tell (failed if a write fails)
-        self._tenant: str | None = None  # why the trial just run OOMed because of another process
-        self._disk: DiskError | None = None  # the write that failed in the trial in flight
-        self.wall: Wall | None = None  # where the memory fraction leaves the sampler (``prepare``)
+        self.ready: Prepared | None = None
+        self.flight = InFlight()
+        self.held = contextlib.ExitStack()  # the GPU locks, the reserve file, the heartbeat
 
     @property
-    def gpus(self) -> tuple[int, ...]:
-        """The GPUs this sweep may use: its pool (``[engine] gpus``), else as many as its largest server spans,
-        counted up from the first GPU."""
-        eng = self.cfg.engine
-        return eng.pool or tuple(range(eng.first_gpu, eng.first_gpu + self._widest))
+    def study(self) -> optuna.Study:
+        return self.parts.study
 
-    def _engine_check(self, gpus: tuple[int, ...] | None = None) -> Occupancy | None:
-        """The tenancy check of ``gpus`` (a launch's group; None: every GPU this sweep may use)."""
-        eng, group = self.cfg.engine, gpus or self.gpus
-        try:
-            assert self.harness_runner is not None  # the engine check is the harness's
-            return check_engine_gpus(
-                self.harness_runner.engine, group, mode=eng.busy_gpu, wait_s=eng.busy_wait_s, on_wait=self.progress.log
-            )
-        except GpuBusyError as exc:
-            if len(group) <= 1:
-                raise
-            raise GpuBusyError(
-                f"{exc} ({'the group' if gpus else 'this sweep'}'s {group_line(group)})",
-                gpu=exc.gpu,
-                holders=exc.holders,
-                held_gib=exc.held_gib,
-            ) from None
+    @property
+    def feasibility(self) -> CorrectedFeasibility | None:
+        return self.parts.feasibility
+
+    @property
+    def plan(self) -> Prepared:
+        assert self.ready is not None, "prepare() first"
+        return self.ready
 
     def _lock(self) -> None:
         """One sweep per GPU of a study at a time (two servers on one GPU would skew both): a lock file per GPU of
@@ -149,70 +159,66 @@ class Sweep:
             names = [f"{group_label(self.gpus)}-worker{self.shared}"]
         else:
             names = [str(g) for g in self.gpus]
-        self._lock_files = hold_sweep_gpus(self.cfg, names)
+        for lock in hold_sweep_gpus(self.cfg, names):
+            self.held.enter_context(lock)
 
     def _busy_line(self, gpus: tuple[int, ...]) -> str:
         return f"{group_line(gpus)} {'is' if len(gpus) == 1 else 'are'} busy"
 
-    def prepare(self) -> None:
+    def prepare(self) -> Prepared:
         warm = record_of(self.study)  # started from an earlier study (``--from``): its configs and corrections
-        self.cfg = cfg = warm_config(self.cfg, warm)
-        study = self.study
-        engine = self.harness_runner.engine if self.harness_runner is not None else None
-        check_given(cfg, engine=engine, feasibility=self.feasibility)  # a config SGLang refuses: one line, no launch
+        cfg = warm_config(self.cfg, warm)  # with its configs enqueued: checked and seeded, not searched otherwise
+        study, feasibility, space = self.study, self.feasibility, self.parts.space
+        check_given(cfg, engine=self.runner.engine, feasibility=feasibility)  # SGLang refuses it: one line, no launch
         self._lock()
         study.set_user_attr("autotune", cfg.to_dict())
-        if self.harness_runner is not None:
-            for pid in cleanup_orphans(self.harness_runner.run_dir):
-                self.progress.log(f"stopped orphan server pid {pid} left by an earlier sweep")
-            self._engine_check()  # every GPU of the pool: GpuBusyError before anything is queued or launched
-            self.room.trials_dir = self.harness_runner.folder  # the study's own trials folder, where its trials write
-        elif self.device_check is not None:
-            self.device_check()
+        self.runner.start()  # orphans stopped, the GPUs checked: GpuBusyError before anything is queued or launched
+        trials_dir = self.runner.folder or cfg.work_dir / "trials"  # where its trials write
         self.ballast.place()
+        self.held.callback(self.ballast.release)
         # Named by the GPUs its baseline runs on, as its trials' results name theirs (the per-GPU calibration).
         home = self.gpus[: server_gpus(cfg.baseline_config())]
         label = group_label(home) + (f"/worker{self.shared}" if self.shared is not None else "")
-        self.liveness = Liveness(
+        liveness = Liveness(
             study, gpu=label if len(home) > 1 or self.shared is not None else home[0], state_dir=self.state_dir
         )
-        if self.feasibility is not None:
-            warm_planner(self.feasibility, warm)
-            replay(self.feasibility, finished(study.get_trials(deepcopy=False)))
-            inert = self.feasibility.inert_everywhere(self.space, cfg.given_configs())
+        self.held.callback(liveness.close)
+        if feasibility is not None:
+            warm_planner(feasibility, warm)
+            replay(feasibility, finished(study.get_trials(deepcopy=False)))
+            inert = feasibility.inert_everywhere(space, cfg.given_configs())
             for name, why in inert.items():
                 self.progress.log(f"not searching {name}: {why}")
-            self.space = self.space.without(set(inert))
+            space = space.without(set(inert))
         with node_lock(self.state_dir):  # workers starting together seed the queue once
             self._recover()
             seed_trials(study, cfg)
-        # edge starts are placed one at a time once the baseline has run (edges.py), not queued here
-        self.edges = EdgeStarts(cfg, self.space, self.feasibility)
-        # the sampler's proposals at the highest memory fraction the planner expects to start (``wall``); the edge
-        # starts keep the whole space: they choose their fraction with their running cap
-        self.wall = Wall.of(cfg, self.space, self.feasibility)
-        if self.wall is not None:
-            self.space = self.space.without({FRACTION})
+        # edge starts are placed one at a time once the baseline has run (edges.py), not queued here; they keep the
+        # whole space: they choose their memory fraction with their running cap
+        edges = EdgeStarts(cfg, space, feasibility)
+        # the sampler's proposals at the highest memory fraction the planner expects to start (``wall``)
+        wall = Wall.of(cfg, space, feasibility)
+        if wall is not None:
+            space = space.without({FRACTION})
             study.set_user_attr(PLACED_ATTR, [FRACTION])
         study.sampler = make_sampler(cfg, salt=len(study.get_trials(deepcopy=False)))
+        room = Room(trials_dir, self.db_path)
         trials = study.get_trials(deepcopy=False)
         left = cfg.study.trials - len(launched(trials))
-        warning = self.room.warning(left, len(trials)) if left > 0 else None
+        warning = room.warning(left, len(trials)) if left > 0 else None
         if warning:
             self.progress.log(warning)
+        self.ready = Prepared(space=space, wall=wall, edges=edges, liveness=liveness, room=room)
+        return self.ready
 
     def _recover(self) -> None:
         for number in recover(self.study, self.state_dir):
             self.progress.log(f"trial {number} was left running by a stopped sweep: failed it, queued it again")
 
     def close(self) -> None:
-        """Release the study lock (also released when the process dies, however it dies) and the reserve file."""
-        self.ballast.release()
-        if self.liveness is not None:
-            self.liveness.close()
-        for lock in getattr(self, "_lock_files", []):
-            if not lock.closed:
-                lock.close()
+        """Release the study lock (also released when the process dies, however it dies), the reserve file and the
+        heartbeat."""
+        self.held.close()
 
     def run(self) -> optuna.Study:
         """The search; the lock is kept for a confirmation that follows and released by ``close``. A failed
@@ -220,7 +226,7 @@ class Sweep:
         try:
             self._search()
         except BaseException as exc:
-            err = self._disk or disk_error(exc, db_path=self.db_path, fallback=self.cfg.work_dir)
+            err = self.flight.disk or disk_error(exc, db_path=self.db_path, fallback=self.cfg.work_dir)
             if err is None:
                 raise
             self._fail_current(err)
@@ -246,7 +252,7 @@ class Sweep:
     def _fail_current(self, err: DiskError) -> None:
         """The storage could not record the trial in flight: give back the reserve and fail it as ``write_error``
         (a later sweep's recovery fails it if even that does not fit)."""
-        trial, self._current = self._current, None
+        trial, self.flight.trial = self.flight.trial, None
         if trial is None:
             return
         self.ballast.release()
@@ -264,7 +270,7 @@ class Sweep:
         """The next trial, tagged as this worker's; None when launched + running trials reach the target
         (other workers' included). Counting and asking hold the node's lock, so this node's workers never
         overshoot the target."""
-        assert self.liveness is not None, "prepare() first"
+        plan = self.plan
         with node_lock(self.state_dir):
             self._recover()
             trials = self.study.get_trials(deepcopy=False)
@@ -275,10 +281,10 @@ class Sweep:
                 return None, target
             if done + sum(t.state == TrialState.RUNNING for t in trials) >= target:
                 return None, done
-            self.room.check()  # DiskError before a trial exists that the disk could not record
-            self.edges.place(self.study, trials)  # the next memory-edge start, placed with what is known now
+            plan.room.check()  # DiskError before a trial exists that the disk could not record
+            plan.edges.place(self.study, trials)  # the next memory-edge start, placed with what is known now
             trial = self._take()
-            self.liveness.claim(trial)
+            plan.liveness.claim(trial)
             return trial, done
 
     def _take(self) -> optuna.Trial:
@@ -291,27 +297,23 @@ class Sweep:
                 return trial
             drop_duplicate(self.study, trial, owner)
 
-    def run_one(self, done: int, target: int, trial: optuna.Trial | None = None) -> None:
-        study = self.study
-        if trial is None:
-            trial = study.ask()
-            if self.liveness is not None:
-                self.liveness.claim(trial)
-        self._current = trial
+    def run_one(self, done: int, target: int, trial: optuna.Trial) -> None:
+        plan, flight = self.plan, self.flight
+        flight.trial = trial
         attrs = trial.user_attrs
         role = attrs.get("role", "search")
         if "config" in attrs:
             config = dict(attrs["config"])
-            self.space.record(trial, config)
+            plan.space.record(trial, config)
         else:
-            config = self.space.suggest(trial)
-            if self.wall is not None:
-                config = self.wall.place(config)
+            config = plan.space.suggest(trial)
+            if plan.wall is not None:
+                config = plan.wall.place(config)
         memory_plan = self.feasibility.predict(config) if self.feasibility else None
         launch = config
         if memory_plan is not None and role == "search" and memory_plan.inert:
             # Only searched flags: fixed and derived ones are the user's, and launched as written.
-            dropped = set(memory_plan.inert) & set(self.space.names)
+            dropped = set(memory_plan.inert) & set(plan.space.names)
             launch = {k: v for k, v in config.items() if k not in dropped}
         key = key_of(launch)
         for name, value in (("role", role), ("config", config), ("launch_key", key)):
@@ -325,21 +327,21 @@ class Sweep:
         except BaseException as exc:  # an environment error or a second Ctrl-C: not this config's fault
             err = disk_error(exc, db_path=self.db_path, fallback=self.cfg.work_dir / "trials")
             if err is not None:  # a trial file or the database could not be written: fail it, stop the sweep
-                self._disk = err  # the first failed write is the one to name, should recording it fail too
+                flight.disk = err  # the first failed write is the one to name, should recording it fail too
                 result = TrialResult(status="write_error", config=launch, engine=self.cfg.engine.kind, reason=str(err))
                 self._record(trial, result, time.monotonic() - started)
-                self._current = None
+                flight.trial = None
                 raise err from None
             reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
             result = TrialResult(status="interrupted", config=launch, engine=self.cfg.engine.kind, reason=reason)
             self._record(trial, result, time.monotonic() - started)
-            self._current = None
+            flight.trial = None
             raise
         if memory_plan is not None and result.plan is None:
             result = TrialResult.from_dict({**result.to_dict(), "plan": memory_plan.to_dict()})
         self._record(trial, result, time.monotonic() - started)
-        self._current = None
-        tenant, self._tenant = self._tenant, None
+        flight.trial = None
+        tenant, flight.tenant = flight.tenant, None
         if tenant is not None:  # recorded and queued again; the next launch would meet the same tenant
             group = tuple(result.gpus or self.gpus)
             raise GpuBusyError(
@@ -374,16 +376,14 @@ class Sweep:
         too_big = self._over_pool(launch)
         if too_big is not None:
             return TrialResult(status="skipped_infeasible", config=launch, engine=self.cfg.engine.kind, reason=too_big)
-        seen = self.device_check() if self.device_check is not None else None  # GpuBusyError: not launched
-        result = with_device(self.runner(launch, trial.number), seen)
+        result = self.runner(launch, trial.number)  # GpuBusyError: not launched
         if (full := starved(result)) is not None:
             raise full  # the server died for want of room for its log: a write_error, not the config's failure
         if self.feasibility is not None:
-            fz = self.feasibility
-            note = fz.tenant_oom(launch, result) if isinstance(fz, CorrectedFeasibility) else None
+            note = self.feasibility.tenant_oom(launch, result)
             if note is not None:  # the tenant's OOM: not this config's outcome, so neither the wall nor a skip later
                 trial.set_user_attr("tenant_oom", True)
-                self._tenant = note
+                self.flight.tenant = note
                 return TrialResult.from_dict(
                     {**result.to_dict(), "status": "interrupted", "reason": f"{note}: {result.reason}"}
                 )
@@ -424,13 +424,14 @@ class Sweep:
             # Its heartbeat looked stale to another worker (a stalled node), which failed it and queued a retry.
             self.progress.log(f"trial {trial.number} was failed by another worker meanwhile; its retry runs it again")
         finally:
-            if self.liveness is not None:
-                self.liveness.release()
+            if self.ready is not None:
+                self.ready.liveness.release()
 
     def _store(self, trial: optuna.Trial, result: TrialResult, elapsed: float) -> None:
         study = self.study
         if result.gpus:  # the group the server ran on names the trial's GPU (a shared pool's workers move around)
-            trial.set_user_attr("gpu", f"{self.liveness.tag.host if self.liveness else ''}:{group_label(result.gpus)}")
+            host = self.ready.liveness.tag.host if self.ready else ""
+            trial.set_user_attr("gpu", f"{host}:{group_label(result.gpus)}")
         for name, value in (
             ("result", result.to_dict()),
             ("status", result.status),
@@ -474,7 +475,7 @@ def run_study(
     runner: Runner | None = None,
     progress: Any = None,
     stop_event: threading.Event | None = None,
-    device_check: Callable[[], Occupancy | None] | None = None,
+    device_check: DeviceCheck | None = None,
 ) -> optuna.Study:
     """Run (or resume) the search until ``cfg.study.trials`` trials are finished; returns the study."""
     sweep = Sweep(cfg, runner=runner, progress=progress, stop_event=stop_event, device_check=device_check)

@@ -10,7 +10,7 @@ from autotune.progress import PlainProgress
 from autotune.search.confirm.defaults import _defaults
 from autotune.search.confirm.stages import confirm
 from autotune.search.confirm.stress import stress_winner
-from autotune.search.runner import CheckedRunner, Runner
+from autotune.search.runner import Runner
 from autotune.search.signals import sigint_stops
 from autotune.search.storage.diskguard import disk_error
 from autotune.search.study import Sweep
@@ -36,7 +36,7 @@ def run_sweep(cfg: StudyConfig, *, runner: Runner | None = None, progress: Any =
             if not stop.is_set() and cfg.study.confirm_top_k > 0 and failure is not None:
                 progress.log(f"confirm: skipped, the baseline {failure}")
             elif not stop.is_set() and cfg.study.confirm_top_k > 0:
-                checked = CheckedRunner(sweep.runner, sweep.device_check)  # every confirmation launch too
+                checked = sweep.runner  # each launch reads the device first, as in the search
                 try:
                     confirmation = confirm(
                         study,

@@ -43,7 +43,7 @@ from autotune.launch.process import cleanup_orphans
 from autotune.search.objective import make_sampler, open_study
 from autotune.search.scaleout.slurm_workers import SlurmWorkers, start_slurm_workers
 from autotune.search.signals import on_sigint
-from autotune.search.study import Sweep
+from autotune.search.study import Prepared, Sweep
 
 Echo = Callable[[str], None]
 
@@ -89,15 +89,14 @@ class WorkerSweep(Sweep):
     (``shared``: its slot among workers sharing that pool)."""
 
     def __init__(self, cfg: StudyConfig, *, shared: int | None = None, **kwargs: Any):
-        super().__init__(cfg, shared=shared, **kwargs)
-        if hasattr(self.runner, "run_dir"):
-            self.runner.run_dir = gpu_run_dir(cfg, worker_name(cfg, shared))
+        super().__init__(cfg, shared=shared, run_dir=gpu_run_dir(cfg, worker_name(cfg, shared)), **kwargs)
 
-    def prepare(self) -> None:
-        super().prepare()
+    def prepare(self) -> Prepared:
+        ready = super().prepare()
         # Workers seeded alike would propose the same random start-up configs at the same moment.
         salt = len(self.study.get_trials(deepcopy=False)) + 7919 * (os.getpid() % 100_003)
         self.study.sampler = make_sampler(self.cfg, salt=salt)
+        return ready
 
 
 def run_worker(
