@@ -1,14 +1,5 @@
-"""The fleet's keys, for a fleet that binds beyond loopback: one API key and one admin key, in user-only files.
-
-- ``keys/api.key``: each server's SGLang ``--api-key`` and the router's ``--api-key``, which sglang-router 0.3.2
-  both requires of the job's requests and sends to its workers. Health and metrics stay open (SGLang 0.5.23,
-  ``srt/utils/auth.py`` L98-106), so probes and Prometheus need no key.
-- ``keys/admin.key``: the router's control plane (``--control-plane-api-keys``, role ``admin``): adding and
-  removing workers.
-
-No key is ever on a command line: servers and the router start through ``secretargv.py``, which reads each value
-from its file inside the process. autotune's own clients present the keys once the fleet file is read
-(``autotune.tls.present``). docs/fleet.md, "Keys past loopback".
+"""The fleet's keys, for a fleet that binds beyond loopback: one API key and one admin key, in user-only files,
+never on a command line. docs/fleet.md ("Keys past loopback").
 """
 
 from __future__ import annotations

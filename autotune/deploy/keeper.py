@@ -1,14 +1,6 @@
-"""The fleet's keeper: one process per fleet that keeps its servers serving between rollouts.
-
-Every ``[keeper] interval_s`` it looks at each server under the fleet's lock (so it never acts while a rollout,
-a rollback or ``fleet down`` holds the fleet): a server whose record proves it the fleet's and that exited, or
-that stopped answering ``/health`` for ``unresponsive_s`` after it served, is taken out of the router at once,
-its death classified from its log, and restarted on the config the fleet file records, after a backoff; once
-it serves again (its running config the recorded one) it goes back into the router. More than ``crash_limit``
-deaths within ``crash_window_s`` end the restarts with one line saying why. A URL in the router that no server of
-the fleet answers (a dead one, or a process that is not the fleet's on its port) is removed the moment it is
-seen. A server with no record was stopped on purpose and is left alone.
-See docs/fleet.md#the-keeper-a-fleet-that-heals-itself.
+"""The fleet's keeper: one process per fleet that keeps its servers serving between rollouts (a dead or unresponsive
+server out of the router at once, restarted on the recorded config after a backoff, back in once it serves; a crash
+loop ends the restarts; a router URL no fleet server answers removed). docs/fleet.md ("The keeper").
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
-"""The stress phase: the winner's worst case, in the launch that measured its window, before it is crowned.
-
-A window of the sample's typical requests never forms the batch that breaks a config at a high
-``--mem-fraction-static``: the full running cap of the job's longest prompts prefilling together, then every one of
-them decoding to ``max_tokens``. ``StressStep`` sends exactly that batch at once (fresh pass markers, so no prompt is
-served from the radix cache of the window) and watches, until the KV pool and the Mamba slots reach the peak the
-server's capacity and the planner predict for that batch, every request is done, or ``cap_s`` passes:
-
-- the GPU monitor's peak (NVML on a GPU, the simulated device on the sim), against the planner's ``peak_gib``;
-- retractions: SGLang's ``KV cache pool is full. Retract requests. #retracted_reqs: N`` lines logged since the
-  phase began (the same count as the ``sglang:num_retracted_requests_total`` counter, which needs
-  ``--enable-metrics``; the log needs nothing);
-- the pools' use, from the scheduler's ``Decode batch`` lines (``#full token``/``#token``, ``mamba num``,
-  ``#running-req``);
-- a runtime OOM or a crash (``engine.classify`` on the log of a server that died, or a torch OOM it logged).
-
-A retraction is soft (SGLang re-queues the request); a dead server is the failure. The result is a ``StressResult``
-stored as ``TrialResult.stress``; ``stress_line`` is the one line every view prints.
+"""The stress phase: the winner's worst case (the running cap of the job's longest prompts at once, each decoding to
+``max_tokens``), in the launch that measured its window, watched through the GPU peak, SGLang's retractions, the
+pools' use and any OOM or crash. docs/search.md ("The worst case before the crown").
 """
 
 from __future__ import annotations

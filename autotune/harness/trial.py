@@ -1,17 +1,8 @@
-"""One trial: validate → start → ready → capacity → replay under a GPU monitor → stop → classify.
-
-A failure is data: OOMs, crashes, timeouts and bad flags all come back as a ``TrialResult`` with the log
-line that decided them, and the server is always stopped (port free, GPU memory released) before returning.
-
-A figure is only recorded if it measured the server: a simulated server whose wall clock trailed its model by
-more than ``LAG_LIMIT`` over the window, or a replay client whose event-loop thread was saturated (``CLIENT_BUSY_LIMIT``
-of the window, on either engine), makes the window untrustworthy. Such a trial is measured once more with SSE chunks
-batched by ``--stream-interval`` (fewer sends for both sides; recorded in ``measurement``), and if it still fails
-it is recorded as ``invalid_measurement`` / ``client_bound``, without a tok/s.
-
-After a trusted window the same launch runs the caller's follow-up steps (``AfterWindow``) in order: the fidelity
-probe, more windows for the confirmation, the stress phase. Each gets the running server and this launch and returns
-what it adds (a ``StepOutcome``); the first to leave a status other than ``ok`` (or the server dead) ends the chain.
+"""One trial: validate → start → ready → capacity → replay under a GPU monitor → stop → classify, then the caller's
+follow-up steps in the same launch. A failure is data (a ``TrialResult`` with the log line that decided it), the
+server is always stopped before returning, and a window that did not measure the server is measured once more, then
+refused. docs/contracts.md (``harness/trial.py``), docs/engines-and-launchers.md ("A measurement the host could not
+make is refused").
 """
 
 from __future__ import annotations

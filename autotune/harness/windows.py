@@ -1,16 +1,6 @@
-"""More windows in the same launch: the confirmation's cheap repeats (``WindowsStep``, a follow-up step).
-
-A relaunch costs minutes on a real GPU (weights, graph capture); another window in the running server costs its
-window. Most of a window's spread is the window's own (which prompts and output lengths came due), which more
-windows shrink; what a relaunch adds is a second, smaller term the confirmation estimates apart.
-
-The windows after the first continue the first's closed loop (``replay(windows=…)``): its streams stay in flight
-across each boundary and every window is the next span of the loop under the settle rule, without a warm-up of
-its own, so a launch pays its warm-up (a turnover of its first requests, for the confirmation) once. The trial's
-measurement runs the whole loop (``Launch.windows``: this step's ``later_windows`` asks for them) and leaves
-windows 2.. in ``Launch.later``; this step files them. Each request of the loop has its own place in the walk, so a
-``fresh`` replay's pass markers never repeat within a launch and no window is served from an earlier one's radix
-cache; a ``verbatim`` study re-sends its prompts as they are, in every window as in one.
+"""More windows in the same launch (``WindowsStep``): the confirmation's cheap repeats, continuing the first window's
+closed loop so a launch pays its warm-up once and no window is served from an earlier one's radix cache.
+docs/search.md ("The confirmation: windows, launches and a stated resolution").
 """
 
 from __future__ import annotations

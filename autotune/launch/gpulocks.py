@@ -1,14 +1,6 @@
-"""Per-device locks: never two servers on one GPU, whichever worker of a study starts them.
-
-One ``flock`` file per GPU in a host-wide folder (the study's ``gpu-locks/`` under its work dir, or
-``$AUTOTUNE_GPU_LOCK_DIR`` to share one folder between studies). Before a launch a worker takes every GPU of a
-free aligned group of the size its config needs, all or nothing: it never holds one GPU while waiting for another
-(two workers each holding half of what the other needs would wait forever), and polls until a group frees, which
-the sweep's stop event interrupts. The server's GPUs are released once it is gone. A lock dies with its process,
-so a killed worker frees its GPUs at once.
-
-The sweep lock (``hold_sweep_gpus``) is the other kind: one sweep of a study per GPU, so a second sweep on
-overlapping GPUs refuses at start instead of waiting for launches.
+"""Per-device locks: never two servers on one GPU, whichever worker of a study starts them (a free aligned group taken
+all or nothing, released once the server is gone); and the sweep lock, one sweep of a study per GPU.
+docs/study-file.md ("Servers over several GPUs").
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""A server's ``/dev/shm`` files on another host: ``launch.shm``'s rules, with the facts read over the ssh transport.
-
-The rules are the local launcher's (``launch.shm``): a file is the server's only when it appeared after the
-server started AND its name carries one of the server's ports or a process of the server's group holds it (fd or
-mapping, matched by inode); after the group is gone, a new ``sem.mp-*`` semaphore no process on the host holds is
-the server's too. Everything else is left and named. What differs is how the facts arrive: a listing of the
-directory at start (one call, kept in a record beside the server's pid file on the host, so a fleet's later
-``down`` can clean up too), what the group holds read once just before the stop (one call, through
-``/proc/<pid>/fd`` and ``/proc/<pid>/maps`` there), a listing after it, what every process holds only when an
-unproven semaphore is left, and one call that removes the proven files (the inode checked again there, so a file
-another server recreated under the same name stays). Unlike the local sampler nothing watches a running server,
-so the files of a server that died by itself are proven only by their names, or as unheld semaphores.
-
-The host needs GNU ``find`` and ``stat``, ``ps`` and ``awk`` (any Linux that runs SGLang). Every path in the
-lines is ``shlex.quote``d; records come back NUL-separated, so no file name can pass for another record.
+"""A server's ``/dev/shm`` files on another host: ``launch.shm``'s rules, with the facts read over the ssh transport
+in a few bounded calls (paths ``shlex.quote``d, records NUL-separated). docs/engines-and-launchers.md ("SGLang's
+/dev/shm files").
 """
 
 from __future__ import annotations

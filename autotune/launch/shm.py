@@ -1,19 +1,6 @@
-"""Which ``/dev/shm`` files one server made, proven from facts that hold for real SGLang, and their removal.
-
-SGLang leaves files in ``/dev/shm`` even on a clean exit (a ~270 MB CPU all-reduce buffer, a load-report
-segment, and after a SIGKILL ``sem.mp-*`` semaphores), and their names carry no pid:
-``sglang_loads_<12 hex>_<8 hex>.shm``, ``deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>``. Other servers on
-the host (production ones) have files of the same shapes. A file is this server's only when it appeared after
-the server started AND either a process of the server's group was seen holding it (fd or mapping, sampled
-while the server runs; by inode, so glibc's semaphores count: their creator maps them under a deleted temporary
-name) or its name carries one of the server's ports. Anything else is left, and listed.
-
-``sem.mp-*`` semaphores have one more rule (``release_semaphores``), for when the process that mapped one died
-unseen: once the server's group is gone, a semaphore that appeared after the server started and that no process
-on the host holds (fd or mapping, any name, matched by inode) is removed. A live neighbour's semaphore is always
-held: glibc maps it before it links the name, and the creator keeps it mapped while it lives. Its limit: processes
-we cannot see (another PID namespace sharing this /dev/shm) do not count as holders, and a neighbour's semaphore
-leaked (its holder died) during our trial is removed with ours; both are garbage only a holder could use.
+"""Which ``/dev/shm`` files one server made, proven from facts that hold for real SGLang (appeared after it started,
+and held by its processes or named by its ports; unheld new semaphores once its group is gone), and their
+removal; anything else is left and listed. docs/engines-and-launchers.md ("SGLang's /dev/shm files").
 """
 
 from __future__ import annotations

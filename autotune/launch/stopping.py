@@ -1,17 +1,6 @@
-"""The one stop-and-release routine every launcher runs (the health wait its start ends in: ``health``).
-
-A stopped server must leave nothing the next one would trip over: the server's processes (or job, or container)
-gone, its port free, its ``/dev/shm`` files removed, its device memory back. The sequence is the same wherever
-the server runs; what differs is how each step is done, which the launcher gives as ``StopSteps``:
-
-1. ``terminate`` the server's main process only (SGLang's launcher drains and stops its own children; a SIGTERM to
-   a child sends SGLang down its crash path instead), and give it ``grace_s`` to end;
-2. ``kill`` whatever of it is left, and wait until it is ``gone``;
-3. wait until the port is free, then ``clean_files`` (the shared-memory files it provably owned);
-4. wait until the device memory is back at its pre-start level, only where there is a GPU to wait for.
-
-Each wait is bounded; what did not happen in time comes back as a problem (the handle's ``teardown_error``),
-never a hang.
+"""The one stop-and-release routine every launcher runs: terminate the main process, kill what is left, wait for the
+port, remove the server's ``/dev/shm`` files, wait for the device memory; each wait bounded, what did not happen
+in time a problem, never a hang. Each launcher gives its ``StopSteps``. docs/contracts.md (``launch/stopping.py``).
 """
 
 from __future__ import annotations

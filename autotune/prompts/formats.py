@@ -1,15 +1,6 @@
-"""Reading a job's input file as prompt rows, whatever shape the job wrote it in, detected from its content:
-
-- autotune's own JSONL: ``{"prompt": "..."}`` or ``{"messages": [...]}`` per line, optional ``max_tokens``;
-- an OpenAI Batch API file: ``{"custom_id", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
-  "body": {...}}`` per line — the body's ``messages``/``prompt``, ``max_completion_tokens``/``max_tokens`` and
-  ``temperature`` are used as given, and the row is sent to the endpoint its ``url`` names;
-- a ShareGPT-style JSON array: ``[{"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}]}]``
-  — the turns before the first reply are the prompt, the first reply's length its output budget (as the serving
-  benchmarks sample it). Records with no human turn before a reply are skipped and counted.
-
-A bad line is one ``WorkloadError`` naming ``file:line`` (``file: record N`` in a JSON array) and the field; a JSONL
-file with several bad lines is read to its end and the one error names each of them (the first few, then a count).
+"""Reading a job's input file as prompt rows, whatever shape it was written in (autotune JSONL, an OpenAI Batch API
+file, a ShareGPT-style JSON array), detected from its content; a bad line is one ``WorkloadError`` naming the file,
+the line and the field. docs/study-file.md ("The job's own input file").
 """
 
 from __future__ import annotations

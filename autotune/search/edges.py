@@ -1,23 +1,6 @@
-"""The memory-edge starting points, placed one at a time with what the study knows by then.
-
-``starts.edge_configs`` finds the config with the highest running cap whose KV pool holds that many requests. How
-much KV a request holds is the unknown: its prompt (known from the sample) plus its output (known only once a
-server has answered). So the edge starts are not queued up front: after the baseline and the enqueued configs have
-run, each edge start is placed when the sweep needs its next trial, from
-
-- the prompt sample's mean length in tokens as the server counted them: the prompt tokens it reported for the
-  baseline's requests (``records.jsonl``), per prompt line, the lines it never sent scaled by the tokens per
-  character of those it did; the 4-characters-per-token estimate only when it reported none (``prompt_tokens``),
-- the mean output length the finished trials measured (tokens in the window over requests completed in it,
-  pooled; ``DEFAULT_OUTPUT_SHARE`` of ``max_tokens`` before any measurement), and
-- the planner as corrected so far (``correction.CorrectedFeasibility``): an edge start that ran out of memory
-  moves the wall, and the next one is placed below it.
-
-The i-th start takes ``MULTIPLIERS[i]`` × the measured output length: the first on the estimate, the others
-bracketing it. A start that started but starved (under ``STARVED_SHARE`` of the best given config's tok/s: the KV
-pool could not hold what the cap let in, so SGLang retracted and re-prefilled instead of decoding) was past the
-wall too, where the planner's memory correction cannot see it: each one doubles the KV a request is taken to hold
-for the starts after it.
+"""The memory-edge starting points, placed one at a time with what the study knows by then: the prompt tokens the
+server counted, the output lengths the trials measured and the planner as corrected so far. docs/search.md ("Placing
+the memory-edge starts").
 """
 
 from __future__ import annotations

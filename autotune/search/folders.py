@@ -1,14 +1,5 @@
-"""Which folder a study's trials are written to: the study's own, by its identity, never by what is on disk.
-
-A study name is not a study: delete its ``.db`` and sweep again, or sweep the same name on another storage, and
-the new study would find the old one's ``trials/<n>`` folders. So each study gets an identity when its files are
-first needed (a uuid kept as ``study.user_attrs["files"]``, with the storage and Optuna study id beside it) and
-its trials folder carries it in ``study.json``. The folder is ``<work_dir>/trials/`` when that is free or this
-study's; a ``trials/`` that belongs to a study no longer in this storage (same storage, other identity: the
-``.db`` was deleted and re-created) is moved aside to ``trials.old-<stamp>``; one that may belong to a live study
-elsewhere (another storage, or an unmarked folder from before identities whose trials are not this study's) is
-left alone and this study writes ``<work_dir>/trials-<identity>/``. A study from before identities, resumed, keeps
-its ``trials/`` (its stored results point there). The numerics reference lives in the study's folder.
+"""Which folder a study's trials are written to: the study's own, by its identity (a uuid in the study and in the
+folder's ``study.json``), never by what is on disk. docs/search.md ("Nothing poisons a study"), docs/contracts.md.
 """
 
 from __future__ import annotations

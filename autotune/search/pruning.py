@@ -1,15 +1,6 @@
-"""Stopping a trial's window once its settled slices place it clearly below the incumbent (pruning on slices).
-
-Optuna prunes a trial on its intermediate values; here they are the window's slices (``autotune.settle``: per-slice
-tok/s once the warm-up settled). From ``MIN_SLICES`` window slices on, a config whose mean slice rate, at the top of
-its 95 % interval (the settle rule's half-width, waves of prefills counted), is below the incumbent's figure less
-the resolution cannot win: the rest of its window is GPU time that teaches the study nothing the confirmation needs.
-
-``PruningSettler`` is a drop-in for the settle rule's ``Settler``: it ends such a window at once, as an unsettled
-measurement whose reason starts with ``PRUNED``. The trial is recorded with its figure (the window's mean so far)
-and the sampler learns from it, but an unsettled figure is never crowned (``seeding.unsettled``), nor, pruned, a
-contender of the confirmation (``ranking``; an unsettled window cut by the cap above the baseline is), and
-the search's stopping rule counts it as no gain (``stopping``).
+"""Stopping a trial's window once its settled slices place it clearly below the incumbent (pruning on slices):
+``PruningSettler``, a drop-in for the settle rule's ``Settler``, ends such a window as an unsettled measurement
+that is never crowned nor confirmed. docs/search.md ("The confirmation").
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""A study started from an earlier one (``autotune sweep --from STUDY``): what the sweep takes from the record.
-
-``autotune sweep --from`` writes one record into the new study (``study.user_attrs["warm_start"]``, built by
-``search.views.origin``) before anything launches: where it started from, the earlier study's best configs
-translated to this SGLang and space, and its planner corrections scaled to this GPU. Every sweep of the study
-(a resume, each worker of a pool) reads it back here, so the queue and the planner start the same way whichever
-process seeds them:
-
-- the configs join the study's ``[[enqueue]]`` (after the baseline, as hand-written configs: measured here, never
-  crowned on the earlier study's figures; the confirmation treats them like any enqueued config);
-- the corrections become the corrected planner's ``Prior``: used until this study measures its own.
+"""A study started from an earlier one (``autotune sweep --from STUDY``): the record the sweep reads back (its configs
+join ``[[enqueue]]``, its scaled corrections become the planner's ``Prior``), the same in every process of the study.
+docs/search.md ("Re-tuning from an earlier study").
 """
 
 from __future__ import annotations

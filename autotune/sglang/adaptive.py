@@ -1,19 +1,6 @@
-"""``--speculative-adaptive`` in SGLang 0.5.23: speculative steps chosen per running batch size at run time.
-
-What 0.5.23 does (``srt/speculative/adaptive_spec_params.py``, ``srt/arg_groups/speculative_hook.py``; the rules
-with their lines are in docs/sglang-memory.md §1):
-
-- At argument resolution the flag is *dropped with a warning* (not refused) unless the algorithm is EAGLE/EAGLE3
-  (NEXTN/MTP resolve to EAGLE first), topk is unset or 1 and attention DP is off. Kept, it sets topk 1, steps to
-  the middle of the candidate steps when unset (3 for the default table), refuses steps outside the candidates,
-  and makes D = steps + 1; the model's auto (steps, topk, D) are skipped.
-- Each batch-size slot of its table (default ``1``, ``8``, ``32``, ``64``) keeps its own step count, moved by an
-  EMA of the accepted drafts per request: one candidate up when the EMA exceeds ``steps − 0.5``, down while it is
-  at most ``previous − 0.5 + down_hysteresis``. A batch is padded to its CUDA-graph size, then routed to the
-  largest slot key not above it. ``steps = 0`` verifies one token: a plain decode through the verify graph.
-- Memory: buffers sized for the largest candidate, ``max(candidates) + 1`` draft tokens. The Mamba pool still
-  *charges* the scratch at the resolved D but *allocates* it at that maximum (the difference comes out of the
-  memory outside the fraction), and one extra set of draft and verify graphs is captured per other candidate.
+"""``--speculative-adaptive`` in SGLang 0.5.23: speculative steps chosen per running batch size at run time; when the
+flag is dropped or refused, what it resolves to, and its memory. The rules with their SGLang lines:
+docs/sglang-memory.md §1 (and §3, §5 for the scratch and the graphs).
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""Which SGLang 0.5.23 flags change a model's outputs, and which flags of a config do so against a reference.
-
-A faster configuration is only a safe winner if it answers like the baseline. Most flags only change *when*
-work happens (scheduling, memory, graphs) and leave every greedy token alone; a few change the *arithmetic*:
-the precision of weights, activations, the KV cache or the recurrent (Mamba/GDN) state. Those are the flags in
-``NUMERICS_FLAGS``, each with SGLang's reference value (what an unset flag means) and the reason it changes
-outputs. ``NOT_NUMERICS`` lists the flags one might suspect and says why they are left out.
-
-The table says where to *expect* a difference; it does not measure one. Kernel choice and batching also change
-the order of floating-point sums, so even a reference config is not bit-identical to itself across batch
-sizes on a real GPU; that noise is not in the table, and a fidelity probe must tolerate it.
+"""Which SGLang 0.5.23 flags change a model's outputs (``NUMERICS_FLAGS``, each with its reference value and why),
+which do not though one might suspect them (``NOT_NUMERICS``), and which flags of a config differ from a reference.
+The table says where to expect a difference; it measures none. docs/numerics.md.
 """
 
 from __future__ import annotations

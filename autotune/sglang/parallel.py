@@ -1,13 +1,6 @@
-"""How many GPUs one SGLang server spans, as SGLang 0.5.23 counts them.
-
-A server runs ``tp_size × pp_size`` GPUs per data-parallel replica. ``--dp-size N`` starts N replicas (each its
-own TP group, one router in front), so it multiplies the count, except with attention data parallelism
-(``--attn-dp-size``, or the deprecated ``--enable-dp-attention`` with ``--dp-size``): those ranks split the
-attention of one TP group and use no GPUs of their own. ``--nnodes`` spreads the count over nodes; this module
-answers per node, since a launch on one host sees that node's GPUs only. ``ranks`` places each scheduler on its
-device ordinal as SGLang's launcher does (``srt/entrypoints/engine.py`` ``_launch_subprocesses`` and
-``data_parallel_controller.py`` ``launch_tensor_parallel_group``): ``base_gpu_id + replica offset +
-(pp_rank % pp_per_node) × tp_per_node + (tp_rank % tp_per_node) × gpu_id_step``.
+"""How many GPUs one SGLang server spans, as SGLang 0.5.23 counts them (``tp × pp`` per replica, × ``dp`` except
+with attention DP, per node), and which device ordinal each scheduler opens. docs/sglang-memory.md §9,
+docs/study-file.md ("Servers over several GPUs").
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""A config written for one SGLang version, in another version's flag and environment names.
-
-A re-tune from an earlier study (``autotune sweep --from``) carries that study's best configs to the installed
-SGLang. Each key is looked up in the installed table (``FlagTable``: the installed SGLang's own parser, else the
-bundled 0.5.23 table) by its dest or an alias only — never by argparse's unique-prefix rule, which would turn a
-vanished flag into whatever flag happens to start with its name. A flag the table lacks is renamed when
-``flags.RENAMED`` names exactly one flag that replaces it and that flag is in the table; otherwise it is dropped,
-with one line saying so and what SGLang says to use instead. An environment lever (``env:NAME``) is kept under
-its current name when the installed ``Envs`` table has it (deprecated aliases resolve), else dropped likewise. A
-value the new flag no longer accepts (a choice it lost, a type it changed) drops that flag too, with its line.
+"""A config written for one SGLang version, in another version's flag and environment names: looked up by dest or
+alias only, renamed where one successor is known, else dropped with one line saying so. docs/search.md ("Re-tuning
+from an earlier study").
 """
 
 from __future__ import annotations

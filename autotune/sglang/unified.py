@@ -1,17 +1,6 @@
-"""``--enable-unified-memory`` in SGLang 0.5.23: one byte arena for the KV cache and the Mamba state.
-
-Where 0.5.23 refuses it (docs/sglang-memory.md §1 cites every line): ``check`` mirrors
-``srt/arg_groups/kv_cache_hook.py``'s ``handle_page_major_kv_layout`` and ``handle_unified_memory_pool`` (and
-``handle_kv4_compatibility``'s FP4 rule) for the flags the planner knows, plus the two refusals of the pool build
-(``kv_cache_configurator.py``: a model that is neither hybrid Mamba nor hybrid SWA; an EAGLE/DFLASH draft whose
-KV cannot fuse into the target's pages). Every refusal is ``bad_args``: the planner stops it before launch.
-
-Where it is accepted on a hybrid Mamba model, ``arena`` says what the pools become (``init_unified_mamba_pools``,
-``srt/mem_cache/unified_memory_pool.py`` L1593-1842): the Mamba slots K, the speculative scratch, the running
-cap and the reported ``max_total_num_tokens`` are sized exactly as without the flag, but the KV pool and the K
-state slots are one buffer of ``profiled KV budget (floored to 4 KiB) + K·P`` bytes whose split floats at run
-time: KV pages may take the bytes of state slots nobody holds, and radix-cache Mamba states may take the bytes
-of free KV pages. One state displaces ``ceil(P / entry)`` KV tokens (``mamba_slot_full_token_cost``).
+"""``--enable-unified-memory`` in SGLang 0.5.23: one byte arena for the KV cache and the Mamba state. ``check``
+mirrors where 0.5.23 refuses it (every refusal ``bad_args``, stopped before launch); ``arena`` says what the pools
+become where it is accepted. The rules with their SGLang lines: docs/sglang-memory.md §1 and "Unified arena".
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""SGLang's continuous-batching scheduler, reduced to what decides throughput, on an injected clock.
-
-``Scheduler.step()`` plans and "runs" one iteration the way SGLang's event loop does: a prefill batch if one can
-be formed (admission bounded by max_running_requests, KV room and the chunked-prefill budget), otherwise one
-decode cycle over every running request. It never sleeps and never reads a clock; it returns the step's modelled
-duration, and the caller decides what time means (the HTTP server sleeps, ``evaluate`` adds it to a counter).
-
-Running requests live in numpy arrays (one slot each) so a decode cycle costs a fixed handful of vector ops,
-whatever the batch size, and a caller that reads no per-request emissions (``evaluate``) may let a quiet stretch
-of cycles run as one block that takes the same draws in the same order: a simulated hour takes seconds of CPU.
+"""SGLang's continuous-batching scheduler, reduced to what decides throughput, on an injected clock:
+``Scheduler.step()`` runs one iteration and returns its modelled duration, never sleeping. docs/engines-and-
+launchers.md ("The simulated engine").
 """
 
 from __future__ import annotations

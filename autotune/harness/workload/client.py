@@ -1,15 +1,6 @@
-"""The replay client: keeps ``concurrency`` streams in flight over HTTP until the settle rule says the window is done.
-
-Every trial replays the same seeded sample and counts tokens by *arrival time* using the server's own
-``completion_tokens`` (not a retokenization: under speculative decoding one chunk carries several tokens).
-Throughput is what arrived inside the window, so ramp-up and the drain tail never inflate or dilute it. The
-streams ramp in over the warm-up (stream k of c starts at k / c × ``ramp_s``) so the closed loop starts
-desynchronised, as a production job runs, instead of in waves of prefills and decodes.
-
-One loop can measure several windows in a row (``windows``): each later window is the next span of the same loop,
-its streams in flight across the boundary, so the loop's warm-up (a turnover of its first requests, for the
-confirmation) is paid once. Every request of the loop has its own place in the walk, so a ``fresh`` replay never
-sends a prompt twice in the loop, whichever window it falls in.
+"""The replay client: keeps ``concurrency`` streams in flight over HTTP until the settle rule says the window is done,
+counting the server's own ``completion_tokens`` by arrival time; one loop can measure several windows in a row.
+docs/search.md ("A trial's number is steady state by construction").
 """
 
 from __future__ import annotations

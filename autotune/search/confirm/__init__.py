@@ -1,20 +1,7 @@
-"""Confirmation: re-measure the top configs and the baseline, interleaved, and pick the winner honestly.
-
-One search measurement per config is noisy and the search keeps the lucky ones, so the winner is decided here.
-The top-k distinct configs, the baseline and the hand-written configs are each launched once and measured over
-``confirm_windows`` windows in that launch (``harness.windows``: more windows cost seconds, a relaunch minutes);
-the top two are relaunched so the launch term can be estimated; a two-level noise model (window, launch) from
-these runs gives every contender an estimate and every gain a 95 % interval (``noise``); a gain is resolved, tied
-within ``[study] resolution`` (a result), or open, and only the open contenders are relaunched (``stages``). A tie
-goes to the fastest estimate unless its memory headroom is under ``TIE_HEADROOM_FLOOR_GIB``; then to the roomiest.
-A best config that runs the baseline's own flags, or is not resolved from the baseline, did not beat it: then
-there is no winner (``winner_trial`` None, ``outcome`` ``"baseline"``) and nothing to apply.
-
-Modules: ``ranking`` (who is confirmed), ``samples`` (stored runs as launches of windows), ``noise`` (the model),
-``decision`` (``decide``), ``stages`` (``confirm``), ``allocation`` (windows per contention launch),
-``defaults`` (SGLang's defaults), ``stress`` (the winner's worst case), ``record`` (the stored confirmation as
-one typed record, ``Confirmation``: what the stages write and every view reads). ``search.sweep`` runs it after
-the search.
+"""Confirmation: re-measure the top configs and the baseline, interleaved, and pick the winner honestly under a
+two-level noise model; no winner when the best did not beat the baseline. One job per module (``ranking``,
+``samples``, ``noise``, ``decision``, ``stages``, ``allocation``, ``defaults``, ``stress``, ``record``):
+docs/contracts.md (``search/confirm/``), docs/search.md ("The confirmation").
 """
 
 from autotune.search.confirm.decision import RESOLUTION, TIE_HEADROOM_FLOOR_GIB, decide

@@ -1,16 +1,7 @@
 """How many windows a contention launch measures: the split between windows and relaunches that buys the most
-precision per second, from the study's own noise terms and its own launch and window times.
-
-A launch of W windows adds σL² + σW²/W to a contender's variance and costs c_L + W·c_W (its startup and warm-up,
-then W windows of one closed loop), so the variance per second is least at W* = √(σW² · c_L / (σL² · c_W)): the
-classic optimum of two-stage sampling (Cochran, *Sampling Techniques*, §10.6). A long-prompt workload's windows
-swing with its waves of prefills (σW of 4–6 %) while a relaunch adds about 1 %, and a GPU restart costs minutes:
-many windows a launch. A short-prompt workload with a quiet window is best relaunched with few. A launch term
-estimated at 0 puts W at the cap.
-
-Only the third stage (``stages.next_stage``: the open contenders) uses it; the first two measure
-``confirm_windows`` each, so the launch term is estimated on launches alike. W stays within
-[``confirm_windows``, ``MAX_FACTOR`` × ``confirm_windows``].
+precision per second, W* = √(σW² · c_L / (σL² · c_W)) from the study's own noise terms and launch and window times
+(two-stage sampling, Cochran §10.6), within [``confirm_windows``, ``MAX_FACTOR`` × ``confirm_windows``]; the third
+stage's only. docs/search.md ("The confirmation").
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""The verdict from confirmation runs, no study needed (a stored confirmation is decided again as is).
-
-Each contender's estimate and the gain of the best over every other come from the two-level noise model
-(``noise``). Against the best, a contender is *resolved* (the gain's 95 % interval excludes 1), *tied within the
-resolution* (the whole interval inside ±``resolution``: a result, nothing more to measure), *close* (the interval's
-low end at or above 1 − ``resolution``: the best is at most that much slower, so no launch would change the pick;
-it may be far faster, so a close contender is not in the tie) or *open* (more launches may tell). The confirmation
-relaunches only the open ones and the best (``contention``), until none is open or the launches are spent. A tie
-(within the resolution, or open when the launches are spent) goes to the
-fastest estimate unless its memory headroom is under ``TIE_HEADROOM_FLOOR_GIB``; then to the roomiest. A best
-config that runs the baseline's own flags, or that is not resolved from the baseline, did not beat it: no winner.
+"""The verdict from confirmation runs, no study needed (a stored confirmation is decided again as is): each
+contender resolved, tied within the resolution, close or open against the best; who wins a tie; no winner when
+the best did not beat the baseline. docs/search.md ("The confirmation").
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
-"""The two-level noise model (window, launch) the confirmation decides with, estimated from its own runs.
-
-On the log of tok/s per GPU (so a standard deviation reads as a CV, and a difference as a log-ratio):
-
-- window term σW²: the pooled within-launch variance of the windows (every launch with two or more windows);
-- launch term σL²: the pooled variance of launch means (every contender with two or more launches) minus what the
-  window term puts into a mean of n windows (σW² × mean 1/n), floored at 0.
-
-A contender's estimate is the mean of its launch means, with SE² = Σ(σL² + σW²/nᵢ) / nL² (= σL²/nL + σW²/(nL·W)
-for W windows each). A baseline far behind the leader is not relaunched: its search run stands in, one short window
-with no warm-up. Such a window reads a config's young requests, a few per cent off its steady rate, a bias the two
-terms do not see; the stand-in term σS² is how far the contenders' own search runs stray from their confirmed
-estimates (the variance of the log-differences less what their estimates' SE² explains), and the stand-in's SE² is
-at least σS². A gain is a log-ratio with a t interval: t on the launch term's degrees of freedom when it
-counts, else on the window term's. No resampling: the same runs give the same verdict.
+"""The two-level noise model (window, launch) the confirmation decides with, estimated from its own runs: each
+contender's estimate and standard error, the stand-in term for a baseline's search run, and a gain's log-ratio t
+interval. The model and its formulas: docs/search.md ("The confirmation").
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""The worst case before the crown: after the confirmation decides, its winner (and a runner-up it could not
-separate from it) runs the stress phase (``harness.stress``); a config whose server dies there is demoted with
-its reason, the confirmation is decided again without it, and the new winner is stressed, ``STRESS_MAX`` launches
-at most.
-
-The top two's last launch of the confirmation's second stage already ran the stress phase after its windows
-(``stages.stressed_in``): a contender due for stress that has one is read from there, costing no launch. Any other
-is a dedicated launch of the config (``runner.repeat`` with the ``StressStep`` after its window, filed as one more
-confirmation run of the trial): its window is recorded with it but does not join the confirmation's runs, so the
-decision reads the same runs it was made on. Everything lands in the confirmation's ``stress`` record
-(``record.StressRecord``) as it happens, so a sweep killed mid-stress resumes without redoing a finished one. Every
-stress phase a confirmation launch ran is recorded there too, winner or not (``_record_the_rest``: ``apply --trial
-N`` reads it); the readers (``stress_of``, ``passed``) read a confirmation launch's own stress phase where a study
-stored before that lacks the record.
+"""The worst case before the crown: the confirmation's winner (and a runner-up it could not separate from it) runs
+the stress phase, read from its last confirmation launch where that ran it, else one more launch; a config whose
+server dies there is demoted and the confirmation decided again, ``STRESS_MAX`` launches at most, each recorded as it
+happens. docs/search.md ("The worst case before the crown").
 """
 
 from __future__ import annotations

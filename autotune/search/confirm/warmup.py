@@ -1,14 +1,6 @@
-"""The confirmation's warm-up: long enough that the closed loop's first wave of requests has turned over.
-
-Every window starts its closed loop with all streams sending within the ramp, so a search window of a few tens of
-seconds sees young requests only: short contexts, few answers finished and replaced. A config that decodes many
-long answers at once reads faster there than it runs all job long, and by a share of its own (on the simulator,
-b200 seed workload: 176–224 running requests read 2–6 % above their rate after 300 s, a 16-request baseline 1 %
-below), so a gain from such windows is biased and its interval misses the job's gain. The confirmation's claims
-are about the job's rate: each of its launches warms up until the last stream's first request has surely ended,
-``max_tokens`` at the per-request decode rate the contender's search launch measured (its tok/s over the requests
-it ran at once), after the ramp; never shorter than the study's own floor, at most ``TURNOVER_CAP_S``. Once: the
-launch's later windows continue the same closed loop (``harness.windows``), already turned over.
+"""The confirmation's warm-up: long enough that the closed loop's first wave of requests has turned over
+(``max_tokens`` at the contender's measured per-request decode rate, after the ramp; at most ``TURNOVER_CAP_S``), so
+its claims are about the job's rate. docs/search.md ("The confirmation").
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""Scale out on Slurm: each worker of ``run_workers`` is its own batch job, one GPU group per allocation.
-
-The supervisor ``sbatch``es ``python -m autotune worker …`` (the argv quoted by ``shlex`` in a job script
-that ``exec``s it, so the worker *is* the batch step and gets Slurm's signals), each with ``--gres=gpu:<group
-size>`` and its own log file, then waits for the jobs. With ``--gpus`` each job's worker is told its group; with
-``--workers N`` Slurm picks the GPUs and the worker reads them from its allocation (``allocation_gpus``). Inside its
-allocation a worker starts its trials'
-servers with the ``local`` launcher: the job already holds the GPU, and a server job per trial would need a second
-allocation (on a small cluster, one that never comes). Ctrl-C becomes ``scancel --signal=INT`` (each worker stops
-its server and records the trial as interrupted); a second Ctrl-C cancels the jobs.
-
-Workers share the study through its storage: SQLite on the node's disk serves one node; workers on several nodes
-need a storage every node reaches (PostgreSQL, or Optuna's journal file on a shared file system).
+"""Scale out on Slurm: each worker of ``run_workers`` is its own batch job, one GPU group per allocation, whose
+trials' servers start inside it with the ``local`` launcher; Ctrl-C becomes ``scancel --signal=INT``.
+docs/engines-and-launchers.md ("Sweep workers as Slurm jobs").
 """
 
 from __future__ import annotations

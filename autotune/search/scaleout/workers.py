@@ -1,21 +1,6 @@
-"""Scale out: one study, one worker process per GPU group, on one node or many, through Optuna's shared storage.
-
-``run_workers`` splits the GPUs it is given into groups (``launch.groups.worker_groups``): a study whose every
-server spans ``s`` GPUs (``tp_size × pp_size × dp_size``) runs one worker pinned to each aligned group of ``s``
-(``--gpus 0-3`` with ``tp_size = 2``: workers on ``0,1`` and ``2,3``); a study whose space varies the size runs
-one worker per smallest group, all sharing the pool, each launch taking a free group of its size from the
-per-device locks (``launch.gpulocks``). It starts ``python -m autotune worker --gpus 0,1 …`` (``cli.worker``)
-per worker and supervises them: each worker is a normal sweep on its GPUs (its own port,
-``CUDA_VISIBLE_DEVICES``, run dir and sweep lock) that asks the shared study for trials until finished + running
-trials reach the target. Ctrl-C is forwarded (each worker stops its server and records the trial as
-interrupted); a second Ctrl-C kills them. A worker that dies mid-trial leaves a RUNNING trial that another
-worker fails and retries once (``storage.dead_running``); its orphan server is removed when its GPU next starts,
-and by the supervisor when the workers end.
-
-The baseline and each enqueued config run once per study, on whichever worker claims them (``Sweep._take``); the
-confirmation, not a baseline per device, compares the finalists on one pool.
-
-When the study's launcher is ``slurm``, each worker is a Slurm job instead (``scaleout.slurm_workers``).
+"""Scale out: one study, one worker process per GPU group, on one node or many, through Optuna's shared storage; the
+supervisor forwards Ctrl-C and removes what a dead worker left. docs/study-file.md ("Several GPUs", "Servers over
+several GPUs").
 """
 
 from __future__ import annotations
