@@ -1,13 +1,5 @@
-"""One TLS context, and the keys this process presents, for every HTTP client autotune opens.
-
-httpx builds a fresh ``ssl.SSLContext`` (and loads the CA bundle) for each client it is given none: about 30 ms of
-CPU, even for a plain-HTTP loopback client that never uses it. The harness opens dozens of short-lived clients per
-trial (health polls, ``/server_info``, the replay, the fidelity probe, the stop's drain checks), so a sweep spent a
-noticeable share of its CPU there. Built once, the context costs that once per process.
-
-A fleet that runs with keys (``deploy.fleetkeys``) registers them here when its file is read; every client passes
-``**secured()``, whose ``auth`` adds the key registered for the request's server (and path) as SGLang and the
-router read it.
+"""One TLS context, and the keys this process presents, for every HTTP client autotune opens (built once per
+process: httpx would build one per client). docs/fleet.md ("Only the fleet's servers", "Keys past loopback").
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""A study file (TOML) → a frozen, validated ``StudyConfig``.
-
-Everything a sweep could trip on later (unknown keys, wrong types, empty ranges, unknown SGLang flags, an
-unreadable prompt file) is caught here, before any server starts, as one ``ConfigError`` naming the file, the
-dotted key and the fix. Relative paths (prompts, sqlite storage, trial directories) resolve against the
-TOML's own directory, so a study behaves the same whatever the working directory.
-
-The sections' own models (each checks what it can alone) are in ``autotune.config.sections``; this module
-assembles them into ``StudyConfig``, owns ``Timeouts`` and runs the checks that need the whole file, SGLang's
-flag table and profiles.
+"""A study file (TOML) → a frozen, validated ``StudyConfig``: everything a sweep could trip on later is one
+``ConfigError`` naming the file, the dotted key and the fix, before any server starts. The sections' own models
+are in ``config.sections``; this module runs the checks that need the whole file. docs/study-file.md.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""A fleet: N servers, each on its group of GPUs (one host or several), described by ``fleet.toml``; start,
-inspect, stop.
-
-Servers run detached through the fleet's launcher (``launcher`` in the file: local processes, Slurm jobs, …; a log
-each), so the fleet outlives the command that started it. Each server's handle is kept as its record
-(``ServerHandle.record()``, ``run/<name>.record.json``) and found again by ``Launcher.attach``: a later ``status``,
-``down`` or rolling apply acts only on a server its record proves the fleet's (the same process start time, the
-same job), never on whatever else answers on the port (a local server started by ``launch_fleet.sh`` is proven
-by its pid file and its port in its command line). The file records the config each server *runs*: the rollout
-updates a server's entry only once that server has been verified on its new config.
+"""A fleet: N servers, each on its group of GPUs (one host or several), described by ``fleet.toml``; start, inspect,
+stop. Servers run detached; a later command acts only on a server its record proves the fleet's. docs/fleet.md
+("The fleet").
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""SGLang's router (``sglang-router``, the optional ``autotune[router]`` extra) in front of a fleet of two or more
-servers: started detached by ``fleet up``, stopped by ``fleet down``, its workers added and removed at run time.
-
-The job's client then needs one URL, and a rollout takes a server out of the router before it stops it
-(``deploy.drain``), so no request of the job is sent to a server that is about to go. The router runs on the host
-that runs ``fleet up`` (its workers are the servers' URLs, local, SSH or Slurm alike); its record (pid, start
-time, ports, log, ``--worker-urls``) is written beside the servers' pid files the moment it starts, so a ``fleet
-up`` killed while it waited leaves a router the next command finds, reuses or stops. The router renames its
-process (``sglang::router``), so the record's pid is matched by its start time, not by its command line.
+"""SGLang's router (``sglang-router``, the ``autotune[router]`` extra) in front of a fleet of two or more servers:
+started detached by ``fleet up`` (its record written the moment it starts), stopped by ``fleet down``, its workers
+added and removed at run time. docs/fleet.md ("The router: one URL for the job").
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Run a Python module with some flags' values read from files, so that no secret is on its command line.
-
-    python secretargv.py --api-key=@keys/api.key -- -m sglang.launch_server --port 30000 ...
-
-Each ``--flag=@FILE`` before ``--`` becomes ``--flag VALUE`` (the file's text, stripped) at the end of the module's
-arguments inside this process: other users' ``ps`` shows the file's name, never the value. What the process and
-its children print passes a filter that writes ``***`` for each value (SGLang logs its arguments, its
-``--api-key`` among them), so no log holds one. Standard library only, run as a script by path: the fleet's
-interpreter (SGLang's, the router's) need not have autotune installed.
+"""Run a Python module with some flags' values read from files, so that no secret is on its command line or in its
+logs: ``python secretargv.py --api-key=@keys/api.key -- -m sglang.launch_server …``. Standard library only, run by
+path under the fleet's interpreter. docs/fleet.md ("Keys past loopback").
 """
 
 from __future__ import annotations

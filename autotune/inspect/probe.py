@@ -1,12 +1,6 @@
-"""Read a running SGLang server without touching its state: GET ``/server_info``, ``/model_info``, ``/metrics``,
-and, when given, its startup log.
-
-Only GETs of info endpoints, never ``/flush_cache``, ``/health`` (it generates a token) or a generation request:
-``autotune inspect`` must be safe to point at a production fleet. A failure becomes a ``ProbeFailure`` with one
-line that says what is wrong with that server, so the other servers are still reported.
-
-The log matters for hybrid models: ``/server_info`` ``memory_usage.kvcache`` is the KV pool only, and SGLang
-0.5.23 reports the Mamba pools' size nowhere but its ``Mamba Cache is allocated`` startup line.
+"""Read a running SGLang server without touching its state (GETs of its info endpoints and, when given, its startup
+log), so ``autotune inspect`` is safe against a production fleet; a failure is one ``ProbeFailure`` line.
+docs/contracts.md (``inspect/``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Where servers run: the ``Launcher`` contract (``base``) and its implementations, registered by name.
-
-A new launcher is one module here and one entry in ``LAUNCHERS`` (``_CLASSES``: its class and module);
-``tests/test_launchers.py`` runs the contract suite over every entry (each launcher's test case lives in
-``tests/launchcase_<name>.py``).
-
-The registry is built on first use: every launch starts a watchdog process (``python -m autotune.launch.watchdog``),
-and importing a submodule runs this file first, so an eager registry cost each watchdog the import of every launcher
-and, through them, httpx (with ``wait_healthy`` apart in ``health``: 0.24 → 0.07 CPU-s a watchdog).
+"""Where servers run: the ``Launcher`` contract (``base``) and its implementations, registered by name in
+``LAUNCHERS``, built on first use (every watchdog imports this file). A new launcher is one module and one entry;
+docs/contributing.md ("Extending autotune").
 """
 
 from __future__ import annotations

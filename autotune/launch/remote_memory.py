@@ -1,13 +1,6 @@
-"""The memory of another host's GPUs, read over the ``ssh`` launcher's transport with ``nvidia-smi``.
-
-The monitor samples a reader every 0.2 s and the release check polls it, so a reading is ONE transport call for
-every GPU of the server's group (``--query-gpu … -i 0,1``), never a call per GPU. ``nvidia-smi`` numbers GPUs in
-PCI bus order, the order ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (which the launcher sets) gives CUDA, so index N is the
-GPU the server was given as N. Fields a board does not report (``[N/A]``, ``[Not Supported]``) read as None.
-
-A reading that fails (the host unreachable, ``nvidia-smi`` missing, a GPU absent from its answer) raises
-``GpuError``: the monitor counts it and goes on. After a failure the host is not asked again for ``RETRY_S``:
-every sample in between fails at once, so a dead host costs no connection attempt per sample.
+"""The memory of another host's GPUs, read over the ``ssh`` launcher's transport with ``nvidia-smi``: one call per
+reading for the whole group, a failure a ``GpuError`` the monitor counts, and no new attempt for ``RETRY_S`` after
+one. docs/engines-and-launchers.md ("Another host over SSH").
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""Study trials → pandas DataFrames: the numbers every report figure and table draws, computed once and tested.
-
-Pure functions of an Optuna study (and, for latency distributions, the per-request ``records.jsonl`` files
-trials leave behind). Failed trials are kept and labelled, never dropped: an OOM is information about where the
-memory wall is.
-
-This module builds the per-trial frames (trials, memory, Pareto front, failures) and the settings readers the
-others share; latency quantiles (``report.latency``), flag importances (``report.importance``) and the winner
-against the baseline (``report.headline``) each have their own.
+"""Study trials → pandas DataFrames: the numbers every report figure and table draws (trials, memory, Pareto front,
+failures, kept and labelled, never dropped), computed once and tested; latency, importances and the headline have
+modules of their own.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""The study's objective: the sampler, the directions, a trial result's values and constraint violations, and the
-study opened with them (``open_study``).
-
-The value maximised is output tok/s per GPU the server spans (``per_gpu``): what a fleet of
-such servers delivers per GPU, so a TP-2 config competes fairly with two TP-1 servers.
-
-OOMs and infeasible configs are COMPLETE trials with value 0 and a violated constraint (the sampler learns
-where the wall is)."""
+"""The study's objective: the sampler, the directions, a trial result's values (output tok/s per GPU the server
+spans) and constraint violations (an OOM a completed trial with value 0 and a violated constraint), and the study
+opened with them (``open_study``). docs/search.md ("The search and the confirmation").
+"""
 
 from __future__ import annotations
 

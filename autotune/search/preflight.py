@@ -1,11 +1,6 @@
-"""The hand-written configs checked before the first launch: a baseline or ``[[enqueue]]`` SGLang refuses is an error
-in the user's study file, not a trial.
-
-Each given config goes through the engine's argument check (the installed SGLang's parser for the real engine) and
-SGLang's own cross-flag rules as the planner knows them (``sglang.args``: e.g. ``--speculative-eagle-topk`` set
-without ``--speculative-num-steps``). Found at trial 0 instead, the baseline would be skipped, every later trial
-would lack its reference outputs and the summary would say so only after the GPU time was spent. A config the
-planner skips for *memory* is not refused here: the study runs it as a skip, since the device decides that.
+"""The hand-written configs checked before the first launch: a baseline or ``[[enqueue]]`` SGLang refuses (the
+engine's argument check and SGLang's cross-flag rules) is an error in the study file, not a trial; a config the
+planner only expects to run out of memory is not refused. docs/study-file.md ("Bad files").
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The search space: Optuna distributions over SGLang flags, conditions, derived flags, inert-flag pruning.
-
-A trial's config is ``fixed ∪ suggested ∪ derived``; a suggested ``None`` ("unset") leaves the flag out so
-SGLang picks its default. Conditions and derived flags are tiny expressions over other flags, read by a
-whitelisting AST walker (never ``eval``): names, numbers, strings, ``none``, arithmetic, comparisons,
-``and``/``or``/``not``, ``in``, and ``min``/``max``/``int``/``round``. Derived flags may also read
-``mamba_ratio``: the Mamba state slots SGLang 0.5.23 reserves per running request under the trial's other flags,
-so ``max_mamba_cache_size = "max_running_requests * mamba_ratio"`` sizes the slots to the running cap instead
-of searching two knobs whose only useful combinations lie on one line.
+"""The search space: Optuna distributions over SGLang flags, conditions, derived flags (tiny expressions read by a
+whitelisting AST walker, never ``eval``; ``mamba_ratio`` among their names), inert-flag pruning.
+docs/study-file.md ("[space] and [space.derived]").
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
-"""A full disk is one line and a failed trial, never a traceback or a trial left RUNNING.
-
-Four things: ``disk_error`` recognises a failed write anywhere under a sweep (``OSError`` ENOSPC/EDQUOT/EROFS, SQLite's
-"database or disk is full" wrapped by SQLAlchemy and Optuna) and names the path and its free space; ``Ballast`` keeps
-a small reserve file beside a file-backed study storage, released when the storage reports a full disk, so the
-trial in flight can still be told FAIL before the sweep stops; ``Room`` checks the trials folder and the storage's
-folder before the search (a warning, from the size of the study's finished trial folders) and before each ask
-(a stop, below a floor no trial fits under); ``starved`` tells a server that died for want of room for its log
-from a config that failed.
+"""A full disk is one line and a failed trial, never a traceback or a trial left RUNNING: ``disk_error`` recognises a
+failed write, ``Ballast`` keeps room to fail the trial in flight, ``Room`` checks free space before the search and
+each ask, ``starved`` tells a server that died for want of room for its log. docs/search.md ("Nothing poisons a
+study").
 """
 
 from __future__ import annotations

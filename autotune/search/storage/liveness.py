@@ -1,11 +1,6 @@
-"""Who is still working on a study: each worker tags the trial it runs and keeps a heartbeat.
-
-One study may be swept by many workers (one per GPU, on one or several nodes). Each worker tags the trial it
-runs with who it is (host, pid, GPU) and keeps a heartbeat: Optuna's own on SQL storages; for the journal
-storage (which has none) a heartbeat file beside the study and a ``beat_at`` attribute on the running trial. A
-RUNNING trial is dead when its worker is gone: a dead pid on this host is known at once, another host's worker
-once its heartbeat is older than the grace period. Dead trials are failed and retried once; live ones are never
-touched, so any number of workers can share a study.
+"""Who is still working on a study: each worker tags the trial it runs and keeps a heartbeat (Optuna's on SQL
+storages, a file and a trial attribute on the journal), so a dead worker's trial is failed and retried once and a
+live one's never touched. docs/study-file.md ("Several GPUs").
 """
 
 from __future__ import annotations

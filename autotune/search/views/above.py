@@ -1,11 +1,6 @@
-"""Configs that measured above the baseline without being crowned, so the summary never says "no config beat the
-baseline" while one did measure above it.
-
-Two reasons leave such a config uncrowned: its windows did not settle (the window cap came first: its figure is
-recorded, never crowned), or the confirmation measured it above the baseline but could not resolve the gain from
-the baseline's run-to-run noise. Either way the user is told which configs, how far above, why, and what to change.
-A config with the baseline's own flags is the baseline (its difference is noise), and is never listed; nor is a
-pruned window (``search.pruning``: stopped clearly below the best so far, not a gain left unconfirmed).
+"""Configs that measured above the baseline without being crowned (unsettled, or not resolved from its noise), so the
+summary never says "no config beat the baseline" while one did measure above it; the baseline's own flags and
+pruned windows are never listed. docs/search.md ("The search and the confirmation").
 """
 
 from __future__ import annotations

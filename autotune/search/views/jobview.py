@@ -1,13 +1,6 @@
-"""A study's result as the user's job (``[job]``): the baseline's and the winner's hours, GPU-hours and cost.
-
-One function for the sweep's summary, ``autotune trials``, the report's headline and ``apply``, so all four say
-the same thing. A trial's rate is its confirmed median (and the interval of that median) where the confirmation
-measured it, else its search measurement. The job's mean output length is ``[job] mean_output_tokens`` when
-given, else what the baseline's window measured (output tok/s ÷ completed requests/s: the mean output of the
-sample's requests at steady state).
-
-The view is plain data by design (``JobView``, a ``TypedDict``): it is stored as is (``provenance.json``, the
-summary's ``--json``) and read by key, so mypy checks the keys its readers use.
+"""A study's result as the user's job (``[job]``): the baseline's and the winner's hours, GPU-hours and cost, one
+function for the summary, ``trials``, the report and ``apply``. Plain data by design (``JobView``, a ``TypedDict``,
+stored as is and read by key). docs/study-file.md ("The job, not only tok/s").
 """
 
 from __future__ import annotations

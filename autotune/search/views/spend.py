@@ -1,12 +1,5 @@
-"""What a study spent, by phase: launches and GPU-hours, as measured here and as a real GPU would bill them.
-
-A launch's GPU time is its wall time (``TrialResult.durations_s``: startup, warm-up, window, more windows, the
-fidelity probe, the stress phase, teardown) times the GPUs its server held. On the simulator the windows run in
-real time at the modelled GPU's pace, but the startup takes seconds where a real one loads weights and captures
-graphs for minutes: the *modelled* bill puts the startup the server reported (``modelled_startup_s``, SGLang's
-own ``startup_time``; the simulator's is the modelled GPU's) in place of the measured one. For the real engine
-both bills agree up to the gap between its log's startup and the health wait. A launch whose result stored no
-durations (an interrupted one, a study stored before them) counts as a launch, untimed.
+"""What a study spent, by phase: launches and GPU-hours, as measured here and, on the simulator, with the startup a
+real GPU takes in place of the measured one. docs/search.md ("Stopping when the next launch will not pay").
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The sweep's summary: what a user reads once a study has run (statuses, baseline, winner, gains).
-
-A winner is only ever named against a measured baseline: a gain needs something to be a gain over. When the
-study's baseline did not measure (it failed, was skipped by the planner, or failed in every confirmation run)
-the summary says so with the baseline's status and reason, names no winner (``outcome`` ``"no_baseline"``) and
-carries the one line ``autotune sweep`` exits 1 with (``error``).
-
-Trials are ranked by tok/s per GPU (``objective.per_gpu``); each entry carries both that score and the server's
-own tok/s, and ``multi_gpu`` says whether any of them spans more than one GPU (then both are shown).
+"""The sweep's summary: what a user reads once a study has run (statuses, baseline, winner, gains, ranked by tok/s
+per GPU). A winner is only ever named against a measured baseline; without one the summary says why
+(``outcome`` ``"no_baseline"``). docs/contracts.md (``search/views/summary.py``).
 """
 
 from __future__ import annotations
