@@ -190,3 +190,39 @@ def test_servers_starting_together_make_one_set_of_keys(tmp_path, monkeypatch):
     assert len(api.strip()) >= 40 and fleetkeys.admin_arg_file(fleet).read_text().strip().endswith(
         fleetkeys.admin_file(fleet).read_text().strip()
     )
+
+
+def test_a_value_that_begins_with_a_dash_reaches_the_module_as_the_flags_value(tmp_path):
+    """A key is one ``--flag=VALUE`` token: read as ``--flag VALUE``, a key that began with "-" (a bare
+    ``token_urlsafe`` does one time in 64) was taken for a flag and the server refused to start."""
+    import subprocess
+    import sys
+
+    (tmp_path / "echo_key.py").write_text(
+        "import argparse\n"
+        "p = argparse.ArgumentParser()\n"
+        "p.add_argument('--api-key')\n"
+        "p.add_argument('--port')\n"
+        "a = p.parse_args()\n"
+        "print(len(a.api_key), a.api_key == open('key').read().strip(), a.port)\n"
+    )
+    (tmp_path / "key").write_text("-Xq_3-dash-first\n")
+    script = Path(fleetkeys.__file__).with_name("secretargv.py")
+    done = subprocess.run(
+        [sys.executable, str(script), "--api-key=@key", "--", "-m", "echo_key", "--port", "30000"],
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["16", "True", "30000"]
+
+
+def test_new_keys_never_begin_with_a_dash(tmp_path, monkeypatch):
+    monkeypatch.setattr(fleetkeys.secrets, "token_urlsafe", lambda n: "-" + "a" * 42)
+    fleet = load_fleet(routed_fleet(tmp_path, n=2)).model_copy(update={"keys": True})
+    fleetkeys.ensure(fleet)
+    assert not fleetkeys.api_file(fleet).read_text().startswith("-")
+    assert not fleetkeys.admin_file(fleet).read_text().startswith("-")

@@ -38,7 +38,8 @@ def ensure(fleet: Fleet) -> None:
     with private_folder(folder(fleet)):
         for path in (api_file(fleet), admin_file(fleet)):
             if not path.is_file():
-                replace_file(path, secrets.token_urlsafe(32) + "\n", private=True)
+                # prefixed: a bare token begins with "-" one time in 64, which a command line would read as a flag
+                replace_file(path, f"autotune-{secrets.token_urlsafe(32)}\n", private=True)
         if not admin_arg_file(fleet).is_file():
             replace_file(admin_arg_file(fleet), f"{ADMIN_ID}:{admin_file(fleet).read_text().strip()}\n", private=True)
     present_keys(fleet)

@@ -27,7 +27,8 @@ def split(argv: list[str]) -> tuple[list[str], str, list[str]]:
         if not sep or not name.startswith("--") or not path:
             raise SystemExit(f"{item!r}: {USAGE}")
         with open(path, encoding="utf-8") as fh:
-            flags += [name, fh.read().strip()]
+            # one token, ``--flag=VALUE``: a value that begins with "-" would read as a flag of its own
+            flags.append(f"{name}={fh.read().strip()}")
     return flags, rest[1], rest[2:]
 
 
@@ -71,7 +72,7 @@ def filter_output(values: list[str]) -> None:
 
 def main(argv: list[str]) -> None:
     flags, module, args = split(argv)
-    filter_output(flags[1::2])
+    filter_output([flag.partition("=")[2] for flag in flags])
     sys.argv = [module, *args, *flags]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 
