@@ -1,10 +1,8 @@
-"""A study's trial runner: the engine it launches, ``HarnessRunner`` (one real trial per call) and the
-engine's in-process prediction where it has one (the simulator's virtual clock).
-
-Where a launch is filed, and whether it runs the fidelity probe, comes from the caller, never from what is on
-disk: ``runner(config, n)`` is trial ``n``'s search launch (probed when its numerics differ from the
-baseline's), ``runner.repeat(config, n, k)`` its confirmation run ``k`` (the first one probed, table or not),
-both inside the study's own trials folder (``folders.study_folder``: keyed by the study's identity)."""
+"""A study's trial runners: ``HarnessRunner`` (one real trial per call, filed in the study's own trials folder, with
+the tenancy check of each launch's GPUs), ``GivenRunner`` (a test's or a benchmark's runner as the sweep drives it)
+and the engine's in-process prediction where it has one. Where a launch is filed and whether it is probed comes
+from the caller, never from what is on disk. docs/contracts.md (``search/runner.py``).
+"""
 
 from __future__ import annotations
 
