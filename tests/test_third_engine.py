@@ -46,6 +46,19 @@ def test_it_meets_the_contract_and_offers_no_prediction(engine):
     assert engine.argv({}, port=1)[1:4] == ["-m", "autotune", "sim"]
 
 
+def test_its_stored_studies_and_study_files_are_read_as_a_simulated_engines(registered):
+    """What the views ask of a stored study's engine goes to its kind's traits, not to the name "sim"."""
+    from autotune.config.sections import EngineSection
+    from autotune.search.views.settings import device_name, simulated
+
+    stored = {"engine": {"kind": "relabelled", "sim_gpu": "h200"}}
+    assert simulated(stored) and device_name(stored) == "h200"
+    assert not simulated({"engine": {"kind": "gone"}})  # an engine this process does not know: not a model
+    real = {"engine": {"kind": "sglang", "sim_gpu": "h200"}}
+    assert not simulated(real) and device_name(real) == "GPU (planner profile h200)"
+    assert EngineSection(kind="relabelled", model="qwen3.6-27b").sim_gpu == "b200"  # a simulated kind's default
+
+
 @pytest.mark.slow
 def test_sweep_report_apply_and_fleet_run_it(registered, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("AUTOTUNE_SIM_DEVICE_DIR", str(tmp_path / "devices"))

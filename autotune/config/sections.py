@@ -53,6 +53,13 @@ def engine_kind(name: str) -> EngineKind:
     return ENGINE_KINDS[name]
 
 
+def is_simulated(name: str) -> bool:
+    """Whether the engine called ``name`` is a model of a GPU (False for a name no registered engine has, e.g. a
+    stored study's engine this process does not know)."""
+    kind = ENGINE_KINDS.get(name)
+    return kind is not None and kind.simulated
+
+
 # ``launch.LAUNCHERS``' names (config sits below launch/; a test keeps the two equal)
 LAUNCHER_KINDS = ("local", "container", "slurm", "ssh")
 _CONSTRAINT = re.compile(r"^\s*([a-z0-9_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
@@ -133,7 +140,7 @@ class EngineSection(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _sim_gpu_default(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("sim_gpu") is None and data.get("kind", "sim") == "sim":
+        if isinstance(data, dict) and data.get("sim_gpu") is None and is_simulated(str(data.get("kind", "sim"))):
             return {**data, "sim_gpu": "b200"}
         return data
 

@@ -25,7 +25,7 @@ from autotune.search.confirm.record import Confirmation
 from autotune.search.correction import CorrectedFeasibility, replay
 from autotune.search.seeding import finished
 from autotune.search.space import Space, key_of
-from autotune.search.views.settings import device_name, engine_kind, engine_table
+from autotune.search.views.settings import device_name, engine_table, simulated
 from autotune.search.warm import Carried, WarmConfig, WarmRecord, learnt, scaled
 from autotune.sglang.envs import EnvTable
 from autotune.sglang.flags import BUNDLED_VERSION, FlagTable
@@ -52,7 +52,7 @@ def study_version(study: optuna.Study, settings: Mapping[str, Any]) -> str:
     recorded = study.user_attrs.get("sglang_version")
     if recorded:
         return str(recorded)
-    return f"{BUNDLED_VERSION} (simulated)" if engine_kind(settings) == "sim" else "unrecorded"
+    return f"{BUNDLED_VERSION} (simulated)" if simulated(settings) else "unrecorded"
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from autotune.config.sections import NumericsLimits
+from autotune.config.sections import NumericsLimits, is_simulated
 
 
 def engine_table(config: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -23,19 +23,24 @@ def engine_kind(config: Mapping[str, Any]) -> str:
     return str(engine.get("kind") or "sglang") if isinstance(engine, Mapping) else str(engine or "sglang")
 
 
+def simulated(config: Mapping[str, Any]) -> bool:
+    """Whether the stored study ran on a simulated engine (asked of its kind, not its name)."""
+    return is_simulated(engine_kind(config))
+
+
 def device_name(config: Mapping[str, Any]) -> str:
     """Where the study measured, by its engine and device: the simulated GPU profile for the simulator,
     "CPU" for SGLang's CPU backend (the simulator's says whose pace it keeps), else the GPU it recorded (a real
     GPU's ``sim_gpu`` is only the profile the planner assumed, so it is named as such)."""
     engine = engine_table(config)
     cpu = str(engine.get("device") or config.get("device") or "cuda") == "cpu"
-    if cpu and engine_kind(config) == "sim":
+    if cpu and simulated(config):
         return f"CPU (simulated, paced as {engine.get('sim_gpu') or config.get('sim_gpu') or 'b200'})"
     recorded = config.get("gpu_name") or engine.get("gpu_name")
     if recorded:
         return str(recorded)
     sim_gpu = engine.get("sim_gpu") or config.get("sim_gpu")
-    if engine_kind(config) == "sim":
+    if simulated(config):
         gpu = sim_gpu or engine.get("gpu") or config.get("gpu")
         if isinstance(gpu, Mapping):
             gpu = gpu.get("name")
@@ -89,7 +94,7 @@ class StudySettings:
             launcher_settings={k: v for k, v in table.items() if v not in (None, [], {})}
             if isinstance(table, dict)
             else {},
-            sim_options=dict(engine.get("sim_options") or {}) if str(kind or "sim") == "sim" else {},
+            sim_options=dict(engine.get("sim_options") or {}) if is_simulated(str(kind or "sim")) else {},
             workload=dict(stored.get("workload") or {}),
             sglang_version=_text(stored.get("sglang_version")),
             gpu=device_name(stored) if stored else None,
