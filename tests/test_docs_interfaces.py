@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from autotune.harness.engines.base import Engine, EngineClass, Predictor
+from autotune.harness.engines.base import Engine, EngineClass, InstalledSGLang, Predictor
 from autotune.results import STATUSES
 from autotune.search.runner import RepeatingRunner, SweepRunner
 
@@ -35,6 +35,7 @@ def row(module: str) -> str:
         ("harness/engines/base.py", Engine),
         ("harness/engines/base.py", EngineClass),
         ("harness/engines/base.py", Predictor),
+        ("harness/engines/base.py", InstalledSGLang),
         ("search/runner.py", RepeatingRunner),
         ("search/runner.py", SweepRunner),
     ],

@@ -223,6 +223,14 @@ def test_the_registry_is_what_study_files_are_checked_against():
     assert all(ENGINE_KINDS[name].simulated == cls.simulated for name, cls in ENGINES.items())
 
 
+def test_only_the_sglang_engine_offers_its_installed_flags_and_version():
+    from autotune.harness.engines.base import InstalledSGLang, Predictor
+
+    sglang, sim = make_engine("sglang", model_path="qwen3.6-27b"), make_engine("sim", model_path="qwen3.6-27b")
+    assert isinstance(sglang, InstalledSGLang) and not isinstance(sglang, Predictor)
+    assert isinstance(sim, Predictor) and not isinstance(sim, InstalledSGLang)
+
+
 def meets_the_contract(kind: str) -> None:
     """What every engine must do, whatever it launches: built from the shared settings by name, an argv of
     strings, a typed config from ``check``, the fields the harness reads, and its kind's traits in config."""

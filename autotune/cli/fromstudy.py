@@ -15,6 +15,7 @@ import optuna
 from autotune.config import StudyConfig
 from autotune.config.studyref import locate
 from autotune.errors import ConfigError, StudyError
+from autotune.harness.engines.base import InstalledSGLang
 from autotune.search.objective import open_study
 from autotune.search.runner import study_engine
 from autotune.search.storage import load_study
@@ -47,8 +48,9 @@ def open_source(ref: str) -> tuple[optuna.Study, str]:
 def _installed(cfg: StudyConfig) -> tuple[FlagTable, str]:
     """The flag table and version of the SGLang this study launches (the simulator: 0.5.23's, simulated)."""
     engine = study_engine(cfg)
-    table = engine.flag_table() if hasattr(engine, "flag_table") else FlagTable.bundled()
-    version = engine.sglang_version() if hasattr(engine, "sglang_version") else None
+    installed = engine if isinstance(engine, InstalledSGLang) else None  # optional: the sglang engine's
+    table = installed.flag_table() if installed is not None else FlagTable.bundled()
+    version = installed.sglang_version() if installed is not None else None
     return table, str(version or f"{table.version or BUNDLED_VERSION} (simulated)")
 
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypedDict, runtime_checkable
 from autotune.launch.base import GpuReading
 from autotune.launch.memory import GroupReader
 from autotune.results import TrialResult
+from autotune.sglang.flags import FlagTable
 from autotune.sglang.gpus import GpuProfile
 
 
@@ -90,6 +91,16 @@ class Predictor(Protocol):
     def predict(
         self, config: Mapping[str, Any], workload: Any, prompts: Sequence[str], *, seed: int = 0
     ) -> TrialResult: ...
+
+
+@runtime_checkable
+class InstalledSGLang(Protocol):
+    """What an engine that launches an installed SGLang offers: that SGLang's own flag table and its version (a
+    re-tune translates an earlier study's configs to them). An engine without it runs the bundled 0.5.23 rules."""
+
+    def flag_table(self) -> FlagTable: ...
+
+    def sglang_version(self) -> str | None: ...
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
