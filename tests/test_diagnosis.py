@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -795,45 +793,5 @@ def test_log_option_errors_are_one_line_before_any_request(fake_server, tmp_path
 @pytest.fixture
 def sim_server_with_log(tmp_path, sim_env) -> Iterator[tuple[str, Path]]:
     """The seed's production config on a simulated B200; its log is where the server wrote it."""
-    port = closed_port()
-    log_path = tmp_path / "sim.log"
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "autotune.sim",
-                "--model-path",
-                "qwen3.6-27b",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--sim-gpu",
-                "b200",
-                "--sim-startup-s",
-                "0.3",
-                "--sim-release-s",
-                "0.2",
-                *PRODUCTION,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=sim_env,
-            start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, log_path.read_text()[-2000:]
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, "simulated server did not become ready in 30 s"
-            time.sleep(0.1)
-        yield url, log_path
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    with run_sim_server(tmp_path, PRODUCTION, sim_env) as url:
+        yield url, tmp_path / "sim.log"
