@@ -216,15 +216,20 @@ class Settler:
                 f"the window's 95% half-width was {'unknown' if hw is None else f'{hw:.1%}'} (target "
                 f"{self.rule.target_half_width:.0%}) at its cap ({len(window) * self.slice_s:g} s)"
             )
+        return self.verdict(len(window), settled=not reasons, half_width=hw, reason="; ".join(reasons) or None)
+
+    def verdict(self, window_slices: int, *, settled: bool, half_width: float | None, reason: str | None) -> Settling:
+        """The run so far as a ``Settling`` whose window is its last ``window_slices`` slices (a subclass that stops
+        a window early, ``search.pruning``, reports through it too)."""
         return Settling(
             slice_s=self.slice_s,
             tok_s=list(self.rates),
-            warmup_slices=self.warmup_end,
-            window_slices=len(window),
+            warmup_slices=self.warmup_end or 0,
+            window_slices=window_slices,
             warmup_settled=self.warmup_settled,
-            settled=not reasons,
-            half_width=hw,
-            reason="; ".join(reasons) or None,
+            settled=settled,
+            half_width=half_width,
+            reason=reason,
         )
 
 

@@ -6,15 +6,22 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
+from autotune.harness.engines import SimEngine
 from autotune.launch.ports import free_port  # this worker's own range (tests/conftest.py)
+
+
+def sim_command(port: int, *flags: str, **options: Any) -> list[str]:
+    """``python -m autotune.sim`` for qwen3.6-27b on a simulated B200 on loopback, as the sim engine starts it
+    (``SimEngine.argv``), then ``flags``; ``options`` are its ``--sim-*`` options (``startup_s=0.3``)."""
+    return SimEngine(sim_options=options).argv({}, port=port) + list(flags)
 
 
 @contextlib.contextmanager
@@ -23,24 +30,7 @@ def sim_server(tmp_path: Path, flags: list[str], env: dict[str, str]) -> Iterato
     port = free_port()
     log = (tmp_path / "sim.log").open("wb")
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "autotune.sim",
-            "--model-path",
-            "qwen3.6-27b",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--sim-gpu",
-            "b200",
-            "--sim-startup-s",
-            "0.3",
-            "--sim-release-s",
-            "0.2",
-            *flags,
-        ],
+        sim_command(port, *flags, startup_s=0.3, release_s=0.2),
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,

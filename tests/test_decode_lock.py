@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 from click.testing import CliRunner
+from simserver import sim_command
 
 from autotune.cli import cli, main
 from autotune.errors import ConfigError
@@ -105,25 +105,9 @@ def test_env_table_is_0523s():
 @pytest.mark.timeout(60)
 def test_simulated_server_reads_the_switch_from_its_environment(tmp_path):
     env = {**os.environ, device.ENV_DIR: str(tmp_path / "devices"), "PYTHONUNBUFFERED": "1", **SKIP}
-    argv = [
-        sys.executable,
-        "-m",
-        "autotune.sim",
-        "--model-path",
-        "qwen3.6-27b",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--sim-startup-s",
-        "0.2",
-        "--sim-warmup-s",
-        "0.2",
-        "--speculative-algorithm",
-        "EAGLE",
-        "--max-mamba-cache-size",
-        "96",
-    ]
+    argv = sim_command(
+        0, "--speculative-algorithm", "EAGLE", "--max-mamba-cache-size", "96", startup_s=0.2, warmup_s=0.2
+    )
     expected = plan(load_model("qwen3.6-27b"), load_gpu("b200"), CASE, env=SKIP).max_running_requests
     log = tmp_path / "sim.log"
     with log.open("w") as out:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from launchcase_container import case, fake_runtime
+from simserver import sim_command
 
 from autotune.errors import ServerError
 from autotune.harness.engines.sglang import SGLangEngine
@@ -130,23 +131,7 @@ def test_a_missing_runtime_is_one_line(tmp_path):
 
 
 def sim_spec(tmp_path: Path, port: int, gpu: int) -> LaunchSpec:
-    argv = [
-        sys.executable,
-        "-m",
-        "autotune.sim",
-        "--model-path",
-        "qwen3.6-27b",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--sim-gpu",
-        "b200",
-        "--sim-startup-s",
-        "0.3",
-        "--sim-release-s",
-        "0.2",
-    ]
+    argv = sim_command(port, startup_s=0.3, release_s=0.2)
     env = {"AUTOTUNE_SIM_DEVICE_DIR": str(tmp_path / "devices"), "HF_TOKEN": SECRET}
     return LaunchSpec(argv=argv, port=port, log_path=tmp_path / "trial" / "server.log", env=env, gpus=(5,))
 

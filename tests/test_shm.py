@@ -10,6 +10,7 @@ import time
 
 import httpx
 import pytest
+from simserver import sim_command
 
 from autotune.launch.process import ServerExited, ServerProcess, free_port
 from autotune.launch.procgroup import group_pids, held_files, memory_bytes
@@ -96,28 +97,7 @@ def test_a_file_replaced_under_the_same_name_is_not_removed(tmp_path):
 
 # -- two simulated servers writing SGLang's real-shaped names into one directory ---------------------------
 def _sim_argv(port: int, shm, *extra: str, startup_s: float = 0.3) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "autotune.sim",
-        "--model-path",
-        "qwen3.6-27b",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--sim-gpu",
-        "b200",
-        "--sim-startup-s",
-        str(startup_s),
-        "--sim-warmup-s",
-        "0",
-        "--sim-release-s",
-        "0.1",
-        "--sim-shm",
-        str(shm),
-        *extra,
-    ]
+    return sim_command(port, *extra, startup_s=startup_s, warmup_s=0, release_s=0.1, shm=shm)
 
 
 def _wait_healthy(port: int, proc: subprocess.Popen) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from simserver import sim_command
 
 from autotune.config import Timeouts
 from autotune.harness.engines import make_engine
@@ -235,19 +236,7 @@ def test_next_run_removes_the_orphan_of_a_killed_harness(env):
     )
     lookalike_port = free_port()
     lookalike = subprocess.Popen(  # an unrelated sim server with the same kind of command line, not in any pid file
-        [
-            sys.executable,
-            "-m",
-            "autotune.sim",
-            "--model-path",
-            "qwen3.6-27b",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(lookalike_port),
-            "--sim-startup-s",
-            "0.3",
-        ],
+        sim_command(lookalike_port, startup_s=0.3),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -12,6 +12,7 @@ import time
 
 import psutil
 import pytest
+from simserver import sim_command
 
 from autotune.launch.process import ServerProcess, free_port
 from autotune.launch.watchdog import start_ticks, stop_server
@@ -35,25 +36,7 @@ HARNESS = textwrap.dedent(
 
 
 def _sim_argv(port: int, shm) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "autotune.sim",
-        "--model-path",
-        "qwen3.6-27b",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--sim-gpu",
-        "b200",
-        "--sim-startup-s",
-        "0.3",
-        "--sim-release-s",
-        "0.2",
-        "--sim-shm",
-        str(shm),
-    ]
+    return sim_command(port, startup_s=0.3, release_s=0.2, shm=shm)
 
 
 def _harness(tmp_path, argv, port, *, detach: bool = False):

@@ -118,6 +118,20 @@ def sacct_job(job_id: str) -> tuple[str, str] | None:
     return state.split()[0], code
 
 
+def sbatch_argv(settings: SlurmSettings, name: str, log: Path, script: Path, *, gpus: int) -> list[str]:
+    """``sbatch`` for one job (a trial's server, a sweep worker): one task, ``gpus`` GPUs (none: no ``--gres``), the
+    settings' partition, account, time and extra options, its output to ``log``."""
+    argv = ["sbatch", "--parsable", "--job-name", name, "--output", str(log), "--no-requeue", "--ntasks=1"]
+    argv += [f"--gres=gpu:{gpus}"] if gpus else []
+    argv += ["--export=ALL"]
+    argv += [
+        f"--{key}={value}"
+        for key, value in (("partition", settings.partition), ("account", settings.account), ("time", settings.time))
+        if value
+    ]
+    return [*argv, *settings.extra_args, str(script)]
+
+
 class SlurmLauncher:
     """Submits each server as one batch job on ``settings``' partition/account/time."""
 
@@ -141,26 +155,7 @@ class SlurmLauncher:
         return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(str(int(g)) for g in gpus)}
 
     def sbatch_argv(self, spec: LaunchSpec, name: str, script: Path) -> list[str]:
-        s = self.settings
-        argv = [
-            "sbatch",
-            "--parsable",
-            "--job-name",
-            name,
-            "--output",
-            str(spec.log_path),
-            "--no-requeue",
-            "--ntasks=1",
-            "--export=ALL",
-        ]
-        if spec.gpus:
-            argv.append(f"--gres=gpu:{len(spec.gpus)}")
-        argv += [
-            f"--{key}={value}"
-            for key, value in (("partition", s.partition), ("account", s.account), ("time", s.time))
-            if value
-        ]
-        return [*argv, *s.extra_args, str(script)]
+        return sbatch_argv(self.settings, name, spec.log_path, script, gpus=len(spec.gpus or ()))
 
     def memory_reader(self, gpus: tuple[int, ...], local: ReaderFactory) -> MemoryReader:
         """This host's reader: a single-node cluster's jobs run on this host (a job on another node would need a

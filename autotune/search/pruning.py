@@ -56,16 +56,7 @@ class PruningSettler(Settler):
             f"{self.pruner.upper(window):,.0f}) is clearly below the best so far, "
             f"{self.pruner.incumbent:,.0f} tok/s less {round(100 * self.pruner.resolution, 2):g} %"
         )
-        return Settling(
-            slice_s=self.slice_s,
-            tok_s=list(self.rates),
-            warmup_slices=self.warmup_end,
-            window_slices=len(window),
-            warmup_settled=self.warmup_settled,
-            settled=False,
-            half_width=half_width(window),
-            reason=reason,
-        )
+        return self.verdict(len(window), settled=False, half_width=half_width(window), reason=reason)
 
 
 def pruned(measurement: MeasurementVerdict | None) -> bool:

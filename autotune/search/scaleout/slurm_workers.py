@@ -16,7 +16,7 @@ from pathlib import Path
 
 from autotune.config import StudyConfig
 from autotune.errors import StudyError
-from autotune.launch.slurm import ACTIVE, GONE, SlurmSettings, exit_code, sacct_job, scontrol_job
+from autotune.launch.slurm import ACTIVE, GONE, SlurmSettings, exit_code, sacct_job, sbatch_argv, scontrol_job
 from autotune.search.signals import on_sigint
 
 Echo = Callable[[str], None]
@@ -27,28 +27,6 @@ _CALL_TIMEOUT_S = 30.0
 def worker_script(argv: Sequence[str]) -> str:
     """The worker's batch script: one ``exec`` line, every word quoted by ``shlex``."""
     return f"#!/bin/bash\n# written by autotune: one study worker, its argv quoted by shlex\nexec {shlex.join(argv)}\n"
-
-
-def sbatch_argv(settings: SlurmSettings, name: str, log: Path, script: Path, gpus: int = 1) -> list[str]:
-    """``sbatch`` for one worker: one task, ``gpus`` GPUs, the study's partition/account/time and extra options."""
-    argv = [
-        "sbatch",
-        "--parsable",
-        "--job-name",
-        name,
-        "--output",
-        str(log),
-        "--no-requeue",
-        "--ntasks=1",
-        f"--gres=gpu:{gpus}",
-        "--export=ALL",
-    ]
-    argv += [
-        f"--{key}={value}"
-        for key, value in (("partition", settings.partition), ("account", settings.account), ("time", settings.time))
-        if value
-    ]
-    return [*argv, *settings.extra_args, str(script)]
 
 
 def _indices(text: str) -> list[int]:
@@ -190,7 +168,7 @@ def start_slurm_workers(
         script.write_text(worker_script(argv))
         log.unlink(missing_ok=True)  # the relay reads this run's lines only
         done = subprocess.run(
-            sbatch_argv(settings, name, log, script, gpus),
+            sbatch_argv(settings, name, log, script, gpus=gpus),
             env={**os.environ, **(env or {})},
             capture_output=True,
             text=True,
